@@ -1,0 +1,56 @@
+#include "common/hash.h"
+
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace hybridserve::common {
+namespace {
+
+TEST(HashTest, Xxh3KnownValueOfEmptyInput) {
+  // XXH3_64bits("") from the xxHash reference test vectors.
+  EXPECT_EQ(Checksum64("", 0), 0x2D06800538D394C2ULL);
+}
+
+TEST(HashTest, ChainDependsOnPrevAndData) {
+  std::vector<int32_t> page = {1, 2, 3, 4};
+  Hash128 root = HashBytes("ns");
+  Hash128 a = HashChain(root, page.data(), page.size() * 4);
+  EXPECT_EQ(a, HashChain(root, page.data(), page.size() * 4));
+  EXPECT_NE(a, HashChain(HashBytes("other"), page.data(), page.size() * 4));
+  page[3] = 5;
+  EXPECT_NE(a, HashChain(root, page.data(), page.size() * 4));
+}
+
+TEST(HashTest, ChainOfLargeInputMatchesOneShotHashOfConcatenation) {
+  std::string data(10000, 'x');
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 31);
+  Hash128 prev{0x1122334455667788ULL, 0x99aabbccddeeff00ULL};
+  std::string concat = prev.ToBytes() + data;
+  EXPECT_EQ(HashChain(prev, data.data(), data.size()), HashBytes(concat));
+  // The small-input path hashes the same concatenation.
+  EXPECT_EQ(HashChain(prev, data.data(), 100), HashBytes(concat.substr(0, 116)));
+}
+
+TEST(HashTest, StreamingChecksumEqualsOneShot) {
+  std::string data(1 << 20, '\0');
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 7 + 3);
+  StreamingChecksum sum;
+  for (size_t off = 0; off < data.size(); off += 4097) {
+    sum.Update(data.data() + off, std::min<size_t>(4097, data.size() - off));
+  }
+  EXPECT_EQ(sum.Digest(), Checksum64(data.data(), data.size()));
+}
+
+TEST(HashTest, BytesRoundTrip) {
+  Hash128 h = HashBytes("round trip");
+  Hash128 back;
+  ASSERT_TRUE(Hash128::FromBytes(h.ToBytes(), &back));
+  EXPECT_EQ(h, back);
+  EXPECT_FALSE(Hash128::FromBytes("short", &back));
+  EXPECT_EQ(h.ToHex().size(), 32u);
+}
+
+}  // namespace
+}  // namespace hybridserve::common
