@@ -1,0 +1,667 @@
+#include "cachestore/cache_index.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+
+namespace hybridserve::cachestore {
+namespace {
+
+bool IsPowerOfTwo(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
+
+constexpr int32_t kMaxPageSize = 1 << 16;
+
+}  // namespace
+
+CacheIndex::CacheIndex(const CacheIndexOptions& options) : options_(options) {
+  page_stats_.budget_bytes = options.page_budget_bytes;
+  state_stats_.budget_bytes = options.state_budget_bytes;
+}
+
+CacheIndex::~CacheIndex() = default;
+
+int64_t CacheIndex::Budget(EntryClass c) const {
+  return c == EntryClass::kPage ? options_.page_budget_bytes : options_.state_budget_bytes;
+}
+
+ClassStats& CacheIndex::Counters(EntryClass c) {
+  return c == EntryClass::kPage ? page_stats_ : state_stats_;
+}
+
+absl::Status CacheIndex::ValidateSpec(const PutSpec& spec) const {
+  if (!IsPowerOfTwo(spec.page_size) || spec.page_size > kMaxPageSize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_size ", spec.page_size, " is not a power of two in [1, ", kMaxPageSize, "]"));
+  }
+  if (spec.size_bytes <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("entry size ", spec.size_bytes, " must be > 0"));
+  }
+  if (spec.size_bytes > Budget(spec.entry_class)) {
+    return absl::ResourceExhaustedError(absl::StrCat("entry of ", spec.size_bytes,
+                                                     " bytes exceeds the budget of ",
+                                                     Budget(spec.entry_class), " bytes"));
+  }
+  for (TokenId t : spec.tokens) {
+    if (t < 0) return absl::InvalidArgumentError(absl::StrCat("negative token id ", t));
+  }
+  if (spec.entry_class == EntryClass::kPage) {
+    if (static_cast<int64_t>(spec.tokens.size()) != spec.page_size) {
+      return absl::InvalidArgumentError(absl::StrCat("a page holds exactly page_size=", spec.page_size,
+                                                     " tokens, got ", spec.tokens.size()));
+    }
+  } else {
+    if (static_cast<int64_t>(spec.tokens.size()) >= spec.page_size) {
+      return absl::InvalidArgumentError(absl::StrCat("a state's tail holds fewer than page_size=",
+                                                     spec.page_size, " tokens, got ",
+                                                     spec.tokens.size()));
+    }
+    if (spec.position <= 0 || spec.position > options_.max_tokens) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("state position ", spec.position, " outside [1, ", options_.max_tokens, "]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Reservation> CacheIndex::Reserve(const PutSpec& spec, absl::Time now) {
+  RETURN_IF_ERROR(ValidateSpec(spec));
+  const EntryClass cls = spec.entry_class;
+
+  // Find or create the namespace root.
+  Node* root = nullptr;
+  bool new_root = false;
+  if (auto it = roots_.find(spec.ns); it != roots_.end()) {
+    root = it->second.get();
+    if (root->page_size != spec.page_size) {
+      return absl::InvalidArgumentError(absl::StrCat("namespace uses page_size ", root->page_size,
+                                                     ", put says ", spec.page_size));
+    }
+  }
+
+  // The parent: a page of this namespace, or its root (created below if new).
+  Node* parent = nullptr;
+  if (spec.parent.has_value()) {
+    auto it = pages_.find(*spec.parent);
+    if (it == pages_.end() || root == nullptr || it->second->root != root) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("parent page ", spec.parent->ToHex(), " is not in the cache"));
+    }
+    parent = it->second.get();
+  } else {
+    parent = root;  // may be null: the namespace is new
+  }
+  const Hash128 parent_key = parent != nullptr ? parent->key : spec.ns;
+  const int64_t parent_depth = parent != nullptr ? parent->depth : 0;
+  const int64_t parent_tokens = parent_depth * spec.page_size;
+
+  Hash128 key;
+  if (cls == EntryClass::kPage) {
+    if (parent_tokens + spec.page_size > options_.max_tokens) {
+      return absl::InvalidArgumentError(absl::StrCat("page ending at token ", parent_tokens + spec.page_size,
+                                                     " is past max_tokens=", options_.max_tokens));
+    }
+    key = PageKey(parent_key, spec.tokens);
+    if (auto it = pages_.find(key); it != pages_.end()) {
+      if (!it->second->entry.committed) return absl::AbortedError("a put of this page is in flight");
+      UseNode(it->second.get(), now);
+      return Reservation{0, key, true, nullptr};
+    }
+  } else {
+    if (spec.position != parent_tokens + static_cast<int64_t>(spec.tokens.size())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "state position ", spec.position, " disagrees with its parent (", parent_depth,
+          " pages of ", spec.page_size, ") and tail of ", spec.tokens.size(), " tokens"));
+    }
+    key = StateKey(parent_key, spec.tokens);
+    if (auto it = states_.find(key); it != states_.end()) {
+      if (!it->second->entry.committed) return absl::AbortedError("a put of this state is in flight");
+      UseState(it->second.get(), now);
+      return Reservation{0, key, true, nullptr};
+    }
+  }
+
+  if (parent == nullptr) {
+    auto owned = std::make_unique<Node>();
+    owned->key = spec.ns;
+    owned->root = owned.get();
+    owned->page_size = spec.page_size;
+    owned->entry.committed = true;
+    root = parent = owned.get();
+    roots_.emplace(spec.ns, std::move(owned));
+    new_root = true;
+  }
+
+  // Keep the parent from being evicted to make room for its own child.
+  parent->entry.pins++;
+  RefreshNode(parent);
+  absl::Status room = MakeRoom(cls, spec.size_bytes);
+  parent->entry.pins--;
+  RefreshNode(parent);
+  if (!room.ok()) {
+    if (new_root) MaybeRemoveRoot(root);
+    return room;
+  }
+
+  Reservation r;
+  r.id = next_id_++;
+  r.key = key;
+  r.blob = std::make_shared<Blob>(static_cast<size_t>(spec.size_bytes));
+  Entry entry;
+  entry.size = spec.size_bytes;
+  entry.blob = r.blob;
+  entry.reservation_id = r.id;
+  ClassStats& counters = Counters(cls);
+  counters.reserved_bytes += spec.size_bytes;
+  puts_[r.id] = PendingPut{cls, key, now + options_.put_timeout};
+
+  if (cls == EntryClass::kPage) {
+    auto node = std::make_unique<Node>();
+    node->key = key;
+    node->parent = parent;
+    node->root = root;
+    node->depth = parent->depth + 1;
+    node->entry = std::move(entry);
+    parent->children.push_back(node.get());
+    RefreshNode(parent);
+    pages_.emplace(key, std::move(node));
+  } else {
+    auto state = std::make_unique<State>();
+    state->key = key;
+    state->node = parent;
+    state->tail = spec.tokens;
+    state->position = spec.position;
+    state->kind = spec.state_kind;
+    state->entry = std::move(entry);
+    parent->states.push_back(state.get());
+    parent->busy_states++;
+    RefreshNode(parent);
+    states_.emplace(key, std::move(state));
+  }
+  return r;
+}
+
+absl::Status CacheIndex::MakeRoom(EntryClass c, int64_t bytes) {
+  ClassStats& counters = Counters(c);
+  while (counters.resident_bytes + counters.reserved_bytes + bytes > Budget(c)) {
+    if (c == EntryClass::kPage) {
+      if (page_lru_.empty()) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "page budget of ", Budget(c), " bytes is held by pinned, in-flight or interior pages"));
+      }
+      RemoveNodeOnly(page_lru_.begin()->second, RemoveReason::kLru);
+    } else {
+      if (state_lru_.empty()) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("state budget of ", Budget(c), " bytes is held by pinned or in-flight states"));
+      }
+      RemoveState(state_lru_.begin()->second, RemoveReason::kLru);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CacheIndex::Touch(uint64_t reservation_id, absl::Time now) {
+  auto it = puts_.find(reservation_id);
+  if (it == puts_.end()) {
+    return absl::AbortedError("the put was reclaimed (timed out, or its parent page was removed)");
+  }
+  it->second.deadline = now + options_.put_timeout;
+  return absl::OkStatus();
+}
+
+absl::Status CacheIndex::Commit(uint64_t reservation_id, uint64_t checksum, absl::Time now) {
+  auto it = puts_.find(reservation_id);
+  if (it == puts_.end()) {
+    return absl::AbortedError("the put was reclaimed (timed out, or its parent page was removed)");
+  }
+  const PendingPut put = it->second;
+  puts_.erase(it);
+  ClassStats& counters = Counters(put.entry_class);
+  Entry* e = nullptr;
+  if (put.entry_class == EntryClass::kPage) {
+    Node* node = pages_.at(put.key).get();
+    e = &node->entry;
+    e->committed = true;
+    e->checksum = checksum;
+    e->reservation_id = 0;
+    RefreshNode(node);
+    UseNode(node, now);
+  } else {
+    State* state = states_.at(put.key).get();
+    e = &state->entry;
+    e->committed = true;
+    e->checksum = checksum;
+    e->reservation_id = 0;
+    state->node->busy_states--;
+    RefreshNode(state->node);
+    RefreshState(state);
+    UseState(state, now);
+  }
+  counters.reserved_bytes -= e->size;
+  counters.resident_bytes += e->size;
+  counters.entries++;
+  return absl::OkStatus();
+}
+
+void CacheIndex::Abort(uint64_t reservation_id) {
+  auto it = puts_.find(reservation_id);
+  if (it == puts_.end()) return;
+  const PendingPut put = it->second;
+  if (put.entry_class == EntryClass::kPage) {
+    RemoveSubtree(pages_.at(put.key).get(), RemoveReason::kAborted);
+  } else {
+    RemoveState(states_.at(put.key).get(), RemoveReason::kAborted);
+  }
+}
+
+absl::StatusOr<LookupResult> CacheIndex::Lookup(const Hash128& ns, int32_t page_size,
+                                                absl::Span<const Hash128> page_keys,
+                                                absl::Span<const TokenId> tokens, bool lease,
+                                                absl::Time now) {
+  if (static_cast<int64_t>(tokens.size()) > options_.max_tokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(tokens.size(), " tokens exceed max_tokens=", options_.max_tokens));
+  }
+  if (!IsPowerOfTwo(page_size) || page_size > kMaxPageSize) {
+    return absl::InvalidArgumentError(absl::StrCat("page_size ", page_size, " is not a power of two"));
+  }
+  if (page_keys.size() != tokens.size() / page_size) {
+    return absl::InvalidArgumentError("page keys do not match the tokens");
+  }
+  totals_.lookups++;
+  LookupResult result;
+  auto root_it = roots_.find(ns);
+  if (root_it == roots_.end()) return result;
+  Node* root = root_it->second.get();
+  if (root->page_size != page_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("namespace uses page_size ", root->page_size, ", lookup says ", page_size));
+  }
+
+  // Walk the chain of committed pages.
+  std::vector<Node*> path;
+  path.reserve(page_keys.size());
+  for (const Hash128& k : page_keys) {
+    auto it = pages_.find(k);
+    if (it == pages_.end() || !it->second->entry.committed) break;
+    path.push_back(it->second.get());
+  }
+  result.kv_match_tokens = static_cast<int64_t>(path.size()) * page_size;
+
+  // The deepest node with a committed state whose tail matches the prompt.
+  State* best = nullptr;
+  int64_t depth = static_cast<int64_t>(path.size());
+  for (; depth >= 0 && best == nullptr; --depth) {
+    Node* node = depth == 0 ? root : path[depth - 1];
+    const int64_t base = depth * page_size;
+    for (State* s : node->states) {
+      if (!s->entry.committed) continue;
+      const int64_t t = static_cast<int64_t>(s->tail.size());
+      if (base + t > static_cast<int64_t>(tokens.size())) continue;
+      if (best != nullptr && best->tail.size() >= s->tail.size()) continue;
+      if (std::equal(s->tail.begin(), s->tail.end(), tokens.begin() + base)) best = s;
+    }
+  }
+  for (Node* n : path) UseNode(n, now);
+  if (best == nullptr) return result;
+
+  const int64_t n_pages = best->node->depth;
+  UseState(best, now);
+  totals_.lookup_hits++;
+  (best->kind == StateKind::kGridCheckpoint ? totals_.hits_grid_checkpoint : totals_.hits_exact_prefix)++;
+  result.resume_position = best->position;
+  result.pages.reserve(n_pages);
+  for (int64_t i = 0; i < n_pages; ++i) result.pages.push_back(PageInfo(*path[i], page_size));
+  result.state = StateInfo(*best);
+
+  if (lease) {
+    Lease l;
+    l.expiry = now + options_.lease_ttl;
+    l.entries.reserve(n_pages + 1);
+    for (int64_t i = 0; i < n_pages; ++i) l.entries.emplace_back(EntryClass::kPage, path[i]->key);
+    l.entries.emplace_back(EntryClass::kState, best->key);
+    for (const auto& [c, k] : l.entries) Pin(c, k, +1);
+    result.lease_id = next_id_++;
+    result.lease_expiry = l.expiry;
+    leases_.emplace(result.lease_id, std::move(l));
+  }
+  return result;
+}
+
+absl::StatusOr<ReadHandle> CacheIndex::Open(uint64_t lease_id, const Hash128& key, absl::Time now) {
+  auto it = leases_.find(lease_id);
+  if (it == leases_.end() || it->second.expiry < now) {
+    return absl::NotFoundError(absl::StrCat("unknown or expired lease ", lease_id));
+  }
+  Lease& lease = it->second;
+  auto held = std::find_if(lease.entries.begin(), lease.entries.end(),
+                           [&](const auto& e) { return e.second == key; });
+  if (held == lease.entries.end()) {
+    return absl::NotFoundError(absl::StrCat("lease ", lease_id, " does not hold entry ", key.ToHex()));
+  }
+  lease.expiry = now + options_.lease_ttl;
+  ReadHandle h;
+  if (held->first == EntryClass::kPage) {
+    auto p = pages_.find(key);
+    if (p == pages_.end()) return absl::NotFoundError("entry was removed (failed verification)");
+    h.info = PageInfo(*p->second, p->second->root->page_size);
+    h.blob = p->second->entry.blob;
+  } else {
+    auto s = states_.find(key);
+    if (s == states_.end()) return absl::NotFoundError("entry was removed (failed verification)");
+    h.info = StateInfo(*s->second);
+    h.blob = s->second->entry.blob;
+  }
+  return h;
+}
+
+absl::Status CacheIndex::Release(uint64_t lease_id) {
+  auto it = leases_.find(lease_id);
+  if (it == leases_.end()) return absl::NotFoundError(absl::StrCat("unknown or expired lease ", lease_id));
+  ReleaseLeaseEntries(it->second);
+  leases_.erase(it);
+  return absl::OkStatus();
+}
+
+void CacheIndex::ReleaseLeaseEntries(const Lease& lease) {
+  for (const auto& [c, k] : lease.entries) Pin(c, k, -1);
+}
+
+void CacheIndex::RemoveCorrupt(EntryClass entry_class, const Hash128& key) {
+  if (entry_class == EntryClass::kPage) {
+    auto it = pages_.find(key);
+    if (it == pages_.end()) return;
+    totals_.checksum_failures++;
+    RemoveSubtree(it->second.get(), RemoveReason::kCorrupt);
+  } else {
+    auto it = states_.find(key);
+    if (it == states_.end()) return;
+    totals_.checksum_failures++;
+    RemoveState(it->second.get(), RemoveReason::kCorrupt);
+  }
+}
+
+std::vector<uint64_t> CacheIndex::Expire(absl::Time now) {
+  for (auto it = leases_.begin(); it != leases_.end();) {
+    if (it->second.expiry < now) {
+      ReleaseLeaseEntries(it->second);
+      totals_.expired_leases++;
+      leases_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+  std::vector<uint64_t> reclaimed;
+  for (const auto& [id, put] : puts_) {
+    if (put.deadline < now) reclaimed.push_back(id);
+  }
+  for (uint64_t id : reclaimed) {
+    if (puts_.count(id) == 0) continue;  // gone with an aborted parent page
+    totals_.expired_puts++;
+    Abort(id);
+  }
+  // The evictable sets are in LRU order, and use times grow with ticks, so the
+  // expired entries are a prefix of each set.
+  while (!page_lru_.empty()) {
+    Node* n = page_lru_.begin()->second;
+    if (n->entry.last_use + options_.page_ttl > now) break;
+    RemoveNodeOnly(n, RemoveReason::kTtl);
+  }
+  while (!state_lru_.empty()) {
+    State* s = state_lru_.begin()->second;
+    if (s->entry.last_use + options_.state_ttl > now) break;
+    RemoveState(s, RemoveReason::kTtl);
+  }
+  return reclaimed;
+}
+
+IndexStats CacheIndex::Stats() const {
+  IndexStats s = totals_;
+  s.pages = page_stats_;
+  s.states = state_stats_;
+  s.namespaces = static_cast<int64_t>(roots_.size());
+  s.active_leases = static_cast<int64_t>(leases_.size());
+  s.active_puts = static_cast<int64_t>(puts_.size());
+  return s;
+}
+
+bool CacheIndex::Contains(EntryClass entry_class, const Hash128& key) const {
+  return entry_class == EntryClass::kPage ? pages_.contains(key) : states_.contains(key);
+}
+
+// --- LRU bookkeeping -------------------------------------------------------
+
+void CacheIndex::UseNode(Node* node, absl::Time now) {
+  if (node->parent == nullptr) return;
+  const bool was = node->entry.evictable;
+  if (was) page_lru_.erase({node->entry.tick, node});
+  node->entry.tick = next_tick_++;
+  node->entry.last_use = now;
+  if (was) page_lru_.insert({node->entry.tick, node});
+}
+
+void CacheIndex::UseState(State* state, absl::Time now) {
+  const bool was = state->entry.evictable;
+  if (was) state_lru_.erase({state->entry.tick, state});
+  state->entry.tick = next_tick_++;
+  state->entry.last_use = now;
+  if (was) state_lru_.insert({state->entry.tick, state});
+}
+
+void CacheIndex::RefreshNode(Node* node) {
+  if (node->parent == nullptr) return;  // roots hold no bytes
+  Entry& e = node->entry;
+  const bool evictable = e.committed && e.pins == 0 && node->children.empty() && node->busy_states == 0;
+  if (evictable == e.evictable) return;
+  if (evictable) {
+    page_lru_.insert({e.tick, node});
+  } else {
+    page_lru_.erase({e.tick, node});
+  }
+  e.evictable = evictable;
+}
+
+void CacheIndex::RefreshState(State* state) {
+  Entry& e = state->entry;
+  const bool evictable = !IsBusy(*state);
+  if (evictable == e.evictable) return;
+  if (evictable) {
+    state_lru_.insert({e.tick, state});
+  } else {
+    state_lru_.erase({e.tick, state});
+  }
+  e.evictable = evictable;
+}
+
+void CacheIndex::Pin(EntryClass c, const Hash128& key, int delta) {
+  if (c == EntryClass::kPage) {
+    auto it = pages_.find(key);
+    if (it == pages_.end()) return;  // removed after failing verification
+    it->second->entry.pins += delta;
+    RefreshNode(it->second.get());
+  } else {
+    auto it = states_.find(key);
+    if (it == states_.end()) return;
+    State* s = it->second.get();
+    const bool was_busy = IsBusy(*s);
+    s->entry.pins += delta;
+    const bool busy = IsBusy(*s);
+    if (was_busy != busy) {
+      s->node->busy_states += busy ? 1 : -1;
+      RefreshNode(s->node);
+    }
+    RefreshState(s);
+  }
+}
+
+// --- Removal ---------------------------------------------------------------
+
+void CacheIndex::ForgetEntryBytes(EntryClass c, Entry* e) {
+  ClassStats& counters = Counters(c);
+  if (e->committed) {
+    counters.resident_bytes -= e->size;
+    counters.entries--;
+  } else {
+    counters.reserved_bytes -= e->size;
+    puts_.erase(e->reservation_id);
+  }
+}
+
+void CacheIndex::RemoveState(State* state, RemoveReason reason) {
+  ClassStats& counters = state_stats_;
+  if (reason == RemoveReason::kLru) counters.evicted_lru++;
+  if (reason == RemoveReason::kTtl) counters.evicted_ttl++;
+  if (reason == RemoveReason::kWithPages && state->entry.committed) counters.dropped_with_pages++;
+  if (state->entry.evictable) state_lru_.erase({state->entry.tick, state});
+  Node* node = state->node;
+  if (IsBusy(*state)) node->busy_states--;
+  ForgetEntryBytes(EntryClass::kState, &state->entry);
+  auto& v = node->states;
+  v.erase(std::find(v.begin(), v.end(), state));
+  states_.erase(state->key);  // destroys *state
+  if (node->parent == nullptr) {
+    MaybeRemoveRoot(node);
+  } else {
+    RefreshNode(node);
+  }
+}
+
+void CacheIndex::RemoveSubtree(Node* node, RemoveReason reason) {
+  while (!node->children.empty()) {
+    RemoveSubtree(node->children.back(), reason == RemoveReason::kAborted ? reason : RemoveReason::kWithPages);
+  }
+  RemoveNodeOnly(node, reason);
+}
+
+void CacheIndex::RemoveNodeOnly(Node* node, RemoveReason reason) {
+  DCHECK(node->children.empty());
+  DCHECK(node->parent != nullptr);
+  while (!node->states.empty()) RemoveState(node->states.back(), RemoveReason::kWithPages);
+  if (reason == RemoveReason::kLru) page_stats_.evicted_lru++;
+  if (reason == RemoveReason::kTtl) page_stats_.evicted_ttl++;
+  if (reason == RemoveReason::kWithPages && node->entry.committed) page_stats_.dropped_with_pages++;
+  if (node->entry.evictable) page_lru_.erase({node->entry.tick, node});
+  ForgetEntryBytes(EntryClass::kPage, &node->entry);
+  Node* parent = node->parent;
+  auto& siblings = parent->children;
+  siblings.erase(std::find(siblings.begin(), siblings.end(), node));
+  pages_.erase(node->key);  // destroys *node
+  if (parent->parent == nullptr) {
+    MaybeRemoveRoot(parent);
+  } else {
+    RefreshNode(parent);
+  }
+}
+
+void CacheIndex::MaybeRemoveRoot(Node* root) {
+  if (root->children.empty() && root->states.empty()) roots_.erase(root->key);
+}
+
+EntryInfo CacheIndex::PageInfo(const Node& n, int32_t page_size) {
+  EntryInfo info;
+  info.key = n.key;
+  info.entry_class = EntryClass::kPage;
+  info.size_bytes = n.entry.size;
+  info.checksum = n.entry.checksum;
+  info.position = n.depth * page_size;
+  return info;
+}
+
+EntryInfo CacheIndex::StateInfo(const State& s) {
+  EntryInfo info;
+  info.key = s.key;
+  info.entry_class = EntryClass::kState;
+  info.size_bytes = s.entry.size;
+  info.checksum = s.entry.checksum;
+  info.state_kind = s.kind;
+  info.position = s.position;
+  return info;
+}
+
+// --- Invariants ------------------------------------------------------------
+
+absl::Status CacheIndex::CheckInvariants() const {
+  auto fail = [](auto&&... parts) { return absl::InternalError(absl::StrCat(parts...)); };
+  ClassStats pages, states;
+  absl::flat_hash_map<const void*, int> expected_pins;
+  for (const auto& [id, lease] : leases_) {
+    for (const auto& [c, k] : lease.entries) {
+      if (c == EntryClass::kPage) {
+        if (auto it = pages_.find(k); it != pages_.end()) expected_pins[it->second.get()]++;
+      } else {
+        if (auto it = states_.find(k); it != states_.end()) expected_pins[it->second.get()]++;
+      }
+    }
+  }
+  size_t reserved_entries = 0;
+  size_t evictable_pages = 0, evictable_states = 0;
+  for (const auto& [key, node] : pages_) {
+    const Entry& e = node->entry;
+    if (node->parent == nullptr || node->root == nullptr) return fail("page without parent or root");
+    if (node->depth != node->parent->depth + 1) return fail("page depth disagrees with parent");
+    if (std::count(node->parent->children.begin(), node->parent->children.end(), node.get()) != 1) {
+      return fail("page missing from its parent's children");
+    }
+    if (node->parent->parent == nullptr ? roots_.find(node->parent->key) == roots_.end()
+                                        : pages_.find(node->parent->key) == pages_.end()) {
+      return fail("page's parent is not indexed");
+    }
+    (e.committed ? pages.resident_bytes : pages.reserved_bytes) += e.size;
+    if (e.committed) pages.entries++;
+    if (!e.committed) reserved_entries++;
+    if (e.pins != expected_pins[node.get()]) return fail("page pins ", e.pins, " != leases");
+    int busy = 0;
+    for (const State* s : node->states) busy += IsBusy(*s) ? 1 : 0;
+    if (busy != node->busy_states) return fail("busy_states out of date");
+    const bool evictable = e.committed && e.pins == 0 && node->children.empty() && busy == 0;
+    if (evictable != e.evictable || evictable != (page_lru_.count({e.tick, node.get()}) == 1)) {
+      return fail("page LRU membership out of date");
+    }
+    evictable_pages += evictable ? 1 : 0;
+  }
+  for (const auto& [key, root] : roots_) {
+    if (root->children.empty() && root->states.empty()) return fail("empty root kept");
+    int busy = 0;
+    for (const State* s : root->states) busy += IsBusy(*s) ? 1 : 0;
+    if (busy != root->busy_states) return fail("root busy_states out of date");
+  }
+  for (const auto& [key, s] : states_) {
+    const Entry& e = s->entry;
+    (e.committed ? states.resident_bytes : states.reserved_bytes) += e.size;
+    if (e.committed) states.entries++;
+    if (!e.committed) reserved_entries++;
+    if (e.pins != expected_pins[s.get()]) return fail("state pins ", e.pins, " != leases");
+    if (std::count(s->node->states.begin(), s->node->states.end(), s.get()) != 1) {
+      return fail("state missing from its node");
+    }
+    if (s->position != s->node->depth * s->node->root->page_size + static_cast<int64_t>(s->tail.size())) {
+      return fail("state position disagrees with its node");
+    }
+    const bool evictable = !IsBusy(*s);
+    if (evictable != e.evictable || evictable != (state_lru_.count({e.tick, s.get()}) == 1)) {
+      return fail("state LRU membership out of date");
+    }
+    evictable_states += evictable ? 1 : 0;
+  }
+  if (evictable_pages != page_lru_.size() || evictable_states != state_lru_.size()) {
+    return fail("LRU sets hold removed entries");
+  }
+  if (reserved_entries != puts_.size()) return fail("reserved entries ", reserved_entries, " != puts ", puts_.size());
+  if (pages.resident_bytes != page_stats_.resident_bytes || pages.reserved_bytes != page_stats_.reserved_bytes ||
+      pages.entries != page_stats_.entries) {
+    return fail("page accounting drifted");
+  }
+  if (states.resident_bytes != state_stats_.resident_bytes ||
+      states.reserved_bytes != state_stats_.reserved_bytes || states.entries != state_stats_.entries) {
+    return fail("state accounting drifted");
+  }
+  if (pages.resident_bytes + pages.reserved_bytes > options_.page_budget_bytes) return fail("page budget exceeded");
+  if (states.resident_bytes + states.reserved_bytes > options_.state_budget_bytes) {
+    return fail("state budget exceeded");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace hybridserve::cachestore

@@ -1,0 +1,401 @@
+#include "cachestore/cache_index.h"
+
+#include <numeric>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace hybridserve::cachestore {
+namespace {
+
+constexpr int32_t kPageSize = 4;
+const absl::Time kT0 = absl::FromUnixSeconds(1000);
+
+std::vector<TokenId> Tokens(int n, int first = 100) {
+  std::vector<TokenId> v(n);
+  std::iota(v.begin(), v.end(), first);
+  return v;
+}
+
+class CacheIndexTest : public ::testing::Test {
+ protected:
+  CacheIndexTest() : ns_(NamespaceKey("model", "", "", kPageSize)) {}
+
+  void Make(CacheIndexOptions options) { index_ = std::make_unique<CacheIndex>(options); }
+
+  PutSpec PageSpec(absl::Span<const TokenId> tokens, int page, int64_t size, Hash128 ns) {
+    PutSpec s;
+    s.ns = ns;
+    s.page_size = kPageSize;
+    s.entry_class = EntryClass::kPage;
+    if (page > 0) s.parent = PageKeys(ns, tokens.subspan(0, page * kPageSize), kPageSize).back();
+    s.tokens.assign(tokens.begin() + page * kPageSize, tokens.begin() + (page + 1) * kPageSize);
+    s.size_bytes = size;
+    return s;
+  }
+  PutSpec PageSpec(absl::Span<const TokenId> tokens, int page, int64_t size = 100) {
+    return PageSpec(tokens, page, size, ns_);
+  }
+
+  PutSpec StateSpec(absl::Span<const TokenId> tokens, int64_t p, int64_t size = 1000,
+                    StateKind kind = StateKind::kExactPrefix) {
+    PutSpec s;
+    s.ns = ns_;
+    s.page_size = kPageSize;
+    s.entry_class = EntryClass::kState;
+    const int64_t n = p / kPageSize;
+    if (n > 0) s.parent = PageKeys(ns_, tokens.subspan(0, n * kPageSize), kPageSize).back();
+    s.tokens.assign(tokens.begin() + n * kPageSize, tokens.begin() + p);
+    s.state_kind = kind;
+    s.position = p;
+    s.size_bytes = size;
+    return s;
+  }
+
+  // Reserves and commits; returns the key.
+  Hash128 PutCommitted(const PutSpec& spec) {
+    auto r = index_->Reserve(spec, now_);
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (!r.ok()) return {};
+    if (!r->already_present) EXPECT_TRUE(index_->Commit(r->id, 7, now_).ok());
+    return r->key;
+  }
+
+  void PutPages(absl::Span<const TokenId> tokens, int n_pages, int64_t size = 100) {
+    for (int i = 0; i < n_pages; ++i) PutCommitted(PageSpec(tokens, i, size));
+  }
+
+  LookupResult Lookup(absl::Span<const TokenId> tokens, bool lease = false) {
+    auto r = index_->Lookup(ns_, kPageSize, PageKeys(ns_, tokens, kPageSize), tokens, lease, now_);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *r : LookupResult{};
+  }
+
+  void TearDown() override {
+    if (index_ != nullptr) EXPECT_TRUE(index_->CheckInvariants().ok()) << index_->CheckInvariants();
+  }
+
+  Hash128 ns_;
+  absl::Time now_ = kT0;
+  std::unique_ptr<CacheIndex> index_ = std::make_unique<CacheIndex>(CacheIndexOptions{});
+};
+
+TEST_F(CacheIndexTest, EmptyIndexMisses) {
+  LookupResult r = Lookup(Tokens(10));
+  EXPECT_EQ(r.resume_position, 0);
+  EXPECT_EQ(r.kv_match_tokens, 0);
+  EXPECT_FALSE(r.state.has_value());
+  EXPECT_EQ(r.lease_id, 0u);
+}
+
+TEST_F(CacheIndexTest, ResumePointIsDeepestStateWhosePagesArePresent) {
+  std::vector<TokenId> t = Tokens(20);
+  PutPages(t, 4);  // tokens [0, 16)
+  PutCommitted(StateSpec(t, 6));
+  Hash128 deep = PutCommitted(StateSpec(t, 14, 1000, StateKind::kGridCheckpoint));
+
+  LookupResult r = Lookup(t);
+  EXPECT_EQ(r.resume_position, 14);
+  EXPECT_EQ(r.kv_match_tokens, 16);
+  ASSERT_EQ(r.pages.size(), 3u);  // pages [0, 12); tokens 12, 13 are in the snapshot
+  EXPECT_EQ(r.pages[2].key, PageKeys(ns_, t, kPageSize)[2]);
+  ASSERT_TRUE(r.state.has_value());
+  EXPECT_EQ(r.state->key, deep);
+  EXPECT_EQ(r.state->state_kind, StateKind::kGridCheckpoint);
+
+  // The same prompt ending exactly at the snapshot resumes at its end.
+  EXPECT_EQ(Lookup(absl::MakeConstSpan(t).subspan(0, 14)).resume_position, 14);
+  // One token short of it: the snapshot is past the prompt.
+  EXPECT_EQ(Lookup(absl::MakeConstSpan(t).subspan(0, 13)).resume_position, 6);
+}
+
+TEST_F(CacheIndexTest, DivergingTailFallsBackToShallowerState) {
+  std::vector<TokenId> t = Tokens(20);
+  PutPages(t, 4);
+  PutCommitted(StateSpec(t, 6));
+  PutCommitted(StateSpec(t, 14));
+  std::vector<TokenId> other = t;
+  other[13] = 7;  // inside the snapshot's tail, and inside page 3
+  LookupResult r = Lookup(other);
+  EXPECT_EQ(r.resume_position, 6);
+  EXPECT_EQ(r.kv_match_tokens, 12);
+  EXPECT_EQ(r.pages.size(), 1u);
+}
+
+TEST_F(CacheIndexTest, KvMatchBeyondTheDeepestStateIsReportedNotUsed) {
+  std::vector<TokenId> t = Tokens(32);
+  PutPages(t, 8);
+  PutCommitted(StateSpec(t, 5));
+  LookupResult r = Lookup(t);
+  EXPECT_EQ(r.resume_position, 5);
+  EXPECT_EQ(r.kv_match_tokens, 32);
+  EXPECT_EQ(r.pages.size(), 1u);
+}
+
+TEST_F(CacheIndexTest, ReservedEntriesAreInvisibleUntilCommitted) {
+  std::vector<TokenId> t = Tokens(8);
+  auto page = index_->Reserve(PageSpec(t, 0), now_);
+  ASSERT_TRUE(page.ok());
+  auto state = index_->Reserve(StateSpec(t, 6), now_);
+  ASSERT_TRUE(state.ok()) << state.status();  // a reserved parent is enough to start
+  EXPECT_EQ(Lookup(t).kv_match_tokens, 0);
+  ASSERT_TRUE(index_->Commit(state->id, 1, now_).ok());
+  EXPECT_EQ(Lookup(t).resume_position, 0);  // its page is still in flight
+  ASSERT_TRUE(index_->Commit(page->id, 1, now_).ok());
+  EXPECT_EQ(Lookup(t).resume_position, 6);
+  EXPECT_EQ(index_->Stats().pages.reserved_bytes, 0);
+}
+
+TEST_F(CacheIndexTest, DuplicatePutsReportPresenceOrConflict) {
+  std::vector<TokenId> t = Tokens(8);
+  auto first = index_->Reserve(PageSpec(t, 0), now_);
+  ASSERT_TRUE(first.ok());
+  EXPECT_EQ(index_->Reserve(PageSpec(t, 0), now_).status().code(), absl::StatusCode::kAborted);
+  ASSERT_TRUE(index_->Commit(first->id, 1, now_).ok());
+  auto again = index_->Reserve(PageSpec(t, 0), now_);
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(again->already_present);
+  EXPECT_EQ(again->key, first->key);
+  EXPECT_EQ(index_->Stats().pages.resident_bytes, 100);
+}
+
+TEST_F(CacheIndexTest, BadPutsAreRejectedAndChangeNothing) {
+  std::vector<TokenId> t = Tokens(12);
+  PutPages(t, 1);
+  const IndexStats before = index_->Stats();
+
+  PutSpec missing_parent = PageSpec(t, 2);  // page 1 was never stored
+  EXPECT_EQ(index_->Reserve(missing_parent, now_).status().code(), absl::StatusCode::kFailedPrecondition);
+
+  PutSpec short_page = PageSpec(t, 1);
+  short_page.tokens.pop_back();
+  EXPECT_EQ(index_->Reserve(short_page, now_).status().code(), absl::StatusCode::kInvalidArgument);
+
+  PutSpec empty = PageSpec(t, 1, 0);
+  EXPECT_EQ(index_->Reserve(empty, now_).status().code(), absl::StatusCode::kInvalidArgument);
+
+  PutSpec huge = PageSpec(t, 1, int64_t{2} << 30);
+  EXPECT_EQ(index_->Reserve(huge, now_).status().code(), absl::StatusCode::kResourceExhausted);
+
+  PutSpec negative = PageSpec(t, 1);
+  negative.tokens[0] = -1;
+  EXPECT_EQ(index_->Reserve(negative, now_).status().code(), absl::StatusCode::kInvalidArgument);
+
+  PutSpec odd_page = PageSpec(t, 1);
+  odd_page.page_size = 3;
+  EXPECT_EQ(index_->Reserve(odd_page, now_).status().code(), absl::StatusCode::kInvalidArgument);
+
+  PutSpec wrong_page_size = PageSpec(t, 0);
+  wrong_page_size.page_size = 8;
+  wrong_page_size.tokens = Tokens(8);
+  EXPECT_EQ(index_->Reserve(wrong_page_size, now_).status().code(), absl::StatusCode::kInvalidArgument);
+
+  PutSpec bad_position = StateSpec(t, 6);
+  bad_position.position = 7;
+  EXPECT_EQ(index_->Reserve(bad_position, now_).status().code(), absl::StatusCode::kInvalidArgument);
+
+  PutSpec long_tail = StateSpec(t, 6);
+  long_tail.tokens = Tokens(kPageSize);
+  long_tail.position = 4 + kPageSize;
+  EXPECT_EQ(index_->Reserve(long_tail, now_).status().code(), absl::StatusCode::kInvalidArgument);
+
+  PutSpec at_zero = StateSpec(t, 0);
+  EXPECT_EQ(index_->Reserve(at_zero, now_).status().code(), absl::StatusCode::kInvalidArgument);
+
+  PutSpec other_ns_parent = PageSpec(t, 1);
+  other_ns_parent.ns = NamespaceKey("other", "", "", kPageSize);
+  EXPECT_EQ(index_->Reserve(other_ns_parent, now_).status().code(), absl::StatusCode::kFailedPrecondition);
+
+  const IndexStats after = index_->Stats();
+  EXPECT_EQ(after.pages.resident_bytes, before.pages.resident_bytes);
+  EXPECT_EQ(after.pages.reserved_bytes, 0);
+  EXPECT_EQ(after.namespaces, 1);
+}
+
+TEST_F(CacheIndexTest, NamespacesNeverShareEntries) {
+  std::vector<TokenId> t = Tokens(8);
+  PutPages(t, 2);
+  PutCommitted(StateSpec(t, 8 - 1));
+  Hash128 tenant = NamespaceKey("model", "", "tenant-b", kPageSize);
+  auto r = index_->Lookup(tenant, kPageSize, PageKeys(tenant, t, kPageSize), t, true, now_);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->kv_match_tokens, 0);
+  EXPECT_EQ(r->resume_position, 0);
+}
+
+TEST_F(CacheIndexTest, PagesAreEvictedLeafFirstInLruOrder) {
+  CacheIndexOptions o;
+  o.page_budget_bytes = 300;
+  Make(o);
+  std::vector<TokenId> a = Tokens(8, 0), b = Tokens(8, 50), c = Tokens(8, 80);
+  PutPages(a, 2);  // a0 -> a1
+  now_ += absl::Seconds(1);
+  PutPages(b, 1);  // b0, newer than a0 and a1
+  now_ += absl::Seconds(1);
+  PutPages(c, 1);  // needs room: the LRU leaf is a1, not the older interior a0
+  EXPECT_EQ(Lookup(a).kv_match_tokens, 4);
+  EXPECT_EQ(Lookup(b).kv_match_tokens, 4);
+  EXPECT_EQ(Lookup(c).kv_match_tokens, 4);
+  EXPECT_EQ(index_->Stats().pages.evicted_lru, 1);
+}
+
+TEST_F(CacheIndexTest, UseRefreshesLruPosition) {
+  CacheIndexOptions o;
+  o.page_budget_bytes = 200;
+  Make(o);
+  std::vector<TokenId> a = Tokens(4, 0), b = Tokens(4, 50), c = Tokens(4, 80);
+  PutPages(a, 1);
+  PutPages(b, 1);
+  Lookup(a);  // a is now more recent than b
+  PutPages(c, 1);
+  EXPECT_EQ(Lookup(a).kv_match_tokens, 4);
+  EXPECT_EQ(Lookup(b).kv_match_tokens, 0);
+}
+
+TEST_F(CacheIndexTest, EvictingAPageDropsTheStatesThatNeedIt) {
+  CacheIndexOptions o;
+  o.page_budget_bytes = 200;
+  Make(o);
+  std::vector<TokenId> a = Tokens(12, 0);
+  PutPages(a, 2);
+  PutCommitted(StateSpec(a, 9));  // needs pages 0 and 1
+  PutCommitted(PageSpec(Tokens(4, 50), 0));  // evicts a1 and the state at 9 with it
+  EXPECT_EQ(Lookup(a).resume_position, 0);
+  EXPECT_EQ(Lookup(a).kv_match_tokens, 4);
+  IndexStats s = index_->Stats();
+  EXPECT_EQ(s.states.entries, 0);
+  EXPECT_EQ(s.states.resident_bytes, 0);
+  EXPECT_EQ(s.states.dropped_with_pages, 1);
+}
+
+TEST_F(CacheIndexTest, LeasedEntriesSurviveBudgetPressure) {
+  CacheIndexOptions o;
+  o.page_budget_bytes = 200;
+  o.state_budget_bytes = 1000;
+  Make(o);
+  std::vector<TokenId> a = Tokens(12, 0);
+  PutPages(a, 2);
+  PutCommitted(StateSpec(a, 9));  // needs pages 0 and 1
+  LookupResult leased = Lookup(a, /*lease=*/true);
+  ASSERT_NE(leased.lease_id, 0u);
+  // a0 is pinned and interior; a1 is pinned and carries a pinned state.
+  EXPECT_EQ(index_->Reserve(PageSpec(Tokens(4, 50), 0), now_).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(index_->Reserve(StateSpec(Tokens(4, 50), 3), now_).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(index_->Open(leased.lease_id, leased.state->key, now_).ok());
+  ASSERT_TRUE(index_->Release(leased.lease_id).ok());
+  EXPECT_EQ(index_->Release(leased.lease_id).code(), absl::StatusCode::kNotFound);
+  PutCommitted(PageSpec(Tokens(4, 50), 0));
+  EXPECT_EQ(Lookup(a).resume_position, 0);
+}
+
+TEST_F(CacheIndexTest, ReservedBytesCountAgainstTheBudget) {
+  CacheIndexOptions o;
+  o.state_budget_bytes = 1500;
+  Make(o);
+  std::vector<TokenId> a = Tokens(4, 0), b = Tokens(4, 10);
+  auto first = index_->Reserve(StateSpec(a, 3), now_);
+  ASSERT_TRUE(first.ok());
+  EXPECT_EQ(index_->Reserve(StateSpec(b, 3), now_).status().code(), absl::StatusCode::kResourceExhausted);
+  index_->Abort(first->id);
+  EXPECT_TRUE(index_->Reserve(StateSpec(b, 3), now_).ok());
+}
+
+TEST_F(CacheIndexTest, IdleEntriesExpireByClassTtl) {
+  CacheIndexOptions o;
+  o.page_ttl = absl::Seconds(100);
+  o.state_ttl = absl::Seconds(10);
+  Make(o);
+  std::vector<TokenId> a = Tokens(8, 0);
+  PutPages(a, 2);
+  PutCommitted(StateSpec(a, 6));
+  now_ += absl::Seconds(11);
+  index_->Expire(now_);
+  LookupResult r = Lookup(a);  // also refreshes the pages
+  EXPECT_EQ(r.resume_position, 0);
+  EXPECT_EQ(r.kv_match_tokens, 8);
+  EXPECT_EQ(index_->Stats().states.evicted_ttl, 1);
+  now_ += absl::Seconds(101);
+  index_->Expire(now_);  // both pages go: a1 as a leaf, then a0 as the new leaf
+  EXPECT_EQ(Lookup(a).kv_match_tokens, 0);
+  EXPECT_EQ(index_->Stats().pages.evicted_ttl, 2);
+  EXPECT_EQ(index_->Stats().namespaces, 0);
+}
+
+TEST_F(CacheIndexTest, LeasesOfVanishedReadersExpire) {
+  CacheIndexOptions o;
+  o.lease_ttl = absl::Seconds(5);
+  o.state_ttl = absl::Seconds(1);
+  Make(o);
+  std::vector<TokenId> a = Tokens(8, 0);
+  PutPages(a, 2);
+  PutCommitted(StateSpec(a, 6));
+  LookupResult leased = Lookup(a, true);
+  now_ += absl::Seconds(3);
+  index_->Expire(now_);  // state idle past its TTL, but leased: kept
+  EXPECT_TRUE(index_->Contains(EntryClass::kState, leased.state->key));
+  now_ += absl::Seconds(3);
+  index_->Expire(now_);  // the lease expired first, then the state could go
+  EXPECT_FALSE(index_->Contains(EntryClass::kState, leased.state->key));
+  EXPECT_EQ(index_->Open(leased.lease_id, leased.pages[0].key, now_).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(index_->Stats().expired_leases, 1);
+}
+
+TEST_F(CacheIndexTest, StalledPutsAreReclaimed) {
+  CacheIndexOptions o;
+  o.put_timeout = absl::Seconds(2);
+  Make(o);
+  std::vector<TokenId> a = Tokens(8, 0);
+  auto r = index_->Reserve(PageSpec(a, 0), now_);
+  ASSERT_TRUE(r.ok());
+  now_ += absl::Seconds(1);
+  ASSERT_TRUE(index_->Touch(r->id, now_).ok());
+  now_ += absl::Seconds(1.5);
+  EXPECT_TRUE(index_->Expire(now_).empty());  // progress extended the deadline
+  now_ += absl::Seconds(3);
+  EXPECT_THAT(index_->Expire(now_), ::testing::ElementsAre(r->id));
+  EXPECT_EQ(index_->Commit(r->id, 1, now_).code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(index_->Stats().pages.reserved_bytes, 0);
+  EXPECT_EQ(index_->Stats().namespaces, 0);
+}
+
+TEST_F(CacheIndexTest, AbortingAPageDropsWhatHangsFromIt) {
+  std::vector<TokenId> a = Tokens(12, 0);
+  auto p0 = index_->Reserve(PageSpec(a, 0), now_);
+  ASSERT_TRUE(p0.ok());
+  Hash128 p1 = PutCommitted(PageSpec(a, 1));
+  auto s = index_->Reserve(StateSpec(a, 9), now_);
+  ASSERT_TRUE(s.ok());
+  index_->Abort(p0->id);
+  EXPECT_FALSE(index_->Contains(EntryClass::kPage, p1));
+  EXPECT_EQ(index_->Commit(s->id, 1, now_).code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(index_->Stats().namespaces, 0);
+}
+
+TEST_F(CacheIndexTest, CorruptPageTakesItsDescendantsWithIt) {
+  std::vector<TokenId> a = Tokens(12, 0);
+  PutPages(a, 3);
+  PutCommitted(StateSpec(a, 10));
+  PutCommitted(StateSpec(a, 2));
+  std::vector<Hash128> keys = PageKeys(ns_, a, kPageSize);
+  index_->RemoveCorrupt(EntryClass::kPage, keys[1]);
+  LookupResult r = Lookup(a);
+  EXPECT_EQ(r.kv_match_tokens, 4);
+  EXPECT_EQ(r.resume_position, 2);
+  EXPECT_EQ(index_->Stats().checksum_failures, 1);
+}
+
+TEST_F(CacheIndexTest, LookupRejectsTooManyTokens) {
+  CacheIndexOptions o;
+  o.max_tokens = 16;
+  Make(o);
+  std::vector<TokenId> t = Tokens(17);
+  EXPECT_EQ(index_->Lookup(ns_, kPageSize, PageKeys(ns_, t, kPageSize), t, false, now_).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace hybridserve::cachestore

@@ -1,0 +1,147 @@
+#include "cachestore/cache_store.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace hybridserve::cachestore {
+
+absl::StatusOr<std::unique_ptr<CacheStore>> CacheStore::Create(const CacheIndexOptions& options,
+                                                               const common::Clock& clock) {
+  if (options.page_budget_bytes <= 0 || options.state_budget_bytes <= 0) {
+    return absl::InvalidArgumentError("page and state budgets must be > 0 bytes");
+  }
+  if (options.page_ttl <= absl::ZeroDuration() || options.state_ttl <= absl::ZeroDuration() ||
+      options.lease_ttl <= absl::ZeroDuration() || options.put_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("TTLs, lease time and put timeout must be > 0");
+  }
+  if (options.max_tokens <= 0) return absl::InvalidArgumentError("max_tokens must be > 0");
+  return std::unique_ptr<CacheStore>(new CacheStore(options, clock));
+}
+
+CacheStore::CacheStore(const CacheIndexOptions& options, const common::Clock& clock)
+    : clock_(clock), index_(options) {}
+
+absl::StatusOr<LookupResult> CacheStore::Lookup(const Hash128& ns, int32_t page_size,
+                                                absl::Span<const TokenId> tokens, bool lease) {
+  if (static_cast<int64_t>(tokens.size()) > options().max_tokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(tokens.size(), " tokens exceed max_tokens=", options().max_tokens));
+  }
+  for (TokenId t : tokens) {
+    if (t < 0) return absl::InvalidArgumentError(absl::StrCat("negative token id ", t));
+  }
+  if (page_size <= 0) return absl::InvalidArgumentError(absl::StrCat("page_size ", page_size, " <= 0"));
+  // Hash the page chain before taking the lock: it is the bulk of the work.
+  std::vector<Hash128> keys = PageKeys(ns, tokens, page_size);
+  absl::MutexLock lock(&mu_);
+  return index_.Lookup(ns, page_size, keys, tokens, lease, clock_.Now());
+}
+
+absl::StatusOr<std::unique_ptr<PutSession>> CacheStore::BeginPut(const PutSpec& spec) {
+  absl::StatusOr<Reservation> r;
+  {
+    absl::MutexLock lock(&mu_);
+    r = index_.Reserve(spec, clock_.Now());
+  }
+  if (!r.ok()) return r.status();
+  return std::unique_ptr<PutSession>(new PutSession(this, *std::move(r), spec.size_bytes));
+}
+
+absl::StatusOr<ReadHandle> CacheStore::OpenVerified(uint64_t lease_id, const Hash128& key) {
+  absl::StatusOr<ReadHandle> h;
+  {
+    absl::MutexLock lock(&mu_);
+    h = index_.Open(lease_id, key, clock_.Now());
+  }
+  if (!h.ok()) return h.status();
+  // The entry is leased, so its bytes stay put while we hash them unlocked.
+  const uint64_t actual = common::Checksum64(h->blob->data.get(), h->blob->size);
+  if (actual != h->info.checksum) {
+    absl::MutexLock lock(&mu_);
+    index_.RemoveCorrupt(h->info.entry_class, key);
+    return absl::DataLossError(absl::StrCat("entry ", key.ToHex(), " failed its checksum; removed"));
+  }
+  return h;
+}
+
+absl::Status CacheStore::Release(uint64_t lease_id) {
+  absl::MutexLock lock(&mu_);
+  return index_.Release(lease_id);
+}
+
+std::vector<uint64_t> CacheStore::Expire() {
+  absl::MutexLock lock(&mu_);
+  return index_.Expire(clock_.Now());
+}
+
+IndexStats CacheStore::Stats() const {
+  absl::MutexLock lock(&mu_);
+  return index_.Stats();
+}
+
+absl::Status CacheStore::CheckInvariants() const {
+  absl::MutexLock lock(&mu_);
+  return index_.CheckInvariants();
+}
+
+absl::Status CacheStore::TouchPut(uint64_t reservation_id) {
+  absl::MutexLock lock(&mu_);
+  return index_.Touch(reservation_id, clock_.Now());
+}
+
+absl::Status CacheStore::CommitPut(uint64_t reservation_id, uint64_t checksum) {
+  absl::MutexLock lock(&mu_);
+  return index_.Commit(reservation_id, checksum, clock_.Now());
+}
+
+void CacheStore::AbortPut(uint64_t reservation_id) {
+  absl::MutexLock lock(&mu_);
+  index_.Abort(reservation_id);
+}
+
+PutSession::PutSession(CacheStore* store, Reservation reservation, int64_t size_bytes)
+    : store_(store), reservation_(std::move(reservation)), size_bytes_(size_bytes) {
+  finished_ = reservation_.already_present;
+}
+
+PutSession::~PutSession() {
+  if (!finished_) store_->AbortPut(reservation_.id);
+}
+
+absl::Status PutSession::Write(int64_t offset, absl::string_view data) {
+  if (finished_) return absl::FailedPreconditionError("put already finished");
+  if (offset != written_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk at offset ", offset, " out of order: expected offset ", written_));
+  }
+  if (static_cast<int64_t>(data.size()) > size_bytes_ - written_) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk of ", data.size(), " bytes at offset ", offset,
+                                                   " overruns the declared size ", size_bytes_));
+  }
+  // Refuse bytes for a put that was reclaimed before copying them.
+  absl::Status alive = store_->TouchPut(reservation_.id);
+  if (!alive.ok()) return alive;
+  uint8_t* dst = reservation_.blob->data.get() + written_;
+  std::memcpy(dst, data.data(), data.size());
+  // Checksum what was stored, not what was received.
+  checksum_.Update(dst, data.size());
+  written_ += static_cast<int64_t>(data.size());
+  return absl::OkStatus();
+}
+
+absl::Status PutSession::Commit(uint64_t checksum) {
+  if (finished_) return absl::FailedPreconditionError("put already finished");
+  if (written_ != size_bytes_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("put ended early: ", written_, " of ", size_bytes_, " bytes arrived"));
+  }
+  if (checksum_.Digest() != checksum) {
+    return absl::DataLossError(absl::StrCat("checksum mismatch: received bytes hash to ",
+                                            checksum_.Digest(), ", commit says ", checksum));
+  }
+  finished_ = true;
+  return store_->CommitPut(reservation_.id, checksum);
+}
+
+}  // namespace hybridserve::cachestore

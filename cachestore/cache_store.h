@@ -1,0 +1,106 @@
+#ifndef HYBRIDSERVE_CACHESTORE_CACHE_STORE_H_
+#define HYBRIDSERVE_CACHESTORE_CACHE_STORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "cachestore/cache_index.h"
+#include "common/clock.h"
+#include "common/hash.h"
+
+namespace hybridserve::cachestore {
+
+class PutSession;
+
+// Thread-safe. Owns the index and the bytes; every index access locks mu_.
+// Work proportional to entry size (copying chunks, checksums) and key hashing
+// happen outside the lock.
+class CacheStore {
+ public:
+  // `clock` must outlive the store.
+  static absl::StatusOr<std::unique_ptr<CacheStore>> Create(const CacheIndexOptions& options,
+                                                            const common::Clock& clock);
+
+  const CacheIndexOptions& options() const { return index_.options(); }
+
+  // The resume point of `tokens` in namespace `ns` (see CacheIndex::Lookup).
+  absl::StatusOr<LookupResult> Lookup(const Hash128& ns, int32_t page_size,
+                                      absl::Span<const TokenId> tokens, bool lease)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Starts a put. When the entry is already committed the session reports
+  // already_present() and accepts no bytes.
+  absl::StatusOr<std::unique_ptr<PutSession>> BeginPut(const PutSpec& spec) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The bytes of a leased entry after verifying their checksum. DATA_LOSS (and
+  // the entry is removed) when they do not match.
+  absl::StatusOr<ReadHandle> OpenVerified(uint64_t lease_id, const Hash128& key) ABSL_LOCKS_EXCLUDED(mu_);
+
+  absl::Status Release(uint64_t lease_id) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Expires leases, stalled puts and idle entries as of the clock's now.
+  // Returns the reservation ids of the reclaimed puts.
+  std::vector<uint64_t> Expire() ABSL_LOCKS_EXCLUDED(mu_);
+
+  IndexStats Stats() const ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status CheckInvariants() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  friend class PutSession;
+  CacheStore(const CacheIndexOptions& options, const common::Clock& clock);
+
+  absl::Status TouchPut(uint64_t reservation_id) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status CommitPut(uint64_t reservation_id, uint64_t checksum) ABSL_LOCKS_EXCLUDED(mu_);
+  void AbortPut(uint64_t reservation_id) ABSL_LOCKS_EXCLUDED(mu_);
+
+  const common::Clock& clock_;
+  mutable absl::Mutex mu_;
+  CacheIndex index_ ABSL_GUARDED_BY(mu_);
+};
+
+// One put in progress: header accepted, bytes arriving in order, then commit.
+// Not thread-safe (one writer). Destroying a session that has not committed
+// aborts the put and frees its reservation. The store must outlive it.
+class PutSession {
+ public:
+  ~PutSession();
+  PutSession(const PutSession&) = delete;
+  PutSession& operator=(const PutSession&) = delete;
+
+  const Hash128& key() const { return reservation_.key; }
+  bool already_present() const { return reservation_.already_present; }
+  uint64_t reservation_id() const { return reservation_.id; }
+  int64_t size_bytes() const { return size_bytes_; }
+  int64_t bytes_written() const { return written_; }
+
+  // Appends `data` at `offset`, which must equal bytes_written().
+  // INVALID_ARGUMENT: out of order, or past the declared size.
+  // ABORTED: the put was reclaimed.
+  absl::Status Write(int64_t offset, absl::string_view data);
+
+  // Verifies the XXH3-64 of the stored bytes against `checksum` and makes the
+  // entry visible. INVALID_ARGUMENT: not all bytes arrived. DATA_LOSS:
+  // checksum mismatch (the put is aborted). ABORTED: reclaimed.
+  absl::Status Commit(uint64_t checksum);
+
+ private:
+  friend class CacheStore;
+  PutSession(CacheStore* store, Reservation reservation, int64_t size_bytes);
+
+  CacheStore* const store_;
+  Reservation reservation_;
+  const int64_t size_bytes_;
+  int64_t written_ = 0;
+  common::StreamingChecksum checksum_;
+  bool finished_ = false;
+};
+
+}  // namespace hybridserve::cachestore
+
+#endif  // HYBRIDSERVE_CACHESTORE_CACHE_STORE_H_

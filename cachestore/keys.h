@@ -1,0 +1,40 @@
+#ifndef HYBRIDSERVE_CACHESTORE_KEYS_H_
+#define HYBRIDSERVE_CACHESTORE_KEYS_H_
+
+// Cache keys (DESIGN.md section 3). Shared by the cachestore and its clients so
+// both sides derive the same keys from the same tokens.
+//
+//   namespace  N   = H(model_fingerprint, adapter, cache_salt, page_size)
+//   page i     K_i = H(K_{i-1} || tokens of page i), K_{-1} = N
+//   state at p S_p = H(K_{n-1} || tokens[n*page_size, p)), n = floor(p/page_size)
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "common/hash.h"
+
+namespace hybridserve::cachestore {
+
+using TokenId = int32_t;
+using common::Hash128;
+
+// The root key of a namespace. Each part is length-prefixed, so no two
+// different tuples hash the same bytes.
+Hash128 NamespaceKey(absl::string_view model_fingerprint, absl::string_view adapter,
+                     absl::string_view cache_salt, int32_t page_size);
+
+// K_i from K_{i-1} and the page's tokens.
+Hash128 PageKey(const Hash128& parent, absl::Span<const TokenId> page_tokens);
+
+// Keys of the full pages of `tokens`: floor(tokens.size() / page_size) of them.
+std::vector<Hash128> PageKeys(const Hash128& ns, absl::Span<const TokenId> tokens, int32_t page_size);
+
+// S_p from K_{n-1} (or N) and tokens[n*page_size, p).
+Hash128 StateKey(const Hash128& parent, absl::Span<const TokenId> tail_tokens);
+
+}  // namespace hybridserve::cachestore
+
+#endif  // HYBRIDSERVE_CACHESTORE_KEYS_H_
