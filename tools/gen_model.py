@@ -1,0 +1,417 @@
+#!/usr/bin/env python3
+"""Deterministic generator of random Nemotron-H and Mamba2 models in Hugging Face format.
+
+Usage:
+    python3 tools/gen_model.py --preset {tiny,default,bench} --seed N --out DIR
+                               [--arch {nemotron_h,mamba2}] [--dtype {fp32,bf16,fp16}]
+
+Writes DIR/config.json and DIR/model.safetensors, loadable as is by transformers'
+`NemotronHForCausalLM` / `Mamba2ForCausalLM` (`from_pretrained`) with no missing and no
+unexpected keys (tools/make_golden.py asserts this).
+
+Contract
+--------
+* Depends on numpy only (the safetensors file is written by hand, so bf16 needs no torch).
+* Byte-for-byte deterministic: the same (arch, preset, seed, dtype) gives identical files on
+  any machine. Every tensor has its own random stream, PCG64 seeded from
+  sha256("<seed>:<tensor name>"); normals are Irwin-Hall sums of twelve 16-bit uniforms
+  (integer arithmetic, exact), uniforms are 24-bit dyadic rationals. Only the per-head
+  vectors A_log and dt_bias go through libm (Python's math module).
+* Tensor names are those transformers' save_pretrained writes, which are also those of the
+  checkpoints on the Hub: prefix "backbone." for the body ("model." is the in-memory name
+  of NemotronHForCausalLM; transformers renames backbone. -> model. on load) and
+  "lm_head.weight" for the head. Mamba2 presets tie the head to the embedding
+  (tie_word_embeddings=true, no lm_head.weight in the file); Nemotron-H cannot tie.
+* config.json for nemotron_h states the layer pattern twice, consistently:
+  `hybrid_override_pattern` (M = Mamba2 mixer, * = attention, - = MLP) and
+  `layers_block_type` (linear_attention / full_attention / mlp), plus the legacy
+  `num_hidden_layers`. Infinity is written as transformers 5 writes it:
+  {"__float__": "Infinity"}.
+
+Initialisation (mimics transformers' init, scaled by fan-in so that tiny models have O(1)
+activations through every layer instead of vanishing ones):
+    embeddings, lm_head, in_proj, q/k/v_proj, up_proj  ~ N(0, 1/fan_in)
+    out_proj, o_proj, down_proj ~ N(0, 1/(fan_in * n_layers))   (rescale_prenorm_residual)
+    conv1d weight and bias      ~ U(-1/sqrt(d_conv), 1/sqrt(d_conv))   (PyTorch Conv1d default)
+    A_log   = log(U[1, 16])
+    dt_bias = softplus^-1(dt), dt = exp(U[log time_step_min, log time_step_max]) >= floor
+    D, RMSNorm weights = 1 + N(0, 0.1^2)
+The last line departs from the real init (ones) on purpose: a kernel that ignores D or a
+norm weight is then caught by the golden tests.
+
+Presets
+-------
+tiny     Unit-test model, well under 1 MB. nemotron_h: vocab 96, hidden 32, pattern "M*M-M*-",
+         Mamba2 4 heads x 16, n_groups 2, d_state 16, d_conv 4, chunk 16; attention 4 heads,
+         2 KV heads, head_dim 8; MLP 64. mamba2: 4 layers of the same mixer, tied head.
+default  Chat-able byte-level model of a few MB, chunk 64. Vocabulary (both archs):
+             ids 0..255  the bytes 0x00..0xFF (token id == byte value)
+             id  256     <pad>   (pad_token_id)
+             id  257     <bos>   (bos_token_id)
+             id  258     <eos>   (eos_token_id)
+         vocab_size 259. config.json repeats this under "hybridserve_tokenizer".
+bench    ~127M parameters (nemotron_h) / ~135M (mamba2), hidden 1024, vocab 16384,
+         chunk 128 (nemotron_h) / 256 (mamba2). Generated on demand, never committed.
+"""
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import struct
+import sys
+
+import numpy as np
+
+# Byte-level vocabulary of the `default` preset.
+BYTE_VOCAB = {"kind": "bytes", "byte_offset": 0, "num_bytes": 256, "pad": 256, "bos": 257, "eos": 258}
+BYTE_VOCAB_SIZE = 259
+
+_INF = {"__float__": "Infinity"}  # transformers 5 encoding of float('inf') in config.json
+
+# Architecture hyper-parameters per (arch, preset). Nemotron-H fields use the names of
+# transformers' NemotronHConfig; Mamba2 fields those of Mamba2Config.
+PRESETS = {
+    ("nemotron_h", "tiny"): dict(
+        vocab_size=96, hidden_size=32, pattern="M*M-M*-",
+        mamba_num_heads=4, mamba_head_dim=16, n_groups=2, ssm_state_size=16, conv_kernel=4, chunk_size=16,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, intermediate_size=64,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, max_position_embeddings=4096),
+    ("nemotron_h", "default"): dict(
+        vocab_size=BYTE_VOCAB_SIZE, hidden_size=128, pattern="M-M*-M-M*-M-",
+        mamba_num_heads=8, mamba_head_dim=32, n_groups=2, ssm_state_size=32, conv_kernel=4, chunk_size=64,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, intermediate_size=256,
+        pad_token_id=BYTE_VOCAB["pad"], bos_token_id=BYTE_VOCAB["bos"], eos_token_id=BYTE_VOCAB["eos"],
+        max_position_embeddings=8192),
+    ("nemotron_h", "bench"): dict(
+        vocab_size=16384, hidden_size=1024, pattern="M-M-M*-M-M-M*-M-",
+        mamba_num_heads=32, mamba_head_dim=64, n_groups=8, ssm_state_size=128, conv_kernel=4, chunk_size=128,
+        num_attention_heads=8, num_key_value_heads=2, head_dim=128, intermediate_size=2048,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, max_position_embeddings=8192),
+    ("mamba2", "tiny"): dict(
+        vocab_size=96, hidden_size=32, num_hidden_layers=4,
+        num_heads=4, head_dim=16, n_groups=2, state_size=16, conv_kernel=4, chunk_size=16,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2),
+    ("mamba2", "default"): dict(
+        vocab_size=BYTE_VOCAB_SIZE, hidden_size=128, num_hidden_layers=8,
+        num_heads=8, head_dim=32, n_groups=2, state_size=32, conv_kernel=4, chunk_size=64,
+        pad_token_id=BYTE_VOCAB["pad"], bos_token_id=BYTE_VOCAB["bos"], eos_token_id=BYTE_VOCAB["eos"]),
+    ("mamba2", "bench"): dict(
+        vocab_size=16384, hidden_size=1024, num_hidden_layers=14,
+        num_heads=32, head_dim=64, n_groups=8, state_size=128, conv_kernel=4, chunk_size=256,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2),
+}
+
+PATTERN_TO_BLOCK = {"M": "linear_attention", "*": "full_attention", "-": "mlp"}
+
+TIME_STEP_MIN, TIME_STEP_MAX, TIME_STEP_FLOOR = 0.001, 0.1, 1e-4
+LAYER_NORM_EPS = 1e-5
+
+
+# ----------------------------------------------------------------------------- config
+
+def nemotron_h_config(p, dtype_name):
+    """config.json dict for a Nemotron-H preset `p` (field names of NemotronHConfig)."""
+    pattern = p["pattern"]
+    if set(pattern) - set(PATTERN_TO_BLOCK):
+        raise ValueError(f"pattern {pattern!r}: only M, * and - are supported")
+    intermediate = p["mamba_num_heads"] * p["mamba_head_dim"]
+    if intermediate % p["hidden_size"] or intermediate % p["n_groups"] or p["mamba_num_heads"] % p["n_groups"]:
+        raise ValueError("mamba heads*head_dim must be a multiple of hidden_size and of n_groups; "
+                         "mamba_num_heads a multiple of n_groups")
+    if p["num_attention_heads"] % p["num_key_value_heads"]:
+        raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+    cfg = {
+        "architectures": ["NemotronHForCausalLM"],
+        "model_type": "nemotron_h",
+        "dtype": dtype_name,
+        "vocab_size": p["vocab_size"],
+        "hidden_size": p["hidden_size"],
+        "hybrid_override_pattern": pattern,
+        "layers_block_type": [PATTERN_TO_BLOCK[c] for c in pattern],
+        "num_hidden_layers": len(pattern),
+        "tie_word_embeddings": False,
+        "pad_token_id": p["pad_token_id"],
+        "bos_token_id": p["bos_token_id"],
+        "eos_token_id": p["eos_token_id"],
+        # attention ('*')
+        "num_attention_heads": p["num_attention_heads"],
+        "num_key_value_heads": p["num_key_value_heads"],
+        "head_dim": p["head_dim"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "max_position_embeddings": p["max_position_embeddings"],
+        "sliding_window": None,
+        # MLP ('-')
+        "intermediate_size": p["intermediate_size"],
+        "mlp_hidden_act": "relu2",
+        "mlp_bias": False,
+        # Mamba2 mixer ('M')
+        "mamba_num_heads": p["mamba_num_heads"],
+        "mamba_head_dim": p["mamba_head_dim"],
+        "ssm_state_size": p["ssm_state_size"],
+        "n_groups": p["n_groups"],
+        "conv_kernel": p["conv_kernel"],
+        "expand": intermediate // p["hidden_size"],
+        "chunk_size": p["chunk_size"],
+        "mamba_hidden_act": "silu",
+        "use_conv_bias": True,
+        "use_bias": False,
+        "mamba_proj_bias": False,
+        "time_step_min": TIME_STEP_MIN,
+        "time_step_max": TIME_STEP_MAX,
+        "time_step_floor": TIME_STEP_FLOOR,
+        "time_step_limit": [0.0, _INF],
+        "mamba_ssm_cache_dtype": "float32",
+        # common
+        "layer_norm_epsilon": LAYER_NORM_EPS,
+        "residual_in_fp32": False,
+        "rescale_prenorm_residual": True,
+        "initializer_range": 0.02,
+        "hidden_dropout": 0.0,
+        "num_logits_to_keep": 1,
+        "use_cache": True,
+    }
+    return cfg
+
+
+def mamba2_config(p, dtype_name):
+    """config.json dict for a Mamba2 preset `p` (field names of Mamba2Config)."""
+    intermediate = p["num_heads"] * p["head_dim"]
+    if intermediate % p["hidden_size"] or p["num_heads"] % p["n_groups"]:
+        raise ValueError("num_heads*head_dim must be a multiple of hidden_size; num_heads of n_groups")
+    return {
+        "architectures": ["Mamba2ForCausalLM"],
+        "model_type": "mamba2",
+        "dtype": dtype_name,
+        "vocab_size": p["vocab_size"],
+        "hidden_size": p["hidden_size"],
+        "num_hidden_layers": p["num_hidden_layers"],
+        "tie_word_embeddings": True,
+        "pad_token_id": p["pad_token_id"],
+        "bos_token_id": p["bos_token_id"],
+        "eos_token_id": p["eos_token_id"],
+        "num_heads": p["num_heads"],
+        "head_dim": p["head_dim"],
+        "expand": intermediate // p["hidden_size"],
+        "state_size": p["state_size"],
+        "n_groups": p["n_groups"],
+        "conv_kernel": p["conv_kernel"],
+        "chunk_size": p["chunk_size"],
+        "hidden_act": "silu",
+        "use_bias": False,
+        "use_conv_bias": True,
+        "time_step_rank": math.ceil(p["hidden_size"] / 16),
+        "time_step_min": TIME_STEP_MIN,
+        "time_step_max": TIME_STEP_MAX,
+        "time_step_floor": TIME_STEP_FLOOR,
+        "time_step_limit": [0.0, _INF],
+        "layer_norm_epsilon": LAYER_NORM_EPS,
+        "residual_in_fp32": True,
+        "rescale_prenorm_residual": False,
+        "initializer_range": 0.1,
+        "use_cache": True,
+    }
+
+
+# ----------------------------------------------------------------------------- random
+
+class _Stream:
+    """Random numbers for one tensor: a pure function of (seed, name), platform independent."""
+
+    def __init__(self, seed, name):
+        digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+        self._bits = np.random.PCG64(int.from_bytes(digest[:16], "little"))
+
+    def _raw(self, n):
+        return self._bits.random_raw(n).astype(np.uint64)
+
+    def normal(self, shape, std, block=1 << 20):
+        """Irwin-Hall(12) approximation of N(0, std^2), values in (-6 std, 6 std), float32."""
+        n = int(np.prod(shape, dtype=np.int64))
+        out = np.empty(n, dtype=np.float32)
+        for lo in range(0, n, block):  # blocks only bound memory; the stream is sequential
+            m = min(block, n - lo)
+            raw = self._raw(3 * m)  # 3 x 64 bits = twelve 16-bit uniforms per value
+            acc = np.zeros(m, dtype=np.int64)
+            for r in range(3):
+                words = raw[r::3]
+                for s in range(4):
+                    acc += ((words >> np.uint64(16 * s)) & np.uint64(0xFFFF)).astype(np.int64)
+            # sum of 12 U{0..65535}: mean 12*65535/2, variance 12*(2^32-1)/12 ~= 2^32
+            z = (acc - 393210).astype(np.float64) / 65536.0
+            out[lo:lo + m] = (z * std).astype(np.float32)
+        return out.reshape(shape)
+
+    def uniform(self, shape, lo, hi):
+        """U(lo, hi) from 24-bit dyadic midpoints, float64 (callers cast)."""
+        n = int(np.prod(shape, dtype=np.int64))
+        k = (self._raw(n) >> np.uint64(40)).astype(np.float64)
+        return (lo + (hi - lo) * (k + 0.5) / float(1 << 24)).reshape(shape)
+
+
+def _softplus_inv(dt):
+    # softplus(x) = log(1 + e^x)  =>  x = dt + log(-expm1(-dt))
+    return dt + math.log(-math.expm1(-dt))
+
+
+# ----------------------------------------------------------------------------- weights
+
+def _mamba_mixer(t, rng, prefix, hidden, n_heads, head_dim, n_groups, d_state, d_conv, n_layers):
+    """Mamba2 mixer tensors, shared by both archs. in_proj rows: [z | x | B | C | dt]."""
+    inter = n_heads * head_dim
+    conv_dim = inter + 2 * n_groups * d_state
+    proj = inter + conv_dim + n_heads
+    t[prefix + "in_proj.weight"] = rng(prefix + "in_proj.weight").normal((proj, hidden), hidden ** -0.5)
+    bound = d_conv ** -0.5
+    t[prefix + "conv1d.weight"] = rng(prefix + "conv1d.weight").uniform(
+        (conv_dim, 1, d_conv), -bound, bound).astype(np.float32)
+    t[prefix + "conv1d.bias"] = rng(prefix + "conv1d.bias").uniform((conv_dim,), -bound, bound).astype(np.float32)
+    u = rng(prefix + "A_log").uniform((n_heads,), 1.0, 16.0)
+    t[prefix + "A_log"] = np.array([math.log(a) for a in u], dtype=np.float32)
+    u = rng(prefix + "dt_bias").uniform((n_heads,), math.log(TIME_STEP_MIN), math.log(TIME_STEP_MAX))
+    t[prefix + "dt_bias"] = np.array(
+        [_softplus_inv(max(math.exp(v), TIME_STEP_FLOOR)) for v in u], dtype=np.float32)
+    t[prefix + "D"] = 1.0 + rng(prefix + "D").normal((n_heads,), 0.1)
+    t[prefix + "norm.weight"] = 1.0 + rng(prefix + "norm.weight").normal((inter,), 0.1)
+    t[prefix + "out_proj.weight"] = rng(prefix + "out_proj.weight").normal(
+        (hidden, inter), (inter * n_layers) ** -0.5)
+
+
+def nemotron_h_weights(cfg, seed):
+    """name -> float32 array, in the names and shapes transformers' save_pretrained writes."""
+    rng = lambda name: _Stream(seed, name)  # noqa: E731
+    h, v = cfg["hidden_size"], cfg["vocab_size"]
+    pattern = cfg["hybrid_override_pattern"]
+    n_layers = len(pattern)
+    t = {}
+    t["backbone.embeddings.weight"] = rng("backbone.embeddings.weight").normal((v, h), h ** -0.5)
+    for i, kind in enumerate(pattern):
+        pre = f"backbone.layers.{i}."
+        t[pre + "norm.weight"] = 1.0 + rng(pre + "norm.weight").normal((h,), 0.1)
+        mix = pre + "mixer."
+        if kind == "M":
+            _mamba_mixer(t, rng, mix, h, cfg["mamba_num_heads"], cfg["mamba_head_dim"], cfg["n_groups"],
+                         cfg["ssm_state_size"], cfg["conv_kernel"], n_layers)
+        elif kind == "*":
+            hd, nq, nkv = cfg["head_dim"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+            t[mix + "q_proj.weight"] = rng(mix + "q_proj.weight").normal((nq * hd, h), h ** -0.5)
+            t[mix + "k_proj.weight"] = rng(mix + "k_proj.weight").normal((nkv * hd, h), h ** -0.5)
+            t[mix + "v_proj.weight"] = rng(mix + "v_proj.weight").normal((nkv * hd, h), h ** -0.5)
+            t[mix + "o_proj.weight"] = rng(mix + "o_proj.weight").normal((h, nq * hd), (nq * hd * n_layers) ** -0.5)
+        else:  # '-'
+            f = cfg["intermediate_size"]
+            t[mix + "up_proj.weight"] = rng(mix + "up_proj.weight").normal((f, h), h ** -0.5)
+            t[mix + "down_proj.weight"] = rng(mix + "down_proj.weight").normal((h, f), (f * n_layers) ** -0.5)
+    t["backbone.norm_f.weight"] = 1.0 + rng("backbone.norm_f.weight").normal((h,), 0.1)
+    t["lm_head.weight"] = rng("lm_head.weight").normal((v, h), h ** -0.5)
+    return t
+
+
+def mamba2_weights(cfg, seed):
+    """name -> float32 array for Mamba2ForCausalLM (tied head: no lm_head.weight)."""
+    rng = lambda name: _Stream(seed, name)  # noqa: E731
+    h, v, n_layers = cfg["hidden_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
+    t = {}
+    t["backbone.embeddings.weight"] = rng("backbone.embeddings.weight").normal((v, h), h ** -0.5)
+    for i in range(n_layers):
+        pre = f"backbone.layers.{i}."
+        t[pre + "norm.weight"] = 1.0 + rng(pre + "norm.weight").normal((h,), 0.1)
+        _mamba_mixer(t, rng, pre + "mixer.", h, cfg["num_heads"], cfg["head_dim"], cfg["n_groups"],
+                     cfg["state_size"], cfg["conv_kernel"], n_layers)
+    t["backbone.norm_f.weight"] = 1.0 + rng("backbone.norm_f.weight").normal((h,), 0.1)
+    return t
+
+
+# ----------------------------------------------------------------------------- dtypes + writer
+
+DTYPES = {  # --dtype -> (config "dtype", safetensors dtype, bytes per element)
+    "fp32": ("float32", "F32", 4),
+    "bf16": ("bfloat16", "BF16", 2),
+    "fp16": ("float16", "F16", 2),
+}
+
+
+def _encode(arr, dtype):
+    """float32 array -> little-endian bytes in `dtype` (round to nearest even)."""
+    a = np.ascontiguousarray(arr, dtype=np.float32)
+    if dtype == "fp32":
+        return a.astype("<f4").tobytes()
+    if dtype == "fp16":
+        return a.astype("<f2").tobytes()
+    u = a.view(np.uint32).astype(np.uint64)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16  # bf16 RNE; inputs are finite
+    return u.astype("<u2").tobytes()
+
+
+def write_safetensors(path, tensors, dtype="fp32", metadata=None):
+    """Writes `tensors` (name -> float32 array) as one safetensors file, names sorted."""
+    st_dtype, width = DTYPES[dtype][1], DTYPES[dtype][2]
+    header, blobs, offset = {}, [], 0
+    if metadata is not None:
+        header["__metadata__"] = metadata
+    for name in sorted(tensors):
+        arr = tensors[name]
+        blob = _encode(arr, dtype)
+        assert len(blob) == arr.size * width
+        header[name] = {"dtype": st_dtype, "shape": list(arr.shape), "data_offsets": [offset, offset + len(blob)]}
+        blobs.append(blob)
+        offset += len(blob)
+    head = json.dumps(header, separators=(",", ":"), sort_keys=True).encode()
+    head += b" " * (-len(head) % 8)  # data starts 8-byte aligned
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(head)))
+        f.write(head)
+        for blob in blobs:
+            f.write(blob)
+
+
+def build(arch, preset, seed, dtype="fp32"):
+    """Returns (config dict, name -> float32 array) for the given model. Pure function."""
+    if (arch, preset) not in PRESETS:
+        raise ValueError(f"unknown arch/preset {arch}/{preset}")
+    p = PRESETS[(arch, preset)]
+    dtype_name = DTYPES[dtype][0]
+    if arch == "nemotron_h":
+        cfg = nemotron_h_config(p, dtype_name)
+        weights = nemotron_h_weights(cfg, seed)
+    else:
+        cfg = mamba2_config(p, dtype_name)
+        weights = mamba2_weights(cfg, seed)
+    if preset == "default":
+        cfg["hybridserve_tokenizer"] = dict(BYTE_VOCAB)
+    cfg["hybridserve_generator"] = {"tool": "tools/gen_model.py", "arch": arch, "preset": preset,
+                                    "seed": seed, "dtype": dtype}
+    return cfg, weights
+
+
+def write_model(out_dir, cfg, weights, dtype="fp32"):
+    """Writes config.json and model.safetensors into out_dir (created if needed)."""
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2, sort_keys=True, allow_nan=False)
+        f.write("\n")
+    write_safetensors(os.path.join(out_dir, "model.safetensors"), weights, dtype, metadata={"format": "pt"})
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--preset", choices=["tiny", "default", "bench"], required=True)
+    ap.add_argument("--arch", choices=["nemotron_h", "mamba2"], default="nemotron_h")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+
+    cfg, weights = build(args.arch, args.preset, args.seed, args.dtype)
+    write_model(args.out, cfg, weights, args.dtype)
+    n_params = sum(int(a.size) for a in weights.values())
+    size = sum(os.path.getsize(os.path.join(args.out, f)) for f in ("config.json", "model.safetensors"))
+    print(f"{args.arch}/{args.preset} seed={args.seed} dtype={args.dtype}: "
+          f"{n_params:,} parameters, {len(weights)} tensors, {size:,} bytes -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

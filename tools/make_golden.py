@@ -1,0 +1,259 @@
+#!/usr/bin/env python3
+"""Golden reference outputs of Hugging Face transformers for the engine's parity tests.
+
+Usage:
+    pip install -r tools/requirements.txt
+    python3 tools/make_golden.py [--out tests/fixtures/golden]
+
+For each fixture model (see MODELS) this script
+  1. generates the model with tools/gen_model.py (preset `tiny`) into a temporary folder,
+  2. loads it with transformers' from_pretrained (fp32, CPU, eager attention, torch path),
+     asserting no missing / unexpected / mismatched keys and that every loaded parameter
+     equals the generated tensor bit for bit (so gen_model.py writes a real, loadable format),
+  3. saves it with save_pretrained into <out>/<model_name>/ (config.json, model.safetensors;
+     transformers' own serialisation, e.g. `layers_block_type` and {"__float__": "Infinity"}),
+  4. records, for a fixed set of prompts, into <out>/<model_name>/golden.safetensors:
+       prompt_<i>         int32   [len]            prompt token ids
+       logits_<i>         float32 [len, vocab]     full-prompt logits, one uncached forward
+       greedy_<i>         int32   [n]              generate(do_sample=False): prefill + cached decode
+       greedy_logits_<i>  float32 [n, vocab]       logits generate() chose each greedy token from
+                                                   (row 0: prefill's last position; row k: decode step k)
+       greedy_nocache_<i> int32   [n]              argmax of an uncached forward over prompt+greedy[:k]
+       greedy_nocache_logits_<i> float32 [n, vocab] the last-position logits of those forwards
+     and <out>/<model_name>/golden.json (versions, seed, prompt lengths, max |logit|, top-1/top-2
+     margins, whether cached and uncached greedy agree, notes).
+
+Deterministic: the models are pure functions of (preset, seed); prompts come from a fixed
+numpy PCG64 stream; torch runs single-threaded.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+import numpy as np
+import safetensors
+import torch
+import transformers
+from safetensors.numpy import load_file, save_file
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gen_model  # noqa: E402
+
+# Fixture models: name -> (arch, preset, seed).
+MODELS = {
+    "nemotron_h_tiny": ("nemotron_h", "tiny", 1234),
+    "mamba2_tiny": ("mamba2", "tiny", 4321),
+}
+# Prompt lengths for chunk_size 16: shorter than a chunk (1, 5, 13), exactly one and two
+# chunks (16, 32), off-grid (29, 50) and longer than three chunks (50, 77).
+PROMPT_LENGTHS = [1, 5, 13, 16, 29, 32, 50, 77]
+NEW_TOKENS = 12
+PROMPT_SEED = 20240601
+
+
+def make_prompts(vocab_size, seed):
+    """Fixed prompts: uniform token ids in [3, vocab) (ids 0..2 are pad/bos/eos)."""
+    bits = np.random.Generator(np.random.PCG64(seed))
+    return [bits.integers(3, vocab_size, size=n, dtype=np.int64).astype(np.int32) for n in PROMPT_LENGTHS]
+
+
+def load_checked(model_dir, expected):
+    """from_pretrained, asserting a clean load and bitwise-equal parameters."""
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=torch.float32, attn_implementation="eager", output_loading_info=True)
+    for kind in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs"):
+        assert not info.get(kind), f"{model_dir}: {kind} = {info[kind]}"
+    state = model.state_dict()
+    # NemotronHForCausalLM keeps the body under "model." in memory (files say "backbone.").
+    prefix = "model." if model.config.model_type == "nemotron_h" else "backbone."
+
+    def in_memory(k):
+        return prefix + k[len("backbone."):] if k.startswith("backbone.") else k
+
+    for name, arr in expected.items():
+        got = state[in_memory(name)]
+        assert got.dtype == torch.float32 and torch.equal(got, torch.from_numpy(arr)), f"{name} differs after load"
+    if model.config.tie_word_embeddings:
+        assert "lm_head.weight" not in expected
+        assert torch.equal(state["lm_head.weight"], state[in_memory("backbone.embeddings.weight")])
+    else:
+        assert "lm_head.weight" in expected
+    model.eval()
+    return model
+
+
+@torch.no_grad()
+def dt_clamped_fraction(model, prompts):
+    """Fraction of (layer, position, head) over the prompts where softplus(dt_raw + dt_bias)
+    lies below the mixer's time_step_limit[0], i.e. where the chunked path's clamp acts."""
+    counts = [0, 0]
+
+    def hook(mixer, _inputs, output):
+        dt_raw = output[..., -mixer.num_heads:]
+        dt = torch.nn.functional.softplus(dt_raw + mixer.dt_bias)
+        counts[0] += int((dt < mixer.time_step_limit[0]).sum())
+        counts[1] += dt.numel()
+
+    mixers = [layer.mixer for layer in model.base_model.layers if hasattr(layer.mixer, "dt_bias")]
+    handles = [m.in_proj.register_forward_hook(lambda mod, i, o, m=m: hook(m, i, o)) for m in mixers]
+    try:
+        for prompt in prompts:
+            model(torch.from_numpy(prompt.astype(np.int64))[None], use_cache=False)
+    finally:
+        for h in handles:
+            h.remove()
+    return counts[0] / max(counts[1], 1)
+
+
+def margin(row):
+    """top-1 minus top-2 logit of a 1-D tensor."""
+    top = torch.topk(row, 2).values
+    return float(top[0] - top[1])
+
+
+@torch.no_grad()
+def run_prompt(model, prompt):
+    """Returns (logits [len,vocab], greedy [n], greedy_logits [n,vocab], greedy_nocache [n],
+    greedy_nocache_logits [n,vocab], stats)."""
+    ids = torch.from_numpy(prompt.astype(np.int64))[None]
+    logits = model(ids, use_cache=False).logits[0].float()
+
+    out = model.generate(
+        ids, do_sample=False, max_new_tokens=NEW_TOKENS, min_new_tokens=0, use_cache=True,
+        eos_token_id=None, pad_token_id=model.config.pad_token_id,
+        output_logits=True, return_dict_in_generate=True)
+    greedy = out.sequences[0, ids.shape[1]:]
+    assert greedy.numel() == NEW_TOKENS, "generate stopped early"
+    greedy_logits = torch.stack([s[0].float() for s in out.logits])
+    assert torch.equal(greedy_logits.argmax(-1), greedy)
+
+    # Uncached recomputation: step k sees prompt + greedy[:k], all in one chunked forward.
+    nocache, nocache_logits, step_diff = [], [], []
+    for k in range(NEW_TOKENS):
+        seq = torch.cat([ids[0], greedy[:k]])[None]
+        last = model(seq, use_cache=False).logits[0, -1].float()
+        nocache.append(int(last.argmax()))
+        nocache_logits.append(last)
+        step_diff.append(float((last - greedy_logits[k]).abs().max()))
+    nocache = torch.tensor(nocache)
+    nocache_logits = torch.stack(nocache_logits)
+    stats = {
+        "len": int(prompt.size),
+        "greedy_matches_nocache": bool(torch.equal(nocache, greedy)),
+        "first_mismatch_step": next((k for k in range(NEW_TOKENS) if nocache[k] != greedy[k]), None),
+        "min_margin_prompt_logits": min(margin(r) for r in logits),
+        "min_margin_greedy": min(margin(r) for r in greedy_logits),
+        "min_margin_nocache": min(margin(r) for r in nocache_logits),
+        "max_abs_diff_cached_vs_uncached_logits": max(step_diff),
+        "prefill_last_vs_full_forward_max_abs_diff": float((greedy_logits[0] - logits[-1]).abs().max()),
+    }
+    return logits, greedy, greedy_logits, nocache, nocache_logits, stats
+
+
+def make_fixture(name, arch, preset, seed, out_root):
+    cfg, weights = gen_model.build(arch, preset, seed, "fp32")
+    dest = os.path.join(out_root, name)
+    with tempfile.TemporaryDirectory() as tmp:
+        gen_model.write_model(tmp, cfg, weights, "fp32")
+        model = load_checked(tmp, weights)
+    if os.path.isdir(dest):
+        shutil.rmtree(dest)
+    model.save_pretrained(dest)
+    gen_cfg = os.path.join(dest, "generation_config.json")
+    if os.path.exists(gen_cfg):
+        os.remove(gen_cfg)  # not used by the engine
+    saved = load_file(os.path.join(dest, "model.safetensors"))
+    assert sorted(saved) == sorted(weights), "save_pretrained wrote other tensor names than gen_model.py"
+    for k, v in weights.items():
+        assert np.array_equal(saved[k], v), f"{k}: save_pretrained changed the values"
+    model = load_checked(dest, weights)  # the committed files load cleanly too
+
+    vocab = model.config.vocab_size
+    prompts = make_prompts(vocab, PROMPT_SEED)
+    tensors, per_prompt = {}, []
+    max_abs = 0.0
+    for i, prompt in enumerate(prompts):
+        logits, greedy, greedy_logits, nocache, nocache_logits, stats = run_prompt(model, prompt)
+        assert logits.shape == (prompt.size, vocab)
+        tensors[f"prompt_{i}"] = prompt.astype(np.int32)
+        tensors[f"logits_{i}"] = logits.numpy().astype(np.float32)
+        tensors[f"greedy_{i}"] = greedy.numpy().astype(np.int32)
+        tensors[f"greedy_logits_{i}"] = greedy_logits.numpy().astype(np.float32)
+        tensors[f"greedy_nocache_{i}"] = nocache.numpy().astype(np.int32)
+        tensors[f"greedy_nocache_logits_{i}"] = nocache_logits.numpy().astype(np.float32)
+        max_abs = max(max_abs, float(logits.abs().max()), float(greedy_logits.abs().max()))
+        per_prompt.append(stats)
+    save_file(tensors, os.path.join(dest, "golden.safetensors"), metadata={"format": "np"})
+
+    c = model.config
+    notes = [
+        "Reference: transformers torch path (no mamba_ssm / causal_conv1d kernels), fp32, CPU, "
+        "eager attention, torch.set_num_threads(1).",
+        "logits_<i>: one forward over the whole prompt with use_cache=False (chunked SSD scan).",
+        "greedy_<i>: generate(do_sample=False, use_cache=True): the prompt is prefilled with the chunk "
+        "scan, then one token at a time with the recurrent selective-state update and causal_conv1d_update.",
+        "greedy_nocache_<i>: argmax of an uncached forward over prompt + greedy[:k]; compare with "
+        "greedy_<i> (per-prompt greedy_matches_nocache); greedy_nocache_logits_<i> are their "
+        "last-position logits, the decode reference for an engine whose decode step clamps dt like its prefill.",
+    ]
+    if arch == "nemotron_h":
+        notes.append(
+            "NemotronH clamps dt = softplus(dt_raw + dt_bias) to >= time_step_min (config time_step_limit "
+            "is ignored) in the chunked (prefill) path only; the one-token decode path does not clamp. "
+            "Hence greedy_logits_<i> differ from greedy_nocache_logits_<i> by up to "
+            "max_abs_diff_cached_vs_uncached_logits.")
+    else:
+        notes.append(
+            "Mamba2 clamps dt to config time_step_limit (here [0, inf): a no-op) in the chunked path only.")
+    golden = {
+        "model": name,
+        "arch": arch,
+        "architecture": c.architectures[0] if c.architectures else type(model).__name__,
+        "generator": {"tool": "tools/gen_model.py", "preset": preset, "seed": seed, "dtype": "fp32"},
+        "transformers_version": transformers.__version__,
+        "torch_version": torch.__version__,
+        "safetensors_version": safetensors.__version__,
+        "numpy_version": np.__version__,
+        "prompt_seed": PROMPT_SEED,
+        "num_prompts": len(prompts),
+        "prompt_lengths": PROMPT_LENGTHS,
+        "new_tokens": NEW_TOKENS,
+        "vocab_size": vocab,
+        "chunk_size": c.chunk_size,
+        "max_abs_logit": max_abs,
+        "max_abs_diff_cached_vs_uncached_logits": max(
+            s["max_abs_diff_cached_vs_uncached_logits"] for s in per_prompt),
+        "dt_clamped_in_prefill_fraction": dt_clamped_fraction(model, prompts),
+        "greedy_matches_nocache_all": all(s["greedy_matches_nocache"] for s in per_prompt),
+        "per_prompt": per_prompt,
+        "notes": notes,
+    }
+    with open(os.path.join(dest, "golden.json"), "w") as f:
+        json.dump(golden, f, indent=2, sort_keys=False)
+        f.write("\n")
+    size = sum(os.path.getsize(os.path.join(dest, f)) for f in os.listdir(dest))
+    print(f"{name}: {size:,} bytes, max|logit| {max_abs:.4f}, "
+          f"cached==uncached greedy: {[s['greedy_matches_nocache'] for s in per_prompt]}")
+    return golden
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    here = os.path.dirname(os.path.abspath(__file__))
+    ap.add_argument("--out", default=os.path.join(here, "..", "tests", "fixtures", "golden"))
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    transformers.logging.set_verbosity_error()
+    os.makedirs(args.out, exist_ok=True)
+    for name, (arch, preset, seed) in MODELS.items():
+        make_fixture(name, arch, preset, seed, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
