@@ -20,7 +20,7 @@ absl::StatusOr<std::unique_ptr<CacheStore>> CacheStore::Create(const CacheIndexO
 }
 
 CacheStore::CacheStore(const CacheIndexOptions& options, const common::Clock& clock)
-    : clock_(clock), index_(options) {}
+    : options_(options), clock_(clock), index_(options) {}
 
 absl::StatusOr<LookupResult> CacheStore::Lookup(const Hash128& ns, int32_t page_size,
                                                 absl::Span<const TokenId> tokens, bool lease) {

@@ -27,7 +27,7 @@ class CacheStore {
   static absl::StatusOr<std::unique_ptr<CacheStore>> Create(const CacheIndexOptions& options,
                                                             const common::Clock& clock);
 
-  const CacheIndexOptions& options() const { return index_.options(); }
+  const CacheIndexOptions& options() const { return options_; }
 
   // The resume point of `tokens` in namespace `ns` (see CacheIndex::Lookup).
   absl::StatusOr<LookupResult> Lookup(const Hash128& ns, int32_t page_size,
@@ -59,6 +59,7 @@ class CacheStore {
   absl::Status CommitPut(uint64_t reservation_id, uint64_t checksum) ABSL_LOCKS_EXCLUDED(mu_);
   void AbortPut(uint64_t reservation_id) ABSL_LOCKS_EXCLUDED(mu_);
 
+  const CacheIndexOptions options_;  // immutable copy, readable without mu_
   const common::Clock& clock_;
   mutable absl::Mutex mu_;
   CacheIndex index_ ABSL_GUARDED_BY(mu_);

@@ -1,0 +1,212 @@
+#include "cachestore/client.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/hash.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/cachestore.grpc.pb.h"
+
+namespace hybridserve::cachestore {
+namespace {
+
+absl::Status FromGrpc(const grpc::Status& s) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+v1::CacheNamespace ToProto(const ClientNamespace& ns) {
+  v1::CacheNamespace out;
+  out.set_model_fingerprint(ns.model_fingerprint);
+  out.set_adapter(ns.adapter);
+  out.set_cache_salt(ns.cache_salt);
+  out.set_page_size(static_cast<uint32_t>(ns.page_size));
+  return out;
+}
+
+absl::StatusOr<EntryInfo> FromProto(const v1::EntryRef& e) {
+  EntryInfo info;
+  if (!Hash128::FromBytes(e.key(), &info.key)) return absl::InternalError("cachestore sent a malformed key");
+  info.entry_class = e.entry_class() == v1::ENTRY_CLASS_STATE ? EntryClass::kState : EntryClass::kPage;
+  info.size_bytes = static_cast<int64_t>(e.size_bytes());
+  info.checksum = e.checksum();
+  info.state_kind =
+      e.state_kind() == v1::STATE_KIND_GRID_CHECKPOINT ? StateKind::kGridCheckpoint : StateKind::kExactPrefix;
+  info.position = static_cast<int64_t>(e.position());
+  return info;
+}
+
+void FromProto(const v1::ClassStats& s, ClassStats* out) {
+  out->entries = static_cast<int64_t>(s.entries());
+  out->resident_bytes = static_cast<int64_t>(s.resident_bytes());
+  out->reserved_bytes = static_cast<int64_t>(s.reserved_bytes());
+  out->budget_bytes = static_cast<int64_t>(s.budget_bytes());
+  out->evicted_lru = static_cast<int64_t>(s.evicted_lru());
+  out->evicted_ttl = static_cast<int64_t>(s.evicted_ttl());
+  out->dropped_with_pages = static_cast<int64_t>(s.dropped_with_pages());
+}
+
+}  // namespace
+
+struct CacheStoreClient::Impl {
+  ClientOptions options;
+  std::unique_ptr<v1::CacheStore::Stub> stub;
+
+  void Prepare(grpc::ClientContext* ctx) const {
+    ctx->set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(options.timeout));
+  }
+};
+
+absl::StatusOr<std::unique_ptr<CacheStoreClient>> CacheStoreClient::Create(const std::string& target,
+                                                                           const ClientOptions& options) {
+  if (options.chunk_bytes <= 0 || options.chunk_bytes > (int64_t{64} << 20)) {
+    return absl::InvalidArgumentError("chunk_bytes must be in (0, 64 MiB]");
+  }
+  grpc::ChannelArguments args;
+  const int max_message = static_cast<int>(options.chunk_bytes + (1 << 20));
+  args.SetMaxReceiveMessageSize(max_message);
+  args.SetMaxSendMessageSize(max_message);
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  impl->stub = v1::CacheStore::NewStub(grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args));
+  return std::unique_ptr<CacheStoreClient>(new CacheStoreClient(std::move(impl)));
+}
+
+CacheStoreClient::CacheStoreClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+CacheStoreClient::~CacheStoreClient() = default;
+
+absl::StatusOr<LookupResult> CacheStoreClient::Lookup(const ClientNamespace& ns, absl::Span<const TokenId> tokens,
+                                                      bool probe_only) {
+  v1::LookupRequest req;
+  *req.mutable_namespace_() = ToProto(ns);
+  req.mutable_token_ids()->Add(tokens.begin(), tokens.end());
+  req.set_probe_only(probe_only);
+  v1::LookupResponse resp;
+  grpc::ClientContext ctx;
+  impl_->Prepare(&ctx);
+  absl::Status s = FromGrpc(impl_->stub->Lookup(&ctx, req, &resp));
+  if (!s.ok()) return s;
+  LookupResult r;
+  r.resume_position = static_cast<int64_t>(resp.resume_position());
+  r.kv_match_tokens = static_cast<int64_t>(resp.kv_match_tokens());
+  for (const v1::EntryRef& p : resp.pages()) {
+    absl::StatusOr<EntryInfo> info = FromProto(p);
+    if (!info.ok()) return info.status();
+    r.pages.push_back(*info);
+  }
+  if (resp.has_state()) {
+    absl::StatusOr<EntryInfo> info = FromProto(resp.state());
+    if (!info.ok()) return info.status();
+    r.state = *info;
+  }
+  r.lease_id = resp.lease_id();
+  return r;
+}
+
+absl::StatusOr<PutResult> CacheStoreClient::Put(const ClientNamespace& ns, const ClientPut& put,
+                                                absl::string_view bytes) {
+  grpc::ClientContext ctx;
+  impl_->Prepare(&ctx);
+  v1::PutResponse resp;
+  std::unique_ptr<grpc::ClientWriter<v1::PutRequest>> writer = impl_->stub->Put(&ctx, &resp);
+  v1::PutRequest msg;
+  v1::PutHeader* h = msg.mutable_header();
+  *h->mutable_namespace_() = ToProto(ns);
+  h->set_entry_class(put.entry_class == EntryClass::kPage ? v1::ENTRY_CLASS_PAGE : v1::ENTRY_CLASS_STATE);
+  if (put.parent.has_value()) h->set_parent_key(put.parent->ToBytes());
+  h->mutable_token_ids()->Add(put.tokens.begin(), put.tokens.end());
+  if (put.entry_class == EntryClass::kState) {
+    h->set_state_kind(put.state_kind == StateKind::kGridCheckpoint ? v1::STATE_KIND_GRID_CHECKPOINT
+                                                                   : v1::STATE_KIND_EXACT_PREFIX);
+    h->set_position(static_cast<uint64_t>(put.position));
+  }
+  h->set_size_bytes(bytes.size());
+  // A failed Write means the server already answered (e.g. already present,
+  // or an error); Finish tells which.
+  bool open = writer->Write(msg);
+  const int64_t chunk = impl_->options.chunk_bytes;
+  for (size_t off = 0; open && off < bytes.size(); off += chunk) {
+    msg.Clear();
+    msg.mutable_chunk()->set_offset(off);
+    msg.mutable_chunk()->set_data(bytes.data() + off, std::min<size_t>(chunk, bytes.size() - off));
+    open = writer->Write(msg);
+  }
+  if (open) {
+    msg.Clear();
+    msg.mutable_commit()->set_checksum(common::Checksum64(bytes.data(), bytes.size()));
+    writer->Write(msg);
+  }
+  writer->WritesDone();
+  absl::Status s = FromGrpc(writer->Finish());
+  if (!s.ok()) return s;
+  PutResult r;
+  if (!Hash128::FromBytes(resp.key(), &r.key)) return absl::InternalError("cachestore sent a malformed key");
+  r.already_present = resp.already_present();
+  return r;
+}
+
+absl::StatusOr<std::string> CacheStoreClient::Get(uint64_t lease_id, const Hash128& key) {
+  v1::GetRequest req;
+  req.set_lease_id(lease_id);
+  req.set_key(key.ToBytes());
+  req.set_chunk_bytes(static_cast<uint32_t>(impl_->options.chunk_bytes));
+  grpc::ClientContext ctx;
+  impl_->Prepare(&ctx);
+  std::unique_ptr<grpc::ClientReader<v1::GetResponse>> reader = impl_->stub->Get(&ctx, req);
+  v1::GetResponse msg;
+  std::string out;
+  uint64_t size = 0, checksum = 0;
+  bool first = true;
+  while (reader->Read(&msg)) {
+    if (first) {
+      size = msg.size_bytes();
+      checksum = msg.checksum();
+      out.reserve(size);
+      first = false;
+    }
+    if (msg.offset() != out.size() || out.size() + msg.data().size() > size) {
+      ctx.TryCancel();
+      reader->Finish();
+      return absl::DataLossError("cachestore sent chunks out of order or past the size");
+    }
+    out.append(msg.data());
+  }
+  absl::Status s = FromGrpc(reader->Finish());
+  if (!s.ok()) return s;
+  if (out.size() != size || common::Checksum64(out.data(), out.size()) != checksum) {
+    return absl::DataLossError(absl::StrCat("entry ", key.ToHex(), " arrived incomplete or corrupted"));
+  }
+  return out;
+}
+
+absl::Status CacheStoreClient::Release(uint64_t lease_id) {
+  v1::ReleaseRequest req;
+  req.set_lease_id(lease_id);
+  v1::ReleaseResponse resp;
+  grpc::ClientContext ctx;
+  impl_->Prepare(&ctx);
+  return FromGrpc(impl_->stub->Release(&ctx, req, &resp));
+}
+
+absl::StatusOr<IndexStats> CacheStoreClient::Stats() {
+  v1::StatsRequest req;
+  v1::StatsResponse resp;
+  grpc::ClientContext ctx;
+  impl_->Prepare(&ctx);
+  absl::Status s = FromGrpc(impl_->stub->Stats(&ctx, req, &resp));
+  if (!s.ok()) return s;
+  IndexStats out;
+  FromProto(resp.pages(), &out.pages);
+  FromProto(resp.states(), &out.states);
+  out.namespaces = static_cast<int64_t>(resp.namespaces());
+  out.active_leases = static_cast<int64_t>(resp.active_leases());
+  out.active_puts = static_cast<int64_t>(resp.active_puts());
+  out.lookups = static_cast<int64_t>(resp.lookups());
+  out.lookup_hits = static_cast<int64_t>(resp.lookup_hits());
+  out.checksum_failures = static_cast<int64_t>(resp.checksum_failures());
+  out.expired_leases = static_cast<int64_t>(resp.expired_leases());
+  out.expired_puts = static_cast<int64_t>(resp.expired_puts());
+  return out;
+}
+
+}  // namespace hybridserve::cachestore

@@ -1,0 +1,84 @@
+// The cachestore service binary. Flags are read here only and turned into
+// ServerOptions.
+
+#include <pthread.h>
+#include <signal.h>
+
+#include <csignal>
+#include <cstdlib>
+#include <iostream>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "cachestore/server.h"
+#include "common/clock.h"
+#include "common/logging.h"
+#include "common/metrics.h"
+
+ABSL_FLAG(std::string, address, "0.0.0.0:50051", "gRPC listen address (host:port; port 0 picks one)");
+ABSL_FLAG(std::string, metrics_address, "0.0.0.0:9091", "Prometheus /metrics address; empty disables");
+ABSL_FLAG(int64_t, page_budget_mib, 4096, "Byte budget of KV pages, MiB");
+ABSL_FLAG(int64_t, state_budget_mib, 4096, "Byte budget of SSM states, MiB");
+ABSL_FLAG(absl::Duration, page_ttl, absl::Hours(1), "Idle time after which a page expires");
+ABSL_FLAG(absl::Duration, state_ttl, absl::Hours(1), "Idle time after which an SSM state expires");
+ABSL_FLAG(absl::Duration, lease_ttl, absl::Seconds(30), "Lease lifetime, extended by each read");
+ABSL_FLAG(absl::Duration, put_timeout, absl::Seconds(30), "Stall time after which an incomplete put is reclaimed");
+ABSL_FLAG(int64_t, max_tokens, 1 << 20, "Longest token list accepted");
+ABSL_FLAG(int64_t, max_chunk_kib, 4096, "Largest put/get chunk, KiB");
+ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(10), "Time in-flight calls get on SIGTERM");
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("hybridserve cachestore: shared cache of KV pages and SSM states");
+  absl::ParseCommandLine(argc, argv);
+  hybridserve::common::InitLogging(argv[0]);
+  using hybridserve::cachestore::CacheStoreServer;
+  using hybridserve::cachestore::ServerOptions;
+
+  ServerOptions options;
+  options.address = absl::GetFlag(FLAGS_address);
+  options.index.page_budget_bytes = absl::GetFlag(FLAGS_page_budget_mib) << 20;
+  options.index.state_budget_bytes = absl::GetFlag(FLAGS_state_budget_mib) << 20;
+  options.index.page_ttl = absl::GetFlag(FLAGS_page_ttl);
+  options.index.state_ttl = absl::GetFlag(FLAGS_state_ttl);
+  options.index.lease_ttl = absl::GetFlag(FLAGS_lease_ttl);
+  options.index.put_timeout = absl::GetFlag(FLAGS_put_timeout);
+  options.index.max_tokens = absl::GetFlag(FLAGS_max_tokens);
+  options.service.max_chunk_bytes = absl::GetFlag(FLAGS_max_chunk_kib) << 10;
+
+  // Block SIGTERM/SIGINT in every thread (threads inherit the mask) and take
+  // them synchronously below with sigwait: no work in a signal handler.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  auto registry = std::make_shared<prometheus::Registry>();
+  std::unique_ptr<hybridserve::common::MetricsExposer> exposer;
+  if (!absl::GetFlag(FLAGS_metrics_address).empty()) {
+    auto e = hybridserve::common::MetricsExposer::Create(absl::GetFlag(FLAGS_metrics_address), registry);
+    if (!e.ok()) {
+      LOG(ERROR) << e.status();
+      return 1;
+    }
+    exposer = *std::move(e);
+  }
+  auto server = CacheStoreServer::Start(options, hybridserve::common::Clock::Real(), *registry);
+  if (!server.ok()) {
+    LOG(ERROR) << "cachestore failed to start: " << server.status();
+    return 1;
+  }
+  LOG(INFO) << "cachestore serving on port " << (*server)->port()
+            << (exposer ? absl::StrCat(", metrics on port ", exposer->port()) : std::string());
+  // Machine-readable line for launchers and tests.
+  std::cout << "CACHESTORE_READY port=" << (*server)->port() << std::endl;
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  LOG(INFO) << "signal " << sig << ": draining (grace " << absl::GetFlag(FLAGS_shutdown_grace) << ")";
+  (*server)->Shutdown(absl::GetFlag(FLAGS_shutdown_grace));
+  LOG(INFO) << "cachestore stopped";
+  return 0;
+}

@@ -1,0 +1,71 @@
+#include "cachestore/server.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+
+namespace hybridserve::cachestore {
+
+absl::StatusOr<std::unique_ptr<CacheStoreServer>> CacheStoreServer::Start(const ServerOptions& options,
+                                                                          const common::Clock& clock,
+                                                                          prometheus::Registry& registry) {
+  if (options.service.max_chunk_bytes <= 0 || options.service.max_chunk_bytes > (int64_t{64} << 20)) {
+    return absl::InvalidArgumentError("max_chunk_bytes must be in (0, 64 MiB]");
+  }
+  auto server = std::unique_ptr<CacheStoreServer>(new CacheStoreServer());
+  ASSIGN_OR_RETURN(server->store_, CacheStore::Create(options.index, clock));
+  server->metrics_ = std::make_unique<ServiceMetrics>(registry);
+  server->service_ = std::make_unique<CacheStoreService>(*server->store_, *server->metrics_, options.service);
+  server->reap_interval_ = options.reap_interval;
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.address, grpc::InsecureServerCredentials(), &server->port_);
+  builder.RegisterService(server->service_.get());
+  // Room for a full chunk plus the message framing.
+  const int max_message = static_cast<int>(options.service.max_chunk_bytes + (1 << 20));
+  builder.SetMaxReceiveMessageSize(max_message);
+  builder.SetMaxSendMessageSize(max_message);
+  // Detect dead peers so a vanished writer's stream ends.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 20000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  server->server_ = builder.BuildAndStart();
+  if (server->server_ == nullptr || server->port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.address));
+  }
+  server->server_->GetHealthCheckService()->SetServingStatus(true);
+  CacheStoreServer* self = server.get();
+  server->reaper_ = std::thread([self] {
+    while (!self->stop_.WaitForNotificationWithTimeout(self->reap_interval_)) self->ReapOnce();
+  });
+  return server;
+}
+
+void CacheStoreServer::ReapOnce() {
+  std::vector<uint64_t> reclaimed = store_->Expire();
+  if (!reclaimed.empty()) service_->CancelReclaimedPuts(reclaimed);
+  metrics_->SyncFromStats(store_->Stats());
+}
+
+void CacheStoreServer::Shutdown(absl::Duration grace) {
+  {
+    absl::MutexLock lock(&shutdown_mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+  }
+  server_->GetHealthCheckService()->SetServingStatus(false);
+  stop_.Notify();
+  reaper_.join();
+  server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(grace));
+  server_->Wait();
+  stopped_.Notify();
+}
+
+void CacheStoreServer::Wait() { stopped_.WaitForNotification(); }
+
+CacheStoreServer::~CacheStoreServer() { Shutdown(absl::ZeroDuration()); }
+
+}  // namespace hybridserve::cachestore

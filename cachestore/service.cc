@@ -1,0 +1,264 @@
+#include "cachestore/service.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/status_macros.h"
+
+namespace hybridserve::cachestore {
+namespace {
+
+constexpr uint32_t kMaxPageSize = 1 << 16;
+
+absl::StatusOr<Hash128> NamespaceOf(const v1::CacheNamespace& ns) {
+  if (ns.model_fingerprint().empty()) return absl::InvalidArgumentError("namespace.model_fingerprint is empty");
+  const uint32_t ps = ns.page_size();
+  if (ps == 0 || ps > kMaxPageSize || (ps & (ps - 1)) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("namespace.page_size ", ps, " is not a power of two"));
+  }
+  return NamespaceKey(ns.model_fingerprint(), ns.adapter(), ns.cache_salt(), static_cast<int32_t>(ps));
+}
+
+absl::StatusOr<Hash128> KeyOf(const std::string& bytes, absl::string_view what) {
+  Hash128 key;
+  if (!Hash128::FromBytes(bytes, &key)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " must be 16 bytes, got ", bytes.size()));
+  }
+  return key;
+}
+
+v1::EntryRef ToProto(const EntryInfo& e) {
+  v1::EntryRef out;
+  out.set_key(e.key.ToBytes());
+  out.set_entry_class(e.entry_class == EntryClass::kPage ? v1::ENTRY_CLASS_PAGE : v1::ENTRY_CLASS_STATE);
+  out.set_size_bytes(static_cast<uint64_t>(e.size_bytes));
+  out.set_checksum(e.checksum);
+  out.set_location(v1::ENTRY_LOCATION_CACHESTORE_HOST);
+  if (e.entry_class == EntryClass::kState) {
+    out.set_state_kind(e.state_kind == StateKind::kGridCheckpoint ? v1::STATE_KIND_GRID_CHECKPOINT
+                                                                  : v1::STATE_KIND_EXACT_PREFIX);
+  }
+  out.set_position(static_cast<uint64_t>(e.position));
+  return out;
+}
+
+absl::StatusOr<PutSpec> SpecOf(const v1::PutHeader& h) {
+  PutSpec spec;
+  ASSIGN_OR_RETURN(spec.ns, NamespaceOf(h.namespace_()));
+  spec.page_size = static_cast<int32_t>(h.namespace_().page_size());
+  switch (h.entry_class()) {
+    case v1::ENTRY_CLASS_PAGE:
+      spec.entry_class = EntryClass::kPage;
+      break;
+    case v1::ENTRY_CLASS_STATE:
+      spec.entry_class = EntryClass::kState;
+      switch (h.state_kind()) {
+        case v1::STATE_KIND_GRID_CHECKPOINT:
+          spec.state_kind = StateKind::kGridCheckpoint;
+          break;
+        case v1::STATE_KIND_EXACT_PREFIX:
+          spec.state_kind = StateKind::kExactPrefix;
+          break;
+        default:
+          return absl::InvalidArgumentError("header.state_kind must be GRID_CHECKPOINT or EXACT_PREFIX");
+      }
+      break;
+    default:
+      return absl::InvalidArgumentError("header.entry_class must be PAGE or STATE");
+  }
+  if (!h.parent_key().empty()) {
+    ASSIGN_OR_RETURN(Hash128 parent, KeyOf(h.parent_key(), "header.parent_key"));
+    spec.parent = parent;
+  }
+  if (h.token_ids_size() > static_cast<int>(kMaxPageSize)) {
+    return absl::InvalidArgumentError(absl::StrCat("header carries ", h.token_ids_size(), " tokens"));
+  }
+  spec.tokens.assign(h.token_ids().begin(), h.token_ids().end());
+  if (h.position() > static_cast<uint64_t>(INT64_MAX) || h.size_bytes() > static_cast<uint64_t>(INT64_MAX)) {
+    return absl::InvalidArgumentError("header.position or header.size_bytes out of range");
+  }
+  spec.position = static_cast<int64_t>(h.position());
+  spec.size_bytes = static_cast<int64_t>(h.size_bytes());
+  return spec;
+}
+
+void FillClass(const ClassStats& s, v1::ClassStats* out) {
+  out->set_entries(s.entries);
+  out->set_resident_bytes(s.resident_bytes);
+  out->set_reserved_bytes(s.reserved_bytes);
+  out->set_budget_bytes(s.budget_bytes);
+  out->set_evicted_lru(s.evicted_lru);
+  out->set_evicted_ttl(s.evicted_ttl);
+  out->set_dropped_with_pages(s.dropped_with_pages);
+}
+
+double SecondsSince(absl::Time start) { return absl::ToDoubleSeconds(absl::Now() - start); }
+
+}  // namespace
+
+grpc::Status ToGrpcStatus(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+CacheStoreService::CacheStoreService(CacheStore& store, ServiceMetrics& metrics, const ServiceOptions& options)
+    : store_(store), metrics_(metrics), options_(options) {}
+
+grpc::Status CacheStoreService::Lookup(grpc::ServerContext*, const v1::LookupRequest* request,
+                                       v1::LookupResponse* response) {
+  absl::StatusOr<Hash128> ns = NamespaceOf(request->namespace_());
+  if (!ns.ok()) return ToGrpcStatus(ns.status());
+  absl::StatusOr<LookupResult> r =
+      store_.Lookup(*ns, static_cast<int32_t>(request->namespace_().page_size()),
+                    absl::MakeConstSpan(request->token_ids().data(), request->token_ids_size()),
+                    !request->probe_only());
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  metrics_.RecordLookup(*r, r->state.has_value());
+  response->set_resume_position(static_cast<uint64_t>(r->resume_position));
+  response->set_kv_match_tokens(static_cast<uint64_t>(r->kv_match_tokens));
+  for (const EntryInfo& p : r->pages) *response->add_pages() = ToProto(p);
+  if (r->state.has_value()) *response->mutable_state() = ToProto(*r->state);
+  response->set_lease_id(r->lease_id);
+  if (r->lease_id != 0) {
+    response->mutable_lease_ttl()->set_seconds(absl::ToInt64Seconds(store_.options().lease_ttl));
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status CacheStoreService::Put(grpc::ServerContext* context, grpc::ServerReader<v1::PutRequest>* reader,
+                                    v1::PutResponse* response) {
+  const absl::Time start = absl::Now();
+  int64_t bytes = 0;
+  grpc::Status s = DoPut(context, reader, response, &bytes);
+  metrics_.RecordPut(s.ok(), bytes, SecondsSince(start));
+  return s;
+}
+
+grpc::Status CacheStoreService::DoPut(grpc::ServerContext* context, grpc::ServerReader<v1::PutRequest>* reader,
+                                      v1::PutResponse* response, int64_t* bytes) {
+  v1::PutRequest msg;
+  if (!reader->Read(&msg) || !msg.has_header()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "a put stream starts with a header");
+  }
+  absl::StatusOr<PutSpec> spec = SpecOf(msg.header());
+  if (!spec.ok()) return ToGrpcStatus(spec.status());
+  absl::StatusOr<std::unique_ptr<PutSession>> session = store_.BeginPut(*spec);
+  if (!session.ok()) return ToGrpcStatus(session.status());
+  PutSession& put = **session;
+  response->set_key(put.key().ToBytes());
+  if (put.already_present()) {
+    // Nothing to write: answer now; the client's remaining writes just fail.
+    response->set_already_present(true);
+    return grpc::Status::OK;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    active_puts_[put.reservation_id()] = context;
+  }
+  struct Unregister {
+    CacheStoreService* self;
+    uint64_t id;
+    ~Unregister() {
+      absl::MutexLock lock(&self->mu_);
+      self->active_puts_.erase(id);
+    }
+  } unregister{this, put.reservation_id()};
+
+  while (reader->Read(&msg)) {
+    switch (msg.message_case()) {
+      case v1::PutRequest::kChunk: {
+        const v1::PutChunk& c = msg.chunk();
+        if (static_cast<int64_t>(c.data().size()) > options_.max_chunk_bytes) {
+          return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                              absl::StrCat("chunk of ", c.data().size(), " bytes exceeds ",
+                                           options_.max_chunk_bytes));
+        }
+        if (c.offset() > static_cast<uint64_t>(INT64_MAX)) {
+          return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "chunk offset out of range");
+        }
+        absl::Status w = put.Write(static_cast<int64_t>(c.offset()), c.data());
+        if (!w.ok()) return ToGrpcStatus(w);
+        break;
+      }
+      case v1::PutRequest::kCommit: {
+        absl::Status c = put.Commit(msg.commit().checksum());
+        if (c.ok()) *bytes = put.size_bytes();
+        return ToGrpcStatus(c);
+      }
+      case v1::PutRequest::kHeader:
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "a put stream carries one header");
+      default:
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "empty put message");
+    }
+  }
+  if (context->IsCancelled()) {
+    return grpc::Status(grpc::StatusCode::ABORTED, "put cancelled or reclaimed after stalling");
+  }
+  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                      absl::StrCat("put stream ended before commit: ", put.bytes_written(), " of ",
+                                   put.size_bytes(), " bytes arrived"));
+}
+
+void CacheStoreService::CancelReclaimedPuts(const std::vector<uint64_t>& reservation_ids) {
+  absl::MutexLock lock(&mu_);
+  for (uint64_t id : reservation_ids) {
+    auto it = active_puts_.find(id);
+    if (it != active_puts_.end()) it->second->TryCancel();
+  }
+}
+
+grpc::Status CacheStoreService::Get(grpc::ServerContext* context, const v1::GetRequest* request,
+                                    grpc::ServerWriter<v1::GetResponse>* writer) {
+  const absl::Time start = absl::Now();
+  absl::StatusOr<Hash128> key = KeyOf(request->key(), "key");
+  if (!key.ok()) return ToGrpcStatus(key.status());
+  absl::StatusOr<ReadHandle> h = store_.OpenVerified(request->lease_id(), *key);
+  if (!h.ok()) {
+    metrics_.RecordGet(false, 0, SecondsSince(start));
+    return ToGrpcStatus(h.status());
+  }
+  int64_t chunk = request->chunk_bytes() == 0 ? options_.default_chunk_bytes
+                                              : static_cast<int64_t>(request->chunk_bytes());
+  chunk = std::clamp<int64_t>(chunk, 4096, options_.max_chunk_bytes);
+  const int64_t size = static_cast<int64_t>(h->blob->size);
+  const char* data = reinterpret_cast<const char*>(h->blob->data.get());
+  v1::GetResponse msg;
+  for (int64_t off = 0; off < size; off += chunk) {
+    msg.Clear();
+    if (off == 0) {
+      msg.set_size_bytes(static_cast<uint64_t>(size));
+      msg.set_checksum(h->info.checksum);
+    }
+    msg.set_offset(static_cast<uint64_t>(off));
+    msg.set_data(data + off, static_cast<size_t>(std::min(chunk, size - off)));
+    if (!writer->Write(msg)) {
+      metrics_.RecordGet(false, 0, SecondsSince(start));
+      return grpc::Status(grpc::StatusCode::CANCELLED, "reader went away");
+    }
+  }
+  metrics_.RecordGet(true, size, SecondsSince(start));
+  return grpc::Status::OK;
+}
+
+grpc::Status CacheStoreService::Release(grpc::ServerContext*, const v1::ReleaseRequest* request,
+                                        v1::ReleaseResponse*) {
+  return ToGrpcStatus(store_.Release(request->lease_id()));
+}
+
+grpc::Status CacheStoreService::Stats(grpc::ServerContext*, const v1::StatsRequest*, v1::StatsResponse* response) {
+  IndexStats s = store_.Stats();
+  FillClass(s.pages, response->mutable_pages());
+  FillClass(s.states, response->mutable_states());
+  response->set_namespaces(s.namespaces);
+  response->set_active_leases(s.active_leases);
+  response->set_active_puts(s.active_puts);
+  response->set_lookups(s.lookups);
+  response->set_lookup_hits(s.lookup_hits);
+  response->set_checksum_failures(s.checksum_failures);
+  response->set_expired_leases(s.expired_leases);
+  response->set_expired_puts(s.expired_puts);
+  return grpc::Status::OK;
+}
+
+}  // namespace hybridserve::cachestore

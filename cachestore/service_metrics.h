@@ -1,0 +1,64 @@
+#ifndef HYBRIDSERVE_CACHESTORE_SERVICE_METRICS_H_
+#define HYBRIDSERVE_CACHESTORE_SERVICE_METRICS_H_
+
+#include <memory>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "cachestore/types.h"
+#include "prometheus/counter.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace hybridserve::cachestore {
+
+// The cachestore's Prometheus metrics. Thread-safe: prometheus-cpp metrics are,
+// and SyncFromStats serializes on its own mutex.
+class ServiceMetrics {
+ public:
+  explicit ServiceMetrics(prometheus::Registry& registry);
+
+  void RecordLookup(const LookupResult& r, bool hit);
+  void RecordPut(bool ok, int64_t bytes, double seconds);
+  void RecordGet(bool ok, int64_t bytes, double seconds);
+
+  // Copies gauges and advances counters that the index keeps (bytes by class,
+  // evictions by reason, checksum failures, expiries).
+  void SyncFromStats(const IndexStats& stats) ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  prometheus::Counter& lookups_;
+  prometheus::Counter& hits_grid_;
+  prometheus::Counter& hits_exact_;
+  prometheus::Histogram& resume_depth_;
+  prometheus::Histogram& kv_match_depth_;
+  prometheus::Counter& puts_ok_;
+  prometheus::Counter& puts_failed_;
+  prometheus::Counter& put_bytes_;
+  prometheus::Histogram& put_seconds_;
+  prometheus::Counter& gets_ok_;
+  prometheus::Counter& gets_failed_;
+  prometheus::Counter& get_bytes_;
+  prometheus::Histogram& get_seconds_;
+  prometheus::Gauge& page_resident_;
+  prometheus::Gauge& page_reserved_;
+  prometheus::Gauge& state_resident_;
+  prometheus::Gauge& state_reserved_;
+  prometheus::Gauge& leases_;
+  prometheus::Counter& page_evicted_lru_;
+  prometheus::Counter& page_evicted_ttl_;
+  prometheus::Counter& state_evicted_lru_;
+  prometheus::Counter& state_evicted_ttl_;
+  prometheus::Counter& state_dropped_with_pages_;
+  prometheus::Counter& checksum_failures_;
+  prometheus::Counter& expired_leases_;
+  prometheus::Counter& expired_puts_;
+
+  absl::Mutex mu_;
+  IndexStats last_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace hybridserve::cachestore
+
+#endif  // HYBRIDSERVE_CACHESTORE_SERVICE_METRICS_H_

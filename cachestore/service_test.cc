@@ -1,0 +1,385 @@
+// The cachestore service over real gRPC on loopback (port 0).
+
+#include <numeric>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cachestore/client.h"
+#include "cachestore/server.h"
+#include "common/clock.h"
+#include "common/hash.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "proto/cachestore.grpc.pb.h"
+
+namespace hybridserve::cachestore {
+namespace {
+
+constexpr int32_t kPageSize = 16;
+
+std::string Bytes(size_t n, uint32_t seed) {
+  std::string s(n, '\0');
+  std::mt19937 rng(seed);
+  for (size_t i = 0; i + 4 <= n; i += 4) {
+    uint32_t v = rng();
+    std::memcpy(&s[i], &v, 4);
+  }
+  return s;
+}
+
+std::vector<TokenId> Tokens(int n, int first = 1) {
+  std::vector<TokenId> v(n);
+  std::iota(v.begin(), v.end(), first);
+  return v;
+}
+
+class ServiceTest : public ::testing::Test {
+ protected:
+  void Start(ServerOptions options = {}) {
+    options.address = "127.0.0.1:0";
+    options.reap_interval = absl::Hours(1);  // tests reap explicitly
+    auto s = CacheStoreServer::Start(options, clock_, registry_);
+    ASSERT_TRUE(s.ok()) << s.status();
+    server_ = *std::move(s);
+    target_ = "127.0.0.1:" + std::to_string(server_->port());
+    auto c = CacheStoreClient::Create(target_);
+    ASSERT_TRUE(c.ok());
+    client_ = *std::move(c);
+    stub_ = v1::CacheStore::NewStub(grpc::CreateChannel(target_, grpc::InsecureChannelCredentials()));
+  }
+
+  void SetUp() override { Start(); }
+
+  void TearDown() override {
+    if (server_ != nullptr) EXPECT_TRUE(server_->store().CheckInvariants().ok());
+  }
+
+  // Puts the pages of `tokens` and a state at `p`; returns the state's bytes.
+  std::string PutPrefix(const ClientNamespace& ns, const std::vector<TokenId>& tokens, int64_t p,
+                        size_t page_bytes, size_t state_bytes, uint32_t seed) {
+    std::vector<Hash128> keys = PageKeys(ns.Key(), tokens, ns.page_size);
+    const int64_t n = p / ns.page_size;
+    for (int64_t i = 0; i < n; ++i) {
+      ClientPut page;
+      if (i > 0) page.parent = keys[i - 1];
+      page.tokens.assign(tokens.begin() + i * ns.page_size, tokens.begin() + (i + 1) * ns.page_size);
+      auto r = client_->Put(ns, page, Bytes(page_bytes, seed + i));
+      EXPECT_TRUE(r.ok()) << r.status();
+      if (r.ok()) EXPECT_EQ(r->key, keys[i]);
+    }
+    ClientPut state;
+    state.entry_class = EntryClass::kState;
+    if (n > 0) state.parent = keys[n - 1];
+    state.tokens.assign(tokens.begin() + n * ns.page_size, tokens.begin() + p);
+    state.position = p;
+    std::string bytes = Bytes(state_bytes, seed + 1000);
+    auto r = client_->Put(ns, state, bytes);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return bytes;
+  }
+
+  v1::PutHeader Header(const ClientNamespace& ns, uint64_t size) {
+    v1::PutHeader h;
+    h.mutable_namespace_()->set_model_fingerprint(ns.model_fingerprint);
+    h.mutable_namespace_()->set_page_size(ns.page_size);
+    h.set_entry_class(v1::ENTRY_CLASS_STATE);
+    h.set_state_kind(v1::STATE_KIND_EXACT_PREFIX);
+    h.add_token_ids(5);
+    h.set_position(1);
+    h.set_size_bytes(size);
+    return h;
+  }
+
+  // Sends `messages` on a raw Put stream and returns the final status.
+  grpc::Status RawPut(const std::vector<v1::PutRequest>& messages) {
+    grpc::ClientContext ctx;
+    v1::PutResponse resp;
+    auto writer = stub_->Put(&ctx, &resp);
+    for (const auto& m : messages) {
+      if (!writer->Write(m)) break;
+    }
+    writer->WritesDone();
+    return writer->Finish();
+  }
+
+  common::FakeClock clock_;
+  prometheus::Registry registry_;
+  std::unique_ptr<CacheStoreServer> server_;
+  std::string target_;
+  std::unique_ptr<CacheStoreClient> client_;
+  std::unique_ptr<v1::CacheStore::Stub> stub_;
+  ClientNamespace ns_{"fingerprint", "", "", kPageSize};
+};
+
+TEST_F(ServiceTest, LargeEntriesRoundTripThroughChunkedStreams) {
+  // 64 MiB + 3 bytes: far over gRPC's 4 MiB default, and not a chunk multiple.
+  std::vector<TokenId> t = Tokens(40);
+  std::string state = PutPrefix(ns_, t, 37, 5 << 20, (64 << 20) + 3, 7);
+  auto r = client_->Lookup(ns_, t);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->resume_position, 37);
+  EXPECT_EQ(r->kv_match_tokens, 32);
+  ASSERT_EQ(r->pages.size(), 2u);
+  ASSERT_TRUE(r->state.has_value());
+  EXPECT_EQ(r->state->size_bytes, (64 << 20) + 3);
+  auto got = client_->Get(r->lease_id, r->state->key);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(*got == state);
+  auto page = client_->Get(r->lease_id, r->pages[1].key);
+  ASSERT_TRUE(page.ok()) << page.status();
+  EXPECT_TRUE(*page == Bytes(5 << 20, 7 + 1));
+  EXPECT_TRUE(client_->Release(r->lease_id).ok());
+}
+
+TEST_F(ServiceTest, RepeatedPutIsAlreadyPresent) {
+  std::vector<TokenId> t = Tokens(16);
+  ClientPut page;
+  page.tokens = t;
+  ASSERT_TRUE(client_->Put(ns_, page, Bytes(1000, 1)).ok());
+  auto again = client_->Put(ns_, page, Bytes(1000, 1));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->already_present);
+  auto stats = client_->Stats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->pages.entries, 1);
+  EXPECT_EQ(stats->pages.resident_bytes, 1000);
+}
+
+TEST_F(ServiceTest, ConcurrentClientsSeeTheirOwnConversations) {
+  constexpr int kClients = 8;
+  std::vector<std::thread> threads;
+  std::vector<std::string> failures(kClients);
+  for (int c = 0; c < kClients; ++c) {
+    threads.emplace_back([&, c] {
+      auto client = CacheStoreClient::Create(target_);
+      if (!client.ok()) return void(failures[c] = "client");
+      ClientNamespace ns{"fingerprint", "", "tenant" + std::to_string(c), kPageSize};
+      std::vector<TokenId> t = Tokens(100, c * 1000);
+      for (int turn = 1; turn <= 5; ++turn) {
+        const int64_t p = turn * 19;
+        std::vector<Hash128> keys = PageKeys(ns.Key(), t, kPageSize);
+        for (int64_t i = 0; i < p / kPageSize; ++i) {
+          ClientPut page;
+          if (i > 0) page.parent = keys[i - 1];
+          page.tokens.assign(t.begin() + i * kPageSize, t.begin() + (i + 1) * kPageSize);
+          if (!(*client)->Put(ns, page, Bytes(4096, c * 100 + i)).ok()) return void(failures[c] = "page put");
+        }
+        ClientPut state;
+        state.entry_class = EntryClass::kState;
+        const int64_t n = p / kPageSize;
+        if (n > 0) state.parent = keys[n - 1];
+        state.tokens.assign(t.begin() + n * kPageSize, t.begin() + p);
+        state.position = p;
+        std::string bytes = Bytes(100000, c * 100 + turn);
+        if (!(*client)->Put(ns, state, bytes).ok()) return void(failures[c] = "state put");
+        auto r = (*client)->Lookup(ns, t);
+        if (!r.ok() || r->resume_position != p) return void(failures[c] = "lookup");
+        auto got = (*client)->Get(r->lease_id, r->state->key);
+        if (!got.ok() || *got != bytes) return void(failures[c] = "get");
+        if (!(*client)->Release(r->lease_id).ok()) return void(failures[c] = "release");
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int c = 0; c < kClients; ++c) EXPECT_EQ(failures[c], "") << "client " << c;
+  auto stats = client_->Stats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->namespaces, kClients);
+  EXPECT_EQ(stats->active_leases, 0);
+}
+
+TEST_F(ServiceTest, CorruptedChunkFailsTheCommitAndStoresNothing) {
+  std::string bytes = Bytes(10000, 3);
+  std::vector<v1::PutRequest> msgs(3);
+  *msgs[0].mutable_header() = Header(ns_, bytes.size());
+  msgs[1].mutable_chunk()->set_offset(0);
+  std::string corrupted = bytes;
+  corrupted[5000] ^= 0x01;
+  msgs[1].mutable_chunk()->set_data(corrupted);
+  msgs[2].mutable_commit()->set_checksum(common::Checksum64(bytes.data(), bytes.size()));
+  EXPECT_EQ(RawPut(msgs).error_code(), grpc::StatusCode::DATA_LOSS);
+  auto r = client_->Lookup(ns_, {5});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->resume_position, 0);
+  EXPECT_EQ(server_->store().Stats().states.reserved_bytes, 0);
+}
+
+TEST_F(ServiceTest, StoredBytesThatRotAreNotServed) {
+  std::vector<TokenId> t = Tokens(20);
+  PutPrefix(ns_, t, 18, 1000, 5000, 11);
+  auto r = client_->Lookup(ns_, t);
+  ASSERT_TRUE(r.ok());
+  // Flip a byte of the stored state behind the store's back.
+  auto h = server_->store().OpenVerified(r->lease_id, r->state->key);
+  ASSERT_TRUE(h.ok());
+  h->blob->data[123] ^= 0x40;
+  auto got = client_->Get(r->lease_id, r->state->key);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss);
+  auto again = client_->Lookup(ns_, t);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->resume_position, 0);  // removed
+  EXPECT_EQ(again->kv_match_tokens, 16);
+  EXPECT_EQ(server_->store().Stats().checksum_failures, 1);
+}
+
+TEST_F(ServiceTest, BadInputGetsAClearStatusAndChangesNothing) {
+  std::vector<TokenId> t = Tokens(20);
+  PutPrefix(ns_, t, 18, 1000, 5000, 11);
+  const IndexStats before = server_->store().Stats();
+
+  EXPECT_EQ(client_->Get(424242, Hash128{1, 2}).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(client_->Release(424242).code(), absl::StatusCode::kNotFound);
+
+  ClientPut empty;
+  empty.tokens = Tokens(kPageSize, 500);
+  EXPECT_EQ(client_->Put(ns_, empty, "").status().code(), absl::StatusCode::kInvalidArgument);
+  const IndexStats after = server_->store().Stats();
+  EXPECT_EQ(after.pages.resident_bytes, before.pages.resident_bytes);
+  EXPECT_EQ(after.states.resident_bytes, before.states.resident_bytes);
+  EXPECT_EQ(after.pages.reserved_bytes + after.states.reserved_bytes, 0);
+  EXPECT_EQ(after.active_leases, 0);
+
+  // Larger than the budget.
+  ServerOptions small;
+  small.index.state_budget_bytes = 1 << 20;
+  TearDown();
+  server_.reset();
+  Start(small);
+  ClientPut big;
+  big.entry_class = EntryClass::kState;
+  big.tokens = {1, 2};
+  big.position = 2;
+  EXPECT_EQ(client_->Put(ns_, big, Bytes(2 << 20, 1)).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(server_->store().Stats().states.reserved_bytes, 0);
+}
+
+TEST_F(ServiceTest, MalformedPutStreamsAreRejected) {
+  std::string bytes = Bytes(10000, 3);
+  const uint64_t sum = common::Checksum64(bytes.data(), bytes.size());
+  auto chunk = [&](uint64_t off, size_t n) {
+    v1::PutRequest m;
+    m.mutable_chunk()->set_offset(off);
+    m.mutable_chunk()->set_data(bytes.substr(off, n));
+    return m;
+  };
+  v1::PutRequest header;
+  *header.mutable_header() = Header(ns_, bytes.size());
+  v1::PutRequest commit;
+  commit.mutable_commit()->set_checksum(sum);
+
+  // No header first.
+  EXPECT_EQ(RawPut({chunk(0, 100)}).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  // Ends before all bytes arrived.
+  EXPECT_EQ(RawPut({header, chunk(0, 5000), commit}).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  // Ends without a commit.
+  EXPECT_EQ(RawPut({header, chunk(0, 10000)}).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  // Chunks out of order.
+  EXPECT_EQ(RawPut({header, chunk(5000, 5000), chunk(0, 5000), commit}).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  // More bytes than declared.
+  v1::PutRequest extra = chunk(0, 10000);
+  extra.mutable_chunk()->mutable_data()->append("x");
+  EXPECT_EQ(RawPut({header, extra, commit}).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  // Two headers.
+  EXPECT_EQ(RawPut({header, header}).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  // Malformed parent key, bad page size, bad class, position disagreeing with tail.
+  v1::PutRequest bad = header;
+  bad.mutable_header()->set_parent_key("short");
+  EXPECT_EQ(RawPut({bad}).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  bad = header;
+  bad.mutable_header()->mutable_namespace_()->set_page_size(12);
+  EXPECT_EQ(RawPut({bad}).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  bad = header;
+  bad.mutable_header()->set_entry_class(v1::ENTRY_CLASS_UNSPECIFIED);
+  EXPECT_EQ(RawPut({bad}).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  bad = header;
+  bad.mutable_header()->set_position(3);
+  EXPECT_EQ(RawPut({bad}).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  bad = header;
+  bad.mutable_header()->set_parent_key(Hash128{5, 6}.ToBytes());
+  EXPECT_EQ(RawPut({bad}).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+
+  // None of it left anything behind; a well-formed stream then works.
+  IndexStats s = server_->store().Stats();
+  EXPECT_EQ(s.states.entries + s.pages.entries, 0);
+  EXPECT_EQ(s.states.reserved_bytes + s.pages.reserved_bytes, 0);
+  EXPECT_TRUE(RawPut({header, chunk(0, 4000), chunk(4000, 6000), commit}).ok());
+}
+
+TEST_F(ServiceTest, LookupRejectsBadRequests) {
+  ServerOptions o;
+  o.index.max_tokens = 64;
+  TearDown();
+  server_.reset();
+  Start(o);
+  EXPECT_EQ(client_->Lookup(ns_, Tokens(65)).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client_->Lookup(ns_, {1, -2}).status().code(), absl::StatusCode::kInvalidArgument);
+  ClientNamespace odd = ns_;
+  odd.page_size = 6;
+  EXPECT_EQ(client_->Lookup(odd, Tokens(8)).status().code(), absl::StatusCode::kInvalidArgument);
+  ClientNamespace anonymous = ns_;
+  anonymous.model_fingerprint.clear();
+  EXPECT_EQ(client_->Lookup(anonymous, Tokens(8)).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(ServiceTest, LeaseOfAVanishedReaderExpires) {
+  ServerOptions o;
+  o.index.lease_ttl = absl::Seconds(5);
+  o.index.state_budget_bytes = 8000;
+  TearDown();
+  server_.reset();
+  Start(o);
+  std::vector<TokenId> t = Tokens(20);
+  PutPrefix(ns_, t, 18, 1000, 5000, 11);
+  auto r = client_->Lookup(ns_, t);
+  ASSERT_TRUE(r.ok());
+  ASSERT_NE(r->lease_id, 0u);
+  // The reader vanishes without Release. While leased, the state holds its
+  // budget: another state cannot push it out.
+  ClientPut other;
+  other.entry_class = EntryClass::kState;
+  other.tokens = {9, 9};
+  other.position = 2;
+  EXPECT_EQ(client_->Put(ns_, other, Bytes(5000, 2)).status().code(), absl::StatusCode::kResourceExhausted);
+  clock_.Advance(absl::Seconds(6));
+  server_->ReapOnce();
+  EXPECT_EQ(client_->Get(r->lease_id, r->state->key).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(server_->store().Stats().active_leases, 0);
+  EXPECT_EQ(server_->store().Stats().expired_leases, 1);
+  EXPECT_TRUE(client_->Put(ns_, other, Bytes(5000, 2)).ok());
+}
+
+TEST_F(ServiceTest, StalledPutIsReclaimedAndItsStreamCancelled) {
+  ServerOptions o;
+  o.index.put_timeout = absl::Seconds(10);
+  TearDown();
+  server_.reset();
+  Start(o);
+  grpc::ClientContext ctx;
+  v1::PutResponse resp;
+  auto writer = stub_->Put(&ctx, &resp);
+  v1::PutRequest header;
+  *header.mutable_header() = Header(ns_, 1 << 20);
+  ASSERT_TRUE(writer->Write(header));
+  v1::PutRequest chunk;
+  chunk.mutable_chunk()->set_offset(0);
+  chunk.mutable_chunk()->set_data(Bytes(1000, 1));
+  ASSERT_TRUE(writer->Write(chunk));
+  // Wait until the server holds the reservation, then let it stall.
+  for (int i = 0; i < 200 && server_->store().Stats().states.reserved_bytes == 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(server_->store().Stats().states.reserved_bytes, 1 << 20);
+  clock_.Advance(absl::Seconds(11));
+  server_->ReapOnce();
+  EXPECT_EQ(server_->store().Stats().states.reserved_bytes, 0);
+  EXPECT_EQ(server_->store().Stats().expired_puts, 1);
+  writer->WritesDone();
+  grpc::Status s = writer->Finish();
+  EXPECT_FALSE(s.ok());
+}
+
+}  // namespace
+}  // namespace hybridserve::cachestore

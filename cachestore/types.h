@@ -1,0 +1,109 @@
+#ifndef HYBRIDSERVE_CACHESTORE_TYPES_H_
+#define HYBRIDSERVE_CACHESTORE_TYPES_H_
+
+// Plain domain types of the cachestore, shared by the core, the service edge
+// and the client. Value types; no behaviour.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "cachestore/keys.h"
+
+namespace hybridserve::cachestore {
+
+enum class EntryClass { kPage = 0, kState = 1 };
+enum class StateKind { kGridCheckpoint = 0, kExactPrefix = 1 };
+
+// Where an entry's bytes live (DESIGN.md section 1: a field, not an assumption).
+enum class EntryLocation { kCacheStoreHost = 0 };
+
+// The bytes of one entry: written once by its put, immutable after commit.
+// Shared so that a reader holding it is never left with freed memory.
+struct Blob {
+  explicit Blob(size_t n) : data(new uint8_t[n]), size(n) {}
+  std::unique_ptr<uint8_t[]> data;
+  size_t size;
+};
+
+// What to store. The index derives the key from `parent` and `tokens`.
+struct PutSpec {
+  Hash128 ns;
+  int32_t page_size = 0;
+  EntryClass entry_class = EntryClass::kPage;
+  // K_{n-1} the entry hangs from; nullopt for the namespace root.
+  std::optional<Hash128> parent;
+  // A page: exactly page_size tokens. A state: the tail tokens[n*page_size, p).
+  std::vector<TokenId> tokens;
+  // States only.
+  StateKind state_kind = StateKind::kExactPrefix;
+  int64_t position = 0;
+  int64_t size_bytes = 0;
+};
+
+struct Reservation {
+  uint64_t id = 0;  // 0 when already_present
+  Hash128 key;
+  // The entry was already committed; nothing was reserved.
+  bool already_present = false;
+  // Where the writer puts the bytes (null when already_present).
+  std::shared_ptr<Blob> blob;
+};
+
+struct EntryInfo {
+  Hash128 key;
+  EntryClass entry_class = EntryClass::kPage;
+  int64_t size_bytes = 0;
+  uint64_t checksum = 0;
+  EntryLocation location = EntryLocation::kCacheStoreHost;
+  StateKind state_kind = StateKind::kExactPrefix;
+  int64_t position = 0;  // states: p; pages: tokens covered through this page
+};
+
+struct LookupResult {
+  // Deepest p with a state at p and pages covering [0, floor(p/page_size)).
+  int64_t resume_position = 0;
+  // Tokens covered by the longest chain of committed pages.
+  int64_t kv_match_tokens = 0;
+  std::vector<EntryInfo> pages;     // pages [0, floor(p/page_size)), in order
+  std::optional<EntryInfo> state;   // the state at p
+  uint64_t lease_id = 0;            // 0: nothing leased
+  absl::Time lease_expiry = absl::InfinitePast();
+};
+
+struct ReadHandle {
+  EntryInfo info;
+  std::shared_ptr<const Blob> blob;
+};
+
+struct ClassStats {
+  int64_t entries = 0;  // committed
+  int64_t resident_bytes = 0;
+  int64_t reserved_bytes = 0;
+  int64_t budget_bytes = 0;
+  int64_t evicted_lru = 0;
+  int64_t evicted_ttl = 0;
+  int64_t dropped_with_pages = 0;
+};
+
+struct IndexStats {
+  ClassStats pages;
+  ClassStats states;
+  int64_t namespaces = 0;
+  int64_t active_leases = 0;
+  int64_t active_puts = 0;
+  int64_t lookups = 0;
+  int64_t lookup_hits = 0;
+  int64_t hits_grid_checkpoint = 0;
+  int64_t hits_exact_prefix = 0;
+  int64_t checksum_failures = 0;
+  int64_t expired_leases = 0;
+  int64_t expired_puts = 0;
+};
+
+}  // namespace hybridserve::cachestore
+
+#endif  // HYBRIDSERVE_CACHESTORE_TYPES_H_
