@@ -1,0 +1,24 @@
+#include "kernels/cuda/vector_add.h"
+
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace hybridserve::kernels::cuda {
+namespace {
+
+TEST(CudaToolchainTest, NcclLinksAndReportsItsVersion) { EXPECT_GT(NcclVersion(), 20000); }
+
+TEST(CudaToolchainTest, VectorAddMatchesTheCpu) {
+  if (DeviceCount() == 0) GTEST_SKIP() << "no CUDA device on this machine";
+  std::vector<float> a(10007), b(10007), out(10007, -1.0f);
+  for (size_t i = 0; i < a.size(); ++i) {
+    a[i] = 0.5f * static_cast<float>(i);
+    b[i] = 1.0f / static_cast<float>(i + 1);
+  }
+  ASSERT_EQ(VectorAdd({a.data(), b.data(), out.data(), static_cast<int64_t>(a.size())}), 0);
+  for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(out[i], a[i] + b[i]) << i;  // one IEEE add: exact
+}
+
+}  // namespace
+}  // namespace hybridserve::kernels::cuda
