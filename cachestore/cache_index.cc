@@ -26,9 +26,7 @@ int64_t CacheIndex::Budget(EntryClass c) const {
   return c == EntryClass::kPage ? options_.page_budget_bytes : options_.state_budget_bytes;
 }
 
-ClassStats& CacheIndex::Counters(EntryClass c) {
-  return c == EntryClass::kPage ? page_stats_ : state_stats_;
-}
+ClassStats& CacheIndex::Counters(EntryClass c) { return c == EntryClass::kPage ? page_stats_ : state_stats_; }
 
 absl::Status CacheIndex::ValidateSpec(const PutSpec& spec) const {
   if (!IsPowerOfTwo(spec.page_size) || spec.page_size > kMaxPageSize) {
@@ -39,8 +37,7 @@ absl::Status CacheIndex::ValidateSpec(const PutSpec& spec) const {
     return absl::InvalidArgumentError(absl::StrCat("entry size ", spec.size_bytes, " must be > 0"));
   }
   if (spec.size_bytes > Budget(spec.entry_class)) {
-    return absl::ResourceExhaustedError(absl::StrCat("entry of ", spec.size_bytes,
-                                                     " bytes exceeds the budget of ",
+    return absl::ResourceExhaustedError(absl::StrCat("entry of ", spec.size_bytes, " bytes exceeds the budget of ",
                                                      Budget(spec.entry_class), " bytes"));
   }
   for (TokenId t : spec.tokens) {
@@ -48,14 +45,13 @@ absl::Status CacheIndex::ValidateSpec(const PutSpec& spec) const {
   }
   if (spec.entry_class == EntryClass::kPage) {
     if (static_cast<int64_t>(spec.tokens.size()) != spec.page_size) {
-      return absl::InvalidArgumentError(absl::StrCat("a page holds exactly page_size=", spec.page_size,
-                                                     " tokens, got ", spec.tokens.size()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("a page holds exactly page_size=", spec.page_size, " tokens, got ", spec.tokens.size()));
     }
   } else {
     if (static_cast<int64_t>(spec.tokens.size()) >= spec.page_size) {
-      return absl::InvalidArgumentError(absl::StrCat("a state's tail holds fewer than page_size=",
-                                                     spec.page_size, " tokens, got ",
-                                                     spec.tokens.size()));
+      return absl::InvalidArgumentError(absl::StrCat("a state's tail holds fewer than page_size=", spec.page_size,
+                                                     " tokens, got ", spec.tokens.size()));
     }
     if (spec.position <= 0 || spec.position > options_.max_tokens) {
       return absl::InvalidArgumentError(
@@ -75,8 +71,8 @@ absl::StatusOr<Reservation> CacheIndex::Reserve(const PutSpec& spec, absl::Time 
   if (auto it = roots_.find(spec.ns); it != roots_.end()) {
     root = it->second.get();
     if (root->page_size != spec.page_size) {
-      return absl::InvalidArgumentError(absl::StrCat("namespace uses page_size ", root->page_size,
-                                                     ", put says ", spec.page_size));
+      return absl::InvalidArgumentError(
+          absl::StrCat("namespace uses page_size ", root->page_size, ", put says ", spec.page_size));
     }
   }
 
@@ -85,8 +81,7 @@ absl::StatusOr<Reservation> CacheIndex::Reserve(const PutSpec& spec, absl::Time 
   if (spec.parent.has_value()) {
     auto it = pages_.find(*spec.parent);
     if (it == pages_.end() || root == nullptr || it->second->root != root) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("parent page ", spec.parent->ToHex(), " is not in the cache"));
+      return absl::FailedPreconditionError(absl::StrCat("parent page ", spec.parent->ToHex(), " is not in the cache"));
     }
     parent = it->second.get();
   } else {
@@ -110,9 +105,9 @@ absl::StatusOr<Reservation> CacheIndex::Reserve(const PutSpec& spec, absl::Time 
     }
   } else {
     if (spec.position != parent_tokens + static_cast<int64_t>(spec.tokens.size())) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "state position ", spec.position, " disagrees with its parent (", parent_depth,
-          " pages of ", spec.page_size, ") and tail of ", spec.tokens.size(), " tokens"));
+      return absl::InvalidArgumentError(absl::StrCat("state position ", spec.position, " disagrees with its parent (",
+                                                     parent_depth, " pages of ", spec.page_size, ") and tail of ",
+                                                     spec.tokens.size(), " tokens"));
     }
     key = StateKey(parent_key, spec.tokens);
     if (auto it = states_.find(key); it != states_.end()) {
@@ -187,8 +182,8 @@ absl::Status CacheIndex::MakeRoom(EntryClass c, int64_t bytes) {
   while (counters.resident_bytes + counters.reserved_bytes + bytes > Budget(c)) {
     if (c == EntryClass::kPage) {
       if (page_lru_.empty()) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "page budget of ", Budget(c), " bytes is held by pinned, in-flight or interior pages"));
+        return absl::ResourceExhaustedError(
+            absl::StrCat("page budget of ", Budget(c), " bytes is held by pinned, in-flight or interior pages"));
       }
       RemoveNodeOnly(page_lru_.begin()->second, RemoveReason::kLru);
     } else {
@@ -257,12 +252,10 @@ void CacheIndex::Abort(uint64_t reservation_id) {
 }
 
 absl::StatusOr<LookupResult> CacheIndex::Lookup(const Hash128& ns, int32_t page_size,
-                                                absl::Span<const Hash128> page_keys,
-                                                absl::Span<const TokenId> tokens, bool lease,
-                                                absl::Time now) {
+                                                absl::Span<const Hash128> page_keys, absl::Span<const TokenId> tokens,
+                                                bool lease, absl::Time now) {
   if (static_cast<int64_t>(tokens.size()) > options_.max_tokens) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(tokens.size(), " tokens exceed max_tokens=", options_.max_tokens));
+    return absl::InvalidArgumentError(absl::StrCat(tokens.size(), " tokens exceed max_tokens=", options_.max_tokens));
   }
   if (!IsPowerOfTwo(page_size) || page_size > kMaxPageSize) {
     return absl::InvalidArgumentError(absl::StrCat("page_size ", page_size, " is not a power of two"));
@@ -336,8 +329,7 @@ absl::StatusOr<ReadHandle> CacheIndex::Open(uint64_t lease_id, const Hash128& ke
     return absl::NotFoundError(absl::StrCat("unknown or expired lease ", lease_id));
   }
   Lease& lease = it->second;
-  auto held = std::find_if(lease.entries.begin(), lease.entries.end(),
-                           [&](const auto& e) { return e.second == key; });
+  auto held = std::find_if(lease.entries.begin(), lease.entries.end(), [&](const auto& e) { return e.second == key; });
   if (held == lease.entries.end()) {
     return absl::NotFoundError(absl::StrCat("lease ", lease_id, " does not hold entry ", key.ToHex()));
   }
@@ -653,8 +645,8 @@ absl::Status CacheIndex::CheckInvariants() const {
       pages.entries != page_stats_.entries) {
     return fail("page accounting drifted");
   }
-  if (states.resident_bytes != state_stats_.resident_bytes ||
-      states.reserved_bytes != state_stats_.reserved_bytes || states.entries != state_stats_.entries) {
+  if (states.resident_bytes != state_stats_.resident_bytes || states.reserved_bytes != state_stats_.reserved_bytes ||
+      states.entries != state_stats_.entries) {
     return fail("state accounting drifted");
   }
   if (pages.resident_bytes + pages.reserved_bytes > options_.page_budget_bytes) return fail("page budget exceeded");

@@ -71,10 +71,8 @@ class CacheIndex {
   // The resume point of a prompt. `page_keys` are PageKeys(ns, tokens,
   // page_size), computed by the caller outside any lock. With `lease`, the
   // returned pages and state are pinned until Release or expiry.
-  absl::StatusOr<LookupResult> Lookup(const Hash128& ns, int32_t page_size,
-                                      absl::Span<const Hash128> page_keys,
-                                      absl::Span<const TokenId> tokens, bool lease,
-                                      absl::Time now);
+  absl::StatusOr<LookupResult> Lookup(const Hash128& ns, int32_t page_size, absl::Span<const Hash128> page_keys,
+                                      absl::Span<const TokenId> tokens, bool lease, absl::Time now);
 
   // The bytes of a leased entry; extends the lease. NOT_FOUND for an unknown
   // or expired lease or a key the lease does not hold.

@@ -259,7 +259,7 @@ TEST_F(CacheIndexTest, EvictingAPageDropsTheStatesThatNeedIt) {
   Make(o);
   std::vector<TokenId> a = Tokens(12, 0);
   PutPages(a, 2);
-  PutCommitted(StateSpec(a, 9));  // needs pages 0 and 1
+  PutCommitted(StateSpec(a, 9));             // needs pages 0 and 1
   PutCommitted(PageSpec(Tokens(4, 50), 0));  // evicts a1 and the state at 9 with it
   EXPECT_EQ(Lookup(a).resume_position, 0);
   EXPECT_EQ(Lookup(a).kv_match_tokens, 4);
@@ -280,10 +280,8 @@ TEST_F(CacheIndexTest, LeasedEntriesSurviveBudgetPressure) {
   LookupResult leased = Lookup(a, /*lease=*/true);
   ASSERT_NE(leased.lease_id, 0u);
   // a0 is pinned and interior; a1 is pinned and carries a pinned state.
-  EXPECT_EQ(index_->Reserve(PageSpec(Tokens(4, 50), 0), now_).status().code(),
-            absl::StatusCode::kResourceExhausted);
-  EXPECT_EQ(index_->Reserve(StateSpec(Tokens(4, 50), 3), now_).status().code(),
-            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(index_->Reserve(PageSpec(Tokens(4, 50), 0), now_).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(index_->Reserve(StateSpec(Tokens(4, 50), 3), now_).status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_TRUE(index_->Open(leased.lease_id, leased.state->key, now_).ok());
   ASSERT_TRUE(index_->Release(leased.lease_id).ok());
   EXPECT_EQ(index_->Release(leased.lease_id).code(), absl::StatusCode::kNotFound);
@@ -339,8 +337,7 @@ TEST_F(CacheIndexTest, LeasesOfVanishedReadersExpire) {
   now_ += absl::Seconds(3);
   index_->Expire(now_);  // the lease expired first, then the state could go
   EXPECT_FALSE(index_->Contains(EntryClass::kState, leased.state->key));
-  EXPECT_EQ(index_->Open(leased.lease_id, leased.pages[0].key, now_).status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_EQ(index_->Open(leased.lease_id, leased.pages[0].key, now_).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(index_->Stats().expired_leases, 1);
 }
 

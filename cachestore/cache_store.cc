@@ -22,11 +22,10 @@ absl::StatusOr<std::unique_ptr<CacheStore>> CacheStore::Create(const CacheIndexO
 CacheStore::CacheStore(const CacheIndexOptions& options, const common::Clock& clock)
     : options_(options), clock_(clock), index_(options) {}
 
-absl::StatusOr<LookupResult> CacheStore::Lookup(const Hash128& ns, int32_t page_size,
-                                                absl::Span<const TokenId> tokens, bool lease) {
+absl::StatusOr<LookupResult> CacheStore::Lookup(const Hash128& ns, int32_t page_size, absl::Span<const TokenId> tokens,
+                                                bool lease) {
   if (static_cast<int64_t>(tokens.size()) > options().max_tokens) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(tokens.size(), " tokens exceed max_tokens=", options().max_tokens));
+    return absl::InvalidArgumentError(absl::StrCat(tokens.size(), " tokens exceed max_tokens=", options().max_tokens));
   }
   for (TokenId t : tokens) {
     if (t < 0) return absl::InvalidArgumentError(absl::StrCat("negative token id ", t));
@@ -137,8 +136,8 @@ absl::Status PutSession::Commit(uint64_t checksum) {
         absl::StrCat("put ended early: ", written_, " of ", size_bytes_, " bytes arrived"));
   }
   if (checksum_.Digest() != checksum) {
-    return absl::DataLossError(absl::StrCat("checksum mismatch: received bytes hash to ",
-                                            checksum_.Digest(), ", commit says ", checksum));
+    return absl::DataLossError(
+        absl::StrCat("checksum mismatch: received bytes hash to ", checksum_.Digest(), ", commit says ", checksum));
   }
   finished_ = true;
   return store_->CommitPut(reservation_.id, checksum);

@@ -30,9 +30,8 @@ class CacheStore {
   const CacheIndexOptions& options() const { return options_; }
 
   // The resume point of `tokens` in namespace `ns` (see CacheIndex::Lookup).
-  absl::StatusOr<LookupResult> Lookup(const Hash128& ns, int32_t page_size,
-                                      absl::Span<const TokenId> tokens, bool lease)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<LookupResult> Lookup(const Hash128& ns, int32_t page_size, absl::Span<const TokenId> tokens,
+                                      bool lease) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Starts a put. When the entry is already committed the session reports
   // already_present() and accepts no bytes.

@@ -52,8 +52,7 @@ TEST_F(CacheStoreTest, CommitVerifiesTheStoredBytes) {
   EXPECT_EQ((*put)->Write(5, "x").code(), absl::StatusCode::kInvalidArgument);  // gap
   ASSERT_TRUE((*put)->Write(4, data.substr(4)).ok());
   EXPECT_EQ((*put)->Write(10, "x").code(), absl::StatusCode::kInvalidArgument);  // overrun
-  EXPECT_EQ((*put)->Commit(common::Checksum64(data.data(), data.size()) + 1).code(),
-            absl::StatusCode::kDataLoss);
+  EXPECT_EQ((*put)->Commit(common::Checksum64(data.data(), data.size()) + 1).code(), absl::StatusCode::kDataLoss);
   put->reset();  // the failed put is aborted
   EXPECT_EQ(store_->Stats().states.reserved_bytes, 0);
   EXPECT_EQ(store_->Stats().states.entries, 0);

@@ -29,7 +29,7 @@ struct ClientNamespace {
 };
 
 struct ClientOptions {
-  int64_t chunk_bytes = int64_t{4} << 20;  // Put chunks; also asked of Get
+  int64_t chunk_bytes = int64_t{4} << 20;      // Put chunks; also asked of Get
   absl::Duration timeout = absl::Seconds(30);  // per call
 };
 
@@ -44,7 +44,7 @@ struct ClientPut {
   std::optional<Hash128> parent;  // nullopt: the namespace root
   std::vector<TokenId> tokens;    // a page's tokens, or a state's tail
   StateKind state_kind = StateKind::kExactPrefix;
-  int64_t position = 0;           // states only
+  int64_t position = 0;  // states only
 };
 
 // Thread-safe (gRPC stubs are).

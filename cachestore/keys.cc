@@ -17,8 +17,8 @@ constexpr uint32_t kStateTag = 0x53544154;  // "STAT"
 
 }  // namespace
 
-Hash128 NamespaceKey(absl::string_view model_fingerprint, absl::string_view adapter,
-                     absl::string_view cache_salt, int32_t page_size) {
+Hash128 NamespaceKey(absl::string_view model_fingerprint, absl::string_view adapter, absl::string_view cache_salt,
+                     int32_t page_size) {
   std::string buf;
   AppendPart(&buf, "hybridserve/ns/v1");
   AppendPart(&buf, model_fingerprint);

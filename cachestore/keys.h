@@ -23,8 +23,8 @@ using common::Hash128;
 
 // The root key of a namespace. Each part is length-prefixed, so no two
 // different tuples hash the same bytes.
-Hash128 NamespaceKey(absl::string_view model_fingerprint, absl::string_view adapter,
-                     absl::string_view cache_salt, int32_t page_size);
+Hash128 NamespaceKey(absl::string_view model_fingerprint, absl::string_view adapter, absl::string_view cache_salt,
+                     int32_t page_size);
 
 // K_i from K_{i-1} and the page's tokens.
 Hash128 PageKey(const Hash128& parent, absl::Span<const TokenId> page_tokens);

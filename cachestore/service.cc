@@ -109,10 +109,9 @@ grpc::Status CacheStoreService::Lookup(grpc::ServerContext*, const v1::LookupReq
                                        v1::LookupResponse* response) {
   absl::StatusOr<Hash128> ns = NamespaceOf(request->namespace_());
   if (!ns.ok()) return ToGrpcStatus(ns.status());
-  absl::StatusOr<LookupResult> r =
-      store_.Lookup(*ns, static_cast<int32_t>(request->namespace_().page_size()),
-                    absl::MakeConstSpan(request->token_ids().data(), request->token_ids_size()),
-                    !request->probe_only());
+  absl::StatusOr<LookupResult> r = store_.Lookup(
+      *ns, static_cast<int32_t>(request->namespace_().page_size()),
+      absl::MakeConstSpan(request->token_ids().data(), request->token_ids_size()), !request->probe_only());
   if (!r.ok()) return ToGrpcStatus(r.status());
   metrics_.RecordLookup(*r, r->state.has_value());
   response->set_resume_position(static_cast<uint64_t>(r->resume_position));
@@ -171,8 +170,7 @@ grpc::Status CacheStoreService::DoPut(grpc::ServerContext* context, grpc::Server
         const v1::PutChunk& c = msg.chunk();
         if (static_cast<int64_t>(c.data().size()) > options_.max_chunk_bytes) {
           return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                              absl::StrCat("chunk of ", c.data().size(), " bytes exceeds ",
-                                           options_.max_chunk_bytes));
+                              absl::StrCat("chunk of ", c.data().size(), " bytes exceeds ", options_.max_chunk_bytes));
         }
         if (c.offset() > static_cast<uint64_t>(INT64_MAX)) {
           return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "chunk offset out of range");
@@ -196,8 +194,8 @@ grpc::Status CacheStoreService::DoPut(grpc::ServerContext* context, grpc::Server
     return grpc::Status(grpc::StatusCode::ABORTED, "put cancelled or reclaimed after stalling");
   }
   return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                      absl::StrCat("put stream ended before commit: ", put.bytes_written(), " of ",
-                                   put.size_bytes(), " bytes arrived"));
+                      absl::StrCat("put stream ended before commit: ", put.bytes_written(), " of ", put.size_bytes(),
+                                   " bytes arrived"));
 }
 
 void CacheStoreService::CancelReclaimedPuts(const std::vector<uint64_t>& reservation_ids) {
@@ -218,8 +216,8 @@ grpc::Status CacheStoreService::Get(grpc::ServerContext* context, const v1::GetR
     metrics_.RecordGet(false, 0, SecondsSince(start));
     return ToGrpcStatus(h.status());
   }
-  int64_t chunk = request->chunk_bytes() == 0 ? options_.default_chunk_bytes
-                                              : static_cast<int64_t>(request->chunk_bytes());
+  int64_t chunk =
+      request->chunk_bytes() == 0 ? options_.default_chunk_bytes : static_cast<int64_t>(request->chunk_bytes());
   chunk = std::clamp<int64_t>(chunk, 4096, options_.max_chunk_bytes);
   const int64_t size = static_cast<int64_t>(h->blob->size);
   const char* data = reinterpret_cast<const char*>(h->blob->data.get());
@@ -241,8 +239,7 @@ grpc::Status CacheStoreService::Get(grpc::ServerContext* context, const v1::GetR
   return grpc::Status::OK;
 }
 
-grpc::Status CacheStoreService::Release(grpc::ServerContext*, const v1::ReleaseRequest* request,
-                                        v1::ReleaseResponse*) {
+grpc::Status CacheStoreService::Release(grpc::ServerContext*, const v1::ReleaseRequest* request, v1::ReleaseResponse*) {
   return ToGrpcStatus(store_.Release(request->lease_id()));
 }
 

@@ -101,8 +101,8 @@ ServiceMetrics::ServiceMetrics(prometheus::Registry& r)
                                     .Help("Evictions by class and reason.")
                                     .Register(r)
                                     .Add({{"class", "state"}, {"reason", "pages_gone"}})),
-      checksum_failures_(MakeCounter(r, "hybridserve_cache_checksum_failures_total",
-                                     "Entries whose bytes failed their checksum.")),
+      checksum_failures_(
+          MakeCounter(r, "hybridserve_cache_checksum_failures_total", "Entries whose bytes failed their checksum.")),
       expired_leases_(MakeCounter(r, "hybridserve_cache_expired_leases_total", "Leases that expired unreleased.")),
       expired_puts_(MakeCounter(r, "hybridserve_cache_expired_puts_total", "Puts reclaimed after stalling.")) {}
 

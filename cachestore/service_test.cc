@@ -57,8 +57,8 @@ class ServiceTest : public ::testing::Test {
   }
 
   // Puts the pages of `tokens` and a state at `p`; returns the state's bytes.
-  std::string PutPrefix(const ClientNamespace& ns, const std::vector<TokenId>& tokens, int64_t p,
-                        size_t page_bytes, size_t state_bytes, uint32_t seed) {
+  std::string PutPrefix(const ClientNamespace& ns, const std::vector<TokenId>& tokens, int64_t p, size_t page_bytes,
+                        size_t state_bytes, uint32_t seed) {
     std::vector<Hash128> keys = PageKeys(ns.Key(), tokens, ns.page_size);
     const int64_t n = p / ns.page_size;
     for (int64_t i = 0; i < n; ++i) {

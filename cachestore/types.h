@@ -68,9 +68,9 @@ struct LookupResult {
   int64_t resume_position = 0;
   // Tokens covered by the longest chain of committed pages.
   int64_t kv_match_tokens = 0;
-  std::vector<EntryInfo> pages;     // pages [0, floor(p/page_size)), in order
-  std::optional<EntryInfo> state;   // the state at p
-  uint64_t lease_id = 0;            // 0: nothing leased
+  std::vector<EntryInfo> pages;    // pages [0, floor(p/page_size)), in order
+  std::optional<EntryInfo> state;  // the state at p
+  uint64_t lease_id = 0;           // 0: nothing leased
   absl::Time lease_expiry = absl::InfinitePast();
 };
 

@@ -25,11 +25,11 @@ absl::Status PrintStats(CacheStoreClient& client) {
   absl::StatusOr<IndexStats> s = client.Stats();
   if (!s.ok()) return s.status();
   std::printf("namespaces %lld  leases %lld  puts in flight %lld  lookups %lld  hits %lld  checksum failures %lld\n",
-              (long long)s->namespaces, (long long)s->active_leases, (long long)s->active_puts,
-              (long long)s->lookups, (long long)s->lookup_hits, (long long)s->checksum_failures);
+              (long long)s->namespaces, (long long)s->active_leases, (long long)s->active_puts, (long long)s->lookups,
+              (long long)s->lookup_hits, (long long)s->checksum_failures);
   for (const auto& [name, c] : {std::pair{"pages", s->pages}, std::pair{"states", s->states}}) {
-    std::printf("%-6s entries %lld  resident %lld B  reserved %lld B  budget %lld B  evicted lru %lld ttl %lld\n",
-                name, (long long)c.entries, (long long)c.resident_bytes, (long long)c.reserved_bytes,
+    std::printf("%-6s entries %lld  resident %lld B  reserved %lld B  budget %lld B  evicted lru %lld ttl %lld\n", name,
+                (long long)c.entries, (long long)c.resident_bytes, (long long)c.reserved_bytes,
                 (long long)c.budget_bytes, (long long)c.evicted_lru, (long long)c.evicted_ttl);
   }
   return absl::OkStatus();
@@ -68,8 +68,8 @@ absl::Status Demo(CacheStoreClient& client) {
     std::vector<TokenId> prompt(conversation.begin(), conversation.begin() + turn_ends[turn]);
     absl::StatusOr<LookupResult> r = client.Lookup(ns, prompt);
     if (!r.ok()) return r.status();
-    std::printf("turn %zu: prompt %lld tokens, resume at %lld (%s), kv match %lld, prefill %lld tokens\n",
-                turn + 1, (long long)prompt.size(), (long long)r->resume_position,
+    std::printf("turn %zu: prompt %lld tokens, resume at %lld (%s), kv match %lld, prefill %lld tokens\n", turn + 1,
+                (long long)prompt.size(), (long long)r->resume_position,
                 r->state.has_value() ? "exact-prefix snapshot" : "cold", (long long)r->kv_match_tokens,
                 (long long)(prompt.size() - r->resume_position));
     for (const EntryInfo& e : r->pages) {

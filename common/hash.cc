@@ -64,8 +64,6 @@ void StreamingChecksum::Update(const void* data, size_t size) {
   XXH3_64bits_update(static_cast<XXH3_state_t*>(state_), data, size);
 }
 
-uint64_t StreamingChecksum::Digest() const {
-  return XXH3_64bits_digest(static_cast<const XXH3_state_t*>(state_));
-}
+uint64_t StreamingChecksum::Digest() const { return XXH3_64bits_digest(static_cast<const XXH3_state_t*>(state_)); }
 
 }  // namespace hybridserve::common

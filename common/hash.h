@@ -21,9 +21,7 @@ struct Hash128 {
 
   friend bool operator==(const Hash128& a, const Hash128& b) { return a.lo == b.lo && a.hi == b.hi; }
   friend bool operator!=(const Hash128& a, const Hash128& b) { return !(a == b); }
-  friend bool operator<(const Hash128& a, const Hash128& b) {
-    return a.hi != b.hi ? a.hi < b.hi : a.lo < b.lo;
-  }
+  friend bool operator<(const Hash128& a, const Hash128& b) { return a.hi != b.hi ? a.hi < b.hi : a.lo < b.lo; }
   template <typename H>
   friend H AbslHashValue(H h, const Hash128& k) {
     // The key is already uniformly distributed; mixing one word is enough.

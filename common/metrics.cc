@@ -15,8 +15,8 @@ std::vector<double> ExponentialBuckets(double start, double factor, int count) {
   return out;
 }
 
-absl::StatusOr<std::unique_ptr<MetricsExposer>> MetricsExposer::Create(
-    const std::string& bind, std::shared_ptr<prometheus::Registry> registry) {
+absl::StatusOr<std::unique_ptr<MetricsExposer>> MetricsExposer::Create(const std::string& bind,
+                                                                       std::shared_ptr<prometheus::Registry> registry) {
   // prometheus-cpp reports a failed bind by throwing; this is the one place we
   // let a library exception reach us, and it stops here.
   std::unique_ptr<prometheus::Exposer> exposer;
@@ -29,8 +29,7 @@ absl::StatusOr<std::unique_ptr<MetricsExposer>> MetricsExposer::Create(
   return std::unique_ptr<MetricsExposer>(new MetricsExposer(std::move(exposer)));
 }
 
-MetricsExposer::MetricsExposer(std::unique_ptr<prometheus::Exposer> exposer)
-    : exposer_(std::move(exposer)) {}
+MetricsExposer::MetricsExposer(std::unique_ptr<prometheus::Exposer> exposer) : exposer_(std::move(exposer)) {}
 
 int MetricsExposer::port() const {
   std::vector<int> ports = exposer_->GetListeningPorts();

@@ -25,8 +25,8 @@ std::vector<double> ExponentialBuckets(double start, double factor, int count);
 class MetricsExposer {
  public:
   // `bind` is "host:port"; port 0 picks a free port (see port()).
-  static absl::StatusOr<std::unique_ptr<MetricsExposer>> Create(
-      const std::string& bind, std::shared_ptr<prometheus::Registry> registry);
+  static absl::StatusOr<std::unique_ptr<MetricsExposer>> Create(const std::string& bind,
+                                                                std::shared_ptr<prometheus::Registry> registry);
 
   int port() const;
 

@@ -5,9 +5,7 @@
 namespace hybridserve::common {
 namespace {
 
-TEST(MetricsTest, ExponentialBuckets) {
-  EXPECT_EQ(ExponentialBuckets(1, 2, 4), (std::vector<double>{1, 2, 4, 8}));
-}
+TEST(MetricsTest, ExponentialBuckets) { EXPECT_EQ(ExponentialBuckets(1, 2, 4), (std::vector<double>{1, 2, 4, 8})); }
 
 TEST(MetricsTest, ExposerBindsFreePortAndReportsIt) {
   auto registry = std::make_shared<prometheus::Registry>();
