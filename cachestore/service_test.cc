@@ -6,10 +6,12 @@
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
 #include "cachestore/client.h"
 #include "cachestore/server.h"
 #include "common/clock.h"
 #include "common/hash.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "proto/cachestore.grpc.pb.h"
@@ -379,6 +381,30 @@ TEST_F(ServiceTest, StalledPutIsReclaimedAndItsStreamCancelled) {
   writer->WritesDone();
   grpc::Status s = writer->Finish();
   EXPECT_FALSE(s.ok());
+}
+
+// grpc.health.v1.Health/Check over a generic stub: the request is an empty
+// HealthCheckRequest (service ""), the response `status = 1` (SERVING) encodes
+// as the bytes 0x08 0x01.
+TEST_F(ServiceTest, HealthServiceReportsServing) {
+  grpc::GenericStub stub(grpc::CreateChannel(target_, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  grpc::ByteBuffer request, response;
+  grpc::Slice empty;
+  request = grpc::ByteBuffer(&empty, 1);
+  absl::Notification done;
+  grpc::Status status;
+  stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response, [&](grpc::Status s) {
+    status = s;
+    done.Notify();
+  });
+  done.WaitForNotification();
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(response.Dump(&slices).ok());
+  std::string bytes;
+  for (const auto& sl : slices) bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+  EXPECT_EQ(bytes, std::string("\x08\x01", 2));
 }
 
 }  // namespace
