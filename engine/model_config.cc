@@ -1,0 +1,642 @@
+#include "engine/model_config.h"
+
+#include <cmath>
+#include <cstdint>
+#include <fstream>
+#include <initializer_list>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
+#include "common/status_macros.h"
+
+namespace hybridserve::engine {
+namespace {
+
+using Json = nlohmann::json;
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+// Upper bound of every dimension and of derived widths (d_inner, conv_dim,
+// in_proj rows, q/kv widths): keeps every matrix size far from int64 overflow.
+constexpr int64_t kMaxDim = int64_t{1} << 24;
+constexpr int64_t kMaxLayers = 4096;
+constexpr size_t kMaxConfigBytes = 16 << 20;
+
+// transformers' defaults for fields this parser treats as optional.
+constexpr int64_t kDefaultConvKernel = 4;
+constexpr int64_t kDefaultNemotronChunk = 128;
+constexpr int64_t kDefaultMamba2Chunk = 256;
+constexpr int64_t kDefaultMamba2Expand = 2;
+constexpr double kDefaultNormEps = 1e-5;
+constexpr double kDefaultTimeStepMin = 0.001;
+constexpr double kDefaultTimeStepMax = 0.1;
+
+absl::Status WithPrefix(const absl::Status& s, absl::string_view prefix) {
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat(prefix, s.message()));
+}
+
+// Replaces the bare tokens Infinity, -Infinity and NaN (outside strings) with
+// the tagged object {"__float__": "..."}, which nlohmann can parse.
+std::string TagNonFiniteTokens(absl::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      out.push_back(c);
+      if (c == '\\' && i + 1 < text.size()) {
+        out.push_back(text[++i]);
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+      out.push_back(c);
+      continue;
+    }
+    const bool boundary = i == 0 || !absl::ascii_isalnum(static_cast<unsigned char>(text[i - 1]));
+    bool replaced = false;
+    if (boundary) {
+      for (absl::string_view token : {"-Infinity", "Infinity", "NaN"}) {
+        if (text.substr(i, token.size()) != token) continue;
+        const size_t end = i + token.size();
+        if (end < text.size() && absl::ascii_isalnum(static_cast<unsigned char>(text[end]))) continue;
+        absl::StrAppend(&out, "{\"__float__\":\"", token, "\"}");
+        i = end - 1;
+        replaced = true;
+        break;
+      }
+    }
+    if (!replaced) out.push_back(c);
+  }
+  return out;
+}
+
+std::string Excerpt(const Json& value) {
+  std::string text = value.dump();
+  if (text.size() > 40) text = absl::StrCat(text.substr(0, 37), "...");
+  return text;
+}
+
+// Typed, field-naming access to the top-level object of a config.json. Every
+// getter treats a JSON null like an absent field (transformers writes null for
+// unset optional fields).
+class ConfigFields {
+ public:
+  explicit ConfigFields(const Json& root) : root_(root) {}
+
+  bool Has(absl::string_view key) const {
+    auto it = root_.find(std::string(key));
+    return it != root_.end() && !it->is_null();
+  }
+
+  const Json& Get(absl::string_view key) const { return root_.at(std::string(key)); }
+
+  // Which of `names` (the current name first, then legacy names) is present.
+  // Two present names must hold equal values.
+  absl::StatusOr<std::optional<std::string>> Resolve(std::initializer_list<absl::string_view> names) const {
+    std::optional<std::string> found;
+    for (absl::string_view name : names) {
+      if (!Has(name)) continue;
+      if (found.has_value() && Get(*found) != Get(name)) {
+        return absl::InvalidArgumentError(absl::StrCat(*found, " (", Excerpt(Get(*found)), ") and its legacy name ",
+                                                       name, " (", Excerpt(Get(name)), ") disagree"));
+      }
+      if (!found.has_value()) found = std::string(name);
+    }
+    return found;
+  }
+
+  absl::StatusOr<int64_t> Int(std::initializer_list<absl::string_view> names, std::optional<int64_t> fallback) const {
+    ASSIGN_OR_RETURN(std::optional<std::string> key, Resolve(names));
+    if (!key.has_value()) {
+      if (fallback.has_value()) return *fallback;
+      return absl::InvalidArgumentError(absl::StrCat(*names.begin(), " is required but missing"));
+    }
+    return ToInt(*key, Get(*key));
+  }
+
+  absl::StatusOr<double> Float(std::initializer_list<absl::string_view> names, double fallback) const {
+    ASSIGN_OR_RETURN(std::optional<std::string> key, Resolve(names));
+    if (!key.has_value()) return fallback;
+    return ToFloat(*key, Get(*key));
+  }
+
+  absl::StatusOr<bool> Bool(std::initializer_list<absl::string_view> names, bool fallback) const {
+    ASSIGN_OR_RETURN(std::optional<std::string> key, Resolve(names));
+    if (!key.has_value()) return fallback;
+    const Json& v = Get(*key);
+    if (!v.is_boolean())
+      return absl::InvalidArgumentError(absl::StrCat(*key, " must be true or false, got ", Excerpt(v)));
+    return v.get<bool>();
+  }
+
+  absl::StatusOr<std::string> String(std::initializer_list<absl::string_view> names, absl::string_view fallback) const {
+    ASSIGN_OR_RETURN(std::optional<std::string> key, Resolve(names));
+    if (!key.has_value()) return std::string(fallback);
+    const Json& v = Get(*key);
+    if (!v.is_string()) return absl::InvalidArgumentError(absl::StrCat(*key, " must be a string, got ", Excerpt(v)));
+    return v.get<std::string>();
+  }
+
+  // An int, a list of ints, or absent/null (empty).
+  absl::StatusOr<std::vector<int64_t>> TokenIds(absl::string_view key) const {
+    std::vector<int64_t> ids;
+    if (!Has(key)) return ids;
+    const Json& v = Get(key);
+    if (v.is_array()) {
+      for (size_t i = 0; i < v.size(); ++i) {
+        ASSIGN_OR_RETURN(int64_t id, ToInt(absl::StrCat(key, "[", i, "]"), v[i]));
+        ids.push_back(id);
+      }
+    } else {
+      ASSIGN_OR_RETURN(int64_t id, ToInt(key, v));
+      ids.push_back(id);
+    }
+    return ids;
+  }
+
+  // [low, high] as a two-element list of numbers (high may be infinite).
+  absl::StatusOr<DtClamp> Range(std::initializer_list<absl::string_view> names, DtClamp fallback) const {
+    ASSIGN_OR_RETURN(std::optional<std::string> key, Resolve(names));
+    if (!key.has_value()) return fallback;
+    const Json& v = Get(*key);
+    if (!v.is_array() || v.size() != 2) {
+      return absl::InvalidArgumentError(absl::StrCat(*key, " must be a list [low, high], got ", Excerpt(v)));
+    }
+    ASSIGN_OR_RETURN(double low, ToFloat(absl::StrCat(*key, "[0]"), v[0]));
+    ASSIGN_OR_RETURN(double high, ToFloat(absl::StrCat(*key, "[1]"), v[1]));
+    return DtClamp{static_cast<float>(low), static_cast<float>(high)};
+  }
+
+  static absl::StatusOr<int64_t> ToInt(absl::string_view key, const Json& v) {
+    if (v.is_number_unsigned()) {
+      const uint64_t u = v.get<uint64_t>();
+      if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+        return absl::InvalidArgumentError(absl::StrCat(key, " (", u, ") is out of range"));
+      }
+      return static_cast<int64_t>(u);
+    }
+    if (v.is_number_integer()) return v.get<int64_t>();
+    return absl::InvalidArgumentError(absl::StrCat(key, " must be an integer, got ", Excerpt(v)));
+  }
+
+  // A JSON number, or a non-finite value tagged {"__float__": "Infinity"|"-Infinity"|"NaN"}.
+  static absl::StatusOr<double> ToFloat(absl::string_view key, const Json& v) {
+    if (v.is_number()) return v.get<double>();
+    if (v.is_object() && v.size() == 1 && v.contains("__float__") && v.at("__float__").is_string()) {
+      const std::string tag = absl::AsciiStrToLower(v.at("__float__").get<std::string>());
+      if (tag == "infinity" || tag == "inf") return std::numeric_limits<double>::infinity();
+      if (tag == "-infinity" || tag == "-inf") return -std::numeric_limits<double>::infinity();
+      if (tag == "nan") return std::numeric_limits<double>::quiet_NaN();
+    }
+    return absl::InvalidArgumentError(absl::StrCat(key, " must be a number, got ", Excerpt(v)));
+  }
+
+ private:
+  const Json& root_;
+};
+
+absl::StatusOr<LayerKind> KindFromSymbol(char c, size_t index) {
+  switch (c) {
+    case 'M':
+      return LayerKind::kMamba2;
+    case '*':
+      return LayerKind::kAttention;
+    case '-':
+      return LayerKind::kMlp;
+    case 'E':
+      return absl::UnimplementedError(
+          absl::StrCat("hybrid_override_pattern: layer ", index, " is 'E' (MoE), which is not supported"));
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("hybrid_override_pattern: layer ", index, " has unknown symbol '",
+                                                     std::string(1, c), "' (expected M, * or -)"));
+  }
+}
+
+absl::StatusOr<LayerKind> KindFromBlockType(const Json& v, size_t index) {
+  if (!v.is_string()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layers_block_type[", index, "] must be a string, got ", Excerpt(v)));
+  }
+  const std::string name = v.get<std::string>();
+  if (name == "mamba" || name == "linear_attention") return LayerKind::kMamba2;
+  if (name == "attention" || name == "full_attention") return LayerKind::kAttention;
+  if (name == "mlp") return LayerKind::kMlp;
+  if (name == "moe") {
+    return absl::UnimplementedError(absl::StrCat("layers_block_type[", index, "] is \"moe\", which is not supported"));
+  }
+  return absl::InvalidArgumentError(absl::StrCat("layers_block_type[", index, "] has unknown block type \"", name,
+                                                 "\" (expected linear_attention, full_attention, mlp or moe)"));
+}
+
+std::string PatternOf(const std::vector<LayerKind>& layers) {
+  std::string pattern;
+  for (LayerKind kind : layers) pattern.push_back(LayerKindSymbol(kind));
+  return pattern;
+}
+
+absl::StatusOr<std::vector<LayerKind>> NemotronLayers(const ConfigFields& f) {
+  std::optional<std::vector<LayerKind>> from_pattern;
+  std::optional<std::vector<LayerKind>> from_list;
+  if (f.Has("hybrid_override_pattern")) {
+    const Json& v = f.Get("hybrid_override_pattern");
+    if (!v.is_string()) {
+      return absl::InvalidArgumentError(absl::StrCat("hybrid_override_pattern must be a string, got ", Excerpt(v)));
+    }
+    const std::string pattern = v.get<std::string>();
+    from_pattern.emplace();
+    for (size_t i = 0; i < pattern.size(); ++i) {
+      ASSIGN_OR_RETURN(LayerKind kind, KindFromSymbol(pattern[i], i));
+      from_pattern->push_back(kind);
+    }
+  }
+  if (f.Has("layers_block_type")) {
+    const Json& v = f.Get("layers_block_type");
+    if (!v.is_array()) {
+      return absl::InvalidArgumentError(absl::StrCat("layers_block_type must be a list, got ", Excerpt(v)));
+    }
+    from_list.emplace();
+    for (size_t i = 0; i < v.size(); ++i) {
+      ASSIGN_OR_RETURN(LayerKind kind, KindFromBlockType(v[i], i));
+      from_list->push_back(kind);
+    }
+  }
+  if (from_pattern.has_value() && from_list.has_value() && *from_pattern != *from_list) {
+    return absl::InvalidArgumentError(absl::StrCat("hybrid_override_pattern (\"", PatternOf(*from_pattern),
+                                                   "\") and layers_block_type (\"", PatternOf(*from_list),
+                                                   "\") disagree"));
+  }
+  std::vector<LayerKind> layers;
+  if (from_list.has_value()) {
+    layers = std::move(*from_list);
+  } else if (from_pattern.has_value()) {
+    layers = std::move(*from_pattern);
+  } else {
+    return absl::InvalidArgumentError("hybrid_override_pattern or layers_block_type is required but missing");
+  }
+  if (layers.empty()) return absl::InvalidArgumentError("the layer pattern is empty");
+  if (f.Has("num_hidden_layers")) {
+    ASSIGN_OR_RETURN(int64_t n, ConfigFields::ToInt("num_hidden_layers", f.Get("num_hidden_layers")));
+    if (n != static_cast<int64_t>(layers.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("num_hidden_layers (", n, ") does not match the ", layers.size(),
+                                                     " layers of the layer pattern"));
+    }
+  }
+  return layers;
+}
+
+absl::Status CheckSiluActivation(const ConfigFields& f, absl::string_view key) {
+  ASSIGN_OR_RETURN(std::string act, f.String({key}, "silu"));
+  if (act != "silu" && act != "swish") {
+    return absl::UnimplementedError(absl::StrCat(key, " \"", act, "\" is not supported (only silu)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseNemotronH(const ConfigFields& f, ModelConfig& c) {
+  c.family = ModelFamily::kNemotronH;
+  ASSIGN_OR_RETURN(c.layers, NemotronLayers(f));
+  if (c.CountLayers(LayerKind::kMamba2) > 0) {
+    Mamba2Params& m = c.mamba;
+    ASSIGN_OR_RETURN(m.num_heads, f.Int({"mamba_num_heads"}, std::nullopt));
+    ASSIGN_OR_RETURN(m.head_dim, f.Int({"mamba_head_dim"}, std::nullopt));
+    ASSIGN_OR_RETURN(m.state_size, f.Int({"ssm_state_size"}, std::nullopt));
+    ASSIGN_OR_RETURN(m.n_groups, f.Int({"n_groups", "mamba_n_groups"}, std::nullopt));
+    ASSIGN_OR_RETURN(m.conv_kernel, f.Int({"conv_kernel", "mamba_d_conv"}, kDefaultConvKernel));
+    ASSIGN_OR_RETURN(m.chunk_size, f.Int({"chunk_size", "mamba_chunk_size"}, kDefaultNemotronChunk));
+    ASSIGN_OR_RETURN(m.use_conv_bias, f.Bool({"use_conv_bias", "mamba_conv_bias"}, true));
+    ASSIGN_OR_RETURN(m.use_bias, f.Bool({"use_bias"}, false));
+    // d_inner is mamba_num_heads * mamba_head_dim; `expand` is informational
+    // (e.g. Nemotron-Nano-9B-v2 states expand 2 with 128 * 80 != 2 * 4480).
+    ASSIGN_OR_RETURN(int64_t expand, f.Int({"expand", "mamba_expand"}, kDefaultMamba2Expand));
+    (void)expand;
+    ASSIGN_OR_RETURN(double dt_min, f.Float({"time_step_min", "mamba_dt_min"}, kDefaultTimeStepMin));
+    ASSIGN_OR_RETURN(double dt_max, f.Float({"time_step_max", "mamba_dt_max"}, kDefaultTimeStepMax));
+    m.time_step_min = static_cast<float>(dt_min);
+    m.time_step_max = static_cast<float>(dt_max);
+    ASSIGN_OR_RETURN(m.time_step_limit, f.Range({"time_step_limit", "mamba_dt_limit"}, DtClamp{}));
+    RETURN_IF_ERROR(CheckSiluActivation(f, "mamba_hidden_act"));
+    m.norm_group_size = m.n_groups > 0 ? m.d_inner() / m.n_groups : 0;
+    m.prefill_dt_clamp = DtClamp{m.time_step_min, kInf};
+    m.decode_dt_clamp = DtClamp{};
+  }
+  if (c.CountLayers(LayerKind::kAttention) > 0) {
+    AttentionParams& a = c.attention;
+    ASSIGN_OR_RETURN(a.num_heads, f.Int({"num_attention_heads"}, std::nullopt));
+    ASSIGN_OR_RETURN(a.num_kv_heads, f.Int({"num_key_value_heads"}, a.num_heads));
+    ASSIGN_OR_RETURN(a.head_dim, f.Int({"head_dim", "attention_head_dim"}, std::nullopt));
+    a.use_rope = false;
+    ASSIGN_OR_RETURN(bool attention_bias, f.Bool({"attention_bias"}, false));
+    if (attention_bias) {
+      return absl::UnimplementedError("attention_bias true is not supported (Nemotron-H attention has no biases)");
+    }
+    if (f.Has("sliding_window")) {
+      return absl::UnimplementedError(
+          absl::StrCat("sliding_window (", Excerpt(f.Get("sliding_window")), ") is not supported"));
+    }
+  }
+  if (c.CountLayers(LayerKind::kMlp) > 0) {
+    ASSIGN_OR_RETURN(c.mlp.intermediate_size, f.Int({"intermediate_size"}, std::nullopt));
+    ASSIGN_OR_RETURN(std::string act, f.String({"mlp_hidden_act"}, "relu2"));
+    if (act != "relu2") {
+      return absl::UnimplementedError(absl::StrCat("mlp_hidden_act \"", act, "\" is not supported (only relu2)"));
+    }
+    c.mlp.activation = MlpActivation::kRelu2;
+    ASSIGN_OR_RETURN(c.mlp.use_bias, f.Bool({"mlp_bias"}, false));
+  }
+  ASSIGN_OR_RETURN(c.residual_in_fp32, f.Bool({"residual_in_fp32"}, false));
+  return absl::OkStatus();
+}
+
+absl::Status ParseMamba2(const ConfigFields& f, ModelConfig& c) {
+  c.family = ModelFamily::kMamba2;
+  ASSIGN_OR_RETURN(int64_t n_layers, f.Int({"num_hidden_layers"}, std::nullopt));
+  if (n_layers < 1 || n_layers > kMaxLayers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_hidden_layers (", n_layers, ") must be in [1, ", kMaxLayers, "]"));
+  }
+  c.layers.assign(static_cast<size_t>(n_layers), LayerKind::kMamba2);
+  Mamba2Params& m = c.mamba;
+  ASSIGN_OR_RETURN(m.num_heads, f.Int({"num_heads"}, std::nullopt));
+  ASSIGN_OR_RETURN(m.head_dim, f.Int({"head_dim"}, std::nullopt));
+  ASSIGN_OR_RETURN(m.state_size, f.Int({"state_size"}, std::nullopt));
+  ASSIGN_OR_RETURN(m.n_groups, f.Int({"n_groups"}, std::nullopt));
+  ASSIGN_OR_RETURN(m.conv_kernel, f.Int({"conv_kernel"}, kDefaultConvKernel));
+  ASSIGN_OR_RETURN(m.chunk_size, f.Int({"chunk_size"}, kDefaultMamba2Chunk));
+  ASSIGN_OR_RETURN(m.use_conv_bias, f.Bool({"use_conv_bias"}, true));
+  ASSIGN_OR_RETURN(m.use_bias, f.Bool({"use_bias"}, false));
+  ASSIGN_OR_RETURN(int64_t expand, f.Int({"expand"}, kDefaultMamba2Expand));
+  if (expand < 1 || expand > kMaxDim) {
+    return absl::InvalidArgumentError(absl::StrCat("expand (", expand, ") must be positive"));
+  }
+  if (m.num_heads > 0 && m.head_dim > 0 && m.num_heads <= kMaxDim && m.head_dim <= kMaxDim &&
+      c.hidden_size <= kMaxDim && m.num_heads * m.head_dim != expand * c.hidden_size) {
+    return absl::InvalidArgumentError(absl::StrCat("num_heads (", m.num_heads, ") * head_dim (", m.head_dim,
+                                                   ") = ", m.num_heads * m.head_dim, " does not match expand (", expand,
+                                                   ") * hidden_size (", c.hidden_size, ") = ", expand * c.hidden_size));
+  }
+  ASSIGN_OR_RETURN(double dt_min, f.Float({"time_step_min"}, kDefaultTimeStepMin));
+  ASSIGN_OR_RETURN(double dt_max, f.Float({"time_step_max"}, kDefaultTimeStepMax));
+  m.time_step_min = static_cast<float>(dt_min);
+  m.time_step_max = static_cast<float>(dt_max);
+  ASSIGN_OR_RETURN(m.time_step_limit, f.Range({"time_step_limit"}, DtClamp{}));
+  RETURN_IF_ERROR(CheckSiluActivation(f, "hidden_act"));
+  ASSIGN_OR_RETURN(bool norm_before_gate, f.Bool({"norm_before_gate"}, false));
+  if (norm_before_gate) {
+    return absl::UnimplementedError("norm_before_gate true is not supported (the gated norm is RMSNorm(y * silu(z)))");
+  }
+  m.norm_group_size = m.d_inner();
+  m.prefill_dt_clamp = m.time_step_limit;
+  m.decode_dt_clamp = m.time_step_limit;
+  ASSIGN_OR_RETURN(c.residual_in_fp32, f.Bool({"residual_in_fp32"}, true));
+  return absl::OkStatus();
+}
+
+absl::Status ParseCommon(const ConfigFields& f, ModelConfig& c) {
+  ASSIGN_OR_RETURN(c.vocab_size, f.Int({"vocab_size"}, std::nullopt));
+  ASSIGN_OR_RETURN(c.hidden_size, f.Int({"hidden_size"}, std::nullopt));
+  ASSIGN_OR_RETURN(double eps, f.Float({"layer_norm_epsilon", "rms_norm_eps"}, kDefaultNormEps));
+  c.norm_eps = static_cast<float>(eps);
+  ASSIGN_OR_RETURN(c.tie_word_embeddings, f.Bool({"tie_word_embeddings"}, false));
+  ASSIGN_OR_RETURN(c.eos_token_ids, f.TokenIds("eos_token_id"));
+  ASSIGN_OR_RETURN(c.bos_token_ids, f.TokenIds("bos_token_id"));
+  ASSIGN_OR_RETURN(c.pad_token_ids, f.TokenIds("pad_token_id"));
+  ASSIGN_OR_RETURN(c.max_position_embeddings, f.Int({"max_position_embeddings"}, 0));
+  ASSIGN_OR_RETURN(c.dtype, f.String({"dtype", "torch_dtype"}, ""));
+  return absl::OkStatus();
+}
+
+absl::Status CheckDim(absl::string_view name, int64_t value) {
+  if (value < 1 || value > kMaxDim) {
+    return absl::InvalidArgumentError(absl::StrCat(name, " (", value, ") must be in [1, ", kMaxDim, "]"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckClamp(absl::string_view name, const DtClamp& clamp) {
+  if (std::isnan(clamp.min) || std::isnan(clamp.max) || clamp.min < 0.0f || clamp.min > clamp.max ||
+      clamp.min == kInf) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, " [", clamp.min, ", ", clamp.max, "] must satisfy 0 <= low <= high, low finite"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateMamba(const ModelConfig& c) {
+  const Mamba2Params& m = c.mamba;
+  const bool nemotron = c.family == ModelFamily::kNemotronH;
+  const char* heads_name = nemotron ? "mamba_num_heads" : "num_heads";
+  const char* head_dim_name = nemotron ? "mamba_head_dim" : "head_dim";
+  const char* state_name = nemotron ? "ssm_state_size" : "state_size";
+  RETURN_IF_ERROR(CheckDim(heads_name, m.num_heads));
+  RETURN_IF_ERROR(CheckDim(head_dim_name, m.head_dim));
+  RETURN_IF_ERROR(CheckDim(state_name, m.state_size));
+  RETURN_IF_ERROR(CheckDim("n_groups", m.n_groups));
+  if (m.num_heads % m.n_groups != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(heads_name, " (", m.num_heads, ") is not divisible by n_groups (", m.n_groups, ")"));
+  }
+  RETURN_IF_ERROR(CheckDim(absl::StrCat(heads_name, " * ", head_dim_name, " (d_inner)"), m.d_inner()));
+  RETURN_IF_ERROR(CheckDim("in_proj rows (2 * d_inner + 2 * n_groups * state_size + num_heads)", m.in_proj_rows()));
+  if (m.conv_kernel < 1 || m.conv_kernel > 256) {
+    return absl::InvalidArgumentError(absl::StrCat("conv_kernel (", m.conv_kernel, ") must be in [1, 256]"));
+  }
+  if (m.chunk_size < 1 || m.chunk_size > kMaxDim || (m.chunk_size & (m.chunk_size - 1)) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk_size (", m.chunk_size, ") must be a power of two"));
+  }
+  if (m.norm_group_size < 1 || m.d_inner() % m.norm_group_size != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gated norm group size (", m.norm_group_size, ") must divide d_inner (", m.d_inner(), ")"));
+  }
+  if (!(m.time_step_min > 0.0f) || !(m.time_step_min <= m.time_step_max) || !std::isfinite(m.time_step_max)) {
+    return absl::InvalidArgumentError(absl::StrCat("time_step_min (", m.time_step_min, ") and time_step_max (",
+                                                   m.time_step_max, ") must satisfy 0 < min <= max < inf"));
+  }
+  RETURN_IF_ERROR(CheckClamp("time_step_limit", m.time_step_limit));
+  RETURN_IF_ERROR(CheckClamp("prefill dt clamp", m.prefill_dt_clamp));
+  RETURN_IF_ERROR(CheckClamp("decode dt clamp", m.decode_dt_clamp));
+  return absl::OkStatus();
+}
+
+absl::Status ValidateAttention(const AttentionParams& a) {
+  RETURN_IF_ERROR(CheckDim("num_attention_heads", a.num_heads));
+  RETURN_IF_ERROR(CheckDim("num_key_value_heads", a.num_kv_heads));
+  RETURN_IF_ERROR(CheckDim("head_dim", a.head_dim));
+  if (a.num_heads % a.num_kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("num_attention_heads (", a.num_heads,
+                                                   ") is not divisible by num_key_value_heads (", a.num_kv_heads, ")"));
+  }
+  RETURN_IF_ERROR(CheckDim("num_attention_heads * head_dim", a.q_dim()));
+  return absl::OkStatus();
+}
+
+absl::Status ValidateTokenIds(absl::string_view name, const std::vector<int64_t>& ids, int64_t vocab) {
+  for (int64_t id : ids) {
+    if (id < 0 || id >= vocab) {
+      return absl::InvalidArgumentError(absl::StrCat(name, " (", id, ") is outside the vocabulary [0, ", vocab, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::string_view ModelFamilyName(ModelFamily family) {
+  switch (family) {
+    case ModelFamily::kNemotronH:
+      return "nemotron_h";
+    case ModelFamily::kMamba2:
+      return "mamba2";
+  }
+  return "unknown";
+}
+
+absl::string_view LayerKindName(LayerKind kind) {
+  switch (kind) {
+    case LayerKind::kMamba2:
+      return "mamba2";
+    case LayerKind::kAttention:
+      return "attention";
+    case LayerKind::kMlp:
+      return "mlp";
+  }
+  return "unknown";
+}
+
+char LayerKindSymbol(LayerKind kind) {
+  switch (kind) {
+    case LayerKind::kMamba2:
+      return 'M';
+    case LayerKind::kAttention:
+      return '*';
+    case LayerKind::kMlp:
+      return '-';
+  }
+  return '?';
+}
+
+int64_t ModelConfig::CountLayers(LayerKind kind) const {
+  int64_t n = 0;
+  for (LayerKind k : layers) n += k == kind ? 1 : 0;
+  return n;
+}
+
+std::string ModelConfig::LayerPattern() const { return PatternOf(layers); }
+
+absl::Status ModelConfig::Validate() const {
+  RETURN_IF_ERROR(CheckDim("vocab_size", vocab_size));
+  RETURN_IF_ERROR(CheckDim("hidden_size", hidden_size));
+  if (layers.empty() || num_layers() > kMaxLayers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the model has ", layers.size(), " layers; expected 1 to ", kMaxLayers));
+  }
+  if (family == ModelFamily::kMamba2 && CountLayers(LayerKind::kMamba2) != num_layers()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a mamba2 model has only Mamba2 layers, got pattern \"", LayerPattern(), "\""));
+  }
+  if (CountLayers(LayerKind::kMamba2) > 0) RETURN_IF_ERROR(ValidateMamba(*this));
+  if (CountLayers(LayerKind::kAttention) > 0) RETURN_IF_ERROR(ValidateAttention(attention));
+  if (CountLayers(LayerKind::kMlp) > 0) RETURN_IF_ERROR(CheckDim("intermediate_size", mlp.intermediate_size));
+  if (!(norm_eps > 0.0f) || !std::isfinite(norm_eps)) {
+    return absl::InvalidArgumentError(absl::StrCat("layer_norm_epsilon (", norm_eps, ") must be positive and finite"));
+  }
+  RETURN_IF_ERROR(ValidateTokenIds("eos_token_id", eos_token_ids, vocab_size));
+  RETURN_IF_ERROR(ValidateTokenIds("bos_token_id", bos_token_ids, vocab_size));
+  RETURN_IF_ERROR(ValidateTokenIds("pad_token_id", pad_token_ids, vocab_size));
+  if (max_position_embeddings < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_position_embeddings (", max_position_embeddings, ") must not be negative"));
+  }
+  return absl::OkStatus();
+}
+
+std::string ModelConfig::CanonicalString() const {
+  // %a prints floats exactly; every part is labelled so no two configs collide.
+  std::string out = absl::StrFormat("hybridserve.model_config.v1;family=%s;vocab=%d;hidden=%d;pattern=%s;",
+                                    ModelFamilyName(family), vocab_size, hidden_size, LayerPattern());
+  if (CountLayers(LayerKind::kMamba2) > 0) {
+    const Mamba2Params& m = mamba;
+    absl::StrAppendFormat(&out,
+                          "mamba2{heads=%d,head_dim=%d,state=%d,groups=%d,conv=%d,chunk=%d,conv_bias=%d,bias=%d,"
+                          "norm_group=%d,prefill_dt=[%a,%a],decode_dt=[%a,%a]};",
+                          m.num_heads, m.head_dim, m.state_size, m.n_groups, m.conv_kernel, m.chunk_size,
+                          static_cast<int>(m.use_conv_bias), static_cast<int>(m.use_bias), m.norm_group_size,
+                          m.prefill_dt_clamp.min, m.prefill_dt_clamp.max, m.decode_dt_clamp.min, m.decode_dt_clamp.max);
+  }
+  if (CountLayers(LayerKind::kAttention) > 0) {
+    absl::StrAppendFormat(&out, "attention{heads=%d,kv_heads=%d,head_dim=%d,rope=%d};", attention.num_heads,
+                          attention.num_kv_heads, attention.head_dim, static_cast<int>(attention.use_rope));
+  }
+  if (CountLayers(LayerKind::kMlp) > 0) {
+    absl::StrAppendFormat(&out, "mlp{intermediate=%d,act=%d,bias=%d};", mlp.intermediate_size,
+                          static_cast<int>(mlp.activation), static_cast<int>(mlp.use_bias));
+  }
+  absl::StrAppendFormat(&out, "norm_eps=%a;tied=%d;", norm_eps, static_cast<int>(tie_word_embeddings));
+  return out;
+}
+
+absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text) {
+  if (json_text.size() > kMaxConfigBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.json is ", json_text.size(), " bytes, over the limit of ", kMaxConfigBytes));
+  }
+  Json root;
+  // nlohmann reports malformed input by exception; this is the boundary that
+  // turns it into a Status.
+  try {
+    root = Json::parse(TagNonFiniteTokens(json_text));
+  } catch (const Json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("config.json is not valid JSON: ", e.what()));
+  }
+  if (!root.is_object()) return absl::InvalidArgumentError("config.json must hold a JSON object");
+  ConfigFields fields(root);
+  ModelConfig config;
+  absl::Status status;
+  try {
+    ASSIGN_OR_RETURN(std::string model_type, fields.String({"model_type"}, ""));
+    if (model_type.empty()) return absl::InvalidArgumentError("model_type is required but missing");
+    RETURN_IF_ERROR(ParseCommon(fields, config));
+    if (model_type == "nemotron_h") {
+      status = ParseNemotronH(fields, config);
+    } else if (model_type == "mamba2") {
+      status = ParseMamba2(fields, config);
+    } else {
+      return absl::UnimplementedError(
+          absl::StrCat("model_type \"", model_type, "\" is not supported (nemotron_h, mamba2)"));
+    }
+  } catch (const Json::exception& e) {
+    // Every access above is type-checked first; this only guards the boundary.
+    return absl::InvalidArgumentError(absl::StrCat("config.json: ", e.what()));
+  }
+  RETURN_IF_ERROR(status);
+  RETURN_IF_ERROR(config.Validate());
+  return config;
+}
+
+absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) return absl::DataLossError(absl::StrCat("cannot read ", path));
+  absl::StatusOr<ModelConfig> config = ParseModelConfig(text.str());
+  if (!config.ok()) return WithPrefix(config.status(), absl::StrCat(path, ": "));
+  return config;
+}
+
+}  // namespace hybridserve::engine

@@ -1,0 +1,171 @@
+#ifndef HYBRIDSERVE_ENGINE_MODEL_CONFIG_H_
+#define HYBRIDSERVE_ENGINE_MODEL_CONFIG_H_
+
+// The architecture of a model, parsed from a Hugging Face `config.json`.
+//
+// Families of this version (DESIGN.md section 2):
+//   nemotron_h  layer pattern from `hybrid_override_pattern` ("M*M-") and/or
+//               `layers_block_type` (["mamba"|"linear_attention",
+//               "attention"|"full_attention", "mlp"]); legacy `mamba_*` names.
+//   mamba2      `num_hidden_layers` Mamba2 layers.
+// A model is a list of `LayerKind`s plus one parameter struct per kind (all
+// layers of a kind share their hyper-parameters in both families). A new family
+// (Zamba2, Falcon-H1, Jamba, gated delta net) adds a kind and its struct.
+//
+// Math that the reference implementation (transformers 5.23, fp32) fixes and a
+// config file does not state is recorded here too, so the engine reads one place:
+// see `Mamba2Params::norm_group_size`, `prefill_dt_clamp` and `decode_dt_clamp`,
+// `AttentionParams::use_rope`.
+//
+// Field rules: a shape-defining dimension (vocab_size, hidden_size, head counts,
+// head and state sizes, n_groups, intermediate_size, the layer pattern) is
+// required, since a default would silently describe a different checkpoint;
+// every other field takes transformers' default when absent.
+//
+// Errors: an inconsistent or malformed value is INVALID_ARGUMENT naming the
+// field; a well-formed feature this version cannot run (MoE layers, another
+// model_type, another activation) is UNIMPLEMENTED naming the field.
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace hybridserve::engine {
+
+enum class ModelFamily {
+  kNemotronH,  // model_type "nemotron_h"
+  kMamba2,     // model_type "mamba2"
+};
+
+// What a layer computes between its pre-norm and its residual add.
+enum class LayerKind {
+  kMamba2,     // Mamba2 mixer (SSD), parameters in Mamba2Params
+  kAttention,  // causal grouped-query attention, parameters in AttentionParams
+  kMlp,        // two-matrix MLP, parameters in MlpParams
+};
+
+absl::string_view ModelFamilyName(ModelFamily family);  // "nemotron_h", "mamba2"
+absl::string_view LayerKindName(LayerKind kind);        // "mamba2", "attention", "mlp"
+// One character per layer: 'M' Mamba2, '*' attention, '-' MLP (Nemotron-H's
+// hybrid_override_pattern alphabet).
+char LayerKindSymbol(LayerKind kind);
+
+// Clamp applied to dt = softplus(dt_raw + dt_bias) before discretization.
+// {0, +inf} is a no-op (softplus is positive).
+struct DtClamp {
+  float min = 0.0f;
+  float max = std::numeric_limits<float>::infinity();
+
+  bool IsNoOp() const { return min <= 0.0f && max == std::numeric_limits<float>::infinity(); }
+};
+
+// Hyper-parameters of every Mamba2 mixer of the model.
+// in_proj rows are [z (d_inner) | x (d_inner) | B (n_groups*state_size) |
+// C (n_groups*state_size) | dt (num_heads)]; the conv runs over [x | B | C].
+struct Mamba2Params {
+  int64_t num_heads = 0;    // nemotron_h: mamba_num_heads; mamba2: num_heads
+  int64_t head_dim = 0;     // nemotron_h: mamba_head_dim; mamba2: head_dim
+  int64_t state_size = 0;   // d_state (nemotron_h: ssm_state_size)
+  int64_t n_groups = 0;     // B/C groups; num_heads % n_groups == 0
+  int64_t conv_kernel = 4;  // d_conv
+  int64_t chunk_size = 0;   // SSD chunk, a power of two
+  bool use_conv_bias = true;
+  bool use_bias = false;  // biases of in_proj and out_proj
+  // Gated RMSNorm out = RMSNorm(y * silu(z)) * weight, normalized over groups of
+  // this many consecutive channels of d_inner. Nemotron-H: d_inner / n_groups;
+  // transformers' Mamba2: d_inner (one group; unlike mamba_ssm, which groups).
+  int64_t norm_group_size = 0;
+  // dt clamps of the reference. Nemotron-H: prefill (chunked scan) clamps to
+  // >= time_step_min and ignores time_step_limit; the one-token decode step
+  // does not clamp. Mamba2: both clamp to time_step_limit (default [0, inf]).
+  DtClamp prefill_dt_clamp;
+  DtClamp decode_dt_clamp;
+  // As stated by the config (initialisation ranges; the clamps above derive from them).
+  float time_step_min = 0.001f;
+  float time_step_max = 0.1f;
+  DtClamp time_step_limit;
+
+  int64_t d_inner() const { return num_heads * head_dim; }
+  int64_t conv_dim() const { return d_inner() + 2 * n_groups * state_size; }
+  int64_t in_proj_rows() const { return d_inner() + conv_dim() + num_heads; }
+  int64_t heads_per_group() const { return n_groups > 0 ? num_heads / n_groups : 0; }
+};
+
+// Hyper-parameters of every attention layer. Nemotron-H attention has no
+// position encoding (no RoPE) and no biases; scores are scaled by head_dim^-0.5.
+struct AttentionParams {
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;  // num_heads % num_kv_heads == 0
+  int64_t head_dim = 0;
+  bool use_rope = false;
+
+  int64_t q_dim() const { return num_heads * head_dim; }
+  int64_t kv_dim() const { return num_kv_heads * head_dim; }
+  int64_t group_size() const { return num_kv_heads > 0 ? num_heads / num_kv_heads : 0; }
+};
+
+enum class MlpActivation {
+  kRelu2,  // "relu2": down(relu(up(x))^2)
+};
+
+// Hyper-parameters of every MLP layer: down(act(up(x))), no gate matrix.
+struct MlpParams {
+  int64_t intermediate_size = 0;
+  MlpActivation activation = MlpActivation::kRelu2;
+  bool use_bias = false;  // mlp_bias: biases of up_proj and down_proj
+};
+
+// Value type. Obtained from ParseModelConfig / LoadModelConfig, which validate
+// it; Validate() re-checks a struct built or edited by hand.
+struct ModelConfig {
+  ModelFamily family = ModelFamily::kNemotronH;
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  std::vector<LayerKind> layers;
+
+  // Meaningful only when `layers` holds a layer of that kind (zero otherwise).
+  Mamba2Params mamba;
+  AttentionParams attention;
+  MlpParams mlp;
+
+  float norm_eps = 1e-5f;         // layer_norm_epsilon: every RMSNorm
+  bool residual_in_fp32 = false;  // no effect on fp32 compute
+  bool tie_word_embeddings = false;
+
+  std::vector<int64_t> eos_token_ids;  // empty when absent or null
+  std::vector<int64_t> bos_token_ids;
+  std::vector<int64_t> pad_token_ids;
+  int64_t max_position_embeddings = 0;  // 0 when absent
+  std::string dtype;                    // `dtype` or legacy `torch_dtype`, "" when absent
+
+  int64_t num_layers() const { return static_cast<int64_t>(layers.size()); }
+  int64_t CountLayers(LayerKind kind) const;
+  // The layer pattern in hybrid_override_pattern notation, e.g. "M*M-M*-".
+  std::string LayerPattern() const;
+
+  // Checks every invariant stated in this file; INVALID_ARGUMENT naming the field.
+  absl::Status Validate() const;
+
+  // Deterministic text of every field that changes what the model computes
+  // (family, sizes, pattern, kind parameters, norm epsilon, dt clamps, tying).
+  // Token ids, max_position_embeddings and dtype are left out: they do not
+  // change states. Input of the model fingerprint.
+  std::string CanonicalString() const;
+};
+
+// Parses and validates the text of a config.json. Accepts the bare tokens
+// Infinity, -Infinity and NaN that Python's json module writes, and
+// transformers 5's tagged form {"__float__": "Infinity"}.
+absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text);
+
+// Reads `path` (a config.json) and parses it; NOT_FOUND if it cannot be read.
+absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& path);
+
+}  // namespace hybridserve::engine
+
+#endif  // HYBRIDSERVE_ENGINE_MODEL_CONFIG_H_

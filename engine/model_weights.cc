@@ -1,0 +1,245 @@
+#include "engine/model_weights.h"
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/hash.h"
+#include "common/status_macros.h"
+
+namespace hybridserve::engine {
+namespace {
+
+constexpr const char* kPrefixes[] = {"backbone.", "model."};
+constexpr const char* kEmbeddingNames[] = {"embeddings.weight", "embedding.weight"};
+constexpr size_t kListedUnexpected = 5;
+
+std::string ShapeString(absl::Span<const int64_t> shape) { return absl::StrCat("[", absl::StrJoin(shape, ", "), "]"); }
+
+}  // namespace
+
+// Fills a ModelWeights from a checkpoint, tracking which tensors were used.
+class ModelWeights::Loader {
+ public:
+  Loader(const SafetensorsCheckpoint& checkpoint, ModelWeights& out)
+      : checkpoint_(checkpoint), out_(out), config_(out.config_) {}
+
+  absl::Status Run() {
+    RETURN_IF_ERROR(DetectPrefix());
+    const int64_t hidden = config_.hidden_size;
+    const int64_t vocab = config_.vocab_size;
+    RETURN_IF_ERROR(Take(prefix_ + embedding_name_, "embeddings.weight", {vocab, hidden}, out_.embeddings_));
+    out_.layers_.resize(config_.layers.size());
+    for (size_t i = 0; i < config_.layers.size(); ++i) {
+      LayerWeights& layer = out_.layers_[i];
+      layer.kind = config_.layers[i];
+      const std::string base = absl::StrCat("layers.", i, ".");
+      RETURN_IF_ERROR(TakeBody(base + "norm.weight", {hidden}, layer.norm));
+      const std::string mixer = base + "mixer.";
+      switch (layer.kind) {
+        case LayerKind::kMamba2:
+          RETURN_IF_ERROR(LoadMamba2(mixer, layer.mixer.emplace<Mamba2LayerWeights>()));
+          break;
+        case LayerKind::kAttention:
+          RETURN_IF_ERROR(LoadAttention(mixer, layer.mixer.emplace<AttentionLayerWeights>()));
+          break;
+        case LayerKind::kMlp:
+          RETURN_IF_ERROR(LoadMlp(mixer, layer.mixer.emplace<MlpLayerWeights>()));
+          break;
+      }
+    }
+    RETURN_IF_ERROR(TakeBody("norm_f.weight", {hidden}, out_.norm_f_));
+    out_.tied_ = config_.tie_word_embeddings;
+    if (!out_.tied_) {
+      RETURN_IF_ERROR(Take("lm_head.weight", "lm_head.weight", {vocab, hidden}, out_.lm_head_));
+    } else if (checkpoint_.Contains("lm_head.weight")) {
+      RETURN_IF_ERROR(CheckTiedHeadCopy());
+    }
+    RETURN_IF_ERROR(CheckNoUnexpected());
+    out_.fingerprint_ = Fingerprint();
+    return absl::OkStatus();
+  }
+
+ private:
+  struct Used {
+    std::string canonical;  // name without the body prefix
+    TensorView view;
+  };
+
+  absl::Status DetectPrefix() {
+    std::vector<std::pair<std::string, std::string>> found;  // (prefix, embedding name)
+    for (const char* prefix : kPrefixes) {
+      for (const char* name : kEmbeddingNames) {
+        if (checkpoint_.Contains(absl::StrCat(prefix, name))) found.emplace_back(prefix, name);
+      }
+    }
+    if (found.empty()) {
+      return absl::InvalidArgumentError(
+          "missing tensor backbone.embeddings.weight (also looked for model.embeddings.weight and "
+          "backbone.embedding.weight)");
+    }
+    if (found.size() > 1) {
+      return absl::InvalidArgumentError(absl::StrCat("ambiguous embeddings: both ", found[0].first, found[0].second,
+                                                     " and ", found[1].first, found[1].second));
+    }
+    prefix_ = found[0].first;
+    embedding_name_ = found[0].second;
+    return absl::OkStatus();
+  }
+
+  absl::Status TakeBody(const std::string& name, std::vector<int64_t> shape, std::vector<float>& dst) {
+    return Take(prefix_ + name, name, std::move(shape), dst);
+  }
+
+  // Optional bias: loaded when `present`, otherwise left empty (and, if the
+  // file has it anyway, reported as unexpected).
+  absl::Status TakeBodyIf(bool present, const std::string& name, std::vector<int64_t> shape, std::vector<float>& dst) {
+    if (!present) return absl::OkStatus();
+    return TakeBody(name, std::move(shape), dst);
+  }
+
+  absl::Status Take(const std::string& full_name, const std::string& canonical, std::vector<int64_t> shape,
+                    std::vector<float>& dst) {
+    const TensorInfo* info = checkpoint_.Find(full_name);
+    if (info == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("missing tensor ", full_name, " (expected shape ", ShapeString(shape), ")"));
+    }
+    if (info->shape != shape) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor ", full_name, " has shape ", ShapeString(info->shape),
+                                                     ", expected ", ShapeString(shape)));
+    }
+    ASSIGN_OR_RETURN(TensorView view, checkpoint_.Tensor(full_name));
+    absl::StatusOr<std::vector<float>> values = ToFloat32(view);
+    if (!values.ok()) return values.status();
+    dst = std::move(*values);
+    consumed_.insert(full_name);
+    used_.push_back(Used{canonical, view});
+    out_.num_parameters_ += view.num_elements();
+    return absl::OkStatus();
+  }
+
+  absl::Status LoadMamba2(const std::string& p, Mamba2LayerWeights& w) {
+    const Mamba2Params& m = config_.mamba;
+    const int64_t hidden = config_.hidden_size;
+    RETURN_IF_ERROR(TakeBody(p + "in_proj.weight", {m.in_proj_rows(), hidden}, w.in_proj));
+    RETURN_IF_ERROR(TakeBodyIf(m.use_bias, p + "in_proj.bias", {m.in_proj_rows()}, w.in_proj_bias));
+    RETURN_IF_ERROR(TakeBody(p + "conv1d.weight", {m.conv_dim(), 1, m.conv_kernel}, w.conv1d_weight));
+    RETURN_IF_ERROR(TakeBodyIf(m.use_conv_bias, p + "conv1d.bias", {m.conv_dim()}, w.conv1d_bias));
+    RETURN_IF_ERROR(TakeBody(p + "dt_bias", {m.num_heads}, w.dt_bias));
+    RETURN_IF_ERROR(TakeBody(p + "A_log", {m.num_heads}, w.A_log));
+    RETURN_IF_ERROR(TakeBody(p + "D", {m.num_heads}, w.D));
+    RETURN_IF_ERROR(TakeBody(p + "norm.weight", {m.d_inner()}, w.norm));
+    RETURN_IF_ERROR(TakeBody(p + "out_proj.weight", {hidden, m.d_inner()}, w.out_proj));
+    RETURN_IF_ERROR(TakeBodyIf(m.use_bias, p + "out_proj.bias", {hidden}, w.out_proj_bias));
+    return absl::OkStatus();
+  }
+
+  absl::Status LoadAttention(const std::string& p, AttentionLayerWeights& w) {
+    const AttentionParams& a = config_.attention;
+    const int64_t hidden = config_.hidden_size;
+    RETURN_IF_ERROR(TakeBody(p + "q_proj.weight", {a.q_dim(), hidden}, w.q_proj));
+    RETURN_IF_ERROR(TakeBody(p + "k_proj.weight", {a.kv_dim(), hidden}, w.k_proj));
+    RETURN_IF_ERROR(TakeBody(p + "v_proj.weight", {a.kv_dim(), hidden}, w.v_proj));
+    RETURN_IF_ERROR(TakeBody(p + "o_proj.weight", {hidden, a.q_dim()}, w.o_proj));
+    return absl::OkStatus();
+  }
+
+  absl::Status LoadMlp(const std::string& p, MlpLayerWeights& w) {
+    const MlpParams& mlp = config_.mlp;
+    const int64_t hidden = config_.hidden_size;
+    RETURN_IF_ERROR(TakeBody(p + "up_proj.weight", {mlp.intermediate_size, hidden}, w.up_proj));
+    RETURN_IF_ERROR(TakeBodyIf(mlp.use_bias, p + "up_proj.bias", {mlp.intermediate_size}, w.up_proj_bias));
+    RETURN_IF_ERROR(TakeBody(p + "down_proj.weight", {hidden, mlp.intermediate_size}, w.down_proj));
+    RETURN_IF_ERROR(TakeBodyIf(mlp.use_bias, p + "down_proj.bias", {hidden}, w.down_proj_bias));
+    return absl::OkStatus();
+  }
+
+  // A tied model whose file still stores lm_head.weight: accepted only as an
+  // exact copy of the embeddings, which it then is.
+  absl::Status CheckTiedHeadCopy() {
+    ASSIGN_OR_RETURN(TensorView head, checkpoint_.Tensor("lm_head.weight"));
+    ASSIGN_OR_RETURN(TensorView emb, checkpoint_.Tensor(prefix_ + embedding_name_));
+    if (head.dtype != emb.dtype ||
+        !std::equal(head.shape.begin(), head.shape.end(), emb.shape.begin(), emb.shape.end()) ||
+        head.bytes.size() != emb.bytes.size() ||
+        std::memcmp(head.bytes.data(), emb.bytes.data(), head.bytes.size()) != 0) {
+      return absl::InvalidArgumentError(
+          "tensor lm_head.weight differs from the embeddings but tie_word_embeddings is true");
+    }
+    consumed_.insert("lm_head.weight");
+    return absl::OkStatus();
+  }
+
+  absl::Status CheckNoUnexpected() const {
+    std::vector<std::string> unexpected;
+    for (const std::string& name : checkpoint_.names()) {
+      if (consumed_.contains(name)) continue;
+      if (config_.family == ModelFamily::kNemotronH && absl::StartsWith(name, "mtp.")) continue;
+      unexpected.push_back(name);
+    }
+    if (unexpected.empty()) return absl::OkStatus();
+    const size_t listed = std::min(unexpected.size(), kListedUnexpected);
+    return absl::InvalidArgumentError(absl::StrCat(
+        unexpected.size(), " unexpected tensor(s) for a ", ModelFamilyName(config_.family), " model with pattern \"",
+        config_.LayerPattern(), "\": ", absl::StrJoin(unexpected.begin(), unexpected.begin() + listed, ", "),
+        unexpected.size() > listed ? ", ..." : ""));
+  }
+
+  common::Hash128 Fingerprint() {
+    std::sort(used_.begin(), used_.end(), [](const Used& a, const Used& b) { return a.canonical < b.canonical; });
+    const std::string canonical_config = config_.CanonicalString();
+    common::Hash128 fp = common::HashBytes(canonical_config);
+    for (const Used& u : used_) {
+      const common::Hash128 digest = common::HashBytes(u.view.bytes.data(), u.view.bytes.size());
+      const std::string record = absl::StrCat(u.canonical, "|", DTypeName(u.view.dtype), "|", ShapeString(u.view.shape),
+                                              "|", digest.ToBytes());
+      fp = common::HashChain(fp, record.data(), record.size());
+    }
+    return fp;
+  }
+
+  const SafetensorsCheckpoint& checkpoint_;
+  ModelWeights& out_;
+  const ModelConfig& config_;
+  std::string prefix_;
+  std::string embedding_name_;
+  absl::flat_hash_set<std::string> consumed_;
+  std::vector<Used> used_;
+};
+
+absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::FromCheckpoint(const ModelConfig& config,
+                                                                           const SafetensorsCheckpoint& checkpoint) {
+  RETURN_IF_ERROR(config.Validate());
+  std::unique_ptr<ModelWeights> weights(new ModelWeights());
+  weights->config_ = config;
+  Loader loader(checkpoint, *weights);
+  RETURN_IF_ERROR(loader.Run());
+  return weights;
+}
+
+absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConfig& config,
+                                                                 const std::string& model_dir) {
+  ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsCheckpoint> checkpoint, SafetensorsCheckpoint::OpenDirectory(model_dir));
+  absl::StatusOr<std::unique_ptr<ModelWeights>> weights = FromCheckpoint(config, *checkpoint);
+  if (!weights.ok()) {
+    return absl::Status(weights.status().code(), absl::StrCat(model_dir, ": ", weights.status().message()));
+  }
+  return weights;
+}
+
+absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::LoadDirectory(const std::string& model_dir) {
+  ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(absl::StrCat(model_dir, "/config.json")));
+  return Load(config, model_dir);
+}
+
+}  // namespace hybridserve::engine

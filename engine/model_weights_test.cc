@@ -1,0 +1,405 @@
+#include "engine/model_weights.h"
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "common/hash.h"
+#include "engine/model_config.h"
+#include "engine/safetensors.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace hybridserve::engine {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr absl::string_view kNemotronTiny = "tests/fixtures/golden/nemotron_h_tiny";
+constexpr absl::string_view kMamba2Tiny = "tests/fixtures/golden/mamba2_tiny";
+constexpr absl::string_view kDefault = "models/default";
+
+std::string Runfile(absl::string_view relative) {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const char* workspace = std::getenv("TEST_WORKSPACE");
+  return absl::StrCat(srcdir ? srcdir : ".", "/", workspace ? workspace : "hybridserve", "/", relative);
+}
+
+std::string TempDir(absl::string_view name) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = absl::StrCat(tmp ? tmp : "/tmp", "/", name);
+  EXPECT_EQ(std::system(absl::StrCat("rm -rf '", dir, "' && mkdir -p '", dir, "'").c_str()), 0);
+  return dir;
+}
+
+void WriteFile(const std::string& path, absl::string_view bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  ASSERT_TRUE(out.good()) << path;
+}
+
+ModelConfig Config(absl::string_view model_dir) {
+  absl::StatusOr<ModelConfig> config = LoadModelConfig(Runfile(absl::StrCat(model_dir, "/config.json")));
+  EXPECT_TRUE(config.ok()) << config.status();
+  return config.ok() ? *config : ModelConfig();
+}
+
+// An editable copy of a checkpoint: name -> tensor.
+struct OwnedTensor {
+  DType dtype;
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> bytes;
+};
+using TensorMap = std::map<std::string, OwnedTensor>;
+
+TensorMap ReadTensors(absl::string_view model_dir) {
+  TensorMap out;
+  auto file = SafetensorsFile::Open(Runfile(absl::StrCat(model_dir, "/model.safetensors")));
+  EXPECT_TRUE(file.ok()) << file.status();
+  if (!file.ok()) return out;
+  for (const TensorInfo& info : (*file)->tensors()) {
+    const TensorView v = (*file)->View(info);
+    out[info.name] = OwnedTensor{info.dtype, info.shape, std::vector<uint8_t>(v.bytes.begin(), v.bytes.end())};
+  }
+  return out;
+}
+
+std::string Serialize(const TensorMap& tensors) {
+  std::vector<TensorView> views;
+  for (const auto& [name, t] : tensors) {
+    views.push_back(TensorView{name, t.dtype, absl::MakeConstSpan(t.shape), absl::MakeConstSpan(t.bytes)});
+  }
+  absl::StatusOr<std::string> bytes = SerializeSafetensors(views, {{"format", "pt"}});
+  EXPECT_TRUE(bytes.ok()) << bytes.status();
+  return bytes.ok() ? *bytes : std::string();
+}
+
+// Writes `tensors` as DIR/model.safetensors and returns DIR.
+std::string WriteModel(absl::string_view name, const TensorMap& tensors) {
+  const std::string dir = TempDir(name);
+  WriteFile(dir + "/model.safetensors", Serialize(tensors));
+  return dir;
+}
+
+absl::Status LoadStatus(const ModelConfig& config, const TensorMap& tensors, absl::string_view name) {
+  return ModelWeights::Load(config, WriteModel(name, tensors)).status();
+}
+
+void ExpectInvalid(const absl::Status& s, absl::string_view substring) {
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr(std::string(substring)));
+}
+
+std::vector<float> Floats(const OwnedTensor& t) {
+  std::vector<float> out(t.bytes.size() / 4);
+  std::memcpy(out.data(), t.bytes.data(), t.bytes.size());
+  return out;
+}
+
+int64_t TotalElements(const TensorMap& tensors) {
+  int64_t n = 0;
+  for (const auto& [name, t] : tensors) n += static_cast<int64_t>(t.bytes.size() / DTypeSize(t.dtype));
+  return n;
+}
+
+std::unique_ptr<ModelWeights> MustLoad(absl::string_view dir) {
+  absl::StatusOr<std::unique_ptr<ModelWeights>> w = ModelWeights::LoadDirectory(std::string(dir));
+  EXPECT_TRUE(w.ok()) << w.status();
+  return w.ok() ? std::move(*w) : nullptr;
+}
+
+TEST(ModelWeightsTest, NemotronHTinyLoadsEveryLayerWithConfigShapes) {
+  std::unique_ptr<ModelWeights> w = MustLoad(Runfile(kNemotronTiny));
+  ASSERT_NE(w, nullptr);
+  const ModelConfig& c = w->config();
+  ASSERT_EQ(w->layers().size(), 7u);
+  EXPECT_EQ(w->embeddings().size(), 96u * 32);
+  EXPECT_EQ(w->norm_f().size(), 32u);
+  EXPECT_EQ(w->lm_head().size(), 96u * 32);
+  EXPECT_NE(&w->lm_head(), &w->embeddings());
+  for (int64_t i = 0; i < c.num_layers(); ++i) {
+    const LayerWeights& layer = w->layer(i);
+    EXPECT_EQ(layer.kind, c.layers[i]);
+    EXPECT_EQ(layer.norm.size(), 32u);
+    switch (layer.kind) {
+      case LayerKind::kMamba2: {
+        const Mamba2LayerWeights& m = layer.mamba2();
+        EXPECT_EQ(m.in_proj.size(), 196u * 32);
+        EXPECT_TRUE(m.in_proj_bias.empty());
+        EXPECT_EQ(m.conv1d_weight.size(), 128u * 4);
+        EXPECT_EQ(m.conv1d_bias.size(), 128u);
+        EXPECT_EQ(m.dt_bias.size(), 4u);
+        EXPECT_EQ(m.A_log.size(), 4u);
+        EXPECT_EQ(m.D.size(), 4u);
+        EXPECT_EQ(m.norm.size(), 64u);
+        EXPECT_EQ(m.out_proj.size(), 32u * 64);
+        EXPECT_TRUE(m.out_proj_bias.empty());
+        break;
+      }
+      case LayerKind::kAttention: {
+        const AttentionLayerWeights& a = layer.attention();
+        EXPECT_EQ(a.q_proj.size(), 32u * 32);
+        EXPECT_EQ(a.k_proj.size(), 16u * 32);
+        EXPECT_EQ(a.v_proj.size(), 16u * 32);
+        EXPECT_EQ(a.o_proj.size(), 32u * 32);
+        break;
+      }
+      case LayerKind::kMlp: {
+        EXPECT_EQ(layer.mlp().up_proj.size(), 64u * 32);
+        EXPECT_EQ(layer.mlp().down_proj.size(), 32u * 64);
+        EXPECT_TRUE(layer.mlp().up_proj_bias.empty());
+        break;
+      }
+    }
+  }
+  const TensorMap file = ReadTensors(kNemotronTiny);
+  EXPECT_EQ(w->num_parameters(), TotalElements(file));
+  // Values are the stored floats, in the stored order ([conv_dim, 1, K] -> [conv_dim, K]).
+  EXPECT_EQ(w->embeddings(), Floats(file.at("backbone.embeddings.weight")));
+  EXPECT_EQ(w->lm_head(), Floats(file.at("lm_head.weight")));
+  EXPECT_EQ(w->layer(4).mamba2().conv1d_weight, Floats(file.at("backbone.layers.4.mixer.conv1d.weight")));
+  EXPECT_EQ(w->layer(4).mamba2().A_log, Floats(file.at("backbone.layers.4.mixer.A_log")));
+  EXPECT_EQ(w->layer(5).attention().o_proj, Floats(file.at("backbone.layers.5.mixer.o_proj.weight")));
+  EXPECT_EQ(w->layer(6).norm, Floats(file.at("backbone.layers.6.norm.weight")));
+}
+
+TEST(ModelWeightsTest, Mamba2TinyLoadsWithTiedHead) {
+  std::unique_ptr<ModelWeights> w = MustLoad(Runfile(kMamba2Tiny));
+  ASSERT_NE(w, nullptr);
+  ASSERT_EQ(w->layers().size(), 4u);
+  for (const LayerWeights& layer : w->layers()) {
+    ASSERT_EQ(layer.kind, LayerKind::kMamba2);
+    EXPECT_EQ(layer.mamba2().in_proj.size(), 196u * 32);
+  }
+  EXPECT_EQ(&w->lm_head(), &w->embeddings());  // shared, not copied
+  EXPECT_EQ(w->num_parameters(), TotalElements(ReadTensors(kMamba2Tiny)));
+}
+
+TEST(ModelWeightsTest, DefaultModelLoads) {
+  std::unique_ptr<ModelWeights> w = MustLoad(Runfile(kDefault));
+  ASSERT_NE(w, nullptr);
+  EXPECT_EQ(w->config().LayerPattern(), "M-M*-M-M*-M-");
+  ASSERT_EQ(w->layers().size(), 12u);
+  EXPECT_EQ(w->embeddings().size(), 259u * 128);
+  EXPECT_EQ(w->layer(0).mamba2().in_proj.size(), 648u * 128);
+  EXPECT_EQ(w->layer(3).attention().k_proj.size(), 64u * 128);
+  EXPECT_EQ(w->layer(1).mlp().up_proj.size(), 256u * 128);
+  EXPECT_EQ(w->num_parameters(), TotalElements(ReadTensors(kDefault)));
+}
+
+TEST(ModelWeightsTest, FingerprintsAreStableAndDifferBetweenModels) {
+  std::unique_ptr<ModelWeights> a1 = MustLoad(Runfile(kNemotronTiny));
+  std::unique_ptr<ModelWeights> a2 = MustLoad(Runfile(kNemotronTiny));
+  std::unique_ptr<ModelWeights> b = MustLoad(Runfile(kMamba2Tiny));
+  std::unique_ptr<ModelWeights> c = MustLoad(Runfile(kDefault));
+  ASSERT_TRUE(a1 && a2 && b && c);
+  EXPECT_EQ(a1->fingerprint(), a2->fingerprint());
+  EXPECT_NE(a1->fingerprint(), b->fingerprint());
+  EXPECT_NE(a1->fingerprint(), c->fingerprint());
+  EXPECT_NE(b->fingerprint(), c->fingerprint());
+  EXPECT_NE(a1->fingerprint(), common::Hash128{});
+}
+
+TEST(ModelWeightsTest, FingerprintIgnoresPrefixButSeesEveryWeightByte) {
+  const ModelConfig config = Config(kNemotronTiny);
+  std::unique_ptr<ModelWeights> base = MustLoad(Runfile(kNemotronTiny));
+  ASSERT_NE(base, nullptr);
+  TensorMap renamed;
+  for (const auto& [name, t] : ReadTensors(kNemotronTiny)) {
+    renamed[absl::StartsWith(name, "backbone.") ? "model." + name.substr(9) : name] = t;
+  }
+  auto w = ModelWeights::Load(config, WriteModel("renamed", renamed));
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ((*w)->fingerprint(), base->fingerprint());
+
+  TensorMap edited = ReadTensors(kNemotronTiny);
+  edited.at("backbone.layers.2.mixer.D").bytes[0] ^= 1;  // one ulp of one weight
+  w = ModelWeights::Load(config, WriteModel("edited", edited));
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_NE((*w)->fingerprint(), base->fingerprint());
+
+  ModelConfig other_chunk = config;
+  other_chunk.mamba.chunk_size = 32;
+  w = ModelWeights::Load(other_chunk, Runfile(kNemotronTiny));
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_NE((*w)->fingerprint(), base->fingerprint());
+}
+
+TEST(ModelWeightsTest, ShardedCheckpointLoadsToTheSameWeightsAndFingerprint) {
+  const TensorMap all = ReadTensors(kNemotronTiny);
+  TensorMap first, second;
+  std::string weight_map;
+  for (const auto& [name, t] : all) {
+    const bool in_first = absl::StrContains(name, "layers.") && name < "backbone.layers.4";
+    (in_first ? first : second)[name] = t;
+    absl::StrAppend(&weight_map, weight_map.empty() ? "" : ",", "\"", name, "\":\"",
+                    in_first ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors", "\"");
+  }
+  ASSERT_FALSE(first.empty());
+  const std::string dir = TempDir("sharded");
+  WriteFile(dir + "/model-00001-of-00002.safetensors", Serialize(first));
+  WriteFile(dir + "/model-00002-of-00002.safetensors", Serialize(second));
+  WriteFile(dir + "/model.safetensors.index.json", absl::StrCat("{\"weight_map\":{", weight_map, "}}"));
+  auto sharded = ModelWeights::Load(Config(kNemotronTiny), dir);
+  ASSERT_TRUE(sharded.ok()) << sharded.status();
+  std::unique_ptr<ModelWeights> single = MustLoad(Runfile(kNemotronTiny));
+  ASSERT_NE(single, nullptr);
+  EXPECT_EQ((*sharded)->fingerprint(), single->fingerprint());
+  EXPECT_EQ((*sharded)->layer(2).mamba2().in_proj, single->layer(2).mamba2().in_proj);
+  EXPECT_EQ((*sharded)->lm_head(), single->lm_head());
+}
+
+TEST(ModelWeightsTest, Bf16CheckpointConvertsExactlyAndHasItsOwnFingerprint) {
+  TensorMap tensors = ReadTensors(kMamba2Tiny);
+  for (auto& [name, t] : tensors) {
+    std::vector<uint8_t> bf16(t.bytes.size() / 2);
+    for (size_t i = 0; i < bf16.size() / 2; ++i) {  // truncate each float to its top 16 bits
+      bf16[2 * i] = t.bytes[4 * i + 2];
+      bf16[2 * i + 1] = t.bytes[4 * i + 3];
+    }
+    t = OwnedTensor{DType::kBF16, t.shape, bf16};
+  }
+  auto w = ModelWeights::Load(Config(kMamba2Tiny), WriteModel("bf16", tensors));
+  ASSERT_TRUE(w.ok()) << w.status();
+  std::unique_ptr<ModelWeights> fp32 = MustLoad(Runfile(kMamba2Tiny));
+  ASSERT_NE(fp32, nullptr);
+  const std::vector<float>& got = (*w)->layer(1).mamba2().out_proj;
+  const std::vector<float>& full = fp32->layer(1).mamba2().out_proj;
+  ASSERT_EQ(got.size(), full.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &full[i], 4);
+    ASSERT_EQ(got[i], Bf16ToFloat(static_cast<uint16_t>(bits >> 16))) << i;
+  }
+  EXPECT_NE((*w)->fingerprint(), fp32->fingerprint());
+}
+
+TEST(ModelWeightsTest, LegacyMamba2EmbeddingNameIsAccepted) {
+  TensorMap tensors = ReadTensors(kMamba2Tiny);
+  tensors["backbone.embedding.weight"] = tensors.at("backbone.embeddings.weight");
+  tensors.erase("backbone.embeddings.weight");
+  auto w = ModelWeights::Load(Config(kMamba2Tiny), WriteModel("legacy_embedding", tensors));
+  ASSERT_TRUE(w.ok()) << w.status();
+  std::unique_ptr<ModelWeights> base = MustLoad(Runfile(kMamba2Tiny));
+  ASSERT_NE(base, nullptr);
+  EXPECT_EQ((*w)->fingerprint(), base->fingerprint());
+}
+
+TEST(ModelWeightsTest, MissingTensorIsNamed) {
+  TensorMap tensors = ReadTensors(kNemotronTiny);
+  tensors.erase("backbone.layers.2.mixer.D");
+  ExpectInvalid(LoadStatus(Config(kNemotronTiny), tensors, "missing"),
+                "missing tensor backbone.layers.2.mixer.D (expected shape [4])");
+  tensors = ReadTensors(kNemotronTiny);
+  tensors.erase("lm_head.weight");
+  ExpectInvalid(LoadStatus(Config(kNemotronTiny), tensors, "missing_head"), "missing tensor lm_head.weight");
+  tensors = ReadTensors(kNemotronTiny);
+  tensors.erase("backbone.embeddings.weight");
+  ExpectInvalid(LoadStatus(Config(kNemotronTiny), tensors, "missing_embeddings"),
+                "missing tensor backbone.embeddings.weight");
+}
+
+TEST(ModelWeightsTest, WrongShapeIsNamed) {
+  TensorMap tensors = ReadTensors(kNemotronTiny);
+  OwnedTensor& in_proj = tensors.at("backbone.layers.0.mixer.in_proj.weight");
+  in_proj.shape = {196, 16};
+  in_proj.bytes.resize(196 * 16 * 4);
+  ExpectInvalid(LoadStatus(Config(kNemotronTiny), tensors, "wrong_shape"),
+                "tensor backbone.layers.0.mixer.in_proj.weight has shape [196, 16], expected [196, 32]");
+  tensors = ReadTensors(kNemotronTiny);
+  tensors.at("backbone.layers.0.mixer.conv1d.weight").shape = {128, 4};  // same bytes, rank 2
+  ExpectInvalid(LoadStatus(Config(kNemotronTiny), tensors, "conv_rank"),
+                "tensor backbone.layers.0.mixer.conv1d.weight has shape [128, 4], expected [128, 1, 4]");
+}
+
+TEST(ModelWeightsTest, ConfigOfAnotherModelIsRejectedByShape) {
+  absl::Status s = ModelWeights::Load(Config(kDefault), Runfile(kNemotronTiny)).status();
+  ExpectInvalid(s, "tensor backbone.embeddings.weight has shape [96, 32], expected [259, 128]");
+  s = ModelWeights::Load(Config(kMamba2Tiny), Runfile(kNemotronTiny)).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ModelWeightsTest, UnexpectedTensorsAreListed) {
+  TensorMap tensors = ReadTensors(kNemotronTiny);
+  tensors["backbone.layers.0.mixer.extra"] = tensors.at("backbone.layers.0.mixer.D");
+  ExpectInvalid(LoadStatus(Config(kNemotronTiny), tensors, "extra"),
+                "1 unexpected tensor(s) for a nemotron_h model with pattern \"M*M-M*-\": "
+                "backbone.layers.0.mixer.extra");
+  for (int i = 0; i < 6; ++i) tensors[absl::StrCat("z.extra", i)] = tensors.at("backbone.layers.0.mixer.D");
+  absl::Status s = LoadStatus(Config(kNemotronTiny), tensors, "extras");
+  ExpectInvalid(s, "7 unexpected tensor(s)");
+  EXPECT_THAT(std::string(s.message()), HasSubstr("z.extra3, ..."));
+  // A bias the config does not have is unexpected too.
+  tensors = ReadTensors(kNemotronTiny);
+  tensors["backbone.layers.3.mixer.up_proj.bias"] = OwnedTensor{DType::kF32, {64}, std::vector<uint8_t>(256)};
+  ExpectInvalid(LoadStatus(Config(kNemotronTiny), tensors, "bias"), "backbone.layers.3.mixer.up_proj.bias");
+}
+
+TEST(ModelWeightsTest, OptionalBiasesFollowTheConfig) {
+  ModelConfig config = Config(kNemotronTiny);
+  config.mamba.use_conv_bias = false;
+  ExpectInvalid(
+      ModelWeights::Load(config, Runfile(kNemotronTiny)).status(),
+      "unexpected tensor(s) for a nemotron_h model with pattern \"M*M-M*-\": backbone.layers.0.mixer.conv1d.bias");
+  config = Config(kNemotronTiny);
+  config.mlp.use_bias = true;
+  ExpectInvalid(ModelWeights::Load(config, Runfile(kNemotronTiny)).status(),
+                "missing tensor backbone.layers.3.mixer.up_proj.bias (expected shape [64])");
+  TensorMap tensors = ReadTensors(kNemotronTiny);
+  for (int layer : {3, 6}) {
+    const std::string p = absl::StrCat("backbone.layers.", layer, ".mixer.");
+    tensors[p + "up_proj.bias"] = OwnedTensor{DType::kF32, {64}, std::vector<uint8_t>(256)};
+    tensors[p + "down_proj.bias"] = OwnedTensor{DType::kF32, {32}, std::vector<uint8_t>(128)};
+  }
+  auto w = ModelWeights::Load(config, WriteModel("mlp_bias", tensors));
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ((*w)->layer(3).mlp().up_proj_bias, std::vector<float>(64, 0.0f));
+  EXPECT_EQ((*w)->layer(6).mlp().down_proj_bias.size(), 32u);
+}
+
+TEST(ModelWeightsTest, MultiTokenPredictionTensorsAreSkipped) {
+  TensorMap tensors = ReadTensors(kNemotronTiny);
+  tensors["mtp.layers.0.norm.weight"] = tensors.at("backbone.norm_f.weight");
+  auto w = ModelWeights::Load(Config(kNemotronTiny), WriteModel("mtp", tensors));
+  ASSERT_TRUE(w.ok()) << w.status();
+}
+
+TEST(ModelWeightsTest, TiedHeadStoredAnywayMustEqualTheEmbeddings) {
+  TensorMap tensors = ReadTensors(kMamba2Tiny);
+  tensors["lm_head.weight"] = tensors.at("backbone.embeddings.weight");
+  auto w = ModelWeights::Load(Config(kMamba2Tiny), WriteModel("tied_copy", tensors));
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(&(*w)->lm_head(), &(*w)->embeddings());
+  tensors["lm_head.weight"].bytes[5] ^= 0x10;
+  ExpectInvalid(LoadStatus(Config(kMamba2Tiny), tensors, "tied_differs"), "lm_head.weight differs from the embeddings");
+}
+
+TEST(ModelWeightsTest, AmbiguousPrefixIsInvalid) {
+  TensorMap tensors = ReadTensors(kMamba2Tiny);
+  tensors["model.embeddings.weight"] = tensors.at("backbone.embeddings.weight");
+  ExpectInvalid(LoadStatus(Config(kMamba2Tiny), tensors, "ambiguous"), "ambiguous embeddings");
+}
+
+TEST(ModelWeightsTest, InvalidConfigIsRejectedBeforeReading) {
+  ModelConfig config = Config(kNemotronTiny);
+  config.mamba.n_groups = 3;
+  ExpectInvalid(ModelWeights::Load(config, Runfile(kNemotronTiny)).status(), "n_groups (3)");
+}
+
+TEST(ModelWeightsTest, MissingDirectoryIsNotFound) {
+  EXPECT_EQ(ModelWeights::LoadDirectory("/nonexistent/model").status().code(), absl::StatusCode::kNotFound);
+  ModelConfig config = Config(kNemotronTiny);
+  EXPECT_EQ(ModelWeights::Load(config, TempDir("no_weights")).status().code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace hybridserve::engine
