@@ -67,7 +67,6 @@ absl::StatusOr<Reservation> CacheIndex::Reserve(const PutSpec& spec, absl::Time 
 
   // Find or create the namespace root.
   Node* root = nullptr;
-  bool new_root = false;
   if (auto it = roots_.find(spec.ns); it != roots_.end()) {
     root = it->second.get();
     if (root->page_size != spec.page_size) {
@@ -125,7 +124,6 @@ absl::StatusOr<Reservation> CacheIndex::Reserve(const PutSpec& spec, absl::Time 
     owned->entry.committed = true;
     root = parent = owned.get();
     roots_.emplace(spec.ns, std::move(owned));
-    new_root = true;
   }
 
   // Keep the parent from being evicted to make room for its own child.
@@ -135,7 +133,8 @@ absl::StatusOr<Reservation> CacheIndex::Reserve(const PutSpec& spec, absl::Time 
   parent->entry.pins--;
   RefreshNode(parent);
   if (!room.ok()) {
-    if (new_root) MaybeRemoveRoot(root);
+    // Eviction may have emptied the root while it was pinned; it goes now.
+    MaybeRemoveRoot(root);
     return room;
   }
 
@@ -147,6 +146,7 @@ absl::StatusOr<Reservation> CacheIndex::Reserve(const PutSpec& spec, absl::Time 
   entry.size = spec.size_bytes;
   entry.blob = r.blob;
   entry.reservation_id = r.id;
+  entry.serial = r.id;
   ClassStats& counters = Counters(cls);
   counters.reserved_bytes += spec.size_bytes;
   puts_[r.id] = PendingPut{cls, key, now + options_.put_timeout};
@@ -313,9 +313,11 @@ absl::StatusOr<LookupResult> CacheIndex::Lookup(const Hash128& ns, int32_t page_
     Lease l;
     l.expiry = now + options_.lease_ttl;
     l.entries.reserve(n_pages + 1);
-    for (int64_t i = 0; i < n_pages; ++i) l.entries.emplace_back(EntryClass::kPage, path[i]->key);
-    l.entries.emplace_back(EntryClass::kState, best->key);
-    for (const auto& [c, k] : l.entries) Pin(c, k, +1);
+    for (int64_t i = 0; i < n_pages; ++i) {
+      l.entries.push_back({EntryClass::kPage, path[i]->key, path[i]->entry.serial});
+    }
+    l.entries.push_back({EntryClass::kState, best->key, best->entry.serial});
+    for (const Lease::Held& e : l.entries) Pin(e.entry_class, e.key, e.serial, +1);
     result.lease_id = next_id_++;
     result.lease_expiry = l.expiry;
     leases_.emplace(result.lease_id, std::move(l));
@@ -329,22 +331,24 @@ absl::StatusOr<ReadHandle> CacheIndex::Open(uint64_t lease_id, const Hash128& ke
     return absl::NotFoundError(absl::StrCat("unknown or expired lease ", lease_id));
   }
   Lease& lease = it->second;
-  auto held = std::find_if(lease.entries.begin(), lease.entries.end(), [&](const auto& e) { return e.second == key; });
+  auto held =
+      std::find_if(lease.entries.begin(), lease.entries.end(), [&](const Lease::Held& e) { return e.key == key; });
   if (held == lease.entries.end()) {
     return absl::NotFoundError(absl::StrCat("lease ", lease_id, " does not hold entry ", key.ToHex()));
   }
   lease.expiry = now + options_.lease_ttl;
+  if (HeldEntry(held->entry_class, key, held->serial) == nullptr) {
+    return absl::NotFoundError("entry was removed (failed verification)");
+  }
   ReadHandle h;
-  if (held->first == EntryClass::kPage) {
-    auto p = pages_.find(key);
-    if (p == pages_.end()) return absl::NotFoundError("entry was removed (failed verification)");
-    h.info = PageInfo(*p->second, p->second->root->page_size);
-    h.blob = p->second->entry.blob;
+  if (held->entry_class == EntryClass::kPage) {
+    const Node& n = *pages_.at(key);
+    h.info = PageInfo(n, n.root->page_size);
+    h.blob = n.entry.blob;
   } else {
-    auto s = states_.find(key);
-    if (s == states_.end()) return absl::NotFoundError("entry was removed (failed verification)");
-    h.info = StateInfo(*s->second);
-    h.blob = s->second->entry.blob;
+    const State& st = *states_.at(key);
+    h.info = StateInfo(st);
+    h.blob = st.entry.blob;
   }
   return h;
 }
@@ -358,7 +362,7 @@ absl::Status CacheIndex::Release(uint64_t lease_id) {
 }
 
 void CacheIndex::ReleaseLeaseEntries(const Lease& lease) {
-  for (const auto& [c, k] : lease.entries) Pin(c, k, -1);
+  for (const Lease::Held& e : lease.entries) Pin(e.entry_class, e.key, e.serial, -1);
 }
 
 void CacheIndex::RemoveCorrupt(EntryClass entry_class, const Hash128& key) {
@@ -467,16 +471,24 @@ void CacheIndex::RefreshState(State* state) {
   e.evictable = evictable;
 }
 
-void CacheIndex::Pin(EntryClass c, const Hash128& key, int delta) {
+CacheIndex::Entry* CacheIndex::HeldEntry(EntryClass c, const Hash128& key, uint64_t serial) {
+  Entry* e = nullptr;
   if (c == EntryClass::kPage) {
-    auto it = pages_.find(key);
-    if (it == pages_.end()) return;  // removed after failing verification
-    it->second->entry.pins += delta;
-    RefreshNode(it->second.get());
+    if (auto it = pages_.find(key); it != pages_.end()) e = &it->second->entry;
   } else {
-    auto it = states_.find(key);
-    if (it == states_.end()) return;
-    State* s = it->second.get();
+    if (auto it = states_.find(key); it != states_.end()) e = &it->second->entry;
+  }
+  return e != nullptr && e->serial == serial ? e : nullptr;
+}
+
+void CacheIndex::Pin(EntryClass c, const Hash128& key, uint64_t serial, int delta) {
+  if (HeldEntry(c, key, serial) == nullptr) return;  // removed after failing verification
+  if (c == EntryClass::kPage) {
+    Node* n = pages_.at(key).get();
+    n->entry.pins += delta;
+    RefreshNode(n);
+  } else {
+    State* s = states_.at(key).get();
     const bool was_busy = IsBusy(*s);
     s->entry.pins += delta;
     const bool busy = IsBusy(*s);
@@ -548,7 +560,8 @@ void CacheIndex::RemoveNodeOnly(Node* node, RemoveReason reason) {
 }
 
 void CacheIndex::MaybeRemoveRoot(Node* root) {
-  if (root->children.empty() && root->states.empty()) roots_.erase(root->key);
+  // A pinned root is in use by a Reserve that is making room under it.
+  if (root->entry.pins == 0 && root->children.empty() && root->states.empty()) roots_.erase(root->key);
 }
 
 EntryInfo CacheIndex::PageInfo(const Node& n, int32_t page_size) {
@@ -579,11 +592,13 @@ absl::Status CacheIndex::CheckInvariants() const {
   ClassStats pages, states;
   absl::flat_hash_map<const void*, int> expected_pins;
   for (const auto& [id, lease] : leases_) {
-    for (const auto& [c, k] : lease.entries) {
-      if (c == EntryClass::kPage) {
-        if (auto it = pages_.find(k); it != pages_.end()) expected_pins[it->second.get()]++;
+    for (const Lease::Held& e : lease.entries) {
+      if (e.entry_class == EntryClass::kPage) {
+        auto it = pages_.find(e.key);
+        if (it != pages_.end() && it->second->entry.serial == e.serial) expected_pins[it->second.get()]++;
       } else {
-        if (auto it = states_.find(k); it != states_.end()) expected_pins[it->second.get()]++;
+        auto it = states_.find(e.key);
+        if (it != states_.end() && it->second->entry.serial == e.serial) expected_pins[it->second.get()]++;
       }
     }
   }

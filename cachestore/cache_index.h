@@ -107,6 +107,7 @@ class CacheIndex {
     std::shared_ptr<Blob> blob;
     int pins = 0;
     uint64_t reservation_id = 0;  // while reserved
+    uint64_t serial = 0;          // unique per stored entry: a re-put key is a new entry
     absl::Time last_use;          // committed: LRU/TTL clock
     uint64_t tick = 0;            // LRU order key while in the evictable set
     bool evictable = false;       // member of its class's evictable set
@@ -139,7 +140,14 @@ class CacheIndex {
   };
   struct Lease {
     absl::Time expiry;
-    std::vector<std::pair<EntryClass, Hash128>> entries;
+    // The entries pinned, by identity: an entry removed and later stored
+    // again under the same key is a different entry.
+    struct Held {
+      EntryClass entry_class;
+      Hash128 key;
+      uint64_t serial;
+    };
+    std::vector<Held> entries;
   };
   enum class RemoveReason { kLru, kTtl, kAborted, kCorrupt, kWithPages };
 
@@ -153,7 +161,9 @@ class CacheIndex {
   void UseState(State* state, absl::Time now);
   void RefreshNode(Node* node);
   void RefreshState(State* state);
-  void Pin(EntryClass c, const Hash128& key, int delta);
+  // Finds the entry a lease holds; null when it is gone (or was replaced).
+  Entry* HeldEntry(EntryClass c, const Hash128& key, uint64_t serial);
+  void Pin(EntryClass c, const Hash128& key, uint64_t serial, int delta);
 
   void RemoveSubtree(Node* node, RemoveReason reason);
   void RemoveNodeOnly(Node* node, RemoveReason reason);

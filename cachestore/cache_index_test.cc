@@ -385,6 +385,35 @@ TEST_F(CacheIndexTest, CorruptPageTakesItsDescendantsWithIt) {
   EXPECT_EQ(index_->Stats().checksum_failures, 1);
 }
 
+TEST_F(CacheIndexTest, EvictingTheRootsLastChildToMakeRoomKeepsTheNamespace) {
+  CacheIndexOptions o;
+  o.page_budget_bytes = 100;
+  o.state_budget_bytes = 1000;
+  Make(o);
+  PutCommitted(PageSpec(Tokens(4, 0), 0));
+  PutCommitted(PageSpec(Tokens(4, 10), 0));  // evicts the root's only child
+  EXPECT_EQ(index_->Stats().namespaces, 1);
+  EXPECT_EQ(Lookup(Tokens(4, 10)).kv_match_tokens, 4);
+  PutCommitted(StateSpec(Tokens(4, 0), 1));
+  PutCommitted(StateSpec(Tokens(4, 10), 1));  // evicts the root's only state
+  EXPECT_EQ(Lookup(Tokens(4, 10)).resume_position, 1);
+}
+
+TEST_F(CacheIndexTest, ALeaseNeverPinsAnEntryStoredAgainUnderTheSameKey) {
+  std::vector<TokenId> t = Tokens(6, 0);
+  PutPages(t, 1);
+  PutCommitted(StateSpec(t, 5));
+  LookupResult leased = Lookup(t, true);
+  ASSERT_NE(leased.lease_id, 0u);
+  index_->RemoveCorrupt(EntryClass::kPage, leased.pages[0].key);
+  Hash128 again = PutCommitted(PageSpec(t, 0));
+  EXPECT_EQ(again, leased.pages[0].key);
+  EXPECT_TRUE(index_->CheckInvariants().ok()) << index_->CheckInvariants();
+  EXPECT_EQ(index_->Open(leased.lease_id, again, now_).status().code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(index_->Release(leased.lease_id).ok());
+  EXPECT_TRUE(index_->CheckInvariants().ok()) << index_->CheckInvariants();
+}
+
 TEST_F(CacheIndexTest, LookupRejectsTooManyTokens) {
   CacheIndexOptions o;
   o.max_tokens = 16;

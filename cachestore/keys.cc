@@ -1,7 +1,5 @@
 #include "cachestore/keys.h"
 
-#include <cstring>
-
 namespace hybridserve::cachestore {
 namespace {
 
@@ -10,10 +8,6 @@ void AppendPart(std::string* out, absl::string_view part) {
   out->append(reinterpret_cast<const char*>(&n), sizeof(n));
   out->append(part.data(), part.size());
 }
-
-// States and pages are hashed with a different leading tag so a state key can
-// never equal a page key built from the same bytes.
-constexpr uint32_t kStateTag = 0x53544154;  // "STAT"
 
 }  // namespace
 
@@ -46,12 +40,12 @@ std::vector<Hash128> PageKeys(const Hash128& ns, absl::Span<const TokenId> token
 }
 
 Hash128 StateKey(const Hash128& parent, absl::Span<const TokenId> tail_tokens) {
-  std::vector<TokenId> buf(tail_tokens.size() + 1);
-  std::memcpy(buf.data(), &kStateTag, sizeof(kStateTag));
-  if (!tail_tokens.empty()) {
-    std::memcpy(buf.data() + 1, tail_tokens.data(), tail_tokens.size() * sizeof(TokenId));
-  }
-  return common::HashChain(parent, buf.data(), buf.size() * sizeof(TokenId));
+  // Domain separation: a state hangs from a key derived from its parent, so
+  // StateKey(K, tail) equals a page key only if that derived key is itself a
+  // page key (a 128-bit collision).
+  static constexpr char kStateDomain[] = "hybridserve/state/v1";
+  const Hash128 state_parent = common::HashChain(parent, kStateDomain, sizeof(kStateDomain) - 1);
+  return common::HashChain(state_parent, tail_tokens.data(), tail_tokens.size() * sizeof(TokenId));
 }
 
 }  // namespace hybridserve::cachestore

@@ -6,7 +6,8 @@
 //
 //   namespace  N   = H(model_fingerprint, adapter, cache_salt, page_size)
 //   page i     K_i = H(K_{i-1} || tokens of page i), K_{-1} = N
-//   state at p S_p = H(K_{n-1} || tokens[n*page_size, p)), n = floor(p/page_size)
+//   state at p S_p = H(H(K_{n-1} || "hybridserve/state/v1") || tokens[n*page_size, p)),
+//                    n = floor(p/page_size)
 
 #include <cstdint>
 #include <string>
