@@ -1,0 +1,338 @@
+// Put and Get bandwidth of one 64 MiB entry over loopback gRPC (an in-process
+// CacheStoreServer on 127.0.0.1:0 and a CacheStoreClient), as a ratio to a raw
+// loopback TCP transfer of 64 MiB measured in the same run (one thread write()s
+// 4 MiB at a time, another read()s into a buffer; timed from the first byte
+// sent to the last received). Goal (issue): gRPC >= 0.5x raw TCP.
+// The last table times the copies and checksums an entry's bytes go through.
+//   bazel run -c opt //bench/cachestore:transfer_bench
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "bench/cachestore/bench_timing.h"
+#include "cachestore/client.h"
+#include "cachestore/server.h"
+#include "common/clock.h"
+#include "common/hash.h"
+#include "prometheus/registry.h"
+
+namespace hybridserve::bench {
+namespace {
+
+using cachestore::CacheStoreClient;
+using cachestore::CacheStoreServer;
+using cachestore::ClientNamespace;
+using cachestore::ClientOptions;
+using cachestore::ClientPut;
+using cachestore::EntryClass;
+using cachestore::ServerOptions;
+
+constexpr size_t kEntryBytes = size_t{64} << 20;
+constexpr int kReps = 7;
+constexpr int kWarmups = 1;
+constexpr size_t kTcpIoBytes = size_t{4} << 20;
+constexpr double kGoalRatio = 0.5;
+
+void Check(const absl::Status& s, const char* what) {
+  if (!s.ok()) {
+    std::fprintf(stderr, "%s: %s\n", what, s.ToString().c_str());
+    std::exit(1);
+  }
+}
+
+void CheckErrno(bool ok, const char* what) {
+  if (!ok) {
+    std::perror(what);
+    std::exit(1);
+  }
+}
+
+double GBps(double seconds) { return static_cast<double>(kEntryBytes) / seconds / 1e9; }
+
+// A connected pair of loopback TCP sockets.
+struct SocketPair {
+  int sender = -1;
+  int receiver = -1;
+  ~SocketPair() {
+    if (sender >= 0) close(sender);
+    if (receiver >= 0) close(receiver);
+  }
+};
+
+std::unique_ptr<SocketPair> ConnectLoopback() {
+  const int listener = socket(AF_INET, SOCK_STREAM, 0);
+  CheckErrno(listener >= 0, "socket");
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  CheckErrno(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0, "bind");
+  CheckErrno(listen(listener, 1) == 0, "listen");
+  socklen_t len = sizeof(addr);
+  CheckErrno(getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) == 0, "getsockname");
+  auto pair = std::make_unique<SocketPair>();
+  pair->sender = socket(AF_INET, SOCK_STREAM, 0);
+  CheckErrno(pair->sender >= 0, "socket");
+  CheckErrno(connect(pair->sender, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0, "connect");
+  pair->receiver = accept(listener, nullptr, nullptr);
+  CheckErrno(pair->receiver >= 0, "accept");
+  close(listener);
+  return pair;
+}
+
+// Seconds from the first write() of `data` to the last byte read into `buffer`.
+double RawTcpTransfer(const SocketPair& pair, const std::string& data, std::vector<char>& buffer) {
+  std::chrono::steady_clock::time_point done;
+  std::thread reader([&] {
+    size_t got = 0;
+    while (got < data.size()) {
+      const ssize_t n = read(pair.receiver, buffer.data() + got, std::min(kTcpIoBytes, data.size() - got));
+      CheckErrno(n > 0, "read");
+      got += static_cast<size_t>(n);
+    }
+    done = std::chrono::steady_clock::now();
+  });
+  // Let the reader block in read() before the clock starts.
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const auto start = std::chrono::steady_clock::now();
+  size_t sent = 0;
+  while (sent < data.size()) {
+    const ssize_t n = write(pair.sender, data.data() + sent, std::min(kTcpIoBytes, data.size() - sent));
+    CheckErrno(n > 0, "write");
+    sent += static_cast<size_t>(n);
+  }
+  reader.join();
+  return std::chrono::duration<double>(done - start).count();
+}
+
+// One measured transfer: wall time, and what the whole process (server and
+// client threads alike) spent on it.
+struct RepCost {
+  double seconds = 0;
+  double minor_faults = 0;
+  double cpu_seconds = 0;  // user + system, all threads
+};
+
+struct ProcessUsage {
+  double minor_faults;
+  double cpu_seconds;
+};
+
+ProcessUsage Usage() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  auto secs = [](const timeval& t) { return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec); };
+  return {static_cast<double>(u.ru_minflt), secs(u.ru_utime) + secs(u.ru_stime)};
+}
+
+std::string RandomBytes(size_t n, uint64_t seed) {
+  std::string s(n, '\0');
+  std::mt19937_64 rng(seed);
+  for (size_t i = 0; i + 8 <= n; i += 8) {
+    const uint64_t v = rng();
+    std::memcpy(&s[i], &v, 8);
+  }
+  return s;
+}
+
+// One kind of transfer, run once per round.
+struct Transfer {
+  std::string name;
+  std::function<double()> run;  // one transfer; returns its wall seconds
+  std::vector<RepCost> reps;    // timed rounds
+};
+
+void Run() {
+  const std::string data = RandomBytes(kEntryBytes, 1);
+  std::printf(
+      "transfer_bench: one %zu MiB entry; %d interleaved rounds (raw TCP, then each gRPC transfer) after "
+      "%d warm-up round; %u hardware threads\n",
+      kEntryBytes >> 20, kReps, kWarmups, std::thread::hardware_concurrency());
+  const char* tunables = std::getenv("GLIBC_TUNABLES");
+  std::printf("GLIBC_TUNABLES=%s\n", tunables != nullptr ? tunables : "(unset)");
+
+  // Baseline: raw loopback TCP.
+  std::unique_ptr<SocketPair> pair = ConnectLoopback();
+  std::vector<char> buffer(kEntryBytes);
+  std::vector<Transfer> transfers;
+  transfers.push_back({"raw loopback TCP (4 MiB write/read)", [&] {
+                         const double s = RawTcpTransfer(*pair, data, buffer);
+                         if (std::memcmp(buffer.data(), data.data(), data.size()) != 0) {
+                           std::fprintf(stderr, "raw TCP transfer corrupted the bytes\n");
+                           std::exit(1);
+                         }
+                         return s;
+                       }});
+
+  // The cachestore on loopback. State entries (an SSM state is the 64 MiB
+  // case); every Put uses a new tail token so it is never already present.
+  prometheus::Registry registry;
+  ServerOptions options;
+  options.address = "127.0.0.1:0";
+  options.index.state_budget_bytes = int64_t{2} << 30;
+  options.index.page_budget_bytes = int64_t{256} << 20;
+  options.service.max_chunk_bytes = int64_t{4} << 20;
+  absl::StatusOr<std::unique_ptr<CacheStoreServer>> server =
+      CacheStoreServer::Start(options, common::Clock::Real(), registry);
+  Check(server.status(), "CacheStoreServer::Start");
+  const std::string target = "127.0.0.1:" + std::to_string((*server)->port());
+  const ClientNamespace ns{"bench-model", "", "transfer", 16};
+
+  cachestore::TokenId next_token = 1;
+  auto put_new = [&](CacheStoreClient& client) {
+    ClientPut put;
+    put.entry_class = EntryClass::kState;
+    put.tokens = {next_token++};
+    put.position = 1;
+    const auto start = std::chrono::steady_clock::now();
+    absl::StatusOr<cachestore::PutResult> r = client.Put(ns, put, data);
+    const double s = SecondsSince(start);
+    Check(r.status(), "Put");
+    if (r->already_present) {
+      std::fprintf(stderr, "a Put was already present\n");
+      std::exit(1);
+    }
+    return s;
+  };
+  struct Leased {
+    std::unique_ptr<CacheStoreClient> client;
+    uint64_t lease_id = 0;
+    cachestore::Hash128 key;
+  };
+  std::vector<Leased> clients;
+  for (int64_t chunk_bytes : {int64_t{1} << 20, int64_t{4} << 20}) {
+    ClientOptions copts;
+    copts.chunk_bytes = chunk_bytes;
+    absl::StatusOr<std::unique_ptr<CacheStoreClient>> client = CacheStoreClient::Create(target, copts);
+    Check(client.status(), "CacheStoreClient::Create");
+    Leased leased;
+    leased.client = *std::move(client);
+    // The entry its Gets read, under one lease (every Get extends it).
+    put_new(*leased.client);
+    const std::vector<cachestore::TokenId> prompt = {next_token - 1};
+    absl::StatusOr<cachestore::LookupResult> lookup = leased.client->Lookup(ns, prompt);
+    Check(lookup.status(), "Lookup");
+    if (!lookup->state.has_value() || lookup->state->size_bytes != static_cast<int64_t>(kEntryBytes)) {
+      std::fprintf(stderr, "the entry just put is not found\n");
+      std::exit(1);
+    }
+    leased.lease_id = lookup->lease_id;
+    leased.key = lookup->state->key;
+    clients.push_back(std::move(leased));
+  }
+  for (size_t i = 0; i < clients.size(); ++i) {
+    Leased* c = &clients[i];
+    const std::string chunk = std::to_string(i == 0 ? 1 : 4) + " MiB chunks";
+    transfers.push_back({"gRPC Put, " + chunk, [&, c] { return put_new(*c->client); }});
+    transfers.push_back({"gRPC Get, " + chunk, [c] {
+                           const auto start = std::chrono::steady_clock::now();
+                           absl::StatusOr<std::string> got = c->client->Get(c->lease_id, c->key);
+                           const double s = SecondsSince(start);
+                           Check(got.status(), "Get");
+                           if (got->size() != kEntryBytes) {
+                             std::fprintf(stderr, "Get returned %zu bytes\n", got->size());
+                             std::exit(1);
+                           }
+                           return s;
+                         }});
+  }
+
+  for (int round = 0; round < kWarmups + kReps; ++round) {
+    for (Transfer& t : transfers) {
+      const ProcessUsage before = Usage();
+      RepCost cost;
+      cost.seconds = t.run();
+      const ProcessUsage after = Usage();
+      cost.minor_faults = after.minor_faults - before.minor_faults;
+      cost.cpu_seconds = after.cpu_seconds - before.cpu_seconds;
+      if (round >= kWarmups) t.reps.push_back(cost);
+    }
+  }
+  for (Leased& c : clients) Check(c.client->Release(c.lease_id), "Release");
+  const cachestore::IndexStats stats = (*server)->store().Stats();
+  Check((*server)->store().CheckInvariants(), "store invariants");
+  (*server)->Shutdown(absl::Seconds(1));
+
+  auto median_of = [](const Transfer& t, double RepCost::*field) {
+    std::vector<double> v;
+    for (const RepCost& c : t.reps) v.push_back(c.*field);
+    return Median(v);
+  };
+  const Transfer& tcp = transfers[0];
+  const double tcp_seconds = median_of(tcp, &RepCost::seconds);
+  auto best_of = [](const Transfer& t) {
+    double best = t.reps[0].seconds;
+    for (const RepCost& c : t.reps) best = std::min(best, c.seconds);
+    return best;
+  };
+  std::printf("\n%-36s %8s %7s %8s | %7s %8s | %8s %12s\n", "transfer of 64 MiB", "med ms", "GB/s", "vs TCP", "best",
+              "vs TCP", "CPU ms", "minor faults");
+  bool met = true;
+  for (const Transfer& t : transfers) {
+    std::vector<double> ratios;  // within each round: TCP time / this time
+    for (size_t i = 0; i < t.reps.size(); ++i) ratios.push_back(tcp.reps[i].seconds / t.reps[i].seconds);
+    const double ratio = Median(ratios);
+    if (&t != &tcp) met = met && ratio >= kGoalRatio;
+    const double seconds = median_of(t, &RepCost::seconds);
+    std::printf("%-36s %8.2f %7.2f %7.2fx | %7.2f %7.2fx | %8.1f %12.0f\n", t.name.c_str(), seconds * 1e3,
+                GBps(seconds), ratio, GBps(best_of(t)), best_of(tcp) / best_of(t),
+                median_of(t, &RepCost::cpu_seconds) * 1e3, median_of(t, &RepCost::minor_faults));
+  }
+  std::printf(
+      "(med ms, GB/s: medians over the rounds; vs TCP: median over rounds of TCP time / transfer time\n"
+      " in the same round; best: GB/s of the fastest round, and best TCP / best transfer. CPU ms: user +\n"
+      " system time of the whole process, both ends, per transfer. One fault per 4 KiB page of the\n"
+      " entry would be %zu faults.)\n",
+      kEntryBytes / 4096);
+  std::printf("goal (every gRPC transfer >= %.1fx raw TCP): %s\n", kGoalRatio, met ? "MET" : "MISSED");
+  std::printf("(store after the runs: %lld states, %.0f MiB resident)\n", static_cast<long long>(stats.states.entries),
+              static_cast<double>(stats.states.resident_bytes) / (1 << 20));
+
+  // What the bytes go through besides the socket: copies (into fresh memory
+  // or warm), and the XXH3-64 checksums both ends compute.
+  std::printf("\nper-64 MiB costs of the steps an entry goes through (median of %d)\n", kReps);
+  std::vector<char> warm(kEntryBytes);
+  const double copy_warm = MedianSeconds(kReps, kWarmups, [&](int) {
+    std::memcpy(warm.data(), data.data(), kEntryBytes);
+    KeepAlive(warm.data());
+  });
+  const double copy_fresh = MedianSeconds(kReps, kWarmups, [&](int) {
+    std::unique_ptr<char[]> fresh(new char[kEntryBytes]);
+    std::memcpy(fresh.get(), data.data(), kEntryBytes);
+    KeepAlive(fresh.get());
+  });
+  const double checksum =
+      MedianSeconds(kReps, kWarmups, [&](int) { KeepAlive(common::Checksum64(data.data(), data.size())); });
+  std::printf("%-34s %9.2f ms %8.2f GB/s  (%.2fx the raw TCP time)\n", "memcpy into warm memory", copy_warm * 1e3,
+              GBps(copy_warm), copy_warm / tcp_seconds);
+  std::printf("%-34s %9.2f ms %8.2f GB/s  (%.2fx the raw TCP time)\n", "memcpy into fresh memory (faults)",
+              copy_fresh * 1e3, GBps(copy_fresh), copy_fresh / tcp_seconds);
+  std::printf("%-34s %9.2f ms %8.2f GB/s  (%.2fx the raw TCP time)\n", "XXH3-64 checksum", checksum * 1e3,
+              GBps(checksum), checksum / tcp_seconds);
+}
+
+}  // namespace
+}  // namespace hybridserve::bench
+
+int main() {
+  hybridserve::bench::Run();
+  return 0;
+}
