@@ -15,7 +15,8 @@ constexpr int32_t kMaxPageSize = 1 << 16;
 
 }  // namespace
 
-CacheIndex::CacheIndex(const CacheIndexOptions& options) : options_(options) {
+CacheIndex::CacheIndex(const CacheIndexOptions& options)
+    : options_(options), blob_pool_(BlobPool::Create(options.blob_pool_bytes)) {
   page_stats_.budget_bytes = options.page_budget_bytes;
   state_stats_.budget_bytes = options.state_budget_bytes;
 }
@@ -141,7 +142,7 @@ absl::StatusOr<Reservation> CacheIndex::Reserve(const PutSpec& spec, absl::Time 
   Reservation r;
   r.id = next_id_++;
   r.key = key;
-  r.blob = std::make_shared<Blob>(static_cast<size_t>(spec.size_bytes));
+  r.blob = blob_pool_->Acquire(static_cast<size_t>(spec.size_bytes));
   Entry entry;
   entry.size = spec.size_bytes;
   entry.blob = r.blob;
@@ -312,12 +313,11 @@ absl::StatusOr<LookupResult> CacheIndex::Lookup(const Hash128& ns, int32_t page_
   if (lease) {
     Lease l;
     l.expiry = now + options_.lease_ttl;
-    l.entries.reserve(n_pages + 1);
-    for (int64_t i = 0; i < n_pages; ++i) {
-      l.entries.push_back({EntryClass::kPage, path[i]->key, path[i]->entry.serial});
-    }
-    l.entries.push_back({EntryClass::kState, best->key, best->entry.serial});
-    for (const Lease::Held& e : l.entries) Pin(e.entry_class, e.key, e.serial, +1);
+    l.page_keys.reserve(n_pages);
+    for (int64_t i = 0; i < n_pages; ++i) l.page_keys.push_back(path[i]->key);
+    if (n_pages > 0) l.deepest = Held{EntryClass::kPage, path[n_pages - 1]->key, path[n_pages - 1]->entry.serial};
+    l.state = Held{EntryClass::kState, best->key, best->entry.serial};
+    PinLease(l, +1);
     result.lease_id = next_id_++;
     result.lease_expiry = l.expiry;
     leases_.emplace(result.lease_id, std::move(l));
@@ -331,13 +331,22 @@ absl::StatusOr<ReadHandle> CacheIndex::Open(uint64_t lease_id, const Hash128& ke
     return absl::NotFoundError(absl::StrCat("unknown or expired lease ", lease_id));
   }
   Lease& lease = it->second;
-  auto held =
-      std::find_if(lease.entries.begin(), lease.entries.end(), [&](const Lease::Held& e) { return e.key == key; });
-  if (held == lease.entries.end()) {
+  const Held* held = nullptr;
+  if (key == lease.state.key) {
+    held = &lease.state;
+  } else if (auto p = pages_.find(key); p != pages_.end()) {
+    const int64_t d = p->second->depth;
+    if (d >= 1 && d <= static_cast<int64_t>(lease.page_keys.size()) && lease.page_keys[d - 1] == key) {
+      held = &*lease.deepest;  // a page of the lease lives as long as its deepest page
+    }
+  } else if (std::find(lease.page_keys.begin(), lease.page_keys.end(), key) != lease.page_keys.end()) {
+    held = &*lease.deepest;  // removed (failed verification): reported below
+  }
+  if (held == nullptr) {
     return absl::NotFoundError(absl::StrCat("lease ", lease_id, " does not hold entry ", key.ToHex()));
   }
   lease.expiry = now + options_.lease_ttl;
-  if (HeldEntry(held->entry_class, key, held->serial) == nullptr) {
+  if (HeldEntry(held->entry_class, held->key, held->serial) == nullptr) {
     return absl::NotFoundError("entry was removed (failed verification)");
   }
   ReadHandle h;
@@ -361,9 +370,7 @@ absl::Status CacheIndex::Release(uint64_t lease_id) {
   return absl::OkStatus();
 }
 
-void CacheIndex::ReleaseLeaseEntries(const Lease& lease) {
-  for (const Lease::Held& e : lease.entries) Pin(e.entry_class, e.key, e.serial, -1);
-}
+void CacheIndex::ReleaseLeaseEntries(const Lease& lease) { PinLease(lease, -1); }
 
 void CacheIndex::RemoveCorrupt(EntryClass entry_class, const Hash128& key) {
   if (entry_class == EntryClass::kPage) {
@@ -481,6 +488,11 @@ CacheIndex::Entry* CacheIndex::HeldEntry(EntryClass c, const Hash128& key, uint6
   return e != nullptr && e->serial == serial ? e : nullptr;
 }
 
+void CacheIndex::PinLease(const Lease& lease, int delta) {
+  if (lease.deepest.has_value()) Pin(lease.deepest->entry_class, lease.deepest->key, lease.deepest->serial, delta);
+  Pin(lease.state.entry_class, lease.state.key, lease.state.serial, delta);
+}
+
 void CacheIndex::Pin(EntryClass c, const Hash128& key, uint64_t serial, int delta) {
   if (HeldEntry(c, key, serial) == nullptr) return;  // removed after failing verification
   if (c == EntryClass::kPage) {
@@ -592,13 +604,15 @@ absl::Status CacheIndex::CheckInvariants() const {
   ClassStats pages, states;
   absl::flat_hash_map<const void*, int> expected_pins;
   for (const auto& [id, lease] : leases_) {
-    for (const Lease::Held& e : lease.entries) {
-      if (e.entry_class == EntryClass::kPage) {
-        auto it = pages_.find(e.key);
-        if (it != pages_.end() && it->second->entry.serial == e.serial) expected_pins[it->second.get()]++;
+    std::vector<const Held*> held = {&lease.state};
+    if (lease.deepest.has_value()) held.push_back(&*lease.deepest);
+    for (const Held* e : held) {
+      if (e->entry_class == EntryClass::kPage) {
+        auto it = pages_.find(e->key);
+        if (it != pages_.end() && it->second->entry.serial == e->serial) expected_pins[it->second.get()]++;
       } else {
-        auto it = states_.find(e.key);
-        if (it != states_.end() && it->second->entry.serial == e.serial) expected_pins[it->second.get()]++;
+        auto it = states_.find(e->key);
+        if (it != states_.end() && it->second->entry.serial == e->serial) expected_pins[it->second.get()]++;
       }
     }
   }

@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "cachestore/blob_pool.h"
 #include "cachestore/keys.h"
 #include "cachestore/types.h"
 
@@ -37,6 +38,9 @@ struct CacheIndexOptions {
   absl::Duration put_timeout = absl::Seconds(30);
   // Longest token list a lookup accepts, and deepest position a put may name.
   int64_t max_tokens = int64_t{1} << 20;
+  // Freed entry buffers kept for reuse by puts of the same size (outside the
+  // budgets); 0 disables recycling. See BlobPool.
+  int64_t blob_pool_bytes = int64_t{256} << 20;
 };
 
 class CacheIndex {
@@ -138,16 +142,19 @@ class CacheIndex {
     Hash128 key;
     absl::Time deadline;
   };
+  struct Held {
+    EntryClass entry_class;
+    Hash128 key;
+    uint64_t serial;  // the entry's identity: a re-put key is a new entry
+  };
+  // A lease pins only the deepest page and the state: every shallower page
+  // is an interior node (never evictable) while the deepest exists, and a
+  // removal that takes one of them (a failed checksum) takes the deepest too.
   struct Lease {
     absl::Time expiry;
-    // The entries pinned, by identity: an entry removed and later stored
-    // again under the same key is a different entry.
-    struct Held {
-      EntryClass entry_class;
-      Hash128 key;
-      uint64_t serial;
-    };
-    std::vector<Held> entries;
+    std::vector<Hash128> page_keys;  // pages [0, n) in order: depth d at [d - 1]
+    std::optional<Held> deepest;     // page n - 1, when n > 0
+    Held state;
   };
   enum class RemoveReason { kLru, kTtl, kAborted, kCorrupt, kWithPages };
 
@@ -164,6 +171,7 @@ class CacheIndex {
   // Finds the entry a lease holds; null when it is gone (or was replaced).
   Entry* HeldEntry(EntryClass c, const Hash128& key, uint64_t serial);
   void Pin(EntryClass c, const Hash128& key, uint64_t serial, int delta);
+  void PinLease(const Lease& lease, int delta);
 
   void RemoveSubtree(Node* node, RemoveReason reason);
   void RemoveNodeOnly(Node* node, RemoveReason reason);
@@ -175,6 +183,7 @@ class CacheIndex {
   static EntryInfo StateInfo(const State& s);
 
   const CacheIndexOptions options_;
+  const std::shared_ptr<BlobPool> blob_pool_;
   absl::flat_hash_map<Hash128, std::unique_ptr<Node>> roots_;
   absl::flat_hash_map<Hash128, std::unique_ptr<Node>> pages_;
   absl::flat_hash_map<Hash128, std::unique_ptr<State>> states_;

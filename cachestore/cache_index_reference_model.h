@@ -136,9 +136,21 @@ struct HeldEntry {
   uint64_t serial = 0;
 };
 
+// A lease's pages live as long as its deepest page: once that is removed
+// (as corrupt, with an ancestor or itself), the lease's pages are void and
+// unpinned, though entries above the removal may remain in the cache.
 struct ModelLease {
   int64_t expiry = 0;
-  std::vector<HeldEntry> entries;
+  std::vector<HeldEntry> entries;  // pages in order, then the state
+  bool pages_void = false;
+
+  const HeldEntry* Deepest() const {
+    const HeldEntry* d = nullptr;
+    for (const HeldEntry& h : entries) {
+      if (h.cls == EntryClass::kPage) d = &h;
+    }
+    return d;
+  }
 };
 
 struct ModelClassCounters {
@@ -422,6 +434,7 @@ class ReferenceModel {
     for (const HeldEntry& h : it->second.entries) {
       if (h.key != key) continue;
       it->second.expiry = now + config_.lease_ttl;
+      if (h.cls == EntryClass::kPage && it->second.pages_void) return absl::StatusCode::kNotFound;
       const int i = FindHeld(h);
       if (i < 0) return absl::StatusCode::kNotFound;
       *info = entries_[i].Info();
@@ -444,6 +457,19 @@ class ReferenceModel {
         if (e.committed) Counters(e.cls).dropped_with_pages++;
         doomed.emplace_back(e.cls, e.key);
       }
+    }
+    for (auto& [id, lease] : leases_) {
+      const HeldEntry* deepest = lease.Deepest();
+      if (lease.pages_void || deepest == nullptr || FindHeld(*deepest) < 0) continue;
+      const bool hit = std::any_of(doomed.begin(), doomed.end(), [&](const EntryRef& r) {
+        return r.first == EntryClass::kPage && r.second == deepest->key;
+      });
+      if (!hit) continue;
+      for (const HeldEntry& h : lease.entries) {
+        const int j = FindHeld(h);
+        if (h.cls == EntryClass::kPage && j >= 0) entries_[j].pins--;
+      }
+      lease.pages_void = true;
     }
     Erase(doomed, /*corrupt=*/true);
   }
@@ -603,6 +629,7 @@ class ReferenceModel {
 
   void Pin(const ModelLease& lease, int delta) {
     for (const HeldEntry& h : lease.entries) {
+      if (h.cls == EntryClass::kPage && lease.pages_void) continue;
       const int i = FindHeld(h);
       if (i >= 0) entries_[i].pins += delta;  // else removed as corrupt
     }

@@ -16,6 +16,7 @@ absl::StatusOr<std::unique_ptr<CacheStore>> CacheStore::Create(const CacheIndexO
     return absl::InvalidArgumentError("TTLs, lease time and put timeout must be > 0");
   }
   if (options.max_tokens <= 0) return absl::InvalidArgumentError("max_tokens must be > 0");
+  if (options.blob_pool_bytes < 0) return absl::InvalidArgumentError("blob_pool_bytes must be >= 0");
   return std::unique_ptr<CacheStore>(new CacheStore(options, clock));
 }
 
@@ -27,8 +28,13 @@ absl::StatusOr<LookupResult> CacheStore::Lookup(const Hash128& ns, int32_t page_
   if (static_cast<int64_t>(tokens.size()) > options().max_tokens) {
     return absl::InvalidArgumentError(absl::StrCat(tokens.size(), " tokens exceed max_tokens=", options().max_tokens));
   }
-  for (TokenId t : tokens) {
-    if (t < 0) return absl::InvalidArgumentError(absl::StrCat("negative token id ", t));
+  // OR-reduce first (vectorizes); look for the culprit only on failure.
+  TokenId any = 0;
+  for (TokenId t : tokens) any |= t;
+  if (any < 0) {
+    for (TokenId t : tokens) {
+      if (t < 0) return absl::InvalidArgumentError(absl::StrCat("negative token id ", t));
+    }
   }
   if (page_size <= 0) return absl::InvalidArgumentError(absl::StrCat("page_size ", page_size, " <= 0"));
   // Hash the page chain before taking the lock: it is the bulk of the work.

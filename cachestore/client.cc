@@ -146,6 +146,13 @@ absl::StatusOr<PutResult> CacheStoreClient::Put(const ClientNamespace& ns, const
 }
 
 absl::StatusOr<std::string> CacheStoreClient::Get(uint64_t lease_id, const Hash128& key) {
+  std::string out;
+  absl::Status s = GetInto(lease_id, key, &out);
+  if (!s.ok()) return s;
+  return out;
+}
+
+absl::Status CacheStoreClient::GetInto(uint64_t lease_id, const Hash128& key, std::string* out) {
   v1::GetRequest req;
   req.set_lease_id(lease_id);
   req.set_key(key.ToBytes());
@@ -154,29 +161,34 @@ absl::StatusOr<std::string> CacheStoreClient::Get(uint64_t lease_id, const Hash1
   impl_->Prepare(&ctx);
   std::unique_ptr<grpc::ClientReader<v1::GetResponse>> reader = impl_->stub->Get(&ctx, req);
   v1::GetResponse msg;
-  std::string out;
+  out->clear();
   uint64_t size = 0, checksum = 0;
   bool first = true;
   while (reader->Read(&msg)) {
     if (first) {
       size = msg.size_bytes();
       checksum = msg.checksum();
-      out.reserve(size);
+      if (size > (uint64_t{1} << 40)) {
+        ctx.TryCancel();
+        reader->Finish();
+        return absl::DataLossError("cachestore announced an implausible entry size");
+      }
+      out->reserve(size);
       first = false;
     }
-    if (msg.offset() != out.size() || out.size() + msg.data().size() > size) {
+    if (msg.offset() != out->size() || out->size() + msg.data().size() > size) {
       ctx.TryCancel();
       reader->Finish();
       return absl::DataLossError("cachestore sent chunks out of order or past the size");
     }
-    out.append(msg.data());
+    out->append(msg.data());
   }
   absl::Status s = FromGrpc(reader->Finish());
   if (!s.ok()) return s;
-  if (out.size() != size || common::Checksum64(out.data(), out.size()) != checksum) {
+  if (out->size() != size || common::Checksum64(out->data(), out->size()) != checksum) {
     return absl::DataLossError(absl::StrCat("entry ", key.ToHex(), " arrived incomplete or corrupted"));
   }
-  return out;
+  return absl::OkStatus();
 }
 
 absl::Status CacheStoreClient::Release(uint64_t lease_id) {

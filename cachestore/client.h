@@ -59,6 +59,9 @@ class CacheStoreClient {
   absl::StatusOr<PutResult> Put(const ClientNamespace& ns, const ClientPut& put, absl::string_view bytes);
   // Fetches a leased entry's bytes and verifies their checksum (DATA_LOSS if not).
   absl::StatusOr<std::string> Get(uint64_t lease_id, const Hash128& key);
+  // The same into `out`, reusing its capacity (no page faults when the
+  // caller keeps one buffer for entries of the same size).
+  absl::Status GetInto(uint64_t lease_id, const Hash128& key, std::string* out);
   absl::Status Release(uint64_t lease_id);
   absl::StatusOr<IndexStats> Stats();
 

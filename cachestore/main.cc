@@ -16,6 +16,7 @@
 #include "common/clock.h"
 #include "common/logging.h"
 #include "common/metrics.h"
+#include "common/process.h"
 
 ABSL_FLAG(std::string, address, "0.0.0.0:50051", "gRPC listen address (host:port; port 0 picks one)");
 ABSL_FLAG(std::string, metrics_address, "0.0.0.0:9091", "Prometheus /metrics address; empty disables");
@@ -26,6 +27,7 @@ ABSL_FLAG(absl::Duration, state_ttl, absl::Hours(1), "Idle time after which an S
 ABSL_FLAG(absl::Duration, lease_ttl, absl::Seconds(30), "Lease lifetime, extended by each read");
 ABSL_FLAG(absl::Duration, put_timeout, absl::Seconds(30), "Stall time after which an incomplete put is reclaimed");
 ABSL_FLAG(int64_t, max_tokens, 1 << 20, "Longest token list accepted");
+ABSL_FLAG(int64_t, blob_pool_mib, 256, "Freed entry buffers kept for reuse (outside the budgets), MiB");
 ABSL_FLAG(int64_t, max_chunk_kib, 4096, "Largest put/get chunk, KiB");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(10), "Time in-flight calls get on SIGTERM");
 
@@ -33,6 +35,7 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("hybridserve cachestore: shared cache of KV pages and SSM states");
   absl::ParseCommandLine(argc, argv);
   hybridserve::common::InitLogging(argv[0]);
+  hybridserve::common::TuneProcessForServing();
   using hybridserve::cachestore::CacheStoreServer;
   using hybridserve::cachestore::ServerOptions;
 
@@ -45,6 +48,7 @@ int main(int argc, char** argv) {
   options.index.lease_ttl = absl::GetFlag(FLAGS_lease_ttl);
   options.index.put_timeout = absl::GetFlag(FLAGS_put_timeout);
   options.index.max_tokens = absl::GetFlag(FLAGS_max_tokens);
+  options.index.blob_pool_bytes = absl::GetFlag(FLAGS_blob_pool_mib) << 20;
   options.service.max_chunk_bytes = absl::GetFlag(FLAGS_max_chunk_kib) << 10;
 
   // Block SIGTERM/SIGINT in every thread (threads inherit the mask) and take

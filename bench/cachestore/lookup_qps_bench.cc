@@ -29,6 +29,7 @@
 #include "cachestore/client.h"
 #include "cachestore/server.h"
 #include "common/clock.h"
+#include "common/process.h"
 #include "prometheus/registry.h"
 #include "proto/cachestore.pb.h"
 
@@ -373,6 +374,8 @@ void Run() {
 }  // namespace hybridserve::bench
 
 int main() {
+  // The same process settings as the cachestore binary it stands in for.
+  hybridserve::common::TuneProcessForServing();
   hybridserve::bench::Run();
   return 0;
 }
