@@ -1,0 +1,112 @@
+// Deterministic matmul vs OpenBLAS at decode and prefill shapes, same run
+// (interleaved, best of many runs).
+//   bazel run -c opt //bench/kernels:matmul_bench [-- threads]
+
+#include <cblas.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "bench/kernels/bench_util.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/thread_pool.h"
+#include "kernels/matmul_params.h"
+
+namespace hybridserve {
+namespace {
+
+using kernels::MatmulMode;
+using kernels::MatmulParams;
+using kernels::cpu::Matmul;
+using kernels::cpu::ThreadPool;
+
+uint16_t ToBf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  bits += 0x7fff + ((bits >> 16) & 1);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+void Run(int64_t m, int64_t n, int64_t k, ThreadPool* pool) {
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> a(m * k), w(n * k), out(m * n);
+  for (float& f : a) f = u(rng);
+  for (float& f : w) f = 0.05f * u(rng);
+  std::vector<uint16_t> w16(w.size());
+  for (size_t i = 0; i < w.size(); ++i) w16[i] = ToBf16(w[i]);
+
+  MatmulParams p;
+  p.a = a.data();
+  p.w = w.data();
+  p.out = out.data();
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  MatmulParams p16 = p;
+  p16.w = nullptr;
+  p16.w_bf16 = w16.data();
+
+  const std::vector<double> t = bench::BestSecondsInterleaved(
+      {[&] { Matmul(p, MatmulMode::kFast, pool); }, [&] { Matmul(p, MatmulMode::kDeterministic, pool); },
+       [&] { Matmul(p16, MatmulMode::kDeterministic, pool); }},
+      /*budget_s=*/1.0);
+  const double t_blas = t[0], t_det = t[1], t_det16 = t[2];
+  const double flops = 2.0 * m * n * k;
+  std::printf(
+      "m %4lld n %5lld k %5lld | openblas %7.1f GFLOP/s | deterministic fp32 %7.1f GFLOP/s (%.2fx "
+      "of openblas) | deterministic bf16 %7.1f GFLOP/s (%.2fx)\n",
+      static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k), flops / t_blas * 1e-9,
+      flops / t_det * 1e-9, t_blas / t_det, flops / t_det16 * 1e-9, t_blas / t_det16);
+}
+
+// How many rows of the first 8 change bits when computed with m = 1 instead of m = 300.
+void RowInvarianceCheck(ThreadPool* pool) {
+  const int64_t m = 300, n = 1024, k = 1024;
+  std::mt19937 rng(2);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> a(m * k), w(n * k), full(m * n), one(n);
+  for (float& f : a) f = u(rng);
+  for (float& f : w) f = 0.05f * u(rng);
+  for (MatmulMode mode : {MatmulMode::kFast, MatmulMode::kDeterministic}) {
+    MatmulParams p;
+    p.a = a.data();
+    p.w = w.data();
+    p.out = full.data();
+    p.m = m;
+    p.n = n;
+    p.k = k;
+    Matmul(p, mode, pool);
+    int differing = 0;
+    for (int64_t i = 0; i < 8; ++i) {
+      MatmulParams q = p;
+      q.a = a.data() + i * k;
+      q.out = one.data();
+      q.m = 1;
+      Matmul(q, mode, pool);
+      differing += std::memcmp(one.data(), full.data() + i * n, n * sizeof(float)) != 0;
+    }
+    std::printf("%s: %d of 8 rows differ in bits between m=1 and m=300\n",
+                mode == MatmulMode::kFast ? "openblas" : "deterministic", differing);
+  }
+}
+
+}  // namespace
+}  // namespace hybridserve
+
+int main(int argc, char** argv) {
+  const int threads = argc > 1 ? std::atoi(argv[1]) : 2;
+  openblas_set_num_threads(threads);
+  hybridserve::kernels::cpu::ThreadPool pool(threads);
+  std::printf("threads %d (deterministic: ThreadPool; openblas: openblas_set_num_threads)\n", threads);
+  for (int64_t m : {1, 8, 512}) {
+    hybridserve::Run(m, 1024, 1024, &pool);
+    hybridserve::Run(m, 4096, 1024, &pool);
+    hybridserve::Run(m, 1024, 4096, &pool);
+  }
+  hybridserve::RowInvarianceCheck(&pool);
+  return 0;
+}

@@ -1,0 +1,58 @@
+#ifndef HYBRIDSERVE_KERNELS_ACTIVATION_PARAMS_H_
+#define HYBRIDSERVE_KERNELS_ACTIVATION_PARAMS_H_
+
+#include <cstdint>
+#include <limits>
+
+namespace hybridserve::kernels {
+
+// Elementwise activations. Every element is a function of its inputs only.
+//   silu(x)     = x / (1 + exp(-x))
+//   softplus(x) = x > 20 ? x : log1p(exp(x))          (torch's threshold 20)
+//   relu2(x)    = max(x, 0)^2                         (Nemotron-H MLP)
+enum class ActivationKind : int {
+  kSilu = 0,
+  kReluSquared = 1,
+  kSoftplus = 2,
+};
+
+// out = act(x), row by row.
+struct ActivationParams {
+  const float* x = nullptr;  // [n_rows, dim], row stride x_row_stride
+  float* out = nullptr;      // [n_rows, dim], row stride out_row_stride; may alias x exactly
+  int64_t n_rows = 0;
+  int64_t dim = 0;
+  ActivationKind kind = ActivationKind::kSilu;
+  int64_t x_row_stride = 0;    // 0: dim
+  int64_t out_row_stride = 0;  // 0: dim
+};
+
+// SwiGLU: out = silu(gate) * up. gate and up may be the two halves of one fused
+// projection output (gate = buf, up = buf + dim, both with row stride 2 * dim).
+struct SwiGluParams {
+  const float* gate = nullptr;  // [n_rows, dim], row stride gate_row_stride
+  const float* up = nullptr;    // [n_rows, dim], row stride up_row_stride
+  float* out = nullptr;         // [n_rows, dim], row stride out_row_stride; may alias gate or up exactly
+  int64_t n_rows = 0;
+  int64_t dim = 0;
+  int64_t gate_row_stride = 0;  // 0: dim
+  int64_t up_row_stride = 0;    // 0: dim
+  int64_t out_row_stride = 0;   // 0: dim
+};
+
+// Mamba2 time step: dt[t, h] = clamp(softplus(dt_raw[t, h] + dt_bias[h]), dt_min, dt_max).
+struct DtSoftplusParams {
+  const float* dt_raw = nullptr;   // [n_tokens, n_heads], row stride dt_raw_row_stride (slice of in_proj output)
+  const float* dt_bias = nullptr;  // [n_heads]; null: no bias
+  float* dt = nullptr;             // [n_tokens, n_heads], row stride dt_row_stride
+  int64_t n_tokens = 0;
+  int64_t n_heads = 0;
+  float dt_min = 0.0f;  // HF time_step_limit (0, inf) by default
+  float dt_max = std::numeric_limits<float>::infinity();
+  int64_t dt_raw_row_stride = 0;  // 0: n_heads
+  int64_t dt_row_stride = 0;      // 0: n_heads
+};
+
+}  // namespace hybridserve::kernels
+
+#endif  // HYBRIDSERVE_KERNELS_ACTIVATION_PARAMS_H_

@@ -1,0 +1,241 @@
+#include "kernels/cpu/attention.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "kernels/cpu/simd.h"
+#include "kernels/kernel_status.h"
+
+namespace hybridserve::kernels::cpu {
+namespace {
+
+bool ValidCache(const PagedKvCache& c) {
+  return c.k != nullptr && c.v != nullptr && c.num_pages > 0 && c.page_size > 0 && c.n_kv_heads > 0 && c.head_dim > 0;
+}
+
+// Entries [0, n_entries) of a block table all name existing pages.
+bool ValidPages(const int32_t* table, int64_t n_entries, int64_t num_pages) {
+  if (n_entries > 0 && table == nullptr) return false;
+  for (int64_t i = 0; i < n_entries; ++i) {
+    if (table[i] < 0 || table[i] >= num_pages) return false;
+  }
+  return true;
+}
+
+int64_t PagesFor(int64_t n_tokens, int64_t page_size) { return (n_tokens + page_size - 1) / page_size; }
+
+float ResolvedScale(float scale, int64_t head_dim) {
+  return scale != 0.0f ? scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
+}
+
+// q . k over head_dim: 8-lane vector v accumulates into acc[v % 4] (the last
+// vector zero-padded), hsum8((acc0 + acc1) + (acc2 + acc3)).
+inline float Dot(const float* a, const float* b, int64_t n) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+    acc2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), acc2);
+    acc3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), acc3);
+  }
+  for (int which = 0; i < n; i += 8, ++which) {
+    const __m256 prod_a = simd::LoadPartial(a + i, n - i);
+    const __m256 prod_b = simd::LoadPartial(b + i, n - i);
+    __m256& acc = which == 0 ? acc0 : which == 1 ? acc1 : which == 2 ? acc2 : acc3;
+    acc = _mm256_fmadd_ps(prod_a, prod_b, acc);
+  }
+  return simd::Hsum(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
+}
+
+// Online-softmax state of one query row.
+struct RowState {
+  float m = -std::numeric_limits<float>::infinity();
+  float l = 0.0f;
+  float* acc = nullptr;  // [head_dim]
+};
+
+// Scratch of one thread.
+struct AttnScratch {
+  std::vector<float> acc;     // [group, head_dim]
+  std::vector<float> scores;  // [page_size rounded up to 8]
+  std::vector<RowState> rows;
+};
+
+// Attends the `group` query heads of one KV head (q rows at q, q + head_dim, ...)
+// at one position to keys [0, n_keys) and writes their outputs.
+void AttendGroup(const PagedKvCache& cache, const int32_t* block_table, int64_t kv_head, const float* q, int64_t group,
+                 int64_t n_keys, float scale, float* out, AttnScratch& s) {
+  const int64_t D = cache.head_dim;
+  const int64_t token_stride = cache.n_kv_heads * D;
+  const int64_t page_stride = cache.page_size * token_stride;
+  s.acc.assign(group * D, 0.0f);
+  s.scores.resize((cache.page_size + 7) & ~int64_t{7});
+  s.rows.assign(group, RowState{});
+  for (int64_t g = 0; g < group; ++g) s.rows[g].acc = s.acc.data() + g * D;
+
+  const int64_t n_blocks = PagesFor(n_keys, cache.page_size);
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const int64_t count = std::min(cache.page_size, n_keys - b * cache.page_size);
+    const int64_t page_offset = block_table[b] * page_stride + kv_head * D;
+    const float* kp = cache.k + page_offset;
+    const float* vp = cache.v + page_offset;
+    for (int64_t g = 0; g < group; ++g) {
+      RowState& r = s.rows[g];
+      const float* qg = q + g * D;
+      float* scores = s.scores.data();
+      float m_blk = -std::numeric_limits<float>::infinity();
+      for (int64_t i = 0; i < count; ++i) {
+        scores[i] = Dot(qg, kp + i * token_stride, D) * scale;
+        m_blk = std::max(m_blk, scores[i]);
+      }
+      const float m_new = std::max(r.m, m_blk);
+      const __m256 vm = _mm256_set1_ps(m_new);
+      const float alpha = _mm256_cvtss_f32(simd::Exp(_mm256_set1_ps(r.m - m_new)));
+      for (int64_t i = 0; i < count; i += 8) {
+        const __m256 sv = simd::LoadPartial(scores + i, count - i);
+        simd::StorePartial(scores + i, simd::Exp(_mm256_sub_ps(sv, vm)), count - i);
+      }
+      float l = r.l * alpha;
+      for (int64_t i = 0; i < count; ++i) l = l + scores[i];
+      r.l = l;
+      r.m = m_new;
+      const __m256 va = _mm256_set1_ps(alpha);
+      int64_t d = 0;
+      for (; d + 8 <= D; d += 8) {
+        __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(r.acc + d), va);
+        for (int64_t i = 0; i < count; ++i) {
+          acc = _mm256_fmadd_ps(_mm256_set1_ps(scores[i]), _mm256_loadu_ps(vp + i * token_stride + d), acc);
+        }
+        _mm256_storeu_ps(r.acc + d, acc);
+      }
+      for (; d < D; ++d) {
+        float acc = r.acc[d] * alpha;
+        for (int64_t i = 0; i < count; ++i) acc = std::fma(scores[i], vp[i * token_stride + d], acc);
+        r.acc[d] = acc;
+      }
+    }
+  }
+  for (int64_t g = 0; g < group; ++g) {
+    const RowState& r = s.rows[g];
+    for (int64_t d = 0; d < D; ++d) out[g * D + d] = r.acc[d] / r.l;
+  }
+}
+
+void CopyTokenKv(const PagedKvCache& c, int32_t page, int64_t slot, const float* k, const float* v) {
+  const int64_t n = c.n_kv_heads * c.head_dim;
+  const int64_t offset = (page * c.page_size + slot) * n;
+  std::memcpy(c.k + offset, k, n * sizeof(float));
+  std::memcpy(c.v + offset, v, n * sizeof(float));
+}
+
+}  // namespace
+
+int KvAppend(const KvAppendParams& p, ThreadPool* pool) {
+  const PagedKvCache& c = p.cache;
+  if (!ValidCache(c) || p.start_pos < 0 || p.n_tokens < 0 || (p.n_tokens > 0 && (p.k == nullptr || p.v == nullptr)) ||
+      !ValidPages(p.block_table, PagesFor(p.start_pos + p.n_tokens, c.page_size), c.num_pages)) {
+    return kKernelInvalidArgument;
+  }
+  const int64_t ks = p.k_token_stride ? p.k_token_stride : c.n_kv_heads * c.head_dim;
+  const int64_t vs = p.v_token_stride ? p.v_token_stride : c.n_kv_heads * c.head_dim;
+  ParallelFor(pool, p.n_tokens, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t pos = p.start_pos + t;
+      CopyTokenKv(c, p.block_table[pos / c.page_size], pos % c.page_size, p.k + t * ks, p.v + t * vs);
+    }
+  });
+  return kKernelOk;
+}
+
+int KvAppendDecode(const KvAppendDecodeParams& p, ThreadPool* pool) {
+  const PagedKvCache& c = p.cache;
+  if (!ValidCache(c) || p.batch < 0 ||
+      (p.batch > 0 && (p.k == nullptr || p.v == nullptr || p.seq_lens == nullptr || p.block_tables == nullptr))) {
+    return kKernelInvalidArgument;
+  }
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const int64_t pages = PagesFor(p.seq_lens[b], c.page_size);
+    if (p.seq_lens[b] < 1 || pages > p.block_table_stride ||
+        !ValidPages(p.block_tables + b * p.block_table_stride, pages, c.num_pages)) {
+      return kKernelInvalidArgument;
+    }
+  }
+  const int64_t ks = p.k_batch_stride ? p.k_batch_stride : c.n_kv_heads * c.head_dim;
+  const int64_t vs = p.v_batch_stride ? p.v_batch_stride : c.n_kv_heads * c.head_dim;
+  ParallelFor(pool, p.batch, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const int64_t pos = p.seq_lens[b] - 1;
+      CopyTokenKv(c, p.block_tables[b * p.block_table_stride + pos / c.page_size], pos % c.page_size, p.k + b * ks,
+                  p.v + b * vs);
+    }
+  });
+  return kKernelOk;
+}
+
+int AttentionPrefill(const AttentionPrefillParams& p, ThreadPool* pool) {
+  const PagedKvCache& c = p.cache;
+  if (!ValidCache(c) || p.start_pos < 0 || p.n_tokens < 0 || p.n_heads <= 0 || p.n_heads % c.n_kv_heads != 0 ||
+      !(p.scale >= 0.0f) || (p.n_tokens > 0 && (p.q == nullptr || p.out == nullptr)) ||
+      !ValidPages(p.block_table, PagesFor(p.start_pos + p.n_tokens, c.page_size), c.num_pages)) {
+    return kKernelInvalidArgument;
+  }
+  const int64_t D = c.head_dim;
+  const int64_t group = p.n_heads / c.n_kv_heads;
+  const int64_t qs = p.q_token_stride ? p.q_token_stride : p.n_heads * D;
+  const int64_t os = p.out_token_stride ? p.out_token_stride : p.n_heads * D;
+  const float scale = ResolvedScale(p.scale, D);
+  // Task u covers tokens u and n-1-u (causal work pairs up evenly) for one KV head.
+  const int64_t pairs = (p.n_tokens + 1) / 2;
+  ParallelFor(pool, pairs * c.n_kv_heads, [&](int64_t begin, int64_t end) {
+    AttnScratch scratch;
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t u = task / c.n_kv_heads;
+      const int64_t kvh = task % c.n_kv_heads;
+      auto attend = [&](int64_t t) {
+        AttendGroup(c, p.block_table, kvh, p.q + t * qs + kvh * group * D, group, p.start_pos + t + 1, scale,
+                    p.out + t * os + kvh * group * D, scratch);
+      };
+      attend(u);
+      if (p.n_tokens - 1 - u != u) attend(p.n_tokens - 1 - u);
+    }
+  });
+  return kKernelOk;
+}
+
+int AttentionDecode(const AttentionDecodeParams& p, ThreadPool* pool) {
+  const PagedKvCache& c = p.cache;
+  if (!ValidCache(c) || p.batch < 0 || p.n_heads <= 0 || p.n_heads % c.n_kv_heads != 0 || !(p.scale >= 0.0f) ||
+      (p.batch > 0 && (p.q == nullptr || p.out == nullptr || p.seq_lens == nullptr || p.block_tables == nullptr))) {
+    return kKernelInvalidArgument;
+  }
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const int64_t pages = PagesFor(p.seq_lens[b], c.page_size);
+    if (p.seq_lens[b] < 1 || pages > p.block_table_stride ||
+        !ValidPages(p.block_tables + b * p.block_table_stride, pages, c.num_pages)) {
+      return kKernelInvalidArgument;
+    }
+  }
+  const int64_t D = c.head_dim;
+  const int64_t group = p.n_heads / c.n_kv_heads;
+  const int64_t qs = p.q_batch_stride ? p.q_batch_stride : p.n_heads * D;
+  const int64_t os = p.out_batch_stride ? p.out_batch_stride : p.n_heads * D;
+  const float scale = ResolvedScale(p.scale, D);
+  ParallelFor(pool, p.batch * c.n_kv_heads, [&](int64_t begin, int64_t end) {
+    AttnScratch scratch;
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t b = task / c.n_kv_heads;
+      const int64_t kvh = task % c.n_kv_heads;
+      AttendGroup(c, p.block_tables + b * p.block_table_stride, kvh, p.q + b * qs + kvh * group * D, group,
+                  p.seq_lens[b], scale, p.out + b * os + kvh * group * D, scratch);
+    }
+  });
+  return kKernelOk;
+}
+
+}  // namespace hybridserve::kernels::cpu

@@ -1,0 +1,34 @@
+#ifndef HYBRIDSERVE_KERNELS_CPU_MATMUL_H_
+#define HYBRIDSERVE_KERNELS_CPU_MATMUL_H_
+
+#include "kernels/cpu/thread_pool.h"
+#include "kernels/matmul_params.h"
+
+namespace hybridserve::kernels::cpu {
+
+// out = a @ w^T (+ bias) (+ out); see kernels/matmul_params.h. All return a KernelStatus.
+
+// Deterministic mode. Each out[i, j] is
+//   acc = 8-lane fp32 vector; for k0 = 0, 8, 16, ...: acc = fma(a[i, k0:k0+8], w[j, k0:k0+8], acc)
+//         (the last step zero-padded when k % 8 != 0), i.e. lane l sums k = l mod 8 in
+//         ascending order;
+//   r = hsum8(acc) (fixed tree, simd.h); r = r + bias[j] if bias; r = out[i, j] + r if accumulate.
+// Register tiles (3x4, 2x6, 1x8 rows x columns), cache blocking over n and k
+// (the accumulators are carried across k blocks, not reduced) and the split of
+// columns over threads all run that same chain, so a row's bits depend only on
+// that row of a, on w and on bias: never on m, on the other rows or on threads.
+// bf16 weights are widened exactly, so they give the bits of the fp32 path on
+// the widened weights.
+int MatmulDeterministic(const MatmulParams& p, ThreadPool* pool);
+
+// Fast mode: OpenBLAS (cblas_sgemm, or cblas_sgemv when m == 1), using
+// OpenBLAS's own threads (pool unused). bf16 weights are widened block by block
+// into a scratch buffer first. Not row-invariant (DESIGN.md section 4).
+int MatmulFast(const MatmulParams& p, ThreadPool* pool);
+
+// Dispatches on mode.
+int Matmul(const MatmulParams& p, MatmulMode mode, ThreadPool* pool);
+
+}  // namespace hybridserve::kernels::cpu
+
+#endif  // HYBRIDSERVE_KERNELS_CPU_MATMUL_H_

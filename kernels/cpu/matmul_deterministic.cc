@@ -1,0 +1,187 @@
+// Deterministic matmul: fixed per-element reduction order, AVX2/FMA register
+// tiles in the dot-product form (both operands contiguous along k).
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/simd.h"
+#include "kernels/kernel_status.h"
+
+namespace hybridserve::kernels::cpu {
+namespace {
+
+// Bytes of fp32 w per cache block: a block of columns (all of k) stays in L2
+// while every row tile of a streams past it.
+constexpr int64_t kBlockBytes = 384 * 1024;
+// k per block (multiple of 8): the a panel of a row tile (3 * kKc * 4 = 12 KiB)
+// stays in L1 across the column tiles of a block.
+constexpr int64_t kKc = 1024;
+// Columns per parallel task and granule of column blocks: a multiple of every
+// tile width (4, 6, 8).
+constexpr int64_t kTaskCols = 24;
+// From this many rows on, bf16 weights are widened once per column block into
+// a scratch buffer (amortized over the row tiles) instead of at every use.
+constexpr int64_t kBf16WidenMinRows = 8;
+
+int64_t ColumnsPerBlock(int64_t k) {
+  const int64_t cols = kBlockBytes / (4 * std::max<int64_t>(k, 1));
+  return std::max<int64_t>(kTaskCols, cols / kTaskCols * kTaskCols);
+}
+
+inline __m256 LoadW(const float* w, int64_t rem) { return rem >= 8 ? _mm256_loadu_ps(w) : simd::LoadPartial(w, rem); }
+inline __m256 LoadW(const uint16_t* w, int64_t rem) {
+  return rem >= 8 ? simd::LoadBf16(w) : simd::LoadBf16Partial(w, rem);
+}
+
+// Accumulates rows [0, MR) of a against columns [0, NR) of w over k in
+// [k_begin, k_end) (k_begin a multiple of 8) into acc (MR * NR vectors),
+// which it loads from / stores to acc_io.
+template <int MR, int NR, typename WT>
+inline void MicroKernel(const float* a, int64_t lda, const WT* w, int64_t ldw, int64_t k_begin, int64_t k_end,
+                        bool load_acc, float* acc_io) {
+  __m256 acc[MR * NR];
+#pragma unroll
+  for (int t = 0; t < MR * NR; ++t) {
+    acc[t] = load_acc ? _mm256_loadu_ps(acc_io + 8 * t) : _mm256_setzero_ps();
+  }
+  int64_t kk = k_begin;
+  for (; kk + 8 <= k_end; kk += 8) {
+    __m256 av[MR];
+#pragma unroll
+    for (int i = 0; i < MR; ++i) av[i] = _mm256_loadu_ps(a + i * lda + kk);
+#pragma unroll
+    for (int j = 0; j < NR; ++j) {
+      const __m256 wv = LoadW(w + j * ldw + kk, 8);
+#pragma unroll
+      for (int i = 0; i < MR; ++i) acc[i * NR + j] = _mm256_fmadd_ps(av[i], wv, acc[i * NR + j]);
+    }
+  }
+  if (kk < k_end) {
+    const int64_t rem = k_end - kk;
+    __m256 av[MR];
+#pragma unroll
+    for (int i = 0; i < MR; ++i) av[i] = simd::LoadPartial(a + i * lda + kk, rem);
+#pragma unroll
+    for (int j = 0; j < NR; ++j) {
+      const __m256 wv = LoadW(w + j * ldw + kk, rem);
+#pragma unroll
+      for (int i = 0; i < MR; ++i) acc[i * NR + j] = _mm256_fmadd_ps(av[i], wv, acc[i * NR + j]);
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < MR * NR; ++t) _mm256_storeu_ps(acc_io + 8 * t, acc[t]);
+}
+
+struct Job {
+  const MatmulParams* p;
+  int64_t lda, ldw, ldo;
+};
+
+// Reduces the accumulators of an MR x NR tile at (i0, j0) and writes out.
+template <int MR, int NR>
+inline void Finish(const Job& job, int64_t i0, int64_t j0, const float* acc_io) {
+  const MatmulParams& p = *job.p;
+  for (int i = 0; i < MR; ++i) {
+    float* out = p.out + (i0 + i) * job.ldo + j0;
+    for (int j = 0; j < NR; ++j) {
+      float r = simd::Hsum(_mm256_loadu_ps(acc_io + 8 * (i * NR + j)));
+      if (p.bias != nullptr) r = r + p.bias[j0 + j];
+      if (p.accumulate) r = out[j] + r;
+      out[j] = r;
+    }
+  }
+}
+
+// Rows [i0, i0 + MR) x columns [j_begin, j_end): tiles of NR columns, then
+// single columns for the remainder. k blocks are the outer loop so that the a
+// panel of a k block stays in L1 across the column tiles; each tile's
+// accumulators wait in `acc` between k blocks.
+template <int MR, int NR, typename WT>
+void RowPanel(const Job& job, const WT* w, int64_t i0, int64_t j_begin, int64_t j_end, std::vector<float>& acc) {
+  const MatmulParams& p = *job.p;
+  const int64_t full_tiles = (j_end - j_begin) / NR;
+  const int64_t j_tail = j_begin + full_tiles * NR;
+  const int64_t tiles = full_tiles + (j_end - j_tail);
+  constexpr int64_t kTileFloats = MR * NR * 8;
+  acc.resize(tiles * kTileFloats);
+  const float* a = p.a + i0 * job.lda;
+  for (int64_t k0 = 0; k0 == 0 || k0 < p.k; k0 += kKc) {  // k == 0: zeros
+    const int64_t k1 = std::min(p.k, k0 + kKc);
+    for (int64_t t = 0; t < full_tiles; ++t) {
+      MicroKernel<MR, NR>(a, job.lda, w + (j_begin + t * NR) * job.ldw, job.ldw, k0, k1, k0 > 0,
+                          acc.data() + t * kTileFloats);
+    }
+    for (int64_t j = j_tail; j < j_end; ++j) {
+      MicroKernel<MR, 1>(a, job.lda, w + j * job.ldw, job.ldw, k0, k1, k0 > 0,
+                         acc.data() + (full_tiles + j - j_tail) * kTileFloats);
+    }
+  }
+  for (int64_t t = 0; t < full_tiles; ++t) {
+    Finish<MR, NR>(job, i0, j_begin + t * NR, acc.data() + t * kTileFloats);
+  }
+  for (int64_t j = j_tail; j < j_end; ++j) {
+    Finish<MR, 1>(job, i0, j, acc.data() + (full_tiles + j - j_tail) * kTileFloats);
+  }
+}
+
+template <typename WT>
+void RowTiles(const Job& job, const WT* w, int64_t jb, int64_t je, std::vector<float>& acc) {
+  const int64_t m = job.p->m;
+  int64_t i = 0;
+  for (; i + 3 <= m; i += 3) RowPanel<3, 4>(job, w, i, jb, je, acc);
+  if (m - i == 2) RowPanel<2, 6>(job, w, i, jb, je, acc);
+  if (m - i == 1) RowPanel<1, 8>(job, w, i, jb, je, acc);
+}
+
+void Columns(const Job& job, int64_t j_begin, int64_t j_end) {
+  const MatmulParams& p = *job.p;
+  const int64_t nc = ColumnsPerBlock(p.k);
+  const bool widen = p.w_bf16 != nullptr && p.m >= kBf16WidenMinRows;
+  std::vector<float> widened(widen ? nc * p.k : 0);
+  std::vector<float> acc;
+  for (int64_t jb = j_begin; jb < j_end; jb += nc) {
+    const int64_t je = std::min(j_end, jb + nc);
+    if (p.w != nullptr) {
+      RowTiles(job, p.w, jb, je, acc);
+    } else if (!widen) {
+      RowTiles(job, p.w_bf16, jb, je, acc);
+    } else {
+      // Exact widening into a packed [je - jb, k] block; columns are then
+      // addressed relative to jb, so shift the job's view accordingly.
+      for (int64_t j = jb; j < je; ++j) {
+        const uint16_t* src = p.w_bf16 + j * job.ldw;
+        float* dst = widened.data() + (j - jb) * p.k;
+        int64_t kk = 0;
+        for (; kk + 8 <= p.k; kk += 8) _mm256_storeu_ps(dst + kk, simd::LoadBf16(src + kk));
+        if (kk < p.k) simd::StorePartial(dst + kk, simd::LoadBf16Partial(src + kk, p.k - kk), p.k - kk);
+      }
+      Job packed = job;
+      packed.ldw = p.k;
+      RowTiles(packed, widened.data() - jb * p.k, jb, je, acc);
+    }
+  }
+}
+
+}  // namespace
+
+int MatmulDeterministic(const MatmulParams& p, ThreadPool* pool) {
+  if (p.a == nullptr || p.out == nullptr || (p.w == nullptr) == (p.w_bf16 == nullptr) || p.m < 0 || p.n < 0 ||
+      p.k < 0) {
+    return kKernelInvalidArgument;
+  }
+  Job job{&p, p.lda ? p.lda : p.k, p.ldw ? p.ldw : p.k, p.ldo ? p.ldo : p.n};
+  if (job.lda < p.k || job.ldw < p.k || job.ldo < p.n) return kKernelInvalidArgument;
+  const int64_t tasks = (p.n + kTaskCols - 1) / kTaskCols;
+  ParallelFor(pool, tasks, [&](int64_t begin, int64_t end) {
+    const int64_t j_begin = begin * kTaskCols;
+    const int64_t j_end = std::min(p.n, end * kTaskCols);
+    Columns(job, j_begin, j_end);
+  });
+  return kKernelOk;
+}
+
+}  // namespace hybridserve::kernels::cpu

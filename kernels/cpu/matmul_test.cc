@@ -1,0 +1,214 @@
+#include "kernels/cpu/matmul.h"
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cpu/test_util.h"
+#include "kernels/cpu/thread_pool.h"
+#include "kernels/kernel_status.h"
+
+namespace hybridserve::kernels::cpu {
+namespace {
+
+using testing::BitsEqual;
+
+constexpr double kUnitRoundoff = 5.9604644775390625e-8;  // 2^-24
+
+uint16_t FloatToBf16(float f) {  // round to nearest even
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  bits += 0x7fff + ((bits >> 16) & 1);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+float Bf16ToFloat(uint16_t h) {
+  const uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+struct Problem {
+  int64_t m, n, k;
+  std::vector<float> a, w, bias;
+  Problem(int64_t m_in, int64_t n_in, int64_t k_in, uint32_t seed) : m(m_in), n(n_in), k(k_in) {
+    std::mt19937 rng(seed);
+    a = testing::RandomVector(rng, m * k);
+    w = testing::RandomVector(rng, n * k, -0.1f, 0.1f);
+    bias = testing::RandomVector(rng, n);
+  }
+};
+
+std::vector<float> RunMatmul(MatmulMode mode, const float* a, int64_t m, const Problem& pr, ThreadPool* pool,
+                             const float* bias = nullptr, const uint16_t* w_bf16 = nullptr) {
+  std::vector<float> out(m * pr.n, NAN);
+  MatmulParams p;
+  p.a = a;
+  p.w = w_bf16 ? nullptr : pr.w.data();
+  p.w_bf16 = w_bf16;
+  p.bias = bias;
+  p.out = out.data();
+  p.m = m;
+  p.n = pr.n;
+  p.k = pr.k;
+  EXPECT_EQ(Matmul(p, mode, pool), kKernelOk);
+  return out;
+}
+
+// Error bound of one output element: first-order bound of the summation
+// (each of the 8 lanes adds ceil(k/8) fma-exact products, then a 3-level tree
+// and the bias add) times sum |a w| + |bias|, for `terms_in_chain` sequential adds.
+void ExpectWithinSummationBound(const std::vector<float>& got, const Problem& pr, bool with_bias,
+                                double terms_in_chain) {
+  for (int64_t i = 0; i < pr.m; ++i) {
+    for (int64_t j = 0; j < pr.n; ++j) {
+      double exact = with_bias ? pr.bias[j] : 0.0;
+      double magnitude = with_bias ? std::fabs(pr.bias[j]) : 0.0;
+      for (int64_t kk = 0; kk < pr.k; ++kk) {
+        const double prod = static_cast<double>(pr.a[i * pr.k + kk]) * pr.w[j * pr.k + kk];
+        exact += prod;
+        magnitude += std::fabs(prod);
+      }
+      const double bound = terms_in_chain * kUnitRoundoff * magnitude;
+      ASSERT_LE(std::fabs(got[i * pr.n + j] - exact), bound)
+          << "row " << i << " col " << j << " got " << got[i * pr.n + j] << " exact " << exact;
+    }
+  }
+}
+
+// The contract: a row's bits do not depend on m, on the other rows or on threads.
+TEST(MatmulDeterministicTest, RowsAreBitIdenticalForAnyBatchAndThreadCount) {
+  // k not a multiple of 8 and above the k block (1024); n not a multiple of any tile width.
+  for (const auto& [n, k] : {std::pair<int64_t, int64_t>{515, 1000}, {70, 2500}, {1024, 1024}}) {
+    const Problem pr(300, n, k, 42);
+    ThreadPool pool2(2);
+    const std::vector<float> full = RunMatmul(MatmulMode::kDeterministic, pr.a.data(), 300, pr, &pool2, pr.bias.data());
+    for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &pool2}) {
+      for (int64_t m : {1, 2, 7, 64, 300}) {
+        // Rows [off, off + m) of a, computed as their own call.
+        const int64_t off = (300 - m) / 2;
+        const std::vector<float> part =
+            RunMatmul(MatmulMode::kDeterministic, pr.a.data() + off * k, m, pr, pool, pr.bias.data());
+        EXPECT_TRUE(BitsEqual(part.data(), full.data() + off * n, m * n))
+            << "n " << n << " k " << k << " m " << m << " pool " << (pool != nullptr);
+      }
+    }
+    // One row batched with entirely different neighbours.
+    std::mt19937 rng(7);
+    std::vector<float> mixed = testing::RandomVector(rng, 5 * k);
+    std::copy_n(pr.a.begin() + 123 * k, k, mixed.begin() + 3 * k);
+    const std::vector<float> got = RunMatmul(MatmulMode::kDeterministic, mixed.data(), 5, pr, &pool2, pr.bias.data());
+    EXPECT_TRUE(BitsEqual(got.data() + 3 * n, full.data() + 123 * n, n));
+  }
+}
+
+TEST(MatmulDeterministicTest, WithinSummationErrorBoundOfExactResult) {
+  const Problem pr(9, 37, 1029, 3);
+  ThreadPool pool(2);
+  const std::vector<float> got = RunMatmul(MatmulMode::kDeterministic, pr.a.data(), pr.m, pr, &pool, pr.bias.data());
+  ExpectWithinSummationBound(got, pr, true, std::ceil(pr.k / 8.0) + 3 + 1);
+  const std::vector<float> no_bias = RunMatmul(MatmulMode::kDeterministic, pr.a.data(), pr.m, pr, &pool);
+  ExpectWithinSummationBound(no_bias, pr, false, std::ceil(pr.k / 8.0) + 3);
+}
+
+// OpenBLAS's summation order is unknown: hold it to the worst-case bound of a
+// plain sequential sum of k + 1 terms.
+TEST(MatmulFastTest, WithinSequentialSummationBound) {
+  for (int64_t m : {1, 6}) {
+    Problem pr(m, 45, 700, 5);
+    const std::vector<float> got = RunMatmul(MatmulMode::kFast, pr.a.data(), m, pr, nullptr, pr.bias.data());
+    ExpectWithinSummationBound(got, pr, true, static_cast<double>(pr.k + 1));
+  }
+}
+
+TEST(MatmulTest, Bf16WeightsGiveBitsOfWidenedFp32Weights) {
+  Problem pr(5, 50, 333, 8);
+  std::vector<uint16_t> w16(pr.w.size());
+  for (size_t i = 0; i < w16.size(); ++i) w16[i] = FloatToBf16(pr.w[i]);
+  Problem widened = pr;
+  for (size_t i = 0; i < w16.size(); ++i) widened.w[i] = Bf16ToFloat(w16[i]);
+  ThreadPool pool(2);
+  const std::vector<float> from_bf16 =
+      RunMatmul(MatmulMode::kDeterministic, pr.a.data(), pr.m, pr, &pool, pr.bias.data(), w16.data());
+  const std::vector<float> from_fp32 =
+      RunMatmul(MatmulMode::kDeterministic, pr.a.data(), pr.m, widened, &pool, pr.bias.data());
+  EXPECT_TRUE(BitsEqual(from_bf16, from_fp32));
+  // The fast path's bf16 widening agrees with its fp32 path within its bound.
+  const std::vector<float> fast =
+      RunMatmul(MatmulMode::kFast, pr.a.data(), pr.m, pr, nullptr, pr.bias.data(), w16.data());
+  ExpectWithinSummationBound(fast, widened, true, static_cast<double>(pr.k + 1));
+}
+
+// Small calls widen bf16 at each use, large ones once per column block: the
+// rows must not notice.
+TEST(MatmulDeterministicTest, Bf16RowsAreBitIdenticalAcrossWideningPaths) {
+  Problem pr(40, 77, 1100, 12);
+  std::vector<uint16_t> w16(pr.w.size());
+  for (size_t i = 0; i < w16.size(); ++i) w16[i] = FloatToBf16(pr.w[i]);
+  ThreadPool pool(2);
+  const std::vector<float> full =
+      RunMatmul(MatmulMode::kDeterministic, pr.a.data(), 40, pr, &pool, pr.bias.data(), w16.data());
+  for (int64_t m : {1, 3, 7, 8, 13}) {
+    const std::vector<float> part =
+        RunMatmul(MatmulMode::kDeterministic, pr.a.data() + 20 * pr.k, m, pr, nullptr, pr.bias.data(), w16.data());
+    EXPECT_TRUE(BitsEqual(part.data(), full.data() + 20 * pr.n, m * pr.n)) << "m " << m;
+  }
+}
+
+TEST(MatmulTest, AccumulateAddsOntoOutputWithStrides) {
+  // a rows and out rows live inside wider buffers (lda, ldo > k, n).
+  const int64_t m = 4, n = 10, k = 20, lda = 32, ldo = 16;
+  std::mt19937 rng(9);
+  const std::vector<float> a = testing::RandomVector(rng, m * lda);
+  const std::vector<float> w = testing::RandomVector(rng, n * k);
+  const std::vector<float> bias = testing::RandomVector(rng, n);
+  const std::vector<float> residual = testing::RandomVector(rng, m * ldo);
+  for (MatmulMode mode : {MatmulMode::kDeterministic, MatmulMode::kFast}) {
+    std::vector<float> out = residual;
+    MatmulParams p;
+    p.a = a.data();
+    p.w = w.data();
+    p.bias = bias.data();
+    p.out = out.data();
+    p.m = m;
+    p.n = n;
+    p.k = k;
+    p.lda = lda;
+    p.ldo = ldo;
+    p.accumulate = true;
+    ASSERT_EQ(Matmul(p, mode, nullptr), kKernelOk);
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < ldo; ++j) {
+        if (j >= n) {
+          EXPECT_EQ(out[i * ldo + j], residual[i * ldo + j]) << "padding column written";
+          continue;
+        }
+        double want = residual[i * ldo + j] + bias[j];
+        for (int64_t kk = 0; kk < k; ++kk) want += static_cast<double>(a[i * lda + kk]) * w[j * k + kk];
+        EXPECT_NEAR(out[i * ldo + j], want, 1e-5) << static_cast<int>(mode);
+      }
+    }
+  }
+}
+
+TEST(MatmulTest, RejectsBothOrNeitherWeightPointer) {
+  std::vector<float> a(4), w(4), out(1);
+  std::vector<uint16_t> w16(4);
+  MatmulParams p;
+  p.a = a.data();
+  p.out = out.data();
+  p.m = 1;
+  p.n = 1;
+  p.k = 4;
+  EXPECT_EQ(MatmulDeterministic(p, nullptr), kKernelInvalidArgument);
+  p.w = w.data();
+  p.w_bf16 = w16.data();
+  EXPECT_EQ(MatmulDeterministic(p, nullptr), kKernelInvalidArgument);
+  EXPECT_EQ(MatmulFast(p, nullptr), kKernelInvalidArgument);
+}
+
+}  // namespace
+}  // namespace hybridserve::kernels::cpu

@@ -1,0 +1,94 @@
+#include "kernels/cpu/norm.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cpu/activations.h"
+#include "kernels/cpu/simd.h"
+#include "kernels/kernel_status.h"
+
+namespace hybridserve::kernels::cpu {
+namespace {
+
+float SumOfSquares(const float* x, int64_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    acc = _mm256_fmadd_ps(v, v, acc);
+  }
+  if (i < n) {
+    const __m256 v = simd::LoadPartial(x + i, n - i);
+    acc = _mm256_fmadd_ps(v, v, acc);
+  }
+  return simd::Hsum(acc);
+}
+
+float InverseRms(float sum_sq, int64_t n, float eps) { return 1.0f / std::sqrt(sum_sq / static_cast<float>(n) + eps); }
+
+template <typename Fn>
+void ForRows(ThreadPool* pool, int64_t n_rows, int64_t dim, Fn row_fn) {
+  const int64_t tasks = std::max<int64_t>(1, std::min(n_rows, n_rows * dim / 16384));
+  ParallelFor(pool, tasks, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin * n_rows / tasks; r < end * n_rows / tasks; ++r) row_fn(r);
+  });
+}
+
+}  // namespace
+
+int RmsNorm(const RmsNormParams& p, ThreadPool* pool) {
+  if (p.x == nullptr || p.out == nullptr || p.n_rows < 0 || p.dim <= 0 || !(p.eps >= 0.0f)) {
+    return kKernelInvalidArgument;
+  }
+  const int64_t xs = p.x_row_stride ? p.x_row_stride : p.dim;
+  const int64_t os = p.out_row_stride ? p.out_row_stride : p.dim;
+  ForRows(pool, p.n_rows, p.dim, [&](int64_t r) {
+    const float* x = p.x + r * xs;
+    float* out = p.out + r * os;
+    const float inv = InverseRms(SumOfSquares(x, p.dim), p.dim, p.eps);
+    if (p.weight != nullptr) {
+      for (int64_t i = 0; i < p.dim; ++i) out[i] = (x[i] * inv) * p.weight[i];
+    } else {
+      for (int64_t i = 0; i < p.dim; ++i) out[i] = x[i] * inv;
+    }
+  });
+  return kKernelOk;
+}
+
+int GatedRmsNorm(const GatedRmsNormParams& p, ThreadPool* pool) {
+  const int64_t gs = p.group_size ? p.group_size : p.dim;
+  if (p.x == nullptr || p.out == nullptr || p.n_rows < 0 || p.dim <= 0 || gs <= 0 || p.dim % gs != 0 ||
+      !(p.eps >= 0.0f)) {
+    return kKernelInvalidArgument;
+  }
+  const int64_t xs = p.x_row_stride ? p.x_row_stride : p.dim;
+  const int64_t zs = p.z_row_stride ? p.z_row_stride : p.dim;
+  const int64_t os = p.out_row_stride ? p.out_row_stride : p.dim;
+  ForRows(pool, p.n_rows, p.dim, [&](int64_t r) {
+    const float* x = p.x + r * xs;
+    const float* z = p.z ? p.z + r * zs : nullptr;
+    float* out = p.out + r * os;
+    for (int64_t g0 = 0; g0 < p.dim; g0 += gs) {
+      if (z != nullptr && !p.norm_before_gate) {
+        // out may alias x exactly: element i is read before it is written.
+        for (int64_t i = g0; i < g0 + gs; ++i) out[i] = x[i] * Silu(z[i]);
+        const float inv = InverseRms(SumOfSquares(out + g0, gs), gs, p.eps);
+        for (int64_t i = g0; i < g0 + gs; ++i) {
+          out[i] = p.weight ? (out[i] * inv) * p.weight[i] : out[i] * inv;
+        }
+      } else {
+        const float inv = InverseRms(SumOfSquares(x + g0, gs), gs, p.eps);
+        for (int64_t i = g0; i < g0 + gs; ++i) {
+          float v = p.weight ? (x[i] * inv) * p.weight[i] : x[i] * inv;
+          if (z != nullptr) v = v * Silu(z[i]);
+          out[i] = v;
+        }
+      }
+    }
+  });
+  return kKernelOk;
+}
+
+}  // namespace hybridserve::kernels::cpu

@@ -1,0 +1,95 @@
+#ifndef HYBRIDSERVE_KERNELS_CPU_TEST_UTIL_H_
+#define HYBRIDSERVE_KERNELS_CPU_TEST_UTIL_H_
+
+// Test helpers for the CPU kernels: seeded random tensors and comparisons.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace hybridserve::kernels::cpu::testing {
+
+inline std::vector<float> RandomVector(std::mt19937& rng, int64_t n, float lo = -1.0f, float hi = 1.0f) {
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (float& f : v) f = dist(rng);
+  return v;
+}
+
+// Index of the first element whose bits differ, or -1.
+inline int64_t FirstBitMismatch(const float* a, const float* b, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::memcmp(a + i, b + i, sizeof(float)) != 0) return i;
+  }
+  return -1;
+}
+
+inline ::testing::AssertionResult BitsEqual(const float* a, const float* b, int64_t n) {
+  const int64_t i = FirstBitMismatch(a, b, n);
+  if (i < 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "bits differ first at element " << i << " of " << n << ": " << a[i] << " vs "
+                                       << b[i];
+}
+
+inline ::testing::AssertionResult BitsEqual(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return ::testing::AssertionFailure() << "sizes differ";
+  return BitsEqual(a.data(), b.data(), static_cast<int64_t>(a.size()));
+}
+
+// |actual - expected| <= tol * max(|expected|) elementwise: an error bound
+// relative to the tensor's scale, robust to elements that cancel to ~0.
+inline ::testing::AssertionResult CloseToScale(const float* actual, const double* expected, int64_t n, double tol) {
+  double scale = 0.0;
+  for (int64_t i = 0; i < n; ++i) scale = std::max(scale, std::fabs(expected[i]));
+  const double bound = tol * std::max(scale, 1e-30);
+  double worst = 0.0;
+  int64_t worst_i = -1;
+  for (int64_t i = 0; i < n; ++i) {
+    const double err = std::fabs(static_cast<double>(actual[i]) - expected[i]);
+    if (!(err <= bound) && (worst_i < 0 || err > worst)) {
+      worst = err;
+      worst_i = i;
+    }
+  }
+  if (worst_i < 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "element " << worst_i << ": " << actual[worst_i] << " vs "
+                                       << expected[worst_i] << ", error " << worst << " > " << bound << " (tol " << tol
+                                       << " x scale " << scale << ")";
+}
+
+inline ::testing::AssertionResult CloseToScale(const std::vector<float>& actual, const std::vector<float>& expected,
+                                               double tol) {
+  if (actual.size() != expected.size()) return ::testing::AssertionFailure() << "sizes differ";
+  std::vector<double> e(expected.begin(), expected.end());
+  return CloseToScale(actual.data(), e.data(), static_cast<int64_t>(actual.size()), tol);
+}
+
+inline ::testing::AssertionResult CloseToScale(const std::vector<float>& actual, const std::vector<double>& expected,
+                                               double tol) {
+  if (actual.size() != expected.size()) return ::testing::AssertionFailure() << "sizes differ";
+  return CloseToScale(actual.data(), expected.data(), static_cast<int64_t>(actual.size()), tol);
+}
+
+// |actual - expected| <= atol + rtol * |expected| elementwise.
+inline ::testing::AssertionResult AllClose(const std::vector<float>& actual, const std::vector<double>& expected,
+                                           double rtol, double atol) {
+  if (actual.size() != expected.size()) return ::testing::AssertionFailure() << "sizes differ";
+  for (size_t i = 0; i < actual.size(); ++i) {
+    const double err = std::fabs(static_cast<double>(actual[i]) - expected[i]);
+    if (!(err <= atol + rtol * std::fabs(expected[i]))) {
+      return ::testing::AssertionFailure()
+             << "element " << i << ": " << actual[i] << " vs " << expected[i] << " (error " << err << ")";
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+}  // namespace hybridserve::kernels::cpu::testing
+
+#endif  // HYBRIDSERVE_KERNELS_CPU_TEST_UTIL_H_
