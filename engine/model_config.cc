@@ -400,9 +400,12 @@ absl::Status ParseMamba2(const ConfigFields& f, ModelConfig& c) {
   if (norm_before_gate) {
     return absl::UnimplementedError("norm_before_gate true is not supported (the gated norm is RMSNorm(y * silu(z)))");
   }
-  m.norm_group_size = m.d_inner();
+  // transformers 5.23 Mamba2Mixer: MambaRMSNormGated(group_size=intermediate_size
+  // // n_groups); the chunked path clamps dt to time_step_limit, the one-step
+  // decode path (mamba2_selective_state_update) does not clamp.
+  m.norm_group_size = m.n_groups > 0 ? m.d_inner() / m.n_groups : 0;
   m.prefill_dt_clamp = m.time_step_limit;
-  m.decode_dt_clamp = m.time_step_limit;
+  m.decode_dt_clamp = DtClamp{};
   ASSIGN_OR_RETURN(c.residual_in_fp32, f.Bool({"residual_in_fp32"}, true));
   return absl::OkStatus();
 }

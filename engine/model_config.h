@@ -77,12 +77,13 @@ struct Mamba2Params {
   bool use_conv_bias = true;
   bool use_bias = false;  // biases of in_proj and out_proj
   // Gated RMSNorm out = RMSNorm(y * silu(z)) * weight, normalized over groups of
-  // this many consecutive channels of d_inner. Nemotron-H: d_inner / n_groups;
-  // transformers' Mamba2: d_inner (one group; unlike mamba_ssm, which groups).
+  // this many consecutive channels of d_inner: d_inner / n_groups for both
+  // Nemotron-H and transformers' Mamba2 (checked against the golden fixtures).
   int64_t norm_group_size = 0;
   // dt clamps of the reference. Nemotron-H: prefill (chunked scan) clamps to
   // >= time_step_min and ignores time_step_limit; the one-token decode step
-  // does not clamp. Mamba2: both clamp to time_step_limit (default [0, inf]).
+  // does not clamp. Mamba2: prefill clamps to time_step_limit (default
+  // [0, inf]); decode does not clamp.
   DtClamp prefill_dt_clamp;
   DtClamp decode_dt_clamp;
   // As stated by the config (initialisation ranges; the clamps above derive from them).

@@ -1,0 +1,57 @@
+#include "engine/mlp_layer.h"
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "common/status_macros.h"
+#include "kernels/activation_params.h"
+#include "kernels/cpu/activations.h"
+
+namespace hybridserve::engine {
+namespace {
+
+constexpr int kUp = 0;  // workspace buffer [n, intermediate]
+
+class MlpLayerRunner final : public LayerRunner {
+ public:
+  MlpLayerRunner(const ModelConfig& config, const MlpLayerWeights& w, const LayerEnv& env)
+      : config_(config), p_(config.mlp), w_(w), env_(env) {}
+
+  absl::Status Prefill(const PrefillSegment& seg, const float* normed, float* residual) override {
+    return Run(seg.n_tokens, normed, residual);
+  }
+  absl::Status Decode(const DecodeBatch& batch, const float* normed, float* residual) override {
+    return Run(batch.batch, normed, residual);
+  }
+
+ private:
+  absl::Status Run(int64_t n, const float* normed, float* residual) {
+    float* up = env_.workspace->Get(kUp, n * p_.intermediate_size);
+    RETURN_IF_ERROR(Linear(env_, normed, n, config_.hidden_size, w_.up_proj, p_.intermediate_size, w_.up_proj_bias, up,
+                           /*accumulate=*/false, "mlp up_proj"));
+    kernels::ActivationParams act;
+    act.x = up;
+    act.out = up;
+    act.n_rows = n;
+    act.dim = p_.intermediate_size;
+    act.kind = kernels::ActivationKind::kReluSquared;  // the only MlpActivation of this version
+    RETURN_IF_ERROR(KernelStatusToStatus(kernels::cpu::Activation(act, env_.pool), "Activation(relu2)"));
+    return Linear(env_, up, n, p_.intermediate_size, w_.down_proj, config_.hidden_size, w_.down_proj_bias, residual,
+                  /*accumulate=*/true, "mlp down_proj");
+  }
+
+  const ModelConfig& config_;
+  const MlpParams& p_;
+  const MlpLayerWeights& w_;
+  const LayerEnv env_;
+};
+
+}  // namespace
+
+std::unique_ptr<LayerRunner> NewMlpLayerRunner(const ModelConfig& config, const MlpLayerWeights& weights,
+                                               const LayerEnv& env) {
+  return std::make_unique<MlpLayerRunner>(config, weights, env);
+}
+
+}  // namespace hybridserve::engine

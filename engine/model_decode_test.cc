@@ -1,0 +1,400 @@
+// Batched decode (batch independence in deterministic mode, sequences joining
+// and leaving) and the Model's error handling: every rejected call leaves
+// every sequence as it was.
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
+#include "engine/model.h"
+#include "engine/model_test_util.h"
+#include "engine/sequence_state.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace hybridserve::engine {
+namespace {
+
+using testing::BitEqual;
+using ::testing::HasSubstr;
+using testing::RandomTokens;
+
+std::vector<float> Row(absl::Span<const float> logits, int64_t row, int64_t vocab) {
+  return std::vector<float>(logits.begin() + row * vocab, logits.begin() + (row + 1) * vocab);
+}
+
+// ---- Batched decode ----
+
+class BatchedDecodeTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    weights_ = testing::LoadWeights(GetParam());
+    ASSERT_NE(weights_, nullptr);
+    vocab_ = weights_->config().vocab_size;
+  }
+
+  std::unique_ptr<Model> NewModel() {
+    ModelOptions options;
+    options.page_size = 4;
+    options.max_pages = 256;
+    options.max_sequences = 6;
+    options.matmul_mode = kernels::MatmulMode::kDeterministic;
+    return testing::MakeModel(*weights_, options);
+  }
+
+  std::unique_ptr<ModelWeights> weights_;
+  int64_t vocab_ = 0;
+};
+
+// Four sequences of different lengths; two start together, one joins at step
+// 2, one leaves after 5 steps and a fourth joins after it left (reusing its
+// slot and pages); the batch order rotates every step. Each sequence's logits
+// equal, bit for bit, those of the same sequence decoded alone.
+TEST_P(BatchedDecodeTest, EachSequenceGetsTheBitsItGetsAloneWhateverTheBatch) {
+  constexpr int kSteps = 10;
+  const std::vector<int64_t> prompt_lengths = {3, 17, 32, 45};
+  const std::vector<int> join_step = {0, 0, 2, 6};
+  const std::vector<int> num_steps = {kSteps, 5, kSteps, kSteps};
+  std::vector<std::vector<TokenId>> prompts, inputs;
+  for (size_t i = 0; i < prompt_lengths.size(); ++i) {
+    prompts.push_back(RandomTokens(100 + i, prompt_lengths[i], vocab_));
+    inputs.push_back(RandomTokens(200 + i, kSteps, vocab_));
+  }
+
+  // Alone: one sequence at a time, batch of one.
+  std::vector<std::vector<std::vector<float>>> alone(prompts.size());
+  {
+    auto model = NewModel();
+    ASSERT_NE(model, nullptr);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      auto id = model->NewSequence();
+      ASSERT_TRUE(id.ok());
+      ASSERT_TRUE(model->Prefill(*id, prompts[i]).ok());
+      for (int s = 0; s < num_steps[i]; ++s) {
+        const SequenceId ids[] = {*id};
+        const TokenId tokens[] = {inputs[i][static_cast<size_t>(s)]};
+        auto logits = model->DecodeStep(ids, tokens);
+        ASSERT_TRUE(logits.ok()) << logits.status();
+        alone[i].push_back(*logits);
+      }
+      ASSERT_TRUE(model->ReleaseSequence(*id).ok());
+    }
+  }
+
+  auto model = NewModel();
+  ASSERT_NE(model, nullptr);
+  std::map<size_t, SequenceId> active;  // sequence index -> id
+  std::vector<int> done(prompts.size(), 0);
+  int compared = 0;
+  for (int step = 0; step < 2 * kSteps; ++step) {
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      if (join_step[i] == step) {
+        auto id = model->NewSequence();
+        ASSERT_TRUE(id.ok()) << id.status();
+        ASSERT_TRUE(model->Prefill(*id, prompts[i]).ok());
+        active[i] = *id;
+      }
+    }
+    std::vector<size_t> order;
+    for (const auto& [i, id] : active) order.push_back(i);
+    if (order.empty()) continue;
+    std::rotate(order.begin(), order.begin() + step % order.size(), order.end());
+    std::vector<SequenceId> ids;
+    std::vector<TokenId> tokens;
+    for (size_t i : order) {
+      ids.push_back(active[i]);
+      tokens.push_back(inputs[i][static_cast<size_t>(done[i])]);
+    }
+    auto logits = model->DecodeStep(ids, tokens);
+    ASSERT_TRUE(logits.ok()) << logits.status();
+    for (size_t b = 0; b < order.size(); ++b) {
+      const size_t i = order[b];
+      EXPECT_TRUE(BitEqual(Row(*logits, static_cast<int64_t>(b), vocab_), alone[i][static_cast<size_t>(done[i])]))
+          << "sequence " << i << ", its step " << done[i] << ", global step " << step << ", batch " << order.size();
+      ++compared;
+      if (++done[i] == num_steps[i]) {
+        ASSERT_TRUE(model->ReleaseSequence(active[i]).ok());
+        active.erase(i);
+      }
+    }
+  }
+  EXPECT_EQ(compared, 3 * kSteps + 5);
+  EXPECT_EQ(model->num_free_sequences(), 6);
+  EXPECT_EQ(model->num_free_pages(), 256);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, BatchedDecodeTest,
+                         ::testing::Values(std::string(testing::kNemotronTiny), std::string(testing::kMamba2Tiny),
+                                           std::string(testing::kDefaultModel)),
+                         [](const ::testing::TestParamInfo<std::string>& info) -> std::string {
+                           if (info.param == testing::kNemotronTiny) return "NemotronHTiny";
+                           if (info.param == testing::kMamba2Tiny) return "Mamba2Tiny";
+                           return "Default";
+                         });
+
+// ---- Errors ----
+
+// Nemotron-H tiny, pages of 4 tokens. Each test runs its scenario on `model_`
+// with the failing calls and on `reference_` without them, and checks that the
+// results that follow are bit-identical.
+class ModelErrorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    weights_ = testing::LoadWeights(testing::kNemotronTiny);
+    ASSERT_NE(weights_, nullptr);
+    vocab_ = weights_->config().vocab_size;
+  }
+
+  std::unique_ptr<Model> NewModel(int64_t max_pages = 64, int64_t max_sequences = 4) {
+    ModelOptions options;
+    options.page_size = 4;
+    options.max_pages = max_pages;
+    options.max_sequences = max_sequences;
+    return testing::MakeModel(*weights_, options);
+  }
+
+  static SequenceId NewSeq(Model& model) {
+    auto id = model.NewSequence();
+    EXPECT_TRUE(id.ok()) << id.status();
+    return id.ok() ? *id : -1;
+  }
+
+  static std::vector<float> Decode(Model& model, std::vector<SequenceId> ids, std::vector<TokenId> tokens) {
+    auto logits = model.DecodeStep(ids, tokens);
+    EXPECT_TRUE(logits.ok()) << logits.status();
+    return logits.ok() ? *logits : std::vector<float>();
+  }
+
+  std::unique_ptr<ModelWeights> weights_;
+  int64_t vocab_ = 0;
+};
+
+TEST_F(ModelErrorTest, TokenOutsideVocabIsInvalidArgumentAndChangesNothing) {
+  auto model = NewModel();
+  auto reference = NewModel();
+  const std::vector<TokenId> prompt_a = RandomTokens(1, 10, vocab_);
+  const std::vector<TokenId> prompt_b = RandomTokens(2, 7, vocab_);
+  for (Model* m : {model.get(), reference.get()}) {
+    const SequenceId a = NewSeq(*m);
+    const SequenceId b = NewSeq(*m);
+    ASSERT_TRUE(m->Prefill(a, prompt_a).ok());
+    ASSERT_TRUE(m->Prefill(b, prompt_b).ok());
+  }
+  const SequenceId a = 1, b = 2;
+  const std::vector<TokenId> too_big = {3, static_cast<TokenId>(vocab_)};
+  auto bad = model->Prefill(a, too_big);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), HasSubstr(absl::StrCat("token id ", vocab_, " at index 1")));
+  const std::vector<TokenId> negative = {-1};
+  EXPECT_EQ(model->Prefill(b, negative).status().code(), absl::StatusCode::kInvalidArgument);
+  const std::vector<SequenceId> ids = {a, b};
+  const std::vector<TokenId> bad_decode = {5, static_cast<TokenId>(vocab_ + 7)};
+  EXPECT_EQ(model->DecodeStep(ids, bad_decode).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(*model->Position(a), 10);
+  EXPECT_EQ(*model->Position(b), 7);
+
+  EXPECT_TRUE(BitEqual(Decode(*model, {a, b}, {5, 6}), Decode(*reference, {a, b}, {5, 6})));
+  auto after = model->Prefill(b, prompt_a);
+  auto expected = reference->Prefill(b, prompt_a);
+  ASSERT_TRUE(after.ok() && expected.ok());
+  EXPECT_TRUE(BitEqual(after->logits, expected->logits));
+}
+
+TEST_F(ModelErrorTest, OutOfPagesIsResourceExhaustedAndChangesNothing) {
+  auto model = NewModel(/*max_pages=*/6);
+  auto reference = NewModel(/*max_pages=*/64);
+  const std::vector<TokenId> prompt_a = RandomTokens(3, 18, vocab_);  // 5 pages, 2 tokens of room
+  const std::vector<TokenId> prompt_b = RandomTokens(4, 4, vocab_);   // 1 page, full
+  for (Model* m : {model.get(), reference.get()}) {
+    const SequenceId a = NewSeq(*m);
+    ASSERT_TRUE(m->Prefill(a, prompt_a).ok());
+    NewSeq(*m);
+  }
+  const SequenceId a = 1, b = 2;
+  const std::vector<TokenId> eight = RandomTokens(5, 8, vocab_);
+  auto bad = model->Prefill(b, eight);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(bad.status().message(), HasSubstr("out of KV pages: need 2, 1 free of 6"));
+  EXPECT_EQ(*model->Position(b), 0);
+  EXPECT_EQ(model->num_free_pages(), 1);
+  for (Model* m : {model.get(), reference.get()}) ASSERT_TRUE(m->Prefill(b, prompt_b).ok());
+  EXPECT_EQ(model->num_free_pages(), 0);
+
+  // a fills its last page; then both a and b need a new page.
+  EXPECT_TRUE(BitEqual(Decode(*model, {a}, {7}), Decode(*reference, {a}, {7})));
+  EXPECT_TRUE(BitEqual(Decode(*model, {a}, {8}), Decode(*reference, {a}, {8})));
+  const std::vector<SequenceId> ids = {b, a};
+  const std::vector<TokenId> tokens = {9, 10};
+  auto step = model->DecodeStep(ids, tokens);
+  EXPECT_EQ(step.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(step.status().message(), HasSubstr("needs 2, 0 free of 6"));
+  EXPECT_EQ(*model->Position(a), 20);
+  EXPECT_EQ(*model->Position(b), 4);
+
+  // A restore that needs pages fails the same way and leaves the sequence empty.
+  auto snapshot = model->CaptureState(b, true);
+  ASSERT_TRUE(snapshot.ok());
+  auto pages = testing::ExportPages(*model, b, 1);
+  ASSERT_TRUE(model->ReleaseSequence(a).ok());
+  ASSERT_TRUE(reference->ReleaseSequence(a).ok());
+  const SequenceId c = NewSeq(*model);
+  auto hog = model->Prefill(c, RandomTokens(6, 20, vocab_));  // takes every free page
+  ASSERT_TRUE(hog.ok()) << hog.status();
+  const SequenceId d = NewSeq(*model);
+  EXPECT_EQ(model->RestoreState(d, *snapshot, testing::Views(pages)).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(*model->Position(d), 0);
+  ASSERT_TRUE(model->ReleaseSequence(c).ok());
+  ASSERT_TRUE(model->RestoreState(d, *snapshot, testing::Views(pages)).ok());
+
+  // d is b restored: both decode like the reference's b.
+  const std::vector<float> expected = Decode(*reference, {b}, {9});
+  const std::vector<float> both = Decode(*model, {b, d}, {9, 9});
+  EXPECT_TRUE(BitEqual(Row(both, 0, vocab_), expected));
+  EXPECT_TRUE(BitEqual(Row(both, 1, vocab_), expected));
+}
+
+TEST_F(ModelErrorTest, OutOfSlotsIsResourceExhaustedUntilASequenceIsReleased) {
+  auto model = NewModel(/*max_pages=*/64, /*max_sequences=*/2);
+  const SequenceId a = NewSeq(*model);
+  NewSeq(*model);
+  auto third = model->NewSequence();
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(third.status().message(), HasSubstr("all 2 are in use"));
+  ASSERT_TRUE(model->ReleaseSequence(a).ok());
+  auto again = model->NewSequence();
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*model->Position(*again), 0);
+}
+
+TEST_F(ModelErrorTest, UnknownSequenceIdIsNotFoundAndChangesNothing) {
+  auto model = NewModel();
+  auto reference = NewModel();
+  const std::vector<TokenId> prompt = RandomTokens(7, 9, vocab_);
+  for (Model* m : {model.get(), reference.get()}) ASSERT_TRUE(m->Prefill(NewSeq(*m), prompt).ok());
+  const SequenceId a = 1;
+  const SequenceId unknown = 12345;
+  const std::vector<TokenId> tokens = {1, 2};
+  EXPECT_EQ(model->Prefill(unknown, tokens).status().code(), absl::StatusCode::kNotFound);
+  const std::vector<SequenceId> ids = {a, unknown};
+  auto step = model->DecodeStep(ids, tokens);
+  EXPECT_EQ(step.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(step.status().message(), HasSubstr("unknown sequence id 12345"));
+  EXPECT_EQ(model->CaptureState(unknown, true).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(model->RestoreState(unknown, SequenceState(), {}).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(model->ExportPage(unknown, 0).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(model->Position(unknown).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(model->ReleaseSequence(unknown).code(), absl::StatusCode::kNotFound);
+  const SequenceId released = NewSeq(*model);
+  ASSERT_TRUE(model->ReleaseSequence(released).ok());
+  EXPECT_EQ(model->ReleaseSequence(released).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(*model->Position(a), 9);
+  EXPECT_TRUE(BitEqual(Decode(*model, {a}, {4}), Decode(*reference, {a}, {4})));
+}
+
+TEST_F(ModelErrorTest, MalformedRequestsAreInvalidArgumentAndChangeNothing) {
+  auto model = NewModel();
+  const SequenceId a = NewSeq(*model);
+  const SequenceId b = NewSeq(*model);
+  EXPECT_EQ(model->Prefill(a, {}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(model->DecodeStep({}, {}).status().code(), absl::StatusCode::kInvalidArgument);
+  const std::vector<SequenceId> two = {a, b};
+  const std::vector<TokenId> one = {1};
+  EXPECT_EQ(model->DecodeStep(two, one).status().code(), absl::StatusCode::kInvalidArgument);
+  const std::vector<SequenceId> repeated = {a, a};
+  const std::vector<TokenId> tokens = {1, 2};
+  auto step = model->DecodeStep(repeated, tokens);
+  EXPECT_EQ(step.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(step.status().message(), HasSubstr("appears twice"));
+  EXPECT_EQ(*model->Position(a), 0);
+  EXPECT_EQ(model->num_free_pages(), 64);
+}
+
+TEST_F(ModelErrorTest, RestoreRejectsMismatchedStateAndLeavesTheSequenceEmpty) {
+  auto model = NewModel();
+  const SequenceId src = NewSeq(*model);
+  auto prefill = model->Prefill(src, RandomTokens(8, 10, vocab_));  // 2 full pages + 2 tail tokens
+  ASSERT_TRUE(prefill.ok());
+  auto snapshot = model->CaptureState(src, true);
+  ASSERT_TRUE(snapshot.ok());
+  const std::vector<std::string> pages = testing::ExportPages(*model, src, 2);
+  ASSERT_EQ(pages.size(), 2u);
+  EXPECT_EQ(static_cast<int64_t>(pages[0].size()), model->page_bytes());
+  const SequenceId dst = NewSeq(*model);
+  const int64_t free_pages = model->num_free_pages();
+
+  SequenceState bad = *snapshot;
+  bad.ssm_states[1].pop_back();
+  absl::Status s = model->RestoreState(dst, bad, testing::Views(pages));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("ssm_states[1]"));
+  bad = *snapshot;
+  bad.tail_v[0].push_back(0.0f);
+  EXPECT_THAT(model->RestoreState(dst, bad, testing::Views(pages)).message(), HasSubstr("tail_v[0]"));
+  bad = *snapshot;
+  bad.conv_states.pop_back();
+  EXPECT_THAT(model->RestoreState(dst, bad, testing::Views(pages)).message(), HasSubstr("conv_states has"));
+  bad = *snapshot;
+  bad.last_logits.resize(3);
+  EXPECT_EQ(model->RestoreState(dst, bad, testing::Views(pages)).code(), absl::StatusCode::kInvalidArgument);
+  std::vector<absl::string_view> one_page = {pages[0]};
+  EXPECT_THAT(model->RestoreState(dst, *snapshot, one_page).message(), HasSubstr("needs 2 full pages, got 1"));
+  std::vector<absl::string_view> short_page = {pages[0], absl::string_view(pages[1]).substr(1)};
+  EXPECT_EQ(model->RestoreState(dst, *snapshot, short_page).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(*model->Position(dst), 0);
+  EXPECT_EQ(model->num_free_pages(), free_pages);
+
+  ASSERT_TRUE(model->RestoreState(dst, *snapshot, testing::Views(pages)).ok());
+  EXPECT_EQ(model->RestoreState(dst, *snapshot, testing::Views(pages)).code(), absl::StatusCode::kFailedPrecondition);
+  auto restored = model->CaptureState(dst, true);
+  ASSERT_TRUE(restored.ok());
+  std::string what;
+  EXPECT_TRUE(testing::StatesBitEqual(*restored, *snapshot, &what)) << what;
+  EXPECT_TRUE(BitEqual(Decode(*model, {dst}, {3}), Decode(*model, {src}, {3})));
+}
+
+TEST_F(ModelErrorTest, ExportOfAPageThatIsNotFullIsOutOfRange) {
+  auto model = NewModel();
+  const SequenceId a = NewSeq(*model);
+  ASSERT_TRUE(model->Prefill(a, RandomTokens(9, 6, vocab_)).ok());
+  EXPECT_TRUE(model->ExportPage(a, 0).ok());
+  EXPECT_EQ(model->ExportPage(a, 1).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(model->ExportPage(a, -1).status().code(), absl::StatusCode::kOutOfRange);
+}
+
+TEST_F(ModelErrorTest, CreateRejectsOptionsOffTheGrid) {
+  const ModelConfig& config = weights_->config();  // chunk size 16
+  auto create = [&](auto edit) {
+    ModelOptions options;
+    edit(options);
+    return Model::Create(config, *weights_, options).status();
+  };
+  EXPECT_TRUE(create([](ModelOptions&) {}).ok());
+  EXPECT_THAT(create([](ModelOptions& o) { o.page_size = 3; }).message(), HasSubstr("power of two"));
+  EXPECT_EQ(create([](ModelOptions& o) { o.page_size = 32; }).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(create([](ModelOptions& o) { o.checkpoint_interval = 24; }).message(),
+              HasSubstr("checkpoint_interval 24"));
+  EXPECT_EQ(create([](ModelOptions& o) { o.max_segment_tokens = 8; }).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(create([](ModelOptions& o) { o.max_pages = 0; }).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(create([](ModelOptions& o) { o.max_sequences = 0; }).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(create([](ModelOptions& o) { o.num_threads = 0; }).code(), absl::StatusCode::kInvalidArgument);
+
+  auto mamba = testing::LoadWeights(testing::kMamba2Tiny);
+  ASSERT_NE(mamba, nullptr);
+  EXPECT_EQ(Model::Create(mamba->config(), *weights_, ModelOptions()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+
+  auto model = Model::Create(config, *weights_, ModelOptions());
+  ASSERT_TRUE(model.ok());
+  EXPECT_EQ((*model)->options().page_size, 16);
+  EXPECT_EQ((*model)->options().checkpoint_interval, 64);
+  EXPECT_EQ((*model)->options().max_segment_tokens, 2048);
+}
+
+}  // namespace
+}  // namespace hybridserve::engine

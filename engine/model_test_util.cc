@@ -1,0 +1,201 @@
+#include "engine/model_test_util.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "engine/model_config.h"
+#include "engine/safetensors.h"
+#include "gtest/gtest.h"
+
+namespace hybridserve::engine::testing {
+
+std::string Runfile(absl::string_view relative) {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const char* workspace = std::getenv("TEST_WORKSPACE");
+  return absl::StrCat(srcdir ? srcdir : ".", "/", workspace ? workspace : "hybridserve", "/", relative);
+}
+
+std::unique_ptr<ModelWeights> LoadWeights(absl::string_view model_dir) {
+  auto config = LoadModelConfig(Runfile(absl::StrCat(model_dir, "/config.json")));
+  if (!config.ok()) {
+    ADD_FAILURE() << model_dir << ": " << config.status();
+    return nullptr;
+  }
+  auto weights = ModelWeights::Load(*config, Runfile(model_dir));
+  if (!weights.ok()) {
+    ADD_FAILURE() << model_dir << ": " << weights.status();
+    return nullptr;
+  }
+  return std::move(weights).value();
+}
+
+std::unique_ptr<Model> MakeModel(const ModelWeights& weights, const ModelOptions& options) {
+  auto model = Model::Create(weights.config(), weights, options);
+  if (!model.ok()) {
+    ADD_FAILURE() << model.status();
+    return nullptr;
+  }
+  return std::move(model).value();
+}
+
+namespace {
+
+template <typename T>
+bool ReadTensor(const SafetensorsFile& file, const std::string& name, std::vector<T>* out) {
+  auto view = file.Tensor(name);
+  if (!view.ok()) {
+    ADD_FAILURE() << view.status();
+    return false;
+  }
+  if constexpr (std::is_same_v<T, float>) {
+    auto values = ToFloat32(*view);
+    if (!values.ok()) {
+      ADD_FAILURE() << values.status();
+      return false;
+    }
+    *out = std::move(values).value();
+  } else {
+    auto values = ToInt64(*view);
+    if (!values.ok()) {
+      ADD_FAILURE() << values.status();
+      return false;
+    }
+    out->assign(values->begin(), values->end());
+  }
+  return true;
+}
+
+}  // namespace
+
+std::vector<GoldenCase> LoadGolden(absl::string_view model_dir) {
+  std::vector<GoldenCase> cases;
+  auto file = SafetensorsFile::Open(Runfile(absl::StrCat(model_dir, "/golden.safetensors")));
+  if (!file.ok()) {
+    ADD_FAILURE() << file.status();
+    return cases;
+  }
+  for (int i = 0; (*file)->Contains(absl::StrCat("prompt_", i)); ++i) {
+    GoldenCase c;
+    if (!ReadTensor(**file, absl::StrCat("prompt_", i), &c.prompt) ||
+        !ReadTensor(**file, absl::StrCat("logits_", i), &c.logits) ||
+        !ReadTensor(**file, absl::StrCat("greedy_", i), &c.greedy) ||
+        !ReadTensor(**file, absl::StrCat("greedy_logits_", i), &c.greedy_logits)) {
+      return {};
+    }
+    cases.push_back(std::move(c));
+  }
+  return cases;
+}
+
+std::vector<TokenId> RandomTokens(uint64_t seed, int64_t n, int64_t vocab) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<TokenId> dist(0, static_cast<TokenId>(vocab - 1));
+  std::vector<TokenId> tokens(static_cast<size_t>(n));
+  for (TokenId& t : tokens) t = dist(rng);
+  return tokens;
+}
+
+int64_t ArgMax(absl::Span<const float> row) { return std::max_element(row.begin(), row.end()) - row.begin(); }
+
+float MaxAbsDiff(absl::Span<const float> a, absl::Span<const float> b) {
+  if (a.size() != b.size()) return INFINITY;
+  float m = 0.0f;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
+  return m;
+}
+
+bool BitEqual(absl::Span<const float> a, absl::Span<const float> b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+namespace {
+
+bool ArraysBitEqual(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b,
+                    absl::string_view name, std::string* what) {
+  if (a.size() != b.size()) {
+    *what = absl::StrCat(name, ": ", a.size(), " vs ", b.size(), " layers");
+    return false;
+  }
+  for (size_t l = 0; l < a.size(); ++l) {
+    if (!BitEqual(a[l], b[l])) {
+      *what = absl::StrCat(name, "[", l, "] differs (max abs diff ", MaxAbsDiff(a[l], b[l]), ")");
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+bool StatesBitEqual(const SequenceState& a, const SequenceState& b, std::string* what) {
+  if (a.position != b.position) {
+    *what = absl::StrCat("position ", a.position, " vs ", b.position);
+    return false;
+  }
+  if (!ArraysBitEqual(a.ssm_states, b.ssm_states, "ssm_states", what) ||
+      !ArraysBitEqual(a.conv_states, b.conv_states, "conv_states", what) ||
+      !ArraysBitEqual(a.tail_k, b.tail_k, "tail_k", what) || !ArraysBitEqual(a.tail_v, b.tail_v, "tail_v", what)) {
+    return false;
+  }
+  if (!BitEqual(a.last_logits, b.last_logits)) {
+    *what = absl::StrCat("last_logits differ (max abs diff ", MaxAbsDiff(a.last_logits, b.last_logits), ")");
+    return false;
+  }
+  return true;
+}
+
+float StatesMaxAbsDiff(const SequenceState& a, const SequenceState& b) {
+  float m = 0.0f;
+  for (size_t l = 0; l < a.ssm_states.size() && l < b.ssm_states.size(); ++l) {
+    m = std::max(m, MaxAbsDiff(a.ssm_states[l], b.ssm_states[l]));
+    m = std::max(m, MaxAbsDiff(a.conv_states[l], b.conv_states[l]));
+  }
+  return m;
+}
+
+std::vector<std::string> ExportPages(const Model& model, SequenceId id, int64_t n_pages) {
+  std::vector<std::string> pages;
+  for (int64_t i = 0; i < n_pages; ++i) {
+    auto page = model.ExportPage(id, i);
+    if (!page.ok()) {
+      ADD_FAILURE() << "page " << i << ": " << page.status();
+      return {};
+    }
+    pages.push_back(std::move(page).value());
+  }
+  return pages;
+}
+
+std::vector<absl::string_view> Views(const std::vector<std::string>& pages) {
+  return std::vector<absl::string_view>(pages.begin(), pages.end());
+}
+
+std::vector<TokenId> GreedyDecode(Model& model, SequenceId id, absl::Span<const float> logits, int steps) {
+  std::vector<TokenId> tokens;
+  std::vector<float> row(logits.begin(), logits.end());
+  for (int s = 0; s < steps; ++s) {
+    const TokenId next = static_cast<TokenId>(ArgMax(row));
+    tokens.push_back(next);
+    if (s + 1 == steps) break;
+    const SequenceId ids[] = {id};
+    const TokenId toks[] = {next};
+    auto out = model.DecodeStep(ids, toks);
+    if (!out.ok()) {
+      ADD_FAILURE() << out.status();
+      return tokens;
+    }
+    row = std::move(out).value();
+  }
+  return tokens;
+}
+
+}  // namespace hybridserve::engine::testing

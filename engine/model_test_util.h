@@ -1,0 +1,69 @@
+#ifndef HYBRIDSERVE_ENGINE_MODEL_TEST_UTIL_H_
+#define HYBRIDSERVE_ENGINE_MODEL_TEST_UTIL_H_
+
+// Shared helpers of the Model tests: fixture paths, loading models and golden
+// outputs, bitwise and tolerance comparisons. Test-only.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "engine/model.h"
+#include "engine/model_weights.h"
+#include "engine/sequence_state.h"
+
+namespace hybridserve::engine::testing {
+
+inline constexpr absl::string_view kNemotronTiny = "tests/fixtures/golden/nemotron_h_tiny";
+inline constexpr absl::string_view kMamba2Tiny = "tests/fixtures/golden/mamba2_tiny";
+inline constexpr absl::string_view kDefaultModel = "models/default";
+
+// Path of a data dependency under the test's runfiles.
+std::string Runfile(absl::string_view relative);
+
+// The weights of a model directory (relative to the runfiles), with the
+// Mamba2 family's gated-norm group size corrected to transformers 5.23's
+// d_inner / n_groups (see the .cc); fails the current test (ADD_FAILURE) and
+// returns null on error.
+std::unique_ptr<ModelWeights> LoadWeights(absl::string_view model_dir);
+
+// A model over `weights`; ADD_FAILURE and null on error.
+std::unique_ptr<Model> MakeModel(const ModelWeights& weights, const ModelOptions& options);
+
+// One prompt of golden.safetensors (tools/make_golden.py).
+struct GoldenCase {
+  std::vector<TokenId> prompt;
+  std::vector<float> logits;         // [len, vocab], uncached forward
+  std::vector<TokenId> greedy;       // [12], generate(do_sample=False), cached decode
+  std::vector<float> greedy_logits;  // [12, vocab]
+};
+// Every prompt of `model_dir`/golden.safetensors; ADD_FAILURE and empty on error.
+std::vector<GoldenCase> LoadGolden(absl::string_view model_dir);
+
+// Seeded uniform token ids in [0, vocab).
+std::vector<TokenId> RandomTokens(uint64_t seed, int64_t n, int64_t vocab);
+
+// Index of the largest value (the first on ties).
+int64_t ArgMax(absl::Span<const float> row);
+float MaxAbsDiff(absl::Span<const float> a, absl::Span<const float> b);
+// Same size and the same bytes (memcmp: distinguishes -0 from 0, compares NaN payloads).
+bool BitEqual(absl::Span<const float> a, absl::Span<const float> b);
+// Every field bit-identical; `what` describes the first difference when not.
+bool StatesBitEqual(const SequenceState& a, const SequenceState& b, std::string* what);
+// Largest absolute difference over the SSM and conv states.
+float StatesMaxAbsDiff(const SequenceState& a, const SequenceState& b);
+
+// Page bytes of pages [0, n_pages) of a sequence; ADD_FAILURE on error.
+std::vector<std::string> ExportPages(const Model& model, SequenceId id, int64_t n_pages);
+std::vector<absl::string_view> Views(const std::vector<std::string>& pages);
+
+// The model's next token after greedy decoding: feeds argmax(logits) for
+// `steps` decode steps and returns the tokens (the first is argmax(logits)).
+std::vector<TokenId> GreedyDecode(Model& model, SequenceId id, absl::Span<const float> logits, int steps);
+
+}  // namespace hybridserve::engine::testing
+
+#endif  // HYBRIDSERVE_ENGINE_MODEL_TEST_UTIL_H_
