@@ -24,10 +24,8 @@ inline constexpr absl::string_view kDefaultModel = "models/default";
 // Path of a data dependency under the test's runfiles.
 std::string Runfile(absl::string_view relative);
 
-// The weights of a model directory (relative to the runfiles), with the
-// Mamba2 family's gated-norm group size corrected to transformers 5.23's
-// d_inner / n_groups (see the .cc); fails the current test (ADD_FAILURE) and
-// returns null on error.
+// The weights of a model directory (relative to the runfiles); fails the
+// current test (ADD_FAILURE) and returns null on error.
 std::unique_ptr<ModelWeights> LoadWeights(absl::string_view model_dir);
 
 // A model over `weights`; ADD_FAILURE and null on error.
