@@ -5,14 +5,14 @@
 namespace hybridserve::cachestore {
 namespace {
 
-prometheus::Counter& MakeCounter(prometheus::Registry& r, const std::string& name, const std::string& help,
-                                 const std::map<std::string, std::string>& labels = {}) {
-  return prometheus::BuildCounter().Name(name).Help(help).Register(r).Add(labels);
+prometheus::Family<prometheus::Counter>& CounterFamily(prometheus::Registry& r, const std::string& name,
+                                                       const std::string& help) {
+  return prometheus::BuildCounter().Name(name).Help(help).Register(r);
 }
 
-prometheus::Gauge& MakeGauge(prometheus::Registry& r, const std::string& name, const std::string& help,
-                             const std::map<std::string, std::string>& labels = {}) {
-  return prometheus::BuildGauge().Name(name).Help(help).Register(r).Add(labels);
+prometheus::Family<prometheus::Gauge>& GaugeFamily(prometheus::Registry& r, const std::string& name,
+                                                   const std::string& help) {
+  return prometheus::BuildGauge().Name(name).Help(help).Register(r);
 }
 
 prometheus::Histogram& MakeHistogram(prometheus::Registry& r, const std::string& name, const std::string& help,
@@ -20,91 +20,81 @@ prometheus::Histogram& MakeHistogram(prometheus::Registry& r, const std::string&
   return prometheus::BuildHistogram().Name(name).Help(help).Register(r).Add({}, std::move(buckets));
 }
 
+}  // namespace
+
+// The families, each registered once; the members below pick their labels.
+struct Families {
+  explicit Families(prometheus::Registry& r)
+      : lookups(CounterFamily(r, "hybridserve_cache_lookups_total", "Prefix-cache lookups.")),
+        hits(CounterFamily(r, "hybridserve_cache_hits_total", "Lookups that found a resume point, by state kind.")),
+        puts(CounterFamily(r, "hybridserve_cache_puts_total", "Put streams by outcome.")),
+        put_bytes(CounterFamily(r, "hybridserve_cache_put_bytes_total", "Bytes committed by puts.")),
+        gets(CounterFamily(r, "hybridserve_cache_gets_total", "Get streams by outcome.")),
+        get_bytes(CounterFamily(r, "hybridserve_cache_get_bytes_total", "Bytes served by gets.")),
+        bytes(GaugeFamily(r, "hybridserve_cache_bytes", "Cache bytes by class and state.")),
+        leases(GaugeFamily(r, "hybridserve_cache_active_leases", "Leases currently held.")),
+        evictions(CounterFamily(r, "hybridserve_cache_evictions_total", "Evictions by class and reason.")),
+        checksum_failures(CounterFamily(r, "hybridserve_cache_checksum_failures_total",
+                                        "Entries whose bytes failed their checksum.")),
+        expired_leases(CounterFamily(r, "hybridserve_cache_expired_leases_total", "Leases that expired unreleased.")),
+        expired_puts(CounterFamily(r, "hybridserve_cache_expired_puts_total", "Puts reclaimed after stalling.")) {}
+
+  prometheus::Family<prometheus::Counter>& lookups;
+  prometheus::Family<prometheus::Counter>& hits;
+  prometheus::Family<prometheus::Counter>& puts;
+  prometheus::Family<prometheus::Counter>& put_bytes;
+  prometheus::Family<prometheus::Counter>& gets;
+  prometheus::Family<prometheus::Counter>& get_bytes;
+  prometheus::Family<prometheus::Gauge>& bytes;
+  prometheus::Family<prometheus::Gauge>& leases;
+  prometheus::Family<prometheus::Counter>& evictions;
+  prometheus::Family<prometheus::Counter>& checksum_failures;
+  prometheus::Family<prometheus::Counter>& expired_leases;
+  prometheus::Family<prometheus::Counter>& expired_puts;
+};
+
+namespace {
+
 void Advance(prometheus::Counter& c, int64_t now, int64_t before) {
   if (now > before) c.Increment(static_cast<double>(now - before));
 }
 
 }  // namespace
 
-ServiceMetrics::ServiceMetrics(prometheus::Registry& r)
-    : lookups_(MakeCounter(r, "hybridserve_cache_lookups_total", "Prefix-cache lookups.")),
-      hits_grid_(prometheus::BuildCounter()
-                     .Name("hybridserve_cache_hits_total")
-                     .Help("Lookups that found a resume point, by state kind.")
-                     .Register(r)
-                     .Add({{"kind", "grid_checkpoint"}})),
-      hits_exact_(prometheus::BuildCounter()
-                      .Name("hybridserve_cache_hits_total")
-                      .Help("Lookups that found a resume point, by state kind.")
-                      .Register(r)
-                      .Add({{"kind", "exact_prefix"}})),
+ServiceMetrics::ServiceMetrics(prometheus::Registry& r) : ServiceMetrics(r, Families(r)) {}
+
+ServiceMetrics::ServiceMetrics(prometheus::Registry& r, const Families& f)
+    : lookups_(f.lookups.Add({})),
+      hits_grid_(f.hits.Add({{"kind", "grid_checkpoint"}})),
+      hits_exact_(f.hits.Add({{"kind", "exact_prefix"}})),
       resume_depth_(MakeHistogram(r, "hybridserve_cache_resume_depth_tokens", "Resume point of lookups, tokens.",
                                   common::ExponentialBuckets(16, 2, 14))),
       kv_match_depth_(MakeHistogram(r, "hybridserve_cache_kv_match_depth_tokens",
                                     "Tokens covered by matched KV pages, tokens.",
                                     common::ExponentialBuckets(16, 2, 14))),
-      puts_ok_(MakeCounter(r, "hybridserve_cache_puts_total", "Put streams by outcome.", {{"outcome", "ok"}})),
-      puts_failed_(prometheus::BuildCounter()
-                       .Name("hybridserve_cache_puts_total")
-                       .Help("Put streams by outcome.")
-                       .Register(r)
-                       .Add({{"outcome", "error"}})),
-      put_bytes_(MakeCounter(r, "hybridserve_cache_put_bytes_total", "Bytes committed by puts.")),
+      puts_ok_(f.puts.Add({{"outcome", "ok"}})),
+      puts_failed_(f.puts.Add({{"outcome", "error"}})),
+      put_bytes_(f.put_bytes.Add({})),
       put_seconds_(MakeHistogram(r, "hybridserve_cache_put_seconds", "Duration of put streams.",
                                  common::ExponentialBuckets(1e-4, 2, 18))),
-      gets_ok_(MakeCounter(r, "hybridserve_cache_gets_total", "Get streams by outcome.", {{"outcome", "ok"}})),
-      gets_failed_(prometheus::BuildCounter()
-                       .Name("hybridserve_cache_gets_total")
-                       .Help("Get streams by outcome.")
-                       .Register(r)
-                       .Add({{"outcome", "error"}})),
-      get_bytes_(MakeCounter(r, "hybridserve_cache_get_bytes_total", "Bytes served by gets.")),
+      gets_ok_(f.gets.Add({{"outcome", "ok"}})),
+      gets_failed_(f.gets.Add({{"outcome", "error"}})),
+      get_bytes_(f.get_bytes.Add({})),
       get_seconds_(MakeHistogram(r, "hybridserve_cache_get_seconds", "Duration of get streams.",
                                  common::ExponentialBuckets(1e-4, 2, 18))),
-      page_resident_(MakeGauge(r, "hybridserve_cache_bytes", "Cache bytes by class and state.",
-                               {{"class", "page"}, {"state", "resident"}})),
-      page_reserved_(prometheus::BuildGauge()
-                         .Name("hybridserve_cache_bytes")
-                         .Help("Cache bytes by class and state.")
-                         .Register(r)
-                         .Add({{"class", "page"}, {"state", "reserved"}})),
-      state_resident_(prometheus::BuildGauge()
-                          .Name("hybridserve_cache_bytes")
-                          .Help("Cache bytes by class and state.")
-                          .Register(r)
-                          .Add({{"class", "state"}, {"state", "resident"}})),
-      state_reserved_(prometheus::BuildGauge()
-                          .Name("hybridserve_cache_bytes")
-                          .Help("Cache bytes by class and state.")
-                          .Register(r)
-                          .Add({{"class", "state"}, {"state", "reserved"}})),
-      leases_(MakeGauge(r, "hybridserve_cache_active_leases", "Leases currently held.")),
-      page_evicted_lru_(MakeCounter(r, "hybridserve_cache_evictions_total", "Evictions by class and reason.",
-                                    {{"class", "page"}, {"reason", "lru"}})),
-      page_evicted_ttl_(prometheus::BuildCounter()
-                            .Name("hybridserve_cache_evictions_total")
-                            .Help("Evictions by class and reason.")
-                            .Register(r)
-                            .Add({{"class", "page"}, {"reason", "ttl"}})),
-      state_evicted_lru_(prometheus::BuildCounter()
-                             .Name("hybridserve_cache_evictions_total")
-                             .Help("Evictions by class and reason.")
-                             .Register(r)
-                             .Add({{"class", "state"}, {"reason", "lru"}})),
-      state_evicted_ttl_(prometheus::BuildCounter()
-                             .Name("hybridserve_cache_evictions_total")
-                             .Help("Evictions by class and reason.")
-                             .Register(r)
-                             .Add({{"class", "state"}, {"reason", "ttl"}})),
-      state_dropped_with_pages_(prometheus::BuildCounter()
-                                    .Name("hybridserve_cache_evictions_total")
-                                    .Help("Evictions by class and reason.")
-                                    .Register(r)
-                                    .Add({{"class", "state"}, {"reason", "pages_gone"}})),
-      checksum_failures_(
-          MakeCounter(r, "hybridserve_cache_checksum_failures_total", "Entries whose bytes failed their checksum.")),
-      expired_leases_(MakeCounter(r, "hybridserve_cache_expired_leases_total", "Leases that expired unreleased.")),
-      expired_puts_(MakeCounter(r, "hybridserve_cache_expired_puts_total", "Puts reclaimed after stalling.")) {}
+      page_resident_(f.bytes.Add({{"class", "page"}, {"state", "resident"}})),
+      page_reserved_(f.bytes.Add({{"class", "page"}, {"state", "reserved"}})),
+      state_resident_(f.bytes.Add({{"class", "state"}, {"state", "resident"}})),
+      state_reserved_(f.bytes.Add({{"class", "state"}, {"state", "reserved"}})),
+      leases_(f.leases.Add({})),
+      page_evicted_lru_(f.evictions.Add({{"class", "page"}, {"reason", "lru"}})),
+      page_evicted_ttl_(f.evictions.Add({{"class", "page"}, {"reason", "ttl"}})),
+      state_evicted_lru_(f.evictions.Add({{"class", "state"}, {"reason", "lru"}})),
+      state_evicted_ttl_(f.evictions.Add({{"class", "state"}, {"reason", "ttl"}})),
+      state_dropped_with_pages_(f.evictions.Add({{"class", "state"}, {"reason", "pages_gone"}})),
+      checksum_failures_(f.checksum_failures.Add({})),
+      expired_leases_(f.expired_leases.Add({})),
+      expired_puts_(f.expired_puts.Add({})) {}
 
 void ServiceMetrics::RecordLookup(const LookupResult& r, bool hit) {
   lookups_.Increment();

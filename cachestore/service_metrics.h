@@ -13,6 +13,8 @@
 
 namespace hybridserve::cachestore {
 
+struct Families;  // service_metrics.cc: the metric families, each registered once
+
 // The cachestore's Prometheus metrics. Thread-safe: prometheus-cpp metrics are,
 // and SyncFromStats serializes on its own mutex.
 class ServiceMetrics {
@@ -28,6 +30,8 @@ class ServiceMetrics {
   void SyncFromStats(const IndexStats& stats) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
+  ServiceMetrics(prometheus::Registry& registry, const Families& families);
+
   prometheus::Counter& lookups_;
   prometheus::Counter& hits_grid_;
   prometheus::Counter& hits_exact_;
