@@ -7,34 +7,26 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/status_macros.h"
+#include "engine/backend_registry.h"
 #include "kernels/attention_params.h"
-#include "kernels/cpu/attention.h"
 
 namespace hybridserve::engine {
 namespace {
 
-namespace kc = kernels::cpu;
-
 // Workspace buffers.
-constexpr int kQkv = 0;  // [n, q_dim + 2 * kv_dim]
-constexpr int kOut = 1;  // [n, q_dim]
+constexpr WorkspaceBuffer kQkv = kScratch0;  // [n, q_dim + 2 * kv_dim]
+constexpr WorkspaceBuffer kOut = kScratch1;  // [n, q_dim]
 
 class AttentionLayerRunner final : public LayerRunner {
  public:
-  AttentionLayerRunner(const ModelConfig& config, const AttentionLayerWeights& w, int64_t kv_layer, const LayerEnv& env)
-      : config_(config), p_(config.attention), w_(w), kv_layer_(kv_layer), env_(env) {
-    // Rows [q | k | v] of one matrix: each output element is the same dot
-    // product as with three matrices (bit-identical in deterministic mode).
-    qkv_.reserve(w.q_proj.size() + w.k_proj.size() + w.v_proj.size());
-    qkv_.insert(qkv_.end(), w.q_proj.begin(), w.q_proj.end());
-    qkv_.insert(qkv_.end(), w.k_proj.begin(), w.k_proj.end());
-    qkv_.insert(qkv_.end(), w.v_proj.begin(), w.v_proj.end());
-  }
+  AttentionLayerRunner(const ModelConfig& config, const DeviceAttentionWeights& w, int64_t kv_layer,
+                       const LayerEnv& env)
+      : config_(config), p_(config.attention), w_(w), kv_layer_(kv_layer), env_(env) {}
 
   absl::Status Prefill(const PrefillSegment& seg, const float* normed, float* residual) override {
     const int64_t n = seg.n_tokens;
-    float* qkv = env_.workspace->Get(kQkv, n * qkv_rows());
-    RETURN_IF_ERROR(Linear(env_, normed, n, config_.hidden_size, qkv_, qkv_rows(), /*bias=*/{}, qkv,
+    ASSIGN_OR_RETURN(float* qkv, env_.workspace->Get<float>(kQkv, n * qkv_rows()));
+    RETURN_IF_ERROR(Linear(env_, normed, n, config_.hidden_size, w_.qkv_proj, qkv_rows(), /*bias=*/nullptr, qkv,
                            /*accumulate=*/false, "attention qkv_proj"));
     const kernels::PagedKvCache cache = env_.kv_pages->cache(kv_layer_);
 
@@ -47,9 +39,9 @@ class AttentionLayerRunner final : public LayerRunner {
     append.block_table = seg.block_table;
     append.start_pos = seg.start_pos;
     append.n_tokens = n;
-    RETURN_IF_ERROR(KernelStatusToStatus(kc::KvAppend(append, env_.pool), "KvAppend"));
+    RETURN_IF_ERROR(KernelStatusToStatus(env_.backend->KvAppend(append), "KvAppend"));
 
-    float* out = env_.workspace->Get(kOut, n * p_.q_dim());
+    ASSIGN_OR_RETURN(float* out, env_.workspace->Get<float>(kOut, n * p_.q_dim()));
     kernels::AttentionPrefillParams attn;
     attn.cache = cache;
     attn.q = qkv;
@@ -59,16 +51,16 @@ class AttentionLayerRunner final : public LayerRunner {
     attn.start_pos = seg.start_pos;
     attn.n_tokens = n;
     attn.n_heads = p_.num_heads;
-    RETURN_IF_ERROR(KernelStatusToStatus(kc::AttentionPrefill(attn, env_.pool), "AttentionPrefill"));
+    RETURN_IF_ERROR(KernelStatusToStatus(env_.backend->AttentionPrefill(attn), "AttentionPrefill"));
 
-    return Linear(env_, out, n, p_.q_dim(), w_.o_proj, config_.hidden_size, /*bias=*/{}, residual,
+    return Linear(env_, out, n, p_.q_dim(), w_.o_proj, config_.hidden_size, /*bias=*/nullptr, residual,
                   /*accumulate=*/true, "attention o_proj");
   }
 
   absl::Status Decode(const DecodeBatch& batch, const float* normed, float* residual) override {
     const int64_t n = batch.batch;
-    float* qkv = env_.workspace->Get(kQkv, n * qkv_rows());
-    RETURN_IF_ERROR(Linear(env_, normed, n, config_.hidden_size, qkv_, qkv_rows(), /*bias=*/{}, qkv,
+    ASSIGN_OR_RETURN(float* qkv, env_.workspace->Get<float>(kQkv, n * qkv_rows()));
+    RETURN_IF_ERROR(Linear(env_, normed, n, config_.hidden_size, w_.qkv_proj, qkv_rows(), /*bias=*/nullptr, qkv,
                            /*accumulate=*/false, "attention qkv_proj"));
     const kernels::PagedKvCache cache = env_.kv_pages->cache(kv_layer_);
 
@@ -82,9 +74,9 @@ class AttentionLayerRunner final : public LayerRunner {
     append.block_table_stride = batch.block_table_stride;
     append.seq_lens = batch.seq_lens;
     append.batch = n;
-    RETURN_IF_ERROR(KernelStatusToStatus(kc::KvAppendDecode(append, env_.pool), "KvAppendDecode"));
+    RETURN_IF_ERROR(KernelStatusToStatus(env_.backend->KvAppendDecode(append), "KvAppendDecode"));
 
-    float* out = env_.workspace->Get(kOut, n * p_.q_dim());
+    ASSIGN_OR_RETURN(float* out, env_.workspace->Get<float>(kOut, n * p_.q_dim()));
     kernels::AttentionDecodeParams attn;
     attn.cache = cache;
     attn.q = qkv;
@@ -95,9 +87,9 @@ class AttentionLayerRunner final : public LayerRunner {
     attn.seq_lens = batch.seq_lens;
     attn.batch = n;
     attn.n_heads = p_.num_heads;
-    RETURN_IF_ERROR(KernelStatusToStatus(kc::AttentionDecode(attn, env_.pool), "AttentionDecode"));
+    RETURN_IF_ERROR(KernelStatusToStatus(env_.backend->AttentionDecode(attn), "AttentionDecode"));
 
-    return Linear(env_, out, n, p_.q_dim(), w_.o_proj, config_.hidden_size, /*bias=*/{}, residual,
+    return Linear(env_, out, n, p_.q_dim(), w_.o_proj, config_.hidden_size, /*bias=*/nullptr, residual,
                   /*accumulate=*/true, "attention o_proj");
   }
 
@@ -106,16 +98,15 @@ class AttentionLayerRunner final : public LayerRunner {
 
   const ModelConfig& config_;
   const AttentionParams& p_;
-  const AttentionLayerWeights& w_;
+  const DeviceAttentionWeights& w_;
   const int64_t kv_layer_;
   const LayerEnv env_;
-  std::vector<float> qkv_;  // [q_dim + 2 * kv_dim, hidden]
 };
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<LayerRunner>> NewAttentionLayerRunner(const ModelConfig& config,
-                                                                     const AttentionLayerWeights& weights,
+                                                                     const DeviceAttentionWeights& weights,
                                                                      int64_t kv_layer, const LayerEnv& env) {
   if (config.attention.use_rope) {
     return absl::UnimplementedError("attention with RoPE is not supported by this engine version");

@@ -10,9 +10,9 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "engine/device_weights.h"
 #include "engine/layer_runner.h"
 #include "engine/model_config.h"
-#include "engine/model_weights.h"
 
 namespace hybridserve::engine {
 
@@ -21,7 +21,7 @@ namespace hybridserve::engine {
 // and `weights` must outlive the runner. UNIMPLEMENTED for RoPE (no family of
 // this version uses it in attention layers).
 absl::StatusOr<std::unique_ptr<LayerRunner>> NewAttentionLayerRunner(const ModelConfig& config,
-                                                                     const AttentionLayerWeights& weights,
+                                                                     const DeviceAttentionWeights& weights,
                                                                      int64_t kv_layer, const LayerEnv& env);
 
 }  // namespace hybridserve::engine

@@ -6,9 +6,16 @@
 #include "absl/status/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu/cpu_backend.h"
 
 namespace hybridserve::engine {
 namespace {
+
+// Pools live in device memory; on the CPU backend the host may read it directly.
+kernels::Backend& Backend() {
+  static kernels::cpu::CpuBackend* backend = new kernels::cpu::CpuBackend(1);
+  return *backend;
+}
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
@@ -24,7 +31,7 @@ KvPagePoolOptions Options(int64_t num_pages) {
 }
 
 TEST(KvPagePoolTest, AllocatesLowestIdsFirstUntilExhausted) {
-  auto pool = KvPagePool::Create(Options(5));
+  auto pool = KvPagePool::Create(Options(5), Backend());
   ASSERT_TRUE(pool.ok()) << pool.status();
   auto a = (*pool)->Allocate(3);
   ASSERT_TRUE(a.ok());
@@ -42,7 +49,7 @@ TEST(KvPagePoolTest, AllocatesLowestIdsFirstUntilExhausted) {
 }
 
 TEST(KvPagePoolTest, FreedPagesAreReusedInTheirOrder) {
-  auto pool = KvPagePool::Create(Options(4));
+  auto pool = KvPagePool::Create(Options(4), Backend());
   ASSERT_TRUE(pool.ok());
   auto a = (*pool)->Allocate(4);
   ASSERT_TRUE(a.ok());
@@ -56,7 +63,7 @@ TEST(KvPagePoolTest, FreedPagesAreReusedInTheirOrder) {
 }
 
 TEST(KvPagePoolTest, FreeOfUnallocatedOrRepeatedPageFreesNothing) {
-  auto pool = KvPagePool::Create(Options(4));
+  auto pool = KvPagePool::Create(Options(4), Backend());
   ASSERT_TRUE(pool.ok());
   ASSERT_TRUE((*pool)->Allocate(2).ok());  // pages 0, 1
   const std::vector<int32_t> unallocated = {0, 3};
@@ -75,7 +82,7 @@ TEST(KvPagePoolTest, FreeOfUnallocatedOrRepeatedPageFreesNothing) {
 }
 
 TEST(KvPagePoolTest, LayersHaveSeparateStorageInTheKernelLayout) {
-  auto pool = KvPagePool::Create(Options(3));
+  auto pool = KvPagePool::Create(Options(3), Backend());
   ASSERT_TRUE(pool.ok());
   KvPagePool& p = **pool;
   EXPECT_EQ(p.token_floats(), 6);
@@ -95,20 +102,20 @@ TEST(KvPagePoolTest, LayersHaveSeparateStorageInTheKernelLayout) {
 
 TEST(KvPagePoolTest, CreateRejectsBadSizes) {
   KvPagePoolOptions o = Options(0);
-  EXPECT_EQ(KvPagePool::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(KvPagePool::Create(o, Backend()).status().code(), absl::StatusCode::kInvalidArgument);
   o = Options(2);
   o.page_size = 0;
-  EXPECT_EQ(KvPagePool::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(KvPagePool::Create(o, Backend()).status().code(), absl::StatusCode::kInvalidArgument);
   o = Options(2);
   o.head_dim = 0;
-  EXPECT_EQ(KvPagePool::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(KvPagePool::Create(o, Backend()).status().code(), absl::StatusCode::kInvalidArgument);
   o = Options(int64_t{1} << 30);
   o.head_dim = 1 << 12;
-  EXPECT_EQ(KvPagePool::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(KvPagePool::Create(o, Backend()).status().code(), absl::StatusCode::kInvalidArgument);
   o = Options(2);
   o.num_layers = 0;  // a model without attention: ids only
   o.head_dim = 0;
-  EXPECT_TRUE(KvPagePool::Create(o).ok());
+  EXPECT_TRUE(KvPagePool::Create(o, Backend()).ok());
 }
 
 }  // namespace

@@ -4,29 +4,42 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "kernels/cpu/matmul.h"
-#include "kernels/kernel_status.h"
+#include "common/status_macros.h"
+#include "engine/backend_registry.h"
 #include "kernels/matmul_params.h"
 
 namespace hybridserve::engine {
 
-absl::Status KernelStatusToStatus(int kernel_status, absl::string_view kernel) {
-  if (kernel_status == kernels::kKernelOk) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat("kernel ", kernel, " failed: ", kernels::KernelStatusName(kernel_status)));
+absl::StatusOr<void*> Workspace::GetBytes(WorkspaceBuffer index, int64_t bytes) {
+  kernels::DeviceBuffer& b = buffers_[static_cast<size_t>(index)];
+  if (b.bytes() < bytes) {
+    b.Reset();  // free first: the old contents are not kept
+    RETURN_IF_ERROR(KernelStatusToStatus(backend_.Allocate(bytes, &b),
+                                         absl::StrCat("growing workspace buffer ", index, " to ", bytes, " bytes")));
+  }
+  return b.data();
 }
 
-absl::Status Linear(const LayerEnv& env, const float* a, int64_t m, int64_t k, absl::Span<const float> w, int64_t n,
-                    absl::Span<const float> bias, float* out, bool accumulate, absl::string_view what) {
+absl::StatusOr<const int32_t*> Workspace::Upload(WorkspaceBuffer index, const int32_t* host, int64_t count) {
+  const int64_t bytes = count * static_cast<int64_t>(sizeof(int32_t));
+  ASSIGN_OR_RETURN(void* device, GetBytes(index, bytes));
+  RETURN_IF_ERROR(
+      KernelStatusToStatus(backend_.CopyToDevice(device, host, bytes), absl::StrCat("uploading index array ", index)));
+  return static_cast<const int32_t*>(device);
+}
+
+absl::Status Linear(const LayerEnv& env, const float* a, int64_t m, int64_t k, const float* w, int64_t n,
+                    const float* bias, float* out, bool accumulate, absl::string_view what) {
   kernels::MatmulParams p;
   p.a = a;
-  p.w = w.data();
-  p.bias = bias.empty() ? nullptr : bias.data();
+  p.w = w;
+  p.bias = bias;
   p.out = out;
   p.m = m;
   p.n = n;
   p.k = k;
   p.accumulate = accumulate;
-  return KernelStatusToStatus(kernels::cpu::Matmul(p, env.matmul_mode, env.pool), what);
+  return KernelStatusToStatus(env.backend->Matmul(p, env.matmul_mode), what);
 }
 
 }  // namespace hybridserve::engine

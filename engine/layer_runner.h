@@ -7,43 +7,75 @@
 // batch. A new layer kind (DESIGN.md section 2) implements LayerRunner and is
 // added to the one switch in model.cc that builds runners.
 //
+// Runners reach kernels only through LayerEnv::backend, and every pointer
+// they see (activations, weights, pools, index arrays) is device memory of
+// that backend.
+//
 // Internal to the engine. Not thread-safe: runners share the Model's scratch
 // and state pools, and the Model serializes every call.
 
 #include <array>
 #include <cstdint>
-#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/types/span.h"
 #include "engine/kv_page_pool.h"
 #include "engine/state_slot_pool.h"
-#include "kernels/cpu/thread_pool.h"
+#include "kernels/backend.h"
 #include "kernels/matmul_params.h"
 
 namespace hybridserve::engine {
 
-// Scratch memory shared by all layers of a model; buffers grow on demand and
-// are never shrunk. Contents are unspecified on entry to a layer.
+// The named device scratch buffers of a model.
+enum WorkspaceBuffer : int {
+  // Free for the layer runners; contents unspecified on entry to a layer.
+  kScratch0 = 0,
+  kScratch1,
+  kScratch2,
+  kScratch3,
+  // The Model's block loop: hidden states, their norm, logits ([rows, *] fp32).
+  kHidden,
+  kNormed,
+  kLogits,
+  // Index arrays uploaded per call (int32): token ids, block tables, state
+  // slots, sequence lengths.
+  kTokenIds,
+  kBlockTables,
+  kStateSlots,
+  kSeqLens,
+  kNumWorkspaceBuffers,
+};
+
+// Device scratch memory shared by all layers of a model; buffers grow on
+// demand (contents are not kept when one grows) and are never shrunk.
 class Workspace {
  public:
-  static constexpr int kNumBuffers = 4;
-  // Buffer `index` (< kNumBuffers) with room for at least `floats` floats.
-  float* Get(int index, int64_t floats) {
-    std::vector<float>& b = buffers_[static_cast<size_t>(index)];
-    if (static_cast<int64_t>(b.size()) < floats) b.resize(static_cast<size_t>(floats));
-    return b.data();
+  // `backend` must outlive the workspace.
+  explicit Workspace(kernels::Backend& backend) : backend_(backend) {}
+
+  // Buffer `index` with room for at least `count` elements of T (device
+  // memory); RESOURCE_EXHAUSTED when the device cannot grow it.
+  template <typename T>
+  absl::StatusOr<T*> Get(WorkspaceBuffer index, int64_t count) {
+    absl::StatusOr<void*> p = GetBytes(index, count * static_cast<int64_t>(sizeof(T)));
+    if (!p.ok()) return p.status();
+    return static_cast<T*>(*p);
   }
+  // Uploads `host` into buffer `index` and returns its device copy.
+  absl::StatusOr<const int32_t*> Upload(WorkspaceBuffer index, const int32_t* host, int64_t count);
 
  private:
-  std::array<std::vector<float>, kNumBuffers> buffers_;
+  absl::StatusOr<void*> GetBytes(WorkspaceBuffer index, int64_t bytes);
+
+  kernels::Backend& backend_;
+  std::array<kernels::DeviceBuffer, kNumWorkspaceBuffers> buffers_;
 };
 
 // What every layer uses besides its weights; the Model owns all of it and
 // outlives its runners.
 struct LayerEnv {
-  kernels::cpu::ThreadPool* pool = nullptr;  // may be null: runs on the caller
+  kernels::Backend* backend = nullptr;
   kernels::MatmulMode matmul_mode = kernels::MatmulMode::kDeterministic;
   KvPagePool* kv_pages = nullptr;
   StateSlotPool* state_slots = nullptr;
@@ -56,16 +88,16 @@ struct PrefillSegment {
   int64_t start_pos = 0;
   int64_t n_tokens = 0;
   int32_t state_slot = -1;               // the sequence's row in the state pools
-  const int32_t* block_table = nullptr;  // [>= ceil((start_pos + n_tokens) / page_size)] KV page ids
+  const int32_t* block_table = nullptr;  // device: [>= ceil((start_pos + n_tokens) / page_size)] KV page ids
 };
 
 // One decode step: one token per sequence, sequence b at position seq_lens[b] - 1.
 struct DecodeBatch {
   int64_t batch = 0;
-  const int32_t* state_slots = nullptr;   // [batch]
-  const int32_t* block_tables = nullptr;  // [batch, block_table_stride]
+  const int32_t* state_slots = nullptr;   // device: [batch]
+  const int32_t* block_tables = nullptr;  // device: [batch, block_table_stride]
   int64_t block_table_stride = 0;
-  const int32_t* seq_lens = nullptr;  // [batch], tokens including the new one
+  const int32_t* seq_lens = nullptr;  // device: [batch], tokens including the new one
 };
 
 class LayerRunner {
@@ -79,14 +111,10 @@ class LayerRunner {
   virtual absl::Status Decode(const DecodeBatch& batch, const float* normed, float* residual) = 0;
 };
 
-// OK for kKernelOk, else INTERNAL naming the kernel (the engine validates its
-// inputs, so a kernel error is an engine bug).
-absl::Status KernelStatusToStatus(int kernel_status, absl::string_view kernel);
-
-// out[m, n] (+)= a[m, k] @ w[n, k]^T + bias[n] in the env's matmul mode
-// (env.pool and env.matmul_mode only); `bias` may be empty. Packed rows.
-absl::Status Linear(const LayerEnv& env, const float* a, int64_t m, int64_t k, absl::Span<const float> w, int64_t n,
-                    absl::Span<const float> bias, float* out, bool accumulate, absl::string_view what);
+// out[m, n] (+)= a[m, k] @ w[n, k]^T + bias[n] in the env's matmul mode on the
+// env's backend; `bias` may be null. Packed rows, device memory.
+absl::Status Linear(const LayerEnv& env, const float* a, int64_t m, int64_t k, const float* w, int64_t n,
+                    const float* bias, float* out, bool accumulate, absl::string_view what);
 
 }  // namespace hybridserve::engine
 

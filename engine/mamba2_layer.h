@@ -13,15 +13,15 @@
 #include <cstdint>
 #include <memory>
 
+#include "engine/device_weights.h"
 #include "engine/layer_runner.h"
 #include "engine/model_config.h"
-#include "engine/model_weights.h"
 
 namespace hybridserve::engine {
 
 // The runner of a Mamba2 layer whose states are layer `state_layer` of
 // env.state_slots. `config` and `weights` must outlive the runner.
-std::unique_ptr<LayerRunner> NewMamba2LayerRunner(const ModelConfig& config, const Mamba2LayerWeights& weights,
+std::unique_ptr<LayerRunner> NewMamba2LayerRunner(const ModelConfig& config, const DeviceMamba2Weights& weights,
                                                   int64_t state_layer, const LayerEnv& env);
 
 }  // namespace hybridserve::engine

@@ -5,17 +5,17 @@
 
 #include "absl/status/status.h"
 #include "common/status_macros.h"
+#include "engine/backend_registry.h"
 #include "kernels/activation_params.h"
-#include "kernels/cpu/activations.h"
 
 namespace hybridserve::engine {
 namespace {
 
-constexpr int kUp = 0;  // workspace buffer [n, intermediate]
+constexpr WorkspaceBuffer kUp = kScratch0;  // [n, intermediate]
 
 class MlpLayerRunner final : public LayerRunner {
  public:
-  MlpLayerRunner(const ModelConfig& config, const MlpLayerWeights& w, const LayerEnv& env)
+  MlpLayerRunner(const ModelConfig& config, const DeviceMlpWeights& w, const LayerEnv& env)
       : config_(config), p_(config.mlp), w_(w), env_(env) {}
 
   absl::Status Prefill(const PrefillSegment& seg, const float* normed, float* residual) override {
@@ -27,7 +27,7 @@ class MlpLayerRunner final : public LayerRunner {
 
  private:
   absl::Status Run(int64_t n, const float* normed, float* residual) {
-    float* up = env_.workspace->Get(kUp, n * p_.intermediate_size);
+    ASSIGN_OR_RETURN(float* up, env_.workspace->Get<float>(kUp, n * p_.intermediate_size));
     RETURN_IF_ERROR(Linear(env_, normed, n, config_.hidden_size, w_.up_proj, p_.intermediate_size, w_.up_proj_bias, up,
                            /*accumulate=*/false, "mlp up_proj"));
     kernels::ActivationParams act;
@@ -36,20 +36,20 @@ class MlpLayerRunner final : public LayerRunner {
     act.n_rows = n;
     act.dim = p_.intermediate_size;
     act.kind = kernels::ActivationKind::kReluSquared;  // the only MlpActivation of this version
-    RETURN_IF_ERROR(KernelStatusToStatus(kernels::cpu::Activation(act, env_.pool), "Activation(relu2)"));
+    RETURN_IF_ERROR(KernelStatusToStatus(env_.backend->Activation(act), "Activation(relu2)"));
     return Linear(env_, up, n, p_.intermediate_size, w_.down_proj, config_.hidden_size, w_.down_proj_bias, residual,
                   /*accumulate=*/true, "mlp down_proj");
   }
 
   const ModelConfig& config_;
   const MlpParams& p_;
-  const MlpLayerWeights& w_;
+  const DeviceMlpWeights& w_;
   const LayerEnv env_;
 };
 
 }  // namespace
 
-std::unique_ptr<LayerRunner> NewMlpLayerRunner(const ModelConfig& config, const MlpLayerWeights& weights,
+std::unique_ptr<LayerRunner> NewMlpLayerRunner(const ModelConfig& config, const DeviceMlpWeights& weights,
                                                const LayerEnv& env) {
   return std::make_unique<MlpLayerRunner>(config, weights, env);
 }

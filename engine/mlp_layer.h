@@ -6,14 +6,14 @@
 
 #include <memory>
 
+#include "engine/device_weights.h"
 #include "engine/layer_runner.h"
 #include "engine/model_config.h"
-#include "engine/model_weights.h"
 
 namespace hybridserve::engine {
 
 // `config` and `weights` must outlive the runner.
-std::unique_ptr<LayerRunner> NewMlpLayerRunner(const ModelConfig& config, const MlpLayerWeights& weights,
+std::unique_ptr<LayerRunner> NewMlpLayerRunner(const ModelConfig& config, const DeviceMlpWeights& weights,
                                                const LayerEnv& env);
 
 }  // namespace hybridserve::engine

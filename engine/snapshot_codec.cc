@@ -42,21 +42,9 @@ constexpr size_t kOffTailTokens = 108;
 constexpr size_t kOffPayloadBytes = 112;
 constexpr size_t kOffReserved = 120;
 
-constexpr int kLayoutFieldCount = 11;
+constexpr int kLayoutFieldCount = kStateLayoutFieldCount;
 static_assert(kOffLayout + 4 * kLayoutFieldCount == kOffTailTokens, "layout fills [64, 108)");
 static_assert(kOffReserved + 8 == kSnapshotHeaderBytes, "header is 128 bytes");
-
-// The layout's fields in wire order, with their names for messages.
-constexpr int32_t SnapshotLayout::*kLayoutFields[kLayoutFieldCount] = {
-    &SnapshotLayout::mamba_layers,     &SnapshotLayout::ssm_heads, &SnapshotLayout::ssm_head_dim,
-    &SnapshotLayout::ssm_state,        &SnapshotLayout::conv_dim,  &SnapshotLayout::conv_kernel,
-    &SnapshotLayout::attention_layers, &SnapshotLayout::kv_heads,  &SnapshotLayout::kv_head_dim,
-    &SnapshotLayout::page_size,        &SnapshotLayout::vocab,
-};
-constexpr const char* kLayoutFieldNames[kLayoutFieldCount] = {
-    "mamba_layers",     "ssm_heads", "ssm_head_dim", "ssm_state", "conv_dim", "conv_kernel",
-    "attention_layers", "kv_heads",  "kv_head_dim",  "page_size", "vocab",
-};
 
 // XXH3's output is frozen since 0.8.0; its internal step functions, which
 // StripedXxh3 calls, belong to the 0.8 headers.
@@ -100,8 +88,8 @@ bool CheckedMulAdd(uint64_t count, uint64_t floats, uint64_t* total) {
          !__builtin_mul_overflow(count, array_bytes, &bytes) && !__builtin_add_overflow(*total, bytes, total);
 }
 
-absl::StatusOr<PayloadShape> ComputeShape(const SnapshotLayout& layout, int64_t position, bool with_logits) {
-  RETURN_IF_ERROR(ValidateSnapshotLayout(layout));
+absl::StatusOr<PayloadShape> ComputeShape(const StateLayout& layout, int64_t position, bool with_logits) {
+  RETURN_IF_ERROR(layout.Validate());
   if (position < 0) return absl::InvalidArgumentError(absl::StrCat("position must be >= 0, got ", position));
   if (with_logits && layout.vocab < 1) {
     return absl::InvalidArgumentError(absl::StrCat("last logits need vocab >= 1, got ", layout.vocab));
@@ -125,44 +113,35 @@ absl::StatusOr<PayloadShape> ComputeShape(const SnapshotLayout& layout, int64_t 
   return shape;
 }
 
-absl::Status CheckArray(absl::string_view what, size_t index, size_t actual, int64_t expected) {
-  if (actual == static_cast<uint64_t>(expected)) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat(what, "[", index, "] has ", actual, " floats, the layout and position need ", expected));
-}
-
-absl::Status CheckArrays(absl::string_view what, const std::vector<std::vector<float>>& arrays, int32_t count,
-                         int64_t floats) {
-  if (arrays.size() != static_cast<size_t>(count)) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " has ", arrays.size(), " arrays, the layout has ", count));
-  }
-  for (size_t i = 0; i < arrays.size(); ++i) RETURN_IF_ERROR(CheckArray(what, i, arrays[i].size(), floats));
-  return absl::OkStatus();
+// Views over a Snapshot's own arrays.
+SnapshotSource SourceOf(const Snapshot& s) {
+  SnapshotSource source;
+  source.model_fingerprint = s.model_fingerprint;
+  source.prefix_hash = s.prefix_hash;
+  source.layout = s.layout;
+  source.arrays = StateArrays::Of(s);
+  return source;
 }
 
 // Validates `s` against its own layout and position.
-absl::StatusOr<PayloadShape> ShapeOf(const Snapshot& s) {
-  ASSIGN_OR_RETURN(PayloadShape shape, ComputeShape(s.layout, s.position, !s.last_logits.empty()));
-  RETURN_IF_ERROR(CheckArrays("ssm_states", s.ssm_states, s.layout.mamba_layers, shape.ssm_floats));
-  RETURN_IF_ERROR(CheckArrays("conv_states", s.conv_states, s.layout.mamba_layers, shape.conv_floats));
-  RETURN_IF_ERROR(CheckArrays("tail_k", s.tail_k, s.layout.attention_layers, shape.tail_floats));
-  RETURN_IF_ERROR(CheckArrays("tail_v", s.tail_v, s.layout.attention_layers, shape.tail_floats));
-  if (!s.last_logits.empty()) RETURN_IF_ERROR(CheckArray("last_logits", 0, s.last_logits.size(), shape.logits_floats));
+absl::StatusOr<PayloadShape> ShapeOf(const SnapshotSource& s) {
+  ASSIGN_OR_RETURN(PayloadShape shape, ComputeShape(s.layout, s.arrays.position, !s.arrays.last_logits.empty()));
+  RETURN_IF_ERROR(s.layout.CheckState(s.arrays));
   return shape;
 }
 
-void WriteHeader(const Snapshot& s, const PayloadShape& shape, char* header) {
+void WriteHeader(const SnapshotSource& s, const PayloadShape& shape, char* header) {
   std::memset(header, 0, kSnapshotHeaderBytes);
   std::memcpy(header + kOffMagic, kMagic, sizeof(kMagic));
   Put<uint32_t>(header, kOffVersion, kSnapshotFormatVersion);
   Put<uint32_t>(header, kOffHeaderBytes, kSnapshotHeaderBytes);
   Put<uint32_t>(header, kOffDType, static_cast<uint32_t>(SnapshotDType::kF32));
-  Put<uint32_t>(header, kOffFlags, s.last_logits.empty() ? 0u : kFlagLastLogits);
+  Put<uint32_t>(header, kOffFlags, s.arrays.last_logits.empty() ? 0u : kFlagLastLogits);
   PutHash(header, kOffFingerprint, s.model_fingerprint);
   PutHash(header, kOffPrefixHash, s.prefix_hash);
-  Put<int64_t>(header, kOffPosition, s.position);
-  for (int i = 0; i < kLayoutFieldCount; ++i) Put<int32_t>(header, kOffLayout + 4 * i, s.layout.*kLayoutFields[i]);
-  Put<uint32_t>(header, kOffTailTokens, static_cast<uint32_t>(s.layout.tail_tokens(s.position)));
+  Put<int64_t>(header, kOffPosition, s.arrays.position);
+  for (int i = 0; i < kLayoutFieldCount; ++i) Put<int32_t>(header, kOffLayout + 4 * i, s.layout.*kStateLayoutFields[i]);
+  Put<uint32_t>(header, kOffTailTokens, static_cast<uint32_t>(s.layout.tail_tokens(s.arrays.position)));
   Put<uint64_t>(header, kOffPayloadBytes, shape.payload_bytes);
   // [kOffReserved, 128) stays zero.
 }
@@ -296,9 +275,10 @@ class StripedXxh3 {
 };
 
 // Writes the encoding of `s` into buffer[0, shape.total_bytes).
-void WriteSnapshot(const Snapshot& s, const PayloadShape& shape, char* buffer) {
+void WriteSnapshot(const SnapshotSource& source, const PayloadShape& shape, char* buffer) {
+  const StateArrays& s = source.arrays;
   char header[kSnapshotHeaderBytes];
-  WriteHeader(s, shape, header);
+  WriteHeader(source, shape, header);
   const size_t body = shape.total_bytes - kSnapshotTrailerBytes;
   StripedXxh3 checksum(body);
   size_t offset = 0;
@@ -307,8 +287,8 @@ void WriteSnapshot(const Snapshot& s, const PayloadShape& shape, char* buffer) {
     offset += bytes;
   };
   write(header, sizeof(header));
-  for (const std::vector<float>& a : s.ssm_states) write(a.data(), a.size() * sizeof(float));
-  for (const std::vector<float>& a : s.conv_states) write(a.data(), a.size() * sizeof(float));
+  for (const absl::Span<const float> a : s.ssm_states) write(a.data(), a.size() * sizeof(float));
+  for (const absl::Span<const float> a : s.conv_states) write(a.data(), a.size() * sizeof(float));
   for (size_t l = 0; l < s.tail_k.size(); ++l) {
     write(s.tail_k[l].data(), s.tail_k[l].size() * sizeof(float));
     write(s.tail_v[l].data(), s.tail_v[l].size() * sizeof(float));
@@ -322,7 +302,7 @@ struct ParsedHeader {
   common::Hash128 model_fingerprint;
   common::Hash128 prefix_hash;
   int64_t position = 0;
-  SnapshotLayout layout;
+  StateLayout layout;
   bool with_logits = false;
   PayloadShape shape;
 };
@@ -359,7 +339,8 @@ absl::StatusOr<ParsedHeader> ParseHeader(absl::string_view bytes) {
   parsed.model_fingerprint = GetHash(h, kOffFingerprint);
   parsed.prefix_hash = GetHash(h, kOffPrefixHash);
   parsed.position = Get<int64_t>(h, kOffPosition);
-  for (int i = 0; i < kLayoutFieldCount; ++i) parsed.layout.*kLayoutFields[i] = Get<int32_t>(h, kOffLayout + 4 * i);
+  for (int i = 0; i < kLayoutFieldCount; ++i)
+    parsed.layout.*kStateLayoutFields[i] = Get<int32_t>(h, kOffLayout + 4 * i);
   parsed.with_logits = (flags & kFlagLastLogits) != 0;
   ASSIGN_OR_RETURN(parsed.shape, ComputeShape(parsed.layout, parsed.position, parsed.with_logits));
 
@@ -437,68 +418,7 @@ void ReadArray(const char* buffer, size_t* offset, int64_t floats, std::vector<f
 
 }  // namespace
 
-int64_t SnapshotLayout::ssm_state_floats() const { return int64_t{ssm_heads} * ssm_head_dim * ssm_state; }
-
-int64_t SnapshotLayout::conv_state_floats() const {
-  return conv_kernel < 1 ? 0 : int64_t{conv_dim} * (conv_kernel - 1);
-}
-
-int64_t SnapshotLayout::tail_tokens(int64_t position) const { return page_size < 1 ? 0 : position % page_size; }
-
-int64_t SnapshotLayout::tail_kv_floats(int64_t position) const {
-  return tail_tokens(position) * kv_heads * kv_head_dim;
-}
-
-std::string SnapshotLayout::ToString() const {
-  std::string out = "{";
-  for (int i = 0; i < kLayoutFieldCount; ++i) {
-    absl::StrAppend(&out, i ? " " : "", kLayoutFieldNames[i], "=", this->*kLayoutFields[i]);
-  }
-  return out + "}";
-}
-
-bool operator==(const SnapshotLayout& a, const SnapshotLayout& b) {
-  for (const auto field : kLayoutFields) {
-    if (a.*field != b.*field) return false;
-  }
-  return true;
-}
-
-absl::Status ValidateSnapshotLayout(const SnapshotLayout& layout) {
-  for (int i = 0; i < kLayoutFieldCount; ++i) {
-    if (layout.*kLayoutFields[i] < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("layout ", kLayoutFieldNames[i], " must be >= 0, got ", layout.*kLayoutFields[i]));
-    }
-  }
-  auto require = [&](bool ok, absl::string_view rule) {
-    return ok ? absl::OkStatus()
-              : absl::InvalidArgumentError(absl::StrCat("layout needs ", rule, ": ", layout.ToString()));
-  };
-  RETURN_IF_ERROR(require(layout.mamba_layers <= kSnapshotMaxLayers, "mamba_layers <= 16384"));
-  RETURN_IF_ERROR(require(layout.attention_layers <= kSnapshotMaxLayers, "attention_layers <= 16384"));
-  RETURN_IF_ERROR(require(layout.page_size >= 1, "page_size >= 1"));
-  if (layout.mamba_layers > 0) {
-    RETURN_IF_ERROR(require(layout.ssm_heads >= 1 && layout.ssm_head_dim >= 1 && layout.ssm_state >= 1,
-                            "ssm_heads, ssm_head_dim and ssm_state >= 1 with Mamba layers"));
-    RETURN_IF_ERROR(
-        require(layout.conv_dim >= 1 && layout.conv_kernel >= 1, "conv_dim and conv_kernel >= 1 with Mamba layers"));
-  }
-  if (layout.attention_layers > 0) {
-    RETURN_IF_ERROR(require(layout.kv_heads >= 1 && layout.kv_head_dim >= 1,
-                            "kv_heads and kv_head_dim >= 1 with attention layers"));
-  }
-  // Products of three int32 fit in 93 bits: compare in 128-bit arithmetic.
-  const auto fits = [](__int128 floats) { return floats <= kSnapshotMaxArrayFloats; };
-  RETURN_IF_ERROR(require(fits(__int128{layout.ssm_heads} * layout.ssm_head_dim * layout.ssm_state),
-                          "an SSM state of at most 2^40 floats"));
-  RETURN_IF_ERROR(require(fits(__int128{layout.conv_dim} * layout.conv_kernel), "a conv state of at most 2^40 floats"));
-  RETURN_IF_ERROR(require(fits(__int128{layout.page_size} * layout.kv_heads * layout.kv_head_dim),
-                          "a page of K or V of at most 2^40 floats"));
-  return absl::OkStatus();
-}
-
-absl::StatusOr<size_t> EncodedSnapshotSize(const SnapshotLayout& layout, int64_t position, bool with_logits) {
+absl::StatusOr<size_t> EncodedSnapshotSize(const StateLayout& layout, int64_t position, bool with_logits) {
   ASSIGN_OR_RETURN(PayloadShape shape, ComputeShape(layout, position, with_logits));
   if (shape.total_bytes > SIZE_MAX) return absl::InvalidArgumentError("snapshot size exceeds size_t");
   return static_cast<size_t>(shape.total_bytes);
@@ -511,19 +431,24 @@ absl::StatusOr<std::string> EncodeSnapshot(const Snapshot& snapshot) {
 }
 
 absl::Status EncodeSnapshotInto(const Snapshot& snapshot, std::string* out) {
-  ASSIGN_OR_RETURN(PayloadShape shape, ShapeOf(snapshot));
+  return EncodeSnapshotInto(SourceOf(snapshot), out);
+}
+
+absl::Status EncodeSnapshotInto(const SnapshotSource& source, std::string* out) {
+  ASSIGN_OR_RETURN(PayloadShape shape, ShapeOf(source));
   out->resize(shape.total_bytes);  // fills only what it grows by
-  WriteSnapshot(snapshot, shape, out->data());
+  WriteSnapshot(source, shape, out->data());
   return absl::OkStatus();
 }
 
 absl::Status EncodeSnapshotToBuffer(const Snapshot& snapshot, absl::Span<char> out) {
-  ASSIGN_OR_RETURN(PayloadShape shape, ShapeOf(snapshot));
+  const SnapshotSource source = SourceOf(snapshot);
+  ASSIGN_OR_RETURN(PayloadShape shape, ShapeOf(source));
   if (out.size() != shape.total_bytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("output buffer is ", out.size(), " bytes, the snapshot encodes to ", shape.total_bytes));
   }
-  WriteSnapshot(snapshot, shape, out.data());
+  WriteSnapshot(source, shape, out.data());
   return absl::OkStatus();
 }
 

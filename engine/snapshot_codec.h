@@ -18,7 +18,7 @@
 //   24     16    model fingerprint (Hash128: lo u64, hi u64)
 //   40     16    token-prefix hash (Hash128 of namespace + tokens[0, p))
 //   56     8     i64 position p (>= 0)
-//   64     44    layout: 11 x i32 in SnapshotLayout's field order (vocab
+//   64     44    layout: 11 x i32 in StateLayout's wire order (vocab
 //                is the model's even without logits: flag bit 0 says
 //                whether they are kept)
 //   108    4     u32 tail tokens = p mod page_size (redundant, checked)
@@ -36,7 +36,7 @@
 // overflow-checked arithmetic and must equal the input's length exactly, every
 // header field is range-checked, layer counts are bounded so that a header
 // alone cannot make the decoder allocate, and nothing is read outside the
-// input. Error codes:
+// input (layer counts are bounded by kStateMaxLayers). Error codes:
 //   DATA_LOSS            checksum mismatch, or input too short for a header;
 //                        corrupted bytes anywhere, header included, give this
 //                        code (the checksum is verified before a header
@@ -68,16 +68,14 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "common/hash.h"
+#include "engine/sequence_state.h"
+#include "engine/state_layout.h"
 
 namespace hybridserve::engine {
 
 inline constexpr uint32_t kSnapshotFormatVersion = 1;
 inline constexpr size_t kSnapshotHeaderBytes = 128;
 inline constexpr size_t kSnapshotTrailerBytes = 8;
-// Bound on mamba_layers and attention_layers: far above any real model, low
-// enough that a forged header cannot make the decoder allocate much for
-// empty per-layer arrays.
-inline constexpr int32_t kSnapshotMaxLayers = 16384;
 
 // Element type of the payload arrays on the wire.
 enum class SnapshotDType : uint32_t {
@@ -85,60 +83,28 @@ enum class SnapshotDType : uint32_t {
   kBF16 = 2,  // reserved: neither encoded nor decoded yet
 };
 
-// Shapes of the state of one sequence. Value type.
-struct SnapshotLayout {
-  int32_t mamba_layers = 0;
-  int32_t ssm_heads = 0;     // Mamba2 n_heads
-  int32_t ssm_head_dim = 0;  // Mamba2 head_dim
-  int32_t ssm_state = 0;     // Mamba2 d_state
-  int32_t conv_dim = 0;      // channels of the causal conv
-  int32_t conv_kernel = 0;   // d_conv; the conv state keeps d_conv - 1 columns
-  int32_t attention_layers = 0;
-  int32_t kv_heads = 0;
-  int32_t kv_head_dim = 0;
-  int32_t page_size = 0;  // tokens per KV page, >= 1
-  int32_t vocab = 0;      // the model's vocabulary; required (>= 1) only with last logits
-
-  // Floats of one array of each kind, for a layout that passes
-  // ValidateSnapshotLayout (which bounds them) and a position >= 0.
-  int64_t ssm_state_floats() const;                // ssm_heads * ssm_head_dim * ssm_state
-  int64_t conv_state_floats() const;               // conv_dim * (conv_kernel - 1)
-  int64_t tail_tokens(int64_t position) const;     // position mod page_size
-  int64_t tail_kv_floats(int64_t position) const;  // tail_tokens(position) * kv_heads * kv_head_dim
-
-  std::string ToString() const;
-
-  friend bool operator==(const SnapshotLayout& a, const SnapshotLayout& b);
-  friend bool operator!=(const SnapshotLayout& a, const SnapshotLayout& b) { return !(a == b); }
+// The state of one sequence after its first `position` tokens (the arrays of
+// SequenceState, in the shapes `layout` gives), stamped with what identifies
+// it: the model and the token prefix.
+struct Snapshot : SequenceState {
+  common::Hash128 model_fingerprint;
+  common::Hash128 prefix_hash;  // Hash128 of namespace + tokens[0, position), from the caller
+  StateLayout layout;
 };
 
-// Bound on the floats of any one array (4 TiB): keeps every size computation
-// of a valid layout far from overflow.
-inline constexpr int64_t kSnapshotMaxArrayFloats = int64_t{1} << 40;
-
-// OK, or INVALID_ARGUMENT naming the first field out of range: layer counts in
-// [0, kSnapshotMaxLayers], page_size >= 1, the shapes of every layer kind
-// present >= 1 (conv_kernel >= 1), everything else >= 0, and no array (a full
-// page of tail KV included) above kSnapshotMaxArrayFloats.
-absl::Status ValidateSnapshotLayout(const SnapshotLayout& layout);
-
-// The state of one sequence after its first `position` tokens.
-struct Snapshot {
+// A state to encode given as host views (for instance straight over a state
+// pool the host can address), with what identifies it.
+struct SnapshotSource {
   common::Hash128 model_fingerprint;
-  int64_t position = 0;
-  common::Hash128 prefix_hash;  // Hash128 of namespace + tokens[0, position), from the caller
-  SnapshotLayout layout;
-  std::vector<std::vector<float>> ssm_states;   // [mamba_layers][ssm_state_floats()]
-  std::vector<std::vector<float>> conv_states;  // [mamba_layers][conv_state_floats()]
-  std::vector<std::vector<float>> tail_k;       // [attention_layers][tail_kv_floats(position)]
-  std::vector<std::vector<float>> tail_v;       // [attention_layers][tail_kv_floats(position)]
-  std::vector<float> last_logits;               // [vocab], or empty when not kept
+  common::Hash128 prefix_hash;
+  StateLayout layout;
+  StateArrays arrays;  // the position is arrays.position
 };
 
 // What the reader requires of a snapshot; an unset field is not checked.
 struct SnapshotExpectation {
   std::optional<common::Hash128> model_fingerprint;
-  std::optional<SnapshotLayout> layout;
+  std::optional<StateLayout> layout;
   std::optional<int64_t> position;
   std::optional<common::Hash128> prefix_hash;
 };
@@ -152,7 +118,7 @@ struct SnapshotView {
   common::Hash128 model_fingerprint;
   int64_t position = 0;
   common::Hash128 prefix_hash;
-  SnapshotLayout layout;
+  StateLayout layout;
   std::vector<absl::Span<const uint8_t>> ssm_states;   // [mamba_layers]
   std::vector<absl::Span<const uint8_t>> conv_states;  // [mamba_layers]
   std::vector<absl::Span<const uint8_t>> tail_k;       // [attention_layers]
@@ -163,16 +129,18 @@ struct SnapshotView {
 // Bytes of the encoding of a snapshot with this layout at `position`, header
 // and checksum included. INVALID_ARGUMENT for an invalid layout, a negative
 // position, logits without a vocabulary, or a size that overflows.
-absl::StatusOr<size_t> EncodedSnapshotSize(const SnapshotLayout& layout, int64_t position, bool with_logits);
+absl::StatusOr<size_t> EncodedSnapshotSize(const StateLayout& layout, int64_t position, bool with_logits);
 
 // Encodes `snapshot`. INVALID_ARGUMENT, naming the array, if a vector's size
-// does not match the layout and position.
+// does not match the layout and position (StateLayout::CheckState).
 absl::StatusOr<std::string> EncodeSnapshot(const Snapshot& snapshot);
 // Same, into `*out`, replacing its contents and reusing its buffer: no
 // allocation when its capacity suffices, and no zero-fill of what it already
 // holds (a reused buffer of the same size is only overwritten). On error
 // `*out` is unspecified.
 absl::Status EncodeSnapshotInto(const Snapshot& snapshot, std::string* out);
+// Same, from views: one pass from wherever the arrays are into `*out`.
+absl::Status EncodeSnapshotInto(const SnapshotSource& source, std::string* out);
 // Same, into a caller-owned buffer (e.g. a reserved cache or transfer slot)
 // whose size must be exactly EncodedSnapshotSize(...).
 absl::Status EncodeSnapshotToBuffer(const Snapshot& snapshot, absl::Span<char> out);

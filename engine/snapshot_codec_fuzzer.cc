@@ -66,7 +66,7 @@ void Check(absl::string_view bytes) {
   if (!views_match) Fail("ParseSnapshot's views differ from DecodeSnapshot's arrays", absl::OkStatus());
 }
 
-Snapshot SeedSnapshot(const SnapshotLayout& layout, int64_t position, bool with_logits) {
+Snapshot SeedSnapshot(const StateLayout& layout, int64_t position, bool with_logits) {
   Snapshot s;
   s.model_fingerprint = common::HashBytes("fuzz-model");
   s.prefix_hash = common::HashBytes(absl::StrCat("prefix-", position));
@@ -92,9 +92,9 @@ Snapshot SeedSnapshot(const SnapshotLayout& layout, int64_t position, bool with_
 
 // Writes valid encodings of small layouts of every kind into `dir`.
 void WriteSeeds(const std::string& dir) {
-  const SnapshotLayout hybrid{2, 2, 2, 4, 4, 4, 1, 1, 4, 4, 8};
-  const SnapshotLayout pure_mamba{1, 2, 2, 2, 3, 4, 0, 0, 0, 16, 5};
-  const SnapshotLayout attention_only{0, 0, 0, 0, 0, 0, 2, 2, 2, 8, 6};
+  const StateLayout hybrid{2, 2, 2, 4, 4, 4, 1, 1, 4, 4, 8};
+  const StateLayout pure_mamba{1, 2, 2, 2, 3, 4, 0, 0, 0, 16, 5};
+  const StateLayout attention_only{0, 0, 0, 0, 0, 0, 2, 2, 2, 8, 6};
   const Snapshot seeds[] = {
       SeedSnapshot(hybrid, 7, true),      SeedSnapshot(hybrid, 8, false),          SeedSnapshot(hybrid, 0, false),
       SeedSnapshot(pure_mamba, 33, true), SeedSnapshot(attention_only, 13, false),

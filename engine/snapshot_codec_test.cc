@@ -22,18 +22,18 @@ namespace {
 using ::testing::HasSubstr;
 
 // Nemotron-H-like shapes, scaled down so that a test encodes in microseconds.
-SnapshotLayout SmallHybridLayout() {
-  return SnapshotLayout{.mamba_layers = 3,
-                        .ssm_heads = 2,
-                        .ssm_head_dim = 3,
-                        .ssm_state = 4,
-                        .conv_dim = 5,
-                        .conv_kernel = 4,
-                        .attention_layers = 2,
-                        .kv_heads = 2,
-                        .kv_head_dim = 3,
-                        .page_size = 4,
-                        .vocab = 7};
+StateLayout SmallHybridLayout() {
+  return StateLayout{.mamba_layers = 3,
+                     .ssm_heads = 2,
+                     .ssm_head_dim = 3,
+                     .ssm_state = 4,
+                     .conv_dim = 5,
+                     .conv_kernel = 4,
+                     .attention_layers = 2,
+                     .kv_heads = 2,
+                     .kv_head_dim = 3,
+                     .page_size = 4,
+                     .vocab = 7};
 }
 
 // Seeded values that exercise the bit-exactness of the copy: signed zeros,
@@ -55,7 +55,7 @@ std::vector<float> RandomFloats(std::mt19937& rng, int64_t n) {
   return out;
 }
 
-Snapshot MakeSnapshot(const SnapshotLayout& layout, int64_t position, bool with_logits, uint32_t seed = 1) {
+Snapshot MakeSnapshot(const StateLayout& layout, int64_t position, bool with_logits, uint32_t seed = 1) {
   std::mt19937 rng(seed);
   Snapshot s;
   s.model_fingerprint = common::HashBytes("model-a");
@@ -149,18 +149,18 @@ T Peek(const std::string& bytes, size_t offset) {
 
 struct RoundTripCase {
   const char* name;
-  SnapshotLayout layout;
+  StateLayout layout;
   int64_t position;
   bool with_logits;
 };
 
 TEST(SnapshotCodecTest, RoundTripIsBitIdenticalForEveryLayoutKind) {
-  SnapshotLayout pure_mamba = SmallHybridLayout();
+  StateLayout pure_mamba = SmallHybridLayout();
   pure_mamba.attention_layers = pure_mamba.kv_heads = pure_mamba.kv_head_dim = 0;
-  SnapshotLayout attention_only = SmallHybridLayout();
+  StateLayout attention_only = SmallHybridLayout();
   attention_only.mamba_layers = attention_only.ssm_heads = attention_only.ssm_head_dim = 0;
   attention_only.ssm_state = attention_only.conv_dim = attention_only.conv_kernel = 0;
-  SnapshotLayout kernel_one = SmallHybridLayout();
+  StateLayout kernel_one = SmallHybridLayout();
   kernel_one.conv_kernel = 1;  // a conv state with no columns
   const RoundTripCase cases[] = {
       {"hybrid, partial page, logits", SmallHybridLayout(), 11, true},
@@ -240,17 +240,17 @@ TEST(SnapshotCodecTest, WireFormatMatchesTheDocumentedLayout) {
 TEST(SnapshotCodecTest, ChecksumIsXxh3OfTheBytesForEveryLengthAndPieceAlignment) {
   // Attention only, one float per token: the hashed length runs over
   // 128 + 8 t (+ 4 with one logit), t < 1024, past seven block boundaries.
-  SnapshotLayout tail_only{.attention_layers = 1, .kv_heads = 1, .kv_head_dim = 1, .page_size = 1024, .vocab = 1};
+  StateLayout tail_only{.attention_layers = 1, .kv_heads = 1, .kv_head_dim = 1, .page_size = 1024, .vocab = 1};
   // Many tiny Mamba arrays (12 and 60 bytes): almost every stripe straddles pieces.
-  SnapshotLayout tiny_pieces{.mamba_layers = 1,
-                             .ssm_heads = 1,
-                             .ssm_head_dim = 1,
-                             .ssm_state = 3,
-                             .conv_dim = 5,
-                             .conv_kernel = 4,
-                             .page_size = 16,
-                             .vocab = 3};
-  std::vector<std::pair<SnapshotLayout, int64_t>> cases;
+  StateLayout tiny_pieces{.mamba_layers = 1,
+                          .ssm_heads = 1,
+                          .ssm_head_dim = 1,
+                          .ssm_state = 3,
+                          .conv_dim = 5,
+                          .conv_kernel = 4,
+                          .page_size = 16,
+                          .vocab = 3};
+  std::vector<std::pair<StateLayout, int64_t>> cases;
   for (int64_t t = 0; t < 1024; ++t) cases.push_back({tail_only, t});
   for (int32_t layers = 1; layers <= 200; ++layers) {
     tiny_pieces.mamba_layers = layers;
@@ -356,7 +356,7 @@ TEST(SnapshotCodecTest, SnapshotOfAnotherModelLayoutPositionOrPrefixIsFailedPrec
   const SnapshotExpectation matching{s.model_fingerprint, s.layout, s.position, s.prefix_hash};
   ASSERT_TRUE(DecodeSnapshot(bytes, matching).ok());
 
-  SnapshotLayout other_layout = s.layout;
+  StateLayout other_layout = s.layout;
   other_layout.vocab += 1;
   struct Case {
     SnapshotExpectation expect;
@@ -428,12 +428,12 @@ TEST(SnapshotCodecTest, HeaderClaimingMoreBytesThanTheInputIsRejectedWithoutAllo
   std::string bytes = EncodeOrDie(MakeSnapshot(SmallHybridLayout(), 11, false));
   // A consistent header for 16384 layers of 2^40-float SSM states: claims
   // petabytes; the decoder must compare with the input length, not allocate.
-  Poke<int32_t>(&bytes, 64, kSnapshotMaxLayers);
+  Poke<int32_t>(&bytes, 64, kStateMaxLayers);
   Poke<int32_t>(&bytes, 68, 1 << 20);
   Poke<int32_t>(&bytes, 72, 1 << 10);
   Poke<int32_t>(&bytes, 76, 1 << 10);
-  absl::StatusOr<size_t> claimed = EncodedSnapshotSize(
-      SnapshotLayout{kSnapshotMaxLayers, 1 << 20, 1 << 10, 1 << 10, 5, 4, 2, 2, 3, 4, 7}, 11, false);
+  absl::StatusOr<size_t> claimed =
+      EncodedSnapshotSize(StateLayout{kStateMaxLayers, 1 << 20, 1 << 10, 1 << 10, 5, 4, 2, 2, 3, 4, 7}, 11, false);
   ASSERT_TRUE(claimed.ok()) << claimed.status();
   Poke<uint64_t>(&bytes, 112, *claimed - 136);
   Reseal(&bytes);
@@ -471,18 +471,18 @@ TEST(SnapshotCodecTest, EncodeRejectsArraysThatDoNotMatchTheLayout) {
 }
 
 TEST(SnapshotCodecTest, LayoutValidationNamesTheField) {
-  EXPECT_TRUE(ValidateSnapshotLayout(SmallHybridLayout()).ok());
-  EXPECT_TRUE(ValidateSnapshotLayout(SnapshotLayout{.page_size = 1}).ok());  // a stateless model
-  SnapshotLayout layout = SmallHybridLayout();
+  EXPECT_TRUE(SmallHybridLayout().Validate().ok());
+  EXPECT_TRUE(StateLayout{.page_size = 1}.Validate().ok());  // a stateless model
+  StateLayout layout = SmallHybridLayout();
   layout.ssm_state = 0;
-  EXPECT_THAT(std::string(ValidateSnapshotLayout(layout).message()), HasSubstr("ssm_state"));
+  EXPECT_THAT(std::string(layout.Validate().message()), HasSubstr("ssm_state"));
   layout = SmallHybridLayout();
   layout.conv_kernel = -2;
-  EXPECT_THAT(std::string(ValidateSnapshotLayout(layout).message()), HasSubstr("conv_kernel"));
+  EXPECT_THAT(std::string(layout.Validate().message()), HasSubstr("conv_kernel"));
   layout = SmallHybridLayout();
   layout.page_size = std::numeric_limits<int32_t>::max();
   layout.kv_heads = layout.kv_head_dim = 1024;
-  EXPECT_EQ(ValidateSnapshotLayout(layout).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(layout.Validate().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(EncodedSnapshotSize(SmallHybridLayout(), -1, false).status().code(), absl::StatusCode::kInvalidArgument);
 }
 

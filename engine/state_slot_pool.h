@@ -2,14 +2,17 @@
 #define HYBRIDSERVE_ENGINE_STATE_SLOT_POOL_H_
 
 // The recurrent state of every Mamba2 layer for a fixed number of sequences
-// ("slots"). A slot id names the same row in every layer. Storage is one
-// pool per layer, the layout the one-step kernels index by slot
-// (kernels/ssd_params.h, kernels/conv1d_params.h):
+// ("slots"), in device memory of the model's backend. A slot id names the
+// same row in every layer. Storage is one pool per layer, the layout the
+// one-step kernels index by slot (kernels/ssd_params.h,
+// kernels/conv1d_params.h):
 //   ssm  [num_slots, n_heads, head_dim, d_state]   fp32
 //   conv [num_slots, conv_dim, d_conv - 1]         fp32 (oldest input first)
+// all inside one device buffer (every layer's ssm pool, then every layer's
+// conv pool).
 //
-// Not thread-safe: single-threaded, owned by the engine (Model), which
-// serializes every call.
+// Not thread-safe: single-threaded, owned by the engine's SequenceTable,
+// which serializes every call.
 
 #include <cstdint>
 #include <memory>
@@ -17,6 +20,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kernels/backend.h"
 
 namespace hybridserve::engine {
 
@@ -32,8 +36,11 @@ struct StateSlotPoolOptions {
 
 class StateSlotPool {
  public:
-  // INVALID_ARGUMENT for a non-positive size or a pool above 2^40 floats per layer.
-  static absl::StatusOr<std::unique_ptr<StateSlotPool>> Create(const StateSlotPoolOptions& options);
+  // INVALID_ARGUMENT for a non-positive size or a pool above 2^40 floats per
+  // layer; RESOURCE_EXHAUSTED when the backend cannot allocate it. `backend`
+  // must outlive the pool.
+  static absl::StatusOr<std::unique_ptr<StateSlotPool>> Create(const StateSlotPoolOptions& options,
+                                                               kernels::Backend& backend);
 
   StateSlotPool(const StateSlotPool&) = delete;
   StateSlotPool& operator=(const StateSlotPool&) = delete;
@@ -41,6 +48,10 @@ class StateSlotPool {
   // A free slot whose states are zeroed (the state of an empty sequence).
   // RESOURCE_EXHAUSTED when every slot is taken.
   absl::StatusOr<int32_t> Allocate();
+  // A free slot holding a copy of slot `source`'s states (a fork).
+  // RESOURCE_EXHAUSTED when every slot is taken; INVALID_ARGUMENT when
+  // `source` is not allocated.
+  absl::StatusOr<int32_t> AllocateCopyOf(int32_t source);
   // INVALID_ARGUMENT if `slot` is out of range or not allocated.
   absl::Status Free(int32_t slot);
 
@@ -54,27 +65,31 @@ class StateSlotPool {
   int64_t ssm_floats() const { return options_.n_heads * options_.head_dim * options_.d_state; }
   int64_t conv_floats() const { return options_.conv_dim * (options_.d_conv - 1); }
 
-  // Whole per-layer pools (for the batched one-step kernels). Precondition: layer < num_layers().
-  float* ssm_pool(int64_t layer) { return ssm_[static_cast<size_t>(layer)].data(); }
-  float* conv_pool(int64_t layer) { return conv_[static_cast<size_t>(layer)].data(); }
-  // One slot's state in one layer.
+  // Whole per-layer pools (for the batched one-step kernels), device memory.
+  // Precondition: layer < num_layers().
+  float* ssm_pool(int64_t layer) { return storage_.as<float>() + layer * num_slots() * ssm_floats(); }
+  float* conv_pool(int64_t layer) {
+    return storage_.as<float>() + (num_layers() * ssm_floats() + layer * conv_floats()) * num_slots();
+  }
+  // One slot's state in one layer, device memory.
   float* ssm(int64_t layer, int32_t slot) { return ssm_pool(layer) + slot * ssm_floats(); }
   float* conv(int64_t layer, int32_t slot) { return conv_pool(layer) + slot * conv_floats(); }
-  const float* ssm(int64_t layer, int32_t slot) const {
-    return ssm_[static_cast<size_t>(layer)].data() + slot * ssm_floats();
-  }
-  const float* conv(int64_t layer, int32_t slot) const {
-    return conv_[static_cast<size_t>(layer)].data() + slot * conv_floats();
-  }
+  const float* ssm(int64_t layer, int32_t slot) const { return const_cast<StateSlotPool*>(this)->ssm(layer, slot); }
+  const float* conv(int64_t layer, int32_t slot) const { return const_cast<StateSlotPool*>(this)->conv(layer, slot); }
+
+  // Every slot of every layer as one device buffer (empty without Mamba2 layers).
+  const kernels::DeviceBuffer& storage() const { return storage_; }
 
  private:
-  explicit StateSlotPool(const StateSlotPoolOptions& options);
+  StateSlotPool(const StateSlotPoolOptions& options, kernels::Backend& backend, kernels::DeviceBuffer storage);
+  // Takes a free slot off the stack (precondition: one is free).
+  int32_t Take();
 
   StateSlotPoolOptions options_;
-  std::vector<std::vector<float>> ssm_;   // [num_layers][num_slots * ssm_floats]
-  std::vector<std::vector<float>> conv_;  // [num_layers][num_slots * conv_floats]
-  std::vector<int32_t> free_;             // a stack: Allocate pops from the back (initially slot 0)
-  std::vector<bool> allocated_;           // [num_slots]
+  kernels::Backend& backend_;
+  kernels::DeviceBuffer storage_;
+  std::vector<int32_t> free_;    // a stack: Allocate pops from the back (initially slot 0)
+  std::vector<bool> allocated_;  // [num_slots]
 };
 
 }  // namespace hybridserve::engine

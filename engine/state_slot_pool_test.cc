@@ -5,9 +5,16 @@
 #include "absl/status/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu/cpu_backend.h"
 
 namespace hybridserve::engine {
 namespace {
+
+// Pools live in device memory; on the CPU backend the host may read it directly.
+kernels::Backend& Backend() {
+  static kernels::cpu::CpuBackend* backend = new kernels::cpu::CpuBackend(1);
+  return *backend;
+}
 
 using ::testing::HasSubstr;
 
@@ -24,7 +31,7 @@ StateSlotPoolOptions Options(int64_t num_slots) {
 }
 
 TEST(StateSlotPoolTest, AllocatesUntilExhaustedThenReusesFreedSlot) {
-  auto pool = StateSlotPool::Create(Options(2));
+  auto pool = StateSlotPool::Create(Options(2), Backend());
   ASSERT_TRUE(pool.ok()) << pool.status();
   auto a = (*pool)->Allocate();
   auto b = (*pool)->Allocate();
@@ -41,7 +48,7 @@ TEST(StateSlotPoolTest, AllocatesUntilExhaustedThenReusesFreedSlot) {
 }
 
 TEST(StateSlotPoolTest, AllocatedSlotStartsZeroedInEveryLayer) {
-  auto pool = StateSlotPool::Create(Options(2));
+  auto pool = StateSlotPool::Create(Options(2), Backend());
   ASSERT_TRUE(pool.ok());
   StateSlotPool& p = **pool;
   EXPECT_EQ(p.ssm_floats(), 40);
@@ -66,7 +73,7 @@ TEST(StateSlotPoolTest, AllocatedSlotStartsZeroedInEveryLayer) {
 }
 
 TEST(StateSlotPoolTest, FreeOfUnallocatedSlotIsAnError) {
-  auto pool = StateSlotPool::Create(Options(2));
+  auto pool = StateSlotPool::Create(Options(2), Backend());
   ASSERT_TRUE(pool.ok());
   EXPECT_EQ((*pool)->Free(0).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*pool)->Free(5).code(), absl::StatusCode::kInvalidArgument);
@@ -79,14 +86,14 @@ TEST(StateSlotPoolTest, FreeOfUnallocatedSlotIsAnError) {
 
 TEST(StateSlotPoolTest, CreateRejectsBadSizes) {
   StateSlotPoolOptions o = Options(0);
-  EXPECT_EQ(StateSlotPool::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(StateSlotPool::Create(o, Backend()).status().code(), absl::StatusCode::kInvalidArgument);
   o = Options(1);
   o.d_state = 0;
-  EXPECT_EQ(StateSlotPool::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(StateSlotPool::Create(o, Backend()).status().code(), absl::StatusCode::kInvalidArgument);
   o = Options(1);
   o.num_layers = 0;  // a model without Mamba2 layers
   o.d_state = 0;
-  EXPECT_TRUE(StateSlotPool::Create(o).ok());
+  EXPECT_TRUE(StateSlotPool::Create(o, Backend()).ok());
 }
 
 }  // namespace

@@ -3,25 +3,22 @@
 
 // The bridge between the engine's SequenceState and the snapshot codec's
 // Snapshot: a grid checkpoint or turn-end state becomes bytes ready to publish
-// to the cachestore, and published bytes become a state to restore.
-
-#include <cstdint>
+// to the cachestore, and published bytes become a state to restore. (A
+// decoded snapshot restores without any copy through
+// SequenceTable::RestoreFromView; these are for callers that hold vectors.)
 
 #include "absl/status/statusor.h"
 #include "common/hash.h"
-#include "engine/model_config.h"
 #include "engine/sequence_state.h"
 #include "engine/snapshot_codec.h"
+#include "engine/state_layout.h"
 
 namespace hybridserve::engine {
 
-// The snapshot layout of a model with KV pages of `page_size` tokens.
-SnapshotLayout SnapshotLayoutFor(const ModelConfig& config, int64_t page_size);
-
 // Moves `state` into a Snapshot stamped with the model fingerprint and the
-// hash of the token prefix it covers. INVALID_ARGUMENT if the state does not
-// have the layout's shapes.
-absl::StatusOr<Snapshot> ToSnapshot(SequenceState state, const SnapshotLayout& layout,
+// hash of the token prefix it covers. INVALID_ARGUMENT (naming the array) if
+// the state does not have the layout's shapes.
+absl::StatusOr<Snapshot> ToSnapshot(SequenceState state, const StateLayout& layout,
                                     const common::Hash128& model_fingerprint, const common::Hash128& prefix_hash);
 
 // Moves a decoded Snapshot's arrays into a SequenceState.

@@ -39,7 +39,7 @@ TEST(StateSnapshotTest, EncodedTurnEndStateResumesBitIdentically) {
   const int64_t position = captured->position;
   ASSERT_EQ(position, 40);
 
-  const SnapshotLayout layout = SnapshotLayoutFor(model->config(), model->page_size());
+  const StateLayout layout = StateLayout::ForModel(model->config(), model->page_size());
   const common::Hash128 prefix = common::HashBytes("tokens of the conversation");
   auto snapshot = ToSnapshot(*captured, layout, weights->fingerprint(), prefix);
   ASSERT_TRUE(snapshot.ok()) << snapshot.status();
@@ -84,7 +84,7 @@ TEST(StateSnapshotTest, EncodedTurnEndStateResumesBitIdentically) {
 TEST(StateSnapshotTest, ShapeMismatchIsRejected) {
   std::unique_ptr<ModelWeights> weights = LoadWeights(testing::kNemotronTiny);
   ASSERT_NE(weights, nullptr);
-  const SnapshotLayout layout = SnapshotLayoutFor(weights->config(), 4);
+  const StateLayout layout = StateLayout::ForModel(weights->config(), 4);
   SequenceState empty;
   empty.position = 5;
   EXPECT_EQ(ToSnapshot(empty, layout, weights->fingerprint(), {}).status().code(), absl::StatusCode::kInvalidArgument);

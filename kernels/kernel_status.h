@@ -16,6 +16,8 @@ enum KernelStatus : int {
   kKernelUnsupported = 2,
   // The device reported an error (CUDA backend only).
   kKernelDeviceError = 3,
+  // Device memory could not be allocated (backend Allocate/UploadConstant).
+  kKernelOutOfMemory = 4,
 };
 
 inline const char* KernelStatusName(int status) {
@@ -28,6 +30,8 @@ inline const char* KernelStatusName(int status) {
       return "unsupported";
     case kKernelDeviceError:
       return "device error";
+    case kKernelOutOfMemory:
+      return "out of device memory";
     default:
       return "unknown kernel status";
   }

@@ -1,0 +1,49 @@
+#include "engine/backend_registry.h"
+
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu/cpu_backend.h"  // the only engine file that names a backend implementation
+
+namespace hybridserve::engine {
+
+absl::StatusOr<Device> ParseDevice(absl::string_view name) {
+  if (name == "cpu") return Device::kCpu;
+  if (name == "cuda") return Device::kCuda;
+  return absl::InvalidArgumentError(absl::StrCat("unknown device \"", name, "\": expected \"cpu\" or \"cuda\""));
+}
+
+const char* DeviceName(Device device) {
+  switch (device) {
+    case Device::kCpu:
+      return "cpu";
+    case Device::kCuda:
+      return "cuda";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<std::unique_ptr<kernels::Backend>> CreateBackend(const BackendOptions& options) {
+  switch (options.device) {
+    case Device::kCpu:
+      if (options.num_threads < 1) {
+        return absl::InvalidArgumentError(absl::StrCat("num_threads ", options.num_threads, " < 1"));
+      }
+      return std::unique_ptr<kernels::Backend>(std::make_unique<kernels::cpu::CpuBackend>(options.num_threads));
+    case Device::kCuda:
+      return absl::UnimplementedError(
+          "the cuda backend is not compiled into this build (kernels/cuda has no Backend implementation yet); "
+          "use --device=cpu");
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown device ", static_cast<int>(options.device)));
+}
+
+absl::Status KernelStatusToStatus(int kernel_status, absl::string_view what) {
+  if (kernel_status == kernels::kKernelOk) return absl::OkStatus();
+  const std::string message =
+      absl::StrCat(what, " failed: ", kernels::KernelStatusName(kernel_status), " (kernel status ", kernel_status, ")");
+  if (kernel_status == kernels::kKernelOutOfMemory) return absl::ResourceExhaustedError(message);
+  return absl::InternalError(message);
+}
+
+}  // namespace hybridserve::engine

@@ -1,0 +1,93 @@
+#ifndef HYBRIDSERVE_ENGINE_DEVICE_WEIGHTS_H_
+#define HYBRIDSERVE_ENGINE_DEVICE_WEIGHTS_H_
+
+// A model's weights in device memory of one backend, in the form the layer
+// runners hand to kernels: the host tensors of ModelWeights uploaded (on the
+// CPU backend, aliased: no second copy), plus the few derived tensors the
+// runners need (A = -exp(A_log); q, k and v projections as one matrix).
+// Every pointer is device memory; a bias the model does not have is null.
+//
+// Immutable after Create; the ModelWeights it was made from must outlive it
+// (an aliasing backend reads them in place). Not thread-safe to destroy while
+// a kernel runs; otherwise read-only.
+
+#include <cstdint>
+#include <memory>
+#include <variant>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/model_weights.h"
+#include "kernels/backend.h"
+
+namespace hybridserve::engine {
+
+struct DeviceMamba2Weights {
+  const float* in_proj = nullptr;        // [in_proj_rows, hidden]
+  const float* in_proj_bias = nullptr;   // [in_proj_rows] or null
+  const float* conv1d_weight = nullptr;  // [conv_dim, conv_kernel]
+  const float* conv1d_bias = nullptr;    // [conv_dim] or null
+  const float* dt_bias = nullptr;        // [num_heads]
+  const float* A = nullptr;              // [num_heads]; -exp(A_log) in fp32, as transformers computes it
+  const float* D = nullptr;              // [num_heads]
+  const float* norm = nullptr;           // [d_inner]
+  const float* out_proj = nullptr;       // [hidden, d_inner]
+  const float* out_proj_bias = nullptr;  // [hidden] or null
+};
+
+struct DeviceAttentionWeights {
+  // Rows [q | k | v] of one matrix, [q_dim + 2 * kv_dim, hidden]: each output
+  // element is the same dot product as with three matrices (bit-identical in
+  // deterministic mode), in one kernel call.
+  const float* qkv_proj = nullptr;
+  const float* o_proj = nullptr;  // [hidden, q_dim]
+};
+
+struct DeviceMlpWeights {
+  const float* up_proj = nullptr;         // [intermediate, hidden]
+  const float* up_proj_bias = nullptr;    // [intermediate] or null
+  const float* down_proj = nullptr;       // [hidden, intermediate]
+  const float* down_proj_bias = nullptr;  // [hidden] or null
+};
+
+struct DeviceLayerWeights {
+  const float* norm = nullptr;  // [hidden]; RMSNorm before the mixer
+  std::variant<DeviceMamba2Weights, DeviceAttentionWeights, DeviceMlpWeights> mixer;
+
+  // Precondition: the layer is of that kind (checked by std::get).
+  const DeviceMamba2Weights& mamba2() const { return std::get<DeviceMamba2Weights>(mixer); }
+  const DeviceAttentionWeights& attention() const { return std::get<DeviceAttentionWeights>(mixer); }
+  const DeviceMlpWeights& mlp() const { return std::get<DeviceMlpWeights>(mixer); }
+};
+
+class DeviceWeights {
+ public:
+  // Uploads `weights` to `backend` (which must outlive the result).
+  // RESOURCE_EXHAUSTED when the device cannot hold them.
+  static absl::StatusOr<std::unique_ptr<DeviceWeights>> Create(const ModelWeights& weights, kernels::Backend& backend);
+
+  DeviceWeights(const DeviceWeights&) = delete;
+  DeviceWeights& operator=(const DeviceWeights&) = delete;
+
+  const float* embeddings() const { return embeddings_; }  // [vocab, hidden]
+  const float* norm_f() const { return norm_f_; }          // [hidden]
+  const float* lm_head() const { return lm_head_; }        // [vocab, hidden]
+  const DeviceLayerWeights& layer(int64_t i) const { return layers_[static_cast<size_t>(i)]; }
+  // Device bytes this object allocated (aliased host tensors not counted).
+  int64_t allocated_bytes() const { return allocated_bytes_; }
+
+ private:
+  class Uploader;
+  DeviceWeights() = default;
+
+  const float* embeddings_ = nullptr;
+  const float* norm_f_ = nullptr;
+  const float* lm_head_ = nullptr;
+  std::vector<DeviceLayerWeights> layers_;
+  std::vector<kernels::DeviceBuffer> buffers_;  // owns every pointer above
+  int64_t allocated_bytes_ = 0;
+};
+
+}  // namespace hybridserve::engine
+
+#endif  // HYBRIDSERVE_ENGINE_DEVICE_WEIGHTS_H_

@@ -1,0 +1,285 @@
+#include "kernels/counting_backend.h"
+
+#include <cstdint>
+#include <string>
+#include <utility>
+
+namespace hybridserve::kernels {
+
+int64_t CountingBackend::calls(const std::string& op) const {
+  auto it = calls_.find(op);
+  return it == calls_.end() ? 0 : it->second;
+}
+
+int64_t CountingBackend::live_bytes() const {
+  int64_t total = 0;
+  for (const auto& [start, buffer] : buffers_) total += buffer.bytes();
+  return total;
+}
+
+void CountingBackend::ResetCounts() {
+  calls_.clear();
+  kernel_calls_ = 0;
+  foreign_.clear();
+}
+
+void CountingBackend::Count(const char* op, bool kernel) {
+  ++calls_[op];
+  if (kernel) ++kernel_calls_;
+}
+
+void CountingBackend::Check(const char* op, const char* field, const void* p) {
+  if (p == nullptr) return;
+  const auto addr = reinterpret_cast<uintptr_t>(p);
+  auto it = buffers_.upper_bound(addr);
+  if (it != buffers_.begin()) {
+    --it;
+    if (addr < it->first + static_cast<uintptr_t>(it->second.bytes())) return;
+  }
+  foreign_.push_back(std::string(op) + "." + field);
+}
+
+int CountingBackend::Wrap(DeviceBuffer inner, int status, DeviceBuffer* out) {
+  if (status != kKernelOk) return status;
+  void* data = inner.data();
+  const int64_t bytes = inner.bytes();
+  buffers_[reinterpret_cast<uintptr_t>(data)] = std::move(inner);
+  *out = MakeBuffer(data, bytes, nullptr);
+  return kKernelOk;
+}
+
+int CountingBackend::Allocate(int64_t bytes, DeviceBuffer* out) {
+  Count("Allocate", false);
+  if (out == nullptr) return kKernelInvalidArgument;
+  DeviceBuffer inner;
+  const int status = inner_.Allocate(bytes, &inner);
+  return Wrap(std::move(inner), status, out);
+}
+
+int CountingBackend::UploadConstant(const void* host, int64_t bytes, DeviceBuffer* out) {
+  Count("UploadConstant", false);
+  if (out == nullptr) return kKernelInvalidArgument;
+  DeviceBuffer inner;
+  const int status = inner_.UploadConstant(host, bytes, &inner);
+  return Wrap(std::move(inner), status, out);
+}
+
+void CountingBackend::Release(void* data, int64_t /*bytes*/, void* /*cookie*/) {
+  buffers_.erase(reinterpret_cast<uintptr_t>(data));
+}
+
+int CountingBackend::CopyToDevice(void* device_dst, const void* host_src, int64_t bytes) {
+  Count("CopyToDevice", false);
+  Check("CopyToDevice", "device_dst", device_dst);
+  return inner_.CopyToDevice(device_dst, host_src, bytes);
+}
+
+int CountingBackend::CopyToHost(void* host_dst, const void* device_src, int64_t bytes) {
+  Count("CopyToHost", false);
+  Check("CopyToHost", "device_src", device_src);
+  return inner_.CopyToHost(host_dst, device_src, bytes);
+}
+
+int CountingBackend::CopyOnDevice(void* device_dst, const void* device_src, int64_t bytes) {
+  Count("CopyOnDevice", false);
+  Check("CopyOnDevice", "device_dst", device_dst);
+  Check("CopyOnDevice", "device_src", device_src);
+  return inner_.CopyOnDevice(device_dst, device_src, bytes);
+}
+
+int CountingBackend::Fill(void* device_dst, uint8_t value, int64_t bytes) {
+  Count("Fill", false);
+  Check("Fill", "device_dst", device_dst);
+  return inner_.Fill(device_dst, value, bytes);
+}
+
+void* CountingBackend::HostAddress(void* device) {
+  Count("HostAddress", false);
+  return inner_.HostAddress(device);
+}
+
+int CountingBackend::Synchronize() {
+  Count("Synchronize", false);
+  return inner_.Synchronize();
+}
+
+// Each kernel: count, check every pointer field, forward.
+#define HS_CHECK(field) Check(kOp, #field, p.field)
+
+int CountingBackend::Embedding(const EmbeddingParams& p) {
+  static constexpr char kOp[] = "Embedding";
+  Count(kOp, true);
+  HS_CHECK(table);
+  HS_CHECK(tokens);
+  HS_CHECK(out);
+  return inner_.Embedding(p);
+}
+
+int CountingBackend::Matmul(const MatmulParams& p, MatmulMode mode) {
+  static constexpr char kOp[] = "Matmul";
+  Count(kOp, true);
+  HS_CHECK(a);
+  HS_CHECK(w);
+  HS_CHECK(w_bf16);
+  HS_CHECK(bias);
+  HS_CHECK(out);
+  return inner_.Matmul(p, mode);
+}
+
+int CountingBackend::RmsNorm(const RmsNormParams& p) {
+  static constexpr char kOp[] = "RmsNorm";
+  Count(kOp, true);
+  HS_CHECK(x);
+  HS_CHECK(weight);
+  HS_CHECK(out);
+  return inner_.RmsNorm(p);
+}
+
+int CountingBackend::GatedRmsNorm(const GatedRmsNormParams& p) {
+  static constexpr char kOp[] = "GatedRmsNorm";
+  Count(kOp, true);
+  HS_CHECK(x);
+  HS_CHECK(z);
+  HS_CHECK(weight);
+  HS_CHECK(out);
+  return inner_.GatedRmsNorm(p);
+}
+
+int CountingBackend::Activation(const ActivationParams& p) {
+  static constexpr char kOp[] = "Activation";
+  Count(kOp, true);
+  HS_CHECK(x);
+  HS_CHECK(out);
+  return inner_.Activation(p);
+}
+
+int CountingBackend::SwiGlu(const SwiGluParams& p) {
+  static constexpr char kOp[] = "SwiGlu";
+  Count(kOp, true);
+  HS_CHECK(gate);
+  HS_CHECK(up);
+  HS_CHECK(out);
+  return inner_.SwiGlu(p);
+}
+
+int CountingBackend::DtSoftplus(const DtSoftplusParams& p) {
+  static constexpr char kOp[] = "DtSoftplus";
+  Count(kOp, true);
+  HS_CHECK(dt_raw);
+  HS_CHECK(dt_bias);
+  HS_CHECK(dt);
+  return inner_.DtSoftplus(p);
+}
+
+int CountingBackend::CausalConv1d(const CausalConv1dParams& p) {
+  static constexpr char kOp[] = "CausalConv1d";
+  Count(kOp, true);
+  HS_CHECK(x);
+  HS_CHECK(weight);
+  HS_CHECK(bias);
+  HS_CHECK(conv_state);
+  HS_CHECK(out);
+  return inner_.CausalConv1d(p);
+}
+
+int CountingBackend::CausalConv1dUpdate(const CausalConv1dUpdateParams& p) {
+  static constexpr char kOp[] = "CausalConv1dUpdate";
+  Count(kOp, true);
+  HS_CHECK(x);
+  HS_CHECK(weight);
+  HS_CHECK(bias);
+  HS_CHECK(conv_state);
+  HS_CHECK(state_slots);
+  HS_CHECK(out);
+  return inner_.CausalConv1dUpdate(p);
+}
+
+int CountingBackend::SsdChunkScan(const SsdChunkScanParams& p) {
+  static constexpr char kOp[] = "SsdChunkScan";
+  Count(kOp, true);
+  HS_CHECK(x);
+  HS_CHECK(dt);
+  HS_CHECK(A);
+  HS_CHECK(B);
+  HS_CHECK(C);
+  HS_CHECK(D);
+  HS_CHECK(initial_state);
+  HS_CHECK(y);
+  HS_CHECK(final_state);
+  HS_CHECK(chunk_states);
+  return inner_.SsdChunkScan(p);
+}
+
+int CountingBackend::SelectiveStateUpdate(const SelectiveStateUpdateParams& p) {
+  static constexpr char kOp[] = "SelectiveStateUpdate";
+  Count(kOp, true);
+  HS_CHECK(state);
+  HS_CHECK(state_slots);
+  HS_CHECK(x);
+  HS_CHECK(dt);
+  HS_CHECK(A);
+  HS_CHECK(B);
+  HS_CHECK(C);
+  HS_CHECK(D);
+  HS_CHECK(z);
+  HS_CHECK(y);
+  return inner_.SelectiveStateUpdate(p);
+}
+
+int CountingBackend::KvAppend(const KvAppendParams& p) {
+  static constexpr char kOp[] = "KvAppend";
+  Count(kOp, true);
+  HS_CHECK(cache.k);
+  HS_CHECK(cache.v);
+  HS_CHECK(k);
+  HS_CHECK(v);
+  HS_CHECK(block_table);
+  return inner_.KvAppend(p);
+}
+
+int CountingBackend::KvAppendDecode(const KvAppendDecodeParams& p) {
+  static constexpr char kOp[] = "KvAppendDecode";
+  Count(kOp, true);
+  HS_CHECK(cache.k);
+  HS_CHECK(cache.v);
+  HS_CHECK(k);
+  HS_CHECK(v);
+  HS_CHECK(block_tables);
+  HS_CHECK(seq_lens);
+  return inner_.KvAppendDecode(p);
+}
+
+int CountingBackend::AttentionPrefill(const AttentionPrefillParams& p) {
+  static constexpr char kOp[] = "AttentionPrefill";
+  Count(kOp, true);
+  HS_CHECK(cache.k);
+  HS_CHECK(cache.v);
+  HS_CHECK(q);
+  HS_CHECK(out);
+  HS_CHECK(block_table);
+  return inner_.AttentionPrefill(p);
+}
+
+int CountingBackend::AttentionDecode(const AttentionDecodeParams& p) {
+  static constexpr char kOp[] = "AttentionDecode";
+  Count(kOp, true);
+  HS_CHECK(cache.k);
+  HS_CHECK(cache.v);
+  HS_CHECK(q);
+  HS_CHECK(out);
+  HS_CHECK(block_tables);
+  HS_CHECK(seq_lens);
+  return inner_.AttentionDecode(p);
+}
+
+int CountingBackend::Rope(const RopeParams& p) {
+  static constexpr char kOp[] = "Rope";
+  Count(kOp, true);
+  HS_CHECK(x);
+  HS_CHECK(positions);
+  return inner_.Rope(p);
+}
+
+#undef HS_CHECK
+
+}  // namespace hybridserve::kernels

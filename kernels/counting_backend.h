@@ -1,0 +1,87 @@
+#ifndef HYBRIDSERVE_KERNELS_COUNTING_BACKEND_H_
+#define HYBRIDSERVE_KERNELS_COUNTING_BACKEND_H_
+
+// A Backend for tests that forwards every call to another backend and records
+// it: a count per operation, and every pointer a kernel or copy received that
+// does not lie inside a live buffer of this backend ("foreign" pointers: host
+// memory that a device backend could not read). With it a test proves that
+// the engine reaches kernels only through the interface and hands them only
+// device memory.
+//
+// Thread safety: as kernels::Backend (one caller at a time).
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+
+namespace hybridserve::kernels {
+
+class CountingBackend final : public Backend {
+ public:
+  // `inner` must outlive this backend and every buffer it hands out.
+  explicit CountingBackend(Backend& inner) : inner_(inner) {}
+  ~CountingBackend() override = default;
+
+  const char* name() const override { return inner_.name(); }
+
+  // Calls of each operation so far, by name ("Matmul", "SsdChunkScan", ...).
+  const std::map<std::string, int64_t>& calls() const { return calls_; }
+  int64_t calls(const std::string& op) const;
+  // Kernel calls (not memory calls) so far.
+  int64_t kernel_calls() const { return kernel_calls_; }
+  // "Op.field" for every pointer outside the live buffers, in call order.
+  const std::vector<std::string>& foreign_pointers() const { return foreign_; }
+  int64_t live_buffers() const { return static_cast<int64_t>(buffers_.size()); }
+  int64_t live_bytes() const;
+  void ResetCounts();
+
+  int Allocate(int64_t bytes, DeviceBuffer* out) override;
+  int UploadConstant(const void* host, int64_t bytes, DeviceBuffer* out) override;
+  int CopyToDevice(void* device_dst, const void* host_src, int64_t bytes) override;
+  int CopyToHost(void* host_dst, const void* device_src, int64_t bytes) override;
+  int CopyOnDevice(void* device_dst, const void* device_src, int64_t bytes) override;
+  int Fill(void* device_dst, uint8_t value, int64_t bytes) override;
+  void* HostAddress(void* device) override;
+  int Synchronize() override;
+
+  int Embedding(const EmbeddingParams& p) override;
+  int Matmul(const MatmulParams& p, MatmulMode mode) override;
+  int RmsNorm(const RmsNormParams& p) override;
+  int GatedRmsNorm(const GatedRmsNormParams& p) override;
+  int Activation(const ActivationParams& p) override;
+  int SwiGlu(const SwiGluParams& p) override;
+  int DtSoftplus(const DtSoftplusParams& p) override;
+  int CausalConv1d(const CausalConv1dParams& p) override;
+  int CausalConv1dUpdate(const CausalConv1dUpdateParams& p) override;
+  int SsdChunkScan(const SsdChunkScanParams& p) override;
+  int SelectiveStateUpdate(const SelectiveStateUpdateParams& p) override;
+  int KvAppend(const KvAppendParams& p) override;
+  int KvAppendDecode(const KvAppendDecodeParams& p) override;
+  int AttentionPrefill(const AttentionPrefillParams& p) override;
+  int AttentionDecode(const AttentionDecodeParams& p) override;
+  int Rope(const RopeParams& p) override;
+
+ protected:
+  void Release(void* data, int64_t bytes, void* cookie) override;
+
+ private:
+  // Counts a call of `op` (a kernel when `kernel`).
+  void Count(const char* op, bool kernel);
+  // Records op.field unless `p` is null or inside a live buffer.
+  void Check(const char* op, const char* field, const void* p);
+  int Wrap(DeviceBuffer inner, int status, DeviceBuffer* out);
+
+  Backend& inner_;
+  std::map<uintptr_t, DeviceBuffer> buffers_;  // by start address: the inner buffers handed out
+  std::map<std::string, int64_t> calls_;
+  int64_t kernel_calls_ = 0;
+  std::vector<std::string> foreign_;
+};
+
+}  // namespace hybridserve::kernels
+
+#endif  // HYBRIDSERVE_KERNELS_COUNTING_BACKEND_H_

@@ -1,0 +1,26 @@
+#include "kernels/cpu/embedding.h"
+
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/kernel_status.h"
+
+namespace hybridserve::kernels::cpu {
+
+int Embedding(const EmbeddingParams& p, ThreadPool* pool) {
+  if (p.table == nullptr || p.tokens == nullptr || p.out == nullptr || p.n_tokens < 1 || p.vocab < 1 || p.dim < 1) {
+    return kKernelInvalidArgument;
+  }
+  for (int64_t t = 0; t < p.n_tokens; ++t) {
+    if (p.tokens[t] < 0 || p.tokens[t] >= p.vocab) return kKernelInvalidArgument;
+  }
+  const size_t row_bytes = static_cast<size_t>(p.dim) * sizeof(float);
+  ParallelFor(pool, p.n_tokens, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      std::memcpy(p.out + t * p.dim, p.table + static_cast<int64_t>(p.tokens[t]) * p.dim, row_bytes);
+    }
+  });
+  return kKernelOk;
+}
+
+}  // namespace hybridserve::kernels::cpu

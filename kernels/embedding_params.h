@@ -1,0 +1,20 @@
+#ifndef HYBRIDSERVE_KERNELS_EMBEDDING_PARAMS_H_
+#define HYBRIDSERVE_KERNELS_EMBEDDING_PARAMS_H_
+
+#include <cstdint>
+
+namespace hybridserve::kernels {
+
+// Row gather: out[t] = table[tokens[t]] for t < n_tokens (an exact copy).
+struct EmbeddingParams {
+  const float* table = nullptr;     // [vocab, dim]
+  const int32_t* tokens = nullptr;  // [n_tokens], each in [0, vocab)
+  float* out = nullptr;             // [n_tokens, dim]; must not alias table
+  int64_t n_tokens = 0;
+  int64_t vocab = 0;
+  int64_t dim = 0;
+};
+
+}  // namespace hybridserve::kernels
+
+#endif  // HYBRIDSERVE_KERNELS_EMBEDDING_PARAMS_H_
