@@ -36,7 +36,7 @@ namespace hybridserve::bench {
 namespace {
 
 using engine::Snapshot;
-using engine::SnapshotLayout;
+using engine::StateLayout;
 
 template <typename T>
 void KeepAlive(const T& value) {
@@ -86,7 +86,7 @@ void Check(const absl::Status& status) {
   }
 }
 
-Snapshot MakeSnapshot(const SnapshotLayout& layout, int64_t position) {
+Snapshot MakeSnapshot(const StateLayout& layout, int64_t position) {
   std::mt19937 rng(1);
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
   auto array = [&](int64_t n) {
@@ -116,7 +116,7 @@ void Row(const char* name, const Timing& t, size_t bytes, const char* baseline) 
               baseline);
 }
 
-void Run(const char* title, const SnapshotLayout& layout, int64_t position) {
+void Run(const char* title, const StateLayout& layout, int64_t position) {
   const Snapshot snapshot = MakeSnapshot(layout, position);
   absl::StatusOr<std::string> encoded = engine::EncodeSnapshot(snapshot);
   Check(encoded.status());
@@ -192,10 +192,10 @@ void Run(const char* title, const SnapshotLayout& layout, int64_t position) {
 }  // namespace hybridserve::bench
 
 int main() {
-  using hybridserve::engine::SnapshotLayout;
+  using hybridserve::engine::StateLayout;
   // conv_dim = heads * head_dim + 2 * n_groups * d_state (8 groups, as Nemotron-H).
-  const SnapshotLayout large{48, 64, 64, 128, 6144, 4, 4, 8, 128, 16, 131072};
-  const SnapshotLayout small{8, 8, 64, 64, 1536, 4, 2, 8, 64, 16, 32000};
+  const StateLayout large{48, 64, 64, 128, 6144, 4, 4, 8, 128, 16, 131072};
+  const StateLayout small{8, 8, 64, 64, 1536, 4, 2, 8, 64, 16, 32000};
   hybridserve::bench::Run("large state (48 Mamba layers x 64x64x128 fp32)", large, 1000007);
   hybridserve::bench::Run("small state (8 Mamba layers x 8x64x64 fp32)", small, 1000007);
   return 0;
