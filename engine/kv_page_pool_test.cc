@@ -4,16 +4,16 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "engine/backend_registry.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "kernels/cpu/cpu_backend.h"
 
 namespace hybridserve::engine {
 namespace {
 
 // Pools live in device memory; on the CPU backend the host may read it directly.
 kernels::Backend& Backend() {
-  static kernels::cpu::CpuBackend* backend = new kernels::cpu::CpuBackend(1);
+  static kernels::Backend* backend = CreateBackend(BackendOptions()).value().release();
   return *backend;
 }
 

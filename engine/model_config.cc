@@ -19,11 +19,15 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "common/status_macros.h"
+#include "engine/config_fields.h"
 
 namespace hybridserve::engine {
 namespace {
 
-using Json = nlohmann::json;
+using config_internal::ConfigFields;
+using config_internal::Excerpt;
+using config_internal::Json;
+using config_internal::TagNonFiniteTokens;
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 // Upper bound of every dimension and of derived widths (d_inner, conv_dim,
@@ -45,171 +49,6 @@ absl::Status WithPrefix(const absl::Status& s, absl::string_view prefix) {
   if (s.ok()) return s;
   return absl::Status(s.code(), absl::StrCat(prefix, s.message()));
 }
-
-// Replaces the bare tokens Infinity, -Infinity and NaN (outside strings) with
-// the tagged object {"__float__": "..."}, which nlohmann can parse.
-std::string TagNonFiniteTokens(absl::string_view text) {
-  std::string out;
-  out.reserve(text.size());
-  bool in_string = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      out.push_back(c);
-      if (c == '\\' && i + 1 < text.size()) {
-        out.push_back(text[++i]);
-      } else if (c == '"') {
-        in_string = false;
-      }
-      continue;
-    }
-    if (c == '"') {
-      in_string = true;
-      out.push_back(c);
-      continue;
-    }
-    const bool boundary = i == 0 || !absl::ascii_isalnum(static_cast<unsigned char>(text[i - 1]));
-    bool replaced = false;
-    if (boundary) {
-      for (absl::string_view token : {"-Infinity", "Infinity", "NaN"}) {
-        if (text.substr(i, token.size()) != token) continue;
-        const size_t end = i + token.size();
-        if (end < text.size() && absl::ascii_isalnum(static_cast<unsigned char>(text[end]))) continue;
-        absl::StrAppend(&out, "{\"__float__\":\"", token, "\"}");
-        i = end - 1;
-        replaced = true;
-        break;
-      }
-    }
-    if (!replaced) out.push_back(c);
-  }
-  return out;
-}
-
-std::string Excerpt(const Json& value) {
-  std::string text = value.dump();
-  if (text.size() > 40) text = absl::StrCat(text.substr(0, 37), "...");
-  return text;
-}
-
-// Typed, field-naming access to the top-level object of a config.json. Every
-// getter treats a JSON null like an absent field (transformers writes null for
-// unset optional fields).
-class ConfigFields {
- public:
-  explicit ConfigFields(const Json& root) : root_(root) {}
-
-  bool Has(absl::string_view key) const {
-    auto it = root_.find(std::string(key));
-    return it != root_.end() && !it->is_null();
-  }
-
-  const Json& Get(absl::string_view key) const { return root_.at(std::string(key)); }
-
-  // Which of `names` (the current name first, then legacy names) is present.
-  // Two present names must hold equal values.
-  absl::StatusOr<std::optional<std::string>> Resolve(std::initializer_list<absl::string_view> names) const {
-    std::optional<std::string> found;
-    for (absl::string_view name : names) {
-      if (!Has(name)) continue;
-      if (found.has_value() && Get(*found) != Get(name)) {
-        return absl::InvalidArgumentError(absl::StrCat(*found, " (", Excerpt(Get(*found)), ") and its legacy name ",
-                                                       name, " (", Excerpt(Get(name)), ") disagree"));
-      }
-      if (!found.has_value()) found = std::string(name);
-    }
-    return found;
-  }
-
-  absl::StatusOr<int64_t> Int(std::initializer_list<absl::string_view> names, std::optional<int64_t> fallback) const {
-    ASSIGN_OR_RETURN(std::optional<std::string> key, Resolve(names));
-    if (!key.has_value()) {
-      if (fallback.has_value()) return *fallback;
-      return absl::InvalidArgumentError(absl::StrCat(*names.begin(), " is required but missing"));
-    }
-    return ToInt(*key, Get(*key));
-  }
-
-  absl::StatusOr<double> Float(std::initializer_list<absl::string_view> names, double fallback) const {
-    ASSIGN_OR_RETURN(std::optional<std::string> key, Resolve(names));
-    if (!key.has_value()) return fallback;
-    return ToFloat(*key, Get(*key));
-  }
-
-  absl::StatusOr<bool> Bool(std::initializer_list<absl::string_view> names, bool fallback) const {
-    ASSIGN_OR_RETURN(std::optional<std::string> key, Resolve(names));
-    if (!key.has_value()) return fallback;
-    const Json& v = Get(*key);
-    if (!v.is_boolean())
-      return absl::InvalidArgumentError(absl::StrCat(*key, " must be true or false, got ", Excerpt(v)));
-    return v.get<bool>();
-  }
-
-  absl::StatusOr<std::string> String(std::initializer_list<absl::string_view> names, absl::string_view fallback) const {
-    ASSIGN_OR_RETURN(std::optional<std::string> key, Resolve(names));
-    if (!key.has_value()) return std::string(fallback);
-    const Json& v = Get(*key);
-    if (!v.is_string()) return absl::InvalidArgumentError(absl::StrCat(*key, " must be a string, got ", Excerpt(v)));
-    return v.get<std::string>();
-  }
-
-  // An int, a list of ints, or absent/null (empty).
-  absl::StatusOr<std::vector<int64_t>> TokenIds(absl::string_view key) const {
-    std::vector<int64_t> ids;
-    if (!Has(key)) return ids;
-    const Json& v = Get(key);
-    if (v.is_array()) {
-      for (size_t i = 0; i < v.size(); ++i) {
-        ASSIGN_OR_RETURN(int64_t id, ToInt(absl::StrCat(key, "[", i, "]"), v[i]));
-        ids.push_back(id);
-      }
-    } else {
-      ASSIGN_OR_RETURN(int64_t id, ToInt(key, v));
-      ids.push_back(id);
-    }
-    return ids;
-  }
-
-  // [low, high] as a two-element list of numbers (high may be infinite).
-  absl::StatusOr<DtClamp> Range(std::initializer_list<absl::string_view> names, DtClamp fallback) const {
-    ASSIGN_OR_RETURN(std::optional<std::string> key, Resolve(names));
-    if (!key.has_value()) return fallback;
-    const Json& v = Get(*key);
-    if (!v.is_array() || v.size() != 2) {
-      return absl::InvalidArgumentError(absl::StrCat(*key, " must be a list [low, high], got ", Excerpt(v)));
-    }
-    ASSIGN_OR_RETURN(double low, ToFloat(absl::StrCat(*key, "[0]"), v[0]));
-    ASSIGN_OR_RETURN(double high, ToFloat(absl::StrCat(*key, "[1]"), v[1]));
-    return DtClamp{static_cast<float>(low), static_cast<float>(high)};
-  }
-
-  static absl::StatusOr<int64_t> ToInt(absl::string_view key, const Json& v) {
-    if (v.is_number_unsigned()) {
-      const uint64_t u = v.get<uint64_t>();
-      if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-        return absl::InvalidArgumentError(absl::StrCat(key, " (", u, ") is out of range"));
-      }
-      return static_cast<int64_t>(u);
-    }
-    if (v.is_number_integer()) return v.get<int64_t>();
-    return absl::InvalidArgumentError(absl::StrCat(key, " must be an integer, got ", Excerpt(v)));
-  }
-
-  // A JSON number, or a non-finite value tagged {"__float__": "Infinity"|"-Infinity"|"NaN"}.
-  static absl::StatusOr<double> ToFloat(absl::string_view key, const Json& v) {
-    if (v.is_number()) return v.get<double>();
-    if (v.is_object() && v.size() == 1 && v.contains("__float__") && v.at("__float__").is_string()) {
-      const std::string tag = absl::AsciiStrToLower(v.at("__float__").get<std::string>());
-      if (tag == "infinity" || tag == "inf") return std::numeric_limits<double>::infinity();
-      if (tag == "-infinity" || tag == "-inf") return -std::numeric_limits<double>::infinity();
-      if (tag == "nan") return std::numeric_limits<double>::quiet_NaN();
-    }
-    return absl::InvalidArgumentError(absl::StrCat(key, " must be a number, got ", Excerpt(v)));
-  }
-
- private:
-  const Json& root_;
-};
 
 absl::StatusOr<LayerKind> KindFromSymbol(char c, size_t index) {
   switch (c) {

@@ -1,0 +1,309 @@
+// SequenceTable against a naive reference model over thousands of random
+// operations (STYLE.md: every new data structure gets one), plus the
+// contracts of its individual calls.
+
+#include "engine/sequence_table.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "engine/backend_registry.h"
+#include "engine/model_test_util.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace hybridserve::engine {
+namespace {
+
+using ::testing::HasSubstr;
+
+StateLayout SmallLayout() {
+  StateLayout l;
+  l.mamba_layers = 2;
+  l.ssm_heads = 2;
+  l.ssm_head_dim = 3;
+  l.ssm_state = 4;
+  l.conv_dim = 5;
+  l.conv_kernel = 4;
+  l.attention_layers = 2;
+  l.kv_heads = 1;
+  l.kv_head_dim = 2;
+  l.page_size = 4;
+  l.vocab = 7;
+  return l;
+}
+
+// A state of `layout` at `position` whose every float is `seed` + its index.
+SequenceState StateAt(const StateLayout& layout, int64_t position, float seed) {
+  SequenceState s;
+  s.position = position;
+  float v = seed;
+  auto fill = [&v](int64_t n) {
+    std::vector<float> a(static_cast<size_t>(n));
+    for (float& x : a) x = v++;
+    return a;
+  };
+  for (int l = 0; l < layout.mamba_layers; ++l) s.ssm_states.push_back(fill(layout.ssm_state_floats()));
+  for (int l = 0; l < layout.mamba_layers; ++l) s.conv_states.push_back(fill(layout.conv_state_floats()));
+  for (int l = 0; l < layout.attention_layers; ++l) {
+    s.tail_k.push_back(fill(layout.tail_kv_floats(position)));
+    s.tail_v.push_back(fill(layout.tail_kv_floats(position)));
+  }
+  s.last_logits = fill(layout.vocab);
+  return s;
+}
+
+class SequenceTableTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto backend = CreateBackend(BackendOptions());
+    ASSERT_TRUE(backend.ok());
+    backend_ = *std::move(backend);
+  }
+
+  std::unique_ptr<SequenceTable> NewTable(int64_t pages, int64_t slots) {
+    SequenceTableOptions o;
+    o.layout = SmallLayout();
+    o.max_pages = pages;
+    o.max_sequences = slots;
+    auto t = SequenceTable::Create(o, *backend_);
+    EXPECT_TRUE(t.ok()) << t.status();
+    return t.ok() ? *std::move(t) : nullptr;
+  }
+
+  // A live sequence at `position` with distinctive state and page bytes.
+  absl::StatusOr<SequenceId> Imported(SequenceTable& t, int64_t position, float seed) {
+    absl::StatusOr<ImportReservation> r = t.ReserveImport(position);
+    if (!r.ok()) return r.status();
+    const StateLayout& l = t.layout();
+    for (int64_t i = 0; i < l.full_pages(position); ++i) {
+      std::string page(static_cast<size_t>(l.page_bytes()), static_cast<char>(seed + i));
+      absl::Status s = t.ImportPage(r->id, i, page);
+      if (!s.ok()) return s;
+    }
+    absl::Status s = t.FinishImport(r->id, StateAt(l, position, seed));
+    if (!s.ok()) return s;
+    return r->id;
+  }
+
+  std::unique_ptr<kernels::Backend> backend_;
+};
+
+TEST_F(SequenceTableTest, ForkSharesFullPagesCopiesThePartialOneAndTheState) {
+  auto t = NewTable(16, 4);
+  auto parent = Imported(*t, 10, 1.0f);  // pages 0, 1 full; page 2 holds 2 tokens
+  ASSERT_TRUE(parent.ok()) << parent.status();
+  EXPECT_EQ(t->num_free_pages(), 13);
+  auto child = t->Fork(*parent);
+  ASSERT_TRUE(child.ok()) << child.status();
+  EXPECT_EQ(t->num_free_pages(), 12);  // one new page: the partial one
+  const auto& pt = (*t->Find(*parent))->block_table;
+  const auto& ct = (*t->Find(*child))->block_table;
+  ASSERT_EQ(ct.size(), 3u);
+  EXPECT_EQ(ct[0], pt[0]);
+  EXPECT_EQ(ct[1], pt[1]);
+  EXPECT_NE(ct[2], pt[2]);
+  EXPECT_EQ(t->page_refcount(pt[0]), 2);
+  EXPECT_EQ(t->page_refcount(pt[2]), 1);
+  auto ps = t->CaptureState(*parent, true);
+  auto cs = t->CaptureState(*child, true);
+  ASSERT_TRUE(ps.ok() && cs.ok());
+  std::string what;
+  EXPECT_TRUE(testing::StatesBitEqual(*cs, *ps, &what)) << what;
+  EXPECT_EQ(*t->ExportPage(*child, 1), *t->ExportPage(*parent, 1));
+
+  ASSERT_TRUE(t->Release(*parent).ok());
+  EXPECT_EQ(t->page_refcount(ct[0]), 1);
+  EXPECT_EQ(t->num_free_pages(), 13);
+  ASSERT_TRUE(t->Release(*child).ok());
+  EXPECT_EQ(t->num_free_pages(), 16);
+  EXPECT_EQ(t->num_free_slots(), 4);
+}
+
+TEST_F(SequenceTableTest, ForkFailsWholeWhenNoSlotOrNoPageIsFree) {
+  auto t = NewTable(3, 2);
+  auto parent = Imported(*t, 10, 1.0f);  // all 3 pages
+  ASSERT_TRUE(parent.ok());
+  auto child = t->Fork(*parent);  // needs a page for the partial one
+  EXPECT_EQ(child.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(t->num_free_slots(), 1);
+  EXPECT_EQ(t->page_refcount((*t->Find(*parent))->block_table[0]), 1);
+  auto full = NewTable(8, 1);
+  auto only = Imported(*full, 8, 2.0f);  // on a page boundary: a fork needs no page, but no slot is free
+  ASSERT_TRUE(only.ok());
+  EXPECT_EQ(full->Fork(*only).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(full->num_free_pages(), 6);
+  EXPECT_EQ(full->Fork(*only + 99).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(SequenceTableTest, ReservePagesHoldsPagesAheadAllOrNothing) {
+  auto t = NewTable(8, 2);
+  auto id = t->New();
+  ASSERT_TRUE(id.ok());
+  ASSERT_TRUE(t->ReservePages(*id, 17).ok());  // 5 pages
+  EXPECT_EQ(t->num_free_pages(), 3);
+  EXPECT_EQ(t->ReservePages(*id, 10).code(), absl::StatusCode::kOk);  // already held
+  EXPECT_EQ(t->ReservePages(*id, 33).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(t->num_free_pages(), 3);
+  EXPECT_EQ(t->ReservePages(*id, -1).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(t->ReservePages(12345, 1).code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(t->Release(*id).ok());
+  EXPECT_EQ(t->num_free_pages(), 8);
+}
+
+// The reference: which pages each sequence holds, and its slot.
+struct RefSequence {
+  std::vector<int32_t> pages;
+  int64_t position = 0;
+  bool importing = false;
+};
+
+TEST_F(SequenceTableTest, AgreesWithANaiveReferenceOverRandomOperations) {
+  constexpr int64_t kPages = 24;
+  constexpr int64_t kSlots = 6;
+  auto t = NewTable(kPages, kSlots);
+  const StateLayout l = t->layout();
+  std::map<SequenceId, RefSequence> ref;
+  std::mt19937_64 rng(7);
+  auto held = [&]() {
+    std::map<int32_t, int32_t> count;
+    for (const auto& [id, s] : ref) {
+      for (int32_t p : s.pages) ++count[p];
+    }
+    return count;
+  };
+  auto pick = [&]() -> SequenceId {
+    if (ref.empty()) return 987654;
+    auto it = ref.begin();
+    std::advance(it, static_cast<long>(rng() % ref.size()));
+    return it->first;
+  };
+  for (int op = 0; op < 5000; ++op) {
+    const int64_t free_pages = kPages - static_cast<int64_t>(held().size());
+    const bool slot_free = static_cast<int64_t>(ref.size()) < kSlots;
+    switch (rng() % 7) {
+      case 0: {  // New
+        auto id = t->New();
+        ASSERT_EQ(id.ok(), slot_free);
+        if (id.ok()) ref[*id] = RefSequence();
+        break;
+      }
+      case 1: {  // Release
+        const SequenceId id = pick();
+        ASSERT_EQ(t->Release(id).ok(), ref.count(id) == 1);
+        ref.erase(id);
+        break;
+      }
+      case 2: {  // Fork
+        const SequenceId id = pick();
+        auto child = t->Fork(id);
+        if (ref.count(id) == 0 || ref[id].importing) {
+          ASSERT_FALSE(child.ok());
+          break;
+        }
+        const RefSequence& p = ref[id];
+        const int64_t full = l.full_pages(p.position);
+        const bool partial = l.pages_for(p.position) > full;
+        ASSERT_EQ(child.ok(), slot_free && (!partial || free_pages >= 1)) << child.status();
+        if (!child.ok()) break;
+        RefSequence c;
+        c.position = p.position;
+        c.pages.assign(p.pages.begin(), p.pages.begin() + full);
+        const auto& table = (*t->Find(*child))->block_table;
+        ASSERT_EQ(static_cast<int64_t>(table.size()), full + (partial ? 1 : 0));
+        ASSERT_TRUE(std::equal(c.pages.begin(), c.pages.end(), table.begin()));
+        if (partial) c.pages.push_back(table.back());
+        std::string what;
+        ASSERT_TRUE(testing::StatesBitEqual(*t->CaptureState(*child, true), *t->CaptureState(id, true), &what)) << what;
+        ref[*child] = c;
+        break;
+      }
+      case 3: {  // ReservePages
+        const SequenceId id = pick();
+        const int64_t positions = static_cast<int64_t>(rng() % 40);
+        const absl::Status s = t->ReservePages(id, positions);
+        if (ref.count(id) == 0) {
+          ASSERT_EQ(s.code(), absl::StatusCode::kNotFound);
+          break;
+        }
+        const int64_t need = std::max<int64_t>(0, l.pages_for(positions) - static_cast<int64_t>(ref[id].pages.size()));
+        ASSERT_EQ(s.ok(), need <= free_pages) << s;
+        if (s.ok()) ref[id].pages = (*t->Find(id))->block_table;
+        break;
+      }
+      case 4: {  // Import (reserve, pages, finish) or leave it importing
+        const int64_t n = 1 + static_cast<int64_t>(rng() % 30);
+        auto r = t->ReserveImport(n);
+        ASSERT_EQ(r.ok(), slot_free && l.pages_for(n) <= free_pages) << r.status();
+        if (!r.ok()) break;
+        RefSequence s;
+        s.pages = r->page_slots;
+        s.position = n;
+        s.importing = true;
+        if (rng() % 2 == 0) {
+          for (int64_t i = 0; i < l.full_pages(n); ++i) {
+            ASSERT_TRUE(t->ImportPage(r->id, i, std::string(static_cast<size_t>(l.page_bytes()), 'x')).ok());
+          }
+          ASSERT_TRUE(t->FinishImport(r->id, StateAt(l, n, static_cast<float>(op))).ok());
+          s.importing = false;
+        }
+        ref[r->id] = s;
+        break;
+      }
+      case 5: {  // AbortImport
+        const SequenceId id = pick();
+        const absl::Status s = t->AbortImport(id);
+        const bool importing = ref.count(id) == 1 && ref[id].importing;
+        ASSERT_EQ(s.ok(), importing) << s;
+        if (importing) ref.erase(id);
+        break;
+      }
+      case 6: {  // Position
+        const SequenceId id = pick();
+        auto p = t->Position(id);
+        if (ref.count(id) == 1 && !ref[id].importing) {
+          ASSERT_TRUE(p.ok());
+          ASSERT_EQ(*p, ref[id].position);
+        } else {
+          ASSERT_FALSE(p.ok());
+        }
+        break;
+      }
+    }
+    // Invariants: refcounts are the number of holders; free counts add up.
+    const auto count = held();
+    ASSERT_EQ(t->num_free_pages(), kPages - static_cast<int64_t>(count.size())) << "op " << op;
+    ASSERT_EQ(t->num_free_slots(), kSlots - static_cast<int64_t>(ref.size()));
+    ASSERT_EQ(t->num_sequences(), static_cast<int64_t>(ref.size()));
+    for (int32_t p = 0; p < kPages; ++p) {
+      auto it = count.find(p);
+      ASSERT_EQ(t->page_refcount(p), it == count.end() ? 0 : it->second) << "page " << p << " op " << op;
+    }
+  }
+}
+
+TEST_F(SequenceTableTest, ImportOfAStateOnlyModelHasNoPages) {
+  SequenceTableOptions o;
+  o.layout = SmallLayout();
+  o.layout.attention_layers = 0;
+  o.layout.kv_heads = 0;
+  o.layout.kv_head_dim = 0;
+  auto t = SequenceTable::Create(o, *backend_);
+  ASSERT_TRUE(t.ok());
+  auto r = (*t)->ReserveImport(50);
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->page_slots.empty());
+  EXPECT_THAT((*t)->ImportPage(r->id, 0, "").message(), HasSubstr("no attention layers"));
+  ASSERT_TRUE((*t)->FinishImport(r->id, StateAt(o.layout, 50, 3.0f)).ok());
+  EXPECT_EQ(*(*t)->Position(r->id), 50);
+}
+
+}  // namespace
+}  // namespace hybridserve::engine
