@@ -21,7 +21,9 @@ Contract
   checkpoints on the Hub: prefix "backbone." for the body ("model." is the in-memory name
   of NemotronHForCausalLM; transformers renames backbone. -> model. on load) and
   "lm_head.weight" for the head. Mamba2 presets tie the head to the embedding
-  (tie_word_embeddings=true, no lm_head.weight in the file); Nemotron-H cannot tie.
+  (tie_word_embeddings=true, no lm_head.weight in the file); Nemotron-H cannot tie
+  (NemotronHForCausalLM._tied_weights_keys is empty: even with tie_word_embeddings=true
+  transformers loads, saves and uses its own lm_head.weight).
 * config.json for nemotron_h states the layer pattern twice, consistently:
   `hybrid_override_pattern` (M = Mamba2 mixer, * = attention, - = MLP) and
   `layers_block_type` (linear_attention / full_attention / mlp), plus the legacy

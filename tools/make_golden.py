@@ -3,7 +3,7 @@
 
 Usage:
     pip install -r tools/requirements.txt
-    python3 tools/make_golden.py [--out tests/fixtures/golden]
+    python3 tools/make_golden.py [--out tests/fixtures/golden] [--only NAME ...]
 
 For each fixture model (see MODELS) this script
   1. generates the model with tools/gen_model.py (preset `tiny`) into a temporary folder,
@@ -22,6 +22,14 @@ For each fixture model (see MODELS) this script
        greedy_nocache_logits_<i> float32 [n, vocab] the last-position logits of those forwards
      and <out>/<model_name>/golden.json (versions, seed, prompt lengths, max |logit|, top-1/top-2
      margins, whether cached and uncached greedy agree, notes).
+
+nemotron_h_tied_tiny is a Nemotron-H whose config.json says tie_word_embeddings=true while its
+model.safetensors carries its own lm_head.weight (different from the embeddings): the shape
+transformers 5 gives every such model. NemotronHForCausalLM declares no tied weights
+(`_tied_weights_keys = {}`), so neither its constructor nor from_pretrained ties the head, and
+save_pretrained (which drops only tensors that share storage) writes lm_head.weight. The logits
+are computed with that stored head; golden.json records how far they are from the logits the
+embeddings would give.
 
 Deterministic: the models are pure functions of (preset, seed); prompts come from a fixed
 numpy PCG64 stream; torch runs single-threaded.
@@ -43,10 +51,11 @@ from safetensors.numpy import load_file, save_file
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gen_model  # noqa: E402
 
-# Fixture models: name -> (arch, preset, seed).
+# Fixture models: name -> (arch, preset, seed, config.json fields set over gen_model.py's).
 MODELS = {
-    "nemotron_h_tiny": ("nemotron_h", "tiny", 1234),
-    "mamba2_tiny": ("mamba2", "tiny", 4321),
+    "nemotron_h_tiny": ("nemotron_h", "tiny", 1234, {}),
+    "mamba2_tiny": ("mamba2", "tiny", 4321, {}),
+    "nemotron_h_tied_tiny": ("nemotron_h", "tiny", 2468, {"tie_word_embeddings": True}),
 }
 # Prompt lengths for chunk_size 16: shorter than a chunk (1, 5, 13), exactly one and two
 # chunks (16, 32), off-grid (29, 50) and longer than three chunks (50, 77).
@@ -77,13 +86,25 @@ def load_checked(model_dir, expected):
     for name, arr in expected.items():
         got = state[in_memory(name)]
         assert got.dtype == torch.float32 and torch.equal(got, torch.from_numpy(arr)), f"{name} differs after load"
-    if model.config.tie_word_embeddings:
-        assert "lm_head.weight" not in expected
-        assert torch.equal(state["lm_head.weight"], state[in_memory("backbone.embeddings.weight")])
-    else:
-        assert "lm_head.weight" in expected
+    # A stored head was loaded as stored (checked above), even when the config ties; a tied
+    # model without one uses its embeddings.
+    if "lm_head.weight" not in expected:
+        assert model.config.tie_word_embeddings
+        assert head_is_embeddings(model)
     model.eval()
     return model
+
+
+def head_is_embeddings(model):
+    return model.get_output_embeddings().weight is model.get_input_embeddings().weight
+
+
+@torch.no_grad()
+def logits_with_embeddings_as_head(model, prompt):
+    """Last hidden state (after norm_f) times the embeddings: the logits a tied head would give."""
+    ids = torch.from_numpy(prompt.astype(np.int64))[None]
+    hidden = model.base_model(ids, use_cache=False).last_hidden_state[0]
+    return (hidden @ model.get_input_embeddings().weight.T).float()
 
 
 @torch.no_grad()
@@ -154,8 +175,11 @@ def run_prompt(model, prompt):
     return logits, greedy, greedy_logits, nocache, nocache_logits, stats
 
 
-def make_fixture(name, arch, preset, seed, out_root):
+def make_fixture(name, arch, preset, seed, overrides, out_root):
     cfg, weights = gen_model.build(arch, preset, seed, "fp32")
+    if overrides:
+        cfg.update(overrides)
+        cfg["hybridserve_generator"]["config_overrides"] = dict(overrides)
     dest = os.path.join(out_root, name)
     with tempfile.TemporaryDirectory() as tmp:
         gen_model.write_model(tmp, cfg, weights, "fp32")
@@ -176,9 +200,18 @@ def make_fixture(name, arch, preset, seed, out_root):
     prompts = make_prompts(vocab, PROMPT_SEED)
     tensors, per_prompt = {}, []
     max_abs = 0.0
+    # A tied config that stores its own head: how far the logits are from the embeddings' ones.
+    own_head = model.config.tie_word_embeddings and "lm_head.weight" in weights
+    if own_head:
+        assert not head_is_embeddings(model)
+        assert not np.array_equal(weights["lm_head.weight"], weights["backbone.embeddings.weight"])
+    diff_if_tied = 0.0
     for i, prompt in enumerate(prompts):
         logits, greedy, greedy_logits, nocache, nocache_logits, stats = run_prompt(model, prompt)
         assert logits.shape == (prompt.size, vocab)
+        if own_head:
+            diff_if_tied = max(diff_if_tied,
+                               float((logits - logits_with_embeddings_as_head(model, prompt)).abs().max()))
         tensors[f"prompt_{i}"] = prompt.astype(np.int32)
         tensors[f"logits_{i}"] = logits.numpy().astype(np.float32)
         tensors[f"greedy_{i}"] = greedy.numpy().astype(np.int32)
@@ -209,6 +242,14 @@ def make_fixture(name, arch, preset, seed, out_root):
     else:
         notes.append(
             "Mamba2 clamps dt to config time_step_limit (here [0, inf): a no-op) in the chunked path only.")
+    if own_head:
+        notes.append(
+            "config.json says tie_word_embeddings=true, yet model.safetensors stores lm_head.weight "
+            "(as save_pretrained wrote it) and it differs from backbone.embeddings.weight. transformers "
+            f"does not tie it ({type(model).__name__}._tied_weights_keys = {type(model)._tied_weights_keys}): "
+            "every logit here is computed with the stored lm_head.weight. "
+            "max_abs_diff_logits_with_embeddings_as_head is how far logits_<i> are from those the "
+            "embeddings would give.")
     golden = {
         "model": name,
         "arch": arch,
@@ -229,6 +270,8 @@ def make_fixture(name, arch, preset, seed, out_root):
             s["max_abs_diff_cached_vs_uncached_logits"] for s in per_prompt),
         "dt_clamped_in_prefill_fraction": dt_clamped_fraction(model, prompts),
         "greedy_matches_nocache_all": all(s["greedy_matches_nocache"] for s in per_prompt),
+        **({"tie_word_embeddings": True, "lm_head_is_embeddings": False,
+            "max_abs_diff_logits_with_embeddings_as_head": diff_if_tied} if own_head else {}),
         "per_prompt": per_prompt,
         "notes": notes,
     }
@@ -245,13 +288,15 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     here = os.path.dirname(os.path.abspath(__file__))
     ap.add_argument("--out", default=os.path.join(here, "..", "tests", "fixtures", "golden"))
+    ap.add_argument("--only", nargs="+", choices=sorted(MODELS), help="fixtures to write (default: all)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     torch.manual_seed(0)
     transformers.logging.set_verbosity_error()
     os.makedirs(args.out, exist_ok=True)
-    for name, (arch, preset, seed) in MODELS.items():
-        make_fixture(name, arch, preset, seed, args.out)
+    for name, (arch, preset, seed, overrides) in MODELS.items():
+        if args.only is None or name in args.only:
+            make_fixture(name, arch, preset, seed, overrides, args.out)
     return 0
 
 
