@@ -1,12 +1,16 @@
 // The engine against Hugging Face transformers 5.23 (fp32, CPU) on the golden
 // fixtures (DESIGN.md section 5, contract 5; tools/README.md).
 //
-// Tolerance: 1e-4 absolute on logits. The fixtures' logits reach |3.9|
-// (golden.json max_abs_logit), so 1e-4 is ~2.6e-5 of the largest logit: room
+// Tolerance: 1e-4 absolute on logits. The fixtures' logits reach |4.1|
+// (golden.json max_abs_logit), so 1e-4 is ~2.4e-5 of the largest logit: room
 // for fp32 summation-order differences between our kernels and torch's
 // (expected ~1e-6) through 7 layers, and an order of magnitude below the
 // smallest top-1/top-2 margin of the greedy references (~1e-3,
 // min_margin_greedy), so exact greedy equality is a meaningful check.
+//
+// nemotron_h_tied_tiny says tie_word_embeddings=true but stores its own
+// lm_head.weight, which transformers uses; logits from the embeddings would be
+// up to 6.3 away (golden.json max_abs_diff_logits_with_embeddings_as_head).
 
 #include <algorithm>
 #include <cstdint>
@@ -32,13 +36,14 @@ constexpr float kLogitTolerance = 1e-4f;
 constexpr int kGreedyTokens = 12;
 
 struct GoldenParam {
+  absl::string_view name;  // of the test
   absl::string_view model_dir;
   kernels::MatmulMode mode;
 };
 
 std::string ParamName(const ::testing::TestParamInfo<GoldenParam>& info) {
-  const std::string model = info.param.model_dir == testing::kNemotronTiny ? "NemotronHTiny" : "Mamba2Tiny";
-  return absl::StrCat(model, info.param.mode == kernels::MatmulMode::kDeterministic ? "Deterministic" : "Fast");
+  return absl::StrCat(info.param.name,
+                      info.param.mode == kernels::MatmulMode::kDeterministic ? "Deterministic" : "Fast");
 }
 
 class ModelGoldenTest : public ::testing::TestWithParam<GoldenParam> {
@@ -110,12 +115,15 @@ TEST_P(ModelGoldenTest, GreedyContinuationEqualsTransformersCachedGenerate) {
             << "\n";
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, ModelGoldenTest,
-                         ::testing::Values(GoldenParam{testing::kNemotronTiny, kernels::MatmulMode::kDeterministic},
-                                           GoldenParam{testing::kNemotronTiny, kernels::MatmulMode::kFast},
-                                           GoldenParam{testing::kMamba2Tiny, kernels::MatmulMode::kDeterministic},
-                                           GoldenParam{testing::kMamba2Tiny, kernels::MatmulMode::kFast}),
-                         ParamName);
+INSTANTIATE_TEST_SUITE_P(
+    Fixtures, ModelGoldenTest,
+    ::testing::Values(GoldenParam{"NemotronHTiny", testing::kNemotronTiny, kernels::MatmulMode::kDeterministic},
+                      GoldenParam{"NemotronHTiny", testing::kNemotronTiny, kernels::MatmulMode::kFast},
+                      GoldenParam{"Mamba2Tiny", testing::kMamba2Tiny, kernels::MatmulMode::kDeterministic},
+                      GoldenParam{"Mamba2Tiny", testing::kMamba2Tiny, kernels::MatmulMode::kFast},
+                      GoldenParam{"NemotronHTiedTiny", testing::kNemotronTiedTiny, kernels::MatmulMode::kDeterministic},
+                      GoldenParam{"NemotronHTiedTiny", testing::kNemotronTiedTiny, kernels::MatmulMode::kFast}),
+    ParamName);
 
 }  // namespace
 }  // namespace hybridserve::engine

@@ -19,6 +19,8 @@ namespace hybridserve::engine::testing {
 
 inline constexpr absl::string_view kNemotronTiny = "tests/fixtures/golden/nemotron_h_tiny";
 inline constexpr absl::string_view kMamba2Tiny = "tests/fixtures/golden/mamba2_tiny";
+// Nemotron-H with tie_word_embeddings=true and its own stored lm_head.weight.
+inline constexpr absl::string_view kNemotronTiedTiny = "tests/fixtures/golden/nemotron_h_tied_tiny";
 inline constexpr absl::string_view kDefaultModel = "models/default";
 
 // Path of a data dependency under the test's runfiles.

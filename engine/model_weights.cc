@@ -21,6 +21,7 @@ namespace {
 
 constexpr const char* kPrefixes[] = {"backbone.", "model."};
 constexpr const char* kEmbeddingNames[] = {"embeddings.weight", "embedding.weight"};
+constexpr const char* kHeadName = "lm_head.weight";
 constexpr size_t kListedUnexpected = 5;
 
 std::string ShapeString(absl::Span<const int64_t> shape) { return absl::StrCat("[", absl::StrJoin(shape, ", "), "]"); }
@@ -58,12 +59,7 @@ class ModelWeights::Loader {
       }
     }
     RETURN_IF_ERROR(TakeBody("norm_f.weight", {hidden}, out_.norm_f_));
-    out_.tied_ = config_.tie_word_embeddings;
-    if (!out_.tied_) {
-      RETURN_IF_ERROR(Take("lm_head.weight", "lm_head.weight", {vocab, hidden}, out_.lm_head_));
-    } else if (checkpoint_.Contains("lm_head.weight")) {
-      RETURN_IF_ERROR(CheckTiedHeadCopy());
-    }
+    RETURN_IF_ERROR(LoadHead());
     RETURN_IF_ERROR(CheckNoUnexpected());
     out_.fingerprint_ = Fingerprint();
     return absl::OkStatus();
@@ -164,20 +160,37 @@ class ModelWeights::Loader {
     return absl::OkStatus();
   }
 
-  // A tied model whose file still stores lm_head.weight: accepted only as an
-  // exact copy of the embeddings, which it then is.
-  absl::Status CheckTiedHeadCopy() {
-    ASSIGN_OR_RETURN(TensorView head, checkpoint_.Tensor("lm_head.weight"));
-    ASSIGN_OR_RETURN(TensorView emb, checkpoint_.Tensor(prefix_ + embedding_name_));
-    if (head.dtype != emb.dtype ||
-        !std::equal(head.shape.begin(), head.shape.end(), emb.shape.begin(), emb.shape.end()) ||
-        head.bytes.size() != emb.bytes.size() ||
-        std::memcmp(head.bytes.data(), emb.bytes.data(), head.bytes.size()) != 0) {
-      return absl::InvalidArgumentError(
-          "tensor lm_head.weight differs from the embeddings but tie_word_embeddings is true");
+  // The head rule of the header comment: a stored lm_head.weight is the head
+  // unless the model is tied and it is a byte-for-byte copy of the embeddings
+  // (then the embeddings are shared, and the copy is neither counted nor
+  // fingerprinted); a tied model without one uses its embeddings.
+  absl::Status LoadHead() {
+    const int64_t hidden = config_.hidden_size;
+    const int64_t vocab = config_.vocab_size;
+    out_.tied_ = false;
+    if (config_.tie_word_embeddings) {
+      if (!checkpoint_.Contains(kHeadName)) {
+        out_.tied_ = true;
+        return absl::OkStatus();
+      }
+      ASSIGN_OR_RETURN(const bool copy, StoredHeadIsEmbeddingsCopy());
+      if (copy) {
+        consumed_.insert(kHeadName);
+        out_.tied_ = true;
+        return absl::OkStatus();
+      }
     }
-    consumed_.insert("lm_head.weight");
-    return absl::OkStatus();
+    return Take(kHeadName, kHeadName, {vocab, hidden}, out_.lm_head_);
+  }
+
+  // Whether the stored lm_head.weight has the embeddings' dtype, shape and bytes.
+  absl::StatusOr<bool> StoredHeadIsEmbeddingsCopy() const {
+    ASSIGN_OR_RETURN(TensorView head, checkpoint_.Tensor(kHeadName));
+    ASSIGN_OR_RETURN(TensorView emb, checkpoint_.Tensor(prefix_ + embedding_name_));
+    return head.dtype == emb.dtype &&
+           std::equal(head.shape.begin(), head.shape.end(), emb.shape.begin(), emb.shape.end()) &&
+           head.bytes.size() == emb.bytes.size() &&
+           std::memcmp(head.bytes.data(), emb.bytes.data(), head.bytes.size()) == 0;
   }
 
   absl::Status CheckNoUnexpected() const {

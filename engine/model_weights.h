@@ -9,9 +9,22 @@
 //   P.layers.{i}.norm.weight                                  [hidden]
 //   P.layers.{i}.mixer.*  (see the per-kind structs)
 //   P.norm_f.weight                                           [hidden]
-//   lm_head.weight  (absent when tie_word_embeddings)         [vocab, hidden]
+//   lm_head.weight  (optional when tie_word_embeddings)       [vocab, hidden]
 // where the prefix P is "backbone" (files) or "model" (transformers' in-memory
 // name), the same for every tensor. Matrices are row-major [out, in], as stored.
+//
+// The LM head is the weight transformers 5 computes the logits with:
+//   - lm_head.weight stored: that tensor, whatever tie_word_embeddings says.
+//     transformers never ties Nemotron-H (NemotronHForCausalLM has no tied
+//     weights, so save_pretrained writes its own head even with
+//     tie_word_embeddings true), and PreTrainedModel.tie_weights leaves a
+//     Mamba2 head untied when the file stores one that differs from the
+//     embeddings. When tied and a byte-for-byte copy of the embeddings (same
+//     dtype, shape and bytes), the head is the embeddings object itself.
+//   - absent and tie_word_embeddings: the embeddings. (transformers'
+//     Mamba2ForCausalLM ties; its NemotronHForCausalLM would leave the head
+//     randomly initialised and report it missing.)
+//   - absent and not tied: a missing tensor.
 // Loading checks the exact set of names and every shape against the config:
 // a missing tensor, a wrong shape or an unexpected tensor is INVALID_ARGUMENT
 // naming the tensor. Nemotron-H's multi-token-prediction tensors (`mtp.*`)
@@ -87,7 +100,8 @@ class ModelWeights {
   const ModelConfig& config() const { return config_; }
   const std::vector<float>& embeddings() const { return embeddings_; }  // [vocab, hidden]
   const std::vector<float>& norm_f() const { return norm_f_; }          // [hidden]
-  // [vocab, hidden]; the embeddings object itself when the head is tied.
+  // [vocab, hidden]; the embeddings object itself when the model is tied and
+  // stores no head of its own (none, or an exact copy of the embeddings).
   const std::vector<float>& lm_head() const { return tied_ ? embeddings_ : lm_head_; }
   const std::vector<LayerWeights>& layers() const { return layers_; }
   const LayerWeights& layer(int64_t i) const { return layers_[static_cast<size_t>(i)]; }
@@ -95,8 +109,11 @@ class ModelWeights {
   // XXH3-128 over the config's CanonicalString() and, per tensor in canonical
   // name order (prefix stripped), its name, dtype, shape and stored bytes. Equal
   // for the same model in any sharding or prefix; differs for another dtype.
+  // Every tensor the model uses is covered: a stored lm_head.weight that is the
+  // head (above) is hashed like any other; an exact copy of tied embeddings is
+  // not hashed again (the same model as without it).
   const common::Hash128& fingerprint() const { return fingerprint_; }
-  // Number of distinct parameters (a tied head counted once).
+  // Number of distinct parameters (a head that is the embeddings counted once).
   int64_t num_parameters() const { return num_parameters_; }
 
  private:
@@ -106,8 +123,8 @@ class ModelWeights {
   ModelConfig config_;
   std::vector<float> embeddings_;
   std::vector<float> norm_f_;
-  std::vector<float> lm_head_;  // empty when tied
-  bool tied_ = false;
+  std::vector<float> lm_head_;  // empty when tied_
+  bool tied_ = false;           // lm_head() is embeddings_
   std::vector<LayerWeights> layers_;
   common::Hash128 fingerprint_;
   int64_t num_parameters_ = 0;

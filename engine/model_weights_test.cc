@@ -26,6 +26,7 @@ using ::testing::HasSubstr;
 
 constexpr absl::string_view kNemotronTiny = "tests/fixtures/golden/nemotron_h_tiny";
 constexpr absl::string_view kMamba2Tiny = "tests/fixtures/golden/mamba2_tiny";
+constexpr absl::string_view kNemotronTiedTiny = "tests/fixtures/golden/nemotron_h_tied_tiny";
 constexpr absl::string_view kDefault = "models/default";
 
 std::string Runfile(absl::string_view relative) {
@@ -373,14 +374,68 @@ TEST(ModelWeightsTest, MultiTokenPredictionTensorsAreSkipped) {
   ASSERT_TRUE(w.ok()) << w.status();
 }
 
-TEST(ModelWeightsTest, TiedHeadStoredAnywayMustEqualTheEmbeddings) {
+// save_pretrained of a Nemotron-H with tie_word_embeddings=true writes its own
+// head, and transformers computes the logits with it (model_weights.h).
+TEST(ModelWeightsTest, TiedNemotronHUsesItsStoredHeadNotTheEmbeddings) {
+  std::unique_ptr<ModelWeights> w = MustLoad(Runfile(kNemotronTiedTiny));
+  ASSERT_NE(w, nullptr);
+  EXPECT_TRUE(w->config().tie_word_embeddings);
+  const TensorMap file = ReadTensors(kNemotronTiedTiny);
+  const std::vector<float> head = Floats(file.at("lm_head.weight"));
+  const std::vector<float> embeddings = Floats(file.at("backbone.embeddings.weight"));
+  ASSERT_NE(head, embeddings);
+  EXPECT_EQ(w->lm_head(), head);
+  EXPECT_EQ(w->embeddings(), embeddings);
+  EXPECT_NE(&w->lm_head(), &w->embeddings());
+  EXPECT_EQ(w->num_parameters(), TotalElements(file));
+
+  // The stored head is fingerprinted: one ulp of it, or the embeddings in its
+  // place, is another model.
+  TensorMap edited = file;
+  edited.at("lm_head.weight").bytes[0] ^= 1;
+  auto other = ModelWeights::Load(w->config(), WriteModel("tied_head_edited", edited));
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_NE((*other)->fingerprint(), w->fingerprint());
+  edited.at("lm_head.weight") = file.at("backbone.embeddings.weight");
+  other = ModelWeights::Load(w->config(), WriteModel("tied_head_copy", edited));
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_EQ(&(*other)->lm_head(), &(*other)->embeddings());
+  EXPECT_NE((*other)->fingerprint(), w->fingerprint());
+
+  // Without a stored head, a tied model's head is its embeddings.
+  edited.erase("lm_head.weight");
+  auto headless = ModelWeights::Load(w->config(), WriteModel("tied_headless", edited));
+  ASSERT_TRUE(headless.ok()) << headless.status();
+  EXPECT_EQ(&(*headless)->lm_head(), &(*headless)->embeddings());
+  EXPECT_EQ((*headless)->fingerprint(), (*other)->fingerprint());  // an exact copy adds nothing
+}
+
+// Mamba2ForCausalLM ties only a head equal to the embeddings; a different
+// stored head is kept (PreTrainedModel.tie_weights), so it is the head here too.
+TEST(ModelWeightsTest, TiedHeadStoredAnywayIsSharedWhenACopyAndUsedWhenDifferent) {
   TensorMap tensors = ReadTensors(kMamba2Tiny);
   tensors["lm_head.weight"] = tensors.at("backbone.embeddings.weight");
   auto w = ModelWeights::Load(Config(kMamba2Tiny), WriteModel("tied_copy", tensors));
   ASSERT_TRUE(w.ok()) << w.status();
   EXPECT_EQ(&(*w)->lm_head(), &(*w)->embeddings());
+  std::unique_ptr<ModelWeights> base = MustLoad(Runfile(kMamba2Tiny));
+  ASSERT_NE(base, nullptr);
+  EXPECT_EQ((*w)->fingerprint(), base->fingerprint());
+  EXPECT_EQ((*w)->num_parameters(), base->num_parameters());
+
   tensors["lm_head.weight"].bytes[5] ^= 0x10;
-  ExpectInvalid(LoadStatus(Config(kMamba2Tiny), tensors, "tied_differs"), "lm_head.weight differs from the embeddings");
+  w = ModelWeights::Load(Config(kMamba2Tiny), WriteModel("tied_differs", tensors));
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_NE(&(*w)->lm_head(), &(*w)->embeddings());
+  EXPECT_EQ((*w)->lm_head(), Floats(tensors.at("lm_head.weight")));
+  EXPECT_EQ((*w)->embeddings(), base->embeddings());
+  EXPECT_NE((*w)->fingerprint(), base->fingerprint());
+  EXPECT_EQ((*w)->num_parameters(), TotalElements(tensors));
+
+  // A stored head of the wrong shape is an error even when tied.
+  tensors["lm_head.weight"].shape = {32, 96};
+  ExpectInvalid(LoadStatus(Config(kMamba2Tiny), tensors, "tied_wrong_shape"),
+                "tensor lm_head.weight has shape [32, 96], expected [96, 32]");
 }
 
 TEST(ModelWeightsTest, AmbiguousPrefixIsInvalid) {
