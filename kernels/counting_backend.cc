@@ -51,6 +51,7 @@ int CountingBackend::Wrap(DeviceBuffer inner, int status, DeviceBuffer* out) {
 int CountingBackend::Allocate(int64_t bytes, DeviceBuffer* out) {
   Count("Allocate", false);
   if (out == nullptr) return kKernelInvalidArgument;
+  if (memory_limit_ >= 0 && live_bytes() + bytes > memory_limit_) return kKernelOutOfMemory;
   DeviceBuffer inner;
   const int status = inner_.Allocate(bytes, &inner);
   return Wrap(std::move(inner), status, out);

@@ -38,6 +38,9 @@ class CountingBackend final : public Backend {
   int64_t live_buffers() const { return static_cast<int64_t>(buffers_.size()); }
   int64_t live_bytes() const;
   void ResetCounts();
+  // Allocations that would take the live bytes above `bytes` fail with
+  // kKernelOutOfMemory (a device that is full); negative: no limit.
+  void set_memory_limit(int64_t bytes) { memory_limit_ = bytes; }
 
   int Allocate(int64_t bytes, DeviceBuffer* out) override;
   int UploadConstant(const void* host, int64_t bytes, DeviceBuffer* out) override;
@@ -80,6 +83,7 @@ class CountingBackend final : public Backend {
   std::map<std::string, int64_t> calls_;
   int64_t kernel_calls_ = 0;
   std::vector<std::string> foreign_;
+  int64_t memory_limit_ = -1;
 };
 
 }  // namespace hybridserve::kernels

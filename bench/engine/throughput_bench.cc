@@ -124,7 +124,8 @@ double DecodeBytesPerToken(const ModelWeights& w) {
   const ModelConfig& c = w.config();
   const double embed = static_cast<double>(c.vocab_size) * c.hidden_size;
   double params = static_cast<double>(w.num_parameters());
-  if (!c.tie_word_embeddings) params -= embed;
+  // The embedding table is not streamed per token (one row is), unless it is also the head.
+  if (&w.lm_head() != &w.embeddings()) params -= embed;
   const auto& m = c.mamba;
   const double ssm = static_cast<double>(m.num_heads) * m.head_dim * m.state_size + m.conv_dim() * (m.conv_kernel - 1);
   const double kv = 2.0 * (kDecodeContext + kDecodeSteps / 2) * c.attention.num_kv_heads * c.attention.head_dim;
