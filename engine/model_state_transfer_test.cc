@@ -320,6 +320,26 @@ TEST_F(StateTransferTest, RestoreFromASnapshotViewWithPageViewsContinuesBitIdent
   snapshot.prefix_hash = prefix;
   snapshot.layout = model->layout();
   EXPECT_EQ(*EncodeSnapshot(snapshot), state);
+  // Into a caller's buffer of the announced size: the same bytes.
+  auto size = model->sequences().EncodedStateSize(*live, true);
+  ASSERT_TRUE(size.ok());
+  ASSERT_EQ(*size, state.size());
+  std::string buffer(*size, '\0');
+  ASSERT_TRUE(
+      model->sequences().EncodeStateInto(*live, true, weights_->fingerprint(), prefix, absl::MakeSpan(buffer)).ok());
+  EXPECT_EQ(buffer, state);
+  EXPECT_EQ(model->sequences()
+                .EncodeStateInto(*live, true, weights_->fingerprint(), prefix, absl::MakeSpan(buffer).subspan(1))
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  // The views are the pools' own memory, holding the captured values.
+  auto views = model->sequences().StateViews(*live, true);
+  ASSERT_TRUE(views.ok()) << views.status();
+  ASSERT_EQ(views->ssm_states.size(), captured->ssm_states.size());
+  for (size_t l = 0; l < views->ssm_states.size(); ++l) {
+    EXPECT_TRUE(BitEqual(views->ssm_states[l], captured->ssm_states[l])) << l;
+  }
+  EXPECT_TRUE(BitEqual(views->tail_v.back(), captured->tail_v.back()));
 
   SnapshotExpectation expect;
   expect.layout = model->layout();

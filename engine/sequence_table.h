@@ -187,11 +187,19 @@ class SequenceTable {
   // states, K/V of the partial last page and, when `with_logits`, its last
   // logits if it has them). NOT_FOUND / FAILED_PRECONDITION.
   absl::StatusOr<SequenceState> CaptureState(SequenceId id, bool with_logits) const;
+  // Host views of that state inside the pools, without copying (valid until
+  // the sequence changes). UNIMPLEMENTED when the backend's memory is not
+  // host-addressable (use CaptureState); NOT_FOUND / FAILED_PRECONDITION.
+  absl::StatusOr<StateArrays> StateViews(SequenceId id, bool with_logits) const;
   // The snapshot encoding of that state, stamped with `model_fingerprint` and
-  // `prefix_hash`, written into `out` (resized), straight from the pools when
-  // the backend's memory is host-addressable.
+  // `prefix_hash`, straight from the pools when the backend's memory is
+  // host-addressable (through host vectors otherwise): into `*out` (resized),
+  // or into a caller buffer of exactly EncodedStateSize bytes.
   absl::Status EncodeStateInto(SequenceId id, bool with_logits, const common::Hash128& model_fingerprint,
                                const common::Hash128& prefix_hash, std::string* out) const;
+  absl::Status EncodeStateInto(SequenceId id, bool with_logits, const common::Hash128& model_fingerprint,
+                               const common::Hash128& prefix_hash, absl::Span<char> out) const;
+  absl::StatusOr<size_t> EncodedStateSize(SequenceId id, bool with_logits) const;
 
   // ---- Restore (a resume from the cache) ----
 
@@ -252,6 +260,10 @@ class SequenceTable {
   absl::Status RestoreImpl(SequenceId id, const StateBytes& state, absl::Span<const absl::string_view> pages);
   absl::Status FinishImportImpl(SequenceId id, const StateBytes& state);
   absl::Status CopyToHost(void* dst, const void* src, int64_t bytes) const;
+  // The state to encode: views over the pools, or (a device the host cannot
+  // read) over `*staging`, filled by CaptureState.
+  absl::StatusOr<SnapshotSource> EncodingSource(SequenceId id, bool with_logits, const common::Hash128& fingerprint,
+                                                const common::Hash128& prefix_hash, SequenceState* staging) const;
 
   const StateLayout layout_;
   kernels::Backend& backend_;

@@ -248,48 +248,79 @@ absl::StatusOr<SequenceState> SequenceTable::CaptureState(SequenceId id, bool wi
   return state;
 }
 
-absl::Status SequenceTable::EncodeStateInto(SequenceId id, bool with_logits, const common::Hash128& model_fingerprint,
-                                            const common::Hash128& prefix_hash, std::string* out) const {
+absl::StatusOr<StateArrays> SequenceTable::StateViews(SequenceId id, bool with_logits) const {
   ASSIGN_OR_RETURN(const Sequence* seq, FindLiveConst(id));
-  SnapshotSource source;
-  source.model_fingerprint = model_fingerprint;
-  source.prefix_hash = prefix_hash;
-  source.layout = layout_;
-  source.arrays.position = seq->position;
-  if (with_logits) source.arrays.last_logits = seq->last_logits;
   RETURN_IF_ERROR(KernelStatusToStatus(backend_.Synchronize(), "synchronize"));
-  // Views straight over the pools where the host can read them.
-  auto host = [this](const float* device, int64_t floats) -> absl::Span<const float> {
-    const void* p = floats > 0 ? backend_.HostAddress(const_cast<float*>(device)) : device;
-    return p == nullptr ? absl::Span<const float>() : absl::Span<const float>(static_cast<const float*>(p), floats);
-  };
+  StateArrays a;
+  a.position = seq->position;
+  if (with_logits) a.last_logits = seq->last_logits;
   bool addressable = true;
-  for (int64_t l = 0; l < layout_.mamba_layers && addressable; ++l) {
-    source.arrays.ssm_states.push_back(host(state_slots_->ssm(l, seq->slot), layout_.ssm_state_floats()));
-    source.arrays.conv_states.push_back(host(state_slots_->conv(l, seq->slot), layout_.conv_state_floats()));
-    addressable = source.arrays.ssm_states.back().data() != nullptr;
+  auto host = [&](const float* device, int64_t floats) -> absl::Span<const float> {
+    if (floats == 0) return {};
+    const void* p = backend_.HostAddress(const_cast<float*>(device));
+    if (p == nullptr) addressable = false;
+    return absl::Span<const float>(static_cast<const float*>(p), static_cast<size_t>(floats));
+  };
+  for (int64_t l = 0; l < layout_.mamba_layers; ++l) {
+    a.ssm_states.push_back(host(state_slots_->ssm(l, seq->slot), layout_.ssm_state_floats()));
+    a.conv_states.push_back(host(state_slots_->conv(l, seq->slot), layout_.conv_state_floats()));
   }
   const int64_t tail_floats = layout_.tail_kv_floats(seq->position);
-  for (int64_t l = 0; l < layout_.attention_layers && addressable; ++l) {
+  for (int64_t l = 0; l < layout_.attention_layers; ++l) {
     if (tail_floats == 0) {
-      source.arrays.tail_k.emplace_back();
-      source.arrays.tail_v.emplace_back();
+      a.tail_k.emplace_back();
+      a.tail_v.emplace_back();
       continue;
     }
     const int32_t page = seq->block_table[static_cast<size_t>(layout_.full_pages(seq->position))];
-    source.arrays.tail_k.push_back(host(kv_pages_->k_page(l, page), tail_floats));
-    source.arrays.tail_v.push_back(host(kv_pages_->v_page(l, page), tail_floats));
-    addressable = source.arrays.tail_k.back().data() != nullptr;
+    a.tail_k.push_back(host(kv_pages_->k_page(l, page), tail_floats));
+    a.tail_v.push_back(host(kv_pages_->v_page(l, page), tail_floats));
   }
-  if (addressable) return EncodeSnapshotInto(source, out);
-  // A device the host cannot read: stage through host vectors.
-  ASSIGN_OR_RETURN(SequenceState state, CaptureState(id, with_logits));
-  Snapshot snapshot;
-  static_cast<SequenceState&>(snapshot) = std::move(state);
-  snapshot.model_fingerprint = model_fingerprint;
-  snapshot.prefix_hash = prefix_hash;
-  snapshot.layout = layout_;
-  return EncodeSnapshotInto(snapshot, out);
+  if (!addressable) {
+    return absl::UnimplementedError(
+        absl::StrCat("the ", backend_.name(), " backend's memory is not host-addressable: use CaptureState"));
+  }
+  return a;
+}
+
+absl::StatusOr<SnapshotSource> SequenceTable::EncodingSource(SequenceId id, bool with_logits,
+                                                             const common::Hash128& fingerprint,
+                                                             const common::Hash128& prefix_hash,
+                                                             SequenceState* staging) const {
+  SnapshotSource source;
+  source.model_fingerprint = fingerprint;
+  source.prefix_hash = prefix_hash;
+  source.layout = layout_;
+  absl::StatusOr<StateArrays> views = StateViews(id, with_logits);
+  if (views.ok()) {
+    source.arrays = *std::move(views);
+    return source;
+  }
+  if (views.status().code() != absl::StatusCode::kUnimplemented) return views.status();
+  ASSIGN_OR_RETURN(*staging, CaptureState(id, with_logits));
+  source.arrays = StateArrays::Of(*staging);
+  return source;
+}
+
+absl::Status SequenceTable::EncodeStateInto(SequenceId id, bool with_logits, const common::Hash128& model_fingerprint,
+                                            const common::Hash128& prefix_hash, std::string* out) const {
+  SequenceState staging;
+  ASSIGN_OR_RETURN(const SnapshotSource source,
+                   EncodingSource(id, with_logits, model_fingerprint, prefix_hash, &staging));
+  return EncodeSnapshotInto(source, out);
+}
+
+absl::Status SequenceTable::EncodeStateInto(SequenceId id, bool with_logits, const common::Hash128& model_fingerprint,
+                                            const common::Hash128& prefix_hash, absl::Span<char> out) const {
+  SequenceState staging;
+  ASSIGN_OR_RETURN(const SnapshotSource source,
+                   EncodingSource(id, with_logits, model_fingerprint, prefix_hash, &staging));
+  return EncodeSnapshotToBuffer(source, out);
+}
+
+absl::StatusOr<size_t> SequenceTable::EncodedStateSize(SequenceId id, bool with_logits) const {
+  ASSIGN_OR_RETURN(const Sequence* seq, FindLiveConst(id));
+  return EncodedSnapshotSize(layout_, seq->position, with_logits && !seq->last_logits.empty());
 }
 
 }  // namespace hybridserve::engine

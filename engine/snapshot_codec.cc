@@ -442,7 +442,10 @@ absl::Status EncodeSnapshotInto(const SnapshotSource& source, std::string* out) 
 }
 
 absl::Status EncodeSnapshotToBuffer(const Snapshot& snapshot, absl::Span<char> out) {
-  const SnapshotSource source = SourceOf(snapshot);
+  return EncodeSnapshotToBuffer(SourceOf(snapshot), out);
+}
+
+absl::Status EncodeSnapshotToBuffer(const SnapshotSource& source, absl::Span<char> out) {
   ASSIGN_OR_RETURN(PayloadShape shape, ShapeOf(source));
   if (out.size() != shape.total_bytes) {
     return absl::InvalidArgumentError(

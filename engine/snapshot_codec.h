@@ -144,6 +144,7 @@ absl::Status EncodeSnapshotInto(const SnapshotSource& source, std::string* out);
 // Same, into a caller-owned buffer (e.g. a reserved cache or transfer slot)
 // whose size must be exactly EncodedSnapshotSize(...).
 absl::Status EncodeSnapshotToBuffer(const Snapshot& snapshot, absl::Span<char> out);
+absl::Status EncodeSnapshotToBuffer(const SnapshotSource& source, absl::Span<char> out);
 
 // Verifies `bytes` (one checksum pass, no copy) and returns views into them;
 // the same checks and error codes as DecodeSnapshot.
