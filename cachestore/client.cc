@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
 #include "common/hash.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/cachestore.grpc.pb.h"
@@ -10,10 +11,7 @@
 namespace hybridserve::cachestore {
 namespace {
 
-absl::Status FromGrpc(const grpc::Status& s) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
-}
+using common::FromGrpcStatus;
 
 v1::CacheNamespace ToProto(const ClientNamespace& ns) {
   v1::CacheNamespace out;
@@ -84,7 +82,7 @@ absl::StatusOr<LookupResult> CacheStoreClient::Lookup(const ClientNamespace& ns,
   v1::LookupResponse resp;
   grpc::ClientContext ctx;
   impl_->Prepare(&ctx);
-  absl::Status s = FromGrpc(impl_->stub->Lookup(&ctx, req, &resp));
+  absl::Status s = FromGrpcStatus(impl_->stub->Lookup(&ctx, req, &resp));
   if (!s.ok()) return s;
   LookupResult r;
   r.resume_position = static_cast<int64_t>(resp.resume_position());
@@ -137,7 +135,7 @@ absl::StatusOr<PutResult> CacheStoreClient::Put(const ClientNamespace& ns, const
     writer->Write(msg);
   }
   writer->WritesDone();
-  absl::Status s = FromGrpc(writer->Finish());
+  absl::Status s = FromGrpcStatus(writer->Finish());
   if (!s.ok()) return s;
   PutResult r;
   if (!Hash128::FromBytes(resp.key(), &r.key)) return absl::InternalError("cachestore sent a malformed key");
@@ -183,7 +181,7 @@ absl::Status CacheStoreClient::GetInto(uint64_t lease_id, const Hash128& key, st
     }
     out->append(msg.data());
   }
-  absl::Status s = FromGrpc(reader->Finish());
+  absl::Status s = FromGrpcStatus(reader->Finish());
   if (!s.ok()) return s;
   if (out->size() != size || common::Checksum64(out->data(), out->size()) != checksum) {
     return absl::DataLossError(absl::StrCat("entry ", key.ToHex(), " arrived incomplete or corrupted"));
@@ -197,7 +195,7 @@ absl::Status CacheStoreClient::Release(uint64_t lease_id) {
   v1::ReleaseResponse resp;
   grpc::ClientContext ctx;
   impl_->Prepare(&ctx);
-  return FromGrpc(impl_->stub->Release(&ctx, req, &resp));
+  return FromGrpcStatus(impl_->stub->Release(&ctx, req, &resp));
 }
 
 absl::StatusOr<IndexStats> CacheStoreClient::Stats() {
@@ -205,7 +203,7 @@ absl::StatusOr<IndexStats> CacheStoreClient::Stats() {
   v1::StatsResponse resp;
   grpc::ClientContext ctx;
   impl_->Prepare(&ctx);
-  absl::Status s = FromGrpc(impl_->stub->Stats(&ctx, req, &resp));
+  absl::Status s = FromGrpcStatus(impl_->stub->Stats(&ctx, req, &resp));
   if (!s.ok()) return s;
   IndexStats out;
   FromProto(resp.pages(), &out.pages);

@@ -4,10 +4,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/grpc_status.h"
 #include "common/status_macros.h"
 
 namespace hybridserve::cachestore {
 namespace {
+
+using common::ToGrpcStatus;
 
 constexpr uint32_t kMaxPageSize = 1 << 16;
 
@@ -96,11 +99,6 @@ void FillClass(const ClassStats& s, v1::ClassStats* out) {
 double SecondsSince(absl::Time start) { return absl::ToDoubleSeconds(absl::Now() - start); }
 
 }  // namespace
-
-grpc::Status ToGrpcStatus(const absl::Status& s) {
-  if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-}
 
 CacheStoreService::CacheStoreService(CacheStore& store, ServiceMetrics& metrics, const ServiceOptions& options)
     : store_(store), metrics_(metrics), options_(options) {}

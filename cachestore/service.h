@@ -54,9 +54,6 @@ class CacheStoreService final : public hybridserve::v1::CacheStore::Service {
   absl::flat_hash_map<uint64_t, grpc::ServerContext*> active_puts_ ABSL_GUARDED_BY(mu_);
 };
 
-// absl::Status -> grpc::Status, keeping code and message.
-grpc::Status ToGrpcStatus(const absl::Status& s);
-
 }  // namespace hybridserve::cachestore
 
 #endif  // HYBRIDSERVE_CACHESTORE_SERVICE_H_
