@@ -5,16 +5,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "common/tokens.h"
 
 namespace hybridserve::cachestore {
-namespace {
-
-bool IsPowerOfTwo(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
-
-constexpr int32_t kMaxPageSize = 1 << 16;
-
-}  // namespace
-
 CacheIndex::CacheIndex(const CacheIndexOptions& options)
     : options_(options), blob_pool_(BlobPool::Create(options.blob_pool_bytes)) {
   page_stats_.budget_bytes = options.page_budget_bytes;
@@ -30,7 +23,7 @@ int64_t CacheIndex::Budget(EntryClass c) const {
 ClassStats& CacheIndex::Counters(EntryClass c) { return c == EntryClass::kPage ? page_stats_ : state_stats_; }
 
 absl::Status CacheIndex::ValidateSpec(const PutSpec& spec) const {
-  if (!IsPowerOfTwo(spec.page_size) || spec.page_size > kMaxPageSize) {
+  if (!IsValidPageSize(spec.page_size)) {
     return absl::InvalidArgumentError(
         absl::StrCat("page_size ", spec.page_size, " is not a power of two in [1, ", kMaxPageSize, "]"));
   }
@@ -258,8 +251,9 @@ absl::StatusOr<LookupResult> CacheIndex::Lookup(const Hash128& ns, int32_t page_
   if (static_cast<int64_t>(tokens.size()) > options_.max_tokens) {
     return absl::InvalidArgumentError(absl::StrCat(tokens.size(), " tokens exceed max_tokens=", options_.max_tokens));
   }
-  if (!IsPowerOfTwo(page_size) || page_size > kMaxPageSize) {
-    return absl::InvalidArgumentError(absl::StrCat("page_size ", page_size, " is not a power of two"));
+  if (!IsValidPageSize(page_size)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_size ", page_size, " is not a power of two in [1, ", kMaxPageSize, "]"));
   }
   if (page_keys.size() != tokens.size() / page_size) {
     return absl::InvalidArgumentError("page keys do not match the tokens");

@@ -16,11 +16,12 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "common/hash.h"
+#include "common/tokens.h"
 
 namespace hybridserve::cachestore {
 
-using TokenId = int32_t;
 using common::Hash128;
+using ::hybridserve::TokenId;
 
 // The root key of a namespace. Each part is length-prefixed, so no two
 // different tuples hash the same bytes.

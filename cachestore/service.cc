@@ -6,19 +6,19 @@
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
+#include "common/tokens.h"
 
 namespace hybridserve::cachestore {
 namespace {
 
 using common::ToGrpcStatus;
 
-constexpr uint32_t kMaxPageSize = 1 << 16;
-
 absl::StatusOr<Hash128> NamespaceOf(const v1::CacheNamespace& ns) {
   if (ns.model_fingerprint().empty()) return absl::InvalidArgumentError("namespace.model_fingerprint is empty");
   const uint32_t ps = ns.page_size();
-  if (ps == 0 || ps > kMaxPageSize || (ps & (ps - 1)) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("namespace.page_size ", ps, " is not a power of two"));
+  if (!IsValidPageSize(ps)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("namespace.page_size ", ps, " is not a power of two in [1, ", kMaxPageSize, "]"));
   }
   return NamespaceKey(ns.model_fingerprint(), ns.adapter(), ns.cache_salt(), static_cast<int32_t>(ps));
 }
@@ -74,7 +74,7 @@ absl::StatusOr<PutSpec> SpecOf(const v1::PutHeader& h) {
     ASSIGN_OR_RETURN(Hash128 parent, KeyOf(h.parent_key(), "header.parent_key"));
     spec.parent = parent;
   }
-  if (h.token_ids_size() > static_cast<int>(kMaxPageSize)) {
+  if (h.token_ids_size() > kMaxPageSize) {
     return absl::InvalidArgumentError(absl::StrCat("header carries ", h.token_ids_size(), " tokens"));
   }
   spec.tokens.assign(h.token_ids().begin(), h.token_ids().end());
