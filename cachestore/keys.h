@@ -4,7 +4,10 @@
 // Cache keys (DESIGN.md section 3). Shared by the cachestore and its clients so
 // both sides derive the same keys from the same tokens.
 //
-//   namespace  N   = H(model_fingerprint, adapter, cache_salt, page_size)
+//   namespace  N   = H(L("hybridserve/ns/v1") || L(model_fingerprint) || L(adapter) ||
+//                      L(cache_salt) || page_size)
+//                    L(x): x's byte length as a uint64 little-endian, then x;
+//                    page_size: 4 bytes, int32 little-endian
 //   page i     K_i = H(K_{i-1} || tokens of page i), K_{-1} = N
 //   state at p S_p = H(H(K_{n-1} || "hybridserve/state/v1") || tokens[n*page_size, p)),
 //                    n = floor(p/page_size)
@@ -23,8 +26,8 @@ namespace hybridserve::cachestore {
 using common::Hash128;
 using ::hybridserve::TokenId;
 
-// The root key of a namespace. Each part is length-prefixed, so no two
-// different tuples hash the same bytes.
+// The root key of a namespace. Each string part is length-prefixed and
+// page_size has a fixed width, so no two different tuples hash the same bytes.
 Hash128 NamespaceKey(absl::string_view model_fingerprint, absl::string_view adapter, absl::string_view cache_salt,
                      int32_t page_size);
 

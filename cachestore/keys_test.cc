@@ -1,5 +1,7 @@
 #include "cachestore/keys.h"
 
+#include <cstdint>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -16,6 +18,23 @@ TEST(KeysTest, NamespaceSeparatesEveryPart) {
   EXPECT_NE(base, NamespaceKey("fp", "lora", "tenant", 32));
   // Length prefixes: moving a byte between parts changes the key.
   EXPECT_NE(NamespaceKey("ab", "c", "", 16), NamespaceKey("a", "bc", "", 16));
+}
+
+// The derivation written in keys.h and proto/cachestore.proto, byte by byte:
+// L(x) = x's length as 8 bytes little-endian, then x; page_size as 4 bytes
+// little-endian.
+TEST(KeysTest, NamespaceKeyHashesTheDocumentedBytes) {
+  auto length_prefixed = [](const std::string& part) {
+    std::string out;
+    for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((uint64_t{part.size()} >> (8 * i)) & 0xff));
+    return out + part;
+  };
+  const int32_t page_size = 0x01020304;  // distinct bytes expose the byte order
+  std::string bytes = length_prefixed("hybridserve/ns/v1") + length_prefixed("fp") + length_prefixed("lora") +
+                      length_prefixed("tenant");
+  for (int i = 0; i < 4; ++i) bytes.push_back(static_cast<char>((page_size >> (8 * i)) & 0xff));
+  EXPECT_EQ(NamespaceKey("fp", "lora", "tenant", page_size), common::HashBytes(bytes));
+  EXPECT_NE(NamespaceKey("fp", "lora", "tenant", 16), common::HashBytes(bytes));
 }
 
 TEST(KeysTest, PageKeysChainOverFullPagesOnly) {
