@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/grpc_status.h"
 #include "common/hash.h"
 #include "grpcpp/grpcpp.h"
@@ -74,14 +75,16 @@ CacheStoreClient::CacheStoreClient(std::unique_ptr<Impl> impl) : impl_(std::move
 CacheStoreClient::~CacheStoreClient() = default;
 
 absl::StatusOr<LookupResult> CacheStoreClient::Lookup(const ClientNamespace& ns, absl::Span<const TokenId> tokens,
-                                                      bool probe_only) {
+                                                      LookupMode mode) {
   v1::LookupRequest req;
   *req.mutable_namespace_() = ToProto(ns);
   req.mutable_token_ids()->Add(tokens.begin(), tokens.end());
-  req.set_probe_only(probe_only);
+  req.set_probe_only(mode == LookupMode::kProbeOnly);
   v1::LookupResponse resp;
   grpc::ClientContext ctx;
   impl_->Prepare(&ctx);
+  // Before the request leaves: the server's lease starts no earlier.
+  const absl::Time sent = absl::Now();
   absl::Status s = FromGrpcStatus(impl_->stub->Lookup(&ctx, req, &resp));
   if (!s.ok()) return s;
   LookupResult r;
@@ -98,6 +101,9 @@ absl::StatusOr<LookupResult> CacheStoreClient::Lookup(const ClientNamespace& ns,
     r.state = *info;
   }
   r.lease_id = resp.lease_id();
+  if (r.lease_id != 0) {
+    r.lease_expiry = sent + absl::Seconds(resp.lease_ttl().seconds()) + absl::Nanoseconds(resp.lease_ttl().nanos());
+  }
   return r;
 }
 
@@ -141,13 +147,6 @@ absl::StatusOr<PutResult> CacheStoreClient::Put(const ClientNamespace& ns, const
   if (!Hash128::FromBytes(resp.key(), &r.key)) return absl::InternalError("cachestore sent a malformed key");
   r.already_present = resp.already_present();
   return r;
-}
-
-absl::StatusOr<std::string> CacheStoreClient::Get(uint64_t lease_id, const Hash128& key) {
-  std::string out;
-  absl::Status s = GetInto(lease_id, key, &out);
-  if (!s.ok()) return s;
-  return out;
 }
 
 absl::Status CacheStoreClient::GetInto(uint64_t lease_id, const Hash128& key, std::string* out) {
@@ -213,6 +212,8 @@ absl::StatusOr<IndexStats> CacheStoreClient::Stats() {
   out.active_puts = static_cast<int64_t>(resp.active_puts());
   out.lookups = static_cast<int64_t>(resp.lookups());
   out.lookup_hits = static_cast<int64_t>(resp.lookup_hits());
+  out.hits_grid_checkpoint = static_cast<int64_t>(resp.hits_grid_checkpoint());
+  out.hits_exact_prefix = static_cast<int64_t>(resp.hits_exact_prefix());
   out.checksum_failures = static_cast<int64_t>(resp.checksum_failures());
   out.expired_leases = static_cast<int64_t>(resp.expired_leases());
   out.expired_puts = static_cast<int64_t>(resp.expired_puts());

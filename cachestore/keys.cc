@@ -1,5 +1,7 @@
 #include "cachestore/keys.h"
 
+#include "absl/strings/str_cat.h"
+
 namespace hybridserve::cachestore {
 namespace {
 
@@ -20,6 +22,16 @@ Hash128 NamespaceKey(absl::string_view model_fingerprint, absl::string_view adap
   AppendPart(&buf, cache_salt);
   buf.append(reinterpret_cast<const char*>(&page_size), sizeof(page_size));
   return common::HashBytes(buf);
+}
+
+absl::StatusOr<Hash128> ValidatedNamespaceKey(absl::string_view model_fingerprint, absl::string_view adapter,
+                                              absl::string_view cache_salt, int64_t page_size) {
+  if (model_fingerprint.empty()) return absl::InvalidArgumentError("namespace model_fingerprint is empty");
+  if (!IsValidPageSize(page_size)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("namespace page_size ", page_size, " is not a power of two in [1, ", kMaxPageSize, "]"));
+  }
+  return NamespaceKey(model_fingerprint, adapter, cache_salt, static_cast<int32_t>(page_size));
 }
 
 Hash128 PageKey(const Hash128& parent, absl::Span<const TokenId> page_tokens) {

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "common/hash.h"
@@ -30,6 +31,12 @@ using ::hybridserve::TokenId;
 // page_size has a fixed width, so no two different tuples hash the same bytes.
 Hash128 NamespaceKey(absl::string_view model_fingerprint, absl::string_view adapter, absl::string_view cache_salt,
                      int32_t page_size);
+
+// NamespaceKey of a namespace a cache accepts: a non-empty model_fingerprint
+// and a valid page size (common/tokens.h); INVALID_ARGUMENT otherwise. The one
+// check shared by the gRPC service and the in-process client.
+absl::StatusOr<Hash128> ValidatedNamespaceKey(absl::string_view model_fingerprint, absl::string_view adapter,
+                                              absl::string_view cache_salt, int64_t page_size);
 
 // K_i from K_{i-1} and the page's tokens.
 Hash128 PageKey(const Hash128& parent, absl::Span<const TokenId> page_tokens);

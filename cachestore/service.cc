@@ -14,13 +14,7 @@ namespace {
 using common::ToGrpcStatus;
 
 absl::StatusOr<Hash128> NamespaceOf(const v1::CacheNamespace& ns) {
-  if (ns.model_fingerprint().empty()) return absl::InvalidArgumentError("namespace.model_fingerprint is empty");
-  const uint32_t ps = ns.page_size();
-  if (!IsValidPageSize(ps)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("namespace.page_size ", ps, " is not a power of two in [1, ", kMaxPageSize, "]"));
-  }
-  return NamespaceKey(ns.model_fingerprint(), ns.adapter(), ns.cache_salt(), static_cast<int32_t>(ps));
+  return ValidatedNamespaceKey(ns.model_fingerprint(), ns.adapter(), ns.cache_salt(), ns.page_size());
 }
 
 absl::StatusOr<Hash128> KeyOf(const std::string& bytes, absl::string_view what) {
@@ -250,6 +244,8 @@ grpc::Status CacheStoreService::Stats(grpc::ServerContext*, const v1::StatsReque
   response->set_active_puts(s.active_puts);
   response->set_lookups(s.lookups);
   response->set_lookup_hits(s.lookup_hits);
+  response->set_hits_grid_checkpoint(s.hits_grid_checkpoint);
+  response->set_hits_exact_prefix(s.hits_exact_prefix);
   response->set_checksum_failures(s.checksum_failures);
   response->set_expired_leases(s.expired_leases);
   response->set_expired_puts(s.expired_puts);

@@ -119,7 +119,7 @@ TEST_F(ServiceTest, LargeEntriesRoundTripThroughChunkedStreams) {
   // 64 MiB + 3 bytes: far over gRPC's 4 MiB default, and not a chunk multiple.
   std::vector<TokenId> t = Tokens(40);
   std::string state = PutPrefix(ns_, t, 37, 5 << 20, (64 << 20) + 3, 7);
-  auto r = client_->Lookup(ns_, t);
+  auto r = client_->Lookup(ns_, t, LookupMode::kLease);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->resume_position, 37);
   EXPECT_EQ(r->kv_match_tokens, 32);
@@ -176,7 +176,7 @@ TEST_F(ServiceTest, ConcurrentClientsSeeTheirOwnConversations) {
         state.position = p;
         std::string bytes = Bytes(100000, c * 100 + turn);
         if (!(*client)->Put(ns, state, bytes).ok()) return void(failures[c] = "state put");
-        auto r = (*client)->Lookup(ns, t);
+        auto r = (*client)->Lookup(ns, t, LookupMode::kLease);
         if (!r.ok() || r->resume_position != p) return void(failures[c] = "lookup");
         auto got = (*client)->Get(r->lease_id, r->state->key);
         if (!got.ok() || *got != bytes) return void(failures[c] = "get");
@@ -202,7 +202,7 @@ TEST_F(ServiceTest, CorruptedChunkFailsTheCommitAndStoresNothing) {
   msgs[1].mutable_chunk()->set_data(corrupted);
   msgs[2].mutable_commit()->set_checksum(common::Checksum64(bytes.data(), bytes.size()));
   EXPECT_EQ(RawPut(msgs).error_code(), grpc::StatusCode::DATA_LOSS);
-  auto r = client_->Lookup(ns_, {5});
+  auto r = client_->Lookup(ns_, {5}, LookupMode::kLease);
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->resume_position, 0);
   EXPECT_EQ(server_->store().Stats().states.reserved_bytes, 0);
@@ -211,7 +211,7 @@ TEST_F(ServiceTest, CorruptedChunkFailsTheCommitAndStoresNothing) {
 TEST_F(ServiceTest, StoredBytesThatRotAreNotServed) {
   std::vector<TokenId> t = Tokens(20);
   PutPrefix(ns_, t, 18, 1000, 5000, 11);
-  auto r = client_->Lookup(ns_, t);
+  auto r = client_->Lookup(ns_, t, LookupMode::kLease);
   ASSERT_TRUE(r.ok());
   // Flip a byte of the stored state behind the store's back.
   auto h = server_->store().OpenVerified(r->lease_id, r->state->key);
@@ -219,7 +219,7 @@ TEST_F(ServiceTest, StoredBytesThatRotAreNotServed) {
   h->blob->data[123] ^= 0x40;
   auto got = client_->Get(r->lease_id, r->state->key);
   EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss);
-  auto again = client_->Lookup(ns_, t);
+  auto again = client_->Lookup(ns_, t, LookupMode::kLease);
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->resume_position, 0);  // removed
   EXPECT_EQ(again->kv_match_tokens, 16);
@@ -316,14 +316,15 @@ TEST_F(ServiceTest, LookupRejectsBadRequests) {
   TearDown();
   server_.reset();
   Start(o);
-  EXPECT_EQ(client_->Lookup(ns_, Tokens(65)).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(client_->Lookup(ns_, {1, -2}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client_->Lookup(ns_, Tokens(65), LookupMode::kLease).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client_->Lookup(ns_, {1, -2}, LookupMode::kLease).status().code(), absl::StatusCode::kInvalidArgument);
   ClientNamespace odd = ns_;
   odd.page_size = 6;
-  EXPECT_EQ(client_->Lookup(odd, Tokens(8)).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client_->Lookup(odd, Tokens(8), LookupMode::kLease).status().code(), absl::StatusCode::kInvalidArgument);
   ClientNamespace anonymous = ns_;
   anonymous.model_fingerprint.clear();
-  EXPECT_EQ(client_->Lookup(anonymous, Tokens(8)).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client_->Lookup(anonymous, Tokens(8), LookupMode::kLease).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(ServiceTest, LeaseOfAVanishedReaderExpires) {
@@ -335,7 +336,7 @@ TEST_F(ServiceTest, LeaseOfAVanishedReaderExpires) {
   Start(o);
   std::vector<TokenId> t = Tokens(20);
   PutPrefix(ns_, t, 18, 1000, 5000, 11);
-  auto r = client_->Lookup(ns_, t);
+  auto r = client_->Lookup(ns_, t, LookupMode::kLease);
   ASSERT_TRUE(r.ok());
   ASSERT_NE(r->lease_id, 0u);
   // The reader vanishes without Release. While leased, the state holds its

@@ -66,7 +66,7 @@ absl::Status Demo(CacheStoreClient& client) {
   int64_t published_pages = 0;
   for (size_t turn = 0; turn < turn_ends.size(); ++turn) {
     std::vector<TokenId> prompt(conversation.begin(), conversation.begin() + turn_ends[turn]);
-    absl::StatusOr<LookupResult> r = client.Lookup(ns, prompt);
+    absl::StatusOr<LookupResult> r = client.Lookup(ns, prompt, LookupMode::kLease);
     if (!r.ok()) return r.status();
     std::printf("turn %zu: prompt %lld tokens, resume at %lld (%s), kv match %lld, prefill %lld tokens\n", turn + 1,
                 (long long)prompt.size(), (long long)r->resume_position,

@@ -39,6 +39,7 @@ namespace {
 using cachestore::CacheStoreClient;
 using cachestore::ClientNamespace;
 using cachestore::ClientOptions;
+using cachestore::LookupMode;
 using cachestore::LookupResult;
 
 constexpr int32_t kPageSize = 16;
@@ -120,7 +121,7 @@ class LoadRunner {
              const std::vector<std::vector<TokenId>>& prompts, int64_t expect_resume)
       : port_(port), load_(load), ns_(ns), prompts_(prompts), expect_resume_(expect_resume) {
     for (int i = 0; i < clients(); ++i) clients_.push_back(NewClient(target, first_client + i));
-    for (auto& c : clients_) Check(c->Lookup(ns, prompts[0], /*probe_only=*/true).status(), "warm-up Lookup");
+    for (auto& c : clients_) Check(c->Lookup(ns, prompts[0], LookupMode::kProbeOnly).status(), "warm-up Lookup");
   }
 
   int clients() const { return load_.shared_client ? 1 : load_.threads; }
@@ -137,7 +138,8 @@ class LoadRunner {
         go.WaitForNotification();
         for (int64_t i = next_++; !stop.load(std::memory_order_relaxed); i = next_++) {
           const std::vector<TokenId>& prompt = prompts_[(i * 7) % prompts_.size()];
-          absl::StatusOr<LookupResult> r = client.Lookup(ns_, prompt, /*probe_only=*/!load_.lease);
+          absl::StatusOr<LookupResult> r =
+              client.Lookup(ns_, prompt, load_.lease ? LookupMode::kLease : LookupMode::kProbeOnly);
           if (!r.ok() || r->resume_position != expect_resume_) {
             ++errors[t];
             continue;

@@ -232,7 +232,7 @@ void Run() {
     // The entry its Gets read, under one lease (every Get extends it).
     put_new(*leased.client);
     const std::vector<cachestore::TokenId> prompt = {next_token - 1};
-    absl::StatusOr<cachestore::LookupResult> lookup = leased.client->Lookup(ns, prompt);
+    absl::StatusOr<cachestore::LookupResult> lookup = leased.client->Lookup(ns, prompt, cachestore::LookupMode::kLease);
     Check(lookup.status(), "Lookup");
     if (!lookup->state.has_value() || lookup->state->size_bytes != static_cast<int64_t>(kEntryBytes)) {
       std::fprintf(stderr, "the entry just put is not found\n");

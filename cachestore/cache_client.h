@@ -1,0 +1,103 @@
+#ifndef HYBRIDSERVE_CACHESTORE_CACHE_CLIENT_H_
+#define HYBRIDSERVE_CACHESTORE_CACHE_CLIENT_H_
+
+// CacheClient: how services (prefill, decode) talk to the cache, in domain
+// types only (DESIGN.md section 7). Implementations:
+//   CacheStoreClient          cachestore/client.h                  over gRPC
+//   InProcessCacheClient      cachestore/in_process_cache_client.h over a CacheStore in this process
+//   FaultInjectingCacheClient cachestore/fault_injecting_cache_client.h  wraps either, for fault tests
+// Every implementation gives the same results and status codes for the same
+// calls on the same cache contents (cache_client_contract_test.cc runs one
+// suite against both); the codes are those of proto/cachestore.proto.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "cachestore/keys.h"
+#include "cachestore/types.h"
+
+namespace hybridserve::cachestore {
+
+// A namespace as a client names it; the cache hashes it into the root key
+// (keys.h). A cache accepts it when model_fingerprint is not empty and
+// page_size is a valid page size (common/tokens.h).
+struct ClientNamespace {
+  std::string model_fingerprint;
+  std::string adapter;
+  std::string cache_salt;
+  int32_t page_size = 0;
+
+  Hash128 Key() const { return NamespaceKey(model_fingerprint, adapter, cache_salt, page_size); }
+};
+
+// What to put; the cache derives the key from parent and tokens (keys.h).
+struct ClientPut {
+  EntryClass entry_class = EntryClass::kPage;
+  std::optional<Hash128> parent;                   // nullopt: the namespace root
+  std::vector<TokenId> tokens;                     // a page's page_size tokens, or a state's tail
+  StateKind state_kind = StateKind::kExactPrefix;  // states only
+  int64_t position = 0;                            // states only: p
+};
+
+struct PutResult {
+  Hash128 key;
+  // The entry was already committed; nothing was written.
+  bool already_present = false;
+};
+
+// Whether a lookup pins what it finds.
+enum class LookupMode {
+  kLease,      // pages and state are leased until Release or expiry
+  kProbeOnly,  // only report the match (for planning what to publish)
+};
+
+// Implementations are thread-safe: any method may be called from any thread
+// at any time.
+class CacheClient {
+ public:
+  virtual ~CacheClient() = default;
+
+  // The resume point of `tokens` in `ns` (LookupResult). With kLease and a
+  // state found, lease_id names a lease on the returned pages and state, and
+  // lease_expiry is when it lapses unless used: on the store's clock in
+  // process, on this process's absl::Now() over gRPC (counted from before the
+  // request was sent). A miss is not an error: resume_position 0, no lease.
+  // INVALID_ARGUMENT: bad namespace, a negative token id, more tokens than
+  // the store's max_tokens.
+  virtual absl::StatusOr<LookupResult> Lookup(const ClientNamespace& ns, absl::Span<const TokenId> tokens,
+                                              LookupMode mode) = 0;
+
+  // Stores `bytes` as a page or a state and makes it visible, or reports it
+  // already_present. INVALID_ARGUMENT: bad namespace, no bytes, wrong token
+  // count, position disagreeing with parent and tail. FAILED_PRECONDITION: the
+  // parent page is not in the cache. RESOURCE_EXHAUSTED: larger than its
+  // class's budget, or the budget is held by pinned or in-flight entries.
+  // ABORTED: the same entry is being put concurrently, or the put was
+  // reclaimed after stalling.
+  virtual absl::StatusOr<PutResult> Put(const ClientNamespace& ns, const ClientPut& put, absl::string_view bytes) = 0;
+
+  // The bytes of entry `key` held by lease `lease_id`, checksum-verified, into
+  // `*out` (its previous contents replaced, its capacity reused). On error
+  // `*out` holds no usable bytes. NOT_FOUND: unknown or expired lease, or the
+  // lease does not hold `key`. DATA_LOSS: the bytes failed their checksum (a
+  // stored entry that fails is removed).
+  virtual absl::Status GetInto(uint64_t lease_id, const Hash128& key, std::string* out) = 0;
+
+  // GetInto a new string.
+  absl::StatusOr<std::string> Get(uint64_t lease_id, const Hash128& key);
+
+  // Ends a lease. NOT_FOUND: unknown, expired or already released.
+  virtual absl::Status Release(uint64_t lease_id) = 0;
+
+  virtual absl::StatusOr<IndexStats> Stats() = 0;
+};
+
+}  // namespace hybridserve::cachestore
+
+#endif  // HYBRIDSERVE_CACHESTORE_CACHE_CLIENT_H_

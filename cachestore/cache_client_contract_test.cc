@@ -1,0 +1,510 @@
+// One contract, two implementations: every test here runs against the gRPC
+// CacheStoreClient (a real server on loopback port 0) and against the
+// InProcessCacheClient, each over a fresh CacheStore on a FakeClock.
+
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "cachestore/cache_client.h"
+#include "cachestore/cache_store.h"
+#include "cachestore/client.h"
+#include "cachestore/in_process_cache_client.h"
+#include "cachestore/server.h"
+#include "common/clock.h"
+#include "gtest/gtest.h"
+#include "prometheus/registry.h"
+
+namespace hybridserve::cachestore {
+namespace {
+
+constexpr int32_t kPageSize = 16;
+
+std::string Bytes(size_t n, uint32_t seed) {
+  std::string s(n, '\0');
+  std::mt19937 rng(seed);
+  for (size_t i = 0; i < n; ++i) s[i] = static_cast<char>(rng() & 0xff);
+  return s;
+}
+
+std::vector<TokenId> Tokens(int n, int first = 1) {
+  std::vector<TokenId> v(n);
+  std::iota(v.begin(), v.end(), first);
+  return v;
+}
+
+CacheIndexOptions SmallOptions() {
+  CacheIndexOptions o;
+  o.page_budget_bytes = int64_t{8} << 20;
+  o.state_budget_bytes = int64_t{1} << 20;
+  o.lease_ttl = absl::Seconds(5);
+  o.max_tokens = 4096;
+  return o;
+}
+
+// A CacheStore behind one CacheClient implementation.
+class Harness {
+ public:
+  virtual ~Harness() = default;
+  virtual absl::Status Start(const CacheIndexOptions& options, const common::Clock& clock) = 0;
+  virtual CacheClient& client() = 0;
+  virtual CacheStore& store() = 0;
+  // The clock LookupResult::lease_expiry is on.
+  virtual absl::Time LeaseClockNow() const = 0;
+};
+
+class GrpcHarness : public Harness {
+ public:
+  static constexpr char kName[] = "Grpc";
+
+  absl::Status Start(const CacheIndexOptions& options, const common::Clock& clock) override {
+    ServerOptions o;
+    o.address = "127.0.0.1:0";
+    o.index = options;
+    o.reap_interval = absl::Hours(1);  // nothing expires behind the test's back
+    absl::StatusOr<std::unique_ptr<CacheStoreServer>> server = CacheStoreServer::Start(o, clock, registry_);
+    if (!server.ok()) return server.status();
+    server_ = *std::move(server);
+    // Small chunks, so entries of a few hundred KiB cross several messages.
+    ClientOptions client_options;
+    client_options.chunk_bytes = 64 << 10;
+    absl::StatusOr<std::unique_ptr<CacheStoreClient>> client =
+        CacheStoreClient::Create(absl::StrCat("127.0.0.1:", server_->port()), client_options);
+    if (!client.ok()) return client.status();
+    client_ = *std::move(client);
+    return absl::OkStatus();
+  }
+  CacheClient& client() override { return *client_; }
+  CacheStore& store() override { return server_->store(); }
+  absl::Time LeaseClockNow() const override { return absl::Now(); }
+
+ private:
+  prometheus::Registry registry_;
+  std::unique_ptr<CacheStoreServer> server_;
+  std::unique_ptr<CacheStoreClient> client_;
+};
+
+class InProcessHarness : public Harness {
+ public:
+  static constexpr char kName[] = "InProcess";
+
+  absl::Status Start(const CacheIndexOptions& options, const common::Clock& clock) override {
+    absl::StatusOr<std::unique_ptr<CacheStore>> store = CacheStore::Create(options, clock);
+    if (!store.ok()) return store.status();
+    store_ = *std::move(store);
+    client_ = std::make_unique<InProcessCacheClient>(*store_);
+    clock_ = &clock;
+    return absl::OkStatus();
+  }
+  CacheClient& client() override { return *client_; }
+  CacheStore& store() override { return *store_; }
+  absl::Time LeaseClockNow() const override { return clock_->Now(); }
+
+ private:
+  const common::Clock* clock_ = nullptr;  // outlives the harness
+  std::unique_ptr<CacheStore> store_;
+  std::unique_ptr<InProcessCacheClient> client_;
+};
+
+// Puts the full pages of tokens[0, p) and a state at p; returns the page keys.
+std::vector<Hash128> PutPrefix(CacheClient& client, const ClientNamespace& ns, const std::vector<TokenId>& tokens,
+                               int64_t p, StateKind kind, const std::string& state_bytes) {
+  std::vector<Hash128> keys = PageKeys(ns.Key(), tokens, ns.page_size);
+  const int64_t n = p / ns.page_size;
+  for (int64_t i = 0; i < n; ++i) {
+    ClientPut page;
+    if (i > 0) page.parent = keys[i - 1];
+    page.tokens.assign(tokens.begin() + i * ns.page_size, tokens.begin() + (i + 1) * ns.page_size);
+    absl::StatusOr<PutResult> r = client.Put(ns, page, Bytes(1000 + i, 100 + i));
+    EXPECT_TRUE(r.ok()) << r.status();
+  }
+  ClientPut state;
+  state.entry_class = EntryClass::kState;
+  state.state_kind = kind;
+  if (n > 0) state.parent = keys[n - 1];
+  state.tokens.assign(tokens.begin() + n * ns.page_size, tokens.begin() + p);
+  state.position = p;
+  absl::StatusOr<PutResult> r = client.Put(ns, state, state_bytes);
+  EXPECT_TRUE(r.ok()) << r.status();
+  return keys;
+}
+
+template <typename H>
+class CacheClientContractTest : public ::testing::Test {
+ protected:
+  void SetUp() override { Restart(SmallOptions()); }
+
+  void Restart(const CacheIndexOptions& options) {
+    harness_ = std::make_unique<H>();
+    absl::Status s = harness_->Start(options, clock_);
+    ASSERT_TRUE(s.ok()) << s;
+  }
+
+  void TearDown() override { EXPECT_TRUE(harness_->store().CheckInvariants().ok()); }
+
+  CacheClient& client() { return harness_->client(); }
+
+  common::FakeClock clock_;
+  std::unique_ptr<H> harness_;
+  const ClientNamespace ns_{"fingerprint", "", "tenant", kPageSize};
+};
+
+struct HarnessName {
+  template <typename H>
+  static std::string GetName(int) {
+    return H::kName;
+  }
+};
+
+using Implementations = ::testing::Types<GrpcHarness, InProcessHarness>;
+TYPED_TEST_SUITE(CacheClientContractTest, Implementations, HarnessName);
+
+TYPED_TEST(CacheClientContractTest, LookupOfAnUnknownPromptIsAMissWithoutLease) {
+  absl::StatusOr<LookupResult> r = this->client().Lookup(this->ns_, Tokens(40), LookupMode::kLease);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->resume_position, 0);
+  EXPECT_EQ(r->kv_match_tokens, 0);
+  EXPECT_TRUE(r->pages.empty());
+  EXPECT_FALSE(r->state.has_value());
+  EXPECT_EQ(r->lease_id, 0u);
+}
+
+TYPED_TEST(CacheClientContractTest, PutPageThenLookupMatchesItsKvButHasNoResumePoint) {
+  const std::vector<TokenId> t = Tokens(40);
+  ClientPut page;
+  page.tokens.assign(t.begin(), t.begin() + kPageSize);
+  absl::StatusOr<PutResult> put = this->client().Put(this->ns_, page, Bytes(4096, 1));
+  ASSERT_TRUE(put.ok()) << put.status();
+  EXPECT_EQ(put->key, PageKeys(this->ns_.Key(), t, kPageSize)[0]);
+  EXPECT_FALSE(put->already_present);
+
+  absl::StatusOr<LookupResult> r = this->client().Lookup(this->ns_, t, LookupMode::kLease);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->kv_match_tokens, 16);
+  EXPECT_EQ(r->resume_position, 0);  // KV alone cannot be resumed from
+  EXPECT_TRUE(r->pages.empty());
+  EXPECT_FALSE(r->state.has_value());
+  EXPECT_EQ(r->lease_id, 0u);
+
+  absl::StatusOr<PutResult> again = this->client().Put(this->ns_, page, Bytes(4096, 1));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->key, put->key);
+  EXPECT_TRUE(again->already_present);
+}
+
+TYPED_TEST(CacheClientContractTest, PutStateThenLookupResumesAtTheDeepestState) {
+  const std::vector<TokenId> t = Tokens(40);
+  const std::string grid = Bytes(3000, 2);
+  const std::string exact = Bytes(5000, 3);
+  std::vector<Hash128> keys = PutPrefix(this->client(), this->ns_, t, 16, StateKind::kGridCheckpoint, grid);
+  PutPrefix(this->client(), this->ns_, t, 37, StateKind::kExactPrefix, exact);
+
+  absl::StatusOr<LookupResult> r = this->client().Lookup(this->ns_, t, LookupMode::kLease);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->resume_position, 37);
+  EXPECT_EQ(r->kv_match_tokens, 32);
+  ASSERT_EQ(r->pages.size(), 2u);
+  EXPECT_EQ(r->pages[0].key, keys[0]);
+  EXPECT_EQ(r->pages[0].entry_class, EntryClass::kPage);
+  EXPECT_EQ(r->pages[0].position, 16);
+  EXPECT_EQ(r->pages[0].size_bytes, 1000);
+  EXPECT_EQ(r->pages[1].key, keys[1]);
+  EXPECT_EQ(r->pages[1].position, 32);
+  EXPECT_EQ(r->pages[1].size_bytes, 1001);
+  ASSERT_TRUE(r->state.has_value());
+  EXPECT_EQ(r->state->key, StateKey(keys[1], {33, 34, 35, 36, 37}));
+  EXPECT_EQ(r->state->entry_class, EntryClass::kState);
+  EXPECT_EQ(r->state->state_kind, StateKind::kExactPrefix);
+  EXPECT_EQ(r->state->position, 37);
+  EXPECT_EQ(r->state->size_bytes, 5000);
+  EXPECT_NE(r->lease_id, 0u);
+
+  // A prompt that leaves the exact prefix before 37 resumes at the grid checkpoint.
+  std::vector<TokenId> diverged = t;
+  diverged[35] = 999;
+  absl::StatusOr<LookupResult> g = this->client().Lookup(this->ns_, diverged, LookupMode::kLease);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->resume_position, 16);
+  EXPECT_EQ(g->kv_match_tokens, 32);
+  ASSERT_EQ(g->pages.size(), 1u);
+  ASSERT_TRUE(g->state.has_value());
+  EXPECT_EQ(g->state->key, StateKey(keys[0], {}));
+  EXPECT_EQ(g->state->state_kind, StateKind::kGridCheckpoint);
+
+  absl::StatusOr<IndexStats> stats = this->client().Stats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->pages.entries, 2);
+  EXPECT_EQ(stats->pages.resident_bytes, 2001);
+  EXPECT_EQ(stats->states.entries, 2);
+  EXPECT_EQ(stats->states.resident_bytes, 8000);
+  EXPECT_EQ(stats->namespaces, 1);
+  EXPECT_EQ(stats->active_leases, 2);
+  EXPECT_EQ(stats->lookups, 2);
+  EXPECT_EQ(stats->lookup_hits, 2);
+  EXPECT_EQ(stats->hits_exact_prefix, 1);
+  EXPECT_EQ(stats->hits_grid_checkpoint, 1);
+}
+
+TYPED_TEST(CacheClientContractTest, LeaseExpiryIsTheLeaseTimeAfterTheLookup) {
+  const std::vector<TokenId> t = Tokens(20);
+  PutPrefix(this->client(), this->ns_, t, 18, StateKind::kExactPrefix, Bytes(500, 4));
+  const absl::Time before = this->harness_->LeaseClockNow();
+  absl::StatusOr<LookupResult> r = this->client().Lookup(this->ns_, t, LookupMode::kLease);
+  const absl::Time after = this->harness_->LeaseClockNow();
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_NE(r->lease_id, 0u);
+  EXPECT_GE(r->lease_expiry, before + absl::Seconds(5));
+  EXPECT_LE(r->lease_expiry, after + absl::Seconds(5));
+}
+
+TYPED_TEST(CacheClientContractTest, ProbeOnlyLookupReportsTheMatchWithoutLease) {
+  const std::vector<TokenId> t = Tokens(40);
+  PutPrefix(this->client(), this->ns_, t, 37, StateKind::kExactPrefix, Bytes(5000, 3));
+  absl::StatusOr<LookupResult> r = this->client().Lookup(this->ns_, t, LookupMode::kProbeOnly);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->resume_position, 37);
+  EXPECT_EQ(r->lease_id, 0u);
+  absl::StatusOr<IndexStats> stats = this->client().Stats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->active_leases, 0);
+}
+
+TYPED_TEST(CacheClientContractTest, GetReturnsTheExactBytesThatWerePut) {
+  const std::vector<TokenId> t = Tokens(40);
+  // 300007 bytes: several 64 KiB chunks over gRPC, and not a multiple of one.
+  const std::string state = Bytes(300007, 9);
+  std::vector<Hash128> keys = PutPrefix(this->client(), this->ns_, t, 37, StateKind::kExactPrefix, state);
+  absl::StatusOr<LookupResult> r = this->client().Lookup(this->ns_, t, LookupMode::kLease);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(r->state.has_value());
+
+  absl::StatusOr<std::string> got = this->client().Get(r->lease_id, r->state->key);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(*got == state);
+  // GetInto replaces whatever the buffer held.
+  std::string buffer = "stale bytes from an earlier entry";
+  ASSERT_TRUE(this->client().GetInto(r->lease_id, keys[1], &buffer).ok());
+  EXPECT_EQ(buffer, Bytes(1001, 101));
+  ASSERT_TRUE(this->client().GetInto(r->lease_id, keys[0], &buffer).ok());
+  EXPECT_EQ(buffer, Bytes(1000, 100));
+}
+
+TYPED_TEST(CacheClientContractTest, GetOfAnEntryNotHeldByTheLeaseIsNotFound) {
+  const std::vector<TokenId> t = Tokens(40);
+  PutPrefix(this->client(), this->ns_, t, 37, StateKind::kExactPrefix, Bytes(5000, 3));
+  absl::StatusOr<LookupResult> r = this->client().Lookup(this->ns_, t, LookupMode::kLease);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_NE(r->lease_id, 0u);
+
+  EXPECT_EQ(this->client().Get(r->lease_id + 1000, r->state->key).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(this->client().Get(r->lease_id, Hash128{1, 2}).status().code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(this->client().Release(r->lease_id).ok());
+  EXPECT_EQ(this->client().Get(r->lease_id, r->state->key).status().code(), absl::StatusCode::kNotFound);
+}
+
+TYPED_TEST(CacheClientContractTest, GetAfterTheLeaseExpiredIsNotFound) {
+  const std::vector<TokenId> t = Tokens(40);
+  PutPrefix(this->client(), this->ns_, t, 37, StateKind::kExactPrefix, Bytes(5000, 3));
+  absl::StatusOr<LookupResult> r = this->client().Lookup(this->ns_, t, LookupMode::kLease);
+  ASSERT_TRUE(r.ok()) << r.status();
+  this->clock_.Advance(absl::Seconds(4));
+  EXPECT_TRUE(this->client().Get(r->lease_id, r->state->key).ok());  // a read extends the lease by 5 s
+  this->clock_.Advance(absl::Seconds(6));
+  EXPECT_EQ(this->client().Get(r->lease_id, r->state->key).status().code(), absl::StatusCode::kNotFound);
+}
+
+TYPED_TEST(CacheClientContractTest, ReleaseOfAnUnknownLeaseIsNotFound) {
+  EXPECT_EQ(this->client().Release(424242).code(), absl::StatusCode::kNotFound);
+  const std::vector<TokenId> t = Tokens(20);
+  PutPrefix(this->client(), this->ns_, t, 18, StateKind::kExactPrefix, Bytes(500, 4));
+  absl::StatusOr<LookupResult> r = this->client().Lookup(this->ns_, t, LookupMode::kLease);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(this->client().Release(r->lease_id).ok());
+  EXPECT_EQ(this->client().Release(r->lease_id).code(), absl::StatusCode::kNotFound);
+}
+
+TYPED_TEST(CacheClientContractTest, NamespaceWithABadPageSizeOrNoFingerprintIsInvalidArgument) {
+  ClientPut page;
+  page.tokens = Tokens(kPageSize);
+  for (int32_t page_size : {0, -16, 6, 12, 1 << 17}) {
+    ClientNamespace bad = this->ns_;
+    bad.page_size = page_size;
+    EXPECT_EQ(this->client().Lookup(bad, Tokens(64), LookupMode::kLease).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << page_size;
+    EXPECT_EQ(this->client().Put(bad, page, Bytes(100, 1)).status().code(), absl::StatusCode::kInvalidArgument)
+        << page_size;
+  }
+  ClientNamespace anonymous = this->ns_;
+  anonymous.model_fingerprint.clear();
+  EXPECT_EQ(this->client().Lookup(anonymous, Tokens(64), LookupMode::kLease).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(this->client().Put(anonymous, page, Bytes(100, 1)).status().code(), absl::StatusCode::kInvalidArgument);
+  // The largest valid page size is accepted.
+  ClientNamespace largest = this->ns_;
+  largest.page_size = 1 << 16;
+  EXPECT_TRUE(this->client().Lookup(largest, Tokens(64), LookupMode::kLease).ok());
+  absl::StatusOr<IndexStats> stats = this->client().Stats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->pages.entries + stats->states.entries, 0);
+}
+
+TYPED_TEST(CacheClientContractTest, MalformedCallsGetTheDocumentedCodes) {
+  const ClientNamespace& ns = this->ns_;
+  CacheClient& client = this->client();
+  EXPECT_EQ(client.Lookup(ns, {1, -2}, LookupMode::kLease).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client.Lookup(ns, Tokens(4097), LookupMode::kLease).status().code(), absl::StatusCode::kInvalidArgument);
+
+  ClientPut page;
+  page.tokens = Tokens(kPageSize);
+  EXPECT_EQ(client.Put(ns, page, "").status().code(), absl::StatusCode::kInvalidArgument);
+  ClientPut short_page;
+  short_page.tokens = Tokens(kPageSize - 1);
+  EXPECT_EQ(client.Put(ns, short_page, Bytes(100, 1)).status().code(), absl::StatusCode::kInvalidArgument);
+  ClientPut orphan = page;
+  orphan.parent = Hash128{5, 6};
+  EXPECT_EQ(client.Put(ns, orphan, Bytes(100, 1)).status().code(), absl::StatusCode::kFailedPrecondition);
+  ClientPut state;
+  state.entry_class = EntryClass::kState;
+  state.tokens = {1, 2};
+  state.position = 3;  // disagrees with a 2-token tail at the root
+  EXPECT_EQ(client.Put(ns, state, Bytes(100, 1)).status().code(), absl::StatusCode::kInvalidArgument);
+  state.position = 2;
+  EXPECT_EQ(client.Put(ns, state, Bytes((1 << 20) + 1, 1)).status().code(), absl::StatusCode::kResourceExhausted);
+
+  absl::StatusOr<IndexStats> stats = client.Stats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->pages.entries + stats->states.entries, 0);
+  EXPECT_EQ(stats->pages.reserved_bytes + stats->states.reserved_bytes, 0);
+}
+
+TYPED_TEST(CacheClientContractTest, PinnedStateHoldsItsBudgetAgainstANewPut) {
+  const std::vector<TokenId> t = Tokens(20);
+  PutPrefix(this->client(), this->ns_, t, 18, StateKind::kExactPrefix, Bytes(600 << 10, 4));
+  absl::StatusOr<LookupResult> r = this->client().Lookup(this->ns_, t, LookupMode::kLease);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ClientPut other;
+  other.entry_class = EntryClass::kState;
+  other.tokens = {9, 9};
+  other.position = 2;
+  EXPECT_EQ(this->client().Put(this->ns_, other, Bytes(600 << 10, 5)).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(this->client().Release(r->lease_id).ok());
+  EXPECT_TRUE(this->client().Put(this->ns_, other, Bytes(600 << 10, 5)).ok());  // evicts the unpinned one
+}
+
+// One script of calls, successes and failures mixed, run through both
+// implementations: each step's code and result summary must be identical,
+// and equal to the expected codes written here.
+std::vector<std::string> RunScript(CacheClient& client) {
+  std::vector<std::string> log;
+  auto record = [&](const std::string& step, const absl::Status& s, const std::string& detail = "") {
+    log.push_back(absl::StrCat(step, ": ", absl::StatusCodeToString(s.code()), " ", detail));
+  };
+  auto lookup_detail = [](const LookupResult& r) {
+    return absl::StrCat("resume=", r.resume_position, " kv=", r.kv_match_tokens, " pages=", r.pages.size(),
+                        " state=", r.state.has_value() ? r.state->key.ToHex() : "none", " leased=", r.lease_id != 0);
+  };
+  const ClientNamespace ns{"fp", "lora", "salt", 4};
+  const std::vector<TokenId> t = Tokens(11);
+  const std::vector<Hash128> keys = PageKeys(ns.Key(), t, 4);
+
+  absl::StatusOr<LookupResult> miss = client.Lookup(ns, t, LookupMode::kLease);
+  record("lookup miss", miss.status(), miss.ok() ? lookup_detail(*miss) : "");
+  ClientPut page0;
+  page0.tokens = {1, 2, 3, 4};
+  absl::StatusOr<PutResult> p0 = client.Put(ns, page0, Bytes(64, 1));
+  record("put page 0", p0.status(), p0.ok() ? absl::StrCat(p0->key.ToHex(), " ", p0->already_present) : "");
+  absl::StatusOr<PutResult> p0again = client.Put(ns, page0, Bytes(64, 1));
+  record("put page 0 again", p0again.status(), p0again.ok() ? absl::StrCat(p0again->already_present) : "");
+  ClientPut page1;
+  page1.parent = keys[0];
+  page1.tokens = {5, 6, 7, 8};
+  record("put page 1", client.Put(ns, page1, Bytes(64, 2)).status());
+  ClientPut state;
+  state.entry_class = EntryClass::kState;
+  state.parent = keys[1];
+  state.tokens = {9, 10};
+  state.position = 10;
+  const std::string state_bytes = Bytes(777, 3);
+  record("put state", client.Put(ns, state, state_bytes).status());
+  absl::StatusOr<LookupResult> hit = client.Lookup(ns, t, LookupMode::kLease);
+  record("lookup hit", hit.status(), hit.ok() ? lookup_detail(*hit) : "");
+  const uint64_t lease = hit.ok() ? hit->lease_id : 0;
+  absl::StatusOr<std::string> got = client.Get(lease, StateKey(keys[1], {9, 10}));
+  record("get state", got.status(), got.ok() ? absl::StrCat("exact=", *got == state_bytes) : "");
+  record("get unknown key", client.Get(lease, Hash128{7, 7}).status());
+  record("get unknown lease", client.Get(lease + 99, keys[0]).status());
+  record("release", client.Release(lease));
+  record("release again", client.Release(lease));
+  ClientNamespace odd = ns;
+  odd.page_size = 3;
+  record("lookup odd page size", client.Lookup(odd, t, LookupMode::kLease).status());
+  record("put odd page size", client.Put(odd, page0, Bytes(64, 1)).status());
+  ClientPut orphan = page1;
+  orphan.parent = Hash128{1, 1};
+  record("put orphan", client.Put(ns, orphan, Bytes(64, 4)).status());
+  record("put empty", client.Put(ns, page1, "").status());
+  record("lookup negative token", client.Lookup(ns, {1, -1}, LookupMode::kProbeOnly).status());
+  absl::StatusOr<IndexStats> s = client.Stats();
+  record("stats", s.status(),
+         s.ok() ? absl::StrCat("pages=", s->pages.entries, "/", s->pages.resident_bytes, " states=", s->states.entries,
+                               "/", s->states.resident_bytes, " ns=", s->namespaces, " leases=", s->active_leases,
+                               " puts=", s->active_puts, " lookups=", s->lookups, " hits=", s->lookup_hits, "/",
+                               s->hits_grid_checkpoint, "/", s->hits_exact_prefix)
+                : "");
+  return log;
+}
+
+TEST(CacheClientParityTest, SameCallsGiveIdenticalResultsAndStatusCodes) {
+  common::FakeClock grpc_clock, in_process_clock;
+  GrpcHarness grpc;
+  InProcessHarness in_process;
+  ASSERT_TRUE(grpc.Start(SmallOptions(), grpc_clock).ok());
+  ASSERT_TRUE(in_process.Start(SmallOptions(), in_process_clock).ok());
+  const std::vector<std::string> over_grpc = RunScript(grpc.client());
+  const std::vector<std::string> in_proc = RunScript(in_process.client());
+  EXPECT_EQ(over_grpc, in_proc);
+
+  const std::vector<std::string> expected_codes = {
+      "lookup miss: OK",
+      "put page 0: OK",
+      "put page 0 again: OK",
+      "put page 1: OK",
+      "put state: OK",
+      "lookup hit: OK",
+      "get state: OK",
+      "get unknown key: NOT_FOUND",
+      "get unknown lease: NOT_FOUND",
+      "release: OK",
+      "release again: NOT_FOUND",
+      "lookup odd page size: INVALID_ARGUMENT",
+      "put odd page size: INVALID_ARGUMENT",
+      "put orphan: FAILED_PRECONDITION",
+      "put empty: INVALID_ARGUMENT",
+      "lookup negative token: INVALID_ARGUMENT",
+      "stats: OK",
+  };
+  ASSERT_EQ(in_proc.size(), expected_codes.size());
+  for (size_t i = 0; i < in_proc.size(); ++i) {
+    EXPECT_EQ(in_proc[i].substr(0, expected_codes[i].size() + 1), expected_codes[i] + " ") << in_proc[i];
+  }
+  const ClientNamespace ns{"fp", "lora", "salt", 4};
+  const std::vector<Hash128> keys = PageKeys(ns.Key(), Tokens(11), 4);
+  EXPECT_EQ(in_proc[1], absl::StrCat("put page 0: OK ", keys[0].ToHex(), " 0"));
+  EXPECT_EQ(in_proc[2], "put page 0 again: OK 1");
+  EXPECT_EQ(in_proc[5], absl::StrCat("lookup hit: OK resume=10 kv=8 pages=2 state=", StateKey(keys[1], {9, 10}).ToHex(),
+                                     " leased=1"));
+  EXPECT_EQ(in_proc[6], "get state: OK exact=1");
+  EXPECT_EQ(in_proc[16], "stats: OK pages=2/128 states=1/777 ns=1 leases=0 puts=0 lookups=2 hits=1/0/1");
+}
+
+}  // namespace
+}  // namespace hybridserve::cachestore
