@@ -92,7 +92,8 @@ class CacheClient {
   // GetInto a new string.
   absl::StatusOr<std::string> Get(uint64_t lease_id, const Hash128& key);
 
-  // Ends a lease. NOT_FOUND: unknown, expired or already released.
+  // Ends a lease. NOT_FOUND: unknown, already released, or expired and
+  // reclaimed by the store (a lapsed lease not yet reclaimed still releases).
   virtual absl::Status Release(uint64_t lease_id) = 0;
 
   virtual absl::StatusOr<IndexStats> Stats() = 0;

@@ -44,7 +44,7 @@ CacheIndexOptions SmallOptions() {
   CacheIndexOptions o;
   o.page_budget_bytes = int64_t{8} << 20;
   o.state_budget_bytes = int64_t{1} << 20;
-  o.lease_ttl = absl::Seconds(5);
+  o.lease_ttl = absl::Milliseconds(5500);  // not whole seconds: the wire carries nanos too
   o.max_tokens = 4096;
   return o;
 }
@@ -260,8 +260,8 @@ TYPED_TEST(CacheClientContractTest, LeaseExpiryIsTheLeaseTimeAfterTheLookup) {
   const absl::Time after = this->harness_->LeaseClockNow();
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_NE(r->lease_id, 0u);
-  EXPECT_GE(r->lease_expiry, before + absl::Seconds(5));
-  EXPECT_LE(r->lease_expiry, after + absl::Seconds(5));
+  EXPECT_GE(r->lease_expiry, before + absl::Milliseconds(5500));
+  EXPECT_LE(r->lease_expiry, after + absl::Milliseconds(5500));
 }
 
 TYPED_TEST(CacheClientContractTest, ProbeOnlyLookupReportsTheMatchWithoutLease) {
@@ -315,7 +315,7 @@ TYPED_TEST(CacheClientContractTest, GetAfterTheLeaseExpiredIsNotFound) {
   absl::StatusOr<LookupResult> r = this->client().Lookup(this->ns_, t, LookupMode::kLease);
   ASSERT_TRUE(r.ok()) << r.status();
   this->clock_.Advance(absl::Seconds(4));
-  EXPECT_TRUE(this->client().Get(r->lease_id, r->state->key).ok());  // a read extends the lease by 5 s
+  EXPECT_TRUE(this->client().Get(r->lease_id, r->state->key).ok());  // a read extends the lease by 5.5 s
   this->clock_.Advance(absl::Seconds(6));
   EXPECT_EQ(this->client().Get(r->lease_id, r->state->key).status().code(), absl::StatusCode::kNotFound);
 }

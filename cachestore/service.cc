@@ -112,7 +112,11 @@ grpc::Status CacheStoreService::Lookup(grpc::ServerContext*, const v1::LookupReq
   if (r->state.has_value()) *response->mutable_state() = ToProto(*r->state);
   response->set_lease_id(r->lease_id);
   if (r->lease_id != 0) {
-    response->mutable_lease_ttl()->set_seconds(absl::ToInt64Seconds(store_.options().lease_ttl));
+    const absl::Duration ttl = store_.options().lease_ttl;
+    const int64_t seconds = absl::ToInt64Seconds(ttl);
+    response->mutable_lease_ttl()->set_seconds(seconds);
+    response->mutable_lease_ttl()->set_nanos(
+        static_cast<int32_t>(absl::ToInt64Nanoseconds(ttl - absl::Seconds(seconds))));
   }
   return grpc::Status::OK;
 }
