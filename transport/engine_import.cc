@@ -1,0 +1,109 @@
+#include "transport/engine_import.h"
+
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "engine/page_format.h"
+#include "engine/snapshot_codec.h"
+
+namespace hybridserve::transport {
+
+absl::StatusOr<Ticket> TicketFor(const engine::SequenceTable& table, const engine::ImportReservation& reservation,
+                                 uint64_t transfer_id, absl::string_view endpoint, absl::Time deadline) {
+  const engine::StateLayout& layout = table.layout();
+  Ticket t;
+  t.transfer_id = transfer_id;
+  t.endpoint = std::string(endpoint);
+  t.n_tokens = reservation.n_tokens;
+  t.page_format = reservation.page_format;
+  t.num_pages = layout.attention_layers > 0 ? layout.full_pages(reservation.n_tokens) : 0;
+  t.page_bytes = layout.page_bytes();
+  ASSIGN_OR_RETURN(const size_t state_bytes,
+                   engine::EncodedSnapshotSize(layout, reservation.n_tokens, /*with_logits=*/true));
+  t.max_state_bytes = static_cast<int64_t>(state_bytes);
+  t.page_slots = reservation.page_slots;
+  t.state_slot = reservation.state_slot;
+  t.deadline = deadline;
+  return t;
+}
+
+absl::Status CheckTicket(const engine::SequenceTable& table, const Ticket& ticket) {
+  const engine::StateLayout& layout = table.layout();
+  if (ticket.page_format != engine::PageFormatFingerprint(layout)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "transfer ", ticket.transfer_id, ": the receiver's page format ", ticket.page_format.ToHex(), " is not ours (",
+        engine::PageFormatFingerprint(layout).ToHex(), "): another model layout or page size"));
+  }
+  const int64_t pages = layout.attention_layers > 0 ? layout.full_pages(ticket.n_tokens) : 0;
+  if (ticket.num_pages != pages || ticket.page_bytes != layout.page_bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "transfer ", ticket.transfer_id, ": the ticket asks for ", ticket.num_pages, " pages of ", ticket.page_bytes,
+        " bytes, ", ticket.n_tokens, " tokens make ", pages, " of ", layout.page_bytes()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SequenceStateSource> SequenceStateSource::Create(const engine::SequenceTable& table,
+                                                                engine::SequenceId id, const Ticket& ticket,
+                                                                const common::Hash128& model_fingerprint,
+                                                                const common::Hash128& prefix_hash, int32_t first_token,
+                                                                float first_logprob) {
+  RETURN_IF_ERROR(CheckTicket(table, ticket));
+  ASSIGN_OR_RETURN(const int64_t position, table.Position(id));
+  if (position != ticket.n_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("sequence ", id, " is at position ", position, ", transfer ",
+                                                   ticket.transfer_id, " expects ", ticket.n_tokens));
+  }
+  SequenceStateSource source;
+  source.table_ = &table;
+  source.id_ = id;
+  source.num_pages_ = ticket.num_pages;
+  RETURN_IF_ERROR(table.EncodeStateInto(id, /*with_logits=*/true, model_fingerprint, prefix_hash, &source.state_));
+  if (static_cast<int64_t>(source.state_.size()) > ticket.max_state_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("state of ", source.state_.size(), " bytes exceeds the ticket's ", ticket.max_state_bytes));
+  }
+  source.first_token_ = first_token;
+  source.first_logprob_ = first_logprob;
+  return source;
+}
+
+namespace {
+
+absl::Status ImportOrError(engine::SequenceTable& table, const engine::ImportReservation& reservation,
+                           const ReceivedState& received) {
+  const engine::StateLayout& layout = table.layout();
+  const int64_t pages = layout.attention_layers > 0 ? layout.full_pages(reservation.n_tokens) : 0;
+  if (static_cast<int64_t>(received.pages.size()) != pages) {
+    return absl::InvalidArgumentError(absl::StrCat("transfer ", received.transfer_id, " brought ",
+                                                   received.pages.size(), " pages, the import needs ", pages));
+  }
+  engine::SnapshotExpectation expect;
+  expect.layout = layout;
+  expect.position = reservation.n_tokens;
+  // Parse (and checksum) the state before any page is written.
+  ASSIGN_OR_RETURN(const engine::SnapshotView view, engine::ParseSnapshot(received.state, expect));
+  for (size_t i = 0; i < received.pages.size(); ++i) {
+    RETURN_IF_ERROR(table.ImportPage(reservation.id, static_cast<int64_t>(i), received.pages[i]));
+  }
+  return table.FinishImport(reservation.id, view);
+}
+
+}  // namespace
+
+absl::Status ImportReceived(engine::SequenceTable& table, const engine::ImportReservation& reservation,
+                            const ReceivedState& received) {
+  absl::Status status = ImportOrError(table, reservation, received);
+  if (!status.ok()) {
+    const absl::Status aborted = table.AbortImport(reservation.id);
+    if (!aborted.ok() && !absl::IsNotFound(aborted)) {
+      return absl::Status(status.code(), absl::StrCat(status.message(), "; abort: ", aborted.message()));
+    }
+  }
+  return status;
+}
+
+}  // namespace hybridserve::transport

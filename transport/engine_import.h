@@ -1,0 +1,77 @@
+#ifndef HYBRIDSERVE_TRANSPORT_ENGINE_IMPORT_H_
+#define HYBRIDSERVE_TRANSPORT_ENGINE_IMPORT_H_
+
+// The bridge between the data plane and the engine's sequence table: the
+// ticket of an import reservation (decode side), the source of a sequence's
+// state (prefill side), and the import of received bytes into the
+// reservation.
+//
+// Not thread-safe: the sequence table is not; call from the thread that owns
+// the engine.
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "engine/sequence_table.h"
+#include "transport/transfer.h"
+
+namespace hybridserve::transport {
+
+// The ticket describing `reservation` of `table`.
+absl::StatusOr<Ticket> TicketFor(const engine::SequenceTable& table, const engine::ImportReservation& reservation,
+                                 uint64_t transfer_id, absl::string_view endpoint, absl::Time deadline);
+
+// OK when `table`'s pages can be sent on `ticket` (same page format, same
+// sizes); INVALID_ARGUMENT saying what differs otherwise.
+absl::Status CheckTicket(const engine::SequenceTable& table, const Ticket& ticket);
+
+// The state of a live sequence at the ticket's position, for a sender: pages
+// read from the pools on demand, the state encoded once at construction.
+class SequenceStateSource final : public StateSource {
+ public:
+  // INVALID_ARGUMENT when the sequence is not at the ticket's position or the
+  // ticket does not fit the table (CheckTicket); NOT_FOUND / FAILED_PRECONDITION
+  // as SequenceTable. `table` must outlive the source and the sequence must
+  // not change while it is used.
+  static absl::StatusOr<SequenceStateSource> Create(const engine::SequenceTable& table, engine::SequenceId id,
+                                                    const Ticket& ticket, const common::Hash128& model_fingerprint,
+                                                    const common::Hash128& prefix_hash, int32_t first_token,
+                                                    float first_logprob);
+
+  int64_t num_pages() const override { return num_pages_; }
+  int64_t page_bytes() const override { return table_->layout().page_bytes(); }
+  absl::Status ReadPage(int64_t index, absl::Span<char> out) const override {
+    return table_->ExportPageInto(id_, index, out);
+  }
+  absl::string_view state() const override { return state_; }
+  int32_t first_token() const override { return first_token_; }
+  float first_logprob() const override { return first_logprob_; }
+
+ private:
+  SequenceStateSource() = default;
+
+  const engine::SequenceTable* table_ = nullptr;
+  engine::SequenceId id_ = 0;
+  int64_t num_pages_ = 0;
+  std::string state_;
+  int32_t first_token_ = 0;
+  float first_logprob_ = 0.0f;
+};
+
+// Writes `received` into the importing sequence of `reservation` and makes it
+// live: every page, then the state, checked against the table's layout and
+// the reserved position before any slot is touched by it. On any error the
+// import is aborted (every reserved page and the slot are freed) and the error
+// returned: INVALID_ARGUMENT for counts or sizes that do not match, DATA_LOSS
+// for a corrupted state, FAILED_PRECONDITION for a state of another model
+// layout or position.
+absl::Status ImportReceived(engine::SequenceTable& table, const engine::ImportReservation& reservation,
+                            const ReceivedState& received);
+
+}  // namespace hybridserve::transport
+
+#endif  // HYBRIDSERVE_TRANSPORT_ENGINE_IMPORT_H_

@@ -1,0 +1,101 @@
+#ifndef HYBRIDSERVE_TRANSPORT_FRAME_H_
+#define HYBRIDSERVE_TRANSPORT_FRAME_H_
+
+// The TCP data plane's frames. Every integer little-endian; every frame a
+// 48-byte header and a payload:
+//
+//   offset size  field
+//   0      4     magic "HSXF"
+//   4      2     u16 version (1)
+//   6      2     u16 type (FrameType)
+//   8      8     u64 transfer id
+//   16     8     u64 index: the page index of a kPage frame, else 0
+//   24     8     u64 payload bytes
+//   32     8     u64 XXH3-64 (seed 0) of the payload
+//   40     8     u64 XXH3-64 (seed 0) of header bytes [0, 40)
+//   48     ...   payload
+//
+// A transfer, on one connection from the sender: kBegin (payload
+// BeginPayload, 48 bytes), kPage for pages 0, 1, ... in order (page_bytes
+// each), kState (the encoded state), kEnd (EndPayload, 8 bytes); then the
+// receiver answers one kAck (payload: u32 absl::StatusCode, then a message of
+// at most kMaxAckMessage bytes) and closes. A receiver that refuses a
+// transfer answers kAck with the error at once and closes.
+//
+// Decoding never trusts its input: the header checksum first, then magic,
+// version and type; payload sizes are checked against what the transfer's
+// ticket allows before any allocation; payload checksums before use.
+//
+// All functions are thread-safe (no shared state).
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/hash.h"
+
+namespace hybridserve::transport {
+
+inline constexpr size_t kFrameHeaderBytes = 48;
+inline constexpr uint16_t kFrameVersion = 1;
+inline constexpr size_t kBeginPayloadBytes = 48;
+inline constexpr size_t kEndPayloadBytes = 8;
+inline constexpr size_t kMaxAckMessage = 1024;
+
+enum class FrameType : uint16_t {
+  kBegin = 1,
+  kPage = 2,
+  kState = 3,
+  kEnd = 4,
+  kAck = 5,
+};
+
+struct FrameHeader {
+  FrameType type = FrameType::kBegin;
+  uint64_t transfer_id = 0;
+  uint64_t index = 0;
+  uint64_t payload_bytes = 0;
+  uint64_t payload_checksum = 0;
+};
+
+// kBegin's payload: what the sender will send, checked against the ticket.
+//   0 i64 n_tokens, 8 page format (Hash128 lo, hi), 24 i64 num_pages,
+//   32 i64 page_bytes, 40 i64 state_bytes
+struct BeginPayload {
+  int64_t n_tokens = 0;
+  common::Hash128 page_format;
+  int64_t num_pages = 0;
+  int64_t page_bytes = 0;
+  int64_t state_bytes = 0;
+};
+
+// kEnd's payload: 0 i32 first token, 4 f32 its log-probability.
+struct EndPayload {
+  int32_t first_token = 0;
+  float first_logprob = 0.0f;
+};
+
+// The 48 header bytes of a frame carrying `payload`.
+std::string EncodeFrameHeader(FrameType type, uint64_t transfer_id, uint64_t index, absl::string_view payload);
+// INVALID_ARGUMENT unless `bytes` (kFrameHeaderBytes) is an intact header of
+// this version with a known type; DATA_LOSS for a header checksum mismatch.
+absl::StatusOr<FrameHeader> DecodeFrameHeader(absl::string_view bytes);
+// DATA_LOSS unless `payload` has the header's size and checksum.
+absl::Status CheckPayload(const FrameHeader& header, absl::string_view payload);
+
+std::string EncodeBegin(const BeginPayload& begin);
+absl::StatusOr<BeginPayload> DecodeBegin(absl::string_view payload);
+std::string EncodeEnd(const EndPayload& end);
+absl::StatusOr<EndPayload> DecodeEnd(absl::string_view payload);
+// kAck payload for `status` (message truncated to kMaxAckMessage).
+std::string EncodeAck(const absl::Status& status);
+// Sets `*carried` to the status an ack carries; INVALID_ARGUMENT for a
+// malformed ack (and `*carried` unchanged).
+absl::Status DecodeAck(absl::string_view payload, absl::Status* carried);
+
+}  // namespace hybridserve::transport
+
+#endif  // HYBRIDSERVE_TRANSPORT_FRAME_H_

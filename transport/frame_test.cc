@@ -1,0 +1,92 @@
+#include "transport/frame.h"
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace hybridserve::transport {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(FrameTest, HeaderRoundTripsAndPinsItsLayout) {
+  const std::string payload = "page bytes";
+  const std::string h = EncodeFrameHeader(FrameType::kPage, 0x1122334455667788u, 7, payload);
+  ASSERT_EQ(h.size(), kFrameHeaderBytes);
+  EXPECT_EQ(h.substr(0, 4), "HSXF");
+  EXPECT_EQ(h[4], 1);  // version, little-endian
+  EXPECT_EQ(h[6], 2);  // type kPage
+  EXPECT_EQ(static_cast<unsigned char>(h[8]), 0x88);
+  EXPECT_EQ(h[16], 7);
+  EXPECT_EQ(h[24], static_cast<char>(payload.size()));
+  auto d = DecodeFrameHeader(h);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->type, FrameType::kPage);
+  EXPECT_EQ(d->transfer_id, 0x1122334455667788u);
+  EXPECT_EQ(d->index, 7u);
+  EXPECT_EQ(d->payload_bytes, payload.size());
+  EXPECT_TRUE(CheckPayload(*d, payload).ok());
+}
+
+TEST(FrameTest, AnyCorruptedHeaderByteIsDataLoss) {
+  const std::string h = EncodeFrameHeader(FrameType::kBegin, 5, 0, "x");
+  for (size_t i = 0; i < h.size(); ++i) {
+    std::string bad = h;
+    bad[i] ^= 0x10;
+    EXPECT_EQ(DecodeFrameHeader(bad).status().code(), absl::StatusCode::kDataLoss) << "byte " << i;
+  }
+  EXPECT_EQ(DecodeFrameHeader(h.substr(1)).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(FrameTest, PayloadOfAnotherSizeOrContentIsDataLoss) {
+  const std::string payload(1000, 'a');
+  auto d = DecodeFrameHeader(EncodeFrameHeader(FrameType::kState, 1, 0, payload));
+  ASSERT_TRUE(d.ok());
+  std::string bad = payload;
+  bad[999] = 'b';
+  EXPECT_THAT(CheckPayload(*d, bad).message(), HasSubstr("checksum mismatch"));
+  EXPECT_EQ(CheckPayload(*d, payload.substr(1)).code(), absl::StatusCode::kDataLoss);
+}
+
+TEST(FrameTest, BeginEndAndAckRoundTrip) {
+  BeginPayload b;
+  b.n_tokens = 4097;
+  b.page_format = common::Hash128{11, 22};
+  b.num_pages = 256;
+  b.page_bytes = 65536;
+  b.state_bytes = 123456;
+  const std::string eb = EncodeBegin(b);
+  ASSERT_EQ(eb.size(), kBeginPayloadBytes);
+  auto db = DecodeBegin(eb);
+  ASSERT_TRUE(db.ok());
+  EXPECT_EQ(db->n_tokens, 4097);
+  EXPECT_EQ(db->page_format, (common::Hash128{11, 22}));
+  EXPECT_EQ(db->num_pages, 256);
+  EXPECT_EQ(db->page_bytes, 65536);
+  EXPECT_EQ(db->state_bytes, 123456);
+  EXPECT_EQ(DecodeBegin(eb.substr(1)).status().code(), absl::StatusCode::kInvalidArgument);
+
+  auto de = DecodeEnd(EncodeEnd(EndPayload{42, -0.25f}));
+  ASSERT_TRUE(de.ok());
+  EXPECT_EQ(de->first_token, 42);
+  EXPECT_EQ(de->first_logprob, -0.25f);
+
+  absl::Status carried = absl::UnknownError("unset");
+  ASSERT_TRUE(DecodeAck(EncodeAck(absl::OkStatus()), &carried).ok());
+  EXPECT_TRUE(carried.ok());
+  ASSERT_TRUE(DecodeAck(EncodeAck(absl::DataLossError("page 3 checksum")), &carried).ok());
+  EXPECT_EQ(carried.code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(carried.message(), "page 3 checksum");
+  const std::string long_message(5000, 'm');
+  EXPECT_EQ(EncodeAck(absl::InternalError(long_message)).size(), 4 + kMaxAckMessage);
+  std::string unknown = EncodeAck(absl::OkStatus());
+  unknown[0] = 99;
+  EXPECT_EQ(DecodeAck(unknown, &carried).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(DecodeAck("ab", &carried).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(carried.code(), absl::StatusCode::kDataLoss);  // unchanged by the malformed ones
+}
+
+}  // namespace
+}  // namespace hybridserve::transport

@@ -1,0 +1,38 @@
+#include "transport/in_process_transport.h"
+
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace hybridserve::transport {
+
+absl::Status InProcessTransport::Send(const Ticket& ticket, const StateSource& source) {
+  ASSIGN_OR_RETURN(const Ticket expected, registry_.Begin(ticket.transfer_id));
+  absl::Status mismatch;
+  if (source.num_pages() != expected.num_pages || source.page_bytes() != expected.page_bytes ||
+      static_cast<int64_t>(source.state().size()) > expected.max_state_bytes) {
+    mismatch = absl::InvalidArgumentError(absl::StrCat(
+        "transfer ", ticket.transfer_id, ": ", source.num_pages(), " pages of ", source.page_bytes(),
+        " bytes and a state of ", source.state().size(), " bytes do not fit the ticket (", expected.num_pages,
+        " pages of ", expected.page_bytes, ", state up to ", expected.max_state_bytes, ")"));
+  }
+  ReceivedState received;
+  received.transfer_id = ticket.transfer_id;
+  for (int64_t i = 0; i < source.num_pages() && mismatch.ok(); ++i) {
+    std::string page(static_cast<size_t>(source.page_bytes()), '\0');
+    mismatch = source.ReadPage(i, absl::MakeSpan(page));
+    received.pages.push_back(std::move(page));
+  }
+  if (!mismatch.ok()) {
+    registry_.Fail(ticket.transfer_id, mismatch);
+    return mismatch;
+  }
+  received.state = std::string(source.state());
+  received.first_token = source.first_token();
+  received.first_logprob = source.first_logprob();
+  return registry_.Complete(ticket.transfer_id, std::move(received));
+}
+
+}  // namespace hybridserve::transport

@@ -1,0 +1,58 @@
+#ifndef HYBRIDSERVE_TRANSPORT_SOCKET_IO_H_
+#define HYBRIDSERVE_TRANSPORT_SOCKET_IO_H_
+
+// Blocking TCP socket helpers with deadlines (poll before every read and
+// write), for the TCP data plane. A file descriptor is owned by a Socket
+// (closed on destruction). Thread-compatible: one thread per Socket, except
+// Shutdown, which any thread may call to wake a blocked reader.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+
+namespace hybridserve::transport {
+
+class Socket {
+ public:
+  Socket() = default;
+  explicit Socket(int fd) : fd_(fd) {}
+  Socket(Socket&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
+  Socket& operator=(Socket&& other) noexcept;
+  Socket(const Socket&) = delete;
+  Socket& operator=(const Socket&) = delete;
+  ~Socket();
+
+  int fd() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+
+  // Reads exactly `size` bytes. UNAVAILABLE when the peer closes or resets
+  // the connection; DEADLINE_EXCEEDED at `deadline`.
+  absl::Status ReadFull(char* data, size_t size, absl::Time deadline);
+  // Writes all of `data`; the same errors.
+  absl::Status WriteFull(absl::string_view data, absl::Time deadline);
+  // Wakes any blocked read or write (both directions shut down).
+  void Shutdown();
+
+ private:
+  int fd_ = -1;
+};
+
+// A connection to "host:port" (IPv4 or IPv6, numeric or a name), with
+// TCP_NODELAY. UNAVAILABLE when it cannot be made by `deadline`;
+// INVALID_ARGUMENT for a malformed endpoint.
+absl::StatusOr<Socket> Connect(absl::string_view endpoint, absl::Time deadline);
+
+// A listening socket on "host:port" (port 0: any free port), and the port it got.
+absl::StatusOr<Socket> Listen(absl::string_view address, int* port);
+
+// Splits "host:port" (IPv6 hosts in brackets); INVALID_ARGUMENT otherwise.
+absl::Status SplitHostPort(absl::string_view endpoint, std::string* host, std::string* port);
+
+}  // namespace hybridserve::transport
+
+#endif  // HYBRIDSERVE_TRANSPORT_SOCKET_IO_H_

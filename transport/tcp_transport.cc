@@ -1,0 +1,248 @@
+#include "transport/tcp_transport.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/status_macros.h"
+#include "transport/frame.h"
+
+namespace hybridserve::transport {
+namespace {
+
+// Reads one frame header and its payload of at most `max_payload` bytes.
+absl::Status ReadFrame(Socket& socket, absl::Time deadline, uint64_t max_payload, FrameHeader* header,
+                       std::string* payload) {
+  char raw[kFrameHeaderBytes];
+  RETURN_IF_ERROR(socket.ReadFull(raw, sizeof(raw), deadline));
+  ASSIGN_OR_RETURN(*header, DecodeFrameHeader(absl::string_view(raw, sizeof(raw))));
+  if (header->payload_bytes > max_payload) {
+    return absl::InvalidArgumentError(absl::StrCat("frame of type ", static_cast<int>(header->type), " announces ",
+                                                   header->payload_bytes, " payload bytes, at most ", max_payload,
+                                                   " allowed here"));
+  }
+  payload->resize(header->payload_bytes);
+  RETURN_IF_ERROR(socket.ReadFull(payload->data(), payload->size(), deadline));
+  return CheckPayload(*header, *payload);
+}
+
+absl::Status WriteFrame(Socket& socket, FrameType type, uint64_t transfer_id, uint64_t index, absl::string_view payload,
+                        absl::Time deadline) {
+  RETURN_IF_ERROR(socket.WriteFull(EncodeFrameHeader(type, transfer_id, index, payload), deadline));
+  return socket.WriteFull(payload, deadline);
+}
+
+absl::Status ExpectFrame(const FrameHeader& h, FrameType type, uint64_t transfer_id, uint64_t index) {
+  if (h.type != type || h.transfer_id != transfer_id || h.index != index) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("transfer ", transfer_id, ": expected frame type ", static_cast<int>(type), " index ", index,
+                     ", got type ", static_cast<int>(h.type), " index ", h.index, " of transfer ", h.transfer_id));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+// ---- Receiver ----
+
+absl::StatusOr<std::unique_ptr<TcpStateReceiver>> TcpStateReceiver::Create(const TcpReceiverOptions& options) {
+  if (options.idle_timeout <= absl::ZeroDuration() || options.max_connections < 1) {
+    return absl::InvalidArgumentError("TCP receiver: idle_timeout and max_connections must be positive");
+  }
+  std::string host, port;
+  RETURN_IF_ERROR(SplitHostPort(options.address, &host, &port));
+  int bound = 0;
+  ASSIGN_OR_RETURN(Socket listener, Listen(options.address, &bound));
+  const std::string endpoint = absl::StrCat(host.find(':') != std::string::npos ? "[" + host + "]" : host, ":", bound);
+  std::unique_ptr<TcpStateReceiver> r(new TcpStateReceiver(options, std::move(listener), endpoint));
+  r->accept_thread_ = std::thread([p = r.get()] { p->AcceptLoop(); });
+  return r;
+}
+
+TcpStateReceiver::TcpStateReceiver(const TcpReceiverOptions& options, Socket listener, std::string endpoint)
+    : options_(options), registry_(options.limits), listener_(std::move(listener)), endpoint_(std::move(endpoint)) {}
+
+TcpStateReceiver::~TcpStateReceiver() {
+  stop_ = true;
+  if (accept_thread_.joinable()) accept_thread_.join();
+  absl::flat_hash_map<int64_t, std::thread> threads;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, socket] : sockets_) socket->Shutdown();
+    threads.swap(threads_);
+  }
+  for (auto& [id, t] : threads) t.join();
+}
+
+void TcpStateReceiver::JoinFinished() {
+  std::vector<std::thread> done;
+  {
+    absl::MutexLock lock(&mu_);
+    for (int64_t id : finished_) {
+      auto it = threads_.find(id);
+      if (it == threads_.end()) continue;
+      done.push_back(std::move(it->second));
+      threads_.erase(it);
+    }
+    finished_.clear();
+  }
+  for (std::thread& t : done) t.join();
+}
+
+int64_t TcpStateReceiver::connections() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(sockets_.size());
+}
+
+void TcpStateReceiver::AcceptLoop() {
+  while (!stop_) {
+    JoinFinished();
+    // Wakes at least every 200 ms to see stop_.
+    pollfd p{listener_.fd(), POLLIN, 0};
+    if (poll(&p, 1, 200) <= 0) continue;
+    const int fd = accept4(listener_.fd(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) continue;
+    auto socket = std::make_unique<Socket>(fd);
+    absl::MutexLock lock(&mu_);
+    if (static_cast<int64_t>(sockets_.size()) >= options_.max_connections) {
+      registry_.CountRefused();
+      continue;  // closed by the unique_ptr: the sender sees the connection drop
+    }
+    const int64_t id = next_connection_++;
+    sockets_[id] = socket.get();
+    threads_[id] = std::thread([this, id, s = socket.release()] {
+      std::unique_ptr<Socket> owned(s);
+      Serve(id, owned.get());
+      absl::MutexLock done(&mu_);
+      sockets_.erase(id);
+      finished_.push_back(id);
+    });
+  }
+}
+
+void TcpStateReceiver::Serve(int64_t /*connection_id*/, Socket* socket) {
+  uint64_t transfer_id = 0;
+  bool begun = false;
+  absl::Status status = Receive(*socket, &transfer_id, &begun);
+  if (!status.ok()) {
+    if (begun) {
+      registry_.Fail(transfer_id, status);
+    } else if (!absl::IsNotFound(status) && !absl::IsAlreadyExists(status)) {
+      registry_.CountRefused();  // (the registry counts the ids it refuses itself)
+    }
+  }
+  // Best effort: the peer may be gone.
+  (void)WriteFrame(*socket, FrameType::kAck, transfer_id, 0, EncodeAck(status), absl::Now() + absl::Seconds(1));
+}
+
+absl::Status TcpStateReceiver::Receive(Socket& socket, uint64_t* transfer_id, bool* begun) {
+  auto deadline = [this] { return absl::Now() + options_.idle_timeout; };
+  FrameHeader h;
+  std::string payload;
+  RETURN_IF_ERROR(ReadFrame(socket, deadline(), kBeginPayloadBytes, &h, &payload));
+  if (h.type != FrameType::kBegin) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a transfer starts with a begin frame, got type ", static_cast<int>(h.type)));
+  }
+  *transfer_id = h.transfer_id;
+  ASSIGN_OR_RETURN(const BeginPayload begin, DecodeBegin(payload));
+  ASSIGN_OR_RETURN(const Ticket ticket, registry_.Begin(h.transfer_id));
+  *begun = true;
+  if (begin.n_tokens != ticket.n_tokens || begin.page_format != ticket.page_format ||
+      begin.num_pages != ticket.num_pages || begin.page_bytes != ticket.page_bytes || begin.state_bytes < 1 ||
+      begin.state_bytes > ticket.max_state_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "transfer ", h.transfer_id, " announces ", begin.n_tokens, " tokens, ", begin.num_pages, " pages of ",
+        begin.page_bytes, " bytes and a state of ", begin.state_bytes, " bytes; the ticket says ", ticket.n_tokens,
+        " tokens, ", ticket.num_pages, " pages of ", ticket.page_bytes, " bytes, a state of at most ",
+        ticket.max_state_bytes, (begin.page_format != ticket.page_format ? ", and another page format" : "")));
+  }
+  ReceivedState received;
+  received.transfer_id = h.transfer_id;
+  received.pages.reserve(static_cast<size_t>(begin.num_pages));
+  for (int64_t i = 0; i < begin.num_pages; ++i) {
+    std::string page;
+    RETURN_IF_ERROR(
+        ReadFrame(socket, std::min(deadline(), ticket.deadline), static_cast<uint64_t>(begin.page_bytes), &h, &page));
+    RETURN_IF_ERROR(ExpectFrame(h, FrameType::kPage, *transfer_id, static_cast<uint64_t>(i)));
+    if (static_cast<int64_t>(page.size()) != begin.page_bytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("page ", i, " of transfer ", *transfer_id, " has ", page.size(), " bytes"));
+    }
+    received.pages.push_back(std::move(page));
+  }
+  RETURN_IF_ERROR(ReadFrame(socket, std::min(deadline(), ticket.deadline), static_cast<uint64_t>(begin.state_bytes), &h,
+                            &received.state));
+  RETURN_IF_ERROR(ExpectFrame(h, FrameType::kState, *transfer_id, 0));
+  if (static_cast<int64_t>(received.state.size()) != begin.state_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("state of transfer ", *transfer_id, " has ", received.state.size(),
+                                                   " bytes, announced ", begin.state_bytes));
+  }
+  RETURN_IF_ERROR(ReadFrame(socket, std::min(deadline(), ticket.deadline), kEndPayloadBytes, &h, &payload));
+  RETURN_IF_ERROR(ExpectFrame(h, FrameType::kEnd, *transfer_id, 0));
+  ASSIGN_OR_RETURN(const EndPayload end, DecodeEnd(payload));
+  received.first_token = end.first_token;
+  received.first_logprob = end.first_logprob;
+  const absl::Status completed = registry_.Complete(*transfer_id, std::move(received));
+  *begun = false;  // complete or forgotten: nothing left to fail
+  return completed;
+}
+
+// ---- Sender ----
+
+absl::Status TcpStateSender::Send(const Ticket& ticket, const StateSource& source) {
+  if (source.num_pages() != ticket.num_pages || source.page_bytes() != ticket.page_bytes ||
+      static_cast<int64_t>(source.state().size()) > ticket.max_state_bytes || source.state().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("transfer ", ticket.transfer_id, ": ", source.num_pages(),
+                                                   " pages of ", source.page_bytes(), " bytes and a state of ",
+                                                   source.state().size(), " bytes do not fit the ticket"));
+  }
+  if (absl::Now() >= ticket.deadline) {
+    return absl::DeadlineExceededError(absl::StrCat("transfer ", ticket.transfer_id, " is past its deadline"));
+  }
+  auto deadline = [&] { return std::min(ticket.deadline, absl::Now() + options_.io_timeout); };
+  ASSIGN_OR_RETURN(Socket socket,
+                   Connect(ticket.endpoint, std::min(ticket.deadline, absl::Now() + options_.connect_timeout)));
+  const uint64_t id = ticket.transfer_id;
+  // Reads the receiver's verdict; the connection drops right after it.
+  auto verdict = [&](const absl::Status& write_error) -> absl::Status {
+    FrameHeader h;
+    std::string payload;
+    const absl::Status read = ReadFrame(socket, deadline(), 4 + kMaxAckMessage, &h, &payload);
+    if (!read.ok() || h.type != FrameType::kAck) return write_error.ok() ? read : write_error;
+    absl::Status carried;
+    RETURN_IF_ERROR(DecodeAck(payload, &carried));
+    return carried;
+  };
+
+  BeginPayload begin;
+  begin.n_tokens = ticket.n_tokens;
+  begin.page_format = ticket.page_format;
+  begin.num_pages = source.num_pages();
+  begin.page_bytes = source.page_bytes();
+  begin.state_bytes = static_cast<int64_t>(source.state().size());
+  absl::Status s = WriteFrame(socket, FrameType::kBegin, id, 0, EncodeBegin(begin), deadline());
+  std::string page(static_cast<size_t>(source.page_bytes()), '\0');
+  for (int64_t i = 0; i < source.num_pages() && s.ok(); ++i) {
+    s = source.ReadPage(i, absl::MakeSpan(page));
+    if (!s.ok()) return s;  // the receiver sees the connection drop and fails the transfer
+    s = WriteFrame(socket, FrameType::kPage, id, static_cast<uint64_t>(i), page, deadline());
+  }
+  if (s.ok()) s = WriteFrame(socket, FrameType::kState, id, 0, source.state(), deadline());
+  EndPayload end;
+  end.first_token = source.first_token();
+  end.first_logprob = source.first_logprob();
+  if (s.ok()) s = WriteFrame(socket, FrameType::kEnd, id, 0, EncodeEnd(end), deadline());
+  // A receiver that refused early has answered and closed: its verdict says why.
+  return verdict(s);
+}
+
+}  // namespace hybridserve::transport

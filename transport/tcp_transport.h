@@ -1,0 +1,107 @@
+#ifndef HYBRIDSERVE_TRANSPORT_TCP_TRANSPORT_H_
+#define HYBRIDSERVE_TRANSPORT_TCP_TRANSPORT_H_
+
+// The TCP data plane, the CPU default: a decode-side listener
+// (TcpStateReceiver) and a prefill-side sender (TcpStateSender) speaking the
+// frames of transport/frame.h, one connection per transfer.
+//
+// The receiver checks every frame before it keeps a byte: the transfer id
+// against its expected tickets (a stray or late transfer is refused and
+// counted), the announced sizes against the ticket (before allocating), the
+// checksums, the page order. A peer that goes away or stalls for
+// `idle_timeout` fails its transfer on both sides (Await returns UNAVAILABLE;
+// Send returns UNAVAILABLE or DEADLINE_EXCEEDED), and the receiver forgets it.
+//
+// Thread-safe.
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "transport/socket_io.h"
+#include "transport/transfer.h"
+#include "transport/transfer_registry.h"
+
+namespace hybridserve::transport {
+
+struct TcpReceiverOptions {
+  std::string address = "127.0.0.1:0";  // where to listen; port 0: any free port
+  // A connection that makes no progress for this long fails its transfer.
+  absl::Duration idle_timeout = absl::Seconds(10);
+  int max_connections = 64;  // beyond it new connections are closed at once
+  TransferRegistry::Limits limits;
+};
+
+class TcpStateReceiver final : public StateReceiver {
+ public:
+  // UNAVAILABLE when the address cannot be bound (port in use);
+  // INVALID_ARGUMENT for a malformed address or option.
+  static absl::StatusOr<std::unique_ptr<TcpStateReceiver>> Create(const TcpReceiverOptions& options);
+  // Stops accepting, wakes and joins every connection.
+  ~TcpStateReceiver() override;
+
+  // "host:port" that senders connect to (the bound port).
+  const std::string& endpoint() const { return endpoint_; }
+
+  absl::Status Expect(const Ticket& ticket) override { return registry_.Expect(ticket); }
+  absl::StatusOr<ReceivedState> Await(uint64_t transfer_id) override { return registry_.Await(transfer_id); }
+  void Cancel(uint64_t transfer_id) override { registry_.Cancel(transfer_id); }
+  int64_t pending() const override { return registry_.pending(); }
+  int64_t refused() const override { return registry_.refused(); }
+  // Connections being served now.
+  int64_t connections() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  TcpStateReceiver(const TcpReceiverOptions& options, Socket listener, std::string endpoint);
+  void AcceptLoop();
+  // Joins the threads of finished connections.
+  void JoinFinished() ABSL_LOCKS_EXCLUDED(mu_);
+  void Serve(int64_t connection_id, Socket* socket);
+  // Receives one transfer on `socket`; the status to acknowledge.
+  absl::Status Receive(Socket& socket, uint64_t* transfer_id, bool* begun);
+
+  const TcpReceiverOptions options_;
+  TransferRegistry registry_;
+  Socket listener_;
+  const std::string endpoint_;
+  std::atomic<bool> stop_{false};
+  std::thread accept_thread_;
+
+  mutable absl::Mutex mu_;
+  int64_t next_connection_ ABSL_GUARDED_BY(mu_) = 0;
+  // Live connections (so the destructor can wake them), their threads, and
+  // the connections whose thread has finished (joined by the accept loop).
+  absl::flat_hash_map<int64_t, Socket*> sockets_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<int64_t, std::thread> threads_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> finished_ ABSL_GUARDED_BY(mu_);
+};
+
+struct TcpSenderOptions {
+  absl::Duration connect_timeout = absl::Seconds(5);
+  // The longest wait for the receiver to take a frame or to acknowledge,
+  // besides the ticket's deadline.
+  absl::Duration io_timeout = absl::Seconds(10);
+};
+
+class TcpStateSender final : public StateSender {
+ public:
+  explicit TcpStateSender(const TcpSenderOptions& options = {}) : options_(options) {}
+
+  absl::Status Send(const Ticket& ticket, const StateSource& source) override;
+
+ private:
+  const TcpSenderOptions options_;
+};
+
+}  // namespace hybridserve::transport
+
+#endif  // HYBRIDSERVE_TRANSPORT_TCP_TRANSPORT_H_

@@ -1,0 +1,112 @@
+#ifndef HYBRIDSERVE_TRANSPORT_TRANSFER_H_
+#define HYBRIDSERVE_TRANSPORT_TRANSFER_H_
+
+// The data plane's contract (DESIGN.md sections 1 and 6): moving the state of
+// one sequence (its full KV pages in page order, the encoded state at the end
+// of the prompt, the first sampled token) from a prefill worker into the
+// slots a decode worker reserved for it.
+//
+// Decode reserves (SequenceTable::ReserveImport), describes the reservation
+// as a Ticket, and calls StateReceiver::Expect before it hands the ticket to
+// prefill; prefill sends with a StateSender; decode's Await returns the bytes,
+// verified against the ticket, and ImportReceived (transport/engine_import.h)
+// writes them into the reservation. Bytes for a transfer id that is not
+// expected (unknown, finished, cancelled or past its deadline) are refused.
+//
+// Implementations: in-process (tests, two engines in one process), TCP (the
+// CPU default), and later NCCL and CUDA IPC.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "common/hash.h"
+
+namespace hybridserve::transport {
+
+// The domain form of prefill.proto's TransferTicket: what decode reserved and
+// where prefill must send. Value type.
+struct Ticket {
+  uint64_t transfer_id = 0;  // unique per receiver
+  std::string endpoint;      // TCP: "host:port" of the receiver's listener; in-process: unused
+  int64_t n_tokens = 0;      // the position of the state to send (the prompt length)
+  // The receiver's page format (engine/page_format.h PageFormatFingerprint)
+  // and sizes: a sender with another layout refuses before sending a byte.
+  common::Hash128 page_format;
+  int64_t num_pages = 0;        // full pages: n_tokens / page_size (0 without attention layers)
+  int64_t page_bytes = 0;       // bytes of each page
+  int64_t max_state_bytes = 0;  // upper bound of the encoded state
+  // Physical slots reserved on the receiver (device transports write there).
+  std::vector<int32_t> page_slots;
+  int32_t state_slot = -1;
+  absl::Time deadline = absl::InfiniteFuture();  // the receiver forgets the transfer after it
+};
+
+// What a sender reads: the sequence's pages and state on the prefill side.
+// Implementations need not be thread-safe; a sender reads from the calling
+// thread only.
+class StateSource {
+ public:
+  virtual ~StateSource() = default;
+  virtual int64_t num_pages() const = 0;
+  virtual int64_t page_bytes() const = 0;
+  // Writes page `index` (< num_pages()) into `out` (page_bytes() bytes).
+  virtual absl::Status ReadPage(int64_t index, absl::Span<char> out) const = 0;
+  // The encoded state (engine/snapshot_codec.h) at the ticket's position.
+  virtual absl::string_view state() const = 0;
+  virtual int32_t first_token() const = 0;
+  virtual float first_logprob() const = 0;
+};
+
+// What a receiver hands back for a completed transfer, verified against its
+// ticket (sizes, checksums on the wire). Value type.
+struct ReceivedState {
+  uint64_t transfer_id = 0;
+  std::vector<std::string> pages;  // [num_pages], page_bytes each, in page order
+  std::string state;               // the encoded state
+  int32_t first_token = 0;
+  float first_logprob = 0.0f;
+};
+
+// Prefill's side. Thread-safe: concurrent Sends to different tickets.
+class StateSender {
+ public:
+  virtual ~StateSender() = default;
+  // Sends everything `source` holds to the ticket's receiver and waits for it
+  // to acknowledge. INVALID_ARGUMENT when the source does not match the
+  // ticket (sizes); the receiver's refusal as its status (NOT_FOUND for an
+  // unknown transfer id, INVALID_ARGUMENT for a mismatch, DATA_LOSS for a
+  // checksum); UNAVAILABLE when the receiver cannot be reached or goes away;
+  // DEADLINE_EXCEEDED past the ticket's deadline.
+  virtual absl::Status Send(const Ticket& ticket, const StateSource& source) = 0;
+};
+
+// Decode's side. Thread-safe.
+class StateReceiver {
+ public:
+  virtual ~StateReceiver() = default;
+  // Registers a transfer to accept. INVALID_ARGUMENT for a ticket id already
+  // expected, or sizes out of range.
+  virtual absl::Status Expect(const Ticket& ticket) = 0;
+  // Blocks until the transfer completes (its bytes) or fails: the sender's
+  // failure as UNAVAILABLE (a peer that went away or stalled), DEADLINE_EXCEEDED
+  // at the ticket's deadline, CANCELLED after Cancel, NOT_FOUND for an id not
+  // expected. Either way the transfer is forgotten: late bytes are refused.
+  virtual absl::StatusOr<ReceivedState> Await(uint64_t transfer_id) = 0;
+  // Forgets a transfer: a pending Await returns CANCELLED, bytes still on the
+  // way are refused. No-op for an unknown id.
+  virtual void Cancel(uint64_t transfer_id) = 0;
+  // Transfers expected and not yet awaited to the end (for metrics and tests).
+  virtual int64_t pending() const = 0;
+  // Transfers whose bytes were refused (unknown id, mismatch, corruption).
+  virtual int64_t refused() const = 0;
+};
+
+}  // namespace hybridserve::transport
+
+#endif  // HYBRIDSERVE_TRANSPORT_TRANSFER_H_

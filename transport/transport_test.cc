@@ -1,0 +1,344 @@
+// The data plane end to end between two engines: a prefill-side model sends
+// a sequence's pages, state and first token; the decode-side model imports
+// them into its reservation and continues bit-identically. Run over the
+// in-process transport and over real TCP on loopback; then the TCP
+// receiver's refusals and failures, each leaving the reservation free.
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "engine/model.h"
+#include "engine/model_weights.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "transport/engine_import.h"
+#include "transport/frame.h"
+#include "transport/in_process_transport.h"
+#include "transport/socket_io.h"
+#include "transport/tcp_transport.h"
+
+namespace hybridserve::transport {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr char kModelDir[] = "tests/fixtures/golden/nemotron_h_tiny";
+
+std::string Runfile(const std::string& relative) {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const char* workspace = std::getenv("TEST_WORKSPACE");
+  if (srcdir == nullptr || workspace == nullptr) return relative;
+  return absl::StrCat(srcdir, "/", workspace, "/", relative);
+}
+
+std::vector<engine::TokenId> Tokens(int64_t n, int64_t vocab, int64_t seed) {
+  std::vector<engine::TokenId> t(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) t[static_cast<size_t>(i)] = static_cast<engine::TokenId>((i * 31 + seed * 7) % vocab);
+  return t;
+}
+
+bool BitEqual(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Which data plane a test runs over.
+enum class Plane { kInProcess, kTcp };
+
+class TransportTest : public ::testing::TestWithParam<Plane> {
+ protected:
+  void SetUp() override {
+    auto weights = engine::ModelWeights::LoadDirectory(Runfile(kModelDir));
+    ASSERT_TRUE(weights.ok()) << weights.status();
+    weights_ = *std::move(weights);
+    engine::ModelOptions o;
+    o.page_size = 16;
+    o.max_pages = 64;
+    o.max_sequences = 4;
+    auto p = engine::Model::Create(weights_->config(), *weights_, o);
+    auto d = engine::Model::Create(weights_->config(), *weights_, o);
+    ASSERT_TRUE(p.ok() && d.ok());
+    prefill_ = *std::move(p);
+    decode_ = *std::move(d);
+    vocab_ = weights_->config().vocab_size;
+    if (GetParam() == Plane::kInProcess) {
+      auto t = std::make_unique<InProcessTransport>();
+      sender_ = t.get();
+      receiver_ = t.get();
+      in_process_ = std::move(t);
+    } else {
+      TcpReceiverOptions ro;
+      ro.idle_timeout = absl::Milliseconds(500);
+      auto r = TcpStateReceiver::Create(ro);
+      ASSERT_TRUE(r.ok()) << r.status();
+      tcp_receiver_ = *std::move(r);
+      endpoint_ = tcp_receiver_->endpoint();
+      tcp_sender_ = std::make_unique<TcpStateSender>();
+      sender_ = tcp_sender_.get();
+      receiver_ = tcp_receiver_.get();
+    }
+  }
+
+  // Decode reserves `n` tokens and expects transfer `id`.
+  std::pair<engine::ImportReservation, Ticket> Reserve(int64_t n, uint64_t id,
+                                                       absl::Duration timeout = absl::Seconds(30)) {
+    auto r = decode_->sequences().ReserveImport(n);
+    EXPECT_TRUE(r.ok()) << r.status();
+    auto t = TicketFor(decode_->sequences(), *r, id, endpoint_, absl::Now() + timeout);
+    EXPECT_TRUE(t.ok()) << t.status();
+    EXPECT_TRUE(receiver_->Expect(*t).ok());
+    return {*r, *t};
+  }
+
+  std::vector<float> Continue(engine::Model& m, engine::SequenceId id, int steps) {
+    std::vector<float> all;
+    for (int s = 0; s < steps; ++s) {
+      auto l = m.DecodeStep({id}, {static_cast<engine::TokenId>(s + 2)});
+      EXPECT_TRUE(l.ok()) << l.status();
+      if (!l.ok()) return {};
+      all.insert(all.end(), l->begin(), l->end());
+    }
+    return all;
+  }
+
+  std::unique_ptr<engine::ModelWeights> weights_;
+  std::unique_ptr<engine::Model> prefill_, decode_;
+  int64_t vocab_ = 0;
+  std::unique_ptr<InProcessTransport> in_process_;
+  std::unique_ptr<TcpStateReceiver> tcp_receiver_;
+  std::unique_ptr<TcpStateSender> tcp_sender_;
+  std::string endpoint_;
+  StateSender* sender_ = nullptr;
+  StateReceiver* receiver_ = nullptr;
+};
+
+TEST_P(TransportTest, TransferredStateContinuesBitIdentically) {
+  for (int64_t n : {int64_t{5}, int64_t{16}, int64_t{150}}) {
+    SCOPED_TRACE(n);
+    const int64_t free_pages = decode_->num_free_pages();
+    auto src = prefill_->NewSequence();
+    ASSERT_TRUE(prefill_->Prefill(*src, Tokens(n, vocab_, n)).ok());
+    auto [reservation, ticket] = Reserve(n, static_cast<uint64_t>(100 + n));
+    auto source = SequenceStateSource::Create(prefill_->sequences(), *src, ticket, weights_->fingerprint(),
+                                              common::Hash128{}, /*first_token=*/17, /*first_logprob=*/-1.5f);
+    ASSERT_TRUE(source.ok()) << source.status();
+    ASSERT_TRUE(sender_->Send(ticket, *source).ok());
+    auto received = receiver_->Await(ticket.transfer_id);
+    ASSERT_TRUE(received.ok()) << received.status();
+    EXPECT_EQ(received->first_token, 17);
+    EXPECT_EQ(received->first_logprob, -1.5f);
+    EXPECT_EQ(static_cast<int64_t>(received->pages.size()), n / 16);
+    ASSERT_TRUE(ImportReceived(decode_->sequences(), reservation, *received).ok());
+    EXPECT_TRUE(BitEqual(Continue(*decode_, reservation.id, 4), Continue(*prefill_, *src, 4)));
+    EXPECT_EQ(receiver_->pending(), 0);
+    ASSERT_TRUE(decode_->ReleaseSequence(reservation.id).ok());
+    ASSERT_TRUE(prefill_->ReleaseSequence(*src).ok());
+    EXPECT_EQ(decode_->num_free_pages(), free_pages);
+  }
+}
+
+TEST_P(TransportTest, UnknownCancelledAndLateTransfersAreRefused) {
+  auto src = prefill_->NewSequence();
+  ASSERT_TRUE(prefill_->Prefill(*src, Tokens(40, vocab_, 1)).ok());
+  auto [reservation, ticket] = Reserve(40, 7);
+  auto source = SequenceStateSource::Create(prefill_->sequences(), *src, ticket, weights_->fingerprint(),
+                                            common::Hash128{}, 1, 0.0f);
+  ASSERT_TRUE(source.ok());
+  Ticket stray = ticket;
+  stray.transfer_id = 999;
+  EXPECT_EQ(sender_->Send(stray, *source).code(), absl::StatusCode::kNotFound);
+  receiver_->Cancel(ticket.transfer_id);
+  EXPECT_EQ(sender_->Send(ticket, *source).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(receiver_->Await(ticket.transfer_id).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(receiver_->refused(), 2);
+  // A deadline that passes with nothing sent: DEADLINE_EXCEEDED, then forgotten.
+  ASSERT_TRUE(decode_->sequences().AbortImport(reservation.id).ok());
+  auto [r2, t2] = Reserve(40, 8, absl::Milliseconds(50));
+  EXPECT_EQ(receiver_->Await(t2.transfer_id).status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(sender_->Send(t2, *source).code(),
+            GetParam() == Plane::kTcp ? absl::StatusCode::kDeadlineExceeded : absl::StatusCode::kNotFound);
+  ASSERT_TRUE(decode_->sequences().AbortImport(r2.id).ok());
+  EXPECT_EQ(decode_->num_free_pages(), 64);
+}
+
+TEST_P(TransportTest, ATicketOfAnotherLayoutIsRefusedBeforeAnyByteMoves) {
+  auto src = prefill_->NewSequence();
+  ASSERT_TRUE(prefill_->Prefill(*src, Tokens(40, vocab_, 2)).ok());
+  auto [reservation, ticket] = Reserve(40, 9);
+  Ticket other = ticket;
+  other.page_format.lo ^= 1;
+  auto source = SequenceStateSource::Create(prefill_->sequences(), *src, other, weights_->fingerprint(),
+                                            common::Hash128{}, 1, 0.0f);
+  EXPECT_EQ(source.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(source.status().message(), HasSubstr("another model layout or page size"));
+  EXPECT_EQ(receiver_->pending(), 1);  // still waiting for a good sender
+}
+
+TEST_P(TransportTest, ACorruptStateIsNeverImportedAndFreesTheReservation) {
+  auto src = prefill_->NewSequence();
+  ASSERT_TRUE(prefill_->Prefill(*src, Tokens(40, vocab_, 3)).ok());
+  const int64_t free_pages = decode_->num_free_pages();
+  auto [reservation, ticket] = Reserve(40, 10);
+  auto source = SequenceStateSource::Create(prefill_->sequences(), *src, ticket, weights_->fingerprint(),
+                                            common::Hash128{}, 1, 0.0f);
+  ASSERT_TRUE(sender_->Send(ticket, *source).ok());
+  auto received = receiver_->Await(ticket.transfer_id);
+  ASSERT_TRUE(received.ok());
+  received->state[200] ^= 1;
+  EXPECT_EQ(ImportReceived(decode_->sequences(), reservation, *received).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(decode_->num_free_pages(), free_pages);
+  EXPECT_EQ(decode_->sequences().Find(reservation.id).status().code(), absl::StatusCode::kNotFound);
+}
+
+INSTANTIATE_TEST_SUITE_P(Planes, TransportTest, ::testing::Values(Plane::kInProcess, Plane::kTcp),
+                         [](const ::testing::TestParamInfo<Plane>& p) {
+                           return p.param == Plane::kTcp ? std::string("Tcp") : std::string("InProcess");
+                         });
+
+// ---- TCP: what a hostile or broken sender gets ----
+
+class TcpReceiverTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    TcpReceiverOptions o;
+    o.idle_timeout = absl::Milliseconds(300);
+    auto r = TcpStateReceiver::Create(o);
+    ASSERT_TRUE(r.ok()) << r.status();
+    receiver_ = *std::move(r);
+    ticket_.transfer_id = 5;
+    ticket_.endpoint = receiver_->endpoint();
+    ticket_.n_tokens = 40;
+    ticket_.page_format = common::Hash128{1, 2};
+    ticket_.num_pages = 2;
+    ticket_.page_bytes = 64;
+    ticket_.max_state_bytes = 100;
+    ticket_.deadline = absl::Now() + absl::Seconds(30);
+    ASSERT_TRUE(receiver_->Expect(ticket_).ok());
+  }
+
+  Socket Dial() {
+    auto s = Connect(receiver_->endpoint(), absl::Now() + absl::Seconds(5));
+    EXPECT_TRUE(s.ok()) << s.status();
+    return std::move(*s);
+  }
+
+  static void Write(Socket& s, FrameType type, uint64_t id, uint64_t index, const std::string& payload) {
+    ASSERT_TRUE(s.WriteFull(EncodeFrameHeader(type, id, index, payload), absl::Now() + absl::Seconds(5)).ok());
+    ASSERT_TRUE(s.WriteFull(payload, absl::Now() + absl::Seconds(5)).ok());
+  }
+
+  BeginPayload Begin() const {
+    BeginPayload b;
+    b.n_tokens = 40;
+    b.page_format = ticket_.page_format;
+    b.num_pages = 2;
+    b.page_bytes = 64;
+    b.state_bytes = 80;
+    return b;
+  }
+
+  // The receiver's verdict on this connection.
+  static absl::Status Ack(Socket& s) {
+    char raw[kFrameHeaderBytes];
+    absl::Status read = s.ReadFull(raw, sizeof(raw), absl::Now() + absl::Seconds(5));
+    if (!read.ok()) return read;
+    auto h = DecodeFrameHeader(absl::string_view(raw, sizeof(raw)));
+    if (!h.ok()) return h.status();
+    std::string payload(h->payload_bytes, '\0');
+    read = s.ReadFull(payload.data(), payload.size(), absl::Now() + absl::Seconds(5));
+    if (!read.ok()) return read;
+    absl::Status carried;
+    absl::Status decoded = DecodeAck(payload, &carried);
+    return decoded.ok() ? carried : decoded;
+  }
+
+  std::unique_ptr<TcpStateReceiver> receiver_;
+  Ticket ticket_;
+};
+
+TEST_F(TcpReceiverTest, ACorruptedPageIsDataLossOnBothSides) {
+  Socket s = Dial();
+  Write(s, FrameType::kBegin, 5, 0, EncodeBegin(Begin()));
+  std::string page(64, 'p');
+  std::string header = EncodeFrameHeader(FrameType::kPage, 5, 0, page);
+  page[10] ^= 1;  // flipped after the checksum was taken
+  ASSERT_TRUE(s.WriteFull(header + page, absl::Now() + absl::Seconds(5)).ok());
+  EXPECT_EQ(Ack(s).code(), absl::StatusCode::kDataLoss);
+  auto r = receiver_->Await(5);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(r.status().message(), HasSubstr("checksum"));
+}
+
+TEST_F(TcpReceiverTest, SizesBeyondTheTicketAreRefusedBeforeAllocation) {
+  Socket s = Dial();
+  BeginPayload b = Begin();
+  b.page_bytes = int64_t{1} << 40;  // would be a terabyte per page
+  Write(s, FrameType::kBegin, 5, 0, EncodeBegin(b));
+  EXPECT_EQ(Ack(s).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(receiver_->Await(5).status().message(), HasSubstr("the ticket says"));
+}
+
+TEST_F(TcpReceiverTest, APageOutOfOrderOrOfAnotherTransferIsRefused) {
+  Socket s = Dial();
+  Write(s, FrameType::kBegin, 5, 0, EncodeBegin(Begin()));
+  Write(s, FrameType::kPage, 5, 1, std::string(64, 'p'));  // page 1 before page 0
+  EXPECT_EQ(Ack(s).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(receiver_->Await(5).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(TcpReceiverTest, APeerThatDiesMidTransferFailsItWithinTheIdleTimeout) {
+  {
+    Socket s = Dial();
+    Write(s, FrameType::kBegin, 5, 0, EncodeBegin(Begin()));
+    Write(s, FrameType::kPage, 5, 0, std::string(64, 'p'));
+  }  // closed: the sender died
+  const absl::Time start = absl::Now();
+  auto r = receiver_->Await(5);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));  // far below the ticket's 30 s deadline
+  EXPECT_EQ(receiver_->pending(), 0);
+}
+
+TEST_F(TcpReceiverTest, APeerThatStallsFailsAfterTheIdleTimeout) {
+  Socket s = Dial();
+  Write(s, FrameType::kBegin, 5, 0, EncodeBegin(Begin()));
+  auto r = receiver_->Await(5);  // nothing more is sent; the socket stays open
+  EXPECT_TRUE(absl::IsDeadlineExceeded(r.status()) || absl::IsUnavailable(r.status())) << r.status();
+  EXPECT_EQ(Ack(s).code(), r.status().code());
+}
+
+TEST_F(TcpReceiverTest, GarbageAndAReceiverThatIsGoneAreClearErrors) {
+  Socket s = Dial();
+  ASSERT_TRUE(s.WriteFull(std::string(48, 'G'), absl::Now() + absl::Seconds(5)).ok());
+  EXPECT_EQ(Ack(s).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(receiver_->pending(), 1);  // the expected transfer is untouched
+  EXPECT_GE(receiver_->refused(), 1);
+
+  const std::string gone = receiver_->endpoint();
+  receiver_.reset();
+  TcpStateSender sender;
+  Ticket t = ticket_;
+  t.endpoint = gone;
+  class Empty : public StateSource {
+   public:
+    int64_t num_pages() const override { return 2; }
+    int64_t page_bytes() const override { return 64; }
+    absl::Status ReadPage(int64_t, absl::Span<char> out) const override { return absl::OkStatus(); }
+    absl::string_view state() const override { return "state"; }
+    int32_t first_token() const override { return 0; }
+    float first_logprob() const override { return 0; }
+  } empty;
+  EXPECT_EQ(sender.Send(t, empty).code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(TcpStateReceiver::Create(TcpReceiverOptions{"no-port-here"}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace hybridserve::transport
