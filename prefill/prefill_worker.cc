@@ -1,0 +1,236 @@
+#include "prefill/prefill_worker.h"
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/clock.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "engine/snapshot_codec.h"
+#include "engine/state_snapshot.h"
+#include "prefill/cache_plan.h"
+#include "transport/engine_import.h"
+
+namespace hybridserve::prefill {
+
+// A live sequence at the resume point, and how it got there.
+struct PrefillWorker::Resumed {
+  engine::SequenceId seq = 0;
+  int64_t position = 0;
+  ResumeKind kind = ResumeKind::kCold;
+  int64_t kv_match_tokens = 0;
+};
+
+namespace {
+
+// Releases a sequence when it goes out of scope, unless released already.
+class SequenceGuard {
+ public:
+  SequenceGuard(engine::Model& model, engine::SequenceId id) : model_(model), id_(id) {}
+  ~SequenceGuard() {
+    if (id_ != 0) (void)model_.ReleaseSequence(id_);
+  }
+  SequenceGuard(const SequenceGuard&) = delete;
+  SequenceGuard& operator=(const SequenceGuard&) = delete;
+
+ private:
+  engine::Model& model_;
+  engine::SequenceId id_;
+};
+
+}  // namespace
+
+PrefillWorker::PrefillWorker(engine::Model& model, const common::Hash128& model_fingerprint,
+                             cachestore::CacheClient* cache, transport::StateSender& sender,
+                             const PrefillWorkerOptions& options)
+    : model_(model),
+      fingerprint_(model_fingerprint),
+      fingerprint_hex_(model_fingerprint.ToHex()),
+      cache_(cache),
+      sender_(sender),
+      options_(options) {}
+
+cachestore::ClientNamespace PrefillWorker::Namespace(const std::string& cache_salt) const {
+  cachestore::ClientNamespace ns;
+  ns.model_fingerprint = fingerprint_hex_;
+  ns.adapter = options_.adapter;
+  ns.cache_salt = cache_salt;
+  ns.page_size = static_cast<int32_t>(model_.page_size());
+  return ns;
+}
+
+bool PrefillWorker::RestoreFromCache(engine::SequenceId seq, const cachestore::LookupResult& lookup,
+                                     int64_t prompt_tokens, const common::Hash128& prefix_hash) {
+  const int64_t p = lookup.resume_position;
+  std::string state;
+  absl::Status s = cache_->GetInto(lookup.lease_id, lookup.state->key, &state);
+  std::vector<std::string> pages(lookup.pages.size());
+  for (size_t i = 0; i < pages.size() && s.ok(); ++i)
+    s = cache_->GetInto(lookup.lease_id, lookup.pages[i].key, &pages[i]);
+  engine::SnapshotExpectation expect;
+  expect.model_fingerprint = fingerprint_;
+  expect.layout = model_.layout();
+  expect.position = p;
+  expect.prefix_hash = prefix_hash;
+  absl::StatusOr<engine::SnapshotView> view =
+      s.ok() ? engine::ParseSnapshot(state, expect) : absl::StatusOr<engine::SnapshotView>(s);
+  if (view.ok()) {
+    std::vector<absl::string_view> page_views(pages.begin(), pages.end());
+    s = model_.sequences().Restore(seq, *view, page_views);
+  } else {
+    s = view.status();
+  }
+  if (!s.ok()) {
+    // A miss, never a failure: the restore changed nothing.
+    ++counters_.errors_as_misses;
+    LOG(WARNING) << "cache resume at " << p << " of " << prompt_tokens << " tokens abandoned: " << s;
+    return false;
+  }
+  return true;
+}
+
+absl::StatusOr<PrefillWorker::Resumed> PrefillWorker::Resume(const PrefillRequest& request,
+                                                             const cachestore::ClientNamespace& ns) {
+  Resumed r;
+  ASSIGN_OR_RETURN(r.seq, model_.NewSequence());
+  if (cache_ == nullptr) return r;
+  const CachePlan plan(ns, request.prompt);
+  const int64_t n = static_cast<int64_t>(request.prompt.size());
+  // The whole prompt first; when only a state at n without logits is found,
+  // the prompt less its last token, so that the last logits get computed.
+  for (int64_t probe : {n, n - 1}) {
+    if (probe < 1) break;
+    ++counters_.lookups;
+    absl::StatusOr<cachestore::LookupResult> lookup = cache_->Lookup(
+        ns, absl::MakeConstSpan(request.prompt).subspan(0, static_cast<size_t>(probe)), cachestore::LookupMode::kLease);
+    if (!lookup.ok()) {
+      ++counters_.errors_as_misses;
+      LOG(WARNING) << "cache lookup failed, prefilling cold: " << lookup.status();
+      return r;
+    }
+    r.kv_match_tokens = std::max(r.kv_match_tokens, lookup->kv_match_tokens);
+    if (lookup->resume_position == 0 || !lookup->state.has_value()) {
+      if (lookup->lease_id != 0) (void)cache_->Release(lookup->lease_id);
+      return r;
+    }
+    const bool restored = RestoreFromCache(r.seq, *lookup, n, plan.StateKeyAt(lookup->resume_position));
+    (void)cache_->Release(lookup->lease_id);
+    if (!restored) return r;
+    ASSIGN_OR_RETURN(const engine::SequenceTable::Sequence* seq, model_.sequences().Find(r.seq));
+    if (lookup->resume_position == n && seq->last_logits.empty()) {
+      // Usable only with the last logits: start over one token short.
+      RETURN_IF_ERROR(model_.ReleaseSequence(r.seq));
+      ASSIGN_OR_RETURN(r.seq, model_.NewSequence());
+      continue;
+    }
+    ++counters_.hits;
+    r.position = lookup->resume_position;
+    r.kind = lookup->state->state_kind == cachestore::StateKind::kGridCheckpoint ? ResumeKind::kGridCheckpoint
+                                                                                 : ResumeKind::kExactPrefix;
+    return r;
+  }
+  return r;
+}
+
+absl::StatusOr<PrefillOutcome> PrefillWorker::Prefill(const PrefillRequest& request) {
+  const int64_t n = static_cast<int64_t>(request.prompt.size());
+  if (n == 0) return absl::InvalidArgumentError("prompt_token_ids is empty");
+  for (size_t i = 0; i < request.prompt.size(); ++i) {
+    if (request.prompt[i] < 0 || request.prompt[i] >= model_.config().vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("prompt_token_ids[", i, "] = ", request.prompt[i], " outside [0, ",
+                                                     model_.config().vocab_size, ")"));
+    }
+  }
+  if (request.ticket.n_tokens != n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the transfer ticket is for ", request.ticket.n_tokens, " tokens, the prompt has ", n));
+  }
+  RETURN_IF_ERROR(transport::CheckTicket(model_.sequences(), request.ticket));
+  ASSIGN_OR_RETURN(engine::Sampler sampler, engine::Sampler::Create(request.sampling));
+
+  const cachestore::ClientNamespace ns = Namespace(request.cache_salt);
+  ASSIGN_OR_RETURN(const Resumed resumed, Resume(request, ns));
+  SequenceGuard guard(model_, resumed.seq);
+
+  std::vector<float> logits;
+  std::vector<engine::SequenceState> checkpoints;
+  if (resumed.position < n) {
+    engine::PrefillOptions options;
+    options.emit_checkpoints = cache_ != nullptr && options_.publish;
+    ASSIGN_OR_RETURN(
+        engine::PrefillResult result,
+        model_.Prefill(resumed.seq, absl::MakeConstSpan(request.prompt).subspan(resumed.position), options));
+    logits = std::move(result.logits);
+    checkpoints = std::move(result.checkpoints);
+  } else {
+    ASSIGN_OR_RETURN(const engine::SequenceTable::Sequence* seq, model_.sequences().Find(resumed.seq));
+    logits = seq->last_logits;
+  }
+  PrefillOutcome outcome;
+  ASSIGN_OR_RETURN(outcome.first, sampler.Sample(logits, /*step=*/0));
+
+  const CachePlan plan(ns, request.prompt);
+  ASSIGN_OR_RETURN(
+      const transport::SequenceStateSource source,
+      transport::SequenceStateSource::Create(model_.sequences(), resumed.seq, request.ticket, fingerprint_,
+                                             plan.StateKeyAt(n), outcome.first.token, outcome.first.logprob));
+  const absl::Time start = absl::Now();
+  RETURN_IF_ERROR(sender_.Send(request.ticket, source));
+  outcome.transfer_time = absl::Now() - start;
+  outcome.transfer_bytes = source.num_pages() * source.page_bytes() + static_cast<int64_t>(source.state().size());
+
+  outcome.usage.prompt_tokens = n;
+  outcome.usage.cached_tokens = resumed.position;
+  outcome.usage.recomputed_tokens = n - resumed.position;
+  outcome.usage.kv_match_tokens = resumed.kv_match_tokens;
+  outcome.usage.resume_kind = resumed.kind;
+  // After the push: publication never delays decode.
+  if (cache_ != nullptr && options_.publish) {
+    Publish(resumed.seq, request, ns, resumed.position, resumed.kv_match_tokens, checkpoints);
+  }
+  return outcome;
+}
+
+void PrefillWorker::Publish(engine::SequenceId seq, const PrefillRequest& request,
+                            const cachestore::ClientNamespace& ns, int64_t resumed_at, int64_t kv_match_tokens,
+                            const std::vector<engine::SequenceState>& checkpoints) {
+  const CachePlan plan(ns, request.prompt);
+  const int64_t n = static_cast<int64_t>(request.prompt.size());
+  const int64_t ps = plan.page_size();
+  auto put = [&](const cachestore::ClientPut& p, absl::string_view bytes, int64_t* published) {
+    absl::StatusOr<cachestore::PutResult> r = cache_->Put(ns, p, bytes);
+    if (!r.ok()) {
+      ++counters_.publish_failures;
+      VLOG(1) << "cache publication failed: " << r.status();
+      return false;
+    }
+    if (!r->already_present) ++*published;
+    return true;
+  };
+  // Pages the cache does not hold yet, in order (each needs its parent).
+  const int64_t full = model_.num_attention_layers() > 0 ? n / ps : 0;
+  for (int64_t i = std::min(kv_match_tokens, resumed_at) / ps; i < full; ++i) {
+    absl::StatusOr<std::string> page = model_.ExportPage(seq, i);
+    if (!page.ok() || !put(plan.PagePut(i), *page, &counters_.pages_published)) break;
+  }
+  for (const engine::SequenceState& checkpoint : checkpoints) {
+    const int64_t q = checkpoint.position;
+    absl::StatusOr<engine::Snapshot> snapshot =
+        engine::ToSnapshot(checkpoint, model_.layout(), fingerprint_, plan.StateKeyAt(q));
+    absl::StatusOr<std::string> bytes =
+        snapshot.ok() ? engine::EncodeSnapshot(*snapshot) : absl::StatusOr<std::string>(snapshot.status());
+    if (bytes.ok()) put(plan.StatePut(q, cachestore::StateKind::kGridCheckpoint), *bytes, &counters_.states_published);
+  }
+  std::string end_state;
+  if (model_.sequences()
+          .EncodeStateInto(seq, /*with_logits=*/true, fingerprint_, plan.StateKeyAt(n), &end_state)
+          .ok()) {
+    put(plan.StatePut(n, cachestore::StateKind::kExactPrefix), end_state, &counters_.states_published);
+  }
+}
+
+}  // namespace hybridserve::prefill

@@ -1,0 +1,127 @@
+#ifndef HYBRIDSERVE_PREFILL_PREFILL_WORKER_H_
+#define HYBRIDSERVE_PREFILL_PREFILL_WORKER_H_
+
+// The prefill worker's core (DESIGN.md sections 1 and 3), below its gRPC
+// edge: for one request it
+//   1. looks up the deepest resume point of the prompt in the request's
+//      namespace (model fingerprint, adapter, cache salt, page size), fetches
+//      the state and pages under the lease and restores them;
+//   2. prefills the rest on the absolute chunk grid, keeping the grid
+//      checkpoints it crosses;
+//   3. samples the first token (step 0) from the last prompt logits;
+//   4. pushes pages, the prompt-end state and the first token to the
+//      decode worker's reservation (the ticket) over the data plane;
+//   5. then publishes to the cache what it computed: the prompt's pages not
+//      yet cached, its grid checkpoints and the prompt-end exact-prefix
+//      snapshot (with its last logits, so an identical prompt recomputes
+//      nothing).
+// The cache being down, slow, wrong or full never fails a request: a lookup
+// or fetch that fails, bytes that fail their checksum, a snapshot of another
+// model, layout, position or prefix all become a miss, and the request
+// recomputes; failed publications are counted and dropped.
+//
+// Not thread-safe: the engine is not. One worker per engine; the service in
+// front of it queues requests (bounded) and calls Prefill one at a time.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "cachestore/cache_client.h"
+#include "common/hash.h"
+#include "common/tokens.h"
+#include "engine/model.h"
+#include "engine/sampler.h"
+#include "transport/transfer.h"
+
+namespace hybridserve::prefill {
+
+// How a prompt was resumed.
+enum class ResumeKind {
+  kCold = 0,            // nothing usable in the cache
+  kGridCheckpoint = 1,  // from a grid checkpoint
+  kExactPrefix = 2,     // from an exact-prefix snapshot (an earlier prompt or turn end)
+};
+
+struct PrefillRequest {
+  std::string request_id;
+  std::vector<TokenId> prompt;
+  std::string cache_salt;  // tenant: separates namespaces
+  engine::SamplingParams sampling;
+  transport::Ticket ticket;  // where the state goes
+};
+
+struct PrefillUsage {
+  int64_t prompt_tokens = 0;
+  int64_t cached_tokens = 0;      // tokens whose state came from the cache
+  int64_t recomputed_tokens = 0;  // prompt_tokens - cached_tokens
+  int64_t kv_match_tokens = 0;    // tokens the cache held pages for (may exceed cached_tokens)
+  ResumeKind resume_kind = ResumeKind::kCold;
+};
+
+struct PrefillOutcome {
+  engine::SampledToken first;
+  PrefillUsage usage;
+  int64_t transfer_bytes = 0;
+  absl::Duration transfer_time;
+};
+
+// What the worker did with the cache (cumulative; for metrics and tests).
+struct PrefillCacheCounters {
+  int64_t lookups = 0;
+  int64_t hits = 0;              // resumed from a state
+  int64_t errors_as_misses = 0;  // cache calls or bytes that failed and became misses
+  int64_t pages_published = 0;
+  int64_t states_published = 0;
+  int64_t publish_failures = 0;
+};
+
+struct PrefillWorkerOptions {
+  std::string adapter;  // part of the namespace ("" for the base model)
+  bool publish = true;  // publish pages, checkpoints and prompt-end snapshots
+};
+
+class PrefillWorker {
+ public:
+  // `model`, `cache` (null: no cache) and `sender` must outlive the worker.
+  // `model_fingerprint` identifies the weights (ModelWeights::fingerprint()).
+  PrefillWorker(engine::Model& model, const common::Hash128& model_fingerprint, cachestore::CacheClient* cache,
+                transport::StateSender& sender, const PrefillWorkerOptions& options = {});
+
+  // Runs steps 1-5 for `request`. INVALID_ARGUMENT for an empty prompt, a
+  // token outside the vocabulary, bad sampling params or a ticket for another
+  // position or model layout; RESOURCE_EXHAUSTED when the engine has no room
+  // for the sequence; the data plane's error when the push fails. The engine
+  // holds nothing of the request afterwards, whatever the outcome.
+  absl::StatusOr<PrefillOutcome> Prefill(const PrefillRequest& request);
+
+  const PrefillCacheCounters& counters() const { return counters_; }
+  // The namespace a request with `cache_salt` uses.
+  cachestore::ClientNamespace Namespace(const std::string& cache_salt) const;
+
+ private:
+  struct Resumed;
+  // Steps 1: a live sequence at the deepest usable resume point (position 0
+  // when cold), and how it got there.
+  absl::StatusOr<Resumed> Resume(const PrefillRequest& request, const cachestore::ClientNamespace& ns);
+  // Tries to restore `seq` from the lookup's lease; false (a miss) on any failure.
+  bool RestoreFromCache(engine::SequenceId seq, const cachestore::LookupResult& lookup, int64_t prompt_tokens,
+                        const common::Hash128& prefix_hash);
+  void Publish(engine::SequenceId seq, const PrefillRequest& request, const cachestore::ClientNamespace& ns,
+               int64_t resumed_at, int64_t kv_match_tokens, const std::vector<engine::SequenceState>& checkpoints);
+
+  engine::Model& model_;
+  const common::Hash128 fingerprint_;
+  const std::string fingerprint_hex_;
+  cachestore::CacheClient* const cache_;
+  transport::StateSender& sender_;
+  const PrefillWorkerOptions options_;
+  PrefillCacheCounters counters_;
+};
+
+}  // namespace hybridserve::prefill
+
+#endif  // HYBRIDSERVE_PREFILL_PREFILL_WORKER_H_

@@ -1,0 +1,270 @@
+// The prefill worker against a real CacheStore (in process) and the
+// in-process data plane into a second engine that plays decode: each resume
+// kind, the cache's contracts (DESIGN.md section 5, contracts 1 and 2), and a
+// cache that is down or wrong.
+
+#include "prefill/prefill_worker.h"
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "cachestore/cache_store.h"
+#include "cachestore/fault_injecting_cache_client.h"
+#include "cachestore/in_process_cache_client.h"
+#include "common/clock.h"
+#include "engine/model.h"
+#include "engine/model_weights.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "transport/engine_import.h"
+#include "transport/in_process_transport.h"
+
+namespace hybridserve::prefill {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string Runfile(const std::string& relative) {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const char* workspace = std::getenv("TEST_WORKSPACE");
+  if (srcdir == nullptr || workspace == nullptr) return relative;
+  return absl::StrCat(srcdir, "/", workspace, "/", relative);
+}
+
+std::vector<TokenId> Tokens(int64_t n, int64_t vocab, int64_t seed) {
+  std::vector<TokenId> t(static_cast<size_t>(n));
+  uint64_t x = static_cast<uint64_t>(seed) * 0x9E3779B97F4A7C15u + 1;
+  for (auto& v : t) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    v = static_cast<TokenId>(x % static_cast<uint64_t>(vocab));
+  }
+  return t;
+}
+
+bool BitEqual(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+class PrefillWorkerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto weights = engine::ModelWeights::LoadDirectory(Runfile("tests/fixtures/golden/nemotron_h_tiny"));
+    ASSERT_TRUE(weights.ok()) << weights.status();
+    weights_ = *std::move(weights);
+    vocab_ = weights_->config().vocab_size;
+    prefill_model_ = NewModel();
+    decode_model_ = NewModel();
+    reference_ = NewModel();
+    auto store = cachestore::CacheStore::Create(cachestore::CacheIndexOptions(), clock_);
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = *std::move(store);
+    cache_ = std::make_unique<cachestore::InProcessCacheClient>(*store_);
+    faults_ = std::make_unique<cachestore::FaultInjectingCacheClient>(*cache_);
+    worker_ = std::make_unique<PrefillWorker>(*prefill_model_, weights_->fingerprint(), faults_.get(), transport_);
+  }
+
+  std::unique_ptr<engine::Model> NewModel() {
+    engine::ModelOptions o;
+    o.page_size = 16;
+    o.max_pages = 256;
+    o.max_sequences = 4;
+    auto m = engine::Model::Create(weights_->config(), *weights_, o);
+    EXPECT_TRUE(m.ok()) << m.status();
+    return m.ok() ? *std::move(m) : nullptr;
+  }
+
+  struct Turn {
+    absl::StatusOr<PrefillOutcome> outcome;
+    engine::SequenceId decode_seq = 0;  // live on decode_model_ when the turn succeeded
+  };
+
+  // One request through the worker into decode_model_, greedy.
+  Turn Run(const std::vector<TokenId>& prompt, const std::string& salt = "") {
+    static uint64_t next_transfer = 1;
+    Turn turn;
+    PrefillRequest request;
+    request.prompt = prompt;
+    request.cache_salt = salt;
+    request.sampling.temperature = 0.0f;
+    request.sampling.logprobs = true;
+    auto reservation = decode_model_->sequences().ReserveImport(static_cast<int64_t>(prompt.size()));
+    if (!reservation.ok()) {  // an empty prompt: the worker must refuse it on its own
+      turn.outcome = worker_->Prefill(request);
+      return turn;
+    }
+    auto ticket = transport::TicketFor(decode_model_->sequences(), *reservation, next_transfer++, "",
+                                       absl::Now() + absl::Seconds(30));
+    EXPECT_TRUE(ticket.ok());
+    EXPECT_TRUE(transport_.Expect(*ticket).ok());
+    request.request_id = absl::StrCat("r", ticket->transfer_id);
+    request.ticket = *ticket;
+    turn.outcome = worker_->Prefill(request);
+    if (!turn.outcome.ok()) {
+      transport_.Cancel(ticket->transfer_id);
+      EXPECT_TRUE(decode_model_->sequences().AbortImport(reservation->id).ok());
+      return turn;
+    }
+    auto received = transport_.Await(ticket->transfer_id);
+    EXPECT_TRUE(received.ok()) << received.status();
+    EXPECT_EQ(received->first_token, turn.outcome->first.token);
+    EXPECT_TRUE(transport::ImportReceived(decode_model_->sequences(), *reservation, *received).ok());
+    turn.decode_seq = reservation->id;
+    return turn;
+  }
+
+  // Logits of `steps` decode steps, feeding tokens 3, 4, ...
+  static std::vector<float> Continue(engine::Model& m, engine::SequenceId id, int steps) {
+    std::vector<float> all;
+    for (int s = 0; s < steps; ++s) {
+      auto l = m.DecodeStep({id}, {static_cast<TokenId>(3 + s)});
+      EXPECT_TRUE(l.ok()) << l.status();
+      if (!l.ok()) return {};
+      all.insert(all.end(), l->begin(), l->end());
+    }
+    return all;
+  }
+
+  // A reference sequence on reference_ prefilled with each chunk in turn.
+  engine::SequenceId Reference(const std::vector<std::vector<TokenId>>& chunks, std::vector<float>* last_logits) {
+    auto id = reference_->NewSequence();
+    EXPECT_TRUE(id.ok());
+    for (const auto& chunk : chunks) {
+      auto r = reference_->Prefill(*id, chunk);
+      EXPECT_TRUE(r.ok()) << r.status();
+      if (r.ok() && last_logits != nullptr) *last_logits = r->logits;
+    }
+    return *id;
+  }
+
+  common::FakeClock clock_;
+  std::unique_ptr<engine::ModelWeights> weights_;
+  int64_t vocab_ = 0;
+  std::unique_ptr<engine::Model> prefill_model_, decode_model_, reference_;
+  std::unique_ptr<cachestore::CacheStore> store_;
+  std::unique_ptr<cachestore::InProcessCacheClient> cache_;
+  std::unique_ptr<cachestore::FaultInjectingCacheClient> faults_;
+  transport::InProcessTransport transport_;
+  std::unique_ptr<PrefillWorker> worker_;
+};
+
+TEST_F(PrefillWorkerTest, ColdPrefillSendsTheStateAndPublishesPagesCheckpointsAndTheSnapshot) {
+  const std::vector<TokenId> prompt = Tokens(150, vocab_, 1);
+  Turn turn = Run(prompt);
+  ASSERT_TRUE(turn.outcome.ok()) << turn.outcome.status();
+  const PrefillUsage& u = turn.outcome->usage;
+  EXPECT_EQ(u.prompt_tokens, 150);
+  EXPECT_EQ(u.cached_tokens, 0);
+  EXPECT_EQ(u.recomputed_tokens, 150);
+  EXPECT_EQ(u.resume_kind, ResumeKind::kCold);
+  // 9 full pages; checkpoints at 64 and 128 (4 * chunk 16); the prompt-end snapshot.
+  EXPECT_EQ(worker_->counters().pages_published, 9);
+  EXPECT_EQ(worker_->counters().states_published, 3);
+  EXPECT_EQ(prefill_model_->num_free_sequences(), 4);  // the worker keeps nothing
+
+  std::vector<float> logits;
+  const engine::SequenceId ref = Reference({prompt}, &logits);
+  const TokenId greedy = static_cast<TokenId>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  EXPECT_EQ(turn.outcome->first.token, greedy);
+  EXPECT_TRUE(BitEqual(Continue(*decode_model_, turn.decode_seq, 3), Continue(*reference_, ref, 3)));
+}
+
+TEST_F(PrefillWorkerTest, TheNextTurnResumesAtTheSnapshotAndContinuesAsAKeptAliveSequence) {
+  const std::vector<TokenId> turn1 = Tokens(70, vocab_, 2);
+  ASSERT_TRUE(Run(turn1).outcome.ok());
+  std::vector<TokenId> turn2 = turn1;
+  const std::vector<TokenId> extra = Tokens(25, vocab_, 3);
+  turn2.insert(turn2.end(), extra.begin(), extra.end());
+  Turn turn = Run(turn2);
+  ASSERT_TRUE(turn.outcome.ok()) << turn.outcome.status();
+  EXPECT_EQ(turn.outcome->usage.cached_tokens, 70);
+  EXPECT_EQ(turn.outcome->usage.recomputed_tokens, 25);
+  EXPECT_EQ(turn.outcome->usage.resume_kind, ResumeKind::kExactPrefix);
+  // Contract 2: bit-identical to a sequence kept alive across the turns.
+  const engine::SequenceId kept = Reference({turn1, extra}, nullptr);
+  EXPECT_TRUE(BitEqual(Continue(*decode_model_, turn.decode_seq, 3), Continue(*reference_, kept, 3)));
+}
+
+TEST_F(PrefillWorkerTest, AnIdenticalPromptRecomputesNothing) {
+  const std::vector<TokenId> prompt = Tokens(40, vocab_, 4);
+  Turn first = Run(prompt);
+  ASSERT_TRUE(first.outcome.ok());
+  Turn again = Run(prompt);
+  ASSERT_TRUE(again.outcome.ok());
+  EXPECT_EQ(again.outcome->usage.cached_tokens, 40);
+  EXPECT_EQ(again.outcome->usage.recomputed_tokens, 0);
+  EXPECT_EQ(again.outcome->first.token, first.outcome->first.token);
+  EXPECT_EQ(again.outcome->first.logprob, first.outcome->first.logprob);
+  EXPECT_TRUE(BitEqual(Continue(*decode_model_, again.decode_seq, 2), Continue(*decode_model_, first.decode_seq, 2)));
+}
+
+TEST_F(PrefillWorkerTest, ADivergingPromptResumesAtTheLastSharedGridCheckpointBitIdenticallyToCold) {
+  const std::vector<TokenId> a = Tokens(150, vocab_, 5);
+  ASSERT_TRUE(Run(a).outcome.ok());
+  std::vector<TokenId> b(a.begin(), a.begin() + 130);
+  const std::vector<TokenId> tail = Tokens(30, vocab_, 6);
+  b.insert(b.end(), tail.begin(), tail.end());
+  Turn turn = Run(b);
+  ASSERT_TRUE(turn.outcome.ok());
+  EXPECT_EQ(turn.outcome->usage.cached_tokens, 128);
+  EXPECT_EQ(turn.outcome->usage.resume_kind, ResumeKind::kGridCheckpoint);
+  EXPECT_EQ(turn.outcome->usage.kv_match_tokens, 128);
+  // Contract 1: bit-identical to a cold prefill of the whole prompt.
+  const engine::SequenceId cold = Reference({b}, nullptr);
+  EXPECT_TRUE(BitEqual(Continue(*decode_model_, turn.decode_seq, 3), Continue(*reference_, cold, 3)));
+}
+
+TEST_F(PrefillWorkerTest, TenantsNeverShareEntries) {
+  const std::vector<TokenId> prompt = Tokens(40, vocab_, 7);
+  ASSERT_TRUE(Run(prompt, "tenant-a").outcome.ok());
+  Turn other = Run(prompt, "tenant-b");
+  ASSERT_TRUE(other.outcome.ok());
+  EXPECT_EQ(other.outcome->usage.cached_tokens, 0);
+}
+
+TEST_F(PrefillWorkerTest, ACacheThatIsDownOrWrongBecomesAMissNeverAFailure) {
+  const std::vector<TokenId> prompt = Tokens(90, vocab_, 8);
+  ASSERT_TRUE(Run(prompt).outcome.ok());
+  const engine::SequenceId cold = Reference({prompt}, nullptr);
+  const std::vector<float> expected = Continue(*reference_, cold, 2);
+
+  faults_->FailNext(cachestore::CacheClientMethod::kLookup, 1, absl::UnavailableError("cachestore down"));
+  Turn down = Run(prompt);
+  ASSERT_TRUE(down.outcome.ok()) << down.outcome.status();
+  EXPECT_EQ(down.outcome->usage.cached_tokens, 0);
+  EXPECT_TRUE(BitEqual(Continue(*decode_model_, down.decode_seq, 2), expected));
+
+  faults_->CorruptNextGets(1);  // the state's bytes come back wrong: never restored
+  Turn wrong = Run(prompt);
+  ASSERT_TRUE(wrong.outcome.ok());
+  EXPECT_EQ(wrong.outcome->usage.cached_tokens, 0);
+  EXPECT_TRUE(BitEqual(Continue(*decode_model_, wrong.decode_seq, 2), expected));
+
+  faults_->FailNext(cachestore::CacheClientMethod::kPut, 100, absl::ResourceExhaustedError("full"));
+  Turn full = Run(Tokens(33, vocab_, 9));
+  ASSERT_TRUE(full.outcome.ok());
+  EXPECT_GE(worker_->counters().publish_failures, 1);
+  EXPECT_EQ(worker_->counters().errors_as_misses, 2);
+}
+
+TEST_F(PrefillWorkerTest, BadRequestsAreRefusedAndLeaveNothingBehind) {
+  Turn empty = Run({});
+  EXPECT_EQ(empty.outcome.status().code(), absl::StatusCode::kInvalidArgument);
+  std::vector<TokenId> bad = Tokens(10, vocab_, 10);
+  bad[4] = static_cast<TokenId>(vocab_);
+  Turn out_of_range = Run(bad);
+  EXPECT_EQ(out_of_range.outcome.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(out_of_range.outcome.status().message(), HasSubstr("prompt_token_ids[4]"));
+  EXPECT_EQ(prefill_model_->num_free_sequences(), 4);
+  EXPECT_EQ(decode_model_->num_free_pages(), 256);
+}
+
+}  // namespace
+}  // namespace hybridserve::prefill
