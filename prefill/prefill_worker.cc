@@ -8,11 +8,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
+#include "cachestore/cache_plan.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "engine/snapshot_codec.h"
 #include "engine/state_snapshot.h"
-#include "prefill/cache_plan.h"
 #include "transport/engine_import.h"
 
 namespace hybridserve::prefill {
@@ -98,7 +98,7 @@ absl::StatusOr<PrefillWorker::Resumed> PrefillWorker::Resume(const PrefillReques
   Resumed r;
   ASSIGN_OR_RETURN(r.seq, model_.NewSequence());
   if (cache_ == nullptr) return r;
-  const CachePlan plan(ns, request.prompt);
+  const cachestore::CachePlan plan(ns, request.prompt);
   const int64_t n = static_cast<int64_t>(request.prompt.size());
   // The whole prompt first; when only a state at n without logits is found,
   // the prompt less its last token, so that the last logits get computed.
@@ -173,7 +173,7 @@ absl::StatusOr<PrefillOutcome> PrefillWorker::Prefill(const PrefillRequest& requ
   PrefillOutcome outcome;
   ASSIGN_OR_RETURN(outcome.first, sampler.Sample(logits, /*step=*/0));
 
-  const CachePlan plan(ns, request.prompt);
+  const cachestore::CachePlan plan(ns, request.prompt);
   ASSIGN_OR_RETURN(
       const transport::SequenceStateSource source,
       transport::SequenceStateSource::Create(model_.sequences(), resumed.seq, request.ticket, fingerprint_,
@@ -198,7 +198,7 @@ absl::StatusOr<PrefillOutcome> PrefillWorker::Prefill(const PrefillRequest& requ
 void PrefillWorker::Publish(engine::SequenceId seq, const PrefillRequest& request,
                             const cachestore::ClientNamespace& ns, int64_t resumed_at, int64_t kv_match_tokens,
                             const std::vector<engine::SequenceState>& checkpoints) {
-  const CachePlan plan(ns, request.prompt);
+  const cachestore::CachePlan plan(ns, request.prompt);
   const int64_t n = static_cast<int64_t>(request.prompt.size());
   const int64_t ps = plan.page_size();
   auto put = [&](const cachestore::ClientPut& p, absl::string_view bytes, int64_t* published) {

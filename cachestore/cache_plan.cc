@@ -1,9 +1,9 @@
-#include "prefill/cache_plan.h"
+#include "cachestore/cache_plan.h"
 
-namespace hybridserve::prefill {
+namespace hybridserve::cachestore {
 
-CachePlan::CachePlan(const cachestore::ClientNamespace& ns, absl::Span<const TokenId> tokens)
-    : ns_(ns), root_(ns.Key()), tokens_(tokens), page_keys_(cachestore::PageKeys(root_, tokens, ns.page_size)) {}
+CachePlan::CachePlan(const ClientNamespace& ns, absl::Span<const TokenId> tokens)
+    : ns_(ns), root_(ns.Key()), tokens_(tokens), page_keys_(PageKeys(root_, tokens, ns.page_size)) {}
 
 std::optional<common::Hash128> CachePlan::StateParent(int64_t p) const {
   const int64_t n = p / page_size();
@@ -17,12 +17,12 @@ absl::Span<const TokenId> CachePlan::StateTail(int64_t p) const {
 }
 
 common::Hash128 CachePlan::StateKeyAt(int64_t p) const {
-  return cachestore::StateKey(StateParent(p).value_or(root_), StateTail(p));
+  return StateKey(StateParent(p).value_or(root_), StateTail(p));
 }
 
-cachestore::ClientPut CachePlan::StatePut(int64_t p, cachestore::StateKind kind) const {
-  cachestore::ClientPut put;
-  put.entry_class = cachestore::EntryClass::kState;
+ClientPut CachePlan::StatePut(int64_t p, StateKind kind) const {
+  ClientPut put;
+  put.entry_class = EntryClass::kState;
   put.parent = StateParent(p);
   const absl::Span<const TokenId> tail = StateTail(p);
   put.tokens.assign(tail.begin(), tail.end());
@@ -31,9 +31,9 @@ cachestore::ClientPut CachePlan::StatePut(int64_t p, cachestore::StateKind kind)
   return put;
 }
 
-cachestore::ClientPut CachePlan::PagePut(int64_t i) const {
-  cachestore::ClientPut put;
-  put.entry_class = cachestore::EntryClass::kPage;
+ClientPut CachePlan::PagePut(int64_t i) const {
+  ClientPut put;
+  put.entry_class = EntryClass::kPage;
   if (i > 0) put.parent = page_keys_[static_cast<size_t>(i - 1)];
   const absl::Span<const TokenId> page =
       tokens_.subspan(static_cast<size_t>(i * page_size()), static_cast<size_t>(page_size()));
@@ -41,4 +41,4 @@ cachestore::ClientPut CachePlan::PagePut(int64_t i) const {
   return put;
 }
 
-}  // namespace hybridserve::prefill
+}  // namespace hybridserve::cachestore

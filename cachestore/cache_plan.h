@@ -1,5 +1,5 @@
-#ifndef HYBRIDSERVE_PREFILL_CACHE_PLAN_H_
-#define HYBRIDSERVE_PREFILL_CACHE_PLAN_H_
+#ifndef HYBRIDSERVE_CACHESTORE_CACHE_PLAN_H_
+#define HYBRIDSERVE_CACHESTORE_CACHE_PLAN_H_
 
 // The cache keys of one prompt in one namespace (cachestore/keys.h): its page
 // chain, and for any position p the parent and tail of a state at p and the
@@ -15,14 +15,14 @@
 #include "cachestore/keys.h"
 #include "common/hash.h"
 
-namespace hybridserve::prefill {
+namespace hybridserve::cachestore {
 
 class CachePlan {
  public:
   // `tokens` must outlive the plan.
-  CachePlan(const cachestore::ClientNamespace& ns, absl::Span<const TokenId> tokens);
+  CachePlan(const ClientNamespace& ns, absl::Span<const TokenId> tokens);
 
-  const cachestore::ClientNamespace& ns() const { return ns_; }
+  const ClientNamespace& ns() const { return ns_; }
   int64_t page_size() const { return ns_.page_size; }
   // K_i of the full pages of the tokens.
   const std::vector<common::Hash128>& page_keys() const { return page_keys_; }
@@ -33,17 +33,17 @@ class CachePlan {
   // S_p: the state's key, and the token-prefix hash its snapshot carries.
   common::Hash128 StateKeyAt(int64_t p) const;
   // The put of a state at p.
-  cachestore::ClientPut StatePut(int64_t p, cachestore::StateKind kind) const;
+  ClientPut StatePut(int64_t p, StateKind kind) const;
   // The put of full page i.
-  cachestore::ClientPut PagePut(int64_t i) const;
+  ClientPut PagePut(int64_t i) const;
 
  private:
-  cachestore::ClientNamespace ns_;
+  ClientNamespace ns_;
   common::Hash128 root_;
   absl::Span<const TokenId> tokens_;
   std::vector<common::Hash128> page_keys_;
 };
 
-}  // namespace hybridserve::prefill
+}  // namespace hybridserve::cachestore
 
-#endif  // HYBRIDSERVE_PREFILL_CACHE_PLAN_H_
+#endif  // HYBRIDSERVE_CACHESTORE_CACHE_PLAN_H_
