@@ -1,0 +1,389 @@
+#include "decode/decode_loop.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "cachestore/cache_plan.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "transport/engine_import.h"
+
+namespace hybridserve::decode {
+
+struct DecodeLoop::Request {
+  enum class Phase { kWaiting, kPrefilling, kDecoding };
+
+  GenerateRequest req;
+  GenerationSink* sink = nullptr;
+  std::optional<engine::Sampler> sampler;
+  Phase phase = Phase::kWaiting;
+  engine::ImportReservation reservation;  // from admission on
+  transport::Ticket ticket;
+  PrefillReply prefill;
+  std::vector<TokenId> generated;
+};
+
+absl::StatusOr<std::unique_ptr<DecodeLoop>> DecodeLoop::Create(
+    engine::Model& model, const common::Hash128& model_fingerprint, PrefillClient& prefill,
+    transport::StateReceiver& receiver, cachestore::CacheClient* cache, const DecodeLoopOptions& options) {
+  if (options.max_batch < 1 || options.max_waiting < 0 || options.transfer_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("decode loop: max_batch >= 1, max_waiting >= 0 and a positive transfer_timeout");
+  }
+  std::unique_ptr<DecodeLoop> loop(new DecodeLoop(model, model_fingerprint, prefill, receiver, cache, options));
+  loop->loop_ = std::thread([p = loop.get()] { p->Run(); });
+  return loop;
+}
+
+DecodeLoop::DecodeLoop(engine::Model& model, const common::Hash128& fingerprint, PrefillClient& prefill,
+                       transport::StateReceiver& receiver, cachestore::CacheClient* cache,
+                       const DecodeLoopOptions& options)
+    : model_(model),
+      fingerprint_(fingerprint),
+      prefill_(prefill),
+      receiver_(receiver),
+      cache_(cache),
+      options_(options) {}
+
+DecodeLoop::~DecodeLoop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  if (loop_.joinable()) loop_.join();
+  absl::flat_hash_map<uint64_t, std::thread> calls;
+  {
+    absl::MutexLock lock(&mu_);
+    calls.swap(calls_);
+  }
+  for (auto& [id, t] : calls) t.join();
+}
+
+absl::Status DecodeLoop::Submit(GenerateRequest request, GenerationSink* sink) {
+  const int64_t max_context = engine::kMaxSequenceTokens;
+  RETURN_IF_ERROR(ValidateRequest(request, model_.config().vocab_size, max_context));
+  const int64_t total = static_cast<int64_t>(request.prompt.size()) + request.stop.max_tokens;
+  if (model_.sequences().PagesFor(total) > model_.sequences().num_pages()) {
+    return absl::ResourceExhaustedError(absl::StrCat("a request of ", total, " tokens needs ",
+                                                     model_.sequences().PagesFor(total), " KV pages, this worker has ",
+                                                     model_.sequences().num_pages()));
+  }
+  auto r = std::make_unique<Request>();
+  absl::StatusOr<engine::Sampler> sampler = engine::Sampler::Create(request.sampling);
+  if (!sampler.ok()) return absl::InvalidArgumentError(absl::StrCat("sampling: ", sampler.status().message()));
+  r->sampler = *std::move(sampler);
+  r->sink = sink;
+  r->req = std::move(request);
+  absl::MutexLock lock(&mu_);
+  if (draining_ || stop_) return absl::UnavailableError("the decode worker is draining");
+  if (live_.contains(r->req.request_id)) {
+    return absl::InvalidArgumentError(absl::StrCat("request_id \"", r->req.request_id, "\" is already live"));
+  }
+  if (static_cast<int64_t>(waiting_.size()) + prefilling_ + decoding_ >= options_.max_batch + options_.max_waiting) {
+    return absl::ResourceExhaustedError(absl::StrCat("the decode worker is full: ", waiting_.size(),
+                                                     " requests waiting, ", prefilling_ + decoding_, " running"));
+  }
+  waiting_.push_back(r->req.request_id);
+  live_.emplace(r->req.request_id, std::move(r));
+  return absl::OkStatus();
+}
+
+bool DecodeLoop::Abort(const std::string& request_id) {
+  absl::MutexLock lock(&mu_);
+  if (!live_.contains(request_id)) return false;
+  aborts_.insert(request_id);
+  return true;
+}
+
+void DecodeLoop::Drain() {
+  absl::MutexLock lock(&mu_);
+  draining_ = true;
+}
+
+DecodeLoop::Counts DecodeLoop::counts() const {
+  absl::MutexLock lock(&mu_);
+  return Counts{static_cast<int64_t>(waiting_.size()), prefilling_, decoding_};
+}
+
+bool DecodeLoop::Idle() const {
+  absl::MutexLock lock(&mu_);
+  return live_.empty();
+}
+
+void DecodeLoop::JoinFinishedCalls() {
+  std::vector<std::thread> done;
+  {
+    absl::MutexLock lock(&mu_);
+    for (uint64_t id : finished_calls_) {
+      auto it = calls_.find(id);
+      if (it == calls_.end()) continue;
+      done.push_back(std::move(it->second));
+      calls_.erase(it);
+    }
+    finished_calls_.clear();
+  }
+  for (std::thread& t : done) t.join();
+}
+
+void DecodeLoop::Run() {
+  while (true) {
+    JoinFinishedCalls();
+    std::vector<std::string> aborts;
+    std::vector<Prefilled> arrived;
+    std::vector<std::string> expired;
+    bool stop = false;
+    {
+      absl::MutexLock lock(&mu_);
+      auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stop_ || !aborts_.empty() || !prefilled_.empty() || decoding_ > 0 ||
+               (!waiting_.empty() && prefilling_ + decoding_ < options_.max_batch);
+      };
+      // Wakes at least every 50 ms for deadlines and for room freed elsewhere.
+      mu_.AwaitWithTimeout(absl::Condition(&has_work), absl::Milliseconds(50));
+      stop = stop_;
+      aborts.assign(aborts_.begin(), aborts_.end());
+      aborts_.clear();
+      arrived.swap(prefilled_);
+      const absl::Time now = absl::Now();
+      for (const auto& [id, r] : live_) {
+        if (r->req.deadline <= now) expired.push_back(id);
+      }
+    }
+    if (stop) {
+      std::vector<std::string> all;
+      {
+        absl::MutexLock lock(&mu_);
+        for (const auto& [id, r] : live_) all.push_back(id);
+      }
+      for (const std::string& id : all) {
+        Finish(id, FinishReason::kAborted, absl::CancelledError("the decode worker is shutting down"));
+      }
+      return;
+    }
+    for (const std::string& id : aborts) Finish(id, FinishReason::kAborted, absl::CancelledError("aborted"));
+    for (const std::string& id : expired) {
+      Finish(id, FinishReason::kAborted, absl::DeadlineExceededError("the request's deadline passed"));
+    }
+    for (Prefilled& p : arrived) Import(std::move(p));
+    Admit();
+    Step();
+  }
+}
+
+void DecodeLoop::Admit() {
+  while (true) {
+    Request* r = nullptr;
+    uint64_t transfer_id = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      if (waiting_.empty() || prefilling_ + decoding_ >= options_.max_batch) return;
+      r = live_.at(waiting_.front()).get();
+      transfer_id = next_transfer_;
+    }
+    engine::SequenceTable& table = model_.sequences();
+    const int64_t prompt = static_cast<int64_t>(r->req.prompt.size());
+    absl::StatusOr<engine::ImportReservation> reservation = table.ReserveImport(prompt);
+    if (!reservation.ok()) return;  // no room yet: waits for a request to end
+    if (!table.ReservePages(reservation->id, prompt + r->req.stop.max_tokens).ok()) {
+      (void)table.AbortImport(reservation->id);
+      return;
+    }
+    const absl::Time deadline = std::min(r->req.deadline, absl::Now() + options_.transfer_timeout);
+    absl::StatusOr<transport::Ticket> ticket =
+        transport::TicketFor(table, *reservation, transfer_id, options_.endpoint, deadline);
+    absl::Status expected = ticket.ok() ? receiver_.Expect(*ticket) : ticket.status();
+    r->reservation = *reservation;
+    if (!expected.ok()) {
+      (void)table.AbortImport(reservation->id);
+      Finish(r->req.request_id, FinishReason::kError, expected);
+      continue;
+    }
+    r->ticket = *ticket;
+    r->phase = Request::Phase::kPrefilling;
+    PrefillCall call;
+    call.request_id = r->req.request_id;
+    call.prompt = r->req.prompt;
+    call.cache_salt = r->req.cache_salt;
+    call.sampling = r->req.sampling;
+    call.ticket = *ticket;
+    call.deadline = deadline;
+    absl::MutexLock lock(&mu_);
+    waiting_.pop_front();
+    ++prefilling_;
+    ++next_transfer_;
+    calls_[transfer_id] = std::thread([this, transfer_id, call = std::move(call)] {
+      absl::StatusOr<PrefillReply> reply = prefill_.Prefill(call);
+      absl::MutexLock done(&mu_);
+      prefilled_.push_back(Prefilled{call.request_id, std::move(reply)});
+      finished_calls_.push_back(transfer_id);
+    });
+  }
+}
+
+void DecodeLoop::Import(Prefilled prefilled) {
+  Request* r = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = live_.find(prefilled.request_id);
+    if (it == live_.end() || it->second->phase != Request::Phase::kPrefilling) return;  // ended meanwhile
+    r = it->second.get();
+  }
+  if (!prefilled.reply.ok()) {
+    Finish(r->req.request_id, FinishReason::kError, prefilled.reply.status());
+    return;
+  }
+  absl::StatusOr<transport::ReceivedState> received = receiver_.Await(r->ticket.transfer_id);
+  absl::Status imported =
+      received.ok() ? transport::ImportReceived(model_.sequences(), r->reservation, *received) : received.status();
+  if (!imported.ok()) {
+    Finish(r->req.request_id, FinishReason::kError, imported);
+    return;
+  }
+  r->prefill = *prefilled.reply;
+  r->phase = Request::Phase::kDecoding;
+  {
+    absl::MutexLock lock(&mu_);
+    --prefilling_;
+    ++decoding_;
+  }
+  batch_.push_back(r->req.request_id);
+  Emit(*r, r->prefill.first);
+}
+
+void DecodeLoop::Emit(Request& r, const engine::SampledToken& token) {
+  r.generated.push_back(token.token);
+  r.sink->OnToken(token);
+  const StopConditions& stop = r.req.stop;
+  const bool eos = !stop.ignore_eos && std::find(options_.eos_token_ids.begin(), options_.eos_token_ids.end(),
+                                                 token.token) != options_.eos_token_ids.end();
+  const bool stop_id =
+      std::find(stop.stop_token_ids.begin(), stop.stop_token_ids.end(), token.token) != stop.stop_token_ids.end();
+  if (eos || stop_id) {
+    Finish(r.req.request_id, FinishReason::kStop, absl::OkStatus(), token.token);
+    return;
+  }
+  for (const std::vector<TokenId>& seq : stop.stop_sequences) {
+    if (seq.size() <= r.generated.size() && std::equal(seq.rbegin(), seq.rend(), r.generated.rbegin())) {
+      Finish(r.req.request_id, FinishReason::kStop, absl::OkStatus());
+      return;
+    }
+  }
+  if (static_cast<int64_t>(r.generated.size()) >= stop.max_tokens) {
+    Finish(r.req.request_id, FinishReason::kLength, absl::OkStatus());
+  }
+}
+
+void DecodeLoop::Step() {
+  if (batch_.empty()) return;
+  std::vector<Request*> requests;
+  std::vector<engine::SequenceId> ids;
+  std::vector<TokenId> tokens;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const std::string& id : batch_) {
+      Request* r = live_.at(id).get();
+      requests.push_back(r);
+      ids.push_back(r->reservation.id);
+      tokens.push_back(r->generated.back());
+    }
+  }
+  absl::StatusOr<std::vector<float>> logits = model_.DecodeStep(ids, tokens);
+  if (!logits.ok()) {
+    LOG(ERROR) << "decode step failed for a batch of " << ids.size() << ": " << logits.status();
+    for (Request* r : requests) Finish(r->req.request_id, FinishReason::kError, logits.status());
+    return;
+  }
+  const int64_t vocab = model_.config().vocab_size;
+  for (size_t b = 0; b < requests.size(); ++b) {
+    Request& r = *requests[b];
+    absl::StatusOr<engine::SampledToken> token = r.sampler->Sample(
+        absl::MakeConstSpan(*logits).subspan(b * static_cast<size_t>(vocab), static_cast<size_t>(vocab)),
+        static_cast<int64_t>(r.generated.size()));
+    if (!token.ok()) {
+      Finish(r.req.request_id, FinishReason::kError, token.status());
+      continue;
+    }
+    Emit(r, *token);
+  }
+}
+
+void DecodeLoop::Publish(Request& r) {
+  // The tokens fed to the model: the prompt and every generated token but the
+  // last (sampled, not yet processed).
+  std::vector<TokenId> fed = r.req.prompt;
+  fed.insert(fed.end(), r.generated.begin(), r.generated.end() - 1);
+  const int64_t position = static_cast<int64_t>(fed.size());
+  cachestore::ClientNamespace ns;
+  ns.model_fingerprint = fingerprint_.ToHex();
+  ns.adapter = options_.adapter;
+  ns.cache_salt = r.req.cache_salt;
+  ns.page_size = static_cast<int32_t>(model_.page_size());
+  const cachestore::CachePlan plan(ns, fed);
+  const int64_t ps = plan.page_size();
+  const int64_t full = model_.num_attention_layers() > 0 ? position / ps : 0;
+  // From the first page the cache lacks (prefill may not have published them all).
+  absl::StatusOr<cachestore::LookupResult> probe = cache_->Lookup(ns, fed, cachestore::LookupMode::kProbeOnly);
+  const int64_t first = probe.ok() ? probe->kv_match_tokens / ps : static_cast<int64_t>(r.req.prompt.size()) / ps;
+  for (int64_t i = first; i < full; ++i) {
+    absl::StatusOr<std::string> page = model_.ExportPage(r.reservation.id, i);
+    if (!page.ok() || !cache_->Put(ns, plan.PagePut(i), *page).ok()) return;
+  }
+  std::string state;
+  if (model_.sequences()
+          .EncodeStateInto(r.reservation.id, /*with_logits=*/true, fingerprint_, plan.StateKeyAt(position), &state)
+          .ok()) {
+    absl::StatusOr<cachestore::PutResult> put =
+        cache_->Put(ns, plan.StatePut(position, cachestore::StateKind::kExactPrefix), state);
+    if (!put.ok()) VLOG(1) << "turn-end publication failed: " << put.status();
+  }
+}
+
+void DecodeLoop::Finish(const std::string& request_id, FinishReason reason, absl::Status error, TokenId stop_token) {
+  std::unique_ptr<Request> r;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = live_.find(request_id);
+    if (it == live_.end()) return;
+    r = std::move(it->second);
+    live_.erase(it);
+    switch (r->phase) {
+      case Request::Phase::kWaiting:
+        waiting_.erase(std::find(waiting_.begin(), waiting_.end(), request_id));
+        break;
+      case Request::Phase::kPrefilling:
+        --prefilling_;
+        break;
+      case Request::Phase::kDecoding:
+        --decoding_;
+        break;
+    }
+  }
+  engine::SequenceTable& table = model_.sequences();
+  if (r->phase == Request::Phase::kPrefilling) {
+    receiver_.Cancel(r->ticket.transfer_id);  // late bytes are refused
+    (void)table.AbortImport(r->reservation.id);
+  } else if (r->phase == Request::Phase::kDecoding) {
+    batch_.erase(std::find(batch_.begin(), batch_.end(), request_id));
+    const bool normal = reason == FinishReason::kStop || reason == FinishReason::kLength;
+    if (normal && cache_ != nullptr && options_.publish) Publish(*r);
+    (void)table.Release(r->reservation.id);
+  }
+  Completion c;
+  c.reason = reason;
+  c.stop_token_id = stop_token;
+  c.error = std::move(error);
+  c.usage.prompt_tokens = static_cast<int64_t>(r->req.prompt.size());
+  c.usage.completion_tokens = static_cast<int64_t>(r->generated.size());
+  c.usage.cached_tokens = r->prefill.cached_tokens;
+  c.usage.recomputed_tokens = r->prefill.recomputed_tokens;
+  c.usage.resume_kind = r->prefill.resume_kind;
+  r->sink->OnComplete(c);
+}
+
+}  // namespace hybridserve::decode

@@ -1,0 +1,172 @@
+#ifndef HYBRIDSERVE_DECODE_DECODE_LOOP_H_
+#define HYBRIDSERVE_DECODE_DECODE_LOOP_H_
+
+// The decode worker's core, below its gRPC edge (DESIGN.md section 1, steps
+// 2 and 4): admission, the prefill call with a transfer ticket, the import of
+// the pushed state, continuous batching, streaming, stop conditions, and the
+// publication of the turn-end state to the cache.
+//
+// One thread (the loop) owns the engine: it admits waiting requests when the
+// engine has room for them (a state slot, and KV pages for the prompt plus
+// max_tokens, reserved up front so a running request never runs out), starts
+// their prefill calls (each on its own thread: a blocking call to a peer),
+// imports the states that arrive, and runs one decode step over every running
+// sequence at a time; sequences join and leave the batch between steps.
+// Tokens are handed to the request's sink as they are sampled.
+//
+// A request ends, with exactly one OnComplete, on a stop condition (EOS
+// unless ignore_eos, a stop id, a stop sequence: kStop; max_tokens: kLength),
+// on Abort or its deadline (kAborted), or on an error (kError: prefill or the
+// transfer failed). Every reservation it held is freed by then. On a normal
+// end the turn-end state (the state after the last token fed to the model,
+// with the logits that chose the last token) and the pages of the generated
+// tokens are published to the cache before OnComplete, so the client's next
+// turn, whose prompt extends this one, finds them.
+//
+// Thread-safe: Submit and Abort may be called from any thread.
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "cachestore/cache_client.h"
+#include "common/hash.h"
+#include "decode/generation.h"
+#include "engine/model.h"
+#include "engine/sampler.h"
+#include "transport/transfer.h"
+
+namespace hybridserve::decode {
+
+// A prefill call as decode makes it (the gRPC client converts it to
+// proto/prefill.proto).
+struct PrefillCall {
+  std::string request_id;
+  std::vector<TokenId> prompt;
+  std::string cache_salt;
+  engine::SamplingParams sampling;
+  transport::Ticket ticket;
+  absl::Time deadline = absl::InfiniteFuture();
+};
+
+struct PrefillReply {
+  engine::SampledToken first;  // step 0
+  int64_t cached_tokens = 0;
+  int64_t recomputed_tokens = 0;
+  ResumeKind resume_kind = ResumeKind::kCold;
+};
+
+// Decode's view of the prefill pool. Thread-safe; Prefill blocks until the
+// state has been pushed to the ticket's receiver (or failed).
+class PrefillClient {
+ public:
+  virtual ~PrefillClient() = default;
+  virtual absl::StatusOr<PrefillReply> Prefill(const PrefillCall& call) = 0;
+};
+
+struct DecodeLoopOptions {
+  int64_t max_batch = 8;     // running sequences (decoding or being prefilled)
+  int64_t max_waiting = 32;  // admitted requests waiting for room; beyond: RESOURCE_EXHAUSTED
+  std::string endpoint;      // this worker's data-plane endpoint, put on tickets
+  absl::Duration transfer_timeout = absl::Seconds(60);  // bounds a ticket's deadline
+  std::vector<TokenId> eos_token_ids;
+  std::string adapter;  // namespace part for publications
+  bool publish = true;  // publish turn-end states and generated pages
+};
+
+class DecodeLoop {
+ public:
+  // `model`, `prefill`, `receiver` and `cache` (null: no cache) must outlive
+  // the loop. INVALID_ARGUMENT for non-positive sizes.
+  static absl::StatusOr<std::unique_ptr<DecodeLoop>> Create(engine::Model& model,
+                                                            const common::Hash128& model_fingerprint,
+                                                            PrefillClient& prefill, transport::StateReceiver& receiver,
+                                                            cachestore::CacheClient* cache,
+                                                            const DecodeLoopOptions& options);
+  // Aborts every request still running (each gets its OnComplete) and joins
+  // every thread.
+  ~DecodeLoop();
+
+  // Takes a request; its tokens and completion go to `sink`, which must live
+  // until OnComplete. INVALID_ARGUMENT for a bad field (ValidateRequest) or a
+  // request id already live; RESOURCE_EXHAUSTED when the wait queue is full or
+  // the request could never fit the engine; UNAVAILABLE while draining. On
+  // error the sink is never called.
+  absl::Status Submit(GenerateRequest request, GenerationSink* sink) ABSL_LOCKS_EXCLUDED(mu_);
+  // Ends a live request with kAborted within one decode step; false when no
+  // such request is live.
+  bool Abort(const std::string& request_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // Refuses new requests (UNAVAILABLE); running ones finish.
+  void Drain() ABSL_LOCKS_EXCLUDED(mu_);
+
+  struct Counts {
+    int64_t waiting = 0;
+    int64_t prefilling = 0;
+    int64_t decoding = 0;
+  };
+  Counts counts() const ABSL_LOCKS_EXCLUDED(mu_);
+  // True when no request is live (and so nothing reserved).
+  bool Idle() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct Request;  // a live request, owned by the loop
+  struct Prefilled {
+    std::string request_id;
+    absl::StatusOr<PrefillReply> reply;
+  };
+
+  DecodeLoop(engine::Model& model, const common::Hash128& fingerprint, PrefillClient& prefill,
+             transport::StateReceiver& receiver, cachestore::CacheClient* cache, const DecodeLoopOptions& options);
+
+  void Run();
+  // The loop's steps; each runs on the loop thread without mu_.
+  void Admit();
+  void Import(Prefilled prefilled);
+  void Step();
+  // Emits `token` for `r` and ends it when a stop condition holds.
+  void Emit(Request& r, const engine::SampledToken& token);
+  void Finish(const std::string& request_id, FinishReason reason, absl::Status error, TokenId stop_token = -1);
+  void Publish(Request& r);
+  void JoinFinishedCalls() ABSL_LOCKS_EXCLUDED(mu_);
+
+  engine::Model& model_;
+  const common::Hash128 fingerprint_;
+  PrefillClient& prefill_;
+  transport::StateReceiver& receiver_;
+  cachestore::CacheClient* const cache_;
+  const DecodeLoopOptions options_;
+
+  // Live requests by id, owned here; touched by the loop thread only, except
+  // that Submit and Abort look ids up under mu_.
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::unique_ptr<Request>> live_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> waiting_ ABSL_GUARDED_BY(mu_);
+  std::vector<Prefilled> prefilled_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<std::string> aborts_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t prefilling_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t decoding_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_transfer_ ABSL_GUARDED_BY(mu_) = 1;
+  // Prefill call threads, and those that have returned (joined by the loop).
+  absl::flat_hash_map<uint64_t, std::thread> calls_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> finished_calls_ ABSL_GUARDED_BY(mu_);
+
+  // Loop-thread state: the running sequences in batch order.
+  std::vector<std::string> batch_;
+  std::thread loop_;
+};
+
+}  // namespace hybridserve::decode
+
+#endif  // HYBRIDSERVE_DECODE_DECODE_LOOP_H_

@@ -1,0 +1,414 @@
+// The decode loop with a second engine playing prefill over the in-process
+// data plane: tokens equal to a single-engine run whatever the batch, stop
+// conditions, admission limits, aborts, bad input, and the turn-end state
+// visible in the cache when the request completes.
+
+#include "decode/decode_loop.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "cachestore/cache_store.h"
+#include "cachestore/in_process_cache_client.h"
+#include "common/clock.h"
+#include "engine/model.h"
+#include "engine/model_weights.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "transport/engine_import.h"
+#include "transport/in_process_transport.h"
+
+namespace hybridserve::decode {
+namespace {
+
+using ::testing::ElementsAreArray;
+using ::testing::HasSubstr;
+
+std::string Runfile(const std::string& relative) {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const char* workspace = std::getenv("TEST_WORKSPACE");
+  if (srcdir == nullptr || workspace == nullptr) return relative;
+  return absl::StrCat(srcdir, "/", workspace, "/", relative);
+}
+
+std::vector<TokenId> Tokens(int64_t n, int64_t vocab, int64_t seed) {
+  std::vector<TokenId> t(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) t[static_cast<size_t>(i)] = static_cast<TokenId>((i * 37 + seed * 11 + 5) % vocab);
+  return t;
+}
+
+// Collects one request's stream.
+class Collector : public GenerationSink {
+ public:
+  void OnToken(const engine::SampledToken& token) override {
+    absl::MutexLock lock(&mu_);
+    tokens_.push_back(token.token);
+  }
+  void OnComplete(const Completion& completion) override {
+    if (on_complete_) on_complete_(completion);
+    absl::MutexLock lock(&mu_);
+    completion_ = completion;
+    done_.Notify();
+  }
+  // Waits (bounded) for the completion.
+  bool Wait() { return done_.WaitForNotificationWithTimeout(absl::Seconds(60)); }
+  std::vector<TokenId> tokens() {
+    absl::MutexLock lock(&mu_);
+    return tokens_;
+  }
+  Completion completion() {
+    absl::MutexLock lock(&mu_);
+    return completion_;
+  }
+  std::function<void(const Completion&)> on_complete_;
+
+ private:
+  absl::Mutex mu_;
+  std::vector<TokenId> tokens_;
+  Completion completion_;
+  absl::Notification done_;
+};
+
+// Prefill on its own engine: prefill, sample step 0, push. Can be held.
+class EnginePrefill : public PrefillClient {
+ public:
+  EnginePrefill(engine::Model& model, const common::Hash128& fingerprint, transport::StateSender& sender)
+      : model_(model), fingerprint_(fingerprint), sender_(sender) {}
+
+  absl::StatusOr<PrefillReply> Prefill(const PrefillCall& call) override {
+    {
+      absl::MutexLock lock(&mu_);
+      ++calls_;
+      mu_.Await(absl::Condition(
+          +[](bool* open) { return *open; }, &open_));
+      if (!fail_.ok()) return fail_;
+    }
+    absl::MutexLock engine(&engine_mu_);
+    auto id = model_.NewSequence();
+    if (!id.ok()) return id.status();
+    auto result = model_.Prefill(*id, call.prompt);
+    absl::StatusOr<engine::Sampler> sampler = engine::Sampler::Create(call.sampling);
+    absl::StatusOr<engine::SampledToken> first =
+        result.ok() && sampler.ok() ? sampler->Sample(result->logits, 0) : absl::InternalError("prefill failed");
+    absl::Status s = first.status();
+    if (s.ok()) {
+      auto source = transport::SequenceStateSource::Create(model_.sequences(), *id, call.ticket, fingerprint_, {},
+                                                           first->token, first->logprob);
+      s = source.ok() ? sender_.Send(call.ticket, *source) : source.status();
+    }
+    (void)model_.ReleaseSequence(*id);
+    if (!s.ok()) return s;
+    PrefillReply reply;
+    reply.first = *first;
+    reply.recomputed_tokens = static_cast<int64_t>(call.prompt.size());
+    return reply;
+  }
+
+  void Hold() {
+    absl::MutexLock lock(&mu_);
+    open_ = false;
+  }
+  void Release() {
+    absl::MutexLock lock(&mu_);
+    open_ = true;
+  }
+  void FailWith(absl::Status s) {
+    absl::MutexLock lock(&mu_);
+    fail_ = std::move(s);
+  }
+  int calls() {
+    absl::MutexLock lock(&mu_);
+    return calls_;
+  }
+
+ private:
+  engine::Model& model_;
+  const common::Hash128 fingerprint_;
+  transport::StateSender& sender_;
+  absl::Mutex mu_;
+  bool open_ ABSL_GUARDED_BY(mu_) = true;
+  absl::Status fail_ ABSL_GUARDED_BY(mu_);
+  int calls_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Mutex engine_mu_;  // the engine is not thread-safe
+};
+
+class DecodeLoopTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto weights = engine::ModelWeights::LoadDirectory(Runfile("tests/fixtures/golden/nemotron_h_tiny"));
+    ASSERT_TRUE(weights.ok()) << weights.status();
+    weights_ = *std::move(weights);
+    vocab_ = weights_->config().vocab_size;
+    prefill_model_ = NewModel();
+    decode_model_ = NewModel();
+    reference_ = NewModel();
+    prefill_ = std::make_unique<EnginePrefill>(*prefill_model_, weights_->fingerprint(), transport_);
+    auto store = cachestore::CacheStore::Create(cachestore::CacheIndexOptions(), clock_);
+    ASSERT_TRUE(store.ok());
+    store_ = *std::move(store);
+    cache_ = std::make_unique<cachestore::InProcessCacheClient>(*store_);
+  }
+
+  std::unique_ptr<engine::Model> NewModel() {
+    engine::ModelOptions o;
+    o.page_size = 16;
+    o.max_pages = 128;
+    o.max_sequences = 8;
+    auto m = engine::Model::Create(weights_->config(), *weights_, o);
+    EXPECT_TRUE(m.ok()) << m.status();
+    return m.ok() ? *std::move(m) : nullptr;
+  }
+
+  void StartLoop(DecodeLoopOptions options = {}) {
+    auto loop =
+        DecodeLoop::Create(*decode_model_, weights_->fingerprint(), *prefill_, transport_, cache_.get(), options);
+    ASSERT_TRUE(loop.ok()) << loop.status();
+    loop_ = *std::move(loop);
+  }
+
+  GenerateRequest Request(const std::string& id, std::vector<TokenId> prompt, int64_t max_tokens) const {
+    GenerateRequest r;
+    r.request_id = id;
+    r.prompt = std::move(prompt);
+    r.sampling.temperature = 0.0f;
+    r.stop.max_tokens = max_tokens;
+    return r;
+  }
+
+  // Greedy tokens of a single-engine run.
+  std::vector<TokenId> Alone(const std::vector<TokenId>& prompt, int64_t n) {
+    auto id = reference_->NewSequence();
+    EXPECT_TRUE(id.ok());
+    auto r = reference_->Prefill(*id, prompt);
+    EXPECT_TRUE(r.ok());
+    std::vector<float> logits = r->logits;
+    std::vector<TokenId> out;
+    for (int64_t i = 0; i < n; ++i) {
+      out.push_back(static_cast<TokenId>(std::max_element(logits.begin(), logits.end()) - logits.begin()));
+      if (i + 1 == n) break;
+      auto next = reference_->DecodeStep({*id}, {out.back()});
+      EXPECT_TRUE(next.ok());
+      logits = *next;
+    }
+    (void)reference_->ReleaseSequence(*id);
+    return out;
+  }
+
+  void ExpectEverythingFreed() {
+    for (int i = 0; i < 2000 && !loop_->Idle(); ++i) absl::SleepFor(absl::Milliseconds(10));  // up to 20 s
+    EXPECT_TRUE(loop_->Idle());
+    EXPECT_EQ(decode_model_->num_free_pages(), 128);
+    EXPECT_EQ(decode_model_->num_free_sequences(), 8);
+    EXPECT_EQ(transport_.pending(), 0);
+  }
+
+  common::FakeClock clock_;
+  std::unique_ptr<engine::ModelWeights> weights_;
+  int64_t vocab_ = 0;
+  std::unique_ptr<engine::Model> prefill_model_, decode_model_, reference_;
+  transport::InProcessTransport transport_;
+  std::unique_ptr<EnginePrefill> prefill_;
+  std::unique_ptr<cachestore::CacheStore> store_;
+  std::unique_ptr<cachestore::InProcessCacheClient> cache_;
+  std::unique_ptr<DecodeLoop> loop_;
+};
+
+TEST_F(DecodeLoopTest, StreamsTheTokensOfASingleEngineRunAndEndsAtMaxTokens) {
+  StartLoop();
+  const std::vector<TokenId> prompt = Tokens(37, vocab_, 1);
+  Collector c;
+  ASSERT_TRUE(loop_->Submit(Request("a", prompt, 8), &c).ok());
+  ASSERT_TRUE(c.Wait());
+  EXPECT_THAT(c.tokens(), ElementsAreArray(Alone(prompt, 8)));
+  const Completion done = c.completion();
+  EXPECT_EQ(done.reason, FinishReason::kLength);
+  EXPECT_EQ(done.usage.prompt_tokens, 37);
+  EXPECT_EQ(done.usage.completion_tokens, 8);
+  EXPECT_EQ(done.usage.recomputed_tokens, 37);
+  ExpectEverythingFreed();
+}
+
+TEST_F(DecodeLoopTest, StopIdsStopSequencesAndEosEndWithStop) {
+  DecodeLoopOptions o;
+  const std::vector<TokenId> prompt = Tokens(20, vocab_, 2);
+  const std::vector<TokenId> alone = Alone(prompt, 10);
+  // The loop stops at the first occurrence: find tokens first seen at 2, 3, 4.
+  o.eos_token_ids = {alone[4]};
+  StartLoop(o);
+  auto first_index = [&](TokenId t) { return std::find(alone.begin(), alone.end(), t) - alone.begin(); };
+
+  Collector by_id;
+  GenerateRequest r = Request("id", prompt, 10);
+  r.stop.stop_token_ids = {alone[2]};
+  ASSERT_TRUE(loop_->Submit(r, &by_id).ok());
+  ASSERT_TRUE(by_id.Wait());
+  EXPECT_EQ(by_id.completion().reason, FinishReason::kStop);
+  EXPECT_EQ(by_id.completion().stop_token_id, alone[2]);
+  EXPECT_EQ(static_cast<int64_t>(by_id.tokens().size()),
+            std::min<int64_t>(first_index(alone[2]), first_index(alone[4])) + 1);
+
+  Collector by_sequence;
+  r = Request("seq", prompt, 10);
+  r.stop.ignore_eos = true;
+  r.stop.stop_sequences = {{alone[5], alone[6]}};
+  ASSERT_TRUE(loop_->Submit(r, &by_sequence).ok());
+  ASSERT_TRUE(by_sequence.Wait());
+  EXPECT_EQ(by_sequence.completion().reason, FinishReason::kStop);
+  const std::vector<TokenId> got = by_sequence.tokens();
+  ASSERT_GE(got.size(), 2u);
+  EXPECT_EQ(got[got.size() - 2], alone[5]);
+  EXPECT_EQ(got.back(), alone[6]);
+
+  Collector by_eos;
+  ASSERT_TRUE(loop_->Submit(Request("eos", prompt, 10), &by_eos).ok());
+  ASSERT_TRUE(by_eos.Wait());
+  EXPECT_EQ(by_eos.completion().reason, FinishReason::kStop);
+  EXPECT_EQ(by_eos.tokens().back(), alone[4]);
+  ExpectEverythingFreed();
+}
+
+TEST_F(DecodeLoopTest, ConcurrentRequestsEachGetTheirSingleRunTokens) {
+  DecodeLoopOptions o;
+  o.max_batch = 3;
+  o.max_waiting = 8;
+  StartLoop(o);
+  std::vector<std::unique_ptr<Collector>> sinks;
+  std::vector<std::vector<TokenId>> prompts;
+  for (int i = 0; i < 7; ++i) {
+    prompts.push_back(Tokens(5 + 13 * i, vocab_, 10 + i));
+    sinks.push_back(std::make_unique<Collector>());
+    ASSERT_TRUE(loop_->Submit(Request(absl::StrCat("r", i), prompts.back(), 4 + i), sinks.back().get()).ok());
+  }
+  for (int i = 0; i < 7; ++i) {
+    ASSERT_TRUE(sinks[i]->Wait());
+    EXPECT_THAT(sinks[i]->tokens(), ElementsAreArray(Alone(prompts[i], 4 + i))) << "request " << i;
+  }
+  ExpectEverythingFreed();
+}
+
+TEST_F(DecodeLoopTest, BeyondTheWaitQueueRequestsAreRefusedAtOnce) {
+  DecodeLoopOptions o;
+  o.max_batch = 1;
+  o.max_waiting = 1;
+  StartLoop(o);
+  prefill_->Hold();
+  Collector a, b, c;
+  ASSERT_TRUE(loop_->Submit(Request("a", Tokens(10, vocab_, 3), 3), &a).ok());
+  ASSERT_TRUE(loop_->Submit(Request("b", Tokens(10, vocab_, 4), 3), &b).ok());
+  absl::Status third = loop_->Submit(Request("c", Tokens(10, vocab_, 5), 3), &c);
+  EXPECT_EQ(third.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(loop_->Submit(Request("a", Tokens(10, vocab_, 3), 3), &c).code(), absl::StatusCode::kInvalidArgument);
+  GenerateRequest huge = Request("huge", Tokens(10, vocab_, 3), 128 * 16);
+  EXPECT_EQ(loop_->Submit(huge, &c).code(), absl::StatusCode::kResourceExhausted);  // can never fit
+  prefill_->Release();
+  ASSERT_TRUE(a.Wait() && b.Wait());
+  EXPECT_EQ(a.completion().reason, FinishReason::kLength);
+  ExpectEverythingFreed();
+}
+
+TEST_F(DecodeLoopTest, AbortAndDeadlinesEndRequestsAndFreeEverything) {
+  StartLoop();
+  prefill_->Hold();
+  Collector prefilling;
+  ASSERT_TRUE(loop_->Submit(Request("p", Tokens(30, vocab_, 6), 50), &prefilling).ok());
+  for (int i = 0; i < 10000 && prefill_->calls() == 0; ++i) absl::SleepFor(absl::Milliseconds(2));
+  EXPECT_TRUE(loop_->Abort("p"));
+  ASSERT_TRUE(prefilling.Wait());
+  EXPECT_EQ(prefilling.completion().reason, FinishReason::kAborted);
+  EXPECT_FALSE(loop_->Abort("p"));
+  prefill_->Release();
+
+  Collector decoding;
+  decoding.on_complete_ = [](const Completion&) {};
+  ASSERT_TRUE(loop_->Submit(Request("d", Tokens(30, vocab_, 7), 1500), &decoding).ok());
+  for (int i = 0; i < 10000 && decoding.tokens().size() < 3; ++i) absl::SleepFor(absl::Milliseconds(2));
+  EXPECT_TRUE(loop_->Abort("d"));
+  ASSERT_TRUE(decoding.Wait());
+  EXPECT_EQ(decoding.completion().reason, FinishReason::kAborted);
+  EXPECT_LT(decoding.tokens().size(), 1500u);
+
+  Collector late;
+  GenerateRequest r = Request("late", Tokens(30, vocab_, 8), 1500);
+  r.deadline = absl::Now() + absl::Milliseconds(100);
+  ASSERT_TRUE(loop_->Submit(r, &late).ok());
+  ASSERT_TRUE(late.Wait());
+  EXPECT_EQ(late.completion().reason, FinishReason::kAborted);
+  EXPECT_EQ(late.completion().error.code(), absl::StatusCode::kDeadlineExceeded);
+  ExpectEverythingFreed();
+}
+
+TEST_F(DecodeLoopTest, APrefillFailureEndsTheRequestWithItsStatus) {
+  StartLoop();
+  prefill_->FailWith(absl::UnavailableError("prefill worker gone"));
+  Collector c;
+  ASSERT_TRUE(loop_->Submit(Request("f", Tokens(30, vocab_, 9), 5), &c).ok());
+  ASSERT_TRUE(c.Wait());
+  EXPECT_EQ(c.completion().reason, FinishReason::kError);
+  EXPECT_THAT(c.completion().error.message(), HasSubstr("prefill worker gone"));
+  EXPECT_TRUE(c.tokens().empty());
+  ExpectEverythingFreed();
+}
+
+TEST_F(DecodeLoopTest, BadRequestsNameTheField) {
+  StartLoop();
+  Collector c;
+  auto check = [&](GenerateRequest r, const std::string& field) {
+    absl::Status s = loop_->Submit(std::move(r), &c);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << field;
+    EXPECT_THAT(s.message(), HasSubstr(field));
+  };
+  const std::vector<TokenId> ok = Tokens(5, vocab_, 1);
+  check(Request("", ok, 3), "request_id");
+  check(Request(std::string(257, 'x'), ok, 3), "request_id");
+  check(Request("x", {}, 3), "prompt_token_ids");
+  check(Request("x", {1, static_cast<TokenId>(vocab_)}, 3), "prompt_token_ids[1]");
+  check(Request("x", ok, 0), "max_tokens");
+  GenerateRequest r = Request("x", ok, 3);
+  r.stop.stop_token_ids = {-1};
+  check(r, "stop_token_ids[0]");
+  r = Request("x", ok, 3);
+  r.stop.stop_sequences = {{1}, {}};
+  check(r, "stop_sequences[1]");
+  r = Request("x", ok, 3);
+  r.sampling.temperature = -1.0f;
+  check(r, "temperature");
+  r = Request("x", ok, 3);
+  r.sampling.top_p = std::numeric_limits<float>::quiet_NaN();
+  check(r, "top_p");
+  EXPECT_TRUE(loop_->Idle());
+  EXPECT_EQ(prefill_->calls(), 0);
+}
+
+TEST_F(DecodeLoopTest, TheTurnEndStateIsInTheCacheWhenTheRequestCompletes) {
+  StartLoop();
+  const std::vector<TokenId> prompt = Tokens(40, vocab_, 12);
+  Collector c;
+  int64_t resume_at_completion = -1;
+  c.on_complete_ = [&](const Completion& done) {
+    // The client's next turn, sent the instant this one ends.
+    std::vector<TokenId> next = prompt;
+    std::vector<TokenId> tokens = c.tokens();
+    next.insert(next.end(), tokens.begin(), tokens.end());
+    next.push_back(1);
+    cachestore::ClientNamespace ns;
+    ns.model_fingerprint = weights_->fingerprint().ToHex();
+    ns.page_size = 16;
+    auto lookup = cache_->Lookup(ns, next, cachestore::LookupMode::kProbeOnly);
+    resume_at_completion = lookup.ok() ? lookup->resume_position : -2;
+  };
+  ASSERT_TRUE(loop_->Submit(Request("t", prompt, 9), &c).ok());
+  ASSERT_TRUE(c.Wait());
+  EXPECT_EQ(resume_at_completion, 40 + 9 - 1);  // every token fed to the model
+  ExpectEverythingFreed();
+}
+
+}  // namespace
+}  // namespace hybridserve::decode

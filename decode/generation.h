@@ -1,0 +1,78 @@
+#ifndef HYBRIDSERVE_DECODE_GENERATION_H_
+#define HYBRIDSERVE_DECODE_GENERATION_H_
+
+// The decode worker's domain types (the gRPC edge converts
+// proto/generation.proto to and from them) and the validation of a request.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "common/tokens.h"
+#include "engine/sampler.h"
+
+namespace hybridserve::decode {
+
+inline constexpr size_t kMaxRequestIdBytes = 256;
+
+struct StopConditions {
+  int64_t max_tokens = 0;  // >= 1
+  std::vector<TokenId> stop_token_ids;
+  std::vector<std::vector<TokenId>> stop_sequences;  // each non-empty
+  bool ignore_eos = false;
+};
+
+struct GenerateRequest {
+  std::string request_id;  // 1..256 bytes, unique among live requests
+  std::vector<TokenId> prompt;
+  engine::SamplingParams sampling;  // seed: SeedFromRequestId when the client gave none
+  StopConditions stop;
+  std::string cache_salt;
+  absl::Time deadline = absl::InfiniteFuture();
+};
+
+enum class FinishReason {
+  kStop = 0,     // EOS, a stop token id or a stop sequence
+  kLength = 1,   // max_tokens, or the context length
+  kAborted = 2,  // client cancel, Abort or deadline
+  kError = 3,
+};
+
+enum class ResumeKind { kCold = 0, kGridCheckpoint = 1, kExactPrefix = 2 };
+
+struct Usage {
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+  int64_t cached_tokens = 0;  // as prefill reported it
+  int64_t recomputed_tokens = 0;
+  ResumeKind resume_kind = ResumeKind::kCold;
+};
+
+struct Completion {
+  FinishReason reason = FinishReason::kStop;
+  TokenId stop_token_id = -1;  // the token that ended a kStop by id or EOS
+  Usage usage;
+  absl::Status error;  // kError and kAborted: why
+};
+
+// Where a request's tokens go. Called from the decode loop's thread, in
+// order: any number of OnToken, then exactly one OnComplete. Must not block
+// for long (the whole batch waits).
+class GenerationSink {
+ public:
+  virtual ~GenerationSink() = default;
+  virtual void OnToken(const engine::SampledToken& token) = 0;
+  virtual void OnComplete(const Completion& completion) = 0;
+};
+
+// OK, or INVALID_ARGUMENT naming the first bad field: request_id empty or
+// over 256 bytes; prompt empty; any id (prompt, stop ids, stop sequences)
+// outside [0, vocab); an empty stop sequence; max_tokens < 1; prompt plus
+// max_tokens beyond `max_context`; sampling out of range.
+absl::Status ValidateRequest(const GenerateRequest& request, int64_t vocab, int64_t max_context);
+
+}  // namespace hybridserve::decode
+
+#endif  // HYBRIDSERVE_DECODE_GENERATION_H_
