@@ -185,7 +185,7 @@ absl::StatusOr<PrefillOutcome> PrefillWorker::Prefill(const PrefillRequest& requ
 
   outcome.usage.prompt_tokens = n;
   outcome.usage.cached_tokens = resumed.position;
-  outcome.usage.recomputed_tokens = n - resumed.position;
+  outcome.usage.recomputed_tokens = std::max<int64_t>(0, std::min(resumed.kv_match_tokens, n) - resumed.position);
   outcome.usage.kv_match_tokens = resumed.kv_match_tokens;
   outcome.usage.resume_kind = resumed.kind;
   // After the push: publication never delays decode.

@@ -162,7 +162,7 @@ TEST_F(PrefillWorkerTest, ColdPrefillSendsTheStateAndPublishesPagesCheckpointsAn
   const PrefillUsage& u = turn.outcome->usage;
   EXPECT_EQ(u.prompt_tokens, 150);
   EXPECT_EQ(u.cached_tokens, 0);
-  EXPECT_EQ(u.recomputed_tokens, 150);
+  EXPECT_EQ(u.recomputed_tokens, 0);  // nothing was cached to recompute
   EXPECT_EQ(u.resume_kind, ResumeKind::kCold);
   // 9 full pages; checkpoints at 64 and 128 (4 * chunk 16); the prompt-end snapshot.
   EXPECT_EQ(worker_->counters().pages_published, 9);
@@ -185,7 +185,8 @@ TEST_F(PrefillWorkerTest, TheNextTurnResumesAtTheSnapshotAndContinuesAsAKeptAliv
   Turn turn = Run(turn2);
   ASSERT_TRUE(turn.outcome.ok()) << turn.outcome.status();
   EXPECT_EQ(turn.outcome->usage.cached_tokens, 70);
-  EXPECT_EQ(turn.outcome->usage.recomputed_tokens, 25);
+  EXPECT_EQ(turn.outcome->usage.kv_match_tokens, 64);  // turn 1 published 4 full pages
+  EXPECT_EQ(turn.outcome->usage.recomputed_tokens, 0);
   EXPECT_EQ(turn.outcome->usage.resume_kind, ResumeKind::kExactPrefix);
   // Contract 2: bit-identical to a sequence kept alive across the turns.
   const engine::SequenceId kept = Reference({turn1, extra}, nullptr);
@@ -216,9 +217,22 @@ TEST_F(PrefillWorkerTest, ADivergingPromptResumesAtTheLastSharedGridCheckpointBi
   EXPECT_EQ(turn.outcome->usage.cached_tokens, 128);
   EXPECT_EQ(turn.outcome->usage.resume_kind, ResumeKind::kGridCheckpoint);
   EXPECT_EQ(turn.outcome->usage.kv_match_tokens, 128);
+  EXPECT_EQ(turn.outcome->usage.recomputed_tokens, 0);
   // Contract 1: bit-identical to a cold prefill of the whole prompt.
   const engine::SequenceId cold = Reference({b}, nullptr);
   EXPECT_TRUE(BitEqual(Continue(*decode_model_, turn.decode_seq, 3), Continue(*reference_, cold, 3)));
+}
+
+TEST_F(PrefillWorkerTest, PagesCachedBeyondTheDeepestStateAreCountedAsRecomputed) {
+  const std::vector<TokenId> a = Tokens(150, vocab_, 11);
+  ASSERT_TRUE(Run(a).outcome.ok());
+  std::vector<TokenId> b(a.begin(), a.begin() + 146);  // pages 0-8 (144 tokens) match, the state at 150 does not
+  b.push_back(static_cast<TokenId>((a[146] + 1) % vocab_));
+  Turn turn = Run(b);
+  ASSERT_TRUE(turn.outcome.ok());
+  EXPECT_EQ(turn.outcome->usage.cached_tokens, 128);
+  EXPECT_EQ(turn.outcome->usage.kv_match_tokens, 144);
+  EXPECT_EQ(turn.outcome->usage.recomputed_tokens, 16);
 }
 
 TEST_F(PrefillWorkerTest, TenantsNeverShareEntries) {
