@@ -51,13 +51,7 @@ int main(int argc, char** argv) {
   options.index.blob_pool_bytes = absl::GetFlag(FLAGS_blob_pool_mib) << 20;
   options.service.max_chunk_bytes = absl::GetFlag(FLAGS_max_chunk_kib) << 10;
 
-  // Block SIGTERM/SIGINT in every thread (threads inherit the mask) and take
-  // them synchronously below with sigwait: no work in a signal handler.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  hybridserve::common::InstallTerminationHandler();
 
   auto registry = std::make_shared<prometheus::Registry>();
   std::unique_ptr<hybridserve::common::MetricsExposer> exposer;
@@ -79,8 +73,7 @@ int main(int argc, char** argv) {
   // Machine-readable line for launchers and tests.
   std::cout << "CACHESTORE_READY port=" << (*server)->port() << std::endl;
 
-  int sig = 0;
-  sigwait(&signals, &sig);
+  const int sig = hybridserve::common::WaitForTerminationSignal();
   LOG(INFO) << "signal " << sig << ": draining (grace " << absl::GetFlag(FLAGS_shutdown_grace) << ")";
   (*server)->Shutdown(absl::GetFlag(FLAGS_shutdown_grace));
   LOG(INFO) << "cachestore stopped";

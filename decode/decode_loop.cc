@@ -66,8 +66,7 @@ DecodeLoop::~DecodeLoop() {
 }
 
 absl::Status DecodeLoop::Submit(GenerateRequest request, GenerationSink* sink) {
-  const int64_t max_context = engine::kMaxSequenceTokens;
-  RETURN_IF_ERROR(ValidateRequest(request, model_.config().vocab_size, max_context));
+  RETURN_IF_ERROR(ValidateRequest(request, model_.config().vocab_size, max_context()));
   const int64_t total = static_cast<int64_t>(request.prompt.size()) + request.stop.max_tokens;
   if (model_.sequences().PagesFor(total) > model_.sequences().num_pages()) {
     return absl::ResourceExhaustedError(absl::StrCat("a request of ", total, " tokens needs ",
@@ -104,6 +103,11 @@ bool DecodeLoop::Abort(const std::string& request_id) {
 void DecodeLoop::Drain() {
   absl::MutexLock lock(&mu_);
   draining_ = true;
+}
+
+int64_t DecodeLoop::max_context() const {
+  const int64_t positions = model_.config().max_position_embeddings;
+  return positions > 0 ? std::min(positions, engine::kMaxSequenceTokens) : engine::kMaxSequenceTokens;
 }
 
 DecodeLoop::Counts DecodeLoop::counts() const {

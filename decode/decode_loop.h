@@ -109,6 +109,11 @@ class DecodeLoop {
   // Refuses new requests (UNAVAILABLE); running ones finish.
   void Drain() ABSL_LOCKS_EXCLUDED(mu_);
 
+  // The longest prompt + max_tokens a request may ask for: the model's
+  // max_position_embeddings (when the config has it), at most
+  // engine::kMaxSequenceTokens.
+  int64_t max_context() const;
+
   struct Counts {
     int64_t waiting = 0;
     int64_t prefilling = 0;

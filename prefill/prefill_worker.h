@@ -56,12 +56,12 @@ struct PrefillRequest {
 
 struct PrefillUsage {
   int64_t prompt_tokens = 0;
-  int64_t cached_tokens = 0;      // tokens whose state came from the cache
+  int64_t cached_tokens = 0;  // tokens whose state came from the cache
   // Tokens whose KV pages were cached but that were prefilled again for want
   // of a state at a deeper point: kv match depth (within the prompt) minus
   // cached_tokens, at least 0 (proto/generation.proto Usage).
   int64_t recomputed_tokens = 0;
-  int64_t kv_match_tokens = 0;    // tokens the cache held pages for (may exceed cached_tokens)
+  int64_t kv_match_tokens = 0;  // tokens the cache held pages for (may exceed cached_tokens)
   ResumeKind resume_kind = ResumeKind::kCold;
 };
 

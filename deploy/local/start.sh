@@ -1,48 +1,100 @@
 #!/usr/bin/env bash
-# The main job on one machine: builds and starts the local stack, shows a
-# multi-turn conversation reusing cached state, then keeps serving until
-# Ctrl-C (SIGINT/SIGTERM drain it gracefully).
+# The main job on one machine: builds and starts the local stack on the
+# embedded default model (models/default) - the cachestore, one prefill worker
+# and one decode worker as three processes on loopback - plays a three-turn
+# chat through the command-line client (each turn resumes from the state the
+# previous one left in the cachestore), then keeps serving until Ctrl-C, which
+# drains all three.
 #
-# Today the stack is the cachestore; the prefill and decode workers join it
-# as their issues land.
+#   deploy/local/start.sh                 # disaggregated: cachestore + prefill + decode
+#   deploy/local/start.sh --aggregated    # cachestore + one decode process running prefill in process
+#   deploy/local/start.sh --no-serve      # stop after the chat (used by tests)
 #
-# Environment: CACHESTORE_PORT (default 50051), METRICS_PORT (default 9091).
+# Environment: DECODE_PORT (default 50050), PREFILL_PORT (50061),
+# CACHESTORE_PORT (50051), METRICS_PORT (9091, cachestore; decode uses +1,
+# prefill +2), THREADS (kernel threads per engine, default 1).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+
+AGGREGATED=0
+SERVE=1
+for arg in "$@"; do
+  case "$arg" in
+    --aggregated) AGGREGATED=1 ;;
+    --no-serve) SERVE=0 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    *) echo "unknown option $arg" >&2; exit 2 ;;
+  esac
+done
+
 tools/bootstrap.sh
 
+DECODE_PORT="${DECODE_PORT:-50050}"
+PREFILL_PORT="${PREFILL_PORT:-50061}"
 CACHESTORE_PORT="${CACHESTORE_PORT:-50051}"
 METRICS_PORT="${METRICS_PORT:-9091}"
+THREADS="${THREADS:-1}"
 
-bazel build //cachestore:cachestore //client:cachestore_cli
+bazel build //cachestore:cachestore //prefill:prefill //decode:decode //client:hybridserve_cli
 BIN="$(bazel info bazel-bin 2>/dev/null)"
+LOGDIR="$(mktemp -d -t hybridserve.XXXXXX)"
 
-LOG="$(mktemp -t hybridserve-cachestore.XXXXXX.log)"
-"$BIN/cachestore/cachestore" --address="127.0.0.1:${CACHESTORE_PORT}" \
-  --metrics_address="127.0.0.1:${METRICS_PORT}" >"$LOG" 2>&1 &
-PID=$!
-cleanup() { kill -TERM "$PID" 2>/dev/null || true; wait "$PID" 2>/dev/null || true; }
+PIDS=()
+cleanup() {
+  # Drain in dependency order: decode first (it finishes its streams), then
+  # prefill, then the cachestore.
+  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
+}
 trap cleanup EXIT
 trap 'exit 0' INT TERM
 
-for _ in $(seq 1 100); do
-  grep -q CACHESTORE_READY "$LOG" && break
-  kill -0 "$PID" 2>/dev/null || { cat "$LOG"; echo "cachestore failed to start" >&2; exit 1; }
-  sleep 0.1
-done
-grep -q CACHESTORE_READY "$LOG" || { cat "$LOG"; echo "cachestore did not become ready" >&2; exit 1; }
+# start NAME READY_WORD command...: starts a process, waits for its ready line.
+start() {
+  local name="$1" word="$2"
+  shift 2
+  "$@" >"$LOGDIR/$name.log" 2>&1 &
+  local pid=$!
+  PIDS=("$pid" "${PIDS[@]}")
+  for _ in $(seq 1 300); do
+    grep -q "$word" "$LOGDIR/$name.log" && return 0
+    kill -0 "$pid" 2>/dev/null || { cat "$LOGDIR/$name.log"; echo "$name failed to start" >&2; exit 1; }
+    sleep 0.1
+  done
+  cat "$LOGDIR/$name.log"
+  echo "$name did not become ready" >&2
+  exit 1
+}
 
-echo "== cachestore serving on 127.0.0.1:${CACHESTORE_PORT} (log: $LOG)"
-echo "== a three-turn conversation through the cache: each turn resumes where the last ended"
-"$BIN/client/cachestore_cli" --target="127.0.0.1:${CACHESTORE_PORT}" demo
-echo
-"$BIN/client/cachestore_cli" --target="127.0.0.1:${CACHESTORE_PORT}" stats
+start cachestore CACHESTORE_READY "$BIN/cachestore/cachestore" --address="127.0.0.1:${CACHESTORE_PORT}" \
+  --metrics_address="127.0.0.1:${METRICS_PORT}"
+if [ "$AGGREGATED" = 1 ]; then
+  start decode DECODE_READY "$BIN/decode/decode" --model_dir=models/default --address="127.0.0.1:${DECODE_PORT}" \
+    --prefill=in_process --cachestore="127.0.0.1:${CACHESTORE_PORT}" --threads="$THREADS" \
+    --metrics_address="127.0.0.1:$((METRICS_PORT + 1))"
+  MODE="aggregated: cachestore + decode (prefill in process)"
+else
+  start prefill PREFILL_READY "$BIN/prefill/prefill" --model_dir=models/default --address="127.0.0.1:${PREFILL_PORT}" \
+    --cachestore="127.0.0.1:${CACHESTORE_PORT}" --threads="$THREADS" \
+    --metrics_address="127.0.0.1:$((METRICS_PORT + 2))"
+  start decode DECODE_READY "$BIN/decode/decode" --model_dir=models/default --address="127.0.0.1:${DECODE_PORT}" \
+    --prefill="127.0.0.1:${PREFILL_PORT}" --cachestore="127.0.0.1:${CACHESTORE_PORT}" --threads="$THREADS" \
+    --metrics_address="127.0.0.1:$((METRICS_PORT + 1))"
+  MODE="disaggregated: cachestore, prefill and decode processes, state over the TCP data plane"
+fi
+
+echo "== hybridserve on the embedded default model ($MODE; logs in $LOGDIR)"
+echo "== a three-turn chat: each turn's prompt is the whole conversation, resumed from the cached turn end"
+"$BIN/client/hybridserve_cli" chat --target="127.0.0.1:${DECODE_PORT}" --max_tokens=80 --temperature=0 \
+  --turns="What is the secret of a happy life?|Tell me more about that.|Thank you, goodbye."
+
 cat <<TXT
 
 == reach it
-  gRPC (hybridserve.v1.CacheStore, health, reflection): 127.0.0.1:${CACHESTORE_PORT}
-  Prometheus metrics: http://127.0.0.1:${METRICS_PORT}/metrics
-  $BIN/client/cachestore_cli --target=127.0.0.1:${CACHESTORE_PORT} stats
-Serving; Ctrl-C stops it.
+  Generation gRPC (hybridserve.v1.Generation, health, reflection): 127.0.0.1:${DECODE_PORT}
+  $BIN/client/hybridserve_cli chat --target=127.0.0.1:${DECODE_PORT}
+  $BIN/client/hybridserve_cli generate --target=127.0.0.1:${DECODE_PORT} --prompt_ids=257,72,105 --max_tokens=16
+  metrics: cachestore http://127.0.0.1:${METRICS_PORT}/metrics, decode http://127.0.0.1:$((METRICS_PORT + 1))/metrics$([ "$AGGREGATED" = 1 ] || echo ", prefill http://127.0.0.1:$((METRICS_PORT + 2))/metrics")
 TXT
-wait "$PID"
+if [ "$SERVE" = 0 ]; then exit 0; fi
+echo "Serving; Ctrl-C stops it."
+wait "${PIDS[0]}"

@@ -1,0 +1,219 @@
+#include "decode/grpc_prefill_client.h"
+
+#include <netdb.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+
+#include <algorithm>
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/grpc_status.h"
+#include "common/logging.h"
+#include "decode/in_process_prefill.h"
+#include "prefill/wire.h"
+#include "transport/socket_io.h"
+
+namespace hybridserve::decode {
+
+struct GrpcPrefillClient::Worker {
+  std::string address;
+  std::unique_ptr<v1::Prefill::Stub> stub;
+  int64_t outstanding = 0;                       // guarded by the client's mu_
+  absl::Time skip_until = absl::InfinitePast();  // guarded by the client's mu_
+  bool resolved = true;                          // still in the latest resolution
+};
+
+namespace {
+
+// The numeric addresses of `host` (an IP literal resolves to itself), as
+// gRPC targets with `port`.
+std::vector<std::string> ResolveHost(const std::string& host, const std::string& port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  std::vector<std::string> out;
+  if (getaddrinfo(host.c_str(), port.c_str(), &hints, &found) != 0) return out;
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    char ip[NI_MAXHOST];
+    if (getnameinfo(a->ai_addr, a->ai_addrlen, ip, sizeof(ip), nullptr, 0, NI_NUMERICHOST) != 0) continue;
+    std::string target =
+        a->ai_family == AF_INET6 ? absl::StrCat("ipv6:[", ip, "]:", port) : absl::StrCat("ipv4:", ip, ":", port);
+    if (std::find(out.begin(), out.end(), target) == out.end()) out.push_back(std::move(target));
+  }
+  freeaddrinfo(found);
+  return out;
+}
+
+bool Retriable(absl::StatusCode code) {
+  return code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kResourceExhausted;
+}
+
+bool WorkerFault(absl::StatusCode code) { return Retriable(code) || code == absl::StatusCode::kDeadlineExceeded; }
+
+std::chrono::system_clock::time_point ToChrono(absl::Time t) { return absl::ToChronoTime(t); }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<GrpcPrefillClient>> GrpcPrefillClient::Create(const PrefillPoolOptions& options) {
+  if (options.targets.empty()) return absl::InvalidArgumentError("no prefill worker given");
+  for (const std::string& t : options.targets) {
+    std::string host, port;
+    absl::Status split = transport::SplitHostPort(t, &host, &port);
+    if (!split.ok()) return absl::InvalidArgumentError(absl::StrCat("prefill target \"", t, "\": ", split.message()));
+  }
+  if (options.resolve_interval <= absl::ZeroDuration() || options.failure_backoff < absl::ZeroDuration() ||
+      options.max_attempts < 1) {
+    return absl::InvalidArgumentError("prefill pool: resolve_interval > 0, failure_backoff >= 0, max_attempts >= 1");
+  }
+  std::unique_ptr<GrpcPrefillClient> client(new GrpcPrefillClient(options));
+  client->Resolve();
+  client->resolver_ = std::thread([p = client.get()] { p->ResolveLoop(); });
+  return client;
+}
+
+GrpcPrefillClient::GrpcPrefillClient(const PrefillPoolOptions& options) : options_(options) {}
+
+GrpcPrefillClient::~GrpcPrefillClient() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  if (resolver_.joinable()) resolver_.join();
+}
+
+void GrpcPrefillClient::ResolveLoop() {
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto stopping = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stop_; };
+      mu_.AwaitWithTimeout(absl::Condition(&stopping), options_.resolve_interval);
+      if (stop_) return;
+    }
+    Resolve();
+  }
+}
+
+void GrpcPrefillClient::Resolve() {
+  std::vector<std::string> addresses;
+  bool complete = true;
+  for (const std::string& t : options_.targets) {
+    std::string host, port;
+    if (!transport::SplitHostPort(t, &host, &port).ok()) continue;
+    std::vector<std::string> found = ResolveHost(host, port);
+    if (found.empty()) {
+      complete = false;
+      LOG(WARNING) << "prefill target " << t << " does not resolve; keeping its previous addresses";
+    }
+    for (std::string& a : found) {
+      if (std::find(addresses.begin(), addresses.end(), a) == addresses.end()) addresses.push_back(std::move(a));
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  for (const std::string& a : addresses) {
+    auto it = std::find_if(workers_.begin(), workers_.end(), [&](const auto& w) { return w->address == a; });
+    if (it != workers_.end()) {
+      (*it)->resolved = true;
+      continue;
+    }
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+    auto w = std::make_shared<Worker>();
+    w->address = a;
+    w->stub = v1::Prefill::NewStub(grpc::CreateCustomChannel(a, grpc::InsecureChannelCredentials(), args));
+    workers_.push_back(std::move(w));
+    LOG(INFO) << "prefill worker " << a << " joins the pool";
+  }
+  // A name that failed to resolve keeps what it had; otherwise workers that
+  // left the resolution leave the pool (calls in flight keep theirs alive).
+  if (!complete) return;
+  workers_.erase(std::remove_if(workers_.begin(), workers_.end(),
+                                [&](const auto& w) {
+                                  const bool gone =
+                                      std::find(addresses.begin(), addresses.end(), w->address) == addresses.end();
+                                  if (gone) LOG(INFO) << "prefill worker " << w->address << " leaves the pool";
+                                  return gone;
+                                }),
+                 workers_.end());
+}
+
+std::shared_ptr<GrpcPrefillClient::Worker> GrpcPrefillClient::Pick(const std::vector<std::shared_ptr<Worker>>& tried) {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
+  std::shared_ptr<Worker> best;
+  bool best_skipped = true;
+  const size_t n = workers_.size();
+  for (size_t k = 0; k < n; ++k) {
+    const std::shared_ptr<Worker>& w = workers_[(turn_ + k) % n];
+    if (std::find(tried.begin(), tried.end(), w) != tried.end()) continue;
+    const bool skipped = w->skip_until > now;
+    const bool better =
+        best == nullptr || (best_skipped && !skipped) ||
+        (skipped == best_skipped && (skipped ? w->skip_until < best->skip_until : w->outstanding < best->outstanding));
+    if (better) {
+      best = w;
+      best_skipped = skipped;
+    }
+  }
+  ++turn_;
+  if (best != nullptr) ++best->outstanding;
+  return best;
+}
+
+absl::StatusOr<PrefillReply> GrpcPrefillClient::Prefill(const PrefillCall& call) {
+  v1::PrefillRequest request;
+  v1::GenerateRequest* g = request.mutable_request();
+  g->set_request_id(call.request_id);
+  g->mutable_prompt_token_ids()->Assign(call.prompt.begin(), call.prompt.end());
+  g->set_cache_salt(call.cache_salt);
+  g->mutable_sampling()->set_temperature(call.sampling.temperature);
+  g->mutable_sampling()->set_top_p(call.sampling.top_p);
+  g->mutable_sampling()->set_top_k(call.sampling.top_k);
+  g->mutable_sampling()->set_seed(call.sampling.seed);
+  g->set_return_logprobs(call.sampling.logprobs);
+  g->set_top_logprobs(static_cast<uint32_t>(call.sampling.top_logprobs));
+  g->mutable_stop()->set_max_tokens(1);
+  prefill::TicketToProto(call.ticket, request.mutable_ticket());
+  const absl::Time deadline = std::min(call.deadline, call.ticket.deadline);
+
+  std::vector<std::shared_ptr<Worker>> tried;
+  absl::Status last = absl::UnavailableError("no prefill worker is known (none of the targets resolved)");
+  for (int attempt = 0; attempt < options_.max_attempts && absl::Now() < deadline; ++attempt) {
+    std::shared_ptr<Worker> w = Pick(tried);
+    if (w == nullptr) break;
+    tried.push_back(w);
+    grpc::ClientContext context;
+    if (deadline != absl::InfiniteFuture()) context.set_deadline(ToChrono(deadline));
+    v1::PrefillResponse response;
+    const grpc::Status status = w->stub->Prefill(&context, request, &response);
+    {
+      absl::MutexLock lock(&mu_);
+      --w->outstanding;
+      if (!status.ok() && WorkerFault(common::FromGrpcStatusCode(status.error_code()))) {
+        w->skip_until = absl::Now() + options_.failure_backoff;
+      }
+    }
+    if (status.ok()) {
+      return ReplyFromOutcome(prefill::OutcomeFromProto(response));
+    }
+    last = common::FromGrpcStatus(status);
+    last = absl::Status(last.code(), absl::StrCat("prefill worker ", w->address, ": ", last.message()));
+    if (!Retriable(last.code())) break;
+  }
+  return last;
+}
+
+std::vector<GrpcPrefillClient::WorkerState> GrpcPrefillClient::workers() const {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
+  std::vector<WorkerState> out;
+  for (const auto& w : workers_) out.push_back(WorkerState{w->address, w->outstanding, w->skip_until > now});
+  return out;
+}
+
+}  // namespace hybridserve::decode

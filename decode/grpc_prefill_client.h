@@ -1,0 +1,84 @@
+#ifndef HYBRIDSERVE_DECODE_GRPC_PREFILL_CLIENT_H_
+#define HYBRIDSERVE_DECODE_GRPC_PREFILL_CLIENT_H_
+
+// Decode's view of a pool of prefill workers over gRPC (proto/prefill.proto).
+//
+// The pool is a list of targets, "host:port" each. A host that is a name is
+// resolved to all of its addresses, and re-resolved every
+// `resolve_interval` (a Kubernetes headless service lists one address per
+// worker); when a resolution fails, the previous addresses are kept.
+//
+// Each call goes to the worker with the fewest outstanding calls (ties in
+// turn). A worker whose call fails with UNAVAILABLE, DEADLINE_EXCEEDED or
+// RESOURCE_EXHAUSTED is skipped for `failure_backoff` (unless every worker is
+// being skipped). A call refused before any work (UNAVAILABLE: unreachable or
+// draining; RESOURCE_EXHAUSTED: queue full) is tried on another worker, up to
+// `max_attempts` in all, within the call's deadline: a retry reuses the ticket,
+// and the receiver refuses a transfer that an earlier attempt had begun, so
+// a retry never lands two states.
+//
+// Thread-safe.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "decode/decode_loop.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/prefill.grpc.pb.h"
+
+namespace hybridserve::decode {
+
+struct PrefillPoolOptions {
+  std::vector<std::string> targets;  // "host:port"; at least one
+  absl::Duration resolve_interval = absl::Seconds(10);
+  absl::Duration failure_backoff = absl::Seconds(5);
+  int max_attempts = 3;
+};
+
+class GrpcPrefillClient final : public PrefillClient {
+ public:
+  // INVALID_ARGUMENT for no target, a target that is not host:port, or a
+  // non-positive interval or attempt count. Names that do not resolve yet are
+  // not an error (the pool fills as they resolve).
+  static absl::StatusOr<std::unique_ptr<GrpcPrefillClient>> Create(const PrefillPoolOptions& options);
+  ~GrpcPrefillClient() override;
+
+  // UNAVAILABLE when no worker is known; otherwise the last attempt's status
+  // (the prefill worker's own status, or the channel's).
+  absl::StatusOr<PrefillReply> Prefill(const PrefillCall& call) override ABSL_LOCKS_EXCLUDED(mu_);
+
+  struct WorkerState {
+    std::string address;  // "ip:port"
+    int64_t outstanding = 0;
+    bool skipped = false;  // in failure backoff
+  };
+  std::vector<WorkerState> workers() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct Worker;
+  explicit GrpcPrefillClient(const PrefillPoolOptions& options);
+  void ResolveLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  void Resolve() ABSL_LOCKS_EXCLUDED(mu_);
+  // The worker to call next, none of `tried`; null when none is known.
+  std::shared_ptr<Worker> Pick(const std::vector<std::shared_ptr<Worker>>& tried) ABSL_LOCKS_EXCLUDED(mu_);
+
+  const PrefillPoolOptions options_;
+  mutable absl::Mutex mu_;
+  // Workers by address; a worker that leaves the resolution stays alive while
+  // calls hold it.
+  std::vector<std::shared_ptr<Worker>> workers_ ABSL_GUARDED_BY(mu_);
+  uint64_t turn_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread resolver_;
+};
+
+}  // namespace hybridserve::decode
+
+#endif  // HYBRIDSERVE_DECODE_GRPC_PREFILL_CLIENT_H_

@@ -1,0 +1,54 @@
+#ifndef HYBRIDSERVE_DECODE_METRICS_H_
+#define HYBRIDSERVE_DECODE_METRICS_H_
+
+// The decode worker's Prometheus metrics (DESIGN.md section 6), named after
+// vLLM's where one means the same (vllm:num_requests_running ->
+// hybridserve_num_requests_running, and so on). Thread-safe (prometheus-cpp
+// metrics are).
+
+#include <cstdint>
+
+#include "decode/generation.h"
+#include "prometheus/counter.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace hybridserve::decode {
+
+class DecodeMetrics {
+ public:
+  explicit DecodeMetrics(prometheus::Registry& registry);
+
+  void SetQueue(int64_t waiting, int64_t running);
+  void RecordFirstToken(double seconds_since_arrival);
+  void RecordInterToken(double seconds);
+  // At the end of a request (also one refused before it started: `started` false).
+  void RecordFinish(const Completion& completion, double e2e_seconds);
+  void RecordRefused();
+
+ private:
+  prometheus::Gauge& waiting_;
+  prometheus::Gauge& running_;
+  prometheus::Histogram& ttft_;
+  prometheus::Histogram& itl_;
+  prometheus::Histogram& e2e_;
+  prometheus::Counter& prompt_tokens_;
+  prometheus::Counter& generation_tokens_;
+  prometheus::Counter& cached_tokens_;
+  prometheus::Counter& recomputed_tokens_;
+  prometheus::Family<prometheus::Counter>& finished_;
+  prometheus::Counter& finished_stop_;
+  prometheus::Counter& finished_length_;
+  prometheus::Counter& finished_abort_;
+  prometheus::Counter& finished_error_;
+  prometheus::Counter& refused_;
+  prometheus::Family<prometheus::Counter>& resume_;
+  prometheus::Counter& resume_cold_;
+  prometheus::Counter& resume_grid_;
+  prometheus::Counter& resume_exact_;
+};
+
+}  // namespace hybridserve::decode
+
+#endif  // HYBRIDSERVE_DECODE_METRICS_H_

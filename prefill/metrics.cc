@@ -1,0 +1,90 @@
+#include "prefill/metrics.h"
+
+#include <string>
+
+#include "common/metrics.h"
+
+namespace hybridserve::prefill {
+namespace {
+
+prometheus::Family<prometheus::Counter>& Counters(prometheus::Registry& r, const std::string& name,
+                                                  const std::string& help) {
+  return prometheus::BuildCounter().Name(name).Help(help).Register(r);
+}
+
+prometheus::Counter& Counter(prometheus::Registry& r, const std::string& name, const std::string& help) {
+  return Counters(r, name, help).Add({});
+}
+
+prometheus::Histogram& Histogram(prometheus::Registry& r, const std::string& name, const std::string& help,
+                                 double start, int count) {
+  return prometheus::BuildHistogram().Name(name).Help(help).Register(r).Add(
+      {}, common::ExponentialBuckets(start, 2.0, count));
+}
+
+}  // namespace
+
+PrefillMetrics::PrefillMetrics(prometheus::Registry& r)
+    : queue_(prometheus::BuildGauge()
+                 .Name("hybridserve_prefill_queue_depth")
+                 .Help("Prefill requests admitted and not finished (running or waiting for the engine)")
+                 .Register(r)
+                 .Add({})),
+      requests_(Counters(r, "hybridserve_prefill_requests_total", "Prefill calls by outcome")),
+      ok_(requests_.Add({{"outcome", "ok"}})),
+      failed_(requests_.Add({{"outcome", "failed"}})),
+      refused_(requests_.Add({{"outcome", "refused"}})),
+      prompt_tokens_(Counter(r, "hybridserve_prefill_prompt_tokens_total", "Prompt tokens of successful prefills")),
+      prefilled_tokens_(Counter(r, "hybridserve_prefill_computed_tokens_total",
+                                "Prompt tokens actually prefilled (prompt minus what came from the cache)")),
+      cache_queries_(Counter(r, "hybridserve_prefix_cache_queries_total",
+                             "Prompt tokens looked up in the cache (vLLM prefix_cache_queries)")),
+      cache_hits_(Counter(r, "hybridserve_prefix_cache_hits_total",
+                          "Prompt tokens whose state came from the cache (vLLM prefix_cache_hits)")),
+      recomputed_(Counter(r, "hybridserve_prefill_recomputed_tokens_total",
+                          "Tokens with cached KV pages prefilled again for want of an SSM state at a deeper point")),
+      resume_depth_(Histogram(r, "hybridserve_prefill_resume_depth_tokens",
+                              "Position prefill resumed from (0 when cold)", 16, 16)),
+      kv_match_depth_(Histogram(r, "hybridserve_prefill_kv_match_depth_tokens",
+                                "Tokens of the prompt whose KV pages the cache held", 16, 16)),
+      seconds_(Histogram(r, "hybridserve_prefill_seconds", "Prefill call time, push included", 0.001, 17)),
+      transfer_bytes_(Counter(r, "hybridserve_transfer_bytes_total", "Bytes pushed to decode workers")),
+      transfer_seconds_(
+          Histogram(r, "hybridserve_transfer_seconds", "Time of one push to a decode worker", 0.0001, 18)),
+      lookups_(Counter(r, "hybridserve_prefill_cache_lookups_total", "Resume-point lookups in the cachestore")),
+      errors_as_misses_(Counter(r, "hybridserve_prefill_cache_errors_total",
+                                "Cachestore calls or entries that failed and were treated as misses")),
+      pages_published_(Counter(r, "hybridserve_prefill_pages_published_total", "KV pages published")),
+      states_published_(Counter(r, "hybridserve_prefill_states_published_total",
+                                "Grid checkpoints and prompt-end snapshots published")),
+      publish_failures_(Counter(r, "hybridserve_prefill_publish_failures_total", "Publications that failed")) {}
+
+void PrefillMetrics::SetQueueDepth(int64_t outstanding) { queue_.Set(static_cast<double>(outstanding)); }
+void PrefillMetrics::RecordFailure() { failed_.Increment(); }
+void PrefillMetrics::RecordRefused() { refused_.Increment(); }
+
+void PrefillMetrics::RecordSuccess(const PrefillOutcome& o, double seconds) {
+  ok_.Increment();
+  seconds_.Observe(seconds);
+  prompt_tokens_.Increment(static_cast<double>(o.usage.prompt_tokens));
+  prefilled_tokens_.Increment(static_cast<double>(o.usage.prompt_tokens - o.usage.cached_tokens));
+  cache_queries_.Increment(static_cast<double>(o.usage.prompt_tokens));
+  cache_hits_.Increment(static_cast<double>(o.usage.cached_tokens));
+  recomputed_.Increment(static_cast<double>(o.usage.recomputed_tokens));
+  resume_depth_.Observe(static_cast<double>(o.usage.cached_tokens));
+  kv_match_depth_.Observe(static_cast<double>(o.usage.kv_match_tokens));
+  transfer_bytes_.Increment(static_cast<double>(o.transfer_bytes));
+  transfer_seconds_.Observe(absl::ToDoubleSeconds(o.transfer_time));
+}
+
+void PrefillMetrics::SyncCounters(const PrefillCacheCounters& now) {
+  absl::MutexLock lock(&mu_);
+  lookups_.Increment(static_cast<double>(now.lookups - last_.lookups));
+  errors_as_misses_.Increment(static_cast<double>(now.errors_as_misses - last_.errors_as_misses));
+  pages_published_.Increment(static_cast<double>(now.pages_published - last_.pages_published));
+  states_published_.Increment(static_cast<double>(now.states_published - last_.states_published));
+  publish_failures_.Increment(static_cast<double>(now.publish_failures - last_.publish_failures));
+  last_ = now;
+}
+
+}  // namespace hybridserve::prefill
