@@ -1,0 +1,275 @@
+#include "tests/e2e/stack.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+
+namespace hybridserve::e2e {
+namespace {
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::string TmpDir() {
+  const char* t = std::getenv("TEST_TMPDIR");
+  return t != nullptr ? t : "/tmp";
+}
+
+}  // namespace
+
+std::string Runfile(const std::string& relative) {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const char* workspace = std::getenv("TEST_WORKSPACE");
+  if (srcdir == nullptr) return relative;
+  return absl::StrCat(srcdir, "/", workspace != nullptr ? workspace : "hybridserve", "/", relative);
+}
+
+absl::StatusOr<std::unique_ptr<Process>> Process::Start(const std::string& name, const std::string& binary,
+                                                        const std::vector<std::string>& args,
+                                                        const std::string& ready_word, absl::Duration timeout) {
+  static int counter = 0;
+  const std::string log_path = absl::StrCat(TmpDir(), "/", name, "-", getpid(), "-", ++counter, ".log");
+  const std::string path = Runfile(binary);
+  std::vector<std::string> argv_storage = {path};
+  argv_storage.insert(argv_storage.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (std::string& a : argv_storage) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) return absl::InternalError(absl::StrCat("cannot create ", log_path));
+  const pid_t pid = fork();
+  if (pid < 0) return absl::InternalError("fork failed");
+  if (pid == 0) {
+    dup2(fd, 1);
+    dup2(fd, 2);
+    close(fd);
+    execv(path.c_str(), argv.data());
+    _exit(127);
+  }
+  close(fd);
+  std::unique_ptr<Process> p(new Process(name, pid, log_path));
+  const absl::Time end = absl::Now() + timeout;
+  while (absl::Now() < end) {
+    const std::string log = ReadFile(log_path);
+    for (absl::string_view line : absl::StrSplit(log, '\n')) {
+      if (!absl::StartsWith(line, ready_word)) continue;
+      for (absl::string_view kv : absl::StrSplit(line, ' ', absl::SkipEmpty())) {
+        std::pair<std::string, std::string> f = absl::StrSplit(kv, absl::MaxSplits('=', 1));
+        if (!f.second.empty()) p->fields_[f.first] = f.second;
+      }
+      return p;
+    }
+    int status = 0;
+    if (waitpid(pid, &status, WNOHANG) == pid) {
+      p->reaped_ = true;
+      return absl::InternalError(absl::StrCat(name, " exited before it was ready; log:\n", log));
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return absl::DeadlineExceededError(absl::StrCat(name, " not ready in time; log:\n", ReadFile(log_path)));
+}
+
+Process::~Process() { Kill(); }
+
+std::string Process::field(const std::string& key) const {
+  auto it = fields_.find(key);
+  return it == fields_.end() ? "" : it->second;
+}
+
+int Process::Terminate(absl::Duration timeout) {
+  if (reaped_) return -1;
+  kill(pid_, SIGTERM);
+  const absl::Time end = absl::Now() + timeout;
+  while (absl::Now() < end) {
+    int status = 0;
+    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+      reaped_ = true;
+      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  Kill();
+  return -1;
+}
+
+void Process::Kill() {
+  if (reaped_) return;
+  kill(pid_, SIGKILL);
+  int status = 0;
+  waitpid(pid_, &status, 0);
+  reaped_ = true;
+}
+
+std::string Process::log() const { return ReadFile(log_path_); }
+
+absl::StatusOr<std::unique_ptr<Stack>> Stack::Start(const StackOptions& options) {
+  std::unique_ptr<Stack> s(new Stack());
+  s->options_ = options;
+  if (options.cachestore) {
+    absl::Status st = s->RestartCachestore();
+    if (!st.ok()) return st;
+  }
+  if (!options.aggregated) {
+    absl::Status st = s->RestartPrefill();
+    if (!st.ok()) return st;
+  }
+  std::vector<std::string> args = {
+      "--model_dir=" + Runfile("models/default"),
+      "--address=127.0.0.1:0",
+      "--metrics_address=127.0.0.1:0",
+      "--threads=1",
+      absl::StrCat("--max_batch=", options.max_batch),
+      absl::StrCat("--max_waiting=", options.max_waiting),
+      "--shutdown_grace=5s",
+      options.aggregated ? std::string("--prefill=in_process") : absl::StrCat("--prefill=127.0.0.1:", s->prefill_port_),
+  };
+  if (options.cachestore) args.push_back(absl::StrCat("--cachestore=127.0.0.1:", s->cachestore_port_));
+  args.insert(args.end(), options.decode_args.begin(), options.decode_args.end());
+  auto d = Process::Start("decode", "decode/decode", args, "DECODE_READY");
+  if (!d.ok()) return d.status();
+  s->decode_ = *std::move(d);
+  return s;
+}
+
+absl::Status Stack::RestartCachestore() {
+  if (cachestore_ != nullptr) cachestore_->Kill();
+  auto c =
+      Process::Start("cachestore", "cachestore/cachestore",
+                     {absl::StrCat("--address=127.0.0.1:", cachestore_port_),
+                      "--metrics_address=", "--page_budget_mib=256", "--state_budget_mib=256", "--shutdown_grace=2s"},
+                     "CACHESTORE_READY");
+  if (!c.ok()) return c.status();
+  cachestore_ = *std::move(c);
+  cachestore_port_ = cachestore_->port();
+  return absl::OkStatus();
+}
+
+absl::Status Stack::RestartPrefill() {
+  if (prefill_ != nullptr) prefill_->Kill();
+  std::vector<std::string> args = {
+      "--model_dir=" + Runfile("models/default"),
+      absl::StrCat("--address=127.0.0.1:", prefill_port_),
+      "--metrics_address=127.0.0.1:0",
+      "--threads=1",
+      "--shutdown_grace=5s",
+  };
+  if (options_.cachestore) args.push_back(absl::StrCat("--cachestore=127.0.0.1:", cachestore_port_));
+  args.insert(args.end(), options_.prefill_args.begin(), options_.prefill_args.end());
+  auto p = Process::Start("prefill", "prefill/prefill", args, "PREFILL_READY");
+  if (!p.ok()) return p.status();
+  prefill_ = *std::move(p);
+  prefill_port_ = prefill_->port();
+  return absl::OkStatus();
+}
+
+std::string Stack::decode_target() const { return absl::StrCat("127.0.0.1:", decode_->port()); }
+
+v1::GenerateRequest Request(const std::string& id, const std::vector<int32_t>& prompt, int max_tokens) {
+  v1::GenerateRequest r;
+  r.set_request_id(id);
+  r.mutable_prompt_token_ids()->Assign(prompt.begin(), prompt.end());
+  r.mutable_stop()->set_max_tokens(static_cast<uint32_t>(max_tokens));
+  r.mutable_stop()->set_ignore_eos(true);
+  r.mutable_sampling()->set_temperature(0.0f);
+  return r;
+}
+
+Generation Generate(const std::string& target, const v1::GenerateRequest& request, absl::Duration deadline) {
+  static std::map<std::string, std::shared_ptr<grpc::Channel>>* channels =
+      new std::map<std::string, std::shared_ptr<grpc::Channel>>();
+  static absl::Mutex* mu = new absl::Mutex();
+  std::shared_ptr<grpc::Channel> channel;
+  {
+    absl::MutexLock lock(mu);
+    auto& c = (*channels)[target];
+    if (c == nullptr) c = grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
+    channel = c;
+  }
+  auto stub = v1::Generation::NewStub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+  Generation g;
+  auto reader = stub->Generate(&context, request);
+  v1::GenerateResponse response;
+  while (reader->Read(&response)) {
+    if (response.has_chunk()) {
+      ++g.chunks;
+      g.tokens.insert(g.tokens.end(), response.chunk().token_ids().begin(), response.chunk().token_ids().end());
+      g.logprobs.insert(g.logprobs.end(), response.chunk().logprobs().begin(), response.chunk().logprobs().end());
+    } else if (response.has_complete()) {
+      g.completed = true;
+      g.complete = response.complete();
+    }
+  }
+  g.status = reader->Finish();
+  return g;
+}
+
+absl::StatusOr<std::map<std::string, double>> ScrapeMetrics(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  timeval tv{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return absl::UnavailableError(absl::StrCat("cannot connect to metrics port ", port));
+  }
+  const std::string get = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+  if (write(fd, get.data(), get.size()) != static_cast<ssize_t>(get.size())) {
+    close(fd);
+    return absl::UnavailableError("metrics: write failed");
+  }
+  std::string body;
+  char buf[65536];
+  while (true) {
+    const ssize_t n = read(fd, buf, sizeof(buf));
+    if (n <= 0) break;
+    body.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  std::map<std::string, double> out;
+  for (absl::string_view line : absl::StrSplit(body, '\n')) {
+    if (line.empty() || line[0] == '#') continue;
+    const size_t space = line.rfind(' ');
+    if (space == absl::string_view::npos) continue;
+    double v = 0;
+    if (absl::SimpleAtod(line.substr(space + 1), &v)) out[std::string(line.substr(0, space))] = v;
+  }
+  return out;
+}
+
+std::vector<int32_t> TextPrompt(int n, int seed) {
+  static const char kText[] =
+      "The quick brown fox jumps over the lazy dog. A journey of a thousand miles begins with a single step. "
+      "All that glitters is not gold. Where there is a will there is a way. ";
+  std::vector<int32_t> out = {257};
+  const int len = static_cast<int>(sizeof(kText) - 1);
+  for (int i = 0; static_cast<int>(out.size()) < n; ++i) {
+    out.push_back(static_cast<unsigned char>(kText[(i + seed * 17) % len]));
+  }
+  return out;
+}
+
+}  // namespace hybridserve::e2e

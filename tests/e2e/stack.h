@@ -1,0 +1,109 @@
+#ifndef HYBRIDSERVE_TESTS_E2E_STACK_H_
+#define HYBRIDSERVE_TESTS_E2E_STACK_H_
+
+// End-to-end test harness: the real cachestore, prefill and decode binaries
+// as child processes on loopback ports (each picks its own port and prints a
+// READY line), a gRPC client of the Generation service, and a scraper of the
+// Prometheus endpoints.
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/generation.grpc.pb.h"
+
+namespace hybridserve::e2e {
+
+// The path of a runfile of this test (TEST_SRCDIR/<workspace>/relative).
+std::string Runfile(const std::string& relative);
+
+// A child process whose stdout+stderr go to a log file.
+class Process {
+ public:
+  // Starts `binary` (a runfile path) with `args`; waits up to `timeout` for a
+  // line starting with `ready_word` and parses its key=value fields.
+  static absl::StatusOr<std::unique_ptr<Process>> Start(const std::string& name, const std::string& binary,
+                                                        const std::vector<std::string>& args,
+                                                        const std::string& ready_word,
+                                                        absl::Duration timeout = absl::Seconds(60));
+  ~Process();  // SIGKILL if still running
+
+  // The READY line's field (e.g. "port"), or "".
+  std::string field(const std::string& key) const;
+  int port() const { return std::stoi(field("port")); }
+  pid_t pid() const { return pid_; }
+  // SIGTERM, then waits up to `timeout`; the exit status (-1: had to SIGKILL).
+  int Terminate(absl::Duration timeout = absl::Seconds(30));
+  void Kill();  // SIGKILL and reap
+  std::string log() const;
+
+ private:
+  Process(std::string name, pid_t pid, std::string log_path)
+      : name_(std::move(name)), pid_(pid), log_path_(std::move(log_path)) {}
+  std::string name_;
+  pid_t pid_;
+  std::string log_path_;
+  std::map<std::string, std::string> fields_;
+  bool reaped_ = false;
+};
+
+// What the tests start.
+struct StackOptions {
+  bool cachestore = true;
+  bool aggregated = false;  // decode runs prefill in process
+  int64_t max_batch = 8;
+  int64_t max_waiting = 32;
+  std::vector<std::string> decode_args;   // extra flags
+  std::vector<std::string> prefill_args;  // extra flags
+};
+
+class Stack {
+ public:
+  static absl::StatusOr<std::unique_ptr<Stack>> Start(const StackOptions& options);
+
+  std::string decode_target() const;
+  Process* cachestore() { return cachestore_.get(); }
+  Process* prefill() { return prefill_.get(); }
+  Process* decode() { return decode_.get(); }
+  // Starts a (new) prefill process, e.g. after a kill; decode keeps its
+  // target, so the new one must take the old port.
+  absl::Status RestartPrefill();
+  absl::Status RestartCachestore();
+
+  std::unique_ptr<Process> cachestore_, prefill_, decode_;
+  StackOptions options_;
+  int cachestore_port_ = 0;
+  int prefill_port_ = 0;
+};
+
+// One Generate call's outcome as a client sees it.
+struct Generation {
+  grpc::Status status;
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+  bool completed = false;
+  v1::GenerateComplete complete;
+  int chunks = 0;
+};
+
+v1::GenerateRequest Request(const std::string& id, const std::vector<int32_t>& prompt, int max_tokens);
+Generation Generate(const std::string& target, const v1::GenerateRequest& request,
+                    absl::Duration deadline = absl::Seconds(60));
+
+// GET http://127.0.0.1:<port>/metrics; the value of each sample line
+// ("name{labels}" -> value).
+absl::StatusOr<std::map<std::string, double>> ScrapeMetrics(int port);
+
+// A deterministic prompt of `n` byte tokens starting with <bos>.
+std::vector<int32_t> TextPrompt(int n, int seed);
+
+}  // namespace hybridserve::e2e
+
+#endif  // HYBRIDSERVE_TESTS_E2E_STACK_H_

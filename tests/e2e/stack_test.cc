@@ -1,0 +1,301 @@
+// The local stack as users run it: cachestore, prefill and decode as separate
+// processes on loopback, driven over gRPC. Multi-turn resume (checked through
+// the usage field and through the prefill worker's metrics), parity between
+// the disaggregated and the aggregated paths, bad input, abort, cancel,
+// deadlines and 32 concurrent streams.
+
+#include "tests/e2e/stack.h"
+
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+
+namespace hybridserve::e2e {
+namespace {
+
+bool BitEqual(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+double Metric(int port, const std::string& name) {
+  auto m = ScrapeMetrics(port);
+  if (!m.ok()) return -1;
+  auto it = m->find(name);
+  return it == m->end() ? -1 : it->second;
+}
+
+// Polls until `name` on `port` equals `value` (bounded); the last value seen.
+double AwaitMetric(int port, const std::string& name, double value, absl::Duration timeout = absl::Seconds(10)) {
+  const absl::Time end = absl::Now() + timeout;
+  double v = -1;
+  while (absl::Now() < end) {
+    v = Metric(port, name);
+    if (v == value) return v;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return v;
+}
+
+class StackTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    StackOptions d;
+    auto s = Stack::Start(d);
+    ASSERT_TRUE(s.ok()) << s.status();
+    disaggregated_ = s->release();
+    StackOptions a;
+    a.aggregated = true;
+    auto g = Stack::Start(a);
+    ASSERT_TRUE(g.ok()) << g.status();
+    aggregated_ = g->release();
+  }
+  static void TearDownTestSuite() {
+    delete disaggregated_;
+    delete aggregated_;
+  }
+  static Stack* disaggregated_;
+  static Stack* aggregated_;
+};
+
+Stack* StackTest::disaggregated_ = nullptr;
+Stack* StackTest::aggregated_ = nullptr;
+
+TEST_F(StackTest, TurnTwoResumesAtTurnOneEndAndPrefillsOnlyTheNewTokens) {
+  Stack& s = *disaggregated_;
+  const int prefill_metrics = std::stoi(s.prefill()->field("metrics_port"));
+  const std::string computed = "hybridserve_prefill_computed_tokens_total";
+  std::vector<int32_t> conversation = TextPrompt(150, 1);
+  int64_t expected_cached = 0;
+  for (int turn = 1; turn <= 3; ++turn) {
+    const double before = Metric(prefill_metrics, computed);
+    v1::GenerateRequest r = Request(absl::StrCat("multiturn-", turn), conversation, 24);
+    r.set_cache_salt("multiturn");
+    Generation g = Generate(s.decode_target(), r);
+    ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+    ASSERT_TRUE(g.completed);
+    EXPECT_EQ(g.complete.finish_reason(), v1::FINISH_REASON_LENGTH);
+    ASSERT_EQ(g.tokens.size(), 24u);
+    const v1::Usage& u = g.complete.usage();
+    EXPECT_EQ(u.prompt_tokens(), conversation.size());
+    EXPECT_EQ(u.completion_tokens(), 24u);
+    EXPECT_EQ(u.cached_tokens(), expected_cached) << "turn " << turn;
+    EXPECT_EQ(u.resume_kind(), turn == 1 ? v1::RESUME_KIND_COLD : v1::RESUME_KIND_EXACT_PREFIX);
+    // The prefill worker computed only the tokens the cache did not hold.
+    EXPECT_EQ(Metric(prefill_metrics, computed) - before, conversation.size() - expected_cached) << "turn " << turn;
+    // Turn N+1 is sent the instant turn N ends: its prompt is the whole
+    // conversation (the reply included) plus new text. The turn-end state
+    // covers every token fed to the model: the prompt and all generated
+    // tokens but the last.
+    expected_cached = static_cast<int64_t>(conversation.size() + g.tokens.size()) - 1;
+    conversation.insert(conversation.end(), g.tokens.begin(), g.tokens.end());
+    const std::vector<int32_t> more = TextPrompt(31, turn + 5);
+    conversation.insert(conversation.end(), more.begin() + 1, more.end());
+  }
+}
+
+TEST_F(StackTest, ResumedTurnMatchesColdPrefillGreedily) {
+  Stack& s = *disaggregated_;
+  std::vector<int32_t> conversation = TextPrompt(90, 2);
+  v1::GenerateRequest r1 = Request("resume-1", conversation, 16);
+  r1.set_cache_salt("resume");
+  Generation g1 = Generate(s.decode_target(), r1);
+  ASSERT_TRUE(g1.status.ok()) << g1.status.error_message();
+  conversation.insert(conversation.end(), g1.tokens.begin(), g1.tokens.end());
+  conversation.push_back('\n');
+  v1::GenerateRequest warm = Request("resume-2", conversation, 16);
+  warm.set_cache_salt("resume");
+  v1::GenerateRequest cold = Request("resume-2-cold", conversation, 16);
+  cold.set_cache_salt("resume-cold");  // another tenant: nothing cached
+  Generation w = Generate(s.decode_target(), warm);
+  Generation c = Generate(s.decode_target(), cold);
+  ASSERT_TRUE(w.status.ok() && c.status.ok());
+  EXPECT_EQ(w.complete.usage().resume_kind(), v1::RESUME_KIND_EXACT_PREFIX);
+  EXPECT_EQ(c.complete.usage().resume_kind(), v1::RESUME_KIND_COLD);
+  EXPECT_EQ(w.tokens, c.tokens);
+}
+
+TEST_F(StackTest, DisaggregatedEqualsAggregatedBitForBit) {
+  for (const bool sampled : {false, true}) {
+    std::vector<int32_t> conversation = TextPrompt(120, 3);
+    for (int turn = 1; turn <= 2; ++turn) {
+      v1::GenerateRequest r = Request(absl::StrCat("parity-", sampled, "-", turn), conversation, 20);
+      r.set_cache_salt(absl::StrCat("parity-", sampled));
+      r.set_return_logprobs(true);
+      if (sampled) {
+        r.mutable_sampling()->set_temperature(0.8f);
+        r.mutable_sampling()->set_top_p(0.95f);
+        r.mutable_sampling()->set_seed(1234);
+      }
+      Generation d = Generate(disaggregated_->decode_target(), r);
+      Generation a = Generate(aggregated_->decode_target(), r);
+      ASSERT_TRUE(d.status.ok()) << d.status.error_message();
+      ASSERT_TRUE(a.status.ok()) << a.status.error_message();
+      EXPECT_EQ(d.tokens, a.tokens) << "sampled " << sampled << " turn " << turn;
+      EXPECT_TRUE(BitEqual(d.logprobs, a.logprobs)) << "sampled " << sampled << " turn " << turn;
+      EXPECT_EQ(d.logprobs.size(), 20u);
+      EXPECT_EQ(d.complete.usage().cached_tokens(), a.complete.usage().cached_tokens());
+      EXPECT_EQ(d.complete.usage().resume_kind(), a.complete.usage().resume_kind());
+      conversation.insert(conversation.end(), d.tokens.begin(), d.tokens.end());
+      conversation.push_back('\n');
+    }
+  }
+}
+
+TEST_F(StackTest, EveryBadFieldIsRefusedByName) {
+  Stack& s = *disaggregated_;
+  struct Case {
+    const char* field;  // must appear in the message
+    std::function<void(v1::GenerateRequest&)> mutate;
+  };
+  const std::vector<Case> cases = {
+      {"request_id", [](v1::GenerateRequest& r) { r.set_request_id(""); }},
+      {"request_id", [](v1::GenerateRequest& r) { r.set_request_id(std::string(257, 'x')); }},
+      {"prompt", [](v1::GenerateRequest& r) { r.clear_prompt_token_ids(); }},
+      {"prompt", [](v1::GenerateRequest& r) { r.add_prompt_token_ids(259); }},
+      {"prompt", [](v1::GenerateRequest& r) { r.add_prompt_token_ids(-1); }},
+      {"stop_token_ids", [](v1::GenerateRequest& r) { r.mutable_stop()->add_stop_token_ids(300); }},
+      {"stop_sequences", [](v1::GenerateRequest& r) { r.mutable_stop()->add_stop_sequences()->add_token_ids(-5); }},
+      {"stop_sequences", [](v1::GenerateRequest& r) { r.mutable_stop()->add_stop_sequences(); }},
+      {"max_tokens", [](v1::GenerateRequest& r) { r.mutable_stop()->set_max_tokens(0); }},
+      {"max_tokens", [](v1::GenerateRequest& r) { r.mutable_stop()->set_max_tokens(9000); }},
+      {"temperature", [](v1::GenerateRequest& r) { r.mutable_sampling()->set_temperature(-1.0f); }},
+      {"temperature", [](v1::GenerateRequest& r) { r.mutable_sampling()->set_temperature(std::nanf("")); }},
+      {"top_p", [](v1::GenerateRequest& r) { r.mutable_sampling()->set_top_p(0.0f); }},
+      {"top_p", [](v1::GenerateRequest& r) { r.mutable_sampling()->set_top_p(1.5f); }},
+      {"top_k", [](v1::GenerateRequest& r) { r.mutable_sampling()->set_top_k(-1); }},
+      {"top_logprobs", [](v1::GenerateRequest& r) { r.set_top_logprobs(21); }},
+  };
+  for (const Case& c : cases) {
+    v1::GenerateRequest r = Request("bad", TextPrompt(10, 0), 4);
+    c.mutate(r);
+    Generation g = Generate(s.decode_target(), r);
+    EXPECT_EQ(g.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.field << ": " << g.status.error_message();
+    EXPECT_NE(g.status.error_message().find(c.field), std::string::npos) << c.field << ": " << g.status.error_message();
+    EXPECT_FALSE(g.completed);
+  }
+  // Still serving.
+  Generation ok = Generate(s.decode_target(), Request("after-bad", TextPrompt(10, 0), 4));
+  EXPECT_TRUE(ok.status.ok()) << ok.status.error_message();
+  EXPECT_EQ(ok.tokens.size(), 4u);
+}
+
+TEST_F(StackTest, DuplicateLiveIdAbortAndDeadline) {
+  Stack& s = *disaggregated_;
+  const int decode_metrics = std::stoi(s.decode()->field("metrics_port"));
+  // A long request, aborted by id while it runs; a second request with its
+  // id is refused while it is live.
+  Generation long_run;
+  std::thread t([&] { long_run = Generate(s.decode_target(), Request("long", TextPrompt(20, 4), 3000)); });
+  auto stub = v1::Generation::NewStub(grpc::CreateChannel(s.decode_target(), grpc::InsecureChannelCredentials()));
+  bool aborted = false;
+  bool refused_duplicate = false;
+  for (int i = 0; i < 500 && !aborted; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+    if (!refused_duplicate) {
+      Generation dup = Generate(s.decode_target(), Request("long", TextPrompt(20, 4), 3));
+      if (dup.status.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
+        refused_duplicate = dup.status.error_message().find("already live") != std::string::npos;
+      }
+      if (!refused_duplicate) continue;
+    }
+    grpc::ClientContext ctx;
+    v1::AbortRequest req;
+    req.add_request_ids("long");
+    req.add_request_ids("no-such-request");
+    v1::AbortResponse resp;
+    ASSERT_TRUE(stub->Abort(&ctx, req, &resp).ok());
+    aborted = resp.aborted_request_ids_size() == 1 && resp.aborted_request_ids(0) == "long";
+  }
+  t.join();
+  EXPECT_TRUE(refused_duplicate);
+  ASSERT_TRUE(aborted);
+  ASSERT_TRUE(long_run.status.ok()) << long_run.status.error_message();
+  ASSERT_TRUE(long_run.completed);
+  EXPECT_EQ(long_run.complete.finish_reason(), v1::FINISH_REASON_ABORT);
+  EXPECT_LT(long_run.tokens.size(), 3000u);
+
+  // A client deadline of 1 ms: the client sees DEADLINE_EXCEEDED, the worker
+  // frees the request.
+  Generation hurried = Generate(s.decode_target(), Request("hurried", TextPrompt(400, 5), 500), absl::Milliseconds(1));
+  EXPECT_EQ(hurried.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+
+  // A client that cancels mid-stream.
+  {
+    grpc::ClientContext ctx;
+    auto reader = stub->Generate(&ctx, Request("cancelled", TextPrompt(20, 6), 3000));
+    v1::GenerateResponse first;
+    ASSERT_TRUE(reader->Read(&first));
+    EXPECT_TRUE(first.has_chunk());
+    ctx.TryCancel();
+    v1::GenerateResponse rest;
+    while (reader->Read(&rest)) {
+    }
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  }
+  EXPECT_EQ(AwaitMetric(decode_metrics, "hybridserve_num_requests_running", 0), 0);
+  EXPECT_EQ(AwaitMetric(decode_metrics, "hybridserve_num_requests_waiting", 0), 0);
+  Generation after = Generate(s.decode_target(), Request("after-abort", TextPrompt(20, 4), 5));
+  EXPECT_TRUE(after.status.ok());
+  EXPECT_EQ(after.tokens.size(), 5u);
+}
+
+TEST_F(StackTest, ThirtyTwoConcurrentStreamsEqualTheirSoloRuns) {
+  Stack& s = *disaggregated_;
+  constexpr int kStreams = 32;
+  std::vector<v1::GenerateRequest> requests;
+  for (int i = 0; i < kStreams; ++i) {
+    v1::GenerateRequest r = Request(absl::StrCat("conc-", i), TextPrompt(8 + 37 * i % 400, i), 8 + i % 13);
+    r.set_return_logprobs(true);
+    if (i % 2 == 1) {
+      r.mutable_sampling()->set_temperature(0.9f);
+      r.mutable_sampling()->set_seed(100 + i);
+    }
+    requests.push_back(r);
+  }
+  // Alone, one at a time, each in its own tenant (no cache hit).
+  std::vector<Generation> solo(kStreams);
+  for (int i = 0; i < kStreams; ++i) {
+    v1::GenerateRequest r = requests[i];
+    r.set_cache_salt(absl::StrCat("solo-", i));
+    solo[i] = Generate(s.decode_target(), r);
+    ASSERT_TRUE(solo[i].status.ok()) << solo[i].status.error_message();
+  }
+  std::vector<Generation> together(kStreams);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kStreams; ++i) {
+    threads.emplace_back([&, i] {
+      v1::GenerateRequest r = requests[i];
+      r.set_cache_salt(absl::StrCat("together-", i));
+      together[i] = Generate(s.decode_target(), r);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int i = 0; i < kStreams; ++i) {
+    ASSERT_TRUE(together[i].status.ok()) << i << ": " << together[i].status.error_message();
+    ASSERT_TRUE(together[i].completed) << i;
+    EXPECT_EQ(together[i].tokens, solo[i].tokens) << i;
+    EXPECT_TRUE(BitEqual(together[i].logprobs, solo[i].logprobs)) << i;
+  }
+}
+
+TEST_F(StackTest, ModelInfoDescribesTheModel) {
+  auto stub =
+      v1::Generation::NewStub(grpc::CreateChannel(disaggregated_->decode_target(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  v1::ModelInfo info;
+  ASSERT_TRUE(stub->GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info).ok());
+  EXPECT_EQ(info.vocab_size(), 259u);
+  EXPECT_EQ(info.max_context_tokens(), 8192u);
+  EXPECT_EQ(info.chunk_size(), 64u);
+  EXPECT_EQ(info.fingerprint().size(), 32u);
+  ASSERT_EQ(info.eos_token_ids_size(), 1);
+  EXPECT_EQ(info.eos_token_ids(0), 258);
+}
+
+}  // namespace
+}  // namespace hybridserve::e2e
