@@ -8,7 +8,7 @@ PACKAGES=(
   clang                    # compiler with -Wthread-safety
   libclang-rt-14-dev       # sanitizer runtimes for --config=asan/tsan
   libgrpc++-dev            # gRPC 1.51 (+ reflection, health)
-  protobuf-compiler-grpc   # grpc_cpp_plugin
+  protobuf-compiler-grpc   # grpc_cpp_plugin, grpc_python_plugin
   libprotobuf-dev          # protobuf 3.21
   protobuf-compiler        # protoc
   libabsl-dev              # abseil 20220623
@@ -20,6 +20,8 @@ PACKAGES=(
   libgoogle-glog-dev       # logging
   prometheus-cpp-dev       # metrics with an HTTP exposer
   libopenblas-dev          # CPU GEMM (fast, non-deterministic mode)
+  python3-grpcio           # Python client (client/python): grpcio 1.51 for /usr/bin/python3
+  python3-protobuf         # Python client: protobuf 3.21 runtime for its generated stubs
 )
 
 missing=()
