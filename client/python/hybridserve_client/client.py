@@ -1,0 +1,328 @@
+"""Client for the Generation service (proto/generation.proto) on grpcio.
+
+Thread-safety: a Client is thread-safe (one gRPC channel, shared). A
+GenerateStream is consumed by one thread; its cancel() may be called from any.
+"""
+
+import threading
+import time
+import uuid
+
+import grpc
+
+from .errors import StreamProtocolError, from_rpc_error
+from .proto import generation_pb2 as pb
+from .proto import generation_pb2_grpc as pb_grpc
+from .results import (FinishReason, GenerateResult, ModelInfo, ResumeKind, TokenChunk,
+                      TopLogprob, Usage)
+
+_FINISH_REASONS = {
+    pb.FINISH_REASON_STOP: FinishReason.STOP,
+    pb.FINISH_REASON_LENGTH: FinishReason.LENGTH,
+    pb.FINISH_REASON_ABORT: FinishReason.ABORT,
+    pb.FINISH_REASON_ERROR: FinishReason.ERROR,
+}
+_RESUME_KINDS = {
+    pb.RESUME_KIND_COLD: ResumeKind.COLD,
+    pb.RESUME_KIND_GRID_CHECKPOINT: ResumeKind.GRID_CHECKPOINT,
+    pb.RESUME_KIND_EXACT_PREFIX: ResumeKind.EXACT_PREFIX,
+}
+
+
+class Client:
+    """Talks to one decode worker (or a load balancer in front of several).
+
+        with Client("localhost:50061", timeout=60) as client:
+            result = client.generate(encode_bytes("Hello"), max_tokens=32)
+            print(decode_bytes(result.token_ids), result.finish_reason, result.usage)
+
+    Every call raises HybridserveError (code + message) when its RPC fails.
+    """
+
+    def __init__(self, target, timeout=None, *, credentials=None, options=()):
+        """
+        Args:
+          target: "host:port" (any gRPC target string).
+          timeout: default deadline of every call, in seconds; None for none.
+            A call's own `timeout` argument replaces it.
+          credentials: grpc.ChannelCredentials for TLS; None for plaintext.
+          options: gRPC channel options, e.g. (("grpc.max_receive_message_length", n),).
+        """
+        if credentials is None:
+            self._channel = grpc.insecure_channel(target, options=list(options))
+        else:
+            self._channel = grpc.secure_channel(target, credentials, options=list(options))
+        self._stub = pb_grpc.GenerationStub(self._channel)
+        self._timeout = timeout
+
+    def close(self):
+        """Closes the channel; calls in flight are cancelled."""
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+    def generate(self, prompt_token_ids, max_tokens, *, temperature=None, top_p=None,
+                 top_k=None, seed=None, stop_token_ids=(), stop_sequences=(),
+                 ignore_eos=False, cache_salt="", return_logprobs=False, top_logprobs=0,
+                 request_id=None, timeout=None):
+        """Runs one generation to its end and returns a GenerateResult.
+
+        The arguments are stream()'s. A generation that fails after it
+        started is a result with finish_reason ERROR, not an exception.
+
+        Raises:
+          HybridserveError: the RPC failed (e.g. INVALID_ARGUMENT,
+            RESOURCE_EXHAUSTED, UNAVAILABLE, DEADLINE_EXCEEDED);
+            StreamProtocolError when the server broke the stream contract.
+        """
+        with self.stream(prompt_token_ids, max_tokens, temperature=temperature, top_p=top_p,
+                         top_k=top_k, seed=seed, stop_token_ids=stop_token_ids,
+                         stop_sequences=stop_sequences, ignore_eos=ignore_eos,
+                         cache_salt=cache_salt, return_logprobs=return_logprobs,
+                         top_logprobs=top_logprobs, request_id=request_id,
+                         timeout=timeout) as events:
+            for _ in events:
+                pass
+        return events.result
+
+    def stream(self, prompt_token_ids, max_tokens, *, temperature=None, top_p=None,
+               top_k=None, seed=None, stop_token_ids=(), stop_sequences=(),
+               ignore_eos=False, cache_salt="", return_logprobs=False, top_logprobs=0,
+               request_id=None, timeout=None):
+        """Starts a generation; returns a GenerateStream yielding TokenChunk
+        items as the server sends them, then the GenerateResult as its last.
+
+        The RPC starts at the first next(). Closing the stream (close(), the
+        with-block's end, or dropping it) cancels the RPC; the server then ends
+        the generation as aborted.
+
+        Args:
+          prompt_token_ids: ints; the prompt.
+          max_tokens: upper bound on generated tokens, > 0.
+          temperature, top_p, top_k, seed: sampling; None leaves the field
+            absent so the server applies its documented default (temperature
+            1.0, top_p 1.0, top_k 0 = disabled, seed derived from request_id).
+            0 is sent as 0: temperature=0.0 means greedy.
+          stop_token_ids: ids that end generation (besides EOS unless ignore_eos).
+          stop_sequences: sequences of ids; generation ends when the output ends
+            with one of them.
+          ignore_eos: do not stop at the model's EOS ids.
+          cache_salt: tenant isolation; requests with different salts share no
+            cache entries.
+          return_logprobs: return each sampled token's log-probability.
+          top_logprobs: also return this many most likely alternatives per token (0..20).
+          request_id: unique among this client's requests in flight, used by
+            abort(); default a fresh uuid4 hex. Also on the stream as .request_id.
+          timeout: deadline of the whole stream, in seconds; default the Client's.
+
+        Raises (while iterating): HybridserveError, as generate().
+        """
+        request = pb.GenerateRequest(
+            request_id=request_id if request_id is not None else uuid.uuid4().hex,
+            prompt_token_ids=list(prompt_token_ids),
+            cache_salt=cache_salt,
+            return_logprobs=return_logprobs,
+            top_logprobs=top_logprobs,
+        )
+        if temperature is not None:
+            request.sampling.temperature = temperature
+        if top_p is not None:
+            request.sampling.top_p = top_p
+        if top_k is not None:
+            request.sampling.top_k = top_k
+        if seed is not None:
+            request.sampling.seed = seed
+        request.stop.max_tokens = max_tokens
+        request.stop.stop_token_ids.extend(stop_token_ids)
+        for sequence in stop_sequences:
+            request.stop.stop_sequences.add(token_ids=list(sequence))
+        request.stop.ignore_eos = ignore_eos
+        return GenerateStream(self._stub, request, self._deadline(timeout))
+
+    def abort(self, request_ids, timeout=None):
+        """Aborts generations by request id (a str or an iterable of them).
+
+        Returns the ids that were in flight and are now aborting; unknown ids
+        are ignored by the server. Each aborted stream still ends with its
+        result, finish_reason ABORT.
+        """
+        if isinstance(request_ids, str):
+            request_ids = [request_ids]
+        try:
+            response = self._stub.Abort(pb.AbortRequest(request_ids=list(request_ids)),
+                                        timeout=self._deadline(timeout))
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+        return list(response.aborted_request_ids)
+
+    def model_info(self, timeout=None):
+        """The served model's ModelInfo (vocab size, context, EOS ids, grid)."""
+        try:
+            info = self._stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=self._deadline(timeout))
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+        return ModelInfo(
+            model_name=info.model_name,
+            vocab_size=info.vocab_size,
+            max_context_tokens=info.max_context_tokens,
+            eos_token_ids=tuple(info.eos_token_ids),
+            chunk_size=info.chunk_size,
+            page_size=info.page_size,
+            checkpoint_interval=info.checkpoint_interval,
+            fingerprint=info.fingerprint,
+        )
+
+    def _deadline(self, timeout):
+        return self._timeout if timeout is None else timeout
+
+
+class GenerateStream:
+    """One Generate call as an iterator: TokenChunk items, then the GenerateResult.
+
+        with client.stream(prompt, max_tokens=64) as events:
+            for event in events:
+                if isinstance(event, TokenChunk):
+                    print(decoder.decode(event.token_ids), end="", flush=True)
+        print(events.result.finish_reason)
+
+    Attributes:
+      request_id: the request's id (for abort()).
+      result: the GenerateResult once the stream has ended, else None.
+
+    Consumed by one thread; close() from that thread, cancel() from any.
+    """
+
+    def __init__(self, stub, request, timeout):
+        self.request_id = request.request_id
+        self._state = _CallState()
+        # The generator holds the state, not self: dropping the stream drops
+        # the generator at once (no cycle), whose finally cancels the RPC.
+        self._events = _run_generate(stub, request, timeout, self._state)
+
+    @property
+    def result(self):
+        return self._state.result
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return next(self._events)
+
+    def close(self):
+        """Stops iterating; cancels the RPC if it is still running."""
+        self._events.close()
+
+    def cancel(self):
+        """Cancels the RPC from any thread; the iterating thread then gets
+        HybridserveError(CANCELLED) unless the stream had already ended."""
+        self._state.cancel()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+
+class _CallState:
+    """Shared by a GenerateStream and its generator. Thread-safe."""
+
+    def __init__(self):
+        self.result = None
+        self._lock = threading.Lock()
+        self._call = None
+        self._cancelled = False
+
+    def attach(self, call):
+        with self._lock:
+            self._call = call
+            cancelled = self._cancelled
+        if cancelled:
+            call.cancel()
+
+    def cancel(self):
+        with self._lock:
+            self._cancelled = True
+            call = self._call
+        if call is not None:
+            call.cancel()
+
+
+def _run_generate(stub, request, timeout, state):
+    request_id = request.request_id
+    want_logprobs = request.return_logprobs
+    want_top = request.top_logprobs > 0
+    start = time.monotonic()
+    ttft = None
+    token_ids, logprobs, top_logprobs = [], [], []
+    complete = None
+
+    call = stub.Generate(request, timeout=timeout)
+    state.attach(call)
+    try:
+        for response in call:
+            kind = response.WhichOneof("response")
+            if complete is not None:
+                raise StreamProtocolError("a message after `complete`", request_id)
+            if kind == "complete":
+                complete = response.complete
+                total = time.monotonic() - start
+            elif kind == "chunk":
+                chunk = _to_chunk(response.chunk, want_logprobs, want_top, request_id)
+                if ttft is None and chunk.token_ids:
+                    ttft = time.monotonic() - start
+                token_ids.extend(chunk.token_ids)
+                logprobs.extend(chunk.logprobs or ())
+                top_logprobs.extend(chunk.top_logprobs or ())
+                yield chunk
+            else:
+                raise StreamProtocolError("a message with neither `chunk` nor `complete`", request_id)
+    except grpc.RpcError as e:
+        raise from_rpc_error(e, request_id) from None
+    finally:
+        call.cancel()  # no-op once the RPC has ended
+
+    if complete is None:
+        raise StreamProtocolError(
+            "stream ended without its `complete` message after %d tokens" % len(token_ids), request_id)
+    finish_reason = _FINISH_REASONS.get(complete.finish_reason, FinishReason.UNSPECIFIED)
+    state.result = GenerateResult(
+        request_id=request_id,
+        token_ids=tuple(token_ids),
+        logprobs=tuple(logprobs) if want_logprobs else None,
+        top_logprobs=tuple(top_logprobs) if want_top else None,
+        finish_reason=finish_reason,
+        usage=Usage(
+            prompt_tokens=complete.usage.prompt_tokens,
+            completion_tokens=complete.usage.completion_tokens,
+            cached_tokens=complete.usage.cached_tokens,
+            recomputed_tokens=complete.usage.recomputed_tokens,
+            resume_kind=_RESUME_KINDS.get(complete.usage.resume_kind, ResumeKind.UNSPECIFIED),
+        ),
+        stop_token_id=complete.stop_token_id if finish_reason == FinishReason.STOP else None,
+        error_message=complete.error_message,
+        ttft_seconds=ttft,
+        total_seconds=total,
+    )
+    yield state.result
+
+
+def _to_chunk(chunk, want_logprobs, want_top, request_id):
+    n = len(chunk.token_ids)
+    if want_logprobs and len(chunk.logprobs) != n:
+        raise StreamProtocolError("a chunk of %d tokens with %d logprobs" % (n, len(chunk.logprobs)), request_id)
+    if want_top and len(chunk.top_logprobs) != n:
+        raise StreamProtocolError(
+            "a chunk of %d tokens with %d top_logprobs" % (n, len(chunk.top_logprobs)), request_id)
+    return TokenChunk(
+        token_ids=tuple(chunk.token_ids),
+        logprobs=tuple(chunk.logprobs) if want_logprobs else None,
+        top_logprobs=tuple(
+            tuple(TopLogprob(e.token_id, e.logprob) for e in alternatives.entries)
+            for alternatives in chunk.top_logprobs) if want_top else None,
+    )
