@@ -1,0 +1,106 @@
+"""The Python client against the real stack (cachestore, prefill and decode
+processes on loopback): two chat turns, the second resumed from the first's
+turn-end state; a bad request raises with the server's status; streaming and
+abort by id."""
+
+import os
+import re
+import subprocess
+import tempfile
+import time
+import unittest
+
+import grpc
+
+from hybridserve_client import Client, FinishReason, HybridserveError, ResumeKind, encode_bytes
+
+
+def _runfile(relative):
+    return os.path.join(os.environ["TEST_SRCDIR"], os.environ.get("TEST_WORKSPACE", "hybridserve"), relative)
+
+
+class _Process:
+    def __init__(self, name, binary, args, ready):
+        self.log = tempfile.NamedTemporaryFile(prefix=name, suffix=".log", dir=os.environ.get("TEST_TMPDIR"),
+                                               delete=False)
+        self.proc = subprocess.Popen([_runfile(binary)] + args, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with open(self.log.name, encoding="utf-8", errors="replace") as f:
+                m = re.search(ready + r"(.*)", f.read())
+            if m:
+                self.fields = dict(kv.split("=", 1) for kv in m.group(1).split() if "=" in kv)
+                return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.02)
+        raise RuntimeError(f"{name} did not start: " + open(self.log.name, encoding="utf-8", errors="replace").read())
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class PythonClientOnTheStack(unittest.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        model = _runfile("models/default")
+        cls.cachestore = _Process("cachestore", "cachestore/cachestore",
+                                  ["--address=127.0.0.1:0", "--metrics_address="], "CACHESTORE_READY")
+        cache = "127.0.0.1:" + cls.cachestore.fields["port"]
+        cls.prefill = _Process("prefill", "prefill/prefill",
+                               ["--model_dir=" + model, "--address=127.0.0.1:0", "--threads=1",
+                                "--cachestore=" + cache], "PREFILL_READY")
+        cls.decode = _Process("decode", "decode/decode",
+                              ["--model_dir=" + model, "--address=127.0.0.1:0", "--threads=1",
+                               "--prefill=127.0.0.1:" + cls.prefill.fields["port"], "--cachestore=" + cache],
+                              "DECODE_READY")
+        cls.client = Client("127.0.0.1:" + cls.decode.fields["port"], timeout=60)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.client.close()
+        for p in (cls.decode, cls.prefill, cls.cachestore):
+            p.stop()
+
+    def test_model_info(self):
+        info = self.client.model_info()
+        self.assertEqual(info.vocab_size, 259)
+        self.assertEqual(list(info.eos_token_ids), [258])
+
+    def test_second_turn_resumes_from_the_first(self):
+        history = encode_bytes("Hello there, how are you today?\n", add_bos=True)
+        first = self.client.generate(history, max_tokens=12, temperature=0.0, ignore_eos=True, cache_salt="py")
+        self.assertEqual(len(first.token_ids), 12)
+        self.assertEqual(first.usage.cached_tokens, 0)
+        history = history + list(first.token_ids) + encode_bytes("Tell me more.\n")
+        second = self.client.generate(history, max_tokens=12, temperature=0.0, ignore_eos=True, cache_salt="py")
+        self.assertEqual(second.usage.prompt_tokens, len(history))
+        self.assertEqual(second.usage.cached_tokens, len(history) - len(encode_bytes("Tell me more.\n")) - 1)
+        self.assertEqual(second.usage.resume_kind, ResumeKind.EXACT_PREFIX)
+
+    def test_bad_request_raises_with_the_status(self):
+        with self.assertRaises(HybridserveError) as e:
+            self.client.generate([257, 400], max_tokens=4)
+        self.assertEqual(e.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("prompt", str(e.exception))
+
+    def test_stream_then_abort(self):
+        stream = self.client.stream(encode_bytes("Once upon a time", add_bos=True), max_tokens=4000,
+                                    ignore_eos=True, request_id="py-abort")
+        chunks = iter(stream)
+        next(chunks)  # the first chunk arrived: the request is live
+        self.assertEqual(self.client.abort(["py-abort"]), ["py-abort"])
+        for _ in chunks:
+            pass
+        self.assertEqual(stream.result.finish_reason, FinishReason.ABORT)
+        self.assertLess(len(stream.result.token_ids), 4000)
+
+
+if __name__ == "__main__":
+    unittest.main()
