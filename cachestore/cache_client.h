@@ -43,12 +43,20 @@ struct ClientPut {
   std::vector<TokenId> tokens;                     // a page's page_size tokens, or a state's tail
   StateKind state_kind = StateKind::kExactPrefix;  // states only
   int64_t position = 0;                            // states only: p
+  // States only: session retention (proto/cachestore.proto PutHeader.ttl, pin).
+  absl::Duration ttl = absl::ZeroDuration();
+  bool pin = false;
 };
 
 struct PutResult {
   Hash128 key;
   // The entry was already committed; nothing was written.
   bool already_present = false;
+  // States: the retention granted (zero ttl: the class's) and why a requested
+  // pin was refused.
+  absl::Duration ttl = absl::ZeroDuration();
+  bool pinned = false;
+  std::string pin_refused;
 };
 
 // Whether a lookup pins what it finds.

@@ -176,6 +176,43 @@ TYPED_TEST(CacheClientContractTest, LookupOfAnUnknownPromptIsAMissWithoutLease) 
   EXPECT_EQ(r->lease_id, 0u);
 }
 
+TYPED_TEST(CacheClientContractTest, SessionRetentionIsGrantedReportedAndRefusedAsDocumented) {
+  CacheIndexOptions o = SmallOptions();
+  o.max_session_ttl = absl::Seconds(100);
+  o.pin_quota_bytes = 1500;
+  this->Restart(o);
+  ClientPut state;
+  state.entry_class = EntryClass::kState;
+  state.tokens = Tokens(3);
+  state.position = 3;
+  state.ttl = absl::Seconds(30);
+  state.pin = true;
+  absl::StatusOr<PutResult> first = this->client().Put(this->ns_, state, Bytes(1000, 1));
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_TRUE(first->pinned);
+  EXPECT_EQ(first->ttl, absl::Seconds(30));
+  EXPECT_TRUE(first->pin_refused.empty());
+  // Over the quota: stored, not pinned, and the reason says so; a TTL above
+  // the maximum is capped.
+  ClientPut second = state;
+  second.tokens = Tokens(3, 50);
+  second.ttl = absl::Hours(1);
+  absl::StatusOr<PutResult> over = this->client().Put(this->ns_, second, Bytes(1000, 2));
+  ASSERT_TRUE(over.ok()) << over.status();
+  EXPECT_FALSE(over->pinned);
+  EXPECT_EQ(over->ttl, absl::Seconds(100));
+  EXPECT_NE(over->pin_refused.find("pin quota"), std::string::npos) << over->pin_refused;
+  absl::StatusOr<IndexStats> stats = this->client().Stats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->pinned_states, 1);
+  EXPECT_EQ(stats->pinned_bytes, 1000);
+  // Retention is for states.
+  ClientPut page;
+  page.tokens = Tokens(kPageSize);
+  page.pin = true;
+  EXPECT_EQ(this->client().Put(this->ns_, page, Bytes(100, 3)).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TYPED_TEST(CacheClientContractTest, PutPageThenLookupMatchesItsKvButHasNoResumePoint) {
   const std::vector<TokenId> t = Tokens(40);
   ClientPut page;

@@ -37,7 +37,13 @@ absl::Status CacheIndex::ValidateSpec(const PutSpec& spec) const {
   for (TokenId t : spec.tokens) {
     if (t < 0) return absl::InvalidArgumentError(absl::StrCat("negative token id ", t));
   }
+  if (spec.ttl < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("ttl ", absl::FormatDuration(spec.ttl), " is negative"));
+  }
   if (spec.entry_class == EntryClass::kPage) {
+    if (spec.ttl != absl::ZeroDuration() || spec.pin) {
+      return absl::InvalidArgumentError("session retention (ttl, pin) applies to states only");
+    }
     if (static_cast<int64_t>(spec.tokens.size()) != spec.page_size) {
       return absl::InvalidArgumentError(
           absl::StrCat("a page holds exactly page_size=", spec.page_size, " tokens, got ", spec.tokens.size()));
@@ -106,7 +112,9 @@ absl::StatusOr<Reservation> CacheIndex::Reserve(const PutSpec& spec, absl::Time 
     if (auto it = states_.find(key); it != states_.end()) {
       if (!it->second->entry.committed) return absl::AbortedError("a put of this state is in flight");
       UseState(it->second.get(), now);
-      return Reservation{0, key, true, nullptr};
+      Reservation present{0, key, true, nullptr};
+      ApplyRetention(it->second.get(), spec, &present);
+      return present;
     }
   }
 
@@ -166,6 +174,7 @@ absl::StatusOr<Reservation> CacheIndex::Reserve(const PutSpec& spec, absl::Time 
     parent->states.push_back(state.get());
     parent->busy_states++;
     RefreshNode(parent);
+    ApplyRetention(state.get(), spec, &r);
     states_.emplace(key, std::move(state));
   }
   return r;
@@ -223,7 +232,8 @@ absl::Status CacheIndex::Commit(uint64_t reservation_id, uint64_t checksum, absl
     e->committed = true;
     e->checksum = checksum;
     e->reservation_id = 0;
-    state->node->busy_states--;
+    // Reserved, it was busy; committed, it stays busy only when pinned.
+    if (!IsBusy(*state)) state->node->busy_states--;
     RefreshNode(state->node);
     RefreshState(state);
     UseState(state, now);
@@ -406,9 +416,18 @@ std::vector<uint64_t> CacheIndex::Expire(absl::Time now) {
     if (n->entry.last_use + options_.page_ttl > now) break;
     RemoveNodeOnly(n, RemoveReason::kTtl);
   }
-  while (!state_lru_.empty()) {
-    State* s = state_lru_.begin()->second;
+  // States with their own TTL are skipped here and expire below.
+  for (auto it = state_lru_.begin(); it != state_lru_.end();) {
+    State* s = it->second;
+    ++it;
+    if (s->ttl > absl::ZeroDuration()) continue;
     if (s->entry.last_use + options_.state_ttl > now) break;
+    RemoveState(s, RemoveReason::kTtl);
+  }
+  for (auto it = session_expiry_.begin(); it != session_expiry_.end() && it->first <= now;) {
+    State* s = it->second;
+    ++it;
+    if (s->entry.pins > 0) continue;  // leased: it goes at the first Expire after the release
     RemoveState(s, RemoveReason::kTtl);
   }
   return reclaimed;
@@ -421,6 +440,8 @@ IndexStats CacheIndex::Stats() const {
   s.namespaces = static_cast<int64_t>(roots_.size());
   s.active_leases = static_cast<int64_t>(leases_.size());
   s.active_puts = static_cast<int64_t>(puts_.size());
+  s.pinned_states = pinned_states_;
+  s.pinned_bytes = pinned_bytes_;
   return s;
 }
 
@@ -445,6 +466,52 @@ void CacheIndex::UseState(State* state, absl::Time now) {
   state->entry.tick = next_tick_++;
   state->entry.last_use = now;
   if (was) state_lru_.insert({state->entry.tick, state});
+  RefreshExpiry(state);
+}
+
+void CacheIndex::RefreshExpiry(State* state) {
+  if (!state->entry.committed || state->ttl <= absl::ZeroDuration()) return;
+  if (state->expiry != absl::InfiniteFuture()) session_expiry_.erase({state->expiry, state});
+  state->expiry = state->entry.last_use + state->ttl;
+  session_expiry_.insert({state->expiry, state});
+}
+
+int64_t CacheIndex::PinBudget() const {
+  return options_.pin_budget_bytes >= 0 ? options_.pin_budget_bytes : options_.state_budget_bytes / 2;
+}
+
+void CacheIndex::ApplyRetention(State* state, const PutSpec& spec, Reservation* r) {
+  absl::Duration ttl = spec.ttl;
+  if (spec.pin && ttl == absl::ZeroDuration()) ttl = options_.max_session_ttl;
+  ttl = std::min(ttl, options_.max_session_ttl);
+  if (ttl > state->ttl) {
+    state->ttl = ttl;
+    RefreshExpiry(state);
+  }
+  if (spec.pin && !state->session_pin) {
+    Node* root = state->node->root;
+    const int64_t size = state->entry.size;
+    if (root->pinned_bytes + size > options_.pin_quota_bytes) {
+      r->pin_refused = absl::StrCat("the namespace's pin quota of ", options_.pin_quota_bytes, " bytes is used (",
+                                    root->pinned_bytes, " pinned, this state ", size, ")");
+    } else if (pinned_bytes_ + size > PinBudget()) {
+      r->pin_refused = absl::StrCat("the cache's pin budget of ", PinBudget(), " bytes is used (", pinned_bytes_,
+                                    " pinned, this state ", size, ")");
+    } else {
+      const bool was_busy = IsBusy(*state);
+      state->session_pin = true;
+      root->pinned_bytes += size;
+      pinned_bytes_ += size;
+      pinned_states_++;
+      if (!was_busy) {
+        state->node->busy_states++;
+        RefreshNode(state->node);
+      }
+      RefreshState(state);
+    }
+  }
+  r->ttl = state->ttl;
+  r->pinned = state->session_pin;
 }
 
 void CacheIndex::RefreshNode(Node* node) {
@@ -525,7 +592,13 @@ void CacheIndex::RemoveState(State* state, RemoveReason reason) {
   if (reason == RemoveReason::kTtl) counters.evicted_ttl++;
   if (reason == RemoveReason::kWithPages && state->entry.committed) counters.dropped_with_pages++;
   if (state->entry.evictable) state_lru_.erase({state->entry.tick, state});
+  if (state->expiry != absl::InfiniteFuture()) session_expiry_.erase({state->expiry, state});
   Node* node = state->node;
+  if (state->session_pin) {
+    node->root->pinned_bytes -= state->entry.size;
+    pinned_bytes_ -= state->entry.size;
+    pinned_states_--;
+  }
   if (IsBusy(*state)) node->busy_states--;
   ForgetEntryBytes(EntryClass::kState, &state->entry);
   auto& v = node->states;
@@ -612,6 +685,9 @@ absl::Status CacheIndex::CheckInvariants() const {
   }
   size_t reserved_entries = 0;
   size_t evictable_pages = 0, evictable_states = 0;
+  size_t expiring_states = 0;
+  int64_t pinned_bytes = 0, pinned_states = 0;
+  absl::flat_hash_map<const Node*, int64_t> pinned_by_root;
   for (const auto& [key, node] : pages_) {
     const Entry& e = node->entry;
     if (node->parent == nullptr || node->root == nullptr) return fail("page without parent or root");
@@ -659,7 +735,26 @@ absl::Status CacheIndex::CheckInvariants() const {
       return fail("state LRU membership out of date");
     }
     evictable_states += evictable ? 1 : 0;
+    if (s->session_pin) {
+      pinned_bytes += e.size;
+      pinned_states++;
+      pinned_by_root[s->node->root] += e.size;
+    }
+    if (s->ttl > options_.max_session_ttl) return fail("state TTL above max_session_ttl");
+    const bool expiring = e.committed && s->ttl > absl::ZeroDuration();
+    if (expiring && (s->expiry != e.last_use + s->ttl || session_expiry_.count({s->expiry, s.get()}) != 1)) {
+      return fail("session expiry out of date");
+    }
+    if (!expiring && s->expiry != absl::InfiniteFuture()) return fail("expiry kept for a state without a TTL");
+    expiring_states += expiring ? 1 : 0;
   }
+  if (expiring_states != session_expiry_.size()) return fail("session expiry set holds removed states");
+  if (pinned_bytes != pinned_bytes_ || pinned_states != pinned_states_) return fail("pin accounting drifted");
+  for (const auto& [key, root] : roots_) {
+    if (root->pinned_bytes != pinned_by_root[root.get()]) return fail("namespace pin accounting drifted");
+    if (root->pinned_bytes > options_.pin_quota_bytes) return fail("namespace pin quota exceeded");
+  }
+  if (pinned_bytes_ > PinBudget()) return fail("pin budget exceeded");
   if (evictable_pages != page_lru_.size() || evictable_states != state_lru_.size()) {
     return fail("LRU sets hold removed entries");
   }

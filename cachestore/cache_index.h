@@ -41,6 +41,13 @@ struct CacheIndexOptions {
   // Freed entry buffers kept for reuse by puts of the same size (outside the
   // budgets); 0 disables recycling. See BlobPool.
   int64_t blob_pool_bytes = int64_t{256} << 20;
+  // Session retention (PutSpec::ttl, PutSpec::pin): the longest TTL an entry
+  // may ask for, the bytes of pinned states one namespace may hold (a tenant:
+  // the namespace includes the cache salt), and all namespaces together (-1:
+  // half the state budget).
+  absl::Duration max_session_ttl = absl::Hours(24);
+  int64_t pin_quota_bytes = int64_t{64} << 20;
+  int64_t pin_budget_bytes = -1;
 };
 
 class CacheIndex {
@@ -127,7 +134,8 @@ class CacheIndex {
     Entry entry;
     std::vector<Node*> children;
     std::vector<State*> states;
-    int busy_states = 0;  // attached states reserved or pinned
+    int busy_states = 0;       // attached states reserved or pinned
+    int64_t pinned_bytes = 0;  // roots: session-pinned state bytes of the namespace
   };
   struct State {
     Hash128 key;
@@ -136,6 +144,11 @@ class CacheIndex {
     int64_t position = 0;
     StateKind kind = StateKind::kExactPrefix;
     Entry entry;
+    // Session retention: its own TTL (zero: the class's) and pin. A state
+    // with a TTL is in session_expiry_ once committed, keyed by `expiry`.
+    absl::Duration ttl = absl::ZeroDuration();
+    bool session_pin = false;
+    absl::Time expiry = absl::InfiniteFuture();
   };
   struct PendingPut {
     EntryClass entry_class;
@@ -162,7 +175,15 @@ class CacheIndex {
   ClassStats& Counters(EntryClass c);
   absl::Status ValidateSpec(const PutSpec& spec) const;
   absl::Status MakeRoom(EntryClass c, int64_t bytes);
-  bool IsBusy(const State& s) const { return !s.entry.committed || s.entry.pins > 0; }
+  // A busy state is not evictable and keeps its page from eviction (and so
+  // every page above it): reserved, leased, or session-pinned.
+  bool IsBusy(const State& s) const { return !s.entry.committed || s.entry.pins > 0 || s.session_pin; }
+  int64_t PinBudget() const;
+  // Grants what `spec` asks (TTL, pin) to `state`, committed or not, and
+  // reports it in `r`. Never takes a pin or a TTL away.
+  void ApplyRetention(State* state, const PutSpec& spec, Reservation* r);
+  // Re-files a committed state with a TTL in session_expiry_ after a use.
+  void RefreshExpiry(State* state);
 
   void UseNode(Node* node, absl::Time now);
   void UseState(State* state, absl::Time now);
@@ -193,6 +214,10 @@ class CacheIndex {
   // with no children and no busy states; committed, unpinned states.
   std::set<std::pair<uint64_t, Node*>> page_lru_;
   std::set<std::pair<uint64_t, State*>> state_lru_;
+  // Committed states with their own TTL, by expiry.
+  std::set<std::pair<absl::Time, State*>> session_expiry_;
+  int64_t pinned_bytes_ = 0;
+  int64_t pinned_states_ = 0;
   uint64_t next_tick_ = 1;
   uint64_t next_id_ = 1;
   ClassStats page_stats_;

@@ -423,5 +423,157 @@ TEST_F(CacheIndexTest, LookupRejectsTooManyTokens) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// --- Session retention (TTL and pin on a state) -----------------------------
+
+TEST_F(CacheIndexTest, PinnedSessionSurvivesAFloodThatEvictsEverythingUnpinned) {
+  CacheIndexOptions o;
+  o.page_budget_bytes = 2000;  // 20 pages
+  o.state_budget_bytes = 10000;  // 10 states
+  o.pin_budget_bytes = 5000;
+  Make(o);
+  const std::vector<TokenId> session = Tokens(22, 0);
+  const std::vector<TokenId> plain = Tokens(22, 1000);
+  PutPages(session, 5);
+  PutPages(plain, 5);
+  PutSpec pinned = StateSpec(session, 22);
+  pinned.pin = true;
+  pinned.ttl = absl::Hours(1);
+  auto r = index_->Reserve(pinned, now_);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->pinned);
+  EXPECT_EQ(r->ttl, absl::Hours(1));
+  EXPECT_TRUE(r->pin_refused.empty());
+  ASSERT_TRUE(index_->Commit(r->id, 7, now_).ok());
+  PutCommitted(StateSpec(plain, 22));
+  // A flood of other conversations: 40 chains of 3 pages and a state each,
+  // twice the page budget and four times the state budget.
+  for (int i = 0; i < 40; ++i) {
+    now_ += absl::Seconds(1);
+    const std::vector<TokenId> other = Tokens(13, 5000 + 100 * i);
+    PutPages(other, 3);
+    PutCommitted(StateSpec(other, 13));
+    ASSERT_TRUE(index_->CheckInvariants().ok()) << index_->CheckInvariants();
+  }
+  EXPECT_EQ(Lookup(session).resume_position, 22);  // the state and its five pages
+  EXPECT_EQ(Lookup(session).kv_match_tokens, 20);
+  EXPECT_EQ(Lookup(plain).resume_position, 0);
+  EXPECT_EQ(Lookup(plain).kv_match_tokens, 0);
+  const IndexStats st = index_->Stats();
+  EXPECT_EQ(st.pinned_states, 1);
+  EXPECT_EQ(st.pinned_bytes, 1000);
+  EXPECT_GT(st.states.evicted_lru + st.states.dropped_with_pages, 30);
+  EXPECT_GT(st.pages.evicted_lru, 60);
+}
+
+TEST_F(CacheIndexTest, ASessionGoesAtItsTtlAndFreesItsPages) {
+  CacheIndexOptions o;
+  o.state_ttl = absl::Hours(10);
+  o.page_ttl = absl::Seconds(5);
+  Make(o);
+  const std::vector<TokenId> t = Tokens(10, 0);
+  PutPages(t, 2);
+  PutSpec kept = StateSpec(t, 10);
+  kept.pin = true;
+  kept.ttl = absl::Seconds(30);
+  PutCommitted(kept);
+  now_ += absl::Seconds(20);  // past the page TTL: the pages stay for the pinned state
+  index_->Expire(now_);
+  EXPECT_EQ(Lookup(t).resume_position, 10);  // a use: the session's 30 s start again
+  now_ += absl::Seconds(29);
+  index_->Expire(now_);
+  EXPECT_EQ(index_->Stats().pinned_states, 1);
+  now_ += absl::Seconds(2);
+  index_->Expire(now_);
+  EXPECT_EQ(index_->Stats().pinned_states, 0);
+  EXPECT_EQ(index_->Stats().states.entries, 0);
+  EXPECT_EQ(index_->Stats().states.evicted_ttl, 1);
+  // The pages, unheld and idle past their TTL, go at the next Expire.
+  index_->Expire(now_);
+  EXPECT_EQ(Lookup(t).kv_match_tokens, 0);
+}
+
+TEST_F(CacheIndexTest, AnUnpinnedSessionTtlShortensOrLengthensOnlyThatState) {
+  CacheIndexOptions o;
+  o.state_ttl = absl::Seconds(100);
+  o.max_session_ttl = absl::Seconds(500);
+  Make(o);
+  const std::vector<TokenId> a = Tokens(3, 0), b = Tokens(3, 10), c = Tokens(3, 20);
+  PutCommitted(StateSpec(a, 3));  // class TTL 100 s
+  PutSpec longer = StateSpec(b, 3);
+  longer.ttl = absl::Hours(5);  // capped at 500 s
+  auto r = index_->Reserve(longer, now_);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->ttl, absl::Seconds(500));
+  EXPECT_FALSE(r->pinned);
+  ASSERT_TRUE(index_->Commit(r->id, 7, now_).ok());
+  PutSpec shorter = StateSpec(c, 3);
+  shorter.ttl = absl::Seconds(10);
+  PutCommitted(shorter);
+  now_ += absl::Seconds(11);
+  index_->Expire(now_);
+  EXPECT_EQ(Lookup(c).resume_position, 0);
+  EXPECT_EQ(Lookup(a).resume_position, 3);
+  now_ += absl::Seconds(101);
+  index_->Expire(now_);
+  EXPECT_EQ(Lookup(a).resume_position, 0);
+  EXPECT_EQ(Lookup(b).resume_position, 3);
+  now_ += absl::Seconds(501);
+  index_->Expire(now_);
+  EXPECT_EQ(Lookup(b).resume_position, 0);
+}
+
+TEST_F(CacheIndexTest, PinsBeyondTheNamespaceQuotaOrTheBudgetAreRefusedNotFailed) {
+  CacheIndexOptions o;
+  o.pin_quota_bytes = 2500;
+  o.pin_budget_bytes = 2500;
+  Make(o);
+  std::vector<Reservation> got;
+  for (int i = 0; i < 3; ++i) {
+    PutSpec spec = StateSpec(Tokens(3, 10 * i), 3);
+    spec.pin = true;
+    auto r = index_->Reserve(spec, now_);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_TRUE(index_->Commit(r->id, 7, now_).ok());
+    got.push_back(*r);
+  }
+  EXPECT_TRUE(got[0].pinned && got[1].pinned);
+  EXPECT_FALSE(got[2].pinned);
+  EXPECT_THAT(got[2].pin_refused, ::testing::HasSubstr("pin quota of 2500"));
+  EXPECT_EQ(got[0].ttl, o.max_session_ttl);  // a pin without a TTL gets the longest
+  // Another tenant has its own quota, but the cache's budget is shared.
+  const Hash128 other = NamespaceKey("model", "", "tenant-b", kPageSize);
+  PutSpec spec = StateSpec(Tokens(3, 90), 3);
+  spec.ns = other;
+  spec.pin = true;
+  auto r = index_->Reserve(spec, now_);
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->pinned);
+  EXPECT_THAT(r->pin_refused, ::testing::HasSubstr("pin budget of 2500"));
+  index_->Abort(r->id);
+  // Re-putting a present state with a pin upgrades it once there is room.
+  CacheIndexOptions roomy;
+  Make(roomy);
+  PutCommitted(StateSpec(Tokens(3, 0), 3));
+  PutSpec again = StateSpec(Tokens(3, 0), 3);
+  again.pin = true;
+  auto present = index_->Reserve(again, now_);
+  ASSERT_TRUE(present.ok());
+  EXPECT_TRUE(present->already_present);
+  EXPECT_TRUE(present->pinned);
+  EXPECT_EQ(index_->Stats().pinned_states, 1);
+}
+
+TEST_F(CacheIndexTest, RetentionIsForStatesAndNeverNegative) {
+  Make(CacheIndexOptions{});
+  PutSpec page = PageSpec(Tokens(4), 0);
+  page.pin = true;
+  EXPECT_EQ(index_->Reserve(page, now_).status().code(), absl::StatusCode::kInvalidArgument);
+  PutSpec state = StateSpec(Tokens(3), 3);
+  state.ttl = -absl::Seconds(1);
+  auto r = index_->Reserve(state, now_);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), ::testing::HasSubstr("ttl"));
+}
+
 }  // namespace
 }  // namespace hybridserve::cachestore

@@ -74,6 +74,8 @@ class PutSession {
   PutSession& operator=(const PutSession&) = delete;
 
   const Hash128& key() const { return reservation_.key; }
+  // What the index granted (key, retention); the blob is the put's.
+  const Reservation& reservation() const { return reservation_; }
   bool already_present() const { return reservation_.already_present; }
   uint64_t reservation_id() const { return reservation_.id; }
   int64_t size_bytes() const { return size_bytes_; }

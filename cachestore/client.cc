@@ -124,6 +124,13 @@ absl::StatusOr<PutResult> CacheStoreClient::Put(const ClientNamespace& ns, const
                                                                    : v1::STATE_KIND_EXACT_PREFIX);
     h->set_position(static_cast<uint64_t>(put.position));
   }
+  // States only: the server refuses retention on a page.
+  if (put.ttl != absl::ZeroDuration()) {
+    const int64_t nanos = absl::ToInt64Nanoseconds(put.ttl);
+    h->mutable_ttl()->set_seconds(nanos / 1000000000);
+    h->mutable_ttl()->set_nanos(static_cast<int32_t>(nanos % 1000000000));
+  }
+  h->set_pin(put.pin);
   h->set_size_bytes(bytes.size());
   // A failed Write means the server already answered (e.g. already present,
   // or an error); Finish tells which.
@@ -146,6 +153,9 @@ absl::StatusOr<PutResult> CacheStoreClient::Put(const ClientNamespace& ns, const
   PutResult r;
   if (!Hash128::FromBytes(resp.key(), &r.key)) return absl::InternalError("cachestore sent a malformed key");
   r.already_present = resp.already_present();
+  if (resp.has_ttl()) r.ttl = absl::Seconds(resp.ttl().seconds()) + absl::Nanoseconds(resp.ttl().nanos());
+  r.pinned = resp.pinned();
+  r.pin_refused = resp.pin_refused_reason();
   return r;
 }
 
@@ -217,6 +227,8 @@ absl::StatusOr<IndexStats> CacheStoreClient::Stats() {
   out.checksum_failures = static_cast<int64_t>(resp.checksum_failures());
   out.expired_leases = static_cast<int64_t>(resp.expired_leases());
   out.expired_puts = static_cast<int64_t>(resp.expired_puts());
+  out.pinned_states = static_cast<int64_t>(resp.pinned_states());
+  out.pinned_bytes = static_cast<int64_t>(resp.pinned_bytes());
   return out;
 }
 

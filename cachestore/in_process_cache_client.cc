@@ -29,10 +29,15 @@ absl::StatusOr<PutResult> InProcessCacheClient::Put(const ClientNamespace& ns, c
     spec.state_kind = put.state_kind;
     spec.position = put.position;
   }
+  spec.ttl = put.ttl;  // states only: the index refuses it on a page
+  spec.pin = put.pin;
   spec.size_bytes = static_cast<int64_t>(bytes.size());
   ASSIGN_OR_RETURN(std::unique_ptr<PutSession> session, store_.BeginPut(spec));
   PutResult result;
   result.key = session->key();
+  result.ttl = session->reservation().ttl;
+  result.pinned = session->reservation().pinned;
+  result.pin_refused = session->reservation().pin_refused;
   if (session->already_present()) {
     result.already_present = true;
     return result;

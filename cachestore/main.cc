@@ -29,6 +29,10 @@ ABSL_FLAG(absl::Duration, put_timeout, absl::Seconds(30), "Stall time after whic
 ABSL_FLAG(int64_t, max_tokens, 1 << 20, "Longest token list accepted");
 ABSL_FLAG(int64_t, blob_pool_mib, 256, "Freed entry buffers kept for reuse (outside the budgets), MiB");
 ABSL_FLAG(int64_t, max_chunk_kib, 4096, "Largest put/get chunk, KiB");
+ABSL_FLAG(absl::Duration, max_session_ttl, absl::Hours(24),
+          "Longest TTL a put may ask for a state (session retention; also the TTL of a pin without one)");
+ABSL_FLAG(int64_t, pin_quota_mib, 64, "Pinned state bytes one namespace (model, adapter, cache salt) may hold, MiB");
+ABSL_FLAG(int64_t, pin_budget_mib, -1, "Pinned state bytes of all namespaces together, MiB; -1: half the state budget");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(10), "Time in-flight calls get on SIGTERM");
 
 int main(int argc, char** argv) {
@@ -49,6 +53,10 @@ int main(int argc, char** argv) {
   options.index.put_timeout = absl::GetFlag(FLAGS_put_timeout);
   options.index.max_tokens = absl::GetFlag(FLAGS_max_tokens);
   options.index.blob_pool_bytes = absl::GetFlag(FLAGS_blob_pool_mib) << 20;
+  options.index.max_session_ttl = absl::GetFlag(FLAGS_max_session_ttl);
+  options.index.pin_quota_bytes = absl::GetFlag(FLAGS_pin_quota_mib) << 20;
+  options.index.pin_budget_bytes =
+      absl::GetFlag(FLAGS_pin_budget_mib) < 0 ? -1 : absl::GetFlag(FLAGS_pin_budget_mib) << 20;
   options.service.max_chunk_bytes = absl::GetFlag(FLAGS_max_chunk_kib) << 10;
 
   hybridserve::common::InstallTerminationHandler();

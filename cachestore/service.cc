@@ -77,6 +77,13 @@ absl::StatusOr<PutSpec> SpecOf(const v1::PutHeader& h) {
   }
   spec.position = static_cast<int64_t>(h.position());
   spec.size_bytes = static_cast<int64_t>(h.size_bytes());
+  if (h.has_ttl()) {
+    if (h.ttl().seconds() < 0 || h.ttl().nanos() < 0 || h.ttl().nanos() >= 1000000000) {
+      return absl::InvalidArgumentError("header.ttl must be a non-negative duration");
+    }
+    spec.ttl = absl::Seconds(h.ttl().seconds()) + absl::Nanoseconds(h.ttl().nanos());
+  }
+  spec.pin = h.pin();
   return spec;
 }
 
@@ -142,6 +149,14 @@ grpc::Status CacheStoreService::DoPut(grpc::ServerContext* context, grpc::Server
   if (!session.ok()) return ToGrpcStatus(session.status());
   PutSession& put = **session;
   response->set_key(put.key().ToBytes());
+  const Reservation& granted = put.reservation();
+  if (granted.ttl > absl::ZeroDuration()) {
+    response->mutable_ttl()->set_seconds(absl::ToInt64Seconds(granted.ttl));
+    response->mutable_ttl()->set_nanos(
+        static_cast<int32_t>(absl::ToInt64Nanoseconds(granted.ttl - absl::Seconds(absl::ToInt64Seconds(granted.ttl)))));
+  }
+  response->set_pinned(granted.pinned);
+  response->set_pin_refused_reason(granted.pin_refused);
   if (put.already_present()) {
     // Nothing to write: answer now; the client's remaining writes just fail.
     response->set_already_present(true);
@@ -246,6 +261,8 @@ grpc::Status CacheStoreService::Stats(grpc::ServerContext*, const v1::StatsReque
   response->set_namespaces(s.namespaces);
   response->set_active_leases(s.active_leases);
   response->set_active_puts(s.active_puts);
+  response->set_pinned_states(static_cast<uint64_t>(s.pinned_states));
+  response->set_pinned_bytes(static_cast<uint64_t>(s.pinned_bytes));
   response->set_lookups(s.lookups);
   response->set_lookup_hits(s.lookup_hits);
   response->set_hits_grid_checkpoint(s.hits_grid_checkpoint);

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -42,6 +43,14 @@ struct PutSpec {
   StateKind state_kind = StateKind::kExactPrefix;
   int64_t position = 0;
   int64_t size_bytes = 0;
+  // Session retention, states only (a session breakpoint). `ttl` > 0: the
+  // entry's own idle TTL instead of the class's, capped by the index's
+  // max_session_ttl. `pin`: never evicted to make room, only by its TTL
+  // (max_session_ttl when `ttl` is 0), within the namespace's pin quota and
+  // the index's pin budget; beyond them the entry is stored unpinned and the
+  // reservation says why.
+  absl::Duration ttl = absl::ZeroDuration();
+  bool pin = false;
 };
 
 struct Reservation {
@@ -51,6 +60,12 @@ struct Reservation {
   bool already_present = false;
   // Where the writer puts the bytes (null when already_present).
   std::shared_ptr<Blob> blob;
+  // Retention granted (states; also applied to an already present state):
+  // the entry's TTL (zero: the class's), whether it is pinned, and why a
+  // requested pin was refused (empty when granted or not asked).
+  absl::Duration ttl = absl::ZeroDuration();
+  bool pinned = false;
+  std::string pin_refused;
 };
 
 struct EntryInfo {
@@ -102,6 +117,8 @@ struct IndexStats {
   int64_t checksum_failures = 0;
   int64_t expired_leases = 0;
   int64_t expired_puts = 0;
+  int64_t pinned_states = 0;  // session pins
+  int64_t pinned_bytes = 0;
 };
 
 }  // namespace hybridserve::cachestore
