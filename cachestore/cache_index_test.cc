@@ -427,7 +427,7 @@ TEST_F(CacheIndexTest, LookupRejectsTooManyTokens) {
 
 TEST_F(CacheIndexTest, PinnedSessionSurvivesAFloodThatEvictsEverythingUnpinned) {
   CacheIndexOptions o;
-  o.page_budget_bytes = 2000;  // 20 pages
+  o.page_budget_bytes = 2000;    // 20 pages
   o.state_budget_bytes = 10000;  // 10 states
   o.pin_budget_bytes = 5000;
   Make(o);

@@ -317,7 +317,12 @@ void DecodeLoop::Step() {
   }
 }
 
-void DecodeLoop::Publish(Request& r) {
+SessionOutcome DecodeLoop::Publish(Request& r) {
+  SessionOutcome outcome;
+  auto failed = [&](absl::string_view why) {
+    if (r.req.session_pin) outcome.pin_refused = absl::StrCat("the turn-end state was not published: ", why);
+    return outcome;
+  };
   // The tokens fed to the model: the prompt and every generated token but the
   // last (sampled, not yet processed).
   std::vector<TokenId> fed = r.req.prompt;
@@ -336,16 +341,27 @@ void DecodeLoop::Publish(Request& r) {
   const int64_t first = probe.ok() ? probe->kv_match_tokens / ps : static_cast<int64_t>(r.req.prompt.size()) / ps;
   for (int64_t i = first; i < full; ++i) {
     absl::StatusOr<std::string> page = model_.ExportPage(r.reservation.id, i);
-    if (!page.ok() || !cache_->Put(ns, plan.PagePut(i), *page).ok()) return;
+    if (!page.ok()) return failed(page.status().message());
+    absl::StatusOr<cachestore::PutResult> put = cache_->Put(ns, plan.PagePut(i), *page);
+    if (!put.ok()) return failed(put.status().message());
   }
   std::string state;
-  if (model_.sequences()
-          .EncodeStateInto(r.reservation.id, /*with_logits=*/true, fingerprint_, plan.StateKeyAt(position), &state)
-          .ok()) {
-    absl::StatusOr<cachestore::PutResult> put =
-        cache_->Put(ns, plan.StatePut(position, cachestore::StateKind::kExactPrefix), state);
-    if (!put.ok()) VLOG(1) << "turn-end publication failed: " << put.status();
+  absl::Status encoded = model_.sequences().EncodeStateInto(r.reservation.id, /*with_logits=*/true, fingerprint_,
+                                                            plan.StateKeyAt(position), &state);
+  if (!encoded.ok()) return failed(encoded.message());
+  cachestore::ClientPut state_put = plan.StatePut(position, cachestore::StateKind::kExactPrefix);
+  state_put.ttl = r.req.session_keep;
+  state_put.pin = r.req.session_pin;
+  absl::StatusOr<cachestore::PutResult> put = cache_->Put(ns, state_put, state);
+  if (!put.ok()) {
+    VLOG(1) << "turn-end publication failed: " << put.status();
+    return failed(put.status().message());
   }
+  outcome.published = true;
+  outcome.keep = put->ttl;
+  outcome.pinned = put->pinned;
+  outcome.pin_refused = put->pin_refused;
+  return outcome;
 }
 
 void DecodeLoop::Finish(const std::string& request_id, FinishReason reason, absl::Status error, TokenId stop_token) {
@@ -369,13 +385,21 @@ void DecodeLoop::Finish(const std::string& request_id, FinishReason reason, absl
     }
   }
   engine::SequenceTable& table = model_.sequences();
+  std::optional<SessionOutcome> session;
   if (r->phase == Request::Phase::kPrefilling) {
     receiver_.Cancel(r->ticket.transfer_id);  // late bytes are refused
     (void)table.AbortImport(r->reservation.id);
   } else if (r->phase == Request::Phase::kDecoding) {
     batch_.erase(std::find(batch_.begin(), batch_.end(), request_id));
     const bool normal = reason == FinishReason::kStop || reason == FinishReason::kLength;
-    if (normal && cache_ != nullptr && options_.publish) Publish(*r);
+    if (normal) {
+      session.emplace();
+      if (cache_ != nullptr && options_.publish) {
+        *session = Publish(*r);
+      } else if (r->req.session_pin) {
+        session->pin_refused = "this decode worker publishes no turn-end states (no cache)";
+      }
+    }
     (void)table.Release(r->reservation.id);
   }
   Completion c;
@@ -387,6 +411,10 @@ void DecodeLoop::Finish(const std::string& request_id, FinishReason reason, absl
   c.usage.cached_tokens = r->prefill.cached_tokens;
   c.usage.recomputed_tokens = r->prefill.recomputed_tokens;
   c.usage.resume_kind = r->prefill.resume_kind;
+  if (session.has_value()) {
+    c.usage.has_session = true;
+    c.usage.session = *std::move(session);
+  }
   r->sink->OnComplete(c);
 }
 

@@ -141,7 +141,9 @@ class DecodeLoop {
   // Emits `token` for `r` and ends it when a stop condition holds.
   void Emit(Request& r, const engine::SampledToken& token);
   void Finish(const std::string& request_id, FinishReason reason, absl::Status error, TokenId stop_token = -1);
-  void Publish(Request& r);
+  // Publishes the turn-end state and the generated pages; what became of
+  // the state.
+  SessionOutcome Publish(Request& r);
   void JoinFinishedCalls() ABSL_LOCKS_EXCLUDED(mu_);
 
   engine::Model& model_;

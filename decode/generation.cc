@@ -44,6 +44,10 @@ absl::Status ValidateRequest(const GenerateRequest& r, int64_t vocab, int64_t ma
   if (absl::Status s = engine::ValidateSamplingParams(r.sampling); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("sampling: ", s.message()));
   }
+  if (r.session_keep < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("session.keep must not be negative, got ", absl::FormatDuration(r.session_keep)));
+  }
   return absl::OkStatus();
 }
 

@@ -31,6 +31,10 @@ struct GenerateRequest {
   StopConditions stop;
   std::string cache_salt;
   absl::Time deadline = absl::InfiniteFuture();
+  // Session breakpoint (proto SessionRetention): the turn-end state's TTL
+  // (zero: the cache's default; >= 0) and pin.
+  absl::Duration session_keep = absl::ZeroDuration();
+  bool session_pin = false;
 };
 
 enum class FinishReason {
@@ -42,12 +46,22 @@ enum class FinishReason {
 
 enum class ResumeKind { kCold = 0, kGridCheckpoint = 1, kExactPrefix = 2 };
 
+// What became of the turn-end state (proto SessionOutcome).
+struct SessionOutcome {
+  bool published = false;
+  absl::Duration keep = absl::ZeroDuration();
+  bool pinned = false;
+  std::string pin_refused;
+};
+
 struct Usage {
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
   int64_t cached_tokens = 0;  // as prefill reported it
   int64_t recomputed_tokens = 0;
   ResumeKind resume_kind = ResumeKind::kCold;
+  bool has_session = false;  // the request ended normally: `session` says what was published
+  SessionOutcome session;
 };
 
 struct Completion {

@@ -21,6 +21,14 @@ absl::StatusOr<GenerateRequest> FromProto(const v1::GenerateRequest& p) {
   }
   r.stop.ignore_eos = p.stop().ignore_eos();
   r.cache_salt = p.cache_salt();
+  if (p.has_session()) {
+    const auto& keep = p.session().keep();
+    if (keep.seconds() < 0 || keep.nanos() < 0 || keep.nanos() >= 1000000000) {
+      return absl::InvalidArgumentError("session.keep must not be negative");
+    }
+    r.session_keep = absl::Seconds(keep.seconds()) + absl::Nanoseconds(keep.nanos());
+    r.session_pin = p.session().pin();
+  }
   return r;
 }
 
@@ -42,6 +50,12 @@ void ToProto(const GenerateRequest& r, v1::GenerateRequest* out) {
   }
   stop->set_ignore_eos(r.stop.ignore_eos);
   out->set_cache_salt(r.cache_salt);
+  if (r.session_keep != absl::ZeroDuration() || r.session_pin) {
+    const int64_t nanos = absl::ToInt64Nanoseconds(r.session_keep);
+    out->mutable_session()->mutable_keep()->set_seconds(nanos / 1000000000);
+    out->mutable_session()->mutable_keep()->set_nanos(static_cast<int32_t>(nanos % 1000000000));
+    out->mutable_session()->set_pin(r.session_pin);
+  }
 }
 
 v1::FinishReason ToProto(FinishReason reason) {
@@ -87,6 +101,17 @@ void ToProto(const Usage& u, v1::Usage* out) {
   out->set_cached_tokens(static_cast<uint32_t>(u.cached_tokens));
   out->set_recomputed_tokens(static_cast<uint32_t>(u.recomputed_tokens));
   out->set_resume_kind(ToProto(u.resume_kind));
+  if (u.has_session) {
+    v1::SessionOutcome* s = out->mutable_session();
+    s->set_published(u.session.published);
+    if (u.session.keep > absl::ZeroDuration()) {
+      const int64_t nanos = absl::ToInt64Nanoseconds(u.session.keep);
+      s->mutable_keep()->set_seconds(nanos / 1000000000);
+      s->mutable_keep()->set_nanos(static_cast<int32_t>(nanos % 1000000000));
+    }
+    s->set_pinned(u.session.pinned);
+    s->set_pin_refused_reason(u.session.pin_refused);
+  }
 }
 
 }  // namespace hybridserve::decode

@@ -152,11 +152,10 @@ absl::StatusOr<std::unique_ptr<Stack>> Stack::Start(const StackOptions& options)
 
 absl::Status Stack::RestartCachestore() {
   if (cachestore_ != nullptr) cachestore_->Kill();
-  auto c =
-      Process::Start("cachestore", "cachestore/cachestore",
-                     {absl::StrCat("--address=127.0.0.1:", cachestore_port_),
-                      "--metrics_address=", "--page_budget_mib=256", "--state_budget_mib=256", "--shutdown_grace=2s"},
-                     "CACHESTORE_READY");
+  std::vector<std::string> args = {absl::StrCat("--address=127.0.0.1:", cachestore_port_),
+                                   "--metrics_address=", "--shutdown_grace=2s"};
+  args.insert(args.end(), options_.cachestore_args.begin(), options_.cachestore_args.end());
+  auto c = Process::Start("cachestore", "cachestore/cachestore", args, "CACHESTORE_READY");
   if (!c.ok()) return c.status();
   cachestore_ = *std::move(c);
   cachestore_port_ = cachestore_->port();

@@ -62,6 +62,7 @@ struct StackOptions {
   int64_t max_waiting = 32;
   std::vector<std::string> decode_args;   // extra flags
   std::vector<std::string> prefill_args;  // extra flags
+  std::vector<std::string> cachestore_args = {"--page_budget_mib=256", "--state_budget_mib=256"};
 };
 
 class Stack {
