@@ -38,6 +38,7 @@ absl::StatusOr<std::unique_ptr<DecodeLoop>> DecodeLoop::Create(
   }
   std::unique_ptr<DecodeLoop> loop(new DecodeLoop(model, model_fingerprint, prefill, receiver, cache, options));
   loop->loop_ = std::thread([p = loop.get()] { p->Run(); });
+  loop->publisher_ = std::thread([p = loop.get()] { p->PublishLoop(); });
   return loop;
 }
 
@@ -57,6 +58,11 @@ DecodeLoop::~DecodeLoop() {
     stop_ = true;
   }
   if (loop_.joinable()) loop_.join();
+  {
+    absl::MutexLock lock(&mu_);
+    stop_publisher_ = true;  // after the publications already queued
+  }
+  if (publisher_.joinable()) publisher_.join();
   absl::flat_hash_map<uint64_t, std::thread> calls;
   {
     absl::MutexLock lock(&mu_);
@@ -117,7 +123,7 @@ DecodeLoop::Counts DecodeLoop::counts() const {
 
 bool DecodeLoop::Idle() const {
   absl::MutexLock lock(&mu_);
-  return live_.empty();
+  return live_.empty() && publications_.empty() && publishing_ == 0;
 }
 
 void DecodeLoop::JoinFinishedCalls() {
@@ -317,51 +323,93 @@ void DecodeLoop::Step() {
   }
 }
 
-SessionOutcome DecodeLoop::Publish(Request& r) {
-  SessionOutcome outcome;
-  auto failed = [&](absl::string_view why) {
-    if (r.req.session_pin) outcome.pin_refused = absl::StrCat("the turn-end state was not published: ", why);
-    return outcome;
-  };
+// What the loop thread hands the publisher: the request (for its sink), its
+// completion, and the bytes to put, copied out of the engine before the
+// sequence was released.
+struct DecodeLoop::Publication {
+  std::unique_ptr<Request> request;
+  Completion completion;
+  cachestore::ClientNamespace ns;
+  std::vector<std::pair<cachestore::ClientPut, std::string>> pages;
+  cachestore::ClientPut state_put;
+  std::string state;
+  absl::Status prepared;  // not OK: nothing to put, and why
+};
+
+void DecodeLoop::Prepare(const Request& r, Publication* p) {
   // The tokens fed to the model: the prompt and every generated token but the
   // last (sampled, not yet processed).
   std::vector<TokenId> fed = r.req.prompt;
   fed.insert(fed.end(), r.generated.begin(), r.generated.end() - 1);
   const int64_t position = static_cast<int64_t>(fed.size());
-  cachestore::ClientNamespace ns;
-  ns.model_fingerprint = fingerprint_.ToHex();
-  ns.adapter = options_.adapter;
-  ns.cache_salt = r.req.cache_salt;
-  ns.page_size = static_cast<int32_t>(model_.page_size());
-  const cachestore::CachePlan plan(ns, fed);
+  p->ns.model_fingerprint = fingerprint_.ToHex();
+  p->ns.adapter = options_.adapter;
+  p->ns.cache_salt = r.req.cache_salt;
+  p->ns.page_size = static_cast<int32_t>(model_.page_size());
+  const cachestore::CachePlan plan(p->ns, fed);
   const int64_t ps = plan.page_size();
   const int64_t full = model_.num_attention_layers() > 0 ? position / ps : 0;
-  // From the first page the cache lacks (prefill may not have published them all).
-  absl::StatusOr<cachestore::LookupResult> probe = cache_->Lookup(ns, fed, cachestore::LookupMode::kProbeOnly);
+  // From the first page the cache lacks: prefill may not have published them
+  // all (or not yet: its publication runs after the push). A probe is one
+  // small round trip; the puts, which move the bytes, run on the publisher.
+  absl::StatusOr<cachestore::LookupResult> probe = cache_->Lookup(p->ns, fed, cachestore::LookupMode::kProbeOnly);
   const int64_t first = probe.ok() ? probe->kv_match_tokens / ps : static_cast<int64_t>(r.req.prompt.size()) / ps;
   for (int64_t i = first; i < full; ++i) {
     absl::StatusOr<std::string> page = model_.ExportPage(r.reservation.id, i);
-    if (!page.ok()) return failed(page.status().message());
-    absl::StatusOr<cachestore::PutResult> put = cache_->Put(ns, plan.PagePut(i), *page);
-    if (!put.ok()) return failed(put.status().message());
+    if (!page.ok()) {
+      p->prepared = page.status();
+      return;
+    }
+    p->pages.emplace_back(plan.PagePut(i), *std::move(page));
   }
-  std::string state;
-  absl::Status encoded = model_.sequences().EncodeStateInto(r.reservation.id, /*with_logits=*/true, fingerprint_,
-                                                            plan.StateKeyAt(position), &state);
-  if (!encoded.ok()) return failed(encoded.message());
-  cachestore::ClientPut state_put = plan.StatePut(position, cachestore::StateKind::kExactPrefix);
-  state_put.ttl = r.req.session_keep;
-  state_put.pin = r.req.session_pin;
-  absl::StatusOr<cachestore::PutResult> put = cache_->Put(ns, state_put, state);
-  if (!put.ok()) {
-    VLOG(1) << "turn-end publication failed: " << put.status();
-    return failed(put.status().message());
+  p->prepared = model_.sequences().EncodeStateInto(r.reservation.id, /*with_logits=*/true, fingerprint_,
+                                                   plan.StateKeyAt(position), &p->state);
+  p->state_put = plan.StatePut(position, cachestore::StateKind::kExactPrefix);
+  p->state_put.ttl = r.req.session_keep;
+  p->state_put.pin = r.req.session_pin;
+}
+
+SessionOutcome DecodeLoop::Publish(Publication& p) {
+  SessionOutcome outcome;
+  const bool pin = p.request->req.session_pin;
+  auto failed = [&](absl::string_view why) {
+    VLOG(1) << "turn-end publication failed: " << why;
+    if (pin) outcome.pin_refused = absl::StrCat("the turn-end state was not published: ", why);
+    return outcome;
+  };
+  if (!p.prepared.ok()) return failed(p.prepared.message());
+  for (const auto& [put, bytes] : p.pages) {
+    absl::StatusOr<cachestore::PutResult> r = cache_->Put(p.ns, put, bytes);
+    // ABORTED: the same page is being put by another writer (prefill's own
+    // publication of the prompt, still running); it will be there.
+    if (!r.ok() && r.status().code() != absl::StatusCode::kAborted) return failed(r.status().message());
   }
+  absl::StatusOr<cachestore::PutResult> put = cache_->Put(p.ns, p.state_put, p.state);
+  if (!put.ok()) return failed(put.status().message());
   outcome.published = true;
   outcome.keep = put->ttl;
   outcome.pinned = put->pinned;
   outcome.pin_refused = put->pin_refused;
   return outcome;
+}
+
+void DecodeLoop::PublishLoop() {
+  while (true) {
+    std::unique_ptr<Publication> p;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !publications_.empty() || stop_publisher_; };
+      mu_.Await(absl::Condition(&ready));
+      if (publications_.empty()) return;  // stopping, and nothing left
+      p = std::move(publications_.front());
+      publications_.pop_front();
+      ++publishing_;
+    }
+    p->completion.usage.session = Publish(*p);
+    p->request->sink->OnComplete(p->completion);
+    absl::MutexLock lock(&mu_);
+    --publishing_;
+  }
 }
 
 void DecodeLoop::Finish(const std::string& request_id, FinishReason reason, absl::Status error, TokenId stop_token) {
@@ -384,24 +432,6 @@ void DecodeLoop::Finish(const std::string& request_id, FinishReason reason, absl
         break;
     }
   }
-  engine::SequenceTable& table = model_.sequences();
-  std::optional<SessionOutcome> session;
-  if (r->phase == Request::Phase::kPrefilling) {
-    receiver_.Cancel(r->ticket.transfer_id);  // late bytes are refused
-    (void)table.AbortImport(r->reservation.id);
-  } else if (r->phase == Request::Phase::kDecoding) {
-    batch_.erase(std::find(batch_.begin(), batch_.end(), request_id));
-    const bool normal = reason == FinishReason::kStop || reason == FinishReason::kLength;
-    if (normal) {
-      session.emplace();
-      if (cache_ != nullptr && options_.publish) {
-        *session = Publish(*r);
-      } else if (r->req.session_pin) {
-        session->pin_refused = "this decode worker publishes no turn-end states (no cache)";
-      }
-    }
-    (void)table.Release(r->reservation.id);
-  }
   Completion c;
   c.reason = reason;
   c.stop_token_id = stop_token;
@@ -411,9 +441,37 @@ void DecodeLoop::Finish(const std::string& request_id, FinishReason reason, absl
   c.usage.cached_tokens = r->prefill.cached_tokens;
   c.usage.recomputed_tokens = r->prefill.recomputed_tokens;
   c.usage.resume_kind = r->prefill.resume_kind;
-  if (session.has_value()) {
-    c.usage.has_session = true;
-    c.usage.session = *std::move(session);
+  engine::SequenceTable& table = model_.sequences();
+  if (r->phase == Request::Phase::kPrefilling) {
+    receiver_.Cancel(r->ticket.transfer_id);  // late bytes are refused
+    (void)table.AbortImport(r->reservation.id);
+  } else if (r->phase == Request::Phase::kDecoding) {
+    batch_.erase(std::find(batch_.begin(), batch_.end(), request_id));
+    const bool normal = reason == FinishReason::kStop || reason == FinishReason::kLength;
+    if (normal) {
+      c.usage.has_session = true;
+      if (cache_ != nullptr && options_.publish) {
+        // The bytes leave the engine now; the puts, and then the final
+        // message, follow on the publisher thread, so the batch does not wait
+        // for the cache and the next turn still finds the state.
+        auto p = std::make_unique<Publication>();
+        Prepare(*r, p.get());
+        (void)table.Release(r->reservation.id);
+        p->request = std::move(r);
+        p->completion = std::move(c);
+        absl::MutexLock lock(&mu_);
+        // Backpressure: at most max_batch publications wait.
+        auto room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return static_cast<int64_t>(publications_.size()) < options_.max_batch;
+        };
+        mu_.Await(absl::Condition(&room));
+        publications_.push_back(std::move(p));
+        return;
+      }
+      if (r->req.session_pin)
+        c.usage.session.pin_refused = "this decode worker publishes no turn-end states (no cache)";
+    }
+    (void)table.Release(r->reservation.id);
   }
   r->sink->OnComplete(c);
 }

@@ -21,7 +21,9 @@
 // end the turn-end state (the state after the last token fed to the model,
 // with the logits that chose the last token) and the pages of the generated
 // tokens are published to the cache before OnComplete, so the client's next
-// turn, whose prompt extends this one, finds them.
+// turn, whose prompt extends this one, finds them. The loop thread only
+// copies those bytes out of the engine; a publisher thread puts them and then
+// completes the request, so the running batch never waits for the cache.
 //
 // Thread-safe: Submit and Abort may be called from any thread.
 
@@ -141,9 +143,13 @@ class DecodeLoop {
   // Emits `token` for `r` and ends it when a stop condition holds.
   void Emit(Request& r, const engine::SampledToken& token);
   void Finish(const std::string& request_id, FinishReason reason, absl::Status error, TokenId stop_token = -1);
-  // Publishes the turn-end state and the generated pages; what became of
-  // the state.
-  SessionOutcome Publish(Request& r);
+  struct Publication;
+  // On the loop thread: the bytes of the turn end (the pages the cache lacks,
+  // the encoded state) copied out of the engine.
+  void Prepare(const Request& r, Publication* p);
+  // On the publisher thread: puts them; what became of the state.
+  SessionOutcome Publish(Publication& p);
+  void PublishLoop() ABSL_LOCKS_EXCLUDED(mu_);
   void JoinFinishedCalls() ABSL_LOCKS_EXCLUDED(mu_);
 
   engine::Model& model_;
@@ -169,9 +175,15 @@ class DecodeLoop {
   absl::flat_hash_map<uint64_t, std::thread> calls_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> finished_calls_ ABSL_GUARDED_BY(mu_);
 
+  // Turn ends waiting to be published (then completed), at most max_batch.
+  std::deque<std::unique_ptr<Publication>> publications_ ABSL_GUARDED_BY(mu_);
+  int64_t publishing_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stop_publisher_ ABSL_GUARDED_BY(mu_) = false;
+
   // Loop-thread state: the running sequences in batch order.
   std::vector<std::string> batch_;
   std::thread loop_;
+  std::thread publisher_;
 };
 
 }  // namespace hybridserve::decode

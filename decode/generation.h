@@ -71,8 +71,9 @@ struct Completion {
   absl::Status error;  // kError and kAborted: why
 };
 
-// Where a request's tokens go. Called from the decode loop's thread, in
-// order: any number of OnToken, then exactly one OnComplete. Must not block
+// Where a request's tokens go, in order: any number of OnToken (from the
+// decode loop's thread), then exactly one OnComplete (from the loop thread, or
+// from its publisher thread after the turn end was published). Must not block
 // for long (the whole batch waits).
 class GenerationSink {
  public:
