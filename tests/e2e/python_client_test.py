@@ -83,6 +83,14 @@ class PythonClientOnTheStack(unittest.TestCase):
         self.assertEqual(second.usage.prompt_tokens, len(history))
         self.assertEqual(second.usage.cached_tokens, len(history) - len(encode_bytes("Tell me more.\n")) - 1)
         self.assertEqual(second.usage.resume_kind, ResumeKind.EXACT_PREFIX)
+        self.assertTrue(second.usage.session.published)
+
+    def test_session_retention_is_reported(self):
+        result = self.client.generate(encode_bytes("Keep this one.\n", add_bos=True), max_tokens=4,
+                                      ignore_eos=True, cache_salt="py-session", session_keep=90, session_pin=True)
+        self.assertTrue(result.usage.session.published)
+        self.assertTrue(result.usage.session.pinned, result.usage.session.pin_refused_reason)
+        self.assertEqual(result.usage.session.keep_seconds, 90)
 
     def test_bad_request_raises_with_the_status(self):
         with self.assertRaises(HybridserveError) as e:

@@ -14,11 +14,11 @@ from .byte_vocab import (BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, ByteStreamDecoder, 
 from .client import Client, GenerateStream
 from .errors import HybridserveError, StreamProtocolError
 from .results import (FinishReason, GenerateResult, ModelInfo, ResumeKind, TokenChunk,
-                      TopLogprob, Usage)
+                      SessionOutcome, TopLogprob, Usage)
 
 __all__ = [
     "BOS_ID", "EOS_ID", "PAD_ID", "VOCAB_SIZE", "ByteStreamDecoder", "decode_bytes",
     "encode_bytes", "Client", "GenerateStream", "HybridserveError", "StreamProtocolError",
     "FinishReason", "GenerateResult", "ModelInfo", "ResumeKind", "TokenChunk", "TopLogprob",
-    "Usage",
+    "SessionOutcome", "Usage",
 ]

@@ -14,7 +14,7 @@ from .errors import StreamProtocolError, from_rpc_error
 from .proto import generation_pb2 as pb
 from .proto import generation_pb2_grpc as pb_grpc
 from .results import (FinishReason, GenerateResult, ModelInfo, ResumeKind, TokenChunk,
-                      TopLogprob, Usage)
+                      SessionOutcome, TopLogprob, Usage)
 
 _FINISH_REASONS = {
     pb.FINISH_REASON_STOP: FinishReason.STOP,
@@ -68,7 +68,7 @@ class Client:
     def generate(self, prompt_token_ids, max_tokens, *, temperature=None, top_p=None,
                  top_k=None, seed=None, stop_token_ids=(), stop_sequences=(),
                  ignore_eos=False, cache_salt="", return_logprobs=False, top_logprobs=0,
-                 request_id=None, timeout=None):
+                 request_id=None, timeout=None, session_keep=None, session_pin=False):
         """Runs one generation to its end and returns a GenerateResult.
 
         The arguments are stream()'s. A generation that fails after it
@@ -84,7 +84,8 @@ class Client:
                          stop_sequences=stop_sequences, ignore_eos=ignore_eos,
                          cache_salt=cache_salt, return_logprobs=return_logprobs,
                          top_logprobs=top_logprobs, request_id=request_id,
-                         timeout=timeout) as events:
+                         timeout=timeout, session_keep=session_keep,
+                         session_pin=session_pin) as events:
             for _ in events:
                 pass
         return events.result
@@ -92,7 +93,7 @@ class Client:
     def stream(self, prompt_token_ids, max_tokens, *, temperature=None, top_p=None,
                top_k=None, seed=None, stop_token_ids=(), stop_sequences=(),
                ignore_eos=False, cache_salt="", return_logprobs=False, top_logprobs=0,
-               request_id=None, timeout=None):
+               request_id=None, timeout=None, session_keep=None, session_pin=False):
         """Starts a generation; returns a GenerateStream yielding TokenChunk
         items as the server sends them, then the GenerateResult as its last.
 
@@ -118,6 +119,12 @@ class Client:
           request_id: unique among this client's requests in flight, used by
             abort(); default a fresh uuid4 hex. Also on the stream as .request_id.
           timeout: deadline of the whole stream, in seconds; default the Client's.
+          session_keep: seconds the cache keeps this turn's end state (the
+            conversation's resume point) after its last use, capped by the
+            cachestore's maximum; None: the cache's default TTL.
+          session_pin: never evict that state to make room, only its keep time
+            ends it; granted within the tenant's pin quota (a refusal is in
+            result.usage.session, not an error).
 
         Raises (while iterating): HybridserveError, as generate().
         """
@@ -136,6 +143,12 @@ class Client:
             request.sampling.top_k = top_k
         if seed is not None:
             request.sampling.seed = seed
+        if session_keep is not None:
+            if session_keep < 0:
+                raise ValueError("session_keep must not be negative")
+            request.session.keep.FromNanoseconds(int(round(session_keep * 1e9)))
+        if session_pin:
+            request.session.pin = True
         request.stop.max_tokens = max_tokens
         request.stop.stop_token_ids.extend(stop_token_ids)
         for sequence in stop_sequences:
@@ -303,6 +316,13 @@ def _run_generate(stub, request, timeout, state):
             cached_tokens=complete.usage.cached_tokens,
             recomputed_tokens=complete.usage.recomputed_tokens,
             resume_kind=_RESUME_KINDS.get(complete.usage.resume_kind, ResumeKind.UNSPECIFIED),
+            session=SessionOutcome(
+                published=complete.usage.session.published,
+                keep_seconds=(complete.usage.session.keep.ToNanoseconds() / 1e9
+                              if complete.usage.session.HasField("keep") else None),
+                pinned=complete.usage.session.pinned,
+                pin_refused_reason=complete.usage.session.pin_refused_reason,
+            ) if complete.usage.HasField("session") else None,
         ),
         stop_token_id=complete.stop_token_id if finish_reason == FinishReason.STOP else None,
         error_message=complete.error_message,

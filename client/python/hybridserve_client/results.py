@@ -45,6 +45,16 @@ class TokenChunk:
 
 
 @dataclasses.dataclass(frozen=True)
+class SessionOutcome:
+    """The turn-end state's retention (proto SessionOutcome)."""
+
+    published: bool  # the next turn can resume from it
+    keep_seconds: "float | None"  # the TTL granted; None: the cache's default
+    pinned: bool
+    pin_refused_reason: str  # why a requested pin was not granted
+
+
+@dataclasses.dataclass(frozen=True)
 class Usage:
     prompt_tokens: int
     completion_tokens: int
@@ -54,6 +64,9 @@ class Usage:
     # no SSM state existed deeper (kv match depth minus resume point).
     recomputed_tokens: int
     resume_kind: ResumeKind
+    # What became of the turn-end state; None when the request did not end
+    # normally (nothing is published then).
+    session: "SessionOutcome | None" = None
 
 
 @dataclasses.dataclass(frozen=True)
