@@ -125,8 +125,10 @@ int Run() {
       return 1;
     }
     prefill_model = *std::move(pm);
+    prefill::PrefillWorkerOptions wo;
+    wo.async_publication = true;  // as the prefill binary: the answer does not wait for the cache
     prefill_worker =
-        std::make_unique<prefill::PrefillWorker>(*prefill_model, (*weights)->fingerprint(), cache.get(), *local);
+        std::make_unique<prefill::PrefillWorker>(*prefill_model, (*weights)->fingerprint(), cache.get(), *local, wo);
     prefill = std::make_unique<decode::InProcessPrefillClient>(*prefill_worker);
     receiver = local.get();
     endpoint = "in_process";

@@ -76,7 +76,9 @@ int Run() {
     cache = *std::move(c);
   }
   transport::TcpStateSender sender;
-  prefill::PrefillWorker worker(**model, (*weights)->fingerprint(), cache.get(), sender);
+  prefill::PrefillWorkerOptions wo;
+  wo.async_publication = true;  // answer decode right after the push; publish behind it
+  prefill::PrefillWorker worker(**model, (*weights)->fingerprint(), cache.get(), sender, wo);
   auto registry = std::make_shared<prometheus::Registry>();
   prefill::PrefillMetrics metrics(*registry);
   std::unique_ptr<common::MetricsExposer> exposer;
@@ -114,6 +116,9 @@ int Run() {
   service.Drain();
   server->Shutdown(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(absl::GetFlag(FLAGS_shutdown_grace)));
   server->Wait();
+  if (!worker.WaitForPublications(absl::GetFlag(FLAGS_shutdown_grace))) {
+    LOG(WARNING) << "grace period over with cache publications still queued";
+  }
   LOG(INFO) << "prefill stopped";
   return 0;
 }

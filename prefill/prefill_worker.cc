@@ -52,7 +52,9 @@ PrefillWorker::PrefillWorker(engine::Model& model, const common::Hash128& model_
       fingerprint_hex_(model_fingerprint.ToHex()),
       cache_(cache),
       sender_(sender),
-      options_(options) {}
+      options_(options) {
+  if (options_.async_publication) publisher_ = std::thread([this] { PublishLoop(); });
+}
 
 cachestore::ClientNamespace PrefillWorker::Namespace(const std::string& cache_salt) const {
   cachestore::ClientNamespace ns;
@@ -86,7 +88,7 @@ bool PrefillWorker::RestoreFromCache(engine::SequenceId seq, const cachestore::L
   }
   if (!s.ok()) {
     // A miss, never a failure: the restore changed nothing.
-    ++counters_.errors_as_misses;
+    Count(&PrefillCacheCounters::errors_as_misses);
     LOG(WARNING) << "cache resume at " << p << " of " << prompt_tokens << " tokens abandoned: " << s;
     return false;
   }
@@ -104,11 +106,11 @@ absl::StatusOr<PrefillWorker::Resumed> PrefillWorker::Resume(const PrefillReques
   // the prompt less its last token, so that the last logits get computed.
   for (int64_t probe : {n, n - 1}) {
     if (probe < 1) break;
-    ++counters_.lookups;
+    Count(&PrefillCacheCounters::lookups);
     absl::StatusOr<cachestore::LookupResult> lookup = cache_->Lookup(
         ns, absl::MakeConstSpan(request.prompt).subspan(0, static_cast<size_t>(probe)), cachestore::LookupMode::kLease);
     if (!lookup.ok()) {
-      ++counters_.errors_as_misses;
+      Count(&PrefillCacheCounters::errors_as_misses);
       LOG(WARNING) << "cache lookup failed, prefilling cold: " << lookup.status();
       return r;
     }
@@ -127,7 +129,7 @@ absl::StatusOr<PrefillWorker::Resumed> PrefillWorker::Resume(const PrefillReques
       ASSIGN_OR_RETURN(r.seq, model_.NewSequence());
       continue;
     }
-    ++counters_.hits;
+    Count(&PrefillCacheCounters::hits);
     r.position = lookup->resume_position;
     r.kind = lookup->state->state_kind == cachestore::StateKind::kGridCheckpoint ? ResumeKind::kGridCheckpoint
                                                                                  : ResumeKind::kExactPrefix;
@@ -188,34 +190,83 @@ absl::StatusOr<PrefillOutcome> PrefillWorker::Prefill(const PrefillRequest& requ
   outcome.usage.recomputed_tokens = std::max<int64_t>(0, std::min(resumed.kv_match_tokens, n) - resumed.position);
   outcome.usage.kv_match_tokens = resumed.kv_match_tokens;
   outcome.usage.resume_kind = resumed.kind;
-  // After the push: publication never delays decode.
+  // After the push: publication never delays decode. The bytes leave the
+  // engine here; the puts run inline, or on the publisher thread with
+  // async_publication (then the answer to decode does not wait for them).
   if (cache_ != nullptr && options_.publish) {
-    Publish(resumed.seq, request, ns, resumed.position, resumed.kv_match_tokens, checkpoints);
+    auto publication = std::make_unique<Publication>(
+        Prepare(resumed.seq, request, ns, resumed.position, resumed.kv_match_tokens, checkpoints));
+    if (options_.async_publication) {
+      absl::MutexLock lock(&mu_);
+      auto room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return static_cast<int64_t>(queue_.size()) < options_.max_pending_publications;
+      };
+      mu_.Await(absl::Condition(&room));  // backpressure: a slow cache slows prefill, never grows memory
+      queue_.push_back(std::move(publication));
+    } else {
+      Put(*publication);
+    }
   }
   return outcome;
 }
 
-void PrefillWorker::Publish(engine::SequenceId seq, const PrefillRequest& request,
-                            const cachestore::ClientNamespace& ns, int64_t resumed_at, int64_t kv_match_tokens,
-                            const std::vector<engine::SequenceState>& checkpoints) {
+PrefillWorker::~PrefillWorker() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;  // after the publications already queued
+  }
+  if (publisher_.joinable()) publisher_.join();
+}
+
+void PrefillWorker::Count(int64_t PrefillCacheCounters::*field, int64_t n) {
+  absl::MutexLock lock(&counters_mu_);
+  counters_.*field += n;
+}
+
+PrefillCacheCounters PrefillWorker::counters() const {
+  absl::MutexLock lock(&counters_mu_);
+  return counters_;
+}
+
+bool PrefillWorker::WaitForPublications(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return queue_.empty() && publishing_ == 0; };
+  return mu_.AwaitWithTimeout(absl::Condition(&done), timeout);
+}
+
+void PrefillWorker::PublishLoop() {
+  while (true) {
+    std::unique_ptr<Publication> p;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !queue_.empty() || stop_; };
+      mu_.Await(absl::Condition(&ready));
+      if (queue_.empty()) return;
+      p = std::move(queue_.front());
+      queue_.pop_front();
+      ++publishing_;
+    }
+    Put(*p);
+    absl::MutexLock lock(&mu_);
+    --publishing_;
+  }
+}
+
+PrefillWorker::Publication PrefillWorker::Prepare(engine::SequenceId seq, const PrefillRequest& request,
+                                                  const cachestore::ClientNamespace& ns, int64_t resumed_at,
+                                                  int64_t kv_match_tokens,
+                                                  const std::vector<engine::SequenceState>& checkpoints) {
+  Publication out;
+  out.ns = ns;
   const cachestore::CachePlan plan(ns, request.prompt);
   const int64_t n = static_cast<int64_t>(request.prompt.size());
   const int64_t ps = plan.page_size();
-  auto put = [&](const cachestore::ClientPut& p, absl::string_view bytes, int64_t* published) {
-    absl::StatusOr<cachestore::PutResult> r = cache_->Put(ns, p, bytes);
-    if (!r.ok()) {
-      ++counters_.publish_failures;
-      VLOG(1) << "cache publication failed: " << r.status();
-      return false;
-    }
-    if (!r->already_present) ++*published;
-    return true;
-  };
   // Pages the cache does not hold yet, in order (each needs its parent).
   const int64_t full = model_.num_attention_layers() > 0 ? n / ps : 0;
   for (int64_t i = std::min(kv_match_tokens, resumed_at) / ps; i < full; ++i) {
     absl::StatusOr<std::string> page = model_.ExportPage(seq, i);
-    if (!page.ok() || !put(plan.PagePut(i), *page, &counters_.pages_published)) break;
+    if (!page.ok()) break;
+    out.pages.emplace_back(plan.PagePut(i), *std::move(page));
   }
   for (const engine::SequenceState& checkpoint : checkpoints) {
     const int64_t q = checkpoint.position;
@@ -223,14 +274,33 @@ void PrefillWorker::Publish(engine::SequenceId seq, const PrefillRequest& reques
         engine::ToSnapshot(checkpoint, model_.layout(), fingerprint_, plan.StateKeyAt(q));
     absl::StatusOr<std::string> bytes =
         snapshot.ok() ? engine::EncodeSnapshot(*snapshot) : absl::StatusOr<std::string>(snapshot.status());
-    if (bytes.ok()) put(plan.StatePut(q, cachestore::StateKind::kGridCheckpoint), *bytes, &counters_.states_published);
+    if (bytes.ok())
+      out.states.emplace_back(plan.StatePut(q, cachestore::StateKind::kGridCheckpoint), *std::move(bytes));
   }
   std::string end_state;
   if (model_.sequences()
           .EncodeStateInto(seq, /*with_logits=*/true, fingerprint_, plan.StateKeyAt(n), &end_state)
           .ok()) {
-    put(plan.StatePut(n, cachestore::StateKind::kExactPrefix), end_state, &counters_.states_published);
+    out.states.emplace_back(plan.StatePut(n, cachestore::StateKind::kExactPrefix), std::move(end_state));
   }
+  return out;
+}
+
+void PrefillWorker::Put(const Publication& p) {
+  auto put = [&](const cachestore::ClientPut& what, absl::string_view bytes, int64_t PrefillCacheCounters::*count) {
+    absl::StatusOr<cachestore::PutResult> r = cache_->Put(p.ns, what, bytes);
+    if (!r.ok()) {
+      Count(&PrefillCacheCounters::publish_failures);
+      VLOG(1) << "cache publication failed: " << r.status();
+      return false;
+    }
+    if (!r->already_present) Count(count);
+    return true;
+  };
+  for (const auto& [what, bytes] : p.pages) {
+    if (!put(what, bytes, &PrefillCacheCounters::pages_published)) break;  // the rest would have no parent
+  }
+  for (const auto& [what, bytes] : p.states) put(what, bytes, &PrefillCacheCounters::states_published);
 }
 
 }  // namespace hybridserve::prefill

@@ -22,13 +22,20 @@
 //
 // Not thread-safe: the engine is not. One worker per engine; the service in
 // front of it queues requests (bounded) and calls Prefill one at a time.
+// counters() and WaitForPublications may be called from any thread.
 
 #include <cstdint>
+#include <deque>
+#include <memory>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "cachestore/cache_client.h"
 #include "common/hash.h"
@@ -85,6 +92,12 @@ struct PrefillCacheCounters {
 struct PrefillWorkerOptions {
   std::string adapter;  // part of the namespace ("" for the base model)
   bool publish = true;  // publish pages, checkpoints and prompt-end snapshots
+  // Put the publications on a publisher thread (the bytes are copied out of
+  // the engine first), so Prefill returns right after the push; at most
+  // max_pending_publications wait (beyond, Prefill waits). Off: Prefill puts
+  // them itself before it returns.
+  bool async_publication = false;
+  int64_t max_pending_publications = 4;
 };
 
 class PrefillWorker {
@@ -101,7 +114,13 @@ class PrefillWorker {
   // holds nothing of the request afterwards, whatever the outcome.
   absl::StatusOr<PrefillOutcome> Prefill(const PrefillRequest& request);
 
-  const PrefillCacheCounters& counters() const { return counters_; }
+  // A snapshot of the counters (any thread).
+  PrefillCacheCounters counters() const ABSL_LOCKS_EXCLUDED(counters_mu_);
+  // With async_publication: waits until every queued publication is put;
+  // false at the timeout.
+  bool WaitForPublications(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
+  // Puts what is still queued, then stops the publisher.
+  ~PrefillWorker();
   // The namespace a request with `cache_salt` uses.
   cachestore::ClientNamespace Namespace(const std::string& cache_salt) const;
 
@@ -113,8 +132,18 @@ class PrefillWorker {
   // Tries to restore `seq` from the lookup's lease; false (a miss) on any failure.
   bool RestoreFromCache(engine::SequenceId seq, const cachestore::LookupResult& lookup, int64_t prompt_tokens,
                         const common::Hash128& prefix_hash);
-  void Publish(engine::SequenceId seq, const PrefillRequest& request, const cachestore::ClientNamespace& ns,
-               int64_t resumed_at, int64_t kv_match_tokens, const std::vector<engine::SequenceState>& checkpoints);
+  // What to put, copied out of the engine.
+  struct Publication {
+    cachestore::ClientNamespace ns;
+    std::vector<std::pair<cachestore::ClientPut, std::string>> pages;   // in order
+    std::vector<std::pair<cachestore::ClientPut, std::string>> states;  // checkpoints, then the prompt end
+  };
+  Publication Prepare(engine::SequenceId seq, const PrefillRequest& request, const cachestore::ClientNamespace& ns,
+                      int64_t resumed_at, int64_t kv_match_tokens,
+                      const std::vector<engine::SequenceState>& checkpoints);
+  void Put(const Publication& p);
+  void PublishLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  void Count(int64_t PrefillCacheCounters::*field, int64_t n = 1) ABSL_LOCKS_EXCLUDED(counters_mu_);
 
   engine::Model& model_;
   const common::Hash128 fingerprint_;
@@ -122,7 +151,13 @@ class PrefillWorker {
   cachestore::CacheClient* const cache_;
   transport::StateSender& sender_;
   const PrefillWorkerOptions options_;
-  PrefillCacheCounters counters_;
+  mutable absl::Mutex counters_mu_;
+  PrefillCacheCounters counters_ ABSL_GUARDED_BY(counters_mu_);
+  absl::Mutex mu_;
+  std::deque<std::unique_ptr<Publication>> queue_ ABSL_GUARDED_BY(mu_);
+  int64_t publishing_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread publisher_;  // with async_publication
 };
 
 }  // namespace hybridserve::prefill

@@ -155,6 +155,27 @@ class PrefillWorkerTest : public ::testing::Test {
   std::unique_ptr<PrefillWorker> worker_;
 };
 
+TEST_F(PrefillWorkerTest, AsyncPublicationPutsTheSameEntriesBehindTheAnswer) {
+  PrefillWorkerOptions o;
+  o.async_publication = true;
+  o.max_pending_publications = 1;
+  worker_ = std::make_unique<PrefillWorker>(*prefill_model_, weights_->fingerprint(), faults_.get(), transport_, o);
+  const std::vector<TokenId> prompt = Tokens(150, vocab_, 1);
+  Turn first = Run(prompt);
+  ASSERT_TRUE(first.outcome.ok()) << first.outcome.status();
+  ASSERT_TRUE(worker_->WaitForPublications(absl::Seconds(30)));
+  EXPECT_EQ(worker_->counters().pages_published, 9);
+  EXPECT_EQ(worker_->counters().states_published, 3);
+  EXPECT_EQ(prefill_model_->num_free_sequences(), 4);  // the bytes were copied out; the sequence is gone
+  // What was published behind the answer is what a synchronous worker would
+  // have published: the same prompt resumes from its end and continues exactly.
+  Turn again = Run(prompt);
+  ASSERT_TRUE(again.outcome.ok()) << again.outcome.status();
+  EXPECT_EQ(again.outcome->usage.resume_kind, ResumeKind::kExactPrefix);
+  EXPECT_EQ(again.outcome->usage.cached_tokens, 150);
+  EXPECT_TRUE(BitEqual(Continue(*decode_model_, again.decode_seq, 2), Continue(*decode_model_, first.decode_seq, 2)));
+}
+
 TEST_F(PrefillWorkerTest, ColdPrefillSendsTheStateAndPublishesPagesCheckpointsAndTheSnapshot) {
   const std::vector<TokenId> prompt = Tokens(150, vocab_, 1);
   Turn turn = Run(prompt);
