@@ -78,6 +78,24 @@ absl::StatusOr<std::unique_ptr<engine::Model>> NewEngine(const engine::ModelWeig
   return engine::Model::Create(weights.config(), weights, mo);
 }
 
+// Peers may start later than this worker (requests fail, or miss the cache,
+// until they are up), so an unreachable one is a warning, not a fatal error.
+void WarnAboutUnreachablePeers(cachestore::CacheStoreClient* cache, const std::string& prefill) {
+  if (cache != nullptr) {
+    absl::StatusOr<cachestore::IndexStats> stats = cache->Stats();
+    if (!stats.ok()) {
+      LOG(WARNING) << "the cachestore " << absl::GetFlag(FLAGS_cachestore) << " is unreachable (" << stats.status()
+                   << "): requests run as cache misses until it is up";
+    }
+  }
+  for (absl::string_view target : absl::StrSplit(prefill, ',', absl::SkipWhitespace())) {
+    auto channel = grpc::CreateChannel(std::string(target), grpc::InsecureChannelCredentials());
+    if (!channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(2))) {
+      LOG(WARNING) << "the prefill worker " << target << " is unreachable: requests sent to it fail until it is up";
+    }
+  }
+}
+
 int Run() {
   const std::string model_dir = absl::GetFlag(FLAGS_model_dir);
   auto weights = engine::ModelWeights::LoadDirectory(model_dir);
@@ -201,6 +219,9 @@ int Run() {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  // gRPC sets SO_REUSEPORT by default: a second server on a taken port would
+  // share it silently instead of failing with "port in use".
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   int port = 0;
   builder.AddListeningPort(absl::GetFlag(FLAGS_address), grpc::InsecureServerCredentials(), &port);
   builder.RegisterService(&service);
@@ -215,6 +236,7 @@ int Run() {
     return 1;
   }
   server->GetHealthCheckService()->SetServingStatus(true);
+  WarnAboutUnreachablePeers(cache.get(), aggregated ? "" : prefill_flag);
 
   // Queue gauges, refreshed while serving.
   std::atomic<bool> stop_gauges{false};

@@ -95,6 +95,9 @@ int Run() {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  // gRPC sets SO_REUSEPORT by default: a second server on a taken port would
+  // share it silently instead of failing with "port in use".
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   int port = 0;
   builder.AddListeningPort(absl::GetFlag(FLAGS_address), grpc::InsecureServerCredentials(), &port);
   builder.RegisterService(&service);
@@ -104,6 +107,10 @@ int Run() {
     return 1;
   }
   server->GetHealthCheckService()->SetServingStatus(true);
+  if (cache != nullptr && !cache->Stats().ok()) {
+    LOG(WARNING) << "the cachestore " << absl::GetFlag(FLAGS_cachestore)
+                 << " is unreachable: prompts are prefilled in full until it is up";
+  }
   LOG(INFO) << "prefill serving " << (*weights)->config().LayerPattern() << " on port " << port
             << (cache ? absl::StrCat(", cachestore ", absl::GetFlag(FLAGS_cachestore)) : ", no cache")
             << (exposer ? absl::StrCat(", metrics on port ", exposer->port()) : std::string());
