@@ -118,7 +118,7 @@ int64_t DecodeLoop::max_context() const {
 
 DecodeLoop::Counts DecodeLoop::counts() const {
   absl::MutexLock lock(&mu_);
-  return Counts{static_cast<int64_t>(waiting_.size()), prefilling_, decoding_};
+  return Counts{static_cast<int64_t>(waiting_.size()), prefilling_, decoding_, free_pages_, free_slots_};
 }
 
 bool DecodeLoop::Idle() const {
@@ -183,6 +183,11 @@ void DecodeLoop::Run() {
     for (Prefilled& p : arrived) Import(std::move(p));
     Admit();
     Step();
+    const int64_t free_pages = model_.num_free_pages();
+    const int64_t free_slots = model_.num_free_sequences();
+    absl::MutexLock lock(&mu_);
+    free_pages_ = free_pages;
+    free_slots_ = free_slots;
   }
 }
 

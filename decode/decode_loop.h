@@ -120,6 +120,10 @@ class DecodeLoop {
     int64_t waiting = 0;
     int64_t prefilling = 0;
     int64_t decoding = 0;
+    // The engine's free KV pages and state slots, as of the loop's last
+    // iteration (the engine is read on the loop thread only).
+    int64_t free_pages = 0;
+    int64_t free_slots = 0;
   };
   Counts counts() const ABSL_LOCKS_EXCLUDED(mu_);
   // True when no request is live (and so nothing reserved).
@@ -170,6 +174,8 @@ class DecodeLoop {
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   int64_t prefilling_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t decoding_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t free_pages_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t free_slots_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_transfer_ ABSL_GUARDED_BY(mu_) = 1;
   // Prefill call threads, and those that have returned (joined by the loop).
   absl::flat_hash_map<uint64_t, std::thread> calls_ ABSL_GUARDED_BY(mu_);

@@ -244,6 +244,7 @@ int Run() {
     while (!stop_gauges.load()) {
       const decode::DecodeLoop::Counts c = (*loop)->counts();
       metrics.SetQueue(c.waiting, c.prefilling + c.decoding);
+      metrics.SetFree(c.free_pages, c.free_slots);
       absl::SleepFor(absl::Milliseconds(250));
     }
   });

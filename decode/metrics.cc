@@ -29,6 +29,8 @@ prometheus::Histogram& Seconds(prometheus::Registry& r, const std::string& name,
 DecodeMetrics::DecodeMetrics(prometheus::Registry& r)
     : waiting_(Gauge(r, "hybridserve_num_requests_waiting", "Requests admitted and waiting for room in the batch")),
       running_(Gauge(r, "hybridserve_num_requests_running", "Requests being prefilled or decoded")),
+      free_pages_(Gauge(r, "hybridserve_kv_pages_free", "KV pages of the engine not reserved by any request")),
+      free_slots_(Gauge(r, "hybridserve_state_slots_free", "SSM state slots of the engine not held by any request")),
       ttft_(Seconds(r, "hybridserve_time_to_first_token_seconds",
                     "From the Generate call's arrival to its first token handed to the stream")),
       itl_(Seconds(r, "hybridserve_inter_token_latency_seconds", "Time between two tokens of one request")),
@@ -58,6 +60,11 @@ DecodeMetrics::DecodeMetrics(prometheus::Registry& r)
 void DecodeMetrics::SetQueue(int64_t waiting, int64_t running) {
   waiting_.Set(static_cast<double>(waiting));
   running_.Set(static_cast<double>(running));
+}
+
+void DecodeMetrics::SetFree(int64_t pages, int64_t slots) {
+  free_pages_.Set(static_cast<double>(pages));
+  free_slots_.Set(static_cast<double>(slots));
 }
 
 void DecodeMetrics::RecordFirstToken(double seconds) { ttft_.Observe(seconds); }

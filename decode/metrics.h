@@ -21,6 +21,7 @@ class DecodeMetrics {
   explicit DecodeMetrics(prometheus::Registry& registry);
 
   void SetQueue(int64_t waiting, int64_t running);
+  void SetFree(int64_t pages, int64_t slots);
   void RecordFirstToken(double seconds_since_arrival);
   void RecordInterToken(double seconds);
   // At the end of a request (also one refused before it started: `started` false).
@@ -30,6 +31,8 @@ class DecodeMetrics {
  private:
   prometheus::Gauge& waiting_;
   prometheus::Gauge& running_;
+  prometheus::Gauge& free_pages_;
+  prometheus::Gauge& free_slots_;
   prometheus::Histogram& ttft_;
   prometheus::Histogram& itl_;
   prometheus::Histogram& e2e_;

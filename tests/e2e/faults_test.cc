@@ -83,6 +83,9 @@ TEST(FaultsTest, KillPrefillMidRequestsThenRestart) {
   const int decode_metrics = MetricsPort(stack.decode());
   EXPECT_EQ(AwaitMetric(decode_metrics, "hybridserve_num_requests_running", 0), 0);
   EXPECT_EQ(AwaitMetric(decode_metrics, "hybridserve_num_requests_waiting", 0), 0);
+  // Every reservation is back: all KV pages (--max_pages 4096) and state slots (--max_batch 8) free.
+  EXPECT_EQ(AwaitMetric(decode_metrics, "hybridserve_kv_pages_free", 4096), 4096);
+  EXPECT_EQ(AwaitMetric(decode_metrics, "hybridserve_state_slots_free", 8), 8);
   ASSERT_TRUE(stack.RestartPrefill().ok());
   Generation after = Generate(stack.decode_target(), Request("after-kill", TextPrompt(50, 1), 6));
   EXPECT_TRUE(after.status.ok()) << after.status.error_message();
@@ -191,6 +194,8 @@ TEST(FaultsTest, PrefillThatNeverAnswersFailsTheRequestWithinTheTransferTimeout)
   EXPECT_NE(g.complete.error_message().find("prefill"), std::string::npos) << g.complete.error_message();
   EXPECT_LT(took, absl::Seconds(20));
   EXPECT_EQ(AwaitMetric(MetricsPort(d->get()), "hybridserve_num_requests_running", 0), 0);
+  EXPECT_EQ(AwaitMetric(MetricsPort(d->get()), "hybridserve_kv_pages_free", 4096), 4096);
+  EXPECT_EQ(AwaitMetric(MetricsPort(d->get()), "hybridserve_state_slots_free", 8), 8);
   server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
 }
 
