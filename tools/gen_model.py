@@ -46,7 +46,10 @@ Presets
 tiny     Unit-test model, well under 1 MB. nemotron_h: vocab 96, hidden 32, pattern "M*M-M*-",
          Mamba2 4 heads x 16, n_groups 2, d_state 16, d_conv 4, chunk 16; attention 4 heads,
          2 KV heads, head_dim 8; MLP 64. mamba2: 4 layers of the same mixer, tied head.
-default  Chat-able byte-level model of a few MB, chunk 64. Vocabulary (both archs):
+default  Byte-level model of a few MB, chunk 64: the architecture and the initial weights of the
+         embedded default model, which tools/train_default_model.py trains on English text into
+         models/default (the random weights of this preset are not what is embedded). Vocabulary
+         (both archs):
              ids 0..255  the bytes 0x00..0xFF (token id == byte value)
              id  256     <pad>   (pad_token_id)
              id  257     <bos>   (bos_token_id)
