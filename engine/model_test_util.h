@@ -22,6 +22,8 @@ inline constexpr absl::string_view kMamba2Tiny = "tests/fixtures/golden/mamba2_t
 // Nemotron-H with tie_word_embeddings=true and its own stored lm_head.weight.
 inline constexpr absl::string_view kNemotronTiedTiny = "tests/fixtures/golden/nemotron_h_tied_tiny";
 inline constexpr absl::string_view kDefaultModel = "models/default";
+// Golden references of the default model (tools/make_golden.py --only default), without the model.
+inline constexpr absl::string_view kDefaultModelGolden = "tests/fixtures/golden/default";
 
 // Path of a data dependency under the test's runfiles.
 std::string Runfile(absl::string_view relative);

@@ -185,6 +185,8 @@ TEST(ModelWeightsTest, Mamba2TinyLoadsWithTiedHead) {
   EXPECT_EQ(w->num_parameters(), TotalElements(ReadTensors(kMamba2Tiny)));
 }
 
+// The embedded model, trained by tools/train_default_model.py with the shapes of
+// gen_model.py's default preset (its values are pinned by model_golden_test).
 TEST(ModelWeightsTest, DefaultModelLoads) {
   std::unique_ptr<ModelWeights> w = MustLoad(Runfile(kDefault));
   ASSERT_NE(w, nullptr);

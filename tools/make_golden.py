@@ -23,6 +23,13 @@ For each fixture model (see MODELS) this script
      and <out>/<model_name>/golden.json (versions, seed, prompt lengths, max |logit|, top-1/top-2
      margins, whether cached and uncached greedy agree, notes).
 
+`default` records the same references for the embedded model as it is (models/default, trained
+by tools/train_default_model.py; not generated, not copied): only golden.safetensors and
+golden.json are written, to <out>/default/. Its prompts are English text in bytes (DEFAULT_TEXT,
+the first prompt a lone <bos>), with lengths around its chunk size 64, and golden.json names the
+sha256 of the model.safetensors they were computed from. Retraining the model means rerunning
+`python3 tools/make_golden.py --only default`.
+
 nemotron_h_tied_tiny is a Nemotron-H whose config.json says tie_word_embeddings=true while its
 model.safetensors carries its own lm_head.weight (different from the embeddings): the shape
 transformers 5 gives every such model. NemotronHForCausalLM declares no tied weights
@@ -36,6 +43,7 @@ numpy PCG64 stream; torch runs single-threaded.
 """
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -51,6 +59,8 @@ from safetensors.numpy import load_file, save_file
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gen_model  # noqa: E402
 
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 # Fixture models: name -> (arch, preset, seed, config.json fields set over gen_model.py's).
 MODELS = {
     "nemotron_h_tiny": ("nemotron_h", "tiny", 1234, {}),
@@ -62,6 +72,20 @@ MODELS = {
 PROMPT_LENGTHS = [1, 5, 13, 16, 29, 32, 50, 77]
 NEW_TOKENS = 12
 PROMPT_SEED = 20240601
+
+# The embedded model, recorded as it is: name -> its directory, relative to the repository.
+EXISTING_MODELS = {"default": "models/default"}
+# Its prompts: <bos> + the first len - 1 bytes of DEFAULT_TEXT. Lengths for chunk_size 64: within
+# the first chunk (1, 5, 40), exactly one and two chunks (64, 128), off-grid (100, 150) and past
+# four chunks (300).
+DEFAULT_PROMPT_LENGTHS = [1, 5, 40, 64, 100, 128, 150, 300]
+DEFAULT_TEXT = (
+    "A man walked into a library and asked the librarian for a book about paranoia.  She "
+    "leaned over the counter and whispered, \"It's right behind you.\"\n"
+    "Never put off until tomorrow what you can do the day after tomorrow.  The first rule "
+    "of computing is that every program has at least one bug and can be shortened by one "
+    "line; the second rule is that it will take longer than you think, even when you take "
+    "the first rule into account.\n")
 
 
 def make_prompts(vocab_size, seed):
@@ -175,6 +199,43 @@ def run_prompt(model, prompt):
     return logits, greedy, greedy_logits, nocache, nocache_logits, stats
 
 
+COMMON_NOTES = [
+    "Reference: transformers torch path (no mamba_ssm / causal_conv1d kernels), fp32, CPU, "
+    "eager attention, torch.set_num_threads(1).",
+    "logits_<i>: one forward over the whole prompt with use_cache=False (chunked SSD scan).",
+    "greedy_<i>: generate(do_sample=False, use_cache=True): the prompt is prefilled with the chunk "
+    "scan, then one token at a time with the recurrent selective-state update and causal_conv1d_update.",
+    "greedy_nocache_<i>: argmax of an uncached forward over prompt + greedy[:k]; compare with "
+    "greedy_<i> (per-prompt greedy_matches_nocache); greedy_nocache_logits_<i> are their "
+    "last-position logits, the decode reference for an engine whose decode step clamps dt like its prefill.",
+]
+NEMOTRON_H_DT_NOTE = (
+    "NemotronH clamps dt = softplus(dt_raw + dt_bias) to >= time_step_min (config time_step_limit "
+    "is ignored) in the chunked (prefill) path only; the one-token decode path does not clamp. "
+    "Hence greedy_logits_<i> differ from greedy_nocache_logits_<i> by up to "
+    "max_abs_diff_cached_vs_uncached_logits.")
+
+
+def record_prompts(model, prompts, dest):
+    """Runs every prompt, writes dest/golden.safetensors; returns (per-prompt stats, max |logit|, tensors)."""
+    vocab = model.config.vocab_size
+    tensors, per_prompt = {}, []
+    max_abs = 0.0
+    for i, prompt in enumerate(prompts):
+        logits, greedy, greedy_logits, nocache, nocache_logits, stats = run_prompt(model, prompt)
+        assert logits.shape == (prompt.size, vocab)
+        tensors[f"prompt_{i}"] = prompt.astype(np.int32)
+        tensors[f"logits_{i}"] = logits.numpy().astype(np.float32)
+        tensors[f"greedy_{i}"] = greedy.numpy().astype(np.int32)
+        tensors[f"greedy_logits_{i}"] = greedy_logits.numpy().astype(np.float32)
+        tensors[f"greedy_nocache_{i}"] = nocache.numpy().astype(np.int32)
+        tensors[f"greedy_nocache_logits_{i}"] = nocache_logits.numpy().astype(np.float32)
+        max_abs = max(max_abs, float(logits.abs().max()), float(greedy_logits.abs().max()))
+        per_prompt.append(stats)
+    save_file(tensors, os.path.join(dest, "golden.safetensors"), metadata={"format": "np"})
+    return per_prompt, max_abs, tensors
+
+
 def make_fixture(name, arch, preset, seed, overrides, out_root):
     cfg, weights = gen_model.build(arch, preset, seed, "fp32")
     if overrides:
@@ -198,47 +259,25 @@ def make_fixture(name, arch, preset, seed, overrides, out_root):
 
     vocab = model.config.vocab_size
     prompts = make_prompts(vocab, PROMPT_SEED)
-    tensors, per_prompt = {}, []
-    max_abs = 0.0
     # A tied config that stores its own head: how far the logits are from the embeddings' ones.
     own_head = model.config.tie_word_embeddings and "lm_head.weight" in weights
     if own_head:
         assert not head_is_embeddings(model)
         assert not np.array_equal(weights["lm_head.weight"], weights["backbone.embeddings.weight"])
     diff_if_tied = 0.0
-    for i, prompt in enumerate(prompts):
-        logits, greedy, greedy_logits, nocache, nocache_logits, stats = run_prompt(model, prompt)
-        assert logits.shape == (prompt.size, vocab)
-        if own_head:
+    if own_head:
+        for prompt in prompts:
+            with torch.no_grad():
+                ids = torch.from_numpy(prompt.astype(np.int64))[None]
+                logits = model(ids, use_cache=False).logits[0].float()
             diff_if_tied = max(diff_if_tied,
                                float((logits - logits_with_embeddings_as_head(model, prompt)).abs().max()))
-        tensors[f"prompt_{i}"] = prompt.astype(np.int32)
-        tensors[f"logits_{i}"] = logits.numpy().astype(np.float32)
-        tensors[f"greedy_{i}"] = greedy.numpy().astype(np.int32)
-        tensors[f"greedy_logits_{i}"] = greedy_logits.numpy().astype(np.float32)
-        tensors[f"greedy_nocache_{i}"] = nocache.numpy().astype(np.int32)
-        tensors[f"greedy_nocache_logits_{i}"] = nocache_logits.numpy().astype(np.float32)
-        max_abs = max(max_abs, float(logits.abs().max()), float(greedy_logits.abs().max()))
-        per_prompt.append(stats)
-    save_file(tensors, os.path.join(dest, "golden.safetensors"), metadata={"format": "np"})
+    per_prompt, max_abs, _ = record_prompts(model, prompts, dest)
 
     c = model.config
-    notes = [
-        "Reference: transformers torch path (no mamba_ssm / causal_conv1d kernels), fp32, CPU, "
-        "eager attention, torch.set_num_threads(1).",
-        "logits_<i>: one forward over the whole prompt with use_cache=False (chunked SSD scan).",
-        "greedy_<i>: generate(do_sample=False, use_cache=True): the prompt is prefilled with the chunk "
-        "scan, then one token at a time with the recurrent selective-state update and causal_conv1d_update.",
-        "greedy_nocache_<i>: argmax of an uncached forward over prompt + greedy[:k]; compare with "
-        "greedy_<i> (per-prompt greedy_matches_nocache); greedy_nocache_logits_<i> are their "
-        "last-position logits, the decode reference for an engine whose decode step clamps dt like its prefill.",
-    ]
+    notes = list(COMMON_NOTES)
     if arch == "nemotron_h":
-        notes.append(
-            "NemotronH clamps dt = softplus(dt_raw + dt_bias) to >= time_step_min (config time_step_limit "
-            "is ignored) in the chunked (prefill) path only; the one-token decode path does not clamp. "
-            "Hence greedy_logits_<i> differ from greedy_nocache_logits_<i> by up to "
-            "max_abs_diff_cached_vs_uncached_logits.")
+        notes.append(NEMOTRON_H_DT_NOTE)
     else:
         notes.append(
             "Mamba2 clamps dt to config time_step_limit (here [0, inf): a no-op) in the chunked path only.")
@@ -284,11 +323,61 @@ def make_fixture(name, arch, preset, seed, overrides, out_root):
     return golden
 
 
+def make_existing_golden(name, model_dir, out_root):
+    """Golden references of the model in `model_dir` as it is; writes only golden.* to <out>/<name>/."""
+    path = os.path.join(model_dir, "model.safetensors")
+    weights = load_file(path)
+    model = load_checked(model_dir, weights)
+    c = model.config
+    bos = c.bos_token_id
+    text = DEFAULT_TEXT.encode()
+    prompts = [np.array([bos] + list(text[:n - 1]), dtype=np.int32) for n in DEFAULT_PROMPT_LENGTHS]
+    dest = os.path.join(out_root, name)
+    os.makedirs(dest, exist_ok=True)
+    per_prompt, max_abs, tensors = record_prompts(model, prompts, dest)
+    with open(path, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    golden = {
+        "model": name,
+        "model_dir": os.path.relpath(os.path.abspath(model_dir), REPO_ROOT),
+        "model_safetensors_sha256": digest,
+        "architecture": c.architectures[0],
+        "generator": getattr(c, "hybridserve_generator", None),
+        "transformers_version": transformers.__version__,
+        "torch_version": torch.__version__,
+        "safetensors_version": safetensors.__version__,
+        "numpy_version": np.__version__,
+        "prompt_text": DEFAULT_TEXT,
+        "prompt_note": "prompt_<i> is <bos> followed by the first len - 1 bytes of prompt_text",
+        "num_prompts": len(prompts),
+        "prompt_lengths": DEFAULT_PROMPT_LENGTHS,
+        "new_tokens": NEW_TOKENS,
+        "vocab_size": c.vocab_size,
+        "chunk_size": c.chunk_size,
+        "max_abs_logit": max_abs,
+        "max_abs_diff_cached_vs_uncached_logits": max(
+            s["max_abs_diff_cached_vs_uncached_logits"] for s in per_prompt),
+        "dt_clamped_in_prefill_fraction": dt_clamped_fraction(model, prompts),
+        "greedy_matches_nocache_all": all(s["greedy_matches_nocache"] for s in per_prompt),
+        "greedy_text": [bytes(int(t) for t in tensors[f"greedy_{i}"] if t < 256).decode("utf-8", "backslashreplace")
+                        for i in range(len(prompts))],
+        "per_prompt": per_prompt,
+        "notes": COMMON_NOTES + [NEMOTRON_H_DT_NOTE],
+    }
+    with open(os.path.join(dest, "golden.json"), "w") as f:
+        json.dump(golden, f, indent=2, sort_keys=False)
+        f.write("\n")
+    print(f"{name}: from {model_dir}, max|logit| {max_abs:.4f}, "
+          f"cached==uncached greedy: {[s['greedy_matches_nocache'] for s in per_prompt]}")
+    return golden
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     here = os.path.dirname(os.path.abspath(__file__))
     ap.add_argument("--out", default=os.path.join(here, "..", "tests", "fixtures", "golden"))
-    ap.add_argument("--only", nargs="+", choices=sorted(MODELS), help="fixtures to write (default: all)")
+    ap.add_argument("--only", nargs="+", choices=sorted(MODELS) + sorted(EXISTING_MODELS),
+                    help="fixtures to write (default: all)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -297,6 +386,9 @@ def main(argv=None):
     for name, (arch, preset, seed, overrides) in MODELS.items():
         if args.only is None or name in args.only:
             make_fixture(name, arch, preset, seed, overrides, args.out)
+    for name, model_dir in EXISTING_MODELS.items():
+        if args.only is None or name in args.only:
+            make_existing_golden(name, os.path.join(REPO_ROOT, model_dir), args.out)
     return 0
 
 
