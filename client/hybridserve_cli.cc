@@ -7,7 +7,7 @@
 //   hybridserve_cli chat --target=HOST:PORT [--turns="first|second|third"]
 //       a text chat with the byte-level default model (ids 0..255 are bytes,
 //       257 <bos>, 258 <eos>): each turn's prompt is the whole conversation
-//       so far plus the new line, so the worker resumes it from the state the
+//       so far plus the new line (framed "Q: <line>\nA:"), so the worker resumes it from the state the
 //       previous turn left in the cache. Prints, per turn, the reply, the time
 //       to first token, tokens/s, cached tokens and how the prompt was resumed.
 //       Without --turns it reads lines from stdin.
@@ -208,7 +208,9 @@ int ChatCommand(Cli& cli) {
       line = lines[turn - 1];
       std::cout << "you> " << line << "\n";
     }
-    for (unsigned char ch : line + "\n") history.push_back(ch);
+    // The model learned fortunes, among them "Q: ... A: ..." jokes: a turn is
+    // framed as one.
+    for (unsigned char ch : "Q: " + line + "\nA:") history.push_back(ch);
     std::cout << "model> " << std::flush;
     Result r = cli.Generate(absl::StrCat(session, "-", turn), history,
                             [](const v1::TokenChunk& c) { std::cout << Printable(c) << std::flush; });

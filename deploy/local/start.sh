@@ -84,7 +84,7 @@ fi
 
 echo "== hybridserve on the embedded default model ($MODE; logs in $LOGDIR)"
 echo "== a three-turn chat: each turn's prompt is the whole conversation, resumed from the cached turn end"
-"$BIN/client/hybridserve_cli" chat --target="127.0.0.1:${DECODE_PORT}" --max_tokens=80 --temperature=0 \
+"$BIN/client/hybridserve_cli" chat --target="127.0.0.1:${DECODE_PORT}" --max_tokens=120 --temperature=0.7 --seed=7 \
   --turns="What is the secret of a happy life?|Tell me more about that.|Thank you, goodbye."
 
 cat <<TXT
