@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -49,6 +50,7 @@ std::vector<TokenId> Tokens(int64_t n, int64_t vocab, int64_t seed) {
 class Collector : public GenerationSink {
  public:
   void OnToken(const engine::SampledToken& token) override {
+    if (on_token_) on_token_(token);
     absl::MutexLock lock(&mu_);
     tokens_.push_back(token.token);
   }
@@ -69,6 +71,8 @@ class Collector : public GenerationSink {
     return completion_;
   }
   std::function<void(const Completion&)> on_complete_;
+  // Runs on the decode loop's thread before the token is kept (may block it).
+  std::function<void(const engine::SampledToken&)> on_token_;
 
  private:
   absl::Mutex mu_;
@@ -335,13 +339,20 @@ TEST_F(DecodeLoopTest, AbortAndDeadlinesEndRequestsAndFreeEverything) {
   EXPECT_EQ(decoding.completion().reason, FinishReason::kAborted);
   EXPECT_LT(decoding.tokens().size(), 1500u);
 
+  // The deadline strikes mid-decode whatever the machine's speed: the first
+  // token holds the loop thread until the deadline has passed, so the tiny
+  // model cannot finish its 1500 tokens first.
   Collector late;
   GenerateRequest r = Request("late", Tokens(30, vocab_, 8), 1500);
   r.deadline = absl::Now() + absl::Milliseconds(100);
+  late.on_token_ = [deadline = r.deadline](const engine::SampledToken&) {
+    while (absl::Now() <= deadline) absl::SleepFor(absl::Milliseconds(5));
+  };
   ASSERT_TRUE(loop_->Submit(r, &late).ok());
   ASSERT_TRUE(late.Wait());
   EXPECT_EQ(late.completion().reason, FinishReason::kAborted);
   EXPECT_EQ(late.completion().error.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_LT(late.tokens().size(), 1500u);
   ExpectEverythingFreed();
 }
 

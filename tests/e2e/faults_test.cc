@@ -205,17 +205,23 @@ TEST(FaultsTest, SigtermDrainsUnderLoad) {
   Stack& stack = **s;
   const std::string target = stack.decode_target();
   Generation refused;
-  std::vector<Generation> out = RunConcurrently(target, 6, 100, 200, "drain", [&] {
-    absl::SleepFor(absl::Milliseconds(300));
+  double running_at_sigterm = -1;
+  // Long generations, and SIGTERM only once all six are running: the drain is
+  // under way (not already over) when the next request arrives, however fast
+  // or loaded the machine.
+  constexpr int kTokens = 1000;
+  std::vector<Generation> out = RunConcurrently(target, 6, 100, kTokens, "drain", [&] {
+    running_at_sigterm = AwaitMetric(MetricsPort(stack.decode()), "hybridserve_num_requests_running", 6);
     kill(stack.decode()->pid(), SIGTERM);
     absl::SleepFor(absl::Milliseconds(100));
     refused = Generate(target, Request("after-sigterm", TextPrompt(10, 1), 3));
   });
+  ASSERT_EQ(running_at_sigterm, 6) << "the six requests never ran at once: the test proves nothing";
   // Every in-flight request finished normally within the grace period.
   for (int i = 0; i < 6; ++i) {
     ASSERT_TRUE(out[i].status.ok()) << i << ": " << out[i].status.error_message();
     EXPECT_EQ(out[i].complete.finish_reason(), v1::FINISH_REASON_LENGTH) << i;
-    EXPECT_EQ(out[i].tokens.size(), 200u) << i;
+    EXPECT_EQ(out[i].tokens.size(), static_cast<size_t>(kTokens)) << i;
   }
   // A new request during the drain is refused (UNAVAILABLE: draining or the
   // listener already closed).
