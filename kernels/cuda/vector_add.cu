@@ -15,11 +15,12 @@ __global__ void VectorAddKernel(const float* a, const float* b, float* out, int6
 
 int DeviceCount() {
   int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    cudaGetLastError();  // clear the sticky "no device" error
-    return 0;
-  }
-  return count;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err == cudaSuccess) return count;
+  cudaGetLastError();  // clear the sticky error
+  // No device, or no driver at all: a machine without a GPU.
+  if (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver) return 0;
+  return -static_cast<int>(err);  // a broken GPU setup is an error, not "no GPU"
 }
 
 int NcclVersion() {

@@ -8,7 +8,9 @@
 
 namespace hybridserve::kernels::cuda {
 
-// Number of usable CUDA devices; 0 when there is no driver or no GPU.
+// Number of usable CUDA devices; 0 when there is no driver or no GPU; the
+// negated cudaError_t for any other failure (a GPU machine whose CUDA setup is
+// broken), which tests must treat as a failure, not a skip.
 int DeviceCount();
 
 // NCCL's version code (e.g. 22703), proving NCCL links; 0 on error.

@@ -10,7 +10,9 @@ namespace {
 TEST(CudaToolchainTest, NcclLinksAndReportsItsVersion) { EXPECT_GT(NcclVersion(), 20000); }
 
 TEST(CudaToolchainTest, VectorAddMatchesTheCpu) {
-  if (DeviceCount() == 0) GTEST_SKIP() << "no CUDA device on this machine";
+  const int devices = DeviceCount();
+  ASSERT_GE(devices, 0) << "CUDA error " << -devices << " while counting devices: a GPU machine with a broken setup";
+  if (devices == 0) GTEST_SKIP() << "no CUDA device on this machine (no driver or no GPU): the kernel never ran";
   std::vector<float> a(10007), b(10007), out(10007, -1.0f);
   for (size_t i = 0; i < a.size(); ++i) {
     a[i] = 0.5f * static_cast<float>(i);

@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""One summary of a `bazel test` run: targets and test cases passed, failed and
+skipped, and every skipped case with its reason.
+
+    tools/test_summary.py --testlogs "$(bazel info bazel-testlogs)" //...
+
+Reads the JUnit XML that Bazel keeps for each test target (GoogleTest writes
+one testcase per TEST with result="skipped" and the GTEST_SKIP message; for
+other tests Bazel writes one testcase for the whole target) and, for Python
+unittest targets, the "OK (skipped=N)" line and "skipped '...'" reasons of
+their log. Only the targets the pattern names are read, so stale logs of
+removed targets do not count. Exit status: 0 (the caller keeps bazel's).
+"""
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+
+
+def test_targets(patterns):
+    query = " + ".join(f"tests({p})" for p in patterns)
+    out = subprocess.run(["bazel", "query", query], check=True, capture_output=True, text=True).stdout
+    return sorted(line.strip() for line in out.splitlines() if line.strip().startswith("//"))
+
+
+def log_dir(testlogs, target):
+    package, name = target[2:].split(":", 1)
+    return os.path.join(testlogs, package, name)
+
+
+def python_cases(log_path):
+    """(cases run, skipped, failed, skip reasons) from a unittest log."""
+    try:
+        text = open(log_path, errors="replace").read()
+    except OSError:
+        return 0, 0, 0, []
+    ran = sum(int(n) for n in re.findall(r"^Ran (\d+) tests? in", text, re.M))
+    reasons = re.findall(r"^(\S+ \([\w.]+\)) \.\.\. skipped '(.*)'$", text, re.M)
+    skipped = sum(int(n) for n in re.findall(r"^(?:OK|FAILED) \(.*?skipped=(\d+).*\)$", text, re.M))
+    failed = sum(int(n) for n in re.findall(r"^FAILED \(.*?(?:failures|errors)=(\d+)", text, re.M))
+    failed += sum(int(n) for n in re.findall(r"^FAILED \(failures=\d+, errors=(\d+)", text, re.M))
+    return ran, max(skipped, len(reasons)), failed, [f"{case}: {why}" for case, why in reasons]
+
+
+def summarize(testlogs, targets):
+    totals = dict(targets=0, passed_targets=0, failed_targets=0, missing=0, cases=0, passed=0, failed=0, skipped=0)
+    skipped_lines, failed_lines = [], []
+    for target in targets:
+        d = log_dir(testlogs, target)
+        xml_path = os.path.join(d, "test.xml")
+        totals["targets"] += 1
+        if not os.path.exists(xml_path):
+            totals["missing"] += 1  # not run (a build failure, or filtered out)
+            continue
+        try:
+            root = ET.parse(xml_path).getroot()
+        except ET.ParseError as e:
+            totals["failed_targets"] += 1
+            failed_lines.append(f"FAILED  {target}: unreadable test.xml ({e})")
+            continue
+        target_failed = False
+        cases = list(root.iter("testcase"))
+        gtest = any(tc.get("classname") for tc in cases)
+        if not gtest:
+            # A test Bazel wrapped whole (Python unittest): its cases from the log.
+            target_failed = any(tc.find("failure") is not None or tc.find("error") is not None for tc in cases)
+            ran, skipped_count, failed_count, reasons = python_cases(os.path.join(d, "test.log"))
+            ran = ran or len(cases)
+            failed_count = failed_count or (1 if target_failed else 0)
+            totals["cases"] += ran
+            totals["skipped"] += skipped_count
+            totals["failed"] += failed_count
+            totals["passed"] += max(ran - skipped_count - failed_count, 0)
+            if target_failed:
+                failed_lines.append(f"FAILED  {target}")
+            skipped_lines += [f"SKIPPED {target} {r}" for r in reasons]
+            if skipped_count > len(reasons):
+                skipped_lines.append(f"SKIPPED {target}: {skipped_count - len(reasons)} case(s), reasons in its test.log")
+        for tc in cases if gtest else []:
+            totals["cases"] += 1
+            name = f"{tc.get('classname')}.{tc.get('name')}"
+            if tc.find("failure") is not None or tc.find("error") is not None:
+                totals["failed"] += 1
+                target_failed = True
+                failed_lines.append(f"FAILED  {target} {name}")
+            elif tc.get("result") == "skipped" or tc.find("skipped") is not None:
+                totals["skipped"] += 1
+                why = tc.find("skipped").get("message", "") if tc.find("skipped") is not None else ""
+                why = why.split("\n", 1)[-1].strip() or "(no reason given)"
+                skipped_lines.append(f"SKIPPED {target} {name}: {why}")
+            else:
+                totals["passed"] += 1
+        totals["failed_targets" if target_failed else "passed_targets"] += 1
+    return totals, skipped_lines, failed_lines
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--testlogs", required=True, help="bazel info bazel-testlogs (for the same configuration)")
+    ap.add_argument("--label", default="tests", help="what this run was, printed first")
+    ap.add_argument("patterns", nargs="*", default=["//..."])
+    args = ap.parse_args()
+    totals, skipped, failed = summarize(args.testlogs, test_targets(args.patterns))
+    for line in failed + skipped:
+        print(line)
+    t = totals
+    print(
+        f"SUMMARY {args.label}: {t['targets']} targets: {t['passed_targets']} passed, {t['failed_targets']} failed"
+        + (f", {t['missing']} not run" if t["missing"] else "")
+        + f"; {t['cases']} cases: {t['passed']} passed, {t['failed']} failed, {t['skipped']} skipped"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
