@@ -104,6 +104,19 @@ absl::StatusOr<BeginPayload> DecodeBegin(absl::string_view p) {
   return b;
 }
 
+absl::Status CheckBeginAgainstTicket(uint64_t transfer_id, const BeginPayload& begin, const Ticket& ticket) {
+  if (begin.n_tokens != ticket.n_tokens || begin.page_format != ticket.page_format ||
+      begin.num_pages != ticket.num_pages || begin.page_bytes != ticket.page_bytes || begin.state_bytes < 1 ||
+      begin.state_bytes > ticket.max_state_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "transfer ", transfer_id, " announces ", begin.n_tokens, " tokens, ", begin.num_pages, " pages of ",
+        begin.page_bytes, " bytes and a state of ", begin.state_bytes, " bytes; the ticket says ", ticket.n_tokens,
+        " tokens, ", ticket.num_pages, " pages of ", ticket.page_bytes, " bytes, a state of at most ",
+        ticket.max_state_bytes, (begin.page_format != ticket.page_format ? ", and another page format" : "")));
+  }
+  return absl::OkStatus();
+}
+
 std::string EncodeEnd(const EndPayload& e) {
   std::string s(kEndPayloadBytes, '\0');
   Put<int32_t>(s, 0, e.first_token);

@@ -1,7 +1,9 @@
 #ifndef HYBRIDSERVE_TRANSPORT_FRAME_H_
 #define HYBRIDSERVE_TRANSPORT_FRAME_H_
 
-// The TCP data plane's frames. Every integer little-endian; every frame a
+// The data plane's frames: the TCP plane writes them on a socket, the NCCL
+// plane sends each as two messages, header then payload (its own sequence:
+// transport/nccl_transport.h). Every integer little-endian; every frame a
 // 48-byte header and a payload:
 //
 //   offset size  field
@@ -15,7 +17,7 @@
 //   40     8     u64 XXH3-64 (seed 0) of header bytes [0, 40)
 //   48     ...   payload
 //
-// A transfer, on one connection from the sender: kBegin (payload
+// A TCP transfer, on one connection from the sender: kBegin (payload
 // BeginPayload, 48 bytes), kPage for pages 0, 1, ... in order (page_bytes
 // each), kState (the encoded state), kEnd (EndPayload, 8 bytes); then the
 // receiver answers one kAck (payload: u32 absl::StatusCode, then a message of
@@ -36,6 +38,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/hash.h"
+#include "transport/transfer.h"
 
 namespace hybridserve::transport {
 
@@ -77,6 +80,11 @@ struct EndPayload {
   int32_t first_token = 0;
   float first_logprob = 0.0f;
 };
+
+// OK when `begin` announces what `ticket` expects: the same tokens, page
+// format, number and size of pages, and a state of 1 to max_state_bytes
+// bytes; INVALID_ARGUMENT saying both sides otherwise.
+absl::Status CheckBeginAgainstTicket(uint64_t transfer_id, const BeginPayload& begin, const Ticket& ticket);
 
 // The 48 header bytes of a frame carrying `payload`.
 std::string EncodeFrameHeader(FrameType type, uint64_t transfer_id, uint64_t index, absl::string_view payload);

@@ -156,15 +156,7 @@ absl::Status TcpStateReceiver::Receive(Socket& socket, uint64_t* transfer_id, bo
   ASSIGN_OR_RETURN(const BeginPayload begin, DecodeBegin(payload));
   ASSIGN_OR_RETURN(const Ticket ticket, registry_.Begin(h.transfer_id));
   *begun = true;
-  if (begin.n_tokens != ticket.n_tokens || begin.page_format != ticket.page_format ||
-      begin.num_pages != ticket.num_pages || begin.page_bytes != ticket.page_bytes || begin.state_bytes < 1 ||
-      begin.state_bytes > ticket.max_state_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "transfer ", h.transfer_id, " announces ", begin.n_tokens, " tokens, ", begin.num_pages, " pages of ",
-        begin.page_bytes, " bytes and a state of ", begin.state_bytes, " bytes; the ticket says ", ticket.n_tokens,
-        " tokens, ", ticket.num_pages, " pages of ", ticket.page_bytes, " bytes, a state of at most ",
-        ticket.max_state_bytes, (begin.page_format != ticket.page_format ? ", and another page format" : "")));
-  }
+  RETURN_IF_ERROR(CheckBeginAgainstTicket(h.transfer_id, begin, ticket));
   ReceivedState received;
   received.transfer_id = h.transfer_id;
   received.pages.reserve(static_cast<size_t>(begin.num_pages));
