@@ -14,7 +14,7 @@
 // expected (unknown, finished, cancelled or past its deadline) are refused.
 //
 // Implementations: in-process (tests, two engines in one process), TCP (the
-// CPU default), and later NCCL and CUDA IPC.
+// CPU default), NCCL (GPUs; transport/nccl_transport.h), and later CUDA IPC.
 
 #include <cstdint>
 #include <string>
@@ -33,8 +33,10 @@ namespace hybridserve::transport {
 // where prefill must send. Value type.
 struct Ticket {
   uint64_t transfer_id = 0;  // unique per receiver
-  std::string endpoint;      // TCP: "host:port" of the receiver's listener; in-process: unused
-  int64_t n_tokens = 0;      // the position of the state to send (the prompt length)
+  // TCP: "host:port" of the receiver's listener. NCCL: names the receiver
+  // (the sender keeps one channel per endpoint). In-process: unused.
+  std::string endpoint;
+  int64_t n_tokens = 0;  // the position of the state to send (the prompt length)
   // The receiver's page format (engine/page_format.h PageFormatFingerprint)
   // and sizes: a sender with another layout refuses before sending a byte.
   common::Hash128 page_format;
@@ -45,6 +47,11 @@ struct Ticket {
   std::vector<int32_t> page_slots;
   int32_t state_slot = -1;
   absl::Time deadline = absl::InfiniteFuture();  // the receiver forgets the transfer after it
+  // NCCL: the unique id (ncclUniqueId, 128 bytes) of the receiver's channel
+  // to the sending peer, prefill.proto's nccl_unique_id. The sender joins it
+  // as rank 1 the first time it sees it and reuses it for later tickets
+  // carrying the same id. Empty for the other transports.
+  std::string nccl_unique_id;
 };
 
 // What a sender reads: the sequence's pages and state on the prefill side.

@@ -1,0 +1,415 @@
+// The NCCL data plane's protocol over the in-memory fake communicator: a
+// sender and a receiver on two threads, faults injected per message of the
+// channel. Then the engine end to end over it, as transport_test.cc does for
+// TCP.
+//
+// Message indices on the fake link follow nccl_transport.h: the sender
+// (rank 1) sends 0 begin header, 1 begin payload, then header 2 + 2i and
+// payload 3 + 2i of page i; the receiver (rank 0) sends 0 the verdict's
+// header, 1 its payload, 2 and 3 the final ack.
+
+#include "transport/nccl_transport.h"
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "engine/model.h"
+#include "engine/model_weights.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "transport/engine_import.h"
+#include "transport/fake_communicator.h"
+
+namespace hybridserve::transport {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int64_t kPages = 4;
+constexpr int64_t kPageBytes = 1000;
+constexpr int64_t kStateBytes = 777;
+constexpr char kPeer[] = "prefill-0:9000";
+
+// Pseudo-random pages and state from a seed. `on_read`, when set, runs before
+// each ReadPage and may fail it.
+class RandomSource final : public StateSource {
+ public:
+  explicit RandomSource(uint64_t seed, int64_t num_pages = kPages, int64_t page_bytes = kPageBytes) {
+    std::mt19937_64 rng(seed);
+    auto fill = [&rng](std::string& s) {
+      for (char& c : s) c = static_cast<char>(rng());
+    };
+    pages_.assign(static_cast<size_t>(num_pages), std::string(static_cast<size_t>(page_bytes), '\0'));
+    for (std::string& p : pages_) fill(p);
+    state_.assign(kStateBytes, '\0');
+    fill(state_);
+    page_bytes_ = page_bytes;
+  }
+
+  int64_t num_pages() const override { return static_cast<int64_t>(pages_.size()); }
+  int64_t page_bytes() const override { return page_bytes_; }
+  absl::Status ReadPage(int64_t index, absl::Span<char> out) const override {
+    if (on_read) {
+      if (absl::Status s = on_read(index); !s.ok()) return s;
+    }
+    std::memcpy(out.data(), pages_[static_cast<size_t>(index)].data(), out.size());
+    return absl::OkStatus();
+  }
+  absl::string_view state() const override { return state_; }
+  int32_t first_token() const override { return 4242; }
+  float first_logprob() const override { return -0.625f; }
+
+  const std::vector<std::string>& pages() const { return pages_; }
+
+  std::function<absl::Status(int64_t)> on_read;
+
+ private:
+  std::vector<std::string> pages_;
+  std::string state_;
+  int64_t page_bytes_ = 0;
+};
+
+class NcclTransportTest : public ::testing::Test {
+ protected:
+  void SetUp() override { MakeReceiver(absl::Seconds(10)); }
+
+  void MakeReceiver(absl::Duration io_timeout) {
+    receiver_.reset();
+    NcclReceiverOptions o;
+    o.io_timeout = io_timeout;
+    o.join_timeout = absl::Seconds(10);
+    auto r = NcclStateReceiver::Create(factory_, o);
+    ASSERT_TRUE(r.ok()) << r.status();
+    receiver_ = *std::move(r);
+  }
+
+  // A ticket for the RandomSource shapes, expected from kPeer.
+  Ticket Expect(uint64_t id, absl::Duration timeout = absl::Seconds(30)) {
+    Ticket t;
+    t.transfer_id = id;
+    t.endpoint = "decode-0";
+    t.n_tokens = kPages * 16 + 3;
+    t.page_format = common::Hash128{7, 9};
+    t.num_pages = kPages;
+    t.page_bytes = kPageBytes;
+    t.max_state_bytes = 1000;
+    t.deadline = absl::Now() + timeout;
+    const absl::Status s = receiver_->ExpectFrom(kPeer, &t);
+    EXPECT_TRUE(s.ok()) << s;
+    return t;
+  }
+
+  // Sends on another thread and awaits here: {Send's status, Await's result}.
+  std::pair<absl::Status, absl::StatusOr<ReceivedState>> Transfer(const Ticket& ticket, const StateSource& source,
+                                                                  uint64_t await_id = 0) {
+    absl::Status sent;
+    std::thread sender([&] { sent = sender_.Send(ticket, source); });
+    absl::StatusOr<ReceivedState> received = receiver_->Await(await_id != 0 ? await_id : ticket.transfer_id);
+    sender.join();
+    return {sent, std::move(received)};
+  }
+
+  absl::Status Inject(const Ticket& ticket, FakeFault::Kind kind, int from_rank, int64_t message, size_t byte = 0,
+                      size_t size = 0) {
+    FakeFault f;
+    f.kind = kind;
+    f.from_rank = from_rank;
+    f.message = message;
+    f.byte = byte;
+    f.size = size;
+    return factory_.InjectFault(ticket.nccl_unique_id, f);
+  }
+
+  static void ExpectIdentical(const ReceivedState& got, const RandomSource& source) {
+    ASSERT_EQ(got.pages.size(), source.pages().size());
+    for (size_t i = 0; i < got.pages.size(); ++i) EXPECT_EQ(got.pages[i], source.pages()[i]) << "page " << i;
+    EXPECT_EQ(got.state, source.state());
+    EXPECT_EQ(got.first_token, 4242);
+    EXPECT_EQ(got.first_logprob, -0.625f);
+  }
+
+  FakeCommunicatorFactory factory_;
+  NcclStateSender sender_{factory_};
+  std::unique_ptr<NcclStateReceiver> receiver_;
+};
+
+TEST_F(NcclTransportTest, ATransferArrivesBitIdenticalToTheSource) {
+  const RandomSource source(1);
+  const Ticket t = Expect(1);
+  EXPECT_EQ(t.nccl_unique_id, factory_.last_unique_id());
+  auto [sent, received] = Transfer(t, source);
+  ASSERT_TRUE(sent.ok()) << sent;
+  ASSERT_TRUE(received.ok()) << received.status();
+  EXPECT_EQ(received->transfer_id, 1u);
+  ExpectIdentical(*received, source);
+  EXPECT_EQ(receiver_->pending(), 0);
+  EXPECT_EQ(receiver_->refused(), 0);
+}
+
+TEST_F(NcclTransportTest, TransfersFromOnePeerReuseOneChannel) {
+  const Ticket a = Expect(1);
+  const Ticket b = Expect(2);
+  EXPECT_EQ(a.nccl_unique_id, b.nccl_unique_id);
+  const RandomSource sa(1), sb(2);
+  auto [sent_a, got_a] = Transfer(a, sa);
+  ASSERT_TRUE(sent_a.ok() && got_a.ok()) << sent_a << got_a.status();
+  auto [sent_b, got_b] = Transfer(b, sb);
+  ASSERT_TRUE(sent_b.ok() && got_b.ok()) << sent_b << got_b.status();
+  ExpectIdentical(*got_a, sa);
+  ExpectIdentical(*got_b, sb);
+  EXPECT_EQ(factory_.links(), 1);
+  EXPECT_EQ(receiver_->channels(), 1);
+  EXPECT_EQ(sender_.channels(), 1);
+  // Another peer gets its own channel.
+  auto other = receiver_->ChannelFor("prefill-1:9000");
+  ASSERT_TRUE(other.ok());
+  EXPECT_NE(*other, a.nccl_unique_id);
+  EXPECT_EQ(receiver_->channels(), 2);
+}
+
+TEST_F(NcclTransportTest, AnUnknownTransferIdIsRefusedAndCountedAndTheChannelStaysUsable) {
+  const Ticket t = Expect(5);
+  Ticket stray = t;
+  stray.transfer_id = 99;
+  const RandomSource source(3);
+  const absl::Status s = sender_.Send(stray, source);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_EQ(receiver_->refused(), 1);
+  auto [sent, received] = Transfer(t, source);
+  ASSERT_TRUE(sent.ok() && received.ok()) << sent << received.status();
+  ExpectIdentical(*received, source);
+  EXPECT_EQ(factory_.links(), 1);
+}
+
+TEST_F(NcclTransportTest, SizesThatDisagreeWithTheTicketAreRefusedBeforeAnyPageMoves) {
+  const Ticket t = Expect(6);
+  Ticket bigger = t;
+  bigger.page_bytes = 2 * kPageBytes;
+  const RandomSource source(4, kPages, 2 * kPageBytes);
+  // Were the sender let past the verdict, its first page header would break the channel.
+  ASSERT_TRUE(Inject(t, FakeFault::Kind::kBreak, /*from_rank=*/1, /*message=*/2).ok());
+  auto [sent, received] = Transfer(bigger, source, t.transfer_id);
+  EXPECT_EQ(sent.code(), absl::StatusCode::kInvalidArgument) << sent;
+  EXPECT_EQ(received.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(received.status().message(), HasSubstr("the ticket says"));
+  EXPECT_EQ(receiver_->refused(), 1);
+  EXPECT_EQ(receiver_->channels(), 1);  // in step, still live
+}
+
+TEST_F(NcclTransportTest, ACorruptedPageIsDataLossOnBothSidesAndTheChannelStaysUsable) {
+  const Ticket t = Expect(7);
+  ASSERT_TRUE(Inject(t, FakeFault::Kind::kCorruptByte, 1, /*message=*/5, /*byte=*/123).ok());  // page 1's payload
+  const RandomSource source(5);
+  auto [sent, received] = Transfer(t, source);
+  EXPECT_EQ(sent.code(), absl::StatusCode::kDataLoss) << sent;
+  EXPECT_EQ(received.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(received.status().message(), HasSubstr("checksum"));
+  EXPECT_EQ(receiver_->refused(), 1);
+  const Ticket next = Expect(8);
+  EXPECT_EQ(next.nccl_unique_id, t.nccl_unique_id);
+  auto [sent2, received2] = Transfer(next, source);
+  ASSERT_TRUE(sent2.ok() && received2.ok()) << sent2 << received2.status();
+  ExpectIdentical(*received2, source);
+}
+
+TEST_F(NcclTransportTest, ACorruptedHeaderFailsTheTransferAndTheNextTicketGetsANewChannel) {
+  const Ticket t = Expect(9);
+  ASSERT_TRUE(Inject(t, FakeFault::Kind::kCorruptByte, 1, /*message=*/4, /*byte=*/20).ok());  // page 1's header
+  const RandomSource source(6);
+  auto [sent, received] = Transfer(t, source);
+  EXPECT_EQ(sent.code(), absl::StatusCode::kUnavailable) << sent;
+  EXPECT_EQ(received.status().code(), absl::StatusCode::kDataLoss) << received.status();
+  EXPECT_EQ(receiver_->channels(), 0);
+  const Ticket next = Expect(10);
+  EXPECT_NE(next.nccl_unique_id, t.nccl_unique_id);
+  auto [sent2, received2] = Transfer(next, source);
+  ASSERT_TRUE(sent2.ok() && received2.ok()) << sent2 << received2.status();
+  ExpectIdentical(*received2, source);
+  EXPECT_EQ(sender_.channels(), 1);  // the failed one was dropped
+  // A late ticket of the failed channel is refused, not re-joined.
+  EXPECT_EQ(sender_.Send(t, source).code(), absl::StatusCode::kUnavailable);
+}
+
+TEST_F(NcclTransportTest, AMessageOfAnotherSizeFailsTheTransferOnBothSides) {
+  const Ticket t = Expect(11);
+  ASSERT_TRUE(Inject(t, FakeFault::Kind::kResize, 1, /*message=*/5, 0, /*size=*/kPageBytes - 1).ok());
+  const RandomSource source(7);
+  auto [sent, received] = Transfer(t, source);
+  EXPECT_EQ(sent.code(), absl::StatusCode::kUnavailable) << sent;
+  EXPECT_EQ(received.status().code(), absl::StatusCode::kDataLoss) << received.status();
+  EXPECT_EQ(receiver_->pending(), 0);
+}
+
+TEST_F(NcclTransportTest, ASenderDyingMidTransferFailsBothSidesAndEveryTransferOnItsChannel) {
+  const Ticket t = Expect(12);
+  const Ticket queued = Expect(13);                                        // expected on the same channel, never sent
+  ASSERT_TRUE(Inject(t, FakeFault::Kind::kBreak, 1, /*message=*/6).ok());  // dies before page 2
+  const RandomSource source(8);
+  const absl::Time start = absl::Now();
+  auto [sent, received] = Transfer(t, source);
+  EXPECT_EQ(sent.code(), absl::StatusCode::kUnavailable) << sent;
+  EXPECT_EQ(received.status().code(), absl::StatusCode::kUnavailable) << received.status();
+  EXPECT_EQ(receiver_->Await(queued.transfer_id).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));  // the channel said so: no timeout waited for
+  EXPECT_EQ(receiver_->pending(), 0);
+  EXPECT_EQ(receiver_->channels(), 0);
+}
+
+TEST_F(NcclTransportTest, AReceiverDyingBeforeItsVerdictFailsBothSides) {
+  const Ticket t = Expect(14);
+  ASSERT_TRUE(Inject(t, FakeFault::Kind::kBreak, 0, /*message=*/1).ok());
+  const RandomSource source(9);
+  auto [sent, received] = Transfer(t, source);
+  EXPECT_EQ(sent.code(), absl::StatusCode::kUnavailable) << sent;
+  EXPECT_EQ(received.status().code(), absl::StatusCode::kUnavailable) << received.status();
+}
+
+TEST_F(NcclTransportTest, AStalledSenderFailsBothSidesAfterTheReceiversIoTimeout) {
+  MakeReceiver(absl::Milliseconds(300));
+  const Ticket t = Expect(15);
+  ASSERT_TRUE(Inject(t, FakeFault::Kind::kStall, 1, /*message=*/4).ok());  // nothing after page 0 arrives
+  const RandomSource source(10);
+  const absl::Time start = absl::Now();
+  auto [sent, received] = Transfer(t, source);  // the sender's own io_timeout is 10 s
+  EXPECT_EQ(received.status().code(), absl::StatusCode::kUnavailable) << received.status();
+  EXPECT_THAT(received.status().message(), HasSubstr("stalled"));
+  EXPECT_EQ(sent.code(), absl::StatusCode::kUnavailable) << sent;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));  // far below the ticket's 30 s and the sender's 10 s
+}
+
+TEST_F(NcclTransportTest, ATicketPastItsDeadlineIsDeadlineExceeded) {
+  const Ticket t = Expect(16, absl::Milliseconds(50));
+  EXPECT_EQ(receiver_->Await(t.transfer_id).status().code(), absl::StatusCode::kDeadlineExceeded);
+  const RandomSource source(11);
+  EXPECT_EQ(sender_.Send(t, source).code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(receiver_->pending(), 0);
+}
+
+TEST_F(NcclTransportTest, CancelMakesAwaitReturnCancelledAndTheLateBytesAreRefused) {
+  const Ticket t = Expect(17);
+  RandomSource source(12);
+  absl::Notification awaiting;
+  source.on_read = [&](int64_t page) {
+    // After the receiver has begun the transfer and the awaiter is waiting.
+    if (page == 1) {
+      awaiting.WaitForNotification();
+      receiver_->Cancel(t.transfer_id);
+    }
+    return absl::OkStatus();
+  };
+  absl::Status sent;
+  std::thread sender([&] { sent = sender_.Send(t, source); });
+  awaiting.Notify();
+  const absl::StatusOr<ReceivedState> received = receiver_->Await(t.transfer_id);
+  sender.join();
+  EXPECT_EQ(received.status().code(), absl::StatusCode::kCancelled) << received.status();
+  EXPECT_EQ(sent.code(), absl::StatusCode::kNotFound) << sent;
+  EXPECT_EQ(receiver_->refused(), 1);
+  EXPECT_EQ(receiver_->pending(), 0);
+  EXPECT_EQ(receiver_->channels(), 1);  // in step, still live
+}
+
+TEST_F(NcclTransportTest, ASenderThatCannotReadAPageFailsTheTransferAndKeepsTheChannel) {
+  const Ticket t = Expect(18);
+  RandomSource source(13);
+  source.on_read = [](int64_t page) { return page == 2 ? absl::InternalError("page 2 vanished") : absl::OkStatus(); };
+  auto [sent, received] = Transfer(t, source);
+  EXPECT_EQ(sent.code(), absl::StatusCode::kInternal) << sent;
+  EXPECT_EQ(received.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(received.status().message(), HasSubstr("page 2 vanished"));
+  const RandomSource good(14);
+  const Ticket next = Expect(19);
+  auto [sent2, received2] = Transfer(next, good);
+  ASSERT_TRUE(sent2.ok() && received2.ok()) << sent2 << received2.status();
+  ExpectIdentical(*received2, good);
+  EXPECT_EQ(factory_.links(), 1);
+}
+
+TEST_F(NcclTransportTest, TicketsWithoutALiveChannelAreInvalid) {
+  Ticket t;
+  t.transfer_id = 20;
+  t.n_tokens = 1;
+  t.max_state_bytes = 1000;
+  t.nccl_unique_id = "no-such-channel";
+  EXPECT_EQ(receiver_->Expect(t).code(), absl::StatusCode::kInvalidArgument);
+  t.nccl_unique_id.clear();
+  t.endpoint = "decode-0";
+  RandomSource source(15, 0, 0);
+  EXPECT_EQ(sender_.Send(t, source).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(NcclStateReceiver::Create(factory_, NcclReceiverOptions{absl::ZeroDuration()}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// ---- The engine end to end over the fake channel ----
+
+constexpr char kModelDir[] = "tests/fixtures/golden/nemotron_h_tiny";
+
+std::string Runfile(const std::string& relative) {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const char* workspace = std::getenv("TEST_WORKSPACE");
+  if (srcdir == nullptr || workspace == nullptr) return relative;
+  return absl::StrCat(srcdir, "/", workspace, "/", relative);
+}
+
+TEST(NcclEngineTest, TransferredStateContinuesBitIdentically) {
+  auto weights = engine::ModelWeights::LoadDirectory(Runfile(kModelDir));
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  engine::ModelOptions o;
+  o.page_size = 16;
+  o.max_pages = 64;
+  o.max_sequences = 4;
+  auto prefill = engine::Model::Create((*weights)->config(), **weights, o);
+  auto decode = engine::Model::Create((*weights)->config(), **weights, o);
+  ASSERT_TRUE(prefill.ok() && decode.ok());
+  const int64_t vocab = (*weights)->config().vocab_size;
+  FakeCommunicatorFactory factory;
+  NcclStateSender sender(factory);
+  auto receiver = NcclStateReceiver::Create(factory, NcclReceiverOptions{});
+  ASSERT_TRUE(receiver.ok());
+
+  const int64_t n = 150;
+  std::vector<engine::TokenId> tokens(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) tokens[static_cast<size_t>(i)] = static_cast<engine::TokenId>((i * 31 + 5) % vocab);
+  auto src = (*prefill)->NewSequence();
+  ASSERT_TRUE((*prefill)->Prefill(*src, tokens).ok());
+  auto reservation = (*decode)->sequences().ReserveImport(n);
+  ASSERT_TRUE(reservation.ok()) << reservation.status();
+  auto ticket = TicketFor((*decode)->sequences(), *reservation, 1, "decode-0", absl::Now() + absl::Seconds(30));
+  ASSERT_TRUE(ticket.ok()) << ticket.status();
+  ASSERT_TRUE((*receiver)->ExpectFrom(kPeer, &*ticket).ok());
+  auto source = SequenceStateSource::Create((*prefill)->sequences(), *src, *ticket, (*weights)->fingerprint(),
+                                            common::Hash128{}, /*first_token=*/17, /*first_logprob=*/-1.5f);
+  ASSERT_TRUE(source.ok()) << source.status();
+  absl::Status sent;
+  std::thread sending([&] { sent = sender.Send(*ticket, *source); });
+  auto received = (*receiver)->Await(ticket->transfer_id);
+  sending.join();
+  ASSERT_TRUE(sent.ok()) << sent;
+  ASSERT_TRUE(received.ok()) << received.status();
+  EXPECT_EQ(received->first_token, 17);
+  EXPECT_EQ(static_cast<int64_t>(received->pages.size()), n / 16);
+  ASSERT_TRUE(ImportReceived((*decode)->sequences(), *reservation, *received).ok());
+  for (int step = 0; step < 4; ++step) {
+    auto a = (*decode)->DecodeStep({reservation->id}, {static_cast<engine::TokenId>(step + 2)});
+    auto b = (*prefill)->DecodeStep({*src}, {static_cast<engine::TokenId>(step + 2)});
+    ASSERT_TRUE(a.ok() && b.ok());
+    ASSERT_EQ(a->size(), b->size());
+    EXPECT_EQ(std::memcmp(a->data(), b->data(), a->size() * sizeof(float)), 0) << "step " << step;
+  }
+}
+
+}  // namespace
+}  // namespace hybridserve::transport
