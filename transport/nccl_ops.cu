@@ -50,6 +50,9 @@ void AbortComm(Channel* c) {
 // `stream_too`, the stream is idle. Aborts the communicator on an error, at
 // the deadline, or when the abort flag is raised.
 OpResult Poll(Channel* c, const WaitParams& wait, bool stream_too) {
+  // Short pauses while a transfer is likely in flight, longer ones once the
+  // wait looks idle (a receiver waiting for its next transfer).
+  const auto start = std::chrono::steady_clock::now();
   auto pause = std::chrono::microseconds(1);
   while (true) {
     ncclResult_t async = ncclSuccess;
@@ -79,7 +82,8 @@ OpResult Poll(Channel* c, const WaitParams& wait, bool stream_too) {
       return Result(Outcome::kTimedOut, "the NCCL operation did not complete by its deadline");
     }
     std::this_thread::sleep_for(pause);
-    pause = std::min(pause * 2, std::chrono::microseconds(200));
+    const bool idle = std::chrono::steady_clock::now() - start > std::chrono::milliseconds(50);
+    pause = std::min(pause * 2, std::chrono::microseconds(idle ? 2000 : 200));
   }
 }
 
