@@ -33,8 +33,10 @@ struct DecodeLoop::Request {
 absl::StatusOr<std::unique_ptr<DecodeLoop>> DecodeLoop::Create(
     engine::Model& model, const common::Hash128& model_fingerprint, PrefillClient& prefill,
     transport::StateReceiver& receiver, cachestore::CacheClient* cache, const DecodeLoopOptions& options) {
-  if (options.max_batch < 1 || options.max_waiting < 0 || options.transfer_timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError("decode loop: max_batch >= 1, max_waiting >= 0 and a positive transfer_timeout");
+  if (options.max_batch < 1 || options.max_waiting < 0 || options.transfer_timeout <= absl::ZeroDuration() ||
+      options.publish_parent_wait < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "decode loop: max_batch >= 1, max_waiting >= 0, a positive transfer_timeout and a publish_parent_wait >= 0");
   }
   std::unique_ptr<DecodeLoop> loop(new DecodeLoop(model, model_fingerprint, prefill, receiver, cache, options));
   loop->loop_ = std::thread([p = loop.get()] { p->Run(); });
@@ -339,6 +341,7 @@ struct DecodeLoop::Publication {
   cachestore::ClientPut state_put;
   std::string state;
   absl::Status prepared;  // not OK: nothing to put, and why
+  bool parent_from_prefill = false;  // the first put's parent is prefill's to put
 };
 
 void DecodeLoop::Prepare(const Request& r, Publication* p) {
@@ -354,11 +357,18 @@ void DecodeLoop::Prepare(const Request& r, Publication* p) {
   const cachestore::CachePlan plan(p->ns, fed);
   const int64_t ps = plan.page_size();
   const int64_t full = model_.num_attention_layers() > 0 ? position / ps : 0;
-  // From the first page the cache lacks: prefill may not have published them
-  // all (or not yet: its publication runs after the push). A probe is one
-  // small round trip; the puts, which move the bytes, run on the publisher.
-  absl::StatusOr<cachestore::LookupResult> probe = cache_->Lookup(p->ns, fed, cachestore::LookupMode::kProbeOnly);
-  const int64_t first = probe.ok() ? probe->kv_match_tokens / ps : static_cast<int64_t>(r.req.prompt.size()) / ps;
+  // Prefill puts the prompt's full pages (after its answer, so perhaps not
+  // yet): the pages past them are ours. Putting copies of prefill's pages
+  // too would race its puts of the same entries (ABORTED on both sides) and
+  // move every prompt byte twice. When prefill does not publish, from the
+  // first page the cache lacks (a probe is one small round trip).
+  int64_t first = static_cast<int64_t>(r.req.prompt.size()) / ps;
+  if (r.prefill.prefill_publishes_prompt) {
+    p->parent_from_prefill = true;
+  } else {
+    absl::StatusOr<cachestore::LookupResult> probe = cache_->Lookup(p->ns, fed, cachestore::LookupMode::kProbeOnly);
+    if (probe.ok()) first = probe->kv_match_tokens / ps;
+  }
   for (int64_t i = first; i < full; ++i) {
     absl::StatusOr<std::string> page = model_.ExportPage(r.reservation.id, i);
     if (!page.ok()) {
@@ -383,13 +393,33 @@ SessionOutcome DecodeLoop::Publish(Publication& p) {
     return outcome;
   };
   if (!p.prepared.ok()) return failed(p.prepared.message());
+  // FAILED_PRECONDITION is "the parent page is not in the cache": prefill's
+  // publication of the prompt may still be on its way. Wait for it, bounded
+  // (stopping ends the wait).
+  const absl::Time parent_deadline = absl::Now() + options_.publish_parent_wait;
+  auto stopping = [this] {
+    absl::MutexLock lock(&mu_);
+    return stop_;
+  };
+  auto put_entry = [&](const cachestore::ClientPut& what, absl::string_view bytes) {
+    absl::Duration backoff = absl::Milliseconds(1);
+    while (true) {
+      absl::StatusOr<cachestore::PutResult> r = cache_->Put(p.ns, what, bytes);
+      if (r.ok() || !p.parent_from_prefill || r.status().code() != absl::StatusCode::kFailedPrecondition ||
+          absl::Now() + backoff > parent_deadline || stopping()) {
+        return r;
+      }
+      absl::SleepFor(backoff);
+      backoff = std::min(2 * backoff, absl::Milliseconds(50));
+    }
+  };
   for (const auto& [put, bytes] : p.pages) {
-    absl::StatusOr<cachestore::PutResult> r = cache_->Put(p.ns, put, bytes);
-    // ABORTED: the same page is being put by another writer (prefill's own
-    // publication of the prompt, still running); it will be there.
+    absl::StatusOr<cachestore::PutResult> r = put_entry(put, bytes);
+    // ABORTED: the same page is being put by another writer (a concurrent
+    // request with the same history); its node is there for the next pages.
     if (!r.ok() && r.status().code() != absl::StatusCode::kAborted) return failed(r.status().message());
   }
-  absl::StatusOr<cachestore::PutResult> put = cache_->Put(p.ns, p.state_put, p.state);
+  absl::StatusOr<cachestore::PutResult> put = put_entry(p.state_put, p.state);
   if (!put.ok()) return failed(put.status().message());
   outcome.published = true;
   outcome.keep = put->ttl;

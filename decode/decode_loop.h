@@ -66,6 +66,7 @@ struct PrefillReply {
   int64_t cached_tokens = 0;
   int64_t recomputed_tokens = 0;
   ResumeKind resume_kind = ResumeKind::kCold;
+  bool prefill_publishes_prompt = false;  // PrefillResponse.publishes_prompt
 };
 
 // Decode's view of the prefill pool. Thread-safe; Prefill blocks until the
@@ -84,6 +85,11 @@ struct DecodeLoopOptions {
   std::vector<TokenId> eos_token_ids;
   std::string adapter;  // namespace part for publications
   bool publish = true;  // publish turn-end states and generated pages
+  // When prefill publishes the prompt's pages (PrefillReply), the turn-end
+  // publication hangs its pages under the prompt's last page: it waits at
+  // most this long for prefill to have put that page, then gives up (the next
+  // turn still resumes from prefill's prompt-end state).
+  absl::Duration publish_parent_wait = absl::Seconds(2);
 };
 
 class DecodeLoop {

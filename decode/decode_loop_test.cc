@@ -17,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "cachestore/cache_plan.h"
 #include "cachestore/cache_store.h"
 #include "cachestore/in_process_cache_client.h"
 #include "common/clock.h"
@@ -108,12 +109,42 @@ class EnginePrefill : public PrefillClient {
                                                            first->token, first->logprob);
       s = source.ok() ? sender_.Send(call.ticket, *source) : source.status();
     }
+    std::vector<std::string> pages;
+    if (s.ok() && publishes_prompt()) {
+      // What a prefill worker would publish after its answer: the prompt's
+      // full pages. The test decides when they reach the cache.
+      for (int64_t i = 0; s.ok() && i < static_cast<int64_t>(call.prompt.size()) / model_.page_size(); ++i) {
+        absl::StatusOr<std::string> page = model_.ExportPage(*id, i);
+        s = page.status();
+        if (page.ok()) pages.push_back(*std::move(page));
+      }
+    }
     (void)model_.ReleaseSequence(*id);
     if (!s.ok()) return s;
     PrefillReply reply;
     reply.first = *first;
     reply.recomputed_tokens = 3;  // what a prefill worker reported, passed through
+    if (publishes_prompt()) {
+      reply.prefill_publishes_prompt = true;
+      absl::MutexLock lock(&mu_);
+      prompt_pages_ = std::move(pages);
+    }
     return reply;
+  }
+
+  // Claims the prompt's pages as its to publish (PrefillReply) and keeps
+  // their bytes for prompt_pages(), without putting them.
+  void SetPublishesPrompt() {
+    absl::MutexLock lock(&mu_);
+    publishes_prompt_ = true;
+  }
+  bool publishes_prompt() {
+    absl::MutexLock lock(&mu_);
+    return publishes_prompt_;
+  }
+  std::vector<std::string> prompt_pages() {
+    absl::MutexLock lock(&mu_);
+    return prompt_pages_;
   }
 
   void Hold() {
@@ -141,7 +172,63 @@ class EnginePrefill : public PrefillClient {
   bool open_ ABSL_GUARDED_BY(mu_) = true;
   absl::Status fail_ ABSL_GUARDED_BY(mu_);
   int calls_ ABSL_GUARDED_BY(mu_) = 0;
+  bool publishes_prompt_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::string> prompt_pages_ ABSL_GUARDED_BY(mu_);
   absl::Mutex engine_mu_;  // the engine is not thread-safe
+};
+
+// A cache in front of the real one that records decode's puts and, the first
+// time a put finds its parent missing, runs `catch_up` (prefill's late
+// publication of the prompt) before answering.
+class LatePrefillCache : public cachestore::CacheClient {
+ public:
+  LatePrefillCache(cachestore::CacheClient& inner, std::function<void()> catch_up)
+      : inner_(inner), catch_up_(std::move(catch_up)) {}
+
+  absl::StatusOr<cachestore::LookupResult> Lookup(const cachestore::ClientNamespace& ns,
+                                                  absl::Span<const TokenId> tokens,
+                                                  cachestore::LookupMode mode) override {
+    absl::MutexLock lock(&mu_);
+    ++lookups_;
+    return inner_.Lookup(ns, tokens, mode);
+  }
+  absl::StatusOr<cachestore::PutResult> Put(const cachestore::ClientNamespace& ns, const cachestore::ClientPut& put,
+                                            absl::string_view bytes) override {
+    absl::StatusOr<cachestore::PutResult> r = inner_.Put(ns, put, bytes);
+    absl::MutexLock lock(&mu_);
+    if (r.ok() && put.entry_class == cachestore::EntryClass::kPage) page_puts_.push_back(put.tokens);
+    if (r.status().code() == absl::StatusCode::kFailedPrecondition) {
+      ++missing_parent_;
+      if (missing_parent_ == 1) catch_up_();
+    }
+    return r;
+  }
+  absl::Status GetInto(uint64_t lease_id, const common::Hash128& key, std::string* out) override {
+    return inner_.GetInto(lease_id, key, out);
+  }
+  absl::Status Release(uint64_t lease_id) override { return inner_.Release(lease_id); }
+  absl::StatusOr<cachestore::IndexStats> Stats() override { return inner_.Stats(); }
+
+  int lookups() {
+    absl::MutexLock lock(&mu_);
+    return lookups_;
+  }
+  int missing_parent() {
+    absl::MutexLock lock(&mu_);
+    return missing_parent_;
+  }
+  std::vector<std::vector<TokenId>> page_puts() {
+    absl::MutexLock lock(&mu_);
+    return page_puts_;
+  }
+
+ private:
+  cachestore::CacheClient& inner_;
+  std::function<void()> catch_up_;
+  absl::Mutex mu_;
+  int lookups_ ABSL_GUARDED_BY(mu_) = 0;
+  int missing_parent_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::vector<TokenId>> page_puts_ ABSL_GUARDED_BY(mu_);
 };
 
 class DecodeLoopTest : public ::testing::Test {
@@ -171,9 +258,9 @@ class DecodeLoopTest : public ::testing::Test {
     return m.ok() ? *std::move(m) : nullptr;
   }
 
-  void StartLoop(DecodeLoopOptions options = {}) {
-    auto loop =
-        DecodeLoop::Create(*decode_model_, weights_->fingerprint(), *prefill_, transport_, cache_.get(), options);
+  void StartLoop(DecodeLoopOptions options = {}, cachestore::CacheClient* cache = nullptr) {
+    auto loop = DecodeLoop::Create(*decode_model_, weights_->fingerprint(), *prefill_, transport_,
+                                   cache != nullptr ? cache : cache_.get(), options);
     ASSERT_TRUE(loop.ok()) << loop.status();
     loop_ = *std::move(loop);
   }
@@ -418,6 +505,66 @@ TEST_F(DecodeLoopTest, TheTurnEndStateIsInTheCacheWhenTheRequestCompletes) {
   ASSERT_TRUE(loop_->Submit(Request("t", prompt, 9), &c).ok());
   ASSERT_TRUE(c.Wait());
   EXPECT_EQ(resume_at_completion, 40 + 9 - 1);  // every token fed to the model
+  ExpectEverythingFreed();
+}
+
+// When prefill publishes the prompt (PrefillReply), the turn-end publication
+// puts only the pages past the prompt, without a probe, and waits for
+// prefill's pages when they are late (here: not in the cache until decode's
+// first put has found its parent missing).
+TEST_F(DecodeLoopTest, TurnEndPublicationAddsOnlyThePagesPastThePromptAndWaitsForPrefills) {
+  prefill_->SetPublishesPrompt();
+  const std::vector<TokenId> prompt = Tokens(40, vocab_, 12);  // two full pages of 16
+  cachestore::ClientNamespace ns;
+  ns.model_fingerprint = weights_->fingerprint().ToHex();
+  ns.page_size = 16;
+  LatePrefillCache late(*cache_, [&] {
+    const cachestore::CachePlan plan(ns, prompt);
+    std::vector<std::string> pages = prefill_->prompt_pages();
+    ASSERT_EQ(pages.size(), 2u);
+    for (int64_t i = 0; i < 2; ++i) ASSERT_TRUE(cache_->Put(ns, plan.PagePut(i), pages[i]).ok());
+  });
+  StartLoop({}, &late);
+  Collector c;
+  int64_t resume_at_completion = -1;
+  c.on_complete_ = [&](const Completion&) {
+    std::vector<TokenId> next = prompt;
+    std::vector<TokenId> tokens = c.tokens();
+    next.insert(next.end(), tokens.begin(), tokens.end());
+    next.push_back(1);
+    auto lookup = cache_->Lookup(ns, next, cachestore::LookupMode::kProbeOnly);
+    resume_at_completion = lookup.ok() ? lookup->resume_position : -2;
+  };
+  ASSERT_TRUE(loop_->Submit(Request("t", prompt, 9), &c).ok());
+  ASSERT_TRUE(c.Wait());
+  EXPECT_TRUE(c.completion().usage.session.published);
+  EXPECT_EQ(resume_at_completion, 40 + 9 - 1);
+  EXPECT_EQ(late.lookups(), 0);
+  EXPECT_GE(late.missing_parent(), 1);
+  // Decode's only page: tokens 32..47 (the prompt's tail and the first 8
+  // generated tokens fed to the model).
+  std::vector<TokenId> fed = prompt;
+  const std::vector<TokenId> tokens = c.tokens();
+  fed.insert(fed.end(), tokens.begin(), tokens.end() - 1);
+  ASSERT_EQ(late.page_puts().size(), 1u);
+  EXPECT_THAT(late.page_puts()[0], ElementsAreArray(fed.begin() + 32, fed.begin() + 48));
+  ExpectEverythingFreed();
+}
+
+// Prefill publishes the prompt but never does (its cache failed): decode waits
+// publish_parent_wait, then completes without the turn-end state.
+TEST_F(DecodeLoopTest, TurnEndPublicationGivesUpWhenPrefillsPagesNeverCome) {
+  prefill_->SetPublishesPrompt();
+  LatePrefillCache never(*cache_, [] {});
+  DecodeLoopOptions options;
+  options.publish_parent_wait = absl::Milliseconds(50);
+  StartLoop(options, &never);
+  Collector c;
+  ASSERT_TRUE(loop_->Submit(Request("t", Tokens(40, vocab_, 13), 9), &c).ok());
+  ASSERT_TRUE(c.Wait());
+  EXPECT_EQ(c.completion().reason, FinishReason::kLength);
+  EXPECT_FALSE(c.completion().usage.session.published);
+  EXPECT_GE(never.missing_parent(), 2);  // it retried
   ExpectEverythingFreed();
 }
 

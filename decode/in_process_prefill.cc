@@ -11,6 +11,7 @@ PrefillReply ReplyFromOutcome(prefill::PrefillOutcome outcome) {
   reply.first = std::move(outcome.first);
   reply.cached_tokens = outcome.usage.cached_tokens;
   reply.recomputed_tokens = outcome.usage.recomputed_tokens;
+  reply.prefill_publishes_prompt = outcome.publishes_prompt;
   switch (outcome.usage.resume_kind) {
     case prefill::ResumeKind::kCold:
       reply.resume_kind = ResumeKind::kCold;

@@ -194,6 +194,7 @@ absl::StatusOr<PrefillOutcome> PrefillWorker::Prefill(const PrefillRequest& requ
   // engine here; the puts run inline, or on the publisher thread with
   // async_publication (then the answer to decode does not wait for them).
   if (cache_ != nullptr && options_.publish) {
+    outcome.publishes_prompt = true;
     auto publication = std::make_unique<Publication>(
         Prepare(resumed.seq, request, ns, resumed.position, resumed.kv_match_tokens, checkpoints));
     if (options_.async_publication) {
@@ -298,7 +299,18 @@ void PrefillWorker::Put(const Publication& p) {
     return true;
   };
   for (const auto& [what, bytes] : p.pages) {
-    if (!put(what, bytes, &PrefillCacheCounters::pages_published)) break;  // the rest would have no parent
+    absl::StatusOr<cachestore::PutResult> r = cache_->Put(p.ns, what, bytes);
+    if (r.ok()) {
+      if (!r->already_present) Count(&PrefillCacheCounters::pages_published);
+      continue;
+    }
+    // ABORTED: another writer is putting this page (a concurrent request with
+    // the same prefix); its node already exists, so the next pages can hang
+    // under it. Any other failure leaves the rest without a parent.
+    if (r.status().code() == absl::StatusCode::kAborted) continue;
+    Count(&PrefillCacheCounters::publish_failures);
+    VLOG(1) << "cache publication failed: " << r.status();
+    break;
   }
   for (const auto& [what, bytes] : p.states) put(what, bytes, &PrefillCacheCounters::states_published);
 }

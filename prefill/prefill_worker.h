@@ -77,6 +77,10 @@ struct PrefillOutcome {
   PrefillUsage usage;
   int64_t transfer_bytes = 0;
   absl::Duration transfer_time;
+  // The prompt's full pages and its prompt-end state are put to the cache by
+  // this worker (done, or queued behind the answer): decode's turn-end
+  // publication adds only the pages past the prompt.
+  bool publishes_prompt = false;
 };
 
 // What the worker did with the cache (cumulative; for metrics and tests).

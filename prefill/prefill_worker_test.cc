@@ -16,6 +16,7 @@
 #include "absl/time/clock.h"
 #include "cachestore/cache_store.h"
 #include "cachestore/fault_injecting_cache_client.h"
+#include "cachestore/keys.h"
 #include "cachestore/in_process_cache_client.h"
 #include "common/clock.h"
 #include "engine/model.h"
@@ -287,6 +288,26 @@ TEST_F(PrefillWorkerTest, ACacheThatIsDownOrWrongBecomesAMissNeverAFailure) {
   ASSERT_TRUE(full.outcome.ok());
   EXPECT_GE(worker_->counters().publish_failures, 1);
   EXPECT_EQ(worker_->counters().errors_as_misses, 2);
+}
+
+// A concurrent request with the same prefix is putting page 0 (in flight,
+// never committed here): this worker's put of it is ABORTED, and the rest of
+// its publication, which can hang under the in-flight page, still goes in.
+TEST_F(PrefillWorkerTest, APageAnotherWriterIsPuttingDoesNotStopThePublication) {
+  const std::vector<TokenId> prompt = Tokens(150, vocab_, 1);
+  cachestore::PutSpec spec;
+  spec.ns = cachestore::NamespaceKey(weights_->fingerprint().ToHex(), "", "", 16);
+  spec.page_size = 16;
+  spec.entry_class = cachestore::EntryClass::kPage;
+  spec.tokens.assign(prompt.begin(), prompt.begin() + 16);
+  spec.size_bytes = 64;
+  auto other = store_->BeginPut(spec);
+  ASSERT_TRUE(other.ok()) << other.status();
+  Turn turn = Run(prompt);
+  ASSERT_TRUE(turn.outcome.ok()) << turn.outcome.status();
+  EXPECT_EQ(worker_->counters().pages_published, 8);  // all 9 but the one in flight
+  EXPECT_EQ(worker_->counters().states_published, 3);
+  EXPECT_EQ(worker_->counters().publish_failures, 0);
 }
 
 TEST_F(PrefillWorkerTest, BadRequestsAreRefusedAndLeaveNothingBehind) {

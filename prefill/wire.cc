@@ -103,6 +103,7 @@ void OutcomeToProto(const PrefillOutcome& o, v1::PrefillResponse* out) {
                      : o.usage.resume_kind == ResumeKind::kExactPrefix  ? v1::RESUME_KIND_EXACT_PREFIX
                                                                         : v1::RESUME_KIND_COLD);
   out->mutable_transfer()->set_bytes(static_cast<uint64_t>(o.transfer_bytes));
+  out->set_publishes_prompt(o.publishes_prompt);
   const int64_t nanos = absl::ToInt64Nanoseconds(o.transfer_time);
   out->mutable_transfer()->mutable_duration()->set_seconds(nanos / 1000000000);
   out->mutable_transfer()->mutable_duration()->set_nanos(static_cast<int32_t>(nanos % 1000000000));
@@ -122,6 +123,7 @@ PrefillOutcome OutcomeFromProto(const v1::PrefillResponse& p) {
                         : p.usage().resume_kind() == v1::RESUME_KIND_EXACT_PREFIX  ? ResumeKind::kExactPrefix
                                                                                    : ResumeKind::kCold;
   o.transfer_bytes = static_cast<int64_t>(p.transfer().bytes());
+  o.publishes_prompt = p.publishes_prompt();
   o.transfer_time =
       absl::Seconds(p.transfer().duration().seconds()) + absl::Nanoseconds(p.transfer().duration().nanos());
   return o;
