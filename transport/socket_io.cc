@@ -6,6 +6,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -71,15 +72,21 @@ void Socket::Shutdown() {
   if (fd_ >= 0) shutdown(fd_, SHUT_RDWR);
 }
 
+// The socket is non-blocking: each call tries the read or write first and
+// polls only when it would block, so a busy stream costs one system call per
+// chunk, not two.
 absl::Status Socket::ReadFull(char* data, size_t size, absl::Time deadline) {
   size_t done = 0;
   while (done < size) {
-    if (absl::Status s = WaitReady(fd_, POLLIN, deadline); !s.ok()) return s;
     const ssize_t n = recv(fd_, data + done, size - done, 0);
     if (n == 0) return absl::UnavailableError("the peer closed the transfer connection");
     if (n < 0) {
-      if (errno == EINTR || errno == EAGAIN) continue;
-      return absl::UnavailableError(absl::StrCat("transfer connection: ", std::strerror(errno)));
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) {
+        return absl::UnavailableError(absl::StrCat("transfer connection: ", std::strerror(errno)));
+      }
+      if (absl::Status s = WaitReady(fd_, POLLIN, deadline); !s.ok()) return s;
+      continue;
     }
     done += static_cast<size_t>(n);
   }
@@ -87,15 +94,40 @@ absl::Status Socket::ReadFull(char* data, size_t size, absl::Time deadline) {
 }
 
 absl::Status Socket::WriteFull(absl::string_view data, absl::Time deadline) {
-  size_t done = 0;
-  while (done < data.size()) {
-    if (absl::Status s = WaitReady(fd_, POLLOUT, deadline); !s.ok()) return s;
-    const ssize_t n = send(fd_, data.data() + done, data.size() - done, MSG_NOSIGNAL);
+  return WriteAll({data}, deadline);
+}
+
+absl::Status Socket::WriteAll(std::initializer_list<absl::string_view> parts, absl::Time deadline) {
+  constexpr size_t kMaxParts = 4;
+  if (parts.size() > kMaxParts) return absl::InternalError("WriteAll takes at most 4 parts");
+  iovec iov[kMaxParts];
+  size_t count = 0;
+  for (absl::string_view part : parts) {
+    if (part.empty()) continue;
+    iov[count].iov_base = const_cast<char*>(part.data());
+    iov[count].iov_len = part.size();
+    ++count;
+  }
+  size_t first = 0;  // iov[first..count) is still to be written
+  while (first < count) {
+    msghdr msg{};
+    msg.msg_iov = iov + first;
+    msg.msg_iovlen = count - first;
+    const ssize_t n = sendmsg(fd_, &msg, MSG_NOSIGNAL);
     if (n < 0) {
-      if (errno == EINTR || errno == EAGAIN) continue;
-      return absl::UnavailableError(absl::StrCat("transfer connection: ", std::strerror(errno)));
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) {
+        return absl::UnavailableError(absl::StrCat("transfer connection: ", std::strerror(errno)));
+      }
+      if (absl::Status s = WaitReady(fd_, POLLOUT, deadline); !s.ok()) return s;
+      continue;
     }
-    done += static_cast<size_t>(n);
+    size_t left = static_cast<size_t>(n);
+    while (first < count && left >= iov[first].iov_len) left -= iov[first++].iov_len;
+    if (first < count) {
+      iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + left;
+      iov[first].iov_len -= left;
+    }
   }
   return absl::OkStatus();
 }

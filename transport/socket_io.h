@@ -1,13 +1,14 @@
 #ifndef HYBRIDSERVE_TRANSPORT_SOCKET_IO_H_
 #define HYBRIDSERVE_TRANSPORT_SOCKET_IO_H_
 
-// Blocking TCP socket helpers with deadlines (poll before every read and
-// write), for the TCP data plane. A file descriptor is owned by a Socket
+// Blocking TCP socket helpers with deadlines (non-blocking descriptors; a
+// read or write polls only when it would block), for the TCP data plane. A file descriptor is owned by a Socket
 // (closed on destruction). Thread-compatible: one thread per Socket, except
 // Shutdown, which any thread may call to wake a blocked reader.
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 
 #include "absl/status/status.h"
@@ -35,6 +36,10 @@ class Socket {
   absl::Status ReadFull(char* data, size_t size, absl::Time deadline);
   // Writes all of `data`; the same errors.
   absl::Status WriteFull(absl::string_view data, absl::Time deadline);
+  // Writes up to four parts back to back in as few system calls as the
+  // kernel allows (sendmsg with an iovec): a frame header and its payload
+  // leave together. The same errors.
+  absl::Status WriteAll(std::initializer_list<absl::string_view> parts, absl::Time deadline);
   // Wakes any blocked read or write (both directions shut down).
   void Shutdown();
 

@@ -36,8 +36,8 @@ absl::Status ReadFrame(Socket& socket, absl::Time deadline, uint64_t max_payload
 
 absl::Status WriteFrame(Socket& socket, FrameType type, uint64_t transfer_id, uint64_t index, absl::string_view payload,
                         absl::Time deadline) {
-  RETURN_IF_ERROR(socket.WriteFull(EncodeFrameHeader(type, transfer_id, index, payload), deadline));
-  return socket.WriteFull(payload, deadline);
+  const std::string header = EncodeFrameHeader(type, transfer_id, index, payload);
+  return socket.WriteAll({header, payload}, deadline);
 }
 
 absl::Status ExpectFrame(const FrameHeader& h, FrameType type, uint64_t transfer_id, uint64_t index) {
