@@ -37,12 +37,17 @@ ABSL_FLAG(int64_t, page_size, 0, "KV page size in tokens; 0: min(16, chunk_size)
 ABSL_FLAG(int64_t, max_pages, 4096, "KV pages of the engine");
 ABSL_FLAG(int64_t, max_queue, 16, "requests waiting for the engine; beyond: RESOURCE_EXHAUSTED");
 ABSL_FLAG(absl::Duration, cache_timeout, absl::Seconds(2), "per-call deadline of cachestore calls");
+ABSL_FLAG(int64_t, cache_fetch_parallelism, 8, "cachestore Gets in flight at once while resuming a prompt (>= 1)");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(10), "time in-flight requests get on SIGTERM");
 
 namespace hybridserve {
 namespace {
 
 int Run() {
+  if (absl::GetFlag(FLAGS_cache_fetch_parallelism) < 1) {
+    LOG(ERROR) << "--cache_fetch_parallelism must be at least 1, got " << absl::GetFlag(FLAGS_cache_fetch_parallelism);
+    return 1;
+  }
   auto weights = engine::ModelWeights::LoadDirectory(absl::GetFlag(FLAGS_model_dir));
   if (!weights.ok()) {
     LOG(ERROR) << "cannot load the model from " << absl::GetFlag(FLAGS_model_dir) << ": " << weights.status();
@@ -78,6 +83,7 @@ int Run() {
   transport::TcpStateSender sender;
   prefill::PrefillWorkerOptions wo;
   wo.async_publication = true;  // answer decode right after the push; publish behind it
+  wo.fetch_parallelism = absl::GetFlag(FLAGS_cache_fetch_parallelism);
   prefill::PrefillWorker worker(**model, (*weights)->fingerprint(), cache.get(), sender, wo);
   auto registry = std::make_shared<prometheus::Registry>();
   prefill::PrefillMetrics metrics(*registry);

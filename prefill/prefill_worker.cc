@@ -1,7 +1,10 @@
 #include "prefill/prefill_worker.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -65,14 +68,41 @@ cachestore::ClientNamespace PrefillWorker::Namespace(const std::string& cache_sa
   return ns;
 }
 
+absl::Status PrefillWorker::FetchResumeBytes(const cachestore::LookupResult& lookup, std::string* state,
+                                             std::vector<std::string>* pages) {
+  pages->assign(lookup.pages.size(), std::string());
+  const size_t items = lookup.pages.size() + 1;  // item 0 is the state
+  std::atomic<size_t> next{0};
+  absl::Mutex mu;
+  absl::Status first_error;
+  auto fetch = [&] {
+    for (size_t i = next.fetch_add(1); i < items; i = next.fetch_add(1)) {
+      const absl::Status s = i == 0 ? cache_->GetInto(lookup.lease_id, lookup.state->key, state)
+                                    : cache_->GetInto(lookup.lease_id, lookup.pages[i - 1].key, &(*pages)[i - 1]);
+      if (!s.ok()) {
+        absl::MutexLock lock(&mu);
+        if (first_error.ok()) first_error = s;
+        next.store(items);  // the others stop after their current Get
+        return;
+      }
+    }
+  };
+  const size_t workers = std::min<size_t>(items, static_cast<size_t>(std::max<int64_t>(1, options_.fetch_parallelism)));
+  std::vector<std::thread> helpers;
+  helpers.reserve(workers - 1);
+  for (size_t w = 1; w < workers; ++w) helpers.emplace_back(fetch);
+  fetch();
+  for (std::thread& t : helpers) t.join();
+  absl::MutexLock lock(&mu);
+  return first_error;
+}
+
 bool PrefillWorker::RestoreFromCache(engine::SequenceId seq, const cachestore::LookupResult& lookup,
                                      int64_t prompt_tokens, const common::Hash128& prefix_hash) {
   const int64_t p = lookup.resume_position;
   std::string state;
-  absl::Status s = cache_->GetInto(lookup.lease_id, lookup.state->key, &state);
-  std::vector<std::string> pages(lookup.pages.size());
-  for (size_t i = 0; i < pages.size() && s.ok(); ++i)
-    s = cache_->GetInto(lookup.lease_id, lookup.pages[i].key, &pages[i]);
+  std::vector<std::string> pages;
+  absl::Status s = FetchResumeBytes(lookup, &state, &pages);
   engine::SnapshotExpectation expect;
   expect.model_fingerprint = fingerprint_;
   expect.layout = model_.layout();
