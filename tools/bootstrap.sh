@@ -22,6 +22,7 @@ PACKAGES=(
   libopenblas-dev          # CPU GEMM (fast, non-deterministic mode)
   python3-grpcio           # Python client (client/python): grpcio 1.51 for /usr/bin/python3
   python3-protobuf         # Python client: protobuf 3.21 runtime for its generated stubs
+  python3-numpy            # tools/check_fixtures.py and tools/gen_model.py (CI checks the fixtures)
 )
 
 missing=()

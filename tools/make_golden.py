@@ -58,40 +58,11 @@ from safetensors.numpy import load_file, save_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gen_model  # noqa: E402
+from fixture_spec import (  # noqa: E402
+    DEFAULT_PROMPT_LENGTHS, DEFAULT_TEXT, EXISTING_MODELS, MODELS, NEW_TOKENS, PROMPT_LENGTHS, PROMPT_SEED,
+    default_prompts, make_prompts)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-# Fixture models: name -> (arch, preset, seed, config.json fields set over gen_model.py's).
-MODELS = {
-    "nemotron_h_tiny": ("nemotron_h", "tiny", 1234, {}),
-    "mamba2_tiny": ("mamba2", "tiny", 4321, {}),
-    "nemotron_h_tied_tiny": ("nemotron_h", "tiny", 2468, {"tie_word_embeddings": True}),
-}
-# Prompt lengths for chunk_size 16: shorter than a chunk (1, 5, 13), exactly one and two
-# chunks (16, 32), off-grid (29, 50) and longer than three chunks (50, 77).
-PROMPT_LENGTHS = [1, 5, 13, 16, 29, 32, 50, 77]
-NEW_TOKENS = 12
-PROMPT_SEED = 20240601
-
-# The embedded model, recorded as it is: name -> its directory, relative to the repository.
-EXISTING_MODELS = {"default": "models/default"}
-# Its prompts: <bos> + the first len - 1 bytes of DEFAULT_TEXT. Lengths for chunk_size 64: within
-# the first chunk (1, 5, 40), exactly one and two chunks (64, 128), off-grid (100, 150) and past
-# four chunks (300).
-DEFAULT_PROMPT_LENGTHS = [1, 5, 40, 64, 100, 128, 150, 300]
-DEFAULT_TEXT = (
-    "A man walked into a library and asked the librarian for a book about paranoia.  She "
-    "leaned over the counter and whispered, \"It's right behind you.\"\n"
-    "Never put off until tomorrow what you can do the day after tomorrow.  The first rule "
-    "of computing is that every program has at least one bug and can be shortened by one "
-    "line; the second rule is that it will take longer than you think, even when you take "
-    "the first rule into account.\n")
-
-
-def make_prompts(vocab_size, seed):
-    """Fixed prompts: uniform token ids in [3, vocab) (ids 0..2 are pad/bos/eos)."""
-    bits = np.random.Generator(np.random.PCG64(seed))
-    return [bits.integers(3, vocab_size, size=n, dtype=np.int64).astype(np.int32) for n in PROMPT_LENGTHS]
 
 
 def load_checked(model_dir, expected):
@@ -330,8 +301,7 @@ def make_existing_golden(name, model_dir, out_root):
     model = load_checked(model_dir, weights)
     c = model.config
     bos = c.bos_token_id
-    text = DEFAULT_TEXT.encode()
-    prompts = [np.array([bos] + list(text[:n - 1]), dtype=np.int32) for n in DEFAULT_PROMPT_LENGTHS]
+    prompts = default_prompts(bos)
     dest = os.path.join(out_root, name)
     os.makedirs(dest, exist_ok=True)
     per_prompt, max_abs, tensors = record_prompts(model, prompts, dest)

@@ -1,12 +1,67 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh Debian 12 machine: installs what is
-# missing, then builds and tests every target, then prints one summary line
-# (targets and cases passed, failed, skipped) and every skipped case with its
-# reason. Extra arguments go to `bazel test` (e.g. --config=asan).
+# missing, then
+#   1. builds and tests every target (the plain configuration);
+#   2. ASan + UBSan (and LSan) over every target (--config=asan);
+#   3. TSan over the targets whose threads synchronize through std:: primitives
+#      (the CPU thread pool and everything running kernels on it: //kernels/...
+#      and //engine/...). Debian's abseil and gRPC are not instrumented, so TSan
+#      cannot see absl::Mutex's happens-before edges and would report false races
+#      in the services, the cachestore and the transports;
+#   4. checks that the committed fixtures are current (tools/check_fixtures.py;
+#      skipped, and says so, where torch and transformers are not installed).
+# Each stage prints one summary line (targets and cases passed, failed,
+# skipped) and every skipped case with its reason. The exit status is the
+# first failing stage's.
+#
+#   tools/run_tests.sh                 all stages
+#   HS_SANITIZERS=0 tools/run_tests.sh the plain stage (and the fixture check) only
+#   tools/run_tests.sh ARGS...         the plain stage with extra `bazel test` args
+#                                      (e.g. --config=asan //engine/...), nothing else
 set -uo pipefail
 cd "$(dirname "$0")/.."
 tools/bootstrap.sh || exit 1
-bazel test //... "$@"
-rc=$?
-python3 tools/test_summary.py --label "bazel test //... $*" --testlogs "$(bazel info "$@" bazel-testlogs 2>/dev/null)" //...
-exit $rc
+
+status=0
+# stage LABEL BAZEL_ARGS... -- PATTERNS...
+stage() {
+  local label=$1
+  shift
+  local args=() patterns=()
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do args+=("$1"); shift; done
+  shift
+  patterns=("$@")
+  echo "=== ${label}: bazel test ${args[*]} ${patterns[*]}"
+  bazel test "${args[@]}" -- "${patterns[@]}"
+  local rc=$?
+  python3 tools/test_summary.py --label "${label}" \
+    --testlogs "$(bazel info "${args[@]}" bazel-testlogs 2>/dev/null)" "${patterns[@]}"
+  if [ $rc -ne 0 ] && [ $status -eq 0 ]; then status=$rc; fi
+}
+
+if [ $# -gt 0 ]; then
+  # Extra arguments: one plain run with them (patterns may be among them).
+  has_pattern=0
+  for a in "$@"; do case "$a" in //*) has_pattern=1 ;; esac; done
+  if [ $has_pattern -eq 1 ]; then
+    bazel test "$@"
+    status=$?
+    patterns=()
+    for a in "$@"; do case "$a" in //*) patterns+=("$a") ;; esac; done
+    opts=()
+    for a in "$@"; do case "$a" in //*) ;; *) opts+=("$a") ;; esac; done
+    python3 tools/test_summary.py --label "bazel test $*" \
+      --testlogs "$(bazel info "${opts[@]}" bazel-testlogs 2>/dev/null)" "${patterns[@]}"
+  else
+    stage "bazel test //... $*" "$@" -- //...
+  fi
+  exit $status
+fi
+
+stage "plain" -- //...
+if [ "${HS_SANITIZERS:-1}" != "0" ]; then
+  stage "asan+ubsan" --config=asan -- //...
+  stage "tsan" --config=tsan -- //kernels/... //engine/...
+fi
+python3 tools/check_fixtures.py || { [ $status -eq 0 ] && status=1; }
+exit $status

@@ -1,0 +1,45 @@
+"""What the golden fixtures are made of: the fixture models, their prompts.
+
+Shared by tools/make_golden.py (which needs torch and transformers) and
+tools/check_fixtures.py (which checks the committed files with numpy alone).
+"""
+
+import numpy as np
+
+# Fixture models: name -> (arch, preset, seed, config.json fields set over gen_model.py's).
+MODELS = {
+    "nemotron_h_tiny": ("nemotron_h", "tiny", 1234, {}),
+    "mamba2_tiny": ("mamba2", "tiny", 4321, {}),
+    "nemotron_h_tied_tiny": ("nemotron_h", "tiny", 2468, {"tie_word_embeddings": True}),
+}
+# Prompt lengths for chunk_size 16: shorter than a chunk (1, 5, 13), exactly one and two
+# chunks (16, 32), off-grid (29, 50) and longer than three chunks (50, 77).
+PROMPT_LENGTHS = [1, 5, 13, 16, 29, 32, 50, 77]
+NEW_TOKENS = 12
+PROMPT_SEED = 20240601
+
+# The embedded model, recorded as it is: name -> its directory, relative to the repository.
+EXISTING_MODELS = {"default": "models/default"}
+# Its prompts: <bos> + the first len - 1 bytes of DEFAULT_TEXT. Lengths for chunk_size 64: within
+# the first chunk (1, 5, 40), exactly one and two chunks (64, 128), off-grid (100, 150) and past
+# four chunks (300).
+DEFAULT_PROMPT_LENGTHS = [1, 5, 40, 64, 100, 128, 150, 300]
+DEFAULT_TEXT = (
+    "A man walked into a library and asked the librarian for a book about paranoia.  She "
+    "leaned over the counter and whispered, \"It's right behind you.\"\n"
+    "Never put off until tomorrow what you can do the day after tomorrow.  The first rule "
+    "of computing is that every program has at least one bug and can be shortened by one "
+    "line; the second rule is that it will take longer than you think, even when you take "
+    "the first rule into account.\n")
+
+
+def make_prompts(vocab_size, seed):
+    """Fixed prompts: uniform token ids in [3, vocab) (ids 0..2 are pad/bos/eos)."""
+    bits = np.random.Generator(np.random.PCG64(seed))
+    return [bits.integers(3, vocab_size, size=n, dtype=np.int64).astype(np.int32) for n in PROMPT_LENGTHS]
+
+
+def default_prompts(bos):
+    """The embedded model's prompts: <bos> + the first len - 1 bytes of DEFAULT_TEXT."""
+    text = DEFAULT_TEXT.encode()
+    return [np.array([bos] + list(text[:n - 1]), dtype=np.int32) for n in DEFAULT_PROMPT_LENGTHS]
