@@ -109,12 +109,30 @@ int64_t ArgMax(absl::Span<const float> row) { return std::max_element(row.begin(
 float MaxAbsDiff(absl::Span<const float> a, absl::Span<const float> b) {
   if (a.size() != b.size()) return INFINITY;
   float m = 0.0f;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!std::isfinite(a[i]) || !std::isfinite(b[i])) return INFINITY;
+    m = std::max(m, std::fabs(a[i] - b[i]));
+  }
   return m;
 }
 
-bool BitEqual(absl::Span<const float> a, absl::Span<const float> b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+::testing::AssertionResult BitEqual(absl::Span<const float> a, absl::Span<const float> b) {
+  if (a.size() != b.size()) {
+    return ::testing::AssertionFailure() << "sizes differ: " << a.size() << " vs " << b.size();
+  }
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!std::isfinite(a[i]) || !std::isfinite(b[i])) {
+      return ::testing::AssertionFailure() << "non-finite value at element " << i << " of " << a.size() << ": "
+                                           << a[i] << " vs " << b[i];
+    }
+  }
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) {
+      return ::testing::AssertionFailure() << "bits differ first at element " << i << " of " << a.size() << ": "
+                                           << a[i] << " vs " << b[i] << " (max abs diff " << MaxAbsDiff(a, b) << ")";
+    }
+  }
+  return ::testing::AssertionSuccess();
 }
 
 namespace {
@@ -126,8 +144,8 @@ bool ArraysBitEqual(const std::vector<std::vector<float>>& a, const std::vector<
     return false;
   }
   for (size_t l = 0; l < a.size(); ++l) {
-    if (!BitEqual(a[l], b[l])) {
-      *what = absl::StrCat(name, "[", l, "] differs (max abs diff ", MaxAbsDiff(a[l], b[l]), ")");
+    if (const ::testing::AssertionResult equal = BitEqual(a[l], b[l]); !equal) {
+      *what = absl::StrCat(name, "[", l, "]: ", equal.message());
       return false;
     }
   }
@@ -146,19 +164,18 @@ bool StatesBitEqual(const SequenceState& a, const SequenceState& b, std::string*
       !ArraysBitEqual(a.tail_k, b.tail_k, "tail_k", what) || !ArraysBitEqual(a.tail_v, b.tail_v, "tail_v", what)) {
     return false;
   }
-  if (!BitEqual(a.last_logits, b.last_logits)) {
-    *what = absl::StrCat("last_logits differ (max abs diff ", MaxAbsDiff(a.last_logits, b.last_logits), ")");
+  if (const ::testing::AssertionResult equal = BitEqual(a.last_logits, b.last_logits); !equal) {
+    *what = absl::StrCat("last_logits: ", equal.message());
     return false;
   }
   return true;
 }
 
 float StatesMaxAbsDiff(const SequenceState& a, const SequenceState& b) {
+  if (a.ssm_states.size() != b.ssm_states.size() || a.conv_states.size() != b.conv_states.size()) return INFINITY;
   float m = 0.0f;
-  for (size_t l = 0; l < a.ssm_states.size() && l < b.ssm_states.size(); ++l) {
-    m = std::max(m, MaxAbsDiff(a.ssm_states[l], b.ssm_states[l]));
-    m = std::max(m, MaxAbsDiff(a.conv_states[l], b.conv_states[l]));
-  }
+  for (size_t l = 0; l < a.ssm_states.size(); ++l) m = std::max(m, MaxAbsDiff(a.ssm_states[l], b.ssm_states[l]));
+  for (size_t l = 0; l < a.conv_states.size(); ++l) m = std::max(m, MaxAbsDiff(a.conv_states[l], b.conv_states[l]));
   return m;
 }
 

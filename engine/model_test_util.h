@@ -14,6 +14,7 @@
 #include "engine/model.h"
 #include "engine/model_weights.h"
 #include "engine/sequence_state.h"
+#include "gtest/gtest.h"
 
 namespace hybridserve::engine::testing {
 
@@ -50,12 +51,19 @@ std::vector<TokenId> RandomTokens(uint64_t seed, int64_t n, int64_t vocab);
 
 // Index of the largest value (the first on ties).
 int64_t ArgMax(absl::Span<const float> row);
+// Largest |a[i] - b[i]|; +infinity when the sizes differ or when either input
+// holds a NaN or an infinity anywhere, so `MaxAbsDiff(x, y) <= tol` fails on
+// non-finite values (std::max(m, NaN) would keep m and hide a NaN).
 float MaxAbsDiff(absl::Span<const float> a, absl::Span<const float> b);
-// Same size and the same bytes (memcmp: distinguishes -0 from 0, compares NaN payloads).
-bool BitEqual(absl::Span<const float> a, absl::Span<const float> b);
-// Every field bit-identical; `what` describes the first difference when not.
+// Same size, the same bytes (memcmp: distinguishes -0 from 0), and every value
+// finite. Logits and states of a correct model are always finite, so a NaN or
+// an infinity at the same index of both inputs is two wrong answers agreeing,
+// not a match: it fails, and the message names the first such element.
+::testing::AssertionResult BitEqual(absl::Span<const float> a, absl::Span<const float> b);
+// Every field bit-identical and finite (as BitEqual); `what` describes the first difference when not.
 bool StatesBitEqual(const SequenceState& a, const SequenceState& b, std::string* what);
-// Largest absolute difference over the SSM and conv states.
+// Largest absolute difference over the SSM and conv states; +infinity when the
+// layer counts differ or any value is non-finite (as MaxAbsDiff).
 float StatesMaxAbsDiff(const SequenceState& a, const SequenceState& b);
 
 // Page bytes of pages [0, n_pages) of a sequence; ADD_FAILURE on error.

@@ -30,7 +30,29 @@ inline int64_t FirstBitMismatch(const float* a, const float* b, int64_t n) {
   return -1;
 }
 
+// Index of the first element that is NaN or infinite in either array, or -1.
+inline int64_t FirstNonFinite(const float* a, const float* b, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(a[i]) || !std::isfinite(b[i])) return i;
+  }
+  return -1;
+}
+
+inline int64_t FirstNonFinite(const float* a, const double* b, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(a[i]) || !std::isfinite(b[i])) return i;
+  }
+  return -1;
+}
+
+// The same bits and every value finite: the kernels' outputs on finite inputs
+// are finite, so a NaN or an infinity at the same index of both arrays is two
+// wrong answers agreeing and fails.
 inline ::testing::AssertionResult BitsEqual(const float* a, const float* b, int64_t n) {
+  if (const int64_t i = FirstNonFinite(a, b, n); i >= 0) {
+    return ::testing::AssertionFailure() << "non-finite value at element " << i << " of " << n << ": " << a[i]
+                                         << " vs " << b[i];
+  }
   const int64_t i = FirstBitMismatch(a, b, n);
   if (i < 0) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << "bits differ first at element " << i << " of " << n << ": " << a[i] << " vs "
@@ -43,8 +65,14 @@ inline ::testing::AssertionResult BitsEqual(const std::vector<float>& a, const s
 }
 
 // |actual - expected| <= tol * max(|expected|) elementwise: an error bound
-// relative to the tensor's scale, robust to elements that cancel to ~0.
+// relative to the tensor's scale, robust to elements that cancel to ~0. Fails
+// on a NaN or an infinity in either input (an infinite scale would make every
+// bound infinite).
 inline ::testing::AssertionResult CloseToScale(const float* actual, const double* expected, int64_t n, double tol) {
+  if (const int64_t i = FirstNonFinite(actual, expected, n); i >= 0) {
+    return ::testing::AssertionFailure() << "non-finite value at element " << i << " of " << n << ": " << actual[i]
+                                         << " vs " << expected[i];
+  }
   double scale = 0.0;
   for (int64_t i = 0; i < n; ++i) scale = std::max(scale, std::fabs(expected[i]));
   const double bound = tol * std::max(scale, 1e-30);
@@ -76,10 +104,17 @@ inline ::testing::AssertionResult CloseToScale(const std::vector<float>& actual,
   return CloseToScale(actual.data(), expected.data(), static_cast<int64_t>(actual.size()), tol);
 }
 
-// |actual - expected| <= atol + rtol * |expected| elementwise.
+// |actual - expected| <= atol + rtol * |expected| elementwise. Fails on a NaN
+// or an infinity in either input (an infinite expected value would make its
+// bound infinite).
 inline ::testing::AssertionResult AllClose(const std::vector<float>& actual, const std::vector<double>& expected,
                                            double rtol, double atol) {
   if (actual.size() != expected.size()) return ::testing::AssertionFailure() << "sizes differ";
+  const int64_t n = static_cast<int64_t>(actual.size());
+  if (const int64_t i = FirstNonFinite(actual.data(), expected.data(), n); i >= 0) {
+    return ::testing::AssertionFailure() << "non-finite value at element " << i << " of " << n << ": " << actual[i]
+                                         << " vs " << expected[i];
+  }
   for (size_t i = 0; i < actual.size(); ++i) {
     const double err = std::fabs(static_cast<double>(actual[i]) - expected[i]);
     if (!(err <= atol + rtol * std::fabs(expected[i]))) {
