@@ -87,6 +87,10 @@ class SafetensorsFile {
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   const std::string& path() const { return path_; }
   uint64_t size_bytes() const { return size_; }
+  // The whole file (length prefix, header and data) as mapped or held: every
+  // view's bytes lie inside it, at data_start() + data_begin.
+  absl::Span<const uint8_t> file_bytes() const { return absl::MakeConstSpan(base_, size_); }
+  uint64_t data_start() const { return data_start_; }  // 8 + header length
 
   bool Contains(absl::string_view name) const { return index_.contains(name); }
   const TensorInfo* Find(absl::string_view name) const;
