@@ -1,0 +1,77 @@
+#ifndef HYBRIDSERVE_KERNELS_CPU_ATTENTION_DOT_H_
+#define HYBRIDSERVE_KERNELS_CPU_ATTENTION_DOT_H_
+
+// The attention scores q . k of kernels/cpu/attention.cc, in a header of their
+// own so that a test can check the eight-key path against the single-key path
+// (internal to the CPU attention kernel; needs AVX2 and FMA).
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "kernels/cpu/simd.h"
+
+namespace hybridserve::kernels::cpu::attention_internal {
+
+// q . k over head_dim, the one summation order every path uses: one 8-lane
+// FMA chain over the head_dim vectors (the last zero-padded), then the lanes
+// reduced as ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)). Dot8 computes
+// eight keys at once with exactly these operations per key (its hadd tree
+// pairs lanes the same way), so a score never depends on its neighbours.
+inline __m256 DotLanes(const float* q, const float* k, int64_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(k + i), acc);
+  if (i < n) acc = _mm256_fmadd_ps(simd::LoadPartial(q + i, n - i), simd::LoadPartial(k + i, n - i), acc);
+  return acc;
+}
+
+inline float Dot(const float* q, const float* k, int64_t n) {
+  alignas(32) float l[8];
+  _mm256_store_ps(l, DotLanes(q, k, n));
+  return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+
+// Scores of keys k, k + stride, ..., k + 7 * stride against q.
+inline __m256 Dot8(const float* q, const float* k, int64_t stride, int64_t n) {
+  __m256 a[8];
+  for (int j = 0; j < 8; ++j) a[j] = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 qv = _mm256_loadu_ps(q + i);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) a[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + j * stride + i), a[j]);
+  }
+  if (i < n) {
+    const __m256 qv = simd::LoadPartial(q + i, n - i);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) a[j] = _mm256_fmadd_ps(qv, simd::LoadPartial(k + j * stride + i, n - i), a[j]);
+  }
+  // hadd(x, y) = [x0+x1, x2+x3, y0+y1, y2+y3 | x4+x5, x6+x7, y4+y5, y6+y7].
+  const __m256 h01 = _mm256_hadd_ps(a[0], a[1]), h23 = _mm256_hadd_ps(a[2], a[3]);
+  const __m256 h45 = _mm256_hadd_ps(a[4], a[5]), h67 = _mm256_hadd_ps(a[6], a[7]);
+  // [(k0 l0..3), (k1 l0..3), (k2 ..), (k3 ..) | (k0 l4..7), (k1 ..), (k2 ..), (k3 ..)]
+  const __m256 q0123 = _mm256_hadd_ps(h01, h23);
+  const __m256 q4567 = _mm256_hadd_ps(h45, h67);
+  // Low half + high half per key: keys 0-3 from q0123, keys 4-7 from q4567.
+  const __m256 lo = _mm256_permute2f128_ps(q0123, q4567, 0x20);
+  const __m256 hi = _mm256_permute2f128_ps(q0123, q4567, 0x31);
+  return _mm256_add_ps(lo, hi);
+}
+
+// scores[i] = (q . k_i) * scale for the `count` keys k_i = k + i * stride of
+// one block: eight at a time with Dot8, the last count % 8 with Dot. Every
+// score has the bits of Dot(q, k_i, n) * scale. `scores` holds at least count
+// floats.
+inline void ScoreKeys(const float* q, const float* k, int64_t stride, int64_t n, int64_t count, float scale,
+                      float* scores) {
+  int64_t i = 0;
+  for (; i + 8 <= count; i += 8) {
+    _mm256_storeu_ps(scores + i, _mm256_mul_ps(Dot8(q, k + i * stride, stride, n), _mm256_set1_ps(scale)));
+  }
+  for (; i < count; ++i) scores[i] = Dot(q, k + i * stride, n) * scale;
+}
+
+}  // namespace hybridserve::kernels::cpu::attention_internal
+
+#endif  // HYBRIDSERVE_KERNELS_CPU_ATTENTION_DOT_H_
