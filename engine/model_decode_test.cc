@@ -39,11 +39,11 @@ class BatchedDecodeTest : public ::testing::TestWithParam<std::string> {
     vocab_ = weights_->config().vocab_size;
   }
 
-  std::unique_ptr<Model> NewModel() {
+  std::unique_ptr<Model> NewModel(int64_t max_sequences = 6, int64_t max_pages = 256) {
     ModelOptions options;
     options.page_size = 4;
-    options.max_pages = 256;
-    options.max_sequences = 6;
+    options.max_pages = max_pages;
+    options.max_sequences = max_sequences;
     options.matmul_mode = kernels::MatmulMode::kDeterministic;
     return testing::MakeModel(*weights_, options);
   }
@@ -127,6 +127,80 @@ TEST_P(BatchedDecodeTest, EachSequenceGetsTheBitsItGetsAloneWhateverTheBatch) {
   EXPECT_EQ(compared, 3 * kSteps + 5);
   EXPECT_EQ(model->num_free_sequences(), 6);
   EXPECT_EQ(model->num_free_pages(), 256);
+}
+
+// Batches of 1, 2, 8 and 32 sequences, each at its own position (prompts of
+// 1 to 66 tokens: inside a page, on page boundaries, past a chunk), decoded together for kSteps steps in an order that rotates every
+// step: every row has the bits of the same sequence decoded alone (a batch of
+// one on a model holding only that sequence).
+TEST_P(BatchedDecodeTest, BatchesOf1To32AtMixedPositionsGiveEachSequenceItsAloneBits) {
+  constexpr int kMaxBatch = 32;
+  constexpr int kSteps = 3;
+  std::vector<std::vector<TokenId>> prompts, inputs;
+  std::vector<int64_t> lengths;
+  for (int i = 0; i < kMaxBatch; ++i) {
+    // 32 distinct lengths from 1 to 66: every remainder mod the page size
+    // (4), whole pages (8, 20, 48, 60) and past a 64-token chunk.
+    const int64_t length = 1 + (static_cast<int64_t>(i) * 37 + (i % 3)) % 70;
+    lengths.push_back(length);
+    prompts.push_back(RandomTokens(300 + static_cast<uint64_t>(i), length, vocab_));
+    inputs.push_back(RandomTokens(400 + static_cast<uint64_t>(i), kSteps, vocab_));
+  }
+  ASSERT_GT(*std::max_element(lengths.begin(), lengths.end()), 64);
+
+  std::vector<std::vector<std::vector<float>>> alone(kMaxBatch);
+  {
+    auto model = NewModel(1, 64);
+    ASSERT_NE(model, nullptr);
+    for (int i = 0; i < kMaxBatch; ++i) {
+      auto id = model->NewSequence();
+      ASSERT_TRUE(id.ok()) << id.status();
+      ASSERT_TRUE(model->Prefill(*id, prompts[static_cast<size_t>(i)]).ok());
+      for (int s = 0; s < kSteps; ++s) {
+        const SequenceId ids[] = {*id};
+        const TokenId tokens[] = {inputs[static_cast<size_t>(i)][static_cast<size_t>(s)]};
+        auto logits = model->DecodeStep(ids, tokens);
+        ASSERT_TRUE(logits.ok()) << logits.status();
+        alone[static_cast<size_t>(i)].push_back(*logits);
+      }
+      ASSERT_TRUE(model->ReleaseSequence(*id).ok());
+    }
+  }
+
+  for (int batch : {1, 2, 8, 32}) {
+    auto model = NewModel(kMaxBatch, 1024);
+    ASSERT_NE(model, nullptr);
+    // Sequences spread over the 32 prompts, so small batches mix positions too.
+    std::vector<size_t> members;
+    std::vector<SequenceId> ids;
+    for (int b = 0; b < batch; ++b) {
+      const size_t i = static_cast<size_t>(b * (kMaxBatch / batch) + (batch == 1 ? 7 : 0));
+      auto id = model->NewSequence();
+      ASSERT_TRUE(id.ok()) << id.status();
+      ASSERT_TRUE(model->Prefill(*id, prompts[i]).ok());
+      members.push_back(i);
+      ids.push_back(*id);
+    }
+    for (int s = 0; s < kSteps; ++s) {
+      std::vector<size_t> order(members.size());
+      for (size_t b = 0; b < order.size(); ++b) order[b] = (b + static_cast<size_t>(s) * 3) % order.size();
+      std::vector<SequenceId> step_ids;
+      std::vector<TokenId> tokens;
+      for (size_t b : order) {
+        step_ids.push_back(ids[b]);
+        tokens.push_back(inputs[members[b]][static_cast<size_t>(s)]);
+      }
+      auto logits = model->DecodeStep(step_ids, tokens);
+      ASSERT_TRUE(logits.ok()) << logits.status();
+      ASSERT_EQ(logits->size(), order.size() * static_cast<size_t>(vocab_));
+      for (size_t row = 0; row < order.size(); ++row) {
+        const size_t i = members[order[row]];
+        EXPECT_TRUE(BitEqual(Row(*logits, static_cast<int64_t>(row), vocab_), alone[i][static_cast<size_t>(s)]))
+            << "batch " << batch << ", row " << row << ", sequence " << i << " at position "
+            << lengths[i] + s << ", step " << s;
+      }
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, BatchedDecodeTest,
