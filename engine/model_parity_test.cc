@@ -125,6 +125,81 @@ TEST_P(ModelParityTest, ResumeFromEveryGridCheckpointIsBitIdenticalToColdPrefill
   }
 }
 
+// Contract 1 over the grid's parameters: every page size dividing the chunk
+// (1 to 16), checkpoint intervals of 1 to 4 chunks, and prompts that end on a
+// checkpoint, just past one, mid-interval off the page grid, and just before
+// one. At every checkpoint q of a cold prefill of [0, P): restore there,
+// prefill [q, P); every logit row of [q, P), the final state and the KV pages
+// are bit-identical to the cold run's (model.h: both runs issue the same
+// kernel calls after q, in either matmul mode). A checkpoint at q == P is
+// restored and compared as a state.
+TEST_P(ModelParityTest, ResumeFromEveryCheckpointOverPageSizesIntervalsAndLengthsIsBitIdentical) {
+  constexpr int64_t kChunk = 16;
+  ASSERT_EQ(weights_->config().mamba.chunk_size, kChunk);
+  int restores = 0;
+  for (int64_t page_size : {1, 2, 4, 8, 16}) {
+    for (int64_t interval : {kChunk, 2 * kChunk, 3 * kChunk, 4 * kChunk}) {
+      ModelOptions options;
+      options.page_size = page_size;
+      options.checkpoint_interval = interval;
+      options.max_pages = 2 * 4 * interval / page_size + 8;
+      options.max_sequences = 2;
+      options.matmul_mode = GetParam().mode;
+      std::unique_ptr<Model> model = testing::MakeModel(*weights_, options);
+      ASSERT_NE(model, nullptr);
+      for (int64_t p : {interval, 2 * interval + 1, 3 * interval + interval / 2 + 3, 4 * interval - 1}) {
+        SCOPED_TRACE(absl::StrCat("page size ", page_size, ", interval ", interval, ", prompt of ", p));
+        const std::vector<TokenId> prompt = RandomTokens(/*seed=*/static_cast<uint64_t>(1000 + p), p, vocab_);
+        auto cold = model->NewSequence();
+        ASSERT_TRUE(cold.ok()) << cold.status();
+        PrefillOptions options_all;
+        options_all.all_logits = true;
+        options_all.emit_checkpoints = true;
+        auto cold_result = model->Prefill(*cold, prompt, options_all);
+        ASSERT_TRUE(cold_result.ok()) << cold_result.status();
+        ASSERT_EQ(cold_result->logits.size(), static_cast<size_t>(p * vocab_));
+        ASSERT_EQ(cold_result->checkpoints.size(), static_cast<size_t>(p / interval));
+        auto cold_state = model->CaptureState(*cold, /*with_logits=*/true);
+        ASSERT_TRUE(cold_state.ok()) << cold_state.status();
+        const std::vector<std::string> cold_pages = ExportPages(*model, *cold, p / page_size);
+
+        for (const SequenceState& checkpoint : cold_result->checkpoints) {
+          const int64_t q = checkpoint.position;
+          SCOPED_TRACE(absl::StrCat("checkpoint at ", q));
+          ASSERT_EQ(q % interval, 0);
+          auto resumed = model->NewSequence();
+          ASSERT_TRUE(resumed.ok()) << resumed.status();
+          const std::vector<std::string> pages = ExportPages(*model, *cold, q / page_size);
+          ASSERT_TRUE(model->RestoreState(*resumed, checkpoint, Views(pages)).ok());
+          ++restores;
+          std::string what;
+          if (q == p) {
+            auto restored = model->CaptureState(*resumed, /*with_logits=*/false);
+            auto expected = model->CaptureState(*cold, /*with_logits=*/false);
+            ASSERT_TRUE(restored.ok() && expected.ok());
+            EXPECT_TRUE(StatesBitEqual(*restored, *expected, &what)) << what;
+          } else {
+            auto result =
+                model->Prefill(*resumed, absl::MakeConstSpan(prompt).subspan(static_cast<size_t>(q)), options_all);
+            ASSERT_TRUE(result.ok()) << result.status();
+            const absl::Span<const float> cold_rows =
+                absl::MakeConstSpan(cold_result->logits).subspan(static_cast<size_t>(q * vocab_));
+            EXPECT_TRUE(BitEqual(result->logits, cold_rows));
+            auto state = model->CaptureState(*resumed, /*with_logits=*/true);
+            ASSERT_TRUE(state.ok()) << state.status();
+            EXPECT_TRUE(StatesBitEqual(*state, *cold_state, &what)) << what;
+          }
+          EXPECT_EQ(ExportPages(*model, *resumed, p / page_size), cold_pages);
+          ASSERT_TRUE(model->ReleaseSequence(*resumed).ok());
+        }
+        ASSERT_TRUE(model->ReleaseSequence(*cold).ok());
+      }
+    }
+  }
+  // 5 page sizes x 4 intervals x (1 + 2 + 3 + 3) checkpoints.
+  EXPECT_EQ(restores, 5 * 4 * 9);
+}
+
 // A grid checkpoint holds exactly the state of a sequence prefilled up to it.
 TEST_P(ModelParityTest, GridCheckpointEqualsStateOfPrefillEndingThere) {
   const std::vector<TokenId> prompt = RandomTokens(/*seed=*/12, 100, vocab_);
