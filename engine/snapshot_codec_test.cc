@@ -1,5 +1,6 @@
 #include "engine/snapshot_codec.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "common/hash.h"
@@ -440,6 +442,228 @@ TEST(SnapshotCodecTest, HeaderClaimingMoreBytesThanTheInputIsRejectedWithoutAllo
   absl::StatusOr<Snapshot> decoded = DecodeSnapshot(bytes);
   EXPECT_EQ(decoded.status().code(), absl::StatusCode::kInvalidArgument) << decoded.status();
   EXPECT_THAT(std::string(decoded.status().message()), HasSubstr("header describes"));
+}
+
+// ---- Corruptions beyond single bits ----
+
+// One named byte range of an encoded snapshot: a header field or a payload array.
+struct Section {
+  std::string name;
+  size_t offset;
+  size_t size;
+};
+
+// Every section of `s`'s encoding, in order, tiling [0, encoded size).
+std::vector<Section> Sections(const Snapshot& s, size_t encoded_size) {
+  std::vector<Section> out = {{"magic", 0, 8},          {"version", 8, 4},       {"header bytes", 12, 4},
+                              {"dtype", 16, 4},         {"flags", 20, 4},        {"fingerprint", 24, 16},
+                              {"prefix hash", 40, 16},  {"position", 56, 8}};
+  for (int i = 0; i < 11; ++i) out.push_back({absl::StrCat("layout field ", i), 64 + 4 * static_cast<size_t>(i), 4});
+  out.push_back({"tail tokens", 108, 4});
+  out.push_back({"payload bytes", 112, 8});
+  out.push_back({"reserved", 120, 8});
+  size_t at = kSnapshotHeaderBytes;
+  auto add = [&](const std::string& name, size_t floats) {
+    out.push_back({name, at, floats * sizeof(float)});
+    at += floats * sizeof(float);
+  };
+  for (size_t l = 0; l < s.ssm_states.size(); ++l) {
+    add(absl::StrCat("ssm_states[", l, "]"), s.ssm_states[l].size());
+  }
+  for (size_t l = 0; l < s.conv_states.size(); ++l) {
+    add(absl::StrCat("conv_states[", l, "]"), s.conv_states[l].size());
+  }
+  for (size_t l = 0; l < s.tail_k.size(); ++l) {
+    add(absl::StrCat("tail_k[", l, "]"), s.tail_k[l].size());
+    add(absl::StrCat("tail_v[", l, "]"), s.tail_v[l].size());
+  }
+  if (!s.last_logits.empty()) add("last_logits", s.last_logits.size());
+  out.push_back({"checksum", at, kSnapshotTrailerBytes});
+  EXPECT_EQ(at + kSnapshotTrailerBytes, encoded_size);
+  return out;
+}
+
+const Section& Find(const std::vector<Section>& sections, absl::string_view name) {
+  for (const Section& s : sections) {
+    if (s.name == name) return s;
+  }
+  ADD_FAILURE() << "no section " << name;
+  return sections.front();
+}
+
+// Decode and Parse both return `code` for `bytes` (`what` names the case).
+void ExpectBothReject(const std::string& bytes, absl::StatusCode code, const std::string& what,
+                      const SnapshotExpectation& expect = {}) {
+  absl::StatusOr<Snapshot> decoded = DecodeSnapshot(bytes, expect);
+  EXPECT_EQ(decoded.status().code(), code) << what << ": " << decoded.status();
+  absl::StatusOr<SnapshotView> parsed = ParseSnapshot(bytes, expect);
+  EXPECT_EQ(parsed.status().code(), code) << what << ": " << parsed.status();
+}
+
+// Neither Decode nor Parse accepts `bytes`, and the code is one of `codes`.
+void ExpectBothRejectWithOneOf(const std::string& bytes, std::vector<absl::StatusCode> codes, const std::string& what,
+                               const SnapshotExpectation& expect = {}) {
+  absl::StatusOr<Snapshot> decoded = DecodeSnapshot(bytes, expect);
+  absl::StatusOr<SnapshotView> parsed = ParseSnapshot(bytes, expect);
+  EXPECT_FALSE(decoded.ok()) << what << " was accepted";
+  EXPECT_THAT(codes, ::testing::Contains(decoded.status().code())) << what << ": " << decoded.status();
+  EXPECT_EQ(parsed.status().code(), decoded.status().code()) << what << ": " << parsed.status();
+}
+
+// 4000 seeded corruptions of 2 to 64 bytes: scattered bytes, contiguous
+// bursts of random bytes, zeroed and 0xFF-filled runs, a payload byte together
+// with the checksum. Every one is DATA_LOSS from both Decode and Parse.
+TEST(SnapshotCodecTest, MultiByteCorruptionsAnywhereAreDataLoss) {
+  const std::string good = EncodeOrDie(MakeSnapshot(SmallHybridLayout(), 11, true));
+  std::mt19937_64 rng(6);
+  for (int trial = 0; trial < 4000; ++trial) {
+    std::string bytes = good;
+    const int kind = trial % 5;
+    const size_t n = 2 + rng() % 63;
+    const size_t start = rng() % (good.size() - n + 1);
+    switch (kind) {
+      case 0:  // scattered bytes
+        for (size_t k = 0; k < n; ++k) bytes[rng() % bytes.size()] = static_cast<char>(rng());
+        break;
+      case 1:  // a burst of random bytes
+        for (size_t k = 0; k < n; ++k) bytes[start + k] = static_cast<char>(rng());
+        break;
+      case 2:  // a zeroed run
+        std::memset(bytes.data() + start, 0, n);
+        break;
+      case 3:  // a run of 0xFF
+        std::memset(bytes.data() + start, 0xFF, n);
+        break;
+      default: {  // a payload byte and a checksum byte
+        const size_t payload = kSnapshotHeaderBytes + rng() % (good.size() - kSnapshotHeaderBytes - 8);
+        bytes[payload] = static_cast<char>(bytes[payload] ^ (1 + rng() % 255));
+        const size_t sum = good.size() - 8 + rng() % 8;
+        bytes[sum] = static_cast<char>(bytes[sum] ^ (1 + rng() % 255));
+        break;
+      }
+    }
+    if (bytes == good) continue;  // a random run that rewrote the same bytes
+    ExpectBothReject(bytes, absl::StatusCode::kDataLoss, absl::StrCat("trial ", trial, " kind ", kind));
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+// Sections exchanged with others of the same size (states of two layers, K
+// and V, the two hashes, two layout fields, neighbouring floats of one array):
+// every length still matches, only the checksum can tell, and it does.
+TEST(SnapshotCodecTest, SwappedSectionsAreDataLoss) {
+  const Snapshot snap = MakeSnapshot(SmallHybridLayout(), 11, true);
+  const std::string good = EncodeOrDie(snap);
+  const std::vector<Section> sections = Sections(snap, good.size());
+  const std::vector<std::pair<std::string, std::string>> swaps = {
+      {"ssm_states[0]", "ssm_states[1]"}, {"ssm_states[0]", "ssm_states[2]"}, {"conv_states[1]", "conv_states[2]"},
+      {"tail_k[0]", "tail_v[0]"},         {"tail_k[1]", "tail_v[1]"},         {"tail_k[0]", "tail_k[1]"},
+      {"tail_v[0]", "tail_k[1]"},         {"fingerprint", "prefix hash"},     {"layout field 1", "layout field 2"},
+      {"layout field 0", "layout field 6"}, {"header bytes", "version"},      {"flags", "tail tokens"},
+  };
+  int swapped = 0;
+  for (const auto& [a_name, b_name] : swaps) {
+    const Section& a = Find(sections, a_name);
+    const Section& b = Find(sections, b_name);
+    ASSERT_EQ(a.size, b.size) << a_name << " / " << b_name;
+    std::string bytes = good;
+    std::memcpy(bytes.data() + a.offset, good.data() + b.offset, b.size);
+    std::memcpy(bytes.data() + b.offset, good.data() + a.offset, a.size);
+    if (bytes == good) continue;  // equal contents (cannot happen with random states)
+    ++swapped;
+    ExpectBothReject(bytes, absl::StatusCode::kDataLoss, absl::StrCat(a_name, " <-> ", b_name));
+  }
+  EXPECT_EQ(swapped, static_cast<int>(swaps.size()));
+  // Two neighbouring floats of every payload array.
+  for (const Section& s : sections) {
+    if (s.offset < kSnapshotHeaderBytes || s.name == "checksum" || s.size < 8) continue;
+    std::string bytes = good;
+    std::memcpy(bytes.data() + s.offset, good.data() + s.offset + 4, 4);
+    std::memcpy(bytes.data() + s.offset + 4, good.data() + s.offset, 4);
+    if (bytes == good) continue;
+    ExpectBothReject(bytes, absl::StatusCode::kDataLoss, absl::StrCat("first two floats of ", s.name));
+  }
+}
+
+// Every size-bearing header field (header bytes, position, each layout field,
+// tail tokens, payload bytes) set to 0, value - 1, value + 1, 2 * value and
+// its type's maximum. As written (checksum stale): DATA_LOSS. With the
+// checksum recomputed, so that the structural checks see the field: still
+// rejected, INVALID_ARGUMENT (a length that no longer matches the input or a
+// field out of range), or FAILED_PRECONDITION where the change describes a
+// consistent snapshot of another layout or position than the one expected.
+TEST(SnapshotCodecTest, ModifiedLengthFieldsAreRejectedWithOrWithoutAValidChecksum) {
+  const Snapshot snap = MakeSnapshot(SmallHybridLayout(), 11, true);
+  const std::string good = EncodeOrDie(snap);
+  const SnapshotExpectation expect{snap.model_fingerprint, snap.layout, snap.position, snap.prefix_hash};
+  ASSERT_TRUE(DecodeSnapshot(good, expect).ok());
+  struct Field {
+    std::string name;
+    size_t offset;
+    int width;  // 4 or 8 bytes
+  };
+  std::vector<Field> fields = {{"header bytes", 12, 4}, {"position", 56, 8}, {"tail tokens", 108, 4},
+                               {"payload bytes", 112, 8}};
+  for (int i = 0; i < 11; ++i) fields.push_back({absl::StrCat("layout field ", i), 64 + 4 * static_cast<size_t>(i), 4});
+  int cases = 0;
+  for (const Field& f : fields) {
+    const int64_t value = f.width == 4 ? Peek<int32_t>(good, f.offset) : Peek<int64_t>(good, f.offset);
+    const int64_t max = f.width == 4 ? std::numeric_limits<int32_t>::max() : std::numeric_limits<int64_t>::max();
+    for (int64_t changed : {int64_t{0}, value - 1, value + 1, 2 * value, max, int64_t{-1}}) {
+      if (changed == value) continue;
+      std::string bytes = good;
+      if (f.width == 4) {
+        Poke<int32_t>(&bytes, f.offset, static_cast<int32_t>(changed));
+      } else {
+        Poke<int64_t>(&bytes, f.offset, changed);
+      }
+      const std::string what = absl::StrCat(f.name, " ", value, " -> ", changed);
+      ExpectBothReject(bytes, absl::StatusCode::kDataLoss, what, expect);
+      Reseal(&bytes);
+      ExpectBothRejectWithOneOf(bytes, {absl::StatusCode::kInvalidArgument, absl::StatusCode::kFailedPrecondition},
+                                what + " (resealed)", expect);
+      ++cases;
+    }
+  }
+  EXPECT_GE(cases, 15 * 4);
+}
+
+// Truncated at every section boundary and at every byte of the header, with
+// the stale checksum (the last 8 bytes are then not the checksum) and with a
+// valid checksum of the truncated bytes appended: never accepted. Too short
+// for a header is DATA_LOSS; a resealed truncation past the header is a length
+// that does not match the header, INVALID_ARGUMENT. Extended past the end
+// and resealed: INVALID_ARGUMENT.
+TEST(SnapshotCodecTest, TruncationAtEverySectionBoundaryAndHeaderByteIsRejectedEvenResealed) {
+  const Snapshot snap = MakeSnapshot(SmallHybridLayout(), 11, true);
+  const std::string good = EncodeOrDie(snap);
+  std::vector<size_t> cuts;
+  for (size_t n = 0; n <= kSnapshotHeaderBytes; ++n) cuts.push_back(n);
+  for (const Section& s : Sections(snap, good.size())) {
+    cuts.push_back(s.offset);
+    cuts.push_back(s.offset + s.size);
+  }
+  std::sort(cuts.begin(), cuts.end());
+  cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+  ASSERT_EQ(cuts.back(), good.size());
+  cuts.pop_back();  // the whole encoding is not a truncation
+  for (size_t n : cuts) {
+    const std::string truncated = good.substr(0, n);
+    ExpectBothReject(truncated, absl::StatusCode::kDataLoss, absl::StrCat("truncated to ", n));
+    if (n == good.size() - kSnapshotTrailerBytes) continue;  // resealed, it is the valid encoding
+    // The first n bytes sealed with their own checksum.
+    std::string resealed = truncated + std::string(8, '\0');
+    Reseal(&resealed);
+    const absl::StatusCode want =
+        resealed.size() < kSnapshotHeaderBytes + kSnapshotTrailerBytes ? absl::StatusCode::kDataLoss
+                                                                       : absl::StatusCode::kInvalidArgument;
+    ExpectBothReject(resealed, want, absl::StrCat("truncated to ", n, ", resealed"));
+  }
+  for (size_t extra : {size_t{4}, size_t{8}, size_t{28}}) {
+    std::string extended = good.substr(0, good.size() - 8) + std::string(extra, '\x5a') + std::string(8, '\0');
+    Reseal(&extended);
+    ExpectBothReject(extended, absl::StatusCode::kInvalidArgument, absl::StrCat("extended by ", extra, ", resealed"));
+  }
 }
 
 TEST(SnapshotCodecTest, EncodeRejectsArraysThatDoNotMatchTheLayout) {
