@@ -130,9 +130,10 @@ TEST_P(BatchedDecodeTest, EachSequenceGetsTheBitsItGetsAloneWhateverTheBatch) {
 }
 
 // Batches of 1, 2, 8 and 32 sequences, each at its own position (prompts of
-// 1 to 66 tokens: inside a page, on page boundaries, past a chunk), decoded together for kSteps steps in an order that rotates every
-// step: every row has the bits of the same sequence decoded alone (a batch of
-// one on a model holding only that sequence).
+// 1 to 66 tokens: inside a page, on page boundaries, past a chunk), decoded
+// together for kSteps steps in an order that rotates every step: every row has
+// the bits of the same sequence decoded alone (a batch of one on a model
+// holding only that sequence).
 TEST_P(BatchedDecodeTest, BatchesOf1To32AtMixedPositionsGiveEachSequenceItsAloneBits) {
   constexpr int kMaxBatch = 32;
   constexpr int kSteps = 3;
@@ -196,8 +197,8 @@ TEST_P(BatchedDecodeTest, BatchesOf1To32AtMixedPositionsGiveEachSequenceItsAlone
       for (size_t row = 0; row < order.size(); ++row) {
         const size_t i = members[order[row]];
         EXPECT_TRUE(BitEqual(Row(*logits, static_cast<int64_t>(row), vocab_), alone[i][static_cast<size_t>(s)]))
-            << "batch " << batch << ", row " << row << ", sequence " << i << " at position "
-            << lengths[i] + s << ", step " << s;
+            << "batch " << batch << ", row " << row << ", sequence " << i << " at position " << lengths[i] + s
+            << ", step " << s;
       }
     }
   }

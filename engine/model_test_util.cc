@@ -122,14 +122,14 @@ float MaxAbsDiff(absl::Span<const float> a, absl::Span<const float> b) {
   }
   for (size_t i = 0; i < a.size(); ++i) {
     if (!std::isfinite(a[i]) || !std::isfinite(b[i])) {
-      return ::testing::AssertionFailure() << "non-finite value at element " << i << " of " << a.size() << ": "
-                                           << a[i] << " vs " << b[i];
+      return ::testing::AssertionFailure()
+             << "non-finite value at element " << i << " of " << a.size() << ": " << a[i] << " vs " << b[i];
     }
   }
   for (size_t i = 0; i < a.size(); ++i) {
     if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) {
-      return ::testing::AssertionFailure() << "bits differ first at element " << i << " of " << a.size() << ": "
-                                           << a[i] << " vs " << b[i] << " (max abs diff " << MaxAbsDiff(a, b) << ")";
+      return ::testing::AssertionFailure() << "bits differ first at element " << i << " of " << a.size() << ": " << a[i]
+                                           << " vs " << b[i] << " (max abs diff " << MaxAbsDiff(a, b) << ")";
     }
   }
   return ::testing::AssertionSuccess();

@@ -58,8 +58,7 @@ TEST(BitEqualTest, NonFiniteValueFailsEvenWhenBothInputsHoldTheSameBits) {
       const std::vector<float> a = With(i, bad);
       const ::testing::AssertionResult both = BitEqual(a, a);
       EXPECT_FALSE(both) << bad << " at " << i;
-      EXPECT_NE(std::string(both.message()).find("non-finite value at element " + std::to_string(i)),
-                std::string::npos)
+      EXPECT_NE(std::string(both.message()).find("non-finite value at element " + std::to_string(i)), std::string::npos)
           << both.message();
       EXPECT_FALSE(BitEqual(a, kBase)) << bad << " at " << i;
       EXPECT_FALSE(BitEqual(kBase, a)) << bad << " at " << i;

@@ -455,9 +455,8 @@ struct Section {
 
 // Every section of `s`'s encoding, in order, tiling [0, encoded size).
 std::vector<Section> Sections(const Snapshot& s, size_t encoded_size) {
-  std::vector<Section> out = {{"magic", 0, 8},          {"version", 8, 4},       {"header bytes", 12, 4},
-                              {"dtype", 16, 4},         {"flags", 20, 4},        {"fingerprint", 24, 16},
-                              {"prefix hash", 40, 16},  {"position", 56, 8}};
+  std::vector<Section> out = {{"magic", 0, 8},  {"version", 8, 4},       {"header bytes", 12, 4}, {"dtype", 16, 4},
+                              {"flags", 20, 4}, {"fingerprint", 24, 16}, {"prefix hash", 40, 16}, {"position", 56, 8}};
   for (int i = 0; i < 11; ++i) out.push_back({absl::StrCat("layout field ", i), 64 + 4 * static_cast<size_t>(i), 4});
   out.push_back({"tail tokens", 108, 4});
   out.push_back({"payload bytes", 112, 8});
@@ -556,10 +555,10 @@ TEST(SnapshotCodecTest, SwappedSectionsAreDataLoss) {
   const std::string good = EncodeOrDie(snap);
   const std::vector<Section> sections = Sections(snap, good.size());
   const std::vector<std::pair<std::string, std::string>> swaps = {
-      {"ssm_states[0]", "ssm_states[1]"}, {"ssm_states[0]", "ssm_states[2]"}, {"conv_states[1]", "conv_states[2]"},
-      {"tail_k[0]", "tail_v[0]"},         {"tail_k[1]", "tail_v[1]"},         {"tail_k[0]", "tail_k[1]"},
-      {"tail_v[0]", "tail_k[1]"},         {"fingerprint", "prefix hash"},     {"layout field 1", "layout field 2"},
-      {"layout field 0", "layout field 6"}, {"header bytes", "version"},      {"flags", "tail tokens"},
+      {"ssm_states[0]", "ssm_states[1]"},   {"ssm_states[0]", "ssm_states[2]"}, {"conv_states[1]", "conv_states[2]"},
+      {"tail_k[0]", "tail_v[0]"},           {"tail_k[1]", "tail_v[1]"},         {"tail_k[0]", "tail_k[1]"},
+      {"tail_v[0]", "tail_k[1]"},           {"fingerprint", "prefix hash"},     {"layout field 1", "layout field 2"},
+      {"layout field 0", "layout field 6"}, {"header bytes", "version"},        {"flags", "tail tokens"},
   };
   int swapped = 0;
   for (const auto& [a_name, b_name] : swaps) {
@@ -602,8 +601,8 @@ TEST(SnapshotCodecTest, ModifiedLengthFieldsAreRejectedWithOrWithoutAValidChecks
     size_t offset;
     int width;  // 4 or 8 bytes
   };
-  std::vector<Field> fields = {{"header bytes", 12, 4}, {"position", 56, 8}, {"tail tokens", 108, 4},
-                               {"payload bytes", 112, 8}};
+  std::vector<Field> fields = {
+      {"header bytes", 12, 4}, {"position", 56, 8}, {"tail tokens", 108, 4}, {"payload bytes", 112, 8}};
   for (int i = 0; i < 11; ++i) fields.push_back({absl::StrCat("layout field ", i), 64 + 4 * static_cast<size_t>(i), 4});
   int cases = 0;
   for (const Field& f : fields) {
@@ -654,9 +653,9 @@ TEST(SnapshotCodecTest, TruncationAtEverySectionBoundaryAndHeaderByteIsRejectedE
     // The first n bytes sealed with their own checksum.
     std::string resealed = truncated + std::string(8, '\0');
     Reseal(&resealed);
-    const absl::StatusCode want =
-        resealed.size() < kSnapshotHeaderBytes + kSnapshotTrailerBytes ? absl::StatusCode::kDataLoss
-                                                                       : absl::StatusCode::kInvalidArgument;
+    const absl::StatusCode want = resealed.size() < kSnapshotHeaderBytes + kSnapshotTrailerBytes
+                                      ? absl::StatusCode::kDataLoss
+                                      : absl::StatusCode::kInvalidArgument;
     ExpectBothReject(resealed, want, absl::StrCat("truncated to ", n, ", resealed"));
   }
   for (size_t extra : {size_t{4}, size_t{8}, size_t{28}}) {

@@ -67,7 +67,8 @@ TEST(AttentionDotTest, ScoreKeysEqualsDotPerKeyForAnyKeyCount) {
       std::vector<float> scores(static_cast<size_t>(count), NAN);
       ScoreKeys(q.data(), k.data(), stride, d, count, scale, scores.data());
       std::vector<float> want(static_cast<size_t>(count));
-      for (int64_t i = 0; i < count; ++i) want[static_cast<size_t>(i)] = Dot(q.data(), k.data() + i * stride, d) * scale;
+      for (int64_t i = 0; i < count; ++i)
+        want[static_cast<size_t>(i)] = Dot(q.data(), k.data() + i * stride, d) * scale;
       EXPECT_TRUE(BitsEqual(scores, want)) << "head_dim " << d << ", " << count << " keys";
     }
   }

@@ -50,8 +50,8 @@ inline int64_t FirstNonFinite(const float* a, const double* b, int64_t n) {
 // wrong answers agreeing and fails.
 inline ::testing::AssertionResult BitsEqual(const float* a, const float* b, int64_t n) {
   if (const int64_t i = FirstNonFinite(a, b, n); i >= 0) {
-    return ::testing::AssertionFailure() << "non-finite value at element " << i << " of " << n << ": " << a[i]
-                                         << " vs " << b[i];
+    return ::testing::AssertionFailure() << "non-finite value at element " << i << " of " << n << ": " << a[i] << " vs "
+                                         << b[i];
   }
   const int64_t i = FirstBitMismatch(a, b, n);
   if (i < 0) return ::testing::AssertionSuccess();
