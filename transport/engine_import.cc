@@ -86,8 +86,8 @@ absl::Status ImportOrError(engine::SequenceTable& table, const engine::ImportRes
   expect.position = reservation.n_tokens;
   // Parse (and checksum) the state before any page is written.
   ASSIGN_OR_RETURN(const engine::SnapshotView view, engine::ParseSnapshot(received.state, expect));
-  for (size_t i = 0; i < received.pages.size(); ++i) {
-    RETURN_IF_ERROR(table.ImportPage(reservation.id, static_cast<int64_t>(i), received.pages[i]));
+  for (int64_t i = 0; i < received.pages.size(); ++i) {
+    RETURN_IF_ERROR(table.ImportPage(reservation.id, i, received.pages[i]));
   }
   return table.FinishImport(reservation.id, view);
 }

@@ -20,10 +20,9 @@ absl::Status InProcessTransport::Send(const Ticket& ticket, const StateSource& s
   }
   ReceivedState received;
   received.transfer_id = ticket.transfer_id;
+  if (mismatch.ok()) received.pages = PageBlock(source.num_pages(), source.page_bytes());
   for (int64_t i = 0; i < source.num_pages() && mismatch.ok(); ++i) {
-    std::string page(static_cast<size_t>(source.page_bytes()), '\0');
-    mismatch = source.ReadPage(i, absl::MakeSpan(page));
-    received.pages.push_back(std::move(page));
+    mismatch = source.ReadPage(i, received.pages.mutable_page(i));
   }
   if (!mismatch.ok()) {
     registry_.Fail(ticket.transfer_id, mismatch);

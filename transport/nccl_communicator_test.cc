@@ -153,7 +153,8 @@ TEST_F(TwoGpuTest, TheDataPlaneMovesAStateBitIdenticallyAndReusesItsChannel) {
     auto got = (*receiver)->Await(id);
     s.join();
     ASSERT_TRUE(sent.ok() && got.ok()) << sent << got.status();
-    EXPECT_EQ(got->pages, source.pages_);
+    ASSERT_EQ(got->pages.size(), static_cast<int64_t>(source.pages_.size()));
+    for (size_t i = 0; i < source.pages_.size(); ++i) EXPECT_EQ(got->pages[static_cast<int64_t>(i)], source.pages_[i]);
     EXPECT_EQ(got->state, source.state_);
   }
   EXPECT_EQ((*receiver)->channels(), 1);

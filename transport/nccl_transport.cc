@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <utility>
@@ -300,13 +301,13 @@ absl::Status NcclStateReceiver::ReceiveBody(Communicator& comm, const BeginPaylo
                                             absl::Status* outcome) {
   auto io_deadline = [this] { return absl::Now() + options_.io_timeout; };
   const uint64_t id = received->transfer_id;
-  received->pages.reserve(static_cast<size_t>(begin.num_pages));
+  received->pages = PageBlock(begin.num_pages, begin.page_bytes);
+  std::string page;
   for (int64_t i = 0; i < begin.num_pages; ++i) {
-    std::string page;
     ASSIGN_OR_RETURN(const bool arrived, RecvFrame(comm, io_deadline(), FrameType::kPage, id, static_cast<uint64_t>(i),
                                                    static_cast<uint64_t>(begin.page_bytes), &page, outcome));
     if (!arrived) return absl::OkStatus();
-    received->pages.push_back(std::move(page));
+    std::memcpy(received->pages.mutable_page(i).data(), page.data(), page.size());
   }
   ASSIGN_OR_RETURN(bool arrived, RecvFrame(comm, io_deadline(), FrameType::kState, id, 0,
                                            static_cast<uint64_t>(begin.state_bytes), &received->state, outcome));

@@ -134,8 +134,8 @@ class NcclTransportTest : public ::testing::Test {
   }
 
   static void ExpectIdentical(const ReceivedState& got, const RandomSource& source) {
-    ASSERT_EQ(got.pages.size(), source.pages().size());
-    for (size_t i = 0; i < got.pages.size(); ++i) EXPECT_EQ(got.pages[i], source.pages()[i]) << "page " << i;
+    ASSERT_EQ(got.pages.size(), static_cast<int64_t>(source.pages().size()));
+    for (int64_t i = 0; i < got.pages.size(); ++i) EXPECT_EQ(got.pages[i], source.pages()[i]) << "page " << i;
     EXPECT_EQ(got.state, source.state());
     EXPECT_EQ(got.first_token, 4242);
     EXPECT_EQ(got.first_logprob, -0.625f);

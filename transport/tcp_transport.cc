@@ -34,6 +34,21 @@ absl::Status ReadFrame(Socket& socket, absl::Time deadline, uint64_t max_payload
   return CheckPayload(*header, *payload);
 }
 
+// Reads one frame whose payload must be exactly `out.size()` bytes straight
+// into `out` (a page of the transfer's block), then checks its checksum.
+absl::Status ReadFrameInto(Socket& socket, absl::Time deadline, absl::Span<char> out, FrameHeader* header) {
+  char raw[kFrameHeaderBytes];
+  RETURN_IF_ERROR(socket.ReadFull(raw, sizeof(raw), deadline));
+  ASSIGN_OR_RETURN(*header, DecodeFrameHeader(absl::string_view(raw, sizeof(raw))));
+  if (header->payload_bytes != out.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("frame of type ", static_cast<int>(header->type), " index ",
+                                                   header->index, " announces ", header->payload_bytes,
+                                                   " payload bytes, ", out.size(), " expected"));
+  }
+  RETURN_IF_ERROR(socket.ReadFull(out.data(), out.size(), deadline));
+  return CheckPayload(*header, absl::string_view(out.data(), out.size()));
+}
+
 absl::Status WriteFrame(Socket& socket, FrameType type, uint64_t transfer_id, uint64_t index, absl::string_view payload,
                         absl::Time deadline) {
   const std::string header = EncodeFrameHeader(type, transfer_id, index, payload);
@@ -57,6 +72,10 @@ absl::StatusOr<std::unique_ptr<TcpStateReceiver>> TcpStateReceiver::Create(const
   if (options.idle_timeout <= absl::ZeroDuration() || options.max_connections < 1) {
     return absl::InvalidArgumentError("TCP receiver: idle_timeout and max_connections must be positive");
   }
+  if (options.max_idle_page_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TCP receiver: max_idle_page_bytes must be >= 0, got ", options.max_idle_page_bytes));
+  }
   std::string host, port;
   RETURN_IF_ERROR(SplitHostPort(options.address, &host, &port));
   int bound = 0;
@@ -68,7 +87,11 @@ absl::StatusOr<std::unique_ptr<TcpStateReceiver>> TcpStateReceiver::Create(const
 }
 
 TcpStateReceiver::TcpStateReceiver(const TcpReceiverOptions& options, Socket listener, std::string endpoint)
-    : options_(options), registry_(options.limits), listener_(std::move(listener)), endpoint_(std::move(endpoint)) {}
+    : options_(options),
+      registry_(options.limits),
+      recycler_(PageBlockRecycler::Create(options.max_idle_page_bytes)),
+      listener_(std::move(listener)),
+      endpoint_(std::move(endpoint)) {}
 
 TcpStateReceiver::~TcpStateReceiver() {
   stop_ = true;
@@ -159,17 +182,12 @@ absl::Status TcpStateReceiver::Receive(Socket& socket, uint64_t* transfer_id, bo
   RETURN_IF_ERROR(CheckBeginAgainstTicket(h.transfer_id, begin, ticket));
   ReceivedState received;
   received.transfer_id = h.transfer_id;
-  received.pages.reserve(static_cast<size_t>(begin.num_pages));
+  // Sizes are the ticket's (checked above), bounded by the registry's limits.
+  received.pages = recycler_->Take(begin.num_pages, begin.page_bytes);
   for (int64_t i = 0; i < begin.num_pages; ++i) {
-    std::string page;
     RETURN_IF_ERROR(
-        ReadFrame(socket, std::min(deadline(), ticket.deadline), static_cast<uint64_t>(begin.page_bytes), &h, &page));
+        ReadFrameInto(socket, std::min(deadline(), ticket.deadline), received.pages.mutable_page(i), &h));
     RETURN_IF_ERROR(ExpectFrame(h, FrameType::kPage, *transfer_id, static_cast<uint64_t>(i)));
-    if (static_cast<int64_t>(page.size()) != begin.page_bytes) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("page ", i, " of transfer ", *transfer_id, " has ", page.size(), " bytes"));
-    }
-    received.pages.push_back(std::move(page));
   }
   RETURN_IF_ERROR(ReadFrame(socket, std::min(deadline(), ticket.deadline), static_cast<uint64_t>(begin.state_bytes), &h,
                             &received.state));

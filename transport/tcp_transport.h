@@ -27,6 +27,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "transport/page_block.h"
 #include "transport/socket_io.h"
 #include "transport/transfer.h"
 #include "transport/transfer_registry.h"
@@ -38,6 +39,9 @@ struct TcpReceiverOptions {
   // A connection that makes no progress for this long fails its transfer.
   absl::Duration idle_timeout = absl::Seconds(10);
   int max_connections = 64;  // beyond it new connections are closed at once
+  // Memory of finished transfers' pages kept for the next transfers of the
+  // same size (already faulted in); 0 keeps none.
+  int64_t max_idle_page_bytes = int64_t{256} << 20;
   TransferRegistry::Limits limits;
 };
 
@@ -71,6 +75,7 @@ class TcpStateReceiver final : public StateReceiver {
 
   const TcpReceiverOptions options_;
   TransferRegistry registry_;
+  const std::shared_ptr<PageBlockRecycler> recycler_;
   Socket listener_;
   const std::string endpoint_;
   std::atomic<bool> stop_{false};

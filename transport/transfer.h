@@ -17,6 +17,7 @@
 // CPU default), NCCL (GPUs; transport/nccl_transport.h), and later CUDA IPC.
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/hash.h"
+#include "transport/page_block.h"
 
 namespace hybridserve::transport {
 
@@ -71,10 +73,10 @@ class StateSource {
 };
 
 // What a receiver hands back for a completed transfer, verified against its
-// ticket (sizes, checksums on the wire). Value type.
+// ticket (sizes, checksums on the wire). Move-only value type.
 struct ReceivedState {
   uint64_t transfer_id = 0;
-  std::vector<std::string> pages;  // [num_pages], page_bytes each, in page order
+  PageBlock pages;  // [num_pages] of page_bytes each, in page order
   std::string state;               // the encoded state
   int32_t first_token = 0;
   float first_logprob = 0.0f;
