@@ -51,6 +51,12 @@ PrefillMetrics::PrefillMetrics(prometheus::Registry& r)
       transfer_bytes_(Counter(r, "hybridserve_transfer_bytes_total", "Bytes pushed to decode workers")),
       transfer_seconds_(
           Histogram(r, "hybridserve_transfer_seconds", "Time of one push to a decode worker", 0.0001, 18)),
+      resume_seconds_(Histogram(r, "hybridserve_prefill_resume_seconds",
+                                "Cache lookup, fetch and restore of one prefill call (0 without a cache)", 0.0001,
+                                18)),
+      compute_seconds_(Histogram(r, "hybridserve_prefill_compute_seconds",
+                                 "Engine prefill past the resume point and first-token sampling of one call", 0.001,
+                                 17)),
       lookups_(Counter(r, "hybridserve_prefill_cache_lookups_total", "Resume-point lookups in the cachestore")),
       errors_as_misses_(Counter(r, "hybridserve_prefill_cache_errors_total",
                                 "Cachestore calls or entries that failed and were treated as misses")),
@@ -75,6 +81,8 @@ void PrefillMetrics::RecordSuccess(const PrefillOutcome& o, double seconds) {
   kv_match_depth_.Observe(static_cast<double>(o.usage.kv_match_tokens));
   transfer_bytes_.Increment(static_cast<double>(o.transfer_bytes));
   transfer_seconds_.Observe(absl::ToDoubleSeconds(o.transfer_time));
+  resume_seconds_.Observe(absl::ToDoubleSeconds(o.resume_time));
+  compute_seconds_.Observe(absl::ToDoubleSeconds(o.compute_time));
 }
 
 void PrefillMetrics::SyncCounters(const PrefillCacheCounters& now) {

@@ -44,6 +44,8 @@ class PrefillMetrics {
   prometheus::Histogram& seconds_;
   prometheus::Counter& transfer_bytes_;
   prometheus::Histogram& transfer_seconds_;
+  prometheus::Histogram& resume_seconds_;
+  prometheus::Histogram& compute_seconds_;
   prometheus::Counter& lookups_;
   prometheus::Counter& errors_as_misses_;
   prometheus::Counter& pages_published_;

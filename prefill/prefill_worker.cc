@@ -185,8 +185,10 @@ absl::StatusOr<PrefillOutcome> PrefillWorker::Prefill(const PrefillRequest& requ
   ASSIGN_OR_RETURN(engine::Sampler sampler, engine::Sampler::Create(request.sampling));
 
   const cachestore::ClientNamespace ns = Namespace(request.cache_salt);
+  const absl::Time resume_start = absl::Now();
   ASSIGN_OR_RETURN(const Resumed resumed, Resume(request, ns));
   SequenceGuard guard(model_, resumed.seq);
+  const absl::Time compute_start = absl::Now();
 
   std::vector<float> logits;
   std::vector<engine::SequenceState> checkpoints;
@@ -204,6 +206,8 @@ absl::StatusOr<PrefillOutcome> PrefillWorker::Prefill(const PrefillRequest& requ
   }
   PrefillOutcome outcome;
   ASSIGN_OR_RETURN(outcome.first, sampler.Sample(logits, /*step=*/0));
+  outcome.resume_time = compute_start - resume_start;
+  outcome.compute_time = absl::Now() - compute_start;
 
   const cachestore::CachePlan plan(ns, request.prompt);
   ASSIGN_OR_RETURN(

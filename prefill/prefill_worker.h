@@ -77,6 +77,11 @@ struct PrefillOutcome {
   PrefillUsage usage;
   int64_t transfer_bytes = 0;
   absl::Duration transfer_time;
+  // Where the call's time went: the cache lookup, fetch and restore; the
+  // engine's prefill of the tokens past the resume point and the first
+  // token's sampling; transfer_time is the push.
+  absl::Duration resume_time;
+  absl::Duration compute_time;
   // The prompt's full pages and its prompt-end state are put to the cache by
   // this worker (done, or queued behind the answer): decode's turn-end
   // publication adds only the pages past the prompt.

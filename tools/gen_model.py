@@ -93,7 +93,7 @@ PRESETS = {
         vocab_size=16384, hidden_size=1024, pattern="M-M-M*-M-M-M*-M-",
         mamba_num_heads=32, mamba_head_dim=64, n_groups=8, ssm_state_size=128, conv_kernel=4, chunk_size=128,
         num_attention_heads=8, num_key_value_heads=2, head_dim=128, intermediate_size=2048,
-        pad_token_id=0, bos_token_id=1, eos_token_id=2, max_position_embeddings=8192),
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, max_position_embeddings=32768),
     ("mamba2", "tiny"): dict(
         vocab_size=96, hidden_size=32, num_hidden_layers=4,
         num_heads=4, head_dim=16, n_groups=2, state_size=16, conv_kernel=4, chunk_size=16,

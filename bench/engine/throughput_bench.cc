@@ -84,6 +84,24 @@ double ReadBandwidth(int threads) {
   return static_cast<double>(words * sizeof(uint64_t)) / *std::min_element(times.begin(), times.end());
 }
 
+// Seconds to prefill `n` tokens onto a sequence that already holds `history`
+// (a chat's turn 2 after a resume), median of kRepetitions.
+double ContinuationSeconds(Model& model, int64_t history, int64_t n) {
+  const std::vector<TokenId> first = Tokens(history, model.config().vocab_size, 2);
+  const std::vector<TokenId> next = Tokens(n, model.config().vocab_size, 3);
+  std::vector<double> times;
+  for (int r = 0; r < kRepetitions; ++r) {
+    auto id = model.NewSequence();
+    Check(id.status());
+    if (history > 0) Check(model.Prefill(*id, first).status());
+    const auto start = Clock::now();
+    Check(model.Prefill(*id, next).status());
+    times.push_back(Seconds(start));
+    Check(model.ReleaseSequence(*id));
+  }
+  return Median(times);
+}
+
 double PrefillRate(Model& model, int64_t n) {
   const std::vector<TokenId> prompt = Tokens(n, model.config().vocab_size, 1);
   std::vector<double> times;
@@ -162,6 +180,13 @@ int Main(int argc, char** argv) {
     const double rate = PrefillRate(**model, n);
     std::printf("prefill %5lld tokens: %10.1f tok/s\n", static_cast<long long>(n), rate);
     json.push_back(absl::StrCat("\"prefill_", n, "\": ", rate));
+  }
+  for (int64_t history : {int64_t{0}, int64_t{1039}, int64_t{4111}}) {
+    if (decode_only) break;
+    const double seconds = ContinuationSeconds(**model, history, 65);
+    std::printf("prefill 65 tokens after %4lld: %7.1f ms (%.1f tok/s)\n", static_cast<long long>(history),
+                1e3 * seconds, 65 / seconds);
+    json.push_back(absl::StrCat("\"turn2_65_after_", history, "_ms\": ", 1e3 * seconds));
   }
   const double d1 = DecodeRate(**model, 1);
   const double d8 = DecodeRate(**model, 8);

@@ -36,6 +36,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -171,6 +172,22 @@ StackOptions BenchStack(bool cachestore, bool aggregated) {
 
 // ---- resume: turn 2 warm / cold ----
 
+// The prefill worker's cumulative seconds in its three phases (cache resume,
+// compute, push), from its Prometheus endpoint.
+struct PrefillPhases {
+  double resume = 0, compute = 0, push = 0;
+};
+
+PrefillPhases ScrapePhases(e2e::Process& prefill) {
+  PrefillPhases p;
+  auto m = e2e::ScrapeMetrics(std::stoi(prefill.field("metrics_port")));
+  if (!m.ok()) return p;
+  p.resume = (*m)["hybridserve_prefill_resume_seconds_sum"];
+  p.compute = (*m)["hybridserve_prefill_compute_seconds_sum"];
+  p.push = (*m)["hybridserve_transfer_seconds_sum"];
+  return p;
+}
+
 bool RunResume() {
   auto stack = Stack::Start(BenchStack(/*cachestore=*/true, /*aggregated=*/false));
   if (!stack.ok()) {
@@ -181,12 +198,12 @@ bool RunResume() {
   const double goals[] = {0.10, 0.03, 0.01};
   std::printf("\n== resume: turn-2 TTFT, warm (resumed from turn 1) / cold (a miss), bench model, %d threads\n",
               absl::GetFlag(FLAGS_threads));
-  std::printf("%8s %10s %10s %8s %8s %8s  %s\n", "history", "warm_ms", "cold_ms", "ratio", "goal", "cached",
-              "resume");
+  std::printf("%8s %10s %10s %8s %8s %8s %18s  %s\n", "history", "warm_ms", "cold_ms", "ratio", "goal", "cached",
+              "resume/comp/push", "resume kind");
   int row = 0;
   for (int history : Ints(absl::GetFlag(FLAGS_histories))) {
     const int reps = history >= 16384 ? 1 : absl::GetFlag(FLAGS_reps);
-    std::vector<double> warm, cold;
+    std::vector<double> warm, cold, resume_ms, compute_ms, push_ms;
     uint32_t cached = 0;
     int kind = 0;
     for (int r = 0; r < reps; ++r) {
@@ -200,7 +217,12 @@ bool RunResume() {
       turn2.insert(turn2.end(), user.begin(), user.end());
       // Cold first: a different salt is another namespace, so nothing of turn 1 is found.
       Timed c = client.Run(Request(absl::StrCat(salt, "-cold"), turn2, 1, salt + "-other"));
+      const PrefillPhases before = ScrapePhases(*(*stack)->prefill());
       Timed w = client.Run(Request(absl::StrCat(salt, "-t2"), turn2, 1, salt));
+      const PrefillPhases after = ScrapePhases(*(*stack)->prefill());
+      resume_ms.push_back(1e3 * (after.resume - before.resume));
+      compute_ms.push_back(1e3 * (after.compute - before.compute));
+      push_ms.push_back(1e3 * (after.push - before.push));
       if (!Ok(c, "cold turn 2") || !Ok(w, "warm turn 2")) return false;
       if (c.complete.usage().cached_tokens() != 0) {
         std::fprintf(stderr, "cold turn 2 found %u cached tokens\n", c.complete.usage().cached_tokens());
@@ -212,8 +234,12 @@ bool RunResume() {
       kind = w.complete.usage().resume_kind();
     }
     const double ratio = Median(warm) / Median(cold);
-    std::printf("%8d %10.1f %10.1f %8.4f %8.2f %8u  %s\n", history, 1e3 * Median(warm), 1e3 * Median(cold), ratio,
-                row < 3 ? goals[row] : 0.0, cached, v1::ResumeKind_Name(static_cast<v1::ResumeKind>(kind)).c_str());
+    const std::string phases =
+        absl::StrFormat("%.0f/%.0f/%.0f", Median(resume_ms), Median(compute_ms), Median(push_ms));
+    std::printf("%8d %10.1f %10.1f %8.4f %8.2f %8u %18s  %s\n", history, 1e3 * Median(warm), 1e3 * Median(cold), ratio,
+                row < 3 ? goals[row] : 0.0, cached, phases.c_str(),
+                v1::ResumeKind_Name(static_cast<v1::ResumeKind>(kind)).c_str());
+    std::fflush(stdout);
     ++row;
   }
   return true;
