@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace hybridserve::cachestore {
@@ -61,6 +62,39 @@ TEST(KeysTest, StateKeysDifferFromPageKeysAndByTail) {
   EXPECT_NE(StateKey(ns, page), PageKey(ns, page));
   EXPECT_NE(StateKey(ns, tail), StateKey(ns, {1, 2}));
   EXPECT_NE(StateKey(ns, {}), StateKey(PageKey(ns, page), {}));
+}
+
+// Known answers: the keys exactly as proto/cachestore.proto defines them,
+// computed independently with Python's xxhash by
+// tools/cache_key_known_answers.py (its output, hi then lo as ToHex() writes
+// them). A change of the wire format of any key fails here.
+TEST(KeysTest, NamespaceKeysMatchIndependentlyComputedValues) {
+  EXPECT_EQ(NamespaceKey("fp", "lora", "tenant", 16).ToHex(), "afc7eb3f5f0d6c86a2faf3e6a973b8fb");
+  EXPECT_EQ(NamespaceKey("model-a", "", "", 0x01020304).ToHex(), "e2f03f3e83c946fb2ffe7fbbea5de550");
+  EXPECT_EQ(NamespaceKey("fp", "", "", 4).ToHex(), "24f876541a802ba37b393917dff6151f");
+}
+
+TEST(KeysTest, PageAndStateKeysMatchIndependentlyComputedValues) {
+  const Hash128 ns = NamespaceKey("fp", "", "", 4);
+  // Token ids with distinct bytes expose the byte order.
+  const std::vector<TokenId> tokens = {1, 2, 3, 4, 0x01020304, 2147483647, 0, 7, 9, 10};
+  const auto span = absl::MakeConstSpan(tokens);
+  std::vector<Hash128> pages = PageKeys(ns, tokens, 4);
+  ASSERT_EQ(pages.size(), 2u);
+  EXPECT_EQ(pages[0].ToHex(), "dae3b6da43f006b557c15981e38fbca2");
+  EXPECT_EQ(pages[1].ToHex(), "a5c579a367bbd64be81f32b4a5a66cee");
+  // The wire form: the 128-bit value little-endian (lo's bytes, then hi's).
+  std::string wire;
+  for (int i = 0; i < 16; ++i) {
+    absl::StrAppend(&wire, absl::Hex(static_cast<uint8_t>(pages[0].ToBytes()[i]), absl::kZeroPad2));
+  }
+  EXPECT_EQ(wire, "a2bc8fe38159c157b506f043dab6e3da");
+  // S_p hangs from K_{n-1} (N when n = 0) with the tail tokens[n*4, p).
+  EXPECT_EQ(StateKey(ns, span.subspan(0, 0)).ToHex(), "86bdddf9e56da099c601b9c29444a9db");   // p = 0
+  EXPECT_EQ(StateKey(ns, span.subspan(0, 3)).ToHex(), "ca72860cd8f62372f5c6097c8e37da16");   // p = 3
+  EXPECT_EQ(StateKey(pages[0], span.subspan(4, 0)).ToHex(), "7c3a53bc25bbfc6573998b92263410b4");  // p = 4
+  EXPECT_EQ(StateKey(pages[1], span.subspan(8, 0)).ToHex(), "00de2604a0ace2ba5eafe2dbdbda03fa");  // p = 8
+  EXPECT_EQ(StateKey(pages[1], span.subspan(8, 2)).ToHex(), "12340c3780fc0dd365761eb354337bb0");  // p = 10
 }
 
 }  // namespace
