@@ -128,71 +128,108 @@ grpc::Status CacheStoreService::Lookup(grpc::ServerContext*, const v1::LookupReq
   return grpc::Status::OK;
 }
 
-grpc::Status CacheStoreService::Put(grpc::ServerContext* context, grpc::ServerReader<v1::PutRequest>* reader,
-                                    v1::PutResponse* response) {
-  const absl::Time start = absl::Now();
-  int64_t bytes = 0;
-  grpc::Status s = DoPut(context, reader, response, &bytes);
-  metrics_.RecordPut(s.ok(), bytes, SecondsSince(start));
-  return s;
-}
+// One Put stream: header, chunks in order, commit. gRPC calls OnReadDone
+// serially; Reclaim comes from the reaper thread. The stream is finished once
+// (mu_), and the session is touched only by OnReadDone and OnDone, which never
+// run at the same time.
+class PutReactor : public grpc::ServerReadReactor<v1::PutRequest> {
+ public:
+  PutReactor(CacheStoreService& service, v1::PutResponse* response)
+      : service_(service), response_(response), start_(absl::Now()) {
+    StartRead(&msg_);
+  }
 
-grpc::Status CacheStoreService::DoPut(grpc::ServerContext* context, grpc::ServerReader<v1::PutRequest>* reader,
-                                      v1::PutResponse* response, int64_t* bytes) {
-  v1::PutRequest msg;
-  if (!reader->Read(&msg) || !msg.has_header()) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "a put stream starts with a header");
+  void OnReadDone(bool ok) override {
+    grpc::Status s;
+    if (!ok) {
+      // Half-closed or cancelled before the commit.
+      s = session_ == nullptr
+              ? grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "a put stream starts with a header")
+              : grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                             absl::StrCat("put stream ended before commit: ", session_->bytes_written(), " of ",
+                                          session_->size_bytes(), " bytes arrived"));
+    } else {
+      s = session_ == nullptr ? OnHeader() : OnMessage();
+    }
+    if (!s.ok() || done_) {
+      // A failed put gives its reservation back before the writer hears the
+      // status, so a retry of the same entry does not meet it (ABORTED).
+      if (!s.ok()) session_.reset();
+      return FinishOnce(s);
+    }
+    absl::MutexLock lock(&mu_);
+    if (!finished_) StartRead(&msg_);  // else reclaimed meanwhile: no more reads
   }
-  absl::StatusOr<PutSpec> spec = SpecOf(msg.header());
-  if (!spec.ok()) return ToGrpcStatus(spec.status());
-  absl::StatusOr<std::unique_ptr<PutSession>> session = store_.BeginPut(*spec);
-  if (!session.ok()) return ToGrpcStatus(session.status());
-  PutSession& put = **session;
-  response->set_key(put.key().ToBytes());
-  const Reservation& granted = put.reservation();
-  if (granted.ttl > absl::ZeroDuration()) {
-    response->mutable_ttl()->set_seconds(absl::ToInt64Seconds(granted.ttl));
-    response->mutable_ttl()->set_nanos(
-        static_cast<int32_t>(absl::ToInt64Nanoseconds(granted.ttl - absl::Seconds(absl::ToInt64Seconds(granted.ttl)))));
+
+  void OnCancel() override {
+    FinishOnce(grpc::Status(grpc::StatusCode::CANCELLED, "put cancelled by the client or the server's shutdown"));
   }
-  response->set_pinned(granted.pinned);
-  response->set_pin_refused_reason(granted.pin_refused);
-  if (put.already_present()) {
-    // Nothing to write: answer now; the client's remaining writes just fail.
-    response->set_already_present(true);
+
+  void OnDone() override {
+    if (reservation_id_ != 0) {
+      absl::MutexLock lock(&service_.mu_);
+      service_.active_puts_.erase(reservation_id_);
+    }
+    service_.metrics_.RecordPut(final_ok_, bytes_, absl::ToDoubleSeconds(absl::Now() - start_));
+    delete this;  // the session, if not committed, aborts its put
+  }
+
+  // The store reclaimed this put: end the stream with ABORTED.
+  void Reclaim() {
+    FinishOnce(grpc::Status(grpc::StatusCode::ABORTED,
+                            absl::StrCat("put reclaimed: no progress for put_timeout (",
+                                         absl::FormatDuration(service_.store_.options().put_timeout), ")")));
+  }
+
+ private:
+  grpc::Status OnHeader() {
+    if (!msg_.has_header()) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "a put stream starts with a header");
+    }
+    absl::StatusOr<PutSpec> spec = SpecOf(msg_.header());
+    if (!spec.ok()) return ToGrpcStatus(spec.status());
+    absl::StatusOr<std::unique_ptr<PutSession>> session = service_.store_.BeginPut(*spec);
+    if (!session.ok()) return ToGrpcStatus(session.status());
+    session_ = *std::move(session);
+    response_->set_key(session_->key().ToBytes());
+    const Reservation& granted = session_->reservation();
+    if (granted.ttl > absl::ZeroDuration()) {
+      response_->mutable_ttl()->set_seconds(absl::ToInt64Seconds(granted.ttl));
+      response_->mutable_ttl()->set_nanos(static_cast<int32_t>(
+          absl::ToInt64Nanoseconds(granted.ttl - absl::Seconds(absl::ToInt64Seconds(granted.ttl)))));
+    }
+    response_->set_pinned(granted.pinned);
+    response_->set_pin_refused_reason(granted.pin_refused);
+    if (session_->already_present()) {
+      // Nothing to write: answer now; the client's remaining writes just fail.
+      response_->set_already_present(true);
+      done_ = true;
+      return grpc::Status::OK;
+    }
+    absl::MutexLock lock(&service_.mu_);
+    reservation_id_ = session_->reservation_id();
+    service_.active_puts_[reservation_id_] = this;
     return grpc::Status::OK;
   }
-  {
-    absl::MutexLock lock(&mu_);
-    active_puts_[put.reservation_id()] = context;
-  }
-  struct Unregister {
-    CacheStoreService* self;
-    uint64_t id;
-    ~Unregister() {
-      absl::MutexLock lock(&self->mu_);
-      self->active_puts_.erase(id);
-    }
-  } unregister{this, put.reservation_id()};
 
-  while (reader->Read(&msg)) {
-    switch (msg.message_case()) {
+  grpc::Status OnMessage() {
+    switch (msg_.message_case()) {
       case v1::PutRequest::kChunk: {
-        const v1::PutChunk& c = msg.chunk();
-        if (static_cast<int64_t>(c.data().size()) > options_.max_chunk_bytes) {
-          return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                              absl::StrCat("chunk of ", c.data().size(), " bytes exceeds ", options_.max_chunk_bytes));
+        const v1::PutChunk& c = msg_.chunk();
+        if (static_cast<int64_t>(c.data().size()) > service_.options_.max_chunk_bytes) {
+          return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, absl::StrCat("chunk of ", c.data().size(),
+                                                                               " bytes exceeds ",
+                                                                               service_.options_.max_chunk_bytes));
         }
         if (c.offset() > static_cast<uint64_t>(INT64_MAX)) {
           return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "chunk offset out of range");
         }
-        absl::Status w = put.Write(static_cast<int64_t>(c.offset()), c.data());
-        if (!w.ok()) return ToGrpcStatus(w);
-        break;
+        return ToGrpcStatus(session_->Write(static_cast<int64_t>(c.offset()), c.data()));
       }
       case v1::PutRequest::kCommit: {
-        absl::Status c = put.Commit(msg.commit().checksum());
-        if (c.ok()) *bytes = put.size_bytes();
+        absl::Status c = session_->Commit(msg_.commit().checksum());
+        if (c.ok()) bytes_ = session_->size_bytes();
+        done_ = true;
         return ToGrpcStatus(c);
       }
       case v1::PutRequest::kHeader:
@@ -201,19 +238,38 @@ grpc::Status CacheStoreService::DoPut(grpc::ServerContext* context, grpc::Server
         return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "empty put message");
     }
   }
-  if (context->IsCancelled()) {
-    return grpc::Status(grpc::StatusCode::ABORTED, "put cancelled or reclaimed after stalling");
+
+  void FinishOnce(const grpc::Status& status) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    if (finished_) return;
+    finished_ = true;
+    final_ok_ = status.ok();
+    Finish(status);
   }
-  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                      absl::StrCat("put stream ended before commit: ", put.bytes_written(), " of ", put.size_bytes(),
-                                   " bytes arrived"));
+
+  CacheStoreService& service_;
+  v1::PutResponse* const response_;
+  const absl::Time start_;
+  v1::PutRequest msg_;
+  std::unique_ptr<PutSession> session_;
+  uint64_t reservation_id_ = 0;  // while in service_.active_puts_
+  bool done_ = false;        // committed, failed to commit, or already present
+  int64_t bytes_ = 0;        // committed bytes
+  absl::Mutex mu_;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool final_ok_ = false;  // written under mu_ before Finish, read in OnDone
+};
+
+grpc::ServerReadReactor<v1::PutRequest>* CacheStoreService::Put(grpc::CallbackServerContext*,
+                                                               v1::PutResponse* response) {
+  return new PutReactor(*this, response);
 }
 
 void CacheStoreService::CancelReclaimedPuts(const std::vector<uint64_t>& reservation_ids) {
   absl::MutexLock lock(&mu_);
   for (uint64_t id : reservation_ids) {
     auto it = active_puts_.find(id);
-    if (it != active_puts_.end()) it->second->TryCancel();
+    if (it != active_puts_.end()) it->second->Reclaim();
   }
 }
 

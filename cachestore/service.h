@@ -23,15 +23,23 @@ struct ServiceOptions {
   int64_t default_chunk_bytes = int64_t{1} << 20;
 };
 
-class CacheStoreService final : public hybridserve::v1::CacheStore::Service {
+class PutReactor;
+
+// Lookup, Get, Release and Stats are synchronous handlers; Put is a callback
+// (reactor) handler, so that a put the store reclaims can be finished with
+// ABORTED from the reaper while its handler waits for the stalled writer's
+// next message (a synchronous handler could only be cancelled, which the
+// writer sees as CANCELLED).
+class CacheStoreService final : public hybridserve::v1::CacheStore::WithCallbackMethod_Put<
+                                    hybridserve::v1::CacheStore::Service> {
  public:
   // `store` and `metrics` must outlive the service.
   CacheStoreService(CacheStore& store, ServiceMetrics& metrics, const ServiceOptions& options);
 
   grpc::Status Lookup(grpc::ServerContext* context, const v1::LookupRequest* request,
                       v1::LookupResponse* response) override;
-  grpc::Status Put(grpc::ServerContext* context, grpc::ServerReader<v1::PutRequest>* reader,
-                   v1::PutResponse* response) override;
+  grpc::ServerReadReactor<v1::PutRequest>* Put(grpc::CallbackServerContext* context,
+                                               v1::PutResponse* response) override;
   grpc::Status Get(grpc::ServerContext* context, const v1::GetRequest* request,
                    grpc::ServerWriter<v1::GetResponse>* writer) override;
   grpc::Status Release(grpc::ServerContext* context, const v1::ReleaseRequest* request,
@@ -39,19 +47,20 @@ class CacheStoreService final : public hybridserve::v1::CacheStore::Service {
   grpc::Status Stats(grpc::ServerContext* context, const v1::StatsRequest* request,
                      v1::StatsResponse* response) override;
 
-  // Cancels the streams of puts the store reclaimed (stalled writers), so their
-  // handler threads return instead of waiting on a dead client.
+  // Ends the streams of puts the store reclaimed (stalled writers) with
+  // ABORTED, instead of waiting on a writer that may be gone.
   void CancelReclaimedPuts(const std::vector<uint64_t>& reservation_ids) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  grpc::Status DoPut(grpc::ServerContext* context, grpc::ServerReader<v1::PutRequest>* reader,
-                     v1::PutResponse* response, int64_t* bytes);
+  friend class PutReactor;
 
   CacheStore& store_;
   ServiceMetrics& metrics_;
   const ServiceOptions options_;
   absl::Mutex mu_;
-  absl::flat_hash_map<uint64_t, grpc::ServerContext*> active_puts_ ABSL_GUARDED_BY(mu_);
+  // Puts past their header, by reservation id; a reactor removes itself in
+  // OnDone, before it is deleted.
+  absl::flat_hash_map<uint64_t, PutReactor*> active_puts_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace hybridserve::cachestore

@@ -1,5 +1,7 @@
 // The cachestore service over real gRPC on loopback (port 0).
 
+#include <chrono>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <string>
@@ -13,13 +15,36 @@
 #include "common/hash.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/cachestore.grpc.pb.h"
 
 namespace hybridserve::cachestore {
 namespace {
 
+using ::testing::HasSubstr;
+
 constexpr int32_t kPageSize = 16;
+
+// Every raw RPC in these tests carries this deadline: far above any plausible
+// load (the calls take milliseconds), so a hung server fails the test instead
+// of hanging it.
+constexpr absl::Duration kRpcDeadline = absl::Seconds(60);
+
+void SetDeadline(grpc::ClientContext* ctx) {
+  ctx->set_deadline(std::chrono::system_clock::now() + absl::ToChronoSeconds(kRpcDeadline));
+}
+
+// Waits until `condition` holds or `deadline` passes; returns whether it held.
+// The deadline is a bound for a hung server, not a timing expectation.
+bool WaitFor(const std::function<bool()>& condition, absl::Duration deadline = absl::Seconds(60)) {
+  const absl::Time end = absl::Now() + deadline;
+  while (!condition()) {
+    if (absl::Now() > end) return false;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return true;
+}
 
 std::string Bytes(size_t n, uint32_t seed) {
   std::string s(n, '\0');
@@ -97,6 +122,7 @@ class ServiceTest : public ::testing::Test {
   // Sends `messages` on a raw Put stream and returns the final status.
   grpc::Status RawPut(const std::vector<v1::PutRequest>& messages) {
     grpc::ClientContext ctx;
+    SetDeadline(&ctx);
     v1::PutResponse resp;
     auto writer = stub_->Put(&ctx, &resp);
     for (const auto& m : messages) {
@@ -354,13 +380,16 @@ TEST_F(ServiceTest, LeaseOfAVanishedReaderExpires) {
   EXPECT_TRUE(client_->Put(ns_, other, Bytes(5000, 2)).ok());
 }
 
-TEST_F(ServiceTest, StalledPutIsReclaimedAndItsStreamCancelled) {
+// The README and CacheClient promise ABORTED for a put reclaimed after
+// stalling; the writer sees it on its stream.
+TEST_F(ServiceTest, StalledPutIsReclaimedAndItsStreamAborted) {
   ServerOptions o;
   o.index.put_timeout = absl::Seconds(10);
   TearDown();
   server_.reset();
   Start(o);
   grpc::ClientContext ctx;
+  SetDeadline(&ctx);
   v1::PutResponse resp;
   auto writer = stub_->Put(&ctx, &resp);
   v1::PutRequest header;
@@ -371,17 +400,16 @@ TEST_F(ServiceTest, StalledPutIsReclaimedAndItsStreamCancelled) {
   chunk.mutable_chunk()->set_data(Bytes(1000, 1));
   ASSERT_TRUE(writer->Write(chunk));
   // Wait until the server holds the reservation, then let it stall.
-  for (int i = 0; i < 200 && server_->store().Stats().states.reserved_bytes == 0; ++i) {
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  EXPECT_EQ(server_->store().Stats().states.reserved_bytes, 1 << 20);
+  ASSERT_TRUE(WaitFor([&] { return server_->store().Stats().states.reserved_bytes == 1 << 20; }))
+      << "reserved " << server_->store().Stats().states.reserved_bytes;
   clock_.Advance(absl::Seconds(11));
   server_->ReapOnce();
   EXPECT_EQ(server_->store().Stats().states.reserved_bytes, 0);
   EXPECT_EQ(server_->store().Stats().expired_puts, 1);
   writer->WritesDone();
   grpc::Status s = writer->Finish();
-  EXPECT_FALSE(s.ok());
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::ABORTED) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("reclaimed"));
 }
 
 // grpc.health.v1.Health/Check over a generic stub: the request is an empty
@@ -390,6 +418,7 @@ TEST_F(ServiceTest, StalledPutIsReclaimedAndItsStreamCancelled) {
 TEST_F(ServiceTest, HealthServiceReportsServing) {
   grpc::GenericStub stub(grpc::CreateChannel(target_, grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
+  SetDeadline(&ctx);
   grpc::ByteBuffer request, response;
   grpc::Slice empty;
   request = grpc::ByteBuffer(&empty, 1);
