@@ -3,20 +3,33 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "common/status_macros.h"
 
 namespace hybridserve::cachestore {
 
 absl::StatusOr<std::unique_ptr<CacheStore>> CacheStore::Create(const CacheIndexOptions& options,
                                                                const common::Clock& clock) {
-  if (options.page_budget_bytes <= 0 || options.state_budget_bytes <= 0) {
-    return absl::InvalidArgumentError("page and state budgets must be > 0 bytes");
-  }
-  if (options.page_ttl <= absl::ZeroDuration() || options.state_ttl <= absl::ZeroDuration() ||
-      options.lease_ttl <= absl::ZeroDuration() || options.put_timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError("TTLs, lease time and put timeout must be > 0");
-  }
-  if (options.max_tokens <= 0) return absl::InvalidArgumentError("max_tokens must be > 0");
-  if (options.blob_pool_bytes < 0) return absl::InvalidArgumentError("blob_pool_bytes must be >= 0");
+  // Each refusal names the option and the value it got.
+  auto bytes_at_least = [](absl::string_view name, int64_t value, int64_t min) -> absl::Status {
+    if (value >= min) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(name, " must be >= ", min, ", got ", value));
+  };
+  auto positive_duration = [](absl::string_view name, absl::Duration value) -> absl::Status {
+    if (value > absl::ZeroDuration()) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(name, " must be > 0, got ", absl::FormatDuration(value)));
+  };
+  RETURN_IF_ERROR(bytes_at_least("page_budget_bytes", options.page_budget_bytes, 1));
+  RETURN_IF_ERROR(bytes_at_least("state_budget_bytes", options.state_budget_bytes, 1));
+  RETURN_IF_ERROR(positive_duration("page_ttl", options.page_ttl));
+  RETURN_IF_ERROR(positive_duration("state_ttl", options.state_ttl));
+  RETURN_IF_ERROR(positive_duration("lease_ttl", options.lease_ttl));
+  RETURN_IF_ERROR(positive_duration("put_timeout", options.put_timeout));
+  RETURN_IF_ERROR(positive_duration("max_session_ttl", options.max_session_ttl));
+  RETURN_IF_ERROR(bytes_at_least("max_tokens", options.max_tokens, 1));
+  RETURN_IF_ERROR(bytes_at_least("blob_pool_bytes", options.blob_pool_bytes, 0));
+  RETURN_IF_ERROR(bytes_at_least("pin_quota_bytes", options.pin_quota_bytes, 0));
+  RETURN_IF_ERROR(bytes_at_least("pin_budget_bytes", options.pin_budget_bytes, -1));  // -1: half the state budget
   return std::unique_ptr<CacheStore>(new CacheStore(options, clock));
 }
 

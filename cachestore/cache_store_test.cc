@@ -1,5 +1,6 @@
 #include "cachestore/cache_store.h"
 
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -35,13 +36,40 @@ class CacheStoreTest : public ::testing::Test {
   Hash128 ns_ = NamespaceKey("fp", "", "", kPageSize);
 };
 
-TEST_F(CacheStoreTest, RejectsNonsenseOptions) {
-  CacheIndexOptions o;
-  o.page_budget_bytes = 0;
-  EXPECT_FALSE(CacheStore::Create(o, clock_).ok());
-  o = CacheIndexOptions{};
-  o.lease_ttl = absl::ZeroDuration();
-  EXPECT_FALSE(CacheStore::Create(o, clock_).ok());
+// Each bad option is refused as INVALID_ARGUMENT by a message that names it
+// and the value it got.
+TEST_F(CacheStoreTest, RejectsNonsenseOptionsNamingTheOption) {
+  struct Case {
+    std::function<void(CacheIndexOptions&)> set;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {[](CacheIndexOptions& o) { o.page_budget_bytes = 0; }, "page_budget_bytes must be >= 1, got 0"},
+      {[](CacheIndexOptions& o) { o.state_budget_bytes = -5; }, "state_budget_bytes must be >= 1, got -5"},
+      {[](CacheIndexOptions& o) { o.page_ttl = absl::ZeroDuration(); }, "page_ttl must be > 0, got 0"},
+      {[](CacheIndexOptions& o) { o.state_ttl = -absl::Seconds(1); }, "state_ttl must be > 0, got -1s"},
+      {[](CacheIndexOptions& o) { o.lease_ttl = absl::ZeroDuration(); }, "lease_ttl must be > 0, got 0"},
+      {[](CacheIndexOptions& o) { o.put_timeout = absl::ZeroDuration(); }, "put_timeout must be > 0, got 0"},
+      {[](CacheIndexOptions& o) { o.max_session_ttl = absl::ZeroDuration(); }, "max_session_ttl must be > 0, got 0"},
+      {[](CacheIndexOptions& o) { o.max_tokens = 0; }, "max_tokens must be >= 1, got 0"},
+      {[](CacheIndexOptions& o) { o.blob_pool_bytes = -1; }, "blob_pool_bytes must be >= 0, got -1"},
+      {[](CacheIndexOptions& o) { o.pin_quota_bytes = -1; }, "pin_quota_bytes must be >= 0, got -1"},
+      {[](CacheIndexOptions& o) { o.pin_budget_bytes = -2; }, "pin_budget_bytes must be >= -1, got -2"},
+  };
+  for (const Case& c : cases) {
+    CacheIndexOptions o;
+    c.set(o);
+    auto store = CacheStore::Create(o, clock_);
+    EXPECT_EQ(store.status().code(), absl::StatusCode::kInvalidArgument) << c.message;
+    EXPECT_EQ(store.status().message(), c.message);
+  }
+  // The boundary values are accepted.
+  CacheIndexOptions edge;
+  edge.page_budget_bytes = 1;
+  edge.blob_pool_bytes = 0;
+  edge.pin_quota_bytes = 0;
+  edge.pin_budget_bytes = -1;
+  EXPECT_TRUE(CacheStore::Create(edge, clock_).ok());
 }
 
 TEST_F(CacheStoreTest, CommitVerifiesTheStoredBytes) {
