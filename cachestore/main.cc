@@ -35,9 +35,52 @@ ABSL_FLAG(int64_t, pin_quota_mib, 64, "Pinned state bytes one namespace (model, 
 ABSL_FLAG(int64_t, pin_budget_mib, -1, "Pinned state bytes of all namespaces together, MiB; -1: half the state budget");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(10), "Time in-flight calls get on SIGTERM");
 
+namespace {
+
+// The flags' rules, checked before anything starts: the first violation, as
+// "--flag=value: rule", or "" when all hold.
+std::string FlagError() {
+  constexpr int64_t kMaxMib = int64_t{1} << 23;  // 8 TiB: MiB << 20 stays far from overflow
+  auto in_range = [](absl::string_view flag, int64_t value, int64_t lo, int64_t hi) -> std::string {
+    if (value >= lo && value <= hi) return "";
+    return absl::StrCat("--", flag, "=", value, ": must be in [", lo, ", ", hi, "]");
+  };
+  auto positive = [](absl::string_view flag, absl::Duration value) -> std::string {
+    if (value > absl::ZeroDuration() && value != absl::InfiniteDuration()) return "";
+    return absl::StrCat("--", flag, "=", absl::FormatDuration(value), ": must be a finite duration > 0");
+  };
+  for (const std::string& e : {
+           in_range("page_budget_mib", absl::GetFlag(FLAGS_page_budget_mib), 1, kMaxMib),
+           in_range("state_budget_mib", absl::GetFlag(FLAGS_state_budget_mib), 1, kMaxMib),
+           in_range("blob_pool_mib", absl::GetFlag(FLAGS_blob_pool_mib), 0, kMaxMib),
+           in_range("pin_quota_mib", absl::GetFlag(FLAGS_pin_quota_mib), 0, kMaxMib),
+           in_range("pin_budget_mib", absl::GetFlag(FLAGS_pin_budget_mib), -1, kMaxMib),
+           in_range("max_chunk_kib", absl::GetFlag(FLAGS_max_chunk_kib), 1, 64 << 10),
+           in_range("max_tokens", absl::GetFlag(FLAGS_max_tokens), 1, int64_t{1} << 40),
+           positive("page_ttl", absl::GetFlag(FLAGS_page_ttl)),
+           positive("state_ttl", absl::GetFlag(FLAGS_state_ttl)),
+           positive("lease_ttl", absl::GetFlag(FLAGS_lease_ttl)),
+           positive("put_timeout", absl::GetFlag(FLAGS_put_timeout)),
+           positive("max_session_ttl", absl::GetFlag(FLAGS_max_session_ttl)),
+       }) {
+    if (!e.empty()) return e;
+  }
+  if (absl::GetFlag(FLAGS_shutdown_grace) < absl::ZeroDuration()) {
+    return absl::StrCat("--shutdown_grace=", absl::FormatDuration(absl::GetFlag(FLAGS_shutdown_grace)),
+                        ": must be >= 0");
+  }
+  return "";
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("hybridserve cachestore: shared cache of KV pages and SSM states");
   absl::ParseCommandLine(argc, argv);
+  if (const std::string e = FlagError(); !e.empty()) {
+    std::cerr << "cachestore: bad flag " << e << std::endl;
+    return 2;
+  }
   hybridserve::common::InitLogging(argv[0]);
   hybridserve::common::TuneProcessForServing();
   using hybridserve::cachestore::CacheStoreServer;
@@ -79,7 +122,8 @@ int main(int argc, char** argv) {
   LOG(INFO) << "cachestore serving on port " << (*server)->port()
             << (exposer ? absl::StrCat(", metrics on port ", exposer->port()) : std::string());
   // Machine-readable line for launchers and tests.
-  std::cout << "CACHESTORE_READY port=" << (*server)->port() << std::endl;
+  std::cout << "CACHESTORE_READY port=" << (*server)->port()
+            << (exposer ? absl::StrCat(" metrics_port=", exposer->port()) : std::string()) << std::endl;
 
   const int sig = hybridserve::common::WaitForTerminationSignal();
   LOG(INFO) << "signal " << sig << ": draining (grace " << absl::GetFlag(FLAGS_shutdown_grace) << ")";

@@ -59,11 +59,14 @@ void CacheStoreServer::Shutdown(absl::Duration grace) {
     if (shut_down_) return;
     shut_down_ = true;
   }
-  server_->GetHealthCheckService()->SetServingStatus(false);
+  // server_ is null and the reaper not running when Start failed part way.
+  if (server_ != nullptr) server_->GetHealthCheckService()->SetServingStatus(false);
   stop_.Notify();
-  reaper_.join();
-  server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(grace));
-  server_->Wait();
+  if (reaper_.joinable()) reaper_.join();
+  if (server_ != nullptr) {
+    server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(grace));
+    server_->Wait();
+  }
   stopped_.Notify();
 }
 
