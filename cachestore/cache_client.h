@@ -100,6 +100,13 @@ class CacheClient {
   // GetInto a new string.
   absl::StatusOr<std::string> Get(uint64_t lease_id, const Hash128& key);
 
+  // GetInto for each of `keys` into the matching element of `out` (as many),
+  // in one call where the implementation can (the gRPC client: one stream).
+  // The first error, naming the key's index; `out` then holds no usable
+  // bytes. INVALID_ARGUMENT: no keys, or out and keys of different sizes.
+  // This default calls GetInto for each key.
+  virtual absl::Status GetManyInto(uint64_t lease_id, absl::Span<const Hash128> keys, absl::Span<std::string> out);
+
   // Ends a lease. NOT_FOUND: unknown, already released, or expired and
   // reclaimed by the store (a lapsed lease not yet reclaimed still releases).
   virtual absl::Status Release(uint64_t lease_id) = 0;

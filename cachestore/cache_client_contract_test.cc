@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -331,6 +332,43 @@ TYPED_TEST(CacheClientContractTest, GetReturnsTheExactBytesThatWerePut) {
   EXPECT_EQ(buffer, Bytes(1001, 101));
   ASSERT_TRUE(this->client().GetInto(r->lease_id, keys[0], &buffer).ok());
   EXPECT_EQ(buffer, Bytes(1000, 100));
+}
+
+TYPED_TEST(CacheClientContractTest, GetManyReturnsEachEntryAsGetDoes) {
+  const std::vector<TokenId> t = Tokens(40);
+  const std::string state = Bytes(300007, 9);  // several gRPC chunks, not a multiple of one
+  std::vector<Hash128> keys = PutPrefix(this->client(), this->ns_, t, 37, StateKind::kExactPrefix, state);
+  absl::StatusOr<LookupResult> r = this->client().Lookup(this->ns_, t, LookupMode::kLease);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(r->state.has_value());
+  // Pages, the state and a page again, into buffers holding stale bytes.
+  const std::vector<Hash128> many = {keys[0], keys[1], r->state->key, keys[0]};
+  std::vector<std::string> out = {"stale", "", std::string(10, 'x'), "y"};
+  ASSERT_TRUE(this->client().GetManyInto(r->lease_id, many, absl::MakeSpan(out)).ok());
+  EXPECT_EQ(out[0], Bytes(1000, 100));
+  EXPECT_EQ(out[1], Bytes(1001, 101));
+  EXPECT_TRUE(out[2] == state);
+  EXPECT_EQ(out[3], Bytes(1000, 100));
+}
+
+TYPED_TEST(CacheClientContractTest, GetManyFailsOnTheFirstKeyTheLeaseCannotServeAndNamesIt) {
+  const std::vector<TokenId> t = Tokens(40);
+  std::vector<Hash128> keys = PutPrefix(this->client(), this->ns_, t, 37, StateKind::kExactPrefix, Bytes(5000, 3));
+  absl::StatusOr<LookupResult> r = this->client().Lookup(this->ns_, t, LookupMode::kLease);
+  ASSERT_TRUE(r.ok()) << r.status();
+  std::vector<std::string> out(3);
+  const std::vector<Hash128> with_stranger = {keys[0], Hash128{1, 2}, keys[1]};
+  absl::Status s = this->client().GetManyInto(r->lease_id, with_stranger, absl::MakeSpan(out));
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "keys[1]")) << s;
+  const std::vector<Hash128> mine = {keys[0], keys[1], r->state->key};
+  EXPECT_EQ(this->client().GetManyInto(r->lease_id + 1000, mine, absl::MakeSpan(out)).code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(this->client().GetManyInto(r->lease_id, {}, {}).code(), absl::StatusCode::kInvalidArgument);
+  std::vector<std::string> too_few(2);
+  EXPECT_EQ(this->client().GetManyInto(r->lease_id, mine, absl::MakeSpan(too_few)).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(this->client().GetManyInto(r->lease_id, mine, absl::MakeSpan(out)).ok());  // the lease still serves
 }
 
 TYPED_TEST(CacheClientContractTest, GetOfAnEntryNotHeldByTheLeaseIsNotFound) {

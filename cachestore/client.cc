@@ -198,6 +198,63 @@ absl::Status CacheStoreClient::GetInto(uint64_t lease_id, const Hash128& key, st
   return absl::OkStatus();
 }
 
+absl::Status CacheStoreClient::GetManyInto(uint64_t lease_id, absl::Span<const Hash128> keys,
+                                          absl::Span<std::string> out) {
+  if (keys.empty() || keys.size() != out.size()) return CacheClient::GetManyInto(lease_id, keys, out);
+  v1::GetManyRequest req;
+  req.set_lease_id(lease_id);
+  for (const Hash128& key : keys) req.add_keys(key.ToBytes());
+  req.set_chunk_bytes(static_cast<uint32_t>(impl_->options.chunk_bytes));
+  grpc::ClientContext ctx;
+  impl_->Prepare(&ctx);
+  std::unique_ptr<grpc::ClientReader<v1::GetManyResponse>> reader = impl_->stub->GetMany(&ctx, req);
+  auto fail = [&](absl::Status s) {
+    ctx.TryCancel();
+    reader->Finish();
+    return s;
+  };
+  // The entry being received: index `current`, `size` bytes, `checksum`.
+  int64_t current = -1;
+  uint64_t size = 0, checksum = 0;
+  auto finish_entry = [&]() -> absl::Status {
+    const std::string& got = out[static_cast<size_t>(current)];
+    if (got.size() != size || common::Checksum64(got.data(), got.size()) != checksum) {
+      return absl::DataLossError(absl::StrCat("keys[", current, "] (", keys[static_cast<size_t>(current)].ToHex(),
+                                              ") arrived incomplete or corrupted"));
+    }
+    return absl::OkStatus();
+  };
+  v1::GetManyResponse msg;
+  while (reader->Read(&msg)) {
+    if (static_cast<int64_t>(msg.index()) != current) {
+      // A new entry: the next index, starting at offset 0 with its size.
+      if (current >= 0) {
+        if (absl::Status s = finish_entry(); !s.ok()) return fail(s);
+      }
+      if (static_cast<int64_t>(msg.index()) != current + 1 || msg.offset() != 0) {
+        return fail(absl::DataLossError("cachestore sent GetMany entries out of order"));
+      }
+      current = msg.index();
+      size = msg.size_bytes();
+      checksum = msg.checksum();
+      if (size > (uint64_t{1} << 40)) return fail(absl::DataLossError("cachestore announced an implausible entry size"));
+      out[static_cast<size_t>(current)].clear();
+      out[static_cast<size_t>(current)].reserve(size);
+    }
+    std::string& dest = out[static_cast<size_t>(current)];
+    if (msg.offset() != dest.size() || dest.size() + msg.data().size() > size) {
+      return fail(absl::DataLossError("cachestore sent chunks out of order or past the size"));
+    }
+    dest.append(msg.data());
+  }
+  absl::Status s = FromGrpcStatus(reader->Finish());
+  if (!s.ok()) return s;
+  if (current != static_cast<int64_t>(keys.size()) - 1) {
+    return absl::DataLossError(absl::StrCat("GetMany ended after ", current + 1, " of ", keys.size(), " entries"));
+  }
+  return finish_entry();
+}
+
 absl::Status CacheStoreClient::Release(uint64_t lease_id) {
   v1::ReleaseRequest req;
   req.set_lease_id(lease_id);

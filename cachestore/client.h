@@ -42,6 +42,8 @@ class CacheStoreClient final : public CacheClient {
   // (DATA_LOSS if they do not match). Reusing one `out` for entries of the
   // same size avoids page faults.
   absl::Status GetInto(uint64_t lease_id, const Hash128& key, std::string* out) override;
+  // One GetMany stream.
+  absl::Status GetManyInto(uint64_t lease_id, absl::Span<const Hash128> keys, absl::Span<std::string> out) override;
   absl::Status Release(uint64_t lease_id) override;
   absl::StatusOr<IndexStats> Stats() override;
 

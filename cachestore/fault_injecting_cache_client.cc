@@ -97,6 +97,16 @@ absl::Status FaultInjectingCacheClient::GetInto(uint64_t lease_id, const Hash128
   return absl::OkStatus();
 }
 
+absl::Status FaultInjectingCacheClient::GetManyInto(uint64_t lease_id, absl::Span<const Hash128> keys,
+                                                   absl::Span<std::string> out) {
+  absl::Status s = Enter(CacheClientMethod::kGetManyInto);
+  if (!s.ok()) {
+    for (std::string& o : out) o.clear();
+    return s;
+  }
+  return inner_.GetManyInto(lease_id, keys, out);
+}
+
 absl::Status FaultInjectingCacheClient::Release(uint64_t lease_id) {
   absl::Status s = Enter(CacheClientMethod::kRelease);
   if (!s.ok()) return s;

@@ -23,8 +23,8 @@
 namespace hybridserve::cachestore {
 
 // The methods of CacheClient that faults can target (Get is GetInto).
-enum class CacheClientMethod { kLookup = 0, kPut, kGetInto, kRelease, kStats };
-inline constexpr int kCacheClientMethods = 5;
+enum class CacheClientMethod { kLookup = 0, kPut, kGetInto, kRelease, kStats, kGetManyInto };
+inline constexpr int kCacheClientMethods = 6;
 
 // Thread-safe. Each call first counts itself, then sleeps the method's delay
 // (through the injected hook, outside the lock), then either fails with an
@@ -48,7 +48,9 @@ class FaultInjectingCacheClient final : public CacheClient {
   void SetDelay(CacheClientMethod method, absl::Duration delay) ABSL_LOCKS_EXCLUDED(mu_);
 
   // The next `count` successful GetInto calls return their bytes with the
-  // first byte's bits inverted (an empty entry stays empty).
+  // first byte's bits inverted (an empty entry stays empty). GetManyInto's
+  // entries are never corrupted (it is a method of its own: failures and
+  // delays target it as kGetManyInto).
   void CorruptNextGets(int count) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Removes every armed failure, delay and corruption; call counts stay.
@@ -61,6 +63,7 @@ class FaultInjectingCacheClient final : public CacheClient {
                                       LookupMode mode) override;
   absl::StatusOr<PutResult> Put(const ClientNamespace& ns, const ClientPut& put, absl::string_view bytes) override;
   absl::Status GetInto(uint64_t lease_id, const Hash128& key, std::string* out) override;
+  absl::Status GetManyInto(uint64_t lease_id, absl::Span<const Hash128> keys, absl::Span<std::string> out) override;
   absl::Status Release(uint64_t lease_id) override;
   absl::StatusOr<IndexStats> Stats() override;
 

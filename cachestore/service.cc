@@ -1,6 +1,8 @@
 #include "cachestore/service.h"
 
 #include <algorithm>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -303,6 +305,52 @@ grpc::Status CacheStoreService::Get(grpc::ServerContext* context, const v1::GetR
     }
   }
   metrics_.RecordGet(true, size, SecondsSince(start));
+  return grpc::Status::OK;
+}
+
+grpc::Status CacheStoreService::GetMany(grpc::ServerContext* context, const v1::GetManyRequest* request,
+                                        grpc::ServerWriter<v1::GetManyResponse>* writer) {
+  if (request->keys_size() == 0 || request->keys_size() > options_.max_get_many_keys) {
+    return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+        "GetMany takes 1 to ", options_.max_get_many_keys, " keys, got ", request->keys_size())));
+  }
+  std::vector<Hash128> keys;
+  keys.reserve(static_cast<size_t>(request->keys_size()));
+  for (int i = 0; i < request->keys_size(); ++i) {
+    absl::StatusOr<Hash128> key = KeyOf(request->keys(i), absl::StrCat("keys[", i, "]"));
+    if (!key.ok()) return ToGrpcStatus(key.status());
+    keys.push_back(*key);
+  }
+  int64_t chunk =
+      request->chunk_bytes() == 0 ? options_.default_chunk_bytes : static_cast<int64_t>(request->chunk_bytes());
+  chunk = std::clamp<int64_t>(chunk, 4096, options_.max_chunk_bytes);
+  v1::GetManyResponse msg;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const absl::Time start = absl::Now();
+    absl::StatusOr<ReadHandle> h = store_.OpenVerified(request->lease_id(), keys[i]);
+    if (!h.ok()) {
+      metrics_.RecordGet(false, 0, SecondsSince(start));
+      return ToGrpcStatus(
+          absl::Status(h.status().code(), absl::StrCat("keys[", i, "]: ", h.status().message())));
+    }
+    const int64_t size = static_cast<int64_t>(h->blob->size);
+    const char* data = reinterpret_cast<const char*>(h->blob->data.get());
+    for (int64_t off = 0; off < size; off += chunk) {
+      msg.Clear();
+      msg.set_index(static_cast<uint32_t>(i));
+      if (off == 0) {
+        msg.set_size_bytes(static_cast<uint64_t>(size));
+        msg.set_checksum(h->info.checksum);
+      }
+      msg.set_offset(static_cast<uint64_t>(off));
+      msg.set_data(data + off, static_cast<size_t>(std::min(chunk, size - off)));
+      if (!writer->Write(msg)) {
+        metrics_.RecordGet(false, 0, SecondsSince(start));
+        return grpc::Status(grpc::StatusCode::CANCELLED, "reader went away");
+      }
+    }
+    metrics_.RecordGet(true, size, SecondsSince(start));
+  }
   return grpc::Status::OK;
 }
 

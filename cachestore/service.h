@@ -21,6 +21,8 @@ struct ServiceOptions {
   int64_t max_chunk_bytes = int64_t{4} << 20;
   // Get chunk size when the request names none.
   int64_t default_chunk_bytes = int64_t{1} << 20;
+  // Most keys in one GetMany.
+  int64_t max_get_many_keys = 4096;
 };
 
 class PutReactor;
@@ -42,6 +44,8 @@ class CacheStoreService final : public hybridserve::v1::CacheStore::WithCallback
                                                v1::PutResponse* response) override;
   grpc::Status Get(grpc::ServerContext* context, const v1::GetRequest* request,
                    grpc::ServerWriter<v1::GetResponse>* writer) override;
+  grpc::Status GetMany(grpc::ServerContext* context, const v1::GetManyRequest* request,
+                       grpc::ServerWriter<v1::GetManyResponse>* writer) override;
   grpc::Status Release(grpc::ServerContext* context, const v1::ReleaseRequest* request,
                        v1::ReleaseResponse* response) override;
   grpc::Status Stats(grpc::ServerContext* context, const v1::StatsRequest* request,

@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/synchronization/notification.h"
 #include "cachestore/client.h"
 #include "cachestore/server.h"
@@ -281,6 +282,51 @@ TEST_F(ServiceTest, BadInputGetsAClearStatusAndChangesNothing) {
   big.position = 2;
   EXPECT_EQ(client_->Put(ns_, big, Bytes(2 << 20, 1)).status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(server_->store().Stats().states.reserved_bytes, 0);
+}
+
+TEST_F(ServiceTest, MalformedGetManyRequestsAreRejectedByName) {
+  std::vector<TokenId> t = Tokens(20);
+  PutPrefix(ns_, t, 18, 1000, 5000, 11);
+  auto r = client_->Lookup(ns_, t, LookupMode::kLease);
+  ASSERT_TRUE(r.ok() && r->state.has_value()) << r.status();
+  auto call = [&](const v1::GetManyRequest& req, int* messages) {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    auto reader = stub_->GetMany(&ctx, req);
+    v1::GetManyResponse msg;
+    *messages = 0;
+    while (reader->Read(&msg)) ++*messages;
+    return reader->Finish();
+  };
+  int messages = 0;
+  v1::GetManyRequest none;
+  none.set_lease_id(r->lease_id);
+  grpc::Status st = call(none, &messages);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StrContains(st.error_message(), "1 to 4096 keys")) << st.error_message();
+
+  v1::GetManyRequest too_many = none;
+  for (int i = 0; i < 4097; ++i) too_many.add_keys(r->state->key.ToBytes());
+  EXPECT_EQ(call(too_many, &messages).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(messages, 0);
+
+  v1::GetManyRequest short_key = none;
+  short_key.add_keys(r->state->key.ToBytes());
+  short_key.add_keys("seven b");
+  st = call(short_key, &messages);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StrContains(st.error_message(), "keys[1]")) << st.error_message();
+  EXPECT_EQ(messages, 0);  // checked before anything is sent
+
+  // The first entry whole, then NOT_FOUND naming the second.
+  v1::GetManyRequest stranger = none;
+  stranger.add_keys(r->state->key.ToBytes());
+  stranger.add_keys(Hash128{1, 2}.ToBytes());
+  st = call(stranger, &messages);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_TRUE(absl::StrContains(st.error_message(), "keys[1]")) << st.error_message();
+  EXPECT_EQ(messages, 1);  // 5000 bytes: one chunk
+  EXPECT_TRUE(client_->Release(r->lease_id).ok());
 }
 
 TEST_F(ServiceTest, MalformedPutStreamsAreRejected) {

@@ -37,7 +37,9 @@ ABSL_FLAG(int64_t, page_size, 0, "KV page size in tokens; 0: min(16, chunk_size)
 ABSL_FLAG(int64_t, max_pages, 4096, "KV pages of the engine");
 ABSL_FLAG(int64_t, max_queue, 16, "requests waiting for the engine; beyond: RESOURCE_EXHAUSTED");
 ABSL_FLAG(absl::Duration, cache_timeout, absl::Seconds(2), "per-call deadline of cachestore calls");
-ABSL_FLAG(int64_t, cache_fetch_parallelism, 8, "cachestore Gets in flight at once while resuming a prompt (>= 1)");
+ABSL_FLAG(int64_t, cache_fetch_parallelism, 3,
+          "cachestore calls in flight while resuming a prompt: the state's Get and N-1 GetMany streams of its pages "
+          "(>= 1)");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(10), "time in-flight requests get on SIGTERM");
 
 namespace hybridserve {

@@ -1,7 +1,6 @@
 #include "prefill/prefill_worker.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <string>
 #include <thread>
@@ -71,29 +70,29 @@ cachestore::ClientNamespace PrefillWorker::Namespace(const std::string& cache_sa
 absl::Status PrefillWorker::FetchResumeBytes(const cachestore::LookupResult& lookup, std::string* state,
                                              std::vector<std::string>* pages) {
   pages->assign(lookup.pages.size(), std::string());
-  const size_t items = lookup.pages.size() + 1;  // item 0 is the state
-  std::atomic<size_t> next{0};
-  absl::Mutex mu;
-  absl::Status first_error;
-  auto fetch = [&] {
-    for (size_t i = next.fetch_add(1); i < items; i = next.fetch_add(1)) {
-      const absl::Status s = i == 0 ? cache_->GetInto(lookup.lease_id, lookup.state->key, state)
-                                    : cache_->GetInto(lookup.lease_id, lookup.pages[i - 1].key, &(*pages)[i - 1]);
-      if (!s.ok()) {
-        absl::MutexLock lock(&mu);
-        if (first_error.ok()) first_error = s;
-        next.store(items);  // the others stop after their current Get
-        return;
-      }
-    }
-  };
-  const size_t workers = std::min<size_t>(items, static_cast<size_t>(std::max<int64_t>(1, options_.fetch_parallelism)));
+  std::vector<common::Hash128> keys;
+  keys.reserve(lookup.pages.size());
+  for (const auto& page : lookup.pages) keys.push_back(page.key);
+  // The state on this thread; the pages in up to fetch_parallelism - 1
+  // contiguous slices, one GetMany stream each, on helper threads.
+  const int64_t n = static_cast<int64_t>(keys.size());
+  const int64_t streams = std::min<int64_t>(n, std::max<int64_t>(1, options_.fetch_parallelism - 1));
+  std::vector<absl::Status> results(static_cast<size_t>(streams));
   std::vector<std::thread> helpers;
-  helpers.reserve(workers - 1);
-  for (size_t w = 1; w < workers; ++w) helpers.emplace_back(fetch);
-  fetch();
+  helpers.reserve(static_cast<size_t>(streams));
+  for (int64_t i = 0; i < streams; ++i) {
+    const int64_t begin = n * i / streams, end = n * (i + 1) / streams;
+    helpers.emplace_back([&, i, begin, end] {
+      results[static_cast<size_t>(i)] =
+          cache_->GetManyInto(lookup.lease_id, absl::MakeConstSpan(keys).subspan(begin, end - begin),
+                              absl::MakeSpan(*pages).subspan(begin, end - begin));
+    });
+  }
+  absl::Status first_error = cache_->GetInto(lookup.lease_id, lookup.state->key, state);
   for (std::thread& t : helpers) t.join();
-  absl::MutexLock lock(&mu);
+  for (const absl::Status& s : results) {
+    if (first_error.ok() && !s.ok()) first_error = s;
+  }
   return first_error;
 }
 

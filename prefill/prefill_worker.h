@@ -107,10 +107,10 @@ struct PrefillWorkerOptions {
   // them itself before it returns.
   bool async_publication = false;
   int64_t max_pending_publications = 4;
-  // Cache Gets in flight at once while resuming (the state and every page
-  // under the lease). A resume's fetch is round-trip bound: one Get per page
-  // one after another took ~60% of a 16K-token warm TTFT. 1: one at a time.
-  int64_t fetch_parallelism = 8;
+  // Cache calls in flight at once while resuming: the state's Get, and the
+  // pages split into fetch_parallelism - 1 GetMany streams (at least one).
+  // One Get per page, one after another, took ~60% of a 16K-token warm TTFT.
+  int64_t fetch_parallelism = 3;
 };
 
 class PrefillWorker {
@@ -144,7 +144,7 @@ class PrefillWorker {
   absl::StatusOr<Resumed> Resume(const PrefillRequest& request, const cachestore::ClientNamespace& ns);
   // Tries to restore `seq` from the lookup's lease; false (a miss) on any failure.
   // Fetches the lookup's state and pages under its lease into `state` and
-  // `pages`, up to options_.fetch_parallelism Gets at once; the first error.
+  // `pages` (see fetch_parallelism); the first error.
   absl::Status FetchResumeBytes(const cachestore::LookupResult& lookup, std::string* state,
                                 std::vector<std::string>* pages);
   bool RestoreFromCache(engine::SequenceId seq, const cachestore::LookupResult& lookup, int64_t prompt_tokens,

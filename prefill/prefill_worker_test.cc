@@ -283,11 +283,19 @@ TEST_F(PrefillWorkerTest, ACacheThatIsDownOrWrongBecomesAMissNeverAFailure) {
   EXPECT_EQ(wrong.outcome->usage.cached_tokens, 0);
   EXPECT_TRUE(BitEqual(Continue(*decode_model_, wrong.decode_seq, 2), expected));
 
+  // The pages' stream fails while the state arrives: nothing restored.
+  faults_->FailNext(cachestore::CacheClientMethod::kGetManyInto, 1, absl::UnavailableError("stream reset"));
+  Turn torn = Run(prompt);
+  ASSERT_TRUE(torn.outcome.ok());
+  EXPECT_EQ(torn.outcome->usage.cached_tokens, 0);
+  EXPECT_TRUE(BitEqual(Continue(*decode_model_, torn.decode_seq, 2), expected));
+  ASSERT_TRUE(decode_model_->ReleaseSequence(torn.decode_seq).ok());  // the decode model holds four
+
   faults_->FailNext(cachestore::CacheClientMethod::kPut, 100, absl::ResourceExhaustedError("full"));
   Turn full = Run(Tokens(33, vocab_, 9));
-  ASSERT_TRUE(full.outcome.ok());
+  ASSERT_TRUE(full.outcome.ok()) << full.outcome.status();
   EXPECT_GE(worker_->counters().publish_failures, 1);
-  EXPECT_EQ(worker_->counters().errors_as_misses, 2);
+  EXPECT_EQ(worker_->counters().errors_as_misses, 3);
 }
 
 // A concurrent request with the same prefix is putting page 0 (in flight,
