@@ -181,7 +181,7 @@ int Main(int argc, char** argv) {
     std::printf("prefill %5lld tokens: %10.1f tok/s\n", static_cast<long long>(n), rate);
     json.push_back(absl::StrCat("\"prefill_", n, "\": ", rate));
   }
-  for (int64_t history : {int64_t{0}, int64_t{1039}, int64_t{4111}}) {
+  for (int64_t history : {int64_t{0}, int64_t{1039}, int64_t{4111}, int64_t{8192}}) {
     if (decode_only) break;
     const double seconds = ContinuationSeconds(**model, history, 65);
     std::printf("prefill 65 tokens after %4lld: %7.1f ms (%.1f tok/s)\n", static_cast<long long>(history),
