@@ -41,68 +41,107 @@ struct RowState {
   float* acc = nullptr;  // [head_dim]
 };
 
+// Tokens of one prefill task: a tile's pages are read once for all of them.
+constexpr int64_t kPrefillTile = 16;
+
 // Scratch of one thread.
 struct AttnScratch {
-  std::vector<float> acc;     // [group, head_dim]
+  std::vector<float> acc;     // [tokens * group, head_dim]
   std::vector<float> scores;  // [page_size rounded up to 8]
   std::vector<RowState> rows;
 };
 
-// Attends the `group` query heads of one KV head (q rows at q, q + head_dim, ...)
-// at one position to keys [0, n_keys) and writes their outputs.
-void AttendGroup(const PagedKvCache& cache, const int32_t* block_table, int64_t kv_head, const float* q, int64_t group,
-                 int64_t n_keys, float scale, float* out, AttnScratch& s) {
+// Attends the `group` query heads of one KV head at `tokens` consecutive
+// positions: row (t, g) is query head g of token t (at q + t * q_stride +
+// g * head_dim), attends keys [0, first_n_keys + t) and writes out + t *
+// out_stride + g * head_dim. Pages are the outer loop and the tokens of the
+// tile the inner one, so a page's keys and values are read from memory once
+// per tile instead of once per token; each row still sees the pages in order
+// with exactly the operations a lone row performs, so its output has the same
+// bits whatever the tile (decode is the one-token tile).
+void AttendTile(const PagedKvCache& cache, const int32_t* block_table, int64_t kv_head, const float* q,
+                int64_t q_stride, int64_t group, int64_t tokens, int64_t first_n_keys, float scale, float* out,
+                int64_t out_stride, AttnScratch& s) {
   const int64_t D = cache.head_dim;
   const int64_t token_stride = cache.n_kv_heads * D;
   const int64_t page_stride = cache.page_size * token_stride;
-  s.acc.assign(group * D, 0.0f);
+  const int64_t n_rows = tokens * group;
+  s.acc.assign(n_rows * D, 0.0f);
   s.scores.resize((cache.page_size + 7) & ~int64_t{7});
-  s.rows.assign(group, RowState{});
-  for (int64_t g = 0; g < group; ++g) s.rows[g].acc = s.acc.data() + g * D;
+  s.rows.assign(n_rows, RowState{});
+  for (int64_t r = 0; r < n_rows; ++r) s.rows[r].acc = s.acc.data() + r * D;
 
-  const int64_t n_blocks = PagesFor(n_keys, cache.page_size);
+  const int64_t n_blocks = PagesFor(first_n_keys + tokens - 1, cache.page_size);
   for (int64_t b = 0; b < n_blocks; ++b) {
-    const int64_t count = std::min(cache.page_size, n_keys - b * cache.page_size);
     const int64_t page_offset = block_table[b] * page_stride + kv_head * D;
     const float* kp = cache.k + page_offset;
     const float* vp = cache.v + page_offset;
-    for (int64_t g = 0; g < group; ++g) {
-      RowState& r = s.rows[g];
-      const float* qg = q + g * D;
-      float* scores = s.scores.data();
-      float m_blk = -std::numeric_limits<float>::infinity();
-      attention_internal::ScoreKeys(qg, kp, token_stride, D, count, scale, scores);
-      for (int64_t i = 0; i < count; ++i) m_blk = std::max(m_blk, scores[i]);
-      const float m_new = std::max(r.m, m_blk);
-      const __m256 vm = _mm256_set1_ps(m_new);
-      const float alpha = _mm256_cvtss_f32(simd::Exp(_mm256_set1_ps(r.m - m_new)));
-      for (int64_t i = 0; i < count; i += 8) {
-        const __m256 sv = simd::LoadPartial(scores + i, count - i);
-        simd::StorePartial(scores + i, simd::Exp(_mm256_sub_ps(sv, vm)), count - i);
-      }
-      float l = r.l * alpha;
-      for (int64_t i = 0; i < count; ++i) l = l + scores[i];
-      r.l = l;
-      r.m = m_new;
-      const __m256 va = _mm256_set1_ps(alpha);
-      int64_t d = 0;
-      for (; d + 8 <= D; d += 8) {
-        __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(r.acc + d), va);
-        for (int64_t i = 0; i < count; ++i) {
-          acc = _mm256_fmadd_ps(_mm256_set1_ps(scores[i]), _mm256_loadu_ps(vp + i * token_stride + d), acc);
+    for (int64_t t = 0; t < tokens; ++t) {
+      const int64_t n_keys = first_n_keys + t;
+      if (b * cache.page_size >= n_keys) continue;  // this page is past the row's last key
+      const int64_t count = std::min(cache.page_size, n_keys - b * cache.page_size);
+      for (int64_t g = 0; g < group; ++g) {
+        RowState& r = s.rows[t * group + g];
+        const float* qg = q + t * q_stride + g * D;
+        float* scores = s.scores.data();
+        float m_blk = -std::numeric_limits<float>::infinity();
+        attention_internal::ScoreKeys(qg, kp, token_stride, D, count, scale, scores);
+        for (int64_t i = 0; i < count; ++i) m_blk = std::max(m_blk, scores[i]);
+        const float m_new = std::max(r.m, m_blk);
+        const __m256 vm = _mm256_set1_ps(m_new);
+        const float alpha = _mm256_cvtss_f32(simd::Exp(_mm256_set1_ps(r.m - m_new)));
+        for (int64_t i = 0; i < count; i += 8) {
+          const __m256 sv = simd::LoadPartial(scores + i, count - i);
+          simd::StorePartial(scores + i, simd::Exp(_mm256_sub_ps(sv, vm)), count - i);
         }
-        _mm256_storeu_ps(r.acc + d, acc);
-      }
-      for (; d < D; ++d) {
-        float acc = r.acc[d] * alpha;
-        for (int64_t i = 0; i < count; ++i) acc = std::fma(scores[i], vp[i * token_stride + d], acc);
-        r.acc[d] = acc;
+        float l = r.l * alpha;
+        for (int64_t i = 0; i < count; ++i) l = l + scores[i];
+        r.l = l;
+        r.m = m_new;
+        const __m256 va = _mm256_set1_ps(alpha);
+        int64_t d = 0;
+        // Four independent FMA chains (32 dims) per pass over the keys: one
+        // chain would wait on each FMA's latency. Every element still sees
+        // acc * alpha, then its FMAs in key order: the same bits.
+        for (; d + 32 <= D; d += 32) {
+          __m256 a0 = _mm256_mul_ps(_mm256_loadu_ps(r.acc + d), va);
+          __m256 a1 = _mm256_mul_ps(_mm256_loadu_ps(r.acc + d + 8), va);
+          __m256 a2 = _mm256_mul_ps(_mm256_loadu_ps(r.acc + d + 16), va);
+          __m256 a3 = _mm256_mul_ps(_mm256_loadu_ps(r.acc + d + 24), va);
+          for (int64_t i = 0; i < count; ++i) {
+            const __m256 si = _mm256_set1_ps(scores[i]);
+            const float* vrow = vp + i * token_stride + d;
+            a0 = _mm256_fmadd_ps(si, _mm256_loadu_ps(vrow), a0);
+            a1 = _mm256_fmadd_ps(si, _mm256_loadu_ps(vrow + 8), a1);
+            a2 = _mm256_fmadd_ps(si, _mm256_loadu_ps(vrow + 16), a2);
+            a3 = _mm256_fmadd_ps(si, _mm256_loadu_ps(vrow + 24), a3);
+          }
+          _mm256_storeu_ps(r.acc + d, a0);
+          _mm256_storeu_ps(r.acc + d + 8, a1);
+          _mm256_storeu_ps(r.acc + d + 16, a2);
+          _mm256_storeu_ps(r.acc + d + 24, a3);
+        }
+        for (; d + 8 <= D; d += 8) {
+          __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(r.acc + d), va);
+          for (int64_t i = 0; i < count; ++i) {
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(scores[i]), _mm256_loadu_ps(vp + i * token_stride + d), acc);
+          }
+          _mm256_storeu_ps(r.acc + d, acc);
+        }
+        for (; d < D; ++d) {
+          float acc = r.acc[d] * alpha;
+          for (int64_t i = 0; i < count; ++i) acc = std::fma(scores[i], vp[i * token_stride + d], acc);
+          r.acc[d] = acc;
+        }
       }
     }
   }
-  for (int64_t g = 0; g < group; ++g) {
-    const RowState& r = s.rows[g];
-    for (int64_t d = 0; d < D; ++d) out[g * D + d] = r.acc[d] / r.l;
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t g = 0; g < group; ++g) {
+      const RowState& r = s.rows[t * group + g];
+      float* o = out + t * out_stride + g * D;
+      for (int64_t d = 0; d < D; ++d) o[d] = r.acc[d] / r.l;
+    }
   }
 }
 
@@ -169,19 +208,22 @@ int AttentionPrefill(const AttentionPrefillParams& p, ThreadPool* pool) {
   const int64_t qs = p.q_token_stride ? p.q_token_stride : p.n_heads * D;
   const int64_t os = p.out_token_stride ? p.out_token_stride : p.n_heads * D;
   const float scale = ResolvedScale(p.scale, D);
-  // Task u covers tokens u and n-1-u (causal work pairs up evenly) for one KV head.
-  const int64_t pairs = (p.n_tokens + 1) / 2;
+  // Task u covers tiles u and n_tiles-1-u (causal work pairs up evenly) for one KV head.
+  const int64_t n_tiles = (p.n_tokens + kPrefillTile - 1) / kPrefillTile;
+  const int64_t pairs = (n_tiles + 1) / 2;
   ParallelFor(pool, pairs * c.n_kv_heads, [&](int64_t begin, int64_t end) {
     AttnScratch scratch;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t u = task / c.n_kv_heads;
       const int64_t kvh = task % c.n_kv_heads;
-      auto attend = [&](int64_t t) {
-        AttendGroup(c, p.block_table, kvh, p.q + t * qs + kvh * group * D, group, p.start_pos + t + 1, scale,
-                    p.out + t * os + kvh * group * D, scratch);
+      auto attend = [&](int64_t tile) {
+        const int64_t t0 = tile * kPrefillTile;
+        const int64_t tokens = std::min(kPrefillTile, p.n_tokens - t0);
+        AttendTile(c, p.block_table, kvh, p.q + t0 * qs + kvh * group * D, qs, group, tokens, p.start_pos + t0 + 1,
+                   scale, p.out + t0 * os + kvh * group * D, os, scratch);
       };
       attend(u);
-      if (p.n_tokens - 1 - u != u) attend(p.n_tokens - 1 - u);
+      if (n_tiles - 1 - u != u) attend(n_tiles - 1 - u);
     }
   });
   return kKernelOk;
@@ -210,8 +252,9 @@ int AttentionDecode(const AttentionDecodeParams& p, ThreadPool* pool) {
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / c.n_kv_heads;
       const int64_t kvh = task % c.n_kv_heads;
-      AttendGroup(c, p.block_tables + b * p.block_table_stride, kvh, p.q + b * qs + kvh * group * D, group,
-                  p.seq_lens[b], scale, p.out + b * os + kvh * group * D, scratch);
+      AttendTile(c, p.block_tables + b * p.block_table_stride, kvh, p.q + b * qs + kvh * group * D, /*q_stride=*/0,
+                 group, /*tokens=*/1, p.seq_lens[b], scale, p.out + b * os + kvh * group * D, /*out_stride=*/0,
+                 scratch);
     }
   });
   return kKernelOk;
