@@ -63,5 +63,9 @@ if [ "${HS_SANITIZERS:-1}" != "0" ]; then
   stage "asan+ubsan" --config=asan -- //...
   stage "tsan" --config=tsan -- //kernels/... //engine/...
 fi
-python3 tools/check_fixtures.py || { [ $status -eq 0 ] && status=1; }
+# numpy comes from Debian (tools/bootstrap.sh: python3-numpy) for /usr/bin/python3;
+# a python3 earlier on PATH (pyenv, a venv) may not have it.
+py=python3
+"$py" -c "import numpy" 2>/dev/null || py=/usr/bin/python3
+"$py" tools/check_fixtures.py || { [ $status -eq 0 ] && status=1; }
 exit $status
