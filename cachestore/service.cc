@@ -27,6 +27,28 @@ absl::StatusOr<Hash128> KeyOf(const std::string& bytes, absl::string_view what) 
   return key;
 }
 
+// Writes entry `h` as messages of at most `chunk` bytes, in order, the first
+// carrying its size and checksum; `tag` sets a message's other fields
+// (GetMany's index). False when the reader went away.
+template <typename Response, typename Tag>
+bool WriteEntry(const ReadHandle& h, int64_t chunk, grpc::ServerWriter<Response>* writer, Tag tag) {
+  const int64_t size = static_cast<int64_t>(h.blob->size);
+  const char* data = reinterpret_cast<const char*>(h.blob->data.get());
+  Response msg;
+  for (int64_t off = 0; off < size; off += chunk) {
+    msg.Clear();
+    tag(msg);
+    if (off == 0) {
+      msg.set_size_bytes(static_cast<uint64_t>(size));
+      msg.set_checksum(h.info.checksum);
+    }
+    msg.set_offset(static_cast<uint64_t>(off));
+    msg.set_data(data + off, static_cast<size_t>(std::min(chunk, size - off)));
+    if (!writer->Write(msg)) return false;
+  }
+  return true;
+}
+
 v1::EntryRef ToProto(const EntryInfo& e) {
   v1::EntryRef out;
   out.set_key(e.key.ToBytes());
@@ -285,26 +307,11 @@ grpc::Status CacheStoreService::Get(grpc::ServerContext* context, const v1::GetR
     metrics_.RecordGet(false, 0, SecondsSince(start));
     return ToGrpcStatus(h.status());
   }
-  int64_t chunk =
-      request->chunk_bytes() == 0 ? options_.default_chunk_bytes : static_cast<int64_t>(request->chunk_bytes());
-  chunk = std::clamp<int64_t>(chunk, 4096, options_.max_chunk_bytes);
-  const int64_t size = static_cast<int64_t>(h->blob->size);
-  const char* data = reinterpret_cast<const char*>(h->blob->data.get());
-  v1::GetResponse msg;
-  for (int64_t off = 0; off < size; off += chunk) {
-    msg.Clear();
-    if (off == 0) {
-      msg.set_size_bytes(static_cast<uint64_t>(size));
-      msg.set_checksum(h->info.checksum);
-    }
-    msg.set_offset(static_cast<uint64_t>(off));
-    msg.set_data(data + off, static_cast<size_t>(std::min(chunk, size - off)));
-    if (!writer->Write(msg)) {
-      metrics_.RecordGet(false, 0, SecondsSince(start));
-      return grpc::Status(grpc::StatusCode::CANCELLED, "reader went away");
-    }
+  if (!WriteEntry(*h, ChunkBytes(request->chunk_bytes()), writer, [](v1::GetResponse&) {})) {
+    metrics_.RecordGet(false, 0, SecondsSince(start));
+    return grpc::Status(grpc::StatusCode::CANCELLED, "reader went away");
   }
-  metrics_.RecordGet(true, size, SecondsSince(start));
+  metrics_.RecordGet(true, static_cast<int64_t>(h->blob->size), SecondsSince(start));
   return grpc::Status::OK;
 }
 
@@ -321,37 +328,27 @@ grpc::Status CacheStoreService::GetMany(grpc::ServerContext* context, const v1::
     if (!key.ok()) return ToGrpcStatus(key.status());
     keys.push_back(*key);
   }
-  int64_t chunk =
-      request->chunk_bytes() == 0 ? options_.default_chunk_bytes : static_cast<int64_t>(request->chunk_bytes());
-  chunk = std::clamp<int64_t>(chunk, 4096, options_.max_chunk_bytes);
-  v1::GetManyResponse msg;
+  const int64_t chunk = ChunkBytes(request->chunk_bytes());
   for (size_t i = 0; i < keys.size(); ++i) {
     const absl::Time start = absl::Now();
     absl::StatusOr<ReadHandle> h = store_.OpenVerified(request->lease_id(), keys[i]);
     if (!h.ok()) {
       metrics_.RecordGet(false, 0, SecondsSince(start));
-      return ToGrpcStatus(
-          absl::Status(h.status().code(), absl::StrCat("keys[", i, "]: ", h.status().message())));
+      return ToGrpcStatus(absl::Status(h.status().code(), absl::StrCat("keys[", i, "]: ", h.status().message())));
     }
-    const int64_t size = static_cast<int64_t>(h->blob->size);
-    const char* data = reinterpret_cast<const char*>(h->blob->data.get());
-    for (int64_t off = 0; off < size; off += chunk) {
-      msg.Clear();
-      msg.set_index(static_cast<uint32_t>(i));
-      if (off == 0) {
-        msg.set_size_bytes(static_cast<uint64_t>(size));
-        msg.set_checksum(h->info.checksum);
-      }
-      msg.set_offset(static_cast<uint64_t>(off));
-      msg.set_data(data + off, static_cast<size_t>(std::min(chunk, size - off)));
-      if (!writer->Write(msg)) {
-        metrics_.RecordGet(false, 0, SecondsSince(start));
-        return grpc::Status(grpc::StatusCode::CANCELLED, "reader went away");
-      }
+    const uint32_t index = static_cast<uint32_t>(i);
+    if (!WriteEntry(*h, chunk, writer, [index](v1::GetManyResponse& m) { m.set_index(index); })) {
+      metrics_.RecordGet(false, 0, SecondsSince(start));
+      return grpc::Status(grpc::StatusCode::CANCELLED, "reader went away");
     }
-    metrics_.RecordGet(true, size, SecondsSince(start));
+    metrics_.RecordGet(true, static_cast<int64_t>(h->blob->size), SecondsSince(start));
   }
   return grpc::Status::OK;
+}
+
+int64_t CacheStoreService::ChunkBytes(uint32_t requested) const {
+  const int64_t chunk = requested == 0 ? options_.default_chunk_bytes : static_cast<int64_t>(requested);
+  return std::clamp<int64_t>(chunk, 4096, options_.max_chunk_bytes);
 }
 
 grpc::Status CacheStoreService::Release(grpc::ServerContext*, const v1::ReleaseRequest* request, v1::ReleaseResponse*) {

@@ -60,6 +60,9 @@ class CacheStoreService final : public hybridserve::v1::CacheStore::WithCallback
 
   CacheStore& store_;
   ServiceMetrics& metrics_;
+  // A Get's chunk size: the request's (0: the default), within [4 KiB, max].
+  int64_t ChunkBytes(uint32_t requested) const;
+
   const ServiceOptions options_;
   absl::Mutex mu_;
   // Puts past their header, by reservation id; a reactor removes itself in
