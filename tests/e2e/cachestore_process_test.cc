@@ -66,22 +66,9 @@ Exit RunToExit(const std::string& binary, const std::vector<std::string>& args) 
   const char* tmp = std::getenv("TEST_TMPDIR");
   static int counter = 0;
   const std::string out_path = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/run-", getpid(), "-", ++counter, ".out");
-  const std::string path = Runfile(binary);
-  std::vector<std::string> storage = {path};
-  storage.insert(storage.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (std::string& a : storage) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  const int fd = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    dup2(fd, 1);
-    dup2(fd, 2);
-    close(fd);
-    execv(path.c_str(), argv.data());
-    _exit(127);
-  }
-  close(fd);
+  absl::StatusOr<pid_t> spawned = Spawn(binary, args, out_path);
+  if (!spawned.ok()) return Exit{-1, std::string(spawned.status().message())};
+  const pid_t pid = *spawned;
   Exit result;
   int status = 0;
   bool exited = WaitFor([&] { return waitpid(pid, &status, WNOHANG) == pid; });

@@ -43,11 +43,8 @@ std::string Runfile(const std::string& relative) {
   return absl::StrCat(srcdir, "/", workspace != nullptr ? workspace : "hybridserve", "/", relative);
 }
 
-absl::StatusOr<std::unique_ptr<Process>> Process::Start(const std::string& name, const std::string& binary,
-                                                        const std::vector<std::string>& args,
-                                                        const std::string& ready_word, absl::Duration timeout) {
-  static int counter = 0;
-  const std::string log_path = absl::StrCat(TmpDir(), "/", name, "-", getpid(), "-", ++counter, ".log");
+absl::StatusOr<pid_t> Spawn(const std::string& binary, const std::vector<std::string>& args,
+                            const std::string& log_path) {
   const std::string path = Runfile(binary);
   std::vector<std::string> argv_storage = {path};
   argv_storage.insert(argv_storage.end(), args.begin(), args.end());
@@ -57,7 +54,10 @@ absl::StatusOr<std::unique_ptr<Process>> Process::Start(const std::string& name,
   const int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) return absl::InternalError(absl::StrCat("cannot create ", log_path));
   const pid_t pid = fork();
-  if (pid < 0) return absl::InternalError("fork failed");
+  if (pid < 0) {
+    close(fd);
+    return absl::InternalError("fork failed");
+  }
   if (pid == 0) {
     dup2(fd, 1);
     dup2(fd, 2);
@@ -66,6 +66,17 @@ absl::StatusOr<std::unique_ptr<Process>> Process::Start(const std::string& name,
     _exit(127);
   }
   close(fd);
+  return pid;
+}
+
+absl::StatusOr<std::unique_ptr<Process>> Process::Start(const std::string& name, const std::string& binary,
+                                                        const std::vector<std::string>& args,
+                                                        const std::string& ready_word, absl::Duration timeout) {
+  static int counter = 0;
+  const std::string log_path = absl::StrCat(TmpDir(), "/", name, "-", getpid(), "-", ++counter, ".log");
+  absl::StatusOr<pid_t> spawned = Spawn(binary, args, log_path);
+  if (!spawned.ok()) return spawned.status();
+  const pid_t pid = *spawned;
   std::unique_ptr<Process> p(new Process(name, pid, log_path));
   const absl::Time end = absl::Now() + timeout;
   while (absl::Now() < end) {

@@ -24,6 +24,11 @@ namespace hybridserve::e2e {
 // The path of a runfile of this test (TEST_SRCDIR/<workspace>/relative).
 std::string Runfile(const std::string& relative);
 
+// Starts `binary` (a runfile path) with `args`, its stdout and stderr written
+// to `log_path`; the child's pid.
+absl::StatusOr<pid_t> Spawn(const std::string& binary, const std::vector<std::string>& args,
+                            const std::string& log_path);
+
 // A child process whose stdout+stderr go to a log file.
 class Process {
  public:
