@@ -199,7 +199,7 @@ absl::Status CacheStoreClient::GetInto(uint64_t lease_id, const Hash128& key, st
 }
 
 absl::Status CacheStoreClient::GetManyInto(uint64_t lease_id, absl::Span<const Hash128> keys,
-                                          absl::Span<std::string> out) {
+                                           absl::Span<std::string> out) {
   if (keys.empty() || keys.size() != out.size()) return CacheClient::GetManyInto(lease_id, keys, out);
   v1::GetManyRequest req;
   req.set_lease_id(lease_id);
@@ -237,7 +237,8 @@ absl::Status CacheStoreClient::GetManyInto(uint64_t lease_id, absl::Span<const H
       current = msg.index();
       size = msg.size_bytes();
       checksum = msg.checksum();
-      if (size > (uint64_t{1} << 40)) return fail(absl::DataLossError("cachestore announced an implausible entry size"));
+      if (size > (uint64_t{1} << 40))
+        return fail(absl::DataLossError("cachestore announced an implausible entry size"));
       out[static_cast<size_t>(current)].clear();
       out[static_cast<size_t>(current)].reserve(size);
     }

@@ -98,7 +98,7 @@ absl::Status FaultInjectingCacheClient::GetInto(uint64_t lease_id, const Hash128
 }
 
 absl::Status FaultInjectingCacheClient::GetManyInto(uint64_t lease_id, absl::Span<const Hash128> keys,
-                                                   absl::Span<std::string> out) {
+                                                    absl::Span<std::string> out) {
   absl::Status s = Enter(CacheClientMethod::kGetManyInto);
   if (!s.ok()) {
     for (std::string& o : out) o.clear();

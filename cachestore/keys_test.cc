@@ -90,8 +90,8 @@ TEST(KeysTest, PageAndStateKeysMatchIndependentlyComputedValues) {
   }
   EXPECT_EQ(wire, "a2bc8fe38159c157b506f043dab6e3da");
   // S_p hangs from K_{n-1} (N when n = 0) with the tail tokens[n*4, p).
-  EXPECT_EQ(StateKey(ns, span.subspan(0, 0)).ToHex(), "86bdddf9e56da099c601b9c29444a9db");   // p = 0
-  EXPECT_EQ(StateKey(ns, span.subspan(0, 3)).ToHex(), "ca72860cd8f62372f5c6097c8e37da16");   // p = 3
+  EXPECT_EQ(StateKey(ns, span.subspan(0, 0)).ToHex(), "86bdddf9e56da099c601b9c29444a9db");        // p = 0
+  EXPECT_EQ(StateKey(ns, span.subspan(0, 3)).ToHex(), "ca72860cd8f62372f5c6097c8e37da16");        // p = 3
   EXPECT_EQ(StateKey(pages[0], span.subspan(4, 0)).ToHex(), "7c3a53bc25bbfc6573998b92263410b4");  // p = 4
   EXPECT_EQ(StateKey(pages[1], span.subspan(8, 0)).ToHex(), "00de2604a0ace2ba5eafe2dbdbda03fa");  // p = 8
   EXPECT_EQ(StateKey(pages[1], span.subspan(8, 2)).ToHex(), "12340c3780fc0dd365761eb354337bb0");  // p = 10

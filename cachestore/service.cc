@@ -167,11 +167,10 @@ class PutReactor : public grpc::ServerReadReactor<v1::PutRequest> {
     grpc::Status s;
     if (!ok) {
       // Half-closed or cancelled before the commit.
-      s = session_ == nullptr
-              ? grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "a put stream starts with a header")
-              : grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                             absl::StrCat("put stream ended before commit: ", session_->bytes_written(), " of ",
-                                          session_->size_bytes(), " bytes arrived"));
+      s = session_ == nullptr ? grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "a put stream starts with a header")
+                              : grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                             absl::StrCat("put stream ended before commit: ", session_->bytes_written(),
+                                                          " of ", session_->size_bytes(), " bytes arrived"));
     } else {
       s = session_ == nullptr ? OnHeader() : OnMessage();
     }
@@ -241,9 +240,9 @@ class PutReactor : public grpc::ServerReadReactor<v1::PutRequest> {
       case v1::PutRequest::kChunk: {
         const v1::PutChunk& c = msg_.chunk();
         if (static_cast<int64_t>(c.data().size()) > service_.options_.max_chunk_bytes) {
-          return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, absl::StrCat("chunk of ", c.data().size(),
-                                                                               " bytes exceeds ",
-                                                                               service_.options_.max_chunk_bytes));
+          return grpc::Status(
+              grpc::StatusCode::INVALID_ARGUMENT,
+              absl::StrCat("chunk of ", c.data().size(), " bytes exceeds ", service_.options_.max_chunk_bytes));
         }
         if (c.offset() > static_cast<uint64_t>(INT64_MAX)) {
           return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "chunk offset out of range");
@@ -277,15 +276,15 @@ class PutReactor : public grpc::ServerReadReactor<v1::PutRequest> {
   v1::PutRequest msg_;
   std::unique_ptr<PutSession> session_;
   uint64_t reservation_id_ = 0;  // while in service_.active_puts_
-  bool done_ = false;        // committed, failed to commit, or already present
-  int64_t bytes_ = 0;        // committed bytes
+  bool done_ = false;            // committed, failed to commit, or already present
+  int64_t bytes_ = 0;            // committed bytes
   absl::Mutex mu_;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   bool final_ok_ = false;  // written under mu_ before Finish, read in OnDone
 };
 
 grpc::ServerReadReactor<v1::PutRequest>* CacheStoreService::Put(grpc::CallbackServerContext*,
-                                                               v1::PutResponse* response) {
+                                                                v1::PutResponse* response) {
   return new PutReactor(*this, response);
 }
 
@@ -318,8 +317,8 @@ grpc::Status CacheStoreService::Get(grpc::ServerContext* context, const v1::GetR
 grpc::Status CacheStoreService::GetMany(grpc::ServerContext* context, const v1::GetManyRequest* request,
                                         grpc::ServerWriter<v1::GetManyResponse>* writer) {
   if (request->keys_size() == 0 || request->keys_size() > options_.max_get_many_keys) {
-    return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
-        "GetMany takes 1 to ", options_.max_get_many_keys, " keys, got ", request->keys_size())));
+    return ToGrpcStatus(absl::InvalidArgumentError(
+        absl::StrCat("GetMany takes 1 to ", options_.max_get_many_keys, " keys, got ", request->keys_size())));
   }
   std::vector<Hash128> keys;
   keys.reserve(static_cast<size_t>(request->keys_size()));

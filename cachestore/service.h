@@ -32,8 +32,8 @@ class PutReactor;
 // ABORTED from the reaper while its handler waits for the stalled writer's
 // next message (a synchronous handler could only be cancelled, which the
 // writer sees as CANCELLED).
-class CacheStoreService final : public hybridserve::v1::CacheStore::WithCallbackMethod_Put<
-                                    hybridserve::v1::CacheStore::Service> {
+class CacheStoreService final
+    : public hybridserve::v1::CacheStore::WithCallbackMethod_Put<hybridserve::v1::CacheStore::Service> {
  public:
   // `store` and `metrics` must outlive the service.
   CacheStoreService(CacheStore& store, ServiceMetrics& metrics, const ServiceOptions& options);

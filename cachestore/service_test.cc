@@ -14,9 +14,9 @@
 #include "cachestore/server.h"
 #include "common/clock.h"
 #include "common/hash.h"
+#include "gmock/gmock.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
-#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/cachestore.grpc.pb.h"
 

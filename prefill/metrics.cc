@@ -52,8 +52,7 @@ PrefillMetrics::PrefillMetrics(prometheus::Registry& r)
       transfer_seconds_(
           Histogram(r, "hybridserve_transfer_seconds", "Time of one push to a decode worker", 0.0001, 18)),
       resume_seconds_(Histogram(r, "hybridserve_prefill_resume_seconds",
-                                "Cache lookup, fetch and restore of one prefill call (0 without a cache)", 0.0001,
-                                18)),
+                                "Cache lookup, fetch and restore of one prefill call (0 without a cache)", 0.0001, 18)),
       compute_seconds_(Histogram(r, "hybridserve_prefill_compute_seconds",
                                  "Engine prefill past the resume point and first-token sampling of one call", 0.001,
                                  17)),

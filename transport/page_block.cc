@@ -36,8 +36,8 @@ PageBlock PageBlockRecycler::Take(int64_t num_pages, int64_t page_bytes) {
     }
   }
   char* p = reused != nullptr ? reused.release() : new char[bytes];
-  return PageBlock(std::unique_ptr<char[], PageBlockDeleter>(p, PageBlockDeleter{weak_from_this(), bytes}),
-                   num_pages, page_bytes);
+  return PageBlock(std::unique_ptr<char[], PageBlockDeleter>(p, PageBlockDeleter{weak_from_this(), bytes}), num_pages,
+                   page_bytes);
 }
 
 int64_t PageBlockRecycler::idle_bytes() const {

@@ -185,8 +185,7 @@ absl::Status TcpStateReceiver::Receive(Socket& socket, uint64_t* transfer_id, bo
   // Sizes are the ticket's (checked above), bounded by the registry's limits.
   received.pages = recycler_->Take(begin.num_pages, begin.page_bytes);
   for (int64_t i = 0; i < begin.num_pages; ++i) {
-    RETURN_IF_ERROR(
-        ReadFrameInto(socket, std::min(deadline(), ticket.deadline), received.pages.mutable_page(i), &h));
+    RETURN_IF_ERROR(ReadFrameInto(socket, std::min(deadline(), ticket.deadline), received.pages.mutable_page(i), &h));
     RETURN_IF_ERROR(ExpectFrame(h, FrameType::kPage, *transfer_id, static_cast<uint64_t>(i)));
   }
   RETURN_IF_ERROR(ReadFrame(socket, std::min(deadline(), ticket.deadline), static_cast<uint64_t>(begin.state_bytes), &h,

@@ -76,8 +76,8 @@ class StateSource {
 // ticket (sizes, checksums on the wire). Move-only value type.
 struct ReceivedState {
   uint64_t transfer_id = 0;
-  PageBlock pages;  // [num_pages] of page_bytes each, in page order
-  std::string state;               // the encoded state
+  PageBlock pages;    // [num_pages] of page_bytes each, in page order
+  std::string state;  // the encoded state
   int32_t first_token = 0;
   float first_logprob = 0.0f;
 };

@@ -94,8 +94,8 @@ struct Timed {
   bool completed = false;
   v1::GenerateComplete complete;
   std::vector<int32_t> tokens;
-  double ttft_s = 0;              // send to the first token
-  std::vector<double> gaps_s;     // between successive token chunks
+  double ttft_s = 0;           // send to the first token
+  std::vector<double> gaps_s;  // between successive token chunks
   double total_s = 0;
 };
 
@@ -328,7 +328,8 @@ absl::StatusOr<double> TimeDataPlane(transport::TcpStateReceiver& receiver, int6
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
   if (!sent.ok()) return sent;
   if (!got.ok()) return got.status();
-  if (static_cast<int64_t>(got->pages.size()) != pages || got->pages[pages - 1] != absl::string_view(data).substr(static_cast<size_t>((pages - 1) * page_bytes))) {
+  if (static_cast<int64_t>(got->pages.size()) != pages ||
+      got->pages[pages - 1] != absl::string_view(data).substr(static_cast<size_t>((pages - 1) * page_bytes))) {
     return absl::DataLossError("pages came back different");
   }
   return seconds;
@@ -390,8 +391,9 @@ bool RunTcp() {
     std::fprintf(stderr, "receiver: %s\n", receiver.status().ToString().c_str());
     return false;
   }
-  std::printf("\n== tcp: data plane bandwidth / raw loopback socket, 64 MiB per transfer (the bench model's 16K-token "
-              "prompt)\n");
+  std::printf(
+      "\n== tcp: data plane bandwidth / raw loopback socket, 64 MiB per transfer (the bench model's 16K-token "
+      "prompt)\n");
   std::printf("%10s %8s %12s %12s %8s %8s\n", "page", "pages", "plane_GB/s", "raw_GB/s", "ratio", "goal");
   const int64_t total = int64_t{64} << 20;
   std::string data(static_cast<size_t>(total), '\0');
@@ -487,11 +489,12 @@ bool RunSweep() {
   }
   Client client((*stack)->decode_target());
   const int per_stream = absl::GetFlag(FLAGS_sweep_requests_per_stream);
-  std::printf("\n== sweep: default model, N streams each sending %d requests in turn (prompt 64-320 tokens, 32 "
-              "generated)\n",
-              per_stream);
-  std::printf("%8s %9s %10s %10s %10s %10s %8s\n", "streams", "req/s", "ttft_p50", "ttft_p99", "itl_p50",
-              "itl_p99", "errors");
+  std::printf(
+      "\n== sweep: default model, N streams each sending %d requests in turn (prompt 64-320 tokens, 32 "
+      "generated)\n",
+      per_stream);
+  std::printf("%8s %9s %10s %10s %10s %10s %8s\n", "streams", "req/s", "ttft_p50", "ttft_p99", "itl_p50", "itl_p99",
+              "errors");
   std::string csv = "streams,requests_per_s,ttft_p50_ms,ttft_p99_ms,itl_p50_ms,itl_p99_ms,errors,requests\n";
   for (int streams : Ints(absl::GetFlag(FLAGS_sweep_streams))) {
     absl::Mutex mu;
