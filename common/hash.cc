@@ -52,6 +52,24 @@ Hash128 HashChain(const Hash128& prev, const void* data, size_t size) {
   return Hash128{h.low64, h.high64};
 }
 
+ChainHasher::ChainHasher(const Hash128& prev) : state_(XXH3_createState()) {
+  auto* state = static_cast<XXH3_state_t*>(state_);
+  XXH3_128bits_reset(state);
+  XXH3_128bits_update(state, &prev.lo, 8);
+  XXH3_128bits_update(state, &prev.hi, 8);
+}
+
+ChainHasher::~ChainHasher() { XXH3_freeState(static_cast<XXH3_state_t*>(state_)); }
+
+void ChainHasher::Update(const void* data, size_t size) {
+  XXH3_128bits_update(static_cast<XXH3_state_t*>(state_), data, size);
+}
+
+Hash128 ChainHasher::Digest() const {
+  XXH128_hash_t h = XXH3_128bits_digest(static_cast<const XXH3_state_t*>(state_));
+  return Hash128{h.low64, h.high64};
+}
+
 uint64_t Checksum64(const void* data, size_t size) { return XXH3_64bits(data, size); }
 
 StreamingChecksum::StreamingChecksum() : state_(XXH3_createState()) {

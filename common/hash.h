@@ -43,6 +43,24 @@ inline Hash128 HashBytes(absl::string_view s) { return HashBytes(s.data(), s.siz
 // XXH3-128 of `prev` (16 bytes) followed by `data`: one link of a hash chain.
 Hash128 HashChain(const Hash128& prev, const void* data, size_t size);
 
+// HashChain(prev, bytes) over bytes that arrive in pieces, with the hash of
+// every prefix on the way: Digest() after Update(a) then Update(b) equals
+// HashChain(prev, a || b), and Update may continue after a Digest. Not
+// thread-safe.
+class ChainHasher {
+ public:
+  explicit ChainHasher(const Hash128& prev);
+  ~ChainHasher();
+  ChainHasher(const ChainHasher&) = delete;
+  ChainHasher& operator=(const ChainHasher&) = delete;
+
+  void Update(const void* data, size_t size);
+  Hash128 Digest() const;
+
+ private:
+  void* state_;  // XXH3_state_t*, owned.
+};
+
 // XXH3-64 checksum of `data`, for integrity of stored entries.
 uint64_t Checksum64(const void* data, size_t size);
 

@@ -43,6 +43,24 @@ TEST(HashTest, StreamingChecksumEqualsOneShot) {
   EXPECT_EQ(sum.Digest(), Checksum64(data.data(), data.size()));
 }
 
+// Every prefix digest of a ChainHasher equals the one-shot HashChain of that
+// prefix, across both of HashChain's paths (small and large inputs) and
+// across pieces that split XXH3's internal stripes.
+TEST(HashTest, ChainHasherDigestsEveryPrefixLikeHashChain) {
+  std::string data(9000, '\0');
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 13 + 1);
+  const Hash128 prev{0x0123456789abcdefULL, 0xfedcba9876543210ULL};
+  ChainHasher chained(prev);
+  EXPECT_EQ(chained.Digest(), HashChain(prev, nullptr, 0));
+  size_t done = 0;
+  for (size_t piece : {1, 3, 60, 4, 176, 240, 1, 1024, 2500, 4991}) {
+    chained.Update(data.data() + done, piece);
+    done += piece;
+    ASSERT_EQ(chained.Digest(), HashChain(prev, data.data(), done)) << "prefix of " << done << " bytes";
+  }
+  EXPECT_EQ(done, data.size());
+}
+
 TEST(HashTest, BytesRoundTrip) {
   Hash128 h = HashBytes("round trip");
   Hash128 back;
