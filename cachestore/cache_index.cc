@@ -9,7 +9,10 @@
 
 namespace hybridserve::cachestore {
 CacheIndex::CacheIndex(const CacheIndexOptions& options)
-    : options_(options), blob_pool_(BlobPool::Create(options.blob_pool_bytes)) {
+    : options_(options),
+      // Free buffers are outside the budgets: at most an eighth of them.
+      blob_pool_(BlobPool::Create(
+          std::min(options.blob_pool_bytes, (options.page_budget_bytes + options.state_budget_bytes) / 8))) {
   page_stats_.budget_bytes = options.page_budget_bytes;
   state_stats_.budget_bytes = options.state_budget_bytes;
 }
@@ -23,16 +26,9 @@ int64_t CacheIndex::Budget(EntryClass c) const {
 ClassStats& CacheIndex::Counters(EntryClass c) { return c == EntryClass::kPage ? page_stats_ : state_stats_; }
 
 absl::Status CacheIndex::ValidateSpec(const PutSpec& spec) const {
-  if (!IsValidPageSize(spec.page_size)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("page_size ", spec.page_size, " is not a power of two in [1, ", kMaxPageSize, "]"));
-  }
+  if (!IsValidPageSize(spec.page_size)) return absl::InvalidArgumentError(PageSizeProblem(spec.page_size));
   if (spec.size_bytes <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("entry size ", spec.size_bytes, " must be > 0"));
-  }
-  if (spec.size_bytes > Budget(spec.entry_class)) {
-    return absl::ResourceExhaustedError(absl::StrCat("entry of ", spec.size_bytes, " bytes exceeds the budget of ",
-                                                     Budget(spec.entry_class), " bytes"));
   }
   for (TokenId t : spec.tokens) {
     if (t < 0) return absl::InvalidArgumentError(absl::StrCat("negative token id ", t));
@@ -58,7 +54,20 @@ absl::Status CacheIndex::ValidateSpec(const PutSpec& spec) const {
           absl::StrCat("state position ", spec.position, " outside [1, ", options_.max_tokens, "]"));
     }
   }
+  // Checked last: the charge counts the tail, which the checks above bound.
+  const int64_t charge = Charge(spec);
+  if (charge > Budget(spec.entry_class)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "entry of ", spec.size_bytes, " bytes (", charge, " with its index memory) exceeds the ",
+        spec.entry_class == EntryClass::kPage ? "page" : "state", " budget of ", Budget(spec.entry_class), " bytes"));
+  }
   return absl::OkStatus();
+}
+
+int64_t CacheIndex::Charge(const PutSpec& spec) const {
+  int64_t charge = spec.size_bytes + options_.entry_overhead_bytes;
+  if (spec.entry_class == EntryClass::kState) charge += static_cast<int64_t>(spec.tokens.size() * sizeof(TokenId));
+  return charge;
 }
 
 absl::StatusOr<Reservation> CacheIndex::Reserve(const PutSpec& spec, absl::Time now) {
@@ -119,9 +128,14 @@ absl::StatusOr<Reservation> CacheIndex::Reserve(const PutSpec& spec, absl::Time 
   }
 
   if (parent == nullptr) {
+    if (static_cast<int64_t>(roots_.size()) >= options_.max_namespaces) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("the cache holds max_namespaces=", options_.max_namespaces, " namespaces"));
+    }
     auto owned = std::make_unique<Node>();
     owned->key = spec.ns;
     owned->root = owned.get();
+    owned->jump = owned.get();
     owned->page_size = spec.page_size;
     owned->entry.committed = true;
     root = parent = owned.get();
@@ -131,27 +145,35 @@ absl::StatusOr<Reservation> CacheIndex::Reserve(const PutSpec& spec, absl::Time 
   // Keep the parent from being evicted to make room for its own child.
   parent->entry.pins++;
   RefreshNode(parent);
-  absl::Status room = MakeRoom(cls, spec.size_bytes);
+  const int64_t charge = Charge(spec);
+  absl::Status room = MakeRoom(cls, charge);
+  absl::StatusOr<std::shared_ptr<Blob>> blob =
+      room.ok() ? blob_pool_->Acquire(static_cast<size_t>(spec.size_bytes)) : room;
   parent->entry.pins--;
   RefreshNode(parent);
-  if (!room.ok()) {
-    // Eviction may have emptied the root while it was pinned; it goes now.
+  if (!blob.ok()) {
+    // Nothing stays behind: eviction may have emptied the root while it was
+    // pinned, or the root is the one this put created; either goes now.
     MaybeRemoveRoot(root);
-    return room;
+    return blob.status();
   }
 
   Reservation r;
   r.id = next_id_++;
   r.key = key;
-  r.blob = blob_pool_->Acquire(static_cast<size_t>(spec.size_bytes));
+  r.blob = *std::move(blob);
   Entry entry;
   entry.size = spec.size_bytes;
+  entry.charge = charge;
   entry.blob = r.blob;
   entry.reservation_id = r.id;
   entry.serial = r.id;
   ClassStats& counters = Counters(cls);
   counters.reserved_bytes += spec.size_bytes;
-  puts_[r.id] = PendingPut{cls, key, now + options_.put_timeout};
+  counters.metadata_bytes += charge - spec.size_bytes;
+  PendingPut& put = puts_[r.id];
+  put = PendingPut{cls, key, absl::InfinitePast()};
+  SetPutDeadline(r.id, put, now + options_.put_timeout);
 
   if (cls == EntryClass::kPage) {
     auto node = std::make_unique<Node>();
@@ -159,6 +181,9 @@ absl::StatusOr<Reservation> CacheIndex::Reserve(const PutSpec& spec, absl::Time 
     node->parent = parent;
     node->root = root;
     node->depth = parent->depth + 1;
+    // Skew-binary jump: two equal jumps above merge into one twice as long.
+    Node* j = parent->jump;
+    node->jump = (parent->depth - j->depth == j->depth - j->jump->depth) ? j->jump : parent;
     node->entry = std::move(entry);
     parent->children.push_back(node.get());
     RefreshNode(parent);
@@ -171,7 +196,9 @@ absl::StatusOr<Reservation> CacheIndex::Reserve(const PutSpec& spec, absl::Time 
     state->position = spec.position;
     state->kind = spec.state_kind;
     state->entry = std::move(entry);
+    state->slot = parent->states.size();
     parent->states.push_back(state.get());
+    parent->tail_lengths[static_cast<int64_t>(spec.tokens.size())]++;
     parent->busy_states++;
     RefreshNode(parent);
     ApplyRetention(state.get(), spec, &r);
@@ -180,9 +207,9 @@ absl::StatusOr<Reservation> CacheIndex::Reserve(const PutSpec& spec, absl::Time 
   return r;
 }
 
-absl::Status CacheIndex::MakeRoom(EntryClass c, int64_t bytes) {
+absl::Status CacheIndex::MakeRoom(EntryClass c, int64_t charge) {
   ClassStats& counters = Counters(c);
-  while (counters.resident_bytes + counters.reserved_bytes + bytes > Budget(c)) {
+  while (counters.resident_bytes + counters.reserved_bytes + counters.metadata_bytes + charge > Budget(c)) {
     if (c == EntryClass::kPage) {
       if (page_lru_.empty()) {
         return absl::ResourceExhaustedError(
@@ -190,11 +217,14 @@ absl::Status CacheIndex::MakeRoom(EntryClass c, int64_t bytes) {
       }
       RemoveNodeOnly(page_lru_.begin()->second, RemoveReason::kLru);
     } else {
-      if (state_lru_.empty()) {
+      if (state_lru_.empty() && session_lru_.empty()) {
         return absl::ResourceExhaustedError(
             absl::StrCat("state budget of ", Budget(c), " bytes is held by pinned or in-flight states"));
       }
-      RemoveState(state_lru_.begin()->second, RemoveReason::kLru);
+      // The least recently used of both sets.
+      const bool session =
+          state_lru_.empty() || (!session_lru_.empty() && session_lru_.begin()->first < state_lru_.begin()->first);
+      RemoveState((session ? session_lru_ : state_lru_).begin()->second, RemoveReason::kLru);
     }
   }
   return absl::OkStatus();
@@ -205,7 +235,7 @@ absl::Status CacheIndex::Touch(uint64_t reservation_id, absl::Time now) {
   if (it == puts_.end()) {
     return absl::AbortedError("the put was reclaimed (timed out, or its parent page was removed)");
   }
-  it->second.deadline = now + options_.put_timeout;
+  SetPutDeadline(reservation_id, it->second, now + options_.put_timeout);
   return absl::OkStatus();
 }
 
@@ -215,6 +245,7 @@ absl::Status CacheIndex::Commit(uint64_t reservation_id, uint64_t checksum, absl
     return absl::AbortedError("the put was reclaimed (timed out, or its parent page was removed)");
   }
   const PendingPut put = it->second;
+  put_deadlines_.erase({put.deadline, reservation_id});
   puts_.erase(it);
   ClassStats& counters = Counters(put.entry_class);
   Entry* e = nullptr;
@@ -261,12 +292,13 @@ absl::StatusOr<LookupResult> CacheIndex::Lookup(const Hash128& ns, int32_t page_
   if (static_cast<int64_t>(tokens.size()) > options_.max_tokens) {
     return absl::InvalidArgumentError(absl::StrCat(tokens.size(), " tokens exceed max_tokens=", options_.max_tokens));
   }
-  if (!IsValidPageSize(page_size)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("page_size ", page_size, " is not a power of two in [1, ", kMaxPageSize, "]"));
-  }
+  if (!IsValidPageSize(page_size)) return absl::InvalidArgumentError(PageSizeProblem(page_size));
   if (page_keys.size() != tokens.size() / page_size) {
     return absl::InvalidArgumentError("page keys do not match the tokens");
+  }
+  if (lease && static_cast<int64_t>(leases_.size()) >= options_.max_leases) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("max_leases=", options_.max_leases, " leases are open: release leases, or look up without one"));
   }
   totals_.lookups++;
   LookupResult result;
@@ -290,17 +322,9 @@ absl::StatusOr<LookupResult> CacheIndex::Lookup(const Hash128& ns, int32_t page_
 
   // The deepest node with a committed state whose tail matches the prompt.
   State* best = nullptr;
-  int64_t depth = static_cast<int64_t>(path.size());
-  for (; depth >= 0 && best == nullptr; --depth) {
-    Node* node = depth == 0 ? root : path[depth - 1];
-    const int64_t base = depth * page_size;
-    for (State* s : node->states) {
-      if (!s->entry.committed) continue;
-      const int64_t t = static_cast<int64_t>(s->tail.size());
-      if (base + t > static_cast<int64_t>(tokens.size())) continue;
-      if (best != nullptr && best->tail.size() >= s->tail.size()) continue;
-      if (std::equal(s->tail.begin(), s->tail.end(), tokens.begin() + base)) best = s;
-    }
+  for (int64_t depth = static_cast<int64_t>(path.size()); depth >= 0 && best == nullptr; --depth) {
+    const Node* node = depth == 0 ? root : path[depth - 1];
+    best = MatchState(*node, tokens.subspan(static_cast<size_t>(depth * page_size)));
   }
   for (Node* n : path) UseNode(n, now);
   if (best == nullptr) return result;
@@ -315,18 +339,45 @@ absl::StatusOr<LookupResult> CacheIndex::Lookup(const Hash128& ns, int32_t page_
   result.state = StateInfo(*best);
 
   if (lease) {
-    Lease l;
-    l.expiry = now + options_.lease_ttl;
-    l.page_keys.reserve(n_pages);
-    for (int64_t i = 0; i < n_pages; ++i) l.page_keys.push_back(path[i]->key);
+    const uint64_t id = next_id_++;
+    Lease& l = leases_[id];
+    l.expiry = absl::InfinitePast();
     if (n_pages > 0) l.deepest = Held{EntryClass::kPage, path[n_pages - 1]->key, path[n_pages - 1]->entry.serial};
     l.state = Held{EntryClass::kState, best->key, best->entry.serial};
     PinLease(l, +1);
-    result.lease_id = next_id_++;
+    SetLeaseExpiry(id, l, now + options_.lease_ttl);
+    result.lease_id = id;
     result.lease_expiry = l.expiry;
-    leases_.emplace(result.lease_id, std::move(l));
   }
   return result;
+}
+
+CacheIndex::State* CacheIndex::MatchState(const Node& node, absl::Span<const TokenId> rest) const {
+  if (node.tail_lengths.empty()) return nullptr;
+  // The key of each stored tail length's prefix of `rest`, from one pass of
+  // the hash over the longest: StateKey(node, rest[0, L)) for every L present.
+  common::ChainHasher hasher(StateParentKey(node.key));
+  std::vector<std::pair<int64_t, Hash128>> candidates;
+  int64_t hashed = 0;
+  for (const auto& [length, count] : node.tail_lengths) {
+    if (length > static_cast<int64_t>(rest.size())) break;
+    hasher.Update(rest.data() + hashed, static_cast<size_t>(length - hashed) * sizeof(TokenId));
+    hashed = length;
+    candidates.emplace_back(length, hasher.Digest());
+  }
+  for (auto it = candidates.rbegin(); it != candidates.rend(); ++it) {
+    auto found = states_.find(it->second);
+    if (found == states_.end()) continue;
+    State* s = found->second.get();
+    // The key decides; the tail is compared too, so that not even a 128-bit
+    // collision serves another prompt's state.
+    if (!s->entry.committed || s->node != &node || static_cast<int64_t>(s->tail.size()) != it->first ||
+        !std::equal(s->tail.begin(), s->tail.end(), rest.begin())) {
+      continue;
+    }
+    return s;
+  }
+  return nullptr;
 }
 
 absl::StatusOr<ReadHandle> CacheIndex::Open(uint64_t lease_id, const Hash128& key, absl::Time now) {
@@ -338,18 +389,26 @@ absl::StatusOr<ReadHandle> CacheIndex::Open(uint64_t lease_id, const Hash128& ke
   const Held* held = nullptr;
   if (key == lease.state.key) {
     held = &lease.state;
-  } else if (auto p = pages_.find(key); p != pages_.end()) {
-    const int64_t d = p->second->depth;
-    if (d >= 1 && d <= static_cast<int64_t>(lease.page_keys.size()) && lease.page_keys[d - 1] == key) {
+  } else if (lease.deepest.has_value()) {
+    // A page of the lease is the deepest page or one of its ancestors.
+    const Entry* deepest = HeldEntry(EntryClass::kPage, lease.deepest->key, lease.deepest->serial);
+    if (deepest == nullptr) {
+      // Without a page list the lease cannot tell its own pages from others
+      // now: any page read through it extends it, as a read of its pages would.
+      SetLeaseExpiry(lease_id, lease, now + options_.lease_ttl);
+      return absl::NotFoundError(absl::StrCat("lease ", lease_id, "'s pages were removed (failed verification)"));
+    }
+    const Node* last = pages_.at(lease.deepest->key).get();
+    auto p = pages_.find(key);
+    if (p != pages_.end() && p->second->root == last->root && p->second->depth <= last->depth &&
+        LevelAncestor(last, p->second->depth) == p->second.get()) {
       held = &*lease.deepest;  // a page of the lease lives as long as its deepest page
     }
-  } else if (std::find(lease.page_keys.begin(), lease.page_keys.end(), key) != lease.page_keys.end()) {
-    held = &*lease.deepest;  // removed (failed verification): reported below
   }
   if (held == nullptr) {
     return absl::NotFoundError(absl::StrCat("lease ", lease_id, " does not hold entry ", key.ToHex()));
   }
-  lease.expiry = now + options_.lease_ttl;
+  SetLeaseExpiry(lease_id, lease, now + options_.lease_ttl);
   if (HeldEntry(held->entry_class, held->key, held->serial) == nullptr) {
     return absl::NotFoundError("entry was removed (failed verification)");
   }
@@ -370,6 +429,7 @@ absl::Status CacheIndex::Release(uint64_t lease_id) {
   auto it = leases_.find(lease_id);
   if (it == leases_.end()) return absl::NotFoundError(absl::StrCat("unknown or expired lease ", lease_id));
   ReleaseLeaseEntries(it->second);
+  lease_expiry_.erase({it->second.expiry, lease_id});
   leases_.erase(it);
   return absl::OkStatus();
 }
@@ -391,18 +451,18 @@ void CacheIndex::RemoveCorrupt(EntryClass entry_class, const Hash128& key) {
 }
 
 std::vector<uint64_t> CacheIndex::Expire(absl::Time now) {
-  for (auto it = leases_.begin(); it != leases_.end();) {
-    if (it->second.expiry < now) {
-      ReleaseLeaseEntries(it->second);
-      totals_.expired_leases++;
-      leases_.erase(it++);
-    } else {
-      ++it;
-    }
+  // Each set is ordered by deadline: the work is what expires, not what is open.
+  while (!lease_expiry_.empty() && lease_expiry_.begin()->first < now) {
+    const uint64_t id = lease_expiry_.begin()->second;
+    lease_expiry_.erase(lease_expiry_.begin());
+    auto it = leases_.find(id);
+    ReleaseLeaseEntries(it->second);
+    totals_.expired_leases++;
+    leases_.erase(it);
   }
   std::vector<uint64_t> reclaimed;
-  for (const auto& [id, put] : puts_) {
-    if (put.deadline < now) reclaimed.push_back(id);
+  for (auto it = put_deadlines_.begin(); it != put_deadlines_.end() && it->first < now; ++it) {
+    reclaimed.push_back(it->second);
   }
   for (uint64_t id : reclaimed) {
     if (puts_.count(id) == 0) continue;  // gone with an aborted parent page
@@ -416,11 +476,9 @@ std::vector<uint64_t> CacheIndex::Expire(absl::Time now) {
     if (n->entry.last_use + options_.page_ttl > now) break;
     RemoveNodeOnly(n, RemoveReason::kTtl);
   }
-  // States with their own TTL are skipped here and expire below.
-  for (auto it = state_lru_.begin(); it != state_lru_.end();) {
-    State* s = it->second;
-    ++it;
-    if (s->ttl > absl::ZeroDuration()) continue;
+  // States with their own TTL are in session_lru_ and expire below.
+  while (!state_lru_.empty()) {
+    State* s = state_lru_.begin()->second;
     if (s->entry.last_use + options_.state_ttl > now) break;
     RemoveState(s, RemoveReason::kTtl);
   }
@@ -462,10 +520,10 @@ void CacheIndex::UseNode(Node* node, absl::Time now) {
 
 void CacheIndex::UseState(State* state, absl::Time now) {
   const bool was = state->entry.evictable;
-  if (was) state_lru_.erase({state->entry.tick, state});
+  if (was) StateLru(*state).erase({state->entry.tick, state});
   state->entry.tick = next_tick_++;
   state->entry.last_use = now;
-  if (was) state_lru_.insert({state->entry.tick, state});
+  if (was) StateLru(*state).insert({state->entry.tick, state});
   RefreshExpiry(state);
 }
 
@@ -485,7 +543,11 @@ void CacheIndex::ApplyRetention(State* state, const PutSpec& spec, Reservation* 
   if (spec.pin && ttl == absl::ZeroDuration()) ttl = options_.max_session_ttl;
   ttl = std::min(ttl, options_.max_session_ttl);
   if (ttl > state->ttl) {
+    // A state gaining its own TTL moves from the class-TTL LRU set.
+    const bool evictable = state->entry.evictable;
+    if (evictable) StateLru(*state).erase({state->entry.tick, state});
     state->ttl = ttl;
+    if (evictable) StateLru(*state).insert({state->entry.tick, state});
     RefreshExpiry(state);
   }
   if (spec.pin && !state->session_pin) {
@@ -532,9 +594,9 @@ void CacheIndex::RefreshState(State* state) {
   const bool evictable = !IsBusy(*state);
   if (evictable == e.evictable) return;
   if (evictable) {
-    state_lru_.insert({e.tick, state});
+    StateLru(*state).insert({e.tick, state});
   } else {
-    state_lru_.erase({e.tick, state});
+    StateLru(*state).erase({e.tick, state});
   }
   e.evictable = evictable;
 }
@@ -577,12 +639,15 @@ void CacheIndex::Pin(EntryClass c, const Hash128& key, uint64_t serial, int delt
 
 void CacheIndex::ForgetEntryBytes(EntryClass c, Entry* e) {
   ClassStats& counters = Counters(c);
+  counters.metadata_bytes -= e->charge - e->size;
   if (e->committed) {
     counters.resident_bytes -= e->size;
     counters.entries--;
   } else {
     counters.reserved_bytes -= e->size;
-    puts_.erase(e->reservation_id);
+    auto put = puts_.find(e->reservation_id);
+    put_deadlines_.erase({put->second.deadline, e->reservation_id});
+    puts_.erase(put);
   }
 }
 
@@ -591,7 +656,7 @@ void CacheIndex::RemoveState(State* state, RemoveReason reason) {
   if (reason == RemoveReason::kLru) counters.evicted_lru++;
   if (reason == RemoveReason::kTtl) counters.evicted_ttl++;
   if (reason == RemoveReason::kWithPages && state->entry.committed) counters.dropped_with_pages++;
-  if (state->entry.evictable) state_lru_.erase({state->entry.tick, state});
+  if (state->entry.evictable) StateLru(*state).erase({state->entry.tick, state});
   if (state->expiry != absl::InfiniteFuture()) session_expiry_.erase({state->expiry, state});
   Node* node = state->node;
   if (state->session_pin) {
@@ -601,8 +666,13 @@ void CacheIndex::RemoveState(State* state, RemoveReason reason) {
   }
   if (IsBusy(*state)) node->busy_states--;
   ForgetEntryBytes(EntryClass::kState, &state->entry);
-  auto& v = node->states;
-  v.erase(std::find(v.begin(), v.end(), state));
+  // Out of its node in O(1): the last state takes its slot.
+  std::vector<State*>& v = node->states;
+  v[state->slot] = v.back();
+  v[state->slot]->slot = state->slot;
+  v.pop_back();
+  auto length = node->tail_lengths.find(static_cast<int64_t>(state->tail.size()));
+  if (--length->second == 0) node->tail_lengths.erase(length);
   states_.erase(state->key);  // destroys *state
   if (node->parent == nullptr) {
     MaybeRemoveRoot(node);
@@ -643,6 +713,23 @@ void CacheIndex::MaybeRemoveRoot(Node* root) {
   if (root->entry.pins == 0 && root->children.empty() && root->states.empty()) roots_.erase(root->key);
 }
 
+const CacheIndex::Node* CacheIndex::LevelAncestor(const Node* node, int64_t depth) {
+  while (node->depth > depth) node = node->jump->depth >= depth ? node->jump : node->parent;
+  return node;
+}
+
+void CacheIndex::SetLeaseExpiry(uint64_t lease_id, Lease& lease, absl::Time expiry) {
+  lease_expiry_.erase({lease.expiry, lease_id});
+  lease.expiry = expiry;
+  lease_expiry_.insert({expiry, lease_id});
+}
+
+void CacheIndex::SetPutDeadline(uint64_t reservation_id, PendingPut& put, absl::Time deadline) {
+  put_deadlines_.erase({put.deadline, reservation_id});
+  put.deadline = deadline;
+  put_deadlines_.insert({deadline, reservation_id});
+}
+
 EntryInfo CacheIndex::PageInfo(const Node& n, int32_t page_size) {
   EntryInfo info;
   info.key = n.key;
@@ -666,11 +753,22 @@ EntryInfo CacheIndex::StateInfo(const State& s) {
 
 // --- Invariants ------------------------------------------------------------
 
+absl::Status CacheIndex::CheckStateSlots(const Node& node) const {
+  std::map<int64_t, int> lengths;
+  for (size_t i = 0; i < node.states.size(); ++i) {
+    if (node.states[i]->slot != i) return absl::InternalError("state slot disagrees with its node's list");
+    lengths[static_cast<int64_t>(node.states[i]->tail.size())]++;
+  }
+  if (lengths != node.tail_lengths) return absl::InternalError("tail length counts out of date");
+  return absl::OkStatus();
+}
+
 absl::Status CacheIndex::CheckInvariants() const {
   auto fail = [](auto&&... parts) { return absl::InternalError(absl::StrCat(parts...)); };
   ClassStats pages, states;
   absl::flat_hash_map<const void*, int> expected_pins;
   for (const auto& [id, lease] : leases_) {
+    if (lease_expiry_.count({lease.expiry, id}) != 1) return fail("lease ", id, " missing from the expiry order");
     std::vector<const Held*> held = {&lease.state};
     if (lease.deepest.has_value()) held.push_back(&*lease.deepest);
     for (const Held* e : held) {
@@ -683,6 +781,11 @@ absl::Status CacheIndex::CheckInvariants() const {
       }
     }
   }
+  if (lease_expiry_.size() != leases_.size()) return fail("lease expiry order holds released leases");
+  for (const auto& [id, put] : puts_) {
+    if (put_deadlines_.count({put.deadline, id}) != 1) return fail("put ", id, " missing from the deadline order");
+  }
+  if (put_deadlines_.size() != puts_.size()) return fail("put deadline order holds finished puts");
   size_t reserved_entries = 0;
   size_t evictable_pages = 0, evictable_states = 0;
   size_t expiring_states = 0;
@@ -700,12 +803,19 @@ absl::Status CacheIndex::CheckInvariants() const {
       return fail("page's parent is not indexed");
     }
     (e.committed ? pages.resident_bytes : pages.reserved_bytes) += e.size;
+    pages.metadata_bytes += e.charge - e.size;
+    if (e.charge != e.size + options_.entry_overhead_bytes) return fail("page charge disagrees with its size");
+    if (node->jump == nullptr || node->jump->depth >= node->depth || node->jump->root != node->root ||
+        LevelAncestor(node.get(), node->jump->depth) != node->jump) {
+      return fail("page jump pointer is not a proper ancestor");
+    }
     if (e.committed) pages.entries++;
     if (!e.committed) reserved_entries++;
     if (e.pins != expected_pins[node.get()]) return fail("page pins ", e.pins, " != leases");
     int busy = 0;
     for (const State* s : node->states) busy += IsBusy(*s) ? 1 : 0;
     if (busy != node->busy_states) return fail("busy_states out of date");
+    RETURN_IF_ERROR(CheckStateSlots(*node));
     const bool evictable = e.committed && e.pins == 0 && node->children.empty() && busy == 0;
     if (evictable != e.evictable || evictable != (page_lru_.count({e.tick, node.get()}) == 1)) {
       return fail("page LRU membership out of date");
@@ -714,6 +824,8 @@ absl::Status CacheIndex::CheckInvariants() const {
   }
   for (const auto& [key, root] : roots_) {
     if (root->children.empty() && root->states.empty()) return fail("empty root kept");
+    if (root->jump != root.get()) return fail("root jump pointer is not itself");
+    RETURN_IF_ERROR(CheckStateSlots(*root));
     int busy = 0;
     for (const State* s : root->states) busy += IsBusy(*s) ? 1 : 0;
     if (busy != root->busy_states) return fail("root busy_states out of date");
@@ -721,6 +833,10 @@ absl::Status CacheIndex::CheckInvariants() const {
   for (const auto& [key, s] : states_) {
     const Entry& e = s->entry;
     (e.committed ? states.resident_bytes : states.reserved_bytes) += e.size;
+    states.metadata_bytes += e.charge - e.size;
+    if (e.charge != e.size + options_.entry_overhead_bytes + static_cast<int64_t>(s->tail.size() * sizeof(TokenId))) {
+      return fail("state charge disagrees with its size and tail");
+    }
     if (e.committed) states.entries++;
     if (!e.committed) reserved_entries++;
     if (e.pins != expected_pins[s.get()]) return fail("state pins ", e.pins, " != leases");
@@ -731,7 +847,7 @@ absl::Status CacheIndex::CheckInvariants() const {
       return fail("state position disagrees with its node");
     }
     const bool evictable = !IsBusy(*s);
-    if (evictable != e.evictable || evictable != (state_lru_.count({e.tick, s.get()}) == 1)) {
+    if (evictable != e.evictable || evictable != (StateLru(*s).count({e.tick, s.get()}) == 1)) {
       return fail("state LRU membership out of date");
     }
     evictable_states += evictable ? 1 : 0;
@@ -755,20 +871,22 @@ absl::Status CacheIndex::CheckInvariants() const {
     if (root->pinned_bytes > options_.pin_quota_bytes) return fail("namespace pin quota exceeded");
   }
   if (pinned_bytes_ > PinBudget()) return fail("pin budget exceeded");
-  if (evictable_pages != page_lru_.size() || evictable_states != state_lru_.size()) {
+  if (evictable_pages != page_lru_.size() || evictable_states != state_lru_.size() + session_lru_.size()) {
     return fail("LRU sets hold removed entries");
   }
   if (reserved_entries != puts_.size()) return fail("reserved entries ", reserved_entries, " != puts ", puts_.size());
   if (pages.resident_bytes != page_stats_.resident_bytes || pages.reserved_bytes != page_stats_.reserved_bytes ||
-      pages.entries != page_stats_.entries) {
+      pages.entries != page_stats_.entries || pages.metadata_bytes != page_stats_.metadata_bytes) {
     return fail("page accounting drifted");
   }
   if (states.resident_bytes != state_stats_.resident_bytes || states.reserved_bytes != state_stats_.reserved_bytes ||
-      states.entries != state_stats_.entries) {
+      states.entries != state_stats_.entries || states.metadata_bytes != state_stats_.metadata_bytes) {
     return fail("state accounting drifted");
   }
-  if (pages.resident_bytes + pages.reserved_bytes > options_.page_budget_bytes) return fail("page budget exceeded");
-  if (states.resident_bytes + states.reserved_bytes > options_.state_budget_bytes) {
+  if (pages.resident_bytes + pages.reserved_bytes + pages.metadata_bytes > options_.page_budget_bytes) {
+    return fail("page budget exceeded");
+  }
+  if (states.resident_bytes + states.reserved_bytes + states.metadata_bytes > options_.state_budget_bytes) {
     return fail("state budget exceeded");
   }
   return absl::OkStatus();

@@ -9,6 +9,7 @@
 // time takes `now`. CacheStore wraps it with a mutex and a Clock.
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -39,7 +40,8 @@ struct CacheIndexOptions {
   // Longest token list a lookup accepts, and deepest position a put may name.
   int64_t max_tokens = int64_t{1} << 20;
   // Freed entry buffers kept for reuse by puts of the same size (outside the
-  // budgets); 0 disables recycling. See BlobPool.
+  // budgets, and never more than an eighth of them); 0 disables recycling.
+  // See BlobPool.
   int64_t blob_pool_bytes = int64_t{256} << 20;
   // Session retention (PutSpec::ttl, PutSpec::pin): the longest TTL an entry
   // may ask for, the bytes of pinned states one namespace may hold (a tenant:
@@ -48,6 +50,20 @@ struct CacheIndexOptions {
   absl::Duration max_session_ttl = absl::Hours(24);
   int64_t pin_quota_bytes = int64_t{64} << 20;
   int64_t pin_budget_bytes = -1;
+  // Index memory each entry costs beside its bytes (its node or state record,
+  // its hash-map slot and LRU position), counted against its class's budget
+  // with the entry; a state's tail tokens count too (4 bytes each). So every
+  // byte a client can make the index hold is within the budgets.
+  int64_t entry_overhead_bytes = kDefaultEntryOverheadBytes;
+  // Namespaces (model, adapter, cache salt, page size) held at once, and
+  // leases open at once: beyond them a put into a new namespace or a leasing
+  // lookup is RESOURCE_EXHAUSTED. A lease costs the same whatever its length.
+  int64_t max_namespaces = int64_t{1} << 16;
+  int64_t max_leases = int64_t{1} << 16;
+
+  // Measured on x86-64 (sizeof of the records, plus map slot, set node and
+  // allocator headers), rounded up.
+  static constexpr int64_t kDefaultEntryOverheadBytes = 512;
 };
 
 class CacheIndex {
@@ -113,7 +129,8 @@ class CacheIndex {
   struct State;
   struct Entry {
     bool committed = false;
-    int64_t size = 0;
+    int64_t size = 0;    // the entry's bytes
+    int64_t charge = 0;  // against the budget: size + index memory (options_.entry_overhead_bytes, tail)
     uint64_t checksum = 0;
     std::shared_ptr<Blob> blob;
     int pins = 0;
@@ -129,17 +146,25 @@ class CacheIndex {
     Hash128 key;
     Node* parent = nullptr;  // null for a root
     Node* root = nullptr;    // self for a root
-    int64_t depth = 0;       // pages from the root through this one
-    int32_t page_size = 0;   // roots only
+    // An ancestor (self for a root) chosen so that LevelAncestor takes
+    // O(log depth) steps (skew-binary jump pointers): a lease names only its
+    // deepest page and still answers "is this page mine" without a list.
+    Node* jump = nullptr;
+    int64_t depth = 0;      // pages from the root through this one
+    int32_t page_size = 0;  // roots only
     Entry entry;
     std::vector<Node*> children;
-    std::vector<State*> states;
+    std::vector<State*> states;  // State::slot is the position here
+    // Tail lengths of the states here, with their counts: a lookup hashes the
+    // prompt once per length present, never per state.
+    std::map<int64_t, int> tail_lengths;
     int busy_states = 0;       // attached states reserved or pinned
     int64_t pinned_bytes = 0;  // roots: session-pinned state bytes of the namespace
   };
   struct State {
     Hash128 key;
     Node* node = nullptr;
+    size_t slot = 0;  // in node->states
     std::vector<TokenId> tail;
     int64_t position = 0;
     StateKind kind = StateKind::kExactPrefix;
@@ -153,7 +178,7 @@ class CacheIndex {
   struct PendingPut {
     EntryClass entry_class;
     Hash128 key;
-    absl::Time deadline;
+    absl::Time deadline;  // its position in put_deadlines_
   };
   struct Held {
     EntryClass entry_class;
@@ -163,10 +188,10 @@ class CacheIndex {
   // A lease pins only the deepest page and the state: every shallower page
   // is an interior node (never evictable) while the deepest exists, and a
   // removal that takes one of them (a failed checksum) takes the deepest too.
+  // Its size does not depend on the number of pages.
   struct Lease {
-    absl::Time expiry;
-    std::vector<Hash128> page_keys;  // pages [0, n) in order: depth d at [d - 1]
-    std::optional<Held> deepest;     // page n - 1, when n > 0
+    absl::Time expiry;            // its position in lease_expiry_
+    std::optional<Held> deepest;  // page n - 1, when n > 0
     Held state;
   };
   enum class RemoveReason { kLru, kTtl, kAborted, kCorrupt, kWithPages };
@@ -174,7 +199,11 @@ class CacheIndex {
   int64_t Budget(EntryClass c) const;
   ClassStats& Counters(EntryClass c);
   absl::Status ValidateSpec(const PutSpec& spec) const;
-  absl::Status MakeRoom(EntryClass c, int64_t bytes);
+  // What an entry of `spec` counts against its budget: its bytes and its
+  // index memory.
+  int64_t Charge(const PutSpec& spec) const;
+  // Evicts LRU entries of class `c` until `charge` more bytes fit.
+  absl::Status MakeRoom(EntryClass c, int64_t charge);
   // A busy state is not evictable and keeps its page from eviction (and so
   // every page above it): reserved, leased, or session-pinned.
   bool IsBusy(const State& s) const { return !s.entry.committed || s.entry.pins > 0 || s.session_pin; }
@@ -201,6 +230,22 @@ class CacheIndex {
   void MaybeRemoveRoot(Node* root);
   void ReleaseLeaseEntries(const Lease& lease);
   static EntryInfo PageInfo(const Node& n, int32_t page_size);
+  // The ancestor of `node` at `depth` (<= node->depth).
+  static const Node* LevelAncestor(const Node* node, int64_t depth);
+  // The deepest committed state at `node` whose tail is a prefix of `rest`
+  // (the prompt after the node's pages); null when none.
+  State* MatchState(const Node& node, absl::Span<const TokenId> rest) const;
+  // The evictable set a state belongs in: states with their own TTL expire by
+  // session_expiry_, the others by the class TTL in LRU order.
+  std::set<std::pair<uint64_t, State*>>& StateLru(const State& s) {
+    return s.ttl > absl::ZeroDuration() ? session_lru_ : state_lru_;
+  }
+  const std::set<std::pair<uint64_t, State*>>& StateLru(const State& s) const {
+    return s.ttl > absl::ZeroDuration() ? session_lru_ : state_lru_;
+  }
+  absl::Status CheckStateSlots(const Node& node) const;
+  void SetLeaseExpiry(uint64_t lease_id, Lease& lease, absl::Time expiry);
+  void SetPutDeadline(uint64_t reservation_id, PendingPut& put, absl::Time deadline);
   static EntryInfo StateInfo(const State& s);
 
   const CacheIndexOptions options_;
@@ -211,9 +256,15 @@ class CacheIndex {
   absl::flat_hash_map<uint64_t, PendingPut> puts_;
   absl::flat_hash_map<uint64_t, Lease> leases_;
   // Evictable entries by LRU tick, oldest first: committed, unpinned pages
-  // with no children and no busy states; committed, unpinned states.
+  // with no children and no busy states; committed, unpinned states, those
+  // with the class TTL in state_lru_ and those with their own in session_lru_
+  // (so the class-TTL scan never walks past session states).
   std::set<std::pair<uint64_t, Node*>> page_lru_;
   std::set<std::pair<uint64_t, State*>> state_lru_;
+  std::set<std::pair<uint64_t, State*>> session_lru_;
+  // Deadlines, soonest first: the reaper's work is what expires, not what is open.
+  std::set<std::pair<absl::Time, uint64_t>> lease_expiry_;
+  std::set<std::pair<absl::Time, uint64_t>> put_deadlines_;
   // Committed states with their own TTL, by expiry.
   std::set<std::pair<absl::Time, State*>> session_expiry_;
   int64_t pinned_bytes_ = 0;

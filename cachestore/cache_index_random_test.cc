@@ -62,6 +62,7 @@ class RandomRun {
     config_.lease_ttl = Uniform(200, 2000);
     config_.put_timeout = Uniform(200, 2000);
     config_.max_tokens = Chance(0.5) ? int64_t{1} << 20 : Uniform(8, kMaxPromptTokens);
+    config_.entry_overhead = Chance(0.3) ? 0 : Uniform(1, 12);
     for (int i = 0; i < kNamespaces; ++i) {
       ns_keys_[i] = NamespaceKey("model", "", absl::StrCat("tenant-", i), config_.default_page_size[i]);
     }
@@ -552,14 +553,15 @@ class RandomRun {
     want.entries = model_->Count(c, true);
     want.resident_bytes = model_->Bytes(c, true);
     want.reserved_bytes = model_->Bytes(c, false);
+    want.metadata_bytes = model_->Metadata(c);
     want.budget_bytes = model_->Budget(c);
     want.evicted_lru = m.evicted_lru;
     want.evicted_ttl = m.evicted_ttl;
     want.dropped_with_pages = m.dropped_with_pages;
     auto text = [](const ClassStats& s) {
       return absl::StrCat("entries=", s.entries, " resident=", s.resident_bytes, " reserved=", s.reserved_bytes,
-                          " budget=", s.budget_bytes, " lru=", s.evicted_lru, " ttl=", s.evicted_ttl,
-                          " dropped=", s.dropped_with_pages);
+                          " metadata=", s.metadata_bytes, " budget=", s.budget_bytes, " lru=", s.evicted_lru,
+                          " ttl=", s.evicted_ttl, " dropped=", s.dropped_with_pages);
     };
     if (text(got) == text(want)) return true;
     Fail(absl::StrCat(ClassName(c), " stats: index says ", text(got), "; model expects ", text(want)));
@@ -573,8 +575,8 @@ class RandomRun {
 
     const IndexStats s = index_->Stats();
     if (!SameClassStats(s.pages, EntryClass::kPage) || !SameClassStats(s.states, EntryClass::kState)) return;
-    if (s.pages.resident_bytes + s.pages.reserved_bytes > s.pages.budget_bytes ||
-        s.states.resident_bytes + s.states.reserved_bytes > s.states.budget_bytes) {
+    if (s.pages.resident_bytes + s.pages.reserved_bytes + s.pages.metadata_bytes > s.pages.budget_bytes ||
+        s.states.resident_bytes + s.states.reserved_bytes + s.states.metadata_bytes > s.states.budget_bytes) {
       return Fail("a budget is exceeded");
     }
     const std::vector<std::pair<int64_t, int64_t>> totals = {

@@ -71,6 +71,7 @@ struct Config {
   int64_t lease_ttl = 0;             // ms
   int64_t put_timeout = 0;           // ms
   int64_t max_tokens = 0;
+  int64_t entry_overhead = 0;  // CacheIndexOptions::entry_overhead_bytes
 
   CacheIndexOptions ToOptions() const {
     CacheIndexOptions o;
@@ -81,6 +82,7 @@ struct Config {
     o.lease_ttl = absl::Milliseconds(lease_ttl);
     o.put_timeout = absl::Milliseconds(put_timeout);
     o.max_tokens = max_tokens;
+    o.entry_overhead_bytes = entry_overhead;
     return o;
   }
 
@@ -88,7 +90,8 @@ struct Config {
     auto ttl = [](const std::optional<int64_t>& t) { return t ? absl::StrCat(*t, "ms") : std::string("inf"); };
     return absl::StrCat("page_size=", default_page_size[0], "/", default_page_size[1], " page_budget=", page_budget,
                         " state_budget=", state_budget, " page_ttl=", ttl(page_ttl), " state_ttl=", ttl(state_ttl),
-                        " lease_ttl=", lease_ttl, "ms put_timeout=", put_timeout, "ms max_tokens=", max_tokens);
+                        " lease_ttl=", lease_ttl, "ms put_timeout=", put_timeout, "ms max_tokens=", max_tokens,
+                        " entry_overhead=", entry_overhead);
   }
 };
 
@@ -104,6 +107,7 @@ struct ModelEntry {
   Hash128 key;
   StateKind kind = StateKind::kExactPrefix;  // states only
   int64_t size = 0;
+  int64_t charge = 0;  // against the budget: size, the entry overhead, a state's tail at 4 bytes a token
   bool committed = false;
   uint64_t checksum = 0;
   int pins = 0;
@@ -233,6 +237,12 @@ class ReferenceModel {
     for (const ModelEntry& e : entries_) sum += e.cls == c && e.committed == committed ? e.size : 0;
     return sum;
   }
+  // Index memory of class `c`'s entries, committed and reserved.
+  int64_t Metadata(EntryClass c) const {
+    int64_t sum = 0;
+    for (const ModelEntry& e : entries_) sum += e.cls == c ? e.charge - e.size : 0;
+    return sum;
+  }
   int64_t Count(EntryClass c, bool committed) const {
     int64_t n = 0;
     for (const ModelEntry& e : entries_) n += e.cls == c && e.committed == committed ? 1 : 0;
@@ -277,7 +287,6 @@ class ReferenceModel {
     // Validation of the spec alone.
     if (!ValidPageSize(ps)) return fail(absl::StatusCode::kInvalidArgument);
     if (req.size <= 0) return fail(absl::StatusCode::kInvalidArgument);
-    if (req.size > Budget(req.cls)) return fail(absl::StatusCode::kResourceExhausted);
     for (TokenId t : req.tokens) {
       if (t < 0) return fail(absl::StatusCode::kInvalidArgument);
     }
@@ -286,6 +295,9 @@ class ReferenceModel {
       if (static_cast<int64_t>(req.tokens.size()) >= ps) return fail(absl::StatusCode::kInvalidArgument);
       if (req.position <= 0 || req.position > config_.max_tokens) return fail(absl::StatusCode::kInvalidArgument);
     }
+    const int64_t charge =
+        req.size + config_.entry_overhead + (is_page ? 0 : static_cast<int64_t>(req.tokens.size()) * 4);
+    if (charge > Budget(req.cls)) return fail(absl::StatusCode::kResourceExhausted);
     // The namespace's page size.
     if (auto ns_ps = NamespacePageSize(req.ns); ns_ps.has_value() && *ns_ps != ps) {
       return fail(absl::StatusCode::kInvalidArgument);
@@ -314,7 +326,7 @@ class ReferenceModel {
     }
     // Room, with the parent page pinned so that it is not evicted for its child.
     if (req.parent.has_value()) entries_[FindByKey(EntryClass::kPage, *req.parent)].pins++;
-    const bool room = MakeRoom(req.cls, req.size);
+    const bool room = MakeRoom(req.cls, charge);
     if (req.parent.has_value()) entries_[FindByKey(EntryClass::kPage, *req.parent)].pins--;
     if (!room) return fail(absl::StatusCode::kResourceExhausted);
 
@@ -327,6 +339,7 @@ class ReferenceModel {
         is_page ? PageKeyOf(ns_keys_[req.ns], full, req.page_size) : StateKeyOf(ns_keys_[req.ns], full, req.page_size);
     if (!is_page) e.kind = req.kind;
     e.size = req.size;
+    e.charge = charge;
     e.deadline = now + config_.put_timeout;
     e.serial = ++serial_counter_;
     entries_.push_back(e);
@@ -431,6 +444,17 @@ class ReferenceModel {
   absl::StatusCode Open(uint64_t id, const Hash128& key, int64_t now, EntryInfo* info) {
     auto it = leases_.find(id);
     if (it == leases_.end() || it->second.expiry < now) return absl::StatusCode::kNotFound;
+    // Once its pages are void (the deepest failed verification) a lease no
+    // longer knows which pages were its own: any page key read through it
+    // extends it and is NOT_FOUND (the index keeps no per-page list).
+    if (it->second.pages_void) {
+      bool is_state = false;
+      for (const HeldEntry& h : it->second.entries) is_state |= h.cls == EntryClass::kState && h.key == key;
+      if (!is_state) {
+        it->second.expiry = now + config_.lease_ttl;
+        return absl::StatusCode::kNotFound;
+      }
+    }
     for (const HeldEntry& h : it->second.entries) {
       if (h.key != key) continue;
       it->second.expiry = now + config_.lease_ttl;
@@ -572,8 +596,8 @@ class ReferenceModel {
     return best;
   }
 
-  bool MakeRoom(EntryClass c, int64_t bytes) {
-    while (Bytes(c, true) + Bytes(c, false) + bytes > Budget(c)) {
+  bool MakeRoom(EntryClass c, int64_t charge) {
+    while (Bytes(c, true) + Bytes(c, false) + Metadata(c) + charge > Budget(c)) {
       const int victim = OldestEvictable(c);
       if (victim < 0) return false;
       Evict(victim, /*ttl=*/false);

@@ -18,6 +18,15 @@ std::vector<TokenId> Tokens(int n, int first = 100) {
   return v;
 }
 
+// Options whose budgets count entry bytes only (no per-entry index memory), so
+// that the eviction tests below can state their byte arithmetic exactly. The
+// overhead's own accounting is tested by name below and by the random test.
+CacheIndexOptions PayloadOnly() {
+  CacheIndexOptions o;
+  o.entry_overhead_bytes = 0;
+  return o;
+}
+
 class CacheIndexTest : public ::testing::Test {
  protected:
   CacheIndexTest() : ns_(NamespaceKey("model", "", "", kPageSize)) {}
@@ -225,7 +234,7 @@ TEST_F(CacheIndexTest, NamespacesNeverShareEntries) {
 }
 
 TEST_F(CacheIndexTest, PagesAreEvictedLeafFirstInLruOrder) {
-  CacheIndexOptions o;
+  CacheIndexOptions o = PayloadOnly();
   o.page_budget_bytes = 300;
   Make(o);
   std::vector<TokenId> a = Tokens(8, 0), b = Tokens(8, 50), c = Tokens(8, 80);
@@ -241,7 +250,7 @@ TEST_F(CacheIndexTest, PagesAreEvictedLeafFirstInLruOrder) {
 }
 
 TEST_F(CacheIndexTest, UseRefreshesLruPosition) {
-  CacheIndexOptions o;
+  CacheIndexOptions o = PayloadOnly();
   o.page_budget_bytes = 200;
   Make(o);
   std::vector<TokenId> a = Tokens(4, 0), b = Tokens(4, 50), c = Tokens(4, 80);
@@ -254,7 +263,7 @@ TEST_F(CacheIndexTest, UseRefreshesLruPosition) {
 }
 
 TEST_F(CacheIndexTest, EvictingAPageDropsTheStatesThatNeedIt) {
-  CacheIndexOptions o;
+  CacheIndexOptions o = PayloadOnly();
   o.page_budget_bytes = 200;
   Make(o);
   std::vector<TokenId> a = Tokens(12, 0);
@@ -270,9 +279,9 @@ TEST_F(CacheIndexTest, EvictingAPageDropsTheStatesThatNeedIt) {
 }
 
 TEST_F(CacheIndexTest, LeasedEntriesSurviveBudgetPressure) {
-  CacheIndexOptions o;
+  CacheIndexOptions o = PayloadOnly();
   o.page_budget_bytes = 200;
-  o.state_budget_bytes = 1000;
+  o.state_budget_bytes = 1100;  // a state of 1000 bytes and a 1-token tail
   Make(o);
   std::vector<TokenId> a = Tokens(12, 0);
   PutPages(a, 2);
@@ -290,7 +299,7 @@ TEST_F(CacheIndexTest, LeasedEntriesSurviveBudgetPressure) {
 }
 
 TEST_F(CacheIndexTest, ReservedBytesCountAgainstTheBudget) {
-  CacheIndexOptions o;
+  CacheIndexOptions o = PayloadOnly();
   o.state_budget_bytes = 1500;
   Make(o);
   std::vector<TokenId> a = Tokens(4, 0), b = Tokens(4, 10);
@@ -302,7 +311,7 @@ TEST_F(CacheIndexTest, ReservedBytesCountAgainstTheBudget) {
 }
 
 TEST_F(CacheIndexTest, IdleEntriesExpireByClassTtl) {
-  CacheIndexOptions o;
+  CacheIndexOptions o = PayloadOnly();
   o.page_ttl = absl::Seconds(100);
   o.state_ttl = absl::Seconds(10);
   Make(o);
@@ -323,7 +332,7 @@ TEST_F(CacheIndexTest, IdleEntriesExpireByClassTtl) {
 }
 
 TEST_F(CacheIndexTest, LeasesOfVanishedReadersExpire) {
-  CacheIndexOptions o;
+  CacheIndexOptions o = PayloadOnly();
   o.lease_ttl = absl::Seconds(5);
   o.state_ttl = absl::Seconds(1);
   Make(o);
@@ -342,7 +351,7 @@ TEST_F(CacheIndexTest, LeasesOfVanishedReadersExpire) {
 }
 
 TEST_F(CacheIndexTest, StalledPutsAreReclaimed) {
-  CacheIndexOptions o;
+  CacheIndexOptions o = PayloadOnly();
   o.put_timeout = absl::Seconds(2);
   Make(o);
   std::vector<TokenId> a = Tokens(8, 0);
@@ -386,9 +395,9 @@ TEST_F(CacheIndexTest, CorruptPageTakesItsDescendantsWithIt) {
 }
 
 TEST_F(CacheIndexTest, EvictingTheRootsLastChildToMakeRoomKeepsTheNamespace) {
-  CacheIndexOptions o;
+  CacheIndexOptions o = PayloadOnly();
   o.page_budget_bytes = 100;
-  o.state_budget_bytes = 1000;
+  o.state_budget_bytes = 1100;  // a state of 1000 bytes and a 1-token tail
   Make(o);
   PutCommitted(PageSpec(Tokens(4, 0), 0));
   PutCommitted(PageSpec(Tokens(4, 10), 0));  // evicts the root's only child
@@ -415,7 +424,7 @@ TEST_F(CacheIndexTest, ALeaseNeverPinsAnEntryStoredAgainUnderTheSameKey) {
 }
 
 TEST_F(CacheIndexTest, LookupRejectsTooManyTokens) {
-  CacheIndexOptions o;
+  CacheIndexOptions o = PayloadOnly();
   o.max_tokens = 16;
   Make(o);
   std::vector<TokenId> t = Tokens(17);
@@ -426,7 +435,7 @@ TEST_F(CacheIndexTest, LookupRejectsTooManyTokens) {
 // --- Session retention (TTL and pin on a state) -----------------------------
 
 TEST_F(CacheIndexTest, PinnedSessionSurvivesAFloodThatEvictsEverythingUnpinned) {
-  CacheIndexOptions o;
+  CacheIndexOptions o = PayloadOnly();
   o.page_budget_bytes = 2000;    // 20 pages
   o.state_budget_bytes = 10000;  // 10 states
   o.pin_budget_bytes = 5000;
@@ -466,7 +475,7 @@ TEST_F(CacheIndexTest, PinnedSessionSurvivesAFloodThatEvictsEverythingUnpinned) 
 }
 
 TEST_F(CacheIndexTest, ASessionGoesAtItsTtlAndFreesItsPages) {
-  CacheIndexOptions o;
+  CacheIndexOptions o = PayloadOnly();
   o.state_ttl = absl::Hours(10);
   o.page_ttl = absl::Seconds(5);
   Make(o);
@@ -493,7 +502,7 @@ TEST_F(CacheIndexTest, ASessionGoesAtItsTtlAndFreesItsPages) {
 }
 
 TEST_F(CacheIndexTest, AnUnpinnedSessionTtlShortensOrLengthensOnlyThatState) {
-  CacheIndexOptions o;
+  CacheIndexOptions o = PayloadOnly();
   o.state_ttl = absl::Seconds(100);
   o.max_session_ttl = absl::Seconds(500);
   Make(o);
@@ -523,7 +532,7 @@ TEST_F(CacheIndexTest, AnUnpinnedSessionTtlShortensOrLengthensOnlyThatState) {
 }
 
 TEST_F(CacheIndexTest, PinsBeyondTheNamespaceQuotaOrTheBudgetAreRefusedNotFailed) {
-  CacheIndexOptions o;
+  CacheIndexOptions o = PayloadOnly();
   o.pin_quota_bytes = 2500;
   o.pin_budget_bytes = 2500;
   Make(o);
@@ -573,6 +582,213 @@ TEST_F(CacheIndexTest, RetentionIsForStatesAndNeverNegative) {
   auto r = index_->Reserve(state, now_);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(r.status().message(), ::testing::HasSubstr("ttl"));
+}
+
+// --- Hardening (issue 10): every byte counted, costs independent of size ----
+
+// Item 1: a state's tail tokens and each entry's index memory count against
+// the class budget. Before, 1,500 one-byte states with long tails grew the
+// server by 380 MiB with the budgets untouched.
+TEST_F(CacheIndexTest, TailTokensAndIndexMemoryCountAgainstTheBudget) {
+  CacheIndexOptions o;  // the default per-entry overhead
+  o.state_budget_bytes = 4 << 20;
+  Make(o);
+  constexpr int32_t kLongPage = 4096;
+  const Hash128 ns = NamespaceKey("model", "", "", kLongPage);
+  int64_t committed = 0;
+  for (int i = 0; i < 1500; ++i) {
+    PutSpec s;
+    s.ns = ns;
+    s.page_size = kLongPage;
+    s.entry_class = EntryClass::kState;
+    s.tokens = Tokens(kLongPage - 1, i * 7);  // distinct tails of 4095 tokens
+    s.position = kLongPage - 1;
+    s.size_bytes = 1;
+    auto r = index_->Reserve(s, now_);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_TRUE(index_->Commit(r->id, 1, now_).ok());
+    ++committed;
+    const ClassStats st = index_->Stats().states;
+    ASSERT_LE(st.resident_bytes + st.reserved_bytes + st.metadata_bytes, st.budget_bytes) << "after state " << i;
+  }
+  const ClassStats st = index_->Stats().states;
+  const int64_t charge = 1 + CacheIndexOptions::kDefaultEntryOverheadBytes + (kLongPage - 1) * 4;
+  EXPECT_EQ(st.metadata_bytes, st.entries * (charge - 1));
+  EXPECT_EQ(st.entries, (4 << 20) / charge);  // what fits; the rest was evicted
+  EXPECT_EQ(st.evicted_lru, committed - st.entries);
+  // A tail whose charge alone is larger than the budget is refused up front.
+  CacheIndexOptions tiny;
+  tiny.state_budget_bytes = 1000;
+  Make(tiny);
+  PutSpec s = StateSpec(Tokens(3), 3, /*size=*/1000 - CacheIndexOptions::kDefaultEntryOverheadBytes - 3 * 4 + 1);
+  auto r = index_->Reserve(s, now_);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(r.status().message(), ::testing::HasSubstr("(1001 with its index memory) exceeds the state budget"));
+  s.size_bytes -= 1;
+  EXPECT_TRUE(index_->Reserve(s, now_).ok());
+}
+
+// Item 2: a lease names only its deepest page, and still serves exactly the
+// pages of its own chain: every ancestor, never a page of a sibling branch at
+// the same depth, nor a page below its deepest.
+TEST_F(CacheIndexTest, ALeaseServesExactlyThePagesOfItsChain) {
+  constexpr int kPages = 37;  // several jump-pointer levels
+  std::vector<TokenId> a = Tokens(kPages * kPageSize + 3, 0);
+  std::vector<TokenId> b = a;
+  for (size_t i = 20 * kPageSize; i < b.size(); ++i) b[i] += 5000;  // shares pages [0, 20)
+  PutPages(a, kPages);
+  PutPages(b, kPages);
+  const int64_t leased_depth = 30;
+  PutCommitted(StateSpec(a, leased_depth * kPageSize + 2));
+  std::vector<TokenId> prompt(a.begin(), a.begin() + leased_depth * kPageSize + 2);
+  LookupResult r = Lookup(prompt, /*lease=*/true);
+  ASSERT_EQ(r.pages.size(), static_cast<size_t>(leased_depth));
+  const std::vector<Hash128> keys_a = PageKeys(ns_, a, kPageSize);
+  const std::vector<Hash128> keys_b = PageKeys(ns_, b, kPageSize);
+  for (int d = 0; d < kPages; ++d) {
+    absl::StatusOr<ReadHandle> h = index_->Open(r.lease_id, keys_a[d], now_);
+    EXPECT_EQ(h.ok(), d < leased_depth) << "page " << d << " of the leased chain: " << h.status();
+    if (h.ok()) EXPECT_EQ(h->info.position, (d + 1) * kPageSize);
+    const absl::StatusCode other = index_->Open(r.lease_id, keys_b[d], now_).status().code();
+    EXPECT_EQ(other, d < 20 && d < leased_depth ? absl::StatusCode::kOk : absl::StatusCode::kNotFound)
+        << "page " << d << " of the sibling chain";
+  }
+  EXPECT_TRUE(index_->Release(r.lease_id).ok());
+}
+
+// Item 2: open leases are bounded by max_leases; beyond it a leasing lookup
+// is RESOURCE_EXHAUSTED naming the option, a probe still answers, and a
+// release makes room again.
+TEST_F(CacheIndexTest, LeasesAreBoundedByMaxLeases) {
+  CacheIndexOptions o = PayloadOnly();
+  o.max_leases = 3;
+  Make(o);
+  std::vector<TokenId> t = Tokens(9);
+  PutPages(t, 2);
+  PutCommitted(StateSpec(t, 9));
+  std::vector<uint64_t> leases;
+  for (int i = 0; i < 3; ++i) leases.push_back(Lookup(t, /*lease=*/true).lease_id);
+  auto refused = index_->Lookup(ns_, kPageSize, PageKeys(ns_, t, kPageSize), t, /*lease=*/true, now_);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.status().message(), ::testing::HasSubstr("max_leases=3"));
+  EXPECT_EQ(Lookup(t, /*lease=*/false).resume_position, 9);
+  ASSERT_TRUE(index_->Release(leases[0]).ok());
+  EXPECT_NE(Lookup(t, /*lease=*/true).lease_id, 0u);
+  EXPECT_EQ(index_->Stats().active_leases, 3);
+}
+
+// Namespaces are bounded by max_namespaces: a put that would open one more is
+// RESOURCE_EXHAUSTED and leaves nothing behind; puts into existing ones go on.
+TEST_F(CacheIndexTest, NamespacesAreBoundedByMaxNamespaces) {
+  CacheIndexOptions o = PayloadOnly();
+  o.max_namespaces = 2;
+  Make(o);
+  PutCommitted(PageSpec(Tokens(4), 0, 100, NamespaceKey("m1", "", "", kPageSize)));
+  PutCommitted(PageSpec(Tokens(4), 0, 100, NamespaceKey("m2", "", "", kPageSize)));
+  auto r = index_->Reserve(PageSpec(Tokens(4), 0, 100, NamespaceKey("m3", "", "", kPageSize)), now_);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(r.status().message(), ::testing::HasSubstr("max_namespaces=2"));
+  EXPECT_EQ(index_->Stats().namespaces, 2);
+  PutCommitted(PageSpec(Tokens(4, 7), 0, 100, NamespaceKey("m1", "", "", kPageSize)));
+  EXPECT_EQ(index_->Stats().pages.entries, 3);
+}
+
+// Item 6: an entry the machine cannot allocate is RESOURCE_EXHAUSTED naming
+// its size, and leaves nothing behind: no namespace, no reservation, no bytes.
+TEST_F(CacheIndexTest, AnAllocationTheMachineCannotMakeLeavesNothingBehind) {
+  CacheIndexOptions o;
+  o.page_budget_bytes = int64_t{1} << 62;
+  o.state_budget_bytes = int64_t{1} << 62;
+  o.blob_pool_bytes = 0;
+  Make(o);
+  PutSpec huge = StateSpec(Tokens(3), 3, int64_t{1} << 60);
+  auto r = index_->Reserve(huge, now_);
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  EXPECT_THAT(r.status().message(), ::testing::HasSubstr("cannot allocate 1152921504606846976 bytes"));
+  const IndexStats st = index_->Stats();
+  EXPECT_EQ(st.namespaces, 0);
+  EXPECT_EQ(st.active_puts, 0);
+  EXPECT_EQ(st.states.reserved_bytes + st.states.metadata_bytes, 0);
+  EXPECT_FALSE(index_->Contains(EntryClass::kState, StateKey(ns_, huge.tokens)));
+}
+
+// Item 3: a lookup finds the longest matching tail among many states at one
+// node (hashing once per tail length present, not comparing every state):
+// states that share a length but not the tokens, longer ones that do not
+// match, and reserved ones never win.
+TEST_F(CacheIndexTest, LookupPicksTheLongestMatchingTailAmongManyStates) {
+  constexpr int32_t kWide = 64;
+  const Hash128 ns = NamespaceKey("wide", "", "", kWide);
+  const std::vector<TokenId> prompt = Tokens(kWide - 1, 0);
+  auto put_state = [&](std::vector<TokenId> tail, bool commit) {
+    PutSpec s;
+    s.ns = ns;
+    s.page_size = kWide;
+    s.entry_class = EntryClass::kState;
+    s.position = static_cast<int64_t>(tail.size());
+    s.tokens = std::move(tail);
+    s.size_bytes = 10;
+    auto r = index_->Reserve(s, now_);
+    ASSERT_TRUE(r.ok()) << r.status();
+    if (commit) ASSERT_TRUE(index_->Commit(r->id, 1, now_).ok());
+  };
+  for (int len = 1; len < kWide; ++len) {
+    for (int v = 0; v < 20; ++v) {  // 20 wrong tails of every length
+      std::vector<TokenId> tail(prompt.begin(), prompt.begin() + len);
+      tail.back() += 1000 + v;
+      put_state(tail, true);
+    }
+  }
+  put_state(std::vector<TokenId>(prompt.begin(), prompt.begin() + 40), true);   // wins
+  put_state(std::vector<TokenId>(prompt.begin(), prompt.begin() + 17), true);   // shorter
+  put_state(std::vector<TokenId>(prompt.begin(), prompt.begin() + 50), false);  // reserved only
+  auto r = index_->Lookup(ns, kWide, {}, prompt, false, now_);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->resume_position, 40);
+  ASSERT_TRUE(r->state.has_value());
+  EXPECT_EQ(r->state->key, StateKey(ns, absl::MakeConstSpan(prompt).subspan(0, 40)));
+  // A prompt shorter than the winner's tail falls back to the next one.
+  std::vector<TokenId> shorter(prompt.begin(), prompt.begin() + 30);
+  r = index_->Lookup(ns, kWide, {}, shorter, false, now_);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->resume_position, 17);
+}
+
+// Item 10: a bad page size is refused by the rule it breaks, with the real
+// limit (131072 is a power of two; it is too large).
+TEST_F(CacheIndexTest, ABadPageSizeIsRefusedByTheRuleItBreaks) {
+  PutSpec s = PageSpec(Tokens(4), 0);
+  s.page_size = 131072;
+  auto r = index_->Reserve(s, now_);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.status().message(), "page_size 131072 is larger than the maximum, 65536");
+  s.page_size = 12;
+  EXPECT_EQ(index_->Reserve(s, now_).status().message(), "page_size 12 is not a power of two");
+  s.page_size = 0;
+  EXPECT_EQ(index_->Reserve(s, now_).status().message(), "page_size 0 must be positive");
+  const std::vector<TokenId> t = Tokens(8);
+  EXPECT_EQ(index_->Lookup(ns_, 131072, {}, t, false, now_).status().message(),
+            "page_size 131072 is larger than the maximum, 65536");
+}
+
+// The class TTL expires idle states without walking past states that carry
+// their own (session) TTL: those expire at their own time, before or after.
+TEST_F(CacheIndexTest, ClassTtlAndSessionTtlStatesExpireEachAtTheirOwnTime) {
+  CacheIndexOptions o = PayloadOnly();
+  o.state_ttl = absl::Seconds(10);
+  Make(o);
+  PutSpec session = StateSpec(Tokens(3, 0), 3);
+  session.ttl = absl::Seconds(100);
+  PutCommitted(session);  // oldest in LRU order
+  PutCommitted(StateSpec(Tokens(3, 50), 3));
+  now_ += absl::Seconds(11);
+  index_->Expire(now_);
+  EXPECT_EQ(index_->Stats().states.entries, 1);
+  EXPECT_EQ(index_->Stats().states.evicted_ttl, 1);
+  EXPECT_EQ(Lookup(Tokens(3, 0)).resume_position, 3);  // the session state stayed (and was used now)
+  now_ += absl::Seconds(101);
+  index_->Expire(now_);
+  EXPECT_EQ(index_->Stats().states.entries, 0);
 }
 
 }  // namespace

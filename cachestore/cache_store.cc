@@ -30,6 +30,9 @@ absl::StatusOr<std::unique_ptr<CacheStore>> CacheStore::Create(const CacheIndexO
   RETURN_IF_ERROR(bytes_at_least("blob_pool_bytes", options.blob_pool_bytes, 0));
   RETURN_IF_ERROR(bytes_at_least("pin_quota_bytes", options.pin_quota_bytes, 0));
   RETURN_IF_ERROR(bytes_at_least("pin_budget_bytes", options.pin_budget_bytes, -1));  // -1: half the state budget
+  RETURN_IF_ERROR(bytes_at_least("entry_overhead_bytes", options.entry_overhead_bytes, 0));
+  RETURN_IF_ERROR(bytes_at_least("max_namespaces", options.max_namespaces, 1));
+  RETURN_IF_ERROR(bytes_at_least("max_leases", options.max_leases, 1));
   return std::unique_ptr<CacheStore>(new CacheStore(options, clock));
 }
 
@@ -137,7 +140,10 @@ absl::Status PutSession::Write(int64_t offset, absl::string_view data) {
     return absl::InvalidArgumentError(absl::StrCat("chunk of ", data.size(), " bytes at offset ", offset,
                                                    " overruns the declared size ", size_bytes_));
   }
-  // Refuse bytes for a put that was reclaimed before copying them.
+  // An empty chunk is no progress: it must not keep a stalled put alive.
+  if (data.empty()) return absl::OkStatus();
+  // Refuse bytes for a put that was reclaimed before copying them; the bytes
+  // are progress, so the put's deadline moves.
   absl::Status alive = store_->TouchPut(reservation_.id);
   if (!alive.ok()) return alive;
   uint8_t* dst = reservation_.blob->data.get() + written_;

@@ -81,7 +81,8 @@ class PutSession {
   int64_t size_bytes() const { return size_bytes_; }
   int64_t bytes_written() const { return written_; }
 
-  // Appends `data` at `offset`, which must equal bytes_written().
+  // Appends `data` at `offset`, which must equal bytes_written(). Only a
+  // non-empty chunk is progress (extends the put's put_timeout deadline).
   // INVALID_ARGUMENT: out of order, or past the declared size.
   // ABORTED: the put was reclaimed.
   absl::Status Write(int64_t offset, absl::string_view data);

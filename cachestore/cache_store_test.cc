@@ -133,6 +133,30 @@ TEST_F(CacheStoreTest, ConcurrentPutsAndLookupsKeepTheInvariants) {
   EXPECT_EQ(store_->Stats().states.entries, 800);
   EXPECT_EQ(store_->Stats().lookup_hits, 800);
 }
+// Item 4: put_timeout is enforced on progress. Empty chunks are accepted but
+// are no progress: a put that sends only them is reclaimed after put_timeout,
+// and its next write is ABORTED.
+TEST_F(CacheStoreTest, EmptyChunksDoNotKeepAStalledPutAlive) {
+  const absl::Duration timeout = store_->options().put_timeout;
+  auto put = store_->BeginPut(StateAt1(ns_, 64, 7));
+  ASSERT_TRUE(put.ok()) << put.status();
+  for (int i = 0; i < 4; ++i) {
+    clock_.Advance(timeout / 3);
+    ASSERT_TRUE((*put)->Write(0, "").ok());
+    store_->Expire();
+  }
+  EXPECT_EQ(store_->Stats().active_puts, 0) << "empty chunks kept the put alive past put_timeout";
+  EXPECT_EQ((*put)->Write(0, std::string(8, 'x')).code(), absl::StatusCode::kAborted);
+  // Bytes are progress: a put that keeps sending them outlives put_timeout.
+  auto live = store_->BeginPut(StateAt1(ns_, 64, 8));
+  ASSERT_TRUE(live.ok());
+  for (int i = 0; i < 8; ++i) {
+    clock_.Advance(timeout / 3);
+    ASSERT_TRUE((*live)->Write(i * 8, std::string(8, 'y')).ok()) << "chunk " << i;
+    store_->Expire();
+  }
+  EXPECT_TRUE((*live)->Commit(common::Checksum64(std::string(64, 'y').data(), 64)).ok());
+}
 
 // Small budgets, six writers racing: each thread puts conversations (page 0,
 // page 1 on it, a state at position 9 on page 1), holds a lease now and then
@@ -285,7 +309,7 @@ TEST(CacheStoreConcurrencyTest, SmallBudgetsHoldUnderConcurrentWriters) {
           huge.size_bytes = kStateBudget + 1;
           auto r = store.BeginPut(huge);
           if (r.status().code() != absl::StatusCode::kResourceExhausted ||
-              !absl::StrContains(r.status().message(), "exceeds the budget")) {
+              !absl::StrContains(r.status().message(), "exceeds the state budget")) {
             out.failures.push_back(absl::StrCat("oversized put: ", r.status().ToString()));
           }
         }

@@ -27,10 +27,7 @@ Hash128 NamespaceKey(absl::string_view model_fingerprint, absl::string_view adap
 absl::StatusOr<Hash128> ValidatedNamespaceKey(absl::string_view model_fingerprint, absl::string_view adapter,
                                               absl::string_view cache_salt, int64_t page_size) {
   if (model_fingerprint.empty()) return absl::InvalidArgumentError("namespace model_fingerprint is empty");
-  if (!IsValidPageSize(page_size)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("namespace page_size ", page_size, " is not a power of two in [1, ", kMaxPageSize, "]"));
-  }
+  if (!IsValidPageSize(page_size)) return absl::InvalidArgumentError("namespace " + PageSizeProblem(page_size));
   return NamespaceKey(model_fingerprint, adapter, cache_salt, static_cast<int32_t>(page_size));
 }
 
@@ -51,13 +48,16 @@ std::vector<Hash128> PageKeys(const Hash128& ns, absl::Span<const TokenId> token
   return keys;
 }
 
-Hash128 StateKey(const Hash128& parent, absl::Span<const TokenId> tail_tokens) {
+Hash128 StateParentKey(const Hash128& parent) {
   // Domain separation: a state hangs from a key derived from its parent, so
   // StateKey(K, tail) equals a page key only if that derived key is itself a
   // page key (a 128-bit collision).
   static constexpr char kStateDomain[] = "hybridserve/state/v1";
-  const Hash128 state_parent = common::HashChain(parent, kStateDomain, sizeof(kStateDomain) - 1);
-  return common::HashChain(state_parent, tail_tokens.data(), tail_tokens.size() * sizeof(TokenId));
+  return common::HashChain(parent, kStateDomain, sizeof(kStateDomain) - 1);
+}
+
+Hash128 StateKey(const Hash128& parent, absl::Span<const TokenId> tail_tokens) {
+  return common::HashChain(StateParentKey(parent), tail_tokens.data(), tail_tokens.size() * sizeof(TokenId));
 }
 
 }  // namespace hybridserve::cachestore

@@ -47,6 +47,10 @@ std::vector<Hash128> PageKeys(const Hash128& ns, absl::Span<const TokenId> token
 // S_p from K_{n-1} (or N) and tokens[n*page_size, p).
 Hash128 StateKey(const Hash128& parent, absl::Span<const TokenId> tail_tokens);
 
+// H(parent || "hybridserve/state/v1"): the link every state of `parent`
+// chains its tail from (StateKey(parent, tail) = HashChain(StateParentKey(parent), tail)).
+Hash128 StateParentKey(const Hash128& parent);
+
 }  // namespace hybridserve::cachestore
 
 #endif  // HYBRIDSERVE_CACHESTORE_KEYS_H_

@@ -33,6 +33,9 @@ ABSL_FLAG(absl::Duration, max_session_ttl, absl::Hours(24),
           "Longest TTL a put may ask for a state (session retention; also the TTL of a pin without one)");
 ABSL_FLAG(int64_t, pin_quota_mib, 64, "Pinned state bytes one namespace (model, adapter, cache salt) may hold, MiB");
 ABSL_FLAG(int64_t, pin_budget_mib, -1, "Pinned state bytes of all namespaces together, MiB; -1: half the state budget");
+ABSL_FLAG(int64_t, max_namespaces, 1 << 16,
+          "Namespaces (model, adapter, cache salt, page size) held at once; a put into one more is RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, max_leases, 1 << 16, "Leases open at once; a leasing lookup beyond it is RESOURCE_EXHAUSTED");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(10), "Time in-flight calls get on SIGTERM");
 
 namespace {
@@ -57,6 +60,8 @@ std::string FlagError() {
            in_range("pin_budget_mib", absl::GetFlag(FLAGS_pin_budget_mib), -1, kMaxMib),
            in_range("max_chunk_kib", absl::GetFlag(FLAGS_max_chunk_kib), 1, 64 << 10),
            in_range("max_tokens", absl::GetFlag(FLAGS_max_tokens), 1, int64_t{1} << 40),
+           in_range("max_namespaces", absl::GetFlag(FLAGS_max_namespaces), 1, int64_t{1} << 30),
+           in_range("max_leases", absl::GetFlag(FLAGS_max_leases), 1, int64_t{1} << 30),
            positive("page_ttl", absl::GetFlag(FLAGS_page_ttl)),
            positive("state_ttl", absl::GetFlag(FLAGS_state_ttl)),
            positive("lease_ttl", absl::GetFlag(FLAGS_lease_ttl)),
@@ -100,6 +105,8 @@ int main(int argc, char** argv) {
   options.index.pin_quota_bytes = absl::GetFlag(FLAGS_pin_quota_mib) << 20;
   options.index.pin_budget_bytes =
       absl::GetFlag(FLAGS_pin_budget_mib) < 0 ? -1 : absl::GetFlag(FLAGS_pin_budget_mib) << 20;
+  options.index.max_namespaces = absl::GetFlag(FLAGS_max_namespaces);
+  options.index.max_leases = absl::GetFlag(FLAGS_max_leases);
   options.service.max_chunk_bytes = absl::GetFlag(FLAGS_max_chunk_kib) << 10;
 
   hybridserve::common::InstallTerminationHandler();

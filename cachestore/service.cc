@@ -115,6 +115,7 @@ void FillClass(const ClassStats& s, v1::ClassStats* out) {
   out->set_entries(s.entries);
   out->set_resident_bytes(s.resident_bytes);
   out->set_reserved_bytes(s.reserved_bytes);
+  out->set_metadata_bytes(s.metadata_bytes);
   out->set_budget_bytes(s.budget_bytes);
   out->set_evicted_lru(s.evicted_lru);
   out->set_evicted_ttl(s.evicted_ttl);

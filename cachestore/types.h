@@ -4,8 +4,11 @@
 // Plain domain types of the cachestore, shared by the core, the service edge
 // and the client. Value types; no behaviour.
 
+#include <sys/mman.h>
+
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <string>
@@ -22,12 +25,29 @@ enum class StateKind { kGridCheckpoint = 0, kExactPrefix = 1 };
 // Where an entry's bytes live (DESIGN.md section 1: a field, not an assumption).
 enum class EntryLocation { kCacheStoreHost = 0 };
 
+// Entry buffers of this size or more are anonymous mappings of their own, the
+// smaller ones come from malloc (BlobPool allocates both).
+inline constexpr size_t kBlobMapThresholdBytes = size_t{128} << 10;
+
+// Frees a blob's bytes the way BlobPool allocated them.
+struct BlobBytesDeleter {
+  size_t size = 0;
+  void operator()(uint8_t* p) const {
+    if (p == nullptr) return;
+    if (size >= kBlobMapThresholdBytes) {
+      munmap(p, size);
+    } else {
+      std::free(p);
+    }
+  }
+};
+
 // The bytes of one entry: written once by its put, immutable after commit.
 // Shared so that a reader holding it is never left with freed memory.
+// Allocated by BlobPool only.
 struct Blob {
-  explicit Blob(size_t n) : data(new uint8_t[n]), size(n) {}
-  std::unique_ptr<uint8_t[]> data;
-  size_t size;
+  std::unique_ptr<uint8_t[], BlobBytesDeleter> data;
+  size_t size = 0;
 };
 
 // What to store. The index derives the key from `parent` and `tokens`.
@@ -98,6 +118,10 @@ struct ClassStats {
   int64_t entries = 0;  // committed
   int64_t resident_bytes = 0;
   int64_t reserved_bytes = 0;
+  // Index memory of the committed and reserved entries (records, tails),
+  // counted against the budget beside their bytes:
+  // resident_bytes + reserved_bytes + metadata_bytes <= budget_bytes.
+  int64_t metadata_bytes = 0;
   int64_t budget_bytes = 0;
   int64_t evicted_lru = 0;
   int64_t evicted_ttl = 0;
