@@ -310,14 +310,33 @@ absl::StatusOr<LookupResult> CacheIndex::Lookup(const Hash128& ns, int32_t page_
         absl::StrCat("namespace uses page_size ", root->page_size, ", lookup says ", page_size));
   }
 
-  // Walk the chain of committed pages.
-  std::vector<Node*> path;
-  path.reserve(page_keys.size());
-  for (const Hash128& k : page_keys) {
-    auto it = pages_.find(k);
-    if (it == pages_.end() || !it->second->entry.committed) break;
-    path.push_back(it->second.get());
+  // The chain of committed pages. A page exists only under its parent, so the
+  // pages present are a prefix of the chain: binary search its end (log n
+  // probes), then walk the parent links up from there instead of probing
+  // every key.
+  auto present = [&](size_t depth) -> Node* {
+    auto it = pages_.find(page_keys[depth - 1]);
+    if (it == pages_.end()) return nullptr;
+    Node* n = it->second.get();
+    return n->root == root && n->depth == static_cast<int64_t>(depth) ? n : nullptr;
+  };
+  size_t lo = 0, hi = page_keys.size() + 1;  // depth lo is present (0: the root), depth hi is not
+  Node* deepest = root;
+  while (hi - lo > 1) {
+    const size_t mid = lo + (hi - lo) / 2;
+    if (Node* n = present(mid)) {
+      lo = mid;
+      deepest = n;
+    } else {
+      hi = mid;
+    }
   }
+  std::vector<Node*> path(lo);
+  for (Node* n = deepest; n != root; n = n->parent) path[n->depth - 1] = n;
+  // Usable while committed from the root down.
+  size_t committed = 0;
+  while (committed < path.size() && path[committed]->entry.committed) ++committed;
+  path.resize(committed);
   result.kv_match_tokens = static_cast<int64_t>(path.size()) * page_size;
 
   // The deepest node with a committed state whose tail matches the prompt.

@@ -16,7 +16,7 @@ void AppendPart(std::string* out, absl::string_view part) {
 Hash128 NamespaceKey(absl::string_view model_fingerprint, absl::string_view adapter, absl::string_view cache_salt,
                      int32_t page_size) {
   std::string buf;
-  AppendPart(&buf, "hybridserve/ns/v1");
+  AppendPart(&buf, "hybridserve/ns/v2");
   AppendPart(&buf, model_fingerprint);
   AppendPart(&buf, adapter);
   AppendPart(&buf, cache_salt);
@@ -24,27 +24,56 @@ Hash128 NamespaceKey(absl::string_view model_fingerprint, absl::string_view adap
   return common::HashBytes(buf);
 }
 
+std::string KeyVersionProblem(uint32_t key_version) {
+  if (key_version == 0 || key_version == kKeyVersion) return "";
+  if (key_version == 1) {
+    return absl::StrCat(
+        "namespace key_version 1 (tokens chained page by page) is no longer served: this cachestore "
+        "derives keys with version ",
+        kKeyVersion, " (page contents hashed, then chained; see proto/cachestore.proto)");
+  }
+  return absl::StrCat("namespace key_version ", key_version, " is unknown: this cachestore derives keys with version ",
+                      kKeyVersion);
+}
+
 absl::StatusOr<Hash128> ValidatedNamespaceKey(absl::string_view model_fingerprint, absl::string_view adapter,
-                                              absl::string_view cache_salt, int64_t page_size) {
+                                              absl::string_view cache_salt, int64_t page_size, uint32_t key_version) {
+  if (const std::string problem = KeyVersionProblem(key_version); !problem.empty()) {
+    return absl::InvalidArgumentError(problem);
+  }
   if (model_fingerprint.empty()) return absl::InvalidArgumentError("namespace model_fingerprint is empty");
   if (!IsValidPageSize(page_size)) return absl::InvalidArgumentError("namespace " + PageSizeProblem(page_size));
   return NamespaceKey(model_fingerprint, adapter, cache_salt, static_cast<int32_t>(page_size));
 }
 
+Hash128 PageContentKey(absl::Span<const TokenId> page_tokens) {
+  return common::HashBytes(page_tokens.data(), page_tokens.size() * sizeof(TokenId));
+}
+
+namespace {
+
+// K_i from K_{i-1} and C_i.
+Hash128 ChainLink(const Hash128& parent, const Hash128& content) {
+  const uint64_t words[2] = {content.lo, content.hi};
+  return common::HashChain(parent, words, sizeof(words));
+}
+
+}  // namespace
+
 Hash128 PageKey(const Hash128& parent, absl::Span<const TokenId> page_tokens) {
-  return common::HashChain(parent, page_tokens.data(), page_tokens.size() * sizeof(TokenId));
+  return ChainLink(parent, PageContentKey(page_tokens));
 }
 
 std::vector<Hash128> PageKeys(const Hash128& ns, absl::Span<const TokenId> tokens, int32_t page_size) {
   std::vector<Hash128> keys;
   if (page_size <= 0) return keys;
   const size_t n = tokens.size() / page_size;
-  keys.reserve(n);
+  keys.resize(n);
+  // The contents first: independent hashes the CPU overlaps; then the chain,
+  // whose links are short.
+  for (size_t i = 0; i < n; ++i) keys[i] = PageContentKey(tokens.subspan(i * page_size, page_size));
   Hash128 prev = ns;
-  for (size_t i = 0; i < n; ++i) {
-    prev = PageKey(prev, tokens.subspan(i * page_size, page_size));
-    keys.push_back(prev);
-  }
+  for (size_t i = 0; i < n; ++i) keys[i] = prev = ChainLink(prev, keys[i]);
   return keys;
 }
 
@@ -52,7 +81,7 @@ Hash128 StateParentKey(const Hash128& parent) {
   // Domain separation: a state hangs from a key derived from its parent, so
   // StateKey(K, tail) equals a page key only if that derived key is itself a
   // page key (a 128-bit collision).
-  static constexpr char kStateDomain[] = "hybridserve/state/v1";
+  static constexpr char kStateDomain[] = "hybridserve/state/v2";
   return common::HashChain(parent, kStateDomain, sizeof(kStateDomain) - 1);
 }
 

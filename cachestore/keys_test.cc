@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace hybridserve::cachestore {
@@ -31,7 +32,7 @@ TEST(KeysTest, NamespaceKeyHashesTheDocumentedBytes) {
     return out + part;
   };
   const int32_t page_size = 0x01020304;  // distinct bytes expose the byte order
-  std::string bytes = length_prefixed("hybridserve/ns/v1") + length_prefixed("fp") + length_prefixed("lora") +
+  std::string bytes = length_prefixed("hybridserve/ns/v2") + length_prefixed("fp") + length_prefixed("lora") +
                       length_prefixed("tenant");
   for (int i = 0; i < 4; ++i) bytes.push_back(static_cast<char>((page_size >> (8 * i)) & 0xff));
   EXPECT_EQ(NamespaceKey("fp", "lora", "tenant", page_size), common::HashBytes(bytes));
@@ -55,6 +56,28 @@ TEST(KeysTest, PageKeysChainOverFullPagesOnly) {
   EXPECT_NE(changed[1], keys[1]);
 }
 
+// Version 2: K_i = H(K_{i-1} || C_i) with C_i = H(page tokens), byte by byte.
+TEST(KeysTest, PageKeyChainsTheContentHash) {
+  const Hash128 ns = NamespaceKey("fp", "", "", 4);
+  const std::vector<TokenId> page = {5, 6, 7, 8};
+  const Hash128 content = common::HashBytes(page.data(), page.size() * sizeof(TokenId));
+  EXPECT_EQ(PageContentKey(page), content);
+  EXPECT_EQ(PageKey(ns, page), common::HashBytes(ns.ToBytes() + content.ToBytes()));
+}
+
+// Only the current key derivation is served; an older or unknown one is
+// refused by a message that names both versions.
+TEST(KeysTest, OtherKeyVersionsAreRefusedByName) {
+  EXPECT_TRUE(ValidatedNamespaceKey("fp", "", "", 16, 0).ok());
+  EXPECT_TRUE(ValidatedNamespaceKey("fp", "", "", 16, kKeyVersion).ok());
+  absl::StatusOr<Hash128> v1 = ValidatedNamespaceKey("fp", "", "", 16, 1);
+  EXPECT_EQ(v1.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(v1.status().message()),
+              ::testing::HasSubstr("key_version 1 (tokens chained page by page) is no longer served"));
+  EXPECT_THAT(std::string(ValidatedNamespaceKey("fp", "", "", 16, 3).status().message()),
+              ::testing::HasSubstr("key_version 3 is unknown: this cachestore derives keys with version 2"));
+}
+
 TEST(KeysTest, StateKeysDifferFromPageKeysAndByTail) {
   Hash128 ns = NamespaceKey("fp", "", "", 4);
   std::vector<TokenId> page = {1, 2, 3, 4};
@@ -69,9 +92,9 @@ TEST(KeysTest, StateKeysDifferFromPageKeysAndByTail) {
 // tools/cache_key_known_answers.py (its output, hi then lo as ToHex() writes
 // them). A change of the wire format of any key fails here.
 TEST(KeysTest, NamespaceKeysMatchIndependentlyComputedValues) {
-  EXPECT_EQ(NamespaceKey("fp", "lora", "tenant", 16).ToHex(), "afc7eb3f5f0d6c86a2faf3e6a973b8fb");
-  EXPECT_EQ(NamespaceKey("model-a", "", "", 0x01020304).ToHex(), "e2f03f3e83c946fb2ffe7fbbea5de550");
-  EXPECT_EQ(NamespaceKey("fp", "", "", 4).ToHex(), "24f876541a802ba37b393917dff6151f");
+  EXPECT_EQ(NamespaceKey("fp", "lora", "tenant", 16).ToHex(), "7d10bbe77044bbc94712f3ed36da4330");
+  EXPECT_EQ(NamespaceKey("model-a", "", "", 0x01020304).ToHex(), "5ed92670cfd1903b39f6ab3fbca9568c");
+  EXPECT_EQ(NamespaceKey("fp", "", "", 4).ToHex(), "51c8f64976c0ff5ab2d2260ecb1e46e2");
 }
 
 TEST(KeysTest, PageAndStateKeysMatchIndependentlyComputedValues) {
@@ -81,20 +104,20 @@ TEST(KeysTest, PageAndStateKeysMatchIndependentlyComputedValues) {
   const auto span = absl::MakeConstSpan(tokens);
   std::vector<Hash128> pages = PageKeys(ns, tokens, 4);
   ASSERT_EQ(pages.size(), 2u);
-  EXPECT_EQ(pages[0].ToHex(), "dae3b6da43f006b557c15981e38fbca2");
-  EXPECT_EQ(pages[1].ToHex(), "a5c579a367bbd64be81f32b4a5a66cee");
+  EXPECT_EQ(pages[0].ToHex(), "3ee2499014c1137011bb0df4452b8968");
+  EXPECT_EQ(pages[1].ToHex(), "dab00146ed7a55a3f9c033ee0e55061f");
   // The wire form: the 128-bit value little-endian (lo's bytes, then hi's).
   std::string wire;
   for (int i = 0; i < 16; ++i) {
     absl::StrAppend(&wire, absl::Hex(static_cast<uint8_t>(pages[0].ToBytes()[i]), absl::kZeroPad2));
   }
-  EXPECT_EQ(wire, "a2bc8fe38159c157b506f043dab6e3da");
+  EXPECT_EQ(wire, "68892b45f40dbb117013c1149049e23e");
   // S_p hangs from K_{n-1} (N when n = 0) with the tail tokens[n*4, p).
-  EXPECT_EQ(StateKey(ns, span.subspan(0, 0)).ToHex(), "86bdddf9e56da099c601b9c29444a9db");        // p = 0
-  EXPECT_EQ(StateKey(ns, span.subspan(0, 3)).ToHex(), "ca72860cd8f62372f5c6097c8e37da16");        // p = 3
-  EXPECT_EQ(StateKey(pages[0], span.subspan(4, 0)).ToHex(), "7c3a53bc25bbfc6573998b92263410b4");  // p = 4
-  EXPECT_EQ(StateKey(pages[1], span.subspan(8, 0)).ToHex(), "00de2604a0ace2ba5eafe2dbdbda03fa");  // p = 8
-  EXPECT_EQ(StateKey(pages[1], span.subspan(8, 2)).ToHex(), "12340c3780fc0dd365761eb354337bb0");  // p = 10
+  EXPECT_EQ(StateKey(ns, span.subspan(0, 0)).ToHex(), "44c4e5330cfc52dbf455048dc35efe34");        // p = 0
+  EXPECT_EQ(StateKey(ns, span.subspan(0, 3)).ToHex(), "c7d7a45d0ae4494f2d429f48e88fe260");        // p = 3
+  EXPECT_EQ(StateKey(pages[0], span.subspan(4, 0)).ToHex(), "b7e0dd6ca890fcc31f16f533e08dbeb0");  // p = 4
+  EXPECT_EQ(StateKey(pages[1], span.subspan(8, 0)).ToHex(), "736fef7c8983a40cdc377d30a63b0a32");  // p = 8
+  EXPECT_EQ(StateKey(pages[1], span.subspan(8, 2)).ToHex(), "330eda8bc5232bb43ad5c92058495f86");  // p = 10
 }
 
 }  // namespace

@@ -16,7 +16,7 @@ namespace {
 using common::ToGrpcStatus;
 
 absl::StatusOr<Hash128> NamespaceOf(const v1::CacheNamespace& ns) {
-  return ValidatedNamespaceKey(ns.model_fingerprint(), ns.adapter(), ns.cache_salt(), ns.page_size());
+  return ValidatedNamespaceKey(ns.model_fingerprint(), ns.adapter(), ns.cache_salt(), ns.page_size(), ns.key_version());
 }
 
 absl::StatusOr<Hash128> KeyOf(const std::string& bytes, absl::string_view what) {

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Known answers for the cache keys, from proto/cachestore.proto's text alone.
 
-Recomputes the namespace, page and state keys with Python's xxhash (XXH3-128),
+Recomputes the namespace, page and state keys (key version 2) with Python's xxhash (XXH3-128),
 independently of cachestore/keys.cc, and prints them as Hash128::ToHex() writes
 them (32 hex digits, high 64 bits then low). cachestore/keys_test.cc hard-codes
 this output; re-run after a deliberate change of the key derivation:
@@ -29,7 +29,7 @@ def length_prefixed(s: str) -> bytes:
 
 
 def namespace_key(fingerprint: str, adapter: str, salt: str, page_size: int) -> bytes:
-    return h(length_prefixed("hybridserve/ns/v1") + length_prefixed(fingerprint) + length_prefixed(adapter) +
+    return h(length_prefixed("hybridserve/ns/v2") + length_prefixed(fingerprint) + length_prefixed(adapter) +
              length_prefixed(salt) + struct.pack("<i", page_size))
 
 
@@ -40,7 +40,8 @@ def tokens_le(tokens) -> bytes:
 def page_keys(ns: bytes, tokens, page_size: int):
     keys, prev = [], ns
     for i in range(len(tokens) // page_size):
-        prev = h(prev + tokens_le(tokens[i * page_size:(i + 1) * page_size]))
+        content = h(tokens_le(tokens[i * page_size:(i + 1) * page_size]))  # C_i
+        prev = h(prev + content)  # K_i = H(K_{i-1} || C_i)
         keys.append(prev)
     return keys
 
@@ -48,7 +49,7 @@ def page_keys(ns: bytes, tokens, page_size: int):
 def state_key(ns: bytes, tokens, page_size: int, p: int) -> bytes:
     n = p // page_size
     parent = ns if n == 0 else page_keys(ns, tokens, page_size)[n - 1]
-    return h(h(parent + b"hybridserve/state/v1") + tokens_le(tokens[n * page_size:p]))
+    return h(h(parent + b"hybridserve/state/v2") + tokens_le(tokens[n * page_size:p]))
 
 
 def main():
