@@ -9,30 +9,64 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "prometheus/counter.h"
-#include "prometheus/exposer.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+
+struct MHD_Daemon;
 
 namespace hybridserve::common {
 
 // Bucket boundaries start, start*factor, ... (count of them).
 std::vector<double> ExponentialBuckets(double start, double factor, int count);
 
-// Serves a registry at http://<bind>/metrics. Thread-safe; stops serving when
-// destroyed.
+// Serves a registry at http://<bind>/metrics in the Prometheus text format
+// (version 0.0.4): GET or HEAD /metrics is answered 200 with the registry as
+// collected at that request, any other path 404, any other method 405.
+// Thread-safe; stops serving, and closes every connection, when destroyed.
+//
+// Idle or slow clients cannot starve a scrape: one event loop (libmicrohttpd
+// with epoll, on one internal thread) serves every connection, so a client that
+// connects and sends nothing, or sends its request a byte at a time, holds no
+// thread and delays no one. (prometheus-cpp's own Exposer, civetweb, gives each
+// connection one of a few worker threads until its request arrives; two idle
+// clients delayed scrapes by 30 s.) What such clients can still take:
+//   - a connection slot each: at most kMaxConnections connections are open at
+//     once; beyond that, new connections wait in the kernel's listen backlog
+//     until a slot frees;
+//   - only for kConnectionTimeout when silent: a connection with no traffic for
+//     that long is closed (a client still trickling bytes keeps its slot, but
+//     its request is capped by libmicrohttpd's 32 KiB per-connection memory).
 class MetricsExposer {
  public:
-  // `bind` is "host:port"; port 0 picks a free port (see port()).
+  static constexpr int kMaxConnections = 1024;
+  static constexpr absl::Duration kConnectionTimeout = absl::Seconds(5);
+
+  // `bind` is "host:port" with a numeric IPv4 host ("0.0.0.0", "127.0.0.1") or
+  // a bracketed numeric IPv6 host ("[::1]:9100"); port 0 picks a free port (see
+  // port()). The socket is bound with SO_REUSEADDR and never SO_REUSEPORT, so a
+  // port in use is refused. Errors name `bind`: INVALID_ARGUMENT for an address
+  // that does not parse, UNAVAILABLE for one that cannot be bound or served.
   static absl::StatusOr<std::unique_ptr<MetricsExposer>> Create(const std::string& bind,
                                                                 std::shared_ptr<prometheus::Registry> registry);
 
-  int port() const;
+  MetricsExposer(const MetricsExposer&) = delete;
+  MetricsExposer& operator=(const MetricsExposer&) = delete;
+  ~MetricsExposer();
+
+  // The port being served (the one picked when `bind` asked for port 0).
+  int port() const { return port_; }
 
  private:
-  explicit MetricsExposer(std::unique_ptr<prometheus::Exposer> exposer);
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  MetricsExposer(std::shared_ptr<prometheus::Registry> registry, int port)
+      : registry_(std::move(registry)), port_(port) {}
+
+  // Read by the daemon's thread at every scrape; outlives daemon_.
+  std::shared_ptr<prometheus::Registry> registry_;
+  MHD_Daemon* daemon_ = nullptr;  // owned; stopped in the destructor
+  int port_ = 0;
 };
 
 }  // namespace hybridserve::common

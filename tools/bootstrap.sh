@@ -18,7 +18,8 @@ PACKAGES=(
   nlohmann-json3-dev       # JSON: config.json, safetensors headers
   libxxhash-dev            # XXH3 keys and checksums
   libgoogle-glog-dev       # logging
-  prometheus-cpp-dev       # metrics with an HTTP exposer
+  prometheus-cpp-dev       # metrics (core: registry, text format; its civetweb exposer is not used)
+  libmicrohttpd-dev        # the /metrics HTTP server: one event loop, idle clients cannot starve it
   libopenblas-dev          # CPU GEMM (fast, non-deterministic mode)
   python3-grpcio           # Python client (client/python): grpcio 1.51 for /usr/bin/python3
   python3-protobuf         # Python client: protobuf 3.21 runtime for its generated stubs
