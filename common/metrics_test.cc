@@ -160,6 +160,20 @@ TEST(MetricsTest, ExposerRefusesATakenPort) {
   EXPECT_THAT(second.status().message(), HasSubstr("metrics exposer cannot bind " + taken));
 }
 
+// Destroying an exposer closes its listening socket: the port can be bound
+// again at once (SO_REUSEADDR covers connections left in TIME_WAIT).
+TEST(MetricsTest, DestroyedExposerFreesItsPort) {
+  auto registry = std::make_shared<prometheus::Registry>();
+  auto first = MetricsExposer::Create("127.0.0.1:0", registry);
+  ASSERT_TRUE(first.ok()) << first.status();
+  const std::string address = absl::StrCat("127.0.0.1:", (*first)->port());
+  ASSERT_TRUE(Exchange((*first)->port(), kScrape).ok());
+  first->reset();
+  auto second = MetricsExposer::Create(address, registry);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(absl::StrCat("127.0.0.1:", (*second)->port()), address);
+}
+
 // A scrape gets 200, the Prometheus text format's content type and the
 // registry's counter with its exact value.
 TEST_F(ExposerTest, ScrapeReturnsTheRegistrysCounter) {
@@ -177,6 +191,16 @@ TEST_F(ExposerTest, ScrapeSeesAnUpdateMadeAfterCreate) {
   absl::StatusOr<HttpReply> reply = Exchange(exposer_->port(), kScrape);
   ASSERT_TRUE(reply.ok()) << reply.status();
   EXPECT_THAT(reply->body, HasSubstr("\nhs_test_level 42\n"));
+}
+
+// HEAD gets the scrape's status and headers without the body.
+TEST_F(ExposerTest, HeadGetsHeadersWithoutTheBody) {
+  absl::StatusOr<HttpReply> reply =
+      Exchange(exposer_->port(), "HEAD /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_EQ(reply->status, 200) << reply->head;
+  EXPECT_THAT(reply->head, HasSubstr("\r\nContent-Type: text/plain; version=0.0.4\r\n"));
+  EXPECT_EQ(reply->body, "");
 }
 
 TEST_F(ExposerTest, OtherPathIsNotFound) {
