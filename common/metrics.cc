@@ -1,11 +1,12 @@
 #include "common/metrics.h"
 
-#include <fcntl.h>
 #include <microhttpd.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <string>
@@ -150,7 +151,10 @@ absl::StatusOr<std::unique_ptr<MetricsExposer>> MetricsExposer::Create(const std
                         absl::StrCat("metrics exposer cannot bind ", bind, ": ", fd.status().message()));
   }
   std::unique_ptr<MetricsExposer> exposer(new MetricsExposer(std::move(registry), BoundPort(*fd)));
-  // The daemon owns the listening socket from here and closes it when stopped.
+  // The daemon owns the listening socket from here: it closes it when stopped,
+  // and also when it fails to start after taking it (libmicrohttpd 0.9.75,
+  // checked with a thread that cannot be created), so a failure below does not
+  // close it a second time (that could close a descriptor opened since).
   exposer->daemon_ = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL, 0, nullptr, nullptr,
                                       &HandleRequest, exposer->registry_.get(), MHD_OPTION_LISTEN_SOCKET,
                                       static_cast<MHD_socket>(*fd), MHD_OPTION_CONNECTION_LIMIT,
@@ -158,7 +162,6 @@ absl::StatusOr<std::unique_ptr<MetricsExposer>> MetricsExposer::Create(const std
                                       static_cast<unsigned int>(absl::ToInt64Seconds(kConnectionTimeout)),
                                       MHD_OPTION_CONNECTION_MEMORY_LIMIT, kConnectionMemoryBytes, MHD_OPTION_END);
   if (exposer->daemon_ == nullptr) {
-    close(*fd);
     return absl::UnavailableError(
         absl::StrCat("metrics exposer cannot bind ", bind, ": libmicrohttpd did not start its HTTP daemon"));
   }
