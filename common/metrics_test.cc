@@ -221,6 +221,15 @@ TEST_F(ExposerTest, PostIsMethodNotAllowed) {
   EXPECT_THAT(reply->body, Not(HasSubstr("hs_test_events_total")));
 }
 
+// A request line that outgrows the per-connection memory (32 KiB) is refused
+// and its connection closed, so a client cannot make the server hold more.
+TEST_F(ExposerTest, OversizedRequestIsRefused) {
+  const std::string request = absl::StrCat("GET /", std::string(40000, 'a'), " HTTP/1.1\r\n\r\n");
+  absl::StatusOr<HttpReply> reply = Exchange(exposer_->port(), request);
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_EQ(reply->status, 414) << reply->head;
+}
+
 // The starvation the exposer exists to prevent: 64 clients that connect and
 // send nothing, and 8 that send a request line one byte every 200 ms, are all
 // open while 5 scrapes in a row each finish within kExchangeDeadline. (With
