@@ -76,6 +76,8 @@ class CacheClient {
   // lease_expiry is when it lapses unless used: on the store's clock in
   // process, on this process's absl::Now() over gRPC (counted from before the
   // request was sent). A miss is not an error: resume_position 0, no lease.
+  // The pages' keys and positions are always given; their sizes and
+  // checksums may be 0 (over gRPC they come with the bytes, Get).
   // INVALID_ARGUMENT: bad namespace, a negative token id, more tokens than
   // the store's max_tokens.
   virtual absl::StatusOr<LookupResult> Lookup(const ClientNamespace& ns, absl::Span<const TokenId> tokens,

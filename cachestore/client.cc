@@ -81,6 +81,9 @@ absl::StatusOr<LookupResult> CacheStoreClient::Lookup(const ClientNamespace& ns,
   *req.mutable_namespace_() = ToProto(ns);
   req.mutable_token_ids()->Add(tokens.begin(), tokens.end());
   req.set_probe_only(mode == LookupMode::kProbeOnly);
+  // The answer's size stays independent of the chain's length: the page keys
+  // are derived here from the tokens, as the server derived them.
+  req.set_omit_pages(true);
   v1::LookupResponse resp;
   grpc::ClientContext ctx;
   impl_->Prepare(&ctx);
@@ -91,10 +94,22 @@ absl::StatusOr<LookupResult> CacheStoreClient::Lookup(const ClientNamespace& ns,
   LookupResult r;
   r.resume_position = static_cast<int64_t>(resp.resume_position());
   r.kv_match_tokens = static_cast<int64_t>(resp.kv_match_tokens());
-  for (const v1::EntryRef& p : resp.pages()) {
-    absl::StatusOr<EntryInfo> info = FromProto(p);
-    if (!info.ok()) return info.status();
-    r.pages.push_back(*info);
+  const uint64_t page_count = resp.page_count();
+  if (ns.page_size <= 0 || resp.resume_position() > tokens.size() ||
+      page_count != resp.resume_position() / static_cast<uint64_t>(ns.page_size)) {
+    return absl::InternalError(absl::StrCat("cachestore answered resume_position ", resp.resume_position(), " with ",
+                                            page_count, " pages for ", tokens.size(), " tokens"));
+  }
+  if (page_count > 0) {
+    std::vector<Hash128> keys = PageKeys(ns.Key(), tokens.subspan(0, page_count * ns.page_size), ns.page_size);
+    r.pages.reserve(keys.size());
+    for (size_t i = 0; i < keys.size(); ++i) {
+      EntryInfo info;  // size and checksum arrive with the bytes
+      info.key = keys[i];
+      info.entry_class = EntryClass::kPage;
+      info.position = static_cast<int64_t>((i + 1) * ns.page_size);
+      r.pages.push_back(info);
+    }
   }
   if (resp.has_state()) {
     absl::StatusOr<EntryInfo> info = FromProto(resp.state());

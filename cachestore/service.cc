@@ -140,7 +140,10 @@ grpc::Status CacheStoreService::Lookup(grpc::ServerContext*, const v1::LookupReq
   metrics_.RecordLookup(*r, r->state.has_value());
   response->set_resume_position(static_cast<uint64_t>(r->resume_position));
   response->set_kv_match_tokens(static_cast<uint64_t>(r->kv_match_tokens));
-  for (const EntryInfo& p : r->pages) *response->add_pages() = ToProto(p);
+  response->set_page_count(r->pages.size());
+  if (!request->omit_pages()) {
+    for (const EntryInfo& p : r->pages) *response->add_pages() = ToProto(p);
+  }
   if (r->state.has_value()) *response->mutable_state() = ToProto(*r->state);
   response->set_lease_id(r->lease_id);
   if (r->lease_id != 0) {

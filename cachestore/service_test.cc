@@ -142,6 +142,42 @@ class ServiceTest : public ::testing::Test {
   ClientNamespace ns_{"fingerprint", "", "", kPageSize};
 };
 
+// Issue 10, item 2: with omit_pages a lookup answer's size does not depend
+// on the chain's length (the client derives the page keys from its tokens,
+// as the gRPC client does); page_count says how many pages the lease holds.
+TEST_F(ServiceTest, ALookupAnswerWithOmitPagesDoesNotGrowWithTheChain) {
+  ClientNamespace ns;
+  ns.model_fingerprint = "long-chains";
+  ns.page_size = 4;
+  auto answer = [&](const std::vector<TokenId>& tokens, bool omit) {
+    v1::LookupRequest req;
+    req.mutable_namespace_()->set_model_fingerprint(ns.model_fingerprint);
+    req.mutable_namespace_()->set_page_size(ns.page_size);
+    req.mutable_token_ids()->Add(tokens.begin(), tokens.end());
+    req.set_omit_pages(omit);
+    req.set_probe_only(true);
+    v1::LookupResponse resp;
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    grpc::Status s = stub_->Lookup(&ctx, req, &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return resp;
+  };
+  const std::vector<TokenId> short_chain = Tokens(2 * 4 + 1, 1);
+  const std::vector<TokenId> long_chain = Tokens(600 * 4 + 1, 100000);
+  PutPrefix(ns, short_chain, 2 * 4 + 1, 16, 32, 1);
+  PutPrefix(ns, long_chain, 600 * 4 + 1, 16, 32, 2);
+  const v1::LookupResponse small = answer(short_chain, true);
+  const v1::LookupResponse large = answer(long_chain, true);
+  EXPECT_EQ(small.page_count(), 2u);
+  EXPECT_EQ(large.page_count(), 600u);
+  EXPECT_EQ(large.pages_size(), 0);
+  EXPECT_LE(large.ByteSizeLong(), small.ByteSizeLong() + 8);  // longer varints of 4 larger numbers only
+  EXPECT_LT(large.ByteSizeLong(), 128u);
+  // Without it the pages are listed, as before.
+  EXPECT_EQ(answer(long_chain, false).pages_size(), 600);
+}
+
 TEST_F(ServiceTest, LargeEntriesRoundTripThroughChunkedStreams) {
   // 64 MiB + 3 bytes: far over gRPC's 4 MiB default, and not a chunk multiple.
   std::vector<TokenId> t = Tokens(40);
