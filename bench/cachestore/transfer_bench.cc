@@ -2,7 +2,10 @@
 // CacheStoreServer on 127.0.0.1:0 and a CacheStoreClient), as a ratio to a raw
 // loopback TCP transfer of 64 MiB measured in the same run (one thread write()s
 // 4 MiB at a time, another read()s into a buffer; timed from the first byte
-// sent to the last received). Goal (issue): gRPC >= 0.5x raw TCP.
+// sent to the last received). Goals (issue 10): Put >= 0.8x raw TCP and Get
+// >= 0.8x raw TCP, each judged at the client's default chunk size (4 MiB, also
+// the server's largest), MET only when both the median of in-round ratios and
+// best round vs best round reach 0.8; 1 MiB chunks are shown for comparison.
 // The last table times the copies and checksums an entry's bytes go through.
 //   bazel run -c opt //bench/cachestore:transfer_bench
 
@@ -50,7 +53,10 @@ constexpr size_t kEntryBytes = size_t{64} << 20;
 constexpr int kReps = 7;
 constexpr int kWarmups = 1;
 constexpr size_t kTcpIoBytes = size_t{4} << 20;
-constexpr double kGoalRatio = 0.5;
+constexpr double kGoalRatio = 0.8;
+// The chunk size the goals are judged at: ClientOptions' default, and the
+// server's max_chunk_bytes here and in the binary's default flags.
+constexpr int64_t kGoalChunkBytes = int64_t{4} << 20;
 
 void Check(const absl::Status& s, const char* what) {
   if (!s.ok()) {
@@ -158,6 +164,7 @@ std::string RandomBytes(size_t n, uint64_t seed) {
 struct Transfer {
   std::string name;
   std::function<double()> run;  // one transfer; returns its wall seconds
+  std::string goal;             // the goal it is judged against; empty: for comparison only
   std::vector<RepCost> reps;    // timed rounds
 };
 
@@ -174,14 +181,16 @@ void Run() {
   std::unique_ptr<SocketPair> pair = ConnectLoopback();
   std::vector<char> buffer(kEntryBytes);
   std::vector<Transfer> transfers;
-  transfers.push_back({"raw loopback TCP (4 MiB write/read)", [&] {
+  transfers.push_back({"raw loopback TCP (4 MiB write/read)",
+                       [&] {
                          const double s = RawTcpTransfer(*pair, data, buffer);
                          if (std::memcmp(buffer.data(), data.data(), data.size()) != 0) {
                            std::fprintf(stderr, "raw TCP transfer corrupted the bytes\n");
                            std::exit(1);
                          }
                          return s;
-                       }});
+                       },
+                       ""});
 
   // The cachestore on loopback. State entries (an SSM state is the 64 MiB
   // case); every Put uses a new tail token so it is never already present.
@@ -192,7 +201,7 @@ void Run() {
   // entry and reuses its buffer (BlobPool), so no fresh memory is faulted in.
   options.index.state_budget_bytes = int64_t{320} << 20;
   options.index.page_budget_bytes = int64_t{256} << 20;
-  options.service.max_chunk_bytes = int64_t{4} << 20;
+  options.service.max_chunk_bytes = kGoalChunkBytes;
   absl::StatusOr<std::unique_ptr<CacheStoreServer>> server =
       CacheStoreServer::Start(options, common::Clock::Real(), registry);
   Check(server.status(), "CacheStoreServer::Start");
@@ -246,8 +255,11 @@ void Run() {
   for (size_t i = 0; i < clients.size(); ++i) {
     Leased* c = &clients[i];
     const std::string chunk = std::to_string(i == 0 ? 1 : 4) + " MiB chunks";
-    transfers.push_back({"gRPC Put, " + chunk, [&, c] { return put_new(*c->client); }});
-    transfers.push_back({"gRPC Get, " + chunk, [c] {
+    const bool judged = (i == 0 ? int64_t{1} << 20 : int64_t{4} << 20) == kGoalChunkBytes;
+    transfers.push_back(
+        {"gRPC Put, " + chunk, [&, c] { return put_new(*c->client); }, judged ? "Put of 64 MiB, " + chunk : ""});
+    transfers.push_back({"gRPC Get, " + chunk,
+                         [c] {
                            // One buffer per reader, reused across gets (as a worker would).
                            static std::string buffers[2];
                            std::string* got = &buffers[c->client_index];
@@ -260,7 +272,8 @@ void Run() {
                              std::exit(1);
                            }
                            return s;
-                         }});
+                         },
+                         judged ? "Get of 64 MiB, " + chunk : ""});
   }
 
   for (int round = 0; round < kWarmups + kReps; ++round) {
@@ -293,12 +306,17 @@ void Run() {
   };
   std::printf("\n%-36s %8s %7s %8s | %7s %8s | %8s %12s\n", "transfer of 64 MiB", "med ms", "GB/s", "vs TCP", "best",
               "vs TCP", "CPU ms", "minor faults");
-  bool met = true;
+  struct Verdict {
+    std::string goal;
+    double median_ratio;
+    double best_ratio;
+  };
+  std::vector<Verdict> verdicts;
   for (const Transfer& t : transfers) {
     std::vector<double> ratios;  // within each round: TCP time / this time
     for (size_t i = 0; i < t.reps.size(); ++i) ratios.push_back(tcp.reps[i].seconds / t.reps[i].seconds);
     const double ratio = Median(ratios);
-    if (&t != &tcp) met = met && ratio >= kGoalRatio;
+    if (!t.goal.empty()) verdicts.push_back({t.goal, ratio, best_of(tcp) / best_of(t)});
     const double seconds = median_of(t, &RepCost::seconds);
     std::printf("%-36s %8.2f %7.2f %7.2fx | %7.2f %7.2fx | %8.1f %12.0f\n", t.name.c_str(), seconds * 1e3,
                 GBps(seconds), ratio, GBps(best_of(t)), best_of(tcp) / best_of(t),
@@ -310,7 +328,18 @@ void Run() {
       " system time of the whole process, both ends, per transfer. One fault per 4 KiB page of the\n"
       " entry would be %zu faults.)\n",
       kEntryBytes / 4096);
-  std::printf("goal (every gRPC transfer >= %.1fx raw TCP): %s\n", kGoalRatio, met ? "MET" : "MISSED");
+  std::printf(
+      "\ngoals: each gRPC transfer below >= %.1fx raw loopback TCP moving the same 64 MiB (4 MiB write()/read()).\n"
+      "Rule: MET only when BOTH the median over rounds of (TCP time / transfer time in the same round) AND\n"
+      "best TCP round / best transfer round are >= %.1fx. Judged at %lld MiB chunks (the client's default and\n"
+      "the server's max_chunk_bytes); the 1 MiB rows above are for comparison.\n",
+      kGoalRatio, kGoalRatio, static_cast<long long>(kGoalChunkBytes >> 20));
+  for (const Verdict& v : verdicts) {
+    const bool met = v.median_ratio >= kGoalRatio && v.best_ratio >= kGoalRatio;
+    std::printf("goal: %-26s median %.2fx (%s), best/best %.2fx (%s): %s\n", v.goal.c_str(), v.median_ratio,
+                v.median_ratio >= kGoalRatio ? "holds" : "fails", v.best_ratio,
+                v.best_ratio >= kGoalRatio ? "holds" : "fails", met ? "MET" : "MISSED");
+  }
   std::printf("(store after the runs: %lld states, %.0f MiB resident)\n", static_cast<long long>(stats.states.entries),
               static_cast<double>(stats.states.resident_bytes) / (1 << 20));
 
