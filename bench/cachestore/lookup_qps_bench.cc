@@ -3,7 +3,10 @@
 // with 1 and 8 concurrent clients; reports the 8-client / 1-client ratio.
 // Each of the 8 client threads has its own CacheStoreClient (and TCP
 // connection: see kDistinctConnections); a shared-client row is printed too.
-// Lookups are probe-only (no lease), and lease + Release pairs.
+// Lookups are probe-only (no lease), and lease + Release pairs. Beside them,
+// Put and Get throughput of 1 MiB states with 1 and 8 concurrent clients, so
+// the three 8-client / 1-client ratios can be read side by side. On a 2-core
+// machine 8 clients cannot run 8x: the ratios show contention, not scaling.
 //   bazel run -c opt //bench/cachestore:lookup_qps_bench
 
 #include <sys/resource.h>
@@ -13,6 +16,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <memory>
 #include <random>
@@ -49,6 +53,7 @@ constexpr int kPrompts = 64;
 constexpr int64_t kSnapshotFromEnd = 3;
 constexpr int kRounds = 6;
 constexpr double kWindowSeconds = 0.5;
+constexpr int64_t kTransferBytes = int64_t{1} << 20;  // one Put or Get in the byte loads
 
 void Check(const absl::Status& s, const char* what) {
   if (!s.ok()) {
@@ -179,6 +184,96 @@ class LoadRunner {
   std::atomic<int64_t> next_{0};  // prompt cursor shared by the threads
 };
 
+// Put or Get of kTransferBytes states by `threads` clients, each on its own
+// connection. Put: every op a new state (a fresh token, so never already
+// present; the full state budget evicts the oldest). Get: each client reads
+// one state it put, under a lease it holds (each Get extends it).
+class ByteLoadRunner {
+ public:
+  ByteLoadRunner(const std::string& target, int threads, bool put, int first_client, const ClientNamespace& ns,
+                 const std::string& bytes, std::atomic<TokenId>* next_token)
+      : put_(put), ns_(ns), bytes_(bytes), next_token_(next_token) {
+    for (int i = 0; i < threads; ++i) {
+      Client c;
+      c.client = NewClient(target, first_client + i);
+      if (!put_) {
+        const TokenId t = (*next_token_)++;
+        Check(c.client->Put(ns_, StatePut(t), bytes_).status(), "Put (Get load)");
+        absl::StatusOr<LookupResult> l = c.client->Lookup(ns_, {t}, LookupMode::kLease);
+        Check(l.status(), "Lookup (Get load)");
+        if (!l->state.has_value()) {
+          std::fprintf(stderr, "the state just put is not found\n");
+          std::exit(1);
+        }
+        c.lease_id = l->lease_id;
+        c.key = l->state->key;
+      }
+      clients_.push_back(std::move(c));
+    }
+  }
+  ~ByteLoadRunner() {
+    for (Client& c : clients_) {
+      if (c.lease_id != 0) c.client->Release(c.lease_id).IgnoreError();
+    }
+  }
+
+  // Runs the load for `seconds` of wall time; ops/s in lookups_per_second.
+  Outcome Window(double seconds) {
+    std::atomic<bool> stop{false};
+    absl::Notification go;
+    std::vector<int64_t> counts(clients_.size(), 0), errors(clients_.size(), 0);
+    std::vector<std::thread> threads;
+    for (size_t t = 0; t < clients_.size(); ++t) {
+      threads.emplace_back([&, t] {
+        Client& c = clients_[t];
+        std::string got;
+        go.WaitForNotification();
+        while (!stop.load(std::memory_order_relaxed)) {
+          const bool ok = put_ ? c.client->Put(ns_, StatePut((*next_token_)++), bytes_).ok()
+                               : c.client->GetInto(c.lease_id, c.key, &got).ok() && got.size() == bytes_.size();
+          ++(ok ? counts[t] : errors[t]);
+        }
+      });
+    }
+    const double cpu_start = ProcessCpuSeconds();
+    const auto start = std::chrono::steady_clock::now();
+    go.Notify();
+    std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+    stop = true;
+    for (auto& th : threads) th.join();
+    const double wall = SecondsSince(start);
+    const double cpu = ProcessCpuSeconds() - cpu_start;
+    Outcome out;
+    int64_t total = 0;
+    for (size_t t = 0; t < clients_.size(); ++t) {
+      total += counts[t];
+      out.errors += errors[t];
+    }
+    out.lookups_per_second = static_cast<double>(total) / wall;
+    out.cpu_us_per_lookup = total > 0 ? cpu * 1e6 / static_cast<double>(total) : 0;
+    return out;
+  }
+
+ private:
+  struct Client {
+    std::unique_ptr<CacheStoreClient> client;
+    uint64_t lease_id = 0;
+    cachestore::Hash128 key;
+  };
+  static cachestore::ClientPut StatePut(TokenId token) {
+    cachestore::ClientPut put;
+    put.entry_class = cachestore::EntryClass::kState;
+    put.tokens = {token};
+    put.position = 1;
+    return put;
+  }
+  const bool put_;
+  const ClientNamespace ns_;
+  const std::string& bytes_;
+  std::atomic<TokenId>* const next_token_;
+  std::vector<Client> clients_;
+};
+
 // The protobuf work of one Lookup RPC done in process, as the client and the
 // service edge do it (request built, serialized, parsed; response built from
 // a real result, serialized, parsed, converted), without any transport.
@@ -246,7 +341,8 @@ void Run() {
   cachestore::ServerOptions options;
   options.address = "127.0.0.1:0";
   options.index.page_budget_bytes = int64_t{1} << 30;
-  options.index.state_budget_bytes = int64_t{1} << 30;
+  // Room for the byte loads' 1 MiB states (the oldest are evicted).
+  options.index.state_budget_bytes = int64_t{256} << 20;
   absl::StatusOr<std::unique_ptr<cachestore::CacheStoreServer>> server =
       cachestore::CacheStoreServer::Start(options, common::Clock::Real(), registry);
   Check(server.status(), "CacheStoreServer::Start");
@@ -320,6 +416,49 @@ void Run() {
   for (int round = 0; round < kRounds; ++round) {
     for (Config& c : configs) c.windows.push_back(c.runner->Window(kWindowSeconds));
   }
+
+  // Put and Get of 1 MiB states, 1 and 8 clients, interleaved windows.
+  std::string bytes(static_cast<size_t>(kTransferBytes), '\0');
+  {
+    std::mt19937_64 brng(9);
+    for (size_t i = 0; i < bytes.size(); i += 8) {
+      const uint64_t v = brng();
+      std::memcpy(&bytes[i], &v, 8);
+    }
+  }
+  const ClientNamespace byte_ns{kBenchModelFingerprint, "", "byte-loads", kPageSize};
+  std::atomic<TokenId> next_token{1};
+  struct ByteConfig {
+    const char* name;
+    int threads;
+    bool put;
+    int baseline;
+    std::unique_ptr<ByteLoadRunner> runner;
+    std::vector<Outcome> windows;
+  };
+  std::vector<ByteConfig> byte_configs;
+  byte_configs.push_back({"Put 1 MiB, 1 client", 1, true, 0});
+  byte_configs.push_back({"Put 1 MiB, 8 clients (own each)", 8, true, 0});
+  byte_configs.push_back({"Get 1 MiB, 1 client", 1, false, 2});
+  byte_configs.push_back({"Get 1 MiB, 8 clients (own each)", 8, false, 2});
+  int next_client = clients;  // own connections, distinct from the lookup loads' (counted above)
+  for (ByteConfig& c : byte_configs) {
+    c.runner = std::make_unique<ByteLoadRunner>(target, c.threads, c.put, next_client, byte_ns, bytes, &next_token);
+    next_client += c.threads;
+  }
+  for (int round = 0; round < kRounds; ++round) {
+    for (ByteConfig& c : byte_configs) c.windows.push_back(c.runner->Window(kWindowSeconds));
+  }
+  struct ByteResult {
+    std::string name;
+    int baseline;
+    int clients;
+    std::vector<Outcome> windows;
+  };
+  std::vector<ByteResult> byte_results;
+  for (ByteConfig& c : byte_configs) byte_results.push_back({c.name, c.baseline, c.threads, std::move(c.windows)});
+  byte_configs.clear();
+
   Check(store.CheckInvariants(), "store invariants");
   const cachestore::IndexStats after = store.Stats();
   struct Result {
@@ -366,8 +505,34 @@ void Run() {
       " clients: CacheStoreClient objects, each on its own channel and TCP connection.)\n",
       kRounds, kWindowSeconds);
   std::printf("established TCP connections to the server: %d (expected %d, one per client)\n", connections, clients);
-  std::printf("ratio 8 clients / 1 client: probe %.2fx, lease+release %.2fx on %u hardware threads\n", ratio[1],
-              ratio[4], std::thread::hardware_concurrency());
+
+  std::printf("\n%-38s %10s %10s %10s %12s %7s %6s\n", "byte load (median of windows)", "MiB/s", "vs 1 client",
+              "CPU us/op", "min..max/s", "errors", "clients");
+  std::vector<double> byte_ratio(byte_results.size());
+  for (size_t i = 0; i < byte_results.size(); ++i) {
+    const ByteResult& r = byte_results[i];
+    std::vector<double> mibps, cpu, ratios;
+    int64_t errors = 0;
+    for (size_t w = 0; w < r.windows.size(); ++w) {
+      mibps.push_back(r.windows[w].lookups_per_second * static_cast<double>(kTransferBytes) / (1 << 20));
+      cpu.push_back(r.windows[w].cpu_us_per_lookup);
+      ratios.push_back(r.windows[w].lookups_per_second / byte_results[r.baseline].windows[w].lookups_per_second);
+      errors += r.windows[w].errors;
+    }
+    byte_ratio[i] = Median(ratios);
+    std::printf("%-38s %10.0f %9.2fx %10.1f %5.0f..%-6.0f %7lld %6d\n", r.name.c_str(), Median(mibps), byte_ratio[i],
+                Median(cpu), *std::min_element(mibps.begin(), mibps.end()),
+                *std::max_element(mibps.begin(), mibps.end()), static_cast<long long>(errors), r.clients);
+  }
+  std::printf("(the same rounds and windows; MiB/s of entry bytes; CPU us/op: the whole process per Put or Get)\n");
+
+  std::printf(
+      "\n8 concurrent clients / 1 client, side by side, on %u hardware threads (shared by the clients and the\n"
+      "server, so 8 clients cannot do 8x the work of 1: the ratio shows how much CPU one client left idle\n"
+      "for the others, less what they lose contending; near 1: the extra clients added nothing):\n",
+      std::thread::hardware_concurrency());
+  std::printf("  lookups/s  probe %.2fx   lease+release %.2fx\n", ratio[1], ratio[4]);
+  std::printf("  Put MiB/s  %.2fx   Get MiB/s %.2fx   (1 MiB states)\n", byte_ratio[1], byte_ratio[3]);
   std::printf("server-side lookups counted: %lld, active leases at the end: %lld\n",
               static_cast<long long>(after.lookups), static_cast<long long>(after.active_leases));
 }
