@@ -336,7 +336,7 @@ void Run() {
       kGoalRatio, kGoalRatio, static_cast<long long>(kGoalChunkBytes >> 20));
   for (const Verdict& v : verdicts) {
     const bool met = v.median_ratio >= kGoalRatio && v.best_ratio >= kGoalRatio;
-    std::printf("goal: %-26s median %.2fx (%s), best/best %.2fx (%s): %s\n", v.goal.c_str(), v.median_ratio,
+    std::printf("goal: %s: median %.2fx (%s), best/best %.2fx (%s): %s\n", v.goal.c_str(), v.median_ratio,
                 v.median_ratio >= kGoalRatio ? "holds" : "fails", v.best_ratio,
                 v.best_ratio >= kGoalRatio ? "holds" : "fails", met ? "MET" : "MISSED");
   }
