@@ -87,7 +87,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   hybridserve::common::InitLogging(argv[0]);
-  hybridserve::common::TuneProcessForServing();
+  // Two heap arenas: resident memory follows the budgets (common/process.h).
+  hybridserve::common::TuneProcessForServing(/*max_heap_arenas=*/2);
   using hybridserve::cachestore::CacheStoreServer;
   using hybridserve::cachestore::ServerOptions;
 

@@ -23,9 +23,10 @@ void OnTermination(int sig) {
 
 }  // namespace
 
-void TuneProcessForServing() {
+void TuneProcessForServing(int max_heap_arenas) {
   mallopt(M_MMAP_THRESHOLD, 64 << 20);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  if (max_heap_arenas > 0) mallopt(M_ARENA_MAX, max_heap_arenas);
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
 }
 
