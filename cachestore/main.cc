@@ -36,6 +36,15 @@ ABSL_FLAG(int64_t, pin_budget_mib, -1, "Pinned state bytes of all namespaces tog
 ABSL_FLAG(int64_t, max_namespaces, 1 << 16,
           "Namespaces (model, adapter, cache salt, page size) held at once; a put into one more is RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, max_leases, 1 << 16, "Leases open at once; a leasing lookup beyond it is RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, max_streams, 1024,
+          "CacheStore calls (streams and unary calls) in flight over all clients; a call beyond it ends at once "
+          "with RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, max_streams_per_peer, 256,
+          "CacheStore calls in flight from one client connection; a call beyond it ends at once with "
+          "RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, max_threads, 64,
+          "Threads gRPC may start for the synchronous services (reflection); beyond it their new calls end with "
+          "RESOURCE_EXHAUSTED. The CacheStore and health services hold no thread per call");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(10), "Time in-flight calls get on SIGTERM");
 
 namespace {
@@ -62,6 +71,9 @@ std::string FlagError() {
            in_range("max_tokens", absl::GetFlag(FLAGS_max_tokens), 1, int64_t{1} << 40),
            in_range("max_namespaces", absl::GetFlag(FLAGS_max_namespaces), 1, int64_t{1} << 30),
            in_range("max_leases", absl::GetFlag(FLAGS_max_leases), 1, int64_t{1} << 30),
+           in_range("max_streams", absl::GetFlag(FLAGS_max_streams), 1, int64_t{1} << 20),
+           in_range("max_streams_per_peer", absl::GetFlag(FLAGS_max_streams_per_peer), 1, int64_t{1} << 20),
+           in_range("max_threads", absl::GetFlag(FLAGS_max_threads), 2, 1 << 16),
            positive("page_ttl", absl::GetFlag(FLAGS_page_ttl)),
            positive("state_ttl", absl::GetFlag(FLAGS_state_ttl)),
            positive("lease_ttl", absl::GetFlag(FLAGS_lease_ttl)),
@@ -109,6 +121,9 @@ int main(int argc, char** argv) {
   options.index.max_namespaces = absl::GetFlag(FLAGS_max_namespaces);
   options.index.max_leases = absl::GetFlag(FLAGS_max_leases);
   options.service.max_chunk_bytes = absl::GetFlag(FLAGS_max_chunk_kib) << 10;
+  options.service.max_streams = absl::GetFlag(FLAGS_max_streams);
+  options.service.max_streams_per_peer = absl::GetFlag(FLAGS_max_streams_per_peer);
+  options.max_threads = static_cast<int>(absl::GetFlag(FLAGS_max_threads));
 
   hybridserve::common::InstallTerminationHandler();
 

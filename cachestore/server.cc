@@ -4,14 +4,28 @@
 #include "common/status_macros.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/resource_quota.h"
 
 namespace hybridserve::cachestore {
+namespace {
+
+// gRPC's synchronous server reserves its minimum polling threads from the
+// quota at start and aborts the process when they do not fit.
+constexpr int kMinThreads = 2;
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<CacheStoreServer>> CacheStoreServer::Start(const ServerOptions& options,
                                                                           const common::Clock& clock,
                                                                           prometheus::Registry& registry) {
   if (options.service.max_chunk_bytes <= 0 || options.service.max_chunk_bytes > (int64_t{64} << 20)) {
     return absl::InvalidArgumentError("max_chunk_bytes must be in (0, 64 MiB]");
+  }
+  if (options.service.max_streams < 1 || options.service.max_streams_per_peer < 1) {
+    return absl::InvalidArgumentError("max_streams and max_streams_per_peer must be >= 1");
+  }
+  if (options.max_threads < kMinThreads) {
+    return absl::InvalidArgumentError(absl::StrCat("max_threads must be >= ", kMinThreads));
   }
   auto server = std::unique_ptr<CacheStoreServer>(new CacheStoreServer());
   ASSIGN_OR_RETURN(server->store_, CacheStore::Create(options.index, clock));
@@ -27,6 +41,9 @@ absl::StatusOr<std::unique_ptr<CacheStoreServer>> CacheStoreServer::Start(const 
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(options.address, grpc::InsecureServerCredentials(), &server->port_);
   builder.RegisterService(server->service_.get());
+  grpc::ResourceQuota quota("cachestore");
+  quota.SetMaxThreads(options.max_threads);
+  builder.SetResourceQuota(quota);
   // Room for a full chunk plus the message framing.
   const int max_message = static_cast<int>(options.service.max_chunk_bytes + (1 << 20));
   builder.SetMaxReceiveMessageSize(max_message);

@@ -25,10 +25,18 @@ struct ServerOptions {
   ServiceOptions service;
   // How often leases, stalled puts and idle entries are expired.
   absl::Duration reap_interval = absl::Milliseconds(500);
+  // Threads gRPC may start for the synchronous services (reflection) through
+  // the server's grpc::ResourceQuota (--max_threads). The CacheStore and
+  // health services are callback services and take none from it. When the
+  // quota is spent, a new synchronous call ends with RESOURCE_EXHAUSTED.
+  int max_threads = 64;
 };
 
 // A running cachestore: gRPC server with the CacheStore service, the standard
-// health service and reflection, plus a reaper thread. Thread-safe.
+// health service and reflection, plus a reaper thread. Thread-safe. Its
+// threads are bounded whatever clients do: the CacheStore service holds no
+// thread per call and bounds its calls (ServiceOptions::max_streams), the
+// synchronous services draw threads from a quota (max_threads).
 class CacheStoreServer {
  public:
   // `clock` must outlive the server; `registry` receives the metrics.

@@ -1,7 +1,10 @@
 #include "cachestore/service.h"
 
 #include <algorithm>
+#include <optional>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -27,27 +30,42 @@ absl::StatusOr<Hash128> KeyOf(const std::string& bytes, absl::string_view what) 
   return key;
 }
 
-// Writes entry `h` as messages of at most `chunk` bytes, in order, the first
-// carrying its size and checksum; `tag` sets a message's other fields
-// (GetMany's index). False when the reader went away.
-template <typename Response, typename Tag>
-bool WriteEntry(const ReadHandle& h, int64_t chunk, grpc::ServerWriter<Response>* writer, Tag tag) {
+// The one chunking rule of Get and GetMany: fills `msg` with the chunk of
+// entry `h` at `offset` (at most `chunk` bytes), the first chunk also carrying
+// the entry's size and checksum, and GetMany's messages their entry's index.
+template <typename Response>
+void FillChunk(const ReadHandle& h, int64_t offset, int64_t chunk, uint32_t index, Response* msg) {
   const int64_t size = static_cast<int64_t>(h.blob->size);
   const char* data = reinterpret_cast<const char*>(h.blob->data.get());
-  Response msg;
-  for (int64_t off = 0; off < size; off += chunk) {
-    msg.Clear();
-    tag(msg);
-    if (off == 0) {
-      msg.set_size_bytes(static_cast<uint64_t>(size));
-      msg.set_checksum(h.info.checksum);
-    }
-    msg.set_offset(static_cast<uint64_t>(off));
-    msg.set_data(data + off, static_cast<size_t>(std::min(chunk, size - off)));
-    if (!writer->Write(msg)) return false;
+  msg->Clear();
+  if constexpr (std::is_same_v<Response, v1::GetManyResponse>) msg->set_index(index);
+  if (offset == 0) {
+    msg->set_size_bytes(static_cast<uint64_t>(size));
+    msg->set_checksum(h.info.checksum);
   }
-  return true;
+  msg->set_offset(static_cast<uint64_t>(offset));
+  msg->set_data(data + offset, static_cast<size_t>(std::min(chunk, size - offset)));
 }
+
+// A call that ends as soon as it starts (refused by admission or a malformed
+// request): Finish now, delete itself when gRPC is done with it.
+template <typename Reactor>
+class FinishedCall final : public Reactor {
+ public:
+  explicit FinishedCall(const grpc::Status& status) { this->Finish(status); }
+  void OnDone() override { delete this; }
+};
+
+// A unary call's reactor: holds the call's admission slot until the answer has
+// been sent (or the call cancelled).
+class UnaryCall final : public grpc::ServerUnaryReactor {
+ public:
+  explicit UnaryCall(CallAdmission::Slot slot) : slot_(std::move(slot)) {}
+  void OnDone() override { delete this; }
+
+ private:
+  CallAdmission::Slot slot_;
+};
 
 v1::EntryRef ToProto(const EntryInfo& e) {
   v1::EntryRef out;
@@ -127,15 +145,45 @@ double SecondsSince(absl::Time start) { return absl::ToDoubleSeconds(absl::Now()
 }  // namespace
 
 CacheStoreService::CacheStoreService(CacheStore& store, ServiceMetrics& metrics, const ServiceOptions& options)
-    : store_(store), metrics_(metrics), options_(options) {}
+    : store_(store),
+      metrics_(metrics),
+      options_(options),
+      admission_(options.max_streams, options.max_streams_per_peer) {}
 
-grpc::Status CacheStoreService::Lookup(grpc::ServerContext*, const v1::LookupRequest* request,
-                                       v1::LookupResponse* response) {
-  absl::StatusOr<Hash128> ns = NamespaceOf(request->namespace_());
+template <typename Answer>
+grpc::ServerUnaryReactor* CacheStoreService::Unary(grpc::CallbackServerContext* context, Answer answer) {
+  absl::StatusOr<CallAdmission::Slot> slot = admission_.Admit(context->peer());
+  if (!slot.ok()) {
+    grpc::ServerUnaryReactor* refused = context->DefaultReactor();
+    refused->Finish(ToGrpcStatus(slot.status()));
+    return refused;
+  }
+  auto* call = new UnaryCall(*std::move(slot));
+  call->Finish(answer());
+  return call;
+}
+
+grpc::ServerUnaryReactor* CacheStoreService::Lookup(grpc::CallbackServerContext* context,
+                                                    const v1::LookupRequest* request, v1::LookupResponse* response) {
+  return Unary(context, [&] { return AnswerLookup(*request, response); });
+}
+
+grpc::ServerUnaryReactor* CacheStoreService::Release(grpc::CallbackServerContext* context,
+                                                     const v1::ReleaseRequest* request, v1::ReleaseResponse*) {
+  return Unary(context, [&] { return AnswerRelease(*request); });
+}
+
+grpc::ServerUnaryReactor* CacheStoreService::Stats(grpc::CallbackServerContext* context, const v1::StatsRequest*,
+                                                   v1::StatsResponse* response) {
+  return Unary(context, [&] { return AnswerStats(response); });
+}
+
+grpc::Status CacheStoreService::AnswerLookup(const v1::LookupRequest& request, v1::LookupResponse* response) {
+  absl::StatusOr<Hash128> ns = NamespaceOf(request.namespace_());
   if (!ns.ok()) return ToGrpcStatus(ns.status());
-  absl::StatusOr<LookupResult> r = store_.Lookup(
-      *ns, static_cast<int32_t>(request->namespace_().page_size()),
-      absl::MakeConstSpan(request->token_ids().data(), request->token_ids_size()), !request->probe_only());
+  absl::StatusOr<LookupResult> r =
+      store_.Lookup(*ns, static_cast<int32_t>(request.namespace_().page_size()),
+                    absl::MakeConstSpan(request.token_ids().data(), request.token_ids_size()), !request.probe_only());
   if (!r.ok()) return ToGrpcStatus(r.status());
   metrics_.RecordLookup(*r, r->state.has_value());
   response->set_resume_position(static_cast<uint64_t>(r->resume_position));
@@ -162,8 +210,8 @@ grpc::Status CacheStoreService::Lookup(grpc::ServerContext*, const v1::LookupReq
 // run at the same time.
 class PutReactor : public grpc::ServerReadReactor<v1::PutRequest> {
  public:
-  PutReactor(CacheStoreService& service, v1::PutResponse* response)
-      : service_(service), response_(response), start_(absl::Now()) {
+  PutReactor(CacheStoreService& service, CallAdmission::Slot slot, v1::PutResponse* response)
+      : service_(service), slot_(std::move(slot)), response_(response), start_(absl::Now()) {
     StartRead(&msg_);
   }
 
@@ -198,7 +246,7 @@ class PutReactor : public grpc::ServerReadReactor<v1::PutRequest> {
       service_.active_puts_.erase(reservation_id_);
     }
     service_.metrics_.RecordPut(final_ok_, bytes_, absl::ToDoubleSeconds(absl::Now() - start_));
-    delete this;  // the session, if not committed, aborts its put
+    delete this;  // the session, if not committed, aborts its put; the slot is given back
   }
 
   // The store reclaimed this put: end the stream with ABORTED.
@@ -275,6 +323,7 @@ class PutReactor : public grpc::ServerReadReactor<v1::PutRequest> {
   }
 
   CacheStoreService& service_;
+  CallAdmission::Slot slot_;
   v1::PutResponse* const response_;
   const absl::Time start_;
   v1::PutRequest msg_;
@@ -287,9 +336,11 @@ class PutReactor : public grpc::ServerReadReactor<v1::PutRequest> {
   bool final_ok_ = false;  // written under mu_ before Finish, read in OnDone
 };
 
-grpc::ServerReadReactor<v1::PutRequest>* CacheStoreService::Put(grpc::CallbackServerContext*,
+grpc::ServerReadReactor<v1::PutRequest>* CacheStoreService::Put(grpc::CallbackServerContext* context,
                                                                 v1::PutResponse* response) {
-  return new PutReactor(*this, response);
+  absl::StatusOr<CallAdmission::Slot> slot = admission_.Admit(context->peer());
+  if (!slot.ok()) return new FinishedCall<grpc::ServerReadReactor<v1::PutRequest>>(ToGrpcStatus(slot.status()));
+  return new PutReactor(*this, *std::move(slot), response);
 }
 
 void CacheStoreService::CancelReclaimedPuts(const std::vector<uint64_t>& reservation_ids) {
@@ -300,53 +351,110 @@ void CacheStoreService::CancelReclaimedPuts(const std::vector<uint64_t>& reserva
   }
 }
 
-grpc::Status CacheStoreService::Get(grpc::ServerContext* context, const v1::GetRequest* request,
-                                    grpc::ServerWriter<v1::GetResponse>* writer) {
-  const absl::Time start = absl::Now();
+// One Get or GetMany stream: the entries of `keys`, in order, each opened
+// (lease and checksum verified) when its turn comes and sent as FillChunk's
+// messages, one write outstanding at a time; the next chunk goes out in
+// OnWriteDone. The open entry's ReadHandle keeps its bytes alive until its
+// last write is done (the last one until the reactor is deleted). A failed
+// write (reader gone, call cancelled or deadline passed) ends the call; gRPC
+// calls OnWriteDone serially, so each entry's metrics are recorded once.
+template <typename Response>
+class EntryStreamReactor final : public grpc::ServerWriteReactor<Response> {
+ public:
+  EntryStreamReactor(CacheStoreService& service, CallAdmission::Slot slot, uint64_t lease_id, std::vector<Hash128> keys,
+                     int64_t chunk)
+      : service_(service), slot_(std::move(slot)), lease_id_(lease_id), keys_(std::move(keys)), chunk_(chunk) {
+    NextEntry();
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      service_.metrics_.RecordGet(false, 0, SecondsSince(entry_start_));
+      return this->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "reader went away"));
+    }
+    offset_ += chunk_;
+    if (offset_ < EntrySize()) return WriteChunk();
+    service_.metrics_.RecordGet(true, EntrySize(), SecondsSince(entry_start_));
+    ++next_;
+    NextEntry();
+  }
+
+  // A cancelled call fails the write outstanding (OnWriteDone(false)), which
+  // finishes it: there is always one until Finish.
+  void OnCancel() override {}
+
+  void OnDone() override { delete this; }
+
+ private:
+  static constexpr bool kIndexed = std::is_same_v<Response, v1::GetManyResponse>;
+
+  int64_t EntrySize() const { return static_cast<int64_t>(entry_->blob->size); }
+
+  // Opens keys_[next_] and writes its first chunk, or finishes the call.
+  void NextEntry() {
+    for (; next_ < keys_.size(); ++next_) {
+      entry_start_ = absl::Now();
+      absl::StatusOr<ReadHandle> h = service_.store_.OpenVerified(lease_id_, keys_[next_]);
+      if (!h.ok()) {
+        service_.metrics_.RecordGet(false, 0, SecondsSince(entry_start_));
+        absl::Status s = h.status();
+        if (kIndexed) s = absl::Status(s.code(), absl::StrCat("keys[", next_, "]: ", s.message()));
+        return this->Finish(ToGrpcStatus(s));
+      }
+      entry_ = *std::move(h);
+      offset_ = 0;
+      if (EntrySize() > 0) return WriteChunk();
+      service_.metrics_.RecordGet(true, 0, SecondsSince(entry_start_));
+    }
+    this->Finish(grpc::Status::OK);
+  }
+
+  void WriteChunk() {
+    FillChunk(*entry_, offset_, chunk_, static_cast<uint32_t>(next_), &msg_);
+    this->StartWrite(&msg_);
+  }
+
+  CacheStoreService& service_;
+  CallAdmission::Slot slot_;
+  const uint64_t lease_id_;
+  const std::vector<Hash128> keys_;
+  const int64_t chunk_;
+  size_t next_ = 0;                  // index in keys_ of the entry being sent
+  std::optional<ReadHandle> entry_;  // keys_[next_], open
+  int64_t offset_ = 0;               // of the chunk in msg_
+  absl::Time entry_start_;
+  Response msg_;
+};
+
+grpc::ServerWriteReactor<v1::GetResponse>* CacheStoreService::Get(grpc::CallbackServerContext* context,
+                                                                  const v1::GetRequest* request) {
+  using Refused = FinishedCall<grpc::ServerWriteReactor<v1::GetResponse>>;
+  absl::StatusOr<CallAdmission::Slot> slot = admission_.Admit(context->peer());
+  if (!slot.ok()) return new Refused(ToGrpcStatus(slot.status()));
   absl::StatusOr<Hash128> key = KeyOf(request->key(), "key");
-  if (!key.ok()) return ToGrpcStatus(key.status());
-  absl::StatusOr<ReadHandle> h = store_.OpenVerified(request->lease_id(), *key);
-  if (!h.ok()) {
-    metrics_.RecordGet(false, 0, SecondsSince(start));
-    return ToGrpcStatus(h.status());
-  }
-  if (!WriteEntry(*h, ChunkBytes(request->chunk_bytes()), writer, [](v1::GetResponse&) {})) {
-    metrics_.RecordGet(false, 0, SecondsSince(start));
-    return grpc::Status(grpc::StatusCode::CANCELLED, "reader went away");
-  }
-  metrics_.RecordGet(true, static_cast<int64_t>(h->blob->size), SecondsSince(start));
-  return grpc::Status::OK;
+  if (!key.ok()) return new Refused(ToGrpcStatus(key.status()));
+  return new EntryStreamReactor<v1::GetResponse>(*this, *std::move(slot), request->lease_id(), {*key},
+                                                 ChunkBytes(request->chunk_bytes()));
 }
 
-grpc::Status CacheStoreService::GetMany(grpc::ServerContext* context, const v1::GetManyRequest* request,
-                                        grpc::ServerWriter<v1::GetManyResponse>* writer) {
+grpc::ServerWriteReactor<v1::GetManyResponse>* CacheStoreService::GetMany(grpc::CallbackServerContext* context,
+                                                                          const v1::GetManyRequest* request) {
+  using Refused = FinishedCall<grpc::ServerWriteReactor<v1::GetManyResponse>>;
+  absl::StatusOr<CallAdmission::Slot> slot = admission_.Admit(context->peer());
+  if (!slot.ok()) return new Refused(ToGrpcStatus(slot.status()));
   if (request->keys_size() == 0 || request->keys_size() > options_.max_get_many_keys) {
-    return ToGrpcStatus(absl::InvalidArgumentError(
-        absl::StrCat("GetMany takes 1 to ", options_.max_get_many_keys, " keys, got ", request->keys_size())));
+    return new Refused(ToGrpcStatus(absl::InvalidArgumentError(
+        absl::StrCat("GetMany takes 1 to ", options_.max_get_many_keys, " keys, got ", request->keys_size()))));
   }
   std::vector<Hash128> keys;
   keys.reserve(static_cast<size_t>(request->keys_size()));
   for (int i = 0; i < request->keys_size(); ++i) {
     absl::StatusOr<Hash128> key = KeyOf(request->keys(i), absl::StrCat("keys[", i, "]"));
-    if (!key.ok()) return ToGrpcStatus(key.status());
+    if (!key.ok()) return new Refused(ToGrpcStatus(key.status()));
     keys.push_back(*key);
   }
-  const int64_t chunk = ChunkBytes(request->chunk_bytes());
-  for (size_t i = 0; i < keys.size(); ++i) {
-    const absl::Time start = absl::Now();
-    absl::StatusOr<ReadHandle> h = store_.OpenVerified(request->lease_id(), keys[i]);
-    if (!h.ok()) {
-      metrics_.RecordGet(false, 0, SecondsSince(start));
-      return ToGrpcStatus(absl::Status(h.status().code(), absl::StrCat("keys[", i, "]: ", h.status().message())));
-    }
-    const uint32_t index = static_cast<uint32_t>(i);
-    if (!WriteEntry(*h, chunk, writer, [index](v1::GetManyResponse& m) { m.set_index(index); })) {
-      metrics_.RecordGet(false, 0, SecondsSince(start));
-      return grpc::Status(grpc::StatusCode::CANCELLED, "reader went away");
-    }
-    metrics_.RecordGet(true, static_cast<int64_t>(h->blob->size), SecondsSince(start));
-  }
-  return grpc::Status::OK;
+  return new EntryStreamReactor<v1::GetManyResponse>(*this, *std::move(slot), request->lease_id(), std::move(keys),
+                                                     ChunkBytes(request->chunk_bytes()));
 }
 
 int64_t CacheStoreService::ChunkBytes(uint32_t requested) const {
@@ -354,11 +462,11 @@ int64_t CacheStoreService::ChunkBytes(uint32_t requested) const {
   return std::clamp<int64_t>(chunk, 4096, options_.max_chunk_bytes);
 }
 
-grpc::Status CacheStoreService::Release(grpc::ServerContext*, const v1::ReleaseRequest* request, v1::ReleaseResponse*) {
-  return ToGrpcStatus(store_.Release(request->lease_id()));
+grpc::Status CacheStoreService::AnswerRelease(const v1::ReleaseRequest& request) {
+  return ToGrpcStatus(store_.Release(request.lease_id()));
 }
 
-grpc::Status CacheStoreService::Stats(grpc::ServerContext*, const v1::StatsRequest*, v1::StatsResponse* response) {
+grpc::Status CacheStoreService::AnswerStats(v1::StatsResponse* response) {
   IndexStats s = store_.Stats();
   FillClass(s.pages, response->mutable_pages());
   FillClass(s.states, response->mutable_states());

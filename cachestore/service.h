@@ -10,6 +10,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "cachestore/cache_store.h"
+#include "cachestore/call_admission.h"
 #include "cachestore/service_metrics.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/cachestore.grpc.pb.h"
@@ -23,33 +24,43 @@ struct ServiceOptions {
   int64_t default_chunk_bytes = int64_t{1} << 20;
   // Most keys in one GetMany.
   int64_t max_get_many_keys = 4096;
+  // Calls of this service in flight over all clients (--max_streams), and
+  // from one client connection (--max_streams_per_peer). A call beyond either
+  // ends at once with RESOURCE_EXHAUSTED naming the flag.
+  int64_t max_streams = 1024;
+  int64_t max_streams_per_peer = 256;
 };
 
 class PutReactor;
+template <typename Response>
+class EntryStreamReactor;
 
-// Lookup, Get, Release and Stats are synchronous handlers; Put is a callback
-// (reactor) handler, so that a put the store reclaims can be finished with
-// ABORTED from the reaper while its handler waits for the stalled writer's
-// next message (a synchronous handler could only be cancelled, which the
-// writer sees as CANCELLED).
-class CacheStoreService final
-    : public hybridserve::v1::CacheStore::WithCallbackMethod_Put<hybridserve::v1::CacheStore::Service> {
+// Every method is a callback (reactor) handler: an open stream holds a
+// reactor and its buffers, never a thread, so the threads stay bounded
+// whatever clients do (a synchronous handler holds a thread per open stream:
+// 1,000 stalled puts made 1,016 threads). Handlers never block on a client;
+// they run on gRPC's callback threads and only take the store's locks.
+// Put's reactor also lets the reaper end a reclaimed put with ABORTED while it
+// waits for the stalled writer's next message (a synchronous handler could
+// only be cancelled, which the writer sees as CANCELLED). Get and GetMany keep
+// one write outstanding and the entry's bytes alive until the write is done.
+class CacheStoreService final : public hybridserve::v1::CacheStore::CallbackService {
  public:
   // `store` and `metrics` must outlive the service.
   CacheStoreService(CacheStore& store, ServiceMetrics& metrics, const ServiceOptions& options);
 
-  grpc::Status Lookup(grpc::ServerContext* context, const v1::LookupRequest* request,
-                      v1::LookupResponse* response) override;
+  grpc::ServerUnaryReactor* Lookup(grpc::CallbackServerContext* context, const v1::LookupRequest* request,
+                                   v1::LookupResponse* response) override;
   grpc::ServerReadReactor<v1::PutRequest>* Put(grpc::CallbackServerContext* context,
                                                v1::PutResponse* response) override;
-  grpc::Status Get(grpc::ServerContext* context, const v1::GetRequest* request,
-                   grpc::ServerWriter<v1::GetResponse>* writer) override;
-  grpc::Status GetMany(grpc::ServerContext* context, const v1::GetManyRequest* request,
-                       grpc::ServerWriter<v1::GetManyResponse>* writer) override;
-  grpc::Status Release(grpc::ServerContext* context, const v1::ReleaseRequest* request,
-                       v1::ReleaseResponse* response) override;
-  grpc::Status Stats(grpc::ServerContext* context, const v1::StatsRequest* request,
-                     v1::StatsResponse* response) override;
+  grpc::ServerWriteReactor<v1::GetResponse>* Get(grpc::CallbackServerContext* context,
+                                                 const v1::GetRequest* request) override;
+  grpc::ServerWriteReactor<v1::GetManyResponse>* GetMany(grpc::CallbackServerContext* context,
+                                                         const v1::GetManyRequest* request) override;
+  grpc::ServerUnaryReactor* Release(grpc::CallbackServerContext* context, const v1::ReleaseRequest* request,
+                                    v1::ReleaseResponse* response) override;
+  grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* context, const v1::StatsRequest* request,
+                                  v1::StatsResponse* response) override;
 
   // Ends the streams of puts the store reclaimed (stalled writers) with
   // ABORTED, instead of waiting on a writer that may be gone.
@@ -57,13 +68,26 @@ class CacheStoreService final
 
  private:
   friend class PutReactor;
+  template <typename Response>
+  friend class EntryStreamReactor;
 
-  CacheStore& store_;
-  ServiceMetrics& metrics_;
+  // The unary methods' work, run on the handler's thread.
+  grpc::Status AnswerLookup(const v1::LookupRequest& request, v1::LookupResponse* response);
+  grpc::Status AnswerRelease(const v1::ReleaseRequest& request);
+  grpc::Status AnswerStats(v1::StatsResponse* response);
+
+  // A unary call: admitted, answered by `answer` now, its slot held until
+  // the call is done; or refused with RESOURCE_EXHAUSTED.
+  template <typename Answer>
+  grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* context, Answer answer);
+
   // A Get's chunk size: the request's (0: the default), within [4 KiB, max].
   int64_t ChunkBytes(uint32_t requested) const;
 
+  CacheStore& store_;
+  ServiceMetrics& metrics_;
   const ServiceOptions options_;
+  CallAdmission admission_;
   absl::Mutex mu_;
   // Puts past their header, by reservation id; a reactor removes itself in
   // OnDone, before it is deleted.
