@@ -25,10 +25,12 @@ struct ServerOptions {
   ServiceOptions service;
   // How often leases, stalled puts and idle entries are expired.
   absl::Duration reap_interval = absl::Milliseconds(500);
-  // Threads gRPC may start for the synchronous services (reflection) through
-  // the server's grpc::ResourceQuota (--max_threads). The CacheStore and
-  // health services are callback services and take none from it. When the
-  // quota is spent, a new synchronous call ends with RESOURCE_EXHAUSTED.
+  // Threads gRPC may start for the synchronous services (reflection; gRPC
+  // 1.51) through the server's grpc::ResourceQuota (--max_threads, >= 2): one
+  // polls, each open call holds another. When they are spent, a new
+  // reflection call ends at once with RESOURCE_EXHAUSTED "Server Threadpool
+  // Exhausted" (gRPC's message). The CacheStore and health services are
+  // callback services and take none from it.
   int max_threads = 64;
 };
 

@@ -12,11 +12,14 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "cachestore/client.h"
 #include "cachestore/server.h"
 #include "common/clock.h"
 #include "gmock/gmock.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "proto/cachestore.grpc.pb.h"
@@ -167,6 +170,80 @@ class StalledGet final : public grpc::ClientReadReactor<v1::GetResponse> {
   grpc::Status status_ ABSL_GUARDED_BY(mu_);
 };
 
+// A call to the reflection service (synchronous in gRPC 1.51: a thread per
+// open call) over a generic stub: with `list_services`, one
+// ServerReflectionRequest{list_services: ""} (field 7, the bytes 0x3a 0x00)
+// and its answer; without, a stream that is opened and then left silent.
+class ReflectionCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  ReflectionCall(grpc::GenericStub& stub, bool list_services) {
+    SetDeadline(&ctx_);
+    stub.PrepareBidiStreamingCall(&ctx_, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+                                  grpc::StubOptions(), this);
+    if (list_services) {
+      grpc::Slice slice(std::string("\x3a\x00", 2));
+      request_ = grpc::ByteBuffer(&slice, 1);
+      StartWriteLast(&request_, grpc::WriteOptions());
+      StartRead(&response_);
+    }
+    StartCall();
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;
+    std::vector<grpc::Slice> slices;
+    if (!response_.Dump(&slices).ok()) return;
+    absl::MutexLock lock(&mu_);
+    for (const grpc::Slice& s : slices) answer_.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  void OnDone(const grpc::Status& status) override {
+    absl::MutexLock lock(&mu_);
+    status_ = status;
+    done_ = true;
+  }
+
+  void Cancel() { ctx_.TryCancel(); }
+  bool done() const {
+    absl::MutexLock lock(&mu_);
+    return done_;
+  }
+  grpc::Status status() const {
+    absl::MutexLock lock(&mu_);
+    return status_;
+  }
+  std::string answer() const {
+    absl::MutexLock lock(&mu_);
+    return answer_;
+  }
+
+ private:
+  grpc::ClientContext ctx_;
+  grpc::ByteBuffer request_;
+  grpc::ByteBuffer response_;
+  mutable absl::Mutex mu_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status status_ ABSL_GUARDED_BY(mu_);
+  std::string answer_ ABSL_GUARDED_BY(mu_);
+};
+
+// grpc.health.v1.Health/Check for the server as a whole.
+grpc::Status HealthCheck(const std::string& target) {
+  grpc::GenericStub stub(OwnChannel(target));
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  grpc::Slice empty;
+  grpc::ByteBuffer request(&empty, 1);
+  grpc::ByteBuffer response;
+  absl::Notification done;
+  grpc::Status status;
+  stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response, [&](grpc::Status s) {
+    status = s;
+    done.Notify();
+  });
+  done.WaitForNotification();
+  return status;
+}
+
 class StreamsTest : public ::testing::Test {
  protected:
   void Start(ServerOptions options) {
@@ -315,6 +392,53 @@ TEST_F(StreamsTest, StalledStreamsHoldNoThreads) {
   ASSERT_TRUE(WaitFor([&] { return ActivePuts() == 0; })) << ActivePuts();
   EXPECT_EQ(server_->store().Stats().states.reserved_bytes, 0);
   EXPECT_TRUE(client_->Release(lookup->lease_id).ok());
+}
+
+// --max_threads bounds the threads of the synchronous reflection service:
+// gRPC keeps one of them polling and runs each open call on another, and a
+// call that finds none left ends at once with RESOURCE_EXHAUSTED "Server
+// Threadpool Exhausted" (gRPC's own message). The callback services (health,
+// CacheStore) take no thread from the quota and are still answered; the
+// threads come back when the stalled calls end.
+TEST_F(StreamsTest, ReflectionBeyondMaxThreadsIsRefusedWhileOtherServicesAnswer) {
+  constexpr int kMaxThreads = 4;
+  constexpr int kCalls = 20;
+  ServerOptions o;
+  o.max_threads = kMaxThreads;
+  Start(o);
+  grpc::GenericStub stub(OwnChannel(target_));
+  std::vector<std::unique_ptr<ReflectionCall>> calls;
+  for (int i = 0; i < kCalls; ++i) calls.push_back(std::make_unique<ReflectionCall>(stub, false));
+  auto ended = [&] {
+    int n = 0;
+    for (const auto& c : calls) n += c->done();
+    return n;
+  };
+  // At most kMaxThreads - 1 calls hold a thread; the rest are refused.
+  ASSERT_TRUE(WaitFor([&] { return ended() >= kCalls - (kMaxThreads - 1); })) << ended();
+  for (const auto& c : calls) {
+    if (!c->done()) continue;
+    EXPECT_EQ(c->status().error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << c->status().error_message();
+    EXPECT_EQ(c->status().error_message(), "Server Threadpool Exhausted");
+  }
+  EXPECT_TRUE(HealthCheck(target_).ok());
+  EXPECT_EQ(ActivePuts(), 0);  // the Stats call was answered
+
+  for (auto& c : calls) c->Cancel();
+  ASSERT_TRUE(WaitFor([&] { return ended() == kCalls; }));
+  // A reflection call is served again once the threads are back (their
+  // handlers return when the cancelled calls' reads fail).
+  std::unique_ptr<ReflectionCall> list;
+  ASSERT_TRUE(WaitFor([&] {
+    list = std::make_unique<ReflectionCall>(stub, true);
+    if (!WaitFor([&] { return list->done(); })) {
+      list->Cancel();  // a hung server: end the call before dropping it
+      WaitFor([&] { return list->done(); });
+      return false;
+    }
+    return list->status().ok();
+  })) << list->status().error_message();
+  EXPECT_TRUE(absl::StrContains(list->answer(), "hybridserve.v1.CacheStore")) << list->answer();
 }
 
 }  // namespace
