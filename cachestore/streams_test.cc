@@ -394,6 +394,84 @@ TEST_F(StreamsTest, StalledStreamsHoldNoThreads) {
   EXPECT_TRUE(client_->Release(lookup->lease_id).ok());
 }
 
+// The limits apply to every method of the CacheStore service, unary calls
+// included, and are checked before the request is: with one call in flight
+// from a connection, each method called again on it is refused with
+// RESOURCE_EXHAUSTED naming --max_streams_per_peer; with max_streams calls in
+// flight, a call from any connection is refused naming --max_streams.
+TEST_F(StreamsTest, EveryMethodIsRefusedBeyondTheCallLimits) {
+  ServerOptions o;
+  o.service.max_streams_per_peer = 1;
+  o.service.max_streams = 2;
+  Start(o);
+  auto stub = v1::CacheStore::NewStub(OwnChannel(target_));
+  StalledPut held(*stub, 1);
+  ASSERT_TRUE(WaitFor([&] { return ActivePuts() == 1; })) << ActivePuts();
+
+  const std::string per_peer = "--max_streams_per_peer=1 calls in flight from this client";
+  auto expect_refused = [](const grpc::Status& s, const std::string& cause) {
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+    EXPECT_THAT(s.error_message(), HasSubstr(cause));
+  };
+  {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    v1::LookupResponse r;
+    expect_refused(stub->Lookup(&ctx, v1::LookupRequest(), &r), per_peer);
+  }
+  {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    v1::ReleaseResponse r;
+    expect_refused(stub->Release(&ctx, v1::ReleaseRequest(), &r), per_peer);
+  }
+  {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    v1::StatsResponse r;
+    expect_refused(stub->Stats(&ctx, v1::StatsRequest(), &r), per_peer);
+  }
+  {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    auto reader = stub->Get(&ctx, v1::GetRequest());
+    v1::GetResponse m;
+    EXPECT_FALSE(reader->Read(&m));
+    expect_refused(reader->Finish(), per_peer);
+  }
+  {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    auto reader = stub->GetMany(&ctx, v1::GetManyRequest());
+    v1::GetManyResponse m;
+    EXPECT_FALSE(reader->Read(&m));
+    expect_refused(reader->Finish(), per_peer);
+  }
+  {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    v1::PutResponse r;
+    auto writer = stub->Put(&ctx, &r);
+    writer->Write(StateHeader(2));  // may fail: the server may have ended the call already
+    writer->WritesDone();
+    expect_refused(writer->Finish(), per_peer);
+  }
+
+  // A second connection's stalled put fills max_streams: now any new call is
+  // refused, whichever connection it comes on.
+  auto other = v1::CacheStore::NewStub(OwnChannel(target_));
+  StalledPut second(*other, 3);
+  ASSERT_TRUE(WaitFor([&] { return server_->store().Stats().active_puts == 2; }));
+  auto stats = client_->Stats();
+  EXPECT_EQ(stats.status().code(), absl::StatusCode::kResourceExhausted) << stats.status();
+  EXPECT_THAT(stats.status().message(), HasSubstr("--max_streams=2 calls in flight over all clients"));
+
+  held.Cancel();
+  second.Cancel();
+  ASSERT_TRUE(WaitFor([&] { return held.done() && second.done(); }));
+  ASSERT_TRUE(WaitFor([&] { return ActivePuts() == 0; })) << ActivePuts();
+}
+
 // --max_threads bounds the threads of the synchronous reflection service:
 // gRPC keeps one of them polling and runs each open call on another, and a
 // call that finds none left ends at once with RESOURCE_EXHAUSTED "Server
