@@ -101,6 +101,12 @@ class StalledPut final : public grpc::ClientWriteReactor<v1::PutRequest> {
     StartCall();
   }
 
+  // A call must end before its reactor goes away (a failed assertion returns
+  // early): cancel it and wait for OnDone.
+  ~StalledPut() override {
+    ctx_.TryCancel();
+    absl::MutexLock lock(&mu_, absl::Condition(&done_));
+  }
   void OnDone(const grpc::Status& status) override {
     absl::MutexLock lock(&mu_);
     status_ = status;
@@ -140,6 +146,12 @@ class StalledGet final : public grpc::ClientReadReactor<v1::GetResponse> {
     StartCall();
   }
 
+  // A call must end before its reactor goes away (a failed assertion returns
+  // early): cancel it and wait for OnDone.
+  ~StalledGet() override {
+    ctx_.TryCancel();
+    absl::MutexLock lock(&mu_, absl::Condition(&done_));
+  }
   void OnReadDone(bool ok) override {
     absl::MutexLock lock(&mu_);
     first_read_ = ok;
@@ -189,6 +201,12 @@ class ReflectionCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, gr
     StartCall();
   }
 
+  // A call must end before its reactor goes away (a failed assertion returns
+  // early): cancel it and wait for OnDone.
+  ~ReflectionCall() override {
+    ctx_.TryCancel();
+    absl::MutexLock lock(&mu_, absl::Condition(&done_));
+  }
   void OnReadDone(bool ok) override {
     if (!ok) return;
     std::vector<grpc::Slice> slices;
@@ -406,7 +424,10 @@ TEST_F(StreamsTest, EveryMethodIsRefusedBeyondTheCallLimits) {
   Start(o);
   auto stub = v1::CacheStore::NewStub(OwnChannel(target_));
   StalledPut held(*stub, 1);
-  ASSERT_TRUE(WaitFor([&] { return ActivePuts() == 1; })) << ActivePuts();
+  // Waits read the store in process: a call of the test's own would take a
+  // slot (held until gRPC is done with the call, which can be just after the
+  // client has its answer).
+  ASSERT_TRUE(WaitFor([&] { return server_->store().Stats().active_puts == 1; }));
 
   const std::string per_peer = "--max_streams_per_peer=1 calls in flight from this client";
   auto expect_refused = [](const grpc::Status& s, const std::string& cause) {
