@@ -150,9 +150,15 @@ CacheStoreService::CacheStoreService(CacheStore& store, ServiceMetrics& metrics,
       options_(options),
       admission_(options.max_streams, options.max_streams_per_peer) {}
 
+absl::StatusOr<CallAdmission::Slot> CacheStoreService::Admit(grpc::CallbackServerContext* context) {
+  absl::StatusOr<CallAdmission::Slot> slot = admission_.Admit(context->peer());
+  if (!slot.ok()) metrics_.RecordRefusedCall();
+  return slot;
+}
+
 template <typename Answer>
 grpc::ServerUnaryReactor* CacheStoreService::Unary(grpc::CallbackServerContext* context, Answer answer) {
-  absl::StatusOr<CallAdmission::Slot> slot = admission_.Admit(context->peer());
+  absl::StatusOr<CallAdmission::Slot> slot = Admit(context);
   if (!slot.ok()) {
     grpc::ServerUnaryReactor* refused = context->DefaultReactor();
     refused->Finish(ToGrpcStatus(slot.status()));
@@ -338,7 +344,7 @@ class PutReactor : public grpc::ServerReadReactor<v1::PutRequest> {
 
 grpc::ServerReadReactor<v1::PutRequest>* CacheStoreService::Put(grpc::CallbackServerContext* context,
                                                                 v1::PutResponse* response) {
-  absl::StatusOr<CallAdmission::Slot> slot = admission_.Admit(context->peer());
+  absl::StatusOr<CallAdmission::Slot> slot = Admit(context);
   if (!slot.ok()) return new FinishedCall<grpc::ServerReadReactor<v1::PutRequest>>(ToGrpcStatus(slot.status()));
   return new PutReactor(*this, *std::move(slot), response);
 }
@@ -429,7 +435,7 @@ class EntryStreamReactor final : public grpc::ServerWriteReactor<Response> {
 grpc::ServerWriteReactor<v1::GetResponse>* CacheStoreService::Get(grpc::CallbackServerContext* context,
                                                                   const v1::GetRequest* request) {
   using Refused = FinishedCall<grpc::ServerWriteReactor<v1::GetResponse>>;
-  absl::StatusOr<CallAdmission::Slot> slot = admission_.Admit(context->peer());
+  absl::StatusOr<CallAdmission::Slot> slot = Admit(context);
   if (!slot.ok()) return new Refused(ToGrpcStatus(slot.status()));
   absl::StatusOr<Hash128> key = KeyOf(request->key(), "key");
   if (!key.ok()) return new Refused(ToGrpcStatus(key.status()));
@@ -440,7 +446,7 @@ grpc::ServerWriteReactor<v1::GetResponse>* CacheStoreService::Get(grpc::Callback
 grpc::ServerWriteReactor<v1::GetManyResponse>* CacheStoreService::GetMany(grpc::CallbackServerContext* context,
                                                                           const v1::GetManyRequest* request) {
   using Refused = FinishedCall<grpc::ServerWriteReactor<v1::GetManyResponse>>;
-  absl::StatusOr<CallAdmission::Slot> slot = admission_.Admit(context->peer());
+  absl::StatusOr<CallAdmission::Slot> slot = Admit(context);
   if (!slot.ok()) return new Refused(ToGrpcStatus(slot.status()));
   if (request->keys_size() == 0 || request->keys_size() > options_.max_get_many_keys) {
     return new Refused(ToGrpcStatus(absl::InvalidArgumentError(

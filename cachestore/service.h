@@ -81,6 +81,9 @@ class CacheStoreService final : public hybridserve::v1::CacheStore::CallbackServ
   template <typename Answer>
   grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* context, Answer answer);
 
+  // A slot for a call from `context`'s peer, or RESOURCE_EXHAUSTED (counted).
+  absl::StatusOr<CallAdmission::Slot> Admit(grpc::CallbackServerContext* context);
+
   // A Get's chunk size: the request's (0: the default), within [4 KiB, max].
   int64_t ChunkBytes(uint32_t requested) const;
 

@@ -31,6 +31,8 @@ struct Families {
         put_bytes(CounterFamily(r, "hybridserve_cache_put_bytes_total", "Bytes committed by puts.")),
         gets(CounterFamily(r, "hybridserve_cache_gets_total", "Get streams by outcome.")),
         get_bytes(CounterFamily(r, "hybridserve_cache_get_bytes_total", "Bytes served by gets.")),
+        calls_refused(CounterFamily(r, "hybridserve_cache_calls_refused_total",
+                                    "Calls refused by --max_streams or --max_streams_per_peer.")),
         bytes(GaugeFamily(r, "hybridserve_cache_bytes", "Cache bytes by class and state.")),
         leases(GaugeFamily(r, "hybridserve_cache_active_leases", "Leases currently held.")),
         evictions(CounterFamily(r, "hybridserve_cache_evictions_total", "Evictions by class and reason.")),
@@ -45,6 +47,7 @@ struct Families {
   prometheus::Family<prometheus::Counter>& put_bytes;
   prometheus::Family<prometheus::Counter>& gets;
   prometheus::Family<prometheus::Counter>& get_bytes;
+  prometheus::Family<prometheus::Counter>& calls_refused;
   prometheus::Family<prometheus::Gauge>& bytes;
   prometheus::Family<prometheus::Gauge>& leases;
   prometheus::Family<prometheus::Counter>& evictions;
@@ -82,6 +85,7 @@ ServiceMetrics::ServiceMetrics(prometheus::Registry& r, const Families& f)
       get_bytes_(f.get_bytes.Add({})),
       get_seconds_(MakeHistogram(r, "hybridserve_cache_get_seconds", "Duration of get streams.",
                                  common::ExponentialBuckets(1e-4, 2, 18))),
+      calls_refused_(f.calls_refused.Add({})),
       page_resident_(f.bytes.Add({{"class", "page"}, {"state", "resident"}})),
       page_reserved_(f.bytes.Add({{"class", "page"}, {"state", "reserved"}})),
       state_resident_(f.bytes.Add({{"class", "state"}, {"state", "resident"}})),
@@ -116,6 +120,8 @@ void ServiceMetrics::RecordGet(bool ok, int64_t bytes, double seconds) {
   if (ok) get_bytes_.Increment(static_cast<double>(bytes));
   get_seconds_.Observe(seconds);
 }
+
+void ServiceMetrics::RecordRefusedCall() { calls_refused_.Increment(); }
 
 void ServiceMetrics::SyncFromStats(const IndexStats& s) {
   absl::MutexLock lock(&mu_);

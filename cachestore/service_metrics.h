@@ -24,6 +24,8 @@ class ServiceMetrics {
   void RecordLookup(const LookupResult& r, bool hit);
   void RecordPut(bool ok, int64_t bytes, double seconds);
   void RecordGet(bool ok, int64_t bytes, double seconds);
+  // A call refused by --max_streams or --max_streams_per_peer.
+  void RecordRefusedCall();
 
   // Copies gauges and advances counters that the index keeps (bytes by class,
   // evictions by reason, checksum failures, expiries).
@@ -45,6 +47,7 @@ class ServiceMetrics {
   prometheus::Counter& gets_failed_;
   prometheus::Counter& get_bytes_;
   prometheus::Histogram& get_seconds_;
+  prometheus::Counter& calls_refused_;
   prometheus::Gauge& page_resident_;
   prometheus::Gauge& page_reserved_;
   prometheus::Gauge& state_resident_;

@@ -276,6 +276,14 @@ class StreamsTest : public ::testing::Test {
     client_ = *std::move(c);
   }
 
+  // The value of an unlabelled counter in the server's metrics; -1 if absent.
+  double CounterValue(const std::string& name) {
+    for (const prometheus::MetricFamily& f : registry_.Collect()) {
+      if (f.name == name && f.metric.size() == 1) return f.metric[0].counter.value;
+    }
+    return -1;
+  }
+
   // active_puts as a client sees it (the Stats RPC), -1 when the call fails.
   int64_t ActivePuts() {
     auto s = client_->Stats();
@@ -486,6 +494,7 @@ TEST_F(StreamsTest, EveryMethodIsRefusedBeyondTheCallLimits) {
   auto stats = client_->Stats();
   EXPECT_EQ(stats.status().code(), absl::StatusCode::kResourceExhausted) << stats.status();
   EXPECT_THAT(stats.status().message(), HasSubstr("--max_streams=2 calls in flight over all clients"));
+  EXPECT_EQ(CounterValue("hybridserve_cache_calls_refused_total"), 7);  // 6 per peer, 1 overall
 
   held.Cancel();
   second.Cancel();
