@@ -195,7 +195,7 @@ grpc::Status CacheStoreService::AnswerLookup(const v1::LookupRequest& request, v
   response->set_resume_position(static_cast<uint64_t>(r->resume_position));
   response->set_kv_match_tokens(static_cast<uint64_t>(r->kv_match_tokens));
   response->set_page_count(r->pages.size());
-  if (!request->omit_pages()) {
+  if (!request.omit_pages()) {
     for (const EntryInfo& p : r->pages) *response->add_pages() = ToProto(p);
   }
   if (r->state.has_value()) *response->mutable_state() = ToProto(*r->state);

@@ -377,7 +377,7 @@ TEST_F(ServiceTest, BadInputGetsAClearStatusAndChangesNothing) {
   big.tokens = {1, 2};
   big.position = 2;
   EXPECT_TRUE(HasStatus(client_->Put(ns_, big, Bytes(2 << 20, 1)).status(), absl::StatusCode::kResourceExhausted,
-                        "exceeds the budget of 1048576 bytes"));
+                        "exceeds the state budget of 1048576 bytes"));
   EXPECT_EQ(server_->store().Stats().states.reserved_bytes, 0);
 }
 
