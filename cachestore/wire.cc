@@ -101,7 +101,8 @@ grpc::ByteBuffer EncodeChunk(absl::Span<const VarintField> varints, int data_fie
   return grpc::ByteBuffer(slices, 2);
 }
 
-void DecodedChunk::CopyData(uint8_t* dst) const {
+template <typename Sink>
+void DecodedChunk::VisitData(Sink sink) const {
   size_t skip = data_begin_, left = data_size_;
   for (const grpc::Slice& s : slices_) {
     if (left == 0) break;
@@ -110,11 +111,21 @@ void DecodedChunk::CopyData(uint8_t* dst) const {
       continue;
     }
     const size_t n = std::min(left, s.size() - skip);
-    std::memcpy(dst, s.begin() + skip, n);
-    dst += n;
+    sink(s.begin() + skip, n);
     left -= n;
     skip = 0;
   }
+}
+
+void DecodedChunk::CopyData(uint8_t* dst) const {
+  VisitData([&dst](const uint8_t* p, size_t n) {
+    std::memcpy(dst, p, n);
+    dst += n;
+  });
+}
+
+void DecodedChunk::AppendData(std::string* out) const {
+  VisitData([out](const uint8_t* p, size_t n) { out->append(reinterpret_cast<const char*>(p), n); });
 }
 
 absl::Status DecodeChunk(const grpc::ByteBuffer& message, int data_field, int wrap_field, DecodedChunk* out) {

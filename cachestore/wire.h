@@ -11,6 +11,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -57,9 +59,14 @@ class DecodedChunk {
   size_t data_size() const { return data_size_; }
   // Copies the data field's bytes to `dst` (data_size() bytes).
   void CopyData(uint8_t* dst) const;
+  // Appends the data field's bytes to `out`.
+  void AppendData(std::string* out) const;
 
  private:
   friend absl::Status DecodeChunk(const grpc::ByteBuffer&, int, int, DecodedChunk*);
+  // Calls sink(pointer, size) for each piece of the data field, in order.
+  template <typename Sink>
+  void VisitData(Sink sink) const;
   std::vector<grpc::Slice> slices_;
   uint64_t fields_[kMaxField + 1] = {};
   size_t data_begin_ = 0;  // offset in the concatenated slices
