@@ -4,8 +4,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "cachestore/wire.h"
 #include "common/grpc_status.h"
 #include "common/hash.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/cachestore.grpc.pb.h"
 
@@ -44,13 +46,128 @@ void FromProto(const v1::ClassStats& s, ClassStats* out) {
   out->evicted_lru = static_cast<int64_t>(s.evicted_lru());
   out->evicted_ttl = static_cast<int64_t>(s.evicted_ttl());
   out->dropped_with_pages = static_cast<int64_t>(s.dropped_with_pages());
+  out->metadata_bytes = static_cast<int64_t>(s.metadata_bytes());
 }
+
+constexpr char kGetMethod[] = "/hybridserve.v1.CacheStore/Get";
+constexpr char kGetManyMethod[] = "/hybridserve.v1.CacheStore/GetMany";
+constexpr char kPutMethod[] = "/hybridserve.v1.CacheStore/Put";
+
+grpc::ByteBuffer Serialized(const google::protobuf::MessageLite& m) {
+  grpc::Slice slice(m.SerializeAsString());
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+bool ParseInto(const grpc::ByteBuffer& b, google::protobuf::MessageLite* m) {
+  grpc::Slice flat;
+  if (!b.DumpToSingleSlice(&flat).ok()) return false;
+  return m->ParseFromArray(flat.begin(), static_cast<int>(flat.size()));
+}
+
+// One call of a streaming method whose messages stay raw ByteBuffers (the
+// generated stubs would copy an entry's bytes into and out of protobuf
+// strings; wire.h reads and writes them in place), driven step by step on
+// its own completion queue. Every step returns whether it succeeded; a failed
+// step means the call is over, and Finish says why.
+class RawCall {
+ public:
+  RawCall(grpc::GenericStub& stub, const char* method, grpc::ClientContext* ctx)
+      : ctx_(ctx), call_(stub.PrepareCall(ctx, method, &cq_)) {
+    call_->StartCall(kStep);
+    live_ = Wait(kStep);
+  }
+  ~RawCall() {
+    if (!finished_) {
+      ctx_->TryCancel();
+      Finish();
+    }
+    cq_.Shutdown();
+    void* tag;
+    bool ok;
+    while (cq_.Next(&tag, &ok)) {
+    }
+  }
+  RawCall(const RawCall&) = delete;
+  RawCall& operator=(const RawCall&) = delete;
+
+  bool Write(const grpc::ByteBuffer& message) {
+    if (!live_) return false;
+    call_->Write(message, kStep);
+    return live_ = Wait(kStep);
+  }
+  bool WritesDone() {
+    if (!live_) return false;
+    call_->WritesDone(kStep);
+    return Wait(kStep);
+  }
+  bool Read(grpc::ByteBuffer* message) {
+    if (!live_) return false;
+    call_->Read(message, kStep);
+    return live_ = Wait(kStep);
+  }
+  // Starts reading the one answer of a client-streaming call while writes go
+  // on: a server that answers early (already present, or an error) ends the
+  // writes at once. AnswerArrived() waits for it.
+  void StartAnswer(grpc::ByteBuffer* message) {
+    if (!live_) return;
+    call_->Read(message, kAnswer);
+    answer_pending_ = true;
+  }
+  bool answered() const { return answered_; }
+  bool AnswerArrived() {
+    if (answer_pending_) Wait(kAnswer);
+    return answered_;
+  }
+  grpc::Status Finish() {
+    if (answer_pending_) Wait(kAnswer);
+    grpc::Status status;
+    call_->Finish(&status, kStep);
+    Wait(kStep);
+    finished_ = true;
+    return status;
+  }
+  // Ends the call early (a malformed answer): cancels it and returns `why`.
+  absl::Status Abandon(absl::Status why) {
+    ctx_->TryCancel();
+    Finish();
+    return why;
+  }
+
+ private:
+  static inline void* const kStep = reinterpret_cast<void*>(1);
+  static inline void* const kAnswer = reinterpret_cast<void*>(2);
+
+  // Waits for the operation tagged `want`; the answer may complete meanwhile.
+  bool Wait(void* want) {
+    while (true) {
+      void* tag = nullptr;
+      bool ok = false;
+      if (!cq_.Next(&tag, &ok)) return false;
+      if (tag == kAnswer) {
+        answer_pending_ = false;
+        answered_ = ok;
+        if (want == kAnswer) return ok;
+        continue;
+      }
+      if (tag == want) return ok;
+    }
+  }
+
+  grpc::ClientContext* const ctx_;
+  grpc::CompletionQueue cq_;
+  std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call_;
+  bool live_ = false;
+  bool finished_ = false;
+  bool answer_pending_ = false;
+  bool answered_ = false;
+};
 
 }  // namespace
 
 struct CacheStoreClient::Impl {
   ClientOptions options;
   std::unique_ptr<v1::CacheStore::Stub> stub;
+  std::unique_ptr<grpc::GenericStub> raw;  // Put, Get, GetMany: bytes in place
 
   void Prepare(grpc::ClientContext* ctx) const {
     ctx->set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(options.timeout));
@@ -68,7 +185,9 @@ absl::StatusOr<std::unique_ptr<CacheStoreClient>> CacheStoreClient::Create(const
   args.SetMaxSendMessageSize(max_message);
   auto impl = std::make_unique<Impl>();
   impl->options = options;
-  impl->stub = v1::CacheStore::NewStub(grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args));
+  std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  impl->stub = v1::CacheStore::NewStub(channel);
+  impl->raw = std::make_unique<grpc::GenericStub>(channel);
   return std::unique_ptr<CacheStoreClient>(new CacheStoreClient(std::move(impl)));
 }
 
@@ -127,8 +246,7 @@ absl::StatusOr<PutResult> CacheStoreClient::Put(const ClientNamespace& ns, const
                                                 absl::string_view bytes) {
   grpc::ClientContext ctx;
   impl_->Prepare(&ctx);
-  v1::PutResponse resp;
-  std::unique_ptr<grpc::ClientWriter<v1::PutRequest>> writer = impl_->stub->Put(&ctx, &resp);
+  RawCall call(*impl_->raw, kPutMethod, &ctx);
   v1::PutRequest msg;
   v1::PutHeader* h = msg.mutable_header();
   *h->mutable_namespace_() = ToProto(ns);
@@ -150,22 +268,26 @@ absl::StatusOr<PutResult> CacheStoreClient::Put(const ClientNamespace& ns, const
   h->set_size_bytes(bytes.size());
   // A failed Write means the server already answered (e.g. already present,
   // or an error); Finish tells which.
-  bool open = writer->Write(msg);
+  grpc::ByteBuffer answer;
+  bool open = call.Write(Serialized(msg));
+  call.StartAnswer(&answer);
   const int64_t chunk = impl_->options.chunk_bytes;
-  for (size_t off = 0; open && off < bytes.size(); off += chunk) {
-    msg.Clear();
-    msg.mutable_chunk()->set_offset(off);
-    msg.mutable_chunk()->set_data(bytes.data() + off, std::min<size_t>(chunk, bytes.size() - off));
-    open = writer->Write(msg);
+  for (size_t off = 0; open && !call.answered() && off < bytes.size(); off += chunk) {
+    // The chunk points into `bytes`, which outlive the call: no copy.
+    const grpc::Slice data(bytes.data() + off, std::min<size_t>(chunk, bytes.size() - off), grpc::Slice::STATIC_SLICE);
+    open = call.Write(wire::EncodeChunk({{wire::kChunkOffset, off}}, wire::kChunkData, data, wire::kPutChunk));
   }
-  if (open) {
+  if (open && !call.answered()) {
     msg.Clear();
     msg.mutable_commit()->set_checksum(common::Checksum64(bytes.data(), bytes.size()));
-    writer->Write(msg);
+    call.Write(Serialized(msg));
   }
-  writer->WritesDone();
-  absl::Status s = FromGrpcStatus(writer->Finish());
+  call.WritesDone();
+  v1::PutResponse resp;
+  const bool answered = call.AnswerArrived();
+  absl::Status s = FromGrpcStatus(call.Finish());
   if (!s.ok()) return s;
+  if (!answered || !ParseInto(answer, &resp)) return absl::InternalError("cachestore sent a malformed put answer");
   PutResult r;
   if (!Hash128::FromBytes(resp.key(), &r.key)) return absl::InternalError("cachestore sent a malformed key");
   r.already_present = resp.already_present();
@@ -182,31 +304,33 @@ absl::Status CacheStoreClient::GetInto(uint64_t lease_id, const Hash128& key, st
   req.set_chunk_bytes(static_cast<uint32_t>(impl_->options.chunk_bytes));
   grpc::ClientContext ctx;
   impl_->Prepare(&ctx);
-  std::unique_ptr<grpc::ClientReader<v1::GetResponse>> reader = impl_->stub->Get(&ctx, req);
-  v1::GetResponse msg;
+  RawCall call(*impl_->raw, kGetMethod, &ctx);
+  call.Write(Serialized(req));
+  call.WritesDone();
   out->clear();
   uint64_t size = 0, checksum = 0;
   bool first = true;
-  while (reader->Read(&msg)) {
+  grpc::ByteBuffer message;
+  wire::DecodedChunk chunk;
+  while (call.Read(&message)) {
+    if (absl::Status s = wire::DecodeChunk(message, wire::kGetData, 0, &chunk); !s.ok()) {
+      return call.Abandon(absl::DataLossError(absl::StrCat("cachestore sent a malformed chunk: ", s.message())));
+    }
     if (first) {
-      size = msg.size_bytes();
-      checksum = msg.checksum();
+      size = chunk.field(wire::kGetSizeBytes);
+      checksum = chunk.field(wire::kGetChecksum);
       if (size > (uint64_t{1} << 40)) {
-        ctx.TryCancel();
-        reader->Finish();
-        return absl::DataLossError("cachestore announced an implausible entry size");
+        return call.Abandon(absl::DataLossError("cachestore announced an implausible entry size"));
       }
       out->reserve(size);
       first = false;
     }
-    if (msg.offset() != out->size() || out->size() + msg.data().size() > size) {
-      ctx.TryCancel();
-      reader->Finish();
-      return absl::DataLossError("cachestore sent chunks out of order or past the size");
+    if (chunk.field(wire::kGetOffset) != out->size() || out->size() + chunk.data_size() > size) {
+      return call.Abandon(absl::DataLossError("cachestore sent chunks out of order or past the size"));
     }
-    out->append(msg.data());
+    chunk.AppendData(out);  // straight from gRPC's slices
   }
-  absl::Status s = FromGrpcStatus(reader->Finish());
+  absl::Status s = FromGrpcStatus(call.Finish());
   if (!s.ok()) return s;
   if (out->size() != size || common::Checksum64(out->data(), out->size()) != checksum) {
     return absl::DataLossError(absl::StrCat("entry ", key.ToHex(), " arrived incomplete or corrupted"));
@@ -223,12 +347,9 @@ absl::Status CacheStoreClient::GetManyInto(uint64_t lease_id, absl::Span<const H
   req.set_chunk_bytes(static_cast<uint32_t>(impl_->options.chunk_bytes));
   grpc::ClientContext ctx;
   impl_->Prepare(&ctx);
-  std::unique_ptr<grpc::ClientReader<v1::GetManyResponse>> reader = impl_->stub->GetMany(&ctx, req);
-  auto fail = [&](absl::Status s) {
-    ctx.TryCancel();
-    reader->Finish();
-    return s;
-  };
+  RawCall call(*impl_->raw, kGetManyMethod, &ctx);
+  call.Write(Serialized(req));
+  call.WritesDone();
   // The entry being received: index `current`, `size` bytes, `checksum`.
   int64_t current = -1;
   uint64_t size = 0, checksum = 0;
@@ -240,31 +361,37 @@ absl::Status CacheStoreClient::GetManyInto(uint64_t lease_id, absl::Span<const H
     }
     return absl::OkStatus();
   };
-  v1::GetManyResponse msg;
-  while (reader->Read(&msg)) {
-    if (static_cast<int64_t>(msg.index()) != current) {
+  grpc::ByteBuffer message;
+  wire::DecodedChunk chunk;
+  while (call.Read(&message)) {
+    if (absl::Status s = wire::DecodeChunk(message, wire::kManyData, 0, &chunk); !s.ok()) {
+      return call.Abandon(absl::DataLossError(absl::StrCat("cachestore sent a malformed chunk: ", s.message())));
+    }
+    const uint64_t index = chunk.field(wire::kManyIndex);
+    if (static_cast<int64_t>(index) != current) {
       // A new entry: the next index, starting at offset 0 with its size.
       if (current >= 0) {
-        if (absl::Status s = finish_entry(); !s.ok()) return fail(s);
+        if (absl::Status s = finish_entry(); !s.ok()) return call.Abandon(s);
       }
-      if (static_cast<int64_t>(msg.index()) != current + 1 || msg.offset() != 0) {
-        return fail(absl::DataLossError("cachestore sent GetMany entries out of order"));
+      if (static_cast<int64_t>(index) != current + 1 || index >= keys.size() || chunk.field(wire::kManyOffset) != 0) {
+        return call.Abandon(absl::DataLossError("cachestore sent GetMany entries out of order"));
       }
-      current = msg.index();
-      size = msg.size_bytes();
-      checksum = msg.checksum();
-      if (size > (uint64_t{1} << 40))
-        return fail(absl::DataLossError("cachestore announced an implausible entry size"));
+      current = static_cast<int64_t>(index);
+      size = chunk.field(wire::kManySizeBytes);
+      checksum = chunk.field(wire::kManyChecksum);
+      if (size > (uint64_t{1} << 40)) {
+        return call.Abandon(absl::DataLossError("cachestore announced an implausible entry size"));
+      }
       out[static_cast<size_t>(current)].clear();
       out[static_cast<size_t>(current)].reserve(size);
     }
     std::string& dest = out[static_cast<size_t>(current)];
-    if (msg.offset() != dest.size() || dest.size() + msg.data().size() > size) {
-      return fail(absl::DataLossError("cachestore sent chunks out of order or past the size"));
+    if (chunk.field(wire::kManyOffset) != dest.size() || dest.size() + chunk.data_size() > size) {
+      return call.Abandon(absl::DataLossError("cachestore sent chunks out of order or past the size"));
     }
-    dest.append(msg.data());
+    chunk.AppendData(&dest);
   }
-  absl::Status s = FromGrpcStatus(reader->Finish());
+  absl::Status s = FromGrpcStatus(call.Finish());
   if (!s.ok()) return s;
   if (current != static_cast<int64_t>(keys.size()) - 1) {
     return absl::DataLossError(absl::StrCat("GetMany ended after ", current + 1, " of ", keys.size(), " entries"));
