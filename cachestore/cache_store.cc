@@ -131,26 +131,31 @@ PutSession::~PutSession() {
 }
 
 absl::Status PutSession::Write(int64_t offset, absl::string_view data) {
+  return WriteWith(offset, static_cast<int64_t>(data.size()),
+                   [&data](uint8_t* dst) { std::memcpy(dst, data.data(), data.size()); });
+}
+
+absl::Status PutSession::WriteWith(int64_t offset, int64_t size, absl::FunctionRef<void(uint8_t*)> fill) {
   if (finished_) return absl::FailedPreconditionError("put already finished");
   if (offset != written_) {
     return absl::InvalidArgumentError(
         absl::StrCat("chunk at offset ", offset, " out of order: expected offset ", written_));
   }
-  if (static_cast<int64_t>(data.size()) > size_bytes_ - written_) {
-    return absl::InvalidArgumentError(absl::StrCat("chunk of ", data.size(), " bytes at offset ", offset,
-                                                   " overruns the declared size ", size_bytes_));
+  if (size > size_bytes_ - written_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk of ", size, " bytes at offset ", offset, " overruns the declared size ", size_bytes_));
   }
   // An empty chunk is no progress: it must not keep a stalled put alive.
-  if (data.empty()) return absl::OkStatus();
+  if (size == 0) return absl::OkStatus();
   // Refuse bytes for a put that was reclaimed before copying them; the bytes
   // are progress, so the put's deadline moves.
   absl::Status alive = store_->TouchPut(reservation_.id);
   if (!alive.ok()) return alive;
   uint8_t* dst = reservation_.blob->data.get() + written_;
-  std::memcpy(dst, data.data(), data.size());
+  fill(dst);
   // Checksum what was stored, not what was received.
-  checksum_.Update(dst, data.size());
-  written_ += static_cast<int64_t>(data.size());
+  checksum_.Update(dst, static_cast<size_t>(size));
+  written_ += size;
   return absl::OkStatus();
 }
 

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
@@ -86,6 +87,9 @@ class PutSession {
   // INVALID_ARGUMENT: out of order, or past the declared size.
   // ABORTED: the put was reclaimed.
   absl::Status Write(int64_t offset, absl::string_view data);
+  // The same for `size` bytes that `fill` copies to the pointer it is given
+  // (straight from a transport's buffers, without a contiguous copy first).
+  absl::Status WriteWith(int64_t offset, int64_t size, absl::FunctionRef<void(uint8_t*)> fill);
 
   // Verifies the XXH3-64 of the stored bytes against `checksum` and makes the
   // entry visible. INVALID_ARGUMENT: not all bytes arrived. DATA_LOSS:

@@ -1,6 +1,7 @@
 #include "cachestore/service.h"
 
 #include <algorithm>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -9,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "cachestore/wire.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "common/tokens.h"
@@ -30,21 +32,36 @@ absl::StatusOr<Hash128> KeyOf(const std::string& bytes, absl::string_view what) 
   return key;
 }
 
-// The one chunking rule of Get and GetMany: fills `msg` with the chunk of
-// entry `h` at `offset` (at most `chunk` bytes), the first chunk also carrying
-// the entry's size and checksum, and GetMany's messages their entry's index.
+// The one chunking rule of Get and GetMany: the message carrying the chunk
+// of entry `h` at `offset` (at most `chunk` bytes), the first chunk also
+// carrying the entry's size and checksum, and GetMany's messages their
+// entry's index. The chunk's slice points into the entry and holds it.
 template <typename Response>
-void FillChunk(const ReadHandle& h, int64_t offset, int64_t chunk, uint32_t index, Response* msg) {
+grpc::ByteBuffer ChunkMessage(const ReadHandle& h, int64_t offset, int64_t chunk, uint32_t index) {
   const int64_t size = static_cast<int64_t>(h.blob->size);
-  const char* data = reinterpret_cast<const char*>(h.blob->data.get());
-  msg->Clear();
-  if constexpr (std::is_same_v<Response, v1::GetManyResponse>) msg->set_index(index);
-  if (offset == 0) {
-    msg->set_size_bytes(static_cast<uint64_t>(size));
-    msg->set_checksum(h.info.checksum);
+  const uint64_t first_size = offset == 0 ? static_cast<uint64_t>(size) : 0;
+  const uint64_t first_checksum = offset == 0 ? h.info.checksum : 0;
+  const grpc::Slice data =
+      wire::BorrowedSlice(h.blob->data.get() + offset, static_cast<size_t>(std::min(chunk, size - offset)), h.blob);
+  if constexpr (std::is_same_v<Response, v1::GetManyResponse>) {
+    return wire::EncodeChunk({{wire::kManyIndex, index},
+                              {wire::kManySizeBytes, first_size},
+                              {wire::kManyChecksum, first_checksum},
+                              {wire::kManyOffset, static_cast<uint64_t>(offset)}},
+                             wire::kManyData, data);
+  } else {
+    return wire::EncodeChunk({{wire::kGetSizeBytes, first_size},
+                              {wire::kGetChecksum, first_checksum},
+                              {wire::kGetOffset, static_cast<uint64_t>(offset)}},
+                             wire::kGetData, data);
   }
-  msg->set_offset(static_cast<uint64_t>(offset));
-  msg->set_data(data + offset, static_cast<size_t>(std::min(chunk, size - offset)));
+}
+
+// A raw method's request as its proto message; false when malformed.
+bool ParseRequest(const grpc::ByteBuffer& raw, google::protobuf::MessageLite* out) {
+  grpc::Slice flat;
+  if (!raw.DumpToSingleSlice(&flat).ok()) return false;
+  return out->ParseFromArray(flat.begin(), static_cast<int>(flat.size()));
 }
 
 // A call that ends as soon as it starts (refused by admission or a malformed
@@ -214,11 +231,16 @@ grpc::Status CacheStoreService::AnswerLookup(const v1::LookupRequest& request, v
 // serially; Reclaim comes from the reaper thread. The stream is finished once
 // (mu_), and the session is touched only by OnReadDone and OnDone, which never
 // run at the same time.
-class PutReactor : public grpc::ServerReadReactor<v1::PutRequest> {
+//
+// Messages arrive raw: a plain chunk (the bulk of a put) is decoded in place
+// and its bytes copied from gRPC's slices straight into the entry (wire.h);
+// anything else (the header, the commit, an unusual encoding) is parsed by
+// protobuf.
+class PutReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
-  PutReactor(CacheStoreService& service, CallAdmission::Slot slot, v1::PutResponse* response)
+  PutReactor(CacheStoreService& service, CallAdmission::Slot slot, grpc::ByteBuffer* response)
       : service_(service), slot_(std::move(slot)), response_(response), start_(absl::Now()) {
-    StartRead(&msg_);
+    StartRead(&raw_);
   }
 
   void OnReadDone(bool ok) override {
@@ -229,6 +251,10 @@ class PutReactor : public grpc::ServerReadReactor<v1::PutRequest> {
                               : grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                                              absl::StrCat("put stream ended before commit: ", session_->bytes_written(),
                                                           " of ", session_->size_bytes(), " bytes arrived"));
+    } else if (session_ != nullptr && wire::DecodeChunk(raw_, wire::kChunkData, wire::kPutChunk, &chunk_).ok()) {
+      s = OnChunk();
+    } else if (!ParseRequest(raw_, &msg_)) {
+      s = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "malformed put message");
     } else {
       s = session_ == nullptr ? OnHeader() : OnMessage();
     }
@@ -239,7 +265,7 @@ class PutReactor : public grpc::ServerReadReactor<v1::PutRequest> {
       return FinishOnce(s);
     }
     absl::MutexLock lock(&mu_);
-    if (!finished_) StartRead(&msg_);  // else reclaimed meanwhile: no more reads
+    if (!finished_) StartRead(&raw_);  // else reclaimed meanwhile: no more reads
   }
 
   void OnCancel() override {
@@ -272,18 +298,18 @@ class PutReactor : public grpc::ServerReadReactor<v1::PutRequest> {
     absl::StatusOr<std::unique_ptr<PutSession>> session = service_.store_.BeginPut(*spec);
     if (!session.ok()) return ToGrpcStatus(session.status());
     session_ = *std::move(session);
-    response_->set_key(session_->key().ToBytes());
+    answer_.set_key(session_->key().ToBytes());
     const Reservation& granted = session_->reservation();
     if (granted.ttl > absl::ZeroDuration()) {
-      response_->mutable_ttl()->set_seconds(absl::ToInt64Seconds(granted.ttl));
-      response_->mutable_ttl()->set_nanos(static_cast<int32_t>(
+      answer_.mutable_ttl()->set_seconds(absl::ToInt64Seconds(granted.ttl));
+      answer_.mutable_ttl()->set_nanos(static_cast<int32_t>(
           absl::ToInt64Nanoseconds(granted.ttl - absl::Seconds(absl::ToInt64Seconds(granted.ttl)))));
     }
-    response_->set_pinned(granted.pinned);
-    response_->set_pin_refused_reason(granted.pin_refused);
+    answer_.set_pinned(granted.pinned);
+    answer_.set_pin_refused_reason(granted.pin_refused);
     if (session_->already_present()) {
       // Nothing to write: answer now; the client's remaining writes just fail.
-      response_->set_already_present(true);
+      answer_.set_already_present(true);
       done_ = true;
       return grpc::Status::OK;
     }
@@ -293,19 +319,30 @@ class PutReactor : public grpc::ServerReadReactor<v1::PutRequest> {
     return grpc::Status::OK;
   }
 
+  // A chunk's checks, then its bytes through `fill`.
+  grpc::Status WriteChunk(uint64_t offset, size_t size, absl::FunctionRef<void(uint8_t*)> fill) {
+    if (static_cast<int64_t>(size) > service_.options_.max_chunk_bytes) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat("chunk of ", size, " bytes exceeds ", service_.options_.max_chunk_bytes));
+    }
+    if (offset > static_cast<uint64_t>(INT64_MAX)) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "chunk offset out of range");
+    }
+    return ToGrpcStatus(session_->WriteWith(static_cast<int64_t>(offset), static_cast<int64_t>(size), fill));
+  }
+
+  // A plain chunk decoded in place: one copy, from the slices to the entry.
+  grpc::Status OnChunk() {
+    return WriteChunk(chunk_.field(wire::kChunkOffset), chunk_.data_size(),
+                      [this](uint8_t* dst) { chunk_.CopyData(dst); });
+  }
+
   grpc::Status OnMessage() {
     switch (msg_.message_case()) {
       case v1::PutRequest::kChunk: {
         const v1::PutChunk& c = msg_.chunk();
-        if (static_cast<int64_t>(c.data().size()) > service_.options_.max_chunk_bytes) {
-          return grpc::Status(
-              grpc::StatusCode::INVALID_ARGUMENT,
-              absl::StrCat("chunk of ", c.data().size(), " bytes exceeds ", service_.options_.max_chunk_bytes));
-        }
-        if (c.offset() > static_cast<uint64_t>(INT64_MAX)) {
-          return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "chunk offset out of range");
-        }
-        return ToGrpcStatus(session_->Write(static_cast<int64_t>(c.offset()), c.data()));
+        return WriteChunk(c.offset(), c.data().size(),
+                          [&c](uint8_t* dst) { std::memcpy(dst, c.data().data(), c.data().size()); });
       }
       case v1::PutRequest::kCommit: {
         absl::Status c = session_->Commit(msg_.commit().checksum());
@@ -325,14 +362,21 @@ class PutReactor : public grpc::ServerReadReactor<v1::PutRequest> {
     if (finished_) return;
     finished_ = true;
     final_ok_ = status.ok();
+    if (status.ok()) {
+      grpc::Slice answer(answer_.SerializeAsString());
+      *response_ = grpc::ByteBuffer(&answer, 1);
+    }
     Finish(status);
   }
 
   CacheStoreService& service_;
   CallAdmission::Slot slot_;
-  v1::PutResponse* const response_;
+  grpc::ByteBuffer* const response_;
   const absl::Time start_;
-  v1::PutRequest msg_;
+  grpc::ByteBuffer raw_;      // the message being read
+  wire::DecodedChunk chunk_;  // raw_ as a plain chunk
+  v1::PutRequest msg_;        // raw_ parsed by protobuf (header, commit, unusual chunks)
+  v1::PutResponse answer_;
   std::unique_ptr<PutSession> session_;
   uint64_t reservation_id_ = 0;  // while in service_.active_puts_
   bool done_ = false;            // committed, failed to commit, or already present
@@ -342,10 +386,10 @@ class PutReactor : public grpc::ServerReadReactor<v1::PutRequest> {
   bool final_ok_ = false;  // written under mu_ before Finish, read in OnDone
 };
 
-grpc::ServerReadReactor<v1::PutRequest>* CacheStoreService::Put(grpc::CallbackServerContext* context,
-                                                                v1::PutResponse* response) {
+grpc::ServerReadReactor<grpc::ByteBuffer>* CacheStoreService::Put(grpc::CallbackServerContext* context,
+                                                                  grpc::ByteBuffer* response) {
   absl::StatusOr<CallAdmission::Slot> slot = Admit(context);
-  if (!slot.ok()) return new FinishedCall<grpc::ServerReadReactor<v1::PutRequest>>(ToGrpcStatus(slot.status()));
+  if (!slot.ok()) return new FinishedCall<grpc::ServerReadReactor<grpc::ByteBuffer>>(ToGrpcStatus(slot.status()));
   return new PutReactor(*this, *std::move(slot), response);
 }
 
@@ -365,7 +409,7 @@ void CacheStoreService::CancelReclaimedPuts(const std::vector<uint64_t>& reserva
 // write (reader gone, call cancelled or deadline passed) ends the call; gRPC
 // calls OnWriteDone serially, so each entry's metrics are recorded once.
 template <typename Response>
-class EntryStreamReactor final : public grpc::ServerWriteReactor<Response> {
+class EntryStreamReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   EntryStreamReactor(CacheStoreService& service, CallAdmission::Slot slot, uint64_t lease_id, std::vector<Hash128> keys,
                      int64_t chunk)
@@ -416,7 +460,7 @@ class EntryStreamReactor final : public grpc::ServerWriteReactor<Response> {
   }
 
   void WriteChunk() {
-    FillChunk(*entry_, offset_, chunk_, static_cast<uint32_t>(next_), &msg_);
+    msg_ = ChunkMessage<Response>(*entry_, offset_, chunk_, static_cast<uint32_t>(next_));
     this->StartWrite(&msg_);
   }
 
@@ -429,25 +473,35 @@ class EntryStreamReactor final : public grpc::ServerWriteReactor<Response> {
   std::optional<ReadHandle> entry_;  // keys_[next_], open
   int64_t offset_ = 0;               // of the chunk in msg_
   absl::Time entry_start_;
-  Response msg_;
+  grpc::ByteBuffer msg_;
 };
 
-grpc::ServerWriteReactor<v1::GetResponse>* CacheStoreService::Get(grpc::CallbackServerContext* context,
-                                                                  const v1::GetRequest* request) {
-  using Refused = FinishedCall<grpc::ServerWriteReactor<v1::GetResponse>>;
+grpc::ServerWriteReactor<grpc::ByteBuffer>* CacheStoreService::Get(grpc::CallbackServerContext* context,
+                                                                   const grpc::ByteBuffer* raw) {
+  using Refused = FinishedCall<grpc::ServerWriteReactor<grpc::ByteBuffer>>;
   absl::StatusOr<CallAdmission::Slot> slot = Admit(context);
   if (!slot.ok()) return new Refused(ToGrpcStatus(slot.status()));
+  v1::GetRequest parsed;
+  if (!ParseRequest(*raw, &parsed)) {
+    return new Refused(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "malformed GetRequest"));
+  }
+  const v1::GetRequest* request = &parsed;
   absl::StatusOr<Hash128> key = KeyOf(request->key(), "key");
   if (!key.ok()) return new Refused(ToGrpcStatus(key.status()));
   return new EntryStreamReactor<v1::GetResponse>(*this, *std::move(slot), request->lease_id(), {*key},
                                                  ChunkBytes(request->chunk_bytes()));
 }
 
-grpc::ServerWriteReactor<v1::GetManyResponse>* CacheStoreService::GetMany(grpc::CallbackServerContext* context,
-                                                                          const v1::GetManyRequest* request) {
-  using Refused = FinishedCall<grpc::ServerWriteReactor<v1::GetManyResponse>>;
+grpc::ServerWriteReactor<grpc::ByteBuffer>* CacheStoreService::GetMany(grpc::CallbackServerContext* context,
+                                                                       const grpc::ByteBuffer* raw) {
+  using Refused = FinishedCall<grpc::ServerWriteReactor<grpc::ByteBuffer>>;
   absl::StatusOr<CallAdmission::Slot> slot = Admit(context);
   if (!slot.ok()) return new Refused(ToGrpcStatus(slot.status()));
+  v1::GetManyRequest parsed;
+  if (!ParseRequest(*raw, &parsed)) {
+    return new Refused(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "malformed GetManyRequest"));
+  }
+  const v1::GetManyRequest* request = &parsed;
   if (request->keys_size() == 0 || request->keys_size() > options_.max_get_many_keys) {
     return new Refused(ToGrpcStatus(absl::InvalidArgumentError(
         absl::StrCat("GetMany takes 1 to ", options_.max_get_many_keys, " keys, got ", request->keys_size()))));

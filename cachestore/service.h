@@ -44,19 +44,31 @@ class EntryStreamReactor;
 // waits for the stalled writer's next message (a synchronous handler could
 // only be cancelled, which the writer sees as CANCELLED). Get and GetMany keep
 // one write outstanding and the entry's bytes alive until the write is done.
-class CacheStoreService final : public hybridserve::v1::CacheStore::CallbackService {
+// Put, Get and GetMany are raw methods: their messages stay gRPC byte buffers,
+// so an entry's bytes go from the transport's slices into the entry and from
+// the entry into slices that point at it (wire.h), never through a protobuf
+// string. The wire format is the proto's.
+using CacheStoreHandlers = v1::CacheStore::WithCallbackMethod_Lookup<
+    v1::CacheStore::WithRawCallbackMethod_Put<v1::CacheStore::WithRawCallbackMethod_Get<
+        v1::CacheStore::WithRawCallbackMethod_GetMany<v1::CacheStore::WithCallbackMethod_Release<
+            v1::CacheStore::WithCallbackMethod_Stats<v1::CacheStore::Service>>>>>>;
+
+class CacheStoreService final : public CacheStoreHandlers {
  public:
   // `store` and `metrics` must outlive the service.
   CacheStoreService(CacheStore& store, ServiceMetrics& metrics, const ServiceOptions& options);
 
   grpc::ServerUnaryReactor* Lookup(grpc::CallbackServerContext* context, const v1::LookupRequest* request,
                                    v1::LookupResponse* response) override;
-  grpc::ServerReadReactor<v1::PutRequest>* Put(grpc::CallbackServerContext* context,
-                                               v1::PutResponse* response) override;
-  grpc::ServerWriteReactor<v1::GetResponse>* Get(grpc::CallbackServerContext* context,
-                                                 const v1::GetRequest* request) override;
-  grpc::ServerWriteReactor<v1::GetManyResponse>* GetMany(grpc::CallbackServerContext* context,
-                                                         const v1::GetManyRequest* request) override;
+  // Raw: PutRequest messages in, a PutResponse out.
+  grpc::ServerReadReactor<grpc::ByteBuffer>* Put(grpc::CallbackServerContext* context,
+                                                 grpc::ByteBuffer* response) override;
+  // Raw: a GetRequest in, GetResponse messages out.
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Get(grpc::CallbackServerContext* context,
+                                                  const grpc::ByteBuffer* request) override;
+  // Raw: a GetManyRequest in, GetManyResponse messages out.
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* GetMany(grpc::CallbackServerContext* context,
+                                                      const grpc::ByteBuffer* request) override;
   grpc::ServerUnaryReactor* Release(grpc::CallbackServerContext* context, const v1::ReleaseRequest* request,
                                     v1::ReleaseResponse* response) override;
   grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* context, const v1::StatsRequest* request,

@@ -186,7 +186,11 @@ absl::Status DecodeChunk(const grpc::ByteBuffer& message, int data_field, int wr
     if (r.pos() != limit) return Malformed("field past the end");
     return absl::OkStatus();
   };
-  return parse(length, wrap_field > 0, parse);
+  absl::Status parsed = parse(length, wrap_field > 0, parse);
+  if (parsed.ok() && wrap_field > 0 && length == 0) {
+    return absl::FailedPreconditionError("not a chunk message");  // an empty message sets no field
+  }
+  return parsed;
 }
 
 }  // namespace hybridserve::cachestore::wire

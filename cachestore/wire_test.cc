@@ -173,7 +173,7 @@ TEST(WireTest, RefusesWhatIsNotAPlainChunkAndWhatIsMalformed) {
   chunk.mutable_chunk()->set_data("abcdef");
   DecodedChunk d;
   std::mt19937 rng(3);
-  for (const std::string& bytes : {header.SerializeAsString(), commit.SerializeAsString(),
+  for (const std::string& bytes : {std::string(), header.SerializeAsString(), commit.SerializeAsString(),
                                    chunk.SerializeAsString() + commit.SerializeAsString()}) {
     EXPECT_EQ(DecodeChunk(Split(bytes, 2, rng), kChunkData, kPutChunk, &d).code(),
               absl::StatusCode::kFailedPrecondition);
