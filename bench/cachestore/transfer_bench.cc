@@ -3,9 +3,10 @@
 // loopback TCP transfer of 64 MiB measured in the same run (one thread write()s
 // 4 MiB at a time, another read()s into a buffer; timed from the first byte
 // sent to the last received). Goals (issue 10): Put >= 0.8x raw TCP and Get
-// >= 0.8x raw TCP, each judged at the client's default chunk size (4 MiB, also
-// the server's largest), MET only when both the median of in-round ratios and
-// best round vs best round reach 0.8; 1 MiB chunks are shown for comparison.
+// >= 0.8x raw TCP, each judged at the client's default chunk size (1 MiB),
+// MET only when both the median of in-round ratios and best round vs best
+// round reach 0.8; 4 MiB chunks (the server's largest) are shown for
+// comparison.
 // The last table times the copies and checksums an entry's bytes go through.
 //   bazel run -c opt //bench/cachestore:transfer_bench
 
@@ -54,9 +55,11 @@ constexpr int kReps = 7;
 constexpr int kWarmups = 1;
 constexpr size_t kTcpIoBytes = size_t{4} << 20;
 constexpr double kGoalRatio = 0.8;
-// The chunk size the goals are judged at: ClientOptions' default, and the
-// server's max_chunk_bytes here and in the binary's default flags.
-constexpr int64_t kGoalChunkBytes = int64_t{4} << 20;
+// The chunk size the goals are judged at: ClientOptions' default (measured
+// faster than 4 MiB chunks for Put, the same for Get).
+constexpr int64_t kGoalChunkBytes = int64_t{1} << 20;
+// The server's max_chunk_bytes here and in the binary's default flags.
+constexpr int64_t kMaxChunkBytes = int64_t{4} << 20;
 
 void Check(const absl::Status& s, const char* what) {
   if (!s.ok()) {
@@ -201,7 +204,7 @@ void Run() {
   // entry and reuses its buffer (BlobPool), so no fresh memory is faulted in.
   options.index.state_budget_bytes = int64_t{320} << 20;
   options.index.page_budget_bytes = int64_t{256} << 20;
-  options.service.max_chunk_bytes = kGoalChunkBytes;
+  options.service.max_chunk_bytes = kMaxChunkBytes;
   absl::StatusOr<std::unique_ptr<CacheStoreServer>> server =
       CacheStoreServer::Start(options, common::Clock::Real(), registry);
   Check(server.status(), "CacheStoreServer::Start");
@@ -331,8 +334,8 @@ void Run() {
   std::printf(
       "\ngoals: each gRPC transfer below >= %.1fx raw loopback TCP moving the same 64 MiB (4 MiB write()/read()).\n"
       "Rule: MET only when BOTH the median over rounds of (TCP time / transfer time in the same round) AND\n"
-      "best TCP round / best transfer round are >= %.1fx. Judged at %lld MiB chunks (the client's default and\n"
-      "the server's max_chunk_bytes); the 1 MiB rows above are for comparison.\n",
+      "best TCP round / best transfer round are >= %.1fx. Judged at %lld MiB chunks (the client's default);\n"
+      "the 4 MiB rows above (the server's max_chunk_bytes) are for comparison.\n",
       kGoalRatio, kGoalRatio, static_cast<long long>(kGoalChunkBytes >> 20));
   for (const Verdict& v : verdicts) {
     const bool met = v.median_ratio >= kGoalRatio && v.best_ratio >= kGoalRatio;
