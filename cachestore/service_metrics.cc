@@ -90,6 +90,8 @@ ServiceMetrics::ServiceMetrics(prometheus::Registry& r, const Families& f)
       page_reserved_(f.bytes.Add({{"class", "page"}, {"state", "reserved"}})),
       state_resident_(f.bytes.Add({{"class", "state"}, {"state", "resident"}})),
       state_reserved_(f.bytes.Add({{"class", "state"}, {"state", "reserved"}})),
+      page_metadata_(f.bytes.Add({{"class", "page"}, {"state", "metadata"}})),
+      state_metadata_(f.bytes.Add({{"class", "state"}, {"state", "metadata"}})),
       leases_(f.leases.Add({})),
       page_evicted_lru_(f.evictions.Add({{"class", "page"}, {"reason", "lru"}})),
       page_evicted_ttl_(f.evictions.Add({{"class", "page"}, {"reason", "ttl"}})),
@@ -129,6 +131,8 @@ void ServiceMetrics::SyncFromStats(const IndexStats& s) {
   page_reserved_.Set(static_cast<double>(s.pages.reserved_bytes));
   state_resident_.Set(static_cast<double>(s.states.resident_bytes));
   state_reserved_.Set(static_cast<double>(s.states.reserved_bytes));
+  page_metadata_.Set(static_cast<double>(s.pages.metadata_bytes));
+  state_metadata_.Set(static_cast<double>(s.states.metadata_bytes));
   leases_.Set(static_cast<double>(s.active_leases));
   Advance(page_evicted_lru_, s.pages.evicted_lru, last_.pages.evicted_lru);
   Advance(page_evicted_ttl_, s.pages.evicted_ttl, last_.pages.evicted_ttl);

@@ -52,6 +52,8 @@ class ServiceMetrics {
   prometheus::Gauge& page_reserved_;
   prometheus::Gauge& state_resident_;
   prometheus::Gauge& state_reserved_;
+  prometheus::Gauge& page_metadata_;  // index memory counted in the budget
+  prometheus::Gauge& state_metadata_;
   prometheus::Gauge& leases_;
   prometheus::Counter& page_evicted_lru_;
   prometheus::Counter& page_evicted_ttl_;

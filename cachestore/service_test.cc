@@ -28,6 +28,10 @@
 //          NOT_FOUND            keys[i] not held by the lease          MalformedGetManyRequestsAreRejectedByName
 //          DATA_LOSS            keys[i] fails its checksum             GetManyNamesTheEntryThatRotted
 // Release  NOT_FOUND            unknown lease                          BadInputGetsAClearStatusAndChangesNothing
+// Lookup   RESOURCE_EXHAUSTED   --max_leases leases open               IndexLimitsAndKeyVersionsAreRefusedOverTheWire
+// Put      RESOURCE_EXHAUSTED   --max_namespaces namespaces held       IndexLimitsAndKeyVersionsAreRefusedOverTheWire
+// every    INVALID_ARGUMENT     namespace key_version 1 or unknown     IndexLimitsAndKeyVersionsAreRefusedOverTheWire
+// Put      RESOURCE_EXHAUSTED   the machine cannot allocate the entry  AnEntryTheMachineCannotHoldIsRefusedCounted...
 // every    RESOURCE_EXHAUSTED   --max_streams, --max_streams_per_peer  streams_test.cc:
 //                                                                      EveryMethodIsRefusedBeyondTheCallLimits
 
@@ -40,6 +44,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "cachestore/client.h"
 #include "cachestore/server.h"
@@ -379,6 +384,80 @@ TEST_F(ServiceTest, BadInputGetsAClearStatusAndChangesNothing) {
   EXPECT_TRUE(HasStatus(client_->Put(ns_, big, Bytes(2 << 20, 1)).status(), absl::StatusCode::kResourceExhausted,
                         "exceeds the state budget of 1048576 bytes"));
   EXPECT_EQ(server_->store().Stats().states.reserved_bytes, 0);
+}
+
+// Issue 10 (items 2, 5 and the key version): the index's bounds and the key
+// derivation's version, each refused over the wire by a message naming it.
+TEST_F(ServiceTest, IndexLimitsAndKeyVersionsAreRefusedOverTheWire) {
+  ServerOptions limited;
+  limited.index.max_leases = 1;
+  limited.index.max_namespaces = 1;
+  TearDown();
+  server_.reset();
+  Start(limited);
+  std::vector<TokenId> t = Tokens(20);
+  PutPrefix(ns_, t, 18, 1000, 5000, 3);
+  auto held = client_->Lookup(ns_, t, LookupMode::kLease);
+  ASSERT_TRUE(held.ok() && held->lease_id != 0) << held.status();
+  EXPECT_TRUE(HasStatus(client_->Lookup(ns_, t, LookupMode::kLease).status(), absl::StatusCode::kResourceExhausted,
+                        "max_leases=1 leases are open"));
+  EXPECT_TRUE(client_->Lookup(ns_, t, LookupMode::kProbeOnly).ok());  // a probe takes no lease
+  ASSERT_TRUE(client_->Release(held->lease_id).ok());
+  ClientNamespace other = ns_;
+  other.cache_salt = "another tenant";
+  ClientPut state;
+  state.entry_class = EntryClass::kState;
+  state.tokens = {1, 2};
+  state.position = 2;
+  EXPECT_TRUE(HasStatus(client_->Put(other, state, Bytes(100, 1)).status(), absl::StatusCode::kResourceExhausted,
+                        "max_namespaces=1"));
+  for (uint32_t version : {1u, 3u}) {
+    v1::LookupRequest req;
+    req.mutable_namespace_()->set_model_fingerprint(ns_.model_fingerprint);
+    req.mutable_namespace_()->set_page_size(ns_.page_size);
+    req.mutable_namespace_()->set_key_version(version);
+    req.add_token_ids(1);
+    v1::LookupResponse resp;
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    EXPECT_TRUE(HasStatus(stub_->Lookup(&ctx, req, &resp), grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat("key_version ", version)));
+  }
+}
+
+// Issue 10, item 6: an entry larger than the machine can allocate (the
+// budgets allow it) is RESOURCE_EXHAUSTED naming the size, leaves no
+// namespace or reservation behind, and counts as a failed put.
+TEST_F(ServiceTest, AnEntryTheMachineCannotHoldIsRefusedCountedAndLeavesNothing) {
+  ServerOptions huge;
+  huge.index.page_budget_bytes = int64_t{1} << 62;
+  huge.index.state_budget_bytes = int64_t{1} << 62;
+  huge.index.blob_pool_bytes = 0;
+  TearDown();
+  server_.reset();
+  Start(huge);
+  v1::PutRequest header;
+  *header.mutable_header() = Header(ns_, uint64_t{1} << 60);
+  EXPECT_TRUE(
+      HasStatus(RawPut({header}), grpc::StatusCode::RESOURCE_EXHAUSTED, "cannot allocate 1152921504606846976 bytes"));
+  const IndexStats after = server_->store().Stats();
+  EXPECT_EQ(after.namespaces, 0);
+  EXPECT_EQ(after.active_puts, 0);
+  EXPECT_EQ(after.states.reserved_bytes + after.states.metadata_bytes, 0);
+  auto failed_puts = [&] {
+    for (const prometheus::MetricFamily& f : registry_.Collect()) {
+      if (f.name != "hybridserve_cache_puts_total") continue;
+      for (const prometheus::ClientMetric& m : f.metric) {
+        for (const prometheus::ClientMetric::Label& l : m.label) {
+          if (l.name == "outcome" && l.value == "error") return m.counter.value;
+        }
+      }
+    }
+    return -1.0;
+  };
+  // Recorded when gRPC is done with the call, which may be just after the
+  // client has its status.
+  EXPECT_TRUE(WaitFor([&] { return failed_puts() == 1.0; })) << "failed puts counted: " << failed_puts();
 }
 
 TEST_F(ServiceTest, MalformedGetManyRequestsAreRejectedByName) {
