@@ -212,14 +212,14 @@ absl::Status CacheIndex::MakeRoom(EntryClass c, int64_t charge) {
   while (counters.resident_bytes + counters.reserved_bytes + counters.metadata_bytes + charge > Budget(c)) {
     if (c == EntryClass::kPage) {
       if (page_lru_.empty()) {
-        return absl::ResourceExhaustedError(
-            absl::StrCat("page budget of ", Budget(c), " bytes is held by pinned, in-flight or interior pages"));
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "page budget of ", Budget(c), " bytes is held by leased, pinned, in-flight or interior pages"));
       }
       RemoveNodeOnly(page_lru_.begin()->second, RemoveReason::kLru);
     } else {
       if (state_lru_.empty() && session_lru_.empty()) {
         return absl::ResourceExhaustedError(
-            absl::StrCat("state budget of ", Budget(c), " bytes is held by pinned or in-flight states"));
+            absl::StrCat("state budget of ", Budget(c), " bytes is held by leased, pinned or in-flight states"));
       }
       // The least recently used of both sets.
       const bool session =

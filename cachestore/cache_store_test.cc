@@ -345,9 +345,11 @@ TEST(CacheStoreConcurrencyTest, SmallBudgetsHoldUnderConcurrentWriters) {
     committed_states += outcomes[t].committed_states;
     refused += outcomes[t].refused;
   }
-  // The budgets are a small fraction of what was written: eviction happened.
-  EXPECT_GT(committed_pages * 1024, 4 * kPageBudget);
-  EXPECT_GT(committed_states * 1024, 4 * kStateBudget);
+  // More was written than the budgets hold: eviction happened (asserted on
+  // the eviction counters below; how much was committed depends on how the
+  // threads interleave, since refusals skip the rest of a conversation).
+  EXPECT_GT(committed_pages * 1024, kPageBudget);
+  EXPECT_GT(committed_states * 1024, kStateBudget);
   EXPECT_GT(refused, 0);
   ASSERT_TRUE(store.CheckInvariants().ok()) << store.CheckInvariants();
 
@@ -357,6 +359,8 @@ TEST(CacheStoreConcurrencyTest, SmallBudgetsHoldUnderConcurrentWriters) {
   EXPECT_EQ(s.active_puts, 0);
   EXPECT_EQ(s.pages.reserved_bytes, 0);
   EXPECT_EQ(s.states.reserved_bytes, 0);
+  EXPECT_GT(s.pages.evicted_lru, 0);
+  EXPECT_GT(s.states.evicted_lru + s.states.dropped_with_pages, 0);
   EXPECT_EQ(committed_pages, s.pages.entries + s.pages.evicted_lru + s.pages.evicted_ttl + s.pages.dropped_with_pages);
   EXPECT_EQ(committed_states,
             s.states.entries + s.states.evicted_lru + s.states.evicted_ttl + s.states.dropped_with_pages);

@@ -609,7 +609,7 @@ TEST_F(ServiceTest, LeaseOfAVanishedReaderExpires) {
   other.tokens = {9, 9};
   other.position = 2;
   EXPECT_TRUE(HasStatus(client_->Put(ns_, other, Bytes(5000, 2)).status(), absl::StatusCode::kResourceExhausted,
-                        "held by pinned or in-flight states"));
+                        "held by leased, pinned or in-flight states"));
   clock_.Advance(absl::Seconds(6));
   server_->ReapOnce();
   EXPECT_TRUE(HasStatus(client_->Get(r->lease_id, r->state->key).status(), absl::StatusCode::kNotFound,
@@ -666,7 +666,7 @@ TEST_F(ServiceTest, PutInFlightHoldsItsBudgetAndItsEntry) {
   v1::PutRequest other = header;
   other.mutable_header()->set_token_ids(0, 6);
   EXPECT_TRUE(HasStatus(RawPut({other}), grpc::StatusCode::RESOURCE_EXHAUSTED,
-                        "state budget of 8000 bytes is held by pinned or in-flight states"));
+                        "state budget of 8000 bytes is held by leased, pinned or in-flight states"));
 
   v1::PutRequest chunk;
   chunk.mutable_chunk()->set_offset(0);
