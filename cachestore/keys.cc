@@ -53,9 +53,10 @@ Hash128 PageContentKey(absl::Span<const TokenId> page_tokens) {
 namespace {
 
 // K_i from K_{i-1} and C_i.
+// HashChain(parent, C_i's 16 bytes), hashed from a 32-byte array.
 Hash128 ChainLink(const Hash128& parent, const Hash128& content) {
-  const uint64_t words[2] = {content.lo, content.hi};
-  return common::HashChain(parent, words, sizeof(words));
+  const uint64_t words[4] = {parent.lo, parent.hi, content.lo, content.hi};
+  return common::HashBytes(words, sizeof(words));
 }
 
 }  // namespace
