@@ -31,10 +31,10 @@ Hash128 HashBytes(const void* data, size_t size) {
 }
 
 Hash128 HashChain(const Hash128& prev, const void* data, size_t size) {
-  // Small links (a page of tokens is typically 64 to 1024 bytes) are hashed in
-  // one shot from a stack buffer: the one-shot path is several times faster
-  // than the streaming state for inputs this size.
-  constexpr size_t kStackBytes = 4096;
+  // Small links (a state's tail, a domain string) are hashed in one shot from
+  // a stack buffer: the one-shot path is several times faster than the
+  // streaming state for inputs this size.
+  constexpr size_t kStackBytes = 1024;
   if (size <= kStackBytes - 16) {
     unsigned char buf[kStackBytes];
     std::memcpy(buf, &prev.lo, 8);
