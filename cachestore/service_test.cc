@@ -50,6 +50,7 @@
 #include "cachestore/server.h"
 #include "common/clock.h"
 #include "common/hash.h"
+#include "common/wait_for.h"
 #include "gmock/gmock.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
@@ -84,16 +85,7 @@ void SetDeadline(grpc::ClientContext* ctx) {
   ctx->set_deadline(std::chrono::system_clock::now() + absl::ToChronoSeconds(kRpcDeadline));
 }
 
-// Waits until `condition` holds or `deadline` passes; returns whether it held.
-// The deadline is a bound for a hung server, not a timing expectation.
-bool WaitFor(const std::function<bool()>& condition, absl::Duration deadline = absl::Seconds(60)) {
-  const absl::Time end = absl::Now() + deadline;
-  while (!condition()) {
-    if (absl::Now() > end) return false;
-    absl::SleepFor(absl::Milliseconds(1));
-  }
-  return true;
-}
+using common::WaitFor;
 
 std::string Bytes(size_t n, uint32_t seed) {
   std::string s(n, '\0');

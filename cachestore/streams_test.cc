@@ -18,6 +18,7 @@
 #include "cachestore/client.h"
 #include "cachestore/server.h"
 #include "common/clock.h"
+#include "common/wait_for.h"
 #include "gmock/gmock.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
@@ -39,16 +40,7 @@ void SetDeadline(grpc::ClientContext* ctx) {
   ctx->set_deadline(std::chrono::system_clock::now() + absl::ToChronoSeconds(kRpcDeadline));
 }
 
-// Waits until `condition` holds or `deadline` passes; returns whether it held.
-// The deadline is a bound for a hung server, not a timing expectation.
-bool WaitFor(const std::function<bool()>& condition, absl::Duration deadline = absl::Seconds(30)) {
-  const absl::Time end = absl::Now() + deadline;
-  while (!condition()) {
-    if (absl::Now() > end) return false;
-    absl::SleepFor(absl::Milliseconds(2));
-  }
-  return true;
-}
+using common::WaitFor;
 
 // Threads of this process (client and server together): entries of
 // /proc/self/task.

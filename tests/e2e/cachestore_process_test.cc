@@ -25,6 +25,7 @@
 #include "absl/time/clock.h"
 #include "cachestore/client.h"
 #include "common/hash.h"
+#include "common/wait_for.h"
 #include "gmock/gmock.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
@@ -45,15 +46,7 @@ std::chrono::system_clock::time_point Deadline() {
   return std::chrono::system_clock::now() + absl::ToChronoSeconds(kDeadline);
 }
 
-// Waits until `condition` holds or kDeadline passes; returns whether it held.
-bool WaitFor(const std::function<bool()>& condition) {
-  const absl::Time end = absl::Now() + kDeadline;
-  while (!condition()) {
-    if (absl::Now() > end) return false;
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  return true;
-}
+using common::WaitFor;
 
 struct Exit {
   int code = -1;  // -1: killed at the deadline

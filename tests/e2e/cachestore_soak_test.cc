@@ -37,6 +37,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "cachestore/client.h"
+#include "common/wait_for.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -96,15 +97,7 @@ std::chrono::system_clock::time_point Deadline() {
   return std::chrono::system_clock::now() + absl::ToChronoSeconds(kDeadline);
 }
 
-// Waits until `condition` holds or kDeadline passes; returns whether it held.
-bool WaitFor(const std::function<bool()>& condition) {
-  const absl::Time end = absl::Now() + kDeadline;
-  while (!condition()) {
-    if (absl::Now() > end) return false;
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  return true;
-}
+using common::WaitFor;
 
 // The statuses each method documents for well-formed calls (cache_client.h,
 // proto/cachestore.proto); CANCELLED only where the test cancels the call.
