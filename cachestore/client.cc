@@ -53,17 +53,6 @@ constexpr char kGetMethod[] = "/hybridserve.v1.CacheStore/Get";
 constexpr char kGetManyMethod[] = "/hybridserve.v1.CacheStore/GetMany";
 constexpr char kPutMethod[] = "/hybridserve.v1.CacheStore/Put";
 
-grpc::ByteBuffer Serialized(const google::protobuf::MessageLite& m) {
-  grpc::Slice slice(m.SerializeAsString());
-  return grpc::ByteBuffer(&slice, 1);
-}
-
-bool ParseInto(const grpc::ByteBuffer& b, google::protobuf::MessageLite* m) {
-  grpc::Slice flat;
-  if (!b.DumpToSingleSlice(&flat).ok()) return false;
-  return m->ParseFromArray(flat.begin(), static_cast<int>(flat.size()));
-}
-
 // One call of a streaming method whose messages stay raw ByteBuffers (the
 // generated stubs would copy an entry's bytes into and out of protobuf
 // strings; wire.h reads and writes them in place), driven step by step on
@@ -269,7 +258,7 @@ absl::StatusOr<PutResult> CacheStoreClient::Put(const ClientNamespace& ns, const
   // A failed Write means the server already answered (e.g. already present,
   // or an error); Finish tells which.
   grpc::ByteBuffer answer;
-  bool open = call.Write(Serialized(msg));
+  bool open = call.Write(wire::SerializeMessage(msg));
   call.StartAnswer(&answer);
   const int64_t chunk = impl_->options.chunk_bytes;
   for (size_t off = 0; open && !call.answered() && off < bytes.size(); off += chunk) {
@@ -280,14 +269,15 @@ absl::StatusOr<PutResult> CacheStoreClient::Put(const ClientNamespace& ns, const
   if (open && !call.answered()) {
     msg.Clear();
     msg.mutable_commit()->set_checksum(common::Checksum64(bytes.data(), bytes.size()));
-    call.Write(Serialized(msg));
+    call.Write(wire::SerializeMessage(msg));
   }
   call.WritesDone();
   v1::PutResponse resp;
   const bool answered = call.AnswerArrived();
   absl::Status s = FromGrpcStatus(call.Finish());
   if (!s.ok()) return s;
-  if (!answered || !ParseInto(answer, &resp)) return absl::InternalError("cachestore sent a malformed put answer");
+  if (!answered || !wire::ParseMessage(answer, &resp))
+    return absl::InternalError("cachestore sent a malformed put answer");
   PutResult r;
   if (!Hash128::FromBytes(resp.key(), &r.key)) return absl::InternalError("cachestore sent a malformed key");
   r.already_present = resp.already_present();
@@ -305,7 +295,7 @@ absl::Status CacheStoreClient::GetInto(uint64_t lease_id, const Hash128& key, st
   grpc::ClientContext ctx;
   impl_->Prepare(&ctx);
   RawCall call(*impl_->raw, kGetMethod, &ctx);
-  call.Write(Serialized(req));
+  call.Write(wire::SerializeMessage(req));
   call.WritesDone();
   out->clear();
   uint64_t size = 0, checksum = 0;
@@ -348,7 +338,7 @@ absl::Status CacheStoreClient::GetManyInto(uint64_t lease_id, absl::Span<const H
   grpc::ClientContext ctx;
   impl_->Prepare(&ctx);
   RawCall call(*impl_->raw, kGetManyMethod, &ctx);
-  call.Write(Serialized(req));
+  call.Write(wire::SerializeMessage(req));
   call.WritesDone();
   // The entry being received: index `current`, `size` bytes, `checksum`.
   int64_t current = -1;

@@ -57,13 +57,6 @@ grpc::ByteBuffer ChunkMessage(const ReadHandle& h, int64_t offset, int64_t chunk
   }
 }
 
-// A raw method's request as its proto message; false when malformed.
-bool ParseRequest(const grpc::ByteBuffer& raw, google::protobuf::MessageLite* out) {
-  grpc::Slice flat;
-  if (!raw.DumpToSingleSlice(&flat).ok()) return false;
-  return out->ParseFromArray(flat.begin(), static_cast<int>(flat.size()));
-}
-
 // A call that ends as soon as it starts (refused by admission or a malformed
 // request): Finish now, delete itself when gRPC is done with it.
 template <typename Reactor>
@@ -253,7 +246,7 @@ class PutReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
                                                           " of ", session_->size_bytes(), " bytes arrived"));
     } else if (session_ != nullptr && wire::DecodeChunk(raw_, wire::kChunkData, wire::kPutChunk, &chunk_).ok()) {
       s = OnChunk();
-    } else if (!ParseRequest(raw_, &msg_)) {
+    } else if (!wire::ParseMessage(raw_, &msg_)) {
       s = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "malformed put message");
     } else {
       s = session_ == nullptr ? OnHeader() : OnMessage();
@@ -363,8 +356,7 @@ class PutReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     finished_ = true;
     final_ok_ = status.ok();
     if (status.ok()) {
-      grpc::Slice answer(answer_.SerializeAsString());
-      *response_ = grpc::ByteBuffer(&answer, 1);
+      *response_ = wire::SerializeMessage(answer_);
     }
     Finish(status);
   }
@@ -482,7 +474,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* CacheStoreService::Get(grpc::Callbac
   absl::StatusOr<CallAdmission::Slot> slot = Admit(context);
   if (!slot.ok()) return new Refused(ToGrpcStatus(slot.status()));
   v1::GetRequest parsed;
-  if (!ParseRequest(*raw, &parsed)) {
+  if (!wire::ParseMessage(*raw, &parsed)) {
     return new Refused(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "malformed GetRequest"));
   }
   const v1::GetRequest* request = &parsed;
@@ -498,7 +490,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* CacheStoreService::GetMany(grpc::Cal
   absl::StatusOr<CallAdmission::Slot> slot = Admit(context);
   if (!slot.ok()) return new Refused(ToGrpcStatus(slot.status()));
   v1::GetManyRequest parsed;
-  if (!ParseRequest(*raw, &parsed)) {
+  if (!wire::ParseMessage(*raw, &parsed)) {
     return new Refused(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "malformed GetManyRequest"));
   }
   const v1::GetManyRequest* request = &parsed;

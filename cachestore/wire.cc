@@ -75,6 +75,17 @@ absl::Status Malformed(absl::string_view what) {
 
 }  // namespace
 
+grpc::ByteBuffer SerializeMessage(const google::protobuf::MessageLite& message) {
+  grpc::Slice slice(message.SerializeAsString());
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+bool ParseMessage(const grpc::ByteBuffer& message, google::protobuf::MessageLite* out) {
+  grpc::Slice flat;
+  if (!message.DumpToSingleSlice(&flat).ok()) return false;
+  return out->ParseFromArray(flat.begin(), static_cast<int>(flat.size()));
+}
+
 grpc::ByteBuffer EncodeChunk(absl::Span<const VarintField> varints, int data_field, const grpc::Slice& data,
                              int wrap_field) {
   std::string inner;

@@ -17,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
+#include "google/protobuf/message_lite.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/slice.h"
 
@@ -50,6 +51,11 @@ grpc::Slice BorrowedSlice(const void* data, size_t size, std::shared_ptr<T> owne
   return grpc::Slice(
       const_cast<void*>(data), size, [](void* p) { delete static_cast<std::shared_ptr<T>*>(p); }, held);
 }
+
+// A small message (a header, a request, an answer) as a raw buffer, and back;
+// false when `message` does not parse as `out`.
+grpc::ByteBuffer SerializeMessage(const google::protobuf::MessageLite& message);
+bool ParseMessage(const grpc::ByteBuffer& message, google::protobuf::MessageLite* out);
 
 // A decoded chunk message: its varint fields by number (0 when absent) and
 // where its data field's bytes lie in the message.
