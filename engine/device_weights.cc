@@ -1,7 +1,9 @@
 #include "engine/device_weights.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -25,22 +27,57 @@ class DeviceWeights::Uploader {
     RETURN_IF_ERROR(KernelStatusToStatus(
         backend_.UploadConstant(host.data(), static_cast<int64_t>(host.size() * sizeof(float)), &buffer),
         absl::StrCat("uploading ", what)));
-    return Keep(std::move(buffer), /*allocated=*/false);
+    return static_cast<const float*>(Keep(std::move(buffer), /*allocated=*/false));
+  }
+
+  // The device copy (or alias) of a host matrix in its resident dtype.
+  absl::StatusOr<DeviceMatrix> Matrix(const WeightMatrix& host, const char* what) {
+    DeviceMatrix out;
+    if (host.is_bf16()) {
+      kernels::DeviceBuffer buffer;
+      RETURN_IF_ERROR(KernelStatusToStatus(backend_.UploadConstant(host.bf16.data(), host.bytes(), &buffer),
+                                           absl::StrCat("uploading ", what)));
+      out.bf16 = static_cast<const uint16_t*>(Keep(std::move(buffer), /*allocated=*/false));
+    } else {
+      ASSIGN_OR_RETURN(out.f32, Constant(host.f32, what));
+    }
+    return out;
   }
 
   // A device tensor made from a temporary host vector (a derived tensor).
-  absl::StatusOr<const float*> Derived(const std::vector<float>& host, const char* what) {
-    const auto bytes = static_cast<int64_t>(host.size() * sizeof(float));
+  template <typename T>
+  absl::StatusOr<const T*> Derived(const std::vector<T>& host, const char* what) {
+    const auto bytes = static_cast<int64_t>(host.size() * sizeof(T));
     kernels::DeviceBuffer buffer;
     RETURN_IF_ERROR(KernelStatusToStatus(backend_.Allocate(bytes, &buffer), absl::StrCat("allocating ", what)));
     RETURN_IF_ERROR(KernelStatusToStatus(backend_.CopyToDevice(buffer.data(), host.data(), bytes),
                                          absl::StrCat("uploading ", what)));
-    return Keep(std::move(buffer), /*allocated=*/true);
+    return static_cast<const T*>(Keep(std::move(buffer), /*allocated=*/true));
+  }
+
+  // Rows [first | second | ...] of matrices of one width as one device matrix:
+  // bf16 when every part is bf16, else fp32 (bf16 parts widened exactly).
+  absl::StatusOr<DeviceMatrix> Stacked(std::initializer_list<const WeightMatrix*> parts, const char* what) {
+    const bool all_bf16 = std::all_of(parts.begin(), parts.end(), [](const WeightMatrix* m) { return m->is_bf16(); });
+    DeviceMatrix out;
+    if (all_bf16) {
+      std::vector<uint16_t> rows;
+      for (const WeightMatrix* m : parts) rows.insert(rows.end(), m->bf16.begin(), m->bf16.end());
+      ASSIGN_OR_RETURN(out.bf16, Derived(rows, what));
+    } else {
+      std::vector<float> rows;
+      for (const WeightMatrix* m : parts) {
+        const std::vector<float> widened = m->ToFloat32();
+        rows.insert(rows.end(), widened.begin(), widened.end());
+      }
+      ASSIGN_OR_RETURN(out.f32, Derived(rows, what));
+    }
+    return out;
   }
 
  private:
-  const float* Keep(kernels::DeviceBuffer buffer, bool allocated) {
-    const float* p = buffer.as<float>();
+  const void* Keep(kernels::DeviceBuffer buffer, bool allocated) {
+    const void* p = buffer.data();
     if (allocated) out_.allocated_bytes_ += buffer.bytes();
     out_.buffers_.push_back(std::move(buffer));
     return p;
@@ -54,13 +91,13 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::Create(const Model
                                                                      kernels::Backend& backend) {
   std::unique_ptr<DeviceWeights> out(new DeviceWeights());
   Uploader up(backend, *out);
-  ASSIGN_OR_RETURN(out->embeddings_, up.Constant(weights.embeddings(), "embeddings"));
+  ASSIGN_OR_RETURN(out->embeddings_, up.Matrix(weights.embeddings(), "embeddings"));
   ASSIGN_OR_RETURN(out->norm_f_, up.Constant(weights.norm_f(), "norm_f"));
   // A tied head is the embeddings object itself: the same device tensor.
   if (&weights.lm_head() == &weights.embeddings()) {
     out->lm_head_ = out->embeddings_;
   } else {
-    ASSIGN_OR_RETURN(out->lm_head_, up.Constant(weights.lm_head(), "lm_head"));
+    ASSIGN_OR_RETURN(out->lm_head_, up.Matrix(weights.lm_head(), "lm_head"));
   }
   for (const LayerWeights& layer : weights.layers()) {
     DeviceLayerWeights d;
@@ -69,7 +106,7 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::Create(const Model
       case LayerKind::kMamba2: {
         const Mamba2LayerWeights& w = layer.mamba2();
         DeviceMamba2Weights m;
-        ASSIGN_OR_RETURN(m.in_proj, up.Constant(w.in_proj, "mamba2 in_proj"));
+        ASSIGN_OR_RETURN(m.in_proj, up.Matrix(w.in_proj, "mamba2 in_proj"));
         ASSIGN_OR_RETURN(m.in_proj_bias, up.Constant(w.in_proj_bias, "mamba2 in_proj bias"));
         ASSIGN_OR_RETURN(m.conv1d_weight, up.Constant(w.conv1d_weight, "mamba2 conv1d"));
         ASSIGN_OR_RETURN(m.conv1d_bias, up.Constant(w.conv1d_bias, "mamba2 conv1d bias"));
@@ -79,30 +116,25 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::Create(const Model
         ASSIGN_OR_RETURN(m.A, up.Derived(a, "mamba2 A"));
         ASSIGN_OR_RETURN(m.D, up.Constant(w.D, "mamba2 D"));
         ASSIGN_OR_RETURN(m.norm, up.Constant(w.norm, "mamba2 norm"));
-        ASSIGN_OR_RETURN(m.out_proj, up.Constant(w.out_proj, "mamba2 out_proj"));
+        ASSIGN_OR_RETURN(m.out_proj, up.Matrix(w.out_proj, "mamba2 out_proj"));
         ASSIGN_OR_RETURN(m.out_proj_bias, up.Constant(w.out_proj_bias, "mamba2 out_proj bias"));
         d.mixer = m;
         break;
       }
       case LayerKind::kAttention: {
         const AttentionLayerWeights& w = layer.attention();
-        std::vector<float> qkv;
-        qkv.reserve(w.q_proj.size() + w.k_proj.size() + w.v_proj.size());
-        qkv.insert(qkv.end(), w.q_proj.begin(), w.q_proj.end());
-        qkv.insert(qkv.end(), w.k_proj.begin(), w.k_proj.end());
-        qkv.insert(qkv.end(), w.v_proj.begin(), w.v_proj.end());
         DeviceAttentionWeights a;
-        ASSIGN_OR_RETURN(a.qkv_proj, up.Derived(qkv, "attention qkv_proj"));
-        ASSIGN_OR_RETURN(a.o_proj, up.Constant(w.o_proj, "attention o_proj"));
+        ASSIGN_OR_RETURN(a.qkv_proj, up.Stacked({&w.q_proj, &w.k_proj, &w.v_proj}, "attention qkv_proj"));
+        ASSIGN_OR_RETURN(a.o_proj, up.Matrix(w.o_proj, "attention o_proj"));
         d.mixer = a;
         break;
       }
       case LayerKind::kMlp: {
         const MlpLayerWeights& w = layer.mlp();
         DeviceMlpWeights m;
-        ASSIGN_OR_RETURN(m.up_proj, up.Constant(w.up_proj, "mlp up_proj"));
+        ASSIGN_OR_RETURN(m.up_proj, up.Matrix(w.up_proj, "mlp up_proj"));
         ASSIGN_OR_RETURN(m.up_proj_bias, up.Constant(w.up_proj_bias, "mlp up_proj bias"));
-        ASSIGN_OR_RETURN(m.down_proj, up.Constant(w.down_proj, "mlp down_proj"));
+        ASSIGN_OR_RETURN(m.down_proj, up.Matrix(w.down_proj, "mlp down_proj"));
         ASSIGN_OR_RETURN(m.down_proj_bias, up.Constant(w.down_proj_bias, "mlp down_proj bias"));
         d.mixer = m;
         break;

@@ -5,6 +5,7 @@
 // runners hand to kernels: the host tensors of ModelWeights uploaded (on the
 // CPU backend, aliased: no second copy), plus the few derived tensors the
 // runners need (A = -exp(A_log); q, k and v projections as one matrix).
+// Matrices keep their resident dtype (fp32 or bf16, WeightMatrix).
 // Every pointer is device memory; a bias the model does not have is null.
 //
 // Immutable after Create; the ModelWeights it was made from must outlive it
@@ -22,8 +23,14 @@
 
 namespace hybridserve::engine {
 
+// A matrix on the device in its resident dtype: exactly one pointer is set.
+struct DeviceMatrix {
+  const float* f32 = nullptr;
+  const uint16_t* bf16 = nullptr;  // bfloat16 bit patterns
+};
+
 struct DeviceMamba2Weights {
-  const float* in_proj = nullptr;        // [in_proj_rows, hidden]
+  DeviceMatrix in_proj;                  // [in_proj_rows, hidden]
   const float* in_proj_bias = nullptr;   // [in_proj_rows] or null
   const float* conv1d_weight = nullptr;  // [conv_dim, conv_kernel]
   const float* conv1d_bias = nullptr;    // [conv_dim] or null
@@ -31,7 +38,7 @@ struct DeviceMamba2Weights {
   const float* A = nullptr;              // [num_heads]; -exp(A_log) in fp32, as transformers computes it
   const float* D = nullptr;              // [num_heads]
   const float* norm = nullptr;           // [d_inner]
-  const float* out_proj = nullptr;       // [hidden, d_inner]
+  DeviceMatrix out_proj;                 // [hidden, d_inner]
   const float* out_proj_bias = nullptr;  // [hidden] or null
 };
 
@@ -39,14 +46,14 @@ struct DeviceAttentionWeights {
   // Rows [q | k | v] of one matrix, [q_dim + 2 * kv_dim, hidden]: each output
   // element is the same dot product as with three matrices (bit-identical in
   // deterministic mode), in one kernel call.
-  const float* qkv_proj = nullptr;
-  const float* o_proj = nullptr;  // [hidden, q_dim]
+  DeviceMatrix qkv_proj;
+  DeviceMatrix o_proj;  // [hidden, q_dim]
 };
 
 struct DeviceMlpWeights {
-  const float* up_proj = nullptr;         // [intermediate, hidden]
+  DeviceMatrix up_proj;                   // [intermediate, hidden]
   const float* up_proj_bias = nullptr;    // [intermediate] or null
-  const float* down_proj = nullptr;       // [hidden, intermediate]
+  DeviceMatrix down_proj;                 // [hidden, intermediate]
   const float* down_proj_bias = nullptr;  // [hidden] or null
 };
 
@@ -69,9 +76,9 @@ class DeviceWeights {
   DeviceWeights(const DeviceWeights&) = delete;
   DeviceWeights& operator=(const DeviceWeights&) = delete;
 
-  const float* embeddings() const { return embeddings_; }  // [vocab, hidden]
-  const float* norm_f() const { return norm_f_; }          // [hidden]
-  const float* lm_head() const { return lm_head_; }        // [vocab, hidden]
+  const DeviceMatrix& embeddings() const { return embeddings_; }  // [vocab, hidden]
+  const float* norm_f() const { return norm_f_; }                 // [hidden]
+  const DeviceMatrix& lm_head() const { return lm_head_; }        // [vocab, hidden]
   const DeviceLayerWeights& layer(int64_t i) const { return layers_[static_cast<size_t>(i)]; }
   // Device bytes this object allocated (aliased host tensors not counted).
   int64_t allocated_bytes() const { return allocated_bytes_; }
@@ -80,9 +87,9 @@ class DeviceWeights {
   class Uploader;
   DeviceWeights() = default;
 
-  const float* embeddings_ = nullptr;
+  DeviceMatrix embeddings_;
   const float* norm_f_ = nullptr;
-  const float* lm_head_ = nullptr;
+  DeviceMatrix lm_head_;
   std::vector<DeviceLayerWeights> layers_;
   std::vector<kernels::DeviceBuffer> buffers_;  // owns every pointer above
   int64_t allocated_bytes_ = 0;

@@ -28,11 +28,12 @@ absl::StatusOr<const int32_t*> Workspace::Upload(WorkspaceBuffer index, const in
   return static_cast<const int32_t*>(device);
 }
 
-absl::Status Linear(const LayerEnv& env, const float* a, int64_t m, int64_t k, const float* w, int64_t n,
+absl::Status Linear(const LayerEnv& env, const float* a, int64_t m, int64_t k, const DeviceMatrix& w, int64_t n,
                     const float* bias, float* out, bool accumulate, absl::string_view what) {
   kernels::MatmulParams p;
   p.a = a;
-  p.w = w;
+  p.w = w.f32;
+  p.w_bf16 = w.bf16;
   p.bias = bias;
   p.out = out;
   p.m = m;

@@ -20,6 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "engine/device_weights.h"
 #include "engine/kv_page_pool.h"
 #include "engine/state_slot_pool.h"
 #include "kernels/backend.h"
@@ -112,8 +113,9 @@ class LayerRunner {
 };
 
 // out[m, n] (+)= a[m, k] @ w[n, k]^T + bias[n] in the env's matmul mode on the
-// env's backend; `bias` may be null. Packed rows, device memory.
-absl::Status Linear(const LayerEnv& env, const float* a, int64_t m, int64_t k, const float* w, int64_t n,
+// env's backend, w in its resident dtype; `bias` may be null. Packed rows,
+// device memory.
+absl::Status Linear(const LayerEnv& env, const float* a, int64_t m, int64_t k, const DeviceMatrix& w, int64_t n,
                     const float* bias, float* out, bool accumulate, absl::string_view what);
 
 }  // namespace hybridserve::engine

@@ -135,7 +135,8 @@ absl::Status Model::Embed(const TokenId* tokens, int64_t n) {
   ASSIGN_OR_RETURN(const int32_t* ids, workspace_->Upload(kTokenIds, tokens, n));
   ASSIGN_OR_RETURN(float* hidden, workspace_->Get<float>(kHidden, n * config_.hidden_size));
   kernels::EmbeddingParams p;
-  p.table = device_weights_->embeddings();
+  p.table = device_weights_->embeddings().f32;
+  p.table_bf16 = device_weights_->embeddings().bf16;
   p.tokens = ids;
   p.out = hidden;
   p.n_tokens = n;

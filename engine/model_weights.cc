@@ -28,6 +28,13 @@ std::string ShapeString(absl::Span<const int64_t> shape) { return absl::StrCat("
 
 }  // namespace
 
+std::vector<float> WeightMatrix::ToFloat32() const {
+  if (!is_bf16()) return f32;
+  std::vector<float> out(bf16.size());
+  for (size_t i = 0; i < bf16.size(); ++i) out[i] = Bf16ToFloat(bf16[i]);
+  return out;
+}
+
 // Fills a ModelWeights from a checkpoint, tracking which tensors were used.
 class ModelWeights::Loader {
  public:
@@ -92,7 +99,8 @@ class ModelWeights::Loader {
     return absl::OkStatus();
   }
 
-  absl::Status TakeBody(const std::string& name, std::vector<int64_t> shape, std::vector<float>& dst) {
+  template <typename Dst>
+  absl::Status TakeBody(const std::string& name, std::vector<int64_t> shape, Dst& dst) {
     return Take(prefix_ + name, name, std::move(shape), dst);
   }
 
@@ -103,8 +111,35 @@ class ModelWeights::Loader {
     return TakeBody(name, std::move(shape), dst);
   }
 
+  // A vector: always fp32.
   absl::Status Take(const std::string& full_name, const std::string& canonical, std::vector<int64_t> shape,
                     std::vector<float>& dst) {
+    ASSIGN_OR_RETURN(TensorView view, Find(full_name, canonical, std::move(shape)));
+    ASSIGN_OR_RETURN(dst, ToFloat32(view));
+    out_.resident_bytes_ += static_cast<int64_t>(dst.size() * sizeof(float));
+    return absl::OkStatus();
+  }
+
+  // A matrix: bf16 stays bf16 (bit patterns copied as stored), anything else
+  // becomes fp32.
+  absl::Status Take(const std::string& full_name, const std::string& canonical, std::vector<int64_t> shape,
+                    WeightMatrix& dst) {
+    ASSIGN_OR_RETURN(TensorView view, Find(full_name, canonical, std::move(shape)));
+    dst = WeightMatrix();
+    if (view.dtype == DType::kBF16) {
+      dst.bf16.resize(static_cast<size_t>(view.num_elements()));
+      std::memcpy(dst.bf16.data(), view.bytes.data(), dst.bf16.size() * sizeof(uint16_t));
+      out_.has_bf16_ = true;
+    } else {
+      ASSIGN_OR_RETURN(dst.f32, ToFloat32(view));
+    }
+    out_.resident_bytes_ += dst.bytes();
+    return absl::OkStatus();
+  }
+
+  // The view of a tensor of the expected shape, recorded as used.
+  absl::StatusOr<TensorView> Find(const std::string& full_name, const std::string& canonical,
+                                  std::vector<int64_t> shape) {
     const TensorInfo* info = checkpoint_.Find(full_name);
     if (info == nullptr) {
       return absl::InvalidArgumentError(
@@ -115,13 +150,10 @@ class ModelWeights::Loader {
                                                      ", expected ", ShapeString(shape)));
     }
     ASSIGN_OR_RETURN(TensorView view, checkpoint_.Tensor(full_name));
-    absl::StatusOr<std::vector<float>> values = ToFloat32(view);
-    if (!values.ok()) return values.status();
-    dst = std::move(*values);
     consumed_.insert(full_name);
     used_.push_back(Used{canonical, view});
     out_.num_parameters_ += view.num_elements();
-    return absl::OkStatus();
+    return view;
   }
 
   absl::Status LoadMamba2(const std::string& p, Mamba2LayerWeights& w) {

@@ -1,8 +1,11 @@
 #ifndef HYBRIDSERVE_ENGINE_MODEL_WEIGHTS_H_
 #define HYBRIDSERVE_ENGINE_MODEL_WEIGHTS_H_
 
-// Every weight of a model, converted to fp32 and organised per layer, loaded
-// from a Hugging Face model directory (config.json + safetensors).
+// Every weight of a model, organised per layer, loaded from a Hugging Face
+// model directory (config.json + safetensors). The matrices (embeddings, the
+// projections, the LM head) stay in the checkpoint's bf16 when it stores bf16
+// (WeightMatrix: no fp32 copy is kept; the kernels read bf16); fp16 and fp32
+// matrices and every vector (norms, biases, conv, A_log, D, dt_bias) are fp32.
 //
 // Tensor names (transformers' NemotronHForCausalLM / Mamba2ForCausalLM):
 //   P.embeddings.weight (legacy Mamba2: P.embedding.weight)   [vocab, hidden]
@@ -43,9 +46,24 @@
 
 namespace hybridserve::engine {
 
+// A weight matrix as it stays resident: fp32, or the checkpoint's bfloat16 bit
+// patterns (the high 16 bits of an fp32). At most one of the two is non-empty;
+// both are empty for an absent tensor.
+struct WeightMatrix {
+  std::vector<float> f32;
+  std::vector<uint16_t> bf16;
+
+  bool is_bf16() const { return !bf16.empty(); }
+  bool empty() const { return f32.empty() && bf16.empty(); }
+  size_t size() const { return is_bf16() ? bf16.size() : f32.size(); }
+  int64_t bytes() const { return static_cast<int64_t>(f32.size() * sizeof(float) + bf16.size() * sizeof(uint16_t)); }
+  // The values widened to fp32 (exact).
+  std::vector<float> ToFloat32() const;
+};
+
 // Member names follow the checkpoint (and the math) rather than snake_case.
 struct Mamba2LayerWeights {
-  std::vector<float> in_proj;        // [in_proj_rows, hidden]; rows [z | x | B | C | dt]
+  WeightMatrix in_proj;              // [in_proj_rows, hidden]; rows [z | x | B | C | dt]
   std::vector<float> in_proj_bias;   // [in_proj_rows] if use_bias, else empty
   std::vector<float> conv1d_weight;  // [conv_dim, conv_kernel] (file: [conv_dim, 1, conv_kernel])
   std::vector<float> conv1d_bias;    // [conv_dim] if use_conv_bias, else empty
@@ -53,21 +71,21 @@ struct Mamba2LayerWeights {
   std::vector<float> A_log;          // [num_heads]; A = -exp(A_log)
   std::vector<float> D;              // [num_heads]; skip connection
   std::vector<float> norm;           // [d_inner]; gated RMSNorm weight
-  std::vector<float> out_proj;       // [hidden, d_inner]
+  WeightMatrix out_proj;             // [hidden, d_inner]
   std::vector<float> out_proj_bias;  // [hidden] if use_bias, else empty
 };
 
 struct AttentionLayerWeights {
-  std::vector<float> q_proj;  // [num_heads * head_dim, hidden]
-  std::vector<float> k_proj;  // [num_kv_heads * head_dim, hidden]
-  std::vector<float> v_proj;  // [num_kv_heads * head_dim, hidden]
-  std::vector<float> o_proj;  // [hidden, num_heads * head_dim]
+  WeightMatrix q_proj;  // [num_heads * head_dim, hidden]
+  WeightMatrix k_proj;  // [num_kv_heads * head_dim, hidden]
+  WeightMatrix v_proj;  // [num_kv_heads * head_dim, hidden]
+  WeightMatrix o_proj;  // [hidden, num_heads * head_dim]
 };
 
 struct MlpLayerWeights {
-  std::vector<float> up_proj;         // [intermediate, hidden]
+  WeightMatrix up_proj;               // [intermediate, hidden]
   std::vector<float> up_proj_bias;    // [intermediate] if mlp_bias, else empty
-  std::vector<float> down_proj;       // [hidden, intermediate]
+  WeightMatrix down_proj;             // [hidden, intermediate]
   std::vector<float> down_proj_bias;  // [hidden] if mlp_bias, else empty
 };
 
@@ -98,11 +116,11 @@ class ModelWeights {
   ModelWeights& operator=(const ModelWeights&) = delete;
 
   const ModelConfig& config() const { return config_; }
-  const std::vector<float>& embeddings() const { return embeddings_; }  // [vocab, hidden]
-  const std::vector<float>& norm_f() const { return norm_f_; }          // [hidden]
+  const WeightMatrix& embeddings() const { return embeddings_; }  // [vocab, hidden]
+  const std::vector<float>& norm_f() const { return norm_f_; }    // [hidden]
   // [vocab, hidden]; the embeddings object itself when the model is tied and
   // stores no head of its own (none, or an exact copy of the embeddings).
-  const std::vector<float>& lm_head() const { return tied_ ? embeddings_ : lm_head_; }
+  const WeightMatrix& lm_head() const { return tied_ ? embeddings_ : lm_head_; }
   const std::vector<LayerWeights>& layers() const { return layers_; }
   const LayerWeights& layer(int64_t i) const { return layers_[static_cast<size_t>(i)]; }
 
@@ -115,19 +133,25 @@ class ModelWeights {
   const common::Hash128& fingerprint() const { return fingerprint_; }
   // Number of distinct parameters (a head that is the embeddings counted once).
   int64_t num_parameters() const { return num_parameters_; }
+  // Whether any matrix is kept in bf16.
+  bool has_bf16_matrices() const { return has_bf16_; }
+  // Resident bytes of every distinct tensor (what the weights cost in memory).
+  int64_t resident_bytes() const { return resident_bytes_; }
 
  private:
   class Loader;
   ModelWeights() = default;
 
   ModelConfig config_;
-  std::vector<float> embeddings_;
+  WeightMatrix embeddings_;
   std::vector<float> norm_f_;
-  std::vector<float> lm_head_;  // empty when tied_
-  bool tied_ = false;           // lm_head() is embeddings_
+  WeightMatrix lm_head_;  // empty when tied_
+  bool tied_ = false;     // lm_head() is embeddings_
   std::vector<LayerWeights> layers_;
   common::Hash128 fingerprint_;
   int64_t num_parameters_ = 0;
+  bool has_bf16_ = false;
+  int64_t resident_bytes_ = 0;
 };
 
 }  // namespace hybridserve::engine

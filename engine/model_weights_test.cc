@@ -165,11 +165,11 @@ TEST(ModelWeightsTest, NemotronHTinyLoadsEveryLayerWithConfigShapes) {
   const TensorMap file = ReadTensors(kNemotronTiny);
   EXPECT_EQ(w->num_parameters(), TotalElements(file));
   // Values are the stored floats, in the stored order ([conv_dim, 1, K] -> [conv_dim, K]).
-  EXPECT_EQ(w->embeddings(), Floats(file.at("backbone.embeddings.weight")));
-  EXPECT_EQ(w->lm_head(), Floats(file.at("lm_head.weight")));
+  EXPECT_EQ(w->embeddings().f32, Floats(file.at("backbone.embeddings.weight")));
+  EXPECT_EQ(w->lm_head().f32, Floats(file.at("lm_head.weight")));
   EXPECT_EQ(w->layer(4).mamba2().conv1d_weight, Floats(file.at("backbone.layers.4.mixer.conv1d.weight")));
   EXPECT_EQ(w->layer(4).mamba2().A_log, Floats(file.at("backbone.layers.4.mixer.A_log")));
-  EXPECT_EQ(w->layer(5).attention().o_proj, Floats(file.at("backbone.layers.5.mixer.o_proj.weight")));
+  EXPECT_EQ(w->layer(5).attention().o_proj.f32, Floats(file.at("backbone.layers.5.mixer.o_proj.weight")));
   EXPECT_EQ(w->layer(6).norm, Floats(file.at("backbone.layers.6.norm.weight")));
 }
 
@@ -257,8 +257,8 @@ TEST(ModelWeightsTest, ShardedCheckpointLoadsToTheSameWeightsAndFingerprint) {
   std::unique_ptr<ModelWeights> single = MustLoad(Runfile(kNemotronTiny));
   ASSERT_NE(single, nullptr);
   EXPECT_EQ((*sharded)->fingerprint(), single->fingerprint());
-  EXPECT_EQ((*sharded)->layer(2).mamba2().in_proj, single->layer(2).mamba2().in_proj);
-  EXPECT_EQ((*sharded)->lm_head(), single->lm_head());
+  EXPECT_EQ((*sharded)->layer(2).mamba2().in_proj.f32, single->layer(2).mamba2().in_proj.f32);
+  EXPECT_EQ((*sharded)->lm_head().f32, single->lm_head().f32);
 }
 
 TEST(ModelWeightsTest, Bf16CheckpointConvertsExactlyAndHasItsOwnFingerprint) {
@@ -275,8 +275,20 @@ TEST(ModelWeightsTest, Bf16CheckpointConvertsExactlyAndHasItsOwnFingerprint) {
   ASSERT_TRUE(w.ok()) << w.status();
   std::unique_ptr<ModelWeights> fp32 = MustLoad(Runfile(kMamba2Tiny));
   ASSERT_NE(fp32, nullptr);
-  const std::vector<float>& got = (*w)->layer(1).mamba2().out_proj;
-  const std::vector<float>& full = fp32->layer(1).mamba2().out_proj;
+  // Matrices stay bf16 (no fp32 copy); vectors are widened.
+  EXPECT_TRUE((*w)->has_bf16_matrices());
+  EXPECT_FALSE(fp32->has_bf16_matrices());
+  EXPECT_TRUE((*w)->layer(1).mamba2().out_proj.is_bf16());
+  EXPECT_TRUE((*w)->layer(1).mamba2().out_proj.f32.empty());
+  // The matrices (tied embeddings once, in_proj and out_proj per layer) cost
+  // half; the vectors are fp32 on both sides.
+  int64_t matrix_elements = static_cast<int64_t>(fp32->embeddings().size());
+  for (const LayerWeights& layer : fp32->layers()) {
+    matrix_elements += static_cast<int64_t>(layer.mamba2().in_proj.size() + layer.mamba2().out_proj.size());
+  }
+  EXPECT_EQ(fp32->resident_bytes() - (*w)->resident_bytes(), 2 * matrix_elements);
+  const std::vector<float> got = (*w)->layer(1).mamba2().out_proj.ToFloat32();
+  const std::vector<float>& full = fp32->layer(1).mamba2().out_proj.f32;
   ASSERT_EQ(got.size(), full.size());
   for (size_t i = 0; i < got.size(); ++i) {
     uint32_t bits;
@@ -386,8 +398,8 @@ TEST(ModelWeightsTest, TiedNemotronHUsesItsStoredHeadNotTheEmbeddings) {
   const std::vector<float> head = Floats(file.at("lm_head.weight"));
   const std::vector<float> embeddings = Floats(file.at("backbone.embeddings.weight"));
   ASSERT_NE(head, embeddings);
-  EXPECT_EQ(w->lm_head(), head);
-  EXPECT_EQ(w->embeddings(), embeddings);
+  EXPECT_EQ(w->lm_head().f32, head);
+  EXPECT_EQ(w->embeddings().f32, embeddings);
   EXPECT_NE(&w->lm_head(), &w->embeddings());
   EXPECT_EQ(w->num_parameters(), TotalElements(file));
 
@@ -429,8 +441,8 @@ TEST(ModelWeightsTest, TiedHeadStoredAnywayIsSharedWhenACopyAndUsedWhenDifferent
   w = ModelWeights::Load(Config(kMamba2Tiny), WriteModel("tied_differs", tensors));
   ASSERT_TRUE(w.ok()) << w.status();
   EXPECT_NE(&(*w)->lm_head(), &(*w)->embeddings());
-  EXPECT_EQ((*w)->lm_head(), Floats(tensors.at("lm_head.weight")));
-  EXPECT_EQ((*w)->embeddings(), base->embeddings());
+  EXPECT_EQ((*w)->lm_head().f32, Floats(tensors.at("lm_head.weight")));
+  EXPECT_EQ((*w)->embeddings().f32, base->embeddings().f32);
   EXPECT_NE((*w)->fingerprint(), base->fingerprint());
   EXPECT_EQ((*w)->num_parameters(), TotalElements(tensors));
 

@@ -111,6 +111,7 @@ int CountingBackend::Embedding(const EmbeddingParams& p) {
   static constexpr char kOp[] = "Embedding";
   Count(kOp, true);
   HS_CHECK(table);
+  HS_CHECK(table_bf16);
   HS_CHECK(tokens);
   HS_CHECK(out);
   return inner_.Embedding(p);

@@ -5,11 +5,13 @@
 
 namespace hybridserve::kernels {
 
-// Row gather: out[t] = table[tokens[t]] for t < n_tokens (an exact copy).
+// Row gather: out[t] = table[tokens[t]] for t < n_tokens (an exact copy; bf16
+// rows widened exactly). Exactly one of table and table_bf16 is set.
 struct EmbeddingParams {
-  const float* table = nullptr;     // [vocab, dim]
-  const int32_t* tokens = nullptr;  // [n_tokens], each in [0, vocab)
-  float* out = nullptr;             // [n_tokens, dim]; must not alias table
+  const float* table = nullptr;          // [vocab, dim]
+  const uint16_t* table_bf16 = nullptr;  // [vocab, dim], bfloat16 bit patterns
+  const int32_t* tokens = nullptr;       // [n_tokens], each in [0, vocab)
+  float* out = nullptr;                  // [n_tokens, dim]; must not alias table
   int64_t n_tokens = 0;
   int64_t vocab = 0;
   int64_t dim = 0;

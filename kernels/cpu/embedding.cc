@@ -8,7 +8,8 @@
 namespace hybridserve::kernels::cpu {
 
 int Embedding(const EmbeddingParams& p, ThreadPool* pool) {
-  if (p.table == nullptr || p.tokens == nullptr || p.out == nullptr || p.n_tokens < 1 || p.vocab < 1 || p.dim < 1) {
+  if ((p.table == nullptr) == (p.table_bf16 == nullptr) || p.tokens == nullptr || p.out == nullptr || p.n_tokens < 1 ||
+      p.vocab < 1 || p.dim < 1) {
     return kKernelInvalidArgument;
   }
   for (int64_t t = 0; t < p.n_tokens; ++t) {
@@ -17,7 +18,16 @@ int Embedding(const EmbeddingParams& p, ThreadPool* pool) {
   const size_t row_bytes = static_cast<size_t>(p.dim) * sizeof(float);
   ParallelFor(pool, p.n_tokens, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
-      std::memcpy(p.out + t * p.dim, p.table + static_cast<int64_t>(p.tokens[t]) * p.dim, row_bytes);
+      const int64_t row = static_cast<int64_t>(p.tokens[t]) * p.dim;
+      if (p.table != nullptr) {
+        std::memcpy(p.out + t * p.dim, p.table + row, row_bytes);
+        continue;
+      }
+      float* out = p.out + t * p.dim;
+      for (int64_t i = 0; i < p.dim; ++i) {
+        const uint32_t bits = static_cast<uint32_t>(p.table_bf16[row + i]) << 16;
+        std::memcpy(out + i, &bits, sizeof(bits));
+      }
     }
   });
   return kKernelOk;

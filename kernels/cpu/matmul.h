@@ -1,6 +1,7 @@
 #ifndef HYBRIDSERVE_KERNELS_CPU_MATMUL_H_
 #define HYBRIDSERVE_KERNELS_CPU_MATMUL_H_
 
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/matmul_params.h"
 
@@ -8,7 +9,11 @@ namespace hybridserve::kernels::cpu {
 
 // out = a @ w^T (+ bias) (+ out); see kernels/matmul_params.h. All return a KernelStatus.
 
-// Deterministic mode. Each out[i, j] is
+// Deterministic mode, on the process's kernel path (cpu_features.h). On every
+// path a row's bits depend only on that row of a, on w and on bias: never on
+// m, on the other rows or on threads. The paths differ in the chain:
+//
+// avx2 (and any path for m == 0 work). Each out[i, j] is
 //   acc = 8-lane fp32 vector; for k0 = 0, 8, 16, ...: acc = fma(a[i, k0:k0+8], w[j, k0:k0+8], acc)
 //         (the last step zero-padded when k % 8 != 0), i.e. lane l sums k = l mod 8 in
 //         ascending order;
@@ -19,7 +24,22 @@ namespace hybridserve::kernels::cpu {
 // that row of a, on w and on bias: never on m, on the other rows or on threads.
 // bf16 weights are widened exactly, so they give the bits of the fp32 path on
 // the widened weights.
+//
+// avx512: the same with 16 lanes (lane l sums k = l mod 16, zero-padded last
+// step), reduced as r = Hsum(lanes[0:8] + lanes[8:16]); bf16 weights widened
+// exactly (the bits of fp32 weights).
+//
+// avx512_bf16: fp32 weights as avx512. bf16 weights: each row of a is rounded
+// to bf16 (nearest even), and lane l accumulates, per 32-element step of k,
+// acc = (acc + a[2l+1] w[2l+1]) + a[2l] w[2l] (vdpbf16ps: exact products,
+// two rounded adds, denormals flushed), then the same Hsum and bias. The
+// rounding of a costs up to 2^-9 relative per product (as llama.cpp's bf16
+// path); the weights were bf16 already.
 int MatmulDeterministic(const MatmulParams& p, ThreadPool* pool);
+
+// MatmulDeterministic on a given path; kKernelUnsupported when this CPU lacks
+// it (tests compare the paths).
+int MatmulDeterministicOnPath(const MatmulParams& p, KernelPath path, ThreadPool* pool);
 
 // Fast mode: OpenBLAS (cblas_sgemm, or cblas_sgemv when m == 1), using
 // OpenBLAS's own threads (pool unused). bf16 weights are widened block by block

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -55,6 +56,28 @@ std::vector<float> RunMatmul(MatmulMode mode, const float* a, int64_t m, const P
   p.n = pr.n;
   p.k = pr.k;
   EXPECT_EQ(Matmul(p, mode, pool), kKernelOk);
+  return out;
+}
+
+std::vector<float> RunOnPath(KernelPath path, const float* a, int64_t m, const Problem& pr, ThreadPool* pool,
+                             const float* bias, const uint16_t* w_bf16 = nullptr) {
+  std::vector<float> out(m * pr.n, NAN);
+  MatmulParams p;
+  p.a = a;
+  p.w = w_bf16 ? nullptr : pr.w.data();
+  p.w_bf16 = w_bf16;
+  p.bias = bias;
+  p.out = out.data();
+  p.m = m;
+  p.n = pr.n;
+  p.k = pr.k;
+  EXPECT_EQ(MatmulDeterministicOnPath(p, path, pool), kKernelOk);
+  return out;
+}
+
+std::vector<uint16_t> ToBf16(const std::vector<float>& v) {
+  std::vector<uint16_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = FloatToBf16(v[i]);
   return out;
 }
 
@@ -131,10 +154,11 @@ TEST(MatmulTest, Bf16WeightsGiveBitsOfWidenedFp32Weights) {
   Problem widened = pr;
   for (size_t i = 0; i < w16.size(); ++i) widened.w[i] = Bf16ToFloat(w16[i]);
   ThreadPool pool(2);
+  // On the avx2 path (every CPU has it; avx512 is checked by MatmulAvx512Test,
+  // and avx512_bf16 rounds a instead).
   const std::vector<float> from_bf16 =
-      RunMatmul(MatmulMode::kDeterministic, pr.a.data(), pr.m, pr, &pool, pr.bias.data(), w16.data());
-  const std::vector<float> from_fp32 =
-      RunMatmul(MatmulMode::kDeterministic, pr.a.data(), pr.m, widened, &pool, pr.bias.data());
+      RunOnPath(KernelPath::kAvx2, pr.a.data(), pr.m, pr, &pool, pr.bias.data(), w16.data());
+  const std::vector<float> from_fp32 = RunOnPath(KernelPath::kAvx2, pr.a.data(), pr.m, widened, &pool, pr.bias.data());
   EXPECT_TRUE(BitsEqual(from_bf16, from_fp32));
   // The fast path's bf16 widening agrees with its fp32 path within its bound.
   const std::vector<float> fast =
@@ -208,6 +232,128 @@ TEST(MatmulTest, RejectsBothOrNeitherWeightPointer) {
   p.w_bf16 = w16.data();
   EXPECT_EQ(MatmulDeterministic(p, nullptr), kKernelInvalidArgument);
   EXPECT_EQ(MatmulFast(p, nullptr), kKernelInvalidArgument);
+}
+
+// ---- Kernel paths (cpu_features.h): each path the CPU has is checked on its own ----
+
+class MatmulPathTest : public ::testing::TestWithParam<KernelPath> {
+ protected:
+  void SetUp() override {
+    if (static_cast<int>(GetParam()) > static_cast<int>(DetectedKernelPath())) {
+      GTEST_SKIP() << "this CPU has no " << KernelPathName(GetParam())
+                   << " (best: " << KernelPathName(DetectedKernelPath()) << ")";
+    }
+  }
+};
+
+INSTANTIATE_TEST_SUITE_P(Paths, MatmulPathTest,
+                         ::testing::Values(KernelPath::kAvx2, KernelPath::kAvx512, KernelPath::kAvx512Bf16),
+                         [](const ::testing::TestParamInfo<KernelPath>& info) {
+                           return std::string(KernelPathName(info.param));
+                         });
+
+TEST_P(MatmulPathTest, RowsAreBitIdenticalForAnyBatchAndThreadCountInFp32AndBf16) {
+  for (const auto& [n, k] : {std::pair<int64_t, int64_t>{515, 1000}, {70, 2500}, {49, 1061}}) {
+    const Problem pr(300, n, k, 43);
+    const std::vector<uint16_t> w16 = ToBf16(pr.w);
+    ThreadPool pool2(2);
+    for (const uint16_t* w_bf16 : {static_cast<const uint16_t*>(nullptr), w16.data()}) {
+      const std::vector<float> full = RunOnPath(GetParam(), pr.a.data(), 300, pr, &pool2, pr.bias.data(), w_bf16);
+      for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &pool2}) {
+        for (int64_t m : {1, 2, 3, 4, 5, 64, 299}) {
+          const int64_t off = (300 - m) / 2;
+          const std::vector<float> part =
+              RunOnPath(GetParam(), pr.a.data() + off * k, m, pr, pool, pr.bias.data(), w_bf16);
+          EXPECT_TRUE(BitsEqual(part.data(), full.data() + off * n, m * n))
+              << "n " << n << " k " << k << " m " << m << " pool " << (pool != nullptr) << " bf16 "
+              << (w_bf16 != nullptr);
+        }
+      }
+    }
+  }
+}
+
+TEST_P(MatmulPathTest, Fp32WithinSummationErrorBound) {
+  const Problem pr(9, 37, 1029, 4);
+  ThreadPool pool(2);
+  const std::vector<float> got = RunOnPath(GetParam(), pr.a.data(), pr.m, pr, &pool, pr.bias.data());
+  // At most ceil(k / 8) chained adds per lane, a 4-level tree, the bias.
+  ExpectWithinSummationBound(got, pr, true, std::ceil(pr.k / 8.0) + 4 + 1);
+}
+
+// The avx512 path's 16-lane chain, emulated in scalar fp32 (fma per term).
+TEST(MatmulAvx512Test, Fp32MatchesTheDocumentedSixteenLaneChainExactly) {
+  if (DetectedKernelPath() == KernelPath::kAvx2) GTEST_SKIP() << "this CPU has no avx512";
+  const Problem pr(3, 11, 203, 5);
+  const std::vector<float> got = RunOnPath(KernelPath::kAvx512, pr.a.data(), pr.m, pr, nullptr, pr.bias.data());
+  for (int64_t i = 0; i < pr.m; ++i) {
+    for (int64_t j = 0; j < pr.n; ++j) {
+      float lanes[16] = {};
+      for (int64_t kk = 0; kk < pr.k; ++kk) {
+        lanes[kk % 16] = std::fma(pr.a[i * pr.k + kk], pr.w[j * pr.k + kk], lanes[kk % 16]);
+      }
+      float v[8];
+      for (int l = 0; l < 8; ++l) v[l] = lanes[l] + lanes[l + 8];
+      // simd::Hsum's tree.
+      const float r = ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
+      EXPECT_EQ(got[i * pr.n + j], r + pr.bias[j]) << i << "," << j;
+    }
+  }
+}
+
+TEST(MatmulAvx512Test, WidenedBf16WeightsGiveTheBitsOfFp32Weights) {
+  if (DetectedKernelPath() == KernelPath::kAvx2) GTEST_SKIP() << "this CPU has no avx512";
+  Problem pr(7, 50, 333, 8);
+  const std::vector<uint16_t> w16 = ToBf16(pr.w);
+  Problem widened = pr;
+  for (size_t i = 0; i < w16.size(); ++i) widened.w[i] = Bf16ToFloat(w16[i]);
+  const std::vector<float> from_bf16 =
+      RunOnPath(KernelPath::kAvx512, pr.a.data(), pr.m, pr, nullptr, pr.bias.data(), w16.data());
+  const std::vector<float> from_fp32 =
+      RunOnPath(KernelPath::kAvx512, pr.a.data(), pr.m, widened, nullptr, pr.bias.data());
+  EXPECT_TRUE(BitsEqual(from_bf16, from_fp32));
+}
+
+// The avx512_bf16 path's vdpbf16ps chain, emulated in scalar: a rounded to
+// bf16, per lane the odd product then the even one added (products of two
+// bf16 are exact in fp32).
+TEST(MatmulAvx512Bf16Test, Bf16WeightsMatchTheDocumentedDotProductChainExactly) {
+  if (DetectedKernelPath() != KernelPath::kAvx512Bf16) GTEST_SKIP() << "this CPU has no avx512_bf16";
+  const Problem pr(5, 13, 301, 6);  // k not a multiple of 32: a zero-padded last step
+  const std::vector<uint16_t> w16 = ToBf16(pr.w);
+  const std::vector<float> got =
+      RunOnPath(KernelPath::kAvx512Bf16, pr.a.data(), pr.m, pr, nullptr, pr.bias.data(), w16.data());
+  for (int64_t i = 0; i < pr.m; ++i) {
+    for (int64_t j = 0; j < pr.n; ++j) {
+      float lanes[16] = {};
+      for (int64_t k0 = 0; k0 < pr.k; k0 += 32) {
+        for (int l = 0; l < 16; ++l) {
+          for (int64_t kk : {k0 + 2 * l + 1, k0 + 2 * l}) {
+            if (kk >= pr.k) continue;  // zero padding adds +0
+            const float prod = Bf16ToFloat(FloatToBf16(pr.a[i * pr.k + kk])) * Bf16ToFloat(w16[j * pr.k + kk]);
+            lanes[l] = lanes[l] + prod;
+          }
+        }
+      }
+      float v[8];
+      for (int l = 0; l < 8; ++l) v[l] = lanes[l] + lanes[l + 8];
+      const float r = ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
+      EXPECT_EQ(got[i * pr.n + j], r + pr.bias[j]) << i << "," << j;
+    }
+  }
+}
+
+// Against the exact product of the unrounded inputs: the bf16 rounding of a
+// (2^-9 relative per term) dominates the summation error.
+TEST(MatmulAvx512Bf16Test, Bf16DotProductsWithinTheActivationRoundingBound) {
+  if (DetectedKernelPath() != KernelPath::kAvx512Bf16) GTEST_SKIP() << "this CPU has no avx512_bf16";
+  Problem pr(4, 40, 2048, 9);
+  const std::vector<uint16_t> w16 = ToBf16(pr.w);
+  for (size_t i = 0; i < w16.size(); ++i) pr.w[i] = Bf16ToFloat(w16[i]);
+  const std::vector<float> got =
+      RunOnPath(KernelPath::kAvx512Bf16, pr.a.data(), pr.m, pr, nullptr, pr.bias.data(), w16.data());
+  // 2^-9 per product from a's rounding, plus the fp32 chain of k/16 adds.
+  ExpectWithinSummationBound(got, pr, true, std::ldexp(1.0, 15) + std::ceil(pr.k / 16.0) + 5);
 }
 
 }  // namespace

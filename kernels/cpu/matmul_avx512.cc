@@ -1,0 +1,269 @@
+// Deterministic matmul on AVX-512 (16 fp32 lanes) and AVX512_BF16 (vdpbf16ps).
+// Compiled for the baseline (x86-64-v3) like every other file; only the
+// functions between the clang attribute pragmas carry the AVX-512 target, and
+// they run only when ActiveKernelPath() says the CPU has it. Nothing here is
+// an inline function shared with other files (no ODR mix of instruction sets).
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/simd.h"
+#include "kernels/kernel_status.h"
+
+namespace hybridserve::kernels::cpu {
+namespace {
+
+// Bytes of weights per cache block: a block of columns (all of k) stays in L2
+// while every row tile of a streams past it.
+constexpr int64_t kBlockBytes = 384 * 1024;
+// k per block, a multiple of 32 (one vdpbf16ps step): the a panel of a row tile
+// stays in L1 across the column tiles of a block.
+constexpr int64_t kKc = 1024;
+static_assert(kKc % 32 == 0, "k blocks must keep the lane summation order");
+// Columns per parallel task: a multiple of every tile width (6, 8).
+constexpr int64_t kTaskCols = 24;
+// Floats of accumulators per tile element.
+constexpr int kLanes = 16;
+
+// The operand types of one kernel family.
+//   F32:  a fp32, w fp32;        lane l sums k = l mod 16 (fma, ascending k).
+//   Wide: a fp32, w bf16 widened exactly; the same chain as F32.
+//   Dot:  a bf16 (rounded to nearest even), w bf16; lane l holds the pairs
+//         k = 2l, 2l + 1 (mod 32), each vdpbf16ps step adding the odd product,
+//         then the even one, to it (Intel's definition).
+enum class Kind { kF32, kWide, kDot };
+
+struct Job {
+  const MatmulParams* p;
+  const void* a;  // fp32 rows of p.a, or their bf16 copy (kDot)
+  int64_t lda, ldw, ldo;
+};
+
+int64_t ColumnsPerBlock(int64_t k, int64_t weight_bytes) {
+  const int64_t cols = kBlockBytes / (weight_bytes * std::max<int64_t>(k, 1));
+  return std::max<int64_t>(kTaskCols, cols / kTaskCols * kTaskCols);
+}
+
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16"))), \
+                             apply_to = function)
+
+inline __mmask16 Mask16(int64_t n) { return static_cast<__mmask16>((1u << n) - 1u); }
+inline __mmask32 Mask32(int64_t n) { return static_cast<__mmask32>((uint64_t{1} << n) - 1u); }
+
+inline __m512 LoadF32(const float* p, int64_t rem) {
+  return rem >= 16 ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(Mask16(rem), p);
+}
+inline __m512 LoadWide(const uint16_t* p, int64_t rem) {
+  const __m256i h =
+      rem >= 16 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)) : _mm256_maskz_loadu_epi16(Mask16(rem), p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline __m512i LoadPairs(const uint16_t* p, int64_t rem) {
+  return rem >= 32 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi16(Mask32(rem), p);
+}
+
+// 16 lanes in a fixed tree: lanes i and i + 8 first, then simd::Hsum's tree.
+inline float Hsum16(__m512 v) {
+  return simd::Hsum(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
+}
+
+// One step of the chain over [kk, kk + step) (rem = elements left, may be < step).
+template <Kind K>
+struct Step;
+
+template <>
+struct Step<Kind::kF32> {
+  static constexpr int64_t kStep = 16;
+  using A = float;
+  using W = float;
+  using Vec = __m512;
+  static Vec LoadA(const float* p, int64_t rem) { return LoadF32(p, rem); }
+  static Vec LoadW(const float* p, int64_t rem) { return LoadF32(p, rem); }
+  static __m512 Madd(__m512 acc, Vec a, Vec w) { return _mm512_fmadd_ps(a, w, acc); }
+};
+
+template <>
+struct Step<Kind::kWide> {
+  static constexpr int64_t kStep = 16;
+  using A = float;
+  using W = uint16_t;
+  using Vec = __m512;
+  static Vec LoadA(const float* p, int64_t rem) { return LoadF32(p, rem); }
+  static Vec LoadW(const uint16_t* p, int64_t rem) { return LoadWide(p, rem); }
+  static __m512 Madd(__m512 acc, Vec a, Vec w) { return _mm512_fmadd_ps(a, w, acc); }
+};
+
+template <>
+struct Step<Kind::kDot> {
+  static constexpr int64_t kStep = 32;
+  using A = uint16_t;
+  using W = uint16_t;
+  using Vec = __m512i;
+  static Vec LoadA(const uint16_t* p, int64_t rem) { return LoadPairs(p, rem); }
+  static Vec LoadW(const uint16_t* p, int64_t rem) { return LoadPairs(p, rem); }
+  static __m512 Madd(__m512 acc, Vec a, Vec w) { return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)w); }
+};
+
+// Accumulates rows [0, MR) of a against columns [0, NR) of w over k in
+// [k_begin, k_end) (k_begin a multiple of the step) into acc_io (MR * NR vectors).
+template <Kind K, int MR, int NR>
+inline void MicroKernel(const typename Step<K>::A* a, int64_t lda, const typename Step<K>::W* w, int64_t ldw,
+                        int64_t k_begin, int64_t k_end, bool load_acc, float* acc_io) {
+  using S = Step<K>;
+  __m512 acc[MR * NR];
+#pragma unroll
+  for (int t = 0; t < MR * NR; ++t) acc[t] = load_acc ? _mm512_loadu_ps(acc_io + kLanes * t) : _mm512_setzero_ps();
+  int64_t kk = k_begin;
+  for (; kk + S::kStep <= k_end; kk += S::kStep) {
+    if constexpr (MR == 1) {
+      // Decode streams NR weight rows at once: fetch each 1 KiB ahead, one
+      // line per row per 64 bytes of it. No effect on the arithmetic.
+      if ((kk * static_cast<int64_t>(sizeof(typename S::W))) % 64 == 0) {
+#pragma unroll
+        for (int j = 0; j < NR; ++j) {
+          _mm_prefetch(reinterpret_cast<const char*>(w + j * ldw + kk) + 1024, _MM_HINT_T0);
+        }
+      }
+    }
+    typename S::Vec av[MR];
+#pragma unroll
+    for (int i = 0; i < MR; ++i) av[i] = S::LoadA(a + i * lda + kk, S::kStep);
+#pragma unroll
+    for (int j = 0; j < NR; ++j) {
+      const typename S::Vec wv = S::LoadW(w + j * ldw + kk, S::kStep);
+#pragma unroll
+      for (int i = 0; i < MR; ++i) acc[i * NR + j] = S::Madd(acc[i * NR + j], av[i], wv);
+    }
+  }
+  if (kk < k_end) {
+    const int64_t rem = k_end - kk;
+    typename S::Vec av[MR];
+#pragma unroll
+    for (int i = 0; i < MR; ++i) av[i] = S::LoadA(a + i * lda + kk, rem);
+#pragma unroll
+    for (int j = 0; j < NR; ++j) {
+      const typename S::Vec wv = S::LoadW(w + j * ldw + kk, rem);
+#pragma unroll
+      for (int i = 0; i < MR; ++i) acc[i * NR + j] = S::Madd(acc[i * NR + j], av[i], wv);
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < MR * NR; ++t) _mm512_storeu_ps(acc_io + kLanes * t, acc[t]);
+}
+
+template <int MR, int NR>
+inline void Finish(const Job& job, int64_t i0, int64_t j0, const float* acc_io) {
+  const MatmulParams& p = *job.p;
+  for (int i = 0; i < MR; ++i) {
+    float* out = p.out + (i0 + i) * job.ldo + j0;
+    for (int j = 0; j < NR; ++j) {
+      float r = Hsum16(_mm512_loadu_ps(acc_io + kLanes * (i * NR + j)));
+      if (p.bias != nullptr) r = r + p.bias[j0 + j];
+      if (p.accumulate) r = out[j] + r;
+      out[j] = r;
+    }
+  }
+}
+
+// Rows [i0, i0 + MR) x columns [j_begin, j_end) of one column block: tiles of
+// NR columns, then single columns. k blocks are the outer loop (the a panel
+// stays in L1 across the tiles); a single row runs each tile over all of k
+// (one long stream per weight row). The chain per element is the same either
+// way: kKc is a multiple of the step.
+template <Kind K, int MR, int NR>
+void RowPanel(const Job& job, int64_t i0, int64_t j_begin, int64_t j_end, std::vector<float>& acc) {
+  using S = Step<K>;
+  const MatmulParams& p = *job.p;
+  const auto* a = static_cast<const typename S::A*>(job.a) + i0 * job.lda;
+  const auto* w = reinterpret_cast<const typename S::W*>(p.w != nullptr ? static_cast<const void*>(p.w)
+                                                                        : static_cast<const void*>(p.w_bf16));
+  const int64_t full_tiles = (j_end - j_begin) / NR;
+  const int64_t j_tail = j_begin + full_tiles * NR;
+  const int64_t tiles = full_tiles + (j_end - j_tail);
+  constexpr int64_t kTileFloats = MR * NR * kLanes;
+  if (static_cast<int64_t>(acc.size()) < tiles * kTileFloats) acc.resize(tiles * kTileFloats);
+  const int64_t k_step = MR == 1 ? std::max<int64_t>(p.k, 1) : kKc;
+  for (int64_t k0 = 0; k0 == 0 || k0 < p.k; k0 += k_step) {  // k == 0: zeros
+    const int64_t k1 = std::min(p.k, k0 + k_step);
+    for (int64_t t = 0; t < full_tiles; ++t) {
+      MicroKernel<K, MR, NR>(a, job.lda, w + (j_begin + t * NR) * job.ldw, job.ldw, k0, k1, k0 > 0,
+                             acc.data() + t * kTileFloats);
+    }
+    for (int64_t j = j_tail; j < j_end; ++j) {
+      MicroKernel<K, MR, 1>(a, job.lda, w + j * job.ldw, job.ldw, k0, k1, k0 > 0,
+                            acc.data() + (full_tiles + j - j_tail) * kTileFloats);
+    }
+  }
+  for (int64_t t = 0; t < full_tiles; ++t) Finish<MR, NR>(job, i0, j_begin + t * NR, acc.data() + t * kTileFloats);
+  for (int64_t j = j_tail; j < j_end; ++j) {
+    Finish<MR, 1>(job, i0, j, acc.data() + (full_tiles + j - j_tail) * kTileFloats);
+  }
+}
+
+template <Kind K>
+void Columns(const Job& job, int64_t j_begin, int64_t j_end) {
+  // Accumulators of the tiles of one row panel, kept per thread across calls
+  // (no allocation once warm).
+  thread_local std::vector<float> acc;
+  const MatmulParams& p = *job.p;
+  const int64_t nc = ColumnsPerBlock(p.k, p.w != nullptr ? 4 : 2);
+  for (int64_t jb = j_begin; jb < j_end; jb += nc) {
+    const int64_t je = std::min(j_end, jb + nc);
+    int64_t i = 0;
+    for (; i + 4 <= p.m; i += 4) RowPanel<K, 4, 6>(job, i, jb, je, acc);
+    if (p.m - i == 3) RowPanel<K, 3, 8>(job, i, jb, je, acc);
+    if (p.m - i == 2) RowPanel<K, 2, 8>(job, i, jb, je, acc);
+    if (p.m - i == 1) RowPanel<K, 1, 8>(job, i, jb, je, acc);
+  }
+}
+
+// Rows [begin, end) of a (fp32, stride lda) to bf16, round to nearest even
+// (vcvtneps2bf16), into dst (stride k).
+void RoundRowsToBf16(const float* a, int64_t lda, int64_t k, int64_t begin, int64_t end, uint16_t* dst) {
+  for (int64_t i = begin; i < end; ++i) {
+    const float* src = a + i * lda;
+    uint16_t* out = dst + i * k;
+    for (int64_t kk = 0; kk < k; kk += 16) {
+      const int64_t n = std::min<int64_t>(16, k - kk);
+      const __m256bh h = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(Mask16(n), src + kk));
+      _mm256_mask_storeu_epi16(out + kk, Mask16(n), (__m256i)h);
+    }
+  }
+}
+
+#pragma clang attribute pop
+
+}  // namespace
+
+int MatmulDeterministicAvx512(const MatmulParams& p, bool bf16_dot, ThreadPool* pool) {
+  Job job{&p, p.a, p.lda ? p.lda : p.k, p.ldw ? p.ldw : p.k, p.ldo ? p.ldo : p.n};
+  const int64_t tasks = (p.n + kTaskCols - 1) / kTaskCols;
+  auto run = [&](auto columns) {
+    ParallelFor(pool, tasks,
+                [&](int64_t begin, int64_t end) { columns(job, begin * kTaskCols, std::min(p.n, end * kTaskCols)); });
+  };
+  if (p.w != nullptr) {
+    run(Columns<Kind::kF32>);
+  } else if (!bf16_dot) {
+    run(Columns<Kind::kWide>);
+  } else {
+    // The activations rounded to bf16 once per call (each row on its own, so
+    // a row's bf16 copy does not depend on the others), kept per calling
+    // thread across calls.
+    thread_local std::vector<uint16_t> a_bf16;
+    if (static_cast<int64_t>(a_bf16.size()) < p.m * p.k) a_bf16.resize(p.m * p.k);
+    uint16_t* dst = a_bf16.data();
+    ParallelFor(pool, p.m, [&](int64_t begin, int64_t end) { RoundRowsToBf16(p.a, job.lda, p.k, begin, end, dst); });
+    job.a = dst;
+    job.lda = p.k;
+    run(Columns<Kind::kDot>);
+  }
+  return kKernelOk;
+}
+
+}  // namespace hybridserve::kernels::cpu
