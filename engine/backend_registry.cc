@@ -1,8 +1,10 @@
 #include "engine/backend_registry.h"
 
 #include <memory>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "kernels/cpu/cpu_backend.h"  // the only engine file that names a backend implementation
 
 namespace hybridserve::engine {
@@ -29,7 +31,17 @@ absl::StatusOr<std::unique_ptr<kernels::Backend>> CreateBackend(const BackendOpt
       if (options.num_threads < 1) {
         return absl::InvalidArgumentError(absl::StrCat("num_threads ", options.num_threads, " < 1"));
       }
-      return std::unique_ptr<kernels::Backend>(std::make_unique<kernels::cpu::CpuBackend>(options.num_threads));
+      {
+        auto backend = std::make_unique<kernels::cpu::CpuBackend>(options.num_threads);
+        // Once per process: the kernel path is fixed at first use.
+        static const bool logged = [&] {
+          LOG(INFO) << "cpu kernels: " << backend->variant() << " path (" << options.num_threads
+                    << " threads; HYBRIDSERVE_CPU_PATH=avx2|avx512|avx512_bf16 chooses a lower one)";
+          return true;
+        }();
+        (void)logged;
+        return std::unique_ptr<kernels::Backend>(std::move(backend));
+      }
     case Device::kCuda:
       return absl::UnimplementedError(
           "the cuda backend is not compiled into this build (kernels/cuda has no Backend implementation yet); "

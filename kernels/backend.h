@@ -85,6 +85,9 @@ class Backend {
 
   // "cpu", "cuda", ...: for messages and metrics.
   virtual const char* name() const = 0;
+  // Which code path the kernels take on this machine ("avx512_bf16", "sm_90",
+  // ...; empty when there is only one): logged at start, printed by benchmarks.
+  virtual const char* variant() const { return ""; }
 
   // ---- Memory ----
 

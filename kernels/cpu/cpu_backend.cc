@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "kernels/cpu/activations.h"
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/conv1d.h"
 #include "kernels/cpu/embedding.h"
@@ -91,6 +92,8 @@ int CpuBackend::Fill(void* device_dst, uint8_t value, int64_t bytes) {
 }
 
 int CpuBackend::Embedding(const EmbeddingParams& p) { return cpu::Embedding(p, pool_.get()); }
+const char* CpuBackend::variant() const { return KernelPathName(ActiveKernelPath()); }
+
 int CpuBackend::Matmul(const MatmulParams& p, MatmulMode mode) { return cpu::Matmul(p, mode, pool_.get()); }
 int CpuBackend::RmsNorm(const RmsNormParams& p) { return cpu::RmsNorm(p, pool_.get()); }
 int CpuBackend::GatedRmsNorm(const GatedRmsNormParams& p) { return cpu::GatedRmsNorm(p, pool_.get()); }

@@ -25,6 +25,8 @@ class CpuBackend final : public Backend {
   ~CpuBackend() override;
 
   const char* name() const override { return "cpu"; }
+  // The instruction-set path (cpu_features.h), e.g. "avx512_bf16".
+  const char* variant() const override;
   int num_threads() const { return pool_->num_threads(); }
 
   int Allocate(int64_t bytes, DeviceBuffer* out) override;

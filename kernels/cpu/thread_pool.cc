@@ -2,12 +2,13 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <chrono>
 
 namespace hybridserve::kernels::cpu {
 namespace {
 
-// True while this thread runs a ParallelFor range: nested calls run inline.
+// True while this thread runs a ParallelFor chunk: nested calls run inline.
 thread_local bool tls_in_parallel_region = false;
 
 // How long a waiting thread spins before it blocks. Kernel calls of a decode
@@ -25,13 +26,15 @@ bool SpinUntil(Pred pred) {
   }
 }
 
+uint32_t Generation(uint64_t claim) { return static_cast<uint32_t>(claim >> 32); }
+int64_t ChunkCount(uint64_t claim) { return static_cast<int64_t>((claim >> 16) & 0xffffu); }
+int64_t NextChunk(uint64_t claim) { return static_cast<int64_t>(claim & 0xffffu); }
+
 }  // namespace
 
-ThreadPool::ThreadPool(int num_threads) : num_threads_(num_threads < 1 ? 1 : num_threads) {
+ThreadPool::ThreadPool(int num_threads) : num_threads_(std::clamp(num_threads, 1, kMaxThreads)) {
   workers_.reserve(num_threads_ - 1);
-  for (int i = 1; i < num_threads_; ++i) {
-    workers_.emplace_back([this, i] { WorkerLoop(i); });
-  }
+  for (int i = 1; i < num_threads_; ++i) workers_.emplace_back([this] { WorkerLoop(); });
 }
 
 ThreadPool::~ThreadPool() {
@@ -43,30 +46,39 @@ ThreadPool::~ThreadPool() {
   for (std::thread& t : workers_) t.join();
 }
 
-void ThreadPool::RunRange(int index) {
-  if (index >= ranges_) return;
-  const int64_t begin = index * n_ / ranges_;
-  const int64_t end = (index + 1) * n_ / ranges_;
-  tls_in_parallel_region = true;
-  (*fn_)(begin, end);
-  tls_in_parallel_region = false;
-}
-
-void ThreadPool::WorkerLoop(int index) {
-  uint64_t seen = 0;
+void ThreadPool::RunChunks(uint32_t gen) {
+  uint64_t c = claim_.load(std::memory_order_acquire);
   while (true) {
-    uint64_t gen = seen;
-    if (!SpinUntil([&] { return (gen = generation_.load(std::memory_order_acquire)) != seen; })) {
-      std::unique_lock<std::mutex> lock(mu_);
-      work_cv_.wait(lock, [&] { return stop_ || (gen = generation_.load(std::memory_order_acquire)) != seen; });
-      if (stop_) return;
-    }
-    seen = gen;
-    RunRange(index);
-    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    if (Generation(c) != gen) return;
+    const int64_t index = NextChunk(c);
+    const int64_t chunks = ChunkCount(c);
+    if (index >= chunks) return;
+    if (!claim_.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
+    const int64_t begin = index * n_ / chunks;
+    const int64_t end = (index + 1) * n_ / chunks;
+    tls_in_parallel_region = true;
+    (*fn_)(begin, end);
+    tls_in_parallel_region = false;
+    if (finished_.fetch_add(1, std::memory_order_acq_rel) + 1 == chunks) {
       std::lock_guard<std::mutex> lock(mu_);
       done_cv_.notify_one();
     }
+    c = claim_.load(std::memory_order_acquire);
+  }
+}
+
+void ThreadPool::WorkerLoop() {
+  uint32_t seen = 0;
+  while (true) {
+    uint32_t gen = seen;
+    auto changed = [&] { return (gen = Generation(claim_.load(std::memory_order_acquire))) != seen; };
+    if (!SpinUntil(changed)) {
+      std::unique_lock<std::mutex> lock(mu_);
+      work_cv_.wait(lock, [&] { return stop_ || changed(); });
+      if (stop_) return;
+    }
+    seen = gen;
+    RunChunks(gen);
   }
 }
 
@@ -77,19 +89,25 @@ void ThreadPool::ParallelFor(int64_t n, const std::function<void(int64_t, int64_
     return;
   }
   std::lock_guard<std::mutex> call_lock(call_mu_);
+  const int64_t chunks = std::min<int64_t>(n, int64_t{num_threads_} * kChunksPerThread);
+  fn_ = &fn;
+  n_ = n;
+  finished_.store(0, std::memory_order_relaxed);
+  const uint32_t gen = Generation(claim_.load(std::memory_order_relaxed)) + 1;
   {
+    // fn_ and n_ are read only after a successful claim of this generation:
+    // the caller is then still waiting for that chunk, and the job is valid.
+    // Under mu_, so that a worker between its predicate check and its wait
+    // cannot miss the notification.
     std::lock_guard<std::mutex> lock(mu_);
-    fn_ = &fn;
-    n_ = n;
-    ranges_ = static_cast<int>(n < num_threads_ ? n : num_threads_);
-    pending_.store(num_threads_ - 1, std::memory_order_relaxed);
-    generation_.fetch_add(1, std::memory_order_release);
+    claim_.store(static_cast<uint64_t>(gen) << 32 | static_cast<uint64_t>(chunks) << 16, std::memory_order_release);
   }
   work_cv_.notify_all();
-  RunRange(0);
-  if (!SpinUntil([&] { return pending_.load(std::memory_order_acquire) == 0; })) {
+  RunChunks(gen);
+  auto all_done = [&] { return finished_.load(std::memory_order_acquire) == chunks; };
+  if (!SpinUntil(all_done)) {
     std::unique_lock<std::mutex> lock(mu_);
-    done_cv_.wait(lock, [&] { return pending_.load(std::memory_order_acquire) == 0; });
+    done_cv_.wait(lock, all_done);
   }
   fn_ = nullptr;
 }

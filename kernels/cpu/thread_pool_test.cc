@@ -1,6 +1,10 @@
 #include "kernels/cpu/thread_pool.h"
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <mutex>
+#include <random>
 #include <thread>
 #include <vector>
 
@@ -9,7 +13,7 @@
 namespace hybridserve::kernels::cpu {
 namespace {
 
-TEST(ThreadPoolTest, EveryIndexRunsExactlyOnceInContiguousRanges) {
+TEST(ThreadPoolTest, EveryIndexRunsExactlyOnceInContiguousChunks) {
   for (int threads : {1, 2, 3, 5}) {
     ThreadPool pool(threads);
     EXPECT_EQ(pool.num_threads(), threads);
@@ -22,21 +26,70 @@ TEST(ThreadPoolTest, EveryIndexRunsExactlyOnceInContiguousRanges) {
         for (int64_t i = begin; i < end; ++i) hits[i].fetch_add(1);
       });
       for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << "n " << n << " i " << i;
-      EXPECT_EQ(calls.load(), std::min<int64_t>(n, threads));
+      EXPECT_EQ(calls.load(),
+                threads == 1 || n == 1 ? 1 : std::min<int64_t>(n, threads * ThreadPool::kChunksPerThread));
     }
   }
 }
 
 TEST(ThreadPoolTest, SplitDependsOnlyOnCountAndThreads) {
+  // 3 threads: 12 chunks of 30, chunk i = [i * 30 / 12, (i + 1) * 30 / 12).
   ThreadPool pool(3);
-  std::vector<std::pair<int64_t, int64_t>> ranges(3, {-1, -1});
-  pool.ParallelFor(10, [&](int64_t begin, int64_t end) {
-    const int64_t index = begin == 0 ? 0 : (begin == 3 ? 1 : 2);
-    ranges[index] = {begin, end};
+  std::mutex mu;
+  std::vector<std::pair<int64_t, int64_t>> chunks;
+  pool.ParallelFor(30, [&](int64_t begin, int64_t end) {
+    std::lock_guard<std::mutex> lock(mu);
+    chunks.emplace_back(begin, end);
   });
-  EXPECT_EQ(ranges[0], std::make_pair(int64_t{0}, int64_t{3}));
-  EXPECT_EQ(ranges[1], std::make_pair(int64_t{3}, int64_t{6}));
-  EXPECT_EQ(ranges[2], std::make_pair(int64_t{6}, int64_t{10}));
+  std::sort(chunks.begin(), chunks.end());
+  ASSERT_EQ(chunks.size(), 12u);
+  for (int64_t i = 0; i < 12; ++i) {
+    EXPECT_EQ(chunks[i], std::make_pair(i * 30 / 12, (i + 1) * 30 / 12)) << i;
+  }
+}
+
+// A worker the OS does not run (here: one held inside a chunk) does not hold
+// up the others: the caller takes every chunk left.
+TEST(ThreadPoolTest, ChunksOfAStalledThreadAreTakenByTheOthers) {
+  ThreadPool pool(2);
+  std::atomic<bool> release{false};
+  std::atomic<int> stalled_chunks{0};
+  std::atomic<int64_t> done{0};
+  const std::thread::id caller = std::this_thread::get_id();
+  std::thread releaser;
+  pool.ParallelFor(8, [&](int64_t begin, int64_t end) {
+    if (std::this_thread::get_id() != caller && stalled_chunks.fetch_add(1) == 0) {
+      // The worker's first chunk stalls until the caller has done the rest.
+      while (!release.load()) std::this_thread::yield();
+    }
+    done.fetch_add(end - begin);
+    if (std::this_thread::get_id() == caller && done.load() >= 7) release.store(true);
+  });
+  EXPECT_EQ(done.load(), 8);
+  EXPECT_LE(stalled_chunks.load(), 1) << "the stalled worker ran only the chunk it held";
+}
+
+// Calls of different sizes, some after the worker has gone to sleep: a worker
+// that wakes while the caller prepares the next call must never take a chunk
+// past the count of the call it saw (it once did, ran the next call's job and
+// left the caller waiting forever: this test hung).
+TEST(ThreadPoolTest, CallsOfChangingSizeAfterIdleGapsRunEachChunkOnce) {
+  std::mt19937 rng(1);
+  for (int p = 0; p < 200; ++p) {
+    ThreadPool pool(2);
+    for (int i = 0; i < 20; ++i) {
+      const int64_t n = 1 + rng() % 20;
+      if (rng() % 2) std::this_thread::sleep_for(std::chrono::microseconds(rng() % 200));
+      std::atomic<int64_t> covered{0};
+      std::atomic<int> calls{0};
+      pool.ParallelFor(n, [&](int64_t begin, int64_t end) {
+        covered.fetch_add(end - begin);
+        calls.fetch_add(1);
+      });
+      ASSERT_EQ(covered.load(), n);
+      ASSERT_EQ(calls.load(), n == 1 ? 1 : std::min<int64_t>(n, 2 * ThreadPool::kChunksPerThread));
+    }
+  }
 }
 
 TEST(ThreadPoolTest, NestedCallsRunInline) {
