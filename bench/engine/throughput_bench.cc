@@ -1,38 +1,78 @@
-// Engine throughput for the figures, with the baselines measured in
-// the same run: prefill tokens/s (prompts of 512, 2K, 8K), decode tokens/s at
-// batch 1 and 8, and decode at batch 1 as a share of its memory-bandwidth
-// bound (bytes of weights and state read per token over a read bandwidth
-// measured here). Prints a table and one JSON line (for compare_llamacpp.py).
+// Engine throughput under the comparison rules of bench/engine/compare_llamacpp.py
+// (the same on the llama.cpp side, bench/llamacpp/run_llamacpp_bench.py):
 //
-//   bazel run -c opt //bench/engine:throughput_bench -- MODEL_DIR [THREADS] [fast|deterministic]
+//   prefill L   a fresh sequence, Model::Prefill of the prompt's first L tokens,
+//               logits of the last token only; tok/s = L / median seconds; the
+//               peak RSS of the process during the reps.
+//   decode B    B sequences prefilled with their decode_context prompt tokens
+//               (untimed, once; each rep decodes forks of them), then
+//               decode_steps timed Model::DecodeStep calls; the greedy argmax
+//               that picks the next tokens is outside the timed region (step 0
+//               feeds the argmax of the prompt's last logits).
+//   clean rule  a rep is clean when the CPU time used by other processes during
+//               it (/proc/stat busy time less this process's) is at most
+//               max_other_cpu x its wall time; reps are retried until `reps`
+//               clean ones or `max_tries`; else the cleanest are used and the
+//               figure is listed under "contended".
+//   bandwidth   (--bandwidth) streaming-read probe with all threads, best of 5
+//               passes over each of: a buffer the size of one decode step's
+//               bytes (the cache behaviour decode itself sees) and 2 GiB (main
+//               memory); the bound is the fastest. The share of decode B is
+//               bytes per step / step time / that bandwidth.
+//
+//   bazel build -c opt //bench/engine:throughput_bench
+//   bazel-bin/bench/engine/throughput_bench --model=/tmp/hs-bench/nemotron_h [--tokens=FILE] [--bandwidth]
+//
+// Prints a line per figure with every rep's time, then one line `JSON {...}`.
+
+#include <immintrin.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <random>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
 #include "absl/status/status.h"
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "engine/model.h"
 #include "engine/model_weights.h"
 #include "kernels/matmul_params.h"
 
+ABSL_FLAG(std::string, model, "", "model directory (config.json + safetensors)");
+ABSL_FLAG(int32_t, threads, 2, "kernel threads (the calling thread included)");
+ABSL_FLAG(std::string, mode, "deterministic", "matmul mode: deterministic or fast");
+ABSL_FLAG(std::string, tokens, "",
+          "JSON {\"prompt\": [...], \"decode_prompts\": [[...], ...]}; empty: seeded random ids");
+ABSL_FLAG(std::string, prefill, "512,2048,8192", "prompt lengths (empty: none)");
+ABSL_FLAG(int64_t, decode_context, 128, "prompt tokens of each decoded sequence");
+ABSL_FLAG(int64_t, decode_steps, 64, "timed decode steps");
+ABSL_FLAG(std::string, batches, "1,8", "decode batch sizes (empty: none)");
+ABSL_FLAG(int32_t, reps, 3, "clean repetitions per figure (median reported)");
+ABSL_FLAG(int32_t, max_tries, 12, "attempts per figure");
+ABSL_FLAG(double, max_other_cpu, 0.10, "clean rule: other processes' CPU seconds per wall second");
+ABSL_FLAG(bool, bandwidth, false, "run the read-bandwidth probe and report decode's share of the bound");
+
 namespace hybridserve::engine {
 namespace {
 
-constexpr int kRepetitions = 3;
-constexpr int kDecodeSteps = 32;
-constexpr int64_t kDecodeContext = 128;
-
 using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+
 double Seconds(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
 double Median(std::vector<double> v) {
@@ -47,163 +87,433 @@ void Check(const absl::Status& s) {
   }
 }
 
-std::vector<TokenId> Tokens(int64_t n, int64_t vocab, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<TokenId> t(static_cast<size_t>(n));
-  for (TokenId& x : t) x = static_cast<TokenId>(rng() % static_cast<uint64_t>(vocab));
+std::vector<int64_t> ParseList(const std::string& text) {
+  std::vector<int64_t> out;
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    int64_t v = 0;
+    if (!absl::SimpleAtoi(part, &v) || v < 1) {
+      std::fprintf(stderr, "bad list element \"%s\"\n", std::string(part).c_str());
+      std::exit(2);
+    }
+    out.push_back(v);
+  }
+  return out;
+}
+
+// ---- Machine readings ----
+
+// Busy CPU seconds of the whole machine (every core) since boot.
+double MachineBusySeconds() {
+  std::ifstream f("/proc/stat");
+  std::string cpu;
+  uint64_t user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0;
+  f >> cpu >> user >> nice >> system >> idle >> iowait >> irq >> softirq >> steal;
+  return static_cast<double>(user + nice + system + irq + softirq + steal) / sysconf(_SC_CLK_TCK);
+}
+
+// CPU seconds of this process (every thread) in the same clock-tick units.
+double ProcessCpuSeconds() {
+  std::ifstream f("/proc/self/stat");
+  std::string line;
+  std::getline(f, line);
+  // Fields after the command name (which may hold spaces) start after ')'.
+  std::istringstream rest(line.substr(line.rfind(')') + 2));
+  std::string field;
+  uint64_t utime = 0, stime = 0;
+  for (int i = 3; i <= 15; ++i) {
+    rest >> field;
+    if (i == 14) utime = std::stoull(field);
+    if (i == 15) stime = std::stoull(field);
+  }
+  return static_cast<double>(utime + stime) / sysconf(_SC_CLK_TCK);
+}
+
+// A /proc/self/status field in kB ("VmHWM", "VmRSS").
+double StatusKb(const char* key) {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  const size_t n = std::strlen(key);
+  while (std::getline(f, line)) {
+    if (line.compare(0, n, key) == 0 && line[n] == ':') return std::atof(line.c_str() + n + 1);
+  }
+  return 0;
+}
+
+// Resets VmHWM to the current RSS (Linux >= 4.0), so a later reading is the
+// peak since now.
+void ResetPeakRss() {
+  std::ofstream f("/proc/self/clear_refs");
+  f << "5";
+}
+
+std::string CpuModel() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  }
+  return "unknown";
+}
+
+std::vector<std::string> SimdFlags() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("flags", 0) != 0) continue;
+    std::vector<std::string> out;
+    std::istringstream in(line.substr(line.find(':') + 1));
+    std::string flag;
+    while (in >> flag) {
+      for (const char* want : {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_bf16"}) {
+        if (flag == want) out.push_back(flag);
+      }
+    }
+    return out;
+  }
+  return {};
+}
+
+// ---- The clean-repetition rule ----
+
+struct Rep {
+  double seconds = 0;    // the timed region
+  double other_cpu = 0;  // other processes' CPU seconds during the whole rep
+  double value = 0;      // what the rep measured (tokens/s)
+};
+
+struct Figure {
+  std::vector<Rep> attempts;
+  std::vector<Rep> used;  // the clean reps, or the cleanest when too few
+  bool clean = true;
+};
+
+// Runs `rep` (which returns its timed seconds and tokens/s) under the rule.
+template <typename Fn>
+Figure Measure(Fn rep) {
+  const int reps = absl::GetFlag(FLAGS_reps);
+  const double limit = absl::GetFlag(FLAGS_max_other_cpu);
+  Figure f;
+  int clean = 0;
+  for (int attempt = 0; attempt < absl::GetFlag(FLAGS_max_tries) && clean < reps; ++attempt) {
+    const double busy0 = MachineBusySeconds(), self0 = ProcessCpuSeconds();
+    const auto start = Clock::now();
+    Rep r = rep();
+    const double wall = Seconds(start);
+    r.other_cpu = std::max(0.0, (MachineBusySeconds() - busy0) - (ProcessCpuSeconds() - self0));
+    if (r.other_cpu <= limit * wall) ++clean;
+    f.attempts.push_back(r);
+  }
+  // The clean reps first (in order), then the cleanest others.
+  std::vector<Rep> sorted = f.attempts;
+  std::stable_sort(sorted.begin(), sorted.end(), [&](const Rep& a, const Rep& b) {
+    return a.other_cpu / std::max(a.seconds, 1e-9) < b.other_cpu / std::max(b.seconds, 1e-9);
+  });
+  f.clean = clean >= reps;
+  for (const Rep& r : sorted) {
+    if (static_cast<int>(f.used.size()) == reps) break;
+    f.used.push_back(r);
+  }
+  return f;
+}
+
+json FigureJson(const Figure& f) {
+  std::vector<double> values, s_all, other_all;
+  for (const Rep& r : f.used) values.push_back(r.value);
+  for (const Rep& r : f.attempts) {
+    s_all.push_back(r.seconds);
+    other_all.push_back(r.other_cpu);
+  }
+  return json{{"tok_s", Median(values)},
+              {"tok_s_best", *std::max_element(values.begin(), values.end())},
+              {"s_all", s_all},
+              {"other_cpu_s_all", other_all},
+              {"clean", f.clean}};
+}
+
+void PrintFigure(const std::string& name, const Figure& f) {
+  std::vector<double> values;
+  for (const Rep& r : f.used) values.push_back(r.value);
+  std::printf("%-16s %10.1f tok/s (best %.1f)%s  reps:", name.c_str(), Median(values),
+              *std::max_element(values.begin(), values.end()), f.clean ? "" : " CONTENDED");
+  for (const Rep& r : f.attempts) std::printf(" %.4fs/other %.2fs", r.seconds, r.other_cpu);
+  std::printf("\n");
+  std::fflush(stdout);
+}
+
+// ---- Read bandwidth ----
+
+// Bytes/s of the fastest of 5 streaming reads of `bytes` with `threads`
+// persistent threads (AVX2 loads, four independent sums each).
+double ReadBandwidth(int64_t bytes, int threads) {
+  const size_t n = static_cast<size_t>(bytes) / sizeof(float) / 32 * 32;
+  float* buf = static_cast<float*>(std::aligned_alloc(64, n * sizeof(float)));
+  std::memset(buf, 0, n * sizeof(float));
+  std::atomic<int> round{0}, finished{0};
+  std::vector<float> sink(threads);
+  auto part = [&](int t) {
+    const size_t begin = n * t / threads / 32 * 32, end = n * (t + 1) / threads / 32 * 32;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (size_t i = begin; i < end; i += 32) {
+      a0 = _mm256_add_ps(a0, _mm256_load_ps(buf + i));
+      a1 = _mm256_add_ps(a1, _mm256_load_ps(buf + i + 8));
+      a2 = _mm256_add_ps(a2, _mm256_load_ps(buf + i + 16));
+      a3 = _mm256_add_ps(a3, _mm256_load_ps(buf + i + 24));
+    }
+    const __m256 s = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
+    sink[t] = s[0];
+  };
+  constexpr int kPasses = 5;
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      for (int r = 1; r <= kPasses; ++r) {
+        while (round.load(std::memory_order_acquire) < r) _mm_pause();
+        part(t);
+        finished.fetch_add(1, std::memory_order_acq_rel);
+      }
+    });
+  }
+  double best = 1e30;
+  for (int r = 1; r <= kPasses; ++r) {
+    finished.store(0);
+    const auto start = Clock::now();
+    round.store(r, std::memory_order_release);
+    part(0);
+    while (finished.load(std::memory_order_acquire) < threads - 1) _mm_pause();
+    best = std::min(best, Seconds(start));
+  }
+  for (std::thread& t : pool) t.join();
+  std::free(buf);
+  if (sink[0] == 1.5f) std::printf(" ");
+  return static_cast<double>(n * sizeof(float)) / best;
+}
+
+// ---- The figures ----
+
+struct Tokens {
+  std::vector<TokenId> prompt;
+  std::vector<std::vector<TokenId>> decode_prompts;
+};
+
+Tokens LoadTokens(const std::string& path, int64_t vocab, int64_t prompt_len, int64_t batches, int64_t ctx) {
+  Tokens t;
+  if (!path.empty()) {
+    std::ifstream f(path);
+    if (!f) {
+      std::fprintf(stderr, "cannot read %s\n", path.c_str());
+      std::exit(2);
+    }
+    const json j = json::parse(f);
+    t.prompt = j.at("prompt").get<std::vector<TokenId>>();
+    t.decode_prompts = j.at("decode_prompts").get<std::vector<std::vector<TokenId>>>();
+  } else {
+    std::mt19937_64 rng(1);
+    auto ids = [&](int64_t n) {
+      std::vector<TokenId> v(static_cast<size_t>(n));
+      for (TokenId& x : v) x = static_cast<TokenId>(3 + rng() % static_cast<uint64_t>(vocab - 3));
+      return v;
+    };
+    t.prompt = ids(prompt_len);
+    for (int64_t b = 0; b < batches; ++b) t.decode_prompts.push_back(ids(ctx));
+  }
+  if (static_cast<int64_t>(t.prompt.size()) < prompt_len || static_cast<int64_t>(t.decode_prompts.size()) < batches) {
+    std::fprintf(stderr, "token file too short: prompt %zu < %lld or %zu decode prompts < %lld\n", t.prompt.size(),
+                 static_cast<long long>(prompt_len), t.decode_prompts.size(), static_cast<long long>(batches));
+    std::exit(2);
+  }
+  for (int64_t b = 0; b < batches; ++b) {
+    if (static_cast<int64_t>(t.decode_prompts[b].size()) < ctx) {
+      std::fprintf(stderr, "decode prompt %lld has %zu tokens < decode_context %lld\n", static_cast<long long>(b),
+                   t.decode_prompts[b].size(), static_cast<long long>(ctx));
+      std::exit(2);
+    }
+  }
   return t;
 }
 
-// Read bandwidth in bytes/s with `threads` threads over a buffer much larger
-// than the caches: the ceiling for streaming weights in a decode step.
-double ReadBandwidth(int threads) {
-  const size_t words = size_t{1} << 27;  // 1 GiB of uint64
-  std::vector<uint64_t> buf(words);
-  for (size_t i = 0; i < words; ++i) buf[i] = i;
-  std::vector<double> times;
-  std::vector<uint64_t> sink(threads);
-  for (int r = 0; r < 5; ++r) {
-    const auto start = Clock::now();
-    std::vector<std::thread> pool;
-    for (int t = 0; t < threads; ++t) {
-      pool.emplace_back([&, t] {
-        const size_t begin = words * t / threads, end = words * (t + 1) / threads;
-        uint64_t acc[8] = {};
-        for (size_t i = begin; i + 8 <= end; i += 8) {
-          for (int j = 0; j < 8; ++j) acc[j] ^= buf[i + j];  // vectorizes: XOR is associative
-        }
-        uint64_t x = 0;
-        for (uint64_t a : acc) x ^= a;
-        sink[t] = x;
-      });
-    }
-    for (auto& th : pool) th.join();
-    times.push_back(Seconds(start));
-  }
-  if (std::all_of(sink.begin(), sink.end(), [](uint64_t v) { return v == 42; })) std::printf(" ");
-  return static_cast<double>(words * sizeof(uint64_t)) / *std::min_element(times.begin(), times.end());
+TokenId Argmax(const float* logits, int64_t vocab) {
+  return static_cast<TokenId>(std::max_element(logits, logits + vocab) - logits);
 }
 
-// Seconds to prefill `n` tokens onto a sequence that already holds `history`
-// (a chat's turn 2 after a resume), median of kRepetitions.
-double ContinuationSeconds(Model& model, int64_t history, int64_t n) {
-  const std::vector<TokenId> first = Tokens(history, model.config().vocab_size, 2);
-  const std::vector<TokenId> next = Tokens(n, model.config().vocab_size, 3);
-  std::vector<double> times;
-  for (int r = 0; r < kRepetitions; ++r) {
-    auto id = model.NewSequence();
-    Check(id.status());
-    if (history > 0) Check(model.Prefill(*id, first).status());
-    const auto start = Clock::now();
-    Check(model.Prefill(*id, next).status());
-    times.push_back(Seconds(start));
-    Check(model.ReleaseSequence(*id));
-  }
-  return Median(times);
-}
-
-double PrefillRate(Model& model, int64_t n) {
-  const std::vector<TokenId> prompt = Tokens(n, model.config().vocab_size, 1);
-  std::vector<double> times;
-  for (int r = 0; r < kRepetitions; ++r) {
+Figure PrefillFigure(Model& model, const std::vector<TokenId>& prompt, int64_t n, double* peak_rss_mib) {
+  ResetPeakRss();
+  const absl::Span<const TokenId> tokens(prompt.data(), static_cast<size_t>(n));
+  Figure f = Measure([&] {
     auto id = model.NewSequence();
     Check(id.status());
     const auto start = Clock::now();
-    Check(model.Prefill(*id, prompt).status());
-    times.push_back(Seconds(start));
+    Check(model.Prefill(*id, tokens).status());
+    Rep r;
+    r.seconds = Seconds(start);
+    r.value = static_cast<double>(n) / r.seconds;
     Check(model.ReleaseSequence(*id));
-  }
-  return static_cast<double>(n) / Median(times);
+    return r;
+  });
+  *peak_rss_mib = StatusKb("VmHWM") / 1024.0;
+  return f;
 }
 
-double DecodeRate(Model& model, int batch) {
-  std::vector<double> times;
-  for (int r = 0; r < kRepetitions; ++r) {
+Figure DecodeFigure(Model& model, const Tokens& tokens, int64_t batch, int64_t ctx, int64_t steps) {
+  const int64_t vocab = model.config().vocab_size;
+  std::vector<SequenceId> base;
+  std::vector<TokenId> first;
+  for (int64_t b = 0; b < batch; ++b) {
+    auto id = model.NewSequence();
+    Check(id.status());
+    const auto& p = tokens.decode_prompts[static_cast<size_t>(b)];
+    auto result = model.Prefill(*id, absl::Span<const TokenId>(p.data(), static_cast<size_t>(ctx)));
+    Check(result.status());
+    first.push_back(Argmax(result->logits.data(), vocab));
+    base.push_back(*id);
+  }
+  Figure f = Measure([&] {
     std::vector<SequenceId> ids;
-    for (int b = 0; b < batch; ++b) {
-      auto id = model.NewSequence();
-      Check(id.status());
-      Check(model.Prefill(*id, Tokens(kDecodeContext, model.config().vocab_size, 10 + b)).status());
-      ids.push_back(*id);
+    for (SequenceId id : base) {
+      auto fork = model.Fork(id);
+      Check(fork.status());
+      ids.push_back(*fork);
     }
-    const std::vector<TokenId> tokens(static_cast<size_t>(batch), 1);
-    const auto start = Clock::now();
-    for (int s = 0; s < kDecodeSteps; ++s) Check(model.DecodeStep(ids, tokens).status());
-    times.push_back(Seconds(start));
+    std::vector<TokenId> next = first;
+    double timed = 0;
+    for (int64_t s = 0; s < steps; ++s) {
+      const auto start = Clock::now();
+      auto logits = model.DecodeStep(ids, next);
+      timed += Seconds(start);
+      Check(logits.status());
+      for (int64_t b = 0; b < batch; ++b) next[static_cast<size_t>(b)] = Argmax(logits->data() + b * vocab, vocab);
+    }
     for (SequenceId id : ids) Check(model.ReleaseSequence(id));
-  }
-  return static_cast<double>(batch) * kDecodeSteps / Median(times);
+    Rep r;
+    r.seconds = timed;
+    r.value = static_cast<double>(batch * steps) / timed;
+    return r;
+  });
+  for (SequenceId id : base) Check(model.ReleaseSequence(id));
+  return f;
 }
 
-// Bytes a batch-1 decode step must read: every weight except the embedding
-// table (one row), the LM head (the embedding table itself when tied), the
-// SSM and conv states (read and written), and the KV of the context.
-double DecodeBytesPerToken(const ModelWeights& w) {
+// Bytes one decode step of `batch` sequences must move: every weight except
+// the embedding table (one row per sequence is read), unless it is also the
+// head; per sequence the SSM and conv states (read and written) and the KV of
+// its context (on average ctx + steps / 2 tokens).
+double DecodeBytesPerStep(const ModelWeights& w, int64_t batch, int64_t ctx, int64_t steps) {
   const ModelConfig& c = w.config();
-  const double embed = static_cast<double>(c.vocab_size) * c.hidden_size;
-  double params = static_cast<double>(w.num_parameters());
-  // The embedding table is not streamed per token (one row is), unless it is also the head.
-  if (&w.lm_head() != &w.embeddings()) params -= embed;
+  double bytes = static_cast<double>(w.resident_bytes());
+  const double embed = static_cast<double>(w.embeddings().bytes());
+  if (&w.lm_head() != &w.embeddings()) bytes -= embed;
+  bytes += batch * embed / c.vocab_size;
   const auto& m = c.mamba;
-  const double ssm = static_cast<double>(m.num_heads) * m.head_dim * m.state_size + m.conv_dim() * (m.conv_kernel - 1);
-  const double kv = 2.0 * (kDecodeContext + kDecodeSteps / 2) * c.attention.num_kv_heads * c.attention.head_dim;
-  return 4.0 * (params + 2 * ssm * c.CountLayers(LayerKind::kMamba2) + kv * c.CountLayers(LayerKind::kAttention));
+  const double state = 4.0 * (static_cast<double>(m.num_heads) * m.head_dim * m.state_size +
+                              static_cast<double>(m.conv_dim()) * (m.conv_kernel - 1));
+  bytes += batch * 2.0 * state * c.CountLayers(LayerKind::kMamba2);
+  const double kv = 4.0 * 2.0 * (ctx + steps / 2.0) * c.attention.num_kv_heads * c.attention.head_dim;
+  bytes += batch * kv * c.CountLayers(LayerKind::kAttention);
+  return bytes;
 }
 
 int Main(int argc, char** argv) {
-  if (argc < 2) {
-    std::fprintf(stderr, "usage: throughput_bench MODEL_DIR [THREADS] [fast|deterministic] [decode]\n");
+  absl::ParseCommandLine(argc, argv);
+  const std::string dir = absl::GetFlag(FLAGS_model);
+  if (dir.empty()) {
+    std::fprintf(stderr, "--model is required\n");
     return 2;
   }
-  const std::string dir = argv[1];
-  const int threads = argc > 2 ? std::atoi(argv[2]) : 2;
-  const bool fast = argc > 3 && std::strcmp(argv[3], "fast") == 0;
-  // "decode": only the decode figures (for profiling).
-  const bool decode_only = argc > 4 && std::strcmp(argv[4], "decode") == 0;
+  const int threads = absl::GetFlag(FLAGS_threads);
+  const std::string mode = absl::GetFlag(FLAGS_mode);
+  if (mode != "deterministic" && mode != "fast") {
+    std::fprintf(stderr, "--mode must be deterministic or fast\n");
+    return 2;
+  }
+  const std::vector<int64_t> lengths = ParseList(absl::GetFlag(FLAGS_prefill));
+  const std::vector<int64_t> batches = ParseList(absl::GetFlag(FLAGS_batches));
+  const int64_t ctx = absl::GetFlag(FLAGS_decode_context);
+  const int64_t steps = absl::GetFlag(FLAGS_decode_steps);
+  const int64_t max_len = lengths.empty() ? 0 : *std::max_element(lengths.begin(), lengths.end());
+  const int64_t max_batch = batches.empty() ? 0 : *std::max_element(batches.begin(), batches.end());
+
   auto weights = ModelWeights::LoadDirectory(dir);
   Check(weights.status());
   const ModelConfig& config = (*weights)->config();
   ModelOptions options;
-  options.matmul_mode = fast ? kernels::MatmulMode::kFast : kernels::MatmulMode::kDeterministic;
+  options.matmul_mode = mode == "fast" ? kernels::MatmulMode::kFast : kernels::MatmulMode::kDeterministic;
   options.num_threads = threads;
-  options.max_sequences = 8;
-  options.max_pages = 8192 / 16 + 8 * 64;
+  options.max_sequences = std::max<int64_t>(8, 2 * max_batch);
+  const int64_t page = std::min<int64_t>(16, config.mamba.chunk_size);
+  // The longest prompt, plus two copies (base and fork) of every decoded sequence.
+  options.max_pages = (max_len + page - 1) / page + 2 * max_batch * ((ctx + steps + page - 1) / page + 1) + 8;
   auto model = Model::Create(config, **weights, options);
   Check(model.status());
+  const Tokens tokens = LoadTokens(absl::GetFlag(FLAGS_tokens), config.vocab_size, max_len, max_batch, ctx);
 
-  const double bandwidth = ReadBandwidth(threads);
-  std::printf("model %s: %s, %lld parameters, %s matmul, %d threads\n", dir.c_str(), config.LayerPattern().c_str(),
-              static_cast<long long>((*weights)->num_parameters()), fast ? "fast" : "deterministic", threads);
-  std::vector<std::string> json;
-  for (int64_t n : {512, 2048, 8192}) {
-    if (decode_only) break;
-    const double rate = PrefillRate(**model, n);
-    std::printf("prefill %5lld tokens: %10.1f tok/s\n", static_cast<long long>(n), rate);
-    json.push_back(absl::StrCat("\"prefill_", n, "\": ", rate));
+  const std::string dtype = (*weights)->has_bf16_matrices() ? "bf16" : "f32";
+  const std::string path = (*model)->backend().variant();
+  std::printf("model %s: %s, %lld parameters, %s weights (%.1f MB), %s matmul, %s kernels, %d threads\n", dir.c_str(),
+              config.LayerPattern().c_str(), static_cast<long long>((*weights)->num_parameters()), dtype.c_str(),
+              (*weights)->resident_bytes() / 1e6, mode.c_str(), path.c_str(), threads);
+  json out{{"engine", "hybridserve"},
+           {"model", dir},
+           {"dtype", dtype},
+           {"threads", threads},
+           {"mode", mode},
+           {"kernel_path", path},
+           {"cpu", CpuModel()},
+           {"cpu_flags", SimdFlags()},
+           {"version", "unknown"},
+           {"decode_context", ctx},
+           {"decode_steps", steps},
+           {"reps", absl::GetFlag(FLAGS_reps)},
+           {"max_other_cpu", absl::GetFlag(FLAGS_max_other_cpu)},
+           {"weight_bytes", (*weights)->resident_bytes()},
+           {"prefill", json::object()},
+           {"decode", json::object()},
+           {"contended", json::array()}};
+
+  double bandwidth = 0;
+  double peak_rss = StatusKb("VmHWM") / 1024.0;
+  if (absl::GetFlag(FLAGS_bandwidth)) {
+    const double step_bytes = DecodeBytesPerStep(**weights, 1, ctx, steps);
+    const double working_set = ReadBandwidth(static_cast<int64_t>(step_bytes), threads);
+    const double main_memory = ReadBandwidth(int64_t{2} << 30, threads);
+    bandwidth = std::max(working_set, main_memory);
+    std::printf("read bandwidth, %d threads: %.1f GB/s over %.0f MB (one decode step's bytes), %.1f GB/s over 2 GiB\n",
+                threads, working_set / 1e9, step_bytes / 1e6, main_memory / 1e9);
+    out["bandwidth_gbs"] = bandwidth / 1e9;
+    out["bandwidth_working_set_gbs"] = working_set / 1e9;
+    out["bandwidth_2gib_gbs"] = main_memory / 1e9;
+  } else {
+    out["bandwidth_gbs"] = nullptr;
   }
-  for (int64_t history : {int64_t{0}, int64_t{1039}, int64_t{4111}, int64_t{8192}}) {
-    if (decode_only) break;
-    const double seconds = ContinuationSeconds(**model, history, 65);
-    std::printf("prefill 65 tokens after %4lld: %7.1f ms (%.1f tok/s)\n", static_cast<long long>(history),
-                1e3 * seconds, 65 / seconds);
-    json.push_back(absl::StrCat("\"turn2_65_after_", history, "_ms\": ", 1e3 * seconds));
+
+  for (int64_t n : lengths) {
+    double peak = 0;
+    const Figure f = PrefillFigure(**model, tokens.prompt, n, &peak);
+    const std::string key = std::to_string(n);
+    PrintFigure("prefill " + key, f);
+    std::printf("%-16s peak RSS %.0f MiB\n", "", peak);
+    out["prefill"][key] = FigureJson(f);
+    out["prefill"][key]["peak_rss_mib"] = peak;
+    peak_rss = std::max(peak_rss, peak);
+    if (!f.clean) out["contended"].push_back("prefill_" + key);
   }
-  const double d1 = DecodeRate(**model, 1);
-  const double d8 = DecodeRate(**model, 8);
-  const double bytes = DecodeBytesPerToken(**weights);
-  const double bound = bandwidth / bytes;
-  std::printf("decode batch 1:       %10.1f tok/s\n", d1);
-  std::printf("decode batch 8:       %10.1f tok/s (all sequences)\n", d8);
-  std::printf(
-      "read bandwidth %.1f GB/s, %.1f MB read per batch-1 token: bound %.1f tok/s; decode b=1 at %.0f%% of it\n",
-      bandwidth / 1e9, bytes / 1e6, bound, 100.0 * d1 / bound);
-  json.push_back(absl::StrCat("\"decode_b1\": ", d1));
-  json.push_back(absl::StrCat("\"decode_b8\": ", d8));
-  json.push_back(absl::StrCat("\"bandwidth_gbs\": ", bandwidth / 1e9));
-  json.push_back(absl::StrCat("\"decode_b1_bound\": ", bound));
-  json.push_back(absl::StrCat("\"threads\": ", threads));
-  json.push_back(absl::StrCat("\"mode\": \"", fast ? "fast" : "deterministic", "\""));
-  std::printf("JSON {%s}\n", absl::StrJoin(json, ", ").c_str());
+  for (int64_t b : batches) {
+    const Figure f = DecodeFigure(**model, tokens, b, ctx, steps);
+    const std::string key = std::to_string(b);
+    PrintFigure("decode b=" + key, f);
+    json j = FigureJson(f);
+    const double bytes = DecodeBytesPerStep(**weights, b, ctx, steps);
+    j["bytes_per_step"] = bytes;
+    if (bandwidth > 0) {
+      const double share = bytes * (j["tok_s"].get<double>() / static_cast<double>(b)) / bandwidth;
+      j["bandwidth_share"] = share;
+      std::printf("%-16s %.0f MB per step: %.0f%% of the read-bandwidth bound\n", "", bytes / 1e6, 100 * share);
+    } else {
+      j["bandwidth_share"] = nullptr;
+    }
+    out["decode"][key] = j;
+    if (!f.clean) out["contended"].push_back("decode_" + key);
+  }
+  out["peak_rss_mib"] = std::max(peak_rss, StatusKb("VmHWM") / 1024.0);
+  std::printf("JSON %s\n", out.dump().c_str());
   return 0;
 }
 

@@ -1,5 +1,12 @@
-// Deterministic matmul vs OpenBLAS at decode and prefill shapes, same run
-// (interleaved, best of many runs).
+// Deterministic matmul at decode and prefill shapes, same run (interleaved,
+// best of many runs), each dtype against a baseline of its own kind:
+//   fp32 weights: OpenBLAS sgemm/sgemv on the same operands;
+//   bf16 weights: the fp32 deterministic matmul on the widened weights (what
+//     bf16 storage saves), and, where the call is bound by reading the weights
+//     (m <= 8), a streaming read of the same weight bytes with the same threads
+//     (the bandwidth floor: 1.00 means the matmul runs at the speed of its
+//     reads). OpenBLAS 0.3.21 has no bf16 GEMM (no sbgemm in Debian's build).
+// Prints the kernel path (cpu_features.h) the run used.
 //   bazel run -c opt //bench/kernels:matmul_bench [-- threads]
 
 #include <cblas.h>
@@ -11,6 +18,7 @@
 #include <vector>
 
 #include "bench/kernels/bench_util.h"
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/matmul_params.h"
@@ -28,6 +36,24 @@ uint16_t ToBf16(float f) {
   std::memcpy(&bits, &f, sizeof(bits));
   bits += 0x7fff + ((bits >> 16) & 1);
   return static_cast<uint16_t>(bits >> 16);
+}
+
+// Reads `bytes` bytes (as 32-bit words) split over the pool's threads; the
+// sum keeps the reads.
+uint32_t StreamRead(const uint16_t* data, int64_t elements, ThreadPool* pool) {
+  std::vector<uint32_t> sums(64, 0);
+  kernels::cpu::ParallelFor(pool, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t part = begin; part < end; ++part) {
+      const auto* words = reinterpret_cast<const uint32_t*>(data + elements * part / 64 / 16 * 16);
+      const int64_t count = (elements * (part + 1) / 64 / 16 * 16 - elements * part / 64 / 16 * 16) / 2;
+      uint32_t s = 0;
+      for (int64_t i = 0; i < count; ++i) s ^= words[i];
+      sums[part] = s;
+    }
+  });
+  uint32_t total = 0;
+  for (uint32_t s : sums) total ^= s;
+  return total;
 }
 
 void Run(int64_t m, int64_t n, int64_t k, ThreadPool* pool) {
@@ -50,17 +76,20 @@ void Run(int64_t m, int64_t n, int64_t k, ThreadPool* pool) {
   p16.w = nullptr;
   p16.w_bf16 = w16.data();
 
+  volatile uint32_t sink = 0;
   const std::vector<double> t = bench::BestSecondsInterleaved(
       {[&] { Matmul(p, MatmulMode::kFast, pool); }, [&] { Matmul(p, MatmulMode::kDeterministic, pool); },
-       [&] { Matmul(p16, MatmulMode::kDeterministic, pool); }},
+       [&] { Matmul(p16, MatmulMode::kDeterministic, pool); },
+       [&] { sink = sink + StreamRead(w16.data(), n * k, pool); }},
       /*budget_s=*/1.0);
-  const double t_blas = t[0], t_det = t[1], t_det16 = t[2];
+  const double t_blas = t[0], t_det = t[1], t_det16 = t[2], t_read16 = t[3];
   const double flops = 2.0 * m * n * k;
-  std::printf(
-      "m %4lld n %5lld k %5lld | openblas %7.1f GFLOP/s | deterministic fp32 %7.1f GFLOP/s (%.2fx "
-      "of openblas) | deterministic bf16 %7.1f GFLOP/s (%.2fx)\n",
-      static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k), flops / t_blas * 1e-9,
-      flops / t_det * 1e-9, t_blas / t_det, flops / t_det16 * 1e-9, t_blas / t_det16);
+  std::printf("m %4lld n %5lld k %5lld | fp32: deterministic %6.1f GFLOP/s, %.2fx openblas (%6.1f) | ",
+              static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k), flops / t_det * 1e-9,
+              t_blas / t_det, flops / t_blas * 1e-9);
+  std::printf("bf16: %6.1f GFLOP/s, %.2fx fp32 deterministic", flops / t_det16 * 1e-9, t_det / t_det16);
+  if (m <= 8) std::printf(", %.2fx a read of its %.1f MB", t_read16 / t_det16, n * k * 2 / 1e6);
+  std::printf("\n");
 }
 
 // How many rows of the first 8 change bits when computed with m = 1 instead of m = 300.
@@ -101,7 +130,8 @@ int main(int argc, char** argv) {
   const int threads = argc > 1 ? std::atoi(argv[1]) : 2;
   openblas_set_num_threads(threads);
   hybridserve::kernels::cpu::ThreadPool pool(threads);
-  std::printf("threads %d (deterministic: ThreadPool; openblas: openblas_set_num_threads)\n", threads);
+  std::printf("threads %d (deterministic: ThreadPool; openblas: openblas_set_num_threads), kernel path %s\n", threads,
+              hybridserve::kernels::cpu::KernelPathName(hybridserve::kernels::cpu::ActiveKernelPath()));
   for (int64_t m : {1, 8, 512}) {
     hybridserve::Run(m, 1024, 1024, &pool);
     hybridserve::Run(m, 4096, 1024, &pool);
