@@ -25,8 +25,11 @@ constexpr int64_t kBlockBytes = 384 * 1024;
 // stays in L1 across the column tiles of a block.
 constexpr int64_t kKc = 1024;
 static_assert(kKc % 32 == 0, "k blocks must keep the lane summation order");
-// Columns per parallel task: a multiple of every tile width (6, 8).
+// Columns per parallel task: a multiple of every tile width (4, 6, 8).
 constexpr int64_t kTaskCols = 24;
+// From this many rows on, each column block's weights are packed into tiles
+// (PackTiles) before the row panels run over them.
+constexpr int64_t kPackMinRows = 16;
 // Floats of accumulators per tile element.
 constexpr int kLanes = 16;
 
@@ -111,9 +114,12 @@ struct Step<Kind::kDot> {
 
 // Accumulates rows [0, MR) of a against columns [0, NR) of w over k in
 // [k_begin, k_end) (k_begin a multiple of the step) into acc_io (MR * NR vectors).
+// Column j's elements [kk, kk + step) are at w + j * ldw + (kk / step) * wss:
+// wss = step for w as stored (row stride ldw), or a packed tile (ldw = step,
+// wss = NR * step: the tile's columns interleaved a step at a time, one stream).
 template <Kind K, int MR, int NR>
 inline void MicroKernel(const typename Step<K>::A* a, int64_t lda, const typename Step<K>::W* w, int64_t ldw,
-                        int64_t k_begin, int64_t k_end, bool load_acc, float* acc_io) {
+                        int64_t wss, int64_t k_begin, int64_t k_end, bool load_acc, float* acc_io) {
   using S = Step<K>;
   __m512 acc[MR * NR];
 #pragma unroll
@@ -126,7 +132,7 @@ inline void MicroKernel(const typename Step<K>::A* a, int64_t lda, const typenam
       if ((kk * static_cast<int64_t>(sizeof(typename S::W))) % 64 == 0) {
 #pragma unroll
         for (int j = 0; j < NR; ++j) {
-          _mm_prefetch(reinterpret_cast<const char*>(w + j * ldw + kk) + 1024, _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(w + j * ldw + kk / S::kStep * wss) + 1024, _MM_HINT_T0);
         }
       }
     }
@@ -135,7 +141,7 @@ inline void MicroKernel(const typename Step<K>::A* a, int64_t lda, const typenam
     for (int i = 0; i < MR; ++i) av[i] = S::LoadA(a + i * lda + kk, S::kStep);
 #pragma unroll
     for (int j = 0; j < NR; ++j) {
-      const typename S::Vec wv = S::LoadW(w + j * ldw + kk, S::kStep);
+      const typename S::Vec wv = S::LoadW(w + j * ldw + kk / S::kStep * wss, S::kStep);
 #pragma unroll
       for (int i = 0; i < MR; ++i) acc[i * NR + j] = S::Madd(acc[i * NR + j], av[i], wv);
     }
@@ -147,7 +153,7 @@ inline void MicroKernel(const typename Step<K>::A* a, int64_t lda, const typenam
     for (int i = 0; i < MR; ++i) av[i] = S::LoadA(a + i * lda + kk, rem);
 #pragma unroll
     for (int j = 0; j < NR; ++j) {
-      const typename S::Vec wv = S::LoadW(w + j * ldw + kk, rem);
+      const typename S::Vec wv = S::LoadW(w + j * ldw + kk / S::kStep * wss, rem);
 #pragma unroll
       for (int i = 0; i < MR; ++i) acc[i * NR + j] = S::Madd(acc[i * NR + j], av[i], wv);
     }
@@ -173,10 +179,13 @@ inline void Finish(const Job& job, int64_t i0, int64_t j0, const float* acc_io) 
 // Rows [i0, i0 + MR) x columns [j_begin, j_end) of one column block: tiles of
 // NR columns, then single columns. k blocks are the outer loop (the a panel
 // stays in L1 across the tiles); a single row runs each tile over all of k
-// (one long stream per weight row). The chain per element is the same either
-// way: kKc is a multiple of the step.
+// (one long stream per weight row). With `packed` (a copy of the block's full
+// tiles made by PackTiles), the tiles read from it: the same elements in the
+// same order, so the same bits. The chain per element is the same in every
+// case: kKc is a multiple of the step.
 template <Kind K, int MR, int NR>
-void RowPanel(const Job& job, int64_t i0, int64_t j_begin, int64_t j_end, std::vector<float>& acc) {
+void RowPanel(const Job& job, int64_t i0, int64_t j_begin, int64_t j_end, const typename Step<K>::W* packed,
+              std::vector<float>& acc) {
   using S = Step<K>;
   const MatmulParams& p = *job.p;
   const auto* a = static_cast<const typename S::A*>(job.a) + i0 * job.lda;
@@ -185,17 +194,24 @@ void RowPanel(const Job& job, int64_t i0, int64_t j_begin, int64_t j_end, std::v
   const int64_t full_tiles = (j_end - j_begin) / NR;
   const int64_t j_tail = j_begin + full_tiles * NR;
   const int64_t tiles = full_tiles + (j_end - j_tail);
+  const int64_t steps = (p.k + S::kStep - 1) / S::kStep;
   constexpr int64_t kTileFloats = MR * NR * kLanes;
   if (static_cast<int64_t>(acc.size()) < tiles * kTileFloats) acc.resize(tiles * kTileFloats);
   const int64_t k_step = MR == 1 ? std::max<int64_t>(p.k, 1) : kKc;
   for (int64_t k0 = 0; k0 == 0 || k0 < p.k; k0 += k_step) {  // k == 0: zeros
     const int64_t k1 = std::min(p.k, k0 + k_step);
     for (int64_t t = 0; t < full_tiles; ++t) {
-      MicroKernel<K, MR, NR>(a, job.lda, w + (j_begin + t * NR) * job.ldw, job.ldw, k0, k1, k0 > 0,
-                             acc.data() + t * kTileFloats);
+      float* tile_acc = acc.data() + t * kTileFloats;
+      if (packed != nullptr) {
+        MicroKernel<K, MR, NR>(a, job.lda, packed + t * steps * NR * S::kStep, S::kStep, NR * S::kStep, k0, k1, k0 > 0,
+                               tile_acc);
+      } else {
+        MicroKernel<K, MR, NR>(a, job.lda, w + (j_begin + t * NR) * job.ldw, job.ldw, S::kStep, k0, k1, k0 > 0,
+                               tile_acc);
+      }
     }
     for (int64_t j = j_tail; j < j_end; ++j) {
-      MicroKernel<K, MR, 1>(a, job.lda, w + j * job.ldw, job.ldw, k0, k1, k0 > 0,
+      MicroKernel<K, MR, 1>(a, job.lda, w + j * job.ldw, job.ldw, S::kStep, k0, k1, k0 > 0,
                             acc.data() + (full_tiles + j - j_tail) * kTileFloats);
     }
   }
@@ -205,20 +221,64 @@ void RowPanel(const Job& job, int64_t i0, int64_t j_begin, int64_t j_end, std::v
   }
 }
 
+// Copies the full tiles of NR columns of [j_begin, j_end) into `out`: tile t,
+// step s, column c at out[((t * steps + s) * NR + c) * step], the step's
+// elements of that column, zero-padded past k (what a masked load reads).
+template <Kind K, int NR>
+void PackTiles(const Job& job, int64_t j_begin, int64_t j_end, std::vector<typename Step<K>::W>& out) {
+  using S = Step<K>;
+  using W = typename S::W;
+  const MatmulParams& p = *job.p;
+  const W* w =
+      reinterpret_cast<const W*>(p.w != nullptr ? static_cast<const void*>(p.w) : static_cast<const void*>(p.w_bf16));
+  const int64_t tiles = (j_end - j_begin) / NR;
+  const int64_t steps = (p.k + S::kStep - 1) / S::kStep;
+  const auto size = static_cast<size_t>(tiles * steps * NR * S::kStep);
+  if (out.size() < size) out.resize(size);
+  for (int64_t t = 0; t < tiles; ++t) {
+    for (int64_t c = 0; c < NR; ++c) {
+      const W* src = w + (j_begin + t * NR + c) * job.ldw;
+      for (int64_t st = 0; st < steps; ++st) {
+        W* dst = out.data() + ((t * steps + st) * NR + c) * S::kStep;
+        const int64_t n = std::min<int64_t>(S::kStep, p.k - st * S::kStep);
+        std::copy(src + st * S::kStep, src + st * S::kStep + n, dst);
+        std::fill(dst + n, dst + S::kStep, W{0});
+      }
+    }
+  }
+}
+
 template <Kind K>
 void Columns(const Job& job, int64_t j_begin, int64_t j_end) {
-  // Accumulators of the tiles of one row panel, kept per thread across calls
-  // (no allocation once warm).
+  // Accumulators of the tiles of one row panel and the packed weight block,
+  // kept per thread across calls (no allocation once warm).
   thread_local std::vector<float> acc;
+  thread_local std::vector<typename Step<K>::W> packed;
   const MatmulParams& p = *job.p;
   const int64_t nc = ColumnsPerBlock(p.k, p.w != nullptr ? 4 : 2);
   for (int64_t jb = j_begin; jb < j_end; jb += nc) {
     const int64_t je = std::min(j_end, jb + nc);
     int64_t i = 0;
-    for (; i + 4 <= p.m; i += 4) RowPanel<K, 4, 6>(job, i, jb, je, acc);
-    if (p.m - i == 3) RowPanel<K, 3, 8>(job, i, jb, je, acc);
-    if (p.m - i == 2) RowPanel<K, 2, 8>(job, i, jb, je, acc);
-    if (p.m - i == 1) RowPanel<K, 1, 8>(job, i, jb, je, acc);
+    if (p.m >= kPackMinRows) {
+      // Many row panels share the block: one contiguous stream per tile
+      // instead of NR weight rows (the hardware prefetchers follow few
+      // streams). 6 x 4 tiles: 24 accumulators, 6 activation vectors and a
+      // weight vector, 31 of the 32 registers.
+      PackTiles<K, 4>(job, jb, je, packed);
+      for (; i + 6 <= p.m; i += 6) RowPanel<K, 6, 4>(job, i, jb, je, packed.data(), acc);
+      if (p.m - i >= 4) {
+        RowPanel<K, 4, 4>(job, i, jb, je, packed.data(), acc);
+        i += 4;
+      }
+      if (p.m - i == 3) RowPanel<K, 3, 4>(job, i, jb, je, packed.data(), acc);
+      if (p.m - i == 2) RowPanel<K, 2, 4>(job, i, jb, je, packed.data(), acc);
+      if (p.m - i == 1) RowPanel<K, 1, 4>(job, i, jb, je, packed.data(), acc);
+      continue;
+    }
+    for (; i + 4 <= p.m; i += 4) RowPanel<K, 4, 6>(job, i, jb, je, nullptr, acc);
+    if (p.m - i == 3) RowPanel<K, 3, 8>(job, i, jb, je, nullptr, acc);
+    if (p.m - i == 2) RowPanel<K, 2, 8>(job, i, jb, je, nullptr, acc);
+    if (p.m - i == 1) RowPanel<K, 1, 8>(job, i, jb, je, nullptr, acc);
   }
 }
 
