@@ -3,13 +3,17 @@
 #
 #   bench/llamacpp/convert.sh [OUT_DIR]          (default OUT_DIR=/tmp/hs-bench)
 #
-# 1. Generates the bench models with tools/gen_model.py (seed 0, fp32) unless
-#    OUT_DIR/nemotron_h and OUT_DIR/mamba2 already hold config.json + model.safetensors.
+# 1. Generates the bench models with tools/gen_model.py (seed 0) unless they already exist:
+#    fp32 in OUT_DIR/{nemotron_h,mamba2} and bf16 in OUT_DIR/{nemotron_h,mamba2}-bf16.
+#    hybridserve reads these directories directly.
 # 2. Gets llama.cpp's converter: $LLAMA_CPP_DIR if set, else the vendor/llama.cpp tree of the
 #    llama-cpp-python sdist (pip download, extracted under $LLAMA_CPP_SRC, default
 #    /tmp/llcpp). Nothing from llama.cpp is copied into this repository.
 # 3. Runs bench/llamacpp/convert.py (the converter plus two in-memory tweaks, see that file)
-#    to write OUT_DIR/gguf/{nemotron_h,mamba2}-{f32,bf16}.gguf.
+#    to write OUT_DIR/gguf/{nemotron_h,mamba2}-{f32,bf16}.gguf: f32 from the fp32 directory
+#    (--outtype f32), bf16 from the *bf16 directory* (--outtype bf16), so that both engines
+#    read bit-identical bf16 weights ("same weights converted once": bf16 -> bf16 is a copy,
+#    the 1-D tensors llama.cpp keeps in F32 are exact widenings of the bf16 values).
 #
 # Needs: python3 with torch, transformers, numpy, safetensors (tools/requirements.txt) and
 # the converter's own light deps (sentencepiece/protobuf are not needed for these models).
@@ -34,14 +38,19 @@ echo "converter: $LLAMA_CPP_DIR/convert_hf_to_gguf.py"
 
 mkdir -p "$OUT/gguf"
 for arch in $ARCHS; do
-  if [[ ! -f "$OUT/$arch/model.safetensors" ]]; then
-    python3 "$REPO/tools/gen_model.py" --preset bench --seed 0 --arch "$arch" --out "$OUT/$arch"
-  fi
   for t in $OUTTYPES; do
+    case "$t" in
+      f32)  src="$OUT/$arch";      gen_dtype=fp32 ;;
+      bf16) src="$OUT/$arch-bf16"; gen_dtype=bf16 ;;
+      *) echo "unsupported OUTTYPE $t (f32, bf16)"; exit 1 ;;
+    esac
+    if [[ ! -f "$src/model.safetensors" ]]; then
+      python3 "$REPO/tools/gen_model.py" --preset bench --seed 0 --arch "$arch" --dtype "$gen_dtype" --out "$src"
+    fi
     dst="$OUT/gguf/$arch-$t.gguf"
-    echo "== $arch $t -> $dst"
+    echo "== $src ($t) -> $dst"
     python3 "$REPO/bench/llamacpp/convert.py" --llama-cpp-dir "$LLAMA_CPP_DIR" \
-      "$OUT/$arch" --outtype "$t" --outfile "$dst" > "$OUT/gguf/convert-$arch-$t.log" 2>&1 \
+      "$src" --outtype "$t" --outfile "$dst" > "$OUT/gguf/convert-$arch-$t.log" 2>&1 \
       || { tail -30 "$OUT/gguf/convert-$arch-$t.log"; exit 1; }
     tail -1 "$OUT/gguf/convert-$arch-$t.log"
   done

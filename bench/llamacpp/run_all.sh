@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# Run the llama.cpp baseline on every GGUF written by convert.sh.
+# Run the llama.cpp baseline alone on every GGUF written by convert.sh (the comparison with
+# hybridserve under the same rules is bench/engine/compare_llamacpp.py; use this for llama.cpp
+# by itself, e.g. flash attention on vs off).
 #
 #   bench/llamacpp/run_all.sh [OUT_DIR] [extra run_llamacpp_bench.py args...]
+#   e.g. bench/llamacpp/run_all.sh /tmp/hs-bench --prefill 512,2048 --batches 1,8
 #
 # Appends one JSON line per (model, dtype, flash-attn) to OUT_DIR/llamacpp_results.jsonl.
+# Token ids: --tokens FILE if given in the extra args, else seeded random ids.
 # Flash attention only matters for nemotron_h (mamba2 has no attention layers).
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"

@@ -3,41 +3,55 @@
 
 Usage:
     python3 bench/llamacpp/run_llamacpp_bench.py --gguf /tmp/hs-bench/gguf/nemotron_h-f32.gguf \
-        [--threads 2] [--prefill 512,2048,8192] [--reps 3] [--n-batch 2048] [--n-ubatch 512] \
-        [--flash-attn on|off] [--decode-prompt 32] [--decode-steps 64] [--batch 8] \
-        [--min-util 0.9] [--label X] [--out results.jsonl]
+        [--tokens TOKENS.json] [--threads 2] [--prefill 512,2048,8192,32768] \
+        [--decode-context 128] [--decode-steps 64] [--batches 1,8] \
+        [--reps 3] [--max-tries 12] [--max-other-cpu 0.10] \
+        [--n-batch 2048] [--n-ubatch 512] [--flash-attn on|off] [--verify-batch B] \
+        [--label X] [--out results.jsonl]
 
-Measures, with n_threads = n_threads_batch = --threads:
+The rules are the same as hybridserve's bench/engine/throughput_bench (the driver
+bench/engine/compare_llamacpp.py runs both with identical settings):
 
-prefill    For each prompt length L, on a cleared context each rep (Llama.reset(), which for
-           hybrid/recurrent models calls llama_memory_clear(mem, true); we also call it
-           explicitly), time Llama.eval(tokens) on L random token ids. Llama.eval feeds the
-           prompt to llama_decode in n_batch-token chunks (llama.cpp splits each chunk into
-           n_ubatch-token micro-batches) and requests logits only for the last token of each
-           chunk (logits_all=False). Reported: L / median seconds.
-decode     Low-level API on its own context (n_seq_max = B): B independent random prompts of
-           --decode-prompt tokens are prefilled together in one llama_batch (not timed), then
-           --decode-steps steps are timed, each = one llama_decode of a llama_batch holding one
-           token per sequence (seq_id i, its own position) + greedy argmax over the B logit rows
-           (numpy) for the next tokens. Reported: B * steps / median seconds. B = 1 and
-           B = --batch (8). For B = 1 the same loop through Llama.eval([tok]) (high-level path)
-           is reported too, as a cross-check. With --batch > 1 the batched greedy outputs are
-           compared with each sequence decoded alone (batch_vs_single_identical_seqs).
+tokens     --tokens FILE is JSON {"prompt": [ids...], "decode_prompts": [[ids...], ...]}.
+           Prefill of length L uses prompt[:L]; decode at batch B uses decode_prompts[:B]
+           (each --decode-context ids long). Without --tokens, seeded random ids in
+           [3, n_vocab) are used (--seed).
+prefill    Low-level API, own context (n_seq_max 1). Each rep: llama_memory_clear, then the
+           L tokens go to llama_decode in --n-batch chunks (llama.cpp splits each chunk into
+           --n-ubatch micro-batches); only the very last token requests logits. Timed: all
+           llama_decode calls + llama_synchronize. tok/s = L / median s.
+decode     Own context per batch B (n_seq_max = B, seq ids 0..B-1). Untimed: clear the memory,
+           prefill the B prompts in one llama_batch, argmax of each sequence's last logits.
+           Then --decode-steps steps; step s feeds one token per sequence (step 0: the argmax
+           of the prompt's last logits, step s: the argmax of step s-1). Timed: only
+           llama_decode + llama_synchronize of each step (perf_counter around them, summed);
+           the greedy argmax (numpy) and building the next batch are outside the timed region
+           (hybridserve times Model::DecodeStep only). tok/s = B * steps / median s. A batch
+           llama.cpp refuses (context creation or llama_decode error) is recorded as
+           {"unsupported": "..."} and the run goes on.
+clean reps A rep is clean when the CPU time used by OTHER processes during the rep is at most
+           --max-other-cpu x the rep's wall seconds (the rep's window: the whole prefill; for
+           decode the steps loop, from before step 0 to after the last step, without the
+           untimed prompt prefill): (busy jiffies of the whole machine from
+           /proc/stat "cpu": user+nice+system+irq+softirq+steal) minus (this process's
+           utime+stime from /proc/self/stat), both as deltas over the rep, in seconds
+           (SC_CLK_TCK). Reps are repeated until --reps clean ones or --max-tries attempts;
+           with too few clean reps the cleanest --reps are used and the measurement is listed
+           under "contended". --max-other-cpu 1e9 accepts every rep (loaded-machine runs).
+           Per attempt: timed s, window wall s, other-CPU s and own utilisation
+           (own CPU s / (wall s x threads); llama.cpp's OpenMP threads spin, ~1.0 is normal).
 
-Shared machines: every rep records its CPU utilisation, process CPU seconds /
-(wall seconds * threads). llama.cpp's worker threads spin while waiting, so an unloaded run
-reads ~0.95-1.0 and a rep where other processes took a core reads ~0.5. Reps below
---min-util are discarded and retried (at most --max-tries per measurement); if too few clean
-reps are obtained the best ones are used and the measurement is listed under "contended".
-The JSON keeps every attempt (`*_s_all`, `*_util_all`), the medians (`*_tok_s`), the best
-rep (`*_tok_s_best`) and the load averages at start and end.
+--verify-batch B (optional) decodes each of the B sequences of the batch-B run alone and
+reports how many greedy outputs are identical (batch_vs_single_identical_seqs).
 
-Prints one JSON line (and appends it to --out) with all numbers, the llama-cpp-python
-version, the vendored llama.cpp commit, threads, weight dtype and model path. A warm-up
-eval runs first so that page faults on the mmap'd weights are not timed.
+Prints one JSON line (appended to --out as well) with: llama-cpp-python version, llama.cpp
+commit, llama_print_system_info(), CPU model and SIMD flags, threads, dtype, settings, and per
+measurement median and best tok/s plus every attempt. Per-measurement layout is the same as
+throughput_bench's: "prefill": {"512": {...}}, "decode": {"1": {...}}.
 """
 
 import argparse
+import ctypes
 import json
 import os
 import platform
@@ -55,17 +69,89 @@ KNOWN_COMMITS = {"0.3.36": "0c1e57098bba43ac29e6e3b677cdceebdd22334f"}
 
 FILE_TYPES = {0: "f32", 1: "f16", 7: "q8_0", 32: "bf16"}  # llama_ftype values
 FA = {"off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED, "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED}
+SIMD_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_bf16")
+CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-def cpu_name():
+def cpuinfo():
+    """(model name, [relevant SIMD flags present]) from /proc/cpuinfo."""
+    name, flags = platform.machine(), set()
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                if line.startswith("model name") and name == platform.machine():
+                    name = line.split(":", 1)[1].strip()
+                elif line.startswith("flags") and not flags:
+                    flags = set(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return platform.machine()
+    return name, [fl for fl in SIMD_FLAGS if fl in flags]
+
+
+def machine_busy_jiffies():
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    # user nice system idle iowait irq softirq steal ...
+    return v[0] + v[1] + v[2] + v[5] + v[6] + (v[7] if len(v) > 7 else 0)
+
+
+def self_jiffies():
+    with open("/proc/self/stat") as f:
+        rest = f.read().rsplit(")", 1)[1].split()
+    return int(rest[11]) + int(rest[12])  # fields 14, 15: utime, stime
+
+
+class Rep:
+    """Context manager measuring one rep's wall time, own CPU and other processes' CPU."""
+
+    def __enter__(self):
+        self.m0, self.s0, self.t0 = machine_busy_jiffies(), self_jiffies(), time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        self.wall = time.perf_counter() - self.t0
+        own = self_jiffies() - self.s0
+        self.own_cpu_s = own / CLK_TCK
+        self.other_cpu_s = max(0, machine_busy_jiffies() - self.m0 - own) / CLK_TCK
+        return False
+
+
+class Measure:
+    """Collects `reps` clean reps of a timed callable; see the module docstring."""
+
+    def __init__(self, args):
+        self.reps, self.threads = args.reps, args.threads
+        self.max_other, self.max_tries = args.max_other_cpu, max(args.max_tries, args.reps)
+        self.contended = []
+
+    def __call__(self, name, fn):
+        """fn() -> (timed_s, payload, rep): rep is the Rep around the timed part. Returns
+        (entry, used timed seconds, payloads)."""
+        attempts = []
+        for _ in range(self.max_tries):
+            timed_s, payload, rep = fn()
+            a = {"s": timed_s, "wall_s": rep.wall, "other_cpu_s": rep.other_cpu_s,
+                 "util": rep.own_cpu_s / (rep.wall * self.threads), "payload": payload}
+            a["clean"] = a["other_cpu_s"] <= self.max_other * rep.wall
+            attempts.append(a)
+            if sum(x["clean"] for x in attempts) >= self.reps:
+                break
+        used = [a for a in attempts if a["clean"]]
+        clean = len(used) >= self.reps
+        if not clean:
+            self.contended.append(name)
+            used = sorted(attempts, key=lambda a: a["other_cpu_s"] / a["wall_s"])[: self.reps]
+        entry = {
+            "clean": clean,
+            "tries": len(attempts),
+            "s": [round(a["s"], 5) for a in used],
+            "s_all": [round(a["s"], 5) for a in attempts],
+            "wall_s_all": [round(a["wall_s"], 5) for a in attempts],
+            "other_cpu_s_all": [round(a["other_cpu_s"], 3) for a in attempts],
+            "util_all": [round(a["util"], 3) for a in attempts],
+            "clean_all": [a["clean"] for a in attempts],
+        }
+        return entry, [a["s"] for a in used], [a["payload"] for a in used]
 
 
 def clear_memory(ctx):
@@ -74,66 +160,32 @@ def clear_memory(ctx):
         llama_cpp.llama_memory_clear(mem, True)
 
 
-class Measure:
-    """Collects `reps` clean reps of a timed callable; see the module docstring."""
+class Context:
+    """A llama.cpp context on an already loaded model, plus a reusable llama_batch."""
 
-    def __init__(self, args):
-        self.reps, self.threads = args.reps, args.threads
-        self.min_util, self.max_tries = args.min_util, args.max_tries
-        self.contended = []
-
-    def __call__(self, name, fn):
-        """fn() -> (wall_s, cpu_s, payload) of the timed section. Returns (times, utils, all, payloads)."""
-        attempts = []
-        for _ in range(self.max_tries):
-            wall, cpu, payload = fn()
-            attempts.append((wall, cpu / (wall * self.threads), payload))
-            if sum(u >= self.min_util for _, u, _ in attempts) >= self.reps:
-                break
-        clean = [a for a in attempts if a[1] >= self.min_util]
-        if len(clean) < self.reps:
-            self.contended.append(name)
-            clean = sorted(attempts, key=lambda a: -a[1])[: self.reps]
-        else:
-            clean = clean[: self.reps]
-        return ([a[0] for a in clean], [a[1] for a in clean],
-                {"s": [round(a[0], 4) for a in attempts], "util": [round(a[1], 3) for a in attempts]},
-                [a[2] for a in clean])
-
-
-def timed(fn):
-    c0, t0 = time.process_time(), time.perf_counter()
-    out = fn()
-    return time.perf_counter() - t0, time.process_time() - c0, out
-
-
-class LowLevelDecoder:
-    """A context with n_seq_max = n_seq on an already loaded model, plus a reusable batch."""
-
-    def __init__(self, model, n_seq, prompt_len, steps, args):
+    def __init__(self, model, n_seq, n_ctx, n_batch, args):
         p = llama_cpp.llama_context_default_params()
-        per_seq = -(-(prompt_len + steps + 16) // 256) * 256
-        p.n_ctx = n_seq * per_seq  # llama.cpp splits n_ctx evenly over the sequences
-        p.n_batch = max(n_seq * prompt_len, 512)
-        p.n_ubatch = min(p.n_batch, args.n_ubatch)
+        p.n_ctx = n_ctx
+        p.n_batch = n_batch
+        p.n_ubatch = min(n_batch, args.n_ubatch)
         p.n_seq_max = n_seq
         p.n_threads = args.threads
         p.n_threads_batch = args.threads
         p.flash_attn_type = FA[args.flash_attn]
         p.no_perf = True
-        self.n_seq = n_seq
-        self.prompt_len = prompt_len
+        self.n_seq, self.n_batch = n_seq, n_batch
         self.ctx = llama_cpp.llama_init_from_model(model, p)
         if not self.ctx:
-            raise RuntimeError("llama_init_from_model failed")
+            raise RuntimeError(f"llama_init_from_model failed (n_seq_max={n_seq}, n_ctx={n_ctx}, n_batch={n_batch})")
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
-        self.batch = llama_cpp.llama_batch_init(p.n_batch, 0, 1)
+        self.batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
 
     def close(self):
         llama_cpp.llama_batch_free(self.batch)
         llama_cpp.llama_free(self.ctx)
 
-    def _fill(self, toks_per_seq, pos0):
+    def fill(self, toks_per_seq, pos0, want_logits=True):
+        """One llama_batch: sequence s gets toks_per_seq[s] at positions pos0.. (logits on its last token)."""
         b = self.batch
         j = 0
         for s, toks in enumerate(toks_per_seq):
@@ -142,213 +194,244 @@ class LowLevelDecoder:
                 b.pos[j] = pos0 + k
                 b.n_seq_id[j] = 1
                 b.seq_id[j][0] = s
-                b.logits[j] = 1 if k == len(toks) - 1 else 0
+                b.logits[j] = 1 if (want_logits and k == len(toks) - 1) else 0
                 j += 1
         b.n_tokens = j
 
-    def _decode(self):
+    def decode(self):
         rc = llama_cpp.llama_decode(self.ctx, self.batch)
         if rc != 0:
             raise RuntimeError(f"llama_decode returned {rc}")
 
-    def _argmax(self):
+    def argmax(self):
         # Output rows are in batch order: one logit row per sequence.
         ptr = llama_cpp.llama_get_logits(self.ctx)
         logits = np.ctypeslib.as_array(ptr, shape=(self.n_seq * self.n_vocab,)).reshape(self.n_seq, self.n_vocab)
         return logits.argmax(axis=1)
 
-    def run(self, prompts, steps):
-        """Prefill prompts (untimed), then time `steps` greedy decode steps -> (wall, cpu, tokens)."""
+    def prefill(self, toks):
+        """Clear, then eval toks in n_batch chunks, logits of the last token only -> (timed s, None, Rep)."""
         clear_memory(self.ctx)
-        self._fill(prompts, 0)
-        self._decode()
-        first = self._argmax()
+        timed = 0.0
+        with Rep() as rep:
+            for i in range(0, len(toks), self.n_batch):
+                chunk = toks[i:i + self.n_batch]
+                self.fill([chunk], i, want_logits=(i + len(chunk) == len(toks)))
+                t0 = time.perf_counter()
+                self.decode()
+                llama_cpp.llama_synchronize(self.ctx)
+                timed += time.perf_counter() - t0
+        return timed, None, rep
 
-        def loop():
-            nxt = first
-            generated = [[] for _ in range(self.n_seq)]
+    def greedy(self, prompts, steps):
+        """Untimed prompt prefill, then `steps` timed decode steps -> (timed s, generated ids, Rep).
+        The Rep (clean-rep window) spans the steps loop, not the untimed prompt prefill."""
+        clear_memory(self.ctx)
+        self.fill(prompts, 0)
+        self.decode()
+        nxt = self.argmax()
+        pos = len(prompts[0])
+        generated = [[] for _ in range(self.n_seq)]
+        timed = 0.0
+        with Rep() as rep:
             for step in range(steps):
-                self._fill([[t] for t in nxt], self.prompt_len + step)
-                self._decode()
-                nxt = self._argmax()
+                self.fill([[t] for t in nxt], pos + step)
+                t0 = time.perf_counter()
+                self.decode()
+                llama_cpp.llama_synchronize(self.ctx)
+                timed += time.perf_counter() - t0
+                nxt = self.argmax()
                 for s in range(self.n_seq):
                     generated[s].append(int(nxt[s]))
-            llama_cpp.llama_synchronize(self.ctx)
-            return generated
-
-        return timed(loop)
+        return timed, generated, rep
 
 
-def decode_llama_eval(llm, prompt, steps):
-    llm.reset()
-    clear_memory(llm._ctx.ctx)
-    llm.eval(prompt)
-    n_vocab = llm.n_vocab()
+_LOG_CB = None
 
-    def argmax():
-        return int(np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1), shape=(n_vocab,)).argmax())
 
-    first = argmax()
+def quiet_llama_logs():
+    """llama.cpp logs every context creation at INFO level to stderr; keep warnings and errors."""
+    global _LOG_CB
 
-    def loop():
-        nxt, out = first, []
-        for _ in range(steps):
-            llm.eval([nxt])
-            nxt = argmax()
-            out.append(nxt)
-        return out
+    @llama_cpp.llama_log_callback
+    def cb(level, text, user_data):
+        if level in (3, 4):  # GGML_LOG_LEVEL_WARN, GGML_LOG_LEVEL_ERROR
+            sys.stderr.write(text.decode(errors="replace"))
 
-    return timed(loop)
+    _LOG_CB = cb  # keep a reference: llama.cpp holds the C pointer
+    llama_cpp.llama_log_set(cb, ctypes.c_void_p(0))
+
+
+def int_list(s):
+    return [int(x) for x in s.split(",") if x.strip()]
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gguf", required=True)
+    ap.add_argument("--tokens", default=None, help="JSON token file (see above); default: seeded random ids")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--prefill", default="512,2048,8192", help="comma-separated prompt lengths")
+    ap.add_argument("--prefill", default="512,2048,8192,32768", help="comma-separated prompt lengths ('' for none)")
+    ap.add_argument("--decode-context", type=int, default=128, help="prompt tokens per sequence before decoding")
+    ap.add_argument("--decode-steps", type=int, default=64)
+    ap.add_argument("--batches", default="1,8", help="comma-separated decode batch sizes ('' for none)")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--max-tries", type=int, default=12, help="attempts per measurement")
+    ap.add_argument("--max-other-cpu", type=float, default=0.10,
+                    help="a rep is clean if other processes used at most this x wall CPU-seconds (1e9: off)")
     ap.add_argument("--n-batch", type=int, default=2048, help="llama.cpp n_batch (tokens per llama_decode)")
     ap.add_argument("--n-ubatch", type=int, default=512, help="llama.cpp n_ubatch (micro-batch)")
     ap.add_argument("--flash-attn", choices=sorted(FA), default="on",
                     help="flash attention in the attention layers (llama.cpp's own default 'auto' "
                          "enables it on CPU; llama-cpp-python's Llama defaults to off)")
-    ap.add_argument("--decode-prompt", type=int, default=32)
-    ap.add_argument("--decode-steps", type=int, default=64)
-    ap.add_argument("--batch", type=int, default=8, help="number of sequences for batched decode")
-    ap.add_argument("--min-util", type=float, default=0.9,
-                    help="discard reps whose CPU utilisation is below this (0 keeps all)")
-    ap.add_argument("--max-tries", type=int, default=12, help="attempts per measurement")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--no-verify", action="store_true",
-                    help="skip checking that batched greedy outputs equal per-sequence B=1 outputs")
+    ap.add_argument("--verify-batch", type=int, default=0,
+                    help="compare the greedy outputs of this batch with each sequence decoded alone (0: off)")
+    ap.add_argument("--seed", type=int, default=0, help="for random token ids when --tokens is not given")
+    ap.add_argument("--verbose", action="store_true", help="keep llama.cpp's INFO logs")
     ap.add_argument("--label", default=None)
     ap.add_argument("--llama-cpp-commit", default=None)
     ap.add_argument("--out", default=None, help="also append the JSON line to this file")
     args = ap.parse_args()
 
-    lengths = [int(x) for x in args.prefill.split(",") if x]
-    n_ctx = max(lengths + [args.decode_prompt + args.decode_steps]) + 256
+    lengths = int_list(args.prefill)
+    batches = sorted(set(int_list(args.batches)))
     measure = Measure(args)
+    cpu, flags = cpuinfo()
 
+    if not args.verbose:
+        quiet_llama_logs()
+    llama_cpp.llama_backend_init()
+    mp = llama_cpp.llama_model_default_params()
     t_load = time.perf_counter()
-    llm = llama_cpp.Llama(
-        model_path=args.gguf, n_threads=args.threads, n_threads_batch=args.threads, n_ctx=n_ctx,
-        n_batch=args.n_batch, n_ubatch=args.n_ubatch, logits_all=False,
-        flash_attn=(args.flash_attn == "on"), verbose=False)
+    model = llama_cpp.llama_model_load_from_file(os.fsencode(args.gguf), mp)
+    if not model:
+        sys.exit(f"failed to load {args.gguf}")
     t_load = time.perf_counter() - t_load
-    meta = llm.metadata
-    n_vocab = llm.n_vocab()
-    rng = np.random.default_rng(args.seed)
+    n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
+    meta = {}
+    buf = ctypes.create_string_buffer(256)
+    for key in ("general.architecture", "general.file_type"):
+        if llama_cpp.llama_model_meta_val_str(model, key.encode(), buf, 256) >= 0:
+            meta[key] = buf.value.decode()
 
-    def rand_tokens(n):
-        return [int(t) for t in rng.integers(3, n_vocab, size=n)]
-
-    # Warm-up: touch every weight page once (mmap) and let the thread pool spin up.
-    llm.reset()
-    llm.eval(rand_tokens(min(512, args.n_batch)))
+    if args.tokens:
+        with open(args.tokens) as f:
+            tok = json.load(f)
+        prompt, dprompts = tok["prompt"], tok["decode_prompts"]
+        if lengths and len(prompt) < max(lengths):
+            sys.exit(f"--tokens prompt has {len(prompt)} ids, need {max(lengths)}")
+        if batches and len(dprompts) < max(batches):
+            sys.exit(f"--tokens has {len(dprompts)} decode prompts, need {max(batches)}")
+        dprompts = [p[:args.decode_context] for p in dprompts]
+        if any(len(p) < args.decode_context for p in dprompts[:max(batches, default=0)]):
+            sys.exit(f"--tokens decode prompts are shorter than --decode-context {args.decode_context}")
+    else:
+        rng = np.random.default_rng(args.seed)
+        prompt = [int(t) for t in rng.integers(3, n_vocab, size=max(lengths, default=0))]
+        dprompts = [[int(t) for t in rng.integers(3, n_vocab, size=args.decode_context)]
+                    for _ in range(max(batches, default=0))]
+    bad = [t for t in prompt + [t for p in dprompts for t in p] if not 0 <= t < n_vocab]
+    if bad:
+        sys.exit(f"token ids outside [0, {n_vocab}): {bad[:5]}")
 
     res = {
         "engine": "llama.cpp",
         "label": args.label,
-        "model_path": os.path.abspath(args.gguf),
+        "model": os.path.abspath(args.gguf),
         "arch": meta.get("general.architecture"),
         "dtype": FILE_TYPES.get(int(meta.get("general.file_type", -1)), meta.get("general.file_type")),
-        "n_params": int(llama_cpp.llama_model_n_params(llm._model.model)),
+        "n_params": int(llama_cpp.llama_model_n_params(model)),
         "n_vocab": n_vocab,
         "llama_cpp_python": llama_cpp.__version__,
         "llama_cpp_commit": args.llama_cpp_commit or KNOWN_COMMITS.get(llama_cpp.__version__, "unknown"),
         "threads": args.threads,
-        "n_ctx": llm.n_ctx(),
+        "cpu": cpu,
+        "cpu_flags": flags,
+        "system_info": llama_cpp.llama_print_system_info().decode().strip(),
+        "tokens": os.path.abspath(args.tokens) if args.tokens else f"random seed {args.seed}",
         "n_batch": args.n_batch,
         "n_ubatch": args.n_ubatch,
         "flash_attn": args.flash_attn,
         "kv_cache_type": "f16",
         "reps": args.reps,
-        "min_util": args.min_util,
+        "max_tries": args.max_tries,
+        "max_other_cpu": args.max_other_cpu,
+        "decode_context": args.decode_context,
+        "decode_steps": args.decode_steps,
         "load_s": round(t_load, 3),
         "loadavg_start": os.getloadavg(),
-        "cpu": cpu_name(),
-        "system_info": llama_cpp.llama_print_system_info().decode().strip(),
-        "prefill_method": "Llama.eval -> llama_decode in n_batch chunks, logits for the last token of each "
-                          "chunk; context cleared before each rep",
-        "decode_method": "low-level llama_batch/llama_decode, one token per sequence per step, greedy argmax "
-                         "(numpy) included; time covers decode steps only; tok/s = B*steps/median s",
-        "prefill_tok_s": {}, "prefill_tok_s_best": {}, "prefill_s": {}, "prefill_util": {},
-        "prefill_s_all": {}, "prefill_util_all": {},
+        "prefill_method": "llama_decode of n_batch chunks on a cleared context, logits of the last token "
+                          "only; timed: llama_decode + llama_synchronize",
+        "decode_method": "llama_batch with one token per sequence per step; timed: llama_decode + "
+                         "llama_synchronize of each step (summed); argmax/batch building untimed; prompt "
+                         "prefill untimed; tok/s = B*steps/median s",
+        "prefill": {},
+        "decode": {},
     }
+    res["version"] = f"llama-cpp-python {res['llama_cpp_python']} / llama.cpp {res['llama_cpp_commit'][:12]}"
 
-    for L in lengths:
-        toks = rand_tokens(L)
+    if lengths:
+        n_ctx = -(-(max(lengths) + 16) // 256) * 256
+        pctx = Context(model, 1, n_ctx, args.n_batch, args)
+        pctx.prefill(prompt[:min(512, max(lengths))])  # warm-up: mmap'd weights paged in, thread pool up
+        for L in lengths:
+            toks = prompt[:L]
+            e, used, _ = measure(f"prefill_{L}", lambda: pctx.prefill(toks))
+            e["tok_s"] = round(L / statistics.median(used), 2)
+            e["tok_s_best"] = round(L / min(used), 2)
+            res["prefill"][str(L)] = e
+            print(f"# prefill {L}: {e['tok_s']} tok/s  s {e['s']}  other-cpu {e['other_cpu_s_all']}  "
+                  f"clean {e['clean']} ({e['tries']} tries)", file=sys.stderr, flush=True)
+        pctx.close()
 
-        def one():
-            llm.reset()
-            clear_memory(llm._ctx.ctx)
-
-            def ev():
-                llm.eval(toks)
-                llama_cpp.llama_synchronize(llm._ctx.ctx)
-
-            return timed(ev)
-
-        times, utils, allr, _ = measure(f"prefill_{L}", one)
-        k = str(L)
-        res["prefill_tok_s"][k] = round(L / statistics.median(times), 2)
-        res["prefill_tok_s_best"][k] = round(L / min(times), 2)
-        res["prefill_s"][k] = [round(t, 4) for t in times]
-        res["prefill_util"][k] = [round(u, 3) for u in utils]
-        res["prefill_s_all"][k], res["prefill_util_all"][k] = allr["s"], allr["util"]
-        print(f"# prefill {L}: {res['prefill_tok_s'][k]} tok/s  times {res['prefill_s'][k]}  "
-              f"util {res['prefill_util'][k]}  (attempts {len(allr['s'])})", file=sys.stderr)
-
-    # Batch-1 decode through the high-level path (cross-check for the low-level B=1 number).
-    prompt = rand_tokens(args.decode_prompt)
-    times, utils, _, _ = measure("decode_b1_llama_eval", lambda: decode_llama_eval(llm, prompt, args.decode_steps))
-    res["decode_b1_llama_eval_tok_s"] = round(args.decode_steps / statistics.median(times), 2)
-
-    for key in ("decode_tok_s", "decode_tok_s_best", "decode_s", "decode_util", "decode_s_all", "decode_util_all"):
-        res[key] = {}
     outputs = {}
-    for B in sorted({1, args.batch}):
-        dec = LowLevelDecoder(llm._model.model, B, args.decode_prompt, args.decode_steps, args)
-        prompts = [rand_tokens(args.decode_prompt) for _ in range(B)]
-        dec.run(prompts, 2)  # warm-up: graph allocation for this batch shape
-        times, utils, allr, gens = measure(f"decode_{B}", lambda: dec.run(prompts, args.decode_steps))
+    for B in batches:
+        k = str(B)
+        dec = None
+        try:
+            per_seq = -(-(args.decode_context + args.decode_steps + 16) // 256) * 256
+            dec = Context(model, B, B * per_seq, max(B * args.decode_context, 512), args)
+            prompts = dprompts[:B]
+            dec.greedy(prompts, 2)  # warm-up: graph allocation for this batch shape
+            e, used, gens = measure(f"decode_{B}", lambda: dec.greedy(prompts, args.decode_steps))
+        except RuntimeError as err:
+            res["decode"][k] = {"unsupported": str(err)}
+            print(f"# decode B={B}: unsupported ({err})", file=sys.stderr, flush=True)
+            continue
+        finally:
+            if dec is not None:
+                dec.close()
         if any(g != gens[0] for g in gens):
             res.setdefault("warnings", []).append(f"B={B}: greedy output differs between reps")
         outputs[B] = (prompts, gens[0])
-        dec.close()
-        k = str(B)
-        res["decode_tok_s"][k] = round(B * args.decode_steps / statistics.median(times), 2)
-        res["decode_tok_s_best"][k] = round(B * args.decode_steps / min(times), 2)
-        res["decode_s"][k] = [round(t, 4) for t in times]
-        res["decode_util"][k] = [round(u, 3) for u in utils]
-        res["decode_s_all"][k], res["decode_util_all"][k] = allr["s"], allr["util"]
-        print(f"# decode B={B}: {res['decode_tok_s'][k]} tok/s  times {res['decode_s'][k]}  "
-              f"util {res['decode_util'][k]}  (attempts {len(allr['s'])})", file=sys.stderr)
+        e["tok_s"] = round(B * args.decode_steps / statistics.median(used), 2)
+        e["tok_s_best"] = round(B * args.decode_steps / min(used), 2)
+        res["decode"][k] = e
+        print(f"# decode B={B}: {e['tok_s']} tok/s  s {e['s']}  other-cpu {e['other_cpu_s_all']}  "
+              f"clean {e['clean']} ({e['tries']} tries)", file=sys.stderr, flush=True)
 
-    if args.batch > 1 and not args.no_verify:
+    if args.verify_batch > 1 and args.verify_batch in outputs:
         # Each sequence of the batched run decoded alone: same greedy tokens?
-        prompts, gens = outputs[args.batch]
-        dec = LowLevelDecoder(llm._model.model, 1, args.decode_prompt, args.decode_steps, args)
+        prompts, gens = outputs[args.verify_batch]
+        per_seq = -(-(args.decode_context + args.decode_steps + 16) // 256) * 256
+        dec = Context(model, 1, per_seq, max(args.decode_context, 512), args)
         same, first_diff = 0, []
         for s, pr in enumerate(prompts):
-            g = dec.run([pr], args.decode_steps)[2][0]
+            g = dec.greedy([pr], args.decode_steps)[1][0]
             if g == gens[s]:
                 same += 1
             else:
                 first_diff.append(next(i for i, (x, y) in enumerate(zip(g, gens[s])) if x != y))
         dec.close()
-        res["batch_vs_single_identical_seqs"] = f"{same}/{args.batch}"
+        res["batch_vs_single_identical_seqs"] = f"{same}/{args.verify_batch}"
         if first_diff:
             res["batch_vs_single_first_diff_step"] = first_diff
 
-    res["decode_prompt"] = args.decode_prompt
-    res["decode_steps"] = args.decode_steps
     res["contended"] = measure.contended
     res["loadavg_end"] = os.getloadavg()
-    llm.close()
+    llama_cpp.llama_model_free(model)
     line = json.dumps(res)
-    print(line)
+    print(line, flush=True)
     if args.out:
         with open(args.out, "a") as f:
             f.write(line + "\n")

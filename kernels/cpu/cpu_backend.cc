@@ -8,9 +8,9 @@
 #include <memory>
 
 #include "kernels/cpu/activations.h"
-#include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/conv1d.h"
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/embedding.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/norm.h"
