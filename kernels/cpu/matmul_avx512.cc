@@ -29,7 +29,7 @@ static_assert(kKc % 32 == 0, "k blocks must keep the lane summation order");
 constexpr int64_t kTaskCols = 24;
 // From this many rows on, each column block's weights are packed into tiles
 // (PackTiles) before the row panels run over them.
-constexpr int64_t kPackMinRows = 16;
+constexpr int64_t kPackMinRows = 128;
 // Floats of accumulators per tile element.
 constexpr int kLanes = 16;
 
@@ -275,7 +275,11 @@ void Columns(const Job& job, int64_t j_begin, int64_t j_end) {
       if (p.m - i == 1) RowPanel<K, 1, 4>(job, i, jb, je, packed.data(), acc);
       continue;
     }
-    for (; i + 4 <= p.m; i += 4) RowPanel<K, 4, 6>(job, i, jb, je, nullptr, acc);
+    for (; i + 6 <= p.m; i += 6) RowPanel<K, 6, 4>(job, i, jb, je, nullptr, acc);
+    if (p.m - i >= 4) {
+      RowPanel<K, 4, 6>(job, i, jb, je, nullptr, acc);
+      i += 4;
+    }
     if (p.m - i == 3) RowPanel<K, 3, 8>(job, i, jb, je, nullptr, acc);
     if (p.m - i == 2) RowPanel<K, 2, 8>(job, i, jb, je, nullptr, acc);
     if (p.m - i == 1) RowPanel<K, 1, 8>(job, i, jb, je, nullptr, acc);
