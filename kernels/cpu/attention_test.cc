@@ -154,10 +154,11 @@ TEST_P(AttentionGqaTest, PhysicalPagePlacementDoesNotChangeBits) {
 // position t gives exactly prefill row t (checked bit for bit).
 TEST_P(AttentionGqaTest, DecodeAtPositionEqualsPrefillRowBitForBit) {
   const Geometry geo = GetParam();
-  const int64_t n = 40;
+  // Past 128 keys: rows on both sides of many page boundaries.
+  const int64_t n = 150;
   Sequence seq(geo, n, 9, true);
   const std::vector<float> prefill = seq.Prefill(0, n, nullptr);
-  for (int64_t t : {0, 1, 7, 8, 15, 16, 39}) {
+  for (int64_t t : {0, 1, 7, 8, 15, 16, 39, 62, 63, 64, 65, 127, 128, 149}) {
     std::vector<float> out(seq.QRow(), NAN);
     const int32_t len = static_cast<int32_t>(t + 1);
     AttentionDecodeParams d;
