@@ -301,7 +301,7 @@ class Driver:
                 if "version" in r:
                     versions.setdefault(side, set()).add(r["version"])
                 if "cpu_flags" in r:
-                    runflags.setdefault((r.get("cpu", "?"), " ".join(r["cpu_flags"])), []).append(name)
+                    runflags.setdefault((r.get("cpu", "?"), " ".join(sorted(r["cpu_flags"]))), []).append(name)
                 for c in r.get("contended", []):
                     contended.append(f"{name}:{c}")
                 if r.get("error"):
@@ -440,10 +440,12 @@ class Driver:
                         rows.append([m, dt, str(n), "error", "", "", o.get("error", "")])
                         continue
                     rss = c.get("peak_rss_mib", o.get("peak_rss_mib"))
+                    reps = len(c.get("s_all", [])) if o.get("reps", 3) == 1 else o.get("reps")
                     rows.append([m, dt, str(n), fmt(c["tok_s"]), fmt(rss, 0), fmt_bytes(o.get("weight_bytes")),
-                                 "" if c.get("clean", True) else "contended"])
+                                 ("" if c.get("clean", True) else "contended; ") + f"median of {reps} rep(s)"])
         if rows:
-            L.append(f"## Scale (ours only, prefill; median of {a.scale_reps}, one process per length)")
+            L.append("## Scale (ours only, prefill, one process per length; the main table's prefill columns "
+                     "record peak RSS at 512-32K too)")
             L.append("")
             L += md_table(["model", "dtype", "tokens", "tok/s", "peak RSS MiB", "weights", "notes"], rows)
             L.append("")
