@@ -43,8 +43,11 @@ struct Problem {
   }
 };
 
-std::vector<float> RunMatmul(MatmulMode mode, const float* a, int64_t m, const Problem& pr, ThreadPool* pool,
-                             const float* bias = nullptr, const uint16_t* w_bf16 = nullptr) {
+// Rows [0, m) of a times pr's weights (fp32, or w_bf16 when set) through `run`,
+// into a NaN-filled output.
+template <typename Run>
+std::vector<float> RunWith(Run run, const float* a, int64_t m, const Problem& pr, const float* bias,
+                           const uint16_t* w_bf16) {
   std::vector<float> out(m * pr.n, NAN);
   MatmulParams p;
   p.a = a;
@@ -55,24 +58,19 @@ std::vector<float> RunMatmul(MatmulMode mode, const float* a, int64_t m, const P
   p.m = m;
   p.n = pr.n;
   p.k = pr.k;
-  EXPECT_EQ(Matmul(p, mode, pool), kKernelOk);
+  EXPECT_EQ(run(p), kKernelOk);
   return out;
+}
+
+std::vector<float> RunMatmul(MatmulMode mode, const float* a, int64_t m, const Problem& pr, ThreadPool* pool,
+                             const float* bias = nullptr, const uint16_t* w_bf16 = nullptr) {
+  return RunWith([&](const MatmulParams& p) { return Matmul(p, mode, pool); }, a, m, pr, bias, w_bf16);
 }
 
 std::vector<float> RunOnPath(KernelPath path, const float* a, int64_t m, const Problem& pr, ThreadPool* pool,
                              const float* bias, const uint16_t* w_bf16 = nullptr) {
-  std::vector<float> out(m * pr.n, NAN);
-  MatmulParams p;
-  p.a = a;
-  p.w = w_bf16 ? nullptr : pr.w.data();
-  p.w_bf16 = w_bf16;
-  p.bias = bias;
-  p.out = out.data();
-  p.m = m;
-  p.n = pr.n;
-  p.k = pr.k;
-  EXPECT_EQ(MatmulDeterministicOnPath(p, path, pool), kKernelOk);
-  return out;
+  return RunWith([&](const MatmulParams& p) { return MatmulDeterministicOnPath(p, path, pool); }, a, m, pr, bias,
+                 w_bf16);
 }
 
 std::vector<uint16_t> ToBf16(const std::vector<float>& v) {
