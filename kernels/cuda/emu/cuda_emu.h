@@ -1,0 +1,325 @@
+#ifndef HYBRIDSERVE_KERNELS_CUDA_EMU_CUDA_EMU_H_
+#define HYBRIDSERVE_KERNELS_CUDA_EMU_CUDA_EMU_H_
+
+// A host emulation of the part of the CUDA programming model our kernels use,
+// so the .cu sources compile with the host compiler and run on the CPU (tests
+// of every kernel's logic on machines without a GPU; kernels/cuda/launchers.h).
+// Not a simulator of timing or of memory ordering: blocks run one after
+// another; the threads of a block run as fibers on the launching thread, which
+// switch only at __syncthreads(), at warp collectives and at exit. That is
+// enough to check indexing, barriers, shared-memory use, reduction order and
+// launch configuration. What it enforces, as a GPU would (a violation makes
+// the launch fail, or aborts with a message naming the kernel's fault):
+//   - block size <= 1024 threads and a multiple of 32 (our kernels' rule);
+//     grid.y, grid.z <= 65535; dynamic shared memory <= 48 KiB unless raised
+//     with cudaFuncSetAttribute(cudaFuncAttributeMaxDynamicSharedMemorySize),
+//     and never above 227 KiB: cudaErrorInvalidConfiguration /
+//     cudaErrorInvalidValue from cudaGetLastError();
+//   - a __syncthreads() not reached by every live thread of the block, or a
+//     warp collective not reached by all 32 lanes with a full mask: abort
+//     ("deadlock" / "divergent warp collective");
+//   - dynamic shared memory starts filled with 0xFF bytes (NaN floats), so a
+//     read before a write shows.
+// Device memory is host memory from posix_memalign of the exact size, so ASan
+// sees out-of-bounds kernel accesses. Copies check that device ranges lie
+// inside a live allocation (cudaErrorInvalidValue otherwise).
+//
+// Everything lives in namespace hybridserve::kernels::cuda_emu, the namespace
+// the emulated build of the .cu sources is compiled in, so unqualified CUDA
+// names there resolve here and never collide with the real libcudart.
+//
+// Thread safety: any host thread may call the runtime functions; launches from
+// different host threads are serialized by one process-wide lock.
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __noinline__
+#define __launch_bounds__(...)
+// Static shared memory: one copy per function, shared by the fibers of the
+// running block (blocks never overlap). Zero-initialized, unlike a GPU's.
+#define __shared__ static
+
+namespace hybridserve::kernels::cuda_emu {
+
+// ---- Types ----
+
+struct uint3 {
+  unsigned int x = 0, y = 0, z = 0;
+};
+struct dim3 {
+  unsigned int x = 1, y = 1, z = 1;
+  constexpr dim3(unsigned int vx = 1, unsigned int vy = 1, unsigned int vz = 1) : x(vx), y(vy), z(vz) {}
+};
+
+enum cudaError_t : int {
+  cudaSuccess = 0,
+  cudaErrorInvalidValue = 1,
+  cudaErrorMemoryAllocation = 2,
+  cudaErrorInvalidConfiguration = 9,
+  cudaErrorInvalidDevice = 101,
+  cudaErrorNoDevice = 100,
+  cudaErrorNotReady = 600,
+  cudaErrorStreamCaptureUnsupported = 900,
+  cudaErrorStreamCaptureInvalidated = 901,
+};
+
+enum cudaMemcpyKind : int {
+  cudaMemcpyHostToHost = 0,
+  cudaMemcpyHostToDevice = 1,
+  cudaMemcpyDeviceToHost = 2,
+  cudaMemcpyDeviceToDevice = 3,
+  cudaMemcpyDefault = 4,
+};
+
+enum cudaFuncAttribute : int {
+  cudaFuncAttributeMaxDynamicSharedMemorySize = 8,
+};
+
+enum cudaStreamCaptureMode : int {
+  cudaStreamCaptureModeGlobal = 0,
+  cudaStreamCaptureModeThreadLocal = 1,
+  cudaStreamCaptureModeRelaxed = 2,
+};
+
+constexpr unsigned int cudaStreamDefault = 0;
+constexpr unsigned int cudaStreamNonBlocking = 1;
+constexpr unsigned int cudaHostAllocDefault = 0;
+
+struct EmuStream;
+struct EmuEvent;
+struct EmuGraph;
+struct EmuGraphExec;
+using cudaStream_t = EmuStream*;
+using cudaEvent_t = EmuEvent*;
+using cudaGraph_t = EmuGraph*;
+using cudaGraphExec_t = EmuGraphExec*;
+
+struct cudaDeviceProp {
+  char name[256] = "hybridserve CUDA emulator";
+  size_t totalGlobalMem = size_t{16} << 30;
+  size_t sharedMemPerBlock = 48 * 1024;
+  size_t sharedMemPerBlockOptin = 227 * 1024;
+  int major = 9;
+  int minor = 0;
+  int multiProcessorCount = 4;
+  int warpSize = 32;
+  int maxThreadsPerBlock = 1024;
+  int memoryBusWidth = 0;
+};
+
+// ---- Runtime API (same signatures and meaning as CUDA's) ----
+
+const char* cudaGetErrorString(cudaError_t error);
+const char* cudaGetErrorName(cudaError_t error);
+// The last error returned by a runtime call (a launch included) on this host
+// thread, as CUDA's: cudaGetLastError returns and clears it, Peek only returns it.
+cudaError_t cudaGetLastError();
+cudaError_t cudaPeekAtLastError();
+cudaError_t cudaGetDeviceCount(int* count);  // always 1
+cudaError_t cudaSetDevice(int device);       // 0 only
+cudaError_t cudaGetDevice(int* device);
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device);
+cudaError_t cudaDeviceSynchronize();
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes);
+
+cudaError_t cudaMalloc(void** ptr, size_t bytes);  // contents unspecified (filled with 0xFF)
+cudaError_t cudaFree(void* ptr);                   // null is a no-op
+cudaError_t cudaMallocHost(void** ptr, size_t bytes);
+cudaError_t cudaHostAlloc(void** ptr, size_t bytes, unsigned int flags);
+cudaError_t cudaFreeHost(void* ptr);
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind);
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream = nullptr);
+cudaError_t cudaMemset(void* dst, int value, size_t bytes);
+cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t stream = nullptr);
+
+cudaError_t cudaStreamCreate(cudaStream_t* stream);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags);
+cudaError_t cudaStreamDestroy(cudaStream_t stream);
+cudaError_t cudaStreamSynchronize(cudaStream_t stream);
+
+cudaError_t cudaEventCreate(cudaEvent_t* event);
+cudaError_t cudaEventDestroy(cudaEvent_t event);
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream = nullptr);
+cudaError_t cudaEventSynchronize(cudaEvent_t event);
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);  // host wall time
+
+// Stream capture: while a stream is capturing, launches, memcpys and memsets
+// issued on it are recorded instead of run (a synchronous cudaMemcpy,
+// cudaMemset, cudaStreamSynchronize or cudaDeviceSynchronize while any stream
+// captures fails with cudaErrorStreamCaptureUnsupported and invalidates every
+// capture, as in CUDA's global capture mode);
+// cudaGraphLaunch replays the recorded operations in order, with the argument
+// values captured.
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long flags = 0);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec);
+cudaError_t cudaGraphDestroy(cudaGraph_t graph);
+
+cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value);
+
+// ---- Launch (used by Launch() in kernels/cuda/device_common.cuh) ----
+
+// Runs `body` once per thread of every block of `grid`, with threadIdx,
+// blockIdx, blockDim and gridDim set; or records it when `stream` is
+// capturing. `kernel` identifies the function for cudaFuncSetAttribute's
+// shared-memory limit. Returns the launch error (also kept for
+// cudaGetLastError): bad configuration is reported, nothing runs.
+cudaError_t EmuLaunch(const void* kernel, dim3 grid, dim3 block, size_t dynamic_smem_bytes, cudaStream_t stream,
+                      std::function<void()> body);
+
+// ---- Device side ----
+
+extern thread_local uint3 threadIdx;
+extern thread_local uint3 blockIdx;
+extern thread_local dim3 blockDim;
+extern thread_local dim3 gridDim;
+constexpr int warpSize = 32;
+
+// The running block's dynamic shared memory (see HS_DYNAMIC_SMEM in device_common.cuh).
+void* DynamicSharedMemory();
+
+void __syncthreads();
+void __syncwarp(unsigned int mask = 0xffffffffu);
+
+namespace detail {
+// The lane values of the calling warp after every lane stored `bits` (a warp
+// collective: all 32 lanes, full mask).
+const uint64_t* WarpExchange(unsigned int mask, uint64_t bits);
+}  // namespace detail
+
+template <typename T>
+T __shfl_sync(unsigned int mask, T value, int src_lane, int width = warpSize) {
+  static_assert(sizeof(T) <= sizeof(uint64_t), "shuffle of a type wider than 64 bits");
+  uint64_t bits = 0;
+  std::memcpy(&bits, &value, sizeof(T));
+  const int lane = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)) % warpSize;
+  const uint64_t* lanes = detail::WarpExchange(mask, bits);
+  const int base = lane / width * width;
+  T out;
+  std::memcpy(&out, &lanes[base + ((src_lane % width) + width) % width], sizeof(T));
+  return out;
+}
+
+template <typename T>
+T __shfl_xor_sync(unsigned int mask, T value, int lane_mask, int width = warpSize) {
+  static_assert(sizeof(T) <= sizeof(uint64_t), "shuffle of a type wider than 64 bits");
+  uint64_t bits = 0;
+  std::memcpy(&bits, &value, sizeof(T));
+  const int lane = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)) % warpSize;
+  const uint64_t* lanes = detail::WarpExchange(mask, bits);
+  int src = lane ^ lane_mask;
+  if (src / width != lane / width) src = lane;  // outside the segment: own value, as on a GPU
+  T out;
+  std::memcpy(&out, &lanes[src], sizeof(T));
+  return out;
+}
+
+template <typename T>
+T __shfl_down_sync(unsigned int mask, T value, unsigned int delta, int width = warpSize) {
+  static_assert(sizeof(T) <= sizeof(uint64_t), "shuffle of a type wider than 64 bits");
+  uint64_t bits = 0;
+  std::memcpy(&bits, &value, sizeof(T));
+  const int lane = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)) % warpSize;
+  const uint64_t* lanes = detail::WarpExchange(mask, bits);
+  int src = lane + static_cast<int>(delta);
+  if (src / width != lane / width) src = lane;
+  T out;
+  std::memcpy(&out, &lanes[src], sizeof(T));
+  return out;
+}
+
+template <typename T>
+T __shfl_up_sync(unsigned int mask, T value, unsigned int delta, int width = warpSize) {
+  static_assert(sizeof(T) <= sizeof(uint64_t), "shuffle of a type wider than 64 bits");
+  uint64_t bits = 0;
+  std::memcpy(&bits, &value, sizeof(T));
+  const int lane = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)) % warpSize;
+  const uint64_t* lanes = detail::WarpExchange(mask, bits);
+  int src = lane - static_cast<int>(delta);
+  if (src < 0 || src / width != lane / width) src = lane;
+  T out;
+  std::memcpy(&out, &lanes[src], sizeof(T));
+  return out;
+}
+
+// Fibers never run at the same time, so these need no atomics.
+inline float atomicAdd(float* address, float value) {
+  const float old = *address;
+  *address = old + value;
+  return old;
+}
+inline int atomicAdd(int* address, int value) {
+  const int old = *address;
+  *address = old + value;
+  return old;
+}
+inline unsigned int atomicAdd(unsigned int* address, unsigned int value) {
+  const unsigned int old = *address;
+  *address = old + value;
+  return old;
+}
+inline int atomicExch(int* address, int value) {
+  const int old = *address;
+  *address = value;
+  return old;
+}
+inline int atomicCAS(int* address, int compare, int value) {
+  const int old = *address;
+  if (old == compare) *address = value;
+  return old;
+}
+inline int atomicMax(int* address, int value) {
+  const int old = *address;
+  if (value > old) *address = value;
+  return old;
+}
+
+inline float __uint_as_float(unsigned int bits) {
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+inline unsigned int __float_as_uint(float f) {
+  unsigned int bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  return bits;
+}
+inline float __int_as_float(int bits) {
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+inline int __float_as_int(float f) {
+  int bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  return bits;
+}
+template <typename T>
+T __ldg(const T* p) {
+  return *p;
+}
+// The GPU's fast intrinsics are approximations; the emulation computes them
+// exactly, so tests comparing the emulation with the CPU state tolerances that
+// cover the GPU's error too.
+inline float __expf(float x) { return std::exp(x); }
+inline float __logf(float x) { return std::log(x); }
+inline float __fdividef(float a, float b) { return a / b; }
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+inline float __frcp_rn(float x) { return 1.0f / x; }
+inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+
+}  // namespace hybridserve::kernels::cuda_emu
+
+#endif  // HYBRIDSERVE_KERNELS_CUDA_EMU_CUDA_EMU_H_
