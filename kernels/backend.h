@@ -131,6 +131,24 @@ class Backend {
   virtual int AttentionDecode(const AttentionDecodeParams& p) = 0;
   virtual int Rope(const RopeParams& p) = 0;
 
+  // ---- Graphs (optional: the CPU backend has none) ----
+  //
+  // Between BeginCapture() and EndCapture(), kernels, CopyOnDevice and Fill
+  // are recorded instead of run; Replay(graph) runs the recording again in
+  // issue order, with the arguments it was recorded with (pointers and sizes:
+  // the bytes behind them are read at replay). Kernel arguments are checked
+  // as they are recorded. While capturing, Allocate, UploadConstant, copies to
+  // or from the host and Synchronize return kKernelInvalidArgument and spoil
+  // the capture: EndCapture then fails and discards it. A graph lives until
+  // ReleaseGraph() or the backend's destruction; the buffers it names must
+  // outlive its replays.
+  virtual bool supports_graphs() const { return false; }
+  virtual int BeginCapture() { return kKernelUnsupported; }
+  // The new graph's id (>= 0) in *graph.
+  virtual int EndCapture(int64_t* graph) { return kKernelUnsupported; }
+  virtual int Replay(int64_t graph) { return kKernelUnsupported; }
+  virtual int ReleaseGraph(int64_t graph) { return kKernelUnsupported; }
+
  protected:
   // For implementations: a buffer of this backend over `data`, handed back to
   // Release(data, bytes, cookie) when it is destroyed.

@@ -282,6 +282,26 @@ int CountingBackend::Rope(const RopeParams& p) {
   return inner_.Rope(p);
 }
 
+int CountingBackend::BeginCapture() {
+  Count("BeginCapture", false);
+  return inner_.BeginCapture();
+}
+
+int CountingBackend::EndCapture(int64_t* graph) {
+  Count("EndCapture", false);
+  return inner_.EndCapture(graph);
+}
+
+int CountingBackend::Replay(int64_t graph) {
+  Count("Replay", false);
+  return inner_.Replay(graph);
+}
+
+int CountingBackend::ReleaseGraph(int64_t graph) {
+  Count("ReleaseGraph", false);
+  return inner_.ReleaseGraph(graph);
+}
+
 #undef HS_CHECK
 
 }  // namespace hybridserve::kernels

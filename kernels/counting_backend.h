@@ -68,6 +68,12 @@ class CountingBackend final : public Backend {
   int AttentionDecode(const AttentionDecodeParams& p) override;
   int Rope(const RopeParams& p) override;
 
+  bool supports_graphs() const override { return inner_.supports_graphs(); }
+  int BeginCapture() override;
+  int EndCapture(int64_t* graph) override;
+  int Replay(int64_t graph) override;
+  int ReleaseGraph(int64_t graph) override;
+
  protected:
   void Release(void* data, int64_t bytes, void* cookie) override;
 

@@ -9,12 +9,14 @@ CUDA_GENCODE = [
     "-gencode=arch=compute_90,code=compute_90",
 ]
 
-def hs_cuda_library(name, srcs, hdrs = [], cu_hdrs = [], deps = [], nccl = False, visibility = None):
+def hs_cuda_library(name, srcs, hdrs = [], cu_hdrs = [], deps = [], nccl = False, blas = False, visibility = None):
     """Builds `srcs` (.cu) with nvcc into object files linked by a cc_library.
 
     `hdrs` are plain C++ headers (no CUDA types) that C++ callers include;
     `cu_hdrs` are headers only the .cu files see. The library links cudart
-    (and NCCL when `nccl` is set). It loads on machines without a GPU.
+    (and NCCL when `nccl` is set, cuBLAS and cuBLASLt when `blas` is set). It
+    loads on machines without a GPU. `cu_hdrs` may be labels of other packages'
+    headers (the params structs) that the .cu files include.
     """
     objs = []
     for src in srcs:
@@ -41,7 +43,8 @@ def hs_cuda_library(name, srcs, hdrs = [], cu_hdrs = [], deps = [], nccl = False
         name = name,
         srcs = objs,
         hdrs = hdrs,
-        deps = deps + ["//third_party:nccl" if nccl else "//third_party:cuda_runtime"],
+        deps = deps + ["//third_party:nccl" if nccl else "//third_party:cuda_runtime"] +
+               (["//third_party:cublas"] if blas else []),
         linkstatic = True,
         visibility = visibility,
     )
