@@ -5,7 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
-#include "kernels/cpu/cpu_backend.h"  // the only engine file that names a backend implementation
+#include "kernels/cpu/cpu_backend.h"  // with cuda_backend.h: the only engine files that name backend implementations
+#include "kernels/cuda/cuda_backend.h"
 
 namespace hybridserve::engine {
 
@@ -42,10 +43,24 @@ absl::StatusOr<std::unique_ptr<kernels::Backend>> CreateBackend(const BackendOpt
         (void)logged;
         return std::unique_ptr<kernels::Backend>(std::move(backend));
       }
-    case Device::kCuda:
-      return absl::UnimplementedError(
-          "the cuda backend is not compiled into this build (kernels/cuda has no Backend implementation yet); "
-          "use --device=cpu");
+    case Device::kCuda: {
+      if (options.device_index < 0) {
+        return absl::InvalidArgumentError(absl::StrCat("device_index ", options.device_index, " < 0"));
+      }
+      kernels::CudaBackendOptions cuda_options;
+      cuda_options.device_index = options.device_index;
+      std::string error;
+      std::unique_ptr<kernels::Backend> backend = kernels::cuda::CreateCudaBackend(cuda_options, &error);
+      if (backend == nullptr) {
+        return absl::UnimplementedError(absl::StrCat("the cuda backend cannot start: ", error, "; use --device=cpu"));
+      }
+      static const bool logged = [&] {
+        LOG(INFO) << "cuda kernels: " << backend->variant() << " (device " << options.device_index << ")";
+        return true;
+      }();
+      (void)logged;
+      return backend;
+    }
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown device ", static_cast<int>(options.device)));
 }

@@ -32,8 +32,9 @@ struct BackendOptions {
 };
 
 // A backend for `options.device`. UNIMPLEMENTED, with a message saying why,
-// when that backend is not compiled into this build or no such device is
-// present; INVALID_ARGUMENT for num_threads < 1.
+// when no such device is present (no GPU, no driver, a device index past the
+// last GPU) or it cannot start; INVALID_ARGUMENT for num_threads < 1 or a
+// negative device_index.
 absl::StatusOr<std::unique_ptr<kernels::Backend>> CreateBackend(const BackendOptions& options);
 
 // OK for kKernelOk, else a status naming `what`: RESOURCE_EXHAUSTED for an

@@ -14,6 +14,7 @@ absl::StatusOr<void*> Workspace::GetBytes(WorkspaceBuffer index, int64_t bytes) 
   kernels::DeviceBuffer& b = buffers_[static_cast<size_t>(index)];
   if (b.bytes() < bytes) {
     b.Reset();  // free first: the old contents are not kept
+    ++generation_;
     RETURN_IF_ERROR(KernelStatusToStatus(backend_.Allocate(bytes, &b),
                                          absl::StrCat("growing workspace buffer ", index, " to ", bytes, " bytes")));
   }

@@ -65,12 +65,16 @@ class Workspace {
   }
   // Uploads `host` into buffer `index` and returns its device copy.
   absl::StatusOr<const int32_t*> Upload(WorkspaceBuffer index, const int32_t* host, int64_t count);
+  // Bumped whenever a buffer is reallocated (its address changes): a
+  // recorded graph that names workspace buffers is stale once it moves.
+  int64_t generation() const { return generation_; }
 
  private:
   absl::StatusOr<void*> GetBytes(WorkspaceBuffer index, int64_t bytes);
 
   kernels::Backend& backend_;
   std::array<kernels::DeviceBuffer, kNumWorkspaceBuffers> buffers_;
+  int64_t generation_ = 0;
 };
 
 // What every layer uses besides its weights; the Model owns all of it and

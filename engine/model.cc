@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 #include "common/tokens.h"
 #include "engine/attention_layer.h"
@@ -32,6 +33,15 @@ constexpr int64_t kDefaultMaxSegmentTokens = 2048;
 constexpr int64_t kMaxPositions = kMaxSequenceTokens;
 
 int64_t NextMultiple(int64_t pos, int64_t step) { return (pos / step + 1) * step; }
+
+// Largest decode batch that runs through a graph (ModelOptions::decode_graphs).
+constexpr int64_t kMaxGraphBatch = 256;
+
+int64_t NextPowerOfTwo(int64_t n) {
+  int64_t p = 1;
+  while (p < n) p *= 2;
+  return p;
+}
 
 absl::StatusOr<ModelOptions> ResolveOptions(const ModelConfig& config, ModelOptions o) {
   const bool has_mamba = config.CountLayers(LayerKind::kMamba2) > 0;
@@ -80,11 +90,17 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelConfig& config, 
   kernels::Backend& backend = *model->backend_;
   ASSIGN_OR_RETURN(model->device_weights_, DeviceWeights::Create(weights, backend));
 
+  model->use_decode_graphs_ = resolved.decode_graphs && backend.supports_graphs();
+  const bool scratch_page = model->use_decode_graphs_ && config.CountLayers(LayerKind::kAttention) > 0;
   SequenceTableOptions table;
   table.layout = StateLayout::ForModel(config, resolved.page_size);
-  table.max_pages = resolved.max_pages;
+  table.max_pages = resolved.max_pages + (scratch_page ? 1 : 0);
   table.max_sequences = resolved.max_sequences;
   ASSIGN_OR_RETURN(model->sequences_, SequenceTable::Create(table, backend));
+  if (scratch_page) {
+    ASSIGN_OR_RETURN(std::vector<int32_t> page, model->sequences_->kv_pages().Allocate(1));
+    model->scratch_page_ = page[0];
+  }
   model->workspace_ = std::make_unique<Workspace>(backend);
 
   LayerEnv env;
@@ -119,7 +135,15 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelConfig& config, 
 
 Model::Model(const ModelConfig& config, const ModelOptions& options) : config_(config), options_(options) {}
 
-Model::~Model() = default;
+Model::~Model() { ReleaseDecodeGraphs(); }
+
+void Model::ReleaseDecodeGraphs() {
+  for (const auto& [key, graph] : decode_graphs_) {
+    if (graph >= 0) backend_->ReleaseGraph(graph);
+  }
+  decode_graphs_.clear();
+  decode_buckets_seen_.clear();
+}
 
 absl::Status Model::CheckTokens(absl::Span<const TokenId> tokens) const {
   for (size_t i = 0; i < tokens.size(); ++i) {
@@ -133,6 +157,10 @@ absl::Status Model::CheckTokens(absl::Span<const TokenId> tokens) const {
 
 absl::Status Model::Embed(const TokenId* tokens, int64_t n) {
   ASSIGN_OR_RETURN(const int32_t* ids, workspace_->Upload(kTokenIds, tokens, n));
+  return EmbedOnDevice(ids, n);
+}
+
+absl::Status Model::EmbedOnDevice(const int32_t* ids, int64_t n) {
   ASSIGN_OR_RETURN(float* hidden, workspace_->Get<float>(kHidden, n * config_.hidden_size));
   kernels::EmbeddingParams p;
   p.table = device_weights_->embeddings().f32;
@@ -175,7 +203,7 @@ absl::Status Model::RunSegment(Sequence& seq, const TokenId* tokens, int64_t sta
   return absl::OkStatus();
 }
 
-absl::Status Model::Logits(int64_t first_row, int64_t n_rows, float* logits) {
+absl::StatusOr<const float*> Model::LogitsOnDevice(int64_t first_row, int64_t n_rows) {
   const int64_t hidden_size = config_.hidden_size;
   const int64_t vocab = config_.vocab_size;
   ASSIGN_OR_RETURN(float* hidden, workspace_->Get<float>(kHidden, (first_row + n_rows) * hidden_size));
@@ -187,8 +215,14 @@ absl::Status Model::Logits(int64_t first_row, int64_t n_rows, float* logits) {
   env.matmul_mode = options_.matmul_mode;
   RETURN_IF_ERROR(Linear(env, normed, n_rows, hidden_size, device_weights_->lm_head(), vocab, /*bias=*/nullptr, out,
                          /*accumulate=*/false, "lm_head"));
-  return KernelStatusToStatus(backend_->CopyToHost(logits, out, n_rows * vocab * static_cast<int64_t>(sizeof(float))),
-                              "copying logits");
+  return out;
+}
+
+absl::Status Model::Logits(int64_t first_row, int64_t n_rows, float* logits) {
+  ASSIGN_OR_RETURN(const float* out, LogitsOnDevice(first_row, n_rows));
+  return KernelStatusToStatus(
+      backend_->CopyToHost(logits, out, n_rows * config_.vocab_size * static_cast<int64_t>(sizeof(float))),
+      "copying logits");
 }
 
 std::vector<int64_t> Model::SegmentEnds(int64_t begin, int64_t end) const {
@@ -269,39 +303,102 @@ absl::StatusOr<std::vector<float>> Model::DecodeStep(absl::Span<const SequenceId
 
   size_t stride = 1;
   for (const Sequence* seq : seqs) stride = std::max(stride, seq->block_table.size());
-  std::vector<int32_t> slots(static_cast<size_t>(batch));
-  std::vector<int32_t> seq_lens(static_cast<size_t>(batch));
-  std::vector<int32_t> tables(static_cast<size_t>(batch) * stride, 0);  // padding entries are never read
-  for (int64_t b = 0; b < batch; ++b) {
+  // With graphs: pad to the bucket (rows and block-table width) so one graph
+  // serves every step of that shape.
+  const bool graph = use_decode_graphs_ && batch <= kMaxGraphBatch;
+  const int64_t rows = graph ? NextPowerOfTwo(batch) : batch;
+  if (graph) stride = static_cast<size_t>(NextPowerOfTwo(static_cast<int64_t>(std::max<size_t>(stride, 4))));
+  std::vector<int32_t> slots(static_cast<size_t>(rows), -1);     // padding rows: no state slot
+  std::vector<int32_t> seq_lens(static_cast<size_t>(rows), 1);   // padding rows: one key, in the scratch page
+  std::vector<int32_t> tables(static_cast<size_t>(rows) * stride, 0);  // entries past a row's length are never read
+  std::vector<TokenId> ids_host(static_cast<size_t>(rows), 0);  // padding rows: token 0
+  for (int64_t b = 0; b < rows; ++b) {
+    if (b >= batch) {
+      tables[static_cast<size_t>(b) * stride] = std::max(scratch_page_, 0);
+      continue;
+    }
     const Sequence& seq = *seqs[static_cast<size_t>(b)];
     slots[static_cast<size_t>(b)] = seq.slot;
     seq_lens[static_cast<size_t>(b)] = static_cast<int32_t>(seq.position + 1);
+    ids_host[static_cast<size_t>(b)] = tokens[static_cast<size_t>(b)];
     std::copy(seq.block_table.begin(), seq.block_table.end(), tables.begin() + static_cast<std::ptrdiff_t>(b * stride));
   }
   DecodeBatch step;
-  step.batch = batch;
-  ASSIGN_OR_RETURN(step.state_slots, workspace_->Upload(kStateSlots, slots.data(), batch));
+  step.batch = rows;
+  ASSIGN_OR_RETURN(step.state_slots, workspace_->Upload(kStateSlots, slots.data(), rows));
   ASSIGN_OR_RETURN(step.block_tables,
                    workspace_->Upload(kBlockTables, tables.data(), static_cast<int64_t>(tables.size())));
   step.block_table_stride = static_cast<int64_t>(stride);
-  ASSIGN_OR_RETURN(step.seq_lens, workspace_->Upload(kSeqLens, seq_lens.data(), batch));
+  ASSIGN_OR_RETURN(step.seq_lens, workspace_->Upload(kSeqLens, seq_lens.data(), rows));
+  ASSIGN_OR_RETURN(const int32_t* token_ids, workspace_->Upload(kTokenIds, ids_host.data(), rows));
 
-  RETURN_IF_ERROR(Embed(tokens.data(), batch));
-  ASSIGN_OR_RETURN(float* hidden, workspace_->Get<float>(kHidden, batch * config_.hidden_size));
-  ASSIGN_OR_RETURN(float* normed, workspace_->Get<float>(kNormed, batch * config_.hidden_size));
-  for (size_t i = 0; i < runners_.size(); ++i) {
-    RETURN_IF_ERROR(NormRows(device_weights_->layer(static_cast<int64_t>(i)).norm, hidden, normed, batch));
-    RETURN_IF_ERROR(runners_[i]->Decode(step, normed, hidden));
+  if (graph) {
+    RETURN_IF_ERROR(DecodeThroughGraph(step, token_ids, rows));
+  } else {
+    RETURN_IF_ERROR(DecodeKernels(step, token_ids, rows));
   }
   const int64_t vocab = config_.vocab_size;
   std::vector<float> logits(static_cast<size_t>(batch * vocab));
-  RETURN_IF_ERROR(Logits(0, batch, logits.data()));
+  ASSIGN_OR_RETURN(const float* device_logits, workspace_->Get<float>(kLogits, rows * vocab));
+  RETURN_IF_ERROR(KernelStatusToStatus(
+      backend_->CopyToHost(logits.data(), device_logits, batch * vocab * static_cast<int64_t>(sizeof(float))),
+      "copying logits"));
   for (int64_t b = 0; b < batch; ++b) {
     Sequence& seq = *seqs[static_cast<size_t>(b)];
     seq.position += 1;
     seq.last_logits.assign(logits.begin() + b * vocab, logits.begin() + (b + 1) * vocab);
   }
   return logits;
+}
+
+absl::Status Model::DecodeKernels(const DecodeBatch& step, const int32_t* ids, int64_t rows) {
+  RETURN_IF_ERROR(EmbedOnDevice(ids, rows));
+  ASSIGN_OR_RETURN(float* hidden, workspace_->Get<float>(kHidden, rows * config_.hidden_size));
+  ASSIGN_OR_RETURN(float* normed, workspace_->Get<float>(kNormed, rows * config_.hidden_size));
+  for (size_t i = 0; i < runners_.size(); ++i) {
+    RETURN_IF_ERROR(NormRows(device_weights_->layer(static_cast<int64_t>(i)).norm, hidden, normed, rows));
+    RETURN_IF_ERROR(runners_[i]->Decode(step, normed, hidden));
+  }
+  return LogitsOnDevice(0, rows).status();
+}
+
+absl::Status Model::DecodeThroughGraph(const DecodeBatch& step, const int32_t* ids, int64_t rows) {
+  // A graph names workspace buffers by address: once one has moved, every
+  // graph is stale.
+  if (workspace_->generation() != graphs_workspace_generation_) {
+    ReleaseDecodeGraphs();
+    graphs_workspace_generation_ = workspace_->generation();
+  }
+  const std::pair<int64_t, int64_t> key(rows, step.block_table_stride);
+  if (const auto it = decode_graphs_.find(key); it != decode_graphs_.end()) {
+    if (it->second < 0) return DecodeKernels(step, ids, rows);  // recording failed once: no graph for this bucket
+    return KernelStatusToStatus(backend_->Replay(it->second), "replaying the decode graph");
+  }
+  if (decode_buckets_seen_.insert(key).second) {
+    // First step of this bucket: run it directly; this also grows the
+    // workspace to the bucket's sizes, so the capture below allocates nothing.
+    RETURN_IF_ERROR(DecodeKernels(step, ids, rows));
+    if (workspace_->generation() != graphs_workspace_generation_) {
+      ReleaseDecodeGraphs();  // the buffers other buckets' graphs named have moved
+      graphs_workspace_generation_ = workspace_->generation();
+      decode_buckets_seen_.insert(key);
+    }
+    return absl::OkStatus();
+  }
+  RETURN_IF_ERROR(KernelStatusToStatus(backend_->BeginCapture(), "starting a decode graph capture"));
+  const absl::Status recorded = DecodeKernels(step, ids, rows);
+  int64_t graph = -1;
+  const int ended = backend_->EndCapture(&graph);
+  if (!recorded.ok() || ended != kernels::kKernelOk) {
+    // Nothing ran: do the step directly, and leave this bucket without a graph.
+    LOG(WARNING) << "decode graph for " << rows << " rows could not be recorded ("
+                 << (recorded.ok() ? kernels::KernelStatusName(ended) : recorded.ToString())
+                 << "): this bucket runs kernel by kernel";
+    decode_graphs_[key] = -1;
+    return DecodeKernels(step, ids, rows);
+  }
+  decode_graphs_[key] = graph;
+  return KernelStatusToStatus(backend_->Replay(graph), "replaying the decode graph");
 }
 
 }  // namespace hybridserve::engine

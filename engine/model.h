@@ -39,6 +39,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -59,6 +61,7 @@ using ::hybridserve::TokenId;
 
 class DeviceWeights;
 class LayerRunner;  // engine/layer_runner.h (internal)
+struct DecodeBatch;  // engine/layer_runner.h (internal)
 class Workspace;
 
 struct ModelOptions {
@@ -79,6 +82,16 @@ struct ModelOptions {
   // Where the model runs (engine/backend_registry.h): UNIMPLEMENTED from
   // Create when that backend is not compiled in or no device is present.
   Device device = Device::kCpu;
+  // On a backend with graphs (CUDA): each decode step pads its batch to a
+  // bucket (1, 2, 4, ..., 256 sequences; block tables to a power-of-two width)
+  // and replays a graph recorded for that bucket: the first step of a bucket
+  // runs kernel by kernel (and sizes the workspace), the second records the
+  // graph, later ones replay it. Padding rows read and write only a reserved
+  // scratch page (one page more than max_pages is allocated) and no state
+  // slot; with deterministic matmuls the logits are the bits of an unpadded
+  // step. A workspace that grows (a longer prefill) drops the graphs. False:
+  // every step is issued kernel by kernel. Ignored on the CPU.
+  bool decode_graphs = true;
   // Optional: run on this backend instead of one made for `device` (tests
   // wrap one to observe it). Must outlive the model; null: the model makes
   // and owns its backend.
@@ -188,8 +201,21 @@ class Model {
   absl::Status Logits(int64_t first_row, int64_t n_rows, float* logits);
   // hidden[t] = embeddings[tokens[t]] for t < n (device workspace).
   absl::Status Embed(const TokenId* tokens, int64_t n);
+  // The same from token ids already in device memory.
+  absl::Status EmbedOnDevice(const int32_t* ids, int64_t n);
   // normed = RMSNorm(hidden) * weight over n rows.
   absl::Status NormRows(const float* weight, const float* in, float* out, int64_t n);
+  // The kernels of Logits() without the copy: the device rows of logits.
+  absl::StatusOr<const float*> LogitsOnDevice(int64_t first_row, int64_t n_rows);
+  // The kernels of one decode step over `rows` rows whose index arrays and
+  // token ids are uploaded (step, ids): embedding, every layer, the final norm
+  // and the LM head, leaving the logits in the kLogits workspace buffer. Host
+  // copies and allocations never happen here, so it can be recorded as a graph.
+  absl::Status DecodeKernels(const DecodeBatch& step, const int32_t* ids, int64_t rows);
+  // Runs DecodeKernels through the bucket's graph (decode_graphs): replays it,
+  // records it, or runs eagerly the first time.
+  absl::Status DecodeThroughGraph(const DecodeBatch& step, const int32_t* ids, int64_t rows);
+  void ReleaseDecodeGraphs();
 
   const ModelConfig config_;
   ModelOptions options_;
@@ -199,6 +225,13 @@ class Model {
   std::unique_ptr<SequenceTable> sequences_;
   std::unique_ptr<Workspace> workspace_;
   std::vector<std::unique_ptr<LayerRunner>> runners_;  // [num_layers]
+
+  // Decode graphs (ModelOptions::decode_graphs), keyed by (rows, block-table width).
+  bool use_decode_graphs_ = false;
+  int32_t scratch_page_ = -1;  // the padding rows' page (models with attention)
+  absl::flat_hash_map<std::pair<int64_t, int64_t>, int64_t> decode_graphs_;
+  absl::flat_hash_set<std::pair<int64_t, int64_t>> decode_buckets_seen_;
+  int64_t graphs_workspace_generation_ = 0;
 };
 
 }  // namespace hybridserve::engine

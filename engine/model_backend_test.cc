@@ -148,12 +148,25 @@ TEST_F(ModelBackendTest, ADeviceThatCannotHoldThePoolsIsResourceExhausted) {
   EXPECT_EQ(counting_->live_buffers(), 0);  // nothing left behind
 }
 
-TEST_F(ModelBackendTest, ABackendNotCompiledInIsUnimplementedWithAClearMessage) {
+TEST_F(ModelBackendTest, AMissingDeviceIsUnimplementedWithAClearMessage) {
   ModelOptions o = Options(nullptr);
   o.device = Device::kCuda;
+  BackendOptions past_the_last;
+  past_the_last.device = Device::kCuda;
+  past_the_last.device_index = 64;
+  auto none = CreateBackend(past_the_last);
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(none.status().message(), HasSubstr("the cuda backend cannot start"));
+  past_the_last.device_index = -1;
+  EXPECT_EQ(CreateBackend(past_the_last).status().code(), absl::StatusCode::kInvalidArgument);
   auto model = Model::Create(weights_->config(), *weights_, o);
-  EXPECT_EQ(model.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_THAT(model.status().message(), HasSubstr("cuda backend is not compiled into this build"));
+  if (model.ok()) {
+    // A machine with a GPU: the model runs there (engine/model_cuda_test.cc tests what it computes).
+    EXPECT_STREQ((*model)->backend().name(), "cuda");
+  } else {
+    EXPECT_EQ(model.status().code(), absl::StatusCode::kUnimplemented);
+    EXPECT_THAT(model.status().message(), HasSubstr("the cuda backend cannot start"));
+  }
   EXPECT_EQ(ParseDevice("cuda").value(), Device::kCuda);
   EXPECT_EQ(ParseDevice("cpu").value(), Device::kCpu);
   EXPECT_EQ(ParseDevice("tpu").status().code(), absl::StatusCode::kInvalidArgument);

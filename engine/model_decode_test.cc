@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <iostream>
 #include <map>
 #include <memory>
 #include <string>
@@ -17,6 +18,7 @@
 #include "engine/sequence_state.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/counting_backend.h"
 
 namespace hybridserve::engine {
 namespace {
@@ -31,12 +33,19 @@ std::vector<float> Row(absl::Span<const float> logits, int64_t row, int64_t voca
 
 // ---- Batched decode ----
 
-class BatchedDecodeTest : public ::testing::TestWithParam<std::string> {
+struct DecodeParam {
+  std::string model_dir;
+  testing::TestTarget target = testing::TestTarget::kCpu;
+};
+
+class BatchedDecodeTest : public ::testing::TestWithParam<DecodeParam> {
  protected:
   void SetUp() override {
-    weights_ = testing::LoadWeights(GetParam());
+    weights_ = testing::LoadWeights(GetParam().model_dir);
     ASSERT_NE(weights_, nullptr);
     vocab_ = weights_->config().vocab_size;
+    bool skipped = false;
+    backend_ = testing::MakeTargetBackend(GetParam().target, &skipped);
   }
 
   std::unique_ptr<Model> NewModel(int64_t max_sequences = 6, int64_t max_pages = 256) {
@@ -45,10 +54,12 @@ class BatchedDecodeTest : public ::testing::TestWithParam<std::string> {
     options.max_pages = max_pages;
     options.max_sequences = max_sequences;
     options.matmul_mode = kernels::MatmulMode::kDeterministic;
+    options.backend = backend_.get();
     return testing::MakeModel(*weights_, options);
   }
 
   std::unique_ptr<ModelWeights> weights_;
+  std::unique_ptr<kernels::Backend> backend_;  // null on the CPU; outlives the models
   int64_t vocab_ = 0;
 };
 
@@ -134,7 +145,11 @@ TEST_P(BatchedDecodeTest, EachSequenceGetsTheBitsItGetsAloneWhateverTheBatch) {
 // together for kSteps steps in an order that rotates every step: every row has
 // the bits of the same sequence decoded alone (a batch of one on a model
 // holding only that sequence).
-TEST_P(BatchedDecodeTest, BatchesOf1To32AtMixedPositionsGiveEachSequenceItsAloneBits) {
+// (Not on the emulated CUDA backend: ~22 s there, 2 min under ASan; the
+// test above and DecodeGraphTest cover batch independence on it.)
+class LargeBatchDecodeTest : public BatchedDecodeTest {};
+
+TEST_P(LargeBatchDecodeTest, BatchesOf1To32AtMixedPositionsGiveEachSequenceItsAloneBits) {
   constexpr int kMaxBatch = 32;
   constexpr int kSteps = 3;
   std::vector<std::vector<TokenId>> prompts, inputs;
@@ -204,14 +219,115 @@ TEST_P(BatchedDecodeTest, BatchesOf1To32AtMixedPositionsGiveEachSequenceItsAlone
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, BatchedDecodeTest,
-                         ::testing::Values(std::string(testing::kNemotronTiny), std::string(testing::kMamba2Tiny),
-                                           std::string(testing::kDefaultModel)),
-                         [](const ::testing::TestParamInfo<std::string>& info) -> std::string {
-                           if (info.param == testing::kNemotronTiny) return "NemotronHTiny";
-                           if (info.param == testing::kMamba2Tiny) return "Mamba2Tiny";
-                           return "Default";
+// ModelOptions::decode_graphs on a backend with graphs (the CUDA backend on
+// its emulator here; on the GPU where one is present): every step's logits
+// are the bits of the same step issued kernel by kernel, through batches that
+// change bucket (1, 2, 3 -> 4, 5 -> 8), padding rows, a sequence leaving and
+// a prefill in between that grows the workspace (the graphs must be dropped
+// and recorded again), and the graphs are really replayed.
+class DecodeGraphTest : public ::testing::TestWithParam<testing::TestTarget> {};
+
+TEST_P(DecodeGraphTest, GraphReplayGivesTheBitsOfKernelByKernelSteps) {
+  auto weights = testing::LoadWeights(testing::kNemotronTiny);
+  ASSERT_NE(weights, nullptr);
+  bool skipped = false;
+  std::unique_ptr<kernels::Backend> device = testing::MakeTargetBackend(GetParam(), &skipped);
+  if (skipped) return;
+  ASSERT_NE(device, nullptr);
+  ASSERT_TRUE(device->supports_graphs());
+  kernels::CountingBackend counted(*device);
+  const int64_t vocab = weights->config().vocab_size;
+  auto make = [&](bool graphs) {
+    ModelOptions options;
+    options.page_size = 4;
+    options.max_pages = 128;
+    options.max_sequences = 8;
+    options.decode_graphs = graphs;
+    options.backend = graphs ? static_cast<kernels::Backend*>(&counted) : device.get();
+    return testing::MakeModel(*weights, options);
+  };
+  auto with = make(true);
+  auto without = make(false);
+  ASSERT_NE(with, nullptr);
+  ASSERT_NE(without, nullptr);
+  EXPECT_EQ(with->num_free_pages(), 128) << "the scratch page comes on top of max_pages";
+
+  std::vector<SequenceId> a, b;  // the same sequences in both models
+  auto join = [&](uint64_t seed, int64_t length) {
+    const std::vector<TokenId> prompt = RandomTokens(seed, length, vocab);
+    auto x = with->NewSequence();
+    auto y = without->NewSequence();
+    ASSERT_TRUE(x.ok() && y.ok());
+    auto px = with->Prefill(*x, prompt);
+    auto py = without->Prefill(*y, prompt);
+    ASSERT_TRUE(px.ok() && py.ok());
+    EXPECT_TRUE(BitEqual(px->logits, py->logits));
+    a.push_back(*x);
+    b.push_back(*y);
+  };
+  const std::vector<int> batch_at_step = {1, 1, 1, 2, 2, 2, 3, 3, 3, 5, 5, 5, 4, 4, 4};
+  int64_t steps = 0;
+  for (size_t s = 0; s < batch_at_step.size(); ++s) {
+    while (static_cast<int>(a.size()) < batch_at_step[s]) join(300 + a.size(), 5 + 11 * static_cast<int64_t>(a.size()));
+    if (static_cast<int>(a.size()) > batch_at_step[s]) {  // the second sequence leaves
+      ASSERT_TRUE(with->ReleaseSequence(a[1]).ok());
+      ASSERT_TRUE(without->ReleaseSequence(b[1]).ok());
+      a.erase(a.begin() + 1);
+      b.erase(b.begin() + 1);
+    }
+    if (s == 8) {  // a long prefill grows the workspace: every graph so far is stale
+      join(999, 150);
+      ASSERT_TRUE(with->ReleaseSequence(a.back()).ok());
+      ASSERT_TRUE(without->ReleaseSequence(b.back()).ok());
+      a.pop_back();
+      b.pop_back();
+    }
+    const std::vector<TokenId> tokens = RandomTokens(400 + s, static_cast<int64_t>(a.size()), vocab);
+    auto lx = with->DecodeStep(a, tokens);
+    auto ly = without->DecodeStep(b, tokens);
+    ASSERT_TRUE(lx.ok()) << lx.status();
+    ASSERT_TRUE(ly.ok()) << ly.status();
+    EXPECT_TRUE(BitEqual(*lx, *ly)) << "step " << s << ", batch " << a.size();
+    ++steps;
+  }
+  // Buckets 1, 2, 4 (x2: before and after the workspace grew) and 8: each
+  // recorded once per workspace generation, replayed on its later steps.
+  EXPECT_GE(counted.calls("EndCapture"), 4);
+  EXPECT_GE(counted.calls("Replay"), steps / 2);
+  std::cout << "[decode graphs] " << steps << " steps: " << counted.calls("EndCapture") << " graphs recorded, "
+            << counted.calls("Replay") << " replays\n";
+}
+
+INSTANTIATE_TEST_SUITE_P(Cuda, DecodeGraphTest,
+                         ::testing::Values(testing::TestTarget::kCudaEmulated, testing::TestTarget::kCudaGpu),
+                         [](const ::testing::TestParamInfo<testing::TestTarget>& info) {
+                           return testing::TestTargetName(info.param);
                          });
+
+std::string DecodeParamName(const ::testing::TestParamInfo<DecodeParam>& info) {
+  std::string name = "Default";
+  if (info.param.model_dir == testing::kNemotronTiny) name = "NemotronHTiny";
+  if (info.param.model_dir == testing::kMamba2Tiny) name = "Mamba2Tiny";
+  return name + testing::TestTargetName(info.param.target);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Models, BatchedDecodeTest,
+    ::testing::Values(DecodeParam{std::string(testing::kNemotronTiny)}, DecodeParam{std::string(testing::kMamba2Tiny)},
+                      DecodeParam{std::string(testing::kDefaultModel)},
+                      DecodeParam{std::string(testing::kNemotronTiny), testing::TestTarget::kCudaEmulated},
+                      DecodeParam{std::string(testing::kNemotronTiny), testing::TestTarget::kCudaGpu},
+                      DecodeParam{std::string(testing::kMamba2Tiny), testing::TestTarget::kCudaGpu},
+                      DecodeParam{std::string(testing::kDefaultModel), testing::TestTarget::kCudaGpu}),
+    DecodeParamName);
+
+INSTANTIATE_TEST_SUITE_P(
+    Models, LargeBatchDecodeTest,
+    ::testing::Values(DecodeParam{std::string(testing::kNemotronTiny)}, DecodeParam{std::string(testing::kMamba2Tiny)},
+                      DecodeParam{std::string(testing::kDefaultModel)},
+                      DecodeParam{std::string(testing::kNemotronTiny), testing::TestTarget::kCudaGpu},
+                      DecodeParam{std::string(testing::kDefaultModel), testing::TestTarget::kCudaGpu}),
+    DecodeParamName);
 
 // ---- Errors ----
 

@@ -42,11 +42,13 @@ struct ParityParam {
   // Mamba2: no clamp on either path, only the rounding of the chunk scan
   // against the one-step recurrence (golden.json: 4.5e-6), so 1e-4.
   float decode_vs_prefill_tolerance;
+  testing::TestTarget target = testing::TestTarget::kCpu;
 };
 
 std::string ParamName(const ::testing::TestParamInfo<ParityParam>& info) {
   const std::string model = info.param.model_dir == testing::kNemotronTiny ? "NemotronHTiny" : "Mamba2Tiny";
-  return absl::StrCat(model, info.param.mode == kernels::MatmulMode::kDeterministic ? "Deterministic" : "Fast");
+  return absl::StrCat(model, info.param.mode == kernels::MatmulMode::kDeterministic ? "Deterministic" : "Fast",
+                      testing::TestTargetName(info.param.target));
 }
 
 class ModelParityTest : public ::testing::TestWithParam<ParityParam> {
@@ -54,7 +56,11 @@ class ModelParityTest : public ::testing::TestWithParam<ParityParam> {
   void SetUp() override {
     weights_ = testing::LoadWeights(GetParam().model_dir);
     ASSERT_NE(weights_, nullptr);
+    bool skipped = false;
+    backend_ = testing::MakeTargetBackend(GetParam().target, &skipped);
+    if (skipped) return;
     ModelOptions options;
+    options.backend = backend_.get();
     options.page_size = kPageSize;
     options.checkpoint_interval = kCheckpointInterval;
     options.max_pages = 512;
@@ -78,6 +84,7 @@ class ModelParityTest : public ::testing::TestWithParam<ParityParam> {
   }
 
   std::unique_ptr<ModelWeights> weights_;
+  std::unique_ptr<kernels::Backend> backend_;  // null on the CPU; outlives model_
   std::unique_ptr<Model> model_;
   int64_t vocab_ = 0;
 };
@@ -307,7 +314,18 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(ParityParam{testing::kNemotronTiny, kernels::MatmulMode::kDeterministic, 2e-2f},
                       ParityParam{testing::kNemotronTiny, kernels::MatmulMode::kFast, 2e-2f},
                       ParityParam{testing::kMamba2Tiny, kernels::MatmulMode::kDeterministic, 1e-4f},
-                      ParityParam{testing::kMamba2Tiny, kernels::MatmulMode::kFast, 1e-4f}),
+                      ParityParam{testing::kMamba2Tiny, kernels::MatmulMode::kFast, 1e-4f},
+                      // The same contracts on the CUDA backend, bit for bit against itself.
+                      ParityParam{testing::kNemotronTiny, kernels::MatmulMode::kDeterministic, 2e-2f,
+                                  testing::TestTarget::kCudaEmulated},
+                      ParityParam{testing::kMamba2Tiny, kernels::MatmulMode::kDeterministic, 1e-4f,
+                                  testing::TestTarget::kCudaEmulated},
+                      ParityParam{testing::kNemotronTiny, kernels::MatmulMode::kDeterministic, 2e-2f,
+                                  testing::TestTarget::kCudaGpu},
+                      ParityParam{testing::kNemotronTiny, kernels::MatmulMode::kFast, 2e-2f,
+                                  testing::TestTarget::kCudaGpu},
+                      ParityParam{testing::kMamba2Tiny, kernels::MatmulMode::kDeterministic, 1e-4f,
+                                  testing::TestTarget::kCudaGpu}),
     ParamName);
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include "engine/model_config.h"
 #include "engine/safetensors.h"
 #include "gtest/gtest.h"
+#include "kernels/cuda/test_backends.h"
 
 namespace hybridserve::engine::testing {
 
@@ -45,6 +46,28 @@ std::unique_ptr<Model> MakeModel(const ModelWeights& weights, const ModelOptions
     return nullptr;
   }
   return std::move(model).value();
+}
+
+std::string TestTargetName(TestTarget target) {
+  switch (target) {
+    case TestTarget::kCpu:
+      return "";
+    case TestTarget::kCudaEmulated:
+      return "CudaEmulated";
+    case TestTarget::kCudaGpu:
+      return "CudaGpu";
+  }
+  return "Unknown";
+}
+
+std::unique_ptr<kernels::Backend> MakeTargetBackend(TestTarget target, bool* skipped) {
+  *skipped = false;
+  if (target == TestTarget::kCpu) return nullptr;
+  std::unique_ptr<kernels::Backend> backend = kernels::cuda_testing::MakeCudaTestBackendOrSkip(
+      target == TestTarget::kCudaEmulated ? kernels::cuda_testing::CudaTarget::kEmulated
+                                          : kernels::cuda_testing::CudaTarget::kGpu);
+  *skipped = backend == nullptr && ::testing::Test::IsSkipped();  // no GPU, or the emulator under TSan
+  return backend;
 }
 
 namespace {

@@ -15,6 +15,7 @@
 #include "engine/model_weights.h"
 #include "engine/sequence_state.h"
 #include "gtest/gtest.h"
+#include "kernels/backend.h"
 
 namespace hybridserve::engine::testing {
 
@@ -35,6 +36,17 @@ std::unique_ptr<ModelWeights> LoadWeights(absl::string_view model_dir);
 
 // A model over `weights`; ADD_FAILURE and null on error.
 std::unique_ptr<Model> MakeModel(const ModelWeights& weights, const ModelOptions& options);
+
+// Where a model test runs: the CPU backend, or the CUDA backend built for the
+// host emulator (kernels/cuda/emu; every machine) or for the GPU.
+enum class TestTarget { kCpu, kCudaEmulated, kCudaGpu };
+// "" for kCpu, "CudaEmulated", "CudaGpu": a suffix for test names.
+std::string TestTargetName(TestTarget target);
+// The backend a test passes as ModelOptions::backend: null for kCpu (the model
+// makes its own); for kCudaGpu on a machine without a GPU, null after
+// GTEST_SKIP_ with the reason, and *skipped is set. The backend must outlive
+// the models made on it.
+std::unique_ptr<kernels::Backend> MakeTargetBackend(TestTarget target, bool* skipped);
 
 // One prompt of golden.safetensors (tools/make_golden.py).
 struct GoldenCase {
