@@ -21,6 +21,11 @@
 //               the bound is the fastest. The share of decode B is
 //               bytes per step / step time / that bandwidth.
 //
+//   --device=cuda runs the model on the GPU (engine/backend_registry.h); its
+//               bandwidth bound is then the best of 5 device-to-device copies
+//               of 1 GiB through the backend (bytes read + written / time), the
+//               HBM figure a raw memcpy reaches on that GPU in the same run.
+//
 //   bazel build -c opt //bench/engine:throughput_bench
 //   bazel-bin/bench/engine/throughput_bench --model=/tmp/hs-bench/nemotron_h [--tokens=FILE] [--bandwidth]
 //
@@ -67,6 +72,7 @@ ABSL_FLAG(int32_t, reps, 3, "clean repetitions per figure (median reported)");
 ABSL_FLAG(int32_t, max_tries, 12, "attempts per figure");
 ABSL_FLAG(double, max_other_cpu, 0.10, "clean rule: other processes' CPU seconds per wall second");
 ABSL_FLAG(bool, bandwidth, false, "run the read-bandwidth probe and report decode's share of the bound");
+ABSL_FLAG(std::string, device, "cpu", "where the model runs: cpu or cuda");
 
 namespace hybridserve::engine {
 namespace {
@@ -242,6 +248,26 @@ void PrintFigure(const std::string& name, const Figure& f) {
 }
 
 // ---- Read bandwidth ----
+
+// Device memory bandwidth: bytes moved (read + written) per second by the
+// fastest of 5 device-to-device copies of `bytes` through `backend`.
+double DeviceCopyBandwidth(kernels::Backend& backend, int64_t bytes) {
+  kernels::DeviceBuffer src, dst;
+  if (backend.Allocate(bytes, &src) != 0 || backend.Allocate(bytes, &dst) != 0) {
+    std::fprintf(stderr, "cannot allocate 2 x %lld bytes for the bandwidth probe\n", static_cast<long long>(bytes));
+    return 0;
+  }
+  double best = 1e30;
+  for (int pass = 0; pass < 6; ++pass) {
+    backend.Synchronize();
+    const auto start = Clock::now();
+    backend.CopyOnDevice(dst.data(), src.data(), bytes);
+    backend.Synchronize();
+    const double s = std::chrono::duration<double>(Clock::now() - start).count();
+    if (pass > 0) best = std::min(best, s);  // pass 0 warms up
+  }
+  return 2.0 * static_cast<double>(bytes) / best;
+}
 
 // Bytes/s of the fastest of 5 streaming reads of `bytes` with `threads`
 // persistent threads (AVX2 loads). Each thread reads its share as `streams`
@@ -453,6 +479,9 @@ int Main(int argc, char** argv) {
   ModelOptions options;
   options.matmul_mode = mode == "fast" ? kernels::MatmulMode::kFast : kernels::MatmulMode::kDeterministic;
   options.num_threads = threads;
+  auto device = ParseDevice(absl::GetFlag(FLAGS_device));
+  Check(device.status());
+  options.device = *device;
   options.max_sequences = std::max<int64_t>(8, 2 * max_batch);
   const int64_t page = std::min<int64_t>(16, config.mamba.chunk_size);
   // The longest prompt, plus two copies (base and fork) of every decoded sequence.
@@ -470,6 +499,7 @@ int Main(int argc, char** argv) {
            {"model", dir},
            {"dtype", dtype},
            {"threads", threads},
+           {"device", absl::GetFlag(FLAGS_device)},
            {"mode", mode},
            {"kernel_path", path},
            {"cpu", CpuModel()},
@@ -486,7 +516,11 @@ int Main(int argc, char** argv) {
 
   double bandwidth = 0;
   double peak_rss = StatusKb("VmHWM") / 1024.0;
-  if (absl::GetFlag(FLAGS_bandwidth)) {
+  if (absl::GetFlag(FLAGS_bandwidth) && options.device == Device::kCuda) {
+    bandwidth = DeviceCopyBandwidth((*model)->backend(), int64_t{1} << 30);
+    std::printf("device copy bandwidth (read + write) over 1 GiB: %.1f GB/s\n", bandwidth / 1e9);
+    out["bandwidth_gbs"] = bandwidth / 1e9;
+  } else if (absl::GetFlag(FLAGS_bandwidth)) {
     const double step_bytes = DecodeBytesPerStep(**weights, 1, ctx, steps);
     double working_set = 0, main_memory = 0;
     for (int streams : {1, 8}) {
