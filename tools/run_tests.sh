@@ -5,7 +5,8 @@
 #   2. ASan + UBSan (and LSan) over every target (--config=asan);
 #   3. TSan over the targets whose threads synchronize through std:: primitives
 #      (the CPU thread pool and everything running kernels on it: //kernels/...
-#      and //engine/...). Debian's abseil and gRPC are not instrumented, so TSan
+#      and //engine/...; not the CUDA emulator's fiber tests, tagged notsan).
+#      Debian's abseil and gRPC are not instrumented, so TSan
 #      cannot see absl::Mutex's happens-before edges and would report false races
 #      in the services, the cachestore and the transports;
 #   4. checks that the committed fixtures are current (tools/check_fixtures.py;
@@ -61,7 +62,8 @@ fi
 stage "plain" -- //...
 if [ "${HS_SANITIZERS:-1}" != "0" ]; then
   stage "asan+ubsan" --config=asan -- //...
-  stage "tsan" --config=tsan -- //kernels/... //engine/...
+  # Tests tagged notsan run the CUDA emulator's fibers, which TSan cannot follow.
+  stage "tsan" --config=tsan --test_tag_filters=-notsan --build_tag_filters=-notsan -- //kernels/... //engine/...
 fi
 # numpy comes from Debian (tools/bootstrap.sh: python3-numpy) for /usr/bin/python3;
 # a python3 earlier on PATH (pyenv, a venv) may not have it.
