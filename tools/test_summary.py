@@ -50,19 +50,25 @@ def summarize(testlogs, targets):
     skipped_lines, failed_lines = [], []
     for target in targets:
         d = log_dir(testlogs, target)
-        xml_path = os.path.join(d, "test.xml")
         totals["targets"] += 1
-        if not os.path.exists(xml_path):
+        # A sharded test (shard_count) keeps one test.xml per shard, and any
+        # test.xml beside them is a stale one from before it was sharded.
+        shards = sorted(
+            os.path.join(d, n, "test.xml")
+            for n in (os.listdir(d) if os.path.isdir(d) else [])
+            if re.fullmatch(r"shard_\d+_of_\d+", n))
+        xml_paths = shards or [os.path.join(d, "test.xml")]
+        if not all(os.path.exists(p) for p in xml_paths):
             totals["missing"] += 1  # not run (a build failure, or filtered out)
             continue
         try:
-            root = ET.parse(xml_path).getroot()
+            roots = [ET.parse(p).getroot() for p in xml_paths]
         except ET.ParseError as e:
             totals["failed_targets"] += 1
             failed_lines.append(f"FAILED  {target}: unreadable test.xml ({e})")
             continue
         target_failed = False
-        cases = list(root.iter("testcase"))
+        cases = [tc for root in roots for tc in root.iter("testcase")]
         gtest = any(tc.get("classname") for tc in cases)
         if not gtest:
             # A test Bazel wrapped whole (Python unittest): its cases from the log.
