@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <random>
 #include <string>
@@ -34,6 +36,64 @@ std::unique_ptr<ModelWeights> LoadWeights(absl::string_view model_dir) {
   auto weights = ModelWeights::Load(*config, Runfile(model_dir));
   if (!weights.ok()) {
     ADD_FAILURE() << model_dir << ": " << weights.status();
+    return nullptr;
+  }
+  return std::move(weights).value();
+}
+
+std::unique_ptr<ModelWeights> LoadWeightsCutToBf16(absl::string_view model_dir, bool as_bf16) {
+  auto config = LoadModelConfig(Runfile(absl::StrCat(model_dir, "/config.json")));
+  auto file = SafetensorsFile::Open(Runfile(absl::StrCat(model_dir, "/model.safetensors")));
+  if (!config.ok() || !file.ok()) {
+    ADD_FAILURE() << model_dir << ": " << config.status() << " / " << file.status();
+    return nullptr;
+  }
+  struct Cut {
+    std::string name;
+    std::vector<int64_t> shape;
+    std::vector<uint8_t> bytes;
+  };
+  std::vector<Cut> cuts;
+  for (const TensorInfo& info : (*file)->tensors()) {
+    const TensorView v = (*file)->View(info);
+    if (info.dtype != DType::kF32) {
+      ADD_FAILURE() << info.name << " is not F32";
+      return nullptr;
+    }
+    const size_t n = v.bytes.size() / 4;
+    Cut cut{info.name, info.shape, std::vector<uint8_t>(as_bf16 ? 2 * n : 4 * n, 0)};
+    for (size_t i = 0; i < n; ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, v.bytes.data() + 4 * i, 4);
+      const uint16_t top = static_cast<uint16_t>(bits >> 16);
+      if (as_bf16) {
+        std::memcpy(cut.bytes.data() + 2 * i, &top, 2);
+      } else {
+        const uint32_t widened = static_cast<uint32_t>(top) << 16;
+        std::memcpy(cut.bytes.data() + 4 * i, &widened, 4);
+      }
+    }
+    cuts.push_back(std::move(cut));
+  }
+  std::vector<TensorView> views;
+  for (const Cut& c : cuts) {
+    views.push_back(TensorView{c.name, as_bf16 ? DType::kBF16 : DType::kF32, absl::MakeConstSpan(c.shape),
+                               absl::MakeConstSpan(c.bytes)});
+  }
+  auto bytes = SerializeSafetensors(views, {{"format", "pt"}});
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = absl::StrCat(tmp ? tmp : "/tmp", "/cut_to_bf16_", as_bf16 ? "bf16" : "f32");
+  std::filesystem::create_directories(dir);
+  std::ofstream out(dir + "/model.safetensors", std::ios::binary | std::ios::trunc);
+  if (bytes.ok()) out.write(bytes->data(), static_cast<std::streamsize>(bytes->size()));
+  out.close();
+  if (!bytes.ok() || !out.good()) {
+    ADD_FAILURE() << "writing " << dir << ": " << bytes.status();
+    return nullptr;
+  }
+  auto weights = ModelWeights::Load(*config, dir);
+  if (!weights.ok()) {
+    ADD_FAILURE() << dir << ": " << weights.status();
     return nullptr;
   }
   return std::move(weights).value();

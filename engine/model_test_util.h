@@ -34,6 +34,13 @@ std::string Runfile(absl::string_view relative);
 // current test (ADD_FAILURE) and returns null on error.
 std::unique_ptr<ModelWeights> LoadWeights(absl::string_view model_dir);
 
+// The weights of `model_dir` with every fp32 value cut to its top 16 bits (a
+// bf16 value), stored as BF16 tensors (`as_bf16`) or as the same values in
+// F32 tensors, written under TEST_TMPDIR and loaded: two checkpoints of
+// identical values, one with bf16 matrices and one with fp32. ADD_FAILURE and
+// null on error.
+std::unique_ptr<ModelWeights> LoadWeightsCutToBf16(absl::string_view model_dir, bool as_bf16);
+
 // A model over `weights`; ADD_FAILURE and null on error.
 std::unique_ptr<Model> MakeModel(const ModelWeights& weights, const ModelOptions& options);
 
