@@ -38,8 +38,8 @@ __device__ __forceinline__ float ReluSquaredF(float x) {
   return r * r;
 }
 
-// 16- and 8-byte vectors for single-instruction loads and stores (the
-// emulator has no float4/uint2).
+// 16- and 8-byte vectors for single-instruction loads and stores, declared
+// here so that both builds (nvcc and the emulator) use the same types.
 struct alignas(16) Vec4f {
   float v[4];
 };

@@ -59,6 +59,28 @@ struct dim3 {
   constexpr dim3(unsigned int vx = 1, unsigned int vy = 1, unsigned int vz = 1) : x(vx), y(vy), z(vz) {}
 };
 
+// CUDA's vector types: plain aggregates with CUDA's members, size and
+// alignment, so a kernel's 8- and 16-byte loads through them read the same
+// bytes in both builds.
+struct alignas(8) float2 {
+  float x, y;
+};
+struct alignas(16) float4 {
+  float x, y, z, w;
+};
+struct alignas(8) uint2 {
+  unsigned int x, y;
+};
+struct alignas(16) uint4 {
+  unsigned int x, y, z, w;
+};
+struct alignas(8) int2 {
+  int x, y;
+};
+struct alignas(16) int4 {
+  int x, y, z, w;
+};
+
 enum cudaError_t : int {
   cudaSuccess = 0,
   cudaErrorInvalidValue = 1,
@@ -306,7 +328,9 @@ inline int __float_as_int(float f) {
 }
 template <typename T>
 T __ldg(const T* p) {
-  return *p;
+  T value;  // by bytes: kernels read float memory through uint4 and the like, as on a GPU
+  std::memcpy(&value, p, sizeof(T));
+  return value;
 }
 // The GPU's fast intrinsics are approximations; the emulation computes them
 // exactly, so tests comparing the emulation with the CPU state tolerances that
