@@ -214,7 +214,8 @@ void DecodeLoop::Admit() {
     const absl::Time deadline = std::min(r->req.deadline, absl::Now() + options_.transfer_timeout);
     absl::StatusOr<transport::Ticket> ticket =
         transport::TicketFor(table, *reservation, transfer_id, options_.endpoint, deadline);
-    absl::Status expected = ticket.ok() ? receiver_.Expect(*ticket) : ticket.status();
+    // The receiver completes the ticket for its plane (its kind; NCCL: the channel's id).
+    absl::Status expected = ticket.ok() ? receiver_.ExpectTicket(&*ticket) : ticket.status();
     r->reservation = *reservation;
     if (!expected.ok()) {
       (void)table.AbortImport(reservation->id);

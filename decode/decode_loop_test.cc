@@ -26,7 +26,10 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "transport/engine_import.h"
+#include "transport/fake_communicator.h"
 #include "transport/in_process_transport.h"
+#include "transport/nccl_transport.h"
+#include "transport/routing_sender.h"
 
 namespace hybridserve::decode {
 namespace {
@@ -325,6 +328,40 @@ TEST_F(DecodeLoopTest, StreamsTheTokensOfASingleEngineRunAndEndsAtMaxTokens) {
   EXPECT_EQ(done.usage.completion_tokens, 8);
   EXPECT_EQ(done.usage.recomputed_tokens, 3);
   ExpectEverythingFreed();
+}
+
+// The NCCL data plane's protocol (over the in-memory fake communicator): the
+// decode worker's receiver puts its channel on each ticket, the prefill side
+// routes the ticket by its kind, and the request streams the single-engine
+// tokens with everything freed after. (NCCL itself needs GPUs:
+// //transport:nccl_communicator_test.)
+TEST_F(DecodeLoopTest, TicketsOverTheNcclPlaneStreamTheSingleEngineTokens) {
+  transport::FakeCommunicatorFactory factory;
+  transport::NcclReceiverOptions ro;
+  ro.default_peer = "prefill-0";
+  auto receiver = transport::NcclStateReceiver::Create(factory, ro);
+  ASSERT_TRUE(receiver.ok()) << receiver.status();
+  transport::NcclStateSender nccl(factory);
+  transport::RoutingStateSender router;
+  router.Route(transport::TransportKind::kNccl, &nccl);
+  EnginePrefill prefill(*prefill_model_, weights_->fingerprint(), router);
+  DecodeLoopOptions options;
+  options.endpoint = "decode-0";
+  auto loop = DecodeLoop::Create(*decode_model_, weights_->fingerprint(), prefill, **receiver, cache_.get(), options);
+  ASSERT_TRUE(loop.ok()) << loop.status();
+  const std::vector<TokenId> prompt = Tokens(45, vocab_, 5);
+  for (const std::string id : {"a", "b"}) {  // the second reuses the channel
+    Collector c;
+    ASSERT_TRUE((*loop)->Submit(Request(id, prompt, 6), &c).ok());
+    ASSERT_TRUE(c.Wait());
+    EXPECT_EQ(c.completion().reason, FinishReason::kLength) << c.completion().error;
+    EXPECT_THAT(c.tokens(), ElementsAreArray(Alone(prompt, 6)));
+  }
+  EXPECT_EQ(nccl.channels(), 1);
+  for (int i = 0; i < 2000 && !(*loop)->Idle(); ++i) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_TRUE((*loop)->Idle());
+  EXPECT_EQ((*receiver)->pending(), 0);
+  EXPECT_EQ(decode_model_->num_free_pages(), 128);
 }
 
 TEST_F(DecodeLoopTest, StopIdsStopSequencesAndEosEndWithStop) {

@@ -36,6 +36,8 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "prefill/prefill_worker.h"
 #include "transport/in_process_transport.h"
+#include "transport/nccl_communicator.h"
+#include "transport/nccl_transport.h"
 #include "transport/socket_io.h"
 #include "transport/tcp_transport.h"
 
@@ -51,6 +53,10 @@ ABSL_FLAG(std::string, advertise_host, "",
           "0.0.0.0)");
 ABSL_FLAG(std::string, cachestore, "", "cachestore gRPC address (host:port); empty: no cache");
 ABSL_FLAG(std::string, device, "cpu", "cpu or cuda");
+ABSL_FLAG(std::string, data_plane, "tcp",
+          "how prefill workers send state: tcp, or nccl (GPUs: one NCCL channel to the one --prefill worker; needs a "
+          "CUDA device)");
+ABSL_FLAG(int32_t, device_index, 0, "the CUDA device of the engine and of NCCL channels");
 ABSL_FLAG(int32_t, threads, 2, "kernel threads (CPU backend)");
 ABSL_FLAG(int64_t, page_size, 0, "KV page size in tokens; 0: min(16, chunk_size); must match the prefill workers'");
 ABSL_FLAG(int64_t, max_pages, 4096, "KV pages of the engine (reserved per request for prompt + max_tokens)");
@@ -73,6 +79,7 @@ absl::StatusOr<std::unique_ptr<engine::Model>> NewEngine(const engine::ModelWeig
   if (!device.ok()) return device.status();
   engine::ModelOptions mo;
   mo.device = *device;
+  mo.device_index = absl::GetFlag(FLAGS_device_index);
   mo.num_threads = absl::GetFlag(FLAGS_threads);
   mo.page_size = absl::GetFlag(FLAGS_page_size);
   mo.max_pages = absl::GetFlag(FLAGS_max_pages);
@@ -131,6 +138,8 @@ int Run() {
 
   // The data plane and the prefill side.
   std::unique_ptr<transport::TcpStateReceiver> tcp;
+  std::unique_ptr<transport::NcclCommunicatorFactory> nccl_factory;
+  std::unique_ptr<transport::NcclStateReceiver> nccl;
   std::unique_ptr<transport::InProcessTransport> local;
   std::unique_ptr<engine::Model> prefill_model;
   std::unique_ptr<prefill::PrefillWorker> prefill_worker;
@@ -152,6 +161,46 @@ int Run() {
     prefill = std::make_unique<decode::InProcessPrefillClient>(*prefill_worker);
     receiver = local.get();
     endpoint = "in_process";
+  } else if (absl::GetFlag(FLAGS_data_plane) == "nccl") {
+    // One channel per prefill/decode pair: the ticket's unique id is the
+    // channel to the one prefill worker, made here and joined there.
+    const std::vector<std::string> targets = absl::StrSplit(prefill_flag, ',', absl::SkipWhitespace());
+    if (targets.size() != 1) {
+      LOG(ERROR) << "--data_plane=nccl pairs this worker with one prefill worker; --prefill names " << targets.size();
+      return 1;
+    }
+    transport::NcclCommunicatorOptions no;
+    no.device = absl::GetFlag(FLAGS_device_index);
+    auto f = transport::NcclCommunicatorFactory::Create(no);
+    if (!f.ok()) {
+      LOG(ERROR) << "--data_plane=nccl: " << f.status();
+      return 1;
+    }
+    nccl_factory = *std::move(f);
+    transport::NcclReceiverOptions ro;
+    ro.default_peer = targets[0];
+    auto r = transport::NcclStateReceiver::Create(*nccl_factory, ro);
+    if (!r.ok()) {
+      LOG(ERROR) << "--data_plane=nccl: " << r.status();
+      return 1;
+    }
+    nccl = *std::move(r);
+    receiver = nccl.get();
+    // Names this worker to the prefill side, which keeps one channel per receiver.
+    endpoint = absl::StrCat("nccl:", absl::GetFlag(FLAGS_address));
+    decode::PrefillPoolOptions po;
+    po.targets = targets;
+    po.resolve_interval = absl::GetFlag(FLAGS_prefill_resolve_interval);
+    po.failure_backoff = absl::GetFlag(FLAGS_prefill_failure_backoff);
+    auto p = decode::GrpcPrefillClient::Create(po);
+    if (!p.ok()) {
+      LOG(ERROR) << "--prefill: " << p.status();
+      return 1;
+    }
+    prefill = *std::move(p);
+  } else if (absl::GetFlag(FLAGS_data_plane) != "tcp") {
+    LOG(ERROR) << "--data_plane must be tcp or nccl, got \"" << absl::GetFlag(FLAGS_data_plane) << "\"";
+    return 1;
   } else {
     transport::TcpReceiverOptions ro;
     ro.address = absl::GetFlag(FLAGS_data_address);

@@ -83,6 +83,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelConfig& config, 
     BackendOptions b;
     b.device = resolved.device;
     b.num_threads = resolved.num_threads;
+    b.device_index = resolved.device_index;
     ASSIGN_OR_RETURN(model->owned_backend_, CreateBackend(b));
     model->options_.backend = model->owned_backend_.get();
   }

@@ -82,6 +82,7 @@ struct ModelOptions {
   // Where the model runs (engine/backend_registry.h): UNIMPLEMENTED from
   // Create when that backend is not compiled in or no device is present.
   Device device = Device::kCpu;
+  int device_index = 0;  // CUDA: which GPU
   // On a backend with graphs (CUDA): each decode step pads its batch to a
   // bucket (1, 2, 4, ..., 256 sequences; block tables to a power-of-two width)
   // and replays a graph recorded for that bucket: the first step of a bucket

@@ -12,6 +12,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "cachestore/client.h"
 #include "common/logging.h"
 #include "common/metrics.h"
@@ -25,6 +26,9 @@
 #include "prefill/metrics.h"
 #include "prefill/prefill_worker.h"
 #include "prefill/service.h"
+#include "transport/nccl_communicator.h"
+#include "transport/nccl_transport.h"
+#include "transport/routing_sender.h"
 #include "transport/tcp_transport.h"
 
 ABSL_FLAG(std::string, model_dir, "models/default", "Hugging Face model directory (config.json + safetensors)");
@@ -32,6 +36,10 @@ ABSL_FLAG(std::string, address, "0.0.0.0:50061", "gRPC listen address (host:port
 ABSL_FLAG(std::string, metrics_address, "", "Prometheus /metrics address (host:port); empty disables");
 ABSL_FLAG(std::string, cachestore, "", "cachestore gRPC address (host:port); empty: no cache");
 ABSL_FLAG(std::string, device, "cpu", "cpu or cuda");
+ABSL_FLAG(std::string, data_planes, "tcp",
+          "data planes served, comma-separated: tcp, nccl (NCCL send/recv to decode workers on GPUs; needs a CUDA "
+          "device); each ticket names its own");
+ABSL_FLAG(int32_t, device_index, 0, "the CUDA device of the engine and of NCCL channels");
 ABSL_FLAG(int32_t, threads, 2, "kernel threads (CPU backend)");
 ABSL_FLAG(int64_t, page_size, 0, "KV page size in tokens; 0: min(16, chunk_size)");
 ABSL_FLAG(int64_t, max_pages, 4096, "KV pages of the engine");
@@ -62,6 +70,7 @@ int Run() {
   }
   engine::ModelOptions mo;
   mo.device = *device;
+  mo.device_index = absl::GetFlag(FLAGS_device_index);
   mo.num_threads = absl::GetFlag(FLAGS_threads);
   mo.page_size = absl::GetFlag(FLAGS_page_size);
   mo.max_pages = absl::GetFlag(FLAGS_max_pages);
@@ -82,7 +91,35 @@ int Run() {
     }
     cache = *std::move(c);
   }
-  transport::TcpStateSender sender;
+  // Data planes: each decode worker's ticket names its own (TransportKind).
+  transport::RoutingStateSender sender;
+  std::unique_ptr<transport::TcpStateSender> tcp;
+  std::unique_ptr<transport::NcclCommunicatorFactory> nccl_factory;
+  std::unique_ptr<transport::NcclStateSender> nccl;
+  for (absl::string_view plane : absl::StrSplit(absl::GetFlag(FLAGS_data_planes), ',', absl::SkipWhitespace())) {
+    if (plane == "tcp") {
+      tcp = std::make_unique<transport::TcpStateSender>();
+      sender.Route(transport::TransportKind::kTcp, tcp.get());
+    } else if (plane == "nccl") {
+      transport::NcclCommunicatorOptions no;
+      no.device = absl::GetFlag(FLAGS_device_index);
+      auto f = transport::NcclCommunicatorFactory::Create(no);
+      if (!f.ok()) {
+        LOG(ERROR) << "--data_planes=nccl: " << f.status();
+        return 1;
+      }
+      nccl_factory = *std::move(f);
+      nccl = std::make_unique<transport::NcclStateSender>(*nccl_factory);
+      sender.Route(transport::TransportKind::kNccl, nccl.get());
+    } else {
+      LOG(ERROR) << "--data_planes: unknown plane \"" << plane << "\" (expected tcp, nccl)";
+      return 1;
+    }
+  }
+  if (tcp == nullptr && nccl == nullptr) {
+    LOG(ERROR) << "--data_planes names no plane";
+    return 1;
+  }
   prefill::PrefillWorkerOptions wo;
   wo.async_publication = true;  // answer decode right after the push; publish behind it
   wo.fetch_parallelism = absl::GetFlag(FLAGS_cache_fetch_parallelism);

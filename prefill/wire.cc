@@ -40,7 +40,18 @@ absl::StatusOr<PrefillRequest> PrefillRequestFromProto(const v1::PrefillRequest&
 }
 
 void TicketToProto(const transport::Ticket& t, v1::TransferTicket* out) {
-  out->set_transport(v1::TRANSPORT_KIND_TCP);
+  switch (t.kind) {
+    case transport::TransportKind::kInProcess:
+      out->set_transport(v1::TRANSPORT_KIND_IN_PROCESS);
+      break;
+    case transport::TransportKind::kTcp:
+      out->set_transport(v1::TRANSPORT_KIND_TCP);
+      break;
+    case transport::TransportKind::kNccl:
+      out->set_transport(v1::TRANSPORT_KIND_NCCL);
+      out->set_nccl_unique_id(t.nccl_unique_id);
+      break;
+  }
   out->set_endpoint(t.endpoint);
   out->set_transfer_id(t.transfer_id);
   for (int32_t slot : t.page_slots) out->add_kv_page_slots(static_cast<uint32_t>(slot));
@@ -59,9 +70,25 @@ void TicketToProto(const transport::Ticket& t, v1::TransferTicket* out) {
 
 absl::StatusOr<transport::Ticket> TicketFromProto(const v1::TransferTicket& p) {
   transport::Ticket t;
-  if (p.transport() != v1::TRANSPORT_KIND_TCP) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ticket.transport ", v1::TransportKind_Name(p.transport()), " is not served by this worker"));
+  // Which planes this worker serves is the sender's to say (RoutingStateSender);
+  // here only what each kind needs on the ticket. An in-process ticket never
+  // crosses the wire.
+  switch (p.transport()) {
+    case v1::TRANSPORT_KIND_TCP:
+      t.kind = transport::TransportKind::kTcp;
+      if (!p.nccl_unique_id().empty()) return absl::InvalidArgumentError("ticket.nccl_unique_id is set on a TCP ticket");
+      break;
+    case v1::TRANSPORT_KIND_NCCL:
+      t.kind = transport::TransportKind::kNccl;
+      if (p.nccl_unique_id().size() != transport::kNcclUniqueIdBytes) {
+        return absl::InvalidArgumentError(absl::StrCat("ticket.nccl_unique_id must be ", transport::kNcclUniqueIdBytes,
+                                                       " bytes on an NCCL ticket, got ", p.nccl_unique_id().size()));
+      }
+      t.nccl_unique_id = p.nccl_unique_id();
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("ticket.transport ", v1::TransportKind_Name(p.transport()), " is not served by this worker"));
   }
   if (p.endpoint().empty()) return absl::InvalidArgumentError("ticket.endpoint is empty");
   if (!common::Hash128::FromBytes(p.page_format(), &t.page_format)) {

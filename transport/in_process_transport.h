@@ -23,6 +23,7 @@ class InProcessTransport final : public StateSender, public StateReceiver {
 
   absl::Status Send(const Ticket& ticket, const StateSource& source) override;
 
+  TransportKind kind() const override { return TransportKind::kInProcess; }
   absl::Status Expect(const Ticket& ticket) override { return registry_.Expect(ticket); }
   absl::StatusOr<ReceivedState> Await(uint64_t transfer_id) override { return registry_.Await(transfer_id); }
   void Cancel(uint64_t transfer_id) override { registry_.Cancel(transfer_id); }

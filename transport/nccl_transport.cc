@@ -146,7 +146,17 @@ absl::StatusOr<std::string> NcclStateReceiver::ChannelFor(absl::string_view peer
   return unique_id;
 }
 
+absl::Status NcclStateReceiver::ExpectTicket(Ticket* ticket) {
+  if (options_.default_peer.empty()) {
+    return absl::FailedPreconditionError(
+        "this NCCL receiver has no default prefill peer (NcclReceiverOptions::default_peer): use ExpectFrom");
+  }
+  ticket->kind = TransportKind::kNccl;
+  return ExpectFrom(options_.default_peer, ticket);
+}
+
 absl::Status NcclStateReceiver::ExpectFrom(absl::string_view peer, Ticket* ticket) {
+  ticket->kind = TransportKind::kNccl;
   ASSIGN_OR_RETURN(ticket->nccl_unique_id, ChannelFor(peer));
   return Expect(*ticket);
 }

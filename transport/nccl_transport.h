@@ -90,6 +90,11 @@ struct NcclReceiverOptions {
   // deadline: a channel outlives its first ticket.
   absl::Duration join_timeout = absl::Minutes(2);
   TransferRegistry::Limits limits;
+  // The prefill peer of the tickets ExpectTicket completes: a decode worker
+  // paired with one prefill worker (DESIGN.md: one communicator per
+  // prefill/decode pair). Empty: ExpectTicket is FAILED_PRECONDITION, and
+  // callers name the peer with ExpectFrom.
+  std::string default_peer;
 };
 
 class NcclStateReceiver final : public StateReceiver {
@@ -111,6 +116,10 @@ class NcclStateReceiver final : public StateReceiver {
 
   // Sets ticket->nccl_unique_id to ChannelFor(peer) and expects the ticket.
   absl::Status ExpectFrom(absl::string_view peer, Ticket* ticket) ABSL_LOCKS_EXCLUDED(mu_);
+
+  TransportKind kind() const override { return TransportKind::kNccl; }
+  // ExpectFrom(options.default_peer, ticket), with the kind set.
+  absl::Status ExpectTicket(Ticket* ticket) ABSL_LOCKS_EXCLUDED(mu_) override;
 
   // As StateReceiver, and INVALID_ARGUMENT unless ticket.nccl_unique_id names
   // a live channel (ChannelFor): the transfer is accepted on that channel

@@ -32,6 +32,8 @@
 #include "gtest/gtest.h"
 #include "transport/engine_import.h"
 #include "transport/fake_communicator.h"
+#include "transport/in_process_transport.h"
+#include "transport/routing_sender.h"
 
 namespace hybridserve::transport {
 namespace {
@@ -157,6 +159,63 @@ TEST_F(NcclTransportTest, ATransferArrivesBitIdenticalToTheSource) {
   ExpectIdentical(*received, source);
   EXPECT_EQ(receiver_->pending(), 0);
   EXPECT_EQ(receiver_->refused(), 0);
+}
+
+// A decode worker paired with one prefill worker: ExpectTicket completes the
+// ticket (kind, the channel to the default peer), and a prefill worker that
+// serves several planes routes each ticket by its kind.
+TEST_F(NcclTransportTest, ExpectTicketUsesTheDefaultPeerAndARoutingSenderServesEachPlane) {
+  NcclReceiverOptions o;
+  o.default_peer = kPeer;
+  auto paired = NcclStateReceiver::Create(factory_, o);
+  ASSERT_TRUE(paired.ok()) << paired.status();
+  Ticket t;
+  t.transfer_id = 5;
+  t.endpoint = "decode-0";
+  t.n_tokens = kPages * 16 + 3;
+  t.page_format = common::Hash128{7, 9};
+  t.num_pages = kPages;
+  t.page_bytes = kPageBytes;
+  t.max_state_bytes = 1000;
+  t.deadline = absl::Now() + absl::Seconds(30);
+  t.kind = TransportKind::kTcp;
+  ASSERT_TRUE((*paired)->ExpectTicket(&t).ok());
+  EXPECT_EQ(t.kind, TransportKind::kNccl);
+  EXPECT_EQ(t.nccl_unique_id, *(*paired)->ChannelFor(kPeer));
+
+  InProcessTransport local;
+  Ticket u = t;
+  u.transfer_id = 6;
+  ASSERT_TRUE(local.ExpectTicket(&u).ok());
+  EXPECT_EQ(u.kind, TransportKind::kInProcess);
+
+  RoutingStateSender router;
+  router.Route(TransportKind::kNccl, &sender_);
+  router.Route(TransportKind::kInProcess, &local);
+  const RandomSource source(3);
+  absl::Status sent;
+  std::thread sender([&] { sent = router.Send(t, source); });
+  absl::StatusOr<ReceivedState> received = (*paired)->Await(5);
+  sender.join();
+  ASSERT_TRUE(sent.ok()) << sent;
+  ASSERT_TRUE(received.ok()) << received.status();
+  ExpectIdentical(*received, source);
+  ASSERT_TRUE(router.Send(u, source).ok());
+  auto local_received = local.Await(6);
+  ASSERT_TRUE(local_received.ok()) << local_received.status();
+  ExpectIdentical(*local_received, source);
+
+  Ticket tcp = t;
+  tcp.kind = TransportKind::kTcp;
+  const absl::Status refused = router.Send(tcp, source);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.message()), HasSubstr("tcp is not served by this worker (in_process, nccl)"));
+
+  auto unpaired = NcclStateReceiver::Create(factory_, NcclReceiverOptions());
+  ASSERT_TRUE(unpaired.ok());
+  Ticket v = t;
+  v.transfer_id = 7;
+  EXPECT_EQ((*unpaired)->ExpectTicket(&v).code(), absl::StatusCode::kFailedPrecondition);
 }
 
 TEST_F(NcclTransportTest, TransfersFromOnePeerReuseOneChannel) {

@@ -56,6 +56,7 @@ class TcpStateReceiver final : public StateReceiver {
   // "host:port" that senders connect to (the bound port).
   const std::string& endpoint() const { return endpoint_; }
 
+  TransportKind kind() const override { return TransportKind::kTcp; }
   absl::Status Expect(const Ticket& ticket) override { return registry_.Expect(ticket); }
   absl::StatusOr<ReceivedState> Await(uint64_t transfer_id) override { return registry_.Await(transfer_id); }
   void Cancel(uint64_t transfer_id) override { registry_.Cancel(transfer_id); }

@@ -15,7 +15,10 @@
 //
 // Implementations: in-process (tests, two engines in one process), TCP (the
 // CPU default), NCCL (GPUs; transport/nccl_transport.h), and later CUDA IPC.
+// A prefill worker that serves several routes each ticket by its kind
+// (transport/routing_sender.h).
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -31,9 +34,33 @@
 
 namespace hybridserve::transport {
 
+// Which data plane a ticket travels on (prefill.proto's TransportKind).
+enum class TransportKind : int {
+  kInProcess = 1,  // two engines in one process
+  kTcp = 2,        // the CPU default
+  kNccl = 3,       // GPUs: NCCL send/recv
+};
+inline const char* TransportKindName(TransportKind kind) {
+  switch (kind) {
+    case TransportKind::kInProcess:
+      return "in_process";
+    case TransportKind::kTcp:
+      return "tcp";
+    case TransportKind::kNccl:
+      return "nccl";
+  }
+  return "unknown";
+}
+
+// sizeof(ncclUniqueId): the length of Ticket::nccl_unique_id on NCCL tickets.
+inline constexpr size_t kNcclUniqueIdBytes = 128;
+
 // The domain form of prefill.proto's TransferTicket: what decode reserved and
 // where prefill must send. Value type.
 struct Ticket {
+  // Set by the receiver that expects the ticket (StateReceiver::ExpectTicket);
+  // a sender routes on it (RoutingStateSender).
+  TransportKind kind = TransportKind::kTcp;
   uint64_t transfer_id = 0;  // unique per receiver
   // TCP: "host:port" of the receiver's listener. NCCL: names the receiver
   // (the sender keeps one channel per endpoint). In-process: unused.
@@ -99,6 +126,15 @@ class StateSender {
 class StateReceiver {
  public:
   virtual ~StateReceiver() = default;
+  // The data plane this receiver serves.
+  virtual TransportKind kind() const = 0;
+  // Completes `ticket` with what this receiver's transport needs (its kind;
+  // NCCL: the unique id of the channel to the prefill peer) and expects it:
+  // what a decode worker calls before it hands the ticket to prefill.
+  virtual absl::Status ExpectTicket(Ticket* ticket) {
+    ticket->kind = kind();
+    return Expect(*ticket);
+  }
   // Registers a transfer to accept. INVALID_ARGUMENT for a ticket id already
   // expected, or sizes out of range.
   virtual absl::Status Expect(const Ticket& ticket) = 0;
