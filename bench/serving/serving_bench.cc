@@ -16,6 +16,9 @@
 //
 //   bazel run -c opt //bench/serving:serving_bench -- \
 //       --model_dir=/tmp/hs-bench/nemotron_h [--only=resume,disagg,tcp,cache,sweep]
+//   on a GPU machine: --device=cuda [--data_plane=nccl] (disagg then compares the
+//   NCCL plane's TTFT with the aggregated GPU run; needs --prefill of one worker,
+//   which the harness gives)
 // (the bench model: tools/gen_model.py --preset bench --seed 0 --out ...).
 
 #include <arpa/inet.h>
@@ -56,6 +59,9 @@ ABSL_FLAG(std::string, histories, "1024,4096,16384", "resume: tokens of history"
 ABSL_FLAG(std::string, sweep_streams, "1,2,4,8,16,32,64", "sweep: concurrent streams");
 ABSL_FLAG(int32_t, sweep_requests_per_stream, 4, "sweep: requests each stream sends in turn");
 ABSL_FLAG(std::string, sweep_csv, "", "sweep: write the table as CSV here (for plot_sweep.py)");
+ABSL_FLAG(std::string, device, "cpu", "where prefill and decode run: cpu or cuda (a GPU machine)");
+ABSL_FLAG(std::string, data_plane, "tcp",
+          "disaggregated runs' data plane: tcp, or nccl (GPUs; prefill serves both, decode uses this one)");
 
 namespace hybridserve::bench {
 namespace {
@@ -164,8 +170,13 @@ StackOptions BenchStack(bool cachestore, bool aggregated) {
   o.cachestore = cachestore;
   o.aggregated = aggregated;
   o.max_batch = 8;
-  o.decode_args = {model, threads, "--max_pages=8192", "--transfer_timeout=300s"};
-  o.prefill_args = {model, threads, "--max_pages=8192"};
+  const std::string device = "--device=" + absl::GetFlag(FLAGS_device);
+  o.decode_args = {model, threads, device, "--max_pages=8192", "--transfer_timeout=300s"};
+  o.prefill_args = {model, threads, device, "--max_pages=8192"};
+  if (!aggregated && absl::GetFlag(FLAGS_data_plane) != "tcp") {
+    o.decode_args.push_back("--data_plane=" + absl::GetFlag(FLAGS_data_plane));
+    o.prefill_args.push_back("--data_planes=tcp," + absl::GetFlag(FLAGS_data_plane));
+  }
   o.cachestore_args = {"--page_budget_mib=4096", "--state_budget_mib=2048"};
   return o;
 }
@@ -256,7 +267,8 @@ bool RunDisagg() {
   }
   Client d((*disagg)->decode_target());
   Client a((*agg)->decode_target());
-  std::printf("\n== disagg: TTFT disaggregated over loopback (3 processes, TCP data plane) / aggregated (1 process)\n");
+  std::printf("\n== disagg: TTFT disaggregated over loopback (3 processes, %s data plane, %s) / aggregated (1 process)\n",
+              absl::GetFlag(FLAGS_data_plane).c_str(), absl::GetFlag(FLAGS_device).c_str());
   std::printf("%8s %10s %10s %8s %8s\n", "prompt", "disagg_ms", "agg_ms", "ratio", "goal");
   for (int n : {1024, 8192}) {
     std::vector<double> dt, at;

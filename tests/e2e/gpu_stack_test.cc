@@ -1,0 +1,153 @@
+// The stack on GPUs: prefill and decode processes with --device=cuda, over
+// the TCP data plane (one GPU is enough) and over the NCCL plane (two GPUs:
+// NCCL refuses two ranks on one device). A three-turn chat through the
+// disaggregated processes gives the tokens of the aggregated GPU run, and
+// kill -9 of either side mid-transfer leaves the other serving with every
+// reservation back. Every test skips, saying so, where the GPUs are missing.
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gtest/gtest.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "tests/e2e/stack.h"
+
+namespace hybridserve::e2e {
+namespace {
+
+// Skips (returns false) unless the machine has `needed` GPUs; a broken CUDA
+// setup on a GPU machine fails instead.
+bool HaveGpus(int needed) {
+  const int devices = kernels::cuda::CudaDeviceCount();
+  EXPECT_GE(devices, 0) << "CUDA error " << -devices << " while counting devices";
+  return devices >= needed;
+}
+
+double Metric(int port, const std::string& name) {
+  auto m = ScrapeMetrics(port);
+  if (!m.ok()) return -1;
+  auto it = m->find(name);
+  return it == m->end() ? -1 : it->second;
+}
+
+double AwaitMetric(int port, const std::string& name, double value, absl::Duration timeout = absl::Seconds(30)) {
+  const absl::Time end = absl::Now() + timeout;
+  double v = -1;
+  while (absl::Now() < end) {
+    v = Metric(port, name);
+    if (v == value) return v;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return v;
+}
+
+// Prefill on GPU 0 and decode on GPU `decode_gpu`, over `plane`.
+StackOptions GpuStack(bool aggregated, const std::string& plane, int decode_gpu) {
+  StackOptions o;
+  o.aggregated = aggregated;
+  o.prefill_args = {"--device=cuda", "--device_index=0", "--data_planes=tcp," + plane};
+  o.decode_args = {"--device=cuda", absl::StrCat("--device_index=", decode_gpu)};
+  if (!aggregated && plane != "tcp") o.decode_args.push_back("--data_plane=" + plane);
+  return o;
+}
+
+// Three turns, each feeding the last turn's tokens back: the tokens of each turn.
+std::vector<std::vector<int32_t>> ThreeTurns(const std::string& target, const std::string& tag) {
+  std::vector<std::vector<int32_t>> turns;
+  std::vector<int32_t> conversation = TextPrompt(200, 7);
+  for (int turn = 1; turn <= 3; ++turn) {
+    v1::GenerateRequest r = Request(absl::StrCat(tag, "-", turn), conversation, 24);
+    r.set_cache_salt(tag);
+    Generation g = Generate(target, r);
+    EXPECT_TRUE(g.status.ok()) << tag << " turn " << turn << ": " << g.status.error_message();
+    turns.push_back(g.tokens);
+    conversation.insert(conversation.end(), g.tokens.begin(), g.tokens.end());
+    conversation.push_back('\n');
+  }
+  return turns;
+}
+
+void ExpectDisaggregatedEqualsAggregated(const std::string& plane, int decode_gpu) {
+  auto d = Stack::Start(GpuStack(/*aggregated=*/false, plane, decode_gpu));
+  ASSERT_TRUE(d.ok()) << d.status();
+  auto a = Stack::Start(GpuStack(/*aggregated=*/true, "tcp", 0));
+  ASSERT_TRUE(a.ok()) << a.status();
+  const auto disaggregated = ThreeTurns((*d)->decode_target(), "gpu-" + plane);
+  const auto aggregated = ThreeTurns((*a)->decode_target(), "gpu-" + plane);
+  ASSERT_EQ(disaggregated.size(), 3u);
+  for (size_t t = 0; t < 3; ++t) {
+    EXPECT_EQ(disaggregated[t].size(), 24u);
+    EXPECT_EQ(disaggregated[t], aggregated[t]) << "turn " << t + 1;
+  }
+}
+
+TEST(GpuStackTest, TcpPlaneBetweenGpuProcessesEqualsTheAggregatedGpuRunOverThreeTurns) {
+  if (!HaveGpus(1)) GTEST_SKIP() << "no CUDA device on this machine: this test never ran on a GPU";
+  ExpectDisaggregatedEqualsAggregated("tcp", 0);
+}
+
+TEST(GpuStackTest, NcclPlaneEqualsTheAggregatedGpuRunOverThreeTurns) {
+  if (!HaveGpus(2)) GTEST_SKIP() << "fewer than two CUDA devices (NCCL needs a GPU per rank): never ran";
+  ExpectDisaggregatedEqualsAggregated("nccl", 1);
+}
+
+// Long prompts in flight while one side is killed.
+void KillDuringTransfers(Stack& stack, Process* victim, const std::string& tag) {
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back([&, i] {
+      v1::GenerateRequest r = Request(absl::StrCat(tag, "-", i), TextPrompt(8000 + 97 * i, i), 8);
+      (void)Generate(stack.decode_target(), r);
+    });
+  }
+  absl::SleepFor(absl::Milliseconds(300));
+  victim->Kill();
+  for (std::thread& t : threads) t.join();
+}
+
+TEST(GpuStackTest, KillingPrefillMidNcclTransferLeavesDecodeServingWithNothingReserved) {
+  if (!HaveGpus(2)) GTEST_SKIP() << "fewer than two CUDA devices (NCCL needs a GPU per rank): never ran";
+  auto s = Stack::Start(GpuStack(/*aggregated=*/false, "nccl", 1));
+  ASSERT_TRUE(s.ok()) << s.status();
+  Stack& stack = **s;
+  KillDuringTransfers(stack, stack.prefill(), "nccl-killprefill");
+  const int metrics = std::stoi(stack.decode()->field("metrics_port"));
+  EXPECT_EQ(AwaitMetric(metrics, "hybridserve_num_requests_running", 0), 0);
+  EXPECT_EQ(AwaitMetric(metrics, "hybridserve_kv_pages_free", 4096), 4096);
+  EXPECT_EQ(AwaitMetric(metrics, "hybridserve_state_slots_free", 8), 8);
+  ASSERT_TRUE(stack.RestartPrefill().ok());  // decode makes a new channel for the new process
+  Generation after = Generate(stack.decode_target(), Request("nccl-after-kill", TextPrompt(50, 1), 6));
+  EXPECT_TRUE(after.status.ok()) << after.status.error_message();
+  EXPECT_EQ(after.tokens.size(), 6u);
+}
+
+TEST(GpuStackTest, KillingDecodeMidNcclTransferLeavesPrefillServing) {
+  if (!HaveGpus(2)) GTEST_SKIP() << "fewer than two CUDA devices (NCCL needs a GPU per rank): never ran";
+  auto s = Stack::Start(GpuStack(/*aggregated=*/false, "nccl", 1));
+  ASSERT_TRUE(s.ok()) << s.status();
+  Stack& stack = **s;
+  KillDuringTransfers(stack, stack.decode(), "nccl-killdecode");
+  const int prefill_metrics = std::stoi(stack.prefill()->field("metrics_port"));
+  EXPECT_EQ(AwaitMetric(prefill_metrics, "hybridserve_prefill_queue_depth", 0, absl::Seconds(60)), 0);
+  auto d = Process::Start("decode2", "decode/decode",
+                          {"--model_dir=" + Runfile("models/default"), "--address=127.0.0.1:0", "--device=cuda",
+                           "--device_index=1", "--data_plane=nccl",
+                           absl::StrCat("--prefill=127.0.0.1:", stack.prefill()->port()),
+                           absl::StrCat("--cachestore=127.0.0.1:", stack.cachestore()->port())},
+                          "DECODE_READY");
+  ASSERT_TRUE(d.ok()) << d.status();
+  Generation after = Generate(absl::StrCat("127.0.0.1:", (*d)->port()), Request("nccl-after-decode-kill",
+                                                                                 TextPrompt(50, 2), 6));
+  EXPECT_TRUE(after.status.ok()) << after.status.error_message();
+  EXPECT_EQ(after.tokens.size(), 6u);
+}
+
+}  // namespace
+}  // namespace hybridserve::e2e
