@@ -36,6 +36,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "prefill/prefill_worker.h"
 #include "transport/in_process_transport.h"
+#include "transport/ipc_communicator.h"
 #include "transport/nccl_communicator.h"
 #include "transport/nccl_transport.h"
 #include "transport/socket_io.h"
@@ -54,8 +55,8 @@ ABSL_FLAG(std::string, advertise_host, "",
 ABSL_FLAG(std::string, cachestore, "", "cachestore gRPC address (host:port); empty: no cache");
 ABSL_FLAG(std::string, device, "cpu", "cpu or cuda");
 ABSL_FLAG(std::string, data_plane, "tcp",
-          "how prefill workers send state: tcp, or nccl (GPUs: one NCCL channel to the one --prefill worker; needs a "
-          "CUDA device)");
+          "how prefill workers send state: tcp, nccl (GPUs: one NCCL channel to the one --prefill worker), or "
+          "cuda_ipc (the --prefill worker on this GPU: device-to-device copies; needs --device=cuda)");
 ABSL_FLAG(int32_t, device_index, 0, "the CUDA device of the engine and of NCCL channels");
 ABSL_FLAG(int32_t, threads, 2, "kernel threads (CPU backend)");
 ABSL_FLAG(int64_t, page_size, 0, "KV page size in tokens; 0: min(16, chunk_size); must match the prefill workers'");
@@ -140,6 +141,7 @@ int Run() {
   std::unique_ptr<transport::TcpStateReceiver> tcp;
   std::unique_ptr<transport::NcclCommunicatorFactory> nccl_factory;
   std::unique_ptr<transport::NcclStateReceiver> nccl;
+  std::unique_ptr<transport::IpcCommunicatorFactory> ipc_factory;
   std::unique_ptr<transport::InProcessTransport> local;
   std::unique_ptr<engine::Model> prefill_model;
   std::unique_ptr<prefill::PrefillWorker> prefill_worker;
@@ -161,33 +163,47 @@ int Run() {
     prefill = std::make_unique<decode::InProcessPrefillClient>(*prefill_worker);
     receiver = local.get();
     endpoint = "in_process";
-  } else if (absl::GetFlag(FLAGS_data_plane) == "nccl") {
+  } else if (absl::GetFlag(FLAGS_data_plane) == "nccl" || absl::GetFlag(FLAGS_data_plane) == "cuda_ipc") {
+    const bool ipc = absl::GetFlag(FLAGS_data_plane) == "cuda_ipc";
     // One channel per prefill/decode pair: the ticket's unique id is the
     // channel to the one prefill worker, made here and joined there.
     const std::vector<std::string> targets = absl::StrSplit(prefill_flag, ',', absl::SkipWhitespace());
     if (targets.size() != 1) {
-      LOG(ERROR) << "--data_plane=nccl pairs this worker with one prefill worker; --prefill names " << targets.size();
+      LOG(ERROR) << "--data_plane=" << absl::GetFlag(FLAGS_data_plane)
+                 << " pairs this worker with one prefill worker; --prefill names " << targets.size();
       return 1;
     }
-    transport::NcclCommunicatorOptions no;
-    no.device = absl::GetFlag(FLAGS_device_index);
-    auto f = transport::NcclCommunicatorFactory::Create(no);
-    if (!f.ok()) {
-      LOG(ERROR) << "--data_plane=nccl: " << f.status();
-      return 1;
+    transport::CommunicatorFactory* factory = nullptr;
+    if (ipc) {
+      if ((*model)->options().device != engine::Device::kCuda) {
+        LOG(ERROR) << "--data_plane=cuda_ipc shares the engine's GPU memory: it needs --device=cuda";
+        return 1;
+      }
+      ipc_factory = std::make_unique<transport::IpcCommunicatorFactory>((*model)->backend());
+      factory = ipc_factory.get();
+    } else {
+      transport::NcclCommunicatorOptions no;
+      no.device = absl::GetFlag(FLAGS_device_index);
+      auto f = transport::NcclCommunicatorFactory::Create(no);
+      if (!f.ok()) {
+        LOG(ERROR) << "--data_plane=nccl: " << f.status();
+        return 1;
+      }
+      nccl_factory = *std::move(f);
+      factory = nccl_factory.get();
     }
-    nccl_factory = *std::move(f);
     transport::NcclReceiverOptions ro;
     ro.default_peer = targets[0];
-    auto r = transport::NcclStateReceiver::Create(*nccl_factory, ro);
+    ro.kind = ipc ? transport::TransportKind::kCudaIpc : transport::TransportKind::kNccl;
+    auto r = transport::NcclStateReceiver::Create(*factory, ro);
     if (!r.ok()) {
-      LOG(ERROR) << "--data_plane=nccl: " << r.status();
+      LOG(ERROR) << "--data_plane: " << r.status();
       return 1;
     }
     nccl = *std::move(r);
     receiver = nccl.get();
     // Names this worker to the prefill side, which keeps one channel per receiver.
-    endpoint = absl::StrCat("nccl:", absl::GetFlag(FLAGS_address));
+    endpoint = absl::StrCat(absl::GetFlag(FLAGS_data_plane), ":", absl::GetFlag(FLAGS_address));
     decode::PrefillPoolOptions po;
     po.targets = targets;
     po.resolve_interval = absl::GetFlag(FLAGS_prefill_resolve_interval);
@@ -199,7 +215,7 @@ int Run() {
     }
     prefill = *std::move(p);
   } else if (absl::GetFlag(FLAGS_data_plane) != "tcp") {
-    LOG(ERROR) << "--data_plane must be tcp or nccl, got \"" << absl::GetFlag(FLAGS_data_plane) << "\"";
+    LOG(ERROR) << "--data_plane must be tcp, nccl or cuda_ipc, got \"" << absl::GetFlag(FLAGS_data_plane) << "\"";
     return 1;
   } else {
     transport::TcpReceiverOptions ro;

@@ -29,6 +29,7 @@
 // thread only.
 
 #include <cstdint>
+#include <string>
 
 #include "kernels/activation_params.h"
 #include "kernels/attention_params.h"
@@ -148,6 +149,24 @@ class Backend {
   virtual int EndCapture(int64_t* graph) { return kKernelUnsupported; }
   virtual int Replay(int64_t graph) { return kKernelUnsupported; }
   virtual int ReleaseGraph(int64_t graph) { return kKernelUnsupported; }
+
+  // ---- Memory shared with another process on the same device (optional: CUDA IPC) ----
+  //
+  // ExportMemory: a handle naming the buffer that holds [device, device +
+  // bytes), and the offset of `device` in it, for OpenPeerMemory in another
+  // process. kKernelInvalidArgument for a range outside a live buffer (host
+  // memory, say). OpenPeerMemory maps such a handle from another process:
+  // *base is the buffer's first byte here, *bytes its size; CopyToPeer may
+  // then write into [base, base + bytes) until ClosePeerMemory(base) or the
+  // backend's destruction. CopyToPeer copies `bytes` from device memory of
+  // this backend or from host memory, and has completed when it returns.
+  // kKernelUnsupported on backends without shared memory (the CPU backend).
+  virtual int ExportMemory(const void* device, int64_t bytes, std::string* handle, int64_t* offset) {
+    return kKernelUnsupported;
+  }
+  virtual int OpenPeerMemory(const std::string& handle, void** base, int64_t* bytes) { return kKernelUnsupported; }
+  virtual int ClosePeerMemory(void* base) { return kKernelUnsupported; }
+  virtual int CopyToPeer(void* peer_dst, const void* src, int64_t bytes) { return kKernelUnsupported; }
 
  protected:
   // For implementations: a buffer of this backend over `data`, handed back to

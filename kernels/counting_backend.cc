@@ -302,6 +302,26 @@ int CountingBackend::ReleaseGraph(int64_t graph) {
   return inner_.ReleaseGraph(graph);
 }
 
+int CountingBackend::ExportMemory(const void* device, int64_t bytes, std::string* handle, int64_t* offset) {
+  Count("ExportMemory", false);
+  return inner_.ExportMemory(device, bytes, handle, offset);
+}
+
+int CountingBackend::OpenPeerMemory(const std::string& handle, void** base, int64_t* bytes) {
+  Count("OpenPeerMemory", false);
+  return inner_.OpenPeerMemory(handle, base, bytes);
+}
+
+int CountingBackend::ClosePeerMemory(void* base) {
+  Count("ClosePeerMemory", false);
+  return inner_.ClosePeerMemory(base);
+}
+
+int CountingBackend::CopyToPeer(void* peer_dst, const void* src, int64_t bytes) {
+  Count("CopyToPeer", false);
+  return inner_.CopyToPeer(peer_dst, src, bytes);
+}
+
 #undef HS_CHECK
 
 }  // namespace hybridserve::kernels

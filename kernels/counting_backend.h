@@ -73,6 +73,10 @@ class CountingBackend final : public Backend {
   int EndCapture(int64_t* graph) override;
   int Replay(int64_t graph) override;
   int ReleaseGraph(int64_t graph) override;
+  int ExportMemory(const void* device, int64_t bytes, std::string* handle, int64_t* offset) override;
+  int OpenPeerMemory(const std::string& handle, void** base, int64_t* bytes) override;
+  int ClosePeerMemory(void* base) override;
+  int CopyToPeer(void* peer_dst, const void* src, int64_t bytes) override;
 
  protected:
   void Release(void* data, int64_t bytes, void* cookie) override;

@@ -26,6 +26,7 @@
 #include "prefill/metrics.h"
 #include "prefill/prefill_worker.h"
 #include "prefill/service.h"
+#include "transport/ipc_communicator.h"
 #include "transport/nccl_communicator.h"
 #include "transport/nccl_transport.h"
 #include "transport/routing_sender.h"
@@ -37,8 +38,8 @@ ABSL_FLAG(std::string, metrics_address, "", "Prometheus /metrics address (host:p
 ABSL_FLAG(std::string, cachestore, "", "cachestore gRPC address (host:port); empty: no cache");
 ABSL_FLAG(std::string, device, "cpu", "cpu or cuda");
 ABSL_FLAG(std::string, data_planes, "tcp",
-          "data planes served, comma-separated: tcp, nccl (NCCL send/recv to decode workers on GPUs; needs a CUDA "
-          "device); each ticket names its own");
+          "data planes served, comma-separated: tcp, nccl (NCCL send/recv to decode workers on other GPUs), "
+          "cuda_ipc (decode workers on this GPU; needs --device=cuda); each ticket names its own");
 ABSL_FLAG(int32_t, device_index, 0, "the CUDA device of the engine and of NCCL channels");
 ABSL_FLAG(int32_t, threads, 2, "kernel threads (CPU backend)");
 ABSL_FLAG(int64_t, page_size, 0, "KV page size in tokens; 0: min(16, chunk_size)");
@@ -96,6 +97,8 @@ int Run() {
   std::unique_ptr<transport::TcpStateSender> tcp;
   std::unique_ptr<transport::NcclCommunicatorFactory> nccl_factory;
   std::unique_ptr<transport::NcclStateSender> nccl;
+  std::unique_ptr<transport::IpcCommunicatorFactory> ipc_factory;
+  std::unique_ptr<transport::NcclStateSender> ipc;
   for (absl::string_view plane : absl::StrSplit(absl::GetFlag(FLAGS_data_planes), ',', absl::SkipWhitespace())) {
     if (plane == "tcp") {
       tcp = std::make_unique<transport::TcpStateSender>();
@@ -111,12 +114,20 @@ int Run() {
       nccl_factory = *std::move(f);
       nccl = std::make_unique<transport::NcclStateSender>(*nccl_factory);
       sender.Route(transport::TransportKind::kNccl, nccl.get());
+    } else if (plane == "cuda_ipc") {
+      if (*device != engine::Device::kCuda) {
+        LOG(ERROR) << "--data_planes=cuda_ipc shares the engine's GPU memory: it needs --device=cuda";
+        return 1;
+      }
+      ipc_factory = std::make_unique<transport::IpcCommunicatorFactory>((*model)->backend());
+      ipc = std::make_unique<transport::NcclStateSender>(*ipc_factory);
+      sender.Route(transport::TransportKind::kCudaIpc, ipc.get());
     } else {
-      LOG(ERROR) << "--data_planes: unknown plane \"" << plane << "\" (expected tcp, nccl)";
+      LOG(ERROR) << "--data_planes: unknown plane \"" << plane << "\" (expected tcp, nccl, cuda_ipc)";
       return 1;
     }
   }
-  if (tcp == nullptr && nccl == nullptr) {
+  if (tcp == nullptr && nccl == nullptr && ipc == nullptr) {
     LOG(ERROR) << "--data_planes names no plane";
     return 1;
   }

@@ -51,6 +51,10 @@ void TicketToProto(const transport::Ticket& t, v1::TransferTicket* out) {
       out->set_transport(v1::TRANSPORT_KIND_NCCL);
       out->set_nccl_unique_id(t.nccl_unique_id);
       break;
+    case transport::TransportKind::kCudaIpc:
+      out->set_transport(v1::TRANSPORT_KIND_CUDA_IPC);
+      out->set_cuda_ipc_channel(t.nccl_unique_id);
+      break;
   }
   out->set_endpoint(t.endpoint);
   out->set_transfer_id(t.transfer_id);
@@ -76,7 +80,9 @@ absl::StatusOr<transport::Ticket> TicketFromProto(const v1::TransferTicket& p) {
   switch (p.transport()) {
     case v1::TRANSPORT_KIND_TCP:
       t.kind = transport::TransportKind::kTcp;
-      if (!p.nccl_unique_id().empty()) return absl::InvalidArgumentError("ticket.nccl_unique_id is set on a TCP ticket");
+      if (!p.nccl_unique_id().empty() || !p.cuda_ipc_channel().empty()) {
+        return absl::InvalidArgumentError("ticket.nccl_unique_id or cuda_ipc_channel is set on a TCP ticket");
+      }
       break;
     case v1::TRANSPORT_KIND_NCCL:
       t.kind = transport::TransportKind::kNccl;
@@ -85,6 +91,14 @@ absl::StatusOr<transport::Ticket> TicketFromProto(const v1::TransferTicket& p) {
                                                        " bytes on an NCCL ticket, got ", p.nccl_unique_id().size()));
       }
       t.nccl_unique_id = p.nccl_unique_id();
+      break;
+    case v1::TRANSPORT_KIND_CUDA_IPC:
+      t.kind = transport::TransportKind::kCudaIpc;
+      if (p.cuda_ipc_channel().empty() || p.cuda_ipc_channel().size() > 300 || !p.nccl_unique_id().empty()) {
+        return absl::InvalidArgumentError(
+            "ticket.cuda_ipc_channel must name the channel (host:port/token) on a CUDA IPC ticket, alone");
+      }
+      t.nccl_unique_id = p.cuda_ipc_channel();
       break;
     default:
       return absl::InvalidArgumentError(

@@ -30,14 +30,17 @@ transport::Ticket ATicket() {
 }
 
 TEST(TicketWireTest, TcpAndNcclTicketsRoundTripWithTheirKind) {
-  for (transport::TransportKind kind : {transport::TransportKind::kTcp, transport::TransportKind::kNccl}) {
+  for (transport::TransportKind kind :
+       {transport::TransportKind::kTcp, transport::TransportKind::kNccl, transport::TransportKind::kCudaIpc}) {
     transport::Ticket t = ATicket();
     t.kind = kind;
     if (kind == transport::TransportKind::kNccl) t.nccl_unique_id = std::string(transport::kNcclUniqueIdBytes, 'x');
+    if (kind == transport::TransportKind::kCudaIpc) t.nccl_unique_id = "127.0.0.1:4000/00112233445566778899aabbccddeeff";
     v1::TransferTicket p;
     TicketToProto(t, &p);
-    EXPECT_EQ(p.transport(),
-              kind == transport::TransportKind::kTcp ? v1::TRANSPORT_KIND_TCP : v1::TRANSPORT_KIND_NCCL);
+    EXPECT_EQ(p.transport(), kind == transport::TransportKind::kTcp    ? v1::TRANSPORT_KIND_TCP
+                             : kind == transport::TransportKind::kNccl ? v1::TRANSPORT_KIND_NCCL
+                                                                       : v1::TRANSPORT_KIND_CUDA_IPC);
     auto back = TicketFromProto(p);
     ASSERT_TRUE(back.ok()) << back.status();
     EXPECT_EQ(back->kind, kind);
@@ -64,7 +67,9 @@ TEST(TicketWireTest, EachKindIsRefusedWithoutWhatItNeeds) {
   p.set_transport(v1::TRANSPORT_KIND_TCP);
   s = TicketFromProto(p).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(s.message()), HasSubstr("nccl_unique_id is set on a TCP ticket"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("is set on a TCP ticket"));
+  p.set_transport(v1::TRANSPORT_KIND_CUDA_IPC);  // a CUDA IPC ticket names its channel in cuda_ipc_channel
+  EXPECT_EQ(TicketFromProto(p).status().code(), absl::StatusCode::kInvalidArgument);
 
   for (v1::TransportKind kind : {v1::TRANSPORT_KIND_UNSPECIFIED, v1::TRANSPORT_KIND_IN_PROCESS}) {
     p.set_transport(kind);

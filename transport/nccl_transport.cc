@@ -151,12 +151,11 @@ absl::Status NcclStateReceiver::ExpectTicket(Ticket* ticket) {
     return absl::FailedPreconditionError(
         "this NCCL receiver has no default prefill peer (NcclReceiverOptions::default_peer): use ExpectFrom");
   }
-  ticket->kind = TransportKind::kNccl;
   return ExpectFrom(options_.default_peer, ticket);
 }
 
 absl::Status NcclStateReceiver::ExpectFrom(absl::string_view peer, Ticket* ticket) {
-  ticket->kind = TransportKind::kNccl;
+  ticket->kind = options_.kind;
   ASSIGN_OR_RETURN(ticket->nccl_unique_id, ChannelFor(peer));
   return Expect(*ticket);
 }

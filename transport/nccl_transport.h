@@ -95,6 +95,10 @@ struct NcclReceiverOptions {
   // prefill/decode pair). Empty: ExpectTicket is FAILED_PRECONDITION, and
   // callers name the peer with ExpectFrom.
   std::string default_peer;
+  // The kind put on tickets: kNccl, or kCudaIpc when the factory makes CUDA
+  // IPC channels (transport/ipc_communicator.h), over which this same
+  // protocol runs.
+  TransportKind kind = TransportKind::kNccl;
 };
 
 class NcclStateReceiver final : public StateReceiver {
@@ -117,7 +121,7 @@ class NcclStateReceiver final : public StateReceiver {
   // Sets ticket->nccl_unique_id to ChannelFor(peer) and expects the ticket.
   absl::Status ExpectFrom(absl::string_view peer, Ticket* ticket) ABSL_LOCKS_EXCLUDED(mu_);
 
-  TransportKind kind() const override { return TransportKind::kNccl; }
+  TransportKind kind() const override { return options_.kind; }
   // ExpectFrom(options.default_peer, ticket), with the kind set.
   absl::Status ExpectTicket(Ticket* ticket) ABSL_LOCKS_EXCLUDED(mu_) override;
 

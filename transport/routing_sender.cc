@@ -9,7 +9,7 @@ namespace {
 
 size_t IndexOf(TransportKind kind) {
   const int k = static_cast<int>(kind);
-  return k >= 0 && k < 4 ? static_cast<size_t>(k) : 0;
+  return k >= 0 && k < 5 ? static_cast<size_t>(k) : 0;
 }
 
 }  // namespace
@@ -22,7 +22,8 @@ absl::Status RoutingStateSender::Send(const Ticket& ticket, const StateSource& s
   StateSender* sender = senders_[IndexOf(ticket.kind)];
   if (sender != nullptr) return sender->Send(ticket, source);
   std::string served;
-  for (TransportKind k : {TransportKind::kInProcess, TransportKind::kTcp, TransportKind::kNccl}) {
+  for (TransportKind k :
+       {TransportKind::kInProcess, TransportKind::kTcp, TransportKind::kNccl, TransportKind::kCudaIpc}) {
     if (senders_[IndexOf(k)] != nullptr) absl::StrAppend(&served, served.empty() ? "" : ", ", TransportKindName(k));
   }
   return absl::InvalidArgumentError(absl::StrCat("transfer ", ticket.transfer_id, ": ticket.transport ",

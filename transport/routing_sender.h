@@ -27,7 +27,7 @@ class RoutingStateSender final : public StateSender {
   absl::Status Send(const Ticket& ticket, const StateSource& source) override;
 
  private:
-  std::array<StateSender*, 4> senders_ = {};  // by TransportKind value
+  std::array<StateSender*, 5> senders_ = {};  // by TransportKind value
 };
 
 }  // namespace hybridserve::transport

@@ -39,6 +39,7 @@ enum class TransportKind : int {
   kInProcess = 1,  // two engines in one process
   kTcp = 2,        // the CPU default
   kNccl = 3,       // GPUs: NCCL send/recv
+  kCudaIpc = 4,    // two processes on one GPU: the NCCL plane's protocol over CUDA IPC (ipc_communicator.h)
 };
 inline const char* TransportKindName(TransportKind kind) {
   switch (kind) {
@@ -48,6 +49,8 @@ inline const char* TransportKindName(TransportKind kind) {
       return "tcp";
     case TransportKind::kNccl:
       return "nccl";
+    case TransportKind::kCudaIpc:
+      return "cuda_ipc";
   }
   return "unknown";
 }
@@ -76,6 +79,8 @@ struct Ticket {
   std::vector<int32_t> page_slots;
   int32_t state_slot = -1;
   absl::Time deadline = absl::InfiniteFuture();  // the receiver forgets the transfer after it
+  // CUDA IPC: the same, the id of an IpcCommunicatorFactory channel
+  // (prefill.proto's cuda_ipc_channel).
   // NCCL: the unique id (ncclUniqueId, 128 bytes) of the receiver's channel
   // to the sending peer, prefill.proto's nccl_unique_id. The sender joins it
   // as rank 1 the first time it sees it and reuses it for later tickets

@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -66,6 +67,11 @@ class CudaBackend final : public Backend {
   int AttentionDecode(const AttentionDecodeParams& p) override { return HS_CUDA_NS::AttentionDecode(p, ctx_); }
   int Rope(const RopeParams& p) override { return HS_CUDA_NS::Rope(p, ctx_); }
 
+  int ExportMemory(const void* device, int64_t bytes, std::string* handle, int64_t* offset) override;
+  int OpenPeerMemory(const std::string& handle, void** base, int64_t* bytes) override;
+  int ClosePeerMemory(void* base) override;
+  int CopyToPeer(void* peer_dst, const void* src, int64_t bytes) override;
+
   bool supports_graphs() const override { return true; }
   int BeginCapture() override;
   int EndCapture(int64_t* graph) override;
@@ -97,6 +103,13 @@ class CudaBackend final : public Backend {
   bool capture_spoiled_ = false;
   int64_t next_graph_ = 0;
   std::map<int64_t, cudaGraphExec_t> graphs_;
+  // Other processes' buffers opened here (OpenPeerMemory): base -> bytes.
+  std::map<uintptr_t, int64_t> peers_;
+  // The sharing calls come from data-plane threads while the engine's thread
+  // runs everything else: they take this lock for buffers_ and peers_ (as do
+  // Allocate and Release), and copy on a stream of their own.
+  std::mutex sharing_mu_;
+  cudaStream_t peer_stream_ = nullptr;
 };
 
 // Cookie of a buffer this backend allocated (Release frees it).
@@ -109,6 +122,8 @@ CudaBackend::~CudaBackend() {
   }
   if (ctx_.stream != nullptr) cudaStreamSynchronize(stream());
   for (auto& [id, exec] : graphs_) cudaGraphExecDestroy(exec);
+  for (auto& [base, bytes] : peers_) cudaIpcCloseMemHandle(reinterpret_cast<void*>(base));
+  if (peer_stream_ != nullptr) cudaStreamDestroy(peer_stream_);
   if (blas_workspace_ != nullptr) cudaFree(blas_workspace_);
 #if defined(__CUDACC__)
   if (ctx_.blas != nullptr) cublasDestroy(static_cast<cublasHandle_t>(ctx_.blas));
@@ -152,6 +167,9 @@ bool CudaBackend::Init(const CudaBackendOptions& options, std::string* error) {
     return *error = ErrorText("cudaStreamCreateWithFlags", e), false;
   }
   ctx_.stream = s;
+  if ((e = cudaStreamCreateWithFlags(&peer_stream_, cudaStreamNonBlocking)) != cudaSuccess) {
+    return *error = ErrorText("cudaStreamCreateWithFlags(peer)", e), false;
+  }
   void* p = nullptr;
   if ((e = cudaMalloc(&p, sizeof(int32_t))) != cudaSuccess) return *error = ErrorText("cudaMalloc(flag)", e), false;
   ctx_.error_flag = static_cast<int32_t*>(p);
@@ -212,7 +230,10 @@ int CudaBackend::Allocate(int64_t bytes, DeviceBuffer* out) {
     cudaFree(p);
     return kKernelDeviceError;
   }
-  buffers_[reinterpret_cast<uintptr_t>(p)] = bytes;
+  {
+    std::lock_guard<std::mutex> lock(sharing_mu_);
+    buffers_[reinterpret_cast<uintptr_t>(p)] = bytes;
+  }
   *out = MakeBuffer(p, bytes, &kDeviceCookie);
   return kKernelOk;
 }
@@ -232,7 +253,10 @@ void CudaBackend::Release(void* data, int64_t, void* cookie) {
   if (cookie != &kDeviceCookie) return;
   // Kernels already issued may still read the buffer; cudaFree waits for the
   // device, so freeing here is safe (and rare: buffers live as long as a model).
-  buffers_.erase(reinterpret_cast<uintptr_t>(data));
+  {
+    std::lock_guard<std::mutex> lock(sharing_mu_);
+    buffers_.erase(reinterpret_cast<uintptr_t>(data));
+  }
   cudaFree(data);
 }
 
@@ -281,6 +305,72 @@ int CudaBackend::Fill(void* device_dst, uint8_t value, int64_t bytes) {
   return cudaMemsetAsync(device_dst, value, static_cast<size_t>(bytes), stream()) == cudaSuccess
              ? kKernelOk
              : kKernelDeviceError;
+}
+
+// A handle is the CUDA IPC handle of the buffer followed by its size (8 bytes).
+int CudaBackend::ExportMemory(const void* device, int64_t bytes, std::string* handle, int64_t* offset) {
+  std::lock_guard<std::mutex> lock(sharing_mu_);
+  if (handle == nullptr || offset == nullptr || device == nullptr || bytes < 1 || !InsideBuffer(device, bytes)) {
+    return kKernelInvalidArgument;
+  }
+  const auto addr = reinterpret_cast<uintptr_t>(device);
+  auto it = --buffers_.upper_bound(addr);  // InsideBuffer: there is one
+  cudaIpcMemHandle_t h;
+  if (cudaIpcGetMemHandle(&h, reinterpret_cast<void*>(it->first)) != cudaSuccess) {
+    cudaGetLastError();
+    return kKernelDeviceError;
+  }
+  handle->assign(reinterpret_cast<const char*>(&h), sizeof(h));
+  handle->append(reinterpret_cast<const char*>(&it->second), sizeof(int64_t));
+  *offset = static_cast<int64_t>(addr - it->first);
+  return kKernelOk;
+}
+
+int CudaBackend::OpenPeerMemory(const std::string& handle, void** base, int64_t* bytes) {
+  if (base == nullptr || bytes == nullptr || handle.size() != sizeof(cudaIpcMemHandle_t) + sizeof(int64_t)) {
+    return kKernelInvalidArgument;
+  }
+  cudaIpcMemHandle_t h;
+  std::memcpy(&h, handle.data(), sizeof(h));
+  int64_t size = 0;
+  std::memcpy(&size, handle.data() + sizeof(h), sizeof(size));
+  void* p = nullptr;
+  if (size < 1 || cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess) != cudaSuccess) {
+    cudaGetLastError();
+    return kKernelInvalidArgument;
+  }
+  std::lock_guard<std::mutex> lock(sharing_mu_);
+  peers_[reinterpret_cast<uintptr_t>(p)] = size;
+  *base = p;
+  *bytes = size;
+  return kKernelOk;
+}
+
+int CudaBackend::ClosePeerMemory(void* base) {
+  std::lock_guard<std::mutex> lock(sharing_mu_);
+  const auto it = peers_.find(reinterpret_cast<uintptr_t>(base));
+  if (it == peers_.end()) return kKernelInvalidArgument;
+  peers_.erase(it);
+  return cudaIpcCloseMemHandle(base) == cudaSuccess ? kKernelOk : kKernelDeviceError;
+}
+
+int CudaBackend::CopyToPeer(void* peer_dst, const void* src, int64_t bytes) {
+  if (bytes < 0 || (bytes > 0 && (peer_dst == nullptr || src == nullptr))) return kKernelInvalidArgument;
+  if (bytes == 0) return kKernelOk;
+  std::lock_guard<std::mutex> lock(sharing_mu_);
+  const auto d = reinterpret_cast<uintptr_t>(peer_dst);
+  auto it = peers_.upper_bound(d);
+  if (it == peers_.begin()) return kKernelInvalidArgument;
+  --it;
+  if (d - it->first + static_cast<uint64_t>(bytes) > static_cast<uint64_t>(it->second)) return kKernelInvalidArgument;
+  // Unified addressing tells device from host sources. The source was
+  // written by kernels the engine has already waited for (the sender reads
+  // a finished prefill).
+  if (cudaMemcpyAsync(peer_dst, src, static_cast<size_t>(bytes), cudaMemcpyDefault, peer_stream_) != cudaSuccess ||
+      cudaStreamSynchronize(peer_stream_) != cudaSuccess) {
+    return kKernelDeviceError;
+  }
+  return kKernelOk;
 }
 
 int CudaBackend::Synchronize() { return RefuseWhileCapturing() ? kKernelInvalidArgument : WaitAndCheck(); }

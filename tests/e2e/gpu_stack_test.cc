@@ -1,6 +1,6 @@
 // The stack on GPUs: prefill and decode processes with --device=cuda, over
-// the TCP data plane (one GPU is enough) and over the NCCL plane (two GPUs:
-// NCCL refuses two ranks on one device). A three-turn chat through the
+// the TCP data plane and the CUDA IPC plane (one GPU is enough) and over the
+// NCCL plane (two GPUs: NCCL refuses two ranks on one device). A three-turn chat through the
 // disaggregated processes gives the tokens of the aggregated GPU run, and
 // kill -9 of either side mid-transfer leaves the other serving with every
 // reservation back. Every test skips, saying so, where the GPUs are missing.
@@ -93,6 +93,11 @@ TEST(GpuStackTest, TcpPlaneBetweenGpuProcessesEqualsTheAggregatedGpuRunOverThree
   ExpectDisaggregatedEqualsAggregated("tcp", 0);
 }
 
+TEST(GpuStackTest, CudaIpcPlaneBetweenTwoProcessesOnOneGpuEqualsTheAggregatedGpuRunOverThreeTurns) {
+  if (!HaveGpus(1)) GTEST_SKIP() << "no CUDA device on this machine: this test never ran on a GPU";
+  ExpectDisaggregatedEqualsAggregated("cuda_ipc", 0);
+}
+
 TEST(GpuStackTest, NcclPlaneEqualsTheAggregatedGpuRunOverThreeTurns) {
   if (!HaveGpus(2)) GTEST_SKIP() << "fewer than two CUDA devices (NCCL needs a GPU per rank): never ran";
   ExpectDisaggregatedEqualsAggregated("nccl", 1);
@@ -112,20 +117,29 @@ void KillDuringTransfers(Stack& stack, Process* victim, const std::string& tag) 
   for (std::thread& t : threads) t.join();
 }
 
-TEST(GpuStackTest, KillingPrefillMidNcclTransferLeavesDecodeServingWithNothingReserved) {
-  if (!HaveGpus(2)) GTEST_SKIP() << "fewer than two CUDA devices (NCCL needs a GPU per rank): never ran";
-  auto s = Stack::Start(GpuStack(/*aggregated=*/false, "nccl", 1));
+void KillPrefillMidTransfer(const std::string& plane, int decode_gpu) {
+  auto s = Stack::Start(GpuStack(/*aggregated=*/false, plane, decode_gpu));
   ASSERT_TRUE(s.ok()) << s.status();
   Stack& stack = **s;
-  KillDuringTransfers(stack, stack.prefill(), "nccl-killprefill");
+  KillDuringTransfers(stack, stack.prefill(), plane + "-killprefill");
   const int metrics = std::stoi(stack.decode()->field("metrics_port"));
   EXPECT_EQ(AwaitMetric(metrics, "hybridserve_num_requests_running", 0), 0);
   EXPECT_EQ(AwaitMetric(metrics, "hybridserve_kv_pages_free", 4096), 4096);
   EXPECT_EQ(AwaitMetric(metrics, "hybridserve_state_slots_free", 8), 8);
   ASSERT_TRUE(stack.RestartPrefill().ok());  // decode makes a new channel for the new process
-  Generation after = Generate(stack.decode_target(), Request("nccl-after-kill", TextPrompt(50, 1), 6));
+  Generation after = Generate(stack.decode_target(), Request(plane + "-after-kill", TextPrompt(50, 1), 6));
   EXPECT_TRUE(after.status.ok()) << after.status.error_message();
   EXPECT_EQ(after.tokens.size(), 6u);
+}
+
+TEST(GpuStackTest, KillingPrefillMidNcclTransferLeavesDecodeServingWithNothingReserved) {
+  if (!HaveGpus(2)) GTEST_SKIP() << "fewer than two CUDA devices (NCCL needs a GPU per rank): never ran";
+  KillPrefillMidTransfer("nccl", 1);
+}
+
+TEST(GpuStackTest, KillingPrefillMidCudaIpcTransferLeavesDecodeServingWithNothingReserved) {
+  if (!HaveGpus(1)) GTEST_SKIP() << "no CUDA device on this machine: this test never ran on a GPU";
+  KillPrefillMidTransfer("cuda_ipc", 0);
 }
 
 TEST(GpuStackTest, KillingDecodeMidNcclTransferLeavesPrefillServing) {

@@ -1,5 +1,7 @@
 #include "kernels/cuda/emu/cuda_emu.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -584,6 +586,48 @@ cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
   if (graph == nullptr) return Fail(cudaErrorInvalidValue);
   delete graph;
   return cudaSuccess;
+}
+
+namespace {
+
+// What an emulated IPC handle holds.
+struct IpcPayload {
+  uint64_t magic;
+  int64_t pid;
+  uint64_t base;
+  uint64_t bytes;
+};
+constexpr uint64_t kIpcMagic = 0x68735f6970635f31ull;  // "hs_ipc_1"
+
+}  // namespace
+
+cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* device_ptr) {
+  if (handle == nullptr) return Fail(cudaErrorInvalidValue);
+  DeviceState& device = Device();
+  std::lock_guard<std::mutex> lock(device.mutex);
+  const auto it = device.allocations.find(reinterpret_cast<uintptr_t>(device_ptr));
+  if (it == device.allocations.end()) return Fail(cudaErrorInvalidValue);  // not the start of an allocation
+  const IpcPayload payload{kIpcMagic, static_cast<int64_t>(getpid()), it->first, it->second};
+  std::memset(handle->reserved, 0, sizeof(handle->reserved));
+  std::memcpy(handle->reserved, &payload, sizeof(payload));
+  return cudaSuccess;
+}
+
+cudaError_t cudaIpcOpenMemHandle(void** device_ptr, cudaIpcMemHandle_t handle, unsigned int) {
+  if (device_ptr == nullptr) return Fail(cudaErrorInvalidValue);
+  IpcPayload payload;
+  std::memcpy(&payload, handle.reserved, sizeof(payload));
+  if (payload.magic != kIpcMagic || payload.pid != static_cast<int64_t>(getpid())) return Fail(cudaErrorInvalidValue);
+  DeviceState& device = Device();
+  std::lock_guard<std::mutex> lock(device.mutex);
+  const auto it = device.allocations.find(payload.base);
+  if (it == device.allocations.end() || it->second != payload.bytes) return Fail(cudaErrorInvalidValue);
+  *device_ptr = reinterpret_cast<void*>(payload.base);
+  return cudaSuccess;
+}
+
+cudaError_t cudaIpcCloseMemHandle(void* device_ptr) {
+  return IsDevicePointer(device_ptr) ? cudaSuccess : Fail(cudaErrorInvalidValue);
 }
 
 cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {

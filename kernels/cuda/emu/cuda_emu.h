@@ -189,6 +189,20 @@ cudaError_t cudaGraphDestroy(cudaGraph_t graph);
 
 cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value);
 
+// Interprocess memory. A handle names the allocation that starts at the
+// pointer given (the start of a cudaMalloc block, as CUDA requires). Unlike
+// CUDA, which refuses to open a handle in the process that made it, the
+// emulation opens handles of its own process only: the one way to test both
+// ends on a machine without a GPU. Opening a handle of another process, a
+// freed allocation or garbage is cudaErrorInvalidValue.
+struct cudaIpcMemHandle_t {
+  char reserved[64];
+};
+constexpr unsigned int cudaIpcMemLazyEnablePeerAccess = 1;
+cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* device_ptr);
+cudaError_t cudaIpcOpenMemHandle(void** device_ptr, cudaIpcMemHandle_t handle, unsigned int flags);
+cudaError_t cudaIpcCloseMemHandle(void* device_ptr);
+
 // ---- Launch (used by Launch() in kernels/cuda/device_common.cuh) ----
 
 // Runs `body` once per thread of every block of `grid`, with threadIdx,

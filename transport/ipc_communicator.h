@@ -1,0 +1,86 @@
+#ifndef HYBRIDSERVE_TRANSPORT_IPC_COMMUNICATOR_H_
+#define HYBRIDSERVE_TRANSPORT_IPC_COMMUNICATOR_H_
+
+// A Communicator (transport/communicator.h) between two processes on one GPU,
+// where NCCL refuses two ranks on one device: the channel protocol of
+// transport/nccl_transport.h runs over it unchanged (TransportKind::kCudaIpc).
+//
+// Every message is a rendezvous over a TCP control connection on the host:
+// the receiving rank posts its buffer ("ready": size, and, when the buffer is
+// device memory its backend can share, the CUDA IPC handle of the buffer's
+// allocation and the offset in it); the sending rank then either copies its
+// bytes straight into that device memory (Backend::CopyToPeer: device to
+// device when the source is device memory too, with no host staging) and
+// says "done", or sends the bytes over the connection (a host buffer on
+// either side, or a backend without shared memory: the CPU). A receive of
+// another size than the send is DATA_LOSS on the sending side, which then
+// breaks the channel. Opened handles are cached per channel (opening costs
+// milliseconds) and closed with it.
+//
+// The unique id is "host:port/token" (32 hex digits): NewUniqueId listens on host:0 (this
+// process hosts the rendezvous, as with NCCL); rank 1 connects and presents
+// the random token, rank 0 accepts only a connection that presents it.
+//
+// Failures: a peer that dies closes the connection (UNAVAILABLE at once); a
+// peer that stalls runs a call into its deadline (DEADLINE_EXCEEDED); Abort
+// shuts the connection down, which the peer sees as gone. After any failure
+// the channel is unusable, as the Communicator contract says.
+//
+// Thread-safe factory; channels as Communicator says.
+
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "kernels/backend.h"
+#include "transport/communicator.h"
+#include "transport/socket_io.h"
+
+namespace hybridserve::transport {
+
+struct IpcCommunicatorOptions {
+  // Where NewUniqueId listens for the peer's control connection.
+  std::string listen_host = "127.0.0.1";
+};
+
+// Bytes a channel moved each way, for tests and metrics.
+struct IpcChannelStats {
+  int64_t bytes_by_ipc = 0;     // copied into the peer's device memory
+  int64_t bytes_by_socket = 0;  // sent over the control connection
+  int64_t handles_opened = 0;   // distinct peer allocations opened
+};
+
+class IpcCommunicatorFactory final : public CommunicatorFactory {
+ public:
+  // `backend` (the engine's, on the GPU both processes share) must outlive
+  // the factory and every channel; its sharing calls (ExportMemory,
+  // OpenPeerMemory, CopyToPeer) are made from the channels' threads.
+  explicit IpcCommunicatorFactory(kernels::Backend& backend, const IpcCommunicatorOptions& options = {})
+      : backend_(backend), options_(options) {}
+
+  // "host:port/token"; UNAVAILABLE when it cannot listen.
+  absl::StatusOr<std::string> NewUniqueId() ABSL_LOCKS_EXCLUDED(mu_) override;
+  // Rank 0 takes the listener NewUniqueId made (INVALID_ARGUMENT for an id
+  // this factory did not make or already joined); rank 1 connects to the id's
+  // address in its first call. INVALID_ARGUMENT for a malformed id or rank.
+  absl::StatusOr<std::unique_ptr<Communicator>> Join(absl::string_view unique_id, int rank)
+      ABSL_LOCKS_EXCLUDED(mu_) override;
+
+ private:
+  kernels::Backend& backend_;
+  const IpcCommunicatorOptions options_;
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, Socket> listeners_ ABSL_GUARDED_BY(mu_);  // by unique id, until rank 0 joins
+};
+
+// Stats of a channel made by IpcCommunicatorFactory (zero for any other).
+IpcChannelStats StatsOf(const Communicator& channel);
+
+}  // namespace hybridserve::transport
+
+#endif  // HYBRIDSERVE_TRANSPORT_IPC_COMMUNICATOR_H_
