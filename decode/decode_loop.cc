@@ -214,8 +214,19 @@ void DecodeLoop::Admit() {
     const absl::Time deadline = std::min(r->req.deadline, absl::Now() + options_.transfer_timeout);
     absl::StatusOr<transport::Ticket> ticket =
         transport::TicketFor(table, *reservation, transfer_id, options_.endpoint, deadline);
-    // The receiver completes the ticket for its plane (its kind; NCCL: the channel's id).
-    absl::Status expected = ticket.ok() ? receiver_.ExpectTicket(&*ticket) : ticket.status();
+    // The receiver completes the ticket for its plane (its kind; NCCL: the
+    // channel's id). Device planes take the reserved slots too, so the pages
+    // land there without a host copy (transfer.h, "Pages in place").
+    absl::Status expected = ticket.status();
+    if (ticket.ok()) {
+      const transport::TransportKind plane = receiver_.kind();
+      if (plane == transport::TransportKind::kNccl || plane == transport::TransportKind::kCudaIpc) {
+        auto sink = transport::ReservationPageSink::Create(table, *reservation);
+        expected = sink.ok() ? receiver_.ExpectTicketInPlace(&*ticket, *std::move(sink)) : sink.status();
+      } else {
+        expected = receiver_.ExpectTicket(&*ticket);
+      }
+    }
     r->reservation = *reservation;
     if (!expected.ok()) {
       (void)table.AbortImport(reservation->id);

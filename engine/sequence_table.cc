@@ -201,8 +201,8 @@ absl::StatusOr<ImportReservation> SequenceTable::ReserveImport(int64_t n_tokens)
   return r;
 }
 
-absl::Status SequenceTable::ImportPage(SequenceId id, int64_t page_index, absl::string_view bytes) {
-  ASSIGN_OR_RETURN(Sequence * seq, FindAny(id));
+absl::StatusOr<int32_t> SequenceTable::ImportingPage(SequenceId id, int64_t page_index, bool must_be_new) const {
+  ASSIGN_OR_RETURN(const Sequence* seq, Find(id));
   if (!seq->importing) {
     return absl::FailedPreconditionError(absl::StrCat("sequence ", id, " is not importing: page ", page_index));
   }
@@ -215,17 +215,42 @@ absl::Status SequenceTable::ImportPage(SequenceId id, int64_t page_index, absl::
     return absl::InvalidArgumentError(absl::StrCat("page index ", page_index, " outside [0, ", expected,
                                                    ") for an import of ", seq->import_tokens, " tokens"));
   }
-  if (seq->page_arrived[static_cast<size_t>(page_index)]) {
+  const bool arrived = seq->page_arrived[static_cast<size_t>(page_index)];
+  if (must_be_new && arrived) {
     return absl::InvalidArgumentError(absl::StrCat("page ", page_index, " of sequence ", id, " sent twice"));
   }
+  if (!must_be_new && !arrived) {
+    return absl::FailedPreconditionError(absl::StrCat("page ", page_index, " of sequence ", id, " has not arrived"));
+  }
+  return seq->block_table[static_cast<size_t>(page_index)];
+}
+
+absl::Status SequenceTable::ImportPage(SequenceId id, int64_t page_index, absl::string_view bytes) {
+  ASSIGN_OR_RETURN(const int32_t page, ImportingPage(id, page_index, /*must_be_new=*/true));
   if (static_cast<int64_t>(bytes.size()) != layout_.page_bytes()) {
     return absl::InvalidArgumentError(
         absl::StrCat("page ", page_index, " has ", bytes.size(), " bytes, expected ", layout_.page_bytes()));
   }
-  RETURN_IF_ERROR(WritePage(seq->block_table[static_cast<size_t>(page_index)], bytes));
-  seq->page_arrived[static_cast<size_t>(page_index)] = true;
-  ++seq->pages_arrived;
+  RETURN_IF_ERROR(WritePage(page, bytes));
+  return MarkPageImported(id, page_index);
+}
+
+absl::StatusOr<std::vector<PageRegion>> SequenceTable::ImportPageRegions(SequenceId id, int64_t page_index) const {
+  ASSIGN_OR_RETURN(const int32_t page, ImportingPage(id, page_index, /*must_be_new=*/true));
+  return RegionsOf(page);
+}
+
+absl::Status SequenceTable::MarkPageImported(SequenceId id, int64_t page_index) {
+  RETURN_IF_ERROR(ImportingPage(id, page_index, /*must_be_new=*/true).status());
+  Sequence& seq = sequences_.at(id);
+  seq.page_arrived[static_cast<size_t>(page_index)] = true;
+  ++seq.pages_arrived;
   return absl::OkStatus();
+}
+
+absl::Status SequenceTable::ImportedPageInto(SequenceId id, int64_t page_index, absl::Span<char> out) const {
+  ASSIGN_OR_RETURN(const int32_t page, ImportingPage(id, page_index, /*must_be_new=*/false));
+  return ReadPage(page, out);
 }
 
 absl::Status SequenceTable::AbortImport(SequenceId id) {

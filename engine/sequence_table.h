@@ -15,6 +15,11 @@
 // A sequence is either live (usable by the forward pass) or importing
 // (ReserveImport: its pages and state slot are reserved and filled by
 // ImportPage / FinishImport, then it becomes live at the imported position).
+// A data plane that moves pages device to device fills the reserved slots
+// itself: ImportPageRegions names where page i lands, MarkPageImported
+// records its arrival without a copy, and ImportedPageInto reads it back (a
+// sampled check) before FinishImport makes the sequence live; on the sending
+// side ExportPageRegions names a live page's bytes in the pool.
 //
 // Errors: every documented error leaves every sequence and both pools as they
 // were. INTERNAL (a backend copy failed: a device fault) may leave the
@@ -76,6 +81,16 @@ struct ImportReservation {
 struct PageView {
   std::vector<absl::Span<const char>> k;  // [attention_layers], page_kv_floats() * 4 bytes each
   std::vector<absl::Span<const char>> v;
+};
+
+// One contiguous run of a page's bytes in device memory of the table's
+// backend (host memory on the CPU backend). A page's regions, in order, are
+// the page wire format (engine/page_format.h): per attention layer its K
+// then its V, 2 * attention_layers regions of page_kv_floats() * 4 bytes,
+// region r holding page bytes [r * that, (r + 1) * that).
+struct PageRegion {
+  void* data = nullptr;  // device memory inside the KV pool
+  int64_t bytes = 0;
 };
 
 class SequenceTable {
@@ -165,8 +180,32 @@ class SequenceTable {
   // Same, from a snapshot decoded in place (no intermediate copy).
   absl::Status FinishImport(SequenceId id, const SnapshotView& state);
   // Releases an importing sequence and everything it reserved.
-  // NOT_FOUND; FAILED_PRECONDITION for a live sequence.
+  // NOT_FOUND; FAILED_PRECONDITION for a live sequence. Pages written in
+  // place and never completed are harmless: their slots return to the pool,
+  // whose pages hold whatever they held before until written again.
   absl::Status AbortImport(SequenceId id);
+
+  // ---- Import in place (a device-to-device data plane) ----
+
+  // The device regions of full page `page_index` of an importing sequence,
+  // in wire order (PageRegion): where a transport writes that page's bytes
+  // itself. Valid until the import is finished or aborted; the caller must
+  // have stopped writing into them before AbortImport or Release. Errors as
+  // ImportPage (INVALID_ARGUMENT for an index out of range, a page already
+  // arrived or a model without attention layers; NOT_FOUND;
+  // FAILED_PRECONDITION for a live sequence); nothing changes.
+  absl::StatusOr<std::vector<PageRegion>> ImportPageRegions(SequenceId id, int64_t page_index) const;
+  // Records that full page `page_index` arrived in its regions (every write
+  // into them has completed), without copying: FinishImport's "every page
+  // arrived" check counts it as ImportPage would. Errors as
+  // ImportPageRegions; nothing changes.
+  absl::Status MarkPageImported(SequenceId id, int64_t page_index);
+  // The bytes of page `page_index` of an importing sequence, which must have
+  // arrived (ImportPage or MarkPageImported), written into `out` (exactly
+  // page_bytes()): a read-back that checks what landed. NOT_FOUND;
+  // FAILED_PRECONDITION for a live sequence or a page not yet arrived;
+  // INVALID_ARGUMENT for an index out of range or a wrong buffer size.
+  absl::Status ImportedPageInto(SequenceId id, int64_t page_index, absl::Span<char> out) const;
 
   // ---- Export ----
 
@@ -177,6 +216,12 @@ class SequenceTable {
   absl::Status ExportPageInto(SequenceId id, int64_t page_index, absl::Span<char> out) const;
   // Same, into a new string.
   absl::StatusOr<std::string> ExportPage(SequenceId id, int64_t page_index) const;
+  // The device regions of that page in wire order (PageRegion), for a
+  // transport that sends straight from the pool. Synchronizes the backend
+  // first, so the bytes there are complete. Valid until the page is freed;
+  // the sequence must not change while they are read. Errors of
+  // ExportPageInto (no buffer); an empty list without attention layers.
+  absl::StatusOr<std::vector<PageRegion>> ExportPageRegions(SequenceId id, int64_t page_index) const;
   // Host views of a full page inside the pools, without copying: valid until
   // the page is freed or the sequence is changed. UNIMPLEMENTED when the
   // backend's memory is not host-addressable (use ExportPageInto); otherwise
@@ -247,6 +292,15 @@ class SequenceTable {
 
   absl::StatusOr<Sequence*> FindAny(SequenceId id);
   absl::StatusOr<const Sequence*> FindLiveConst(SequenceId id) const;
+  // The importing sequence `id` and its physical page `page_index` (< the
+  // full pages it expects), checking what ImportPage checks; with
+  // `must_be_new` a page already arrived is INVALID_ARGUMENT, without it a
+  // page not yet arrived is FAILED_PRECONDITION.
+  absl::StatusOr<int32_t> ImportingPage(SequenceId id, int64_t page_index, bool must_be_new) const;
+  // The regions of physical page `page` in wire order.
+  std::vector<PageRegion> RegionsOf(int32_t page) const;
+  // Copies physical page `page` into `out` (page_bytes()).
+  absl::Status ReadPage(int32_t page, absl::Span<char> out) const;
   // Frees everything `seq` holds (both frees succeed by construction).
   void FreeResources(const Sequence& seq);
   // Checks page count and sizes against a state at `position`.

@@ -169,18 +169,50 @@ absl::Status SequenceTable::ExportPageInto(SequenceId id, int64_t page_index, ab
     return absl::OutOfRangeError(absl::StrCat("page ", page_index, " of sequence ", id, " is not full (position ",
                                               seq->position, ", page_size ", layout_.page_size, ")"));
   }
+  if (layout_.attention_layers == 0) {
+    if (!out.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("page buffer has ", out.size(), " bytes, a page has 0"));
+    }
+    return absl::OkStatus();
+  }
+  return ReadPage(seq->block_table[static_cast<size_t>(page_index)], out);
+}
+
+absl::Status SequenceTable::ReadPage(int32_t page, absl::Span<char> out) const {
   if (static_cast<int64_t>(out.size()) != layout_.page_bytes()) {
     return absl::InvalidArgumentError(
         absl::StrCat("page buffer has ", out.size(), " bytes, a page has ", layout_.page_bytes()));
   }
-  if (layout_.attention_layers == 0) return absl::OkStatus();
-  const int32_t page = seq->block_table[static_cast<size_t>(page_index)];
   const int64_t half = layout_.page_kv_floats() * kFloatBytes;
   for (int64_t l = 0; l < layout_.attention_layers; ++l) {
     RETURN_IF_ERROR(CopyToHost(out.data() + PageKOffset(layout_, l), kv_pages_->k_page(l, page), half));
     RETURN_IF_ERROR(CopyToHost(out.data() + PageVOffset(layout_, l), kv_pages_->v_page(l, page), half));
   }
   return absl::OkStatus();
+}
+
+std::vector<PageRegion> SequenceTable::RegionsOf(int32_t page) const {
+  const int64_t half = layout_.page_kv_floats() * kFloatBytes;
+  std::vector<PageRegion> regions;
+  regions.reserve(static_cast<size_t>(2 * layout_.attention_layers));
+  for (int64_t l = 0; l < layout_.attention_layers; ++l) {
+    // The wire order of engine/page_format.h: K at PageKOffset, V at PageVOffset.
+    regions.push_back(PageRegion{const_cast<float*>(kv_pages_->k_page(l, page)), half});
+    regions.push_back(PageRegion{const_cast<float*>(kv_pages_->v_page(l, page)), half});
+  }
+  return regions;
+}
+
+absl::StatusOr<std::vector<PageRegion>> SequenceTable::ExportPageRegions(SequenceId id, int64_t page_index) const {
+  ASSIGN_OR_RETURN(const Sequence* seq, FindLiveConst(id));
+  const int64_t full = layout_.full_pages(seq->position);
+  if (page_index < 0 || page_index >= full) {
+    return absl::OutOfRangeError(absl::StrCat("page ", page_index, " of sequence ", id, " is not full (position ",
+                                              seq->position, ", page_size ", layout_.page_size, ")"));
+  }
+  if (layout_.attention_layers == 0) return std::vector<PageRegion>();
+  RETURN_IF_ERROR(KernelStatusToStatus(backend_.Synchronize(), "synchronize"));
+  return RegionsOf(seq->block_table[static_cast<size_t>(page_index)]);
 }
 
 absl::StatusOr<std::string> SequenceTable::ExportPage(SequenceId id, int64_t page_index) const {

@@ -289,6 +289,106 @@ TEST_F(SequenceTableTest, AgreesWithANaiveReferenceOverRandomOperations) {
   }
 }
 
+// The bytes of `regions` back to back, read through the backend.
+std::string RegionBytes(kernels::Backend& backend, const std::vector<PageRegion>& regions) {
+  std::string out;
+  for (const PageRegion& r : regions) {
+    std::string part(static_cast<size_t>(r.bytes), '\0');
+    EXPECT_EQ(backend.CopyToHost(part.data(), r.data, r.bytes), 0);
+    out += part;
+  }
+  return out;
+}
+
+TEST_F(SequenceTableTest, PageRegionsAreTheWireFormatInOrder) {
+  auto t = NewTable(16, 4);
+  auto id = Imported(*t, 9, 3.0f);  // 2 full pages
+  ASSERT_TRUE(id.ok()) << id.status();
+  const StateLayout& l = t->layout();
+  for (int64_t i = 0; i < 2; ++i) {
+    auto regions = t->ExportPageRegions(*id, i);
+    ASSERT_TRUE(regions.ok()) << regions.status();
+    ASSERT_EQ(regions->size(), static_cast<size_t>(2 * l.attention_layers));
+    for (const PageRegion& r : *regions) EXPECT_EQ(r.bytes, l.page_kv_floats() * 4);
+    EXPECT_EQ(RegionBytes(*backend_, *regions), *t->ExportPage(*id, i)) << "page " << i;
+  }
+  EXPECT_EQ(t->ExportPageRegions(*id, 2).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(t->ExportPageRegions(999, 0).status().code(), absl::StatusCode::kNotFound);
+  auto r = t->ReserveImport(9);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(t->ExportPageRegions(r->id, 0).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// A sequence moved page by page from one table's pool into another's
+// reserved slots, device to device, ends with the sender's bytes.
+TEST_F(SequenceTableTest, PagesWrittenInPlaceAndMarkedImportLikeImportPage) {
+  auto a = NewTable(16, 4);
+  auto b = NewTable(16, 4);
+  auto src = Imported(*a, 13, 5.0f);  // 3 full pages and a partial one
+  ASSERT_TRUE(src.ok());
+  auto r = b->ReserveImport(13);
+  ASSERT_TRUE(r.ok());
+  for (int64_t i = 0; i < 3; ++i) {
+    auto from = a->ExportPageRegions(*src, i);
+    auto to = b->ImportPageRegions(r->id, i);
+    ASSERT_TRUE(from.ok() && to.ok()) << from.status() << to.status();
+    ASSERT_EQ(from->size(), to->size());
+    for (size_t k = 0; k < from->size(); ++k) {
+      ASSERT_EQ((*from)[k].bytes, (*to)[k].bytes);
+      ASSERT_EQ(backend_->CopyOnDevice((*to)[k].data, (*from)[k].data, (*to)[k].bytes), 0);
+    }
+    // Not arrived until marked: no read-back, and FinishImport still waits for it.
+    std::string back(static_cast<size_t>(b->layout().page_bytes()), '\0');
+    EXPECT_EQ(b->ImportedPageInto(r->id, i, absl::MakeSpan(back)).code(), absl::StatusCode::kFailedPrecondition);
+    ASSERT_TRUE(b->MarkPageImported(r->id, i).ok());
+    ASSERT_TRUE(b->ImportedPageInto(r->id, i, absl::MakeSpan(back)).ok());
+    EXPECT_EQ(back, *a->ExportPage(*src, i));
+    // Twice is refused, as ImportPage refuses a page sent twice.
+    EXPECT_THAT(b->MarkPageImported(r->id, i).message(), HasSubstr("sent twice"));
+    EXPECT_EQ(b->ImportPageRegions(r->id, i).status().code(), absl::StatusCode::kInvalidArgument);
+    if (i == 1) {
+      EXPECT_EQ(b->FinishImport(r->id, StateAt(b->layout(), 13, 5.0f)).code(), absl::StatusCode::kFailedPrecondition);
+    }
+  }
+  ASSERT_TRUE(b->FinishImport(r->id, *a->CaptureState(*src, true)).ok());
+  for (int64_t i = 0; i < 3; ++i) EXPECT_EQ(*b->ExportPage(r->id, i), *a->ExportPage(*src, i));
+  const SequenceState got = *b->CaptureState(r->id, true);
+  const SequenceState want = *a->CaptureState(*src, true);
+  EXPECT_EQ(got.position, want.position);
+  EXPECT_EQ(got.ssm_states, want.ssm_states);
+  EXPECT_EQ(got.conv_states, want.conv_states);
+  EXPECT_EQ(got.tail_k, want.tail_k);
+  EXPECT_EQ(got.tail_v, want.tail_v);
+  EXPECT_EQ(got.last_logits, want.last_logits);
+  // Live now: the import calls are refused.
+  EXPECT_EQ(b->ImportPageRegions(r->id, 0).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(b->MarkPageImported(r->id, 0).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(SequenceTableTest, InPlaceImportCallsValidateAndAnAbortedHalfWrittenImportFreesEverything) {
+  auto t = NewTable(16, 4);
+  const int64_t free_pages = t->num_free_pages();
+  const int64_t free_slots = t->num_free_slots();
+  auto r = t->ReserveImport(10);  // 2 full pages
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(t->ImportPageRegions(999, 0).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(t->MarkPageImported(999, 0).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(t->ImportPageRegions(r->id, 2).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(t->ImportPageRegions(r->id, -1).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(t->MarkPageImported(r->id, 2).code(), absl::StatusCode::kInvalidArgument);
+  std::string small(3, '\0');
+  ASSERT_TRUE(t->MarkPageImported(r->id, 0).ok());
+  EXPECT_EQ(t->ImportedPageInto(r->id, 0, absl::MakeSpan(small)).code(), absl::StatusCode::kInvalidArgument);
+  // Page 1 half written, never marked: the import aborts whole.
+  auto regions = t->ImportPageRegions(r->id, 1);
+  ASSERT_TRUE(regions.ok());
+  ASSERT_EQ(backend_->Fill((*regions)[0].data, 0x5a, (*regions)[0].bytes), 0);
+  ASSERT_TRUE(t->AbortImport(r->id).ok());
+  EXPECT_EQ(t->num_free_pages(), free_pages);
+  EXPECT_EQ(t->num_free_slots(), free_slots);
+  EXPECT_EQ(t->ImportPageRegions(r->id, 1).status().code(), absl::StatusCode::kNotFound);
+}
+
 TEST_F(SequenceTableTest, ImportOfAStateOnlyModelHasNoPages) {
   SequenceTableOptions o;
   o.layout = SmallLayout();
@@ -301,6 +401,8 @@ TEST_F(SequenceTableTest, ImportOfAStateOnlyModelHasNoPages) {
   ASSERT_TRUE(r.ok());
   EXPECT_TRUE(r->page_slots.empty());
   EXPECT_THAT((*t)->ImportPage(r->id, 0, "").message(), HasSubstr("no attention layers"));
+  EXPECT_THAT((*t)->ImportPageRegions(r->id, 0).status().message(), HasSubstr("no attention layers"));
+  EXPECT_THAT((*t)->MarkPageImported(r->id, 0).message(), HasSubstr("no attention layers"));
   ASSERT_TRUE((*t)->FinishImport(r->id, StateAt(o.layout, 50, 3.0f)).ok());
   EXPECT_EQ(*(*t)->Position(r->id), 50);
 }

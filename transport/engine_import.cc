@@ -1,10 +1,13 @@
 #include "transport/engine_import.h"
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/hash.h"
 #include "common/status_macros.h"
 #include "engine/page_format.h"
 #include "engine/snapshot_codec.h"
@@ -71,13 +74,71 @@ absl::StatusOr<SequenceStateSource> SequenceStateSource::Create(const engine::Se
   return source;
 }
 
+absl::StatusOr<std::vector<MemoryRegion>> SequenceStateSource::PageRegions(int64_t index) const {
+  ASSIGN_OR_RETURN(const std::vector<engine::PageRegion> regions, table_->ExportPageRegions(id_, index));
+  std::vector<MemoryRegion> out;
+  out.reserve(regions.size());
+  for (const engine::PageRegion& r : regions) out.push_back(MemoryRegion{r.data, static_cast<size_t>(r.bytes)});
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<ReservationPageSink>> ReservationPageSink::Create(
+    const engine::SequenceTable& table, const engine::ImportReservation& reservation) {
+  const engine::StateLayout& layout = table.layout();
+  const int64_t pages = layout.attention_layers > 0 ? layout.full_pages(reservation.n_tokens) : 0;
+  std::unique_ptr<ReservationPageSink> sink(new ReservationPageSink());
+  sink->pages_.resize(static_cast<size_t>(pages));
+  for (int64_t i = 0; i < pages; ++i) {
+    ASSIGN_OR_RETURN(const std::vector<engine::PageRegion> regions, table.ImportPageRegions(reservation.id, i));
+    for (const engine::PageRegion& r : regions) {
+      sink->pages_[static_cast<size_t>(i)].push_back(MemoryRegion{r.data, static_cast<size_t>(r.bytes)});
+    }
+  }
+  return sink;
+}
+
 namespace {
+
+// Marks the pages that came in place and checks the sampled ones by reading
+// them back.
+absl::Status MarkPagesInPlace(engine::SequenceTable& table, const engine::ImportReservation& reservation,
+                              const ReceivedState& received, int64_t pages) {
+  if (received.num_pages_in_place != pages) {
+    return absl::InvalidArgumentError(absl::StrCat("transfer ", received.transfer_id, " brought ",
+                                                   received.num_pages_in_place, " pages in place, the import needs ",
+                                                   pages));
+  }
+  if (static_cast<int64_t>(received.page_checksums.size()) != SampledPages(pages)) {
+    return absl::InvalidArgumentError(absl::StrCat("transfer ", received.transfer_id, " brought ",
+                                                   received.page_checksums.size(), " sampled page checksums, ", pages,
+                                                   " pages sample ", SampledPages(pages)));
+  }
+  for (int64_t i = 0; i < pages; ++i) RETURN_IF_ERROR(table.MarkPageImported(reservation.id, i));
+  std::string page(static_cast<size_t>(table.layout().page_bytes()), '\0');
+  int64_t expected_page = 0;
+  for (const PageChecksum& sum : received.page_checksums) {
+    while (expected_page < pages && !IsSampledPage(expected_page, pages)) ++expected_page;
+    if (sum.page != expected_page) {
+      return absl::InvalidArgumentError(absl::StrCat("transfer ", received.transfer_id, ": a checksum for page ",
+                                                     sum.page, " where the sampling rule names page ", expected_page));
+    }
+    ++expected_page;
+    RETURN_IF_ERROR(table.ImportedPageInto(reservation.id, sum.page, absl::MakeSpan(page)));
+    const uint64_t landed = common::Checksum64(page.data(), page.size());
+    if (landed != sum.checksum) {
+      return absl::DataLossError(absl::StrCat("transfer ", received.transfer_id, ": page ", sum.page,
+                                              " landed in place with checksum ", landed, ", the sender's is ",
+                                              sum.checksum));
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::Status ImportOrError(engine::SequenceTable& table, const engine::ImportReservation& reservation,
                            const ReceivedState& received) {
   const engine::StateLayout& layout = table.layout();
   const int64_t pages = layout.attention_layers > 0 ? layout.full_pages(reservation.n_tokens) : 0;
-  if (static_cast<int64_t>(received.pages.size()) != pages) {
+  if (!received.pages_in_place && static_cast<int64_t>(received.pages.size()) != pages) {
     return absl::InvalidArgumentError(absl::StrCat("transfer ", received.transfer_id, " brought ",
                                                    received.pages.size(), " pages, the import needs ", pages));
   }
@@ -86,8 +147,12 @@ absl::Status ImportOrError(engine::SequenceTable& table, const engine::ImportRes
   expect.position = reservation.n_tokens;
   // Parse (and checksum) the state before any page is written.
   ASSIGN_OR_RETURN(const engine::SnapshotView view, engine::ParseSnapshot(received.state, expect));
-  for (int64_t i = 0; i < received.pages.size(); ++i) {
-    RETURN_IF_ERROR(table.ImportPage(reservation.id, i, received.pages[i]));
+  if (received.pages_in_place) {
+    RETURN_IF_ERROR(MarkPagesInPlace(table, reservation, received, pages));
+  } else {
+    for (int64_t i = 0; i < received.pages.size(); ++i) {
+      RETURN_IF_ERROR(table.ImportPage(reservation.id, i, received.pages[i]));
+    }
   }
   return table.FinishImport(reservation.id, view);
 }

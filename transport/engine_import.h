@@ -3,14 +3,17 @@
 
 // The bridge between the data plane and the engine's sequence table: the
 // ticket of an import reservation (decode side), the source of a sequence's
-// state (prefill side), and the import of received bytes into the
-// reservation.
+// state (prefill side, with its pages' device regions for pages in place),
+// the sink of a reservation's page slots (decode side, pages in place), and
+// the import of received bytes into the reservation.
 //
 // Not thread-safe: the sequence table is not; call from the thread that owns
-// the engine.
+// the engine. A ReservationPageSink, once made, is immutable (PageSink).
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -47,6 +50,8 @@ class SequenceStateSource final : public StateSource {
   absl::Status ReadPage(int64_t index, absl::Span<char> out) const override {
     return table_->ExportPageInto(id_, index, out);
   }
+  // The page's regions in the prefill pool (SequenceTable::ExportPageRegions).
+  absl::StatusOr<std::vector<MemoryRegion>> PageRegions(int64_t index) const override;
   absl::string_view state() const override { return state_; }
   int32_t first_token() const override { return first_token_; }
   float first_logprob() const override { return first_logprob_; }
@@ -62,13 +67,36 @@ class SequenceStateSource final : public StateSource {
   float first_logprob_ = 0.0f;
 };
 
+// The page slots of `reservation` (SequenceTable::ImportPageRegions of each
+// full page), for a receiver that takes pages in place
+// (StateReceiver::ExpectTicketInPlace). Errors of ImportPageRegions. The
+// sink must be handed back (its transfer awaited or cancelled) before the
+// reservation is finished, aborted or released.
+class ReservationPageSink final : public PageSink {
+ public:
+  static absl::StatusOr<std::unique_ptr<ReservationPageSink>> Create(const engine::SequenceTable& table,
+                                                                     const engine::ImportReservation& reservation);
+  int64_t num_pages() const override { return static_cast<int64_t>(pages_.size()); }
+  const std::vector<MemoryRegion>& PageRegions(int64_t index) const override {
+    return pages_[static_cast<size_t>(index)];
+  }
+
+ private:
+  ReservationPageSink() = default;
+  std::vector<std::vector<MemoryRegion>> pages_;
+};
+
 // Writes `received` into the importing sequence of `reservation` and makes it
 // live: every page, then the state, checked against the table's layout and
-// the reserved position before any slot is touched by it. On any error the
-// import is aborted (every reserved page and the slot are freed) and the error
+// the reserved position before any slot is touched by it. Pages that came in
+// place (received.pages_in_place: already in the reservation's slots, made
+// by ReservationPageSink) are marked arrived, and each sampled page
+// (IsSampledPage) is read back and its XXH3-64 compared with the sender's,
+// all before FinishImport makes the sequence live. On any error the import
+// is aborted (every reserved page and the slot are freed) and the error
 // returned: INVALID_ARGUMENT for counts or sizes that do not match, DATA_LOSS
-// for a corrupted state, FAILED_PRECONDITION for a state of another model
-// layout or position.
+// for a corrupted state or a sampled page that landed with other bytes,
+// FAILED_PRECONDITION for a state of another model layout or position.
 absl::Status ImportReceived(engine::SequenceTable& table, const engine::ImportReservation& reservation,
                             const ReceivedState& received);
 

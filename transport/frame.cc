@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -55,7 +56,7 @@ absl::StatusOr<FrameHeader> DecodeFrameHeader(absl::string_view bytes) {
     return absl::InvalidArgumentError(absl::StrCat("frame version ", version, ", this build speaks ", kFrameVersion));
   }
   const uint16_t type = Get<uint16_t>(bytes, 6);
-  if (type < static_cast<uint16_t>(FrameType::kBegin) || type > static_cast<uint16_t>(FrameType::kAck)) {
+  if (type < static_cast<uint16_t>(FrameType::kBegin) || type > static_cast<uint16_t>(FrameType::kPageSums)) {
     return absl::InvalidArgumentError(absl::StrCat("unknown frame type ", type));
   }
   FrameHeader h;
@@ -115,6 +116,31 @@ absl::Status CheckBeginAgainstTicket(uint64_t transfer_id, const BeginPayload& b
         ticket.max_state_bytes, (begin.page_format != ticket.page_format ? ", and another page format" : "")));
   }
   return absl::OkStatus();
+}
+
+std::string EncodeRegionOffer(const std::vector<int64_t>& region_bytes) {
+  std::string s(RegionOfferBytes(region_bytes.size()), '\0');
+  Put<uint32_t>(s, 0, static_cast<uint32_t>(region_bytes.size()));
+  for (size_t r = 0; r < region_bytes.size(); ++r) Put<int64_t>(s, 8 + 8 * r, region_bytes[r]);
+  return s;
+}
+
+absl::StatusOr<std::vector<int64_t>> DecodeRegionOffer(absl::string_view p) {
+  if (p.size() < RegionOfferBytes(1)) {
+    return absl::InvalidArgumentError(absl::StrCat("in-place offer of ", p.size(), " bytes"));
+  }
+  const uint32_t n = Get<uint32_t>(p, 0);
+  if (n < 1 || n > kMaxPageRegions || p.size() != RegionOfferBytes(n) || Get<uint32_t>(p, 4) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("in-place offer of ", p.size(), " bytes announces ", n, " regions"));
+  }
+  std::vector<int64_t> regions(n);
+  for (uint32_t r = 0; r < n; ++r) {
+    regions[r] = Get<int64_t>(p, 8 + 8 * size_t{r});
+    if (regions[r] < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("in-place offer: region ", r, " of ", regions[r], " bytes"));
+    }
+  }
+  return regions;
 }
 
 std::string EncodeEnd(const EndPayload& e) {

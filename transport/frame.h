@@ -17,12 +17,20 @@
 //   40     8     u64 XXH3-64 (seed 0) of header bytes [0, 40)
 //   48     ...   payload
 //
+//   (index also carries, on the NCCL plane, the placement of a verdict kAck:
+//   1 when pages travel in place, 0 when staged; nccl_transport.h)
+//
 // A TCP transfer, on one connection from the sender: kBegin (payload
 // BeginPayload, 48 bytes), kPage for pages 0, 1, ... in order (page_bytes
 // each), kState (the encoded state), kEnd (EndPayload, 8 bytes); then the
 // receiver answers one kAck (payload: u32 absl::StatusCode, then a message of
 // at most kMaxAckMessage bytes) and closes. A receiver that refuses a
 // transfer answers kAck with the error at once and closes.
+//
+// The NCCL plane adds (nccl_transport.h): a kBegin payload may continue with
+// an in-place offer (RegionOffer, below), and kPageSums carries the
+// checksums of the sampled pages of a transfer whose pages travelled in
+// place. TCP never sends either and refuses them as unexpected frames.
 //
 // Decoding never trusts its input: the header checksum first, then magic,
 // version and type; payload sizes are checked against what the transfer's
@@ -33,6 +41,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -47,6 +56,8 @@ inline constexpr uint16_t kFrameVersion = 1;
 inline constexpr size_t kBeginPayloadBytes = 48;
 inline constexpr size_t kEndPayloadBytes = 8;
 inline constexpr size_t kMaxAckMessage = 1024;
+// The most regions an in-place offer may announce per page.
+inline constexpr size_t kMaxPageRegions = 4096;
 
 enum class FrameType : uint16_t {
   kBegin = 1,
@@ -54,6 +65,7 @@ enum class FrameType : uint16_t {
   kState = 3,
   kEnd = 4,
   kAck = 5,
+  kPageSums = 6,  // NCCL in place: u64 XXH3-64 of each sampled page, in page order
 };
 
 struct FrameHeader {
@@ -80,6 +92,16 @@ struct EndPayload {
   int32_t first_token = 0;
   float first_logprob = 0.0f;
 };
+
+// The in-place offer that may follow BeginPayload in a kBegin payload (NCCL):
+//   0 u32 region count n (1 .. kMaxPageRegions), 4 u32 0,
+//   8 n x i64 region bytes: how every page splits into the messages it
+//   travels as, in page byte order (each >= 1, summing to page_bytes).
+// RegionOfferBytes(n) = 8 + 8 n.
+inline size_t RegionOfferBytes(size_t regions) { return 8 + 8 * regions; }
+std::string EncodeRegionOffer(const std::vector<int64_t>& region_bytes);
+// INVALID_ARGUMENT for a malformed offer (sizes, count, a region < 1 byte).
+absl::StatusOr<std::vector<int64_t>> DecodeRegionOffer(absl::string_view bytes);
 
 // OK when `begin` announces what `ticket` expects: the same tokens, page
 // format, number and size of pages, and a state of 1 to max_state_bytes

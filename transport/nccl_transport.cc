@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/hash.h"
 #include "common/status_macros.h"
 
 namespace hybridserve::transport {
@@ -41,9 +42,12 @@ absl::Status RecvAckPayload(Communicator& comm, const FrameHeader& h, absl::Time
   return DecodeAck(payload, carried);
 }
 
-// Receives the ack of `transfer_id` into `*carried`. Errors are the channel's.
-absl::Status RecvAck(Communicator& comm, uint64_t transfer_id, absl::Time deadline, absl::Status* carried) {
+// Receives the ack of `transfer_id` into `*carried` (and its header's index
+// into `*index` when set). Errors are the channel's.
+absl::Status RecvAck(Communicator& comm, uint64_t transfer_id, absl::Time deadline, absl::Status* carried,
+                     uint64_t* index = nullptr) {
   ASSIGN_OR_RETURN(const FrameHeader h, RecvHeader(comm, deadline));
+  if (index != nullptr) *index = h.index;
   if (h.type != FrameType::kAck || h.transfer_id != transfer_id) {
     return absl::InvalidArgumentError(absl::StrCat("expected the ack of transfer ", transfer_id, ", got frame type ",
                                                    static_cast<int>(h.type), " of transfer ", h.transfer_id));
@@ -88,6 +92,27 @@ absl::Status AsTransferFailure(const absl::Status& channel, absl::string_view pe
     return absl::UnavailableError(absl::StrCat("NCCL peer ", peer, " stalled: ", channel.message()));
   }
   return channel;
+}
+
+// kBegin payload sizes: the BeginPayload alone (staged), or followed by an
+// in-place offer of 1 to kMaxPageRegions regions.
+bool IsBeginPayloadSize(uint64_t bytes) {
+  if (bytes == kBeginPayloadBytes) return true;
+  if (bytes < kBeginPayloadBytes + RegionOfferBytes(1) ||
+      bytes > kBeginPayloadBytes + RegionOfferBytes(kMaxPageRegions)) {
+    return false;
+  }
+  return (bytes - kBeginPayloadBytes) % 8 == 0;
+}
+
+// The placement a verdict's header index announces.
+constexpr uint64_t kStaged = 0;
+constexpr uint64_t kInPlace = 1;
+
+std::string SplitString(const std::vector<int64_t>& split) {
+  std::string s;
+  for (size_t r = 0; r < split.size(); ++r) absl::StrAppend(&s, r == 0 ? "" : ",", split[r]);
+  return s;
 }
 
 }  // namespace
@@ -146,18 +171,35 @@ absl::StatusOr<std::string> NcclStateReceiver::ChannelFor(absl::string_view peer
   return unique_id;
 }
 
-absl::Status NcclStateReceiver::ExpectTicket(Ticket* ticket) {
+absl::Status NcclStateReceiver::ExpectTicket(Ticket* ticket) { return ExpectTicketInPlace(ticket, nullptr); }
+
+absl::Status NcclStateReceiver::ExpectTicketInPlace(Ticket* ticket, std::unique_ptr<PageSink> sink) {
   if (options_.default_peer.empty()) {
     return absl::FailedPreconditionError(
         "this NCCL receiver has no default prefill peer (NcclReceiverOptions::default_peer): use ExpectFrom");
   }
-  return ExpectFrom(options_.default_peer, ticket);
+  return ExpectFrom(options_.default_peer, ticket, std::move(sink));
 }
 
-absl::Status NcclStateReceiver::ExpectFrom(absl::string_view peer, Ticket* ticket) {
+absl::Status NcclStateReceiver::ExpectFrom(absl::string_view peer, Ticket* ticket, std::unique_ptr<PageSink> sink) {
   ticket->kind = options_.kind;
   ASSIGN_OR_RETURN(ticket->nccl_unique_id, ChannelFor(peer));
-  return Expect(*ticket);
+  if (sink == nullptr) return Expect(*ticket);
+  const uint64_t id = ticket->transfer_id;
+  {
+    // Before Expect: a sender may begin as soon as the ticket is expected.
+    absl::MutexLock lock(&sinks_mu_);
+    if (sinks_.contains(id)) {
+      return absl::InvalidArgumentError(absl::StrCat("transfer ", id, " already has its page slots"));
+    }
+    sinks_[id].sink = std::move(sink);
+  }
+  absl::Status expected = Expect(*ticket);
+  if (!expected.ok()) {
+    absl::MutexLock lock(&sinks_mu_);
+    sinks_.erase(id);
+  }
+  return expected;
 }
 
 absl::Status NcclStateReceiver::Expect(const Ticket& ticket) {
@@ -174,12 +216,14 @@ absl::Status NcclStateReceiver::Expect(const Ticket& ticket) {
 
 absl::StatusOr<ReceivedState> NcclStateReceiver::Await(uint64_t transfer_id) {
   absl::StatusOr<ReceivedState> result = registry_.Await(transfer_id);
+  RevokeSink(transfer_id);
   Unbind(transfer_id);
   return result;
 }
 
 void NcclStateReceiver::Cancel(uint64_t transfer_id) {
   registry_.Cancel(transfer_id);
+  RevokeSink(transfer_id);
   Unbind(transfer_id);
 }
 
@@ -247,26 +291,33 @@ absl::Status NcclStateReceiver::ServeTransfer(Channel& channel, absl::string_vie
   Communicator& comm = *channel.comm;
   auto io_deadline = [this] { return absl::Now() + options_.io_timeout; };
   absl::StatusOr<FrameHeader> h = DecodeFrameHeader(raw);
-  if (h.ok() && (h->type != FrameType::kBegin || h->payload_bytes != kBeginPayloadBytes)) {
+  if (h.ok() && (h->type != FrameType::kBegin || !IsBeginPayloadSize(h->payload_bytes))) {
     h = absl::InvalidArgumentError(absl::StrCat("a transfer starts with a begin frame of ", kBeginPayloadBytes,
-                                                " payload bytes, got type ", static_cast<int>(h->type), " of ",
-                                                h->payload_bytes, " bytes"));
+                                                " payload bytes (and an in-place offer), got type ",
+                                                static_cast<int>(h->type), " of ", h->payload_bytes, " bytes"));
   }
   if (!h.ok()) {
     registry_.CountRefused();
     return h.status();  // nothing says how long the next message is
   }
   const uint64_t id = h->transfer_id;
-  std::string payload(kBeginPayloadBytes, '\0');
+  std::string payload(static_cast<size_t>(h->payload_bytes), '\0');
   RETURN_IF_ERROR(comm.Recv(payload.data(), payload.size(), io_deadline()));
 
   // The verdict, before any page moves.
   absl::Status verdict = CheckPayload(*h, payload);
   BeginPayload begin;
+  std::vector<int64_t> offer;  // the in-place offer's region split; empty: staged only
   if (verdict.ok()) {
-    absl::StatusOr<BeginPayload> decoded = DecodeBegin(payload);
+    const absl::string_view bytes(payload);
+    absl::StatusOr<BeginPayload> decoded = DecodeBegin(bytes.substr(0, kBeginPayloadBytes));
     if (decoded.ok()) begin = *decoded;
     verdict = decoded.status();
+    if (verdict.ok() && bytes.size() > kBeginPayloadBytes) {
+      absl::StatusOr<std::vector<int64_t>> split = DecodeRegionOffer(bytes.substr(kBeginPayloadBytes));
+      if (split.ok()) offer = *std::move(split);
+      verdict = split.status();
+    }
   }
   if (!verdict.ok()) {
     registry_.CountRefused();
@@ -275,25 +326,28 @@ absl::Status NcclStateReceiver::ServeTransfer(Channel& channel, absl::string_vie
     verdict = absl::NotFoundError(absl::StrCat("transfer ", id, " is not expected from ", channel.peer));
   }
   bool begun = false;
+  bool in_place = false;
   if (verdict.ok()) {
     absl::StatusOr<Ticket> ticket = registry_.Begin(id);  // counts the ids it refuses
     verdict = ticket.status();
     if (ticket.ok()) {
       begun = true;
       verdict = CheckBeginAgainstTicket(id, begin, *ticket);
+      if (verdict.ok() && !offer.empty()) verdict = Placement(id, begin, offer, &in_place);
     }
   }
   if (begun && !verdict.ok()) {
     registry_.CountRefused();
     registry_.Fail(id, verdict);
   }
-  RETURN_IF_ERROR(SendFrame(comm, FrameType::kAck, id, 0, EncodeAck(verdict), io_deadline()));
+  RETURN_IF_ERROR(
+      SendFrame(comm, FrameType::kAck, id, in_place ? kInPlace : kStaged, EncodeAck(verdict), io_deadline()));
   if (!verdict.ok()) return absl::OkStatus();
 
   ReceivedState received;
   received.transfer_id = id;
   absl::Status outcome;
-  if (absl::Status s = ReceiveBody(comm, begin, &received, &outcome); !s.ok()) {
+  if (absl::Status s = ReceiveBody(comm, begin, in_place ? &offer : nullptr, &received, &outcome); !s.ok()) {
     registry_.Fail(id, AsTransferFailure(s, channel.peer));
     return s;
   }
@@ -306,17 +360,23 @@ absl::Status NcclStateReceiver::ServeTransfer(Channel& channel, absl::string_vie
   return SendFrame(comm, FrameType::kAck, id, 0, EncodeAck(outcome), io_deadline());
 }
 
-absl::Status NcclStateReceiver::ReceiveBody(Communicator& comm, const BeginPayload& begin, ReceivedState* received,
+absl::Status NcclStateReceiver::ReceiveBody(Communicator& comm, const BeginPayload& begin,
+                                            const std::vector<int64_t>* split, ReceivedState* received,
                                             absl::Status* outcome) {
   auto io_deadline = [this] { return absl::Now() + options_.io_timeout; };
   const uint64_t id = received->transfer_id;
-  received->pages = PageBlock(begin.num_pages, begin.page_bytes);
-  std::string page;
-  for (int64_t i = 0; i < begin.num_pages; ++i) {
-    ASSIGN_OR_RETURN(const bool arrived, RecvFrame(comm, io_deadline(), FrameType::kPage, id, static_cast<uint64_t>(i),
-                                                   static_cast<uint64_t>(begin.page_bytes), &page, outcome));
-    if (!arrived) return absl::OkStatus();
-    std::memcpy(received->pages.mutable_page(i).data(), page.data(), page.size());
+  if (split != nullptr) {
+    RETURN_IF_ERROR(ReceivePagesInPlace(comm, begin, *split, received, outcome));
+  } else {
+    received->pages = PageBlock(begin.num_pages, begin.page_bytes);
+    std::string page;
+    for (int64_t i = 0; i < begin.num_pages; ++i) {
+      ASSIGN_OR_RETURN(const bool arrived,
+                       RecvFrame(comm, io_deadline(), FrameType::kPage, id, static_cast<uint64_t>(i),
+                                 static_cast<uint64_t>(begin.page_bytes), &page, outcome));
+      if (!arrived) return absl::OkStatus();
+      std::memcpy(received->pages.mutable_page(i).data(), page.data(), page.size());
+    }
   }
   ASSIGN_OR_RETURN(bool arrived, RecvFrame(comm, io_deadline(), FrameType::kState, id, 0,
                                            static_cast<uint64_t>(begin.state_bytes), &received->state, outcome));
@@ -334,7 +394,162 @@ absl::Status NcclStateReceiver::ReceiveBody(Communicator& comm, const BeginPaylo
   return absl::OkStatus();
 }
 
+absl::Status NcclStateReceiver::ReceivePagesInPlace(Communicator& comm, const BeginPayload& begin,
+                                                    const std::vector<int64_t>& split, ReceivedState* received,
+                                                    absl::Status* outcome) {
+  auto io_deadline = [this] { return absl::Now() + options_.io_timeout; };
+  const uint64_t id = received->transfer_id;
+  received->pages_in_place = true;
+  received->num_pages_in_place = begin.num_pages;
+  std::string scratch;  // where the pages of a transfer forgotten meanwhile go
+  for (int64_t i = 0; i < begin.num_pages; ++i) {
+    for (size_t r = 0; r < split.size(); ++r) {
+      const size_t bytes = static_cast<size_t>(split[r]);
+      void* dst = BeginSinkWrite(id, i, r);
+      if (dst == nullptr) {
+        // Cancelled or past its deadline: the slots may be someone else's now.
+        if (outcome->ok()) {
+          *outcome = absl::NotFoundError(
+              absl::StrCat("transfer ", id, " was cancelled or passed its deadline: its pages are refused"));
+        }
+        scratch.resize(std::max(scratch.size(), bytes));
+        RETURN_IF_ERROR(comm.Recv(scratch.data(), bytes, io_deadline()));
+        continue;
+      }
+      const absl::Status s = comm.Recv(dst, bytes, io_deadline());
+      EndSinkWrite(id);
+      RETURN_IF_ERROR(s);
+    }
+  }
+  const int64_t sampled = SampledPages(begin.num_pages);
+  std::string sums;
+  ASSIGN_OR_RETURN(const bool arrived, RecvFrame(comm, io_deadline(), FrameType::kPageSums, id, 0,
+                                                 static_cast<uint64_t>(8 * sampled), &sums, outcome));
+  if (!arrived) return absl::OkStatus();
+  int64_t k = 0;
+  for (int64_t i = 0; i < begin.num_pages; ++i) {
+    if (!IsSampledPage(i, begin.num_pages)) continue;
+    PageChecksum sum;
+    sum.page = i;
+    std::memcpy(&sum.checksum, sums.data() + 8 * k++, 8);  // little-endian, as every frame field
+    received->page_checksums.push_back(sum);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NcclStateReceiver::Placement(uint64_t transfer_id, const BeginPayload& begin,
+                                          const std::vector<int64_t>& split, bool* in_place) {
+  int64_t total = 0;
+  for (int64_t bytes : split) total += bytes;
+  if (total != begin.page_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("transfer ", transfer_id, ": the sender's page regions (",
+                                                   SplitString(split), ") sum to ", total, " bytes, a page has ",
+                                                   begin.page_bytes));
+  }
+  absl::MutexLock lock(&sinks_mu_);
+  auto it = sinks_.find(transfer_id);
+  if (it == sinks_.end() || it->second.revoked) {
+    *in_place = false;  // no slots to write into: staged
+    return absl::OkStatus();
+  }
+  const PageSink& sink = *it->second.sink;
+  if (sink.num_pages() != begin.num_pages) {
+    return absl::InvalidArgumentError(absl::StrCat("transfer ", transfer_id, ": ", begin.num_pages,
+                                                   " pages announced, the receiver's slots hold ", sink.num_pages()));
+  }
+  for (int64_t i = 0; i < sink.num_pages(); ++i) {
+    const std::vector<MemoryRegion>& regions = sink.PageRegions(i);
+    bool same = regions.size() == split.size();
+    for (size_t r = 0; same && r < regions.size(); ++r) same = static_cast<int64_t>(regions[r].bytes) == split[r];
+    if (!same) {
+      std::vector<int64_t> ours;
+      for (const MemoryRegion& m : regions) ours.push_back(static_cast<int64_t>(m.bytes));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "transfer ", transfer_id, ": the sender splits a page into ", split.size(), " regions (", SplitString(split),
+          "), the receiver's page ", i, " slot into ", regions.size(), " (", SplitString(ours), ")"));
+    }
+  }
+  *in_place = true;
+  return absl::OkStatus();
+}
+
+void* NcclStateReceiver::BeginSinkWrite(uint64_t transfer_id, int64_t page, size_t region) {
+  absl::MutexLock lock(&sinks_mu_);
+  auto it = sinks_.find(transfer_id);
+  if (it == sinks_.end() || it->second.revoked) return nullptr;
+  it->second.writing = true;
+  return it->second.sink->PageRegions(page)[region].data;
+}
+
+void NcclStateReceiver::EndSinkWrite(uint64_t transfer_id) {
+  absl::MutexLock lock(&sinks_mu_);
+  auto it = sinks_.find(transfer_id);
+  if (it != sinks_.end()) it->second.writing = false;
+}
+
+void NcclStateReceiver::RevokeSink(uint64_t transfer_id) {
+  std::unique_ptr<PageSink> sink;  // destroyed outside the lock
+  absl::MutexLock lock(&sinks_mu_);
+  auto it = sinks_.find(transfer_id);
+  if (it == sinks_.end()) return;
+  it->second.revoked = true;
+  SinkHold* hold = &it->second;
+  auto idle = [hold] { return !hold->writing; };
+  sinks_mu_.Await(absl::Condition(&idle));  // one message at most: bounded by io_timeout
+  sink = std::move(sinks_.find(transfer_id)->second.sink);
+  sinks_.erase(transfer_id);
+}
+
 // ---- Sender ----
+
+struct NcclStateSender::InPlacePages {
+  std::vector<int64_t> split;                    // region bytes, the same for every page
+  std::vector<std::vector<MemoryRegion>> pages;  // [num_pages]
+  std::string sums;                              // kPageSums payload
+};
+
+absl::StatusOr<std::unique_ptr<NcclStateSender::InPlacePages>> NcclStateSender::ResolveInPlace(
+    uint64_t transfer_id, const StateSource& source) {
+  const int64_t n = source.num_pages();
+  if (n == 0) return nullptr;
+  absl::StatusOr<std::vector<MemoryRegion>> first = source.PageRegions(0);
+  if (absl::IsUnimplemented(first.status())) return nullptr;  // staged
+  RETURN_IF_ERROR(first.status());
+  auto in_place = std::make_unique<InPlacePages>();
+  for (const MemoryRegion& r : *first) in_place->split.push_back(static_cast<int64_t>(r.bytes));
+  int64_t total = 0;
+  for (int64_t bytes : in_place->split) total += bytes;
+  if (in_place->split.empty() || in_place->split.size() > kMaxPageRegions || total != source.page_bytes() ||
+      std::find(in_place->split.begin(), in_place->split.end(), 0) != in_place->split.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("transfer ", transfer_id, ": the source's page regions (",
+                                                   SplitString(in_place->split), ") do not split a page of ",
+                                                   source.page_bytes(), " bytes"));
+  }
+  in_place->pages.reserve(static_cast<size_t>(n));
+  in_place->pages.push_back(*std::move(first));
+  for (int64_t i = 1; i < n; ++i) {
+    ASSIGN_OR_RETURN(std::vector<MemoryRegion> regions, source.PageRegions(i));
+    bool same = regions.size() == in_place->split.size();
+    for (size_t r = 0; same && r < regions.size(); ++r) {
+      same = static_cast<int64_t>(regions[r].bytes) == in_place->split[r];
+    }
+    if (!same) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("transfer ", transfer_id, ": page ", i, "'s regions differ from page 0's"));
+    }
+    in_place->pages.push_back(std::move(regions));
+  }
+  // The sampled pages' checksums, from a host copy (the channel never sees
+  // the bytes on the host).
+  std::string page(static_cast<size_t>(source.page_bytes()), '\0');
+  for (int64_t i = 0; i < n; ++i) {
+    if (!IsSampledPage(i, n)) continue;
+    RETURN_IF_ERROR(source.ReadPage(i, absl::MakeSpan(page)));
+    const uint64_t sum = common::Checksum64(page.data(), page.size());
+    in_place->sums.append(reinterpret_cast<const char*>(&sum), sizeof(sum));  // little-endian
+  }
+  return in_place;
+}
 
 struct NcclStateSender::Channel {
   std::string unique_id;
@@ -404,6 +619,9 @@ absl::Status NcclStateSender::Send(const Ticket& ticket, const StateSource& sour
   if (absl::Now() >= ticket.deadline) {
     return absl::DeadlineExceededError(absl::StrCat("transfer ", id, " is past its deadline"));
   }
+  // Pages in place are resolved (and the sampled ones checksummed) before
+  // the channel is touched: a failure here sends nothing.
+  ASSIGN_OR_RETURN(const std::unique_ptr<InPlacePages> in_place, ResolveInPlace(id, source));
   ASSIGN_OR_RETURN(const std::shared_ptr<Channel> channel, ChannelFor(ticket));
   Channel* c = channel.get();
   {
@@ -416,7 +634,7 @@ absl::Status NcclStateSender::Send(const Ticket& ticket, const StateSource& sour
     c->busy = true;
   }
   bool channel_failed = false;
-  absl::Status s = Transfer(*c->comm, ticket, source, &channel_failed);
+  absl::Status s = Transfer(*c->comm, ticket, source, in_place.get(), &channel_failed);
   {
     absl::MutexLock lock(&c->mu);
     c->busy = false;
@@ -430,7 +648,7 @@ absl::Status NcclStateSender::Send(const Ticket& ticket, const StateSource& sour
 }
 
 absl::Status NcclStateSender::Transfer(Communicator& comm, const Ticket& ticket, const StateSource& source,
-                                       bool* channel_failed) {
+                                       const InPlacePages* in_place, bool* channel_failed) {
   const uint64_t id = ticket.transfer_id;
   auto io_deadline = [this] { return absl::Now() + options_.io_timeout; };
   auto failed = [&](const absl::Status& s) {
@@ -447,15 +665,33 @@ absl::Status NcclStateSender::Transfer(Communicator& comm, const Ticket& ticket,
   begin.num_pages = source.num_pages();
   begin.page_bytes = source.page_bytes();
   begin.state_bytes = static_cast<int64_t>(source.state().size());
-  if (absl::Status s = SendFrame(comm, FrameType::kBegin, id, 0, EncodeBegin(begin), io_deadline()); !s.ok()) {
+  std::string begin_payload = EncodeBegin(begin);
+  if (in_place != nullptr) begin_payload += EncodeRegionOffer(in_place->split);
+  if (absl::Status s = SendFrame(comm, FrameType::kBegin, id, 0, begin_payload, io_deadline()); !s.ok()) {
     return failed(s);
   }
   absl::Status verdict;
-  if (absl::Status s = RecvAck(comm, id, io_deadline(), &verdict); !s.ok()) return failed(s);
+  uint64_t placement = kStaged;
+  if (absl::Status s = RecvAck(comm, id, io_deadline(), &verdict, &placement); !s.ok()) return failed(s);
   if (!verdict.ok()) return verdict;  // refused before any page moved; the channel is in step
+  if (placement != kStaged && (placement != kInPlace || in_place == nullptr)) {
+    return failed(absl::InvalidArgumentError(absl::StrCat("a verdict with placement ", placement, " to an offer ",
+                                                          in_place == nullptr ? "not made" : "made")));
+  }
 
-  std::string page(static_cast<size_t>(source.page_bytes()), '\0');  // host staging (see the header)
-  for (int64_t i = 0; i < source.num_pages(); ++i) {
+  if (placement == kInPlace) {
+    // A request's pages as one run of messages, straight from the source's memory.
+    for (const std::vector<MemoryRegion>& regions : in_place->pages) {
+      for (const MemoryRegion& r : regions) {
+        if (absl::Status s = comm.Send(r.data, r.bytes, io_deadline()); !s.ok()) return failed(s);
+      }
+    }
+    if (absl::Status s = SendFrame(comm, FrameType::kPageSums, id, 0, in_place->sums, io_deadline()); !s.ok()) {
+      return failed(s);
+    }
+  }
+  std::string page(static_cast<size_t>(placement == kStaged ? source.page_bytes() : 0), '\0');  // host staging
+  for (int64_t i = 0; placement == kStaged && i < source.num_pages(); ++i) {
     if (absl::Status read = source.ReadPage(i, absl::MakeSpan(page)); !read.ok()) {
       // Our failure in place of the page keeps the channel in step.
       if (absl::Status s = SendFrame(comm, FrameType::kAck, id, 0, EncodeAck(read), io_deadline()); !s.ok()) {

@@ -19,33 +19,79 @@
 //
 // Protocol. Every message is a frame of transport/frame.h sent as two
 // channel messages: its 48-byte header, then its payload (payload_bytes
-// announced in the header; not sent when 0). NCCL needs the size of every
-// receive in advance: the headers are fixed-size, and each announces the
-// next message. One transfer, S the sender (rank 1), R the receiver (rank 0):
+// announced in the header; not sent when 0), except the page regions of a
+// transfer in place (below), which are bare messages. NCCL needs the size of
+// every receive in advance: the headers are fixed-size, and each announces
+// the next message(s). One transfer, S the sender (rank 1), R the receiver
+// (rank 0):
 //
 //   S -> R  kBegin, payload BeginPayload (48 bytes): id, tokens, page format,
-//           num_pages, page_bytes, state_bytes
-//   R -> S  kAck, the verdict (frame.h ack payload). R checks the header and
+//           num_pages, page_bytes, state_bytes; followed, when S offers pages
+//           in place, by a RegionOffer (frame.h: the n region sizes every
+//           page splits into, in page byte order; 8 + 8n bytes). S offers
+//           when its source names every page's regions
+//           (StateSource::PageRegions) and has pages; it resolves them all,
+//           and reads each sampled page (IsSampledPage) to the host to
+//           checksum it, before this frame: a failure there sends nothing.
+//   R -> S  kAck, the verdict (frame.h ack payload); its header's index is
+//           the placement: 1 in place, 0 staged. R checks the header and
 //           payload checksums, that the id is expected on this channel
 //           (unknown, cancelled or late ids: NOT_FOUND, counted in
 //           refused()), and the sizes against its ticket (INVALID_ARGUMENT),
-//           all before it receives any page. Anything but OK ends the
-//           transfer here, the channel in step.
-//   S -> R  kPage for pages 0, 1, ... (page_bytes each), kState (the
-//           encoded state), kEnd (EndPayload, 8 bytes). Each header carries
-//           the XXH3-64 of its payload. In place of any of these headers S
-//           may send a kAck carrying its own failure (a page it could not
-//           read): R fails the transfer with it and answers.
+//           all before it receives any page. With an offer: the regions must
+//           sum to page_bytes, and when R holds a PageSink for the id
+//           (ExpectFrom / ExpectTicketInPlace with a sink) its page count
+//           and every page's region count and sizes must equal the offer's,
+//           else INVALID_ARGUMENT ("region split" refused, counted); a match
+//           is in place, no sink (or no offer) is staged. Anything but OK
+//           ends the transfer here, the channel in step.
+//   Staged (placement 0), as without an offer:
+//   S -> R  kPage for pages 0, 1, ... (page_bytes each, from
+//           StateSource::ReadPage through a host buffer, into a host
+//           PageBlock), kState (the encoded state), kEnd (EndPayload, 8
+//           bytes). Each header carries the XXH3-64 of its payload. In place
+//           of any of these headers S may send a kAck carrying its own
+//           failure (a page it could not read): R fails the transfer with it
+//           and answers.
+//   In place (placement 1):
+//   S -> R  for page 0, 1, ...: its n regions as n bare messages of the
+//           offered sizes, back to back, from the source's memory (the
+//           prefill device pool) straight into the sink's regions (the
+//           reserved slots of the decode pool): a request's pages are one
+//           uninterrupted run of messages on the channel, no headers between
+//           them and no host copy. Then kPageSums: the XXH3-64 of each
+//           sampled page's bytes (u64 each, in page order; 8 x
+//           SampledPages(num_pages) bytes, its own header checksum), then
+//           kState and kEnd as staged (S may send its failure in place of
+//           their headers). R returns ReceivedState with pages_in_place and
+//           page_checksums; the pages are not yet verified: ImportReceived
+//           (engine_import.h) marks them arrived, reads every sampled page
+//           back from its slot and compares, and refuses the import with
+//           DATA_LOSS on a mismatch, before the sequence goes live (the
+//           reservation is aborted). Sampling rule (transfer.h): pages
+//           0, 16, 32, ... and the last; a corrupted page between samples is
+//           not detected. A transfer forgotten while its regions are
+//           arriving (Cancel, the deadline) has its remaining regions
+//           received into a host scratch buffer, never into the sink, and
+//           its outcome is NOT_FOUND.
 //   R -> S  kAck, the outcome: OK when the bytes are in the registry for
-//           Await; DATA_LOSS when a payload checksum failed (R still
-//           receives every announced payload, into host buffers only, so
-//           the channel stays in step); NOT_FOUND when the transfer was
-//           cancelled or passed its deadline meanwhile (late bytes refused).
+//           Await (staged) or in the slots (in place); DATA_LOSS when a
+//           payload checksum failed (R still receives every announced
+//           payload, into host buffers only, so the channel stays in step);
+//           NOT_FOUND when the transfer was cancelled or passed its deadline
+//           meanwhile (late bytes refused). A sampled page found corrupt at
+//           import is DATA_LOSS on the receiver only: S has seen OK.
 //
-// Nothing received is written into a reserved slot here: Await hands the
-// verified bytes to ImportReceived (engine_import.h). A header that fails its
-// checksum, a frame out of order, of another transfer or of another size puts
-// the channel out of step: R fails that transfer and aborts the channel.
+// Staged, nothing received is written into a reserved slot here: Await hands
+// the verified bytes to ImportReceived. In place, R writes only into the
+// sink of an expected, begun transfer, and holds the sink until Await or
+// Cancel of that transfer returns (they wait for the region message in
+// flight, at most io_timeout): the caller may then abort the reservation.
+// Slots half-written by a failed transfer are harmless: the sequence never
+// goes live and AbortImport returns them to the pool. A header that fails
+// its checksum, a frame out of order, of another transfer or of another
+// size puts the channel out of step: R fails that transfer and aborts the
+// channel (a region message of another size does too).
 //
 // Deadlines. Each message mid-transfer must complete within `io_timeout`, so
 // a peer that dies or stalls mid-transfer fails the transfer on both sides
@@ -54,10 +100,13 @@
 // it, and the sender, past it, gets DEADLINE_EXCEEDED. An idle receiver
 // channel waits for the next transfer without a deadline.
 //
-// Memory. Pages come from StateSource::ReadPage into a host staging buffer
-// and land in host buffers (ReceivedState); the NCCL communicator copies
-// them through a device staging buffer. Sends straight from the device KV
-// pool into the reserved device slots come with the CUDA backend.
+// Memory. Staged pages come from StateSource::ReadPage into a host buffer
+// and land in host buffers (ReceivedState::pages); the NCCL communicator
+// copies host messages through a device staging buffer. In place, the
+// region messages carry the engine backend's device pointers (host memory
+// on the CPU backend, which the fake communicator copies as well), sent and
+// received by NCCL in place; only the sampled pages are copied to the host
+// (SequenceTable::ExportPageInto on S, ImportedPageInto at import on R).
 //
 // Thread-safe, both classes.
 
@@ -119,18 +168,24 @@ class NcclStateReceiver final : public StateReceiver {
   absl::StatusOr<std::string> ChannelFor(absl::string_view peer) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Sets ticket->nccl_unique_id to ChannelFor(peer) and expects the ticket.
-  absl::Status ExpectFrom(absl::string_view peer, Ticket* ticket) ABSL_LOCKS_EXCLUDED(mu_);
+  // With a `sink` (the ticket's reserved slots), pages offered in place land
+  // there (see the protocol); the receiver holds it until Await or Cancel of
+  // the transfer returns. INVALID_ARGUMENT for an id that already has a sink.
+  absl::Status ExpectFrom(absl::string_view peer, Ticket* ticket, std::unique_ptr<PageSink> sink = nullptr)
+      ABSL_LOCKS_EXCLUDED(mu_, sinks_mu_);
 
   TransportKind kind() const override { return options_.kind; }
   // ExpectFrom(options.default_peer, ticket), with the kind set.
-  absl::Status ExpectTicket(Ticket* ticket) ABSL_LOCKS_EXCLUDED(mu_) override;
+  absl::Status ExpectTicket(Ticket* ticket) ABSL_LOCKS_EXCLUDED(mu_, sinks_mu_) override;
+  absl::Status ExpectTicketInPlace(Ticket* ticket, std::unique_ptr<PageSink> sink)
+      ABSL_LOCKS_EXCLUDED(mu_, sinks_mu_) override;
 
   // As StateReceiver, and INVALID_ARGUMENT unless ticket.nccl_unique_id names
   // a live channel (ChannelFor): the transfer is accepted on that channel
   // only, and fails UNAVAILABLE when the channel does.
   absl::Status Expect(const Ticket& ticket) ABSL_LOCKS_EXCLUDED(mu_) override;
-  absl::StatusOr<ReceivedState> Await(uint64_t transfer_id) ABSL_LOCKS_EXCLUDED(mu_) override;
-  void Cancel(uint64_t transfer_id) ABSL_LOCKS_EXCLUDED(mu_) override;
+  absl::StatusOr<ReceivedState> Await(uint64_t transfer_id) ABSL_LOCKS_EXCLUDED(mu_, sinks_mu_) override;
+  void Cancel(uint64_t transfer_id) ABSL_LOCKS_EXCLUDED(mu_, sinks_mu_) override;
   int64_t pending() const override { return registry_.pending(); }
   int64_t refused() const override { return registry_.refused(); }
 
@@ -150,8 +205,23 @@ class NcclStateReceiver final : public StateReceiver {
   absl::Status ServeTransfer(Channel& channel, absl::string_view raw) ABSL_LOCKS_EXCLUDED(mu_);
   // Receives the frames after an accepted kBegin into `received`. Errors are
   // the channel's; `*outcome` is what the transfer's ack will carry.
-  absl::Status ReceiveBody(Communicator& comm, const BeginPayload& begin, ReceivedState* received,
-                           absl::Status* outcome);
+  // `split`: the region sizes of a transfer in place, null for staged.
+  absl::Status ReceiveBody(Communicator& comm, const BeginPayload& begin, const std::vector<int64_t>* split,
+                           ReceivedState* received, absl::Status* outcome) ABSL_LOCKS_EXCLUDED(sinks_mu_);
+  // The pages in place and kPageSums, into the transfer's sink.
+  absl::Status ReceivePagesInPlace(Communicator& comm, const BeginPayload& begin, const std::vector<int64_t>& split,
+                                   ReceivedState* received, absl::Status* outcome) ABSL_LOCKS_EXCLUDED(sinks_mu_);
+  // The placement of an offer `split`: `*in_place` when the transfer's sink
+  // matches it, staged without a sink; INVALID_ARGUMENT for a mismatch.
+  absl::Status Placement(uint64_t transfer_id, const BeginPayload& begin, const std::vector<int64_t>& split,
+                         bool* in_place) ABSL_LOCKS_EXCLUDED(sinks_mu_);
+  // Region `region` of page `page` of the transfer's sink, marked being
+  // written until EndSinkWrite; null when the sink was revoked (or is gone).
+  void* BeginSinkWrite(uint64_t transfer_id, int64_t page, size_t region) ABSL_LOCKS_EXCLUDED(sinks_mu_);
+  void EndSinkWrite(uint64_t transfer_id) ABSL_LOCKS_EXCLUDED(sinks_mu_);
+  // Stops every later write into the transfer's sink, waits for the one in
+  // flight, and destroys the sink. No-op without a sink.
+  void RevokeSink(uint64_t transfer_id) ABSL_LOCKS_EXCLUDED(sinks_mu_);
   // Marks `channel` failed, aborts it and fails every transfer expected on it.
   void Fail(Channel* channel, const absl::Status& why) ABSL_LOCKS_EXCLUDED(mu_);
   // True when `transfer_id` is expected on a channel other than `channel`.
@@ -171,6 +241,15 @@ class NcclStateReceiver final : public StateReceiver {
   absl::flat_hash_map<std::string, Channel*> live_ ABSL_GUARDED_BY(mu_);      // peer -> its live channel
   absl::flat_hash_map<std::string, Channel*> by_id_ ABSL_GUARDED_BY(mu_);     // unique id -> live channel
   absl::flat_hash_map<uint64_t, Channel*> expected_on_ ABSL_GUARDED_BY(mu_);  // transfer id -> its channel
+
+  // The page sinks of transfers expected in place.
+  struct SinkHold {
+    std::unique_ptr<PageSink> sink;
+    bool writing = false;  // a region message is being received into it
+    bool revoked = false;  // Await or Cancel began: no more writes
+  };
+  absl::Mutex sinks_mu_;
+  absl::flat_hash_map<uint64_t, SinkHold> sinks_ ABSL_GUARDED_BY(sinks_mu_);  // by transfer id
 };
 
 struct NcclSenderOptions {
@@ -190,7 +269,9 @@ class NcclStateSender final : public StateSender {
 
   // As StateSender; INVALID_ARGUMENT also for a ticket without an endpoint
   // or an NCCL unique id. Concurrent Sends to one receiver queue behind each
-  // other (until their ticket's deadline).
+  // other (until their ticket's deadline). Offers the pages in place when
+  // the source names their regions; the error of PageRegions or of reading
+  // a sampled page, before any message, when it cannot.
   absl::Status Send(const Ticket& ticket, const StateSource& source) ABSL_LOCKS_EXCLUDED(mu_) override;
 
   // Channels held (one per receiver endpoint).
@@ -198,7 +279,12 @@ class NcclStateSender final : public StateSender {
 
  private:
   struct Channel;
+  struct InPlacePages;
 
+  // Every page's regions and the sampled pages' checksums (kPageSums's
+  // payload) of a source that names its regions; null when it does not (or
+  // has no pages): staged.
+  static absl::StatusOr<std::unique_ptr<InPlacePages>> ResolveInPlace(uint64_t transfer_id, const StateSource& source);
   // The channel of `ticket`'s endpoint, joined as rank 1 when the ticket
   // brings a new unique id (the previous channel is aborted).
   absl::StatusOr<std::shared_ptr<Channel>> ChannelFor(const Ticket& ticket) ABSL_LOCKS_EXCLUDED(mu_);
@@ -209,7 +295,9 @@ class NcclStateSender final : public StateSender {
   void Drop(const std::string& endpoint, const std::shared_ptr<Channel>& channel) ABSL_LOCKS_EXCLUDED(mu_);
   // One transfer on a channel this thread holds. Errors of the channel come
   // back as `*channel_failed`.
-  absl::Status Transfer(Communicator& comm, const Ticket& ticket, const StateSource& source, bool* channel_failed);
+  // `in_place`: the offer, null for staged.
+  absl::Status Transfer(Communicator& comm, const Ticket& ticket, const StateSource& source,
+                        const InPlacePages* in_place, bool* channel_failed);
 
   CommunicatorFactory& factory_;
   const NcclSenderOptions options_;

@@ -26,7 +26,8 @@ namespace {
 int PollTimeoutMs(absl::Time deadline) {
   const absl::Duration left = deadline - absl::Now();
   if (left <= absl::ZeroDuration()) return 0;
-  return static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, 1000));
+  // (capped before the +1: an infinite deadline is INT64_MAX milliseconds)
+  return static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(left), 999) + 1);
 }
 
 // Waits until `fd` is ready for `events`; DEADLINE_EXCEEDED at `deadline`.

@@ -13,6 +13,17 @@
 // writes them into the reservation. Bytes for a transfer id that is not
 // expected (unknown, finished, cancelled or past its deadline) are refused.
 //
+// Pages in place. A source that can name a page's bytes in memory the
+// channel reads directly (StateSource::PageRegions: the engine's device pool)
+// and a receiver given a PageSink for the transfer (the reserved slots) let a
+// device transport move the pages without a host copy: they land in the
+// slots, ReceivedState says so, and ImportReceived only records their
+// arrival. The channel cannot checksum bytes it never sees on the host, so
+// sampled pages (IsSampledPage) are checksummed by the sender from a host
+// copy and read back and compared by ImportReceived before the sequence goes
+// live. Transports without it (TCP, in-process) stage every page through
+// host memory and ignore both; so does NCCL when either side lacks them.
+//
 // Implementations: in-process (tests, two engines in one process), TCP (the
 // CPU default), NCCL (GPUs; transport/nccl_transport.h), and later CUDA IPC.
 // A prefill worker that serves several routes each ticket by its kind
@@ -88,6 +99,32 @@ struct Ticket {
   std::string nccl_unique_id;
 };
 
+// A contiguous run of memory a channel reads or writes directly: device
+// memory of the engine's backend (host memory on the CPU backend).
+struct MemoryRegion {
+  void* data = nullptr;
+  size_t bytes = 0;
+};
+
+// The sampling rule of in-place pages: page `index` of `num_pages` is
+// checksummed end to end when index % kPageSampleInterval == 0 or it is the
+// last page. Both sides apply it; SampledPages counts them.
+inline constexpr int64_t kPageSampleInterval = 16;
+inline bool IsSampledPage(int64_t index, int64_t num_pages) {
+  return index % kPageSampleInterval == 0 || index == num_pages - 1;
+}
+inline int64_t SampledPages(int64_t num_pages) {
+  if (num_pages <= 0) return 0;
+  const int64_t on_grid = (num_pages - 1) / kPageSampleInterval + 1;
+  return on_grid + ((num_pages - 1) % kPageSampleInterval != 0 ? 1 : 0);
+}
+
+// The sender's checksum of one sampled page (XXH3-64 of its page bytes).
+struct PageChecksum {
+  int64_t page = 0;
+  uint64_t checksum = 0;
+};
+
 // What a sender reads: the sequence's pages and state on the prefill side.
 // Implementations need not be thread-safe; a sender reads from the calling
 // thread only.
@@ -98,17 +135,46 @@ class StateSource {
   virtual int64_t page_bytes() const = 0;
   // Writes page `index` (< num_pages()) into `out` (page_bytes() bytes).
   virtual absl::Status ReadPage(int64_t index, absl::Span<char> out) const = 0;
+  // Optional, for pages in place: page `index` as regions a device channel
+  // reads directly, in page byte order (their bytes back to back are what
+  // ReadPage writes), valid while the source is used. UNIMPLEMENTED (the
+  // default): pages travel staged through ReadPage.
+  virtual absl::StatusOr<std::vector<MemoryRegion>> PageRegions(int64_t index) const {
+    return absl::UnimplementedError("this state source has no page regions: pages are staged");
+  }
   // The encoded state (engine/snapshot_codec.h) at the ticket's position.
   virtual absl::string_view state() const = 0;
   virtual int32_t first_token() const = 0;
   virtual float first_logprob() const = 0;
 };
 
+// Where the pages of one transfer land when they travel in place: the
+// receiver's reserved page slots. Made on the thread that owns them (the
+// engine's) with every region resolved, then read from the receiver's own
+// thread: implementations are immutable after construction, so thread-safe.
+// The receiver writes into the regions only while it holds the sink (until
+// Await or Cancel of its transfer returns).
+class PageSink {
+ public:
+  virtual ~PageSink() = default;
+  virtual int64_t num_pages() const = 0;
+  // Page `index` (< num_pages()), in page byte order.
+  virtual const std::vector<MemoryRegion>& PageRegions(int64_t index) const = 0;
+};
+
 // What a receiver hands back for a completed transfer, verified against its
 // ticket (sizes, checksums on the wire). Move-only value type.
 struct ReceivedState {
   uint64_t transfer_id = 0;
-  PageBlock pages;    // [num_pages] of page_bytes each, in page order
+  // Staged: [num_pages] of page_bytes each, in page order. In place: empty,
+  // the pages are already in the PageSink's regions.
+  PageBlock pages;
+  // In place: every page's bytes arrived in the sink's regions (not yet
+  // verified), and page_checksums holds the sender's checksum of each
+  // sampled page (IsSampledPage), in page order, for the read-back check.
+  bool pages_in_place = false;
+  int64_t num_pages_in_place = 0;
+  std::vector<PageChecksum> page_checksums;
   std::string state;  // the encoded state
   int32_t first_token = 0;
   float first_logprob = 0.0f;
@@ -140,16 +206,25 @@ class StateReceiver {
     ticket->kind = kind();
     return Expect(*ticket);
   }
+  // Same, offering `sink` (the ticket's reserved slots) for pages in place.
+  // A receiver that cannot use it (the default: TCP, in-process) drops it and
+  // receives staged; ReceivedState::pages_in_place says which happened. The
+  // receiver holds the sink until Await or Cancel returns.
+  virtual absl::Status ExpectTicketInPlace(Ticket* ticket, std::unique_ptr<PageSink> sink) {
+    return ExpectTicket(ticket);
+  }
   // Registers a transfer to accept. INVALID_ARGUMENT for a ticket id already
   // expected, or sizes out of range.
   virtual absl::Status Expect(const Ticket& ticket) = 0;
-  // Blocks until the transfer completes (its bytes) or fails: the sender's
+  // Blocks until the transfer completes (its bytes) or fails, and until
+  // nothing more will be written into its PageSink: the sender's
   // failure as UNAVAILABLE (a peer that went away or stalled), DEADLINE_EXCEEDED
   // at the ticket's deadline, CANCELLED after Cancel, NOT_FOUND for an id not
   // expected. Either way the transfer is forgotten: late bytes are refused.
   virtual absl::StatusOr<ReceivedState> Await(uint64_t transfer_id) = 0;
   // Forgets a transfer: a pending Await returns CANCELLED, bytes still on the
-  // way are refused. No-op for an unknown id.
+  // way are refused (and kept out of its PageSink: Cancel returns once
+  // nothing more will be written there). No-op for an unknown id.
   virtual void Cancel(uint64_t transfer_id) = 0;
   // Transfers expected and not yet awaited to the end (for metrics and tests).
   virtual int64_t pending() const = 0;
