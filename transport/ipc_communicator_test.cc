@@ -7,6 +7,7 @@
 #include "transport/ipc_communicator.h"
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -14,12 +15,17 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "engine/model.h"
+#include "engine/model_weights.h"
+#include "kernels/counting_backend.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "transport/engine_import.h"
 #include "transport/nccl_transport.h"
 #include "transport/socket_io.h"
 
@@ -264,6 +270,81 @@ TEST(IpcCommunicatorTest, TheChannelProtocolRunsOverIt) {
     EXPECT_EQ(got->first_token, 7);
   }
   EXPECT_EQ(sender.channels(), 1);
+}
+
+
+std::string Runfile(const std::string& relative) {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const char* workspace = std::getenv("TEST_WORKSPACE");
+  if (srcdir == nullptr || workspace == nullptr) return relative;
+  return absl::StrCat(srcdir, "/", workspace, "/", relative);
+}
+
+// What the GPU path does, on the emulator: a prefill engine and a decode
+// engine on two CUDA backends, a sequence sent over a CUDA IPC channel with
+// its pages in place (each page's regions copied from the prefill pool
+// straight into the decode pool's reserved slots), imported, and decoded on
+// both engines: the same bits.
+TEST(IpcCommunicatorTest, AnEngineSequenceMovesInPlaceBetweenTwoGpuEnginesAndContinuesBitIdentically) {
+  auto weights = engine::ModelWeights::LoadDirectory(Runfile("tests/fixtures/golden/nemotron_h_tiny"));
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  auto prefill_gpu = EmulatedGpu();
+  auto decode_gpu = EmulatedGpu();
+  ASSERT_TRUE(prefill_gpu != nullptr && decode_gpu != nullptr);
+  kernels::CountingBackend prefill_counted(*prefill_gpu);
+  engine::ModelOptions o;
+  o.page_size = 16;
+  o.max_pages = 32;
+  o.max_sequences = 2;
+  o.backend = &prefill_counted;
+  auto prefill = engine::Model::Create((*weights)->config(), **weights, o);
+  o.backend = decode_gpu.get();
+  auto decode = engine::Model::Create((*weights)->config(), **weights, o);
+  ASSERT_TRUE(prefill.ok() && decode.ok());
+  const int64_t kTokens = 70;  // 4 full pages and a partial one
+  const int64_t vocab = (*weights)->config().vocab_size;
+  std::vector<engine::TokenId> tokens(kTokens);
+  for (int64_t i = 0; i < kTokens; ++i) tokens[static_cast<size_t>(i)] = static_cast<engine::TokenId>((i * 13 + 3) % vocab);
+  auto src = (*prefill)->NewSequence();
+  ASSERT_TRUE(src.ok());
+  ASSERT_TRUE((*prefill)->Prefill(*src, tokens).ok());
+
+  IpcCommunicatorFactory decode_side(*decode_gpu);
+  IpcCommunicatorFactory prefill_side(prefill_counted);
+  NcclReceiverOptions ro;
+  ro.default_peer = "prefill-0";
+  ro.kind = TransportKind::kCudaIpc;
+  auto receiver = NcclStateReceiver::Create(decode_side, ro);
+  ASSERT_TRUE(receiver.ok());
+  NcclStateSender sender(prefill_side);
+  engine::SequenceTable& table = (*decode)->sequences();
+  auto reservation = table.ReserveImport(kTokens);
+  ASSERT_TRUE(reservation.ok());
+  auto ticket = TicketFor(table, *reservation, 1, "decode-0", absl::Now() + absl::Seconds(60));
+  ASSERT_TRUE(ticket.ok());
+  auto sink = ReservationPageSink::Create(table, *reservation);
+  ASSERT_TRUE(sink.ok());
+  ASSERT_TRUE((*receiver)->ExpectTicketInPlace(&*ticket, *std::move(sink)).ok());
+  auto source = SequenceStateSource::Create((*prefill)->sequences(), *src, *ticket, (*weights)->fingerprint(),
+                                            common::Hash128{}, /*first_token=*/5, /*first_logprob=*/-0.5f);
+  ASSERT_TRUE(source.ok()) << source.status();
+  absl::Status sent;
+  std::thread sending([&] { sent = sender.Send(*ticket, *source); });
+  auto received = (*receiver)->Await(1);
+  sending.join();
+  ASSERT_TRUE(sent.ok()) << sent;
+  ASSERT_TRUE(received.ok()) << received.status();
+  EXPECT_TRUE(received->pages_in_place);
+  ASSERT_TRUE(ImportReceived(table, *reservation, *received).ok());
+  // Each of the 4 pages' 2 x attention-layers regions went device to device;
+  // the host messages (headers, the state) over the connection.
+  EXPECT_EQ(prefill_counted.calls("CopyToPeer"), 4 * 2 * (*prefill)->num_attention_layers());
+  for (int step = 0; step < 3; ++step) {
+    auto a = (*decode)->DecodeStep({reservation->id}, {static_cast<engine::TokenId>(step + 1)});
+    auto b = (*prefill)->DecodeStep({*src}, {static_cast<engine::TokenId>(step + 1)});
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(std::memcmp(a->data(), b->data(), a->size() * sizeof(float)), 0) << "step " << step;
+  }
 }
 
 }  // namespace
