@@ -31,39 +31,20 @@ namespace {
 
 using cpu::testing::BitsEqual;
 using cpu::testing::RandomVector;
-using cuda_testing::CudaTarget;
 using cuda_testing::CudaTargetName;
 using cuda_testing::CudaTestTargets;
-using cuda_testing::MakeCudaTestBackendOrSkip;
 
 constexpr double kGpuSiluRtol = 1e-6;
 constexpr double kGpuSiluAtol = 1e-30;
 constexpr float kSentinel = 7.25f;  // fills rows and padding a kernel must not write
 
-class Conv1dTest : public ::testing::TestWithParam<CudaTarget> {
+class Conv1dTest : public cuda_testing::CudaKernelTest {
  protected:
-  void SetUp() override {
-    backend_ = MakeCudaTestBackendOrSkip(GetParam());
-    if (backend_ == nullptr) GTEST_SKIP() << "no backend for this target";
-  }
-  bool emulated() const { return GetParam() == CudaTarget::kEmulated; }
-  Backend& b() { return *backend_; }
-
-  template <typename T>
-  DeviceBuffer Up(const std::vector<T>& v) {
-    return cuda_testing::Upload(*backend_, v);
-  }
-  std::vector<float> Down(const DeviceBuffer& d) {
-    return cuda_testing::Download<float>(*backend_, d.data(), d.bytes() / static_cast<int64_t>(sizeof(float)));
-  }
-
   // Against the CPU: bitwise unless SiLU ran on a GPU.
   ::testing::AssertionResult OutputMatch(const std::vector<float>& got, const std::vector<float>& want, bool silu) {
     if (!silu || emulated()) return BitsEqual(got, want);
     return cuda_testing::AllClose(got, want, kGpuSiluAtol, kGpuSiluRtol);
   }
-
-  std::unique_ptr<Backend> backend_;
 };
 
 struct PrefillCase {

@@ -39,10 +39,8 @@ namespace {
 
 using cpu::testing::BitsEqual;
 using cpu::testing::RandomVector;
-using cuda_testing::CudaTarget;
 using cuda_testing::CudaTargetName;
 using cuda_testing::CudaTestTargets;
-using cuda_testing::MakeCudaTestBackendOrSkip;
 
 constexpr double kNormAtol = 1e-6;
 constexpr double kNormRtol = 1e-5;
@@ -51,30 +49,13 @@ constexpr double kGpuActivationAtol = 1e-30;
 constexpr double kGpuRopeTol = 1e-6;
 constexpr float kSentinel = 7.25f;  // fills rows and padding a kernel must not write
 
-class ElementwiseTest : public ::testing::TestWithParam<CudaTarget> {
+class ElementwiseTest : public cuda_testing::CudaKernelTest {
  protected:
-  void SetUp() override {
-    backend_ = MakeCudaTestBackendOrSkip(GetParam());
-    if (backend_ == nullptr) GTEST_SKIP() << "no backend for this target";
-  }
-  bool emulated() const { return GetParam() == CudaTarget::kEmulated; }
-  Backend& b() { return *backend_; }
-
-  template <typename T>
-  DeviceBuffer Up(const std::vector<T>& v) {
-    return cuda_testing::Upload(*backend_, v);
-  }
-  std::vector<float> Down(const DeviceBuffer& d) {
-    return cuda_testing::Download<float>(*backend_, d.data(), d.bytes() / static_cast<int64_t>(sizeof(float)));
-  }
-
   // Elementwise activations: bitwise on the emulator, a few ulp on a GPU.
   ::testing::AssertionResult ActivationMatch(const std::vector<float>& got, const std::vector<float>& want) {
     if (emulated()) return BitsEqual(got, want);
     return cuda_testing::AllClose(got, want, kGpuActivationAtol, kGpuActivationRtol);
   }
-
-  std::unique_ptr<Backend> backend_;
 };
 
 // [rows, stride] filled with kSentinel, the first `dim` of each row random.

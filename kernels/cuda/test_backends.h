@@ -50,6 +50,27 @@ std::vector<T> Download(Backend& backend, const void* device, int64_t count) {
   return host;
 }
 
+// A fixture over CudaTestTargets(): backend_ for the target (the test skips
+// when it has none), with upload and download shorthands.
+class CudaKernelTest : public ::testing::TestWithParam<CudaTarget> {
+ protected:
+  void SetUp() override {
+    backend_ = MakeCudaTestBackendOrSkip(GetParam());
+    if (backend_ == nullptr) GTEST_SKIP() << "no backend for this target";
+  }
+  bool emulated() const { return GetParam() == CudaTarget::kEmulated; }
+  Backend& b() { return *backend_; }
+  template <typename T>
+  DeviceBuffer Up(const std::vector<T>& v) {
+    return Upload(*backend_, v);
+  }
+  std::vector<float> Down(const DeviceBuffer& d) {
+    return Download<float>(*backend_, d.data(), d.bytes() / static_cast<int64_t>(sizeof(float)));
+  }
+
+  std::unique_ptr<Backend> backend_;
+};
+
 // Largest |a - b| / (atol + rtol * |b|) over the arrays (<= 1 passes), with
 // the index where it occurs; NaN or infinity anywhere fails.
 struct Closeness {

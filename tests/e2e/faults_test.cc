@@ -18,23 +18,7 @@
 namespace hybridserve::e2e {
 namespace {
 
-double Metric(int port, const std::string& name) {
-  auto m = ScrapeMetrics(port);
-  if (!m.ok()) return -1;
-  auto it = m->find(name);
-  return it == m->end() ? -1 : it->second;
-}
 
-double AwaitMetric(int port, const std::string& name, double value, absl::Duration timeout = absl::Seconds(15)) {
-  const absl::Time end = absl::Now() + timeout;
-  double v = -1;
-  while (absl::Now() < end) {
-    v = Metric(port, name);
-    if (v == value) return v;
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  return v;
-}
 
 int MetricsPort(Process* p) { return std::stoi(p->field("metrics_port")); }
 

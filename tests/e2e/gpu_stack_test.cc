@@ -30,23 +30,7 @@ bool HaveGpus(int needed) {
   return devices >= needed;
 }
 
-double Metric(int port, const std::string& name) {
-  auto m = ScrapeMetrics(port);
-  if (!m.ok()) return -1;
-  auto it = m->find(name);
-  return it == m->end() ? -1 : it->second;
-}
 
-double AwaitMetric(int port, const std::string& name, double value, absl::Duration timeout = absl::Seconds(30)) {
-  const absl::Time end = absl::Now() + timeout;
-  double v = -1;
-  while (absl::Now() < end) {
-    v = Metric(port, name);
-    if (v == value) return v;
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  return v;
-}
 
 // Prefill on GPU 0 and decode on GPU `decode_gpu`, over `plane`.
 StackOptions GpuStack(bool aggregated, const std::string& plane, int decode_gpu) {
@@ -123,9 +107,9 @@ void KillPrefillMidTransfer(const std::string& plane, int decode_gpu) {
   Stack& stack = **s;
   KillDuringTransfers(stack, stack.prefill(), plane + "-killprefill");
   const int metrics = std::stoi(stack.decode()->field("metrics_port"));
-  EXPECT_EQ(AwaitMetric(metrics, "hybridserve_num_requests_running", 0), 0);
-  EXPECT_EQ(AwaitMetric(metrics, "hybridserve_kv_pages_free", 4096), 4096);
-  EXPECT_EQ(AwaitMetric(metrics, "hybridserve_state_slots_free", 8), 8);
+  EXPECT_EQ(AwaitMetric(metrics, "hybridserve_num_requests_running", 0, absl::Seconds(30)), 0);
+  EXPECT_EQ(AwaitMetric(metrics, "hybridserve_kv_pages_free", 4096, absl::Seconds(30)), 4096);
+  EXPECT_EQ(AwaitMetric(metrics, "hybridserve_state_slots_free", 8, absl::Seconds(30)), 8);
   ASSERT_TRUE(stack.RestartPrefill().ok());  // decode makes a new channel for the new process
   Generation after = Generate(stack.decode_target(), Request(plane + "-after-kill", TextPrompt(50, 1), 6));
   EXPECT_TRUE(after.status.ok()) << after.status.error_message();

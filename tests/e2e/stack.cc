@@ -270,6 +270,24 @@ absl::StatusOr<std::map<std::string, double>> ScrapeMetrics(int port) {
   return out;
 }
 
+double Metric(int port, const std::string& name) {
+  auto m = ScrapeMetrics(port);
+  if (!m.ok()) return -1;
+  auto it = m->find(name);
+  return it == m->end() ? -1 : it->second;
+}
+
+double AwaitMetric(int port, const std::string& name, double value, absl::Duration timeout) {
+  const absl::Time end = absl::Now() + timeout;
+  double v = -1;
+  while (absl::Now() < end) {
+    v = Metric(port, name);
+    if (v == value) return v;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return v;
+}
+
 std::vector<int32_t> TextPrompt(int n, int seed) {
   static const char kText[] =
       "The quick brown fox jumps over the lazy dog. A journey of a thousand miles begins with a single step. "

@@ -106,6 +106,11 @@ Generation Generate(const std::string& target, const v1::GenerateRequest& reques
 // GET http://127.0.0.1:<port>/metrics; the value of each sample line
 // ("name{labels}" -> value).
 absl::StatusOr<std::map<std::string, double>> ScrapeMetrics(int port);
+// The value of sample `name` on `port`, or -1 when it cannot be read.
+double Metric(int port, const std::string& name);
+// Polls until `name` on `port` equals `value` (bounded by `timeout`); the
+// last value seen.
+double AwaitMetric(int port, const std::string& name, double value, absl::Duration timeout = absl::Seconds(15));
 
 // A deterministic prompt of `n` byte tokens starting with <bos>.
 std::vector<int32_t> TextPrompt(int n, int seed);

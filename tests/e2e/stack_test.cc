@@ -22,24 +22,7 @@ bool BitEqual(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-double Metric(int port, const std::string& name) {
-  auto m = ScrapeMetrics(port);
-  if (!m.ok()) return -1;
-  auto it = m->find(name);
-  return it == m->end() ? -1 : it->second;
-}
 
-// Polls until `name` on `port` equals `value` (bounded); the last value seen.
-double AwaitMetric(int port, const std::string& name, double value, absl::Duration timeout = absl::Seconds(10)) {
-  const absl::Time end = absl::Now() + timeout;
-  double v = -1;
-  while (absl::Now() < end) {
-    v = Metric(port, name);
-    if (v == value) return v;
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  return v;
-}
 
 class StackTest : public ::testing::Test {
  protected:
