@@ -2,7 +2,7 @@
 """Deterministic generator of random Nemotron-H and Mamba2 models in Hugging Face format.
 
 Usage:
-    python3 tools/gen_model.py --preset {tiny,default,bench} --seed N --out DIR
+    python3 tools/gen_model.py --preset {tiny,default,bench,1b} --seed N --out DIR
                                [--arch {nemotron_h,mamba2}] [--dtype {fp32,bf16,fp16}]
 
 Writes DIR/config.json and DIR/model.safetensors, loadable as is by transformers'
@@ -94,6 +94,12 @@ PRESETS = {
         mamba_num_heads=32, mamba_head_dim=64, n_groups=8, ssm_state_size=128, conv_kernel=4, chunk_size=128,
         num_attention_heads=8, num_key_value_heads=2, head_dim=128, intermediate_size=2048,
         pad_token_id=0, bos_token_id=1, eos_token_id=2, max_position_embeddings=32768),
+    # ~0.93B parameters: the GPU benchmarks' "generated ~1B hybrid" (issue 12).
+    ("nemotron_h", "1b"): dict(
+        vocab_size=32000, hidden_size=2048, pattern="M-M-M*-M-M-M*-M-M-M*-M-M-M*-",
+        mamba_num_heads=64, mamba_head_dim=64, n_groups=8, ssm_state_size=128, conv_kernel=4, chunk_size=256,
+        num_attention_heads=16, num_key_value_heads=4, head_dim=128, intermediate_size=8192,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, max_position_embeddings=131072),
     ("mamba2", "tiny"): dict(
         vocab_size=96, hidden_size=32, num_hidden_layers=4,
         num_heads=4, head_dim=16, n_groups=2, state_size=16, conv_kernel=4, chunk_size=16,
@@ -402,7 +408,7 @@ def write_model(out_dir, cfg, weights, dtype="fp32"):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--preset", choices=["tiny", "default", "bench"], required=True)
+    ap.add_argument("--preset", choices=["tiny", "default", "bench", "1b"], required=True)
     ap.add_argument("--arch", choices=["nemotron_h", "mamba2"], default="nemotron_h")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
