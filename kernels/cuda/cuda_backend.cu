@@ -46,26 +46,37 @@ class CudaBackend final : public Backend {
   void* HostAddress(void*) override { return nullptr; }
   int Synchronize() override;
 
-  int Embedding(const EmbeddingParams& p) override { return HS_CUDA_NS::Embedding(p, ctx_); }
-  int Matmul(const MatmulParams& p, MatmulMode mode) override { return HS_CUDA_NS::Matmul(p, mode, ctx_); }
-  int RmsNorm(const RmsNormParams& p) override { return HS_CUDA_NS::RmsNorm(p, ctx_); }
-  int GatedRmsNorm(const GatedRmsNormParams& p) override { return HS_CUDA_NS::GatedRmsNorm(p, ctx_); }
-  int Activation(const ActivationParams& p) override { return HS_CUDA_NS::Activation(p, ctx_); }
-  int SwiGlu(const SwiGluParams& p) override { return HS_CUDA_NS::SwiGlu(p, ctx_); }
-  int DtSoftplus(const DtSoftplusParams& p) override { return HS_CUDA_NS::DtSoftplus(p, ctx_); }
-  int CausalConv1d(const CausalConv1dParams& p) override { return HS_CUDA_NS::CausalConv1d(p, ctx_); }
+  int Embedding(const EmbeddingParams& p) override { UseDevice(); return HS_CUDA_NS::Embedding(p, ctx_); }
+  int Matmul(const MatmulParams& p, MatmulMode mode) override { UseDevice(); return HS_CUDA_NS::Matmul(p, mode, ctx_); }
+  int RmsNorm(const RmsNormParams& p) override { UseDevice(); return HS_CUDA_NS::RmsNorm(p, ctx_); }
+  int GatedRmsNorm(const GatedRmsNormParams& p) override { UseDevice(); return HS_CUDA_NS::GatedRmsNorm(p, ctx_); }
+  int Activation(const ActivationParams& p) override { UseDevice(); return HS_CUDA_NS::Activation(p, ctx_); }
+  int SwiGlu(const SwiGluParams& p) override { UseDevice(); return HS_CUDA_NS::SwiGlu(p, ctx_); }
+  int DtSoftplus(const DtSoftplusParams& p) override { UseDevice(); return HS_CUDA_NS::DtSoftplus(p, ctx_); }
+  int CausalConv1d(const CausalConv1dParams& p) override { UseDevice(); return HS_CUDA_NS::CausalConv1d(p, ctx_); }
   int CausalConv1dUpdate(const CausalConv1dUpdateParams& p) override {
+    UseDevice();
     return HS_CUDA_NS::CausalConv1dUpdate(p, ctx_);
   }
-  int SsdChunkScan(const SsdChunkScanParams& p) override { return HS_CUDA_NS::SsdChunkScan(p, ctx_); }
+  int SsdChunkScan(const SsdChunkScanParams& p) override { UseDevice(); return HS_CUDA_NS::SsdChunkScan(p, ctx_); }
   int SelectiveStateUpdate(const SelectiveStateUpdateParams& p) override {
+    UseDevice();
     return HS_CUDA_NS::SelectiveStateUpdate(p, ctx_);
   }
-  int KvAppend(const KvAppendParams& p) override { return HS_CUDA_NS::KvAppend(p, ctx_); }
-  int KvAppendDecode(const KvAppendDecodeParams& p) override { return HS_CUDA_NS::KvAppendDecode(p, ctx_); }
-  int AttentionPrefill(const AttentionPrefillParams& p) override { return HS_CUDA_NS::AttentionPrefill(p, ctx_); }
-  int AttentionDecode(const AttentionDecodeParams& p) override { return HS_CUDA_NS::AttentionDecode(p, ctx_); }
-  int Rope(const RopeParams& p) override { return HS_CUDA_NS::Rope(p, ctx_); }
+  int KvAppend(const KvAppendParams& p) override { UseDevice(); return HS_CUDA_NS::KvAppend(p, ctx_); }
+  int KvAppendDecode(const KvAppendDecodeParams& p) override {
+    UseDevice();
+    return HS_CUDA_NS::KvAppendDecode(p, ctx_);
+  }
+  int AttentionPrefill(const AttentionPrefillParams& p) override {
+    UseDevice();
+    return HS_CUDA_NS::AttentionPrefill(p, ctx_);
+  }
+  int AttentionDecode(const AttentionDecodeParams& p) override {
+    UseDevice();
+    return HS_CUDA_NS::AttentionDecode(p, ctx_);
+  }
+  int Rope(const RopeParams& p) override { UseDevice(); return HS_CUDA_NS::Rope(p, ctx_); }
 
   int ExportMemory(const void* device, int64_t bytes, std::string* handle, int64_t* offset) override;
   int OpenPeerMemory(const std::string& handle, void** base, int64_t* bytes) override;
@@ -83,6 +94,12 @@ class CudaBackend final : public Backend {
 
  private:
   cudaStream_t stream() const { return static_cast<cudaStream_t>(ctx_.stream); }
+  // Makes device_ the calling host thread's current device. CUDA's current
+  // device is per host thread, and the backend is called from threads other
+  // than the one that created it (the engine's, the data plane's): without
+  // this, with device_index > 0, their allocations and IPC mappings would land
+  // on device 0 and their launches into stream() (device_'s) would fail.
+  void UseDevice() const { cudaSetDevice(device_); }
   // Whether [p, p + bytes) lies inside one live buffer of this backend.
   bool InsideBuffer(const void* p, int64_t bytes) const;
   // Waits for the stream, then reports (and clears) a kernel's out-of-range
@@ -116,6 +133,7 @@ class CudaBackend final : public Backend {
 char kDeviceCookie;
 
 CudaBackend::~CudaBackend() {
+  UseDevice();
   if (capturing_) {
     cudaGraph_t abandoned = nullptr;
     if (cudaStreamEndCapture(stream(), &abandoned) == cudaSuccess && abandoned != nullptr) cudaGraphDestroy(abandoned);
@@ -219,6 +237,7 @@ bool CudaBackend::InsideBuffer(const void* p, int64_t bytes) const {
 }
 
 int CudaBackend::Allocate(int64_t bytes, DeviceBuffer* out) {
+  UseDevice();
   if (out == nullptr || bytes < 1 || RefuseWhileCapturing()) return kKernelInvalidArgument;
   void* p = nullptr;
   const cudaError_t e = cudaMalloc(&p, static_cast<size_t>(bytes));
@@ -251,6 +270,7 @@ int CudaBackend::UploadConstant(const void* host, int64_t bytes, DeviceBuffer* o
 
 void CudaBackend::Release(void* data, int64_t, void* cookie) {
   if (cookie != &kDeviceCookie) return;
+  UseDevice();
   // Kernels already issued may still read the buffer; cudaFree waits for the
   // device, so freeing here is safe (and rare: buffers live as long as a model).
   {
@@ -261,6 +281,7 @@ void CudaBackend::Release(void* data, int64_t, void* cookie) {
 }
 
 int CudaBackend::CopyToDevice(void* device_dst, const void* host_src, int64_t bytes) {
+  UseDevice();
   if (RefuseWhileCapturing()) return kKernelInvalidArgument;
   if (bytes < 0 || (bytes > 0 && (device_dst == nullptr || host_src == nullptr))) return kKernelInvalidArgument;
   if (bytes == 0) return kKernelOk;
@@ -274,6 +295,7 @@ int CudaBackend::CopyToDevice(void* device_dst, const void* host_src, int64_t by
 }
 
 int CudaBackend::CopyToHost(void* host_dst, const void* device_src, int64_t bytes) {
+  UseDevice();
   if (RefuseWhileCapturing()) return kKernelInvalidArgument;
   if (bytes < 0 || (bytes > 0 && (host_dst == nullptr || device_src == nullptr))) return kKernelInvalidArgument;
   if (bytes > 0 && !InsideBuffer(device_src, bytes)) return kKernelInvalidArgument;
@@ -286,6 +308,7 @@ int CudaBackend::CopyToHost(void* host_dst, const void* device_src, int64_t byte
 }
 
 int CudaBackend::CopyOnDevice(void* device_dst, const void* device_src, int64_t bytes) {
+  UseDevice();
   if (bytes < 0 || (bytes > 0 && (device_dst == nullptr || device_src == nullptr))) return kKernelInvalidArgument;
   if (bytes == 0) return kKernelOk;
   if (!InsideBuffer(device_dst, bytes) || !InsideBuffer(device_src, bytes)) return kKernelInvalidArgument;
@@ -299,6 +322,7 @@ int CudaBackend::CopyOnDevice(void* device_dst, const void* device_src, int64_t 
 }
 
 int CudaBackend::Fill(void* device_dst, uint8_t value, int64_t bytes) {
+  UseDevice();
   if (bytes < 0 || (bytes > 0 && device_dst == nullptr)) return kKernelInvalidArgument;
   if (bytes == 0) return kKernelOk;
   if (!InsideBuffer(device_dst, bytes)) return kKernelInvalidArgument;
@@ -309,6 +333,7 @@ int CudaBackend::Fill(void* device_dst, uint8_t value, int64_t bytes) {
 
 // A handle is the CUDA IPC handle of the buffer followed by its size (8 bytes).
 int CudaBackend::ExportMemory(const void* device, int64_t bytes, std::string* handle, int64_t* offset) {
+  UseDevice();
   std::lock_guard<std::mutex> lock(sharing_mu_);
   if (handle == nullptr || offset == nullptr || device == nullptr || bytes < 1 || !InsideBuffer(device, bytes)) {
     return kKernelInvalidArgument;
@@ -327,6 +352,7 @@ int CudaBackend::ExportMemory(const void* device, int64_t bytes, std::string* ha
 }
 
 int CudaBackend::OpenPeerMemory(const std::string& handle, void** base, int64_t* bytes) {
+  UseDevice();
   if (base == nullptr || bytes == nullptr || handle.size() != sizeof(cudaIpcMemHandle_t) + sizeof(int64_t)) {
     return kKernelInvalidArgument;
   }
@@ -347,6 +373,7 @@ int CudaBackend::OpenPeerMemory(const std::string& handle, void** base, int64_t*
 }
 
 int CudaBackend::ClosePeerMemory(void* base) {
+  UseDevice();
   std::lock_guard<std::mutex> lock(sharing_mu_);
   const auto it = peers_.find(reinterpret_cast<uintptr_t>(base));
   if (it == peers_.end()) return kKernelInvalidArgument;
@@ -355,6 +382,7 @@ int CudaBackend::ClosePeerMemory(void* base) {
 }
 
 int CudaBackend::CopyToPeer(void* peer_dst, const void* src, int64_t bytes) {
+  UseDevice();
   if (bytes < 0 || (bytes > 0 && (peer_dst == nullptr || src == nullptr))) return kKernelInvalidArgument;
   if (bytes == 0) return kKernelOk;
   std::lock_guard<std::mutex> lock(sharing_mu_);
@@ -381,6 +409,7 @@ bool CudaBackend::RefuseWhileCapturing() {
 }
 
 int CudaBackend::BeginCapture() {
+  UseDevice();
   if (capturing_) return kKernelInvalidArgument;
   // Thread-local mode: other host threads' CUDA calls (another backend on the
   // same GPU) neither join nor spoil this capture.
@@ -391,6 +420,7 @@ int CudaBackend::BeginCapture() {
 }
 
 int CudaBackend::EndCapture(int64_t* graph) {
+  UseDevice();
   if (!capturing_) return kKernelInvalidArgument;
   capturing_ = false;
   cudaGraph_t recorded = nullptr;
@@ -410,6 +440,7 @@ int CudaBackend::EndCapture(int64_t* graph) {
 }
 
 int CudaBackend::Replay(int64_t graph) {
+  UseDevice();
   if (capturing_) return kKernelInvalidArgument;
   const auto it = graphs_.find(graph);
   if (it == graphs_.end()) return kKernelInvalidArgument;
@@ -417,6 +448,7 @@ int CudaBackend::Replay(int64_t graph) {
 }
 
 int CudaBackend::ReleaseGraph(int64_t graph) {
+  UseDevice();
   const auto it = graphs_.find(graph);
   if (it == graphs_.end()) return kKernelInvalidArgument;
   cudaGraphExecDestroy(it->second);
@@ -425,6 +457,7 @@ int CudaBackend::ReleaseGraph(int64_t graph) {
 }
 
 int CudaBackend::WaitAndCheck() {
+  UseDevice();
   if (cudaMemcpyAsync(host_flag_, ctx_.error_flag, sizeof(int32_t), cudaMemcpyDeviceToHost, stream()) !=
           cudaSuccess ||
       cudaStreamSynchronize(stream()) != cudaSuccess) {

@@ -49,7 +49,9 @@ constexpr int kScanMaxTile = 64;  // tokens per tile
 // token and slice) at most the size of the two state products (2 rows d_state
 // per token and slice, rows = 16).
 constexpr int64_t kDefaultBlock = 64;
-// Dynamic shared memory budget per block (below sm_80's 163 KiB opt-in limit).
+// Dynamic shared memory budget per block (below sm_80's 163 KiB opt-in
+// limit), lowered to the device's own opt-in limit where that is smaller
+// (ScanSmemBudget): sm_86 and sm_89 run the sm_80 build with 99 KiB.
 constexpr int64_t kScanMaxSmemBytes = 160 * 1024;
 
 struct ScanArgs {
@@ -496,6 +498,20 @@ __global__ void __launch_bounds__(kSsuWarps * 32) StateUpdateKernel(SsuArgs a, i
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// kScanMaxSmemBytes, or the current device's opt-in limit of dynamic shared
+// memory per block where that is smaller (never below the 48 KiB every
+// device grants). The tile and slice sizes follow from it; the bits do not.
+int64_t ScanSmemBudget() {
+  int device = 0;
+  int optin = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+    cudaGetLastError();  // not sticky: fall back to the limit every device has
+    optin = 48 * 1024;
+  }
+  return Min<int64_t>(kScanMaxSmemBytes, Max<int64_t>(optin, 48 * 1024));
+}
+
 int64_t Gcd(int64_t a, int64_t b) {
   while (b != 0) {
     const int64_t t = a % b;
@@ -527,17 +543,18 @@ int SsdChunkScan(const SsdChunkScanParams& p, const CudaLaunchContext& ctx) {
   const int64_t ldn64 = p.d_state % 2 == 0 ? p.d_state + 1 : p.d_state;
   if (ldn64 > (int64_t{1} << 24)) return kKernelUnsupported;
   const int ldn = static_cast<int>(ldn64);
+  const int64_t budget = ScanSmemBudget();
   auto bytes = [&] { return MakeScanLayout(rows, tt, ldn).total * static_cast<int64_t>(sizeof(float)); };
-  while (bytes() > kScanMaxSmemBytes && (tt > 8 || rows > 1)) {
+  while (bytes() > budget && (tt > 8 || rows > 1)) {
     if (tt > 8) {
       tt /= 2;
     } else {
       rows = (rows + 1) / 2;
     }
   }
-  while (bytes() > kScanMaxSmemBytes && tt > 1) tt /= 2;
+  while (bytes() > budget && tt > 1) tt /= 2;
   // Very large d_state: the state slice and one token's B and C do not fit.
-  if (bytes() > kScanMaxSmemBytes) return kKernelUnsupported;
+  if (bytes() > budget) return kKernelUnsupported;
 
   ScanArgs a;
   a.x = p.x;

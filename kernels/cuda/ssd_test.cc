@@ -340,6 +340,35 @@ TEST_P(SsdGridTest, ChunkStatesMatchCpuStatesAtBoundaries) {
   }
 }
 
+// On a GPU whose opt-in shared-memory limit is below the scan's 160 KiB
+// budget (sm_86 and sm_89 run the sm_80 build with 99 KiB), the model's head
+// geometry (head_dim 64, d_state 128: 108 KiB at full tiles) still runs, with
+// smaller tiles and the same bits.
+TEST_P(SsdGridTest, SmallerSharedMemoryOptinGivesTheSameBits) {
+  if (GetParam() != CudaTarget::kEmulated) GTEST_SKIP() << "the opt-in limit is the GPU's own";
+  std::unique_ptr<Backend> be = MakeCudaTestBackendOrSkip(GetParam());
+  if (be == nullptr) return;
+  const Shape s{.seqlen = 150,
+                .n_heads = 2,
+                .head_dim = 64,
+                .d_state = 128,
+                .n_groups = 1,
+                .chunk_size = 256,
+                .start_pos = 30,
+                .packed = true};
+  const Problem pr(s, 11);
+  const DeviceProblem d(*be, pr);
+  const ScanOutput full = RunGpu(*be, pr, d, s.start_pos, s.seqlen, d.init.as<float>(), true);
+  for (const size_t optin : {size_t{99} * 1024, size_t{64} * 1024, size_t{48} * 1024}) {
+    SCOPED_TRACE(::testing::Message() << "opt-in " << optin);
+    const ScopedEmulatedSmemOptin limit(optin);
+    const ScanOutput small = RunGpu(*be, pr, d, s.start_pos, s.seqlen, d.init.as<float>(), true);
+    EXPECT_TRUE(BitsEqual(small.y, full.y));
+    EXPECT_TRUE(BitsEqual(small.final_state, full.final_state));
+    EXPECT_TRUE(BitsEqual(small.chunk_states, full.chunk_states));
+  }
+}
+
 // Grid contract (DESIGN.md section 4), on the backend itself, bit for bit: one
 // call over [begin, total) vs the same range split at grid points into calls
 // chained through the device state (the last with final_state aliasing

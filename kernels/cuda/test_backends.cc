@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/emu/cuda_emu.h"
 #include "kernels/kernel_status.h"
 
 namespace hybridserve::kernels::cuda_testing {
@@ -40,6 +41,13 @@ std::unique_ptr<Backend> MakeCudaTestBackendOrSkip(CudaTarget target) {
   std::unique_ptr<Backend> backend = cuda::CreateCudaBackend(options, &error);
   EXPECT_NE(backend, nullptr) << "the CUDA backend failed to start on a machine with a GPU: " << error;
   return backend;
+}
+
+ScopedEmulatedSmemOptin::ScopedEmulatedSmemOptin(size_t bytes) {
+  cuda_emu::internal::SetMaxSharedMemoryPerBlockOptinForTesting(bytes);
+}
+ScopedEmulatedSmemOptin::~ScopedEmulatedSmemOptin() {
+  cuda_emu::internal::SetMaxSharedMemoryPerBlockOptinForTesting(0);
 }
 
 DeviceBuffer Upload(Backend& backend, const void* host, int64_t bytes) {

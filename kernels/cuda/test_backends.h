@@ -13,6 +13,7 @@
 //   }
 //   INSTANTIATE_TEST_SUITE_P(Cuda, NormTest, CudaTestTargets(), CudaTargetName);
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -69,6 +70,18 @@ class CudaKernelTest : public ::testing::TestWithParam<CudaTarget> {
   }
 
   std::unique_ptr<Backend> backend_;
+};
+
+// For its lifetime, the emulated GPU reports and enforces an opt-in limit of
+// `bytes` of dynamic shared memory per block (another GPU's: 99 KiB is an
+// sm_86's or sm_89's); the GPU target is unaffected. Not thread-safe: no
+// launch may run while one is made or destroyed.
+class ScopedEmulatedSmemOptin {
+ public:
+  explicit ScopedEmulatedSmemOptin(size_t bytes);
+  ~ScopedEmulatedSmemOptin();
+  ScopedEmulatedSmemOptin(const ScopedEmulatedSmemOptin&) = delete;
+  ScopedEmulatedSmemOptin& operator=(const ScopedEmulatedSmemOptin&) = delete;
 };
 
 // Largest |a - b| / (atol + rtol * |b|) over the arrays (<= 1 passes), with

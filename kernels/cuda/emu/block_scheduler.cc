@@ -11,6 +11,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda/emu/cuda_emu.h"
@@ -112,6 +113,69 @@ void Fatal(const char* format, ...) {
 }
 
 namespace {
+
+// ---- Scheduling order (HS_CUDA_EMU_ORDER, HS_CUDA_EMU_SEED) ----
+
+constexpr uint64_t kDefaultSeed = 0x9e3779b97f4a7c15u;
+
+struct OrderConfig {
+  ScheduleOrder order = ScheduleOrder::kAscending;
+  uint64_t seed = kDefaultSeed;
+};
+
+OrderConfig ConfigFromEnvironment() {
+  OrderConfig config;
+  const char* order = std::getenv("HS_CUDA_EMU_ORDER");
+  if (order != nullptr && order[0] != '\0') {
+    if (std::strcmp(order, "ascending") == 0) {
+      config.order = ScheduleOrder::kAscending;
+    } else if (std::strcmp(order, "descending") == 0) {
+      config.order = ScheduleOrder::kDescending;
+    } else if (std::strcmp(order, "shuffle") == 0) {
+      config.order = ScheduleOrder::kShuffle;
+    } else {
+      Fatal("HS_CUDA_EMU_ORDER=%s: expected ascending, descending or shuffle", order);
+    }
+  }
+  const char* seed = std::getenv("HS_CUDA_EMU_SEED");
+  if (seed != nullptr && seed[0] != '\0') {
+    char* end = nullptr;
+    config.seed = std::strtoull(seed, &end, 0);
+    if (end == seed || *end != '\0') Fatal("HS_CUDA_EMU_SEED=%s: expected an unsigned integer", seed);
+  }
+  return config;
+}
+
+// Read under the launch lock (RunGrid's precondition), so plain statics do.
+OrderConfig& Config() {
+  static OrderConfig config = ConfigFromEnvironment();
+  return config;
+}
+// Launches since the configuration was set: each launch's shuffle stream is
+// seeded from (seed, launch number), so a run is reproducible from its seed.
+uint64_t& LaunchCount() {
+  static uint64_t count = 0;
+  return count;
+}
+
+// splitmix64: a fast, well-mixed 64-bit generator; enough for permutations.
+class SplitMix64 {
+ public:
+  explicit SplitMix64(uint64_t seed) : state_(seed) {}
+  uint64_t Next() {
+    uint64_t z = (state_ += 0x9e3779b97f4a7c15u);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
+    return z ^ (z >> 31);
+  }
+  // Uniform in [0, n), n > 0 (Lemire's multiply-shift; the bias is < n / 2^64).
+  uint32_t Below(uint32_t n) {
+    return static_cast<uint32_t>((static_cast<unsigned __int128>(Next()) * n) >> 64);
+  }
+
+ private:
+  uint64_t state_;
+};
 
 constexpr size_t kFiberStackBytes = 256 * 1024;
 constexpr unsigned int kFullMask = 0xffffffffu;
@@ -262,14 +326,26 @@ void FormatIndex(char* out, size_t size, uint3 index) {
 
 // Runs the threads of one block after another as fibers on the calling host
 // thread: each runs until it waits (__syncthreads, a warp collective) or
-// exits; the last thread to arrive at a barrier releases the others. Blocks
-// of one launch reuse it. Thread-compatible (one host thread).
+// exits; the last thread to arrive at a barrier releases the others. Runnable
+// threads are resumed first in, first out; the threads that become runnable
+// together (a "round": a block's start, a barrier's or a warp collective's
+// release) are queued in the order `order` says. In ascending order the
+// releasing thread goes on running ahead of its round (the historical
+// behavior); in the other orders it is queued with its round, so the round's
+// permutation is complete. Blocks of one launch reuse it. Thread-compatible
+// (one host thread).
 class BlockScheduler {
  public:
-  BlockScheduler(const void* kernel, const std::function<void()>* body, dim3 block)
-      : kernel_(kernel), body_(body), threads_(static_cast<int>(block.x * block.y * block.z)) {
+  BlockScheduler(const void* kernel, const std::function<void()>* body, dim3 block, ScheduleOrder order,
+                 uint64_t seed)
+      : kernel_(kernel),
+        body_(body),
+        threads_(static_cast<int>(block.x * block.y * block.z)),
+        order_(order),
+        random_(seed) {
     fibers_ = ThisThreadFiberPool().Get(static_cast<size_t>(threads_));
     ready_.resize(static_cast<size_t>(threads_));
+    round_.reserve(static_cast<size_t>(threads_));
     warps_.resize(static_cast<size_t>(threads_ / warpSize));
     for (int i = 0; i < threads_; ++i) {
       Fiber* fiber = fibers_[i];
@@ -288,10 +364,8 @@ class BlockScheduler {
   void RunBlock() {
     head_ = 0;
     size_ = 0;
-    for (int i = 0; i < threads_; ++i) {
-      fibers_[i]->state = ThreadState::kReady;
-      Push(fibers_[i]);
-    }
+    round_.assign(fibers_, fibers_ + threads_);
+    PushRound();
     for (Warp& warp : warps_) warp.arrived = 0;
     live_ = threads_;
     at_barrier_ = 0;
@@ -316,7 +390,7 @@ class BlockScheduler {
     self->state = ThreadState::kAtBarrier;
     if (++at_barrier_ == live_) {
       ReleaseBarrier(self);
-      return;
+      if (self->state == ThreadState::kRunning) return;  // ascending: goes on ahead of its round
     }
     SwitchAway(self);
   }
@@ -341,13 +415,14 @@ class BlockScheduler {
       warp.arrived = 0;
       warp.parity ^= 1;
       const int first = self->linear / warpSize * warpSize;
+      round_.clear();
       for (int i = first; i < first + warpSize; ++i) {
         Fiber* lane = fibers_[i];
-        if (lane != self) {
-          lane->state = ThreadState::kReady;
-          Push(lane);
-        }
+        if (lane != self || order_ != ScheduleOrder::kAscending) round_.push_back(lane);
       }
+      PushRound();
+      if (order_ == ScheduleOrder::kAscending) return lanes;  // goes on ahead of its round
+      SwitchAway(self);
       return lanes;
     }
     self->state = ThreadState::kAtWarp;
@@ -363,8 +438,27 @@ class BlockScheduler {
     uint64_t lanes[2][32] = {};
   };
 
+  // Queues the fibers of round_ as ready, in the order order_ says (round_ is
+  // in ascending thread order).
+  void PushRound() {
+    const size_t n = round_.size();
+    switch (order_) {
+      case ScheduleOrder::kAscending:
+        for (size_t i = 0; i < n; ++i) Push(round_[i]);
+        break;
+      case ScheduleOrder::kDescending:
+        for (size_t i = n; i > 0; --i) Push(round_[i - 1]);
+        break;
+      case ScheduleOrder::kShuffle:
+        for (size_t i = n; i > 1; --i) std::swap(round_[i - 1], round_[random_.Below(static_cast<uint32_t>(i))]);
+        for (size_t i = 0; i < n; ++i) Push(round_[i]);
+        break;
+    }
+  }
+
   // Every fiber is queued at most once, so the ring never holds more than threads_.
   void Push(Fiber* fiber) {
+    fiber->state = ThreadState::kReady;
     size_t tail = head_ + size_;
     if (tail >= ready_.size()) tail -= ready_.size();
     ready_[tail] = fiber;
@@ -383,31 +477,34 @@ class BlockScheduler {
     threadIdx = fiber->index;
   }
 
-  // Releases the threads waiting at __syncthreads(); `self` (the last to
-  // arrive, if any) goes on running.
+  // Releases the threads waiting at __syncthreads(). `self` (the last to
+  // arrive, if any) goes on running in ascending order, and is queued with the
+  // others in the other orders.
   void ReleaseBarrier(Fiber* self) {
     at_barrier_ = 0;
+    round_.clear();
     for (int i = 0; i < threads_; ++i) {
       Fiber* fiber = fibers_[i];
       if (fiber->state != ThreadState::kAtBarrier) continue;
-      if (fiber == self) {
+      if (fiber == self && order_ == ScheduleOrder::kAscending) {
         fiber->state = ThreadState::kRunning;
       } else {
-        fiber->state = ThreadState::kReady;
-        Push(fiber);
+        round_.push_back(fiber);
       }
     }
+    PushRound();
   }
 
-  // Switches from the waiting or exited `self` to the next ready thread, or
-  // back to the host when none is ready; returns when `self` is resumed.
+  // Switches from the waiting, queued or exited `self` to the next ready
+  // thread (no switch when that is `self`), or back to the host when none is
+  // ready; returns when `self` is resumed.
   void SwitchAway(Fiber* self) {
     if (size_ == 0) {
       SwitchContext(&self->context, &host_);
     } else {
       Fiber* next = Pop();
       Resume(next);
-      SwitchContext(&self->context, &next->context);
+      if (next != self) SwitchContext(&self->context, &next->context);
     }
   }
 
@@ -481,7 +578,10 @@ class BlockScheduler {
   const void* kernel_;
   const std::function<void()>* body_;
   const int threads_;
+  const ScheduleOrder order_;
+  SplitMix64 random_;  // kShuffle's permutations
   Fiber* const* fibers_ = nullptr;
+  std::vector<Fiber*> round_;  // the fibers made runnable together, before PushRound
   std::vector<Fiber*> ready_;  // ring buffer of runnable fibers
   size_t head_ = 0;
   size_t size_ = 0;
@@ -514,13 +614,28 @@ BlockScheduler& Running(const char* what) {
 
 bool InKernel() { return t_running != nullptr; }
 
+void SetScheduleOrderForTesting(ScheduleOrder order, uint64_t seed) {
+  if (t_running != nullptr) Fatal("SetScheduleOrderForTesting called inside a kernel");
+  Config() = OrderConfig{order, seed};
+  LaunchCount() = 0;
+}
+
+void ResetScheduleOrderForTesting() {
+  if (t_running != nullptr) Fatal("ResetScheduleOrderForTesting called inside a kernel");
+  Config() = ConfigFromEnvironment();
+  LaunchCount() = 0;
+}
+
 void RunGrid(const void* kernel, dim3 grid, dim3 block, size_t smem_bytes, const std::function<void()>& body) {
   if (t_running != nullptr) Fatal("a kernel launched a kernel (dynamic parallelism is not emulated)");
   void* smem = nullptr;
   if (posix_memalign(&smem, 256, smem_bytes == 0 ? 1 : smem_bytes) != 0) {
     Fatal("out of memory for %zu bytes of dynamic shared memory", smem_bytes);
   }
-  BlockScheduler scheduler(kernel, &body, block);
+  OrderConfig& config = Config();
+  const uint64_t launch = LaunchCount()++;
+  BlockScheduler scheduler(kernel, &body, block, config.order,
+                           config.seed ^ (launch * 0xd1b54a32d192ed03u + 0x8bb84b93962eacc9u));
   t_running = &scheduler;
   t_dynamic_smem = static_cast<unsigned char*>(smem);
   blockDim = block;

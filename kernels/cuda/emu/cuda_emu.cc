@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -22,6 +23,8 @@ namespace {
 
 constexpr size_t kDefaultDynamicSmemLimit = 48 * 1024;
 constexpr size_t kMaxDynamicSmemLimit = 227 * 1024;
+// The opt-in limit the emulated GPU reports and enforces (at most kMaxDynamicSmemLimit).
+std::atomic<size_t> g_smem_optin_limit{kMaxDynamicSmemLimit};
 constexpr size_t kTotalGlobalMem = size_t{16} << 30;
 
 // ---- Last error (per host thread, as CUDA's) ----
@@ -339,8 +342,22 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   if (prop == nullptr) return Fail(cudaErrorInvalidValue);
   if (device != 0) return Fail(cudaErrorInvalidDevice);
   *prop = cudaDeviceProp{};
+  prop->sharedMemPerBlockOptin = g_smem_optin_limit.load();
   return cudaSuccess;
 }
+
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  if (value == nullptr || attr != cudaDevAttrMaxSharedMemoryPerBlockOptin) return Fail(cudaErrorInvalidValue);
+  if (device != 0) return Fail(cudaErrorInvalidDevice);
+  *value = static_cast<int>(g_smem_optin_limit.load());
+  return cudaSuccess;
+}
+
+namespace internal {
+void SetMaxSharedMemoryPerBlockOptinForTesting(size_t bytes) {
+  g_smem_optin_limit.store(bytes == 0 ? kMaxDynamicSmemLimit : std::min(bytes, kMaxDynamicSmemLimit));
+}
+}  // namespace internal
 
 cudaError_t cudaDeviceSynchronize() {
   if (InvalidateCaptures()) return Fail(cudaErrorStreamCaptureUnsupported);
@@ -632,7 +649,7 @@ cudaError_t cudaIpcCloseMemHandle(void* device_ptr) {
 
 cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
   if (func == nullptr || attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 ||
-      static_cast<size_t>(value) > kMaxDynamicSmemLimit) {
+      static_cast<size_t>(value) > g_smem_optin_limit.load()) {
     return Fail(cudaErrorInvalidValue);
   }
   DeviceState& device = Device();

@@ -13,13 +13,34 @@
 //   - block size <= 1024 threads and a multiple of 32 (our kernels' rule);
 //     grid.y, grid.z <= 65535; dynamic shared memory <= 48 KiB unless raised
 //     with cudaFuncSetAttribute(cudaFuncAttributeMaxDynamicSharedMemorySize),
-//     and never above 227 KiB: cudaErrorInvalidConfiguration /
+//     and never above the opt-in limit (227 KiB, an sm_90's; tests may lower
+//     it to another GPU's): cudaErrorInvalidConfiguration /
 //     cudaErrorInvalidValue from cudaGetLastError();
 //   - a __syncthreads() not reached by every live thread of the block, or a
 //     warp collective not reached by all 32 lanes with a full mask: abort
 //     ("deadlock" / "divergent warp collective");
 //   - dynamic shared memory starts filled with 0xFF bytes (NaN floats), so a
 //     read before a write shows.
+//
+// Scheduling order. Between two switch points a fiber runs alone, so a thread
+// that reads memory another thread of its block writes, with no barrier (or
+// warp collective, for lanes of one warp) in between, sees the write exactly
+// when the writer ran first: a race on a GPU, and invisible here in any one
+// fixed order. The environment variable HS_CUDA_EMU_ORDER chooses the order in
+// which the threads made runnable together (by a block's start, a barrier's
+// release, a warp collective's release: a "round") are resumed:
+//   ascending   thread id order (the default). The thread whose arrival
+//               released a barrier or collective goes on first, then the rest.
+//   descending  reverse thread id order, the releasing thread included.
+//   shuffle     a pseudo-random permutation per round, the releasing thread
+//               included; the stream is seeded per launch from
+//               HS_CUDA_EMU_SEED (an unsigned integer, decimal or 0x-hex;
+//               default a fixed constant) and the launch's number in the
+//               process, so a failing run repeats with the same seed.
+// A race-free kernel gives the same bits in every order; run the tests under
+// descending and a few shuffle seeds to find races (bazel test
+// --test_env=HS_CUDA_EMU_ORDER=shuffle --test_env=HS_CUDA_EMU_SEED=7 ...).
+// The variables are read at the first launch; an unknown value aborts.
 // Device memory is host memory from posix_memalign of the exact size, so ASan
 // sees out-of-bounds kernel accesses. Copies check that device ranges lie
 // inside a live allocation (cudaErrorInvalidValue otherwise).
@@ -105,6 +126,10 @@ enum cudaFuncAttribute : int {
   cudaFuncAttributeMaxDynamicSharedMemorySize = 8,
 };
 
+enum cudaDeviceAttr : int {
+  cudaDevAttrMaxSharedMemoryPerBlockOptin = 97,
+};
+
 enum cudaStreamCaptureMode : int {
   cudaStreamCaptureModeGlobal = 0,
   cudaStreamCaptureModeThreadLocal = 1,
@@ -149,6 +174,7 @@ cudaError_t cudaGetDeviceCount(int* count);  // always 1
 cudaError_t cudaSetDevice(int device);       // 0 only
 cudaError_t cudaGetDevice(int* device);
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device);
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device);
 cudaError_t cudaDeviceSynchronize();
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes);
 
@@ -212,6 +238,25 @@ cudaError_t cudaIpcCloseMemHandle(void* device_ptr);
 // cudaGetLastError): bad configuration is reported, nothing runs.
 cudaError_t EmuLaunch(const void* kernel, dim3 grid, dim3 block, size_t dynamic_smem_bytes, cudaStream_t stream,
                       std::function<void()> body);
+
+// ---- Scheduling order (see the header comment) ----
+
+namespace internal {
+enum class ScheduleOrder { kAscending, kDescending, kShuffle };
+// Replaces the order and seed taken from HS_CUDA_EMU_ORDER / HS_CUDA_EMU_SEED
+// for later launches, and restarts the per-launch seed sequence. For tests;
+// call while no launch runs (aborts inside a kernel).
+void SetScheduleOrderForTesting(ScheduleOrder order, uint64_t seed);
+// Back to the order and seed of the environment, as at start-up.
+void ResetScheduleOrderForTesting();
+
+// Emulates a GPU whose opt-in limit of dynamic shared memory per block
+// (cudaDevAttrMaxSharedMemoryPerBlockOptin, cudaDeviceProp's
+// sharedMemPerBlockOptin, the most cudaFuncSetAttribute accepts) is `bytes`,
+// e.g. 99 KiB for sm_86/sm_89, which run our sm_80 build; 0 restores 227 KiB.
+// Limits already set by cudaFuncSetAttribute stay. For tests.
+void SetMaxSharedMemoryPerBlockOptinForTesting(size_t bytes);
+}  // namespace internal
 
 // ---- Device side ----
 
