@@ -1,14 +1,16 @@
 // The decode worker binary: the client-facing Generation service over one
-// engine, the TCP data plane's receiver, a pool of prefill workers (or, with
+// engine, the data plane's receiver (TCP, NCCL or CUDA IPC), a pool of prefill workers (or, with
 // --prefill=in_process, a prefill worker in this process: aggregated mode),
 // a cachestore client, Prometheus metrics. Flags are read here only.
 
 #include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <iostream>
 #include <memory>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -202,8 +204,14 @@ int Run() {
     }
     nccl = *std::move(r);
     receiver = nccl.get();
-    // Names this worker to the prefill side, which keeps one channel per receiver.
-    endpoint = absl::StrCat(absl::GetFlag(FLAGS_data_plane), ":", absl::GetFlag(FLAGS_address));
+    // Names this worker to the prefill side, which keeps one channel per
+    // receiver endpoint: unique per process (--address may be 0.0.0.0:port on
+    // every decode host, and two workers sharing a name would take each
+    // other's channel).
+    char host[256] = {};
+    gethostname(host, sizeof(host) - 1);
+    endpoint = absl::StrCat(absl::GetFlag(FLAGS_data_plane), "/", host, "/", getpid(), "/",
+                            absl::Hex(std::random_device()() ^ (uint64_t{std::random_device()()} << 32)));
     decode::PrefillPoolOptions po;
     po.targets = targets;
     po.resolve_interval = absl::GetFlag(FLAGS_prefill_resolve_interval);
