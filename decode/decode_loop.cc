@@ -352,7 +352,7 @@ struct DecodeLoop::Publication {
   std::vector<std::pair<cachestore::ClientPut, std::string>> pages;
   cachestore::ClientPut state_put;
   std::string state;
-  absl::Status prepared;  // not OK: nothing to put, and why
+  absl::Status prepared;             // not OK: nothing to put, and why
   bool parent_from_prefill = false;  // the first put's parent is prefill's to put
 };
 

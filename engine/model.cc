@@ -309,10 +309,10 @@ absl::StatusOr<std::vector<float>> Model::DecodeStep(absl::Span<const SequenceId
   const bool graph = use_decode_graphs_ && batch <= kMaxGraphBatch;
   const int64_t rows = graph ? NextPowerOfTwo(batch) : batch;
   if (graph) stride = static_cast<size_t>(NextPowerOfTwo(static_cast<int64_t>(std::max<size_t>(stride, 4))));
-  std::vector<int32_t> slots(static_cast<size_t>(rows), -1);     // padding rows: no state slot
-  std::vector<int32_t> seq_lens(static_cast<size_t>(rows), 1);   // padding rows: one key, in the scratch page
+  std::vector<int32_t> slots(static_cast<size_t>(rows), -1);           // padding rows: no state slot
+  std::vector<int32_t> seq_lens(static_cast<size_t>(rows), 1);         // padding rows: one key, in the scratch page
   std::vector<int32_t> tables(static_cast<size_t>(rows) * stride, 0);  // entries past a row's length are never read
-  std::vector<TokenId> ids_host(static_cast<size_t>(rows), 0);  // padding rows: token 0
+  std::vector<TokenId> ids_host(static_cast<size_t>(rows), 0);         // padding rows: token 0
   for (int64_t b = 0; b < rows; ++b) {
     if (b >= batch) {
       tables[static_cast<size_t>(b) * stride] = std::max(scratch_page_, 0);

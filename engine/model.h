@@ -60,7 +60,7 @@ namespace hybridserve::engine {
 using ::hybridserve::TokenId;
 
 class DeviceWeights;
-class LayerRunner;  // engine/layer_runner.h (internal)
+class LayerRunner;   // engine/layer_runner.h (internal)
 struct DecodeBatch;  // engine/layer_runner.h (internal)
 class Workspace;
 

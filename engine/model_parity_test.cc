@@ -311,21 +311,19 @@ TEST_P(ModelParityTest, PrefillSplitAtChunkBoundariesMatchesOneCallInDeterminist
 
 INSTANTIATE_TEST_SUITE_P(
     Fixtures, ModelParityTest,
-    ::testing::Values(ParityParam{testing::kNemotronTiny, kernels::MatmulMode::kDeterministic, 2e-2f},
-                      ParityParam{testing::kNemotronTiny, kernels::MatmulMode::kFast, 2e-2f},
-                      ParityParam{testing::kMamba2Tiny, kernels::MatmulMode::kDeterministic, 1e-4f},
-                      ParityParam{testing::kMamba2Tiny, kernels::MatmulMode::kFast, 1e-4f},
-                      // The same contracts on the CUDA backend, bit for bit against itself.
-                      ParityParam{testing::kNemotronTiny, kernels::MatmulMode::kDeterministic, 2e-2f,
-                                  testing::TestTarget::kCudaEmulated},
-                      ParityParam{testing::kMamba2Tiny, kernels::MatmulMode::kDeterministic, 1e-4f,
-                                  testing::TestTarget::kCudaEmulated},
-                      ParityParam{testing::kNemotronTiny, kernels::MatmulMode::kDeterministic, 2e-2f,
-                                  testing::TestTarget::kCudaGpu},
-                      ParityParam{testing::kNemotronTiny, kernels::MatmulMode::kFast, 2e-2f,
-                                  testing::TestTarget::kCudaGpu},
-                      ParityParam{testing::kMamba2Tiny, kernels::MatmulMode::kDeterministic, 1e-4f,
-                                  testing::TestTarget::kCudaGpu}),
+    ::testing::Values(
+        ParityParam{testing::kNemotronTiny, kernels::MatmulMode::kDeterministic, 2e-2f},
+        ParityParam{testing::kNemotronTiny, kernels::MatmulMode::kFast, 2e-2f},
+        ParityParam{testing::kMamba2Tiny, kernels::MatmulMode::kDeterministic, 1e-4f},
+        ParityParam{testing::kMamba2Tiny, kernels::MatmulMode::kFast, 1e-4f},
+        // The same contracts on the CUDA backend, bit for bit against itself.
+        ParityParam{testing::kNemotronTiny, kernels::MatmulMode::kDeterministic, 2e-2f,
+                    testing::TestTarget::kCudaEmulated},
+        ParityParam{testing::kMamba2Tiny, kernels::MatmulMode::kDeterministic, 1e-4f,
+                    testing::TestTarget::kCudaEmulated},
+        ParityParam{testing::kNemotronTiny, kernels::MatmulMode::kDeterministic, 2e-2f, testing::TestTarget::kCudaGpu},
+        ParityParam{testing::kNemotronTiny, kernels::MatmulMode::kFast, 2e-2f, testing::TestTarget::kCudaGpu},
+        ParityParam{testing::kMamba2Tiny, kernels::MatmulMode::kDeterministic, 1e-4f, testing::TestTarget::kCudaGpu}),
     ParamName);
 
 }  // namespace

@@ -24,7 +24,7 @@
 namespace hybridserve::transport {
 namespace {
 
-constexpr size_t kTokenBytes = 32;  // hex digits of 128 random bits
+constexpr size_t kTokenBytes = 32;       // hex digits of 128 random bits
 constexpr uint32_t kReady = 0x31445452;  // "RTD1": the receiver's buffer is posted
 constexpr uint32_t kData = 0x31544144;   // "DAT1": the bytes follow on the connection
 constexpr uint32_t kDone = 0x314e4f44;   // "DON1": the bytes are in the receiver's device memory
@@ -189,8 +189,8 @@ class IpcChannel final : public Communicator {
       if (ready.offset < 0 || static_cast<uint64_t>(ready.offset) + bytes > static_cast<uint64_t>(peer.bytes)) {
         return absl::DataLossError("CUDA IPC channel: the peer's buffer lies outside its allocation");
       }
-      const int copied = backend_.CopyToPeer(static_cast<char*>(peer.base) + ready.offset, data,
-                                             static_cast<int64_t>(bytes));
+      const int copied =
+          backend_.CopyToPeer(static_cast<char*>(peer.base) + ready.offset, data, static_cast<int64_t>(bytes));
       if (copied != kernels::kKernelOk) {
         return absl::InternalError(
             absl::StrCat("CUDA IPC channel: copy to the peer failed (", kernels::KernelStatusName(copied), ")"));
@@ -209,8 +209,7 @@ class IpcChannel final : public Communicator {
     std::string unused;
     int64_t offset = 0;
     // Device memory of this backend goes to the host first (the peer's buffer is host memory).
-    if (bytes > 0 &&
-        backend_.ExportMemory(data, static_cast<int64_t>(bytes), &unused, &offset) == kernels::kKernelOk) {
+    if (bytes > 0 && backend_.ExportMemory(data, static_cast<int64_t>(bytes), &unused, &offset) == kernels::kKernelOk) {
       staged.resize(bytes);
       if (backend_.CopyToHost(staged.data(), data, static_cast<int64_t>(bytes)) != kernels::kKernelOk) {
         return absl::InternalError("CUDA IPC channel: reading the device buffer failed");
@@ -254,9 +253,9 @@ class IpcChannel final : public Communicator {
     Peer peer;
     const int s = backend_.OpenPeerMemory(handle, &peer.base, &peer.bytes);
     if (s != kernels::kKernelOk) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "CUDA IPC channel: cannot open the peer's memory (", kernels::KernelStatusName(s),
-          "): both processes must run on the same GPU with a backend that shares memory (--device=cuda)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("CUDA IPC channel: cannot open the peer's memory (", kernels::KernelStatusName(s),
+                       "): both processes must run on the same GPU with a backend that shares memory (--device=cuda)"));
     }
     opened_[handle] = peer;
     ++stats_.handles_opened;

@@ -18,10 +18,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "gmock/gmock.h"
-#include "gtest/gtest.h"
 #include "engine/model.h"
 #include "engine/model_weights.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
 #include "kernels/counting_backend.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cuda/cuda_backend.h"
@@ -167,8 +167,7 @@ TEST(IpcCommunicatorTest, DeadlinesAbortAndAPeerThatGoesAwayEndBlockedCalls) {
     Pair p = MakePair(factory);
     char c = 0;
     ASSERT_TRUE(p.rank1->WaitReady(Soon()).ok());
-    EXPECT_EQ(p.rank0->Recv(&c, 1, absl::Now() + absl::Milliseconds(200)).code(),
-              absl::StatusCode::kDeadlineExceeded);
+    EXPECT_EQ(p.rank0->Recv(&c, 1, absl::Now() + absl::Milliseconds(200)).code(), absl::StatusCode::kDeadlineExceeded);
   }
   {
     Pair p = MakePair(factory);
@@ -272,7 +271,6 @@ TEST(IpcCommunicatorTest, TheChannelProtocolRunsOverIt) {
   EXPECT_EQ(sender.channels(), 1);
 }
 
-
 std::string Runfile(const std::string& relative) {
   const char* srcdir = std::getenv("TEST_SRCDIR");
   const char* workspace = std::getenv("TEST_WORKSPACE");
@@ -304,7 +302,8 @@ TEST(IpcCommunicatorTest, AnEngineSequenceMovesInPlaceBetweenTwoGpuEnginesAndCon
   const int64_t kTokens = 70;  // 4 full pages and a partial one
   const int64_t vocab = (*weights)->config().vocab_size;
   std::vector<engine::TokenId> tokens(kTokens);
-  for (int64_t i = 0; i < kTokens; ++i) tokens[static_cast<size_t>(i)] = static_cast<engine::TokenId>((i * 13 + 3) % vocab);
+  for (int64_t i = 0; i < kTokens; ++i)
+    tokens[static_cast<size_t>(i)] = static_cast<engine::TokenId>((i * 13 + 3) % vocab);
   auto src = (*prefill)->NewSequence();
   ASSERT_TRUE(src.ok());
   ASSERT_TRUE((*prefill)->Prefill(*src, tokens).ok());

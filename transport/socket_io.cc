@@ -94,9 +94,7 @@ absl::Status Socket::ReadFull(char* data, size_t size, absl::Time deadline) {
   return absl::OkStatus();
 }
 
-absl::Status Socket::WriteFull(absl::string_view data, absl::Time deadline) {
-  return WriteAll({data}, deadline);
-}
+absl::Status Socket::WriteFull(absl::string_view data, absl::Time deadline) { return WriteAll({data}, deadline); }
 
 absl::Status Socket::WriteAll(std::initializer_list<absl::string_view> parts, absl::Time deadline) {
   constexpr size_t kMaxParts = 4;

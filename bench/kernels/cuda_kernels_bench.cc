@@ -40,7 +40,8 @@
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_backend.h"
 
-ABSL_FLAG(bool, emulated, false, "run on the CPU emulator of the CUDA backend (checks the code path; times mean nothing)");
+ABSL_FLAG(bool, emulated, false,
+          "run on the CPU emulator of the CUDA backend (checks the code path; times mean nothing)");
 ABSL_FLAG(bool, small, false, "small shapes (for --emulated)");
 ABSL_FLAG(double, hbm_peak_gbs, 3350.0, "the GPU's nominal HBM bandwidth in GB/s (H100 SXM 3350, H200 4800)");
 ABSL_FLAG(int32_t, reps, 5, "timed batches per figure (best reported)");
@@ -102,8 +103,8 @@ int Main(int argc, char** argv) {
   std::string error;
   kernels::CudaBackendOptions options;
   options.workspace_bytes = int64_t{256} << 20;
-  std::unique_ptr<Backend> backend =
-      emulated ? kernels::cuda_emu::CreateCudaBackend(options, &error) : kernels::cuda::CreateCudaBackend(options, &error);
+  std::unique_ptr<Backend> backend = emulated ? kernels::cuda_emu::CreateCudaBackend(options, &error)
+                                              : kernels::cuda::CreateCudaBackend(options, &error);
   if (backend == nullptr) {
     std::fprintf(stderr, "no CUDA backend: %s\n", error.c_str());
     return 1;
@@ -131,7 +132,8 @@ int Main(int argc, char** argv) {
 
   // ---- selective state update ----
   out["ssu"] = json::array();
-  const std::vector<int64_t> batches = small ? std::vector<int64_t>{1, 4} : std::vector<int64_t>{1, 2, 4, 8, 16, 32, 64, 128, 256};
+  const std::vector<int64_t> batches =
+      small ? std::vector<int64_t>{1, 4} : std::vector<int64_t>{1, 2, 4, 8, 16, 32, 64, 128, 256};
   const int64_t max_batch = batches.back();
   {
     DeviceBuffer state = Random(b, max_batch * hpn, -1, 1, 1);
@@ -161,13 +163,16 @@ int Main(int argc, char** argv) {
       p.d_state = d.d_state;
       p.n_groups = d.n_groups;
       const double s = SecondsPerCall(b, [&] { Check(b.SelectiveStateUpdate(p), "SelectiveStateUpdate"); });
-      const double bytes = 4.0 * batch *
-                           (2.0 * hpn + 3.0 * d.n_heads * d.head_dim + d.n_heads + 2.0 * d.n_groups * d.d_state) +
-                           4.0 * 2 * d.n_heads;
+      const double bytes =
+          4.0 * batch * (2.0 * hpn + 3.0 * d.n_heads * d.head_dim + d.n_heads + 2.0 * d.n_groups * d.d_state) +
+          4.0 * 2 * d.n_heads;
       const double bw = bytes / s;
       std::printf("ssu batch %3lld: %8.1f us, %.1f MB, %7.1f GB/s = %5.1f%% of peak, %5.1f%% of copy\n",
                   static_cast<long long>(batch), s * 1e6, bytes / 1e6, bw / 1e9, 100 * bw / peak, 100 * bw / copy_bw);
-      out["ssu"].push_back({{"batch", batch}, {"us", s * 1e6}, {"gbs", bw / 1e9}, {"share_of_peak", bw / peak},
+      out["ssu"].push_back({{"batch", batch},
+                            {"us", s * 1e6},
+                            {"gbs", bw / 1e9},
+                            {"share_of_peak", bw / peak},
                             {"share_of_copy", bw / copy_bw}});
     }
   }
@@ -224,7 +229,10 @@ int Main(int argc, char** argv) {
         for (int64_t m : {1, 8, 64}) {
           kernels::MatmulParams p;
           p.a = a.as<float>();
-          if (bf16) p.w_bf16 = wb.as<uint16_t>(); else p.w = w.as<float>();
+          if (bf16)
+            p.w_bf16 = wb.as<uint16_t>();
+          else
+            p.w = w.as<float>();
           p.out = o.as<float>();
           p.m = m;
           p.n = n;
@@ -234,7 +242,10 @@ int Main(int argc, char** argv) {
           const char* mode_name = mode == kernels::MatmulMode::kFast ? "fast" : "deterministic";
           std::printf("matmul %s %-13s m %2lld: %8.1f us, %6.1f GB/s = %5.1f%% of copy\n", bf16 ? "bf16" : "f32 ",
                       mode_name, static_cast<long long>(m), s * 1e6, bytes / s / 1e9, 100 * bytes / s / copy_bw);
-          out["matmul"].push_back({{"dtype", bf16 ? "bf16" : "f32"}, {"mode", mode_name}, {"m", m}, {"us", s * 1e6},
+          out["matmul"].push_back({{"dtype", bf16 ? "bf16" : "f32"},
+                                   {"mode", mode_name},
+                                   {"m", m},
+                                   {"us", s * 1e6},
                                    {"share_of_copy", bytes / s / copy_bw}});
         }
       }

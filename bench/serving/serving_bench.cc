@@ -269,10 +269,10 @@ bool RunDisagg() {
   }
   Client d((*disagg)->decode_target());
   Client a((*agg)->decode_target());
-  std::printf("\n== disagg: TTFT disaggregated over loopback (3 processes, %s data plane, %s) / aggregated (1 process)\n",
-              absl::GetFlag(FLAGS_data_plane).c_str(), absl::GetFlag(FLAGS_device).c_str());
-  std::printf("%8s %10s %10s %8s %8s %10s %8s\n", "prompt", "disagg_ms", "agg_ms", "ratio", "goal", "transfer",
-              "goal");
+  std::printf(
+      "\n== disagg: TTFT disaggregated over loopback (3 processes, %s data plane, %s) / aggregated (1 process)\n",
+      absl::GetFlag(FLAGS_data_plane).c_str(), absl::GetFlag(FLAGS_device).c_str());
+  std::printf("%8s %10s %10s %8s %8s %10s %8s\n", "prompt", "disagg_ms", "agg_ms", "ratio", "goal", "transfer", "goal");
   // The prefill worker's push time per request, from its metrics: the data
   // plane's share of the disaggregated TTFT.
   const int prefill_metrics = std::stoi((*disagg)->prefill()->field("metrics_port"));

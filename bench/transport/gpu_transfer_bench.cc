@@ -71,7 +71,7 @@ std::unique_ptr<kernels::Backend> Gpu(int device) {
   kernels::CudaBackendOptions o;
   o.device_index = device;
   std::unique_ptr<kernels::Backend> b = absl::GetFlag(FLAGS_emulated) ? kernels::cuda_emu::CreateCudaBackend(o, &error)
-                                                                       : kernels::cuda::CreateCudaBackend(o, &error);
+                                                                      : kernels::cuda::CreateCudaBackend(o, &error);
   if (b == nullptr) std::fprintf(stderr, "GPU %d: %s\n", device, error.c_str());
   return b;
 }
@@ -143,7 +143,9 @@ int Main(int argc, char** argv) {
     }
     emulated_sender = std::thread([&] { Sender(*factory, *gpu, *channel); });
   } else {
-    std::vector<std::string> args = {argv[0], "--child", "--plane=" + absl::GetFlag(FLAGS_plane),
+    std::vector<std::string> args = {argv[0],
+                                     "--child",
+                                     "--plane=" + absl::GetFlag(FLAGS_plane),
                                      "--sizes=" + absl::GetFlag(FLAGS_sizes),
                                      "--reps=" + std::to_string(absl::GetFlag(FLAGS_reps)),
                                      "--channel=" + absl::Base64Escape(*channel)};

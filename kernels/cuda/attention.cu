@@ -36,10 +36,10 @@
 // written (the CPU writes nothing at all, and also rejects bad entries that
 // no token or query reads).
 
+#include <cmath>
+
 #include "kernels/cuda/device_common.cuh"
 #include "kernels/cuda/launchers.h"
-
-#include <cmath>
 
 namespace hybridserve::kernels::HS_CUDA_NS {
 namespace {
@@ -180,8 +180,8 @@ struct RowSlot {
 
 // Loads keys [first, first + count) of `page` (one KV head: kv_base is the
 // head's offset) from `pool` into dst[i * head_dim + d], by all threads.
-__device__ __forceinline__ void LoadChunk(float* dst, const float* pool, int64_t page, int64_t first_slot, int64_t count,
-                                          const PagedKvCache& c, int64_t kv_head) {
+__device__ __forceinline__ void LoadChunk(float* dst, const float* pool, int64_t page, int64_t first_slot,
+                                          int64_t count, const PagedKvCache& c, int64_t kv_head) {
   const int64_t D = c.head_dim;
   const int64_t token_stride = c.n_kv_heads * D;
   const float* src = pool + (page * c.page_size + first_slot) * token_stride + kv_head * D;
@@ -197,8 +197,8 @@ __device__ __forceinline__ void LoadChunk(float* dst, const float* pool, int64_t
 // the block's valid rows. Must be called by every thread of the block (it
 // synchronizes). Shared memory: see AttendSmemBytes.
 template <int kVec, int kRowsPerWarp>
-__device__ __forceinline__ void AttendRows(const PagedKvCache& c, const int32_t* table, int64_t kv_head, const RowSlot* slots,
-                           int64_t last_key, float scale, int32_t* error_flag) {
+__device__ __forceinline__ void AttendRows(const PagedKvCache& c, const int32_t* table, int64_t kv_head,
+                                           const RowSlot* slots, int64_t last_key, float scale, int32_t* error_flag) {
   HS_DYNAMIC_SMEM(float, smem);
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
@@ -208,8 +208,8 @@ __device__ __forceinline__ void AttendRows(const PagedKvCache& c, const int32_t*
   const int64_t chunk = ChunkKeys(ps, D);
   const int64_t rows_per_block = static_cast<int64_t>(warps) * kRowsPerWarp;
   const bool store_scores = rows_per_block * ps <= kMaxScoreFloats;
-  float* k_s = smem;                   // [chunk, head_dim]
-  float* v_s = smem + chunk * D;       // [chunk, head_dim]
+  float* k_s = smem;                     // [chunk, head_dim]
+  float* v_s = smem + chunk * D;         // [chunk, head_dim]
   float* scores = smem + 2 * chunk * D;  // [rows_per_block, page_size] when store_scores
 
   Row<kVec> rows[kRowsPerWarp];

@@ -3,6 +3,8 @@
 // GPU build, plus the bit-for-bit contract of kernels/attention_params.h
 // checked on the CUDA target itself.
 
+#include "kernels/cpu/attention.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -17,7 +19,6 @@
 #include "gtest/gtest.h"
 #include "kernels/attention_params.h"
 #include "kernels/backend.h"
-#include "kernels/cpu/attention.h"
 #include "kernels/cpu/test_util.h"
 #include "kernels/cuda/test_backends.h"
 #include "kernels/kernel_status.h"
@@ -51,8 +52,7 @@ struct Geometry {
 };
 
 void PrintTo(const Geometry& g, std::ostream* os) {
-  *os << "heads " << g.n_heads << " kv_heads " << g.n_kv_heads << " head_dim " << g.head_dim << " page "
-      << g.page_size;
+  *os << "heads " << g.n_heads << " kv_heads " << g.n_kv_heads << " head_dim " << g.head_dim << " page " << g.page_size;
 }
 
 // Padding of every q row and out row: strides are exercised everywhere, and
@@ -150,8 +150,8 @@ class Seq {
     ASSERT_EQ(gpu.KvAppend(AppendParams(pool.Gpu(), true, begin, end)), kKernelOk);
   }
 
-  AttentionPrefillParams PrefillParams(const PagedKvCache& cache, const float* q, float* out,
-                                       const int32_t* table, int64_t begin, int64_t end) const {
+  AttentionPrefillParams PrefillParams(const PagedKvCache& cache, const float* q, float* out, const int32_t* table,
+                                       int64_t begin, int64_t end) const {
     AttentionPrefillParams p;
     p.cache = cache;
     p.q = q + begin * QStride();
@@ -171,9 +171,8 @@ class Seq {
     const int64_t rows = end - begin;
     std::vector<float> init(rows * OutStride(), kSentinel);
     DeviceBuffer out = Upload(gpu, init);
-    EXPECT_EQ(gpu.AttentionPrefill(
-                  PrefillParams(pool.Gpu(), dq_.as<const float>(), out.as<float>(), dtable_.as<const int32_t>(),
-                                begin, end)),
+    EXPECT_EQ(gpu.AttentionPrefill(PrefillParams(pool.Gpu(), dq_.as<const float>(), out.as<float>(),
+                                                 dtable_.as<const int32_t>(), begin, end)),
               kKernelOk);
     EXPECT_EQ(gpu.Synchronize(), kKernelOk);
     return Unpad(Download<float>(gpu, out.data(), rows * OutStride()), rows, OutStride());
@@ -182,9 +181,9 @@ class Seq {
   std::vector<float> CpuPrefill(Pool& pool, int64_t begin, int64_t end) const {
     const int64_t rows = end - begin;
     std::vector<float> out(rows * OutStride(), kSentinel);
-    EXPECT_EQ(cpu::AttentionPrefill(PrefillParams(pool.Cpu(), q_.data(), out.data(), table_.data(), begin, end),
-                                    nullptr),
-              kKernelOk);
+    EXPECT_EQ(
+        cpu::AttentionPrefill(PrefillParams(pool.Cpu(), q_.data(), out.data(), table_.data(), begin, end), nullptr),
+        kKernelOk);
     return Unpad(out, rows, OutStride());
   }
 
@@ -325,7 +324,7 @@ TEST_P(AttentionCudaTest, KvAppendDecodeWritesEachSequencesTokenExactly) {
   const int64_t row = geo.n_kv_heads * geo.head_dim;
   const int64_t stride = 3;
   const std::vector<int32_t> tables = {5, 2, -1, 0, 8, -1, 7, 1, 3};  // -1: never read
-  const std::vector<int32_t> lens = {6, 1, 12};                        // positions 5, 0, 11
+  const std::vector<int32_t> lens = {6, 1, 12};                       // positions 5, 0, 11
   std::mt19937 rng(4);
   const std::vector<float> k = RandomVector(rng, 3 * (row + 2)), v = RandomVector(rng, 3 * (row + 7));
   KvAppendDecodeParams a;
@@ -353,8 +352,8 @@ TEST_P(AttentionCudaTest, KvAppendDecodeWritesEachSequencesTokenExactly) {
 // GQA ratios 1, 2 and 4; head_dim 8, 16, 40 (a tail), 64, 128 and 256; pages
 // of 1, 3, 5 and 16 tokens.
 const Geometry kGeometries[] = {
-    {2, 2, 8, 1}, {4, 2, 16, 3}, {8, 2, 64, 16}, {4, 1, 64, 3}, {4, 1, 16, 16}, {2, 1, 40, 5}, {2, 2, 128, 4},
-    {2, 1, 256, 16},
+    {2, 2, 8, 1},   {4, 2, 16, 3}, {8, 2, 64, 16}, {4, 1, 64, 3},
+    {4, 1, 16, 16}, {2, 1, 40, 5}, {2, 2, 128, 4}, {2, 1, 256, 16},
 };
 
 TEST_P(AttentionCudaTest, PrefillInTwoSegmentsMatchesCpu) {
@@ -388,10 +387,9 @@ TEST_P(AttentionCudaTest, DecodeBatchMatchesCpuAndEachSequenceAloneBitForBit) {
     std::vector<int64_t> positions;
     for (int64_t b = 0; b < 8; ++b) {
       // Sequence b owns pages [b * pages_each, (b + 1) * pages_each), shuffled.
-      seqs.push_back(std::make_unique<Seq>(
-          *gpu, geo, lens[b], 20 + static_cast<uint32_t>(b),
-          Pages(static_cast<int32_t>(b * pages_each), PagesFor(lens[b], geo.page_size), true,
-                static_cast<uint32_t>(30 + b))));
+      seqs.push_back(std::make_unique<Seq>(*gpu, geo, lens[b], 20 + static_cast<uint32_t>(b),
+                                           Pages(static_cast<int32_t>(b * pages_each), PagesFor(lens[b], geo.page_size),
+                                                 true, static_cast<uint32_t>(30 + b))));
       seqs.back()->Append(*gpu, pool, 0, lens[b]);
       batch.push_back(seqs.back().get());
       positions.push_back(lens[b] - 1);
@@ -485,7 +483,8 @@ TEST_P(AttentionCudaTest, PhysicalPagePlacementDoesNotChangeBits) {
   shuffled.Append(*gpu, pool_a, 0, n);
   in_order.Append(*gpu, pool_b, 0, n);
   EXPECT_TRUE(BitsEqual(shuffled.GpuPrefill(*gpu, pool_a, 0, n), in_order.GpuPrefill(*gpu, pool_b, 0, n)));
-  EXPECT_TRUE(BitsEqual(Decode(gpu.get(), pool_a, {&shuffled}, {n - 1}), Decode(gpu.get(), pool_b, {&in_order}, {n - 1})));
+  EXPECT_TRUE(
+      BitsEqual(Decode(gpu.get(), pool_a, {&shuffled}, {n - 1}), Decode(gpu.get(), pool_b, {&in_order}, {n - 1})));
 }
 
 // A block-table entry out of range, or a bad sequence length, met on the

@@ -9,10 +9,9 @@
 // too; with SiLU it differs by the GPU expf's last-bit error (the emulator
 // gives the CPU's bits). The prefill form split anywhere (state carried) and
 // the update form give the same bits as one prefill call, on any target.
-#include "kernels/cuda/device_common.cuh"
-
 #include <cstdint>
 
+#include "kernels/cuda/device_common.cuh"
 #include "kernels/cuda/launchers.h"
 
 namespace hybridserve::kernels::HS_CUDA_NS {

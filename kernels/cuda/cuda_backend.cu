@@ -1,8 +1,6 @@
 // kernels::Backend on a CUDA device (kernels/cuda/cuda_backend.h). Built by
 // nvcc (namespace kernels::cuda) and, for tests without a GPU, by the host
 // compiler against the CUDA emulator (namespace kernels::cuda_emu).
-#include "kernels/cuda/device_common.cuh"
-
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -10,6 +8,8 @@
 #include <memory>
 #include <mutex>
 #include <string>
+
+#include "kernels/cuda/device_common.cuh"
 
 #if defined(__CUDACC__)
 #include <cublas_v2.h>
@@ -46,24 +46,54 @@ class CudaBackend final : public Backend {
   void* HostAddress(void*) override { return nullptr; }
   int Synchronize() override;
 
-  int Embedding(const EmbeddingParams& p) override { UseDevice(); return HS_CUDA_NS::Embedding(p, ctx_); }
-  int Matmul(const MatmulParams& p, MatmulMode mode) override { UseDevice(); return HS_CUDA_NS::Matmul(p, mode, ctx_); }
-  int RmsNorm(const RmsNormParams& p) override { UseDevice(); return HS_CUDA_NS::RmsNorm(p, ctx_); }
-  int GatedRmsNorm(const GatedRmsNormParams& p) override { UseDevice(); return HS_CUDA_NS::GatedRmsNorm(p, ctx_); }
-  int Activation(const ActivationParams& p) override { UseDevice(); return HS_CUDA_NS::Activation(p, ctx_); }
-  int SwiGlu(const SwiGluParams& p) override { UseDevice(); return HS_CUDA_NS::SwiGlu(p, ctx_); }
-  int DtSoftplus(const DtSoftplusParams& p) override { UseDevice(); return HS_CUDA_NS::DtSoftplus(p, ctx_); }
-  int CausalConv1d(const CausalConv1dParams& p) override { UseDevice(); return HS_CUDA_NS::CausalConv1d(p, ctx_); }
+  int Embedding(const EmbeddingParams& p) override {
+    UseDevice();
+    return HS_CUDA_NS::Embedding(p, ctx_);
+  }
+  int Matmul(const MatmulParams& p, MatmulMode mode) override {
+    UseDevice();
+    return HS_CUDA_NS::Matmul(p, mode, ctx_);
+  }
+  int RmsNorm(const RmsNormParams& p) override {
+    UseDevice();
+    return HS_CUDA_NS::RmsNorm(p, ctx_);
+  }
+  int GatedRmsNorm(const GatedRmsNormParams& p) override {
+    UseDevice();
+    return HS_CUDA_NS::GatedRmsNorm(p, ctx_);
+  }
+  int Activation(const ActivationParams& p) override {
+    UseDevice();
+    return HS_CUDA_NS::Activation(p, ctx_);
+  }
+  int SwiGlu(const SwiGluParams& p) override {
+    UseDevice();
+    return HS_CUDA_NS::SwiGlu(p, ctx_);
+  }
+  int DtSoftplus(const DtSoftplusParams& p) override {
+    UseDevice();
+    return HS_CUDA_NS::DtSoftplus(p, ctx_);
+  }
+  int CausalConv1d(const CausalConv1dParams& p) override {
+    UseDevice();
+    return HS_CUDA_NS::CausalConv1d(p, ctx_);
+  }
   int CausalConv1dUpdate(const CausalConv1dUpdateParams& p) override {
     UseDevice();
     return HS_CUDA_NS::CausalConv1dUpdate(p, ctx_);
   }
-  int SsdChunkScan(const SsdChunkScanParams& p) override { UseDevice(); return HS_CUDA_NS::SsdChunkScan(p, ctx_); }
+  int SsdChunkScan(const SsdChunkScanParams& p) override {
+    UseDevice();
+    return HS_CUDA_NS::SsdChunkScan(p, ctx_);
+  }
   int SelectiveStateUpdate(const SelectiveStateUpdateParams& p) override {
     UseDevice();
     return HS_CUDA_NS::SelectiveStateUpdate(p, ctx_);
   }
-  int KvAppend(const KvAppendParams& p) override { UseDevice(); return HS_CUDA_NS::KvAppend(p, ctx_); }
+  int KvAppend(const KvAppendParams& p) override {
+    UseDevice();
+    return HS_CUDA_NS::KvAppend(p, ctx_);
+  }
   int KvAppendDecode(const KvAppendDecodeParams& p) override {
     UseDevice();
     return HS_CUDA_NS::KvAppendDecode(p, ctx_);
@@ -76,7 +106,10 @@ class CudaBackend final : public Backend {
     UseDevice();
     return HS_CUDA_NS::AttentionDecode(p, ctx_);
   }
-  int Rope(const RopeParams& p) override { UseDevice(); return HS_CUDA_NS::Rope(p, ctx_); }
+  int Rope(const RopeParams& p) override {
+    UseDevice();
+    return HS_CUDA_NS::Rope(p, ctx_);
+  }
 
   int ExportMemory(const void* device, int64_t bytes, std::string* handle, int64_t* offset) override;
   int OpenPeerMemory(const std::string& handle, void** base, int64_t* bytes) override;
@@ -112,7 +145,7 @@ class CudaBackend final : public Backend {
   int device_ = 0;
   std::string variant_;
   CudaLaunchContext ctx_;
-  int32_t* host_flag_ = nullptr;   // pinned mirror of ctx_.error_flag
+  int32_t* host_flag_ = nullptr;  // pinned mirror of ctx_.error_flag
   // Live allocations: start address -> bytes.
   std::map<uintptr_t, int64_t> buffers_;
   void* blas_workspace_ = nullptr;  // cuBLAS's own, so it never allocates while a graph is captured
@@ -299,9 +332,8 @@ int CudaBackend::CopyToHost(void* host_dst, const void* device_src, int64_t byte
   if (RefuseWhileCapturing()) return kKernelInvalidArgument;
   if (bytes < 0 || (bytes > 0 && (host_dst == nullptr || device_src == nullptr))) return kKernelInvalidArgument;
   if (bytes > 0 && !InsideBuffer(device_src, bytes)) return kKernelInvalidArgument;
-  if (bytes > 0 &&
-      cudaMemcpyAsync(host_dst, device_src, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost, stream()) !=
-          cudaSuccess) {
+  if (bytes > 0 && cudaMemcpyAsync(host_dst, device_src, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost,
+                                   stream()) != cudaSuccess) {
     return kKernelDeviceError;
   }
   return WaitAndCheck();
@@ -326,9 +358,8 @@ int CudaBackend::Fill(void* device_dst, uint8_t value, int64_t bytes) {
   if (bytes < 0 || (bytes > 0 && device_dst == nullptr)) return kKernelInvalidArgument;
   if (bytes == 0) return kKernelOk;
   if (!InsideBuffer(device_dst, bytes)) return kKernelInvalidArgument;
-  return cudaMemsetAsync(device_dst, value, static_cast<size_t>(bytes), stream()) == cudaSuccess
-             ? kKernelOk
-             : kKernelDeviceError;
+  return cudaMemsetAsync(device_dst, value, static_cast<size_t>(bytes), stream()) == cudaSuccess ? kKernelOk
+                                                                                                 : kKernelDeviceError;
 }
 
 // A handle is the CUDA IPC handle of the buffer followed by its size (8 bytes).
@@ -458,8 +489,7 @@ int CudaBackend::ReleaseGraph(int64_t graph) {
 
 int CudaBackend::WaitAndCheck() {
   UseDevice();
-  if (cudaMemcpyAsync(host_flag_, ctx_.error_flag, sizeof(int32_t), cudaMemcpyDeviceToHost, stream()) !=
-          cudaSuccess ||
+  if (cudaMemcpyAsync(host_flag_, ctx_.error_flag, sizeof(int32_t), cudaMemcpyDeviceToHost, stream()) != cudaSuccess ||
       cudaStreamSynchronize(stream()) != cudaSuccess) {
     return kKernelDeviceError;
   }

@@ -26,7 +26,8 @@
 #include <cuda_runtime.h>
 #define HS_CUDA_NS cuda
 #define HS_CUDA_EMULATED 0
-#define HS_DYNAMIC_SMEM(type, name) extern __shared__ __align__(16) unsigned char hs_dynamic_smem_[]; \
+#define HS_DYNAMIC_SMEM(type, name)                                 \
+  extern __shared__ __align__(16) unsigned char hs_dynamic_smem_[]; \
   type* name = reinterpret_cast<type*>(hs_dynamic_smem_)
 #else
 #include "kernels/cuda/emu/cuda_emu.h"

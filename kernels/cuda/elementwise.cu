@@ -18,11 +18,10 @@
 //     are computed in double on the device, then rounded to fp32; the rotation
 //     is written with explicit round-to-nearest multiplies and adds (no FMA
 //     contraction), as the CPU (built with -ffp-contract=off) computes it.
-#include "kernels/cuda/device_common.cuh"
-
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/cuda/device_common.cuh"
 #include "kernels/cuda/launchers.h"
 
 namespace hybridserve::kernels::HS_CUDA_NS {

@@ -64,9 +64,9 @@ constexpr int kColsPerWarp = 2;
 // Fewer warps per block until the grid has this many blocks: two per SM of an
 // H100 (132 SMs), so that small-n decode calls still spread over the GPU.
 constexpr int64_t kTargetBlocks = 2 * 132;
-constexpr int kChunk = 8;              // k elements per lane per step
-constexpr int kStep = 32 * kChunk;     // k elements per warp per step
-constexpr int kStageFloats = 8192;     // shared-memory floats of staged a per block (32 KiB)
+constexpr int kChunk = 8;           // k elements per lane per step
+constexpr int kStep = 32 * kChunk;  // k elements per warp per step
+constexpr int kStageFloats = 8192;  // shared-memory floats of staged a per block (32 KiB)
 constexpr int kMaxRowsPerTile = 16;
 
 // 16 bytes from global memory (read-only for the kernel's lifetime), aligned to 16.
@@ -151,10 +151,10 @@ struct RowsArgs {
   const float* bias;
   float* out;
   int64_t m, n, k, lda, ldw, ldo;
-  int64_t row_tiles;   // ceil(m / MR)
-  int64_t blocks;      // row_tiles * ceil(n / columns per block)
-  int stage;           // staged k per block pass, a multiple of kStep
-  bool vec;            // 16-byte weight loads are aligned (row pointers and ldw)
+  int64_t row_tiles;  // ceil(m / MR)
+  int64_t blocks;     // row_tiles * ceil(n / columns per block)
+  int stage;          // staged k per block pass, a multiple of kStep
+  bool vec;           // 16-byte weight loads are aligned (row pointers and ldw)
   bool accumulate;
 };
 
@@ -357,9 +357,9 @@ int MatmulBlas(const MatmulParams& p, int64_t lda, int64_t ldw, int64_t ldo, con
   float beta = p.accumulate ? 1.0f : 0.0f;
   if (p.bias != nullptr || (p.k == 0 && !p.accumulate)) {
     // Fold the bias into the output (or zero it when k == 0 leaves nothing else to write).
-    const int status = LaunchStatus(Launch(PrepareOutputKernel, dim3(ElementwiseGrid(p.m * p.n)),
-                                           dim3(kElementwiseThreads), 0, ctx.stream, p.out, p.bias, p.m, p.n, ldo,
-                                           p.accumulate));
+    const int status =
+        LaunchStatus(Launch(PrepareOutputKernel, dim3(ElementwiseGrid(p.m * p.n)), dim3(kElementwiseThreads), 0,
+                            ctx.stream, p.out, p.bias, p.m, p.n, ldo, p.accumulate));
     if (status != kKernelOk) return status;
     beta = 1.0f;
   }

@@ -2,6 +2,8 @@
 // emulated target and (where a device is present) the GPU, against the CPU
 // deterministic matmul and against its own documented reduction chain.
 
+#include "kernels/cpu/matmul.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -14,7 +16,6 @@
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_features.h"
-#include "kernels/cpu/matmul.h"
 #include "kernels/cpu/test_util.h"
 #include "kernels/cuda/test_backends.h"
 #include "kernels/kernel_status.h"
@@ -63,11 +64,11 @@ std::string Describe(const Shape& s, bool bf16) {
 struct Problem {
   Shape s;
   int64_t lda, ldw, ldo;
-  std::vector<float> a;      // [m, lda]
-  std::vector<float> w;      // [n, ldw]
+  std::vector<float> a;       // [m, lda]
+  std::vector<float> w;       // [n, ldw]
   std::vector<uint16_t> w16;  // [n, ldw], the bits of w
-  std::vector<float> bias;   // [n]
-  std::vector<float> out0;   // [m, ldo]: the output buffer before the call (the residual)
+  std::vector<float> bias;    // [n]
+  std::vector<float> out0;    // [m, ldo]: the output buffer before the call (the residual)
 
   Problem(const Shape& shape, uint32_t seed)
       : s(shape),
@@ -172,8 +173,8 @@ float DocumentedChain(const Problem& pr, int64_t i, int64_t j) {
 
 // Every out[i, j] (j < n) within tol_units * 2^-24 * Magnitude(i, j) of
 // `expected`, and every padding element (j >= n) of the output rows unchanged.
-void ExpectClose(const std::vector<float>& got, const std::vector<float>& expected, const Problem& pr,
-                 double tol_units, const std::string& what) {
+void ExpectClose(const std::vector<float>& got, const std::vector<float>& expected, const Problem& pr, double tol_units,
+                 const std::string& what) {
   for (int64_t i = 0; i < pr.s.m; ++i) {
     for (int64_t j = 0; j < pr.ldo; ++j) {
       const int64_t idx = i * pr.ldo + j;

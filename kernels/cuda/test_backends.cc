@@ -96,8 +96,7 @@ Closeness Compare(const float* actual, const float* expected, int64_t n, double 
   if (c.worst_ratio <= 1.0) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << "element " << c.worst_index << " of " << actual.size() << ": "
                                        << actual[c.worst_index] << " vs " << expected[c.worst_index] << " (error "
-                                       << c.worst_ratio << "x the tolerance atol " << atol << " + rtol " << rtol
-                                       << ")";
+                                       << c.worst_ratio << "x the tolerance atol " << atol << " + rtol " << rtol << ")";
 }
 
 }  // namespace hybridserve::kernels::cuda_testing

@@ -18,8 +18,6 @@
 namespace hybridserve::e2e {
 namespace {
 
-
-
 int MetricsPort(Process* p) { return std::stoi(p->field("metrics_port")); }
 
 // Each outcome is exactly one of: a completed stream (any finish reason) or

@@ -30,8 +30,6 @@ bool HaveGpus(int needed) {
   return devices >= needed;
 }
 
-
-
 // Prefill on GPU 0 and decode on GPU `decode_gpu`, over `plane`.
 StackOptions GpuStack(bool aggregated, const std::string& plane, int decode_gpu) {
   StackOptions o;
@@ -134,15 +132,15 @@ TEST(GpuStackTest, KillingDecodeMidNcclTransferLeavesPrefillServing) {
   KillDuringTransfers(stack, stack.decode(), "nccl-killdecode");
   const int prefill_metrics = std::stoi(stack.prefill()->field("metrics_port"));
   EXPECT_EQ(AwaitMetric(prefill_metrics, "hybridserve_prefill_queue_depth", 0, absl::Seconds(60)), 0);
-  auto d = Process::Start("decode2", "decode/decode",
-                          {"--model_dir=" + Runfile("models/default"), "--address=127.0.0.1:0", "--device=cuda",
-                           "--device_index=1", "--data_plane=nccl",
-                           absl::StrCat("--prefill=127.0.0.1:", stack.prefill()->port()),
-                           absl::StrCat("--cachestore=127.0.0.1:", stack.cachestore()->port())},
-                          "DECODE_READY");
+  auto d = Process::Start(
+      "decode2", "decode/decode",
+      {"--model_dir=" + Runfile("models/default"), "--address=127.0.0.1:0", "--device=cuda", "--device_index=1",
+       "--data_plane=nccl", absl::StrCat("--prefill=127.0.0.1:", stack.prefill()->port()),
+       absl::StrCat("--cachestore=127.0.0.1:", stack.cachestore()->port())},
+      "DECODE_READY");
   ASSERT_TRUE(d.ok()) << d.status();
-  Generation after = Generate(absl::StrCat("127.0.0.1:", (*d)->port()), Request("nccl-after-decode-kill",
-                                                                                 TextPrompt(50, 2), 6));
+  Generation after =
+      Generate(absl::StrCat("127.0.0.1:", (*d)->port()), Request("nccl-after-decode-kill", TextPrompt(50, 2), 6));
   EXPECT_TRUE(after.status.ok()) << after.status.error_message();
   EXPECT_EQ(after.tokens.size(), 6u);
 }

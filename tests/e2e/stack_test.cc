@@ -22,8 +22,6 @@ bool BitEqual(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-
-
 class StackTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {

@@ -169,9 +169,7 @@ class SplitMix64 {
     return z ^ (z >> 31);
   }
   // Uniform in [0, n), n > 0 (Lemire's multiply-shift; the bias is < n / 2^64).
-  uint32_t Below(uint32_t n) {
-    return static_cast<uint32_t>((static_cast<unsigned __int128>(Next()) * n) >> 64);
-  }
+  uint32_t Below(uint32_t n) { return static_cast<uint32_t>((static_cast<unsigned __int128>(Next()) * n) >> 64); }
 
  private:
   uint64_t state_;
@@ -298,12 +296,12 @@ class FiberPool {
     asm volatile("fnstcw %0" : "=m"(fpu_cw));
     frame[0] = fpu_cw;
     frame[1] = mxcsr;
-    frame[2] = 0;                                             // r15
-    frame[3] = 0;                                             // r14
-    frame[4] = reinterpret_cast<uint64_t>(&FiberMain);        // r13
-    frame[5] = reinterpret_cast<uint64_t>(fiber.get());       // r12
-    frame[6] = 0;                                             // rbx
-    frame[7] = 0;                                             // rbp: ends frame-pointer unwinding
+    frame[2] = 0;                                        // r15
+    frame[3] = 0;                                        // r14
+    frame[4] = reinterpret_cast<uint64_t>(&FiberMain);   // r13
+    frame[5] = reinterpret_cast<uint64_t>(fiber.get());  // r12
+    frame[6] = 0;                                        // rbx
+    frame[7] = 0;                                        // rbp: ends frame-pointer unwinding
     frame[8] = reinterpret_cast<uint64_t>(&hs_cuda_emu_fiber_start);
     fiber->context.sp = frame;
     return fiber;
@@ -336,8 +334,7 @@ void FormatIndex(char* out, size_t size, uint3 index) {
 // (one host thread).
 class BlockScheduler {
  public:
-  BlockScheduler(const void* kernel, const std::function<void()>* body, dim3 block, ScheduleOrder order,
-                 uint64_t seed)
+  BlockScheduler(const void* kernel, const std::function<void()>* body, dim3 block, ScheduleOrder order, uint64_t seed)
       : kernel_(kernel),
         body_(body),
         threads_(static_cast<int>(block.x * block.y * block.z)),
@@ -402,9 +399,10 @@ class BlockScheduler {
       FormatIndex(thread, sizeof(thread), self->index);
       char block[48];
       FormatIndex(block, sizeof(block), blockIdx);
-      Fatal("divergent warp collective: thread %s of block %s (kernel %s) called a warp collective with mask 0x%08x; "
-            "only the full mask 0xffffffff is supported (all 32 lanes)",
-            thread, block, KernelName().c_str(), mask);
+      Fatal(
+          "divergent warp collective: thread %s of block %s (kernel %s) called a warp collective with mask 0x%08x; "
+          "only the full mask 0xffffffff is supported (all 32 lanes)",
+          thread, block, KernelName().c_str(), mask);
     }
     Warp& warp = warps_[static_cast<size_t>(self->linear / warpSize)];
     uint64_t* lanes = warp.lanes[warp.parity];
@@ -547,12 +545,13 @@ class BlockScheduler {
       const Fiber* missing = exited != nullptr ? exited : elsewhere;
       char missing_thread[48];
       FormatIndex(missing_thread, sizeof(missing_thread), missing->index);
-      Fatal("%s: block %s (kernel %s), warp %d: %d of 32 lanes (first: thread %s, lane %d) wait at a warp collective "
-            "(__shfl_*_sync/__syncwarp) that lane %d (thread %s) never reaches: it %s (%d of %d live threads of the "
-            "block wait at __syncthreads())",
-            exited != nullptr ? "divergent warp collective" : "deadlock", block, kernel.c_str(), w, waiting_count,
-            waiting_thread, waiting->linear % warpSize, missing->linear % warpSize, missing_thread,
-            StateName(missing->state), at_barrier_, live_);
+      Fatal(
+          "%s: block %s (kernel %s), warp %d: %d of 32 lanes (first: thread %s, lane %d) wait at a warp collective "
+          "(__shfl_*_sync/__syncwarp) that lane %d (thread %s) never reaches: it %s (%d of %d live threads of the "
+          "block wait at __syncthreads())",
+          exited != nullptr ? "divergent warp collective" : "deadlock", block, kernel.c_str(), w, waiting_count,
+          waiting_thread, waiting->linear % warpSize, missing->linear % warpSize, missing_thread,
+          StateName(missing->state), at_barrier_, live_);
     }
     // Otherwise some threads wait at __syncthreads() for threads that wait elsewhere.
     const Fiber* at_barrier = nullptr;
@@ -569,10 +568,11 @@ class BlockScheduler {
     if (at_barrier != nullptr) FormatIndex(barrier_thread, sizeof(barrier_thread), at_barrier->index);
     char other_thread[48] = "none";
     if (other != nullptr) FormatIndex(other_thread, sizeof(other_thread), other->index);
-    Fatal("deadlock: block %s (kernel %s): %d of %d live threads wait at __syncthreads() (first: thread %s); "
-          "thread %s %s",
-          block, kernel.c_str(), at_barrier_, live_, barrier_thread, other_thread,
-          other != nullptr ? StateName(other->state) : "-");
+    Fatal(
+        "deadlock: block %s (kernel %s): %d of %d live threads wait at __syncthreads() (first: thread %s); "
+        "thread %s %s",
+        block, kernel.c_str(), at_barrier_, live_, barrier_thread, other_thread,
+        other != nullptr ? StateName(other->state) : "-");
   }
 
   const void* kernel_;

@@ -225,9 +225,9 @@ void LocalArrayKernel(int* out) {
 
 TEST(CudaEmuTest, ThreadLocalsSurviveBarriersOnTheirOwnStacks) {
   DeviceBuffer<int> d_out(1024);
-  ASSERT_EQ(EmuLaunch(Id(&LocalArrayKernel), dim3(2), dim3(1024), 0, nullptr,
-                      [o = d_out.get()] { LocalArrayKernel(o); }),
-            cudaSuccess);
+  ASSERT_EQ(
+      EmuLaunch(Id(&LocalArrayKernel), dim3(2), dim3(1024), 0, nullptr, [o = d_out.get()] { LocalArrayKernel(o); }),
+      cudaSuccess);
   const std::vector<int> out = d_out.Read();
   for (int t = 0; t < 1024; ++t) EXPECT_EQ(out[t], 2047 * 2048 / 2 * (t + 1)) << t;
 }
@@ -289,9 +289,9 @@ TEST(CudaEmuTest, BadLaunchConfigurationsFailRunNothingAndAreReportedOnce) {
   // Raised limit for one kernel only.
   ASSERT_EQ(cudaFuncSetAttribute(Id(&BigSmemKernel), cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024),
             cudaSuccess);
-  EXPECT_EQ(EmuLaunch(Id(&BigSmemKernel), dim3(1), dim3(32), 227 * 1024, nullptr,
-                      [&counter] { BigSmemKernel(&counter); }),
-            cudaSuccess);
+  EXPECT_EQ(
+      EmuLaunch(Id(&BigSmemKernel), dim3(1), dim3(32), 227 * 1024, nullptr, [&counter] { BigSmemKernel(&counter); }),
+      cudaSuccess);
   EXPECT_EQ(counter, 4);
   EXPECT_EQ(EmuLaunch(Id(&BigSmemKernel), dim3(1), dim3(32), 227 * 1024 + 1, nullptr,
                       [&counter] { BigSmemKernel(&counter); }),
@@ -302,9 +302,9 @@ TEST(CudaEmuTest, BadLaunchConfigurationsFailRunNothingAndAreReportedOnce) {
   EXPECT_EQ(cudaFuncSetAttribute(Id(&HugeSmemKernel), cudaFuncAttributeMaxDynamicSharedMemorySize, 228 * 1024),
             cudaErrorInvalidValue);
   EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue);
-  EXPECT_EQ(EmuLaunch(Id(&HugeSmemKernel), dim3(1), dim3(32), 228 * 1024, nullptr,
-                      [&counter] { HugeSmemKernel(&counter); }),
-            cudaErrorInvalidValue);
+  EXPECT_EQ(
+      EmuLaunch(Id(&HugeSmemKernel), dim3(1), dim3(32), 228 * 1024, nullptr, [&counter] { HugeSmemKernel(&counter); }),
+      cudaErrorInvalidValue);
   EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue);
   EXPECT_EQ(counter, 4);
 }
@@ -426,8 +426,7 @@ TEST(CudaEmuTest, CapturedGraphReplaysKernelsWithCapturedArgsAndReadsSourcesAtRe
   ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
   ASSERT_EQ(cudaMemcpyAsync(dev, input.data(), n * sizeof(float), cudaMemcpyHostToDevice, stream), cudaSuccess);
   float factor = 3.0f;
-  ASSERT_EQ(EmuLaunch(Id(&ScaleKernel), dim3(2), dim3(64), 0, stream,
-                      [dev, factor] { ScaleKernel(dev, factor, n); }),
+  ASSERT_EQ(EmuLaunch(Id(&ScaleKernel), dim3(2), dim3(64), 0, stream, [dev, factor] { ScaleKernel(dev, factor, n); }),
             cudaSuccess);
   ASSERT_EQ(cudaMemsetAsync(dev, 0, sizeof(float), stream), cudaSuccess);
   ASSERT_EQ(cudaMemcpyAsync(output.data(), dev, n * sizeof(float), cudaMemcpyDeviceToHost, stream), cudaSuccess);
@@ -505,9 +504,7 @@ void DivergentShuffleKernel(float* out) {
   out[threadIdx.x] = v;
 }
 
-void PartialMaskKernel(float* out) {
-  out[threadIdx.x] = __shfl_xor_sync(0x0000ffffu, 1.0f, 1);
-}
+void PartialMaskKernel(float* out) { out[threadIdx.x] = __shfl_xor_sync(0x0000ffffu, 1.0f, 1); }
 
 void LaunchFault(void (*kernel)(float*)) {
   static float out[256];
@@ -672,8 +669,8 @@ std::vector<int> RunTickets() {
 }
 
 TEST(CudaEmuScheduleTest, EveryOrderRunsEachRoundAsAPermutationOfItsThreads) {
-  for (const auto mode : {internal::ScheduleOrder::kAscending, internal::ScheduleOrder::kDescending,
-                          internal::ScheduleOrder::kShuffle}) {
+  for (const auto mode :
+       {internal::ScheduleOrder::kAscending, internal::ScheduleOrder::kDescending, internal::ScheduleOrder::kShuffle}) {
     ScopedScheduleOrder order(mode, 7);
     const std::vector<int> out = RunTickets();
     for (int b = 0; b < 2; ++b) {
@@ -704,8 +701,8 @@ TEST(CudaEmuScheduleTest, RaceFreeReductionsGiveTheSameBitsInEveryOrder) {
   d_in.Write(in);
   std::vector<std::vector<int64_t>> sums;
   std::vector<std::vector<float>> shuffles;
-  for (const auto mode : {internal::ScheduleOrder::kAscending, internal::ScheduleOrder::kDescending,
-                          internal::ScheduleOrder::kShuffle}) {
+  for (const auto mode :
+       {internal::ScheduleOrder::kAscending, internal::ScheduleOrder::kDescending, internal::ScheduleOrder::kShuffle}) {
     ScopedScheduleOrder order(mode, 3);
     DeviceBuffer<int64_t> d_out(blocks);
     ASSERT_EQ(EmuLaunch(Id(&BlockReduceKernel), dim3(blocks), dim3(256), 0, nullptr,
@@ -713,8 +710,7 @@ TEST(CudaEmuScheduleTest, RaceFreeReductionsGiveTheSameBitsInEveryOrder) {
               cudaSuccess);
     sums.push_back(d_out.Read());
     DeviceBuffer<ShuffleOut> d_shuffle(1);
-    ASSERT_EQ(EmuLaunch(Id(&ShuffleKernel), dim3(1), dim3(64), 0, nullptr,
-                        [o = d_shuffle.get()] { ShuffleKernel(o); }),
+    ASSERT_EQ(EmuLaunch(Id(&ShuffleKernel), dim3(1), dim3(64), 0, nullptr, [o = d_shuffle.get()] { ShuffleKernel(o); }),
               cudaSuccess);
     const ShuffleOut shuffle = d_shuffle.Read()[0];
     shuffles.emplace_back(shuffle.sum, shuffle.sum + 64);
