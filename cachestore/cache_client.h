@@ -84,8 +84,10 @@ class CacheClient {
                                               LookupMode mode) = 0;
 
   // Stores `bytes` as a page or a state and makes it visible, or reports it
-  // already_present. INVALID_ARGUMENT: bad namespace, no bytes, wrong token
-  // count, position disagreeing with parent and tail. FAILED_PRECONDITION: the
+  // already_present. A page may have no bytes (a model without attention
+  // layers: its pages only chain the prefix). INVALID_ARGUMENT: bad namespace,
+  // a state of no bytes, wrong token count, position disagreeing with parent
+  // and tail. FAILED_PRECONDITION: the
   // parent page is not in the cache. RESOURCE_EXHAUSTED: larger than its
   // class's budget, or the budget is held by pinned or in-flight entries.
   // ABORTED: the same entry is being put concurrently, or the put was

@@ -356,6 +356,55 @@ TYPED_TEST(CacheClientContractTest, GetManyReturnsEachEntryAsGetDoes) {
   EXPECT_EQ(out[3], Bytes(1000, 100));
 }
 
+// A model without attention layers has pages of no bytes: they chain the
+// prefix for its states. They are stored, looked up, leased and read like any
+// page (Get and GetMany, between entries with bytes); a state of no bytes is
+// refused.
+TYPED_TEST(CacheClientContractTest, EmptyPagesChainTheStatesOfAModelWithoutAttention) {
+  const std::vector<TokenId> t = Tokens(40);
+  std::vector<Hash128> keys;
+  for (int i = 0; i < 2; ++i) {
+    ClientPut page;
+    if (i > 0) page.parent = keys.back();
+    page.tokens.assign(t.begin() + i * kPageSize, t.begin() + (i + 1) * kPageSize);
+    absl::StatusOr<PutResult> r = this->client().Put(this->ns_, page, "");
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_FALSE(r->already_present);
+    keys.push_back(r->key);
+  }
+  ClientPut state;
+  state.entry_class = EntryClass::kState;
+  state.parent = keys[1];
+  state.tokens.assign(t.begin() + 32, t.begin() + 37);
+  state.position = 37;
+  absl::StatusOr<PutResult> refused = this->client().Put(this->ns_, state, "");
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_TRUE(absl::StrContains(refused.status().message(), "must be > 0")) << refused.status();
+  const std::string state_bytes = Bytes(700, 5);
+  ASSERT_TRUE(this->client().Put(this->ns_, state, state_bytes).ok());
+
+  absl::StatusOr<LookupResult> r = this->client().Lookup(this->ns_, t, LookupMode::kLease);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->resume_position, 37);
+  EXPECT_EQ(r->kv_match_tokens, 32);
+  ASSERT_EQ(r->pages.size(), 2u);
+  ASSERT_TRUE(r->state.has_value());
+  std::string buffer = "stale";
+  ASSERT_TRUE(this->client().GetInto(r->lease_id, keys[1], &buffer).ok());
+  EXPECT_EQ(buffer, "");
+  const std::vector<Hash128> many = {keys[0], r->state->key, keys[1]};
+  std::vector<std::string> out = {"x", "", "y"};
+  ASSERT_TRUE(this->client().GetManyInto(r->lease_id, many, absl::MakeSpan(out)).ok());
+  EXPECT_EQ(out[0], "");
+  EXPECT_EQ(out[1], state_bytes);
+  EXPECT_EQ(out[2], "");
+  EXPECT_TRUE(this->client().Release(r->lease_id).ok());
+  absl::StatusOr<IndexStats> stats = this->client().Stats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->pages.entries, 2);
+  EXPECT_EQ(stats->pages.resident_bytes, 0);
+}
+
 TYPED_TEST(CacheClientContractTest, GetManyFailsOnTheFirstKeyTheLeaseCannotServeAndNamesIt) {
   const std::vector<TokenId> t = Tokens(40);
   std::vector<Hash128> keys = PutPrefix(this->client(), this->ns_, t, 37, StateKind::kExactPrefix, Bytes(5000, 3));
@@ -444,7 +493,11 @@ TYPED_TEST(CacheClientContractTest, MalformedCallsGetTheDocumentedCodes) {
 
   ClientPut page;
   page.tokens = Tokens(kPageSize);
-  EXPECT_EQ(client.Put(ns, page, "").status().code(), absl::StatusCode::kInvalidArgument);
+  ClientPut empty_state;
+  empty_state.entry_class = EntryClass::kState;
+  empty_state.tokens = {1, 2};
+  empty_state.position = 2;
+  EXPECT_EQ(client.Put(ns, empty_state, "").status().code(), absl::StatusCode::kInvalidArgument);
   ClientPut short_page;
   short_page.tokens = Tokens(kPageSize - 1);
   EXPECT_EQ(client.Put(ns, short_page, Bytes(100, 1)).status().code(), absl::StatusCode::kInvalidArgument);
@@ -531,7 +584,7 @@ std::vector<std::string> RunScript(CacheClient& client) {
   ClientPut orphan = page1;
   orphan.parent = Hash128{1, 1};
   record("put orphan", client.Put(ns, orphan, Bytes(64, 4)).status());
-  record("put empty", client.Put(ns, page1, "").status());
+  record("put empty state", client.Put(ns, state, "").status());
   record("lookup negative token", client.Lookup(ns, {1, -1}, LookupMode::kProbeOnly).status());
   absl::StatusOr<IndexStats> s = client.Stats();
   record("stats", s.status(),
@@ -568,7 +621,7 @@ TEST(CacheClientParityTest, SameCallsGiveIdenticalResultsAndStatusCodes) {
       "lookup odd page size: INVALID_ARGUMENT",
       "put odd page size: INVALID_ARGUMENT",
       "put orphan: FAILED_PRECONDITION",
-      "put empty: INVALID_ARGUMENT",
+      "put empty state: INVALID_ARGUMENT",
       "lookup negative token: INVALID_ARGUMENT",
       "stats: OK",
   };

@@ -27,8 +27,13 @@ ClassStats& CacheIndex::Counters(EntryClass c) { return c == EntryClass::kPage ?
 
 absl::Status CacheIndex::ValidateSpec(const PutSpec& spec) const {
   if (!IsValidPageSize(spec.page_size)) return absl::InvalidArgumentError(PageSizeProblem(spec.page_size));
-  if (spec.size_bytes <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("entry size ", spec.size_bytes, " must be > 0"));
+  // A page holds the K and V of every attention layer: none, in a model
+  // without attention layers, whose pages still chain the prefix for the
+  // states hung on them. A state always has bytes.
+  if (spec.size_bytes < 0 || (spec.size_bytes == 0 && spec.entry_class == EntryClass::kState)) {
+    return absl::InvalidArgumentError(absl::StrCat(spec.entry_class == EntryClass::kState ? "state" : "page",
+                                                   " entry size ", spec.size_bytes,
+                                                   spec.entry_class == EntryClass::kState ? " must be > 0" : " must be >= 0"));
   }
   for (TokenId t : spec.tokens) {
     if (t < 0) return absl::InvalidArgumentError(absl::StrCat("negative token id ", t));

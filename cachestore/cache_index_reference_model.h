@@ -286,7 +286,8 @@ class ReferenceModel {
     const int64_t ps = req.page_size;
     // Validation of the spec alone.
     if (!ValidPageSize(ps)) return fail(absl::StatusCode::kInvalidArgument);
-    if (req.size <= 0) return fail(absl::StatusCode::kInvalidArgument);
+    // A page may be empty (a model without attention layers); a state may not.
+    if (req.size < 0 || (req.size == 0 && !is_page)) return fail(absl::StatusCode::kInvalidArgument);
     for (TokenId t : req.tokens) {
       if (t < 0) return fail(absl::StatusCode::kInvalidArgument);
     }

@@ -181,8 +181,10 @@ TEST_F(CacheIndexTest, BadPutsAreRejectedAndChangeNothing) {
   short_page.tokens.pop_back();
   EXPECT_EQ(index_->Reserve(short_page, now_).status().code(), absl::StatusCode::kInvalidArgument);
 
-  PutSpec empty = PageSpec(t, 1, 0);
-  EXPECT_EQ(index_->Reserve(empty, now_).status().code(), absl::StatusCode::kInvalidArgument);
+  PutSpec negative_size = PageSpec(t, 1, -1);
+  EXPECT_EQ(index_->Reserve(negative_size, now_).status().code(), absl::StatusCode::kInvalidArgument);
+  PutSpec empty_state = StateSpec(t, 5, 0);
+  EXPECT_EQ(index_->Reserve(empty_state, now_).status().code(), absl::StatusCode::kInvalidArgument);
 
   PutSpec huge = PageSpec(t, 1, int64_t{2} << 30);
   EXPECT_EQ(index_->Reserve(huge, now_).status().code(), absl::StatusCode::kResourceExhausted);

@@ -12,7 +12,7 @@
 //                               headers, malformed parent key, bad
 //                               page size or class, position vs tail,
 //                               ttl on a page, chunk over the maximum
-//          INVALID_ARGUMENT     no bytes                               BadInputGetsAClearStatusAndChangesNothing
+//          INVALID_ARGUMENT     a state of no bytes                    BadInputGetsAClearStatusAndChangesNothing
 //          RESOURCE_EXHAUSTED   entry larger than its class's budget   BadInputGetsAClearStatusAndChangesNothing
 //          RESOURCE_EXHAUSTED   budget held by leased entries          LeaseOfAVanishedReaderExpires
 //          RESOURCE_EXHAUSTED   budget held by in-flight puts          PutInFlightHoldsItsBudgetAndItsEntry
@@ -355,8 +355,11 @@ TEST_F(ServiceTest, BadInputGetsAClearStatusAndChangesNothing) {
   EXPECT_TRUE(client_->Release(lease->lease_id).ok());
 
   ClientPut empty;
-  empty.tokens = Tokens(kPageSize, 500);
-  EXPECT_TRUE(HasStatus(client_->Put(ns_, empty, "").status(), absl::StatusCode::kInvalidArgument, "must be > 0"));
+  empty.entry_class = EntryClass::kState;
+  empty.tokens = Tokens(5, 500);
+  empty.position = 5;
+  EXPECT_TRUE(HasStatus(client_->Put(ns_, empty, "").status(), absl::StatusCode::kInvalidArgument,
+                        "state entry size 0 must be > 0"));
   const IndexStats after = server_->store().Stats();
   EXPECT_EQ(after.pages.resident_bytes, before.pages.resident_bytes);
   EXPECT_EQ(after.states.resident_bytes, before.states.resident_bytes);
