@@ -96,6 +96,29 @@ def check_exact(fixtures, report):
             report.check(np.array_equal(golden.get(f"prompt_{i}"), p), f"{name}: prompt_{i} differs")
 
 
+# The end-to-end suite's models (tests/fixtures/models/<arch>_e2e), written by
+# `gen_model.py --arch <arch> --preset e2e --seed 23`: config.json and
+# model.safetensors byte for byte.
+E2E_MODELS = {"nemotron_h_e2e": ("nemotron_h", 23), "mamba2_e2e": ("mamba2", 23)}
+
+
+def check_e2e_models(report):
+    for name, (arch, seed) in E2E_MODELS.items():
+        committed = os.path.join(REPO_ROOT, "tests", "fixtures", "models", name)
+        with tempfile.TemporaryDirectory() as tmp:
+            cfg, weights = gen_model.build(arch, "e2e", seed, "fp32")
+            gen_model.write_model(tmp, cfg, weights, "fp32")
+            for f in ("config.json", "model.safetensors"):
+                with open(os.path.join(tmp, f), "rb") as a:
+                    fresh = a.read()
+                try:
+                    with open(os.path.join(committed, f), "rb") as b:
+                        same = b.read() == fresh
+                except OSError:
+                    same = False
+                report.check(same, f"{name}/{f} differs from gen_model.py --arch {arch} --preset e2e --seed {seed}")
+
+
 def check_references(fixtures, report):
     """Regenerates every golden.safetensors with transformers and compares."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -136,6 +159,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     report = Report()
     check_exact(args.fixtures, report)
+    check_e2e_models(report)
     try:
         import torch  # noqa: F401
         import transformers  # noqa: F401

@@ -2,7 +2,7 @@
 """Deterministic generator of random Nemotron-H and Mamba2 models in Hugging Face format.
 
 Usage:
-    python3 tools/gen_model.py --preset {tiny,default,bench,1b} --seed N --out DIR
+    python3 tools/gen_model.py --preset {tiny,default,e2e,bench,1b} --seed N --out DIR
                                [--arch {nemotron_h,mamba2}] [--dtype {fp32,bf16,fp16}]
 
 Writes DIR/config.json and DIR/model.safetensors, loadable as is by transformers'
@@ -55,6 +55,10 @@ default  Byte-level model of a few MB, chunk 64: the architecture and the initia
              id  257     <bos>   (bos_token_id)
              id  258     <eos>   (eos_token_id)
          vocab_size 259. config.json repeats this under "hybridserve_tokenizer".
+e2e      Byte-level models (vocabulary as `default`) of the shapes the end-to-end suite runs
+         besides the default model: nemotron_h "*M-M*-M" (attention first), hidden 64, chunk 32;
+         mamba2 (no attention), 3 layers, hidden 64, 8 heads x 16, n_groups 4, chunk 16. Committed
+         under tests/fixtures/models/{nemotron_h_e2e,mamba2_e2e} (seed 23).
 bench    ~127M parameters (nemotron_h) / ~135M (mamba2), hidden 1024, vocab 16384,
          chunk 128 (nemotron_h) / 256 (mamba2). Generated on demand, never committed.
 """
@@ -100,6 +104,16 @@ PRESETS = {
         mamba_num_heads=64, mamba_head_dim=64, n_groups=8, ssm_state_size=128, conv_kernel=4, chunk_size=256,
         num_attention_heads=16, num_key_value_heads=4, head_dim=128, intermediate_size=8192,
         pad_token_id=0, bos_token_id=1, eos_token_id=2, max_position_embeddings=131072),
+    # End-to-end test shapes (byte vocabulary, random weights, committed under
+    # tests/fixtures/models/): the stack is run on every shape the engine
+    # supports, not only the default model's. nemotron_h/e2e puts attention
+    # first and uses chunk 32; mamba2/e2e has no attention layer at all.
+    ("nemotron_h", "e2e"): dict(
+        vocab_size=BYTE_VOCAB_SIZE, hidden_size=64, pattern="*M-M*-M",
+        mamba_num_heads=4, mamba_head_dim=16, n_groups=2, ssm_state_size=16, conv_kernel=4, chunk_size=32,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128,
+        pad_token_id=BYTE_VOCAB["pad"], bos_token_id=BYTE_VOCAB["bos"], eos_token_id=BYTE_VOCAB["eos"],
+        max_position_embeddings=8192),
     ("mamba2", "tiny"): dict(
         vocab_size=96, hidden_size=32, num_hidden_layers=4,
         num_heads=4, head_dim=16, n_groups=2, state_size=16, conv_kernel=4, chunk_size=16,
@@ -107,6 +121,10 @@ PRESETS = {
     ("mamba2", "default"): dict(
         vocab_size=BYTE_VOCAB_SIZE, hidden_size=128, num_hidden_layers=8,
         num_heads=8, head_dim=32, n_groups=2, state_size=32, conv_kernel=4, chunk_size=64,
+        pad_token_id=BYTE_VOCAB["pad"], bos_token_id=BYTE_VOCAB["bos"], eos_token_id=BYTE_VOCAB["eos"]),
+    ("mamba2", "e2e"): dict(
+        vocab_size=BYTE_VOCAB_SIZE, hidden_size=64, num_hidden_layers=3,
+        num_heads=8, head_dim=16, n_groups=4, state_size=16, conv_kernel=4, chunk_size=16,
         pad_token_id=BYTE_VOCAB["pad"], bos_token_id=BYTE_VOCAB["bos"], eos_token_id=BYTE_VOCAB["eos"]),
     ("mamba2", "bench"): dict(
         vocab_size=16384, hidden_size=1024, num_hidden_layers=14,
@@ -390,7 +408,7 @@ def build(arch, preset, seed, dtype="fp32"):
     else:
         cfg = mamba2_config(p, dtype_name)
         weights = mamba2_weights(cfg, seed)
-    if preset == "default":
+    if preset in ("default", "e2e"):
         cfg["hybridserve_tokenizer"] = dict(BYTE_VOCAB)
     cfg["hybridserve_generator"] = {"tool": "tools/gen_model.py", "arch": arch, "preset": preset,
                                     "seed": seed, "dtype": dtype}
@@ -408,7 +426,7 @@ def write_model(out_dir, cfg, weights, dtype="fp32"):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--preset", choices=["tiny", "default", "bench", "1b"], required=True)
+    ap.add_argument("--preset", choices=["tiny", "default", "e2e", "bench", "1b"], required=True)
     ap.add_argument("--arch", choices=["nemotron_h", "mamba2"], default="nemotron_h")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
