@@ -47,10 +47,10 @@ absl::StatusOr<ModelOptions> ResolveOptions(const ModelConfig& config, ModelOpti
   const bool has_mamba = config.CountLayers(LayerKind::kMamba2) > 0;
   const int64_t chunk = has_mamba ? config.mamba.chunk_size : kDefaultGridUnit;
   if (o.page_size == 0) o.page_size = std::min<int64_t>(16, chunk);
-  if (!IsValidPageSize(o.page_size) || chunk % o.page_size != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("page_size ", o.page_size, " must be a power of two dividing the chunk size ", chunk));
-  }
+  // Pages and chunks are independent grids: a page may be smaller than a
+  // chunk or span several (then segments and checkpoints end mid-page and the
+  // partial page travels in the state, as at any exact-prefix position).
+  if (!IsValidPageSize(o.page_size)) return absl::InvalidArgumentError(PageSizeProblem(o.page_size));
   if (o.checkpoint_interval == 0) o.checkpoint_interval = 4 * chunk;
   if (o.checkpoint_interval < 0 || o.checkpoint_interval % chunk != 0) {
     return absl::InvalidArgumentError(absl::StrCat("checkpoint_interval ", o.checkpoint_interval,
@@ -253,6 +253,11 @@ absl::StatusOr<PrefillResult> Model::Prefill(SequenceId id, absl::Span<const Tok
   int64_t start = begin;
   for (int64_t end : SegmentEnds(begin, begin + n)) {
     const int64_t len = end - start;
+    if (start > begin && options.cancelled && options.cancelled()) {
+      seq->last_logits.clear();
+      return absl::CancelledError(
+          absl::StrCat("prefill of sequence ", id, " cancelled at position ", start, " of ", begin + n));
+    }
     RETURN_IF_ERROR(RunSegment(*seq, tokens.data() + (start - begin), start, len));
     if (options.all_logits) RETURN_IF_ERROR(Logits(0, len, result.logits.data() + (start - begin) * vocab));
     seq->position = end;

@@ -35,6 +35,7 @@
 // kernels on an internal pool of num_threads threads).
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -65,7 +66,8 @@ struct DecodeBatch;  // engine/layer_runner.h (internal)
 class Workspace;
 
 struct ModelOptions {
-  // Tokens per KV page: a power of two dividing the chunk size. 0: min(16, chunk_size).
+  // Tokens per KV page: a power of two (common/tokens.h), smaller than the
+  // chunk size or not. 0: min(16, chunk_size).
   int64_t page_size = 0;
   // KV pages shared by all sequences (a page holds page_size tokens of every attention layer).
   int64_t max_pages = 1024;
@@ -105,6 +107,10 @@ struct PrefillOptions {
   bool all_logits = false;
   // Return the grid checkpoints crossed (see PrefillResult::checkpoints).
   bool emit_checkpoints = false;
+  // Polled before every segment but the first (segments end at multiples of
+  // checkpoint_interval and max_segment_tokens): once it returns true the
+  // prefill stops with CANCELLED. Null: never.
+  std::function<bool()> cancelled;
 };
 
 struct PrefillResult {
@@ -133,7 +139,10 @@ class Model {
   // ---- The forward pass ----
 
   // Appends `tokens` at the sequence's position and returns logits (see
-  // PrefillOptions). Errors leave every sequence unchanged: NOT_FOUND for an
+  // PrefillOptions). CANCELLED (options.cancelled) is the one error that
+  // leaves the sequence changed: advanced to the end of the last segment run,
+  // with no last logits (release it, or prefill the rest). Other errors leave
+  // every sequence unchanged: NOT_FOUND for an
   // unknown id; FAILED_PRECONDITION for a sequence still importing;
   // INVALID_ARGUMENT for no tokens, an id outside [0, vocab) or a sequence
   // longer than 2^31 - 1 tokens; RESOURCE_EXHAUSTED when the KV pages needed

@@ -133,7 +133,8 @@ TEST_P(ModelParityTest, ResumeFromEveryGridCheckpointIsBitIdenticalToColdPrefill
 }
 
 // Contract 1 over the grid's parameters: every page size dividing the chunk
-// (1 to 16), checkpoint intervals of 1 to 4 chunks, and prompts that end on a
+// (1 to 16) and two that span chunks (32, 64: checkpoints then fall
+// mid-page), checkpoint intervals of 1 to 4 chunks, and prompts that end on a
 // checkpoint, just past one, mid-interval off the page grid, and just before
 // one. At every checkpoint q of a cold prefill of [0, P): restore there,
 // prefill [q, P); every logit row of [q, P), the final state and the KV pages
@@ -144,7 +145,7 @@ TEST_P(ModelParityTest, ResumeFromEveryCheckpointOverPageSizesIntervalsAndLength
   constexpr int64_t kChunk = 16;
   ASSERT_EQ(weights_->config().mamba.chunk_size, kChunk);
   int restores = 0;
-  for (int64_t page_size : {1, 2, 4, 8, 16}) {
+  for (int64_t page_size : {1, 2, 4, 8, 16, 32, 64}) {
     for (int64_t interval : {kChunk, 2 * kChunk, 3 * kChunk, 4 * kChunk}) {
       ModelOptions options;
       options.page_size = page_size;
@@ -204,7 +205,7 @@ TEST_P(ModelParityTest, ResumeFromEveryCheckpointOverPageSizesIntervalsAndLength
     }
   }
   // 5 page sizes x 4 intervals x (1 + 2 + 3 + 3) checkpoints.
-  EXPECT_EQ(restores, 5 * 4 * 9);
+  EXPECT_EQ(restores, 7 * 4 * 9);
 }
 
 // A grid checkpoint holds exactly the state of a sequence prefilled up to it.
