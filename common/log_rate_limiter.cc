@@ -19,9 +19,7 @@ bool LogRateLimiter::Allow(absl::string_view reason, int64_t* held_back) {
   return true;
 }
 
-std::string HeldBack(int64_t n) {
-  return n > 0 ? absl::StrCat(" (", n, " more like it held back)") : std::string();
-}
+std::string HeldBack(int64_t n) { return n > 0 ? absl::StrCat(" (", n, " more like it held back)") : std::string(); }
 
 std::string FailureReason(const absl::Status& status) {
   return absl::AsciiStrToLower(absl::StatusCodeToString(status.code()));

@@ -19,6 +19,15 @@
 #include "prometheus/text_serializer.h"
 
 namespace hybridserve::common {
+
+// The daemon thread's view of an exposer: refresh, then collect.
+struct MetricsExposerAccess {
+  static std::string Scrape(const MetricsExposer& e) {
+    if (e.before_scrape_) e.before_scrape_();
+    return prometheus::TextSerializer().Serialize(e.registry_->Collect());
+  }
+};
+
 namespace {
 
 // Per-connection buffer for the request line and headers; a request that
@@ -56,8 +65,8 @@ MHD_Result HandleRequest(void* cls, MHD_Connection* connection, const char* url,
   if (absl::string_view(url) != kMetricsPath) {
     return Reply(connection, MHD_HTTP_NOT_FOUND, "not found: metrics are at /metrics\n", "text/plain");
   }
-  auto* registry = static_cast<prometheus::Registry*>(cls);
-  const std::string text = prometheus::TextSerializer().Serialize(registry->Collect());
+  const MetricsExposer& exposer = *static_cast<const MetricsExposer*>(cls);
+  const std::string text = MetricsExposerAccess::Scrape(exposer);
   return Reply(connection, MHD_HTTP_OK, text, kTextFormat);
 }
 
@@ -144,19 +153,21 @@ std::vector<double> ExponentialBuckets(double start, double factor, int count) {
 }
 
 absl::StatusOr<std::unique_ptr<MetricsExposer>> MetricsExposer::Create(const std::string& bind,
-                                                                       std::shared_ptr<prometheus::Registry> registry) {
+                                                                       std::shared_ptr<prometheus::Registry> registry,
+                                                                       std::function<void()> before_scrape) {
   absl::StatusOr<int> fd = Listen(bind);
   if (!fd.ok()) {
     return absl::Status(fd.status().code(),
                         absl::StrCat("metrics exposer cannot bind ", bind, ": ", fd.status().message()));
   }
-  std::unique_ptr<MetricsExposer> exposer(new MetricsExposer(std::move(registry), BoundPort(*fd)));
+  std::unique_ptr<MetricsExposer> exposer(
+      new MetricsExposer(std::move(registry), std::move(before_scrape), BoundPort(*fd)));
   // The daemon owns the listening socket from here: it closes it when stopped,
   // and also when it fails to start after taking it (libmicrohttpd 0.9.75,
   // checked with a thread that cannot be created), so a failure below does not
   // close it a second time (that could close a descriptor opened since).
   exposer->daemon_ = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL, 0, nullptr, nullptr,
-                                      &HandleRequest, exposer->registry_.get(), MHD_OPTION_LISTEN_SOCKET,
+                                      &HandleRequest, exposer.get(), MHD_OPTION_LISTEN_SOCKET,
                                       static_cast<MHD_socket>(*fd), MHD_OPTION_CONNECTION_LIMIT,
                                       static_cast<unsigned int>(kMaxConnections), MHD_OPTION_CONNECTION_TIMEOUT,
                                       static_cast<unsigned int>(absl::ToInt64Seconds(kConnectionTimeout)),

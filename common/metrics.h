@@ -4,6 +4,7 @@
 // Prometheus metrics through prometheus-cpp. A service owns one Registry, builds
 // its families on it, and serves it over HTTP with a MetricsExposer.
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -49,8 +50,13 @@ class MetricsExposer {
   // port()). The socket is bound with SO_REUSEADDR and never SO_REUSEPORT, so a
   // port in use is refused. Errors name `bind`: INVALID_ARGUMENT for an address
   // that does not parse, UNAVAILABLE for one that cannot be bound or served.
+  // `before_scrape` (optional) runs on the daemon's thread before each
+  // scrape collects the registry: it brings metrics kept elsewhere (a
+  // worker's cumulative counters) up to date. It must outlive the exposer
+  // and be thread-safe.
   static absl::StatusOr<std::unique_ptr<MetricsExposer>> Create(const std::string& bind,
-                                                                std::shared_ptr<prometheus::Registry> registry);
+                                                                std::shared_ptr<prometheus::Registry> registry,
+                                                                std::function<void()> before_scrape = nullptr);
 
   MetricsExposer(const MetricsExposer&) = delete;
   MetricsExposer& operator=(const MetricsExposer&) = delete;
@@ -60,11 +66,13 @@ class MetricsExposer {
   int port() const { return port_; }
 
  private:
-  MetricsExposer(std::shared_ptr<prometheus::Registry> registry, int port)
-      : registry_(std::move(registry)), port_(port) {}
+  MetricsExposer(std::shared_ptr<prometheus::Registry> registry, std::function<void()> before_scrape, int port)
+      : registry_(std::move(registry)), before_scrape_(std::move(before_scrape)), port_(port) {}
+  friend struct MetricsExposerAccess;
 
-  // Read by the daemon's thread at every scrape; outlives daemon_.
+  // Read by the daemon's thread at every scrape; outlive daemon_.
   std::shared_ptr<prometheus::Registry> registry_;
+  std::function<void()> before_scrape_;
   MHD_Daemon* daemon_ = nullptr;  // owned; stopped in the destructor
   int port_ = 0;
 };

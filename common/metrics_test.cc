@@ -174,6 +174,23 @@ TEST(MetricsTest, DestroyedExposerFreesItsPort) {
   EXPECT_EQ(absl::StrCat("127.0.0.1:", (*second)->port()), address);
 }
 
+// before_scrape runs before every scrape collects: what it sets is in that
+// scrape's answer.
+TEST(MetricsTest, BeforeScrapeRefreshesTheRegistryForThatScrape) {
+  auto registry = std::make_shared<prometheus::Registry>();
+  prometheus::Gauge& gauge =
+      prometheus::BuildGauge().Name("hs_test_synced").Help("Synced.").Register(*registry).Add({});
+  std::atomic<int> scrapes{0};
+  auto exposer = MetricsExposer::Create("127.0.0.1:0", registry, [&] { gauge.Set(++scrapes * 10); });
+  ASSERT_TRUE(exposer.ok()) << exposer.status();
+  for (int i = 1; i <= 2; ++i) {
+    absl::StatusOr<HttpReply> reply = Exchange((*exposer)->port(), kScrape);
+    ASSERT_TRUE(reply.ok()) << reply.status();
+    EXPECT_THAT(reply->body, HasSubstr(absl::StrCat("\nhs_test_synced ", 10 * i, "\n")));
+  }
+  EXPECT_EQ(scrapes.load(), 2);
+}
+
 // A scrape gets 200, the Prometheus text format's content type and the
 // registry's counter with its exact value.
 TEST_F(ExposerTest, ScrapeReturnsTheRegistrysCounter) {
