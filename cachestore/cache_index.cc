@@ -31,9 +31,9 @@ absl::Status CacheIndex::ValidateSpec(const PutSpec& spec) const {
   // without attention layers, whose pages still chain the prefix for the
   // states hung on them. A state always has bytes.
   if (spec.size_bytes < 0 || (spec.size_bytes == 0 && spec.entry_class == EntryClass::kState)) {
-    return absl::InvalidArgumentError(absl::StrCat(spec.entry_class == EntryClass::kState ? "state" : "page",
-                                                   " entry size ", spec.size_bytes,
-                                                   spec.entry_class == EntryClass::kState ? " must be > 0" : " must be >= 0"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(spec.entry_class == EntryClass::kState ? "state" : "page", " entry size ", spec.size_bytes,
+                     spec.entry_class == EntryClass::kState ? " must be > 0" : " must be >= 0"));
   }
   for (TokenId t : spec.tokens) {
     if (t < 0) return absl::InvalidArgumentError(absl::StrCat("negative token id ", t));

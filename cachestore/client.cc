@@ -172,6 +172,11 @@ absl::StatusOr<std::unique_ptr<CacheStoreClient>> CacheStoreClient::Create(const
   const int max_message = static_cast<int>(options.chunk_bytes + (1 << 20));
   args.SetMaxReceiveMessageSize(max_message);
   args.SetMaxSendMessageSize(max_message);
+  const int backoff_ms =
+      static_cast<int>(std::max<int64_t>(1, absl::ToInt64Milliseconds(options.max_reconnect_backoff)));
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, backoff_ms);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, std::min(backoff_ms, 100));
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, backoff_ms);  // also the shortest connect timeout
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
