@@ -137,9 +137,13 @@ int Run() {
   prefill::PrefillWorker worker(**model, (*weights)->fingerprint(), cache.get(), sender, wo);
   auto registry = std::make_shared<prometheus::Registry>();
   prefill::PrefillMetrics metrics(*registry);
+  metrics.SetFree(worker.free_pages(), worker.free_slots());
   std::unique_ptr<common::MetricsExposer> exposer;
   if (!absl::GetFlag(FLAGS_metrics_address).empty()) {
-    auto e = common::MetricsExposer::Create(absl::GetFlag(FLAGS_metrics_address), registry);
+    // The worker's cache counters move behind the answers too (publications
+    // run on its publisher thread): each scrape brings them up to date.
+    auto e = common::MetricsExposer::Create(absl::GetFlag(FLAGS_metrics_address), registry,
+                                            [&] { metrics.SyncCounters(worker.counters()); });
     if (!e.ok()) {
       LOG(ERROR) << "metrics: " << e.status();
       return 1;

@@ -34,6 +34,24 @@ PrefillMetrics::PrefillMetrics(prometheus::Registry& r)
       ok_(requests_.Add({{"outcome", "ok"}})),
       failed_(requests_.Add({{"outcome", "failed"}})),
       refused_(requests_.Add({{"outcome", "refused"}})),
+      cancelled_(requests_.Add({{"outcome", "cancelled"}})),
+      transfers_in_flight_(prometheus::BuildGauge()
+                               .Name("hybridserve_prefill_transfers_in_flight")
+                               .Help("Pushes of a state to a decode worker under way")
+                               .Register(r)
+                               .Add({})),
+      transfer_failures_(Counter(r, "hybridserve_prefill_transfer_failures_total",
+                                 "Pushes of a state to a decode worker that failed (peer gone, refused, timed out)")),
+      free_pages_(prometheus::BuildGauge()
+                      .Name("hybridserve_prefill_kv_pages_free")
+                      .Help("KV pages of the prefill engine not held by a sequence (all of them when idle)")
+                      .Register(r)
+                      .Add({})),
+      free_slots_(prometheus::BuildGauge()
+                      .Name("hybridserve_prefill_state_slots_free")
+                      .Help("State slots of the prefill engine not held by a sequence (all of them when idle)")
+                      .Register(r)
+                      .Add({})),
       prompt_tokens_(Counter(r, "hybridserve_prefill_prompt_tokens_total", "Prompt tokens of successful prefills")),
       prefilled_tokens_(Counter(r, "hybridserve_prefill_computed_tokens_total",
                                 "Prompt tokens actually prefilled (prompt minus what came from the cache)")),
@@ -62,11 +80,17 @@ PrefillMetrics::PrefillMetrics(prometheus::Registry& r)
       pages_published_(Counter(r, "hybridserve_prefill_pages_published_total", "KV pages published")),
       states_published_(Counter(r, "hybridserve_prefill_states_published_total",
                                 "Grid checkpoints and prompt-end snapshots published")),
-      publish_failures_(Counter(r, "hybridserve_prefill_publish_failures_total", "Publications that failed")) {}
+      publish_failures_(Counters(r, "hybridserve_prefill_publish_failures_total",
+                                 "Cache puts of pages and states that failed, by reason (the status code)")) {}
 
 void PrefillMetrics::SetQueueDepth(int64_t outstanding) { queue_.Set(static_cast<double>(outstanding)); }
 void PrefillMetrics::RecordFailure() { failed_.Increment(); }
 void PrefillMetrics::RecordRefused() { refused_.Increment(); }
+void PrefillMetrics::RecordCancelled() { cancelled_.Increment(); }
+void PrefillMetrics::SetFree(int64_t pages, int64_t slots) {
+  free_pages_.Set(static_cast<double>(pages));
+  free_slots_.Set(static_cast<double>(slots));
+}
 
 void PrefillMetrics::RecordSuccess(const PrefillOutcome& o, double seconds) {
   ok_.Increment();
@@ -90,7 +114,13 @@ void PrefillMetrics::SyncCounters(const PrefillCacheCounters& now) {
   errors_as_misses_.Increment(static_cast<double>(now.errors_as_misses - last_.errors_as_misses));
   pages_published_.Increment(static_cast<double>(now.pages_published - last_.pages_published));
   states_published_.Increment(static_cast<double>(now.states_published - last_.states_published));
-  publish_failures_.Increment(static_cast<double>(now.publish_failures - last_.publish_failures));
+  transfers_in_flight_.Set(static_cast<double>(now.transfers_in_flight));
+  transfer_failures_.Increment(static_cast<double>(now.transfer_failures - last_.transfer_failures));
+  for (const auto& [reason, n] : now.publish_failures_by_reason) {
+    auto before = last_.publish_failures_by_reason.find(reason);
+    const int64_t delta = n - (before == last_.publish_failures_by_reason.end() ? 0 : before->second);
+    publish_failures_.Add({{"reason", reason}}).Increment(static_cast<double>(delta));
+  }
   last_ = now;
 }
 

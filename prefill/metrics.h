@@ -25,6 +25,10 @@ class PrefillMetrics {
   void RecordSuccess(const PrefillOutcome& outcome, double seconds);
   void RecordFailure();
   void RecordRefused();
+  // A call whose caller cancelled it (queued or running).
+  void RecordCancelled();
+  // The engine's free KV pages and state slots (idle: all of them).
+  void SetFree(int64_t pages, int64_t slots);
   // Advances the cache counters the worker keeps (cumulative) to `now`.
   void SyncCounters(const PrefillCacheCounters& now) ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -34,6 +38,11 @@ class PrefillMetrics {
   prometheus::Counter& ok_;
   prometheus::Counter& failed_;
   prometheus::Counter& refused_;
+  prometheus::Counter& cancelled_;
+  prometheus::Gauge& transfers_in_flight_;
+  prometheus::Counter& transfer_failures_;
+  prometheus::Gauge& free_pages_;
+  prometheus::Gauge& free_slots_;
   prometheus::Counter& prompt_tokens_;
   prometheus::Counter& prefilled_tokens_;
   prometheus::Counter& cache_queries_;
@@ -50,7 +59,7 @@ class PrefillMetrics {
   prometheus::Counter& errors_as_misses_;
   prometheus::Counter& pages_published_;
   prometheus::Counter& states_published_;
-  prometheus::Counter& publish_failures_;
+  prometheus::Family<prometheus::Counter>& publish_failures_;
   absl::Mutex mu_;
   PrefillCacheCounters last_ ABSL_GUARDED_BY(mu_);
 };

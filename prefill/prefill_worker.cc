@@ -25,6 +25,7 @@ struct PrefillWorker::Resumed {
   int64_t position = 0;
   ResumeKind kind = ResumeKind::kCold;
   int64_t kv_match_tokens = 0;
+  bool cache_reachable = true;  // false: the lookup failed
 };
 
 namespace {
@@ -69,10 +70,13 @@ cachestore::ClientNamespace PrefillWorker::Namespace(const std::string& cache_sa
 
 absl::Status PrefillWorker::FetchResumeBytes(const cachestore::LookupResult& lookup, std::string* state,
                                              std::vector<std::string>* pages) {
-  pages->assign(lookup.pages.size(), std::string());
+  // A model without attention layers has empty pages: nothing to fetch
+  // (Restore takes none).
+  const size_t page_count = model_.page_bytes() > 0 ? lookup.pages.size() : 0;
+  pages->assign(page_count, std::string());
   std::vector<common::Hash128> keys;
   keys.reserve(lookup.pages.size());
-  for (const auto& page : lookup.pages) keys.push_back(page.key);
+  for (size_t i = 0; i < page_count; ++i) keys.push_back(lookup.pages[i].key);
   // The state on this thread; the pages in up to fetch_parallelism - 1
   // contiguous slices, one GetMany stream each, on helper threads.
   const int64_t n = static_cast<int64_t>(keys.size());
@@ -118,7 +122,11 @@ bool PrefillWorker::RestoreFromCache(engine::SequenceId seq, const cachestore::L
   if (!s.ok()) {
     // A miss, never a failure: the restore changed nothing.
     Count(&PrefillCacheCounters::errors_as_misses);
-    LOG(WARNING) << "cache resume at " << p << " of " << prompt_tokens << " tokens abandoned: " << s;
+    int64_t held_back = 0;
+    if (log_limiter_.Allow(absl::StrCat("resume ", common::FailureReason(s)), &held_back)) {
+      LOG(WARNING) << "cache resume at " << p << " of " << prompt_tokens << " tokens abandoned: " << s
+                   << common::HeldBack(held_back);
+    }
     return false;
   }
   return true;
@@ -140,7 +148,11 @@ absl::StatusOr<PrefillWorker::Resumed> PrefillWorker::Resume(const PrefillReques
         ns, absl::MakeConstSpan(request.prompt).subspan(0, static_cast<size_t>(probe)), cachestore::LookupMode::kLease);
     if (!lookup.ok()) {
       Count(&PrefillCacheCounters::errors_as_misses);
-      LOG(WARNING) << "cache lookup failed, prefilling cold: " << lookup.status();
+      r.cache_reachable = false;
+      int64_t held_back = 0;
+      if (log_limiter_.Allow(absl::StrCat("lookup ", common::FailureReason(lookup.status())), &held_back)) {
+        LOG(WARNING) << "cache lookup failed, prefilling cold: " << lookup.status() << common::HeldBack(held_back);
+      }
       return r;
     }
     r.kv_match_tokens = std::max(r.kv_match_tokens, lookup->kv_match_tokens);
@@ -183,6 +195,12 @@ absl::StatusOr<PrefillOutcome> PrefillWorker::Prefill(const PrefillRequest& requ
   RETURN_IF_ERROR(transport::CheckTicket(model_.sequences(), request.ticket));
   ASSIGN_OR_RETURN(engine::Sampler sampler, engine::Sampler::Create(request.sampling));
 
+  auto cancelled = [&]() -> absl::Status {
+    if (!request.cancelled || !request.cancelled()) return absl::OkStatus();
+    Count(&PrefillCacheCounters::cancelled);
+    return absl::CancelledError("the caller cancelled the prefill");
+  };
+  RETURN_IF_ERROR(cancelled());
   const cachestore::ClientNamespace ns = Namespace(request.cache_salt);
   const absl::Time resume_start = absl::Now();
   ASSIGN_OR_RETURN(const Resumed resumed, Resume(request, ns));
@@ -194,11 +212,15 @@ absl::StatusOr<PrefillOutcome> PrefillWorker::Prefill(const PrefillRequest& requ
   if (resumed.position < n) {
     engine::PrefillOptions options;
     options.emit_checkpoints = cache_ != nullptr && options_.publish;
-    ASSIGN_OR_RETURN(
-        engine::PrefillResult result,
-        model_.Prefill(resumed.seq, absl::MakeConstSpan(request.prompt).subspan(resumed.position), options));
-    logits = std::move(result.logits);
-    checkpoints = std::move(result.checkpoints);
+    options.cancelled = request.cancelled;
+    absl::StatusOr<engine::PrefillResult> result =
+        model_.Prefill(resumed.seq, absl::MakeConstSpan(request.prompt).subspan(resumed.position), options);
+    if (!result.ok()) {
+      if (result.status().code() == absl::StatusCode::kCancelled) Count(&PrefillCacheCounters::cancelled);
+      return result.status();
+    }
+    logits = std::move(result->logits);
+    checkpoints = std::move(result->checkpoints);
   } else {
     ASSIGN_OR_RETURN(const engine::SequenceTable::Sequence* seq, model_.sequences().Find(resumed.seq));
     logits = seq->last_logits;
@@ -213,8 +235,15 @@ absl::StatusOr<PrefillOutcome> PrefillWorker::Prefill(const PrefillRequest& requ
       const transport::SequenceStateSource source,
       transport::SequenceStateSource::Create(model_.sequences(), resumed.seq, request.ticket, fingerprint_,
                                              plan.StateKeyAt(n), outcome.first.token, outcome.first.logprob));
+  RETURN_IF_ERROR(cancelled());
   const absl::Time start = absl::Now();
-  RETURN_IF_ERROR(sender_.Send(request.ticket, source));
+  Count(&PrefillCacheCounters::transfers_in_flight);
+  const absl::Status sent = sender_.Send(request.ticket, source);
+  Count(&PrefillCacheCounters::transfers_in_flight, -1);
+  if (!sent.ok()) {
+    Count(&PrefillCacheCounters::transfer_failures);
+    return sent;
+  }
   outcome.transfer_time = absl::Now() - start;
   outcome.transfer_bytes = source.num_pages() * source.page_bytes() + static_cast<int64_t>(source.state().size());
 
@@ -226,7 +255,9 @@ absl::StatusOr<PrefillOutcome> PrefillWorker::Prefill(const PrefillRequest& requ
   // After the push: publication never delays decode. The bytes leave the
   // engine here; the puts run inline, or on the publisher thread with
   // async_publication (then the answer to decode does not wait for them).
-  if (cache_ != nullptr && options_.publish) {
+  // A cache that failed this call's lookup gets nothing from it: decode
+  // publishes the turn end from the first page the cache lacks instead.
+  if (cache_ != nullptr && options_.publish && resumed.cache_reachable) {
     outcome.publishes_prompt = true;
     auto publication = std::make_unique<Publication>(
         Prepare(resumed.seq, request, ns, resumed.position, resumed.kv_match_tokens, checkpoints));
@@ -295,8 +326,10 @@ PrefillWorker::Publication PrefillWorker::Prepare(engine::SequenceId seq, const 
   const cachestore::CachePlan plan(ns, request.prompt);
   const int64_t n = static_cast<int64_t>(request.prompt.size());
   const int64_t ps = plan.page_size();
-  // Pages the cache does not hold yet, in order (each needs its parent).
-  const int64_t full = model_.num_attention_layers() > 0 ? n / ps : 0;
+  // Pages the cache does not hold yet, in order (each needs its parent). A
+  // model without attention layers has pages too: empty, they chain the
+  // prefix its states hang from.
+  const int64_t full = n / ps;
   for (int64_t i = std::min(kv_match_tokens, resumed_at) / ps; i < full; ++i) {
     absl::StatusOr<std::string> page = model_.ExportPage(seq, i);
     if (!page.ok()) break;
@@ -320,19 +353,22 @@ PrefillWorker::Publication PrefillWorker::Prepare(engine::SequenceId seq, const 
   return out;
 }
 
+void PrefillWorker::CountPublishFailure(const absl::Status& status, absl::string_view what) {
+  const std::string reason = common::FailureReason(status);
+  {
+    absl::MutexLock lock(&counters_mu_);
+    ++counters_.publish_failures;
+    ++counters_.publish_failures_by_reason[reason];
+  }
+  int64_t held_back = 0;
+  if (log_limiter_.Allow(absl::StrCat("publication ", reason), &held_back)) {
+    LOG(WARNING) << "cache publication of " << what << " failed: " << status << common::HeldBack(held_back);
+  }
+}
+
 void PrefillWorker::Put(const Publication& p) {
-  auto put = [&](const cachestore::ClientPut& what, absl::string_view bytes, int64_t PrefillCacheCounters::*count) {
-    absl::StatusOr<cachestore::PutResult> r = cache_->Put(p.ns, what, bytes);
-    if (!r.ok()) {
-      Count(&PrefillCacheCounters::publish_failures);
-      VLOG(1) << "cache publication failed: " << r.status();
-      return false;
-    }
-    if (!r->already_present) Count(count);
-    return true;
-  };
-  for (const auto& [what, bytes] : p.pages) {
-    absl::StatusOr<cachestore::PutResult> r = cache_->Put(p.ns, what, bytes);
+  for (size_t i = 0; i < p.pages.size(); ++i) {
+    absl::StatusOr<cachestore::PutResult> r = cache_->Put(p.ns, p.pages[i].first, p.pages[i].second);
     if (r.ok()) {
       if (!r->already_present) Count(&PrefillCacheCounters::pages_published);
       continue;
@@ -341,11 +377,17 @@ void PrefillWorker::Put(const Publication& p) {
     // the same prefix); its node already exists, so the next pages can hang
     // under it. Any other failure leaves the rest without a parent.
     if (r.status().code() == absl::StatusCode::kAborted) continue;
-    Count(&PrefillCacheCounters::publish_failures);
-    VLOG(1) << "cache publication failed: " << r.status();
+    CountPublishFailure(r.status(), absl::StrCat("page ", i, " of ", p.pages.size()));
     break;
   }
-  for (const auto& [what, bytes] : p.states) put(what, bytes, &PrefillCacheCounters::states_published);
+  for (const auto& [what, bytes] : p.states) {
+    absl::StatusOr<cachestore::PutResult> r = cache_->Put(p.ns, what, bytes);
+    if (!r.ok()) {
+      CountPublishFailure(r.status(), absl::StrCat("the state at ", what.position));
+    } else if (!r->already_present) {
+      Count(&PrefillCacheCounters::states_published);
+    }
+  }
 }
 
 }  // namespace hybridserve::prefill

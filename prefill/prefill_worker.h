@@ -26,6 +26,8 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -39,6 +41,7 @@
 #include "absl/time/time.h"
 #include "cachestore/cache_client.h"
 #include "common/hash.h"
+#include "common/log_rate_limiter.h"
 #include "common/tokens.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
@@ -59,6 +62,9 @@ struct PrefillRequest {
   std::string cache_salt;  // tenant: separates namespaces
   engine::SamplingParams sampling;
   transport::Ticket ticket;  // where the state goes
+  // True once the caller no longer wants the answer (its client cancelled,
+  // aborted or ran out of time); polled between prefill segments. Null: never.
+  std::function<bool()> cancelled;
 };
 
 struct PrefillUsage {
@@ -84,7 +90,10 @@ struct PrefillOutcome {
   absl::Duration compute_time;
   // The prompt's full pages and its prompt-end state are put to the cache by
   // this worker (done, or queued behind the answer): decode's turn-end
-  // publication adds only the pages past the prompt.
+  // publication adds only the pages past the prompt. False without a cache,
+  // and when this call found the cache unreachable (its lookup failed): then
+  // this worker puts nothing and decode publishes from the first page the
+  // cache lacks, instead of waiting for pages that would never come.
   bool publishes_prompt = false;
 };
 
@@ -96,6 +105,12 @@ struct PrefillCacheCounters {
   int64_t pages_published = 0;
   int64_t states_published = 0;
   int64_t publish_failures = 0;
+  // publish_failures by reason (common::FailureReason of the failing put).
+  std::map<std::string, int64_t> publish_failures_by_reason;
+  int64_t cancelled = 0;  // calls abandoned because the caller cancelled
+  // Pushes to decode workers under way now, and those that failed.
+  int64_t transfers_in_flight = 0;
+  int64_t transfer_failures = 0;
 };
 
 struct PrefillWorkerOptions {
@@ -123,12 +138,18 @@ class PrefillWorker {
   // Runs steps 1-5 for `request`. INVALID_ARGUMENT for an empty prompt, a
   // token outside the vocabulary, bad sampling params or a ticket for another
   // position or model layout; RESOURCE_EXHAUSTED when the engine has no room
-  // for the sequence; the data plane's error when the push fails. The engine
-  // holds nothing of the request afterwards, whatever the outcome.
+  // for the sequence; CANCELLED when request.cancelled() turned true (checked
+  // before the lookup, between the engine's prefill segments and before the
+  // push); the data plane's error when the push fails. The engine holds nothing of the request afterwards, whatever
+  // the outcome.
   absl::StatusOr<PrefillOutcome> Prefill(const PrefillRequest& request);
 
   // A snapshot of the counters (any thread).
   PrefillCacheCounters counters() const ABSL_LOCKS_EXCLUDED(counters_mu_);
+  // The engine's free KV pages and state slots. Like Prefill, not while
+  // another call is in the engine.
+  int64_t free_pages() const { return model_.num_free_pages(); }
+  int64_t free_slots() const { return model_.num_free_sequences(); }
   // With async_publication: waits until every queued publication is put;
   // false at the timeout.
   bool WaitForPublications(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
@@ -159,6 +180,7 @@ class PrefillWorker {
                       int64_t resumed_at, int64_t kv_match_tokens,
                       const std::vector<engine::SequenceState>& checkpoints);
   void Put(const Publication& p);
+  void CountPublishFailure(const absl::Status& status, absl::string_view what) ABSL_LOCKS_EXCLUDED(counters_mu_);
   void PublishLoop() ABSL_LOCKS_EXCLUDED(mu_);
   void Count(int64_t PrefillCacheCounters::*field, int64_t n = 1) ABSL_LOCKS_EXCLUDED(counters_mu_);
 
@@ -170,6 +192,7 @@ class PrefillWorker {
   const PrefillWorkerOptions options_;
   mutable absl::Mutex counters_mu_;
   PrefillCacheCounters counters_ ABSL_GUARDED_BY(counters_mu_);
+  common::LogRateLimiter log_limiter_;
   absl::Mutex mu_;
   std::deque<std::unique_ptr<Publication>> queue_ ABSL_GUARDED_BY(mu_);
   int64_t publishing_ ABSL_GUARDED_BY(mu_) = 0;

@@ -1,5 +1,6 @@
 #include "prefill/service.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -19,6 +20,22 @@ int64_t PrefillService::outstanding() const {
   return outstanding_;
 }
 
+bool PrefillService::AwaitEngine(uint64_t ticket, grpc::ServerContext* context) {
+  absl::MutexLock lock(&mu_);
+  auto my_turn = [this, ticket]()
+                     ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !engine_busy_ && queue_.front() == ticket; };
+  // The synchronous API has no cancellation callback: look every 10 ms.
+  while (!mu_.AwaitWithTimeout(absl::Condition(&my_turn), absl::Milliseconds(10))) {
+    if (context->IsCancelled()) {
+      queue_.erase(std::find(queue_.begin(), queue_.end(), ticket));
+      return false;
+    }
+  }
+  queue_.pop_front();
+  engine_busy_ = true;
+  return true;
+}
+
 grpc::Status PrefillService::Prefill(grpc::ServerContext* context, const v1::PrefillRequest* request,
                                      v1::PrefillResponse* response) {
   const absl::Time arrival = absl::Now();
@@ -27,7 +44,7 @@ grpc::Status PrefillService::Prefill(grpc::ServerContext* context, const v1::Pre
     if (metrics_ != nullptr) metrics_->RecordRefused();
     return common::ToGrpcStatus(parsed.status());
   }
-  const PrefillRequest& r = *parsed;
+  uint64_t ticket = 0;
   {
     absl::MutexLock lock(&mu_);
     const bool full = outstanding_ >= max_queue_ + 1;
@@ -39,23 +56,29 @@ grpc::Status PrefillService::Prefill(grpc::ServerContext* context, const v1::Pre
     }
     ++outstanding_;
     if (metrics_ != nullptr) metrics_->SetQueueDepth(outstanding_);
+    ticket = next_ticket_++;
+    queue_.push_back(ticket);
   }
   absl::StatusOr<PrefillOutcome> outcome;
-  {
-    absl::MutexLock engine(&engine_mu_);
-    if (context->IsCancelled()) {
-      outcome = absl::CancelledError("the caller cancelled before prefill started");
-    } else {
-      outcome = worker_.Prefill(r);
-    }
+  if (!AwaitEngine(ticket, context)) {
+    outcome = absl::CancelledError("the caller cancelled before prefill started");
+    if (metrics_ != nullptr) metrics_->RecordCancelled();
+  } else {
+    parsed->cancelled = [context] { return context->IsCancelled(); };
+    outcome = worker_.Prefill(*parsed);
     if (metrics_ != nullptr) {
       metrics_->SyncCounters(worker_.counters());
+      metrics_->SetFree(worker_.free_pages(), worker_.free_slots());
       if (outcome.ok()) {
         metrics_->RecordSuccess(*outcome, absl::ToDoubleSeconds(absl::Now() - arrival));
+      } else if (outcome.status().code() == absl::StatusCode::kCancelled) {
+        metrics_->RecordCancelled();
       } else {
         metrics_->RecordFailure();
       }
     }
+    absl::MutexLock lock(&mu_);
+    engine_busy_ = false;
   }
   {
     absl::MutexLock lock(&mu_);

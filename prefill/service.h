@@ -7,10 +7,16 @@
 // when `max_queue` requests already wait; UNAVAILABLE while draining; the
 // worker's and the data plane's errors otherwise.
 //
+// A call whose client cancels (decode cancels the calls of requests that
+// ended: client cancel, Abort, deadline) leaves the queue at once, or stops
+// within one prefill segment when it is running, so cancelled work never
+// holds the queue.
+//
 // Thread-safe: gRPC calls Prefill from many threads; the engine is entered by
 // one at a time.
 
 #include <cstdint>
+#include <deque>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -37,13 +43,21 @@ class PrefillService final : public v1::Prefill::Service {
   int64_t outstanding() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
+  // Waits, first come first served, until the engine is free for `ticket`;
+  // false (and out of the queue) when the caller cancels first.
+  bool AwaitEngine(uint64_t ticket, grpc::ServerContext* context) ABSL_LOCKS_EXCLUDED(mu_);
+
   PrefillWorker& worker_;
   const int64_t max_queue_;
   PrefillMetrics* const metrics_;
   mutable absl::Mutex mu_;
   int64_t outstanding_ ABSL_GUARDED_BY(mu_) = 0;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Mutex engine_mu_;  // serializes the worker (the engine is not thread-safe)
+  // The engine is entered by one call at a time (it is not thread-safe), in
+  // arrival order: queue_ holds the tickets of the calls waiting for it.
+  bool engine_busy_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<uint64_t> queue_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace hybridserve::prefill
