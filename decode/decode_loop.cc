@@ -17,6 +17,29 @@
 
 namespace hybridserve::decode {
 
+void PrefillCancellation::Cancel() {
+  absl::MutexLock lock(&mu_);
+  if (cancelled_) return;
+  cancelled_ = true;
+  if (on_cancel_) on_cancel_();
+}
+
+bool PrefillCancellation::cancelled() const {
+  absl::MutexLock lock(&mu_);
+  return cancelled_;
+}
+
+void PrefillCancellation::OnCancel(std::function<void()> on_cancel) {
+  absl::MutexLock lock(&mu_);
+  on_cancel_ = std::move(on_cancel);
+  if (cancelled_ && on_cancel_) on_cancel_();
+}
+
+bool PrefillCancellation::WaitFor(absl::Duration timeout) const {
+  absl::MutexLock lock(&mu_);
+  return mu_.AwaitWithTimeout(absl::Condition(&cancelled_), timeout);
+}
+
 struct DecodeLoop::Request {
   enum class Phase { kWaiting, kPrefilling, kDecoding };
 
@@ -26,8 +49,10 @@ struct DecodeLoop::Request {
   Phase phase = Phase::kWaiting;
   engine::ImportReservation reservation;  // from admission on
   transport::Ticket ticket;
+  std::shared_ptr<PrefillCancellation> cancellation;  // of the prefill call
   PrefillReply prefill;
   std::vector<TokenId> generated;
+  absl::Time ended;  // when Finish took it out of the batch
 };
 
 absl::StatusOr<std::unique_ptr<DecodeLoop>> DecodeLoop::Create(
@@ -120,7 +145,9 @@ int64_t DecodeLoop::max_context() const {
 
 DecodeLoop::Counts DecodeLoop::counts() const {
   absl::MutexLock lock(&mu_);
-  return Counts{static_cast<int64_t>(waiting_.size()), prefilling_, decoding_, free_pages_, free_slots_};
+  return Counts{
+      static_cast<int64_t>(waiting_.size()),       prefilling_, decoding_, free_pages_, free_slots_, batch_peak_,
+      static_cast<int64_t>(orphaned_calls_.size())};
 }
 
 bool DecodeLoop::Idle() const {
@@ -154,7 +181,7 @@ void DecodeLoop::Run() {
       absl::MutexLock lock(&mu_);
       auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return stop_ || !aborts_.empty() || !prefilled_.empty() || decoding_ > 0 ||
-               (!waiting_.empty() && prefilling_ + decoding_ < options_.max_batch);
+               (!waiting_.empty() && Running() < options_.max_batch);
       };
       // Wakes at least every 50 ms for deadlines and for room freed elsewhere.
       mu_.AwaitWithTimeout(absl::Condition(&has_work), absl::Milliseconds(50));
@@ -199,7 +226,7 @@ void DecodeLoop::Admit() {
     uint64_t transfer_id = 0;
     {
       absl::MutexLock lock(&mu_);
-      if (waiting_.empty() || prefilling_ + decoding_ >= options_.max_batch) return;
+      if (waiting_.empty() || Running() >= options_.max_batch) return;
       r = live_.at(waiting_.front()).get();
       transfer_id = next_transfer_;
     }
@@ -235,6 +262,7 @@ void DecodeLoop::Admit() {
     }
     r->ticket = *ticket;
     r->phase = Request::Phase::kPrefilling;
+    r->cancellation = std::make_shared<PrefillCancellation>();
     PrefillCall call;
     call.request_id = r->req.request_id;
     call.prompt = r->req.prompt;
@@ -242,15 +270,19 @@ void DecodeLoop::Admit() {
     call.sampling = r->req.sampling;
     call.ticket = *ticket;
     call.deadline = deadline;
+    call.cancellation = r->cancellation;
     absl::MutexLock lock(&mu_);
     waiting_.pop_front();
     ++prefilling_;
     ++next_transfer_;
+    calls_running_.insert(transfer_id);
     calls_[transfer_id] = std::thread([this, transfer_id, call = std::move(call)] {
       absl::StatusOr<PrefillReply> reply = prefill_.Prefill(call);
       absl::MutexLock done(&mu_);
       prefilled_.push_back(Prefilled{call.request_id, std::move(reply)});
       finished_calls_.push_back(transfer_id);
+      calls_running_.erase(transfer_id);
+      orphaned_calls_.erase(transfer_id);
     });
   }
 }
@@ -322,6 +354,10 @@ void DecodeLoop::Step() {
       tokens.push_back(r->generated.back());
     }
   }
+  {
+    absl::MutexLock lock(&mu_);
+    batch_peak_ = std::max(batch_peak_, static_cast<int64_t>(ids.size()));
+  }
   absl::StatusOr<std::vector<float>> logits = model_.DecodeStep(ids, tokens);
   if (!logits.ok()) {
     LOG(ERROR) << "decode step failed for a batch of " << ids.size() << ": " << logits.status();
@@ -344,7 +380,7 @@ void DecodeLoop::Step() {
 
 // What the loop thread hands the publisher: the request (for its sink), its
 // completion, and the bytes to put, copied out of the engine before the
-// sequence was released.
+// sequence was released; then how far the puts have got.
 struct DecodeLoop::Publication {
   std::unique_ptr<Request> request;
   Completion completion;
@@ -354,6 +390,15 @@ struct DecodeLoop::Publication {
   std::string state;
   absl::Status prepared;             // not OK: nothing to put, and why
   bool parent_from_prefill = false;  // the first put's parent is prefill's to put
+  // Progress: the entries put so far (the pages in order, then the state).
+  size_t next = 0;
+  // Waiting for a parent page that another writer (prefill, or a concurrent
+  // request with the same history) is putting: until parent_deadline, the
+  // next try at retry_at.
+  absl::Time parent_deadline = absl::InfiniteFuture();
+  absl::Time retry_at = absl::InfinitePast();
+  absl::Duration backoff = absl::Milliseconds(1);
+  bool other_writer = false;  // a page put came back ABORTED
 };
 
 void DecodeLoop::Prepare(const Request& r, Publication* p) {
@@ -368,7 +413,9 @@ void DecodeLoop::Prepare(const Request& r, Publication* p) {
   p->ns.page_size = static_cast<int32_t>(model_.page_size());
   const cachestore::CachePlan plan(p->ns, fed);
   const int64_t ps = plan.page_size();
-  const int64_t full = model_.num_attention_layers() > 0 ? position / ps : 0;
+  // Every full page is put, a model without attention layers included: its
+  // pages hold no bytes but chain the prefix the state hangs from.
+  const int64_t full = position / ps;
   // Prefill puts the prompt's full pages (after its answer, so perhaps not
   // yet): the pages past them are ours. Putting copies of prefill's pages
   // too would race its puts of the same entries (ABORTED on both sides) and
@@ -379,7 +426,7 @@ void DecodeLoop::Prepare(const Request& r, Publication* p) {
     p->parent_from_prefill = true;
   } else {
     absl::StatusOr<cachestore::LookupResult> probe = cache_->Lookup(p->ns, fed, cachestore::LookupMode::kProbeOnly);
-    if (probe.ok()) first = probe->kv_match_tokens / ps;
+    if (probe.ok()) first = std::min(first, probe->kv_match_tokens / ps);
   }
   for (int64_t i = first; i < full; ++i) {
     absl::StatusOr<std::string> page = model_.ExportPage(r.reservation.id, i);
@@ -396,66 +443,133 @@ void DecodeLoop::Prepare(const Request& r, Publication* p) {
   p->state_put.pin = r.req.session_pin;
 }
 
-SessionOutcome DecodeLoop::Publish(Publication& p) {
-  SessionOutcome outcome;
+bool DecodeLoop::Publish(Publication& p) {
+  PublicationReport& report = p.completion.publication;
+  SessionOutcome& outcome = p.completion.usage.session;
   const bool pin = p.request->req.session_pin;
-  auto failed = [&](absl::string_view why) {
-    VLOG(1) << "turn-end publication failed: " << why;
+  auto failed = [&](absl::string_view reason, absl::string_view why) {
+    report.failure = std::string(reason);
     if (pin) outcome.pin_refused = absl::StrCat("the turn-end state was not published: ", why);
-    return outcome;
+    return true;
   };
-  if (!p.prepared.ok()) return failed(p.prepared.message());
-  // FAILED_PRECONDITION is "the parent page is not in the cache": prefill's
-  // publication of the prompt may still be on its way. Wait for it, bounded
-  // (stopping ends the wait).
-  const absl::Time parent_deadline = absl::Now() + options_.publish_parent_wait;
-  auto stopping = [this] {
-    absl::MutexLock lock(&mu_);
-    return stop_;
-  };
-  auto put_entry = [&](const cachestore::ClientPut& what, absl::string_view bytes) {
-    absl::Duration backoff = absl::Milliseconds(1);
-    while (true) {
-      absl::StatusOr<cachestore::PutResult> r = cache_->Put(p.ns, what, bytes);
-      if (r.ok() || !p.parent_from_prefill || r.status().code() != absl::StatusCode::kFailedPrecondition ||
-          absl::Now() + backoff > parent_deadline || stopping()) {
-        return r;
+  if (!p.prepared.ok()) return failed("export", p.prepared.message());
+  const size_t total = p.pages.size() + 1;
+  while (p.next < total) {
+    const bool is_page = p.next < p.pages.size();
+    const cachestore::ClientPut& what = is_page ? p.pages[p.next].first : p.state_put;
+    absl::string_view bytes = is_page ? absl::string_view(p.pages[p.next].second) : absl::string_view(p.state);
+    absl::StatusOr<cachestore::PutResult> r = cache_->Put(p.ns, what, bytes);
+    if (r.ok()) {
+      if (!is_page) {
+        outcome.published = true;
+        outcome.keep = r->ttl;
+        outcome.pinned = r->pinned;
+        outcome.pin_refused = r->pin_refused;
+      } else if (!r->already_present) {
+        ++report.pages;
       }
-      absl::SleepFor(backoff);
-      backoff = std::min(2 * backoff, absl::Milliseconds(50));
+      ++p.next;
+      p.backoff = absl::Milliseconds(1);
+      continue;
     }
-  };
-  for (const auto& [put, bytes] : p.pages) {
-    absl::StatusOr<cachestore::PutResult> r = put_entry(put, bytes);
-    // ABORTED: the same page is being put by another writer (a concurrent
-    // request with the same history); its node is there for the next pages.
-    if (!r.ok() && r.status().code() != absl::StatusCode::kAborted) return failed(r.status().message());
+    // ABORTED on a page: the same page is being put by another writer (a
+    // concurrent request with the same history); its node is there for the
+    // next pages once that put commits.
+    if (is_page && r.status().code() == absl::StatusCode::kAborted) {
+      p.other_writer = true;
+      ++p.next;
+      continue;
+    }
+    // FAILED_PRECONDITION is "the parent page is not in the cache": prefill's
+    // publication of the prompt (or the other writer's put) may still be on
+    // its way. Wait for it, bounded, without holding up other publications.
+    const bool parent_expected = p.parent_from_prefill || p.other_writer;
+    if (r.status().code() == absl::StatusCode::kFailedPrecondition && parent_expected) {
+      bool stopping = false;
+      {
+        absl::MutexLock lock(&mu_);
+        stopping = stop_;
+      }
+      const absl::Time now = absl::Now();
+      if (p.parent_deadline == absl::InfiniteFuture()) p.parent_deadline = now + options_.publish_parent_wait;
+      if (!stopping && now + p.backoff <= p.parent_deadline) {
+        p.retry_at = now + p.backoff;
+        p.backoff = std::min(2 * p.backoff, absl::Milliseconds(50));
+        return false;
+      }
+      if (!stopping) report.parent_wait_expired = true;
+    }
+    return failed(common::FailureReason(r.status()), r.status().message());
   }
-  absl::StatusOr<cachestore::PutResult> put = put_entry(p.state_put, p.state);
-  if (!put.ok()) return failed(put.status().message());
-  outcome.published = true;
-  outcome.keep = put->ttl;
-  outcome.pinned = put->pinned;
-  outcome.pin_refused = put->pin_refused;
-  return outcome;
+  return true;
+}
+
+void DecodeLoop::Complete(std::unique_ptr<Publication> p) {
+  PublicationReport& report = p->completion.publication;
+  report.wait = absl::Now() - p->request->ended;
+  if (!report.failure.empty()) {
+    int64_t held_back = 0;
+    if (log_limiter_.Allow(absl::StrCat("publication ", report.failure), &held_back)) {
+      LOG(WARNING) << "turn-end publication of request " << p->request->req.request_id << " failed (" << report.failure
+                   << (report.parent_wait_expired ? ", after waiting for prefill's parent page" : "")
+                   << "): the next turn resumes from an earlier state" << common::HeldBack(held_back);
+    }
+  }
+  p->request->sink->OnComplete(p->completion);
+  absl::MutexLock lock(&mu_);
+  --publishing_;
 }
 
 void DecodeLoop::PublishLoop() {
+  // Publications waiting for a parent page, by when to try again.
+  std::vector<std::unique_ptr<Publication>> parked;
   while (true) {
     std::unique_ptr<Publication> p;
     {
       absl::MutexLock lock(&mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !publications_.empty() || stop_publisher_; };
-      mu_.Await(absl::Condition(&ready));
-      if (publications_.empty()) return;  // stopping, and nothing left
-      p = std::move(publications_.front());
-      publications_.pop_front();
-      ++publishing_;
+      if (parked.empty()) {
+        mu_.Await(absl::Condition(&ready));
+      } else {
+        absl::Time due = absl::InfiniteFuture();
+        for (const auto& q : parked) due = std::min(due, q->retry_at);
+        mu_.AwaitWithDeadline(absl::Condition(&ready), due);
+      }
+      if (!publications_.empty()) {
+        p = std::move(publications_.front());
+        publications_.pop_front();
+        ++publishing_;
+      } else if (stop_publisher_ && parked.empty()) {
+        return;  // stopping, and nothing left
+      }
     }
-    p->completion.usage.session = Publish(*p);
-    p->request->sink->OnComplete(p->completion);
-    absl::MutexLock lock(&mu_);
-    --publishing_;
+    if (p != nullptr) {
+      if (Publish(*p)) {
+        Complete(std::move(p));
+      } else {
+        parked.push_back(std::move(p));
+      }
+    }
+    // The parked publications that are due (all of them when stopping:
+    // Publish then gives up at once).
+    const absl::Time now = absl::Now();
+    bool stopping = false;
+    {
+      absl::MutexLock lock(&mu_);
+      stopping = stop_publisher_;
+    }
+    for (size_t i = 0; i < parked.size();) {
+      if (!stopping && parked[i]->retry_at > now) {
+        ++i;
+        continue;
+      }
+      if (Publish(*parked[i])) {
+        Complete(std::move(parked[i]));
+        parked.erase(parked.begin() + static_cast<std::ptrdiff_t>(i));
+      } else {
+        ++i;
+      }
+    }
   }
 }
 
@@ -473,10 +587,21 @@ void DecodeLoop::Finish(const std::string& request_id, FinishReason reason, absl
         break;
       case Request::Phase::kPrefilling:
         --prefilling_;
+        // Its call still runs: it keeps a place in the batch (and in the
+        // prefill worker's queue) until it returns, which its cancellation
+        // below makes soon.
+        if (calls_running_.contains(r->ticket.transfer_id)) orphaned_calls_.insert(r->ticket.transfer_id);
         break;
       case Request::Phase::kDecoding:
         --decoding_;
         break;
+    }
+  }
+  r->ended = absl::Now();
+  if (reason == FinishReason::kError) {
+    int64_t held_back = 0;
+    if (log_limiter_.Allow(absl::StrCat("request ", common::FailureReason(error)), &held_back)) {
+      LOG(WARNING) << "request " << request_id << " failed: " << error << common::HeldBack(held_back);
     }
   }
   Completion c;
@@ -490,7 +615,8 @@ void DecodeLoop::Finish(const std::string& request_id, FinishReason reason, absl
   c.usage.resume_kind = r->prefill.resume_kind;
   engine::SequenceTable& table = model_.sequences();
   if (r->phase == Request::Phase::kPrefilling) {
-    receiver_.Cancel(r->ticket.transfer_id);  // late bytes are refused
+    if (r->cancellation != nullptr) r->cancellation->Cancel();  // the prefill call stops within a segment
+    receiver_.Cancel(r->ticket.transfer_id);                    // late bytes are refused
     (void)table.AbortImport(r->reservation.id);
   } else if (r->phase == Request::Phase::kDecoding) {
     batch_.erase(std::find(batch_.begin(), batch_.end(), request_id));
@@ -501,15 +627,18 @@ void DecodeLoop::Finish(const std::string& request_id, FinishReason reason, absl
         // The bytes leave the engine now; the puts, and then the final
         // message, follow on the publisher thread, so the batch does not wait
         // for the cache and the next turn still finds the state.
+        c.publication.attempted = true;
         auto p = std::make_unique<Publication>();
         Prepare(*r, p.get());
         (void)table.Release(r->reservation.id);
         p->request = std::move(r);
         p->completion = std::move(c);
         absl::MutexLock lock(&mu_);
-        // Backpressure: at most max_batch publications wait.
+        // Backpressure: at most max_batch publications wait to start, and at
+        // most 2 * max_batch are in the publisher's hands at once.
         auto room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-          return static_cast<int64_t>(publications_.size()) < options_.max_batch;
+          const int64_t queued = static_cast<int64_t>(publications_.size());
+          return queued < options_.max_batch && queued + publishing_ < 2 * options_.max_batch;
         };
         mu_.Await(absl::Condition(&room));
         publications_.push_back(std::move(p));

@@ -29,6 +29,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -43,12 +44,36 @@
 #include "absl/time/time.h"
 #include "cachestore/cache_client.h"
 #include "common/hash.h"
+#include "common/log_rate_limiter.h"
 #include "decode/generation.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
 #include "transport/transfer.h"
 
 namespace hybridserve::decode {
+
+// Lets the decode loop cancel a prefill call in flight: a request that ends
+// while prefilling (cancel, Abort, deadline) cancels its call, so the
+// prefill worker stops within one segment and its queue does not fill with
+// work nobody waits for. Thread-safe.
+class PrefillCancellation {
+ public:
+  // Cancels: runs the registered callback (once).
+  void Cancel() ABSL_LOCKS_EXCLUDED(mu_);
+  bool cancelled() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Registers `on_cancel` (cheap, non-blocking: e.g. ClientContext::TryCancel)
+  // to run at Cancel, or now when cancelled already; nullptr unregisters.
+  // When OnCancel(nullptr) returns, the previous callback is not running and
+  // never will.
+  void OnCancel(std::function<void()> on_cancel) ABSL_LOCKS_EXCLUDED(mu_);
+  // Waits up to `timeout` for Cancel; true when cancelled.
+  bool WaitFor(absl::Duration timeout) const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  mutable absl::Mutex mu_;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  std::function<void()> on_cancel_ ABSL_GUARDED_BY(mu_);
+};
 
 // A prefill call as decode makes it (the gRPC client converts it to
 // proto/prefill.proto).
@@ -59,6 +84,9 @@ struct PrefillCall {
   engine::SamplingParams sampling;
   transport::Ticket ticket;
   absl::Time deadline = absl::InfiniteFuture();
+  // Cancelled when the request ends before its prefill returns; never null
+  // from the decode loop.
+  std::shared_ptr<PrefillCancellation> cancellation;
 };
 
 struct PrefillReply {
@@ -70,7 +98,10 @@ struct PrefillReply {
 };
 
 // Decode's view of the prefill pool. Thread-safe; Prefill blocks until the
-// state has been pushed to the ticket's receiver (or failed).
+// state has been pushed to the ticket's receiver (or failed), and returns
+// CANCELLED soon after the call's cancellation fires. A prefill pool that is
+// busy (RESOURCE_EXHAUSTED) is not an error of an admitted request: the call
+// waits for room until its deadline.
 class PrefillClient {
  public:
   virtual ~PrefillClient() = default;
@@ -88,7 +119,8 @@ struct DecodeLoopOptions {
   // When prefill publishes the prompt's pages (PrefillReply), the turn-end
   // publication hangs its pages under the prompt's last page: it waits at
   // most this long for prefill to have put that page, then gives up (the next
-  // turn still resumes from prefill's prompt-end state).
+  // turn still resumes from prefill's prompt-end state). Publications wait
+  // side by side: one waiting delays no other.
   absl::Duration publish_parent_wait = absl::Seconds(2);
 };
 
@@ -130,6 +162,11 @@ class DecodeLoop {
     // iteration (the engine is read on the loop thread only).
     int64_t free_pages = 0;
     int64_t free_slots = 0;
+    // The largest decode batch stepped since the loop started.
+    int64_t batch_peak = 0;
+    // Prefill calls still running for requests that already ended (their
+    // cancellation sent); they count against max_batch until they return.
+    int64_t orphaned_calls = 0;
   };
   Counts counts() const ABSL_LOCKS_EXCLUDED(mu_);
   // True when no request is live (and so nothing reserved).
@@ -157,10 +194,19 @@ class DecodeLoop {
   // On the loop thread: the bytes of the turn end (the pages the cache lacks,
   // the encoded state) copied out of the engine.
   void Prepare(const Request& r, Publication* p);
-  // On the publisher thread: puts them; what became of the state.
-  SessionOutcome Publish(Publication& p);
+  // On the publisher thread: puts what is left of `p`, in order. False when
+  // it must wait for prefill's parent page (p->retry_at says until when);
+  // true when done, published or failed (p->completion says which).
+  bool Publish(Publication& p) ABSL_LOCKS_EXCLUDED(mu_);
+  // Sends `p`'s final message.
+  void Complete(std::unique_ptr<Publication> p) ABSL_LOCKS_EXCLUDED(mu_);
   void PublishLoop() ABSL_LOCKS_EXCLUDED(mu_);
   void JoinFinishedCalls() ABSL_LOCKS_EXCLUDED(mu_);
+  // Requests holding a place in the batch: prefilling, decoding, and ended
+  // ones whose prefill call has not returned yet.
+  int64_t Running() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return prefilling_ + decoding_ + static_cast<int64_t>(orphaned_calls_.size());
+  }
 
   engine::Model& model_;
   const common::Hash128 fingerprint_;
@@ -182,15 +228,23 @@ class DecodeLoop {
   int64_t decoding_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t free_pages_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t free_slots_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t batch_peak_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_transfer_ ABSL_GUARDED_BY(mu_) = 1;
   // Prefill call threads, and those that have returned (joined by the loop).
   absl::flat_hash_map<uint64_t, std::thread> calls_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> finished_calls_ ABSL_GUARDED_BY(mu_);
+  // Transfer ids of the calls still running, and of those among them whose
+  // request has ended (orphans: they still hold a prefill worker's slot).
+  absl::flat_hash_set<uint64_t> calls_running_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<uint64_t> orphaned_calls_ ABSL_GUARDED_BY(mu_);
 
-  // Turn ends waiting to be published (then completed), at most max_batch.
+  // Turn ends waiting to be published (then completed), at most max_batch;
+  // publishing_ counts those the publisher holds (being put, or waiting for
+  // a parent page).
   std::deque<std::unique_ptr<Publication>> publications_ ABSL_GUARDED_BY(mu_);
   int64_t publishing_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_publisher_ ABSL_GUARDED_BY(mu_) = false;
+  common::LogRateLimiter log_limiter_;
 
   // Loop-thread state: the running sequences in batch order.
   std::vector<std::string> batch_;

@@ -64,11 +64,27 @@ struct Usage {
   SessionOutcome session;
 };
 
+// What became of a request's turn-end publication (metrics and logs).
+struct PublicationReport {
+  bool attempted = false;  // the request ended normally and there is a cache
+  // From the end of the request to its final message: the puts, and any wait
+  // for prefill's parent page.
+  absl::Duration wait = absl::ZeroDuration();
+  // Empty when the state was published; otherwise why not: the failing put's
+  // status code in lower case ("unavailable", "failed_precondition", ...), or
+  // "export" when the bytes could not be copied out of the engine.
+  std::string failure;
+  // It failed after waiting publish_parent_wait for prefill's parent page.
+  bool parent_wait_expired = false;
+  int64_t pages = 0;  // pages put (not already present)
+};
+
 struct Completion {
   FinishReason reason = FinishReason::kStop;
   TokenId stop_token_id = -1;  // the token that ended a kStop by id or EOS
   Usage usage;
   absl::Status error;  // kError and kAborted: why
+  PublicationReport publication;
 };
 
 // Where a request's tokens go, in order: any number of OnToken (from the

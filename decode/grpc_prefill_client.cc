@@ -142,7 +142,8 @@ void GrpcPrefillClient::Resolve() {
                  workers_.end());
 }
 
-std::shared_ptr<GrpcPrefillClient::Worker> GrpcPrefillClient::Pick(const std::vector<std::shared_ptr<Worker>>& tried) {
+std::shared_ptr<GrpcPrefillClient::Worker> GrpcPrefillClient::Pick(const std::vector<std::shared_ptr<Worker>>& tried,
+                                                                   bool count) {
   absl::MutexLock lock(&mu_);
   const absl::Time now = absl::Now();
   std::shared_ptr<Worker> best;
@@ -160,6 +161,7 @@ std::shared_ptr<GrpcPrefillClient::Worker> GrpcPrefillClient::Pick(const std::ve
       best_skipped = skipped;
     }
   }
+  if (!count) return best;
   ++turn_;
   if (best != nullptr) ++best->outstanding;
   return best;
@@ -181,16 +183,37 @@ absl::StatusOr<PrefillReply> GrpcPrefillClient::Prefill(const PrefillCall& call)
   prefill::TicketToProto(call.ticket, request.mutable_ticket());
   const absl::Time deadline = std::min(call.deadline, call.ticket.deadline);
 
+  PrefillCancellation* const cancellation = call.cancellation.get();
+  auto cancelled = [cancellation] { return cancellation != nullptr && cancellation->cancelled(); };
+  const absl::Status kCancelled = absl::CancelledError("the request ended before its prefill");
   std::vector<std::shared_ptr<Worker>> tried;
   absl::Status last = absl::UnavailableError("no prefill worker is known (none of the targets resolved)");
-  for (int attempt = 0; attempt < options_.max_attempts && absl::Now() < deadline; ++attempt) {
-    std::shared_ptr<Worker> w = Pick(tried);
+  absl::Duration busy_backoff = absl::Milliseconds(5);
+  int attempt = 0;
+  while (absl::Now() < deadline) {
+    if (cancelled()) return kCancelled;
+    if (attempt == options_.max_attempts || (attempt > 0 && Pick(tried, /*count=*/false) == nullptr)) {
+      // Every worker tried so far answered. RESOURCE_EXHAUSTED: they are busy,
+      // which is no fault of this admitted request; it waits for room (its
+      // deadline, or its cancellation, ends the wait) and tries again.
+      if (last.code() != absl::StatusCode::kResourceExhausted) break;
+      const absl::Duration pause = std::min(busy_backoff, deadline - absl::Now());
+      if (cancellation != nullptr ? cancellation->WaitFor(pause) : (absl::SleepFor(pause), false)) return kCancelled;
+      busy_backoff = std::min(2 * busy_backoff, absl::Milliseconds(100));
+      tried.clear();
+      attempt = 0;
+      continue;
+    }
+    std::shared_ptr<Worker> w = Pick(tried, /*count=*/true);
     if (w == nullptr) break;
+    ++attempt;
     tried.push_back(w);
     grpc::ClientContext context;
     if (deadline != absl::InfiniteFuture()) context.set_deadline(ToChrono(deadline));
+    if (cancellation != nullptr) cancellation->OnCancel([&context] { context.TryCancel(); });
     v1::PrefillResponse response;
     const grpc::Status status = w->stub->Prefill(&context, request, &response);
+    if (cancellation != nullptr) cancellation->OnCancel(nullptr);
     {
       absl::MutexLock lock(&mu_);
       --w->outstanding;
@@ -201,6 +224,7 @@ absl::StatusOr<PrefillReply> GrpcPrefillClient::Prefill(const PrefillCall& call)
     if (status.ok()) {
       return ReplyFromOutcome(prefill::OutcomeFromProto(response));
     }
+    if (cancelled()) return kCancelled;
     last = common::FromGrpcStatus(status);
     last = absl::Status(last.code(), absl::StrCat("prefill worker ", w->address, ": ", last.message()));
     if (!Retriable(last.code())) break;

@@ -15,7 +15,11 @@
 // draining; RESOURCE_EXHAUSTED: queue full) is tried on another worker, up to
 // `max_attempts` in all, within the call's deadline: a retry reuses the ticket,
 // and the receiver refuses a transfer that an earlier attempt had begun, so
-// a retry never lands two states.
+// a retry never lands two states. When every worker tried was full
+// (RESOURCE_EXHAUSTED), the call waits (5 ms, doubling to 100 ms) and tries
+// again, until its deadline or its cancellation: an admitted request never
+// fails because prefill is busy. Its cancellation cancels the gRPC call in
+// flight (the prefill worker sees it within a segment).
 //
 // Thread-safe.
 
@@ -66,8 +70,9 @@ class GrpcPrefillClient final : public PrefillClient {
   explicit GrpcPrefillClient(const PrefillPoolOptions& options);
   void ResolveLoop() ABSL_LOCKS_EXCLUDED(mu_);
   void Resolve() ABSL_LOCKS_EXCLUDED(mu_);
-  // The worker to call next, none of `tried`; null when none is known.
-  std::shared_ptr<Worker> Pick(const std::vector<std::shared_ptr<Worker>>& tried) ABSL_LOCKS_EXCLUDED(mu_);
+  // The worker to call next, none of `tried`; null when none is left. With
+  // `count`, the call is counted as outstanding on it.
+  std::shared_ptr<Worker> Pick(const std::vector<std::shared_ptr<Worker>>& tried, bool count) ABSL_LOCKS_EXCLUDED(mu_);
 
   const PrefillPoolOptions options_;
   mutable absl::Mutex mu_;

@@ -33,7 +33,13 @@ absl::StatusOr<PrefillReply> InProcessPrefillClient::Prefill(const PrefillCall& 
   r.cache_salt = call.cache_salt;
   r.sampling = call.sampling;
   r.ticket = call.ticket;
+  if (call.cancellation != nullptr) {
+    r.cancelled = [c = call.cancellation] { return c->cancelled(); };
+  }
   absl::MutexLock lock(&mu_);
+  if (call.cancellation != nullptr && call.cancellation->cancelled()) {
+    return absl::CancelledError("the request ended before its prefill");
+  }
   if (absl::Now() >= call.deadline) return absl::DeadlineExceededError("the request's deadline passed before prefill");
   absl::StatusOr<prefill::PrefillOutcome> outcome = worker_.Prefill(r);
   if (!outcome.ok()) return outcome.status();

@@ -321,6 +321,8 @@ int Run() {
       const decode::DecodeLoop::Counts c = (*loop)->counts();
       metrics.SetQueue(c.waiting, c.prefilling + c.decoding);
       metrics.SetFree(c.free_pages, c.free_slots);
+      metrics.SetBatchPeak(c.batch_peak);
+      metrics.SetOrphanedCalls(c.orphaned_calls);
       absl::SleepFor(absl::Milliseconds(250));
     }
   });

@@ -4,6 +4,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/log_rate_limiter.h"
 #include "common/metrics.h"
 
 namespace hybridserve::decode {
@@ -55,7 +56,27 @@ DecodeMetrics::DecodeMetrics(prometheus::Registry& r)
       resume_(Counters(r, "hybridserve_resume_total", "Finished requests by how prefill obtained the prompt's state")),
       resume_cold_(resume_.Add({{"kind", "cold"}})),
       resume_grid_(resume_.Add({{"kind", "grid_checkpoint"}})),
-      resume_exact_(resume_.Add({{"kind", "exact_prefix"}})) {}
+      resume_exact_(resume_.Add({{"kind", "exact_prefix"}})),
+      errors_(Counters(r, "hybridserve_request_errors_total",
+                       "Requests that ended in FINISH_REASON_ERROR, by reason (the status code)")),
+      batch_peak_(Gauge(r, "hybridserve_decode_batch_peak", "The largest decode batch stepped since start")),
+      orphaned_calls_(
+          Gauge(r, "hybridserve_decode_orphaned_prefill_calls",
+                "Prefill calls still running for requests that ended (cancelled; they hold a batch place)")),
+      publish_wait_(Seconds(r, "hybridserve_decode_publish_wait_seconds",
+                            "From a request's last token to its final message: the turn-end publication")),
+      states_published_(Counters(r, "hybridserve_decode_states_published_total", "Turn-end states published").Add({})),
+      pages_published_(
+          Counters(r, "hybridserve_decode_pages_published_total", "KV pages of turn ends published (new ones)")
+              .Add({})),
+      publish_failures_(Counters(r, "hybridserve_decode_publish_failures_total",
+                                 "Turn-end publications that failed, by reason (the failing put's status code)")),
+      parent_waits_expired_(Counters(r, "hybridserve_decode_publish_parent_waits_expired_total",
+                                     "Turn-end publications that waited out --publish_parent_wait for prefill's page")
+                                .Add({})) {}
+
+void DecodeMetrics::SetBatchPeak(int64_t peak) { batch_peak_.Set(static_cast<double>(peak)); }
+void DecodeMetrics::SetOrphanedCalls(int64_t calls) { orphaned_calls_.Set(static_cast<double>(calls)); }
 
 void DecodeMetrics::SetQueue(int64_t waiting, int64_t running) {
   waiting_.Set(static_cast<double>(waiting));
@@ -89,7 +110,19 @@ void DecodeMetrics::RecordFinish(const Completion& c, double e2e_seconds) {
       break;
     case FinishReason::kError:
       finished_error_.Increment();
+      errors_.Add({{"reason", common::FailureReason(c.error)}}).Increment();
       break;
+  }
+  const PublicationReport& p = c.publication;
+  if (p.attempted) {
+    publish_wait_.Observe(absl::ToDoubleSeconds(p.wait));
+    pages_published_.Increment(static_cast<double>(p.pages));
+    if (p.failure.empty()) {
+      states_published_.Increment();
+    } else {
+      publish_failures_.Add({{"reason", p.failure}}).Increment();
+    }
+    if (p.parent_wait_expired) parent_waits_expired_.Increment();
   }
   if (c.reason == FinishReason::kStop || c.reason == FinishReason::kLength) {
     (c.usage.resume_kind == ResumeKind::kExactPrefix      ? resume_exact_

@@ -22,6 +22,10 @@ class DecodeMetrics {
 
   void SetQueue(int64_t waiting, int64_t running);
   void SetFree(int64_t pages, int64_t slots);
+  // The largest decode batch so far, and prefill calls still running for
+  // requests that ended (DecodeLoop::Counts).
+  void SetBatchPeak(int64_t peak);
+  void SetOrphanedCalls(int64_t calls);
   void RecordFirstToken(double seconds_since_arrival);
   void RecordInterToken(double seconds);
   // At the end of a request (also one refused before it started: `started` false).
@@ -50,6 +54,14 @@ class DecodeMetrics {
   prometheus::Counter& resume_cold_;
   prometheus::Counter& resume_grid_;
   prometheus::Counter& resume_exact_;
+  prometheus::Family<prometheus::Counter>& errors_;
+  prometheus::Gauge& batch_peak_;
+  prometheus::Gauge& orphaned_calls_;
+  prometheus::Histogram& publish_wait_;
+  prometheus::Counter& states_published_;
+  prometheus::Counter& pages_published_;
+  prometheus::Family<prometheus::Counter>& publish_failures_;
+  prometheus::Counter& parent_waits_expired_;
 };
 
 }  // namespace hybridserve::decode
