@@ -14,10 +14,13 @@
 #include <sstream>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "grpcpp/generic/generic_stub.h"
 
 namespace hybridserve::e2e {
 namespace {
@@ -132,6 +135,23 @@ void Process::Kill() {
 
 std::string Process::log() const { return ReadFile(log_path_); }
 
+const std::vector<ModelShape>& ModelShapes() {
+  static const std::vector<ModelShape>* shapes = new std::vector<ModelShape>{
+      {"Default", "models/default", 16, 64, 259, true},
+      {"AttentionFirstPage8", "tests/fixtures/models/nemotron_h_e2e", 8, 32, 259, true},
+      {"AttentionFirstPage64", "tests/fixtures/models/nemotron_h_e2e", 64, 32, 259, true},
+      {"Mamba2Page16", "tests/fixtures/models/mamba2_e2e", 16, 16, 259, false},
+      {"Mamba2Page32", "tests/fixtures/models/mamba2_e2e", 32, 16, 259, false},
+  };
+  return *shapes;
+}
+
+const ModelShape& DefaultShape() { return ModelShapes()[0]; }
+
+void PrintTo(const ModelShape& shape, std::ostream* os) {
+  *os << shape.name << " (" << shape.model_dir << ", page " << shape.page_size << ", chunk " << shape.chunk_size << ")";
+}
+
 absl::StatusOr<std::unique_ptr<Stack>> Stack::Start(const StackOptions& options) {
   std::unique_ptr<Stack> s(new Stack());
   s->options_ = options;
@@ -144,7 +164,8 @@ absl::StatusOr<std::unique_ptr<Stack>> Stack::Start(const StackOptions& options)
     if (!st.ok()) return st;
   }
   std::vector<std::string> args = {
-      "--model_dir=" + Runfile("models/default"),
+      "--model_dir=" + Runfile(options.shape.model_dir),
+      absl::StrCat("--page_size=", options.shape.page_size),
       "--address=127.0.0.1:0",
       "--metrics_address=127.0.0.1:0",
       "--threads=1",
@@ -164,7 +185,7 @@ absl::StatusOr<std::unique_ptr<Stack>> Stack::Start(const StackOptions& options)
 absl::Status Stack::RestartCachestore() {
   if (cachestore_ != nullptr) cachestore_->Kill();
   std::vector<std::string> args = {absl::StrCat("--address=127.0.0.1:", cachestore_port_),
-                                   "--metrics_address=", "--shutdown_grace=2s"};
+                                   "--metrics_address=127.0.0.1:0", "--shutdown_grace=2s"};
   args.insert(args.end(), options_.cachestore_args.begin(), options_.cachestore_args.end());
   auto c = Process::Start("cachestore", "cachestore/cachestore", args, "CACHESTORE_READY");
   if (!c.ok()) return c.status();
@@ -176,7 +197,8 @@ absl::Status Stack::RestartCachestore() {
 absl::Status Stack::RestartPrefill() {
   if (prefill_ != nullptr) prefill_->Kill();
   std::vector<std::string> args = {
-      "--model_dir=" + Runfile("models/default"),
+      "--model_dir=" + Runfile(options_.shape.model_dir),
+      absl::StrCat("--page_size=", options_.shape.page_size),
       absl::StrCat("--address=127.0.0.1:", prefill_port_),
       "--metrics_address=127.0.0.1:0",
       "--threads=1",
@@ -277,6 +299,27 @@ double Metric(int port, const std::string& name) {
   return it == m->end() ? -1 : it->second;
 }
 
+double MetricSum(int port, const std::string& family) {
+  auto m = ScrapeMetrics(port);
+  if (!m.ok()) return -1;
+  double sum = 0;
+  for (const auto& [name, value] : *m) {
+    if (name == family || absl::StartsWith(name, family + "{")) sum += value;
+  }
+  return sum;
+}
+
+double AwaitMetricAtLeast(int port, const std::string& name, double value, absl::Duration timeout) {
+  const absl::Time end = absl::Now() + timeout;
+  double v = -1;
+  while (absl::Now() < end) {
+    v = Metric(port, name);
+    if (v >= value) return v;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return v;
+}
+
 double AwaitMetric(int port, const std::string& name, double value, absl::Duration timeout) {
   const absl::Time end = absl::Now() + timeout;
   double v = -1;
@@ -286,6 +329,32 @@ double AwaitMetric(int port, const std::string& name, double value, absl::Durati
     absl::SleepFor(absl::Milliseconds(50));
   }
   return v;
+}
+
+bool HealthServing(const std::string& target) {
+  // No generated health stubs here: the call by name, with raw bytes. An
+  // empty HealthCheckRequest asks about the whole server; the response is
+  // field 1 (status) as a varint: 1 SERVING, 2 NOT_SERVING.
+  grpc::GenericStub stub(grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  grpc::Slice empty_message("");
+  grpc::ByteBuffer request(&empty_message, 1);  // a ByteBuffer with no slice is not a message
+  grpc::ByteBuffer response;
+  absl::Notification done;
+  grpc::Status status;
+  stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response, [&](grpc::Status s) {
+    status = std::move(s);
+    done.Notify();
+  });
+  done.WaitForNotification();
+  if (!status.ok()) return false;
+  std::vector<grpc::Slice> slices;
+  std::string bytes;
+  if (response.Dump(&slices).ok()) {
+    for (const grpc::Slice& slice : slices) bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  }
+  return bytes == std::string("\x08\x01", 2);
 }
 
 std::vector<int32_t> TextPrompt(int n, int seed) {

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -59,8 +60,30 @@ class Process {
   bool reaped_ = false;
 };
 
+// A model the end-to-end suite runs, with the page size its workers use.
+// Every shape the engine supports appears: the embedded default model (a
+// Nemotron-H hybrid, page 16 dividing chunk 64), a hybrid whose first layer
+// is attention with a page dividing its chunk (8 of 32) and one that does not
+// (64 of 32), and a pure Mamba2 model (no attention layer) with page = chunk
+// (16) and a page that does not divide the chunk (32 of 16). Shapes of new
+// families join this list.
+struct ModelShape {
+  std::string name;       // a gtest parameter name
+  std::string model_dir;  // runfile path
+  int page_size = 0;      // --page_size of both workers
+  int chunk_size = 0;     // the model's, as config.json states it
+  int vocab_size = 0;
+  bool attention = true;  // has attention layers (KV pages with bytes)
+};
+const std::vector<ModelShape>& ModelShapes();
+// gtest prints a shape by its name.
+void PrintTo(const ModelShape& shape, std::ostream* os);
+// The default model's shape (ModelShapes()[0]).
+const ModelShape& DefaultShape();
+
 // What the tests start.
 struct StackOptions {
+  ModelShape shape = DefaultShape();
   bool cachestore = true;
   bool aggregated = false;  // decode runs prefill in process
   int64_t max_batch = 8;
@@ -108,9 +131,23 @@ Generation Generate(const std::string& target, const v1::GenerateRequest& reques
 absl::StatusOr<std::map<std::string, double>> ScrapeMetrics(int port);
 // The value of sample `name` on `port`, or -1 when it cannot be read.
 double Metric(int port, const std::string& name);
+// The sum of every sample of `family` on `port` whatever its labels (0 when
+// the family has no sample yet: a labelled counter appears with its first
+// label value), or -1 when the port cannot be read.
+double MetricSum(int port, const std::string& family);
 // Polls until `name` on `port` equals `value` (bounded by `timeout`); the
 // last value seen.
 double AwaitMetric(int port, const std::string& name, double value, absl::Duration timeout = absl::Seconds(15));
+
+// Polls until `name` on `port` is at least `value` (bounded by `timeout`);
+// the last value seen.
+double AwaitMetricAtLeast(int port, const std::string& name, double value, absl::Duration timeout = absl::Seconds(30));
+// The metrics port a process's READY line names.
+inline int MetricsPort(Process* p) { return std::stoi(p->field("metrics_port")); }
+
+// grpc.health.v1.Health/Check of `target` (the whole server): true while it
+// answers SERVING; false once it answers NOT_SERVING or cannot be reached.
+bool HealthServing(const std::string& target);
 
 // A deterministic prompt of `n` byte tokens starting with <bos>.
 std::vector<int32_t> TextPrompt(int n, int seed);

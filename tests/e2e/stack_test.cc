@@ -7,7 +7,9 @@
 #include "tests/e2e/stack.h"
 
 #include <cstring>
+#include <map>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -22,64 +24,101 @@ bool BitEqual(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-class StackTest : public ::testing::Test {
+// One disaggregated and one aggregated stack per model shape, started when
+// the shape's first test needs them and kept for the rest of the suite.
+class StackTest : public ::testing::TestWithParam<ModelShape> {
  protected:
-  static void SetUpTestSuite() {
-    StackOptions d;
-    auto s = Stack::Start(d);
-    ASSERT_TRUE(s.ok()) << s.status();
-    disaggregated_ = s->release();
-    StackOptions a;
-    a.aggregated = true;
-    auto g = Stack::Start(a);
-    ASSERT_TRUE(g.ok()) << g.status();
-    aggregated_ = g->release();
-  }
   static void TearDownTestSuite() {
-    delete disaggregated_;
-    delete aggregated_;
+    for (auto& [name, pair] : *stacks_) {
+      delete pair.first;
+      delete pair.second;
+    }
+    stacks_->clear();
   }
-  static Stack* disaggregated_;
-  static Stack* aggregated_;
+  void SetUp() override {
+    auto& pair = (*stacks_)[GetParam().name];
+    if (pair.first == nullptr) {
+      StackOptions d;
+      d.shape = GetParam();
+      auto s = Stack::Start(d);
+      ASSERT_TRUE(s.ok()) << s.status();
+      pair.first = s->release();
+      StackOptions a = d;
+      a.aggregated = true;
+      auto g = Stack::Start(a);
+      ASSERT_TRUE(g.ok()) << g.status();
+      pair.second = g->release();
+    }
+    disaggregated_ = pair.first;
+    aggregated_ = pair.second;
+  }
+  static std::map<std::string, std::pair<Stack*, Stack*>>* stacks_;
+  Stack* disaggregated_ = nullptr;
+  Stack* aggregated_ = nullptr;
 };
 
-Stack* StackTest::disaggregated_ = nullptr;
-Stack* StackTest::aggregated_ = nullptr;
+std::map<std::string, std::pair<Stack*, Stack*>>* StackTest::stacks_ =
+    new std::map<std::string, std::pair<Stack*, Stack*>>();
 
-TEST_F(StackTest, TurnTwoResumesAtTurnOneEndAndPrefillsOnlyTheNewTokens) {
+// Conversations whose first prompt is shorter than a page, exactly a page,
+// a token past it, and several pages: every turn resumes where the previous
+// one ended (its prompt plus every generated token but the last), prefill
+// computes only the rest, and every publication lands without waiting out
+// --publish_parent_wait: the final message waits for its publication a
+// fraction of the request's time, not seconds.
+TEST_P(StackTest, TurnTwoResumesAtTurnOneEndAndPrefillsOnlyTheNewTokens) {
   Stack& s = *disaggregated_;
-  const int prefill_metrics = std::stoi(s.prefill()->field("metrics_port"));
+  const int prefill_metrics = MetricsPort(s.prefill());
+  const int decode_metrics = MetricsPort(s.decode());
   const std::string computed = "hybridserve_prefill_computed_tokens_total";
-  std::vector<int32_t> conversation = TextPrompt(150, 1);
-  int64_t expected_cached = 0;
-  for (int turn = 1; turn <= 3; ++turn) {
-    const double before = Metric(prefill_metrics, computed);
-    v1::GenerateRequest r = Request(absl::StrCat("multiturn-", turn), conversation, 24);
-    r.set_cache_salt("multiturn");
-    Generation g = Generate(s.decode_target(), r);
-    ASSERT_TRUE(g.status.ok()) << g.status.error_message();
-    ASSERT_TRUE(g.completed);
-    EXPECT_EQ(g.complete.finish_reason(), v1::FINISH_REASON_LENGTH);
-    ASSERT_EQ(g.tokens.size(), 24u);
-    const v1::Usage& u = g.complete.usage();
-    EXPECT_EQ(u.prompt_tokens(), conversation.size());
-    EXPECT_EQ(u.completion_tokens(), 24u);
-    EXPECT_EQ(u.cached_tokens(), expected_cached) << "turn " << turn;
-    EXPECT_EQ(u.resume_kind(), turn == 1 ? v1::RESUME_KIND_COLD : v1::RESUME_KIND_EXACT_PREFIX);
-    // The prefill worker computed only the tokens the cache did not hold.
-    EXPECT_EQ(Metric(prefill_metrics, computed) - before, conversation.size() - expected_cached) << "turn " << turn;
-    // Turn N+1 is sent the instant turn N ends: its prompt is the whole
-    // conversation (the reply included) plus new text. The turn-end state
-    // covers every token fed to the model: the prompt and all generated
-    // tokens but the last.
-    expected_cached = static_cast<int64_t>(conversation.size() + g.tokens.size()) - 1;
-    conversation.insert(conversation.end(), g.tokens.begin(), g.tokens.end());
-    const std::vector<int32_t> more = TextPrompt(31, turn + 5);
-    conversation.insert(conversation.end(), more.begin() + 1, more.end());
+  const std::string wait = "hybridserve_decode_publish_wait_seconds_sum";
+  const std::string latency = "hybridserve_e2e_request_latency_seconds_sum";
+  for (const int first : {1, 5, GetParam().page_size, GetParam().page_size + 1, 150}) {
+    std::vector<int32_t> conversation = TextPrompt(first, first);
+    int64_t expected_cached = 0;
+    for (int turn = 1; turn <= 3; ++turn) {
+      SCOPED_TRACE(absl::StrCat("first prompt ", first, ", turn ", turn));
+      const double computed_before = Metric(prefill_metrics, computed);
+      const double wait_before = Metric(decode_metrics, wait);
+      const double latency_before = Metric(decode_metrics, latency);
+      v1::GenerateRequest r = Request(absl::StrCat("multiturn-", first, "-", turn), conversation, 24);
+      r.set_cache_salt(absl::StrCat("multiturn-", first));
+      Generation g = Generate(s.decode_target(), r);
+      ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+      ASSERT_TRUE(g.completed);
+      EXPECT_EQ(g.complete.finish_reason(), v1::FINISH_REASON_LENGTH);
+      ASSERT_EQ(g.tokens.size(), 24u);
+      const v1::Usage& u = g.complete.usage();
+      EXPECT_EQ(u.prompt_tokens(), conversation.size());
+      EXPECT_EQ(u.completion_tokens(), 24u);
+      EXPECT_EQ(u.cached_tokens(), expected_cached);
+      EXPECT_EQ(u.resume_kind(), turn == 1 ? v1::RESUME_KIND_COLD : v1::RESUME_KIND_EXACT_PREFIX);
+      EXPECT_TRUE(u.session().published()) << u.session().pin_refused_reason();
+      // The prefill worker computed only the tokens the cache did not hold.
+      EXPECT_EQ(Metric(prefill_metrics, computed) - computed_before, conversation.size() - expected_cached);
+      // The final message waited for the turn-end publication (it is sent
+      // after it), but for a fraction of the request, never a parent wait.
+      const double waited = Metric(decode_metrics, wait) - wait_before;
+      const double took = Metric(decode_metrics, latency) - latency_before;
+      EXPECT_GE(waited, 0);
+      EXPECT_LT(waited, 0.8 * took) << "the final message waited " << waited << " s of " << took << " s";
+      // Turn N+1 is sent the instant turn N ends: its prompt is the whole
+      // conversation (the reply included) plus new text. The turn-end state
+      // covers every token fed to the model: the prompt and all generated
+      // tokens but the last.
+      expected_cached = static_cast<int64_t>(conversation.size() + g.tokens.size()) - 1;
+      conversation.insert(conversation.end(), g.tokens.begin(), g.tokens.end());
+      const std::vector<int32_t> more = TextPrompt(31, turn + 5);
+      conversation.insert(conversation.end(), more.begin() + 1, more.end());
+    }
   }
+  EXPECT_EQ(Metric(decode_metrics, "hybridserve_decode_publish_parent_waits_expired_total"), 0);
+  EXPECT_EQ(MetricSum(decode_metrics, "hybridserve_decode_publish_failures_total"), 0);
+  EXPECT_EQ(MetricSum(prefill_metrics, "hybridserve_prefill_publish_failures_total"), 0);
+  EXPECT_GT(Metric(decode_metrics, "hybridserve_decode_states_published_total"), 0);
 }
 
-TEST_F(StackTest, ResumedTurnMatchesColdPrefillGreedily) {
+TEST_P(StackTest, ResumedTurnMatchesColdPrefillGreedily) {
   Stack& s = *disaggregated_;
   std::vector<int32_t> conversation = TextPrompt(90, 2);
   v1::GenerateRequest r1 = Request("resume-1", conversation, 16);
@@ -100,7 +139,7 @@ TEST_F(StackTest, ResumedTurnMatchesColdPrefillGreedily) {
   EXPECT_EQ(w.tokens, c.tokens);
 }
 
-TEST_F(StackTest, DisaggregatedEqualsAggregatedBitForBit) {
+TEST_P(StackTest, DisaggregatedEqualsAggregatedBitForBit) {
   for (const bool sampled : {false, true}) {
     std::vector<int32_t> conversation = TextPrompt(120, 3);
     for (int turn = 1; turn <= 2; ++turn) {
@@ -127,8 +166,10 @@ TEST_F(StackTest, DisaggregatedEqualsAggregatedBitForBit) {
   }
 }
 
-TEST_F(StackTest, EveryBadFieldIsRefusedByName) {
+TEST_P(StackTest, EveryBadFieldIsRefusedByName) {
   Stack& s = *disaggregated_;
+  // A prompt of 10 tokens plus max_context tokens is one past the context.
+  const uint32_t max_context = GetParam().attention ? 8192u : 2147483647u;
   struct Case {
     const char* field;  // must appear in the message
     std::function<void(v1::GenerateRequest&)> mutate;
@@ -143,7 +184,7 @@ TEST_F(StackTest, EveryBadFieldIsRefusedByName) {
       {"stop_sequences", [](v1::GenerateRequest& r) { r.mutable_stop()->add_stop_sequences()->add_token_ids(-5); }},
       {"stop_sequences", [](v1::GenerateRequest& r) { r.mutable_stop()->add_stop_sequences(); }},
       {"max_tokens", [](v1::GenerateRequest& r) { r.mutable_stop()->set_max_tokens(0); }},
-      {"max_tokens", [](v1::GenerateRequest& r) { r.mutable_stop()->set_max_tokens(9000); }},
+      {"max_tokens", [&](v1::GenerateRequest& r) { r.mutable_stop()->set_max_tokens(max_context); }},
       {"temperature", [](v1::GenerateRequest& r) { r.mutable_sampling()->set_temperature(-1.0f); }},
       {"temperature", [](v1::GenerateRequest& r) { r.mutable_sampling()->set_temperature(std::nanf("")); }},
       {"top_p", [](v1::GenerateRequest& r) { r.mutable_sampling()->set_top_p(0.0f); }},
@@ -165,9 +206,9 @@ TEST_F(StackTest, EveryBadFieldIsRefusedByName) {
   EXPECT_EQ(ok.tokens.size(), 4u);
 }
 
-TEST_F(StackTest, DuplicateLiveIdAbortAndDeadline) {
+TEST_P(StackTest, DuplicateLiveIdAbortAndDeadline) {
   Stack& s = *disaggregated_;
-  const int decode_metrics = std::stoi(s.decode()->field("metrics_port"));
+  const int decode_metrics = MetricsPort(s.decode());
   // A long request, aborted by id while it runs; a second request with its
   // id is refused while it is live.
   Generation long_run;
@@ -200,10 +241,26 @@ TEST_F(StackTest, DuplicateLiveIdAbortAndDeadline) {
   EXPECT_EQ(long_run.complete.finish_reason(), v1::FINISH_REASON_ABORT);
   EXPECT_LT(long_run.tokens.size(), 3000u);
 
-  // A client deadline of 1 ms: the client sees DEADLINE_EXCEEDED, the worker
-  // frees the request.
-  Generation hurried = Generate(s.decode_target(), Request("hurried", TextPrompt(400, 5), 500), absl::Milliseconds(1));
-  EXPECT_EQ(hurried.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  // A client deadline that passes mid-generation (8,000 tokens, or 60,000
+  // of a model without a context limit, take far longer than 300 ms): the
+  // client sees DEADLINE_EXCEEDED after some tokens, and decode itself ended
+  // the request (its abort counter moved).
+  const std::string aborts = "hybridserve_request_success_total{finished_reason=\"abort\"}";
+  const double aborts_before = Metric(decode_metrics, aborts);
+  const int long_generation = GetParam().attention ? 8000 : 60000;
+  Generation hurried =
+      Generate(s.decode_target(), Request("hurried", TextPrompt(20, 5), long_generation), absl::Milliseconds(300));
+  // gRPC's own deadline and decode's (which sends FINISH_REASON_ABORT) race
+  // to end the stream: either ending is right, a complete generation is not.
+  if (hurried.status.ok()) {
+    ASSERT_TRUE(hurried.completed);
+    EXPECT_EQ(hurried.complete.finish_reason(), v1::FINISH_REASON_ABORT);
+  } else {
+    EXPECT_EQ(hurried.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  }
+  EXPECT_LT(hurried.tokens.size(), static_cast<size_t>(long_generation));
+  EXPECT_GT(hurried.chunks, 0) << "the request never reached decode: the deadline proves nothing";
+  EXPECT_EQ(AwaitMetricAtLeast(decode_metrics, aborts, aborts_before + 1), aborts_before + 1);
 
   // A client that cancels mid-stream.
   {
@@ -228,12 +285,14 @@ TEST_F(StackTest, DuplicateLiveIdAbortAndDeadline) {
   EXPECT_EQ(after.tokens.size(), 5u);
 }
 
-TEST_F(StackTest, ThirtyTwoConcurrentStreamsEqualTheirSoloRuns) {
+TEST_P(StackTest, ThirtyTwoConcurrentStreamsEqualTheirSoloRuns) {
   Stack& s = *disaggregated_;
   constexpr int kStreams = 32;
   std::vector<v1::GenerateRequest> requests;
   for (int i = 0; i < kStreams; ++i) {
-    v1::GenerateRequest r = Request(absl::StrCat("conc-", i), TextPrompt(8 + 37 * i % 400, i), 8 + i % 13);
+    // Generations long enough to overlap: prefill serves one prompt at a
+    // time, so short ones could each end before the next began.
+    v1::GenerateRequest r = Request(absl::StrCat("conc-", i), TextPrompt(8 + 37 * i % 400, i), 150 + i % 13);
     r.set_return_logprobs(true);
     if (i % 2 == 1) {
       r.mutable_sampling()->set_temperature(0.9f);
@@ -249,6 +308,8 @@ TEST_F(StackTest, ThirtyTwoConcurrentStreamsEqualTheirSoloRuns) {
     solo[i] = Generate(s.decode_target(), r);
     ASSERT_TRUE(solo[i].status.ok()) << solo[i].status.error_message();
   }
+  // Every request so far on this stack ran alone.
+  ASSERT_LT(Metric(MetricsPort(s.decode()), "hybridserve_decode_batch_peak"), 2);
   std::vector<Generation> together(kStreams);
   std::vector<std::thread> threads;
   for (int i = 0; i < kStreams; ++i) {
@@ -259,6 +320,9 @@ TEST_F(StackTest, ThirtyTwoConcurrentStreamsEqualTheirSoloRuns) {
     });
   }
   for (std::thread& t : threads) t.join();
+  // They ran batched: some decode step held several of them (a worker that
+  // served one request at a time would pass the comparison below).
+  EXPECT_GE(AwaitMetricAtLeast(MetricsPort(s.decode()), "hybridserve_decode_batch_peak", 2), 2);
   for (int i = 0; i < kStreams; ++i) {
     ASSERT_TRUE(together[i].status.ok()) << i << ": " << together[i].status.error_message();
     ASSERT_TRUE(together[i].completed) << i;
@@ -267,19 +331,26 @@ TEST_F(StackTest, ThirtyTwoConcurrentStreamsEqualTheirSoloRuns) {
   }
 }
 
-TEST_F(StackTest, ModelInfoDescribesTheModel) {
+TEST_P(StackTest, ModelInfoDescribesTheModel) {
+  const ModelShape& shape = GetParam();
   auto stub =
       v1::Generation::NewStub(grpc::CreateChannel(disaggregated_->decode_target(), grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
   v1::ModelInfo info;
   ASSERT_TRUE(stub->GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info).ok());
-  EXPECT_EQ(info.vocab_size(), 259u);
-  EXPECT_EQ(info.max_context_tokens(), 8192u);
-  EXPECT_EQ(info.chunk_size(), 64u);
+  EXPECT_EQ(info.vocab_size(), static_cast<uint32_t>(shape.vocab_size));
+  // max_position_embeddings where config.json has it (Nemotron-H), else the
+  // engine's longest sequence (Mamba2 has no position limit).
+  EXPECT_EQ(info.max_context_tokens(), shape.attention ? 8192u : 2147483647u);
+  EXPECT_EQ(info.chunk_size(), static_cast<uint32_t>(shape.chunk_size));
+  EXPECT_EQ(info.page_size(), static_cast<uint32_t>(shape.page_size));
   EXPECT_EQ(info.fingerprint().size(), 32u);
   ASSERT_EQ(info.eos_token_ids_size(), 1);
   EXPECT_EQ(info.eos_token_ids(0), 258);
 }
+
+INSTANTIATE_TEST_SUITE_P(Shapes, StackTest, ::testing::ValuesIn(ModelShapes()),
+                         [](const ::testing::TestParamInfo<ModelShape>& info) { return info.param.name; });
 
 }  // namespace
 }  // namespace hybridserve::e2e
