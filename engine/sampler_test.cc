@@ -166,10 +166,20 @@ TEST(SamplerTest, SamplingUniformMatchesIndependentlyComputedValues) {
   EXPECT_EQ(SamplingUniform(0xFFFFFFFFFFFFFFFFULL, 7), 6972874209677968.0 * 0x1.0p-53);
 }
 
+// Known answers: XXH3-64 with seed 0 of the id's bytes, computed apart from
+// this code with the Python package xxhash 4.1.0 (bundling xxHash 0.8.4):
+//   xxhash.xxh3_64_intdigest(request_id.encode(), seed=0)
+// One id per length class of XXH3's code paths: 0, 1-3, 4-8, 9-16, 17-128,
+// 129-240 bytes, and past 240 (several 1 KiB blocks).
 TEST(SamplerTest, SeedFromRequestIdIsXxh3OfTheId) {
-  EXPECT_EQ(SeedFromRequestId(""), 0x2D06800538D394C2ULL);  // XXH3-64 of no bytes, seed 0
-  EXPECT_EQ(SeedFromRequestId("req-1"), SeedFromRequestId("req-1"));
-  EXPECT_NE(SeedFromRequestId("req-1"), SeedFromRequestId("req-2"));
+  EXPECT_EQ(SeedFromRequestId(""), 0x2D06800538D394C2ULL);
+  EXPECT_EQ(SeedFromRequestId("a"), 0xE6C632B61E964E1FULL);
+  EXPECT_EQ(SeedFromRequestId("req-1"), 0xB37C3BEEB68532D6ULL);
+  EXPECT_EQ(SeedFromRequestId("req-2"), 0x9BADD4596E9B6051ULL);
+  EXPECT_EQ(SeedFromRequestId("request-0"), 0x5BF0488AF13060F1ULL);
+  EXPECT_EQ(SeedFromRequestId("cmpl-0123456789abcdef0123456789abcdef"), 0xD2D08E78A2A6AEBDULL);
+  EXPECT_EQ(SeedFromRequestId(std::string(200, 'x')), 0x50EF124FB1E4DE53ULL);
+  EXPECT_EQ(SeedFromRequestId(std::string(2500, 'x')), 0xB0C00940E1E5F19DULL);
 }
 
 TEST(SamplerTest, TokensDependOnlyOnSeedStepAndRowNotOnTheRestOfTheBatch) {

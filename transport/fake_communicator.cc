@@ -100,7 +100,10 @@ absl::Status FakeCommunicatorFactory::Link::Send(int from, const void* data, siz
 absl::Status FakeCommunicatorFactory::Link::Recv(int rank, void* data, size_t bytes, absl::Time deadline) {
   absl::MutexLock lock(&mu_);
   auto can_recv = [this, rank]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return broken_ || !to_[rank].empty(); };
-  if (!mu_.AwaitWithDeadline(absl::Condition(&can_recv), deadline)) {
+  receiving_[rank] = true;
+  const bool ready = mu_.AwaitWithDeadline(absl::Condition(&can_recv), deadline);
+  receiving_[rank] = false;
+  if (!ready) {
     return absl::DeadlineExceededError(absl::StrCat("fake channel: no message for rank ", rank, " by the deadline"));
   }
   if (broken_) return Gone(rank);
@@ -113,12 +116,31 @@ absl::Status FakeCommunicatorFactory::Link::Recv(int rank, void* data, size_t by
         absl::StrCat("fake channel: rank ", rank, " expected a message of ", bytes, " bytes, got ", message.size()));
   }
   std::memcpy(data, message.data(), bytes);
+  ++received_[rank];
   return absl::OkStatus();
 }
 
 void FakeCommunicatorFactory::Link::Break() {
   absl::MutexLock lock(&mu_);
   broken_ = true;
+}
+
+absl::Status FakeCommunicatorFactory::Link::AwaitReceiving(int rank, int64_t messages, absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto receiving = [this, rank, messages]()
+                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return received_[rank] == messages && receiving_[rank]; };
+  if (!mu_.AwaitWithTimeout(absl::Condition(&receiving), timeout)) {
+    return absl::DeadlineExceededError(absl::StrCat("fake channel: rank ", rank, " was not waiting for message ",
+                                                    messages, " within ", absl::FormatDuration(timeout), " (",
+                                                    received_[rank], " received, ",
+                                                    receiving_[rank] ? "in a Recv" : "not in a Recv", ")"));
+  }
+  return absl::OkStatus();
+}
+
+bool FakeCommunicatorFactory::Link::Receiving(int rank) {
+  absl::MutexLock lock(&mu_);
+  return receiving_[rank];
 }
 
 // ---- Factory ----
@@ -156,6 +178,33 @@ absl::Status FakeCommunicatorFactory::InjectFault(absl::string_view unique_id, c
 std::string FakeCommunicatorFactory::last_unique_id() const {
   absl::MutexLock lock(&mu_);
   return last_;
+}
+
+absl::Status FakeCommunicatorFactory::AwaitReceiving(absl::string_view unique_id, int rank, int64_t messages,
+                                                     absl::Duration timeout) {
+  if (rank != 0 && rank != 1) return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " of a two-rank channel"));
+  std::shared_ptr<Link> link;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = links_.find(unique_id);
+    if (it == links_.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("no fake channel named \"", unique_id, "\""));
+    }
+    link = it->second;
+  }
+  return link->AwaitReceiving(rank, messages, timeout);
+}
+
+bool FakeCommunicatorFactory::Receiving(absl::string_view unique_id, int rank) const {
+  if (rank != 0 && rank != 1) return false;
+  std::shared_ptr<Link> link;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = links_.find(unique_id);
+    if (it == links_.end()) return false;
+    link = it->second;
+  }
+  return link->Receiving(rank);
 }
 
 int64_t FakeCommunicatorFactory::links() const {

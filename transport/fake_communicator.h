@@ -62,6 +62,19 @@ class FakeCommunicatorFactory final : public CommunicatorFactory {
   // Links made so far (NewUniqueId calls).
   int64_t links() const ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Blocks until rank `rank` of the link `unique_id` has received exactly
+  // `messages` messages and is blocked in the Recv of the next one, or
+  // `timeout` passes: how a test knows its fault strikes a receive in flight.
+  // The bytes of the messages received are then in the receiver's buffers
+  // and may be read (the link's mutex orders the copy before the return).
+  // DEADLINE_EXCEEDED at the timeout (saying how many messages arrived),
+  // INVALID_ARGUMENT for an unknown id.
+  absl::Status AwaitReceiving(absl::string_view unique_id, int rank, int64_t messages, absl::Duration timeout)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether rank `rank` of the link `unique_id` is blocked in a Recv now
+  // (false for an unknown id).
+  bool Receiving(absl::string_view unique_id, int rank) const ABSL_LOCKS_EXCLUDED(mu_);
+
   class Link;
 
  private:
@@ -82,6 +95,8 @@ class FakeCommunicatorFactory::Link {
   absl::Status Send(int from_rank, const void* data, size_t bytes, absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Recv(int rank, void* data, size_t bytes, absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
   void Break() ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status AwaitReceiving(int rank, int64_t messages, absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
+  bool Receiving(int rank) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   const int queue_capacity_;
@@ -89,7 +104,9 @@ class FakeCommunicatorFactory::Link {
   bool joined_[2] ABSL_GUARDED_BY(mu_) = {false, false};
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
   int64_t sent_[2] ABSL_GUARDED_BY(mu_) = {0, 0};
-  std::deque<std::string> to_[2] ABSL_GUARDED_BY(mu_);  // to_[r]: messages waiting for rank r
+  int64_t received_[2] ABSL_GUARDED_BY(mu_) = {0, 0};        // messages Recv copied out, by receiving rank
+  bool receiving_[2] ABSL_GUARDED_BY(mu_) = {false, false};  // rank r is blocked in a Recv
+  std::deque<std::string> to_[2] ABSL_GUARDED_BY(mu_);       // to_[r]: messages waiting for rank r
   std::vector<FakeFault> faults_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -170,26 +170,45 @@ TEST(IpcCommunicatorTest, DeadlinesAbortAndAPeerThatGoesAwayEndBlockedCalls) {
     EXPECT_EQ(p.rank0->Recv(&c, 1, absl::Now() + absl::Milliseconds(200)).code(), absl::StatusCode::kDeadlineExceeded);
   }
   {
-    Pair p = MakePair(factory);
-    ASSERT_TRUE(p.rank1->WaitReady(Soon()).ok());
+    // Rank 1 played by hand over the control connection, so the test sees
+    // rank 0 post its receive before the peer goes away.
+    auto id = factory.NewUniqueId();
+    ASSERT_TRUE(id.ok()) << id.status();
+    auto rank0 = factory.Join(*id, 0);
+    ASSERT_TRUE(rank0.ok()) << rank0.status();
+    auto peer = Connect(id->substr(0, id->rfind('/')), Soon());
+    ASSERT_TRUE(peer.ok()) << peer.status();
+    ASSERT_TRUE(peer->WriteFull(id->substr(id->rfind('/') + 1), Soon()).ok());
     char c = 0;
     absl::Status received;
-    std::thread t([&] { received = p.rank0->Recv(&c, 1, Soon()); });
-    absl::SleepFor(absl::Milliseconds(100));
-    const absl::Time start = absl::Now();
-    p.rank1.reset();  // the peer's process ends: its connection closes
+    std::thread t([&] { received = (*rank0)->Recv(&c, 1, Soon()); });
+    char posted = 0;  // the first byte of rank 0's "ready": its Recv is waiting for the reply
+    const absl::Status ready = peer->ReadFull(&posted, 1, Soon());
+    *peer = Socket();  // the peer's process ends: its connection closes
     t.join();
+    ASSERT_TRUE(ready.ok()) << "rank 0 never posted its receive: " << ready;
+    // Noticed the close at once: a missed close would run into Soon()'s deadline.
     EXPECT_EQ(received.code(), absl::StatusCode::kUnavailable) << received;
-    EXPECT_LT(absl::Now() - start, absl::Seconds(2));
   }
   {
-    Pair p = MakePair(factory);
+    auto id = factory.NewUniqueId();
+    ASSERT_TRUE(id.ok()) << id.status();
+    auto rank0 = factory.Join(*id, 0);
+    ASSERT_TRUE(rank0.ok()) << rank0.status();
     char c = 0;
     absl::Status waited;
-    std::thread t([&] { waited = p.rank0->Recv(&c, 1, Soon()); });  // still waiting for the peer to join
-    absl::SleepFor(absl::Milliseconds(100));
-    p.rank0->Abort();
+    std::thread t([&] { waited = (*rank0)->Recv(&c, 1, Soon()); });  // waits for the peer to join
+    // Rank 0's Recv is in its join wait once it has dropped a stranger that
+    // presented a wrong token: the stranger then sees its connection closed.
+    absl::Status dropped = absl::UnknownError("the stranger could not connect");
+    if (auto stranger = Connect(id->substr(0, id->rfind('/')), Soon()); stranger.ok()) {
+      dropped = stranger->WriteFull(std::string(32, 'x'), Soon());
+      char byte = 0;
+      if (dropped.ok()) dropped = stranger->ReadFull(&byte, 1, Soon());
+    }
+    (*rank0)->Abort();
     t.join();
+    EXPECT_EQ(dropped.code(), absl::StatusCode::kUnavailable) << "rank 0 was not waiting for its peer: " << dropped;
     EXPECT_EQ(waited.code(), absl::StatusCode::kUnavailable) << waited;
   }
 }

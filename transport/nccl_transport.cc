@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -256,7 +257,7 @@ void NcclStateReceiver::JoinFinished() {
   for (auto& c : done) c->thread.join();
 }
 
-void NcclStateReceiver::Fail(Channel* channel, const absl::Status& why) {
+void NcclStateReceiver::Fail(Channel* channel, const absl::Status& why, std::optional<uint64_t> serving) {
   if (channel->failed.exchange(true)) return;
   std::vector<uint64_t> ids;
   {
@@ -269,6 +270,7 @@ void NcclStateReceiver::Fail(Channel* channel, const absl::Status& why) {
     for (uint64_t id : ids) expected_on_.erase(id);
   }
   channel->comm->Abort();
+  if (serving.has_value()) registry_.Fail(*serving, AsTransferFailure(why, channel->peer));
   const absl::Status failure = absl::UnavailableError(absl::StrCat(
       "the NCCL channel to ", channel->peer, " failed: ", AsTransferFailure(why, channel->peer).message()));
   for (uint64_t id : ids) registry_.Fail(id, failure);
@@ -348,7 +350,7 @@ absl::Status NcclStateReceiver::ServeTransfer(Channel& channel, absl::string_vie
   received.transfer_id = id;
   absl::Status outcome;
   if (absl::Status s = ReceiveBody(comm, begin, in_place ? &offer : nullptr, &received, &outcome); !s.ok()) {
-    registry_.Fail(id, AsTransferFailure(s, channel.peer));
+    Fail(&channel, s, id);  // the channel is out of step
     return s;
   }
   if (outcome.ok()) {

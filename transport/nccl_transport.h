@@ -114,6 +114,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -222,8 +223,13 @@ class NcclStateReceiver final : public StateReceiver {
   // Stops every later write into the transfer's sink, waits for the one in
   // flight, and destroys the sink. No-op without a sink.
   void RevokeSink(uint64_t transfer_id) ABSL_LOCKS_EXCLUDED(sinks_mu_);
-  // Marks `channel` failed, aborts it and fails every transfer expected on it.
-  void Fail(Channel* channel, const absl::Status& why) ABSL_LOCKS_EXCLUDED(mu_);
+  // Marks `channel` failed, aborts it and fails every transfer expected on
+  // it; `serving`, the transfer whose frames the channel's thread was
+  // receiving, with `why` itself. The channel is no longer live when the
+  // first failure is published: whoever sees a transfer fail and expects
+  // again is given a new channel, never the failing one.
+  void Fail(Channel* channel, const absl::Status& why, std::optional<uint64_t> serving = std::nullopt)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // True when `transfer_id` is expected on a channel other than `channel`.
   bool ExpectedElsewhere(uint64_t transfer_id, const Channel* channel) const ABSL_LOCKS_EXCLUDED(mu_);
   void Unbind(uint64_t transfer_id) ABSL_LOCKS_EXCLUDED(mu_);

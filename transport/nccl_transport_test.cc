@@ -592,11 +592,17 @@ TEST_F(NcclTransportTest, CancelWaitsForTheRegionInFlightBeforeHandingTheSlotsBa
   ASSERT_TRUE(Inject(t, FakeFault::Kind::kStall, 1, /*message=*/3).ok());  // the receive of page 1 hangs
   absl::Status sent;
   std::thread sender([&] { sent = sender_.Send(t, source); });
-  while (slots[0] != source.pages()[0]) absl::SleepFor(absl::Milliseconds(1));  // page 0 landed
-  const absl::Time start = absl::Now();
+  // Messages 0 and 1 (kBegin) and 2 (page 0) received; the receiver is
+  // blocked in the receive of message 3, page 1, into slot 1.
+  const absl::Status in_flight =
+      factory_.AwaitReceiving(t.nccl_unique_id, /*rank=*/0, /*messages=*/3, absl::Seconds(10));
+  const bool page_0_landed = in_flight.ok() && slots[0] == source.pages()[0];
   receiver_->Cancel(t.transfer_id);
-  EXPECT_GE(absl::Now() - start, absl::Milliseconds(100));  // it waited for the stalled receive
+  const bool still_receiving = factory_.Receiving(t.nccl_unique_id, /*rank=*/0);
   sender.join();
+  ASSERT_TRUE(in_flight.ok()) << "the receive of page 1 never began: " << in_flight;
+  EXPECT_TRUE(page_0_landed);
+  EXPECT_FALSE(still_receiving) << "Cancel returned while a receive into the slots was in flight";
   EXPECT_EQ(sent.code(), absl::StatusCode::kUnavailable) << sent;
   EXPECT_EQ(receiver_->pending(), 0);
 }

@@ -87,12 +87,20 @@ echo "== a three-turn chat: each turn's prompt is the whole conversation, resume
 "$BIN/client/hybridserve_cli" chat --target="127.0.0.1:${DECODE_PORT}" --max_tokens=120 --temperature=0.7 --seed=7 \
   --turns="What is the secret of a happy life?|Tell me more about that.|Thank you, goodbye."
 
+# The CLI as a person types it from the checkout: through the bazel-bin
+# symlink, unless that points at another build's output (e.g. a bazel run
+# with another --output_base since), then by its full path.
+CLI="$BIN/client/hybridserve_cli"
+if [ "$(readlink -f bazel-bin 2>/dev/null)" = "$(readlink -f "$BIN")" ]; then
+  CLI="bazel-bin/client/hybridserve_cli"
+fi
+
 cat <<TXT
 
-== reach it
+== reach it (commands run from the checkout, $PWD)
   Generation gRPC (hybridserve.v1.Generation, health, reflection): 127.0.0.1:${DECODE_PORT}
-  $BIN/client/hybridserve_cli chat --target=127.0.0.1:${DECODE_PORT}
-  $BIN/client/hybridserve_cli generate --target=127.0.0.1:${DECODE_PORT} --prompt_ids=257,72,105 --max_tokens=16
+  $CLI chat --target=127.0.0.1:${DECODE_PORT}
+  $CLI generate --target=127.0.0.1:${DECODE_PORT} --prompt_ids=257,72,105 --max_tokens=16
   metrics: cachestore http://127.0.0.1:${METRICS_PORT}/metrics, decode http://127.0.0.1:$((METRICS_PORT + 1))/metrics$([ "$AGGREGATED" = 1 ] || echo ", prefill http://127.0.0.1:$((METRICS_PORT + 2))/metrics")
 TXT
 if [ "$SERVE" = 0 ]; then exit 0; fi

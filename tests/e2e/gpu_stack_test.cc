@@ -2,8 +2,9 @@
 // the TCP data plane and the CUDA IPC plane (one GPU is enough) and over the
 // NCCL plane (two GPUs: NCCL refuses two ranks on one device). A three-turn chat through the
 // disaggregated processes gives the tokens of the aggregated GPU run, and
-// kill -9 of either side mid-transfer leaves the other serving with every
-// reservation back. Every test skips, saying so, where the GPUs are missing.
+// kill -9 of either side while a transfer is in flight ends every request
+// exactly once and leaves the other serving with every reservation back.
+// Every test skips, saying so, where the GPUs are missing.
 
 #include <cstdint>
 #include <functional>
@@ -15,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/wait_for.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "tests/e2e/stack.h"
@@ -85,18 +87,65 @@ TEST(GpuStackTest, NcclPlaneEqualsTheAggregatedGpuRunOverThreeTurns) {
   ExpectDisaggregatedEqualsAggregated("nccl", 1);
 }
 
-// Long prompts in flight while one side is killed.
+// The default model's context (config.json, max_position_embeddings): decode
+// refuses a request whose prompt and max_tokens exceed it, before prefill.
+constexpr int kContextTokens = 8192;
+constexpr int kKillMaxTokens = 8;
+// A gauge on prefill's metrics port: pushes to decode workers begun and not
+// yet finished. The kill waits for it, so that it strikes a transfer.
+constexpr char kTransfersInFlight[] = "hybridserve_prefill_transfers_in_flight";
+
+// Each request ends exactly once: a stream that ended OK with its final
+// message (FINISH_REASON_ERROR saying what went wrong), or a failed call with
+// a status that says why and no final message. Whether it failed.
+bool ExpectFinishedOnce(const Generation& g, const std::string& what) {
+  if (!g.status.ok()) {
+    EXPECT_FALSE(g.completed) << what << ": a failed call carries no final message";
+    EXPECT_FALSE(g.status.error_message().empty())
+        << what << ": failed (code " << g.status.error_code() << ") without saying why";
+    return true;
+  }
+  EXPECT_TRUE(g.completed) << what << ": a stream that ended OK must carry its final message";
+  switch (g.complete.finish_reason()) {
+    case v1::FINISH_REASON_LENGTH:
+      EXPECT_EQ(g.tokens.size(), static_cast<size_t>(kKillMaxTokens)) << what;
+      return false;
+    case v1::FINISH_REASON_STOP:
+      EXPECT_LE(g.tokens.size(), static_cast<size_t>(kKillMaxTokens)) << what;
+      return false;
+    case v1::FINISH_REASON_ERROR:
+      EXPECT_FALSE(g.complete.error_message().empty()) << what << ": an error without a message";
+      return true;
+    default:
+      ADD_FAILURE() << what << ": finish reason " << v1::FinishReason_Name(g.complete.finish_reason());
+      return true;
+  }
+}
+
+// Four prompts as long as the context allows, and `victim` killed once
+// prefill reports a transfer to decode in flight. Every request ends exactly
+// once, and at least one fails: the kill struck work in flight.
 void KillDuringTransfers(Stack& stack, Process* victim, const std::string& tag) {
+  const int prefill_metrics = std::stoi(stack.prefill()->field("metrics_port"));
+  std::vector<Generation> out(4);
   std::vector<std::thread> threads;
   for (int i = 0; i < 4; ++i) {
     threads.emplace_back([&, i] {
-      v1::GenerateRequest r = Request(absl::StrCat(tag, "-", i), TextPrompt(8000 + 97 * i, i), 8);
-      (void)Generate(stack.decode_target(), r);
+      const int prompt_tokens = kContextTokens - kKillMaxTokens - 97 * i;
+      out[i] = Generate(stack.decode_target(),
+                        Request(absl::StrCat(tag, "-", i), TextPrompt(prompt_tokens, i), kKillMaxTokens));
     });
   }
-  absl::SleepFor(absl::Milliseconds(300));
+  // The bound only ends a stack that never pushes; the kill below then ends its requests.
+  const bool transferring =
+      common::WaitFor([&] { return Metric(prefill_metrics, kTransfersInFlight) > 0; }, absl::Seconds(60));
   victim->Kill();
   for (std::thread& t : threads) t.join();
+  ASSERT_TRUE(transferring) << "prefill never reported a transfer in flight (" << kTransfersInFlight
+                            << " > 0): the kill struck no transfer";
+  int failed = 0;
+  for (int i = 0; i < 4; ++i) failed += ExpectFinishedOnce(out[i], absl::StrCat(tag, " request ", i)) ? 1 : 0;
+  EXPECT_GT(failed, 0) << "every request finished: the kill struck no work in flight";
 }
 
 void KillPrefillMidTransfer(const std::string& plane, int decode_gpu) {
