@@ -152,7 +152,7 @@ DecodeLoop::Counts DecodeLoop::counts() const {
 
 bool DecodeLoop::Idle() const {
   absl::MutexLock lock(&mu_);
-  return live_.empty() && publications_.empty() && publishing_ == 0;
+  return live_.empty() && publications_.empty() && publishing_ == 0 && orphaned_calls_.empty();
 }
 
 void DecodeLoop::JoinFinishedCalls() {

@@ -169,7 +169,8 @@ class DecodeLoop {
     int64_t orphaned_calls = 0;
   };
   Counts counts() const ABSL_LOCKS_EXCLUDED(mu_);
-  // True when no request is live (and so nothing reserved).
+  // True when no request is live (and so nothing reserved), no turn end is
+  // being published and no prefill call of an ended request is running.
   bool Idle() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -66,6 +67,7 @@ class Collector : public GenerationSink {
   }
   // Waits (bounded) for the completion.
   bool Wait() { return done_.WaitForNotificationWithTimeout(absl::Seconds(60)); }
+  bool done() const { return done_.HasBeenNotified(); }
   std::vector<TokenId> tokens() {
     absl::MutexLock lock(&mu_);
     return tokens_;
@@ -95,8 +97,14 @@ class EnginePrefill : public PrefillClient {
     {
       absl::MutexLock lock(&mu_);
       ++calls_;
-      mu_.Await(absl::Condition(
-          +[](bool* open) { return *open; }, &open_));
+      // Held: until released, or (unless told to ignore it) until the call
+      // is cancelled, as a prefill worker stops between segments.
+      while (!mu_.AwaitWithTimeout(absl::Condition(&open_), absl::Milliseconds(1))) {
+        if (!ignore_cancel_ && call.cancellation != nullptr && call.cancellation->cancelled()) {
+          ++cancelled_;
+          return absl::CancelledError("the request ended before its prefill");
+        }
+      }
       if (!fail_.ok()) return fail_;
     }
     absl::MutexLock engine(&engine_mu_);
@@ -130,7 +138,7 @@ class EnginePrefill : public PrefillClient {
     if (publishes_prompt()) {
       reply.prefill_publishes_prompt = true;
       absl::MutexLock lock(&mu_);
-      prompt_pages_ = std::move(pages);
+      prompt_pages_[call.request_id] = std::move(pages);
     }
     return reply;
   }
@@ -145,9 +153,10 @@ class EnginePrefill : public PrefillClient {
     absl::MutexLock lock(&mu_);
     return publishes_prompt_;
   }
-  std::vector<std::string> prompt_pages() {
+  // The prompt pages of the call for `request_id`.
+  std::vector<std::string> prompt_pages(const std::string& request_id) {
     absl::MutexLock lock(&mu_);
-    return prompt_pages_;
+    return prompt_pages_[request_id];
   }
 
   void Hold() {
@@ -166,6 +175,16 @@ class EnginePrefill : public PrefillClient {
     absl::MutexLock lock(&mu_);
     return calls_;
   }
+  // Calls that returned CANCELLED while held.
+  int cancelled() {
+    absl::MutexLock lock(&mu_);
+    return cancelled_;
+  }
+  // Held calls stay held when cancelled (a worker slow to notice).
+  void IgnoreCancellation() {
+    absl::MutexLock lock(&mu_);
+    ignore_cancel_ = true;
+  }
 
  private:
   engine::Model& model_;
@@ -175,8 +194,10 @@ class EnginePrefill : public PrefillClient {
   bool open_ ABSL_GUARDED_BY(mu_) = true;
   absl::Status fail_ ABSL_GUARDED_BY(mu_);
   int calls_ ABSL_GUARDED_BY(mu_) = 0;
+  int cancelled_ ABSL_GUARDED_BY(mu_) = 0;
+  bool ignore_cancel_ ABSL_GUARDED_BY(mu_) = false;
   bool publishes_prompt_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<std::string> prompt_pages_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::vector<std::string>> prompt_pages_ ABSL_GUARDED_BY(mu_);
   absl::Mutex engine_mu_;  // the engine is not thread-safe
 };
 
@@ -448,16 +469,21 @@ TEST_F(DecodeLoopTest, AbortAndDeadlinesEndRequestsAndFreeEverything) {
   Collector prefilling;
   ASSERT_TRUE(loop_->Submit(Request("p", Tokens(30, vocab_, 6), 50), &prefilling).ok());
   for (int i = 0; i < 10000 && prefill_->calls() == 0; ++i) absl::SleepFor(absl::Milliseconds(2));
+  ASSERT_EQ(prefill_->calls(), 1) << "the request never reached prefill: the abort would prove nothing";
   EXPECT_TRUE(loop_->Abort("p"));
   ASSERT_TRUE(prefilling.Wait());
   EXPECT_EQ(prefilling.completion().reason, FinishReason::kAborted);
   EXPECT_FALSE(loop_->Abort("p"));
+  // Its prefill call was cancelled, and returned although still held.
+  for (int i = 0; i < 10000 && prefill_->cancelled() == 0; ++i) absl::SleepFor(absl::Milliseconds(2));
+  EXPECT_EQ(prefill_->cancelled(), 1);
   prefill_->Release();
 
   Collector decoding;
   decoding.on_complete_ = [](const Completion&) {};
   ASSERT_TRUE(loop_->Submit(Request("d", Tokens(30, vocab_, 7), 1500), &decoding).ok());
   for (int i = 0; i < 10000 && decoding.tokens().size() < 3; ++i) absl::SleepFor(absl::Milliseconds(2));
+  ASSERT_GE(decoding.tokens().size(), 3u) << "never decoding: the abort would prove nothing";
   EXPECT_TRUE(loop_->Abort("d"));
   ASSERT_TRUE(decoding.Wait());
   EXPECT_EQ(decoding.completion().reason, FinishReason::kAborted);
@@ -557,7 +583,7 @@ TEST_F(DecodeLoopTest, TurnEndPublicationAddsOnlyThePagesPastThePromptAndWaitsFo
   ns.page_size = 16;
   LatePrefillCache late(*cache_, [&] {
     const cachestore::CachePlan plan(ns, prompt);
-    std::vector<std::string> pages = prefill_->prompt_pages();
+    std::vector<std::string> pages = prefill_->prompt_pages("t");
     ASSERT_EQ(pages.size(), 2u);
     for (int64_t i = 0; i < 2; ++i) ASSERT_TRUE(cache_->Put(ns, plan.PagePut(i), pages[i]).ok());
   });
@@ -602,6 +628,93 @@ TEST_F(DecodeLoopTest, TurnEndPublicationGivesUpWhenPrefillsPagesNeverCome) {
   EXPECT_EQ(c.completion().reason, FinishReason::kLength);
   EXPECT_FALSE(c.completion().usage.session.published);
   EXPECT_GE(never.missing_parent(), 2);  // it retried
+  ExpectEverythingFreed();
+}
+
+// A request that ends while its prefill call runs cancels the call; a call
+// that does not stop at once (a worker slow to notice) keeps its place in the
+// batch until it returns: prefill never holds more of this worker's calls
+// than max_batch, and the next request waits in decode instead.
+TEST_F(DecodeLoopTest, AnEndedRequestsPrefillCallKeepsItsBatchPlaceUntilItReturns) {
+  DecodeLoopOptions options;
+  options.max_batch = 1;
+  StartLoop(options);
+  prefill_->IgnoreCancellation();
+  prefill_->Hold();
+  Collector first;
+  ASSERT_TRUE(loop_->Submit(Request("first", Tokens(30, vocab_, 14), 5), &first).ok());
+  for (int i = 0; i < 10000 && prefill_->calls() == 0; ++i) absl::SleepFor(absl::Milliseconds(2));
+  ASSERT_EQ(prefill_->calls(), 1);
+  ASSERT_TRUE(loop_->Abort("first"));
+  ASSERT_TRUE(first.Wait());
+  EXPECT_EQ(first.completion().reason, FinishReason::kAborted);
+  Collector second;
+  ASSERT_TRUE(loop_->Submit(Request("second", Tokens(30, vocab_, 15), 5), &second).ok());
+  // The orphaned call holds the only place: the second request waits.
+  for (int i = 0; i < 10000 && loop_->counts().waiting == 0; ++i) absl::SleepFor(absl::Milliseconds(2));
+  DecodeLoop::Counts c = loop_->counts();
+  EXPECT_EQ(c.waiting, 1);
+  EXPECT_EQ(c.orphaned_calls, 1);
+  EXPECT_EQ(prefill_->calls(), 1);
+  EXPECT_FALSE(loop_->Idle());
+  prefill_->Release();
+  ASSERT_TRUE(second.Wait());
+  EXPECT_EQ(second.completion().reason, FinishReason::kLength);
+  EXPECT_EQ(second.tokens(), Alone(Tokens(30, vocab_, 15), 5));
+  EXPECT_EQ(prefill_->calls(), 2);
+  EXPECT_EQ(loop_->counts().orphaned_calls, 0);
+  ExpectEverythingFreed();
+}
+
+// A turn end waiting for its parent page (prefill's late publication) holds
+// up no other publication: a second request's turn end is published, and its
+// final message sent, while the first still waits; the first then completes
+// once its parent arrives.
+TEST_F(DecodeLoopTest, ATurnEndWaitingForItsParentHoldsUpNoOtherPublication) {
+  prefill_->SetPublishesPrompt();
+  LatePrefillCache late(*cache_, [] {});
+  DecodeLoopOptions options;
+  options.publish_parent_wait = absl::Seconds(60);
+  StartLoop(options, &late);
+  const std::vector<TokenId> waiting_prompt = Tokens(40, vocab_, 16);  // two full pages, not in the cache
+  Collector waiting;
+  ASSERT_TRUE(loop_->Submit(Request("waiting", waiting_prompt, 9), &waiting).ok());
+  for (int i = 0; i < 10000 && late.missing_parent() == 0; ++i) absl::SleepFor(absl::Milliseconds(2));
+  ASSERT_GE(late.missing_parent(), 1) << "the turn end never found its parent missing";
+  Collector other;
+  ASSERT_TRUE(loop_->Submit(Request("other", Tokens(10, vocab_, 17), 9), &other).ok());  // no full prompt page
+  ASSERT_TRUE(other.Wait());
+  EXPECT_TRUE(other.completion().usage.session.published);
+  EXPECT_TRUE(other.completion().publication.failure.empty());
+  EXPECT_FALSE(waiting.done()) << "the waiting turn end gave up or was done first";
+  // Prefill's pages arrive: the waiting one is published.
+  cachestore::ClientNamespace ns;
+  ns.model_fingerprint = weights_->fingerprint().ToHex();
+  ns.page_size = 16;
+  const cachestore::CachePlan plan(ns, waiting_prompt);
+  const std::vector<std::string> pages = prefill_->prompt_pages("waiting");
+  ASSERT_EQ(pages.size(), 2u);
+  for (int64_t i = 0; i < 2; ++i) ASSERT_TRUE(cache_->Put(ns, plan.PagePut(i), pages[i]).ok());
+  ASSERT_TRUE(waiting.Wait());
+  EXPECT_TRUE(waiting.completion().usage.session.published);
+  EXPECT_FALSE(waiting.completion().publication.parent_wait_expired);
+  EXPECT_GT(waiting.completion().publication.wait, absl::ZeroDuration());
+  ExpectEverythingFreed();
+}
+
+// Publication failures are reported in the completion, by reason.
+TEST_F(DecodeLoopTest, APublicationThatWaitedOutItsParentSaysSo) {
+  prefill_->SetPublishesPrompt();
+  LatePrefillCache never(*cache_, [] {});
+  DecodeLoopOptions options;
+  options.publish_parent_wait = absl::Milliseconds(50);
+  StartLoop(options, &never);
+  Collector c;
+  ASSERT_TRUE(loop_->Submit(Request("t", Tokens(40, vocab_, 18), 9), &c).ok());
+  ASSERT_TRUE(c.Wait());
+  EXPECT_TRUE(c.completion().publication.attempted);
+  EXPECT_EQ(c.completion().publication.failure, "failed_precondition");
+  EXPECT_TRUE(c.completion().publication.parent_wait_expired);
   ExpectEverythingFreed();
 }
 

@@ -32,13 +32,25 @@ class FakePrefill final : public v1::Prefill::Service {
     server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
   }
 
-  grpc::Status Prefill(grpc::ServerContext*, const v1::PrefillRequest* request, v1::PrefillResponse* r) override {
+  grpc::Status Prefill(grpc::ServerContext* context, const v1::PrefillRequest* request,
+                       v1::PrefillResponse* r) override {
     calls_.fetch_add(1);
     last_request_id_ = request->request().request_id();
-    if (refuse_.load()) return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "full");
+    if (refuse_.load() || refusals_left_.fetch_sub(1) > 0) {
+      return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "full");
+    }
     if (block_.load()) {
       entered_.Notify();
-      release_.WaitForNotificationWithTimeout(absl::Seconds(10));
+      // Held until released, or until the caller cancels (what a prefill
+      // worker sees between segments).
+      const absl::Time end = absl::Now() + absl::Seconds(10);
+      while (!release_.HasBeenNotified() && absl::Now() < end) {
+        if (context->IsCancelled()) {
+          cancelled_.fetch_add(1);
+          return grpc::Status(grpc::StatusCode::CANCELLED, "the caller cancelled");
+        }
+        absl::SleepFor(absl::Milliseconds(2));
+      }
     }
     r->set_first_token(first_token_);
     r->mutable_usage()->set_cached_tokens(7);
@@ -50,6 +62,8 @@ class FakePrefill final : public v1::Prefill::Service {
   std::atomic<int> calls_{0};
   std::atomic<bool> refuse_{false};
   std::atomic<bool> block_{false};
+  std::atomic<int> refusals_left_{0};  // answer RESOURCE_EXHAUSTED this many times
+  std::atomic<int> cancelled_{0};
   absl::Notification entered_, release_;
   std::string last_request_id_;
 
@@ -139,6 +153,84 @@ TEST(GrpcPrefillClientTest, ResolvesNamesAndFailsClearlyWhenNothingResolves) {
   absl::StatusOr<PrefillReply> none = (*nowhere)->Prefill(Call("none"));
   EXPECT_EQ(none.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_NE(none.status().message().find("no prefill worker"), std::string::npos) << none.status();
+}
+
+// A pool that is full (RESOURCE_EXHAUSTED from every worker) is no error of
+// an admitted request: the call waits for room and succeeds once there is.
+TEST(GrpcPrefillClientTest, ABusyPoolIsWaitedForNotAnError) {
+  FakePrefill a(9);
+  a.refusals_left_ = 5;
+  auto client = GrpcPrefillClient::Create({.targets = {a.target()}, .max_attempts = 2});
+  ASSERT_TRUE(client.ok());
+  absl::StatusOr<PrefillReply> r = (*client)->Prefill(Call("busy"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->first.token, 9);
+  EXPECT_EQ(a.calls_.load(), 6);  // five refusals, then the answer
+}
+
+// Still full at the deadline: the last refusal, named.
+TEST(GrpcPrefillClientTest, ABusyPoolUntilTheDeadlineEndsWithItsRefusal) {
+  FakePrefill a(9);
+  a.refuse_ = true;
+  auto client = GrpcPrefillClient::Create({.targets = {a.target()}});
+  ASSERT_TRUE(client.ok());
+  PrefillCall call = Call("always-busy");
+  call.deadline = absl::Now() + absl::Milliseconds(300);
+  absl::StatusOr<PrefillReply> r = (*client)->Prefill(call);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  EXPECT_NE(r.status().message().find(a.target()), std::string::npos) << r.status();
+  EXPECT_GE(a.calls_.load(), 2);  // it waited and tried again
+}
+
+// The call's cancellation cancels the gRPC call in flight (the worker sees
+// it), and ends a wait for a busy pool.
+TEST(GrpcPrefillClientTest, CancellationReachesTheWorkerAndEndsTheCall) {
+  FakePrefill a(1);
+  a.block_ = true;
+  auto client = GrpcPrefillClient::Create({.targets = {a.target()}});
+  ASSERT_TRUE(client.ok());
+  PrefillCall call = Call("cancel-me");
+  call.cancellation = std::make_shared<PrefillCancellation>();
+  absl::StatusOr<PrefillReply> r;
+  std::thread t([&] { r = (*client)->Prefill(call); });
+  ASSERT_TRUE(a.entered_.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  call.cancellation->Cancel();
+  t.join();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kCancelled) << r.status();
+  const absl::Time end = absl::Now() + absl::Seconds(10);
+  while (a.cancelled_.load() == 0 && absl::Now() < end) absl::SleepFor(absl::Milliseconds(2));
+  EXPECT_EQ(a.cancelled_.load(), 1) << "the worker never saw the cancellation";
+
+  FakePrefill full(2);
+  full.refuse_ = true;
+  auto busy = GrpcPrefillClient::Create({.targets = {full.target()}});
+  ASSERT_TRUE(busy.ok());
+  PrefillCall waiting = Call("waiting");
+  waiting.deadline = absl::Now() + absl::Seconds(60);
+  waiting.cancellation = std::make_shared<PrefillCancellation>();
+  std::thread w([&] { r = (*busy)->Prefill(waiting); });
+  while (full.calls_.load() < 2 && absl::Now() < end) absl::SleepFor(absl::Milliseconds(2));
+  ASSERT_GE(full.calls_.load(), 2) << "the call never waited for room";
+  waiting.cancellation->Cancel();
+  w.join();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kCancelled) << r.status();
+}
+
+TEST(PrefillCancellationTest, RunsItsCallbackOnceAndWakesWaiters) {
+  PrefillCancellation c;
+  int runs = 0;
+  c.OnCancel([&] { ++runs; });
+  EXPECT_FALSE(c.cancelled());
+  EXPECT_FALSE(c.WaitFor(absl::Milliseconds(1)));
+  c.Cancel();
+  c.Cancel();
+  EXPECT_EQ(runs, 1);
+  EXPECT_TRUE(c.cancelled());
+  EXPECT_TRUE(c.WaitFor(absl::Seconds(10)));
+  // Registered after the cancel: runs at once.
+  c.OnCancel([&] { ++runs; });
+  EXPECT_EQ(runs, 2);
+  c.OnCancel(nullptr);
 }
 
 TEST(GrpcPrefillClientTest, RefusesBadOptions) {

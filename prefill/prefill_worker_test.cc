@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -88,10 +89,12 @@ class PrefillWorkerTest : public ::testing::Test {
   };
 
   // One request through the worker into decode_model_, greedy.
-  Turn Run(const std::vector<TokenId>& prompt, const std::string& salt = "") {
+  Turn Run(const std::vector<TokenId>& prompt, const std::string& salt = "",
+           std::function<bool()> cancelled = nullptr) {
     static uint64_t next_transfer = 1;
     Turn turn;
     PrefillRequest request;
+    request.cancelled = std::move(cancelled);
     request.prompt = prompt;
     request.cache_salt = salt;
     request.sampling.temperature = 0.0f;
@@ -275,6 +278,9 @@ TEST_F(PrefillWorkerTest, ACacheThatIsDownOrWrongBecomesAMissNeverAFailure) {
   Turn down = Run(prompt);
   ASSERT_TRUE(down.outcome.ok()) << down.outcome.status();
   EXPECT_EQ(down.outcome->usage.cached_tokens, 0);
+  // A cache this call could not reach gets nothing from it, and decode is
+  // told to publish on its own rather than wait for this worker's pages.
+  EXPECT_FALSE(down.outcome->publishes_prompt);
   EXPECT_TRUE(BitEqual(Continue(*decode_model_, down.decode_seq, 2), expected));
 
   faults_->CorruptNextGets(1);  // the state's bytes come back wrong: never restored
@@ -294,7 +300,10 @@ TEST_F(PrefillWorkerTest, ACacheThatIsDownOrWrongBecomesAMissNeverAFailure) {
   faults_->FailNext(cachestore::CacheClientMethod::kPut, 100, absl::ResourceExhaustedError("full"));
   Turn full = Run(Tokens(33, vocab_, 9));
   ASSERT_TRUE(full.outcome.ok()) << full.outcome.status();
+  EXPECT_TRUE(full.outcome->publishes_prompt);
   EXPECT_GE(worker_->counters().publish_failures, 1);
+  EXPECT_EQ(worker_->counters().publish_failures_by_reason.at("resource_exhausted"),
+            worker_->counters().publish_failures);
   EXPECT_EQ(worker_->counters().errors_as_misses, 3);
 }
 
@@ -316,6 +325,25 @@ TEST_F(PrefillWorkerTest, APageAnotherWriterIsPuttingDoesNotStopThePublication) 
   EXPECT_EQ(worker_->counters().pages_published, 8);  // all 9 but the one in flight
   EXPECT_EQ(worker_->counters().states_published, 3);
   EXPECT_EQ(worker_->counters().publish_failures, 0);
+}
+
+// A caller that cancels mid-prefill: the worker stops at the next segment
+// (the engine's segments end at multiples of the 64-token checkpoint
+// interval), answers CANCELLED, pushes nothing, publishes nothing and holds
+// nothing; the next request is served as usual.
+TEST_F(PrefillWorkerTest, ACancelledCallStopsBetweenSegmentsAndLeavesNothingBehind) {
+  int polls = 0;
+  Turn t = Run(Tokens(150, vocab_, 21), "", [&] { return ++polls >= 2; });  // before the lookup: no; then yes
+  EXPECT_EQ(t.outcome.status().code(), absl::StatusCode::kCancelled) << t.outcome.status();
+  EXPECT_EQ(polls, 2) << "polled again after cancelling";
+  EXPECT_EQ(worker_->counters().cancelled, 1);
+  EXPECT_EQ(worker_->counters().pages_published, 0);
+  EXPECT_EQ(worker_->counters().states_published, 0);
+  EXPECT_EQ(prefill_model_->num_free_sequences(), 4);
+  EXPECT_EQ(prefill_model_->num_free_pages(), 256);
+  Turn next = Run(Tokens(150, vocab_, 21));
+  ASSERT_TRUE(next.outcome.ok()) << next.outcome.status();
+  EXPECT_EQ(next.outcome->usage.resume_kind, ResumeKind::kCold);
 }
 
 TEST_F(PrefillWorkerTest, BadRequestsAreRefusedAndLeaveNothingBehind) {
