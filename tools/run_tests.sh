@@ -3,12 +3,16 @@
 # missing, then
 #   1. builds and tests every target (the plain configuration);
 #   2. ASan + UBSan (and LSan) over every target (--config=asan);
-#   3. TSan over the targets whose threads synchronize through std:: primitives
-#      (the CPU thread pool and everything running kernels on it: //kernels/...
-#      and //engine/...; not the CUDA emulator's fiber tests, tagged notsan).
-#      Debian's abseil and gRPC are not instrumented, so TSan
-#      cannot see absl::Mutex's happens-before edges and would report false races
-#      in the services, the cachestore and the transports;
+#   3. TSan over //kernels/..., //engine/..., //transport/... and //decode/...
+#      (not the CUDA emulator's fiber tests, tagged notsan). Debian's abseil
+#      is not instrumented: third_party/tsan/libabsl_tsan_shim.so, preloaded,
+#      tells TSan about absl::Mutex's happens-before edges, and
+#      third_party/tsan/suppressions.txt silences what gRPC's own
+#      uninstrumented internals hand between threads. Left out: tests that
+#      run a gRPC server in process (//decode:grpc_prefill_client_test, the
+#      cachestore, prefill, the end-to-end tests), whose reports come from
+#      inside gRPC and its libraries (upb, absl::Status hand-overs) faster
+#      than suppressions can name them;
 #   4. checks that the committed fixtures are current (tools/check_fixtures.py;
 #      skipped, and says so, where torch and transformers are not installed).
 # Each stage prints one summary line (targets and cases passed, failed,
@@ -63,7 +67,11 @@ stage "plain" -- //...
 if [ "${HS_SANITIZERS:-1}" != "0" ]; then
   stage "asan+ubsan" --config=asan -- //...
   # Tests tagged notsan run the CUDA emulator's fibers, which TSan cannot follow.
-  stage "tsan" --config=tsan --test_tag_filters=-notsan --build_tag_filters=-notsan -- //kernels/... //engine/...
+  bazel build --config=tsan //third_party/tsan:libabsl_tsan_shim.so || status=1
+  shim="$(bazel info --config=tsan bazel-bin 2>/dev/null)/third_party/tsan/libabsl_tsan_shim.so"
+  stage "tsan" --config=tsan --test_tag_filters=-notsan --build_tag_filters=-notsan \
+    --test_env=LD_PRELOAD="${shim}" --test_env=TSAN_OPTIONS="suppressions=${PWD}/third_party/tsan/suppressions.txt" \
+    -- //kernels/... //engine/... //transport/... //decode/... -//decode:grpc_prefill_client_test
 fi
 # numpy comes from Debian (tools/bootstrap.sh: python3-numpy) for /usr/bin/python3;
 # a python3 earlier on PATH (pyenv, a venv) may not have it.

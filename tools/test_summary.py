@@ -21,7 +21,14 @@ import xml.etree.ElementTree as ET
 
 
 def test_targets(patterns):
-    query = " + ".join(f"tests({p})" for p in patterns)
+    """The tests of `patterns`, as bazel test reads them: a pattern starting
+    with "-" takes its targets out."""
+    query = ""
+    for p in patterns:
+        if p.startswith("-"):
+            query += f" - tests({p[1:]})"
+        else:
+            query += (" + " if query else "") + f"tests({p})"
     out = subprocess.run(["bazel", "query", query], check=True, capture_output=True, text=True).stdout
     return sorted(line.strip() for line in out.splitlines() if line.strip().startswith("//"))
 
