@@ -137,8 +137,12 @@ TEST(FaultsTest, KillDecodeMidRequestsLeavesPrefillServing) {
 // (prefill's failed lookup tells decode to publish on its own). Latencies of
 // the healthy, down and recovery phases are printed (timing belongs to
 // benchmarks; the test asserts outcomes).
-TEST(FaultsTest, CachestoreKilledAndRestartedDuringTrafficMeansMissesNotFailures) {
-  auto s = Stack::Start(StackOptions{});
+class CachestoreOutageTest : public ::testing::TestWithParam<ModelShape> {};
+
+TEST_P(CachestoreOutageTest, CachestoreKilledAndRestartedDuringTrafficMeansMissesNotFailures) {
+  StackOptions options;
+  options.shape = GetParam();
+  auto s = Stack::Start(options);
   ASSERT_TRUE(s.ok()) << s.status();
   Stack& stack = **s;
   const int prefill_metrics = MetricsPort(stack.prefill());
@@ -198,8 +202,8 @@ TEST(FaultsTest, CachestoreKilledAndRestartedDuringTrafficMeansMissesNotFailures
   };
   ASSERT_TRUE(each_chat_played(kHealthy, 2)) << "chats did not get going";
   const double errors_before = Metric(prefill_metrics, "hybridserve_prefill_cache_errors_total");
-  phase = kDown;
   stack.cachestore()->Kill();
+  phase = kDown;  // every turn counted as "down" starts with the cachestore dead
   const bool played_down = each_chat_played(kDown, 2);
   const double errors_down = Metric(prefill_metrics, "hybridserve_prefill_cache_errors_total");
   ASSERT_TRUE(stack.RestartCachestore().ok());
@@ -227,16 +231,20 @@ TEST(FaultsTest, CachestoreKilledAndRestartedDuringTrafficMeansMissesNotFailures
     return v[std::min(v.size() - 1, static_cast<size_t>(0.99 * v.size()))];
   };
   auto max = [](const std::vector<double>& v) { return v.empty() ? 0.0 : *std::max_element(v.begin(), v.end()); };
-  std::cout << "cachestore outage: healthy p99 " << p99(latency_ms[kHealthy]) << " ms (" << latency_ms[kHealthy].size()
-            << " turns); down p99 " << p99(latency_ms[kDown]) << " ms, max " << max(latency_ms[kDown]) << " ms ("
-            << latency_ms[kDown].size() << " turns); after return max " << max(latency_ms[kBack]) << " ms ("
-            << latency_ms[kBack].size() << " turns); each chat resumed from the cache after its return within:";
+  std::cout << GetParam().name << ": cachestore outage: healthy p99 " << p99(latency_ms[kHealthy]) << " ms ("
+            << latency_ms[kHealthy].size() << " turns); down p99 " << p99(latency_ms[kDown]) << " ms, max "
+            << max(latency_ms[kDown]) << " ms (" << latency_ms[kDown].size() << " turns); after return max "
+            << max(latency_ms[kBack]) << " ms (" << latency_ms[kBack].size()
+            << " turns); each chat resumed from the cache after its return within:";
   for (int c = 0; c < kChats; ++c) {
     std::cout << " " << absl::ToDoubleMilliseconds(to_resume[c]) << " ms (" << turns_to_resume[c] << " turns)";
   }
   std::cout << "; publications that waited out their parent: "
             << Metric(decode_metrics, "hybridserve_decode_publish_parent_waits_expired_total") << std::endl;
 }
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CachestoreOutageTest, ::testing::ValuesIn(ModelShapes()),
+                         [](const ::testing::TestParamInfo<ModelShape>& info) { return info.param.name; });
 
 // Clients that cancel must not fail other clients' requests. Prefill's queue
 // holds exactly decode's batch (--max_queue=7: 8 calls at once), so one call
