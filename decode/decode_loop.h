@@ -17,13 +17,18 @@
 // A request ends, with exactly one OnComplete, on a stop condition (EOS
 // unless ignore_eos, a stop id, a stop sequence: kStop; max_tokens: kLength),
 // on Abort or its deadline (kAborted), or on an error (kError: prefill or the
-// transfer failed). Every reservation it held is freed by then. On a normal
+// transfer failed). Every reservation it held is freed by then. A request
+// that ends while prefilling cancels its prefill call; until that call
+// returns it keeps a place in the batch (Counts::orphaned_calls), so the
+// prefill pool never holds more than max_batch calls of this loop. On a normal
 // end the turn-end state (the state after the last token fed to the model,
 // with the logits that chose the last token) and the pages of the generated
 // tokens are published to the cache before OnComplete, so the client's next
 // turn, whose prompt extends this one, finds them. The loop thread only
 // copies those bytes out of the engine; a publisher thread puts them and then
-// completes the request, so the running batch never waits for the cache.
+// completes the request, so the running batch never waits for the cache. A
+// publication whose parent page prefill has yet to put is set aside and
+// retried (up to publish_parent_wait) while the others go on.
 //
 // Thread-safe: Submit and Abort may be called from any thread.
 
