@@ -40,7 +40,7 @@ stage() {
   bazel test "${args[@]}" -- "${patterns[@]}"
   local rc=$?
   python3 tools/test_summary.py --label "${label}" \
-    --testlogs "$(bazel info "${args[@]}" bazel-testlogs 2>/dev/null)" "${patterns[@]}"
+    --testlogs "$(bazel info "${args[@]}" bazel-testlogs 2>/dev/null)" -- "${patterns[@]}"
   if [ $rc -ne 0 ] && [ $status -eq 0 ]; then status=$rc; fi
 }
 

@@ -73,6 +73,7 @@ TEST_P(StackTest, TurnTwoResumesAtTurnOneEndAndPrefillsOnlyTheNewTokens) {
   const std::string computed = "hybridserve_prefill_computed_tokens_total";
   const std::string wait = "hybridserve_decode_publish_wait_seconds_sum";
   const std::string latency = "hybridserve_e2e_request_latency_seconds_sum";
+  double total_wait = 0, total_latency = 0;
   for (const int first : {1, 5, GetParam().page_size, GetParam().page_size + 1, 150}) {
     std::vector<int32_t> conversation = TextPrompt(first, first);
     int64_t expected_cached = 0;
@@ -97,11 +98,11 @@ TEST_P(StackTest, TurnTwoResumesAtTurnOneEndAndPrefillsOnlyTheNewTokens) {
       // The prefill worker computed only the tokens the cache did not hold.
       EXPECT_EQ(Metric(prefill_metrics, computed) - computed_before, conversation.size() - expected_cached);
       // The final message waited for the turn-end publication (it is sent
-      // after it), but for a fraction of the request, never a parent wait.
+      // after it): measured here, judged over all turns below.
       const double waited = Metric(decode_metrics, wait) - wait_before;
-      const double took = Metric(decode_metrics, latency) - latency_before;
       EXPECT_GE(waited, 0);
-      EXPECT_LT(waited, 0.8 * took) << "the final message waited " << waited << " s of " << took << " s";
+      total_wait += waited;
+      total_latency += Metric(decode_metrics, latency) - latency_before;
       // Turn N+1 is sent the instant turn N ends: its prompt is the whole
       // conversation (the reply included) plus new text. The turn-end state
       // covers every token fed to the model: the prompt and all generated
@@ -112,6 +113,11 @@ TEST_P(StackTest, TurnTwoResumesAtTurnOneEndAndPrefillsOnlyTheNewTokens) {
       conversation.insert(conversation.end(), more.begin() + 1, more.end());
     }
   }
+  // Over the fifteen requests, publication is a fraction of their time (a
+  // turn end that waited out --publish_parent_wait was all of it: 2 s of
+  // about 2.01).
+  EXPECT_LT(total_wait, 0.5 * total_latency)
+      << "final messages waited " << total_wait << " s for publications, of " << total_latency << " s";
   EXPECT_EQ(Metric(decode_metrics, "hybridserve_decode_publish_parent_waits_expired_total"), 0);
   EXPECT_EQ(MetricSum(decode_metrics, "hybridserve_decode_publish_failures_total"), 0);
   EXPECT_EQ(MetricSum(prefill_metrics, "hybridserve_prefill_publish_failures_total"), 0);
