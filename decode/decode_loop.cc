@@ -399,6 +399,9 @@ struct DecodeLoop::Publication {
   absl::Time retry_at = absl::InfinitePast();
   absl::Duration backoff = absl::Milliseconds(1);
   bool other_writer = false;  // a page put came back ABORTED
+  // pages holds every full page from page 0: the publisher first asks the
+  // cache which it lacks (a probe), off the loop thread.
+  bool probe_first = false;
 };
 
 void DecodeLoop::Prepare(const Request& r, Publication* p) {
@@ -419,14 +422,16 @@ void DecodeLoop::Prepare(const Request& r, Publication* p) {
   // Prefill puts the prompt's full pages (after its answer, so perhaps not
   // yet): the pages past them are ours. Putting copies of prefill's pages
   // too would race its puts of the same entries (ABORTED on both sides) and
-  // move every prompt byte twice. When prefill does not publish, from the
-  // first page the cache lacks (a probe is one small round trip).
+  // move every prompt byte twice. When prefill does not publish (it found
+  // the cache unreachable, or has none), every page is copied here and the
+  // publisher puts those the cache lacks: the loop thread never waits on the
+  // cache (a slow one would stall the whole batch), only on the copy.
   int64_t first = static_cast<int64_t>(r.req.prompt.size()) / ps;
   if (r.prefill.prefill_publishes_prompt) {
     p->parent_from_prefill = true;
   } else {
-    absl::StatusOr<cachestore::LookupResult> probe = cache_->Lookup(p->ns, fed, cachestore::LookupMode::kProbeOnly);
-    if (probe.ok()) first = std::min(first, probe->kv_match_tokens / ps);
+    first = 0;
+    p->probe_first = true;
   }
   for (int64_t i = first; i < full; ++i) {
     absl::StatusOr<std::string> page = model_.ExportPage(r.reservation.id, i);
@@ -453,6 +458,18 @@ bool DecodeLoop::Publish(Publication& p) {
     return true;
   };
   if (!p.prepared.ok()) return failed("export", p.prepared.message());
+  if (p.probe_first) {
+    // Which of the pages (all of them, from page 0) the cache lacks. A failed
+    // probe puts them all: those present answer already_present.
+    p.probe_first = false;
+    std::vector<TokenId> fed;
+    for (const auto& [put, bytes] : p.pages) fed.insert(fed.end(), put.tokens.begin(), put.tokens.end());
+    absl::StatusOr<cachestore::LookupResult> probe = cache_->Lookup(p.ns, fed, cachestore::LookupMode::kProbeOnly);
+    if (probe.ok()) {
+      p.next = std::min(p.pages.size(), static_cast<size_t>(probe->kv_match_tokens / p.ns.page_size));
+      for (size_t i = 0; i < p.next; ++i) std::string().swap(p.pages[i].second);  // present: free the copy
+    }
+  }
   const size_t total = p.pages.size() + 1;
   while (p.next < total) {
     const bool is_page = p.next < p.pages.size();

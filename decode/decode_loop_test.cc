@@ -255,6 +255,49 @@ class LatePrefillCache : public cachestore::CacheClient {
   std::vector<std::vector<TokenId>> page_puts_ ABSL_GUARDED_BY(mu_);
 };
 
+// A cache whose lookups block while held (a cachestore that stopped
+// answering), in front of the real one.
+class StalledLookupCache : public cachestore::CacheClient {
+ public:
+  explicit StalledLookupCache(cachestore::CacheClient& inner) : inner_(inner) {}
+  absl::StatusOr<cachestore::LookupResult> Lookup(const cachestore::ClientNamespace& ns,
+                                                  absl::Span<const TokenId> tokens,
+                                                  cachestore::LookupMode mode) override {
+    {
+      absl::MutexLock lock(&mu_);
+      ++blocked_;
+      mu_.Await(absl::Condition(
+          +[](bool* held) { return !*held; }, &held_));
+      --blocked_;
+    }
+    return inner_.Lookup(ns, tokens, mode);
+  }
+  absl::StatusOr<cachestore::PutResult> Put(const cachestore::ClientNamespace& ns, const cachestore::ClientPut& put,
+                                            absl::string_view bytes) override {
+    return inner_.Put(ns, put, bytes);
+  }
+  absl::Status GetInto(uint64_t lease_id, const common::Hash128& key, std::string* out) override {
+    return inner_.GetInto(lease_id, key, out);
+  }
+  absl::Status Release(uint64_t lease_id) override { return inner_.Release(lease_id); }
+  absl::StatusOr<cachestore::IndexStats> Stats() override { return inner_.Stats(); }
+
+  void Hold(bool held) {
+    absl::MutexLock lock(&mu_);
+    held_ = held;
+  }
+  int blocked() {
+    absl::MutexLock lock(&mu_);
+    return blocked_;
+  }
+
+ private:
+  cachestore::CacheClient& inner_;
+  absl::Mutex mu_;
+  bool held_ ABSL_GUARDED_BY(mu_) = false;
+  int blocked_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
 class DecodeLoopTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -715,6 +758,30 @@ TEST_F(DecodeLoopTest, APublicationThatWaitedOutItsParentSaysSo) {
   EXPECT_TRUE(c.completion().publication.attempted);
   EXPECT_EQ(c.completion().publication.failure, "failed_precondition");
   EXPECT_TRUE(c.completion().publication.parent_wait_expired);
+  ExpectEverythingFreed();
+}
+
+// When prefill does not publish the prompt, the turn end asks the cache
+// which pages it lacks, on the publisher thread: a cache that stops answering
+// delays final messages, never the batch (another request decodes all its
+// tokens meanwhile), and once it answers both turn ends are published.
+TEST_F(DecodeLoopTest, AStalledCacheNeverStallsTheBatch) {
+  StalledLookupCache stalled(*cache_);
+  stalled.Hold(true);
+  StartLoop({}, &stalled);
+  Collector first;
+  ASSERT_TRUE(loop_->Submit(Request("first", Tokens(40, vocab_, 19), 5), &first).ok());
+  for (int i = 0; i < 10000 && stalled.blocked() == 0; ++i) absl::SleepFor(absl::Milliseconds(2));
+  ASSERT_EQ(stalled.blocked(), 1) << "the turn end never asked the cache";
+  Collector second;
+  ASSERT_TRUE(loop_->Submit(Request("second", Tokens(30, vocab_, 20), 40), &second).ok());
+  for (int i = 0; i < 10000 && second.tokens().size() < 40; ++i) absl::SleepFor(absl::Milliseconds(2));
+  EXPECT_EQ(second.tokens(), Alone(Tokens(30, vocab_, 20), 40));
+  EXPECT_FALSE(first.done());
+  stalled.Hold(false);
+  ASSERT_TRUE(first.Wait() && second.Wait());
+  EXPECT_TRUE(first.completion().usage.session.published);
+  EXPECT_TRUE(second.completion().usage.session.published);
   ExpectEverythingFreed();
 }
 
