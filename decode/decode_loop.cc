@@ -59,9 +59,10 @@ absl::StatusOr<std::unique_ptr<DecodeLoop>> DecodeLoop::Create(
     engine::Model& model, const common::Hash128& model_fingerprint, PrefillClient& prefill,
     transport::StateReceiver& receiver, cachestore::CacheClient* cache, const DecodeLoopOptions& options) {
   if (options.max_batch < 1 || options.max_waiting < 0 || options.transfer_timeout <= absl::ZeroDuration() ||
-      options.publish_parent_wait < absl::ZeroDuration()) {
+      options.publish_parent_wait < absl::ZeroDuration() || options.cache_failure_backoff < absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
-        "decode loop: max_batch >= 1, max_waiting >= 0, a positive transfer_timeout and a publish_parent_wait >= 0");
+        "decode loop: max_batch >= 1, max_waiting >= 0, a positive transfer_timeout, a publish_parent_wait >= 0 and "
+        "a cache_failure_backoff >= 0");
   }
   std::unique_ptr<DecodeLoop> loop(new DecodeLoop(model, model_fingerprint, prefill, receiver, cache, options));
   loop->loop_ = std::thread([p = loop.get()] { p->Run(); });
@@ -458,6 +459,18 @@ bool DecodeLoop::Publish(Publication& p) {
     return true;
   };
   if (!p.prepared.ok()) return failed("export", p.prepared.message());
+  // The cache failed to answer lately: skip it, without a call, for a while.
+  auto skipped = [&] {
+    return absl::Now() < cache_down_until_
+               ? failed("unavailable", "the cachestore did not answer lately: publications are skipped for a moment")
+               : false;
+  };
+  auto note = [&](const absl::Status& s) {
+    if (s.code() == absl::StatusCode::kUnavailable || s.code() == absl::StatusCode::kDeadlineExceeded) {
+      cache_down_until_ = absl::Now() + options_.cache_failure_backoff;
+    }
+  };
+  if (skipped()) return true;
   if (p.probe_first) {
     // Which of the pages (all of them, from page 0) the cache lacks. A failed
     // probe puts them all: those present answer already_present.
@@ -465,6 +478,10 @@ bool DecodeLoop::Publish(Publication& p) {
     std::vector<TokenId> fed;
     for (const auto& [put, bytes] : p.pages) fed.insert(fed.end(), put.tokens.begin(), put.tokens.end());
     absl::StatusOr<cachestore::LookupResult> probe = cache_->Lookup(p.ns, fed, cachestore::LookupMode::kProbeOnly);
+    note(probe.status());
+    if (absl::Now() < cache_down_until_) {
+      return failed(common::FailureReason(probe.status()), probe.status().message());
+    }
     if (probe.ok()) {
       p.next = std::min(p.pages.size(), static_cast<size_t>(probe->kv_match_tokens / p.ns.page_size));
       for (size_t i = 0; i < p.next; ++i) std::string().swap(p.pages[i].second);  // present: free the copy
@@ -476,6 +493,7 @@ bool DecodeLoop::Publish(Publication& p) {
     const cachestore::ClientPut& what = is_page ? p.pages[p.next].first : p.state_put;
     absl::string_view bytes = is_page ? absl::string_view(p.pages[p.next].second) : absl::string_view(p.state);
     absl::StatusOr<cachestore::PutResult> r = cache_->Put(p.ns, what, bytes);
+    note(r.status());
     if (r.ok()) {
       if (!is_page) {
         outcome.published = true;

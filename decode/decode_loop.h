@@ -127,6 +127,12 @@ struct DecodeLoopOptions {
   // turn still resumes from prefill's prompt-end state). Publications wait
   // side by side: one waiting delays no other.
   absl::Duration publish_parent_wait = absl::Seconds(2);
+  // After a cache call of a publication fails with UNAVAILABLE or
+  // DEADLINE_EXCEEDED (the cachestore down, or hung until cache_timeout),
+  // the publications of the next cache_failure_backoff are skipped without a
+  // call (failure "unavailable"): a hung cache costs one timeout per backoff,
+  // not one per request, and its queue never backs up into the batch.
+  absl::Duration cache_failure_backoff = absl::Seconds(1);
 };
 
 class DecodeLoop {
@@ -251,6 +257,8 @@ class DecodeLoop {
   int64_t publishing_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_publisher_ ABSL_GUARDED_BY(mu_) = false;
   common::LogRateLimiter log_limiter_;
+  // Publisher thread only: until when publications skip the cache.
+  absl::Time cache_down_until_ = absl::InfinitePast();
 
   // Loop-thread state: the running sequences in batch order.
   std::vector<std::string> batch_;

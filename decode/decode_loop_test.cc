@@ -20,6 +20,7 @@
 #include "absl/time/clock.h"
 #include "cachestore/cache_plan.h"
 #include "cachestore/cache_store.h"
+#include "cachestore/fault_injecting_cache_client.h"
 #include "cachestore/in_process_cache_client.h"
 #include "common/clock.h"
 #include "engine/model.h"
@@ -758,6 +759,29 @@ TEST_F(DecodeLoopTest, APublicationThatWaitedOutItsParentSaysSo) {
   EXPECT_TRUE(c.completion().publication.attempted);
   EXPECT_EQ(c.completion().publication.failure, "failed_precondition");
   EXPECT_TRUE(c.completion().publication.parent_wait_expired);
+  ExpectEverythingFreed();
+}
+
+// A cache that stopped answering in time (each call ends DEADLINE_EXCEEDED):
+// the first publication finds out, the ones after it skip the cache without
+// a call, so a hung cachestore costs one timeout, not one per request.
+TEST_F(DecodeLoopTest, PublicationsSkipACacheThatJustTimedOut) {
+  cachestore::FaultInjectingCacheClient faults(*cache_);
+  faults.FailNext(cachestore::CacheClientMethod::kLookup, 1000, absl::DeadlineExceededError("cachestore hung"));
+  faults.FailNext(cachestore::CacheClientMethod::kPut, 1000, absl::DeadlineExceededError("cachestore hung"));
+  DecodeLoopOptions options;
+  options.cache_failure_backoff = absl::Hours(1);
+  StartLoop(options, &faults);
+  for (int i = 0; i < 4; ++i) {
+    Collector c;
+    ASSERT_TRUE(loop_->Submit(Request(absl::StrCat("r", i), Tokens(40, vocab_, 22 + i), 5), &c).ok());
+    ASSERT_TRUE(c.Wait());
+    EXPECT_EQ(c.completion().reason, FinishReason::kLength);
+    EXPECT_FALSE(c.completion().usage.session.published);
+    EXPECT_EQ(c.completion().publication.failure, i == 0 ? "deadline_exceeded" : "unavailable") << i;
+  }
+  EXPECT_EQ(faults.calls(cachestore::CacheClientMethod::kLookup) + faults.calls(cachestore::CacheClientMethod::kPut),
+            1);
   ExpectEverythingFreed();
 }
 

@@ -72,6 +72,8 @@ ABSL_FLAG(absl::Duration, cache_timeout, absl::Seconds(2), "per-call deadline of
 ABSL_FLAG(bool, publish, true, "publish turn-end states and generated pages to the cachestore");
 ABSL_FLAG(absl::Duration, publish_parent_wait, absl::Seconds(2),
           "how long a turn-end publication waits for prefill to have put the prompt's last page, its parent");
+ABSL_FLAG(absl::Duration, cache_failure_backoff, absl::Seconds(1),
+          "after a publication finds the cachestore down or hung, publications skip it for this long");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(10), "time in-flight requests get on SIGTERM");
 
 namespace hybridserve {
@@ -263,6 +265,7 @@ int Run() {
   lo.eos_token_ids.assign((*weights)->config().eos_token_ids.begin(), (*weights)->config().eos_token_ids.end());
   lo.publish = absl::GetFlag(FLAGS_publish);
   lo.publish_parent_wait = absl::GetFlag(FLAGS_publish_parent_wait);
+  lo.cache_failure_backoff = absl::GetFlag(FLAGS_cache_failure_backoff);
   auto loop = decode::DecodeLoop::Create(**model, (*weights)->fingerprint(), *prefill, *receiver, cache.get(), lo);
   if (!loop.ok()) {
     LOG(ERROR) << loop.status();
