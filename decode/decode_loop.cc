@@ -466,9 +466,10 @@ bool DecodeLoop::Publish(Publication& p) {
                : false;
   };
   auto note = [&](const absl::Status& s) {
-    if (s.code() == absl::StatusCode::kUnavailable || s.code() == absl::StatusCode::kDeadlineExceeded) {
+    // A dead cachestore refuses at once (UNAVAILABLE): cheap, and its return
+    // is seen at the next call. One that hangs costs a whole timeout per call.
+    if (s.code() == absl::StatusCode::kDeadlineExceeded)
       cache_down_until_ = absl::Now() + options_.cache_failure_backoff;
-    }
   };
   if (skipped()) return true;
   if (p.probe_first) {

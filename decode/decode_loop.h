@@ -127,11 +127,12 @@ struct DecodeLoopOptions {
   // turn still resumes from prefill's prompt-end state). Publications wait
   // side by side: one waiting delays no other.
   absl::Duration publish_parent_wait = absl::Seconds(2);
-  // After a cache call of a publication fails with UNAVAILABLE or
-  // DEADLINE_EXCEEDED (the cachestore down, or hung until cache_timeout),
-  // the publications of the next cache_failure_backoff are skipped without a
-  // call (failure "unavailable"): a hung cache costs one timeout per backoff,
-  // not one per request, and its queue never backs up into the batch.
+  // After a cache call of a publication fails with DEADLINE_EXCEEDED (the
+  // cachestore hung until cache_timeout), the publications of the next
+  // cache_failure_backoff are skipped without a call (failure "unavailable"):
+  // a hung cache costs one timeout per backoff, not one per request, and its
+  // queue never backs up into the batch. A cachestore that is down refuses at
+  // once (UNAVAILABLE) and is not skipped: its return is seen at once.
   absl::Duration cache_failure_backoff = absl::Seconds(1);
 };
 

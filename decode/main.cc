@@ -73,7 +73,7 @@ ABSL_FLAG(bool, publish, true, "publish turn-end states and generated pages to t
 ABSL_FLAG(absl::Duration, publish_parent_wait, absl::Seconds(2),
           "how long a turn-end publication waits for prefill to have put the prompt's last page, its parent");
 ABSL_FLAG(absl::Duration, cache_failure_backoff, absl::Seconds(1),
-          "after a publication finds the cachestore down or hung, publications skip it for this long");
+          "after a publication's cache call times out (a hung cachestore), publications skip it for this long");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(10), "time in-flight requests get on SIGTERM");
 
 namespace hybridserve {

@@ -49,6 +49,8 @@ ABSL_FLAG(absl::Duration, cache_timeout, absl::Seconds(2), "per-call deadline of
 ABSL_FLAG(int64_t, cache_fetch_parallelism, 3,
           "cachestore calls in flight while resuming a prompt: the state's Get and N-1 GetMany streams of its pages "
           "(>= 1)");
+ABSL_FLAG(absl::Duration, cache_failure_backoff, absl::Seconds(1),
+          "after a cache call times out (a hung cachestore), lookups and publications skip it for this long");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(10), "time in-flight requests get on SIGTERM");
 
 namespace hybridserve {
@@ -134,6 +136,7 @@ int Run() {
   prefill::PrefillWorkerOptions wo;
   wo.async_publication = true;  // answer decode right after the push; publish behind it
   wo.fetch_parallelism = absl::GetFlag(FLAGS_cache_fetch_parallelism);
+  wo.cache_failure_backoff = absl::GetFlag(FLAGS_cache_failure_backoff);
   prefill::PrefillWorker worker(**model, (*weights)->fingerprint(), cache.get(), sender, wo);
   auto registry = std::make_shared<prometheus::Registry>();
   prefill::PrefillMetrics metrics(*registry);

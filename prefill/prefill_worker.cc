@@ -106,6 +106,7 @@ bool PrefillWorker::RestoreFromCache(engine::SequenceId seq, const cachestore::L
   std::string state;
   std::vector<std::string> pages;
   absl::Status s = FetchResumeBytes(lookup, &state, &pages);
+  NoteCacheStatus(s);
   engine::SnapshotExpectation expect;
   expect.model_fingerprint = fingerprint_;
   expect.layout = model_.layout();
@@ -141,12 +142,17 @@ absl::StatusOr<PrefillWorker::Resumed> PrefillWorker::Resume(const PrefillReques
   const int64_t n = static_cast<int64_t>(request.prompt.size());
   // The whole prompt first; when only a state at n without logits is found,
   // the prompt less its last token, so that the last logits get computed.
+  if (CacheSkipped()) {
+    r.cache_reachable = false;  // a miss, without waiting for a cache that just failed to answer
+    return r;
+  }
   for (int64_t probe : {n, n - 1}) {
     if (probe < 1) break;
     Count(&PrefillCacheCounters::lookups);
     absl::StatusOr<cachestore::LookupResult> lookup = cache_->Lookup(
         ns, absl::MakeConstSpan(request.prompt).subspan(0, static_cast<size_t>(probe)), cachestore::LookupMode::kLease);
     if (!lookup.ok()) {
+      NoteCacheStatus(lookup.status());
       Count(&PrefillCacheCounters::errors_as_misses);
       r.cache_reachable = false;
       int64_t held_back = 0;
@@ -366,9 +372,29 @@ void PrefillWorker::CountPublishFailure(const absl::Status& status, absl::string
   }
 }
 
+bool PrefillWorker::CacheSkipped() const {
+  absl::MutexLock lock(&counters_mu_);
+  return absl::Now() < cache_down_until_;
+}
+
+void PrefillWorker::NoteCacheStatus(const absl::Status& status) {
+  // A dead cachestore refuses at once (UNAVAILABLE): cheap, and its return is
+  // seen at the next call. One that hangs costs a whole timeout per call.
+  if (status.code() != absl::StatusCode::kDeadlineExceeded) return;
+  absl::MutexLock lock(&counters_mu_);
+  cache_down_until_ = absl::Now() + options_.cache_failure_backoff;
+}
+
 void PrefillWorker::Put(const Publication& p) {
+  const absl::Status skipped =
+      absl::UnavailableError("the cachestore did not answer lately: publications are skipped for a moment");
+  if (CacheSkipped()) {
+    CountPublishFailure(skipped, "a prompt's pages and states");
+    return;
+  }
   for (size_t i = 0; i < p.pages.size(); ++i) {
     absl::StatusOr<cachestore::PutResult> r = cache_->Put(p.ns, p.pages[i].first, p.pages[i].second);
+    NoteCacheStatus(r.status());
     if (r.ok()) {
       if (!r->already_present) Count(&PrefillCacheCounters::pages_published);
       continue;
@@ -381,7 +407,12 @@ void PrefillWorker::Put(const Publication& p) {
     break;
   }
   for (const auto& [what, bytes] : p.states) {
+    if (CacheSkipped()) {
+      CountPublishFailure(skipped, absl::StrCat("the state at ", what.position));
+      continue;
+    }
     absl::StatusOr<cachestore::PutResult> r = cache_->Put(p.ns, what, bytes);
+    NoteCacheStatus(r.status());
     if (!r.ok()) {
       CountPublishFailure(r.status(), absl::StrCat("the state at ", what.position));
     } else if (!r->already_present) {

@@ -126,6 +126,13 @@ struct PrefillWorkerOptions {
   // pages split into fetch_parallelism - 1 GetMany streams (at least one).
   // One Get per page, one after another, took ~60% of a 16K-token warm TTFT.
   int64_t fetch_parallelism = 3;
+  // After a cache call fails with DEADLINE_EXCEEDED (the cachestore hung
+  // until the call's timeout), lookups and publications skip the cache for
+  // this long (misses; publications counted failed, "unavailable"): a hung
+  // cache costs one timeout per backoff, not one per request. A cachestore
+  // that is down refuses at once (UNAVAILABLE) and is not skipped: its
+  // return is seen at the next call. Zero: never skip.
+  absl::Duration cache_failure_backoff = absl::Seconds(1);
 };
 
 class PrefillWorker {
@@ -181,6 +188,10 @@ class PrefillWorker {
                       const std::vector<engine::SequenceState>& checkpoints);
   void Put(const Publication& p);
   void CountPublishFailure(const absl::Status& status, absl::string_view what) ABSL_LOCKS_EXCLUDED(counters_mu_);
+  // The cache failed to answer lately (cache_failure_backoff).
+  bool CacheSkipped() const ABSL_LOCKS_EXCLUDED(counters_mu_);
+  // Notes a cache call's status: DEADLINE_EXCEEDED starts a backoff.
+  void NoteCacheStatus(const absl::Status& status) ABSL_LOCKS_EXCLUDED(counters_mu_);
   void PublishLoop() ABSL_LOCKS_EXCLUDED(mu_);
   void Count(int64_t PrefillCacheCounters::*field, int64_t n = 1) ABSL_LOCKS_EXCLUDED(counters_mu_);
 
@@ -192,6 +203,7 @@ class PrefillWorker {
   const PrefillWorkerOptions options_;
   mutable absl::Mutex counters_mu_;
   PrefillCacheCounters counters_ ABSL_GUARDED_BY(counters_mu_);
+  absl::Time cache_down_until_ ABSL_GUARDED_BY(counters_mu_) = absl::InfinitePast();
   common::LogRateLimiter log_limiter_;
   absl::Mutex mu_;
   std::deque<std::unique_ptr<Publication>> queue_ ABSL_GUARDED_BY(mu_);

@@ -70,7 +70,11 @@ class PrefillWorkerTest : public ::testing::Test {
     store_ = *std::move(store);
     cache_ = std::make_unique<cachestore::InProcessCacheClient>(*store_);
     faults_ = std::make_unique<cachestore::FaultInjectingCacheClient>(*cache_);
-    worker_ = std::make_unique<PrefillWorker>(*prefill_model_, weights_->fingerprint(), faults_.get(), transport_);
+    // Faults strike exact calls here: no backoff after a failed one (its own
+    // test below).
+    PrefillWorkerOptions o;
+    o.cache_failure_backoff = absl::ZeroDuration();
+    worker_ = std::make_unique<PrefillWorker>(*prefill_model_, weights_->fingerprint(), faults_.get(), transport_, o);
   }
 
   std::unique_ptr<engine::Model> NewModel() {
@@ -325,6 +329,26 @@ TEST_F(PrefillWorkerTest, APageAnotherWriterIsPuttingDoesNotStopThePublication) 
   EXPECT_EQ(worker_->counters().pages_published, 8);  // all 9 but the one in flight
   EXPECT_EQ(worker_->counters().states_published, 3);
   EXPECT_EQ(worker_->counters().publish_failures, 0);
+}
+
+// A cachestore that stopped answering in time: the first call that times
+// out starts the backoff, and the requests after it neither look up nor
+// publish (one timeout, not one per request); each is still served, cold.
+TEST_F(PrefillWorkerTest, ACacheThatJustTimedOutIsSkippedForTheBackoff) {
+  PrefillWorkerOptions o;
+  o.cache_failure_backoff = absl::Hours(1);
+  worker_ = std::make_unique<PrefillWorker>(*prefill_model_, weights_->fingerprint(), faults_.get(), transport_, o);
+  faults_->FailNext(cachestore::CacheClientMethod::kLookup, 1000, absl::DeadlineExceededError("cachestore hung"));
+  faults_->FailNext(cachestore::CacheClientMethod::kPut, 1000, absl::DeadlineExceededError("cachestore hung"));
+  for (int i = 0; i < 3; ++i) {
+    Turn t = Run(Tokens(40, vocab_, 30 + i));
+    ASSERT_TRUE(t.outcome.ok()) << t.outcome.status();
+    EXPECT_EQ(t.outcome->usage.resume_kind, ResumeKind::kCold);
+    EXPECT_FALSE(t.outcome->publishes_prompt);
+    ASSERT_TRUE(decode_model_->ReleaseSequence(t.decode_seq).ok());
+  }
+  EXPECT_EQ(faults_->calls(cachestore::CacheClientMethod::kLookup), 1);
+  EXPECT_EQ(faults_->calls(cachestore::CacheClientMethod::kPut), 0);
 }
 
 // A caller that cancels mid-prefill: the worker stops at the next segment
