@@ -2,6 +2,11 @@
 // exactly once (tokens, or a clear status), nothing left running on decode
 // or queued on prefill, and the stack serving again.
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <iostream>
@@ -302,6 +307,44 @@ TEST(FaultsTest, CancelledRequestsCancelTheirPrefillCallsAndNeverFailOthers) {
   EXPECT_EQ(MetricSum(decode_metrics, "hybridserve_request_errors_total"), 0);
   EXPECT_EQ(AwaitMetric(prefill_metrics, "hybridserve_prefill_queue_depth", 0), 0);
   EXPECT_EQ(AwaitMetric(decode_metrics, "hybridserve_decode_orphaned_prefill_calls", 0), 0);
+}
+
+// A cachestore that hangs: its port accepts connections (the kernel's
+// backlog) and never says a word, so every cache call waits out its
+// --cache_timeout. Both workers notice the first timeout and skip the cache
+// for --cache_failure_backoff (an hour here): six requests all succeed,
+// cold, and cost prefill one lookup timeout and decode one publication
+// timeout, not one each per request.
+TEST(FaultsTest, AHungCachestoreCostsOneTimeoutNotOnePerRequest) {
+  const int hung = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(hung, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(hung, 64), 0);
+  socklen_t len = sizeof(addr);
+  getsockname(hung, reinterpret_cast<sockaddr*>(&addr), &len);
+  const std::string cache = absl::StrCat("--cachestore=127.0.0.1:", ntohs(addr.sin_port));
+  StackOptions options;
+  options.cachestore = false;
+  options.prefill_args = {cache, "--cache_timeout=300ms", "--cache_failure_backoff=1h"};
+  options.decode_args = {cache, "--cache_timeout=300ms", "--cache_failure_backoff=1h"};
+  auto s = Stack::Start(options);
+  ASSERT_TRUE(s.ok()) << s.status();
+  Stack& stack = **s;
+  for (int i = 0; i < 6; ++i) {
+    Generation g = Generate(stack.decode_target(), Request(absl::StrCat("hung-", i), TextPrompt(60, i), 8));
+    ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+    EXPECT_EQ(g.complete.finish_reason(), v1::FINISH_REASON_LENGTH) << i;
+    EXPECT_EQ(g.complete.usage().resume_kind(), v1::RESUME_KIND_COLD) << i;
+    EXPECT_FALSE(g.complete.usage().session().published()) << i;
+  }
+  const int prefill_metrics = MetricsPort(stack.prefill());
+  const int decode_metrics = MetricsPort(stack.decode());
+  EXPECT_EQ(Metric(prefill_metrics, "hybridserve_prefill_cache_lookups_total"), 1);
+  EXPECT_EQ(Metric(decode_metrics, "hybridserve_decode_publish_failures_total{reason=\"deadline_exceeded\"}"), 1);
+  EXPECT_EQ(Metric(decode_metrics, "hybridserve_decode_publish_failures_total{reason=\"unavailable\"}"), 5);
+  close(hung);
 }
 
 // A prefill worker that accepts every call and never answers.
