@@ -2,11 +2,6 @@
 // exactly once (tokens, or a clear status), nothing left running on decode
 // or queued on prefill, and the stack serving again.
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
 #include <iostream>
@@ -20,6 +15,7 @@
 #include "absl/time/clock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "proto/cachestore.grpc.pb.h"
 #include "proto/prefill.grpc.pb.h"
 #include "tests/e2e/stack.h"
 
@@ -309,22 +305,48 @@ TEST(FaultsTest, CancelledRequestsCancelTheirPrefillCallsAndNeverFailOthers) {
   EXPECT_EQ(AwaitMetric(decode_metrics, "hybridserve_decode_orphaned_prefill_calls", 0), 0);
 }
 
-// A cachestore that hangs: its port accepts connections (the kernel's
-// backlog) and never says a word, so every cache call waits out its
-// --cache_timeout. Both workers notice the first timeout and skip the cache
-// for --cache_failure_backoff (an hour here): six requests all succeed,
-// cold, and cost prefill one lookup timeout and decode one publication
-// timeout, not one each per request.
+// A cachestore that hangs: it accepts every call and answers none until the
+// caller gives up (its --cache_timeout).
+class HungCachestore final : public v1::CacheStore::Service {
+ public:
+  grpc::Status Lookup(grpc::ServerContext* c, const v1::LookupRequest*, v1::LookupResponse*) override {
+    return Hang(c);
+  }
+  grpc::Status Put(grpc::ServerContext* c, grpc::ServerReader<v1::PutRequest>*, v1::PutResponse*) override {
+    return Hang(c);
+  }
+  grpc::Status Get(grpc::ServerContext* c, const v1::GetRequest*, grpc::ServerWriter<v1::GetResponse>*) override {
+    return Hang(c);
+  }
+  grpc::Status GetMany(grpc::ServerContext* c, const v1::GetManyRequest*,
+                       grpc::ServerWriter<v1::GetManyResponse>*) override {
+    return Hang(c);
+  }
+  grpc::Status Stats(grpc::ServerContext* c, const v1::StatsRequest*, v1::StatsResponse*) override { return Hang(c); }
+  std::atomic<int> calls_{0};
+
+ private:
+  grpc::Status Hang(grpc::ServerContext* c) {
+    calls_.fetch_add(1);
+    while (!c->IsCancelled()) absl::SleepFor(absl::Milliseconds(5));
+    return grpc::Status(grpc::StatusCode::CANCELLED, "gone");
+  }
+};
+
+// Both workers notice the first timeout of a hung cachestore and skip the
+// cache for --cache_failure_backoff (an hour here): six requests all
+// succeed, cold, and cost prefill one lookup timeout and decode one
+// publication timeout, not one each per request (the hung server sees the
+// startup Stats calls and those two).
 TEST(FaultsTest, AHungCachestoreCostsOneTimeoutNotOnePerRequest) {
-  const int hung = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(bind(hung, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(listen(hung, 64), 0);
-  socklen_t len = sizeof(addr);
-  getsockname(hung, reinterpret_cast<sockaddr*>(&addr), &len);
-  const std::string cache = absl::StrCat("--cachestore=127.0.0.1:", ntohs(addr.sin_port));
+  HungCachestore hung;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&hung);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(port, 0);
+  const std::string cache = absl::StrCat("--cachestore=127.0.0.1:", port);
   StackOptions options;
   options.cachestore = false;
   options.prefill_args = {cache, "--cache_timeout=300ms", "--cache_failure_backoff=1h"};
@@ -332,6 +354,7 @@ TEST(FaultsTest, AHungCachestoreCostsOneTimeoutNotOnePerRequest) {
   auto s = Stack::Start(options);
   ASSERT_TRUE(s.ok()) << s.status();
   Stack& stack = **s;
+  const int startup_calls = hung.calls_.load();
   for (int i = 0; i < 6; ++i) {
     Generation g = Generate(stack.decode_target(), Request(absl::StrCat("hung-", i), TextPrompt(60, i), 8));
     ASSERT_TRUE(g.status.ok()) << g.status.error_message();
@@ -344,7 +367,8 @@ TEST(FaultsTest, AHungCachestoreCostsOneTimeoutNotOnePerRequest) {
   EXPECT_EQ(Metric(prefill_metrics, "hybridserve_prefill_cache_lookups_total"), 1);
   EXPECT_EQ(Metric(decode_metrics, "hybridserve_decode_publish_failures_total{reason=\"deadline_exceeded\"}"), 1);
   EXPECT_EQ(Metric(decode_metrics, "hybridserve_decode_publish_failures_total{reason=\"unavailable\"}"), 5);
-  close(hung);
+  EXPECT_EQ(hung.calls_.load() - startup_calls, 2);
+  server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
 }
 
 // A prefill worker that accepts every call and never answers.
