@@ -297,6 +297,14 @@ void DecodeLoop::Import(Prefilled prefilled) {
     r = it->second.get();
   }
   if (!prefilled.reply.ok()) {
+    // The call's deadline was the request's own (not the transfer timeout):
+    // the request ran out of time, as if the loop had seen it expire first.
+    if (prefilled.reply.status().code() == absl::StatusCode::kDeadlineExceeded &&
+        r->req.deadline <= r->ticket.deadline) {
+      Finish(r->req.request_id, FinishReason::kAborted,
+             absl::DeadlineExceededError("the request's deadline passed while it was prefilled"));
+      return;
+    }
     Finish(r->req.request_id, FinishReason::kError, prefilled.reply.status());
     return;
   }
