@@ -66,8 +66,9 @@ absl::StatusOr<std::unique_ptr<GrpcPrefillClient>> GrpcPrefillClient::Create(con
     if (!split.ok()) return absl::InvalidArgumentError(absl::StrCat("prefill target \"", t, "\": ", split.message()));
   }
   if (options.resolve_interval <= absl::ZeroDuration() || options.failure_backoff < absl::ZeroDuration() ||
-      options.max_attempts < 1) {
-    return absl::InvalidArgumentError("prefill pool: resolve_interval > 0, failure_backoff >= 0, max_attempts >= 1");
+      options.max_attempts < 1 || options.unavailable_wait < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "prefill pool: resolve_interval > 0, failure_backoff >= 0, max_attempts >= 1, unavailable_wait >= 0");
   }
   std::unique_ptr<GrpcPrefillClient> client(new GrpcPrefillClient(options));
   client->Resolve();
@@ -189,6 +190,7 @@ absl::StatusOr<PrefillReply> GrpcPrefillClient::Prefill(const PrefillCall& call)
   std::vector<std::shared_ptr<Worker>> tried;
   absl::Status last = absl::UnavailableError("no prefill worker is known (none of the targets resolved)");
   absl::Duration busy_backoff = absl::Milliseconds(5);
+  absl::Time unavailable_since = absl::InfiniteFuture();
   int attempt = 0;
   while (absl::Now() < deadline) {
     if (cancelled()) return kCancelled;
@@ -196,7 +198,14 @@ absl::StatusOr<PrefillReply> GrpcPrefillClient::Prefill(const PrefillCall& call)
       // Every worker tried so far answered. RESOURCE_EXHAUSTED: they are busy,
       // which is no fault of this admitted request; it waits for room (its
       // deadline, or its cancellation, ends the wait) and tries again.
-      if (last.code() != absl::StatusCode::kResourceExhausted) break;
+      // UNAVAILABLE: unreachable, perhaps restarting; the same, for at most
+      // unavailable_wait.
+      if (last.code() == absl::StatusCode::kUnavailable) {
+        if (unavailable_since == absl::InfiniteFuture()) unavailable_since = absl::Now();
+        if (absl::Now() - unavailable_since >= options_.unavailable_wait) break;
+      } else if (last.code() != absl::StatusCode::kResourceExhausted) {
+        break;
+      }
       const absl::Duration pause = std::min(busy_backoff, deadline - absl::Now());
       if (cancellation != nullptr ? cancellation->WaitFor(pause) : (absl::SleepFor(pause), false)) return kCancelled;
       busy_backoff = std::min(2 * busy_backoff, absl::Milliseconds(100));

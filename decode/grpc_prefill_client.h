@@ -18,7 +18,8 @@
 // a retry never lands two states. When every worker tried was full
 // (RESOURCE_EXHAUSTED), the call waits (5 ms, doubling to 100 ms) and tries
 // again, until its deadline or its cancellation: an admitted request never
-// fails because prefill is busy. Its cancellation cancels the gRPC call in
+// fails because prefill is busy. When every worker tried is unreachable
+// (UNAVAILABLE), it does the same for at most `unavailable_wait`. Its cancellation cancels the gRPC call in
 // flight (the prefill worker sees it within a segment).
 //
 // Thread-safe.
@@ -44,6 +45,11 @@ struct PrefillPoolOptions {
   absl::Duration resolve_interval = absl::Seconds(10);
   absl::Duration failure_backoff = absl::Seconds(5);
   int max_attempts = 3;
+  // When every worker tried is unreachable (UNAVAILABLE: restarting, its
+  // channel reconnecting), the call keeps trying for this long before it
+  // fails: a prefill worker that restarts costs its callers a wait, not an
+  // error. The channels' reconnect backoff is capped at 2 s.
+  absl::Duration unavailable_wait = absl::Seconds(2);
 };
 
 class GrpcPrefillClient final : public PrefillClient {

@@ -21,9 +21,9 @@ namespace {
 
 class FakePrefill final : public v1::Prefill::Service {
  public:
-  explicit FakePrefill(int32_t first_token) : first_token_(first_token) {
+  explicit FakePrefill(int32_t first_token, int port = 0) : first_token_(first_token) {
     grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    builder.AddListeningPort(absl::StrCat("127.0.0.1:", port), grpc::InsecureServerCredentials(), &port_);
     builder.RegisterService(this);
     server_ = builder.BuildAndStart();
   }
@@ -59,6 +59,10 @@ class FakePrefill final : public v1::Prefill::Service {
   }
 
   std::string target() const { return absl::StrCat("127.0.0.1:", port_); }
+  void Shutdown() {
+    if (!release_.HasBeenNotified()) release_.Notify();
+    server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+  }
   std::atomic<int> calls_{0};
   std::atomic<bool> refuse_{false};
   std::atomic<bool> block_{false};
@@ -214,6 +218,41 @@ TEST(GrpcPrefillClientTest, CancellationReachesTheWorkerAndEndsTheCall) {
   waiting.cancellation->Cancel();
   w.join();
   EXPECT_EQ(r.status().code(), absl::StatusCode::kCancelled) << r.status();
+}
+
+// A worker that is down when the call starts and back within
+// unavailable_wait (a restart): the call waits for it instead of failing.
+// One that stays down fails the call with UNAVAILABLE once the wait is over.
+TEST(GrpcPrefillClientTest, AWorkerBackWithinTheUnavailableWaitServesTheCall) {
+  int port = 0;
+  {
+    FakePrefill gone(1);
+    port = std::stoi(gone.target().substr(gone.target().rfind(':') + 1));
+  }
+  auto client =
+      GrpcPrefillClient::Create({.targets = {absl::StrCat("127.0.0.1:", port)}, .unavailable_wait = absl::Seconds(30)});
+  ASSERT_TRUE(client.ok());
+  absl::StatusOr<PrefillReply> r;
+  std::thread call([&] { r = (*client)->Prefill(Call("restart")); });
+  // The first attempt is refused before the worker is back.
+  const absl::Time end = absl::Now() + absl::Seconds(10);
+  while ((*client)->workers().empty() || !(*client)->workers()[0].skipped) {
+    ASSERT_LT(absl::Now(), end) << "the call never found the worker down";
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  FakePrefill back(7, port);
+  call.join();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->first.token, 7);
+  EXPECT_EQ(back.calls_.load(), 1);
+
+  FakePrefill stays(1);
+  const std::string target = stays.target();
+  auto gone_for_good = GrpcPrefillClient::Create({.targets = {target}, .unavailable_wait = absl::Milliseconds(200)});
+  ASSERT_TRUE(gone_for_good.ok());
+  stays.Shutdown();
+  absl::StatusOr<PrefillReply> failed = (*gone_for_good)->Prefill(Call("gone"));
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kUnavailable) << failed.status();
 }
 
 TEST(PrefillCancellationTest, RunsItsCallbackOnceAndWakesWaiters) {

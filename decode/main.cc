@@ -68,6 +68,8 @@ ABSL_FLAG(int64_t, max_waiting, 32, "requests waiting for room; beyond: RESOURCE
 ABSL_FLAG(absl::Duration, transfer_timeout, absl::Seconds(60), "longest prefill call + state transfer");
 ABSL_FLAG(absl::Duration, prefill_resolve_interval, absl::Seconds(10), "how often prefill names are re-resolved");
 ABSL_FLAG(absl::Duration, prefill_failure_backoff, absl::Seconds(5), "how long a failed prefill worker is skipped");
+ABSL_FLAG(absl::Duration, prefill_unavailable_wait, absl::Seconds(2),
+          "how long a prefill call keeps trying while every prefill worker is unreachable (a restart)");
 ABSL_FLAG(absl::Duration, cache_timeout, absl::Seconds(2), "per-call deadline of cachestore calls");
 ABSL_FLAG(bool, publish, true, "publish turn-end states and generated pages to the cachestore");
 ABSL_FLAG(absl::Duration, publish_parent_wait, absl::Seconds(2),
@@ -218,6 +220,7 @@ int Run() {
     po.targets = targets;
     po.resolve_interval = absl::GetFlag(FLAGS_prefill_resolve_interval);
     po.failure_backoff = absl::GetFlag(FLAGS_prefill_failure_backoff);
+    po.unavailable_wait = absl::GetFlag(FLAGS_prefill_unavailable_wait);
     auto p = decode::GrpcPrefillClient::Create(po);
     if (!p.ok()) {
       LOG(ERROR) << "--prefill: " << p.status();
@@ -249,6 +252,7 @@ int Run() {
     po.targets = absl::StrSplit(prefill_flag, ',', absl::SkipWhitespace());
     po.resolve_interval = absl::GetFlag(FLAGS_prefill_resolve_interval);
     po.failure_backoff = absl::GetFlag(FLAGS_prefill_failure_backoff);
+    po.unavailable_wait = absl::GetFlag(FLAGS_prefill_unavailable_wait);
     auto p = decode::GrpcPrefillClient::Create(po);
     if (!p.ok()) {
       LOG(ERROR) << "--prefill: " << p.status();
