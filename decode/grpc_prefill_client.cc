@@ -123,7 +123,8 @@ void GrpcPrefillClient::Resolve() {
     grpc::ChannelArguments args;
     args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
     args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
-    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     auto w = std::make_shared<Worker>();
     w->address = a;
     w->stub = v1::Prefill::NewStub(grpc::CreateCustomChannel(a, grpc::InsecureChannelCredentials(), args));

@@ -48,8 +48,9 @@ struct PrefillPoolOptions {
   // When every worker tried is unreachable (UNAVAILABLE: restarting, its
   // channel reconnecting), the call keeps trying for this long before it
   // fails: a prefill worker that restarts costs its callers a wait, not an
-  // error. The channels' reconnect backoff is capped at 2 s.
-  absl::Duration unavailable_wait = absl::Seconds(2);
+  // error. The channels' reconnect backoff is capped at 1 s (100 ms at
+  // first), so a worker back within the wait is reached within it.
+  absl::Duration unavailable_wait = absl::Seconds(3);
 };
 
 class GrpcPrefillClient final : public PrefillClient {

@@ -68,7 +68,7 @@ ABSL_FLAG(int64_t, max_waiting, 32, "requests waiting for room; beyond: RESOURCE
 ABSL_FLAG(absl::Duration, transfer_timeout, absl::Seconds(60), "longest prefill call + state transfer");
 ABSL_FLAG(absl::Duration, prefill_resolve_interval, absl::Seconds(10), "how often prefill names are re-resolved");
 ABSL_FLAG(absl::Duration, prefill_failure_backoff, absl::Seconds(5), "how long a failed prefill worker is skipped");
-ABSL_FLAG(absl::Duration, prefill_unavailable_wait, absl::Seconds(2),
+ABSL_FLAG(absl::Duration, prefill_unavailable_wait, absl::Seconds(3),
           "how long a prefill call keeps trying while every prefill worker is unreachable (a restart)");
 ABSL_FLAG(absl::Duration, cache_timeout, absl::Seconds(2), "per-call deadline of cachestore calls");
 ABSL_FLAG(bool, publish, true, "publish turn-end states and generated pages to the cachestore");
