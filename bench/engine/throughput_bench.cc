@@ -55,6 +55,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "common/proc_status.h"
 #include "engine/model.h"
 #include "engine/model_weights.h"
 #include "kernels/matmul_params.h"
@@ -135,22 +136,25 @@ double ProcessCpuSeconds() {
   return static_cast<double>(utime + stime) / sysconf(_SC_CLK_TCK);
 }
 
-// A /proc/self/status field in kB ("VmHWM", "VmRSS").
-double StatusKb(const char* key) {
-  std::ifstream f("/proc/self/status");
-  std::string line;
-  const size_t n = std::strlen(key);
-  while (std::getline(f, line)) {
-    if (line.compare(0, n, key) == 0 && line[n] == ':') return std::atof(line.c_str() + n + 1);
+// This process's peak resident memory in MiB (VmHWM, common/proc_status),
+// or -1 with a message when /proc cannot say: a figure that is not there is
+// never printed as a small one.
+double PeakRssMib() {
+  absl::StatusOr<int64_t> peak = common::PeakResidentBytes(getpid());
+  if (!peak.ok()) {
+    std::fprintf(stderr, "peak RSS unreadable: %s\n", std::string(peak.status().message()).c_str());
+    return -1;
   }
-  return 0;
+  return static_cast<double>(*peak) / (1 << 20);
 }
 
-// Resets VmHWM to the current RSS (Linux >= 4.0), so a later reading is the
-// peak since now.
+// Starts a new peak (VmHWM reset to the current RSS), so a later reading is
+// the peak since now.
 void ResetPeakRss() {
-  std::ofstream f("/proc/self/clear_refs");
-  f << "5";
+  if (absl::Status s = common::ResetPeakResident(getpid()); !s.ok()) {
+    std::fprintf(stderr, "peak RSS not reset (the reading counts from the start): %s\n",
+                 std::string(s.message()).c_str());
+  }
 }
 
 std::string CpuModel() {
@@ -391,7 +395,7 @@ Figure PrefillFigure(Model& model, const std::vector<TokenId>& prompt, int64_t n
     Check(model.ReleaseSequence(*id));
     return r;
   });
-  *peak_rss_mib = StatusKb("VmHWM") / 1024.0;
+  *peak_rss_mib = PeakRssMib();
   return f;
 }
 
@@ -515,7 +519,7 @@ int Main(int argc, char** argv) {
            {"contended", json::array()}};
 
   double bandwidth = 0;
-  double peak_rss = StatusKb("VmHWM") / 1024.0;
+  double peak_rss = PeakRssMib();
   if (absl::GetFlag(FLAGS_bandwidth) && options.device == Device::kCuda) {
     bandwidth = DeviceCopyBandwidth((*model)->backend(), int64_t{1} << 30);
     std::printf("device copy bandwidth (read + write) over 1 GiB: %.1f GB/s\n", bandwidth / 1e9);
@@ -567,7 +571,7 @@ int Main(int argc, char** argv) {
     out["decode"][key] = j;
     if (!f.clean) out["contended"].push_back("decode_" + key);
   }
-  out["peak_rss_mib"] = std::max(peak_rss, StatusKb("VmHWM") / 1024.0);
+  out["peak_rss_mib"] = std::max(peak_rss, PeakRssMib());
   std::printf("JSON %s\n", out.dump().c_str());
   return 0;
 }
