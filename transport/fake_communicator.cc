@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace hybridserve::transport {
 namespace {
@@ -152,17 +153,17 @@ absl::StatusOr<std::string> FakeCommunicatorFactory::NewUniqueId() {
   return last_;
 }
 
-absl::StatusOr<std::unique_ptr<Communicator>> FakeCommunicatorFactory::Join(absl::string_view unique_id, int rank) {
+absl::StatusOr<std::shared_ptr<FakeCommunicatorFactory::Link>> FakeCommunicatorFactory::FindLink(
+    absl::string_view unique_id, int rank) const {
   if (rank != 0 && rank != 1) return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " of a two-rank channel"));
-  std::shared_ptr<Link> link;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = links_.find(unique_id);
-    if (it == links_.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("no fake channel named \"", unique_id, "\""));
-    }
-    link = it->second;
-  }
+  absl::MutexLock lock(&mu_);
+  auto it = links_.find(unique_id);
+  if (it == links_.end()) return absl::InvalidArgumentError(absl::StrCat("no fake channel named \"", unique_id, "\""));
+  return it->second;
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> FakeCommunicatorFactory::Join(absl::string_view unique_id, int rank) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Link> link, FindLink(unique_id, rank));
   if (absl::Status s = link->JoinRank(rank); !s.ok()) return s;
   return std::unique_ptr<Communicator>(new FakeCommunicator(std::move(link), rank));
 }
@@ -182,29 +183,13 @@ std::string FakeCommunicatorFactory::last_unique_id() const {
 
 absl::Status FakeCommunicatorFactory::AwaitReceiving(absl::string_view unique_id, int rank, int64_t messages,
                                                      absl::Duration timeout) {
-  if (rank != 0 && rank != 1) return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " of a two-rank channel"));
-  std::shared_ptr<Link> link;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = links_.find(unique_id);
-    if (it == links_.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("no fake channel named \"", unique_id, "\""));
-    }
-    link = it->second;
-  }
+  ASSIGN_OR_RETURN(std::shared_ptr<Link> link, FindLink(unique_id, rank));
   return link->AwaitReceiving(rank, messages, timeout);
 }
 
 bool FakeCommunicatorFactory::Receiving(absl::string_view unique_id, int rank) const {
-  if (rank != 0 && rank != 1) return false;
-  std::shared_ptr<Link> link;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = links_.find(unique_id);
-    if (it == links_.end()) return false;
-    link = it->second;
-  }
-  return link->Receiving(rank);
+  absl::StatusOr<std::shared_ptr<Link>> link = FindLink(unique_id, rank);
+  return link.ok() && (*link)->Receiving(rank);
 }
 
 int64_t FakeCommunicatorFactory::links() const {

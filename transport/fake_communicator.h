@@ -78,6 +78,10 @@ class FakeCommunicatorFactory final : public CommunicatorFactory {
   class Link;
 
  private:
+  // The link `unique_id` names, for rank `rank` (0 or 1); INVALID_ARGUMENT
+  // naming what is wrong.
+  absl::StatusOr<std::shared_ptr<Link>> FindLink(absl::string_view unique_id, int rank) const ABSL_LOCKS_EXCLUDED(mu_);
+
   const int queue_capacity_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Link>> links_ ABSL_GUARDED_BY(mu_);

@@ -317,6 +317,14 @@ TEST_P(ShapeFaultsTest, CancelledRequestsCancelTheirPrefillCallsAndNeverFailOthe
   EXPECT_EQ(AwaitMetric(decode_metrics, "hybridserve_decode_orphaned_prefill_calls", 0), 0);
 }
 
+// `service` on a free loopback port (`*port`; 0 when it could not start).
+std::unique_ptr<grpc::Server> ServeOnLoopback(grpc::Service* service, int* port) {
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), port);
+  builder.RegisterService(service);
+  return builder.BuildAndStart();
+}
+
 // A cachestore that hangs: it accepts every call and answers none until the
 // caller gives up (its --cache_timeout).
 class HungCachestore final : public v1::CacheStore::Service {
@@ -352,11 +360,8 @@ class HungCachestore final : public v1::CacheStore::Service {
 // startup Stats calls and those two).
 TEST(FaultsTest, AHungCachestoreCostsOneTimeoutNotOnePerRequest) {
   HungCachestore hung;
-  grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&hung);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  std::unique_ptr<grpc::Server> server = ServeOnLoopback(&hung, &port);
   ASSERT_NE(port, 0);
   const std::string cache = absl::StrCat("--cachestore=127.0.0.1:", port);
   StackOptions options;
@@ -396,11 +401,8 @@ class SilentPrefill final : public v1::Prefill::Service {
 
 TEST(FaultsTest, PrefillThatNeverAnswersFailsTheRequestWithinTheTransferTimeout) {
   SilentPrefill silent;
-  grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&silent);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  std::unique_ptr<grpc::Server> server = ServeOnLoopback(&silent, &port);
   ASSERT_NE(port, 0);
   auto d = Process::Start(
       "decode-silent", "decode/decode",
