@@ -13,6 +13,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -113,6 +114,15 @@ void WarnAboutUnreachablePeers(cachestore::CacheStoreClient* cache, const std::s
 }
 
 int Run() {
+  for (const auto& [name, value] :
+       {std::pair<const char*, absl::Duration>{"cache_failure_backoff", absl::GetFlag(FLAGS_cache_failure_backoff)},
+        {"prefill_unavailable_wait", absl::GetFlag(FLAGS_prefill_unavailable_wait)},
+        {"publish_parent_wait", absl::GetFlag(FLAGS_publish_parent_wait)}}) {
+    if (value < absl::ZeroDuration()) {
+      LOG(ERROR) << "--" << name << " must be >= 0, got " << value;
+      return 1;
+    }
+  }
   const std::string model_dir = absl::GetFlag(FLAGS_model_dir);
   auto weights = engine::ModelWeights::LoadDirectory(model_dir);
   if (!weights.ok()) {

@@ -61,6 +61,10 @@ int Run() {
     LOG(ERROR) << "--cache_fetch_parallelism must be at least 1, got " << absl::GetFlag(FLAGS_cache_fetch_parallelism);
     return 1;
   }
+  if (absl::GetFlag(FLAGS_cache_failure_backoff) < absl::ZeroDuration()) {
+    LOG(ERROR) << "--cache_failure_backoff must be >= 0, got " << absl::GetFlag(FLAGS_cache_failure_backoff);
+    return 1;
+  }
   auto weights = engine::ModelWeights::LoadDirectory(absl::GetFlag(FLAGS_model_dir));
   if (!weights.ok()) {
     LOG(ERROR) << "cannot load the model from " << absl::GetFlag(FLAGS_model_dir) << ": " << weights.status();

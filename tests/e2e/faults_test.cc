@@ -7,6 +7,7 @@
 #include <iostream>
 #include <memory>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -315,6 +316,24 @@ TEST_P(ShapeFaultsTest, CancelledRequestsCancelTheirPrefillCallsAndNeverFailOthe
   EXPECT_EQ(MetricSum(decode_metrics, "hybridserve_request_errors_total"), 0);
   EXPECT_EQ(AwaitMetric(prefill_metrics, "hybridserve_prefill_queue_depth", 0), 0);
   EXPECT_EQ(AwaitMetric(decode_metrics, "hybridserve_decode_orphaned_prefill_calls", 0), 0);
+}
+
+// The workers refuse a bad duration flag at start, naming it.
+TEST(FaultsTest, NegativeWaitsAreRefusedAtStartNamingTheFlag) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"decode/decode", "--cache_failure_backoff=-1s"},
+      {"decode/decode", "--prefill_unavailable_wait=-1s"},
+      {"decode/decode", "--publish_parent_wait=-5ms"},
+      {"prefill/prefill", "--cache_failure_backoff=-1s"},
+  };
+  for (const auto& [binary, flag] : cases) {
+    std::vector<std::string> args = {"--model_dir=" + Runfile("models/default"), "--address=127.0.0.1:0", flag};
+    if (binary == "decode/decode") args.push_back("--prefill=127.0.0.1:1");
+    auto p = Process::Start("bad-flag", binary, args, "READY");
+    ASSERT_FALSE(p.ok()) << binary << " started with " << flag;
+    const std::string name = flag.substr(0, flag.find('='));
+    EXPECT_NE(p.status().message().find(name + " must be >= 0"), std::string::npos) << p.status();
+  }
 }
 
 // `service` on a free loopback port (`*port`; 0 when it could not start).
