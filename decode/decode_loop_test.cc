@@ -23,6 +23,7 @@
 #include "cachestore/fault_injecting_cache_client.h"
 #include "cachestore/in_process_cache_client.h"
 #include "common/clock.h"
+#include "common/wait_for.h"
 #include "engine/model.h"
 #include "engine/model_weights.h"
 #include "gmock/gmock.h"
@@ -362,8 +363,7 @@ class DecodeLoopTest : public ::testing::Test {
   }
 
   void ExpectEverythingFreed() {
-    for (int i = 0; i < 2000 && !loop_->Idle(); ++i) absl::SleepFor(absl::Milliseconds(10));  // up to 20 s
-    EXPECT_TRUE(loop_->Idle());
+    EXPECT_TRUE(common::WaitFor([&] { return loop_->Idle(); }));
     EXPECT_EQ(decode_model_->num_free_pages(), 128);
     EXPECT_EQ(decode_model_->num_free_sequences(), 8);
     EXPECT_EQ(transport_.pending(), 0);
@@ -423,7 +423,7 @@ TEST_F(DecodeLoopTest, TicketsOverTheNcclPlaneStreamTheSingleEngineTokens) {
     EXPECT_THAT(c.tokens(), ElementsAreArray(Alone(prompt, 6)));
   }
   EXPECT_EQ(nccl.channels(), 1);
-  for (int i = 0; i < 2000 && !(*loop)->Idle(); ++i) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_TRUE(common::WaitFor([&] { return (*loop)->Idle(); }));
   EXPECT_TRUE((*loop)->Idle());
   EXPECT_EQ((*receiver)->pending(), 0);
   EXPECT_EQ(decode_model_->num_free_pages(), 128);
@@ -512,22 +512,21 @@ TEST_F(DecodeLoopTest, AbortAndDeadlinesEndRequestsAndFreeEverything) {
   prefill_->Hold();
   Collector prefilling;
   ASSERT_TRUE(loop_->Submit(Request("p", Tokens(30, vocab_, 6), 50), &prefilling).ok());
-  for (int i = 0; i < 10000 && prefill_->calls() == 0; ++i) absl::SleepFor(absl::Milliseconds(2));
-  ASSERT_EQ(prefill_->calls(), 1) << "the request never reached prefill: the abort would prove nothing";
+  ASSERT_TRUE(common::WaitFor([&] { return prefill_->calls() == 1; }))
+      << "the request never reached prefill: the abort would prove nothing";
   EXPECT_TRUE(loop_->Abort("p"));
   ASSERT_TRUE(prefilling.Wait());
   EXPECT_EQ(prefilling.completion().reason, FinishReason::kAborted);
   EXPECT_FALSE(loop_->Abort("p"));
   // Its prefill call was cancelled, and returned although still held.
-  for (int i = 0; i < 10000 && prefill_->cancelled() == 0; ++i) absl::SleepFor(absl::Milliseconds(2));
-  EXPECT_EQ(prefill_->cancelled(), 1);
+  EXPECT_TRUE(common::WaitFor([&] { return prefill_->cancelled() == 1; }));
   prefill_->Release();
 
   Collector decoding;
   decoding.on_complete_ = [](const Completion&) {};
   ASSERT_TRUE(loop_->Submit(Request("d", Tokens(30, vocab_, 7), 1500), &decoding).ok());
-  for (int i = 0; i < 10000 && decoding.tokens().size() < 3; ++i) absl::SleepFor(absl::Milliseconds(2));
-  ASSERT_GE(decoding.tokens().size(), 3u) << "never decoding: the abort would prove nothing";
+  ASSERT_TRUE(common::WaitFor([&] { return decoding.tokens().size() >= 3; }))
+      << "never decoding: the abort would prove nothing";
   EXPECT_TRUE(loop_->Abort("d"));
   ASSERT_TRUE(decoding.Wait());
   EXPECT_EQ(decoding.completion().reason, FinishReason::kAborted);
@@ -687,17 +686,15 @@ TEST_F(DecodeLoopTest, AnEndedRequestsPrefillCallKeepsItsBatchPlaceUntilItReturn
   prefill_->Hold();
   Collector first;
   ASSERT_TRUE(loop_->Submit(Request("first", Tokens(30, vocab_, 14), 5), &first).ok());
-  for (int i = 0; i < 10000 && prefill_->calls() == 0; ++i) absl::SleepFor(absl::Milliseconds(2));
-  ASSERT_EQ(prefill_->calls(), 1);
+  ASSERT_TRUE(common::WaitFor([&] { return prefill_->calls() == 1; }));
   ASSERT_TRUE(loop_->Abort("first"));
   ASSERT_TRUE(first.Wait());
   EXPECT_EQ(first.completion().reason, FinishReason::kAborted);
   Collector second;
   ASSERT_TRUE(loop_->Submit(Request("second", Tokens(30, vocab_, 15), 5), &second).ok());
   // The orphaned call holds the only place: the second request waits.
-  for (int i = 0; i < 10000 && loop_->counts().waiting == 0; ++i) absl::SleepFor(absl::Milliseconds(2));
+  ASSERT_TRUE(common::WaitFor([&] { return loop_->counts().waiting == 1; }));
   DecodeLoop::Counts c = loop_->counts();
-  EXPECT_EQ(c.waiting, 1);
   EXPECT_EQ(c.orphaned_calls, 1);
   EXPECT_EQ(prefill_->calls(), 1);
   EXPECT_FALSE(loop_->Idle());
@@ -723,8 +720,8 @@ TEST_F(DecodeLoopTest, ATurnEndWaitingForItsParentHoldsUpNoOtherPublication) {
   const std::vector<TokenId> waiting_prompt = Tokens(40, vocab_, 16);  // two full pages, not in the cache
   Collector waiting;
   ASSERT_TRUE(loop_->Submit(Request("waiting", waiting_prompt, 9), &waiting).ok());
-  for (int i = 0; i < 10000 && late.missing_parent() == 0; ++i) absl::SleepFor(absl::Milliseconds(2));
-  ASSERT_GE(late.missing_parent(), 1) << "the turn end never found its parent missing";
+  ASSERT_TRUE(common::WaitFor([&] { return late.missing_parent() >= 1; }))
+      << "the turn end never found its parent missing";
   Collector other;
   ASSERT_TRUE(loop_->Submit(Request("other", Tokens(10, vocab_, 17), 9), &other).ok());  // no full prompt page
   ASSERT_TRUE(other.Wait());
@@ -795,11 +792,10 @@ TEST_F(DecodeLoopTest, AStalledCacheNeverStallsTheBatch) {
   StartLoop({}, &stalled);
   Collector first;
   ASSERT_TRUE(loop_->Submit(Request("first", Tokens(40, vocab_, 19), 5), &first).ok());
-  for (int i = 0; i < 10000 && stalled.blocked() == 0; ++i) absl::SleepFor(absl::Milliseconds(2));
-  ASSERT_EQ(stalled.blocked(), 1) << "the turn end never asked the cache";
+  ASSERT_TRUE(common::WaitFor([&] { return stalled.blocked() == 1; })) << "the turn end never asked the cache";
   Collector second;
   ASSERT_TRUE(loop_->Submit(Request("second", Tokens(30, vocab_, 20), 40), &second).ok());
-  for (int i = 0; i < 10000 && second.tokens().size() < 40; ++i) absl::SleepFor(absl::Milliseconds(2));
+  ASSERT_TRUE(common::WaitFor([&] { return second.tokens().size() == 40; })) << "the batch stalled";
   EXPECT_EQ(second.tokens(), Alone(Tokens(30, vocab_, 20), 40));
   EXPECT_FALSE(first.done());
   stalled.Hold(false);

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/wait_for.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "proto/prefill.grpc.pb.h"
@@ -129,8 +130,7 @@ TEST(GrpcPrefillClientTest, PicksTheWorkerWithFewestOutstandingCalls) {
   ASSERT_TRUE(client.ok());
   std::thread first([&] { EXPECT_TRUE((*client)->Prefill(Call("first")).ok()); });
   // Whichever worker took the first call holds it; the second goes to the other.
-  const absl::Time end = absl::Now() + absl::Seconds(10);
-  while (a.calls_.load() + b.calls_.load() < 1 && absl::Now() < end) absl::SleepFor(absl::Milliseconds(5));
+  ASSERT_TRUE(common::WaitFor([&] { return a.calls_.load() + b.calls_.load() == 1; }));
   FakePrefill& busy = a.calls_.load() == 1 ? a : b;
   FakePrefill& idle = a.calls_.load() == 1 ? b : a;
   idle.block_ = false;
@@ -201,9 +201,7 @@ TEST(GrpcPrefillClientTest, CancellationReachesTheWorkerAndEndsTheCall) {
   call.cancellation->Cancel();
   t.join();
   EXPECT_EQ(r.status().code(), absl::StatusCode::kCancelled) << r.status();
-  const absl::Time end = absl::Now() + absl::Seconds(10);
-  while (a.cancelled_.load() == 0 && absl::Now() < end) absl::SleepFor(absl::Milliseconds(2));
-  EXPECT_EQ(a.cancelled_.load(), 1) << "the worker never saw the cancellation";
+  EXPECT_TRUE(common::WaitFor([&] { return a.cancelled_.load() == 1; })) << "the worker never saw the cancellation";
 
   FakePrefill full(2);
   full.refuse_ = true;
@@ -213,8 +211,7 @@ TEST(GrpcPrefillClientTest, CancellationReachesTheWorkerAndEndsTheCall) {
   waiting.deadline = absl::Now() + absl::Seconds(60);
   waiting.cancellation = std::make_shared<PrefillCancellation>();
   std::thread w([&] { r = (*busy)->Prefill(waiting); });
-  while (full.calls_.load() < 2 && absl::Now() < end) absl::SleepFor(absl::Milliseconds(2));
-  ASSERT_GE(full.calls_.load(), 2) << "the call never waited for room";
+  ASSERT_TRUE(common::WaitFor([&] { return full.calls_.load() >= 2; })) << "the call never waited for room";
   waiting.cancellation->Cancel();
   w.join();
   EXPECT_EQ(r.status().code(), absl::StatusCode::kCancelled) << r.status();
@@ -235,11 +232,8 @@ TEST(GrpcPrefillClientTest, AWorkerBackWithinTheUnavailableWaitServesTheCall) {
   absl::StatusOr<PrefillReply> r;
   std::thread call([&] { r = (*client)->Prefill(Call("restart")); });
   // The first attempt is refused before the worker is back.
-  const absl::Time end = absl::Now() + absl::Seconds(10);
-  while ((*client)->workers().empty() || !(*client)->workers()[0].skipped) {
-    ASSERT_LT(absl::Now(), end) << "the call never found the worker down";
-    absl::SleepFor(absl::Milliseconds(2));
-  }
+  ASSERT_TRUE(common::WaitFor([&] { return !(*client)->workers().empty() && (*client)->workers()[0].skipped; }))
+      << "the call never found the worker down";
   FakePrefill back(7, port);
   call.join();
   ASSERT_TRUE(r.ok()) << r.status();

@@ -14,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/wait_for.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "proto/cachestore.grpc.pb.h"
@@ -470,7 +471,7 @@ TEST(FaultsTest, SigtermDrainsUnderLoad) {
     kill(stack.decode()->pid(), SIGTERM);
     // Once health says NOT_SERVING the drain has begun (or the listener is
     // already gone).
-    for (int i = 0; i < 2000 && HealthServing(target); ++i) absl::SleepFor(absl::Milliseconds(5));
+    EXPECT_TRUE(common::WaitFor([&] { return !HealthServing(target); })) << "the drain never began";
     refused = Generate(target, Request("after-sigterm", TextPrompt(10, 1), 3));
   });
   ASSERT_EQ(running_at_sigterm, 6) << "the six requests never ran at once: the test proves nothing";

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <utility>
 
@@ -20,6 +21,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/wait_for.h"
 #include "grpcpp/generic/generic_stub.h"
 
 namespace hybridserve::e2e {
@@ -309,26 +311,32 @@ double MetricSum(int port, const std::string& family) {
   return sum;
 }
 
-double AwaitMetricAtLeast(int port, const std::string& name, double value, absl::Duration timeout) {
-  const absl::Time end = absl::Now() + timeout;
+namespace {
+
+// Polls `name` on `port` until `reached` holds of it (bounded by `timeout`);
+// the last value seen.
+double AwaitMetricUntil(int port, const std::string& name, const std::function<bool(double)>& reached,
+                        absl::Duration timeout) {
   double v = -1;
-  while (absl::Now() < end) {
-    v = Metric(port, name);
-    if (v >= value) return v;
-    absl::SleepFor(absl::Milliseconds(10));
-  }
+  common::WaitFor(
+      [&] {
+        v = Metric(port, name);
+        return reached(v);
+      },
+      timeout);
   return v;
 }
 
+}  // namespace
+
+double AwaitMetricAtLeast(int port, const std::string& name, double value, absl::Duration timeout) {
+  return AwaitMetricUntil(
+      port, name, [value](double v) { return v >= value; }, timeout);
+}
+
 double AwaitMetric(int port, const std::string& name, double value, absl::Duration timeout) {
-  const absl::Time end = absl::Now() + timeout;
-  double v = -1;
-  while (absl::Now() < end) {
-    v = Metric(port, name);
-    if (v == value) return v;
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  return v;
+  return AwaitMetricUntil(
+      port, name, [value](double v) { return v == value; }, timeout);
 }
 
 bool HealthServing(const std::string& target) {
