@@ -467,19 +467,19 @@ bool DecodeLoop::Publish(Publication& p) {
     return true;
   };
   if (!p.prepared.ok()) return failed("export", p.prepared.message());
-  // The cache failed to answer lately: skip it, without a call, for a while.
-  auto skipped = [&] {
-    return absl::Now() < cache_down_until_
-               ? failed("unavailable", "the cachestore did not answer lately: publications are skipped for a moment")
-               : false;
+  // A cache that timed out lately is skipped, without a call, for a while.
+  if (absl::Now() < cache_down_until_) {
+    return failed("unavailable", "the cachestore did not answer lately: publications are skipped for a moment");
+  }
+  // A call that timed out (a hung cachestore, not a dead one: that refuses at
+  // once and costs nothing) starts the skip; true when it did.
+  auto timed_out = [&](const absl::Status& s) {
+    if (s.code() != absl::StatusCode::kDeadlineExceeded || options_.cache_failure_backoff <= absl::ZeroDuration()) {
+      return false;
+    }
+    cache_down_until_ = absl::Now() + options_.cache_failure_backoff;
+    return true;
   };
-  auto note = [&](const absl::Status& s) {
-    // A dead cachestore refuses at once (UNAVAILABLE): cheap, and its return
-    // is seen at the next call. One that hangs costs a whole timeout per call.
-    if (s.code() == absl::StatusCode::kDeadlineExceeded)
-      cache_down_until_ = absl::Now() + options_.cache_failure_backoff;
-  };
-  if (skipped()) return true;
   if (p.probe_first) {
     // Which of the pages (all of them, from page 0) the cache lacks. A failed
     // probe puts them all: those present answer already_present.
@@ -487,10 +487,7 @@ bool DecodeLoop::Publish(Publication& p) {
     std::vector<TokenId> fed;
     for (const auto& [put, bytes] : p.pages) fed.insert(fed.end(), put.tokens.begin(), put.tokens.end());
     absl::StatusOr<cachestore::LookupResult> probe = cache_->Lookup(p.ns, fed, cachestore::LookupMode::kProbeOnly);
-    note(probe.status());
-    if (absl::Now() < cache_down_until_) {
-      return failed(common::FailureReason(probe.status()), probe.status().message());
-    }
+    if (timed_out(probe.status())) return failed(common::FailureReason(probe.status()), probe.status().message());
     if (probe.ok()) {
       p.next = std::min(p.pages.size(), static_cast<size_t>(probe->kv_match_tokens / p.ns.page_size));
       for (size_t i = 0; i < p.next; ++i) std::string().swap(p.pages[i].second);  // present: free the copy
@@ -502,7 +499,7 @@ bool DecodeLoop::Publish(Publication& p) {
     const cachestore::ClientPut& what = is_page ? p.pages[p.next].first : p.state_put;
     absl::string_view bytes = is_page ? absl::string_view(p.pages[p.next].second) : absl::string_view(p.state);
     absl::StatusOr<cachestore::PutResult> r = cache_->Put(p.ns, what, bytes);
-    note(r.status());
+    timed_out(r.status());
     if (r.ok()) {
       if (!is_page) {
         outcome.published = true;

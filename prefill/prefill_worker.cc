@@ -392,9 +392,15 @@ void PrefillWorker::Put(const Publication& p) {
     CountPublishFailure(skipped, "a prompt's pages and states");
     return;
   }
-  for (size_t i = 0; i < p.pages.size(); ++i) {
-    absl::StatusOr<cachestore::PutResult> r = cache_->Put(p.ns, p.pages[i].first, p.pages[i].second);
+  // One put; once a put has timed out, the rest are skipped without a call.
+  auto put = [&](const cachestore::ClientPut& what, absl::string_view bytes) -> absl::StatusOr<cachestore::PutResult> {
+    if (CacheSkipped()) return skipped;
+    absl::StatusOr<cachestore::PutResult> r = cache_->Put(p.ns, what, bytes);
     NoteCacheStatus(r.status());
+    return r;
+  };
+  for (size_t i = 0; i < p.pages.size(); ++i) {
+    absl::StatusOr<cachestore::PutResult> r = put(p.pages[i].first, p.pages[i].second);
     if (r.ok()) {
       if (!r->already_present) Count(&PrefillCacheCounters::pages_published);
       continue;
@@ -407,12 +413,7 @@ void PrefillWorker::Put(const Publication& p) {
     break;
   }
   for (const auto& [what, bytes] : p.states) {
-    if (CacheSkipped()) {
-      CountPublishFailure(skipped, absl::StrCat("the state at ", what.position));
-      continue;
-    }
-    absl::StatusOr<cachestore::PutResult> r = cache_->Put(p.ns, what, bytes);
-    NoteCacheStatus(r.status());
+    absl::StatusOr<cachestore::PutResult> r = put(what, bytes);
     if (!r.ok()) {
       CountPublishFailure(r.status(), absl::StrCat("the state at ", what.position));
     } else if (!r->already_present) {
