@@ -17,29 +17,6 @@
 
 namespace hybridserve::decode {
 
-void PrefillCancellation::Cancel() {
-  absl::MutexLock lock(&mu_);
-  if (cancelled_) return;
-  cancelled_ = true;
-  if (on_cancel_) on_cancel_();
-}
-
-bool PrefillCancellation::cancelled() const {
-  absl::MutexLock lock(&mu_);
-  return cancelled_;
-}
-
-void PrefillCancellation::OnCancel(std::function<void()> on_cancel) {
-  absl::MutexLock lock(&mu_);
-  on_cancel_ = std::move(on_cancel);
-  if (cancelled_ && on_cancel_) on_cancel_();
-}
-
-bool PrefillCancellation::WaitFor(absl::Duration timeout) const {
-  absl::MutexLock lock(&mu_);
-  return mu_.AwaitWithTimeout(absl::Condition(&cancelled_), timeout);
-}
-
 struct DecodeLoop::Request {
   enum class Phase { kWaiting, kPrefilling, kDecoding };
 
@@ -49,14 +26,14 @@ struct DecodeLoop::Request {
   Phase phase = Phase::kWaiting;
   engine::ImportReservation reservation;  // from admission on
   transport::Ticket ticket;
-  std::shared_ptr<PrefillCancellation> cancellation;  // of the prefill call
-  PrefillReply prefill;
+  std::shared_ptr<common::Cancellation> cancellation;  // of the prefill call
+  prefill::PrefillOutcome prefill;
   std::vector<TokenId> generated;
   absl::Time ended;  // when Finish took it out of the batch
 };
 
 absl::StatusOr<std::unique_ptr<DecodeLoop>> DecodeLoop::Create(
-    engine::Model& model, const common::Hash128& model_fingerprint, PrefillClient& prefill,
+    engine::Model& model, const common::Hash128& model_fingerprint, prefill::PrefillClient& prefill,
     transport::StateReceiver& receiver, cachestore::CacheClient* cache, const DecodeLoopOptions& options) {
   if (options.max_batch < 1 || options.max_waiting < 0 || options.transfer_timeout <= absl::ZeroDuration() ||
       options.publish_parent_wait < absl::ZeroDuration() || options.cache_failure_backoff < absl::ZeroDuration()) {
@@ -70,7 +47,7 @@ absl::StatusOr<std::unique_ptr<DecodeLoop>> DecodeLoop::Create(
   return loop;
 }
 
-DecodeLoop::DecodeLoop(engine::Model& model, const common::Hash128& fingerprint, PrefillClient& prefill,
+DecodeLoop::DecodeLoop(engine::Model& model, const common::Hash128& fingerprint, prefill::PrefillClient& prefill,
                        transport::StateReceiver& receiver, cachestore::CacheClient* cache,
                        const DecodeLoopOptions& options)
     : model_(model),
@@ -263,14 +240,13 @@ void DecodeLoop::Admit() {
     }
     r->ticket = *ticket;
     r->phase = Request::Phase::kPrefilling;
-    r->cancellation = std::make_shared<PrefillCancellation>();
-    PrefillCall call;
+    r->cancellation = std::make_shared<common::Cancellation>();
+    prefill::PrefillRequest call;
     call.request_id = r->req.request_id;
     call.prompt = r->req.prompt;
     call.cache_salt = r->req.cache_salt;
     call.sampling = r->req.sampling;
     call.ticket = *ticket;
-    call.deadline = deadline;
     call.cancellation = r->cancellation;
     absl::MutexLock lock(&mu_);
     waiting_.pop_front();
@@ -278,9 +254,9 @@ void DecodeLoop::Admit() {
     ++next_transfer_;
     calls_running_.insert(transfer_id);
     calls_[transfer_id] = std::thread([this, transfer_id, call = std::move(call)] {
-      absl::StatusOr<PrefillReply> reply = prefill_.Prefill(call);
+      absl::StatusOr<prefill::PrefillOutcome> outcome = prefill_.Prefill(call);
       absl::MutexLock done(&mu_);
-      prefilled_.push_back(Prefilled{call.request_id, std::move(reply)});
+      prefilled_.push_back(Prefilled{call.request_id, std::move(outcome)});
       finished_calls_.push_back(transfer_id);
       calls_running_.erase(transfer_id);
       orphaned_calls_.erase(transfer_id);
@@ -296,16 +272,16 @@ void DecodeLoop::Import(Prefilled prefilled) {
     if (it == live_.end() || it->second->phase != Request::Phase::kPrefilling) return;  // ended meanwhile
     r = it->second.get();
   }
-  if (!prefilled.reply.ok()) {
+  if (!prefilled.outcome.ok()) {
     // The call's deadline was the request's own (not the transfer timeout):
     // the request ran out of time, as if the loop had seen it expire first.
-    if (prefilled.reply.status().code() == absl::StatusCode::kDeadlineExceeded &&
+    if (prefilled.outcome.status().code() == absl::StatusCode::kDeadlineExceeded &&
         r->req.deadline <= r->ticket.deadline) {
       Finish(r->req.request_id, FinishReason::kAborted,
              absl::DeadlineExceededError("the request's deadline passed while it was prefilled"));
       return;
     }
-    Finish(r->req.request_id, FinishReason::kError, prefilled.reply.status());
+    Finish(r->req.request_id, FinishReason::kError, prefilled.outcome.status());
     return;
   }
   absl::StatusOr<transport::ReceivedState> received = receiver_.Await(r->ticket.transfer_id);
@@ -315,7 +291,7 @@ void DecodeLoop::Import(Prefilled prefilled) {
     Finish(r->req.request_id, FinishReason::kError, imported);
     return;
   }
-  r->prefill = *prefilled.reply;
+  r->prefill = *prefilled.outcome;
   r->phase = Request::Phase::kDecoding;
   {
     absl::MutexLock lock(&mu_);
@@ -436,7 +412,7 @@ void DecodeLoop::Prepare(const Request& r, Publication* p) {
   // publisher puts those the cache lacks: the loop thread never waits on the
   // cache (a slow one would stall the whole batch), only on the copy.
   int64_t first = static_cast<int64_t>(r.req.prompt.size()) / ps;
-  if (r.prefill.prefill_publishes_prompt) {
+  if (r.prefill.publishes_prompt) {
     p->parent_from_prefill = true;
   } else {
     first = 0;
@@ -651,9 +627,9 @@ void DecodeLoop::Finish(const std::string& request_id, FinishReason reason, absl
   c.error = std::move(error);
   c.usage.prompt_tokens = static_cast<int64_t>(r->req.prompt.size());
   c.usage.completion_tokens = static_cast<int64_t>(r->generated.size());
-  c.usage.cached_tokens = r->prefill.cached_tokens;
-  c.usage.recomputed_tokens = r->prefill.recomputed_tokens;
-  c.usage.resume_kind = r->prefill.resume_kind;
+  c.usage.cached_tokens = r->prefill.usage.cached_tokens;
+  c.usage.recomputed_tokens = r->prefill.usage.recomputed_tokens;
+  c.usage.resume_kind = r->prefill.usage.resume_kind;
   engine::SequenceTable& table = model_.sequences();
   if (r->phase == Request::Phase::kPrefilling) {
     if (r->cancellation != nullptr) r->cancellation->Cancel();  // the prefill call stops within a segment

@@ -53,65 +53,10 @@
 #include "decode/generation.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
+#include "prefill/prefill_client.h"
 #include "transport/transfer.h"
 
 namespace hybridserve::decode {
-
-// Lets the decode loop cancel a prefill call in flight: a request that ends
-// while prefilling (cancel, Abort, deadline) cancels its call, so the
-// prefill worker stops within one segment and its queue does not fill with
-// work nobody waits for. Thread-safe.
-class PrefillCancellation {
- public:
-  // Cancels: runs the registered callback (once).
-  void Cancel() ABSL_LOCKS_EXCLUDED(mu_);
-  bool cancelled() const ABSL_LOCKS_EXCLUDED(mu_);
-  // Registers `on_cancel` (cheap, non-blocking: e.g. ClientContext::TryCancel)
-  // to run at Cancel, or now when cancelled already; nullptr unregisters.
-  // When OnCancel(nullptr) returns, the previous callback is not running and
-  // never will.
-  void OnCancel(std::function<void()> on_cancel) ABSL_LOCKS_EXCLUDED(mu_);
-  // Waits up to `timeout` for Cancel; true when cancelled.
-  bool WaitFor(absl::Duration timeout) const ABSL_LOCKS_EXCLUDED(mu_);
-
- private:
-  mutable absl::Mutex mu_;
-  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
-  std::function<void()> on_cancel_ ABSL_GUARDED_BY(mu_);
-};
-
-// A prefill call as decode makes it (the gRPC client converts it to
-// proto/prefill.proto).
-struct PrefillCall {
-  std::string request_id;
-  std::vector<TokenId> prompt;
-  std::string cache_salt;
-  engine::SamplingParams sampling;
-  transport::Ticket ticket;
-  absl::Time deadline = absl::InfiniteFuture();
-  // Cancelled when the request ends before its prefill returns; never null
-  // from the decode loop.
-  std::shared_ptr<PrefillCancellation> cancellation;
-};
-
-struct PrefillReply {
-  engine::SampledToken first;  // step 0
-  int64_t cached_tokens = 0;
-  int64_t recomputed_tokens = 0;
-  ResumeKind resume_kind = ResumeKind::kCold;
-  bool prefill_publishes_prompt = false;  // PrefillResponse.publishes_prompt
-};
-
-// Decode's view of the prefill pool. Thread-safe; Prefill blocks until the
-// state has been pushed to the ticket's receiver (or failed), and returns
-// CANCELLED soon after the call's cancellation fires. A prefill pool that is
-// busy (RESOURCE_EXHAUSTED) is not an error of an admitted request: the call
-// waits for room until its deadline.
-class PrefillClient {
- public:
-  virtual ~PrefillClient() = default;
-  virtual absl::StatusOr<PrefillReply> Prefill(const PrefillCall& call) = 0;
-};
 
 struct DecodeLoopOptions {
   int64_t max_batch = 8;     // running sequences (decoding or being prefilled)
@@ -121,7 +66,7 @@ struct DecodeLoopOptions {
   std::vector<TokenId> eos_token_ids;
   std::string adapter;  // namespace part for publications
   bool publish = true;  // publish turn-end states and generated pages
-  // When prefill publishes the prompt's pages (PrefillReply), the turn-end
+  // When prefill publishes the prompt's pages (PrefillOutcome::publishes_prompt), the turn-end
   // publication hangs its pages under the prompt's last page: it waits at
   // most this long for prefill to have put that page, then gives up (the next
   // turn still resumes from prefill's prompt-end state). Publications wait
@@ -142,7 +87,8 @@ class DecodeLoop {
   // the loop. INVALID_ARGUMENT for non-positive sizes.
   static absl::StatusOr<std::unique_ptr<DecodeLoop>> Create(engine::Model& model,
                                                             const common::Hash128& model_fingerprint,
-                                                            PrefillClient& prefill, transport::StateReceiver& receiver,
+                                                            prefill::PrefillClient& prefill,
+                                                            transport::StateReceiver& receiver,
                                                             cachestore::CacheClient* cache,
                                                             const DecodeLoopOptions& options);
   // Aborts every request still running (each gets its OnComplete) and joins
@@ -189,10 +135,10 @@ class DecodeLoop {
   struct Request;  // a live request, owned by the loop
   struct Prefilled {
     std::string request_id;
-    absl::StatusOr<PrefillReply> reply;
+    absl::StatusOr<prefill::PrefillOutcome> outcome;
   };
 
-  DecodeLoop(engine::Model& model, const common::Hash128& fingerprint, PrefillClient& prefill,
+  DecodeLoop(engine::Model& model, const common::Hash128& fingerprint, prefill::PrefillClient& prefill,
              transport::StateReceiver& receiver, cachestore::CacheClient* cache, const DecodeLoopOptions& options);
 
   void Run();
@@ -223,7 +169,7 @@ class DecodeLoop {
 
   engine::Model& model_;
   const common::Hash128 fingerprint_;
-  PrefillClient& prefill_;
+  prefill::PrefillClient& prefill_;
   transport::StateReceiver& receiver_;
   cachestore::CacheClient* const cache_;
   const DecodeLoopOptions options_;

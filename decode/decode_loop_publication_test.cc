@@ -44,7 +44,7 @@ TEST_F(DecodeLoopTest, TheTurnEndStateIsInTheCacheWhenTheRequestCompletes) {
   ExpectEverythingFreed();
 }
 
-// When prefill publishes the prompt (PrefillReply), the turn-end publication
+// When prefill publishes the prompt (PrefillOutcome), the turn-end publication
 // puts only the pages past the prompt, without a probe, and waits for
 // prefill's pages when they are late (here: not in the cache until decode's
 // first put has found its parent missing).

@@ -89,12 +89,12 @@ class Collector : public GenerationSink {
 };
 
 // Prefill on its own engine: prefill, sample step 0, push. Can be held.
-class EnginePrefill : public PrefillClient {
+class EnginePrefill : public prefill::PrefillClient {
  public:
   EnginePrefill(engine::Model& model, const common::Hash128& fingerprint, transport::StateSender& sender)
       : model_(model), fingerprint_(fingerprint), sender_(sender) {}
 
-  absl::StatusOr<PrefillReply> Prefill(const PrefillCall& call) override {
+  absl::StatusOr<prefill::PrefillOutcome> Prefill(const prefill::PrefillRequest& call) override {
     {
       absl::MutexLock lock(&mu_);
       ++calls_;
@@ -133,18 +133,18 @@ class EnginePrefill : public PrefillClient {
     }
     (void)model_.ReleaseSequence(*id);
     if (!s.ok()) return s;
-    PrefillReply reply;
+    prefill::PrefillOutcome reply;
     reply.first = *first;
-    reply.recomputed_tokens = 3;  // what a prefill worker reported, passed through
+    reply.usage.recomputed_tokens = 3;  // what a prefill worker reported, passed through
     if (publishes_prompt()) {
-      reply.prefill_publishes_prompt = true;
+      reply.publishes_prompt = true;
       absl::MutexLock lock(&mu_);
       prompt_pages_[call.request_id] = std::move(pages);
     }
     return reply;
   }
 
-  // Claims the prompt's pages as its to publish (PrefillReply) and keeps
+  // Claims the prompt's pages as its to publish (PrefillOutcome) and keeps
   // their bytes for prompt_pages(), without putting them.
   void SetPublishesPrompt() {
     absl::MutexLock lock(&mu_);

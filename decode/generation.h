@@ -12,6 +12,7 @@
 #include "absl/time/time.h"
 #include "common/tokens.h"
 #include "engine/sampler.h"
+#include "prefill/prefill_client.h"
 
 namespace hybridserve::decode {
 
@@ -44,8 +45,6 @@ enum class FinishReason {
   kError = 3,
 };
 
-enum class ResumeKind { kCold = 0, kGridCheckpoint = 1, kExactPrefix = 2 };
-
 // What became of the turn-end state (proto SessionOutcome).
 struct SessionOutcome {
   bool published = false;
@@ -57,9 +56,9 @@ struct SessionOutcome {
 struct Usage {
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
-  int64_t cached_tokens = 0;  // as prefill reported it
+  int64_t cached_tokens = 0;  // as prefill reported it (PrefillUsage)
   int64_t recomputed_tokens = 0;
-  ResumeKind resume_kind = ResumeKind::kCold;
+  prefill::ResumeKind resume_kind = prefill::ResumeKind::kCold;
   bool has_session = false;  // the request ended normally: `session` says what was published
   SessionOutcome session;
 };

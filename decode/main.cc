@@ -27,8 +27,8 @@
 #include "common/metrics.h"
 #include "common/process.h"
 #include "decode/decode_loop.h"
-#include "decode/grpc_prefill_client.h"
-#include "decode/in_process_prefill.h"
+#include "prefill/grpc_prefill_client.h"
+#include "prefill/in_process_prefill_client.h"
 #include "decode/metrics.h"
 #include "decode/service.h"
 #include "engine/backend_registry.h"
@@ -161,7 +161,7 @@ int Run() {
   std::unique_ptr<transport::InProcessTransport> local;
   std::unique_ptr<engine::Model> prefill_model;
   std::unique_ptr<prefill::PrefillWorker> prefill_worker;
-  std::unique_ptr<decode::PrefillClient> prefill;
+  std::unique_ptr<prefill::PrefillClient> prefill;
   transport::StateReceiver* receiver = nullptr;
   std::string endpoint;
   if (aggregated) {
@@ -176,7 +176,7 @@ int Run() {
     wo.async_publication = true;  // as the prefill binary: the answer does not wait for the cache
     prefill_worker =
         std::make_unique<prefill::PrefillWorker>(*prefill_model, (*weights)->fingerprint(), cache.get(), *local, wo);
-    prefill = std::make_unique<decode::InProcessPrefillClient>(*prefill_worker);
+    prefill = std::make_unique<prefill::InProcessPrefillClient>(*prefill_worker);
     receiver = local.get();
     endpoint = "in_process";
   } else if (absl::GetFlag(FLAGS_data_plane) == "nccl" || absl::GetFlag(FLAGS_data_plane) == "cuda_ipc") {
@@ -226,12 +226,12 @@ int Run() {
     gethostname(host, sizeof(host) - 1);
     endpoint = absl::StrCat(absl::GetFlag(FLAGS_data_plane), "/", host, "/", getpid(), "/",
                             absl::Hex(std::random_device()() ^ (uint64_t{std::random_device()()} << 32)));
-    decode::PrefillPoolOptions po;
+    prefill::PrefillPoolOptions po;
     po.targets = targets;
     po.resolve_interval = absl::GetFlag(FLAGS_prefill_resolve_interval);
     po.failure_backoff = absl::GetFlag(FLAGS_prefill_failure_backoff);
     po.unavailable_wait = absl::GetFlag(FLAGS_prefill_unavailable_wait);
-    auto p = decode::GrpcPrefillClient::Create(po);
+    auto p = prefill::GrpcPrefillClient::Create(po);
     if (!p.ok()) {
       LOG(ERROR) << "--prefill: " << p.status();
       return 1;
@@ -258,12 +258,12 @@ int Run() {
     std::string advertised = absl::GetFlag(FLAGS_advertise_host);
     if (advertised.empty()) advertised = (host == "0.0.0.0" || host == "::") ? "127.0.0.1" : host;
     endpoint = absl::StrCat(advertised, ":", port);
-    decode::PrefillPoolOptions po;
+    prefill::PrefillPoolOptions po;
     po.targets = absl::StrSplit(prefill_flag, ',', absl::SkipWhitespace());
     po.resolve_interval = absl::GetFlag(FLAGS_prefill_resolve_interval);
     po.failure_backoff = absl::GetFlag(FLAGS_prefill_failure_backoff);
     po.unavailable_wait = absl::GetFlag(FLAGS_prefill_unavailable_wait);
-    auto p = decode::GrpcPrefillClient::Create(po);
+    auto p = prefill::GrpcPrefillClient::Create(po);
     if (!p.ok()) {
       LOG(ERROR) << "--prefill: " << p.status();
       return 1;

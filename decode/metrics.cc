@@ -125,8 +125,8 @@ void DecodeMetrics::RecordFinish(const Completion& c, double e2e_seconds) {
     if (p.parent_wait_expired) parent_waits_expired_.Increment();
   }
   if (c.reason == FinishReason::kStop || c.reason == FinishReason::kLength) {
-    (c.usage.resume_kind == ResumeKind::kExactPrefix      ? resume_exact_
-     : c.usage.resume_kind == ResumeKind::kGridCheckpoint ? resume_grid_
+    (c.usage.resume_kind == prefill::ResumeKind::kExactPrefix      ? resume_exact_
+     : c.usage.resume_kind == prefill::ResumeKind::kGridCheckpoint ? resume_grid_
                                                           : resume_cold_)
         .Increment();
   }

@@ -10,7 +10,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
-#include "decode/wire.h"
+#include "decode/generation_proto.h"
 
 namespace hybridserve::decode {
 namespace {

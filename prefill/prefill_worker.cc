@@ -202,7 +202,7 @@ absl::StatusOr<PrefillOutcome> PrefillWorker::Prefill(const PrefillRequest& requ
   ASSIGN_OR_RETURN(engine::Sampler sampler, engine::Sampler::Create(request.sampling));
 
   auto cancelled = [&]() -> absl::Status {
-    if (!request.cancelled || !request.cancelled()) return absl::OkStatus();
+    if (request.cancellation == nullptr || !request.cancellation->cancelled()) return absl::OkStatus();
     Count(&PrefillCacheCounters::cancelled);
     return absl::CancelledError("the caller cancelled the prefill");
   };
@@ -218,7 +218,9 @@ absl::StatusOr<PrefillOutcome> PrefillWorker::Prefill(const PrefillRequest& requ
   if (resumed.position < n) {
     engine::PrefillOptions options;
     options.emit_checkpoints = cache_ != nullptr && options_.publish;
-    options.cancelled = request.cancelled;
+    if (request.cancellation != nullptr) {
+      options.cancelled = [c = request.cancellation.get()] { return c->cancelled(); };
+    }
     absl::StatusOr<engine::PrefillResult> result =
         model_.Prefill(resumed.seq, absl::MakeConstSpan(request.prompt).subspan(resumed.position), options);
     if (!result.ok()) {

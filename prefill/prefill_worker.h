@@ -45,57 +45,10 @@
 #include "common/tokens.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
+#include "prefill/prefill_client.h"
 #include "transport/transfer.h"
 
 namespace hybridserve::prefill {
-
-// How a prompt was resumed.
-enum class ResumeKind {
-  kCold = 0,            // nothing usable in the cache
-  kGridCheckpoint = 1,  // from a grid checkpoint
-  kExactPrefix = 2,     // from an exact-prefix snapshot (an earlier prompt or turn end)
-};
-
-struct PrefillRequest {
-  std::string request_id;
-  std::vector<TokenId> prompt;
-  std::string cache_salt;  // tenant: separates namespaces
-  engine::SamplingParams sampling;
-  transport::Ticket ticket;  // where the state goes
-  // True once the caller no longer wants the answer (its client cancelled,
-  // aborted or ran out of time); polled between prefill segments. Null: never.
-  std::function<bool()> cancelled;
-};
-
-struct PrefillUsage {
-  int64_t prompt_tokens = 0;
-  int64_t cached_tokens = 0;  // tokens whose state came from the cache
-  // Tokens whose KV pages were cached but that were prefilled again for want
-  // of a state at a deeper point: kv match depth (within the prompt) minus
-  // cached_tokens, at least 0 (proto/generation.proto Usage).
-  int64_t recomputed_tokens = 0;
-  int64_t kv_match_tokens = 0;  // tokens the cache held pages for (may exceed cached_tokens)
-  ResumeKind resume_kind = ResumeKind::kCold;
-};
-
-struct PrefillOutcome {
-  engine::SampledToken first;
-  PrefillUsage usage;
-  int64_t transfer_bytes = 0;
-  absl::Duration transfer_time;
-  // Where the call's time went: the cache lookup, fetch and restore; the
-  // engine's prefill of the tokens past the resume point and the first
-  // token's sampling; transfer_time is the push.
-  absl::Duration resume_time;
-  absl::Duration compute_time;
-  // The prompt's full pages and its prompt-end state are put to the cache by
-  // this worker (done, or queued behind the answer): decode's turn-end
-  // publication adds only the pages past the prompt. False without a cache,
-  // and when this call found the cache unreachable (its lookup failed): then
-  // this worker puts nothing and decode publishes from the first page the
-  // cache lacks, instead of waiting for pages that would never come.
-  bool publishes_prompt = false;
-};
 
 // What the worker did with the cache (cumulative; for metrics and tests).
 struct PrefillCacheCounters {
@@ -145,7 +98,7 @@ class PrefillWorker {
   // Runs steps 1-5 for `request`. INVALID_ARGUMENT for an empty prompt, a
   // token outside the vocabulary, bad sampling params or a ticket for another
   // position or model layout; RESOURCE_EXHAUSTED when the engine has no room
-  // for the sequence; CANCELLED when request.cancelled() turned true (checked
+  // for the sequence; CANCELLED when request.cancellation fired (checked
   // before the lookup, between the engine's prefill segments and before the
   // push); the data plane's error when the push fails. The engine holds nothing of the request afterwards, whatever
   // the outcome.

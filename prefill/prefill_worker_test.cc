@@ -98,7 +98,7 @@ class PrefillWorkerTest : public ::testing::Test {
     static uint64_t next_transfer = 1;
     Turn turn;
     PrefillRequest request;
-    request.cancelled = std::move(cancelled);
+    if (cancelled) request.cancellation = std::make_shared<common::Cancellation>(std::move(cancelled));
     request.prompt = prompt;
     request.cache_salt = salt;
     request.sampling.temperature = 0.0f;

@@ -5,8 +5,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/cancellation.h"
 #include "common/grpc_status.h"
-#include "prefill/wire.h"
+#include "prefill/prefill_proto.h"
 
 namespace hybridserve::prefill {
 
@@ -39,7 +40,7 @@ bool PrefillService::AwaitEngine(uint64_t ticket, grpc::ServerContext* context) 
 grpc::Status PrefillService::Prefill(grpc::ServerContext* context, const v1::PrefillRequest* request,
                                      v1::PrefillResponse* response) {
   const absl::Time arrival = absl::Now();
-  absl::StatusOr<PrefillRequest> parsed = PrefillRequestFromProto(*request);
+  absl::StatusOr<PrefillRequest> parsed = RequestFromProto(*request);
   if (!parsed.ok()) {
     if (metrics_ != nullptr) metrics_->RecordRefused();
     return common::ToGrpcStatus(parsed.status());
@@ -64,7 +65,7 @@ grpc::Status PrefillService::Prefill(grpc::ServerContext* context, const v1::Pre
     outcome = absl::CancelledError("the caller cancelled before prefill started");
     if (metrics_ != nullptr) metrics_->RecordCancelled();
   } else {
-    parsed->cancelled = [context] { return context->IsCancelled(); };
+    parsed->cancellation = std::make_shared<common::Cancellation>([context] { return context->IsCancelled(); });
     outcome = worker_.Prefill(*parsed);
     if (metrics_ != nullptr) {
       metrics_->SyncCounters(worker_.counters());

@@ -9,7 +9,7 @@
 #      tells TSan about absl::Mutex's happens-before edges, and
 #      third_party/tsan/suppressions.txt silences what gRPC's own
 #      uninstrumented internals hand between threads. Left out: tests that
-#      run a gRPC server in process (//decode:grpc_prefill_client_test, the
+#      run a gRPC server in process (//prefill:grpc_prefill_client_test, the
 #      cachestore, prefill, the end-to-end tests), whose reports come from
 #      inside gRPC and its libraries (upb, absl::Status hand-overs) faster
 #      than suppressions can name them;
@@ -71,7 +71,7 @@ if [ "${HS_SANITIZERS:-1}" != "0" ]; then
   shim="$(bazel info --config=tsan bazel-bin 2>/dev/null)/third_party/tsan/libabsl_tsan_shim.so"
   stage "tsan" --config=tsan --test_tag_filters=-notsan --build_tag_filters=-notsan \
     --test_env=LD_PRELOAD="${shim}" --test_env=TSAN_OPTIONS="suppressions=${PWD}/third_party/tsan/suppressions.txt" \
-    -- //kernels/... //engine/... //transport/... //decode/... -//decode:grpc_prefill_client_test
+    -- //kernels/... //engine/... //transport/... //decode/...
 fi
 # numpy comes from Debian (tools/bootstrap.sh: python3-numpy) for /usr/bin/python3;
 # a python3 earlier on PATH (pyenv, a venv) may not have it.

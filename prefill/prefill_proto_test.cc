@@ -1,10 +1,11 @@
 // The transfer ticket on the wire: each data plane's kind and what it needs.
 
-#include "prefill/wire.h"
+#include "prefill/prefill_proto.h"
 
 #include <string>
 
 #include "absl/time/clock.h"
+#include "common/cancellation.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "transport/transfer.h"
@@ -80,6 +81,78 @@ TEST(TicketWireTest, EachKindIsRefusedWithoutWhatItNeeds) {
   }
   p.set_transport(static_cast<v1::TransportKind>(99));  // a kind from a newer peer
   EXPECT_EQ(TicketFromProto(p).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace hybridserve::prefill
+
+namespace hybridserve::prefill {
+namespace {
+
+TEST(RequestProtoTest, RoundTripsWhatPrefillNeeds) {
+  PrefillRequest r;
+  r.request_id = "req-1";
+  r.prompt = {5, 0, 9};
+  r.cache_salt = "tenant";
+  r.sampling.temperature = 0.5f;
+  r.sampling.top_p = 0.75f;
+  r.sampling.top_k = 3;
+  r.sampling.seed = 0xfeedfacecafebeefULL;
+  r.sampling.logprobs = true;
+  r.sampling.top_logprobs = 4;
+  r.ticket = ATicket();
+  r.ticket.kind = transport::TransportKind::kTcp;
+  r.cancellation = std::make_shared<common::Cancellation>();  // stays behind
+  v1::PrefillRequest p;
+  RequestToProto(r, &p);
+  EXPECT_EQ(p.protocol(), v1::PREFILL_PROTOCOL_V2);
+  absl::StatusOr<PrefillRequest> back = RequestFromProto(p);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->request_id, r.request_id);
+  EXPECT_EQ(back->prompt, r.prompt);
+  EXPECT_EQ(back->cache_salt, r.cache_salt);
+  EXPECT_EQ(back->sampling.temperature, 0.5f);
+  EXPECT_EQ(back->sampling.top_p, 0.75f);
+  EXPECT_EQ(back->sampling.top_k, 3);
+  EXPECT_EQ(back->sampling.seed, 0xfeedfacecafebeefULL);
+  EXPECT_TRUE(back->sampling.logprobs);
+  EXPECT_EQ(back->sampling.top_logprobs, 4);
+  EXPECT_EQ(back->ticket.transfer_id, r.ticket.transfer_id);
+  EXPECT_EQ(back->ticket.deadline, r.ticket.deadline);
+  EXPECT_EQ(back->cancellation, nullptr);
+}
+
+// A version-1 caller (a decode worker of an older release) wrapped a client
+// GenerateRequest in field 1 and named no protocol: refused, saying why.
+TEST(RequestProtoTest, RefusesAnotherProtocolVersionNamingBoth) {
+  PrefillRequest r;
+  r.request_id = "old";
+  r.prompt = {1};
+  r.ticket = ATicket();
+  r.ticket.kind = transport::TransportKind::kTcp;
+  v1::PrefillRequest p;
+  RequestToProto(r, &p);
+  p.clear_protocol();
+  absl::Status s = RequestFromProto(p).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("prefill protocol 1 is not spoken here"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("speaks protocol 2"));
+}
+
+TEST(RequestProtoTest, RefusesWhatCannotBeRepresented) {
+  PrefillRequest r;
+  r.request_id = std::string(257, 'x');
+  r.prompt = {1};
+  r.ticket = ATicket();
+  r.ticket.kind = transport::TransportKind::kTcp;
+  v1::PrefillRequest p;
+  RequestToProto(r, &p);
+  EXPECT_EQ(RequestFromProto(p).status().code(), absl::StatusCode::kInvalidArgument);
+  p.set_request_id("ok");
+  p.mutable_sampling()->set_top_logprobs(21);
+  absl::Status s = RequestFromProto(p).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("sampling.top_logprobs 21"));
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-#include "prefill/wire.h"
+#include "prefill/prefill_proto.h"
 
 #include <cstdint>
 #include <string>
@@ -6,35 +6,56 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "google/protobuf/util/time_util.h"
 
 namespace hybridserve::prefill {
 
-absl::StatusOr<engine::SamplingParams> SamplingFromProto(const v1::GenerateRequest& p) {
-  engine::SamplingParams out;
-  const v1::SamplingParams& s = p.sampling();
-  out.temperature = s.has_temperature() ? s.temperature() : 1.0f;
-  out.top_p = s.has_top_p() ? s.top_p() : 1.0f;
-  out.top_k = s.has_top_k() ? s.top_k() : 0;
-  out.seed = s.has_seed() ? s.seed() : engine::SeedFromRequestId(p.request_id());
-  out.logprobs = p.return_logprobs() || p.top_logprobs() > 0;
-  if (p.top_logprobs() > static_cast<uint32_t>(engine::kMaxTopLogprobs)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("top_logprobs ", p.top_logprobs(), " is above the limit of ", engine::kMaxTopLogprobs));
-  }
-  out.top_logprobs = static_cast<int32_t>(p.top_logprobs());
-  return out;
+using ::google::protobuf::util::TimeUtil;
+
+void RequestToProto(const PrefillRequest& r, v1::PrefillRequest* out) {
+  out->set_protocol(v1::PREFILL_PROTOCOL_V2);
+  out->set_request_id(r.request_id);
+  out->mutable_prompt_token_ids()->Assign(r.prompt.begin(), r.prompt.end());
+  out->set_cache_salt(r.cache_salt);
+  v1::PrefillSampling* s = out->mutable_sampling();
+  s->set_temperature(r.sampling.temperature);
+  s->set_top_p(r.sampling.top_p);
+  s->set_top_k(r.sampling.top_k);
+  s->set_seed(r.sampling.seed);
+  s->set_logprobs(r.sampling.logprobs);
+  s->set_top_logprobs(static_cast<uint32_t>(r.sampling.top_logprobs));
+  TicketToProto(r.ticket, out->mutable_ticket());
 }
 
-absl::StatusOr<PrefillRequest> PrefillRequestFromProto(const v1::PrefillRequest& p) {
+absl::StatusOr<PrefillRequest> RequestFromProto(const v1::PrefillRequest& p) {
+  if (p.protocol() != v1::PREFILL_PROTOCOL_V2) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("prefill protocol ", p.protocol() == v1::PREFILL_PROTOCOL_UNSPECIFIED ? 1 : p.protocol(),
+                     " is not spoken here: this prefill worker speaks protocol 2 (proto/prefill.proto); "
+                     "run decode and prefill workers of the same release"));
+  }
+  constexpr size_t kMaxRequestIdBytes = 256;
+  if (p.request_id().size() > kMaxRequestIdBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request_id has ", p.request_id().size(), " bytes, at most ", kMaxRequestIdBytes));
+  }
+  const v1::PrefillSampling& s = p.sampling();
+  if (s.top_logprobs() > static_cast<uint32_t>(engine::kMaxTopLogprobs)) {
+    return absl::InvalidArgumentError(absl::StrCat("sampling.top_logprobs ", s.top_logprobs(),
+                                                   " is above the limit of ", engine::kMaxTopLogprobs));
+  }
   PrefillRequest r;
-  absl::StatusOr<engine::SamplingParams> sampling = SamplingFromProto(p.request());
-  if (!sampling.ok()) return sampling.status();
   absl::StatusOr<transport::Ticket> ticket = TicketFromProto(p.ticket());
   if (!ticket.ok()) return ticket.status();
-  r.request_id = p.request().request_id();
-  r.prompt.assign(p.request().prompt_token_ids().begin(), p.request().prompt_token_ids().end());
-  r.cache_salt = p.request().cache_salt();
-  r.sampling = *sampling;
+  r.request_id = p.request_id();
+  r.prompt.assign(p.prompt_token_ids().begin(), p.prompt_token_ids().end());
+  r.cache_salt = p.cache_salt();
+  r.sampling.temperature = s.temperature();
+  r.sampling.top_p = s.top_p();
+  r.sampling.top_k = s.top_k();
+  r.sampling.seed = s.seed();
+  r.sampling.logprobs = s.logprobs() || s.top_logprobs() > 0;
+  r.sampling.top_logprobs = static_cast<int32_t>(s.top_logprobs());
   r.ticket = *std::move(ticket);
   return r;
 }
@@ -61,9 +82,7 @@ void TicketToProto(const transport::Ticket& t, v1::TransferTicket* out) {
   for (int32_t slot : t.page_slots) out->add_kv_page_slots(static_cast<uint32_t>(slot));
   out->set_state_slot(static_cast<uint32_t>(t.state_slot));
   if (t.deadline != absl::InfiniteFuture()) {
-    const int64_t nanos = absl::ToUnixNanos(t.deadline);
-    out->mutable_deadline()->set_seconds(nanos / 1000000000);
-    out->mutable_deadline()->set_nanos(static_cast<int32_t>(nanos % 1000000000));
+    *out->mutable_deadline() = TimeUtil::NanosecondsToTimestamp(absl::ToUnixNanos(t.deadline));
   }
   out->set_page_format(t.page_format.ToBytes());
   out->set_n_tokens(static_cast<uint64_t>(t.n_tokens));
@@ -123,9 +142,32 @@ absl::StatusOr<transport::Ticket> TicketFromProto(const v1::TransferTicket& p) {
   for (uint32_t slot : p.kv_page_slots()) t.page_slots.push_back(static_cast<int32_t>(slot));
   t.state_slot = static_cast<int32_t>(p.state_slot());
   if (p.has_deadline()) {
-    t.deadline = absl::FromUnixSeconds(p.deadline().seconds()) + absl::Nanoseconds(p.deadline().nanos());
+    t.deadline = absl::FromUnixNanos(TimeUtil::TimestampToNanoseconds(p.deadline()));
   }
   return t;
+}
+
+v1::ResumeKind ResumeKindToProto(ResumeKind kind) {
+  switch (kind) {
+    case ResumeKind::kCold:
+      return v1::RESUME_KIND_COLD;
+    case ResumeKind::kGridCheckpoint:
+      return v1::RESUME_KIND_GRID_CHECKPOINT;
+    case ResumeKind::kExactPrefix:
+      return v1::RESUME_KIND_EXACT_PREFIX;
+  }
+  return v1::RESUME_KIND_UNSPECIFIED;
+}
+
+ResumeKind ResumeKindFromProto(v1::ResumeKind kind) {
+  switch (kind) {
+    case v1::RESUME_KIND_GRID_CHECKPOINT:
+      return ResumeKind::kGridCheckpoint;
+    case v1::RESUME_KIND_EXACT_PREFIX:
+      return ResumeKind::kExactPrefix;
+    default:
+      return ResumeKind::kCold;
+  }
 }
 
 void OutcomeToProto(const PrefillOutcome& o, v1::PrefillResponse* out) {
@@ -140,14 +182,10 @@ void OutcomeToProto(const PrefillOutcome& o, v1::PrefillResponse* out) {
   u->set_prompt_tokens(static_cast<uint32_t>(o.usage.prompt_tokens));
   u->set_cached_tokens(static_cast<uint32_t>(o.usage.cached_tokens));
   u->set_recomputed_tokens(static_cast<uint32_t>(o.usage.recomputed_tokens));
-  u->set_resume_kind(o.usage.resume_kind == ResumeKind::kGridCheckpoint ? v1::RESUME_KIND_GRID_CHECKPOINT
-                     : o.usage.resume_kind == ResumeKind::kExactPrefix  ? v1::RESUME_KIND_EXACT_PREFIX
-                                                                        : v1::RESUME_KIND_COLD);
+  u->set_resume_kind(ResumeKindToProto(o.usage.resume_kind));
   out->mutable_transfer()->set_bytes(static_cast<uint64_t>(o.transfer_bytes));
   out->set_publishes_prompt(o.publishes_prompt);
-  const int64_t nanos = absl::ToInt64Nanoseconds(o.transfer_time);
-  out->mutable_transfer()->mutable_duration()->set_seconds(nanos / 1000000000);
-  out->mutable_transfer()->mutable_duration()->set_nanos(static_cast<int32_t>(nanos % 1000000000));
+  *out->mutable_transfer()->mutable_duration() = TimeUtil::NanosecondsToDuration(absl::ToInt64Nanoseconds(o.transfer_time));
 }
 
 PrefillOutcome OutcomeFromProto(const v1::PrefillResponse& p) {
@@ -160,13 +198,10 @@ PrefillOutcome OutcomeFromProto(const v1::PrefillResponse& p) {
   o.usage.prompt_tokens = p.usage().prompt_tokens();
   o.usage.cached_tokens = p.usage().cached_tokens();
   o.usage.recomputed_tokens = p.usage().recomputed_tokens();
-  o.usage.resume_kind = p.usage().resume_kind() == v1::RESUME_KIND_GRID_CHECKPOINT ? ResumeKind::kGridCheckpoint
-                        : p.usage().resume_kind() == v1::RESUME_KIND_EXACT_PREFIX  ? ResumeKind::kExactPrefix
-                                                                                   : ResumeKind::kCold;
+  o.usage.resume_kind = ResumeKindFromProto(p.usage().resume_kind());
   o.transfer_bytes = static_cast<int64_t>(p.transfer().bytes());
   o.publishes_prompt = p.publishes_prompt();
-  o.transfer_time =
-      absl::Seconds(p.transfer().duration().seconds()) + absl::Nanoseconds(p.transfer().duration().nanos());
+  o.transfer_time = absl::Nanoseconds(TimeUtil::DurationToNanoseconds(p.transfer().duration()));
   return o;
 }
 

@@ -1,5 +1,5 @@
-#ifndef HYBRIDSERVE_DECODE_IN_PROCESS_PREFILL_H_
-#define HYBRIDSERVE_DECODE_IN_PROCESS_PREFILL_H_
+#ifndef HYBRIDSERVE_PREFILL_IN_PROCESS_PREFILL_CLIENT_H_
+#define HYBRIDSERVE_PREFILL_IN_PROCESS_PREFILL_CLIENT_H_
 
 // Aggregated mode: a PrefillClient that runs a PrefillWorker in this process
 // (its own engine, its sender an in-process data plane into the decode
@@ -11,26 +11,25 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
-#include "decode/decode_loop.h"
+#include "prefill/prefill_client.h"
 #include "prefill/prefill_worker.h"
 
-namespace hybridserve::decode {
+namespace hybridserve::prefill {
 
 class InProcessPrefillClient final : public PrefillClient {
  public:
   // `worker` must outlive the client.
-  explicit InProcessPrefillClient(prefill::PrefillWorker& worker) : worker_(worker) {}
+  explicit InProcessPrefillClient(PrefillWorker& worker) : worker_(worker) {}
 
-  absl::StatusOr<PrefillReply> Prefill(const PrefillCall& call) override ABSL_LOCKS_EXCLUDED(mu_);
+  // The worker's outcome; CANCELLED or DEADLINE_EXCEEDED (the ticket's) when
+  // the request's turn comes too late.
+  absl::StatusOr<PrefillOutcome> Prefill(const PrefillRequest& request) override ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   absl::Mutex mu_;
-  prefill::PrefillWorker& worker_ ABSL_GUARDED_BY(mu_);
+  PrefillWorker& worker_ ABSL_GUARDED_BY(mu_);
 };
 
-// The decode-side reply for a worker's outcome (shared with the gRPC client).
-PrefillReply ReplyFromOutcome(prefill::PrefillOutcome outcome);
+}  // namespace hybridserve::prefill
 
-}  // namespace hybridserve::decode
-
-#endif  // HYBRIDSERVE_DECODE_IN_PROCESS_PREFILL_H_
+#endif  // HYBRIDSERVE_PREFILL_IN_PROCESS_PREFILL_CLIENT_H_

@@ -1,4 +1,4 @@
-#include "decode/grpc_prefill_client.h"
+#include "prefill/grpc_prefill_client.h"
 
 #include <netdb.h>
 #include <sys/socket.h>
@@ -12,11 +12,10 @@
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
-#include "decode/in_process_prefill.h"
-#include "prefill/wire.h"
+#include "prefill/prefill_proto.h"
 #include "transport/socket_io.h"
 
-namespace hybridserve::decode {
+namespace hybridserve::prefill {
 
 struct GrpcPrefillClient::Worker {
   std::string address;
@@ -169,23 +168,12 @@ std::shared_ptr<GrpcPrefillClient::Worker> GrpcPrefillClient::Pick(const std::ve
   return best;
 }
 
-absl::StatusOr<PrefillReply> GrpcPrefillClient::Prefill(const PrefillCall& call) {
+absl::StatusOr<PrefillOutcome> GrpcPrefillClient::Prefill(const PrefillRequest& call) {
   v1::PrefillRequest request;
-  v1::GenerateRequest* g = request.mutable_request();
-  g->set_request_id(call.request_id);
-  g->mutable_prompt_token_ids()->Assign(call.prompt.begin(), call.prompt.end());
-  g->set_cache_salt(call.cache_salt);
-  g->mutable_sampling()->set_temperature(call.sampling.temperature);
-  g->mutable_sampling()->set_top_p(call.sampling.top_p);
-  g->mutable_sampling()->set_top_k(call.sampling.top_k);
-  g->mutable_sampling()->set_seed(call.sampling.seed);
-  g->set_return_logprobs(call.sampling.logprobs);
-  g->set_top_logprobs(static_cast<uint32_t>(call.sampling.top_logprobs));
-  g->mutable_stop()->set_max_tokens(1);
-  prefill::TicketToProto(call.ticket, request.mutable_ticket());
-  const absl::Time deadline = std::min(call.deadline, call.ticket.deadline);
+  RequestToProto(call, &request);
+  const absl::Time deadline = call.ticket.deadline;
 
-  PrefillCancellation* const cancellation = call.cancellation.get();
+  common::Cancellation* const cancellation = call.cancellation.get();
   auto cancelled = [cancellation] { return cancellation != nullptr && cancellation->cancelled(); };
   const absl::Status kCancelled = absl::CancelledError("the request ended before its prefill");
   std::vector<std::shared_ptr<Worker>> tried;
@@ -232,7 +220,7 @@ absl::StatusOr<PrefillReply> GrpcPrefillClient::Prefill(const PrefillCall& call)
       }
     }
     if (status.ok()) {
-      return ReplyFromOutcome(prefill::OutcomeFromProto(response));
+      return OutcomeFromProto(response);
     }
     if (cancelled()) return kCancelled;
     last = common::FromGrpcStatus(status);
@@ -250,4 +238,4 @@ std::vector<GrpcPrefillClient::WorkerState> GrpcPrefillClient::workers() const {
   return out;
 }
 
-}  // namespace hybridserve::decode
+}  // namespace hybridserve::prefill

@@ -2,7 +2,7 @@
 // service): least-outstanding choice, refused calls tried elsewhere, failed
 // workers skipped, names resolved, bad targets refused.
 
-#include "decode/grpc_prefill_client.h"
+#include "prefill/grpc_prefill_client.h"
 
 #include <atomic>
 #include <memory>
@@ -17,7 +17,7 @@
 #include "gtest/gtest.h"
 #include "proto/prefill.grpc.pb.h"
 
-namespace hybridserve::decode {
+namespace hybridserve::prefill {
 namespace {
 
 class FakePrefill final : public v1::Prefill::Service {
@@ -36,7 +36,7 @@ class FakePrefill final : public v1::Prefill::Service {
   grpc::Status Prefill(grpc::ServerContext* context, const v1::PrefillRequest* request,
                        v1::PrefillResponse* r) override {
     calls_.fetch_add(1);
-    last_request_id_ = request->request().request_id();
+    last_request_id_ = request->request_id();
     if (refuse_.load() || refusals_left_.fetch_sub(1) > 0) {
       return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "full");
     }
@@ -78,15 +78,15 @@ class FakePrefill final : public v1::Prefill::Service {
   std::unique_ptr<grpc::Server> server_;
 };
 
-PrefillCall Call(const std::string& id) {
-  PrefillCall c;
+PrefillRequest Call(const std::string& id) {
+  PrefillRequest c;
   c.request_id = id;
   c.prompt = {1, 2, 3};
   c.ticket.transfer_id = 1;
   c.ticket.endpoint = "127.0.0.1:1";
   c.ticket.n_tokens = 3;
   c.ticket.max_state_bytes = 1024;
-  c.deadline = absl::Now() + absl::Seconds(10);
+  c.ticket.deadline = absl::Now() + absl::Seconds(10);
   return c;
 }
 
@@ -94,11 +94,11 @@ TEST(GrpcPrefillClientTest, ConvertsTheReply) {
   FakePrefill a(42);
   auto client = GrpcPrefillClient::Create({.targets = {a.target()}});
   ASSERT_TRUE(client.ok()) << client.status();
-  absl::StatusOr<PrefillReply> r = (*client)->Prefill(Call("x"));
+  absl::StatusOr<PrefillOutcome> r = (*client)->Prefill(Call("x"));
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->first.token, 42);
-  EXPECT_EQ(r->cached_tokens, 7);
-  EXPECT_EQ(r->resume_kind, ResumeKind::kExactPrefix);
+  EXPECT_EQ(r->usage.cached_tokens, 7);
+  EXPECT_EQ(r->usage.resume_kind, ResumeKind::kExactPrefix);
   EXPECT_EQ(a.last_request_id_, "x");
 }
 
@@ -108,7 +108,7 @@ TEST(GrpcPrefillClientTest, ARefusedCallIsTriedOnAnotherWorkerAndTheRefuserSkipp
   auto client = GrpcPrefillClient::Create({.targets = {a.target(), b.target()}});
   ASSERT_TRUE(client.ok());
   for (int i = 0; i < 4; ++i) {
-    absl::StatusOr<PrefillReply> r = (*client)->Prefill(Call(absl::StrCat("r", i)));
+    absl::StatusOr<PrefillOutcome> r = (*client)->Prefill(Call(absl::StrCat("r", i)));
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(r->first.token, 2);
   }
@@ -134,7 +134,7 @@ TEST(GrpcPrefillClientTest, PicksTheWorkerWithFewestOutstandingCalls) {
   FakePrefill& busy = a.calls_.load() == 1 ? a : b;
   FakePrefill& idle = a.calls_.load() == 1 ? b : a;
   idle.block_ = false;
-  absl::StatusOr<PrefillReply> second = (*client)->Prefill(Call("second"));
+  absl::StatusOr<PrefillOutcome> second = (*client)->Prefill(Call("second"));
   ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_EQ(idle.calls_.load(), 1);
   EXPECT_EQ(busy.calls_.load(), 1);
@@ -148,13 +148,13 @@ TEST(GrpcPrefillClientTest, ResolvesNamesAndFailsClearlyWhenNothingResolves) {
   auto named = GrpcPrefillClient::Create({.targets = {"localhost:" + port}});
   ASSERT_TRUE(named.ok());
   EXPECT_FALSE((*named)->workers().empty());
-  absl::StatusOr<PrefillReply> r = (*named)->Prefill(Call("named"));
+  absl::StatusOr<PrefillOutcome> r = (*named)->Prefill(Call("named"));
   ASSERT_TRUE(r.ok()) << r.status();  // ::1 (if listed) refuses; 127.0.0.1 answers
   EXPECT_EQ(r->first.token, 5);
 
   auto nowhere = GrpcPrefillClient::Create({.targets = {"no-such-host.invalid:1"}});
   ASSERT_TRUE(nowhere.ok());
-  absl::StatusOr<PrefillReply> none = (*nowhere)->Prefill(Call("none"));
+  absl::StatusOr<PrefillOutcome> none = (*nowhere)->Prefill(Call("none"));
   EXPECT_EQ(none.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_NE(none.status().message().find("no prefill worker"), std::string::npos) << none.status();
 }
@@ -166,7 +166,7 @@ TEST(GrpcPrefillClientTest, ABusyPoolIsWaitedForNotAnError) {
   a.refusals_left_ = 5;
   auto client = GrpcPrefillClient::Create({.targets = {a.target()}, .max_attempts = 2});
   ASSERT_TRUE(client.ok());
-  absl::StatusOr<PrefillReply> r = (*client)->Prefill(Call("busy"));
+  absl::StatusOr<PrefillOutcome> r = (*client)->Prefill(Call("busy"));
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->first.token, 9);
   EXPECT_EQ(a.calls_.load(), 6);  // five refusals, then the answer
@@ -178,9 +178,9 @@ TEST(GrpcPrefillClientTest, ABusyPoolUntilTheDeadlineEndsWithItsRefusal) {
   a.refuse_ = true;
   auto client = GrpcPrefillClient::Create({.targets = {a.target()}});
   ASSERT_TRUE(client.ok());
-  PrefillCall call = Call("always-busy");
-  call.deadline = absl::Now() + absl::Milliseconds(300);
-  absl::StatusOr<PrefillReply> r = (*client)->Prefill(call);
+  PrefillRequest call = Call("always-busy");
+  call.ticket.deadline = absl::Now() + absl::Milliseconds(300);
+  absl::StatusOr<PrefillOutcome> r = (*client)->Prefill(call);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
   EXPECT_NE(r.status().message().find(a.target()), std::string::npos) << r.status();
   EXPECT_GE(a.calls_.load(), 2);  // it waited and tried again
@@ -193,9 +193,9 @@ TEST(GrpcPrefillClientTest, CancellationReachesTheWorkerAndEndsTheCall) {
   a.block_ = true;
   auto client = GrpcPrefillClient::Create({.targets = {a.target()}});
   ASSERT_TRUE(client.ok());
-  PrefillCall call = Call("cancel-me");
-  call.cancellation = std::make_shared<PrefillCancellation>();
-  absl::StatusOr<PrefillReply> r;
+  PrefillRequest call = Call("cancel-me");
+  call.cancellation = std::make_shared<common::Cancellation>();
+  absl::StatusOr<PrefillOutcome> r;
   std::thread t([&] { r = (*client)->Prefill(call); });
   ASSERT_TRUE(a.entered_.WaitForNotificationWithTimeout(absl::Seconds(10)));
   call.cancellation->Cancel();
@@ -207,9 +207,9 @@ TEST(GrpcPrefillClientTest, CancellationReachesTheWorkerAndEndsTheCall) {
   full.refuse_ = true;
   auto busy = GrpcPrefillClient::Create({.targets = {full.target()}});
   ASSERT_TRUE(busy.ok());
-  PrefillCall waiting = Call("waiting");
-  waiting.deadline = absl::Now() + absl::Seconds(60);
-  waiting.cancellation = std::make_shared<PrefillCancellation>();
+  PrefillRequest waiting = Call("waiting");
+  waiting.ticket.deadline = absl::Now() + absl::Seconds(60);
+  waiting.cancellation = std::make_shared<common::Cancellation>();
   std::thread w([&] { r = (*busy)->Prefill(waiting); });
   ASSERT_TRUE(common::WaitFor([&] { return full.calls_.load() >= 2; })) << "the call never waited for room";
   waiting.cancellation->Cancel();
@@ -229,7 +229,7 @@ TEST(GrpcPrefillClientTest, AWorkerBackWithinTheUnavailableWaitServesTheCall) {
   auto client =
       GrpcPrefillClient::Create({.targets = {absl::StrCat("127.0.0.1:", port)}, .unavailable_wait = absl::Seconds(30)});
   ASSERT_TRUE(client.ok());
-  absl::StatusOr<PrefillReply> r;
+  absl::StatusOr<PrefillOutcome> r;
   std::thread call([&] { r = (*client)->Prefill(Call("restart")); });
   // The first attempt is refused before the worker is back.
   ASSERT_TRUE(common::WaitFor([&] { return !(*client)->workers().empty() && (*client)->workers()[0].skipped; }))
@@ -245,25 +245,8 @@ TEST(GrpcPrefillClientTest, AWorkerBackWithinTheUnavailableWaitServesTheCall) {
   auto gone_for_good = GrpcPrefillClient::Create({.targets = {target}, .unavailable_wait = absl::Milliseconds(200)});
   ASSERT_TRUE(gone_for_good.ok());
   stays.Shutdown();
-  absl::StatusOr<PrefillReply> failed = (*gone_for_good)->Prefill(Call("gone"));
+  absl::StatusOr<PrefillOutcome> failed = (*gone_for_good)->Prefill(Call("gone"));
   EXPECT_EQ(failed.status().code(), absl::StatusCode::kUnavailable) << failed.status();
-}
-
-TEST(PrefillCancellationTest, RunsItsCallbackOnceAndWakesWaiters) {
-  PrefillCancellation c;
-  int runs = 0;
-  c.OnCancel([&] { ++runs; });
-  EXPECT_FALSE(c.cancelled());
-  EXPECT_FALSE(c.WaitFor(absl::Milliseconds(1)));
-  c.Cancel();
-  c.Cancel();
-  EXPECT_EQ(runs, 1);
-  EXPECT_TRUE(c.cancelled());
-  EXPECT_TRUE(c.WaitFor(absl::Seconds(10)));
-  // Registered after the cancel: runs at once.
-  c.OnCancel([&] { ++runs; });
-  EXPECT_EQ(runs, 2);
-  c.OnCancel(nullptr);
 }
 
 TEST(GrpcPrefillClientTest, RefusesBadOptions) {
@@ -274,4 +257,4 @@ TEST(GrpcPrefillClientTest, RefusesBadOptions) {
 }
 
 }  // namespace
-}  // namespace hybridserve::decode
+}  // namespace hybridserve::prefill

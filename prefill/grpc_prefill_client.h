@@ -1,7 +1,7 @@
-#ifndef HYBRIDSERVE_DECODE_GRPC_PREFILL_CLIENT_H_
-#define HYBRIDSERVE_DECODE_GRPC_PREFILL_CLIENT_H_
+#ifndef HYBRIDSERVE_PREFILL_GRPC_PREFILL_CLIENT_H_
+#define HYBRIDSERVE_PREFILL_GRPC_PREFILL_CLIENT_H_
 
-// Decode's view of a pool of prefill workers over gRPC (proto/prefill.proto).
+// A PrefillClient over a pool of prefill workers, by gRPC (proto/prefill.proto).
 //
 // The pool is a list of targets, "host:port" each. A host that is a name is
 // resolved to all of its addresses, and re-resolved every
@@ -34,11 +34,11 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "decode/decode_loop.h"
+#include "prefill/prefill_client.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/prefill.grpc.pb.h"
 
-namespace hybridserve::decode {
+namespace hybridserve::prefill {
 
 struct PrefillPoolOptions {
   std::vector<std::string> targets;  // "host:port"; at least one
@@ -63,7 +63,7 @@ class GrpcPrefillClient final : public PrefillClient {
 
   // UNAVAILABLE when no worker is known; otherwise the last attempt's status
   // (the prefill worker's own status, or the channel's).
-  absl::StatusOr<PrefillReply> Prefill(const PrefillCall& call) override ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<PrefillOutcome> Prefill(const PrefillRequest& request) override ABSL_LOCKS_EXCLUDED(mu_);
 
   struct WorkerState {
     std::string address;  // "ip:port"
@@ -91,6 +91,6 @@ class GrpcPrefillClient final : public PrefillClient {
   std::thread resolver_;
 };
 
-}  // namespace hybridserve::decode
+}  // namespace hybridserve::prefill
 
-#endif  // HYBRIDSERVE_DECODE_GRPC_PREFILL_CLIENT_H_
+#endif  // HYBRIDSERVE_PREFILL_GRPC_PREFILL_CLIENT_H_
