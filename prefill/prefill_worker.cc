@@ -52,20 +52,21 @@ PrefillWorker::PrefillWorker(engine::Model& model, const common::Hash128& model_
                              const PrefillWorkerOptions& options)
     : model_(model),
       fingerprint_(model_fingerprint),
-      fingerprint_hex_(model_fingerprint.ToHex()),
+      namespace_{model_fingerprint.ToHex(), options.adapter, static_cast<int32_t>(model.page_size())},
       cache_(cache),
       sender_(sender),
       options_(options) {
-  if (options_.async_publication) publisher_ = std::thread([this] { PublishLoop(); });
+  if (cache_ == nullptr) return;
+  cachestore::PublisherOptions po;
+  po.max_queued = options_.max_pending_publications;
+  po.cache_failure_backoff = options_.cache_failure_backoff;
+  absl::StatusOr<std::unique_ptr<cachestore::CachePublisher>> publisher = cachestore::CachePublisher::Create(*cache_, po);
+  CHECK(publisher.ok()) << "prefill worker options: " << publisher.status();
+  publisher_ = *std::move(publisher);
 }
 
 cachestore::ClientNamespace PrefillWorker::Namespace(const std::string& cache_salt) const {
-  cachestore::ClientNamespace ns;
-  ns.model_fingerprint = fingerprint_hex_;
-  ns.adapter = options_.adapter;
-  ns.cache_salt = cache_salt;
-  ns.page_size = static_cast<int32_t>(model_.page_size());
-  return ns;
+  return namespace_.For(cache_salt);
 }
 
 absl::Status PrefillWorker::FetchResumeBytes(const cachestore::LookupResult& lookup, std::string* state,
@@ -106,7 +107,7 @@ bool PrefillWorker::RestoreFromCache(engine::SequenceId seq, const cachestore::L
   std::string state;
   std::vector<std::string> pages;
   absl::Status s = FetchResumeBytes(lookup, &state, &pages);
-  NoteCacheStatus(s);
+  publisher_->NoteCacheStatus(s);
   engine::SnapshotExpectation expect;
   expect.model_fingerprint = fingerprint_;
   expect.layout = model_.layout();
@@ -142,7 +143,7 @@ absl::StatusOr<PrefillWorker::Resumed> PrefillWorker::Resume(const PrefillReques
   const int64_t n = static_cast<int64_t>(request.prompt.size());
   // The whole prompt first; when only a state at n without logits is found,
   // the prompt less its last token, so that the last logits get computed.
-  if (CacheSkipped()) {
+  if (publisher_->skipping()) {
     r.cache_reachable = false;  // a miss, without waiting for a cache that just failed to answer
     return r;
   }
@@ -152,7 +153,7 @@ absl::StatusOr<PrefillWorker::Resumed> PrefillWorker::Resume(const PrefillReques
     absl::StatusOr<cachestore::LookupResult> lookup = cache_->Lookup(
         ns, absl::MakeConstSpan(request.prompt).subspan(0, static_cast<size_t>(probe)), cachestore::LookupMode::kLease);
     if (!lookup.ok()) {
-      NoteCacheStatus(lookup.status());
+      publisher_->NoteCacheStatus(lookup.status());
       Count(&PrefillCacheCounters::errors_as_misses);
       r.cache_reachable = false;
       int64_t held_back = 0;
@@ -267,28 +268,15 @@ absl::StatusOr<PrefillOutcome> PrefillWorker::Prefill(const PrefillRequest& requ
   // publishes the turn end from the first page the cache lacks instead.
   if (cache_ != nullptr && options_.publish && resumed.cache_reachable) {
     outcome.publishes_prompt = true;
-    auto publication = std::make_unique<Publication>(
-        Prepare(resumed.seq, request, ns, resumed.position, resumed.kv_match_tokens, checkpoints));
+    cachestore::Publication publication =
+        Prepare(resumed.seq, request, ns, resumed.position, resumed.kv_match_tokens, checkpoints);
     if (options_.async_publication) {
-      absl::MutexLock lock(&mu_);
-      auto room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return static_cast<int64_t>(queue_.size()) < options_.max_pending_publications;
-      };
-      mu_.Await(absl::Condition(&room));  // backpressure: a slow cache slows prefill, never grows memory
-      queue_.push_back(std::move(publication));
+      publisher_->Publish(std::move(publication));  // waits while max_pending_publications wait
     } else {
-      Put(*publication);
+      publisher_->PublishNow(std::move(publication));
     }
   }
   return outcome;
-}
-
-PrefillWorker::~PrefillWorker() {
-  {
-    absl::MutexLock lock(&mu_);
-    stop_ = true;  // after the publications already queued
-  }
-  if (publisher_.joinable()) publisher_.join();
 }
 
 void PrefillWorker::Count(int64_t PrefillCacheCounters::*field, int64_t n) {
@@ -297,39 +285,30 @@ void PrefillWorker::Count(int64_t PrefillCacheCounters::*field, int64_t n) {
 }
 
 PrefillCacheCounters PrefillWorker::counters() const {
-  absl::MutexLock lock(&counters_mu_);
-  return counters_;
+  PrefillCacheCounters out;
+  {
+    absl::MutexLock lock(&counters_mu_);
+    out = counters_;
+  }
+  if (publisher_ != nullptr) {
+    const cachestore::PublisherCounters p = publisher_->counters();
+    out.pages_published = p.pages_published;
+    out.states_published = p.states_published;
+    out.publish_failures = p.failures;
+    out.publish_failures_by_reason = p.failures_by_reason;
+  }
+  return out;
 }
 
 bool PrefillWorker::WaitForPublications(absl::Duration timeout) {
-  absl::MutexLock lock(&mu_);
-  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return queue_.empty() && publishing_ == 0; };
-  return mu_.AwaitWithTimeout(absl::Condition(&done), timeout);
+  return publisher_ == nullptr || publisher_->WaitIdle(timeout);
 }
 
-void PrefillWorker::PublishLoop() {
-  while (true) {
-    std::unique_ptr<Publication> p;
-    {
-      absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !queue_.empty() || stop_; };
-      mu_.Await(absl::Condition(&ready));
-      if (queue_.empty()) return;
-      p = std::move(queue_.front());
-      queue_.pop_front();
-      ++publishing_;
-    }
-    Put(*p);
-    absl::MutexLock lock(&mu_);
-    --publishing_;
-  }
-}
-
-PrefillWorker::Publication PrefillWorker::Prepare(engine::SequenceId seq, const PrefillRequest& request,
-                                                  const cachestore::ClientNamespace& ns, int64_t resumed_at,
-                                                  int64_t kv_match_tokens,
-                                                  const std::vector<engine::SequenceState>& checkpoints) {
-  Publication out;
+cachestore::Publication PrefillWorker::Prepare(engine::SequenceId seq, const PrefillRequest& request,
+                                               const cachestore::ClientNamespace& ns, int64_t resumed_at,
+                                               int64_t kv_match_tokens,
+                                               const std::vector<engine::SequenceState>& checkpoints) {
+  cachestore::Publication out;
   out.ns = ns;
   const cachestore::CachePlan plan(ns, request.prompt);
   const int64_t n = static_cast<int64_t>(request.prompt.size());
@@ -338,7 +317,8 @@ PrefillWorker::Publication PrefillWorker::Prepare(engine::SequenceId seq, const 
   // model without attention layers has pages too: empty, they chain the
   // prefix its states hang from.
   const int64_t full = n / ps;
-  for (int64_t i = std::min(kv_match_tokens, resumed_at) / ps; i < full; ++i) {
+  out.first_page = std::min(kv_match_tokens, resumed_at) / ps;
+  for (int64_t i = out.first_page; i < full; ++i) {
     absl::StatusOr<std::string> page = model_.ExportPage(seq, i);
     if (!page.ok()) break;
     out.pages.emplace_back(plan.PagePut(i), *std::move(page));
@@ -359,69 +339,6 @@ PrefillWorker::Publication PrefillWorker::Prepare(engine::SequenceId seq, const 
     out.states.emplace_back(plan.StatePut(n, cachestore::StateKind::kExactPrefix), std::move(end_state));
   }
   return out;
-}
-
-void PrefillWorker::CountPublishFailure(const absl::Status& status, absl::string_view what) {
-  const std::string reason = common::FailureReason(status);
-  {
-    absl::MutexLock lock(&counters_mu_);
-    ++counters_.publish_failures;
-    ++counters_.publish_failures_by_reason[reason];
-  }
-  int64_t held_back = 0;
-  if (log_limiter_.Allow(absl::StrCat("publication ", reason), &held_back)) {
-    LOG(WARNING) << "cache publication of " << what << " failed: " << status << common::HeldBack(held_back);
-  }
-}
-
-bool PrefillWorker::CacheSkipped() const {
-  absl::MutexLock lock(&counters_mu_);
-  return absl::Now() < cache_down_until_;
-}
-
-void PrefillWorker::NoteCacheStatus(const absl::Status& status) {
-  // A dead cachestore refuses at once (UNAVAILABLE): cheap, and its return is
-  // seen at the next call. One that hangs costs a whole timeout per call.
-  if (status.code() != absl::StatusCode::kDeadlineExceeded) return;
-  absl::MutexLock lock(&counters_mu_);
-  cache_down_until_ = absl::Now() + options_.cache_failure_backoff;
-}
-
-void PrefillWorker::Put(const Publication& p) {
-  const absl::Status skipped =
-      absl::UnavailableError("the cachestore did not answer lately: publications are skipped for a moment");
-  if (CacheSkipped()) {
-    CountPublishFailure(skipped, "a prompt's pages and states");
-    return;
-  }
-  // One put; once a put has timed out, the rest are skipped without a call.
-  auto put = [&](const cachestore::ClientPut& what, absl::string_view bytes) -> absl::StatusOr<cachestore::PutResult> {
-    if (CacheSkipped()) return skipped;
-    absl::StatusOr<cachestore::PutResult> r = cache_->Put(p.ns, what, bytes);
-    NoteCacheStatus(r.status());
-    return r;
-  };
-  for (size_t i = 0; i < p.pages.size(); ++i) {
-    absl::StatusOr<cachestore::PutResult> r = put(p.pages[i].first, p.pages[i].second);
-    if (r.ok()) {
-      if (!r->already_present) Count(&PrefillCacheCounters::pages_published);
-      continue;
-    }
-    // ABORTED: another writer is putting this page (a concurrent request with
-    // the same prefix); its node already exists, so the next pages can hang
-    // under it. Any other failure leaves the rest without a parent.
-    if (r.status().code() == absl::StatusCode::kAborted) continue;
-    CountPublishFailure(r.status(), absl::StrCat("page ", i, " of ", p.pages.size()));
-    break;
-  }
-  for (const auto& [what, bytes] : p.states) {
-    absl::StatusOr<cachestore::PutResult> r = put(what, bytes);
-    if (!r.ok()) {
-      CountPublishFailure(r.status(), absl::StrCat("the state at ", what.position));
-    } else if (!r->already_present) {
-      Count(&PrefillCacheCounters::states_published);
-    }
-  }
 }
 
 }  // namespace hybridserve::prefill

@@ -25,12 +25,10 @@
 // counters() and WaitForPublications may be called from any thread.
 
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -40,6 +38,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "cachestore/cache_client.h"
+#include "cachestore/cache_publisher.h"
 #include "common/hash.h"
 #include "common/log_rate_limiter.h"
 #include "common/tokens.h"
@@ -92,6 +91,7 @@ class PrefillWorker {
  public:
   // `model`, `cache` (null: no cache) and `sender` must outlive the worker.
   // `model_fingerprint` identifies the weights (ModelWeights::fingerprint()).
+  // The options' durations and sizes must be valid (main checks the flags).
   PrefillWorker(engine::Model& model, const common::Hash128& model_fingerprint, cachestore::CacheClient* cache,
                 transport::StateSender& sender, const PrefillWorkerOptions& options = {});
 
@@ -105,6 +105,7 @@ class PrefillWorker {
   absl::StatusOr<PrefillOutcome> Prefill(const PrefillRequest& request);
 
   // A snapshot of the counters (any thread).
+  // The publication counts are the publisher's (PublisherCounters).
   PrefillCacheCounters counters() const ABSL_LOCKS_EXCLUDED(counters_mu_);
   // The engine's free KV pages and state slots. Like Prefill, not while
   // another call is in the engine.
@@ -112,9 +113,9 @@ class PrefillWorker {
   int64_t free_slots() const { return model_.num_free_sequences(); }
   // With async_publication: waits until every queued publication is put;
   // false at the timeout.
-  bool WaitForPublications(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
+  bool WaitForPublications(absl::Duration timeout);
   // Puts what is still queued, then stops the publisher.
-  ~PrefillWorker();
+  ~PrefillWorker() = default;
   // The namespace a request with `cache_salt` uses.
   cachestore::ClientNamespace Namespace(const std::string& cache_salt) const;
 
@@ -130,39 +131,24 @@ class PrefillWorker {
                                 std::vector<std::string>* pages);
   bool RestoreFromCache(engine::SequenceId seq, const cachestore::LookupResult& lookup, int64_t prompt_tokens,
                         const common::Hash128& prefix_hash);
-  // What to put, copied out of the engine.
-  struct Publication {
-    cachestore::ClientNamespace ns;
-    std::vector<std::pair<cachestore::ClientPut, std::string>> pages;   // in order
-    std::vector<std::pair<cachestore::ClientPut, std::string>> states;  // checkpoints, then the prompt end
-  };
-  Publication Prepare(engine::SequenceId seq, const PrefillRequest& request, const cachestore::ClientNamespace& ns,
-                      int64_t resumed_at, int64_t kv_match_tokens,
-                      const std::vector<engine::SequenceState>& checkpoints);
-  void Put(const Publication& p);
-  void CountPublishFailure(const absl::Status& status, absl::string_view what) ABSL_LOCKS_EXCLUDED(counters_mu_);
-  // The cache failed to answer lately (cache_failure_backoff).
-  bool CacheSkipped() const ABSL_LOCKS_EXCLUDED(counters_mu_);
-  // Notes a cache call's status: DEADLINE_EXCEEDED starts a backoff.
-  void NoteCacheStatus(const absl::Status& status) ABSL_LOCKS_EXCLUDED(counters_mu_);
-  void PublishLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  // The publication of a prompt's pages the cache lacks, its grid
+  // checkpoints and its prompt-end state, copied out of the engine.
+  cachestore::Publication Prepare(engine::SequenceId seq, const PrefillRequest& request,
+                                  const cachestore::ClientNamespace& ns, int64_t resumed_at, int64_t kv_match_tokens,
+                                  const std::vector<engine::SequenceState>& checkpoints);
   void Count(int64_t PrefillCacheCounters::*field, int64_t n = 1) ABSL_LOCKS_EXCLUDED(counters_mu_);
 
   engine::Model& model_;
   const common::Hash128 fingerprint_;
-  const std::string fingerprint_hex_;
+  const cachestore::ModelNamespace namespace_;
   cachestore::CacheClient* const cache_;
   transport::StateSender& sender_;
   const PrefillWorkerOptions options_;
+  // With a cache: puts the publications (and says when to skip the cache).
+  std::unique_ptr<cachestore::CachePublisher> publisher_;
   mutable absl::Mutex counters_mu_;
   PrefillCacheCounters counters_ ABSL_GUARDED_BY(counters_mu_);
-  absl::Time cache_down_until_ ABSL_GUARDED_BY(counters_mu_) = absl::InfinitePast();
   common::LogRateLimiter log_limiter_;
-  absl::Mutex mu_;
-  std::deque<std::unique_ptr<Publication>> queue_ ABSL_GUARDED_BY(mu_);
-  int64_t publishing_ ABSL_GUARDED_BY(mu_) = 0;
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread publisher_;  // with async_publication
 };
 
 }  // namespace hybridserve::prefill

@@ -1,0 +1,275 @@
+#include "cachestore/cache_publisher.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/logging.h"
+
+namespace hybridserve::cachestore {
+
+ClientNamespace ModelNamespace::For(const std::string& cache_salt) const {
+  ClientNamespace ns;
+  ns.model_fingerprint = model_fingerprint;
+  ns.adapter = adapter;
+  ns.cache_salt = cache_salt;
+  ns.page_size = page_size;
+  return ns;
+}
+
+// A publication and how far its puts have got.
+struct CachePublisher::Job {
+  Publication p;
+  PublicationResult result;
+  bool started = false;
+  // The next put: pages in order, then the states.
+  size_t next = 0;
+  // The first page that failed (its index in the sequence); states that hang
+  // at or below it are not tried.
+  std::optional<int64_t> failed_page;
+  // Waiting for another writer's parent page: until parent_deadline, the
+  // next try at retry_at.
+  absl::Time parent_deadline = absl::InfiniteFuture();
+  absl::Time retry_at = absl::InfinitePast();
+  absl::Duration backoff = absl::Milliseconds(1);
+  bool other_writer = false;  // a page put came back ABORTED
+};
+
+absl::StatusOr<std::unique_ptr<CachePublisher>> CachePublisher::Create(CacheClient& cache,
+                                                                     const PublisherOptions& options) {
+  if (options.max_queued < 1 || options.max_in_flight < 0 || options.parent_wait < absl::ZeroDuration() ||
+      options.cache_failure_backoff < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "cache publisher: max_queued >= 1, max_in_flight >= 0, parent_wait >= 0 and cache_failure_backoff >= 0");
+  }
+  std::unique_ptr<CachePublisher> publisher(new CachePublisher(cache, options));
+  publisher->thread_ = std::thread([p = publisher.get()] { p->Run(); });
+  return publisher;
+}
+
+CachePublisher::CachePublisher(CacheClient& cache, const PublisherOptions& options)
+    : cache_(cache), options_(options) {}
+
+CachePublisher::~CachePublisher() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;  // after the publications already queued
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+void CachePublisher::Publish(Publication p) {
+  auto job = std::make_unique<Job>();
+  job->p = std::move(p);
+  absl::MutexLock lock(&mu_);
+  auto room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const int64_t queued = static_cast<int64_t>(queue_.size());
+    return queued < options_.max_queued && (options_.max_in_flight == 0 || queued + held_ < options_.max_in_flight);
+  };
+  mu_.Await(absl::Condition(&room));
+  queue_.push_back(std::move(job));
+}
+
+PublicationResult CachePublisher::PublishNow(Publication p) {
+  Job job;
+  job.p = std::move(p);
+  while (!Step(job)) absl::SleepFor(std::max(absl::ZeroDuration(), job.retry_at - absl::Now()));
+  PublicationResult result = job.result;
+  Finish(job);
+  return result;
+}
+
+bool CachePublisher::WaitIdle(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return queue_.empty() && held_ == 0; };
+  return mu_.AwaitWithTimeout(absl::Condition(&idle), timeout);
+}
+
+int64_t CachePublisher::in_flight() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(queue_.size()) + held_;
+}
+
+PublisherCounters CachePublisher::counters() const {
+  absl::MutexLock lock(&mu_);
+  return counters_;
+}
+
+bool CachePublisher::skipping() const {
+  absl::MutexLock lock(&mu_);
+  return absl::Now() < skip_until_;
+}
+
+bool CachePublisher::stopping() const {
+  absl::MutexLock lock(&mu_);
+  return stop_;
+}
+
+bool CachePublisher::NoteCacheStatus(const absl::Status& status) {
+  if (status.code() != absl::StatusCode::kDeadlineExceeded || options_.cache_failure_backoff <= absl::ZeroDuration()) {
+    return false;
+  }
+  absl::MutexLock lock(&mu_);
+  skip_until_ = absl::Now() + options_.cache_failure_backoff;
+  return true;
+}
+
+void CachePublisher::Fail(Job& job, const absl::Status& status, absl::string_view what) {
+  const std::string reason = common::FailureReason(status);
+  {
+    absl::MutexLock lock(&mu_);
+    ++counters_.failures;
+    ++counters_.failures_by_reason[reason];
+  }
+  if (!job.result.failure.empty()) return;
+  job.result.failure = reason;
+  job.result.failure_message = std::string(status.message());
+  int64_t held_back = 0;
+  if (log_limiter_.Allow(absl::StrCat("publication ", reason), &held_back)) {
+    LOG(WARNING) << "cache publication of " << what << " failed: " << status << common::HeldBack(held_back);
+  }
+}
+
+bool CachePublisher::Step(Job& job) {
+  Publication& p = job.p;
+  PublicationResult& result = job.result;
+  const absl::Status skipped =
+      absl::UnavailableError("the cachestore did not answer lately: publications skip it for a moment");
+  if (!job.started) {
+    job.started = true;
+    result.states.resize(p.states.size());
+    if (skipping()) {
+      Fail(job, skipped, "a publication");
+      return true;
+    }
+    if (p.probe_first && !p.pages.empty()) {
+      // Which of the pages (all of them, from page 0) the cache lacks.
+      std::vector<TokenId> fed;
+      for (const auto& [put, bytes] : p.pages) fed.insert(fed.end(), put.tokens.begin(), put.tokens.end());
+      absl::StatusOr<LookupResult> probe = cache_.Lookup(p.ns, fed, LookupMode::kProbeOnly);
+      if (NoteCacheStatus(probe.status())) {
+        Fail(job, probe.status(), "a probe");
+        return true;
+      }
+      if (probe.ok()) {
+        job.next = std::min(p.pages.size(), static_cast<size_t>(probe->kv_match_tokens / p.ns.page_size));
+        for (size_t i = 0; i < job.next; ++i) std::string().swap(p.pages[i].second);  // present: free the copy
+      }
+    }
+  }
+  const size_t total = p.pages.size() + p.states.size();
+  while (job.next < total) {
+    const bool is_page = job.next < p.pages.size();
+    const size_t index = is_page ? job.next : job.next - p.pages.size();
+    const ClientPut& what = is_page ? p.pages[index].first : p.states[index].first;
+    const int64_t page = p.first_page + static_cast<int64_t>(index);
+    if (is_page && job.failed_page.has_value()) {
+      job.next = p.pages.size();  // the pages after a failed one have no parent
+      continue;
+    }
+    if (!is_page && job.failed_page.has_value() && what.position / p.ns.page_size > *job.failed_page) {
+      ++job.next;  // it would hang below the failed page
+      continue;
+    }
+    absl::StatusOr<PutResult> r = skipping() ? absl::StatusOr<PutResult>(skipped)
+                                             : cache_.Put(p.ns, what, is_page ? p.pages[index].second
+                                                                                : p.states[index].second);
+    NoteCacheStatus(r.status());
+    if (r.ok()) {
+      absl::MutexLock lock(&mu_);
+      if (is_page) {
+        if (!r->already_present) ++result.pages_put, ++counters_.pages_published;
+      } else {
+        if (!r->already_present) ++counters_.states_published;
+        result.states[index] = *r;
+      }
+      ++job.next;
+      job.backoff = absl::Milliseconds(1);
+      continue;
+    }
+    if (is_page && r.status().code() == absl::StatusCode::kAborted) {
+      job.other_writer = true;
+      ++job.next;
+      continue;
+    }
+    const bool parent_expected = p.parent_from_other_writer || job.other_writer;
+    if (r.status().code() == absl::StatusCode::kFailedPrecondition && parent_expected) {
+      const bool stop = stopping();
+      const absl::Time now = absl::Now();
+      if (job.parent_deadline == absl::InfiniteFuture()) job.parent_deadline = now + options_.parent_wait;
+      if (!stop && now + job.backoff <= job.parent_deadline) {
+        job.retry_at = now + job.backoff;
+        job.backoff = std::min(2 * job.backoff, absl::Milliseconds(50));
+        return false;
+      }
+      if (!stop && result.failure.empty()) {
+        result.parent_wait_expired = true;
+        absl::MutexLock lock(&mu_);
+        ++counters_.parent_waits_expired;
+      }
+    }
+    Fail(job, r.status(),
+         is_page ? absl::StrCat("page ", page) : absl::StrCat("the state at ", what.position));
+    if (is_page) job.failed_page = page;
+    ++job.next;
+  }
+  return true;
+}
+
+void CachePublisher::Finish(Job& job) {
+  if (job.p.done) job.p.done(std::move(job.result));
+}
+
+void CachePublisher::Run() {
+  // Publications waiting for a parent page, by when to try again.
+  std::vector<std::unique_ptr<Job>> parked;
+  auto finish = [this](std::unique_ptr<Job> job) {
+    Finish(*job);
+    absl::MutexLock lock(&mu_);
+    --held_;
+  };
+  while (true) {
+    std::unique_ptr<Job> job;
+    bool stop = false;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !queue_.empty() || stop_; };
+      absl::Time due = absl::InfiniteFuture();
+      for (const auto& q : parked) due = std::min(due, q->retry_at);
+      mu_.AwaitWithDeadline(absl::Condition(&ready), due);
+      if (!queue_.empty()) {
+        job = std::move(queue_.front());
+        queue_.pop_front();
+        ++held_;
+      } else if (stop_ && parked.empty()) {
+        return;  // stopping, and nothing left
+      }
+      stop = stop_;
+    }
+    if (job != nullptr) {
+      if (Step(*job)) {
+        finish(std::move(job));
+      } else {
+        parked.push_back(std::move(job));
+      }
+    }
+    // The parked publications that are due (all of them when stopping: Step
+    // then gives up at once).
+    const absl::Time now = absl::Now();
+    for (size_t i = 0; i < parked.size();) {
+      if (!stop && parked[i]->retry_at > now) {
+        ++i;
+        continue;
+      }
+      if (Step(*parked[i])) {
+        finish(std::move(parked[i]));
+        parked.erase(parked.begin() + static_cast<std::ptrdiff_t>(i));
+      } else {
+        ++i;
+      }
+    }
+  }
+}
+
+}  // namespace hybridserve::cachestore

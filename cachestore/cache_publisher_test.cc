@@ -1,0 +1,219 @@
+// The publisher's rules over a real in-process cache (and faults injected in
+// front of it): ordered puts, ABORTED pages, parent pages another writer puts
+// late (waited out side by side, or given up), failed pages and the states
+// that needed them, the skip after a timeout, probes, and backpressure.
+
+#include "cachestore/cache_publisher.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "cachestore/cache_plan.h"
+#include "cachestore/cache_store.h"
+#include "cachestore/fault_injecting_cache_client.h"
+#include "cachestore/in_process_cache_client.h"
+#include "common/clock.h"
+#include "common/wait_for.h"
+#include "gtest/gtest.h"
+
+namespace hybridserve::cachestore {
+namespace {
+
+constexpr int32_t kPageSize = 4;
+
+class CachePublisherTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto store = CacheStore::Create(CacheIndexOptions(), clock_);
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = *std::move(store);
+    inner_ = std::make_unique<InProcessCacheClient>(*store_);
+    faults_ = std::make_unique<FaultInjectingCacheClient>(*inner_);
+    ns_ = ModelNamespace{"00112233445566778899aabbccddeeff", "", kPageSize}.For("salt");
+    for (int i = 0; i < 13; ++i) tokens_.push_back(i + 1);
+  }
+
+  std::unique_ptr<CachePublisher> NewPublisher(PublisherOptions o = {}) {
+    auto p = CachePublisher::Create(*faults_, o);
+    EXPECT_TRUE(p.ok()) << p.status();
+    return p.ok() ? *std::move(p) : nullptr;
+  }
+
+  // Pages [first, last) of tokens_ and, at each of `states`, a state.
+  Publication Make(int64_t first, int64_t last, std::vector<int64_t> states, const std::string& salt = "salt") {
+    ClientNamespace ns = ns_;
+    ns.cache_salt = salt;
+    const CachePlan plan(ns, tokens_);
+    Publication p;
+    p.ns = ns;
+    p.first_page = first;
+    for (int64_t i = first; i < last; ++i) p.pages.emplace_back(plan.PagePut(i), std::string(8, 'p'));
+    for (int64_t q : states) p.states.emplace_back(plan.StatePut(q, StateKind::kExactPrefix), std::string(8, 's'));
+    return p;
+  }
+
+  // The deepest resumable position the cache holds for tokens_.
+  int64_t ResumeAt() {
+    auto lookup = inner_->Lookup(ns_, tokens_, LookupMode::kProbeOnly);
+    return lookup.ok() ? lookup->resume_position : -1;
+  }
+  int64_t PagesHeld() {
+    auto lookup = inner_->Lookup(ns_, tokens_, LookupMode::kProbeOnly);
+    return lookup.ok() ? lookup->kv_match_tokens / kPageSize : -1;
+  }
+
+  common::FakeClock clock_;
+  std::unique_ptr<CacheStore> store_;
+  std::unique_ptr<InProcessCacheClient> inner_;
+  std::unique_ptr<FaultInjectingCacheClient> faults_;
+  ClientNamespace ns_;
+  std::vector<TokenId> tokens_;
+};
+
+TEST_F(CachePublisherTest, PutsPagesInOrderThenStatesAndReportsEach) {
+  auto publisher = NewPublisher();
+  PublicationResult r = publisher->PublishNow(Make(0, 3, {4, 12}));
+  EXPECT_TRUE(r.failure.empty()) << r.failure_message;
+  EXPECT_EQ(r.pages_put, 3);
+  ASSERT_EQ(r.states.size(), 2u);
+  EXPECT_TRUE(r.states[0].has_value());
+  EXPECT_TRUE(r.states[1].has_value());
+  EXPECT_EQ(ResumeAt(), 12);
+  // Again: everything already present, nothing counted twice.
+  r = publisher->PublishNow(Make(0, 3, {4, 12}));
+  EXPECT_EQ(r.pages_put, 0);
+  EXPECT_TRUE(r.failure.empty());
+  const PublisherCounters c = publisher->counters();
+  EXPECT_EQ(c.pages_published, 3);
+  EXPECT_EQ(c.states_published, 2);
+  EXPECT_EQ(c.failures, 0);
+}
+
+// A failed page ends the pages; a state that needed it is not tried, one
+// below it still goes in.
+TEST_F(CachePublisherTest, AFailedPageEndsThePagesAndTheStatesBelowIt) {
+  auto publisher = NewPublisher();
+  ASSERT_TRUE(publisher->PublishNow(Make(0, 1, {})).failure.empty());
+  faults_->FailNext(CacheClientMethod::kPut, 1, absl::ResourceExhaustedError("full"));
+  const int64_t puts_before = faults_->calls(CacheClientMethod::kPut);
+  PublicationResult r = publisher->PublishNow(Make(1, 3, {5, 12}));
+  EXPECT_EQ(r.failure, "resource_exhausted");
+  EXPECT_EQ(r.pages_put, 0);
+  EXPECT_TRUE(r.states[0].has_value()) << "the state at 5 hangs under page 0, which is in";
+  EXPECT_FALSE(r.states[1].has_value());
+  // The failed page 1 and the state at 5: page 2 and the state at 12 were not tried.
+  EXPECT_EQ(faults_->calls(CacheClientMethod::kPut) - puts_before, 2);
+  EXPECT_EQ(publisher->counters().failures_by_reason.at("resource_exhausted"), 1);
+  EXPECT_EQ(ResumeAt(), 5);
+}
+
+// Pages another writer is putting (ABORTED) are passed; the next pages hang
+// under them once their put commits.
+TEST_F(CachePublisherTest, AnAbortedPageIsAnotherWritersAndThePagesGoOn) {
+  auto publisher = NewPublisher();
+  faults_->FailNext(CacheClientMethod::kPut, 1, absl::AbortedError("another writer"));
+  PublicationResult r = publisher->PublishNow(Make(0, 3, {12}));
+  // Page 0 never arrives: page 1 waits for it as for another writer's, then gives up.
+  EXPECT_EQ(r.failure, "failed_precondition");
+  EXPECT_TRUE(r.parent_wait_expired);
+  EXPECT_EQ(publisher->counters().parent_waits_expired, 1);
+}
+
+// The parent is another writer's and arrives late: the publication parks
+// while a later one goes through, then completes.
+TEST_F(CachePublisherTest, APublicationWaitsForItsParentWithoutHoldingUpOthers) {
+  PublisherOptions o;
+  o.parent_wait = absl::Seconds(30);
+  auto publisher = NewPublisher(o);
+  absl::Notification waiting_done, other_done;
+  PublicationResult waiting_result;
+  Publication waiting = Make(1, 3, {12});
+  waiting.parent_from_other_writer = true;
+  waiting.done = [&](PublicationResult r) {
+    waiting_result = std::move(r);
+    waiting_done.Notify();
+  };
+  publisher->Publish(std::move(waiting));
+  // Another namespace's publication: done while the first one waits.
+  Publication other = Make(0, 2, {8}, "other");
+  other.done = [&](PublicationResult r) {
+    EXPECT_TRUE(r.failure.empty()) << r.failure_message;
+    other_done.Notify();
+  };
+  publisher->Publish(std::move(other));
+  ASSERT_TRUE(other_done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_FALSE(waiting_done.HasBeenNotified());
+  EXPECT_EQ(publisher->in_flight(), 1);
+  // The other writer's page 0 lands.
+  ASSERT_TRUE(publisher->PublishNow(Make(0, 1, {})).failure.empty());
+  ASSERT_TRUE(waiting_done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_TRUE(waiting_result.failure.empty()) << waiting_result.failure_message;
+  EXPECT_EQ(waiting_result.pages_put, 2);
+  EXPECT_EQ(ResumeAt(), 12);
+  EXPECT_TRUE(publisher->WaitIdle(absl::Seconds(30)));
+}
+
+// A timed-out call skips the cache for cache_failure_backoff: the rest of
+// the publication and the next ones fail without a call.
+TEST_F(CachePublisherTest, ATimeoutSkipsTheCacheForTheBackoff) {
+  PublisherOptions o;
+  o.cache_failure_backoff = absl::Hours(1);
+  auto publisher = NewPublisher(o);
+  faults_->FailNext(CacheClientMethod::kPut, 1, absl::DeadlineExceededError("hung"));
+  PublicationResult r = publisher->PublishNow(Make(0, 2, {2}));
+  EXPECT_EQ(r.failure, "deadline_exceeded");
+  EXPECT_TRUE(publisher->skipping());
+  EXPECT_EQ(faults_->calls(CacheClientMethod::kPut), 1) << "the state at 2 was skipped without a call";
+  r = publisher->PublishNow(Make(0, 2, {8}));
+  EXPECT_EQ(r.failure, "unavailable");
+  EXPECT_EQ(faults_->calls(CacheClientMethod::kPut), 1);
+  EXPECT_FALSE(publisher->NoteCacheStatus(absl::UnavailableError("down: refused at once, not skipped")));
+}
+
+// probe_first: every page from page 0 is handed over; only those the cache
+// lacks are put.
+TEST_F(CachePublisherTest, AProbePutsOnlyThePagesTheCacheLacks) {
+  auto publisher = NewPublisher();
+  ASSERT_TRUE(publisher->PublishNow(Make(0, 2, {})).failure.empty());
+  const int64_t puts_before = faults_->calls(CacheClientMethod::kPut);
+  Publication p = Make(0, 3, {12});
+  p.probe_first = true;
+  PublicationResult r = publisher->PublishNow(std::move(p));
+  EXPECT_TRUE(r.failure.empty()) << r.failure_message;
+  EXPECT_EQ(r.pages_put, 1);
+  EXPECT_EQ(faults_->calls(CacheClientMethod::kPut) - puts_before, 2);  // page 2 and the state
+  EXPECT_EQ(PagesHeld(), 3);
+}
+
+TEST_F(CachePublisherTest, RefusesBadOptions) {
+  PublisherOptions o;
+  o.max_queued = 0;
+  EXPECT_EQ(CachePublisher::Create(*faults_, o).status().code(), absl::StatusCode::kInvalidArgument);
+  o = {};
+  o.parent_wait = -absl::Seconds(1);
+  EXPECT_EQ(CachePublisher::Create(*faults_, o).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Backpressure: Publish blocks while max_queued publications wait.
+TEST_F(CachePublisherTest, PublishBlocksWhileTheQueueIsFull) {
+  PublisherOptions o;
+  o.max_queued = 1;
+  o.max_in_flight = 1;
+  faults_->SetDelay(CacheClientMethod::kPut, absl::Milliseconds(200));
+  auto publisher = NewPublisher(o);
+  publisher->Publish(Make(0, 1, {}));
+  absl::Notification second_queued;
+  std::thread t([&] {
+    publisher->Publish(Make(0, 1, {}));
+    second_queued.Notify();
+  });
+  EXPECT_TRUE(common::WaitFor([&] { return second_queued.HasBeenNotified(); }));
+  t.join();
+  EXPECT_TRUE(publisher->WaitIdle(absl::Seconds(30)));
+  EXPECT_EQ(publisher->counters().pages_published, 1);
+}
+
+}  // namespace
+}  // namespace hybridserve::cachestore
