@@ -41,20 +41,27 @@ absl::StatusOr<std::unique_ptr<DecodeLoop>> DecodeLoop::Create(
         "decode loop: max_batch >= 1, max_waiting >= 0, a positive transfer_timeout, a publish_parent_wait >= 0 and "
         "a cache_failure_backoff >= 0");
   }
-  std::unique_ptr<DecodeLoop> loop(new DecodeLoop(model, model_fingerprint, prefill, receiver, cache, options));
+  std::unique_ptr<DecodeLoop> loop(new DecodeLoop(model, model_fingerprint, prefill, receiver, options));
+  if (cache != nullptr && options.publish) {
+    cachestore::PublisherOptions po;
+    // At most max_batch turn ends wait to start, 2 * max_batch in all.
+    po.max_queued = options.max_batch;
+    po.max_in_flight = 2 * options.max_batch;
+    po.parent_wait = options.publish_parent_wait;
+    po.cache_failure_backoff = options.cache_failure_backoff;
+    ASSIGN_OR_RETURN(loop->publisher_, cachestore::CachePublisher::Create(*cache, po));
+  }
   loop->loop_ = std::thread([p = loop.get()] { p->Run(); });
-  loop->publisher_ = std::thread([p = loop.get()] { p->PublishLoop(); });
   return loop;
 }
 
 DecodeLoop::DecodeLoop(engine::Model& model, const common::Hash128& fingerprint, prefill::PrefillClient& prefill,
-                       transport::StateReceiver& receiver, cachestore::CacheClient* cache,
-                       const DecodeLoopOptions& options)
+                       transport::StateReceiver& receiver, const DecodeLoopOptions& options)
     : model_(model),
       fingerprint_(fingerprint),
       prefill_(prefill),
+      namespace_{fingerprint.ToHex(), options.adapter, static_cast<int32_t>(model.page_size())},
       receiver_(receiver),
-      cache_(cache),
       options_(options) {}
 
 DecodeLoop::~DecodeLoop() {
@@ -63,11 +70,7 @@ DecodeLoop::~DecodeLoop() {
     stop_ = true;
   }
   if (loop_.joinable()) loop_.join();
-  {
-    absl::MutexLock lock(&mu_);
-    stop_publisher_ = true;  // after the publications already queued
-  }
-  if (publisher_.joinable()) publisher_.join();
+  publisher_.reset();  // after the publications already queued; waits for parents give up
   absl::flat_hash_map<uint64_t, std::thread> calls;
   {
     absl::MutexLock lock(&mu_);
@@ -130,7 +133,7 @@ DecodeLoop::Counts DecodeLoop::counts() const {
 
 bool DecodeLoop::Idle() const {
   absl::MutexLock lock(&mu_);
-  return live_.empty() && publications_.empty() && publishing_ == 0 && orphaned_calls_.empty();
+  return live_.empty() && orphaned_calls_.empty() && (publisher_ == nullptr || publisher_->in_flight() == 0);
 }
 
 void DecodeLoop::JoinFinishedCalls() {
@@ -363,231 +366,73 @@ void DecodeLoop::Step() {
   }
 }
 
-// What the loop thread hands the publisher: the request (for its sink), its
-// completion, and the bytes to put, copied out of the engine before the
-// sequence was released; then how far the puts have got.
-struct DecodeLoop::Publication {
-  std::unique_ptr<Request> request;
-  Completion completion;
-  cachestore::ClientNamespace ns;
-  std::vector<std::pair<cachestore::ClientPut, std::string>> pages;
-  cachestore::ClientPut state_put;
-  std::string state;
-  absl::Status prepared;             // not OK: nothing to put, and why
-  bool parent_from_prefill = false;  // the first put's parent is prefill's to put
-  // Progress: the entries put so far (the pages in order, then the state).
-  size_t next = 0;
-  // Waiting for a parent page that another writer (prefill, or a concurrent
-  // request with the same history) is putting: until parent_deadline, the
-  // next try at retry_at.
-  absl::Time parent_deadline = absl::InfiniteFuture();
-  absl::Time retry_at = absl::InfinitePast();
-  absl::Duration backoff = absl::Milliseconds(1);
-  bool other_writer = false;  // a page put came back ABORTED
-  // pages holds every full page from page 0: the publisher first asks the
-  // cache which it lacks (a probe), off the loop thread.
-  bool probe_first = false;
-};
-
-void DecodeLoop::Prepare(const Request& r, Publication* p) {
+absl::StatusOr<cachestore::Publication> DecodeLoop::Prepare(const Request& r) const {
   // The tokens fed to the model: the prompt and every generated token but the
   // last (sampled, not yet processed).
   std::vector<TokenId> fed = r.req.prompt;
   fed.insert(fed.end(), r.generated.begin(), r.generated.end() - 1);
   const int64_t position = static_cast<int64_t>(fed.size());
-  p->ns.model_fingerprint = fingerprint_.ToHex();
-  p->ns.adapter = options_.adapter;
-  p->ns.cache_salt = r.req.cache_salt;
-  p->ns.page_size = static_cast<int32_t>(model_.page_size());
-  const cachestore::CachePlan plan(p->ns, fed);
+  cachestore::Publication p;
+  p.ns = namespace_.For(r.req.cache_salt);
+  const cachestore::CachePlan plan(p.ns, fed);
   const int64_t ps = plan.page_size();
   // Every full page is put, a model without attention layers included: its
   // pages hold no bytes but chain the prefix the state hangs from.
   const int64_t full = position / ps;
   // Prefill puts the prompt's full pages (after its answer, so perhaps not
-  // yet): the pages past them are ours. Putting copies of prefill's pages
-  // too would race its puts of the same entries (ABORTED on both sides) and
-  // move every prompt byte twice. When prefill does not publish (it found
-  // the cache unreachable, or has none), every page is copied here and the
-  // publisher puts those the cache lacks: the loop thread never waits on the
-  // cache (a slow one would stall the whole batch), only on the copy.
-  int64_t first = static_cast<int64_t>(r.req.prompt.size()) / ps;
+  // yet): the pages past them are ours, and the first one's parent is
+  // prefill's. Putting copies of prefill's pages too would race its puts of
+  // the same entries (ABORTED on both sides) and move every prompt byte
+  // twice. When prefill does not publish (it found the cache unreachable, or
+  // has none), every page is copied here and the publisher puts those the
+  // cache lacks (a probe): the loop thread never waits on the cache (a slow
+  // one would stall the whole batch), only on the copy.
   if (r.prefill.publishes_prompt) {
-    p->parent_from_prefill = true;
+    p.first_page = static_cast<int64_t>(r.req.prompt.size()) / ps;
+    p.parent_from_other_writer = true;
   } else {
-    first = 0;
-    p->probe_first = true;
+    p.probe_first = true;
   }
-  for (int64_t i = first; i < full; ++i) {
-    absl::StatusOr<std::string> page = model_.ExportPage(r.reservation.id, i);
-    if (!page.ok()) {
-      p->prepared = page.status();
-      return;
-    }
-    p->pages.emplace_back(plan.PagePut(i), *std::move(page));
+  for (int64_t i = p.first_page; i < full; ++i) {
+    ASSIGN_OR_RETURN(std::string page, model_.ExportPage(r.reservation.id, i));
+    p.pages.emplace_back(plan.PagePut(i), std::move(page));
   }
-  p->prepared = model_.sequences().EncodeStateInto(r.reservation.id, /*with_logits=*/true, fingerprint_,
-                                                   plan.StateKeyAt(position), &p->state);
-  p->state_put = plan.StatePut(position, cachestore::StateKind::kExactPrefix);
-  p->state_put.ttl = r.req.session_keep;
-  p->state_put.pin = r.req.session_pin;
+  std::string state;
+  RETURN_IF_ERROR(model_.sequences().EncodeStateInto(r.reservation.id, /*with_logits=*/true, fingerprint_,
+                                                     plan.StateKeyAt(position), &state));
+  cachestore::ClientPut state_put = plan.StatePut(position, cachestore::StateKind::kExactPrefix);
+  state_put.ttl = r.req.session_keep;
+  state_put.pin = r.req.session_pin;
+  p.states.emplace_back(std::move(state_put), std::move(state));
+  return p;
 }
 
-bool DecodeLoop::Publish(Publication& p) {
-  PublicationReport& report = p.completion.publication;
-  SessionOutcome& outcome = p.completion.usage.session;
-  const bool pin = p.request->req.session_pin;
-  auto failed = [&](absl::string_view reason, absl::string_view why) {
-    report.failure = std::string(reason);
-    if (pin) outcome.pin_refused = absl::StrCat("the turn-end state was not published: ", why);
-    return true;
-  };
-  if (!p.prepared.ok()) return failed("export", p.prepared.message());
-  // A cache that timed out lately is skipped, without a call, for a while.
-  if (absl::Now() < cache_down_until_) {
-    return failed("unavailable", "the cachestore did not answer lately: publications are skipped for a moment");
+void DecodeLoop::CompletePublished(std::unique_ptr<Request> r, Completion c,
+                                   const cachestore::PublicationResult& result) {
+  PublicationReport& report = c.publication;
+  SessionOutcome& outcome = c.usage.session;
+  report.wait = absl::Now() - r->ended;
+  report.pages = result.pages_put;
+  report.failure = result.failure;
+  report.parent_wait_expired = result.parent_wait_expired;
+  if (!result.states.empty() && result.states[0].has_value()) {
+    const cachestore::PutResult& put = *result.states[0];
+    outcome.published = true;
+    outcome.keep = put.ttl;
+    outcome.pinned = put.pinned;
+    outcome.pin_refused = put.pin_refused;
+  } else if (r->req.session_pin) {
+    outcome.pin_refused = absl::StrCat("the turn-end state was not published: ", result.failure_message);
   }
-  // A call that timed out (a hung cachestore, not a dead one: that refuses at
-  // once and costs nothing) starts the skip; true when it did.
-  auto timed_out = [&](const absl::Status& s) {
-    if (s.code() != absl::StatusCode::kDeadlineExceeded || options_.cache_failure_backoff <= absl::ZeroDuration()) {
-      return false;
-    }
-    cache_down_until_ = absl::Now() + options_.cache_failure_backoff;
-    return true;
-  };
-  if (p.probe_first) {
-    // Which of the pages (all of them, from page 0) the cache lacks. A failed
-    // probe puts them all: those present answer already_present.
-    p.probe_first = false;
-    std::vector<TokenId> fed;
-    for (const auto& [put, bytes] : p.pages) fed.insert(fed.end(), put.tokens.begin(), put.tokens.end());
-    absl::StatusOr<cachestore::LookupResult> probe = cache_->Lookup(p.ns, fed, cachestore::LookupMode::kProbeOnly);
-    if (timed_out(probe.status())) return failed(common::FailureReason(probe.status()), probe.status().message());
-    if (probe.ok()) {
-      p.next = std::min(p.pages.size(), static_cast<size_t>(probe->kv_match_tokens / p.ns.page_size));
-      for (size_t i = 0; i < p.next; ++i) std::string().swap(p.pages[i].second);  // present: free the copy
-    }
-  }
-  const size_t total = p.pages.size() + 1;
-  while (p.next < total) {
-    const bool is_page = p.next < p.pages.size();
-    const cachestore::ClientPut& what = is_page ? p.pages[p.next].first : p.state_put;
-    absl::string_view bytes = is_page ? absl::string_view(p.pages[p.next].second) : absl::string_view(p.state);
-    absl::StatusOr<cachestore::PutResult> r = cache_->Put(p.ns, what, bytes);
-    timed_out(r.status());
-    if (r.ok()) {
-      if (!is_page) {
-        outcome.published = true;
-        outcome.keep = r->ttl;
-        outcome.pinned = r->pinned;
-        outcome.pin_refused = r->pin_refused;
-      } else if (!r->already_present) {
-        ++report.pages;
-      }
-      ++p.next;
-      p.backoff = absl::Milliseconds(1);
-      continue;
-    }
-    // ABORTED on a page: the same page is being put by another writer (a
-    // concurrent request with the same history); its node is there for the
-    // next pages once that put commits.
-    if (is_page && r.status().code() == absl::StatusCode::kAborted) {
-      p.other_writer = true;
-      ++p.next;
-      continue;
-    }
-    // FAILED_PRECONDITION is "the parent page is not in the cache": prefill's
-    // publication of the prompt (or the other writer's put) may still be on
-    // its way. Wait for it, bounded, without holding up other publications.
-    const bool parent_expected = p.parent_from_prefill || p.other_writer;
-    if (r.status().code() == absl::StatusCode::kFailedPrecondition && parent_expected) {
-      bool stopping = false;
-      {
-        absl::MutexLock lock(&mu_);
-        stopping = stop_;
-      }
-      const absl::Time now = absl::Now();
-      if (p.parent_deadline == absl::InfiniteFuture()) p.parent_deadline = now + options_.publish_parent_wait;
-      if (!stopping && now + p.backoff <= p.parent_deadline) {
-        p.retry_at = now + p.backoff;
-        p.backoff = std::min(2 * p.backoff, absl::Milliseconds(50));
-        return false;
-      }
-      if (!stopping) report.parent_wait_expired = true;
-    }
-    return failed(common::FailureReason(r.status()), r.status().message());
-  }
-  return true;
-}
-
-void DecodeLoop::Complete(std::unique_ptr<Publication> p) {
-  PublicationReport& report = p->completion.publication;
-  report.wait = absl::Now() - p->request->ended;
   if (!report.failure.empty()) {
     int64_t held_back = 0;
     if (log_limiter_.Allow(absl::StrCat("publication ", report.failure), &held_back)) {
-      LOG(WARNING) << "turn-end publication of request " << p->request->req.request_id << " failed (" << report.failure
+      LOG(WARNING) << "turn-end publication of request " << r->req.request_id << " failed (" << report.failure
                    << (report.parent_wait_expired ? ", after waiting for prefill's parent page" : "")
                    << "): the next turn resumes from an earlier state" << common::HeldBack(held_back);
     }
   }
-  p->request->sink->OnComplete(p->completion);
-  absl::MutexLock lock(&mu_);
-  --publishing_;
-}
-
-void DecodeLoop::PublishLoop() {
-  // Publications waiting for a parent page, by when to try again.
-  std::vector<std::unique_ptr<Publication>> parked;
-  while (true) {
-    std::unique_ptr<Publication> p;
-    {
-      absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !publications_.empty() || stop_publisher_; };
-      if (parked.empty()) {
-        mu_.Await(absl::Condition(&ready));
-      } else {
-        absl::Time due = absl::InfiniteFuture();
-        for (const auto& q : parked) due = std::min(due, q->retry_at);
-        mu_.AwaitWithDeadline(absl::Condition(&ready), due);
-      }
-      if (!publications_.empty()) {
-        p = std::move(publications_.front());
-        publications_.pop_front();
-        ++publishing_;
-      } else if (stop_publisher_ && parked.empty()) {
-        return;  // stopping, and nothing left
-      }
-    }
-    if (p != nullptr) {
-      if (Publish(*p)) {
-        Complete(std::move(p));
-      } else {
-        parked.push_back(std::move(p));
-      }
-    }
-    // The parked publications that are due (all of them when stopping:
-    // Publish then gives up at once).
-    const absl::Time now = absl::Now();
-    bool stopping = false;
-    {
-      absl::MutexLock lock(&mu_);
-      stopping = stop_publisher_;
-    }
-    for (size_t i = 0; i < parked.size();) {
-      if (!stopping && parked[i]->retry_at > now) {
-        ++i;
-        continue;
-      }
-      if (Publish(*parked[i])) {
-        Complete(std::move(parked[i]));
-        parked.erase(parked.begin() + static_cast<std::ptrdiff_t>(i));
-      } else {
-        ++i;
-      }
-    }
-  }
+  r->sink->OnComplete(c);
 }
 
 void DecodeLoop::Finish(const std::string& request_id, FinishReason reason, absl::Status error, TokenId stop_token) {
@@ -640,25 +485,25 @@ void DecodeLoop::Finish(const std::string& request_id, FinishReason reason, absl
     const bool normal = reason == FinishReason::kStop || reason == FinishReason::kLength;
     if (normal) {
       c.usage.has_session = true;
-      if (cache_ != nullptr && options_.publish) {
+      if (publisher_ != nullptr) {
         // The bytes leave the engine now; the puts, and then the final
-        // message, follow on the publisher thread, so the batch does not wait
-        // for the cache and the next turn still finds the state.
+        // message, follow on the publisher's thread, so the batch does not
+        // wait for the cache and the next turn still finds the state.
         c.publication.attempted = true;
-        auto p = std::make_unique<Publication>();
-        Prepare(*r, p.get());
+        absl::StatusOr<cachestore::Publication> p = Prepare(*r);
         (void)table.Release(r->reservation.id);
-        p->request = std::move(r);
-        p->completion = std::move(c);
-        absl::MutexLock lock(&mu_);
-        // Backpressure: at most max_batch publications wait to start, and at
-        // most 2 * max_batch are in the publisher's hands at once.
-        auto room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-          const int64_t queued = static_cast<int64_t>(publications_.size());
-          return queued < options_.max_batch && queued + publishing_ < 2 * options_.max_batch;
+        if (!p.ok()) {
+          cachestore::PublicationResult export_failed;
+          export_failed.failure = "export";
+          export_failed.failure_message = std::string(p.status().message());
+          CompletePublished(std::move(r), std::move(c), export_failed);
+          return;
+        }
+        p->done = [this, r = std::move(r), c = std::move(c)](cachestore::PublicationResult result) mutable {
+          CompletePublished(std::move(r), std::move(c), result);
         };
-        mu_.Await(absl::Condition(&room));
-        publications_.push_back(std::move(p));
+        // Backpressure: blocks while max_batch publications wait to start.
+        publisher_->Publish(*std::move(p));
         return;
       }
       if (r->req.session_pin)

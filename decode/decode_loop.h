@@ -25,10 +25,10 @@
 // with the logits that chose the last token) and the pages of the generated
 // tokens are published to the cache before OnComplete, so the client's next
 // turn, whose prompt extends this one, finds them. The loop thread only
-// copies those bytes out of the engine; a publisher thread puts them and then
-// completes the request, so the running batch never waits for the cache. A
-// publication whose parent page prefill has yet to put is set aside and
-// retried (up to publish_parent_wait) while the others go on.
+// copies those bytes out of the engine; a cachestore::CachePublisher puts
+// them on its thread, by its rules (a parent page prefill has yet to put is
+// waited for, up to publish_parent_wait, beside the other publications), and
+// then completes the request, so the running batch never waits for the cache.
 //
 // Thread-safe: Submit and Abort may be called from any thread.
 
@@ -48,6 +48,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "cachestore/cache_client.h"
+#include "cachestore/cache_publisher.h"
 #include "common/hash.h"
 #include "common/log_rate_limiter.h"
 #include "decode/generation.h"
@@ -139,7 +140,7 @@ class DecodeLoop {
   };
 
   DecodeLoop(engine::Model& model, const common::Hash128& fingerprint, prefill::PrefillClient& prefill,
-             transport::StateReceiver& receiver, cachestore::CacheClient* cache, const DecodeLoopOptions& options);
+             transport::StateReceiver& receiver, const DecodeLoopOptions& options);
 
   void Run();
   // The loop's steps; each runs on the loop thread without mu_.
@@ -149,17 +150,11 @@ class DecodeLoop {
   // Emits `token` for `r` and ends it when a stop condition holds.
   void Emit(Request& r, const engine::SampledToken& token);
   void Finish(const std::string& request_id, FinishReason reason, absl::Status error, TokenId stop_token = -1);
-  struct Publication;
-  // On the loop thread: the bytes of the turn end (the pages the cache lacks,
-  // the encoded state) copied out of the engine.
-  void Prepare(const Request& r, Publication* p);
-  // On the publisher thread: puts what is left of `p`, in order. False when
-  // it must wait for prefill's parent page (p->retry_at says until when);
-  // true when done, published or failed (p->completion says which).
-  bool Publish(Publication& p) ABSL_LOCKS_EXCLUDED(mu_);
-  // Sends `p`'s final message.
-  void Complete(std::unique_ptr<Publication> p) ABSL_LOCKS_EXCLUDED(mu_);
-  void PublishLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  // On the loop thread: the turn end's publication (the pages the cache
+  // lacks, the encoded state), copied out of the engine.
+  absl::StatusOr<cachestore::Publication> Prepare(const Request& r) const;
+  // Sends the final message of `r`, its publication's `result` reported.
+  void CompletePublished(std::unique_ptr<Request> r, Completion c, const cachestore::PublicationResult& result);
   void JoinFinishedCalls() ABSL_LOCKS_EXCLUDED(mu_);
   // Requests holding a place in the batch: prefilling, decoding, and ended
   // ones whose prefill call has not returned yet.
@@ -170,8 +165,8 @@ class DecodeLoop {
   engine::Model& model_;
   const common::Hash128 fingerprint_;
   prefill::PrefillClient& prefill_;
+  const cachestore::ModelNamespace namespace_;
   transport::StateReceiver& receiver_;
-  cachestore::CacheClient* const cache_;
   const DecodeLoopOptions options_;
 
   // Live requests by id, owned here; touched by the loop thread only, except
@@ -197,20 +192,14 @@ class DecodeLoop {
   absl::flat_hash_set<uint64_t> calls_running_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<uint64_t> orphaned_calls_ ABSL_GUARDED_BY(mu_);
 
-  // Turn ends waiting to be published (then completed), at most max_batch;
-  // publishing_ counts those the publisher holds (being put, or waiting for
-  // a parent page).
-  std::deque<std::unique_ptr<Publication>> publications_ ABSL_GUARDED_BY(mu_);
-  int64_t publishing_ ABSL_GUARDED_BY(mu_) = 0;
-  bool stop_publisher_ ABSL_GUARDED_BY(mu_) = false;
   common::LogRateLimiter log_limiter_;
-  // Publisher thread only: until when publications skip the cache.
-  absl::Time cache_down_until_ = absl::InfinitePast();
+  // Puts the turn ends, then completes their requests (with a cache and
+  // options.publish).
+  std::unique_ptr<cachestore::CachePublisher> publisher_;
 
   // Loop-thread state: the running sequences in batch order.
   std::vector<std::string> batch_;
   std::thread loop_;
-  std::thread publisher_;
 };
 
 }  // namespace hybridserve::decode
