@@ -177,7 +177,7 @@ StackOptions BenchStack(bool cachestore, bool aggregated) {
   o.decode_args = {model, threads, device, "--max_pages=8192", "--transfer_timeout=300s"};
   o.prefill_args = {model, threads, device, "--max_pages=8192"};
   if (!aggregated && absl::GetFlag(FLAGS_data_plane) != "tcp") {
-    o.decode_args.push_back("--data_plane=" + absl::GetFlag(FLAGS_data_plane));
+    o.decode_args.push_back("--data_planes=" + absl::GetFlag(FLAGS_data_plane));
     o.prefill_args.push_back("--data_planes=tcp," + absl::GetFlag(FLAGS_data_plane));
   }
   o.cachestore_args = {"--page_budget_mib=4096", "--state_budget_mib=2048"};

@@ -1,0 +1,53 @@
+#include "worker/flags.h"
+
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+ABSL_FLAG(std::string, model_dir, "models/default", "Hugging Face model directory (config.json + safetensors)");
+ABSL_FLAG(std::string, metrics_address, "", "Prometheus /metrics address (host:port); empty disables");
+ABSL_FLAG(std::string, cachestore, "", "cachestore gRPC address (host:port); empty: no cache");
+ABSL_FLAG(std::string, device, "cpu", "cpu or cuda");
+ABSL_FLAG(int32_t, device_index, 0, "the CUDA device of the engine and of NCCL channels");
+ABSL_FLAG(int32_t, threads, 2, "kernel threads (CPU backend)");
+ABSL_FLAG(int64_t, page_size, 0,
+          "KV page size in tokens (a power of two); 0: min(16, chunk_size); prefill and decode workers must agree");
+ABSL_FLAG(int64_t, max_pages, 4096, "KV pages of the engine");
+ABSL_FLAG(absl::Duration, cache_timeout, absl::Seconds(2), "per-call deadline of cachestore calls");
+ABSL_FLAG(absl::Duration, cache_failure_backoff, absl::Seconds(1),
+          "after a cache call times out (a hung cachestore), lookups and publications skip it for this long");
+ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(10), "time in-flight requests get on SIGTERM");
+
+namespace hybridserve::worker {
+
+absl::Status CheckNotNegative(std::initializer_list<std::pair<const char*, absl::Duration>> flags) {
+  for (const auto& [name, value] : flags) {
+    if (value < absl::ZeroDuration()) {
+      return absl::InvalidArgumentError(absl::StrCat("--", name, " must be >= 0, got ", absl::FormatDuration(value)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags() {
+  WorkerOptions o;
+  o.model_dir = absl::GetFlag(FLAGS_model_dir);
+  absl::StatusOr<engine::Device> device = engine::ParseDevice(absl::GetFlag(FLAGS_device));
+  if (!device.ok()) return absl::InvalidArgumentError(absl::StrCat("--device: ", device.status().message()));
+  o.device = *device;
+  o.device_index = absl::GetFlag(FLAGS_device_index);
+  o.threads = absl::GetFlag(FLAGS_threads);
+  o.page_size = absl::GetFlag(FLAGS_page_size);
+  o.max_pages = absl::GetFlag(FLAGS_max_pages);
+  o.cachestore = absl::GetFlag(FLAGS_cachestore);
+  o.cache_timeout = absl::GetFlag(FLAGS_cache_timeout);
+  o.cache_failure_backoff = absl::GetFlag(FLAGS_cache_failure_backoff);
+  o.metrics_address = absl::GetFlag(FLAGS_metrics_address);
+  o.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
+  RETURN_IF_ERROR(CheckNotNegative({{"cache_failure_backoff", o.cache_failure_backoff}}));
+  return o;
+}
+
+}  // namespace hybridserve::worker

@@ -1,0 +1,30 @@
+#ifndef HYBRIDSERVE_WORKER_FLAGS_H_
+#define HYBRIDSERVE_WORKER_FLAGS_H_
+
+// The flags both worker binaries take (defined in flags.cc, linked into each
+// main): --model_dir, --device, --device_index, --threads, --page_size,
+// --max_pages, --cachestore, --cache_timeout, --cache_failure_backoff,
+// --metrics_address, --shutdown_grace. Each binary defines its own
+// --address and --data_planes (their defaults and meaning differ). Only the
+// mains include this header.
+
+#include <initializer_list>
+#include <utility>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "worker/bootstrap.h"
+
+namespace hybridserve::worker {
+
+// The shared flags as options. INVALID_ARGUMENT, naming the flag, for an
+// unknown --device or a negative --cache_failure_backoff.
+absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags();
+
+// INVALID_ARGUMENT naming the first flag (name, value) whose duration is
+// negative.
+absl::Status CheckNotNegative(std::initializer_list<std::pair<const char*, absl::Duration>> flags);
+
+}  // namespace hybridserve::worker
+
+#endif  // HYBRIDSERVE_WORKER_FLAGS_H_
