@@ -46,7 +46,7 @@ class EntryStreamReactor;
 // one write outstanding and the entry's bytes alive until the write is done.
 // Put, Get and GetMany are raw methods: their messages stay gRPC byte buffers,
 // so an entry's bytes go from the transport's slices into the entry and from
-// the entry into slices that point at it (wire.h), never through a protobuf
+// the entry into slices that point at it (entry_messages.h), never through a protobuf
 // string. The wire format is the proto's.
 using CacheStoreHandlers = v1::CacheStore::WithCallbackMethod_Lookup<
     v1::CacheStore::WithRawCallbackMethod_Put<v1::CacheStore::WithRawCallbackMethod_Get<

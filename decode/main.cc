@@ -22,7 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "cachestore/client.h"
+#include "cachestore/grpc_cache_client.h"
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/process.h"
@@ -97,7 +97,7 @@ absl::StatusOr<std::unique_ptr<engine::Model>> NewEngine(const engine::ModelWeig
 
 // Peers may start later than this worker (requests fail, or miss the cache,
 // until they are up), so an unreachable one is a warning, not a fatal error.
-void WarnAboutUnreachablePeers(cachestore::CacheStoreClient* cache, const std::string& prefill) {
+void WarnAboutUnreachablePeers(cachestore::GrpcCacheClient* cache, const std::string& prefill) {
   if (cache != nullptr) {
     absl::StatusOr<cachestore::IndexStats> stats = cache->Stats();
     if (!stats.ok()) {
@@ -141,11 +141,11 @@ int Run() {
     return 1;
   }
 
-  std::unique_ptr<cachestore::CacheStoreClient> cache;
+  std::unique_ptr<cachestore::GrpcCacheClient> cache;
   if (!absl::GetFlag(FLAGS_cachestore).empty()) {
-    cachestore::ClientOptions co;
+    cachestore::GrpcCacheClientOptions co;
     co.timeout = absl::GetFlag(FLAGS_cache_timeout);
-    auto c = cachestore::CacheStoreClient::Create(absl::GetFlag(FLAGS_cachestore), co);
+    auto c = cachestore::GrpcCacheClient::Create(absl::GetFlag(FLAGS_cachestore), co);
     if (!c.ok()) {
       LOG(ERROR) << c.status();
       return 1;

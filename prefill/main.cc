@@ -13,7 +13,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "cachestore/client.h"
+#include "cachestore/grpc_cache_client.h"
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/process.h"
@@ -87,11 +87,11 @@ int Run() {
     LOG(ERROR) << "cannot start the engine: " << model.status();
     return 1;
   }
-  std::unique_ptr<cachestore::CacheStoreClient> cache;
+  std::unique_ptr<cachestore::GrpcCacheClient> cache;
   if (!absl::GetFlag(FLAGS_cachestore).empty()) {
-    cachestore::ClientOptions co;
+    cachestore::GrpcCacheClientOptions co;
     co.timeout = absl::GetFlag(FLAGS_cache_timeout);
-    auto c = cachestore::CacheStoreClient::Create(absl::GetFlag(FLAGS_cachestore), co);
+    auto c = cachestore::GrpcCacheClient::Create(absl::GetFlag(FLAGS_cachestore), co);
     if (!c.ok()) {
       LOG(ERROR) << c.status();
       return 1;

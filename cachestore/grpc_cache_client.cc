@@ -1,10 +1,10 @@
-#include "cachestore/client.h"
+#include "cachestore/grpc_cache_client.h"
 
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "cachestore/wire.h"
+#include "cachestore/entry_messages.h"
 #include "common/grpc_status.h"
 #include "common/hash.h"
 #include "grpcpp/generic/generic_stub.h"
@@ -55,7 +55,7 @@ constexpr char kPutMethod[] = "/hybridserve.v1.CacheStore/Put";
 
 // One call of a streaming method whose messages stay raw ByteBuffers (the
 // generated stubs would copy an entry's bytes into and out of protobuf
-// strings; wire.h reads and writes them in place), driven step by step on
+// strings; entry_messages.h reads and writes them in place), driven step by step on
 // its own completion queue. Every step returns whether it succeeded; a failed
 // step means the call is over, and Finish says why.
 class RawCall {
@@ -153,8 +153,8 @@ class RawCall {
 
 }  // namespace
 
-struct CacheStoreClient::Impl {
-  ClientOptions options;
+struct GrpcCacheClient::Impl {
+  GrpcCacheClientOptions options;
   std::unique_ptr<v1::CacheStore::Stub> stub;
   std::unique_ptr<grpc::GenericStub> raw;  // Put, Get, GetMany: bytes in place
 
@@ -163,8 +163,8 @@ struct CacheStoreClient::Impl {
   }
 };
 
-absl::StatusOr<std::unique_ptr<CacheStoreClient>> CacheStoreClient::Create(const std::string& target,
-                                                                           const ClientOptions& options) {
+absl::StatusOr<std::unique_ptr<GrpcCacheClient>> GrpcCacheClient::Create(const std::string& target,
+                                                                         const GrpcCacheClientOptions& options) {
   if (options.chunk_bytes <= 0 || options.chunk_bytes > (int64_t{64} << 20)) {
     return absl::InvalidArgumentError("chunk_bytes must be in (0, 64 MiB]");
   }
@@ -182,14 +182,14 @@ absl::StatusOr<std::unique_ptr<CacheStoreClient>> CacheStoreClient::Create(const
   std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
   impl->stub = v1::CacheStore::NewStub(channel);
   impl->raw = std::make_unique<grpc::GenericStub>(channel);
-  return std::unique_ptr<CacheStoreClient>(new CacheStoreClient(std::move(impl)));
+  return std::unique_ptr<GrpcCacheClient>(new GrpcCacheClient(std::move(impl)));
 }
 
-CacheStoreClient::CacheStoreClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-CacheStoreClient::~CacheStoreClient() = default;
+GrpcCacheClient::GrpcCacheClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+GrpcCacheClient::~GrpcCacheClient() = default;
 
-absl::StatusOr<LookupResult> CacheStoreClient::Lookup(const ClientNamespace& ns, absl::Span<const TokenId> tokens,
-                                                      LookupMode mode) {
+absl::StatusOr<LookupResult> GrpcCacheClient::Lookup(const ClientNamespace& ns, absl::Span<const TokenId> tokens,
+                                                     LookupMode mode) {
   v1::LookupRequest req;
   *req.mutable_namespace_() = ToProto(ns);
   req.mutable_token_ids()->Add(tokens.begin(), tokens.end());
@@ -236,8 +236,8 @@ absl::StatusOr<LookupResult> CacheStoreClient::Lookup(const ClientNamespace& ns,
   return r;
 }
 
-absl::StatusOr<PutResult> CacheStoreClient::Put(const ClientNamespace& ns, const ClientPut& put,
-                                                absl::string_view bytes) {
+absl::StatusOr<PutResult> GrpcCacheClient::Put(const ClientNamespace& ns, const ClientPut& put,
+                                               absl::string_view bytes) {
   grpc::ClientContext ctx;
   impl_->Prepare(&ctx);
   RawCall call(*impl_->raw, kPutMethod, &ctx);
@@ -263,25 +263,26 @@ absl::StatusOr<PutResult> CacheStoreClient::Put(const ClientNamespace& ns, const
   // A failed Write means the server already answered (e.g. already present,
   // or an error); Finish tells which.
   grpc::ByteBuffer answer;
-  bool open = call.Write(wire::SerializeMessage(msg));
+  bool open = call.Write(entry_messages::SerializeMessage(msg));
   call.StartAnswer(&answer);
   const int64_t chunk = impl_->options.chunk_bytes;
   for (size_t off = 0; open && !call.answered() && off < bytes.size(); off += chunk) {
     // The chunk points into `bytes`, which outlive the call: no copy.
     const grpc::Slice data(bytes.data() + off, std::min<size_t>(chunk, bytes.size() - off), grpc::Slice::STATIC_SLICE);
-    open = call.Write(wire::EncodeChunk({{wire::kChunkOffset, off}}, wire::kChunkData, data, wire::kPutChunk));
+    open = call.Write(entry_messages::EncodeChunk({{entry_messages::kChunkOffset, off}}, entry_messages::kChunkData,
+                                                  data, entry_messages::kPutChunk));
   }
   if (open && !call.answered()) {
     msg.Clear();
     msg.mutable_commit()->set_checksum(common::Checksum64(bytes.data(), bytes.size()));
-    call.Write(wire::SerializeMessage(msg));
+    call.Write(entry_messages::SerializeMessage(msg));
   }
   call.WritesDone();
   v1::PutResponse resp;
   const bool answered = call.AnswerArrived();
   absl::Status s = FromGrpcStatus(call.Finish());
   if (!s.ok()) return s;
-  if (!answered || !wire::ParseMessage(answer, &resp))
+  if (!answered || !entry_messages::ParseMessage(answer, &resp))
     return absl::InternalError("cachestore sent a malformed put answer");
   PutResult r;
   if (!Hash128::FromBytes(resp.key(), &r.key)) return absl::InternalError("cachestore sent a malformed key");
@@ -292,7 +293,7 @@ absl::StatusOr<PutResult> CacheStoreClient::Put(const ClientNamespace& ns, const
   return r;
 }
 
-absl::Status CacheStoreClient::GetInto(uint64_t lease_id, const Hash128& key, std::string* out) {
+absl::Status GrpcCacheClient::GetInto(uint64_t lease_id, const Hash128& key, std::string* out) {
   v1::GetRequest req;
   req.set_lease_id(lease_id);
   req.set_key(key.ToBytes());
@@ -300,27 +301,27 @@ absl::Status CacheStoreClient::GetInto(uint64_t lease_id, const Hash128& key, st
   grpc::ClientContext ctx;
   impl_->Prepare(&ctx);
   RawCall call(*impl_->raw, kGetMethod, &ctx);
-  call.Write(wire::SerializeMessage(req));
+  call.Write(entry_messages::SerializeMessage(req));
   call.WritesDone();
   out->clear();
   uint64_t size = 0, checksum = 0;
   bool first = true;
   grpc::ByteBuffer message;
-  wire::DecodedChunk chunk;
+  entry_messages::DecodedChunk chunk;
   while (call.Read(&message)) {
-    if (absl::Status s = wire::DecodeChunk(message, wire::kGetData, 0, &chunk); !s.ok()) {
+    if (absl::Status s = entry_messages::DecodeChunk(message, entry_messages::kGetData, 0, &chunk); !s.ok()) {
       return call.Abandon(absl::DataLossError(absl::StrCat("cachestore sent a malformed chunk: ", s.message())));
     }
     if (first) {
-      size = chunk.field(wire::kGetSizeBytes);
-      checksum = chunk.field(wire::kGetChecksum);
+      size = chunk.field(entry_messages::kGetSizeBytes);
+      checksum = chunk.field(entry_messages::kGetChecksum);
       if (size > (uint64_t{1} << 40)) {
         return call.Abandon(absl::DataLossError("cachestore announced an implausible entry size"));
       }
       out->reserve(size);
       first = false;
     }
-    if (chunk.field(wire::kGetOffset) != out->size() || out->size() + chunk.data_size() > size) {
+    if (chunk.field(entry_messages::kGetOffset) != out->size() || out->size() + chunk.data_size() > size) {
       return call.Abandon(absl::DataLossError("cachestore sent chunks out of order or past the size"));
     }
     chunk.AppendData(out);  // straight from gRPC's slices
@@ -333,8 +334,8 @@ absl::Status CacheStoreClient::GetInto(uint64_t lease_id, const Hash128& key, st
   return absl::OkStatus();
 }
 
-absl::Status CacheStoreClient::GetManyInto(uint64_t lease_id, absl::Span<const Hash128> keys,
-                                           absl::Span<std::string> out) {
+absl::Status GrpcCacheClient::GetManyInto(uint64_t lease_id, absl::Span<const Hash128> keys,
+                                          absl::Span<std::string> out) {
   if (keys.empty() || keys.size() != out.size()) return CacheClient::GetManyInto(lease_id, keys, out);
   v1::GetManyRequest req;
   req.set_lease_id(lease_id);
@@ -343,7 +344,7 @@ absl::Status CacheStoreClient::GetManyInto(uint64_t lease_id, absl::Span<const H
   grpc::ClientContext ctx;
   impl_->Prepare(&ctx);
   RawCall call(*impl_->raw, kGetManyMethod, &ctx);
-  call.Write(wire::SerializeMessage(req));
+  call.Write(entry_messages::SerializeMessage(req));
   call.WritesDone();
   // The entry being received: index `current`, `size` bytes, `checksum`.
   int64_t current = -1;
@@ -357,23 +358,24 @@ absl::Status CacheStoreClient::GetManyInto(uint64_t lease_id, absl::Span<const H
     return absl::OkStatus();
   };
   grpc::ByteBuffer message;
-  wire::DecodedChunk chunk;
+  entry_messages::DecodedChunk chunk;
   while (call.Read(&message)) {
-    if (absl::Status s = wire::DecodeChunk(message, wire::kManyData, 0, &chunk); !s.ok()) {
+    if (absl::Status s = entry_messages::DecodeChunk(message, entry_messages::kManyData, 0, &chunk); !s.ok()) {
       return call.Abandon(absl::DataLossError(absl::StrCat("cachestore sent a malformed chunk: ", s.message())));
     }
-    const uint64_t index = chunk.field(wire::kManyIndex);
+    const uint64_t index = chunk.field(entry_messages::kManyIndex);
     if (static_cast<int64_t>(index) != current) {
       // A new entry: the next index, starting at offset 0 with its size.
       if (current >= 0) {
         if (absl::Status s = finish_entry(); !s.ok()) return call.Abandon(s);
       }
-      if (static_cast<int64_t>(index) != current + 1 || index >= keys.size() || chunk.field(wire::kManyOffset) != 0) {
+      if (static_cast<int64_t>(index) != current + 1 || index >= keys.size() ||
+          chunk.field(entry_messages::kManyOffset) != 0) {
         return call.Abandon(absl::DataLossError("cachestore sent GetMany entries out of order"));
       }
       current = static_cast<int64_t>(index);
-      size = chunk.field(wire::kManySizeBytes);
-      checksum = chunk.field(wire::kManyChecksum);
+      size = chunk.field(entry_messages::kManySizeBytes);
+      checksum = chunk.field(entry_messages::kManyChecksum);
       if (size > (uint64_t{1} << 40)) {
         return call.Abandon(absl::DataLossError("cachestore announced an implausible entry size"));
       }
@@ -381,7 +383,7 @@ absl::Status CacheStoreClient::GetManyInto(uint64_t lease_id, absl::Span<const H
       out[static_cast<size_t>(current)].reserve(size);
     }
     std::string& dest = out[static_cast<size_t>(current)];
-    if (chunk.field(wire::kManyOffset) != dest.size() || dest.size() + chunk.data_size() > size) {
+    if (chunk.field(entry_messages::kManyOffset) != dest.size() || dest.size() + chunk.data_size() > size) {
       return call.Abandon(absl::DataLossError("cachestore sent chunks out of order or past the size"));
     }
     chunk.AppendData(&dest);
@@ -394,7 +396,7 @@ absl::Status CacheStoreClient::GetManyInto(uint64_t lease_id, absl::Span<const H
   return finish_entry();
 }
 
-absl::Status CacheStoreClient::Release(uint64_t lease_id) {
+absl::Status GrpcCacheClient::Release(uint64_t lease_id) {
   v1::ReleaseRequest req;
   req.set_lease_id(lease_id);
   v1::ReleaseResponse resp;
@@ -403,7 +405,7 @@ absl::Status CacheStoreClient::Release(uint64_t lease_id) {
   return FromGrpcStatus(impl_->stub->Release(&ctx, req, &resp));
 }
 
-absl::StatusOr<IndexStats> CacheStoreClient::Stats() {
+absl::StatusOr<IndexStats> GrpcCacheClient::Stats() {
   v1::StatsRequest req;
   v1::StatsResponse resp;
   grpc::ClientContext ctx;
