@@ -1,6 +1,8 @@
 #include "cachestore/grpc_cache_client.h"
 
 #include <algorithm>
+#include <optional>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -149,6 +151,51 @@ class RawCall {
   bool finished_ = false;
   bool answer_pending_ = false;
   bool answered_ = false;
+};
+
+// Decodes one message of an entry stream whose data is field `data_field`.
+// DATA_LOSS: the message is malformed.
+absl::Status DecodeEntryChunk(const grpc::ByteBuffer& message, int data_field, entry_messages::DecodedChunk* chunk) {
+  if (absl::Status s = entry_messages::DecodeChunk(message, data_field, 0, chunk); !s.ok()) {
+    return absl::DataLossError(absl::StrCat("cachestore sent a malformed chunk: ", s.message()));
+  }
+  return absl::OkStatus();
+}
+
+// One entry of a Get or GetMany stream as its chunks arrive into `dest`: the
+// size and checksum its first chunk announces, then its bytes in order.
+// Until Begin, it expects 0 bytes with checksum 0.
+class ArrivingEntry {
+ public:
+  explicit ArrivingEntry(std::string* dest) : dest_(dest) {}
+
+  // The announcement. DATA_LOSS: an implausible size (nothing is cleared).
+  absl::Status Begin(uint64_t size, uint64_t checksum) {
+    if (size > (uint64_t{1} << 40)) return absl::DataLossError("cachestore announced an implausible entry size");
+    size_ = size;
+    checksum_ = checksum;
+    dest_->clear();
+    dest_->reserve(size);
+    return absl::OkStatus();
+  }
+  // DATA_LOSS: the chunk is not at `offset` == the bytes so far, or runs past
+  // the size.
+  absl::Status Append(uint64_t offset, const entry_messages::DecodedChunk& chunk) {
+    if (offset != dest_->size() || dest_->size() + chunk.data_size() > size_) {
+      return absl::DataLossError("cachestore sent chunks out of order or past the size");
+    }
+    chunk.AppendData(dest_);  // straight from gRPC's slices
+    return absl::OkStatus();
+  }
+  // Whether every announced byte arrived and they match the checksum.
+  bool Complete() const {
+    return dest_->size() == size_ && common::Checksum64(dest_->data(), dest_->size()) == checksum_;
+  }
+
+ private:
+  std::string* const dest_;
+  uint64_t size_ = 0;
+  uint64_t checksum_ = 0;
 };
 
 }  // namespace
@@ -304,31 +351,23 @@ absl::Status GrpcCacheClient::GetInto(uint64_t lease_id, const Hash128& key, std
   call.Write(entry_messages::SerializeMessage(req));
   call.WritesDone();
   out->clear();
-  uint64_t size = 0, checksum = 0;
+  ArrivingEntry entry(out);
   bool first = true;
   grpc::ByteBuffer message;
   entry_messages::DecodedChunk chunk;
   while (call.Read(&message)) {
-    if (absl::Status s = entry_messages::DecodeChunk(message, entry_messages::kGetData, 0, &chunk); !s.ok()) {
-      return call.Abandon(absl::DataLossError(absl::StrCat("cachestore sent a malformed chunk: ", s.message())));
-    }
+    if (absl::Status s = DecodeEntryChunk(message, entry_messages::kGetData, &chunk); !s.ok()) return call.Abandon(s);
     if (first) {
-      size = chunk.field(entry_messages::kGetSizeBytes);
-      checksum = chunk.field(entry_messages::kGetChecksum);
-      if (size > (uint64_t{1} << 40)) {
-        return call.Abandon(absl::DataLossError("cachestore announced an implausible entry size"));
-      }
-      out->reserve(size);
+      absl::Status s =
+          entry.Begin(chunk.field(entry_messages::kGetSizeBytes), chunk.field(entry_messages::kGetChecksum));
+      if (!s.ok()) return call.Abandon(s);
       first = false;
     }
-    if (chunk.field(entry_messages::kGetOffset) != out->size() || out->size() + chunk.data_size() > size) {
-      return call.Abandon(absl::DataLossError("cachestore sent chunks out of order or past the size"));
-    }
-    chunk.AppendData(out);  // straight from gRPC's slices
+    if (absl::Status s = entry.Append(chunk.field(entry_messages::kGetOffset), chunk); !s.ok()) return call.Abandon(s);
   }
   absl::Status s = FromGrpcStatus(call.Finish());
   if (!s.ok()) return s;
-  if (out->size() != size || common::Checksum64(out->data(), out->size()) != checksum) {
+  if (!entry.Complete()) {
     return absl::DataLossError(absl::StrCat("entry ", key.ToHex(), " arrived incomplete or corrupted"));
   }
   return absl::OkStatus();
@@ -346,12 +385,11 @@ absl::Status GrpcCacheClient::GetManyInto(uint64_t lease_id, absl::Span<const Ha
   RawCall call(*impl_->raw, kGetManyMethod, &ctx);
   call.Write(entry_messages::SerializeMessage(req));
   call.WritesDone();
-  // The entry being received: index `current`, `size` bytes, `checksum`.
+  // The entry being received: keys[current], into out[current].
   int64_t current = -1;
-  uint64_t size = 0, checksum = 0;
+  std::optional<ArrivingEntry> entry;
   auto finish_entry = [&]() -> absl::Status {
-    const std::string& got = out[static_cast<size_t>(current)];
-    if (got.size() != size || common::Checksum64(got.data(), got.size()) != checksum) {
+    if (!entry->Complete()) {
       return absl::DataLossError(absl::StrCat("keys[", current, "] (", keys[static_cast<size_t>(current)].ToHex(),
                                               ") arrived incomplete or corrupted"));
     }
@@ -360,9 +398,7 @@ absl::Status GrpcCacheClient::GetManyInto(uint64_t lease_id, absl::Span<const Ha
   grpc::ByteBuffer message;
   entry_messages::DecodedChunk chunk;
   while (call.Read(&message)) {
-    if (absl::Status s = entry_messages::DecodeChunk(message, entry_messages::kManyData, 0, &chunk); !s.ok()) {
-      return call.Abandon(absl::DataLossError(absl::StrCat("cachestore sent a malformed chunk: ", s.message())));
-    }
+    if (absl::Status s = DecodeEntryChunk(message, entry_messages::kManyData, &chunk); !s.ok()) return call.Abandon(s);
     const uint64_t index = chunk.field(entry_messages::kManyIndex);
     if (static_cast<int64_t>(index) != current) {
       // A new entry: the next index, starting at offset 0 with its size.
@@ -374,19 +410,14 @@ absl::Status GrpcCacheClient::GetManyInto(uint64_t lease_id, absl::Span<const Ha
         return call.Abandon(absl::DataLossError("cachestore sent GetMany entries out of order"));
       }
       current = static_cast<int64_t>(index);
-      size = chunk.field(entry_messages::kManySizeBytes);
-      checksum = chunk.field(entry_messages::kManyChecksum);
-      if (size > (uint64_t{1} << 40)) {
-        return call.Abandon(absl::DataLossError("cachestore announced an implausible entry size"));
-      }
-      out[static_cast<size_t>(current)].clear();
-      out[static_cast<size_t>(current)].reserve(size);
+      entry.emplace(&out[static_cast<size_t>(current)]);
+      absl::Status s =
+          entry->Begin(chunk.field(entry_messages::kManySizeBytes), chunk.field(entry_messages::kManyChecksum));
+      if (!s.ok()) return call.Abandon(s);
     }
-    std::string& dest = out[static_cast<size_t>(current)];
-    if (chunk.field(entry_messages::kManyOffset) != dest.size() || dest.size() + chunk.data_size() > size) {
-      return call.Abandon(absl::DataLossError("cachestore sent chunks out of order or past the size"));
+    if (absl::Status s = entry->Append(chunk.field(entry_messages::kManyOffset), chunk); !s.ok()) {
+      return call.Abandon(s);
     }
-    chunk.AppendData(&dest);
   }
   absl::Status s = FromGrpcStatus(call.Finish());
   if (!s.ok()) return s;

@@ -166,6 +166,17 @@ absl::StatusOr<CallAdmission::Slot> CacheStoreService::Admit(grpc::CallbackServe
   return slot;
 }
 
+template <typename Request>
+absl::StatusOr<CallAdmission::Slot> CacheStoreService::AdmitRaw(grpc::CallbackServerContext* context,
+                                                                const grpc::ByteBuffer& raw, Request* request) {
+  absl::StatusOr<CallAdmission::Slot> slot = Admit(context);
+  if (!slot.ok()) return slot;
+  if (!entry_messages::ParseMessage(raw, request)) {
+    return absl::InvalidArgumentError(absl::StrCat("malformed ", Request::descriptor()->name()));
+  }
+  return slot;
+}
+
 template <typename Answer>
 grpc::ServerUnaryReactor* CacheStoreService::Unary(grpc::CallbackServerContext* context, Answer answer) {
   absl::StatusOr<CallAdmission::Slot> slot = Admit(context);
@@ -473,12 +484,9 @@ class EntryStreamReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffe
 grpc::ServerWriteReactor<grpc::ByteBuffer>* CacheStoreService::Get(grpc::CallbackServerContext* context,
                                                                    const grpc::ByteBuffer* raw) {
   using Refused = FinishedCall<grpc::ServerWriteReactor<grpc::ByteBuffer>>;
-  absl::StatusOr<CallAdmission::Slot> slot = Admit(context);
-  if (!slot.ok()) return new Refused(ToGrpcStatus(slot.status()));
   v1::GetRequest parsed;
-  if (!entry_messages::ParseMessage(*raw, &parsed)) {
-    return new Refused(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "malformed GetRequest"));
-  }
+  absl::StatusOr<CallAdmission::Slot> slot = AdmitRaw(context, *raw, &parsed);
+  if (!slot.ok()) return new Refused(ToGrpcStatus(slot.status()));
   const v1::GetRequest* request = &parsed;
   absl::StatusOr<Hash128> key = KeyOf(request->key(), "key");
   if (!key.ok()) return new Refused(ToGrpcStatus(key.status()));
@@ -489,12 +497,9 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* CacheStoreService::Get(grpc::Callbac
 grpc::ServerWriteReactor<grpc::ByteBuffer>* CacheStoreService::GetMany(grpc::CallbackServerContext* context,
                                                                        const grpc::ByteBuffer* raw) {
   using Refused = FinishedCall<grpc::ServerWriteReactor<grpc::ByteBuffer>>;
-  absl::StatusOr<CallAdmission::Slot> slot = Admit(context);
-  if (!slot.ok()) return new Refused(ToGrpcStatus(slot.status()));
   v1::GetManyRequest parsed;
-  if (!entry_messages::ParseMessage(*raw, &parsed)) {
-    return new Refused(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "malformed GetManyRequest"));
-  }
+  absl::StatusOr<CallAdmission::Slot> slot = AdmitRaw(context, *raw, &parsed);
+  if (!slot.ok()) return new Refused(ToGrpcStatus(slot.status()));
   const v1::GetManyRequest* request = &parsed;
   if (request->keys_size() == 0 || request->keys_size() > options_.max_get_many_keys) {
     return new Refused(ToGrpcStatus(absl::InvalidArgumentError(

@@ -95,6 +95,11 @@ class CacheStoreService final : public CacheStoreHandlers {
 
   // A slot for a call from `context`'s peer, or RESOURCE_EXHAUSTED (counted).
   absl::StatusOr<CallAdmission::Slot> Admit(grpc::CallbackServerContext* context);
+  // Admit, then `raw` parsed into `request`; INVALID_ARGUMENT ("malformed
+  // <message>") when it does not parse, the slot given back.
+  template <typename Request>
+  absl::StatusOr<CallAdmission::Slot> AdmitRaw(grpc::CallbackServerContext* context, const grpc::ByteBuffer& raw,
+                                               Request* request);
 
   // A Get's chunk size: the request's (0: the default), within [4 KiB, max].
   int64_t ChunkBytes(uint32_t requested) const;
