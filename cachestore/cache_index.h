@@ -256,6 +256,12 @@ class CacheIndex {
   void RemoveState(State* state, RemoveReason reason);
   void ForgetEntryBytes(EntryClass c, Entry* e);
   void MaybeRemoveRoot(Node* root);
+  // After `node` lost a child page or a state: an empty root goes, a page may
+  // become evictable.
+  void RefreshAfterRemoval(Node* node);
+  // Counts a removal of `e` for `reason` (evicted, expired, dropped with its
+  // pages) in its class's `counters`.
+  static void CountRemoval(RemoveReason reason, const Entry& e, ClassStats& counters);
 
   // CheckInvariants (cache_index_invariants.cc).
   absl::Status CheckStateSlots(const Node& node) const;

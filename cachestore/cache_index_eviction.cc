@@ -136,10 +136,7 @@ void CacheIndex::ForgetEntryBytes(EntryClass c, Entry* e) {
 }
 
 void CacheIndex::RemoveState(State* state, RemoveReason reason) {
-  ClassStats& counters = state_stats_;
-  if (reason == RemoveReason::kLru) counters.evicted_lru++;
-  if (reason == RemoveReason::kTtl) counters.evicted_ttl++;
-  if (reason == RemoveReason::kWithPages && state->entry.committed) counters.dropped_with_pages++;
+  CountRemoval(reason, state->entry, state_stats_);
   if (state->entry.evictable) StateLru(*state).erase({state->entry.tick, state});
   if (state->expiry != absl::InfiniteFuture()) session_expiry_.erase({state->expiry, state});
   Node* node = state->node;
@@ -158,11 +155,7 @@ void CacheIndex::RemoveState(State* state, RemoveReason reason) {
   auto length = node->tail_lengths.find(static_cast<int64_t>(state->tail.size()));
   if (--length->second == 0) node->tail_lengths.erase(length);
   states_.erase(state->key);  // destroys *state
-  if (node->parent == nullptr) {
-    MaybeRemoveRoot(node);
-  } else {
-    RefreshNode(node);
-  }
+  RefreshAfterRemoval(node);
 }
 
 void CacheIndex::RemoveSubtree(Node* node, RemoveReason reason) {
@@ -176,19 +169,27 @@ void CacheIndex::RemoveNodeOnly(Node* node, RemoveReason reason) {
   DCHECK(node->children.empty());
   DCHECK(node->parent != nullptr);
   while (!node->states.empty()) RemoveState(node->states.back(), RemoveReason::kWithPages);
-  if (reason == RemoveReason::kLru) page_stats_.evicted_lru++;
-  if (reason == RemoveReason::kTtl) page_stats_.evicted_ttl++;
-  if (reason == RemoveReason::kWithPages && node->entry.committed) page_stats_.dropped_with_pages++;
+  CountRemoval(reason, node->entry, page_stats_);
   if (node->entry.evictable) page_lru_.erase({node->entry.tick, node});
   ForgetEntryBytes(EntryClass::kPage, &node->entry);
   Node* parent = node->parent;
   auto& siblings = parent->children;
   siblings.erase(std::find(siblings.begin(), siblings.end(), node));
   pages_.erase(node->key);  // destroys *node
-  if (parent->parent == nullptr) {
-    MaybeRemoveRoot(parent);
+  RefreshAfterRemoval(parent);
+}
+
+void CacheIndex::CountRemoval(RemoveReason reason, const Entry& e, ClassStats& counters) {
+  if (reason == RemoveReason::kLru) counters.evicted_lru++;
+  if (reason == RemoveReason::kTtl) counters.evicted_ttl++;
+  if (reason == RemoveReason::kWithPages && e.committed) counters.dropped_with_pages++;
+}
+
+void CacheIndex::RefreshAfterRemoval(Node* node) {
+  if (node->parent == nullptr) {
+    MaybeRemoveRoot(node);
   } else {
-    RefreshNode(parent);
+    RefreshNode(node);
   }
 }
 
