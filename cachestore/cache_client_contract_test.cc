@@ -1,5 +1,5 @@
 // One contract, two implementations: every test here runs against the gRPC
-// CacheStoreClient (a real server on loopback port 0) and against the
+// GrpcCacheClient (a real server on loopback port 0) and against the
 // InProcessCacheClient, each over a fresh CacheStore on a FakeClock.
 
 #include <cstring>
@@ -16,7 +16,7 @@
 #include "absl/time/time.h"
 #include "cachestore/cache_client.h"
 #include "cachestore/cache_store.h"
-#include "cachestore/client.h"
+#include "cachestore/grpc_cache_client.h"
 #include "cachestore/in_process_cache_client.h"
 #include "cachestore/server.h"
 #include "common/clock.h"
@@ -74,10 +74,10 @@ class GrpcHarness : public Harness {
     if (!server.ok()) return server.status();
     server_ = *std::move(server);
     // Small chunks, so entries of a few hundred KiB cross several messages.
-    ClientOptions client_options;
+    GrpcCacheClientOptions client_options;
     client_options.chunk_bytes = 64 << 10;
-    absl::StatusOr<std::unique_ptr<CacheStoreClient>> client =
-        CacheStoreClient::Create(absl::StrCat("127.0.0.1:", server_->port()), client_options);
+    absl::StatusOr<std::unique_ptr<GrpcCacheClient>> client =
+        GrpcCacheClient::Create(absl::StrCat("127.0.0.1:", server_->port()), client_options);
     if (!client.ok()) return client.status();
     client_ = *std::move(client);
     return absl::OkStatus();
@@ -89,7 +89,7 @@ class GrpcHarness : public Harness {
  private:
   prometheus::Registry registry_;
   std::unique_ptr<CacheStoreServer> server_;
-  std::unique_ptr<CacheStoreClient> client_;
+  std::unique_ptr<GrpcCacheClient> client_;
 };
 
 class InProcessHarness : public Harness {

@@ -7,6 +7,11 @@
 //
 // Not thread-safe, does no I/O and reads no clock: every call that depends on
 // time takes `now`. CacheStore wraps it with a mutex and a Clock.
+//
+// One class, its definition in rooms: cache_index.cc (reserve, commit,
+// lookup), cache_index_leases.cc, cache_index_retention.cc (session TTL,
+// pins, pin quotas), cache_index_eviction.cc (LRU, expiry, removal) and
+// cache_index_invariants.cc (CheckInvariants).
 
 #include <cstdint>
 #include <map>
@@ -196,17 +201,34 @@ class CacheIndex {
   };
   enum class RemoveReason { kLru, kTtl, kAborted, kCorrupt, kWithPages };
 
+  // Reserve, commit and lookup (cache_index.cc).
   int64_t Budget(EntryClass c) const;
   ClassStats& Counters(EntryClass c);
   absl::Status ValidateSpec(const PutSpec& spec) const;
   // What an entry of `spec` counts against its budget: its bytes and its
   // index memory.
   int64_t Charge(const PutSpec& spec) const;
-  // Evicts LRU entries of class `c` until `charge` more bytes fit.
-  absl::Status MakeRoom(EntryClass c, int64_t charge);
   // A busy state is not evictable and keeps its page from eviction (and so
   // every page above it): reserved, leased, or session-pinned.
   bool IsBusy(const State& s) const { return !s.entry.committed || s.entry.pins > 0 || s.session_pin; }
+  // The deepest committed state at `node` whose tail is a prefix of `rest`
+  // (the prompt after the node's pages); null when none.
+  State* MatchState(const Node& node, absl::Span<const TokenId> rest) const;
+  void SetPutDeadline(uint64_t reservation_id, PendingPut& put, absl::Time deadline);
+  static EntryInfo PageInfo(const Node& n, int32_t page_size);
+  static EntryInfo StateInfo(const State& s);
+
+  // Leases (cache_index_leases.cc).
+  // Finds the entry a lease holds; null when it is gone (or was replaced).
+  Entry* HeldEntry(EntryClass c, const Hash128& key, uint64_t serial);
+  void Pin(EntryClass c, const Hash128& key, uint64_t serial, int delta);
+  void PinLease(const Lease& lease, int delta);
+  void ReleaseLeaseEntries(const Lease& lease);
+  void SetLeaseExpiry(uint64_t lease_id, Lease& lease, absl::Time expiry);
+  // The ancestor of `node` at `depth` (<= node->depth).
+  static const Node* LevelAncestor(const Node* node, int64_t depth);
+
+  // Session retention (cache_index_retention.cc).
   int64_t PinBudget() const;
   // Grants what `spec` asks (TTL, pin) to `state`, committed or not, and
   // reports it in `r`. Never takes a pin or a TTL away.
@@ -214,27 +236,13 @@ class CacheIndex {
   // Re-files a committed state with a TTL in session_expiry_ after a use.
   void RefreshExpiry(State* state);
 
+  // Eviction, LRU order and removal (cache_index_eviction.cc).
+  // Evicts LRU entries of class `c` until `charge` more bytes fit.
+  absl::Status MakeRoom(EntryClass c, int64_t charge);
   void UseNode(Node* node, absl::Time now);
   void UseState(State* state, absl::Time now);
   void RefreshNode(Node* node);
   void RefreshState(State* state);
-  // Finds the entry a lease holds; null when it is gone (or was replaced).
-  Entry* HeldEntry(EntryClass c, const Hash128& key, uint64_t serial);
-  void Pin(EntryClass c, const Hash128& key, uint64_t serial, int delta);
-  void PinLease(const Lease& lease, int delta);
-
-  void RemoveSubtree(Node* node, RemoveReason reason);
-  void RemoveNodeOnly(Node* node, RemoveReason reason);
-  void RemoveState(State* state, RemoveReason reason);
-  void ForgetEntryBytes(EntryClass c, Entry* e);
-  void MaybeRemoveRoot(Node* root);
-  void ReleaseLeaseEntries(const Lease& lease);
-  static EntryInfo PageInfo(const Node& n, int32_t page_size);
-  // The ancestor of `node` at `depth` (<= node->depth).
-  static const Node* LevelAncestor(const Node* node, int64_t depth);
-  // The deepest committed state at `node` whose tail is a prefix of `rest`
-  // (the prompt after the node's pages); null when none.
-  State* MatchState(const Node& node, absl::Span<const TokenId> rest) const;
   // The evictable set a state belongs in: states with their own TTL expire by
   // session_expiry_, the others by the class TTL in LRU order.
   std::set<std::pair<uint64_t, State*>>& StateLru(const State& s) {
@@ -243,10 +251,20 @@ class CacheIndex {
   const std::set<std::pair<uint64_t, State*>>& StateLru(const State& s) const {
     return s.ttl > absl::ZeroDuration() ? session_lru_ : state_lru_;
   }
+  void RemoveSubtree(Node* node, RemoveReason reason);
+  void RemoveNodeOnly(Node* node, RemoveReason reason);
+  void RemoveState(State* state, RemoveReason reason);
+  void ForgetEntryBytes(EntryClass c, Entry* e);
+  void MaybeRemoveRoot(Node* root);
+  // After `node` lost a child page or a state: an empty root goes, a page may
+  // become evictable.
+  void RefreshAfterRemoval(Node* node);
+  // Counts a removal of `e` for `reason` (evicted, expired, dropped with its
+  // pages) in its class's `counters`.
+  static void CountRemoval(RemoveReason reason, const Entry& e, ClassStats& counters);
+
+  // CheckInvariants (cache_index_invariants.cc).
   absl::Status CheckStateSlots(const Node& node) const;
-  void SetLeaseExpiry(uint64_t lease_id, Lease& lease, absl::Time expiry);
-  void SetPutDeadline(uint64_t reservation_id, PendingPut& put, absl::Time deadline);
-  static EntryInfo StateInfo(const State& s);
 
   const CacheIndexOptions options_;
   const std::shared_ptr<BlobPool> blob_pool_;

@@ -10,7 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "cachestore/wire.h"
+#include "cachestore/entry_messages.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "common/tokens.h"
@@ -41,19 +41,19 @@ grpc::ByteBuffer ChunkMessage(const ReadHandle& h, int64_t offset, int64_t chunk
   const int64_t size = static_cast<int64_t>(h.blob->size);
   const uint64_t first_size = offset == 0 ? static_cast<uint64_t>(size) : 0;
   const uint64_t first_checksum = offset == 0 ? h.info.checksum : 0;
-  const grpc::Slice data =
-      wire::BorrowedSlice(h.blob->data.get() + offset, static_cast<size_t>(std::min(chunk, size - offset)), h.blob);
+  const grpc::Slice data = entry_messages::BorrowedSlice(h.blob->data.get() + offset,
+                                                         static_cast<size_t>(std::min(chunk, size - offset)), h.blob);
   if constexpr (std::is_same_v<Response, v1::GetManyResponse>) {
-    return wire::EncodeChunk({{wire::kManyIndex, index},
-                              {wire::kManySizeBytes, first_size},
-                              {wire::kManyChecksum, first_checksum},
-                              {wire::kManyOffset, static_cast<uint64_t>(offset)}},
-                             wire::kManyData, data);
+    return entry_messages::EncodeChunk({{entry_messages::kManyIndex, index},
+                                        {entry_messages::kManySizeBytes, first_size},
+                                        {entry_messages::kManyChecksum, first_checksum},
+                                        {entry_messages::kManyOffset, static_cast<uint64_t>(offset)}},
+                                       entry_messages::kManyData, data);
   } else {
-    return wire::EncodeChunk({{wire::kGetSizeBytes, first_size},
-                              {wire::kGetChecksum, first_checksum},
-                              {wire::kGetOffset, static_cast<uint64_t>(offset)}},
-                             wire::kGetData, data);
+    return entry_messages::EncodeChunk({{entry_messages::kGetSizeBytes, first_size},
+                                        {entry_messages::kGetChecksum, first_checksum},
+                                        {entry_messages::kGetOffset, static_cast<uint64_t>(offset)}},
+                                       entry_messages::kGetData, data);
   }
 }
 
@@ -166,6 +166,17 @@ absl::StatusOr<CallAdmission::Slot> CacheStoreService::Admit(grpc::CallbackServe
   return slot;
 }
 
+template <typename Request>
+absl::StatusOr<CallAdmission::Slot> CacheStoreService::AdmitRaw(grpc::CallbackServerContext* context,
+                                                                const grpc::ByteBuffer& raw, Request* request) {
+  absl::StatusOr<CallAdmission::Slot> slot = Admit(context);
+  if (!slot.ok()) return slot;
+  if (!entry_messages::ParseMessage(raw, request)) {
+    return absl::InvalidArgumentError(absl::StrCat("malformed ", Request::descriptor()->name()));
+  }
+  return slot;
+}
+
 template <typename Answer>
 grpc::ServerUnaryReactor* CacheStoreService::Unary(grpc::CallbackServerContext* context, Answer answer) {
   absl::StatusOr<CallAdmission::Slot> slot = Admit(context);
@@ -226,7 +237,7 @@ grpc::Status CacheStoreService::AnswerLookup(const v1::LookupRequest& request, v
 // run at the same time.
 //
 // Messages arrive raw: a plain chunk (the bulk of a put) is decoded in place
-// and its bytes copied from gRPC's slices straight into the entry (wire.h);
+// and its bytes copied from gRPC's slices straight into the entry (entry_messages.h);
 // anything else (the header, the commit, an unusual encoding) is parsed by
 // protobuf.
 class PutReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
@@ -244,9 +255,10 @@ class PutReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
                               : grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                                              absl::StrCat("put stream ended before commit: ", session_->bytes_written(),
                                                           " of ", session_->size_bytes(), " bytes arrived"));
-    } else if (session_ != nullptr && wire::DecodeChunk(raw_, wire::kChunkData, wire::kPutChunk, &chunk_).ok()) {
+    } else if (session_ != nullptr &&
+               entry_messages::DecodeChunk(raw_, entry_messages::kChunkData, entry_messages::kPutChunk, &chunk_).ok()) {
       s = OnChunk();
-    } else if (!wire::ParseMessage(raw_, &msg_)) {
+    } else if (!entry_messages::ParseMessage(raw_, &msg_)) {
       s = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "malformed put message");
     } else {
       s = session_ == nullptr ? OnHeader() : OnMessage();
@@ -326,7 +338,7 @@ class PutReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
 
   // A plain chunk decoded in place: one copy, from the slices to the entry.
   grpc::Status OnChunk() {
-    return WriteChunk(chunk_.field(wire::kChunkOffset), chunk_.data_size(),
+    return WriteChunk(chunk_.field(entry_messages::kChunkOffset), chunk_.data_size(),
                       [this](uint8_t* dst) { chunk_.CopyData(dst); });
   }
 
@@ -356,7 +368,7 @@ class PutReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     finished_ = true;
     final_ok_ = status.ok();
     if (status.ok()) {
-      *response_ = wire::SerializeMessage(answer_);
+      *response_ = entry_messages::SerializeMessage(answer_);
     }
     Finish(status);
   }
@@ -365,9 +377,9 @@ class PutReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   CallAdmission::Slot slot_;
   grpc::ByteBuffer* const response_;
   const absl::Time start_;
-  grpc::ByteBuffer raw_;      // the message being read
-  wire::DecodedChunk chunk_;  // raw_ as a plain chunk
-  v1::PutRequest msg_;        // raw_ parsed by protobuf (header, commit, unusual chunks)
+  grpc::ByteBuffer raw_;                // the message being read
+  entry_messages::DecodedChunk chunk_;  // raw_ as a plain chunk
+  v1::PutRequest msg_;                  // raw_ parsed by protobuf (header, commit, unusual chunks)
   v1::PutResponse answer_;
   std::unique_ptr<PutSession> session_;
   uint64_t reservation_id_ = 0;  // while in service_.active_puts_
@@ -472,12 +484,9 @@ class EntryStreamReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffe
 grpc::ServerWriteReactor<grpc::ByteBuffer>* CacheStoreService::Get(grpc::CallbackServerContext* context,
                                                                    const grpc::ByteBuffer* raw) {
   using Refused = FinishedCall<grpc::ServerWriteReactor<grpc::ByteBuffer>>;
-  absl::StatusOr<CallAdmission::Slot> slot = Admit(context);
-  if (!slot.ok()) return new Refused(ToGrpcStatus(slot.status()));
   v1::GetRequest parsed;
-  if (!wire::ParseMessage(*raw, &parsed)) {
-    return new Refused(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "malformed GetRequest"));
-  }
+  absl::StatusOr<CallAdmission::Slot> slot = AdmitRaw(context, *raw, &parsed);
+  if (!slot.ok()) return new Refused(ToGrpcStatus(slot.status()));
   const v1::GetRequest* request = &parsed;
   absl::StatusOr<Hash128> key = KeyOf(request->key(), "key");
   if (!key.ok()) return new Refused(ToGrpcStatus(key.status()));
@@ -488,12 +497,9 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* CacheStoreService::Get(grpc::Callbac
 grpc::ServerWriteReactor<grpc::ByteBuffer>* CacheStoreService::GetMany(grpc::CallbackServerContext* context,
                                                                        const grpc::ByteBuffer* raw) {
   using Refused = FinishedCall<grpc::ServerWriteReactor<grpc::ByteBuffer>>;
-  absl::StatusOr<CallAdmission::Slot> slot = Admit(context);
-  if (!slot.ok()) return new Refused(ToGrpcStatus(slot.status()));
   v1::GetManyRequest parsed;
-  if (!wire::ParseMessage(*raw, &parsed)) {
-    return new Refused(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "malformed GetManyRequest"));
-  }
+  absl::StatusOr<CallAdmission::Slot> slot = AdmitRaw(context, *raw, &parsed);
+  if (!slot.ok()) return new Refused(ToGrpcStatus(slot.status()));
   const v1::GetManyRequest* request = &parsed;
   if (request->keys_size() == 0 || request->keys_size() > options_.max_get_many_keys) {
     return new Refused(ToGrpcStatus(absl::InvalidArgumentError(

@@ -46,7 +46,7 @@ class EntryStreamReactor;
 // one write outstanding and the entry's bytes alive until the write is done.
 // Put, Get and GetMany are raw methods: their messages stay gRPC byte buffers,
 // so an entry's bytes go from the transport's slices into the entry and from
-// the entry into slices that point at it (wire.h), never through a protobuf
+// the entry into slices that point at it (entry_messages.h), never through a protobuf
 // string. The wire format is the proto's.
 using CacheStoreHandlers = v1::CacheStore::WithCallbackMethod_Lookup<
     v1::CacheStore::WithRawCallbackMethod_Put<v1::CacheStore::WithRawCallbackMethod_Get<
@@ -95,6 +95,11 @@ class CacheStoreService final : public CacheStoreHandlers {
 
   // A slot for a call from `context`'s peer, or RESOURCE_EXHAUSTED (counted).
   absl::StatusOr<CallAdmission::Slot> Admit(grpc::CallbackServerContext* context);
+  // Admit, then `raw` parsed into `request`; INVALID_ARGUMENT ("malformed
+  // <message>") when it does not parse, the slot given back.
+  template <typename Request>
+  absl::StatusOr<CallAdmission::Slot> AdmitRaw(grpc::CallbackServerContext* context, const grpc::ByteBuffer& raw,
+                                               Request* request);
 
   // A Get's chunk size: the request's (0: the default), within [4 KiB, max].
   int64_t ChunkBytes(uint32_t requested) const;

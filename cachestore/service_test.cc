@@ -46,7 +46,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
-#include "cachestore/client.h"
+#include "cachestore/grpc_cache_client.h"
 #include "cachestore/server.h"
 #include "common/clock.h"
 #include "common/hash.h"
@@ -112,7 +112,7 @@ class ServiceTest : public ::testing::Test {
     ASSERT_TRUE(s.ok()) << s.status();
     server_ = *std::move(s);
     target_ = "127.0.0.1:" + std::to_string(server_->port());
-    auto c = CacheStoreClient::Create(target_);
+    auto c = GrpcCacheClient::Create(target_);
     ASSERT_TRUE(c.ok());
     client_ = *std::move(c);
     stub_ = v1::CacheStore::NewStub(grpc::CreateChannel(target_, grpc::InsecureChannelCredentials()));
@@ -177,7 +177,7 @@ class ServiceTest : public ::testing::Test {
   prometheus::Registry registry_;
   std::unique_ptr<CacheStoreServer> server_;
   std::string target_;
-  std::unique_ptr<CacheStoreClient> client_;
+  std::unique_ptr<GrpcCacheClient> client_;
   std::unique_ptr<v1::CacheStore::Stub> stub_;
   ClientNamespace ns_{"fingerprint", "", "", kPageSize};
 };
@@ -258,7 +258,7 @@ TEST_F(ServiceTest, ConcurrentClientsSeeTheirOwnConversations) {
   std::vector<std::string> failures(kClients);
   for (int c = 0; c < kClients; ++c) {
     threads.emplace_back([&, c] {
-      auto client = CacheStoreClient::Create(target_);
+      auto client = GrpcCacheClient::Create(target_);
       if (!client.ok()) return void(failures[c] = "client");
       ClientNamespace ns{"fingerprint", "", "tenant" + std::to_string(c), kPageSize};
       std::vector<TokenId> t = Tokens(100, c * 1000);

@@ -15,7 +15,7 @@
 #include "absl/strings/match.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
-#include "cachestore/client.h"
+#include "cachestore/grpc_cache_client.h"
 #include "cachestore/server.h"
 #include "common/clock.h"
 #include "common/wait_for.h"
@@ -263,7 +263,7 @@ class StreamsTest : public ::testing::Test {
     ASSERT_TRUE(s.ok()) << s.status();
     server_ = *std::move(s);
     target_ = "127.0.0.1:" + std::to_string(server_->port());
-    auto c = CacheStoreClient::Create(target_);
+    auto c = GrpcCacheClient::Create(target_);
     ASSERT_TRUE(c.ok()) << c.status();
     client_ = *std::move(c);
   }
@@ -286,7 +286,7 @@ class StreamsTest : public ::testing::Test {
   prometheus::Registry registry_;
   std::unique_ptr<CacheStoreServer> server_;
   std::string target_;
-  std::unique_ptr<CacheStoreClient> client_;  // a connection of its own
+  std::unique_ptr<GrpcCacheClient> client_;  // a connection of its own
   ClientNamespace ns_{"fingerprint", "", "", kPageSize};
 };
 

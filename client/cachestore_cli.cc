@@ -12,7 +12,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
-#include "cachestore/client.h"
+#include "cachestore/grpc_cache_client.h"
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50051", "cachestore address");
 ABSL_FLAG(int, page_size, 16, "tokens per KV page (demo)");
@@ -21,7 +21,7 @@ ABSL_FLAG(int, state_kib, 512, "bytes of each synthetic SSM snapshot, KiB (demo)
 namespace hybridserve::cachestore {
 namespace {
 
-absl::Status PrintStats(CacheStoreClient& client) {
+absl::Status PrintStats(GrpcCacheClient& client) {
   absl::StatusOr<IndexStats> s = client.Stats();
   if (!s.ok()) return s.status();
   std::printf("namespaces %lld  leases %lld  puts in flight %lld  lookups %lld  hits %lld  checksum failures %lld\n",
@@ -36,7 +36,7 @@ absl::Status PrintStats(CacheStoreClient& client) {
 }
 
 // Publishes pages [from_page, floor(p/page_size)) and the state at p.
-absl::Status Publish(CacheStoreClient& client, const ClientNamespace& ns, const std::vector<TokenId>& tokens,
+absl::Status Publish(GrpcCacheClient& client, const ClientNamespace& ns, const std::vector<TokenId>& tokens,
                      int64_t from_page, int64_t p) {
   std::vector<Hash128> keys = PageKeys(ns.Key(), tokens, ns.page_size);
   const int64_t n = p / ns.page_size;
@@ -58,7 +58,7 @@ absl::Status Publish(CacheStoreClient& client, const ClientNamespace& ns, const 
   return r.status();
 }
 
-absl::Status Demo(CacheStoreClient& client) {
+absl::Status Demo(GrpcCacheClient& client) {
   ClientNamespace ns{"demo-model", "", "demo-tenant", absl::GetFlag(FLAGS_page_size)};
   std::vector<TokenId> conversation(300);
   std::iota(conversation.begin(), conversation.end(), 1);
@@ -102,7 +102,7 @@ int main(int argc, char** argv) {
     std::cerr << "usage: cachestore_cli [--target=host:port] stats|demo\n";
     return 2;
   }
-  auto client = hybridserve::cachestore::CacheStoreClient::Create(absl::GetFlag(FLAGS_target));
+  auto client = hybridserve::cachestore::GrpcCacheClient::Create(absl::GetFlag(FLAGS_target));
   if (!client.ok()) {
     std::cerr << client.status() << "\n";
     return 1;

@@ -129,7 +129,7 @@ absl::Status Run() {
   ASSIGN_OR_RETURN(std::unique_ptr<engine::ModelWeights> weights, worker::LoadModel(options));
   ASSIGN_OR_RETURN(std::unique_ptr<engine::Model> model,
                    worker::NewEngine(*weights, options, absl::GetFlag(FLAGS_max_batch)));
-  ASSIGN_OR_RETURN(std::unique_ptr<cachestore::CacheStoreClient> cache, worker::ConnectCache(options));
+  ASSIGN_OR_RETURN(std::unique_ptr<cachestore::GrpcCacheClient> cache, worker::ConnectCache(options));
   ASSIGN_OR_RETURN(PrefillSide prefill_side, OpenPrefillSide(options, *weights, *model, cache.get()));
 
   decode::DecodeLoopOptions lo;

@@ -40,7 +40,7 @@ absl::Status Run() {
   ASSIGN_OR_RETURN(std::unique_ptr<engine::ModelWeights> weights, worker::LoadModel(options));
   // One request in the engine at a time.
   ASSIGN_OR_RETURN(std::unique_ptr<engine::Model> model, worker::NewEngine(*weights, options, /*max_sequences=*/1));
-  ASSIGN_OR_RETURN(std::unique_ptr<cachestore::CacheStoreClient> cache, worker::ConnectCache(options));
+  ASSIGN_OR_RETURN(std::unique_ptr<cachestore::GrpcCacheClient> cache, worker::ConnectCache(options));
   ASSIGN_OR_RETURN(const std::vector<transport::TransportKind> planes,
                    worker::ParseDataPlanes(absl::GetFlag(FLAGS_data_planes)));
   ASSIGN_OR_RETURN(std::unique_ptr<worker::SenderPlanes> senders, worker::SenderPlanes::Open(planes, *model, options));

@@ -81,12 +81,12 @@ absl::StatusOr<std::unique_ptr<engine::Model>> NewEngine(const engine::ModelWeig
   return model;
 }
 
-absl::StatusOr<std::unique_ptr<cachestore::CacheStoreClient>> ConnectCache(const WorkerOptions& options) {
-  if (options.cachestore.empty()) return std::unique_ptr<cachestore::CacheStoreClient>();
-  cachestore::ClientOptions co;
+absl::StatusOr<std::unique_ptr<cachestore::GrpcCacheClient>> ConnectCache(const WorkerOptions& options) {
+  if (options.cachestore.empty()) return std::unique_ptr<cachestore::GrpcCacheClient>();
+  cachestore::GrpcCacheClientOptions co;
   co.timeout = options.cache_timeout;
-  absl::StatusOr<std::unique_ptr<cachestore::CacheStoreClient>> cache =
-      cachestore::CacheStoreClient::Create(options.cachestore, co);
+  absl::StatusOr<std::unique_ptr<cachestore::GrpcCacheClient>> cache =
+      cachestore::GrpcCacheClient::Create(options.cachestore, co);
   if (!cache.ok()) {
     return absl::Status(cache.status().code(), absl::StrCat("--cachestore: ", cache.status().message()));
   }

@@ -18,7 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "cachestore/client.h"
+#include "cachestore/grpc_cache_client.h"
 #include "common/metrics.h"
 #include "engine/backend_registry.h"
 #include "engine/model.h"
@@ -53,7 +53,7 @@ absl::StatusOr<std::unique_ptr<engine::Model>> NewEngine(const engine::ModelWeig
 
 // The cachestore client; null without --cachestore. A cachestore that is not
 // up yet is not an error (logged: requests miss the cache until it is).
-absl::StatusOr<std::unique_ptr<cachestore::CacheStoreClient>> ConnectCache(const WorkerOptions& options);
+absl::StatusOr<std::unique_ptr<cachestore::GrpcCacheClient>> ConnectCache(const WorkerOptions& options);
 
 // The Prometheus endpoint; null without --metrics_address. `before_scrape`
 // (may be empty) runs on the exposer's thread before each scrape.

@@ -1,7 +1,7 @@
 // Lookups per second against a loopback CacheStoreServer holding a realistic
 // store (~100K entries, page_size 16), prompts of 4K tokens that are full hits,
 // with 1 and 8 concurrent clients; reports the 8-client / 1-client ratio.
-// Each of the 8 client threads has its own CacheStoreClient (and TCP
+// Each of the 8 client threads has its own GrpcCacheClient (and TCP
 // connection: see kDistinctConnections); a shared-client row is printed too.
 // Lookups are probe-only (no lease), and lease + Release pairs. Beside them,
 // Put and Get throughput of 1 MiB states with 1 and 8 concurrent clients, so
@@ -30,7 +30,7 @@
 #include "absl/synchronization/notification.h"
 #include "bench/cachestore/bench_timing.h"
 #include "bench/cachestore/synthetic_store.h"
-#include "cachestore/client.h"
+#include "cachestore/grpc_cache_client.h"
 #include "cachestore/server.h"
 #include "common/clock.h"
 #include "common/process.h"
@@ -40,9 +40,9 @@
 namespace hybridserve::bench {
 namespace {
 
-using cachestore::CacheStoreClient;
 using cachestore::ClientNamespace;
-using cachestore::ClientOptions;
+using cachestore::GrpcCacheClient;
+using cachestore::GrpcCacheClientOptions;
 using cachestore::LookupMode;
 using cachestore::LookupResult;
 
@@ -110,11 +110,11 @@ double ProcessCpuSeconds() {
 // arguments, and so its connection, distinct. Lookups do not use chunks.
 constexpr bool kDistinctConnections = true;
 
-std::unique_ptr<CacheStoreClient> NewClient(const std::string& target, int index) {
-  ClientOptions options;
+std::unique_ptr<GrpcCacheClient> NewClient(const std::string& target, int index) {
+  GrpcCacheClientOptions options;
   if (kDistinctConnections) options.chunk_bytes = (int64_t{4} << 20) - int64_t{4096} * index;
-  absl::StatusOr<std::unique_ptr<CacheStoreClient>> c = CacheStoreClient::Create(target, options);
-  Check(c.status(), "CacheStoreClient::Create");
+  absl::StatusOr<std::unique_ptr<GrpcCacheClient>> c = GrpcCacheClient::Create(target, options);
+  Check(c.status(), "GrpcCacheClient::Create");
   return *std::move(c);
 }
 
@@ -139,7 +139,7 @@ class LoadRunner {
     std::vector<std::thread> threads;
     for (int t = 0; t < load_.threads; ++t) {
       threads.emplace_back([&, t] {
-        CacheStoreClient& client = *clients_[load_.shared_client ? 0 : t];
+        GrpcCacheClient& client = *clients_[load_.shared_client ? 0 : t];
         go.WaitForNotification();
         for (int64_t i = next_++; !stop.load(std::memory_order_relaxed); i = next_++) {
           const std::vector<TokenId>& prompt = prompts_[(i * 7) % prompts_.size()];
@@ -180,7 +180,7 @@ class LoadRunner {
   const ClientNamespace ns_;
   const std::vector<std::vector<TokenId>>& prompts_;
   const int64_t expect_resume_;
-  std::vector<std::unique_ptr<CacheStoreClient>> clients_;
+  std::vector<std::unique_ptr<GrpcCacheClient>> clients_;
   std::atomic<int64_t> next_{0};  // prompt cursor shared by the threads
 };
 
@@ -256,7 +256,7 @@ class ByteLoadRunner {
 
  private:
   struct Client {
-    std::unique_ptr<CacheStoreClient> client;
+    std::unique_ptr<GrpcCacheClient> client;
     uint64_t lease_id = 0;
     cachestore::Hash128 key;
   };
@@ -502,7 +502,7 @@ void Run() {
       "(%d rounds of %.1f s windows, one window per load per round; \"vs 1 client\": median over rounds\n"
       " of the ratio within a round. lease+release: a Lookup with a lease and a Release RPC per op.\n"
       " CPU us/op: user + system time of the whole process (clients and server) per op.\n"
-      " clients: CacheStoreClient objects, each on its own channel and TCP connection.)\n",
+      " clients: GrpcCacheClient objects, each on its own channel and TCP connection.)\n",
       kRounds, kWindowSeconds);
   std::printf("established TCP connections to the server: %d (expected %d, one per client)\n", connections, clients);
 

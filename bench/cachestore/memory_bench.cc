@@ -36,17 +36,17 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "bench/cachestore/bench_timing.h"
-#include "cachestore/client.h"
+#include "cachestore/grpc_cache_client.h"
 #include "common/proc_status.h"
 #include "tests/e2e/stack.h"
 
 namespace hybridserve::bench {
 namespace {
 
-using cachestore::CacheStoreClient;
 using cachestore::ClientNamespace;
 using cachestore::ClientPut;
 using cachestore::EntryClass;
+using cachestore::GrpcCacheClient;
 using cachestore::IndexStats;
 using cachestore::LookupMode;
 using cachestore::LookupResult;
@@ -109,10 +109,10 @@ int64_t Reading(const char* what, const absl::StatusOr<int64_t>& bytes) {
   return *bytes;
 }
 
-std::unique_ptr<CacheStoreClient> NewClient(const std::string& target) {
-  cachestore::ClientOptions options;
+std::unique_ptr<GrpcCacheClient> NewClient(const std::string& target) {
+  cachestore::GrpcCacheClientOptions options;
   options.timeout = absl::Seconds(60);
-  absl::StatusOr<std::unique_ptr<CacheStoreClient>> c = CacheStoreClient::Create(target, options);
+  absl::StatusOr<std::unique_ptr<GrpcCacheClient>> c = GrpcCacheClient::Create(target, options);
   if (!c.ok()) Fail(c.status().ToString());
   return *std::move(c);
 }
@@ -126,7 +126,7 @@ struct WorkerCounts {
 // log-uniform size; after each state a lookup, every other one leased, and a
 // leased hit Gets the state and its page, then releases the lease.
 WorkerCounts Worker(const std::string& target, int index, int64_t byte_target) {
-  std::unique_ptr<CacheStoreClient> client = NewClient(target);
+  std::unique_ptr<GrpcCacheClient> client = NewClient(target);
   std::mt19937_64 rng(100 + index);
   std::uniform_real_distribution<double> log_size(std::log(static_cast<double>(kMinEntryBytes)),
                                                   std::log(static_cast<double>(kMaxEntryBytes)));
@@ -229,7 +229,7 @@ void Run(const Config& config) {
   }
   const double workload_s = SecondsSince(start);
   const int64_t peak_workload = Reading("VmHWM", common::PeakResidentBytes(pid));
-  std::unique_ptr<CacheStoreClient> client = NewClient(target);
+  std::unique_ptr<GrpcCacheClient> client = NewClient(target);
   absl::StatusOr<IndexStats> after_workload = client->Stats();
   if (!after_workload.ok()) Fail(after_workload.status().ToString());
 

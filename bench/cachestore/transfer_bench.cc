@@ -1,5 +1,5 @@
 // Put and Get bandwidth of one 64 MiB entry over loopback gRPC (an in-process
-// CacheStoreServer on 127.0.0.1:0 and a CacheStoreClient), as a ratio to a raw
+// CacheStoreServer on 127.0.0.1:0 and a GrpcCacheClient), as a ratio to a raw
 // loopback TCP transfer of 64 MiB measured in the same run (one thread write()s
 // 4 MiB at a time, another read()s into a buffer; timed from the first byte
 // sent to the last received). Goals (issue 10): Put >= 0.8x raw TCP and Get
@@ -32,7 +32,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "bench/cachestore/bench_timing.h"
-#include "cachestore/client.h"
+#include "cachestore/grpc_cache_client.h"
 #include "cachestore/server.h"
 #include "common/clock.h"
 #include "common/hash.h"
@@ -42,12 +42,12 @@
 namespace hybridserve::bench {
 namespace {
 
-using cachestore::CacheStoreClient;
 using cachestore::CacheStoreServer;
 using cachestore::ClientNamespace;
-using cachestore::ClientOptions;
 using cachestore::ClientPut;
 using cachestore::EntryClass;
+using cachestore::GrpcCacheClient;
+using cachestore::GrpcCacheClientOptions;
 using cachestore::ServerOptions;
 
 constexpr size_t kEntryBytes = size_t{64} << 20;
@@ -55,7 +55,7 @@ constexpr int kReps = 7;
 constexpr int kWarmups = 1;
 constexpr size_t kTcpIoBytes = size_t{4} << 20;
 constexpr double kGoalRatio = 0.8;
-// The chunk size the goals are judged at: ClientOptions' default (measured
+// The chunk size the goals are judged at: GrpcCacheClientOptions' default (measured
 // faster than 4 MiB chunks for Put, the same for Get).
 constexpr int64_t kGoalChunkBytes = int64_t{1} << 20;
 // The server's max_chunk_bytes here and in the binary's default flags.
@@ -212,7 +212,7 @@ void Run() {
   const ClientNamespace ns{"bench-model", "", "transfer", 16};
 
   cachestore::TokenId next_token = 1;
-  auto put_new = [&](CacheStoreClient& client) {
+  auto put_new = [&](GrpcCacheClient& client) {
     ClientPut put;
     put.entry_class = EntryClass::kState;
     put.tokens = {next_token++};
@@ -228,17 +228,17 @@ void Run() {
     return s;
   };
   struct Leased {
-    std::unique_ptr<CacheStoreClient> client;
+    std::unique_ptr<GrpcCacheClient> client;
     uint64_t lease_id = 0;
     cachestore::Hash128 key;
     int client_index = 0;
   };
   std::vector<Leased> clients;
   for (int64_t chunk_bytes : {int64_t{1} << 20, int64_t{4} << 20}) {
-    ClientOptions copts;
+    GrpcCacheClientOptions copts;
     copts.chunk_bytes = chunk_bytes;
-    absl::StatusOr<std::unique_ptr<CacheStoreClient>> client = CacheStoreClient::Create(target, copts);
-    Check(client.status(), "CacheStoreClient::Create");
+    absl::StatusOr<std::unique_ptr<GrpcCacheClient>> client = GrpcCacheClient::Create(target, copts);
+    Check(client.status(), "GrpcCacheClient::Create");
     Leased leased;
     leased.client = *std::move(client);
     // The entry its Gets read, under one lease (every Get extends it).

@@ -23,7 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "cachestore/client.h"
+#include "cachestore/grpc_cache_client.h"
 #include "common/hash.h"
 #include "common/wait_for.h"
 #include "gmock/gmock.h"
@@ -341,9 +341,9 @@ TEST(CachestoreProcessTest, TheReaperReclaimsAStalledPutAfterPutTimeout) {
     EXPECT_THAT(s.error_message(), HasSubstr("reclaimed"));
     EXPECT_THAT(s.error_message(), HasSubstr("put_timeout (1s)"));
   }
-  cachestore::ClientOptions options;
+  cachestore::GrpcCacheClientOptions options;
   options.timeout = kDeadline;
-  auto client = cachestore::CacheStoreClient::Create(Target(*server), options);
+  auto client = cachestore::GrpcCacheClient::Create(Target(*server), options);
   ASSERT_TRUE(client.ok());
   absl::StatusOr<cachestore::IndexStats> stats = (*client)->Stats();
   ASSERT_TRUE(stats.ok()) << stats.status();
@@ -369,9 +369,9 @@ TEST(CachestoreProcessTest, SigtermDrainsAnInFlightGetAndRefusesNewCalls) {
   std::unique_ptr<Process> server = StartCachestore({"--shutdown_grace=60s"});
   ASSERT_NE(server, nullptr);
   const std::string target = Target(*server);
-  cachestore::ClientOptions options;
+  cachestore::GrpcCacheClientOptions options;
   options.timeout = kDeadline;
-  auto client = cachestore::CacheStoreClient::Create(target, options);
+  auto client = cachestore::GrpcCacheClient::Create(target, options);
   ASSERT_TRUE(client.ok());
   cachestore::ClientNamespace ns{"fp", "", "", 16};
   cachestore::ClientPut state;
@@ -412,7 +412,7 @@ TEST(CachestoreProcessTest, SigtermDrainsAnInFlightGetAndRefusesNewCalls) {
   // code may appear on the way.
   std::vector<std::string> unexpected;
   EXPECT_TRUE(WaitFor([&] {
-    auto fresh = cachestore::CacheStoreClient::Create(target, options);
+    auto fresh = cachestore::GrpcCacheClient::Create(target, options);
     if (!fresh.ok()) return false;
     const absl::Status refused = (*fresh)->Stats().status();
     if (!refused.ok() && refused.code() != absl::StatusCode::kUnavailable &&

@@ -37,7 +37,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "cachestore/client.h"
+#include "cachestore/grpc_cache_client.h"
 #include "common/proc_status.h"
 #include "common/wait_for.h"
 #include "gmock/gmock.h"
@@ -49,10 +49,10 @@
 namespace hybridserve::e2e {
 namespace {
 
-using cachestore::CacheStoreClient;
 using cachestore::ClientNamespace;
 using cachestore::ClientPut;
 using cachestore::EntryClass;
+using cachestore::GrpcCacheClient;
 using cachestore::Hash128;
 using cachestore::IndexStats;
 using cachestore::LookupMode;
@@ -190,9 +190,9 @@ struct Peaks {
 class Monitor {
  public:
   Monitor(const std::string& target, pid_t pid, CodeLog* codes) : pid_(pid), codes_(codes) {
-    cachestore::ClientOptions options;
+    cachestore::GrpcCacheClientOptions options;
     options.timeout = kDeadline;
-    client_ = *CacheStoreClient::Create(target, options);
+    client_ = *GrpcCacheClient::Create(target, options);
     thread_ = std::thread([this] { Loop(); });
   }
   ~Monitor() {
@@ -239,7 +239,7 @@ class Monitor {
 
   const pid_t pid_;
   CodeLog* const codes_;
-  std::unique_ptr<CacheStoreClient> client_;
+  std::unique_ptr<GrpcCacheClient> client_;
   std::atomic<bool> stop_{false};
   absl::Mutex mu_;
   Peaks peaks_ ABSL_GUARDED_BY(mu_);
@@ -320,10 +320,10 @@ class CachestoreSoakTest : public ::testing::Test {
     target_ = absl::StrCat("127.0.0.1:", server_->port());
   }
 
-  std::unique_ptr<CacheStoreClient> NewClient() {
-    cachestore::ClientOptions options;
+  std::unique_ptr<GrpcCacheClient> NewClient() {
+    cachestore::GrpcCacheClientOptions options;
     options.timeout = kDeadline;
-    absl::StatusOr<std::unique_ptr<CacheStoreClient>> c = CacheStoreClient::Create(target_, options);
+    absl::StatusOr<std::unique_ptr<GrpcCacheClient>> c = GrpcCacheClient::Create(target_, options);
     EXPECT_TRUE(c.ok()) << c.status();
     return c.ok() ? *std::move(c) : nullptr;
   }
@@ -334,7 +334,7 @@ class CachestoreSoakTest : public ::testing::Test {
   // with or without a lease; a leased hit reads the state and a page and
   // checks their bytes, then releases the lease.
   void MixedWorker(int worker, int phase, int64_t byte_target, Tally* tally) {
-    std::unique_ptr<CacheStoreClient> client = NewClient();
+    std::unique_ptr<GrpcCacheClient> client = NewClient();
     ASSERT_NE(client, nullptr);
     std::mt19937_64 rng(1000 * phase + worker);
     std::uniform_real_distribution<double> log_size(std::log(static_cast<double>(kMinEntryBytes)),
@@ -511,7 +511,7 @@ absl::StatusCode ToAbsl(const grpc::Status& s) { return static_cast<absl::Status
 TEST_F(CachestoreSoakTest, MixedSizesAndStalledClientsStayWithinBudgetsAndLeaveNothingBehind) {
   ASSERT_NE(server_, nullptr);
   Monitor monitor(target_, server_->pid(), &codes_);
-  std::unique_ptr<CacheStoreClient> client = NewClient();
+  std::unique_ptr<GrpcCacheClient> client = NewClient();
   ASSERT_NE(client, nullptr);
   StartPhase();
 

@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "cachestore/client.h"
+#include "cachestore/grpc_cache_client.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/e2e/stack.h"
@@ -61,7 +61,7 @@ TEST_P(SessionTest, PinnedSessionSurvivesAFloodAndAnExpiredOneIsGone) {
   }
   // A probe of the unpinned conversation's next prompt (a lookup refreshes
   // what it finds in the LRU: only before the quota pins and after the flood).
-  auto cache = cachestore::CacheStoreClient::Create(absl::StrCat("127.0.0.1:", (*s)->cachestore()->port()));
+  auto cache = cachestore::GrpcCacheClient::Create(absl::StrCat("127.0.0.1:", (*s)->cachestore()->port()));
   ASSERT_TRUE(cache.ok()) << cache.status();
   auto stub = v1::Generation::NewStub(grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
   grpc::ClientContext info_context;

@@ -1,4 +1,4 @@
-#include "cachestore/wire.h"
+#include "cachestore/entry_messages.h"
 
 #include <random>
 #include <string>
@@ -8,7 +8,7 @@
 #include "gtest/gtest.h"
 #include "proto/cachestore.pb.h"
 
-namespace hybridserve::cachestore::wire {
+namespace hybridserve::cachestore::entry_messages {
 namespace {
 
 std::string Flatten(const grpc::ByteBuffer& b) {
@@ -48,7 +48,7 @@ std::string Payload(size_t n, uint32_t seed) {
 }
 
 // What we send is what protobuf's generated code parses, field for field.
-TEST(WireTest, EncodedMessagesParseAsTheGeneratedCodeReadsThem) {
+TEST(EntryMessagesTest, EncodedMessagesParseAsTheGeneratedCodeReadsThem) {
   const std::string data = Payload(70000, 1);
   auto owner = std::make_shared<std::string>(data);
   const grpc::Slice borrowed = BorrowedSlice(owner->data(), owner->size(), owner);
@@ -89,7 +89,7 @@ TEST(WireTest, EncodedMessagesParseAsTheGeneratedCodeReadsThem) {
 }
 
 // What protobuf sends, we read: every message cut into slices anywhere.
-TEST(WireTest, DecodesWhatTheGeneratedCodeWritesWhateverItsSlices) {
+TEST(EntryMessagesTest, DecodesWhatTheGeneratedCodeWritesWhateverItsSlices) {
   std::mt19937 rng(7);
   for (int round = 0; round < 300; ++round) {
     v1::GetManyResponse m;
@@ -118,7 +118,7 @@ TEST(WireTest, DecodesWhatTheGeneratedCodeWritesWhateverItsSlices) {
 // Protobuf's rules for what a sender may legally do: fields in any order,
 // the last scalar wins, an embedded message given twice merges, unknown
 // fields are skipped. Each case is checked against the generated parser.
-TEST(WireTest, FollowsProtobufsRulesForLegalButUnusualEncodings) {
+TEST(EntryMessagesTest, FollowsProtobufsRulesForLegalButUnusualEncodings) {
   std::vector<std::string> cases;
   {
     v1::PutRequest a, b;
@@ -164,7 +164,7 @@ TEST(WireTest, FollowsProtobufsRulesForLegalButUnusualEncodings) {
 // A put message that is not a plain chunk (a header, a commit, or anything
 // beside the chunk) is FAILED_PRECONDITION: the receiver decodes it with
 // protobuf. Truncations are INVALID_ARGUMENT.
-TEST(WireTest, RefusesWhatIsNotAPlainChunkAndWhatIsMalformed) {
+TEST(EntryMessagesTest, RefusesWhatIsNotAPlainChunkAndWhatIsMalformed) {
   v1::PutRequest header;
   header.mutable_header()->set_size_bytes(5);
   v1::PutRequest commit;
@@ -189,7 +189,7 @@ TEST(WireTest, RefusesWhatIsNotAPlainChunkAndWhatIsMalformed) {
 // Whatever bytes arrive, a message we accept is one protobuf accepts and
 // reads the same way (the converse need not hold: we refuse some encodings
 // protobuf would take, and the receiver then falls back to protobuf).
-TEST(WireTest, RandomBytesAreEitherRefusedOrReadAsProtobufReadsThem) {
+TEST(EntryMessagesTest, RandomBytesAreEitherRefusedOrReadAsProtobufReadsThem) {
   std::mt19937 rng(11);
   int accepted = 0;
   for (int round = 0; round < 20000; ++round) {
@@ -209,4 +209,4 @@ TEST(WireTest, RandomBytesAreEitherRefusedOrReadAsProtobufReadsThem) {
 }
 
 }  // namespace
-}  // namespace hybridserve::cachestore::wire
+}  // namespace hybridserve::cachestore::entry_messages

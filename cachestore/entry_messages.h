@@ -1,5 +1,5 @@
-#ifndef HYBRIDSERVE_CACHESTORE_WIRE_H_
-#define HYBRIDSERVE_CACHESTORE_WIRE_H_
+#ifndef HYBRIDSERVE_CACHESTORE_ENTRY_MESSAGES_H_
+#define HYBRIDSERVE_CACHESTORE_ENTRY_MESSAGES_H_
 
 // The messages that carry an entry's bytes (GetResponse, GetManyResponse, and
 // PutRequest's chunk), encoded from and decoded into gRPC slices directly, in
@@ -21,7 +21,7 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/slice.h"
 
-namespace hybridserve::cachestore::wire {
+namespace hybridserve::cachestore::entry_messages {
 
 // Field numbers (proto/cachestore.proto).
 inline constexpr int kGetSizeBytes = 1, kGetChecksum = 2, kGetOffset = 3, kGetData = 4;
@@ -87,6 +87,6 @@ class DecodedChunk {
 // fields are skipped. INVALID_ARGUMENT: malformed encoding.
 absl::Status DecodeChunk(const grpc::ByteBuffer& message, int data_field, int wrap_field, DecodedChunk* out);
 
-}  // namespace hybridserve::cachestore::wire
+}  // namespace hybridserve::cachestore::entry_messages
 
-#endif  // HYBRIDSERVE_CACHESTORE_WIRE_H_
+#endif  // HYBRIDSERVE_CACHESTORE_ENTRY_MESSAGES_H_

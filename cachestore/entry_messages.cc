@@ -1,11 +1,11 @@
-#include "cachestore/wire.h"
+#include "cachestore/entry_messages.h"
 
 #include <cstring>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 
-namespace hybridserve::cachestore::wire {
+namespace hybridserve::cachestore::entry_messages {
 namespace {
 
 constexpr int kVarint = 0, kFixed64 = 1, kLengthDelimited = 2, kFixed32 = 5;
@@ -204,4 +204,4 @@ absl::Status DecodeChunk(const grpc::ByteBuffer& message, int data_field, int wr
   return parsed;
 }
 
-}  // namespace hybridserve::cachestore::wire
+}  // namespace hybridserve::cachestore::entry_messages

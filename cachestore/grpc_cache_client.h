@@ -1,5 +1,5 @@
-#ifndef HYBRIDSERVE_CACHESTORE_CLIENT_H_
-#define HYBRIDSERVE_CACHESTORE_CLIENT_H_
+#ifndef HYBRIDSERVE_CACHESTORE_GRPC_CACHE_CLIENT_H_
+#define HYBRIDSERVE_CACHESTORE_GRPC_CACHE_CLIENT_H_
 
 // The gRPC CacheClient: reaches a cachestore service (cachestore/server.h) over
 // the network. Used by prefill and decode workers, tests, tools and
@@ -18,7 +18,7 @@
 
 namespace hybridserve::cachestore {
 
-struct ClientOptions {
+struct GrpcCacheClientOptions {
   // Put chunks; also asked of Get. 1 MiB: Put of 64 MiB over loopback ran at
   // 0.81-0.88x raw TCP with 1 MiB chunks, 0.62-0.65x with 4 MiB
   // (transfer_bench); Get the same at both.
@@ -34,14 +34,14 @@ struct ClientOptions {
 // Thread-safe (gRPC stubs are). Besides the codes of CacheClient, any call may
 // fail with the transport's: UNAVAILABLE (cachestore down or unreachable),
 // DEADLINE_EXCEEDED (past options.timeout), CANCELLED.
-class CacheStoreClient final : public CacheClient {
+class GrpcCacheClient final : public CacheClient {
  public:
   // `target` is a gRPC target ("host:port"). INVALID_ARGUMENT: chunk_bytes
   // outside (0, 64 MiB]. Connects lazily: an unreachable target shows as
   // UNAVAILABLE on the first call.
-  static absl::StatusOr<std::unique_ptr<CacheStoreClient>> Create(const std::string& target,
-                                                                  const ClientOptions& options = {});
-  ~CacheStoreClient() override;
+  static absl::StatusOr<std::unique_ptr<GrpcCacheClient>> Create(const std::string& target,
+                                                                 const GrpcCacheClientOptions& options = {});
+  ~GrpcCacheClient() override;
 
   absl::StatusOr<LookupResult> Lookup(const ClientNamespace& ns, absl::Span<const TokenId> tokens,
                                       LookupMode mode) override;
@@ -57,10 +57,10 @@ class CacheStoreClient final : public CacheClient {
 
  private:
   struct Impl;
-  explicit CacheStoreClient(std::unique_ptr<Impl> impl);
+  explicit GrpcCacheClient(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace hybridserve::cachestore
 
-#endif  // HYBRIDSERVE_CACHESTORE_CLIENT_H_
+#endif  // HYBRIDSERVE_CACHESTORE_GRPC_CACHE_CLIENT_H_

@@ -1,10 +1,12 @@
-#include "cachestore/client.h"
+#include "cachestore/grpc_cache_client.h"
 
 #include <algorithm>
+#include <optional>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "cachestore/wire.h"
+#include "cachestore/entry_messages.h"
 #include "common/grpc_status.h"
 #include "common/hash.h"
 #include "grpcpp/generic/generic_stub.h"
@@ -55,7 +57,7 @@ constexpr char kPutMethod[] = "/hybridserve.v1.CacheStore/Put";
 
 // One call of a streaming method whose messages stay raw ByteBuffers (the
 // generated stubs would copy an entry's bytes into and out of protobuf
-// strings; wire.h reads and writes them in place), driven step by step on
+// strings; entry_messages.h reads and writes them in place), driven step by step on
 // its own completion queue. Every step returns whether it succeeded; a failed
 // step means the call is over, and Finish says why.
 class RawCall {
@@ -151,10 +153,55 @@ class RawCall {
   bool answered_ = false;
 };
 
+// Decodes one message of an entry stream whose data is field `data_field`.
+// DATA_LOSS: the message is malformed.
+absl::Status DecodeEntryChunk(const grpc::ByteBuffer& message, int data_field, entry_messages::DecodedChunk* chunk) {
+  if (absl::Status s = entry_messages::DecodeChunk(message, data_field, 0, chunk); !s.ok()) {
+    return absl::DataLossError(absl::StrCat("cachestore sent a malformed chunk: ", s.message()));
+  }
+  return absl::OkStatus();
+}
+
+// One entry of a Get or GetMany stream as its chunks arrive into `dest`: the
+// size and checksum its first chunk announces, then its bytes in order.
+// Until Begin, it expects 0 bytes with checksum 0.
+class ArrivingEntry {
+ public:
+  explicit ArrivingEntry(std::string* dest) : dest_(dest) {}
+
+  // The announcement. DATA_LOSS: an implausible size (nothing is cleared).
+  absl::Status Begin(uint64_t size, uint64_t checksum) {
+    if (size > (uint64_t{1} << 40)) return absl::DataLossError("cachestore announced an implausible entry size");
+    size_ = size;
+    checksum_ = checksum;
+    dest_->clear();
+    dest_->reserve(size);
+    return absl::OkStatus();
+  }
+  // DATA_LOSS: the chunk is not at `offset` == the bytes so far, or runs past
+  // the size.
+  absl::Status Append(uint64_t offset, const entry_messages::DecodedChunk& chunk) {
+    if (offset != dest_->size() || dest_->size() + chunk.data_size() > size_) {
+      return absl::DataLossError("cachestore sent chunks out of order or past the size");
+    }
+    chunk.AppendData(dest_);  // straight from gRPC's slices
+    return absl::OkStatus();
+  }
+  // Whether every announced byte arrived and they match the checksum.
+  bool Complete() const {
+    return dest_->size() == size_ && common::Checksum64(dest_->data(), dest_->size()) == checksum_;
+  }
+
+ private:
+  std::string* const dest_;
+  uint64_t size_ = 0;
+  uint64_t checksum_ = 0;
+};
+
 }  // namespace
 
-struct CacheStoreClient::Impl {
-  ClientOptions options;
+struct GrpcCacheClient::Impl {
+  GrpcCacheClientOptions options;
   std::unique_ptr<v1::CacheStore::Stub> stub;
   std::unique_ptr<grpc::GenericStub> raw;  // Put, Get, GetMany: bytes in place
 
@@ -163,8 +210,8 @@ struct CacheStoreClient::Impl {
   }
 };
 
-absl::StatusOr<std::unique_ptr<CacheStoreClient>> CacheStoreClient::Create(const std::string& target,
-                                                                           const ClientOptions& options) {
+absl::StatusOr<std::unique_ptr<GrpcCacheClient>> GrpcCacheClient::Create(const std::string& target,
+                                                                         const GrpcCacheClientOptions& options) {
   if (options.chunk_bytes <= 0 || options.chunk_bytes > (int64_t{64} << 20)) {
     return absl::InvalidArgumentError("chunk_bytes must be in (0, 64 MiB]");
   }
@@ -182,14 +229,14 @@ absl::StatusOr<std::unique_ptr<CacheStoreClient>> CacheStoreClient::Create(const
   std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
   impl->stub = v1::CacheStore::NewStub(channel);
   impl->raw = std::make_unique<grpc::GenericStub>(channel);
-  return std::unique_ptr<CacheStoreClient>(new CacheStoreClient(std::move(impl)));
+  return std::unique_ptr<GrpcCacheClient>(new GrpcCacheClient(std::move(impl)));
 }
 
-CacheStoreClient::CacheStoreClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-CacheStoreClient::~CacheStoreClient() = default;
+GrpcCacheClient::GrpcCacheClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+GrpcCacheClient::~GrpcCacheClient() = default;
 
-absl::StatusOr<LookupResult> CacheStoreClient::Lookup(const ClientNamespace& ns, absl::Span<const TokenId> tokens,
-                                                      LookupMode mode) {
+absl::StatusOr<LookupResult> GrpcCacheClient::Lookup(const ClientNamespace& ns, absl::Span<const TokenId> tokens,
+                                                     LookupMode mode) {
   v1::LookupRequest req;
   *req.mutable_namespace_() = ToProto(ns);
   req.mutable_token_ids()->Add(tokens.begin(), tokens.end());
@@ -236,8 +283,8 @@ absl::StatusOr<LookupResult> CacheStoreClient::Lookup(const ClientNamespace& ns,
   return r;
 }
 
-absl::StatusOr<PutResult> CacheStoreClient::Put(const ClientNamespace& ns, const ClientPut& put,
-                                                absl::string_view bytes) {
+absl::StatusOr<PutResult> GrpcCacheClient::Put(const ClientNamespace& ns, const ClientPut& put,
+                                               absl::string_view bytes) {
   grpc::ClientContext ctx;
   impl_->Prepare(&ctx);
   RawCall call(*impl_->raw, kPutMethod, &ctx);
@@ -263,25 +310,26 @@ absl::StatusOr<PutResult> CacheStoreClient::Put(const ClientNamespace& ns, const
   // A failed Write means the server already answered (e.g. already present,
   // or an error); Finish tells which.
   grpc::ByteBuffer answer;
-  bool open = call.Write(wire::SerializeMessage(msg));
+  bool open = call.Write(entry_messages::SerializeMessage(msg));
   call.StartAnswer(&answer);
   const int64_t chunk = impl_->options.chunk_bytes;
   for (size_t off = 0; open && !call.answered() && off < bytes.size(); off += chunk) {
     // The chunk points into `bytes`, which outlive the call: no copy.
     const grpc::Slice data(bytes.data() + off, std::min<size_t>(chunk, bytes.size() - off), grpc::Slice::STATIC_SLICE);
-    open = call.Write(wire::EncodeChunk({{wire::kChunkOffset, off}}, wire::kChunkData, data, wire::kPutChunk));
+    open = call.Write(entry_messages::EncodeChunk({{entry_messages::kChunkOffset, off}}, entry_messages::kChunkData,
+                                                  data, entry_messages::kPutChunk));
   }
   if (open && !call.answered()) {
     msg.Clear();
     msg.mutable_commit()->set_checksum(common::Checksum64(bytes.data(), bytes.size()));
-    call.Write(wire::SerializeMessage(msg));
+    call.Write(entry_messages::SerializeMessage(msg));
   }
   call.WritesDone();
   v1::PutResponse resp;
   const bool answered = call.AnswerArrived();
   absl::Status s = FromGrpcStatus(call.Finish());
   if (!s.ok()) return s;
-  if (!answered || !wire::ParseMessage(answer, &resp))
+  if (!answered || !entry_messages::ParseMessage(answer, &resp))
     return absl::InternalError("cachestore sent a malformed put answer");
   PutResult r;
   if (!Hash128::FromBytes(resp.key(), &r.key)) return absl::InternalError("cachestore sent a malformed key");
@@ -292,7 +340,7 @@ absl::StatusOr<PutResult> CacheStoreClient::Put(const ClientNamespace& ns, const
   return r;
 }
 
-absl::Status CacheStoreClient::GetInto(uint64_t lease_id, const Hash128& key, std::string* out) {
+absl::Status GrpcCacheClient::GetInto(uint64_t lease_id, const Hash128& key, std::string* out) {
   v1::GetRequest req;
   req.set_lease_id(lease_id);
   req.set_key(key.ToBytes());
@@ -300,41 +348,33 @@ absl::Status CacheStoreClient::GetInto(uint64_t lease_id, const Hash128& key, st
   grpc::ClientContext ctx;
   impl_->Prepare(&ctx);
   RawCall call(*impl_->raw, kGetMethod, &ctx);
-  call.Write(wire::SerializeMessage(req));
+  call.Write(entry_messages::SerializeMessage(req));
   call.WritesDone();
   out->clear();
-  uint64_t size = 0, checksum = 0;
+  ArrivingEntry entry(out);
   bool first = true;
   grpc::ByteBuffer message;
-  wire::DecodedChunk chunk;
+  entry_messages::DecodedChunk chunk;
   while (call.Read(&message)) {
-    if (absl::Status s = wire::DecodeChunk(message, wire::kGetData, 0, &chunk); !s.ok()) {
-      return call.Abandon(absl::DataLossError(absl::StrCat("cachestore sent a malformed chunk: ", s.message())));
-    }
+    if (absl::Status s = DecodeEntryChunk(message, entry_messages::kGetData, &chunk); !s.ok()) return call.Abandon(s);
     if (first) {
-      size = chunk.field(wire::kGetSizeBytes);
-      checksum = chunk.field(wire::kGetChecksum);
-      if (size > (uint64_t{1} << 40)) {
-        return call.Abandon(absl::DataLossError("cachestore announced an implausible entry size"));
-      }
-      out->reserve(size);
+      absl::Status s =
+          entry.Begin(chunk.field(entry_messages::kGetSizeBytes), chunk.field(entry_messages::kGetChecksum));
+      if (!s.ok()) return call.Abandon(s);
       first = false;
     }
-    if (chunk.field(wire::kGetOffset) != out->size() || out->size() + chunk.data_size() > size) {
-      return call.Abandon(absl::DataLossError("cachestore sent chunks out of order or past the size"));
-    }
-    chunk.AppendData(out);  // straight from gRPC's slices
+    if (absl::Status s = entry.Append(chunk.field(entry_messages::kGetOffset), chunk); !s.ok()) return call.Abandon(s);
   }
   absl::Status s = FromGrpcStatus(call.Finish());
   if (!s.ok()) return s;
-  if (out->size() != size || common::Checksum64(out->data(), out->size()) != checksum) {
+  if (!entry.Complete()) {
     return absl::DataLossError(absl::StrCat("entry ", key.ToHex(), " arrived incomplete or corrupted"));
   }
   return absl::OkStatus();
 }
 
-absl::Status CacheStoreClient::GetManyInto(uint64_t lease_id, absl::Span<const Hash128> keys,
-                                           absl::Span<std::string> out) {
+absl::Status GrpcCacheClient::GetManyInto(uint64_t lease_id, absl::Span<const Hash128> keys,
+                                          absl::Span<std::string> out) {
   if (keys.empty() || keys.size() != out.size()) return CacheClient::GetManyInto(lease_id, keys, out);
   v1::GetManyRequest req;
   req.set_lease_id(lease_id);
@@ -343,48 +383,41 @@ absl::Status CacheStoreClient::GetManyInto(uint64_t lease_id, absl::Span<const H
   grpc::ClientContext ctx;
   impl_->Prepare(&ctx);
   RawCall call(*impl_->raw, kGetManyMethod, &ctx);
-  call.Write(wire::SerializeMessage(req));
+  call.Write(entry_messages::SerializeMessage(req));
   call.WritesDone();
-  // The entry being received: index `current`, `size` bytes, `checksum`.
+  // The entry being received: keys[current], into out[current].
   int64_t current = -1;
-  uint64_t size = 0, checksum = 0;
+  std::optional<ArrivingEntry> entry;
   auto finish_entry = [&]() -> absl::Status {
-    const std::string& got = out[static_cast<size_t>(current)];
-    if (got.size() != size || common::Checksum64(got.data(), got.size()) != checksum) {
+    if (!entry->Complete()) {
       return absl::DataLossError(absl::StrCat("keys[", current, "] (", keys[static_cast<size_t>(current)].ToHex(),
                                               ") arrived incomplete or corrupted"));
     }
     return absl::OkStatus();
   };
   grpc::ByteBuffer message;
-  wire::DecodedChunk chunk;
+  entry_messages::DecodedChunk chunk;
   while (call.Read(&message)) {
-    if (absl::Status s = wire::DecodeChunk(message, wire::kManyData, 0, &chunk); !s.ok()) {
-      return call.Abandon(absl::DataLossError(absl::StrCat("cachestore sent a malformed chunk: ", s.message())));
-    }
-    const uint64_t index = chunk.field(wire::kManyIndex);
+    if (absl::Status s = DecodeEntryChunk(message, entry_messages::kManyData, &chunk); !s.ok()) return call.Abandon(s);
+    const uint64_t index = chunk.field(entry_messages::kManyIndex);
     if (static_cast<int64_t>(index) != current) {
       // A new entry: the next index, starting at offset 0 with its size.
       if (current >= 0) {
         if (absl::Status s = finish_entry(); !s.ok()) return call.Abandon(s);
       }
-      if (static_cast<int64_t>(index) != current + 1 || index >= keys.size() || chunk.field(wire::kManyOffset) != 0) {
+      if (static_cast<int64_t>(index) != current + 1 || index >= keys.size() ||
+          chunk.field(entry_messages::kManyOffset) != 0) {
         return call.Abandon(absl::DataLossError("cachestore sent GetMany entries out of order"));
       }
       current = static_cast<int64_t>(index);
-      size = chunk.field(wire::kManySizeBytes);
-      checksum = chunk.field(wire::kManyChecksum);
-      if (size > (uint64_t{1} << 40)) {
-        return call.Abandon(absl::DataLossError("cachestore announced an implausible entry size"));
-      }
-      out[static_cast<size_t>(current)].clear();
-      out[static_cast<size_t>(current)].reserve(size);
+      entry.emplace(&out[static_cast<size_t>(current)]);
+      absl::Status s =
+          entry->Begin(chunk.field(entry_messages::kManySizeBytes), chunk.field(entry_messages::kManyChecksum));
+      if (!s.ok()) return call.Abandon(s);
     }
-    std::string& dest = out[static_cast<size_t>(current)];
-    if (chunk.field(wire::kManyOffset) != dest.size() || dest.size() + chunk.data_size() > size) {
-      return call.Abandon(absl::DataLossError("cachestore sent chunks out of order or past the size"));
+    if (absl::Status s = entry->Append(chunk.field(entry_messages::kManyOffset), chunk); !s.ok()) {
+      return call.Abandon(s);
     }
-    chunk.AppendData(&dest);
   }
   absl::Status s = FromGrpcStatus(call.Finish());
   if (!s.ok()) return s;
@@ -394,7 +427,7 @@ absl::Status CacheStoreClient::GetManyInto(uint64_t lease_id, absl::Span<const H
   return finish_entry();
 }
 
-absl::Status CacheStoreClient::Release(uint64_t lease_id) {
+absl::Status GrpcCacheClient::Release(uint64_t lease_id) {
   v1::ReleaseRequest req;
   req.set_lease_id(lease_id);
   v1::ReleaseResponse resp;
@@ -403,7 +436,7 @@ absl::Status CacheStoreClient::Release(uint64_t lease_id) {
   return FromGrpcStatus(impl_->stub->Release(&ctx, req, &resp));
 }
 
-absl::StatusOr<IndexStats> CacheStoreClient::Stats() {
+absl::StatusOr<IndexStats> GrpcCacheClient::Stats() {
   v1::StatsRequest req;
   v1::StatsResponse resp;
   grpc::ClientContext ctx;
