@@ -41,7 +41,7 @@
 #include "transport/in_process_transport.h"
 #include "transport/ipc_communicator.h"
 #include "transport/nccl_communicator.h"
-#include "transport/nccl_transport.h"
+#include "transport/channel_receiver.h"
 #include "transport/socket_io.h"
 #include "transport/tcp_transport.h"
 
@@ -156,7 +156,7 @@ int Run() {
   // The data plane and the prefill side.
   std::unique_ptr<transport::TcpStateReceiver> tcp;
   std::unique_ptr<transport::NcclCommunicatorFactory> nccl_factory;
-  std::unique_ptr<transport::NcclStateReceiver> nccl;
+  std::unique_ptr<transport::ChannelStateReceiver> nccl;
   std::unique_ptr<transport::IpcCommunicatorFactory> ipc_factory;
   std::unique_ptr<transport::InProcessTransport> local;
   std::unique_ptr<engine::Model> prefill_model;
@@ -208,10 +208,10 @@ int Run() {
       nccl_factory = *std::move(f);
       factory = nccl_factory.get();
     }
-    transport::NcclReceiverOptions ro;
+    transport::ChannelReceiverOptions ro;
     ro.default_peer = targets[0];
     ro.kind = ipc ? transport::TransportKind::kCudaIpc : transport::TransportKind::kNccl;
-    auto r = transport::NcclStateReceiver::Create(*factory, ro);
+    auto r = transport::ChannelStateReceiver::Create(*factory, ro);
     if (!r.ok()) {
       LOG(ERROR) << "--data_plane: " << r.status();
       return 1;

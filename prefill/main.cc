@@ -28,7 +28,7 @@
 #include "prefill/service.h"
 #include "transport/ipc_communicator.h"
 #include "transport/nccl_communicator.h"
-#include "transport/nccl_transport.h"
+#include "transport/channel_sender.h"
 #include "transport/routing_sender.h"
 #include "transport/tcp_transport.h"
 
@@ -102,9 +102,9 @@ int Run() {
   transport::RoutingStateSender sender;
   std::unique_ptr<transport::TcpStateSender> tcp;
   std::unique_ptr<transport::NcclCommunicatorFactory> nccl_factory;
-  std::unique_ptr<transport::NcclStateSender> nccl;
+  std::unique_ptr<transport::ChannelStateSender> nccl;
   std::unique_ptr<transport::IpcCommunicatorFactory> ipc_factory;
-  std::unique_ptr<transport::NcclStateSender> ipc;
+  std::unique_ptr<transport::ChannelStateSender> ipc;
   for (absl::string_view plane : absl::StrSplit(absl::GetFlag(FLAGS_data_planes), ',', absl::SkipWhitespace())) {
     if (plane == "tcp") {
       tcp = std::make_unique<transport::TcpStateSender>();
@@ -118,7 +118,7 @@ int Run() {
         return 1;
       }
       nccl_factory = *std::move(f);
-      nccl = std::make_unique<transport::NcclStateSender>(*nccl_factory);
+      nccl = std::make_unique<transport::ChannelStateSender>(*nccl_factory);
       sender.Route(transport::TransportKind::kNccl, nccl.get());
     } else if (plane == "cuda_ipc") {
       if (*device != engine::Device::kCuda) {
@@ -126,7 +126,7 @@ int Run() {
         return 1;
       }
       ipc_factory = std::make_unique<transport::IpcCommunicatorFactory>((*model)->backend());
-      ipc = std::make_unique<transport::NcclStateSender>(*ipc_factory);
+      ipc = std::make_unique<transport::ChannelStateSender>(*ipc_factory);
       sender.Route(transport::TransportKind::kCudaIpc, ipc.get());
     } else {
       LOG(ERROR) << "--data_planes: unknown plane \"" << plane << "\" (expected tcp, nccl, cuda_ipc)";
