@@ -43,9 +43,9 @@ struct ChannelReceiverOptions {
   // deadline: a channel outlives its first ticket.
   absl::Duration join_timeout = absl::Minutes(2);
   TransferRegistry::Limits limits;
-  // The prefill peer of the tickets ExpectTicket completes: a decode worker
-  // paired with one prefill worker (DESIGN.md: one communicator per
-  // prefill/decode pair). Empty: ExpectTicket and ExpectReservation are
+  // The prefill peer of the tickets ExpectTicket and ExpectReservation
+  // complete: a decode worker paired with one prefill worker (DESIGN.md: one
+  // communicator per prefill/decode pair). Empty: both are
   // FAILED_PRECONDITION, and callers name the peer with ExpectFrom.
   std::string default_peer;
   // The kind put on tickets: kNccl when the factory makes NCCL channels
