@@ -225,16 +225,8 @@ void DecodeLoop::Admit() {
     // The receiver completes the ticket for its plane (its kind; NCCL: the
     // channel's id). Device planes take the reserved slots too, so the pages
     // land there without a host copy (transfer.h, "Pages in place").
-    absl::Status expected = ticket.status();
-    if (ticket.ok()) {
-      const transport::TransportKind plane = receiver_.kind();
-      if (plane == transport::TransportKind::kNccl || plane == transport::TransportKind::kCudaIpc) {
-        auto sink = transport::ReservationPageSink::Create(table, *reservation);
-        expected = sink.ok() ? receiver_.ExpectTicketInPlace(&*ticket, *std::move(sink)) : sink.status();
-      } else {
-        expected = receiver_.ExpectTicket(&*ticket);
-      }
-    }
+    const absl::Status expected =
+        ticket.ok() ? receiver_.ExpectReservation(&*ticket, table, *reservation) : ticket.status();
     r->reservation = *reservation;
     if (!expected.ok()) {
       (void)table.AbortImport(reservation->id);

@@ -16,7 +16,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "transport/fake_communicator.h"
-#include "transport/nccl_transport.h"
+#include "transport/channel_receiver.h"
+#include "transport/channel_sender.h"
 #include "transport/routing_sender.h"
 
 namespace hybridserve::decode::test {
@@ -47,11 +48,11 @@ TEST_F(DecodeLoopTest, StreamsTheTokensOfASingleEngineRunAndEndsAtMaxTokens) {
 // //transport:nccl_communicator_test.)
 TEST_F(DecodeLoopTest, TicketsOverTheNcclPlaneStreamTheSingleEngineTokens) {
   transport::FakeCommunicatorFactory factory;
-  transport::NcclReceiverOptions ro;
+  transport::ChannelReceiverOptions ro;
   ro.default_peer = "prefill-0";
-  auto receiver = transport::NcclStateReceiver::Create(factory, ro);
+  auto receiver = transport::ChannelStateReceiver::Create(factory, ro);
   ASSERT_TRUE(receiver.ok()) << receiver.status();
-  transport::NcclStateSender nccl(factory);
+  transport::ChannelStateSender nccl(factory);
   transport::RoutingStateSender router;
   router.Route(transport::TransportKind::kNccl, &nccl);
   EnginePrefill prefill(*prefill_model_, weights_->fingerprint(), router);

@@ -34,7 +34,8 @@
 #include "transport/engine_import.h"
 #include "transport/fake_communicator.h"
 #include "transport/in_process_transport.h"
-#include "transport/nccl_transport.h"
+#include "transport/channel_receiver.h"
+#include "transport/channel_sender.h"
 #include "transport/routing_sender.h"
 
 namespace hybridserve::decode::test {

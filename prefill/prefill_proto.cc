@@ -70,11 +70,11 @@ void TicketToProto(const transport::Ticket& t, v1::TransferTicket* out) {
       break;
     case transport::TransportKind::kNccl:
       out->set_transport(v1::TRANSPORT_KIND_NCCL);
-      out->set_nccl_unique_id(t.nccl_unique_id);
+      out->set_nccl_unique_id(t.channel_id);
       break;
     case transport::TransportKind::kCudaIpc:
       out->set_transport(v1::TRANSPORT_KIND_CUDA_IPC);
-      out->set_cuda_ipc_channel(t.nccl_unique_id);
+      out->set_cuda_ipc_channel(t.channel_id);
       break;
   }
   out->set_endpoint(t.endpoint);
@@ -109,7 +109,7 @@ absl::StatusOr<transport::Ticket> TicketFromProto(const v1::TransferTicket& p) {
         return absl::InvalidArgumentError(absl::StrCat("ticket.nccl_unique_id must be ", transport::kNcclUniqueIdBytes,
                                                        " bytes on an NCCL ticket, got ", p.nccl_unique_id().size()));
       }
-      t.nccl_unique_id = p.nccl_unique_id();
+      t.channel_id = p.nccl_unique_id();
       break;
     case v1::TRANSPORT_KIND_CUDA_IPC:
       t.kind = transport::TransportKind::kCudaIpc;
@@ -117,7 +117,7 @@ absl::StatusOr<transport::Ticket> TicketFromProto(const v1::TransferTicket& p) {
         return absl::InvalidArgumentError(
             "ticket.cuda_ipc_channel must name the channel (host:port/token) on a CUDA IPC ticket, alone");
       }
-      t.nccl_unique_id = p.cuda_ipc_channel();
+      t.channel_id = p.cuda_ipc_channel();
       break;
     default:
       return absl::InvalidArgumentError(

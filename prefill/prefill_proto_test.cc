@@ -35,9 +35,9 @@ TEST(TicketWireTest, TcpAndNcclTicketsRoundTripWithTheirKind) {
        {transport::TransportKind::kTcp, transport::TransportKind::kNccl, transport::TransportKind::kCudaIpc}) {
     transport::Ticket t = ATicket();
     t.kind = kind;
-    if (kind == transport::TransportKind::kNccl) t.nccl_unique_id = std::string(transport::kNcclUniqueIdBytes, 'x');
+    if (kind == transport::TransportKind::kNccl) t.channel_id = std::string(transport::kNcclUniqueIdBytes, 'x');
     if (kind == transport::TransportKind::kCudaIpc)
-      t.nccl_unique_id = "127.0.0.1:4000/00112233445566778899aabbccddeeff";
+      t.channel_id = "127.0.0.1:4000/00112233445566778899aabbccddeeff";
     v1::TransferTicket p;
     TicketToProto(t, &p);
     EXPECT_EQ(p.transport(), kind == transport::TransportKind::kTcp    ? v1::TRANSPORT_KIND_TCP
@@ -46,7 +46,7 @@ TEST(TicketWireTest, TcpAndNcclTicketsRoundTripWithTheirKind) {
     auto back = TicketFromProto(p);
     ASSERT_TRUE(back.ok()) << back.status();
     EXPECT_EQ(back->kind, kind);
-    EXPECT_EQ(back->nccl_unique_id, t.nccl_unique_id);
+    EXPECT_EQ(back->channel_id, t.channel_id);
     EXPECT_EQ(back->transfer_id, t.transfer_id);
     EXPECT_EQ(back->endpoint, t.endpoint);
     EXPECT_EQ(back->page_slots, t.page_slots);
@@ -59,7 +59,7 @@ TEST(TicketWireTest, TcpAndNcclTicketsRoundTripWithTheirKind) {
 TEST(TicketWireTest, EachKindIsRefusedWithoutWhatItNeeds) {
   transport::Ticket t = ATicket();
   t.kind = transport::TransportKind::kNccl;
-  t.nccl_unique_id = "short";
+  t.channel_id = "short";
   v1::TransferTicket p;
   TicketToProto(t, &p);
   auto s = TicketFromProto(p).status();

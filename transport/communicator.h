@@ -1,9 +1,10 @@
 #ifndef HYBRIDSERVE_TRANSPORT_COMMUNICATOR_H_
 #define HYBRIDSERVE_TRANSPORT_COMMUNICATOR_H_
 
-// A two-rank point-to-point message channel, the layer under the NCCL data
-// plane (transport/nccl_transport.h): NCCL on GPUs
-// (transport/nccl_communicator.h), an in-memory pair in tests
+// A two-rank point-to-point message channel, the layer under the channel
+// data plane (transport/channel_protocol.h): NCCL on GPUs
+// (transport/nccl_communicator.h), CUDA IPC between two processes on one GPU
+// (transport/ipc_communicator.h), an in-memory pair in tests
 // (transport/fake_communicator.h).
 //
 // The channel carries messages, not a byte stream: every Send of n bytes is

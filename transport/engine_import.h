@@ -69,7 +69,7 @@ class SequenceStateSource final : public StateSource {
 
 // The page slots of `reservation` (SequenceTable::ImportPageRegions of each
 // full page), for a receiver that takes pages in place
-// (StateReceiver::ExpectTicketInPlace). Errors of ImportPageRegions. The
+// (StateReceiver::ExpectReservation). Errors of ImportPageRegions. The
 // sink must be handed back (its transfer awaited or cancelled) before the
 // reservation is finished, aborted or released.
 class ReservationPageSink final : public PageSink {

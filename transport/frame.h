@@ -1,9 +1,9 @@
 #ifndef HYBRIDSERVE_TRANSPORT_FRAME_H_
 #define HYBRIDSERVE_TRANSPORT_FRAME_H_
 
-// The data plane's frames: the TCP plane writes them on a socket, the NCCL
-// plane sends each as two messages, header then payload (its own sequence:
-// transport/nccl_transport.h). Every integer little-endian; every frame a
+// The data plane's frames: the TCP plane writes them on a socket, the channel
+// planes (NCCL, CUDA IPC) send each as two messages, header then payload
+// (their own sequence: transport/channel_protocol.h). Every integer little-endian; every frame a
 // 48-byte header and a payload:
 //
 //   offset size  field
@@ -17,8 +17,8 @@
 //   40     8     u64 XXH3-64 (seed 0) of header bytes [0, 40)
 //   48     ...   payload
 //
-//   (index also carries, on the NCCL plane, the placement of a verdict kAck:
-//   1 when pages travel in place, 0 when staged; nccl_transport.h)
+//   (index also carries, on the channel planes, the placement of a verdict
+//   kAck: 1 when pages travel in place, 0 when staged; channel_protocol.h)
 //
 // A TCP transfer, on one connection from the sender: kBegin (payload
 // BeginPayload, 48 bytes), kPage for pages 0, 1, ... in order (page_bytes
@@ -27,10 +27,10 @@
 // at most kMaxAckMessage bytes) and closes. A receiver that refuses a
 // transfer answers kAck with the error at once and closes.
 //
-// The NCCL plane adds (nccl_transport.h): a kBegin payload may continue with
-// an in-place offer (RegionOffer, below), and kPageSums carries the
-// checksums of the sampled pages of a transfer whose pages travelled in
-// place. TCP never sends either and refuses them as unexpected frames.
+// The channel planes add (channel_protocol.h): a kBegin payload may
+// continue with an in-place offer (RegionOffer, below), and kPageSums
+// carries the checksums of the sampled pages of a transfer whose pages
+// travelled in place. TCP never sends either and refuses them as unexpected frames.
 //
 // Decoding never trusts its input: the header checksum first, then magic,
 // version and type; payload sizes are checked against what the transfer's

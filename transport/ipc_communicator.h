@@ -3,7 +3,7 @@
 
 // A Communicator (transport/communicator.h) between two processes on one GPU,
 // where NCCL refuses two ranks on one device: the channel protocol of
-// transport/nccl_transport.h runs over it unchanged (TransportKind::kCudaIpc).
+// transport/channel_protocol.h runs over it unchanged (TransportKind::kCudaIpc).
 //
 // Every message is a rendezvous over a TCP control connection on the host:
 // the receiving rank posts its buffer ("ready": size, and, when the buffer is

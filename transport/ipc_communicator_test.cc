@@ -2,7 +2,7 @@
 // real loopback control connection, with the CUDA backend on its emulator
 // (whose IPC handles open in the process that made them) or the CPU backend
 // (no shared memory: every message over the connection). Then the channel
-// protocol of nccl_transport.h over it.
+// protocol of channel_protocol.h over it.
 
 #include "transport/ipc_communicator.h"
 
@@ -25,8 +25,10 @@
 #include "kernels/counting_backend.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "transport/channel_receiver.h"
+#include "transport/channel_sender.h"
 #include "transport/engine_import.h"
-#include "transport/nccl_transport.h"
+#include "transport/engine_pair_test_util.h"
 #include "transport/socket_io.h"
 
 namespace hybridserve::transport {
@@ -236,7 +238,7 @@ TEST(IpcCommunicatorTest, OnlyTheTokenHolderJoinsAndIdsAreChecked) {
   t.join();
 }
 
-// The channel protocol (nccl_transport.h) over CUDA IPC channels.
+// The channel protocol (channel_protocol.h) over CUDA IPC channels.
 class BytesSource final : public StateSource {
  public:
   BytesSource() : pages_{Bytes(4096, 11), Bytes(4096, 12), Bytes(4096, 13)}, state_(Bytes(999, 14)) {}
@@ -257,12 +259,12 @@ TEST(IpcCommunicatorTest, TheChannelProtocolRunsOverIt) {
   auto gpu = EmulatedGpu();
   ASSERT_NE(gpu, nullptr);
   IpcCommunicatorFactory factory(*gpu);
-  NcclReceiverOptions ro;
+  ChannelReceiverOptions ro;
   ro.default_peer = "prefill-0";
   ro.kind = TransportKind::kCudaIpc;
-  auto receiver = NcclStateReceiver::Create(factory, ro);
+  auto receiver = ChannelStateReceiver::Create(factory, ro);
   ASSERT_TRUE(receiver.ok()) << receiver.status();
-  NcclStateSender sender(factory);
+  ChannelStateSender sender(factory);
   const BytesSource source;
   for (uint64_t id = 1; id <= 2; ++id) {  // the second transfer reuses the channel
     Ticket t;
@@ -290,20 +292,13 @@ TEST(IpcCommunicatorTest, TheChannelProtocolRunsOverIt) {
   EXPECT_EQ(sender.channels(), 1);
 }
 
-std::string Runfile(const std::string& relative) {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  if (srcdir == nullptr || workspace == nullptr) return relative;
-  return absl::StrCat(srcdir, "/", workspace, "/", relative);
-}
-
 // What the GPU path does, on the emulator: a prefill engine and a decode
 // engine on two CUDA backends, a sequence sent over a CUDA IPC channel with
 // its pages in place (each page's regions copied from the prefill pool
 // straight into the decode pool's reserved slots), imported, and decoded on
 // both engines: the same bits.
 TEST(IpcCommunicatorTest, AnEngineSequenceMovesInPlaceBetweenTwoGpuEnginesAndContinuesBitIdentically) {
-  auto weights = engine::ModelWeights::LoadDirectory(Runfile("tests/fixtures/golden/nemotron_h_tiny"));
+  auto weights = engine::ModelWeights::LoadDirectory(Runfile(kTinyModelDir));
   ASSERT_TRUE(weights.ok()) << weights.status();
   auto prefill_gpu = EmulatedGpu();
   auto decode_gpu = EmulatedGpu();
@@ -329,20 +324,18 @@ TEST(IpcCommunicatorTest, AnEngineSequenceMovesInPlaceBetweenTwoGpuEnginesAndCon
 
   IpcCommunicatorFactory decode_side(*decode_gpu);
   IpcCommunicatorFactory prefill_side(prefill_counted);
-  NcclReceiverOptions ro;
+  ChannelReceiverOptions ro;
   ro.default_peer = "prefill-0";
   ro.kind = TransportKind::kCudaIpc;
-  auto receiver = NcclStateReceiver::Create(decode_side, ro);
+  auto receiver = ChannelStateReceiver::Create(decode_side, ro);
   ASSERT_TRUE(receiver.ok());
-  NcclStateSender sender(prefill_side);
+  ChannelStateSender sender(prefill_side);
   engine::SequenceTable& table = (*decode)->sequences();
   auto reservation = table.ReserveImport(kTokens);
   ASSERT_TRUE(reservation.ok());
   auto ticket = TicketFor(table, *reservation, 1, "decode-0", absl::Now() + absl::Seconds(60));
   ASSERT_TRUE(ticket.ok());
-  auto sink = ReservationPageSink::Create(table, *reservation);
-  ASSERT_TRUE(sink.ok());
-  ASSERT_TRUE((*receiver)->ExpectTicketInPlace(&*ticket, *std::move(sink)).ok());
+  ASSERT_TRUE((*receiver)->ExpectReservation(&*ticket, table, *reservation).ok());
   auto source = SequenceStateSource::Create((*prefill)->sequences(), *src, *ticket, (*weights)->fingerprint(),
                                             common::Hash128{}, /*first_token=*/5, /*first_logprob=*/-0.5f);
   ASSERT_TRUE(source.ok()) << source.status();

@@ -18,8 +18,9 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "transport/channel_receiver.h"
+#include "transport/channel_sender.h"
 #include "transport/nccl_ops.h"
-#include "transport/nccl_transport.h"
 
 namespace hybridserve::transport {
 namespace {
@@ -134,9 +135,9 @@ class RandomSource final : public StateSource {
 };
 
 TEST_F(TwoGpuTest, TheDataPlaneMovesAStateBitIdenticallyAndReusesItsChannel) {
-  auto receiver = NcclStateReceiver::Create(*decode_gpu_, NcclReceiverOptions{});
+  auto receiver = ChannelStateReceiver::Create(*decode_gpu_, ChannelReceiverOptions{});
   ASSERT_TRUE(receiver.ok()) << receiver.status();
-  NcclStateSender sender(*prefill_gpu_);
+  ChannelStateSender sender(*prefill_gpu_);
   const RandomSource source;
   for (uint64_t id : {uint64_t{1}, uint64_t{2}}) {
     Ticket t;

@@ -7,8 +7,9 @@
 // slots a decode worker reserved for it.
 //
 // Decode reserves (SequenceTable::ReserveImport), describes the reservation
-// as a Ticket, and calls StateReceiver::Expect before it hands the ticket to
-// prefill; prefill sends with a StateSender; decode's Await returns the bytes,
+// as a Ticket (TicketFor, engine_import.h), and calls
+// StateReceiver::ExpectReservation before it hands the ticket to prefill;
+// prefill sends with a StateSender; decode's Await returns the bytes,
 // verified against the ticket, and ImportReceived (transport/engine_import.h)
 // writes them into the reservation. Bytes for a transfer id that is not
 // expected (unknown, finished, cancelled or past its deadline) are refused.
@@ -16,18 +17,21 @@
 // Pages in place. A source that can name a page's bytes in memory the
 // channel reads directly (StateSource::PageRegions: the engine's device pool)
 // and a receiver given a PageSink for the transfer (the reserved slots) let a
-// device transport move the pages without a host copy: they land in the
+// channel plane move the pages without a host copy: they land in the
 // slots, ReceivedState says so, and ImportReceived only records their
 // arrival. The channel cannot checksum bytes it never sees on the host, so
 // sampled pages (IsSampledPage) are checksummed by the sender from a host
 // copy and read back and compared by ImportReceived before the sequence goes
 // live. Transports without it (TCP, in-process) stage every page through
-// host memory and ignore both; so does NCCL when either side lacks them.
+// host memory and ignore both; so do the channel planes when either side
+// lacks them.
 //
-// Implementations: in-process (tests, two engines in one process), TCP (the
-// CPU default), NCCL (GPUs; transport/nccl_transport.h), and later CUDA IPC.
-// A prefill worker that serves several routes each ticket by its kind
-// (transport/routing_sender.h).
+// Implementations: in-process (tests, two engines in one process;
+// in_process_transport.h), TCP (the CPU default; tcp_transport.h), and the
+// channel planes, one protocol (channel_protocol.h) over a two-rank message
+// channel: NCCL between GPUs and CUDA IPC between two processes on one GPU
+// (channel_sender.h, channel_receiver.h). A prefill worker that serves
+// several routes each ticket by its kind (transport/routing_sender.h).
 
 #include <cstddef>
 #include <cstdint>
@@ -41,6 +45,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/hash.h"
+#include "engine/sequence_table.h"
 #include "transport/page_block.h"
 
 namespace hybridserve::transport {
@@ -49,8 +54,8 @@ namespace hybridserve::transport {
 enum class TransportKind : int {
   kInProcess = 1,  // two engines in one process
   kTcp = 2,        // the CPU default
-  kNccl = 3,       // GPUs: NCCL send/recv
-  kCudaIpc = 4,    // two processes on one GPU: the NCCL plane's protocol over CUDA IPC (ipc_communicator.h)
+  kNccl = 3,       // GPUs: the channel protocol over NCCL send/recv (nccl_communicator.h)
+  kCudaIpc = 4,    // two processes on one GPU: the channel protocol over CUDA IPC (ipc_communicator.h)
 };
 inline const char* TransportKindName(TransportKind kind) {
   switch (kind) {
@@ -66,18 +71,18 @@ inline const char* TransportKindName(TransportKind kind) {
   return "unknown";
 }
 
-// sizeof(ncclUniqueId): the length of Ticket::nccl_unique_id on NCCL tickets.
+// sizeof(ncclUniqueId): the length of Ticket::channel_id on NCCL tickets.
 inline constexpr size_t kNcclUniqueIdBytes = 128;
 
 // The domain form of prefill.proto's TransferTicket: what decode reserved and
 // where prefill must send. Value type.
 struct Ticket {
-  // Set by the receiver that expects the ticket (StateReceiver::ExpectTicket);
-  // a sender routes on it (RoutingStateSender).
+  // Set by the receiver that expects the ticket (StateReceiver::ExpectTicket,
+  // ExpectReservation); a sender routes on it (RoutingStateSender).
   TransportKind kind = TransportKind::kTcp;
   uint64_t transfer_id = 0;  // unique per receiver
-  // TCP: "host:port" of the receiver's listener. NCCL: names the receiver
-  // (the sender keeps one channel per endpoint). In-process: unused.
+  // TCP: "host:port" of the receiver's listener. NCCL, CUDA IPC: names the
+  // receiver (the sender keeps one channel per endpoint). In-process: unused.
   std::string endpoint;
   int64_t n_tokens = 0;  // the position of the state to send (the prompt length)
   // The receiver's page format (engine/page_format.h PageFormatFingerprint)
@@ -86,17 +91,18 @@ struct Ticket {
   int64_t num_pages = 0;        // full pages: n_tokens / page_size (0 without attention layers)
   int64_t page_bytes = 0;       // bytes of each page
   int64_t max_state_bytes = 0;  // upper bound of the encoded state
-  // Physical slots reserved on the receiver (device transports write there).
+  // Physical slots reserved on the receiver (pages in place land there).
   std::vector<int32_t> page_slots;
   int32_t state_slot = -1;
   absl::Time deadline = absl::InfiniteFuture();  // the receiver forgets the transfer after it
-  // CUDA IPC: the same, the id of an IpcCommunicatorFactory channel
-  // (prefill.proto's cuda_ipc_channel).
-  // NCCL: the unique id (ncclUniqueId, 128 bytes) of the receiver's channel
-  // to the sending peer, prefill.proto's nccl_unique_id. The sender joins it
-  // as rank 1 the first time it sees it and reuses it for later tickets
-  // carrying the same id. Empty for the other transports.
-  std::string nccl_unique_id;
+  // The id of the receiver's channel to the sending peer
+  // (CommunicatorFactory::NewUniqueId), set by the receiver. NCCL: the
+  // ncclUniqueId (kNcclUniqueIdBytes), prefill.proto's nccl_unique_id. CUDA
+  // IPC: the IpcCommunicatorFactory channel's "host:port/token",
+  // prefill.proto's cuda_ipc_channel. The sender joins it as rank 1 the
+  // first time it sees it and reuses it for later tickets carrying the same
+  // id. Empty for TCP and in-process.
+  std::string channel_id;
 };
 
 // A contiguous run of memory a channel reads or writes directly: device
@@ -200,17 +206,21 @@ class StateReceiver {
   // The data plane this receiver serves.
   virtual TransportKind kind() const = 0;
   // Completes `ticket` with what this receiver's transport needs (its kind;
-  // NCCL: the unique id of the channel to the prefill peer) and expects it:
-  // what a decode worker calls before it hands the ticket to prefill.
+  // the channel planes: the id of the channel to the prefill peer) and
+  // expects it, its pages staged.
   virtual absl::Status ExpectTicket(Ticket* ticket) {
     ticket->kind = kind();
     return Expect(*ticket);
   }
-  // Same, offering `sink` (the ticket's reserved slots) for pages in place.
-  // A receiver that cannot use it (the default: TCP, in-process) drops it and
-  // receives staged; ReceivedState::pages_in_place says which happened. The
-  // receiver holds the sink until Await or Cancel returns.
-  virtual absl::Status ExpectTicketInPlace(Ticket* ticket, std::unique_ptr<PageSink> sink) {
+  // What a decode worker calls before it hands the ticket of `reservation`
+  // (TicketFor(table, reservation, ...)) to prefill: ExpectTicket, and where
+  // the plane moves pages in place (NCCL, CUDA IPC), the reservation's page
+  // slots offered for them (ReservationPageSink, engine_import.h), held until
+  // Await or Cancel of the transfer returns. The default (TCP, in-process):
+  // ExpectTicket, pages staged. ReceivedState::pages_in_place says which
+  // happened. Call from the thread that owns `table`.
+  virtual absl::Status ExpectReservation(Ticket* ticket, const engine::SequenceTable& table,
+                                         const engine::ImportReservation& reservation) {
     return ExpectTicket(ticket);
   }
   // Registers a transfer to accept. INVALID_ARGUMENT for a ticket id already

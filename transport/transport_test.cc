@@ -20,6 +20,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "transport/engine_import.h"
+#include "transport/engine_pair_test_util.h"
 #include "transport/frame.h"
 #include "transport/in_process_transport.h"
 #include "transport/socket_io.h"
@@ -29,15 +30,6 @@ namespace hybridserve::transport {
 namespace {
 
 using ::testing::HasSubstr;
-
-constexpr char kModelDir[] = "tests/fixtures/golden/nemotron_h_tiny";
-
-std::string Runfile(const std::string& relative) {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  if (srcdir == nullptr || workspace == nullptr) return relative;
-  return absl::StrCat(srcdir, "/", workspace, "/", relative);
-}
 
 std::vector<engine::TokenId> Tokens(int64_t n, int64_t vocab, int64_t seed) {
   std::vector<engine::TokenId> t(static_cast<size_t>(n));
@@ -55,19 +47,10 @@ enum class Plane { kInProcess, kTcp };
 class TransportTest : public ::testing::TestWithParam<Plane> {
  protected:
   void SetUp() override {
-    auto weights = engine::ModelWeights::LoadDirectory(Runfile(kModelDir));
-    ASSERT_TRUE(weights.ok()) << weights.status();
-    weights_ = *std::move(weights);
-    engine::ModelOptions o;
-    o.page_size = 16;
-    o.max_pages = 64;
-    o.max_sequences = 4;
-    auto p = engine::Model::Create(weights_->config(), *weights_, o);
-    auto d = engine::Model::Create(weights_->config(), *weights_, o);
-    ASSERT_TRUE(p.ok() && d.ok());
-    prefill_ = *std::move(p);
-    decode_ = *std::move(d);
-    vocab_ = weights_->config().vocab_size;
+    absl::StatusOr<EnginePair> engines = MakeEnginePair();
+    ASSERT_TRUE(engines.ok()) << engines.status();
+    engines_ = *std::move(engines);
+    vocab_ = engines_.weights->config().vocab_size;
     if (GetParam() == Plane::kInProcess) {
       auto t = std::make_unique<InProcessTransport>();
       sender_ = t.get();
@@ -86,14 +69,15 @@ class TransportTest : public ::testing::TestWithParam<Plane> {
     }
   }
 
-  // Decode reserves `n` tokens and expects transfer `id`.
+  // Decode reserves `n` tokens and expects transfer `id` (ExpectReservation,
+  // as a decode worker does: staged on these planes).
   std::pair<engine::ImportReservation, Ticket> Reserve(int64_t n, uint64_t id,
                                                        absl::Duration timeout = absl::Seconds(30)) {
-    auto r = decode_->sequences().ReserveImport(n);
+    auto r = engines_.decode->sequences().ReserveImport(n);
     EXPECT_TRUE(r.ok()) << r.status();
-    auto t = TicketFor(decode_->sequences(), *r, id, endpoint_, absl::Now() + timeout);
+    auto t = TicketFor(engines_.decode->sequences(), *r, id, endpoint_, absl::Now() + timeout);
     EXPECT_TRUE(t.ok()) << t.status();
-    EXPECT_TRUE(receiver_->Expect(*t).ok());
+    EXPECT_TRUE(receiver_->ExpectReservation(&*t, engines_.decode->sequences(), *r).ok());
     return {*r, *t};
   }
 
@@ -108,8 +92,7 @@ class TransportTest : public ::testing::TestWithParam<Plane> {
     return all;
   }
 
-  std::unique_ptr<engine::ModelWeights> weights_;
-  std::unique_ptr<engine::Model> prefill_, decode_;
+  EnginePair engines_;
   int64_t vocab_ = 0;
   std::unique_ptr<InProcessTransport> in_process_;
   std::unique_ptr<TcpStateReceiver> tcp_receiver_;
@@ -122,12 +105,13 @@ class TransportTest : public ::testing::TestWithParam<Plane> {
 TEST_P(TransportTest, TransferredStateContinuesBitIdentically) {
   for (int64_t n : {int64_t{5}, int64_t{16}, int64_t{150}}) {
     SCOPED_TRACE(n);
-    const int64_t free_pages = decode_->num_free_pages();
-    auto src = prefill_->NewSequence();
-    ASSERT_TRUE(prefill_->Prefill(*src, Tokens(n, vocab_, n)).ok());
+    const int64_t free_pages = engines_.decode->num_free_pages();
+    auto src = engines_.prefill->NewSequence();
+    ASSERT_TRUE(engines_.prefill->Prefill(*src, Tokens(n, vocab_, n)).ok());
     auto [reservation, ticket] = Reserve(n, static_cast<uint64_t>(100 + n));
-    auto source = SequenceStateSource::Create(prefill_->sequences(), *src, ticket, weights_->fingerprint(),
-                                              common::Hash128{}, /*first_token=*/17, /*first_logprob=*/-1.5f);
+    auto source =
+        SequenceStateSource::Create(engines_.prefill->sequences(), *src, ticket, engines_.weights->fingerprint(),
+                                    common::Hash128{}, /*first_token=*/17, /*first_logprob=*/-1.5f);
     ASSERT_TRUE(source.ok()) << source.status();
     ASSERT_TRUE(sender_->Send(ticket, *source).ok());
     auto received = receiver_->Await(ticket.transfer_id);
@@ -135,21 +119,21 @@ TEST_P(TransportTest, TransferredStateContinuesBitIdentically) {
     EXPECT_EQ(received->first_token, 17);
     EXPECT_EQ(received->first_logprob, -1.5f);
     EXPECT_EQ(static_cast<int64_t>(received->pages.size()), n / 16);
-    ASSERT_TRUE(ImportReceived(decode_->sequences(), reservation, *received).ok());
-    EXPECT_TRUE(BitEqual(Continue(*decode_, reservation.id, 4), Continue(*prefill_, *src, 4)));
+    ASSERT_TRUE(ImportReceived(engines_.decode->sequences(), reservation, *received).ok());
+    EXPECT_TRUE(BitEqual(Continue(*engines_.decode, reservation.id, 4), Continue(*engines_.prefill, *src, 4)));
     EXPECT_EQ(receiver_->pending(), 0);
-    ASSERT_TRUE(decode_->ReleaseSequence(reservation.id).ok());
-    ASSERT_TRUE(prefill_->ReleaseSequence(*src).ok());
-    EXPECT_EQ(decode_->num_free_pages(), free_pages);
+    ASSERT_TRUE(engines_.decode->ReleaseSequence(reservation.id).ok());
+    ASSERT_TRUE(engines_.prefill->ReleaseSequence(*src).ok());
+    EXPECT_EQ(engines_.decode->num_free_pages(), free_pages);
   }
 }
 
 TEST_P(TransportTest, UnknownCancelledAndLateTransfersAreRefused) {
-  auto src = prefill_->NewSequence();
-  ASSERT_TRUE(prefill_->Prefill(*src, Tokens(40, vocab_, 1)).ok());
+  auto src = engines_.prefill->NewSequence();
+  ASSERT_TRUE(engines_.prefill->Prefill(*src, Tokens(40, vocab_, 1)).ok());
   auto [reservation, ticket] = Reserve(40, 7);
-  auto source = SequenceStateSource::Create(prefill_->sequences(), *src, ticket, weights_->fingerprint(),
-                                            common::Hash128{}, 1, 0.0f);
+  auto source = SequenceStateSource::Create(engines_.prefill->sequences(), *src, ticket,
+                                            engines_.weights->fingerprint(), common::Hash128{}, 1, 0.0f);
   ASSERT_TRUE(source.ok());
   Ticket stray = ticket;
   stray.transfer_id = 999;
@@ -159,22 +143,22 @@ TEST_P(TransportTest, UnknownCancelledAndLateTransfersAreRefused) {
   EXPECT_EQ(receiver_->Await(ticket.transfer_id).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(receiver_->refused(), 2);
   // A deadline that passes with nothing sent: DEADLINE_EXCEEDED, then forgotten.
-  ASSERT_TRUE(decode_->sequences().AbortImport(reservation.id).ok());
+  ASSERT_TRUE(engines_.decode->sequences().AbortImport(reservation.id).ok());
   auto [r2, t2] = Reserve(40, 8, absl::Milliseconds(50));
   EXPECT_EQ(receiver_->Await(t2.transfer_id).status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_EQ(sender_->Send(t2, *source).code(),
             GetParam() == Plane::kTcp ? absl::StatusCode::kDeadlineExceeded : absl::StatusCode::kNotFound);
-  ASSERT_TRUE(decode_->sequences().AbortImport(r2.id).ok());
-  EXPECT_EQ(decode_->num_free_pages(), 64);
+  ASSERT_TRUE(engines_.decode->sequences().AbortImport(r2.id).ok());
+  EXPECT_EQ(engines_.decode->num_free_pages(), 64);
 }
 
 TEST_P(TransportTest, ATicketOfAnotherLayoutIsRefusedBeforeAnyByteMoves) {
-  auto src = prefill_->NewSequence();
-  ASSERT_TRUE(prefill_->Prefill(*src, Tokens(40, vocab_, 2)).ok());
+  auto src = engines_.prefill->NewSequence();
+  ASSERT_TRUE(engines_.prefill->Prefill(*src, Tokens(40, vocab_, 2)).ok());
   auto [reservation, ticket] = Reserve(40, 9);
   Ticket other = ticket;
   other.page_format.lo ^= 1;
-  auto source = SequenceStateSource::Create(prefill_->sequences(), *src, other, weights_->fingerprint(),
+  auto source = SequenceStateSource::Create(engines_.prefill->sequences(), *src, other, engines_.weights->fingerprint(),
                                             common::Hash128{}, 1, 0.0f);
   EXPECT_EQ(source.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(source.status().message(), HasSubstr("another model layout or page size"));
@@ -182,19 +166,19 @@ TEST_P(TransportTest, ATicketOfAnotherLayoutIsRefusedBeforeAnyByteMoves) {
 }
 
 TEST_P(TransportTest, ACorruptStateIsNeverImportedAndFreesTheReservation) {
-  auto src = prefill_->NewSequence();
-  ASSERT_TRUE(prefill_->Prefill(*src, Tokens(40, vocab_, 3)).ok());
-  const int64_t free_pages = decode_->num_free_pages();
+  auto src = engines_.prefill->NewSequence();
+  ASSERT_TRUE(engines_.prefill->Prefill(*src, Tokens(40, vocab_, 3)).ok());
+  const int64_t free_pages = engines_.decode->num_free_pages();
   auto [reservation, ticket] = Reserve(40, 10);
-  auto source = SequenceStateSource::Create(prefill_->sequences(), *src, ticket, weights_->fingerprint(),
-                                            common::Hash128{}, 1, 0.0f);
+  auto source = SequenceStateSource::Create(engines_.prefill->sequences(), *src, ticket,
+                                            engines_.weights->fingerprint(), common::Hash128{}, 1, 0.0f);
   ASSERT_TRUE(sender_->Send(ticket, *source).ok());
   auto received = receiver_->Await(ticket.transfer_id);
   ASSERT_TRUE(received.ok());
   received->state[200] ^= 1;
-  EXPECT_EQ(ImportReceived(decode_->sequences(), reservation, *received).code(), absl::StatusCode::kDataLoss);
-  EXPECT_EQ(decode_->num_free_pages(), free_pages);
-  EXPECT_EQ(decode_->sequences().Find(reservation.id).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(ImportReceived(engines_.decode->sequences(), reservation, *received).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(engines_.decode->num_free_pages(), free_pages);
+  EXPECT_EQ(engines_.decode->sequences().Find(reservation.id).status().code(), absl::StatusCode::kNotFound);
 }
 
 INSTANTIATE_TEST_SUITE_P(Planes, TransportTest, ::testing::Values(Plane::kInProcess, Plane::kTcp),

@@ -13,9 +13,10 @@
 #include "common/status_macros.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "transport/channel_receiver.h"
+#include "transport/channel_sender.h"
 #include "transport/ipc_communicator.h"
 #include "transport/nccl_communicator.h"
-#include "transport/nccl_transport.h"
 #include "transport/socket_io.h"
 #include "transport/tcp_transport.h"
 
@@ -144,7 +145,7 @@ absl::StatusOr<std::unique_ptr<SenderPlanes>> SenderPlanes::Open(const std::vect
     } else {
       ASSIGN_OR_RETURN(std::unique_ptr<transport::CommunicatorFactory> factory,
                        ChannelFactory(kind, model, options));
-      sender = std::make_unique<transport::NcclStateSender>(*factory);
+      sender = std::make_unique<transport::ChannelStateSender>(*factory);
       out->factories_.push_back(std::move(factory));
     }
     out->routing_->Route(kind, sender.get());
@@ -185,11 +186,11 @@ absl::StatusOr<std::unique_ptr<ReceiverPlane>> ReceiverPlane::Open(const Receive
   ASSIGN_OR_RETURN(out->factory_, ChannelFactory(plane.kind, model, options));
   // One channel per prefill/decode pair: the ticket's channel id names the
   // channel to the one prefill worker, made here and joined there.
-  transport::NcclReceiverOptions ro;
+  transport::ChannelReceiverOptions ro;
   ro.default_peer = plane.peer;
   ro.kind = plane.kind;
-  absl::StatusOr<std::unique_ptr<transport::NcclStateReceiver>> receiver =
-      transport::NcclStateReceiver::Create(*out->factory_, ro);
+  absl::StatusOr<std::unique_ptr<transport::ChannelStateReceiver>> receiver =
+      transport::ChannelStateReceiver::Create(*out->factory_, ro);
   if (!receiver.ok()) {
     return absl::Status(receiver.status().code(), absl::StrCat("--data_planes: ", receiver.status().message()));
   }

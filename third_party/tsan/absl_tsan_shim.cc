@@ -8,8 +8,8 @@
 // (Debian's abseil is not instrumented) and reports every access guarded by
 // them as a race; with it, those reports vanish and a real race still shows
 // (an unsynchronized poll of a slot written by another thread was reported,
-// transport/nccl_transport_test before its fix). The symbol names are those
-// of Debian 12's abseil 20220623 (inline namespace "debian3"): a shim that
+// in the channel plane's tests, then transport/nccl_transport_test, before
+// its fix). The symbol names are those of Debian 12's abseil 20220623 (inline namespace "debian3"): a shim that
 // cannot find one aborts at once, naming it.
 #include <dlfcn.h>
 
