@@ -41,10 +41,10 @@ TEST_F(DecodeLoopTest, StreamsTheTokensOfASingleEngineRunAndEndsAtMaxTokens) {
   ExpectEverythingFreed();
 }
 
-// The NCCL data plane's protocol (over the in-memory fake communicator): the
-// decode worker's receiver puts its channel on each ticket, the prefill side
-// routes the ticket by its kind, and the request streams the single-engine
-// tokens with everything freed after. (NCCL itself needs GPUs:
+// The channel data plane (NCCL or CUDA IPC; here over the in-memory fake
+// communicator): the decode worker's receiver puts its channel on each
+// ticket, the prefill side routes the ticket by its kind, and the request
+// streams the single-engine tokens with everything freed after. (NCCL itself needs GPUs:
 // //transport:nccl_communicator_test.)
 TEST_F(DecodeLoopTest, TicketsOverTheNcclPlaneStreamTheSingleEngineTokens) {
   transport::FakeCommunicatorFactory factory;
