@@ -213,8 +213,8 @@ void DecodeLoop::Run() {
     for (Prefilled& p : arrived) Import(std::move(p));
     Admit();
     Step();
-    const int64_t free_pages = model_.num_free_pages();
-    const int64_t free_slots = model_.num_free_sequences();
+    const int64_t free_pages = model_.sequences().num_free_pages();
+    const int64_t free_slots = model_.sequences().num_free_slots();
     absl::MutexLock lock(&mu_);
     free_pages_ = free_pages;
     free_slots_ = free_slots;
@@ -443,7 +443,7 @@ void DecodeLoop::Prepare(const Request& r, Publication* p) {
     p->probe_first = true;
   }
   for (int64_t i = first; i < full; ++i) {
-    absl::StatusOr<std::string> page = model_.ExportPage(r.reservation.id, i);
+    absl::StatusOr<std::string> page = model_.sequences().ExportPage(r.reservation.id, i);
     if (!page.ok()) {
       p->prepared = page.status();
       return;

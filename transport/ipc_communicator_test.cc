@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/runfiles.h"
 #include "engine/model.h"
 #include "engine/model_weights.h"
 #include "gmock/gmock.h"
@@ -290,12 +291,7 @@ TEST(IpcCommunicatorTest, TheChannelProtocolRunsOverIt) {
   EXPECT_EQ(sender.channels(), 1);
 }
 
-std::string Runfile(const std::string& relative) {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  if (srcdir == nullptr || workspace == nullptr) return relative;
-  return absl::StrCat(srcdir, "/", workspace, "/", relative);
-}
+using common::Runfile;
 
 // What the GPU path does, on the emulator: a prefill engine and a decode
 // engine on two CUDA backends, a sequence sent over a CUDA IPC channel with
@@ -323,7 +319,7 @@ TEST(IpcCommunicatorTest, AnEngineSequenceMovesInPlaceBetweenTwoGpuEnginesAndCon
   std::vector<engine::TokenId> tokens(kTokens);
   for (int64_t i = 0; i < kTokens; ++i)
     tokens[static_cast<size_t>(i)] = static_cast<engine::TokenId>((i * 13 + 3) % vocab);
-  auto src = (*prefill)->NewSequence();
+  auto src = (*prefill)->sequences().New();
   ASSERT_TRUE(src.ok());
   ASSERT_TRUE((*prefill)->Prefill(*src, tokens).ok());
 

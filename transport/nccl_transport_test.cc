@@ -30,6 +30,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/hash.h"
+#include "common/runfiles.h"
 #include "engine/model.h"
 #include "engine/model_weights.h"
 #include "gmock/gmock.h"
@@ -611,12 +612,7 @@ TEST_F(NcclTransportTest, CancelWaitsForTheRegionInFlightBeforeHandingTheSlotsBa
 
 constexpr char kModelDir[] = "tests/fixtures/golden/nemotron_h_tiny";
 
-std::string Runfile(const std::string& relative) {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  if (srcdir == nullptr || workspace == nullptr) return relative;
-  return absl::StrCat(srcdir, "/", workspace, "/", relative);
-}
+using common::Runfile;
 
 TEST(NcclEngineTest, TransferredStateContinuesBitIdentically) {
   auto weights = engine::ModelWeights::LoadDirectory(Runfile(kModelDir));
@@ -637,7 +633,7 @@ TEST(NcclEngineTest, TransferredStateContinuesBitIdentically) {
   const int64_t n = 150;
   std::vector<engine::TokenId> tokens(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) tokens[static_cast<size_t>(i)] = static_cast<engine::TokenId>((i * 31 + 5) % vocab);
-  auto src = (*prefill)->NewSequence();
+  auto src = (*prefill)->sequences().New();
   ASSERT_TRUE((*prefill)->Prefill(*src, tokens).ok());
   auto reservation = (*decode)->sequences().ReserveImport(n);
   ASSERT_TRUE(reservation.ok()) << reservation.status();
@@ -689,7 +685,7 @@ class NcclInPlaceEngineTest : public ::testing::Test {
     for (int64_t i = 0; i < kTokens; ++i) {
       tokens[static_cast<size_t>(i)] = static_cast<engine::TokenId>((i * 31 + 5) % vocab);
     }
-    auto src = prefill_->NewSequence();
+    auto src = prefill_->sequences().New();
     ASSERT_TRUE(src.ok());
     src_ = *src;
     ASSERT_TRUE(prefill_->Prefill(src_, tokens).ok());

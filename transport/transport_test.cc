@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/runfiles.h"
 #include "engine/model.h"
 #include "engine/model_weights.h"
 #include "gmock/gmock.h"
@@ -32,12 +33,7 @@ using ::testing::HasSubstr;
 
 constexpr char kModelDir[] = "tests/fixtures/golden/nemotron_h_tiny";
 
-std::string Runfile(const std::string& relative) {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  if (srcdir == nullptr || workspace == nullptr) return relative;
-  return absl::StrCat(srcdir, "/", workspace, "/", relative);
-}
+using common::Runfile;
 
 std::vector<engine::TokenId> Tokens(int64_t n, int64_t vocab, int64_t seed) {
   std::vector<engine::TokenId> t(static_cast<size_t>(n));
@@ -122,8 +118,8 @@ class TransportTest : public ::testing::TestWithParam<Plane> {
 TEST_P(TransportTest, TransferredStateContinuesBitIdentically) {
   for (int64_t n : {int64_t{5}, int64_t{16}, int64_t{150}}) {
     SCOPED_TRACE(n);
-    const int64_t free_pages = decode_->num_free_pages();
-    auto src = prefill_->NewSequence();
+    const int64_t free_pages = decode_->sequences().num_free_pages();
+    auto src = prefill_->sequences().New();
     ASSERT_TRUE(prefill_->Prefill(*src, Tokens(n, vocab_, n)).ok());
     auto [reservation, ticket] = Reserve(n, static_cast<uint64_t>(100 + n));
     auto source = SequenceStateSource::Create(prefill_->sequences(), *src, ticket, weights_->fingerprint(),
@@ -138,14 +134,14 @@ TEST_P(TransportTest, TransferredStateContinuesBitIdentically) {
     ASSERT_TRUE(ImportReceived(decode_->sequences(), reservation, *received).ok());
     EXPECT_TRUE(BitEqual(Continue(*decode_, reservation.id, 4), Continue(*prefill_, *src, 4)));
     EXPECT_EQ(receiver_->pending(), 0);
-    ASSERT_TRUE(decode_->ReleaseSequence(reservation.id).ok());
-    ASSERT_TRUE(prefill_->ReleaseSequence(*src).ok());
-    EXPECT_EQ(decode_->num_free_pages(), free_pages);
+    ASSERT_TRUE(decode_->sequences().Release(reservation.id).ok());
+    ASSERT_TRUE(prefill_->sequences().Release(*src).ok());
+    EXPECT_EQ(decode_->sequences().num_free_pages(), free_pages);
   }
 }
 
 TEST_P(TransportTest, UnknownCancelledAndLateTransfersAreRefused) {
-  auto src = prefill_->NewSequence();
+  auto src = prefill_->sequences().New();
   ASSERT_TRUE(prefill_->Prefill(*src, Tokens(40, vocab_, 1)).ok());
   auto [reservation, ticket] = Reserve(40, 7);
   auto source = SequenceStateSource::Create(prefill_->sequences(), *src, ticket, weights_->fingerprint(),
@@ -165,11 +161,11 @@ TEST_P(TransportTest, UnknownCancelledAndLateTransfersAreRefused) {
   EXPECT_EQ(sender_->Send(t2, *source).code(),
             GetParam() == Plane::kTcp ? absl::StatusCode::kDeadlineExceeded : absl::StatusCode::kNotFound);
   ASSERT_TRUE(decode_->sequences().AbortImport(r2.id).ok());
-  EXPECT_EQ(decode_->num_free_pages(), 64);
+  EXPECT_EQ(decode_->sequences().num_free_pages(), 64);
 }
 
 TEST_P(TransportTest, ATicketOfAnotherLayoutIsRefusedBeforeAnyByteMoves) {
-  auto src = prefill_->NewSequence();
+  auto src = prefill_->sequences().New();
   ASSERT_TRUE(prefill_->Prefill(*src, Tokens(40, vocab_, 2)).ok());
   auto [reservation, ticket] = Reserve(40, 9);
   Ticket other = ticket;
@@ -182,9 +178,9 @@ TEST_P(TransportTest, ATicketOfAnotherLayoutIsRefusedBeforeAnyByteMoves) {
 }
 
 TEST_P(TransportTest, ACorruptStateIsNeverImportedAndFreesTheReservation) {
-  auto src = prefill_->NewSequence();
+  auto src = prefill_->sequences().New();
   ASSERT_TRUE(prefill_->Prefill(*src, Tokens(40, vocab_, 3)).ok());
-  const int64_t free_pages = decode_->num_free_pages();
+  const int64_t free_pages = decode_->sequences().num_free_pages();
   auto [reservation, ticket] = Reserve(40, 10);
   auto source = SequenceStateSource::Create(prefill_->sequences(), *src, ticket, weights_->fingerprint(),
                                             common::Hash128{}, 1, 0.0f);
@@ -193,7 +189,7 @@ TEST_P(TransportTest, ACorruptStateIsNeverImportedAndFreesTheReservation) {
   ASSERT_TRUE(received.ok());
   received->state[200] ^= 1;
   EXPECT_EQ(ImportReceived(decode_->sequences(), reservation, *received).code(), absl::StatusCode::kDataLoss);
-  EXPECT_EQ(decode_->num_free_pages(), free_pages);
+  EXPECT_EQ(decode_->sequences().num_free_pages(), free_pages);
   EXPECT_EQ(decode_->sequences().Find(reservation.id).status().code(), absl::StatusCode::kNotFound);
 }
 
