@@ -193,8 +193,8 @@ void DecodeLoop::Run() {
     for (Prefilled& p : arrived) Import(std::move(p));
     Admit();
     Step();
-    const int64_t free_pages = model_.num_free_pages();
-    const int64_t free_slots = model_.num_free_sequences();
+    const int64_t free_pages = model_.sequences().num_free_pages();
+    const int64_t free_slots = model_.sequences().num_free_slots();
     absl::MutexLock lock(&mu_);
     free_pages_ = free_pages;
     free_slots_ = free_slots;
@@ -386,7 +386,7 @@ absl::StatusOr<cachestore::Publication> DecodeLoop::Prepare(const Request& r) co
     p.probe_first = true;
   }
   for (int64_t i = p.first_page; i < full; ++i) {
-    ASSIGN_OR_RETURN(std::string page, model_.ExportPage(r.reservation.id, i));
+    ASSIGN_OR_RETURN(std::string page, model_.sequences().ExportPage(r.reservation.id, i));
     p.pages.emplace_back(plan.PagePut(i), std::move(page));
   }
   std::string state;

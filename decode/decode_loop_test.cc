@@ -72,7 +72,7 @@ TEST_F(DecodeLoopTest, TicketsOverTheNcclPlaneStreamTheSingleEngineTokens) {
   EXPECT_TRUE(common::WaitFor([&] { return (*loop)->Idle(); }));
   EXPECT_TRUE((*loop)->Idle());
   EXPECT_EQ((*receiver)->pending(), 0);
-  EXPECT_EQ(decode_model_->num_free_pages(), 128);
+  EXPECT_EQ(decode_model_->sequences().num_free_pages(), 128);
 }
 
 TEST_F(DecodeLoopTest, StopIdsStopSequencesAndEosEndWithStop) {

@@ -26,6 +26,7 @@
 #include "cachestore/fault_injecting_cache_client.h"
 #include "cachestore/in_process_cache_client.h"
 #include "common/clock.h"
+#include "common/runfiles.h"
 #include "common/wait_for.h"
 #include "decode/decode_loop.h"
 #include "engine/model.h"
@@ -40,12 +41,7 @@
 
 namespace hybridserve::decode::test {
 
-inline std::string Runfile(const std::string& relative) {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  if (srcdir == nullptr || workspace == nullptr) return relative;
-  return absl::StrCat(srcdir, "/", workspace, "/", relative);
-}
+using common::Runfile;
 
 inline std::vector<TokenId> Tokens(int64_t n, int64_t vocab, int64_t seed) {
   std::vector<TokenId> t(static_cast<size_t>(n));
@@ -110,7 +106,7 @@ class EnginePrefill : public prefill::PrefillClient {
       if (!fail_.ok()) return fail_;
     }
     absl::MutexLock engine(&engine_mu_);
-    auto id = model_.NewSequence();
+    auto id = model_.sequences().New();
     if (!id.ok()) return id.status();
     auto result = model_.Prefill(*id, call.prompt);
     absl::StatusOr<engine::Sampler> sampler = engine::Sampler::Create(call.sampling);
@@ -127,12 +123,12 @@ class EnginePrefill : public prefill::PrefillClient {
       // What a prefill worker would publish after its answer: the prompt's
       // full pages. The test decides when they reach the cache.
       for (int64_t i = 0; s.ok() && i < static_cast<int64_t>(call.prompt.size()) / model_.page_size(); ++i) {
-        absl::StatusOr<std::string> page = model_.ExportPage(*id, i);
+        absl::StatusOr<std::string> page = model_.sequences().ExportPage(*id, i);
         s = page.status();
         if (page.ok()) pages.push_back(*std::move(page));
       }
     }
-    (void)model_.ReleaseSequence(*id);
+    (void)model_.sequences().Release(*id);
     if (!s.ok()) return s;
     prefill::PrefillOutcome reply;
     reply.first = *first;
@@ -345,7 +341,7 @@ class DecodeLoopTest : public ::testing::Test {
 
   // Greedy tokens of a single-engine run.
   std::vector<TokenId> Alone(const std::vector<TokenId>& prompt, int64_t n) {
-    auto id = reference_->NewSequence();
+    auto id = reference_->sequences().New();
     EXPECT_TRUE(id.ok());
     auto r = reference_->Prefill(*id, prompt);
     EXPECT_TRUE(r.ok());
@@ -358,14 +354,14 @@ class DecodeLoopTest : public ::testing::Test {
       EXPECT_TRUE(next.ok());
       logits = *next;
     }
-    (void)reference_->ReleaseSequence(*id);
+    (void)reference_->sequences().Release(*id);
     return out;
   }
 
   void ExpectEverythingFreed() {
     EXPECT_TRUE(common::WaitFor([&] { return loop_->Idle(); }));
-    EXPECT_EQ(decode_model_->num_free_pages(), 128);
-    EXPECT_EQ(decode_model_->num_free_sequences(), 8);
+    EXPECT_EQ(decode_model_->sequences().num_free_pages(), 128);
+    EXPECT_EQ(decode_model_->sequences().num_free_slots(), 8);
     EXPECT_EQ(transport_.pending(), 0);
   }
 

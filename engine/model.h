@@ -159,30 +159,13 @@ class Model {
   // not free.
   absl::StatusOr<std::vector<float>> DecodeStep(absl::Span<const SequenceId> ids, absl::Span<const TokenId> tokens);
 
-  // ---- Sequences (SequenceTable; these forward to it) ----
+  // ---- Sequences ----
 
-  // The bookkeeping, import and export of this model's sequences.
+  // The one way to this model's sequences: their bookkeeping (New, Release,
+  // Fork, Position, free pages and slots), state capture and restore, and
+  // page import and export (engine/sequence_table.h).
   SequenceTable& sequences() { return *sequences_; }
   const SequenceTable& sequences() const { return *sequences_; }
-
-  // SequenceTable::New / Release / Fork / Position.
-  absl::StatusOr<SequenceId> NewSequence() { return sequences_->New(); }
-  absl::Status ReleaseSequence(SequenceId id) { return sequences_->Release(id); }
-  absl::StatusOr<SequenceId> Fork(SequenceId parent) { return sequences_->Fork(parent); }
-  absl::StatusOr<int64_t> Position(SequenceId id) const { return sequences_->Position(id); }
-  // SequenceTable::CaptureState.
-  absl::StatusOr<SequenceState> CaptureState(SequenceId id, bool with_logits) const {
-    return sequences_->CaptureState(id, with_logits);
-  }
-  // SequenceTable::Restore: an empty sequence to `state` with its full pages
-  // (page bytes as engine/page_format.h defines them).
-  absl::Status RestoreState(SequenceId id, const SequenceState& state, absl::Span<const absl::string_view> pages) {
-    return sequences_->Restore(id, state, pages);
-  }
-  // SequenceTable::ExportPage: the bytes of a full page.
-  absl::StatusOr<std::string> ExportPage(SequenceId id, int64_t page_index) const {
-    return sequences_->ExportPage(id, page_index);
-  }
 
   const ModelConfig& config() const { return config_; }
   // The options with every default resolved (`backend` is the one in use).
@@ -193,8 +176,6 @@ class Model {
   int64_t page_bytes() const { return layout().page_bytes(); }
   int64_t num_mamba_layers() const { return layout().mamba_layers; }
   int64_t num_attention_layers() const { return layout().attention_layers; }
-  int64_t num_free_pages() const { return sequences_->num_free_pages(); }
-  int64_t num_free_sequences() const { return sequences_->num_free_slots(); }
 
  private:
   using Sequence = SequenceTable::Sequence;

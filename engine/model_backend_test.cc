@@ -63,8 +63,8 @@ TEST_F(ModelBackendTest, EveryRunnerReachesKernelsThroughTheBackendWithDeviceMem
   counting_->ResetCounts();
 
   // A prefill of 100 tokens crosses one grid checkpoint (interval 4 * 16): two segments.
-  auto a = m.NewSequence();
-  auto b = m.NewSequence();
+  auto a = m.sequences().New();
+  auto b = m.sequences().New();
   ASSERT_TRUE(a.ok() && b.ok());
   const int64_t vocab = c.vocab_size;
   ASSERT_TRUE(m.Prefill(*a, RandomTokens(1, 100, vocab)).ok());
@@ -99,9 +99,9 @@ TEST_F(ModelBackendTest, EveryRunnerReachesKernelsThroughTheBackendWithDeviceMem
 
   // Capture, export and restore move bytes only through the copy calls.
   counting_->ResetCounts();
-  auto state = m.CaptureState(*a, true);
+  auto state = m.sequences().CaptureState(*a, true);
   ASSERT_TRUE(state.ok());
-  auto page = m.ExportPage(*a, 0);
+  auto page = m.sequences().ExportPage(*a, 0);
   ASSERT_TRUE(page.ok());
   EXPECT_GT(counting_->calls("CopyToHost"), 0);
   EXPECT_EQ(counting_->kernel_calls(), 0);
@@ -114,8 +114,8 @@ TEST_F(ModelBackendTest, AWrappedBackendGivesTheBitsOfTheModelsOwnBackend) {
   ASSERT_NE(own, nullptr);
   ASSERT_TRUE(wrapped.ok());
   const std::vector<TokenId> prompt = RandomTokens(3, 45, own->config().vocab_size);
-  auto x = own->NewSequence();
-  auto y = (*wrapped)->NewSequence();
+  auto x = own->sequences().New();
+  auto y = (*wrapped)->sequences().New();
   auto px = own->Prefill(*x, prompt);
   auto py = (*wrapped)->Prefill(*y, prompt);
   ASSERT_TRUE(px.ok() && py.ok());
@@ -130,7 +130,7 @@ TEST_F(ModelBackendTest, ReleasingTheModelReleasesEveryDeviceBuffer) {
   {
     auto model = Model::Create(weights_->config(), *weights_, Options(counting_.get()));
     ASSERT_TRUE(model.ok());
-    auto id = (*model)->NewSequence();
+    auto id = (*model)->sequences().New();
     ASSERT_TRUE((*model)->Prefill(*id, RandomTokens(4, 20, (*model)->config().vocab_size)).ok());
     EXPECT_GT(counting_->live_buffers(), 0);
   }

@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "common/runfiles.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -21,11 +22,7 @@ using Json = nlohmann::json;
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-std::string Runfile(absl::string_view relative) {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  return absl::StrCat(srcdir ? srcdir : ".", "/", workspace ? workspace : "hybridserve", "/", relative);
-}
+using common::Runfile;
 
 // A small valid Nemotron-H config.json, stated only by hybrid_override_pattern.
 Json NemotronBase() {

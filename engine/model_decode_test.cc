@@ -84,7 +84,7 @@ TEST_P(BatchedDecodeTest, EachSequenceGetsTheBitsItGetsAloneWhateverTheBatch) {
     auto model = NewModel();
     ASSERT_NE(model, nullptr);
     for (size_t i = 0; i < prompts.size(); ++i) {
-      auto id = model->NewSequence();
+      auto id = model->sequences().New();
       ASSERT_TRUE(id.ok());
       ASSERT_TRUE(model->Prefill(*id, prompts[i]).ok());
       for (int s = 0; s < num_steps[i]; ++s) {
@@ -94,7 +94,7 @@ TEST_P(BatchedDecodeTest, EachSequenceGetsTheBitsItGetsAloneWhateverTheBatch) {
         ASSERT_TRUE(logits.ok()) << logits.status();
         alone[i].push_back(*logits);
       }
-      ASSERT_TRUE(model->ReleaseSequence(*id).ok());
+      ASSERT_TRUE(model->sequences().Release(*id).ok());
     }
   }
 
@@ -106,7 +106,7 @@ TEST_P(BatchedDecodeTest, EachSequenceGetsTheBitsItGetsAloneWhateverTheBatch) {
   for (int step = 0; step < 2 * kSteps; ++step) {
     for (size_t i = 0; i < prompts.size(); ++i) {
       if (join_step[i] == step) {
-        auto id = model->NewSequence();
+        auto id = model->sequences().New();
         ASSERT_TRUE(id.ok()) << id.status();
         ASSERT_TRUE(model->Prefill(*id, prompts[i]).ok());
         active[i] = *id;
@@ -130,14 +130,14 @@ TEST_P(BatchedDecodeTest, EachSequenceGetsTheBitsItGetsAloneWhateverTheBatch) {
           << "sequence " << i << ", its step " << done[i] << ", global step " << step << ", batch " << order.size();
       ++compared;
       if (++done[i] == num_steps[i]) {
-        ASSERT_TRUE(model->ReleaseSequence(active[i]).ok());
+        ASSERT_TRUE(model->sequences().Release(active[i]).ok());
         active.erase(i);
       }
     }
   }
   EXPECT_EQ(compared, 3 * kSteps + 5);
-  EXPECT_EQ(model->num_free_sequences(), 6);
-  EXPECT_EQ(model->num_free_pages(), 256);
+  EXPECT_EQ(model->sequences().num_free_slots(), 6);
+  EXPECT_EQ(model->sequences().num_free_pages(), 256);
 }
 
 // Batches of 1, 2, 8 and 32 sequences, each at its own position (prompts of
@@ -169,7 +169,7 @@ TEST_P(LargeBatchDecodeTest, BatchesOf1To32AtMixedPositionsGiveEachSequenceItsAl
     auto model = NewModel(1, 64);
     ASSERT_NE(model, nullptr);
     for (int i = 0; i < kMaxBatch; ++i) {
-      auto id = model->NewSequence();
+      auto id = model->sequences().New();
       ASSERT_TRUE(id.ok()) << id.status();
       ASSERT_TRUE(model->Prefill(*id, prompts[static_cast<size_t>(i)]).ok());
       for (int s = 0; s < kSteps; ++s) {
@@ -179,7 +179,7 @@ TEST_P(LargeBatchDecodeTest, BatchesOf1To32AtMixedPositionsGiveEachSequenceItsAl
         ASSERT_TRUE(logits.ok()) << logits.status();
         alone[static_cast<size_t>(i)].push_back(*logits);
       }
-      ASSERT_TRUE(model->ReleaseSequence(*id).ok());
+      ASSERT_TRUE(model->sequences().Release(*id).ok());
     }
   }
 
@@ -191,7 +191,7 @@ TEST_P(LargeBatchDecodeTest, BatchesOf1To32AtMixedPositionsGiveEachSequenceItsAl
     std::vector<SequenceId> ids;
     for (int b = 0; b < batch; ++b) {
       const size_t i = static_cast<size_t>(b * (kMaxBatch / batch) + (batch == 1 ? 7 : 0));
-      auto id = model->NewSequence();
+      auto id = model->sequences().New();
       ASSERT_TRUE(id.ok()) << id.status();
       ASSERT_TRUE(model->Prefill(*id, prompts[i]).ok());
       members.push_back(i);
@@ -250,13 +250,13 @@ TEST_P(DecodeGraphTest, GraphReplayGivesTheBitsOfKernelByKernelSteps) {
   auto without = make(false);
   ASSERT_NE(with, nullptr);
   ASSERT_NE(without, nullptr);
-  EXPECT_EQ(with->num_free_pages(), 128) << "the scratch page comes on top of max_pages";
+  EXPECT_EQ(with->sequences().num_free_pages(), 128) << "the scratch page comes on top of max_pages";
 
   std::vector<SequenceId> a, b;  // the same sequences in both models
   auto join = [&](uint64_t seed, int64_t length) {
     const std::vector<TokenId> prompt = RandomTokens(seed, length, vocab);
-    auto x = with->NewSequence();
-    auto y = without->NewSequence();
+    auto x = with->sequences().New();
+    auto y = without->sequences().New();
     ASSERT_TRUE(x.ok() && y.ok());
     auto px = with->Prefill(*x, prompt);
     auto py = without->Prefill(*y, prompt);
@@ -270,15 +270,15 @@ TEST_P(DecodeGraphTest, GraphReplayGivesTheBitsOfKernelByKernelSteps) {
   for (size_t s = 0; s < batch_at_step.size(); ++s) {
     while (static_cast<int>(a.size()) < batch_at_step[s]) join(300 + a.size(), 5 + 11 * static_cast<int64_t>(a.size()));
     if (static_cast<int>(a.size()) > batch_at_step[s]) {  // the second sequence leaves
-      ASSERT_TRUE(with->ReleaseSequence(a[1]).ok());
-      ASSERT_TRUE(without->ReleaseSequence(b[1]).ok());
+      ASSERT_TRUE(with->sequences().Release(a[1]).ok());
+      ASSERT_TRUE(without->sequences().Release(b[1]).ok());
       a.erase(a.begin() + 1);
       b.erase(b.begin() + 1);
     }
     if (s == 8) {  // a long prefill grows the workspace: every graph so far is stale
       join(999, 150);
-      ASSERT_TRUE(with->ReleaseSequence(a.back()).ok());
-      ASSERT_TRUE(without->ReleaseSequence(b.back()).ok());
+      ASSERT_TRUE(with->sequences().Release(a.back()).ok());
+      ASSERT_TRUE(without->sequences().Release(b.back()).ok());
       a.pop_back();
       b.pop_back();
     }
@@ -351,7 +351,7 @@ class ModelErrorTest : public ::testing::Test {
   }
 
   static SequenceId NewSeq(Model& model) {
-    auto id = model.NewSequence();
+    auto id = model.sequences().New();
     EXPECT_TRUE(id.ok()) << id.status();
     return id.ok() ? *id : -1;
   }
@@ -387,8 +387,8 @@ TEST_F(ModelErrorTest, TokenOutsideVocabIsInvalidArgumentAndChangesNothing) {
   const std::vector<SequenceId> ids = {a, b};
   const std::vector<TokenId> bad_decode = {5, static_cast<TokenId>(vocab_ + 7)};
   EXPECT_EQ(model->DecodeStep(ids, bad_decode).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(*model->Position(a), 10);
-  EXPECT_EQ(*model->Position(b), 7);
+  EXPECT_EQ(*model->sequences().Position(a), 10);
+  EXPECT_EQ(*model->sequences().Position(b), 7);
 
   EXPECT_TRUE(BitEqual(Decode(*model, {a, b}, {5, 6}), Decode(*reference, {a, b}, {5, 6})));
   auto after = model->Prefill(b, prompt_a);
@@ -412,10 +412,10 @@ TEST_F(ModelErrorTest, OutOfPagesIsResourceExhaustedAndChangesNothing) {
   auto bad = model->Prefill(b, eight);
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(bad.status().message(), HasSubstr("out of KV pages: need 2, 1 free of 6"));
-  EXPECT_EQ(*model->Position(b), 0);
-  EXPECT_EQ(model->num_free_pages(), 1);
+  EXPECT_EQ(*model->sequences().Position(b), 0);
+  EXPECT_EQ(model->sequences().num_free_pages(), 1);
   for (Model* m : {model.get(), reference.get()}) ASSERT_TRUE(m->Prefill(b, prompt_b).ok());
-  EXPECT_EQ(model->num_free_pages(), 0);
+  EXPECT_EQ(model->sequences().num_free_pages(), 0);
 
   // a fills its last page; then both a and b need a new page.
   EXPECT_TRUE(BitEqual(Decode(*model, {a}, {7}), Decode(*reference, {a}, {7})));
@@ -425,23 +425,23 @@ TEST_F(ModelErrorTest, OutOfPagesIsResourceExhaustedAndChangesNothing) {
   auto step = model->DecodeStep(ids, tokens);
   EXPECT_EQ(step.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(step.status().message(), HasSubstr("needs 2, 0 free of 6"));
-  EXPECT_EQ(*model->Position(a), 20);
-  EXPECT_EQ(*model->Position(b), 4);
+  EXPECT_EQ(*model->sequences().Position(a), 20);
+  EXPECT_EQ(*model->sequences().Position(b), 4);
 
   // A restore that needs pages fails the same way and leaves the sequence empty.
-  auto snapshot = model->CaptureState(b, true);
+  auto snapshot = model->sequences().CaptureState(b, true);
   ASSERT_TRUE(snapshot.ok());
   auto pages = testing::ExportPages(*model, b, 1);
-  ASSERT_TRUE(model->ReleaseSequence(a).ok());
-  ASSERT_TRUE(reference->ReleaseSequence(a).ok());
+  ASSERT_TRUE(model->sequences().Release(a).ok());
+  ASSERT_TRUE(reference->sequences().Release(a).ok());
   const SequenceId c = NewSeq(*model);
   auto hog = model->Prefill(c, RandomTokens(6, 20, vocab_));  // takes every free page
   ASSERT_TRUE(hog.ok()) << hog.status();
   const SequenceId d = NewSeq(*model);
-  EXPECT_EQ(model->RestoreState(d, *snapshot, testing::Views(pages)).code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_EQ(*model->Position(d), 0);
-  ASSERT_TRUE(model->ReleaseSequence(c).ok());
-  ASSERT_TRUE(model->RestoreState(d, *snapshot, testing::Views(pages)).ok());
+  EXPECT_EQ(model->sequences().Restore(d, *snapshot, testing::Views(pages)).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(*model->sequences().Position(d), 0);
+  ASSERT_TRUE(model->sequences().Release(c).ok());
+  ASSERT_TRUE(model->sequences().Restore(d, *snapshot, testing::Views(pages)).ok());
 
   // d is b restored: both decode like the reference's b.
   const std::vector<float> expected = Decode(*reference, {b}, {9});
@@ -454,13 +454,13 @@ TEST_F(ModelErrorTest, OutOfSlotsIsResourceExhaustedUntilASequenceIsReleased) {
   auto model = NewModel(/*max_pages=*/64, /*max_sequences=*/2);
   const SequenceId a = NewSeq(*model);
   NewSeq(*model);
-  auto third = model->NewSequence();
+  auto third = model->sequences().New();
   EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(third.status().message(), HasSubstr("all 2 are in use"));
-  ASSERT_TRUE(model->ReleaseSequence(a).ok());
-  auto again = model->NewSequence();
+  ASSERT_TRUE(model->sequences().Release(a).ok());
+  auto again = model->sequences().New();
   ASSERT_TRUE(again.ok());
-  EXPECT_EQ(*model->Position(*again), 0);
+  EXPECT_EQ(*model->sequences().Position(*again), 0);
 }
 
 TEST_F(ModelErrorTest, UnknownSequenceIdIsNotFoundAndChangesNothing) {
@@ -476,15 +476,15 @@ TEST_F(ModelErrorTest, UnknownSequenceIdIsNotFoundAndChangesNothing) {
   auto step = model->DecodeStep(ids, tokens);
   EXPECT_EQ(step.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(step.status().message(), HasSubstr("unknown sequence id 12345"));
-  EXPECT_EQ(model->CaptureState(unknown, true).status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(model->RestoreState(unknown, SequenceState(), {}).code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(model->ExportPage(unknown, 0).status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(model->Position(unknown).status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(model->ReleaseSequence(unknown).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(model->sequences().CaptureState(unknown, true).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(model->sequences().Restore(unknown, SequenceState(), {}).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(model->sequences().ExportPage(unknown, 0).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(model->sequences().Position(unknown).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(model->sequences().Release(unknown).code(), absl::StatusCode::kNotFound);
   const SequenceId released = NewSeq(*model);
-  ASSERT_TRUE(model->ReleaseSequence(released).ok());
-  EXPECT_EQ(model->ReleaseSequence(released).code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(*model->Position(a), 9);
+  ASSERT_TRUE(model->sequences().Release(released).ok());
+  EXPECT_EQ(model->sequences().Release(released).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(*model->sequences().Position(a), 9);
   EXPECT_TRUE(BitEqual(Decode(*model, {a}, {4}), Decode(*reference, {a}, {4})));
 }
 
@@ -502,8 +502,8 @@ TEST_F(ModelErrorTest, MalformedRequestsAreInvalidArgumentAndChangeNothing) {
   auto step = model->DecodeStep(repeated, tokens);
   EXPECT_EQ(step.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(step.status().message(), HasSubstr("appears twice"));
-  EXPECT_EQ(*model->Position(a), 0);
-  EXPECT_EQ(model->num_free_pages(), 64);
+  EXPECT_EQ(*model->sequences().Position(a), 0);
+  EXPECT_EQ(model->sequences().num_free_pages(), 64);
 }
 
 TEST_F(ModelErrorTest, RestoreRejectsMismatchedStateAndLeavesTheSequenceEmpty) {
@@ -511,38 +511,38 @@ TEST_F(ModelErrorTest, RestoreRejectsMismatchedStateAndLeavesTheSequenceEmpty) {
   const SequenceId src = NewSeq(*model);
   auto prefill = model->Prefill(src, RandomTokens(8, 10, vocab_));  // 2 full pages + 2 tail tokens
   ASSERT_TRUE(prefill.ok());
-  auto snapshot = model->CaptureState(src, true);
+  auto snapshot = model->sequences().CaptureState(src, true);
   ASSERT_TRUE(snapshot.ok());
   const std::vector<std::string> pages = testing::ExportPages(*model, src, 2);
   ASSERT_EQ(pages.size(), 2u);
   EXPECT_EQ(static_cast<int64_t>(pages[0].size()), model->page_bytes());
   const SequenceId dst = NewSeq(*model);
-  const int64_t free_pages = model->num_free_pages();
+  const int64_t free_pages = model->sequences().num_free_pages();
 
   SequenceState bad = *snapshot;
   bad.ssm_states[1].pop_back();
-  absl::Status s = model->RestoreState(dst, bad, testing::Views(pages));
+  absl::Status s = model->sequences().Restore(dst, bad, testing::Views(pages));
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("ssm_states[1]"));
   bad = *snapshot;
   bad.tail_v[0].push_back(0.0f);
-  EXPECT_THAT(model->RestoreState(dst, bad, testing::Views(pages)).message(), HasSubstr("tail_v[0]"));
+  EXPECT_THAT(model->sequences().Restore(dst, bad, testing::Views(pages)).message(), HasSubstr("tail_v[0]"));
   bad = *snapshot;
   bad.conv_states.pop_back();
-  EXPECT_THAT(model->RestoreState(dst, bad, testing::Views(pages)).message(), HasSubstr("conv_states has"));
+  EXPECT_THAT(model->sequences().Restore(dst, bad, testing::Views(pages)).message(), HasSubstr("conv_states has"));
   bad = *snapshot;
   bad.last_logits.resize(3);
-  EXPECT_EQ(model->RestoreState(dst, bad, testing::Views(pages)).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(model->sequences().Restore(dst, bad, testing::Views(pages)).code(), absl::StatusCode::kInvalidArgument);
   std::vector<absl::string_view> one_page = {pages[0]};
-  EXPECT_THAT(model->RestoreState(dst, *snapshot, one_page).message(), HasSubstr("needs 2 full pages, got 1"));
+  EXPECT_THAT(model->sequences().Restore(dst, *snapshot, one_page).message(), HasSubstr("needs 2 full pages, got 1"));
   std::vector<absl::string_view> short_page = {pages[0], absl::string_view(pages[1]).substr(1)};
-  EXPECT_EQ(model->RestoreState(dst, *snapshot, short_page).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(*model->Position(dst), 0);
-  EXPECT_EQ(model->num_free_pages(), free_pages);
+  EXPECT_EQ(model->sequences().Restore(dst, *snapshot, short_page).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(*model->sequences().Position(dst), 0);
+  EXPECT_EQ(model->sequences().num_free_pages(), free_pages);
 
-  ASSERT_TRUE(model->RestoreState(dst, *snapshot, testing::Views(pages)).ok());
-  EXPECT_EQ(model->RestoreState(dst, *snapshot, testing::Views(pages)).code(), absl::StatusCode::kFailedPrecondition);
-  auto restored = model->CaptureState(dst, true);
+  ASSERT_TRUE(model->sequences().Restore(dst, *snapshot, testing::Views(pages)).ok());
+  EXPECT_EQ(model->sequences().Restore(dst, *snapshot, testing::Views(pages)).code(), absl::StatusCode::kFailedPrecondition);
+  auto restored = model->sequences().CaptureState(dst, true);
   ASSERT_TRUE(restored.ok());
   std::string what;
   EXPECT_TRUE(testing::StatesBitEqual(*restored, *snapshot, &what)) << what;
@@ -553,9 +553,9 @@ TEST_F(ModelErrorTest, ExportOfAPageThatIsNotFullIsOutOfRange) {
   auto model = NewModel();
   const SequenceId a = NewSeq(*model);
   ASSERT_TRUE(model->Prefill(a, RandomTokens(9, 6, vocab_)).ok());
-  EXPECT_TRUE(model->ExportPage(a, 0).ok());
-  EXPECT_EQ(model->ExportPage(a, 1).status().code(), absl::StatusCode::kOutOfRange);
-  EXPECT_EQ(model->ExportPage(a, -1).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_TRUE(model->sequences().ExportPage(a, 0).ok());
+  EXPECT_EQ(model->sequences().ExportPage(a, 1).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(model->sequences().ExportPage(a, -1).status().code(), absl::StatusCode::kOutOfRange);
 }
 
 TEST_F(ModelErrorTest, CreateRejectsOptionsOffTheGrid) {

@@ -95,7 +95,7 @@ class ModelGoldenTest : public ::testing::TestWithParam<GoldenParam> {
 TEST_P(ModelGoldenTest, PromptLogitsMatchTransformersWithinTolerance) {
   float worst = 0.0f;
   for (const GoldenCase& c : cases_) {
-    auto id = model_->NewSequence();
+    auto id = model_->sequences().New();
     ASSERT_TRUE(id.ok()) << id.status();
     PrefillOptions all;
     all.all_logits = true;
@@ -105,7 +105,7 @@ TEST_P(ModelGoldenTest, PromptLogitsMatchTransformersWithinTolerance) {
     const float diff = MaxAbsDiff(result->logits, c.logits);
     EXPECT_LE(diff, kLogitTolerance) << "prompt of length " << c.prompt.size();
     worst = std::max(worst, diff);
-    ASSERT_TRUE(model_->ReleaseSequence(*id).ok());
+    ASSERT_TRUE(model_->sequences().Release(*id).ok());
   }
   std::cout << "[golden] " << ParamName({GetParam(), 0}) << " prompt logits: max abs diff " << worst << "\n";
   EXPECT_LE(worst, GetParam().measured_bound) << "within the contract, but past the measured figure the README states";
@@ -114,7 +114,7 @@ TEST_P(ModelGoldenTest, PromptLogitsMatchTransformersWithinTolerance) {
 TEST_P(ModelGoldenTest, GreedyContinuationEqualsTransformersCachedGenerate) {
   float worst = 0.0f;
   for (const GoldenCase& c : cases_) {
-    auto id = model_->NewSequence();
+    auto id = model_->sequences().New();
     ASSERT_TRUE(id.ok()) << id.status();
     auto prefill = model_->Prefill(*id, c.prompt);
     ASSERT_TRUE(prefill.ok()) << prefill.status();
@@ -135,7 +135,7 @@ TEST_P(ModelGoldenTest, GreedyContinuationEqualsTransformersCachedGenerate) {
       ASSERT_TRUE(decoded.ok()) << decoded.status();
       row = std::move(decoded).value();
     }
-    ASSERT_TRUE(model_->ReleaseSequence(*id).ok());
+    ASSERT_TRUE(model_->sequences().Release(*id).ok());
   }
   std::cout << "[golden] " << ParamName({GetParam(), 0}) << " greedy (prefill + decode) logits: max abs diff " << worst
             << "\n";
@@ -223,7 +223,7 @@ TEST_P(CudaBf16Test, Bf16WeightsGiveTheBitsOfTheirValuesInFp32AndStayCloseToTheC
     std::vector<std::vector<float>> rows[3];
     Model* models[3] = {on_bf16.get(), on_f32.get(), on_cpu.get()};
     for (int m = 0; m < 3; ++m) {
-      auto id = models[m]->NewSequence();
+      auto id = models[m]->sequences().New();
       ASSERT_TRUE(id.ok());
       auto prefill = models[m]->Prefill(*id, prompt);
       ASSERT_TRUE(prefill.ok()) << prefill.status();

@@ -72,13 +72,13 @@ class ModelParityTest : public ::testing::TestWithParam<ParityParam> {
   }
 
   SequenceId New() {
-    auto id = model_->NewSequence();
+    auto id = model_->sequences().New();
     EXPECT_TRUE(id.ok()) << id.status();
     return id.ok() ? *id : -1;
   }
 
   SequenceState Capture(SequenceId id) {
-    auto state = model_->CaptureState(id, /*with_logits=*/true);
+    auto state = model_->sequences().CaptureState(id, /*with_logits=*/true);
     EXPECT_TRUE(state.ok()) << state.status();
     return state.ok() ? *state : SequenceState();
   }
@@ -113,7 +113,7 @@ TEST_P(ModelParityTest, ResumeFromEveryGridCheckpointIsBitIdenticalToColdPrefill
 
     const SequenceId resumed = New();
     const std::vector<std::string> pages = ExportPages(*model_, cold, q / kPageSize);
-    ASSERT_TRUE(model_->RestoreState(resumed, checkpoint, Views(pages)).ok());
+    ASSERT_TRUE(model_->sequences().Restore(resumed, checkpoint, Views(pages)).ok());
     auto result =
         model_->Prefill(resumed, absl::MakeConstSpan(prompt).subspan(static_cast<size_t>(q)), with_checkpoints);
     ASSERT_TRUE(result.ok()) << result.status();
@@ -128,7 +128,7 @@ TEST_P(ModelParityTest, ResumeFromEveryGridCheckpointIsBitIdenticalToColdPrefill
     for (size_t j = 0; j < result->checkpoints.size(); ++j) {
       EXPECT_TRUE(StatesBitEqual(result->checkpoints[j], cold_result->checkpoints[i + 1 + j], &what)) << what;
     }
-    ASSERT_TRUE(model_->ReleaseSequence(resumed).ok());
+    ASSERT_TRUE(model_->sequences().Release(resumed).ok());
   }
 }
 
@@ -158,7 +158,7 @@ TEST_P(ModelParityTest, ResumeFromEveryCheckpointOverPageSizesIntervalsAndLength
       for (int64_t p : {interval, 2 * interval + 1, 3 * interval + interval / 2 + 3, 4 * interval - 1}) {
         SCOPED_TRACE(absl::StrCat("page size ", page_size, ", interval ", interval, ", prompt of ", p));
         const std::vector<TokenId> prompt = RandomTokens(/*seed=*/static_cast<uint64_t>(1000 + p), p, vocab_);
-        auto cold = model->NewSequence();
+        auto cold = model->sequences().New();
         ASSERT_TRUE(cold.ok()) << cold.status();
         PrefillOptions options_all;
         options_all.all_logits = true;
@@ -167,7 +167,7 @@ TEST_P(ModelParityTest, ResumeFromEveryCheckpointOverPageSizesIntervalsAndLength
         ASSERT_TRUE(cold_result.ok()) << cold_result.status();
         ASSERT_EQ(cold_result->logits.size(), static_cast<size_t>(p * vocab_));
         ASSERT_EQ(cold_result->checkpoints.size(), static_cast<size_t>(p / interval));
-        auto cold_state = model->CaptureState(*cold, /*with_logits=*/true);
+        auto cold_state = model->sequences().CaptureState(*cold, /*with_logits=*/true);
         ASSERT_TRUE(cold_state.ok()) << cold_state.status();
         const std::vector<std::string> cold_pages = ExportPages(*model, *cold, p / page_size);
 
@@ -175,15 +175,15 @@ TEST_P(ModelParityTest, ResumeFromEveryCheckpointOverPageSizesIntervalsAndLength
           const int64_t q = checkpoint.position;
           SCOPED_TRACE(absl::StrCat("checkpoint at ", q));
           ASSERT_EQ(q % interval, 0);
-          auto resumed = model->NewSequence();
+          auto resumed = model->sequences().New();
           ASSERT_TRUE(resumed.ok()) << resumed.status();
           const std::vector<std::string> pages = ExportPages(*model, *cold, q / page_size);
-          ASSERT_TRUE(model->RestoreState(*resumed, checkpoint, Views(pages)).ok());
+          ASSERT_TRUE(model->sequences().Restore(*resumed, checkpoint, Views(pages)).ok());
           ++restores;
           std::string what;
           if (q == p) {
-            auto restored = model->CaptureState(*resumed, /*with_logits=*/false);
-            auto expected = model->CaptureState(*cold, /*with_logits=*/false);
+            auto restored = model->sequences().CaptureState(*resumed, /*with_logits=*/false);
+            auto expected = model->sequences().CaptureState(*cold, /*with_logits=*/false);
             ASSERT_TRUE(restored.ok() && expected.ok());
             EXPECT_TRUE(StatesBitEqual(*restored, *expected, &what)) << what;
           } else {
@@ -193,14 +193,14 @@ TEST_P(ModelParityTest, ResumeFromEveryCheckpointOverPageSizesIntervalsAndLength
             const absl::Span<const float> cold_rows =
                 absl::MakeConstSpan(cold_result->logits).subspan(static_cast<size_t>(q * vocab_));
             EXPECT_TRUE(BitEqual(result->logits, cold_rows));
-            auto state = model->CaptureState(*resumed, /*with_logits=*/true);
+            auto state = model->sequences().CaptureState(*resumed, /*with_logits=*/true);
             ASSERT_TRUE(state.ok()) << state.status();
             EXPECT_TRUE(StatesBitEqual(*state, *cold_state, &what)) << what;
           }
           EXPECT_EQ(ExportPages(*model, *resumed, p / page_size), cold_pages);
-          ASSERT_TRUE(model->ReleaseSequence(*resumed).ok());
+          ASSERT_TRUE(model->sequences().Release(*resumed).ok());
         }
-        ASSERT_TRUE(model->ReleaseSequence(*cold).ok());
+        ASSERT_TRUE(model->sequences().Release(*cold).ok());
       }
     }
   }
@@ -222,11 +222,11 @@ TEST_P(ModelParityTest, GridCheckpointEqualsStateOfPrefillEndingThere) {
     ASSERT_TRUE(
         model_->Prefill(short_seq, absl::MakeConstSpan(prompt).subspan(0, static_cast<size_t>(checkpoint.position)))
             .ok());
-    auto state = model_->CaptureState(short_seq, /*with_logits=*/false);
+    auto state = model_->sequences().CaptureState(short_seq, /*with_logits=*/false);
     ASSERT_TRUE(state.ok());
     std::string what;
     EXPECT_TRUE(StatesBitEqual(*state, checkpoint, &what)) << "at " << checkpoint.position << ": " << what;
-    ASSERT_TRUE(model_->ReleaseSequence(short_seq).ok());
+    ASSERT_TRUE(model_->sequences().Release(short_seq).ok());
   }
 }
 
@@ -247,7 +247,7 @@ TEST_P(ModelParityTest, RestoredTurnEndSnapshotContinuesLikeKeptAliveSequence) {
   // Decoded tokens 0..4 are in the state; token 5 was sampled from the last logits.
   conversation.insert(conversation.end(), generated.begin(), generated.begin() + kDecodeSteps);
   const int64_t p = static_cast<int64_t>(conversation.size());
-  ASSERT_EQ(*model_->Position(kept), p);
+  ASSERT_EQ(*model_->sequences().Position(kept), p);
   ASSERT_NE(p % kPageSize, 0);
   ASSERT_NE(p % 16, 0);
 
@@ -258,7 +258,7 @@ TEST_P(ModelParityTest, RestoredTurnEndSnapshotContinuesLikeKeptAliveSequence) {
   }
   const std::vector<std::string> pages = ExportPages(*model_, kept, p / kPageSize);
   const SequenceId restored = New();
-  ASSERT_TRUE(model_->RestoreState(restored, snapshot, Views(pages)).ok());
+  ASSERT_TRUE(model_->sequences().Restore(restored, snapshot, Views(pages)).ok());
   std::string what;
   EXPECT_TRUE(StatesBitEqual(Capture(restored), snapshot, &what)) << what;
 

@@ -69,20 +69,20 @@ TEST_F(StateTransferTest, EightForksOfA4KPrefixHoldItsPagesOnceAndDecodeAsIfAlon
   std::unique_ptr<Model> model = NewModel(/*max_pages=*/512, /*max_sequences=*/10);
   ASSERT_NE(model, nullptr);
   const std::vector<TokenId> prefix = RandomTokens(7, 4096 + 5, vocab_);  // 256 full pages + a partial one
-  auto parent = model->NewSequence();
+  auto parent = model->sequences().New();
   ASSERT_TRUE(parent.ok());
   ASSERT_TRUE(model->Prefill(*parent, prefix).ok());
   const int64_t prefix_pages = 257;
-  EXPECT_EQ(model->num_free_pages(), 512 - prefix_pages);
+  EXPECT_EQ(model->sequences().num_free_pages(), 512 - prefix_pages);
 
   std::vector<SequenceId> forks;
   for (int i = 0; i < 8; ++i) {
-    auto child = model->Fork(*parent);
+    auto child = model->sequences().Fork(*parent);
     ASSERT_TRUE(child.ok()) << child.status();
     forks.push_back(*child);
   }
   // Each fork holds the 256 full pages by reference and one copied partial page.
-  EXPECT_EQ(model->num_free_pages(), 512 - prefix_pages - 8);
+  EXPECT_EQ(model->sequences().num_free_pages(), 512 - prefix_pages - 8);
   const SequenceTable& table = model->sequences();
   const int32_t first_page = (*table.Find(*parent))->block_table[0];
   EXPECT_EQ(table.page_refcount(first_page), 9);
@@ -91,7 +91,7 @@ TEST_F(StateTransferTest, EightForksOfA4KPrefixHoldItsPagesOnceAndDecodeAsIfAlon
   std::unique_ptr<Model> reference_model = NewModel(/*max_pages=*/300, /*max_sequences=*/1);
   ASSERT_NE(reference_model, nullptr);
   for (int i = 0; i < 8; ++i) {
-    auto alone = reference_model->NewSequence();
+    auto alone = reference_model->sequences().New();
     ASSERT_TRUE(alone.ok());
     ASSERT_TRUE(reference_model->Prefill(*alone, prefix).ok());
     std::vector<float> expected, actual;
@@ -104,23 +104,23 @@ TEST_F(StateTransferTest, EightForksOfA4KPrefixHoldItsPagesOnceAndDecodeAsIfAlon
       actual.insert(actual.end(), a->begin(), a->end());
     }
     EXPECT_TRUE(BitEqual(actual, expected)) << "fork " << i;
-    ASSERT_TRUE(reference_model->ReleaseSequence(*alone).ok());
+    ASSERT_TRUE(reference_model->sequences().Release(*alone).ok());
   }
   // The parent is untouched by its forks' decoding.
   auto parent_next = model->DecodeStep({*parent}, {3});
-  auto ref = reference_model->NewSequence();
+  auto ref = reference_model->sequences().New();
   ASSERT_TRUE(reference_model->Prefill(*ref, prefix).ok());
   auto ref_next = reference_model->DecodeStep({*ref}, {3});
   ASSERT_TRUE(parent_next.ok() && ref_next.ok());
   EXPECT_TRUE(BitEqual(*parent_next, *ref_next));
 
   // Pages return to the pool only when their last holder goes.
-  ASSERT_TRUE(model->ReleaseSequence(*parent).ok());
+  ASSERT_TRUE(model->sequences().Release(*parent).ok());
   EXPECT_EQ(table.page_refcount(first_page), 8);
-  for (SequenceId f : forks) ASSERT_TRUE(model->ReleaseSequence(f).ok());
+  for (SequenceId f : forks) ASSERT_TRUE(model->sequences().Release(f).ok());
   EXPECT_EQ(table.page_refcount(first_page), 0);
-  EXPECT_EQ(model->num_free_pages(), 512);
-  EXPECT_EQ(model->num_free_sequences(), 10);
+  EXPECT_EQ(model->sequences().num_free_pages(), 512);
+  EXPECT_EQ(model->sequences().num_free_slots(), 10);
 }
 
 TEST_F(StateTransferTest, ExportedPagesImportedInRandomOrderContinueBitIdentically) {
@@ -130,16 +130,16 @@ TEST_F(StateTransferTest, ExportedPagesImportedInRandomOrderContinueBitIdentical
   ASSERT_NE(target, nullptr);
   for (int64_t prompt_len : {int64_t{1}, int64_t{16}, int64_t{37}, int64_t{200}}) {
     SCOPED_TRACE(prompt_len);
-    auto src = source->NewSequence();
+    auto src = source->sequences().New();
     ASSERT_TRUE(src.ok());
     ASSERT_TRUE(source->Prefill(*src, RandomTokens(prompt_len, prompt_len, vocab_)).ok());
 
-    const int64_t free_pages = target->num_free_pages();
+    const int64_t free_pages = target->sequences().num_free_pages();
     auto reservation = target->sequences().ReserveImport(prompt_len);
     ASSERT_TRUE(reservation.ok()) << reservation.status();
     EXPECT_EQ(static_cast<int64_t>(reservation->page_slots.size()), (prompt_len + kPageSize - 1) / kPageSize);
     EXPECT_EQ(reservation->page_format, PageFormatFingerprint(target->layout()));
-    EXPECT_EQ(target->num_free_pages(), free_pages - static_cast<int64_t>(reservation->page_slots.size()));
+    EXPECT_EQ(target->sequences().num_free_pages(), free_pages - static_cast<int64_t>(reservation->page_slots.size()));
     // Not usable until finished.
     EXPECT_EQ(target->DecodeStep({reservation->id}, {1}).status().code(), absl::StatusCode::kFailedPrecondition);
 
@@ -159,34 +159,34 @@ TEST_F(StateTransferTest, ExportedPagesImportedInRandomOrderContinueBitIdentical
     auto view = ParseSnapshot(state);
     ASSERT_TRUE(view.ok()) << view.status();
     ASSERT_TRUE(target->sequences().FinishImport(reservation->id, *view).ok());
-    EXPECT_EQ(*target->Position(reservation->id), prompt_len);
+    EXPECT_EQ(*target->sequences().Position(reservation->id), prompt_len);
 
     EXPECT_TRUE(BitEqual(Continue(*target, reservation->id, 5), Continue(*source, *src, 5)));
-    ASSERT_TRUE(source->ReleaseSequence(*src).ok());
-    ASSERT_TRUE(target->ReleaseSequence(reservation->id).ok());
-    EXPECT_EQ(target->num_free_pages(), free_pages);
+    ASSERT_TRUE(source->sequences().Release(*src).ok());
+    ASSERT_TRUE(target->sequences().Release(reservation->id).ok());
+    EXPECT_EQ(target->sequences().num_free_pages(), free_pages);
   }
 }
 
 TEST_F(StateTransferTest, AnImportAbortedHalfwayLeavesPagesAndSlotsExactlyAsBefore) {
   std::unique_ptr<Model> source = NewModel();
   std::unique_ptr<Model> target = NewModel(/*max_pages=*/64, /*max_sequences=*/2);
-  auto src = source->NewSequence();
+  auto src = source->sequences().New();
   ASSERT_TRUE(source->Prefill(*src, RandomTokens(9, 100, vocab_)).ok());
-  auto other = target->NewSequence();  // a live sequence the abort must not touch
+  auto other = target->sequences().New();  // a live sequence the abort must not touch
   ASSERT_TRUE(target->Prefill(*other, RandomTokens(10, 30, vocab_)).ok());
-  const int64_t free_pages = target->num_free_pages();
-  const int64_t free_slots = target->num_free_sequences();
+  const int64_t free_pages = target->sequences().num_free_pages();
+  const int64_t free_slots = target->sequences().num_free_slots();
 
   auto r = target->sequences().ReserveImport(100);
   ASSERT_TRUE(r.ok());
   for (int64_t i : {int64_t{3}, int64_t{0}, int64_t{5}}) {
-    auto page = source->ExportPage(*src, i);
+    auto page = source->sequences().ExportPage(*src, i);
     ASSERT_TRUE(page.ok());
     ASSERT_TRUE(target->sequences().ImportPage(r->id, i, *page).ok());
   }
   // Unfinished: FinishImport refuses and changes nothing.
-  auto state = source->CaptureState(*src, true);
+  auto state = source->sequences().CaptureState(*src, true);
   ASSERT_TRUE(state.ok());
   absl::Status early = target->sequences().FinishImport(r->id, *state);
   EXPECT_EQ(early.code(), absl::StatusCode::kFailedPrecondition);
@@ -195,8 +195,8 @@ TEST_F(StateTransferTest, AnImportAbortedHalfwayLeavesPagesAndSlotsExactlyAsBefo
   EXPECT_EQ(target->sequences().ReserveImport(10).status().code(), absl::StatusCode::kResourceExhausted);
 
   ASSERT_TRUE(target->sequences().AbortImport(r->id).ok());
-  EXPECT_EQ(target->num_free_pages(), free_pages);
-  EXPECT_EQ(target->num_free_sequences(), free_slots);
+  EXPECT_EQ(target->sequences().num_free_pages(), free_pages);
+  EXPECT_EQ(target->sequences().num_free_slots(), free_slots);
   EXPECT_EQ(target->sequences().AbortImport(r->id).code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(target->sequences().AbortImport(*other).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(target->DecodeStep({*other}, {2}).ok());
@@ -205,12 +205,12 @@ TEST_F(StateTransferTest, AnImportAbortedHalfwayLeavesPagesAndSlotsExactlyAsBefo
 TEST_F(StateTransferTest, BadPagesAndStatesAreRefusedAndChangeNothing) {
   std::unique_ptr<Model> source = NewModel();
   std::unique_ptr<Model> target = NewModel();
-  auto src = source->NewSequence();
+  auto src = source->sequences().New();
   ASSERT_TRUE(source->Prefill(*src, RandomTokens(11, 40, vocab_)).ok());  // 2 full pages + 8 tokens
   auto r = target->sequences().ReserveImport(40);
   ASSERT_TRUE(r.ok());
   SequenceTable& t = target->sequences();
-  auto page0 = source->ExportPage(*src, 0);
+  auto page0 = source->sequences().ExportPage(*src, 0);
   ASSERT_TRUE(page0.ok());
 
   EXPECT_THAT(t.ImportPage(r->id, 2, *page0).message(), HasSubstr("page index 2 outside [0, 2)"));
@@ -219,20 +219,20 @@ TEST_F(StateTransferTest, BadPagesAndStatesAreRefusedAndChangeNothing) {
   ASSERT_TRUE(t.ImportPage(r->id, 0, *page0).ok());
   EXPECT_THAT(t.ImportPage(r->id, 0, *page0).message(), HasSubstr("sent twice"));
   EXPECT_EQ(t.ImportPage(*src + 1000, 0, *page0).code(), absl::StatusCode::kNotFound);
-  auto page1 = source->ExportPage(*src, 1);
+  auto page1 = source->sequences().ExportPage(*src, 1);
   ASSERT_TRUE(t.ImportPage(r->id, 1, *page1).ok());
 
   // A state of the wrong position, or of another layout, is refused naming why.
-  auto other = source->NewSequence();
+  auto other = source->sequences().New();
   ASSERT_TRUE(source->Prefill(*other, RandomTokens(12, 41, vocab_)).ok());
-  auto wrong_position = source->CaptureState(*other, true);
+  auto wrong_position = source->sequences().CaptureState(*other, true);
   ASSERT_TRUE(wrong_position.ok());
   EXPECT_THAT(t.FinishImport(r->id, *wrong_position).message(), HasSubstr("state at position 41"));
   Snapshot foreign;
   foreign.layout = target->layout();
   foreign.layout.page_size = 8;
   foreign.position = 40;
-  static_cast<SequenceState&>(foreign) = *source->CaptureState(*src, false);
+  static_cast<SequenceState&>(foreign) = *source->sequences().CaptureState(*src, false);
   foreign.tail_k.assign(foreign.tail_k.size(), std::vector<float>(0));
   foreign.tail_v.assign(foreign.tail_v.size(), std::vector<float>(0));
   auto foreign_bytes = EncodeSnapshot(foreign);
@@ -247,8 +247,8 @@ TEST_F(StateTransferTest, BadPagesAndStatesAreRefusedAndChangeNothing) {
   EXPECT_NE(PageFormatFingerprint(target->layout()), PageFormatFingerprint(foreign.layout));
 
   // Still importing after every refusal; the right state finishes it.
-  EXPECT_EQ(target->Position(r->id).status().code(), absl::StatusCode::kFailedPrecondition);
-  auto good = source->CaptureState(*src, true);
+  EXPECT_EQ(target->sequences().Position(r->id).status().code(), absl::StatusCode::kFailedPrecondition);
+  auto good = source->sequences().CaptureState(*src, true);
   ASSERT_TRUE(t.FinishImport(r->id, *good).ok());
   EXPECT_EQ(t.FinishImport(r->id, *good).code(), absl::StatusCode::kFailedPrecondition);  // already live
   EXPECT_TRUE(BitEqual(Continue(*target, r->id, 3), Continue(*source, *src, 3)));
@@ -256,7 +256,7 @@ TEST_F(StateTransferTest, BadPagesAndStatesAreRefusedAndChangeNothing) {
 
 TEST_F(StateTransferTest, FuzzedPagesAndSizesNeverCrashOrLeaveAHalfImportedSequenceLive) {
   std::unique_ptr<Model> target = NewModel(/*max_pages=*/64, /*max_sequences=*/2);
-  const int64_t free_pages = target->num_free_pages();
+  const int64_t free_pages = target->sequences().num_free_pages();
   SequenceTable& t = target->sequences();
   std::mt19937_64 rng(42);
   for (int round = 0; round < 200; ++round) {
@@ -284,14 +284,14 @@ TEST_F(StateTransferTest, FuzzedPagesAndSizesNeverCrashOrLeaveAHalfImportedSeque
     // Never live unless FinishImport succeeded.
     EXPECT_EQ(target->DecodeStep({r->id}, {1}).status().code(), absl::StatusCode::kFailedPrecondition);
     ASSERT_TRUE(t.AbortImport(r->id).ok());
-    ASSERT_EQ(target->num_free_pages(), free_pages);
+    ASSERT_EQ(target->sequences().num_free_pages(), free_pages);
   }
-  EXPECT_EQ(target->num_free_sequences(), 2);
+  EXPECT_EQ(target->sequences().num_free_slots(), 2);
 }
 
 TEST_F(StateTransferTest, RestoreFromASnapshotViewWithPageViewsContinuesBitIdentically) {
   std::unique_ptr<Model> model = NewModel();
-  auto live = model->NewSequence();
+  auto live = model->sequences().New();
   ASSERT_TRUE(model->Prefill(*live, RandomTokens(13, 75, vocab_)).ok());
   ASSERT_TRUE(model->DecodeStep({*live}, {4}).ok());  // 76 tokens: 4 full pages + 12
 
@@ -312,7 +312,7 @@ TEST_F(StateTransferTest, RestoreFromASnapshotViewWithPageViewsContinuesBitIdent
   const common::Hash128 prefix = common::HashBytes("prefix");
   ASSERT_TRUE(model->sequences().EncodeStateInto(*live, true, weights_->fingerprint(), prefix, &state).ok());
   // The same bytes as encoding the captured vectors.
-  auto captured = model->CaptureState(*live, true);
+  auto captured = model->sequences().CaptureState(*live, true);
   ASSERT_TRUE(captured.ok());
   Snapshot snapshot;
   static_cast<SequenceState&>(snapshot) = *captured;
@@ -346,7 +346,7 @@ TEST_F(StateTransferTest, RestoreFromASnapshotViewWithPageViewsContinuesBitIdent
   expect.prefix_hash = prefix;
   auto view = ParseSnapshot(state, expect);
   ASSERT_TRUE(view.ok());
-  auto restored = model->NewSequence();
+  auto restored = model->sequences().New();
   ASSERT_TRUE(model->sequences().Restore(*restored, *view, Views(pages)).ok());
   EXPECT_TRUE(BitEqual(Continue(*model, *restored, 4), Continue(*model, *live, 4)));
 
@@ -355,10 +355,10 @@ TEST_F(StateTransferTest, RestoreFromASnapshotViewWithPageViewsContinuesBitIdent
   other_layout.kv_heads += 1;
   SnapshotView bad = *view;
   bad.layout = other_layout;
-  auto fresh = model->NewSequence();
+  auto fresh = model->sequences().New();
   EXPECT_THAT(model->sequences().Restore(*fresh, bad, Views(pages)).message(),
               HasSubstr("snapshot of another layout: kv_heads"));
-  EXPECT_EQ(*model->Position(*fresh), 0);
+  EXPECT_EQ(*model->sequences().Position(*fresh), 0);
 }
 
 }  // namespace

@@ -14,18 +14,16 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/runfiles.h"
 #include "engine/model_config.h"
 #include "engine/safetensors.h"
 #include "gtest/gtest.h"
+#include "kernels/bf16.h"
 #include "kernels/cuda/test_backends.h"
 
 namespace hybridserve::engine::testing {
 
-std::string Runfile(absl::string_view relative) {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  return absl::StrCat(srcdir ? srcdir : ".", "/", workspace ? workspace : "hybridserve", "/", relative);
-}
+using common::Runfile;
 
 std::unique_ptr<ModelWeights> LoadWeights(absl::string_view model_dir) {
   auto config = LoadModelConfig(Runfile(absl::StrCat(model_dir, "/config.json")));
@@ -69,7 +67,7 @@ std::unique_ptr<ModelWeights> LoadWeightsCutToBf16(absl::string_view model_dir, 
       if (as_bf16) {
         std::memcpy(cut.bytes.data() + 2 * i, &top, 2);
       } else {
-        const uint32_t widened = static_cast<uint32_t>(top) << 16;
+        const float widened = kernels::Bf16ToFloat(top);
         std::memcpy(cut.bytes.data() + 4 * i, &widened, 4);
       }
     }
@@ -265,7 +263,7 @@ float StatesMaxAbsDiff(const SequenceState& a, const SequenceState& b) {
 std::vector<std::string> ExportPages(const Model& model, SequenceId id, int64_t n_pages) {
   std::vector<std::string> pages;
   for (int64_t i = 0; i < n_pages; ++i) {
-    auto page = model.ExportPage(id, i);
+    auto page = model.sequences().ExportPage(id, i);
     if (!page.ok()) {
       ADD_FAILURE() << "page " << i << ": " << page.status();
       return {};

@@ -27,9 +27,6 @@ inline constexpr absl::string_view kDefaultModel = "models/default";
 // Golden references of the default model (tools/make_golden.py --only default), without the model.
 inline constexpr absl::string_view kDefaultModelGolden = "tests/fixtures/golden/default";
 
-// Path of a data dependency under the test's runfiles.
-std::string Runfile(absl::string_view relative);
-
 // The weights of a model directory (relative to the runfiles); fails the
 // current test (ADD_FAILURE) and returns null on error.
 std::unique_ptr<ModelWeights> LoadWeights(absl::string_view model_dir);

@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "common/hash.h"
 #include "common/status_macros.h"
+#include "kernels/bf16.h"
 
 namespace hybridserve::engine {
 namespace {
@@ -31,7 +32,7 @@ std::string ShapeString(absl::Span<const int64_t> shape) { return absl::StrCat("
 std::vector<float> WeightMatrix::ToFloat32() const {
   if (!is_bf16()) return f32;
   std::vector<float> out(bf16.size());
-  for (size_t i = 0; i < bf16.size(); ++i) out[i] = Bf16ToFloat(bf16[i]);
+  for (size_t i = 0; i < bf16.size(); ++i) out[i] = kernels::Bf16ToFloat(bf16[i]);
   return out;
 }
 

@@ -14,10 +14,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "common/hash.h"
+#include "common/runfiles.h"
 #include "engine/model_config.h"
 #include "engine/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/bf16.h"
 
 namespace hybridserve::engine {
 namespace {
@@ -29,11 +31,7 @@ constexpr absl::string_view kMamba2Tiny = "tests/fixtures/golden/mamba2_tiny";
 constexpr absl::string_view kNemotronTiedTiny = "tests/fixtures/golden/nemotron_h_tied_tiny";
 constexpr absl::string_view kDefault = "models/default";
 
-std::string Runfile(absl::string_view relative) {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  return absl::StrCat(srcdir ? srcdir : ".", "/", workspace ? workspace : "hybridserve", "/", relative);
-}
+using common::Runfile;
 
 std::string TempDir(absl::string_view name) {
   const char* tmp = std::getenv("TEST_TMPDIR");
@@ -293,7 +291,7 @@ TEST(ModelWeightsTest, Bf16CheckpointConvertsExactlyAndHasItsOwnFingerprint) {
   for (size_t i = 0; i < got.size(); ++i) {
     uint32_t bits;
     std::memcpy(&bits, &full[i], 4);
-    ASSERT_EQ(got[i], Bf16ToFloat(static_cast<uint16_t>(bits >> 16))) << i;
+    ASSERT_EQ(got[i], kernels::Bf16ToFloat(static_cast<uint16_t>(bits >> 16))) << i;
   }
   EXPECT_NE((*w)->fingerprint(), fp32->fingerprint());
 }

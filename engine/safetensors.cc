@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "common/status_macros.h"
+#include "kernels/bf16.h"
 
 namespace hybridserve::engine {
 namespace {
@@ -480,13 +481,6 @@ absl::StatusOr<std::string> SerializeSafetensors(absl::Span<const TensorView> te
 
 // ---------------------------------------------------------------- conversions
 
-float Bf16ToFloat(uint16_t bits) {
-  const uint32_t f = static_cast<uint32_t>(bits) << 16;
-  float out;
-  std::memcpy(&out, &f, 4);
-  return out;
-}
-
 float Fp16ToFloat(uint16_t bits) {
   const uint32_t sign = static_cast<uint32_t>(bits & 0x8000u) << 16;
   const uint32_t exponent = (bits >> 10) & 0x1fu;
@@ -527,7 +521,7 @@ absl::Status ConvertToFloat32(const TensorView& tensor, absl::Span<float> out) {
       for (int64_t i = 0; i < n; ++i) {
         uint16_t bits;
         std::memcpy(&bits, src + 2 * i, 2);
-        out[i] = Bf16ToFloat(bits);
+        out[i] = kernels::Bf16ToFloat(bits);
       }
       return absl::OkStatus();
     case DType::kF16:

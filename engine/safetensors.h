@@ -148,9 +148,9 @@ class SafetensorsCheckpoint {
 absl::StatusOr<std::string> SerializeSafetensors(absl::Span<const TensorView> tensors,
                                                  const std::map<std::string, std::string>& metadata = {});
 
-// Exact conversions of one element to fp32 (bf16 and fp16 are subsets of fp32):
-// subnormals, signed zeros, infinities and NaNs (payload kept) included.
-float Bf16ToFloat(uint16_t bits);
+// Exact conversion of one fp16 element to fp32 (fp16 is a subset of fp32):
+// subnormals, signed zeros, infinities and NaNs (payload kept) included. bf16
+// elements convert with kernels::Bf16ToFloat (kernels/bf16.h).
 float Fp16ToFloat(uint16_t bits);
 
 // Writes the tensor's elements as fp32 into `out` (num_elements() floats).

@@ -8,7 +8,7 @@
 // field (the codec adds the fingerprint, prefix hash and layout).
 //
 // The full pages [0, floor(position / page_size)) travel separately, as page
-// bytes (see Model::ExportPage for their layout).
+// bytes (see SequenceTable::ExportPage for their layout).
 
 #include <cstdint>
 #include <vector>

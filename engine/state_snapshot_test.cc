@@ -30,11 +30,11 @@ TEST(StateSnapshotTest, EncodedTurnEndStateResumesBitIdentically) {
   const int64_t vocab = model->config().vocab_size;
 
   // Turn 1: a prompt and three decode steps leave the sequence off the grid.
-  auto live = model->NewSequence();
+  auto live = model->sequences().New();
   ASSERT_TRUE(live.ok());
   ASSERT_TRUE(model->Prefill(*live, RandomTokens(1, 37, vocab)).ok());
   for (TokenId t : {3, 5, 7}) ASSERT_TRUE(model->DecodeStep({*live}, {t}).ok());
-  auto captured = model->CaptureState(*live, /*with_logits=*/true);
+  auto captured = model->sequences().CaptureState(*live, /*with_logits=*/true);
   ASSERT_TRUE(captured.ok()) << captured.status();
   const int64_t position = captured->position;
   ASSERT_EQ(position, 40);
@@ -57,9 +57,9 @@ TEST(StateSnapshotTest, EncodedTurnEndStateResumesBitIdentically) {
   // Restore into a fresh sequence with the live one's full pages.
   std::vector<std::string> pages = ExportPages(*model, *live, position / model->page_size());
   std::vector<absl::string_view> views(pages.begin(), pages.end());
-  auto restored = model->NewSequence();
+  auto restored = model->sequences().New();
   ASSERT_TRUE(restored.ok());
-  ASSERT_TRUE(model->RestoreState(*restored, FromSnapshot(*std::move(decoded)), views).ok());
+  ASSERT_TRUE(model->sequences().Restore(*restored, FromSnapshot(*std::move(decoded)), views).ok());
 
   // Turn 2 on both: identical bits.
   const std::vector<TokenId> suffix = RandomTokens(2, 23, vocab);

@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <limits>
 
+#include "kernels/kernel_status.h"
+
 namespace hybridserve::kernels {
 
 // Elementwise activations. Every element is a function of its inputs only.
@@ -27,6 +29,19 @@ struct ActivationParams {
   int64_t out_row_stride = 0;  // 0: dim
 };
 
+// The argument checks every backend makes before an activation kernel runs:
+// kKernelInvalidArgument for a null pointer, a negative shape or an unknown kind.
+inline KernelStatus CheckActivationParams(const ActivationParams& p) {
+  if (p.x == nullptr || p.out == nullptr || p.n_rows < 0 || p.dim < 0) return kKernelInvalidArgument;
+  switch (p.kind) {
+    case ActivationKind::kSilu:
+    case ActivationKind::kReluSquared:
+    case ActivationKind::kSoftplus:
+      return kKernelOk;
+  }
+  return kKernelInvalidArgument;
+}
+
 // SwiGLU: out = silu(gate) * up. gate and up may be the two halves of one fused
 // projection output (gate = buf, up = buf + dim, both with row stride 2 * dim).
 struct SwiGluParams {
@@ -40,6 +55,14 @@ struct SwiGluParams {
   int64_t out_row_stride = 0;   // 0: dim
 };
 
+// kKernelInvalidArgument for a null pointer or a negative shape.
+inline KernelStatus CheckSwiGluParams(const SwiGluParams& p) {
+  if (p.gate == nullptr || p.up == nullptr || p.out == nullptr || p.n_rows < 0 || p.dim < 0) {
+    return kKernelInvalidArgument;
+  }
+  return kKernelOk;
+}
+
 // Mamba2 time step: dt[t, h] = clamp(softplus(dt_raw[t, h] + dt_bias[h]), dt_min, dt_max).
 struct DtSoftplusParams {
   const float* dt_raw = nullptr;   // [n_tokens, n_heads], row stride dt_raw_row_stride (slice of in_proj output)
@@ -52,6 +75,14 @@ struct DtSoftplusParams {
   int64_t dt_raw_row_stride = 0;  // 0: n_heads
   int64_t dt_row_stride = 0;      // 0: n_heads
 };
+
+// kKernelInvalidArgument for a null pointer, a negative shape or dt_min > dt_max (or NaN).
+inline KernelStatus CheckDtSoftplusParams(const DtSoftplusParams& p) {
+  if (p.dt_raw == nullptr || p.dt == nullptr || p.n_tokens < 0 || p.n_heads < 0 || !(p.dt_min <= p.dt_max)) {
+    return kKernelInvalidArgument;
+  }
+  return kKernelOk;
+}
 
 }  // namespace hybridserve::kernels
 

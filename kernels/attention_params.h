@@ -3,6 +3,8 @@
 
 #include <cstdint>
 
+#include "kernels/kernel_status.h"
+
 namespace hybridserve::kernels {
 
 // One attention layer's paged KV pools. Logical page j of a sequence (keys at
@@ -17,6 +19,20 @@ struct PagedKvCache {
   int64_t head_dim = 0;
 };
 
+// Both pools set and every shape >= 1.
+inline bool ValidPagedKvCache(const PagedKvCache& c) {
+  return c.k != nullptr && c.v != nullptr && c.num_pages > 0 && c.page_size > 0 && c.n_kv_heads > 0 && c.head_dim > 0;
+}
+
+// Pages holding positions [0, n_tokens) at page_size tokens per page (page_size >= 1).
+inline int64_t PagedKvPagesFor(int64_t n_tokens, int64_t page_size) { return (n_tokens + page_size - 1) / page_size; }
+
+// The attention checks below cover the host-visible fields, those every
+// backend checks before a kernel runs (kKernelInvalidArgument, nothing
+// written). Block tables and seq_lens are device memory: each backend checks
+// their entries its own way (kernels/cpu rejects the call; kernels/cuda skips
+// the token or query and raises its error flag).
+
 // Writes the K and V of tokens at positions [start_pos, start_pos + n_tokens)
 // of one sequence into its pages.
 struct KvAppendParams {
@@ -29,6 +45,16 @@ struct KvAppendParams {
   int64_t k_token_stride = 0;  // 0: n_kv_heads * head_dim
   int64_t v_token_stride = 0;  // 0: n_kv_heads * head_dim
 };
+
+inline KernelStatus CheckKvAppendParams(const KvAppendParams& p) {
+  const PagedKvCache& c = p.cache;
+  if (!ValidPagedKvCache(c) || p.start_pos < 0 || p.n_tokens < 0 ||
+      (p.n_tokens > 0 && (p.k == nullptr || p.v == nullptr)) ||
+      (PagedKvPagesFor(p.start_pos + p.n_tokens, c.page_size) > 0 && p.block_table == nullptr)) {
+    return kKernelInvalidArgument;
+  }
+  return kKernelOk;
+}
 
 // Writes one token's K and V for each sequence of a decode batch, at position
 // seq_lens[b] - 1.
@@ -43,6 +69,14 @@ struct KvAppendDecodeParams {
   int64_t k_batch_stride = 0;      // 0: n_kv_heads * head_dim
   int64_t v_batch_stride = 0;      // 0: n_kv_heads * head_dim
 };
+
+inline KernelStatus CheckKvAppendDecodeParams(const KvAppendDecodeParams& p) {
+  if (!ValidPagedKvCache(p.cache) || p.batch < 0 ||
+      (p.batch > 0 && (p.k == nullptr || p.v == nullptr || p.seq_lens == nullptr || p.block_tables == nullptr))) {
+    return kKernelInvalidArgument;
+  }
+  return kKernelOk;
+}
 
 // Causal grouped-query attention. Query head h reads KV head
 // h / (n_heads / n_kv_heads). The reduction over keys is an online softmax over
@@ -69,6 +103,16 @@ struct AttentionPrefillParams {
   int64_t out_token_stride = 0;  // 0: n_heads * head_dim
 };
 
+inline KernelStatus CheckAttentionPrefillParams(const AttentionPrefillParams& p) {
+  const PagedKvCache& c = p.cache;
+  if (!ValidPagedKvCache(c) || p.start_pos < 0 || p.n_tokens < 0 || p.n_heads <= 0 || p.n_heads % c.n_kv_heads != 0 ||
+      !(p.scale >= 0.0f) || (p.n_tokens > 0 && (p.q == nullptr || p.out == nullptr)) ||
+      (PagedKvPagesFor(p.start_pos + p.n_tokens, c.page_size) > 0 && p.block_table == nullptr)) {
+    return kKernelInvalidArgument;
+  }
+  return kKernelOk;
+}
+
 // Decode: one query per sequence, sequence b at position seq_lens[b] - 1,
 // attending to keys [0, seq_lens[b]). Its K/V must already be appended.
 struct AttentionDecodeParams {
@@ -84,6 +128,15 @@ struct AttentionDecodeParams {
   int64_t q_batch_stride = 0;    // 0: n_heads * head_dim
   int64_t out_batch_stride = 0;  // 0: n_heads * head_dim
 };
+
+inline KernelStatus CheckAttentionDecodeParams(const AttentionDecodeParams& p) {
+  const PagedKvCache& c = p.cache;
+  if (!ValidPagedKvCache(c) || p.batch < 0 || p.n_heads <= 0 || p.n_heads % c.n_kv_heads != 0 || !(p.scale >= 0.0f) ||
+      (p.batch > 0 && (p.q == nullptr || p.out == nullptr || p.seq_lens == nullptr || p.block_tables == nullptr))) {
+    return kKernelInvalidArgument;
+  }
+  return kKernelOk;
+}
 
 // Rotary position embedding, rotate-half (GPT-NeoX / Llama) convention, in place
 // on the first rotary_dim dims of each head: for i < rotary_dim / 2, with
@@ -101,6 +154,18 @@ struct RopeParams {
   double theta = 10000.0;
   int64_t x_token_stride = 0;  // 0: n_heads * head_dim
 };
+
+// kKernelInvalidArgument for a null x, a negative n_tokens, n_heads or
+// head_dim < 1, a resolved rotary_dim that is odd, < 1 or > head_dim, or
+// theta <= 0 (or NaN).
+inline KernelStatus CheckRopeParams(const RopeParams& p) {
+  const int64_t rot = p.rotary_dim ? p.rotary_dim : p.head_dim;
+  if (p.x == nullptr || p.n_tokens < 0 || p.n_heads <= 0 || p.head_dim <= 0 || rot <= 0 || rot % 2 != 0 ||
+      rot > p.head_dim || !(p.theta > 0.0)) {
+    return kKernelInvalidArgument;
+  }
+  return kKernelOk;
+}
 
 }  // namespace hybridserve::kernels
 

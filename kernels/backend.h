@@ -26,10 +26,10 @@
 //
 // Thread safety: a backend is used by one thread at a time (the engine
 // serializes its calls); DeviceBuffer handles may be destroyed from that same
-// thread only.
+// thread only. What other threads may do (the data plane sharing device memory
+// with another process) goes through peer_memory(), which is thread-safe.
 
 #include <cstdint>
-#include <string>
 
 #include "kernels/activation_params.h"
 #include "kernels/attention_params.h"
@@ -38,6 +38,7 @@
 #include "kernels/kernel_status.h"
 #include "kernels/matmul_params.h"
 #include "kernels/norm_params.h"
+#include "kernels/peer_memory.h"
 #include "kernels/ssd_params.h"
 
 namespace hybridserve::kernels {
@@ -152,21 +153,9 @@ class Backend {
 
   // ---- Memory shared with another process on the same device (optional: CUDA IPC) ----
   //
-  // ExportMemory: a handle naming the buffer that holds [device, device +
-  // bytes), and the offset of `device` in it, for OpenPeerMemory in another
-  // process. kKernelInvalidArgument for a range outside a live buffer (host
-  // memory, say). OpenPeerMemory maps such a handle from another process:
-  // *base is the buffer's first byte here, *bytes its size; CopyToPeer may
-  // then write into [base, base + bytes) until ClosePeerMemory(base) or the
-  // backend's destruction. CopyToPeer copies `bytes` from device memory of
-  // this backend or from host memory, and has completed when it returns.
-  // kKernelUnsupported on backends without shared memory (the CPU backend).
-  virtual int ExportMemory(const void* device, int64_t bytes, std::string* handle, int64_t* offset) {
-    return kKernelUnsupported;
-  }
-  virtual int OpenPeerMemory(const std::string& handle, void** base, int64_t* bytes) { return kKernelUnsupported; }
-  virtual int ClosePeerMemory(void* base) { return kKernelUnsupported; }
-  virtual int CopyToPeer(void* peer_dst, const void* src, int64_t bytes) { return kKernelUnsupported; }
+  // The thread-safe sharing calls of this backend (kernels/peer_memory.h),
+  // owned by it; null on backends without shared memory (the CPU backend).
+  virtual PeerMemory* peer_memory() { return nullptr; }
 
  protected:
   // For implementations: a buffer of this backend over `data`, handed back to

@@ -3,6 +3,8 @@
 
 #include <cstdint>
 
+#include "kernels/kernel_status.h"
+
 namespace hybridserve::kernels {
 
 // Causal depthwise conv1d of Mamba2 over the xBC channels:
@@ -33,6 +35,16 @@ struct CausalConv1dParams {
   int64_t out_token_stride = 0;  // 0: channels
 };
 
+// The argument checks every backend makes before the kernel runs:
+// kKernelInvalidArgument for a null x, weight or out, a negative seqlen,
+// channels < 1 or d_conv < 1.
+inline KernelStatus CheckCausalConv1dParams(const CausalConv1dParams& p) {
+  if (p.x == nullptr || p.weight == nullptr || p.out == nullptr || p.seqlen < 0 || p.channels <= 0 || p.d_conv < 1) {
+    return kKernelInvalidArgument;
+  }
+  return kKernelOk;
+}
+
 // One-step update form: one new token for each of `batch` sequences.
 struct CausalConv1dUpdateParams {
   const float* x = nullptr;       // [batch, channels], row stride x_batch_stride
@@ -55,6 +67,20 @@ struct CausalConv1dUpdateParams {
   int64_t x_batch_stride = 0;    // 0: channels
   int64_t out_batch_stride = 0;  // 0: channels
 };
+
+// The checks of the host-visible fields every backend makes before the kernel
+// runs: kKernelInvalidArgument for a null x, weight, out or conv_state, a
+// negative batch, channels < 1, d_conv < 1, or (without state_slots) batch >
+// num_slots. state_slots is device memory: each backend checks its entries its
+// own way (kernels/cpu and kernels/cuda).
+inline KernelStatus CheckCausalConv1dUpdateParams(const CausalConv1dUpdateParams& p) {
+  if (p.x == nullptr || p.weight == nullptr || p.out == nullptr || p.conv_state == nullptr || p.batch < 0 ||
+      p.channels <= 0 || p.d_conv < 1) {
+    return kKernelInvalidArgument;
+  }
+  if (p.state_slots == nullptr && p.batch > p.num_slots) return kKernelInvalidArgument;
+  return kKernelOk;
+}
 
 }  // namespace hybridserve::kernels
 

@@ -6,9 +6,71 @@
 
 namespace hybridserve::kernels {
 
+// Forwards to the inner backend's peer memory and counts each call.
+// Thread-safe: mu_ guards the counts.
+class CountingBackend::CountingPeerMemory final : public PeerMemory {
+ public:
+  explicit CountingPeerMemory(PeerMemory& inner) : inner_(inner) {}
+
+  int64_t calls(const std::string& op) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = calls_.find(op);
+    return it == calls_.end() ? 0 : it->second;
+  }
+
+  void ResetCounts() {
+    std::lock_guard<std::mutex> lock(mu_);
+    calls_.clear();
+  }
+
+  int ExportMemory(const void* device, int64_t bytes, std::string* handle, int64_t* offset) override {
+    Count("ExportMemory");
+    return inner_.ExportMemory(device, bytes, handle, offset);
+  }
+  int OpenPeerMemory(const std::string& handle, void** base, int64_t* bytes) override {
+    Count("OpenPeerMemory");
+    return inner_.OpenPeerMemory(handle, base, bytes);
+  }
+  int ClosePeerMemory(void* base) override {
+    Count("ClosePeerMemory");
+    return inner_.ClosePeerMemory(base);
+  }
+  int CopyToPeer(void* peer_dst, const void* src, int64_t bytes) override {
+    Count("CopyToPeer");
+    return inner_.CopyToPeer(peer_dst, src, bytes);
+  }
+  int CopyToHost(void* host_dst, const void* device_src, int64_t bytes) override {
+    Count("CopyToHost");
+    return inner_.CopyToHost(host_dst, device_src, bytes);
+  }
+  int CopyToDevice(void* device_dst, const void* host_src, int64_t bytes) override {
+    Count("CopyToDevice");
+    return inner_.CopyToDevice(device_dst, host_src, bytes);
+  }
+
+ private:
+  void Count(const char* op) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++calls_[op];
+  }
+
+  PeerMemory& inner_;
+  mutable std::mutex mu_;
+  std::map<std::string, int64_t> calls_;  // guarded by mu_
+};
+
+CountingBackend::CountingBackend(Backend& inner) : inner_(inner) {
+  if (PeerMemory* peer = inner_.peer_memory(); peer != nullptr) peer_memory_ = std::make_unique<CountingPeerMemory>(*peer);
+}
+
+CountingBackend::~CountingBackend() = default;
+
+PeerMemory* CountingBackend::peer_memory() { return peer_memory_.get(); }
+
 int64_t CountingBackend::calls(const std::string& op) const {
   auto it = calls_.find(op);
-  return it == calls_.end() ? 0 : it->second;
+  const int64_t backend_calls = it == calls_.end() ? 0 : it->second;
+  return backend_calls + (peer_memory_ != nullptr ? peer_memory_->calls(op) : 0);
 }
 
 int64_t CountingBackend::live_bytes() const {
@@ -19,6 +81,7 @@ int64_t CountingBackend::live_bytes() const {
 
 void CountingBackend::ResetCounts() {
   calls_.clear();
+  if (peer_memory_ != nullptr) peer_memory_->ResetCounts();
   kernel_calls_ = 0;
   foreign_.clear();
 }
@@ -300,26 +363,6 @@ int CountingBackend::Replay(int64_t graph) {
 int CountingBackend::ReleaseGraph(int64_t graph) {
   Count("ReleaseGraph", false);
   return inner_.ReleaseGraph(graph);
-}
-
-int CountingBackend::ExportMemory(const void* device, int64_t bytes, std::string* handle, int64_t* offset) {
-  Count("ExportMemory", false);
-  return inner_.ExportMemory(device, bytes, handle, offset);
-}
-
-int CountingBackend::OpenPeerMemory(const std::string& handle, void** base, int64_t* bytes) {
-  Count("OpenPeerMemory", false);
-  return inner_.OpenPeerMemory(handle, base, bytes);
-}
-
-int CountingBackend::ClosePeerMemory(void* base) {
-  Count("ClosePeerMemory", false);
-  return inner_.ClosePeerMemory(base);
-}
-
-int CountingBackend::CopyToPeer(void* peer_dst, const void* src, int64_t bytes) {
-  Count("CopyToPeer", false);
-  return inner_.CopyToPeer(peer_dst, src, bytes);
 }
 
 #undef HS_CHECK

@@ -8,11 +8,16 @@
 // the engine reaches kernels only through the interface and hands them only
 // device memory.
 //
-// Thread safety: as kernels::Backend (one caller at a time).
+// Its peer_memory() (present when the inner backend's is) forwards and counts
+// the sharing calls too, under their method names ("CopyToPeer", ...).
+//
+// Thread safety: as kernels::Backend (one caller at a time); peer_memory() is
+// thread-safe, and calls(op) may be read while its calls run elsewhere.
 
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -23,13 +28,14 @@ namespace hybridserve::kernels {
 class CountingBackend final : public Backend {
  public:
   // `inner` must outlive this backend and every buffer it hands out.
-  explicit CountingBackend(Backend& inner) : inner_(inner) {}
-  ~CountingBackend() override = default;
+  explicit CountingBackend(Backend& inner);
+  ~CountingBackend() override;
 
   const char* name() const override { return inner_.name(); }
 
-  // Calls of each operation so far, by name ("Matmul", "SsdChunkScan", ...).
+  // Calls of each backend operation so far, by name ("Matmul", "SsdChunkScan", ...).
   const std::map<std::string, int64_t>& calls() const { return calls_; }
+  // Calls of one operation so far, of the backend or of its peer memory.
   int64_t calls(const std::string& op) const;
   // Kernel calls (not memory calls) so far.
   int64_t kernel_calls() const { return kernel_calls_; }
@@ -73,10 +79,7 @@ class CountingBackend final : public Backend {
   int EndCapture(int64_t* graph) override;
   int Replay(int64_t graph) override;
   int ReleaseGraph(int64_t graph) override;
-  int ExportMemory(const void* device, int64_t bytes, std::string* handle, int64_t* offset) override;
-  int OpenPeerMemory(const std::string& handle, void** base, int64_t* bytes) override;
-  int ClosePeerMemory(void* base) override;
-  int CopyToPeer(void* peer_dst, const void* src, int64_t bytes) override;
+  PeerMemory* peer_memory() override;
 
  protected:
   void Release(void* data, int64_t bytes, void* cookie) override;
@@ -84,6 +87,7 @@ class CountingBackend final : public Backend {
  private:
   // Counts a call of `op` (a kernel when `kernel`).
   void Count(const char* op, bool kernel);
+  class CountingPeerMemory;
   // Records op.field unless `p` is null or inside a live buffer.
   void Check(const char* op, const char* field, const void* p);
   int Wrap(DeviceBuffer inner, int status, DeviceBuffer* out);
@@ -94,6 +98,7 @@ class CountingBackend final : public Backend {
   int64_t kernel_calls_ = 0;
   std::vector<std::string> foreign_;
   int64_t memory_limit_ = -1;
+  std::unique_ptr<CountingPeerMemory> peer_memory_;  // null when the inner backend has none
 };
 
 }  // namespace hybridserve::kernels

@@ -3,6 +3,8 @@
 
 #include <cstdint>
 
+#include "kernels/kernel_status.h"
+
 namespace hybridserve::kernels {
 
 // out = a @ w^T (+ bias) (+ out), the Hugging Face nn.Linear layout:
@@ -24,6 +26,21 @@ struct MatmulParams {
   // out = out + (a @ w^T + bias) instead of out = a @ w^T + bias (residual add).
   bool accumulate = false;
 };
+
+// The argument checks every backend makes before the kernel runs:
+// kKernelInvalidArgument for a null a or out, not exactly one of w and w_bf16,
+// a negative shape, or a resolved leading dimension shorter than its row.
+inline KernelStatus CheckMatmulParams(const MatmulParams& p) {
+  if (p.a == nullptr || p.out == nullptr || (p.w == nullptr) == (p.w_bf16 == nullptr) || p.m < 0 || p.n < 0 ||
+      p.k < 0) {
+    return kKernelInvalidArgument;
+  }
+  const int64_t lda = p.lda ? p.lda : p.k;
+  const int64_t ldw = p.ldw ? p.ldw : p.k;
+  const int64_t ldo = p.ldo ? p.ldo : p.n;
+  if (lda < p.k || ldw < p.k || ldo < p.n) return kKernelInvalidArgument;
+  return kKernelOk;
+}
 
 enum class MatmulMode : int {
   // Each out[i, j] is computed with one fixed reduction order over k that does

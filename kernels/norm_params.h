@@ -3,6 +3,8 @@
 
 #include <cstdint>
 
+#include "kernels/kernel_status.h"
+
 namespace hybridserve::kernels {
 
 // RMSNorm per row: out = x / sqrt(mean(x^2) + eps) * weight (fp32 statistics).
@@ -17,6 +19,16 @@ struct RmsNormParams {
   int64_t x_row_stride = 0;    // 0: dim
   int64_t out_row_stride = 0;  // 0: dim
 };
+
+// The argument checks every backend makes before the kernel runs:
+// kKernelInvalidArgument for a null x or out, a negative n_rows, dim < 1 or
+// eps < 0 (or NaN).
+inline KernelStatus CheckRmsNormParams(const RmsNormParams& p) {
+  if (p.x == nullptr || p.out == nullptr || p.n_rows < 0 || p.dim <= 0 || !(p.eps >= 0.0f)) {
+    return kKernelInvalidArgument;
+  }
+  return kKernelOk;
+}
 
 // Mamba2 gated RMSNorm (HF MambaRMSNormGated / NemotronH), normalized per group
 // of group_size consecutive channels:
@@ -37,6 +49,17 @@ struct GatedRmsNormParams {
   int64_t z_row_stride = 0;    // 0: dim
   int64_t out_row_stride = 0;  // 0: dim
 };
+
+// As CheckRmsNormParams, and kKernelInvalidArgument when the resolved group
+// size does not divide dim.
+inline KernelStatus CheckGatedRmsNormParams(const GatedRmsNormParams& p) {
+  const int64_t gs = p.group_size ? p.group_size : p.dim;
+  if (p.x == nullptr || p.out == nullptr || p.n_rows < 0 || p.dim <= 0 || gs <= 0 || p.dim % gs != 0 ||
+      !(p.eps >= 0.0f)) {
+    return kKernelInvalidArgument;
+  }
+  return kKernelOk;
+}
 
 }  // namespace hybridserve::kernels
 

@@ -3,6 +3,8 @@
 
 #include <cstdint>
 
+#include "kernels/kernel_status.h"
+
 namespace hybridserve::kernels {
 
 // Mamba2 state-space recurrence, per head h (head h reads group
@@ -63,6 +65,23 @@ struct SsdChunkScanParams {
   int64_t y_token_stride = 0;   // 0: n_heads * head_dim
 };
 
+// The shape and pointer checks every backend makes before a scan runs:
+// kKernelInvalidArgument for a negative seqlen or start_pos, a non-positive
+// n_heads, head_dim, d_state, n_groups or chunk_size, n_groups not dividing
+// n_heads, a null A, or (seqlen > 0) a null x, dt, B, C or y. block_size is not
+// checked here: its default is the backend's own, and the CPU's sequential
+// reference scan ignores it.
+inline KernelStatus CheckSsdChunkScanParams(const SsdChunkScanParams& p) {
+  if (p.seqlen < 0 || p.n_heads <= 0 || p.head_dim <= 0 || p.d_state <= 0 || p.n_groups <= 0 ||
+      p.n_heads % p.n_groups != 0 || p.chunk_size <= 0 || p.start_pos < 0) {
+    return kKernelInvalidArgument;
+  }
+  if (p.seqlen > 0 && (p.x == nullptr || p.dt == nullptr || p.B == nullptr || p.C == nullptr || p.y == nullptr)) {
+    return kKernelInvalidArgument;
+  }
+  return p.A != nullptr ? kKernelOk : kKernelInvalidArgument;
+}
+
 // One decode step of the recurrence for a batch of sequences, each one token.
 // Same arithmetic as one step of the CPU sequential scan (bit-identical there).
 struct SelectiveStateUpdateParams {
@@ -93,6 +112,21 @@ struct SelectiveStateUpdateParams {
   int64_t z_batch_stride = 0;   // 0: n_heads * head_dim
   int64_t y_batch_stride = 0;   // 0: n_heads * head_dim
 };
+
+// The checks of the host-visible fields every backend makes before the kernel
+// runs: kKernelInvalidArgument for a null state, x, dt, A, B, C or y, a
+// negative batch, a non-positive shape, or n_groups not dividing n_heads.
+// state_slots is device memory: each backend checks its entries its own way
+// (kernels/cpu rejects the call; kernels/cuda skips the row and raises its
+// error flag).
+inline KernelStatus CheckSelectiveStateUpdateParams(const SelectiveStateUpdateParams& p) {
+  if (p.state == nullptr || p.x == nullptr || p.dt == nullptr || p.A == nullptr || p.B == nullptr || p.C == nullptr ||
+      p.y == nullptr || p.batch < 0 || p.n_heads <= 0 || p.head_dim <= 0 || p.d_state <= 0 || p.n_groups <= 0 ||
+      p.n_heads % p.n_groups != 0) {
+    return kKernelInvalidArgument;
+  }
+  return kKernelOk;
+}
 
 }  // namespace hybridserve::kernels
 

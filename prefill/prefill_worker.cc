@@ -35,7 +35,7 @@ class SequenceGuard {
  public:
   SequenceGuard(engine::Model& model, engine::SequenceId id) : model_(model), id_(id) {}
   ~SequenceGuard() {
-    if (id_ != 0) (void)model_.ReleaseSequence(id_);
+    if (id_ != 0) (void)model_.sequences().Release(id_);
   }
   SequenceGuard(const SequenceGuard&) = delete;
   SequenceGuard& operator=(const SequenceGuard&) = delete;
@@ -137,7 +137,7 @@ bool PrefillWorker::RestoreFromCache(engine::SequenceId seq, const cachestore::L
 absl::StatusOr<PrefillWorker::Resumed> PrefillWorker::Resume(const PrefillRequest& request,
                                                              const cachestore::ClientNamespace& ns) {
   Resumed r;
-  ASSIGN_OR_RETURN(r.seq, model_.NewSequence());
+  ASSIGN_OR_RETURN(r.seq, model_.sequences().New());
   if (cache_ == nullptr) return r;
   const cachestore::CachePlan plan(ns, request.prompt);
   const int64_t n = static_cast<int64_t>(request.prompt.size());
@@ -173,8 +173,8 @@ absl::StatusOr<PrefillWorker::Resumed> PrefillWorker::Resume(const PrefillReques
     ASSIGN_OR_RETURN(const engine::SequenceTable::Sequence* seq, model_.sequences().Find(r.seq));
     if (lookup->resume_position == n && seq->last_logits.empty()) {
       // Usable only with the last logits: start over one token short.
-      RETURN_IF_ERROR(model_.ReleaseSequence(r.seq));
-      ASSIGN_OR_RETURN(r.seq, model_.NewSequence());
+      RETURN_IF_ERROR(model_.sequences().Release(r.seq));
+      ASSIGN_OR_RETURN(r.seq, model_.sequences().New());
       continue;
     }
     Count(&PrefillCacheCounters::hits);
@@ -319,7 +319,7 @@ cachestore::Publication PrefillWorker::Prepare(engine::SequenceId seq, const Pre
   const int64_t full = n / ps;
   out.first_page = std::min(kv_match_tokens, resumed_at) / ps;
   for (int64_t i = out.first_page; i < full; ++i) {
-    absl::StatusOr<std::string> page = model_.ExportPage(seq, i);
+    absl::StatusOr<std::string> page = model_.sequences().ExportPage(seq, i);
     if (!page.ok()) break;
     out.pages.emplace_back(plan.PagePut(i), *std::move(page));
   }

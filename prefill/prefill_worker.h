@@ -109,8 +109,8 @@ class PrefillWorker {
   PrefillCacheCounters counters() const ABSL_LOCKS_EXCLUDED(counters_mu_);
   // The engine's free KV pages and state slots. Like Prefill, not while
   // another call is in the engine.
-  int64_t free_pages() const { return model_.num_free_pages(); }
-  int64_t free_slots() const { return model_.num_free_sequences(); }
+  int64_t free_pages() const { return model_.sequences().num_free_pages(); }
+  int64_t free_slots() const { return model_.sequences().num_free_slots(); }
   // With async_publication: waits until every queued publication is put;
   // false at the timeout.
   bool WaitForPublications(absl::Duration timeout);

@@ -20,6 +20,7 @@
 #include "cachestore/in_process_cache_client.h"
 #include "cachestore/keys.h"
 #include "common/clock.h"
+#include "common/runfiles.h"
 #include "engine/model.h"
 #include "engine/model_weights.h"
 #include "gmock/gmock.h"
@@ -32,12 +33,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::string Runfile(const std::string& relative) {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  if (srcdir == nullptr || workspace == nullptr) return relative;
-  return absl::StrCat(srcdir, "/", workspace, "/", relative);
-}
+using common::Runfile;
 
 std::vector<TokenId> Tokens(int64_t n, int64_t vocab, int64_t seed) {
   std::vector<TokenId> t(static_cast<size_t>(n));
@@ -142,7 +138,7 @@ class PrefillWorkerTest : public ::testing::Test {
 
   // A reference sequence on reference_ prefilled with each chunk in turn.
   engine::SequenceId Reference(const std::vector<std::vector<TokenId>>& chunks, std::vector<float>* last_logits) {
-    auto id = reference_->NewSequence();
+    auto id = reference_->sequences().New();
     EXPECT_TRUE(id.ok());
     for (const auto& chunk : chunks) {
       auto r = reference_->Prefill(*id, chunk);
@@ -174,7 +170,7 @@ TEST_F(PrefillWorkerTest, AsyncPublicationPutsTheSameEntriesBehindTheAnswer) {
   ASSERT_TRUE(worker_->WaitForPublications(absl::Seconds(30)));
   EXPECT_EQ(worker_->counters().pages_published, 9);
   EXPECT_EQ(worker_->counters().states_published, 3);
-  EXPECT_EQ(prefill_model_->num_free_sequences(), 4);  // the bytes were copied out; the sequence is gone
+  EXPECT_EQ(prefill_model_->sequences().num_free_slots(), 4);  // the bytes were copied out; the sequence is gone
   // What was published behind the answer is what a synchronous worker would
   // have published: the same prompt resumes from its end and continues exactly.
   Turn again = Run(prompt);
@@ -196,7 +192,7 @@ TEST_F(PrefillWorkerTest, ColdPrefillSendsTheStateAndPublishesPagesCheckpointsAn
   // 9 full pages; checkpoints at 64 and 128 (4 * chunk 16); the prompt-end snapshot.
   EXPECT_EQ(worker_->counters().pages_published, 9);
   EXPECT_EQ(worker_->counters().states_published, 3);
-  EXPECT_EQ(prefill_model_->num_free_sequences(), 4);  // the worker keeps nothing
+  EXPECT_EQ(prefill_model_->sequences().num_free_slots(), 4);  // the worker keeps nothing
 
   std::vector<float> logits;
   const engine::SequenceId ref = Reference({prompt}, &logits);
@@ -299,7 +295,7 @@ TEST_F(PrefillWorkerTest, ACacheThatIsDownOrWrongBecomesAMissNeverAFailure) {
   ASSERT_TRUE(torn.outcome.ok());
   EXPECT_EQ(torn.outcome->usage.cached_tokens, 0);
   EXPECT_TRUE(BitEqual(Continue(*decode_model_, torn.decode_seq, 2), expected));
-  ASSERT_TRUE(decode_model_->ReleaseSequence(torn.decode_seq).ok());  // the decode model holds four
+  ASSERT_TRUE(decode_model_->sequences().Release(torn.decode_seq).ok());  // the decode model holds four
 
   faults_->FailNext(cachestore::CacheClientMethod::kPut, 100, absl::ResourceExhaustedError("full"));
   Turn full = Run(Tokens(33, vocab_, 9));
@@ -345,7 +341,7 @@ TEST_F(PrefillWorkerTest, ACacheThatJustTimedOutIsSkippedForTheBackoff) {
     ASSERT_TRUE(t.outcome.ok()) << t.outcome.status();
     EXPECT_EQ(t.outcome->usage.resume_kind, ResumeKind::kCold);
     EXPECT_FALSE(t.outcome->publishes_prompt);
-    ASSERT_TRUE(decode_model_->ReleaseSequence(t.decode_seq).ok());
+    ASSERT_TRUE(decode_model_->sequences().Release(t.decode_seq).ok());
   }
   EXPECT_EQ(faults_->calls(cachestore::CacheClientMethod::kLookup), 1);
   EXPECT_EQ(faults_->calls(cachestore::CacheClientMethod::kPut), 0);
@@ -363,8 +359,8 @@ TEST_F(PrefillWorkerTest, ACancelledCallStopsBetweenSegmentsAndLeavesNothingBehi
   EXPECT_EQ(worker_->counters().cancelled, 1);
   EXPECT_EQ(worker_->counters().pages_published, 0);
   EXPECT_EQ(worker_->counters().states_published, 0);
-  EXPECT_EQ(prefill_model_->num_free_sequences(), 4);
-  EXPECT_EQ(prefill_model_->num_free_pages(), 256);
+  EXPECT_EQ(prefill_model_->sequences().num_free_slots(), 4);
+  EXPECT_EQ(prefill_model_->sequences().num_free_pages(), 256);
   Turn next = Run(Tokens(150, vocab_, 21));
   ASSERT_TRUE(next.outcome.ok()) << next.outcome.status();
   EXPECT_EQ(next.outcome->usage.resume_kind, ResumeKind::kCold);
@@ -378,8 +374,8 @@ TEST_F(PrefillWorkerTest, BadRequestsAreRefusedAndLeaveNothingBehind) {
   Turn out_of_range = Run(bad);
   EXPECT_EQ(out_of_range.outcome.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(out_of_range.outcome.status().message(), HasSubstr("prompt_token_ids[4]"));
-  EXPECT_EQ(prefill_model_->num_free_sequences(), 4);
-  EXPECT_EQ(decode_model_->num_free_pages(), 256);
+  EXPECT_EQ(prefill_model_->sequences().num_free_slots(), 4);
+  EXPECT_EQ(decode_model_->sequences().num_free_pages(), 256);
 }
 
 }  // namespace

@@ -198,7 +198,7 @@ class ChannelInPlaceEngineTest : public ::testing::Test {
     for (int64_t i = 0; i < kTokens; ++i) {
       tokens[static_cast<size_t>(i)] = static_cast<engine::TokenId>((i * 31 + 5) % vocab);
     }
-    auto src = engines_.prefill->NewSequence();
+    auto src = engines_.prefill->sequences().New();
     ASSERT_TRUE(src.ok());
     src_ = *src;
     ASSERT_TRUE(engines_.prefill->Prefill(src_, tokens).ok());

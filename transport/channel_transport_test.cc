@@ -307,7 +307,7 @@ TEST(ChannelEngineTest, TransferredStateContinuesBitIdentically) {
   const int64_t n = 150;
   std::vector<engine::TokenId> tokens(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) tokens[static_cast<size_t>(i)] = static_cast<engine::TokenId>((i * 31 + 5) % vocab);
-  auto src = prefill->NewSequence();
+  auto src = prefill->sequences().New();
   ASSERT_TRUE(prefill->Prefill(*src, tokens).ok());
   auto reservation = decode->sequences().ReserveImport(n);
   ASSERT_TRUE(reservation.ok()) << reservation.status();

@@ -10,13 +10,6 @@
 
 namespace hybridserve::transport {
 
-std::string Runfile(const std::string& relative) {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  if (srcdir == nullptr || workspace == nullptr) return relative;
-  return absl::StrCat(srcdir, "/", workspace, "/", relative);
-}
-
 absl::StatusOr<EnginePair> MakeEnginePair() {
   EnginePair pair;
   ASSIGN_OR_RETURN(pair.weights, engine::ModelWeights::LoadDirectory(Runfile(kTinyModelDir)));

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/runfiles.h"
 #include "engine/model.h"
 #include "engine/model_weights.h"
 
@@ -15,9 +16,7 @@ namespace hybridserve::transport {
 
 inline constexpr char kTinyModelDir[] = "tests/fixtures/golden/nemotron_h_tiny";
 
-// Path of a data dependency under the test's runfiles (`relative` itself
-// outside a test).
-std::string Runfile(const std::string& relative);
+using common::Runfile;
 
 struct EnginePair {
   std::unique_ptr<engine::ModelWeights> weights;

@@ -69,15 +69,16 @@ int PollMs(absl::Time deadline) {
 
 class IpcChannel final : public Communicator {
  public:
-  IpcChannel(kernels::Backend& backend, int rank, Socket listener, std::string endpoint, std::string token)
-      : backend_(backend),
+  // `peer_memory` (null: the backend shares no memory) outlives the channel.
+  IpcChannel(kernels::PeerMemory* peer_memory, int rank, Socket listener, std::string endpoint, std::string token)
+      : peer_memory_(peer_memory),
         rank_(rank),
         listener_(std::move(listener)),
         endpoint_(std::move(endpoint)),
         token_(std::move(token)) {}
 
   ~IpcChannel() override {
-    for (const auto& [handle, peer] : opened_) backend_.ClosePeerMemory(peer.base);
+    for (const auto& [handle, peer] : opened_) peer_memory_->ClosePeerMemory(peer.base);
   }
 
   int rank() const override { return rank_; }
@@ -190,7 +191,7 @@ class IpcChannel final : public Communicator {
         return absl::DataLossError("CUDA IPC channel: the peer's buffer lies outside its allocation");
       }
       const int copied =
-          backend_.CopyToPeer(static_cast<char*>(peer.base) + ready.offset, data, static_cast<int64_t>(bytes));
+          peer_memory_->CopyToPeer(static_cast<char*>(peer.base) + ready.offset, data, static_cast<int64_t>(bytes));
       if (copied != kernels::kKernelOk) {
         return absl::InternalError(
             absl::StrCat("CUDA IPC channel: copy to the peer failed (", kernels::KernelStatusName(copied), ")"));
@@ -209,9 +210,10 @@ class IpcChannel final : public Communicator {
     std::string unused;
     int64_t offset = 0;
     // Device memory of this backend goes to the host first (the peer's buffer is host memory).
-    if (bytes > 0 && backend_.ExportMemory(data, static_cast<int64_t>(bytes), &unused, &offset) == kernels::kKernelOk) {
+    if (bytes > 0 && peer_memory_ != nullptr &&
+        peer_memory_->ExportMemory(data, static_cast<int64_t>(bytes), &unused, &offset) == kernels::kKernelOk) {
       staged.resize(bytes);
-      if (backend_.CopyToHost(staged.data(), data, static_cast<int64_t>(bytes)) != kernels::kKernelOk) {
+      if (peer_memory_->CopyToHost(staged.data(), data, static_cast<int64_t>(bytes)) != kernels::kKernelOk) {
         return absl::InternalError("CUDA IPC channel: reading the device buffer failed");
       }
       host = staged.data();
@@ -227,7 +229,8 @@ class IpcChannel final : public Communicator {
     std::string handle;
     int64_t offset = 0;
     const bool shared =
-        bytes > 0 && backend_.ExportMemory(data, static_cast<int64_t>(bytes), &handle, &offset) == kernels::kKernelOk;
+        bytes > 0 && peer_memory_ != nullptr &&
+        peer_memory_->ExportMemory(data, static_cast<int64_t>(bytes), &handle, &offset) == kernels::kKernelOk;
     if (!shared) handle.clear();
     ready.handle_bytes = static_cast<uint32_t>(handle.size());
     ready.offset = offset;
@@ -242,7 +245,7 @@ class IpcChannel final : public Communicator {
     // Device memory the peer chose not to write directly: stage it.
     std::string staged(bytes, '\0');
     RETURN_IF_ERROR(conn_.ReadFull(staged.data(), bytes, deadline));
-    if (backend_.CopyToDevice(data, staged.data(), static_cast<int64_t>(bytes)) != kernels::kKernelOk) {
+    if (peer_memory_->CopyToDevice(data, staged.data(), static_cast<int64_t>(bytes)) != kernels::kKernelOk) {
       return absl::InternalError("CUDA IPC channel: writing the device buffer failed");
     }
     return absl::OkStatus();
@@ -251,7 +254,8 @@ class IpcChannel final : public Communicator {
   absl::StatusOr<Peer> Open(const std::string& handle) {
     if (auto it = opened_.find(handle); it != opened_.end()) return it->second;
     Peer peer;
-    const int s = backend_.OpenPeerMemory(handle, &peer.base, &peer.bytes);
+    const int s = peer_memory_ != nullptr ? peer_memory_->OpenPeerMemory(handle, &peer.base, &peer.bytes)
+                                          : kernels::kKernelUnsupported;
     if (s != kernels::kKernelOk) {
       return absl::FailedPreconditionError(
           absl::StrCat("CUDA IPC channel: cannot open the peer's memory (", kernels::KernelStatusName(s),
@@ -262,7 +266,7 @@ class IpcChannel final : public Communicator {
     return peer;
   }
 
-  kernels::Backend& backend_;
+  kernels::PeerMemory* const peer_memory_;
   const int rank_;
   // conn_ and listener_ are replaced only under sockets_mu_ (Abort shuts them
   // down from any thread); the calling thread reads them without it.
@@ -307,7 +311,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> IpcCommunicatorFactory::Join(absl:
     listeners_.erase(it);
   }
   return std::unique_ptr<Communicator>(
-      new IpcChannel(backend_, rank, std::move(listener), std::move(endpoint), std::move(token)));
+      new IpcChannel(backend_.peer_memory(), rank, std::move(listener), std::move(endpoint), std::move(token)));
 }
 
 IpcChannelStats StatsOf(const Communicator& channel) {

@@ -9,7 +9,7 @@
 // the receiving rank posts its buffer ("ready": size, and, when the buffer is
 // device memory its backend can share, the CUDA IPC handle of the buffer's
 // allocation and the offset in it); the sending rank then either copies its
-// bytes straight into that device memory (Backend::CopyToPeer: device to
+// bytes straight into that device memory (PeerMemory::CopyToPeer: device to
 // device when the source is device memory too, with no host staging) and
 // says "done", or sends the bytes over the connection (a host buffer on
 // either side, or a backend without shared memory: the CPU). A receive of
@@ -58,8 +58,8 @@ struct IpcChannelStats {
 class IpcCommunicatorFactory final : public CommunicatorFactory {
  public:
   // `backend` (the engine's, on the GPU both processes share) must outlive
-  // the factory and every channel; its sharing calls (ExportMemory,
-  // OpenPeerMemory, CopyToPeer) are made from the channels' threads.
+  // the factory and every channel; the channels' threads use only its
+  // peer_memory() (thread-safe), never the backend itself.
   explicit IpcCommunicatorFactory(kernels::Backend& backend, const IpcCommunicatorOptions& options = {})
       : backend_(backend), options_(options) {}
 

@@ -318,7 +318,7 @@ TEST(IpcCommunicatorTest, AnEngineSequenceMovesInPlaceBetweenTwoGpuEnginesAndCon
   std::vector<engine::TokenId> tokens(kTokens);
   for (int64_t i = 0; i < kTokens; ++i)
     tokens[static_cast<size_t>(i)] = static_cast<engine::TokenId>((i * 13 + 3) % vocab);
-  auto src = (*prefill)->NewSequence();
+  auto src = (*prefill)->sequences().New();
   ASSERT_TRUE(src.ok());
   ASSERT_TRUE((*prefill)->Prefill(*src, tokens).ok());
 

@@ -105,8 +105,8 @@ class TransportTest : public ::testing::TestWithParam<Plane> {
 TEST_P(TransportTest, TransferredStateContinuesBitIdentically) {
   for (int64_t n : {int64_t{5}, int64_t{16}, int64_t{150}}) {
     SCOPED_TRACE(n);
-    const int64_t free_pages = engines_.decode->num_free_pages();
-    auto src = engines_.prefill->NewSequence();
+    const int64_t free_pages = engines_.decode->sequences().num_free_pages();
+    auto src = engines_.prefill->sequences().New();
     ASSERT_TRUE(engines_.prefill->Prefill(*src, Tokens(n, vocab_, n)).ok());
     auto [reservation, ticket] = Reserve(n, static_cast<uint64_t>(100 + n));
     auto source =
@@ -122,14 +122,14 @@ TEST_P(TransportTest, TransferredStateContinuesBitIdentically) {
     ASSERT_TRUE(ImportReceived(engines_.decode->sequences(), reservation, *received).ok());
     EXPECT_TRUE(BitEqual(Continue(*engines_.decode, reservation.id, 4), Continue(*engines_.prefill, *src, 4)));
     EXPECT_EQ(receiver_->pending(), 0);
-    ASSERT_TRUE(engines_.decode->ReleaseSequence(reservation.id).ok());
-    ASSERT_TRUE(engines_.prefill->ReleaseSequence(*src).ok());
-    EXPECT_EQ(engines_.decode->num_free_pages(), free_pages);
+    ASSERT_TRUE(engines_.decode->sequences().Release(reservation.id).ok());
+    ASSERT_TRUE(engines_.prefill->sequences().Release(*src).ok());
+    EXPECT_EQ(engines_.decode->sequences().num_free_pages(), free_pages);
   }
 }
 
 TEST_P(TransportTest, UnknownCancelledAndLateTransfersAreRefused) {
-  auto src = engines_.prefill->NewSequence();
+  auto src = engines_.prefill->sequences().New();
   ASSERT_TRUE(engines_.prefill->Prefill(*src, Tokens(40, vocab_, 1)).ok());
   auto [reservation, ticket] = Reserve(40, 7);
   auto source = SequenceStateSource::Create(engines_.prefill->sequences(), *src, ticket,
@@ -149,11 +149,11 @@ TEST_P(TransportTest, UnknownCancelledAndLateTransfersAreRefused) {
   EXPECT_EQ(sender_->Send(t2, *source).code(),
             GetParam() == Plane::kTcp ? absl::StatusCode::kDeadlineExceeded : absl::StatusCode::kNotFound);
   ASSERT_TRUE(engines_.decode->sequences().AbortImport(r2.id).ok());
-  EXPECT_EQ(engines_.decode->num_free_pages(), 64);
+  EXPECT_EQ(engines_.decode->sequences().num_free_pages(), 64);
 }
 
 TEST_P(TransportTest, ATicketOfAnotherLayoutIsRefusedBeforeAnyByteMoves) {
-  auto src = engines_.prefill->NewSequence();
+  auto src = engines_.prefill->sequences().New();
   ASSERT_TRUE(engines_.prefill->Prefill(*src, Tokens(40, vocab_, 2)).ok());
   auto [reservation, ticket] = Reserve(40, 9);
   Ticket other = ticket;
@@ -166,9 +166,9 @@ TEST_P(TransportTest, ATicketOfAnotherLayoutIsRefusedBeforeAnyByteMoves) {
 }
 
 TEST_P(TransportTest, ACorruptStateIsNeverImportedAndFreesTheReservation) {
-  auto src = engines_.prefill->NewSequence();
+  auto src = engines_.prefill->sequences().New();
   ASSERT_TRUE(engines_.prefill->Prefill(*src, Tokens(40, vocab_, 3)).ok());
-  const int64_t free_pages = engines_.decode->num_free_pages();
+  const int64_t free_pages = engines_.decode->sequences().num_free_pages();
   auto [reservation, ticket] = Reserve(40, 10);
   auto source = SequenceStateSource::Create(engines_.prefill->sequences(), *src, ticket,
                                             engines_.weights->fingerprint(), common::Hash128{}, 1, 0.0f);
@@ -177,7 +177,7 @@ TEST_P(TransportTest, ACorruptStateIsNeverImportedAndFreesTheReservation) {
   ASSERT_TRUE(received.ok());
   received->state[200] ^= 1;
   EXPECT_EQ(ImportReceived(engines_.decode->sequences(), reservation, *received).code(), absl::StatusCode::kDataLoss);
-  EXPECT_EQ(engines_.decode->num_free_pages(), free_pages);
+  EXPECT_EQ(engines_.decode->sequences().num_free_pages(), free_pages);
   EXPECT_EQ(engines_.decode->sequences().Find(reservation.id).status().code(), absl::StatusCode::kNotFound);
 }
 

@@ -54,12 +54,12 @@ double PrefillRate(Model& model, int64_t n) {
   const std::vector<TokenId> prompt = Tokens(n, model.config().vocab_size, 1);
   std::vector<double> times;
   for (int r = 0; r < kRepetitions; ++r) {
-    auto id = model.NewSequence();
+    auto id = model.sequences().New();
     Check(id.status());
     const auto start = std::chrono::steady_clock::now();
     Check(model.Prefill(*id, prompt).status());
     times.push_back(Seconds(start));
-    Check(model.ReleaseSequence(*id));
+    Check(model.sequences().Release(*id));
   }
   return static_cast<double>(n) / Median(times);
 }
@@ -70,7 +70,7 @@ double DecodeRate(Model& model, int batch) {
   for (int r = 0; r < kRepetitions; ++r) {
     std::vector<SequenceId> ids;
     for (int b = 0; b < batch; ++b) {
-      auto id = model.NewSequence();
+      auto id = model.sequences().New();
       Check(id.status());
       Check(model.Prefill(*id, Tokens(kDecodePrompt, model.config().vocab_size, 10 + b)).status());
       ids.push_back(*id);
@@ -79,7 +79,7 @@ double DecodeRate(Model& model, int batch) {
     const auto start = std::chrono::steady_clock::now();
     for (int s = 0; s < kDecodeSteps; ++s) Check(model.DecodeStep(ids, tokens).status());
     times.push_back(Seconds(start));
-    for (SequenceId id : ids) Check(model.ReleaseSequence(id));
+    for (SequenceId id : ids) Check(model.sequences().Release(id));
   }
   return static_cast<double>(batch) * kDecodeSteps / Median(times);
 }

@@ -385,14 +385,14 @@ Figure PrefillFigure(Model& model, const std::vector<TokenId>& prompt, int64_t n
   ResetPeakRss();
   const absl::Span<const TokenId> tokens(prompt.data(), static_cast<size_t>(n));
   Figure f = Measure([&] {
-    auto id = model.NewSequence();
+    auto id = model.sequences().New();
     Check(id.status());
     const auto start = Clock::now();
     Check(model.Prefill(*id, tokens).status());
     Rep r;
     r.seconds = Seconds(start);
     r.value = static_cast<double>(n) / r.seconds;
-    Check(model.ReleaseSequence(*id));
+    Check(model.sequences().Release(*id));
     return r;
   });
   *peak_rss_mib = PeakRssMib();
@@ -404,7 +404,7 @@ Figure DecodeFigure(Model& model, const Tokens& tokens, int64_t batch, int64_t c
   std::vector<SequenceId> base;
   std::vector<TokenId> first;
   for (int64_t b = 0; b < batch; ++b) {
-    auto id = model.NewSequence();
+    auto id = model.sequences().New();
     Check(id.status());
     const auto& p = tokens.decode_prompts[static_cast<size_t>(b)];
     auto result = model.Prefill(*id, absl::Span<const TokenId>(p.data(), static_cast<size_t>(ctx)));
@@ -415,7 +415,7 @@ Figure DecodeFigure(Model& model, const Tokens& tokens, int64_t batch, int64_t c
   Figure f = Measure([&] {
     std::vector<SequenceId> ids;
     for (SequenceId id : base) {
-      auto fork = model.Fork(id);
+      auto fork = model.sequences().Fork(id);
       Check(fork.status());
       ids.push_back(*fork);
     }
@@ -428,13 +428,13 @@ Figure DecodeFigure(Model& model, const Tokens& tokens, int64_t batch, int64_t c
       Check(logits.status());
       for (int64_t b = 0; b < batch; ++b) next[static_cast<size_t>(b)] = Argmax(logits->data() + b * vocab, vocab);
     }
-    for (SequenceId id : ids) Check(model.ReleaseSequence(id));
+    for (SequenceId id : ids) Check(model.sequences().Release(id));
     Rep r;
     r.seconds = timed;
     r.value = static_cast<double>(batch * steps) / timed;
     return r;
   });
-  for (SequenceId id : base) Check(model.ReleaseSequence(id));
+  for (SequenceId id : base) Check(model.sequences().Release(id));
   return f;
 }
 

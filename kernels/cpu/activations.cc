@@ -26,19 +26,9 @@ void ForRows(ThreadPool* pool, int64_t n_rows, int64_t dim, Fn row_fn) {
 }  // namespace
 
 int Activation(const ActivationParams& p, ThreadPool* pool) {
-  if (p.x == nullptr || p.out == nullptr || p.n_rows < 0 || p.dim < 0) {
-    return kKernelInvalidArgument;
-  }
+  if (const int status = CheckActivationParams(p); status != kKernelOk) return status;
   const int64_t xs = p.x_row_stride ? p.x_row_stride : p.dim;
   const int64_t os = p.out_row_stride ? p.out_row_stride : p.dim;
-  switch (p.kind) {
-    case ActivationKind::kSilu:
-    case ActivationKind::kReluSquared:
-    case ActivationKind::kSoftplus:
-      break;
-    default:
-      return kKernelInvalidArgument;
-  }
   ForRows(pool, p.n_rows, p.dim, [&](int64_t r) {
     const float* x = p.x + r * xs;
     float* out = p.out + r * os;
@@ -58,9 +48,7 @@ int Activation(const ActivationParams& p, ThreadPool* pool) {
 }
 
 int SwiGlu(const SwiGluParams& p, ThreadPool* pool) {
-  if (p.gate == nullptr || p.up == nullptr || p.out == nullptr || p.n_rows < 0 || p.dim < 0) {
-    return kKernelInvalidArgument;
-  }
+  if (const int status = CheckSwiGluParams(p); status != kKernelOk) return status;
   const int64_t gs = p.gate_row_stride ? p.gate_row_stride : p.dim;
   const int64_t us = p.up_row_stride ? p.up_row_stride : p.dim;
   const int64_t os = p.out_row_stride ? p.out_row_stride : p.dim;
@@ -74,9 +62,7 @@ int SwiGlu(const SwiGluParams& p, ThreadPool* pool) {
 }
 
 int DtSoftplus(const DtSoftplusParams& p, ThreadPool* pool) {
-  if (p.dt_raw == nullptr || p.dt == nullptr || p.n_tokens < 0 || p.n_heads < 0 || !(p.dt_min <= p.dt_max)) {
-    return kKernelInvalidArgument;
-  }
+  if (const int status = CheckDtSoftplusParams(p); status != kKernelOk) return status;
   const int64_t rs = p.dt_raw_row_stride ? p.dt_raw_row_stride : p.n_heads;
   const int64_t ds = p.dt_row_stride ? p.dt_row_stride : p.n_heads;
   ForRows(pool, p.n_tokens, p.n_heads, [&](int64_t t) {

@@ -15,10 +15,6 @@
 namespace hybridserve::kernels::cpu {
 namespace {
 
-bool ValidCache(const PagedKvCache& c) {
-  return c.k != nullptr && c.v != nullptr && c.num_pages > 0 && c.page_size > 0 && c.n_kv_heads > 0 && c.head_dim > 0;
-}
-
 // Entries [0, n_entries) of a block table all name existing pages.
 bool ValidPages(const int32_t* table, int64_t n_entries, int64_t num_pages) {
   if (n_entries > 0 && table == nullptr) return false;
@@ -27,8 +23,6 @@ bool ValidPages(const int32_t* table, int64_t n_entries, int64_t num_pages) {
   }
   return true;
 }
-
-int64_t PagesFor(int64_t n_tokens, int64_t page_size) { return (n_tokens + page_size - 1) / page_size; }
 
 float ResolvedScale(float scale, int64_t head_dim) {
   return scale != 0.0f ? scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
@@ -71,7 +65,7 @@ void AttendTile(const PagedKvCache& cache, const int32_t* block_table, int64_t k
   s.rows.assign(n_rows, RowState{});
   for (int64_t r = 0; r < n_rows; ++r) s.rows[r].acc = s.acc.data() + r * D;
 
-  const int64_t n_blocks = PagesFor(first_n_keys + tokens - 1, cache.page_size);
+  const int64_t n_blocks = PagedKvPagesFor(first_n_keys + tokens - 1, cache.page_size);
   for (int64_t b = 0; b < n_blocks; ++b) {
     const int64_t page_offset = block_table[b] * page_stride + kv_head * D;
     const float* kp = cache.k + page_offset;
@@ -156,8 +150,8 @@ void CopyTokenKv(const PagedKvCache& c, int32_t page, int64_t slot, const float*
 
 int KvAppend(const KvAppendParams& p, ThreadPool* pool) {
   const PagedKvCache& c = p.cache;
-  if (!ValidCache(c) || p.start_pos < 0 || p.n_tokens < 0 || (p.n_tokens > 0 && (p.k == nullptr || p.v == nullptr)) ||
-      !ValidPages(p.block_table, PagesFor(p.start_pos + p.n_tokens, c.page_size), c.num_pages)) {
+  if (const int status = CheckKvAppendParams(p); status != kKernelOk) return status;
+  if (!ValidPages(p.block_table, PagedKvPagesFor(p.start_pos + p.n_tokens, c.page_size), c.num_pages)) {
     return kKernelInvalidArgument;
   }
   const int64_t ks = p.k_token_stride ? p.k_token_stride : c.n_kv_heads * c.head_dim;
@@ -173,12 +167,9 @@ int KvAppend(const KvAppendParams& p, ThreadPool* pool) {
 
 int KvAppendDecode(const KvAppendDecodeParams& p, ThreadPool* pool) {
   const PagedKvCache& c = p.cache;
-  if (!ValidCache(c) || p.batch < 0 ||
-      (p.batch > 0 && (p.k == nullptr || p.v == nullptr || p.seq_lens == nullptr || p.block_tables == nullptr))) {
-    return kKernelInvalidArgument;
-  }
+  if (const int status = CheckKvAppendDecodeParams(p); status != kKernelOk) return status;
   for (int64_t b = 0; b < p.batch; ++b) {
-    const int64_t pages = PagesFor(p.seq_lens[b], c.page_size);
+    const int64_t pages = PagedKvPagesFor(p.seq_lens[b], c.page_size);
     if (p.seq_lens[b] < 1 || pages > p.block_table_stride ||
         !ValidPages(p.block_tables + b * p.block_table_stride, pages, c.num_pages)) {
       return kKernelInvalidArgument;
@@ -198,9 +189,8 @@ int KvAppendDecode(const KvAppendDecodeParams& p, ThreadPool* pool) {
 
 int AttentionPrefill(const AttentionPrefillParams& p, ThreadPool* pool) {
   const PagedKvCache& c = p.cache;
-  if (!ValidCache(c) || p.start_pos < 0 || p.n_tokens < 0 || p.n_heads <= 0 || p.n_heads % c.n_kv_heads != 0 ||
-      !(p.scale >= 0.0f) || (p.n_tokens > 0 && (p.q == nullptr || p.out == nullptr)) ||
-      !ValidPages(p.block_table, PagesFor(p.start_pos + p.n_tokens, c.page_size), c.num_pages)) {
+  if (const int status = CheckAttentionPrefillParams(p); status != kKernelOk) return status;
+  if (!ValidPages(p.block_table, PagedKvPagesFor(p.start_pos + p.n_tokens, c.page_size), c.num_pages)) {
     return kKernelInvalidArgument;
   }
   const int64_t D = c.head_dim;
@@ -231,12 +221,9 @@ int AttentionPrefill(const AttentionPrefillParams& p, ThreadPool* pool) {
 
 int AttentionDecode(const AttentionDecodeParams& p, ThreadPool* pool) {
   const PagedKvCache& c = p.cache;
-  if (!ValidCache(c) || p.batch < 0 || p.n_heads <= 0 || p.n_heads % c.n_kv_heads != 0 || !(p.scale >= 0.0f) ||
-      (p.batch > 0 && (p.q == nullptr || p.out == nullptr || p.seq_lens == nullptr || p.block_tables == nullptr))) {
-    return kKernelInvalidArgument;
-  }
+  if (const int status = CheckAttentionDecodeParams(p); status != kKernelOk) return status;
   for (int64_t b = 0; b < p.batch; ++b) {
-    const int64_t pages = PagesFor(p.seq_lens[b], c.page_size);
+    const int64_t pages = PagedKvPagesFor(p.seq_lens[b], c.page_size);
     if (p.seq_lens[b] < 1 || pages > p.block_table_stride ||
         !ValidPages(p.block_tables + b * p.block_table_stride, pages, c.num_pages)) {
       return kKernelInvalidArgument;

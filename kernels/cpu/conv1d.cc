@@ -17,9 +17,7 @@ inline float Finish(float acc, bool silu) { return silu ? Silu(acc) : acc; }
 }  // namespace
 
 int CausalConv1d(const CausalConv1dParams& p, ThreadPool* pool) {
-  if (p.x == nullptr || p.weight == nullptr || p.out == nullptr || p.seqlen < 0 || p.channels <= 0 || p.d_conv < 1) {
-    return kKernelInvalidArgument;
-  }
+  if (const int status = CheckCausalConv1dParams(p); status != kKernelOk) return status;
   const int64_t xs = p.x_token_stride ? p.x_token_stride : p.channels;
   const int64_t os = p.out_token_stride ? p.out_token_stride : p.channels;
   const int64_t w = p.d_conv;
@@ -67,10 +65,7 @@ int CausalConv1d(const CausalConv1dParams& p, ThreadPool* pool) {
 }
 
 int CausalConv1dUpdate(const CausalConv1dUpdateParams& p, ThreadPool* pool) {
-  if (p.x == nullptr || p.weight == nullptr || p.out == nullptr || p.conv_state == nullptr || p.batch < 0 ||
-      p.channels <= 0 || p.d_conv < 1) {
-    return kKernelInvalidArgument;
-  }
+  if (const int status = CheckCausalConv1dUpdateParams(p); status != kKernelOk) return status;
   for (int64_t b = 0; b < p.batch; ++b) {
     const int64_t slot = p.state_slots ? p.state_slots[b] : b;
     if (slot >= p.num_slots) return kKernelInvalidArgument;

@@ -3,15 +3,13 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/bf16.h"
 #include "kernels/kernel_status.h"
 
 namespace hybridserve::kernels::cpu {
 
 int Embedding(const EmbeddingParams& p, ThreadPool* pool) {
-  if ((p.table == nullptr) == (p.table_bf16 == nullptr) || p.tokens == nullptr || p.out == nullptr || p.n_tokens < 1 ||
-      p.vocab < 1 || p.dim < 1) {
-    return kKernelInvalidArgument;
-  }
+  if (const int status = CheckEmbeddingParams(p); status != kKernelOk) return status;
   for (int64_t t = 0; t < p.n_tokens; ++t) {
     if (p.tokens[t] < 0 || p.tokens[t] >= p.vocab) return kKernelInvalidArgument;
   }
@@ -24,10 +22,7 @@ int Embedding(const EmbeddingParams& p, ThreadPool* pool) {
         continue;
       }
       float* out = p.out + t * p.dim;
-      for (int64_t i = 0; i < p.dim; ++i) {
-        const uint32_t bits = static_cast<uint32_t>(p.table_bf16[row + i]) << 16;
-        std::memcpy(out + i, &bits, sizeof(bits));
-      }
+      for (int64_t i = 0; i < p.dim; ++i) out[i] = Bf16ToFloat(p.table_bf16[row + i]);
     }
   });
   return kKernelOk;

@@ -194,12 +194,8 @@ int MatmulDeterministic(const MatmulParams& p, ThreadPool* pool) {
 
 int MatmulDeterministicOnPath(const MatmulParams& p, KernelPath path, ThreadPool* pool) {
   if (static_cast<int>(path) > static_cast<int>(DetectedKernelPath())) return kKernelUnsupported;
-  if (p.a == nullptr || p.out == nullptr || (p.w == nullptr) == (p.w_bf16 == nullptr) || p.m < 0 || p.n < 0 ||
-      p.k < 0) {
-    return kKernelInvalidArgument;
-  }
+  if (const int status = CheckMatmulParams(p); status != kKernelOk) return status;
   Job job{&p, p.lda ? p.lda : p.k, p.ldw ? p.ldw : p.k, p.ldo ? p.ldo : p.n};
-  if (job.lda < p.k || job.ldw < p.k || job.ldo < p.n) return kKernelInvalidArgument;
   if (path != KernelPath::kAvx2) return MatmulDeterministicAvx512(p, path == KernelPath::kAvx512Bf16, pool);
   const int64_t tasks = (p.n + kTaskCols - 1) / kTaskCols;
   ParallelFor(pool, tasks, [&](int64_t begin, int64_t end) {

@@ -3,9 +3,9 @@
 #include <cblas.h>
 
 #include <algorithm>
-#include <cstring>
 #include <vector>
 
+#include "kernels/bf16.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/kernel_status.h"
 
@@ -14,13 +14,6 @@ namespace {
 
 // Rows of bf16 w widened per OpenBLAS call.
 constexpr int64_t kBf16RowsPerBlock = 256;
-
-float Bf16ToFloat(uint16_t h) {
-  const uint32_t bits = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
-}
 
 // out[:, 0:n] = a @ w^T + beta * out (fp32 w).
 void Gemm(const float* a, int64_t lda, const float* w, int64_t ldw, float* out, int64_t ldo, int64_t m, int64_t n,
@@ -37,14 +30,10 @@ void Gemm(const float* a, int64_t lda, const float* w, int64_t ldw, float* out, 
 }  // namespace
 
 int MatmulFast(const MatmulParams& p, ThreadPool* /*pool*/) {
-  if (p.a == nullptr || p.out == nullptr || (p.w == nullptr) == (p.w_bf16 == nullptr) || p.m < 0 || p.n < 0 ||
-      p.k < 0) {
-    return kKernelInvalidArgument;
-  }
+  if (const int status = CheckMatmulParams(p); status != kKernelOk) return status;
   const int64_t lda = p.lda ? p.lda : p.k;
   const int64_t ldw = p.ldw ? p.ldw : p.k;
   const int64_t ldo = p.ldo ? p.ldo : p.n;
-  if (lda < p.k || ldw < p.k || ldo < p.n) return kKernelInvalidArgument;
   if (p.m == 0 || p.n == 0) return kKernelOk;
   // Fold the bias into the output first and let the GEMM accumulate onto it.
   float beta = p.accumulate ? 1.0f : 0.0f;

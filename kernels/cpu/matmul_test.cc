@@ -1,12 +1,12 @@
 #include "kernels/cpu/matmul.h"
 
 #include <cmath>
-#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/bf16.h"
 #include "kernels/cpu/test_util.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/kernel_status.h"
@@ -17,20 +17,6 @@ namespace {
 using testing::BitsEqual;
 
 constexpr double kUnitRoundoff = 5.9604644775390625e-8;  // 2^-24
-
-uint16_t FloatToBf16(float f) {  // round to nearest even
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof(bits));
-  bits += 0x7fff + ((bits >> 16) & 1);
-  return static_cast<uint16_t>(bits >> 16);
-}
-
-float Bf16ToFloat(uint16_t h) {
-  const uint32_t bits = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
-}
 
 struct Problem {
   int64_t m, n, k;

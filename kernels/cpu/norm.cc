@@ -39,9 +39,7 @@ void ForRows(ThreadPool* pool, int64_t n_rows, int64_t dim, Fn row_fn) {
 }  // namespace
 
 int RmsNorm(const RmsNormParams& p, ThreadPool* pool) {
-  if (p.x == nullptr || p.out == nullptr || p.n_rows < 0 || p.dim <= 0 || !(p.eps >= 0.0f)) {
-    return kKernelInvalidArgument;
-  }
+  if (const int status = CheckRmsNormParams(p); status != kKernelOk) return status;
   const int64_t xs = p.x_row_stride ? p.x_row_stride : p.dim;
   const int64_t os = p.out_row_stride ? p.out_row_stride : p.dim;
   ForRows(pool, p.n_rows, p.dim, [&](int64_t r) {
@@ -58,11 +56,8 @@ int RmsNorm(const RmsNormParams& p, ThreadPool* pool) {
 }
 
 int GatedRmsNorm(const GatedRmsNormParams& p, ThreadPool* pool) {
+  if (const int status = CheckGatedRmsNormParams(p); status != kKernelOk) return status;
   const int64_t gs = p.group_size ? p.group_size : p.dim;
-  if (p.x == nullptr || p.out == nullptr || p.n_rows < 0 || p.dim <= 0 || gs <= 0 || p.dim % gs != 0 ||
-      !(p.eps >= 0.0f)) {
-    return kKernelInvalidArgument;
-  }
   const int64_t xs = p.x_row_stride ? p.x_row_stride : p.dim;
   const int64_t zs = p.z_row_stride ? p.z_row_stride : p.dim;
   const int64_t os = p.out_row_stride ? p.out_row_stride : p.dim;

@@ -8,11 +8,8 @@
 namespace hybridserve::kernels::cpu {
 
 int Rope(const RopeParams& p, ThreadPool* pool) {
+  if (const int status = CheckRopeParams(p); status != kKernelOk) return status;
   const int64_t rot = p.rotary_dim ? p.rotary_dim : p.head_dim;
-  if (p.x == nullptr || p.n_tokens < 0 || p.n_heads <= 0 || p.head_dim <= 0 || rot <= 0 || rot % 2 != 0 ||
-      rot > p.head_dim || !(p.theta > 0.0)) {
-    return kKernelInvalidArgument;
-  }
   const int64_t half = rot / 2;
   const int64_t xs = p.x_token_stride ? p.x_token_stride : p.n_heads * p.head_dim;
   std::vector<double> inv_freq(half);

@@ -264,7 +264,7 @@ int64_t SsdResolvedBlockSize(const SsdChunkScanParams& p) {
 }
 
 int SsdChunkScan(const SsdChunkScanParams& p, ThreadPool* pool) {
-  if (!ssd_internal::ValidScanParams(p)) return kKernelInvalidArgument;
+  if (const int status = CheckSsdChunkScanParams(p); status != kKernelOk) return status;
   const int64_t block = SsdResolvedBlockSize(p);
   if (block <= 0) return kKernelInvalidArgument;
   if (p.seqlen == 0) {

@@ -86,7 +86,7 @@ inline void Prefetch(const float* p, int64_t n) {
 }  // namespace
 
 int SsdSequentialScan(const SsdChunkScanParams& p, ThreadPool* pool) {
-  if (!ssd_internal::ValidScanParams(p)) return kKernelInvalidArgument;
+  if (const int status = CheckSsdChunkScanParams(p); status != kKernelOk) return status;
   const ssd_internal::ScanStrides st = ssd_internal::ResolveStrides(p);
   const int64_t P = p.head_dim;
   const int64_t N = p.d_state;
@@ -129,11 +129,7 @@ int SsdSequentialScan(const SsdChunkScanParams& p, ThreadPool* pool) {
 }
 
 int SelectiveStateUpdate(const SelectiveStateUpdateParams& p, ThreadPool* pool) {
-  if (p.state == nullptr || p.x == nullptr || p.dt == nullptr || p.A == nullptr || p.B == nullptr || p.C == nullptr ||
-      p.y == nullptr || p.batch < 0 || p.n_heads <= 0 || p.head_dim <= 0 || p.d_state <= 0 || p.n_groups <= 0 ||
-      p.n_heads % p.n_groups != 0) {
-    return kKernelInvalidArgument;
-  }
+  if (const int status = CheckSelectiveStateUpdateParams(p); status != kKernelOk) return status;
   for (int64_t b = 0; b < p.batch; ++b) {
     const int64_t slot = p.state_slots ? p.state_slots[b] : b;
     if (slot >= p.num_slots) return kKernelInvalidArgument;

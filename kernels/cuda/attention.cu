@@ -62,10 +62,6 @@ __host__ __device__ __forceinline__ int64_t ChunkKeys(int64_t page_size, int64_t
   return Min<int64_t>(page_size, kKvChunkFloats / head_dim);
 }
 
-bool ValidCache(const PagedKvCache& c) {
-  return c.k != nullptr && c.v != nullptr && c.num_pages > 0 && c.page_size > 0 && c.n_kv_heads > 0 && c.head_dim > 0;
-}
-
 float ResolvedScale(float scale, int64_t head_dim) {
   return scale != 0.0f ? scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
 }
@@ -395,11 +391,7 @@ int VecFor(int64_t head_dim) { return head_dim <= 32 ? 1 : head_dim <= 64 ? 2 : 
 
 int KvAppend(const KvAppendParams& p, const CudaLaunchContext& ctx) {
   const PagedKvCache& c = p.cache;
-  const int64_t pages = ValidCache(c) ? CeilDiv(p.start_pos + p.n_tokens, c.page_size) : 0;
-  if (!ValidCache(c) || p.start_pos < 0 || p.n_tokens < 0 || (p.n_tokens > 0 && (p.k == nullptr || p.v == nullptr)) ||
-      (pages > 0 && p.block_table == nullptr)) {
-    return kKernelInvalidArgument;
-  }
+  if (const int status = CheckKvAppendParams(p); status != kKernelOk) return status;
   if (p.n_tokens == 0) return kKernelOk;
   const int64_t ks = p.k_token_stride ? p.k_token_stride : c.n_kv_heads * c.head_dim;
   const int64_t vs = p.v_token_stride ? p.v_token_stride : c.n_kv_heads * c.head_dim;
@@ -409,10 +401,7 @@ int KvAppend(const KvAppendParams& p, const CudaLaunchContext& ctx) {
 
 int KvAppendDecode(const KvAppendDecodeParams& p, const CudaLaunchContext& ctx) {
   const PagedKvCache& c = p.cache;
-  if (!ValidCache(c) || p.batch < 0 ||
-      (p.batch > 0 && (p.k == nullptr || p.v == nullptr || p.seq_lens == nullptr || p.block_tables == nullptr))) {
-    return kKernelInvalidArgument;
-  }
+  if (const int status = CheckKvAppendDecodeParams(p); status != kKernelOk) return status;
   if (p.batch == 0) return kKernelOk;
   const int64_t ks = p.k_batch_stride ? p.k_batch_stride : c.n_kv_heads * c.head_dim;
   const int64_t vs = p.v_batch_stride ? p.v_batch_stride : c.n_kv_heads * c.head_dim;
@@ -423,12 +412,7 @@ int KvAppendDecode(const KvAppendDecodeParams& p, const CudaLaunchContext& ctx) 
 
 int AttentionPrefill(const AttentionPrefillParams& p, const CudaLaunchContext& ctx) {
   const PagedKvCache& c = p.cache;
-  const int64_t pages = ValidCache(c) ? CeilDiv(p.start_pos + p.n_tokens, c.page_size) : 0;
-  if (!ValidCache(c) || p.start_pos < 0 || p.n_tokens < 0 || p.n_heads <= 0 || p.n_heads % c.n_kv_heads != 0 ||
-      !(p.scale >= 0.0f) || (p.n_tokens > 0 && (p.q == nullptr || p.out == nullptr)) ||
-      (pages > 0 && p.block_table == nullptr)) {
-    return kKernelInvalidArgument;
-  }
+  if (const int status = CheckAttentionPrefillParams(p); status != kKernelOk) return status;
   if (c.head_dim > kMaxHeadDim || c.n_kv_heads > 65535) return kKernelUnsupported;
   if (p.n_tokens == 0) return kKernelOk;
   PrefillArgs a;
@@ -462,10 +446,7 @@ int AttentionPrefill(const AttentionPrefillParams& p, const CudaLaunchContext& c
 
 int AttentionDecode(const AttentionDecodeParams& p, const CudaLaunchContext& ctx) {
   const PagedKvCache& c = p.cache;
-  if (!ValidCache(c) || p.batch < 0 || p.n_heads <= 0 || p.n_heads % c.n_kv_heads != 0 || !(p.scale >= 0.0f) ||
-      (p.batch > 0 && (p.q == nullptr || p.out == nullptr || p.seq_lens == nullptr || p.block_tables == nullptr))) {
-    return kKernelInvalidArgument;
-  }
+  if (const int status = CheckAttentionDecodeParams(p); status != kKernelOk) return status;
   if (c.head_dim > kMaxHeadDim || c.n_kv_heads > 65535) return kKernelUnsupported;
   if (p.batch == 0) return kKernelOk;
   DecodeArgs a;

@@ -150,9 +150,7 @@ __global__ void __launch_bounds__(kConvThreads) ConvUpdateKernel(ConvUpdateArgs 
 }  // namespace
 
 int CausalConv1d(const CausalConv1dParams& p, const CudaLaunchContext& ctx) {
-  if (p.x == nullptr || p.weight == nullptr || p.out == nullptr || p.seqlen < 0 || p.channels <= 0 || p.d_conv < 1) {
-    return kKernelInvalidArgument;
-  }
+  if (const int status = CheckCausalConv1dParams(p); status != kKernelOk) return status;
   if (p.seqlen == 0) return kKernelOk;  // no output; the state is unchanged
   ConvArgs a{};
   a.x = p.x;
@@ -195,12 +193,7 @@ int CausalConv1d(const CausalConv1dParams& p, const CudaLaunchContext& ctx) {
 }
 
 int CausalConv1dUpdate(const CausalConv1dUpdateParams& p, const CudaLaunchContext& ctx) {
-  if (p.x == nullptr || p.weight == nullptr || p.out == nullptr || p.conv_state == nullptr || p.batch < 0 ||
-      p.channels <= 0 || p.d_conv < 1) {
-    return kKernelInvalidArgument;
-  }
-  // Without state_slots row b uses slot b: checkable here, as the CPU does.
-  if (p.state_slots == nullptr && p.batch > p.num_slots) return kKernelInvalidArgument;
+  if (const int status = CheckCausalConv1dUpdateParams(p); status != kKernelOk) return status;
   if (p.batch == 0) return kKernelOk;
   ConvUpdateArgs a{};
   a.x = p.x;

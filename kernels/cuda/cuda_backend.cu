@@ -26,6 +26,69 @@ std::string ErrorText(const char* what, cudaError_t error) {
   return std::string(what) + ": " + cudaGetErrorName(error) + " (" + cudaGetErrorString(error) + ")";
 }
 
+// The live allocations of one backend: start address -> bytes. Thread-safe
+// (the backend adds and removes, its peer memory looks up from other threads).
+class LiveBuffers {
+ public:
+  void Add(const void* base, int64_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    buffers_[reinterpret_cast<uintptr_t>(base)] = bytes;
+  }
+  void Remove(const void* base) {
+    std::lock_guard<std::mutex> lock(mu_);
+    buffers_.erase(reinterpret_cast<uintptr_t>(base));
+  }
+  // Whether [p, p + bytes) lies inside one live buffer; if so, that buffer's
+  // start and size in *base and *size (each may be null).
+  bool Find(const void* p, int64_t bytes, uintptr_t* base = nullptr, int64_t* size = nullptr) const {
+    const auto addr = reinterpret_cast<uintptr_t>(p);
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = buffers_.upper_bound(addr);
+    if (it == buffers_.begin()) return false;
+    --it;
+    if (addr < it->first || addr - it->first + static_cast<uint64_t>(bytes) > static_cast<uint64_t>(it->second)) {
+      return false;
+    }
+    if (base != nullptr) *base = it->first;
+    if (size != nullptr) *size = it->second;
+    return true;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::map<uintptr_t, int64_t> buffers_;  // guarded by mu_
+};
+
+// kernels::PeerMemory over CUDA IPC, for the buffers of one CudaBackend.
+// Thread-safe: mu_ guards peers_ and serializes the copies, which run on a
+// stream of their own (stream_, owned) and are waited for before returning.
+class CudaPeerMemory final : public PeerMemory {
+ public:
+  // `buffers` (the backend's) outlives this object.
+  CudaPeerMemory(int device, const LiveBuffers& buffers, cudaStream_t stream)
+      : device_(device), buffers_(buffers), stream_(stream) {}
+  ~CudaPeerMemory() override;
+
+  int ExportMemory(const void* device, int64_t bytes, std::string* handle, int64_t* offset) override;
+  int OpenPeerMemory(const std::string& handle, void** base, int64_t* bytes) override;
+  int ClosePeerMemory(void* base) override;
+  int CopyToPeer(void* peer_dst, const void* src, int64_t bytes) override;
+  int CopyToHost(void* host_dst, const void* device_src, int64_t bytes) override;
+  int CopyToDevice(void* device_dst, const void* host_src, int64_t bytes) override;
+
+ private:
+  // See CudaBackend::UseDevice: the calling thread may be new to CUDA.
+  void UseDevice() const { cudaSetDevice(device_); }
+  // cudaMemcpyDefault on stream_, waited for; call with mu_ held.
+  int CopyAndWait(void* dst, const void* src, int64_t bytes);
+
+  const int device_;
+  const LiveBuffers& buffers_;
+  std::mutex mu_;
+  std::map<uintptr_t, int64_t> peers_;  // opened here: base -> bytes; guarded by mu_
+  cudaStream_t stream_ = nullptr;       // used under mu_
+};
+
 class CudaBackend final : public Backend {
  public:
   CudaBackend() = default;
@@ -111,10 +174,7 @@ class CudaBackend final : public Backend {
     return HS_CUDA_NS::Rope(p, ctx_);
   }
 
-  int ExportMemory(const void* device, int64_t bytes, std::string* handle, int64_t* offset) override;
-  int OpenPeerMemory(const std::string& handle, void** base, int64_t* bytes) override;
-  int ClosePeerMemory(void* base) override;
-  int CopyToPeer(void* peer_dst, const void* src, int64_t bytes) override;
+  PeerMemory* peer_memory() override { return peer_memory_.get(); }
 
   bool supports_graphs() const override { return true; }
   int BeginCapture() override;
@@ -134,7 +194,7 @@ class CudaBackend final : public Backend {
   // on device 0 and their launches into stream() (device_'s) would fail.
   void UseDevice() const { cudaSetDevice(device_); }
   // Whether [p, p + bytes) lies inside one live buffer of this backend.
-  bool InsideBuffer(const void* p, int64_t bytes) const;
+  bool InsideBuffer(const void* p, int64_t bytes) const { return buffers_.Find(p, bytes); }
   // Waits for the stream, then reports (and clears) a kernel's out-of-range
   // index flag: kKernelOk, kKernelInvalidArgument or kKernelDeviceError.
   int WaitAndCheck();
@@ -146,20 +206,14 @@ class CudaBackend final : public Backend {
   std::string variant_;
   CudaLaunchContext ctx_;
   int32_t* host_flag_ = nullptr;  // pinned mirror of ctx_.error_flag
-  // Live allocations: start address -> bytes.
-  std::map<uintptr_t, int64_t> buffers_;
+  LiveBuffers buffers_;
   void* blas_workspace_ = nullptr;  // cuBLAS's own, so it never allocates while a graph is captured
   bool capturing_ = false;
   bool capture_spoiled_ = false;
   int64_t next_graph_ = 0;
   std::map<int64_t, cudaGraphExec_t> graphs_;
-  // Other processes' buffers opened here (OpenPeerMemory): base -> bytes.
-  std::map<uintptr_t, int64_t> peers_;
-  // The sharing calls come from data-plane threads while the engine's thread
-  // runs everything else: they take this lock for buffers_ and peers_ (as do
-  // Allocate and Release), and copy on a stream of their own.
-  std::mutex sharing_mu_;
-  cudaStream_t peer_stream_ = nullptr;
+  // The sharing calls, made from data-plane threads.
+  std::unique_ptr<CudaPeerMemory> peer_memory_;
 };
 
 // Cookie of a buffer this backend allocated (Release frees it).
@@ -173,8 +227,7 @@ CudaBackend::~CudaBackend() {
   }
   if (ctx_.stream != nullptr) cudaStreamSynchronize(stream());
   for (auto& [id, exec] : graphs_) cudaGraphExecDestroy(exec);
-  for (auto& [base, bytes] : peers_) cudaIpcCloseMemHandle(reinterpret_cast<void*>(base));
-  if (peer_stream_ != nullptr) cudaStreamDestroy(peer_stream_);
+  peer_memory_.reset();
   if (blas_workspace_ != nullptr) cudaFree(blas_workspace_);
 #if defined(__CUDACC__)
   if (ctx_.blas != nullptr) cublasDestroy(static_cast<cublasHandle_t>(ctx_.blas));
@@ -218,9 +271,11 @@ bool CudaBackend::Init(const CudaBackendOptions& options, std::string* error) {
     return *error = ErrorText("cudaStreamCreateWithFlags", e), false;
   }
   ctx_.stream = s;
-  if ((e = cudaStreamCreateWithFlags(&peer_stream_, cudaStreamNonBlocking)) != cudaSuccess) {
+  cudaStream_t peer_stream = nullptr;
+  if ((e = cudaStreamCreateWithFlags(&peer_stream, cudaStreamNonBlocking)) != cudaSuccess) {
     return *error = ErrorText("cudaStreamCreateWithFlags(peer)", e), false;
   }
+  peer_memory_ = std::make_unique<CudaPeerMemory>(device_, buffers_, peer_stream);
   void* p = nullptr;
   if ((e = cudaMalloc(&p, sizeof(int32_t))) != cudaSuccess) return *error = ErrorText("cudaMalloc(flag)", e), false;
   ctx_.error_flag = static_cast<int32_t*>(p);
@@ -261,14 +316,6 @@ bool CudaBackend::Init(const CudaBackendOptions& options, std::string* error) {
   return true;
 }
 
-bool CudaBackend::InsideBuffer(const void* p, int64_t bytes) const {
-  const auto addr = reinterpret_cast<uintptr_t>(p);
-  auto it = buffers_.upper_bound(addr);
-  if (it == buffers_.begin()) return false;
-  --it;
-  return addr >= it->first && addr - it->first + static_cast<uint64_t>(bytes) <= static_cast<uint64_t>(it->second);
-}
-
 int CudaBackend::Allocate(int64_t bytes, DeviceBuffer* out) {
   UseDevice();
   if (out == nullptr || bytes < 1 || RefuseWhileCapturing()) return kKernelInvalidArgument;
@@ -282,10 +329,7 @@ int CudaBackend::Allocate(int64_t bytes, DeviceBuffer* out) {
     cudaFree(p);
     return kKernelDeviceError;
   }
-  {
-    std::lock_guard<std::mutex> lock(sharing_mu_);
-    buffers_[reinterpret_cast<uintptr_t>(p)] = bytes;
-  }
+  buffers_.Add(p, bytes);
   *out = MakeBuffer(p, bytes, &kDeviceCookie);
   return kKernelOk;
 }
@@ -306,10 +350,7 @@ void CudaBackend::Release(void* data, int64_t, void* cookie) {
   UseDevice();
   // Kernels already issued may still read the buffer; cudaFree waits for the
   // device, so freeing here is safe (and rare: buffers live as long as a model).
-  {
-    std::lock_guard<std::mutex> lock(sharing_mu_);
-    buffers_.erase(reinterpret_cast<uintptr_t>(data));
-  }
+  buffers_.Remove(data);
   cudaFree(data);
 }
 
@@ -362,27 +403,33 @@ int CudaBackend::Fill(void* device_dst, uint8_t value, int64_t bytes) {
                                                                                                  : kKernelDeviceError;
 }
 
-// A handle is the CUDA IPC handle of the buffer followed by its size (8 bytes).
-int CudaBackend::ExportMemory(const void* device, int64_t bytes, std::string* handle, int64_t* offset) {
+CudaPeerMemory::~CudaPeerMemory() {
   UseDevice();
-  std::lock_guard<std::mutex> lock(sharing_mu_);
-  if (handle == nullptr || offset == nullptr || device == nullptr || bytes < 1 || !InsideBuffer(device, bytes)) {
+  for (auto& [base, bytes] : peers_) cudaIpcCloseMemHandle(reinterpret_cast<void*>(base));
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+}
+
+// A handle is the CUDA IPC handle of the buffer followed by its size (8 bytes).
+int CudaPeerMemory::ExportMemory(const void* device, int64_t bytes, std::string* handle, int64_t* offset) {
+  UseDevice();
+  uintptr_t base = 0;
+  int64_t size = 0;
+  if (handle == nullptr || offset == nullptr || device == nullptr || bytes < 1 ||
+      !buffers_.Find(device, bytes, &base, &size)) {
     return kKernelInvalidArgument;
   }
-  const auto addr = reinterpret_cast<uintptr_t>(device);
-  auto it = --buffers_.upper_bound(addr);  // InsideBuffer: there is one
   cudaIpcMemHandle_t h;
-  if (cudaIpcGetMemHandle(&h, reinterpret_cast<void*>(it->first)) != cudaSuccess) {
+  if (cudaIpcGetMemHandle(&h, reinterpret_cast<void*>(base)) != cudaSuccess) {
     cudaGetLastError();
     return kKernelDeviceError;
   }
   handle->assign(reinterpret_cast<const char*>(&h), sizeof(h));
-  handle->append(reinterpret_cast<const char*>(&it->second), sizeof(int64_t));
-  *offset = static_cast<int64_t>(addr - it->first);
+  handle->append(reinterpret_cast<const char*>(&size), sizeof(int64_t));
+  *offset = static_cast<int64_t>(reinterpret_cast<uintptr_t>(device) - base);
   return kKernelOk;
 }
 
-int CudaBackend::OpenPeerMemory(const std::string& handle, void** base, int64_t* bytes) {
+int CudaPeerMemory::OpenPeerMemory(const std::string& handle, void** base, int64_t* bytes) {
   UseDevice();
   if (base == nullptr || bytes == nullptr || handle.size() != sizeof(cudaIpcMemHandle_t) + sizeof(int64_t)) {
     return kKernelInvalidArgument;
@@ -396,37 +443,57 @@ int CudaBackend::OpenPeerMemory(const std::string& handle, void** base, int64_t*
     cudaGetLastError();
     return kKernelInvalidArgument;
   }
-  std::lock_guard<std::mutex> lock(sharing_mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   peers_[reinterpret_cast<uintptr_t>(p)] = size;
   *base = p;
   *bytes = size;
   return kKernelOk;
 }
 
-int CudaBackend::ClosePeerMemory(void* base) {
+int CudaPeerMemory::ClosePeerMemory(void* base) {
   UseDevice();
-  std::lock_guard<std::mutex> lock(sharing_mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   const auto it = peers_.find(reinterpret_cast<uintptr_t>(base));
   if (it == peers_.end()) return kKernelInvalidArgument;
   peers_.erase(it);
   return cudaIpcCloseMemHandle(base) == cudaSuccess ? kKernelOk : kKernelDeviceError;
 }
 
-int CudaBackend::CopyToPeer(void* peer_dst, const void* src, int64_t bytes) {
+int CudaPeerMemory::CopyToPeer(void* peer_dst, const void* src, int64_t bytes) {
   UseDevice();
   if (bytes < 0 || (bytes > 0 && (peer_dst == nullptr || src == nullptr))) return kKernelInvalidArgument;
   if (bytes == 0) return kKernelOk;
-  std::lock_guard<std::mutex> lock(sharing_mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   const auto d = reinterpret_cast<uintptr_t>(peer_dst);
   auto it = peers_.upper_bound(d);
   if (it == peers_.begin()) return kKernelInvalidArgument;
   --it;
   if (d - it->first + static_cast<uint64_t>(bytes) > static_cast<uint64_t>(it->second)) return kKernelInvalidArgument;
-  // Unified addressing tells device from host sources. The source was
-  // written by kernels the engine has already waited for (the sender reads
-  // a finished prefill).
-  if (cudaMemcpyAsync(peer_dst, src, static_cast<size_t>(bytes), cudaMemcpyDefault, peer_stream_) != cudaSuccess ||
-      cudaStreamSynchronize(peer_stream_) != cudaSuccess) {
+  // Unified addressing tells device from host sources.
+  return CopyAndWait(peer_dst, src, bytes);
+}
+
+int CudaPeerMemory::CopyToHost(void* host_dst, const void* device_src, int64_t bytes) {
+  UseDevice();
+  if (bytes < 0 || (bytes > 0 && (host_dst == nullptr || device_src == nullptr))) return kKernelInvalidArgument;
+  if (bytes == 0) return kKernelOk;
+  if (!buffers_.Find(device_src, bytes)) return kKernelInvalidArgument;
+  std::lock_guard<std::mutex> lock(mu_);
+  return CopyAndWait(host_dst, device_src, bytes);
+}
+
+int CudaPeerMemory::CopyToDevice(void* device_dst, const void* host_src, int64_t bytes) {
+  UseDevice();
+  if (bytes < 0 || (bytes > 0 && (device_dst == nullptr || host_src == nullptr))) return kKernelInvalidArgument;
+  if (bytes == 0) return kKernelOk;
+  if (!buffers_.Find(device_dst, bytes)) return kKernelInvalidArgument;
+  std::lock_guard<std::mutex> lock(mu_);
+  return CopyAndWait(device_dst, host_src, bytes);
+}
+
+int CudaPeerMemory::CopyAndWait(void* dst, const void* src, int64_t bytes) {
+  if (cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDefault, stream_) != cudaSuccess ||
+      cudaStreamSynchronize(stream_) != cudaSuccess) {
     return kKernelDeviceError;
   }
   return kKernelOk;

@@ -22,7 +22,11 @@
 // MatmulMode::kFast uses cuBLAS (bf16 tensor cores for bf16 weights, TF32
 // off: fp32 weights run in fp32); kDeterministic the batch-invariant kernel.
 //
-// Thread safety: as kernels::Backend (one caller at a time).
+// Shared memory: peer_memory() is CUDA IPC (kernels/peer_memory.h), on a
+// stream of its own.
+//
+// Thread safety: as kernels::Backend (one caller at a time); its peer_memory()
+// is thread-safe.
 
 #include <cstdint>
 #include <memory>

@@ -14,12 +14,13 @@
 //   - dynamic shared memory through HS_DYNAMIC_SMEM, never `extern __shared__`;
 //   - launches through Launch() below, never <<<>>> directly;
 //   - bf16 is uint16_t bit patterns converted with Bf16ToFloat/FloatToBf16
-//     (no cuda_bf16.h types in shared code);
+//     of kernels/bf16.h (no cuda_bf16.h types in shared code);
 //   - fminf/fmaxf and the Min/Max templates, not CUDA's overloaded min/max.
 
 #include <cstdint>
 #include <utility>
 
+#include "kernels/bf16.h"
 #include "kernels/kernel_status.h"
 
 #if defined(__CUDACC__)
@@ -64,14 +65,6 @@ __host__ __device__ __forceinline__ T Max(T a, T b) {
   return a < b ? b : a;
 }
 __host__ __device__ __forceinline__ int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-// bf16 <-> fp32. Widening is exact; narrowing rounds to nearest even (NaN stays NaN).
-__device__ __forceinline__ float Bf16ToFloat(uint16_t h) { return __uint_as_float(static_cast<unsigned int>(h) << 16); }
-__device__ __forceinline__ uint16_t FloatToBf16(float f) {
-  const unsigned int bits = __float_as_uint(f);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x0040u);
-  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
-}
 
 // Sum over the 32 lanes of a warp by xor butterfly (offsets 16, 8, 4, 2, 1):
 // a fixed order, every lane gets the same bits.

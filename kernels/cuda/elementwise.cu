@@ -412,10 +412,7 @@ __global__ void __launch_bounds__(kRopeThreads) RopeKernel(RopeArgs a) {
 }  // namespace
 
 int Embedding(const EmbeddingParams& p, const CudaLaunchContext& ctx) {
-  if ((p.table == nullptr) == (p.table_bf16 == nullptr) || p.tokens == nullptr || p.out == nullptr || p.n_tokens < 1 ||
-      p.vocab < 1 || p.dim < 1) {
-    return kKernelInvalidArgument;
-  }
+  if (const int status = CheckEmbeddingParams(p); status != kKernelOk) return status;
   EmbeddingArgs a{};
   a.table = p.table;
   a.table_bf16 = p.table_bf16;
@@ -433,9 +430,7 @@ int Embedding(const EmbeddingParams& p, const CudaLaunchContext& ctx) {
 }
 
 int RmsNorm(const RmsNormParams& p, const CudaLaunchContext& ctx) {
-  if (p.x == nullptr || p.out == nullptr || p.n_rows < 0 || p.dim <= 0 || !(p.eps >= 0.0f)) {
-    return kKernelInvalidArgument;
-  }
+  if (const int status = CheckRmsNormParams(p); status != kKernelOk) return status;
   NormArgs a{};
   a.x = p.x;
   a.z = nullptr;
@@ -454,11 +449,8 @@ int RmsNorm(const RmsNormParams& p, const CudaLaunchContext& ctx) {
 }
 
 int GatedRmsNorm(const GatedRmsNormParams& p, const CudaLaunchContext& ctx) {
+  if (const int status = CheckGatedRmsNormParams(p); status != kKernelOk) return status;
   const int64_t gs = p.group_size ? p.group_size : p.dim;
-  if (p.x == nullptr || p.out == nullptr || p.n_rows < 0 || p.dim <= 0 || gs <= 0 || p.dim % gs != 0 ||
-      !(p.eps >= 0.0f)) {
-    return kKernelInvalidArgument;
-  }
   NormArgs a{};
   a.x = p.x;
   a.z = p.z;
@@ -477,15 +469,7 @@ int GatedRmsNorm(const GatedRmsNormParams& p, const CudaLaunchContext& ctx) {
 }
 
 int Activation(const ActivationParams& p, const CudaLaunchContext& ctx) {
-  if (p.x == nullptr || p.out == nullptr || p.n_rows < 0 || p.dim < 0) return kKernelInvalidArgument;
-  switch (p.kind) {
-    case ActivationKind::kSilu:
-    case ActivationKind::kReluSquared:
-    case ActivationKind::kSoftplus:
-      break;
-    default:
-      return kKernelInvalidArgument;
-  }
+  if (const int status = CheckActivationParams(p); status != kKernelOk) return status;
   ActivationOp op{};
   op.x = p.x;
   op.out = p.out;
@@ -497,9 +481,7 @@ int Activation(const ActivationParams& p, const CudaLaunchContext& ctx) {
 }
 
 int SwiGlu(const SwiGluParams& p, const CudaLaunchContext& ctx) {
-  if (p.gate == nullptr || p.up == nullptr || p.out == nullptr || p.n_rows < 0 || p.dim < 0) {
-    return kKernelInvalidArgument;
-  }
+  if (const int status = CheckSwiGluParams(p); status != kKernelOk) return status;
   SwiGluOp op{};
   op.gate = p.gate;
   op.up = p.up;
@@ -513,9 +495,7 @@ int SwiGlu(const SwiGluParams& p, const CudaLaunchContext& ctx) {
 }
 
 int DtSoftplus(const DtSoftplusParams& p, const CudaLaunchContext& ctx) {
-  if (p.dt_raw == nullptr || p.dt == nullptr || p.n_tokens < 0 || p.n_heads < 0 || !(p.dt_min <= p.dt_max)) {
-    return kKernelInvalidArgument;
-  }
+  if (const int status = CheckDtSoftplusParams(p); status != kKernelOk) return status;
   DtSoftplusOp op{};
   op.raw = p.dt_raw;
   op.bias = p.dt_bias;
@@ -530,11 +510,8 @@ int DtSoftplus(const DtSoftplusParams& p, const CudaLaunchContext& ctx) {
 }
 
 int Rope(const RopeParams& p, const CudaLaunchContext& ctx) {
+  if (const int status = CheckRopeParams(p); status != kKernelOk) return status;
   const int64_t rot = p.rotary_dim ? p.rotary_dim : p.head_dim;
-  if (p.x == nullptr || p.n_tokens < 0 || p.n_heads <= 0 || p.head_dim <= 0 || rot <= 0 || rot % 2 != 0 ||
-      rot > p.head_dim || !(p.theta > 0.0)) {
-    return kKernelInvalidArgument;
-  }
   if (p.n_tokens == 0) return kKernelOk;
   RopeArgs a{};
   a.x = p.x;

@@ -26,6 +26,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
+#include "kernels/bf16.h"
 #include "kernels/cpu/activations.h"
 #include "kernels/cpu/embedding.h"
 #include "kernels/cpu/norm.h"
@@ -505,10 +506,7 @@ TEST_P(ElementwiseTest, EmbeddingBadTokenSkipsItsRowAndRaisesTheFlag) {
       for (int64_t i = 0; i < dim; ++i) {
         float want = kSentinel;
         if (valid && !bf16) want = table[tokens[t] * dim + i];
-        if (valid && bf16) {
-          const uint32_t bits = static_cast<uint32_t>(table_bf16[tokens[t] * dim + i]) << 16;
-          std::memcpy(&want, &bits, sizeof(want));
-        }
+        if (valid && bf16) want = Bf16ToFloat(table_bf16[tokens[t] * dim + i]);
         ASSERT_EQ(got[t * dim + i], want) << "token row " << t << " element " << i << " bf16 " << bf16;
       }
     }

@@ -405,15 +405,10 @@ bool BlasCanRun(const MatmulParams& p, int64_t lda, int64_t ldw, int64_t ldo, co
 }  // namespace
 
 int Matmul(const MatmulParams& p, MatmulMode mode, const CudaLaunchContext& ctx) {
-  // The checks of kernels/cpu (matmul_deterministic.cc, matmul_fast.cc).
-  if (p.a == nullptr || p.out == nullptr || (p.w == nullptr) == (p.w_bf16 == nullptr) || p.m < 0 || p.n < 0 ||
-      p.k < 0) {
-    return kKernelInvalidArgument;
-  }
+  if (const int status = CheckMatmulParams(p); status != kKernelOk) return status;
   const int64_t lda = p.lda ? p.lda : p.k;
   const int64_t ldw = p.ldw ? p.ldw : p.k;
   const int64_t ldo = p.ldo ? p.ldo : p.n;
-  if (lda < p.k || ldw < p.k || ldo < p.n) return kKernelInvalidArgument;
   switch (mode) {
     case MatmulMode::kDeterministic:
       return MatmulDeterministic(p, lda, ldw, ldo, ctx);

@@ -15,6 +15,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
+#include "kernels/bf16.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/test_util.h"
 #include "kernels/cuda/test_backends.h"
@@ -31,20 +32,6 @@ using cuda_testing::MakeCudaTestBackendOrSkip;
 using cuda_testing::Upload;
 
 constexpr double kUnitRoundoff = 5.9604644775390625e-8;  // 2^-24
-
-uint16_t FloatToBf16(float f) {  // round to nearest even (finite inputs)
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof(bits));
-  bits += 0x7fff + ((bits >> 16) & 1);
-  return static_cast<uint16_t>(bits >> 16);
-}
-
-float Bf16ToFloat(uint16_t h) {
-  const uint32_t bits = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
-}
 
 struct Shape {
   int64_t m, n, k;

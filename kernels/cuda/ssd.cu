@@ -524,15 +524,9 @@ int64_t Gcd(int64_t a, int64_t b) {
 }  // namespace
 
 int SsdChunkScan(const SsdChunkScanParams& p, const CudaLaunchContext& ctx) {
-  // Validation: exactly the CPU kernel's (kernels/cpu/ssd_common.h, ssd_chunk_scan.cc).
-  if (p.seqlen < 0 || p.n_heads <= 0 || p.head_dim <= 0 || p.d_state <= 0 || p.n_groups <= 0 ||
-      p.n_heads % p.n_groups != 0 || p.chunk_size <= 0 || p.start_pos < 0) {
-    return kKernelInvalidArgument;
-  }
-  if (p.seqlen > 0 && (p.x == nullptr || p.dt == nullptr || p.B == nullptr || p.C == nullptr || p.y == nullptr)) {
-    return kKernelInvalidArgument;
-  }
-  if (p.A == nullptr || p.block_size < 0) return kKernelInvalidArgument;
+  if (const int status = CheckSsdChunkScanParams(p); status != kKernelOk) return status;
+  // The block size is checked as the CPU's (kernels/cpu/ssd_chunk_scan.cc), with this backend's default.
+  if (p.block_size < 0) return kKernelInvalidArgument;
   const int64_t block = p.block_size == 0 ? Gcd(p.chunk_size, kDefaultBlock) : p.block_size;
   if (p.chunk_size % block != 0) return kKernelInvalidArgument;
   if (p.seqlen == 0 && (p.final_state == nullptr || p.final_state == p.initial_state)) return kKernelOk;
@@ -596,13 +590,7 @@ int SsdChunkScan(const SsdChunkScanParams& p, const CudaLaunchContext& ctx) {
 }
 
 int SelectiveStateUpdate(const SelectiveStateUpdateParams& p, const CudaLaunchContext& ctx) {
-  // Validation: the CPU kernel's host-visible checks (slots live on the device:
-  // an out-of-range slot is skipped and reported through ctx.error_flag).
-  if (p.state == nullptr || p.x == nullptr || p.dt == nullptr || p.A == nullptr || p.B == nullptr || p.C == nullptr ||
-      p.y == nullptr || p.batch < 0 || p.n_heads <= 0 || p.head_dim <= 0 || p.d_state <= 0 || p.n_groups <= 0 ||
-      p.n_heads % p.n_groups != 0) {
-    return kKernelInvalidArgument;
-  }
+  if (const int status = CheckSelectiveStateUpdateParams(p); status != kKernelOk) return status;
   if (p.batch == 0) return kKernelOk;
   SsuArgs a;
   a.state = p.state;

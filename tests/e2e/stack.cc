@@ -21,6 +21,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/runfiles.h"
 #include "common/wait_for.h"
 #include "grpcpp/generic/generic_stub.h"
 
@@ -40,13 +41,6 @@ std::string TmpDir() {
 }
 
 }  // namespace
-
-std::string Runfile(const std::string& relative) {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  if (srcdir == nullptr) return relative;
-  return absl::StrCat(srcdir, "/", workspace != nullptr ? workspace : "hybridserve", "/", relative);
-}
 
 absl::StatusOr<pid_t> Spawn(const std::string& binary, const std::vector<std::string>& args,
                             const std::string& log_path) {

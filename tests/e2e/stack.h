@@ -17,13 +17,14 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/runfiles.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/generation.grpc.pb.h"
 
 namespace hybridserve::e2e {
 
-// The path of a runfile of this test (TEST_SRCDIR/<workspace>/relative).
-std::string Runfile(const std::string& relative);
+// The path of a runfile of this test (common/runfiles.h).
+using common::Runfile;
 
 // Starts `binary` (a runfile path) with `args`, its stdout and stderr written
 // to `log_path`; the child's pid.
