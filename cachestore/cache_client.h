@@ -2,7 +2,7 @@
 #define HYBRIDSERVE_CACHESTORE_CACHE_CLIENT_H_
 
 // CacheClient: how services (prefill, decode) talk to the cache, in domain
-// types only (DESIGN.md section 7). Implementations:
+// types only (docs/ARCHITECTURE.md section 1). Implementations:
 //   GrpcCacheClient           cachestore/grpc_cache_client.h           over gRPC
 //   InProcessCacheClient      cachestore/in_process_cache_client.h     over a CacheStore in this process
 //   FaultInjectingCacheClient cachestore/fault_injecting_cache_client.h wraps either, for fault tests

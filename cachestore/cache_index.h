@@ -3,7 +3,7 @@
 
 // The cachestore's core: a radix tree of KV pages per namespace, SSM states
 // attached to the page nodes they need, the entry lifecycle (reserve, commit,
-// lease), byte budgets, and LRU/TTL eviction (DESIGN.md section 3).
+// lease), byte budgets, and LRU/TTL eviction (docs/ARCHITECTURE.md section 4).
 //
 // Not thread-safe, does no I/O and reads no clock: every call that depends on
 // time takes `now`. CacheStore wraps it with a mutex and a Clock.

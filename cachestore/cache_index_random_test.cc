@@ -1,5 +1,5 @@
 // Randomized differential test of CacheIndex against ReferenceModel, a naive
-// re-implementation of DESIGN.md section 3 over a flat vector of entries with
+// re-implementation of docs/ARCHITECTURE.md section 4 over a flat vector of entries with
 // O(n) scans for everything.
 //
 // Each seed builds a small index (tokens 0..2, page size 2 or 4, two

@@ -2,7 +2,7 @@
 #define HYBRIDSERVE_CACHESTORE_CACHE_INDEX_REFERENCE_MODEL_H_
 
 // A naive, obviously-correct re-implementation of the cache semantics of
-// DESIGN.md section 3 over a flat vector of entries (O(n) scans for
+// docs/ARCHITECTURE.md section 4 over a flat vector of entries (O(n) scans for
 // everything), the oracle of cache_index_random_test. Test-only.
 
 #include <algorithm>

@@ -2,7 +2,7 @@
 #define HYBRIDSERVE_CACHESTORE_FAULT_INJECTING_CACHE_CLIENT_H_
 
 // A CacheClient that wraps another and makes the cache look down, slow or
-// wrong on command, for tests of DESIGN.md section 6: "the cachestore being
+// wrong on command, for tests of docs/ARCHITECTURE.md section 6: "the cachestore being
 // down, slow or wrong never fails a request".
 
 #include <array>

@@ -1,7 +1,7 @@
 #ifndef HYBRIDSERVE_CACHESTORE_KEYS_H_
 #define HYBRIDSERVE_CACHESTORE_KEYS_H_
 
-// Cache keys (DESIGN.md section 3), version 2. Shared by the cachestore and
+// Cache keys (docs/ARCHITECTURE.md section 4), version 2. Shared by the cachestore and
 // its clients so both sides derive the same keys from the same tokens.
 //
 //   namespace  N   = H(L("hybridserve/ns/v2") || L(model_fingerprint) || L(adapter) ||

@@ -22,7 +22,7 @@ namespace hybridserve::cachestore {
 enum class EntryClass { kPage = 0, kState = 1 };
 enum class StateKind { kGridCheckpoint = 0, kExactPrefix = 1 };
 
-// Where an entry's bytes live (DESIGN.md section 1: a field, not an assumption).
+// Where an entry's bytes live (docs/ARCHITECTURE.md section 3: a field, not an assumption).
 enum class EntryLocation { kCacheStoreHost = 0 };
 
 // Entry buffers of this size or more are anonymous mappings of their own, the

@@ -1,7 +1,7 @@
 #ifndef HYBRIDSERVE_DECODE_DECODE_LOOP_H_
 #define HYBRIDSERVE_DECODE_DECODE_LOOP_H_
 
-// The decode worker's core, below its gRPC edge (DESIGN.md section 1, steps
+// The decode worker's core, below its gRPC edge (docs/ARCHITECTURE.md section 3, steps
 // 2 and 4): admission, the prefill call with a transfer ticket, the import of
 // the pushed state, continuous batching, streaming, stop conditions, and the
 // publication of the turn-end state to the cache.

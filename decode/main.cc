@@ -11,13 +11,10 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
-#include "common/process.h"
 #include "common/status_macros.h"
 #include "decode/decode_loop.h"
 #include "decode/metrics.h"
@@ -201,17 +198,9 @@ absl::Status Run() {
 }  // namespace hybridserve
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  return hybridserve::worker::WorkerMain(
+      argc, argv,
       "hybridserve decode worker: serves Generate to clients, has prefill workers prefill each prompt (resuming "
-      "from the cachestore) and push the state here, decodes in continuous batches, publishes turn-end states");
-  absl::ParseCommandLine(argc, argv);
-  hybridserve::common::InitLogging(argv[0]);
-  hybridserve::common::TuneProcessForServing();
-  hybridserve::common::InstallTerminationHandler();
-  const absl::Status status = hybridserve::Run();
-  if (!status.ok()) {
-    LOG(ERROR) << status.message();
-    return 1;
-  }
-  return 0;
+      "from the cachestore) and push the state here, decodes in continuous batches, publishes turn-end states",
+      hybridserve::Run);
 }

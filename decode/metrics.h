@@ -1,7 +1,7 @@
 #ifndef HYBRIDSERVE_DECODE_METRICS_H_
 #define HYBRIDSERVE_DECODE_METRICS_H_
 
-// The decode worker's Prometheus metrics (DESIGN.md section 6), named after
+// The decode worker's Prometheus metrics (docs/ARCHITECTURE.md section 6), named after
 // vLLM's where one means the same (vllm:num_requests_running ->
 // hybridserve_num_requests_running, and so on). Thread-safe (prometheus-cpp
 // metrics are).

@@ -2,7 +2,7 @@
 #define HYBRIDSERVE_ENGINE_BACKEND_REGISTRY_H_
 
 // The one place that maps a device name to a kernels::Backend implementation
-// (DESIGN.md section 7: the engine sees kernels only through the backend
+// (docs/ARCHITECTURE.md section 1: the engine sees kernels only through the backend
 // interface, and this registration point picks cpu or cuda). A new backend
 // adds a directory under kernels/ and one case here.
 

@@ -4,7 +4,7 @@
 // The interface between the Model and one layer kind: a layer computes its
 // mixer on the pre-normed hidden states and adds the result to the residual
 // stream, for one prefill segment of one sequence or for one decode step of a
-// batch. A new layer kind (DESIGN.md section 2) implements LayerRunner and is
+// batch. A new layer kind (docs/ARCHITECTURE.md section 3) implements LayerRunner and is
 // added to the one switch in model.cc that builds runners.
 //
 // Runners reach kernels only through LayerEnv::backend, and every pointer

@@ -11,7 +11,7 @@
 // h = h + mixer(RMSNorm(h)); logits = lm_head(RMSNorm_f(h)). The mixers are
 // LayerRunners (engine/layer_runner.h), one per LayerKind.
 //
-// Determinism (DESIGN.md sections 4 and 5):
+// Determinism (docs/ARCHITECTURE.md sections 3 and 6):
 //  - Prefill splits [pos, pos + n) into segments at every absolute multiple of
 //    checkpoint_interval and of max_segment_tokens, and runs all layers over a
 //    segment before the next. A cold prefill of [0, P) and a prefill of [q, P)

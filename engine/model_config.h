@@ -3,7 +3,7 @@
 
 // The architecture of a model, parsed from a Hugging Face `config.json`.
 //
-// Families of this version (DESIGN.md section 2):
+// Families of this version (docs/ARCHITECTURE.md section 3):
 //   nemotron_h  layer pattern from `hybrid_override_pattern` ("M*M-") and/or
 //               `layers_block_type` (["mamba"|"linear_attention",
 //               "attention"|"full_attention", "mlp"]); legacy `mamba_*` names.

@@ -1,5 +1,5 @@
 // The engine against Hugging Face transformers 5.23 (fp32, CPU) on the golden
-// fixtures (DESIGN.md section 5, contract 5; tools/README.md).
+// fixtures (docs/ARCHITECTURE.md section 6, contract 5; tools/README.md).
 //
 // Tolerance: 1e-4 absolute on logits. The fixtures' logits reach |4.1|
 // (golden.json max_abs_logit), so 1e-4 is ~2.4e-5 of the largest logit: room

@@ -1,4 +1,4 @@
-// Parity contracts 1 and 2 (DESIGN.md section 5) on the tiny fixture models,
+// Parity contracts 1 and 2 (docs/ARCHITECTURE.md section 6) on the tiny fixture models,
 // in both matmul modes. Chunk size 16 (the fixtures'), checkpoint interval 32,
 // pages of 4 tokens, so prompts of a few intervals cross several checkpoints
 // and end inside a page.

@@ -1,4 +1,4 @@
-// Moving a sequence's state between models and sequences (DESIGN.md sections
+// Moving a sequence's state between models and sequences (docs/ARCHITECTURE.md sections
 // 1 and 5): forks sharing pages, export on one Model and import on another in
 // any page order, restore from a snapshot decoded in place. Every path
 // continues bit-identically to the sequence it came from.

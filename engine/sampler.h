@@ -8,7 +8,7 @@
 // one call to the next, so the token a request gets at step t depends only on
 // (params, t, its logits row): never on other requests in the batch, on call
 // order, or on whether prefill sampled step 0 in another process and decode
-// samples the rest (DESIGN.md section 5, contract 3). A retried or resumed
+// samples the rest (docs/ARCHITECTURE.md section 6, contract 3). A retried or resumed
 // request that replays the same steps gets the same tokens.
 //
 // Step index: the 0-based index of the generated token within the completion
@@ -57,7 +57,7 @@ namespace hybridserve::engine {
 inline constexpr int32_t kMaxTopLogprobs = 20;
 
 // Sampling parameters of one request. Defaults sample the full distribution at
-// temperature 1 (the wire's defaults for these fields are not zero: DESIGN.md
+// temperature 1 (the wire's defaults for these fields are not zero: docs/ARCHITECTURE.md
 // section 6 makes them optional there).
 struct SamplingParams {
   float temperature = 1.0f;  // >= 0 and finite; 0 selects greedy

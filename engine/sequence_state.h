@@ -2,7 +2,7 @@
 #define HYBRIDSERVE_ENGINE_SEQUENCE_STATE_H_
 
 // The state of one sequence after its first `position` tokens, apart from its
-// full KV pages (DESIGN.md sections 2 and 3): what a grid checkpoint or an
+// full KV pages (docs/ARCHITECTURE.md sections 3 and 4): what a grid checkpoint or an
 // exact-prefix snapshot holds. The per-layer vectors have the names, order and
 // shapes of engine/snapshot_codec.h's Snapshot, so converting is a move of each
 // field (the codec adds the fingerprint, prefix hash and layout).

@@ -2,7 +2,7 @@
 #define HYBRIDSERVE_ENGINE_SNAPSHOT_CODEC_H_
 
 // The snapshot codec: one versioned binary format for the state of one
-// sequence at position p (DESIGN.md sections 2 and 3), the bytes that the
+// sequence at position p (docs/ARCHITECTURE.md sections 3 and 4), the bytes that the
 // cachestore keeps and the data plane moves.
 //
 // Wire format, version 1. Every integer is little-endian, every float an

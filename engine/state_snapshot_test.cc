@@ -1,4 +1,4 @@
-// Contract 4 through the engine (DESIGN.md section 5): a state captured from
+// Contract 4 through the engine (docs/ARCHITECTURE.md section 6): a state captured from
 // a live sequence, encoded, decoded and restored continues bit-identically;
 // a corrupted byte is detected.
 

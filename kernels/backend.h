@@ -5,7 +5,7 @@
 // the backend-neutral params structs of kernels/*_params.h. The CPU backend
 // (kernels/cpu/cpu_backend.h) implements it on host memory; a CUDA backend
 // implements it on device memory. The engine sees kernels only through this
-// class (DESIGN.md section 7), so the same engine code runs on either.
+// class (docs/ARCHITECTURE.md section 1), so the same engine code runs on either.
 //
 // Memory model. Every pointer in a params struct passed to a kernel is device
 // memory of the backend that runs it: inside a DeviceBuffer this backend

@@ -27,7 +27,7 @@ inline int64_t SsdNumChunkStates(int64_t start_pos, int64_t seqlen, int64_t chun
 // Prefill over tokens at absolute positions [start_pos, start_pos + seqlen) of
 // one sequence. Chunks sit on the absolute grid (multiples of chunk_size from
 // position 0), so when start_pos is not a multiple of chunk_size the first chunk
-// is partial. Contract (DESIGN.md section 4): the bits of y and of every state
+// is partial. Contract (docs/ARCHITECTURE.md section 3): the bits of y and of every state
 // for a position depend only on the inputs and the state at the start of that
 // position's chunk, never on where the call started (when it started on the
 // grid), how many chunks the call holds, or the thread count.

@@ -7,11 +7,8 @@
 #include <string>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
-#include "common/process.h"
 #include "common/status_macros.h"
 #include "prefill/metrics.h"
 #include "prefill/prefill_worker.h"
@@ -80,17 +77,9 @@ absl::Status Run() {
 }  // namespace hybridserve
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  return hybridserve::worker::WorkerMain(
+      argc, argv,
       "hybridserve prefill worker: resumes prompts from the cache, prefills the rest, "
-      "pushes the state to a decode worker");
-  absl::ParseCommandLine(argc, argv);
-  hybridserve::common::InitLogging(argv[0]);
-  hybridserve::common::TuneProcessForServing();
-  hybridserve::common::InstallTerminationHandler();
-  const absl::Status status = hybridserve::Run();
-  if (!status.ok()) {
-    LOG(ERROR) << status.message();
-    return 1;
-  }
-  return 0;
+      "pushes the state to a decode worker",
+      hybridserve::Run);
 }

@@ -1,7 +1,7 @@
 #ifndef HYBRIDSERVE_PREFILL_METRICS_H_
 #define HYBRIDSERVE_PREFILL_METRICS_H_
 
-// The prefill worker's Prometheus metrics (DESIGN.md section 6), named after
+// The prefill worker's Prometheus metrics (docs/ARCHITECTURE.md section 6), named after
 // vLLM's where one means the same. Thread-safe (prometheus-cpp metrics are;
 // SyncCounters serializes on its own mutex).
 

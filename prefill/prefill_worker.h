@@ -1,7 +1,7 @@
 #ifndef HYBRIDSERVE_PREFILL_PREFILL_WORKER_H_
 #define HYBRIDSERVE_PREFILL_PREFILL_WORKER_H_
 
-// The prefill worker's core (DESIGN.md sections 1 and 3), below its gRPC
+// The prefill worker's core (docs/ARCHITECTURE.md sections 3 and 4), below its gRPC
 // edge: for one request it
 //   1. looks up the deepest resume point of the prompt in the request's
 //      namespace (model fingerprint, adapter, cache salt, page size), fetches

@@ -1,6 +1,6 @@
 // The prefill worker against a real CacheStore (in process) and the
 // in-process data plane into a second engine that plays decode: each resume
-// kind, the cache's contracts (DESIGN.md section 5, contracts 1 and 2), and a
+// kind, the cache's contracts (docs/ARCHITECTURE.md section 6, contracts 1 and 2), and a
 // cache that is down or wrong.
 
 #include "prefill/prefill_worker.h"

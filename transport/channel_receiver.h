@@ -44,7 +44,7 @@ struct ChannelReceiverOptions {
   absl::Duration join_timeout = absl::Minutes(2);
   TransferRegistry::Limits limits;
   // The prefill peer of the tickets ExpectTicket and ExpectReservation
-  // complete: a decode worker paired with one prefill worker (DESIGN.md: one
+  // complete: a decode worker paired with one prefill worker (docs/ARCHITECTURE.md: one
   // communicator per prefill/decode pair). Empty: both are
   // FAILED_PRECONDITION, and callers name the peer with ExpectFrom.
   std::string default_peer;

@@ -1,7 +1,7 @@
 #ifndef HYBRIDSERVE_TRANSPORT_TRANSFER_H_
 #define HYBRIDSERVE_TRANSPORT_TRANSFER_H_
 
-// The data plane's contract (DESIGN.md sections 1 and 6): moving the state of
+// The data plane's contract (docs/ARCHITECTURE.md sections 3 and 6): moving the state of
 // one sequence (its full KV pages in page order, the encoded state at the end
 // of the prompt, the first sampled token) from a prefill worker into the
 // slots a decode worker reserved for it.

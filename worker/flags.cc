@@ -3,7 +3,11 @@
 #include <string>
 
 #include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/process.h"
 #include "common/status_macros.h"
 
 ABSL_FLAG(std::string, model_dir, "models/default", "Hugging Face model directory (config.json + safetensors)");
@@ -29,6 +33,20 @@ absl::Status CheckNotNegative(std::initializer_list<std::pair<const char*, absl:
     }
   }
   return absl::OkStatus();
+}
+
+int WorkerMain(int argc, char** argv, const char* usage, absl::FunctionRef<absl::Status()> run) {
+  absl::SetProgramUsageMessage(usage);
+  absl::ParseCommandLine(argc, argv);
+  common::InitLogging(argv[0]);
+  common::TuneProcessForServing();
+  common::InstallTerminationHandler();
+  const absl::Status status = run();
+  if (!status.ok()) {
+    LOG(ERROR) << status.message();
+    return 1;
+  }
+  return 0;
 }
 
 absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags() {

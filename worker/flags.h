@@ -11,6 +11,7 @@
 #include <initializer_list>
 #include <utility>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "worker/bootstrap.h"
@@ -20,6 +21,11 @@ namespace hybridserve::worker {
 // The shared flags as options. INVALID_ARGUMENT, naming the flag, for an
 // unknown --device or a negative --cache_failure_backoff.
 absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags();
+
+// A worker binary's main: parses the flags (usage: --help's first line),
+// sets up logging, the process and SIGTERM handling, then runs `run`; 0, or
+// 1 after logging run's error.
+int WorkerMain(int argc, char** argv, const char* usage, absl::FunctionRef<absl::Status()> run);
 
 // INVALID_ARGUMENT naming the first flag (name, value) whose duration is
 // negative.

@@ -1,4 +1,4 @@
-// The serving figures of DESIGN.md section 6 through the real binaries:
+// The serving figures of docs/ARCHITECTURE.md section 6 through the real binaries:
 // cachestore, prefill and decode as child processes on loopback (the e2e
 // harness, tests/e2e/stack.h), driven by a gRPC client here. Every figure is
 // a ratio to a baseline measured in the same run:

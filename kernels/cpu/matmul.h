@@ -43,7 +43,7 @@ int MatmulDeterministicOnPath(const MatmulParams& p, KernelPath path, ThreadPool
 
 // Fast mode: OpenBLAS (cblas_sgemm, or cblas_sgemv when m == 1), using
 // OpenBLAS's own threads (pool unused). bf16 weights are widened block by block
-// into a scratch buffer first. Not row-invariant (DESIGN.md section 4).
+// into a scratch buffer first. Not row-invariant (docs/ARCHITECTURE.md section 3).
 int MatmulFast(const MatmulParams& p, ThreadPool* pool);
 
 // Dispatches on mode.

@@ -200,7 +200,7 @@ INSTANTIATE_TEST_SUITE_P(
               .start_pos = 10,
               .block_size = 8}));
 
-// Grid contract (DESIGN.md section 4): scanning [0, P) in one call, or [0, q) and
+// Grid contract (docs/ARCHITECTURE.md section 3): scanning [0, P) in one call, or [0, q) and
 // then [q, P) from the state at q (q a multiple of chunk_size), gives identical bits.
 TEST(SsdChunkScanTest, SplitAtGridPointIsBitIdenticalToOneCall) {
   const Shape s{.seqlen = 1000, .n_heads = 8, .head_dim = 32, .d_state = 64, .n_groups = 2, .chunk_size = 128};

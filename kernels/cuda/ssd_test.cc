@@ -369,7 +369,7 @@ TEST_P(SsdGridTest, SmallerSharedMemoryOptinGivesTheSameBits) {
   }
 }
 
-// Grid contract (DESIGN.md section 4), on the backend itself, bit for bit: one
+// Grid contract (docs/ARCHITECTURE.md section 3), on the backend itself, bit for bit: one
 // call over [begin, total) vs the same range split at grid points into calls
 // chained through the device state (the last with final_state aliasing
 // initial_state), and vs restoring a chunk state of the whole call and scanning

@@ -219,6 +219,9 @@ TEST_P(StackTest, DuplicateLiveIdAbortAndDeadline) {
   // id is refused while it is live.
   Generation long_run;
   std::thread t([&] { long_run = Generate(s.decode_target(), Request("long", TextPrompt(20, 4), 3000)); });
+  // The long request is live before its duplicate is sent (sent first, the
+  // duplicate would take the id and the long one be refused).
+  EXPECT_GE(AwaitMetricAtLeast(decode_metrics, "hybridserve_num_requests_running", 1), 1);
   auto stub = v1::Generation::NewStub(grpc::CreateChannel(s.decode_target(), grpc::InsecureChannelCredentials()));
   bool aborted = false;
   bool refused_duplicate = false;
