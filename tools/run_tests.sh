@@ -3,7 +3,9 @@
 # missing, then
 #   1. builds and tests every target (the plain configuration);
 #   2. ASan + UBSan (and LSan) over every target (--config=asan);
-#   3. TSan over //kernels/..., //engine/..., //transport/... and //decode/...
+#   3. TSan over //kernels/..., //engine/..., //transport/..., //decode/... and
+#      the threaded cores without a gRPC server (the cache publisher, the
+#      prefill worker, common::Cancellation)
 #      (not the CUDA emulator's fiber tests, tagged notsan). Debian's abseil
 #      is not instrumented: third_party/tsan/libabsl_tsan_shim.so, preloaded,
 #      tells TSan about absl::Mutex's happens-before edges, and
@@ -71,7 +73,8 @@ if [ "${HS_SANITIZERS:-1}" != "0" ]; then
   shim="$(bazel info --config=tsan bazel-bin 2>/dev/null)/third_party/tsan/libabsl_tsan_shim.so"
   stage "tsan" --config=tsan --test_tag_filters=-notsan --build_tag_filters=-notsan \
     --test_env=LD_PRELOAD="${shim}" --test_env=TSAN_OPTIONS="suppressions=${PWD}/third_party/tsan/suppressions.txt" \
-    -- //kernels/... //engine/... //transport/... //decode/...
+    -- //kernels/... //engine/... //transport/... //decode/... //cachestore:cache_publisher_test \
+    //common:cancellation_test //prefill:prefill_worker_test
 fi
 # numpy comes from Debian (tools/bootstrap.sh: python3-numpy) for /usr/bin/python3;
 # a python3 earlier on PATH (pyenv, a venv) may not have it.
