@@ -1,6 +1,7 @@
 #include "cachestore/server.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/health.h"
 #include "common/status_macros.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -58,6 +59,7 @@ absl::StatusOr<std::unique_ptr<CacheStoreServer>> CacheStoreServer::Start(const 
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.address));
   }
   server->server_->GetHealthCheckService()->SetServingStatus(true);
+  server->server_->GetHealthCheckService()->SetServingStatus(common::kLivenessHealthService, true);
   CacheStoreServer* self = server.get();
   server->reaper_ = std::thread([self] {
     while (!self->stop_.WaitForNotificationWithTimeout(self->reap_interval_)) self->ReapOnce();
@@ -78,7 +80,8 @@ void CacheStoreServer::Shutdown(absl::Duration grace) {
     shut_down_ = true;
   }
   // server_ is null and the reaper not running when Start failed part way.
-  if (server_ != nullptr) server_->GetHealthCheckService()->SetServingStatus(false);
+  // Not ready any more; still alive until it exits (common/health.h).
+  if (server_ != nullptr) server_->GetHealthCheckService()->SetServingStatus("", false);
   stop_.Notify();
   if (reaper_.joinable()) reaper_.join();
   if (server_ != nullptr) {

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/health.h"
 #include "common/logging.h"
 #include "common/process.h"
 #include "common/status_macros.h"
@@ -228,6 +229,7 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const std::string&
     return absl::UnavailableError(absl::StrCat("cannot listen on --address=", address, " (port in use?)"));
   }
   out->server_->GetHealthCheckService()->SetServingStatus(true);
+  out->server_->GetHealthCheckService()->SetServingStatus(common::kLivenessHealthService, true);
   return out;
 }
 
@@ -241,7 +243,8 @@ GrpcServer::~GrpcServer() {
 void GrpcServer::ServeUntilSignal(absl::Duration grace, const DrainSteps& steps) {
   const int sig = common::WaitForTerminationSignal();
   LOG(INFO) << "signal " << sig << ": draining";
-  server_->GetHealthCheckService()->SetServingStatus(false);
+  // Not ready any more; still alive (common/health.h).
+  server_->GetHealthCheckService()->SetServingStatus("", false);
   if (steps.refuse) steps.refuse();
   const absl::Time grace_end = absl::Now() + grace;
   if (steps.settle) steps.settle(grace_end);

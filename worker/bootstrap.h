@@ -118,7 +118,8 @@ class ReceiverPlane {
 // ---- The gRPC server and the drain ----
 
 // What a worker does when told to stop (SIGTERM, SIGINT), in this order:
-//   1. health turns NOT_SERVING;
+//   1. health ("", readiness) turns NOT_SERVING; liveness stays SERVING
+//      (common/health.h);
 //   2. refuse(): new work is refused (UNAVAILABLE);
 //   3. settle(grace_end): waits, at most until grace_end, for work in flight;
 //   4. the server shuts down (what still runs at grace_end is cancelled);
@@ -134,7 +135,7 @@ struct DrainSteps {
 class GrpcServer {
  public:
   // Serves `services` (which must outlive the server) on `address`, with
-  // health checking and reflection; `max_threads` > 0 bounds the server's
+  // health checking (common/health.h) and reflection; `max_threads` > 0 bounds the server's
   // threads. UNAVAILABLE for a port in use (never shared: no SO_REUSEPORT).
   static absl::StatusOr<std::unique_ptr<GrpcServer>> Start(const std::string& address,
                                                            const std::vector<grpc::Service*>& services,

@@ -14,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/health.h"
 #include "common/wait_for.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -462,6 +463,7 @@ TEST(FaultsTest, SigtermDrainsUnderLoad) {
   const std::string target = stack.decode_target();
   Generation refused;
   double running_at_sigterm = -1;
+  bool alive_while_draining = false;
   // Long generations, and SIGTERM only once all six are running: the drain is
   // under way (not already over) when the next request arrives, however fast
   // or loaded the machine.
@@ -472,6 +474,10 @@ TEST(FaultsTest, SigtermDrainsUnderLoad) {
     // Once health says NOT_SERVING the drain has begun (or the listener is
     // already gone).
     EXPECT_TRUE(common::WaitFor([&] { return !HealthServing(target); })) << "the drain never began";
+    // Draining is not dead: the liveness service (Kubernetes' liveness and
+    // startup probes) stays SERVING, so the kubelet never kills a draining
+    // worker before its grace.
+    alive_while_draining = HealthServing(target, common::kLivenessHealthService);
     refused = Generate(target, Request("after-sigterm", TextPrompt(10, 1), 3));
   });
   ASSERT_EQ(running_at_sigterm, 6) << "the six requests never ran at once: the test proves nothing";
@@ -481,6 +487,7 @@ TEST(FaultsTest, SigtermDrainsUnderLoad) {
     EXPECT_EQ(out[i].complete.finish_reason(), v1::FINISH_REASON_LENGTH) << i;
     EXPECT_EQ(out[i].tokens.size(), static_cast<size_t>(kTokens)) << i;
   }
+  EXPECT_TRUE(alive_while_draining);
   // A new request during the drain is refused (UNAVAILABLE: draining or the
   // listener already closed).
   EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::UNAVAILABLE) << refused.status.error_message();

@@ -333,15 +333,18 @@ double AwaitMetric(int port, const std::string& name, double value, absl::Durati
       port, name, [value](double v) { return v == value; }, timeout);
 }
 
-bool HealthServing(const std::string& target) {
-  // No generated health stubs here: the call by name, with raw bytes. An
-  // empty HealthCheckRequest asks about the whole server; the response is
-  // field 1 (status) as a varint: 1 SERVING, 2 NOT_SERVING.
+bool HealthServing(const std::string& target, const std::string& service) {
+  // No generated health stubs here: the call by name, with raw bytes. A
+  // HealthCheckRequest is field 1 (service) as a string, empty for the whole
+  // server; the response is field 1 (status) as a varint: 1 SERVING, 2
+  // NOT_SERVING.
   grpc::GenericStub stub(grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-  grpc::Slice empty_message("");
-  grpc::ByteBuffer request(&empty_message, 1);  // a ByteBuffer with no slice is not a message
+  std::string message;
+  if (!service.empty()) message = std::string("\x0a", 1) + static_cast<char>(service.size()) + service;
+  grpc::Slice request_slice(message);
+  grpc::ByteBuffer request(&request_slice, 1);  // a ByteBuffer with no slice is not a message
   grpc::ByteBuffer response;
   absl::Notification done;
   grpc::Status status;

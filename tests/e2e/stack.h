@@ -148,7 +148,7 @@ inline int MetricsPort(Process* p) { return std::stoi(p->field("metrics_port"));
 
 // grpc.health.v1.Health/Check of `target` (the whole server): true while it
 // answers SERVING; false once it answers NOT_SERVING or cannot be reached.
-bool HealthServing(const std::string& target);
+bool HealthServing(const std::string& target, const std::string& service = "");
 
 // A deterministic prompt of `n` byte tokens starting with <bos>.
 std::vector<int32_t> TextPrompt(int n, int seed);

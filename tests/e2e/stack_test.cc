@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/health.h"
 #include "gtest/gtest.h"
 
 namespace hybridserve::e2e {
@@ -336,6 +337,19 @@ TEST_P(StackTest, ThirtyTwoConcurrentStreamsEqualTheirSoloRuns) {
     ASSERT_TRUE(together[i].completed) << i;
     EXPECT_EQ(together[i].tokens, solo[i].tokens) << i;
     EXPECT_TRUE(BitEqual(together[i].logprobs, solo[i].logprobs)) << i;
+  }
+}
+
+// Every server answers the health service for readiness ("") and liveness
+// (common/health.h), the names Kubernetes' probes ask; an unknown name is
+// not SERVING.
+TEST_P(StackTest, EveryServerAnswersReadinessAndLiveness) {
+  Stack& s = *disaggregated_;
+  for (Process* p : {s.cachestore(), s.prefill(), s.decode()}) {
+    const std::string target = absl::StrCat("127.0.0.1:", p->port());
+    EXPECT_TRUE(HealthServing(target)) << target;
+    EXPECT_TRUE(HealthServing(target, common::kLivenessHealthService)) << target;
+    EXPECT_FALSE(HealthServing(target, "no.such.service")) << target;
   }
 }
 
