@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs every Debian 12 package the build and tests need. A no-op when they
-# are all present. Needs root (or sudo) only when something is missing.
+# Installs every Debian 12 package the build and tests need, then the PyPI
+# tools of the manifest checks (pinned). A no-op when they are all present.
+# Needs root (or sudo) only when something is missing.
 set -euo pipefail
 
 PACKAGES=(
@@ -24,19 +25,40 @@ PACKAGES=(
   python3-grpcio           # Python client (client/python): grpcio 1.51 for /usr/bin/python3
   python3-protobuf         # Python client: protobuf 3.21 runtime for its generated stubs
   python3-numpy            # tools/check_fixtures.py and tools/gen_model.py (CI checks the fixtures)
+  python3-yaml             # tests/k8s: the rendered manifests
+  python3-pip              # installs PIP_PACKAGES below
+)
+
+# PyPI tools of deploy/k8s/validate.sh and tests/k8s, pinned, installed for
+# /usr/bin/python3: the interpreter Bazel's py_test and sh_test find on their
+# PATH. (kubectl, which renders the manifests, is no Debian package: the
+# machines come with it; see deploy/k8s/README.md.)
+PIP_PACKAGES=(
+  kubernetes-validate==1.37.0  # offline OpenAPI schemas of Kubernetes 1.32 to 1.37
+  yamllint==1.38.0
 )
 
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-if [ ${#missing[@]} -eq 0 ]; then
-  exit 0
-fi
-
-echo "bootstrap: installing ${missing[*]}" >&2
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -q
-$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "bootstrap: installing ${missing[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -q
+  $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+missing_pip=()
+for p in "${PIP_PACKAGES[@]}"; do
+  [ "$(/usr/bin/python3 -c 'import importlib.metadata as m, sys
+try: print(m.version(sys.argv[1]))
+except m.PackageNotFoundError: pass' "${p%%==*}")" = "${p#*==}" ] || missing_pip+=("$p")
+done
+if [ ${#missing_pip[@]} -gt 0 ]; then
+  echo "bootstrap: pip installing ${missing_pip[*]}" >&2
+  # Debian marks its Python externally managed; these land in /usr/local.
+  $SUDO /usr/bin/python3 -m pip install -q --break-system-packages --no-warn-script-location "${missing_pip[@]}"
+fi

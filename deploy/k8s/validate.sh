@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Validates deploy/k8s offline: renders every overlay with `kubectl kustomize`,
+# checks each rendered object (and the monitoring/ examples) against the
+# OpenAPI schemas of Kubernetes ${K8S_VERSION} with `kubernetes-validate
+# --strict` (unknown fields fail), and runs yamllint with deploy/k8s/.yamllint
+# over every YAML file here. It also proves --strict bites: a rendered
+# Deployment with an unknown field must be rejected.
+#
+#   deploy/k8s/validate.sh       (also the Bazel test //tests/k8s:manifests_validate_test)
+#
+# Needs kubectl (>= 1.27: kustomize v5) and, for python3 (or $PYTHON), the
+# PyPI packages kubernetes-validate and yamllint (tools/bootstrap.sh).
+set -euo pipefail
+
+K8S_VERSION="${K8S_VERSION:-1.32.0}"
+
+# The manifests: under Bazel, from the runfiles; else beside this script.
+if [ -n "${TEST_SRCDIR:-}" ]; then
+  src="${TEST_SRCDIR}/${TEST_WORKSPACE:-hybridserve}/deploy/k8s"
+else
+  src="$(cd "$(dirname "$0")" && pwd)"
+fi
+work="$(mktemp -d "${TEST_TMPDIR:-/tmp}/k8s-validate.XXXXXX")"
+trap 'rm -rf "$work"' EXIT
+# A real copy: kustomize refuses files reached through symlinks that lead
+# outside the kustomization root (Bazel's runfiles are such symlinks).
+cp -rL "$src" "$work/k8s"
+k8s="$work/k8s"
+
+PYTHON="${PYTHON:-python3}"
+if ! "$PYTHON" -c "import kubernetes_validate, yamllint" 2>/dev/null; then
+  PYTHON=/usr/bin/python3
+fi
+"$PYTHON" -c "import kubernetes_validate, yamllint" 2>/dev/null || {
+  echo "validate.sh: kubernetes-validate and yamllint are not installed for python3 (run tools/bootstrap.sh)" >&2
+  exit 1
+}
+command -v kubectl >/dev/null || { echo "validate.sh: kubectl not found" >&2; exit 1; }
+
+failed=0
+check() {  # check NAME COMMAND...: runs it, prints one line, remembers failure
+  local name=$1
+  shift
+  if "$@" >"$work/out" 2>&1; then
+    echo "PASS $name"
+  else
+    echo "FAIL $name"
+    sed 's/^/    /' "$work/out"
+    failed=$((failed + 1))
+  fi
+}
+validate() { "$PYTHON" -m kubernetes_validate --strict --quiet -k "$K8S_VERSION" "$@"; }
+
+for overlay in "$k8s"/overlays/*/; do
+  name="$(basename "$overlay")"
+  check "render overlays/$name" kubectl kustomize "$overlay" -o "$work/$name.yaml"
+  [ -s "$work/$name.yaml" ] || continue
+  objects="$(grep -c '^kind: ' "$work/$name.yaml" || true)"
+  check "kubernetes-validate --strict -k $K8S_VERSION overlays/$name ($objects objects)" validate "$work/$name.yaml"
+done
+for f in "$k8s"/monitoring/*.yaml; do
+  check "kubernetes-validate --strict -k $K8S_VERSION monitoring/$(basename "$f")" validate "$f"
+done
+check "yamllint -c deploy/k8s/.yamllint --strict deploy/k8s" \
+  "$PYTHON" -m yamllint -c "$k8s/.yamllint" --strict "$k8s"
+
+# --strict must reject what the API server would drop: an unknown field.
+if [ -s "$work/cpu.yaml" ]; then
+  sed 's/^  revisionHistoryLimit: 5$/  revisionHistoryLimit: 5\n  replicaz: 2/' "$work/cpu.yaml" >"$work/broken.yaml"
+  if grep -q replicaz "$work/broken.yaml" && ! validate "$work/broken.yaml" >/dev/null 2>&1; then
+    echo "PASS kubernetes-validate --strict rejects an unknown field"
+  else
+    echo "FAIL kubernetes-validate --strict accepted a Deployment with an unknown field"
+    failed=$((failed + 1))
+  fi
+fi
+
+if [ "$failed" -ne 0 ]; then
+  echo "validate.sh: $failed check(s) failed"
+  exit 1
+fi
+echo "validate.sh: every check passed (Kubernetes $K8S_VERSION schemas)"

@@ -1,0 +1,481 @@
+"""Policy tests over the rendered manifests of deploy/k8s (every overlay):
+resources, probes, security contexts, PDBs, Services, drain timing, flags,
+cachestore budgets, autoscaling, topology spread and the NetworkPolicy flows
+(evaluated, against a table). Each check also runs on deliberately broken
+copies of the cpu render and must catch each of them: the checks can fail."""
+
+import copy
+import unittest
+
+import manifests as m
+from manifests import COMPONENTS, PORTS, WORKERS
+
+
+def _labels(component):
+    return {"app.kubernetes.io/name": "hybridserve", "app.kubernetes.io/component": component,
+            "app.kubernetes.io/part-of": "hybridserve"}
+
+
+# --- checks: each returns the violations of one overlay's objects -------------
+
+def check_objects(objs):
+    errors = []
+    expected = [("Namespace", "hybridserve"), ("ConfigMap", "hybridserve-config")]
+    for c in COMPONENTS:
+        expected += [("Service", f"hybridserve-{c}"), ("PodDisruptionBudget", f"hybridserve-{c}"),
+                     ("NetworkPolicy", f"hybridserve-{c}")]
+    for c in WORKERS:
+        expected += [("Deployment", f"hybridserve-{c}"), ("HorizontalPodAutoscaler", f"hybridserve-{c}")]
+    errors += [f"missing {k}/{n}" for k, n in expected if not m.find(objs, k, n)]
+    for c in COMPONENTS:
+        w = m.workload(objs, c)
+        if w is None:
+            errors.append(f"no workload for {c}")
+            continue
+        tmpl = w["spec"]["template"]
+        if tmpl["metadata"].get("labels") != _labels(c):
+            errors.append(f"{c}: pod labels {tmpl['metadata'].get('labels')}")
+        if [x["name"] for x in tmpl["spec"]["containers"]] != [c]:
+            errors.append(f"{c}: containers are not exactly [{c}]")
+        if not m.selector_matches(w["spec"]["selector"], tmpl["metadata"].get("labels", {}), False):
+            errors.append(f"{c}: the workload's selector misses its own pods")
+        if m.container_ports(m.container(objs, c)) != PORTS[c]:
+            errors.append(f"{c}: ports {m.container_ports(m.container(objs, c))}, want {PORTS[c]}")
+        if m.container(objs, c).get("command") != [m.BINARY.format(c)]:
+            errors.append(f"{c}: command is not [{m.BINARY.format(c)}]")
+        if not m.container(objs, c).get("image", "").startswith("hybridserve:"):
+            errors.append(f"{c}: image {m.container(objs, c).get('image')}")
+        annotations = tmpl["metadata"].get("annotations", {})
+        if annotations.get("prometheus.io/scrape") != "true" or annotations.get("prometheus.io/port") != str(
+                PORTS[c]["metrics"]):
+            errors.append(f"{c}: Prometheus scrape annotations missing or not the metrics port")
+    for c in WORKERS:
+        rolling = (m.workload(objs, c) or {}).get("spec", {}).get("strategy", {}).get("rollingUpdate", {})
+        if rolling.get("maxSurge") != 1 or rolling.get("maxUnavailable") != 0:
+            errors.append(f"{c}: rollout is not maxSurge 1, maxUnavailable 0")
+    cachestore = m.workload(objs, "cachestore")
+    if cachestore is not None and cachestore["kind"] == "Deployment":
+        if cachestore["spec"].get("strategy", {}).get("type") != "Recreate" or cachestore["spec"].get("replicas") != 1:
+            errors.append("cachestore: a Deployment must be one replica with the Recreate strategy")
+    return errors
+
+
+def check_resources(objs):
+    errors = []
+    for w in m.find(objs, "Deployment") + m.find(objs, "StatefulSet"):
+        for c in w["spec"]["template"]["spec"]["containers"]:
+            res = c.get("resources", {})
+            for kind in ("requests", "limits"):
+                for r in ("cpu", "memory"):
+                    if r not in res.get(kind, {}):
+                        errors.append(f"{c['name']}: no {kind}.{r}")
+            gpus = {k: res.get(k, {}).get("nvidia.com/gpu") for k in ("requests", "limits")}
+            if gpus["requests"] != gpus["limits"]:
+                errors.append(f"{c['name']}: nvidia.com/gpu requests {gpus['requests']} != limits {gpus['limits']}")
+    return errors
+
+
+def check_probes(objs):
+    errors = []
+    want = {"startupProbe": m.LIVENESS_SERVICE, "readinessProbe": "", "livenessProbe": m.LIVENESS_SERVICE}
+    for comp in COMPONENTS:
+        c = m.container(objs, comp)
+        for probe, service in want.items():
+            p = c.get(probe)
+            if not p or "grpc" not in p:
+                errors.append(f"{comp}: no gRPC {probe}")
+                continue
+            if p["grpc"].get("port") != PORTS[comp]["grpc"]:
+                errors.append(f"{comp}: {probe} port {p['grpc'].get('port')}, want {PORTS[comp]['grpc']}")
+            if p["grpc"].get("service", "") != service:
+                errors.append(f"{comp}: {probe} service {p['grpc'].get('service')!r}, want {service!r}")
+        start = c.get("startupProbe", {})
+        budget = start.get("periodSeconds", 10) * start.get("failureThreshold", 3)
+        if budget < 60:
+            errors.append(f"{comp}: the startup probe allows {budget}s to load the model (< 60s)")
+    return errors
+
+
+def check_security(objs):
+    errors = []
+    for comp in COMPONENTS:
+        pod = m.pod_spec(objs, comp).get("securityContext", {})
+        sc = m.container(objs, comp).get("securityContext", {})
+        if not sc.get("runAsNonRoot", pod.get("runAsNonRoot")):
+            errors.append(f"{comp}: runAsNonRoot not set")
+        if sc.get("runAsUser", pod.get("runAsUser")) != m.RUN_AS_USER:
+            errors.append(f"{comp}: not run as uid {m.RUN_AS_USER}")
+        if sc.get("readOnlyRootFilesystem") is not True:
+            errors.append(f"{comp}: root filesystem not read-only")
+        if sc.get("allowPrivilegeEscalation") is not False:
+            errors.append(f"{comp}: privilege escalation allowed")
+        if "ALL" not in (sc.get("capabilities", {}).get("drop") or []) or sc.get("capabilities", {}).get("add"):
+            errors.append(f"{comp}: capabilities not dropped (ALL) or some added")
+        if sc.get("seccompProfile", pod.get("seccompProfile", {})).get("type") != "RuntimeDefault":
+            errors.append(f"{comp}: seccompProfile not RuntimeDefault")
+        mounts = {v["mountPath"] for v in m.container(objs, comp).get("volumeMounts", [])}
+        if "/tmp" not in mounts:
+            errors.append(f"{comp}: no writable /tmp")
+    return errors
+
+
+def check_pdbs(objs):
+    errors = []
+    pdbs = m.find(objs, "PodDisruptionBudget")
+    for comp in COMPONENTS:
+        labels = m.workload(objs, comp)["spec"]["template"]["metadata"].get("labels", {})
+        if not any(m.selector_matches(p["spec"].get("selector"), labels, False) for p in pdbs):
+            errors.append(f"{comp}: no PodDisruptionBudget selects its pods")
+    return errors
+
+
+def check_services(objs):
+    errors = []
+    pods = [(c, m.workload(objs, c)["spec"]["template"]) for c in COMPONENTS]
+    for svc in m.find(objs, "Service"):
+        name = svc["metadata"]["name"]
+        selected = [(c, t) for c, t in pods
+                    if m.selector_matches({"matchLabels": svc["spec"].get("selector") or {}},
+                                          t["metadata"].get("labels", {}), False)]
+        if not selected:
+            errors.append(f"Service {name}: selects no pods")
+        for port in svc["spec"].get("ports", []):
+            target = port.get("targetPort", port["port"])
+            for c, t in selected:
+                exposed = {p.get("name"): p["containerPort"] for x in t["spec"]["containers"] for p in x.get("ports", [])}
+                if target not in exposed and target not in exposed.values():
+                    errors.append(f"Service {name}: port {target} is not a port of {c}'s containers")
+    for comp in COMPONENTS:
+        svc = m.find(objs, "Service", f"hybridserve-{comp}")
+        if not svc:
+            continue
+        ports = [p["port"] for p in svc[0]["spec"].get("ports", [])]
+        if ports != [PORTS[comp]["grpc"]]:
+            errors.append(f"Service hybridserve-{comp}: ports {ports}, want [{PORTS[comp]['grpc']}]")
+        headless = svc[0]["spec"].get("clusterIP") == "None"
+        if headless != (comp == "prefill"):
+            errors.append(f"Service hybridserve-{comp}: headless={headless} (only prefill's is headless)")
+    return errors
+
+
+def drain_seconds(objs, comp):
+    """What a pod's termination must cover: preStop, then the binary's drain."""
+    c = m.container(objs, comp)
+    pre_stop = c.get("lifecycle", {}).get("preStop", {}).get("sleep", {}).get("seconds", 0)
+    grace = m.parse_duration_s(m.flags(objs, comp).get("shutdown_grace", "10s"))
+    # Prefill drains in two steps of --shutdown_grace: its calls, then the
+    # queued cache publications (prefill/main.cc).
+    return pre_stop + grace * (2 if comp == "prefill" else 1)
+
+
+def check_drain(objs):
+    errors = []
+    for comp in COMPONENTS:
+        c = m.container(objs, comp)
+        if not c.get("lifecycle", {}).get("preStop", {}).get("sleep", {}).get("seconds"):
+            errors.append(f"{comp}: no preStop sleep (endpoint removal races SIGTERM)")
+        period = m.pod_spec(objs, comp).get("terminationGracePeriodSeconds", 30)
+        need = drain_seconds(objs, comp)
+        if period <= need + m.GRACE_MARGIN_S:
+            errors.append(f"{comp}: terminationGracePeriodSeconds {period} <= preStop + drain {need}s + margin "
+                          f"{m.GRACE_MARGIN_S}s")
+    decode, prefill = m.flags(objs, "decode"), m.flags(objs, "prefill")
+    if m.parse_duration_s(prefill.get("shutdown_grace", "10s")) < m.parse_duration_s(
+            decode.get("transfer_timeout", "60s")):
+        errors.append("prefill --shutdown_grace is shorter than decode's --transfer_timeout: a call running at "
+                      "SIGTERM may be cut")
+    return errors
+
+
+def check_flags(objs):
+    errors, resolved = [], {}
+    for comp in COMPONENTS:
+        try:
+            resolved[comp] = m.flags(objs, comp)
+        except (LookupError, ValueError) as e:
+            errors.append(str(e))
+    if errors:
+        return errors
+    for comp, f in resolved.items():
+        for flag, port in (("address", "grpc"), ("metrics_address", "metrics"), ("data_address", "data")):
+            if port in PORTS[comp] and (flag not in f or m.port_of(f[flag]) != PORTS[comp][port]):
+                errors.append(f"{comp}: --{flag}={f.get(flag)} is not on the {port} port {PORTS[comp][port]}")
+        if comp in WORKERS:
+            if f.get("cachestore") != "hybridserve-cachestore:50051":
+                errors.append(f"{comp}: --cachestore={f.get('cachestore')}")
+            if f.get("data_planes") != "tcp":
+                errors.append(f"{comp}: --data_planes={f.get('data_planes')} (pods pair with no one: tcp)")
+    f = resolved["decode"]
+    if f.get("prefill") != "hybridserve-prefill:50061":
+        errors.append(f"decode: --prefill={f.get('prefill')}, want the headless Service")
+    if f.get("advertise_host") != "$(POD_IP)":
+        errors.append(f"decode: --advertise_host={f.get('advertise_host')}, want $(POD_IP)")
+    env = {e["name"]: e for e in m.container(objs, "decode").get("env", [])}
+    if env.get("POD_IP", {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") != "status.podIP":
+        errors.append("decode: POD_IP is not the downward API's status.podIP")
+    prefill = resolved["prefill"]
+    for flag in ("page_size", "model_dir", "device"):
+        if f.get(flag) != prefill.get(flag):
+            errors.append(f"--{flag}: decode {f.get(flag)} != prefill {prefill.get(flag)}")
+    return errors
+
+
+def check_cachestore_budgets(objs):
+    """page + state + blob pool <= 75 % of the memory limit, and the rest holds
+    the gRPC buffers (max_streams x max_chunk) plus 256 MiB (index, process)."""
+    f = m.flags(objs, "cachestore")
+    limit = m.mib(m.container(objs, "cachestore").get("resources", {}).get("limits", {}).get("memory", "0"))
+    budgets = sum(int(f.get(k, d)) for k, d in (("page_budget_mib", 4096), ("state_budget_mib", 4096),
+                                                  ("blob_pool_mib", 256)))
+    buffers = int(f.get("max_streams", 1024)) * int(f.get("max_chunk_kib", 4096)) / 1024
+    errors = []
+    if budgets > 0.75 * limit:
+        errors.append(f"cachestore: budgets {budgets} MiB > 75 % of its {limit} MiB limit")
+    if budgets + buffers + 256 > limit:
+        errors.append(f"cachestore: budgets {budgets} + buffers {buffers} + 256 MiB > limit {limit} MiB")
+    return errors
+
+
+def check_autoscaling(objs, rules=None):
+    rules = m.monitoring_rules() if rules is None else rules
+    served = {r["name"]["as"]: r for r in rules}
+    errors = []
+    want = {"prefill": {"hybridserve_prefill_backlog_seconds"},
+            "decode": {"hybridserve_kv_page_use_ratio", "hybridserve_num_requests_waiting"}}
+    for comp, metrics in want.items():
+        hpas = [h for h in m.find(objs, "HorizontalPodAutoscaler")
+                if h["spec"]["scaleTargetRef"].get("name") == f"hybridserve-{comp}"
+                and h["spec"]["scaleTargetRef"].get("kind") == m.workload(objs, comp)["kind"]]
+        if len(hpas) != 1 or hpas[0]["apiVersion"] != "autoscaling/v2":
+            errors.append(f"{comp}: not exactly one autoscaling/v2 HPA targets it")
+            continue
+        spec = hpas[0]["spec"]
+        names = {x["pods"]["metric"]["name"] for x in spec.get("metrics", []) if x["type"] == "Pods"}
+        if names != metrics:
+            errors.append(f"{comp}: HPA metrics {sorted(names)}, want {sorted(metrics)}")
+        errors += [f"{comp}: prometheus-adapter serves no {n}" for n in names if n not in served]
+        window = spec.get("behavior", {}).get("scaleDown", {}).get("stabilizationWindowSeconds", 0)
+        if window < 60:
+            errors.append(f"{comp}: scale-down stabilisation {window}s (< 60s)")
+        if spec.get("minReplicas", 1) < 2:
+            errors.append(f"{comp}: minReplicas < 2 (one pod cannot roll without a gap)")
+    return errors
+
+
+def check_adapter_pages(objs, rules=None):
+    """The example adapter rules (written for the cpu overlay) divide the
+    free KV pages by the --max_pages decode runs with."""
+    rules = m.monitoring_rules() if rules is None else rules
+    kv = "".join(r["metricsQuery"] for r in rules if r["name"]["as"] == "hybridserve_kv_page_use_ratio")
+    if f"/ {m.flags(objs, 'decode').get('max_pages')})" not in kv:
+        return [f"hybridserve_kv_page_use_ratio does not divide by decode's --max_pages: {kv.strip()}"]
+    return []
+
+
+def check_topology(objs):
+    errors = []
+    for comp in WORKERS:
+        tmpl = m.workload(objs, comp)["spec"]["template"]
+        spreads = [t for t in tmpl["spec"].get("topologySpreadConstraints", [])
+                   if t.get("topologyKey") == "kubernetes.io/hostname"
+                   and m.selector_matches(t.get("labelSelector"), tmpl["metadata"].get("labels", {}), False)]
+        if not spreads:
+            errors.append(f"{comp}: no topology spread across nodes over its own pods")
+    return errors
+
+
+def check_network_policies(objs):
+    errors = []
+    for p in m.find(objs, "NetworkPolicy"):
+        for rule in p["spec"].get("ingress", []) + p["spec"].get("egress", []):
+            if any("ipBlock" in peer for peer in rule.get("from", []) + rule.get("to", [])):
+                errors.append(f"NetworkPolicy {p['metadata']['name']}: ipBlock (not evaluated here)")
+    flows = m.allowed_flows(objs)
+    errors += [f"flow allowed, not in the table: {f}" for f in sorted(flows - m.EXPECTED_FLOWS)]
+    errors += [f"flow in the table, denied: {f}" for f in sorted(m.EXPECTED_FLOWS - flows)]
+    return errors
+
+
+def check_device(objs, overlay):
+    errors = []
+    for comp in WORKERS:
+        f = m.flags(objs, comp)
+        res = m.container(objs, comp).get("resources", {})
+        mounts = {v["mountPath"]: v["name"] for v in m.container(objs, comp).get("volumeMounts", [])}
+        volumes = {v["name"]: v for v in m.pod_spec(objs, comp).get("volumes", [])}
+        if overlay == "gpu":
+            if f.get("device") != "cuda":
+                errors.append(f"{comp}: --device={f.get('device')} on the gpu overlay")
+            for kind in ("requests", "limits"):
+                if str(res.get(kind, {}).get("nvidia.com/gpu")) != "1":
+                    errors.append(f"{comp}: {kind}.nvidia.com/gpu is not 1")
+            shm = volumes.get(mounts.get("/dev/shm"), {}).get("emptyDir", {})
+            if shm.get("medium") != "Memory":
+                errors.append(f"{comp}: /dev/shm is not a Memory emptyDir")
+        else:
+            if f.get("device") != "cpu" or f.get("model_dir") != "/models/default":
+                errors.append(f"{comp}: --device={f.get('device')} --model_dir={f.get('model_dir')} on {overlay}")
+            if "nvidia.com/gpu" in res.get("limits", {}):
+                errors.append(f"{comp}: asks for a GPU on {overlay}")
+    return errors
+
+
+CHECKS = [check_objects, check_resources, check_probes, check_security, check_pdbs, check_services, check_drain,
+          check_flags, check_cachestore_budgets, check_autoscaling, check_topology, check_network_policies]
+
+
+# --- deliberate breakage: (check, what, mutation of the cpu render) -------------
+
+def _container(objs, comp):
+    return m.container(objs, comp)
+
+
+def _policy(objs, comp):
+    return m.one(objs, "NetworkPolicy", f"hybridserve-{comp}")["spec"]
+
+
+def _config(objs):
+    return m.one(objs, "ConfigMap", "hybridserve-config")["data"]
+
+
+def _set(d, path, value):
+    for k in path[:-1]:
+        d = d[k]
+    if value is None:
+        del d[path[-1]]
+    else:
+        d[path[-1]] = value
+
+
+BREAKAGES = [
+    (check_objects, "decode rollout may drop a pod",
+     lambda o: _set(m.workload(o, "decode")["spec"]["strategy"]["rollingUpdate"], ["maxUnavailable"], 1)),
+    (check_objects, "decode's data port renamed",
+     lambda o: _set(_container(o, "decode")["ports"][1], ["name"], "plane")),
+    (check_objects, "cachestore rolls instead of Recreate",
+     lambda o: _set(m.workload(o, "cachestore")["spec"]["strategy"], ["type"], "RollingUpdate")),
+    (check_resources, "decode without a memory limit",
+     lambda o: _set(_container(o, "decode")["resources"]["limits"], ["memory"], None)),
+    (check_resources, "cachestore without requests",
+     lambda o: _set(_container(o, "cachestore")["resources"], ["requests"], None)),
+    (check_probes, "readiness on the liveness service",
+     lambda o: _set(_container(o, "decode")["readinessProbe"]["grpc"], ["service"], m.LIVENESS_SERVICE)),
+    (check_probes, "prefill liveness on the wrong port",
+     lambda o: _set(_container(o, "prefill")["livenessProbe"]["grpc"], ["port"], 9090)),
+    (check_probes, "cachestore without a startup probe",
+     lambda o: _set(_container(o, "cachestore"), ["startupProbe"], None)),
+    (check_security, "writable root filesystem",
+     lambda o: _set(_container(o, "prefill")["securityContext"], ["readOnlyRootFilesystem"], False)),
+    (check_security, "capabilities kept",
+     lambda o: _set(_container(o, "decode")["securityContext"]["capabilities"], ["drop"], [])),
+    (check_security, "root allowed",
+     lambda o: (_set(_container(o, "cachestore")["securityContext"], ["runAsNonRoot"], False),
+                _set(m.pod_spec(o, "cachestore")["securityContext"], ["runAsNonRoot"], False))),
+    (check_pdbs, "no PDB for prefill",
+     lambda o: o.remove(m.one(o, "PodDisruptionBudget", "hybridserve-prefill"))),
+    (check_pdbs, "decode's PDB selects prefill",
+     lambda o: _set(m.one(o, "PodDisruptionBudget", "hybridserve-decode")["spec"]["selector"]["matchLabels"],
+                    ["app.kubernetes.io/component"], "prefill")),
+    (check_services, "decode Service selects nothing",
+     lambda o: _set(m.one(o, "Service", "hybridserve-decode")["spec"]["selector"],
+                    ["app.kubernetes.io/component"], "decoder")),
+    (check_services, "prefill Service targets a port no container has",
+     lambda o: _set(m.one(o, "Service", "hybridserve-prefill")["spec"]["ports"][0], ["targetPort"], "rpc")),
+    (check_services, "prefill Service not headless",
+     lambda o: _set(m.one(o, "Service", "hybridserve-prefill")["spec"], ["clusterIP"], None)),
+    (check_drain, "decode grace shorter than the drain",
+     lambda o: _set(m.pod_spec(o, "decode"), ["terminationGracePeriodSeconds"], 35)),
+    (check_drain, "prefill grace ignores the publications step",
+     lambda o: _set(m.pod_spec(o, "prefill"), ["terminationGracePeriodSeconds"], 50)),
+    (check_drain, "decode --shutdown_grace raised in the flag file past the grace period",
+     lambda o: _set(_config(o), ["decode.flags"], _config(o)["decode.flags"] + "--shutdown_grace=2m\n")),
+    (check_drain, "no preStop",
+     lambda o: _set(_container(o, "cachestore"), ["lifecycle"], None)),
+    (check_flags, "metrics on another port than declared",
+     lambda o: _set(_config(o), ["prefill.flags"], _config(o)["prefill.flags"] + "--metrics_address=:9091\n")),
+    (check_flags, "decode's flag file not mounted",
+     lambda o: _set(_container(o, "decode")["args"], [0], "--flagfile=/etc/flags/decode.flags")),
+    (check_flags, "decode points at the prefill ClusterIP name",
+     lambda o: _set(_config(o), ["decode.flags"], _config(o)["decode.flags"] + "--prefill=prefill:50061\n")),
+    (check_flags, "advertise_host not the pod IP",
+     lambda o: _set(_container(o, "decode")["env"][0], ["valueFrom"], {"fieldRef": {"fieldPath": "spec.nodeName"}})),
+    (check_cachestore_budgets, "budgets above the memory limit's share",
+     lambda o: _set(_config(o), ["cachestore-budgets.flags"],
+                    _config(o)["cachestore-budgets.flags"] + "--page_budget_mib=1800\n")),
+    (check_cachestore_budgets, "memory limit cut under the budgets",
+     lambda o: _set(_container(o, "cachestore")["resources"]["limits"], ["memory"], "1Gi")),
+    (check_autoscaling, "no scale-down stabilisation",
+     lambda o: _set(m.one(o, "HorizontalPodAutoscaler", "hybridserve-decode")["spec"], ["behavior"], None)),
+    (check_autoscaling, "prefill HPA on a metric the adapter does not serve",
+     lambda o: _set(m.one(o, "HorizontalPodAutoscaler", "hybridserve-prefill")["spec"]["metrics"][0]["pods"]
+                    ["metric"], ["name"], "hybridserve_prefill_queue_seconds")),
+    (check_adapter_pages, "--max_pages changed, the adapter query not",
+     lambda o: _set(_config(o), ["engine.flags"], _config(o)["engine.flags"] + "--max_pages=8192\n")),
+    (check_topology, "decode spread over zones only",
+     lambda o: _set(m.pod_spec(o, "decode")["topologySpreadConstraints"][0], ["topologyKey"],
+                    "topology.kubernetes.io/zone")),
+    (check_network_policies, "prefill's gRPC open to the cachestore instead of decode",
+     lambda o: _set(_policy(o, "prefill")["ingress"][0]["from"][0]["podSelector"]["matchLabels"],
+                    ["app.kubernetes.io/component"], "cachestore")),
+    (check_network_policies, "Prometheus peer without its namespace selector",
+     lambda o: _set(_policy(o, "decode")["ingress"][2]["from"][0], ["namespaceSelector"], None)),
+    (check_network_policies, "decode's egress left open",
+     lambda o: (_set(_policy(o, "decode"), ["egress"], None), _set(_policy(o, "decode"), ["policyTypes"],
+                                                                     ["Ingress"]))),
+    (check_network_policies, "decode's data port open to every pod",
+     lambda o: _set(_policy(o, "decode")["ingress"][1], ["from"], None)),
+    (check_network_policies, "cachestore's gRPC open to every pod",
+     lambda o: _set(_policy(o, "cachestore")["ingress"][0], ["from"], None)),
+    (check_network_policies, "prefill may reach decode's client port too",
+     lambda o: _policy(o, "prefill")["egress"][0]["ports"].append({"port": 50050, "protocol": "TCP"})),
+]
+
+
+class ManifestPolicyTest(unittest.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        cls.rendered = {o: m.render(o) for o in m.overlays()}
+
+    def test_every_overlay_renders(self):
+        self.assertEqual(sorted(self.rendered), ["cpu", "gpu"])
+        for overlay, objs in self.rendered.items():
+            self.assertGreaterEqual(len(objs), 16, overlay)
+
+    def test_each_check_passes_on_every_overlay(self):
+        for overlay, objs in self.rendered.items():
+            for check in CHECKS:
+                with self.subTest(overlay=overlay, check=check.__name__):
+                    self.assertEqual(check(objs), [])
+            with self.subTest(overlay=overlay, check="check_device"):
+                self.assertEqual(check_device(objs, overlay), [])
+        self.assertEqual(check_adapter_pages(self.rendered["cpu"]), [])
+
+    def test_each_check_catches_its_breakages(self):
+        covered = set()
+        for check, what, mutate in BREAKAGES:
+            with self.subTest(check=check.__name__, breakage=what):
+                broken = copy.deepcopy(self.rendered["cpu"])
+                mutate(broken)
+                self.assertNotEqual(check(broken), [], f"{check.__name__} missed: {what}")
+                covered.add(check)
+        self.assertEqual(covered, set(CHECKS + [check_adapter_pages]), "every check has a breakage it must catch")
+
+    def test_device_check_catches_a_cpu_overlay_on_gpus(self):
+        self.assertNotEqual(check_device(self.rendered["cpu"], "gpu"), [])
+        self.assertNotEqual(check_device(self.rendered["gpu"], "cpu"), [])
+
+    def test_network_policy_table(self):
+        # The table itself, written out: what the README's flow table says.
+        flows = m.allowed_flows(self.rendered["cpu"])
+        self.assertIn(("decode", "prefill", 50061, "TCP"), flows)
+        self.assertIn(("prefill", "decode", 50070, "TCP"), flows)
+        for denied in [("client", "prefill", 50061, "TCP"), ("client", "cachestore", 50051, "TCP"),
+                       ("client", "decode", 50070, "TCP"), ("decode", "decode", 50070, "TCP"),
+                       ("cachestore", "decode", 50050, "TCP"), ("grafana", "decode", 9090, "TCP"),
+                       ("prefill", "prefill", 50061, "TCP"), ("decode", "prometheus", 9090, "TCP")]:
+            self.assertNotIn(denied, flows)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,323 @@
+"""The rendered Kubernetes manifests of deploy/k8s, as Python objects, and the
+checks tests/k8s/manifest_policy_test.py runs over them.
+
+Each check takes the rendered objects of one overlay (a list of dicts, as
+`kubectl kustomize` prints them) and returns a list of violations (strings;
+empty when the manifests comply), so a test can run it on the real render and
+on a deliberately broken copy."""
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+
+import yaml
+
+COMPONENTS = ("decode", "prefill", "cachestore")
+WORKERS = ("decode", "prefill")
+# docs: /work/briefs/k8s-conventions.md, restated in deploy/k8s/README.md.
+PORTS = {
+    "decode": {"grpc": 50050, "data": 50070, "metrics": 9090},
+    "prefill": {"grpc": 50061, "metrics": 9090},
+    "cachestore": {"grpc": 50051, "metrics": 9090},
+}
+LIVENESS_SERVICE = "hybridserve.liveness"
+BINARY = "/opt/hybridserve/bin/{}"
+RUN_AS_USER = 10001
+# Seconds of margin a grace period keeps beyond the drain it must cover.
+GRACE_MARGIN_S = 5
+
+
+# --- rendering -------------------------------------------------------------
+
+def k8s_dir():
+    """deploy/k8s: from Bazel's runfiles, else from this checkout."""
+    if "TEST_SRCDIR" in os.environ:
+        return os.path.join(os.environ["TEST_SRCDIR"], os.environ.get("TEST_WORKSPACE", "hybridserve"), "deploy",
+                            "k8s")
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "deploy", "k8s")
+
+
+def render(overlay):
+    """The objects `kubectl kustomize deploy/k8s/overlays/<overlay>` renders."""
+    with tempfile.TemporaryDirectory(dir=os.environ.get("TEST_TMPDIR")) as tmp:
+        # A real copy: kustomize refuses symlinks leading outside its root.
+        root = shutil.copytree(k8s_dir(), os.path.join(tmp, "k8s"))
+        out = subprocess.run(["kubectl", "kustomize", os.path.join(root, "overlays", overlay)], check=True,
+                             capture_output=True, text=True).stdout
+    return [o for o in yaml.safe_load_all(out) if o]
+
+
+def overlays():
+    return sorted(os.listdir(os.path.join(k8s_dir(), "overlays")))
+
+
+def monitoring_rules():
+    """The prometheus-adapter rules of deploy/k8s/monitoring (its config.yaml)."""
+    path = os.path.join(k8s_dir(), "monitoring", "prometheus-adapter-config.yaml")
+    with open(path, encoding="utf-8") as f:
+        config_map = yaml.safe_load(f)
+    return yaml.safe_load(config_map["data"]["config.yaml"])["rules"]
+
+
+# --- object access ---------------------------------------------------------
+
+def find(objs, kind, name=None):
+    return [o for o in objs if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)]
+
+
+def one(objs, kind, name):
+    found = find(objs, kind, name)
+    if len(found) != 1:
+        raise LookupError(f"{kind}/{name}: {len(found)} objects")
+    return found[0]
+
+
+def workload(objs, component):
+    """The Deployment (or StatefulSet) of a component, or None."""
+    for kind in ("Deployment", "StatefulSet"):
+        found = find(objs, kind, f"hybridserve-{component}")
+        if found:
+            return found[0]
+    return None
+
+
+def pod_spec(objs, component):
+    return workload(objs, component)["spec"]["template"]["spec"]
+
+
+def container(objs, component):
+    for c in pod_spec(objs, component)["containers"]:
+        if c["name"] == component:
+            return c
+    raise LookupError(f"no container {component}")
+
+
+def container_ports(c):
+    return {p.get("name"): p["containerPort"] for p in c.get("ports", [])}
+
+
+def selector_matches(selector, labels, empty_matches_all=True):
+    """A Kubernetes label selector (matchLabels, matchExpressions) on labels."""
+    if selector is None:
+        return False
+    if not selector and not empty_matches_all:
+        return False
+    for k, v in (selector.get("matchLabels") or {}).items():
+        if labels.get(k) != v:
+            return False
+    for e in selector.get("matchExpressions") or []:
+        op, key, values = e["operator"], e["key"], e.get("values") or []
+        if op == "In" and labels.get(key) not in values:
+            return False
+        if op == "NotIn" and labels.get(key) in values:
+            return False
+        if op == "Exists" and key not in labels:
+            return False
+        if op == "DoesNotExist" and key in labels:
+            return False
+    return True
+
+
+# --- flags -----------------------------------------------------------------
+
+def parse_duration_s(text):
+    """An absl duration ("30s", "1m30s", "500ms") in seconds."""
+    units = {"h": 3600, "m": 60, "s": 1, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
+    parts = re.findall(r"([0-9.]+)(ms|us|ns|h|m|s)", text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise ValueError(f"not a duration: {text!r}")
+    return sum(float(n) * units[u] for n, u in parts)
+
+
+def _flag_lines(text):
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            yield line
+
+
+def _mounted_file(objs, component, path):
+    """The text of a file a container reads from a mounted ConfigMap, or None."""
+    spec = pod_spec(objs, component)
+    volumes = {v["name"]: v for v in spec.get("volumes", [])}
+    for m in container(objs, component).get("volumeMounts", []):
+        mount = m["mountPath"].rstrip("/") + "/"
+        volume = volumes.get(m["name"], {})
+        if not path.startswith(mount) or "configMap" not in volume:
+            continue
+        key = path[len(mount):]
+        for item in volume["configMap"].get("items") or []:
+            if item["path"] == key:
+                key = item["key"]
+        cms = find(objs, "ConfigMap", volume["configMap"]["name"])
+        if cms and key in (cms[0].get("data") or {}):
+            return cms[0]["data"][key]
+    return None
+
+
+def flags(objs, component):
+    """The component container's flags, {name: value}, as its binary sees them:
+    its args, each --flagfile expanded from the mounted ConfigMap (later
+    values win, as in absl). Raises LookupError for a flag file not mounted."""
+    result = {}
+
+    def take(arg):
+        m = re.fullmatch(r"--?([A-Za-z0-9_]+)(?:=(.*))?", arg)
+        if not m:
+            raise ValueError(f"{component}: not a flag: {arg!r}")
+        name, value = m.group(1), m.group(2) if m.group(2) is not None else "true"
+        if name == "flagfile":
+            for path in value.split(","):
+                text = _mounted_file(objs, component, path)
+                if text is None:
+                    raise LookupError(f"{component}: --flagfile {path} is no mounted ConfigMap key")
+                for line in _flag_lines(text):
+                    take(line)
+        else:
+            result[name] = value
+
+    for arg in container(objs, component).get("args", []):
+        take(arg)
+    return result
+
+
+def port_of(address):
+    return int(address.rsplit(":", 1)[1])
+
+
+def mib(quantity):
+    """A memory quantity ("2Gi", "512Mi") in MiB."""
+    m = re.fullmatch(r"([0-9]+)(Ki|Mi|Gi|Ti)?", str(quantity))
+    if not m:
+        raise ValueError(f"unsupported quantity {quantity!r}")
+    scale = {None: 1 / (1 << 20), "Ki": 1 / 1024, "Mi": 1, "Gi": 1024, "Ti": 1 << 20}[m.group(2)]
+    return int(m.group(1)) * scale
+
+
+# --- network policies --------------------------------------------------------
+
+class Endpoint:
+    """A pod as a NetworkPolicy sees it: namespace, labels, named ports."""
+
+    def __init__(self, name, namespace, labels, ports):
+        self.name, self.namespace, self.labels = name, namespace, labels
+        self.ports = ports  # [(name, number, protocol)]
+
+
+# The pods outside hybridserve a flow may involve. Prometheus is stated in
+# deploy/k8s/README.md: namespace monitoring, label app.kubernetes.io/name=prometheus.
+OUTSIDE = [
+    Endpoint("client", "clients", {"app": "client"}, []),
+    Endpoint("pod-in-namespace", "hybridserve", {"app": "debug"}, []),
+    Endpoint("prometheus", "monitoring", {"app.kubernetes.io/name": "prometheus"}, [("web", 9090, "TCP")]),
+    Endpoint("grafana", "monitoring", {"app.kubernetes.io/name": "grafana"}, [("web", 3000, "TCP")]),
+    Endpoint("dns", "kube-system", {"k8s-app": "kube-dns"}, [("dns", 53, "UDP"), ("dns-tcp", 53, "TCP")]),
+]
+
+# Clients are anyone: decode's gRPC port is open to every pod.
+CLIENTS = tuple(e.name for e in OUTSIDE)
+# (from, to, port, protocol): every flow allowed into or out of a hybridserve
+# pod; all others must be denied.
+EXPECTED_FLOWS = (
+    {(c, "decode", 50050, "TCP") for c in CLIENTS}
+    | {
+        ("decode", "prefill", 50061, "TCP"),
+        ("prefill", "decode", 50070, "TCP"),
+        ("decode", "cachestore", 50051, "TCP"),
+        ("prefill", "cachestore", 50051, "TCP"),
+    }
+    | {("prometheus", c, 9090, "TCP") for c in COMPONENTS}
+    | {(c, "dns", 53, p) for c in COMPONENTS for p in ("UDP", "TCP")}
+)
+
+
+def endpoints(objs):
+    pods = []
+    for component in COMPONENTS:
+        w = workload(objs, component)
+        if w is None:
+            continue
+        labels = w["spec"]["template"]["metadata"].get("labels", {})
+        ports = [(p.get("name"), p["containerPort"], p.get("protocol", "TCP"))
+                 for c in w["spec"]["template"]["spec"]["containers"] for p in c.get("ports", [])]
+        pods.append(Endpoint(component, w["metadata"].get("namespace", "default"), labels, ports))
+    return pods + OUTSIDE
+
+
+def _namespace_labels(objs, namespace):
+    labels = {"kubernetes.io/metadata.name": namespace}
+    for ns in find(objs, "Namespace", namespace):
+        labels.update(ns["metadata"].get("labels") or {})
+    return labels
+
+
+def _peer_matches(objs, peer, policy_ns, other):
+    if "ipBlock" in peer:
+        return False  # pods are not matched by address here; check_network_policies refuses ipBlock
+    pod_sel, ns_sel = peer.get("podSelector"), peer.get("namespaceSelector")
+    if ns_sel is None:
+        in_namespace = other.namespace == policy_ns
+    else:
+        in_namespace = selector_matches(ns_sel, _namespace_labels(objs, other.namespace))
+    return in_namespace and (pod_sel is None or selector_matches(pod_sel, other.labels))
+
+
+def _port_matches(rule_ports, target, port, protocol):
+    if not rule_ports:
+        return True
+    for rp in rule_ports:
+        if rp.get("protocol", "TCP") != protocol:
+            continue
+        p = rp.get("port")
+        if p is None:
+            return True
+        if isinstance(p, str):
+            if any(name == p and number == port and proto == protocol for name, number, proto in target.ports):
+                return True
+        elif p <= port <= rp.get("endPort", p):
+            return True
+    return False
+
+
+def _policy_types(policy):
+    spec = policy["spec"]
+    return spec.get("policyTypes") or (["Ingress"] + (["Egress"] if "egress" in spec else []))
+
+
+def _direction_allows(objs, policies, direction, pod, other, target, port, protocol):
+    """Whether the policies selecting `pod` let it talk to `other` in one direction."""
+    key, peers_key = ("ingress", "from") if direction == "Ingress" else ("egress", "to")
+    selecting = [p for p in policies if p["metadata"].get("namespace", "default") == pod.namespace
+                 and selector_matches(p["spec"].get("podSelector", {}), pod.labels)
+                 and direction in _policy_types(p)]
+    if not selecting:
+        return True
+    for policy in selecting:
+        for rule in policy["spec"].get(key) or []:
+            peers = rule.get(peers_key)
+            if peers and not any(_peer_matches(objs, peer, pod.namespace, other) for peer in peers):
+                continue
+            if _port_matches(rule.get("ports"), target, port, protocol):
+                return True
+    return False
+
+
+def allowed_flows(objs):
+    """Every (from, to, port, protocol) the NetworkPolicies allow between the
+    endpoints where either end is a hybridserve pod, to each port the
+    destination exposes."""
+    policies = find(objs, "NetworkPolicy")
+    eps = endpoints(objs)
+    flows = set()
+    for src in eps:
+        for dst in eps:
+            # A component to itself: two pods of the pool.
+            if src.name not in COMPONENTS and dst.name not in COMPONENTS:
+                continue
+            for _, port, protocol in dst.ports:
+                if (_direction_allows(objs, policies, "Egress", src, dst, dst, port, protocol)
+                        and _direction_allows(objs, policies, "Ingress", dst, src, dst, port, protocol)):
+                    flows.add((src.name, dst.name, port, protocol))
+    return flows
