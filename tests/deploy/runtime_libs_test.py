@@ -239,8 +239,8 @@ def dockerfile_violations(text, binaries):
 
 
 def manifest_binaries():
-    """Image binaries the Kubernetes manifests in the runfiles (deploy/k8s, when
-    a target brings them) run, by name; none when they are not there."""
+    """Image binaries the Kubernetes manifests in the runfiles (deploy/k8s) run,
+    by name."""
     names = set()
     for path in glob.glob(os.path.join(_runfile("deploy/k8s"), "**", "*.yaml"), recursive=True):
         with open(path, encoding="utf-8") as f:
@@ -310,6 +310,8 @@ class DockerfileTest(unittest.TestCase):
         # holds the Dockerfile to.
         used = manifest_binaries()
         print("binaries the manifests in the runfiles run:", " ".join(sorted(used)) or "(no manifests)")
+        self.assertEqual(sorted(used), ["cachestore", "decode", "prefill"],
+                         "the manifests (//deploy/k8s:manifests) should run the three services")
         unknown = sorted(used - set(BINARIES))
         self.assertEqual(unknown, [], f"the manifests run binaries the image does not ship: {unknown}")
 
