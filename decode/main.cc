@@ -49,6 +49,10 @@ ABSL_FLAG(bool, publish, true, "publish turn-end states and generated pages to t
 ABSL_FLAG(absl::Duration, publish_parent_wait, absl::Seconds(2),
           "how long a turn-end publication waits for prefill to have put the prompt's last page, its parent");
 
+constexpr char kUsage[] =
+    "hybridserve decode worker: serves Generate to clients, has prefill workers prefill each prompt (resuming "
+    "from the cachestore) and push the state here, decodes in continuous batches, publishes turn-end states";
+
 namespace hybridserve {
 namespace {
 
@@ -190,17 +194,10 @@ absl::Status Run() {
     loop.reset();     // aborts what still runs; every stream gets its final message
   };
   server->ServeUntilSignal(options.shutdown_grace, drain);
-  LOG(INFO) << "decode stopped";
   return absl::OkStatus();
 }
 
 }  // namespace
 }  // namespace hybridserve
 
-int main(int argc, char** argv) {
-  return hybridserve::worker::WorkerMain(
-      argc, argv,
-      "hybridserve decode worker: serves Generate to clients, has prefill workers prefill each prompt (resuming "
-      "from the cachestore) and push the state here, decodes in continuous batches, publishes turn-end states",
-      hybridserve::Run);
-}
+int main(int argc, char** argv) { return hybridserve::worker::WorkerMain(argc, argv, kUsage, hybridserve::Run); }

@@ -25,6 +25,10 @@ ABSL_FLAG(int64_t, cache_fetch_parallelism, 3,
           "cachestore calls in flight while resuming a prompt: the state's Get and N-1 GetMany streams of its pages "
           "(>= 1)");
 
+constexpr char kUsage[] =
+    "hybridserve prefill worker: resumes prompts from the cache, prefills the rest, "
+    "pushes the state to a decode worker";
+
 namespace hybridserve {
 namespace {
 
@@ -69,17 +73,10 @@ absl::Status Run() {
   if (!prefill_worker.WaitForPublications(options.shutdown_grace)) {
     LOG(WARNING) << "grace period over with cache publications still queued";
   }
-  LOG(INFO) << "prefill stopped";
   return absl::OkStatus();
 }
 
 }  // namespace
 }  // namespace hybridserve
 
-int main(int argc, char** argv) {
-  return hybridserve::worker::WorkerMain(
-      argc, argv,
-      "hybridserve prefill worker: resumes prompts from the cache, prefills the rest, "
-      "pushes the state to a decode worker",
-      hybridserve::Run);
-}
+int main(int argc, char** argv) { return hybridserve::worker::WorkerMain(argc, argv, kUsage, hybridserve::Run); }

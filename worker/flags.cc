@@ -46,6 +46,7 @@ int WorkerMain(int argc, char** argv, const char* usage, absl::FunctionRef<absl:
     LOG(ERROR) << status.message();
     return 1;
   }
+  LOG(INFO) << "stopped";
   return 0;
 }
 
