@@ -105,7 +105,15 @@ def bind_to(text, ip):
 def health_check(ip, port, service, timeout_s):
     """The kubelet's gRPC probe: a fresh connection, grpc.health.v1.Health/Check
     with the service name, success only on SERVING."""
-    request = (b"\x0a" + bytes([len(service)]) + service.encode()) if service else b""
+    name = service.encode()
+    length = bytearray()  # a protobuf varint
+    n = len(name)
+    while True:
+        length.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
+        n >>= 7
+        if not n:
+            break
+    request = b"\x0a" + bytes(length) + name if name else b""  # HealthCheckRequest.service, field 1
     channel = grpc.insecure_channel(f"{ip}:{port}")
     try:
         response = channel.unary_unary(HEALTH_CHECK)(request, timeout=timeout_s)
@@ -144,7 +152,9 @@ class Pod:
         self.grace_s = spec.get("terminationGracePeriodSeconds", 30)
         self.started = self.ready = self.deleted = False
         self.ready_since = None
-        self.sigterm_to_exit_s = None
+        self.deleted_at = self.sigterm_at = self.sigterm_to_exit_s = None
+        self.deleting = threading.Event()
+        self.prestop_s = self.container.get("lifecycle", {}).get("preStop", {}).get("sleep", {}).get("seconds", 0)
         self.log_path = os.path.join(cluster.workdir, f"{name}.log")
         self._stop = threading.Event()  # deletion: the kubelet stops probing
         self._exited = threading.Event()
@@ -292,20 +302,23 @@ class Pod:
         terminationGracePeriodSeconds (counted from the deletion, as the
         kubelet does, with its one 2 s extension when preStop overruns).
         Returns once the process exited."""
-        deadline = time.monotonic() + self.grace_s
+        self.deleted_at = time.monotonic()
+        deadline = self.deleted_at + self.grace_s
         self.deleted = True
         self._stop.set()
         self.ready = False
         self.cluster.changed()
-        sleep_s = self.container.get("lifecycle", {}).get("preStop", {}).get("sleep", {}).get("seconds", 0)
-        if self._exited.wait(min(sleep_s, self.grace_s)):
+        self.deleting.set()
+        if self._exited.wait(min(self.prestop_s, self.grace_s)):
             return
-        if sleep_s >= self.grace_s:
+        if self.prestop_s >= self.grace_s:
+            self.cluster.fail(f"{self.name}: the grace period ({self.grace_s} s) ended during the preStop sleep "
+                              f"({self.prestop_s} s): the kubelet cut it short")
             deadline = time.monotonic() + PRESTOP_OVERRUN_S
-        term = time.monotonic()
+        self.sigterm_at = time.monotonic()
         self.process.send_signal(signal.SIGTERM)
         if self._exited.wait(max(0.0, deadline - time.monotonic())):
-            self.sigterm_to_exit_s = time.monotonic() - term
+            self.sigterm_to_exit_s = time.monotonic() - self.sigterm_at
             return
         self.process.kill()
         self._exited.wait()

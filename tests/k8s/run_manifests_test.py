@@ -11,6 +11,11 @@ plays what a platform team does with it:
   4. a rolling update of decode, then of prefill, as the Deployment
      controller and the kubelet do it (strategy, readiness gate, endpoint
      removal, preStop sleep, SIGTERM, SIGKILL at the grace period's end).
+     Besides the conversations, a client that connected to the old decode
+     pod before its endpoint removal starts a long generation just before
+     that pod's SIGTERM: it runs across the SIGTERM, the drain lets it
+     finish (so a grace period too short for the drain is a SIGKILL, and a
+     failure).
 
 Zero failed requests: any non-OK status or a final message with
 finish_reason ERROR or ABORT fails the test (clients retry nothing; each
@@ -44,6 +49,10 @@ DECODE, PREFILL, CACHESTORE = "hybridserve-decode", "hybridserve-prefill", "hybr
 CONVERSATIONS = 8
 TURNS_A_CONVERSATION = 4
 MAX_TOKENS = 6
+# The call running across decode's SIGTERM: a few seconds of generation.
+LONG_MAX_TOKENS = 4000
+# It starts this long before the preStop sleep ends.
+LONG_CALL_LEAD_S = 0.5
 REQUEST_TIMEOUT_S = 60
 # A pod turns Ready within its startup probe's window (scaled) and a few
 # readiness periods; this bounds every wait for it.
@@ -78,21 +87,24 @@ class Conversations:
     def turn(self, history, tag):
         """One Generate call; returns its tokens, or None when it failed."""
         pod, target = self.cluster.pick(DECODE, "grpc")
-        with self.lock:
-            self.sent += 1
+        self.count_sent()
         try:
             with Client(target, timeout=REQUEST_TIMEOUT_S) as client:
                 result = client.generate(history, max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True,
                                          cache_salt="k8s")
         except HybridserveError as e:
-            self._failed(f"{tag} on {pod.name}: {e.code} {e}")
+            self.failed_call(f"{tag} on {pod.name}: {e.code} {e}")
             return None, None
         if result.finish_reason in (FinishReason.ERROR, FinishReason.ABORT):
-            self._failed(f"{tag} on {pod.name}: finish_reason {result.finish_reason} {result.error_message}")
+            self.failed_call(f"{tag} on {pod.name}: finish_reason {result.finish_reason} {result.error_message}")
             return None, None
         return result.token_ids, result.usage.cached_tokens
 
-    def _failed(self, message):
+    def count_sent(self):
+        with self.lock:
+            self.sent += 1
+
+    def failed_call(self, message):
         with self.lock:
             self.failed.append(message)
 
@@ -128,6 +140,41 @@ class Conversations:
         self.stopping.set()
         for t in self.threads:
             t.join(timeout=2 * REQUEST_TIMEOUT_S * TURNS_A_CONVERSATION)
+
+
+class CallAcrossSigterm:
+    """A client connected to `pod` (one call made) that starts a long
+    generation LONG_CALL_LEAD_S before the pod's preStop sleep ends, i.e. on
+    a connection kept across the endpoint removal, as clients do."""
+
+    def __init__(self, clients, pod):
+        self.clients, self.pod = clients, pod
+        self.client = Client(f"{pod.ip}:{pod.port('grpc')}", timeout=REQUEST_TIMEOUT_S)
+        self.client.model_info()
+        clients.count_sent()
+        self.began = self.ended = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        self.pod.deleting.wait()
+        time.sleep(max(0.0, self.pod.deleted_at + self.pod.prestop_s - LONG_CALL_LEAD_S - time.monotonic()))
+        self.clients.count_sent()
+        self.began = time.monotonic()
+        tag = f"the call across {self.pod.name}'s SIGTERM"
+        try:
+            result = self.client.generate(encode_bytes("Once upon a time", add_bos=True), max_tokens=LONG_MAX_TOKENS,
+                                          temperature=0.0, ignore_eos=True)
+            if result.finish_reason != FinishReason.LENGTH or len(result.token_ids) != LONG_MAX_TOKENS:
+                self.clients.failed_call(f"{tag}: {result.finish_reason} after {len(result.token_ids)} tokens "
+                                         f"{result.error_message}")
+        except HybridserveError as e:
+            self.clients.failed_call(f"{tag}: {e.code} {e}")
+        self.ended = time.monotonic()
+        self.client.close()
+
+    def join(self):
+        self.thread.join()
 
 
 def prefill_calls(pod):
@@ -188,10 +235,13 @@ class RunManifestsTest(unittest.TestCase):
 
         # 4. Rolling updates under traffic.
         terminations = []
+        across = CallAcrossSigterm(clients, deployments[DECODE].pods[0])
         deployments[DECODE].rollout(READY_TIMEOUT_S, terminations)
         deployments[PREFILL].rollout(3 * READY_TIMEOUT_S, terminations)
         for t in terminations:
             t.join()
+        across.join()
+        rolled_prefill = {p.name: prefill_calls(p) for p in deployments[PREFILL].pods}
         clients.stop()
 
         rolled = [p for p in self.cluster.all_pods if p.deleted and p.sigterm_to_exit_s is not None]
@@ -199,6 +249,10 @@ class RunManifestsTest(unittest.TestCase):
         print(f"turns resumed from the cache: {clients.resumed} / {clients.turns_after_first} turns after the first")
         for pod in rolled:
             print(f"{pod.name}: SIGTERM to exit {pod.sigterm_to_exit_s:.2f} s (grace {pod.grace_s} s)")
+        print(f"prefill pods of the new revision, calls served: {rolled_prefill}")
+        if across.began is not None and across.pod.sigterm_at is not None:
+            print(f"the long call on {across.pod.name}: began {across.pod.sigterm_at - across.began:.2f} s before "
+                  f"its SIGTERM, ended {across.ended - across.pod.sigterm_at:.2f} s after it")
         print(f"whole scenario: {time.monotonic() - began:.1f} s")
 
         self.assertEqual(self.cluster.failures, [])
@@ -206,6 +260,10 @@ class RunManifestsTest(unittest.TestCase):
         self.assertGreater(clients.turns_after_first, 0)
         self.assertEqual(clients.resumed, clients.turns_after_first)
         self.assertEqual(len(rolled), 1 + PREFILL_REPLICAS)
+        self.assertTrue(all(calls > 0 for calls in rolled_prefill.values()), rolled_prefill)
+        # The long call was running when its pod got SIGTERM.
+        self.assertLess(across.began, across.pod.sigterm_at)
+        self.assertGreater(across.ended, across.pod.sigterm_at)
 
 
 if __name__ == "__main__":
