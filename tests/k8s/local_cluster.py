@@ -90,11 +90,12 @@ def expand(text, env):
 
 
 def replace_paths(text, mapping):
-    """Each mapped path (longest first) where it is a whole path or a prefix
-    of one (followed by /, a separator or the end)."""
-    for path in sorted(mapping, key=len, reverse=True):
-        text = re.sub(re.escape(path) + r"(?=$|[/,\s\"'])", lambda _, p=path: mapping[p], text)
-    return text
+    """Each mapped path where it is a whole path or a prefix of one (after a
+    separator or the start, followed by /, a separator or the end), in one pass (a replacement is not looked
+    at again), the longest first."""
+    paths = sorted(mapping, key=len, reverse=True)
+    pattern = r"(?<![\w./-])(" + "|".join(re.escape(p) for p in paths) + r")(?=$|[/,\s\"'])"
+    return re.sub(pattern, lambda m: mapping[m.group(1)], text, flags=re.MULTILINE)
 
 
 def bind_to(text, ip):
