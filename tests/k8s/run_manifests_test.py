@@ -49,11 +49,15 @@ DECODE, PREFILL, CACHESTORE = "hybridserve-decode", "hybridserve-prefill", "hybr
 CONVERSATIONS = 8
 TURNS_A_CONVERSATION = 4
 MAX_TOKENS = 6
-# The call running across decode's SIGTERM: a few seconds of generation.
-LONG_MAX_TOKENS = 4000
-# It starts this long before the preStop sleep ends.
-LONG_CALL_LEAD_S = 0.5
 REQUEST_TIMEOUT_S = 60
+# The call running across decode's SIGTERM starts this long before the
+# preStop sleep ends and is sized from a measured rate to run about
+# LONG_CALL_S (at most LONG_CALL_MAX_TOKENS: longer contexts slow each token),
+# well within decode's --shutdown_grace.
+LONG_CALL_LEAD_S = 1.0
+LONG_CALL_S = 5.0
+LONG_CALL_MAX_TOKENS = 4000
+CALIBRATION_TOKENS = 1000
 # A pod turns Ready within its startup probe's window (scaled) and a few
 # readiness periods; this bounds every wait for it.
 READY_TIMEOUT_S = 90
@@ -94,6 +98,9 @@ class Conversations:
                                          cache_salt="k8s")
         except HybridserveError as e:
             self.failed_call(f"{tag} on {pod.name}: {e.code} {e}")
+            return None, None
+        except Exception as e:  # pylint: disable=broad-except  # e.g. StreamProtocolError: a failure too
+            self.failed_call(f"{tag} on {pod.name}: {e!r}")
             return None, None
         if result.finish_reason in (FinishReason.ERROR, FinishReason.ABORT):
             self.failed_call(f"{tag} on {pod.name}: finish_reason {result.finish_reason} {result.error_message}")
@@ -143,16 +150,24 @@ class Conversations:
 
 
 class CallAcrossSigterm:
-    """A client connected to `pod` (one call made) that starts a long
-    generation LONG_CALL_LEAD_S before the pod's preStop sleep ends, i.e. on
-    a connection kept across the endpoint removal, as clients do."""
+    """A client connected to `pod` that starts a long generation
+    LONG_CALL_LEAD_S before the pod's preStop sleep ends, on its connection
+    kept across the endpoint removal, as clients do. Its length comes from a
+    calibration call on the same connection, under the same load."""
+
+    PROMPT = encode_bytes("Once upon a time", add_bos=True)
 
     def __init__(self, clients, pod):
         self.clients, self.pod = clients, pod
         self.client = Client(f"{pod.ip}:{pod.port('grpc')}", timeout=REQUEST_TIMEOUT_S)
-        self.client.model_info()
         clients.count_sent()
-        self.began = self.ended = None
+        max_context = self.client.model_info().max_context_tokens
+        clients.count_sent()
+        began = time.monotonic()
+        self.client.generate(self.PROMPT, max_tokens=CALIBRATION_TOKENS, temperature=0.0, ignore_eos=True)
+        rate = CALIBRATION_TOKENS / (time.monotonic() - began)
+        self.max_tokens = min(int(rate * LONG_CALL_S), LONG_CALL_MAX_TOKENS, max_context - len(self.PROMPT))
+        self.began = self.first_token = self.ended = None
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
@@ -163,13 +178,19 @@ class CallAcrossSigterm:
         self.began = time.monotonic()
         tag = f"the call across {self.pod.name}'s SIGTERM"
         try:
-            result = self.client.generate(encode_bytes("Once upon a time", add_bos=True), max_tokens=LONG_MAX_TOKENS,
-                                          temperature=0.0, ignore_eos=True)
-            if result.finish_reason != FinishReason.LENGTH or len(result.token_ids) != LONG_MAX_TOKENS:
+            with self.client.stream(self.PROMPT, max_tokens=self.max_tokens, temperature=0.0,
+                                    ignore_eos=True) as events:
+                for _ in events:
+                    if self.first_token is None:
+                        self.first_token = time.monotonic()
+            result = events.result
+            if result.finish_reason != FinishReason.LENGTH or len(result.token_ids) != self.max_tokens:
                 self.clients.failed_call(f"{tag}: {result.finish_reason} after {len(result.token_ids)} tokens "
                                          f"{result.error_message}")
         except HybridserveError as e:
             self.clients.failed_call(f"{tag}: {e.code} {e}")
+        except Exception as e:  # pylint: disable=broad-except
+            self.clients.failed_call(f"{tag}: {e!r}")
         self.ended = time.monotonic()
         self.client.close()
 
@@ -250,9 +271,10 @@ class RunManifestsTest(unittest.TestCase):
         for pod in rolled:
             print(f"{pod.name}: SIGTERM to exit {pod.sigterm_to_exit_s:.2f} s (grace {pod.grace_s} s)")
         print(f"prefill pods of the new revision, calls served: {rolled_prefill}")
-        if across.began is not None and across.pod.sigterm_at is not None:
-            print(f"the long call on {across.pod.name}: began {across.pod.sigterm_at - across.began:.2f} s before "
-                  f"its SIGTERM, ended {across.ended - across.pod.sigterm_at:.2f} s after it")
+        if across.first_token is not None and across.pod.sigterm_at is not None:
+            print(f"the long call on {across.pod.name} ({across.max_tokens} tokens): first token "
+                  f"{across.pod.sigterm_at - across.first_token:.2f} s before its SIGTERM, "
+                  f"ended {across.ended - across.pod.sigterm_at:.2f} s after it")
         print(f"whole scenario: {time.monotonic() - began:.1f} s")
 
         self.assertEqual(self.cluster.failures, [])
@@ -261,8 +283,8 @@ class RunManifestsTest(unittest.TestCase):
         self.assertEqual(clients.resumed, clients.turns_after_first)
         self.assertEqual(len(rolled), 1 + PREFILL_REPLICAS)
         self.assertTrue(all(calls > 0 for calls in rolled_prefill.values()), rolled_prefill)
-        # The long call was running when its pod got SIGTERM.
-        self.assertLess(across.began, across.pod.sigterm_at)
+        # The long call was running (its first token out) when its pod got SIGTERM.
+        self.assertLess(across.first_token, across.pod.sigterm_at)
         self.assertGreater(across.ended, across.pod.sigterm_at)
 
 
