@@ -27,6 +27,8 @@ PACKAGES=(
   python3-numpy            # tools/check_fixtures.py and tools/gen_model.py (CI checks the fixtures)
   python3-yaml             # tests/k8s: the rendered manifests
   python3-pip              # installs PIP_PACKAGES below
+  util-linux               # unshare, mount: tests/k8s/run_manifests_test's namespaces and /etc/hosts
+  iproute2                 # ip: that test brings up loopback in its network namespace
 )
 
 # PyPI tools of deploy/k8s/validate.sh and tests/k8s, pinned, installed for

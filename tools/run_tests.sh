@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh Debian 12 machine: installs what is
 # missing, then
-#   1. builds and tests every target (the plain configuration);
-#   2. ASan + UBSan (and LSan) over every target (--config=asan);
+#   1. builds and tests every target (the plain configuration; this includes
+#      //tests/k8s:run_manifests_test, which runs the cpu overlay's pods as
+#      local processes in its own network and mount namespaces: root or
+#      unprivileged user namespaces);
+#   2. ASan + UBSan (and LSan) over every target (--config=asan; the k8s
+#      run test then runs the sanitized binaries);
 #   3. TSan over //kernels/..., //engine/..., //transport/..., //decode/... and
 #      the threaded cores without a gRPC server (the cache publisher, the
 #      prefill worker, common::Cancellation)

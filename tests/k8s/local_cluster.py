@@ -1,0 +1,521 @@
+"""The rendered manifests run as local processes, as a one-node cluster would
+run them: the kubelet's part (pods, probes, termination) and the controllers'
+part (Service endpoints and DNS, Deployment scaling and rolling updates).
+
+Everything a pod runs comes from the rendered objects: the container's
+command, args and env (with Kubernetes' $(VAR) expansion and the downward
+API's status.podIP), its ports, probes, preStop sleep, the pod's
+terminationGracePeriodSeconds, the Deployment's strategy, the Services'
+selectors, ports and publishNotReadyAddresses, and the mounted ConfigMaps'
+files. What one host forces is mapped, and only that:
+  - image paths: IMAGE below (/opt/hybridserve/bin/<binary> -> the built
+    binary, /models/default -> the model in the runfiles), in the command,
+    the args and the flag files;
+  - volumes: a ConfigMap mount is a per-pod directory holding the ConfigMap's
+    files (as the kubelet writes them), an emptyDir an empty per-pod
+    directory, an optional Secret that does not exist an empty directory;
+  - pod IPs: each pod gets its own loopback address 127.0.0.N (never reused),
+    and every 0.0.0.0 bind in its flags (--flag=0.0.0.0:port, in args and in
+    its copies of the flag files) becomes that address: the pods share one
+    network namespace here, so a wildcard bind would take the port from all;
+  - DNS: one hosts file, bind-mounted over /etc/hosts in the test's own mount
+    namespace (Cluster.start), so every pod and the test resolve as a pod in
+    the cluster does: a headless Service's name to each ready pod's IP (every
+    pod's with publishNotReadyAddresses), a ClusterIP Service's name to its
+    ready pods' IPs (no virtual IP: the ports must equal the target ports,
+    checked), each as <name> and <name>.<namespace>.svc.cluster.local. The
+    file is rewritten in place (same inode: the bind mount holds the inode);
+  - probe periods and initial delays are divided by PROBE_SCALE; timeouts,
+    thresholds, preStop sleeps and grace periods are kept as declared (a
+    preStop sleep covers the lag of endpoint removal, which the binaries'
+    own flags, e.g. --prefill_resolve_interval, set in real seconds).
+
+A kubelet restart (a failed startup or liveness probe, a container that
+exits by itself, a SIGKILL at the end of the grace period) is never done: it
+is recorded in Cluster.failures, and the test fails on any."""
+
+import os
+import random
+import re
+import signal
+import subprocess
+import threading
+import time
+import urllib.request
+
+import grpc
+
+import manifests
+
+PROBE_SCALE = 10
+IMAGE_BINARIES = ("cachestore", "prefill", "decode")
+LOOPBACK_PREFIX = "127.0.0."
+DNS_SUFFIX = "svc.cluster.local"
+# The kubelet's one extension of the grace period when a preStop hook runs past it.
+PRESTOP_OVERRUN_S = 2
+HEALTH_CHECK = "/grpc.health.v1.Health/Check"
+SERVING = 1  # grpc.health.v1.HealthCheckResponse.ServingStatus
+
+
+def runfile(relative):
+    return os.path.join(os.environ["TEST_SRCDIR"], os.environ.get("TEST_WORKSPACE", "hybridserve"), relative)
+
+
+def image_paths():
+    """What the image holds (deploy/k8s/README.md: the binaries under
+    /opt/hybridserve/bin, the default model under /models/default), here."""
+    paths = {manifests.BINARY.format(b): runfile(f"{b}/{b}") for b in IMAGE_BINARIES}
+    paths["/models/default"] = runfile("models/default")
+    return paths
+
+
+def expand(text, env):
+    """Kubernetes' $(VAR) expansion of command, args and env values: $(NAME)
+    of a defined variable is its value, of an undefined one stays as written;
+    $$ is a literal $."""
+    out, i = [], 0
+    while i < len(text):
+        if text.startswith("$$", i):
+            out.append("$")
+            i += 2
+        elif text.startswith("$(", i) and ")" in text[i:]:
+            end = text.index(")", i)
+            name = text[i + 2:end]
+            out.append(env.get(name, text[i:end + 1]))
+            i = end + 1
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
+
+
+def replace_paths(text, mapping):
+    """Each mapped path where it is a whole path or a prefix of one (after a
+    separator or the start, followed by /, a separator or the end), in one pass (a replacement is not looked
+    at again), the longest first."""
+    paths = sorted(mapping, key=len, reverse=True)
+    pattern = r"(?<![\w./-])(" + "|".join(re.escape(p) for p in paths) + r")(?=$|[/,\s\"'])"
+    return re.sub(pattern, lambda m: mapping[m.group(1)], text, flags=re.MULTILINE)
+
+
+def bind_to(text, ip):
+    """--flag=0.0.0.0:port becomes --flag=<ip>:port."""
+    return re.sub(r"(--?[A-Za-z0-9_]+=)0\.0\.0\.0:", lambda m: m.group(1) + ip + ":", text)
+
+
+def health_check(ip, port, service, timeout_s):
+    """The kubelet's gRPC probe: a fresh connection, grpc.health.v1.Health/Check
+    with the service name, success only on SERVING."""
+    name = service.encode()
+    length = bytearray()  # a protobuf varint
+    n = len(name)
+    while True:
+        length.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
+        n >>= 7
+        if not n:
+            break
+    request = b"\x0a" + bytes(length) + name if name else b""  # HealthCheckRequest.service, field 1
+    channel = grpc.insecure_channel(f"{ip}:{port}")
+    try:
+        response = channel.unary_unary(HEALTH_CHECK)(request, timeout=timeout_s)
+    except grpc.RpcError:
+        return False
+    finally:
+        channel.close()
+    return response == bytes([0x08, SERVING])
+
+
+class Probe:
+    """One declared probe, with the kubelet's defaults."""
+
+    def __init__(self, spec):
+        if "grpc" not in spec:
+            raise ValueError(f"only grpc probes are run here: {spec}")
+        self.port = spec["grpc"]["port"]
+        self.service = spec["grpc"].get("service", "")
+        self.initial_delay_s = spec.get("initialDelaySeconds", 0) / PROBE_SCALE
+        self.period_s = spec.get("periodSeconds", 10) / PROBE_SCALE
+        self.timeout_s = spec.get("timeoutSeconds", 1)
+        self.success_threshold = spec.get("successThreshold", 1)
+        self.failure_threshold = spec.get("failureThreshold", 3)
+
+
+class Pod:
+    """One pod of a Deployment: its container as a process, its probes."""
+
+    def __init__(self, cluster, deployment, name, ip):
+        self.cluster, self.deployment, self.name, self.ip = cluster, deployment, name, ip
+        self.labels = deployment.template["metadata"].get("labels", {})
+        spec = deployment.template["spec"]
+        self.container = spec["containers"][0]
+        if len(spec["containers"]) != 1:
+            raise ValueError(f"{name}: one container a pod is run here")
+        self.grace_s = spec.get("terminationGracePeriodSeconds", 30)
+        self.started = self.ready = self.deleted = False
+        self.ready_since = None
+        self.deleted_at = self.sigterm_at = self.sigterm_to_exit_s = None
+        self.deleting = threading.Event()
+        self.prestop_s = self.container.get("lifecycle", {}).get("preStop", {}).get("sleep", {}).get("seconds", 0)
+        self.log_path = os.path.join(cluster.workdir, f"{name}.log")
+        self._stop = threading.Event()  # deletion: the kubelet stops probing
+        self._exited = threading.Event()
+        self.process = self._start(spec)
+        threading.Thread(target=self._watch_exit, daemon=True).start()
+        threading.Thread(target=self._probe_startup, daemon=True).start()
+
+    # --- the container ---------------------------------------------------
+
+    def _volumes(self, spec):
+        """mountPath -> a per-pod directory with the volume's files."""
+        os.makedirs(os.path.join(self.cluster.workdir, self.name), exist_ok=True)
+        volumes = {v["name"]: v for v in spec.get("volumes", [])}
+        mounts = {}
+        for m in self.container.get("volumeMounts", []):
+            volume = volumes[m["name"]]
+            local = os.path.join(self.cluster.workdir, self.name, m["name"])
+            os.makedirs(local, exist_ok=True)
+            if "configMap" in volume:
+                data = manifests.one(self.cluster.objs, "ConfigMap", volume["configMap"]["name"]).get("data", {})
+                items = volume["configMap"].get("items") or [{"key": k, "path": k} for k in data]
+                for item in items:
+                    with open(os.path.join(local, item["path"]), "w", encoding="utf-8") as f:
+                        f.write(data[item["key"]])
+            elif "secret" in volume and not volume["secret"].get("optional"):
+                raise ValueError(f"{self.name}: the Secret {volume['secret']['secretName']} does not exist here")
+            elif not ({"emptyDir", "secret"} & set(volume)):
+                raise ValueError(f"{self.name}: volume {m['name']} is not run here: {volume}")
+            mounts[m["mountPath"]] = local
+        return mounts
+
+    def _env(self):
+        env = {}
+        for e in self.container.get("env", []):
+            if "value" in e:
+                env[e["name"]] = expand(e["value"], env)
+                continue
+            field = e["valueFrom"]["fieldRef"]["fieldPath"]
+            values = {"status.podIP": self.ip, "metadata.name": self.name,
+                      "metadata.namespace": self.deployment.namespace}
+            if field not in values:
+                raise ValueError(f"{self.name}: downward API field {field} is not run here")
+            env[e["name"]] = values[field]
+        return env
+
+    def _start(self, spec):
+        mounts = self._volumes(spec)
+        paths = {**image_paths(), **mounts}
+        for mount_path, local in mounts.items():
+            for file_name in os.listdir(local):
+                file_path = os.path.join(local, file_name)
+                with open(file_path, encoding="utf-8") as f:
+                    text = f.read()
+                with open(file_path, "w", encoding="utf-8") as f:
+                    f.write(bind_to(replace_paths(text, paths), self.ip))
+        env = self._env()
+        argv = [bind_to(replace_paths(expand(a, env), paths), self.ip)
+                for a in self.container.get("command", []) + self.container.get("args", [])]
+        # The process sees the declared env only (plus PATH and the
+        # sanitizers' options, which the test's environment sets).
+        process_env = {k: v for k, v in os.environ.items() if k == "PATH" or k.endswith("SAN_OPTIONS")}
+        process_env.update(env)
+        log = open(self.log_path, "wb")
+        try:
+            return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=process_env,
+                                    cwd=os.path.join(self.cluster.workdir, self.name))
+        finally:
+            log.close()
+
+    def _watch_exit(self):
+        rc = self.process.wait()
+        self._exited.set()
+        if not self.deleted:
+            self.cluster.fail(f"{self.name}: the container exited by itself (rc {rc}): the kubelet would restart it")
+            self._stop.set()
+            self._set_ready(False)
+
+    def port(self, name):
+        """The containerPort named `name` (or numbered `name`)."""
+        if isinstance(name, int):
+            return name
+        return manifests.container_ports(self.container)[name]
+
+    # --- probes ------------------------------------------------------------
+
+    def _run_probe(self, probe, on_success, on_failure, until_success=False):
+        """The kubelet's probe worker: after the initial delay, every period;
+        thresholds count consecutive results. Stops at deletion."""
+        if self._stop.wait(probe.initial_delay_s):
+            return
+        successes = failures = 0
+        while not self._stop.is_set():
+            began = time.monotonic()
+            ok = health_check(self.ip, probe.port, probe.service, probe.timeout_s)
+            if self._stop.is_set():
+                return
+            successes, failures = (successes + 1, 0) if ok else (0, failures + 1)
+            if successes >= probe.success_threshold:
+                on_success()
+                if until_success:
+                    return
+            if failures >= probe.failure_threshold:
+                if on_failure():
+                    return
+            self._stop.wait(max(0.0, probe.period_s - (time.monotonic() - began)))
+
+    def _probe_startup(self):
+        def started():
+            self.started = True
+            self.cluster.changed()
+            for kind, on_success, on_failure in (("readinessProbe", lambda: self._set_ready(True),
+                                                  lambda: self._set_ready(False)),
+                                                 ("livenessProbe", lambda: None, self._liveness_failed)):
+                if kind in self.container:
+                    threading.Thread(target=self._run_probe, args=(Probe(self.container[kind]), on_success, on_failure),
+                                     daemon=True).start()
+                elif kind == "readinessProbe":
+                    self._set_ready(True)
+
+        def failed():
+            self.cluster.fail(f"{self.name}: the startup probe failed its threshold: the kubelet would restart it")
+            return True
+
+        if "startupProbe" in self.container:
+            self._run_probe(Probe(self.container["startupProbe"]), started, failed, until_success=True)
+        else:
+            started()
+
+    def _liveness_failed(self):
+        self.cluster.fail(f"{self.name}: the liveness probe failed its threshold: the kubelet would restart it")
+        return True
+
+    def _set_ready(self, ready):
+        if ready == self.ready:
+            return
+        self.ready = ready and not self.deleted
+        self.ready_since = time.monotonic() if self.ready else None
+        self.cluster.changed()
+
+    # --- termination ---------------------------------------------------------
+
+    def delete(self):
+        """The pod is deleted: it leaves the endpoints and the kubelet stops
+        probing; preStop sleep; SIGTERM; SIGKILL at the end of
+        terminationGracePeriodSeconds (counted from the deletion, as the
+        kubelet does, with its one 2 s extension when preStop overruns).
+        Returns once the process exited."""
+        self.deleted_at = time.monotonic()
+        deadline = self.deleted_at + self.grace_s
+        self.deleted = True
+        self._stop.set()
+        self.ready = False
+        self.cluster.changed()
+        self.deleting.set()
+        if self._exited.wait(min(self.prestop_s, self.grace_s)):
+            return
+        if self.prestop_s >= self.grace_s:
+            self.cluster.fail(f"{self.name}: the grace period ({self.grace_s} s) ended during the preStop sleep "
+                              f"({self.prestop_s} s): the kubelet cut it short")
+            deadline = time.monotonic() + PRESTOP_OVERRUN_S
+        self.sigterm_at = time.monotonic()
+        self.process.send_signal(signal.SIGTERM)
+        if self._exited.wait(max(0.0, deadline - time.monotonic())):
+            self.sigterm_to_exit_s = time.monotonic() - self.sigterm_at
+            return
+        self.process.kill()
+        self._exited.wait()
+        self.cluster.fail(f"{self.name}: still running {self.grace_s} s after its deletion: SIGKILL")
+
+    def kill_now(self):
+        """Teardown: no drain wanted."""
+        self.deleted = True
+        self._stop.set()
+        if self.process.poll() is None:
+            self.process.kill()
+        self._exited.wait()
+
+    def log_tail(self, lines=30):
+        with open(self.log_path, encoding="utf-8", errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+
+    def metrics(self):
+        """The pod's Prometheus text, from its declared metrics port."""
+        url = f"http://{self.ip}:{self.port('metrics')}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.read().decode()
+
+
+class Deployment:
+    """A rendered Deployment and its pods (one ReplicaSet's worth a revision)."""
+
+    def __init__(self, cluster, obj):
+        self.cluster = cluster
+        self.name = obj["metadata"]["name"]
+        self.namespace = obj["metadata"].get("namespace", "default")
+        self.template = obj["spec"]["template"]
+        self.strategy = obj["spec"].get("strategy", {"type": "RollingUpdate"})
+        self.min_ready_s = obj["spec"].get("minReadySeconds", 0)
+        self.pods = []  # not deleted
+        self.revision = 0
+
+    def _new_pod(self):
+        pod = self.cluster.new_pod(self, f"{self.name}-{self.revision}-{len(self.cluster.all_pods)}")
+        self.pods.append(pod)
+        return pod
+
+    def available(self, pods):
+        now = time.monotonic()
+        return [p for p in pods if p.ready and now - p.ready_since >= self.min_ready_s]
+
+    def scale(self, replicas, timeout_s):
+        """Scales up to `replicas` and waits until every pod is available."""
+        while len(self.pods) < replicas:
+            self._new_pod()
+        self.cluster.wait(lambda: len(self.available(self.pods)) >= replicas, timeout_s,
+                          f"{self.name}: {replicas} pods available")
+
+    def rollout(self, timeout_s, terminations):
+        """A new revision replaces every pod as the Deployment controller does
+        (the RollingUpdate strategy's maxSurge and maxUnavailable; a deleted
+        pod no longer counts). Returns when the new pods are all available;
+        the old ones' terminations run on in `terminations` (threads)."""
+        if self.strategy.get("type", "RollingUpdate") != "RollingUpdate":
+            raise ValueError(f"{self.name}: only RollingUpdate is run here")
+        old, replicas = list(self.pods), len(self.pods)
+        rolling = self.strategy.get("rollingUpdate", {})
+        surge = _resolve(rolling.get("maxSurge", "25%"), replicas, round_up=True)
+        unavailable = _resolve(rolling.get("maxUnavailable", "25%"), replicas, round_up=False)
+        if surge == 0 and unavailable == 0:
+            raise ValueError(f"{self.name}: maxSurge and maxUnavailable are both 0")
+        self.revision += 1
+        new = []
+        deadline = time.monotonic() + timeout_s
+        while old or len(self.available(new)) < replicas:
+            while len(new) < replicas and len(old) + len(new) < replicas + surge:
+                new.append(self._new_pod())
+            removable = len(self.available(old + new)) - (replicas - unavailable)
+            for pod in sorted(old, key=lambda p: p.ready)[:max(0, removable)]:
+                old.remove(pod)
+                self.pods.remove(pod)
+                thread = threading.Thread(target=pod.delete, daemon=True)
+                thread.start()
+                terminations.append(thread)
+            if self.cluster.failures:
+                raise AssertionError(f"{self.name} rollout: {self.cluster.failures}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{self.name}: the rollout did not finish in {timeout_s} s "
+                                     f"(new pods ready: {[p.ready for p in new]})")
+            self.cluster.wait_for_change(0.1)
+
+
+def _resolve(value, replicas, round_up):
+    if isinstance(value, int):
+        return value
+    percent = int(value.rstrip("%")) * replicas
+    return -(-percent // 100) if round_up else percent // 100
+
+
+class Cluster:
+    """The pods, the endpoints and the DNS of one rendered overlay."""
+
+    def __init__(self, objs, workdir):
+        self.objs, self.workdir = objs, workdir
+        self.hosts_path = os.path.join(workdir, "hosts")
+        self.deployments = {d["metadata"]["name"]: Deployment(self, d) for d in manifests.find(objs, "Deployment")}
+        self.services = manifests.find(objs, "Service")
+        self.all_pods = []
+        self.failures = []
+        self._next_ip = 2
+        self._cond = threading.Condition()
+        self._write_hosts()
+
+    def start(self):
+        """Mounts the hosts file over /etc/hosts (the caller runs in its own
+        mount namespace)."""
+        subprocess.run(["mount", "--bind", self.hosts_path, "/etc/hosts"], check=True)
+
+    def new_pod(self, deployment, name):
+        ip = f"{LOOPBACK_PREFIX}{self._next_ip}"
+        self._next_ip += 1
+        pod = Pod(self, deployment, name, ip)
+        self.all_pods.append(pod)
+        return pod
+
+    def fail(self, message):
+        with self._cond:
+            self.failures.append(message)
+            self._cond.notify_all()
+
+    def changed(self):
+        """A pod's readiness or deletion changed: endpoints and DNS follow."""
+        with self._cond:
+            self._write_hosts()
+            self._cond.notify_all()
+
+    def wait_for_change(self, timeout_s):
+        with self._cond:
+            self._cond.wait(timeout_s)
+
+    def wait(self, predicate, timeout_s, what):
+        """Until predicate() (called without the lock); fails on a recorded
+        failure or at the timeout."""
+        deadline = time.monotonic() + timeout_s
+        while not predicate():
+            if self.failures:
+                raise AssertionError(f"waiting for {what}: {self.failures}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{what}: not within {timeout_s} s")
+            self.wait_for_change(0.1)
+
+    # --- Services ----------------------------------------------------------------
+
+    def _selected(self, service):
+        selector = service["spec"].get("selector") or {}
+        return [p for p in self.all_pods
+                if p.deployment.namespace == service["metadata"].get("namespace", "default")
+                and selector and all(p.labels.get(k) == v for k, v in selector.items())]
+
+    def endpoints(self, service):
+        """The pods a Service sends to: ready and not deleted (with
+        publishNotReadyAddresses, every pod not deleted)."""
+        not_ready_too = service["spec"].get("publishNotReadyAddresses", False)
+        return [p for p in self._selected(service) if not p.deleted and (p.ready or not_ready_too)]
+
+    def service(self, name):
+        return manifests.one(self.objs, "Service", name)
+
+    def pick(self, name, port_name):
+        """A connection to the Service `name` on its port `port_name`, as a
+        ClusterIP balances: one ready endpoint at random, at its target port."""
+        service = self.service(name)
+        port = next(p for p in service["spec"]["ports"] if p.get("name") == port_name)
+        with self._cond:
+            pods = self.endpoints(service)
+        if not pods:
+            raise AssertionError(f"Service {name} has no ready endpoint")
+        pod = random.choice(pods)
+        return pod, f"{pod.ip}:{pod.port(port.get('targetPort', port['port']))}"
+
+    def _write_hosts(self):
+        lines = ["127.0.0.1 localhost"]
+        for service in self.services:
+            name = service["metadata"]["name"]
+            namespace = service["metadata"].get("namespace", "default")
+            for pod in self.endpoints(service):
+                for port in service["spec"].get("ports", []):
+                    target = pod.port(port.get("targetPort", port["port"]))
+                    if target != port["port"]:
+                        self.fail(f"Service {name}: port {port['port']} -> target {target}: "
+                                  "its name resolves to pod IPs here, so the ports must be equal")
+                lines.append(f"{pod.ip} {name}.{namespace}.{DNS_SUFFIX} {name}")
+        text = ("\n".join(lines) + "\n").encode()
+        # In place, one write: the bind mount over /etc/hosts holds this inode.
+        fd = os.open(self.hosts_path, os.O_WRONLY | os.O_CREAT)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, text, 0)
+        finally:
+            os.close(fd)
+
+    def teardown(self):
+        for pod in self.all_pods:
+            pod.kill_now()
