@@ -28,6 +28,7 @@ CallAdmission::CallAdmission(int64_t max_calls, int64_t max_calls_per_peer)
 
 absl::StatusOr<CallAdmission::Slot> CallAdmission::Admit(absl::string_view peer) {
   absl::MutexLock lock(&mu_);
+  if (closed_) return absl::UnavailableError("the cachestore is draining");
   if (in_flight_ >= max_calls_) {
     return absl::ResourceExhaustedError(
         absl::StrCat("too many calls: --max_streams=", max_calls_, " calls in flight over all clients"));
@@ -46,6 +47,17 @@ absl::StatusOr<CallAdmission::Slot> CallAdmission::Admit(absl::string_view peer)
 int64_t CallAdmission::in_flight() const {
   absl::MutexLock lock(&mu_);
   return in_flight_;
+}
+
+void CallAdmission::Close() {
+  absl::MutexLock lock(&mu_);
+  closed_ = true;
+}
+
+bool CallAdmission::AwaitIdle(absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return in_flight_ == 0; };
+  return mu_.AwaitWithDeadline(absl::Condition(&idle), deadline);
 }
 
 void CallAdmission::Release(const std::string& peer) {

@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 
 namespace hybridserve::cachestore {
 
@@ -44,10 +45,16 @@ class CallAdmission {
 
   // A slot for a call from `peer` (grpc::ServerContextBase::peer(): one
   // client connection), or RESOURCE_EXHAUSTED naming the flag and the limit
-  // that refused it.
+  // that refused it, or UNAVAILABLE once closed.
   absl::StatusOr<Slot> Admit(absl::string_view peer) ABSL_LOCKS_EXCLUDED(mu_);
 
   int64_t in_flight() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The drain: every later Admit is UNAVAILABLE ("draining"); the calls in
+  // flight go on.
+  void Close() ABSL_LOCKS_EXCLUDED(mu_);
+  // Waits until no call is in flight; false at `deadline`.
+  bool AwaitIdle(absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   void Release(const std::string& peer) ABSL_LOCKS_EXCLUDED(mu_);
@@ -56,6 +63,7 @@ class CallAdmission {
   const int64_t max_calls_per_peer_;
   mutable absl::Mutex mu_;
   int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
   // Peers with at least one call in flight.
   absl::flat_hash_map<std::string, int64_t> per_peer_ ABSL_GUARDED_BY(mu_);
 };

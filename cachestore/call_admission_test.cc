@@ -4,9 +4,11 @@
 #include "cachestore/call_admission.h"
 
 #include <optional>
+#include <thread>
 #include <utility>
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -54,6 +56,22 @@ TEST(CallAdmissionTest, MovedSlotIsGivenBackOnce) {
   c = std::move(b);  // c's own slot ("p") is given back, b's moves in
   EXPECT_EQ(admission.in_flight(), 1);
   EXPECT_TRUE(admission.Admit("p").ok());
+}
+
+// The drain: once closed, every call is refused with UNAVAILABLE while those
+// in flight go on; AwaitIdle returns when the last one ends.
+TEST(CallAdmissionTest, ClosedRefusesNewCallsAndAwaitsThoseInFlight) {
+  CallAdmission admission(/*max_calls=*/4, /*max_calls_per_peer=*/4);
+  std::optional<CallAdmission::Slot> held(*admission.Admit("p"));
+  admission.Close();
+  absl::StatusOr<CallAdmission::Slot> refused = admission.Admit("q");
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(refused.status().message(), HasSubstr("draining"));
+  EXPECT_FALSE(admission.AwaitIdle(absl::Now() + absl::Milliseconds(20)));
+  std::thread ender([&] { held.reset(); });
+  EXPECT_TRUE(admission.AwaitIdle(absl::Now() + absl::Seconds(30)));
+  ender.join();
+  EXPECT_EQ(admission.in_flight(), 0);
 }
 
 }  // namespace

@@ -1,6 +1,9 @@
 #include "cachestore/server.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/health.h"
 #include "common/status_macros.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -9,6 +12,10 @@
 
 namespace hybridserve::cachestore {
 namespace {
+
+// After the last call of a drain ended: the time readers get for the bytes
+// still in flight before the connections close.
+constexpr absl::Duration kCloseLinger = absl::Milliseconds(500);
 
 // gRPC's synchronous server keeps one polling thread from the quota and runs
 // each open call on another: with fewer than 2, every reflection call would be
@@ -80,12 +87,23 @@ void CacheStoreServer::Shutdown(absl::Duration grace) {
     shut_down_ = true;
   }
   // server_ is null and the reaper not running when Start failed part way.
+  const absl::Time deadline = absl::Now() + grace;
   // Not ready any more; still alive until it exits (common/health.h).
   if (server_ != nullptr) server_->GetHealthCheckService()->SetServingStatus("", false);
   stop_.Notify();
   if (reaper_.joinable()) reaper_.join();
   if (server_ != nullptr) {
-    server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(grace));
+    // New calls are refused (UNAVAILABLE) while the calls in flight end on
+    // their own, within the grace. Only then does gRPC close the
+    // connections: its own shutdown ends calls by their final status handed
+    // to the transport, not received, and a connection closed with the
+    // client's frames unread is reset, losing the tail of a Get the client
+    // was still reading (cachestore_process_test lost ~600 KB of 48 MiB in
+    // about 1 run in 10 under ASan). The linger gives readers the bytes in
+    // flight (at most a flow-control window a stream) before the close.
+    service_->Drain();
+    if (service_->AwaitCallsDone(deadline)) absl::SleepFor(std::min(kCloseLinger, deadline - absl::Now()));
+    server_->Shutdown(absl::ToChronoTime(deadline));
     server_->Wait();
   }
   stopped_.Notify();

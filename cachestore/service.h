@@ -78,6 +78,12 @@ class CacheStoreService final : public CacheStoreHandlers {
   // ABORTED, instead of waiting on a writer that may be gone.
   void CancelReclaimedPuts(const std::vector<uint64_t>& reservation_ids) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // The drain: every new call is refused with UNAVAILABLE; the calls in
+  // flight go on. AwaitCallsDone waits until they have all ended (their final
+  // status handed to gRPC); false at `deadline`.
+  void Drain() { admission_.Close(); }
+  bool AwaitCallsDone(absl::Time deadline) { return admission_.AwaitIdle(deadline); }
+
  private:
   friend class PutReactor;
   template <typename Response>
