@@ -91,6 +91,13 @@ hs_cuda_emu_fiber_start:
     .popsection
 )");
 
+// Bounds of the section holding every __shared__ variable (cuda_emu.h), set
+// by the linker; weak, so null where no linked kernel has one.
+extern "C" {
+extern unsigned char __start_hs_cuda_emu_shared[] __attribute__((weak));
+extern unsigned char __stop_hs_cuda_emu_shared[] __attribute__((weak));
+}
+
 namespace hybridserve::kernels::cuda_emu {
 
 thread_local uint3 threadIdx;
@@ -608,6 +615,13 @@ BlockScheduler& Running(const char* what) {
   return *t_running;
 }
 
+// Fills every __shared__ variable of the process with 0xFF bytes.
+void PoisonStaticSharedMemory() {
+  unsigned char* begin = __start_hs_cuda_emu_shared;
+  unsigned char* end = __stop_hs_cuda_emu_shared;
+  if (begin != nullptr && end > begin) std::memset(begin, 0xFF, static_cast<size_t>(end - begin));
+}
+
 }  // namespace
 
 // ---- Running a grid ----
@@ -645,6 +659,7 @@ void RunGrid(const void* kernel, dim3 grid, dim3 block, size_t smem_bytes, const
       for (unsigned int x = 0; x < grid.x; ++x) {
         blockIdx = uint3{x, y, z};
         std::memset(smem, 0xFF, smem_bytes);
+        PoisonStaticSharedMemory();
         scheduler.RunBlock();
       }
     }

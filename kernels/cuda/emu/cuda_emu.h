@@ -19,8 +19,9 @@
 //   - a __syncthreads() not reached by every live thread of the block, or a
 //     warp collective not reached by all 32 lanes with a full mask: abort
 //     ("deadlock" / "divergent warp collective");
-//   - dynamic shared memory starts filled with 0xFF bytes (NaN floats), so a
-//     read before a write shows.
+//   - shared memory, dynamic and static (__shared__ variables), starts every
+//     block filled with 0xFF bytes (NaN floats, -1 integers), so a read
+//     before a write shows.
 //
 // Scheduling order. Between two switch points a fiber runs alone, so a thread
 // that reads memory another thread of its block writes, with no barrier (or
@@ -65,8 +66,12 @@
 #define __noinline__
 #define __launch_bounds__(...)
 // Static shared memory: one copy per function, shared by the fibers of the
-// running block (blocks never overlap). Zero-initialized, unlike a GPU's.
-#define __shared__ static
+// running block (blocks never overlap). Every such variable lives in the ELF
+// section hs_cuda_emu_shared, which the block scheduler fills with 0xFF bytes
+// before each block (a GPU's shared memory starts undefined, never zeroed).
+// A section named like a C identifier is not given ASan redzones, so the
+// section is one contiguous run of the variables.
+#define __shared__ static __attribute__((section("hs_cuda_emu_shared")))
 
 namespace hybridserve::kernels::cuda_emu {
 

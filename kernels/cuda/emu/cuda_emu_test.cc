@@ -253,6 +253,42 @@ TEST(CudaEmuTest, DynamicSharedMemoryStartsAsNanInEveryBlock) {
   EXPECT_EQ(d_out.Read(), std::vector<int>(3 * 64, 1));
 }
 
+// A buggy block sum: thread 0 adds into a __shared__ total it never zeroes,
+// the bug a zero-initialized emulation hid (the right sum, 64, every time).
+void UnzeroedStaticSmemSumKernel(float* out) {
+  __shared__ float total;
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < 64; ++i) total += 1.0f;
+    out[blockIdx.x] = total;
+  }
+}
+
+// Reads each __shared__ word before any write: all bits set in every block.
+void StaticSmemKernel(int* out) {
+  __shared__ float words[64];
+  const unsigned int t = threadIdx.x;
+  uint32_t bits;
+  std::memcpy(&bits, &words[t], sizeof(bits));
+  out[blockIdx.x * 64 + t] = (std::isnan(words[t]) && bits == 0xffffffffu) ? 1 : 0;
+  __syncthreads();
+  words[t] = 1.0f;  // must not leak into the next block
+}
+
+TEST(CudaEmuTest, StaticSharedMemoryStartsAsNanInEveryBlock) {
+  DeviceBuffer<int> d_out(3 * 64);
+  ASSERT_EQ(EmuLaunch(Id(&StaticSmemKernel), dim3(3), dim3(64), 0, nullptr, [o = d_out.get()] { StaticSmemKernel(o); }),
+            cudaSuccess);
+  EXPECT_EQ(d_out.Read(), std::vector<int>(3 * 64, 1));
+}
+
+TEST(CudaEmuTest, ReadOfUnzeroedStaticSharedMemoryGivesNan) {
+  DeviceBuffer<float> d_out(2);
+  ASSERT_EQ(EmuLaunch(Id(&UnzeroedStaticSmemSumKernel), dim3(2), dim3(32), 0, nullptr,
+                      [o = d_out.get()] { UnzeroedStaticSmemSumKernel(o); }),
+            cudaSuccess);
+  for (float sum : d_out.Read()) EXPECT_TRUE(std::isnan(sum)) << sum;
+}
+
 // ---- Launch configuration ----
 
 void NoopKernel(int* counter) {
