@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -673,6 +674,24 @@ cudaError_t EmuLaunch(const void* kernel, dim3 grid, dim3 block, size_t dynamic_
   std::lock_guard<std::mutex> lock(LaunchMutex());
   internal::RunGrid(kernel, grid, block, dynamic_smem_bytes, op.launch.body);
   return cudaSuccess;
+}
+
+// ---- Device functions ----
+
+float __expf(float x) {
+  const float exact = std::exp(x);
+  if (!std::isfinite(exact) || exact == 0.0f) return exact;
+  const float bound = 2.0f + std::floor(std::fabs(1.16f * x));  // <= 2 + 1.16 * 104: e^x is finite
+  const uint32_t ulps = static_cast<uint32_t>(bound);
+  uint32_t hash = __float_as_uint(x) * 0x9e3779b1u;
+  hash ^= hash >> 16;
+  uint32_t bits = __float_as_uint(exact);
+  if ((hash & 1u) != 0) {
+    bits = std::min(bits + ulps, 0x7f7fffffu);  // at most FLT_MAX
+  } else {
+    bits = bits > ulps ? bits - ulps : 0u;
+  }
+  return __uint_as_float(bits);
 }
 
 }  // namespace hybridserve::kernels::cuda_emu

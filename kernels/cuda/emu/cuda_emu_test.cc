@@ -289,6 +289,35 @@ TEST(CudaEmuTest, ReadOfUnzeroedStaticSharedMemoryGivesNan) {
   for (float sum : d_out.Read()) EXPECT_TRUE(std::isnan(sum)) << sum;
 }
 
+// ---- Fast intrinsics ----
+
+// Ulps between two positive finite floats.
+int64_t UlpDistance(float a, float b) {
+  return std::llabs(static_cast<int64_t>(__float_as_uint(a)) - static_cast<int64_t>(__float_as_uint(b)));
+}
+
+// A kernel check that assumed __expf within 1 ulp of e^x (the emulator's exact
+// std::exp passed it) now sees the GPU's documented error, 2 + floor(|1.16 x|)
+// ulp, and the same result for the same x.
+TEST(CudaEmuTest, ExpfIsOffByTheGpusDocumentedBoundAndDeterministic) {
+  int up = 0;
+  int down = 0;
+  for (float x = -87.0f; x <= 88.0f; x += 0.37f) {
+    const float exact = std::exp(x);
+    const float fast = __expf(x);
+    const int64_t bound = 2 + static_cast<int64_t>(std::floor(std::fabs(1.16f * x)));
+    EXPECT_EQ(UlpDistance(fast, exact), bound) << x;
+    EXPECT_GT(UlpDistance(fast, exact), 1) << x;
+    EXPECT_EQ(__float_as_uint(__expf(x)), __float_as_uint(fast)) << x;
+    (fast > exact ? up : down)++;
+  }
+  EXPECT_GT(up, 0);
+  EXPECT_GT(down, 0);
+  EXPECT_EQ(__expf(-200.0f), 0.0f);
+  EXPECT_TRUE(std::isinf(__expf(200.0f)));
+  EXPECT_TRUE(std::isnan(__expf(std::nanf(""))));
+}
+
 // ---- Launch configuration ----
 
 void NoopKernel(int* counter) {
