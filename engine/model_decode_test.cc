@@ -144,9 +144,7 @@ TEST_P(BatchedDecodeTest, EachSequenceGetsTheBitsItGetsAloneWhateverTheBatch) {
 // 1 to 66 tokens: inside a page, on page boundaries, past a chunk), decoded
 // together for kSteps steps in an order that rotates every step: every row has
 // the bits of the same sequence decoded alone (a batch of one on a model
-// holding only that sequence).
-// (Not on the emulated CUDA backend: ~22 s there, 2 min under ASan; the
-// test above and DecodeGraphTest cover batch independence on it.)
+// holding only that sequence). On the CPU, the emulated CUDA backend and a GPU.
 class LargeBatchDecodeTest : public BatchedDecodeTest {};
 
 TEST_P(LargeBatchDecodeTest, BatchesOf1To32AtMixedPositionsGiveEachSequenceItsAloneBits) {
@@ -325,6 +323,7 @@ INSTANTIATE_TEST_SUITE_P(
     Models, LargeBatchDecodeTest,
     ::testing::Values(DecodeParam{std::string(testing::kNemotronTiny)}, DecodeParam{std::string(testing::kMamba2Tiny)},
                       DecodeParam{std::string(testing::kDefaultModel)},
+                      DecodeParam{std::string(testing::kNemotronTiny), testing::TestTarget::kCudaEmulated},
                       DecodeParam{std::string(testing::kNemotronTiny), testing::TestTarget::kCudaGpu},
                       DecodeParam{std::string(testing::kDefaultModel), testing::TestTarget::kCudaGpu}),
     DecodeParamName);
