@@ -46,10 +46,20 @@ std::mutex& LaunchMutex() {
   return *mutex;
 }
 
-// Live device allocations (base -> bytes) and per-kernel shared-memory limits.
+// A handle opened by cudaIpcOpenMemHandle: its own buffer of `bytes`, a
+// distinct address from the exported allocation at `exporter` (0 once that is
+// freed), kept equal to it at the copy points (see cudaIpcOpenMemHandle).
+struct IpcMapping {
+  uintptr_t exporter = 0;
+  size_t bytes = 0;
+};
+
+// Live device allocations (base -> bytes), opened IPC mappings (base ->
+// mapping) and per-kernel shared-memory limits.
 struct DeviceState {
   std::mutex mutex;
   std::map<uintptr_t, size_t> allocations;
+  std::map<uintptr_t, IpcMapping> ipc_mappings;
   size_t allocated_bytes = 0;
   std::set<void*> host_allocations;
   std::map<const void*, size_t> smem_limits;
@@ -60,27 +70,62 @@ DeviceState& Device() {
   return *state;
 }
 
-// True if [ptr, ptr + bytes) lies inside one live device allocation.
+size_t Bytes(size_t bytes) { return bytes; }
+size_t Bytes(const IpcMapping& mapping) { return mapping.bytes; }
+
+// The entry of `ranges` (base -> size) whose [base, base + size] holds `p`, or end().
+template <typename Map>
+typename Map::const_iterator RangeHolding(const Map& ranges, uintptr_t p) {
+  auto it = ranges.upper_bound(p);
+  if (it == ranges.begin()) return ranges.end();
+  --it;
+  return p <= it->first + Bytes(it->second) ? it : ranges.end();
+}
+
+// True if [ptr, ptr + bytes) lies inside one live device allocation or opened IPC mapping.
 bool InsideAllocation(const void* ptr, size_t bytes) {
   DeviceState& device = Device();
   std::lock_guard<std::mutex> lock(device.mutex);
   const uintptr_t begin = reinterpret_cast<uintptr_t>(ptr);
-  auto it = device.allocations.upper_bound(begin);
-  if (it == device.allocations.begin()) return false;
-  --it;
-  if (begin >= it->first + it->second) return false;
-  return bytes <= it->first + it->second - begin;
+  const auto a = RangeHolding(device.allocations, begin);
+  if (a != device.allocations.end() && begin < a->first + a->second) return bytes <= a->first + a->second - begin;
+  const auto m = RangeHolding(device.ipc_mappings, begin);
+  if (m != device.ipc_mappings.end() && begin < m->first + m->second.bytes) {
+    return bytes <= m->first + m->second.bytes - begin;
+  }
+  return false;
 }
 
-// True if `ptr` points into (or at the end of) a live device allocation.
+// True if `ptr` points into (or at the end of) a live device allocation or opened IPC mapping.
 bool IsDevicePointer(const void* ptr) {
   DeviceState& device = Device();
   std::lock_guard<std::mutex> lock(device.mutex);
   const uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
-  auto it = device.allocations.upper_bound(p);
-  if (it == device.allocations.begin()) return false;
-  --it;
-  return p <= it->first + it->second;
+  return RangeHolding(device.allocations, p) != device.allocations.end() ||
+         RangeHolding(device.ipc_mappings, p) != device.ipc_mappings.end();
+}
+
+// The copy points of the IPC mappings: before a device operation reads
+// [ptr, ptr + bytes), the part inside an opened mapping is refreshed from its
+// exporter; after one writes it, that part is written through to the exporter.
+enum class IpcSync { kRefreshMapping, kWriteThrough };
+void SyncIpcMapping(const void* ptr, size_t bytes, IpcSync direction) {
+  if (bytes == 0) return;
+  DeviceState& device = Device();
+  std::lock_guard<std::mutex> lock(device.mutex);
+  if (device.ipc_mappings.empty()) return;
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(ptr);
+  const auto m = RangeHolding(device.ipc_mappings, begin);
+  if (m == device.ipc_mappings.end() || m->second.exporter == 0 || begin >= m->first + m->second.bytes) return;
+  const size_t offset = begin - m->first;
+  const size_t n = std::min(bytes, m->second.bytes - offset);
+  auto* mapped = reinterpret_cast<unsigned char*>(begin);
+  auto* exported = reinterpret_cast<unsigned char*>(m->second.exporter + offset);
+  if (direction == IpcSync::kRefreshMapping) {
+    std::memmove(mapped, exported, n);
+  } else {
+    std::memmove(exported, mapped, n);
+  }
 }
 
 cudaError_t CheckCopy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
@@ -115,7 +160,10 @@ cudaError_t CheckCopy(void* dst, const void* src, size_t bytes, cudaMemcpyKind k
 cudaError_t DoCopy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
   const cudaError_t error = CheckCopy(dst, src, bytes, kind);
   if (error != cudaSuccess) return error;
-  if (bytes != 0) std::memmove(dst, src, bytes);
+  if (bytes == 0) return cudaSuccess;
+  SyncIpcMapping(src, bytes, IpcSync::kRefreshMapping);
+  std::memmove(dst, src, bytes);
+  SyncIpcMapping(dst, bytes, IpcSync::kWriteThrough);
   return cudaSuccess;
 }
 
@@ -123,6 +171,7 @@ cudaError_t DoSet(void* dst, int value, size_t bytes) {
   if (bytes == 0) return cudaSuccess;
   if (!InsideAllocation(dst, bytes)) return cudaErrorInvalidValue;
   std::memset(dst, value, bytes);
+  SyncIpcMapping(dst, bytes, IpcSync::kWriteThrough);
   return cudaSuccess;
 }
 
@@ -406,6 +455,9 @@ cudaError_t cudaFree(void* ptr) {
     if (it == device.allocations.end()) return Fail(cudaErrorInvalidValue);
     device.allocated_bytes -= it->second;
     device.allocations.erase(it);
+    for (auto& [base, mapping] : device.ipc_mappings) {
+      if (mapping.exporter == reinterpret_cast<uintptr_t>(ptr)) mapping.exporter = 0;  // orphaned
+    }
   }
   std::free(ptr);
   return cudaSuccess;
@@ -640,12 +692,22 @@ cudaError_t cudaIpcOpenMemHandle(void** device_ptr, cudaIpcMemHandle_t handle, u
   std::lock_guard<std::mutex> lock(device.mutex);
   const auto it = device.allocations.find(payload.base);
   if (it == device.allocations.end() || it->second != payload.bytes) return Fail(cudaErrorInvalidValue);
-  *device_ptr = reinterpret_cast<void*>(payload.base);
+  void* mapping = nullptr;
+  if (posix_memalign(&mapping, 256, payload.bytes) != 0) return Fail(cudaErrorMemoryAllocation);
+  std::memcpy(mapping, reinterpret_cast<const void*>(payload.base), payload.bytes);
+  device.ipc_mappings[reinterpret_cast<uintptr_t>(mapping)] = IpcMapping{payload.base, payload.bytes};
+  *device_ptr = mapping;
   return cudaSuccess;
 }
 
 cudaError_t cudaIpcCloseMemHandle(void* device_ptr) {
-  return IsDevicePointer(device_ptr) ? cudaSuccess : Fail(cudaErrorInvalidValue);
+  DeviceState& device = Device();
+  {
+    std::lock_guard<std::mutex> lock(device.mutex);
+    if (device.ipc_mappings.erase(reinterpret_cast<uintptr_t>(device_ptr)) == 0) return Fail(cudaErrorInvalidValue);
+  }
+  std::free(device_ptr);
+  return cudaSuccess;
 }
 
 cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {

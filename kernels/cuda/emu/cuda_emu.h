@@ -226,7 +226,13 @@ cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int v
 // CUDA, which refuses to open a handle in the process that made it, the
 // emulation opens handles of its own process only: the one way to test both
 // ends on a machine without a GPU. Opening a handle of another process, a
-// freed allocation or garbage is cudaErrorInvalidValue.
+// freed allocation or garbage is cudaErrorInvalidValue. As in another
+// process, each open gives a pointer distinct from the exporter's (its own
+// buffer), so the exporter's pointer used as the opened one (or the reverse:
+// cudaIpcCloseMemHandle of it, cudaFree of an opened one) fails. The two are
+// kept equal at the copy points: a copy or memset reading an opened mapping
+// first refreshes the range from the exporter, and one writing it writes the
+// range through; kernels must not access an opened mapping (ours copy to it).
 struct cudaIpcMemHandle_t {
   char reserved[64];
 };

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -287,6 +288,60 @@ TEST(CudaEmuTest, ReadOfUnzeroedStaticSharedMemoryGivesNan) {
                       [o = d_out.get()] { UnzeroedStaticSmemSumKernel(o); }),
             cudaSuccess);
   for (float sum : d_out.Read()) EXPECT_TRUE(std::isnan(sum)) << sum;
+}
+
+// ---- Interprocess memory ----
+
+// A toy importer's peer copy, as CudaPeerMemory::CopyToPeer does it: the
+// destination must lie in a mapping it opened. Called with the exporter's own
+// pointer (the local/peer mix-up), it copied before, when the opened pointer
+// was the exporter's; now that the opening is a distinct mapping it refuses.
+bool ToyCopyToPeer(const std::vector<std::pair<float*, size_t>>& opened, float* peer_dst, const float* src,
+                   size_t count) {
+  for (const auto& [base, size] : opened) {
+    if (peer_dst >= base && peer_dst + count <= base + size) {
+      return cudaMemcpy(peer_dst, src, count * sizeof(float), cudaMemcpyDeviceToDevice) == cudaSuccess;
+    }
+  }
+  return false;
+}
+
+TEST(CudaEmuTest, AnOpenedIpcHandleIsADistinctMappingOfTheSameMemory) {
+  DeviceBuffer<float> exported(64);
+  DeviceBuffer<float> source(64);
+  source.Write(std::vector<float>(64, 3.0f));
+  cudaIpcMemHandle_t handle;
+  ASSERT_EQ(cudaIpcGetMemHandle(&handle, exported.get()), cudaSuccess);
+  float* opened = nullptr;
+  ASSERT_EQ(cudaIpcOpenMemHandle(reinterpret_cast<void**>(&opened), handle, cudaIpcMemLazyEnablePeerAccess),
+            cudaSuccess);
+  EXPECT_NE(opened, exported.get());
+
+  // The mix-up is refused; the right pointer's bytes reach the exporter.
+  const std::vector<std::pair<float*, size_t>> peers = {{opened, 64}};
+  EXPECT_FALSE(ToyCopyToPeer(peers, exported.get() + 8, source.get(), 8));
+  EXPECT_TRUE(std::isnan(exported.Read()[8])) << "untouched: still the NaN cudaMalloc fills with";
+  ASSERT_TRUE(ToyCopyToPeer(peers, opened + 8, source.get(), 8));
+  const std::vector<float> got = exported.Read();
+  for (int i = 0; i < 64; ++i) EXPECT_EQ(std::isnan(got[i]), i < 8 || i >= 16) << i;
+  for (int i = 8; i < 16; ++i) EXPECT_EQ(got[i], 3.0f) << i;
+
+  // The exporter's writes are seen through the mapping, by copies and memsets.
+  exported.Write(std::vector<float>(64, 5.0f));
+  std::vector<float> back(64);
+  ASSERT_EQ(cudaMemcpy(back.data(), opened, sizeof(float) * 64, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(back, std::vector<float>(64, 5.0f));
+  ASSERT_EQ(cudaMemset(opened, 0, sizeof(float) * 4), cudaSuccess);
+  EXPECT_EQ(exported.Read()[3], 0.0f);
+  EXPECT_EQ(exported.Read()[4], 5.0f);
+
+  // Each pointer is released only by its own call.
+  EXPECT_EQ(cudaIpcCloseMemHandle(exported.get()), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaFree(opened), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaIpcCloseMemHandle(opened), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(back.data(), opened, sizeof(float), cudaMemcpyDeviceToHost), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue);
 }
 
 // ---- Fast intrinsics ----
