@@ -233,18 +233,20 @@ TEST(CudaEmuTest, ThreadLocalsSurviveBarriersOnTheirOwnStacks) {
   for (int t = 0; t < 1024; ++t) EXPECT_EQ(out[t], 2047 * 2048 / 2 * (t + 1)) << t;
 }
 
-// ---- Dynamic shared memory ----
+// ---- Shared memory ----
 
-// out[block * 64 + t] = 1 if the thread saw all-ones (NaN) bits in its slot.
-void DynamicSmemKernel(int* out) {
-  float* smem = static_cast<float*>(DynamicSharedMemory());
+// out[block * 64 + t] = 1 if the thread saw all-ones (NaN) bits in its slot
+// of the block's shared `words`; then the thread writes its slot.
+void CheckStartsAsNan(float* words, int* out) {
   const unsigned int t = threadIdx.x;
   uint32_t bits;
-  std::memcpy(&bits, &smem[t], sizeof(bits));
-  out[blockIdx.x * 64 + t] = (std::isnan(smem[t]) && bits == 0xffffffffu) ? 1 : 0;
+  std::memcpy(&bits, &words[t], sizeof(bits));
+  out[blockIdx.x * 64 + t] = (std::isnan(words[t]) && bits == 0xffffffffu) ? 1 : 0;
   __syncthreads();
-  smem[t] = 1.0f;  // must not leak into the next block
+  words[t] = 1.0f;  // must not leak into the next block
 }
+
+void DynamicSmemKernel(int* out) { CheckStartsAsNan(static_cast<float*>(DynamicSharedMemory()), out); }
 
 TEST(CudaEmuTest, DynamicSharedMemoryStartsAsNanInEveryBlock) {
   DeviceBuffer<int> d_out(3 * 64);
@@ -264,15 +266,9 @@ void UnzeroedStaticSmemSumKernel(float* out) {
   }
 }
 
-// Reads each __shared__ word before any write: all bits set in every block.
 void StaticSmemKernel(int* out) {
   __shared__ float words[64];
-  const unsigned int t = threadIdx.x;
-  uint32_t bits;
-  std::memcpy(&bits, &words[t], sizeof(bits));
-  out[blockIdx.x * 64 + t] = (std::isnan(words[t]) && bits == 0xffffffffu) ? 1 : 0;
-  __syncthreads();
-  words[t] = 1.0f;  // must not leak into the next block
+  CheckStartsAsNan(words, out);
 }
 
 TEST(CudaEmuTest, StaticSharedMemoryStartsAsNanInEveryBlock) {
