@@ -48,8 +48,9 @@ enum class TestTarget { kCpu, kCudaEmulated, kCudaGpu };
 std::string TestTargetName(TestTarget target);
 // The backend a test passes as ModelOptions::backend: null for kCpu (the model
 // makes its own); for kCudaGpu on a machine without a GPU, null after
-// GTEST_SKIP_ with the reason, and *skipped is set. The backend must outlive
-// the models made on it.
+// GTEST_SKIP_ with the reason, and *skipped is set (where HS_REQUIRE_GPUS
+// declares a GPU: null after a fatal failure, *skipped unset). The backend
+// must outlive the models made on it.
 std::unique_ptr<kernels::Backend> MakeTargetBackend(TestTarget target, bool* skipped);
 
 // One prompt of golden.safetensors (tools/make_golden.py).

@@ -23,7 +23,9 @@
 #      skipped, and says so, where torch and transformers are not installed).
 # Each stage prints one summary line (targets and cases passed, failed,
 # skipped) and every skipped case with its reason. The exit status is the
-# first failing stage's.
+# first failing stage's. Not here: the GPU bundle and its check
+# (tools/gpu_bundle.sh, which runs tools/gpu_bundle_check.sh), a separate step
+# that needs an -c opt build of every GPU target and a minute of compression.
 #
 #   tools/run_tests.sh                 all stages
 #   HS_SANITIZERS=0 tools/run_tests.sh the plain stage (and the fixture check) only

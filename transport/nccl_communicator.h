@@ -30,8 +30,10 @@ struct NcclCommunicatorOptions {
 
 class NcclCommunicatorFactory final : public CommunicatorFactory {
  public:
-  // UNAVAILABLE on a machine without a CUDA device (the NCCL data plane needs
-  // a GPU; the TCP one does not); INVALID_ARGUMENT for a device out of range.
+  // UNAVAILABLE on a machine without a CUDA device or driver (the NCCL data
+  // plane needs a GPU; the TCP one does not); INTERNAL when counting devices
+  // fails otherwise (a broken CUDA setup); INVALID_ARGUMENT for a device out
+  // of range.
   static absl::StatusOr<std::unique_ptr<NcclCommunicatorFactory>> Create(const NcclCommunicatorOptions& options);
 
   // 128 bytes (ncclUniqueId); this process hosts the channel's bootstrap.

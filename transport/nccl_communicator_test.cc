@@ -1,7 +1,7 @@
 // NcclCommunicator on real GPUs, and the NCCL data plane over it. NCCL does
 // not put two ranks of one communicator on one GPU, so the channel tests need
-// two devices and skip otherwise; without any device the factory's refusal
-// is what is tested.
+// two devices and skip otherwise (fail where HS_REQUIRE_GPUS declares two);
+// without any device the factory's refusal is what is tested.
 
 #include "transport/nccl_communicator.h"
 
@@ -18,6 +18,7 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/cuda/gpu_requirement.h"
 #include "transport/channel_receiver.h"
 #include "transport/channel_sender.h"
 #include "transport/nccl_ops.h"
@@ -37,9 +38,9 @@ TEST(NcclCommunicatorFactoryTest, WithoutACudaDeviceCreateIsUnavailableAndSaysWh
 class TwoGpuTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const int devices = nccl_ops::DeviceCount();
-    if (devices < 2) {
-      GTEST_SKIP() << "needs two CUDA devices (NCCL will not put both ranks on one GPU); found " << devices;
+    if (!kernels::cuda_testing::HaveGpusOrSkip(2, nccl_ops::DeviceCount(),
+                                               "NCCL will not put both ranks on one GPU")) {
+      return;
     }
     auto a = NcclCommunicatorFactory::Create({0});
     auto b = NcclCommunicatorFactory::Create({1});

@@ -8,6 +8,7 @@
 #include <thread>
 #include <utility>
 
+#include "kernels/cuda/device_presence.h"
 #include "transport/nccl_ops.h"
 
 static_assert(sizeof(ncclUniqueId) == hybridserve::transport::nccl_ops::kUniqueIdBytes, "ncclUniqueId changed size");
@@ -111,11 +112,10 @@ void FreeResources(Channel* c) {
 
 int DeviceCount() {
   int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    cudaGetLastError();  // clear the sticky "no device" error
-    return 0;
-  }
-  return count;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e == cudaSuccess) return count;
+  cudaGetLastError();  // clear the sticky error
+  return kernels::cuda::UsableDeviceCount(e, count, kernels::cuda::CudaDriverLoads());
 }
 
 OpResult NewUniqueId(std::string* out) {

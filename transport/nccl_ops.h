@@ -50,7 +50,9 @@ struct WaitParams {
   const std::atomic<bool>* abort = nullptr;  // may be null
 };
 
-// Usable CUDA devices; 0 when there is no driver or no GPU.
+// Usable CUDA devices; 0 when there is no driver or no GPU; the negated
+// cudaError_t on a machine whose CUDA setup is broken
+// (kernels/cuda/device_presence.h).
 int DeviceCount();
 
 // A new ncclUniqueId as kUniqueIdBytes bytes in `*out`. This process hosts

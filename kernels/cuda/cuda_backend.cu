@@ -17,6 +17,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/device_presence.h"
 #include "kernels/cuda/launchers.h"
 
 namespace hybridserve::kernels::HS_CUDA_NS {
@@ -239,14 +240,18 @@ CudaBackend::~CudaBackend() {
 }
 
 bool CudaBackend::Init(const CudaBackendOptions& options, std::string* error) {
-  int count = 0;
-  cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess || count == 0) {
-    cudaGetLastError();
-    *error = e == cudaSuccess ? std::string("no CUDA device on this machine")
-                              : ErrorText("no usable CUDA device (cudaGetDeviceCount)", e);
+  const int count = CudaDeviceCount();
+  if (count == 0) {
+    *error = cuda::CudaDriverLoads() ? "no CUDA device on this machine (no GPU)"
+                                     : "no CUDA device on this machine (no CUDA driver: libcuda.so.1 does not load)";
     return false;
   }
+  if (count < 0) {
+    *error = ErrorText("cudaGetDeviceCount", static_cast<cudaError_t>(-count)) +
+             ": a machine with a CUDA driver whose CUDA setup is broken";
+    return false;
+  }
+  cudaError_t e;
   if (options.device_index < 0 || options.device_index >= count) {
     *error = "CUDA device " + std::to_string(options.device_index) + " does not exist (this machine has " +
              std::to_string(count) + ")";
@@ -569,16 +574,15 @@ int CudaBackend::WaitAndCheck() {
 
 }  // namespace
 
+static_assert(cuda::kCudaSuccess == cudaSuccess && cuda::kCudaErrorNoDevice == cudaErrorNoDevice,
+              "device_presence.h's copies of the cudaError_t values");
+
 int CudaDeviceCount() {
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);
   if (e == cudaSuccess) return count;
   cudaGetLastError();  // clear the sticky error
-  if (e == cudaErrorNoDevice) return 0;
-#if defined(__CUDACC__)
-  if (e == cudaErrorInsufficientDriver) return 0;  // no driver at all: a machine without a GPU
-#endif
-  return -static_cast<int>(e);
+  return cuda::UsableDeviceCount(e, count, cuda::CudaDriverLoads());
 }
 
 std::unique_ptr<Backend> CreateCudaBackend(const CudaBackendOptions& options, std::string* error) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/cuda/device_presence.h"
 #include "kernels/cuda/test_backends.h"
 #include "kernels/kernel_status.h"
 
@@ -134,6 +135,22 @@ TEST(CudaBackendCreateTest, BadOptionsSayWhy) {
     EXPECT_EQ(cuda::CreateCudaBackend(CudaBackendOptions(), &error), nullptr);
     EXPECT_FALSE(error.empty());
   }
+}
+
+// "No driver" is established by the driver library failing to load, never
+// inferred from a CUDA error code (a too-old driver answers
+// cudaErrorInsufficientDriver too): there the count is 0 and the backend says
+// why. Where the driver loads, any error while counting is a failure.
+TEST(CudaDeviceCountTest, WithoutTheDriverLibraryThereIsNoDeviceAndTheBackendSaysWhy) {
+  const int devices = cuda::CudaDeviceCount();
+  if (cuda::CudaDriverLoads()) {
+    EXPECT_GE(devices, 0) << "CUDA error " << -devices << " on a machine with a CUDA driver: a broken CUDA setup";
+    return;
+  }
+  EXPECT_EQ(devices, 0);
+  std::string error;
+  EXPECT_EQ(cuda::CreateCudaBackend(CudaBackendOptions(), &error), nullptr);
+  EXPECT_NE(error.find("no CUDA driver: libcuda.so.1 does not load"), std::string::npos) << error;
 }
 
 }  // namespace

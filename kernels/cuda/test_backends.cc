@@ -5,6 +5,7 @@
 
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/emu/cuda_emu.h"
+#include "kernels/cuda/gpu_requirement.h"
 #include "kernels/kernel_status.h"
 
 namespace hybridserve::kernels::cuda_testing {
@@ -30,13 +31,8 @@ std::unique_ptr<Backend> MakeCudaTestBackendOrSkip(CudaTarget target) {
     EXPECT_NE(backend, nullptr) << "the emulated CUDA backend failed to start: " << error;
     return backend;
   }
-  const int devices = cuda::CudaDeviceCount();
-  EXPECT_GE(devices, 0) << "CUDA error " << -devices << " while counting devices: a GPU machine with a broken setup";
-  if (devices <= 0) {
-    // GTEST_SKIP() returns from its function: a lambda's, so this one can return null.
-    [] { GTEST_SKIP() << "no CUDA device on this machine (no driver or no GPU): this test never ran on a GPU"; }();
-    return nullptr;
-  }
+  // Skips without a GPU; fails on a broken CUDA setup, or without a GPU where HS_REQUIRE_GPUS is set.
+  if (!HaveGpusOrSkip(1, cuda::CudaDeviceCount())) return nullptr;
   options.workspace_bytes = int64_t{64} << 20;
   std::unique_ptr<Backend> backend = cuda::CreateCudaBackend(options, &error);
   EXPECT_NE(backend, nullptr) << "the CUDA backend failed to start on a machine with a GPU: " << error;

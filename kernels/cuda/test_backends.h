@@ -30,8 +30,9 @@ inline auto CudaTestTargets() { return ::testing::Values(CudaTarget::kEmulated, 
 std::string CudaTargetName(const ::testing::TestParamInfo<CudaTarget>& info);
 
 // The backend for `target`; for kGpu without a device, skips the test
-// with the reason ("no CUDA device ...: this test never ran on a GPU") and
-// returns null. A GPU machine whose CUDA setup is broken fails instead.
+// with the reason ("... this test never ran on a GPU") and returns null. A GPU
+// machine whose CUDA setup is broken fails instead, and so does a machine
+// without a GPU where HS_REQUIRE_GPUS is set (kernels/cuda/gpu_requirement.h).
 std::unique_ptr<Backend> MakeCudaTestBackendOrSkip(CudaTarget target);
 
 // Device memory helpers over a Backend (ASSERT on failure inside).

@@ -4,7 +4,8 @@
 // disaggregated processes gives the tokens of the aggregated GPU run, and
 // kill -9 of either side while a transfer is in flight ends every request
 // exactly once and leaves the other serving with every reservation back.
-// Every test skips, saying so, where the GPUs are missing.
+// Every test skips, saying so, where the GPUs are missing, and fails instead
+// where HS_REQUIRE_GPUS declares them.
 
 #include <cstdint>
 #include <functional>
@@ -19,17 +20,18 @@
 #include "common/wait_for.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/gpu_requirement.h"
 #include "tests/e2e/stack.h"
 
 namespace hybridserve::e2e {
 namespace {
 
-// Skips (returns false) unless the machine has `needed` GPUs; a broken CUDA
-// setup on a GPU machine fails instead.
+// Whether the machine has `needed` GPUs; when not, the test skips, or fails
+// on a broken CUDA setup or where HS_REQUIRE_GPUS declares them
+// (kernels/cuda/gpu_requirement.h). The caller returns on false.
 bool HaveGpus(int needed) {
-  const int devices = kernels::cuda::CudaDeviceCount();
-  EXPECT_GE(devices, 0) << "CUDA error " << -devices << " while counting devices";
-  return devices >= needed;
+  return kernels::cuda_testing::HaveGpusOrSkip(
+      needed, kernels::cuda::CudaDeviceCount(), needed > 1 ? "NCCL needs a GPU per rank" : nullptr);
 }
 
 // Prefill on GPU 0 and decode on GPU `decode_gpu`, over `plane`.
@@ -73,17 +75,17 @@ void ExpectDisaggregatedEqualsAggregated(const std::string& plane, int decode_gp
 }
 
 TEST(GpuStackTest, TcpPlaneBetweenGpuProcessesEqualsTheAggregatedGpuRunOverThreeTurns) {
-  if (!HaveGpus(1)) GTEST_SKIP() << "no CUDA device on this machine: this test never ran on a GPU";
+  if (!HaveGpus(1)) return;
   ExpectDisaggregatedEqualsAggregated("tcp", 0);
 }
 
 TEST(GpuStackTest, CudaIpcPlaneBetweenTwoProcessesOnOneGpuEqualsTheAggregatedGpuRunOverThreeTurns) {
-  if (!HaveGpus(1)) GTEST_SKIP() << "no CUDA device on this machine: this test never ran on a GPU";
+  if (!HaveGpus(1)) return;
   ExpectDisaggregatedEqualsAggregated("cuda_ipc", 0);
 }
 
 TEST(GpuStackTest, NcclPlaneEqualsTheAggregatedGpuRunOverThreeTurns) {
-  if (!HaveGpus(2)) GTEST_SKIP() << "fewer than two CUDA devices (NCCL needs a GPU per rank): never ran";
+  if (!HaveGpus(2)) return;
   ExpectDisaggregatedEqualsAggregated("nccl", 1);
 }
 
@@ -164,17 +166,17 @@ void KillPrefillMidTransfer(const std::string& plane, int decode_gpu) {
 }
 
 TEST(GpuStackTest, KillingPrefillMidNcclTransferLeavesDecodeServingWithNothingReserved) {
-  if (!HaveGpus(2)) GTEST_SKIP() << "fewer than two CUDA devices (NCCL needs a GPU per rank): never ran";
+  if (!HaveGpus(2)) return;
   KillPrefillMidTransfer("nccl", 1);
 }
 
 TEST(GpuStackTest, KillingPrefillMidCudaIpcTransferLeavesDecodeServingWithNothingReserved) {
-  if (!HaveGpus(1)) GTEST_SKIP() << "no CUDA device on this machine: this test never ran on a GPU";
+  if (!HaveGpus(1)) return;
   KillPrefillMidTransfer("cuda_ipc", 0);
 }
 
 TEST(GpuStackTest, KillingDecodeMidNcclTransferLeavesPrefillServing) {
-  if (!HaveGpus(2)) GTEST_SKIP() << "fewer than two CUDA devices (NCCL needs a GPU per rank): never ran";
+  if (!HaveGpus(2)) return;
   auto s = Stack::Start(GpuStack(/*aggregated=*/false, "nccl", 1));
   ASSERT_TRUE(s.ok()) << s.status();
   Stack& stack = **s;
