@@ -37,7 +37,7 @@ struct CachePublisher::Job {
 };
 
 absl::StatusOr<std::unique_ptr<CachePublisher>> CachePublisher::Create(CacheClient& cache,
-                                                                     const PublisherOptions& options) {
+                                                                       const PublisherOptions& options) {
   if (options.max_queued < 1 || options.max_in_flight < 0 || options.parent_wait < absl::ZeroDuration() ||
       options.cache_failure_backoff < absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
@@ -172,9 +172,9 @@ bool CachePublisher::Step(Job& job) {
       ++job.next;  // it would hang below the failed page
       continue;
     }
-    absl::StatusOr<PutResult> r = skipping() ? absl::StatusOr<PutResult>(skipped)
-                                             : cache_.Put(p.ns, what, is_page ? p.pages[index].second
-                                                                                : p.states[index].second);
+    absl::StatusOr<PutResult> r =
+        skipping() ? absl::StatusOr<PutResult>(skipped)
+                   : cache_.Put(p.ns, what, is_page ? p.pages[index].second : p.states[index].second);
     NoteCacheStatus(r.status());
     if (r.ok()) {
       absl::MutexLock lock(&mu_);
@@ -209,8 +209,7 @@ bool CachePublisher::Step(Job& job) {
         ++counters_.parent_waits_expired;
       }
     }
-    Fail(job, r.status(),
-         is_page ? absl::StrCat("page ", page) : absl::StrCat("the state at ", what.position));
+    Fail(job, r.status(), is_page ? absl::StrCat("page ", page) : absl::StrCat("the state at ", what.position));
     if (is_page) job.failed_page = page;
     ++job.next;
   }

@@ -75,7 +75,7 @@ struct PublicationResult {
 
 struct Publication {
   ClientNamespace ns;
-  std::vector<std::pair<ClientPut, std::string>> pages;   // in order
+  std::vector<std::pair<ClientPut, std::string>> pages;  // in order
   int64_t first_page = 0;  // the index of pages[0] in the sequence (page i holds tokens [i, i + 1) * page_size)
   std::vector<std::pair<ClientPut, std::string>> states;  // after the pages
   // `pages` holds every full page from page 0: ask the cache first (a probe)

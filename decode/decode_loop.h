@@ -86,12 +86,9 @@ class DecodeLoop {
  public:
   // `model`, `prefill`, `receiver` and `cache` (null: no cache) must outlive
   // the loop. INVALID_ARGUMENT for non-positive sizes.
-  static absl::StatusOr<std::unique_ptr<DecodeLoop>> Create(engine::Model& model,
-                                                            const common::Hash128& model_fingerprint,
-                                                            prefill::PrefillClient& prefill,
-                                                            transport::StateReceiver& receiver,
-                                                            cachestore::CacheClient* cache,
-                                                            const DecodeLoopOptions& options);
+  static absl::StatusOr<std::unique_ptr<DecodeLoop>> Create(
+      engine::Model& model, const common::Hash128& model_fingerprint, prefill::PrefillClient& prefill,
+      transport::StateReceiver& receiver, cachestore::CacheClient* cache, const DecodeLoopOptions& options);
   // Aborts every request still running (each gets its OnComplete) and joins
   // every thread.
   ~DecodeLoop();

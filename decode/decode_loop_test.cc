@@ -15,9 +15,9 @@
 #include "decode/decode_loop_test_fixture.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "transport/fake_communicator.h"
 #include "transport/channel_receiver.h"
 #include "transport/channel_sender.h"
+#include "transport/fake_communicator.h"
 #include "transport/routing_sender.h"
 
 namespace hybridserve::decode::test {

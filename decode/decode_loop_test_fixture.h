@@ -32,11 +32,11 @@
 #include "engine/model.h"
 #include "engine/model_weights.h"
 #include "gtest/gtest.h"
+#include "transport/channel_receiver.h"
+#include "transport/channel_sender.h"
 #include "transport/engine_import.h"
 #include "transport/fake_communicator.h"
 #include "transport/in_process_transport.h"
-#include "transport/channel_receiver.h"
-#include "transport/channel_sender.h"
 #include "transport/routing_sender.h"
 
 namespace hybridserve::decode::test {

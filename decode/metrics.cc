@@ -127,7 +127,7 @@ void DecodeMetrics::RecordFinish(const Completion& c, double e2e_seconds) {
   if (c.reason == FinishReason::kStop || c.reason == FinishReason::kLength) {
     (c.usage.resume_kind == prefill::ResumeKind::kExactPrefix      ? resume_exact_
      : c.usage.resume_kind == prefill::ResumeKind::kGridCheckpoint ? resume_grid_
-                                                          : resume_cold_)
+                                                                   : resume_cold_)
         .Increment();
   }
 }

@@ -437,7 +437,8 @@ TEST_F(ModelErrorTest, OutOfPagesIsResourceExhaustedAndChangesNothing) {
   auto hog = model->Prefill(c, RandomTokens(6, 20, vocab_));  // takes every free page
   ASSERT_TRUE(hog.ok()) << hog.status();
   const SequenceId d = NewSeq(*model);
-  EXPECT_EQ(model->sequences().Restore(d, *snapshot, testing::Views(pages)).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(model->sequences().Restore(d, *snapshot, testing::Views(pages)).code(),
+            absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(*model->sequences().Position(d), 0);
   ASSERT_TRUE(model->sequences().Release(c).ok());
   ASSERT_TRUE(model->sequences().Restore(d, *snapshot, testing::Views(pages)).ok());
@@ -540,7 +541,8 @@ TEST_F(ModelErrorTest, RestoreRejectsMismatchedStateAndLeavesTheSequenceEmpty) {
   EXPECT_EQ(model->sequences().num_free_pages(), free_pages);
 
   ASSERT_TRUE(model->sequences().Restore(dst, *snapshot, testing::Views(pages)).ok());
-  EXPECT_EQ(model->sequences().Restore(dst, *snapshot, testing::Views(pages)).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(model->sequences().Restore(dst, *snapshot, testing::Views(pages)).code(),
+            absl::StatusCode::kFailedPrecondition);
   auto restored = model->sequences().CaptureState(dst, true);
   ASSERT_TRUE(restored.ok());
   std::string what;

@@ -60,7 +60,8 @@ class CountingBackend::CountingPeerMemory final : public PeerMemory {
 };
 
 CountingBackend::CountingBackend(Backend& inner) : inner_(inner) {
-  if (PeerMemory* peer = inner_.peer_memory(); peer != nullptr) peer_memory_ = std::make_unique<CountingPeerMemory>(*peer);
+  if (PeerMemory* peer = inner_.peer_memory(); peer != nullptr)
+    peer_memory_ = std::make_unique<CountingPeerMemory>(*peer);
 }
 
 CountingBackend::~CountingBackend() = default;

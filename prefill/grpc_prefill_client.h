@@ -34,8 +34,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "prefill/prefill_client.h"
 #include "grpcpp/grpcpp.h"
+#include "prefill/prefill_client.h"
 #include "proto/prefill.grpc.pb.h"
 
 namespace hybridserve::prefill {

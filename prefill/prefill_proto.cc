@@ -41,8 +41,8 @@ absl::StatusOr<PrefillRequest> RequestFromProto(const v1::PrefillRequest& p) {
   }
   const v1::PrefillSampling& s = p.sampling();
   if (s.top_logprobs() > static_cast<uint32_t>(engine::kMaxTopLogprobs)) {
-    return absl::InvalidArgumentError(absl::StrCat("sampling.top_logprobs ", s.top_logprobs(),
-                                                   " is above the limit of ", engine::kMaxTopLogprobs));
+    return absl::InvalidArgumentError(
+        absl::StrCat("sampling.top_logprobs ", s.top_logprobs(), " is above the limit of ", engine::kMaxTopLogprobs));
   }
   PrefillRequest r;
   absl::StatusOr<transport::Ticket> ticket = TicketFromProto(p.ticket());
@@ -185,7 +185,8 @@ void OutcomeToProto(const PrefillOutcome& o, v1::PrefillResponse* out) {
   u->set_resume_kind(ResumeKindToProto(o.usage.resume_kind));
   out->mutable_transfer()->set_bytes(static_cast<uint64_t>(o.transfer_bytes));
   out->set_publishes_prompt(o.publishes_prompt);
-  *out->mutable_transfer()->mutable_duration() = TimeUtil::NanosecondsToDuration(absl::ToInt64Nanoseconds(o.transfer_time));
+  *out->mutable_transfer()->mutable_duration() =
+      TimeUtil::NanosecondsToDuration(absl::ToInt64Nanoseconds(o.transfer_time));
 }
 
 PrefillOutcome OutcomeFromProto(const v1::PrefillResponse& p) {

@@ -36,8 +36,7 @@ TEST(TicketWireTest, TcpAndNcclTicketsRoundTripWithTheirKind) {
     transport::Ticket t = ATicket();
     t.kind = kind;
     if (kind == transport::TransportKind::kNccl) t.channel_id = std::string(transport::kNcclUniqueIdBytes, 'x');
-    if (kind == transport::TransportKind::kCudaIpc)
-      t.channel_id = "127.0.0.1:4000/00112233445566778899aabbccddeeff";
+    if (kind == transport::TransportKind::kCudaIpc) t.channel_id = "127.0.0.1:4000/00112233445566778899aabbccddeeff";
     v1::TransferTicket p;
     TicketToProto(t, &p);
     EXPECT_EQ(p.transport(), kind == transport::TransportKind::kTcp    ? v1::TRANSPORT_KIND_TCP

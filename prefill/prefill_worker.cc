@@ -60,7 +60,8 @@ PrefillWorker::PrefillWorker(engine::Model& model, const common::Hash128& model_
   cachestore::PublisherOptions po;
   po.max_queued = options_.max_pending_publications;
   po.cache_failure_backoff = options_.cache_failure_backoff;
-  absl::StatusOr<std::unique_ptr<cachestore::CachePublisher>> publisher = cachestore::CachePublisher::Create(*cache_, po);
+  absl::StatusOr<std::unique_ptr<cachestore::CachePublisher>> publisher =
+      cachestore::CachePublisher::Create(*cache_, po);
   CHECK(publisher.ok()) << "prefill worker options: " << publisher.status();
   publisher_ = *std::move(publisher);
 }

@@ -80,8 +80,8 @@ absl::StatusOr<std::unique_ptr<NcclCommunicatorFactory>> NcclCommunicatorFactory
         "no CUDA device on this machine: the NCCL data plane needs a GPU (the TCP data plane runs on CPUs)");
   }
   if (devices < 0) {
-    return absl::InternalError(absl::StrCat("CUDA error ", -devices,
-                                            " while counting devices: this machine's CUDA setup is broken"));
+    return absl::InternalError(
+        absl::StrCat("CUDA error ", -devices, " while counting devices: this machine's CUDA setup is broken"));
   }
   if (options.device < 0 || options.device >= devices) {
     return absl::InvalidArgumentError(absl::StrCat("CUDA device ", options.device, " of ", devices));

@@ -38,8 +38,7 @@ TEST(NcclCommunicatorFactoryTest, WithoutACudaDeviceCreateIsUnavailableAndSaysWh
 class TwoGpuTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!kernels::cuda_testing::HaveGpusOrSkip(2, nccl_ops::DeviceCount(),
-                                               "NCCL will not put both ranks on one GPU")) {
+    if (!kernels::cuda_testing::HaveGpusOrSkip(2, nccl_ops::DeviceCount(), "NCCL will not put both ranks on one GPU")) {
       return;
     }
     auto a = NcclCommunicatorFactory::Create({0});

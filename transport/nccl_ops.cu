@@ -127,9 +127,8 @@ OpResult NewUniqueId(std::string* out) {
 
 OpResult Join(const std::string& unique_id, int rank, int device, Channel** out) {
   if (unique_id.size() != kUniqueIdBytes || (rank != 0 && rank != 1) || device < 0 || device >= DeviceCount()) {
-    return Result(Outcome::kInvalid, "NCCL join: a unique id of " + std::to_string(unique_id.size()) +
-                                         " bytes, rank " + std::to_string(rank) + ", device " +
-                                         std::to_string(device));
+    return Result(Outcome::kInvalid, "NCCL join: a unique id of " + std::to_string(unique_id.size()) + " bytes, rank " +
+                                         std::to_string(rank) + ", device " + std::to_string(device));
   }
   auto* c = new Channel;
   c->device = device;

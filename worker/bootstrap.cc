@@ -40,17 +40,19 @@ const char* PlaneName(transport::TransportKind kind) {
 
 // The factory of the channels a device plane (NCCL, CUDA IPC) runs over.
 absl::StatusOr<std::unique_ptr<transport::CommunicatorFactory>> ChannelFactory(transport::TransportKind kind,
-                                                                                engine::Model& model,
-                                                                                const WorkerOptions& options) {
+                                                                               engine::Model& model,
+                                                                               const WorkerOptions& options) {
   if (kind == transport::TransportKind::kCudaIpc) {
     if (options.device != engine::Device::kCuda) {
-      return absl::InvalidArgumentError("--data_planes=cuda_ipc shares the engine's GPU memory: it needs --device=cuda");
+      return absl::InvalidArgumentError(
+          "--data_planes=cuda_ipc shares the engine's GPU memory: it needs --device=cuda");
     }
     return std::make_unique<transport::IpcCommunicatorFactory>(model.backend());
   }
   transport::NcclCommunicatorOptions no;
   no.device = options.device_index;
-  absl::StatusOr<std::unique_ptr<transport::NcclCommunicatorFactory>> f = transport::NcclCommunicatorFactory::Create(no);
+  absl::StatusOr<std::unique_ptr<transport::NcclCommunicatorFactory>> f =
+      transport::NcclCommunicatorFactory::Create(no);
   if (!f.ok()) return absl::Status(f.status().code(), absl::StrCat("--data_planes=nccl: ", f.status().message()));
   return std::unique_ptr<transport::CommunicatorFactory>(*std::move(f));
 }
@@ -61,8 +63,9 @@ absl::StatusOr<std::unique_ptr<engine::ModelWeights>> LoadModel(const WorkerOpti
   absl::StatusOr<std::unique_ptr<engine::ModelWeights>> weights =
       engine::ModelWeights::LoadDirectory(options.model_dir);
   if (!weights.ok()) {
-    return absl::Status(weights.status().code(), absl::StrCat("cannot load the model from --model_dir=",
-                                                              options.model_dir, ": ", weights.status().message()));
+    return absl::Status(
+        weights.status().code(),
+        absl::StrCat("cannot load the model from --model_dir=", options.model_dir, ": ", weights.status().message()));
   }
   return weights;
 }
@@ -144,8 +147,7 @@ absl::StatusOr<std::unique_ptr<SenderPlanes>> SenderPlanes::Open(const std::vect
     if (kind == transport::TransportKind::kTcp) {
       sender = std::make_unique<transport::TcpStateSender>();
     } else {
-      ASSIGN_OR_RETURN(std::unique_ptr<transport::CommunicatorFactory> factory,
-                       ChannelFactory(kind, model, options));
+      ASSIGN_OR_RETURN(std::unique_ptr<transport::CommunicatorFactory> factory, ChannelFactory(kind, model, options));
       sender = std::make_unique<transport::ChannelStateSender>(*factory);
       out->factories_.push_back(std::move(factory));
     }
@@ -160,8 +162,7 @@ ReceiverPlane::~ReceiverPlane() {
 }
 
 absl::StatusOr<std::unique_ptr<ReceiverPlane>> ReceiverPlane::Open(const ReceiverPlaneOptions& plane,
-                                                                   engine::Model& model,
-                                                                   const WorkerOptions& options) {
+                                                                   engine::Model& model, const WorkerOptions& options) {
   std::unique_ptr<ReceiverPlane> out(new ReceiverPlane());
   if (plane.kind == transport::TransportKind::kTcp) {
     transport::TcpReceiverOptions ro;
@@ -181,8 +182,8 @@ absl::StatusOr<std::unique_ptr<ReceiverPlane>> ReceiverPlane::Open(const Receive
     return out;
   }
   if (plane.kind != transport::TransportKind::kNccl && plane.kind != transport::TransportKind::kCudaIpc) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--data_planes: a decode worker receives over tcp, nccl or cuda_ipc, not ", PlaneName(plane.kind)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--data_planes: a decode worker receives over tcp, nccl or cuda_ipc, not ", PlaneName(plane.kind)));
   }
   ASSIGN_OR_RETURN(out->factory_, ChannelFactory(plane.kind, model, options));
   // One channel per prefill/decode pair: the ticket's channel id names the
@@ -208,8 +209,8 @@ absl::StatusOr<std::unique_ptr<ReceiverPlane>> ReceiverPlane::Open(const Receive
 }
 
 absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const std::string& address,
-                                                             const std::vector<grpc::Service*>& services,
-                                                             int max_threads) {
+                                                              const std::vector<grpc::Service*>& services,
+                                                              int max_threads) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;

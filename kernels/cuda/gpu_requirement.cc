@@ -39,8 +39,8 @@ bool HaveGpusOrSkip(int needed, int found, const char* why) {
     return false;
   }
   [&] {
-    GTEST_SKIP() << need << " and this machine has " << found
-                 << (found == 0 ? " (no driver or no GPU)" : "") << ": this test never ran on a GPU";
+    GTEST_SKIP() << need << " and this machine has " << found << (found == 0 ? " (no driver or no GPU)" : "")
+                 << ": this test never ran on a GPU";
   }();
   return false;
 }

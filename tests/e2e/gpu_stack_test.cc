@@ -30,8 +30,8 @@ namespace {
 // on a broken CUDA setup or where HS_REQUIRE_GPUS declares them
 // (kernels/cuda/gpu_requirement.h). The caller returns on false.
 bool HaveGpus(int needed) {
-  return kernels::cuda_testing::HaveGpusOrSkip(
-      needed, kernels::cuda::CudaDeviceCount(), needed > 1 ? "NCCL needs a GPU per rank" : nullptr);
+  return kernels::cuda_testing::HaveGpusOrSkip(needed, kernels::cuda::CudaDeviceCount(),
+                                               needed > 1 ? "NCCL needs a GPU per rank" : nullptr);
 }
 
 // Prefill on GPU 0 and decode on GPU `decode_gpu`, over `plane`.

@@ -113,8 +113,8 @@ TEST_P(SessionTest, PinnedSessionSurvivesAFloodAndAnExpiredOneIsGone) {
   // leaves by its keep time (2 s): the one state that expires by TTL. The
   // cachestore's counters follow its index on its reaper's beat: waited for,
   // not read once (read once, 1 run in 10 saw 0 before the next sync).
-  EXPECT_GE(
-      AwaitMetricAtLeast(cache_metrics, "hybridserve_cache_evictions_total{class=\"state\",reason=\"lru\"}", 1), 1);
+  EXPECT_GE(AwaitMetricAtLeast(cache_metrics, "hybridserve_cache_evictions_total{class=\"state\",reason=\"lru\"}", 1),
+            1);
   EXPECT_EQ(AwaitMetricAtLeast(cache_metrics, "hybridserve_cache_evictions_total{class=\"state\",reason=\"ttl\"}", 1),
             1);
   for (Session& x : sessions) {

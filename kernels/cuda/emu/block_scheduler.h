@@ -31,11 +31,10 @@ bool InKernel();
 // Runs `body` once per thread of every block of `grid`, blocks in x, y, z
 // order, with threadIdx, blockIdx, blockDim and gridDim set and
 // DynamicSharedMemory() pointing at `smem_bytes` bytes filled with 0xFF before
-// each block, and every __shared__ variable (cuda_emu.h) filled so too; resets them on return. `kernel` names the function in fault
-// messages. Preconditions: the configuration passed the runtime's launch
-// checks (block.x * block.y * block.z a multiple of 32, at most 1024), and the
-// caller holds the process-wide launch lock. Aborts on a deadlock, a divergent
-// warp collective, or when called inside a kernel.
+// each block, and every __shared__ variable (cuda_emu.h) filled so too; resets them on return. `kernel` names the
+// function in fault messages. Preconditions: the configuration passed the runtime's launch checks (block.x * block.y *
+// block.z a multiple of 32, at most 1024), and the caller holds the process-wide launch lock. Aborts on a deadlock, a
+// divergent warp collective, or when called inside a kernel.
 void RunGrid(const void* kernel, dim3 grid, dim3 block, size_t smem_bytes, const std::function<void()>& body);
 
 }  // namespace hybridserve::kernels::cuda_emu::internal
