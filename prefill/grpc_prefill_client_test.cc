@@ -43,14 +43,15 @@ class FakePrefill final : public v1::Prefill::Service {
     if (block_.load()) {
       entered_.Notify();
       // Held until released, or until the caller cancels (what a prefill
-      // worker sees between segments).
+      // worker sees between segments). The synchronous API has no
+      // cancellation callback: the context is asked between waits for the
+      // release.
       const absl::Time end = absl::Now() + absl::Seconds(10);
-      while (!release_.HasBeenNotified() && absl::Now() < end) {
+      while (!release_.WaitForNotificationWithTimeout(absl::Milliseconds(2)) && absl::Now() < end) {
         if (context->IsCancelled()) {
           cancelled_.fetch_add(1);
           return grpc::Status(grpc::StatusCode::CANCELLED, "the caller cancelled");
         }
-        absl::SleepFor(absl::Milliseconds(2));
       }
     }
     r->set_first_token(first_token_);

@@ -369,6 +369,7 @@ class HungCachestore final : public v1::CacheStore::Service {
  private:
   grpc::Status Hang(grpc::ServerContext* c) {
     calls_.fetch_add(1);
+    // The synchronous API has no cancellation callback: the fake asks.
     while (!c->IsCancelled()) absl::SleepFor(absl::Milliseconds(5));
     return grpc::Status(grpc::StatusCode::CANCELLED, "gone");
   }
