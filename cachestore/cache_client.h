@@ -32,8 +32,11 @@ struct ClientNamespace {
   std::string adapter;
   std::string cache_salt;
   int32_t page_size = 0;
+  // Whose entries (decode/tenant.h); "" in a single-tenant deployment. Last
+  // so that {fingerprint, adapter, salt, page_size} still reads as before.
+  std::string tenant;
 
-  Hash128 Key() const { return NamespaceKey(model_fingerprint, adapter, cache_salt, page_size); }
+  Hash128 Key() const { return NamespaceKey(model_fingerprint, adapter, tenant, cache_salt, page_size); }
 };
 
 // What to put; the cache derives the key from parent and tokens (keys.h).

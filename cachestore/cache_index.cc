@@ -141,6 +141,7 @@ absl::StatusOr<Reservation> CacheIndex::Reserve(const PutSpec& spec, absl::Time 
     owned->root = owned.get();
     owned->jump = owned.get();
     owned->page_size = spec.page_size;
+    owned->tenant = spec.tenant;
     owned->entry.committed = true;
     root = parent = owned.get();
     roots_.emplace(spec.ns, std::move(owned));

@@ -49,9 +49,9 @@ struct CacheIndexOptions {
   // See BlobPool.
   int64_t blob_pool_bytes = int64_t{256} << 20;
   // Session retention (PutSpec::ttl, PutSpec::pin): the longest TTL an entry
-  // may ask for, the bytes of pinned states one namespace may hold (a tenant:
-  // the namespace includes the cache salt), and all namespaces together (-1:
-  // half the state budget).
+  // may ask for, the bytes of pinned states one tenant may hold (PutSpec::tenant:
+  // all its namespaces together, whatever their salts), and all tenants
+  // together (-1: half the state budget).
   absl::Duration max_session_ttl = absl::Hours(24);
   int64_t pin_quota_bytes = int64_t{64} << 20;
   int64_t pin_budget_bytes = -1;
@@ -164,7 +164,7 @@ class CacheIndex {
     // prompt once per length present, never per state.
     std::map<int64_t, int> tail_lengths;
     int busy_states = 0;       // attached states reserved or pinned
-    int64_t pinned_bytes = 0;  // roots: session-pinned state bytes of the namespace
+    std::string tenant;  // roots: the namespace's tenant (PutSpec::tenant)
   };
   struct State {
     Hash128 key;
@@ -287,6 +287,8 @@ class CacheIndex {
   std::set<std::pair<absl::Time, State*>> session_expiry_;
   int64_t pinned_bytes_ = 0;
   int64_t pinned_states_ = 0;
+  // Session-pinned state bytes by tenant (present while > 0).
+  absl::flat_hash_map<std::string, int64_t> tenant_pinned_bytes_;
   uint64_t next_tick_ = 1;
   uint64_t next_id_ = 1;
   ClassStats page_stats_;

@@ -141,7 +141,9 @@ void CacheIndex::RemoveState(State* state, RemoveReason reason) {
   if (state->expiry != absl::InfiniteFuture()) session_expiry_.erase({state->expiry, state});
   Node* node = state->node;
   if (state->session_pin) {
-    node->root->pinned_bytes -= state->entry.size;
+    auto tenant = tenant_pinned_bytes_.find(node->root->tenant);
+    DCHECK(tenant != tenant_pinned_bytes_.end());
+    if ((tenant->second -= state->entry.size) == 0) tenant_pinned_bytes_.erase(tenant);
     pinned_bytes_ -= state->entry.size;
     pinned_states_--;
   }

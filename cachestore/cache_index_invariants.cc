@@ -48,7 +48,7 @@ absl::Status CacheIndex::CheckInvariants() const {
   size_t evictable_pages = 0, evictable_states = 0;
   size_t expiring_states = 0;
   int64_t pinned_bytes = 0, pinned_states = 0;
-  absl::flat_hash_map<const Node*, int64_t> pinned_by_root;
+  absl::flat_hash_map<std::string, int64_t> pinned_by_tenant;
   for (const auto& [key, node] : pages_) {
     const Entry& e = node->entry;
     if (node->parent == nullptr || node->root == nullptr) return fail("page without parent or root");
@@ -112,7 +112,7 @@ absl::Status CacheIndex::CheckInvariants() const {
     if (s->session_pin) {
       pinned_bytes += e.size;
       pinned_states++;
-      pinned_by_root[s->node->root] += e.size;
+      pinned_by_tenant[s->node->root->tenant] += e.size;
     }
     if (s->ttl > options_.max_session_ttl) return fail("state TTL above max_session_ttl");
     const bool expiring = e.committed && s->ttl > absl::ZeroDuration();
@@ -124,9 +124,9 @@ absl::Status CacheIndex::CheckInvariants() const {
   }
   if (expiring_states != session_expiry_.size()) return fail("session expiry set holds removed states");
   if (pinned_bytes != pinned_bytes_ || pinned_states != pinned_states_) return fail("pin accounting drifted");
-  for (const auto& [key, root] : roots_) {
-    if (root->pinned_bytes != pinned_by_root[root.get()]) return fail("namespace pin accounting drifted");
-    if (root->pinned_bytes > options_.pin_quota_bytes) return fail("namespace pin quota exceeded");
+  if (pinned_by_tenant != tenant_pinned_bytes_) return fail("tenant pin accounting drifted");
+  for (const auto& [tenant, bytes] : tenant_pinned_bytes_) {
+    if (bytes > options_.pin_quota_bytes) return fail("tenant pin quota exceeded");
   }
   if (pinned_bytes_ > PinBudget()) return fail("pin budget exceeded");
   if (evictable_pages != page_lru_.size() || evictable_states != state_lru_.size() + session_lru_.size()) {

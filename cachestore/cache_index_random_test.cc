@@ -64,7 +64,7 @@ class RandomRun {
     config_.max_tokens = Chance(0.5) ? int64_t{1} << 20 : Uniform(8, kMaxPromptTokens);
     config_.entry_overhead = Chance(0.3) ? 0 : Uniform(1, 12);
     for (int i = 0; i < kNamespaces; ++i) {
-      ns_keys_[i] = NamespaceKey("model", "", absl::StrCat("tenant-", i), config_.default_page_size[i]);
+      ns_keys_[i] = NamespaceKey("model", "", "", absl::StrCat("tenant-", i), config_.default_page_size[i]);
     }
     index_ = std::make_unique<CacheIndex>(config_.ToOptions());
     model_ = std::make_unique<ReferenceModel>(config_, ns_keys_);

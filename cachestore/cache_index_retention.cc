@@ -33,18 +33,20 @@ void CacheIndex::ApplyRetention(State* state, const PutSpec& spec, Reservation* 
     RefreshExpiry(state);
   }
   if (spec.pin && !state->session_pin) {
-    Node* root = state->node->root;
+    const std::string& tenant = state->node->root->tenant;
     const int64_t size = state->entry.size;
-    if (root->pinned_bytes + size > options_.pin_quota_bytes) {
-      r->pin_refused = absl::StrCat("the namespace's pin quota of ", options_.pin_quota_bytes, " bytes is used (",
-                                    root->pinned_bytes, " pinned, this state ", size, ")");
+    auto used = tenant_pinned_bytes_.find(tenant);
+    const int64_t tenant_pinned = used == tenant_pinned_bytes_.end() ? 0 : used->second;
+    if (tenant_pinned + size > options_.pin_quota_bytes) {
+      r->pin_refused = absl::StrCat("the tenant's pin quota of ", options_.pin_quota_bytes, " bytes is used (",
+                                    tenant_pinned, " pinned, this state ", size, ")");
     } else if (pinned_bytes_ + size > PinBudget()) {
       r->pin_refused = absl::StrCat("the cache's pin budget of ", PinBudget(), " bytes is used (", pinned_bytes_,
                                     " pinned, this state ", size, ")");
     } else {
       const bool was_busy = IsBusy(*state);
       state->session_pin = true;
-      root->pinned_bytes += size;
+      tenant_pinned_bytes_[tenant] += size;
       pinned_bytes_ += size;
       pinned_states_++;
       if (!was_busy) {

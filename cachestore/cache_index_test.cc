@@ -29,7 +29,7 @@ CacheIndexOptions PayloadOnly() {
 
 class CacheIndexTest : public ::testing::Test {
  protected:
-  CacheIndexTest() : ns_(NamespaceKey("model", "", "", kPageSize)) {}
+  CacheIndexTest() : ns_(NamespaceKey("model", "", "", "", kPageSize)) {}
 
   void Make(CacheIndexOptions options) { index_ = std::make_unique<CacheIndex>(options); }
 
@@ -215,7 +215,7 @@ TEST_F(CacheIndexTest, BadPutsAreRejectedAndChangeNothing) {
   EXPECT_EQ(index_->Reserve(at_zero, now_).status().code(), absl::StatusCode::kInvalidArgument);
 
   PutSpec other_ns_parent = PageSpec(t, 1);
-  other_ns_parent.ns = NamespaceKey("other", "", "", kPageSize);
+  other_ns_parent.ns = NamespaceKey("other", "", "", "", kPageSize);
   EXPECT_EQ(index_->Reserve(other_ns_parent, now_).status().code(), absl::StatusCode::kFailedPrecondition);
 
   const IndexStats after = index_->Stats();
@@ -228,7 +228,7 @@ TEST_F(CacheIndexTest, NamespacesNeverShareEntries) {
   std::vector<TokenId> t = Tokens(8);
   PutPages(t, 2);
   PutCommitted(StateSpec(t, 8 - 1));
-  Hash128 tenant = NamespaceKey("model", "", "tenant-b", kPageSize);
+  Hash128 tenant = NamespaceKey("model", "", "", "tenant-b", kPageSize);
   auto r = index_->Lookup(tenant, kPageSize, PageKeys(tenant, t, kPageSize), t, true, now_);
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->kv_match_tokens, 0);
@@ -533,7 +533,7 @@ TEST_F(CacheIndexTest, AnUnpinnedSessionTtlShortensOrLengthensOnlyThatState) {
   EXPECT_EQ(Lookup(b).resume_position, 0);
 }
 
-TEST_F(CacheIndexTest, PinsBeyondTheNamespaceQuotaOrTheBudgetAreRefusedNotFailed) {
+TEST_F(CacheIndexTest, PinsBeyondTheTenantQuotaOrTheBudgetAreRefusedNotFailed) {
   CacheIndexOptions o = PayloadOnly();
   o.pin_quota_bytes = 2500;
   o.pin_budget_bytes = 2500;
@@ -552,9 +552,10 @@ TEST_F(CacheIndexTest, PinsBeyondTheNamespaceQuotaOrTheBudgetAreRefusedNotFailed
   EXPECT_THAT(got[2].pin_refused, ::testing::HasSubstr("pin quota of 2500"));
   EXPECT_EQ(got[0].ttl, o.max_session_ttl);  // a pin without a TTL gets the longest
   // Another tenant has its own quota, but the cache's budget is shared.
-  const Hash128 other = NamespaceKey("model", "", "tenant-b", kPageSize);
+  const Hash128 other = NamespaceKey("model", "", "tenant-b", "", kPageSize);
   PutSpec spec = StateSpec(Tokens(3, 90), 3);
   spec.ns = other;
+  spec.tenant = "tenant-b";
   spec.pin = true;
   auto r = index_->Reserve(spec, now_);
   ASSERT_TRUE(r.ok());
@@ -572,6 +573,33 @@ TEST_F(CacheIndexTest, PinsBeyondTheNamespaceQuotaOrTheBudgetAreRefusedNotFailed
   EXPECT_TRUE(present->already_present);
   EXPECT_TRUE(present->pinned);
   EXPECT_EQ(index_->Stats().pinned_states, 1);
+}
+
+// A tenant's salts narrow its sharing, not widen its quota: every namespace
+// of one tenant draws on one pin quota, and the quota comes back as its
+// pinned states go.
+TEST_F(CacheIndexTest, OneTenantsSaltsShareItsPinQuota) {
+  CacheIndexOptions o = PayloadOnly();
+  o.pin_quota_bytes = 2500;
+  Make(o);
+  auto pin_in = [&](const std::string& tenant, const std::string& salt, int seed) {
+    PutSpec spec = StateSpec(Tokens(3, seed), 3);
+    spec.ns = NamespaceKey("model", "", tenant, salt, kPageSize);
+    spec.tenant = tenant;
+    spec.pin = true;
+    auto r = index_->Reserve(spec, now_);
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (r.ok()) EXPECT_TRUE(index_->Commit(r->id, 7, now_).ok());
+    return r.ok() ? *r : Reservation{};
+  };
+  EXPECT_TRUE(pin_in("org_a", "s1", 0).pinned);
+  EXPECT_TRUE(pin_in("org_a", "s2", 10).pinned);
+  const Reservation third = pin_in("org_a", "s3", 20);
+  EXPECT_FALSE(third.pinned);
+  EXPECT_THAT(third.pin_refused, ::testing::HasSubstr("tenant's pin quota of 2500"));
+  EXPECT_TRUE(pin_in("org_b", "s1", 30).pinned);  // another tenant: its own quota
+  EXPECT_EQ(index_->Stats().pinned_states, 3);
+  EXPECT_TRUE(index_->CheckInvariants().ok());
 }
 
 TEST_F(CacheIndexTest, RetentionIsForStatesAndNeverNegative) {
@@ -596,7 +624,7 @@ TEST_F(CacheIndexTest, TailTokensAndIndexMemoryCountAgainstTheBudget) {
   o.state_budget_bytes = 4 << 20;
   Make(o);
   constexpr int32_t kLongPage = 4096;
-  const Hash128 ns = NamespaceKey("model", "", "", kLongPage);
+  const Hash128 ns = NamespaceKey("model", "", "", "", kLongPage);
   int64_t committed = 0;
   for (int i = 0; i < 1500; ++i) {
     PutSpec s;
@@ -685,13 +713,13 @@ TEST_F(CacheIndexTest, NamespacesAreBoundedByMaxNamespaces) {
   CacheIndexOptions o = PayloadOnly();
   o.max_namespaces = 2;
   Make(o);
-  PutCommitted(PageSpec(Tokens(4), 0, 100, NamespaceKey("m1", "", "", kPageSize)));
-  PutCommitted(PageSpec(Tokens(4), 0, 100, NamespaceKey("m2", "", "", kPageSize)));
-  auto r = index_->Reserve(PageSpec(Tokens(4), 0, 100, NamespaceKey("m3", "", "", kPageSize)), now_);
+  PutCommitted(PageSpec(Tokens(4), 0, 100, NamespaceKey("m1", "", "", "", kPageSize)));
+  PutCommitted(PageSpec(Tokens(4), 0, 100, NamespaceKey("m2", "", "", "", kPageSize)));
+  auto r = index_->Reserve(PageSpec(Tokens(4), 0, 100, NamespaceKey("m3", "", "", "", kPageSize)), now_);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(r.status().message(), ::testing::HasSubstr("max_namespaces=2"));
   EXPECT_EQ(index_->Stats().namespaces, 2);
-  PutCommitted(PageSpec(Tokens(4, 7), 0, 100, NamespaceKey("m1", "", "", kPageSize)));
+  PutCommitted(PageSpec(Tokens(4, 7), 0, 100, NamespaceKey("m1", "", "", "", kPageSize)));
   EXPECT_EQ(index_->Stats().pages.entries, 3);
 }
 
@@ -720,7 +748,7 @@ TEST_F(CacheIndexTest, AnAllocationTheMachineCannotMakeLeavesNothingBehind) {
 // match, and reserved ones never win.
 TEST_F(CacheIndexTest, LookupPicksTheLongestMatchingTailAmongManyStates) {
   constexpr int32_t kWide = 64;
-  const Hash128 ns = NamespaceKey("wide", "", "", kWide);
+  const Hash128 ns = NamespaceKey("wide", "", "", "", kWide);
   const std::vector<TokenId> prompt = Tokens(kWide - 1, 0);
   auto put_state = [&](std::vector<TokenId> tail, bool commit) {
     PutSpec s;

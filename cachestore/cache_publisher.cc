@@ -9,10 +9,11 @@
 
 namespace hybridserve::cachestore {
 
-ClientNamespace ModelNamespace::For(const std::string& cache_salt) const {
+ClientNamespace ModelNamespace::For(const std::string& tenant, const std::string& cache_salt) const {
   ClientNamespace ns;
   ns.model_fingerprint = model_fingerprint;
   ns.adapter = adapter;
+  ns.tenant = tenant;
   ns.cache_salt = cache_salt;
   ns.page_size = page_size;
   return ns;

@@ -50,12 +50,12 @@
 namespace hybridserve::cachestore {
 
 // The part of every namespace that is the worker's: its model's weights,
-// adapter and page size. A request adds its cache salt.
+// adapter and page size. A request adds its tenant and cache salt.
 struct ModelNamespace {
   std::string model_fingerprint;  // hex (common::Hash128::ToHex of the weights' fingerprint)
   std::string adapter;            // "" for the base model
   int32_t page_size = 0;
-  ClientNamespace For(const std::string& cache_salt) const;
+  ClientNamespace For(const std::string& tenant, const std::string& cache_salt) const;
 };
 
 // What became of a publication (given to its `done`).

@@ -36,7 +36,7 @@ class CacheStoreTest : public ::testing::Test {
   }
   common::FakeClock clock_;
   std::unique_ptr<CacheStore> store_;
-  Hash128 ns_ = NamespaceKey("fp", "", "", kPageSize);
+  Hash128 ns_ = NamespaceKey("fp", "", "", "", kPageSize);
 };
 
 // Each bad option is refused as INVALID_ARGUMENT by a message that names it
@@ -185,7 +185,7 @@ TEST(CacheStoreConcurrencyTest, SmallBudgetsHoldUnderConcurrentWriters) {
   auto created = CacheStore::Create(options, clock);
   ASSERT_TRUE(created.ok());
   CacheStore& store = **created;
-  const Hash128 ns = NamespaceKey("fp", "", "", kPageSize);
+  const Hash128 ns = NamespaceKey("fp", "", "", "", kPageSize);
 
   // Deterministic sizes: 1 to 8 KiB for pages, 1 to 6 KiB for states.
   auto page_size_of = [](int t, int c, int i) -> int64_t { return 1024 + (t * 7919 + c * 104729 + i * 31) % 7168; };

@@ -22,6 +22,7 @@ v1::CacheNamespace ToProto(const ClientNamespace& ns) {
   v1::CacheNamespace out;
   out.set_model_fingerprint(ns.model_fingerprint);
   out.set_adapter(ns.adapter);
+  out.set_tenant(ns.tenant);
   out.set_cache_salt(ns.cache_salt);
   out.set_page_size(static_cast<uint32_t>(ns.page_size));
   out.set_key_version(kKeyVersion);  // the derivation of the parent keys this client sends

@@ -12,7 +12,8 @@ InProcessCacheClient::InProcessCacheClient(CacheStore& store) : store_(store) {}
 
 absl::StatusOr<LookupResult> InProcessCacheClient::Lookup(const ClientNamespace& ns, absl::Span<const TokenId> tokens,
                                                           LookupMode mode) {
-  ASSIGN_OR_RETURN(Hash128 key, ValidatedNamespaceKey(ns.model_fingerprint, ns.adapter, ns.cache_salt, ns.page_size));
+  ASSIGN_OR_RETURN(Hash128 key,
+                   ValidatedNamespaceKey(ns.model_fingerprint, ns.adapter, ns.tenant, ns.cache_salt, ns.page_size));
   return store_.Lookup(key, ns.page_size, tokens, mode == LookupMode::kLease);
 }
 
@@ -20,7 +21,9 @@ absl::StatusOr<PutResult> InProcessCacheClient::Put(const ClientNamespace& ns, c
                                                     absl::string_view bytes) {
   // The PutSpec the service builds from the same request (service.cc SpecOf).
   PutSpec spec;
-  ASSIGN_OR_RETURN(spec.ns, ValidatedNamespaceKey(ns.model_fingerprint, ns.adapter, ns.cache_salt, ns.page_size));
+  ASSIGN_OR_RETURN(spec.ns,
+                   ValidatedNamespaceKey(ns.model_fingerprint, ns.adapter, ns.tenant, ns.cache_salt, ns.page_size));
+  spec.tenant = ns.tenant;
   spec.page_size = ns.page_size;
   spec.entry_class = put.entry_class;
   spec.parent = put.parent;

@@ -13,12 +13,13 @@ void AppendPart(std::string* out, absl::string_view part) {
 
 }  // namespace
 
-Hash128 NamespaceKey(absl::string_view model_fingerprint, absl::string_view adapter, absl::string_view cache_salt,
-                     int32_t page_size) {
+Hash128 NamespaceKey(absl::string_view model_fingerprint, absl::string_view adapter, absl::string_view tenant,
+                     absl::string_view cache_salt, int32_t page_size) {
   std::string buf;
-  AppendPart(&buf, "hybridserve/ns/v2");
+  AppendPart(&buf, "hybridserve/ns/v3");
   AppendPart(&buf, model_fingerprint);
   AppendPart(&buf, adapter);
+  AppendPart(&buf, tenant);
   AppendPart(&buf, cache_salt);
   buf.append(reinterpret_cast<const char*>(&page_size), sizeof(page_size));
   return common::HashBytes(buf);
@@ -32,18 +33,29 @@ std::string KeyVersionProblem(uint32_t key_version) {
         "derives keys with version ",
         kKeyVersion, " (page contents hashed, then chained; see proto/cachestore.proto)");
   }
+  if (key_version == 2) {
+    return absl::StrCat(
+        "namespace key_version 2 (no tenant in the namespace) is no longer served: this cachestore derives keys "
+        "with version ",
+        kKeyVersion, " (the tenant a field of the namespace; see proto/cachestore.proto): run workers of this release");
+  }
   return absl::StrCat("namespace key_version ", key_version, " is unknown: this cachestore derives keys with version ",
                       kKeyVersion);
 }
 
 absl::StatusOr<Hash128> ValidatedNamespaceKey(absl::string_view model_fingerprint, absl::string_view adapter,
-                                              absl::string_view cache_salt, int64_t page_size, uint32_t key_version) {
+                                              absl::string_view tenant, absl::string_view cache_salt, int64_t page_size,
+                                              uint32_t key_version) {
   if (const std::string problem = KeyVersionProblem(key_version); !problem.empty()) {
     return absl::InvalidArgumentError(problem);
   }
   if (model_fingerprint.empty()) return absl::InvalidArgumentError("namespace model_fingerprint is empty");
+  if (tenant.size() > kMaxTenantBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("namespace tenant has ", tenant.size(), " bytes, at most ", kMaxTenantBytes));
+  }
   if (!IsValidPageSize(page_size)) return absl::InvalidArgumentError("namespace " + PageSizeProblem(page_size));
-  return NamespaceKey(model_fingerprint, adapter, cache_salt, static_cast<int32_t>(page_size));
+  return NamespaceKey(model_fingerprint, adapter, tenant, cache_salt, static_cast<int32_t>(page_size));
 }
 
 Hash128 PageContentKey(absl::Span<const TokenId> page_tokens) {

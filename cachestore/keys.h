@@ -1,11 +1,11 @@
 #ifndef HYBRIDSERVE_CACHESTORE_KEYS_H_
 #define HYBRIDSERVE_CACHESTORE_KEYS_H_
 
-// Cache keys (docs/ARCHITECTURE.md section 4), version 2. Shared by the cachestore and
+// Cache keys (docs/ARCHITECTURE.md section 4), version 3. Shared by the cachestore and
 // its clients so both sides derive the same keys from the same tokens.
 //
-//   namespace  N   = H(L("hybridserve/ns/v2") || L(model_fingerprint) || L(adapter) ||
-//                      L(cache_salt) || page_size)
+//   namespace  N   = H(L("hybridserve/ns/v3") || L(model_fingerprint) || L(adapter) ||
+//                      L(tenant) || L(cache_salt) || page_size)
 //                    L(x): x's byte length as a uint64 little-endian, then x;
 //                    page_size: 4 bytes, int32 little-endian
 //   page i     C_i = H(tokens of page i)               (its content)
@@ -13,10 +13,14 @@
 //   state at p S_p = H(H(K_{n-1} || "hybridserve/state/v2") || tokens[n*page_size, p)),
 //                    n = floor(p/page_size)
 //
-// Two levels (version 2): the page contents are hashed independently of each
-// other (no serial dependency through the tokens), and the chain links hash
-// 32 bytes each. Version 1 chained the tokens themselves (K_i = H(K_{i-1} ||
-// tokens of page i)); its keys are refused by name (KeyVersionProblem).
+// Two levels (since version 2): the page contents are hashed independently of
+// each other (no serial dependency through the tokens), and the chain links
+// hash 32 bytes each. Version 3 added the tenant (the authenticated caller
+// decode derived, decode/tenant.h) as a field of its own beside the client's
+// salt: a client can narrow its sharing with a salt, never reach into another
+// tenant's namespace. Version 1 chained the tokens themselves (K_i =
+// H(K_{i-1} || tokens of page i)), version 2 had no tenant; both are refused
+// by name (KeyVersionProblem).
 
 #include <cstdint>
 #include <string>
@@ -35,7 +39,7 @@ using ::hybridserve::TokenId;
 
 // The key derivation this code implements, as CacheNamespace.key_version
 // names it on the wire (0 there means this one).
-inline constexpr uint32_t kKeyVersion = 2;
+inline constexpr uint32_t kKeyVersion = 3;
 
 // Why a client's declared key version cannot be served; empty for 0 (the
 // current) and kKeyVersion.
@@ -43,14 +47,18 @@ std::string KeyVersionProblem(uint32_t key_version);
 
 // The root key of a namespace. Each string part is length-prefixed and
 // page_size has a fixed width, so no two different tuples hash the same bytes.
-Hash128 NamespaceKey(absl::string_view model_fingerprint, absl::string_view adapter, absl::string_view cache_salt,
-                     int32_t page_size);
+Hash128 NamespaceKey(absl::string_view model_fingerprint, absl::string_view adapter, absl::string_view tenant,
+                     absl::string_view cache_salt, int32_t page_size);
+
+// The longest tenant name a namespace may carry, in bytes.
+inline constexpr size_t kMaxTenantBytes = 256;
 
 // NamespaceKey of a namespace a cache accepts: a non-empty model_fingerprint
-// and a valid page size (common/tokens.h); INVALID_ARGUMENT otherwise. The one
-// check shared by the gRPC service and the in-process client.
+// a tenant of at most kMaxTenantBytes and a valid page size (common/tokens.h);
+// INVALID_ARGUMENT otherwise. The one check shared by the gRPC service and the
+// in-process client.
 absl::StatusOr<Hash128> ValidatedNamespaceKey(absl::string_view model_fingerprint, absl::string_view adapter,
-                                              absl::string_view cache_salt, int64_t page_size,
+                                              absl::string_view tenant, absl::string_view cache_salt, int64_t page_size,
                                               uint32_t key_version = kKeyVersion);
 
 // K_i from K_{i-1} and the page's tokens.

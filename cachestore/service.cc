@@ -21,7 +21,8 @@ namespace {
 using common::ToGrpcStatus;
 
 absl::StatusOr<Hash128> NamespaceOf(const v1::CacheNamespace& ns) {
-  return ValidatedNamespaceKey(ns.model_fingerprint(), ns.adapter(), ns.cache_salt(), ns.page_size(), ns.key_version());
+  return ValidatedNamespaceKey(ns.model_fingerprint(), ns.adapter(), ns.tenant(), ns.cache_salt(), ns.page_size(),
+                               ns.key_version());
 }
 
 absl::StatusOr<Hash128> KeyOf(const std::string& bytes, absl::string_view what) {
@@ -95,6 +96,7 @@ v1::EntryRef ToProto(const EntryInfo& e) {
 absl::StatusOr<PutSpec> SpecOf(const v1::PutHeader& h) {
   PutSpec spec;
   ASSIGN_OR_RETURN(spec.ns, NamespaceOf(h.namespace_()));
+  spec.tenant = h.namespace_().tenant();
   spec.page_size = static_cast<int32_t>(h.namespace_().page_size());
   switch (h.entry_class()) {
     case v1::ENTRY_CLASS_PAGE:

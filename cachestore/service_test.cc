@@ -30,7 +30,7 @@
 // Release  NOT_FOUND            unknown lease                          BadInputGetsAClearStatusAndChangesNothing
 // Lookup   RESOURCE_EXHAUSTED   --max_leases leases open               IndexLimitsAndKeyVersionsAreRefusedOverTheWire
 // Put      RESOURCE_EXHAUSTED   --max_namespaces namespaces held       IndexLimitsAndKeyVersionsAreRefusedOverTheWire
-// every    INVALID_ARGUMENT     namespace key_version 1 or unknown     IndexLimitsAndKeyVersionsAreRefusedOverTheWire
+// every    INVALID_ARGUMENT     namespace key_version 1, 2 or unknown IndexLimitsAndKeyVersionsAreRefusedOverTheWire
 // Put      RESOURCE_EXHAUSTED   the machine cannot allocate the entry  AnEntryTheMachineCannotHoldIsRefusedCounted...
 // every    RESOURCE_EXHAUSTED   --max_streams, --max_streams_per_peer  streams_test.cc:
 //                                                                      EveryMethodIsRefusedBeyondTheCallLimits
@@ -406,7 +406,7 @@ TEST_F(ServiceTest, IndexLimitsAndKeyVersionsAreRefusedOverTheWire) {
   state.position = 2;
   EXPECT_TRUE(HasStatus(client_->Put(other, state, Bytes(100, 1)).status(), absl::StatusCode::kResourceExhausted,
                         "max_namespaces=1"));
-  for (uint32_t version : {1u, 3u}) {
+  for (uint32_t version : {1u, 2u, 4u}) {
     v1::LookupRequest req;
     req.mutable_namespace_()->set_model_fingerprint(ns_.model_fingerprint);
     req.mutable_namespace_()->set_page_size(ns_.page_size);

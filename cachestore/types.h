@@ -53,6 +53,9 @@ struct Blob {
 // What to store. The index derives the key from `parent` and `tokens`.
 struct PutSpec {
   Hash128 ns;
+  // The namespace's tenant (keys.h): whose pin quota a pin counts against.
+  // Must be the one ns was derived with.
+  std::string tenant;
   int32_t page_size = 0;
   EntryClass entry_class = EntryClass::kPage;
   // K_{n-1} the entry hangs from; nullopt for the namespace root.
@@ -66,7 +69,7 @@ struct PutSpec {
   // Session retention, states only (a session breakpoint). `ttl` > 0: the
   // entry's own idle TTL instead of the class's, capped by the index's
   // max_session_ttl. `pin`: never evicted to make room, only by its TTL
-  // (max_session_ttl when `ttl` is 0), within the namespace's pin quota and
+  // (max_session_ttl when `ttl` is 0), within the tenant's pin quota and
   // the index's pin budget; beyond them the entry is stored unpinned and the
   // reservation says why.
   absl::Duration ttl = absl::ZeroDuration();

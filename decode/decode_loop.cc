@@ -239,6 +239,7 @@ void DecodeLoop::Admit() {
     prefill::PrefillRequest call;
     call.request_id = r->req.request_id;
     call.prompt = r->req.prompt;
+    call.tenant = r->req.tenant;
     call.cache_salt = r->req.cache_salt;
     call.sampling = r->req.sampling;
     call.ticket = *ticket;
@@ -365,7 +366,7 @@ absl::StatusOr<cachestore::Publication> DecodeLoop::Prepare(const Request& r) co
   fed.insert(fed.end(), r.generated.begin(), r.generated.end() - 1);
   const int64_t position = static_cast<int64_t>(fed.size());
   cachestore::Publication p;
-  p.ns = namespace_.For(r.req.cache_salt);
+  p.ns = namespace_.For(r.req.tenant, r.req.cache_salt);
   const cachestore::CachePlan plan(p.ns, fed);
   const int64_t ps = plan.page_size();
   // Every full page is put, a model without attention layers included: its

@@ -30,6 +30,9 @@ struct GenerateRequest {
   std::vector<TokenId> prompt;
   engine::SamplingParams sampling;  // seed: SeedFromRequestId when the client gave none
   StopConditions stop;
+  // The cache namespace's tenant (set by the service from the authenticated
+  // caller, decode/tenant.h; never by the client) and the client's salt.
+  std::string tenant;
   std::string cache_salt;
   absl::Time deadline = absl::InfiniteFuture();
   // Session breakpoint (proto SessionRetention): the turn-end state's TTL

@@ -36,7 +36,12 @@ enum class ResumeKind {
 struct PrefillRequest {
   std::string request_id;
   std::vector<TokenId> prompt;
-  std::string cache_salt;  // tenant: separates namespaces
+  // The cache namespace's tenant and salt (cachestore/keys.h): the tenant
+  // decode derived from its authenticated client (decode/tenant.h), the salt
+  // the client chose. Prefill trusts the tenant because only decode workers'
+  // identities may call it (--tls_allowed_peers).
+  std::string tenant;
+  std::string cache_salt;
   // Resolved by the caller (no defaults left): the first token is sampled
   // with it at step 0.
   engine::SamplingParams sampling;

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "cachestore/keys.h"
 #include "google/protobuf/util/time_util.h"
 
 namespace hybridserve::prefill {
@@ -17,6 +18,7 @@ void RequestToProto(const PrefillRequest& r, v1::PrefillRequest* out) {
   out->set_request_id(r.request_id);
   out->mutable_prompt_token_ids()->Assign(r.prompt.begin(), r.prompt.end());
   out->set_cache_salt(r.cache_salt);
+  out->set_tenant(r.tenant);
   v1::PrefillSampling* s = out->mutable_sampling();
   s->set_temperature(r.sampling.temperature);
   s->set_top_p(r.sampling.top_p);
@@ -39,6 +41,10 @@ absl::StatusOr<PrefillRequest> RequestFromProto(const v1::PrefillRequest& p) {
     return absl::InvalidArgumentError(
         absl::StrCat("request_id has ", p.request_id().size(), " bytes, at most ", kMaxRequestIdBytes));
   }
+  if (p.tenant().size() > cachestore::kMaxTenantBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tenant has ", p.tenant().size(), " bytes, at most ", cachestore::kMaxTenantBytes));
+  }
   const v1::PrefillSampling& s = p.sampling();
   if (s.top_logprobs() > static_cast<uint32_t>(engine::kMaxTopLogprobs)) {
     return absl::InvalidArgumentError(
@@ -50,6 +56,7 @@ absl::StatusOr<PrefillRequest> RequestFromProto(const v1::PrefillRequest& p) {
   r.request_id = p.request_id();
   r.prompt.assign(p.prompt_token_ids().begin(), p.prompt_token_ids().end());
   r.cache_salt = p.cache_salt();
+  r.tenant = p.tenant();
   r.sampling.temperature = s.temperature();
   r.sampling.top_p = s.top_p();
   r.sampling.top_k = s.top_k();

@@ -66,8 +66,8 @@ PrefillWorker::PrefillWorker(engine::Model& model, const common::Hash128& model_
   publisher_ = *std::move(publisher);
 }
 
-cachestore::ClientNamespace PrefillWorker::Namespace(const std::string& cache_salt) const {
-  return namespace_.For(cache_salt);
+cachestore::ClientNamespace PrefillWorker::Namespace(const std::string& tenant, const std::string& cache_salt) const {
+  return namespace_.For(tenant, cache_salt);
 }
 
 absl::Status PrefillWorker::FetchResumeBytes(const cachestore::LookupResult& lookup, std::string* state,
@@ -209,7 +209,7 @@ absl::StatusOr<PrefillOutcome> PrefillWorker::Prefill(const PrefillRequest& requ
     return absl::CancelledError("the caller cancelled the prefill");
   };
   RETURN_IF_ERROR(cancelled());
-  const cachestore::ClientNamespace ns = Namespace(request.cache_salt);
+  const cachestore::ClientNamespace ns = Namespace(request.tenant, request.cache_salt);
   const absl::Time resume_start = absl::Now();
   ASSIGN_OR_RETURN(const Resumed resumed, Resume(request, ns));
   SequenceGuard guard(model_, resumed.seq);

@@ -116,8 +116,8 @@ class PrefillWorker {
   bool WaitForPublications(absl::Duration timeout);
   // Puts what is still queued, then stops the publisher.
   ~PrefillWorker() = default;
-  // The namespace a request with `cache_salt` uses.
-  cachestore::ClientNamespace Namespace(const std::string& cache_salt) const;
+  // The namespace a request of `tenant` with `cache_salt` uses.
+  cachestore::ClientNamespace Namespace(const std::string& tenant, const std::string& cache_salt) const;
 
  private:
   struct Resumed;

@@ -313,7 +313,7 @@ TEST_F(PrefillWorkerTest, ACacheThatIsDownOrWrongBecomesAMissNeverAFailure) {
 TEST_F(PrefillWorkerTest, APageAnotherWriterIsPuttingDoesNotStopThePublication) {
   const std::vector<TokenId> prompt = Tokens(150, vocab_, 1);
   cachestore::PutSpec spec;
-  spec.ns = cachestore::NamespaceKey(weights_->fingerprint().ToHex(), "", "", 16);
+  spec.ns = cachestore::NamespaceKey(weights_->fingerprint().ToHex(), "", "", "", 16);
   spec.page_size = 16;
   spec.entry_class = cachestore::EntryClass::kPage;
   spec.tokens.assign(prompt.begin(), prompt.begin() + 16);

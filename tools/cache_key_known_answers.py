@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Known answers for the cache keys, from proto/cachestore.proto's text alone.
 
-Recomputes the namespace, page and state keys (key version 2) with Python's xxhash (XXH3-128),
+Recomputes the namespace, page and state keys (key version 3) with Python's xxhash (XXH3-128),
 independently of cachestore/keys.cc, and prints them as Hash128::ToHex() writes
 them (32 hex digits, high 64 bits then low). cachestore/keys_test.cc hard-codes
 this output; re-run after a deliberate change of the key derivation:
@@ -28,9 +28,9 @@ def length_prefixed(s: str) -> bytes:
     return struct.pack("<Q", len(b)) + b
 
 
-def namespace_key(fingerprint: str, adapter: str, salt: str, page_size: int) -> bytes:
-    return h(length_prefixed("hybridserve/ns/v2") + length_prefixed(fingerprint) + length_prefixed(adapter) +
-             length_prefixed(salt) + struct.pack("<i", page_size))
+def namespace_key(fingerprint: str, adapter: str, tenant: str, salt: str, page_size: int) -> bytes:
+    return h(length_prefixed("hybridserve/ns/v3") + length_prefixed(fingerprint) + length_prefixed(adapter) +
+             length_prefixed(tenant) + length_prefixed(salt) + struct.pack("<i", page_size))
 
 
 def tokens_le(tokens) -> bytes:
@@ -53,10 +53,11 @@ def state_key(ns: bytes, tokens, page_size: int, p: int) -> bytes:
 
 
 def main():
-    print("namespace fp/lora/tenant/16   ", hex_of(namespace_key("fp", "lora", "tenant", 16)))
-    print("namespace model-a///0x01020304", hex_of(namespace_key("model-a", "", "", 0x01020304)))
-    ns = namespace_key("fp", "", "", 4)
-    print("namespace fp///4              ", hex_of(ns))
+    print("namespace fp/lora/org_1/2345/16  ", hex_of(namespace_key("fp", "lora", "org_1", "2345", 16)))
+    print("namespace fp/lora/org_12345//16  ", hex_of(namespace_key("fp", "lora", "org_12345", "", 16)))
+    print("namespace model-a////0x01020304  ", hex_of(namespace_key("model-a", "", "", "", 0x01020304)))
+    ns = namespace_key("fp", "", "", "", 4)
+    print("namespace fp////4                ", hex_of(ns))
     # Token ids with distinct bytes expose the byte order.
     tokens = [1, 2, 3, 4, 0x01020304, 2**31 - 1, 0, 7, 9, 10]
     for i, k in enumerate(page_keys(ns, tokens, 4)):

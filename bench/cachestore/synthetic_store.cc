@@ -56,7 +56,7 @@ PutEntryFn IndexPutter(cachestore::CacheIndex& index, absl::Time now) {
 std::string TenantSalt(int tenant) { return absl::StrCat("tenant-", tenant); }
 
 Hash128 TenantNamespace(int tenant, int32_t page_size) {
-  return cachestore::NamespaceKey(kBenchModelFingerprint, "", TenantSalt(tenant), page_size);
+  return cachestore::NamespaceKey(kBenchModelFingerprint, "", "", TenantSalt(tenant), page_size);
 }
 
 absl::StatusOr<int64_t> PutConversation(const Conversation& c, const PutEntryFn& put) {
