@@ -9,6 +9,7 @@
 #include "cachestore/entry_messages.h"
 #include "common/grpc_status.h"
 #include "common/hash.h"
+#include "common/status_macros.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/cachestore.grpc.pb.h"
@@ -227,7 +228,7 @@ absl::StatusOr<std::unique_ptr<GrpcCacheClient>> GrpcCacheClient::Create(const s
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, backoff_ms);  // also the shortest connect timeout
   auto impl = std::make_unique<Impl>();
   impl->options = options;
-  std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel, common::NewChannel(target, options.tls, args));
   impl->stub = v1::CacheStore::NewStub(channel);
   impl->raw = std::make_unique<grpc::GenericStub>(channel);
   return std::unique_ptr<GrpcCacheClient>(new GrpcCacheClient(std::move(impl)));

@@ -15,6 +15,7 @@
 #include "absl/types/span.h"
 #include "cachestore/cache_client.h"
 #include "cachestore/types.h"
+#include "common/tls.h"
 
 namespace hybridserve::cachestore {
 
@@ -29,6 +30,9 @@ struct GrpcCacheClientOptions {
   // a restart stayed refused for seconds (13 s of misses seen). With 1 s,
   // calls succeed again within about a second of its return.
   absl::Duration max_reconnect_backoff = absl::Seconds(1);
+  // TLS to the cachestore (mutual TLS with a client certificate); off when
+  // tls.ca_file is empty.
+  common::ChannelTlsOptions tls;
 };
 
 // Thread-safe (gRPC stubs are). Besides the codes of CacheClient, any call may
@@ -37,7 +41,7 @@ struct GrpcCacheClientOptions {
 class GrpcCacheClient final : public CacheClient {
  public:
   // `target` is a gRPC target ("host:port"). INVALID_ARGUMENT: chunk_bytes
-  // outside (0, 64 MiB]. Connects lazily: an unreachable target shows as
+  // outside (0, 64 MiB], or TLS options that cannot work (common/tls.h). Connects lazily: an unreachable target shows as
   // UNAVAILABLE on the first call.
   static absl::StatusOr<std::unique_ptr<GrpcCacheClient>> Create(const std::string& target,
                                                                  const GrpcCacheClientOptions& options = {});

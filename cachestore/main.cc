@@ -17,6 +17,7 @@
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/process.h"
+#include "common/tls_flags.h"
 
 ABSL_FLAG(std::string, address, "0.0.0.0:50051", "gRPC listen address (host:port; port 0 picks one)");
 ABSL_FLAG(std::string, metrics_address, "0.0.0.0:9091", "Prometheus /metrics address; empty disables");
@@ -124,6 +125,20 @@ int main(int argc, char** argv) {
   options.service.max_streams = absl::GetFlag(FLAGS_max_streams);
   options.service.max_streams_per_peer = absl::GetFlag(FLAGS_max_streams_per_peer);
   options.max_threads = static_cast<int>(absl::GetFlag(FLAGS_max_threads));
+  absl::StatusOr<hybridserve::common::TlsFlags> tls = hybridserve::common::TlsFlagsFromFlags();
+  if (!tls.ok()) {
+    std::cerr << "cachestore: bad flag " << tls.status().message() << std::endl;
+    return 2;
+  }
+  if (tls->channel.enabled()) {
+    LOG(INFO) << "--tls_ca: the cachestore makes no calls; it verifies its clients with --tls_client_ca or it";
+  }
+  options.tls = tls->server;
+  options.health_address = tls->health_address;
+  if (!options.tls.enabled()) {
+    LOG(WARNING) << "no TLS (--tls_cert): any process that reaches --address=" << options.address
+                 << " can read and write this cache";
+  }
 
   hybridserve::common::InstallTerminationHandler();
 
@@ -146,7 +161,9 @@ int main(int argc, char** argv) {
             << (exposer ? absl::StrCat(", metrics on port ", exposer->port()) : std::string());
   // Machine-readable line for launchers and tests.
   std::cout << "CACHESTORE_READY port=" << (*server)->port()
-            << (exposer ? absl::StrCat(" metrics_port=", exposer->port()) : std::string()) << std::endl;
+            << (exposer ? absl::StrCat(" metrics_port=", exposer->port()) : std::string())
+            << ((*server)->health_port() != 0 ? absl::StrCat(" health_port=", (*server)->health_port()) : "")
+            << std::endl;
 
   const int sig = hybridserve::common::WaitForTerminationSignal();
   LOG(INFO) << "signal " << sig << ": draining (grace " << absl::GetFlag(FLAGS_shutdown_grace) << ")";

@@ -48,7 +48,8 @@ absl::StatusOr<std::unique_ptr<CacheStoreServer>> CacheStoreServer::Start(const 
   // gRPC sets SO_REUSEPORT by default: a second server on a taken port would
   // share it silently instead of failing with "port in use".
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.AddListeningPort(options.address, grpc::InsecureServerCredentials(), &server->port_);
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials, common::NewServerCredentials(options.tls));
+  builder.AddListeningPort(options.address, credentials, &server->port_);
   builder.RegisterService(server->service_.get());
   grpc::ResourceQuota quota("cachestore");
   quota.SetMaxThreads(options.max_threads);
@@ -67,6 +68,9 @@ absl::StatusOr<std::unique_ptr<CacheStoreServer>> CacheStoreServer::Start(const 
   }
   server->server_->GetHealthCheckService()->SetServingStatus(true);
   server->server_->GetHealthCheckService()->SetServingStatus(common::kLivenessHealthService, true);
+  if (!options.health_address.empty()) {
+    ASSIGN_OR_RETURN(server->health_, common::HealthServer::Start(options.health_address));
+  }
   CacheStoreServer* self = server.get();
   server->reaper_ = std::thread([self] {
     while (!self->stop_.WaitForNotificationWithTimeout(self->reap_interval_)) self->ReapOnce();
@@ -90,6 +94,7 @@ void CacheStoreServer::Shutdown(absl::Duration grace) {
   const absl::Time deadline = absl::Now() + grace;
   // Not ready any more; still alive until it exits (common/health.h).
   if (server_ != nullptr) server_->GetHealthCheckService()->SetServingStatus("", false);
+  if (health_ != nullptr) health_->SetServing("", false);
   stop_.Notify();
   if (reaper_.joinable()) reaper_.join();
   if (server_ != nullptr) {
@@ -106,6 +111,7 @@ void CacheStoreServer::Shutdown(absl::Duration grace) {
     server_->Shutdown(absl::ToChronoTime(deadline));
     server_->Wait();
   }
+  health_.reset();
   stopped_.Notify();
 }
 

@@ -13,6 +13,8 @@
 #include "cachestore/service.h"
 #include "cachestore/service_metrics.h"
 #include "common/clock.h"
+#include "common/health_server.h"
+#include "common/tls.h"
 #include "grpcpp/grpcpp.h"
 #include "prometheus/registry.h"
 
@@ -32,6 +34,12 @@ struct ServerOptions {
   // Exhausted" (gRPC's message). The CacheStore and health services are
   // callback services and take none from it.
   int max_threads = 64;
+  // TLS on `address` (common/tls.h): with mutual TLS and allowed peers, only
+  // the workers' identities may call; off when tls.cert_file is empty.
+  common::ServerTlsOptions tls;
+  // A plaintext port with the health service alone (kubelet probes); empty:
+  // none.
+  std::string health_address;
 };
 
 // A running cachestore: gRPC server with the CacheStore service, the standard
@@ -48,6 +56,7 @@ class CacheStoreServer {
   ~CacheStoreServer();  // Shutdown(absl::ZeroDuration()) if still running
 
   int port() const { return port_; }
+  int health_port() const { return health_ != nullptr ? health_->port() : 0; }
   CacheStore& store() { return *store_; }
 
   // Runs one reaper pass now (tests drive it with a fake clock).
@@ -67,6 +76,7 @@ class CacheStoreServer {
   std::unique_ptr<ServiceMetrics> metrics_;
   std::unique_ptr<CacheStoreService> service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<common::HealthServer> health_;  // null without a health address
   int port_ = 0;
   absl::Duration reap_interval_;
   absl::Notification stop_;

@@ -13,6 +13,13 @@
 //       Without --turns it reads lines from stdin.
 //   hybridserve_cli info --target=HOST:PORT
 //
+// TLS: --tls_ca verifies the decode worker's certificate (and turns TLS on);
+// --tls_cert/--tls_key present a client certificate (the tenant, where the
+// worker takes tenants from certificates); --tls_server_name checks the
+// certificate for that name instead of the target's host. --tenant_header
+// sends x-hybridserve-tenant (a front proxy's assertion: only accepted from a
+// connection whose certificate the worker trusts as a proxy's).
+//
 // Exit status: 0 when every request finished (stop or length), 1 otherwise.
 
 #include <chrono>
@@ -31,6 +38,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/tls.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/generation.grpc.pb.h"
 
@@ -46,6 +54,12 @@ ABSL_FLAG(std::string, cache_salt, "", "tenant salt: requests with different sal
 ABSL_FLAG(std::string, request_id, "", "generate: request id (default: cli-<time>)");
 ABSL_FLAG(bool, logprobs, false, "generate: print each token's logprob");
 ABSL_FLAG(int32_t, timeout_s, 120, "per-request deadline in seconds");
+ABSL_FLAG(std::string, tls_ca, "", "CA bundle (PEM) verifying the decode worker's certificate; empty: plaintext");
+ABSL_FLAG(std::string, tls_cert, "", "client certificate chain (PEM) for mutual TLS");
+ABSL_FLAG(std::string, tls_key, "", "private key of --tls_cert (PEM)");
+ABSL_FLAG(std::string, tls_server_name, "", "the name the worker's certificate must hold (default: the target's host)");
+ABSL_FLAG(std::string, tenant_header, "",
+          "send x-hybridserve-tenant with this value (a trusted front proxy's assertion)");
 
 namespace hybridserve {
 namespace {
@@ -78,8 +92,7 @@ struct Result {
 
 class Cli {
  public:
-  explicit Cli(const std::string& target)
-      : stub_(v1::Generation::NewStub(grpc::CreateChannel(target, grpc::InsecureChannelCredentials()))) {}
+  explicit Cli(std::shared_ptr<grpc::Channel> channel) : stub_(v1::Generation::NewStub(std::move(channel))) {}
 
   // One Generate call; `on_tokens` sees each chunk as it arrives.
   template <typename OnTokens>
@@ -98,6 +111,9 @@ class Cli {
 
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(absl::GetFlag(FLAGS_timeout_s)));
+    if (!absl::GetFlag(FLAGS_tenant_header).empty()) {
+      context.AddMetadata("x-hybridserve-tenant", absl::GetFlag(FLAGS_tenant_header));
+    }
     Result r;
     const absl::Time start = absl::Now();
     std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader = stub_->Generate(&context, request);
@@ -249,7 +265,18 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string command = args[1];
-  hybridserve::Cli cli(absl::GetFlag(FLAGS_target));
+  hybridserve::common::ChannelTlsOptions tls;
+  tls.ca_file = absl::GetFlag(FLAGS_tls_ca);
+  tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
+  tls.key_file = absl::GetFlag(FLAGS_tls_key);
+  tls.server_name = absl::GetFlag(FLAGS_tls_server_name);
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      hybridserve::common::NewChannel(absl::GetFlag(FLAGS_target), tls);
+  if (!channel.ok()) {
+    std::cerr << "--tls_*: " << channel.status().message() << "\n";
+    return 2;
+  }
+  hybridserve::Cli cli(*std::move(channel));
   if (command == "generate") return hybridserve::GenerateCommand(cli);
   if (command == "chat") return hybridserve::ChatCommand(cli);
   if (command == "info") return hybridserve::InfoCommand(cli);

@@ -19,6 +19,7 @@
 #include "decode/decode_loop.h"
 #include "decode/metrics.h"
 #include "decode/service.h"
+#include "decode/tenant.h"
 #include "prefill/grpc_prefill_client.h"
 #include "prefill/in_process_prefill_client.h"
 #include "prefill/prefill_worker.h"
@@ -45,6 +46,13 @@ ABSL_FLAG(absl::Duration, prefill_resolve_interval, absl::Seconds(10), "how ofte
 ABSL_FLAG(absl::Duration, prefill_failure_backoff, absl::Seconds(5), "how long a failed prefill worker is skipped");
 ABSL_FLAG(absl::Duration, prefill_unavailable_wait, absl::Seconds(3),
           "how long a prefill call keeps trying while every prefill worker is unreachable (a restart)");
+ABSL_FLAG(std::string, tenant_from, "",
+          "where a call's tenant (its cache namespace) comes from: none (one tenant), certificate (the client "
+          "certificate's SPIFFE ID, else its first DNS name) or proxy_header (x-hybridserve-tenant, from "
+          "--trusted_proxies only); empty: certificate with --tls_cert, none without");
+ABSL_FLAG(std::string, trusted_proxies, "",
+          "comma-separated SPIFFE IDs or DNS names of front proxies trusted to name the tenant "
+          "(--tenant_from=proxy_header)");
 ABSL_FLAG(bool, publish, true, "publish turn-end states and generated pages to the cachestore");
 ABSL_FLAG(absl::Duration, publish_parent_wait, absl::Seconds(2),
           "how long a turn-end publication waits for prefill to have put the prompt's last page, its parent");
@@ -109,13 +117,14 @@ absl::StatusOr<PrefillSide> OpenPrefillSide(const worker::WorkerOptions& options
   po.resolve_interval = absl::GetFlag(FLAGS_prefill_resolve_interval);
   po.failure_backoff = absl::GetFlag(FLAGS_prefill_failure_backoff);
   po.unavailable_wait = absl::GetFlag(FLAGS_prefill_unavailable_wait);
+  po.tls = options.tls.channel;
   absl::StatusOr<std::unique_ptr<prefill::GrpcPrefillClient>> pool = prefill::GrpcPrefillClient::Create(po);
   if (!pool.ok()) return absl::Status(pool.status().code(), absl::StrCat("--prefill: ", pool.status().message()));
   side.client = *std::move(pool);
   // Prefill workers may start later than this one: requests sent to one that
   // is not up yet wait for it (--prefill_unavailable_wait), then fail.
   for (const std::string& target : targets) {
-    auto channel = grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
+    ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel, common::NewChannel(target, options.tls.channel));
     if (!channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(2))) {
       LOG(WARNING) << "the prefill worker " << target << " is unreachable: requests sent to it fail until it is up";
     }
@@ -123,8 +132,39 @@ absl::StatusOr<PrefillSide> OpenPrefillSide(const worker::WorkerOptions& options
   return side;
 }
 
+// --tenant_from and --trusted_proxies as a resolver; the default and its
+// reason are logged.
+absl::StatusOr<decode::TenantResolver> TenantsFromFlags(const worker::WorkerOptions& options) {
+  std::string from = absl::GetFlag(FLAGS_tenant_from);
+  if (from.empty()) {
+    from = options.tls.server.enabled() ? "certificate" : "none";
+    LOG(INFO) << "--tenant_from=" << from
+              << (options.tls.server.enabled() ? " (the default with TLS: tenants by client certificate)"
+                                               : " (the default without TLS: one tenant; any client that reaches "
+                                                 "this port shares its cache by salt)");
+  }
+  ASSIGN_OR_RETURN(const decode::TenantSource source, decode::ParseTenantSource(from, "tenant_from"));
+  if (source != decode::TenantSource::kNone && !options.tls.server.enabled()) {
+    return absl::InvalidArgumentError(absl::StrCat("--tenant_from=", from,
+                                                   " needs TLS (--tls_cert): without it nothing is verified"));
+  }
+  if (source != decode::TenantSource::kNone && options.tls.server.client_auth == common::ClientAuth::kNone) {
+    return absl::InvalidArgumentError(absl::StrCat("--tenant_from=", from,
+                                                   " needs client certificates: --tls_client_auth=none"));
+  }
+  std::vector<std::string> proxies =
+      absl::StrSplit(absl::GetFlag(FLAGS_trusted_proxies), ',', absl::SkipWhitespace());
+  absl::StatusOr<decode::TenantResolver> resolver = decode::TenantResolver::Create(source, std::move(proxies));
+  if (!resolver.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tenant_from / --trusted_proxies: ", resolver.status().message()));
+  }
+  return resolver;
+}
+
 absl::Status Run() {
   ASSIGN_OR_RETURN(const worker::WorkerOptions options, worker::WorkerOptionsFromFlags());
+  ASSIGN_OR_RETURN(decode::TenantResolver tenants, TenantsFromFlags(options));
   RETURN_IF_ERROR(worker::CheckNotNegative({{"prefill_unavailable_wait", absl::GetFlag(FLAGS_prefill_unavailable_wait)},
                                             {"publish_parent_wait", absl::GetFlag(FLAGS_publish_parent_wait)}}));
   ASSIGN_OR_RETURN(std::unique_ptr<engine::ModelWeights> weights, worker::LoadModel(options));
@@ -166,11 +206,11 @@ absl::Status Run() {
   description.chunk_size = weights->config().mamba.chunk_size;
   description.page_size = model->page_size();
   description.checkpoint_interval = model->options().checkpoint_interval;
-  decode::GenerationService service(*loop, description, &metrics);
+  decode::GenerationService service(*loop, description, std::move(tenants), &metrics);
   // One server thread per open stream: bound them (beyond the batch and the
   // wait queue, calls are refused anyway).
   ASSIGN_OR_RETURN(std::unique_ptr<worker::GrpcServer> server,
-                   worker::GrpcServer::Start(absl::GetFlag(FLAGS_address), {&service},
+                   worker::GrpcServer::Start(absl::GetFlag(FLAGS_address), {&service}, options.tls,
                                              static_cast<int>(2 * (lo.max_batch + lo.max_waiting) + 16)));
 
   const bool aggregated = prefill_side.plane == nullptr;
@@ -181,7 +221,8 @@ absl::Status Run() {
             << (exposer ? absl::StrCat(", metrics on port ", exposer->port()) : std::string());
   const std::string data_port = aggregated ? std::string() : prefill_side.plane->listening();
   std::cout << "DECODE_READY port=" << server->port() << (data_port.empty() ? "" : " data_port=" + data_port)
-            << (exposer ? absl::StrCat(" metrics_port=", exposer->port()) : "") << std::endl;
+            << (exposer ? absl::StrCat(" metrics_port=", exposer->port()) : "")
+            << (server->health_port() != 0 ? absl::StrCat(" health_port=", server->health_port()) : "") << std::endl;
 
   worker::DrainSteps drain;
   drain.refuse = [&] { loop->Drain(); };

@@ -10,6 +10,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
+#include "common/tls.h"
 #include "decode/generation_proto.h"
 
 namespace hybridserve::decode {
@@ -82,11 +83,20 @@ void AppendTokens(const std::vector<engine::SampledToken>& tokens, bool logprobs
 grpc::Status GenerationService::Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
                                          grpc::ServerWriter<v1::GenerateResponse>* writer) {
   const absl::Time arrival = absl::Now();
+  absl::StatusOr<std::string> tenant = TenantOf(*context);
+  if (!tenant.ok()) {
+    if (metrics_ != nullptr) metrics_->RecordRefused();
+    return common::ToGrpcStatus(tenant.status());
+  }
   absl::StatusOr<GenerateRequest> parsed = FromProto(*request);
   if (!parsed.ok()) {
     if (metrics_ != nullptr) metrics_->RecordRefused();
     return common::ToGrpcStatus(parsed.status());
   }
+  // The seed (FromProto: from the client's id when it gave none) stays the
+  // client's; the loop knows the request by its id within the tenant.
+  parsed->request_id = ScopedRequestId(*tenant, parsed->request_id);
+  parsed->tenant = *std::move(tenant);
   if (context->deadline() != std::chrono::system_clock::time_point::max()) {
     parsed->deadline = absl::FromChrono(context->deadline());
   }
@@ -131,12 +141,24 @@ grpc::Status GenerationService::Generate(grpc::ServerContext* context, const v1:
   }
 }
 
-grpc::Status GenerationService::Abort(grpc::ServerContext*, const v1::AbortRequest* request,
+grpc::Status GenerationService::Abort(grpc::ServerContext* context, const v1::AbortRequest* request,
                                       v1::AbortResponse* response) {
+  absl::StatusOr<std::string> tenant = TenantOf(*context);
+  if (!tenant.ok()) return common::ToGrpcStatus(tenant.status());
   for (const std::string& id : request->request_ids()) {
-    if (loop_.Abort(id)) response->add_aborted_request_ids(id);
+    if (loop_.Abort(ScopedRequestId(*tenant, id))) response->add_aborted_request_ids(id);
   }
   return grpc::Status::OK;
+}
+
+absl::StatusOr<std::string> GenerationService::TenantOf(const grpc::ServerContext& context) const {
+  CallIdentity call;
+  if (std::shared_ptr<const grpc::AuthContext> auth = context.auth_context(); auth != nullptr) {
+    call.peer_identities = common::PeerIdentities(*auth);
+  }
+  const auto [first, last] = context.client_metadata().equal_range(kTenantHeader);
+  for (auto it = first; it != last; ++it) call.tenant_headers.emplace_back(it->second.data(), it->second.size());
+  return tenants_.Resolve(call);
 }
 
 grpc::Status GenerationService::GetModelInfo(grpc::ServerContext*, const v1::GetModelInfoRequest*,

@@ -6,8 +6,13 @@
 // loop samples them (one chunk per wake-up, carrying every token sampled
 // since the last), ending with exactly one `complete`. A client that cancels
 // the stream, or whose deadline passes, ends its request within one decode
-// step (the loop frees every reservation). Abort ends live requests by id;
+// step (the loop frees every reservation). Abort ends live requests by id,
+// the caller's own only (ids are scoped by tenant: decode/tenant.h);
 // GetModelInfo describes the model.
+//
+// Every Generate and Abort call's tenant comes from its connection
+// (TenantResolver): UNAUTHENTICATED or PERMISSION_DENIED when it cannot be
+// derived, before anything else.
 //
 // Statuses before generation starts: INVALID_ARGUMENT naming the field
 // (decode/generation.h ValidateRequest), RESOURCE_EXHAUSTED when the worker is
@@ -22,6 +27,7 @@
 
 #include "decode/decode_loop.h"
 #include "decode/metrics.h"
+#include "decode/tenant.h"
 #include "engine/model_config.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/generation.grpc.pb.h"
@@ -42,8 +48,8 @@ struct ModelDescription {
 class GenerationService final : public v1::Generation::Service {
  public:
   // `loop` and `metrics` (null: none) must outlive the service.
-  GenerationService(DecodeLoop& loop, const ModelDescription& model, DecodeMetrics* metrics)
-      : loop_(loop), model_(model), metrics_(metrics) {}
+  GenerationService(DecodeLoop& loop, const ModelDescription& model, TenantResolver tenants, DecodeMetrics* metrics)
+      : loop_(loop), model_(model), tenants_(std::move(tenants)), metrics_(metrics) {}
 
   grpc::Status Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
                         grpc::ServerWriter<v1::GenerateResponse>* writer) override;
@@ -53,8 +59,11 @@ class GenerationService final : public v1::Generation::Service {
                             v1::ModelInfo* response) override;
 
  private:
+  absl::StatusOr<std::string> TenantOf(const grpc::ServerContext& context) const;
+
   DecodeLoop& loop_;
   const ModelDescription model_;
+  const TenantResolver tenants_;
   DecodeMetrics* const metrics_;
 };
 

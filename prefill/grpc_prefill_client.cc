@@ -69,13 +69,17 @@ absl::StatusOr<std::unique_ptr<GrpcPrefillClient>> GrpcPrefillClient::Create(con
     return absl::InvalidArgumentError(
         "prefill pool: resolve_interval > 0, failure_backoff >= 0, max_attempts >= 1, unavailable_wait >= 0");
   }
-  std::unique_ptr<GrpcPrefillClient> client(new GrpcPrefillClient(options));
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = common::NewChannelCredentials(options.tls);
+  if (!credentials.ok()) return credentials.status();
+  std::unique_ptr<GrpcPrefillClient> client(new GrpcPrefillClient(options, *std::move(credentials)));
   client->Resolve();
   client->resolver_ = std::thread([p = client.get()] { p->ResolveLoop(); });
   return client;
 }
 
-GrpcPrefillClient::GrpcPrefillClient(const PrefillPoolOptions& options) : options_(options) {}
+GrpcPrefillClient::GrpcPrefillClient(const PrefillPoolOptions& options,
+                                     std::shared_ptr<grpc::ChannelCredentials> credentials)
+    : options_(options), credentials_(std::move(credentials)) {}
 
 GrpcPrefillClient::~GrpcPrefillClient() {
   {
@@ -126,7 +130,8 @@ void GrpcPrefillClient::Resolve() {
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     auto w = std::make_shared<Worker>();
     w->address = a;
-    w->stub = v1::Prefill::NewStub(grpc::CreateCustomChannel(a, grpc::InsecureChannelCredentials(), args));
+    common::AddChannelArguments(options_.tls, &args);
+    w->stub = v1::Prefill::NewStub(grpc::CreateCustomChannel(a, credentials_, args));
     workers_.push_back(std::move(w));
     LOG(INFO) << "prefill worker " << a << " joins the pool";
   }

@@ -34,6 +34,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/tls.h"
 #include "grpcpp/grpcpp.h"
 #include "prefill/prefill_client.h"
 #include "proto/prefill.grpc.pb.h"
@@ -51,12 +52,16 @@ struct PrefillPoolOptions {
   // error. The channels' reconnect backoff is capped at 1 s (100 ms at
   // first), so a worker back within the wait is reached within it.
   absl::Duration unavailable_wait = absl::Seconds(3);
+  // TLS to the prefill workers (mutual TLS with decode's certificate); off
+  // when tls.ca_file is empty.
+  common::ChannelTlsOptions tls;
 };
 
 class GrpcPrefillClient final : public PrefillClient {
  public:
-  // INVALID_ARGUMENT for no target, a target that is not host:port, or a
-  // non-positive interval or attempt count. Names that do not resolve yet are
+  // INVALID_ARGUMENT for no target, a target that is not host:port, a
+  // non-positive interval or attempt count, or TLS options that cannot work
+  // (common/tls.h). Names that do not resolve yet are
   // not an error (the pool fills as they resolve).
   static absl::StatusOr<std::unique_ptr<GrpcPrefillClient>> Create(const PrefillPoolOptions& options);
   ~GrpcPrefillClient() override;
@@ -74,7 +79,7 @@ class GrpcPrefillClient final : public PrefillClient {
 
  private:
   struct Worker;
-  explicit GrpcPrefillClient(const PrefillPoolOptions& options);
+  GrpcPrefillClient(const PrefillPoolOptions& options, std::shared_ptr<grpc::ChannelCredentials> credentials);
   void ResolveLoop() ABSL_LOCKS_EXCLUDED(mu_);
   void Resolve() ABSL_LOCKS_EXCLUDED(mu_);
   // The worker to call next, none of `tried`; null when none is left. With
@@ -82,6 +87,7 @@ class GrpcPrefillClient final : public PrefillClient {
   std::shared_ptr<Worker> Pick(const std::vector<std::shared_ptr<Worker>>& tried, bool count) ABSL_LOCKS_EXCLUDED(mu_);
 
   const PrefillPoolOptions options_;
+  const std::shared_ptr<grpc::ChannelCredentials> credentials_;  // of every worker's channel
   mutable absl::Mutex mu_;
   // Workers by address; a worker that leaves the resolution stays alive while
   // calls hold it.

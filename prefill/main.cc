@@ -61,13 +61,19 @@ absl::Status Run() {
                    worker::StartMetrics(options, registry, [&] { metrics.SyncCounters(prefill_worker.counters()); }));
   prefill::PrefillService service(prefill_worker, absl::GetFlag(FLAGS_max_queue), &metrics);
   ASSIGN_OR_RETURN(std::unique_ptr<worker::GrpcServer> server,
-                   worker::GrpcServer::Start(absl::GetFlag(FLAGS_address), {&service}));
+                   worker::GrpcServer::Start(absl::GetFlag(FLAGS_address), {&service}, options.tls));
 
   LOG(INFO) << "prefill serving " << weights->config().LayerPattern() << " on port " << server->port()
+            << (options.tls.server.enabled()
+                    ? absl::StrCat(" (mutual TLS, client certificates ",
+                                   common::ClientAuthName(options.tls.server.client_auth), ", ",
+                                   options.tls.server.allowed_peers.size(), " allowed peers)")
+                    : " (plaintext)")
             << (cache ? absl::StrCat(", cachestore ", options.cachestore) : ", no cache")
             << (exposer ? absl::StrCat(", metrics on port ", exposer->port()) : std::string());
   std::cout << "PREFILL_READY port=" << server->port()
-            << (exposer ? absl::StrCat(" metrics_port=", exposer->port()) : "") << std::endl;
+            << (exposer ? absl::StrCat(" metrics_port=", exposer->port()) : "")
+            << (server->health_port() != 0 ? absl::StrCat(" health_port=", server->health_port()) : "") << std::endl;
 
   server->ServeUntilSignal(options.shutdown_grace, {.refuse = [&] { service.Drain(); }});
   if (!prefill_worker.WaitForPublications(options.shutdown_grace)) {

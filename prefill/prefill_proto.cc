@@ -36,7 +36,9 @@ absl::StatusOr<PrefillRequest> RequestFromProto(const v1::PrefillRequest& p) {
                      " is not spoken here: this prefill worker speaks protocol 2 (proto/prefill.proto); "
                      "run decode and prefill workers of the same release"));
   }
-  constexpr size_t kMaxRequestIdBytes = 256;
+  // Decode's id within the tenant (decode/tenant.h ScopedRequestId): the
+  // client's 256 bytes, the tenant's 256, and the length prefix.
+  constexpr size_t kMaxRequestIdBytes = 768;
   if (p.request_id().size() > kMaxRequestIdBytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("request_id has ", p.request_id().size(), " bytes, at most ", kMaxRequestIdBytes));

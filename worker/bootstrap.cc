@@ -90,6 +90,7 @@ absl::StatusOr<std::unique_ptr<cachestore::GrpcCacheClient>> ConnectCache(const 
   if (options.cachestore.empty()) return std::unique_ptr<cachestore::GrpcCacheClient>();
   cachestore::GrpcCacheClientOptions co;
   co.timeout = options.cache_timeout;
+  co.tls = options.tls.channel;
   absl::StatusOr<std::unique_ptr<cachestore::GrpcCacheClient>> cache =
       cachestore::GrpcCacheClient::Create(options.cachestore, co);
   if (!cache.ok()) {
@@ -210,7 +211,11 @@ absl::StatusOr<std::unique_ptr<ReceiverPlane>> ReceiverPlane::Open(const Receive
 
 absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const std::string& address,
                                                               const std::vector<grpc::Service*>& services,
-                                                              int max_threads) {
+                                                              const common::TlsFlags& tls, int max_threads) {
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = common::NewServerCredentials(tls.server);
+  if (!credentials.ok()) {
+    return absl::Status(credentials.status().code(), absl::StrCat("--tls_*: ", credentials.status().message()));
+  }
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -218,7 +223,7 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const std::string&
   // share it silently instead of failing with "port in use".
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   std::unique_ptr<GrpcServer> out(new GrpcServer());
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &out->port_);
+  builder.AddListeningPort(address, *credentials, &out->port_);
   for (grpc::Service* service : services) builder.RegisterService(service);
   grpc::ResourceQuota quota("worker");
   if (max_threads > 0) {
@@ -231,6 +236,15 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const std::string&
   }
   out->server_->GetHealthCheckService()->SetServingStatus(true);
   out->server_->GetHealthCheckService()->SetServingStatus(common::kLivenessHealthService, true);
+  if (!tls.health_address.empty()) {
+    ASSIGN_OR_RETURN(out->health_, common::HealthServer::Start(tls.health_address));
+  }
+  if (!tls.server.enabled()) {
+    LOG(WARNING) << "no TLS (--tls_cert): any process that reaches --address=" << address
+                 << " can call this server";
+  } else if (tls.health_address.empty()) {
+    LOG(INFO) << "TLS on --address; no --health_address: probes must present a client certificate";
+  }
   return out;
 }
 
@@ -246,6 +260,7 @@ void GrpcServer::ServeUntilSignal(absl::Duration grace, const DrainSteps& steps)
   LOG(INFO) << "signal " << sig << ": draining";
   // Not ready any more; still alive (common/health.h).
   server_->GetHealthCheckService()->SetServingStatus("", false);
+  if (health_ != nullptr) health_->SetServing("", false);
   if (steps.refuse) steps.refuse();
   const absl::Time grace_end = absl::Now() + grace;
   if (steps.settle) steps.settle(grace_end);
@@ -253,6 +268,7 @@ void GrpcServer::ServeUntilSignal(absl::Duration grace, const DrainSteps& steps)
   if (steps.before_wait) steps.before_wait();
   server_->Wait();
   server_.reset();
+  health_.reset();
 }
 
 }  // namespace hybridserve::worker

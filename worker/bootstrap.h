@@ -19,7 +19,9 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "cachestore/grpc_cache_client.h"
+#include "common/health_server.h"
 #include "common/metrics.h"
+#include "common/tls_flags.h"
 #include "engine/backend_registry.h"
 #include "engine/model.h"
 #include "engine/model_weights.h"
@@ -43,6 +45,9 @@ struct WorkerOptions {
   absl::Duration cache_failure_backoff = absl::Seconds(1);
   std::string metrics_address;  // empty: none
   absl::Duration shutdown_grace = absl::Seconds(10);
+  // TLS of the gRPC server, of the calls to the cachestore and prefill, and
+  // the plaintext health port (common/tls_flags.h).
+  common::TlsFlags tls;
 };
 
 // The model's weights (config.json + safetensors in model_dir).
@@ -135,13 +140,18 @@ struct DrainSteps {
 class GrpcServer {
  public:
   // Serves `services` (which must outlive the server) on `address`, with
-  // health checking (common/health.h) and reflection; `max_threads` > 0 bounds the server's
-  // threads. UNAVAILABLE for a port in use (never shared: no SO_REUSEPORT).
+  // health checking (common/health.h) and reflection, over TLS when
+  // tls.server is (common/tls.h: client certificates, allowed peers on every
+  // call), and the health service alone on tls.health_address when given;
+  // `max_threads` > 0 bounds the server's threads. UNAVAILABLE for a port in
+  // use (never shared: no SO_REUSEPORT); INVALID_ARGUMENT for TLS files that
+  // cannot serve.
   static absl::StatusOr<std::unique_ptr<GrpcServer>> Start(const std::string& address,
                                                            const std::vector<grpc::Service*>& services,
-                                                           int max_threads = 0);
+                                                           const common::TlsFlags& tls, int max_threads = 0);
   ~GrpcServer();
   int port() const { return port_; }
+  int health_port() const { return health_ != nullptr ? health_->port() : 0; }
   // Blocks until SIGTERM or SIGINT (common::InstallTerminationHandler), then
   // drains (DrainSteps) within `grace`.
   void ServeUntilSignal(absl::Duration grace, const DrainSteps& steps);
@@ -149,6 +159,7 @@ class GrpcServer {
  private:
   GrpcServer() = default;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<common::HealthServer> health_;  // null without a health address
   int port_ = 0;
 };
 

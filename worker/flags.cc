@@ -66,6 +66,7 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags() {
   o.metrics_address = absl::GetFlag(FLAGS_metrics_address);
   o.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
   RETURN_IF_ERROR(CheckNotNegative({{"cache_failure_backoff", o.cache_failure_backoff}}));
+  ASSIGN_OR_RETURN(o.tls, common::TlsFlagsFromFlags());
   return o;
 }
 

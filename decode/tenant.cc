@@ -1,0 +1,91 @@
+#include "decode/tenant.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "cachestore/keys.h"
+
+namespace hybridserve::decode {
+
+absl::StatusOr<TenantSource> ParseTenantSource(absl::string_view value, absl::string_view flag) {
+  if (value == "none") return TenantSource::kNone;
+  if (value == "certificate") return TenantSource::kCertificate;
+  if (value == "proxy_header") return TenantSource::kProxyHeader;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--", flag, "=", value, ": must be none, certificate or proxy_header"));
+}
+
+const char* TenantSourceName(TenantSource source) {
+  switch (source) {
+    case TenantSource::kNone:
+      return "none";
+    case TenantSource::kCertificate:
+      return "certificate";
+    case TenantSource::kProxyHeader:
+      return "proxy_header";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<TenantResolver> TenantResolver::Create(TenantSource source, std::vector<std::string> trusted_proxies) {
+  if (source == TenantSource::kProxyHeader && trusted_proxies.empty()) {
+    return absl::InvalidArgumentError(
+        "tenants from a proxy header need the identities of the proxies trusted to set it");
+  }
+  if (source != TenantSource::kProxyHeader && !trusted_proxies.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("trusted proxies are for tenants from a proxy header, not ",
+                                                   TenantSourceName(source)));
+  }
+  return TenantResolver(source, std::move(trusted_proxies));
+}
+
+absl::StatusOr<std::string> TenantResolver::Resolve(const CallIdentity& call) const {
+  const bool proxy = std::any_of(call.peer_identities.begin(), call.peer_identities.end(), [&](const std::string& id) {
+    return std::find(trusted_proxies_.begin(), trusted_proxies_.end(), id) != trusted_proxies_.end();
+  });
+  if (!call.tenant_headers.empty() && !proxy) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("the ", kTenantHeader, " header is taken only from a trusted proxy's connection: ",
+                     source_ == TenantSource::kProxyHeader ? "this connection is not one"
+                                                           : "this server takes no tenant from a header"));
+  }
+  std::string tenant;
+  switch (source_) {
+    case TenantSource::kNone:
+      return tenant;
+    case TenantSource::kCertificate:
+      if (call.peer_identities.empty()) {
+        return absl::UnauthenticatedError(
+            "this server knows its tenants by their client certificates: the call presented none (or none "
+            "that names a SPIFFE ID or DNS name)");
+      }
+      tenant = call.peer_identities.front();
+      break;
+    case TenantSource::kProxyHeader:
+      if (!proxy) {
+        return absl::PermissionDeniedError(
+            "this server takes calls only from trusted proxies, which name the tenant: this connection is not one");
+      }
+      if (call.tenant_headers.size() != 1 || call.tenant_headers.front().empty()) {
+        return absl::InvalidArgumentError(absl::StrCat("a trusted proxy's call names its tenant in exactly one ",
+                                                       kTenantHeader, " header, got ", call.tenant_headers.size(),
+                                                       call.tenant_headers.size() == 1 ? " (empty)" : ""));
+      }
+      tenant = call.tenant_headers.front();
+      break;
+  }
+  if (tenant.size() > cachestore::kMaxTenantBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the tenant has ", tenant.size(), " bytes, at most ", cachestore::kMaxTenantBytes));
+  }
+  return tenant;
+}
+
+std::string ScopedRequestId(absl::string_view tenant, absl::string_view request_id) {
+  if (tenant.empty()) return std::string(request_id);
+  // Length-prefixed: no (tenant, id) pair reads as another.
+  return absl::StrCat(tenant.size(), ":", tenant, "/", request_id);
+}
+
+}  // namespace hybridserve::decode
