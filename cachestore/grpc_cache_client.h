@@ -41,8 +41,8 @@ struct GrpcCacheClientOptions {
 class GrpcCacheClient final : public CacheClient {
  public:
   // `target` is a gRPC target ("host:port"). INVALID_ARGUMENT: chunk_bytes
-  // outside (0, 64 MiB], or TLS options that cannot work (common/tls.h). Connects lazily: an unreachable target shows as
-  // UNAVAILABLE on the first call.
+  // outside (0, 64 MiB], or TLS options that cannot work (common/tls.h). Connects lazily: an unreachable target shows
+  // as UNAVAILABLE on the first call.
   static absl::StatusOr<std::unique_ptr<GrpcCacheClient>> Create(const std::string& target,
                                                                  const GrpcCacheClientOptions& options = {});
   ~GrpcCacheClient() override;

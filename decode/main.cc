@@ -145,19 +145,17 @@ absl::StatusOr<decode::TenantResolver> TenantsFromFlags(const worker::WorkerOpti
   }
   ASSIGN_OR_RETURN(const decode::TenantSource source, decode::ParseTenantSource(from, "tenant_from"));
   if (source != decode::TenantSource::kNone && !options.tls.server.enabled()) {
-    return absl::InvalidArgumentError(absl::StrCat("--tenant_from=", from,
-                                                   " needs TLS (--tls_cert): without it nothing is verified"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tenant_from=", from, " needs TLS (--tls_cert): without it nothing is verified"));
   }
   if (source != decode::TenantSource::kNone && options.tls.server.client_auth == common::ClientAuth::kNone) {
-    return absl::InvalidArgumentError(absl::StrCat("--tenant_from=", from,
-                                                   " needs client certificates: --tls_client_auth=none"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tenant_from=", from, " needs client certificates: --tls_client_auth=none"));
   }
-  std::vector<std::string> proxies =
-      absl::StrSplit(absl::GetFlag(FLAGS_trusted_proxies), ',', absl::SkipWhitespace());
+  std::vector<std::string> proxies = absl::StrSplit(absl::GetFlag(FLAGS_trusted_proxies), ',', absl::SkipWhitespace());
   absl::StatusOr<decode::TenantResolver> resolver = decode::TenantResolver::Create(source, std::move(proxies));
   if (!resolver.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--tenant_from / --trusted_proxies: ", resolver.status().message()));
+    return absl::InvalidArgumentError(absl::StrCat("--tenant_from / --trusted_proxies: ", resolver.status().message()));
   }
   return resolver;
 }

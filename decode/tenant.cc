@@ -34,8 +34,8 @@ absl::StatusOr<TenantResolver> TenantResolver::Create(TenantSource source, std::
         "tenants from a proxy header need the identities of the proxies trusted to set it");
   }
   if (source != TenantSource::kProxyHeader && !trusted_proxies.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("trusted proxies are for tenants from a proxy header, not ",
-                                                   TenantSourceName(source)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("trusted proxies are for tenants from a proxy header, not ", TenantSourceName(source)));
   }
   return TenantResolver(source, std::move(trusted_proxies));
 }

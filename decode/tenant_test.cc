@@ -44,8 +44,7 @@ TEST(TenantTest, CertificateNamesTheTenantBySpiffeIdFirst) {
 }
 
 TEST(TenantTest, ProxyHeaderOnlyFromTrustedProxies) {
-  EXPECT_EQ(TenantResolver::Create(TenantSource::kProxyHeader, {}).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(TenantResolver::Create(TenantSource::kProxyHeader, {}).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(TenantResolver::Create(TenantSource::kCertificate, {"spiffe://t/proxy"}).status().code(),
             absl::StatusCode::kInvalidArgument);
   const TenantResolver r = *TenantResolver::Create(TenantSource::kProxyHeader, {"spiffe://t/proxy"});

@@ -11,7 +11,11 @@ verifies under either name. Plus the bad ones:
   expired.pem   decode's identity, signed by the CA, expired a day ago;
   foreign.pem   decode's identity, signed by another CA (foreign_ca.pem).
 
-  python3 tools/make_test_certs.py --out DIR [--trust_domain D]
+  python3 tools/make_test_certs.py --out DIR [--trust_domain D] [--renew NAME]
+
+--renew NAME re-issues NAME.pem/NAME.key alone, signed by the CA already in
+--out (a certificate renewal, as a rotation test needs), and writes nothing
+else.
 
 Uses python3-cryptography (Debian's package; tools/bootstrap.sh installs it).
 EC P-256 keys: made in milliseconds.
@@ -39,7 +43,7 @@ def new_key():
 def write(path, data):
     with open(path, "wb") as f:
         f.write(data)
-    if path.endswith(".key"):
+    if ".key" in path:
         os.chmod(path, 0o600)
 
 
@@ -92,10 +96,26 @@ def main():
     parser.add_argument("--out", required=True)
     parser.add_argument("--trust_domain", default="hybridserve.test")
     parser.add_argument("--ca_name", default="hybridserve test CA")
+    parser.add_argument("--renew", default="")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     now = datetime.datetime.now(datetime.timezone.utc)
     day = datetime.timedelta(days=1)
+
+    if args.renew:
+        with open(os.path.join(args.out, "ca.key"), "rb") as f:
+            ca_key = serialization.load_pem_private_key(f.read(), password=None)
+        with open(os.path.join(args.out, "ca.pem"), "rb") as f:
+            ca_cert = x509.load_pem_x509_certificate(f.read())
+        key, cert = make_leaf(ca_key, ca_cert, "spiffe://%s/%s" % (args.trust_domain, args.renew),
+                              args.renew in WORKERS, now - datetime.timedelta(hours=1), now + day)
+        # New files beside the old, then renamed over them: a reader never
+        # sees half a file (Kubernetes swaps a Secret's symlink likewise).
+        for suffix, data in ((".key", key_pem(key)), (".pem", cert_pem(cert))):
+            path = os.path.join(args.out, args.renew + suffix)
+            write(path + ".new", data)
+            os.replace(path + ".new", path)
+        return
 
     ca_key, ca_cert = make_ca(args.ca_name)
     write(os.path.join(args.out, "ca.pem"), cert_pem(ca_cert))

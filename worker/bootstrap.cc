@@ -240,8 +240,7 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const std::string&
     ASSIGN_OR_RETURN(out->health_, common::HealthServer::Start(tls.health_address));
   }
   if (!tls.server.enabled()) {
-    LOG(WARNING) << "no TLS (--tls_cert): any process that reaches --address=" << address
-                 << " can call this server";
+    LOG(WARNING) << "no TLS (--tls_cert): any process that reaches --address=" << address << " can call this server";
   } else if (tls.health_address.empty()) {
     LOG(INFO) << "TLS on --address; no --health_address: probes must present a client certificate";
   }
