@@ -140,13 +140,19 @@ TEST(RequestProtoTest, RefusesAnotherProtocolVersionNamingBoth) {
 
 TEST(RequestProtoTest, RefusesWhatCannotBeRepresented) {
   PrefillRequest r;
-  r.request_id = std::string(257, 'x');
+  r.request_id = std::string(769, 'x');  // decode's ids within a tenant: at most 768 bytes
   r.prompt = {1};
   r.ticket = ATicket();
   r.ticket.kind = transport::TransportKind::kTcp;
   v1::PrefillRequest p;
   RequestToProto(r, &p);
   EXPECT_EQ(RequestFromProto(p).status().code(), absl::StatusCode::kInvalidArgument);
+  p.set_request_id(std::string(768, 'x'));
+  EXPECT_TRUE(RequestFromProto(p).ok());
+  p.set_tenant(std::string(257, 't'));
+  EXPECT_THAT(std::string(RequestFromProto(p).status().message()), HasSubstr("tenant has 257 bytes"));
+  p.set_tenant("spiffe://example/tenant");
+  EXPECT_EQ(RequestFromProto(p)->tenant, "spiffe://example/tenant");
   p.set_request_id("ok");
   p.mutable_sampling()->set_top_logprobs(21);
   absl::Status s = RequestFromProto(p).status();

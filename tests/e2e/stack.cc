@@ -232,14 +232,22 @@ Generation Generate(const std::string& target, const v1::GenerateRequest& reques
     if (c == nullptr) c = grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
     channel = c;
   }
+  return Generate(channel, request, deadline);
+}
+
+Generation Generate(const std::shared_ptr<grpc::Channel>& channel, const v1::GenerateRequest& request,
+                    absl::Duration deadline, const std::vector<std::pair<std::string, std::string>>& metadata) {
   auto stub = v1::Generation::NewStub(channel);
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+  for (const auto& [key, value] : metadata) context.AddMetadata(key, value);
   Generation g;
+  const absl::Time start = absl::Now();
   auto reader = stub->Generate(&context, request);
   v1::GenerateResponse response;
   while (reader->Read(&response)) {
     if (response.has_chunk()) {
+      if (g.chunks == 0) g.ttft = absl::Now() - start;
       ++g.chunks;
       g.tokens.insert(g.tokens.end(), response.chunk().token_ids().begin(), response.chunk().token_ids().end());
       g.logprobs.insert(g.logprobs.end(), response.chunk().logprobs().begin(), response.chunk().logprobs().end());

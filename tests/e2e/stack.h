@@ -13,6 +13,7 @@
 #include <memory>
 #include <ostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -121,11 +122,16 @@ struct Generation {
   bool completed = false;
   v1::GenerateComplete complete;
   int chunks = 0;
+  absl::Duration ttft = absl::ZeroDuration();  // from the call's start to its first chunk
 };
 
 v1::GenerateRequest Request(const std::string& id, const std::vector<int32_t>& prompt, int max_tokens);
 Generation Generate(const std::string& target, const v1::GenerateRequest& request,
                     absl::Duration deadline = absl::Seconds(60));
+// The same over `channel` (e.g. a TLS one), with `metadata` on the call.
+Generation Generate(const std::shared_ptr<grpc::Channel>& channel, const v1::GenerateRequest& request,
+                    absl::Duration deadline = absl::Seconds(60),
+                    const std::vector<std::pair<std::string, std::string>>& metadata = {});
 
 // GET http://127.0.0.1:<port>/metrics; the value of each sample line
 // ("name{labels}" -> value).
