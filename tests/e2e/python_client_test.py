@@ -61,11 +61,32 @@ class PythonClientOnTheStack(unittest.TestCase):
                                "--prefill=127.0.0.1:" + cls.prefill.fields["port"], "--cachestore=" + cache],
                               "DECODE_READY")
         cls.client = Client("127.0.0.1:" + cls.decode.fields["port"], timeout=60)
+        # A second decode worker with TLS on its client port, tenants by
+        # client certificate (its calls to prefill and the cache stay
+        # plaintext: no --tls_ca).
+        cls.certs = os.path.join(os.environ["TEST_TMPDIR"], "certs")
+        subprocess.run(["/usr/bin/python3", _runfile("tools/make_test_certs.py"), "--out", cls.certs], check=True)
+        cls.tls_decode = _Process("tls_decode", "decode/decode",
+                                  ["--model_dir=" + model, "--address=127.0.0.1:0", "--threads=1",
+                                   "--prefill=127.0.0.1:" + cls.prefill.fields["port"], "--cachestore=" + cache,
+                                   "--tls_cert=" + cls.cert("decode.pem"), "--tls_key=" + cls.cert("decode.key"),
+                                   "--tls_client_ca=" + cls.cert("ca.pem")], "DECODE_READY")
+
+    @classmethod
+    def cert(cls, name):
+        return os.path.join(cls.certs, name)
+
+    def tls_client(self, identity=None, **kwargs):
+        files = {}
+        if identity:
+            files = {"tls_cert": self.cert(identity + ".pem"), "tls_key": self.cert(identity + ".key")}
+        return Client("127.0.0.1:" + self.tls_decode.fields["port"], timeout=60, tls_ca=self.cert("ca.pem"),
+                      **files, **kwargs)
 
     @classmethod
     def tearDownClass(cls):
         cls.client.close()
-        for p in (cls.decode, cls.prefill, cls.cachestore):
+        for p in (cls.tls_decode, cls.decode, cls.prefill, cls.cachestore):
             p.stop()
 
     def test_model_info(self):
@@ -97,6 +118,28 @@ class PythonClientOnTheStack(unittest.TestCase):
             self.client.generate([257, 400], max_tokens=4)
         self.assertEqual(e.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
         self.assertIn("prompt", str(e.exception))
+
+    def test_tenants_by_certificate_over_tls(self):
+        history = encode_bytes("A private conversation.\n", add_bos=True)
+        with self.tls_client("tenant_a") as a, self.tls_client("tenant_b") as b:
+            first = a.generate(history, max_tokens=8, ignore_eos=True, cache_salt="same")
+            self.assertEqual(first.usage.cached_tokens, 0)
+            history = history + list(first.token_ids) + encode_bytes("And then?\n")
+            resumed = a.generate(history, max_tokens=4, ignore_eos=True, cache_salt="same")
+            self.assertEqual(resumed.usage.resume_kind, ResumeKind.EXACT_PREFIX)
+            # Tenant B, A's exact prompt and salt: nothing of A's.
+            copied = b.generate(history, max_tokens=4, ignore_eos=True, cache_salt="same")
+            self.assertEqual(copied.usage.cached_tokens, 0)
+        with self.tls_client(None) as anonymous:
+            with self.assertRaises(HybridserveError) as e:
+                anonymous.generate(history, max_tokens=1)
+            self.assertEqual(e.exception.code, grpc.StatusCode.UNAVAILABLE)  # no certificate: no handshake
+        with self.tls_client("tenant_b", tenant_header="spiffe://hybridserve.test/tenant_a") as forged:
+            with self.assertRaises(HybridserveError) as e:
+                forged.generate(history, max_tokens=1)
+            self.assertEqual(e.exception.code, grpc.StatusCode.PERMISSION_DENIED)
+        with self.assertRaises(ValueError):
+            Client("127.0.0.1:1", tls_cert=self.cert("tenant_a.pem"))
 
     def test_stream_then_abort(self):
         stream = self.client.stream(encode_bytes("Once upon a time", add_bos=True), max_tokens=4000,

@@ -39,19 +39,52 @@ class Client:
     Every call raises HybridserveError (code + message) when its RPC fails.
     """
 
-    def __init__(self, target, timeout=None, *, credentials=None, options=()):
+    def __init__(self, target, timeout=None, *, credentials=None, options=(), tls_ca=None,
+                 tls_cert=None, tls_key=None, tls_server_name=None, tenant_header=None):
         """
         Args:
           target: "host:port" (any gRPC target string).
           timeout: default deadline of every call, in seconds; None for none.
             A call's own `timeout` argument replaces it.
-          credentials: grpc.ChannelCredentials for TLS; None for plaintext.
+          credentials: grpc.ChannelCredentials for TLS; None for plaintext
+            (or the tls_* files below).
           options: gRPC channel options, e.g. (("grpc.max_receive_message_length", n),).
+          tls_ca: path of the CA bundle (PEM) that verifies the decode worker's
+            certificate; turns TLS on.
+          tls_cert, tls_key: paths of a client certificate chain and its key
+            (PEM) for mutual TLS: the tenant, where the worker takes tenants
+            from certificates.
+          tls_server_name: the name the worker's certificate must hold instead
+            of the target's host.
+          tenant_header: sent as x-hybridserve-tenant on every call: a front
+            proxy's assertion of its user's tenant, which the worker accepts
+            only on a connection whose certificate it trusts as a proxy's
+            (PERMISSION_DENIED otherwise).
         """
+        options = list(options)
+        if tls_ca is not None:
+            if credentials is not None:
+                raise ValueError("give credentials or tls_* files, not both")
+            if (tls_cert is None) != (tls_key is None):
+                raise ValueError("tls_cert and tls_key go together")
+
+            def read(path):
+                with open(path, "rb") as f:
+                    return f.read()
+
+            credentials = grpc.ssl_channel_credentials(
+                root_certificates=read(tls_ca),
+                private_key=read(tls_key) if tls_key else None,
+                certificate_chain=read(tls_cert) if tls_cert else None)
+            if tls_server_name:
+                options.append(("grpc.ssl_target_name_override", tls_server_name))
+        elif tls_cert is not None or tls_key is not None or tls_server_name is not None:
+            raise ValueError("tls_cert, tls_key and tls_server_name need tls_ca")
+        self._metadata = (("x-hybridserve-tenant", tenant_header),) if tenant_header else ()
         if credentials is None:
-            self._channel = grpc.insecure_channel(target, options=list(options))
+            self._channel = grpc.insecure_channel(target, options=options)
         else:
-            self._channel = grpc.secure_channel(target, credentials, options=list(options))
+            self._channel = grpc.secure_channel(target, credentials, options=options)
         self._stub = pb_grpc.GenerationStub(self._channel)
         self._timeout = timeout
 
@@ -154,7 +187,7 @@ class Client:
         for sequence in stop_sequences:
             request.stop.stop_sequences.add(token_ids=list(sequence))
         request.stop.ignore_eos = ignore_eos
-        return GenerateStream(self._stub, request, self._deadline(timeout))
+        return GenerateStream(self._stub, request, self._deadline(timeout), self._metadata)
 
     def abort(self, request_ids, timeout=None):
         """Aborts generations by request id (a str or an iterable of them).
@@ -167,7 +200,7 @@ class Client:
             request_ids = [request_ids]
         try:
             response = self._stub.Abort(pb.AbortRequest(request_ids=list(request_ids)),
-                                        timeout=self._deadline(timeout))
+                                        timeout=self._deadline(timeout), metadata=self._metadata)
         except grpc.RpcError as e:
             raise from_rpc_error(e) from None
         return list(response.aborted_request_ids)
@@ -175,7 +208,8 @@ class Client:
     def model_info(self, timeout=None):
         """The served model's ModelInfo (vocab size, context, EOS ids, grid)."""
         try:
-            info = self._stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=self._deadline(timeout))
+            info = self._stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=self._deadline(timeout),
+                                           metadata=self._metadata)
         except grpc.RpcError as e:
             raise from_rpc_error(e) from None
         return ModelInfo(
@@ -209,12 +243,12 @@ class GenerateStream:
     Consumed by one thread; close() from that thread, cancel() from any.
     """
 
-    def __init__(self, stub, request, timeout):
+    def __init__(self, stub, request, timeout, metadata=()):
         self.request_id = request.request_id
         self._state = _CallState()
         # The generator holds the state, not self: dropping the stream drops
         # the generator at once (no cycle), whose finally cancels the RPC.
-        self._events = _run_generate(stub, request, timeout, self._state)
+        self._events = _run_generate(stub, request, timeout, metadata, self._state)
 
     @property
     def result(self):
@@ -266,7 +300,7 @@ class _CallState:
             call.cancel()
 
 
-def _run_generate(stub, request, timeout, state):
+def _run_generate(stub, request, timeout, metadata, state):
     request_id = request.request_id
     want_logprobs = request.return_logprobs
     want_top = request.top_logprobs > 0
@@ -275,7 +309,7 @@ def _run_generate(stub, request, timeout, state):
     token_ids, logprobs, top_logprobs = [], [], []
     complete = None
 
-    call = stub.Generate(request, timeout=timeout)
+    call = stub.Generate(request, timeout=timeout, metadata=metadata)
     state.attach(call)
     try:
         for response in call:
