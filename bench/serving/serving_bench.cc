@@ -12,6 +12,12 @@
 //           same bytes in the same page-sized writes
 //   cache   unique-prompt throughput with the cache on / off (the cost of
 //           publication)
+//   tls     disaggregated TTFT (cache on, unique prompts: a lookup that
+//           misses, the prefill call, the push, the publication) with mutual
+//           TLS on every gRPC port / the same stack in plaintext, at 1K and 8K
+//           (certificates made by tools/make_test_certs.py). The data plane
+//           is not encrypted (its bytes cross the TCP plane in the clear,
+//           authenticated by the ticket's secret): its figure is the tcp row's
 //   sweep   1 to 64 concurrent streams on the default model: requests/s,
 //           p50/p99 TTFT and inter-token latency, errors (a table; with
 //           --sweep_csv a CSV that bench/serving/plot_sweep.py draws)
@@ -32,6 +38,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <random>
@@ -48,6 +55,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/process.h"
+#include "common/tls.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/generation.grpc.pb.h"
 #include "tests/e2e/stack.h"
@@ -55,7 +63,7 @@
 #include "transport/transfer.h"
 
 ABSL_FLAG(std::string, model_dir, "", "the bench model's directory (absolute); resume, disagg and cache need it");
-ABSL_FLAG(std::string, only, "resume,disagg,tcp,cache,sweep", "comma-separated subset to run");
+ABSL_FLAG(std::string, only, "resume,disagg,tcp,cache,tls,sweep", "comma-separated subset to run");
 ABSL_FLAG(int32_t, threads, 2, "kernel threads of each prefill and decode process");
 ABSL_FLAG(int32_t, reps, 3, "repetitions per figure (medians are reported)");
 ABSL_FLAG(std::string, histories, "1024,4096,16384", "resume: tokens of history");
@@ -112,6 +120,7 @@ class Client {
  public:
   explicit Client(const std::string& target)
       : stub_(v1::Generation::NewStub(grpc::CreateChannel(target, grpc::InsecureChannelCredentials()))) {}
+  explicit Client(std::shared_ptr<grpc::Channel> channel) : stub_(v1::Generation::NewStub(std::move(channel))) {}
 
   Timed Run(const v1::GenerateRequest& request, absl::Duration deadline = absl::Minutes(5)) const {
     Timed t;
@@ -323,6 +332,68 @@ bool RunDisagg() {
                 Median(dt) / Median(at), absl::GetFlag(FLAGS_device) == "cuda" ? "<=1.05" : "<=1.10",
                 shares.empty() ? -1.0 : 100 * Median(shares), "<=2%");
   }
+  return true;
+}
+
+// ---- tls: disaggregated TTFT with mutual TLS / plaintext ----
+
+bool RunTls() {
+  const char* tmp = std::getenv("TMPDIR");
+  const std::string certs = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/hybridserve-bench-certs-", getpid());
+  const std::string make =
+      absl::StrCat("/usr/bin/python3 ", e2e::Runfile("tools/make_test_certs.py"), " --out ", certs);
+  if (std::system(make.c_str()) != 0) {
+    std::fprintf(stderr, "tls: %s failed\n", make.c_str());
+    return false;
+  }
+  auto file = [&](const std::string& name) { return absl::StrCat(certs, "/", name); };
+  auto identity = [&](const std::string& name) {
+    return std::vector<std::string>{"--tls_cert=" + file(name + ".pem"), "--tls_key=" + file(name + ".key"),
+                                    "--tls_ca=" + file("ca.pem")};
+  };
+  StackOptions secure = BenchStack(/*cachestore=*/true, /*aggregated=*/false);
+  for (const std::string& f : identity("decode")) secure.decode_args.push_back(f);
+  for (const std::string& f : identity("prefill")) secure.prefill_args.push_back(f);
+  secure.prefill_args.push_back("--tls_allowed_peers=spiffe://hybridserve.test/decode");
+  for (const std::string& f : identity("cachestore")) secure.cachestore_args.push_back(f);
+  secure.cachestore_args.push_back(
+      "--tls_allowed_peers=spiffe://hybridserve.test/decode,spiffe://hybridserve.test/prefill");
+  auto tls = Stack::Start(secure);
+  auto plain = Stack::Start(BenchStack(/*cachestore=*/true, /*aggregated=*/false));
+  if (!tls.ok() || !plain.ok()) {
+    std::fprintf(stderr, "stack: %s %s\n", tls.status().ToString().c_str(), plain.status().ToString().c_str());
+    return false;
+  }
+  common::ChannelTlsOptions co;
+  co.ca_file = file("ca.pem");
+  co.cert_file = file("tenant_a.pem");
+  co.key_file = file("tenant_a.key");
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = common::NewChannel((*tls)->decode_target(), co);
+  if (!channel.ok()) return false;
+  Client t(*channel);
+  Client p((*plain)->decode_target());
+  std::printf("\n== tls: disaggregated TTFT, mutual TLS on every gRPC port / plaintext (cache on, unique prompts)\n");
+  std::printf("%8s %10s %10s %8s %8s\n", "prompt", "tls_ms", "plain_ms", "ratio", "goal");
+  for (int n : {1024, 8192}) {
+    std::vector<double> tt, pt;
+    for (int r = -1; r < absl::GetFlag(FLAGS_reps); ++r) {
+      // Interleaved, a warm-up first; each side its own unique prompt (the
+      // cache would otherwise answer the second).
+      Timed x = t.Run(Request(absl::StrCat("t", n, "-", r), UniquePrompt(n, 9000 + n + r), 2, ""));
+      Timed y = p.Run(Request(absl::StrCat("p", n, "-", r), UniquePrompt(n, 19000 + n + r), 2, ""));
+      if (!Ok(x, "tls") || !Ok(y, "plaintext")) return false;
+      if (x.complete.usage().cached_tokens() != 0 || y.complete.usage().cached_tokens() != 0) {
+        std::fprintf(stderr, "tls: a unique prompt was found in the cache\n");
+        return false;
+      }
+      if (r < 0) continue;
+      tt.push_back(x.ttft_s);
+      pt.push_back(y.ttft_s);
+    }
+    std::printf("%8d %10.1f %10.1f %8.3f %8s\n", n, 1e3 * Median(tt), 1e3 * Median(pt), Median(tt) / Median(pt),
+                "<=1.05");
+  }
+  std::system(absl::StrCat("rm -rf ", certs).c_str());
   return true;
 }
 
@@ -598,7 +669,7 @@ int main(int argc, char** argv) {
   using namespace hybridserve::bench;  // NOLINT: main only
   const std::vector<std::string> only = absl::StrSplit(absl::GetFlag(FLAGS_only), ',', absl::SkipEmpty());
   auto wants = [&](const char* name) { return std::find(only.begin(), only.end(), name) != only.end(); };
-  const bool needs_model = wants("resume") || wants("disagg") || wants("cache");
+  const bool needs_model = wants("resume") || wants("disagg") || wants("cache") || wants("tls");
   if (needs_model && (absl::GetFlag(FLAGS_model_dir).empty() || absl::GetFlag(FLAGS_model_dir)[0] != '/')) {
     std::fprintf(stderr, "--model_dir must be the bench model's absolute path (tools/gen_model.py --preset bench)\n");
     return 2;
@@ -608,6 +679,7 @@ int main(int argc, char** argv) {
   if (ok && wants("resume")) ok = RunResume();
   if (ok && wants("disagg")) ok = RunDisagg();
   if (ok && wants("cache")) ok = RunCache();
+  if (ok && wants("tls")) ok = RunTls();
   if (ok && wants("sweep")) ok = RunSweep();
   std::fflush(stdout);
   return ok ? 0 : 1;

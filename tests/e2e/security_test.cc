@@ -138,8 +138,8 @@ class SecurityTest : public ::testing::Test {
         absl::StrCat("--trusted_proxies=", kDomain, "proxy"),
     };
     for (const std::string& a : TlsArgs("decode")) args.push_back(a);
-    absl::StatusOr<std::unique_ptr<Process>> proxied = Process::Start("decode_proxied", "decode/decode", args,
-                                                                      "DECODE_READY");
+    absl::StatusOr<std::unique_ptr<Process>> proxied =
+        Process::Start("decode_proxied", "decode/decode", args, "DECODE_READY");
     ASSERT_TRUE(proxied.ok()) << proxied.status();
     proxied_ = proxied->release();
   }
@@ -239,9 +239,9 @@ TEST_F(SecurityTest, EveryPortRefusesWhoItShouldNot) {
   EXPECT_EQ(none.status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_EQ(Generate(Channel(decode, "foreign"), r).status.error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_EQ(Generate(Channel(decode, "expired"), r).status.error_code(), grpc::StatusCode::UNAVAILABLE);
-  EXPECT_EQ(Generate(grpc::CreateChannel(stack_->decode_target(), grpc::InsecureChannelCredentials()), r)
-                .status.error_code(),
-            grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(
+      Generate(grpc::CreateChannel(stack_->decode_target(), grpc::InsecureChannelCredentials()), r).status.error_code(),
+      grpc::StatusCode::UNAVAILABLE);
 
   // Prefill: only decode's identity. A tenant's certificate (the right CA)
   // is PERMISSION_DENIED before the request is read; decode's gets in (and
@@ -278,8 +278,7 @@ TEST_F(SecurityTest, EveryPortRefusesWhoItShouldNot) {
   EXPECT_EQ(stranger_cache->Stats().status().code(), absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(client_as("")->Stats().status().code(), absl::StatusCode::kUnavailable);
   auto worker_cache = client_as("prefill");
-  absl::StatusOr<cachestore::LookupResult> found =
-      worker_cache->Lookup(ns, page, cachestore::LookupMode::kProbeOnly);
+  absl::StatusOr<cachestore::LookupResult> found = worker_cache->Lookup(ns, page, cachestore::LookupMode::kProbeOnly);
   ASSERT_TRUE(found.ok()) << found.status();
   EXPECT_EQ(found->kv_match_tokens, 0);
 
@@ -317,9 +316,8 @@ TEST_F(SecurityTest, CertificatesRenewedOnDiskWithoutARestart) {
   ASSERT_TRUE(RawCall(Channel(port, "tenant_a"), kHealthCheck, "", &before).ok());
   // A long stream in flight across the renewal.
   Generation long_stream;
-  std::thread streaming([&] {
-    long_stream = Generate(Channel(port, "tenant_a"), Request("long", TextPrompt(40, 11), 400));
-  });
+  std::thread streaming(
+      [&] { long_stream = Generate(Channel(port, "tenant_a"), Request("long", TextPrompt(40, 11), 400)); });
   for (const char* identity : {"decode", "prefill", "cachestore"}) {
     ASSERT_EQ(std::system(absl::StrCat("/usr/bin/python3 ", Runfile("tools/make_test_certs.py"), " --out ", CertDir(),
                                        " --renew ", identity)
