@@ -29,7 +29,7 @@
 // fixed-size, and each announces the next message(s). One transfer, S the
 // sender (rank 1), R the receiver (rank 0):
 //
-//   S -> R  kBegin, payload BeginPayload (48 bytes): id, tokens, page format,
+//   S -> R  kBegin, payload BeginPayload (64 bytes): id, tokens, page format,
 //           num_pages, page_bytes, state_bytes; followed, when S offers pages
 //           in place, by a RegionOffer (frame.h: the n region sizes every
 //           page splits into, in page byte order; 8 + 8n bytes). S offers

@@ -111,6 +111,7 @@ absl::Status ChannelStateReceiver::ExpectFromDefaultPeer(Ticket* ticket, std::un
 
 absl::Status ChannelStateReceiver::ExpectFrom(absl::string_view peer, Ticket* ticket, std::unique_ptr<PageSink> sink) {
   ticket->kind = options_.kind;
+  ASSIGN_OR_RETURN(ticket->secret, NewTransferSecret());
   ASSIGN_OR_RETURN(ticket->channel_id, ChannelFor(peer));
   if (sink == nullptr) return Expect(*ticket);
   const uint64_t id = ticket->transfer_id;

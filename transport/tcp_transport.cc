@@ -214,6 +214,11 @@ absl::Status TcpStateSender::Send(const Ticket& ticket, const StateSource& sourc
                                                    " pages of ", source.page_bytes(), " bytes and a state of ",
                                                    source.state().size(), " bytes do not fit the ticket"));
   }
+  if (ticket.secret.size() != kTransferSecretBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("transfer ", ticket.transfer_id, ": a ticket secret of ",
+                                                   ticket.secret.size(), " bytes, ", kTransferSecretBytes,
+                                                   " expected"));
+  }
   if (absl::Now() >= ticket.deadline) {
     return absl::DeadlineExceededError(absl::StrCat("transfer ", ticket.transfer_id, " is past its deadline"));
   }
@@ -238,6 +243,7 @@ absl::Status TcpStateSender::Send(const Ticket& ticket, const StateSource& sourc
   begin.num_pages = source.num_pages();
   begin.page_bytes = source.page_bytes();
   begin.state_bytes = static_cast<int64_t>(source.state().size());
+  begin.secret = ticket.secret;
   absl::Status s = WriteFrame(socket, FrameType::kBegin, id, 0, EncodeBegin(begin), deadline());
   std::string page(static_cast<size_t>(source.page_bytes()), '\0');
   for (int64_t i = 0; i < source.num_pages() && s.ok(); ++i) {

@@ -37,6 +37,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -47,6 +48,7 @@
 #include "common/hash.h"
 #include "engine/sequence_table.h"
 #include "transport/page_block.h"
+#include "transport/transfer_secret.h"
 
 namespace hybridserve::transport {
 
@@ -103,6 +105,13 @@ struct Ticket {
   // first time it sees it and reuses it for later tickets carrying the same
   // id. Empty for TCP and in-process.
   std::string channel_id;
+  // The per-transfer secret (kTransferSecretBytes random bytes,
+  // NewTransferSecret), set by the receiver that expects the ticket
+  // (ExpectTicket, ExpectReservation). The sender presents it in its kBegin
+  // (frame.h); the receiver accepts a transfer only from a sender that
+  // presents its ticket's secret: proof that decode gave that sender the
+  // ticket (through the Prefill call). prefill.proto's transfer_secret.
+  std::string secret;
 };
 
 // A contiguous run of memory a channel reads or writes directly: device
@@ -205,11 +214,15 @@ class StateReceiver {
   virtual ~StateReceiver() = default;
   // The data plane this receiver serves.
   virtual TransportKind kind() const = 0;
-  // Completes `ticket` with what this receiver's transport needs (its kind;
-  // the channel planes: the id of the channel to the prefill peer) and
-  // expects it, its pages staged.
+  // Completes `ticket` with what this receiver's transport needs (its kind,
+  // a new secret; the channel planes: the id of the channel to the prefill
+  // peer) and expects it, its pages staged. INTERNAL when no secret can be
+  // drawn (RandomSecret).
   virtual absl::Status ExpectTicket(Ticket* ticket) {
     ticket->kind = kind();
+    absl::StatusOr<std::string> secret = NewTransferSecret();
+    if (!secret.ok()) return secret.status();
+    ticket->secret = *std::move(secret);
     return Expect(*ticket);
   }
   // What a decode worker calls before it hands the ticket of `reservation`

@@ -204,7 +204,7 @@ class TcpReceiverTest : public ::testing::Test {
     ticket_.page_bytes = 64;
     ticket_.max_state_bytes = 100;
     ticket_.deadline = absl::Now() + absl::Seconds(30);
-    ASSERT_TRUE(receiver_->Expect(ticket_).ok());
+    ASSERT_TRUE(receiver_->ExpectTicket(&ticket_).ok());  // kind TCP, a new secret
   }
 
   Socket Dial() {
