@@ -258,7 +258,12 @@ absl::Status ChannelStateReceiver::ServeTransfer(Channel& channel, absl::string_
   bool begun = false;
   bool in_place = false;
   if (verdict.ok()) {
-    absl::StatusOr<Ticket> ticket = registry_.Begin(id);  // counts the ids it refuses
+    // The secret is compared before the transfer is claimed. A begin without
+    // it (an id not expected, or another secret: UNAUTHENTICATED, counted) is
+    // answered, unlike on TCP: the peer proved the channel when it joined
+    // (its id: channel_protocol.h), and the answer keeps the channel in step.
+    // The transfer is untouched: its rightful sender can still begin it.
+    absl::StatusOr<Ticket> ticket = registry_.Begin(id, begin.secret);  // counts what it refuses
     verdict = ticket.status();
     if (ticket.ok()) {
       begun = true;

@@ -98,6 +98,7 @@ class ChannelStateReceiver final : public StateReceiver {
   void Cancel(uint64_t transfer_id) ABSL_LOCKS_EXCLUDED(mu_, sinks_mu_) override;
   int64_t pending() const override { return registry_.pending(); }
   int64_t refused() const override { return registry_.refused(); }
+  int64_t unauthenticated() const override { return registry_.unauthenticated(); }
 
   // Live channels (one per peer).
   int64_t channels() const ABSL_LOCKS_EXCLUDED(mu_);

@@ -158,7 +158,8 @@ absl::Status ChannelStateSender::Send(const Ticket& ticket, const StateSource& s
     c->busy = false;
   }
   if (channel_failed) Drop(ticket.endpoint, channel);
-  if (!s.ok() && (channel_failed || absl::IsNotFound(s)) && absl::Now() >= ticket.deadline) {
+  if (!s.ok() && (channel_failed || absl::IsNotFound(s) || absl::IsUnauthenticated(s)) &&
+      absl::Now() >= ticket.deadline) {
     // The receiver forgot the transfer at its deadline, or the channel gave up past it.
     return absl::DeadlineExceededError(absl::StrCat("transfer ", id, " passed its deadline: ", s.message()));
   }

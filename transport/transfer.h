@@ -12,7 +12,9 @@
 // prefill sends with a StateSender; decode's Await returns the bytes,
 // verified against the ticket, and ImportReceived (transport/engine_import.h)
 // writes them into the reservation. Bytes for a transfer id that is not
-// expected (unknown, finished, cancelled or past its deadline) are refused.
+// expected (unknown, finished, cancelled or past its deadline) are refused,
+// and so are those of a sender that does not present the ticket's secret
+// (Ticket::secret): proof that decode handed it the ticket.
 //
 // Pages in place. A source that can name a page's bytes in memory the
 // channel reads directly (StateSource::PageRegions: the engine's device pool)
@@ -199,12 +201,17 @@ struct ReceivedState {
 class StateSender {
  public:
   virtual ~StateSender() = default;
-  // Sends everything `source` holds to the ticket's receiver and waits for it
-  // to acknowledge. INVALID_ARGUMENT when the source does not match the
-  // ticket (sizes); the receiver's refusal as its status (NOT_FOUND for an
-  // unknown transfer id, INVALID_ARGUMENT for a mismatch, DATA_LOSS for a
-  // checksum); UNAVAILABLE when the receiver cannot be reached or goes away;
-  // DEADLINE_EXCEEDED past the ticket's deadline.
+  // Sends everything `source` holds to the ticket's receiver, presenting the
+  // ticket's secret, and waits for it to acknowledge. INVALID_ARGUMENT when
+  // the source does not match the ticket (sizes) or the ticket has no
+  // kTransferSecretBytes secret; the receiver's refusal as its status
+  // (UNAUTHENTICATED for a transfer id it does not expect, never or no longer,
+  // or another secret; NOT_FOUND for a transfer that finished or was forgotten
+  // while it arrived; ALREADY_EXISTS when another sender began it;
+  // INVALID_ARGUMENT for a mismatch, DATA_LOSS for a checksum); UNAVAILABLE
+  // when the receiver cannot be reached or goes away, and from TCP, whose
+  // receiver drops without a word a sender it does not expect (the
+  // UNAUTHENTICATED cases); DEADLINE_EXCEEDED past the ticket's deadline.
   virtual absl::Status Send(const Ticket& ticket, const StateSource& source) = 0;
 };
 
@@ -251,8 +258,15 @@ class StateReceiver {
   virtual void Cancel(uint64_t transfer_id) = 0;
   // Transfers expected and not yet awaited to the end (for metrics and tests).
   virtual int64_t pending() const = 0;
-  // Transfers whose bytes were refused (unknown id, mismatch, corruption).
+  // Transfers whose bytes were refused from a sender that presented the
+  // ticket's secret (already begun or finished, mismatch, corruption,
+  // forgotten while arriving). TransferRegistry counts them.
   virtual int64_t refused() const = 0;
+  // Senders dropped or refused before they proved a ticket: a transfer id not
+  // expected (never, or no longer: a late sender counts here), another
+  // secret, and on TCP a connection without an intact begin frame. Nothing
+  // expected was touched. Disjoint from refused().
+  virtual int64_t unauthenticated() const = 0;
 };
 
 }  // namespace hybridserve::transport
