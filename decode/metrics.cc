@@ -74,10 +74,12 @@ DecodeMetrics::DecodeMetrics(prometheus::Registry& r)
       parent_waits_expired_(Counters(r, "hybridserve_decode_publish_parent_waits_expired_total",
                                      "Turn-end publications that waited out --publish_parent_wait for prefill's page")
                                 .Add({})),
-      data_plane_refused_(Counters(r, "hybridserve_decode_data_plane_refused_total",
-                                   "Transfers refused from prefill senders that presented their ticket's secret "
-                                   "(already begun or finished, sizes, checksums, forgotten while arriving)")
-                              .Add({})),
+      data_plane_refused_(
+          Counters(r, "hybridserve_decode_data_plane_refused_total",
+                   "Transfers refused from prefill senders that presented their ticket's secret "
+                   "(already begun or finished, sizes, checksums, forgotten while arriving), and TCP connections "
+                   "beyond the receiver's limit")
+              .Add({})),
       data_plane_unauthenticated_(
           Counters(r, "hybridserve_decode_data_plane_unauthenticated_total",
                    "Data-plane peers dropped or refused before they proved a ticket: no intact begin frame (TCP), "

@@ -260,7 +260,8 @@ class StateReceiver {
   virtual int64_t pending() const = 0;
   // Transfers whose bytes were refused from a sender that presented the
   // ticket's secret (already begun or finished, mismatch, corruption,
-  // forgotten while arriving). TransferRegistry counts them.
+  // forgotten while arriving; TCP: also connections beyond max_connections).
+  // TransferRegistry counts them.
   virtual int64_t refused() const = 0;
   // Senders dropped or refused before they proved a ticket: a transfer id not
   // expected (never, or no longer: a late sender counts here), another

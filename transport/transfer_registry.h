@@ -14,9 +14,11 @@
 // Two counts of refusals, disjoint: refused() for senders that proved their
 // ticket (its secret) and were refused all the same (a transfer already begun
 // or finished, and what the planes count with CountRefused: sizes,
-// checksums, cancelled mid-transfer), unauthenticated() for those that did
-// not (Begin's UNAUTHENTICATED, and what the planes count with
-// CountUnauthenticated: a TCP connection that never sent an intact begin).
+// checksums, cancelled mid-transfer; also TCP connections beyond
+// max_connections, closed before a byte is read), unauthenticated() for
+// those that did not prove a ticket (Begin's UNAUTHENTICATED, and what the
+// planes count with CountUnauthenticated: a TCP connection that never sent
+// an intact begin).
 //
 // Thread-safe: every method locks mu_.
 
@@ -66,7 +68,8 @@ class TransferRegistry {
   void Cancel(uint64_t transfer_id) ABSL_LOCKS_EXCLUDED(mu_);
   // Counts bytes refused for a reason found outside the registry (a bad
   // frame, a mismatch) from a sender that proved its ticket, or whose peer
-  // is trusted otherwise (a channel's: channel_protocol.h).
+  // is trusted otherwise (a channel's: channel_protocol.h); and TCP
+  // connections beyond max_connections.
   void CountRefused() ABSL_LOCKS_EXCLUDED(mu_);
   // Counts a peer dropped before it proved any ticket, for a reason found
   // outside the registry (a TCP connection without an intact begin frame).
