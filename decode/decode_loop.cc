@@ -222,9 +222,10 @@ void DecodeLoop::Admit() {
     const absl::Time deadline = std::min(r->req.deadline, absl::Now() + options_.transfer_timeout);
     absl::StatusOr<transport::Ticket> ticket =
         transport::TicketFor(table, *reservation, transfer_id, options_.endpoint, deadline);
-    // The receiver completes the ticket for its plane (its kind; NCCL: the
-    // channel's id). Device planes take the reserved slots too, so the pages
-    // land there without a host copy (transfer.h, "Pages in place").
+    // The receiver completes the ticket for its plane (its kind, the
+    // per-transfer secret the sender must present; NCCL: the channel's id).
+    // Device planes take the reserved slots too, so the pages land there
+    // without a host copy (transfer.h, "Pages in place").
     const absl::Status expected =
         ticket.ok() ? receiver_.ExpectReservation(&*ticket, table, *reservation) : ticket.status();
     r->reservation = *reservation;

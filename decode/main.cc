@@ -186,13 +186,15 @@ absl::Status Run() {
 
   auto registry = std::make_shared<prometheus::Registry>();
   decode::DecodeMetrics metrics(*registry);
-  // Queue gauges, brought up to date by each scrape.
+  // Queue gauges and the data plane's counters, brought up to date by each scrape.
+  transport::StateReceiver& receiver = prefill_side.receiver();
   ASSIGN_OR_RETURN(std::unique_ptr<common::MetricsExposer> exposer, worker::StartMetrics(options, registry, [&] {
                      const decode::DecodeLoop::Counts c = loop->counts();
                      metrics.SetQueue(c.waiting, c.prefilling + c.decoding);
                      metrics.SetFree(c.free_pages, c.free_slots);
                      metrics.SetBatchPeak(c.batch_peak);
                      metrics.SetOrphanedCalls(c.orphaned_calls);
+                     metrics.SyncDataPlane(receiver.refused(), receiver.unauthenticated());
                    }));
 
   decode::ModelDescription description;

@@ -73,7 +73,18 @@ DecodeMetrics::DecodeMetrics(prometheus::Registry& r)
                                  "Turn-end publications that failed, by reason (the failing put's status code)")),
       parent_waits_expired_(Counters(r, "hybridserve_decode_publish_parent_waits_expired_total",
                                      "Turn-end publications that waited out --publish_parent_wait for prefill's page")
-                                .Add({})) {}
+                                .Add({})),
+      data_plane_refused_(
+          Counters(r, "hybridserve_decode_data_plane_refused_total",
+                   "Transfers refused from prefill senders that presented their ticket's secret "
+                   "(already begun or finished, sizes, checksums, forgotten while arriving), and TCP connections "
+                   "beyond the receiver's limit")
+              .Add({})),
+      data_plane_unauthenticated_(
+          Counters(r, "hybridserve_decode_data_plane_unauthenticated_total",
+                   "Data-plane peers dropped or refused before they proved a ticket: no intact begin frame (TCP), "
+                   "a transfer id not expected (late senders of forgotten transfers too), another ticket secret")
+              .Add({})) {}
 
 void DecodeMetrics::SetBatchPeak(int64_t peak) { batch_peak_.Set(static_cast<double>(peak)); }
 void DecodeMetrics::SetOrphanedCalls(int64_t calls) { orphaned_calls_.Set(static_cast<double>(calls)); }
@@ -91,6 +102,18 @@ void DecodeMetrics::SetFree(int64_t pages, int64_t slots) {
 void DecodeMetrics::RecordFirstToken(double seconds) { ttft_.Observe(seconds); }
 void DecodeMetrics::RecordInterToken(double seconds) { itl_.Observe(seconds); }
 void DecodeMetrics::RecordRefused() { refused_.Increment(); }
+
+void DecodeMetrics::SyncDataPlane(int64_t refused, int64_t unauthenticated) {
+  absl::MutexLock lock(&mu_);
+  if (refused > last_data_plane_refused_) {
+    data_plane_refused_.Increment(static_cast<double>(refused - last_data_plane_refused_));
+    last_data_plane_refused_ = refused;
+  }
+  if (unauthenticated > last_data_plane_unauthenticated_) {
+    data_plane_unauthenticated_.Increment(static_cast<double>(unauthenticated - last_data_plane_unauthenticated_));
+    last_data_plane_unauthenticated_ = unauthenticated;
+  }
+}
 
 void DecodeMetrics::RecordFinish(const Completion& c, double e2e_seconds) {
   e2e_.Observe(e2e_seconds);

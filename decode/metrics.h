@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "decode/generation.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
@@ -31,6 +33,9 @@ class DecodeMetrics {
   // At the end of a request (also one refused before it started: `started` false).
   void RecordFinish(const Completion& completion, double e2e_seconds);
   void RecordRefused();
+  // Brings the data plane's counters up to the receiver's totals since start
+  // (StateReceiver::refused, unauthenticated); called by each scrape.
+  void SyncDataPlane(int64_t refused, int64_t unauthenticated) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   prometheus::Gauge& waiting_;
@@ -62,6 +67,11 @@ class DecodeMetrics {
   prometheus::Counter& pages_published_;
   prometheus::Family<prometheus::Counter>& publish_failures_;
   prometheus::Counter& parent_waits_expired_;
+  prometheus::Counter& data_plane_refused_;
+  prometheus::Counter& data_plane_unauthenticated_;
+  absl::Mutex mu_;
+  int64_t last_data_plane_refused_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t last_data_plane_unauthenticated_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace hybridserve::decode

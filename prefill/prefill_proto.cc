@@ -98,6 +98,7 @@ void TicketToProto(const transport::Ticket& t, v1::TransferTicket* out) {
   out->set_num_pages(static_cast<uint64_t>(t.num_pages));
   out->set_page_bytes(static_cast<uint64_t>(t.page_bytes));
   out->set_max_state_bytes(static_cast<uint64_t>(t.max_state_bytes));
+  out->set_transfer_secret(t.secret);
 }
 
 absl::StatusOr<transport::Ticket> TicketFromProto(const v1::TransferTicket& p) {
@@ -142,12 +143,17 @@ absl::StatusOr<transport::Ticket> TicketFromProto(const v1::TransferTicket& p) {
       p.max_state_bytes() == 0 || p.max_state_bytes() > kMax) {
     return absl::InvalidArgumentError("ticket sizes (n_tokens, num_pages, page_bytes, max_state_bytes) out of range");
   }
+  if (p.transfer_secret().size() != transport::kTransferSecretBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("ticket.transfer_secret must be ", transport::kTransferSecretBytes,
+                                                   " bytes, got ", p.transfer_secret().size()));
+  }
   t.endpoint = p.endpoint();
   t.transfer_id = p.transfer_id();
   t.n_tokens = static_cast<int64_t>(p.n_tokens());
   t.num_pages = static_cast<int64_t>(p.num_pages());
   t.page_bytes = static_cast<int64_t>(p.page_bytes());
   t.max_state_bytes = static_cast<int64_t>(p.max_state_bytes());
+  t.secret = p.transfer_secret();
   for (uint32_t slot : p.kv_page_slots()) t.page_slots.push_back(static_cast<int32_t>(slot));
   t.state_slot = static_cast<int32_t>(p.state_slot());
   if (p.has_deadline()) {

@@ -24,8 +24,9 @@ void RequestToProto(const PrefillRequest& request, v1::PrefillRequest* out);
 absl::StatusOr<PrefillRequest> RequestFromProto(const v1::PrefillRequest& request);
 
 void TicketToProto(const transport::Ticket& ticket, v1::TransferTicket* out);
-// INVALID_ARGUMENT, naming the field, for a page format that is not 16
-// bytes, sizes out of range, no endpoint for TCP, or an unknown transport.
+// INVALID_ARGUMENT, naming the field, for a page format or a transfer
+// secret that is not 16 bytes, sizes out of range, no endpoint for TCP, or an
+// unknown transport.
 absl::StatusOr<transport::Ticket> TicketFromProto(const v1::TransferTicket& ticket);
 
 v1::ResumeKind ResumeKindToProto(ResumeKind kind);

@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/cancellation.h"
 #include "gmock/gmock.h"
@@ -27,6 +28,7 @@ transport::Ticket ATicket() {
   t.page_slots = {9, 2, 5, 7};
   t.state_slot = 3;
   t.deadline = absl::FromUnixSeconds(2000000000) + absl::Nanoseconds(123);
+  t.secret = std::string("\x00\x01secret-bytes\xfe\xff", 16);
   return t;
 }
 
@@ -52,6 +54,27 @@ TEST(TicketWireTest, TcpAndNcclTicketsRoundTripWithTheirKind) {
     EXPECT_EQ(back->state_slot, t.state_slot);
     EXPECT_EQ(back->deadline, t.deadline);
     EXPECT_EQ(back->page_format, t.page_format);
+    EXPECT_EQ(back->secret, t.secret);
+    EXPECT_EQ(p.transfer_secret(), t.secret);
+  }
+}
+
+TEST(TicketWireTest, ASecretThatIsNotSixteenBytesIsInvalidOnEveryKind) {
+  for (transport::TransportKind kind :
+       {transport::TransportKind::kTcp, transport::TransportKind::kNccl, transport::TransportKind::kCudaIpc}) {
+    transport::Ticket t = ATicket();
+    t.kind = kind;
+    if (kind == transport::TransportKind::kNccl) t.channel_id = std::string(transport::kNcclUniqueIdBytes, 'x');
+    if (kind == transport::TransportKind::kCudaIpc) t.channel_id = "127.0.0.1:4000/00112233445566778899aabbccddeeff";
+    for (size_t bytes : {size_t{0}, size_t{15}, size_t{17}, size_t{32}}) {
+      t.secret = std::string(bytes, 's');
+      v1::TransferTicket p;
+      TicketToProto(t, &p);
+      const absl::Status s = TicketFromProto(p).status();
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bytes << " bytes";
+      EXPECT_THAT(std::string(s.message()),
+                  HasSubstr(absl::StrCat("ticket.transfer_secret must be 16 bytes, got ", bytes)));
+    }
   }
 }
 
@@ -118,6 +141,7 @@ TEST(RequestProtoTest, RoundTripsWhatPrefillNeeds) {
   EXPECT_EQ(back->sampling.top_logprobs, 4);
   EXPECT_EQ(back->ticket.transfer_id, r.ticket.transfer_id);
   EXPECT_EQ(back->ticket.deadline, r.ticket.deadline);
+  EXPECT_EQ(back->ticket.secret, r.ticket.secret);
   EXPECT_EQ(back->cancellation, nullptr);
 }
 

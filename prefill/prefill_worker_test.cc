@@ -107,7 +107,7 @@ class PrefillWorkerTest : public ::testing::Test {
     auto ticket = transport::TicketFor(decode_model_->sequences(), *reservation, next_transfer++, "",
                                        absl::Now() + absl::Seconds(30));
     EXPECT_TRUE(ticket.ok());
-    EXPECT_TRUE(transport_.Expect(*ticket).ok());
+    EXPECT_TRUE(transport_.ExpectTicket(&*ticket).ok());
     request.request_id = absl::StrCat("r", ticket->transfer_id);
     request.ticket = *ticket;
     turn.outcome = worker_->Prefill(request);

@@ -21,6 +21,16 @@
 // that peer's next ticket; the sender replaces its channel when a ticket
 // brings a new id.
 //
+// Who may send. Two proofs, both handed out by decode inside tickets, which
+// reach prefill only through the (authenticated) Prefill call. Joining a
+// channel takes its id: NCCL's unique id carries a random 64-bit magic that
+// NCCL's bootstrap checks on every connection (nccl_communicator.h); the CUDA
+// IPC id carries a random 128-bit token its control connection checks before
+// anything else (ipc_communicator.h). Beginning a transfer takes its ticket's
+// per-transfer secret in the kBegin (below). A begin without it is refused
+// (UNAUTHENTICATED) but answered: the peer has proved the channel, and the
+// answer keeps the channel in step.
+//
 // Messages. Every message is a frame of transport/frame.h sent as two
 // channel messages: its 48-byte header, then its payload (payload_bytes
 // announced in the header; not sent when 0), except the page regions of a
@@ -29,8 +39,9 @@
 // fixed-size, and each announces the next message(s). One transfer, S the
 // sender (rank 1), R the receiver (rank 0):
 //
-//   S -> R  kBegin, payload BeginPayload (48 bytes): id, tokens, page format,
-//           num_pages, page_bytes, state_bytes; followed, when S offers pages
+//   S -> R  kBegin, payload BeginPayload (64 bytes): id, tokens, page format,
+//           num_pages, page_bytes, state_bytes, the ticket's secret
+//           (Ticket::secret); followed, when S offers pages
 //           in place, by a RegionOffer (frame.h: the n region sizes every
 //           page splits into, in page byte order; 8 + 8n bytes). S offers
 //           when its source names every page's regions
@@ -39,10 +50,13 @@
 //           checksum it, before this frame: a failure there sends nothing.
 //   R -> S  kAck, the verdict (frame.h ack payload); its header's index is
 //           the placement (kPlacementInPlace or kPlacementStaged). R checks
-//           the header and payload checksums, that the id is expected on this
-//           channel (unknown, cancelled or late ids: NOT_FOUND, counted in
-//           refused()), and the sizes against its ticket (INVALID_ARGUMENT),
-//           all before it receives any page. With an offer: the regions must
+//           the header and payload checksums, that the id is not expected on
+//           another channel (NOT_FOUND, counted in refused()), that it is
+//           expected and the begin presents its ticket's secret, compared in
+//           constant time before the transfer is claimed (unknown, cancelled
+//           or late ids, another secret: UNAUTHENTICATED, counted in
+//           unauthenticated(), the transfer untouched), and the sizes against
+//           its ticket (INVALID_ARGUMENT), all before it receives any page. With an offer: the regions must
 //           sum to page_bytes, and when R holds a PageSink for the id
 //           (ExpectFrom with a sink, ExpectReservation) its page count
 //           and every page's region count and sizes must equal the offer's,

@@ -111,6 +111,7 @@ absl::Status ChannelStateReceiver::ExpectFromDefaultPeer(Ticket* ticket, std::un
 
 absl::Status ChannelStateReceiver::ExpectFrom(absl::string_view peer, Ticket* ticket, std::unique_ptr<PageSink> sink) {
   ticket->kind = options_.kind;
+  ASSIGN_OR_RETURN(ticket->secret, NewTransferSecret());
   ASSIGN_OR_RETURN(ticket->channel_id, ChannelFor(peer));
   if (sink == nullptr) return Expect(*ticket);
   const uint64_t id = ticket->transfer_id;
@@ -257,7 +258,12 @@ absl::Status ChannelStateReceiver::ServeTransfer(Channel& channel, absl::string_
   bool begun = false;
   bool in_place = false;
   if (verdict.ok()) {
-    absl::StatusOr<Ticket> ticket = registry_.Begin(id);  // counts the ids it refuses
+    // The secret is compared before the transfer is claimed. A begin without
+    // it (an id not expected, or another secret: UNAUTHENTICATED, counted) is
+    // answered, unlike on TCP: the peer proved the channel when it joined
+    // (its id: channel_protocol.h), and the answer keeps the channel in step.
+    // The transfer is untouched: its rightful sender can still begin it.
+    absl::StatusOr<Ticket> ticket = registry_.Begin(id, begin.secret);  // counts what it refuses
     verdict = ticket.status();
     if (ticket.ok()) {
       begun = true;

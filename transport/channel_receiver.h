@@ -72,8 +72,8 @@ class ChannelStateReceiver final : public StateReceiver {
   // fails. The factory's error when it cannot make one.
   absl::StatusOr<std::string> ChannelFor(absl::string_view peer) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Sets the ticket's kind and its channel_id to ChannelFor(peer), and
-  // expects it. With a `sink` (the ticket's reserved slots), pages offered in
+  // Sets the ticket's kind, a new secret (NewTransferSecret) and its
+  // channel_id to ChannelFor(peer), and expects it. With a `sink` (the ticket's reserved slots), pages offered in
   // place land there (channel_protocol.h); the receiver holds it until Await
   // or Cancel of the transfer returns. INVALID_ARGUMENT for an id that
   // already has a sink.
@@ -98,6 +98,7 @@ class ChannelStateReceiver final : public StateReceiver {
   void Cancel(uint64_t transfer_id) ABSL_LOCKS_EXCLUDED(mu_, sinks_mu_) override;
   int64_t pending() const override { return registry_.pending(); }
   int64_t refused() const override { return registry_.refused(); }
+  int64_t unauthenticated() const override { return registry_.unauthenticated(); }
 
   // Live channels (one per peer).
   int64_t channels() const ABSL_LOCKS_EXCLUDED(mu_);

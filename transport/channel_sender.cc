@@ -130,6 +130,10 @@ absl::Status ChannelStateSender::Send(const Ticket& ticket, const StateSource& s
     return absl::InvalidArgumentError(
         absl::StrCat("transfer ", id, ": a channel ticket needs an endpoint and a channel id"));
   }
+  if (ticket.secret.size() != kTransferSecretBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("transfer ", id, ": a ticket secret of ", ticket.secret.size(),
+                                                   " bytes, ", kTransferSecretBytes, " expected"));
+  }
   if (absl::Now() >= ticket.deadline) {
     return absl::DeadlineExceededError(absl::StrCat("transfer ", id, " is past its deadline"));
   }
@@ -154,7 +158,8 @@ absl::Status ChannelStateSender::Send(const Ticket& ticket, const StateSource& s
     c->busy = false;
   }
   if (channel_failed) Drop(ticket.endpoint, channel);
-  if (!s.ok() && (channel_failed || absl::IsNotFound(s)) && absl::Now() >= ticket.deadline) {
+  if (!s.ok() && (channel_failed || absl::IsNotFound(s) || absl::IsUnauthenticated(s)) &&
+      absl::Now() >= ticket.deadline) {
     // The receiver forgot the transfer at its deadline, or the channel gave up past it.
     return absl::DeadlineExceededError(absl::StrCat("transfer ", id, " passed its deadline: ", s.message()));
   }
@@ -179,6 +184,7 @@ absl::Status ChannelStateSender::Transfer(Communicator& comm, const Ticket& tick
   begin.num_pages = source.num_pages();
   begin.page_bytes = source.page_bytes();
   begin.state_bytes = static_cast<int64_t>(source.state().size());
+  begin.secret = ticket.secret;
   std::string begin_payload = EncodeBegin(begin);
   if (in_place != nullptr) begin_payload += EncodeRegionOffer(in_place->split);
   if (absl::Status s = SendFrame(comm, FrameType::kBegin, id, 0, begin_payload, io_deadline()); !s.ok()) {

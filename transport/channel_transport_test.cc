@@ -123,12 +123,44 @@ TEST_F(ChannelTransportTest, AnUnknownTransferIdIsRefusedAndCountedAndTheChannel
   stray.transfer_id = 99;
   const RandomSource source(3);
   const absl::Status s = sender_.Send(stray, source);
-  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
-  EXPECT_EQ(receiver_->refused(), 1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnauthenticated) << s;  // its ticket, if any, is not known here
+  EXPECT_EQ(receiver_->unauthenticated(), 1);
+  EXPECT_EQ(receiver_->refused(), 0);
   auto [sent, received] = Transfer(t, source);
   ASSERT_TRUE(sent.ok() && received.ok()) << sent << received.status();
   ExpectIdentical(*received, source);
   EXPECT_EQ(factory_.links(), 1);
+}
+
+// A begin for an expected id without its ticket's secret: refused and
+// counted before the transfer is claimed, answered so the channel stays in
+// step; the rightful sender then delivers the same transfer on it.
+TEST_F(ChannelTransportTest, ABeginWithAnotherSecretIsRefusedAndCountedAndTheRightfulSenderThenDelivers) {
+  const Ticket t = Expect(4);
+  ASSERT_EQ(t.secret.size(), kTransferSecretBytes);
+  const RandomSource source(2);
+  for (size_t byte : {size_t{0}, kTransferSecretBytes - 1}) {
+    Ticket forged = t;
+    forged.secret[byte] ^= 0x80;
+    const absl::Status s = sender_.Send(forged, source);
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnauthenticated) << s;
+    EXPECT_THAT(s.message(), HasSubstr("does not present its ticket's secret"));
+  }
+  EXPECT_EQ(receiver_->unauthenticated(), 2);
+  EXPECT_EQ(receiver_->refused(), 0);
+  EXPECT_EQ(receiver_->pending(), 1);
+  auto [sent, received] = Transfer(t, source);
+  ASSERT_TRUE(sent.ok() && received.ok()) << sent << received.status();
+  ExpectIdentical(*received, source);
+  EXPECT_EQ(factory_.links(), 1);
+  EXPECT_EQ(receiver_->channels(), 1);  // in step, still live
+  // Another ticket's secret does not open a transfer either: each has its own.
+  const Ticket u = Expect(5);
+  Ticket swapped = u;
+  swapped.secret = t.secret;
+  EXPECT_NE(u.secret, t.secret);
+  EXPECT_EQ(sender_.Send(swapped, source).code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(receiver_->unauthenticated(), 3);
 }
 
 TEST_F(ChannelTransportTest, SizesThatDisagreeWithTheTicketAreRefusedBeforeAnyPageMoves) {

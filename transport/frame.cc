@@ -1,5 +1,6 @@
 #include "transport/frame.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -9,6 +10,7 @@
 namespace hybridserve::transport {
 namespace {
 
+static_assert(kBeginPayloadBytes == 48 + kTransferSecretBytes, "BeginPayload's layout (frame.h)");
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "frames are little-endian; fields are copied as is");
 
 constexpr char kMagic[4] = {'H', 'S', 'X', 'F'};
@@ -52,6 +54,12 @@ absl::StatusOr<FrameHeader> DecodeFrameHeader(absl::string_view bytes) {
     return absl::InvalidArgumentError("not a hybridserve transfer frame (bad magic)");
   }
   const uint16_t version = Get<uint16_t>(bytes, 4);
+  if (version == 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("frame version 1 (a sender without ticket secrets, from an earlier release) is refused: this "
+                     "build speaks frame version ",
+                     kFrameVersion, "; run decode and prefill workers of the same release"));
+  }
   if (version != kFrameVersion) {
     return absl::InvalidArgumentError(absl::StrCat("frame version ", version, ", this build speaks ", kFrameVersion));
   }
@@ -88,12 +96,14 @@ std::string EncodeBegin(const BeginPayload& b) {
   Put<int64_t>(s, 24, b.num_pages);
   Put<int64_t>(s, 32, b.page_bytes);
   Put<int64_t>(s, 40, b.state_bytes);
+  std::memcpy(s.data() + 48, b.secret.data(), std::min(b.secret.size(), kTransferSecretBytes));
   return s;
 }
 
 absl::StatusOr<BeginPayload> DecodeBegin(absl::string_view p) {
   if (p.size() != kBeginPayloadBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("begin payload of ", p.size(), " bytes, expected 48"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("begin payload of ", p.size(), " bytes, expected ", kBeginPayloadBytes));
   }
   BeginPayload b;
   b.n_tokens = Get<int64_t>(p, 0);
@@ -102,6 +112,7 @@ absl::StatusOr<BeginPayload> DecodeBegin(absl::string_view p) {
   b.num_pages = Get<int64_t>(p, 24);
   b.page_bytes = Get<int64_t>(p, 32);
   b.state_bytes = Get<int64_t>(p, 40);
+  b.secret = std::string(p.substr(48, kTransferSecretBytes));
   return b;
 }
 

@@ -8,7 +8,7 @@
 //
 //   offset size  field
 //   0      4     magic "HSXF"
-//   4      2     u16 version (1)
+//   4      2     u16 version (2; kFrameVersion)
 //   6      2     u16 type (FrameType)
 //   8      8     u64 transfer id
 //   16     8     u64 index: the page index of a kPage frame, else 0
@@ -21,11 +21,17 @@
 //   kAck: 1 when pages travel in place, 0 when staged; channel_protocol.h)
 //
 // A TCP transfer, on one connection from the sender: kBegin (payload
-// BeginPayload, 48 bytes), kPage for pages 0, 1, ... in order (page_bytes
-// each), kState (the encoded state), kEnd (EndPayload, 8 bytes); then the
-// receiver answers one kAck (payload: u32 absl::StatusCode, then a message of
-// at most kMaxAckMessage bytes) and closes. A receiver that refuses a
-// transfer answers kAck with the error at once and closes.
+// BeginPayload, 64 bytes, with the ticket's secret), kPage for pages 0, 1,
+// ... in order (page_bytes each), kState (the encoded state), kEnd
+// (EndPayload, 8 bytes); then the receiver answers one kAck (payload: u32
+// absl::StatusCode, then a message of at most kMaxAckMessage bytes) and
+// closes. A receiver that refuses a transfer answers kAck with the error at
+// once and closes; but a connection whose first frame is not an intact kBegin
+// presenting the secret of a ticket the receiver expects gets no answer at
+// all: it is closed (tcp_transport.h).
+//
+// Versions. 2 added the secret to kBegin. Version 1 frames (a sender of an
+// earlier release, which has no secret to present) are refused by name.
 //
 // The channel planes add (channel_protocol.h): a kBegin payload may
 // continue with an in-place offer (RegionOffer, below), and kPageSums
@@ -48,12 +54,13 @@
 #include "absl/strings/string_view.h"
 #include "common/hash.h"
 #include "transport/transfer.h"
+#include "transport/transfer_secret.h"
 
 namespace hybridserve::transport {
 
 inline constexpr size_t kFrameHeaderBytes = 48;
-inline constexpr uint16_t kFrameVersion = 1;
-inline constexpr size_t kBeginPayloadBytes = 48;
+inline constexpr uint16_t kFrameVersion = 2;
+inline constexpr size_t kBeginPayloadBytes = 64;
 inline constexpr size_t kEndPayloadBytes = 8;
 inline constexpr size_t kMaxAckMessage = 1024;
 // The most regions an in-place offer may announce per page.
@@ -76,15 +83,18 @@ struct FrameHeader {
   uint64_t payload_checksum = 0;
 };
 
-// kBegin's payload: what the sender will send, checked against the ticket.
+// kBegin's payload: the ticket's secret, and what the sender will send,
+// checked against the ticket.
 //   0 i64 n_tokens, 8 page format (Hash128 lo, hi), 24 i64 num_pages,
-//   32 i64 page_bytes, 40 i64 state_bytes
+//   32 i64 page_bytes, 40 i64 state_bytes,
+//   48 16 bytes: the ticket's secret (Ticket::secret, kTransferSecretBytes)
 struct BeginPayload {
   int64_t n_tokens = 0;
   common::Hash128 page_format;
   int64_t num_pages = 0;
   int64_t page_bytes = 0;
   int64_t state_bytes = 0;
+  std::string secret;  // kTransferSecretBytes; EncodeBegin zero-pads or cuts another length
 };
 
 // kEnd's payload: 0 i32 first token, 4 f32 its log-probability.
@@ -111,7 +121,8 @@ absl::Status CheckBeginAgainstTicket(uint64_t transfer_id, const BeginPayload& b
 // The 48 header bytes of a frame carrying `payload`.
 std::string EncodeFrameHeader(FrameType type, uint64_t transfer_id, uint64_t index, absl::string_view payload);
 // INVALID_ARGUMENT unless `bytes` (kFrameHeaderBytes) is an intact header of
-// this version with a known type; DATA_LOSS for a header checksum mismatch.
+// this version with a known type (another version is named: "frame version
+// 1 (...)"); DATA_LOSS for a header checksum mismatch.
 absl::StatusOr<FrameHeader> DecodeFrameHeader(absl::string_view bytes);
 // DATA_LOSS unless `payload` has the header's size and checksum.
 absl::Status CheckPayload(const FrameHeader& header, absl::string_view payload);

@@ -1,8 +1,11 @@
 #include "transport/frame.h"
 
+#include <cstring>
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "common/hash.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -16,7 +19,7 @@ TEST(FrameTest, HeaderRoundTripsAndPinsItsLayout) {
   const std::string h = EncodeFrameHeader(FrameType::kPage, 0x1122334455667788u, 7, payload);
   ASSERT_EQ(h.size(), kFrameHeaderBytes);
   EXPECT_EQ(h.substr(0, 4), "HSXF");
-  EXPECT_EQ(h[4], 1);  // version, little-endian
+  EXPECT_EQ(h[4], 2);  // version, little-endian
   EXPECT_EQ(h[6], 2);  // type kPage
   EXPECT_EQ(static_cast<unsigned char>(h[8]), 0x88);
   EXPECT_EQ(h[16], 7);
@@ -28,6 +31,29 @@ TEST(FrameTest, HeaderRoundTripsAndPinsItsLayout) {
   EXPECT_EQ(d->index, 7u);
   EXPECT_EQ(d->payload_bytes, payload.size());
   EXPECT_TRUE(CheckPayload(*d, payload).ok());
+}
+
+// A header of `version` with a valid checksum (what a sender of that
+// version writes).
+std::string HeaderOfVersion(uint16_t version, FrameType type, uint64_t id, absl::string_view payload) {
+  std::string h = EncodeFrameHeader(type, id, 0, payload);
+  std::memcpy(h.data() + 4, &version, sizeof(version));
+  const uint64_t sum = common::Checksum64(h.data(), 40);
+  std::memcpy(h.data() + 40, &sum, sizeof(sum));
+  return h;
+}
+
+TEST(FrameTest, AVersionOneFrameIsRefusedByName) {
+  // A version 1 begin: 48 payload bytes, no secret.
+  const std::string v1 = HeaderOfVersion(1, FrameType::kBegin, 5, std::string(48, '\0'));
+  auto d = DecodeFrameHeader(v1);
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(d.status().message(), HasSubstr("frame version 1 (a sender without ticket secrets"));
+  EXPECT_THAT(d.status().message(), HasSubstr("this build speaks frame version 2"));
+  const auto v3 = DecodeFrameHeader(HeaderOfVersion(3, FrameType::kBegin, 5, ""));
+  EXPECT_EQ(v3.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(v3.status().message(), HasSubstr("frame version 3, this build speaks 2"));
+  EXPECT_TRUE(DecodeFrameHeader(HeaderOfVersion(2, FrameType::kBegin, 5, "")).ok());
 }
 
 TEST(FrameTest, AnyCorruptedHeaderByteIsDataLoss) {
@@ -57,8 +83,11 @@ TEST(FrameTest, BeginEndAndAckRoundTrip) {
   b.num_pages = 256;
   b.page_bytes = 65536;
   b.state_bytes = 123456;
+  b.secret = "0123456789abcdef";
   const std::string eb = EncodeBegin(b);
   ASSERT_EQ(eb.size(), kBeginPayloadBytes);
+  ASSERT_EQ(kBeginPayloadBytes, 64u);
+  EXPECT_EQ(eb.substr(48), "0123456789abcdef");  // the layout: the secret at 48
   auto db = DecodeBegin(eb);
   ASSERT_TRUE(db.ok());
   EXPECT_EQ(db->n_tokens, 4097);
@@ -66,7 +95,14 @@ TEST(FrameTest, BeginEndAndAckRoundTrip) {
   EXPECT_EQ(db->num_pages, 256);
   EXPECT_EQ(db->page_bytes, 65536);
   EXPECT_EQ(db->state_bytes, 123456);
+  EXPECT_EQ(db->secret, "0123456789abcdef");
   EXPECT_EQ(DecodeBegin(eb.substr(1)).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(DecodeBegin(eb.substr(0, 48)).status().code(), absl::StatusCode::kInvalidArgument);  // version 1's size
+  // A secret of another length is zero-padded or cut to 16 bytes.
+  b.secret = "short";
+  EXPECT_EQ(DecodeBegin(EncodeBegin(b))->secret, std::string("short") + std::string(11, '\0'));
+  b.secret = std::string(40, 's');
+  EXPECT_EQ(DecodeBegin(EncodeBegin(b))->secret, std::string(16, 's'));
 
   auto de = DecodeEnd(EncodeEnd(EndPayload{42, -0.25f}));
   ASSERT_TRUE(de.ok());

@@ -9,7 +9,7 @@
 namespace hybridserve::transport {
 
 absl::Status InProcessTransport::Send(const Ticket& ticket, const StateSource& source) {
-  ASSIGN_OR_RETURN(const Ticket expected, registry_.Begin(ticket.transfer_id));
+  ASSIGN_OR_RETURN(const Ticket expected, registry_.Begin(ticket.transfer_id, ticket.secret));
   absl::Status mismatch;
   if (source.num_pages() != expected.num_pages || source.page_bytes() != expected.page_bytes ||
       static_cast<int64_t>(source.state().size()) > expected.max_state_bytes) {

@@ -4,7 +4,8 @@
 // The data plane between two engines in one process (tests; a disaggregated
 // pair without sockets): Send copies the source's pages and state into the
 // receiver's book, where Await finds them. The same ticket checks as on the
-// wire: unknown ids and size mismatches are refused.
+// wire: unknown ids, another secret (UNAUTHENTICATED) and size mismatches are
+// refused.
 //
 // Thread-safe.
 
@@ -29,6 +30,7 @@ class InProcessTransport final : public StateSender, public StateReceiver {
   void Cancel(uint64_t transfer_id) override { registry_.Cancel(transfer_id); }
   int64_t pending() const override { return registry_.pending(); }
   int64_t refused() const override { return registry_.refused(); }
+  int64_t unauthenticated() const override { return registry_.unauthenticated(); }
 
  private:
   TransferRegistry registry_;

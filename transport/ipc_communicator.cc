@@ -9,17 +9,19 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <random>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
+#include "transport/transfer_secret.h"
 
 namespace hybridserve::transport {
 namespace {
@@ -41,12 +43,15 @@ struct ControlHeader {
 
 absl::string_view AsBytes(const void* p, size_t n) { return absl::string_view(static_cast<const char*>(p), n); }
 
-std::string RandomToken() {
-  std::random_device rd;
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string token(kTokenBytes, '0');
-  for (char& c : token) c = kHex[rd() % 16];
-  return token;
+// Connections read side by side while rank 0 waits for its peer; beyond
+// this many, new ones are closed at once.
+constexpr size_t kMaxJoining = 64;
+
+// 128 random bits (getrandom: transfer_secret.h) as 32 hex digits.
+absl::StatusOr<std::string> RandomToken() {
+  absl::StatusOr<std::string> bits = RandomSecret(kTokenBytes / 2);
+  if (!bits.ok()) return bits.status();
+  return absl::BytesToHexString(*bits);
 }
 
 // "host:port/token" -> (endpoint, token).
@@ -70,12 +75,14 @@ int PollMs(absl::Time deadline) {
 class IpcChannel final : public Communicator {
  public:
   // `peer_memory` (null: the backend shares no memory) outlives the channel.
-  IpcChannel(kernels::PeerMemory* peer_memory, int rank, Socket listener, std::string endpoint, std::string token)
+  IpcChannel(kernels::PeerMemory* peer_memory, int rank, Socket listener, std::string endpoint, std::string token,
+             absl::Duration token_timeout)
       : peer_memory_(peer_memory),
         rank_(rank),
         listener_(std::move(listener)),
         endpoint_(std::move(endpoint)),
-        token_(std::move(token)) {}
+        token_(std::move(token)),
+        token_timeout_(token_timeout) {}
 
   ~IpcChannel() override {
     for (const auto& [handle, peer] : opened_) peer_memory_->ClosePeerMemory(peer.base);
@@ -130,42 +137,80 @@ class IpcChannel final : public Communicator {
   absl::Status Joined(absl::Time deadline) {
     RETURN_IF_ERROR(Usable());
     if (conn_.valid()) return absl::OkStatus();
-    if (rank_ == 1) {
-      absl::StatusOr<Socket> s = Connect(endpoint_, deadline);
-      if (!s.ok()) return s.status();
-      {
-        absl::MutexLock lock(&sockets_mu_);
-        conn_ = *std::move(s);
-        if (aborted_.load()) conn_.Shutdown();
-      }
-      absl::Status sent = conn_.WriteFull(token_, deadline);
-      if (!sent.ok()) Fail();
-      return sent;
+    if (rank_ == 0) return AcceptPeer(deadline);
+    absl::StatusOr<Socket> s = Connect(endpoint_, deadline);
+    if (!s.ok()) return s.status();
+    {
+      absl::MutexLock lock(&sockets_mu_);
+      conn_ = *std::move(s);
+      if (aborted_.load()) conn_.Shutdown();
     }
+    absl::Status sent = conn_.WriteFull(token_, deadline);
+    if (!sent.ok()) Fail();
+    return sent;
+  }
+
+  // Rank 0: accepts connections until one presents the token, the first
+  // kTokenBytes it sends, compared in constant time (SecretsEqual) before
+  // anything else is read. A connection that presents anything else, closes,
+  // or has not presented the token within token_timeout is closed; nothing
+  // else is read from it. Connections are read side by side, so strangers
+  // that connect and stay silent delay no one (at most kMaxJoining at once;
+  // beyond, new ones are closed at once). The listener closes once the peer
+  // has joined: one peer per channel.
+  absl::Status AcceptPeer(absl::Time deadline) {
+    struct Joining {
+      Socket socket;
+      std::string token;  // what it has presented so far
+      absl::Time until;
+    };
+    std::vector<Joining> joining;
     while (true) {
       RETURN_IF_ERROR(Usable());
-      if (absl::Now() >= deadline) return absl::DeadlineExceededError("CUDA IPC channel: the peer did not join");
-      pollfd p{listener_.fd(), POLLIN, 0};
-      const int n = poll(&p, 1, PollMs(deadline));
-      if (n <= 0) continue;
+      const absl::Time now = absl::Now();
+      if (now >= deadline) return absl::DeadlineExceededError("CUDA IPC channel: the peer did not join");
+      joining.erase(std::remove_if(joining.begin(), joining.end(), [now](const Joining& j) { return j.until <= now; }),
+                    joining.end());
+      std::vector<pollfd> fds{pollfd{listener_.fd(), POLLIN, 0}};
+      absl::Time wake = deadline;
+      for (const Joining& j : joining) {
+        fds.push_back(pollfd{j.socket.fd(), POLLIN, 0});
+        wake = std::min(wake, j.until);
+      }
+      if (poll(fds.data(), fds.size(), PollMs(wake)) <= 0) continue;
+      // Backwards: erasing joining[i] leaves fds[k + 1] <-> joining[k] for k < i.
+      for (size_t i = joining.size(); i-- > 0;) {
+        if (fds[i + 1].revents == 0) continue;
+        Joining& j = joining[i];
+        char buf[kTokenBytes];
+        const ssize_t n = recv(j.socket.fd(), buf, kTokenBytes - j.token.size(), 0);
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
+        if (n <= 0) {
+          joining.erase(joining.begin() + static_cast<std::ptrdiff_t>(i));  // closed or broken
+          continue;
+        }
+        j.token.append(buf, static_cast<size_t>(n));
+        if (j.token.size() < kTokenBytes) continue;
+        if (!SecretsEqual(j.token, token_)) {
+          joining.erase(joining.begin() + static_cast<std::ptrdiff_t>(i));  // a stranger: dropped unanswered
+          continue;
+        }
+        const int one = 1;
+        setsockopt(j.socket.fd(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        absl::MutexLock lock(&sockets_mu_);
+        conn_ = std::move(j.socket);
+        listener_ = Socket();  // one peer per channel
+        if (aborted_.load()) conn_.Shutdown();
+        return Usable();
+      }
+      if ((fds[0].revents & POLLIN) == 0) continue;
       Socket s(accept4(listener_.fd(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
       if (!s.valid()) {
         if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED) continue;
         RETURN_IF_ERROR(Usable());
         return absl::UnavailableError(absl::StrCat("CUDA IPC channel: accept: ", std::strerror(errno)));
       }
-      const int one = 1;
-      setsockopt(s.fd(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-      std::string token(kTokenBytes, '\0');
-      // A connection that does not present the token (a stray client) is dropped.
-      const absl::Time token_deadline = std::min(deadline, absl::Now() + absl::Seconds(5));
-      if (s.ReadFull(token.data(), token.size(), token_deadline).ok() && token == token_) {
-        absl::MutexLock lock(&sockets_mu_);
-        conn_ = std::move(s);
-        listener_ = Socket();  // one peer per channel
-        if (aborted_.load()) conn_.Shutdown();
-        return Usable();
-      }
+      if (joining.size() < kMaxJoining) joining.push_back(Joining{std::move(s), std::string(), now + token_timeout_});
     }
   }
 
@@ -274,6 +319,7 @@ class IpcChannel final : public Communicator {
   Socket listener_;  // rank 0 until the peer joined
   const std::string endpoint_;
   const std::string token_;
+  const absl::Duration token_timeout_;
   Socket conn_;
   std::atomic<bool> aborted_{false};
   bool failed_ = false;
@@ -290,7 +336,9 @@ absl::StatusOr<std::string> IpcCommunicatorFactory::NewUniqueId() {
   const std::string host = options_.listen_host.find(':') != std::string::npos
                                ? absl::StrCat("[", options_.listen_host, "]")
                                : options_.listen_host;
-  std::string id = absl::StrCat(host, ":", port, "/", RandomToken());
+  absl::StatusOr<std::string> token = RandomToken();
+  if (!token.ok()) return token.status();
+  std::string id = absl::StrCat(host, ":", port, "/", *token);
   absl::MutexLock lock(&mu_);
   listeners_[id] = *std::move(listener);
   return id;
@@ -310,8 +358,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> IpcCommunicatorFactory::Join(absl:
     listener = std::move(it->second);
     listeners_.erase(it);
   }
-  return std::unique_ptr<Communicator>(
-      new IpcChannel(backend_.peer_memory(), rank, std::move(listener), std::move(endpoint), std::move(token)));
+  return std::unique_ptr<Communicator>(new IpcChannel(backend_.peer_memory(), rank, std::move(listener),
+                                                      std::move(endpoint), std::move(token), options_.token_timeout));
 }
 
 IpcChannelStats StatsOf(const Communicator& channel) {

@@ -17,9 +17,19 @@
 // breaks the channel. Opened handles are cached per channel (opening costs
 // milliseconds) and closed with it.
 //
-// The unique id is "host:port/token" (32 hex digits): NewUniqueId listens on host:0 (this
-// process hosts the rendezvous, as with NCCL); rank 1 connects and presents
-// the random token, rank 0 accepts only a connection that presents it.
+// The unique id is "host:port/token": NewUniqueId listens on host:0 (this
+// process hosts the rendezvous, as with NCCL) and draws the token, 128 random
+// bits from getrandom(2) as 32 hex digits (transfer_secret.h). Rank 1
+// connects and presents the token as its first 32 bytes; rank 0 compares
+// them in constant time (SecretsEqual) before it reads anything else, and
+// closes a connection that presents anything else, closes, or stays silent
+// past `token_timeout`. It reads the connections side by side, so silent
+// strangers delay no one (at most 64 at once). The id reaches the peer inside
+// a ticket, through the Prefill call: holding the token proves the peer was
+// given the channel by decode, and the channel's transfers then prove their
+// tickets with their own secrets (channel_protocol.h). The control
+// connection is plain TCP (by default on 127.0.0.1): the token is not
+// replayable by anyone who cannot read it, and nothing on it is encrypted.
 //
 // Failures: a peer that dies closes the connection (UNAVAILABLE at once); a
 // peer that stalls runs a call into its deadline (DEADLINE_EXCEEDED); Abort
@@ -37,6 +47,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "kernels/backend.h"
 #include "transport/communicator.h"
 #include "transport/socket_io.h"
@@ -46,6 +57,9 @@ namespace hybridserve::transport {
 struct IpcCommunicatorOptions {
   // Where NewUniqueId listens for the peer's control connection.
   std::string listen_host = "127.0.0.1";
+  // How long rank 0 reads a new connection for the token before it closes
+  // it (the peer presents it as soon as it connects).
+  absl::Duration token_timeout = absl::Seconds(5);
 };
 
 // Bytes a channel moved each way, for tests and metrics.

@@ -215,7 +215,7 @@ TEST(IpcCommunicatorTest, DeadlinesAbortAndAPeerThatGoesAwayEndBlockedCalls) {
   }
 }
 
-TEST(IpcCommunicatorTest, OnlyTheTokenHolderJoinsAndIdsAreChecked) {
+TEST(IpcCommunicatorTest, IdsAreCheckedAndTokensAreRandom) {
   kernels::cpu::CpuBackend cpu(1);
   IpcCommunicatorFactory factory(cpu);
   auto id = factory.NewUniqueId();
@@ -225,17 +225,64 @@ TEST(IpcCommunicatorTest, OnlyTheTokenHolderJoinsAndIdsAreChecked) {
   EXPECT_EQ(factory.Join(*id, 0).status().code(), absl::StatusCode::kInvalidArgument);  // joined already
   EXPECT_EQ(factory.Join("nonsense", 1).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(factory.Join(*id, 2).status().code(), absl::StatusCode::kInvalidArgument);
-  // A stranger connects and presents a wrong token: dropped, rank 0 keeps waiting.
+  // 32 hex digits, another for every channel.
+  const std::string token = id->substr(id->rfind('/') + 1);
+  EXPECT_EQ(token.size(), 32u);
+  EXPECT_EQ(token.find_first_not_of("0123456789abcdef"), std::string::npos) << token;
+  auto other = factory.NewUniqueId();
+  ASSERT_TRUE(other.ok());
+  EXPECT_NE(other->substr(other->rfind('/') + 1), token);
+}
+
+// Strangers reach the control port: one presents a token one digit off, one
+// garbage, one stays silent. The first two are closed unanswered, the
+// silent one delays no one, and only the holder of the token joins.
+TEST(IpcCommunicatorTest, OnlyTheTokenHolderJoinsAndAWrongTokenIsRefused) {
+  kernels::cpu::CpuBackend cpu(1);
+  IpcCommunicatorOptions o;
+  o.token_timeout = absl::Minutes(5);  // the silent stranger outlasts the test: it must not hold up the join
+  IpcCommunicatorFactory factory(cpu, o);
+  auto id = factory.NewUniqueId();
+  ASSERT_TRUE(id.ok());
+  auto rank0 = factory.Join(*id, 0);
+  ASSERT_TRUE(rank0.ok());
   const std::string endpoint = id->substr(0, id->rfind('/'));
-  auto stranger = Connect(endpoint, Soon());
-  ASSERT_TRUE(stranger.ok());
-  ASSERT_TRUE(stranger->WriteFull(std::string(32, 'x'), Soon()).ok());
-  EXPECT_EQ((*rank0)->WaitReady(absl::Now() + absl::Milliseconds(300)).code(), absl::StatusCode::kDeadlineExceeded);
+  std::string near_miss = id->substr(id->rfind('/') + 1);
+  near_miss.back() = near_miss.back() == '0' ? '1' : '0';
+
+  auto silent = Connect(endpoint, Soon());
+  ASSERT_TRUE(silent.ok());
+  auto wrong = Connect(endpoint, Soon());
+  ASSERT_TRUE(wrong.ok());
+  ASSERT_TRUE(wrong->WriteFull(near_miss, Soon()).ok());
+  auto garbage = Connect(endpoint, Soon());
+  ASSERT_TRUE(garbage.ok());
+  ASSERT_TRUE(garbage->WriteFull(std::string(32, 'x') + "and then some", Soon()).ok());
+
+  absl::Status joined = absl::UnknownError("not yet");
+  std::thread accepting([&] { joined = (*rank0)->WaitReady(Soon()); });
+  // Rank 0 closes both without a byte: their reads see the connection end.
+  char byte;
+  EXPECT_EQ(wrong->ReadFull(&byte, 1, Soon()).code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(garbage->ReadFull(&byte, 1, Soon()).code(), absl::StatusCode::kUnavailable);
+
   auto rank1 = factory.Join(*id, 1);
   ASSERT_TRUE(rank1.ok());
-  std::thread t([&] { EXPECT_TRUE((*rank1)->WaitReady(Soon()).ok()); });
-  EXPECT_TRUE((*rank0)->WaitReady(Soon()).ok());
+  EXPECT_TRUE((*rank1)->WaitReady(Soon()).ok());
+  accepting.join();
+  ASSERT_TRUE(joined.ok()) << joined;
+  // The joined connection is rank 1's: a message crosses it.
+  std::string got(5, '\0');
+  absl::Status sent;
+  std::thread t([&] { sent = (*rank1)->Send("hello", 5, Soon()); });
+  EXPECT_TRUE((*rank0)->Recv(got.data(), 5, Soon()).ok());
   t.join();
+  EXPECT_TRUE(sent.ok()) << sent;
+  EXPECT_EQ(got, "hello");
+  // The silent stranger was closed when the peer joined, and no one else can
+  // connect: the listener is gone.
+  EXPECT_EQ(silent->ReadFull(&byte, 1, Soon()).code(), absl::StatusCode::kUnavailable);
+  EXPECT_FALSE(Connect(endpoint, absl::Now() + absl::Seconds(2)).ok());
 }
 
 // The channel protocol (channel_protocol.h) over CUDA IPC channels.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <memory>
 #include <string>
 
@@ -74,6 +75,11 @@ class NcclCommunicator final : public Communicator {
 
 absl::StatusOr<std::unique_ptr<NcclCommunicatorFactory>> NcclCommunicatorFactory::Create(
     const NcclCommunicatorOptions& options) {
+  if (std::getenv("NCCL_COMM_ID") != nullptr) {
+    return absl::FailedPreconditionError(
+        "NCCL_COMM_ID is set: NCCL would give every channel one fixed bootstrap address and its constant magic "
+        "instead of a random one, so a channel's unique id would no longer prove who joins it; unset it");
+  }
   const int devices = nccl_ops::DeviceCount();
   if (devices == 0) {
     return absl::UnavailableError(

@@ -12,6 +12,18 @@
 // device memory (sent in place). The NCCL and CUDA calls live in
 // nccl_ops.cu; this header and its .cc include no CUDA header.
 //
+// The unique id is the proof of the channel. ncclGetUniqueId draws a random
+// 64-bit magic into it beside the bootstrap root's address, and NCCL's
+// bootstrap drops every connection that does not open with that magic
+// (socketFinalizeAccept in NCCL's socket.cc): only a process that holds the
+// id joins the channel, and the id reaches prefill only inside a ticket,
+// through the Prefill call. 64 bits suffice against guessing over the
+// network (one connection per guess). NCCL_COMM_ID would replace the random
+// magic with NCCL's constant (and every channel's root with one fixed
+// address): Create refuses to run with it set. Per transfer, the begin
+// frame's secret is checked as on every plane (channel_protocol.h). NCCL's
+// traffic is not encrypted.
+//
 // The factory is thread-safe; each communicator as Communicator says.
 
 #include <memory>
@@ -33,7 +45,7 @@ class NcclCommunicatorFactory final : public CommunicatorFactory {
   // UNAVAILABLE on a machine without a CUDA device or driver (the NCCL data
   // plane needs a GPU; the TCP one does not); INTERNAL when counting devices
   // fails otherwise (a broken CUDA setup); INVALID_ARGUMENT for a device out
-  // of range.
+  // of range; FAILED_PRECONDITION, first, when NCCL_COMM_ID is set (above).
   static absl::StatusOr<std::unique_ptr<NcclCommunicatorFactory>> Create(const NcclCommunicatorOptions& options);
 
   // 128 bytes (ncclUniqueId); this process hosts the channel's bootstrap.

@@ -6,6 +6,7 @@
 #include "transport/nccl_communicator.h"
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -33,6 +34,16 @@ TEST(NcclCommunicatorFactoryTest, WithoutACudaDeviceCreateIsUnavailableAndSaysWh
   auto f = NcclCommunicatorFactory::Create({});
   EXPECT_EQ(f.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(f.status().message(), HasSubstr("no CUDA device"));
+}
+
+// NCCL_COMM_ID would make every unique id carry NCCL's constant magic:
+// refused with or without a device.
+TEST(NcclCommunicatorFactoryTest, WithNcclCommIdSetCreateIsRefused) {
+  ASSERT_EQ(setenv("NCCL_COMM_ID", "127.0.0.1:29500", /*overwrite=*/1), 0);
+  auto f = NcclCommunicatorFactory::Create({});
+  unsetenv("NCCL_COMM_ID");
+  EXPECT_EQ(f.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(f.status().message(), HasSubstr("NCCL_COMM_ID is set"));
 }
 
 class TwoGpuTest : public ::testing::Test {

@@ -73,6 +73,18 @@ void Socket::Shutdown() {
   if (fd_ >= 0) shutdown(fd_, SHUT_RDWR);
 }
 
+std::string Socket::PeerAddress() const {
+  sockaddr_storage addr{};
+  socklen_t len = sizeof(addr);
+  char host[NI_MAXHOST], port[NI_MAXSERV];
+  if (fd_ < 0 || getpeername(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0 ||
+      getnameinfo(reinterpret_cast<sockaddr*>(&addr), len, host, sizeof(host), port, sizeof(port),
+                  NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
+    return "an unknown peer";
+  }
+  return addr.ss_family == AF_INET6 ? absl::StrCat("[", host, "]:", port) : absl::StrCat(host, ":", port);
+}
+
 // The socket is non-blocking: each call tries the read or write first and
 // polls only when it would block, so a busy stream costs one system call per
 // chunk, not two.

@@ -42,6 +42,9 @@ class Socket {
   absl::Status WriteAll(std::initializer_list<absl::string_view> parts, absl::Time deadline);
   // Wakes any blocked read or write (both directions shut down).
   void Shutdown();
+  // The connected peer's numeric address, "ip:port" ("[ip]:port" for IPv6),
+  // for logs; "an unknown peer" when the system cannot say.
+  std::string PeerAddress() const;
 
  private:
   int fd_ = -1;

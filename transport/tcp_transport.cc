@@ -12,6 +12,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/log_rate_limiter.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 #include "transport/frame.h"
 
@@ -152,57 +154,80 @@ void TcpStateReceiver::AcceptLoop() {
 }
 
 void TcpStateReceiver::Serve(int64_t /*connection_id*/, Socket* socket) {
-  uint64_t transfer_id = 0;
-  bool begun = false;
-  absl::Status status = Receive(*socket, &transfer_id, &begun);
-  if (!status.ok()) {
-    if (begun) {
-      registry_.Fail(transfer_id, status);
-    } else if (!absl::IsNotFound(status) && !absl::IsAlreadyExists(status)) {
-      registry_.CountRefused();  // (the registry counts the ids it refuses itself)
+  FrameHeader h;
+  BeginPayload begin;
+  absl::StatusOr<Ticket> ticket = Admit(*socket, &h, &begin);
+  if (absl::IsUnauthenticated(ticket.status())) {
+    // Closed without a word: a peer that proved no ticket learns nothing
+    // (not even whether the id is expected), and nothing expected was touched.
+    int64_t held_back = 0;
+    if (!stop_ && log_limiter_.Allow("unauthenticated", &held_back)) {
+      LOG(WARNING) << "TCP data plane " << endpoint_ << ": dropped a connection from " << socket->PeerAddress()
+                   << " that proved no ticket: " << ticket.status().message() << common::HeldBack(held_back);
     }
+    return;
   }
+  absl::Status status = ticket.status();
+  if (status.ok()) {
+    status = Receive(*socket, h.transfer_id, begin, *ticket);
+  }  // else: a sender with the ticket's secret refused (already begun, finished): counted by Begin
   // Best effort: the peer may be gone.
-  (void)WriteFrame(*socket, FrameType::kAck, transfer_id, 0, EncodeAck(status), absl::Now() + absl::Seconds(1));
+  (void)WriteFrame(*socket, FrameType::kAck, h.transfer_id, 0, EncodeAck(status), absl::Now() + absl::Seconds(1));
 }
 
-absl::Status TcpStateReceiver::Receive(Socket& socket, uint64_t* transfer_id, bool* begun) {
-  auto deadline = [this] { return absl::Now() + options_.idle_timeout; };
+absl::StatusOr<Ticket> TcpStateReceiver::Admit(Socket& socket, FrameHeader* h, BeginPayload* begin) {
+  std::string payload;
+  // At most kBeginPayloadBytes are read: a stranger cannot make the receiver allocate.
+  absl::Status first = ReadFrame(socket, absl::Now() + options_.idle_timeout, kBeginPayloadBytes, h, &payload);
+  if (first.ok() && h->type != FrameType::kBegin) {
+    first = absl::InvalidArgumentError(
+        absl::StrCat("a transfer starts with a begin frame, got type ", static_cast<int>(h->type)));
+  }
+  if (first.ok()) {
+    absl::StatusOr<BeginPayload> decoded = DecodeBegin(payload);
+    if (decoded.ok()) *begin = *std::move(decoded);
+    first = decoded.status();
+  }
+  if (!first.ok()) {
+    if (!stop_) registry_.CountUnauthenticated();  // (not a connection the destructor woke)
+    return absl::UnauthenticatedError(absl::StrCat("no intact begin frame: ", first.message()));
+  }
+  return registry_.Begin(h->transfer_id, begin->secret);  // counts what it refuses
+}
+
+absl::Status TcpStateReceiver::Receive(Socket& socket, uint64_t transfer_id, const BeginPayload& begin,
+                                       const Ticket& ticket) {
+  absl::Status status = ReceiveBegun(socket, transfer_id, begin, ticket);
+  if (!status.ok()) registry_.Fail(transfer_id, status);  // no-op once Complete has run
+  return status;
+}
+
+absl::Status TcpStateReceiver::ReceiveBegun(Socket& socket, uint64_t transfer_id, const BeginPayload& begin,
+                                            const Ticket& ticket) {
+  auto deadline = [this, &ticket] { return std::min(absl::Now() + options_.idle_timeout, ticket.deadline); };
+  RETURN_IF_ERROR(CheckBeginAgainstTicket(transfer_id, begin, ticket));
   FrameHeader h;
   std::string payload;
-  RETURN_IF_ERROR(ReadFrame(socket, deadline(), kBeginPayloadBytes, &h, &payload));
-  if (h.type != FrameType::kBegin) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a transfer starts with a begin frame, got type ", static_cast<int>(h.type)));
-  }
-  *transfer_id = h.transfer_id;
-  ASSIGN_OR_RETURN(const BeginPayload begin, DecodeBegin(payload));
-  ASSIGN_OR_RETURN(const Ticket ticket, registry_.Begin(h.transfer_id));
-  *begun = true;
-  RETURN_IF_ERROR(CheckBeginAgainstTicket(h.transfer_id, begin, ticket));
   ReceivedState received;
-  received.transfer_id = h.transfer_id;
+  received.transfer_id = transfer_id;
   // Sizes are the ticket's (checked above), bounded by the registry's limits.
   received.pages = recycler_->Take(begin.num_pages, begin.page_bytes);
   for (int64_t i = 0; i < begin.num_pages; ++i) {
-    RETURN_IF_ERROR(ReadFrameInto(socket, std::min(deadline(), ticket.deadline), received.pages.mutable_page(i), &h));
-    RETURN_IF_ERROR(ExpectFrame(h, FrameType::kPage, *transfer_id, static_cast<uint64_t>(i)));
+    RETURN_IF_ERROR(ReadFrameInto(socket, deadline(), received.pages.mutable_page(i), &h));
+    RETURN_IF_ERROR(ExpectFrame(h, FrameType::kPage, transfer_id, static_cast<uint64_t>(i)));
   }
-  RETURN_IF_ERROR(ReadFrame(socket, std::min(deadline(), ticket.deadline), static_cast<uint64_t>(begin.state_bytes), &h,
-                            &received.state));
-  RETURN_IF_ERROR(ExpectFrame(h, FrameType::kState, *transfer_id, 0));
+  RETURN_IF_ERROR(ReadFrame(socket, deadline(), static_cast<uint64_t>(begin.state_bytes), &h, &received.state));
+  RETURN_IF_ERROR(ExpectFrame(h, FrameType::kState, transfer_id, 0));
   if (static_cast<int64_t>(received.state.size()) != begin.state_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("state of transfer ", *transfer_id, " has ", received.state.size(),
+    return absl::InvalidArgumentError(absl::StrCat("state of transfer ", transfer_id, " has ", received.state.size(),
                                                    " bytes, announced ", begin.state_bytes));
   }
-  RETURN_IF_ERROR(ReadFrame(socket, std::min(deadline(), ticket.deadline), kEndPayloadBytes, &h, &payload));
-  RETURN_IF_ERROR(ExpectFrame(h, FrameType::kEnd, *transfer_id, 0));
+  RETURN_IF_ERROR(ReadFrame(socket, deadline(), kEndPayloadBytes, &h, &payload));
+  RETURN_IF_ERROR(ExpectFrame(h, FrameType::kEnd, transfer_id, 0));
   ASSIGN_OR_RETURN(const EndPayload end, DecodeEnd(payload));
   received.first_token = end.first_token;
   received.first_logprob = end.first_logprob;
-  const absl::Status completed = registry_.Complete(*transfer_id, std::move(received));
-  *begun = false;  // complete or forgotten: nothing left to fail
-  return completed;
+  return registry_.Complete(transfer_id, std::move(received));  // NOT_FOUND (counted) when forgotten meanwhile
 }
 
 // ---- Sender ----
@@ -214,6 +239,11 @@ absl::Status TcpStateSender::Send(const Ticket& ticket, const StateSource& sourc
                                                    " pages of ", source.page_bytes(), " bytes and a state of ",
                                                    source.state().size(), " bytes do not fit the ticket"));
   }
+  if (ticket.secret.size() != kTransferSecretBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("transfer ", ticket.transfer_id, ": a ticket secret of ",
+                                                   ticket.secret.size(), " bytes, ", kTransferSecretBytes,
+                                                   " expected"));
+  }
   if (absl::Now() >= ticket.deadline) {
     return absl::DeadlineExceededError(absl::StrCat("transfer ", ticket.transfer_id, " is past its deadline"));
   }
@@ -221,12 +251,21 @@ absl::Status TcpStateSender::Send(const Ticket& ticket, const StateSource& sourc
   ASSIGN_OR_RETURN(Socket socket,
                    Connect(ticket.endpoint, std::min(ticket.deadline, absl::Now() + options_.connect_timeout)));
   const uint64_t id = ticket.transfer_id;
-  // Reads the receiver's verdict; the connection drops right after it.
+  // Reads the receiver's verdict; the connection drops right after it. A
+  // receiver that does not expect this sender closes without one.
   auto verdict = [&](const absl::Status& write_error) -> absl::Status {
     FrameHeader h;
     std::string payload;
     const absl::Status read = ReadFrame(socket, deadline(), 4 + kMaxAckMessage, &h, &payload);
-    if (!read.ok() || h.type != FrameType::kAck) return write_error.ok() ? read : write_error;
+    if (!read.ok() || h.type != FrameType::kAck) {
+      const absl::Status cause = write_error.ok() ? read : write_error;
+      if (!absl::IsUnavailable(cause)) return cause;
+      return absl::UnavailableError(absl::StrCat(
+          "transfer ", id, ": the receiver at ", ticket.endpoint,
+          " closed the connection without a verdict (it went away, or it does not expect this transfer from this "
+          "sender: cancelled, past its deadline, or another ticket secret): ",
+          cause.message()));
+    }
     absl::Status carried;
     RETURN_IF_ERROR(DecodeAck(payload, &carried));
     return carried;
@@ -238,6 +277,7 @@ absl::Status TcpStateSender::Send(const Ticket& ticket, const StateSource& sourc
   begin.num_pages = source.num_pages();
   begin.page_bytes = source.page_bytes();
   begin.state_bytes = static_cast<int64_t>(source.state().size());
+  begin.secret = ticket.secret;
   absl::Status s = WriteFrame(socket, FrameType::kBegin, id, 0, EncodeBegin(begin), deadline());
   std::string page(static_cast<size_t>(source.page_bytes()), '\0');
   for (int64_t i = 0; i < source.num_pages() && s.ok(); ++i) {

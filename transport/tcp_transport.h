@@ -5,10 +5,32 @@
 // (TcpStateReceiver) and a prefill-side sender (TcpStateSender) speaking the
 // frames of transport/frame.h, one connection per transfer.
 //
-// The receiver checks every frame before it keeps a byte: the transfer id
-// against its expected tickets (a stray or late transfer is refused and
-// counted), the announced sizes against the ticket (before allocating), the
-// checksums, the page order. A peer that goes away or stalls for
+// Who may send. The port accepts a connection from anyone who can reach it;
+// a connection is served only once its first frame is an intact kBegin
+// (header and payload checksums, version 2, at most kBeginPayloadBytes read)
+// whose transfer id is expected and whose secret is that ticket's
+// (TransferRegistry::Begin, compared in constant time before the transfer is
+// claimed). Anything else (no byte before the peer closes or idle_timeout
+// passes, garbage, another frame first, a version 1 sender, an id not
+// expected, another secret) is dropped: the connection is closed without an
+// answer, no expected transfer is touched (its rightful sender can still
+// deliver it), the drop is counted in unauthenticated() and logged (one line
+// per 10 s, with a count of those held back). A late sender of a forgotten
+// transfer (cancelled, past its deadline) is dropped the same way: its
+// ticket, secret included, is forgotten. Strangers that connect and send
+// nothing are bounded by what bounds every connection: each holds a thread
+// and a socket for at most idle_timeout, and at most max_connections are
+// served at once (the ones beyond are closed at once, counted in refused()).
+// That bounds the receiver's resources, not its availability: a flood of
+// such connections can keep the rightful senders out while it lasts, so the
+// port should be reachable only from prefill workers (a network policy). The
+// bytes travel in plain text: the secret proves who sends, it does not hide
+// what is sent.
+//
+// Once a sender has proved its ticket, the receiver checks every frame
+// before it keeps a byte: the announced sizes against the ticket (before
+// allocating), the checksums, the page order, and answers every refusal
+// (counted in refused()). A peer that goes away or stalls for
 // `idle_timeout` fails its transfer on both sides (Await returns UNAVAILABLE;
 // Send returns UNAVAILABLE or DEADLINE_EXCEEDED), and the receiver forgets it.
 //
@@ -27,6 +49,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/log_rate_limiter.h"
+#include "transport/frame.h"
 #include "transport/page_block.h"
 #include "transport/socket_io.h"
 #include "transport/transfer.h"
@@ -62,6 +86,7 @@ class TcpStateReceiver final : public StateReceiver {
   void Cancel(uint64_t transfer_id) override { registry_.Cancel(transfer_id); }
   int64_t pending() const override { return registry_.pending(); }
   int64_t refused() const override { return registry_.refused(); }
+  int64_t unauthenticated() const override { return registry_.unauthenticated(); }
   // Connections being served now.
   int64_t connections() const ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -71,14 +96,22 @@ class TcpStateReceiver final : public StateReceiver {
   // Joins the threads of finished connections.
   void JoinFinished() ABSL_LOCKS_EXCLUDED(mu_);
   void Serve(int64_t connection_id, Socket* socket);
-  // Receives one transfer on `socket`; the status to acknowledge.
-  absl::Status Receive(Socket& socket, uint64_t* transfer_id, bool* begun);
+  // Reads the first frame of `socket` into `*h` and `*begin` and claims its
+  // transfer (Begin) when it presents the ticket's secret: the ticket.
+  // UNAUTHENTICATED (counted) when the peer proved no ticket: drop it
+  // without a word. Begin's other refusals: answer them.
+  absl::StatusOr<Ticket> Admit(Socket& socket, FrameHeader* h, BeginPayload* begin);
+  // Receives the rest of the claimed transfer `transfer_id` on `socket`; the
+  // status to acknowledge. A failure fails the transfer in the registry.
+  absl::Status Receive(Socket& socket, uint64_t transfer_id, const BeginPayload& begin, const Ticket& ticket);
+  absl::Status ReceiveBegun(Socket& socket, uint64_t transfer_id, const BeginPayload& begin, const Ticket& ticket);
 
   const TcpReceiverOptions options_;
   TransferRegistry registry_;
   const std::shared_ptr<PageBlockRecycler> recycler_;
   Socket listener_;
   const std::string endpoint_;
+  common::LogRateLimiter log_limiter_;  // the drops of peers that proved no ticket
   std::atomic<bool> stop_{false};
   std::thread accept_thread_;
 

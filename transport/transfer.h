@@ -12,7 +12,9 @@
 // prefill sends with a StateSender; decode's Await returns the bytes,
 // verified against the ticket, and ImportReceived (transport/engine_import.h)
 // writes them into the reservation. Bytes for a transfer id that is not
-// expected (unknown, finished, cancelled or past its deadline) are refused.
+// expected (unknown, finished, cancelled or past its deadline) are refused,
+// and so are those of a sender that does not present the ticket's secret
+// (Ticket::secret): proof that decode handed it the ticket.
 //
 // Pages in place. A source that can name a page's bytes in memory the
 // channel reads directly (StateSource::PageRegions: the engine's device pool)
@@ -37,6 +39,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -47,6 +50,7 @@
 #include "common/hash.h"
 #include "engine/sequence_table.h"
 #include "transport/page_block.h"
+#include "transport/transfer_secret.h"
 
 namespace hybridserve::transport {
 
@@ -103,6 +107,13 @@ struct Ticket {
   // first time it sees it and reuses it for later tickets carrying the same
   // id. Empty for TCP and in-process.
   std::string channel_id;
+  // The per-transfer secret (kTransferSecretBytes random bytes,
+  // NewTransferSecret), set by the receiver that expects the ticket
+  // (ExpectTicket, ExpectReservation). The sender presents it in its kBegin
+  // (frame.h); the receiver accepts a transfer only from a sender that
+  // presents its ticket's secret: proof that decode gave that sender the
+  // ticket (through the Prefill call). prefill.proto's transfer_secret.
+  std::string secret;
 };
 
 // A contiguous run of memory a channel reads or writes directly: device
@@ -190,12 +201,17 @@ struct ReceivedState {
 class StateSender {
  public:
   virtual ~StateSender() = default;
-  // Sends everything `source` holds to the ticket's receiver and waits for it
-  // to acknowledge. INVALID_ARGUMENT when the source does not match the
-  // ticket (sizes); the receiver's refusal as its status (NOT_FOUND for an
-  // unknown transfer id, INVALID_ARGUMENT for a mismatch, DATA_LOSS for a
-  // checksum); UNAVAILABLE when the receiver cannot be reached or goes away;
-  // DEADLINE_EXCEEDED past the ticket's deadline.
+  // Sends everything `source` holds to the ticket's receiver, presenting the
+  // ticket's secret, and waits for it to acknowledge. INVALID_ARGUMENT when
+  // the source does not match the ticket (sizes) or the ticket has no
+  // kTransferSecretBytes secret; the receiver's refusal as its status
+  // (UNAUTHENTICATED for a transfer id it does not expect, never or no longer,
+  // or another secret; NOT_FOUND for a transfer that finished or was forgotten
+  // while it arrived; ALREADY_EXISTS when another sender began it;
+  // INVALID_ARGUMENT for a mismatch, DATA_LOSS for a checksum); UNAVAILABLE
+  // when the receiver cannot be reached or goes away, and from TCP, whose
+  // receiver drops without a word a sender it does not expect (the
+  // UNAUTHENTICATED cases); DEADLINE_EXCEEDED past the ticket's deadline.
   virtual absl::Status Send(const Ticket& ticket, const StateSource& source) = 0;
 };
 
@@ -205,11 +221,15 @@ class StateReceiver {
   virtual ~StateReceiver() = default;
   // The data plane this receiver serves.
   virtual TransportKind kind() const = 0;
-  // Completes `ticket` with what this receiver's transport needs (its kind;
-  // the channel planes: the id of the channel to the prefill peer) and
-  // expects it, its pages staged.
+  // Completes `ticket` with what this receiver's transport needs (its kind,
+  // a new secret; the channel planes: the id of the channel to the prefill
+  // peer) and expects it, its pages staged. INTERNAL when no secret can be
+  // drawn (RandomSecret).
   virtual absl::Status ExpectTicket(Ticket* ticket) {
     ticket->kind = kind();
+    absl::StatusOr<std::string> secret = NewTransferSecret();
+    if (!secret.ok()) return secret.status();
+    ticket->secret = *std::move(secret);
     return Expect(*ticket);
   }
   // What a decode worker calls before it hands the ticket of `reservation`
@@ -238,8 +258,16 @@ class StateReceiver {
   virtual void Cancel(uint64_t transfer_id) = 0;
   // Transfers expected and not yet awaited to the end (for metrics and tests).
   virtual int64_t pending() const = 0;
-  // Transfers whose bytes were refused (unknown id, mismatch, corruption).
+  // Transfers whose bytes were refused from a sender that presented the
+  // ticket's secret (already begun or finished, mismatch, corruption,
+  // forgotten while arriving; TCP: also connections beyond max_connections).
+  // TransferRegistry counts them.
   virtual int64_t refused() const = 0;
+  // Senders dropped or refused before they proved a ticket: a transfer id not
+  // expected (never, or no longer: a late sender counts here), another
+  // secret, and on TCP a connection without an intact begin frame. Nothing
+  // expected was touched. Disjoint from refused().
+  virtual int64_t unauthenticated() const = 0;
 };
 
 }  // namespace hybridserve::transport

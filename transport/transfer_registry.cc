@@ -15,6 +15,11 @@ absl::Status TransferRegistry::Expect(const Ticket& t) {
                                                    t.n_tokens, " tokens, ", t.num_pages, " pages of ", t.page_bytes,
                                                    " bytes, state up to ", t.max_state_bytes, " bytes)"));
   }
+  if (t.secret.size() != kTransferSecretBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("transfer ", t.transfer_id, ": a ticket secret of ", t.secret.size(),
+                                                   " bytes, ", kTransferSecretBytes,
+                                                   " expected (StateReceiver::ExpectTicket draws one)"));
+  }
   absl::MutexLock lock(&mu_);
   if (!entries_.try_emplace(t.transfer_id, Entry{t}).second) {
     return absl::InvalidArgumentError(absl::StrCat("transfer ", t.transfer_id, " is already expected"));
@@ -22,12 +27,21 @@ absl::Status TransferRegistry::Expect(const Ticket& t) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<Ticket> TransferRegistry::Begin(uint64_t transfer_id) {
+absl::StatusOr<Ticket> TransferRegistry::Begin(uint64_t transfer_id, absl::string_view secret) {
   absl::MutexLock lock(&mu_);
   auto it = entries_.find(transfer_id);
-  if (it == entries_.end() || it->second.done) {
+  if (it == entries_.end()) {
+    ++unauthenticated_;
+    return absl::UnauthenticatedError(absl::StrCat("transfer ", transfer_id, " is not expected here"));
+  }
+  if (!SecretsEqual(secret, it->second.ticket.secret)) {
+    ++unauthenticated_;
+    return absl::UnauthenticatedError(
+        absl::StrCat("transfer ", transfer_id, ": the sender does not present its ticket's secret"));
+  }
+  if (it->second.done) {
     ++refused_;
-    return absl::NotFoundError(absl::StrCat("transfer ", transfer_id, " is not expected here"));
+    return absl::NotFoundError(absl::StrCat("transfer ", transfer_id, " has finished: it is not expected any more"));
   }
   if (it->second.begun) {
     ++refused_;
@@ -92,6 +106,11 @@ void TransferRegistry::CountRefused() {
   ++refused_;
 }
 
+void TransferRegistry::CountUnauthenticated() {
+  absl::MutexLock lock(&mu_);
+  ++unauthenticated_;
+}
+
 int64_t TransferRegistry::pending() const {
   absl::MutexLock lock(&mu_);
   return static_cast<int64_t>(entries_.size());
@@ -100,6 +119,11 @@ int64_t TransferRegistry::pending() const {
 int64_t TransferRegistry::refused() const {
   absl::MutexLock lock(&mu_);
   return refused_;
+}
+
+int64_t TransferRegistry::unauthenticated() const {
+  absl::MutexLock lock(&mu_);
+  return unauthenticated_;
 }
 
 }  // namespace hybridserve::transport

@@ -15,6 +15,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/hash.h"
+#include "common/wait_for.h"
 #include "engine/model.h"
 #include "engine/model_weights.h"
 #include "gmock/gmock.h"
@@ -135,21 +137,57 @@ TEST_P(TransportTest, UnknownCancelledAndLateTransfersAreRefused) {
   auto source = SequenceStateSource::Create(engines_.prefill->sequences(), *src, ticket,
                                             engines_.weights->fingerprint(), common::Hash128{}, 1, 0.0f);
   ASSERT_TRUE(source.ok());
+  // A transfer the receiver does not expect (never, or no longer) cannot be
+  // told from a stranger's: refused as unauthenticated; TCP closes the
+  // connection without a verdict.
+  const absl::StatusCode unexpected =
+      GetParam() == Plane::kTcp ? absl::StatusCode::kUnavailable : absl::StatusCode::kUnauthenticated;
   Ticket stray = ticket;
   stray.transfer_id = 999;
-  EXPECT_EQ(sender_->Send(stray, *source).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(sender_->Send(stray, *source).code(), unexpected);
   receiver_->Cancel(ticket.transfer_id);
-  EXPECT_EQ(sender_->Send(ticket, *source).code(), absl::StatusCode::kNotFound);
+  const absl::Status late = sender_->Send(ticket, *source);
+  EXPECT_EQ(late.code(), unexpected);
+  if (GetParam() == Plane::kTcp) EXPECT_THAT(late.message(), HasSubstr("closed the connection without a verdict"));
   EXPECT_EQ(receiver_->Await(ticket.transfer_id).status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(receiver_->refused(), 2);
+  // (TCP counts before it closes: the count is in before Send returns.)
+  EXPECT_EQ(receiver_->unauthenticated(), 2);
+  EXPECT_EQ(receiver_->refused(), 0);
   // A deadline that passes with nothing sent: DEADLINE_EXCEEDED, then forgotten.
   ASSERT_TRUE(engines_.decode->sequences().AbortImport(reservation.id).ok());
   auto [r2, t2] = Reserve(40, 8, absl::Milliseconds(50));
   EXPECT_EQ(receiver_->Await(t2.transfer_id).status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_EQ(sender_->Send(t2, *source).code(),
-            GetParam() == Plane::kTcp ? absl::StatusCode::kDeadlineExceeded : absl::StatusCode::kNotFound);
+            GetParam() == Plane::kTcp ? absl::StatusCode::kDeadlineExceeded : absl::StatusCode::kUnauthenticated);
   ASSERT_TRUE(engines_.decode->sequences().AbortImport(r2.id).ok());
   EXPECT_EQ(engines_.decode->sequences().num_free_pages(), 64);
+}
+
+TEST_P(TransportTest, ASenderWithoutTheTicketsSecretIsRefusedAndTheRightfulSenderThenDelivers) {
+  auto src = engines_.prefill->sequences().New();
+  ASSERT_TRUE(engines_.prefill->Prefill(*src, Tokens(40, vocab_, 4)).ok());
+  auto [reservation, ticket] = Reserve(40, 11);
+  ASSERT_EQ(ticket.secret.size(), kTransferSecretBytes);
+  auto source = SequenceStateSource::Create(engines_.prefill->sequences(), *src, ticket,
+                                            engines_.weights->fingerprint(), common::Hash128{}, 3, -0.5f);
+  ASSERT_TRUE(source.ok()) << source.status();
+  // Guesses that differ from the secret in one bit of its first or last byte.
+  for (size_t byte : {size_t{0}, kTransferSecretBytes - 1}) {
+    Ticket forged = ticket;
+    forged.secret[byte] ^= 1;
+    const absl::Status s = sender_->Send(forged, *source);
+    EXPECT_EQ(s.code(), GetParam() == Plane::kTcp ? absl::StatusCode::kUnavailable : absl::StatusCode::kUnauthenticated)
+        << s;
+  }
+  EXPECT_EQ(receiver_->unauthenticated(), 2);
+  EXPECT_EQ(receiver_->refused(), 0);
+  EXPECT_EQ(receiver_->pending(), 1);  // untouched
+  ASSERT_TRUE(sender_->Send(ticket, *source).ok());
+  auto received = receiver_->Await(ticket.transfer_id);
+  ASSERT_TRUE(received.ok()) << received.status();
+  EXPECT_EQ(received->first_token, 3);
+  ASSERT_TRUE(ImportReceived(engines_.decode->sequences(), reservation, *received).ok());
+  EXPECT_TRUE(BitEqual(Continue(*engines_.decode, reservation.id, 2), Continue(*engines_.prefill, *src, 2)));
 }
 
 TEST_P(TransportTest, ATicketOfAnotherLayoutIsRefusedBeforeAnyByteMoves) {
@@ -204,7 +242,7 @@ class TcpReceiverTest : public ::testing::Test {
     ticket_.page_bytes = 64;
     ticket_.max_state_bytes = 100;
     ticket_.deadline = absl::Now() + absl::Seconds(30);
-    ASSERT_TRUE(receiver_->Expect(ticket_).ok());
+    ASSERT_TRUE(receiver_->ExpectTicket(&ticket_).ok());  // kind TCP, a new secret
   }
 
   Socket Dial() {
@@ -218,6 +256,7 @@ class TcpReceiverTest : public ::testing::Test {
     ASSERT_TRUE(s.WriteFull(payload, absl::Now() + absl::Seconds(5)).ok());
   }
 
+  // The begin of the rightful sender: with the ticket's secret.
   BeginPayload Begin() const {
     BeginPayload b;
     b.n_tokens = 40;
@@ -225,6 +264,7 @@ class TcpReceiverTest : public ::testing::Test {
     b.num_pages = 2;
     b.page_bytes = 64;
     b.state_bytes = 80;
+    b.secret = ticket_.secret;
     return b;
   }
 
@@ -298,28 +338,127 @@ TEST_F(TcpReceiverTest, APeerThatStallsFailsAfterTheIdleTimeout) {
   EXPECT_EQ(Ack(s).code(), r.status().code());
 }
 
-TEST_F(TcpReceiverTest, GarbageAndAReceiverThatIsGoneAreClearErrors) {
-  Socket s = Dial();
-  ASSERT_TRUE(s.WriteFull(std::string(48, 'G'), absl::Now() + absl::Seconds(5)).ok());
-  EXPECT_EQ(Ack(s).code(), absl::StatusCode::kDataLoss);
-  EXPECT_EQ(receiver_->pending(), 1);  // the expected transfer is untouched
-  EXPECT_GE(receiver_->refused(), 1);
+// What the rightful sender of ticket_ sends: 2 pages of 64 bytes, 80 of state.
+class TwoPages final : public StateSource {
+ public:
+  int64_t num_pages() const override { return 2; }
+  int64_t page_bytes() const override { return 64; }
+  absl::Status ReadPage(int64_t index, absl::Span<char> out) const override {
+    std::memset(out.data(), static_cast<int>('a' + index), out.size());
+    return absl::OkStatus();
+  }
+  absl::string_view state() const override { return state_; }
+  int32_t first_token() const override { return 9; }
+  float first_logprob() const override { return -0.5f; }
 
+ private:
+  const std::string state_ = std::string(80, 's');
+};
+
+// A stranger: anyone who reaches the port without the ticket. Whatever it
+// does, it gets no answer (a verdict would tell it which ids are expected),
+// the expected transfer stays untouched, and the rightful sender delivers it
+// afterwards.
+TEST_F(TcpReceiverTest, StrangersAreDroppedWithoutAWordAndTheRightfulSenderStillDelivers) {
+  const absl::StatusCode dropped = absl::StatusCode::kUnavailable;  // the connection closed, no verdict
+  // (a) connects, sends nothing and closes.
+  { Socket s = Dial(); }
+  ASSERT_TRUE(common::WaitFor([&] { return receiver_->unauthenticated() == 1; })) << receiver_->unauthenticated();
+  // (b) garbage: 48 bytes that are no header; a valid page frame first; a
+  // version 1 begin (no secret); a begin whose payload fails its checksum.
+  {
+    Socket s = Dial();
+    ASSERT_TRUE(s.WriteFull(std::string(48, 'G'), absl::Now() + absl::Seconds(5)).ok());
+    EXPECT_EQ(Ack(s).code(), dropped);
+  }
+  {
+    Socket s = Dial();
+    Write(s, FrameType::kPage, 5, 0, std::string(64, 'p'));
+    EXPECT_EQ(Ack(s).code(), dropped);
+  }
+  {
+    Socket s = Dial();
+    std::string v1 = EncodeFrameHeader(FrameType::kBegin, 5, 0, std::string(48, '\0'));
+    v1[4] = 1;  // version 1, its checksum made good again
+    const uint64_t sum = common::Checksum64(v1.data(), 40);
+    std::memcpy(v1.data() + 40, &sum, sizeof(sum));
+    ASSERT_TRUE(s.WriteFull(v1 + std::string(48, '\0'), absl::Now() + absl::Seconds(5)).ok());
+    EXPECT_EQ(Ack(s).code(), dropped);
+  }
+  {
+    Socket s = Dial();
+    const std::string payload = EncodeBegin(Begin());
+    std::string bad = payload;
+    bad[0] ^= 1;
+    ASSERT_TRUE(
+        s.WriteFull(EncodeFrameHeader(FrameType::kBegin, 5, 0, payload) + bad, absl::Now() + absl::Seconds(5)).ok());
+    EXPECT_EQ(Ack(s).code(), dropped);
+  }
+  EXPECT_EQ(receiver_->unauthenticated(), 5);  // each counted before its connection closed
+  // (c) a well-formed begin for the expected id with a wrong secret (one bit
+  // off), and with the right secret for an id not expected.
+  {
+    Socket s = Dial();
+    BeginPayload b = Begin();
+    b.secret[7] ^= 0x40;
+    Write(s, FrameType::kBegin, 5, 0, EncodeBegin(b));
+    EXPECT_EQ(Ack(s).code(), dropped);
+  }
+  {
+    Socket s = Dial();
+    Write(s, FrameType::kBegin, 6, 0, EncodeBegin(Begin()));
+    EXPECT_EQ(Ack(s).code(), dropped);
+  }
+  EXPECT_EQ(receiver_->unauthenticated(), 7);
+  EXPECT_EQ(receiver_->refused(), 0);
+  EXPECT_EQ(receiver_->pending(), 1);
+
+  // A stranger that connects and stays silent holds one connection until
+  // idle_timeout; meanwhile the rightful sender delivers the same transfer.
+  Socket silent = Dial();
+  TcpStateSender sender;
+  const TwoPages source;
+  absl::Status sent;
+  std::thread sending([&] { sent = sender.Send(ticket_, source); });
+  absl::StatusOr<ReceivedState> received = receiver_->Await(5);
+  sending.join();
+  ASSERT_TRUE(sent.ok()) << sent;
+  ASSERT_TRUE(received.ok()) << received.status();
+  EXPECT_EQ(received->pages[0], std::string(64, 'a'));
+  EXPECT_EQ(received->pages[1], std::string(64, 'b'));
+  EXPECT_EQ(received->state, std::string(80, 's'));
+  EXPECT_EQ(received->first_token, 9);
+  ASSERT_TRUE(common::WaitFor([&] { return receiver_->unauthenticated() == 8; })) << receiver_->unauthenticated();
+  EXPECT_EQ(Ack(silent).code(), dropped);
+  EXPECT_EQ(receiver_->refused(), 0);
+}
+
+// A sender that presents the ticket's secret has proved it: its refusals
+// are answered (and counted in refused()), here a transfer already finished.
+TEST_F(TcpReceiverTest, ASenderWithTheSecretOfAFinishedTransferIsAnsweredNotFound) {
+  TcpStateSender sender;
+  const TwoPages source;
+  ASSERT_TRUE(sender.Send(ticket_, source).ok());  // finished, waiting for Await
+  Socket again = Dial();
+  Write(again, FrameType::kBegin, 5, 0, EncodeBegin(Begin()));
+  const absl::Status answer = Ack(again);
+  EXPECT_EQ(answer.code(), absl::StatusCode::kNotFound) << answer;
+  EXPECT_THAT(answer.message(), HasSubstr("has finished"));
+  EXPECT_EQ(receiver_->refused(), 1);
+  EXPECT_EQ(receiver_->unauthenticated(), 0);
+  EXPECT_TRUE(receiver_->Await(5).ok());
+}
+
+TEST_F(TcpReceiverTest, AReceiverThatIsGoneIsUnavailable) {
   const std::string gone = receiver_->endpoint();
   receiver_.reset();
   TcpStateSender sender;
   Ticket t = ticket_;
   t.endpoint = gone;
-  class Empty : public StateSource {
-   public:
-    int64_t num_pages() const override { return 2; }
-    int64_t page_bytes() const override { return 64; }
-    absl::Status ReadPage(int64_t, absl::Span<char> out) const override { return absl::OkStatus(); }
-    absl::string_view state() const override { return "state"; }
-    int32_t first_token() const override { return 0; }
-    float first_logprob() const override { return 0; }
-  } empty;
-  EXPECT_EQ(sender.Send(t, empty).code(), absl::StatusCode::kUnavailable);
+  const TwoPages source;
+  EXPECT_EQ(sender.Send(t, source).code(), absl::StatusCode::kUnavailable);
+  t.secret.pop_back();
+  EXPECT_EQ(sender.Send(t, source).code(), absl::StatusCode::kInvalidArgument);  // before connecting
   EXPECT_EQ(TcpStateReceiver::Create(TcpReceiverOptions{"no-port-here"}).status().code(),
             absl::StatusCode::kInvalidArgument);
 }

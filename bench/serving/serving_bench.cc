@@ -433,7 +433,7 @@ absl::StatusOr<double> TimeDataPlane(transport::TcpStateReceiver& receiver, int6
   ticket.page_bytes = page_bytes;
   ticket.max_state_bytes = 1 << 20;
   ticket.deadline = absl::Now() + absl::Minutes(2);
-  absl::Status expect = receiver.Expect(ticket);
+  absl::Status expect = receiver.ExpectTicket(&ticket);  // its kind and secret
   if (!expect.ok()) return expect;
   SyntheticSource source(pages, page_bytes, &data);
   transport::TcpStateSender sender;

@@ -17,6 +17,7 @@
 #include "absl/time/clock.h"
 #include "common/health.h"
 #include "gtest/gtest.h"
+#include "transport/socket_io.h"
 
 namespace hybridserve::e2e {
 namespace {
@@ -338,6 +339,27 @@ TEST_P(StackTest, ThirtyTwoConcurrentStreamsEqualTheirSoloRuns) {
     EXPECT_EQ(together[i].tokens, solo[i].tokens) << i;
     EXPECT_TRUE(BitEqual(together[i].logprobs, solo[i].logprobs)) << i;
   }
+}
+
+// A stranger on decode's data-plane port (anyone who reaches it without a
+// ticket): dropped without a word, counted in the metric a scrape brings up
+// to date, and requests go on over the same port.
+TEST_P(StackTest, AStrangerOnTheDataPortIsDroppedCountedAndServingGoesOn) {
+  Stack& s = *disaggregated_;
+  const int decode_metrics = MetricsPort(s.decode());
+  const std::string unauthenticated = "hybridserve_decode_data_plane_unauthenticated_total";
+  const double before = Metric(decode_metrics, unauthenticated);
+  ASSERT_GE(before, 0) << "decode does not expose " << unauthenticated;
+  auto stranger = transport::Connect(s.decode()->field("data_port"), absl::Now() + absl::Seconds(10));  // ip:port
+  ASSERT_TRUE(stranger.ok()) << stranger.status();
+  ASSERT_TRUE(stranger->WriteFull(std::string(48, 'G'), absl::Now() + absl::Seconds(10)).ok());
+  char byte;
+  EXPECT_EQ(stranger->ReadFull(&byte, 1, absl::Now() + absl::Seconds(30)).code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(AwaitMetricAtLeast(decode_metrics, unauthenticated, before + 1), before + 1);
+  Generation g = Generate(s.decode_target(), Request("after-a-stranger", TextPrompt(40, 3), 4));
+  ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+  EXPECT_EQ(g.tokens.size(), 4u);
+  EXPECT_EQ(Metric(decode_metrics, unauthenticated), before + 1);  // the rightful sender proved its ticket
 }
 
 // Every server answers the health service for readiness ("") and liveness
