@@ -291,7 +291,11 @@ TEST_F(SecurityTest, EveryPortRefusesWhoItShouldNot) {
   }
 
   // The data plane: a stranger's connection carrying garbage is dropped
-  // without an answer.
+  // without an answer, and counted.
+  const int decode_metrics = MetricsPort(stack_->decode());
+  const std::string unauthenticated = "hybridserve_decode_data_plane_unauthenticated_total";
+  const double strangers_before = Metric(decode_metrics, unauthenticated);
+  ASSERT_GE(strangers_before, 0);
   const std::string data_address = stack_->decode()->field("data_port");  // "ip:port"
   const int data_port = std::stoi(data_address.substr(data_address.rfind(':') + 1));
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -307,6 +311,7 @@ TEST_F(SecurityTest, EveryPortRefusesWhoItShouldNot) {
   char buf[256];
   EXPECT_LE(read(fd, buf, sizeof(buf)), 0) << "a stranger was answered";
   close(fd);
+  EXPECT_EQ(AwaitMetricAtLeast(decode_metrics, unauthenticated, strangers_before + 1), strangers_before + 1);
 }
 
 TEST_F(SecurityTest, CertificatesRenewedOnDiskWithoutARestart) {
