@@ -78,6 +78,10 @@ TEST(IpcCommunicatorTest, DeviceToDeviceMessagesMoveByIpcAndHandlesAreOpenedOnce
   ASSERT_EQ(gpu->Allocate(1 << 16, &dst), 0);
   const std::string payload = Bytes(1 << 16, 1);
   ASSERT_EQ(gpu->CopyToDevice(src.data(), payload.data(), 1 << 16), 0);
+  // The channel's copies run apart from the backend's stream (PeerMemory's
+  // contract): the zero fills and the upload must be done before they read
+  // or write these buffers.
+  ASSERT_EQ(gpu->Synchronize(), 0);
   // Three messages into three places of one allocation.
   for (int i = 0; i < 3; ++i) {
     const size_t n = 1000 + 2000 * i;
@@ -106,6 +110,7 @@ TEST(IpcCommunicatorTest, HostBuffersOnEitherSideGoOverTheConnection) {
   Pair p = MakePair(factory);
   kernels::DeviceBuffer device;
   ASSERT_EQ(gpu->Allocate(4096, &device), 0);
+  ASSERT_EQ(gpu->Synchronize(), 0);  // the zero fill, before the channel writes the buffer
   const std::string host_payload = Bytes(3000, 2);
   // Host source into device memory: copied by IPC from the host buffer.
   absl::Status sent;
