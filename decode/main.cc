@@ -24,6 +24,7 @@
 #include "prefill/prefill_worker.h"
 #include "transport/in_process_transport.h"
 #include "worker/bootstrap.h"
+#include "worker/data_plane_metrics.h"
 #include "worker/flags.h"
 
 ABSL_FLAG(std::string, address, "0.0.0.0:50050", "gRPC listen address of the Generation service (port 0 picks one)");
@@ -148,13 +149,15 @@ absl::Status Run() {
 
   auto registry = std::make_shared<prometheus::Registry>();
   decode::DecodeMetrics metrics(*registry);
-  // Queue gauges, brought up to date by each scrape.
+  worker::DataPlaneMetrics plane_metrics(*registry);
+  // Queue gauges and the plane's byte counters, brought up to date by each scrape.
   ASSIGN_OR_RETURN(std::unique_ptr<common::MetricsExposer> exposer, worker::StartMetrics(options, registry, [&] {
                      const decode::DecodeLoop::Counts c = loop->counts();
                      metrics.SetQueue(c.waiting, c.prefilling + c.decoding);
                      metrics.SetFree(c.free_pages, c.free_slots);
                      metrics.SetBatchPeak(c.batch_peak);
                      metrics.SetOrphanedCalls(c.orphaned_calls);
+                     if (prefill_side.plane != nullptr) plane_metrics.Sync(prefill_side.plane->ipc_traffic());
                    }));
 
   decode::ModelDescription description;

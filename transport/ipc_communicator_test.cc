@@ -101,6 +101,12 @@ TEST(IpcCommunicatorTest, DeviceToDeviceMessagesMoveByIpcAndHandlesAreOpenedOnce
   EXPECT_EQ(s.bytes_by_ipc, 1000 + 3000 + 5000);
   EXPECT_EQ(s.bytes_by_socket, 0);
   EXPECT_EQ(s.handles_opened, 1);
+  // Both ranks are the factory's: it counts each message sent and received.
+  const IpcTraffic traffic = factory.traffic();
+  EXPECT_EQ(traffic.sent_by_device_copy, 1000 + 3000 + 5000);
+  EXPECT_EQ(traffic.received_by_device_copy, 1000 + 3000 + 5000);
+  EXPECT_EQ(traffic.sent_by_socket, 0);
+  EXPECT_EQ(traffic.received_by_socket, 0);
 }
 
 TEST(IpcCommunicatorTest, HostBuffersOnEitherSideGoOverTheConnection) {
@@ -134,6 +140,11 @@ TEST(IpcCommunicatorTest, HostBuffersOnEitherSideGoOverTheConnection) {
   EXPECT_EQ(StatsOf(*p.rank1).bytes_by_ipc, 3000);
   EXPECT_EQ(StatsOf(*p.rank1).bytes_by_socket, 3000);
   EXPECT_EQ(StatsOf(*p.rank0).bytes_by_socket, 10);
+  const IpcTraffic traffic = TrafficOf(factory);
+  EXPECT_EQ(traffic.sent_by_device_copy, 3000);
+  EXPECT_EQ(traffic.received_by_device_copy, 3000);
+  EXPECT_EQ(traffic.sent_by_socket, 3000 + 10);
+  EXPECT_EQ(traffic.received_by_socket, 3000 + 10);
 }
 
 TEST(IpcCommunicatorTest, ABackendWithoutSharedMemorySendsEverythingOverTheConnection) {
@@ -149,6 +160,8 @@ TEST(IpcCommunicatorTest, ABackendWithoutSharedMemorySendsEverythingOverTheConne
   ASSERT_TRUE(sent.ok());
   EXPECT_EQ(got, payload);
   EXPECT_EQ(StatsOf(*p.rank1).bytes_by_socket, 100000);
+  EXPECT_EQ(factory.traffic().sent_by_device_copy, 0);
+  EXPECT_EQ(factory.traffic().received_by_socket, 100000);
 }
 
 TEST(IpcCommunicatorTest, ASizeMismatchIsDataLossAndBreaksTheChannel) {
@@ -355,6 +368,24 @@ TEST(IpcCommunicatorTest, AnEngineSequenceMovesInPlaceBetweenTwoGpuEnginesAndCon
   // Each of the 4 pages' 2 x attention-layers regions went device to device;
   // the host messages (headers, the state) over the connection.
   EXPECT_EQ(prefill_counted.calls("CopyToPeer"), 4 * 2 * (*prefill)->num_attention_layers());
+  // The data-plane metrics' counters: exactly the pages by device copy, on
+  // both sides; the state and the frames (a few hundred bytes of headers,
+  // the region offer, the page sums, the acks) over the connection.
+  const int64_t page_bytes = ticket->num_pages * ticket->page_bytes;
+  ASSERT_EQ(ticket->num_pages, 4);
+  const IpcTraffic prefill_traffic = TrafficOf(prefill_side);
+  const IpcTraffic decode_traffic = TrafficOf(decode_side);
+  EXPECT_EQ(prefill_traffic.sent_by_device_copy, page_bytes);
+  EXPECT_EQ(decode_traffic.received_by_device_copy, page_bytes);
+  EXPECT_EQ(prefill_traffic.received_by_device_copy, 0);
+  EXPECT_EQ(decode_traffic.sent_by_device_copy, 0);
+  const int64_t state_bytes = static_cast<int64_t>(source->state().size());
+  EXPECT_GE(prefill_traffic.sent_by_socket, state_bytes);
+  EXPECT_LT(prefill_traffic.sent_by_socket - state_bytes, 1024) << "more than the frames went over the connection";
+  EXPECT_EQ(decode_traffic.received_by_socket, prefill_traffic.sent_by_socket);
+  EXPECT_GT(decode_traffic.sent_by_socket, 0);  // the verdict and the outcome
+  EXPECT_LT(decode_traffic.sent_by_socket, 1024);
+  EXPECT_EQ(prefill_traffic.received_by_socket, decode_traffic.sent_by_socket);
   for (int step = 0; step < 3; ++step) {
     auto a = (*decode)->DecodeStep({reservation->id}, {static_cast<engine::TokenId>(step + 1)});
     auto b = (*prefill)->DecodeStep({*src}, {static_cast<engine::TokenId>(step + 1)});
