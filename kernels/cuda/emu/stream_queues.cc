@@ -174,6 +174,7 @@ cudaError_t DestroyStream(StreamId stream) {
 StreamPoint Submit(StreamId stream, StreamOperation operation, std::vector<StreamPoint> after) {
   auto lock = Lock();
   Queues& q = State();
+  Configure(q);
   Queue& queue = q.streams.at(stream);
   // The legacy default stream's rule.
   if (stream == kLegacyStream) {
