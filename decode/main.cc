@@ -25,6 +25,7 @@
 #include "prefill/prefill_worker.h"
 #include "transport/in_process_transport.h"
 #include "worker/bootstrap.h"
+#include "worker/data_plane_metrics.h"
 #include "worker/flags.h"
 
 ABSL_FLAG(std::string, address, "0.0.0.0:50050", "gRPC listen address of the Generation service (port 0 picks one)");
@@ -186,7 +187,9 @@ absl::Status Run() {
 
   auto registry = std::make_shared<prometheus::Registry>();
   decode::DecodeMetrics metrics(*registry);
-  // Queue gauges and the data plane's counters, brought up to date by each scrape.
+  worker::DataPlaneMetrics plane_metrics(*registry);
+  // Queue gauges, the data plane's refusals and byte counters, brought up to
+  // date by each scrape.
   transport::StateReceiver& receiver = prefill_side.receiver();
   ASSIGN_OR_RETURN(std::unique_ptr<common::MetricsExposer> exposer, worker::StartMetrics(options, registry, [&] {
                      const decode::DecodeLoop::Counts c = loop->counts();
@@ -195,6 +198,7 @@ absl::Status Run() {
                      metrics.SetBatchPeak(c.batch_peak);
                      metrics.SetOrphanedCalls(c.orphaned_calls);
                      metrics.SyncDataPlane(receiver.refused(), receiver.unauthenticated());
+                     if (prefill_side.plane != nullptr) plane_metrics.Sync(prefill_side.plane->ipc_traffic());
                    }));
 
   decode::ModelDescription description;

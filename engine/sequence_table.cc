@@ -237,6 +237,11 @@ absl::Status SequenceTable::ImportPage(SequenceId id, int64_t page_index, absl::
 
 absl::StatusOr<std::vector<PageRegion>> SequenceTable::ImportPageRegions(SequenceId id, int64_t page_index) const {
   ASSIGN_OR_RETURN(const int32_t page, ImportingPage(id, page_index, /*must_be_new=*/true));
+  // The transport writes these slots apart from the backend's stream
+  // (kernels/peer_memory.h): work still queued on them (the pool's zero fill,
+  // a released sequence's last writes) must be done first, or it lands after
+  // the pages and overwrites them.
+  RETURN_IF_ERROR(KernelStatusToStatus(backend_.Synchronize(), "synchronize"));
   return RegionsOf(page);
 }
 

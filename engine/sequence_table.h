@@ -189,11 +189,15 @@ class SequenceTable {
 
   // The device regions of full page `page_index` of an importing sequence,
   // in wire order (PageRegion): where a transport writes that page's bytes
-  // itself. Valid until the import is finished or aborted; the caller must
-  // have stopped writing into them before AbortImport or Release. Errors as
+  // itself. Synchronizes the backend first (as ExportPageRegions does), so
+  // no work issued before (the pool's zero fill, a freed page's last
+  // writes) lands in the slots after the transport's writes.
+  // Valid until the import is finished or aborted; the caller must have
+  // stopped writing into them before AbortImport or Release. Errors as
   // ImportPage (INVALID_ARGUMENT for an index out of range, a page already
   // arrived or a model without attention layers; NOT_FOUND;
-  // FAILED_PRECONDITION for a live sequence); nothing changes.
+  // FAILED_PRECONDITION for a live sequence), or INTERNAL when the wait
+  // fails; nothing changes.
   absl::StatusOr<std::vector<PageRegion>> ImportPageRegions(SequenceId id, int64_t page_index) const;
   // Records that full page `page_index` arrived in its regions (every write
   // into them has completed), without copying: FinishImport's "every page

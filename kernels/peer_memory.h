@@ -10,9 +10,12 @@
 // Thread safety: thread-safe. Every method may be called from any thread,
 // concurrently with each other and with the owning backend's own calls
 // (which stay one caller at a time). Copies run apart from the backend's
-// kernels and have completed when they return: device memory they read must
-// hold what kernels wrote only after the caller has waited for those kernels
-// (Backend::Synchronize), and a buffer they touch must stay live meanwhile.
+// kernels and copies (on a stream of their own) and have completed when they
+// return: device memory they read holds what the backend's work wrote only
+// after the caller has waited for that work (Backend::Synchronize), and
+// memory they write must have no backend work issued and not waited for
+// (Allocate's zero fill included), or that work may land after the copy and
+// overwrite it. A buffer they touch must stay live meanwhile.
 //
 // Errors are KernelStatus codes (kernels/kernel_status.h), as everywhere in
 // kernels/.

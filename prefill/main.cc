@@ -14,6 +14,7 @@
 #include "prefill/prefill_worker.h"
 #include "prefill/service.h"
 #include "worker/bootstrap.h"
+#include "worker/data_plane_metrics.h"
 #include "worker/flags.h"
 
 ABSL_FLAG(std::string, address, "0.0.0.0:50061", "gRPC listen address (host:port; port 0 picks one)");
@@ -54,11 +55,15 @@ absl::Status Run() {
 
   auto registry = std::make_shared<prometheus::Registry>();
   prefill::PrefillMetrics metrics(*registry);
+  worker::DataPlaneMetrics plane_metrics(*registry);
   metrics.SetFree(prefill_worker.free_pages(), prefill_worker.free_slots());
   // The worker's cache counters move behind the answers too (publications
-  // run on its publisher's thread): each scrape brings them up to date.
-  ASSIGN_OR_RETURN(std::unique_ptr<common::MetricsExposer> exposer,
-                   worker::StartMetrics(options, registry, [&] { metrics.SyncCounters(prefill_worker.counters()); }));
+  // run on its publisher's thread), and the planes count their own bytes:
+  // each scrape brings them up to date.
+  ASSIGN_OR_RETURN(std::unique_ptr<common::MetricsExposer> exposer, worker::StartMetrics(options, registry, [&] {
+                     metrics.SyncCounters(prefill_worker.counters());
+                     plane_metrics.Sync(senders->ipc_traffic());
+                   }));
   prefill::PrefillService service(prefill_worker, absl::GetFlag(FLAGS_max_queue), &metrics);
   ASSIGN_OR_RETURN(std::unique_ptr<worker::GrpcServer> server,
                    worker::GrpcServer::Start(absl::GetFlag(FLAGS_address), {&service}, options.tls));

@@ -24,6 +24,14 @@
 #include "transport/transfer_secret.h"
 
 namespace hybridserve::transport {
+
+struct IpcTrafficCounters {
+  std::atomic<int64_t> sent_by_device_copy{0};
+  std::atomic<int64_t> sent_by_socket{0};
+  std::atomic<int64_t> received_by_device_copy{0};
+  std::atomic<int64_t> received_by_socket{0};
+};
+
 namespace {
 
 constexpr size_t kTokenBytes = 32;       // hex digits of 128 random bits
@@ -75,9 +83,11 @@ int PollMs(absl::Time deadline) {
 class IpcChannel final : public Communicator {
  public:
   // `peer_memory` (null: the backend shares no memory) outlives the channel.
-  IpcChannel(kernels::PeerMemory* peer_memory, int rank, Socket listener, std::string endpoint, std::string token,
-             absl::Duration token_timeout)
+  // `traffic`: the factory's counters, which this channel adds to.
+  IpcChannel(kernels::PeerMemory* peer_memory, std::shared_ptr<IpcTrafficCounters> traffic, int rank, Socket listener,
+             std::string endpoint, std::string token, absl::Duration token_timeout)
       : peer_memory_(peer_memory),
+        traffic_(std::move(traffic)),
         rank_(rank),
         listener_(std::move(listener)),
         endpoint_(std::move(endpoint)),
@@ -242,6 +252,7 @@ class IpcChannel final : public Communicator {
             absl::StrCat("CUDA IPC channel: copy to the peer failed (", kernels::KernelStatusName(copied), ")"));
       }
       stats_.bytes_by_ipc += static_cast<int64_t>(bytes);
+      traffic_->sent_by_device_copy += static_cast<int64_t>(bytes);
       ControlHeader done;
       done.kind = kDone;
       done.bytes = bytes;
@@ -263,8 +274,10 @@ class IpcChannel final : public Communicator {
       }
       host = staged.data();
     }
+    RETURN_IF_ERROR(conn_.WriteAll({AsBytes(&header, sizeof(header)), AsBytes(host, bytes)}, deadline));
     stats_.bytes_by_socket += static_cast<int64_t>(bytes);
-    return conn_.WriteAll({AsBytes(&header, sizeof(header)), AsBytes(host, bytes)}, deadline);
+    traffic_->sent_by_socket += static_cast<int64_t>(bytes);
+    return absl::OkStatus();
   }
 
   absl::Status RecvMessage(void* data, size_t bytes, absl::Time deadline) {
@@ -285,14 +298,21 @@ class IpcChannel final : public Communicator {
     if (reply.bytes != bytes || (reply.kind != kDone && reply.kind != kData) || (reply.kind == kDone && !shared)) {
       return absl::DataLossError("CUDA IPC channel: the peer's reply is out of step");
     }
-    if (reply.kind == kDone) return absl::OkStatus();
-    if (!shared) return conn_.ReadFull(static_cast<char*>(data), bytes, deadline);
-    // Device memory the peer chose not to write directly: stage it.
-    std::string staged(bytes, '\0');
-    RETURN_IF_ERROR(conn_.ReadFull(staged.data(), bytes, deadline));
-    if (peer_memory_->CopyToDevice(data, staged.data(), static_cast<int64_t>(bytes)) != kernels::kKernelOk) {
-      return absl::InternalError("CUDA IPC channel: writing the device buffer failed");
+    if (reply.kind == kDone) {
+      traffic_->received_by_device_copy += static_cast<int64_t>(bytes);
+      return absl::OkStatus();
     }
+    if (!shared) {
+      RETURN_IF_ERROR(conn_.ReadFull(static_cast<char*>(data), bytes, deadline));
+    } else {
+      // Device memory the peer chose not to write directly: stage it.
+      std::string staged(bytes, '\0');
+      RETURN_IF_ERROR(conn_.ReadFull(staged.data(), bytes, deadline));
+      if (peer_memory_->CopyToDevice(data, staged.data(), static_cast<int64_t>(bytes)) != kernels::kKernelOk) {
+        return absl::InternalError("CUDA IPC channel: writing the device buffer failed");
+      }
+    }
+    traffic_->received_by_socket += static_cast<int64_t>(bytes);
     return absl::OkStatus();
   }
 
@@ -312,6 +332,7 @@ class IpcChannel final : public Communicator {
   }
 
   kernels::PeerMemory* const peer_memory_;
+  const std::shared_ptr<IpcTrafficCounters> traffic_;
   const int rank_;
   // conn_ and listener_ are replaced only under sockets_mu_ (Abort shuts them
   // down from any thread); the calling thread reads them without it.
@@ -328,6 +349,20 @@ class IpcChannel final : public Communicator {
 };
 
 }  // namespace
+
+IpcCommunicatorFactory::IpcCommunicatorFactory(kernels::Backend& backend, const IpcCommunicatorOptions& options)
+    : backend_(backend), options_(options), traffic_(std::make_shared<IpcTrafficCounters>()) {}
+
+IpcCommunicatorFactory::~IpcCommunicatorFactory() = default;
+
+IpcTraffic IpcCommunicatorFactory::traffic() const {
+  IpcTraffic t;
+  t.sent_by_device_copy = traffic_->sent_by_device_copy.load();
+  t.sent_by_socket = traffic_->sent_by_socket.load();
+  t.received_by_device_copy = traffic_->received_by_device_copy.load();
+  t.received_by_socket = traffic_->received_by_socket.load();
+  return t;
+}
 
 absl::StatusOr<std::string> IpcCommunicatorFactory::NewUniqueId() {
   int port = 0;
@@ -358,13 +393,18 @@ absl::StatusOr<std::unique_ptr<Communicator>> IpcCommunicatorFactory::Join(absl:
     listener = std::move(it->second);
     listeners_.erase(it);
   }
-  return std::unique_ptr<Communicator>(new IpcChannel(backend_.peer_memory(), rank, std::move(listener),
+  return std::unique_ptr<Communicator>(new IpcChannel(backend_.peer_memory(), traffic_, rank, std::move(listener),
                                                       std::move(endpoint), std::move(token), options_.token_timeout));
 }
 
 IpcChannelStats StatsOf(const Communicator& channel) {
   const auto* ipc = dynamic_cast<const IpcChannel*>(&channel);
   return ipc != nullptr ? ipc->stats() : IpcChannelStats();
+}
+
+IpcTraffic TrafficOf(const CommunicatorFactory& factory) {
+  const auto* ipc = dynamic_cast<const IpcCommunicatorFactory*>(&factory);
+  return ipc != nullptr ? ipc->traffic() : IpcTraffic();
 }
 
 }  // namespace hybridserve::transport

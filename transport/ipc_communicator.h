@@ -62,20 +62,35 @@ struct IpcCommunicatorOptions {
   absl::Duration token_timeout = absl::Seconds(5);
 };
 
-// Bytes a channel moved each way, for tests and metrics.
+// Bytes a channel sent each way, for tests.
 struct IpcChannelStats {
   int64_t bytes_by_ipc = 0;     // copied into the peer's device memory
   int64_t bytes_by_socket = 0;  // sent over the control connection
   int64_t handles_opened = 0;   // distinct peer allocations opened
 };
 
+// Message bytes every channel of one factory moved, since the factory was
+// made (closed channels included), by path: a device copy into the
+// receiver's device memory (PeerMemory::CopyToPeer), or the control
+// connection. Counted on both ends: the sender counts what it sent, the
+// receiver what it received. Message payloads only: the control messages'
+// own headers and handles are not counted. For the data-plane metrics.
+struct IpcTraffic {
+  int64_t sent_by_device_copy = 0;
+  int64_t sent_by_socket = 0;
+  int64_t received_by_device_copy = 0;
+  int64_t received_by_socket = 0;
+};
+
+struct IpcTrafficCounters;  // ipc_communicator.cc
+
 class IpcCommunicatorFactory final : public CommunicatorFactory {
  public:
   // `backend` (the engine's, on the GPU both processes share) must outlive
   // the factory and every channel; the channels' threads use only its
   // peer_memory() (thread-safe), never the backend itself.
-  explicit IpcCommunicatorFactory(kernels::Backend& backend, const IpcCommunicatorOptions& options = {})
-      : backend_(backend), options_(options) {}
+  explicit IpcCommunicatorFactory(kernels::Backend& backend, const IpcCommunicatorOptions& options = {});
+  ~IpcCommunicatorFactory() override;
 
   // "host:port/token"; UNAVAILABLE when it cannot listen.
   absl::StatusOr<std::string> NewUniqueId() ABSL_LOCKS_EXCLUDED(mu_) override;
@@ -85,15 +100,22 @@ class IpcCommunicatorFactory final : public CommunicatorFactory {
   absl::StatusOr<std::unique_ptr<Communicator>> Join(absl::string_view unique_id, int rank)
       ABSL_LOCKS_EXCLUDED(mu_) override;
 
+  // What its channels moved so far. Thread-safe.
+  IpcTraffic traffic() const;
+
  private:
   kernels::Backend& backend_;
   const IpcCommunicatorOptions options_;
+  // Shared with the channels, which may outlive the factory.
+  const std::shared_ptr<IpcTrafficCounters> traffic_;
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, Socket> listeners_ ABSL_GUARDED_BY(mu_);  // by unique id, until rank 0 joins
 };
 
 // Stats of a channel made by IpcCommunicatorFactory (zero for any other).
 IpcChannelStats StatsOf(const Communicator& channel);
+// Traffic of an IpcCommunicatorFactory (zero for any other factory).
+IpcTraffic TrafficOf(const CommunicatorFactory& factory);
 
 }  // namespace hybridserve::transport
 

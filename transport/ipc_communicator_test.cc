@@ -78,6 +78,10 @@ TEST(IpcCommunicatorTest, DeviceToDeviceMessagesMoveByIpcAndHandlesAreOpenedOnce
   ASSERT_EQ(gpu->Allocate(1 << 16, &dst), 0);
   const std::string payload = Bytes(1 << 16, 1);
   ASSERT_EQ(gpu->CopyToDevice(src.data(), payload.data(), 1 << 16), 0);
+  // The channel's copies run apart from the backend's stream (PeerMemory's
+  // contract): the zero fills and the upload must be done before they read
+  // or write these buffers.
+  ASSERT_EQ(gpu->Synchronize(), 0);
   // Three messages into three places of one allocation.
   for (int i = 0; i < 3; ++i) {
     const size_t n = 1000 + 2000 * i;
@@ -97,6 +101,12 @@ TEST(IpcCommunicatorTest, DeviceToDeviceMessagesMoveByIpcAndHandlesAreOpenedOnce
   EXPECT_EQ(s.bytes_by_ipc, 1000 + 3000 + 5000);
   EXPECT_EQ(s.bytes_by_socket, 0);
   EXPECT_EQ(s.handles_opened, 1);
+  // Both ranks are the factory's: it counts each message sent and received.
+  const IpcTraffic traffic = factory.traffic();
+  EXPECT_EQ(traffic.sent_by_device_copy, 1000 + 3000 + 5000);
+  EXPECT_EQ(traffic.received_by_device_copy, 1000 + 3000 + 5000);
+  EXPECT_EQ(traffic.sent_by_socket, 0);
+  EXPECT_EQ(traffic.received_by_socket, 0);
 }
 
 TEST(IpcCommunicatorTest, HostBuffersOnEitherSideGoOverTheConnection) {
@@ -106,6 +116,7 @@ TEST(IpcCommunicatorTest, HostBuffersOnEitherSideGoOverTheConnection) {
   Pair p = MakePair(factory);
   kernels::DeviceBuffer device;
   ASSERT_EQ(gpu->Allocate(4096, &device), 0);
+  ASSERT_EQ(gpu->Synchronize(), 0);  // the zero fill, before the channel writes the buffer
   const std::string host_payload = Bytes(3000, 2);
   // Host source into device memory: copied by IPC from the host buffer.
   absl::Status sent;
@@ -129,6 +140,11 @@ TEST(IpcCommunicatorTest, HostBuffersOnEitherSideGoOverTheConnection) {
   EXPECT_EQ(StatsOf(*p.rank1).bytes_by_ipc, 3000);
   EXPECT_EQ(StatsOf(*p.rank1).bytes_by_socket, 3000);
   EXPECT_EQ(StatsOf(*p.rank0).bytes_by_socket, 10);
+  const IpcTraffic traffic = TrafficOf(factory);
+  EXPECT_EQ(traffic.sent_by_device_copy, 3000);
+  EXPECT_EQ(traffic.received_by_device_copy, 3000);
+  EXPECT_EQ(traffic.sent_by_socket, 3000 + 10);
+  EXPECT_EQ(traffic.received_by_socket, 3000 + 10);
 }
 
 TEST(IpcCommunicatorTest, ABackendWithoutSharedMemorySendsEverythingOverTheConnection) {
@@ -144,6 +160,8 @@ TEST(IpcCommunicatorTest, ABackendWithoutSharedMemorySendsEverythingOverTheConne
   ASSERT_TRUE(sent.ok());
   EXPECT_EQ(got, payload);
   EXPECT_EQ(StatsOf(*p.rank1).bytes_by_socket, 100000);
+  EXPECT_EQ(factory.traffic().sent_by_device_copy, 0);
+  EXPECT_EQ(factory.traffic().received_by_socket, 100000);
 }
 
 TEST(IpcCommunicatorTest, ASizeMismatchIsDataLossAndBreaksTheChannel) {
@@ -357,9 +375,7 @@ TEST(IpcCommunicatorTest, AnEngineSequenceMovesInPlaceBetweenTwoGpuEnginesAndCon
   o.max_sequences = 2;
   o.backend = &prefill_counted;
   auto prefill = engine::Model::Create((*weights)->config(), **weights, o);
-  o.backend = decode_gpu.get();
-  auto decode = engine::Model::Create((*weights)->config(), **weights, o);
-  ASSERT_TRUE(prefill.ok() && decode.ok());
+  ASSERT_TRUE(prefill.ok());
   const int64_t kTokens = 70;  // 4 full pages and a partial one
   const int64_t vocab = (*weights)->config().vocab_size;
   std::vector<engine::TokenId> tokens(kTokens);
@@ -368,6 +384,12 @@ TEST(IpcCommunicatorTest, AnEngineSequenceMovesInPlaceBetweenTwoGpuEnginesAndCon
   auto src = (*prefill)->sequences().New();
   ASSERT_TRUE(src.ok());
   ASSERT_TRUE((*prefill)->Prefill(*src, tokens).ok());
+  // The decode engine is made last, as in a decode process that has run
+  // nothing yet: its pools' zero fills are still queued on its stream (the
+  // emulator runs nothing unordered) when the pages are to land in place.
+  o.backend = decode_gpu.get();
+  auto decode = engine::Model::Create((*weights)->config(), **weights, o);
+  ASSERT_TRUE(decode.ok());
 
   IpcCommunicatorFactory decode_side(*decode_gpu);
   IpcCommunicatorFactory prefill_side(prefill_counted);
@@ -393,10 +415,29 @@ TEST(IpcCommunicatorTest, AnEngineSequenceMovesInPlaceBetweenTwoGpuEnginesAndCon
   ASSERT_TRUE(sent.ok()) << sent;
   ASSERT_TRUE(received.ok()) << received.status();
   EXPECT_TRUE(received->pages_in_place);
-  ASSERT_TRUE(ImportReceived(table, *reservation, *received).ok());
+  const absl::Status imported = ImportReceived(table, *reservation, *received);
+  ASSERT_TRUE(imported.ok()) << imported;
   // Each of the 4 pages' 2 x attention-layers regions went device to device;
   // the host messages (headers, the state) over the connection.
   EXPECT_EQ(prefill_counted.calls("CopyToPeer"), 4 * 2 * (*prefill)->num_attention_layers());
+  // The data-plane metrics' counters: exactly the pages by device copy, on
+  // both sides; the state and the frames (a few hundred bytes of headers,
+  // the region offer, the page sums, the acks) over the connection.
+  const int64_t page_bytes = ticket->num_pages * ticket->page_bytes;
+  ASSERT_EQ(ticket->num_pages, 4);
+  const IpcTraffic prefill_traffic = TrafficOf(prefill_side);
+  const IpcTraffic decode_traffic = TrafficOf(decode_side);
+  EXPECT_EQ(prefill_traffic.sent_by_device_copy, page_bytes);
+  EXPECT_EQ(decode_traffic.received_by_device_copy, page_bytes);
+  EXPECT_EQ(prefill_traffic.received_by_device_copy, 0);
+  EXPECT_EQ(decode_traffic.sent_by_device_copy, 0);
+  const int64_t state_bytes = static_cast<int64_t>(source->state().size());
+  EXPECT_GE(prefill_traffic.sent_by_socket, state_bytes);
+  EXPECT_LT(prefill_traffic.sent_by_socket - state_bytes, 1024) << "more than the frames went over the connection";
+  EXPECT_EQ(decode_traffic.received_by_socket, prefill_traffic.sent_by_socket);
+  EXPECT_GT(decode_traffic.sent_by_socket, 0);  // the verdict and the outcome
+  EXPECT_LT(decode_traffic.sent_by_socket, 1024);
+  EXPECT_EQ(prefill_traffic.received_by_socket, decode_traffic.sent_by_socket);
   for (int step = 0; step < 3; ++step) {
     auto a = (*decode)->DecodeStep({reservation->id}, {static_cast<engine::TokenId>(step + 1)});
     auto b = (*prefill)->DecodeStep({*src}, {static_cast<engine::TokenId>(step + 1)});

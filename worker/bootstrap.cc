@@ -158,6 +158,22 @@ absl::StatusOr<std::unique_ptr<SenderPlanes>> SenderPlanes::Open(const std::vect
   return out;
 }
 
+transport::IpcTraffic SenderPlanes::ipc_traffic() const {
+  transport::IpcTraffic sum;
+  for (const auto& factory : factories_) {
+    const transport::IpcTraffic t = transport::TrafficOf(*factory);
+    sum.sent_by_device_copy += t.sent_by_device_copy;
+    sum.sent_by_socket += t.sent_by_socket;
+    sum.received_by_device_copy += t.received_by_device_copy;
+    sum.received_by_socket += t.received_by_socket;
+  }
+  return sum;
+}
+
+transport::IpcTraffic ReceiverPlane::ipc_traffic() const {
+  return factory_ != nullptr ? transport::TrafficOf(*factory_) : transport::IpcTraffic();
+}
+
 ReceiverPlane::~ReceiverPlane() {
   receiver_.reset();  // before the channels' factory
 }

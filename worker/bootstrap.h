@@ -27,6 +27,7 @@
 #include "engine/model_weights.h"
 #include "grpcpp/grpcpp.h"
 #include "transport/communicator.h"
+#include "transport/ipc_communicator.h"
 #include "transport/routing_sender.h"
 #include "transport/transfer.h"
 
@@ -81,6 +82,8 @@ class SenderPlanes {
                                                             engine::Model& model, const WorkerOptions& options);
   ~SenderPlanes();
   transport::StateSender& sender() { return *routing_; }
+  // What the CUDA IPC plane's channels moved so far (zero without one). Thread-safe.
+  transport::IpcTraffic ipc_traffic() const;
 
  private:
   SenderPlanes();
@@ -109,6 +112,8 @@ class ReceiverPlane {
   ~ReceiverPlane();
   transport::StateReceiver& receiver() { return *receiver_; }
   const std::string& endpoint() const { return endpoint_; }
+  // What the CUDA IPC plane's channels moved so far (zero for another plane). Thread-safe.
+  transport::IpcTraffic ipc_traffic() const;
   // TCP: the listening address ("ip:port"); empty otherwise.
   const std::string& listening() const { return listening_; }
 

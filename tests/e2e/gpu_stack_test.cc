@@ -18,6 +18,8 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/wait_for.h"
+#include "engine/model_config.h"
+#include "engine/state_layout.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/gpu_requirement.h"
@@ -82,6 +84,60 @@ TEST(GpuStackTest, TcpPlaneBetweenGpuProcessesEqualsTheAggregatedGpuRunOverThree
 TEST(GpuStackTest, CudaIpcPlaneBetweenTwoProcessesOnOneGpuEqualsTheAggregatedGpuRunOverThreeTurns) {
   if (!HaveGpus(1)) return;
   ExpectDisaggregatedEqualsAggregated("cuda_ipc", 0);
+}
+
+// Over the CUDA IPC plane a transfer's pages go by device copy, straight
+// into decode's reserved slots: after one request, prefill's device-copy
+// bytes sent and decode's received are both exactly the request's pages
+// (num_pages = prompt tokens / page_size full pages, of page_bytes each:
+// engine/state_layout.h), and only the state and the frames went over the
+// control connection. hybridserve_transfer_bytes_total (prefill: pages +
+// state) gives the state's size.
+TEST(GpuStackTest, CudaIpcPlaneMovesThePagesByDeviceCopyAndOnlyTheStateAndFramesOverTheSocket) {
+  if (!HaveGpus(1)) return;
+  // 12 full pages of 16 tokens (the default shape's page size), a token
+  // more or less (however the prompt's ends are counted).
+  constexpr int kPromptTokens = 200;
+  const StackOptions o = GpuStack(/*aggregated=*/false, "cuda_ipc", 0);
+  auto s = Stack::Start(o);
+  ASSERT_TRUE(s.ok()) << s.status();
+  Stack& stack = **s;
+  const int prefill_metrics = std::stoi(stack.prefill()->field("metrics_port"));
+  const int decode_metrics = std::stoi(stack.decode()->field("metrics_port"));
+  const std::string sent_copy = IpcPlaneBytes("device_copy", "sent");
+  const std::string received_copy = IpcPlaneBytes("device_copy", "received");
+  const std::string sent_socket = IpcPlaneBytes("socket", "sent");
+  const std::string received_socket = IpcPlaneBytes("socket", "received");
+  ASSERT_EQ(Metric(prefill_metrics, sent_copy), 0);
+  ASSERT_EQ(Metric(decode_metrics, received_copy), 0);
+
+  Generation g = Generate(stack.decode_target(), Request("ipc-bytes", TextPrompt(kPromptTokens, 4), 4));
+  ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+  ASSERT_EQ(g.tokens.size(), 4u);
+
+  auto config = engine::LoadModelConfig(Runfile(o.shape.model_dir) + "/config.json");
+  ASSERT_TRUE(config.ok()) << config.status();
+  const engine::StateLayout layout = engine::StateLayout::ForModel(*config, o.shape.page_size);
+  const int64_t pages = layout.full_pages(kPromptTokens);
+  ASSERT_EQ(pages, layout.full_pages(kPromptTokens - 1));
+  ASSERT_EQ(pages, layout.full_pages(kPromptTokens + 1));
+  const double page_bytes = static_cast<double>(pages * layout.page_bytes());
+  ASSERT_GT(page_bytes, 0) << "the default model has attention layers";
+  // Decode has every byte once the request is done; prefill counts a
+  // message just after its send returns, and its transfer and call end
+  // behind the answer: awaited.
+  EXPECT_EQ(Metric(decode_metrics, received_copy), page_bytes);
+  EXPECT_EQ(AwaitMetric(prefill_metrics, sent_copy, page_bytes, absl::Seconds(10)), page_bytes);
+  EXPECT_EQ(Metric(prefill_metrics, received_copy), 0);
+  EXPECT_EQ(Metric(decode_metrics, sent_copy), 0);
+  const double socket_bytes = Metric(decode_metrics, received_socket);
+  EXPECT_EQ(AwaitMetric(prefill_metrics, sent_socket, socket_bytes, absl::Seconds(10)), socket_bytes);
+  const double state_bytes =
+      AwaitMetricAtLeast(prefill_metrics, "hybridserve_transfer_bytes_total", page_bytes + 1, absl::Seconds(10)) -
+      page_bytes;
+  EXPECT_GT(state_bytes, 0);
+  EXPECT_GE(socket_bytes, state_bytes) << "the state goes over the control connection";
+  EXPECT_LT(socket_bytes - state_bytes, 4096) << "more than the frames went over the control connection";
 }
 
 TEST(GpuStackTest, NcclPlaneEqualsTheAggregatedGpuRunOverThreeTurns) {

@@ -303,6 +303,12 @@ double Metric(int port, const std::string& name) {
   return it == m->end() ? -1 : it->second;
 }
 
+std::string IpcPlaneBytes(const std::string& path, const std::string& direction) {
+  // prometheus-cpp writes labels in name order.
+  return absl::StrCat("hybridserve_data_plane_bytes_total{direction=\"", direction, "\",path=\"", path,
+                      "\",plane=\"cuda_ipc\"}");
+}
+
 double MetricSum(int port, const std::string& family) {
   auto m = ScrapeMetrics(port);
   if (!m.ok()) return -1;

@@ -138,6 +138,10 @@ Generation Generate(const std::shared_ptr<grpc::Channel>& channel, const v1::Gen
 absl::StatusOr<std::map<std::string, double>> ScrapeMetrics(int port);
 // The value of sample `name` on `port`, or -1 when it cannot be read.
 double Metric(int port, const std::string& name);
+// The sample name of hybridserve_data_plane_bytes_total (worker/data_plane_metrics.h)
+// for the CUDA IPC plane's `path` ("device_copy", "socket") and `direction`
+// ("sent", "received"), as Metric() takes it.
+std::string IpcPlaneBytes(const std::string& path, const std::string& direction);
 // The sum of every sample of `family` on `port` whatever its labels (0 when
 // the family has no sample yet: a labelled counter appears with its first
 // label value), or -1 when the port cannot be read.

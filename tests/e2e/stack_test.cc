@@ -124,6 +124,14 @@ TEST_P(StackTest, TurnTwoResumesAtTurnOneEndAndPrefillsOnlyTheNewTokens) {
   EXPECT_EQ(MetricSum(decode_metrics, "hybridserve_decode_publish_failures_total"), 0);
   EXPECT_EQ(MetricSum(prefill_metrics, "hybridserve_prefill_publish_failures_total"), 0);
   EXPECT_GT(Metric(decode_metrics, "hybridserve_decode_states_published_total"), 0);
+  // Both binaries expose the CUDA IPC plane's byte counters; over TCP they stay 0.
+  for (const int port : {prefill_metrics, decode_metrics}) {
+    for (const char* path : {"device_copy", "socket"}) {
+      for (const char* direction : {"sent", "received"}) {
+        EXPECT_EQ(Metric(port, IpcPlaneBytes(path, direction)), 0) << IpcPlaneBytes(path, direction);
+      }
+    }
+  }
 }
 
 TEST_P(StackTest, ResumedTurnMatchesColdPrefillGreedily) {

@@ -119,11 +119,18 @@ void Fatal(const char* format, ...) {
   std::abort();
 }
 
+uint64_t SeedFromEnvironment() {
+  const char* seed = std::getenv("HS_CUDA_EMU_SEED");
+  if (seed == nullptr || seed[0] == '\0') return kDefaultSeed;
+  char* end = nullptr;
+  const uint64_t value = std::strtoull(seed, &end, 0);
+  if (end == seed || *end != '\0') Fatal("HS_CUDA_EMU_SEED=%s: expected an unsigned integer", seed);
+  return value;
+}
+
 namespace {
 
 // ---- Scheduling order (HS_CUDA_EMU_ORDER, HS_CUDA_EMU_SEED) ----
-
-constexpr uint64_t kDefaultSeed = 0x9e3779b97f4a7c15u;
 
 struct OrderConfig {
   ScheduleOrder order = ScheduleOrder::kAscending;
@@ -144,12 +151,7 @@ OrderConfig ConfigFromEnvironment() {
       Fatal("HS_CUDA_EMU_ORDER=%s: expected ascending, descending or shuffle", order);
     }
   }
-  const char* seed = std::getenv("HS_CUDA_EMU_SEED");
-  if (seed != nullptr && seed[0] != '\0') {
-    char* end = nullptr;
-    config.seed = std::strtoull(seed, &end, 0);
-    if (end == seed || *end != '\0') Fatal("HS_CUDA_EMU_SEED=%s: expected an unsigned integer", seed);
-  }
+  config.seed = SeedFromEnvironment();
   return config;
 }
 
@@ -164,23 +166,6 @@ uint64_t& LaunchCount() {
   static uint64_t count = 0;
   return count;
 }
-
-// splitmix64: a fast, well-mixed 64-bit generator; enough for permutations.
-class SplitMix64 {
- public:
-  explicit SplitMix64(uint64_t seed) : state_(seed) {}
-  uint64_t Next() {
-    uint64_t z = (state_ += 0x9e3779b97f4a7c15u);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
-    return z ^ (z >> 31);
-  }
-  // Uniform in [0, n), n > 0 (Lemire's multiply-shift; the bias is < n / 2^64).
-  uint32_t Below(uint32_t n) { return static_cast<uint32_t>((static_cast<unsigned __int128>(Next()) * n) >> 64); }
-
- private:
-  uint64_t state_;
-};
 
 constexpr size_t kFiberStackBytes = 256 * 1024;
 constexpr unsigned int kFullMask = 0xffffffffu;

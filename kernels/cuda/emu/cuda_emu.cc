@@ -11,12 +11,14 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <utility>
 #include <vector>
 
 #include "kernels/cuda/emu/block_scheduler.h"
+#include "kernels/cuda/emu/stream_queues.h"
 
 namespace hybridserve::kernels::cuda_emu {
 
@@ -39,13 +41,6 @@ cudaError_t Fail(cudaError_t error) {
 
 // ---- Process-wide state ----
 
-// Held around internal::RunGrid: launches from different host threads run one
-// at a time (block_scheduler.h).
-std::mutex& LaunchMutex() {
-  static std::mutex* mutex = new std::mutex;
-  return *mutex;
-}
-
 // A handle opened by cudaIpcOpenMemHandle: its own buffer of `bytes`, a
 // distinct address from the exported allocation at `exporter` (0 once that is
 // freed), kept equal to it at the copy points (see cudaIpcOpenMemHandle).
@@ -55,13 +50,14 @@ struct IpcMapping {
 };
 
 // Live device allocations (base -> bytes), opened IPC mappings (base ->
-// mapping) and per-kernel shared-memory limits.
+// mapping), pinned host allocations (base -> bytes) and per-kernel
+// shared-memory limits.
 struct DeviceState {
   std::mutex mutex;
   std::map<uintptr_t, size_t> allocations;
   std::map<uintptr_t, IpcMapping> ipc_mappings;
   size_t allocated_bytes = 0;
-  std::set<void*> host_allocations;
+  std::map<uintptr_t, size_t> host_allocations;
   std::map<const void*, size_t> smem_limits;
 };
 
@@ -94,6 +90,15 @@ bool InsideAllocation(const void* ptr, size_t bytes) {
     return bytes <= m->first + m->second.bytes - begin;
   }
   return false;
+}
+
+// True if [ptr, ptr + bytes) lies inside one pinned host allocation.
+bool InsidePinnedHost(const void* ptr, size_t bytes) {
+  DeviceState& device = Device();
+  std::lock_guard<std::mutex> lock(device.mutex);
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(ptr);
+  const auto h = RangeHolding(device.host_allocations, begin);
+  return h != device.host_allocations.end() && begin < h->first + h->second && bytes <= h->first + h->second - begin;
 }
 
 // True if `ptr` points into (or at the end of) a live device allocation or opened IPC mapping.
@@ -199,9 +204,14 @@ cudaError_t ValidateLaunch(const void* kernel, dim3 grid, dim3 block, size_t sme
 
 // ---- Streams, events, graphs ----
 
+// An event's latest record: where in which stream's work, and the host time
+// of the cudaEventRecord call. Guarded by mutex (any host thread may record,
+// wait for or query an event).
 struct EmuEvent {
-  std::chrono::steady_clock::time_point time;
+  std::mutex mutex;
   bool recorded = false;
+  internal::StreamPoint point;
+  std::chrono::steady_clock::time_point time;
 };
 
 namespace {
@@ -239,7 +249,10 @@ struct GraphOp {
 
 }  // namespace
 
+// `id` names the stream's queue (emu/stream_queues.h); the rest is capture
+// state, guarded by StreamState's mutex.
 struct EmuStream {
+  internal::StreamId id = internal::kLegacyStream;
   bool capturing = false;
   bool invalidated = false;
   std::vector<GraphOp> captured;
@@ -272,6 +285,9 @@ bool ValidStream(cudaStream_t stream) {
   return streams.streams.count(stream) != 0;
 }
 
+// The queue of a valid stream (null: the legacy default stream's).
+internal::StreamId QueueOf(cudaStream_t stream) { return stream == nullptr ? internal::kLegacyStream : stream->id; }
+
 // Appends `op` to the stream's capture and returns true if it is capturing.
 bool RecordIfCapturing(cudaStream_t stream, GraphOp&& op) {
   if (stream == nullptr) return false;
@@ -280,6 +296,13 @@ bool RecordIfCapturing(cudaStream_t stream, GraphOp&& op) {
   if (!stream->capturing) return false;
   stream->captured.push_back(std::move(op));
   return true;
+}
+
+bool IsCapturing(cudaStream_t stream) {
+  if (stream == nullptr) return false;
+  StreamState& streams = Streams();
+  std::lock_guard<std::mutex> lock(streams.mutex);
+  return stream->capturing;
 }
 
 // A synchronous operation during capture: invalidates every capture. Returns
@@ -294,24 +317,45 @@ bool InvalidateCaptures() {
   return true;
 }
 
-cudaError_t RunOp(const GraphOp& op) {
+// Queues a record of `event` on `queue`: an empty operation (so it is
+// ordered as any, the legacy stream's rule included) whose point becomes the
+// event's.
+void RecordEvent(EmuEvent* event, internal::StreamId queue) {
+  const internal::StreamPoint point = internal::Submit(queue, [] { return cudaSuccess; });
+  std::lock_guard<std::mutex> lock(event->mutex);
+  event->recorded = true;
+  event->point = point;
+  event->time = std::chrono::steady_clock::now();
+}
+
+// Queues `op` (a graph's operation) on `queue`, to read its sources and run when ordered.
+void SubmitGraphOp(const GraphOp& op, internal::StreamId queue) {
   switch (op.type) {
-    case GraphOp::Type::kLaunch: {
-      const cudaError_t error = ValidateLaunch(op.launch.kernel, op.launch.grid, op.launch.block, op.launch.smem_bytes);
-      if (error != cudaSuccess) return error;
-      internal::RunGrid(op.launch.kernel, op.launch.grid, op.launch.block, op.launch.smem_bytes, op.launch.body);
-      return cudaSuccess;
-    }
+    case GraphOp::Type::kLaunch:
+      internal::Submit(queue, [launch = op.launch] {
+        const cudaError_t error = ValidateLaunch(launch.kernel, launch.grid, launch.block, launch.smem_bytes);
+        if (error != cudaSuccess) return error;
+        internal::RunGrid(launch.kernel, launch.grid, launch.block, launch.smem_bytes, launch.body);
+        return cudaSuccess;
+      });
+      return;
     case GraphOp::Type::kCopy:
-      return DoCopy(op.copy.dst, op.copy.src, op.copy.bytes, op.copy.kind);
+      internal::Submit(queue, [copy = op.copy] { return DoCopy(copy.dst, copy.src, copy.bytes, copy.kind); });
+      return;
     case GraphOp::Type::kSet:
-      return DoSet(op.set.dst, op.set.value, op.set.bytes);
+      internal::Submit(queue, [set = op.set] { return DoSet(set.dst, set.value, set.bytes); });
+      return;
     case GraphOp::Type::kEvent:
-      op.event.event->time = std::chrono::steady_clock::now();
-      op.event.event->recorded = true;
-      return cudaSuccess;
+      RecordEvent(op.event.event, queue);
+      return;
   }
-  return cudaErrorInvalidValue;
+}
+
+// The point of the event's latest record, or false if it has none.
+bool EventPoint(cudaEvent_t event, internal::StreamPoint* point) {
+  std::lock_guard<std::mutex> lock(event->mutex);
+  *point = event->point;
+  return event->recorded;
 }
 
 }  // namespace
@@ -411,7 +455,7 @@ void SetMaxSharedMemoryPerBlockOptinForTesting(size_t bytes) {
 
 cudaError_t cudaDeviceSynchronize() {
   if (InvalidateCaptures()) return Fail(cudaErrorStreamCaptureUnsupported);
-  return cudaSuccess;
+  return Fail(internal::RunAll());
 }
 
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
@@ -448,6 +492,8 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes) {
 
 cudaError_t cudaFree(void* ptr) {
   if (ptr == nullptr) return cudaSuccess;
+  // As CUDA's, waits for the device: queued work may still use the memory.
+  const cudaError_t pending = internal::RunAll();
   DeviceState& device = Device();
   {
     std::lock_guard<std::mutex> lock(device.mutex);
@@ -460,7 +506,7 @@ cudaError_t cudaFree(void* ptr) {
     }
   }
   std::free(ptr);
-  return cudaSuccess;
+  return Fail(pending);
 }
 
 cudaError_t cudaMallocHost(void** ptr, size_t bytes) { return cudaHostAlloc(ptr, bytes, cudaHostAllocDefault); }
@@ -472,25 +518,32 @@ cudaError_t cudaHostAlloc(void** ptr, size_t bytes, unsigned int flags) {
   if (posix_memalign(&memory, 256, bytes == 0 ? 1 : bytes) != 0) return Fail(cudaErrorMemoryAllocation);
   DeviceState& device = Device();
   std::lock_guard<std::mutex> lock(device.mutex);
-  device.host_allocations.insert(memory);
+  device.host_allocations[reinterpret_cast<uintptr_t>(memory)] = bytes;
   *ptr = memory;
   return cudaSuccess;
 }
 
 cudaError_t cudaFreeHost(void* ptr) {
   if (ptr == nullptr) return cudaSuccess;
+  // Queued copies may still read or write the memory.
+  const cudaError_t pending = internal::RunAll();
   DeviceState& device = Device();
   {
     std::lock_guard<std::mutex> lock(device.mutex);
-    if (device.host_allocations.erase(ptr) == 0) return Fail(cudaErrorInvalidValue);
+    if (device.host_allocations.erase(reinterpret_cast<uintptr_t>(ptr)) == 0) return Fail(cudaErrorInvalidValue);
   }
   std::free(ptr);
-  return cudaSuccess;
+  return Fail(pending);
 }
 
+// Synchronous copies and memsets are work of the legacy default stream,
+// waited for (with what it waits for: every blocking stream's earlier work).
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
   if (InvalidateCaptures()) return Fail(cudaErrorStreamCaptureUnsupported);
-  return Fail(DoCopy(dst, src, bytes, kind));
+  const cudaError_t error = CheckCopy(dst, src, bytes, kind);
+  if (error != cudaSuccess) return Fail(error);
+  return Fail(
+      internal::RunTo(internal::Submit(internal::kLegacyStream, [=] { return DoCopy(dst, src, bytes, kind); })));
 }
 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream) {
@@ -501,12 +554,23 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
   op.type = GraphOp::Type::kCopy;
   op.copy = CopyOp{dst, src, bytes, kind};
   if (RecordIfCapturing(stream, std::move(op))) return cudaSuccess;
-  return Fail(DoCopy(dst, src, bytes, kind));
+  const bool host_source = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyHostToHost ||
+                           (kind == cudaMemcpyDefault && !IsDevicePointer(src));
+  if (host_source && bytes > 0 && !InsidePinnedHost(src, bytes)) {
+    // Pageable: staged now, as CUDA does before returning.
+    auto staged = std::make_shared<std::vector<unsigned char>>(static_cast<const unsigned char*>(src),
+                                                               static_cast<const unsigned char*>(src) + bytes);
+    internal::Submit(QueueOf(stream), [=] { return DoCopy(dst, staged->data(), bytes, kind); });
+    return cudaSuccess;
+  }
+  internal::Submit(QueueOf(stream), [=] { return DoCopy(dst, src, bytes, kind); });
+  return cudaSuccess;
 }
 
 cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
   if (InvalidateCaptures()) return Fail(cudaErrorStreamCaptureUnsupported);
-  return Fail(DoSet(dst, value, bytes));
+  if (bytes != 0 && !InsideAllocation(dst, bytes)) return Fail(cudaErrorInvalidValue);
+  return Fail(internal::RunTo(internal::Submit(internal::kLegacyStream, [=] { return DoSet(dst, value, bytes); })));
 }
 
 cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t stream) {
@@ -516,7 +580,8 @@ cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t str
   op.type = GraphOp::Type::kSet;
   op.set = SetOp{dst, value, bytes};
   if (RecordIfCapturing(stream, std::move(op))) return cudaSuccess;
-  return Fail(DoSet(dst, value, bytes));
+  internal::Submit(QueueOf(stream), [=] { return DoSet(dst, value, bytes); });
+  return cudaSuccess;
 }
 
 // ---- Streams and events ----
@@ -524,8 +589,9 @@ cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t str
 cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWithFlags(stream, cudaStreamDefault); }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) {
-  if (stream == nullptr) return Fail(cudaErrorInvalidValue);
+  if (stream == nullptr || (flags & ~cudaStreamNonBlocking) != 0) return Fail(cudaErrorInvalidValue);
   auto* created = new EmuStream;
+  created->id = internal::CreateStream(/*blocking=*/(flags & cudaStreamNonBlocking) == 0);
   StreamState& streams = Streams();
   std::lock_guard<std::mutex> lock(streams.mutex);
   streams.streams.insert(created);
@@ -541,13 +607,31 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
     if (streams.streams.erase(stream) == 0) return Fail(cudaErrorInvalidValue);
     if (stream->capturing) --streams.capturing;
   }
+  const cudaError_t pending = internal::DestroyStream(stream->id);
   delete stream;
-  return cudaSuccess;
+  return Fail(pending);
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   if (!ValidStream(stream)) return Fail(cudaErrorInvalidValue);
   if (InvalidateCaptures()) return Fail(cudaErrorStreamCaptureUnsupported);
+  // The legacy stream's synchronisation also waits for the blocking streams' work before it.
+  return Fail(internal::RunTo(stream == nullptr ? internal::Submit(internal::kLegacyStream, [] { return cudaSuccess; })
+                                                : internal::Tail(QueueOf(stream))));
+}
+
+cudaError_t cudaStreamQuery(cudaStream_t stream) {
+  if (!ValidStream(stream)) return Fail(cudaErrorInvalidValue);
+  const cudaError_t answer = internal::Query(internal::Tail(QueueOf(stream)));
+  return answer == cudaErrorNotReady ? answer : Fail(answer);  // not ready is no error
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
+  if (event == nullptr || flags != 0 || !ValidStream(stream)) return Fail(cudaErrorInvalidValue);
+  if (IsCapturing(stream)) return Fail(cudaErrorStreamCaptureUnsupported);
+  internal::StreamPoint point;
+  if (!EventPoint(event, &point)) return cudaSuccess;
+  internal::Submit(QueueOf(stream), [] { return cudaSuccess; }, {point});
   return cudaSuccess;
 }
 
@@ -569,21 +653,40 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   op.type = GraphOp::Type::kEvent;
   op.event.event = event;
   if (RecordIfCapturing(stream, std::move(op))) return cudaSuccess;
-  event->time = std::chrono::steady_clock::now();
-  event->recorded = true;
+  RecordEvent(event, QueueOf(stream));
   return cudaSuccess;
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   if (event == nullptr) return Fail(cudaErrorInvalidValue);
-  return cudaSuccess;
+  internal::StreamPoint point;
+  if (!EventPoint(event, &point)) return cudaSuccess;
+  return Fail(internal::RunTo(point));
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+  if (event == nullptr) return Fail(cudaErrorInvalidValue);
+  internal::StreamPoint point;
+  if (!EventPoint(event, &point)) return cudaSuccess;
+  const cudaError_t answer = internal::Query(point);
+  return answer == cudaErrorNotReady ? answer : Fail(answer);
 }
 
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
-  if (ms == nullptr || start == nullptr || end == nullptr || !start->recorded || !end->recorded) {
-    return Fail(cudaErrorInvalidValue);
+  if (ms == nullptr || start == nullptr || end == nullptr) return Fail(cudaErrorInvalidValue);
+  internal::StreamPoint start_point, end_point;
+  if (!EventPoint(start, &start_point) || !EventPoint(end, &end_point)) return Fail(cudaErrorInvalidValue);
+  if (!internal::Reached(start_point) || !internal::Reached(end_point)) return Fail(cudaErrorNotReady);
+  std::chrono::steady_clock::time_point from, to;
+  {
+    std::lock_guard<std::mutex> lock(start->mutex);
+    from = start->time;
   }
-  *ms = std::chrono::duration<float, std::milli>(end->time - start->time).count();
+  {
+    std::lock_guard<std::mutex> lock(end->mutex);
+    to = end->time;
+  }
+  *ms = std::chrono::duration<float, std::milli>(to - from).count();
   return cudaSuccess;
 }
 
@@ -638,11 +741,7 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
     }
   }
   if (internal::InKernel()) internal::Fatal("cudaGraphLaunch called inside a kernel");
-  std::lock_guard<std::mutex> lock(LaunchMutex());
-  for (const GraphOp& op : exec->ops) {
-    const cudaError_t error = RunOp(op);
-    if (error != cudaSuccess) return Fail(error);
-  }
+  for (const GraphOp& op : exec->ops) SubmitGraphOp(op, QueueOf(stream));
   return cudaSuccess;
 }
 
@@ -701,13 +800,15 @@ cudaError_t cudaIpcOpenMemHandle(void** device_ptr, cudaIpcMemHandle_t handle, u
 }
 
 cudaError_t cudaIpcCloseMemHandle(void* device_ptr) {
+  // Queued copies may still write the mapping.
+  const cudaError_t pending = internal::RunAll();
   DeviceState& device = Device();
   {
     std::lock_guard<std::mutex> lock(device.mutex);
     if (device.ipc_mappings.erase(reinterpret_cast<uintptr_t>(device_ptr)) == 0) return Fail(cudaErrorInvalidValue);
   }
   std::free(device_ptr);
-  return cudaSuccess;
+  return Fail(pending);
 }
 
 cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
@@ -733,8 +834,10 @@ cudaError_t EmuLaunch(const void* kernel, dim3 grid, dim3 block, size_t dynamic_
   op.type = GraphOp::Type::kLaunch;
   op.launch = LaunchOp{kernel, grid, block, dynamic_smem_bytes, std::move(body)};
   if (RecordIfCapturing(stream, std::move(op))) return cudaSuccess;
-  std::lock_guard<std::mutex> lock(LaunchMutex());
-  internal::RunGrid(kernel, grid, block, dynamic_smem_bytes, op.launch.body);
+  internal::Submit(QueueOf(stream), [kernel, grid, block, dynamic_smem_bytes, body = std::move(op.launch.body)] {
+    internal::RunGrid(kernel, grid, block, dynamic_smem_bytes, body);
+    return cudaSuccess;
+  });
   return cudaSuccess;
 }
 

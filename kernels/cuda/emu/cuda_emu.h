@@ -4,11 +4,13 @@
 // A host emulation of the part of the CUDA programming model our kernels use,
 // so the .cu sources compile with the host compiler and run on the CPU (tests
 // of every kernel's logic on machines without a GPU; kernels/cuda/launchers.h).
-// Not a simulator of timing or of memory ordering: blocks run one after
-// another; the threads of a block run as fibers on the launching thread, which
-// switch only at __syncthreads(), at warp collectives and at exit. That is
-// enough to check indexing, barriers, shared-memory use, reduction order and
-// launch configuration. What it enforces, as a GPU would (a violation makes
+// Not a simulator of timing or of memory ordering inside a kernel: blocks run
+// one after another; the threads of a block run as fibers on the host thread
+// that runs the launch (see "Asynchrony"), which switch only at
+// __syncthreads(), at warp collectives and at exit. That is enough to check
+// indexing, barriers, shared-memory use, reduction order and launch
+// configuration; the order of work between streams and the host is emulated
+// ("Asynchrony" below). What it enforces, as a GPU would (a violation makes
 // the launch fail, or aborts with a message naming the kernel's fault):
 //   - block size <= 1024 threads and a multiple of 32 (our kernels' rule);
 //     grid.y, grid.z <= 65535; dynamic shared memory <= 48 KiB unless raised
@@ -46,12 +48,49 @@
 // sees out-of-bounds kernel accesses. Copies check that device ranges lie
 // inside a live allocation (cudaErrorInvalidValue otherwise).
 //
+// Asynchrony (emu/stream_queues.h). As on a GPU, launches, cudaMemcpyAsync
+// and cudaMemsetAsync return at once; unlike a GPU, which runs them soon
+// anyway, the emulator runs nothing until something orders it, so memory
+// keeps its old bytes until then: the host (or another stream) that reads
+// without synchronising sees them. What runs a stream's work, and when:
+//   - cudaStreamSynchronize: the stream's work; cudaDeviceSynchronize,
+//     cudaFree, cudaFreeHost, cudaIpcCloseMemHandle: every stream's;
+//     cudaStreamDestroy: the stream's;
+//   - cudaEventSynchronize: the work before the event's latest record;
+//   - cudaStreamQuery / cudaEventQuery: the first question while work is
+//     pending answers cudaErrorNotReady and runs nothing; the next one runs
+//     it and answers cudaSuccess. A result read after one unchecked query
+//     is stale, and a polling loop still ends (answering NotReady forever
+//     would hang correct code; running at once would hide the unchecked
+//     read);
+//   - cudaStreamWaitEvent: the waiting stream's later work runs after the
+//     event's stream's work up to the record;
+//   - the legacy default stream (a null stream): its work runs after the
+//     work submitted before it to every blocking stream (cudaStreamCreate,
+//     cudaStreamDefault), whose later work runs after it; cudaMemcpy and
+//     cudaMemset are such work and wait for it before returning. Streams
+//     made cudaStreamNonBlocking are not ordered by any of this;
+//   - cudaGraphLaunch queues the graph's operations on its stream.
+// One stream's work runs in submission order. When several streams' work
+// is forced at once, the stream submitted to last goes first
+// (HS_CUDA_EMU_STREAM_ORDER: reverse, the default; submission; shuffle,
+// seeded by HS_CUDA_EMU_SEED; see stream_queues.h), so that a missing
+// dependency between streams gives a wrong result. A cudaMemcpyAsync from
+// pageable host memory reads its source at the call (CUDA stages it before
+// returning, so the caller may reuse it); from pinned memory (cudaMallocHost,
+// cudaHostAlloc) when it runs, as a DMA would. A copy to pageable host memory
+// is deferred too, though CUDA documents it as complete on return: code that
+// reads it without a synchronisation is one change (a pinned buffer) away
+// from a race. An error of deferred work is returned by the synchronisation
+// that ran it.
+//
 // Everything lives in namespace hybridserve::kernels::cuda_emu, the namespace
 // the emulated build of the .cu sources is compiled in, so unqualified CUDA
 // names there resolve here and never collide with the real libcudart.
 //
-// Thread safety: any host thread may call the runtime functions; launches from
-// different host threads are serialized by one process-wide lock.
+// Thread safety: any host thread may call the runtime functions; the work
+// they queue runs under one process-wide lock, on whichever host thread
+// forces it.
 
 #include <cmath>
 #include <cstddef>
@@ -194,24 +233,37 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
 cudaError_t cudaMemset(void* dst, int value, size_t bytes);
 cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t stream = nullptr);
 
+// Streams and events (the ordering rules: "Asynchrony" above).
 cudaError_t cudaStreamCreate(cudaStream_t* stream);
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags);
+// Runs the stream's pending work first (CUDA finishes it after returning).
 cudaError_t cudaStreamDestroy(cudaStream_t stream);
 cudaError_t cudaStreamSynchronize(cudaStream_t stream);
+// cudaErrorNotReady while work is pending, the first time asked; see "Asynchrony".
+cudaError_t cudaStreamQuery(cudaStream_t stream);
+// The stream's later work runs after the work before the event's latest
+// record; a no-op for an event never recorded. Not on a capturing stream
+// (cudaErrorStreamCaptureUnsupported: cross-stream capture is not emulated).
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags = 0);
 
 cudaError_t cudaEventCreate(cudaEvent_t* event);
 cudaError_t cudaEventDestroy(cudaEvent_t event);
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream = nullptr);
 cudaError_t cudaEventSynchronize(cudaEvent_t event);
-cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);  // host wall time
+// cudaErrorNotReady while work before the record is pending, the first time asked; see "Asynchrony".
+cudaError_t cudaEventQuery(cudaEvent_t event);
+// Host wall time between the two cudaEventRecord calls (not between their
+// runs, whose times mean nothing here); cudaErrorNotReady while either's
+// work is pending.
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
 
 // Stream capture: while a stream is capturing, launches, memcpys and memsets
-// issued on it are recorded instead of run (a synchronous cudaMemcpy,
+// issued on it are recorded instead of queued (a synchronous cudaMemcpy,
 // cudaMemset, cudaStreamSynchronize or cudaDeviceSynchronize while any stream
 // captures fails with cudaErrorStreamCaptureUnsupported and invalidates every
 // capture, as in CUDA's global capture mode);
-// cudaGraphLaunch replays the recorded operations in order, with the argument
-// values captured.
+// cudaGraphLaunch queues the recorded operations on its stream, in order,
+// with the argument values captured; each reads its sources when it runs.
 cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode);
 cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph);
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long flags = 0);
@@ -243,11 +295,12 @@ cudaError_t cudaIpcCloseMemHandle(void* device_ptr);
 
 // ---- Launch (used by Launch() in kernels/cuda/device_common.cuh) ----
 
-// Runs `body` once per thread of every block of `grid`, with threadIdx,
-// blockIdx, blockDim and gridDim set; or records it when `stream` is
-// capturing. `kernel` identifies the function for cudaFuncSetAttribute's
-// shared-memory limit. Returns the launch error (also kept for
-// cudaGetLastError): bad configuration is reported, nothing runs.
+// Queues on `stream` a run of `body` once per thread of every block of
+// `grid`, with threadIdx, blockIdx, blockDim and gridDim set (it runs when
+// something orders it: "Asynchrony"); or records it when `stream` is
+// capturing. `body` runs later, on any host thread: it captures by value. `kernel` identifies the function for
+// cudaFuncSetAttribute's shared-memory limit. Returns the launch error (also kept for cudaGetLastError): bad
+// configuration is reported, nothing runs.
 cudaError_t EmuLaunch(const void* kernel, dim3 grid, dim3 block, size_t dynamic_smem_bytes, cudaStream_t stream,
                       std::function<void()> body);
 
@@ -261,6 +314,15 @@ enum class ScheduleOrder { kAscending, kDescending, kShuffle };
 void SetScheduleOrderForTesting(ScheduleOrder order, uint64_t seed);
 // Back to the order and seed of the environment, as at start-up.
 void ResetScheduleOrderForTesting();
+
+// The order in which forced work of several streams runs (HS_CUDA_EMU_STREAM_ORDER, emu/stream_queues.h).
+enum class StreamOrder { kReverse, kSubmission, kShuffle };
+// Replaces the order and seed of the environment for later drains; Reset
+// restores them. For tests.
+void SetStreamOrderForTesting(StreamOrder order, uint64_t seed);
+void ResetStreamOrderForTesting();
+// Operations queued on every stream and not yet run. For tests.
+uint64_t PendingOperationsForTesting();
 
 // Emulates a GPU whose opt-in limit of dynamic shared memory per block
 // (cudaDevAttrMaxSharedMemoryPerBlockOptin, cudaDeviceProp's

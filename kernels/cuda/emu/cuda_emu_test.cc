@@ -331,6 +331,8 @@ TEST(CudaEmuTest, BadLaunchConfigurationsFailRunNothingAndAreReportedOnce) {
   EXPECT_EQ(EmuLaunch(noop, dim3(1), dim3(32), 48 * 1024, nullptr, body), cudaSuccess);
   EXPECT_EQ(EmuLaunch(noop, dim3(2), dim3(1024), 0, nullptr, body), cudaSuccess);
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  EXPECT_EQ(counter, 0) << "a launch ran before anything ordered it";
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_EQ(counter, 3);
 
   // Raised limit for one kernel only.
@@ -339,6 +341,7 @@ TEST(CudaEmuTest, BadLaunchConfigurationsFailRunNothingAndAreReportedOnce) {
   EXPECT_EQ(
       EmuLaunch(Id(&BigSmemKernel), dim3(1), dim3(32), 227 * 1024, nullptr, [&counter] { BigSmemKernel(&counter); }),
       cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_EQ(counter, 4);
   EXPECT_EQ(EmuLaunch(Id(&BigSmemKernel), dim3(1), dim3(32), 227 * 1024 + 1, nullptr,
                       [&counter] { BigSmemKernel(&counter); }),
@@ -353,6 +356,7 @@ TEST(CudaEmuTest, BadLaunchConfigurationsFailRunNothingAndAreReportedOnce) {
       EmuLaunch(Id(&HugeSmemKernel), dim3(1), dim3(32), 228 * 1024, nullptr, [&counter] { HugeSmemKernel(&counter); }),
       cudaErrorInvalidValue);
   EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_EQ(counter, 4);
 }
 
@@ -493,6 +497,8 @@ TEST(CudaEmuTest, CapturedGraphReplaysKernelsWithCapturedArgsAndReadsSourcesAtRe
 
   for (int i = 0; i < n; ++i) input[i] = static_cast<float>(2 * i);  // replay reads the new source
   ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  EXPECT_EQ(output[1], 3.0f) << "a replay ran before anything ordered it";
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   for (int i = 1; i < n; ++i) ASSERT_EQ(output[i], 6.0f * i) << i;
 
   EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
@@ -556,6 +562,7 @@ void PartialMaskKernel(float* out) { out[threadIdx.x] = __shfl_xor_sync(0x0000ff
 void LaunchFault(void (*kernel)(float*)) {
   static float out[256];
   EmuLaunch(Id(kernel), dim3(2), dim3(256), 0, nullptr, [kernel] { kernel(out); });
+  cudaDeviceSynchronize();  // the kernel runs (and faults) here
 }
 
 TEST(CudaEmuDeathTest, SyncthreadsReachedByHalfTheBlockAborts) {
@@ -591,8 +598,12 @@ TEST(CudaEmuDeathTest, OutOfBoundsDeviceWriteIsCaughtByAsanOnAFiberStack) {
 #if defined(HS_TEST_ASAN)
   float* dev = nullptr;
   ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&dev), 64 * sizeof(float)), cudaSuccess);
-  EXPECT_DEATH(EmuLaunch(Id(&OutOfBoundsKernel), dim3(1), dim3(64), 0, nullptr, [dev] { OutOfBoundsKernel(dev); }),
-               "heap-buffer-overflow.*\n.*WRITE of size 4");
+  EXPECT_DEATH(
+      {
+        EmuLaunch(Id(&OutOfBoundsKernel), dim3(1), dim3(64), 0, nullptr, [dev] { OutOfBoundsKernel(dev); });
+        cudaDeviceSynchronize();
+      },
+      "heap-buffer-overflow.*\n.*WRITE of size 4");
   EXPECT_EQ(cudaFree(dev), cudaSuccess);
 #else
   GTEST_SKIP() << "needs --config=asan";
