@@ -11,6 +11,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/grpcpp.h"
 
 namespace hybridserve::common {
@@ -27,6 +28,7 @@ class HealthServer {
 
  private:
   HealthServer() = default;
+  std::unique_ptr<grpc::CallbackGenericService> unimplemented_;  // outlives server_
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
 };

@@ -103,6 +103,7 @@ void GrpcPrefillClient::ResolveLoop() {
 
 void GrpcPrefillClient::Resolve() {
   std::vector<std::string> addresses;
+  std::vector<std::string> hosts;  // hosts[i]: the target host addresses[i] was resolved from
   bool complete = true;
   for (const std::string& t : options_.targets) {
     std::string host, port;
@@ -113,11 +114,15 @@ void GrpcPrefillClient::Resolve() {
       LOG(WARNING) << "prefill target " << t << " does not resolve; keeping its previous addresses";
     }
     for (std::string& a : found) {
-      if (std::find(addresses.begin(), addresses.end(), a) == addresses.end()) addresses.push_back(std::move(a));
+      if (std::find(addresses.begin(), addresses.end(), a) == addresses.end()) {
+        addresses.push_back(std::move(a));
+        hosts.push_back(host);
+      }
     }
   }
   absl::MutexLock lock(&mu_);
-  for (const std::string& a : addresses) {
+  for (size_t i = 0; i < addresses.size(); ++i) {
+    const std::string& a = addresses[i];
     auto it = std::find_if(workers_.begin(), workers_.end(), [&](const auto& w) { return w->address == a; });
     if (it != workers_.end()) {
       (*it)->resolved = true;
@@ -130,7 +135,11 @@ void GrpcPrefillClient::Resolve() {
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     auto w = std::make_shared<Worker>();
     w->address = a;
-    common::AddChannelArguments(options_.tls, &args);
+    // The server certificate is verified against the target's host (the
+    // Service name), not the address dialled (a pod IP).
+    common::ChannelTlsOptions tls = options_.tls;
+    if (tls.enabled() && tls.server_name.empty()) tls.server_name = hosts[i];
+    common::AddChannelArguments(tls, &args);
     w->stub = v1::Prefill::NewStub(grpc::CreateCustomChannel(a, credentials_, args));
     workers_.push_back(std::move(w));
     LOG(INFO) << "prefill worker " << a << " joins the pool";

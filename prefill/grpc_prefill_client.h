@@ -53,7 +53,10 @@ struct PrefillPoolOptions {
   // first), so a worker back within the wait is reached within it.
   absl::Duration unavailable_wait = absl::Seconds(3);
   // TLS to the prefill workers (mutual TLS with decode's certificate); off
-  // when tls.ca_file is empty.
+  // when tls.ca_file is empty. A worker's certificate must name the host of
+  // the target its address was resolved from (unless tls.server_name is
+  // set): the channel dials the address, but a Kubernetes headless Service's
+  // pods hold certificates for the Service's name, never for their pod IPs.
   common::ChannelTlsOptions tls;
 };
 

@@ -1,10 +1,12 @@
 // The prefill pool over real gRPC servers on loopback (fakes of the Prefill
 // service): least-outstanding choice, refused calls tried elsewhere, failed
-// workers skipped, names resolved, bad targets refused.
+// workers skipped, names resolved (and, over TLS, verified by the name),
+// bad targets refused.
 
 #include "prefill/grpc_prefill_client.h"
 
 #include <atomic>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <thread>
@@ -12,6 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/runfiles.h"
+#include "common/tls.h"
 #include "common/wait_for.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -22,9 +26,11 @@ namespace {
 
 class FakePrefill final : public v1::Prefill::Service {
  public:
-  explicit FakePrefill(int32_t first_token, int port = 0) : first_token_(first_token) {
+  explicit FakePrefill(int32_t first_token, int port = 0,
+                       std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials())
+      : first_token_(first_token) {
     grpc::ServerBuilder builder;
-    builder.AddListeningPort(absl::StrCat("127.0.0.1:", port), grpc::InsecureServerCredentials(), &port_);
+    builder.AddListeningPort(absl::StrCat("127.0.0.1:", port), credentials, &port_);
     builder.RegisterService(this);
     server_ = builder.BuildAndStart();
   }
@@ -158,6 +164,45 @@ TEST(GrpcPrefillClientTest, ResolvesNamesAndFailsClearlyWhenNothingResolves) {
   absl::StatusOr<PrefillOutcome> none = (*nowhere)->Prefill(Call("none"));
   EXPECT_EQ(none.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_NE(none.status().message().find("no prefill worker"), std::string::npos) << none.status();
+}
+
+// Over TLS a worker found through a name is verified by that name, not by the
+// address dialled: a Kubernetes headless Service resolves to pod IPs, and its
+// pods' certificates name the Service.
+TEST(GrpcPrefillClientTest, AResolvedWorkerIsVerifiedByTheNameItWasResolvedFrom) {
+  const std::string dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/certs");
+  const std::string make =
+      absl::StrCat("/usr/bin/python3 ", common::Runfile("tools/make_test_certs.py"), " --out ", dir);
+  ASSERT_EQ(std::system(make.c_str()), 0) << make;
+  // The worker's certificate names localhost alone: no IP address.
+  ASSERT_EQ(std::system(absl::StrCat(make, " --issue named_prefill --dns localhost").c_str()), 0);
+  common::ServerTlsOptions server;
+  server.cert_file = dir + "/named_prefill.pem";
+  server.key_file = dir + "/named_prefill.key";
+  server.client_ca_file = dir + "/ca.pem";
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = common::NewServerCredentials(server);
+  ASSERT_TRUE(credentials.ok()) << credentials.status();
+  FakePrefill worker(5, 0, *credentials);
+  const std::string port = worker.target().substr(worker.target().rfind(':') + 1);
+  common::ChannelTlsOptions tls;
+  tls.ca_file = dir + "/ca.pem";
+  tls.cert_file = dir + "/decode.pem";
+  tls.key_file = dir + "/decode.key";
+
+  auto named = GrpcPrefillClient::Create({.targets = {"localhost:" + port}, .tls = tls});
+  ASSERT_TRUE(named.ok()) << named.status();
+  absl::StatusOr<PrefillOutcome> r = (*named)->Prefill(Call("named"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->first.token, 5);
+  EXPECT_EQ(worker.calls_.load(), 1);
+
+  // The same worker by its address: the certificate does not name it, the
+  // handshake fails and no call reaches the worker.
+  auto by_address =
+      GrpcPrefillClient::Create({.targets = {worker.target()}, .unavailable_wait = absl::ZeroDuration(), .tls = tls});
+  ASSERT_TRUE(by_address.ok()) << by_address.status();
+  EXPECT_EQ((*by_address)->Prefill(Call("by address")).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(worker.calls_.load(), 1);
 }
 
 // A pool that is full (RESOURCE_EXHAUSTED from every worker) is no error of

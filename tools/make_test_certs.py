@@ -12,10 +12,14 @@ verifies under either name. Plus the bad ones:
   foreign.pem   decode's identity, signed by another CA (foreign_ca.pem).
 
   python3 tools/make_test_certs.py --out DIR [--trust_domain D] [--renew NAME]
+  python3 tools/make_test_certs.py --out DIR --issue NAME [--uri U]... [--dns D]... [--ip A]...
 
 --renew NAME re-issues NAME.pem/NAME.key alone, signed by the CA already in
 --out (a certificate renewal, as a rotation test needs), and writes nothing
-else.
+else. --issue NAME does the same with exactly the SANs given (URIs, DNS
+names, IP addresses; at least one), e.g. a Kubernetes workload's
+certificate: its SPIFFE ID and its Services' DNS names, no loopback names.
+Both write each file beside the old one and rename it over it.
 
 Uses python3-cryptography (Debian's package; tools/bootstrap.sh installs it).
 EC P-256 keys: made in milliseconds.
@@ -74,12 +78,16 @@ def make_ca(common_name):
 
 
 def make_leaf(ca_key, ca_cert, spiffe_id, loopback, not_before, not_after):
-    key = new_key()
     sans = [x509.UniformResourceIdentifier(spiffe_id)]
     if loopback:
         sans += [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+    return make_leaf_with_sans(ca_key, ca_cert, spiffe_id.rsplit("/", 1)[-1], sans, not_before, not_after)
+
+
+def make_leaf_with_sans(ca_key, ca_cert, common_name, sans, not_before, not_after):
+    key = new_key()
     cert = (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, spiffe_id.rsplit("/", 1)[-1])]))
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
             .issuer_name(ca_cert.subject).public_key(key.public_key())
             .serial_number(x509.random_serial_number())
             .not_valid_before(not_before).not_valid_after(not_after)
@@ -97,22 +105,37 @@ def main():
     parser.add_argument("--trust_domain", default="hybridserve.test")
     parser.add_argument("--ca_name", default="hybridserve test CA")
     parser.add_argument("--renew", default="")
+    parser.add_argument("--issue", default="")
+    parser.add_argument("--uri", action="append", default=[])
+    parser.add_argument("--dns", action="append", default=[])
+    parser.add_argument("--ip", action="append", default=[])
     args = parser.parse_args()
+    if (args.uri or args.dns or args.ip) and not args.issue:
+        parser.error("--uri, --dns and --ip go with --issue")
+    if args.issue and not (args.uri or args.dns or args.ip):
+        parser.error("--issue needs at least one --uri, --dns or --ip")
     os.makedirs(args.out, exist_ok=True)
     now = datetime.datetime.now(datetime.timezone.utc)
     day = datetime.timedelta(days=1)
 
-    if args.renew:
+    if args.renew or args.issue:
         with open(os.path.join(args.out, "ca.key"), "rb") as f:
             ca_key = serialization.load_pem_private_key(f.read(), password=None)
         with open(os.path.join(args.out, "ca.pem"), "rb") as f:
             ca_cert = x509.load_pem_x509_certificate(f.read())
-        key, cert = make_leaf(ca_key, ca_cert, "spiffe://%s/%s" % (args.trust_domain, args.renew),
-                              args.renew in WORKERS, now - datetime.timedelta(hours=1), now + day)
+        if args.renew:
+            name = args.renew
+            key, cert = make_leaf(ca_key, ca_cert, "spiffe://%s/%s" % (args.trust_domain, name), name in WORKERS,
+                                  now - datetime.timedelta(hours=1), now + day)
+        else:
+            name = args.issue
+            sans = ([x509.UniformResourceIdentifier(u) for u in args.uri] + [x509.DNSName(d) for d in args.dns]
+                    + [x509.IPAddress(ipaddress.ip_address(a)) for a in args.ip])
+            key, cert = make_leaf_with_sans(ca_key, ca_cert, name, sans, now - datetime.timedelta(hours=1), now + day)
         # New files beside the old, then renamed over them: a reader never
         # sees half a file (Kubernetes swaps a Secret's symlink likewise).
         for suffix, data in ((".key", key_pem(key)), (".pem", cert_pem(cert))):
-            path = os.path.join(args.out, args.renew + suffix)
+            path = os.path.join(args.out, name + suffix)
             write(path + ".new", data)
             os.replace(path + ".new", path)
         return

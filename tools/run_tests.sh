@@ -2,7 +2,7 @@
 # The whole test suite, from a fresh Debian 12 machine: installs what is
 # missing, then
 #   1. builds and tests every target (the plain configuration; this includes
-#      //tests/k8s:run_manifests_test, which runs the cpu overlay's pods as
+#      //tests/k8s:run_manifests_test, which runs the cpu and cpu-mtls overlays' pods as
 #      local processes in its own network and mount namespaces: root or
 #      unprivileged user namespaces);
 #   2. ASan + UBSan (and LSan) over every target (--config=asan; the k8s

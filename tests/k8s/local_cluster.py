@@ -13,7 +13,13 @@ files. What one host forces is mapped, and only that:
     the args and the flag files;
   - volumes: a ConfigMap mount is a per-pod directory holding the ConfigMap's
     files (as the kubelet writes them), an emptyDir an empty per-pod
-    directory, an optional Secret that does not exist an empty directory;
+    directory; a Secret mount a per-pod directory laid out as the kubelet's
+    atomic writer lays it out (each key a symlink through ..data to a
+    timestamped directory) from the Secrets the test gives (Cluster(secrets=)),
+    and Cluster.update_secret renews it as the kubelet does (new directory,
+    ..data swapped by one rename); an optional Secret the test does not give
+    is an empty directory, a required one fails the pod's start (the kubelet
+    would keep it waiting);
   - pod IPs: each pod gets its own loopback address 127.0.0.N (never reused),
     and every 0.0.0.0 bind in its flags (--flag=0.0.0.0:port, in args and in
     its copies of the flag files) becomes that address: the pods share one
@@ -37,6 +43,7 @@ is recorded in Cluster.failures, and the test fails on any."""
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import threading
@@ -103,6 +110,33 @@ def bind_to(text, ip):
     return re.sub(r"(--?[A-Za-z0-9_]+=)0\.0\.0\.0:", lambda m: m.group(1) + ip + ":", text)
 
 
+def write_secret_volume(local, volume, data):
+    """A Secret volume's files as the kubelet's atomic writer keeps them: the
+    projected keys (volume items, else every key) in a new timestamped
+    directory, `..data` a symlink to it swapped by one rename, each key a
+    symlink through `..data`; the previous directory removed. A reader that
+    opens a key's path sees the old or the new file, never a mix."""
+    items = volume.get("items") or [{"key": k, "path": k} for k in data]
+    mode = volume.get("defaultMode", 0o644)
+    stamp = f"..{time.strftime('%Y_%m_%d_%H_%M_%S')}.{time.monotonic_ns()}"
+    os.makedirs(os.path.join(local, stamp))
+    for item in items:
+        path = os.path.join(local, stamp, item["path"])
+        with open(path, "wb") as f:
+            f.write(data[item["key"]])
+        os.chmod(path, item.get("mode", mode))
+    data_link = os.path.join(local, "..data")
+    previous = os.readlink(data_link) if os.path.islink(data_link) else None
+    os.symlink(stamp, data_link + "_tmp")
+    os.rename(data_link + "_tmp", data_link)
+    for item in items:
+        link = os.path.join(local, item["path"])
+        if not os.path.islink(link):
+            os.symlink(os.path.join("..data", item["path"]), link)
+    if previous is not None:
+        shutil.rmtree(os.path.join(local, previous))
+
+
 def health_check(ip, port, service, timeout_s):
     """The kubelet's gRPC probe: a fresh connection, grpc.health.v1.Health/Check
     with the service name, success only on SERVING."""
@@ -166,10 +200,13 @@ class Pod:
     # --- the container ---------------------------------------------------
 
     def _volumes(self, spec):
-        """mountPath -> a per-pod directory with the volume's files."""
+        """mountPath -> a per-pod directory with the volume's files; the
+        ConfigMap mounts' directories in self.config_dirs."""
         os.makedirs(os.path.join(self.cluster.workdir, self.name), exist_ok=True)
         volumes = {v["name"]: v for v in spec.get("volumes", [])}
         mounts = {}
+        self.config_dirs = []
+        self.secret_dirs = {}  # local directory -> the Secret volume's spec
         for m in self.container.get("volumeMounts", []):
             volume = volumes[m["name"]]
             local = os.path.join(self.cluster.workdir, self.name, m["name"])
@@ -180,9 +217,15 @@ class Pod:
                 for item in items:
                     with open(os.path.join(local, item["path"]), "w", encoding="utf-8") as f:
                         f.write(data[item["key"]])
-            elif "secret" in volume and not volume["secret"].get("optional"):
-                raise ValueError(f"{self.name}: the Secret {volume['secret']['secretName']} does not exist here")
-            elif not ({"emptyDir", "secret"} & set(volume)):
+                self.config_dirs.append(local)
+            elif "secret" in volume:
+                name = volume["secret"]["secretName"]
+                if name in self.cluster.secrets:
+                    self.secret_dirs[local] = volume["secret"]
+                    write_secret_volume(local, volume["secret"], self.cluster.secrets[name])
+                elif not volume["secret"].get("optional"):
+                    raise ValueError(f"{self.name}: the Secret {name} does not exist here")
+            elif "emptyDir" not in volume:
                 raise ValueError(f"{self.name}: volume {m['name']} is not run here: {volume}")
             mounts[m["mountPath"]] = local
         return mounts
@@ -204,7 +247,7 @@ class Pod:
     def _start(self, spec):
         mounts = self._volumes(spec)
         paths = {**image_paths(), **mounts}
-        for mount_path, local in mounts.items():
+        for local in self.config_dirs:
             for file_name in os.listdir(local):
                 file_path = os.path.join(local, file_name)
                 with open(file_path, encoding="utf-8") as f:
@@ -417,8 +460,10 @@ def _resolve(value, replicas, round_up):
 class Cluster:
     """The pods, the endpoints and the DNS of one rendered overlay."""
 
-    def __init__(self, objs, workdir):
+    def __init__(self, objs, workdir, secrets=None):
+        """secrets: the Secrets that exist, {name: {key: bytes}}."""
         self.objs, self.workdir = objs, workdir
+        self.secrets = dict(secrets or {})
         self.hosts_path = os.path.join(workdir, "hosts")
         self.deployments = {d["metadata"]["name"]: Deployment(self, d) for d in manifests.find(objs, "Deployment")}
         self.services = manifests.find(objs, "Service")
@@ -439,6 +484,19 @@ class Cluster:
         pod = Pod(self, deployment, name, ip)
         self.all_pods.append(pod)
         return pod
+
+    def update_secret(self, name, data):
+        """The Secret `name` changes (a renewal): every pod's volume of it is
+        rewritten as the kubelet does on its next sync (here at once), and
+        pods started from now on get the new data. Called from the thread
+        that scales and rolls the Deployments (not concurrent with new_pod)."""
+        self.secrets[name] = data
+        for pod in self.all_pods:
+            if pod.deleted:
+                continue
+            for local, volume in pod.secret_dirs.items():
+                if volume["secretName"] == name:
+                    write_secret_volume(local, volume, data)
 
     def fail(self, message):
         with self._cond:

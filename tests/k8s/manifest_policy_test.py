@@ -1,10 +1,16 @@
 """Policy tests over the rendered manifests of deploy/k8s (every overlay):
 resources, probes, security contexts, PDBs, Services, drain timing, flags,
 cachestore budgets, autoscaling, topology spread and the NetworkPolicy flows
-(evaluated, against a table). Each check also runs on deliberately broken
-copies of the cpu render and must catch each of them: the checks can fail."""
+(evaluated, against a table); on the overlays with the mtls component, mutual
+TLS: each pool's own Secret behind every TLS file it reads, the TLS flags as
+each binary parses them, probes on the plaintext health port, allowed peers
+against the callers the NetworkPolicies let in, and the cert-manager example
+against all of that. Each check also runs on deliberately broken copies of
+the cpu (or cpu-mtls) render and must catch each of them: the checks can
+fail."""
 
 import copy
+import re
 import unittest
 
 import manifests as m
@@ -39,8 +45,15 @@ def check_objects(objs):
             errors.append(f"{c}: containers are not exactly [{c}]")
         if not m.selector_matches(w["spec"]["selector"], tmpl["metadata"].get("labels", {}), False):
             errors.append(f"{c}: the workload's selector misses its own pods")
-        if m.container_ports(m.container(objs, c)) != PORTS[c]:
-            errors.append(f"{c}: ports {m.container_ports(m.container(objs, c))}, want {PORTS[c]}")
+        ports = m.container_ports(m.container(objs, c))
+        want = {**PORTS[c], "health": m.HEALTH_PORT} if "health" in ports else PORTS[c]
+        if ports != want:
+            errors.append(f"{c}: ports {ports}, want {want}")
+        account = tmpl["spec"].get("serviceAccountName")
+        if account != f"hybridserve-{c}" or not m.find(objs, "ServiceAccount", account):
+            errors.append(f"{c}: runs as ServiceAccount {account}, want its own hybridserve-{c} (defined here)")
+        if tmpl["spec"].get("automountServiceAccountToken") is not False:
+            errors.append(f"{c}: the service-account token is mounted")
         if m.container(objs, c).get("command") != [m.BINARY.format(c)]:
             errors.append(f"{c}: command is not [{m.BINARY.format(c)}]")
         if not m.container(objs, c).get("image", "").startswith("hybridserve:"):
@@ -75,18 +88,31 @@ def check_resources(objs):
     return errors
 
 
+def plaintext_health_port(objs, comp):
+    """The port a kubelet gRPC probe (no client certificate) gets answers on:
+    the --health_address port when given, else the gRPC port unless it
+    requires TLS (--tls_cert); None when there is none."""
+    f = m.flags(objs, comp)
+    if f.get("health_address"):
+        return m.port_of(f["health_address"])
+    return None if f.get("tls_cert") else PORTS[comp]["grpc"]
+
+
 def check_probes(objs):
     errors = []
     want = {"startupProbe": m.LIVENESS_SERVICE, "readinessProbe": "", "livenessProbe": m.LIVENESS_SERVICE}
     for comp in COMPONENTS:
         c = m.container(objs, comp)
+        port = plaintext_health_port(objs, comp)
+        if port not in m.container_ports(c).values():
+            errors.append(f"{comp}: no declared container port answers plaintext health (probes need one: {port})")
         for probe, service in want.items():
             p = c.get(probe)
             if not p or "grpc" not in p:
                 errors.append(f"{comp}: no gRPC {probe}")
                 continue
-            if p["grpc"].get("port") != PORTS[comp]["grpc"]:
-                errors.append(f"{comp}: {probe} port {p['grpc'].get('port')}, want {PORTS[comp]['grpc']}")
+            if p["grpc"].get("port") != port:
+                errors.append(f"{comp}: {probe} port {p['grpc'].get('port')}, want {port} (plaintext health)")
             if p["grpc"].get("service", "") != service:
                 errors.append(f"{comp}: {probe} service {p['grpc'].get('service')!r}, want {service!r}")
         start = c.get("startupProbe", {})
@@ -320,8 +346,187 @@ def check_device(objs, overlay):
     return errors
 
 
+# --- mutual TLS (overlays with components/mtls) ---------------------------------
+
+# The TLS flags each binary defines (common/tls_flags.cc; decode/main.cc adds
+# the tenant's): any other tls_/tenant_/trusted_ flag stops the binary at start.
+TLS_FLAGS = {"tls_cert", "tls_key", "tls_ca", "tls_client_ca", "tls_client_auth", "tls_allowed_peers", "tls_refresh",
+             "health_address"}
+BINARY_TLS_FLAGS = {"decode": TLS_FLAGS | {"tenant_from", "trusted_proxies"}, "prefill": TLS_FLAGS,
+                    "cachestore": TLS_FLAGS}
+TLS_FILE_FLAGS = ("tls_cert", "tls_key", "tls_ca", "tls_client_ca")
+
+
+def _peers(f):
+    return [p.strip() for p in f.get("tls_allowed_peers", "").split(",") if p.strip()]
+
+
+def check_tls_flags(objs):
+    """The TLS flags as each binary parses them (common/tls_flags.cc,
+    decode/main.cc): TLS on, with a CA for the calls it makes and verified
+    client certificates; values each binary accepts."""
+    errors = []
+    for comp in COMPONENTS:
+        f = m.flags(objs, comp)
+        unknown = sorted(k for k in f if re.match(r"(tls_|tenant_|trusted_|health_)", k)
+                         and k not in BINARY_TLS_FLAGS[comp])
+        if unknown:
+            errors.append(f"{comp}: flags the binary does not define: {unknown}")
+        for flag in ("tls_cert", "tls_key", "tls_ca"):
+            if not f.get(flag):
+                errors.append(f"{comp}: no --{flag}")
+        auth = f.get("tls_client_auth", "require")
+        if auth not in ("none", "request", "require"):
+            errors.append(f"{comp}: --tls_client_auth={auth}")
+        elif auth == "none":
+            errors.append(f"{comp}: --tls_client_auth=none: callers are not authenticated")
+        try:
+            if m.parse_duration_s(f.get("tls_refresh", "10s")) < 1:
+                errors.append(f"{comp}: --tls_refresh={f.get('tls_refresh')} (< 1s is refused)")
+        except ValueError as e:
+            errors.append(f"{comp}: --tls_refresh: {e}")
+        for peer in _peers(f):
+            if not (re.fullmatch(r"spiffe://[a-z0-9.-]+(/[A-Za-z0-9._~-]+)+", peer)
+                    or re.fullmatch(r"[a-z0-9]([a-z0-9.-]*[a-z0-9])?", peer)):
+                errors.append(f"{comp}: --tls_allowed_peers entry {peer!r} is no SPIFFE ID or DNS name")
+        health = f.get("health_address", "")
+        if not re.fullmatch(r"(0\.0\.0\.0|\[::\]|):[0-9]+", health):
+            errors.append(f"{comp}: --health_address={health!r}: the kubelet probes the pod IP, bind 0.0.0.0:PORT")
+    decode = m.flags(objs, "decode")
+    if decode.get("tenant_from", "certificate") != "certificate":
+        errors.append(f"decode: --tenant_from={decode.get('tenant_from')}, want certificate (tenants by client "
+                      "certificate)")
+    if decode.get("tls_client_auth", "require") != "require":
+        errors.append(f"decode: --tls_client_auth={decode.get('tls_client_auth')}: a tenant needs a certificate, "
+                      "require it at the handshake")
+    return errors
+
+
+def check_tls_secrets(objs):
+    """Every TLS file a container reads comes from its own pool's Secret
+    (hybridserve-<pool>-tls, not optional), with cert-manager's keys."""
+    errors = []
+    owners = {}
+    for comp in COMPONENTS:
+        f = m.flags(objs, comp)
+        want = f"hybridserve-{comp}-tls"
+        for flag in TLS_FILE_FLAGS:
+            if not f.get(flag):
+                continue
+            found = m.mounted_key(objs, comp, f[flag], "secret")
+            if found is None:
+                errors.append(f"{comp}: --{flag}={f[flag]} is in no mounted Secret")
+                continue
+            volume, key = found
+            secret = volume["secret"]
+            if secret.get("secretName") != want:
+                errors.append(f"{comp}: --{flag} reads the Secret {secret.get('secretName')}, want its own {want}")
+            if secret.get("optional"):
+                errors.append(f"{comp}: its Secret {secret.get('secretName')} is optional: a pod would start without "
+                              "its identity")
+            if key not in m.TLS_SECRET_KEYS:
+                errors.append(f"{comp}: --{flag} reads key {key!r}, not one of cert-manager's {m.TLS_SECRET_KEYS}")
+            owners.setdefault(secret.get("secretName"), set()).add(comp)
+        expected_keys = {"tls_cert": "tls.crt", "tls_key": "tls.key", "tls_ca": "ca.crt"}
+        for flag, key in expected_keys.items():
+            found = m.mounted_key(objs, comp, f.get(flag, ""), "secret") if f.get(flag) else None
+            if found is not None and found[1] != key:
+                errors.append(f"{comp}: --{flag} reads {found[1]}, want {key}")
+    errors += [f"Secret {name} is mounted by several pools {sorted(comps)}: one identity each"
+               for name, comps in owners.items() if len(comps) > 1]
+    return list(dict.fromkeys(errors))  # each once, though several flags read the same Secret
+
+
+def check_tls_health(objs):
+    """Probes on the plaintext health port: the container port named health,
+    where --health_address listens, and no other port of the pod."""
+    errors = []
+    for comp in COMPONENTS:
+        c = m.container(objs, comp)
+        ports = m.container_ports(c)
+        f = m.flags(objs, comp)
+        if ports.get("health") != m.HEALTH_PORT:
+            errors.append(f"{comp}: no container port health {m.HEALTH_PORT} (ports {ports})")
+        if not f.get("health_address") or m.port_of(f["health_address"]) != ports.get("health"):
+            errors.append(f"{comp}: --health_address={f.get('health_address')} is not the port health "
+                          f"{ports.get('health')}")
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            port = c.get(probe, {}).get("grpc", {}).get("port")
+            if port != ports.get("health"):
+                errors.append(f"{comp}: {probe} on port {port}, not the health port {ports.get('health')}")
+    return errors
+
+
+def check_tls_peers(objs):
+    """--tls_allowed_peers of each pool names exactly the identities of the
+    pools the NetworkPolicies let reach its gRPC port; a port open to clients
+    anywhere (decode's) names none (any certificate the CA verifies)."""
+    errors = []
+    flows = m.allowed_flows(objs)
+    for comp in COMPONENTS:
+        callers = {src for src, dst, port, _ in flows if dst == comp and port == PORTS[comp]["grpc"]}
+        peers = set(_peers(m.flags(objs, comp)))
+        if callers - set(COMPONENTS):
+            if peers:
+                errors.append(f"{comp}: its gRPC port is open to clients, yet --tls_allowed_peers names "
+                              f"{sorted(peers)}")
+            continue
+        want = {m.identity(objs, c) for c in callers}
+        if peers != want:
+            errors.append(f"{comp}: --tls_allowed_peers {sorted(peers)}, but the NetworkPolicies let in "
+                          f"{sorted(callers)}: {sorted(want)}")
+    return errors
+
+
+def check_tls_certificates(objs, example=None):
+    """The cert-manager example issues each pool's Secret with the pool's
+    identity (URI SAN), its Service's names (what callers dial and verify),
+    server and client usage, from a CA Issuer whose CA it also issues."""
+    example = m.cert_manager_example() if example is None else example
+    errors = []
+    certificates = {c["spec"].get("secretName"): c for c in example if c["kind"] == "Certificate"}
+    issuers = {i["metadata"]["name"]: i for i in example if i["kind"] == "Issuer"}
+    for comp in COMPONENTS:
+        f = m.flags(objs, comp)
+        found = m.mounted_key(objs, comp, f.get("tls_cert", ""), "secret") if f.get("tls_cert") else None
+        if found is None:
+            errors.append(f"{comp}: reads no certificate from a Secret")
+            continue
+        secret = found[0]["secret"]["secretName"]
+        cert = certificates.get(secret)
+        if cert is None:
+            errors.append(f"{comp}: the example issues no Certificate for its Secret {secret}")
+            continue
+        spec = cert["spec"]
+        namespace = m.workload(objs, comp)["metadata"].get("namespace", "default")
+        if cert["metadata"].get("namespace") != namespace:
+            errors.append(f"Certificate {cert['metadata']['name']}: namespace {cert['metadata'].get('namespace')}, "
+                          f"the pods' is {namespace}")
+        if spec.get("uris") != [m.identity(objs, comp)]:
+            errors.append(f"Certificate {cert['metadata']['name']}: uris {spec.get('uris')}, want "
+                          f"[{m.identity(objs, comp)}]")
+        service = f"hybridserve-{comp}"
+        names = {service, f"{service}.{namespace}", f"{service}.{namespace}.svc",
+                 f"{service}.{namespace}.svc.cluster.local"}
+        missing = names - set(spec.get("dnsNames") or [])
+        if missing:
+            errors.append(f"Certificate {cert['metadata']['name']}: dnsNames lack {sorted(missing)}")
+        if not {"server auth", "client auth"} <= set(spec.get("usages") or []):
+            errors.append(f"Certificate {cert['metadata']['name']}: usages {spec.get('usages')} lack server auth and "
+                          "client auth")
+        issuer = issuers.get(spec.get("issuerRef", {}).get("name"))
+        if spec.get("issuerRef", {}).get("kind", "Issuer") != "Issuer" or issuer is None or "ca" not in issuer["spec"]:
+            errors.append(f"Certificate {cert['metadata']['name']}: not issued by a CA Issuer of the example")
+            continue
+        ca = certificates.get(issuer["spec"]["ca"].get("secretName"))
+        if ca is None or not ca["spec"].get("isCA"):
+            errors.append(f"Issuer {issuer['metadata']['name']}: its CA Secret is not an isCA Certificate here")
+    return list(dict.fromkeys(errors))  # each once, though several Certificates share the Issuer
+
+
 CHECKS = [check_objects, check_resources, check_probes, check_security, check_pdbs, check_services, check_drain,
           check_flags, check_cachestore_budgets, check_autoscaling, check_topology, check_network_policies]
+TLS_CHECKS = [check_tls_flags, check_tls_secrets, check_tls_health, check_tls_peers, check_tls_certificates]
 
 
 # --- deliberate breakage: (check, what, mutation of the cpu render) -------------
@@ -431,6 +636,106 @@ BREAKAGES = [
 ]
 
 
+def _append_flag(o, file_name, line):
+    _set(_config(o), [file_name], _config(o)[file_name] + line + "\n")
+
+
+def _drop_flag(o, file_name, flag):
+    lines = _config(o)[file_name].splitlines(keepends=True)
+    _set(_config(o), [file_name], "".join(x for x in lines if not x.startswith(f"--{flag}=")))
+
+
+def _volume(o, comp, name):
+    return next(v for v in m.pod_spec(o, comp)["volumes"] if v["name"] == name)
+
+
+def _certificate(example, name):
+    return next(c for c in example if c["kind"] == "Certificate" and c["metadata"]["name"] == name)
+
+
+_DECODE_ID = f"spiffe://{m.TRUST_DOMAIN}/ns/hybridserve/sa/hybridserve-decode"
+_PREFILL_ID = f"spiffe://{m.TRUST_DOMAIN}/ns/hybridserve/sa/hybridserve-prefill"
+_CACHESTORE_ID = f"spiffe://{m.TRUST_DOMAIN}/ns/hybridserve/sa/hybridserve-cachestore"
+
+# (check, what, mutation of the cpu-mtls render)
+TLS_BREAKAGES = [
+    (check_objects, "decode runs as prefill's ServiceAccount",
+     lambda o: _set(m.pod_spec(o, "decode"), ["serviceAccountName"], "hybridserve-prefill")),
+    (check_objects, "the service-account token mounted",
+     lambda o: _set(m.pod_spec(o, "cachestore"), ["automountServiceAccountToken"], True)),
+    (check_probes, "liveness probed on the TLS port",
+     lambda o: _set(_container(o, "prefill")["livenessProbe"]["grpc"], ["port"], 50061)),
+    (check_network_policies, "the health port open to every pod",
+     lambda o: _policy(o, "decode")["ingress"][0]["ports"].append({"port": "health", "protocol": "TCP"})),
+    (check_tls_flags, "decode's TLS flag file not on its args",
+     lambda o: _container(o, "decode")["args"].pop()),
+    (check_tls_flags, "prefill calls the cachestore in plaintext (no --tls_ca)",
+     lambda o: _drop_flag(o, "prefill-tls.flags", "tls_ca")),
+    (check_tls_flags, "decode takes clients without certificates",
+     lambda o: _append_flag(o, "decode-tls.flags", "--tls_client_auth=request")),
+    (check_tls_flags, "the cachestore takes unauthenticated callers",
+     lambda o: _append_flag(o, "cachestore-tls.flags", "--tls_client_auth=none")),
+    (check_tls_flags, "decode's tenants from a header",
+     lambda o: _append_flag(o, "decode-tls.flags", "--tenant_from=proxy_header")),
+    (check_tls_flags, "--tenant_from given to prefill, which does not define it",
+     lambda o: _append_flag(o, "prefill-tls.flags", "--tenant_from=certificate")),
+    (check_tls_flags, "a wildcard allowed peer",
+     lambda o: _append_flag(o, "prefill-tls.flags", "--tls_allowed_peers=*")),
+    (check_tls_flags, "the health port bound to loopback",
+     lambda o: _append_flag(o, "cachestore-tls.flags", "--health_address=127.0.0.1:50080")),
+    (check_tls_flags, "a refresh interval the binaries refuse",
+     lambda o: _append_flag(o, "decode-tls.flags", "--tls_refresh=500ms")),
+    (check_tls_secrets, "prefill mounts decode's Secret",
+     lambda o: _set(_volume(o, "prefill", "tls")["secret"], ["secretName"], "hybridserve-decode-tls")),
+    (check_tls_secrets, "decode's Secret optional",
+     lambda o: _set(_volume(o, "decode", "tls")["secret"], ["optional"], True)),
+    (check_tls_secrets, "the cachestore's Secret not mounted",
+     lambda o: _set(_container(o, "cachestore"), ["volumeMounts"],
+                    [v for v in _container(o, "cachestore")["volumeMounts"] if v["name"] != "tls"])),
+    (check_tls_secrets, "the CA read from the certificate's key",
+     lambda o: _append_flag(o, "decode-tls.flags", f"--tls_ca={m.TLS_MOUNT}/tls.crt")),
+    (check_tls_secrets, "the Secret's items leave out the key",
+     lambda o: _set(_volume(o, "prefill", "tls")["secret"], ["items"],
+                    [{"key": "tls.crt", "path": "tls.crt"}, {"key": "ca.crt", "path": "ca.crt"}])),
+    (check_tls_health, "readiness probed on the TLS port",
+     lambda o: _set(_container(o, "decode")["readinessProbe"]["grpc"], ["port"], 50050)),
+    (check_tls_health, "the health port not declared",
+     lambda o: _set(_container(o, "prefill"), ["ports"],
+                    [p for p in _container(o, "prefill")["ports"] if p["name"] != "health"])),
+    (check_tls_health, "--health_address on another port than the probes'",
+     lambda o: _append_flag(o, "cachestore-tls.flags", "--health_address=0.0.0.0:50081")),
+    (check_tls_peers, "prefill also lets the cachestore's identity in",
+     lambda o: _append_flag(o, "prefill-tls.flags", f"--tls_allowed_peers={_DECODE_ID},{_CACHESTORE_ID}")),
+    (check_tls_peers, "the cachestore forgets prefill",
+     lambda o: _append_flag(o, "cachestore-tls.flags", f"--tls_allowed_peers={_DECODE_ID}")),
+    (check_tls_peers, "the cachestore's NetworkPolicy no longer lets prefill in, its peers still name it",
+     lambda o: _policy(o, "cachestore")["ingress"][0]["from"].pop()),
+    (check_tls_peers, "decode runs as another ServiceAccount than prefill lets in",
+     lambda o: _set(m.pod_spec(o, "decode"), ["serviceAccountName"], "hybridserve-frontend")),
+    (check_tls_peers, "decode's client port limited to prefill's identity",
+     lambda o: _append_flag(o, "decode-tls.flags", f"--tls_allowed_peers={_PREFILL_ID}")),
+    (check_tls_certificates, "decode mounts a Secret the example does not issue",
+     lambda o: _set(_volume(o, "decode", "tls")["secret"], ["secretName"], "hybridserve-decode-tls-v2")),
+]
+
+# (what, mutation of the cert-manager example), caught by check_tls_certificates
+CERTIFICATE_BREAKAGES = [
+    ("prefill's certificate without the Service's full name",
+     lambda e: _certificate(e, "hybridserve-prefill")["spec"]["dnsNames"].remove(
+         "hybridserve-prefill.hybridserve.svc.cluster.local")),
+    ("the cachestore's certificate names decode's identity",
+     lambda e: _set(_certificate(e, "hybridserve-cachestore")["spec"], ["uris"], [_DECODE_ID])),
+    ("decode's certificate for servers only",
+     lambda e: _set(_certificate(e, "hybridserve-decode")["spec"], ["usages"], ["server auth", "digital signature"])),
+    ("prefill's certificate from the self-signed Issuer",
+     lambda e: _set(_certificate(e, "hybridserve-prefill")["spec"]["issuerRef"], ["name"], "hybridserve-selfsigned")),
+    ("the cachestore's certificate in another namespace",
+     lambda e: _set(_certificate(e, "hybridserve-cachestore")["metadata"], ["namespace"], "default")),
+    ("the CA Issuer's Secret is no CA",
+     lambda e: _set(_certificate(e, "hybridserve-ca")["spec"], ["isCA"], False)),
+]
+
+
 class ManifestPolicyTest(unittest.TestCase):
 
     @classmethod
@@ -438,9 +743,10 @@ class ManifestPolicyTest(unittest.TestCase):
         cls.rendered = {o: m.render(o) for o in m.overlays()}
 
     def test_every_overlay_renders(self):
-        self.assertEqual(sorted(self.rendered), ["cpu", "gpu"])
+        self.assertEqual(sorted(self.rendered), ["cpu", "cpu-mtls", "gpu"])
+        self.assertEqual([o for o in self.rendered if m.uses_mtls(o)], ["cpu-mtls"])
         for overlay, objs in self.rendered.items():
-            self.assertGreaterEqual(len(objs), 16, overlay)
+            self.assertGreaterEqual(len(objs), 19, overlay)
 
     def test_each_check_passes_on_every_overlay(self):
         for overlay, objs in self.rendered.items():
@@ -449,17 +755,35 @@ class ManifestPolicyTest(unittest.TestCase):
                     self.assertEqual(check(objs), [])
             with self.subTest(overlay=overlay, check="check_device"):
                 self.assertEqual(check_device(objs, overlay), [])
+            if m.uses_mtls(overlay):
+                for check in TLS_CHECKS:
+                    with self.subTest(overlay=overlay, check=check.__name__):
+                        self.assertEqual(check(objs), [])
+            else:
+                # Plaintext: no TLS flag, no Secret; the TLS checks would fail.
+                for comp in COMPONENTS:
+                    self.assertEqual([k for k in m.flags(objs, comp) if k in BINARY_TLS_FLAGS[comp]], [], comp)
+                    self.assertFalse([v for v in m.pod_spec(objs, comp)["volumes"] if "secret" in v], comp)
+                self.assertNotEqual(check_tls_flags(objs), [], overlay)
         self.assertEqual(check_adapter_pages(self.rendered["cpu"]), [])
 
     def test_each_check_catches_its_breakages(self):
         covered = set()
-        for check, what, mutate in BREAKAGES:
-            with self.subTest(check=check.__name__, breakage=what):
-                broken = copy.deepcopy(self.rendered["cpu"])
-                mutate(broken)
-                self.assertNotEqual(check(broken), [], f"{check.__name__} missed: {what}")
-                covered.add(check)
-        self.assertEqual(covered, set(CHECKS + [check_adapter_pages]), "every check has a breakage it must catch")
+        for overlay, breakages in (("cpu", BREAKAGES), ("cpu-mtls", TLS_BREAKAGES)):
+            for check, what, mutate in breakages:
+                with self.subTest(overlay=overlay, check=check.__name__, breakage=what):
+                    broken = copy.deepcopy(self.rendered[overlay])
+                    mutate(broken)
+                    self.assertNotEqual(check(broken), [], f"{check.__name__} missed: {what}")
+                    covered.add(check)
+        for what, mutate in CERTIFICATE_BREAKAGES:
+            with self.subTest(check="check_tls_certificates", breakage=what):
+                example = copy.deepcopy(m.cert_manager_example())
+                mutate(example)
+                self.assertNotEqual(check_tls_certificates(self.rendered["cpu-mtls"], example), [],
+                                    f"check_tls_certificates missed: {what}")
+        self.assertEqual(covered, set(CHECKS + TLS_CHECKS + [check_adapter_pages]),
+                         "every check has a breakage it must catch")
 
     def test_device_check_catches_a_cpu_overlay_on_gpus(self):
         self.assertNotEqual(check_device(self.rendered["cpu"], "gpu"), [])
@@ -475,6 +799,10 @@ class ManifestPolicyTest(unittest.TestCase):
                        ("cachestore", "decode", 50050, "TCP"), ("grafana", "decode", 9090, "TCP"),
                        ("prefill", "prefill", 50061, "TCP"), ("decode", "prometheus", 9090, "TCP")]:
             self.assertNotIn(denied, flows)
+        # With mutual TLS the flows are the same, and no pod reaches a health
+        # port: only the kubelet does (a pod's own node always may).
+        self.assertEqual(m.allowed_flows(self.rendered["cpu-mtls"]), flows)
+        self.assertIn(m.HEALTH_PORT, {p for _, p, _ in m.endpoints(self.rendered["cpu-mtls"])[0].ports})
 
 
 if __name__ == "__main__":

@@ -22,6 +22,15 @@ PORTS = {
     "prefill": {"grpc": 50061, "metrics": 9090},
     "cachestore": {"grpc": 50051, "metrics": 9090},
 }
+# The mtls component (deploy/k8s/components/mtls): the plaintext health-only
+# port every pool gets (the container port named health), the trust domain of
+# the SPIFFE IDs its certificates carry, and where each pool's Secret is
+# mounted, with cert-manager's keys.
+HEALTH_PORT = 50080
+TRUST_DOMAIN = "hybridserve.local"
+MTLS_COMPONENT = "components/mtls"
+TLS_MOUNT = "/etc/hybridserve/tls"
+TLS_SECRET_KEYS = ("tls.crt", "tls.key", "ca.crt")
 LIVENESS_SERVICE = "hybridserve.liveness"
 BINARY = "/opt/hybridserve/bin/{}"
 RUN_AS_USER = 10001
@@ -51,6 +60,28 @@ def render(overlay):
 
 def overlays():
     return sorted(os.listdir(os.path.join(k8s_dir(), "overlays")))
+
+
+def overlay_components(overlay):
+    """The kustomize Components an overlay lists, as paths relative to
+    deploy/k8s (e.g. "components/mtls")."""
+    path = os.path.join(k8s_dir(), "overlays", overlay, "kustomization.yaml")
+    with open(path, encoding="utf-8") as f:
+        kustomization = yaml.safe_load(f)
+    base = os.path.join("overlays", overlay)
+    return [os.path.normpath(os.path.join(base, c)) for c in kustomization.get("components") or []]
+
+
+def uses_mtls(overlay):
+    return MTLS_COMPONENT in overlay_components(overlay)
+
+
+def cert_manager_example():
+    """The objects of components/mtls/cert-manager-example.yaml (rendered by no
+    overlay: cert-manager's CRDs)."""
+    path = os.path.join(k8s_dir(), MTLS_COMPONENT, "cert-manager-example.yaml")
+    with open(path, encoding="utf-8") as f:
+        return [o for o in yaml.safe_load_all(f) if o]
 
 
 def monitoring_rules():
@@ -138,23 +169,47 @@ def _flag_lines(text):
             yield line
 
 
-def _mounted_file(objs, component, path):
-    """The text of a file a container reads from a mounted ConfigMap, or None."""
+def mounted_key(objs, component, path, source):
+    """Where a file a container reads comes from: (volume, key) of the
+    `source` ("configMap" or "secret") volume mounted over `path`, the key
+    mapped through the volume's items as the kubelet does; None when no such
+    volume holds the path (not checked: whether the object has the key)."""
     spec = pod_spec(objs, component)
     volumes = {v["name"]: v for v in spec.get("volumes", [])}
     for m in container(objs, component).get("volumeMounts", []):
         mount = m["mountPath"].rstrip("/") + "/"
         volume = volumes.get(m["name"], {})
-        if not path.startswith(mount) or "configMap" not in volume:
+        if not path.startswith(mount) or source not in volume or m.get("subPath"):
             continue
         key = path[len(mount):]
-        for item in volume["configMap"].get("items") or []:
-            if item["path"] == key:
-                key = item["key"]
-        cms = find(objs, "ConfigMap", volume["configMap"]["name"])
-        if cms and key in (cms[0].get("data") or {}):
-            return cms[0]["data"][key]
+        items = volume[source].get("items")
+        if items is not None:
+            mapped = [item["key"] for item in items if item["path"] == key]
+            if not mapped:
+                continue
+            key = mapped[0]
+        return volume, key
     return None
+
+
+def _mounted_file(objs, component, path):
+    """The text of a file a container reads from a mounted ConfigMap, or None."""
+    found = mounted_key(objs, component, path, "configMap")
+    if found is None:
+        return None
+    volume, key = found
+    cms = find(objs, "ConfigMap", volume["configMap"]["name"])
+    if cms and key in (cms[0].get("data") or {}):
+        return cms[0]["data"][key]
+    return None
+
+
+def identity(objs, component):
+    """The SPIFFE ID of a component's pods: their ServiceAccount's, in the
+    SPIFFE convention spiffe://<trust domain>/ns/<namespace>/sa/<name>."""
+    w = workload(objs, component)
+    account = w["spec"]["template"]["spec"].get("serviceAccountName", "default")
+    return f"spiffe://{TRUST_DOMAIN}/ns/{w['metadata'].get('namespace', 'default')}/sa/{account}"
 
 
 def flags(objs, component):

@@ -17,6 +17,20 @@ plays what a platform team does with it:
      finish (so a grace period too short for the drain is a SIGKILL, and a
      failure).
 
+The same scenario runs on deploy/k8s/overlays/cpu-mtls (mutual TLS on
+every gRPC port, tests/k8s/local_cluster.py mapping each pool's Secret to a
+directory laid out as the kubelet's), with certificates made at test time as
+components/mtls/cert-manager-example.yaml would issue them (its SPIFFE IDs
+and DNS names, by tools/make_test_certs.py) and clients holding tenant
+certificates. Besides: every pod turned Ready by probes on its plaintext
+health port while its gRPC port refuses plaintext, and the health port
+answers nothing but health; decode refuses a client without a certificate,
+prefill and the cachestore refuse a tenant's certificate (their allowed
+peers) and take decode's; another tenant's identical prompt resumes nothing
+from the first tenant's cache; and while the conversations run every Secret
+is renewed (the kubelet's symlink swap): within --tls_refresh each pod
+serves its new certificate, with no restart and no failed request.
+
 Zero failed requests: any non-OK status or a final message with
 finish_reason ERROR or ABORT fails the test (clients retry nothing; each
 turn is a new connection to a ready decode endpoint, as a ClusterIP
@@ -31,6 +45,8 @@ namespace (the hosts file over /etc/hosts): it re-executes itself under
 
 import os
 import random
+import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -38,14 +54,20 @@ import threading
 import time
 import unittest
 
+import grpc
+
 import local_cluster
 import manifests
 from hybridserve_client import Client, FinishReason, HybridserveError, encode_bytes
 
 _NAMESPACED = "HS_K8S_RUN_NAMESPACED"
 
-OVERLAY = "cpu"
+OVERLAY, MTLS_OVERLAY = "cpu", "cpu-mtls"
 DECODE, PREFILL, CACHESTORE = "hybridserve-decode", "hybridserve-prefill", "hybridserve-cachestore"
+# The clients' certificates (tenants by certificate): issued by the same CA
+# as the pools' (README "Mutual TLS"), under their own SPIFFE IDs.
+TENANTS = {"tenant-a": f"spiffe://{manifests.TRUST_DOMAIN}/ns/clients/sa/chat",
+           "tenant-b": f"spiffe://{manifests.TRUST_DOMAIN}/ns/clients/sa/other"}
 CONVERSATIONS = 8
 TURNS_A_CONVERSATION = 4
 MAX_TOKENS = 6
@@ -78,8 +100,9 @@ class Conversations:
     """Clients of the decode Service: conversations of several turns, each
     turn a new connection to a ready decode endpoint."""
 
-    def __init__(self, cluster):
+    def __init__(self, cluster, client_options=None):
         self.cluster = cluster
+        self.client_options = client_options or {}  # Client's TLS arguments
         self.lock = threading.Lock()
         self.sent = 0
         self.failed = []
@@ -93,7 +116,7 @@ class Conversations:
         pod, target = self.cluster.pick(DECODE, "grpc")
         self.count_sent()
         try:
-            with Client(target, timeout=REQUEST_TIMEOUT_S) as client:
+            with Client(target, timeout=REQUEST_TIMEOUT_S, **self.client_options) as client:
                 result = client.generate(history, max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True,
                                          cache_salt="k8s")
         except HybridserveError as e:
@@ -159,7 +182,7 @@ class CallAcrossSigterm:
 
     def __init__(self, clients, pod):
         self.clients, self.pod = clients, pod
-        self.client = Client(f"{pod.ip}:{pod.port('grpc')}", timeout=REQUEST_TIMEOUT_S)
+        self.client = Client(f"{pod.ip}:{pod.port('grpc')}", timeout=REQUEST_TIMEOUT_S, **clients.client_options)
         clients.count_sent()
         max_context = self.client.model_info().max_context_tokens
         clients.count_sent()
@@ -206,27 +229,136 @@ def prefill_calls(pod):
     return 0.0
 
 
+class Certificates:
+    """The Secrets the mtls overlay mounts, issued at test time as
+    components/mtls/cert-manager-example.yaml would issue them (each
+    Certificate's URIs and DNS names; the CA Issuer's CA as ca.crt), by
+    tools/make_test_certs.py, and the tenants' client certificates."""
+
+    def __init__(self, directory):
+        self.dir = directory
+        self.tool = local_cluster.runfile("tools/make_test_certs.py")
+        subprocess.run(["/usr/bin/python3", self.tool, "--out", directory], check=True)  # the CA
+        self.ca = os.path.join(directory, "ca.pem")
+        self.sans = {}  # Secret name -> make_test_certs.py's SAN arguments
+        for cert in manifests.cert_manager_example():
+            spec = cert["spec"]
+            if cert["kind"] != "Certificate" or spec.get("isCA"):
+                continue
+            self.sans[spec["secretName"]] = ([f"--uri={u}" for u in spec.get("uris", [])]
+                                             + [f"--dns={d}" for d in spec.get("dnsNames", [])])
+            self._issue(spec["secretName"])
+        for name, spiffe_id in TENANTS.items():
+            subprocess.run(["/usr/bin/python3", self.tool, "--out", directory, "--issue", name, f"--uri={spiffe_id}"],
+                           check=True)
+
+    def _issue(self, secret):
+        subprocess.run(["/usr/bin/python3", self.tool, "--out", self.dir, "--issue", secret, *self.sans[secret]],
+                       check=True)
+
+    def secret(self, name):
+        """The Secret's data, cert-manager's keys."""
+        files = {"tls.crt": f"{name}.pem", "tls.key": f"{name}.key", "ca.crt": "ca.pem"}
+        out = {}
+        for key, file_name in files.items():
+            with open(os.path.join(self.dir, file_name), "rb") as f:
+                out[key] = f.read()
+        return out
+
+    def secrets(self):
+        return {name: self.secret(name) for name in self.sans}
+
+    def renew(self, name):
+        """A new certificate and key for the Secret (a renewal); its data."""
+        self._issue(name)
+        return self.secret(name)
+
+    def files(self, name):
+        """(certificate, key) paths of a tenant or a Secret's identity."""
+        return os.path.join(self.dir, f"{name}.pem"), os.path.join(self.dir, f"{name}.key")
+
+    def client_options(self, tenant, server_name=DECODE):
+        cert, key = self.files(tenant)
+        return {"tls_ca": self.ca, "tls_cert": cert, "tls_key": key, "tls_server_name": server_name}
+
+
+def served_certificate(address, server_name, certificates, client):
+    """The certificate (DER) a TLS port serves a new connection, verified
+    against the CA and `server_name` (Python's own check of the SANs)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.load_verify_locations(certificates.ca)
+    context.load_cert_chain(*certificates.files(client))
+    context.set_alpn_protocols(["h2"])
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        with context.wrap_socket(sock, server_hostname=server_name) as tls:
+            return tls.getpeercert(binary_form=True)
+
+
+def raw_call(address, method, credentials=None, server_name=None, stream=False):
+    """One call by method name with an empty request; its status code."""
+    if credentials is None:
+        channel = grpc.insecure_channel(address)
+    else:
+        channel = grpc.secure_channel(address, credentials, options=[("grpc.ssl_target_name_override", server_name)])
+    try:
+        if stream:
+            list(channel.stream_stream(method)(iter([b""]), timeout=5))
+        else:
+            channel.unary_unary(method)(b"", timeout=5)
+        return grpc.StatusCode.OK
+    except grpc.RpcError as e:
+        return e.code()
+    finally:
+        channel.close()
+
+
+def tls_credentials(certificates, identity):
+    cert, key = certificates.files(identity)
+
+    def read(path):
+        with open(path, "rb") as f:
+            return f.read()
+
+    return grpc.ssl_channel_credentials(read(certificates.ca), read(key), read(cert))
+
+
 class RunManifestsTest(unittest.TestCase):
 
     def setUp(self):
         random.seed(26)
         self.workdir = tempfile.mkdtemp(prefix="k8s-run-", dir=os.environ.get("TEST_TMPDIR"))
-        self.objs = manifests.render(OVERLAY)
-        self.cluster = local_cluster.Cluster(self.objs, self.workdir)
-        self.cluster.start()
+        self.cluster = None
 
     def tearDown(self):
-        self.cluster.teardown()
+        if self.cluster is not None:
+            self.cluster.teardown()
 
-    def test_manifests_serve_scale_and_roll_without_a_failed_request(self):
+    def _start(self, overlay, secrets=None):
+        self.objs = manifests.render(overlay)
+        os.makedirs(os.path.join(self.workdir, overlay))
+        self.cluster = local_cluster.Cluster(self.objs, os.path.join(self.workdir, overlay), secrets)
+        self.cluster.start()
+
+    def _with_logs_on_failure(self, scenario):
         try:
-            self._scenario()
+            scenario()
         except BaseException:
             for pod in self.cluster.all_pods:
                 print(f"--- {pod.name} ({pod.ip}) log tail:\n{pod.log_tail()}")
             raise
 
-    def _scenario(self):
+    def test_manifests_serve_scale_and_roll_without_a_failed_request(self):
+        self._start(OVERLAY)
+        self._with_logs_on_failure(lambda: self._scenario(Conversations(self.cluster)))
+
+    def test_mtls_manifests_serve_scale_roll_and_renew_certificates_without_a_failed_request(self):
+        certificates = Certificates(os.path.join(self.workdir, "certs"))
+        self._start(MTLS_OVERLAY, certificates.secrets())
+        clients = Conversations(self.cluster, certificates.client_options("tenant-a"))
+        self._with_logs_on_failure(lambda: self._scenario(clients, certificates))
+
+    def _scenario(self, clients, certificates=None):
         began = time.monotonic()
         deployments = self.cluster.deployments
         # 1. Each pool once the one it needs is Ready.
@@ -234,14 +366,17 @@ class RunManifestsTest(unittest.TestCase):
         deployments[PREFILL].scale(1, READY_TIMEOUT_S)
         deployments[DECODE].scale(1, READY_TIMEOUT_S)
         print(f"all Ready after {time.monotonic() - began:.1f} s")
+        if certificates is not None:
+            self._check_tls_ports(certificates)
 
         # 2. A three-turn chat.
-        clients = Conversations(self.cluster)
         cached = clients.chat("the three-turn chat", 3)
         self.assertEqual(clients.failed, [])
         self.assertEqual(len(cached), 3)
         self.assertTrue(all(c > 0 for c in cached[1:]), f"cached_tokens of the three turns: {cached}")
         print(f"three-turn chat: cached_tokens {cached}")
+        if certificates is not None:
+            self._check_tenants(certificates)
 
         # 3. Traffic from here on; prefill 1 -> 3.
         clients.start(CONVERSATIONS)
@@ -253,6 +388,8 @@ class RunManifestsTest(unittest.TestCase):
                           "decode calls every new prefill pod")
         served = {p.name: prefill_calls(p) for p in deployments[PREFILL].pods}
         print(f"prefill pods after scaling to {PREFILL_REPLICAS}, calls served: {served}")
+        if certificates is not None:
+            self._renew_every_secret(certificates)
 
         # 4. Rolling updates under traffic.
         terminations = []
@@ -286,6 +423,91 @@ class RunManifestsTest(unittest.TestCase):
         # The long call was running (its first token out) when its pod got SIGTERM.
         self.assertLess(across.first_token, across.pod.sigterm_at)
         self.assertGreater(across.ended, across.pod.sigterm_at)
+
+    # --- mutual TLS --------------------------------------------------------------
+
+    def _check_tls_ports(self, certificates):
+        """Every pod turned Ready by probes on its plaintext health port (its
+        gRPC port refuses plaintext); the health port answers nothing but
+        health; each pool takes exactly the callers its allowed peers name."""
+        for pod in self.cluster.all_pods:
+            health = f"{pod.ip}:{pod.port('health')}"
+            probe_ports = {pod.container[p]["grpc"]["port"] for p in ("startupProbe", "readinessProbe",
+                                                                         "livenessProbe")}
+            self.assertEqual(probe_ports, {pod.port("health")}, pod.name)
+            self.assertTrue(pod.ready, pod.name)
+            self.assertTrue(local_cluster.health_check(pod.ip, pod.port("health"), "", 5), pod.name)
+            self.assertFalse(local_cluster.health_check(pod.ip, pod.port("grpc"), "", 5),
+                             f"{pod.name}: its TLS port answers a plaintext probe")
+            for method in ("/hybridserve.v1.Generation/Generate", "/hybridserve.v1.CacheStore/Stats",
+                           "/hybridserve.v1.Prefill/Prefill"):
+                self.assertEqual(raw_call(health, method), grpc.StatusCode.UNIMPLEMENTED, f"{pod.name} {method}")
+            self.assertEqual(raw_call(health, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+                                      stream=True), grpc.StatusCode.UNIMPLEMENTED, f"{pod.name}: reflection")
+        # Decode: a client without a certificate fails the handshake.
+        decode = self.cluster.deployments[DECODE].pods[0]
+        with Client(f"{decode.ip}:{decode.port('grpc')}", timeout=10, tls_ca=certificates.ca,
+                    tls_server_name=DECODE) as client:
+            with self.assertRaises(HybridserveError) as refused:
+                client.generate(encode_bytes("no certificate", add_bos=True), max_tokens=1)
+            self.assertEqual(refused.exception.code, grpc.StatusCode.UNAVAILABLE)
+        # Prefill and the cachestore: a tenant's certificate verifies but is
+        # not an allowed peer; decode's is.
+        for deployment, method in ((PREFILL, "/hybridserve.v1.Prefill/Prefill"),
+                                   (CACHESTORE, "/hybridserve.v1.CacheStore/Stats")):
+            pod = self.cluster.deployments[deployment].pods[0]
+            address = f"{pod.ip}:{pod.port('grpc')}"
+            self.assertEqual(raw_call(address, method, tls_credentials(certificates, "tenant-a"), deployment),
+                             grpc.StatusCode.PERMISSION_DENIED, deployment)
+            self.assertNotIn(raw_call(address, method, tls_credentials(certificates, f"{DECODE}-tls"), deployment),
+                             (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED,
+                              grpc.StatusCode.UNAVAILABLE), deployment)
+        print("mTLS: probes on the health ports; TLS ports refuse plaintext; health ports serve health alone; "
+              "decode refuses no certificate; prefill and the cachestore refuse a tenant, take decode")
+
+    def _check_tenants(self, certificates):
+        """Tenants by certificate (the same salt): A's first turn is cached
+        under A; B sending A's second turn word for word resumes nothing; A
+        sending it resumes."""
+        pod, target = self.cluster.pick(DECODE, "grpc")
+
+        def turn(tenant, history):
+            with Client(target, timeout=REQUEST_TIMEOUT_S, **certificates.client_options(tenant)) as client:
+                return client.generate(history, max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True,
+                                       cache_salt="k8s")
+
+        first = encode_bytes("tenant A's own conversation, word for word.\n", add_bos=True)
+        second = first + list(turn("tenant-a", first).token_ids) + encode_bytes("And then?\n")
+        cached_b = turn("tenant-b", second).usage.cached_tokens
+        cached_a = turn("tenant-a", second).usage.cached_tokens
+        print(f"tenants on {pod.name}: A's second turn sent by B: cached_tokens {cached_b}; by A: {cached_a}")
+        self.assertEqual(cached_b, 0)
+        self.assertGreater(cached_a, 0)
+
+    def _renew_every_secret(self, certificates):
+        """Every pool's Secret renewed while the conversations run: each pod
+        serves its new certificate within --tls_refresh, without a restart."""
+        began = time.monotonic()
+        renewed = {}
+        for name in certificates.sans:
+            data = certificates.renew(name)
+            renewed[name] = ssl.PEM_cert_to_DER_cert(data["tls.crt"].decode())
+            self.cluster.update_secret(name, data)
+        refresh_s = max(manifests.parse_duration_s(manifests.flags(self.objs, c).get("tls_refresh", "10s"))
+                        for c in manifests.COMPONENTS)
+        pods = [p for p in self.cluster.all_pods if not p.deleted]
+        processes = {p.name: p.process.pid for p in pods}
+
+        def serves_new(pod):
+            secret = f"{pod.deployment.name}-tls"
+            return served_certificate(f"{pod.ip}:{pod.port('grpc')}", pod.deployment.name, certificates,
+                                      f"{DECODE}-tls") == renewed[secret]
+
+        self.cluster.wait(lambda: all(serves_new(p) for p in pods), refresh_s + 10,
+                          "every pod serves its renewed certificate")
+        self.assertEqual({p.name: p.process.pid for p in pods if p.process.poll() is None}, processes)
+        print(f"certificates renewed: all {len(pods)} pods serve the new ones after {time.monotonic() - began:.1f} s "
+              f"(--tls_refresh {refresh_s:.0f} s), no restart")
 
 
 if __name__ == "__main__":
