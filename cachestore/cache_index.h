@@ -163,8 +163,8 @@ class CacheIndex {
     // Tail lengths of the states here, with their counts: a lookup hashes the
     // prompt once per length present, never per state.
     std::map<int64_t, int> tail_lengths;
-    int busy_states = 0;       // attached states reserved or pinned
-    std::string tenant;  // roots: the namespace's tenant (PutSpec::tenant)
+    int busy_states = 0;  // attached states reserved or pinned
+    std::string tenant;   // roots: the namespace's tenant (PutSpec::tenant)
   };
   struct State {
     Hash128 key;
