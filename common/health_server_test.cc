@@ -5,52 +5,28 @@
 
 #include "common/health_server.h"
 
-#include <condition_variable>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/health.h"
+#include "common/raw_grpc_call.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
-#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 
 namespace hybridserve::common {
 namespace {
 
-// One blocking unary call by method name with a raw request; the status and
-// the raw response.
+// One unary call by method name with a raw request; the status and the raw
+// response.
 grpc::Status RawCall(const std::shared_ptr<grpc::Channel>& channel, const std::string& method,
                      const std::string& request, std::string* response) {
-  grpc::GenericStub stub(channel);
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-  grpc::Slice slice(request);
-  grpc::ByteBuffer in(&slice, 1);
-  grpc::ByteBuffer out;
-  grpc::Status status;
-  bool done = false;
-  std::mutex mu;
-  std::condition_variable cv;
-  stub.UnaryCall(&context, method, grpc::StubOptions(), &in, &out, [&](grpc::Status s) {
-    std::lock_guard<std::mutex> lock(mu);
-    status = std::move(s);
-    done = true;
-    cv.notify_all();
-  });
-  std::unique_lock<std::mutex> lock(mu);
-  cv.wait(lock, [&] { return done; });
-  if (status.ok() && response != nullptr) {
-    std::vector<grpc::Slice> slices;
-    (void)out.Dump(&slices);
-    response->clear();
-    for (const grpc::Slice& s : slices) response->append(reinterpret_cast<const char*>(s.begin()), s.size());
-  }
-  return status;
+  RawCallResult r = RawUnaryCall(channel, method, request, absl::Seconds(5));
+  if (response != nullptr) *response = std::move(r.response);
+  return r.status;
 }
 
 // grpc.health.v1.HealthCheckRequest{service} and the response SERVING /

@@ -11,13 +11,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/raw_grpc_call.h"
 #include "common/runfiles.h"
 #include "common/wait_for.h"
 #include "gmock/gmock.h"
-#include "grpc/grpc_security_constants.h"
-#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "gtest/gtest.h"
 
@@ -26,30 +24,12 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// grpc.health.v1.Health/Check of the whole server over `channel`, by name
-// with raw bytes (an empty request); the server certificate the call saw
-// goes to `server_pem` when given.
+// grpc.health.v1.Health/Check of the whole server over `channel`; the server
+// certificate the call saw goes to `server_pem` when given.
 grpc::Status HealthCheck(const std::shared_ptr<grpc::Channel>& channel, std::string* server_pem = nullptr) {
-  grpc::GenericStub stub(channel);
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-  grpc::Slice empty("");
-  grpc::ByteBuffer request(&empty, 1);
-  grpc::ByteBuffer response;
-  absl::Notification done;
-  grpc::Status status;
-  stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
-                 [&](grpc::Status s) {
-                   status = std::move(s);
-                   done.Notify();
-                 });
-  done.WaitForNotification();
-  if (server_pem != nullptr && context.auth_context() != nullptr) {
-    for (const grpc::string_ref& v : context.auth_context()->FindPropertyValues(GRPC_X509_PEM_CERT_PROPERTY_NAME)) {
-      server_pem->assign(v.data(), v.size());
-    }
-  }
-  return status;
+  RawCallResult r = RawUnaryCall(channel, "/grpc.health.v1.Health/Check", "", absl::Seconds(5));
+  if (server_pem != nullptr) *server_pem = std::move(r.server_pem);
+  return r.status;
 }
 
 class TlsTest : public ::testing::Test {

@@ -32,13 +32,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/synchronization/notification.h"
 #include "cachestore/grpc_cache_client.h"
+#include "common/raw_grpc_call.h"
 #include "common/tls.h"
 #include "common/wait_for.h"
 #include "gmock/gmock.h"
-#include "grpc/grpc_security_constants.h"
-#include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
 #include "tests/e2e/stack.h"
 
@@ -77,25 +75,9 @@ std::shared_ptr<grpc::Channel> Channel(int port, const std::string& client, cons
 // the server certificate it saw when `server_pem` is given.
 grpc::Status RawCall(const std::shared_ptr<grpc::Channel>& channel, const std::string& method,
                      const std::string& bytes = "", std::string* server_pem = nullptr) {
-  grpc::GenericStub stub(channel);
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-  grpc::Slice slice(bytes);
-  grpc::ByteBuffer request(&slice, 1);
-  grpc::ByteBuffer response;
-  absl::Notification done;
-  grpc::Status status;
-  stub.UnaryCall(&context, method, grpc::StubOptions(), &request, &response, [&](grpc::Status s) {
-    status = std::move(s);
-    done.Notify();
-  });
-  done.WaitForNotification();
-  if (server_pem != nullptr && context.auth_context() != nullptr) {
-    for (const grpc::string_ref& v : context.auth_context()->FindPropertyValues(GRPC_X509_PEM_CERT_PROPERTY_NAME)) {
-      server_pem->assign(v.data(), v.size());
-    }
-  }
-  return status;
+  common::RawCallResult r = common::RawUnaryCall(channel, method, bytes);
+  if (server_pem != nullptr) *server_pem = std::move(r.server_pem);
+  return r.status;
 }
 constexpr char kHealthCheck[] = "/grpc.health.v1.Health/Check";
 
