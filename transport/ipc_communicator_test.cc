@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/wait_for.h"
 #include "engine/model.h"
 #include "engine/model_weights.h"
 #include "gmock/gmock.h"
@@ -425,8 +426,17 @@ TEST(IpcCommunicatorTest, AnEngineSequenceMovesInPlaceBetweenTwoGpuEnginesAndCon
   // the region offer, the page sums, the acks) over the connection.
   const int64_t page_bytes = ticket->num_pages * ticket->page_bytes;
   ASSERT_EQ(ticket->num_pages, 4);
-  const IpcTraffic prefill_traffic = TrafficOf(prefill_side);
-  const IpcTraffic decode_traffic = TrafficOf(decode_side);
+  // A side counts a message once its send returns, which may be after the
+  // other side has read (and counted) it: wait for both ends to agree.
+  IpcTraffic prefill_traffic, decode_traffic;
+  EXPECT_TRUE(common::WaitFor(
+      [&] {
+        prefill_traffic = TrafficOf(prefill_side);
+        decode_traffic = TrafficOf(decode_side);
+        return decode_traffic.received_by_socket == prefill_traffic.sent_by_socket &&
+               prefill_traffic.received_by_socket == decode_traffic.sent_by_socket;
+      },
+      absl::Seconds(30)));
   EXPECT_EQ(prefill_traffic.sent_by_device_copy, page_bytes);
   EXPECT_EQ(decode_traffic.received_by_device_copy, page_bytes);
   EXPECT_EQ(prefill_traffic.received_by_device_copy, 0);
