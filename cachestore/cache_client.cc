@@ -22,6 +22,14 @@ std::vector<absl::StatusOr<PutResult>> CacheClient::PutMany(const ClientNamespac
       continue;
     }
     results.push_back(Put(ns, *e.put, e.bytes));
+    const absl::StatusCode code = results.back().status().code();
+    if (code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kDeadlineExceeded ||
+        code == absl::StatusCode::kCancelled) {
+      // The cache is unreachable or hung: as a stream would, the call ends
+      // here, without a call (or a timeout) per entry left.
+      results.resize(entries.size(), results.back().status());
+      break;
+    }
   }
   return results;
 }

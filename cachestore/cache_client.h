@@ -120,7 +120,9 @@ class CacheClient {
   // transport code, ABORTED when the stream stalled past the server's
   // put_timeout, UNIMPLEMENTED from a cachestore older than PutMany), the
   // entries it did not answer carry its status. No entries: no call, no
-  // results. This default calls Put for each entry.
+  // results. This default calls Put for each entry, and after one that fails
+  // with UNAVAILABLE, DEADLINE_EXCEEDED or CANCELLED gives the entries left
+  // that status without calling Put.
   virtual std::vector<absl::StatusOr<PutResult>> PutMany(const ClientNamespace& ns,
                                                          absl::Span<const PutManyEntry> entries);
 
