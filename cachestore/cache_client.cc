@@ -1,6 +1,7 @@
 #include "cachestore/cache_client.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/hash.h"
 
 namespace hybridserve::cachestore {
 
@@ -9,6 +10,28 @@ absl::StatusOr<std::string> CacheClient::Get(uint64_t lease_id, const Hash128& k
   absl::Status s = GetInto(lease_id, key, &out);
   if (!s.ok()) return s;
   return out;
+}
+
+std::vector<absl::StatusOr<PutResult>> CacheClient::PutMany(const ClientNamespace& ns,
+                                                            absl::Span<const PutManyEntry> entries) {
+  std::vector<absl::StatusOr<PutResult>> results;
+  results.reserve(entries.size());
+  for (const PutManyEntry& e : entries) {
+    if (e.checksum.has_value() && common::Checksum64(e.bytes.data(), e.bytes.size()) != *e.checksum) {
+      results.push_back(absl::DataLossError("checksum mismatch: the bytes do not hash to the entry's checksum"));
+      continue;
+    }
+    results.push_back(Put(ns, *e.put, e.bytes));
+    const absl::StatusCode code = results.back().status().code();
+    if (code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kDeadlineExceeded ||
+        code == absl::StatusCode::kCancelled) {
+      // The cache is unreachable or hung: as a stream would, the call ends
+      // here, without a call (or a timeout) per entry left.
+      results.resize(entries.size(), results.back().status());
+      break;
+    }
+  }
+  return results;
 }
 
 absl::Status CacheClient::GetManyInto(uint64_t lease_id, absl::Span<const Hash128> keys, absl::Span<std::string> out) {

@@ -51,6 +51,18 @@ struct ClientPut {
   bool pin = false;
 };
 
+// One entry of PutMany: what to put and its bytes, both borrowed (they must
+// outlive the call).
+struct PutManyEntry {
+  const ClientPut* put = nullptr;
+  absl::string_view bytes;
+  // The XXH3-64 of `bytes` as the caller knows it (computed where the bytes
+  // were made): the cache commits the entry only when what it stored hashes
+  // to this (DATA_LOSS otherwise). nullopt: the client computes it from
+  // `bytes`.
+  std::optional<uint64_t> checksum;
+};
+
 struct PutResult {
   Hash128 key;
   // The entry was already committed; nothing was written.
@@ -96,6 +108,23 @@ class CacheClient {
   // ABORTED: the same entry is being put concurrently, or the put was
   // reclaimed after stalling.
   virtual absl::StatusOr<PutResult> Put(const ClientNamespace& ns, const ClientPut& put, absl::string_view bytes) = 0;
+
+  // Put for each of `entries`, in order, in one call where the
+  // implementation can (the gRPC client: one PutMany stream, so the call's
+  // timeout covers them all). One result per entry, in order: what Put would
+  // have returned for it, and DATA_LOSS when its bytes do not hash to its
+  // checksum (nothing of it is stored). The cache takes the entries one at a
+  // time, so an entry may hang from the one before it; a refused entry does
+  // not stop the ones after it (one that hangs from it then fails
+  // FAILED_PRECONDITION). When the call itself fails (the gRPC client: a
+  // transport code, ABORTED when the stream stalled past the server's
+  // put_timeout, UNIMPLEMENTED from a cachestore older than PutMany), the
+  // entries it did not answer carry its status. No entries: no call, no
+  // results. This default calls Put for each entry, and after one that fails
+  // with UNAVAILABLE, DEADLINE_EXCEEDED or CANCELLED gives the entries left
+  // that status without calling Put.
+  virtual std::vector<absl::StatusOr<PutResult>> PutMany(const ClientNamespace& ns,
+                                                         absl::Span<const PutManyEntry> entries);
 
   // The bytes of entry `key` held by lease `lease_id`, checksum-verified, into
   // `*out` (its previous contents replaced, its capacity reused). On error

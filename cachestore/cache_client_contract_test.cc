@@ -2,6 +2,7 @@
 // GrpcCacheClient (a real server on loopback port 0) and against the
 // InProcessCacheClient, each over a fresh CacheStore on a FakeClock.
 
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <numeric>
@@ -20,13 +21,21 @@
 #include "cachestore/in_process_cache_client.h"
 #include "cachestore/server.h"
 #include "common/clock.h"
+#include "common/hash.h"
+#include "common/wait_for.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "prometheus/registry.h"
+#include "proto/cachestore.grpc.pb.h"
 
 namespace hybridserve::cachestore {
 namespace {
 
+using common::WaitFor;
+
 constexpr int32_t kPageSize = 16;
+// The suite's namespace (salt "tenant", tenant "").
+const ClientNamespace kNamespace{"fingerprint", "", "tenant", kPageSize};
 
 std::string Bytes(size_t n, uint32_t seed) {
   std::string s(n, '\0');
@@ -85,6 +94,7 @@ class GrpcHarness : public Harness {
   CacheClient& client() override { return *client_; }
   CacheStore& store() override { return server_->store(); }
   absl::Time LeaseClockNow() const override { return absl::Now(); }
+  int port() const { return server_->port(); }
 
  private:
   prometheus::Registry registry_;
@@ -154,7 +164,7 @@ class CacheClientContractTest : public ::testing::Test {
 
   common::FakeClock clock_;
   std::unique_ptr<H> harness_;
-  const ClientNamespace ns_{"fingerprint", "", "tenant", kPageSize};
+  const ClientNamespace ns_ = kNamespace;
 };
 
 struct HarnessName {
@@ -531,6 +541,172 @@ TYPED_TEST(CacheClientContractTest, PinnedStateHoldsItsBudgetAgainstANewPut) {
             absl::StatusCode::kResourceExhausted);
   ASSERT_TRUE(this->client().Release(r->lease_id).ok());
   EXPECT_TRUE(this->client().Put(this->ns_, other, Bytes(600 << 10, 5)).ok());  // evicts the unpinned one
+}
+
+// The pages of tokens[0, n * kPageSize) in the suite's namespace as puts,
+// each hanging from the one before (the first from the root).
+std::vector<ClientPut> PageChain(const std::vector<TokenId>& tokens, int n) {
+  const std::vector<Hash128> keys = PageKeys(kNamespace.Key(), tokens, kPageSize);
+  std::vector<ClientPut> pages(n);
+  for (int i = 0; i < n; ++i) {
+    if (i > 0) pages[i].parent = keys[i - 1];
+    pages[i].tokens.assign(tokens.begin() + i * kPageSize, tokens.begin() + (i + 1) * kPageSize);
+  }
+  return pages;
+}
+
+TYPED_TEST(CacheClientContractTest, PutManyStoresAChainWhoseEntriesHangFromTheOnesBefore) {
+  const std::vector<TokenId> t = Tokens(8 * kPageSize + 5);
+  std::vector<ClientPut> puts = PageChain(t, 8);
+  ClientPut state;
+  state.entry_class = EntryClass::kState;
+  state.parent = PageKeys(this->ns_.Key(), t, kPageSize)[7];
+  state.tokens.assign(t.begin() + 8 * kPageSize, t.end());
+  state.position = static_cast<int64_t>(t.size());
+  puts.push_back(state);
+  // 100003-byte pages: several 64 KiB chunks over gRPC, not a multiple of one.
+  std::vector<std::string> bytes;
+  for (int i = 0; i < 9; ++i) bytes.push_back(Bytes(i == 8 ? 3000 : 100003, 40 + i));
+  std::vector<PutManyEntry> entries;
+  for (int i = 0; i < 9; ++i) entries.push_back({&puts[i], bytes[i]});
+  std::vector<absl::StatusOr<PutResult>> r = this->client().PutMany(this->ns_, entries);
+  ASSERT_EQ(r.size(), 9u);
+  const std::vector<Hash128> keys = PageKeys(this->ns_.Key(), t, kPageSize);
+  for (int i = 0; i < 8; ++i) {
+    ASSERT_TRUE(r[i].ok()) << i << ": " << r[i].status();
+    EXPECT_EQ(r[i]->key, keys[i]);
+    EXPECT_FALSE(r[i]->already_present);
+  }
+  ASSERT_TRUE(r[8].ok()) << r[8].status();
+  EXPECT_EQ(r[8]->key, StateKey(keys[7], state.tokens));
+
+  absl::StatusOr<LookupResult> hit = this->client().Lookup(this->ns_, t, LookupMode::kLease);
+  ASSERT_TRUE(hit.ok()) << hit.status();
+  EXPECT_EQ(hit->resume_position, static_cast<int64_t>(t.size()));
+  std::vector<std::string> out(8);
+  ASSERT_TRUE(this->client().GetManyInto(hit->lease_id, keys, absl::MakeSpan(out)).ok());
+  for (int i = 0; i < 8; ++i) EXPECT_TRUE(out[i] == bytes[i]) << i;
+  EXPECT_TRUE(this->client().Get(hit->lease_id, hit->state->key).value() == bytes[8]);
+  EXPECT_TRUE(this->client().PutMany(this->ns_, {}).empty());
+}
+
+TYPED_TEST(CacheClientContractTest, PutManyAnswersEachEntryAndARefusalStopsNoOther) {
+  const std::vector<TokenId> t = Tokens(3 * kPageSize);
+  std::vector<ClientPut> chain = PageChain(t, 3);
+  ASSERT_TRUE(this->client().Put(this->ns_, chain[0], Bytes(5000, 1)).ok());
+  ClientPut orphan = chain[1];
+  orphan.parent = Hash128{5, 6};
+  ClientPut too_large;  // over the 1 MiB state budget
+  too_large.entry_class = EntryClass::kState;
+  too_large.tokens = {1, 2};
+  too_large.position = 2;
+  ClientPut short_page;
+  short_page.tokens = Tokens(kPageSize - 1);
+  const std::string page_bytes = Bytes(70000, 2), big = Bytes((1 << 20) + 1, 3);
+  const std::vector<PutManyEntry> entries = {
+      {&chain[0], page_bytes},    // already present: its bytes are never looked at
+      {&orphan, page_bytes},      // FAILED_PRECONDITION
+      {&too_large, big},          // RESOURCE_EXHAUSTED
+      {&short_page, page_bytes},  // INVALID_ARGUMENT
+      {&chain[1], page_bytes},    // created, under the present page 0
+      {&chain[2], page_bytes},    // created, under the entry before it
+  };
+  std::vector<absl::StatusOr<PutResult>> r = this->client().PutMany(this->ns_, entries);
+  ASSERT_EQ(r.size(), entries.size());
+  ASSERT_TRUE(r[0].ok()) << r[0].status();
+  EXPECT_TRUE(r[0]->already_present);
+  EXPECT_EQ(r[1].status().code(), absl::StatusCode::kFailedPrecondition) << r[1].status();
+  EXPECT_EQ(r[2].status().code(), absl::StatusCode::kResourceExhausted) << r[2].status();
+  EXPECT_EQ(r[3].status().code(), absl::StatusCode::kInvalidArgument) << r[3].status();
+  for (int i : {4, 5}) {
+    ASSERT_TRUE(r[i].ok()) << i << ": " << r[i].status();
+    EXPECT_FALSE(r[i]->already_present);
+  }
+  absl::StatusOr<IndexStats> stats = this->client().Stats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->pages.entries, 3);
+  EXPECT_EQ(stats->pages.resident_bytes, 5000 + 2 * 70000);
+  EXPECT_EQ(stats->states.entries, 0);
+  EXPECT_EQ(stats->pages.reserved_bytes + stats->states.reserved_bytes, 0);
+}
+
+TYPED_TEST(CacheClientContractTest, PutManyChecksumMismatchIsDataLossForThatEntryAndCommitsNothingOfIt) {
+  const std::vector<TokenId> t = Tokens(3 * kPageSize);
+  std::vector<ClientPut> chain = PageChain(t, 3);
+  ClientPut state;
+  state.entry_class = EntryClass::kState;
+  state.tokens = {1, 2, 3};
+  state.position = 3;
+  const std::string a = Bytes(70000, 1), b = Bytes(70000, 2), c = Bytes(70000, 3), d = Bytes(900, 4);
+  const uint64_t wrong = common::Checksum64(b.data(), b.size()) ^ 1;
+  const std::vector<PutManyEntry> entries = {
+      {&chain[0], a, common::Checksum64(a.data(), a.size())},  // the caller's checksum, right
+      {&chain[1], b, wrong},                                   // DATA_LOSS
+      {&chain[2], c},                                          // its parent never came
+      {&state, d},
+  };
+  std::vector<absl::StatusOr<PutResult>> r = this->client().PutMany(this->ns_, entries);
+  ASSERT_EQ(r.size(), entries.size());
+  EXPECT_TRUE(r[0].ok()) << r[0].status();
+  EXPECT_EQ(r[1].status().code(), absl::StatusCode::kDataLoss) << r[1].status();
+  EXPECT_EQ(r[2].status().code(), absl::StatusCode::kFailedPrecondition) << r[2].status();
+  EXPECT_TRUE(r[3].ok()) << r[3].status();
+  absl::StatusOr<LookupResult> probe = this->client().Lookup(this->ns_, t, LookupMode::kProbeOnly);
+  ASSERT_TRUE(probe.ok()) << probe.status();
+  EXPECT_EQ(probe->kv_match_tokens, kPageSize);
+  absl::StatusOr<IndexStats> stats = this->client().Stats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->pages.entries, 1);
+  EXPECT_EQ(stats->states.entries, 1);
+  EXPECT_EQ(stats->pages.reserved_bytes + stats->states.reserved_bytes, 0);
+}
+
+// A client that dies inside a PutMany (its process gone: the call cancelled
+// mid-entry) leaves no reservation behind; the entries it committed stay. Over
+// gRPC only: the in-process client's PutMany is one function call, which
+// cannot die halfway (a PutSession destroyed uncommitted aborts its put:
+// cache_store_test).
+TEST(CacheClientPutManyTest, AClientDyingMidStreamLeavesNoReservation) {
+  common::FakeClock clock;
+  GrpcHarness harness;
+  ASSERT_TRUE(harness.Start(SmallOptions(), clock).ok());
+  const ClientNamespace ns = kNamespace;
+  const std::vector<TokenId> t = Tokens(2 * kPageSize);
+  std::vector<ClientPut> chain = PageChain(t, 2);
+  const std::string bytes = Bytes(200000, 1);
+  ASSERT_TRUE(harness.client().Put(ns, chain[0], bytes).ok());
+  // The raw stream: entry 1's header and half of its bytes, then the client
+  // is gone.
+  auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", harness.port()), grpc::InsecureChannelCredentials());
+  auto stub = v1::CacheStore::NewStub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  auto stream = stub->PutMany(&ctx);
+  v1::PutRequest header;
+  v1::PutHeader* h = header.mutable_header();
+  h->mutable_namespace_()->set_model_fingerprint(ns.model_fingerprint);
+  h->mutable_namespace_()->set_tenant(ns.tenant);
+  h->mutable_namespace_()->set_cache_salt(ns.cache_salt);
+  h->mutable_namespace_()->set_page_size(kPageSize);
+  h->set_entry_class(v1::ENTRY_CLASS_PAGE);
+  h->mutable_token_ids()->Add(chain[1].tokens.begin(), chain[1].tokens.end());
+  h->set_parent_key(chain[1].parent->ToBytes());
+  h->set_size_bytes(bytes.size());
+  v1::PutRequest chunk;
+  chunk.mutable_chunk()->set_offset(0);
+  chunk.mutable_chunk()->set_data(bytes.substr(0, 100000));
+  ASSERT_TRUE(stream->Write(header));
+  ASSERT_TRUE(stream->Write(chunk));
+  ASSERT_TRUE(WaitFor([&] { return harness.store().Stats().pages.reserved_bytes == 200000; }))
+      << harness.store().Stats().pages.reserved_bytes;
+  ctx.TryCancel();
+  EXPECT_FALSE(stream->Finish().ok());
+  EXPECT_TRUE(WaitFor([&] {
+    const IndexStats s = harness.store().Stats();
+    return s.pages.reserved_bytes == 0 && s.active_puts == 0;
+  })) << harness.store().Stats().pages.reserved_bytes;
+  EXPECT_EQ(harness.store().Stats().pages.entries, 1);
+  EXPECT_TRUE(harness.store().CheckInvariants().ok());
 }
 
 // One script of calls, successes and failures mixed, run through both

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -34,15 +35,17 @@ struct CachePublisher::Job {
   absl::Time parent_deadline = absl::InfiniteFuture();
   absl::Time retry_at = absl::InfinitePast();
   absl::Duration backoff = absl::Milliseconds(1);
-  bool other_writer = false;  // a page put came back ABORTED
+  bool other_writer = false;     // a page put came back ABORTED
+  bool awaiting_parent = false;  // parked on FAILED_PRECONDITION: the next try puts that page alone
 };
 
 absl::StatusOr<std::unique_ptr<CachePublisher>> CachePublisher::Create(CacheClient& cache,
                                                                        const PublisherOptions& options) {
   if (options.max_queued < 1 || options.max_in_flight < 0 || options.parent_wait < absl::ZeroDuration() ||
-      options.cache_failure_backoff < absl::ZeroDuration()) {
+      options.cache_failure_backoff < absl::ZeroDuration() || options.max_put_many_bytes < 0) {
     return absl::InvalidArgumentError(
-        "cache publisher: max_queued >= 1, max_in_flight >= 0, parent_wait >= 0 and cache_failure_backoff >= 0");
+        "cache publisher: max_queued >= 1, max_in_flight >= 0, parent_wait >= 0, cache_failure_backoff >= 0 and "
+        "max_put_many_bytes >= 0");
   }
   std::unique_ptr<CachePublisher> publisher(new CachePublisher(cache, options));
   publisher->thread_ = std::thread([p = publisher.get()] { p->Run(); });
@@ -162,58 +165,104 @@ bool CachePublisher::Step(Job& job) {
   const size_t total = p.pages.size() + p.states.size();
   while (job.next < total) {
     const bool is_page = job.next < p.pages.size();
-    const size_t index = is_page ? job.next : job.next - p.pages.size();
-    const ClientPut& what = is_page ? p.pages[index].first : p.states[index].first;
-    const int64_t page = p.first_page + static_cast<int64_t>(index);
     if (is_page && job.failed_page.has_value()) {
       job.next = p.pages.size();  // the pages after a failed one have no parent
       continue;
     }
-    if (!is_page && job.failed_page.has_value() && what.position / p.ns.page_size > *job.failed_page) {
-      ++job.next;  // it would hang below the failed page
+    if (!is_page) {
+      const size_t index = job.next - p.pages.size();
+      const ClientPut& what = p.states[index].first;
+      if (job.failed_page.has_value() && what.position / p.ns.page_size > *job.failed_page) {
+        ++job.next;  // it would hang below the failed page
+        continue;
+      }
+      absl::StatusOr<PutResult> r =
+          skipping() ? absl::StatusOr<PutResult>(skipped) : cache_.Put(p.ns, what, p.states[index].second);
+      if (!Apply(job, r)) return false;
       continue;
     }
-    absl::StatusOr<PutResult> r =
-        skipping() ? absl::StatusOr<PutResult>(skipped)
-                   : cache_.Put(p.ns, what, is_page ? p.pages[index].second : p.states[index].second);
-    NoteCacheStatus(r.status());
-    if (r.ok()) {
-      absl::MutexLock lock(&mu_);
-      if (is_page) {
-        if (!r->already_present) ++result.pages_put, ++counters_.pages_published;
-      } else {
-        if (!r->already_present) ++counters_.states_published;
-        result.states[index] = *r;
-      }
-      ++job.next;
-      job.backoff = absl::Milliseconds(1);
-      continue;
+    // The pages from job.next in one PutMany, up to max_put_many_bytes; while
+    // waiting for another writer's parent, the waited-for page alone.
+    std::vector<PutManyEntry> batch;
+    int64_t batch_bytes = 0;
+    for (size_t i = job.next; i < p.pages.size(); ++i) {
+      const int64_t size = static_cast<int64_t>(p.pages[i].second.size());
+      if (!batch.empty() && (job.awaiting_parent || batch_bytes + size > options_.max_put_many_bytes)) break;
+      batch.push_back({&p.pages[i].first, p.pages[i].second});
+      batch_bytes += size;
     }
-    if (is_page && r.status().code() == absl::StatusCode::kAborted) {
-      job.other_writer = true;
-      ++job.next;
-      continue;
+    std::vector<absl::StatusOr<PutResult>> results =
+        skipping() ? std::vector<absl::StatusOr<PutResult>>(1, skipped) : PutPages(p.ns, batch);
+    for (const absl::StatusOr<PutResult>& r : results) {
+      if (!Apply(job, r)) return false;  // parked at this page: the batch is put again from it
+      // A failed page: the rest of the batch hung below it (their answers,
+      // FAILED_PRECONDITION, are not failures of their own).
+      if (job.failed_page.has_value()) break;
     }
-    const bool parent_expected = p.parent_from_other_writer || job.other_writer;
-    if (r.status().code() == absl::StatusCode::kFailedPrecondition && parent_expected) {
-      const bool stop = stopping();
-      const absl::Time now = absl::Now();
-      if (job.parent_deadline == absl::InfiniteFuture()) job.parent_deadline = now + options_.parent_wait;
-      if (!stop && now + job.backoff <= job.parent_deadline) {
-        job.retry_at = now + job.backoff;
-        job.backoff = std::min(2 * job.backoff, absl::Milliseconds(50));
-        return false;
-      }
-      if (!stop && result.failure.empty()) {
-        result.parent_wait_expired = true;
-        absl::MutexLock lock(&mu_);
-        ++counters_.parent_waits_expired;
-      }
-    }
-    Fail(job, r.status(), is_page ? absl::StrCat("page ", page) : absl::StrCat("the state at ", what.position));
-    if (is_page) job.failed_page = page;
-    ++job.next;
   }
+  return true;
+}
+
+std::vector<absl::StatusOr<PutResult>> CachePublisher::PutPages(const ClientNamespace& ns,
+                                                                absl::Span<const PutManyEntry> pages) {
+  if (!put_many_unimplemented_.load(std::memory_order_relaxed)) {
+    std::vector<absl::StatusOr<PutResult>> results = cache_.PutMany(ns, pages);
+    if (results.empty() || results[0].status().code() != absl::StatusCode::kUnimplemented) return results;
+    // A cachestore older than PutMany: nothing of the call was stored.
+    if (!put_many_unimplemented_.exchange(true)) {
+      LOG(WARNING) << "the cachestore does not implement PutMany (" << results[0].status()
+                   << "): publications put each page with its own Put from now on";
+    }
+  }
+  return cache_.CacheClient::PutMany(ns, pages);  // Put for each
+}
+
+bool CachePublisher::Apply(Job& job, const absl::StatusOr<PutResult>& r) {
+  Publication& p = job.p;
+  PublicationResult& result = job.result;
+  const bool is_page = job.next < p.pages.size();
+  const size_t index = is_page ? job.next : job.next - p.pages.size();
+  const ClientPut& what = is_page ? p.pages[index].first : p.states[index].first;
+  const int64_t page = p.first_page + static_cast<int64_t>(index);
+  NoteCacheStatus(r.status());
+  if (r.ok()) {
+    absl::MutexLock lock(&mu_);
+    if (is_page) {
+      if (!r->already_present) ++result.pages_put, ++counters_.pages_published;
+    } else {
+      if (!r->already_present) ++counters_.states_published;
+      result.states[index] = *r;
+    }
+    ++job.next;
+    job.backoff = absl::Milliseconds(1);
+    job.awaiting_parent = false;
+    return true;
+  }
+  if (is_page && r.status().code() == absl::StatusCode::kAborted) {
+    job.other_writer = true;
+    ++job.next;
+    return true;
+  }
+  const bool parent_expected = p.parent_from_other_writer || job.other_writer;
+  if (r.status().code() == absl::StatusCode::kFailedPrecondition && parent_expected) {
+    const bool stop = stopping();
+    const absl::Time now = absl::Now();
+    if (job.parent_deadline == absl::InfiniteFuture()) job.parent_deadline = now + options_.parent_wait;
+    if (!stop && now + job.backoff <= job.parent_deadline) {
+      job.retry_at = now + job.backoff;
+      job.backoff = std::min(2 * job.backoff, absl::Milliseconds(50));
+      job.awaiting_parent = true;
+      return false;
+    }
+    if (!stop && result.failure.empty()) {
+      result.parent_wait_expired = true;
+      absl::MutexLock lock(&mu_);
+      ++counters_.parent_waits_expired;
+    }
+  }
+  Fail(job, r.status(), is_page ? absl::StrCat("page ", page) : absl::StrCat("the state at ", what.position));
+  if (is_page) job.failed_page = page;
+  ++job.next;
   return true;
 }
 

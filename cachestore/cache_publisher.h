@@ -24,11 +24,16 @@
 //     cache_failure_backoff: meanwhile every put, and the lookups of whoever
 //     asks skipping(), skip the cache without a call ("unavailable"), so a
 //     hung cache costs one timeout per backoff, not one per request.
+// A publication's pages go in PutMany calls (CacheClient::PutMany), each up to
+// max_put_many_bytes, and the rules above apply to each page's answer in
+// order; its states go one Put each. A cachestore older than PutMany
+// (UNIMPLEMENTED) is logged once and given one Put per page from then on.
 // Publications run on the publisher's thread, in arrival order (Publish), or
 // on the caller's (PublishNow).
 //
 // Thread-safe.
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -102,6 +107,10 @@ struct PublisherOptions {
   absl::Duration parent_wait = absl::Seconds(2);
   // The skip after a call timed out (see above). Zero: never skip.
   absl::Duration cache_failure_backoff = absl::Seconds(1);
+  // The most page bytes in one PutMany (a page larger than this goes alone).
+  // A call's timeout covers all of its pages: 16 MiB is 1/8 s at 1 Gbit/s,
+  // far inside the workers' 2 s --cache_timeout; 0 puts the pages one a call.
+  int64_t max_put_many_bytes = int64_t{16} << 20;
 };
 
 // Cumulative, for metrics and tests.
@@ -148,6 +157,13 @@ class CachePublisher {
   // Puts what is left of `job`, in order. False when it must wait for a
   // parent page (job.retry_at says until when); true when done.
   bool Step(Job& job) ABSL_LOCKS_EXCLUDED(mu_);
+  // Applies the rules to the answer `r` to job.next's put. False when the
+  // job must wait for a parent page (parked at job.next); else job.next has
+  // moved on.
+  bool Apply(Job& job, const absl::StatusOr<PutResult>& r) ABSL_LOCKS_EXCLUDED(mu_);
+  // `pages` in one PutMany, or one Put each once the cachestore answered
+  // PutMany UNIMPLEMENTED.
+  std::vector<absl::StatusOr<PutResult>> PutPages(const ClientNamespace& ns, absl::Span<const PutManyEntry> pages);
   // Counts a failed put and, when it is the first, makes it the result's.
   void Fail(Job& job, const absl::Status& status, absl::string_view what) ABSL_LOCKS_EXCLUDED(mu_);
   void Finish(Job& job) ABSL_LOCKS_EXCLUDED(mu_);
@@ -163,6 +179,7 @@ class CachePublisher {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time skip_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   PublisherCounters counters_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> put_many_unimplemented_{false};  // the cachestore answered PutMany UNIMPLEMENTED
   std::thread thread_;
 };
 

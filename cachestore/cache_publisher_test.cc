@@ -103,8 +103,10 @@ TEST_F(CachePublisherTest, AFailedPageEndsThePagesAndTheStatesBelowIt) {
   EXPECT_EQ(r.pages_put, 0);
   EXPECT_TRUE(r.states[0].has_value()) << "the state at 5 hangs under page 0, which is in";
   EXPECT_FALSE(r.states[1].has_value());
-  // The failed page 1 and the state at 5: page 2 and the state at 12 were not tried.
-  EXPECT_EQ(faults_->calls(CacheClientMethod::kPut) - puts_before, 2);
+  // The failed page 1, page 2 (in the same PutMany; its FAILED_PRECONDITION
+  // is not counted as a failure of its own) and the state at 5: the state at
+  // 12 was not tried.
+  EXPECT_EQ(faults_->calls(CacheClientMethod::kPut) - puts_before, 3);
   EXPECT_EQ(publisher->counters().failures_by_reason.at("resource_exhausted"), 1);
   EXPECT_EQ(ResumeAt(), 5);
 }
@@ -188,12 +190,45 @@ TEST_F(CachePublisherTest, AProbePutsOnlyThePagesTheCacheLacks) {
   EXPECT_EQ(PagesHeld(), 3);
 }
 
+// A publication's pages go in PutMany calls of at most max_put_many_bytes.
+TEST_F(CachePublisherTest, PagesGoInPutManyCallsOfBoundedBytes) {
+  PublisherOptions o;
+  o.max_put_many_bytes = 16;  // two 8-byte pages a call
+  auto publisher = NewPublisher(o);
+  PublicationResult r = publisher->PublishNow(Make(0, 3, {12}));
+  EXPECT_TRUE(r.failure.empty()) << r.failure_message;
+  EXPECT_EQ(r.pages_put, 3);
+  EXPECT_EQ(faults_->calls(CacheClientMethod::kPutMany), 2);
+  EXPECT_EQ(faults_->calls(CacheClientMethod::kPut), 4);  // 3 pages through PutMany's entries, the state
+  EXPECT_EQ(ResumeAt(), 12);
+}
+
+// A cachestore older than PutMany answers UNIMPLEMENTED: the publisher falls
+// back to one Put per page, then and for every later publication.
+TEST_F(CachePublisherTest, AnOlderCachestoreWithoutPutManyGetsOnePutPerPage) {
+  auto publisher = NewPublisher();
+  faults_->FailNext(CacheClientMethod::kPutMany, 1, absl::UnimplementedError("unknown method PutMany"));
+  PublicationResult r = publisher->PublishNow(Make(0, 2, {8}));
+  EXPECT_TRUE(r.failure.empty()) << r.failure_message;
+  EXPECT_EQ(r.pages_put, 2);
+  EXPECT_EQ(ResumeAt(), 8);
+  r = publisher->PublishNow(Make(2, 3, {12}));
+  EXPECT_TRUE(r.failure.empty()) << r.failure_message;
+  EXPECT_EQ(faults_->calls(CacheClientMethod::kPutMany), 1) << "asked once";
+  EXPECT_EQ(faults_->calls(CacheClientMethod::kPut), 5);  // 3 pages, 2 states, each its own Put
+  EXPECT_EQ(publisher->counters().failures, 0);
+  EXPECT_EQ(ResumeAt(), 12);
+}
+
 TEST_F(CachePublisherTest, RefusesBadOptions) {
   PublisherOptions o;
   o.max_queued = 0;
   EXPECT_EQ(CachePublisher::Create(*faults_, o).status().code(), absl::StatusCode::kInvalidArgument);
   o = {};
   o.parent_wait = -absl::Seconds(1);
+  EXPECT_EQ(CachePublisher::Create(*faults_, o).status().code(), absl::StatusCode::kInvalidArgument);
+  o = {};
+  o.max_put_many_bytes = -1;
   EXPECT_EQ(CachePublisher::Create(*faults_, o).status().code(), absl::StatusCode::kInvalidArgument);
 }
 

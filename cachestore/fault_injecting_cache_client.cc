@@ -107,6 +107,13 @@ absl::Status FaultInjectingCacheClient::GetManyInto(uint64_t lease_id, absl::Spa
   return inner_.GetManyInto(lease_id, keys, out);
 }
 
+std::vector<absl::StatusOr<PutResult>> FaultInjectingCacheClient::PutMany(const ClientNamespace& ns,
+                                                                          absl::Span<const PutManyEntry> entries) {
+  absl::Status s = Enter(CacheClientMethod::kPutMany);
+  if (!s.ok()) return std::vector<absl::StatusOr<PutResult>>(entries.size(), s);
+  return CacheClient::PutMany(ns, entries);
+}
+
 absl::Status FaultInjectingCacheClient::Release(uint64_t lease_id) {
   absl::Status s = Enter(CacheClientMethod::kRelease);
   if (!s.ok()) return s;

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -23,8 +24,8 @@
 namespace hybridserve::cachestore {
 
 // The methods of CacheClient that faults can target (Get is GetInto).
-enum class CacheClientMethod { kLookup = 0, kPut, kGetInto, kRelease, kStats, kGetManyInto };
-inline constexpr int kCacheClientMethods = 6;
+enum class CacheClientMethod { kLookup = 0, kPut, kGetInto, kRelease, kStats, kGetManyInto, kPutMany };
+inline constexpr int kCacheClientMethods = 7;
 
 // Thread-safe. Each call first counts itself, then sleeps the method's delay
 // (through the injected hook, outside the lock), then either fails with an
@@ -64,6 +65,11 @@ class FaultInjectingCacheClient final : public CacheClient {
   absl::StatusOr<PutResult> Put(const ClientNamespace& ns, const ClientPut& put, absl::string_view bytes) override;
   absl::Status GetInto(uint64_t lease_id, const Hash128& key, std::string* out) override;
   absl::Status GetManyInto(uint64_t lease_id, absl::Span<const Hash128> keys, absl::Span<std::string> out) override;
+  // A failure armed for kPutMany fails every entry (nothing reaches the
+  // cache); otherwise CacheClient's default, one Put of this client per entry,
+  // so that Put's faults and delays strike the entries one by one.
+  std::vector<absl::StatusOr<PutResult>> PutMany(const ClientNamespace& ns,
+                                                 absl::Span<const PutManyEntry> entries) override;
   absl::Status Release(uint64_t lease_id) override;
   absl::StatusOr<IndexStats> Stats() override;
 

@@ -1,6 +1,7 @@
 #include "cachestore/grpc_cache_client.h"
 
 #include <algorithm>
+#include <deque>
 #include <optional>
 #include <string>
 
@@ -56,6 +57,57 @@ void FromProto(const v1::ClassStats& s, ClassStats* out) {
 constexpr char kGetMethod[] = "/hybridserve.v1.CacheStore/Get";
 constexpr char kGetManyMethod[] = "/hybridserve.v1.CacheStore/GetMany";
 constexpr char kPutMethod[] = "/hybridserve.v1.CacheStore/Put";
+constexpr char kPutManyMethod[] = "/hybridserve.v1.CacheStore/PutMany";
+
+// The header message of a put of `size` bytes in namespace `ns` (Put's and
+// each of PutMany's entries).
+v1::PutRequest HeaderMessage(const v1::CacheNamespace& ns, const ClientPut& put, size_t size) {
+  v1::PutRequest msg;
+  v1::PutHeader* h = msg.mutable_header();
+  *h->mutable_namespace_() = ns;
+  h->set_entry_class(put.entry_class == EntryClass::kPage ? v1::ENTRY_CLASS_PAGE : v1::ENTRY_CLASS_STATE);
+  if (put.parent.has_value()) h->set_parent_key(put.parent->ToBytes());
+  h->mutable_token_ids()->Add(put.tokens.begin(), put.tokens.end());
+  if (put.entry_class == EntryClass::kState) {
+    h->set_state_kind(put.state_kind == StateKind::kGridCheckpoint ? v1::STATE_KIND_GRID_CHECKPOINT
+                                                                   : v1::STATE_KIND_EXACT_PREFIX);
+    h->set_position(static_cast<uint64_t>(put.position));
+  }
+  // States only: the server refuses retention on a page.
+  if (put.ttl != absl::ZeroDuration()) {
+    const int64_t nanos = absl::ToInt64Nanoseconds(put.ttl);
+    h->mutable_ttl()->set_seconds(nanos / 1000000000);
+    h->mutable_ttl()->set_nanos(static_cast<int32_t>(nanos % 1000000000));
+  }
+  h->set_pin(put.pin);
+  h->set_size_bytes(size);
+  return msg;
+}
+
+// The chunk of `bytes` at `offset` (at most `chunk` bytes) as a PutRequest;
+// it points into `bytes`, which must outlive the call: no copy.
+grpc::ByteBuffer ChunkMessage(absl::string_view bytes, size_t offset, int64_t chunk) {
+  const grpc::Slice data(bytes.data() + offset, std::min<size_t>(chunk, bytes.size() - offset),
+                         grpc::Slice::STATIC_SLICE);
+  return entry_messages::EncodeChunk({{entry_messages::kChunkOffset, offset}}, entry_messages::kChunkData, data,
+                                     entry_messages::kPutChunk);
+}
+
+grpc::ByteBuffer CommitMessage(uint64_t checksum) {
+  v1::PutRequest msg;
+  msg.mutable_commit()->set_checksum(checksum);
+  return entry_messages::SerializeMessage(msg);
+}
+
+absl::StatusOr<PutResult> PutResultOf(const v1::PutResponse& resp) {
+  PutResult r;
+  if (!Hash128::FromBytes(resp.key(), &r.key)) return absl::InternalError("cachestore sent a malformed key");
+  r.already_present = resp.already_present();
+  if (resp.has_ttl()) r.ttl = absl::Seconds(resp.ttl().seconds()) + absl::Nanoseconds(resp.ttl().nanos());
+  r.pinned = resp.pinned();
+  r.pin_refused = resp.pin_refused_reason();
+  return r;
+}
 
 // One call of a streaming method whose messages stay raw ByteBuffers (the
 // generated stubs would copy an entry's bytes into and out of protobuf
@@ -111,8 +163,24 @@ class RawCall {
     if (answer_pending_) Wait(kAnswer);
     return answered_;
   }
+  // Keeps one read outstanding from now until the reads end: each message
+  // that arrives while the writes go on is queued in arrived() (a
+  // bidirectional call's answers).
+  void StartReading() {
+    if (!live_) return;
+    reading_ = true;
+    call_->Read(&incoming_, kRead);
+  }
+  std::deque<grpc::ByteBuffer>& arrived() { return arrived_; }
+  // Waits until a message is queued in arrived() (true) or the reads end
+  // (false: the server finished the call, or it failed).
+  bool AwaitArrival() {
+    while (arrived_.empty() && reading_) Wait(kRead);
+    return !arrived_.empty();
+  }
   grpc::Status Finish() {
     if (answer_pending_) Wait(kAnswer);
+    while (reading_) Wait(kRead);
     grpc::Status status;
     call_->Finish(&status, kStep);
     Wait(kStep);
@@ -129,6 +197,7 @@ class RawCall {
  private:
   static inline void* const kStep = reinterpret_cast<void*>(1);
   static inline void* const kAnswer = reinterpret_cast<void*>(2);
+  static inline void* const kRead = reinterpret_cast<void*>(3);
 
   // Waits for the operation tagged `want`; the answer may complete meanwhile.
   bool Wait(void* want) {
@@ -142,6 +211,17 @@ class RawCall {
         if (want == kAnswer) return ok;
         continue;
       }
+      if (tag == kRead) {
+        if (ok) {
+          arrived_.push_back(std::move(incoming_));
+          incoming_.Clear();
+          call_->Read(&incoming_, kRead);
+        } else {
+          reading_ = false;
+        }
+        if (want == kRead) return ok;
+        continue;
+      }
       if (tag == want) return ok;
     }
   }
@@ -153,6 +233,9 @@ class RawCall {
   bool finished_ = false;
   bool answer_pending_ = false;
   bool answered_ = false;
+  bool reading_ = false;       // a kRead outstanding
+  grpc::ByteBuffer incoming_;  // its message
+  std::deque<grpc::ByteBuffer> arrived_;
 };
 
 // Decodes one message of an entry stream whose data is field `data_field`.
@@ -290,42 +373,16 @@ absl::StatusOr<PutResult> GrpcCacheClient::Put(const ClientNamespace& ns, const 
   grpc::ClientContext ctx;
   impl_->Prepare(&ctx);
   RawCall call(*impl_->raw, kPutMethod, &ctx);
-  v1::PutRequest msg;
-  v1::PutHeader* h = msg.mutable_header();
-  *h->mutable_namespace_() = ToProto(ns);
-  h->set_entry_class(put.entry_class == EntryClass::kPage ? v1::ENTRY_CLASS_PAGE : v1::ENTRY_CLASS_STATE);
-  if (put.parent.has_value()) h->set_parent_key(put.parent->ToBytes());
-  h->mutable_token_ids()->Add(put.tokens.begin(), put.tokens.end());
-  if (put.entry_class == EntryClass::kState) {
-    h->set_state_kind(put.state_kind == StateKind::kGridCheckpoint ? v1::STATE_KIND_GRID_CHECKPOINT
-                                                                   : v1::STATE_KIND_EXACT_PREFIX);
-    h->set_position(static_cast<uint64_t>(put.position));
-  }
-  // States only: the server refuses retention on a page.
-  if (put.ttl != absl::ZeroDuration()) {
-    const int64_t nanos = absl::ToInt64Nanoseconds(put.ttl);
-    h->mutable_ttl()->set_seconds(nanos / 1000000000);
-    h->mutable_ttl()->set_nanos(static_cast<int32_t>(nanos % 1000000000));
-  }
-  h->set_pin(put.pin);
-  h->set_size_bytes(bytes.size());
   // A failed Write means the server already answered (e.g. already present,
   // or an error); Finish tells which.
   grpc::ByteBuffer answer;
-  bool open = call.Write(entry_messages::SerializeMessage(msg));
+  bool open = call.Write(entry_messages::SerializeMessage(HeaderMessage(ToProto(ns), put, bytes.size())));
   call.StartAnswer(&answer);
   const int64_t chunk = impl_->options.chunk_bytes;
   for (size_t off = 0; open && !call.answered() && off < bytes.size(); off += chunk) {
-    // The chunk points into `bytes`, which outlive the call: no copy.
-    const grpc::Slice data(bytes.data() + off, std::min<size_t>(chunk, bytes.size() - off), grpc::Slice::STATIC_SLICE);
-    open = call.Write(entry_messages::EncodeChunk({{entry_messages::kChunkOffset, off}}, entry_messages::kChunkData,
-                                                  data, entry_messages::kPutChunk));
+    open = call.Write(ChunkMessage(bytes, off, chunk));
   }
-  if (open && !call.answered()) {
-    msg.Clear();
-    msg.mutable_commit()->set_checksum(common::Checksum64(bytes.data(), bytes.size()));
-    call.Write(entry_messages::SerializeMessage(msg));
-  }
+  if (open && !call.answered()) call.Write(CommitMessage(common::Checksum64(bytes.data(), bytes.size())));
   call.WritesDone();
   v1::PutResponse resp;
   const bool answered = call.AnswerArrived();
@@ -333,13 +390,71 @@ absl::StatusOr<PutResult> GrpcCacheClient::Put(const ClientNamespace& ns, const 
   if (!s.ok()) return s;
   if (!answered || !entry_messages::ParseMessage(answer, &resp))
     return absl::InternalError("cachestore sent a malformed put answer");
-  PutResult r;
-  if (!Hash128::FromBytes(resp.key(), &r.key)) return absl::InternalError("cachestore sent a malformed key");
-  r.already_present = resp.already_present();
-  if (resp.has_ttl()) r.ttl = absl::Seconds(resp.ttl().seconds()) + absl::Nanoseconds(resp.ttl().nanos());
-  r.pinned = resp.pinned();
-  r.pin_refused = resp.pin_refused_reason();
-  return r;
+  return PutResultOf(resp);
+}
+
+std::vector<absl::StatusOr<PutResult>> GrpcCacheClient::PutMany(const ClientNamespace& ns,
+                                                                absl::Span<const PutManyEntry> entries) {
+  std::vector<absl::StatusOr<PutResult>> results;
+  if (entries.empty()) return results;
+  results.reserve(entries.size());
+  grpc::ClientContext ctx;
+  impl_->Prepare(&ctx);
+  RawCall call(*impl_->raw, kPutManyMethod, &ctx);
+  // The answers are read as they come, while the entries are written: an
+  // entry answered early (already present, refused at its header) sends no
+  // more of its bytes.
+  call.StartReading();
+  absl::Status broken;  // a malformed answer
+  auto take_answers = [&] {
+    for (; broken.ok() && !call.arrived().empty(); call.arrived().pop_front()) {
+      v1::PutManyResponse a;
+      if (!entry_messages::ParseMessage(call.arrived().front(), &a) || a.index() != results.size() ||
+          results.size() >= entries.size()) {
+        broken = absl::InternalError(
+            absl::StrCat("cachestore sent a malformed or out-of-order PutMany answer after ", results.size()));
+        return;
+      }
+      if (a.code() != 0) {
+        results.push_back(absl::Status(static_cast<absl::StatusCode>(a.code()), a.message()));
+      } else {
+        results.push_back(PutResultOf(a.result()));
+      }
+    }
+  };
+  const v1::CacheNamespace proto_ns = ToProto(ns);
+  const int64_t chunk = impl_->options.chunk_bytes;
+  bool open = true;
+  for (size_t i = 0; open && broken.ok() && i < entries.size(); ++i) {
+    const PutManyEntry& e = entries[i];
+    open = call.Write(entry_messages::SerializeMessage(HeaderMessage(proto_ns, *e.put, e.bytes.size())));
+    take_answers();
+    for (size_t off = 0; open && results.size() <= i && off < e.bytes.size(); off += chunk) {
+      open = call.Write(ChunkMessage(e.bytes, off, chunk));
+      take_answers();
+    }
+    if (open && results.size() <= i) {
+      open = call.Write(CommitMessage(e.checksum.value_or(common::Checksum64(e.bytes.data(), e.bytes.size()))));
+    }
+  }
+  if (broken.ok()) {
+    call.WritesDone();
+    while (broken.ok() && call.AwaitArrival()) take_answers();
+  }
+  if (!broken.ok()) {
+    const absl::Status why = call.Abandon(broken);
+    results.resize(entries.size(), why);  // malformed answers are never results
+    return results;
+  }
+  absl::Status s = FromGrpcStatus(call.Finish());
+  if (results.size() < entries.size()) {
+    if (s.ok()) {
+      s = absl::InternalError(absl::StrCat("cachestore ended PutMany after answering ", results.size(), " of ",
+                                           entries.size(), " entries"));
+    }
+    results.resize(entries.size(), s);
+  }
+  return results;
 }
 
 absl::Status GrpcCacheClient::GetInto(uint64_t lease_id, const Hash128& key, std::string* out) {

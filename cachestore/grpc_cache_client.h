@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -50,6 +51,10 @@ class GrpcCacheClient final : public CacheClient {
   absl::StatusOr<LookupResult> Lookup(const ClientNamespace& ns, absl::Span<const TokenId> tokens,
                                       LookupMode mode) override;
   absl::StatusOr<PutResult> Put(const ClientNamespace& ns, const ClientPut& put, absl::string_view bytes) override;
+  // One PutMany stream; the entries' chunks point into their bytes (no copy),
+  // and the answers are read while the entries are written.
+  std::vector<absl::StatusOr<PutResult>> PutMany(const ClientNamespace& ns,
+                                                 absl::Span<const PutManyEntry> entries) override;
   // Streams the entry in chunks and verifies size and checksum on arrival
   // (DATA_LOSS if they do not match). Reusing one `out` for entries of the
   // same size avoids page faults.

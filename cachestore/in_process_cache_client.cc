@@ -19,6 +19,22 @@ absl::StatusOr<LookupResult> InProcessCacheClient::Lookup(const ClientNamespace&
 
 absl::StatusOr<PutResult> InProcessCacheClient::Put(const ClientNamespace& ns, const ClientPut& put,
                                                     absl::string_view bytes) {
+  return PutChecked(ns, put, bytes, common::Checksum64(bytes.data(), bytes.size()));
+}
+
+std::vector<absl::StatusOr<PutResult>> InProcessCacheClient::PutMany(const ClientNamespace& ns,
+                                                                     absl::Span<const PutManyEntry> entries) {
+  std::vector<absl::StatusOr<PutResult>> results;
+  results.reserve(entries.size());
+  for (const PutManyEntry& e : entries) {
+    results.push_back(
+        PutChecked(ns, *e.put, e.bytes, e.checksum.value_or(common::Checksum64(e.bytes.data(), e.bytes.size()))));
+  }
+  return results;
+}
+
+absl::StatusOr<PutResult> InProcessCacheClient::PutChecked(const ClientNamespace& ns, const ClientPut& put,
+                                                           absl::string_view bytes, uint64_t checksum) {
   // The PutSpec the service builds from the same request (service.cc SpecOf).
   PutSpec spec;
   ASSIGN_OR_RETURN(spec.ns,
@@ -46,7 +62,7 @@ absl::StatusOr<PutResult> InProcessCacheClient::Put(const ClientNamespace& ns, c
     return result;
   }
   RETURN_IF_ERROR(session->Write(0, bytes));
-  RETURN_IF_ERROR(session->Commit(common::Checksum64(bytes.data(), bytes.size())));
+  RETURN_IF_ERROR(session->Commit(checksum));
   return result;
 }
 

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -30,12 +31,20 @@ class InProcessCacheClient final : public CacheClient {
   // Writes `bytes` in one piece and commits them with their XXH3-64, which
   // the store checks against what it copied.
   absl::StatusOr<PutResult> Put(const ClientNamespace& ns, const ClientPut& put, absl::string_view bytes) override;
+  // Each entry as Put, committed with the entry's checksum when it gives one
+  // (the store checks it against what it copied, as the service does).
+  std::vector<absl::StatusOr<PutResult>> PutMany(const ClientNamespace& ns,
+                                                 absl::Span<const PutManyEntry> entries) override;
   // Copies the verified bytes into `*out`.
   absl::Status GetInto(uint64_t lease_id, const Hash128& key, std::string* out) override;
   absl::Status Release(uint64_t lease_id) override;
   absl::StatusOr<IndexStats> Stats() override;
 
  private:
+  // Put with the checksum the commit claims.
+  absl::StatusOr<PutResult> PutChecked(const ClientNamespace& ns, const ClientPut& put, absl::string_view bytes,
+                                       uint64_t checksum);
+
   CacheStore& store_;
 };
 

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "cachestore/entry_messages.h"
+#include "cachestore/put_header.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "common/tokens.h"
@@ -91,54 +92,6 @@ v1::EntryRef ToProto(const EntryInfo& e) {
   }
   out.set_position(static_cast<uint64_t>(e.position));
   return out;
-}
-
-absl::StatusOr<PutSpec> SpecOf(const v1::PutHeader& h) {
-  PutSpec spec;
-  ASSIGN_OR_RETURN(spec.ns, NamespaceOf(h.namespace_()));
-  spec.tenant = h.namespace_().tenant();
-  spec.page_size = static_cast<int32_t>(h.namespace_().page_size());
-  switch (h.entry_class()) {
-    case v1::ENTRY_CLASS_PAGE:
-      spec.entry_class = EntryClass::kPage;
-      break;
-    case v1::ENTRY_CLASS_STATE:
-      spec.entry_class = EntryClass::kState;
-      switch (h.state_kind()) {
-        case v1::STATE_KIND_GRID_CHECKPOINT:
-          spec.state_kind = StateKind::kGridCheckpoint;
-          break;
-        case v1::STATE_KIND_EXACT_PREFIX:
-          spec.state_kind = StateKind::kExactPrefix;
-          break;
-        default:
-          return absl::InvalidArgumentError("header.state_kind must be GRID_CHECKPOINT or EXACT_PREFIX");
-      }
-      break;
-    default:
-      return absl::InvalidArgumentError("header.entry_class must be PAGE or STATE");
-  }
-  if (!h.parent_key().empty()) {
-    ASSIGN_OR_RETURN(Hash128 parent, KeyOf(h.parent_key(), "header.parent_key"));
-    spec.parent = parent;
-  }
-  if (h.token_ids_size() > kMaxPageSize) {
-    return absl::InvalidArgumentError(absl::StrCat("header carries ", h.token_ids_size(), " tokens"));
-  }
-  spec.tokens.assign(h.token_ids().begin(), h.token_ids().end());
-  if (h.position() > static_cast<uint64_t>(INT64_MAX) || h.size_bytes() > static_cast<uint64_t>(INT64_MAX)) {
-    return absl::InvalidArgumentError("header.position or header.size_bytes out of range");
-  }
-  spec.position = static_cast<int64_t>(h.position());
-  spec.size_bytes = static_cast<int64_t>(h.size_bytes());
-  if (h.has_ttl()) {
-    if (h.ttl().seconds() < 0 || h.ttl().nanos() < 0 || h.ttl().nanos() >= 1000000000) {
-      return absl::InvalidArgumentError("header.ttl must be a non-negative duration");
-    }
-    spec.ttl = absl::Seconds(h.ttl().seconds()) + absl::Nanoseconds(h.ttl().nanos());
-  }
-  spec.pin = h.pin();
-  return spec;
 }
 
 void FillClass(const ClassStats& s, v1::ClassStats* out) {
@@ -242,7 +195,7 @@ grpc::Status CacheStoreService::AnswerLookup(const v1::LookupRequest& request, v
 // and its bytes copied from gRPC's slices straight into the entry (entry_messages.h);
 // anything else (the header, the commit, an unusual encoding) is parsed by
 // protobuf.
-class PutReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
+class PutReactor : public grpc::ServerReadReactor<grpc::ByteBuffer>, public ReclaimablePut {
  public:
   PutReactor(CacheStoreService& service, CallAdmission::Slot slot, grpc::ByteBuffer* response)
       : service_(service), slot_(std::move(slot)), response_(response), start_(absl::Now()) {
@@ -289,7 +242,7 @@ class PutReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   }
 
   // The store reclaimed this put: end the stream with ABORTED.
-  void Reclaim() {
+  void Reclaim() override {
     FinishOnce(grpc::Status(grpc::StatusCode::ABORTED,
                             absl::StrCat("put reclaimed: no progress for put_timeout (",
                                          absl::FormatDuration(service_.store_.options().put_timeout), ")")));
@@ -305,18 +258,9 @@ class PutReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     absl::StatusOr<std::unique_ptr<PutSession>> session = service_.store_.BeginPut(*spec);
     if (!session.ok()) return ToGrpcStatus(session.status());
     session_ = *std::move(session);
-    answer_.set_key(session_->key().ToBytes());
-    const Reservation& granted = session_->reservation();
-    if (granted.ttl > absl::ZeroDuration()) {
-      answer_.mutable_ttl()->set_seconds(absl::ToInt64Seconds(granted.ttl));
-      answer_.mutable_ttl()->set_nanos(static_cast<int32_t>(
-          absl::ToInt64Nanoseconds(granted.ttl - absl::Seconds(absl::ToInt64Seconds(granted.ttl)))));
-    }
-    answer_.set_pinned(granted.pinned);
-    answer_.set_pin_refused_reason(granted.pin_refused);
+    answer_ = AnswerOf(*session_);
     if (session_->already_present()) {
       // Nothing to write: answer now; the client's remaining writes just fail.
-      answer_.set_already_present(true);
       done_ = true;
       return grpc::Status::OK;
     }

@@ -32,8 +32,20 @@ struct ServiceOptions {
 };
 
 class PutReactor;
+class PutManyReactor;
 template <typename Response>
 class EntryStreamReactor;
+
+// A put stream whose entry in flight the store can reclaim (Put's and
+// PutMany's reactors): Reclaim ends the stream with ABORTED. Called with the
+// service's mu_ held, while the stream is registered in active_puts_.
+class ReclaimablePut {
+ public:
+  virtual void Reclaim() = 0;
+
+ protected:
+  ~ReclaimablePut() = default;
+};
 
 // Every method is a callback (reactor) handler: an open stream holds a
 // reactor and its buffers, never a thread, so the threads stay bounded
@@ -48,10 +60,11 @@ class EntryStreamReactor;
 // so an entry's bytes go from the transport's slices into the entry and from
 // the entry into slices that point at it (entry_messages.h), never through a protobuf
 // string. The wire format is the proto's.
-using CacheStoreHandlers = v1::CacheStore::WithCallbackMethod_Lookup<
-    v1::CacheStore::WithRawCallbackMethod_Put<v1::CacheStore::WithRawCallbackMethod_Get<
+// PutMany is raw too, its entries' chunks decoded in place as Put's are.
+using CacheStoreHandlers = v1::CacheStore::WithCallbackMethod_Lookup<v1::CacheStore::WithRawCallbackMethod_Put<
+    v1::CacheStore::WithRawCallbackMethod_PutMany<v1::CacheStore::WithRawCallbackMethod_Get<
         v1::CacheStore::WithRawCallbackMethod_GetMany<v1::CacheStore::WithCallbackMethod_Release<
-            v1::CacheStore::WithCallbackMethod_Stats<v1::CacheStore::Service>>>>>>;
+            v1::CacheStore::WithCallbackMethod_Stats<v1::CacheStore::Service>>>>>>>;
 
 class CacheStoreService final : public CacheStoreHandlers {
  public:
@@ -63,6 +76,9 @@ class CacheStoreService final : public CacheStoreHandlers {
   // Raw: PutRequest messages in, a PutResponse out.
   grpc::ServerReadReactor<grpc::ByteBuffer>* Put(grpc::CallbackServerContext* context,
                                                  grpc::ByteBuffer* response) override;
+  // Raw: PutRequest messages in (entry after entry), PutManyResponse
+  // messages out (put_many_reactor.cc).
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* PutMany(grpc::CallbackServerContext* context) override;
   // Raw: a GetRequest in, GetResponse messages out.
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Get(grpc::CallbackServerContext* context,
                                                   const grpc::ByteBuffer* request) override;
@@ -86,6 +102,7 @@ class CacheStoreService final : public CacheStoreHandlers {
 
  private:
   friend class PutReactor;
+  friend class PutManyReactor;
   template <typename Response>
   friend class EntryStreamReactor;
 
@@ -115,9 +132,9 @@ class CacheStoreService final : public CacheStoreHandlers {
   const ServiceOptions options_;
   CallAdmission admission_;
   absl::Mutex mu_;
-  // Puts past their header, by reservation id; a reactor removes itself in
-  // OnDone, before it is deleted.
-  absl::flat_hash_map<uint64_t, PutReactor*> active_puts_ ABSL_GUARDED_BY(mu_);
+  // Puts past their header, by reservation id; a reactor removes its entry
+  // when the entry ends (PutMany) or in OnDone, before it is deleted.
+  absl::flat_hash_map<uint64_t, ReclaimablePut*> active_puts_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace hybridserve::cachestore

@@ -485,6 +485,16 @@ TEST_F(StreamsTest, EveryMethodIsRefusedBeyondTheCallLimits) {
     writer->WritesDone();
     expect_refused(writer->Finish(), per_peer);
   }
+  {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    auto stream = stub->PutMany(&ctx);
+    stream->Write(StateHeader(2));  // may fail likewise
+    stream->WritesDone();
+    v1::PutManyResponse m;
+    EXPECT_FALSE(stream->Read(&m));
+    expect_refused(stream->Finish(), per_peer);
+  }
 
   // A second connection's stalled put fills max_streams: now any new call is
   // refused, whichever connection it comes on.
@@ -494,7 +504,7 @@ TEST_F(StreamsTest, EveryMethodIsRefusedBeyondTheCallLimits) {
   auto stats = client_->Stats();
   EXPECT_EQ(stats.status().code(), absl::StatusCode::kResourceExhausted) << stats.status();
   EXPECT_THAT(stats.status().message(), HasSubstr("--max_streams=2 calls in flight over all clients"));
-  EXPECT_EQ(CounterValue("hybridserve_cache_calls_refused_total"), 7);  // 6 per peer, 1 overall
+  EXPECT_EQ(CounterValue("hybridserve_cache_calls_refused_total"), 8);  // 7 per peer, 1 overall
 
   held.Cancel();
   second.Cancel();

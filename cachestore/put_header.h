@@ -1,0 +1,26 @@
+#ifndef HYBRIDSERVE_CACHESTORE_PUT_HEADER_H_
+#define HYBRIDSERVE_CACHESTORE_PUT_HEADER_H_
+
+// A put's header and answer on the wire, shared by Put and PutMany
+// (proto/cachestore.proto): PutHeader to the store's PutSpec, and the
+// PutResponse of a put the store accepted.
+
+#include "absl/status/statusor.h"
+#include "cachestore/cache_store.h"
+#include "proto/cachestore.pb.h"
+
+namespace hybridserve::cachestore {
+
+// INVALID_ARGUMENT naming the header's field: a bad namespace, class, state
+// kind, parent key, token count, position, size or ttl. What the store checks
+// itself (token count against the page size, position against the tail, the
+// budgets) is left to BeginPut.
+absl::StatusOr<PutSpec> SpecOf(const v1::PutHeader& header);
+
+// The answer to a put whose header `session` accepted: its key, the retention
+// granted, and already_present.
+v1::PutResponse AnswerOf(const PutSession& session);
+
+}  // namespace hybridserve::cachestore
+
+#endif  // HYBRIDSERVE_CACHESTORE_PUT_HEADER_H_
