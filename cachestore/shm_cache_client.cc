@@ -29,21 +29,18 @@ absl::Status ShmCacheClient::GetManyInto(uint64_t lease_id, absl::Span<const Has
 std::optional<absl::Status> ShmCacheClient::TryShm(uint64_t lease_id, absl::Span<const Hash128> keys,
                                                    absl::Span<std::string> out) {
   bool verdict = false;
-  absl::StatusOr<ShmEntries> entries = reader_.Read(lease_id, keys, &verdict);
-  if (!entries.ok()) {
+  const absl::Status read = reader_.ReadInto(lease_id, keys, out, &verdict);
+  if (!read.ok()) {
     absl::MutexLock lock(&mu_);
     if (verdict) {
       ++counts_.verdicts;
-      return entries.status();
+      return read;
     }
-    ++counts_.fallbacks[common::FailureReason(entries.status())];
+    ++counts_.fallbacks[common::FailureReason(read)];
     return std::nullopt;
   }
   int64_t bytes = 0;
-  for (size_t i = 0; i < keys.size(); ++i) {
-    out[i].assign(entries->entry(i).data(), entries->entry(i).size());
-    bytes += static_cast<int64_t>(out[i].size());
-  }
+  for (const std::string& o : out) bytes += static_cast<int64_t>(o.size());
   absl::MutexLock lock(&mu_);
   ++counts_.reads;
   counts_.bytes += bytes;

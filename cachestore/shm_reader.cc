@@ -52,7 +52,9 @@ ShmEntries::~ShmEntries() {
   if (mapped_ != nullptr) munmap(mapped_, mapped_size_);
 }
 
-absl::StatusOr<ShmEntries> ShmReader::Read(uint64_t lease_id, absl::Span<const Hash128> keys, bool* verdict) const {
+absl::StatusOr<ShmResponse> ShmReader::Receive(uint64_t lease_id, absl::Span<const Hash128> keys, bool* verdict,
+                                               int* memfd_out) const {
+  *memfd_out = -1;
   if (verdict != nullptr) *verdict = false;
   if (keys.empty() || keys.size() > kShmMaxKeys) {
     return absl::InvalidArgumentError(absl::StrCat(keys.size(), " keys: a shm read takes 1 to ", kShmMaxKeys));
@@ -83,7 +85,7 @@ absl::StatusOr<ShmEntries> ShmReader::Read(uint64_t lease_id, absl::Span<const H
   }
   int memfd = -1;
   absl::StatusOr<ShmResponse> response = ReadShmResponse(sock, &memfd);
-  FdCloser memfd_closer(memfd);
+  FdCloser memfd_closer(memfd);  // released below once the descriptor passed every check
   if (!response.ok()) return response.status();
   if (!response->status.ok()) {
     const absl::StatusCode code = response->status.code();
@@ -102,7 +104,6 @@ absl::StatusOr<ShmEntries> ShmReader::Read(uint64_t lease_id, absl::Span<const H
           absl::StrCat("shm entry ", i, " at ", e.offset, "+", e.size, " lies outside the memfd of ", total, " bytes"));
     }
   }
-  ShmEntries out;
   if (total > 0) {
     // Only a memfd that nobody can change any more is read.
     struct stat st {};
@@ -113,12 +114,25 @@ absl::StatusOr<ShmEntries> ShmReader::Read(uint64_t lease_id, absl::Span<const H
     if (seals < 0 || (seals & ShmRequiredSeals()) != ShmRequiredSeals()) {
       return absl::FailedPreconditionError(absl::StrCat("shm descriptor is not sealed (seals ", seals, ")"));
     }
-    void* p = mmap(nullptr, total, PROT_READ, MAP_PRIVATE | MAP_POPULATE, memfd, 0);
+    *memfd_out = dup(memfd);
+    if (*memfd_out < 0) return absl::UnavailableError(absl::StrCat("dup: ", std::strerror(errno)));
+  }
+  return response;
+}
+
+absl::StatusOr<ShmEntries> ShmReader::Read(uint64_t lease_id, absl::Span<const Hash128> keys, bool* verdict) const {
+  int memfd = -1;
+  absl::StatusOr<ShmResponse> response = Receive(lease_id, keys, verdict, &memfd);
+  FdCloser memfd_closer(memfd);
+  if (!response.ok()) return response.status();
+  ShmEntries out;
+  if (memfd >= 0) {
+    void* p = mmap(nullptr, response->memfd_bytes, PROT_READ, MAP_PRIVATE | MAP_POPULATE, memfd, 0);
     if (p == MAP_FAILED) {
       return absl::FailedPreconditionError(absl::StrCat("cannot map the shm descriptor: ", std::strerror(errno)));
     }
     out.mapped_ = p;
-    out.mapped_size_ = total;
+    out.mapped_size_ = response->memfd_bytes;
   }
   out.entries_.reserve(keys.size());
   for (size_t i = 0; i < response->entries.size(); ++i) {
@@ -131,6 +145,32 @@ absl::StatusOr<ShmEntries> ShmReader::Read(uint64_t lease_id, absl::Span<const H
     out.entries_.push_back(bytes);
   }
   return out;
+}
+
+absl::Status ShmReader::ReadInto(uint64_t lease_id, absl::Span<const Hash128> keys, absl::Span<std::string> out,
+                                 bool* verdict) const {
+  if (out.size() != keys.size()) return absl::InvalidArgumentError("ReadInto: as many outputs as keys");
+  int memfd = -1;
+  absl::StatusOr<ShmResponse> response = Receive(lease_id, keys, verdict, &memfd);
+  FdCloser memfd_closer(memfd);
+  if (!response.ok()) return response.status();
+  for (size_t i = 0; i < response->entries.size(); ++i) {
+    const ShmEntrySpan& e = response->entries[i];
+    std::string& dst = out[i];
+    dst.resize(e.size);
+    for (uint64_t done = 0; done < e.size;) {
+      const ssize_t n = pread(memfd, dst.data() + done, e.size - done, static_cast<off_t>(e.offset + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0)
+        return absl::FailedPreconditionError(absl::StrCat("reading the shm descriptor: ", std::strerror(errno)));
+      done += static_cast<uint64_t>(n);
+    }
+    // The copy is what gets used, so the copy is what is verified.
+    if (common::Checksum64(dst.data(), dst.size()) != e.checksum) {
+      return absl::DataLossError(absl::StrCat("shm entry ", i, " (key ", keys[i].ToHex(), ") failed its checksum"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace hybridserve::cachestore

@@ -10,6 +10,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "cachestore/keys.h"
+#include "cachestore/shm_protocol.h"
 #include "common/hash.h"
 
 namespace hybridserve::cachestore {
@@ -63,7 +64,19 @@ class ShmReader {
   // the answer a gRPC read would get too, rather than a failure of the path.
   absl::StatusOr<ShmEntries> Read(uint64_t lease_id, absl::Span<const Hash128> keys, bool* verdict = nullptr) const;
 
+  // The same, copied with pread straight into `out` (as many as keys; their
+  // capacity reused) and verified there: no mapping to set up and tear down,
+  // so the one copy a caller needing its own bytes makes is the only cost
+  // (shm_bench). On error `out` holds no usable bytes.
+  absl::Status ReadInto(uint64_t lease_id, absl::Span<const Hash128> keys, absl::Span<std::string> out,
+                        bool* verdict = nullptr) const;
+
  private:
+  // Request, response, and the descriptor's checks (sealed, its size);
+  // *memfd a descriptor the caller owns (-1 when there are no bytes).
+  absl::StatusOr<ShmResponse> Receive(uint64_t lease_id, absl::Span<const Hash128> keys, bool* verdict,
+                                      int* memfd) const;
+
   const ShmReaderOptions options_;
 };
 
