@@ -385,6 +385,11 @@ class ShmLifetimeTest : public ::testing::Test {
     reader_ = std::make_unique<ShmReader>(ShmReaderOptions{o.socket_path});
   }
 
+  // The server's threads report into events_: they end before it goes.
+  void TearDown() override {
+    if (server_ != nullptr) server_->Stop();
+  }
+
   // Waits for the server's `n`th event (no fixed sleep: the server reports).
   ShmReadEvent AwaitEvent(size_t n) {
     struct Wanted {
