@@ -1,8 +1,13 @@
-// One contract, two implementations: every test here runs against the gRPC
-// GrpcCacheClient (a real server on loopback port 0) and against the
-// InProcessCacheClient, each over a fresh CacheStore on a FakeClock.
+// One contract, three implementations: every test here runs against the gRPC
+// GrpcCacheClient (a real server on loopback port 0), against the
+// ShmCacheClient over it (the same server with its shared-memory socket on),
+// and against the InProcessCacheClient, each over a fresh CacheStore on a
+// FakeClock.
+
+#include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <numeric>
@@ -20,6 +25,7 @@
 #include "cachestore/grpc_cache_client.h"
 #include "cachestore/in_process_cache_client.h"
 #include "cachestore/server.h"
+#include "cachestore/shm_cache_client.h"
 #include "common/clock.h"
 #include "common/hash.h"
 #include "common/wait_for.h"
@@ -102,6 +108,53 @@ class GrpcHarness : public Harness {
   std::unique_ptr<GrpcCacheClient> client_;
 };
 
+// The gRPC harness's server with its shm socket on, read through a
+// ShmCacheClient: every read these tests make goes by shared memory, and no
+// read may need the gRPC fallback (checked at the end).
+class ShmHarness : public Harness {
+ public:
+  static constexpr char kName[] = "Shm";
+
+  ~ShmHarness() override {
+    if (shm_client_ == nullptr) return;
+    const ShmReadCounts counts = shm_client_->counts();
+    EXPECT_TRUE(counts.fallbacks.empty()) << "a read fell back to gRPC: " << counts.fallbacks.begin()->first;
+  }
+
+  absl::Status Start(const CacheIndexOptions& options, const common::Clock& clock) override {
+    ServerOptions o;
+    o.address = "127.0.0.1:0";
+    o.index = options;
+    o.reap_interval = absl::Hours(1);
+    // A private directory under /tmp: TEST_TMPDIR is longer than a socket path may be.
+    static const std::string* dir = [] {
+      char templ[] = "/tmp/hs-contract-XXXXXX";
+      const char* made = mkdtemp(templ);
+      return new std::string(made != nullptr ? made : "/tmp");
+    }();
+    o.shm.socket_path = absl::StrCat(*dir, "/", ++sockets_, ".sock");
+    absl::StatusOr<std::unique_ptr<CacheStoreServer>> server = CacheStoreServer::Start(o, clock, registry_);
+    if (!server.ok()) return server.status();
+    server_ = *std::move(server);
+    absl::StatusOr<std::unique_ptr<GrpcCacheClient>> client =
+        GrpcCacheClient::Create(absl::StrCat("127.0.0.1:", server_->port()));
+    if (!client.ok()) return client.status();
+    grpc_client_ = *std::move(client);
+    shm_client_ = std::make_unique<ShmCacheClient>(*grpc_client_, ShmReaderOptions{o.shm.socket_path});
+    return absl::OkStatus();
+  }
+  CacheClient& client() override { return *shm_client_; }
+  CacheStore& store() override { return server_->store(); }
+  absl::Time LeaseClockNow() const override { return absl::Now(); }
+
+ private:
+  static inline int sockets_ = 0;
+  prometheus::Registry registry_;
+  std::unique_ptr<CacheStoreServer> server_;
+  std::unique_ptr<GrpcCacheClient> grpc_client_;
+  std::unique_ptr<ShmCacheClient> shm_client_;
+};
+
 class InProcessHarness : public Harness {
  public:
   static constexpr char kName[] = "InProcess";
@@ -174,7 +227,7 @@ struct HarnessName {
   }
 };
 
-using Implementations = ::testing::Types<GrpcHarness, InProcessHarness>;
+using Implementations = ::testing::Types<GrpcHarness, ShmHarness, InProcessHarness>;
 TYPED_TEST_SUITE(CacheClientContractTest, Implementations, HarnessName);
 
 TYPED_TEST(CacheClientContractTest, LookupOfAnUnknownPromptIsAMissWithoutLease) {

@@ -11,6 +11,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "cachestore/server.h"
 #include "common/clock.h"
@@ -46,6 +47,12 @@ ABSL_FLAG(int64_t, max_streams_per_peer, 256,
 ABSL_FLAG(int64_t, max_threads, 64,
           "Threads gRPC may start for the synchronous services (reflection); beyond it their new calls end with "
           "RESOURCE_EXHAUSTED. The CacheStore and health services hold no thread per call");
+ABSL_FLAG(std::string, shm_socket, "",
+          "Unix socket path for reads by shared memory from workers on this host (sealed memfds over SCM_RIGHTS); "
+          "empty: off. Its directory must not be writable by other users");
+ABSL_FLAG(std::vector<std::string>, shm_allowed_uids, {},
+          "uids allowed on --shm_socket (SO_PEERCRED), comma-separated; empty: the cachestore's own uid");
+ABSL_FLAG(int64_t, shm_max_connections, 8, "shm socket connections served at once (one thread each)");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(10), "Time in-flight calls get on SIGTERM");
 
 namespace {
@@ -75,6 +82,7 @@ std::string FlagError() {
            in_range("max_streams", absl::GetFlag(FLAGS_max_streams), 1, int64_t{1} << 20),
            in_range("max_streams_per_peer", absl::GetFlag(FLAGS_max_streams_per_peer), 1, int64_t{1} << 20),
            in_range("max_threads", absl::GetFlag(FLAGS_max_threads), 2, 1 << 16),
+           in_range("shm_max_connections", absl::GetFlag(FLAGS_shm_max_connections), 1, 1024),
            positive("page_ttl", absl::GetFlag(FLAGS_page_ttl)),
            positive("state_ttl", absl::GetFlag(FLAGS_state_ttl)),
            positive("lease_ttl", absl::GetFlag(FLAGS_lease_ttl)),
@@ -82,6 +90,10 @@ std::string FlagError() {
            positive("max_session_ttl", absl::GetFlag(FLAGS_max_session_ttl)),
        }) {
     if (!e.empty()) return e;
+  }
+  for (const std::string& uid : absl::GetFlag(FLAGS_shm_allowed_uids)) {
+    uint32_t parsed = 0;
+    if (!absl::SimpleAtoi(uid, &parsed)) return absl::StrCat("--shm_allowed_uids: ", uid, " is not a uid");
   }
   if (absl::GetFlag(FLAGS_shutdown_grace) < absl::ZeroDuration()) {
     return absl::StrCat("--shutdown_grace=", absl::FormatDuration(absl::GetFlag(FLAGS_shutdown_grace)),
@@ -125,6 +137,13 @@ int main(int argc, char** argv) {
   options.service.max_streams = absl::GetFlag(FLAGS_max_streams);
   options.service.max_streams_per_peer = absl::GetFlag(FLAGS_max_streams_per_peer);
   options.max_threads = static_cast<int>(absl::GetFlag(FLAGS_max_threads));
+  options.shm.socket_path = absl::GetFlag(FLAGS_shm_socket);
+  for (const std::string& uid : absl::GetFlag(FLAGS_shm_allowed_uids)) {
+    uint32_t parsed = 0;
+    (void)absl::SimpleAtoi(uid, &parsed);
+    options.shm.allowed_uids.push_back(static_cast<uid_t>(parsed));
+  }
+  options.shm.max_connections = static_cast<int>(absl::GetFlag(FLAGS_shm_max_connections));
   absl::StatusOr<hybridserve::common::TlsFlags> tls = hybridserve::common::TlsFlagsFromFlags();
   if (!tls.ok()) {
     std::cerr << "cachestore: bad flag " << tls.status().message() << std::endl;
@@ -162,6 +181,7 @@ int main(int argc, char** argv) {
   // Machine-readable line for launchers and tests.
   std::cout << "CACHESTORE_READY port=" << (*server)->port()
             << (exposer ? absl::StrCat(" metrics_port=", exposer->port()) : std::string())
+            << (options.shm.socket_path.empty() ? "" : absl::StrCat(" shm_socket=", options.shm.socket_path))
             << ((*server)->health_port() != 0 ? absl::StrCat(" health_port=", (*server)->health_port()) : "")
             << std::endl;
 

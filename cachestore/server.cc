@@ -71,6 +71,12 @@ absl::StatusOr<std::unique_ptr<CacheStoreServer>> CacheStoreServer::Start(const 
   if (!options.health_address.empty()) {
     ASSIGN_OR_RETURN(server->health_, common::HealthServer::Start(options.health_address));
   }
+  if (!options.shm.socket_path.empty()) {
+    ServiceMetrics* metrics = server->metrics_.get();
+    ASSIGN_OR_RETURN(server->shm_, ShmReadServer::Start(options.shm, *server->store_, [metrics](const ShmReadEvent& e) {
+                       metrics->RecordShmRead(e.code == absl::StatusCode::kOk, e.refused_peer, e.bytes);
+                     }));
+  }
   CacheStoreServer* self = server.get();
   server->reaper_ = std::thread([self] {
     while (!self->stop_.WaitForNotificationWithTimeout(self->reap_interval_)) self->ReapOnce();
@@ -97,6 +103,8 @@ void CacheStoreServer::Shutdown(absl::Duration grace) {
   if (health_ != nullptr) health_->SetServing("", false);
   stop_.Notify();
   if (reaper_.joinable()) reaper_.join();
+  // A shm read is short (one copy); the socket closes before the drain.
+  if (shm_ != nullptr) shm_->Stop();
   if (server_ != nullptr) {
     // New calls are refused (UNAVAILABLE) while the calls in flight end on
     // their own, within the grace. Only then does gRPC close the

@@ -12,6 +12,7 @@
 #include "cachestore/cache_store.h"
 #include "cachestore/service.h"
 #include "cachestore/service_metrics.h"
+#include "cachestore/shm_read_server.h"
 #include "common/clock.h"
 #include "common/health_server.h"
 #include "common/tls.h"
@@ -40,10 +41,14 @@ struct ServerOptions {
   // A plaintext port with the health service alone (kubelet probes); empty:
   // none.
   std::string health_address;
+  // Reads by shared memory for workers on this host (shm_read_server.h): on
+  // when shm.socket_path is not empty.
+  ShmReadServerOptions shm;
 };
 
 // A running cachestore: gRPC server with the CacheStore service, the standard
-// health service and reflection, plus a reaper thread. Thread-safe. Its
+// health service and reflection, plus a reaper thread, and the shared-memory
+// read socket when configured. Thread-safe. Its
 // threads are bounded whatever clients do: the CacheStore service holds no
 // thread per call and bounds its calls (ServiceOptions::max_streams), the
 // synchronous services draw threads from a quota (max_threads).
@@ -77,6 +82,7 @@ class CacheStoreServer {
   std::unique_ptr<CacheStoreService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<common::HealthServer> health_;  // null without a health address
+  std::unique_ptr<ShmReadServer> shm_;            // null without a shm socket
   int port_ = 0;
   absl::Duration reap_interval_;
   absl::Notification stop_;

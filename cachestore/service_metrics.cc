@@ -31,6 +31,9 @@ struct Families {
         put_bytes(CounterFamily(r, "hybridserve_cache_put_bytes_total", "Bytes committed by puts.")),
         gets(CounterFamily(r, "hybridserve_cache_gets_total", "Get streams by outcome.")),
         get_bytes(CounterFamily(r, "hybridserve_cache_get_bytes_total", "Bytes served by gets.")),
+        shm_reads(CounterFamily(r, "hybridserve_cache_shm_reads_total",
+                                "Reads on the shared-memory socket by outcome (ok, error, refused_peer).")),
+        shm_bytes(CounterFamily(r, "hybridserve_cache_shm_bytes_total", "Entry bytes sent by shared memory.")),
         calls_refused(CounterFamily(r, "hybridserve_cache_calls_refused_total",
                                     "Calls refused by --max_streams or --max_streams_per_peer.")),
         bytes(GaugeFamily(r, "hybridserve_cache_bytes", "Cache bytes by class and state.")),
@@ -47,6 +50,8 @@ struct Families {
   prometheus::Family<prometheus::Counter>& put_bytes;
   prometheus::Family<prometheus::Counter>& gets;
   prometheus::Family<prometheus::Counter>& get_bytes;
+  prometheus::Family<prometheus::Counter>& shm_reads;
+  prometheus::Family<prometheus::Counter>& shm_bytes;
   prometheus::Family<prometheus::Counter>& calls_refused;
   prometheus::Family<prometheus::Gauge>& bytes;
   prometheus::Family<prometheus::Gauge>& leases;
@@ -85,6 +90,10 @@ ServiceMetrics::ServiceMetrics(prometheus::Registry& r, const Families& f)
       get_bytes_(f.get_bytes.Add({})),
       get_seconds_(MakeHistogram(r, "hybridserve_cache_get_seconds", "Duration of get streams.",
                                  common::ExponentialBuckets(1e-4, 2, 18))),
+      shm_reads_ok_(f.shm_reads.Add({{"outcome", "ok"}})),
+      shm_reads_failed_(f.shm_reads.Add({{"outcome", "error"}})),
+      shm_peers_refused_(f.shm_reads.Add({{"outcome", "refused_peer"}})),
+      shm_bytes_(f.shm_bytes.Add({})),
       calls_refused_(f.calls_refused.Add({})),
       page_resident_(f.bytes.Add({{"class", "page"}, {"state", "resident"}})),
       page_reserved_(f.bytes.Add({{"class", "page"}, {"state", "reserved"}})),
@@ -115,6 +124,11 @@ void ServiceMetrics::RecordPut(bool ok, int64_t bytes, double seconds) {
   (ok ? puts_ok_ : puts_failed_).Increment();
   if (ok) put_bytes_.Increment(static_cast<double>(bytes));
   put_seconds_.Observe(seconds);
+}
+
+void ServiceMetrics::RecordShmRead(bool ok, bool refused_peer, int64_t bytes) {
+  (refused_peer ? shm_peers_refused_ : ok ? shm_reads_ok_ : shm_reads_failed_).Increment();
+  if (ok) shm_bytes_.Increment(static_cast<double>(bytes));
 }
 
 void ServiceMetrics::RecordGet(bool ok, int64_t bytes, double seconds) {

@@ -24,6 +24,9 @@ class ServiceMetrics {
   void RecordLookup(const LookupResult& r, bool hit);
   void RecordPut(bool ok, int64_t bytes, double seconds);
   void RecordGet(bool ok, int64_t bytes, double seconds);
+  // A read on the shared-memory socket (shm_read_server.h); `refused_peer`:
+  // a connection refused by its credentials.
+  void RecordShmRead(bool ok, bool refused_peer, int64_t bytes);
   // A call refused by --max_streams or --max_streams_per_peer.
   void RecordRefusedCall();
 
@@ -47,6 +50,10 @@ class ServiceMetrics {
   prometheus::Counter& gets_failed_;
   prometheus::Counter& get_bytes_;
   prometheus::Histogram& get_seconds_;
+  prometheus::Counter& shm_reads_ok_;
+  prometheus::Counter& shm_reads_failed_;
+  prometheus::Counter& shm_peers_refused_;
+  prometheus::Counter& shm_bytes_;
   prometheus::Counter& calls_refused_;
   prometheus::Gauge& page_resident_;
   prometheus::Gauge& page_reserved_;

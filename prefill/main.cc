@@ -26,6 +26,10 @@ ABSL_FLAG(int64_t, cache_fetch_parallelism, 3,
           "cachestore calls in flight while resuming a prompt: the state's Get and N-1 GetMany streams of its pages "
           "(>= 1)");
 
+ABSL_FLAG(std::string, cachestore_shm_socket, "",
+          "the cachestore's --shm_socket on this host: resumes read entries by shared memory (sealed memfds), "
+          "falling back to gRPC for any read that fails there; empty: gRPC only");
+
 constexpr char kUsage[] =
     "hybridserve prefill worker: resumes prompts from the cache, prefills the rest, "
     "pushes the state to a decode worker";
@@ -43,6 +47,15 @@ absl::Status Run() {
   // One request in the engine at a time.
   ASSIGN_OR_RETURN(std::unique_ptr<engine::Model> model, worker::NewEngine(*weights, options, /*max_sequences=*/1));
   ASSIGN_OR_RETURN(std::unique_ptr<cachestore::GrpcCacheClient> cache, worker::ConnectCache(options));
+  // Reads by shared memory in front of the gRPC client, which stays the
+  // control plane and the fallback.
+  std::unique_ptr<cachestore::ShmCacheClient> shm_cache;
+  if (cache != nullptr && !absl::GetFlag(FLAGS_cachestore_shm_socket).empty()) {
+    shm_cache = std::make_unique<cachestore::ShmCacheClient>(
+        *cache, cachestore::ShmReaderOptions{absl::GetFlag(FLAGS_cachestore_shm_socket), options.cache_timeout});
+  }
+  cachestore::CacheClient* cache_client =
+      shm_cache != nullptr ? static_cast<cachestore::CacheClient*>(shm_cache.get()) : cache.get();
   ASSIGN_OR_RETURN(const std::vector<transport::TransportKind> planes,
                    worker::ParseDataPlanes(absl::GetFlag(FLAGS_data_planes)));
   ASSIGN_OR_RETURN(std::unique_ptr<worker::SenderPlanes> senders, worker::SenderPlanes::Open(planes, *model, options));
@@ -51,7 +64,7 @@ absl::Status Run() {
   wo.async_publication = true;  // answer decode right after the push; publish behind it
   wo.fetch_parallelism = absl::GetFlag(FLAGS_cache_fetch_parallelism);
   wo.cache_failure_backoff = options.cache_failure_backoff;
-  prefill::PrefillWorker prefill_worker(*model, weights->fingerprint(), cache.get(), senders->sender(), wo);
+  prefill::PrefillWorker prefill_worker(*model, weights->fingerprint(), cache_client, senders->sender(), wo);
 
   auto registry = std::make_shared<prometheus::Registry>();
   prefill::PrefillMetrics metrics(*registry);
@@ -63,6 +76,7 @@ absl::Status Run() {
   ASSIGN_OR_RETURN(std::unique_ptr<common::MetricsExposer> exposer, worker::StartMetrics(options, registry, [&] {
                      metrics.SyncCounters(prefill_worker.counters());
                      plane_metrics.Sync(senders->ipc_traffic());
+                     if (shm_cache != nullptr) metrics.SyncShm(shm_cache->counts());
                    }));
   prefill::PrefillService service(prefill_worker, absl::GetFlag(FLAGS_max_queue), &metrics);
   ASSIGN_OR_RETURN(std::unique_ptr<worker::GrpcServer> server,
@@ -75,6 +89,9 @@ absl::Status Run() {
                                    options.tls.server.allowed_peers.size(), " allowed peers)")
                     : " (plaintext)")
             << (cache ? absl::StrCat(", cachestore ", options.cachestore) : ", no cache")
+            << (shm_cache
+                    ? absl::StrCat(" (reads by shared memory on ", absl::GetFlag(FLAGS_cachestore_shm_socket), ")")
+                    : "")
             << (exposer ? absl::StrCat(", metrics on port ", exposer->port()) : std::string());
   std::cout << "PREFILL_READY port=" << server->port()
             << (exposer ? absl::StrCat(" metrics_port=", exposer->port()) : "")

@@ -9,6 +9,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "cachestore/shm_cache_client.h"
 #include "prefill/prefill_worker.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
@@ -31,6 +32,8 @@ class PrefillMetrics {
   void SetFree(int64_t pages, int64_t slots);
   // Advances the cache counters the worker keeps (cumulative) to `now`.
   void SyncCounters(const PrefillCacheCounters& now) ABSL_LOCKS_EXCLUDED(mu_);
+  // Advances the shared-memory read counters (--cachestore_shm_socket) to `now`.
+  void SyncShm(const cachestore::ShmReadCounts& now) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   prometheus::Gauge& queue_;
@@ -60,8 +63,12 @@ class PrefillMetrics {
   prometheus::Counter& pages_published_;
   prometheus::Counter& states_published_;
   prometheus::Family<prometheus::Counter>& publish_failures_;
+  prometheus::Counter& shm_reads_;
+  prometheus::Counter& shm_bytes_;
+  prometheus::Family<prometheus::Counter>& shm_fallbacks_;
   absl::Mutex mu_;
   PrefillCacheCounters last_ ABSL_GUARDED_BY(mu_);
+  cachestore::ShmReadCounts last_shm_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace hybridserve::prefill

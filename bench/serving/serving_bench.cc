@@ -66,6 +66,8 @@ ABSL_FLAG(std::string, model_dir, "", "the bench model's directory (absolute); r
 ABSL_FLAG(std::string, only, "resume,disagg,tcp,cache,tls,sweep", "comma-separated subset to run");
 ABSL_FLAG(int32_t, threads, 2, "kernel threads of each prefill and decode process");
 ABSL_FLAG(int32_t, reps, 3, "repetitions per figure (medians are reported)");
+ABSL_FLAG(bool, shm, false,
+          "resume, disagg, cache: the cachestore's --shm_socket on and prefill reading by shared memory");
 ABSL_FLAG(std::string, histories, "1024,4096,16384", "resume: tokens of history");
 ABSL_FLAG(std::string, sweep_streams, "1,2,4,8,16,32,64", "sweep: concurrent streams");
 ABSL_FLAG(int32_t, sweep_requests_per_stream, 4, "sweep: requests each stream sends in turn");
@@ -190,6 +192,7 @@ StackOptions BenchStack(bool cachestore, bool aggregated) {
     o.prefill_args.push_back("--data_planes=tcp," + absl::GetFlag(FLAGS_data_plane));
   }
   o.cachestore_args = {"--page_budget_mib=4096", "--state_budget_mib=2048"};
+  o.shm = cachestore && absl::GetFlag(FLAGS_shm);
   return o;
 }
 
@@ -234,8 +237,8 @@ bool RunResume() {
     return false;
   }
   Client client((*stack)->decode_target());
-  std::printf("\n== resume: turn-2 TTFT, warm (resumed from turn 1) / cold (a miss), bench model, %d threads\n",
-              absl::GetFlag(FLAGS_threads));
+  std::printf("\n== resume: turn-2 TTFT, warm (resumed from turn 1) / cold (a miss), bench model, %d threads%s\n",
+              absl::GetFlag(FLAGS_threads), absl::GetFlag(FLAGS_shm) ? ", reads by shared memory" : "");
   std::printf("%8s %10s %10s %8s %8s %8s %18s  %s\n", "history", "warm_ms", "cold_ms", "ratio", "goal", "cached",
               "resume/comp/push", "resume kind");
   for (int history : Ints(absl::GetFlag(FLAGS_histories))) {

@@ -151,6 +151,13 @@ void PrintTo(const ModelShape& shape, std::ostream* os) {
 absl::StatusOr<std::unique_ptr<Stack>> Stack::Start(const StackOptions& options) {
   std::unique_ptr<Stack> s(new Stack());
   s->options_ = options;
+  if (options.shm) {
+    // A directory only this user can enter, under /tmp: a socket path has at
+    // most 107 bytes, and the test's own temporary directory is longer.
+    char dir[] = "/tmp/hs-stack-shm-XXXXXX";
+    if (mkdtemp(dir) == nullptr) return absl::InternalError("mkdtemp for the shm socket failed");
+    s->shm_socket_ = absl::StrCat(dir, "/cachestore.sock");
+  }
   if (options.cachestore) {
     absl::Status st = s->RestartCachestore();
     if (!st.ok()) return st;
@@ -182,6 +189,7 @@ absl::Status Stack::RestartCachestore() {
   if (cachestore_ != nullptr) cachestore_->Kill();
   std::vector<std::string> args = {absl::StrCat("--address=127.0.0.1:", cachestore_port_),
                                    "--metrics_address=127.0.0.1:0", "--shutdown_grace=2s"};
+  if (options_.shm) args.push_back("--shm_socket=" + shm_socket_);
   args.insert(args.end(), options_.cachestore_args.begin(), options_.cachestore_args.end());
   auto c = Process::Start("cachestore", "cachestore/cachestore", args, "CACHESTORE_READY");
   if (!c.ok()) return c.status();
@@ -201,6 +209,7 @@ absl::Status Stack::RestartPrefill() {
       "--shutdown_grace=5s",
   };
   if (options_.cachestore) args.push_back(absl::StrCat("--cachestore=127.0.0.1:", cachestore_port_));
+  if (options_.cachestore && options_.shm) args.push_back("--cachestore_shm_socket=" + shm_socket_);
   args.insert(args.end(), options_.prefill_args.begin(), options_.prefill_args.end());
   auto p = Process::Start("prefill", "prefill/prefill", args, "PREFILL_READY");
   if (!p.ok()) return p.status();

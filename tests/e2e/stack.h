@@ -93,6 +93,9 @@ struct StackOptions {
   std::vector<std::string> decode_args;   // extra flags
   std::vector<std::string> prefill_args;  // extra flags
   std::vector<std::string> cachestore_args = {"--page_budget_mib=256", "--state_budget_mib=256"};
+  // Reads by shared memory: the cachestore gets --shm_socket (in a private
+  // directory of the stack's) and prefill --cachestore_shm_socket.
+  bool shm = false;
 };
 
 class Stack {
@@ -112,6 +115,7 @@ class Stack {
   StackOptions options_;
   int cachestore_port_ = 0;
   int prefill_port_ = 0;
+  std::string shm_socket_;  // with options_.shm: the socket's path
 };
 
 // One Generate call's outcome as a client sees it.

@@ -1,0 +1,177 @@
+// A resume's reads on one host: 64 MiB of KV pages (1024 pages of 64 KiB, the
+// bench model's 16K-token history) read from an in-process CacheStoreServer
+// by gRPC GetMany (over loopback) and by shared memory (--shm_socket: the
+// cachestore copies the entries into a sealed memfd, the reader maps it,
+// verifies every checksum and copies into its strings), on 1 and 2 streams
+// as prefill fetches them (--cache_fetch_parallelism 3: the state plus 2 page
+// streams), against a raw memcpy of 64 MiB in the same run. Prints medians and
+// ratios; no goal is judged.
+//   bazel run -c opt //bench/cachestore:shm_bench
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "bench/cachestore/bench_timing.h"
+#include "cachestore/grpc_cache_client.h"
+#include "cachestore/keys.h"
+#include "cachestore/server.h"
+#include "cachestore/shm_cache_client.h"
+#include "cachestore/shm_reader.h"
+#include "common/clock.h"
+#include "common/process.h"
+#include "prometheus/registry.h"
+
+namespace hybridserve::bench {
+namespace {
+
+constexpr int kPages = 1024;
+constexpr size_t kPageBytes = size_t{64} << 10;
+constexpr int kPageSize = 16;
+constexpr int kReps = 7;
+
+void Check(const absl::Status& s, const char* what) {
+  if (!s.ok()) {
+    std::fprintf(stderr, "%s: %s\n", what, s.ToString().c_str());
+    std::exit(1);
+  }
+}
+
+double CpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+struct Row {
+  std::string name;
+  std::function<void()> run;
+  std::vector<double> seconds, cpu;
+};
+
+void Run() {
+  char dir[] = "/tmp/hs-shm-bench-XXXXXX";
+  if (mkdtemp(dir) == nullptr) std::exit(1);
+  prometheus::Registry registry;
+  cachestore::ServerOptions options;
+  options.address = "127.0.0.1:0";
+  options.index.page_budget_bytes = int64_t{256} << 20;
+  options.shm.socket_path = absl::StrCat(dir, "/cachestore.sock");
+  auto server = cachestore::CacheStoreServer::Start(options, common::Clock::Real(), registry);
+  Check(server.status(), "CacheStoreServer::Start");
+  auto grpc = cachestore::GrpcCacheClient::Create(absl::StrCat("127.0.0.1:", (*server)->port()));
+  Check(grpc.status(), "GrpcCacheClient::Create");
+  cachestore::ShmCacheClient shm(**grpc, cachestore::ShmReaderOptions{options.shm.socket_path});
+  const cachestore::ShmReader reader(cachestore::ShmReaderOptions{options.shm.socket_path});
+
+  const cachestore::ClientNamespace ns{"bench-model", "", "shm", kPageSize};
+  std::vector<cachestore::TokenId> tokens(kPages * kPageSize + 1);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<cachestore::TokenId>(i + 1);
+  const std::vector<cachestore::Hash128> all = cachestore::PageKeys(ns.Key(), tokens, kPageSize);
+  const std::vector<cachestore::Hash128> keys(all.begin(), all.begin() + kPages);
+  std::mt19937_64 rng(7);
+  std::string bytes(kPageBytes, '\0');
+  for (int i = 0; i < kPages; ++i) {
+    for (size_t j = 0; j < kPageBytes; j += 8) {
+      const uint64_t v = rng();
+      std::memcpy(&bytes[j], &v, 8);
+    }
+    cachestore::ClientPut put;
+    if (i > 0) put.parent = keys[static_cast<size_t>(i) - 1];
+    put.tokens.assign(tokens.begin() + i * kPageSize, tokens.begin() + (i + 1) * kPageSize);
+    Check((*grpc)->Put(ns, put, bytes).status(), "Put page");
+  }
+  cachestore::ClientPut state;
+  state.entry_class = cachestore::EntryClass::kState;
+  state.parent = keys.back();
+  state.tokens = {tokens.back()};
+  state.position = static_cast<int64_t>(tokens.size());
+  Check((*grpc)->Put(ns, state, std::string(4 << 20, 's')).status(), "Put state");
+  auto lookup = (*grpc)->Lookup(ns, tokens, cachestore::LookupMode::kLease);
+  Check(lookup.status(), "Lookup");
+  const uint64_t lease = lookup->lease_id;
+
+  // Every reader keeps its strings across reps, as prefill reuses nothing but
+  // a worker would (the first rep is a warm-up).
+  std::vector<std::string> out(kPages);
+  auto get_many = [&](cachestore::CacheClient& client, int streams) {
+    std::vector<std::thread> threads;
+    for (int s = 0; s < streams; ++s) {
+      threads.emplace_back([&, s] {
+        const int begin = kPages * s / streams, end = kPages * (s + 1) / streams;
+        Check(client.GetManyInto(lease, absl::MakeConstSpan(keys).subspan(begin, end - begin),
+                                 absl::MakeSpan(out).subspan(begin, end - begin)),
+              "GetManyInto");
+      });
+    }
+    for (std::thread& t : threads) t.join();
+  };
+  std::vector<char> src(kPages * kPageBytes, 'x'), dst(kPages * kPageBytes);
+  std::vector<Row> rows;
+  rows.push_back({"memcpy 64 MiB (warm)", [&] {
+                    std::memcpy(dst.data(), src.data(), dst.size());
+                    KeepAlive(dst.data());
+                  }});
+  rows.push_back({"gRPC GetMany, 1 stream", [&] { get_many(**grpc, 1); }});
+  rows.push_back({"gRPC GetMany, 2 streams", [&] { get_many(**grpc, 2); }});
+  rows.push_back({"shm GetMany, 1 read", [&] { get_many(shm, 1); }});
+  rows.push_back({"shm GetMany, 2 reads", [&] { get_many(shm, 2); }});
+  rows.push_back({"shm map+verify only (no copy out)", [&] {
+                    auto e = reader.Read(lease, keys);
+                    Check(e.status(), "ShmReader::Read");
+                    KeepAlive(e->entry(kPages - 1).data());
+                  }});
+  for (int rep = 0; rep <= kReps; ++rep) {
+    for (Row& r : rows) {
+      const double cpu = CpuSeconds();
+      const auto start = std::chrono::steady_clock::now();
+      r.run();
+      const double s = SecondsSince(start);
+      if (rep > 0) {
+        r.seconds.push_back(s);
+        r.cpu.push_back(CpuSeconds() - cpu);
+      }
+    }
+  }
+  for (int i = 0; i < kPages; i += 97) {
+    if (out[static_cast<size_t>(i)].size() != kPageBytes) std::exit(1);
+  }
+  const cachestore::ShmReadCounts counts = shm.counts();
+  Check((*grpc)->Release(lease), "Release");
+  (*server)->Shutdown(absl::Seconds(1));
+  rmdir(dir);
+
+  const double memcpy_s = Median(rows[0].seconds);
+  const double grpc_s = Median(rows[1].seconds);
+  std::printf("\n== 64 MiB of pages (%d x %zu KiB) from a cachestore on this host, median of %d\n", kPages,
+              kPageBytes >> 10, kReps);
+  std::printf("%-36s %9s %8s %10s %10s %10s\n", "read", "ms", "GB/s", "CPU ms", "/memcpy", "gRPC(1)/x");
+  for (const Row& r : rows) {
+    const double s = Median(r.seconds);
+    std::printf("%-36s %9.2f %8.2f %10.1f %9.2fx %9.2fx\n", r.name.c_str(), s * 1e3,
+                static_cast<double>(kPages * kPageBytes) / s / 1e9, Median(r.cpu) * 1e3, s / memcpy_s, grpc_s / s);
+  }
+  std::printf("(CPU ms: user + system of the whole process, both ends. shm reads: %lld, fallbacks: %zu)\n",
+              static_cast<long long>(counts.reads), counts.fallbacks.size());
+}
+
+}  // namespace
+}  // namespace hybridserve::bench
+
+int main() {
+  hybridserve::common::TuneProcessForServing();
+  hybridserve::bench::Run();
+  return 0;
+}

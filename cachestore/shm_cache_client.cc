@@ -1,0 +1,55 @@
+#include "cachestore/shm_cache_client.h"
+
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
+#include "common/log_rate_limiter.h"
+
+namespace hybridserve::cachestore {
+
+absl::Status ShmCacheClient::GetInto(uint64_t lease_id, const Hash128& key, std::string* out) {
+  std::optional<absl::Status> shm = TryShm(lease_id, absl::MakeConstSpan(&key, 1), absl::MakeSpan(out, 1));
+  if (!shm.has_value()) return base_.GetInto(lease_id, key, out);
+  // One key: the server's "keys[0]: " says nothing.
+  absl::string_view message = shm->message();
+  absl::ConsumePrefix(&message, "keys[0]: ");
+  return shm->ok() ? *shm : absl::Status(shm->code(), message);
+}
+
+absl::Status ShmCacheClient::GetManyInto(uint64_t lease_id, absl::Span<const Hash128> keys,
+                                         absl::Span<std::string> out) {
+  // Argument errors are the base's to report, in its words.
+  if (keys.empty() || keys.size() != out.size() || keys.size() > kShmMaxKeys) {
+    return base_.GetManyInto(lease_id, keys, out);
+  }
+  std::optional<absl::Status> shm = TryShm(lease_id, keys, out);
+  if (shm.has_value()) return *shm;
+  return base_.GetManyInto(lease_id, keys, out);
+}
+
+std::optional<absl::Status> ShmCacheClient::TryShm(uint64_t lease_id, absl::Span<const Hash128> keys,
+                                                   absl::Span<std::string> out) {
+  bool verdict = false;
+  const absl::Status read = reader_.ReadInto(lease_id, keys, out, &verdict);
+  if (!read.ok()) {
+    absl::MutexLock lock(&mu_);
+    if (verdict) {
+      ++counts_.verdicts;
+      return read;
+    }
+    ++counts_.fallbacks[common::FailureReason(read)];
+    return std::nullopt;
+  }
+  int64_t bytes = 0;
+  for (const std::string& o : out) bytes += static_cast<int64_t>(o.size());
+  absl::MutexLock lock(&mu_);
+  ++counts_.reads;
+  counts_.bytes += bytes;
+  return absl::OkStatus();
+}
+
+ShmReadCounts ShmCacheClient::counts() const {
+  absl::MutexLock lock(&mu_);
+  return counts_;
+}
+
+}  // namespace hybridserve::cachestore

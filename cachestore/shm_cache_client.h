@@ -1,0 +1,81 @@
+#ifndef HYBRIDSERVE_CACHESTORE_SHM_CACHE_CLIENT_H_
+#define HYBRIDSERVE_CACHESTORE_SHM_CACHE_CLIENT_H_
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "cachestore/cache_client.h"
+#include "cachestore/shm_protocol.h"
+#include "cachestore/shm_reader.h"
+
+namespace hybridserve::cachestore {
+
+// What the shared-memory path has done so far (cumulative).
+struct ShmReadCounts {
+  int64_t reads = 0;     // GetInto / GetManyInto calls served by shared memory
+  int64_t bytes = 0;     // entry bytes they moved
+  int64_t verdicts = 0;  // calls answered NOT_FOUND or DATA_LOSS by the cachestore
+  // Calls that fell back to the wrapped client, by reason
+  // (common::FailureReason of the shm path's error: unavailable,
+  // permission_denied, not_found, failed_precondition for a bad descriptor,
+  // data_loss for a checksum, ...).
+  std::map<std::string, int64_t> fallbacks;
+};
+
+// A CacheClient that reads entries by shared memory from a cachestore on the
+// same host (ShmReader), and does everything else, and every read the shared
+// memory path fails, through the client it wraps (the gRPC client: the control
+// plane and the fallback). A failure of the shared-memory path (no socket, a
+// refused peer, a bad descriptor, a checksum that does not match, a timeout)
+// is never the caller's error: the read is retried on `base` and counted in
+// counts(). The cachestore's own verdict on the lease (NOT_FOUND: no such
+// lease or key; DATA_LOSS: a stored entry failed its checksum and was removed)
+// is the answer, as over gRPC, and returned as it is.
+// Results and codes are `base`'s contract (cache_client.h); the bytes are
+// verified against the checksums the cachestore sent, as the gRPC path does.
+//
+// The seam is a decorator rather than a change to GrpcCacheClient: the
+// in-process client and every fake keep working unchanged beneath or without
+// it, and the workers pick it by configuration (prefill --cachestore_shm_socket).
+//
+// Thread-safe. `base` must outlive it.
+class ShmCacheClient final : public CacheClient {
+ public:
+  ShmCacheClient(CacheClient& base, ShmReaderOptions options) : base_(base), reader_(std::move(options)) {}
+
+  absl::StatusOr<LookupResult> Lookup(const ClientNamespace& ns, absl::Span<const TokenId> tokens,
+                                      LookupMode mode) override {
+    return base_.Lookup(ns, tokens, mode);
+  }
+  absl::StatusOr<PutResult> Put(const ClientNamespace& ns, const ClientPut& put, absl::string_view bytes) override {
+    return base_.Put(ns, put, bytes);
+  }
+  absl::Status GetInto(uint64_t lease_id, const Hash128& key, std::string* out) override;
+  // One shared-memory read (one memfd) for all of `keys`.
+  absl::Status GetManyInto(uint64_t lease_id, absl::Span<const Hash128> keys, absl::Span<std::string> out) override;
+  absl::Status Release(uint64_t lease_id) override { return base_.Release(lease_id); }
+  absl::StatusOr<IndexStats> Stats() override { return base_.Stats(); }
+
+  ShmReadCounts counts() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  // OK when the shared-memory path delivered every entry into `out`; the
+  // cachestore's verdict (NOT_FOUND, DATA_LOSS) as it is; nullopt when the
+  // read must go to `base`.
+  std::optional<absl::Status> TryShm(uint64_t lease_id, absl::Span<const Hash128> keys, absl::Span<std::string> out)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  CacheClient& base_;
+  const ShmReader reader_;
+  mutable absl::Mutex mu_;
+  ShmReadCounts counts_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace hybridserve::cachestore
+
+#endif  // HYBRIDSERVE_CACHESTORE_SHM_CACHE_CLIENT_H_

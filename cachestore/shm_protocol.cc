@@ -1,0 +1,221 @@
+#include "cachestore/shm_protocol.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace hybridserve::cachestore {
+namespace {
+
+void PutU32(std::string* out, uint32_t v) {
+  for (int i = 0; i < 4; ++i) out->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+void PutU64(std::string* out, uint64_t v) {
+  for (int i = 0; i < 8; ++i) out->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+uint32_t GetU32(const char* p) {
+  uint32_t v = 0;
+  for (int i = 3; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(p[i]);
+  return v;
+}
+uint64_t GetU64(const char* p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(p[i]);
+  return v;
+}
+
+absl::Status IoError(absl::string_view what, int err) {
+  if (err == EAGAIN || err == EWOULDBLOCK) return absl::UnavailableError(absl::StrCat(what, ": timed out"));
+  return absl::UnavailableError(absl::StrCat(what, ": ", std::strerror(err)));
+}
+
+// Reads exactly `size` bytes. Descriptors arriving as SCM_RIGHTS are appended
+// to *fds when fds is not null, and closed otherwise. `*eof_at_start` (when
+// given) is set if the peer closed before the first byte.
+absl::Status ReadExactly(int fd, char* buf, size_t size, std::vector<int>* fds, bool* eof_at_start) {
+  size_t got = 0;
+  while (got < size) {
+    iovec iov{buf + got, size - got};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    const ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return IoError("shm socket read", errno);
+    }
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < count; ++i) {
+        int received = -1;
+        std::memcpy(&received, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        if (fds != nullptr) {
+          fds->push_back(received);
+        } else {
+          close(received);
+        }
+      }
+    }
+    if ((msg.msg_flags & MSG_CTRUNC) != 0) {
+      return absl::InvalidArgumentError("shm socket: more descriptors than one arrived (truncated)");
+    }
+    if (n == 0) {
+      if (got == 0 && eof_at_start != nullptr) *eof_at_start = true;
+      return absl::UnavailableError(absl::StrCat("shm socket closed after ", got, " of ", size, " bytes"));
+    }
+    got += static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteAll(int fd, const std::string& bytes, int attach_fd) {
+  size_t sent = 0;
+  while (sent < bytes.size()) {
+    iovec iov{const_cast<char*>(bytes.data()) + sent, bytes.size() - sent};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+    if (sent == 0 && attach_fd >= 0) {
+      msg.msg_control = control;
+      msg.msg_controllen = sizeof(control);
+      cmsghdr* c = CMSG_FIRSTHDR(&msg);
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN(sizeof(int));
+      std::memcpy(CMSG_DATA(c), &attach_fd, sizeof(int));
+    }
+    const ssize_t n = sendmsg(fd, &msg, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return IoError("shm socket write", errno);
+    }
+    sent += static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+void CloseAll(std::vector<int>& fds) {
+  for (int f : fds) close(f);
+  fds.clear();
+}
+
+}  // namespace
+
+int ShmRequiredSeals() { return F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL; }
+
+std::string EncodeShmRequest(const ShmRequest& request) {
+  std::string out;
+  out.reserve(kShmRequestHeaderBytes + 16 * request.keys.size());
+  PutU32(&out, kShmMagic);
+  PutU32(&out, static_cast<uint32_t>(request.keys.size()));
+  PutU64(&out, request.lease_id);
+  for (const Hash128& k : request.keys) out += k.ToBytes();
+  return out;
+}
+
+absl::StatusOr<ShmRequest> ReadShmRequest(int fd) {
+  char header[kShmRequestHeaderBytes];
+  bool eof = false;
+  // A request carries no descriptors: any that arrive are closed.
+  absl::Status s = ReadExactly(fd, header, sizeof(header), nullptr, &eof);
+  if (eof) return absl::OutOfRangeError("the peer closed the connection");
+  if (!s.ok()) return s;
+  if (GetU32(header) != kShmMagic) return absl::InvalidArgumentError("shm request: bad magic");
+  const uint32_t count = GetU32(header + 4);
+  if (count == 0 || count > kShmMaxKeys) {
+    return absl::InvalidArgumentError(absl::StrCat("shm request: ", count, " keys, must be in [1, ", kShmMaxKeys, "]"));
+  }
+  ShmRequest request;
+  request.lease_id = GetU64(header + 8);
+  std::string keys(16 * static_cast<size_t>(count), '\0');
+  if (absl::Status r = ReadExactly(fd, keys.data(), keys.size(), nullptr, nullptr); !r.ok()) return r;
+  request.keys.resize(count);
+  for (uint32_t i = 0; i < count; ++i) {
+    Hash128::FromBytes(absl::string_view(keys.data() + 16 * i, 16), &request.keys[i]);
+  }
+  return request;
+}
+
+absl::Status WriteShmResponse(int fd, const ShmResponse& response, int memfd) {
+  std::string message(response.status.message().substr(0, kShmMaxMessageBytes));
+  const bool ok = response.status.ok();
+  std::string out;
+  out.reserve(kShmResponseHeaderBytes + message.size() + 24 * response.entries.size());
+  PutU32(&out, kShmMagic);
+  PutU32(&out, static_cast<uint32_t>(response.status.code()));
+  PutU32(&out, ok ? static_cast<uint32_t>(response.entries.size()) : 0);
+  PutU32(&out, static_cast<uint32_t>(message.size()));
+  PutU64(&out, ok && memfd >= 0 ? response.memfd_bytes : 0);
+  out += message;
+  if (ok) {
+    for (const ShmEntrySpan& e : response.entries) {
+      PutU64(&out, e.offset);
+      PutU64(&out, e.size);
+      PutU64(&out, e.checksum);
+    }
+  }
+  return WriteAll(fd, out, ok ? memfd : -1);
+}
+
+absl::StatusOr<ShmResponse> ReadShmResponse(int fd, int* memfd) {
+  *memfd = -1;
+  std::vector<int> fds;
+  char header[kShmResponseHeaderBytes];
+  absl::Status s = ReadExactly(fd, header, sizeof(header), &fds, nullptr);
+  auto fail = [&](absl::Status status) -> absl::StatusOr<ShmResponse> {
+    CloseAll(fds);
+    return status;
+  };
+  if (!s.ok()) return fail(s);
+  if (GetU32(header) != kShmMagic) return fail(absl::InvalidArgumentError("shm response: bad magic"));
+  const uint32_t code = GetU32(header + 4);
+  const uint32_t count = GetU32(header + 8);
+  const uint32_t message_bytes = GetU32(header + 12);
+  ShmResponse response;
+  response.memfd_bytes = GetU64(header + 16);
+  if (code > static_cast<uint32_t>(absl::StatusCode::kUnauthenticated) || count > kShmMaxKeys ||
+      message_bytes > kShmMaxMessageBytes || (code != 0 && count != 0)) {
+    return fail(absl::InvalidArgumentError("shm response: malformed header"));
+  }
+  std::string body(message_bytes + 24 * static_cast<size_t>(count), '\0');
+  if (absl::Status r = ReadExactly(fd, body.data(), body.size(), &fds, nullptr); !r.ok()) return fail(r);
+  const bool wants_fd = code == 0 && response.memfd_bytes > 0;
+  if (fds.size() != (wants_fd ? 1u : 0u)) {
+    return fail(absl::InvalidArgumentError(
+        absl::StrCat("shm response: ", fds.size(), " descriptors for a memfd of ", response.memfd_bytes, " bytes")));
+  }
+  response.status = absl::Status(static_cast<absl::StatusCode>(code), body.substr(0, message_bytes));
+  response.entries.resize(count);
+  for (uint32_t i = 0; i < count; ++i) {
+    const char* p = body.data() + message_bytes + 24 * i;
+    response.entries[i] = ShmEntrySpan{GetU64(p), GetU64(p + 8), GetU64(p + 16)};
+  }
+  if (wants_fd) *memfd = fds[0];
+  return response;
+}
+
+void SetShmSocketTimeout(int fd, absl::Duration timeout) {
+  const timeval tv = absl::ToTimeval(timeout);
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+}
+
+absl::Status CheckShmPeer(uid_t uid, pid_t pid, absl::Span<const uid_t> allowed_uids) {
+  if (std::find(allowed_uids.begin(), allowed_uids.end(), uid) != allowed_uids.end()) return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat("shm peer pid ", pid, " runs as uid ", uid, ", not an allowed uid (",
+                                                  absl::StrJoin(allowed_uids, ","), ")"));
+}
+
+}  // namespace hybridserve::cachestore

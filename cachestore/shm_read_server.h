@@ -1,0 +1,103 @@
+#ifndef HYBRIDSERVE_CACHESTORE_SHM_READ_SERVER_H_
+#define HYBRIDSERVE_CACHESTORE_SHM_READ_SERVER_H_
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "cachestore/cache_store.h"
+#include "cachestore/shm_protocol.h"
+
+namespace hybridserve::cachestore {
+
+struct ShmReadServerOptions {
+  // The Unix socket's path (at most 107 bytes). Its directory must not be
+  // writable by others unless sticky; a stale socket there is replaced, any
+  // other file is refused. The socket is made 0600 before it listens.
+  std::string socket_path;
+  // Peers (SO_PEERCRED) allowed to read; empty: this process's uid only.
+  std::vector<uid_t> allowed_uids;
+  // Connections served at once, one thread each; more wait in the backlog.
+  // Also bounds the memfd bytes the server has in flight: at most this many
+  // reads of one lease's entries.
+  int max_connections = 8;
+  // A read's I/O (each request and response), and the idle time after which
+  // a connection is closed.
+  absl::Duration io_timeout = absl::Seconds(10);
+};
+
+// What a read came to, for the server's metrics: `code` is OK or the refusal's,
+// `bytes` the entry bytes sent; `refused_peer` for a connection refused by
+// the credentials check (no request read).
+struct ShmReadEvent {
+  absl::StatusCode code = absl::StatusCode::kOk;
+  int64_t bytes = 0;
+  bool refused_peer = false;
+};
+
+// Serves the reads of leased entries by shared memory (the format is in
+// shm_protocol.h): for each request, every key is opened through the lease
+// with CacheStore::OpenVerified (the gRPC path's checks: NOT_FOUND outside the
+// lease, DATA_LOSS on a stored entry that fails its checksum; each read
+// extends the lease), the bytes are copied into a fresh memfd, which is
+// sealed and sent. The server keeps no mapping of it and closes its own
+// descriptor once sent, so the memfd lives exactly as long as the reader holds
+// it, and its bytes never change: eviction or reuse of the entry's buffer
+// touches the cache's copy only. The memory is outside the cache budgets,
+// bounded by max_connections reads in flight and by the readers (a worker
+// unmaps before it releases the lease).
+//
+// Thread-safe. Stop (or destruction) ends every thread and removes the socket.
+class ShmReadServer {
+ public:
+  // `store` must outlive the server; `observe` (may be empty) is called on
+  // the serving threads.
+  static absl::StatusOr<std::unique_ptr<ShmReadServer>> Start(const ShmReadServerOptions& options, CacheStore& store,
+                                                              std::function<void(const ShmReadEvent&)> observe = {});
+  ~ShmReadServer();
+  ShmReadServer(const ShmReadServer&) = delete;
+  ShmReadServer& operator=(const ShmReadServer&) = delete;
+
+  const std::string& socket_path() const { return options_.socket_path; }
+
+  // Stops accepting, ends open connections at their next request, joins the
+  // threads. Idempotent.
+  void Stop();
+
+ private:
+  ShmReadServer(const ShmReadServerOptions& options, CacheStore& store,
+                std::function<void(const ShmReadEvent&)> observe);
+
+  void Serve();
+  void ServeConnection(int fd);
+  // The response to `request`; *memfd the sealed memfd to attach (-1: none).
+  ShmResponse Read(const ShmRequest& request, int* memfd);
+  // Waits until `fd` is readable or Stop; false on Stop or io_timeout.
+  bool WaitReadable(int fd);
+
+  const ShmReadServerOptions options_;
+  const std::vector<uid_t> allowed_uids_;
+  CacheStore& store_;
+  const std::function<void(const ShmReadEvent&)> observe_;
+  int listen_fd_ = -1;
+  int stop_fd_ = -1;  // an eventfd, readable once Stop began
+  std::atomic<bool> stopped_{false};
+  std::vector<std::thread> threads_;
+};
+
+// A sealed memfd of `size` bytes holding `fill`'s copies; the caller owns the
+// descriptor. Exposed for tests and benchmarks.
+absl::StatusOr<int> CreateSealedMemfd(uint64_t size, const std::function<absl::Status(int fd)>& fill);
+
+}  // namespace hybridserve::cachestore
+
+#endif  // HYBRIDSERVE_CACHESTORE_SHM_READ_SERVER_H_
