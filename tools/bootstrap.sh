@@ -26,6 +26,7 @@ PACKAGES=(
   python3-protobuf         # Python client: protobuf 3.21 runtime for its generated stubs
   python3-numpy            # tools/check_fixtures.py and tools/gen_model.py (CI checks the fixtures)
   python3-yaml             # tests/k8s: the rendered manifests
+  python3-cryptography     # tools/make_test_certs.py: the TLS tests' certificates, made at test time
   python3-pip              # installs PIP_PACKAGES below
   util-linux               # unshare, mount: tests/k8s/run_manifests_test's namespaces and /etc/hosts
   iproute2                 # ip: that test brings up loopback in its network namespace
