@@ -1,0 +1,77 @@
+#ifndef HYBRIDSERVE_BENCH_CACHESTORE_CACHE_SIM_H_
+#define HYBRIDSERVE_BENCH_CACHESTORE_CACHE_SIM_H_
+
+// A trace-driven simulator over the real cachestore::CacheIndex: no engine,
+// no sockets, one thread. Each turn of the trace, at its arrival time:
+//
+//   1. Lookup of the prompt, as prefill does: the hit is the resume point
+//      (the deepest state at p with pages covering [0, p)).
+//   2. What prefill publishes (prefill/prefill_worker.cc, Prepare): the
+//      prompt's full pages from min(kv_match, hit) / page_size on, the grid
+//      checkpoints at every multiple q of the checkpoint interval with
+//      hit < q <= n (no logits), and the prompt-end state at n (logits).
+//   3. What decode publishes at the turn end (decode/decode_loop.cc,
+//      Prepare): the fed tokens are the prompt and every reply token but the
+//      last (m = n + reply - 1), so the pages [n / page_size, m / page_size)
+//      and the turn-end state at m (logits).
+//
+// Puts go in that order, one Reserve + Commit each. Like the publisher, a
+// failed page put drops the rest of that chain (no parent) and the states are
+// still tried. Every conversation is in one namespace (one tenant, one salt),
+// so conversations share what they have in common (a system prompt).
+//
+// Eviction is whatever the index does (LRU within a class today); a second
+// policy plugs in as a CacheIndexOptions setting, named in `policy` for the
+// output. Not thread-safe (RunCacheSim is a pure function of its inputs).
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "bench/cachestore/model_cost.h"
+#include "bench/cachestore/trace.h"
+#include "cachestore/cache_index.h"
+
+namespace hybridserve::bench {
+
+struct CacheSimOptions {
+  // Budgets (page_budget_bytes, state_budget_bytes) and the eviction settings.
+  cachestore::CacheIndexOptions index;
+  std::string policy = "lru";  // a label for the output
+  TokenRule tokens;
+};
+
+struct CacheSimResult {
+  int64_t turns = 0;
+  int64_t prompt_tokens = 0;
+  int64_t hit_tokens = 0;     // sum of resume positions
+  std::vector<int64_t> hits;  // each turn's resume position, in trace order
+  double prompt_flops = 0;
+  double saved_flops = 0;          // the FLOPs of the hit prefixes
+  int64_t page_bytes_written = 0;  // bytes of the entries created (not already present)
+  int64_t state_bytes_written = 0;
+  int64_t pages_written = 0;
+  int64_t states_written = 0;
+  int64_t put_failures = 0;    // refused puts (RESOURCE_EXHAUSTED, a parent evicted)
+  cachestore::IndexStats end;  // the index at the end: resident bytes, evictions
+
+  double hit_rate() const { return prompt_tokens > 0 ? static_cast<double>(hit_tokens) / prompt_tokens : 0; }
+  // Bytes the cache holds at the end, index memory included: the working set
+  // when the budgets are unlimited.
+  int64_t page_charge() const { return end.pages.resident_bytes + end.pages.metadata_bytes; }
+  int64_t state_charge() const { return end.states.resident_bytes + end.states.metadata_bytes; }
+  int64_t evictions() const {
+    return end.pages.evicted_lru + end.states.evicted_lru + end.pages.dropped_with_pages +
+           end.states.dropped_with_pages;
+  }
+};
+
+// INVALID_ARGUMENT when the trace and the model disagree (a token rule with
+// units_per_token <= 0 or a vocabulary <= 0); INTERNAL when the index refuses
+// a lookup.
+absl::StatusOr<CacheSimResult> RunCacheSim(const Trace& trace, const ModelCost& model, const CacheSimOptions& options);
+
+}  // namespace hybridserve::bench
+
+#endif  // HYBRIDSERVE_BENCH_CACHESTORE_CACHE_SIM_H_

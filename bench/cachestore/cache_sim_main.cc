@@ -1,0 +1,159 @@
+// Replays multi-turn traces through the real CacheIndex (cache_sim.h) at
+// budgets that are fractions of each trace's working set, and writes one CSV
+// row per trace x model x policy x budget:
+//
+//   python3 bench/cachestore/build_traces.py --out_dir=/tmp/hs-traces
+//   bazel run -c opt //bench/cachestore:cache_sim -- \
+//       --traces=/tmp/hs-traces/sharegpt.jsonl,/tmp/hs-traces/agents.jsonl,/tmp/hs-traces/long_chats.jsonl \
+//       --out=$PWD/bench/cachestore/results/cache_sim_lru.csv
+//   python3 bench/cachestore/plot_cache_sim.py bench/cachestore/results/cache_sim_lru.csv
+//
+// The working set of a trace (per model) is what an unlimited cache holds at
+// the end, pages and states apart (bytes and index memory); a budget fraction
+// f gives each class f times its own working set. Each model is
+// name:config.json:units_per_token (the trace's bytes per token: 1 for the
+// byte-level default model, 4 for a BPE vocabulary such as the bench
+// Nemotron-H's).
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "bench/cachestore/cache_sim.h"
+#include "engine/model_config.h"
+
+ABSL_FLAG(std::string, traces, "", "comma-separated trace files (build_traces.py)");
+ABSL_FLAG(std::string, models,
+          "default:models/default/config.json:1,nemotron_h_bench:bench/cachestore/nemotron_h_bench_config.json:4",
+          "comma-separated name:config.json:units_per_token (paths relative to the workspace)");
+ABSL_FLAG(std::string, fractions, "0.015625,0.03125,0.0625,0.125,0.25,0.5", "budgets as fractions of the working set");
+ABSL_FLAG(int64_t, page_size, 0, "tokens per page; 0: the engine's default, min(16, chunk_size)");
+ABSL_FLAG(int64_t, checkpoint_interval, 0, "grid checkpoint spacing; 0: the engine's default, 4 * chunk_size");
+ABSL_FLAG(std::string, out, "", "CSV file to write (stdout too)");
+
+namespace hybridserve::bench {
+namespace {
+
+struct ModelSpec {
+  std::string name;
+  std::string config;
+  double units_per_token = 1;
+};
+
+std::string Path(const std::string& p) {
+  // Under bazel run the working directory is the runfiles tree; a relative
+  // path means the workspace.
+  const char* ws = std::getenv("BUILD_WORKSPACE_DIRECTORY");
+  return (p.empty() || p[0] == '/' || ws == nullptr) ? p : absl::StrCat(ws, "/", p);
+}
+
+std::string Row(const std::string& trace, const ModelSpec& model, const std::string& policy, const std::string& budget,
+                int64_t page_budget, int64_t state_budget, const CacheSimResult& r) {
+  return absl::StrFormat(
+      "%s,%s,%s,%s,%d,%d,%d,%d,%d,%.6f,%.6e,%.6e,%.6f,%d,%d,%d,%d,%d,%d,%d,%d,%d", trace, model.name, policy, budget,
+      page_budget, state_budget, r.turns, r.prompt_tokens, r.hit_tokens, r.hit_rate(), r.prompt_flops, r.saved_flops,
+      r.prompt_flops > 0 ? r.saved_flops / r.prompt_flops : 0.0, r.page_bytes_written, r.state_bytes_written,
+      r.page_bytes_written + r.state_bytes_written, r.evictions(), r.end.pages.evicted_lru, r.end.states.evicted_lru,
+      r.end.states.dropped_with_pages, r.put_failures, r.page_charge() + r.state_charge());
+}
+
+int Main() {
+  std::vector<ModelSpec> models;
+  for (absl::string_view m : absl::StrSplit(absl::GetFlag(FLAGS_models), ',', absl::SkipEmpty())) {
+    std::vector<std::string> parts = absl::StrSplit(m, ':');
+    ModelSpec spec;
+    if (parts.size() != 3 || !absl::SimpleAtod(parts[2], &spec.units_per_token)) {
+      std::fprintf(stderr, "--models: %s is not name:config.json:units_per_token\n", std::string(m).c_str());
+      return 2;
+    }
+    spec.name = parts[0];
+    spec.config = Path(parts[1]);
+    models.push_back(spec);
+  }
+  std::vector<double> fractions;
+  for (absl::string_view f : absl::StrSplit(absl::GetFlag(FLAGS_fractions), ',', absl::SkipEmpty())) {
+    double v = 0;
+    if (!absl::SimpleAtod(f, &v) || v <= 0) {
+      std::fprintf(stderr, "--fractions: bad %s\n", std::string(f).c_str());
+      return 2;
+    }
+    fractions.push_back(v);
+  }
+  std::vector<std::string> rows = {
+      "trace,model,policy,budget,page_budget_bytes,state_budget_bytes,turns,prompt_tokens,hit_tokens,"
+      "token_hit_rate,prompt_flops,saved_flops,flops_saved_fraction,page_bytes_written,state_bytes_written,"
+      "bytes_written,evictions,pages_evicted,states_evicted,states_dropped_with_pages,put_failures,"
+      "end_charge_bytes"};
+  std::printf("%s\n", rows[0].c_str());
+  for (absl::string_view path : absl::StrSplit(absl::GetFlag(FLAGS_traces), ',', absl::SkipEmpty())) {
+    absl::StatusOr<Trace> trace = LoadTrace(Path(std::string(path)));
+    if (!trace.ok()) {
+      std::fprintf(stderr, "%s\n", trace.status().ToString().c_str());
+      return 1;
+    }
+    for (const ModelSpec& spec : models) {
+      absl::StatusOr<engine::ModelConfig> config = engine::LoadModelConfig(spec.config);
+      absl::StatusOr<ModelCost> model = config.ok() ? ModelCost::Create(*config, absl::GetFlag(FLAGS_page_size),
+                                                                        absl::GetFlag(FLAGS_checkpoint_interval))
+                                                    : absl::StatusOr<ModelCost>(config.status());
+      if (!model.ok()) {
+        std::fprintf(stderr, "%s: %s\n", spec.name.c_str(), model.status().ToString().c_str());
+        return 1;
+      }
+      CacheSimOptions options;
+      options.tokens = TokenRule{spec.units_per_token, model->vocab()};
+      options.index.blob_pool_bytes = 0;  // a freed buffer is unmapped at once
+      options.index.page_budget_bytes = int64_t{1} << 60;
+      options.index.state_budget_bytes = int64_t{1} << 60;
+      const absl::Time start = absl::Now();
+      absl::StatusOr<CacheSimResult> unlimited = RunCacheSim(*trace, *model, options);
+      if (!unlimited.ok()) {
+        std::fprintf(stderr, "%s\n", unlimited.status().ToString().c_str());
+        return 1;
+      }
+      const int64_t page_ws = unlimited->page_charge();
+      const int64_t state_ws = unlimited->state_charge();
+      rows.push_back(Row(trace->name, spec, options.policy, "unlimited", page_ws, state_ws, *unlimited));
+      std::printf("%s\n", rows.back().c_str());
+      for (double f : fractions) {
+        options.index.page_budget_bytes = std::max<int64_t>(1, static_cast<int64_t>(f * page_ws));
+        options.index.state_budget_bytes = std::max<int64_t>(1, static_cast<int64_t>(f * state_ws));
+        absl::StatusOr<CacheSimResult> r = RunCacheSim(*trace, *model, options);
+        if (!r.ok()) {
+          std::fprintf(stderr, "%s\n", r.status().ToString().c_str());
+          return 1;
+        }
+        rows.push_back(Row(trace->name, spec, options.policy, absl::StrCat(f), options.index.page_budget_bytes,
+                           options.index.state_budget_bytes, *r));
+        std::printf("%s\n", rows.back().c_str());
+      }
+      std::fprintf(stderr, "%s x %s: %.1f s\n", trace->name.c_str(), spec.name.c_str(),
+                   absl::ToDoubleSeconds(absl::Now() - start));
+    }
+  }
+  if (const std::string out = absl::GetFlag(FLAGS_out); !out.empty()) {
+    std::ofstream f(Path(out));
+    for (const std::string& row : rows) f << row << "\n";
+    if (!f) {
+      std::fprintf(stderr, "cannot write %s\n", out.c_str());
+      return 1;
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace hybridserve::bench
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return hybridserve::bench::Main();
+}
