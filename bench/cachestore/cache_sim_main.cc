@@ -108,6 +108,13 @@ int Main() {
         std::fprintf(stderr, "%s: %s\n", spec.name.c_str(), model.status().ToString().c_str());
         return 1;
       }
+      std::fprintf(stderr,
+                   "%s: page %d tokens, %ld bytes; grid checkpoint every %ld tokens; state %ld bytes + tail KV "
+                   "(%ld with logits); %.4g FLOPs/token + %.4g per context token\n",
+                   spec.name.c_str(), model->page_size(), static_cast<long>(model->page_bytes()),
+                   static_cast<long>(model->checkpoint_interval()), static_cast<long>(model->StateBytes(0, false)),
+                   static_cast<long>(model->StateBytes(0, true)), model->flops_per_token(),
+                   model->attention_flops_per_context_token());
       CacheSimOptions options;
       options.tokens = TokenRule{spec.units_per_token, model->vocab()};
       options.index.blob_pool_bytes = 0;  // a freed buffer is unmapped at once
