@@ -42,10 +42,11 @@ struct CachePublisher::Job {
 absl::StatusOr<std::unique_ptr<CachePublisher>> CachePublisher::Create(CacheClient& cache,
                                                                        const PublisherOptions& options) {
   if (options.max_queued < 1 || options.max_in_flight < 0 || options.parent_wait < absl::ZeroDuration() ||
-      options.cache_failure_backoff < absl::ZeroDuration() || options.max_put_many_bytes < 0) {
+      options.cache_failure_backoff < absl::ZeroDuration() || options.max_put_many_bytes < 0 ||
+      options.put_many_recheck < absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
         "cache publisher: max_queued >= 1, max_in_flight >= 0, parent_wait >= 0, cache_failure_backoff >= 0 and "
-        "max_put_many_bytes >= 0");
+        "max_put_many_bytes >= 0, put_many_recheck >= 0");
   }
   std::unique_ptr<CachePublisher> publisher(new CachePublisher(cache, options));
   publisher->thread_ = std::thread([p = publisher.get()] { p->Run(); });
@@ -205,13 +206,18 @@ bool CachePublisher::Step(Job& job) {
 
 std::vector<absl::StatusOr<PutResult>> CachePublisher::PutPages(const ClientNamespace& ns,
                                                                 absl::Span<const PutManyEntry> pages) {
-  if (!put_many_unimplemented_.load(std::memory_order_relaxed)) {
+  const int64_t now = absl::ToUnixNanos(absl::Now());
+  if (now >= put_many_unimplemented_until_.load(std::memory_order_relaxed)) {
     std::vector<absl::StatusOr<PutResult>> results = cache_.PutMany(ns, pages);
-    if (results.empty() || results[0].status().code() != absl::StatusCode::kUnimplemented) return results;
+    if (results.empty() || results[0].status().code() != absl::StatusCode::kUnimplemented) {
+      if (put_many_unimplemented_until_.exchange(0) != 0) LOG(INFO) << "the cachestore implements PutMany again";
+      return results;
+    }
     // A cachestore older than PutMany: nothing of the call was stored.
-    if (!put_many_unimplemented_.exchange(true)) {
+    if (put_many_unimplemented_until_.exchange(now + absl::ToInt64Nanoseconds(options_.put_many_recheck)) == 0) {
       LOG(WARNING) << "the cachestore does not implement PutMany (" << results[0].status()
-                   << "): publications put each page with its own Put from now on";
+                   << "): publications put each page with its own Put, asking again every "
+                   << options_.put_many_recheck;
     }
   }
   return cache_.CacheClient::PutMany(ns, pages);  // Put for each

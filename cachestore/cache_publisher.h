@@ -27,7 +27,8 @@
 // A publication's pages go in PutMany calls (CacheClient::PutMany), each up to
 // max_put_many_bytes, and the rules above apply to each page's answer in
 // order; its states go one Put each. A cachestore older than PutMany
-// (UNIMPLEMENTED) is logged once and given one Put per page from then on.
+// (UNIMPLEMENTED) is logged and given one Put per page for
+// put_many_recheck, then asked again (it may have been upgraded since).
 // Publications run on the publisher's thread, in arrival order (Publish), or
 // on the caller's (PublishNow).
 //
@@ -111,6 +112,9 @@ struct PublisherOptions {
   // A call's timeout covers all of its pages: 16 MiB is 1/8 s at 1 Gbit/s,
   // far inside the workers' 2 s --cache_timeout; 0 puts the pages one a call.
   int64_t max_put_many_bytes = int64_t{16} << 20;
+  // After the cachestore answered PutMany UNIMPLEMENTED, how long pages go one
+  // Put each before PutMany is tried again (>= 0).
+  absl::Duration put_many_recheck = absl::Minutes(5);
 };
 
 // Cumulative, for metrics and tests.
@@ -179,7 +183,9 @@ class CachePublisher {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time skip_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   PublisherCounters counters_ ABSL_GUARDED_BY(mu_);
-  std::atomic<bool> put_many_unimplemented_{false};  // the cachestore answered PutMany UNIMPLEMENTED
+  // Until when pages go one Put each: the cachestore answered PutMany
+  // UNIMPLEMENTED (absl::ToUnixNanos; 0: PutMany is used).
+  std::atomic<int64_t> put_many_unimplemented_until_{0};
   std::thread thread_;
 };
 

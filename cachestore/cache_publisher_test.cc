@@ -204,7 +204,8 @@ TEST_F(CachePublisherTest, PagesGoInPutManyCallsOfBoundedBytes) {
 }
 
 // A cachestore older than PutMany answers UNIMPLEMENTED: the publisher falls
-// back to one Put per page, then and for every later publication.
+// back to one Put per page, then and for later publications until
+// put_many_recheck has passed.
 TEST_F(CachePublisherTest, AnOlderCachestoreWithoutPutManyGetsOnePutPerPage) {
   auto publisher = NewPublisher();
   faults_->FailNext(CacheClientMethod::kPutMany, 1, absl::UnimplementedError("unknown method PutMany"));
@@ -220,6 +221,26 @@ TEST_F(CachePublisherTest, AnOlderCachestoreWithoutPutManyGetsOnePutPerPage) {
   EXPECT_EQ(ResumeAt(), 12);
 }
 
+// After put_many_recheck PutMany is asked again: an upgraded cachestore gets
+// the pages in one call once more.
+TEST_F(CachePublisherTest, PutManyIsAskedAgainAfterTheRecheckInterval) {
+  PublisherOptions o;
+  o.put_many_recheck = absl::ZeroDuration();
+  auto publisher = NewPublisher(o);
+  faults_->FailNext(CacheClientMethod::kPutMany, 1, absl::UnimplementedError("unknown method PutMany"));
+  PublicationResult r = publisher->PublishNow(Make(0, 2, {8}));
+  EXPECT_TRUE(r.failure.empty()) << r.failure_message;
+  EXPECT_EQ(faults_->calls(CacheClientMethod::kPut), 3);  // 2 pages, 1 state
+  r = publisher->PublishNow(Make(2, 3, {12}));
+  EXPECT_TRUE(r.failure.empty()) << r.failure_message;
+  EXPECT_EQ(faults_->calls(CacheClientMethod::kPutMany), 2) << "asked again, and answered";
+  // (The fault-injecting client puts a PutMany's entries through its Put:
+  // the page is counted there too.)
+  EXPECT_EQ(faults_->calls(CacheClientMethod::kPut), 5);
+  EXPECT_EQ(publisher->counters().failures, 0);
+  EXPECT_EQ(ResumeAt(), 12);
+}
+
 TEST_F(CachePublisherTest, RefusesBadOptions) {
   PublisherOptions o;
   o.max_queued = 0;
@@ -229,6 +250,9 @@ TEST_F(CachePublisherTest, RefusesBadOptions) {
   EXPECT_EQ(CachePublisher::Create(*faults_, o).status().code(), absl::StatusCode::kInvalidArgument);
   o = {};
   o.max_put_many_bytes = -1;
+  EXPECT_EQ(CachePublisher::Create(*faults_, o).status().code(), absl::StatusCode::kInvalidArgument);
+  o = {};
+  o.put_many_recheck = -absl::Seconds(1);
   EXPECT_EQ(CachePublisher::Create(*faults_, o).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
