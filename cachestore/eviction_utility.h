@@ -35,9 +35,11 @@ inline double UtilityPrefixFlops(const UtilityCost& cost, int64_t p) {
 }
 
 // The priority increment of an entry saving `flops` while holding `bytes`
-// (its charge: bytes and index memory), bytes > 0.
+// (its charge: bytes and index memory). An empty entry (size 0, no index
+// memory) counts as 1 byte: priorities stay finite, never NaN, which the
+// ordered sets need.
 inline double UtilityIncrement(const UtilityCost& cost, double flops, int64_t bytes) {
-  return std::pow(flops / static_cast<double>(bytes), 1 - cost.recency_blend);
+  return std::pow(flops / static_cast<double>(bytes > 0 ? bytes : 1), 1 - cost.recency_blend);
 }
 
 // A state at `position` saves its whole prefix (an upper bound on what it
