@@ -77,7 +77,8 @@ struct CacheIndexOptions {
   UtilityCost utility;
 
   // Measured on x86-64 (sizeof of the records, plus map slot, set node and
-  // allocator headers), rounded up.
+  // allocator headers), rounded up. Not yet re-measured with the utility
+  // policy, which adds a second set node per evictable entry.
   static constexpr int64_t kDefaultEntryOverheadBytes = 512;
 };
 
@@ -251,7 +252,8 @@ class CacheIndex {
   void RefreshExpiry(State* state);
 
   // Eviction, LRU order and removal (cache_index_eviction.cc).
-  // Evicts LRU entries of class `c` until `charge` more bytes fit.
+  // Evicts entries of class `c` (LRU or lowest utility priority) until
+  // `charge` more bytes fit.
   absl::Status MakeRoom(EntryClass c, int64_t charge);
   void UseNode(Node* node, absl::Time now);
   void UseState(State* state, absl::Time now);
