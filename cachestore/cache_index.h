@@ -3,7 +3,8 @@
 
 // The cachestore's core: a radix tree of KV pages per namespace, SSM states
 // attached to the page nodes they need, the entry lifecycle (reserve, commit,
-// lease), byte budgets, and LRU/TTL eviction (docs/ARCHITECTURE.md section 4).
+// lease), byte budgets, and LRU or utility eviction and TTL expiry
+// (docs/ARCHITECTURE.md section 4).
 //
 // Not thread-safe, does no I/O and reads no clock: every call that depends on
 // time takes `now`. CacheStore wraps it with a mutex and a Clock.
@@ -18,6 +19,7 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -27,6 +29,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "cachestore/blob_pool.h"
+#include "cachestore/eviction_utility.h"
 #include "cachestore/keys.h"
 #include "cachestore/types.h"
 
@@ -65,9 +68,17 @@ struct CacheIndexOptions {
   // lookup is RESOURCE_EXHAUSTED. A lease costs the same whatever its length.
   int64_t max_namespaces = int64_t{1} << 16;
   int64_t max_leases = int64_t{1} << 16;
+  // Which evictable entry of a class makes room for a put: the least recently
+  // used, or the lowest GreedyDual-Size priority by FLOPs saved per byte
+  // (eviction_utility.h; `utility` is its cost model and recency blend).
+  // Either way only evictable entries go (never leased, pinned, reserved or
+  // interior pages), each choice in O(log n), and TTL expiry stays by idle time.
+  EvictionPolicy eviction = EvictionPolicy::kLru;
+  UtilityCost utility;
 
   // Measured on x86-64 (sizeof of the records, plus map slot, set node and
-  // allocator headers), rounded up.
+  // allocator headers), rounded up. Not yet re-measured with the utility
+  // policy, which adds a second set node per evictable entry.
   static constexpr int64_t kDefaultEntryOverheadBytes = 512;
 };
 
@@ -80,8 +91,8 @@ class CacheIndex {
 
   const CacheIndexOptions& options() const { return options_; }
 
-  // Reserves room for an entry: validates the spec, evicts LRU entries of its
-  // class until it fits, and creates the entry invisible to lookups.
+  // Reserves room for an entry: validates the spec, evicts entries of its
+  // class (options().eviction) until it fits, and creates the entry invisible to lookups.
   // INVALID_ARGUMENT: malformed spec. FAILED_PRECONDITION: the parent page is
   // not in the cache. ABORTED: a put of the same entry is in flight.
   // RESOURCE_EXHAUSTED: larger than the budget, or the budget is held by
@@ -143,7 +154,11 @@ class CacheIndex {
     uint64_t serial = 0;          // unique per stored entry: a re-put key is a new entry
     absl::Time last_use;          // committed: LRU/TTL clock
     uint64_t tick = 0;            // LRU order key while in the evictable set
-    bool evictable = false;       // member of its class's evictable set
+    // Utility policy: the class clock at the last use, and the order key in
+    // the class's utility set (base + the increment it has now).
+    double base = 0;
+    double priority = 0;
+    bool evictable = false;  // member of its class's evictable set
   };
   // A page of a namespace's radix tree; depth 0 is the namespace root, which
   // holds no bytes and is never evicted.
@@ -237,12 +252,20 @@ class CacheIndex {
   void RefreshExpiry(State* state);
 
   // Eviction, LRU order and removal (cache_index_eviction.cc).
-  // Evicts LRU entries of class `c` until `charge` more bytes fit.
+  // Evicts entries of class `c` (LRU or lowest utility priority) until
+  // `charge` more bytes fit.
   absl::Status MakeRoom(EntryClass c, int64_t charge);
   void UseNode(Node* node, absl::Time now);
   void UseState(State* state, absl::Time now);
   void RefreshNode(Node* node);
   void RefreshState(State* state);
+  // Utility policy: what a page or state would be keyed by now, and
+  // re-filing an evictable page whose key changed because its states did (a
+  // state's key changes only when it is used). RekeyNode is a no-op under LRU.
+  bool UtilityPolicy() const { return options_.eviction == EvictionPolicy::kUtility; }
+  double NodePriority(const Node& node) const;
+  double StatePriority(const State& state) const;
+  void RekeyNode(Node* node);
   // The evictable set a state belongs in: states with their own TTL expire by
   // session_expiry_, the others by the class TTL in LRU order.
   std::set<std::pair<uint64_t, State*>>& StateLru(const State& s) {
@@ -280,6 +303,12 @@ class CacheIndex {
   std::set<std::pair<uint64_t, Node*>> page_lru_;
   std::set<std::pair<uint64_t, State*>> state_lru_;
   std::set<std::pair<uint64_t, State*>> session_lru_;
+  // Utility policy: the same evictable entries (all states in one set) by
+  // (priority, tick), lowest first, and each class's clock. Empty under LRU.
+  std::set<std::tuple<double, uint64_t, Node*>> page_utility_;
+  std::set<std::tuple<double, uint64_t, State*>> state_utility_;
+  double page_clock_ = 0;
+  double state_clock_ = 0;
   // Deadlines, soonest first: the reaper's work is what expires, not what is open.
   std::set<std::pair<absl::Time, uint64_t>> lease_expiry_;
   std::set<std::pair<absl::Time, uint64_t>> put_deadlines_;

@@ -1,5 +1,5 @@
-// Eviction and removal: making room by LRU, expiry by deadline and TTL, the
-// LRU bookkeeping that orders them, and the removal of entries with what
+// Eviction and removal: making room by LRU or utility, expiry by deadline and
+// TTL, the LRU and utility bookkeeping that orders them, and the removal of entries with what
 // depends on them. Members of CacheIndex (cache_index.h).
 
 #include <algorithm>
@@ -18,16 +18,30 @@ absl::Status CacheIndex::MakeRoom(EntryClass c, int64_t charge) {
         return absl::ResourceExhaustedError(absl::StrCat(
             "page budget of ", Budget(c), " bytes is held by leased, pinned, in-flight or interior pages"));
       }
-      RemoveNodeOnly(page_lru_.begin()->second, RemoveReason::kLru);
+      Node* victim = page_lru_.begin()->second;
+      if (UtilityPolicy()) {
+        // GreedyDual: the clock rises to the victim's priority (a page whose
+        // states went since its use may be below it).
+        victim = std::get<Node*>(*page_utility_.begin());
+        page_clock_ = std::max(page_clock_, victim->entry.priority);
+      }
+      RemoveNodeOnly(victim, RemoveReason::kLru);
     } else {
       if (state_lru_.empty() && session_lru_.empty()) {
         return absl::ResourceExhaustedError(
             absl::StrCat("state budget of ", Budget(c), " bytes is held by leased, pinned or in-flight states"));
       }
-      // The least recently used of both sets.
-      const bool session =
-          state_lru_.empty() || (!session_lru_.empty() && session_lru_.begin()->first < state_lru_.begin()->first);
-      RemoveState((session ? session_lru_ : state_lru_).begin()->second, RemoveReason::kLru);
+      State* victim = nullptr;
+      if (UtilityPolicy()) {
+        victim = std::get<State*>(*state_utility_.begin());
+        state_clock_ = std::max(state_clock_, victim->entry.priority);
+      } else {
+        // The least recently used of both sets.
+        const bool session =
+            state_lru_.empty() || (!session_lru_.empty() && session_lru_.begin()->first < state_lru_.begin()->first);
+        victim = (session ? session_lru_ : state_lru_).begin()->second;
+      }
+      RemoveState(victim, RemoveReason::kLru);
     }
   }
   return absl::OkStatus();
@@ -74,23 +88,45 @@ std::vector<uint64_t> CacheIndex::Expire(absl::Time now) {
   return reclaimed;
 }
 
-// --- LRU bookkeeping -------------------------------------------------------
+// --- LRU and utility bookkeeping --------------------------------------------
 
 void CacheIndex::UseNode(Node* node, absl::Time now) {
   if (node->parent == nullptr) return;
-  const bool was = node->entry.evictable;
-  if (was) page_lru_.erase({node->entry.tick, node});
-  node->entry.tick = next_tick_++;
-  node->entry.last_use = now;
-  if (was) page_lru_.insert({node->entry.tick, node});
+  Entry& e = node->entry;
+  const bool was = e.evictable;
+  if (was) {
+    page_lru_.erase({e.tick, node});
+    if (UtilityPolicy()) page_utility_.erase({e.priority, e.tick, node});
+  }
+  e.tick = next_tick_++;
+  e.last_use = now;
+  if (UtilityPolicy()) {
+    e.base = page_clock_;
+    e.priority = NodePriority(*node);
+  }
+  if (was) {
+    page_lru_.insert({e.tick, node});
+    if (UtilityPolicy()) page_utility_.insert({e.priority, e.tick, node});
+  }
 }
 
 void CacheIndex::UseState(State* state, absl::Time now) {
-  const bool was = state->entry.evictable;
-  if (was) StateLru(*state).erase({state->entry.tick, state});
-  state->entry.tick = next_tick_++;
-  state->entry.last_use = now;
-  if (was) StateLru(*state).insert({state->entry.tick, state});
+  Entry& e = state->entry;
+  const bool was = e.evictable;
+  if (was) {
+    StateLru(*state).erase({e.tick, state});
+    if (UtilityPolicy()) state_utility_.erase({e.priority, e.tick, state});
+  }
+  e.tick = next_tick_++;
+  e.last_use = now;
+  if (UtilityPolicy()) {
+    e.base = state_clock_;
+    e.priority = StatePriority(*state);
+  }
+  if (was) {
+    StateLru(*state).insert({e.tick, state});
+    if (UtilityPolicy()) state_utility_.insert({e.priority, e.tick, state});
+  }
   RefreshExpiry(state);
 }
 
@@ -98,11 +134,19 @@ void CacheIndex::RefreshNode(Node* node) {
   if (node->parent == nullptr) return;  // roots hold no bytes
   Entry& e = node->entry;
   const bool evictable = e.committed && e.pins == 0 && node->children.empty() && node->busy_states == 0;
-  if (evictable == e.evictable) return;
+  if (evictable == e.evictable) {
+    if (evictable) RekeyNode(node);  // its states may have changed
+    return;
+  }
   if (evictable) {
     page_lru_.insert({e.tick, node});
+    if (UtilityPolicy()) {
+      e.priority = NodePriority(*node);
+      page_utility_.insert({e.priority, e.tick, node});
+    }
   } else {
     page_lru_.erase({e.tick, node});
+    if (UtilityPolicy()) page_utility_.erase({e.priority, e.tick, node});
   }
   e.evictable = evictable;
 }
@@ -113,10 +157,36 @@ void CacheIndex::RefreshState(State* state) {
   if (evictable == e.evictable) return;
   if (evictable) {
     StateLru(*state).insert({e.tick, state});
+    if (UtilityPolicy()) {
+      e.priority = StatePriority(*state);
+      state_utility_.insert({e.priority, e.tick, state});
+    }
   } else {
     StateLru(*state).erase({e.tick, state});
+    if (UtilityPolicy()) state_utility_.erase({e.priority, e.tick, state});
   }
   e.evictable = evictable;
+}
+
+double CacheIndex::NodePriority(const Node& node) const {
+  // The deepest state hanging here: states sit at depth * page_size + tail.
+  const int64_t deepest =
+      node.tail_lengths.empty() ? 0 : node.depth * node.root->page_size + node.tail_lengths.rbegin()->first;
+  return node.entry.base + PageUtilityIncrement(options_.utility, deepest, node.depth, node.entry.charge);
+}
+
+double CacheIndex::StatePriority(const State& state) const {
+  return state.entry.base + StateUtilityIncrement(options_.utility, state.position, state.entry.charge);
+}
+
+void CacheIndex::RekeyNode(Node* node) {
+  Entry& e = node->entry;
+  if (!UtilityPolicy() || !e.evictable) return;
+  const double priority = NodePriority(*node);
+  if (priority == e.priority) return;
+  page_utility_.erase({e.priority, e.tick, node});
+  e.priority = priority;
+  page_utility_.insert({e.priority, e.tick, node});
 }
 
 // --- Removal ---------------------------------------------------------------
@@ -137,7 +207,10 @@ void CacheIndex::ForgetEntryBytes(EntryClass c, Entry* e) {
 
 void CacheIndex::RemoveState(State* state, RemoveReason reason) {
   CountRemoval(reason, state->entry, state_stats_);
-  if (state->entry.evictable) StateLru(*state).erase({state->entry.tick, state});
+  if (state->entry.evictable) {
+    StateLru(*state).erase({state->entry.tick, state});
+    if (UtilityPolicy()) state_utility_.erase({state->entry.priority, state->entry.tick, state});
+  }
   if (state->expiry != absl::InfiniteFuture()) session_expiry_.erase({state->expiry, state});
   Node* node = state->node;
   if (state->session_pin) {
@@ -172,7 +245,10 @@ void CacheIndex::RemoveNodeOnly(Node* node, RemoveReason reason) {
   DCHECK(node->parent != nullptr);
   while (!node->states.empty()) RemoveState(node->states.back(), RemoveReason::kWithPages);
   CountRemoval(reason, node->entry, page_stats_);
-  if (node->entry.evictable) page_lru_.erase({node->entry.tick, node});
+  if (node->entry.evictable) {
+    page_lru_.erase({node->entry.tick, node});
+    if (UtilityPolicy()) page_utility_.erase({node->entry.priority, node->entry.tick, node});
+  }
   ForgetEntryBytes(EntryClass::kPage, &node->entry);
   Node* parent = node->parent;
   auto& siblings = parent->children;

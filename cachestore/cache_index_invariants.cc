@@ -78,6 +78,10 @@ absl::Status CacheIndex::CheckInvariants() const {
     if (evictable != e.evictable || evictable != (page_lru_.count({e.tick, node.get()}) == 1)) {
       return fail("page LRU membership out of date");
     }
+    if (UtilityPolicy() && (evictable != (page_utility_.count({e.priority, e.tick, node.get()}) == 1) ||
+                            (evictable && e.priority != NodePriority(*node)))) {
+      return fail("page utility key out of date");
+    }
     evictable_pages += evictable ? 1 : 0;
   }
   for (const auto& [key, root] : roots_) {
@@ -108,6 +112,10 @@ absl::Status CacheIndex::CheckInvariants() const {
     if (evictable != e.evictable || evictable != (StateLru(*s).count({e.tick, s.get()}) == 1)) {
       return fail("state LRU membership out of date");
     }
+    if (UtilityPolicy() && (evictable != (state_utility_.count({e.priority, e.tick, s.get()}) == 1) ||
+                            (evictable && e.priority != StatePriority(*s)))) {
+      return fail("state utility key out of date");
+    }
     evictable_states += evictable ? 1 : 0;
     if (s->session_pin) {
       pinned_bytes += e.size;
@@ -131,6 +139,10 @@ absl::Status CacheIndex::CheckInvariants() const {
   if (pinned_bytes_ > PinBudget()) return fail("pin budget exceeded");
   if (evictable_pages != page_lru_.size() || evictable_states != state_lru_.size() + session_lru_.size()) {
     return fail("LRU sets hold removed entries");
+  }
+  if (UtilityPolicy() ? (evictable_pages != page_utility_.size() || evictable_states != state_utility_.size())
+                      : (!page_utility_.empty() || !state_utility_.empty())) {
+    return fail("utility sets hold removed entries");
   }
   if (reserved_entries != puts_.size()) return fail("reserved entries ", reserved_entries, " != puts ", puts_.size());
   if (pages.resident_bytes != page_stats_.resident_bytes || pages.reserved_bytes != page_stats_.reserved_bytes ||

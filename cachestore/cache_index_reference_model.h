@@ -72,6 +72,10 @@ struct Config {
   int64_t put_timeout = 0;           // ms
   int64_t max_tokens = 0;
   int64_t entry_overhead = 0;  // CacheIndexOptions::entry_overhead_bytes
+  // CacheIndexOptions::eviction and ::utility: GreedyDual-Size by utility
+  // (eviction_utility.h), the model's own selection over the same arithmetic.
+  bool utility = false;
+  UtilityCost utility_cost;
 
   CacheIndexOptions ToOptions() const {
     CacheIndexOptions o;
@@ -83,6 +87,10 @@ struct Config {
     o.put_timeout = absl::Milliseconds(put_timeout);
     o.max_tokens = max_tokens;
     o.entry_overhead_bytes = entry_overhead;
+    if (utility) {
+      o.eviction = EvictionPolicy::kUtility;
+      o.utility = utility_cost;
+    }
     return o;
   }
 
@@ -91,7 +99,11 @@ struct Config {
     return absl::StrCat("page_size=", default_page_size[0], "/", default_page_size[1], " page_budget=", page_budget,
                         " state_budget=", state_budget, " page_ttl=", ttl(page_ttl), " state_ttl=", ttl(state_ttl),
                         " lease_ttl=", lease_ttl, "ms put_timeout=", put_timeout, "ms max_tokens=", max_tokens,
-                        " entry_overhead=", entry_overhead);
+                        " entry_overhead=", entry_overhead,
+                        utility ? absl::StrCat(" eviction=utility flops_per_token=", utility_cost.flops_per_token,
+                                               " flops_per_token_context=", utility_cost.flops_per_token_context,
+                                               " recency_blend=", utility_cost.recency_blend)
+                                : std::string(" eviction=lru"));
   }
 };
 
@@ -113,6 +125,7 @@ struct ModelEntry {
   int pins = 0;
   uint64_t use_order = 0;  // larger: used more recently
   int64_t last_use = 0;
+  double base = 0;              // utility: the class clock at the last use
   int64_t deadline = 0;         // reserved entries
   uint64_t reservation_id = 0;  // reserved entries
   uint64_t serial = 0;          // tells apart entries stored again under the same key
@@ -561,6 +574,7 @@ class ReferenceModel {
 
   void Use(ModelEntry& e, int64_t now) {
     e.use_order = ++use_counter_;
+    e.base = clock_[static_cast<int>(e.cls)];
     e.last_use = now;
   }
 
@@ -597,10 +611,43 @@ class ReferenceModel {
     return best;
   }
 
+  // Utility: what an evictable entry is worth now (the index keys it
+  // eagerly; here it is recomputed from scratch at every choice).
+  double Priority(const ModelEntry& e) const {
+    const int64_t position = static_cast<int64_t>(e.prefix.size());
+    if (e.cls == EntryClass::kState) return e.base + StateUtilityIncrement(config_.utility_cost, position, e.charge);
+    int64_t deepest = 0;
+    for (const ModelEntry& s : entries_) {
+      if (IsAttachedState(s, e)) deepest = std::max(deepest, static_cast<int64_t>(s.prefix.size()));
+    }
+    return e.base + PageUtilityIncrement(config_.utility_cost, deepest, static_cast<int64_t>(e.NodeDepth()), e.charge);
+  }
+
+  // Utility: the evictable entry of lowest (priority, use order).
+  int LowestPriority(EntryClass c) const {
+    int best = -1;
+    double best_priority = 0;
+    for (size_t i = 0; i < entries_.size(); ++i) {
+      const ModelEntry& e = entries_[i];
+      if (e.cls != c || !Evictable(e)) continue;
+      const double priority = Priority(e);
+      if (best < 0 || priority < best_priority ||
+          (priority == best_priority && e.use_order < entries_[best].use_order)) {
+        best = static_cast<int>(i);
+        best_priority = priority;
+      }
+    }
+    return best;
+  }
+
   bool MakeRoom(EntryClass c, int64_t charge) {
     while (Bytes(c, true) + Bytes(c, false) + Metadata(c) + charge > Budget(c)) {
-      const int victim = OldestEvictable(c);
+      const int victim = config_.utility ? LowestPriority(c) : OldestEvictable(c);
       if (victim < 0) return false;
+      if (config_.utility) {
+        double& clock = clock_[static_cast<int>(c)];
+        clock = std::max(clock, Priority(entries_[victim]));
+      }
       Evict(victim, /*ttl=*/false);
     }
     return true;
@@ -666,6 +713,7 @@ class ReferenceModel {
   std::map<uint64_t, ModelLease> leases_;
   std::deque<ModelEntry> graveyard_;  // recently removed entries: probes and re-puts
   uint64_t use_counter_ = 0;
+  double clock_[2] = {0, 0};  // utility: per class, the priority of the last victim
   uint64_t serial_counter_ = 0;
   ModelClassCounters counters_[2];
   int64_t lookups_ = 0;

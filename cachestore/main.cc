@@ -7,6 +7,8 @@
 #include <csignal>
 #include <cstdlib>
 #include <iostream>
+#include <string>
+#include <tuple>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -28,6 +30,16 @@ ABSL_FLAG(absl::Duration, page_ttl, absl::Hours(1), "Idle time after which a pag
 ABSL_FLAG(absl::Duration, state_ttl, absl::Hours(1), "Idle time after which an SSM state expires");
 ABSL_FLAG(absl::Duration, lease_ttl, absl::Seconds(30), "Lease lifetime, extended by each read");
 ABSL_FLAG(absl::Duration, put_timeout, absl::Seconds(30), "Stall time after which an incomplete put is reclaimed");
+ABSL_FLAG(std::string, eviction, "lru",
+          "Which entry makes room for a put: lru (least recently used) or utility (GreedyDual-Size by prefill "
+          "FLOPs saved per byte, blended with recency; docs/ARCHITECTURE.md section 4)");
+ABSL_FLAG(double, utility_flops_per_token, 1,
+          "--eviction=utility: prefill FLOPs of a token, the part independent of its position");
+ABSL_FLAG(double, utility_flops_per_token_context, 0,
+          "--eviction=utility: prefill FLOPs a token costs per token up to it (attention); a token at position t "
+          "costs utility_flops_per_token + utility_flops_per_token_context * (t + 1)");
+ABSL_FLAG(double, utility_recency_blend, 0,
+          "--eviction=utility: in [0, 1]; an entry's priority increment is utility^(1 - blend), so 1 is LRU order");
 ABSL_FLAG(int64_t, max_tokens, 1 << 20, "Longest token list accepted");
 ABSL_FLAG(int64_t, blob_pool_mib, 256, "Freed entry buffers kept for reuse (outside the budgets), MiB");
 ABSL_FLAG(int64_t, max_chunk_kib, 4096, "Largest put/get chunk, KiB");
@@ -91,6 +103,17 @@ std::string FlagError() {
        }) {
     if (!e.empty()) return e;
   }
+  if (const std::string eviction = absl::GetFlag(FLAGS_eviction); eviction != "lru" && eviction != "utility") {
+    return absl::StrCat("--eviction=", eviction, ": must be lru or utility");
+  }
+  for (const auto& [flag, value, hi] : {
+           std::make_tuple("utility_flops_per_token", absl::GetFlag(FLAGS_utility_flops_per_token), 1e30),
+           std::make_tuple("utility_flops_per_token_context", absl::GetFlag(FLAGS_utility_flops_per_token_context),
+                           1e30),
+           std::make_tuple("utility_recency_blend", absl::GetFlag(FLAGS_utility_recency_blend), 1.0),
+       }) {
+    if (!(value >= 0 && value <= hi)) return absl::StrCat("--", flag, "=", value, ": must be in [0, ", hi, "]");
+  }
   for (const std::string& uid : absl::GetFlag(FLAGS_shm_allowed_uids)) {
     uint32_t parsed = 0;
     if (!absl::SimpleAtoi(uid, &parsed)) return absl::StrCat("--shm_allowed_uids: ", uid, " is not a uid");
@@ -126,6 +149,12 @@ int main(int argc, char** argv) {
   options.index.lease_ttl = absl::GetFlag(FLAGS_lease_ttl);
   options.index.put_timeout = absl::GetFlag(FLAGS_put_timeout);
   options.index.max_tokens = absl::GetFlag(FLAGS_max_tokens);
+  if (absl::GetFlag(FLAGS_eviction) == "utility") {
+    options.index.eviction = hybridserve::cachestore::EvictionPolicy::kUtility;
+    options.index.utility = hybridserve::cachestore::UtilityCost{absl::GetFlag(FLAGS_utility_flops_per_token),
+                                                                 absl::GetFlag(FLAGS_utility_flops_per_token_context),
+                                                                 absl::GetFlag(FLAGS_utility_recency_blend)};
+  }
   options.index.blob_pool_bytes = absl::GetFlag(FLAGS_blob_pool_mib) << 20;
   options.index.max_session_ttl = absl::GetFlag(FLAGS_max_session_ttl);
   options.index.pin_quota_bytes = absl::GetFlag(FLAGS_pin_quota_mib) << 20;

@@ -20,9 +20,9 @@
 // still tried. Every conversation is in one namespace (one tenant, one salt),
 // so conversations share what they have in common (a system prompt).
 //
-// Eviction is whatever the index does (LRU within a class today); a second
-// policy plugs in as a CacheIndexOptions setting, named in `policy` for the
-// output. Not thread-safe (RunCacheSim is a pure function of its inputs).
+// Eviction is whatever the index does: CacheIndexOptions::eviction (LRU, or
+// utility with its cost model and blend), named in `policy` for the output. Not thread-safe (RunCacheSim is a pure
+// function of its inputs).
 
 #include <cstdint>
 #include <string>

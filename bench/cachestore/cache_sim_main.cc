@@ -7,6 +7,8 @@
 //       --traces=/tmp/hs-traces/sharegpt.jsonl,/tmp/hs-traces/agents.jsonl,/tmp/hs-traces/long_chats.jsonl \
 //       --out=$PWD/bench/cachestore/results/cache_sim_lru.csv
 //   python3 bench/cachestore/plot_cache_sim.py bench/cachestore/results/cache_sim_lru.csv
+//   bazel run -c opt //bench/cachestore:cache_sim -- --policy=utility --blends=0,0.5,0.9 \
+//       --traces=... --out=$PWD/bench/cachestore/results/cache_sim_utility.csv
 //
 // The working set of a trace (per model) is what an unlimited cache holds at
 // the end, pages and states apart (bytes and index memory); a budget fraction
@@ -37,6 +39,11 @@ ABSL_FLAG(std::string, models,
 ABSL_FLAG(std::string, fractions, "0.015625,0.03125,0.0625,0.125,0.25,0.5", "budgets as fractions of the working set");
 ABSL_FLAG(int64_t, page_size, 0, "tokens per page; 0: the engine's default, min(16, chunk_size)");
 ABSL_FLAG(int64_t, checkpoint_interval, 0, "grid checkpoint spacing; 0: the engine's default, 4 * chunk_size");
+ABSL_FLAG(std::string, policy, "lru",
+          "eviction: lru, or utility (GreedyDual-Size by FLOPs saved per byte, the cost model from each model's "
+          "layer mix; cachestore/eviction_utility.h)");
+ABSL_FLAG(std::string, blends, "0",
+          "--policy=utility: comma-separated recency blends in [0, 1], one run each (CSV policy utility_b<blend>)");
 ABSL_FLAG(std::string, out, "", "CSV file to write (stdout too)");
 
 namespace hybridserve::bench {
@@ -87,6 +94,21 @@ int Main() {
     }
     fractions.push_back(v);
   }
+  const std::string policy = absl::GetFlag(FLAGS_policy);
+  if (policy != "lru" && policy != "utility") {
+    std::fprintf(stderr, "--policy: %s is not lru or utility\n", policy.c_str());
+    return 2;
+  }
+  std::vector<double> blends;
+  for (absl::string_view b : absl::StrSplit(absl::GetFlag(FLAGS_blends), ',', absl::SkipEmpty())) {
+    double v = 0;
+    if (!absl::SimpleAtod(b, &v) || !(v >= 0 && v <= 1)) {
+      std::fprintf(stderr, "--blends: bad %s\n", std::string(b).c_str());
+      return 2;
+    }
+    blends.push_back(v);
+  }
+  if (policy == "lru") blends = {1};  // one run; the blend is unused
   std::vector<std::string> rows = {
       "trace,model,policy,budget,page_budget_bytes,state_budget_bytes,turns,prompt_tokens,hit_tokens,"
       "token_hit_rate,prompt_flops,saved_flops,flops_saved_fraction,page_bytes_written,state_bytes_written,"
@@ -130,17 +152,26 @@ int Main() {
       const int64_t state_ws = unlimited->state_charge();
       rows.push_back(Row(trace->name, spec, options.policy, "unlimited", page_ws, state_ws, *unlimited));
       std::printf("%s\n", rows.back().c_str());
-      for (double f : fractions) {
-        options.index.page_budget_bytes = std::max<int64_t>(1, static_cast<int64_t>(f * page_ws));
-        options.index.state_budget_bytes = std::max<int64_t>(1, static_cast<int64_t>(f * state_ws));
-        absl::StatusOr<CacheSimResult> r = RunCacheSim(*trace, *model, options);
-        if (!r.ok()) {
-          std::fprintf(stderr, "%s\n", r.status().ToString().c_str());
-          return 1;
+      for (double blend : blends) {
+        if (policy == "utility") {
+          // The index's cost model is the model's: a token at t costs C + A * (t + 1).
+          options.index.eviction = cachestore::EvictionPolicy::kUtility;
+          options.index.utility =
+              cachestore::UtilityCost{model->flops_per_token(), model->attention_flops_per_context_token(), blend};
+          options.policy = absl::StrCat("utility_b", blend);
         }
-        rows.push_back(Row(trace->name, spec, options.policy, absl::StrCat(f), options.index.page_budget_bytes,
-                           options.index.state_budget_bytes, *r));
-        std::printf("%s\n", rows.back().c_str());
+        for (double f : fractions) {
+          options.index.page_budget_bytes = std::max<int64_t>(1, static_cast<int64_t>(f * page_ws));
+          options.index.state_budget_bytes = std::max<int64_t>(1, static_cast<int64_t>(f * state_ws));
+          absl::StatusOr<CacheSimResult> r = RunCacheSim(*trace, *model, options);
+          if (!r.ok()) {
+            std::fprintf(stderr, "%s\n", r.status().ToString().c_str());
+            return 1;
+          }
+          rows.push_back(Row(trace->name, spec, options.policy, absl::StrCat(f), options.index.page_budget_bytes,
+                             options.index.state_budget_bytes, *r));
+          std::printf("%s\n", rows.back().c_str());
+        }
       }
       std::fprintf(stderr, "%s x %s: %.1f s\n", trace->name.c_str(), spec.name.c_str(),
                    absl::ToDoubleSeconds(absl::Now() - start));

@@ -125,6 +125,42 @@ TEST(CacheSimTest, ASecondConversationEvictsTheFirstFromABudgetThatHoldsOne) {
   EXPECT_THAT(r->hits, ElementsAre(0, 0, 49));
 }
 
+TEST(CacheSimTest, UtilityWithFullRecencyBlendReplaysLruAndEveryPolicyKeepsTheBudgets) {
+  // Three conversations interleaved at a budget that holds about one: many
+  // evictions. Blend 1 gives every entry the same priority increment, so the
+  // utility policy must replay LRU's choices exactly.
+  const Trace trace = Parse((std::string(kHeader) + R"({"conv":0,"turn":0,"t":0,"user":40,"reply":10}
+{"conv":1,"turn":0,"t":1,"user":90,"reply":10}
+{"conv":0,"turn":1,"t":2,"user":20,"reply":5}
+{"conv":2,"turn":0,"t":3,"user":30,"reply":40}
+{"conv":1,"turn":1,"t":4,"user":20,"reply":5}
+{"conv":0,"turn":2,"t":5,"user":20,"reply":5}
+{"conv":2,"turn":1,"t":6,"user":10,"reply":5})")
+                                .c_str());
+  const ModelCost model = DefaultModel();
+  CacheSimOptions options;
+  options.tokens.vocab = model.vocab();
+  options.index.page_budget_bytes = 7 * (model.page_bytes() + kOverhead);
+  options.index.state_budget_bytes = 3 * (model.StateBytes(64, true) + kOverhead);
+  absl::StatusOr<CacheSimResult> lru = RunCacheSim(trace, model, options);
+  ASSERT_TRUE(lru.ok()) << lru.status();
+  EXPECT_GT(lru->evictions(), 0);
+  for (const double blend : {1.0, 0.5, 0.0}) {
+    options.index.eviction = cachestore::EvictionPolicy::kUtility;
+    options.index.utility = {model.flops_per_token(), model.attention_flops_per_context_token(), blend};
+    absl::StatusOr<CacheSimResult> r = RunCacheSim(trace, model, options);
+    ASSERT_TRUE(r.ok()) << r.status();
+    if (blend == 1.0) {
+      EXPECT_EQ(r->hits, lru->hits);
+      EXPECT_EQ(r->end.pages.evicted_lru, lru->end.pages.evicted_lru);
+      EXPECT_EQ(r->end.states.evicted_lru, lru->end.states.evicted_lru);
+      EXPECT_EQ(r->put_failures, lru->put_failures);
+    }
+    EXPECT_LE(r->page_charge(), options.index.page_budget_bytes) << "blend " << blend;
+    EXPECT_LE(r->state_charge(), options.index.state_budget_bytes) << "blend " << blend;
+  }
+}
+
 TEST(CacheSimTest, TracesOutOfOrderAreRefused) {
   EXPECT_FALSE(ParseTrace(std::string(kHeader) + R"({"conv":0,"turn":1,"t":0,"user":1,"reply":1})").ok());
   EXPECT_FALSE(ParseTrace(std::string(kHeader) + R"({"conv":0,"turn":0,"t":5,"user":1,"reply":1}
