@@ -105,6 +105,14 @@ std::string Bytes(size_t n, uint32_t seed) {
   return s;
 }
 
+// A put chunk carrying bytes[off, off + n).
+v1::PutRequest ChunkOf(const std::string& bytes, uint64_t off, size_t n) {
+  v1::PutRequest m;
+  m.mutable_chunk()->set_offset(off);
+  m.mutable_chunk()->set_data(bytes.substr(off, n));
+  return m;
+}
+
 std::vector<TokenId> Tokens(int n, int first = 1) {
   std::vector<TokenId> v(n);
   std::iota(v.begin(), v.end(), first);
@@ -510,12 +518,7 @@ TEST_F(ServiceTest, MalformedGetManyRequestsAreRejectedByName) {
 TEST_F(ServiceTest, MalformedPutStreamsAreRejected) {
   std::string bytes = Bytes(10000, 3);
   const uint64_t sum = common::Checksum64(bytes.data(), bytes.size());
-  auto chunk = [&](uint64_t off, size_t n) {
-    v1::PutRequest m;
-    m.mutable_chunk()->set_offset(off);
-    m.mutable_chunk()->set_data(bytes.substr(off, n));
-    return m;
-  };
+  auto chunk = [&](uint64_t off, size_t n) { return ChunkOf(bytes, off, n); };
   v1::PutRequest header;
   *header.mutable_header() = Header(ns_, bytes.size());
   v1::PutRequest commit;
@@ -776,12 +779,7 @@ TEST_F(ServiceTest, PutManyAnswersEntriesInOrderAndDropsTheRestOfAnAnsweredOne) 
 TEST_F(ServiceTest, MalformedPutManyStreamsEndNamingTheEntry) {
   std::string bytes = Bytes(10000, 3);
   const uint64_t sum = common::Checksum64(bytes.data(), bytes.size());
-  auto chunk = [&](uint64_t off, size_t n) {
-    v1::PutRequest m;
-    m.mutable_chunk()->set_offset(off);
-    m.mutable_chunk()->set_data(bytes.substr(off, n));
-    return m;
-  };
+  auto chunk = [&](uint64_t off, size_t n) { return ChunkOf(bytes, off, n); };
   v1::PutRequest header, commit;
   *header.mutable_header() = Header(ns_, bytes.size());
   commit.mutable_commit()->set_checksum(sum);

@@ -189,6 +189,7 @@ class Pod:
         self.ready_since = None
         self.deleted_at = self.sigterm_at = self.sigterm_to_exit_s = None
         self.deleting = threading.Event()
+        self.sigterm_sent = threading.Event()  # the preStop is over: SIGTERM went to the process
         self.prestop_s = self.container.get("lifecycle", {}).get("preStop", {}).get("sleep", {}).get("seconds", 0)
         self.log_path = os.path.join(cluster.workdir, f"{name}.log")
         self._stop = threading.Event()  # deletion: the kubelet stops probing
@@ -360,6 +361,7 @@ class Pod:
                               f"({self.prestop_s} s): the kubelet cut it short")
             deadline = time.monotonic() + PRESTOP_OVERRUN_S
         self.sigterm_at = time.monotonic()
+        self.sigterm_sent.set()
         self.process.send_signal(signal.SIGTERM)
         if self._exited.wait(max(0.0, deadline - time.monotonic())):
             self.sigterm_to_exit_s = time.monotonic() - self.sigterm_at

@@ -206,7 +206,13 @@ class CallAcrossSigterm:
 
     def _run(self):
         self.pod.deleting.wait()
-        time.sleep(max(0.0, self.pod.deleted_at + self.pod.prestop_s - LONG_CALL_LEAD_S - time.monotonic()))
+        # Starts LONG_CALL_LEAD_S before the kubelet's preStop sleep ends; a
+        # SIGTERM before then (the plan failed) wakes it and is reported.
+        if self.pod.sigterm_sent.wait(
+                max(0.0, self.pod.deleted_at + self.pod.prestop_s - LONG_CALL_LEAD_S - time.monotonic())):
+            self.clients.failed_call(f"{self.pod.name} got SIGTERM before the call across it could start")
+            self.client.close()
+            return
         self.clients.count_sent()
         self.began = time.monotonic()
         tag = f"the call across {self.pod.name}'s SIGTERM"
