@@ -5,7 +5,8 @@
 //
 // Arithmetic notes (what the tests rely on):
 //   - Activations use expf/log1pf (never the __expf intrinsics): the emulator
-//     gives the CPU's bits; a GPU is within a few ulp.
+//     gives the CPU's bits; a GPU is within a few ulp. kScale is one
+//     round-to-nearest multiply (__fmul_rn): the CPU's bits on every target.
 //   - Norms: a row (or group) of n elements is reduced by S threads, S a
 //     function of n only (SegmentThreads). Thread l accumulates, with fmaf, the
 //     elements of the 4-element chunks l, l + S, l + 2S, ... in ascending
@@ -253,6 +254,7 @@ struct ActivationOp {
   float* out;
   int64_t xs, os;
   ActivationKind kind;
+  float alpha;
   __device__ __forceinline__ void Apply(int64_t r, int64_t i, int count, bool vec) const {
     float v[4];
     Load4(x + r * xs, i, count, vec, v);
@@ -267,6 +269,9 @@ struct ActivationOp {
           break;
         case ActivationKind::kSoftplus:
           v[k] = SoftplusF(v[k]);
+          break;
+        case ActivationKind::kScale:
+          v[k] = __fmul_rn(alpha, v[k]);
           break;
       }
     }
@@ -476,6 +481,7 @@ int Activation(const ActivationParams& p, const CudaLaunchContext& ctx) {
   op.xs = p.x_row_stride ? p.x_row_stride : p.dim;
   op.os = p.out_row_stride ? p.out_row_stride : p.dim;
   op.kind = p.kind;
+  op.alpha = p.alpha;
   const bool vec = p.dim % 4 == 0 && Aligned16(op.x) && op.xs % 4 == 0 && Aligned16(op.out) && op.os % 4 == 0;
   return LaunchRowwise(op, p.n_rows, p.dim, vec, ctx);
 }
