@@ -1,5 +1,6 @@
 // Elementwise and per-row CUDA kernels: Embedding, RmsNorm, GatedRmsNorm,
-// Activation, SwiGlu, DtSoftplus and Rope (semantics: kernels/*_params.h; the
+// Activation, SwiGlu, DtSoftplus, Rope, GatherRows and ScatterAddRows
+// (semantics: kernels/*_params.h; the
 // CPU kernels of kernels/cpu are the reference). Built by nvcc and by the host
 // compiler against the CUDA emulator (kernels/cuda/launchers.h).
 //
@@ -19,6 +20,8 @@
 //     are computed in double on the device, then rounded to fp32; the rotation
 //     is written with explicit round-to-nearest multiplies and adds (no FMA
 //     contraction), as the CPU (built with -ffp-contract=off) computes it.
+//   - GatherRows copies; ScatterAddRows is written with __fmul_rn/__fadd_rn in
+//     the order of its params' definition: both the CPU's bits on every target.
 #include <cmath>
 #include <cstdint>
 
@@ -313,6 +316,41 @@ struct DtSoftplusOp {
   }
 };
 
+// Row r of the output is row index[r] of x. vec is decided from x's base and
+// stride, so it holds for every source row alike.
+struct GatherRowsOp {
+  const float* x;
+  const int32_t* index;
+  float* out;
+  int64_t xs, os;
+  __device__ __forceinline__ void Apply(int64_t r, int64_t i, int count, bool vec) const {
+    float v[4];
+    Load4(x + static_cast<int64_t>(index[r]) * xs, i, count, vec, v);
+    Store4(out + r * os, i, count, vec, v);
+  }
+};
+
+// Row r of x is added into row index[r] (or r) of out. Indices are distinct
+// (the params' precondition), so no two threads touch one element.
+struct ScatterAddRowsOp {
+  const float* x;
+  const int32_t* index;
+  const float* weight;
+  float* out;
+  int64_t xs, os;
+  float alpha;
+  __device__ __forceinline__ void Apply(int64_t r, int64_t i, int count, bool vec) const {
+    float* dst = out + (index != nullptr ? static_cast<int64_t>(index[r]) : r) * os;
+    const float w = weight != nullptr ? weight[r] : 1.0f;
+    float v[4], o[4];
+    Load4(x + r * xs, i, count, vec, v);
+    Load4(dst, i, count, vec, o);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) o[k] = __fadd_rn(o[k], __fmul_rn(__fmul_rn(v[k], w), alpha));
+    Store4(dst, i, count, vec, o);
+  }
+};
+
 // Wide rows (rows_per_block == 1): block b handles elements
 // [(b % blocks_per_row) * kRowChunk, +kRowChunk) of row b / blocks_per_row.
 // Narrow rows (dim <= 2 * kRowThreads): block b handles rows_per_block whole
@@ -538,6 +576,32 @@ int Rope(const RopeParams& p, const CudaLaunchContext& ctx) {
   const int64_t blocks = Min<int64_t>(p.n_tokens, kMaxGridBlocks);
   return LaunchStatus(
       Launch(RopeKernel, dim3(static_cast<unsigned int>(blocks)), dim3(kRopeThreads), 0, ctx.stream, a));
+}
+
+int GatherRows(const GatherRowsParams& p, const CudaLaunchContext& ctx) {
+  if (const int status = CheckGatherRowsParams(p); status != kKernelOk) return status;
+  GatherRowsOp op{};
+  op.x = p.x;
+  op.index = p.index;
+  op.out = p.out;
+  op.xs = p.x_row_stride ? p.x_row_stride : p.dim;
+  op.os = p.out_row_stride ? p.out_row_stride : p.dim;
+  const bool vec = p.dim % 4 == 0 && Aligned16(op.x) && op.xs % 4 == 0 && Aligned16(op.out) && op.os % 4 == 0;
+  return LaunchRowwise(op, p.n_rows, p.dim, vec, ctx);
+}
+
+int ScatterAddRows(const ScatterAddRowsParams& p, const CudaLaunchContext& ctx) {
+  if (const int status = CheckScatterAddRowsParams(p); status != kKernelOk) return status;
+  ScatterAddRowsOp op{};
+  op.x = p.x;
+  op.index = p.index;
+  op.weight = p.weight;
+  op.out = p.out;
+  op.xs = p.x_row_stride ? p.x_row_stride : p.dim;
+  op.os = p.out_row_stride ? p.out_row_stride : p.dim;
+  op.alpha = p.alpha;
+  const bool vec = p.dim % 4 == 0 && Aligned16(op.x) && op.xs % 4 == 0 && Aligned16(op.out) && op.os % 4 == 0;
+  return LaunchRowwise(op, p.n_rows, p.dim, vec, ctx);
 }
 
 }  // namespace hybridserve::kernels::HS_CUDA_NS
