@@ -1,6 +1,7 @@
 #ifndef HYBRIDSERVE_KERNELS_ACTIVATION_PARAMS_H_
 #define HYBRIDSERVE_KERNELS_ACTIVATION_PARAMS_H_
 
+#include <cmath>
 #include <cstdint>
 #include <limits>
 
@@ -12,10 +13,14 @@ namespace hybridserve::kernels {
 //   silu(x)     = x / (1 + exp(-x))
 //   softplus(x) = x > 20 ? x : log1p(exp(x))          (torch's threshold 20)
 //   relu2(x)    = max(x, 0)^2                         (Nemotron-H MLP)
+//   scale(x)    = alpha * x                           (one fp32 multiply: bit-exact on
+//                                                      every backend; Granite's
+//                                                      embedding and logits multipliers)
 enum class ActivationKind : int {
   kSilu = 0,
   kReluSquared = 1,
   kSoftplus = 2,
+  kScale = 3,
 };
 
 // out = act(x), row by row.
@@ -25,18 +30,23 @@ struct ActivationParams {
   int64_t n_rows = 0;
   int64_t dim = 0;
   ActivationKind kind = ActivationKind::kSilu;
+  float alpha = 1.0f;          // kScale's multiplier (finite); unused by the other kinds
   int64_t x_row_stride = 0;    // 0: dim
   int64_t out_row_stride = 0;  // 0: dim
 };
 
 // The argument checks every backend makes before an activation kernel runs:
-// kKernelInvalidArgument for a null pointer, a negative shape or an unknown kind.
+// kKernelInvalidArgument for a null pointer, a negative shape, an unknown kind
+// or a non-finite alpha (checked for every kind).
 inline KernelStatus CheckActivationParams(const ActivationParams& p) {
-  if (p.x == nullptr || p.out == nullptr || p.n_rows < 0 || p.dim < 0) return kKernelInvalidArgument;
+  if (p.x == nullptr || p.out == nullptr || p.n_rows < 0 || p.dim < 0 || !std::isfinite(p.alpha)) {
+    return kKernelInvalidArgument;
+  }
   switch (p.kind) {
     case ActivationKind::kSilu:
     case ActivationKind::kReluSquared:
     case ActivationKind::kSoftplus:
+    case ActivationKind::kScale:
       return kKernelOk;
   }
   return kKernelInvalidArgument;

@@ -39,6 +39,7 @@
 #include "kernels/matmul_params.h"
 #include "kernels/norm_params.h"
 #include "kernels/peer_memory.h"
+#include "kernels/rows_params.h"
 #include "kernels/ssd_params.h"
 
 namespace hybridserve::kernels {
@@ -132,6 +133,8 @@ class Backend {
   virtual int AttentionPrefill(const AttentionPrefillParams& p) = 0;
   virtual int AttentionDecode(const AttentionDecodeParams& p) = 0;
   virtual int Rope(const RopeParams& p) = 0;
+  virtual int GatherRows(const GatherRowsParams& p) = 0;
+  virtual int ScatterAddRows(const ScatterAddRowsParams& p) = 0;
 
   // ---- Graphs (optional: the CPU backend has none) ----
   //

@@ -346,6 +346,25 @@ int CountingBackend::Rope(const RopeParams& p) {
   return inner_.Rope(p);
 }
 
+int CountingBackend::GatherRows(const GatherRowsParams& p) {
+  static constexpr char kOp[] = "GatherRows";
+  Count(kOp, true);
+  HS_CHECK(x);
+  HS_CHECK(index);
+  HS_CHECK(out);
+  return inner_.GatherRows(p);
+}
+
+int CountingBackend::ScatterAddRows(const ScatterAddRowsParams& p) {
+  static constexpr char kOp[] = "ScatterAddRows";
+  Count(kOp, true);
+  HS_CHECK(x);
+  HS_CHECK(index);
+  HS_CHECK(weight);
+  HS_CHECK(out);
+  return inner_.ScatterAddRows(p);
+}
+
 int CountingBackend::BeginCapture() {
   Count("BeginCapture", false);
   return inner_.BeginCapture();

@@ -73,6 +73,8 @@ class CountingBackend final : public Backend {
   int AttentionPrefill(const AttentionPrefillParams& p) override;
   int AttentionDecode(const AttentionDecodeParams& p) override;
   int Rope(const RopeParams& p) override;
+  int GatherRows(const GatherRowsParams& p) override;
+  int ScatterAddRows(const ScatterAddRowsParams& p) override;
 
   bool supports_graphs() const override { return inner_.supports_graphs(); }
   int BeginCapture() override;

@@ -5,31 +5,12 @@
 #include "kernels/kernel_status.h"
 
 namespace hybridserve::kernels::cpu {
-namespace {
-
-// Rows per parallel task: elementwise work is cheap, keep tasks coarse.
-int64_t RowTasks(int64_t n_rows, int64_t dim) {
-  const int64_t kMinElementsPerTask = 16384;
-  return std::max<int64_t>(1, std::min(n_rows, n_rows * dim / kMinElementsPerTask));
-}
-
-template <typename Fn>
-void ForRows(ThreadPool* pool, int64_t n_rows, int64_t dim, Fn row_fn) {
-  const int64_t tasks = RowTasks(n_rows, dim);
-  ParallelFor(pool, tasks, [&](int64_t begin, int64_t end) {
-    const int64_t r0 = begin * n_rows / tasks;
-    const int64_t r1 = end * n_rows / tasks;
-    for (int64_t r = r0; r < r1; ++r) row_fn(r);
-  });
-}
-
-}  // namespace
 
 int Activation(const ActivationParams& p, ThreadPool* pool) {
   if (const int status = CheckActivationParams(p); status != kKernelOk) return status;
   const int64_t xs = p.x_row_stride ? p.x_row_stride : p.dim;
   const int64_t os = p.out_row_stride ? p.out_row_stride : p.dim;
-  ForRows(pool, p.n_rows, p.dim, [&](int64_t r) {
+  ParallelForRows(pool, p.n_rows, p.dim, [&](int64_t r) {
     const float* x = p.x + r * xs;
     float* out = p.out + r * os;
     switch (p.kind) {
@@ -42,6 +23,9 @@ int Activation(const ActivationParams& p, ThreadPool* pool) {
       case ActivationKind::kSoftplus:
         for (int64_t i = 0; i < p.dim; ++i) out[i] = Softplus(x[i]);
         break;
+      case ActivationKind::kScale:
+        for (int64_t i = 0; i < p.dim; ++i) out[i] = p.alpha * x[i];
+        break;
     }
   });
   return kKernelOk;
@@ -52,7 +36,7 @@ int SwiGlu(const SwiGluParams& p, ThreadPool* pool) {
   const int64_t gs = p.gate_row_stride ? p.gate_row_stride : p.dim;
   const int64_t us = p.up_row_stride ? p.up_row_stride : p.dim;
   const int64_t os = p.out_row_stride ? p.out_row_stride : p.dim;
-  ForRows(pool, p.n_rows, p.dim, [&](int64_t r) {
+  ParallelForRows(pool, p.n_rows, p.dim, [&](int64_t r) {
     const float* g = p.gate + r * gs;
     const float* u = p.up + r * us;
     float* out = p.out + r * os;
@@ -65,7 +49,7 @@ int DtSoftplus(const DtSoftplusParams& p, ThreadPool* pool) {
   if (const int status = CheckDtSoftplusParams(p); status != kKernelOk) return status;
   const int64_t rs = p.dt_raw_row_stride ? p.dt_raw_row_stride : p.n_heads;
   const int64_t ds = p.dt_row_stride ? p.dt_row_stride : p.n_heads;
-  ForRows(pool, p.n_tokens, p.n_heads, [&](int64_t t) {
+  ParallelForRows(pool, p.n_tokens, p.n_heads, [&](int64_t t) {
     const float* raw = p.dt_raw + t * rs;
     float* dt = p.dt + t * ds;
     for (int64_t h = 0; h < p.n_heads; ++h) {

@@ -52,6 +52,57 @@ TEST(ActivationTest, ReluSquaredIsExact) {
   EXPECT_EQ(ReluSquared(0.5f), 0.25f);
 }
 
+// out = alpha * x is one fp32 multiply: exact against the same product.
+TEST(ActivationTest, ScaleIsOneFp32MultiplyInPlaceAndStrided) {
+  std::mt19937 rng(4);
+  const int64_t rows = 6, dim = 37, xs = 41;
+  const float alpha = 0.0078125f * 1.37f;  // not a power of two: the product rounds
+  std::vector<float> x = testing::RandomVector(rng, rows * xs, -100.0f, 100.0f);
+  ThreadPool pool(2);
+  std::vector<float> out(rows * dim, -1.0f);
+  ActivationParams p;
+  p.x = x.data();
+  p.out = out.data();
+  p.n_rows = rows;
+  p.dim = dim;
+  p.kind = ActivationKind::kScale;
+  p.alpha = alpha;
+  p.x_row_stride = xs;
+  ASSERT_EQ(Activation(p, &pool), kKernelOk);
+  std::vector<float> want(rows * dim);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t i = 0; i < dim; ++i) want[r * dim + i] = alpha * x[r * xs + i];
+  }
+  EXPECT_TRUE(testing::BitsEqual(out, want));
+
+  // In place (out aliases x exactly, strides equal): the same bits.
+  p.out = x.data();
+  p.out_row_stride = xs;
+  ASSERT_EQ(Activation(p, nullptr), kKernelOk);
+  for (int64_t r = 0; r < rows; ++r) {
+    EXPECT_TRUE(testing::BitsEqual(x.data() + r * xs, want.data() + r * dim, dim)) << "row " << r;
+  }
+}
+
+TEST(ActivationTest, RejectsNonFiniteAlpha) {
+  float x = 1.0f, out = 0.0f;
+  ActivationParams p;
+  p.x = &x;
+  p.out = &out;
+  p.n_rows = 1;
+  p.dim = 1;
+  p.kind = ActivationKind::kScale;
+  for (float alpha : {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                      std::numeric_limits<float>::quiet_NaN()}) {
+    p.alpha = alpha;
+    EXPECT_EQ(Activation(p, nullptr), kKernelInvalidArgument) << alpha;
+    EXPECT_EQ(out, 0.0f);
+  }
+  p.alpha = -3.0f;
+  ASSERT_EQ(Activation(p, nullptr), kKernelOk);
+  EXPECT_EQ(out, -3.0f);
+}
+
 TEST(SwiGluTest, FusedHalvesMatchDoubleReference) {
   std::mt19937 rng(2);
   const int64_t rows = 5, dim = 100;

@@ -15,6 +15,7 @@
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/norm.h"
 #include "kernels/cpu/rope.h"
+#include "kernels/cpu/rows.h"
 #include "kernels/cpu/ssd_scan.h"
 
 namespace hybridserve::kernels::cpu {
@@ -113,5 +114,7 @@ int CpuBackend::KvAppendDecode(const KvAppendDecodeParams& p) { return cpu::KvAp
 int CpuBackend::AttentionPrefill(const AttentionPrefillParams& p) { return cpu::AttentionPrefill(p, pool_.get()); }
 int CpuBackend::AttentionDecode(const AttentionDecodeParams& p) { return cpu::AttentionDecode(p, pool_.get()); }
 int CpuBackend::Rope(const RopeParams& p) { return cpu::Rope(p, pool_.get()); }
+int CpuBackend::GatherRows(const GatherRowsParams& p) { return cpu::GatherRows(p, pool_.get()); }
+int CpuBackend::ScatterAddRows(const ScatterAddRowsParams& p) { return cpu::ScatterAddRows(p, pool_.get()); }
 
 }  // namespace hybridserve::kernels::cpu

@@ -54,6 +54,8 @@ class CpuBackend final : public Backend {
   int AttentionPrefill(const AttentionPrefillParams& p) override;
   int AttentionDecode(const AttentionDecodeParams& p) override;
   int Rope(const RopeParams& p) override;
+  int GatherRows(const GatherRowsParams& p) override;
+  int ScatterAddRows(const ScatterAddRowsParams& p) override;
 
  protected:
   void Release(void* data, int64_t bytes, void* cookie) override;

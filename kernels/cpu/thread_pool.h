@@ -79,6 +79,22 @@ class ThreadPool {
 // fn(0, n) on the calling thread when pool is null, else pool->ParallelFor(n, fn).
 void ParallelFor(ThreadPool* pool, int64_t n, const std::function<void(int64_t, int64_t)>& fn);
 
+// row_fn(r) for every r in [0, n_rows), rows of `dim` cheap (elementwise)
+// elements: split over the pool in contiguous tasks of at least
+// kMinElementsPerRowTask elements (one task when the rows are fewer), each
+// task's rows in ascending order.
+inline constexpr int64_t kMinElementsPerRowTask = 16384;
+template <typename Fn>
+void ParallelForRows(ThreadPool* pool, int64_t n_rows, int64_t dim, Fn row_fn) {
+  const int64_t by_size = n_rows * dim / kMinElementsPerRowTask;
+  const int64_t tasks = by_size < 1 ? 1 : (by_size < n_rows ? by_size : n_rows);
+  ParallelFor(pool, tasks, [&](int64_t begin, int64_t end) {
+    const int64_t r0 = begin * n_rows / tasks;
+    const int64_t r1 = end * n_rows / tasks;
+    for (int64_t r = r0; r < r1; ++r) row_fn(r);
+  });
+}
+
 }  // namespace hybridserve::kernels::cpu
 
 #endif  // HYBRIDSERVE_KERNELS_CPU_THREAD_POOL_H_

@@ -174,6 +174,14 @@ class CudaBackend final : public Backend {
     UseDevice();
     return HS_CUDA_NS::Rope(p, ctx_);
   }
+  int GatherRows(const GatherRowsParams& p) override {
+    UseDevice();
+    return HS_CUDA_NS::GatherRows(p, ctx_);
+  }
+  int ScatterAddRows(const ScatterAddRowsParams& p) override {
+    UseDevice();
+    return HS_CUDA_NS::ScatterAddRows(p, ctx_);
+  }
 
   PeerMemory* peer_memory() override { return peer_memory_.get(); }
 

@@ -1,11 +1,13 @@
 // Elementwise and per-row CUDA kernels: Embedding, RmsNorm, GatedRmsNorm,
-// Activation, SwiGlu, DtSoftplus and Rope (semantics: kernels/*_params.h; the
+// Activation, SwiGlu, DtSoftplus, Rope, GatherRows and ScatterAddRows
+// (semantics: kernels/*_params.h; the
 // CPU kernels of kernels/cpu are the reference). Built by nvcc and by the host
 // compiler against the CUDA emulator (kernels/cuda/launchers.h).
 //
 // Arithmetic notes (what the tests rely on):
 //   - Activations use expf/log1pf (never the __expf intrinsics): the emulator
-//     gives the CPU's bits; a GPU is within a few ulp.
+//     gives the CPU's bits; a GPU is within a few ulp. kScale is one
+//     round-to-nearest multiply (__fmul_rn): the CPU's bits on every target.
 //   - Norms: a row (or group) of n elements is reduced by S threads, S a
 //     function of n only (SegmentThreads). Thread l accumulates, with fmaf, the
 //     elements of the 4-element chunks l, l + S, l + 2S, ... in ascending
@@ -18,6 +20,8 @@
 //     are computed in double on the device, then rounded to fp32; the rotation
 //     is written with explicit round-to-nearest multiplies and adds (no FMA
 //     contraction), as the CPU (built with -ffp-contract=off) computes it.
+//   - GatherRows copies; ScatterAddRows is written with __fmul_rn/__fadd_rn in
+//     the order of its params' definition: both the CPU's bits on every target.
 #include <cmath>
 #include <cstdint>
 
@@ -253,6 +257,7 @@ struct ActivationOp {
   float* out;
   int64_t xs, os;
   ActivationKind kind;
+  float alpha;
   __device__ __forceinline__ void Apply(int64_t r, int64_t i, int count, bool vec) const {
     float v[4];
     Load4(x + r * xs, i, count, vec, v);
@@ -267,6 +272,9 @@ struct ActivationOp {
           break;
         case ActivationKind::kSoftplus:
           v[k] = SoftplusF(v[k]);
+          break;
+        case ActivationKind::kScale:
+          v[k] = __fmul_rn(alpha, v[k]);
           break;
       }
     }
@@ -305,6 +313,41 @@ struct DtSoftplusOp {
       v[k] = Min(Max(s, dt_min), dt_max);  // std::min(std::max(s, lo), hi): NaN stays NaN
     }
     Store4(dt + r * ds, i, count, vec, v);
+  }
+};
+
+// Row r of the output is row index[r] of x. vec is decided from x's base and
+// stride, so it holds for every source row alike.
+struct GatherRowsOp {
+  const float* x;
+  const int32_t* index;
+  float* out;
+  int64_t xs, os;
+  __device__ __forceinline__ void Apply(int64_t r, int64_t i, int count, bool vec) const {
+    float v[4];
+    Load4(x + static_cast<int64_t>(index[r]) * xs, i, count, vec, v);
+    Store4(out + r * os, i, count, vec, v);
+  }
+};
+
+// Row r of x is added into row index[r] (or r) of out. Indices are distinct
+// (the params' precondition), so no two threads touch one element.
+struct ScatterAddRowsOp {
+  const float* x;
+  const int32_t* index;
+  const float* weight;
+  float* out;
+  int64_t xs, os;
+  float alpha;
+  __device__ __forceinline__ void Apply(int64_t r, int64_t i, int count, bool vec) const {
+    float* dst = out + (index != nullptr ? static_cast<int64_t>(index[r]) : r) * os;
+    const float w = weight != nullptr ? weight[r] : 1.0f;
+    float v[4], o[4];
+    Load4(x + r * xs, i, count, vec, v);
+    Load4(dst, i, count, vec, o);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) o[k] = __fadd_rn(o[k], __fmul_rn(__fmul_rn(v[k], w), alpha));
+    Store4(dst, i, count, vec, o);
   }
 };
 
@@ -476,6 +519,7 @@ int Activation(const ActivationParams& p, const CudaLaunchContext& ctx) {
   op.xs = p.x_row_stride ? p.x_row_stride : p.dim;
   op.os = p.out_row_stride ? p.out_row_stride : p.dim;
   op.kind = p.kind;
+  op.alpha = p.alpha;
   const bool vec = p.dim % 4 == 0 && Aligned16(op.x) && op.xs % 4 == 0 && Aligned16(op.out) && op.os % 4 == 0;
   return LaunchRowwise(op, p.n_rows, p.dim, vec, ctx);
 }
@@ -532,6 +576,32 @@ int Rope(const RopeParams& p, const CudaLaunchContext& ctx) {
   const int64_t blocks = Min<int64_t>(p.n_tokens, kMaxGridBlocks);
   return LaunchStatus(
       Launch(RopeKernel, dim3(static_cast<unsigned int>(blocks)), dim3(kRopeThreads), 0, ctx.stream, a));
+}
+
+int GatherRows(const GatherRowsParams& p, const CudaLaunchContext& ctx) {
+  if (const int status = CheckGatherRowsParams(p); status != kKernelOk) return status;
+  GatherRowsOp op{};
+  op.x = p.x;
+  op.index = p.index;
+  op.out = p.out;
+  op.xs = p.x_row_stride ? p.x_row_stride : p.dim;
+  op.os = p.out_row_stride ? p.out_row_stride : p.dim;
+  const bool vec = p.dim % 4 == 0 && Aligned16(op.x) && op.xs % 4 == 0 && Aligned16(op.out) && op.os % 4 == 0;
+  return LaunchRowwise(op, p.n_rows, p.dim, vec, ctx);
+}
+
+int ScatterAddRows(const ScatterAddRowsParams& p, const CudaLaunchContext& ctx) {
+  if (const int status = CheckScatterAddRowsParams(p); status != kKernelOk) return status;
+  ScatterAddRowsOp op{};
+  op.x = p.x;
+  op.index = p.index;
+  op.weight = p.weight;
+  op.out = p.out;
+  op.xs = p.x_row_stride ? p.x_row_stride : p.dim;
+  op.os = p.out_row_stride ? p.out_row_stride : p.dim;
+  op.alpha = p.alpha;
+  const bool vec = p.dim % 4 == 0 && Aligned16(op.x) && op.xs % 4 == 0 && Aligned16(op.out) && op.os % 4 == 0;
+  return LaunchRowwise(op, p.n_rows, p.dim, vec, ctx);
 }
 
 }  // namespace hybridserve::kernels::HS_CUDA_NS

@@ -4,6 +4,7 @@
 //
 // Tolerances, and why:
 //   - Embedding: an exact copy (bf16 widening is exact): bitwise on every target.
+//   - Activation kScale: one fp32 multiply: bitwise on every target.
 //   - Activation, SwiGlu, DtSoftplus: the emulator calls the same libm expf and
 //     log1pf as the CPU with the same operations: bitwise. A GPU's expf/log1pf
 //     are within 2 ulp, so SiLU/softplus within a few ulp: rtol 1e-6 (~16 ulp).
@@ -296,6 +297,37 @@ TEST_P(ElementwiseTest, ActivationMatchesCpu) {
   }
 }
 
+// kScale is one fp32 multiply: the CPU's bits on every target, the GPU included.
+TEST_P(ElementwiseTest, ActivationScaleMatchesCpuBitwise) {
+  std::mt19937 rng(24);
+  const float alpha = 12.0f * 0.7071f;  // not a power of two: every product rounds
+  for (int64_t dim : {1, 7, 64, 257, 1030}) {
+    for (int variant = 0; variant < 3; ++variant) {
+      const int64_t rows = variant == 0 ? 70 : 3;
+      const int64_t xs = variant == 1 ? dim + 1 : dim;
+      const int64_t os = variant == 1 ? dim + 4 : dim;
+      std::vector<float> x = RandomRows(rng, rows, dim, xs, -1e3f, 1e3f);
+      std::vector<float> want(rows * os, kSentinel);
+      ActivationParams p;
+      p.n_rows = rows;
+      p.dim = dim;
+      p.kind = ActivationKind::kScale;
+      p.alpha = alpha;
+      p.x_row_stride = variant == 1 ? xs : 0;
+      p.out_row_stride = variant == 1 ? os : 0;
+      p.x = x.data();
+      p.out = want.data();
+      ASSERT_EQ(cpu::Activation(p, nullptr), kKernelOk);
+
+      DeviceBuffer dx = Up(x), dout = Up(std::vector<float>(rows * os, kSentinel));
+      p.x = dx.as<float>();
+      p.out = variant == 2 ? dx.as<float>() : dout.as<float>();  // variant 2: in place
+      ASSERT_EQ(b().Activation(p), kKernelOk);
+      EXPECT_TRUE(BitsEqual(Down(variant == 2 ? dx : dout), want)) << "dim " << dim << " variant " << variant;
+    }
+  }
+}
+
 TEST_P(ElementwiseTest, SwiGluMatchesCpuFusedHalvesAndAliases) {
   std::mt19937 rng(22);
   for (int64_t dim : {1, 7, 64, 257, 1030}) {
@@ -389,6 +421,12 @@ TEST_P(ElementwiseTest, ActivationsRejectInvalidArguments) {
   EXPECT_EQ(b().Activation(ab), kKernelInvalidArgument);
   ab = a;
   ab.n_rows = -1;
+  EXPECT_EQ(b().Activation(ab), kKernelInvalidArgument);
+  ab = a;
+  ab.kind = ActivationKind::kScale;
+  ab.alpha = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(b().Activation(ab), kKernelInvalidArgument);
+  ab.alpha = std::numeric_limits<float>::quiet_NaN();
   EXPECT_EQ(b().Activation(ab), kKernelInvalidArgument);
   ab = a;
   ab.dim = 0;  // empty rows: nothing to do
