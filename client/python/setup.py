@@ -34,7 +34,7 @@ def _proto_root():
             return os.path.normpath(root)
     sys.exit("hybridserve-client: %s not found (looked under %s). Build from the hybridserve "
              "repository (pip install ./client/python), or set HYBRIDSERVE_PROTO_ROOT to the "
-             "directory that holds proto/generation.proto." % (PROTO, ", ".join(r for r in candidates if r)))
+             "directory that holds proto/generation.proto." % (PROTO, ", ".join(os.path.normpath(r) for r in candidates if r)))
 
 
 def _codegen():
