@@ -20,6 +20,7 @@
 #include "decode/metrics.h"
 #include "decode/service.h"
 #include "decode/tenant.h"
+#include "engine/model_metadata.h"
 #include "prefill/grpc_prefill_client.h"
 #include "prefill/in_process_prefill_client.h"
 #include "prefill/prefill_worker.h"
@@ -54,6 +55,9 @@ ABSL_FLAG(std::string, tenant_from, "",
 ABSL_FLAG(std::string, trusted_proxies, "",
           "comma-separated SPIFFE IDs or DNS names of front proxies trusted to name the tenant "
           "(--tenant_from=proxy_header)");
+ABSL_FLAG(std::string, served_model_name, "",
+          "the model's name in GetModelInfo; empty: config.json's _name_or_path, else the --model_dir's last "
+          "component");
 ABSL_FLAG(bool, publish, true, "publish turn-end states and generated pages to the cachestore");
 ABSL_FLAG(absl::Duration, publish_parent_wait, absl::Seconds(2),
           "how long a turn-end publication waits for prefill to have put the prompt's last page, its parent");
@@ -201,8 +205,11 @@ absl::Status Run() {
                      if (prefill_side.plane != nullptr) plane_metrics.Sync(prefill_side.plane->ipc_traffic());
                    }));
 
+  ASSIGN_OR_RETURN(engine::ModelMetadata metadata, engine::LoadModelMetadata(options.model_dir, weights->config(),
+                                                                             absl::GetFlag(FLAGS_served_model_name)));
   decode::ModelDescription description;
-  description.name = options.model_dir;
+  description.name = metadata.name;
+  description.end_of_turn_tokens = metadata.end_of_turn_tokens;
   description.fingerprint_hex = weights->fingerprint().ToHex();
   description.vocab_size = weights->config().vocab_size;
   description.max_context = loop->max_context();

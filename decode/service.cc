@@ -171,6 +171,11 @@ grpc::Status GenerationService::GetModelInfo(grpc::ServerContext*, const v1::Get
   info->set_page_size(static_cast<uint32_t>(model_.page_size));
   info->set_checkpoint_interval(static_cast<uint32_t>(model_.checkpoint_interval));
   info->set_fingerprint(model_.fingerprint_hex);
+  for (const engine::SpecialToken& token : model_.end_of_turn_tokens) {
+    v1::SpecialToken* out = info->add_end_of_turn_tokens();
+    out->set_id(static_cast<int32_t>(token.id));
+    out->set_text(token.text);
+  }
   return grpc::Status::OK;
 }
 

@@ -29,13 +29,15 @@
 #include "decode/metrics.h"
 #include "decode/tenant.h"
 #include "engine/model_config.h"
+#include "engine/model_metadata.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/generation.grpc.pb.h"
 
 namespace hybridserve::decode {
 
 struct ModelDescription {
-  std::string name;
+  std::string name;  // engine::ModelMetadata's: never a full path
+  std::vector<engine::SpecialToken> end_of_turn_tokens;
   std::string fingerprint_hex;
   int64_t vocab_size = 0;
   int64_t max_context = 0;

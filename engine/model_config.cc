@@ -260,6 +260,7 @@ absl::Status ParseCommon(const ConfigFields& f, ModelConfig& c) {
   ASSIGN_OR_RETURN(c.pad_token_ids, f.TokenIds("pad_token_id"));
   ASSIGN_OR_RETURN(c.max_position_embeddings, f.Int({"max_position_embeddings"}, 0));
   ASSIGN_OR_RETURN(c.dtype, f.String({"dtype", "torch_dtype"}, ""));
+  ASSIGN_OR_RETURN(c.name_or_path, f.String({"_name_or_path"}, ""));
   return absl::OkStatus();
 }
 

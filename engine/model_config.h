@@ -143,6 +143,8 @@ struct ModelConfig {
   std::vector<int64_t> pad_token_ids;
   int64_t max_position_embeddings = 0;  // 0 when absent
   std::string dtype;                    // `dtype` or legacy `torch_dtype`, "" when absent
+  // `_name_or_path` (the hub id or local path save_pretrained recorded), "" when absent.
+  std::string name_or_path;
 
   int64_t num_layers() const { return static_cast<int64_t>(layers.size()); }
   int64_t CountLayers(LayerKind kind) const;
@@ -154,7 +156,7 @@ struct ModelConfig {
 
   // Deterministic text of every field that changes what the model computes
   // (family, sizes, pattern, kind parameters, norm epsilon, dt clamps, tying).
-  // Token ids, max_position_embeddings and dtype are left out: they do not
+  // Token ids, max_position_embeddings, dtype and name_or_path are left out: they do not
   // change states. Input of the model fingerprint.
   std::string CanonicalString() const;
 };

@@ -443,6 +443,20 @@ TEST(ModelConfigTest, TokenIdsAcceptIntListOrNull) {
   EXPECT_EQ(c->dtype, "bfloat16");
 }
 
+TEST(ModelConfigTest, NameOrPathIsReadAndLeftOutOfTheCanonicalString) {
+  Json j = NemotronBase();
+  absl::StatusOr<ModelConfig> unnamed = ParseModelConfig(j.dump());
+  ASSERT_TRUE(unnamed.ok()) << unnamed.status();
+  EXPECT_EQ(unnamed->name_or_path, "");
+  j["_name_or_path"] = "nvidia/Nemotron-H-8B-Base-8K";
+  absl::StatusOr<ModelConfig> named = ParseModelConfig(j.dump());
+  ASSERT_TRUE(named.ok()) << named.status();
+  EXPECT_EQ(named->name_or_path, "nvidia/Nemotron-H-8B-Base-8K");
+  EXPECT_EQ(named->CanonicalString(), unnamed->CanonicalString());
+  j["_name_or_path"] = 3;
+  EXPECT_THAT(ParseModelConfig(j.dump()).status().message(), HasSubstr("_name_or_path must be a string"));
+}
+
 TEST(ModelConfigTest, Mamba2DefaultsFollowTransformers) {
   Json j = Mamba2Base();
   j.erase("chunk_size");

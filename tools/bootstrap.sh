@@ -28,6 +28,7 @@ PACKAGES=(
   python3-yaml             # tests/k8s: the rendered manifests
   python3-cryptography     # tools/make_test_certs.py: the TLS tests' certificates, made at test time
   python3-pip              # installs PIP_PACKAGES below
+  python3-venv             # client/python/tests/venv_install_test.sh: pip install client/python into a fresh venv
   util-linux               # unshare, mount: tests/k8s/run_manifests_test's namespaces and /etc/hosts
   iproute2                 # ip: that test brings up loopback in its network namespace
 )

@@ -5,6 +5,10 @@
 #      //tests/k8s:run_manifests_test, which runs the cpu and cpu-mtls overlays' pods as
 #      local processes in its own network and mount namespaces: root or
 #      unprivileged user namespaces);
+#   1b. the Python client as a user installs it: a fresh venv, `pip install
+#      "./client/python[text]"` from PyPI, and the installed package against
+#      the real stack (client/python/tests/venv_install_test.sh; needs PyPI:
+#      HS_VENV_TEST=0 skips it, and says so);
 #   2. ASan + UBSan (and LSan) over every target (--config=asan; the k8s
 #      run test then runs the sanitized binaries);
 #   3. TSan over //kernels/..., //engine/..., //transport/..., //decode/... and
@@ -28,7 +32,7 @@
 # that needs an -c opt build of every GPU target and a minute of compression.
 #
 #   tools/run_tests.sh                 all stages
-#   HS_SANITIZERS=0 tools/run_tests.sh the plain stage (and the fixture check) only
+#   HS_SANITIZERS=0 tools/run_tests.sh the plain stage (with the venv test and the fixture check) only
 #   tools/run_tests.sh ARGS...         the plain stage with extra `bazel test` args
 #                                      (e.g. --config=asan //engine/...), nothing else
 set -uo pipefail
@@ -72,6 +76,12 @@ if [ $# -gt 0 ]; then
 fi
 
 stage "plain" -- //...
+if [ "${HS_VENV_TEST:-1}" != "0" ]; then
+  echo "=== venv: pip install ./client/python, the installed client on the real stack"
+  client/python/tests/venv_install_test.sh || { [ $status -eq 0 ] && status=1; }
+else
+  echo "=== venv: SKIPPED (HS_VENV_TEST=0)"
+fi
 if [ "${HS_SANITIZERS:-1}" != "0" ]; then
   stage "asan+ubsan" --config=asan -- //...
   # Tests tagged notsan run the CUDA emulator's fibers, which TSan cannot follow.

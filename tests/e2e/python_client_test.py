@@ -12,7 +12,8 @@ import unittest
 
 import grpc
 
-from hybridserve_client import Client, FinishReason, HybridserveError, ResumeKind, encode_bytes
+from hybridserve_client import (Client, FinishReason, HybridserveError, ResumeKind, SpecialToken, decode_bytes,
+                                encode_bytes)
 
 
 def _runfile(relative):
@@ -91,8 +92,23 @@ class PythonClientOnTheStack(unittest.TestCase):
 
     def test_model_info(self):
         info = self.client.model_info()
+        self.assertEqual(info.model_name, "default")  # the directory's name, not its path
         self.assertEqual(info.vocab_size, 259)
         self.assertEqual(list(info.eos_token_ids), [258])
+        # models/default has no tokenizer files: config.json's eos id, unnamed.
+        self.assertEqual(info.end_of_turn_tokens, (SpecialToken(258, ""),))
+
+    def test_text_and_chat_with_the_byte_vocabulary(self):
+        by_text = self.client.generate(text="Hello there", max_tokens=8, temperature=0.0, ignore_eos=True,
+                                       cache_salt="py-text")
+        by_ids = self.client.generate(encode_bytes("Hello there", add_bos=True), max_tokens=8, temperature=0.0,
+                                      ignore_eos=True, cache_salt="py-ids")
+        self.assertEqual(by_text.token_ids, by_ids.token_ids)
+        self.assertEqual(by_text.text, decode_bytes(by_ids.token_ids))
+        reply = self.client.chat([{"role": "user", "content": "Who are you?"}], max_tokens=64, seed=3,
+                                 cache_salt="py-chat")
+        self.assertEqual(reply.usage.prompt_tokens, len(encode_bytes("Q: Who are you?\nA:", add_bos=True)))
+        self.assertEqual(reply.text, decode_bytes(reply.token_ids))
 
     def test_second_turn_resumes_from_the_first(self):
         history = encode_bytes("Hello there, how are you today?\n", add_bos=True)

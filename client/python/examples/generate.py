@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Generates text from a prompt with a running decode worker (byte-level default model).
 
-    python3 client/python/examples/generate.py --target localhost:50061 --prompt "Hello" \
+    python3 client/python/examples/generate.py --target localhost:50050 --prompt "Hello" \
         --max-tokens 64 --temperature 0
 
 Streams the text to stdout as it is generated; the finish reason, usage and
@@ -21,13 +21,14 @@ try:
     from hybridserve_client import (BOS_ID, ByteStreamDecoder, Client, GenerateResult,
                                     HybridserveError, encode_bytes)
 except ModuleNotFoundError as e:  # grpc or google.protobuf: another python3 than Debian's
-    sys.exit("%s for %s: install python3-grpcio and python3-protobuf with apt "
-             "(tools/bootstrap.sh) and run with /usr/bin/python3" % (e, sys.executable))
+    sys.exit("%s for %s: pip install ./client/python into this environment, or install "
+             "python3-grpcio and python3-protobuf with apt (tools/bootstrap.sh) and run with "
+             "/usr/bin/python3" % (e, sys.executable))
 
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--target", default="localhost:50061", help="decode worker host:port")
+    p.add_argument("--target", default="localhost:50050", help="decode worker host:port")
     p.add_argument("--prompt", default="Hello", help="prompt text (UTF-8, one token per byte)")
     p.add_argument("--no-bos", action="store_true", help="do not start the prompt with <bos>")
     p.add_argument("--max-tokens", type=int, default=64)

@@ -4,17 +4,20 @@ Thread-safety: a Client is thread-safe (one gRPC channel, shared). A
 GenerateStream is consumed by one thread; its cancel() may be called from any.
 """
 
+import dataclasses
 import threading
 import time
 import uuid
 
 import grpc
 
+from . import byte_vocab
 from .errors import StreamProtocolError, from_rpc_error
 from .proto import generation_pb2 as pb
 from .proto import generation_pb2_grpc as pb_grpc
-from .results import (FinishReason, GenerateResult, ModelInfo, ResumeKind, TokenChunk,
-                      SessionOutcome, TopLogprob, Usage)
+from .results import (FinishReason, GenerateResult, ModelInfo, ResumeKind, SessionOutcome,
+                      SpecialToken, TokenChunk, TopLogprob, Usage)
+from .tokenizer import ByteTokenizer, load_tokenizer
 
 _FINISH_REASONS = {
     pb.FINISH_REASON_STOP: FinishReason.STOP,
@@ -32,20 +35,32 @@ _RESUME_KINDS = {
 class Client:
     """Talks to one decode worker (or a load balancer in front of several).
 
-        with Client("localhost:50061", timeout=60) as client:
+        with Client("localhost:50050", timeout=60) as client:
             result = client.generate(encode_bytes("Hello"), max_tokens=32)
             print(decode_bytes(result.token_ids), result.finish_reason, result.usage)
+
+        with Client.from_model_dir("localhost:50050", "path/to/model") as client:
+            print(client.generate(text="Hello", max_tokens=32).text)
+            print(client.chat([{"role": "user", "content": "Hi!"}], max_tokens=64).text)
 
     Every call raises HybridserveError (code + message) when its RPC fails.
     """
 
-    def __init__(self, target, timeout=None, *, credentials=None, options=(), tls_ca=None,
-                 tls_cert=None, tls_key=None, tls_server_name=None, tenant_header=None):
+    def __init__(self, target, timeout=None, *, tokenizer=None, tokenizer_dir=None, credentials=None,
+                 options=(), tls_ca=None, tls_cert=None, tls_key=None, tls_server_name=None,
+                 tenant_header=None):
         """
         Args:
           target: "host:port" (any gRPC target string).
           timeout: default deadline of every call, in seconds; None for none.
             A call's own `timeout` argument replaces it.
+          tokenizer: what text= and chat() encode and decode with: an
+            HfTokenizer or ByteTokenizer (hybridserve_client.tokenizer).
+          tokenizer_dir: a model directory to load it from instead
+            (load_tokenizer: tokenizer.json, else the byte vocabulary that
+            config.json declares). With neither, text= and chat() use the
+            default model's byte vocabulary, after checking that the served
+            model's vocab_size is its (ValueError otherwise).
           credentials: grpc.ChannelCredentials for TLS; None for plaintext
             (or the tls_* files below).
           options: gRPC channel options, e.g. (("grpc.max_receive_message_length", n),).
@@ -87,6 +102,18 @@ class Client:
             self._channel = grpc.secure_channel(target, credentials, options=options)
         self._stub = pb_grpc.GenerationStub(self._channel)
         self._timeout = timeout
+        if tokenizer is not None and tokenizer_dir is not None:
+            raise ValueError("give tokenizer or tokenizer_dir, not both")
+        self._tokenizer = load_tokenizer(tokenizer_dir) if tokenizer_dir is not None else tokenizer
+        self._lock = threading.Lock()
+        self._model_info = None  # the first model_info() answer, for chat()
+
+    @classmethod
+    def from_model_dir(cls, target, model_dir, timeout=None, **kwargs):
+        """A Client whose text= and chat() use model_dir's tokenizer (the
+        directory the server was started with, or a copy of its tokenizer
+        files). kwargs are __init__'s."""
+        return cls(target, timeout, tokenizer_dir=model_dir, **kwargs)
 
     def close(self):
         """Closes the channel; calls in flight are cancelled."""
@@ -98,21 +125,22 @@ class Client:
     def __exit__(self, *exc_info):
         self.close()
 
-    def generate(self, prompt_token_ids, max_tokens, *, temperature=None, top_p=None,
-                 top_k=None, seed=None, stop_token_ids=(), stop_sequences=(),
+    def generate(self, prompt_token_ids=None, max_tokens=None, *, text=None, temperature=None,
+                 top_p=None, top_k=None, seed=None, stop_token_ids=(), stop_sequences=(),
                  ignore_eos=False, cache_salt="", return_logprobs=False, top_logprobs=0,
                  request_id=None, timeout=None, session_keep=None, session_pin=False):
         """Runs one generation to its end and returns a GenerateResult.
 
         The arguments are stream()'s. A generation that fails after it
         started is a result with finish_reason ERROR, not an exception.
+        With text=, the result's .text is the reply.
 
         Raises:
           HybridserveError: the RPC failed (e.g. INVALID_ARGUMENT,
             RESOURCE_EXHAUSTED, UNAVAILABLE, DEADLINE_EXCEEDED);
             StreamProtocolError when the server broke the stream contract.
         """
-        with self.stream(prompt_token_ids, max_tokens, temperature=temperature, top_p=top_p,
+        with self.stream(prompt_token_ids, max_tokens, text=text, temperature=temperature, top_p=top_p,
                          top_k=top_k, seed=seed, stop_token_ids=stop_token_ids,
                          stop_sequences=stop_sequences, ignore_eos=ignore_eos,
                          cache_salt=cache_salt, return_logprobs=return_logprobs,
@@ -123,8 +151,8 @@ class Client:
                 pass
         return events.result
 
-    def stream(self, prompt_token_ids, max_tokens, *, temperature=None, top_p=None,
-               top_k=None, seed=None, stop_token_ids=(), stop_sequences=(),
+    def stream(self, prompt_token_ids=None, max_tokens=None, *, text=None, temperature=None,
+               top_p=None, top_k=None, seed=None, stop_token_ids=(), stop_sequences=(),
                ignore_eos=False, cache_salt="", return_logprobs=False, top_logprobs=0,
                request_id=None, timeout=None, session_keep=None, session_pin=False):
         """Starts a generation; returns a GenerateStream yielding TokenChunk
@@ -135,8 +163,11 @@ class Client:
         the generation as aborted.
 
         Args:
-          prompt_token_ids: ints; the prompt.
-          max_tokens: upper bound on generated tokens, > 0.
+          prompt_token_ids: ints; the prompt. Give it or text, not both.
+          max_tokens: upper bound on generated tokens, > 0 (required).
+          text: the prompt as text, encoded by the Client's tokenizer as a
+            prompt (with the <bos> it adds); then every TokenChunk's .text and
+            the result's .text hold the decoded reply.
           temperature, top_p, top_k, seed: sampling; None leaves the field
             absent so the server applies its documented default (temperature
             1.0, top_p 1.0, top_k 0 = disabled, seed derived from request_id).
@@ -160,7 +191,81 @@ class Client:
             result.usage.session, not an error).
 
         Raises (while iterating): HybridserveError, as generate().
+        Raises (at once): ValueError for missing or conflicting arguments.
         """
+        tokenizer = None
+        if text is not None:
+            if prompt_token_ids is not None:
+                raise ValueError("give prompt_token_ids or text, not both")
+            tokenizer = self.tokenizer()
+            prompt_token_ids = tokenizer.encode(text)
+        elif prompt_token_ids is None:
+            raise ValueError("give prompt_token_ids or text")
+        return self._stream(prompt_token_ids, max_tokens, tokenizer, temperature=temperature, top_p=top_p,
+                            top_k=top_k, seed=seed, stop_token_ids=stop_token_ids,
+                            stop_sequences=stop_sequences, ignore_eos=ignore_eos, cache_salt=cache_salt,
+                            return_logprobs=return_logprobs, top_logprobs=top_logprobs,
+                            request_id=request_id, timeout=timeout, session_keep=session_keep,
+                            session_pin=session_pin)
+
+    def chat(self, messages, max_tokens, *, stop_token_ids=(), **kwargs):
+        """Generates the assistant's reply to a conversation; returns a
+        GenerateResult whose .text is the reply.
+
+        messages: [{"role": "user" | "assistant" | "system", "content": str}, ...],
+          rendered by the tokenizer's chat template (HfTokenizer: the
+          checkpoint's chat_template; ByteTokenizer: "Q: ...\nA:" turns). The
+          whole conversation is sent each turn: the server resumes it from the
+          state the previous turn left in its cache.
+        Generation stops at the model's end-of-turn tokens (model_info(), asked
+        once per Client) and at stop_token_ids. Other kwargs are stream()'s.
+
+        Raises: as generate(); ValueError when the tokenizer has no chat template.
+        """
+        tokenizer = self.tokenizer()
+        prompt = tokenizer.apply_chat_template(messages)
+        end_of_turn = [t.id for t in self._cached_model_info(kwargs.get("timeout")).end_of_turn_tokens]
+        with self._stream(prompt, max_tokens, tokenizer, stop_token_ids=list(stop_token_ids) + end_of_turn,
+                          **kwargs) as events:
+            for _ in events:
+                pass
+        return events.result
+
+    def tokenizer(self):
+        """The tokenizer text= and chat() use (see __init__); the byte
+        vocabulary's after checking the served model's vocab_size when none was given.
+
+        Raises: ValueError (no tokenizer given, and the model is not byte-level);
+          HybridserveError from model_info().
+        """
+        if self._tokenizer is not None:
+            return self._tokenizer
+        info = self._cached_model_info(None)
+        if info.vocab_size != byte_vocab.VOCAB_SIZE:
+            raise ValueError(
+                "model %r has vocab_size %d, not the byte vocabulary's %d: give the Client a tokenizer "
+                "(tokenizer_dir= or Client.from_model_dir)" % (info.model_name, info.vocab_size,
+                                                                byte_vocab.VOCAB_SIZE))
+        with self._lock:
+            if self._tokenizer is None:
+                self._tokenizer = ByteTokenizer()
+            return self._tokenizer
+
+    def _cached_model_info(self, timeout):
+        with self._lock:
+            info = self._model_info
+        if info is None:
+            info = self.model_info(timeout)
+            with self._lock:
+                self._model_info = info
+        return info
+
+    def _stream(self, prompt_token_ids, max_tokens, tokenizer, *, temperature=None, top_p=None, top_k=None,
+                seed=None, stop_token_ids=(), stop_sequences=(), ignore_eos=False, cache_salt="",
+                return_logprobs=False, top_logprobs=0, request_id=None, timeout=None, session_keep=None,
+                session_pin=False):
+        if max_tokens is None:
+            raise ValueError("max_tokens is required")
         request = pb.GenerateRequest(
             request_id=request_id if request_id is not None else uuid.uuid4().hex,
             prompt_token_ids=list(prompt_token_ids),
@@ -187,7 +292,7 @@ class Client:
         for sequence in stop_sequences:
             request.stop.stop_sequences.add(token_ids=list(sequence))
         request.stop.ignore_eos = ignore_eos
-        return GenerateStream(self._stub, request, self._deadline(timeout), self._metadata)
+        return GenerateStream(self._stub, request, self._deadline(timeout), self._metadata, tokenizer)
 
     def abort(self, request_ids, timeout=None):
         """Aborts generations by request id (a str or an iterable of them).
@@ -206,7 +311,8 @@ class Client:
         return list(response.aborted_request_ids)
 
     def model_info(self, timeout=None):
-        """The served model's ModelInfo (vocab size, context, EOS ids, grid)."""
+        """The served model's ModelInfo (name, vocab size, context, EOS and
+        end-of-turn tokens, grid)."""
         try:
             info = self._stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=self._deadline(timeout),
                                            metadata=self._metadata)
@@ -221,6 +327,7 @@ class Client:
             page_size=info.page_size,
             checkpoint_interval=info.checkpoint_interval,
             fingerprint=info.fingerprint,
+            end_of_turn_tokens=tuple(SpecialToken(t.id, t.text) for t in info.end_of_turn_tokens),
         )
 
     def _deadline(self, timeout):
@@ -243,12 +350,12 @@ class GenerateStream:
     Consumed by one thread; close() from that thread, cancel() from any.
     """
 
-    def __init__(self, stub, request, timeout, metadata=()):
+    def __init__(self, stub, request, timeout, metadata=(), tokenizer=None):
         self.request_id = request.request_id
         self._state = _CallState()
         # The generator holds the state, not self: dropping the stream drops
         # the generator at once (no cycle), whose finally cancels the RPC.
-        self._events = _run_generate(stub, request, timeout, metadata, self._state)
+        self._events = _run_generate(stub, request, timeout, metadata, self._state, tokenizer)
 
     @property
     def result(self):
@@ -300,7 +407,8 @@ class _CallState:
             call.cancel()
 
 
-def _run_generate(stub, request, timeout, metadata, state):
+def _run_generate(stub, request, timeout, metadata, state, tokenizer):
+    """tokenizer: None, or what fills TokenChunk.text and GenerateResult.text."""
     request_id = request.request_id
     want_logprobs = request.return_logprobs
     want_top = request.top_logprobs > 0
@@ -308,6 +416,7 @@ def _run_generate(stub, request, timeout, metadata, state):
     ttft = None
     token_ids, logprobs, top_logprobs = [], [], []
     complete = None
+    decoder = tokenizer.stream_decoder() if tokenizer is not None else None
 
     call = stub.Generate(request, timeout=timeout, metadata=metadata)
     state.attach(call)
@@ -321,6 +430,8 @@ def _run_generate(stub, request, timeout, metadata, state):
                 total = time.monotonic() - start
             elif kind == "chunk":
                 chunk = _to_chunk(response.chunk, want_logprobs, want_top, request_id)
+                if decoder is not None:
+                    chunk = dataclasses.replace(chunk, text=decoder.decode(chunk.token_ids))
                 if ttft is None and chunk.token_ids:
                     ttft = time.monotonic() - start
                 token_ids.extend(chunk.token_ids)
@@ -362,6 +473,7 @@ def _run_generate(stub, request, timeout, metadata, state):
         error_message=complete.error_message,
         ttft_seconds=ttft,
         total_seconds=total,
+        text=tokenizer.decode(token_ids) if tokenizer is not None else None,
     )
     yield state.result
 

@@ -42,6 +42,10 @@ class TokenChunk:
     token_ids: Tuple[int, ...]
     logprobs: Optional[Tuple[float, ...]] = None
     top_logprobs: Optional[Tuple[Tuple[TopLogprob, ...], ...]] = None
+    # For a call with text (text=, chat()): the text these ids complete (a
+    # character whose bytes are split across chunks comes whole, with the
+    # later chunk); else None.
+    text: Optional[str] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,11 +97,20 @@ class GenerateResult:
     error_message: str
     ttft_seconds: Optional[float]
     total_seconds: float
+    # For a call with text (text=, chat()): token_ids decoded, special tokens
+    # (an end-of-turn token) left out; else None.
+    text: Optional[str] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecialToken:
+    id: int
+    text: str  # e.g. "<|im_end|>"; "" when the model directory has no tokenizer file naming it
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelInfo:
-    model_name: str
+    model_name: str  # a name (e.g. "default", "nvidia/Nemotron-H-8B-Base-8K"), never a path
     vocab_size: int
     max_context_tokens: int
     eos_token_ids: Tuple[int, ...]
@@ -105,3 +118,6 @@ class ModelInfo:
     page_size: int  # KV page size in tokens
     checkpoint_interval: int  # between grid checkpoints, a multiple of chunk_size
     fingerprint: str  # hex of the model fingerprint
+    # The tokens that end a turn (generation_config.json, tokenizer_config.json,
+    # else config.json's eos ids): chat() stops at them.
+    end_of_turn_tokens: Tuple[SpecialToken, ...] = ()

@@ -1,12 +1,14 @@
 """Stubs for proto/generation.proto: `generation_pb2` and `generation_pb2_grpc`.
 
 Under Bazel the genrule //client/python:generation_py_stubs builds them beside
-this file. Anywhere else (running from a checkout) they are generated on first
-import, by the same codegen.py, into
+this file; `pip install client/python` builds them into the installed package
+(setup.py). Anywhere else (running from a checkout, an editable install) they
+are generated on first import, by the same codegen.py, into
 `${XDG_CACHE_HOME:-~/.cache}/hybridserve_client/<hash>/`, where the hash covers
-the .proto and the generator, so an edited .proto is never served stale stubs.
-That needs `protoc` and `grpc_python_plugin` on PATH (Debian's
-protobuf-compiler and protobuf-compiler-grpc) and the .proto: found at
+the .proto, the generator and the protobuf runtime's version, so an edited
+.proto is never served stale stubs. That needs grpcio-tools importable, or
+`protoc` and `grpc_python_plugin` on PATH (Debian's protobuf-compiler and
+protobuf-compiler-grpc), and the .proto: found at
 <repository>/proto/generation.proto, or under $HYBRIDSERVE_PROTO_ROOT when the
 package was copied out of the repository.
 """
@@ -30,8 +32,9 @@ def _executable(name):
     path = shutil.which(name)
     if path is None:
         raise ImportError(
-            "hybridserve_client: stubs not built and %r not on PATH; install Debian's "
-            "protobuf-compiler and protobuf-compiler-grpc, or run under Bazel" % name)
+            "hybridserve_client: stubs not built and %r not on PATH; pip install "
+            "client/python, pip install grpcio-tools, install Debian's protobuf-compiler and "
+            "protobuf-compiler-grpc, or run under Bazel" % name)
     return path
 
 
@@ -43,10 +46,18 @@ def _generated_stub_dir():
         raise ImportError(
             "hybridserve_client: stubs not built and %s not found; set HYBRIDSERVE_PROTO_ROOT "
             "to the directory holding proto/generation.proto" % proto_path)
+    if importlib.util.find_spec("grpc_tools") is not None:
+        protoc, plugin, generator = codegen.GRPC_TOOLS_PROTOC, None, "grpc_tools"
+    else:
+        protoc, plugin = _executable("protoc"), _executable("grpc_python_plugin")
+        generator = protoc
+    import google.protobuf  # the runtime the stubs must match
+
     digest = hashlib.sha256()
     for path in (proto_path, codegen.__file__):
         with open(path, "rb") as f:
             digest.update(f.read())
+    digest.update(("\0%s\0%s" % (generator, google.protobuf.__version__)).encode())
     cache_home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     parent = os.path.join(cache_home, "hybridserve_client")
     out_dir = os.path.join(parent, digest.hexdigest()[:16])
@@ -58,7 +69,7 @@ def _generated_stub_dir():
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".tmp_", dir=parent)
     try:
-        codegen.generate(proto_root, tmp, _executable("protoc"), _executable("grpc_python_plugin"))
+        codegen.generate(proto_root, tmp, protoc, plugin)
         try:
             os.rename(tmp, out_dir)
         except OSError:

@@ -1,9 +1,10 @@
 """Generates the Python message and gRPC stubs for proto/generation.proto.
 
-One implementation for both callers: Bazel's genrule (at build time, see
-client/python/BUILD.bazel) and hybridserve_client.proto (at first import,
-outside Bazel, into a cache directory). Runs Debian's protoc with
-grpc_python_plugin, then makes the stubs importable as
+One implementation for every caller: Bazel's genrule (at build time, with
+Debian's protoc and grpc_python_plugin, see client/python/BUILD.bazel), the
+package's build (`pip install client/python`: setup.py, with grpcio-tools'
+protoc) and hybridserve_client.proto (at first import, outside Bazel and pip,
+into a cache directory). Runs protoc, then makes the stubs importable as
 hybridserve_client.proto.generation_pb2(_grpc).
 
 Why the rewrite: protoc names the gRPC stub's import after the .proto path,
@@ -29,6 +30,11 @@ OUTPUTS = (PROTO_BASENAME + "_pb2.py", PROTO_BASENAME + "_pb2_grpc.py")
 _ABSOLUTE_IMPORT = re.compile(r"^from proto import (\w+_pb2) as ", re.MULTILINE)
 
 
+# grpcio-tools' protoc: its gRPC generator is built in, and run as a module it
+# adds its bundled well-known types (google/protobuf/duration.proto) to -I.
+GRPC_TOOLS_PROTOC = (sys.executable, "-m", "grpc_tools.protoc")
+
+
 def generate(proto_root, out_dir, protoc="protoc", grpc_plugin="grpc_python_plugin"):
     """Writes OUTPUTS into out_dir (created if missing).
 
@@ -36,21 +42,21 @@ def generate(proto_root, out_dir, protoc="protoc", grpc_plugin="grpc_python_plug
       proto_root: the directory holding proto/generation.proto (the repository
         root), passed to protoc as -I so the file keeps its canonical name.
       out_dir: where generation_pb2.py and generation_pb2_grpc.py go.
-      protoc, grpc_plugin: executables (paths, or names looked up on PATH).
+      protoc: an executable (a path, or a name looked up on PATH), or a
+        command as a sequence, e.g. GRPC_TOOLS_PROTOC.
+      grpc_plugin: the grpc_python_plugin executable; None for a protoc with
+        the gRPC generator built in (GRPC_TOOLS_PROTOC).
 
     Raises:
       RuntimeError: protoc failed or its output is not what this module
         expects (a protoc or plugin of another shape).
     """
     with tempfile.TemporaryDirectory(prefix="hs_codegen_") as tmp:
-        cmd = [
-            protoc,
-            "-I" + proto_root,
-            "--python_out=" + tmp,
-            "--grpc_python_out=" + tmp,
-            "--plugin=protoc-gen-grpc_python=" + grpc_plugin,
-            os.path.join(proto_root, "proto", PROTO_BASENAME + ".proto"),
-        ]
+        cmd = [protoc] if isinstance(protoc, str) else list(protoc)
+        cmd += ["-I" + proto_root, "--python_out=" + tmp, "--grpc_python_out=" + tmp]
+        if grpc_plugin is not None:
+            cmd.append("--plugin=protoc-gen-grpc_python=" + grpc_plugin)
+        cmd.append(os.path.join(proto_root, "proto", PROTO_BASENAME + ".proto"))
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError("%s failed (exit %d): %s" % (" ".join(cmd), done.returncode, done.stderr.strip()))
@@ -73,9 +79,14 @@ def main(argv):
     parser.add_argument("--out_dir", required=True)
     parser.add_argument("--protoc", default="protoc")
     parser.add_argument("--grpc_plugin", default="grpc_python_plugin")
+    parser.add_argument("--grpc_tools", action="store_true",
+                        help="use grpcio-tools' protoc (ignores --protoc and --grpc_plugin)")
     args = parser.parse_args(argv)
     try:
-        generate(args.proto_root, args.out_dir, args.protoc, args.grpc_plugin)
+        if args.grpc_tools:
+            generate(args.proto_root, args.out_dir, GRPC_TOOLS_PROTOC, None)
+        else:
+            generate(args.proto_root, args.out_dir, args.protoc, args.grpc_plugin)
     except RuntimeError as e:
         print("codegen: %s" % e, file=sys.stderr)
         return 1
