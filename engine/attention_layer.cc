@@ -28,6 +28,7 @@ class AttentionLayerRunner final : public LayerRunner {
     ASSIGN_OR_RETURN(float* qkv, env_.workspace->Get<float>(kQkv, n * qkv_rows()));
     RETURN_IF_ERROR(Linear(env_, normed, n, config_.hidden_size, w_.qkv_proj, qkv_rows(), /*bias=*/nullptr, qkv,
                            /*accumulate=*/false, "attention qkv_proj"));
+    RETURN_IF_ERROR(RotateQueriesAndKeys(qkv, n, /*positions=*/nullptr, seg.start_pos));
     const kernels::PagedKvCache cache = env_.kv_pages->cache(kv_layer_);
 
     kernels::KvAppendParams append;
@@ -51,10 +52,11 @@ class AttentionLayerRunner final : public LayerRunner {
     attn.start_pos = seg.start_pos;
     attn.n_tokens = n;
     attn.n_heads = p_.num_heads;
+    attn.scale = p_.scale;
     RETURN_IF_ERROR(KernelStatusToStatus(env_.backend->AttentionPrefill(attn), "AttentionPrefill"));
 
-    return Linear(env_, out, n, p_.q_dim(), w_.o_proj, config_.hidden_size, /*bias=*/nullptr, residual,
-                  /*accumulate=*/true, "attention o_proj");
+    return LinearToResidual(env_, out, n, p_.q_dim(), w_.o_proj, config_.hidden_size, /*bias=*/nullptr, residual,
+                            "attention o_proj");
   }
 
   absl::Status Decode(const DecodeBatch& batch, const float* normed, float* residual) override {
@@ -62,6 +64,7 @@ class AttentionLayerRunner final : public LayerRunner {
     ASSIGN_OR_RETURN(float* qkv, env_.workspace->Get<float>(kQkv, n * qkv_rows()));
     RETURN_IF_ERROR(Linear(env_, normed, n, config_.hidden_size, w_.qkv_proj, qkv_rows(), /*bias=*/nullptr, qkv,
                            /*accumulate=*/false, "attention qkv_proj"));
+    RETURN_IF_ERROR(RotateQueriesAndKeys(qkv, n, batch.positions, 0));
     const kernels::PagedKvCache cache = env_.kv_pages->cache(kv_layer_);
 
     kernels::KvAppendDecodeParams append;
@@ -87,13 +90,34 @@ class AttentionLayerRunner final : public LayerRunner {
     attn.seq_lens = batch.seq_lens;
     attn.batch = n;
     attn.n_heads = p_.num_heads;
+    attn.scale = p_.scale;
     RETURN_IF_ERROR(KernelStatusToStatus(env_.backend->AttentionDecode(attn), "AttentionDecode"));
 
-    return Linear(env_, out, n, p_.q_dim(), w_.o_proj, config_.hidden_size, /*bias=*/nullptr, residual,
-                  /*accumulate=*/true, "attention o_proj");
+    return LinearToResidual(env_, out, n, p_.q_dim(), w_.o_proj, config_.hidden_size, /*bias=*/nullptr, residual,
+                            "attention o_proj");
   }
 
  private:
+  // RoPE on the q and k parts of the qkv rows, in place (no-op without RoPE):
+  // row t at positions[t], or start_pos + t when positions is null.
+  absl::Status RotateQueriesAndKeys(float* qkv, int64_t n, const int64_t* positions, int64_t start_pos) {
+    if (!p_.use_rope || n == 0) return absl::OkStatus();
+    kernels::RopeParams rope;
+    rope.positions = positions;
+    rope.start_pos = start_pos;
+    rope.n_tokens = n;
+    rope.head_dim = p_.head_dim;
+    rope.rotary_dim = p_.rotary_dim;
+    rope.theta = p_.rope_theta;
+    rope.x_token_stride = qkv_rows();
+    rope.x = qkv;
+    rope.n_heads = p_.num_heads;
+    RETURN_IF_ERROR(KernelStatusToStatus(env_.backend->Rope(rope), "Rope(q)"));
+    rope.x = qkv + p_.q_dim();
+    rope.n_heads = p_.num_kv_heads;
+    return KernelStatusToStatus(env_.backend->Rope(rope), "Rope(k)");
+  }
+
   int64_t qkv_rows() const { return p_.q_dim() + 2 * p_.kv_dim(); }
 
   const ModelConfig& config_;
@@ -108,9 +132,6 @@ class AttentionLayerRunner final : public LayerRunner {
 absl::StatusOr<std::unique_ptr<LayerRunner>> NewAttentionLayerRunner(const ModelConfig& config,
                                                                      const DeviceAttentionWeights& weights,
                                                                      int64_t kv_layer, const LayerEnv& env) {
-  if (config.attention.use_rope) {
-    return absl::UnimplementedError("attention with RoPE is not supported by this engine version");
-  }
   return std::unique_ptr<LayerRunner>(new AttentionLayerRunner(config, weights, kv_layer, env));
 }
 

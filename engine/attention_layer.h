@@ -1,10 +1,12 @@
 #ifndef HYBRIDSERVE_ENGINE_ATTENTION_LAYER_H_
 #define HYBRIDSERVE_ENGINE_ATTENTION_LAYER_H_
 
-// Causal grouped-query attention without position encoding and without biases
-// (transformers' NemotronHAttention, eager): q, k, v projections, K/V appended
-// to the sequence's KV pages, softmax(q k^T * head_dim^-0.5) v over keys
-// [0, position], o projection.
+// Causal grouped-query attention without biases (transformers'
+// NemotronHAttention, BambaAttention, GraniteMoeHybridAttention, eager): q, k, v
+// projections; RoPE (rotate-half, on the first rotary_dim dims of each q and k
+// head) when the config has it; K/V appended to the sequence's KV pages (keys
+// stored rotated); softmax(q k^T * scale) v over keys [0, position], scale
+// head_dim^-0.5 unless the config states one; o projection.
 
 #include <cstdint>
 #include <memory>
@@ -18,8 +20,7 @@ namespace hybridserve::engine {
 
 // The runner of an attention layer whose KV is layer `kv_layer` of
 // env.kv_pages. Copies the q/k/v projections into one fused matrix; `config`
-// and `weights` must outlive the runner. UNIMPLEMENTED for RoPE (no family of
-// this version uses it in attention layers).
+// and `weights` must outlive the runner.
 absl::StatusOr<std::unique_ptr<LayerRunner>> NewAttentionLayerRunner(const ModelConfig& config,
                                                                      const DeviceAttentionWeights& weights,
                                                                      int64_t kv_layer, const LayerEnv& env);

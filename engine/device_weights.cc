@@ -75,6 +75,15 @@ class DeviceWeights::Uploader {
     return out;
   }
 
+  absl::StatusOr<DeviceGatedMlpWeights> GatedMlp(const GatedMlpLayerWeights& w) {
+    DeviceGatedMlpWeights m;
+    ASSIGN_OR_RETURN(m.gate_up, Matrix(w.gate_up, "gated mlp gate_up"));
+    ASSIGN_OR_RETURN(m.gate_up_bias, Constant(w.gate_up_bias, "gated mlp gate_up bias"));
+    ASSIGN_OR_RETURN(m.down_proj, Matrix(w.down_proj, "gated mlp down_proj"));
+    ASSIGN_OR_RETURN(m.down_proj_bias, Constant(w.down_proj_bias, "gated mlp down_proj bias"));
+    return m;
+  }
+
  private:
   const void* Keep(kernels::DeviceBuffer buffer, bool allocated) {
     const void* p = buffer.data();
@@ -136,6 +145,23 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::Create(const Model
         ASSIGN_OR_RETURN(m.up_proj_bias, up.Constant(w.up_proj_bias, "mlp up_proj bias"));
         ASSIGN_OR_RETURN(m.down_proj, up.Matrix(w.down_proj, "mlp down_proj"));
         ASSIGN_OR_RETURN(m.down_proj_bias, up.Constant(w.down_proj_bias, "mlp down_proj bias"));
+        d.mixer = m;
+        break;
+      }
+      case LayerKind::kGatedMlp: {
+        ASSIGN_OR_RETURN(d.mixer, up.GatedMlp(layer.gated_mlp()));
+        break;
+      }
+      case LayerKind::kMoe: {
+        const MoeLayerWeights& w = layer.moe();
+        DeviceMoeWeights m;
+        ASSIGN_OR_RETURN(m.router, up.Matrix(w.router, "moe router"));
+        ASSIGN_OR_RETURN(m.experts_gate_up, up.Matrix(w.experts_gate_up, "moe experts gate_up"));
+        ASSIGN_OR_RETURN(m.experts_down, up.Matrix(w.experts_down, "moe experts down"));
+        m.has_shared = !w.shared.gate_up.empty();
+        if (m.has_shared) {
+          ASSIGN_OR_RETURN(m.shared, up.GatedMlp(w.shared));
+        }
         d.mixer = m;
         break;
       }

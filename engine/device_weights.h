@@ -29,6 +29,14 @@ struct DeviceMatrix {
   const uint16_t* bf16 = nullptr;  // bfloat16 bit patterns
 };
 
+// Rows [first_row, ...) of a row-major matrix with `cols` columns.
+inline DeviceMatrix RowsFrom(const DeviceMatrix& m, int64_t first_row, int64_t cols) {
+  DeviceMatrix out;
+  if (m.bf16 != nullptr) out.bf16 = m.bf16 + first_row * cols;
+  if (m.f32 != nullptr) out.f32 = m.f32 + first_row * cols;
+  return out;
+}
+
 struct DeviceMamba2Weights {
   DeviceMatrix in_proj;                  // [in_proj_rows, hidden]
   const float* in_proj_bias = nullptr;   // [in_proj_rows] or null
@@ -57,14 +65,32 @@ struct DeviceMlpWeights {
   const float* down_proj_bias = nullptr;  // [hidden] or null
 };
 
+struct DeviceGatedMlpWeights {
+  DeviceMatrix gate_up;                   // [2 * intermediate, hidden]: rows [gate | up]
+  const float* gate_up_bias = nullptr;    // [2 * intermediate] or null
+  DeviceMatrix down_proj;                 // [hidden, intermediate]
+  const float* down_proj_bias = nullptr;  // [hidden] or null
+};
+
+struct DeviceMoeWeights {
+  DeviceMatrix router;           // [num_experts, hidden]
+  DeviceMatrix experts_gate_up;  // [num_experts * 2 * intermediate, hidden]
+  DeviceMatrix experts_down;     // [num_experts * hidden, intermediate]
+  bool has_shared = false;
+  DeviceGatedMlpWeights shared;  // when has_shared
+};
+
 struct DeviceLayerWeights {
-  const float* norm = nullptr;  // [hidden]; RMSNorm before the mixer
-  std::variant<DeviceMamba2Weights, DeviceAttentionWeights, DeviceMlpWeights> mixer;
+  const float* norm = nullptr;  // [hidden]; RMSNorm before the block
+  std::variant<DeviceMamba2Weights, DeviceAttentionWeights, DeviceMlpWeights, DeviceGatedMlpWeights, DeviceMoeWeights>
+      mixer;
 
   // Precondition: the layer is of that kind (checked by std::get).
   const DeviceMamba2Weights& mamba2() const { return std::get<DeviceMamba2Weights>(mixer); }
   const DeviceAttentionWeights& attention() const { return std::get<DeviceAttentionWeights>(mixer); }
   const DeviceMlpWeights& mlp() const { return std::get<DeviceMlpWeights>(mixer); }
+  const DeviceGatedMlpWeights& gated_mlp() const { return std::get<DeviceGatedMlpWeights>(mixer); }
+  const DeviceMoeWeights& moe() const { return std::get<DeviceMoeWeights>(mixer); }
 };
 
 class DeviceWeights {

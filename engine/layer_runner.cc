@@ -7,6 +7,7 @@
 #include "common/status_macros.h"
 #include "engine/backend_registry.h"
 #include "kernels/matmul_params.h"
+#include "kernels/rows_params.h"
 
 namespace hybridserve::engine {
 
@@ -21,12 +22,26 @@ absl::StatusOr<void*> Workspace::GetBytes(WorkspaceBuffer index, int64_t bytes) 
   return b.data();
 }
 
-absl::StatusOr<const int32_t*> Workspace::Upload(WorkspaceBuffer index, const int32_t* host, int64_t count) {
-  const int64_t bytes = count * static_cast<int64_t>(sizeof(int32_t));
+absl::StatusOr<void*> Workspace::UploadBytes(WorkspaceBuffer index, const void* host, int64_t bytes) {
   ASSIGN_OR_RETURN(void* device, GetBytes(index, bytes));
   RETURN_IF_ERROR(
       KernelStatusToStatus(backend_.CopyToDevice(device, host, bytes), absl::StrCat("uploading index array ", index)));
+  return device;
+}
+
+absl::StatusOr<const int32_t*> Workspace::Upload(WorkspaceBuffer index, const int32_t* host, int64_t count) {
+  ASSIGN_OR_RETURN(void* device, UploadBytes(index, host, count * static_cast<int64_t>(sizeof(int32_t))));
   return static_cast<const int32_t*>(device);
+}
+
+absl::StatusOr<const int64_t*> Workspace::Upload(WorkspaceBuffer index, const int64_t* host, int64_t count) {
+  ASSIGN_OR_RETURN(void* device, UploadBytes(index, host, count * static_cast<int64_t>(sizeof(int64_t))));
+  return static_cast<const int64_t*>(device);
+}
+
+absl::StatusOr<const float*> Workspace::Upload(WorkspaceBuffer index, const float* host, int64_t count) {
+  ASSIGN_OR_RETURN(void* device, UploadBytes(index, host, count * static_cast<int64_t>(sizeof(float))));
+  return static_cast<const float*>(device);
 }
 
 absl::Status Linear(const LayerEnv& env, const float* a, int64_t m, int64_t k, const DeviceMatrix& w, int64_t n,
@@ -42,6 +57,24 @@ absl::Status Linear(const LayerEnv& env, const float* a, int64_t m, int64_t k, c
   p.k = k;
   p.accumulate = accumulate;
   return KernelStatusToStatus(env.backend->Matmul(p, env.matmul_mode), what);
+}
+
+absl::Status LinearToResidual(const LayerEnv& env, const float* a, int64_t m, int64_t k, const DeviceMatrix& w,
+                              int64_t n, const float* bias, float* residual, absl::string_view what) {
+  if (env.residual_multiplier == 1.0f) return Linear(env, a, m, k, w, n, bias, residual, /*accumulate=*/true, what);
+  ASSIGN_OR_RETURN(float* y, env.workspace->Get<float>(kBlockOut, m * n));
+  RETURN_IF_ERROR(Linear(env, a, m, k, w, n, bias, y, /*accumulate=*/false, what));
+  return AddToResidual(env, y, m, n, residual);
+}
+
+absl::Status AddToResidual(const LayerEnv& env, const float* y, int64_t m, int64_t n, float* residual) {
+  kernels::ScatterAddRowsParams p;
+  p.x = y;
+  p.out = residual;
+  p.n_rows = m;
+  p.dim = n;
+  p.alpha = env.residual_multiplier;
+  return KernelStatusToStatus(env.backend->ScatterAddRows(p), "ScatterAddRows(residual)");
 }
 
 }  // namespace hybridserve::engine

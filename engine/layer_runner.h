@@ -35,6 +35,8 @@ enum WorkspaceBuffer : int {
   kScratch1,
   kScratch2,
   kScratch3,
+  // A block's output before its scaled residual add (LinearToResidual).
+  kBlockOut,
   // The Model's block loop: hidden states, their norm, logits ([rows, *] fp32).
   kHidden,
   kNormed,
@@ -45,6 +47,9 @@ enum WorkspaceBuffer : int {
   kBlockTables,
   kStateSlots,
   kSeqLens,
+  kPositions,     // int64 positions of a decode step's rows (RoPE)
+  kRouteRows,     // int32: a mixture-of-experts block's rows, grouped by expert
+  kRouteWeights,  // fp32: their routing weights
   kNumWorkspaceBuffers,
 };
 
@@ -65,12 +70,15 @@ class Workspace {
   }
   // Uploads `host` into buffer `index` and returns its device copy.
   absl::StatusOr<const int32_t*> Upload(WorkspaceBuffer index, const int32_t* host, int64_t count);
+  absl::StatusOr<const int64_t*> Upload(WorkspaceBuffer index, const int64_t* host, int64_t count);
+  absl::StatusOr<const float*> Upload(WorkspaceBuffer index, const float* host, int64_t count);
   // Bumped whenever a buffer is reallocated (its address changes): a
   // recorded graph that names workspace buffers is stale once it moves.
   int64_t generation() const { return generation_; }
 
  private:
   absl::StatusOr<void*> GetBytes(WorkspaceBuffer index, int64_t bytes);
+  absl::StatusOr<void*> UploadBytes(WorkspaceBuffer index, const void* host, int64_t bytes);
 
   kernels::Backend& backend_;
   std::array<kernels::DeviceBuffer, kNumWorkspaceBuffers> buffers_;
@@ -85,6 +93,9 @@ struct LayerEnv {
   KvPagePool* kv_pages = nullptr;
   StateSlotPool* state_slots = nullptr;
   Workspace* workspace = nullptr;
+  // Every block adds residual_multiplier * its output to the residual stream
+  // (Granite's μP multiplier; 1 elsewhere).
+  float residual_multiplier = 1.0f;
 };
 
 // One prefill segment of one sequence: tokens at absolute positions
@@ -102,7 +113,8 @@ struct DecodeBatch {
   const int32_t* state_slots = nullptr;   // device: [batch]
   const int32_t* block_tables = nullptr;  // device: [batch, block_table_stride]
   int64_t block_table_stride = 0;
-  const int32_t* seq_lens = nullptr;  // device: [batch], tokens including the new one
+  const int32_t* seq_lens = nullptr;   // device: [batch], tokens including the new one
+  const int64_t* positions = nullptr;  // device: [batch], seq_lens[b] - 1 (padding rows 0)
 };
 
 class LayerRunner {
@@ -121,6 +133,17 @@ class LayerRunner {
 // device memory.
 absl::Status Linear(const LayerEnv& env, const float* a, int64_t m, int64_t k, const DeviceMatrix& w, int64_t n,
                     const float* bias, float* out, bool accumulate, absl::string_view what);
+
+// A block's last projection into the residual stream:
+//   residual[m, n] += residual_multiplier * (a[m, k] @ w[n, k]^T + bias[n]).
+// With the multiplier 1 this is one accumulating Linear (residual + y, as the
+// reference adds); otherwise y goes to kBlockOut and is added scaled, y * m
+// rounded then added, as transformers computes `residual + y * multiplier`.
+absl::Status LinearToResidual(const LayerEnv& env, const float* a, int64_t m, int64_t k, const DeviceMatrix& w,
+                              int64_t n, const float* bias, float* residual, absl::string_view what);
+
+// residual[m, n] += residual_multiplier * y[m, n] (packed rows).
+absl::Status AddToResidual(const LayerEnv& env, const float* y, int64_t m, int64_t n, float* residual);
 
 }  // namespace hybridserve::engine
 

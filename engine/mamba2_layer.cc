@@ -157,8 +157,8 @@ class Mamba2LayerRunner final : public LayerRunner {
     g.eps = config_.norm_eps;
     g.norm_before_gate = false;
     RETURN_IF_ERROR(KernelStatusToStatus(env_.backend->GatedRmsNorm(g), "GatedRmsNorm"));
-    return Linear(env_, y, n, p_.d_inner(), w_.out_proj, config_.hidden_size, w_.out_proj_bias, residual,
-                  /*accumulate=*/true, "mamba2 out_proj");
+    return LinearToResidual(env_, y, n, p_.d_inner(), w_.out_proj, config_.hidden_size, w_.out_proj_bias, residual,
+                            "mamba2 out_proj");
   }
 
   const ModelConfig& config_;

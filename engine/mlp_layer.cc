@@ -37,8 +37,8 @@ class MlpLayerRunner final : public LayerRunner {
     act.dim = p_.intermediate_size;
     act.kind = kernels::ActivationKind::kReluSquared;  // the only MlpActivation of this version
     RETURN_IF_ERROR(KernelStatusToStatus(env_.backend->Activation(act), "Activation(relu2)"));
-    return Linear(env_, up, n, p_.intermediate_size, w_.down_proj, config_.hidden_size, w_.down_proj_bias, residual,
-                  /*accumulate=*/true, "mlp down_proj");
+    return LinearToResidual(env_, up, n, p_.intermediate_size, w_.down_proj, config_.hidden_size, w_.down_proj_bias,
+                            residual, "mlp down_proj");
   }
 
   const ModelConfig& config_;

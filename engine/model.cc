@@ -18,9 +18,12 @@
 #include "common/tokens.h"
 #include "engine/attention_layer.h"
 #include "engine/device_weights.h"
+#include "engine/gated_mlp_layer.h"
 #include "engine/layer_runner.h"
 #include "engine/mamba2_layer.h"
 #include "engine/mlp_layer.h"
+#include "engine/moe_layer.h"
+#include "kernels/activation_params.h"
 #include "kernels/embedding_params.h"
 #include "kernels/norm_params.h"
 
@@ -110,6 +113,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelConfig& config, 
   env.kv_pages = &model->sequences_->kv_pages();
   env.state_slots = &model->sequences_->state_slots();
   env.workspace = model->workspace_.get();
+  env.residual_multiplier = config.residual_multiplier;
 
   // The one place that maps layer kinds to runners.
   int64_t mamba_index = 0;
@@ -128,6 +132,12 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelConfig& config, 
       }
       case LayerKind::kMlp:
         model->runners_.push_back(NewMlpLayerRunner(model->config_, w.mlp(), env));
+        break;
+      case LayerKind::kGatedMlp:
+        model->runners_.push_back(NewGatedMlpLayerRunner(model->config_, w.gated_mlp(), env));
+        break;
+      case LayerKind::kMoe:
+        model->runners_.push_back(NewMoeLayerRunner(model->config_, w.moe(), env));
         break;
     }
   }
@@ -171,7 +181,20 @@ absl::Status Model::EmbedOnDevice(const int32_t* ids, int64_t n) {
   p.n_tokens = n;
   p.vocab = config_.vocab_size;
   p.dim = config_.hidden_size;
-  return KernelStatusToStatus(backend_->Embedding(p), "Embedding");
+  RETURN_IF_ERROR(KernelStatusToStatus(backend_->Embedding(p), "Embedding"));
+  return Scale(hidden, n * config_.hidden_size, config_.embedding_multiplier, "embedding_multiplier");
+}
+
+absl::Status Model::Scale(float* x, int64_t count, float alpha, const char* what) {
+  if (alpha == 1.0f) return absl::OkStatus();
+  kernels::ActivationParams p;
+  p.x = x;
+  p.out = x;
+  p.n_rows = 1;
+  p.dim = count;
+  p.kind = kernels::ActivationKind::kScale;
+  p.alpha = alpha;
+  return KernelStatusToStatus(backend_->Activation(p), what);
 }
 
 absl::Status Model::NormRows(const float* weight, const float* in, float* out, int64_t n) {
@@ -216,6 +239,9 @@ absl::StatusOr<const float*> Model::LogitsOnDevice(int64_t first_row, int64_t n_
   env.matmul_mode = options_.matmul_mode;
   RETURN_IF_ERROR(Linear(env, normed, n_rows, hidden_size, device_weights_->lm_head(), vocab, /*bias=*/nullptr, out,
                          /*accumulate=*/false, "lm_head"));
+  // Granite divides the logits by logits_scaling; multiplying by the
+  // reciprocal may differ from that division in the last bit.
+  RETURN_IF_ERROR(Scale(out, n_rows * vocab, 1.0f / config_.logits_scaling, "logits_scaling"));
   return out;
 }
 
@@ -336,6 +362,11 @@ absl::StatusOr<std::vector<float>> Model::DecodeStep(absl::Span<const SequenceId
                    workspace_->Upload(kBlockTables, tables.data(), static_cast<int64_t>(tables.size())));
   step.block_table_stride = static_cast<int64_t>(stride);
   ASSIGN_OR_RETURN(step.seq_lens, workspace_->Upload(kSeqLens, seq_lens.data(), rows));
+  if (config_.attention.use_rope) {
+    std::vector<int64_t> positions(static_cast<size_t>(rows), 0);  // padding rows: position 0
+    for (int64_t b = 0; b < batch; ++b) positions[static_cast<size_t>(b)] = seq_lens[static_cast<size_t>(b)] - 1;
+    ASSIGN_OR_RETURN(step.positions, workspace_->Upload(kPositions, positions.data(), rows));
+  }
   ASSIGN_OR_RETURN(const int32_t* token_ids, workspace_->Upload(kTokenIds, ids_host.data(), rows));
 
   if (graph) {

@@ -196,6 +196,8 @@ class Model {
   absl::Status EmbedOnDevice(const int32_t* ids, int64_t n);
   // normed = RMSNorm(hidden) * weight over n rows.
   absl::Status NormRows(const float* weight, const float* in, float* out, int64_t n);
+  // x[0, count) *= alpha in place (no-op for 1): the μP multipliers.
+  absl::Status Scale(float* x, int64_t count, float alpha, const char* what);
   // The kernels of Logits() without the copy: the device rows of logits.
   absl::StatusOr<const float*> LogitsOnDevice(int64_t first_row, int64_t n_rows);
   // The kernels of one decode step over `rows` rows whose index arrays and

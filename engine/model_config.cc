@@ -45,6 +45,8 @@ constexpr double kDefaultNormEps = 1e-5;
 constexpr double kDefaultTimeStepMin = 0.001;
 constexpr double kDefaultTimeStepMax = 0.1;
 
+absl::Status CheckDim(absl::string_view name, int64_t value);
+
 absl::Status WithPrefix(const absl::Status& s, absl::string_view prefix) {
   if (s.ok()) return s;
   return absl::Status(s.code(), absl::StrCat(prefix, s.message()));
@@ -249,6 +251,207 @@ absl::Status ParseMamba2(const ConfigFields& f, ModelConfig& c) {
   return absl::OkStatus();
 }
 
+// The Mamba2 mixer of Bamba and Granite (both name their fields mamba_*; d_inner
+// is mamba_expand * hidden_size; mamba_d_head may be "auto").
+// transformers 5.23 BambaMixer / GraniteMoeHybridMambaLayer: the chunked path
+// clamps dt to time_step_limit, the one-step decode does not; the gated norm
+// groups are d_inner / n_groups; norm after the gate.
+absl::Status ParseMambaPrefixed(const ConfigFields& f, int64_t hidden_size, Mamba2Params& m) {
+  ASSIGN_OR_RETURN(m.num_heads, f.Int({"mamba_n_heads"}, 128));
+  ASSIGN_OR_RETURN(m.state_size, f.Int({"mamba_d_state"}, 256));
+  ASSIGN_OR_RETURN(m.n_groups, f.Int({"mamba_n_groups"}, 1));
+  ASSIGN_OR_RETURN(m.conv_kernel, f.Int({"mamba_d_conv"}, kDefaultConvKernel));
+  ASSIGN_OR_RETURN(m.chunk_size, f.Int({"mamba_chunk_size"}, kDefaultMamba2Chunk));
+  ASSIGN_OR_RETURN(m.use_conv_bias, f.Bool({"mamba_conv_bias"}, true));
+  ASSIGN_OR_RETURN(m.use_bias, f.Bool({"mamba_proj_bias"}, false));
+  ASSIGN_OR_RETURN(int64_t expand, f.Int({"mamba_expand"}, kDefaultMamba2Expand));
+  if (expand < 1 || expand > kMaxDim || hidden_size < 1 || hidden_size > kMaxDim) {
+    return absl::InvalidArgumentError(absl::StrCat("mamba_expand (", expand, ") must be positive"));
+  }
+  const int64_t d_inner = expand * hidden_size;
+  if (f.Has("mamba_d_head") && f.Get("mamba_d_head").is_string() &&
+      f.Get("mamba_d_head").get<std::string>() == "auto") {
+    m.head_dim = m.num_heads > 0 ? d_inner / m.num_heads : 0;
+  } else {
+    ASSIGN_OR_RETURN(m.head_dim, f.Int({"mamba_d_head"}, m.num_heads > 0 ? d_inner / m.num_heads : 0));
+  }
+  if (m.num_heads < 1 || m.num_heads > kMaxDim || m.head_dim < 1 || m.head_dim > kMaxDim ||
+      m.num_heads * m.head_dim != d_inner) {
+    return absl::InvalidArgumentError(absl::StrCat("mamba_n_heads (", m.num_heads, ") * mamba_d_head (", m.head_dim,
+                                                   ") must equal mamba_expand (", expand, ") * hidden_size (",
+                                                   hidden_size, ") = ", d_inner));
+  }
+  ASSIGN_OR_RETURN(m.time_step_limit, f.Range({"time_step_limit"}, DtClamp{}));
+  m.norm_group_size = m.n_groups > 0 ? m.d_inner() / m.n_groups : 0;
+  m.prefill_dt_clamp = m.time_step_limit;
+  m.decode_dt_clamp = DtClamp{};
+  return absl::OkStatus();
+}
+
+// Attention of Bamba and Granite: q/k/v/o projections without biases.
+absl::Status ParseLlamaStyleAttention(const ConfigFields& f, int64_t hidden_size, AttentionParams& a) {
+  ASSIGN_OR_RETURN(a.num_heads, f.Int({"num_attention_heads"}, std::nullopt));
+  ASSIGN_OR_RETURN(a.num_kv_heads, f.Int({"num_key_value_heads"}, a.num_heads));
+  RETURN_IF_ERROR(CheckDim("num_attention_heads", a.num_heads));
+  ASSIGN_OR_RETURN(a.head_dim, f.Int({"head_dim"}, hidden_size / a.num_heads));
+  ASSIGN_OR_RETURN(bool attention_bias, f.Bool({"attention_bias"}, false));
+  if (attention_bias) return absl::UnimplementedError("attention_bias true is not supported");
+  return absl::OkStatus();
+}
+
+// rope_parameters {rope_type "default", rope_theta} (transformers 5), or the
+// legacy top-level rope_theta / rope_scaling.
+absl::Status ParseRope(const ConfigFields& f, AttentionParams& a) {
+  a.rope_theta = 10000.0;
+  if (f.Has("rope_parameters")) {
+    const Json& rp = f.Get("rope_parameters");
+    if (!rp.is_object()) {
+      return absl::InvalidArgumentError(absl::StrCat("rope_parameters must be an object, got ", Excerpt(rp)));
+    }
+    ConfigFields r(rp);
+    ASSIGN_OR_RETURN(std::string type, r.String({"rope_type", "type"}, "default"));
+    if (type != "default") {
+      return absl::UnimplementedError(absl::StrCat("rope_parameters.rope_type \"", type, "\" is not supported"));
+    }
+    ASSIGN_OR_RETURN(a.rope_theta, r.Float({"rope_theta"}, 10000.0));
+  } else {
+    ASSIGN_OR_RETURN(a.rope_theta, f.Float({"rope_theta"}, 10000.0));
+    if (f.Has("rope_scaling")) {
+      return absl::UnimplementedError(
+          absl::StrCat("rope_scaling (", Excerpt(f.Get("rope_scaling")), ") is not supported"));
+    }
+  }
+  if (!(a.rope_theta > 0.0) || !std::isfinite(a.rope_theta)) {
+    return absl::InvalidArgumentError(absl::StrCat("rope_theta (", a.rope_theta, ") must be positive"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<float> Multiplier(const ConfigFields& f, absl::string_view key) {
+  ASSIGN_OR_RETURN(double v, f.Float({key}, 1.0));
+  if (!std::isfinite(v) || v == 0.0 || std::fabs(v) > 1e30) {
+    return absl::InvalidArgumentError(absl::StrCat(key, " (", v, ") must be finite and non-zero"));
+  }
+  return static_cast<float>(v);
+}
+
+absl::Status ParseDecoderLayerCount(const ConfigFields& f, int64_t& n_layers) {
+  ASSIGN_OR_RETURN(n_layers, f.Int({"num_hidden_layers"}, std::nullopt));
+  if (n_layers < 1 || 2 * n_layers > kMaxLayers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_hidden_layers (", n_layers, ") must be in [1, ", kMaxLayers / 2, "]"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseBamba(const ConfigFields& f, ModelConfig& c) {
+  c.family = ModelFamily::kBamba;
+  int64_t n_layers = 0;
+  RETURN_IF_ERROR(ParseDecoderLayerCount(f, n_layers));
+  std::vector<bool> attention(static_cast<size_t>(n_layers), false);
+  if (f.Has("attn_layer_indices")) {
+    const Json& v = f.Get("attn_layer_indices");
+    if (!v.is_array()) {
+      return absl::InvalidArgumentError(absl::StrCat("attn_layer_indices must be a list, got ", Excerpt(v)));
+    }
+    for (size_t i = 0; i < v.size(); ++i) {
+      ASSIGN_OR_RETURN(int64_t index, ConfigFields::ToInt(absl::StrCat("attn_layer_indices[", i, "]"), v[i]));
+      if (index < 0 || index >= n_layers) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("attn_layer_indices[", i, "] (", index, ") is outside [0, ", n_layers, ")"));
+      }
+      attention[static_cast<size_t>(index)] = true;
+    }
+  }
+  for (int64_t i = 0; i < n_layers; ++i) {
+    c.layers.push_back(attention[static_cast<size_t>(i)] ? LayerKind::kAttention : LayerKind::kMamba2);
+    c.layers.push_back(LayerKind::kGatedMlp);
+  }
+  RETURN_IF_ERROR(CheckSiluActivation(f, "hidden_act"));
+  if (c.CountLayers(LayerKind::kMamba2) > 0) RETURN_IF_ERROR(ParseMambaPrefixed(f, c.hidden_size, c.mamba));
+  if (c.CountLayers(LayerKind::kAttention) > 0) {
+    AttentionParams& a = c.attention;
+    RETURN_IF_ERROR(ParseLlamaStyleAttention(f, c.hidden_size, a));
+    RETURN_IF_ERROR(ParseRope(f, a));
+    // BambaConfig hard-codes partial_rotary_factor 0.5 (whatever the file says).
+    a.use_rope = true;
+    a.rotary_dim = static_cast<int64_t>(static_cast<double>(a.head_dim) * 0.5);
+  }
+  ASSIGN_OR_RETURN(c.gated_mlp.intermediate_size, f.Int({"intermediate_size"}, std::nullopt));
+  ASSIGN_OR_RETURN(c.gated_mlp.use_bias, f.Bool({"mlp_bias"}, false));
+  return absl::OkStatus();
+}
+
+absl::Status ParseGraniteMoeHybrid(const ConfigFields& f, ModelConfig& c) {
+  c.family = ModelFamily::kGraniteMoeHybrid;
+  int64_t n_layers = 0;
+  RETURN_IF_ERROR(ParseDecoderLayerCount(f, n_layers));
+  std::vector<LayerKind> mixers;
+  ASSIGN_OR_RETURN(std::optional<std::string> list_key, f.Resolve({"layer_types", "layers_block_type"}));
+  if (list_key.has_value()) {
+    const Json& v = f.Get(*list_key);
+    if (!v.is_array()) return absl::InvalidArgumentError(absl::StrCat(*list_key, " must be a list, got ", Excerpt(v)));
+    for (size_t i = 0; i < v.size(); ++i) {
+      ASSIGN_OR_RETURN(LayerKind kind, KindFromBlockType(v[i], i));
+      if (kind != LayerKind::kMamba2 && kind != LayerKind::kAttention) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(*list_key, "[", i, "] must be a mixer (mamba or attention), got ", Excerpt(v[i])));
+      }
+      mixers.push_back(kind);
+    }
+    if (static_cast<int64_t>(mixers.size()) != n_layers) {
+      return absl::InvalidArgumentError(absl::StrCat("num_hidden_layers (", n_layers, ") does not match the ",
+                                                     mixers.size(), " entries of ", *list_key));
+    }
+  } else {
+    mixers.assign(static_cast<size_t>(n_layers), LayerKind::kMamba2);  // transformers' default
+  }
+  ASSIGN_OR_RETURN(int64_t experts, f.Int({"num_local_experts"}, 8));
+  if (experts < 0 || experts > 1 << 16) {
+    return absl::InvalidArgumentError(absl::StrCat("num_local_experts (", experts, ") must be in [0, 65536]"));
+  }
+  for (LayerKind mixer : mixers) {
+    c.layers.push_back(mixer);
+    c.layers.push_back(experts > 0 ? LayerKind::kMoe : LayerKind::kGatedMlp);
+  }
+  RETURN_IF_ERROR(CheckSiluActivation(f, "hidden_act"));
+  if (!f.Has("rms_norm_eps") && !f.Has("layer_norm_epsilon")) c.norm_eps = 1e-6f;  // GraniteMoeHybridConfig's default
+  if (c.CountLayers(LayerKind::kMamba2) > 0) RETURN_IF_ERROR(ParseMambaPrefixed(f, c.hidden_size, c.mamba));
+  if (c.CountLayers(LayerKind::kAttention) > 0) {
+    AttentionParams& a = c.attention;
+    RETURN_IF_ERROR(ParseLlamaStyleAttention(f, c.hidden_size, a));
+    ASSIGN_OR_RETURN(std::string position, f.String({"position_embedding_type"}, ""));
+    if (position == "rope") {
+      RETURN_IF_ERROR(ParseRope(f, a));
+      a.use_rope = true;
+      a.rotary_dim = a.head_dim;
+    } else if (!position.empty()) {
+      return absl::UnimplementedError(
+          absl::StrCat("position_embedding_type \"", position, "\" is not supported (null or rope)"));
+    }
+    ASSIGN_OR_RETURN(a.scale, Multiplier(f, "attention_multiplier"));
+    if (a.scale < 0.0f) {
+      return absl::InvalidArgumentError(absl::StrCat("attention_multiplier (", a.scale, ") must be positive"));
+    }
+  }
+  ASSIGN_OR_RETURN(int64_t shared, f.Int({"shared_intermediate_size"}, 1024));
+  if (experts > 0) {
+    MoeParams& moe = c.moe;
+    moe.num_experts = experts;
+    ASSIGN_OR_RETURN(moe.top_k, f.Int({"num_experts_per_tok"}, 2));
+    ASSIGN_OR_RETURN(moe.intermediate_size, f.Int({"intermediate_size"}, std::nullopt));
+    moe.shared_intermediate_size = shared;
+    moe.router = MoeRouter::kTopKSoftmax;
+  } else {
+    c.gated_mlp.intermediate_size = shared;
+    c.gated_mlp.use_bias = false;
+  }
+  ASSIGN_OR_RETURN(c.embedding_multiplier, Multiplier(f, "embedding_multiplier"));
+  ASSIGN_OR_RETURN(c.residual_multiplier, Multiplier(f, "residual_multiplier"));
+  ASSIGN_OR_RETURN(c.logits_scaling, Multiplier(f, "logits_scaling"));
+  return absl::OkStatus();
+}
+
 absl::Status ParseCommon(const ConfigFields& f, ModelConfig& c) {
   ASSIGN_OR_RETURN(c.vocab_size, f.Int({"vocab_size"}, std::nullopt));
   ASSIGN_OR_RETURN(c.hidden_size, f.Int({"hidden_size"}, std::nullopt));
@@ -283,9 +486,10 @@ absl::Status CheckClamp(absl::string_view name, const DtClamp& clamp) {
 absl::Status ValidateMamba(const ModelConfig& c) {
   const Mamba2Params& m = c.mamba;
   const bool nemotron = c.family == ModelFamily::kNemotronH;
-  const char* heads_name = nemotron ? "mamba_num_heads" : "num_heads";
-  const char* head_dim_name = nemotron ? "mamba_head_dim" : "head_dim";
-  const char* state_name = nemotron ? "ssm_state_size" : "state_size";
+  const bool prefixed = c.family == ModelFamily::kBamba || c.family == ModelFamily::kGraniteMoeHybrid;
+  const char* heads_name = nemotron ? "mamba_num_heads" : prefixed ? "mamba_n_heads" : "num_heads";
+  const char* head_dim_name = nemotron ? "mamba_head_dim" : prefixed ? "mamba_d_head" : "head_dim";
+  const char* state_name = nemotron ? "ssm_state_size" : prefixed ? "mamba_d_state" : "state_size";
   RETURN_IF_ERROR(CheckDim(heads_name, m.num_heads));
   RETURN_IF_ERROR(CheckDim(head_dim_name, m.head_dim));
   RETURN_IF_ERROR(CheckDim(state_name, m.state_size));
@@ -325,6 +529,48 @@ absl::Status ValidateAttention(const AttentionParams& a) {
                                                    ") is not divisible by num_key_value_heads (", a.num_kv_heads, ")"));
   }
   RETURN_IF_ERROR(CheckDim("num_attention_heads * head_dim", a.q_dim()));
+  if (a.use_rope && (a.rotary_dim < 2 || a.rotary_dim % 2 != 0 || a.rotary_dim > a.head_dim)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rotary dimension (", a.rotary_dim, ") must be even and in [2, head_dim ", a.head_dim, "]"));
+  }
+  if (a.use_rope && (!(a.rope_theta > 0.0) || !std::isfinite(a.rope_theta))) {
+    return absl::InvalidArgumentError(absl::StrCat("rope_theta (", a.rope_theta, ") must be positive"));
+  }
+  if (!(a.scale >= 0.0f) || !std::isfinite(a.scale)) {
+    return absl::InvalidArgumentError(absl::StrCat("attention scale (", a.scale, ") must be finite and >= 0"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateMoe(const MoeParams& moe) {
+  RETURN_IF_ERROR(CheckDim("num_local_experts", moe.num_experts));
+  if (moe.top_k < 1 || moe.top_k > moe.num_experts) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_experts_per_tok (", moe.top_k, ") must be in [1, num_local_experts ", moe.num_experts, "]"));
+  }
+  RETURN_IF_ERROR(CheckDim("intermediate_size (per expert)", moe.intermediate_size));
+  if (moe.shared_intermediate_size != 0) {
+    RETURN_IF_ERROR(CheckDim("shared_intermediate_size", moe.shared_intermediate_size));
+  }
+  return absl::OkStatus();
+}
+
+// Bamba and Granite: blocks alternate a mixer and a feed-forward block.
+absl::Status ValidateDecoderLayers(const ModelConfig& c) {
+  if (c.layers.size() % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("a ", ModelFamilyName(c.family),
+                                                   " model has two blocks per decoder layer, got pattern \"",
+                                                   c.LayerPattern(), "\""));
+  }
+  for (size_t i = 0; i < c.layers.size(); i += 2) {
+    const bool mixer = c.layers[i] == LayerKind::kMamba2 || c.layers[i] == LayerKind::kAttention;
+    const bool ffn = c.layers[i + 1] == LayerKind::kGatedMlp || c.layers[i + 1] == LayerKind::kMoe;
+    if (!mixer || !ffn) {
+      return absl::InvalidArgumentError(absl::StrCat("a ", ModelFamilyName(c.family),
+                                                     " decoder layer is a mixer then a feed-forward block, got \"",
+                                                     c.LayerPattern().substr(i, 2), "\" at block ", i));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -345,6 +591,10 @@ absl::string_view ModelFamilyName(ModelFamily family) {
       return "nemotron_h";
     case ModelFamily::kMamba2:
       return "mamba2";
+    case ModelFamily::kBamba:
+      return "bamba";
+    case ModelFamily::kGraniteMoeHybrid:
+      return "granitemoehybrid";
   }
   return "unknown";
 }
@@ -357,6 +607,10 @@ absl::string_view LayerKindName(LayerKind kind) {
       return "attention";
     case LayerKind::kMlp:
       return "mlp";
+    case LayerKind::kGatedMlp:
+      return "gated_mlp";
+    case LayerKind::kMoe:
+      return "moe";
   }
   return "unknown";
 }
@@ -369,6 +623,10 @@ char LayerKindSymbol(LayerKind kind) {
       return '*';
     case LayerKind::kMlp:
       return '-';
+    case LayerKind::kGatedMlp:
+      return 'G';
+    case LayerKind::kMoe:
+      return 'E';
   }
   return '?';
 }
@@ -395,6 +653,24 @@ absl::Status ModelConfig::Validate() const {
   if (CountLayers(LayerKind::kMamba2) > 0) RETURN_IF_ERROR(ValidateMamba(*this));
   if (CountLayers(LayerKind::kAttention) > 0) RETURN_IF_ERROR(ValidateAttention(attention));
   if (CountLayers(LayerKind::kMlp) > 0) RETURN_IF_ERROR(CheckDim("intermediate_size", mlp.intermediate_size));
+  if (CountLayers(LayerKind::kGatedMlp) > 0) {
+    RETURN_IF_ERROR(CheckDim("intermediate_size (gated MLP)", gated_mlp.intermediate_size));
+  }
+  if (CountLayers(LayerKind::kMoe) > 0) RETURN_IF_ERROR(ValidateMoe(moe));
+  const bool decoder_layers = family == ModelFamily::kBamba || family == ModelFamily::kGraniteMoeHybrid;
+  if (decoder_layers) RETURN_IF_ERROR(ValidateDecoderLayers(*this));
+  if (!decoder_layers && (CountLayers(LayerKind::kGatedMlp) > 0 || CountLayers(LayerKind::kMoe) > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("a ", ModelFamilyName(family),
+                                                   " model has no gated MLP or expert blocks, got pattern \"",
+                                                   LayerPattern(), "\""));
+  }
+  for (const auto& [name, value] : {std::pair<const char*, float>{"embedding_multiplier", embedding_multiplier},
+                                    {"residual_multiplier", residual_multiplier},
+                                    {"logits_scaling", logits_scaling}}) {
+    if (!std::isfinite(value) || value == 0.0f) {
+      return absl::InvalidArgumentError(absl::StrCat(name, " (", value, ") must be finite and non-zero"));
+    }
+  }
   if (!(norm_eps > 0.0f) || !std::isfinite(norm_eps)) {
     return absl::InvalidArgumentError(absl::StrCat("layer_norm_epsilon (", norm_eps, ") must be positive and finite"));
   }
@@ -429,6 +705,24 @@ std::string ModelConfig::CanonicalString() const {
     absl::StrAppendFormat(&out, "mlp{intermediate=%d,act=%d,bias=%d};", mlp.intermediate_size,
                           static_cast<int>(mlp.activation), static_cast<int>(mlp.use_bias));
   }
+  // Appended only where they differ from the first two families' values, so
+  // their canonical strings (and model fingerprints) are unchanged.
+  if (CountLayers(LayerKind::kAttention) > 0 && (attention.use_rope || attention.scale != 0.0f)) {
+    absl::StrAppendFormat(&out, "attention_ext{rotary_dim=%d,rope_theta=%a,scale=%a};", attention.rotary_dim,
+                          attention.rope_theta, attention.scale);
+  }
+  if (CountLayers(LayerKind::kGatedMlp) > 0) {
+    absl::StrAppendFormat(&out, "gated_mlp{intermediate=%d,bias=%d};", gated_mlp.intermediate_size,
+                          static_cast<int>(gated_mlp.use_bias));
+  }
+  if (CountLayers(LayerKind::kMoe) > 0) {
+    absl::StrAppendFormat(&out, "moe{experts=%d,top_k=%d,intermediate=%d,shared=%d,router=%d};", moe.num_experts,
+                          moe.top_k, moe.intermediate_size, moe.shared_intermediate_size, static_cast<int>(moe.router));
+  }
+  if (embedding_multiplier != 1.0f || residual_multiplier != 1.0f || logits_scaling != 1.0f) {
+    absl::StrAppendFormat(&out, "multipliers{embedding=%a,residual=%a,logits_scaling=%a};", embedding_multiplier,
+                          residual_multiplier, logits_scaling);
+  }
   absl::StrAppendFormat(&out, "norm_eps=%a;tied=%d;", norm_eps, static_cast<int>(tie_word_embeddings));
   return out;
 }
@@ -458,9 +752,13 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text) {
       status = ParseNemotronH(fields, config);
     } else if (model_type == "mamba2") {
       status = ParseMamba2(fields, config);
+    } else if (model_type == "bamba") {
+      status = ParseBamba(fields, config);
+    } else if (model_type == "granitemoehybrid") {
+      status = ParseGraniteMoeHybrid(fields, config);
     } else {
-      return absl::UnimplementedError(
-          absl::StrCat("model_type \"", model_type, "\" is not supported (nemotron_h, mamba2)"));
+      return absl::UnimplementedError(absl::StrCat(
+          "model_type \"", model_type, "\" is not supported (nemotron_h, mamba2, bamba, granitemoehybrid)"));
     }
   } catch (const Json::exception& e) {
     // Every access above is type-checked first; this only guards the boundary.

@@ -8,9 +8,20 @@
 //               `layers_block_type` (["mamba"|"linear_attention",
 //               "attention"|"full_attention", "mlp"]); legacy `mamba_*` names.
 //   mamba2      `num_hidden_layers` Mamba2 layers.
-// A model is a list of `LayerKind`s plus one parameter struct per kind (all
-// layers of a kind share their hyper-parameters in both families). A new family
-// (Zamba2, Falcon-H1, Jamba, gated delta net) adds a kind and its struct.
+//   bamba       each decoder layer is a Mamba2 or attention mixer (attention at
+//               `attn_layer_indices`) followed by a gated MLP; partial RoPE.
+//   granitemoehybrid  each decoder layer is a Mamba2 or attention mixer
+//               (`layer_types`, legacy `layers_block_type`) followed by a mixture
+//               of experts with a shared gated MLP, or by the shared MLP alone
+//               (`num_local_experts` 0); no RoPE unless position_embedding_type
+//               is "rope"; μP multipliers (embedding, residual, attention, logits).
+// A model is a list of blocks (`LayerKind`s) plus one parameter struct per kind
+// (all blocks of a kind share their hyper-parameters). Each block is an RMSNorm,
+// its computation, and a residual add. Nemotron-H and Mamba2 layers are one block
+// each; a Bamba or Granite decoder layer i is two blocks, 2i (the mixer, after
+// input_layernorm) and 2i + 1 (the feed-forward part, after pre_ff_layernorm /
+// post_attention_layernorm). A new family (Zamba2, Falcon-H1) adds kinds and
+// their structs.
 //
 // Math that the reference implementation (transformers 5.23, fp32) fixes and a
 // config file does not state is recorded here too, so the engine reads one place:
@@ -38,8 +49,10 @@
 namespace hybridserve::engine {
 
 enum class ModelFamily {
-  kNemotronH,  // model_type "nemotron_h"
-  kMamba2,     // model_type "mamba2"
+  kNemotronH,         // model_type "nemotron_h"
+  kMamba2,            // model_type "mamba2"
+  kBamba,             // model_type "bamba"
+  kGraniteMoeHybrid,  // model_type "granitemoehybrid"
 };
 
 // What a layer computes between its pre-norm and its residual add.
@@ -47,12 +60,14 @@ enum class LayerKind {
   kMamba2,     // Mamba2 mixer (SSD), parameters in Mamba2Params
   kAttention,  // causal grouped-query attention, parameters in AttentionParams
   kMlp,        // two-matrix MLP, parameters in MlpParams
+  kGatedMlp,   // SwiGLU MLP down(silu(gate(x)) * up(x)), parameters in GatedMlpParams
+  kMoe,        // mixture of experts (+ shared expert), parameters in MoeParams
 };
 
-absl::string_view ModelFamilyName(ModelFamily family);  // "nemotron_h", "mamba2"
-absl::string_view LayerKindName(LayerKind kind);        // "mamba2", "attention", "mlp"
-// One character per layer: 'M' Mamba2, '*' attention, '-' MLP (Nemotron-H's
-// hybrid_override_pattern alphabet).
+absl::string_view ModelFamilyName(ModelFamily family);  // "nemotron_h", "mamba2", "bamba", "granitemoehybrid"
+absl::string_view LayerKindName(LayerKind kind);        // "mamba2", "attention", "mlp", "gated_mlp", "moe"
+// One character per block: 'M' Mamba2, '*' attention, '-' MLP (Nemotron-H's
+// hybrid_override_pattern alphabet), 'G' gated MLP, 'E' mixture of experts.
 char LayerKindSymbol(LayerKind kind);
 
 // Clamp applied to dt = softplus(dt_raw + dt_bias) before discretization.
@@ -97,13 +112,20 @@ struct Mamba2Params {
   int64_t heads_per_group() const { return n_groups > 0 ? num_heads / n_groups : 0; }
 };
 
-// Hyper-parameters of every attention layer. Nemotron-H attention has no
-// position encoding (no RoPE) and no biases; scores are scaled by head_dim^-0.5.
+// Hyper-parameters of every attention layer. No family has attention biases.
+// Nemotron-H and Granite (position_embedding_type null) have no position
+// encoding; Bamba rotates the first half of each head (rotate-half RoPE,
+// partial_rotary_factor 0.5, fixed by transformers); Granite with
+// position_embedding_type "rope" rotates all of it. Scores are scaled by
+// `scale` (Granite's attention_multiplier), or head_dim^-0.5 when it is 0.
 struct AttentionParams {
   int64_t num_heads = 0;
   int64_t num_kv_heads = 0;  // num_heads % num_kv_heads == 0
   int64_t head_dim = 0;
   bool use_rope = false;
+  int64_t rotary_dim = 0;  // even, <= head_dim, when use_rope
+  double rope_theta = 10000.0;
+  float scale = 0.0f;  // 0: head_dim^-0.5
 
   int64_t q_dim() const { return num_heads * head_dim; }
   int64_t kv_dim() const { return num_kv_heads * head_dim; }
@@ -121,6 +143,34 @@ struct MlpParams {
   bool use_bias = false;  // mlp_bias: biases of up_proj and down_proj
 };
 
+// Hyper-parameters of every gated MLP block: down(silu(gate(x)) * up(x)).
+// Bamba's feed_forward (gate_proj, up_proj, down_proj, biases with mlp_bias);
+// Granite's shared_mlp (input_linear = [gate | up], output_linear; no biases).
+struct GatedMlpParams {
+  int64_t intermediate_size = 0;
+  bool use_bias = false;
+};
+
+// How a mixture-of-experts block picks and weighs its experts.
+enum class MoeRouter {
+  // Granite: top_k of the router logits (largest first), then a softmax over
+  // those k logits. No normalisation beyond the softmax, no bias.
+  kTopKSoftmax,
+};
+
+// Hyper-parameters of every mixture-of-experts block. Each expert is a gated
+// MLP (Granite: input_linear [gate | up], output_linear; silu). The block's
+// output is sum over the chosen experts e (ascending e) of weight_e * expert_e(x),
+// plus the shared expert's output (a gated MLP of shared_intermediate_size; 0:
+// none).
+struct MoeParams {
+  int64_t num_experts = 0;
+  int64_t top_k = 0;              // 1 <= top_k <= num_experts
+  int64_t intermediate_size = 0;  // per expert
+  int64_t shared_intermediate_size = 0;
+  MoeRouter router = MoeRouter::kTopKSoftmax;
+};
+
 // Value type. Obtained from ParseModelConfig / LoadModelConfig, which validate
 // it; Validate() re-checks a struct built or edited by hand.
 struct ModelConfig {
@@ -133,6 +183,15 @@ struct ModelConfig {
   Mamba2Params mamba;
   AttentionParams attention;
   MlpParams mlp;
+  GatedMlpParams gated_mlp;
+  MoeParams moe;
+
+  // μP multipliers (Granite; 1 elsewhere): the embeddings are multiplied by
+  // embedding_multiplier; every block adds residual_multiplier * its output
+  // to the residual stream; the logits are divided by logits_scaling.
+  float embedding_multiplier = 1.0f;
+  float residual_multiplier = 1.0f;
+  float logits_scaling = 1.0f;
 
   float norm_eps = 1e-5f;         // layer_norm_epsilon: every RMSNorm
   bool residual_in_fp32 = false;  // no effect on fp32 compute

@@ -21,7 +21,7 @@ namespace hybridserve::engine {
 namespace {
 
 constexpr const char* kPrefixes[] = {"backbone.", "model."};
-constexpr const char* kEmbeddingNames[] = {"embeddings.weight", "embedding.weight"};
+constexpr const char* kEmbeddingNames[] = {"embeddings.weight", "embedding.weight", "embed_tokens.weight"};
 constexpr const char* kHeadName = "lm_head.weight";
 constexpr size_t kListedUnexpected = 5;
 
@@ -51,9 +51,9 @@ class ModelWeights::Loader {
     for (size_t i = 0; i < config_.layers.size(); ++i) {
       LayerWeights& layer = out_.layers_[i];
       layer.kind = config_.layers[i];
-      const std::string base = absl::StrCat("layers.", i, ".");
-      RETURN_IF_ERROR(TakeBody(base + "norm.weight", {hidden}, layer.norm));
-      const std::string mixer = base + "mixer.";
+      const BlockNames names = NamesOf(i);
+      RETURN_IF_ERROR(TakeBody(names.norm, {hidden}, layer.norm));
+      const std::string& mixer = names.body;
       switch (layer.kind) {
         case LayerKind::kMamba2:
           RETURN_IF_ERROR(LoadMamba2(mixer, layer.mixer.emplace<Mamba2LayerWeights>()));
@@ -64,9 +64,16 @@ class ModelWeights::Loader {
         case LayerKind::kMlp:
           RETURN_IF_ERROR(LoadMlp(mixer, layer.mixer.emplace<MlpLayerWeights>()));
           break;
+        case LayerKind::kGatedMlp:
+          RETURN_IF_ERROR(LoadGatedMlp(mixer, config_.gated_mlp.intermediate_size, config_.gated_mlp.use_bias,
+                                       layer.mixer.emplace<GatedMlpLayerWeights>()));
+          break;
+        case LayerKind::kMoe:
+          RETURN_IF_ERROR(LoadMoe(mixer, layer.mixer.emplace<MoeLayerWeights>()));
+          break;
       }
     }
-    RETURN_IF_ERROR(TakeBody("norm_f.weight", {hidden}, out_.norm_f_));
+    RETURN_IF_ERROR(TakeBody(FinalNormName(), {hidden}, out_.norm_f_));
     RETURN_IF_ERROR(LoadHead());
     RETURN_IF_ERROR(CheckNoUnexpected());
     out_.fingerprint_ = Fingerprint();
@@ -74,6 +81,41 @@ class ModelWeights::Loader {
   }
 
  private:
+  // Where block i's tensors live: its norm, and the prefix of its body.
+  struct BlockNames {
+    std::string norm;
+    std::string body;
+  };
+
+  bool decoder_layers() const {
+    return config_.family == ModelFamily::kBamba || config_.family == ModelFamily::kGraniteMoeHybrid;
+  }
+
+  BlockNames NamesOf(size_t i) const {
+    if (!decoder_layers()) {
+      const std::string base = absl::StrCat("layers.", i, ".");
+      return {base + "norm.weight", base + "mixer."};
+    }
+    const std::string base = absl::StrCat("layers.", i / 2, ".");
+    if (i % 2 == 0) {
+      return {base + "input_layernorm.weight",
+              base + (config_.layers[i] == LayerKind::kAttention ? "self_attn." : "mamba.")};
+    }
+    if (config_.family == ModelFamily::kBamba) return {base + "pre_ff_layernorm.weight", base + "feed_forward."};
+    return {base + "post_attention_layernorm.weight", base};
+  }
+
+  std::string FinalNormName() const {
+    switch (config_.family) {
+      case ModelFamily::kBamba:
+        return "final_layernorm.weight";
+      case ModelFamily::kGraniteMoeHybrid:
+        return "norm.weight";
+      default:
+        return "norm_f.weight";
+    }
+  }
+
   struct Used {
     std::string canonical;  // name without the body prefix
     TensorView view;
@@ -191,6 +233,58 @@ class ModelWeights::Loader {
     RETURN_IF_ERROR(TakeBody(p + "down_proj.weight", {hidden, mlp.intermediate_size}, w.down_proj));
     RETURN_IF_ERROR(TakeBodyIf(mlp.use_bias, p + "down_proj.bias", {hidden}, w.down_proj_bias));
     return absl::OkStatus();
+  }
+
+  // Bamba: feed_forward.{gate,up,down}_proj; Granite's dense block: the
+  // shared_mlp alone (input_linear [gate | up], output_linear).
+  absl::Status LoadGatedMlp(const std::string& p, int64_t inter, bool bias, GatedMlpLayerWeights& w) {
+    const int64_t hidden = config_.hidden_size;
+    if (config_.family == ModelFamily::kGraniteMoeHybrid) {
+      const std::string s = p + "shared_mlp.";
+      RETURN_IF_ERROR(TakeBody(s + "input_linear.weight", {2 * inter, hidden}, w.gate_up));
+      return TakeBody(s + "output_linear.weight", {hidden, inter}, w.down_proj);
+    }
+    WeightMatrix gate;
+    WeightMatrix up;
+    RETURN_IF_ERROR(TakeBody(p + "gate_proj.weight", {inter, hidden}, gate));
+    RETURN_IF_ERROR(TakeBody(p + "up_proj.weight", {inter, hidden}, up));
+    w.gate_up = ConcatRows(gate, up);  // the bytes Take counted for the two, held once
+    if (bias) {
+      std::vector<float> gate_bias;
+      RETURN_IF_ERROR(TakeBody(p + "gate_proj.bias", {inter}, gate_bias));
+      RETURN_IF_ERROR(TakeBody(p + "up_proj.bias", {inter}, w.gate_up_bias));
+      w.gate_up_bias.insert(w.gate_up_bias.begin(), gate_bias.begin(), gate_bias.end());
+    }
+    RETURN_IF_ERROR(TakeBody(p + "down_proj.weight", {hidden, inter}, w.down_proj));
+    return TakeBodyIf(bias, p + "down_proj.bias", {hidden}, w.down_proj_bias);
+  }
+
+  // Granite: block_sparse_moe.{router.layer, input_linear, output_linear} and the shared_mlp.
+  absl::Status LoadMoe(const std::string& p, MoeLayerWeights& w) {
+    const MoeParams& moe = config_.moe;
+    const int64_t hidden = config_.hidden_size;
+    const std::string m = p + "block_sparse_moe.";
+    RETURN_IF_ERROR(TakeBody(m + "router.layer.weight", {moe.num_experts, hidden}, w.router));
+    RETURN_IF_ERROR(
+        TakeBody(m + "input_linear.weight", {moe.num_experts, 2 * moe.intermediate_size, hidden}, w.experts_gate_up));
+    RETURN_IF_ERROR(
+        TakeBody(m + "output_linear.weight", {moe.num_experts, hidden, moe.intermediate_size}, w.experts_down));
+    if (moe.shared_intermediate_size == 0) return absl::OkStatus();
+    return LoadGatedMlp(p, moe.shared_intermediate_size, /*bias=*/false, w.shared);
+  }
+
+  // Rows of `a` then rows of `b`, in bf16 when both are, else in fp32.
+  static WeightMatrix ConcatRows(const WeightMatrix& a, const WeightMatrix& b) {
+    WeightMatrix out;
+    if (a.is_bf16() && b.is_bf16()) {
+      out.bf16 = a.bf16;
+      out.bf16.insert(out.bf16.end(), b.bf16.begin(), b.bf16.end());
+    } else {
+      out.f32 = a.ToFloat32();
+      const std::vector<float> tail = b.ToFloat32();
+      out.f32.insert(out.f32.end(), tail.begin(), tail.end());
+    }
+    return out;
   }
 
   // The head rule of the header comment: a stored lm_head.weight is the head

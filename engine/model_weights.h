@@ -16,6 +16,21 @@
 // where the prefix P is "backbone" (files) or "model" (transformers' in-memory
 // name), the same for every tensor. Matrices are row-major [out, in], as stored.
 //
+// Bamba and Granite (transformers' BambaForCausalLM, GraniteMoeHybridForCausalLM),
+// decoder layer L = blocks 2L (mixer) and 2L + 1 (feed-forward):
+//   model.embed_tokens.weight                                 [vocab, hidden]
+//   model.layers.{L}.input_layernorm.weight                   block 2L's norm
+//   model.layers.{L}.mamba.* | model.layers.{L}.self_attn.*   block 2L
+//   Bamba:   model.layers.{L}.pre_ff_layernorm.weight         block 2L + 1's norm
+//            model.layers.{L}.feed_forward.{gate,up,down}_proj.weight (+ .bias with mlp_bias)
+//   Granite: model.layers.{L}.post_attention_layernorm.weight block 2L + 1's norm
+//            model.layers.{L}.shared_mlp.input_linear.weight  [2 * shared, hidden] rows [gate | up]
+//            model.layers.{L}.shared_mlp.output_linear.weight [hidden, shared]
+//            model.layers.{L}.block_sparse_moe.router.layer.weight    [experts, hidden]
+//            model.layers.{L}.block_sparse_moe.input_linear.weight    [experts, 2 * inter, hidden]
+//            model.layers.{L}.block_sparse_moe.output_linear.weight   [experts, hidden, inter]
+//   model.final_layernorm.weight (Bamba) | model.norm.weight (Granite)
+//
 // The LM head is the weight transformers 5 computes the logits with:
 //   - lm_head.weight stored: that tensor, whatever tie_word_embeddings says.
 //     transformers never ties Nemotron-H (NemotronHForCausalLM has no tied
@@ -89,15 +104,32 @@ struct MlpLayerWeights {
   std::vector<float> down_proj_bias;  // [hidden] if mlp_bias, else empty
 };
 
+// down(silu(gate(x)) * up(x)).
+struct GatedMlpLayerWeights {
+  WeightMatrix gate_up;               // [2 * intermediate, hidden]: rows [gate | up]
+  std::vector<float> gate_up_bias;    // [2 * intermediate] if biased, else empty
+  WeightMatrix down_proj;             // [hidden, intermediate]
+  std::vector<float> down_proj_bias;  // [hidden] if biased, else empty
+};
+
+struct MoeLayerWeights {
+  WeightMatrix router;           // [num_experts, hidden]
+  WeightMatrix experts_gate_up;  // [num_experts * 2 * intermediate, hidden]: expert e's [gate | up] rows
+  WeightMatrix experts_down;     // [num_experts * hidden, intermediate]: expert e's rows [e * hidden, ...)
+  GatedMlpLayerWeights shared;   // empty when shared_intermediate_size is 0
+};
+
 struct LayerWeights {
   LayerKind kind = LayerKind::kMamba2;
-  std::vector<float> norm;  // [hidden]; RMSNorm before the mixer
-  std::variant<Mamba2LayerWeights, AttentionLayerWeights, MlpLayerWeights> mixer;
+  std::vector<float> norm;  // [hidden]; RMSNorm before the block
+  std::variant<Mamba2LayerWeights, AttentionLayerWeights, MlpLayerWeights, GatedMlpLayerWeights, MoeLayerWeights> mixer;
 
   // Precondition: `kind` matches (checked by std::get).
   const Mamba2LayerWeights& mamba2() const { return std::get<Mamba2LayerWeights>(mixer); }
   const AttentionLayerWeights& attention() const { return std::get<AttentionLayerWeights>(mixer); }
   const MlpLayerWeights& mlp() const { return std::get<MlpLayerWeights>(mixer); }
+  const GatedMlpLayerWeights& gated_mlp() const { return std::get<GatedMlpLayerWeights>(mixer); }
+  const MoeLayerWeights& moe() const { return std::get<MoeLayerWeights>(mixer); }
 };
 
 // Immutable after loading; thread-safe for concurrent reads.

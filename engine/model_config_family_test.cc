@@ -1,0 +1,212 @@
+// Parsing the config.json of the decoder-layer families (Bamba,
+// GraniteMoeHybrid): each decoder layer becomes a mixer block and a
+// feed-forward block; what cannot run is refused by name.
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "engine/model_config.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace hybridserve::engine {
+namespace {
+
+using ::testing::HasSubstr;
+using Json = nlohmann::json;
+
+// As transformers 5.23 writes a small BambaConfig.
+Json BambaBase() {
+  return Json{
+      {"model_type", "bamba"},
+      {"vocab_size", 64},
+      {"hidden_size", 32},
+      {"intermediate_size", 48},
+      {"num_hidden_layers", 4},
+      {"num_attention_heads", 4},
+      {"num_key_value_heads", 2},
+      {"attn_layer_indices", {1}},
+      {"mamba_n_heads", 4},
+      {"mamba_d_head", 16},
+      {"mamba_n_groups", 2},
+      {"mamba_d_state", 8},
+      {"mamba_expand", 2},
+      {"mamba_chunk_size", 16},
+      {"hidden_act", "silu"},
+      {"rms_norm_eps", 1e-5},
+      {"rope_parameters", {{"partial_rotary_factor", 0.5}, {"rope_theta", 10000.0}, {"rope_type", "default"}}},
+      {"time_step_limit", {0.0, {{"__float__", "Infinity"}}}},
+  };
+}
+
+// As transformers 5.23 writes a small GraniteMoeHybridConfig (MoE, no RoPE).
+Json GraniteBase() {
+  return Json{
+      {"model_type", "granitemoehybrid"},
+      {"vocab_size", 64},
+      {"hidden_size", 32},
+      {"intermediate_size", 16},
+      {"shared_intermediate_size", 24},
+      {"num_local_experts", 4},
+      {"num_experts_per_tok", 2},
+      {"num_hidden_layers", 3},
+      {"layer_types", {"linear_attention", "full_attention", "linear_attention"}},
+      {"num_attention_heads", 4},
+      {"num_key_value_heads", 2},
+      {"mamba_n_heads", 4},
+      {"mamba_d_head", 16},
+      {"mamba_d_state", 8},
+      {"mamba_chunk_size", 16},
+      {"position_embedding_type", nullptr},
+      {"embedding_multiplier", 12.0},
+      {"residual_multiplier", 0.22},
+      {"attention_multiplier", 0.0078125},
+      {"logits_scaling", 6.0},
+  };
+}
+
+absl::StatusOr<ModelConfig> Parse(const Json& j) { return ParseModelConfig(j.dump()); }
+
+void ExpectError(const Json& j, absl::StatusCode code, absl::string_view substring) {
+  absl::Status s = Parse(j).status();
+  EXPECT_EQ(s.code(), code) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr(std::string(substring)));
+}
+
+TEST(ModelConfigFamilyTest, BambaLayersAreMixerThenGatedMlp) {
+  absl::StatusOr<ModelConfig> c = Parse(BambaBase());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->family, ModelFamily::kBamba);
+  EXPECT_EQ(c->LayerPattern(), "MG*GMGMG");
+  EXPECT_EQ(c->mamba.d_inner(), 64);
+  EXPECT_EQ(c->mamba.norm_group_size, 32);
+  EXPECT_EQ(c->mamba.prefill_dt_clamp.min, 0.0f);
+  EXPECT_TRUE(c->mamba.decode_dt_clamp.IsNoOp());
+  EXPECT_EQ(c->attention.head_dim, 8);
+  EXPECT_TRUE(c->attention.use_rope);
+  EXPECT_EQ(c->attention.rotary_dim, 4);  // partial_rotary_factor 0.5, fixed by transformers
+  EXPECT_EQ(c->attention.rope_theta, 10000.0);
+  EXPECT_EQ(c->attention.scale, 0.0f);
+  EXPECT_EQ(c->gated_mlp.intermediate_size, 48);
+  EXPECT_FALSE(c->gated_mlp.use_bias);
+  EXPECT_EQ(c->residual_multiplier, 1.0f);
+}
+
+TEST(ModelConfigFamilyTest, BambaWithoutAttentionIndicesIsAllMamba) {
+  Json j = BambaBase();
+  j.erase("attn_layer_indices");
+  j["mlp_bias"] = true;
+  absl::StatusOr<ModelConfig> c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->LayerPattern(), "MGMGMGMG");
+  EXPECT_TRUE(c->gated_mlp.use_bias);
+}
+
+TEST(ModelConfigFamilyTest, GraniteMoeLayersAndMultipliers) {
+  absl::StatusOr<ModelConfig> c = Parse(GraniteBase());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->family, ModelFamily::kGraniteMoeHybrid);
+  EXPECT_EQ(c->LayerPattern(), "ME*EME");
+  EXPECT_EQ(c->moe.num_experts, 4);
+  EXPECT_EQ(c->moe.top_k, 2);
+  EXPECT_EQ(c->moe.intermediate_size, 16);
+  EXPECT_EQ(c->moe.shared_intermediate_size, 24);
+  EXPECT_FALSE(c->attention.use_rope);
+  EXPECT_EQ(c->attention.scale, 0.0078125f);
+  EXPECT_EQ(c->embedding_multiplier, 12.0f);
+  EXPECT_EQ(c->residual_multiplier, 0.22f);
+  EXPECT_EQ(c->logits_scaling, 6.0f);
+  EXPECT_EQ(c->norm_eps, 1e-6f);  // GraniteMoeHybridConfig's default
+}
+
+TEST(ModelConfigFamilyTest, GraniteDenseWithRopeAndLegacyBlockTypes) {
+  Json j = GraniteBase();
+  j.erase("layer_types");
+  j["layers_block_type"] = {"attention", "mamba", "mamba"};
+  j["num_local_experts"] = 0;
+  j["position_embedding_type"] = "rope";
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 500000.0}};
+  absl::StatusOr<ModelConfig> c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->LayerPattern(), "*GMGMG");
+  EXPECT_EQ(c->gated_mlp.intermediate_size, 24);  // the shared MLP alone
+  EXPECT_TRUE(c->attention.use_rope);
+  EXPECT_EQ(c->attention.rotary_dim, 8);
+  EXPECT_EQ(c->attention.rope_theta, 500000.0);
+}
+
+TEST(ModelConfigFamilyTest, FamiliesFingerprintTheirOwnFields) {
+  const ModelConfig a = *Parse(GraniteBase());
+  Json j = GraniteBase();
+  j["residual_multiplier"] = 0.25;
+  const ModelConfig b = *Parse(j);
+  EXPECT_NE(a.CanonicalString(), b.CanonicalString());
+  j = GraniteBase();
+  j["num_experts_per_tok"] = 1;
+  EXPECT_NE(a.CanonicalString(), Parse(j)->CanonicalString());
+  j = BambaBase();
+  const ModelConfig bamba = *Parse(j);
+  j["rope_parameters"]["rope_theta"] = 20000.0;
+  EXPECT_NE(bamba.CanonicalString(), Parse(j)->CanonicalString());
+}
+
+TEST(ModelConfigFamilyTest, UnsupportedFeaturesAreRefusedByName) {
+  ExpectError(Json{{"model_type", "jamba"}, {"vocab_size", 8}, {"hidden_size", 8}}, absl::StatusCode::kUnimplemented,
+              "model_type \"jamba\"");
+  ExpectError(Json{{"model_type", "qwen3_next"}, {"vocab_size", 8}, {"hidden_size", 8}},
+              absl::StatusCode::kUnimplemented, "model_type \"qwen3_next\"");
+  Json j = BambaBase();
+  j["rope_parameters"]["rope_type"] = "yarn";
+  ExpectError(j, absl::StatusCode::kUnimplemented, "rope_type \"yarn\"");
+  j = BambaBase();
+  j["hidden_act"] = "gelu";
+  ExpectError(j, absl::StatusCode::kUnimplemented, "hidden_act \"gelu\"");
+  j = BambaBase();
+  j["attention_bias"] = true;
+  ExpectError(j, absl::StatusCode::kUnimplemented, "attention_bias");
+  j = GraniteBase();
+  j["position_embedding_type"] = "alibi";
+  ExpectError(j, absl::StatusCode::kUnimplemented, "position_embedding_type \"alibi\"");
+}
+
+TEST(ModelConfigFamilyTest, InconsistentValuesAreInvalid) {
+  Json j = BambaBase();
+  j["attn_layer_indices"] = {4};
+  ExpectError(j, absl::StatusCode::kInvalidArgument, "attn_layer_indices[0] (4)");
+  j = BambaBase();
+  j["mamba_d_head"] = 8;
+  ExpectError(j, absl::StatusCode::kInvalidArgument, "mamba_n_heads (4) * mamba_d_head (8)");
+  j = GraniteBase();
+  j["num_experts_per_tok"] = 5;
+  ExpectError(j, absl::StatusCode::kInvalidArgument, "num_experts_per_tok (5)");
+  j = GraniteBase();
+  j["layer_types"] = {"linear_attention", "full_attention"};
+  ExpectError(j, absl::StatusCode::kInvalidArgument, "does not match the 2 entries of layer_types");
+  j = GraniteBase();
+  j["layer_types"] = {"linear_attention", "mlp", "linear_attention"};
+  ExpectError(j, absl::StatusCode::kInvalidArgument, "must be a mixer");
+  j = GraniteBase();
+  j["residual_multiplier"] = 0.0;
+  ExpectError(j, absl::StatusCode::kInvalidArgument, "residual_multiplier");
+  j = GraniteBase();
+  j["logits_scaling"] = {{"__float__", "Infinity"}};
+  ExpectError(j, absl::StatusCode::kInvalidArgument, "logits_scaling");
+  j = GraniteBase();
+  j["attention_multiplier"] = -1.0;
+  ExpectError(j, absl::StatusCode::kInvalidArgument, "attention_multiplier");
+}
+
+TEST(ModelConfigFamilyTest, ValidateRejectsABrokenDecoderLayer) {
+  ModelConfig c = *Parse(BambaBase());
+  c.layers[1] = LayerKind::kMamba2;
+  EXPECT_THAT(std::string(c.Validate().message()), HasSubstr("mixer then a feed-forward block"));
+  c = *Parse(BambaBase());
+  c.layers.pop_back();
+  EXPECT_THAT(std::string(c.Validate().message()), HasSubstr("two blocks per decoder layer"));
+}
+
+}  // namespace
+}  // namespace hybridserve::engine

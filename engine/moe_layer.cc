@@ -1,0 +1,158 @@
+#include "engine/moe_layer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <numeric>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/status_macros.h"
+#include "engine/backend_registry.h"
+#include "engine/gated_mlp_layer.h"
+#include "kernels/rows_params.h"
+
+namespace hybridserve::engine {
+namespace {
+
+constexpr WorkspaceBuffer kRouterLogits = kScratch0;   // [n, experts]
+constexpr WorkspaceBuffer kGathered = kScratch1;       // [n * top_k, hidden]: rows grouped by expert
+constexpr WorkspaceBuffer kExpertScratch = kScratch2;  // an expert's gate|up projection
+constexpr WorkspaceBuffer kExpertOut = kScratch3;      // [n * top_k, hidden]
+constexpr WorkspaceBuffer kSum = kBlockOut;            // [n, hidden]: the block's output
+
+class MoeLayerRunner final : public LayerRunner {
+ public:
+  MoeLayerRunner(const ModelConfig& config, const DeviceMoeWeights& w, const LayerEnv& env)
+      : config_(config), p_(config.moe), w_(w), env_(env) {}
+
+  absl::Status Prefill(const PrefillSegment& seg, const float* normed, float* residual) override {
+    return Run(seg.n_tokens, normed, residual);
+  }
+  absl::Status Decode(const DecodeBatch& batch, const float* normed, float* residual) override {
+    return Run(batch.batch, normed, residual);
+  }
+
+ private:
+  absl::Status Run(int64_t n, const float* normed, float* residual) {
+    if (n == 0) return absl::OkStatus();
+    const int64_t hidden = config_.hidden_size;
+    const int64_t experts = p_.num_experts;
+    const int64_t inter = p_.intermediate_size;
+
+    ASSIGN_OR_RETURN(float* logits, env_.workspace->Get<float>(kRouterLogits, n * experts));
+    RETURN_IF_ERROR(Linear(env_, normed, n, hidden, w_.router, experts, /*bias=*/nullptr, logits,
+                           /*accumulate=*/false, "moe router"));
+    host_logits_.resize(static_cast<size_t>(n * experts));
+    RETURN_IF_ERROR(KernelStatusToStatus(
+        env_.backend->CopyToHost(host_logits_.data(), logits, n * experts * static_cast<int64_t>(sizeof(float))),
+        "copying router logits"));
+    Route(n);
+
+    const int64_t routed = n * p_.top_k;
+    ASSIGN_OR_RETURN(const int32_t* rows, env_.workspace->Upload(kRouteRows, rows_.data(), routed));
+    ASSIGN_OR_RETURN(const float* weights, env_.workspace->Upload(kRouteWeights, weights_.data(), routed));
+    ASSIGN_OR_RETURN(float* gathered, env_.workspace->Get<float>(kGathered, routed * hidden));
+    kernels::GatherRowsParams gather;
+    gather.x = normed;
+    gather.index = rows;
+    gather.out = gathered;
+    gather.n_rows = routed;
+    gather.dim = hidden;
+    RETURN_IF_ERROR(KernelStatusToStatus(env_.backend->GatherRows(gather), "GatherRows(moe)"));
+
+    ASSIGN_OR_RETURN(float* expert_out, env_.workspace->Get<float>(kExpertOut, routed * hidden));
+    ASSIGN_OR_RETURN(float* sum, env_.workspace->Get<float>(kSum, n * hidden));
+    RETURN_IF_ERROR(KernelStatusToStatus(env_.backend->Fill(sum, 0, n * hidden * static_cast<int64_t>(sizeof(float))),
+                                         "zeroing the moe output"));
+    for (int64_t e = 0; e < experts; ++e) {
+      const int64_t first = offsets_[static_cast<size_t>(e)];
+      const int64_t count = offsets_[static_cast<size_t>(e) + 1] - first;
+      if (count == 0) continue;
+      DeviceGatedMlpWeights expert;
+      expert.gate_up = RowsFrom(w_.experts_gate_up, e * 2 * inter, hidden);
+      expert.down_proj = RowsFrom(w_.experts_down, e * hidden, inter);
+      RETURN_IF_ERROR(GatedMlp(env_, expert, gathered + first * hidden, count, hidden, inter, kExpertScratch,
+                               expert_out + first * hidden, /*accumulate=*/false));
+      // sum[row] += expert_out * weight, expert by expert (a row occurs once per expert).
+      kernels::ScatterAddRowsParams add;
+      add.x = expert_out + first * hidden;
+      add.index = rows + first;
+      add.weight = weights + first;
+      add.alpha = 1.0f;
+      add.out = sum;
+      add.n_rows = count;
+      add.dim = hidden;
+      RETURN_IF_ERROR(KernelStatusToStatus(env_.backend->ScatterAddRows(add), "ScatterAddRows(moe)"));
+    }
+    if (w_.has_shared) {
+      RETURN_IF_ERROR(GatedMlp(env_, w_.shared, normed, n, hidden, p_.shared_intermediate_size, kExpertScratch, sum,
+                               /*accumulate=*/true));
+    }
+    return AddToResidual(env_, sum, n, hidden, residual);
+  }
+
+  // Fills rows_/weights_ grouped by expert (ascending), rows ascending within
+  // an expert, and offsets_[e] .. offsets_[e + 1] the range of expert e.
+  void Route(int64_t n) {
+    const int64_t experts = p_.num_experts;
+    const int64_t k = p_.top_k;
+    choice_.resize(static_cast<size_t>(n * k));
+    choice_weight_.resize(static_cast<size_t>(n * k));
+    std::vector<int32_t> order(static_cast<size_t>(experts));
+    for (int64_t r = 0; r < n; ++r) {
+      const float* l = host_logits_.data() + r * experts;
+      std::iota(order.begin(), order.end(), 0);
+      // The k largest logits, largest first; ties go to the lower expert id.
+      std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                        [l](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+      // Softmax over those k logits (fp32, max subtracted, as torch computes it).
+      const float top = l[order[0]];
+      float total = 0.0f;
+      for (int64_t j = 0; j < k; ++j) {
+        const float v = std::exp(l[order[static_cast<size_t>(j)]] - top);
+        choice_weight_[static_cast<size_t>(r * k + j)] = v;
+        total += v;
+      }
+      for (int64_t j = 0; j < k; ++j) {
+        choice_[static_cast<size_t>(r * k + j)] = order[static_cast<size_t>(j)];
+        choice_weight_[static_cast<size_t>(r * k + j)] /= total;
+      }
+    }
+    offsets_.assign(static_cast<size_t>(experts) + 1, 0);
+    for (int32_t e : choice_) ++offsets_[static_cast<size_t>(e) + 1];
+    for (int64_t e = 0; e < experts; ++e) offsets_[static_cast<size_t>(e) + 1] += offsets_[static_cast<size_t>(e)];
+    rows_.resize(static_cast<size_t>(n * k));
+    weights_.resize(static_cast<size_t>(n * k));
+    std::vector<int64_t> next(offsets_.begin(), offsets_.end() - 1);
+    for (int64_t r = 0; r < n; ++r) {
+      for (int64_t j = 0; j < k; ++j) {
+        const size_t at = static_cast<size_t>(next[static_cast<size_t>(choice_[static_cast<size_t>(r * k + j)])]++);
+        rows_[at] = static_cast<int32_t>(r);
+        weights_[at] = choice_weight_[static_cast<size_t>(r * k + j)];
+      }
+    }
+  }
+
+  const ModelConfig& config_;
+  const MoeParams& p_;
+  const DeviceMoeWeights& w_;
+  const LayerEnv env_;
+  // Host routing buffers, kept to avoid reallocation per call.
+  std::vector<float> host_logits_;
+  std::vector<int32_t> choice_;
+  std::vector<float> choice_weight_;
+  std::vector<int64_t> offsets_;
+  std::vector<int32_t> rows_;
+  std::vector<float> weights_;
+};
+
+}  // namespace
+
+std::unique_ptr<LayerRunner> NewMoeLayerRunner(const ModelConfig& config, const DeviceMoeWeights& weights,
+                                               const LayerEnv& env) {
+  return std::make_unique<MoeLayerRunner>(config, weights, env);
+}
+
+}  // namespace hybridserve::engine
