@@ -660,7 +660,8 @@ def granitemoehybrid_weights(cfg, seed):
             (h, s), (s * n_layers) ** -0.5 * out_scale)
         if n_exp:
             moe = pre + "block_sparse_moe."
-            t[moe + "router.layer.weight"] = rng(moe + "router.layer.weight").normal((n_exp, h), ROUTER_GAIN * h ** -0.5)
+            t[moe + "router.layer.weight"] = rng(moe + "router.layer.weight").normal(
+                (n_exp, h), ROUTER_GAIN * h ** -0.5)
             t[moe + "input_linear.weight"] = rng(moe + "input_linear.weight").normal((n_exp, 2 * f, h), h ** -0.5)
             t[moe + "output_linear.weight"] = rng(moe + "output_linear.weight").normal(
                 (n_exp, h, f), (f * n_layers) ** -0.5 * out_scale)
