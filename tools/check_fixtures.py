@@ -99,7 +99,8 @@ def check_exact(fixtures, report):
 # The end-to-end suite's models (tests/fixtures/models/<arch>_e2e), written by
 # `gen_model.py --arch <arch> --preset e2e --seed 23`: config.json and
 # model.safetensors byte for byte.
-E2E_MODELS = {"nemotron_h_e2e": ("nemotron_h", 23), "mamba2_e2e": ("mamba2", 23)}
+E2E_MODELS = {"nemotron_h_e2e": ("nemotron_h", 23), "mamba2_e2e": ("mamba2", 23), "bamba_e2e": ("bamba", 23),
+              "granite_e2e": ("granitemoehybrid", 23)}
 
 
 def check_e2e_models(report):

@@ -11,6 +11,10 @@ MODELS = {
     "nemotron_h_tiny": ("nemotron_h", "tiny", 1234, {}),
     "mamba2_tiny": ("mamba2", "tiny", 4321, {}),
     "nemotron_h_tied_tiny": ("nemotron_h", "tiny", 2468, {"tie_word_embeddings": True}),
+    "bamba_tiny": ("bamba", "tiny", 1357, {}),
+    "bamba_tiny2": ("bamba", "tiny2", 2468, {}),
+    "granite_moe_tiny": ("granitemoehybrid", "tiny", 3579, {}),
+    "granite_dense_tiny": ("granitemoehybrid", "tiny2", 4680, {}),
 }
 # Prompt lengths for chunk_size 16: shorter than a chunk (1, 5, 13), exactly one and two
 # chunks (16, 32), off-grid (29, 50) and longer than three chunks (50, 77).

@@ -1,13 +1,17 @@
 #!/usr/bin/env python3
-"""Deterministic generator of random Nemotron-H and Mamba2 models in Hugging Face format.
+"""Deterministic generator of random Mamba2-family models in Hugging Face format.
+
+Archs: Nemotron-H, Mamba2, Bamba, GraniteMoeHybrid (Granite 4.0-H, MoE or dense).
 
 Usage:
-    python3 tools/gen_model.py --preset {tiny,default,e2e,bench,1b} --seed N --out DIR
-                               [--arch {nemotron_h,mamba2}] [--dtype {fp32,bf16,fp16}]
+    python3 tools/gen_model.py --preset {tiny,tiny2,default,e2e,bench,1b} --seed N --out DIR
+                               [--arch {nemotron_h,mamba2,bamba,granitemoehybrid}]
+                               [--dtype {fp32,bf16,fp16}]
 
 Writes DIR/config.json and DIR/model.safetensors, loadable as is by transformers'
-`NemotronHForCausalLM` / `Mamba2ForCausalLM` (`from_pretrained`) with no missing and no
-unexpected keys (tools/make_golden.py asserts this).
+`NemotronHForCausalLM` / `Mamba2ForCausalLM` / `BambaForCausalLM` /
+`GraniteMoeHybridForCausalLM` (`from_pretrained`) with no missing and no unexpected keys
+(tools/make_golden.py asserts this). Not every arch has every preset (PRESETS).
 
 Contract
 --------
@@ -23,12 +27,21 @@ Contract
   "lm_head.weight" for the head. Mamba2 presets tie the head to the embedding
   (tie_word_embeddings=true, no lm_head.weight in the file); Nemotron-H cannot tie
   (NemotronHForCausalLM._tied_weights_keys is empty: even with tie_word_embeddings=true
-  transformers loads, saves and uses its own lm_head.weight).
+  transformers loads, saves and uses its own lm_head.weight). Bamba and GraniteMoeHybrid
+  files say "model." (embed_tokens, layers.L.mamba / self_attn, ...) as in memory, except
+  the GraniteMoeHybrid MoE block: the file's block_sparse_moe.{input_linear.weight,
+  output_linear.weight, router.layer.weight} are experts.gate_up_proj, experts.down_proj
+  and router.weight in memory. A tied GraniteMoeHybrid has no lm_head.weight in the file.
 * config.json for nemotron_h states the layer pattern twice, consistently:
   `hybrid_override_pattern` (M = Mamba2 mixer, * = attention, - = MLP) and
   `layers_block_type` (linear_attention / full_attention / mlp), plus the legacy
   `num_hidden_layers`. Infinity is written as transformers 5 writes it:
   {"__float__": "Infinity"}.
+* bamba and granitemoehybrid presets state their pattern as a string of M (Mamba2 mixer)
+  and * (attention); config.json has the fields save_pretrained writes (transformers 5.23):
+  bamba `attn_layer_indices`, granitemoehybrid `layer_types` as "linear_attention" /
+  "full_attention" (transformers reads the Hub's legacy "mamba" / "attention" too and
+  writes these back).
 
 Initialisation (mimics transformers' init, scaled by fan-in so that tiny models have O(1)
 activations through every layer instead of vanishing ones):
@@ -39,13 +52,23 @@ activations through every layer instead of vanishing ones):
     dt_bias = softplus^-1(dt), dt = exp(U[log time_step_min, log time_step_max]) >= floor
     D, RMSNorm weights = 1 + N(0, 0.1^2)
 The last line departs from the real init (ones) on purpose: a kernel that ignores D or a
-norm weight is then caught by the golden tests.
+norm weight is then caught by the golden tests. Bamba: gate_proj as up_proj, MLP biases
+(mlp_bias) ~ N(0, 0.1^2). GraniteMoeHybrid: input_linear as up_proj, output_linear as
+down_proj, routers ~ N(0, ROUTER_GAIN^2 / hidden), and its multipliers folded into the init
+(granitemoehybrid_weights says how).
 
 Presets
 -------
 tiny     Unit-test model, well under 1 MB. nemotron_h: vocab 96, hidden 32, pattern "M*M-M*-",
          Mamba2 4 heads x 16, n_groups 2, d_state 16, d_conv 4, chunk 16; attention 4 heads,
          2 KV heads, head_dim 8; MLP 64. mamba2: 4 layers of the same mixer, tied head.
+         bamba: "M*MM", the same mixer and attention, SwiGLU 64, no MLP bias.
+         granitemoehybrid: "M*MM", the same mixer and attention, 8 experts top-2 (inter 16),
+         shared MLP 24, no positions, multipliers 12 / 0.22 / 1/128 / 6 (embedding, residual,
+         attention, logits_scaling), untied.
+tiny2    The second unit-test shape (bamba, granitemoehybrid). bamba: "*MM*M", Mamba2 8 heads
+         x 8, n_groups 1, 1 KV head, SwiGLU 48 with biases. granitemoehybrid: dense (no experts)
+         "*MM*", shared MLP 48, RoPE, tied head, multipliers 8 / 0.5 / 0.125 / 2.
 default  Byte-level model of a few MB, chunk 64: the architecture and the initial weights of the
          embedded default model, which tools/train_default_model.py trains on English text into
          models/default (the random weights of this preset are not what is embedded). Vocabulary
@@ -58,9 +81,14 @@ default  Byte-level model of a few MB, chunk 64: the architecture and the initia
 e2e      Byte-level models (vocabulary as `default`) of the shapes the end-to-end suite runs
          besides the default model: nemotron_h "*M-M*-M" (attention first), hidden 64, chunk 32;
          mamba2 (no attention), 3 layers, hidden 64, 8 heads x 16, n_groups 4, chunk 16. Committed
-         under tests/fixtures/models/{nemotron_h_e2e,mamba2_e2e} (seed 23).
-bench    ~127M parameters (nemotron_h) / ~135M (mamba2), hidden 1024, vocab 16384,
-         chunk 128 (nemotron_h) / 256 (mamba2). Generated on demand, never committed.
+         under tests/fixtures/models/{nemotron_h_e2e,mamba2_e2e} (seed 23). bamba "M*MM",
+         hidden 64, Mamba2 4 heads x 16, SwiGLU 96, chunk 32; granitemoehybrid (MoE) "MM*M",
+         hidden 64, Mamba2 4 x 16, n_groups 1, 8 experts top-2 (inter 8), shared 32, chunk 16.
+         Committed as tests/fixtures/models/{bamba_e2e,granite_e2e} (seed 23).
+bench    ~127M parameters (nemotron_h) / ~135M (mamba2) / ~125M (bamba, "MM*MM*M"), hidden
+         1024, vocab 16384, chunk 128 (nemotron_h, bamba) / 256 (mamba2). granitemoehybrid: MoE
+         "MM*MM*", 32 experts top-4 (inter 512), shared 1024, chunk 128: 394M parameters, 129M
+         active per token (like nemotron_h's 127M). Generated on demand, never committed.
 """
 
 import argparse
@@ -130,6 +158,67 @@ PRESETS = {
         vocab_size=16384, hidden_size=1024, num_hidden_layers=14,
         num_heads=32, head_dim=64, n_groups=8, state_size=128, conv_kernel=4, chunk_size=256,
         pad_token_id=0, bos_token_id=1, eos_token_id=2),
+    # Bamba (BambaForCausalLM): pattern as nemotron_h's without MLP layers (M = Mamba2 mixer,
+    # * = attention); every decoder layer also has a SwiGLU feed-forward block. Attention
+    # head_dim is hidden_size / num_attention_heads, RoPE on half of it (partial_rotary_factor 0.5).
+    ("bamba", "tiny"): dict(
+        vocab_size=96, hidden_size=32, pattern="M*MM",
+        mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=4, mamba_chunk_size=16,
+        num_attention_heads=4, num_key_value_heads=2, intermediate_size=64, mlp_bias=False,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, max_position_embeddings=4096),
+    ("bamba", "tiny2"): dict(
+        vocab_size=96, hidden_size=32, pattern="*MM*M",
+        mamba_n_heads=8, mamba_d_head=8, mamba_n_groups=1, mamba_d_state=16, mamba_d_conv=4, mamba_chunk_size=16,
+        num_attention_heads=4, num_key_value_heads=1, intermediate_size=48, mlp_bias=True,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, max_position_embeddings=4096),
+    ("bamba", "e2e"): dict(
+        vocab_size=BYTE_VOCAB_SIZE, hidden_size=64, pattern="M*MM",
+        mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=4, mamba_chunk_size=32,
+        num_attention_heads=4, num_key_value_heads=2, intermediate_size=96, mlp_bias=False,
+        pad_token_id=BYTE_VOCAB["pad"], bos_token_id=BYTE_VOCAB["bos"], eos_token_id=BYTE_VOCAB["eos"],
+        max_position_embeddings=8192),
+    ("bamba", "bench"): dict(
+        vocab_size=16384, hidden_size=1024, pattern="MM*MM*M",
+        mamba_n_heads=32, mamba_d_head=64, mamba_n_groups=8, mamba_d_state=128, mamba_d_conv=4, mamba_chunk_size=128,
+        num_attention_heads=8, num_key_value_heads=2, intermediate_size=2048, mlp_bias=False,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, max_position_embeddings=32768),
+    # GraniteMoeHybrid (GraniteMoeHybridForCausalLM): pattern as bamba's; every decoder layer has
+    # a shared SwiGLU MLP and, when num_local_experts > 0, a top-k MoE block beside it.
+    # position_embedding_type None (no positions, as Granite 4.0-H MoE) or "rope".
+    ("granitemoehybrid", "tiny"): dict(
+        vocab_size=96, hidden_size=32, pattern="M*MM",
+        mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=4, mamba_chunk_size=16,
+        num_attention_heads=4, num_key_value_heads=2,
+        num_local_experts=8, num_experts_per_tok=2, intermediate_size=16, shared_intermediate_size=24,
+        position_embedding_type=None, embedding_multiplier=12.0, residual_multiplier=0.22,
+        attention_multiplier=0.0078125, logits_scaling=6.0, tie_word_embeddings=False,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, max_position_embeddings=4096),
+    # Dense (no experts), RoPE, tied head: the shape of Granite 4.0 H-Micro.
+    ("granitemoehybrid", "tiny2"): dict(
+        vocab_size=96, hidden_size=32, pattern="*MM*",
+        mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=4, mamba_chunk_size=16,
+        num_attention_heads=4, num_key_value_heads=2,
+        num_local_experts=0, num_experts_per_tok=0, intermediate_size=0, shared_intermediate_size=48,
+        position_embedding_type="rope", embedding_multiplier=8.0, residual_multiplier=0.5,
+        attention_multiplier=0.125, logits_scaling=2.0, tie_word_embeddings=True,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, max_position_embeddings=4096),
+    ("granitemoehybrid", "e2e"): dict(
+        vocab_size=BYTE_VOCAB_SIZE, hidden_size=64, pattern="MM*M",
+        mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=1, mamba_d_state=16, mamba_d_conv=4, mamba_chunk_size=16,
+        num_attention_heads=4, num_key_value_heads=2,
+        num_local_experts=8, num_experts_per_tok=2, intermediate_size=8, shared_intermediate_size=32,
+        position_embedding_type=None, embedding_multiplier=12.0, residual_multiplier=0.22,
+        attention_multiplier=0.0078125, logits_scaling=6.0, tie_word_embeddings=False,
+        pad_token_id=BYTE_VOCAB["pad"], bos_token_id=BYTE_VOCAB["bos"], eos_token_id=BYTE_VOCAB["eos"],
+        max_position_embeddings=8192),
+    ("granitemoehybrid", "bench"): dict(
+        vocab_size=16384, hidden_size=1024, pattern="MM*MM*",
+        mamba_n_heads=32, mamba_d_head=64, mamba_n_groups=8, mamba_d_state=128, mamba_d_conv=4, mamba_chunk_size=128,
+        num_attention_heads=8, num_key_value_heads=2,
+        num_local_experts=32, num_experts_per_tok=4, intermediate_size=512, shared_intermediate_size=1024,
+        position_embedding_type=None, embedding_multiplier=12.0, residual_multiplier=0.22,
+        attention_multiplier=0.0078125, logits_scaling=6.0, tie_word_embeddings=False,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, max_position_embeddings=32768),
 }
 
 PATTERN_TO_BLOCK = {"M": "linear_attention", "*": "full_attention", "-": "mlp"}
@@ -244,6 +333,130 @@ def mamba2_config(p, dtype_name):
     }
 
 
+def _check_hybrid_preset(p):
+    """Checks a bamba / granitemoehybrid preset's pattern (M = Mamba2 mixer, * = attention) and
+    its Mamba2 and attention shapes; returns mamba_expand."""
+    if not p["pattern"] or set(p["pattern"]) - {"M", "*"}:
+        raise ValueError(f"pattern {p['pattern']!r}: only M and * are supported")
+    inner = p["mamba_n_heads"] * p["mamba_d_head"]
+    if inner % p["hidden_size"] or p["mamba_n_heads"] % p["mamba_n_groups"]:
+        raise ValueError("mamba_n_heads*mamba_d_head must be mamba_expand*hidden_size; "
+                         "mamba_n_heads a multiple of mamba_n_groups")
+    if p["hidden_size"] % p["num_attention_heads"] or p["num_attention_heads"] % p["num_key_value_heads"]:
+        raise ValueError("hidden_size must be a multiple of num_attention_heads, which must be a multiple of "
+                         "num_key_value_heads")
+    return inner // p["hidden_size"]
+
+
+def _mamba_fields(p, expand):
+    """The mamba_* fields that BambaConfig and GraniteMoeHybridConfig share."""
+    return {
+        "mamba_n_heads": p["mamba_n_heads"],
+        "mamba_d_head": p["mamba_d_head"],
+        "mamba_n_groups": p["mamba_n_groups"],
+        "mamba_d_state": p["mamba_d_state"],
+        "mamba_d_conv": p["mamba_d_conv"],
+        "mamba_expand": expand,
+        "mamba_chunk_size": p["mamba_chunk_size"],
+        "mamba_conv_bias": True,
+        "mamba_proj_bias": False,
+        "time_step_limit": [0.0, _INF],
+    }
+
+
+def bamba_config(p, dtype_name):
+    """config.json dict for a Bamba preset `p`: the fields BambaConfig.save_pretrained writes
+    (transformers 5.23), without transformers_version."""
+    expand = _check_hybrid_preset(p)
+    pattern = p["pattern"]
+    cfg = {
+        "architectures": ["BambaForCausalLM"],
+        "model_type": "bamba",
+        "dtype": dtype_name,
+        "vocab_size": p["vocab_size"],
+        "hidden_size": p["hidden_size"],
+        "num_hidden_layers": len(pattern),
+        "attn_layer_indices": [i for i, c in enumerate(pattern) if c == "*"],
+        "tie_word_embeddings": False,
+        "pad_token_id": p["pad_token_id"],
+        "bos_token_id": p["bos_token_id"],
+        "eos_token_id": p["eos_token_id"],
+        # attention: head_dim = hidden_size / num_attention_heads, RoPE on its first half
+        "num_attention_heads": p["num_attention_heads"],
+        "num_key_value_heads": p["num_key_value_heads"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "max_position_embeddings": p["max_position_embeddings"],
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+        # SwiGLU feed-forward of every layer
+        "intermediate_size": p["intermediate_size"],
+        "hidden_act": "silu",
+        "mlp_bias": p["mlp_bias"],
+        **_mamba_fields(p, expand),
+        "rms_norm_eps": 1e-5,
+        "initializer_range": 0.02,
+        "num_logits_to_keep": 1,
+        "z_loss_coefficient": 0.0,
+        "use_cache": True,
+    }
+    return cfg
+
+
+# GraniteMoeHybridConfig.layer_types as transformers 5.23 writes them (it reads the Hub's
+# legacy "mamba" / "attention" too, and writes these back).
+GRANITE_LAYER_TYPES = {"M": "linear_attention", "*": "full_attention"}
+
+
+def granitemoehybrid_config(p, dtype_name):
+    """config.json dict for a GraniteMoeHybrid preset `p`: the fields
+    GraniteMoeHybridConfig.save_pretrained writes (transformers 5.23), without transformers_version."""
+    expand = _check_hybrid_preset(p)
+    pattern = p["pattern"]
+    experts, top_k = p["num_local_experts"], p["num_experts_per_tok"]
+    if experts and not 0 < top_k <= experts:
+        raise ValueError("num_experts_per_tok must be in [1, num_local_experts]")
+    if p["position_embedding_type"] not in (None, "rope"):
+        raise ValueError("position_embedding_type must be None or 'rope'")
+    cfg = {
+        "architectures": ["GraniteMoeHybridForCausalLM"],
+        "model_type": "granitemoehybrid",
+        "dtype": dtype_name,
+        "vocab_size": p["vocab_size"],
+        "hidden_size": p["hidden_size"],
+        "num_hidden_layers": len(pattern),
+        "layer_types": [GRANITE_LAYER_TYPES[c] for c in pattern],
+        "tie_word_embeddings": p["tie_word_embeddings"],
+        "pad_token_id": p["pad_token_id"],
+        "bos_token_id": p["bos_token_id"],
+        "eos_token_id": p["eos_token_id"],
+        "embedding_multiplier": p["embedding_multiplier"],
+        "residual_multiplier": p["residual_multiplier"],
+        "attention_multiplier": p["attention_multiplier"],
+        "logits_scaling": p["logits_scaling"],
+        # attention: head_dim = hidden_size / num_attention_heads, scores scaled by attention_multiplier
+        "num_attention_heads": p["num_attention_heads"],
+        "num_key_value_heads": p["num_key_value_heads"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "max_position_embeddings": p["max_position_embeddings"],
+        "position_embedding_type": p["position_embedding_type"],
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+        # shared SwiGLU MLP of every layer, and the MoE block beside it (num_local_experts > 0)
+        "shared_intermediate_size": p["shared_intermediate_size"],
+        "intermediate_size": p["intermediate_size"],
+        "num_local_experts": experts,
+        "num_experts_per_tok": top_k,
+        "output_router_logits": False,
+        "router_aux_loss_coef": 0.001,
+        "hidden_act": "silu",
+        **_mamba_fields(p, expand),
+        "rms_norm_eps": 1e-6,
+        "initializer_range": 0.02,
+        "use_cache": True,
+    }
+    return cfg
+
+
 # ----------------------------------------------------------------------------- random
 
 class _Stream:
@@ -287,8 +500,9 @@ def _softplus_inv(dt):
 
 # ----------------------------------------------------------------------------- weights
 
-def _mamba_mixer(t, rng, prefix, hidden, n_heads, head_dim, n_groups, d_state, d_conv, n_layers):
-    """Mamba2 mixer tensors, shared by both archs. in_proj rows: [z | x | B | C | dt]."""
+def _mamba_mixer(t, rng, prefix, hidden, n_heads, head_dim, n_groups, d_state, d_conv, n_layers, out_scale=1.0):
+    """Mamba2 mixer tensors, shared by every arch. in_proj rows: [z | x | B | C | dt].
+    out_scale multiplies out_proj's standard deviation (granitemoehybrid: 1 / residual_multiplier)."""
     inter = n_heads * head_dim
     conv_dim = inter + 2 * n_groups * d_state
     proj = inter + conv_dim + n_heads
@@ -305,7 +519,14 @@ def _mamba_mixer(t, rng, prefix, hidden, n_heads, head_dim, n_groups, d_state, d
     t[prefix + "D"] = 1.0 + rng(prefix + "D").normal((n_heads,), 0.1)
     t[prefix + "norm.weight"] = 1.0 + rng(prefix + "norm.weight").normal((inter,), 0.1)
     t[prefix + "out_proj.weight"] = rng(prefix + "out_proj.weight").normal(
-        (hidden, inter), (inter * n_layers) ** -0.5)
+        (hidden, inter), (inter * n_layers) ** -0.5 * out_scale)
+
+
+def _attention(t, rng, pre, h, nq, nkv, hd, n_layers, out_scale=1.0):
+    t[pre + "q_proj.weight"] = rng(pre + "q_proj.weight").normal((nq * hd, h), h ** -0.5)
+    t[pre + "k_proj.weight"] = rng(pre + "k_proj.weight").normal((nkv * hd, h), h ** -0.5)
+    t[pre + "v_proj.weight"] = rng(pre + "v_proj.weight").normal((nkv * hd, h), h ** -0.5)
+    t[pre + "o_proj.weight"] = rng(pre + "o_proj.weight").normal((h, nq * hd), (nq * hd * n_layers) ** -0.5 * out_scale)
 
 
 def nemotron_h_weights(cfg, seed):
@@ -324,11 +545,8 @@ def nemotron_h_weights(cfg, seed):
             _mamba_mixer(t, rng, mix, h, cfg["mamba_num_heads"], cfg["mamba_head_dim"], cfg["n_groups"],
                          cfg["ssm_state_size"], cfg["conv_kernel"], n_layers)
         elif kind == "*":
-            hd, nq, nkv = cfg["head_dim"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
-            t[mix + "q_proj.weight"] = rng(mix + "q_proj.weight").normal((nq * hd, h), h ** -0.5)
-            t[mix + "k_proj.weight"] = rng(mix + "k_proj.weight").normal((nkv * hd, h), h ** -0.5)
-            t[mix + "v_proj.weight"] = rng(mix + "v_proj.weight").normal((nkv * hd, h), h ** -0.5)
-            t[mix + "o_proj.weight"] = rng(mix + "o_proj.weight").normal((h, nq * hd), (nq * hd * n_layers) ** -0.5)
+            _attention(t, rng, mix, h, cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"],
+                       n_layers)
         else:  # '-'
             f = cfg["intermediate_size"]
             t[mix + "up_proj.weight"] = rng(mix + "up_proj.weight").normal((f, h), h ** -0.5)
@@ -350,6 +568,106 @@ def mamba2_weights(cfg, seed):
         _mamba_mixer(t, rng, pre + "mixer.", h, cfg["num_heads"], cfg["head_dim"], cfg["n_groups"],
                      cfg["state_size"], cfg["conv_kernel"], n_layers)
     t["backbone.norm_f.weight"] = 1.0 + rng("backbone.norm_f.weight").normal((h,), 0.1)
+    return t
+
+
+def _hybrid_mixer(t, rng, pre, kind, cfg, n_layers, out_scale=1.0):
+    """Layer `pre`'s mixer: model.layers.L.mamba.* ('M') or model.layers.L.self_attn.* ('*')."""
+    h = cfg["hidden_size"]
+    if kind == "M":
+        _mamba_mixer(t, rng, pre + "mamba.", h, cfg["mamba_n_heads"], cfg["mamba_d_head"], cfg["mamba_n_groups"],
+                     cfg["mamba_d_state"], cfg["mamba_d_conv"], n_layers, out_scale)
+    else:
+        nq = cfg["num_attention_heads"]
+        _attention(t, rng, pre + "self_attn.", h, nq, cfg["num_key_value_heads"], h // nq, n_layers, out_scale)
+
+
+def _hybrid_pattern_of(cfg):
+    """'M' / '*' per decoder layer, from a bamba or granitemoehybrid config dict."""
+    if cfg["model_type"] == "bamba":
+        return "".join("*" if i in cfg["attn_layer_indices"] else "M" for i in range(cfg["num_hidden_layers"]))
+    inverse = {v: k for k, v in GRANITE_LAYER_TYPES.items()}
+    return "".join(inverse[x] for x in cfg["layer_types"])
+
+
+def bamba_weights(cfg, seed):
+    """name -> float32 array for BambaForCausalLM (save_pretrained names: model.*, lm_head.weight).
+    MLP biases (mlp_bias) ~ N(0, 0.1^2), so that a kernel that drops one is caught."""
+    rng = lambda name: _Stream(seed, name)  # noqa: E731
+    h, v, f = cfg["hidden_size"], cfg["vocab_size"], cfg["intermediate_size"]
+    pattern = _hybrid_pattern_of(cfg)
+    n_layers = len(pattern)
+    t = {}
+    t["model.embed_tokens.weight"] = rng("model.embed_tokens.weight").normal((v, h), h ** -0.5)
+    for i, kind in enumerate(pattern):
+        pre = f"model.layers.{i}."
+        t[pre + "input_layernorm.weight"] = 1.0 + rng(pre + "input_layernorm.weight").normal((h,), 0.1)
+        _hybrid_mixer(t, rng, pre, kind, cfg, n_layers)
+        t[pre + "pre_ff_layernorm.weight"] = 1.0 + rng(pre + "pre_ff_layernorm.weight").normal((h,), 0.1)
+        ff = pre + "feed_forward."
+        t[ff + "gate_proj.weight"] = rng(ff + "gate_proj.weight").normal((f, h), h ** -0.5)
+        t[ff + "up_proj.weight"] = rng(ff + "up_proj.weight").normal((f, h), h ** -0.5)
+        t[ff + "down_proj.weight"] = rng(ff + "down_proj.weight").normal((h, f), (f * n_layers) ** -0.5)
+        if cfg["mlp_bias"]:
+            for name, n in (("gate_proj", f), ("up_proj", f), ("down_proj", h)):
+                t[ff + name + ".bias"] = rng(ff + name + ".bias").normal((n,), 0.1)
+    t["model.final_layernorm.weight"] = 1.0 + rng("model.final_layernorm.weight").normal((h,), 0.1)
+    t["lm_head.weight"] = rng("lm_head.weight").normal((v, h), h ** -0.5)
+    return t
+
+
+# Router weights ~ N(0, (ROUTER_GAIN^2) / hidden): router logits of a normalised hidden state
+# have standard deviation ~ROUTER_GAIN, so the top-k choice varies from token to token and its
+# margins stay well above rounding (make_golden.py records both).
+ROUTER_GAIN = 2.0
+
+
+def granitemoehybrid_weights(cfg, seed):
+    """name -> float32 array for GraniteMoeHybridForCausalLM (save_pretrained names; no
+    lm_head.weight when tie_word_embeddings).
+
+    The multipliers are folded into the init so that activations have the balance of the other
+    archs: logits O(1) after the division by logits_scaling (lm_head's std times logits_scaling),
+    and residual branches a few times larger than the embedded input. An untied embedding's std
+    is divided by embedding_multiplier, so the embedded input has the other archs' scale; a tied
+    embedding, being the head too, gets std logits_scaling/sqrt(hidden), so the embedded input is
+    embedding_multiplier * logits_scaling times larger. Residual branches' output projections
+    (mamba out_proj, o_proj, shared and expert output_linear) have their std multiplied by that
+    input gain (1 untied, embedding_multiplier * logits_scaling tied) over residual_multiplier.
+    Without that gain the tied model's residual is its input embedding and its greedy choice is
+    the last input token, whatever the layers compute.
+    """
+    rng = lambda name: _Stream(seed, name)  # noqa: E731
+    h, v = cfg["hidden_size"], cfg["vocab_size"]
+    pattern = _hybrid_pattern_of(cfg)
+    n_layers = len(pattern)
+    tied = cfg["tie_word_embeddings"]
+    input_gain = cfg["embedding_multiplier"] * cfg["logits_scaling"] if tied else 1.0
+    out_scale = input_gain / cfg["residual_multiplier"]
+    s, f, n_exp = cfg["shared_intermediate_size"], cfg["intermediate_size"], cfg["num_local_experts"]
+    t = {}
+    emb_std = h ** -0.5 * (cfg["logits_scaling"] if tied else 1.0 / cfg["embedding_multiplier"])
+    t["model.embed_tokens.weight"] = rng("model.embed_tokens.weight").normal((v, h), emb_std)
+    for i, kind in enumerate(pattern):
+        pre = f"model.layers.{i}."
+        t[pre + "input_layernorm.weight"] = 1.0 + rng(pre + "input_layernorm.weight").normal((h,), 0.1)
+        _hybrid_mixer(t, rng, pre, kind, cfg, n_layers, out_scale)
+        t[pre + "post_attention_layernorm.weight"] = 1.0 + rng(pre + "post_attention_layernorm.weight").normal(
+            (h,), 0.1)
+        mlp = pre + "shared_mlp."
+        t[mlp + "input_linear.weight"] = rng(mlp + "input_linear.weight").normal((2 * s, h), h ** -0.5)
+        t[mlp + "output_linear.weight"] = rng(mlp + "output_linear.weight").normal(
+            (h, s), (s * n_layers) ** -0.5 * out_scale)
+        if n_exp:
+            moe = pre + "block_sparse_moe."
+            t[moe + "router.layer.weight"] = rng(moe + "router.layer.weight").normal(
+                (n_exp, h), ROUTER_GAIN * h ** -0.5)
+            t[moe + "input_linear.weight"] = rng(moe + "input_linear.weight").normal((n_exp, 2 * f, h), h ** -0.5)
+            t[moe + "output_linear.weight"] = rng(moe + "output_linear.weight").normal(
+                (n_exp, h, f), (f * n_layers) ** -0.5 * out_scale)
+    t["model.norm.weight"] = 1.0 + rng("model.norm.weight").normal((h,), 0.1)
+    if not tied:
+        t["lm_head.weight"] = rng("lm_head.weight").normal((v, h), h ** -0.5 * cfg["logits_scaling"])
     return t
 
 
@@ -396,18 +714,25 @@ def write_safetensors(path, tensors, dtype="fp32", metadata=None):
             f.write(blob)
 
 
+# arch -> (config dict of a preset, weights of a config dict and a seed)
+ARCHS = {
+    "nemotron_h": (nemotron_h_config, nemotron_h_weights),
+    "mamba2": (mamba2_config, mamba2_weights),
+    "bamba": (bamba_config, bamba_weights),
+    "granitemoehybrid": (granitemoehybrid_config, granitemoehybrid_weights),
+}
+PRESET_NAMES = ["tiny", "tiny2", "default", "e2e", "bench", "1b"]
+
+
 def build(arch, preset, seed, dtype="fp32"):
     """Returns (config dict, name -> float32 array) for the given model. Pure function."""
     if (arch, preset) not in PRESETS:
         raise ValueError(f"unknown arch/preset {arch}/{preset}")
     p = PRESETS[(arch, preset)]
     dtype_name = DTYPES[dtype][0]
-    if arch == "nemotron_h":
-        cfg = nemotron_h_config(p, dtype_name)
-        weights = nemotron_h_weights(cfg, seed)
-    else:
-        cfg = mamba2_config(p, dtype_name)
-        weights = mamba2_weights(cfg, seed)
+    config_fn, weights_fn = ARCHS[arch]
+    cfg = config_fn(p, dtype_name)
+    weights = weights_fn(cfg, seed)
     if preset in ("default", "e2e"):
         cfg["hybridserve_tokenizer"] = dict(BYTE_VOCAB)
     cfg["hybridserve_generator"] = {"tool": "tools/gen_model.py", "arch": arch, "preset": preset,
@@ -426,8 +751,8 @@ def write_model(out_dir, cfg, weights, dtype="fp32"):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--preset", choices=["tiny", "default", "e2e", "bench", "1b"], required=True)
-    ap.add_argument("--arch", choices=["nemotron_h", "mamba2"], default="nemotron_h")
+    ap.add_argument("--preset", choices=PRESET_NAMES, required=True)
+    ap.add_argument("--arch", choices=sorted(ARCHS), default="nemotron_h")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
     ap.add_argument("--out", required=True)

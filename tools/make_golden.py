@@ -6,7 +6,8 @@ Usage:
     python3 tools/make_golden.py [--out tests/fixtures/golden] [--only NAME ...]
 
 For each fixture model (see MODELS) this script
-  1. generates the model with tools/gen_model.py (preset `tiny`) into a temporary folder,
+  1. generates the model with tools/gen_model.py (its arch, preset and seed in
+     tools/fixture_spec.py MODELS) into a temporary folder,
   2. loads it with transformers' from_pretrained (fp32, CPU, eager attention, torch path),
      asserting no missing / unexpected / mismatched keys and that every loaded parameter
      equals the generated tensor bit for bit (so gen_model.py writes a real, loadable format),
@@ -21,7 +22,16 @@ For each fixture model (see MODELS) this script
        greedy_nocache_<i> int32   [n]              argmax of an uncached forward over prompt+greedy[:k]
        greedy_nocache_logits_<i> float32 [n, vocab] the last-position logits of those forwards
      and <out>/<model_name>/golden.json (versions, seed, prompt lengths, max |logit|, top-1/top-2
-     margins, whether cached and uncached greedy agree, notes).
+     margins per prompt and their minimum over all prompts, whether cached and uncached greedy
+     agree, notes; for a MoE model the routing under "moe").
+
+bamba_tiny, bamba_tiny2 (BambaForCausalLM) and granite_moe_tiny, granite_dense_tiny
+(GraniteMoeHybridForCausalLM) are checked and recorded the same way. The GraniteMoeHybrid
+MoE block runs with experts_implementation="eager" (transformers' per-expert loop; its
+default is grouped_mm), asserted after loading; golden.json "moe" names it and gives, per MoE
+layer over one uncached forward of each prompt, the tokens routed to each expert (every top-k
+slot), the tokens whose top-1 is each expert, and the smallest top-1/top-2 and
+top-k/top-(k+1) router-logit margins (the latter decides which experts run).
 
 `default` records the same references for the embedded model as it is (models/default, trained
 by tools/train_default_model.py; not generated, not copied): only golden.safetensors and
@@ -46,6 +56,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -65,21 +76,45 @@ from fixture_spec import (  # noqa: E402
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+# How transformers renames a file's tensor on load, per model_type: (regex, replacement) in order.
+# NemotronHForCausalLM keeps the body under "model." in memory (files say "backbone."); Mamba2
+# and Bamba keep the file's names; GraniteMoeHybrid loads the MoE block's file tensors
+# (input_linear / output_linear / router.layer) into experts.gate_up_proj / experts.down_proj /
+# router.weight (transformers' conversion_mapping "granitemoe"), values unchanged.
+FILE_TO_MEMORY = {
+    "nemotron_h": [(r"^backbone\.", "model.")],
+    "granitemoehybrid": [
+        (r"\.block_sparse_moe\.input_linear\.weight$", ".block_sparse_moe.experts.gate_up_proj"),
+        (r"\.block_sparse_moe\.output_linear\.weight$", ".block_sparse_moe.experts.down_proj"),
+        (r"\.block_sparse_moe\.router\.layer\.weight$", ".block_sparse_moe.router.weight"),
+    ],
+}
+# The MoE references run transformers' per-expert loop ("eager"), not its default grouped_mm.
+EXPERTS_IMPLEMENTATION = "eager"
+
+
+def _in_memory_name(model_type, name):
+    for pattern, replacement in FILE_TO_MEMORY.get(model_type, []):
+        name = re.sub(pattern, replacement, name)
+    return name
+
+
 def load_checked(model_dir, expected):
     """from_pretrained, asserting a clean load and bitwise-equal parameters."""
+    with open(os.path.join(model_dir, "config.json")) as f:
+        model_type = json.load(f)["model_type"]
+    extra = {"experts_implementation": EXPERTS_IMPLEMENTATION} if model_type == "granitemoehybrid" else {}
     model, info = transformers.AutoModelForCausalLM.from_pretrained(
-        model_dir, dtype=torch.float32, attn_implementation="eager", output_loading_info=True)
+        model_dir, dtype=torch.float32, attn_implementation="eager", output_loading_info=True, **extra)
     for kind in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs"):
         assert not info.get(kind), f"{model_dir}: {kind} = {info[kind]}"
+    if extra:
+        assert model.config._experts_implementation == EXPERTS_IMPLEMENTATION, model.config._experts_implementation
     state = model.state_dict()
-    # NemotronHForCausalLM keeps the body under "model." in memory (files say "backbone.").
-    prefix = "model." if model.config.model_type == "nemotron_h" else "backbone."
-
-    def in_memory(k):
-        return prefix + k[len("backbone."):] if k.startswith("backbone.") else k
-
+    assert len(state) == len(expected) + (1 if "lm_head.weight" not in expected else 0), \
+        f"{model_dir}: {len(state)} parameters in memory, {len(expected)} in the file"
     for name, arr in expected.items():
-        got = state[in_memory(name)]
+        got = state[_in_memory_name(model_type, name)]
         assert got.dtype == torch.float32 and torch.equal(got, torch.from_numpy(arr)), f"{name} differs after load"
     # A stored head was loaded as stored (checked above), even when the config ties; a tied
     # model without one uses its embeddings.
@@ -114,7 +149,8 @@ def dt_clamped_fraction(model, prompts):
         counts[0] += int((dt < mixer.time_step_limit[0]).sum())
         counts[1] += dt.numel()
 
-    mixers = [layer.mixer for layer in model.base_model.layers if hasattr(layer.mixer, "dt_bias")]
+    mixers = [m for m in model.modules() if hasattr(m, "dt_bias") and hasattr(m, "in_proj")]
+    assert mixers, "no Mamba2 mixer"
     handles = [m.in_proj.register_forward_hook(lambda mod, i, o, m=m: hook(m, i, o)) for m in mixers]
     try:
         for prompt in prompts:
@@ -123,6 +159,11 @@ def dt_clamped_fraction(model, prompts):
         for h in handles:
             h.remove()
     return counts[0] / max(counts[1], 1)
+
+
+def chunk_size(config):
+    """The SSD chunk length: chunk_size (Nemotron-H, Mamba2) or mamba_chunk_size (Bamba, Granite)."""
+    return config.chunk_size if hasattr(config, "chunk_size") else config.mamba_chunk_size
 
 
 def margin(row):
@@ -186,6 +227,81 @@ NEMOTRON_H_DT_NOTE = (
     "Hence greedy_logits_<i> differ from greedy_nocache_logits_<i> by up to "
     "max_abs_diff_cached_vs_uncached_logits.")
 
+MAMBA2_DT_NOTE = "Mamba2 clamps dt to config time_step_limit (here [0, inf): a no-op) in the chunked path only."
+BAMBA_NOTES = [
+    "Bamba clamps dt to config time_step_limit (here [0, inf): a no-op) in the chunked path only.",
+    "Bamba attention: head_dim = hidden_size / num_attention_heads, scale head_dim^-0.5; RoPE "
+    "(rope_parameters.partial_rotary_factor 0.5, BambaConfig's default when the file has none) rotates "
+    "only the first head_dim/2 dims of q and k, NeoX-style halves within them (rotate_half), with "
+    "inv_freq = theta^(-2i/(head_dim/2)); the other half passes through. Positions count from 0 at the "
+    "first prompt token. The gated RMSNorm of the Mamba2 mixer is group-wise (mamba_n_groups groups), "
+    "eps rms_norm_eps, as Nemotron-H's.",
+    "Bamba decoder layer: h += mixer(input_layernorm(h)); h += down(silu(gate(x)) * up(x)) with "
+    "x = pre_ff_layernorm(h) (biases when mlp_bias); logits = lm_head(final_layernorm(h)).",
+]
+GRANITE_NOTES = [
+    "GraniteMoeHybrid clamps dt to config time_step_limit (here [0, inf): a no-op) in the chunked path only.",
+    "GraniteMoeHybrid: h = embed * embedding_multiplier; per layer h += residual_multiplier * "
+    "mixer(input_layernorm(h)), then x = post_attention_layernorm(h), h += residual_multiplier * "
+    "(moe(x) + shared_mlp(x)) (shared_mlp alone when num_local_experts = 0); "
+    "logits = lm_head(norm(h)) / logits_scaling. Attention scores are scaled by attention_multiplier "
+    "(not head_dim^-0.5); RoPE on the full head_dim only when position_embedding_type is 'rope', no "
+    "positions otherwise.",
+    "GraniteMoeHybrid MLPs: input_linear rows are [gate | up] (shared: [2*shared, hidden]; experts: "
+    "[experts, 2*inter, hidden]), out = output_linear(silu(gate) * up). MoE: router logits = "
+    "router.layer.weight x (fp32), top num_experts_per_tok by logit, weights = softmax over the chosen "
+    "logits only (they sum to 1), out = sum of weight * expert(x).",
+]
+
+
+@torch.no_grad()
+def moe_routing_stats(model, prompts):
+    """Per MoE layer, over one uncached forward of each prompt: tokens routed to each expert
+    (counting every top-k slot), tokens whose top-1 is each expert, and the smallest top-1/top-2
+    and top-k/top-(k+1) router-logit margins (the second decides which experts run)."""
+    layers = [(i, layer.block_sparse_moe) for i, layer in enumerate(model.base_model.layers)
+              if getattr(layer, "block_sparse_moe", None) is not None]
+    if not layers:
+        return None
+    k = model.config.num_experts_per_tok
+    n_exp = model.config.num_local_experts
+    seen = {i: [] for i, _ in layers}
+
+    def hook(i, output):
+        seen[i].append(output[0].detach().clone())  # router_logits [tokens, experts], fp32
+
+    handles = [moe.router.register_forward_hook(lambda mod, inp, out, i=i: hook(i, out)) for i, moe in layers]
+    try:
+        for prompt in prompts:
+            model(torch.from_numpy(prompt.astype(np.int64))[None], use_cache=False)
+    finally:
+        for h in handles:
+            h.remove()
+    per_layer = []
+    for i, _ in layers:
+        logits = torch.cat(seen[i])
+        top = torch.topk(logits, min(k + 1, n_exp), dim=-1)
+        chosen = top.indices[:, :k]
+        per_layer.append({
+            "layer": i,
+            "tokens": int(logits.shape[0]),
+            "tokens_per_expert": torch.bincount(chosen.reshape(-1), minlength=n_exp).tolist(),
+            "top1_tokens_per_expert": torch.bincount(chosen[:, 0], minlength=n_exp).tolist(),
+            "min_margin_top1_top2": float((top.values[:, 0] - top.values[:, 1]).min()),
+            "min_margin_topk_next": (float((top.values[:, k - 1] - top.values[:, k]).min())
+                                     if k < n_exp else None),
+            "router_logit_std": float(logits.std()),
+        })
+    return {
+        "experts_implementation": model.config._experts_implementation,
+        "num_local_experts": n_exp,
+        "num_experts_per_tok": k,
+        "over": "one uncached forward of each prompt (every prompt token)",
+        "min_margin_top1_top2": min(d["min_margin_top1_top2"] for d in per_layer),
+        "min_margin_topk_next": (min(d["min_margin_topk_next"] for d in per_layer) if k < n_exp else None),
+        "per_layer": per_layer,
+    }
+
 
 def record_prompts(model, prompts, dest):
     """Runs every prompt, writes dest/golden.safetensors; returns (per-prompt stats, max |logit|, tensors)."""
@@ -234,7 +350,7 @@ def make_fixture(name, arch, preset, seed, overrides, out_root):
     own_head = model.config.tie_word_embeddings and "lm_head.weight" in weights
     if own_head:
         assert not head_is_embeddings(model)
-        assert not np.array_equal(weights["lm_head.weight"], weights["backbone.embeddings.weight"])
+        assert not torch.equal(torch.from_numpy(weights["lm_head.weight"]), model.get_input_embeddings().weight)
     diff_if_tied = 0.0
     if own_head:
         for prompt in prompts:
@@ -247,11 +363,16 @@ def make_fixture(name, arch, preset, seed, overrides, out_root):
 
     c = model.config
     notes = list(COMMON_NOTES)
-    if arch == "nemotron_h":
-        notes.append(NEMOTRON_H_DT_NOTE)
-    else:
-        notes.append(
-            "Mamba2 clamps dt to config time_step_limit (here [0, inf): a no-op) in the chunked path only.")
+    notes += {"nemotron_h": [NEMOTRON_H_DT_NOTE], "mamba2": [MAMBA2_DT_NOTE], "bamba": BAMBA_NOTES,
+              "granitemoehybrid": GRANITE_NOTES}[arch]
+    moe = moe_routing_stats(model, prompts)
+    if moe is not None:
+        notes.append("moe: routing over the prompts per MoE layer; the MoE blocks ran transformers' "
+                     f"experts_implementation={moe['experts_implementation']!r} (the per-expert loop).")
+    if model.config.tie_word_embeddings and not own_head:
+        assert head_is_embeddings(model)
+        notes.append("tie_word_embeddings: model.safetensors has no lm_head.weight (save_pretrained drops "
+                     "it); the head is the embedding matrix.")
     if own_head:
         notes.append(
             "config.json says tie_word_embeddings=true, yet model.safetensors stores lm_head.weight "
@@ -274,14 +395,20 @@ def make_fixture(name, arch, preset, seed, overrides, out_root):
         "prompt_lengths": PROMPT_LENGTHS,
         "new_tokens": NEW_TOKENS,
         "vocab_size": vocab,
-        "chunk_size": c.chunk_size,
+        "chunk_size": chunk_size(c),
         "max_abs_logit": max_abs,
+        "min_margin_prompt_logits_all": min(s["min_margin_prompt_logits"] for s in per_prompt),
+        "min_margin_greedy_all": min(s["min_margin_greedy"] for s in per_prompt),
+        "min_margin_nocache_all": min(s["min_margin_nocache"] for s in per_prompt),
         "max_abs_diff_cached_vs_uncached_logits": max(
             s["max_abs_diff_cached_vs_uncached_logits"] for s in per_prompt),
         "dt_clamped_in_prefill_fraction": dt_clamped_fraction(model, prompts),
         "greedy_matches_nocache_all": all(s["greedy_matches_nocache"] for s in per_prompt),
         **({"tie_word_embeddings": True, "lm_head_is_embeddings": False,
             "max_abs_diff_logits_with_embeddings_as_head": diff_if_tied} if own_head else {}),
+        **({"tie_word_embeddings": True, "lm_head_is_embeddings": True}
+           if c.tie_word_embeddings and not own_head else {}),
+        **({"moe": moe} if moe is not None else {}),
         "per_prompt": per_prompt,
         "notes": notes,
     }
@@ -323,7 +450,7 @@ def make_existing_golden(name, model_dir, out_root):
         "prompt_lengths": DEFAULT_PROMPT_LENGTHS,
         "new_tokens": NEW_TOKENS,
         "vocab_size": c.vocab_size,
-        "chunk_size": c.chunk_size,
+        "chunk_size": chunk_size(c),
         "max_abs_logit": max_abs,
         "max_abs_diff_cached_vs_uncached_logits": max(
             s["max_abs_diff_cached_vs_uncached_logits"] for s in per_prompt),
