@@ -156,11 +156,13 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::Create(const Model
         const MoeLayerWeights& w = layer.moe();
         DeviceMoeWeights m;
         ASSIGN_OR_RETURN(m.router, up.Matrix(w.router, "moe router"));
-        ASSIGN_OR_RETURN(m.experts_gate_up, up.Matrix(w.experts_gate_up, "moe experts gate_up"));
+        ASSIGN_OR_RETURN(m.router_bias, up.Constant(w.router_bias, "moe router bias"));
+        ASSIGN_OR_RETURN(m.experts_up, up.Matrix(w.experts_up, "moe experts up"));
         ASSIGN_OR_RETURN(m.experts_down, up.Matrix(w.experts_down, "moe experts down"));
-        m.has_shared = !w.shared.gate_up.empty();
+        m.has_shared = !w.shared_up.empty();
         if (m.has_shared) {
-          ASSIGN_OR_RETURN(m.shared, up.GatedMlp(w.shared));
+          ASSIGN_OR_RETURN(m.shared_up, up.Matrix(w.shared_up, "moe shared up"));
+          ASSIGN_OR_RETURN(m.shared_down, up.Matrix(w.shared_down, "moe shared down"));
         }
         d.mixer = m;
         break;

@@ -73,11 +73,13 @@ struct DeviceGatedMlpWeights {
 };
 
 struct DeviceMoeWeights {
-  DeviceMatrix router;           // [num_experts, hidden]
-  DeviceMatrix experts_gate_up;  // [num_experts * 2 * intermediate, hidden]
-  DeviceMatrix experts_down;     // [num_experts * hidden, intermediate]
+  DeviceMatrix router;                 // [num_experts, hidden]
+  const float* router_bias = nullptr;  // [num_experts] or null
+  DeviceMatrix experts_up;             // [num_experts * up_rows(inter), hidden]
+  DeviceMatrix experts_down;           // [num_experts * hidden, inter]
   bool has_shared = false;
-  DeviceGatedMlpWeights shared;  // when has_shared
+  DeviceMatrix shared_up;    // [up_rows(shared), hidden] when has_shared
+  DeviceMatrix shared_down;  // [hidden, shared]
 };
 
 struct DeviceLayerWeights {

@@ -61,8 +61,7 @@ absl::StatusOr<LayerKind> KindFromSymbol(char c, size_t index) {
     case '-':
       return LayerKind::kMlp;
     case 'E':
-      return absl::UnimplementedError(
-          absl::StrCat("hybrid_override_pattern: layer ", index, " is 'E' (MoE), which is not supported"));
+      return LayerKind::kMoe;
     default:
       return absl::InvalidArgumentError(absl::StrCat("hybrid_override_pattern: layer ", index, " has unknown symbol '",
                                                      std::string(1, c), "' (expected M, * or -)"));
@@ -78,9 +77,7 @@ absl::StatusOr<LayerKind> KindFromBlockType(const Json& v, size_t index) {
   if (name == "mamba" || name == "linear_attention") return LayerKind::kMamba2;
   if (name == "attention" || name == "full_attention") return LayerKind::kAttention;
   if (name == "mlp") return LayerKind::kMlp;
-  if (name == "moe") {
-    return absl::UnimplementedError(absl::StrCat("layers_block_type[", index, "] is \"moe\", which is not supported"));
-  }
+  if (name == "moe") return LayerKind::kMoe;
   return absl::InvalidArgumentError(absl::StrCat("layers_block_type[", index, "] has unknown block type \"", name,
                                                  "\" (expected linear_attention, full_attention, mlp or moe)"));
 }
@@ -149,6 +146,27 @@ absl::Status CheckSiluActivation(const ConfigFields& f, absl::string_view key) {
   return absl::OkStatus();
 }
 
+// Nemotron-H's 'E' blocks (transformers 5.23 NemotronHMoE): relu2 experts, a
+// relu2 shared expert, sigmoid group-limited top-k routing.
+absl::Status ParseNemotronMoe(const ConfigFields& f, MoeParams& moe) {
+  moe.router = MoeRouter::kSigmoidGroupTopK;
+  moe.expert = ExpertKind::kRelu2;
+  ASSIGN_OR_RETURN(moe.num_experts, f.Int({"n_routed_experts", "num_local_experts"}, 8));
+  ASSIGN_OR_RETURN(moe.top_k, f.Int({"num_experts_per_tok"}, 2));
+  ASSIGN_OR_RETURN(moe.intermediate_size, f.Int({"moe_intermediate_size"}, std::nullopt));
+  ASSIGN_OR_RETURN(moe.shared_intermediate_size, f.Int({"moe_shared_expert_intermediate_size"}, std::nullopt));
+  ASSIGN_OR_RETURN(moe.n_group, f.Int({"n_group"}, 1));
+  ASSIGN_OR_RETURN(moe.topk_group, f.Int({"topk_group"}, 1));
+  ASSIGN_OR_RETURN(moe.norm_topk_prob, f.Bool({"norm_topk_prob"}, true));
+  ASSIGN_OR_RETURN(double scaling, f.Float({"routed_scaling_factor"}, 1.0));
+  moe.routed_scaling_factor = static_cast<float>(scaling);
+  if (f.Has("moe_latent_size")) {
+    return absl::UnimplementedError(
+        absl::StrCat("moe_latent_size (", Excerpt(f.Get("moe_latent_size")), ") is not supported"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseNemotronH(const ConfigFields& f, ModelConfig& c) {
   c.family = ModelFamily::kNemotronH;
   ASSIGN_OR_RETURN(c.layers, NemotronLayers(f));
@@ -199,6 +217,15 @@ absl::Status ParseNemotronH(const ConfigFields& f, ModelConfig& c) {
     }
     c.mlp.activation = MlpActivation::kRelu2;
     ASSIGN_OR_RETURN(c.mlp.use_bias, f.Bool({"mlp_bias"}, false));
+  }
+  if (c.CountLayers(LayerKind::kMoe) > 0) {
+    ASSIGN_OR_RETURN(std::string act, f.String({"mlp_hidden_act"}, "relu2"));
+    if (act != "relu2") {
+      return absl::UnimplementedError(absl::StrCat("mlp_hidden_act \"", act, "\" is not supported (only relu2)"));
+    }
+    ASSIGN_OR_RETURN(bool bias, f.Bool({"mlp_bias"}, false));
+    if (bias) return absl::UnimplementedError("mlp_bias true is not supported with MoE layers");
+    RETURN_IF_ERROR(ParseNemotronMoe(f, c.moe));
   }
   ASSIGN_OR_RETURN(c.residual_in_fp32, f.Bool({"residual_in_fp32"}, false));
   return absl::OkStatus();
@@ -373,9 +400,17 @@ absl::Status ParseBamba(const ConfigFields& f, ModelConfig& c) {
     AttentionParams& a = c.attention;
     RETURN_IF_ERROR(ParseLlamaStyleAttention(f, c.hidden_size, a));
     RETURN_IF_ERROR(ParseRope(f, a));
-    // BambaConfig hard-codes partial_rotary_factor 0.5 (whatever the file says).
+    // rope_parameters.partial_rotary_factor, 0.5 when absent (BambaConfig's default).
+    double factor = 0.5;
+    if (f.Has("rope_parameters")) {
+      ConfigFields r(f.Get("rope_parameters"));
+      ASSIGN_OR_RETURN(factor, r.Float({"partial_rotary_factor"}, 0.5));
+    }
+    if (!(factor > 0.0 && factor <= 1.0)) {
+      return absl::InvalidArgumentError(absl::StrCat("partial_rotary_factor (", factor, ") must be in (0, 1]"));
+    }
     a.use_rope = true;
-    a.rotary_dim = static_cast<int64_t>(static_cast<double>(a.head_dim) * 0.5);
+    a.rotary_dim = static_cast<int64_t>(static_cast<double>(a.head_dim) * factor);
   }
   ASSIGN_OR_RETURN(c.gated_mlp.intermediate_size, f.Int({"intermediate_size"}, std::nullopt));
   ASSIGN_OR_RETURN(c.gated_mlp.use_bias, f.Bool({"mlp_bias"}, false));
@@ -552,6 +587,30 @@ absl::Status ValidateMoe(const MoeParams& moe) {
   if (moe.shared_intermediate_size != 0) {
     RETURN_IF_ERROR(CheckDim("shared_intermediate_size", moe.shared_intermediate_size));
   }
+  if (moe.router == MoeRouter::kSigmoidGroupTopK) {
+    if (moe.n_group < 1 || moe.num_experts % moe.n_group != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("n_group (", moe.n_group, ") must divide n_routed_experts (", moe.num_experts, ")"));
+    }
+    if (moe.n_group > 1 && moe.num_experts / moe.n_group < 2) {
+      return absl::InvalidArgumentError(absl::StrCat("n_group (", moe.n_group,
+                                                     ") leaves fewer than two experts per group (a group is scored "
+                                                     "by its two best experts)"));
+    }
+    if (moe.topk_group < 1 || moe.topk_group > moe.n_group) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("topk_group (", moe.topk_group, ") must be in [1, n_group ", moe.n_group, "]"));
+    }
+    if (moe.top_k > moe.topk_group * (moe.num_experts / moe.n_group)) {
+      return absl::InvalidArgumentError(absl::StrCat("num_experts_per_tok (", moe.top_k,
+                                                     ") exceeds the experts of topk_group groups (",
+                                                     moe.topk_group * (moe.num_experts / moe.n_group), ")"));
+    }
+    if (!std::isfinite(moe.routed_scaling_factor)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("routed_scaling_factor (", moe.routed_scaling_factor, ") must be finite"));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -659,10 +718,9 @@ absl::Status ModelConfig::Validate() const {
   if (CountLayers(LayerKind::kMoe) > 0) RETURN_IF_ERROR(ValidateMoe(moe));
   const bool decoder_layers = family == ModelFamily::kBamba || family == ModelFamily::kGraniteMoeHybrid;
   if (decoder_layers) RETURN_IF_ERROR(ValidateDecoderLayers(*this));
-  if (!decoder_layers && (CountLayers(LayerKind::kGatedMlp) > 0 || CountLayers(LayerKind::kMoe) > 0)) {
-    return absl::InvalidArgumentError(absl::StrCat("a ", ModelFamilyName(family),
-                                                   " model has no gated MLP or expert blocks, got pattern \"",
-                                                   LayerPattern(), "\""));
+  if (!decoder_layers && CountLayers(LayerKind::kGatedMlp) > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a ", ModelFamilyName(family), " model has no gated MLP blocks, got pattern \"", LayerPattern(), "\""));
   }
   for (const auto& [name, value] : {std::pair<const char*, float>{"embedding_multiplier", embedding_multiplier},
                                     {"residual_multiplier", residual_multiplier},
@@ -716,8 +774,13 @@ std::string ModelConfig::CanonicalString() const {
                           static_cast<int>(gated_mlp.use_bias));
   }
   if (CountLayers(LayerKind::kMoe) > 0) {
-    absl::StrAppendFormat(&out, "moe{experts=%d,top_k=%d,intermediate=%d,shared=%d,router=%d};", moe.num_experts,
-                          moe.top_k, moe.intermediate_size, moe.shared_intermediate_size, static_cast<int>(moe.router));
+    absl::StrAppendFormat(
+        &out,
+        "moe{experts=%d,top_k=%d,intermediate=%d,shared=%d,router=%d,expert=%d,groups=%d,topk_groups=%d,"
+        "norm_topk=%d,scaling=%a};",
+        moe.num_experts, moe.top_k, moe.intermediate_size, moe.shared_intermediate_size, static_cast<int>(moe.router),
+        static_cast<int>(moe.expert), moe.n_group, moe.topk_group, static_cast<int>(moe.norm_topk_prob),
+        moe.routed_scaling_factor);
   }
   if (embedding_multiplier != 1.0f || residual_multiplier != 1.0f || logits_scaling != 1.0f) {
     absl::StrAppendFormat(&out, "multipliers{embedding=%a,residual=%a,logits_scaling=%a};", embedding_multiplier,

@@ -154,21 +154,41 @@ struct GatedMlpParams {
 // How a mixture-of-experts block picks and weighs its experts.
 enum class MoeRouter {
   // Granite: top_k of the router logits (largest first), then a softmax over
-  // those k logits. No normalisation beyond the softmax, no bias.
+  // those k logits.
   kTopKSoftmax,
+  // Nemotron-H (DeepSeek-V3 style): scores = sigmoid(logits); choice = scores +
+  // e_score_correction_bias; the experts split into n_group groups, a group
+  // scored by the sum of its two best choices, the topk_group best groups
+  // kept; the top_k best choices among their experts; weights = their
+  // scores, divided by (their sum + 1e-20) when norm_topk_prob, times
+  // routed_scaling_factor.
+  kSigmoidGroupTopK,
 };
 
-// Hyper-parameters of every mixture-of-experts block. Each expert is a gated
-// MLP (Granite: input_linear [gate | up], output_linear; silu). The block's
-// output is sum over the chosen experts e (ascending e) of weight_e * expert_e(x),
-// plus the shared expert's output (a gated MLP of shared_intermediate_size; 0:
-// none).
+// What an expert (and the shared expert) computes.
+enum class ExpertKind {
+  kSwiGlu,  // Granite: down(silu(gate(x)) * up(x)), the up projection's rows [gate | up]
+  kRelu2,   // Nemotron-H: down(relu(up(x))^2)
+};
+
+// Hyper-parameters of every mixture-of-experts block. The block's output is
+// sum over the chosen experts e (ascending e) of weight_e * expert_e(x), plus
+// the shared expert's output (shared_intermediate_size 0: none).
 struct MoeParams {
   int64_t num_experts = 0;
   int64_t top_k = 0;              // 1 <= top_k <= num_experts
   int64_t intermediate_size = 0;  // per expert
   int64_t shared_intermediate_size = 0;
   MoeRouter router = MoeRouter::kTopKSoftmax;
+  ExpertKind expert = ExpertKind::kSwiGlu;
+  // kSigmoidGroupTopK only.
+  int64_t n_group = 1;     // divides num_experts
+  int64_t topk_group = 1;  // 1 <= topk_group <= n_group
+  bool norm_topk_prob = true;
+  float routed_scaling_factor = 1.0f;
+
+  // Rows of an expert's up projection: 2 * inter for kSwiGlu, inter for kRelu2.
+  int64_t up_rows(int64_t inter) const { return expert == ExpertKind::kSwiGlu ? 2 * inter : inter; }
 };
 
 // Value type. Obtained from ParseModelConfig / LoadModelConfig, which validate

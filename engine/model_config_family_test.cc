@@ -68,6 +68,34 @@ Json GraniteBase() {
   };
 }
 
+// As transformers 5.23 writes a small NemotronHConfig with an 'E' block.
+Json NemotronMoeBase() {
+  return Json{
+      {"model_type", "nemotron_h"},
+      {"vocab_size", 64},
+      {"hidden_size", 32},
+      {"layers_block_type", {"linear_attention", "moe", "full_attention", "mlp"}},
+      {"mamba_num_heads", 4},
+      {"mamba_head_dim", 16},
+      {"ssm_state_size", 8},
+      {"n_groups", 2},
+      {"chunk_size", 16},
+      {"num_attention_heads", 4},
+      {"num_key_value_heads", 2},
+      {"head_dim", 8},
+      {"intermediate_size", 48},
+      {"n_routed_experts", 8},
+      {"moe_intermediate_size", 16},
+      {"moe_shared_expert_intermediate_size", 24},
+      {"num_experts_per_tok", 2},
+      {"n_group", 2},
+      {"topk_group", 1},
+      {"norm_topk_prob", true},
+      {"routed_scaling_factor", 2.5},
+      {"moe_latent_size", nullptr},
+  };
+}
+
 absl::StatusOr<ModelConfig> Parse(const Json& j) { return ParseModelConfig(j.dump()); }
 
 void ExpectError(const Json& j, absl::StatusCode code, absl::string_view substring) {
@@ -87,7 +115,7 @@ TEST(ModelConfigFamilyTest, BambaLayersAreMixerThenGatedMlp) {
   EXPECT_TRUE(c->mamba.decode_dt_clamp.IsNoOp());
   EXPECT_EQ(c->attention.head_dim, 8);
   EXPECT_TRUE(c->attention.use_rope);
-  EXPECT_EQ(c->attention.rotary_dim, 4);  // partial_rotary_factor 0.5, fixed by transformers
+  EXPECT_EQ(c->attention.rotary_dim, 4);  // rope_parameters.partial_rotary_factor 0.5
   EXPECT_EQ(c->attention.rope_theta, 10000.0);
   EXPECT_EQ(c->attention.scale, 0.0f);
   EXPECT_EQ(c->gated_mlp.intermediate_size, 48);
@@ -136,6 +164,46 @@ TEST(ModelConfigFamilyTest, GraniteDenseWithRopeAndLegacyBlockTypes) {
   EXPECT_TRUE(c->attention.use_rope);
   EXPECT_EQ(c->attention.rotary_dim, 8);
   EXPECT_EQ(c->attention.rope_theta, 500000.0);
+}
+
+TEST(ModelConfigFamilyTest, NemotronHMoeBlocks) {
+  absl::StatusOr<ModelConfig> c = Parse(NemotronMoeBase());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->LayerPattern(), "ME*-");
+  EXPECT_EQ(c->moe.router, MoeRouter::kSigmoidGroupTopK);
+  EXPECT_EQ(c->moe.expert, ExpertKind::kRelu2);
+  EXPECT_EQ(c->moe.num_experts, 8);
+  EXPECT_EQ(c->moe.up_rows(16), 16);
+  EXPECT_EQ(c->moe.shared_intermediate_size, 24);
+  EXPECT_EQ(c->moe.n_group, 2);
+  EXPECT_EQ(c->moe.routed_scaling_factor, 2.5f);
+  Json j = NemotronMoeBase();
+  j.erase("layers_block_type");
+  j["hybrid_override_pattern"] = "MEE*";
+  c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->CountLayers(LayerKind::kMoe), 2);
+}
+
+TEST(ModelConfigFamilyTest, NemotronHMoeRefusals) {
+  Json j = NemotronMoeBase();
+  j["moe_latent_size"] = 16;
+  ExpectError(j, absl::StatusCode::kUnimplemented, "moe_latent_size (16)");
+  j = NemotronMoeBase();
+  j["n_group"] = 3;
+  ExpectError(j, absl::StatusCode::kInvalidArgument, "n_group (3) must divide");
+  j = NemotronMoeBase();
+  j["topk_group"] = 3;
+  ExpectError(j, absl::StatusCode::kInvalidArgument, "topk_group (3)");
+  j = NemotronMoeBase();
+  j["num_experts_per_tok"] = 5;  // one group of 4 experts kept
+  ExpectError(j, absl::StatusCode::kInvalidArgument, "exceeds the experts of topk_group groups");
+  j = NemotronMoeBase();
+  j["mlp_hidden_act"] = "silu";
+  ExpectError(j, absl::StatusCode::kUnimplemented, "mlp_hidden_act \"silu\"");
+  j = NemotronMoeBase();
+  j.erase("moe_intermediate_size");
+  ExpectError(j, absl::StatusCode::kInvalidArgument, "moe_intermediate_size");
 }
 
 TEST(ModelConfigFamilyTest, FamiliesFingerprintTheirOwnFields) {

@@ -189,16 +189,6 @@ TEST(ModelConfigTest, LayerCountMismatchIsInvalid) {
   ExpectError(j, absl::StatusCode::kInvalidArgument, "num_hidden_layers (5)");
 }
 
-TEST(ModelConfigTest, MoeLayersAreUnimplemented) {
-  Json j = NemotronBase();
-  j["hybrid_override_pattern"] = "M*ME";
-  ExpectError(j, absl::StatusCode::kUnimplemented, "hybrid_override_pattern: layer 3 is 'E' (MoE)");
-  j = NemotronBase();
-  j.erase("hybrid_override_pattern");
-  j["layers_block_type"] = {"linear_attention", "moe"};
-  ExpectError(j, absl::StatusCode::kUnimplemented, "layers_block_type[1] is \"moe\"");
-}
-
 TEST(ModelConfigTest, UnknownLayerSymbolsAreInvalid) {
   Json j = NemotronBase();
   j["hybrid_override_pattern"] = "M*X";

@@ -23,6 +23,12 @@ inline constexpr absl::string_view kNemotronTiny = "tests/fixtures/golden/nemotr
 inline constexpr absl::string_view kMamba2Tiny = "tests/fixtures/golden/mamba2_tiny";
 // Nemotron-H with tie_word_embeddings=true and its own stored lm_head.weight.
 inline constexpr absl::string_view kNemotronTiedTiny = "tests/fixtures/golden/nemotron_h_tied_tiny";
+// Bamba (attention at layer 1; tiny2: attention at 0 and 3, mlp_bias, one kv head).
+inline constexpr absl::string_view kBambaTiny = "tests/fixtures/golden/bamba_tiny";
+inline constexpr absl::string_view kBambaTiny2 = "tests/fixtures/golden/bamba_tiny2";
+// GraniteMoeHybrid: MoE (8 experts, top 2, shared expert, no RoPE) and dense (RoPE, tied).
+inline constexpr absl::string_view kGraniteMoeTiny = "tests/fixtures/golden/granite_moe_tiny";
+inline constexpr absl::string_view kGraniteDenseTiny = "tests/fixtures/golden/granite_dense_tiny";
 inline constexpr absl::string_view kDefaultModel = "models/default";
 // Golden references of the default model (tools/make_golden.py --only default), without the model.
 inline constexpr absl::string_view kDefaultModelGolden = "tests/fixtures/golden/default";

@@ -248,7 +248,7 @@ class ModelWeights::Loader {
     WeightMatrix up;
     RETURN_IF_ERROR(TakeBody(p + "gate_proj.weight", {inter, hidden}, gate));
     RETURN_IF_ERROR(TakeBody(p + "up_proj.weight", {inter, hidden}, up));
-    w.gate_up = ConcatRows(gate, up);  // the bytes Take counted for the two, held once
+    w.gate_up = ConcatRows({gate, up});  // the bytes Take counted for the two, held once
     if (bias) {
       std::vector<float> gate_bias;
       RETURN_IF_ERROR(TakeBody(p + "gate_proj.bias", {inter}, gate_bias));
@@ -259,30 +259,55 @@ class ModelWeights::Loader {
     return TakeBodyIf(bias, p + "down_proj.bias", {hidden}, w.down_proj_bias);
   }
 
-  // Granite: block_sparse_moe.{router.layer, input_linear, output_linear} and the shared_mlp.
   absl::Status LoadMoe(const std::string& p, MoeLayerWeights& w) {
     const MoeParams& moe = config_.moe;
     const int64_t hidden = config_.hidden_size;
-    const std::string m = p + "block_sparse_moe.";
-    RETURN_IF_ERROR(TakeBody(m + "router.layer.weight", {moe.num_experts, hidden}, w.router));
-    RETURN_IF_ERROR(
-        TakeBody(m + "input_linear.weight", {moe.num_experts, 2 * moe.intermediate_size, hidden}, w.experts_gate_up));
-    RETURN_IF_ERROR(
-        TakeBody(m + "output_linear.weight", {moe.num_experts, hidden, moe.intermediate_size}, w.experts_down));
-    if (moe.shared_intermediate_size == 0) return absl::OkStatus();
-    return LoadGatedMlp(p, moe.shared_intermediate_size, /*bias=*/false, w.shared);
+    const int64_t experts = moe.num_experts;
+    const int64_t inter = moe.intermediate_size;
+    const int64_t shared = moe.shared_intermediate_size;
+    if (config_.family == ModelFamily::kGraniteMoeHybrid) {
+      // block_sparse_moe.{router.layer, input_linear, output_linear} and the shared_mlp.
+      const std::string m = p + "block_sparse_moe.";
+      RETURN_IF_ERROR(TakeBody(m + "router.layer.weight", {experts, hidden}, w.router));
+      RETURN_IF_ERROR(TakeBody(m + "input_linear.weight", {experts, moe.up_rows(inter), hidden}, w.experts_up));
+      RETURN_IF_ERROR(TakeBody(m + "output_linear.weight", {experts, hidden, inter}, w.experts_down));
+      if (shared == 0) return absl::OkStatus();
+      RETURN_IF_ERROR(TakeBody(p + "shared_mlp.input_linear.weight", {moe.up_rows(shared), hidden}, w.shared_up));
+      return TakeBody(p + "shared_mlp.output_linear.weight", {hidden, shared}, w.shared_down);
+    }
+    // Nemotron-H: mixer.{gate, experts, shared_experts}.
+    RETURN_IF_ERROR(TakeBody(p + "gate.weight", {experts, hidden}, w.router));
+    RETURN_IF_ERROR(TakeBody(p + "gate.e_score_correction_bias", {experts}, w.router_bias));
+    if (checkpoint_.Contains(prefix_ + p + "experts.up_proj")) {
+      RETURN_IF_ERROR(TakeBody(p + "experts.up_proj", {experts, inter, hidden}, w.experts_up));
+      RETURN_IF_ERROR(TakeBody(p + "experts.down_proj", {experts, hidden, inter}, w.experts_down));
+    } else {
+      std::vector<WeightMatrix> ups(static_cast<size_t>(experts));
+      std::vector<WeightMatrix> downs(static_cast<size_t>(experts));
+      for (int64_t e = 0; e < experts; ++e) {
+        const std::string x = absl::StrCat(p, "experts.", e, ".");
+        RETURN_IF_ERROR(TakeBody(x + "up_proj.weight", {inter, hidden}, ups[static_cast<size_t>(e)]));
+        RETURN_IF_ERROR(TakeBody(x + "down_proj.weight", {hidden, inter}, downs[static_cast<size_t>(e)]));
+      }
+      w.experts_up = ConcatRows(ups);
+      w.experts_down = ConcatRows(downs);
+    }
+    if (shared == 0) return absl::OkStatus();
+    RETURN_IF_ERROR(TakeBody(p + "shared_experts.up_proj.weight", {shared, hidden}, w.shared_up));
+    return TakeBody(p + "shared_experts.down_proj.weight", {hidden, shared}, w.shared_down);
   }
 
-  // Rows of `a` then rows of `b`, in bf16 when both are, else in fp32.
-  static WeightMatrix ConcatRows(const WeightMatrix& a, const WeightMatrix& b) {
+  // Rows of the parts, one after another: bf16 when every part is, else fp32.
+  static WeightMatrix ConcatRows(const std::vector<WeightMatrix>& parts) {
     WeightMatrix out;
-    if (a.is_bf16() && b.is_bf16()) {
-      out.bf16 = a.bf16;
-      out.bf16.insert(out.bf16.end(), b.bf16.begin(), b.bf16.end());
-    } else {
-      out.f32 = a.ToFloat32();
-      const std::vector<float> tail = b.ToFloat32();
-      out.f32.insert(out.f32.end(), tail.begin(), tail.end());
+    const bool bf16 = std::all_of(parts.begin(), parts.end(), [](const WeightMatrix& m) { return m.is_bf16(); });
+    for (const WeightMatrix& m : parts) {
+      if (bf16) {
+        out.bf16.insert(out.bf16.end(), m.bf16.begin(), m.bf16.end());
+      } else {
+        const std::vector<float> widened = m.ToFloat32();
+        out.f32.insert(out.f32.end(), widened.begin(), widened.end());
+      }
     }
     return out;
   }

@@ -29,6 +29,11 @@
 //            model.layers.{L}.block_sparse_moe.router.layer.weight    [experts, hidden]
 //            model.layers.{L}.block_sparse_moe.input_linear.weight    [experts, 2 * inter, hidden]
 //            model.layers.{L}.block_sparse_moe.output_linear.weight   [experts, hidden, inter]
+// Nemotron-H 'E' blocks: P.layers.{i}.mixer.gate.weight [experts, hidden],
+// .gate.e_score_correction_bias [experts], .experts.{e}.up_proj.weight [inter, hidden],
+// .experts.{e}.down_proj.weight [hidden, inter] (as save_pretrained writes them; the
+// fused in-memory .experts.up_proj [experts, inter, hidden] / .experts.down_proj are
+// accepted too), .shared_experts.{up,down}_proj.weight.
 //   model.final_layernorm.weight (Bamba) | model.norm.weight (Granite)
 //
 // The LM head is the weight transformers 5 computes the logits with:
@@ -112,11 +117,15 @@ struct GatedMlpLayerWeights {
   std::vector<float> down_proj_bias;  // [hidden] if biased, else empty
 };
 
+// The up projections' rows are [gate | up] per expert for SwiGLU experts
+// (Granite), up alone for relu2 experts (Nemotron-H): MoeParams::up_rows.
 struct MoeLayerWeights {
-  WeightMatrix router;           // [num_experts, hidden]
-  WeightMatrix experts_gate_up;  // [num_experts * 2 * intermediate, hidden]: expert e's [gate | up] rows
-  WeightMatrix experts_down;     // [num_experts * hidden, intermediate]: expert e's rows [e * hidden, ...)
-  GatedMlpLayerWeights shared;   // empty when shared_intermediate_size is 0
+  WeightMatrix router;             // [num_experts, hidden]
+  std::vector<float> router_bias;  // [num_experts]: e_score_correction_bias (Nemotron-H), else empty
+  WeightMatrix experts_up;         // [num_experts * up_rows(inter), hidden]
+  WeightMatrix experts_down;       // [num_experts * hidden, inter]: expert e's rows [e * hidden, ...)
+  WeightMatrix shared_up;          // [up_rows(shared), hidden]; empty without a shared expert
+  WeightMatrix shared_down;        // [hidden, shared]
 };
 
 struct LayerWeights {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "common/status_macros.h"
 #include "engine/backend_registry.h"
 #include "engine/gated_mlp_layer.h"
+#include "kernels/activation_params.h"
 #include "kernels/rows_params.h"
 
 namespace hybridserve::engine {
@@ -41,6 +43,12 @@ class MoeLayerRunner final : public LayerRunner {
     const int64_t experts = p_.num_experts;
     const int64_t inter = p_.intermediate_size;
 
+    if (w_.router_bias != nullptr && host_router_bias_.empty()) {
+      host_router_bias_.resize(static_cast<size_t>(experts));
+      RETURN_IF_ERROR(KernelStatusToStatus(env_.backend->CopyToHost(host_router_bias_.data(), w_.router_bias,
+                                                                    experts * static_cast<int64_t>(sizeof(float))),
+                                           "copying the router bias"));
+    }
     ASSIGN_OR_RETURN(float* logits, env_.workspace->Get<float>(kRouterLogits, n * experts));
     RETURN_IF_ERROR(Linear(env_, normed, n, hidden, w_.router, experts, /*bias=*/nullptr, logits,
                            /*accumulate=*/false, "moe router"));
@@ -70,11 +78,9 @@ class MoeLayerRunner final : public LayerRunner {
       const int64_t first = offsets_[static_cast<size_t>(e)];
       const int64_t count = offsets_[static_cast<size_t>(e) + 1] - first;
       if (count == 0) continue;
-      DeviceGatedMlpWeights expert;
-      expert.gate_up = RowsFrom(w_.experts_gate_up, e * 2 * inter, hidden);
-      expert.down_proj = RowsFrom(w_.experts_down, e * hidden, inter);
-      RETURN_IF_ERROR(GatedMlp(env_, expert, gathered + first * hidden, count, hidden, inter, kExpertScratch,
-                               expert_out + first * hidden, /*accumulate=*/false));
+      RETURN_IF_ERROR(Expert(RowsFrom(w_.experts_up, e * p_.up_rows(inter), hidden),
+                             RowsFrom(w_.experts_down, e * hidden, inter), inter, gathered + first * hidden, count,
+                             expert_out + first * hidden, /*accumulate=*/false));
       // sum[row] += expert_out * weight, expert by expert (a row occurs once per expert).
       kernels::ScatterAddRowsParams add;
       add.x = expert_out + first * hidden;
@@ -87,10 +93,113 @@ class MoeLayerRunner final : public LayerRunner {
       RETURN_IF_ERROR(KernelStatusToStatus(env_.backend->ScatterAddRows(add), "ScatterAddRows(moe)"));
     }
     if (w_.has_shared) {
-      RETURN_IF_ERROR(GatedMlp(env_, w_.shared, normed, n, hidden, p_.shared_intermediate_size, kExpertScratch, sum,
-                               /*accumulate=*/true));
+      RETURN_IF_ERROR(
+          Expert(w_.shared_up, w_.shared_down, p_.shared_intermediate_size, normed, n, sum, /*accumulate=*/true));
     }
     return AddToResidual(env_, sum, n, hidden, residual);
+  }
+
+  // y (+)= down(act(up(x))) for x [n, hidden]: one expert (or the shared one).
+  absl::Status Expert(const DeviceMatrix& up, const DeviceMatrix& down, int64_t inter, const float* x, int64_t n,
+                      float* y, bool accumulate) {
+    const int64_t hidden = config_.hidden_size;
+    if (p_.expert == ExpertKind::kSwiGlu) {
+      DeviceGatedMlpWeights w;
+      w.gate_up = up;
+      w.down_proj = down;
+      return GatedMlp(env_, w, x, n, hidden, inter, kExpertScratch, y, accumulate);
+    }
+    ASSIGN_OR_RETURN(float* h, env_.workspace->Get<float>(kExpertScratch, n * inter));
+    RETURN_IF_ERROR(Linear(env_, x, n, hidden, up, inter, /*bias=*/nullptr, h, /*accumulate=*/false, "expert up"));
+    kernels::ActivationParams act;
+    act.x = h;
+    act.out = h;
+    act.n_rows = n;
+    act.dim = inter;
+    act.kind = kernels::ActivationKind::kReluSquared;
+    RETURN_IF_ERROR(KernelStatusToStatus(env_.backend->Activation(act), "Activation(relu2)"));
+    return Linear(env_, h, n, inter, down, hidden, /*bias=*/nullptr, y, accumulate, "expert down");
+  }
+
+  // Row r's experts (choice_[r * k, ...)) and weights, per MoeRouter.
+  void ChooseTopKSoftmax(const float* l, int64_t r) {
+    const int64_t k = p_.top_k;
+    std::iota(order_.begin(), order_.end(), 0);
+    // The k largest logits, largest first; ties go to the lower expert id.
+    std::partial_sort(order_.begin(), order_.begin() + k, order_.end(),
+                      [l](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+    // Softmax over those k logits (fp32, max subtracted, as torch computes it).
+    const float top = l[order_[0]];
+    float total = 0.0f;
+    for (int64_t j = 0; j < k; ++j) {
+      const float v = std::exp(l[order_[static_cast<size_t>(j)]] - top);
+      choice_weight_[static_cast<size_t>(r * k + j)] = v;
+      total += v;
+    }
+    for (int64_t j = 0; j < k; ++j) {
+      choice_[static_cast<size_t>(r * k + j)] = order_[static_cast<size_t>(j)];
+      choice_weight_[static_cast<size_t>(r * k + j)] /= total;
+    }
+  }
+
+  void ChooseSigmoidGroupTopK(const float* l, int64_t r) {
+    const int64_t experts = p_.num_experts;
+    const int64_t k = p_.top_k;
+    const int64_t per_group = experts / p_.n_group;
+    scores_.resize(static_cast<size_t>(experts));
+    choice_score_.resize(static_cast<size_t>(experts));
+    for (int64_t e = 0; e < experts; ++e) {
+      scores_[static_cast<size_t>(e)] = 1.0f / (1.0f + std::exp(-l[e]));
+      choice_score_[static_cast<size_t>(e)] =
+          scores_[static_cast<size_t>(e)] +
+          (host_router_bias_.empty() ? 0.0f : host_router_bias_[static_cast<size_t>(e)]);
+    }
+    const float* c = choice_score_.data();
+    auto better = [c](int32_t a, int32_t b) { return c[a] > c[b] || (c[a] == c[b] && a < b); };
+    // Groups scored by the sum of their two best choices; the topk_group best kept.
+    std::vector<float>& group_score = group_score_;
+    group_score.assign(static_cast<size_t>(p_.n_group), 0.0f);
+    for (int64_t g = 0; g < p_.n_group; ++g) {
+      float best = -std::numeric_limits<float>::infinity();
+      float second = -std::numeric_limits<float>::infinity();
+      for (int64_t e = g * per_group; e < (g + 1) * per_group; ++e) {
+        const float v = c[e];
+        if (v > best) {
+          second = best;
+          best = v;
+        } else if (v > second) {
+          second = v;
+        }
+      }
+      group_score[static_cast<size_t>(g)] = per_group >= 2 ? best + second : best;
+    }
+    group_order_.resize(static_cast<size_t>(p_.n_group));
+    std::iota(group_order_.begin(), group_order_.end(), 0);
+    std::partial_sort(group_order_.begin(), group_order_.begin() + p_.topk_group, group_order_.end(),
+                      [&group_score](int32_t a, int32_t b) {
+                        return group_score[static_cast<size_t>(a)] > group_score[static_cast<size_t>(b)] ||
+                               (group_score[static_cast<size_t>(a)] == group_score[static_cast<size_t>(b)] && a < b);
+                      });
+    // The top_k best choices among the kept groups' experts.
+    order_.clear();
+    for (int64_t j = 0; j < p_.topk_group; ++j) {
+      const int64_t g = group_order_[static_cast<size_t>(j)];
+      for (int64_t e = g * per_group; e < (g + 1) * per_group; ++e) order_.push_back(static_cast<int32_t>(e));
+    }
+    std::partial_sort(order_.begin(), order_.begin() + k, order_.end(), better);
+    float total = 0.0f;
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t e = order_[static_cast<size_t>(j)];
+      choice_[static_cast<size_t>(r * k + j)] = e;
+      choice_weight_[static_cast<size_t>(r * k + j)] = scores_[static_cast<size_t>(e)];
+      total += scores_[static_cast<size_t>(e)];
+    }
+    for (int64_t j = 0; j < k; ++j) {
+      float& w = choice_weight_[static_cast<size_t>(r * k + j)];
+      if (p_.norm_topk_prob) w /= total + 1e-20f;
+      w *= p_.routed_scaling_factor;
+    }
+    order_.resize(static_cast<size_t>(experts));
   }
 
   // Fills rows_/weights_ grouped by expert (ascending), rows ascending within
@@ -100,24 +209,13 @@ class MoeLayerRunner final : public LayerRunner {
     const int64_t k = p_.top_k;
     choice_.resize(static_cast<size_t>(n * k));
     choice_weight_.resize(static_cast<size_t>(n * k));
-    std::vector<int32_t> order(static_cast<size_t>(experts));
+    order_.resize(static_cast<size_t>(experts));
     for (int64_t r = 0; r < n; ++r) {
       const float* l = host_logits_.data() + r * experts;
-      std::iota(order.begin(), order.end(), 0);
-      // The k largest logits, largest first; ties go to the lower expert id.
-      std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                        [l](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
-      // Softmax over those k logits (fp32, max subtracted, as torch computes it).
-      const float top = l[order[0]];
-      float total = 0.0f;
-      for (int64_t j = 0; j < k; ++j) {
-        const float v = std::exp(l[order[static_cast<size_t>(j)]] - top);
-        choice_weight_[static_cast<size_t>(r * k + j)] = v;
-        total += v;
-      }
-      for (int64_t j = 0; j < k; ++j) {
-        choice_[static_cast<size_t>(r * k + j)] = order[static_cast<size_t>(j)];
-        choice_weight_[static_cast<size_t>(r * k + j)] /= total;
+      if (p_.router == MoeRouter::kTopKSoftmax) {
+        ChooseTopKSoftmax(l, r);
+      } else {
+        ChooseSigmoidGroupTopK(l, r);
       }
     }
     offsets_.assign(static_cast<size_t>(experts) + 1, 0);
@@ -141,6 +239,12 @@ class MoeLayerRunner final : public LayerRunner {
   const LayerEnv env_;
   // Host routing buffers, kept to avoid reallocation per call.
   std::vector<float> host_logits_;
+  std::vector<float> host_router_bias_;  // empty without a router bias
+  std::vector<int32_t> order_;
+  std::vector<float> scores_;
+  std::vector<float> choice_score_;
+  std::vector<float> group_score_;
+  std::vector<int32_t> group_order_;
   std::vector<int32_t> choice_;
   std::vector<float> choice_weight_;
   std::vector<int64_t> offsets_;

@@ -1,11 +1,12 @@
 #ifndef HYBRIDSERVE_ENGINE_MOE_LAYER_H_
 #define HYBRIDSERVE_ENGINE_MOE_LAYER_H_
 
-// The mixture-of-experts block (Granite's block_sparse_moe + shared_mlp):
+// The mixture-of-experts block (Granite's block_sparse_moe + shared_mlp,
+// Nemotron-H's NemotronHMoE):
 //   y = sum over the row's chosen experts e, ascending e, of w_e * expert_e(x)
 //       + shared(x)
 // then residual += residual_multiplier * y. Experts and the shared expert are
-// gated MLPs (gated_mlp_layer.h).
+// SwiGLU MLPs (Granite) or relu2 MLPs (Nemotron-H): MoeParams::expert.
 //
 // Routing runs on the host: the router logits [rows, experts] are copied back,
 // each row's top_k experts and weights chosen (MoeRouter), and the rows grouped
