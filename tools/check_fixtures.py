@@ -101,6 +101,7 @@ def check_exact(fixtures, report):
 # model.safetensors byte for byte.
 E2E_MODELS = {"nemotron_h_e2e": ("nemotron_h", 23), "mamba2_e2e": ("mamba2", 23), "bamba_e2e": ("bamba", 23),
               "granite_e2e": ("granitemoehybrid", 23)}
+E2E_MODELS["falcon_h1_e2e"] = ("falcon_h1", 23)
 
 
 def check_e2e_models(report):
