@@ -176,6 +176,15 @@ INSTANTIATE_TEST_SUITE_P(
                     kMeasuredBoundFamilies},
         GoldenParam{
             "GraniteDenseTiny", testing::kGraniteDenseTiny, kernels::MatmulMode::kFast, {}, kMeasuredBoundFamilies},
+        GoldenParam{
+            "FalconH1Tiny", testing::kFalconTiny, kernels::MatmulMode::kDeterministic, {}, kMeasuredBoundFamilies},
+        GoldenParam{"FalconH1Tiny", testing::kFalconTiny, kernels::MatmulMode::kFast, {}, kMeasuredBoundFamilies},
+        GoldenParam{
+            "FalconH1Tiny2", testing::kFalconTiny2, kernels::MatmulMode::kDeterministic, {}, kMeasuredBoundFamilies},
+        GoldenParam{"FalconH1Tiny2", testing::kFalconTiny2, kernels::MatmulMode::kFast, {}, kMeasuredBoundFamilies},
+        GoldenParam{
+            "FalconH1Tiny3", testing::kFalconTiny3, kernels::MatmulMode::kDeterministic, {}, kMeasuredBoundFamilies},
+        GoldenParam{"FalconH1Tiny3", testing::kFalconTiny3, kernels::MatmulMode::kFast, {}, kMeasuredBoundFamilies},
         // The CUDA backend, fp32 weights. Emulated: exact arithmetic in other
         // reduction orders, so the tiny models' measured bound holds. On a GPU
         // (FMA contraction, fast exp) only the contract's 1e-4 is claimed:
@@ -206,6 +215,12 @@ INSTANTIATE_TEST_SUITE_P(
                     testing::TestTarget::kCudaEmulated},
         GoldenParam{"GraniteDenseTiny",
                     testing::kGraniteDenseTiny,
+                    kernels::MatmulMode::kDeterministic,
+                    {},
+                    kMeasuredBoundFamilies,
+                    testing::TestTarget::kCudaEmulated},
+        GoldenParam{"FalconH1Tiny2",
+                    testing::kFalconTiny2,
                     kernels::MatmulMode::kDeterministic,
                     {},
                     kMeasuredBoundFamilies,
