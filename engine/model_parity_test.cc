@@ -40,13 +40,15 @@ struct ParityParam {
   // golden.json measures up to 4.5e-3 between transformers' own cached and
   // uncached logits on this model; 2e-2 leaves room for longer histories.
   // Mamba2: no clamp on either path, only the rounding of the chunk scan
-  // against the one-step recurrence (golden.json: 4.5e-6), so 1e-4.
+  // against the one-step recurrence (golden.json: 4.5e-6), so 1e-4. Bamba and
+  // Granite clamp to time_step_limit [0, inf) in prefill only: no clamp in
+  // effect (golden.json: cached against uncached within 5.4e-6), so 1e-4.
   float decode_vs_prefill_tolerance;
   testing::TestTarget target = testing::TestTarget::kCpu;
 };
 
 std::string ParamName(const ::testing::TestParamInfo<ParityParam>& info) {
-  const std::string model = info.param.model_dir == testing::kNemotronTiny ? "NemotronHTiny" : "Mamba2Tiny";
+  const std::string model = testing::FixtureTestName(info.param.model_dir);
   return absl::StrCat(model, info.param.mode == kernels::MatmulMode::kDeterministic ? "Deterministic" : "Fast",
                       testing::TestTargetName(info.param.target));
 }
@@ -317,10 +319,19 @@ INSTANTIATE_TEST_SUITE_P(
         ParityParam{testing::kNemotronTiny, kernels::MatmulMode::kFast, 2e-2f},
         ParityParam{testing::kMamba2Tiny, kernels::MatmulMode::kDeterministic, 1e-4f},
         ParityParam{testing::kMamba2Tiny, kernels::MatmulMode::kFast, 1e-4f},
+        ParityParam{testing::kBambaTiny, kernels::MatmulMode::kDeterministic, 1e-4f},
+        ParityParam{testing::kBambaTiny2, kernels::MatmulMode::kFast, 1e-4f},
+        ParityParam{testing::kGraniteMoeTiny, kernels::MatmulMode::kDeterministic, 1e-4f},
+        ParityParam{testing::kGraniteMoeTiny, kernels::MatmulMode::kFast, 1e-4f},
+        ParityParam{testing::kGraniteDenseTiny, kernels::MatmulMode::kDeterministic, 1e-4f},
         // The same contracts on the CUDA backend, bit for bit against itself.
         ParityParam{testing::kNemotronTiny, kernels::MatmulMode::kDeterministic, 2e-2f,
                     testing::TestTarget::kCudaEmulated},
         ParityParam{testing::kMamba2Tiny, kernels::MatmulMode::kDeterministic, 1e-4f,
+                    testing::TestTarget::kCudaEmulated},
+        ParityParam{testing::kGraniteMoeTiny, kernels::MatmulMode::kDeterministic, 1e-4f,
+                    testing::TestTarget::kCudaEmulated},
+        ParityParam{testing::kBambaTiny2, kernels::MatmulMode::kDeterministic, 1e-4f,
                     testing::TestTarget::kCudaEmulated},
         ParityParam{testing::kNemotronTiny, kernels::MatmulMode::kDeterministic, 2e-2f, testing::TestTarget::kCudaGpu},
         ParityParam{testing::kNemotronTiny, kernels::MatmulMode::kFast, 2e-2f, testing::TestTarget::kCudaGpu},

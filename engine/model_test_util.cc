@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/runfiles.h"
 #include "engine/model_config.h"
@@ -104,6 +105,22 @@ std::unique_ptr<Model> MakeModel(const ModelWeights& weights, const ModelOptions
     return nullptr;
   }
   return std::move(model).value();
+}
+
+std::string FixtureTestName(absl::string_view model_dir) {
+  const size_t slash = model_dir.rfind('/');
+  const absl::string_view base = slash == absl::string_view::npos ? model_dir : model_dir.substr(slash + 1);
+  std::string name;
+  bool upper = true;
+  for (char c : base) {
+    if (c == '_') {
+      upper = true;
+      continue;
+    }
+    name.push_back(upper ? absl::ascii_toupper(static_cast<unsigned char>(c)) : c);
+    upper = false;
+  }
+  return name;
 }
 
 std::string TestTargetName(TestTarget target) {

@@ -56,6 +56,9 @@ std::unique_ptr<Model> MakeModel(const ModelWeights& weights, const ModelOptions
 enum class TestTarget { kCpu, kCudaEmulated, kCudaGpu };
 // "" for kCpu, "CudaEmulated", "CudaGpu": a suffix for test names.
 std::string TestTargetName(TestTarget target);
+// A fixture directory's last component in CamelCase, for test names:
+// ".../nemotron_h_tiny" -> "NemotronHTiny", "models/default" -> "Default".
+std::string FixtureTestName(absl::string_view model_dir);
 // The backend a test passes as ModelOptions::backend: null for kCpu (the model
 // makes its own); for kCudaGpu on a machine without a GPU, null after
 // GTEST_SKIP_ with the reason, and *skipped is set (where HS_REQUIRE_GPUS

@@ -26,7 +26,10 @@ For each fixture model (see MODELS) this script
      agree, notes; for a MoE model the routing under "moe").
 
 bamba_tiny, bamba_tiny2 (BambaForCausalLM) and granite_moe_tiny, granite_dense_tiny
-(GraniteMoeHybridForCausalLM) are checked and recorded the same way. The GraniteMoeHybrid
+(GraniteMoeHybridForCausalLM) and falcon_h1_tiny, falcon_h1_tiny2, falcon_h1_tiny3
+(FalconH1ForCausalLM; golden.json "falcon_h1" gives the head_dim, RoPE, mixer width, in_proj
+segments, gated-norm groups and multipliers transformers ran, after asserting its mup_vector)
+are checked and recorded the same way. The GraniteMoeHybrid
 MoE block runs with experts_implementation="eager" (transformers' per-expert loop; its
 default is grouped_mm), asserted after loading; golden.json "moe" names it and gives, per MoE
 layer over one uncached forward of each prompt, the tokens routed to each expert (every top-k
@@ -171,6 +174,8 @@ def dt_clamped_fraction(model, prompts):
 
     def hook(mixer, _inputs, output):
         dt_raw = output[..., -mixer.num_heads:]
+        if hasattr(mixer, "mup_vector"):  # Falcon-H1 scales in_proj's output segments after the projection
+            dt_raw = dt_raw * mixer.mup_vector[..., -mixer.num_heads:]
         dt = torch.nn.functional.softplus(dt_raw + mixer.dt_bias)
         counts[0] += int((dt < mixer.time_step_limit[0]).sum())
         counts[1] += dt.numel()
@@ -277,6 +282,28 @@ GRANITE_NOTES = [
     "[experts, 2*inter, hidden]), out = output_linear(silu(gate) * up). MoE: router logits = "
     "router.layer.weight x (fp32), top num_experts_per_tok by logit, weights = softmax over the chosen "
     "logits only (they sum to 1), out = sum of weight * expert(x).",
+]
+
+FALCON_H1_NOTES = [
+    "FalconH1 clamps dt to config time_step_limit (here [0, inf): a no-op) in the chunked path only.",
+    "FalconH1 decoder layer (every layer is both): x = input_layernorm(h); h += ssm_out_multiplier * "
+    "mamba(x) + attention_out_multiplier * self_attn(attention_in_multiplier * x); then h += "
+    "down_proj(up_proj(y) * silu(gate_proj(y) * mlp_multipliers[0])) * mlp_multipliers[1] with "
+    "y = pre_ff_layernorm(h) (the multipliers also scale the gate and down biases when mlp_bias). "
+    "h starts as embed_tokens * embedding_multiplier; logits = lm_head(final_layernorm(h)) * "
+    "lm_head_multiplier. rms_norm_eps everywhere.",
+    "FalconH1 mixer: in_proj(ssm_in_multiplier * x), then its output segments [z (d_ssm) | x (d_ssm) | "
+    "B (groups*d_state) | C (groups*d_state) | dt (heads)] are multiplied by ssm_multipliers[0..4] "
+    "(the dt segment before dt_bias and softplus), then Mamba2 as usual (conv1d + silu over x,B,C; "
+    "y = SSD(x, dt, A, B, C) + D * x). Inner width mamba_d_ssm (mamba_expand is ignored when it is "
+    "set). mamba_rms_norm false: out = out_proj(y * silu(z)), no norm tensor. mamba_rms_norm true: "
+    "group-wise gated RMSNorm over mamba_n_groups groups of d_ssm/groups, weight norm.weight [d_ssm]: "
+    "mamba_norm_before_gate true: norm(y) * silu(z); false: norm(y * silu(z)).",
+    "FalconH1 attention: head_dim = config head_dim when present, else hidden_size / num_attention_heads; "
+    "k = k_proj(x) * key_multiplier (before RoPE and the cache); scale head_dim^-0.5; RoPE on the full "
+    "head_dim, NeoX-style halves (rotate_half), inv_freq = rope_theta^(-2i/head_dim), positions from 0.",
+    "FalconH1ForCausalLM ties lm_head to embed_tokens when tie_word_embeddings (_tied_weights_keys); "
+    "embedding_multiplier scales only the input embedding, lm_head_multiplier only the logits.",
 ]
 
 
@@ -425,6 +452,33 @@ def nemotron_moe_routing_stats(model, prompts):
     }
 
 
+def falcon_h1_shapes(model):
+    """What a Falcon-H1 engine must read from config.json, as transformers resolved it; asserts that
+    every mixer's in-memory mup_vector (not in the file) is ssm_multipliers spread over in_proj's
+    [z | x | B | C | dt] rows."""
+    c = model.config
+    mixer = model.model.layers[0].mamba
+    d_ssm, gs = mixer.intermediate_size, c.mamba_n_groups * c.mamba_d_state
+    rows = [d_ssm, d_ssm, gs, gs, c.mamba_n_heads]
+    want = torch.cat([torch.full((n,), float(m)) for n, m in zip(rows, c.ssm_multipliers)])
+    for layer in model.model.layers:
+        assert torch.equal(layer.mamba.mup_vector.reshape(-1), want), "mup_vector is not ssm_multipliers"
+    attn = model.model.layers[0].self_attn
+    return {
+        "attention_head_dim": attn.head_dim,
+        "head_dim_in_config": "head_dim" in c.to_dict(),
+        "rope_theta": c.rope_parameters["rope_theta"],
+        "rope_dims": int(model.model.rotary_emb.inv_freq.numel() * 2),
+        "mamba_d_ssm": d_ssm,
+        "mamba_expand_in_config": c.mamba_expand,
+        "in_proj_rows_z_x_B_C_dt": rows,
+        "mamba_rms_norm": c.mamba_rms_norm,
+        "mamba_norm_before_gate": c.mamba_norm_before_gate,
+        "gated_norm_group_size": d_ssm // c.mamba_n_groups if c.mamba_rms_norm else None,
+        "multipliers": {k: getattr(c, k) for k in gen_model.FALCON_H1_MULTIPLIERS},
+    }
+
+
 def record_prompts(model, prompts, dest):
     """Runs every prompt, writes dest/golden.safetensors; returns (per-prompt stats, max |logit|, tensors)."""
     vocab = model.config.vocab_size
@@ -486,7 +540,7 @@ def make_fixture(name, arch, preset, seed, overrides, out_root):
     c = model.config
     notes = list(COMMON_NOTES)
     notes += {"nemotron_h": [NEMOTRON_H_DT_NOTE], "mamba2": [MAMBA2_DT_NOTE], "bamba": BAMBA_NOTES,
-              "granitemoehybrid": GRANITE_NOTES}[arch]
+              "granitemoehybrid": GRANITE_NOTES, "falcon_h1": FALCON_H1_NOTES}[arch]
     moe = (nemotron_moe_routing_stats if arch == "nemotron_h" else moe_routing_stats)(model, prompts)
     if arch == "nemotron_h" and moe is not None:
         notes.append(NEMOTRON_H_MOE_NOTE)
@@ -533,6 +587,7 @@ def make_fixture(name, arch, preset, seed, overrides, out_root):
         **({"tie_word_embeddings": True, "lm_head_is_embeddings": True}
            if c.tie_word_embeddings and not own_head else {}),
         **({"moe": moe} if moe is not None else {}),
+        **({"falcon_h1": falcon_h1_shapes(model)} if arch == "falcon_h1" else {}),
         "per_prompt": per_prompt,
         "notes": notes,
     }

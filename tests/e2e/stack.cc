@@ -138,6 +138,9 @@ const std::vector<ModelShape>& ModelShapes() {
       {"AttentionFirstPage64", "tests/fixtures/models/nemotron_h_e2e", 64, 32, 259, true},
       {"Mamba2Page16", "tests/fixtures/models/mamba2_e2e", 16, 16, 259, false},
       {"Mamba2Page32", "tests/fixtures/models/mamba2_e2e", 32, 16, 259, false},
+      // Bamba: RoPE attention, gated MLPs; Granite: mixture-of-experts blocks, μP multipliers.
+      {"BambaPage16", "tests/fixtures/models/bamba_e2e", 16, 32, 259, true},
+      {"GraniteMoePage8", "tests/fixtures/models/granite_e2e", 8, 16, 259, true},
   };
   return *shapes;
 }
