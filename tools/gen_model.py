@@ -4,7 +4,8 @@
 Archs: Nemotron-H, Mamba2, Bamba, GraniteMoeHybrid (Granite 4.0-H, MoE or dense), Falcon-H1.
 
 Usage:
-    python3 tools/gen_model.py --preset {tiny,tiny2,tiny3,default,e2e,bench,1b} --seed N --out DIR
+    python3 tools/gen_model.py --preset {tiny,tiny2,tiny3,default,e2e,bench,1b,moe_tiny,moe_tiny2,moe_e2e,
+                                        moe_bench} --seed N --out DIR
                                [--arch {nemotron_h,mamba2,bamba,granitemoehybrid,falcon_h1}]
                                [--dtype {fp32,bf16,fp16}]
 
@@ -34,10 +35,15 @@ Contract
   output_linear.weight, router.layer.weight} are experts.gate_up_proj, experts.down_proj
   and router.weight in memory. A tied GraniteMoeHybrid has no lm_head.weight in the file.
 * config.json for nemotron_h states the layer pattern twice, consistently:
-  `hybrid_override_pattern` (M = Mamba2 mixer, * = attention, - = MLP) and
-  `layers_block_type` (linear_attention / full_attention / mlp), plus the legacy
-  `num_hidden_layers`. Infinity is written as transformers 5 writes it:
-  {"__float__": "Infinity"}.
+  `hybrid_override_pattern` (M = Mamba2 mixer, * = attention, - = MLP, E = MoE) and
+  `layers_block_type` (linear_attention / full_attention / mlp / moe), plus the legacy
+  `num_hidden_layers`. With E blocks it adds the MoE fields save_pretrained writes
+  (n_routed_experts, moe_intermediate_size, moe_shared_expert_intermediate_size,
+  num_experts_per_tok, n_group, topk_group, norm_topk_prob, routed_scaling_factor,
+  moe_latent_size null, num_nextn_predict_layers 0, ...). An E block's file tensors are
+  mixer.gate.weight, mixer.gate.e_score_correction_bias, mixer.experts.E.{up,down}_proj.weight
+  (one 3-D tensor per projection in memory) and mixer.shared_experts.{up,down}_proj.weight.
+  Infinity is written as transformers 5 writes it: {"__float__": "Infinity"}.
 * bamba and granitemoehybrid presets state their pattern as a string of M (Mamba2 mixer)
   and * (attention); config.json has the fields save_pretrained writes (transformers 5.23):
   bamba `attn_layer_indices`, granitemoehybrid `layer_types` as "linear_attention" /
@@ -62,7 +68,9 @@ norm weight is then caught by the golden tests. Bamba: gate_proj as up_proj, MLP
 (mlp_bias) ~ N(0, 0.1^2). GraniteMoeHybrid: input_linear as up_proj, output_linear as
 down_proj, routers ~ N(0, ROUTER_GAIN^2 / hidden), and its multipliers folded into the init
 (granitemoehybrid_weights says how). Falcon-H1: its multipliers folded into the init likewise
-(falcon_h1_weights says how).
+(falcon_h1_weights says how). Nemotron-H E blocks: routers ~ N(0, ROUTER_GAIN^2 / hidden),
+e_score_correction_bias ~ N(0, NEMOTRON_BIAS_STD^2) (non-zero, so that it changes choices),
+experts and shared expert as MLPs, the experts' down_proj over the routed weights' typical sum.
 
 Presets
 -------
@@ -105,6 +113,14 @@ bench    ~127M parameters (nemotron_h) / ~135M (mamba2) / ~125M (bamba, "MM*MM*M
          "MM*MM*", 32 experts top-4 (inter 512), shared 1024, chunk 128: 394M parameters, 129M
          active per token (like nemotron_h's 127M). falcon_h1: Falcon-H1-0.5B's layer shapes in 8
          layers (134.5M). Generated on demand, never committed.
+moe_*    Nemotron-H with MoE ('E') blocks. moe_tiny: tiny's shapes, pattern "ME*E-M", 8 experts top-2
+         in 2 groups of which 1 is kept, norm_topk_prob, routed_scaling_factor 2.5, inter 16, shared
+         24. moe_tiny2: "EM*EME", Mamba2 8 heads x 8, n_groups 1, 1 KV head, 16 experts top-4, one
+         group, no norm_topk_prob, scaling 1.0, inter 12, shared 32. moe_e2e: byte vocabulary,
+         hidden 64, "MEM*E-", chunk 32, 8 experts top-2 in 4 groups of which 2 are kept, inter 16,
+         shared 32; committed as tests/fixtures/models/nemotron_h_moe_e2e (seed 23). moe_bench:
+         bench's shape with E for every '-' ("MEMEM*EMEMEM*EME"), 32 experts top-4 (inter 512),
+         shared 1024, one group, norm_topk_prob, scaling 2.5; never committed.
 """
 
 import argparse
@@ -158,6 +174,41 @@ PRESETS = {
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128,
         pad_token_id=BYTE_VOCAB["pad"], bos_token_id=BYTE_VOCAB["bos"], eos_token_id=BYTE_VOCAB["eos"],
         max_position_embeddings=8192),
+    # Nemotron-H with MoE blocks ('E' in the pattern, "moe" in layers_block_type; transformers 5.23
+    # NemotronHMoE): relu2 experts and a relu2 shared expert, sigmoid scores plus a correction bias
+    # choose the experts within the topk_group best of n_group groups; the weights are the chosen
+    # sigmoid scores (over their sum when norm_topk_prob) times routed_scaling_factor.
+    ("nemotron_h", "moe_tiny"): dict(
+        vocab_size=96, hidden_size=32, pattern="ME*E-M",
+        mamba_num_heads=4, mamba_head_dim=16, n_groups=2, ssm_state_size=16, conv_kernel=4, chunk_size=16,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, intermediate_size=64,
+        n_routed_experts=8, num_experts_per_tok=2, n_group=2, topk_group=1, norm_topk_prob=True,
+        routed_scaling_factor=2.5, moe_intermediate_size=16, moe_shared_expert_intermediate_size=24,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, max_position_embeddings=4096),
+    ("nemotron_h", "moe_tiny2"): dict(
+        vocab_size=96, hidden_size=32, pattern="EM*EME",
+        mamba_num_heads=8, mamba_head_dim=8, n_groups=1, ssm_state_size=16, conv_kernel=4, chunk_size=16,
+        num_attention_heads=4, num_key_value_heads=1, head_dim=8, intermediate_size=64,
+        n_routed_experts=16, num_experts_per_tok=4, n_group=1, topk_group=1, norm_topk_prob=False,
+        routed_scaling_factor=1.0, moe_intermediate_size=12, moe_shared_expert_intermediate_size=32,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, max_position_embeddings=4096),
+    ("nemotron_h", "moe_e2e"): dict(
+        vocab_size=BYTE_VOCAB_SIZE, hidden_size=64, pattern="MEM*E-",
+        mamba_num_heads=4, mamba_head_dim=16, n_groups=2, ssm_state_size=16, conv_kernel=4, chunk_size=32,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128,
+        n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2, norm_topk_prob=True,
+        routed_scaling_factor=2.5, moe_intermediate_size=16, moe_shared_expert_intermediate_size=32,
+        pad_token_id=BYTE_VOCAB["pad"], bos_token_id=BYTE_VOCAB["bos"], eos_token_id=BYTE_VOCAB["eos"],
+        max_position_embeddings=8192),
+    # The bench preset's shape with an MoE block in place of every MLP (Nemotron 3 Nano's routing:
+    # one group, norm_topk_prob, routed_scaling_factor 2.5).
+    ("nemotron_h", "moe_bench"): dict(
+        vocab_size=16384, hidden_size=1024, pattern="MEMEM*EMEMEM*EME",
+        mamba_num_heads=32, mamba_head_dim=64, n_groups=8, ssm_state_size=128, conv_kernel=4, chunk_size=128,
+        num_attention_heads=8, num_key_value_heads=2, head_dim=128, intermediate_size=2048,
+        n_routed_experts=32, num_experts_per_tok=4, n_group=1, topk_group=1, norm_topk_prob=True,
+        routed_scaling_factor=2.5, moe_intermediate_size=512, moe_shared_expert_intermediate_size=1024,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, max_position_embeddings=32768),
     ("mamba2", "tiny"): dict(
         vocab_size=96, hidden_size=32, num_hidden_layers=4,
         num_heads=4, head_dim=16, n_groups=2, state_size=16, conv_kernel=4, chunk_size=16,
@@ -300,7 +351,7 @@ PRESETS = {
         pad_token_id=0, bos_token_id=1, eos_token_id=2, max_position_embeddings=32768),
 }
 
-PATTERN_TO_BLOCK = {"M": "linear_attention", "*": "full_attention", "-": "mlp"}
+PATTERN_TO_BLOCK = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
 
 TIME_STEP_MIN, TIME_STEP_MAX, TIME_STEP_FLOOR = 0.001, 0.1, 1e-4
 LAYER_NORM_EPS = 1e-5
@@ -312,7 +363,7 @@ def nemotron_h_config(p, dtype_name):
     """config.json dict for a Nemotron-H preset `p` (field names of NemotronHConfig)."""
     pattern = p["pattern"]
     if set(pattern) - set(PATTERN_TO_BLOCK):
-        raise ValueError(f"pattern {pattern!r}: only M, * and - are supported")
+        raise ValueError(f"pattern {pattern!r}: only M, *, - and E are supported")
     intermediate = p["mamba_num_heads"] * p["mamba_head_dim"]
     if intermediate % p["hidden_size"] or intermediate % p["n_groups"] or p["mamba_num_heads"] % p["n_groups"]:
         raise ValueError("mamba heads*head_dim must be a multiple of hidden_size and of n_groups; "
@@ -370,7 +421,37 @@ def nemotron_h_config(p, dtype_name):
         "num_logits_to_keep": 1,
         "use_cache": True,
     }
+    if "E" in pattern:
+        cfg.update(_nemotron_moe_fields(p))
     return cfg
+
+
+def _nemotron_moe_fields(p):
+    """The MoE ('E') fields of NemotronHConfig, as save_pretrained writes them (transformers 5.23),
+    with the multi-token-prediction fields it writes beside them (no MTP layers)."""
+    experts, top_k, n_group, topk_group = (p["n_routed_experts"], p["num_experts_per_tok"], p["n_group"],
+                                           p["topk_group"])
+    if experts % n_group or (n_group > 1 and experts // n_group < 2) or not 1 <= topk_group <= n_group:
+        raise ValueError("n_group must divide n_routed_experts into groups of two or more experts; "
+                         "topk_group must be in [1, n_group]")
+    if not 1 <= top_k <= topk_group * (experts // n_group):
+        raise ValueError("num_experts_per_tok must be in [1, experts of topk_group groups]")
+    return {
+        "n_routed_experts": experts,
+        "num_experts_per_tok": top_k,
+        "moe_intermediate_size": p["moe_intermediate_size"],
+        "n_shared_experts": 1,
+        "moe_shared_expert_intermediate_size": p["moe_shared_expert_intermediate_size"],
+        "moe_shared_expert_overlap": True,
+        "moe_latent_size": None,
+        "n_group": n_group,
+        "topk_group": topk_group,
+        "norm_topk_prob": p["norm_topk_prob"],
+        "routed_scaling_factor": p["routed_scaling_factor"],
+        "output_router_logits": False,
+        "num_nextn_predict_layers": 0,
+        "mtp_layers_block_type": ["full_attention", "moe"],
+    }
 
 
 def mamba2_config(p, dtype_name):
@@ -692,13 +773,51 @@ def nemotron_h_weights(cfg, seed):
         elif kind == "*":
             _attention(t, rng, mix, h, cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"],
                        n_layers)
-        else:  # '-'
+        elif kind == "-":
             f = cfg["intermediate_size"]
             t[mix + "up_proj.weight"] = rng(mix + "up_proj.weight").normal((f, h), h ** -0.5)
             t[mix + "down_proj.weight"] = rng(mix + "down_proj.weight").normal((h, f), (f * n_layers) ** -0.5)
+        else:  # 'E'
+            _nemotron_moe(t, rng, mix, cfg, n_layers)
     t["backbone.norm_f.weight"] = 1.0 + rng("backbone.norm_f.weight").normal((h,), 0.1)
     t["lm_head.weight"] = rng("lm_head.weight").normal((v, h), h ** -0.5)
     return t
+
+
+# Router weights ~ N(0, (ROUTER_GAIN^2) / hidden): router logits of a normalised hidden state
+# have standard deviation ~ROUTER_GAIN, so the top-k choice varies from token to token and its
+# margins stay well above rounding (make_golden.py records both).
+ROUTER_GAIN = 2.0
+
+
+# Nemotron-H's router correction bias (e_score_correction_bias) ~ N(0, NEMOTRON_BIAS_STD^2): the
+# sigmoid scores of router logits of std ~ROUTER_GAIN spread over (0, 1) with neighbours ~0.1 apart
+# in the top-k, so a bias of this size changes a fair share of the choices (make_golden.py records
+# how many) without deciding them all.
+NEMOTRON_BIAS_STD = 0.1
+
+
+def _nemotron_moe(t, rng, mix, cfg, n_layers):
+    """An 'E' block's tensors under `mix` (backbone.layers.L.mixer.): the router (gate.weight,
+    gate.e_score_correction_bias), per-expert experts.E.{up,down}_proj.weight and
+    shared_experts.{up,down}_proj.weight, as save_pretrained writes them. Routers
+    ~ N(0, ROUTER_GAIN^2 / hidden); expert down projections over the routed weights' typical sum
+    (routed_scaling_factor, or top_k * 0.5 * routed_scaling_factor without norm_topk_prob), so the
+    routed and shared halves of the block have the scale of an MLP."""
+    h, e, f, s = (cfg["hidden_size"], cfg["n_routed_experts"], cfg["moe_intermediate_size"],
+                  cfg["moe_shared_expert_intermediate_size"])
+    routed_sum = cfg["routed_scaling_factor"] * (1.0 if cfg["norm_topk_prob"] else 0.5 * cfg["num_experts_per_tok"])
+    t[mix + "gate.weight"] = rng(mix + "gate.weight").normal((e, h), ROUTER_GAIN * h ** -0.5)
+    t[mix + "gate.e_score_correction_bias"] = rng(mix + "gate.e_score_correction_bias").normal(
+        (e,), NEMOTRON_BIAS_STD)
+    for j in range(e):
+        ex = f"{mix}experts.{j}."
+        t[ex + "up_proj.weight"] = rng(ex + "up_proj.weight").normal((f, h), h ** -0.5)
+        t[ex + "down_proj.weight"] = rng(ex + "down_proj.weight").normal(
+            (h, f), (f * n_layers) ** -0.5 / routed_sum)
+    sh = mix + "shared_experts."
+    t[sh + "up_proj.weight"] = rng(sh + "up_proj.weight").normal((s, h), h ** -0.5)
+    t[sh + "down_proj.weight"] = rng(sh + "down_proj.weight").normal((h, s), (s * n_layers) ** -0.5)
 
 
 def mamba2_weights(cfg, seed):
@@ -759,12 +878,6 @@ def bamba_weights(cfg, seed):
     t["model.final_layernorm.weight"] = 1.0 + rng("model.final_layernorm.weight").normal((h,), 0.1)
     t["lm_head.weight"] = rng("lm_head.weight").normal((v, h), h ** -0.5)
     return t
-
-
-# Router weights ~ N(0, (ROUTER_GAIN^2) / hidden): router logits of a normalised hidden state
-# have standard deviation ~ROUTER_GAIN, so the top-k choice varies from token to token and its
-# margins stay well above rounding (make_golden.py records both).
-ROUTER_GAIN = 2.0
 
 
 def granitemoehybrid_weights(cfg, seed):
@@ -931,7 +1044,8 @@ ARCHS = {
     "granitemoehybrid": (granitemoehybrid_config, granitemoehybrid_weights),
     "falcon_h1": (falcon_h1_config, falcon_h1_weights),
 }
-PRESET_NAMES = ["tiny", "tiny2", "tiny3", "default", "e2e", "bench", "1b"]
+PRESET_NAMES = ["tiny", "tiny2", "tiny3", "default", "e2e", "bench", "1b", "moe_tiny", "moe_tiny2", "moe_e2e",
+                "moe_bench"]
 
 
 def build(arch, preset, seed, dtype="fp32"):
@@ -943,7 +1057,7 @@ def build(arch, preset, seed, dtype="fp32"):
     config_fn, weights_fn = ARCHS[arch]
     cfg = config_fn(p, dtype_name)
     weights = weights_fn(cfg, seed)
-    if preset in ("default", "e2e"):
+    if preset in ("default", "e2e", "moe_e2e"):
         cfg["hybridserve_tokenizer"] = dict(BYTE_VOCAB)
     cfg["hybridserve_generator"] = {"tool": "tools/gen_model.py", "arch": arch, "preset": preset,
                                     "seed": seed, "dtype": dtype}

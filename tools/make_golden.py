@@ -35,6 +35,12 @@ default is grouped_mm), asserted after loading; golden.json "moe" names it and g
 layer over one uncached forward of each prompt, the tokens routed to each expert (every top-k
 slot), the tokens whose top-1 is each expert, and the smallest top-1/top-2 and
 top-k/top-(k+1) router-logit margins (the latter decides which experts run).
+nemotron_h_moe_tiny and nemotron_h_moe_tiny2 (NemotronHForCausalLM with 'E' blocks) load the
+same way (the file's per-expert tensors are rows of transformers' merged experts.up_proj /
+experts.down_proj, checked row by row) and run the eager experts too; their "moe" section counts
+the same, gives the margins of the choice values (sigmoid score + e_score_correction_bias) that
+pick the experts, the group margin where groups are dropped, and per layer how many tokens the
+correction bias routes otherwise than the bare scores would.
 
 `default` records the same references for the embedded model as it is (models/default, trained
 by tools/train_default_model.py; not generated, not copied): only golden.safetensors and
@@ -96,17 +102,35 @@ FILE_TO_MEMORY = {
 EXPERTS_IMPLEMENTATION = "eager"
 
 
+# Nemotron-H's per-expert file tensors (mixer.experts.E.{up,down}_proj.weight) are rows E of one
+# in-memory tensor per block (mixer.experts.{up,down}_proj [experts, out, in]; transformers'
+# conversion_mapping "nemotron_h", MergeModulelist), values unchanged.
+NEMOTRON_EXPERT = re.compile(r"^(.*\.mixer\.experts)\.(\d+)\.(up_proj|down_proj)\.weight$")
+
+
 def _in_memory_name(model_type, name):
     for pattern, replacement in FILE_TO_MEMORY.get(model_type, []):
         name = re.sub(pattern, replacement, name)
     return name
 
 
+def _in_memory_tensor(state, model_type, name):
+    """The loaded value of the file's tensor `name`: (in-memory name, tensor)."""
+    memory_name = _in_memory_name(model_type, name)
+    expert = NEMOTRON_EXPERT.match(memory_name) if model_type == "nemotron_h" else None
+    if expert:
+        merged = f"{expert.group(1)}.{expert.group(3)}"
+        return merged, state[merged][int(expert.group(2))]
+    return memory_name, state[memory_name]
+
+
 def load_checked(model_dir, expected):
     """from_pretrained, asserting a clean load and bitwise-equal parameters."""
     with open(os.path.join(model_dir, "config.json")) as f:
-        model_type = json.load(f)["model_type"]
-    extra = {"experts_implementation": EXPERTS_IMPLEMENTATION} if model_type == "granitemoehybrid" else {}
+        config = json.load(f)
+    model_type = config["model_type"]
+    has_experts = model_type == "granitemoehybrid" or "moe" in config.get("layers_block_type", [])
+    extra = {"experts_implementation": EXPERTS_IMPLEMENTATION} if has_experts else {}
     model, info = transformers.AutoModelForCausalLM.from_pretrained(
         model_dir, dtype=torch.float32, attn_implementation="eager", output_loading_info=True, **extra)
     for kind in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs"):
@@ -114,11 +138,13 @@ def load_checked(model_dir, expected):
     if extra:
         assert model.config._experts_implementation == EXPERTS_IMPLEMENTATION, model.config._experts_implementation
     state = model.state_dict()
-    assert len(state) == len(expected) + (1 if "lm_head.weight" not in expected else 0), \
-        f"{model_dir}: {len(state)} parameters in memory, {len(expected)} in the file"
+    memory_names = set()
     for name, arr in expected.items():
-        got = state[_in_memory_name(model_type, name)]
+        memory_name, got = _in_memory_tensor(state, model_type, name)
+        memory_names.add(memory_name)
         assert got.dtype == torch.float32 and torch.equal(got, torch.from_numpy(arr)), f"{name} differs after load"
+    assert len(state) == len(memory_names) + (1 if "lm_head.weight" not in expected else 0), \
+        f"{model_dir}: {len(state)} parameters in memory, {len(memory_names)} loaded from the file"
     # A stored head was loaded as stored (checked above), even when the config ties; a tied
     # model without one uses its embeddings.
     if "lm_head.weight" not in expected:
@@ -330,6 +356,102 @@ def moe_routing_stats(model, prompts):
     }
 
 
+NEMOTRON_H_MOE_NOTE = (
+    "NemotronH 'E' block (NemotronHMoE): x = norm(h); router logits = gate.weight x (fp32); "
+    "scores = sigmoid(logits); choice = scores + gate.e_score_correction_bias; the n_group groups of "
+    "consecutive experts are ranked by the sum of their two best choice values and the topk_group best "
+    "kept; the num_experts_per_tok experts of largest choice among the kept groups run; their weights are "
+    "their scores (not choice values), over the sum of the chosen scores + 1e-20 when norm_topk_prob, "
+    "times routed_scaling_factor; expert(x) = down_proj(relu(up_proj(x))^2); "
+    "h += sum of weight * expert(x) + shared_experts(x) (same relu2 MLP, moe_shared_expert_intermediate_size).")
+
+
+def _nemotron_choices(scores_for_choice, n_group, topk_group, k):
+    """The chosen experts [tokens, k] of NemotronHTopkRouter for given choice values, with the sorted
+    masked choice values [tokens, experts] and the group scores sorted [tokens, n_group]."""
+    tokens, experts = scores_for_choice.shape
+    groups = scores_for_choice.view(tokens, n_group, experts // n_group)
+    group_scores = groups.topk(min(2, experts // n_group), dim=-1)[0].sum(dim=-1)
+    kept = torch.topk(group_scores, k=topk_group, dim=-1)[1]
+    mask = torch.zeros_like(group_scores).scatter_(1, kept, 1).bool()
+    mask = mask[:, :, None].expand(-1, -1, experts // n_group).reshape(tokens, experts)
+    masked = scores_for_choice.masked_fill(~mask, float("-inf"))
+    ordered = torch.sort(masked, dim=-1, descending=True)
+    return ordered.indices[:, :k], ordered.values, torch.sort(group_scores, dim=-1, descending=True).values
+
+
+@torch.no_grad()
+def nemotron_moe_routing_stats(model, prompts):
+    """moe_routing_stats for Nemotron-H's 'E' blocks: the same counts, margins of the choice values
+    (sigmoid score + correction bias) that decide which experts run, the group margin when groups are
+    dropped, and how many tokens the correction bias routes differently."""
+    layers = [(i, layer.mixer) for i, layer in enumerate(model.base_model.layers) if layer.block_type == "moe"]
+    if not layers:
+        return None
+    c = model.config
+    k, n_exp, n_group, topk_group = c.num_experts_per_tok, c.n_routed_experts, c.n_group, c.topk_group
+    seen = {i: [] for i, _ in layers}
+
+    def hook(i, output):
+        logits, _, indices = output
+        seen[i].append((logits.detach().clone(), indices.detach().clone()))
+
+    handles = [moe.gate.register_forward_hook(lambda mod, inp, out, i=i: hook(i, out)) for i, moe in layers]
+    try:
+        for prompt in prompts:
+            model(torch.from_numpy(prompt.astype(np.int64))[None], use_cache=False)
+    finally:
+        for h in handles:
+            h.remove()
+    per_layer = []
+    for i, moe in layers:
+        logits = torch.cat([x[0] for x in seen[i]])
+        ran = torch.cat([x[1] for x in seen[i]])
+        scores = logits.sigmoid()
+        bias = moe.gate.e_score_correction_bias.float()
+        chosen, values, group_scores = _nemotron_choices(scores + bias, n_group, topk_group, k)
+        assert torch.equal(torch.sort(chosen, -1).values, torch.sort(ran, -1).values), "routing recomputed differently"
+        unbiased, _, _ = _nemotron_choices(scores, n_group, topk_group, k)
+        changed = (torch.sort(chosen, -1).values != torch.sort(unbiased, -1).values).any(-1)
+        next_value = values[:, k] if k < values.shape[1] else torch.full_like(values[:, 0], float("-inf"))
+        topk_margin = values[:, k - 1] - next_value
+        topk_margin = topk_margin[torch.isfinite(topk_margin)]
+        per_layer.append({
+            "layer": i,
+            "tokens": int(logits.shape[0]),
+            "tokens_per_expert": torch.bincount(chosen.reshape(-1), minlength=n_exp).tolist(),
+            "top1_tokens_per_expert": torch.bincount(chosen[:, 0], minlength=n_exp).tolist(),
+            "tokens_routed_otherwise_without_bias": int(changed.sum()),
+            "min_margin_top1_top2": float((values[:, 0] - values[:, 1]).min()),
+            "min_margin_topk_next": float(topk_margin.min()) if topk_margin.numel() else None,
+            "min_margin_group": (float((group_scores[:, topk_group - 1] - group_scores[:, topk_group]).min())
+                                 if topk_group < n_group else None),
+            "router_logit_std": float(logits.std()),
+        })
+
+    def smallest(key):
+        values = [d[key] for d in per_layer if d[key] is not None]
+        return min(values) if values else None
+
+    return {
+        "experts_implementation": model.config._experts_implementation,
+        "router": "sigmoid scores + e_score_correction_bias, group-limited top-k (NemotronHTopkRouter)",
+        "n_routed_experts": n_exp,
+        "num_experts_per_tok": k,
+        "n_group": n_group,
+        "topk_group": topk_group,
+        "norm_topk_prob": c.norm_topk_prob,
+        "routed_scaling_factor": c.routed_scaling_factor,
+        "over": "one uncached forward of each prompt (every prompt token)",
+        "margins_of": "choice values (sigmoid(router logit) + e_score_correction_bias), masked to the kept "
+                      "groups; min_margin_group: the topk_group-th minus the next group score",
+        "min_margin_top1_top2": smallest("min_margin_top1_top2"),
+        "min_margin_topk_next": smallest("min_margin_topk_next"),
+        "min_margin_group": smallest("min_margin_group"),
+        "per_layer": per_layer,
+    }
+
+
 def falcon_h1_shapes(model):
     """What a Falcon-H1 engine must read from config.json, as transformers resolved it; asserts that
     every mixer's in-memory mup_vector (not in the file) is ssm_multipliers spread over in_proj's
@@ -419,7 +541,9 @@ def make_fixture(name, arch, preset, seed, overrides, out_root):
     notes = list(COMMON_NOTES)
     notes += {"nemotron_h": [NEMOTRON_H_DT_NOTE], "mamba2": [MAMBA2_DT_NOTE], "bamba": BAMBA_NOTES,
               "granitemoehybrid": GRANITE_NOTES, "falcon_h1": FALCON_H1_NOTES}[arch]
-    moe = moe_routing_stats(model, prompts)
+    moe = (nemotron_moe_routing_stats if arch == "nemotron_h" else moe_routing_stats)(model, prompts)
+    if arch == "nemotron_h" and moe is not None:
+        notes.append(NEMOTRON_H_MOE_NOTE)
     if moe is not None:
         notes.append("moe: routing over the prompts per MoE layer; the MoE blocks ran transformers' "
                      f"experts_implementation={moe['experts_implementation']!r} (the per-expert loop).")
