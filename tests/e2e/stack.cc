@@ -143,6 +143,8 @@ const std::vector<ModelShape>& ModelShapes() {
       {"GraniteMoePage8", "tests/fixtures/models/granite_e2e", 8, 16, 259, true},
       // Falcon-H1: every layer keeps SSM state and KV pages (parallel Mamba2 + attention).
       {"FalconH1Page16", "tests/fixtures/models/falcon_h1_e2e", 16, 32, 259, true},
+      // Nemotron-H with MoE blocks (group-limited sigmoid routing).
+      {"NemotronMoePage16", "tests/fixtures/models/nemotron_h_moe_e2e", 16, 32, 259, true},
   };
   return *shapes;
 }
