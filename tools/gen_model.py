@@ -1,17 +1,17 @@
 #!/usr/bin/env python3
 """Deterministic generator of random Mamba2-family models in Hugging Face format.
 
-Archs: Nemotron-H, Mamba2, Bamba, GraniteMoeHybrid (Granite 4.0-H, MoE or dense), Falcon-H1.
+Archs: Nemotron-H, Mamba2, Bamba, GraniteMoeHybrid (Granite 4.0-H, MoE or dense), Falcon-H1, Zamba2.
 
 Usage:
     python3 tools/gen_model.py --preset {tiny,tiny2,tiny3,default,e2e,bench,1b,moe_tiny,moe_tiny2,moe_e2e,
                                         moe_bench} --seed N --out DIR
-                               [--arch {nemotron_h,mamba2,bamba,granitemoehybrid,falcon_h1}]
+                               [--arch {nemotron_h,mamba2,bamba,granitemoehybrid,falcon_h1,zamba2}]
                                [--dtype {fp32,bf16,fp16}]
 
 Writes DIR/config.json and DIR/model.safetensors, loadable as is by transformers'
 `NemotronHForCausalLM` / `Mamba2ForCausalLM` / `BambaForCausalLM` /
-`GraniteMoeHybridForCausalLM` / `FalconH1ForCausalLM` (`from_pretrained`) with no missing and
+`GraniteMoeHybridForCausalLM` / `FalconH1ForCausalLM` / `Zamba2ForCausalLM` (`from_pretrained`) with no missing and
 no unexpected keys
 (tools/make_golden.py asserts this). Not every arch has every preset (PRESETS).
 
@@ -54,6 +54,10 @@ Contract
   Falcon-H1 has no lm_head.weight (FalconH1ForCausalLM ties it to model.embed_tokens.weight);
   mamba.norm.weight exists only with mamba_rms_norm. head_dim is written only when the preset
   sets one (transformers falls back to hidden_size / num_attention_heads).
+* zamba2 presets state their pattern as a string of M (Mamba2 layer) and H (hybrid layer); config.json
+  has layers_block_type ("linear_attention" / "hybrid") and the derived fields save_pretrained writes.
+  The head is tied (no lm_head.weight); a hybrid layer's shared_transformer.* is in the file only for
+  the first hybrid layer using each memory block (zamba2_weights lists the names).
 
 Initialisation (mimics transformers' init, scaled by fan-in so that tiny models have O(1)
 activations through every layer instead of vanishing ones):
@@ -121,6 +125,13 @@ moe_*    Nemotron-H with MoE ('E') blocks. moe_tiny: tiny's shapes, pattern "ME*
          shared 32; committed as tests/fixtures/models/nemotron_h_moe_e2e (seed 23). moe_bench:
          bench's shape with E for every '-' ("MEMEM*EMEMEM*EME"), 32 experts top-4 (inter 512),
          shared 1024, one group, norm_topk_prob, scaling 2.5; never committed.
+zamba2   tiny: vocab 96, hidden 32, "MHMMH", Mamba2 4 x 16, n_groups 2, d_state 16, chunk 16, one memory
+         block, attention 4 heads of 16 on 2*hidden, MLP 48 (gelu), adapters rank 4, no RoPE, tied.
+         tiny2: hidden 24, "HMHMMH", two memory blocks (block 0 at hybrid uses 0 and 2, block 1 at use
+         1), Mamba2 6 x 8, n_groups 1, attention 3 heads of 16, MLP 40, adapters rank 6, RoPE.
+         e2e: byte vocabulary, hidden 64, "MHMMH", one block, RoPE, chunk 32 (tests/fixtures/models/
+         zamba2_e2e, seed 23). bench: Zamba2-1.2B's shapes at hidden 1024, "MMMMMHMMHMMH", two blocks
+         (160M); never committed.
 """
 
 import argparse
