@@ -20,6 +20,8 @@ MODELS = {
     "falcon_h1_tiny3": ("falcon_h1", "tiny3", 7915, {}),
     "nemotron_h_moe_tiny": ("nemotron_h", "moe_tiny", 5793, {}),
     "nemotron_h_moe_tiny2": ("nemotron_h", "moe_tiny2", 6802, {}),
+    "zamba2_tiny": ("zamba2", "tiny", 8025, {}),
+    "zamba2_tiny2": ("zamba2", "tiny2", 9135, {}),
 }
 # Prompt lengths for chunk_size 16: shorter than a chunk (1, 5, 13), exactly one and two
 # chunks (16, 32), off-grid (29, 50) and longer than three chunks (50, 77).

@@ -1,17 +1,17 @@
 #!/usr/bin/env python3
 """Deterministic generator of random Mamba2-family models in Hugging Face format.
 
-Archs: Nemotron-H, Mamba2, Bamba, GraniteMoeHybrid (Granite 4.0-H, MoE or dense), Falcon-H1.
+Archs: Nemotron-H, Mamba2, Bamba, GraniteMoeHybrid (Granite 4.0-H, MoE or dense), Falcon-H1, Zamba2.
 
 Usage:
     python3 tools/gen_model.py --preset {tiny,tiny2,tiny3,default,e2e,bench,1b,moe_tiny,moe_tiny2,moe_e2e,
                                         moe_bench} --seed N --out DIR
-                               [--arch {nemotron_h,mamba2,bamba,granitemoehybrid,falcon_h1}]
+                               [--arch {nemotron_h,mamba2,bamba,granitemoehybrid,falcon_h1,zamba2}]
                                [--dtype {fp32,bf16,fp16}]
 
 Writes DIR/config.json and DIR/model.safetensors, loadable as is by transformers'
 `NemotronHForCausalLM` / `Mamba2ForCausalLM` / `BambaForCausalLM` /
-`GraniteMoeHybridForCausalLM` / `FalconH1ForCausalLM` (`from_pretrained`) with no missing and
+`GraniteMoeHybridForCausalLM` / `FalconH1ForCausalLM` / `Zamba2ForCausalLM` (`from_pretrained`) with no missing and
 no unexpected keys
 (tools/make_golden.py asserts this). Not every arch has every preset (PRESETS).
 
@@ -54,6 +54,10 @@ Contract
   Falcon-H1 has no lm_head.weight (FalconH1ForCausalLM ties it to model.embed_tokens.weight);
   mamba.norm.weight exists only with mamba_rms_norm. head_dim is written only when the preset
   sets one (transformers falls back to hidden_size / num_attention_heads).
+* zamba2 presets state their pattern as a string of M (Mamba2 layer) and H (hybrid layer); config.json
+  has layers_block_type ("linear_attention" / "hybrid") and the derived fields save_pretrained writes.
+  The head is tied (no lm_head.weight); a hybrid layer's shared_transformer.* is in the file only for
+  the first hybrid layer using each memory block (zamba2_weights lists the names).
 
 Initialisation (mimics transformers' init, scaled by fan-in so that tiny models have O(1)
 activations through every layer instead of vanishing ones):
@@ -121,6 +125,13 @@ moe_*    Nemotron-H with MoE ('E') blocks. moe_tiny: tiny's shapes, pattern "ME*
          shared 32; committed as tests/fixtures/models/nemotron_h_moe_e2e (seed 23). moe_bench:
          bench's shape with E for every '-' ("MEMEM*EMEMEM*EME"), 32 experts top-4 (inter 512),
          shared 1024, one group, norm_topk_prob, scaling 2.5; never committed.
+zamba2   tiny: vocab 96, hidden 32, "MHMMH", Mamba2 4 x 16, n_groups 2, d_state 16, chunk 16, one memory
+         block, attention 4 heads of 16 on 2*hidden, MLP 48 (gelu), adapters rank 4, no RoPE, tied.
+         tiny2: hidden 24, "HMHMMH", two memory blocks (block 0 at hybrid uses 0 and 2, block 1 at use
+         1), Mamba2 6 x 8, n_groups 1, attention 3 heads of 16, MLP 40, adapters rank 6, RoPE.
+         e2e: byte vocabulary, hidden 64, "MHMMH", one block, RoPE, chunk 32 (tests/fixtures/models/
+         zamba2_e2e, seed 23). bench: Zamba2-1.2B's shapes at hidden 1024, "MMMMMHMMHMMH", two blocks
+         (160M); never committed.
 """
 
 import argparse
@@ -349,6 +360,37 @@ PRESETS = {
         attention_in_multiplier=1.25, attention_out_multiplier=0.9375, ssm_in_multiplier=1.5,
         ssm_out_multiplier=0.2357, ssm_multipliers=[0.3535, 0.25, 0.707, 0.5, 1.75], mlp_multipliers=[0.8839, 0.5859],
         pad_token_id=0, bos_token_id=1, eos_token_id=2, max_position_embeddings=32768),
+    # Zamba2 (Zamba2ForCausalLM): pattern of M (Mamba2 layer) and H (hybrid layer: the shared
+    # transformer block of hybrid use u is block u % num_mem_blocks, with its own LoRA adapters for
+    # that use, then a per-layer `linear`, whose output is added to the Mamba2 layer's input).
+    # Attention runs on concat(h, embeddings) of width 2*hidden: head_dim = 2*hidden / heads.
+    # Adapters on q/k/v make num_key_value_heads < num_attention_heads impossible (transformers adds
+    # a [2*hidden] adapter output to the [kv_heads * head_dim] keys), so every preset is MHA.
+    ("zamba2", "tiny"): dict(
+        vocab_size=96, hidden_size=32, pattern="MHMMH",
+        n_mamba_heads=4, mamba_ngroups=2, mamba_d_state=16, mamba_d_conv=4, mamba_expand=2, chunk_size=16,
+        num_attention_heads=4, intermediate_size=48, num_mem_blocks=1, adapter_rank=4, use_mem_rope=False,
+        rope_theta=10000.0, pad_token_id=0, bos_token_id=1, eos_token_id=2, max_position_embeddings=4096),
+    # Two memory blocks over three hybrid layers (block 0 at uses 0 and 2, block 1 at use 1), a hybrid
+    # layer first (its attention input is concat(embeddings, embeddings)), RoPE on the shared attention.
+    ("zamba2", "tiny2"): dict(
+        vocab_size=96, hidden_size=24, pattern="HMHMMH",
+        n_mamba_heads=6, mamba_ngroups=1, mamba_d_state=16, mamba_d_conv=4, mamba_expand=2, chunk_size=16,
+        num_attention_heads=3, intermediate_size=40, num_mem_blocks=2, adapter_rank=6, use_mem_rope=True,
+        rope_theta=10000.0, pad_token_id=0, bos_token_id=1, eos_token_id=2, max_position_embeddings=4096),
+    ("zamba2", "e2e"): dict(
+        vocab_size=BYTE_VOCAB_SIZE, hidden_size=64, pattern="MHMMH",
+        n_mamba_heads=4, mamba_ngroups=1, mamba_d_state=16, mamba_d_conv=4, mamba_expand=2, chunk_size=32,
+        num_attention_heads=4, intermediate_size=64, num_mem_blocks=1, adapter_rank=4, use_mem_rope=True,
+        rope_theta=10000.0, pad_token_id=BYTE_VOCAB["pad"], bos_token_id=BYTE_VOCAB["bos"],
+        eos_token_id=BYTE_VOCAB["eos"], max_position_embeddings=8192),
+    # Zamba2-1.2B's layer shapes (hidden 2048 halved to 1024: Mamba2 32 x 64, n_groups 1, d_state 64,
+    # attention 16 heads of 128 on 2*hidden, MLP 4*hidden, adapters rank 128) in 12 layers, 2 blocks.
+    ("zamba2", "bench"): dict(
+        vocab_size=16384, hidden_size=1024, pattern="MMMMMHMMHMMH",
+        n_mamba_heads=32, mamba_ngroups=1, mamba_d_state=64, mamba_d_conv=4, mamba_expand=2, chunk_size=128,
+        num_attention_heads=16, intermediate_size=4096, num_mem_blocks=2, adapter_rank=128, use_mem_rope=True,
+        rope_theta=10000.0, pad_token_id=0, bos_token_id=1, eos_token_id=2, max_position_embeddings=32768),
 }
 
 PATTERN_TO_BLOCK = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
@@ -683,6 +725,74 @@ def falcon_h1_config(p, dtype_name):
     return cfg
 
 
+ZAMBA2_LAYER_TYPES = {"M": "linear_attention", "H": "hybrid"}
+
+
+def zamba2_config(p, dtype_name):
+    """config.json dict for a Zamba2 preset `p`: the fields Zamba2Config.save_pretrained writes
+    (transformers 5.23), without transformers_version, the derived ones (attention_hidden_size,
+    attention_head_dim, mamba_headdim, kv_channels, num_query_groups, hybrid_layer_ids) included."""
+    pattern, h = p["pattern"], p["hidden_size"]
+    if not pattern or set(pattern) - set(ZAMBA2_LAYER_TYPES) or "H" not in pattern:
+        raise ValueError(f"pattern {pattern!r}: only M and H, at least one H")
+    inner = p["mamba_expand"] * h
+    if inner % p["n_mamba_heads"] or p["n_mamba_heads"] % p["mamba_ngroups"]:
+        raise ValueError("mamba_expand * hidden_size must be a multiple of n_mamba_heads, a multiple of mamba_ngroups")
+    if (2 * h) % p["num_attention_heads"] or h % p["num_attention_heads"]:
+        raise ValueError("hidden_size must be a multiple of num_attention_heads")
+    cfg = {
+        "architectures": ["Zamba2ForCausalLM"],
+        "model_type": "zamba2",
+        "dtype": dtype_name,
+        "vocab_size": p["vocab_size"],
+        "hidden_size": h,
+        "num_hidden_layers": len(pattern),
+        "layers_block_type": [ZAMBA2_LAYER_TYPES[c] for c in pattern],
+        "hybrid_layer_ids": [i for i, c in enumerate(pattern) if c == "H"],
+        "tie_word_embeddings": True,
+        "pad_token_id": p["pad_token_id"],
+        "bos_token_id": p["bos_token_id"],
+        "eos_token_id": p["eos_token_id"],
+        # shared transformer blocks: attention on concat(h, embeddings), 2 * hidden wide
+        "num_mem_blocks": p["num_mem_blocks"],
+        "attention_hidden_size": 2 * h,
+        "attention_head_dim": 2 * h // p["num_attention_heads"],
+        "num_attention_heads": p["num_attention_heads"],
+        "num_key_value_heads": p["num_attention_heads"],
+        "num_query_groups": p["num_attention_heads"],
+        "kv_channels": h // p["num_attention_heads"],
+        "attention_dropout": 0.0,
+        "max_position_embeddings": p["max_position_embeddings"],
+        "use_mem_rope": p["use_mem_rope"],
+        "use_long_context": False,
+        "rope_parameters": {"rope_theta": p["rope_theta"], "rope_type": "default"},
+        "use_shared_attention_adapter": True,
+        "adapter_rank": p["adapter_rank"],
+        "intermediate_size": p["intermediate_size"],
+        "hidden_act": "gelu",
+        "add_bias_linear": False,
+        # Mamba2 mixer of every layer
+        "n_mamba_heads": p["n_mamba_heads"],
+        "mamba_headdim": inner // p["n_mamba_heads"],
+        "mamba_ngroups": p["mamba_ngroups"],
+        "mamba_d_state": p["mamba_d_state"],
+        "mamba_d_conv": p["mamba_d_conv"],
+        "mamba_expand": p["mamba_expand"],
+        "chunk_size": p["chunk_size"],
+        "use_conv_bias": True,
+        "use_mamba_kernels": True,
+        "use_mem_eff_path": False,
+        "time_step_min": TIME_STEP_MIN,
+        "time_step_max": TIME_STEP_MAX,
+        "time_step_floor": TIME_STEP_FLOOR,
+        "rms_norm_eps": 1e-5,
+        "initializer_range": 0.02,
+        "num_logits_to_keep": 1,
+        "use_cache": True,
+    }
+    return cfg
+
+
 # ----------------------------------------------------------------------------- random
 
 class _Stream:
@@ -993,6 +1103,83 @@ def falcon_h1_weights(cfg, seed):
     return t
 
 
+# Zamba2's LoRA adapters: the second (up) matrix ~ N(0, ZAMBA2_ADAPTER_GAIN^2 / rank), so an adapter
+# adds about ZAMBA2_ADAPTER_GAIN times the base projection to q, k, v and gate_up (the real init
+# makes them zero, which no test could tell from a dropped adapter).
+ZAMBA2_ADAPTER_GAIN = 0.5
+
+
+def zamba2_shared_block_uses(cfg):
+    """[(hybrid layer index, use u, block id)] in layer order: use u runs block u % num_mem_blocks."""
+    ids = cfg["hybrid_layer_ids"]
+    return [(layer, u, u % cfg["num_mem_blocks"]) for u, layer in enumerate(ids)]
+
+
+def zamba2_weights(cfg, seed):
+    """name -> float32 array for Zamba2ForCausalLM (save_pretrained names: model.*, no lm_head.weight:
+    the head is tied to model.embed_tokens.weight).
+
+    A Mamba2 layer L: model.layers.L.{input_layernorm.weight, mamba.*}. A hybrid layer L:
+    model.layers.L.{linear.weight, mamba_decoder.input_layernorm.weight, mamba_decoder.mamba.*} and,
+    only in the first hybrid layer that uses memory block b (the others' shared_transformer is tied
+    to it and not written), model.layers.L.shared_transformer.*: input_layernorm [2H],
+    pre_ff_layernorm [H], self_attn.{q,k,v}_proj [2H, 2H], o_proj [H, 2H], feed_forward.gate_up_proj
+    [2I, H], down_proj [H, I], and for every hybrid use u with u % num_mem_blocks == b the adapters
+    self_attn.linear_{q,k,v}_adapter_list.u.{0 [rank, 2H], 1 [2H, rank]} and
+    feed_forward.gate_up_proj_adapter_list.u.{0 [rank, H], 1 [2I, rank]}.
+    Init: as the other archs (projections N(0, 1/fan_in), branch outputs over n_layers), adapters'
+    first matrix N(0, 1/fan_in) and second N(0, ZAMBA2_ADAPTER_GAIN^2 / rank); `linear` N(0, 1/H), so
+    the shared block's contribution to the Mamba2 input has the residual's scale."""
+    rng = lambda name: _Stream(seed, name)  # noqa: E731
+    h, v, f, r = cfg["hidden_size"], cfg["vocab_size"], cfg["intermediate_size"], cfg["adapter_rank"]
+    a = 2 * h
+    n_layers = cfg["num_hidden_layers"]
+    inner = cfg["mamba_expand"] * h
+    t = {}
+    t["model.embed_tokens.weight"] = rng("model.embed_tokens.weight").normal((v, h), h ** -0.5)
+
+    def mamba_layer(pre):
+        t[pre + "input_layernorm.weight"] = 1.0 + rng(pre + "input_layernorm.weight").normal((h,), 0.1)
+        _mamba_mixer(t, rng, pre + "mamba.", h, cfg["n_mamba_heads"], inner // cfg["n_mamba_heads"],
+                     cfg["mamba_ngroups"], cfg["mamba_d_state"], cfg["mamba_d_conv"], n_layers)
+
+    def lora(name, n_in, n_out):
+        t[name + ".0.weight"] = rng(name + ".0.weight").normal((r, n_in), n_in ** -0.5)
+        t[name + ".1.weight"] = rng(name + ".1.weight").normal((n_out, r), ZAMBA2_ADAPTER_GAIN * r ** -0.5)
+
+    uses = zamba2_shared_block_uses(cfg)
+    first_of_block = {}
+    for layer, _, block in uses:
+        first_of_block.setdefault(block, layer)
+    for i, kind in enumerate(cfg["layers_block_type"]):
+        pre = f"model.layers.{i}."
+        if kind == "linear_attention":
+            mamba_layer(pre)
+            continue
+        t[pre + "linear.weight"] = rng(pre + "linear.weight").normal((h, h), h ** -0.5)
+        mamba_layer(pre + "mamba_decoder.")
+        block = next(b for layer, _, b in uses if layer == i)
+        if first_of_block[block] != i:
+            continue
+        st = pre + "shared_transformer."
+        t[st + "input_layernorm.weight"] = 1.0 + rng(st + "input_layernorm.weight").normal((a,), 0.1)
+        t[st + "pre_ff_layernorm.weight"] = 1.0 + rng(st + "pre_ff_layernorm.weight").normal((h,), 0.1)
+        for proj in ("q_proj", "k_proj", "v_proj"):
+            t[st + f"self_attn.{proj}.weight"] = rng(st + f"self_attn.{proj}.weight").normal((a, a), a ** -0.5)
+        t[st + "self_attn.o_proj.weight"] = rng(st + "self_attn.o_proj.weight").normal((h, a), a ** -0.5)
+        t[st + "feed_forward.gate_up_proj.weight"] = rng(st + "feed_forward.gate_up_proj.weight").normal(
+            (2 * f, h), h ** -0.5)
+        t[st + "feed_forward.down_proj.weight"] = rng(st + "feed_forward.down_proj.weight").normal((h, f), f ** -0.5)
+        for _, u, b in uses:
+            if b != block:
+                continue
+            for x in ("q", "k", "v"):
+                lora(st + f"self_attn.linear_{x}_adapter_list.{u}", a, a)
+            lora(st + f"feed_forward.gate_up_proj_adapter_list.{u}", h, 2 * f)
+    t["model.final_layernorm.weight"] = 1.0 + rng("model.final_layernorm.weight").normal((h,), 0.1)
+    return t
+
+
 # ----------------------------------------------------------------------------- dtypes + writer
 
 DTYPES = {  # --dtype -> (config "dtype", safetensors dtype, bytes per element)
@@ -1043,6 +1230,7 @@ ARCHS = {
     "bamba": (bamba_config, bamba_weights),
     "granitemoehybrid": (granitemoehybrid_config, granitemoehybrid_weights),
     "falcon_h1": (falcon_h1_config, falcon_h1_weights),
+    "zamba2": (zamba2_config, zamba2_weights),
 }
 PRESET_NAMES = ["tiny", "tiny2", "tiny3", "default", "e2e", "bench", "1b", "moe_tiny", "moe_tiny2", "moe_e2e",
                 "moe_bench"]

@@ -42,6 +42,13 @@ the same, gives the margins of the choice values (sigmoid score + e_score_correc
 pick the experts, the group margin where groups are dropped, and per layer how many tokens the
 correction bias routes otherwise than the bare scores would.
 
+zamba2_tiny and zamba2_tiny2 (Zamba2ForCausalLM) load the same way; the shared transformer blocks
+of the hybrid layers that reuse a memory block are not in the file and are asserted to be the very
+parameters of the block's first hybrid layer. golden.json "zamba2" gives the hybrid layers' uses,
+blocks and adapter indices, the attention shapes, scale and RoPE, the norms' eps, the dt clamp, the
+logit change when the adapters (all, per kind, per use) or the shared blocks' output are zeroed, and
+the cached decode against uncached forwards with the prefill's dt clamp lifted.
+
 `default` records the same references for the embedded model as it is (models/default, trained
 by tools/train_default_model.py; not generated, not copied): only golden.safetensors and
 golden.json are written, to <out>/default/. Its prompts are English text in bytes (DEFAULT_TEXT,
@@ -64,6 +71,7 @@ numpy PCG64 stream; torch runs single-threaded.
 import argparse
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -143,6 +151,8 @@ def load_checked(model_dir, expected):
         memory_name, got = _in_memory_tensor(state, model_type, name)
         memory_names.add(memory_name)
         assert got.dtype == torch.float32 and torch.equal(got, torch.from_numpy(arr)), f"{name} differs after load"
+    if model_type == "zamba2":
+        memory_names |= _zamba2_tied_copies(model, expected)
     assert len(state) == len(memory_names) + (1 if "lm_head.weight" not in expected else 0), \
         f"{model_dir}: {len(state)} parameters in memory, {len(memory_names)} loaded from the file"
     # A stored head was loaded as stored (checked above), even when the config ties; a tied
@@ -152,6 +162,33 @@ def load_checked(model_dir, expected):
         assert head_is_embeddings(model)
     model.eval()
     return model
+
+
+ZAMBA2_SHARED = re.compile(r"^model\.layers\.(\d+)\.shared_transformer\.(.*)$")
+
+
+def _zamba2_tied_copies(model, expected):
+    """The in-memory names of Zamba2's shared transformer blocks in the hybrid layers that reuse a
+    memory block (not in the file): asserts that each is the very parameter of the block's first
+    hybrid layer, which the file holds. Returns those names."""
+    c = model.config
+    first = {}
+    for u, layer in enumerate(c.hybrid_layer_ids):
+        first.setdefault(u % c.num_mem_blocks, layer)
+    params = dict(model.named_parameters(remove_duplicate=False))
+    copies = set()
+    for u, layer in enumerate(c.hybrid_layer_ids):
+        source = first[u % c.num_mem_blocks]
+        for name, p in params.items():
+            m = ZAMBA2_SHARED.match(name)
+            if not m or int(m.group(1)) != layer:
+                continue
+            source_name = f"model.layers.{source}.shared_transformer.{m.group(2)}"
+            assert source_name in expected, f"{name}: its block's first layer {source} has no {source_name} in the file"
+            if layer != source:
+                assert p is params[source_name], f"{name} is not tied to {source_name}"
+                copies.add(name)
+    return copies
 
 
 def head_is_embeddings(model):
@@ -479,6 +516,121 @@ def falcon_h1_shapes(model):
     }
 
 
+ZAMBA2_NOTES = [
+    "Zamba2 clamps dt = softplus(dt_raw + dt_bias) to >= config time_step_min (the mixer's "
+    "time_step_limit is (time_step_min, inf), whatever config says) in the chunked (prefill) path only; "
+    "the one-token decode path (mamba2_selective_state_update) does not clamp. Hence greedy_logits_<i> "
+    "differ from greedy_nocache_logits_<i> by up to max_abs_diff_cached_vs_uncached_logits; "
+    "zamba2.cached_vs_uncached_without_dt_clamp shows they agree once the clamp is lifted.",
+    "Zamba2 model: e = embed_tokens(ids) (no multiplier); h = e. A Mamba2 layer: h = h + "
+    "mamba(input_layernorm(h)). A hybrid layer L (use u of the hybrid layers, memory block u % "
+    "num_mem_blocks): x = input_layernorm_2H(concat(h, e)) (h first); a = o_proj(attention(x)); "
+    "t = down_proj(act(g) * up) with [g | up] = gate_up_proj(pre_ff_layernorm(a)) + adapter_u(pre_ff_layernorm(a)) "
+    "(no residual inside the block); t = linear_L(t); then h = h + mamba_decoder.mamba("
+    "mamba_decoder.input_layernorm(h + t)): t enters only the mixer's input, not the residual. "
+    "logits = final_layernorm(h) @ embed_tokens^T (tied).",
+    "Zamba2 shared attention: input width 2*hidden; head_dim = 2*hidden / num_attention_heads; "
+    "q = q_proj(x) + q_adapter_u(x), likewise k and v (adapter_u = up(down(x)), LoRA without scale); "
+    "scores scaled by (head_dim / 2)^-0.5, not head_dim^-0.5; causal softmax; RoPE (use_mem_rope) on the "
+    "full head_dim, NeoX halves, inv_freq = rope_theta^(-2i/head_dim), positions from 0, after the adapters "
+    "and before the KV cache; no RoPE when use_mem_rope is false. Each hybrid layer keeps its own KV "
+    "cache (keyed by its layer index), though layers of one block share the weights.",
+    "Zamba2 Mamba2 mixer: in_proj rows [z (inner) | x (inner) | B | C | dt (heads)], inner = mamba_expand * "
+    "hidden; conv1d + silu over x,B,C; y = SSD + D*x; out = out_proj(norm(y * silu(z))): the gated RMSNorm "
+    "gates first, then normalises over mamba_ngroups groups of inner/groups with eps 1e-5 (fixed, not "
+    "rms_norm_eps). Every other RMSNorm uses rms_norm_eps. MLP act: hidden_act (gelu = exact erf GELU).",
+]
+
+
+@torch.no_grad()
+def zamba2_shapes(model, prompts):
+    """What a Zamba2 engine must read from config.json, as transformers resolved it, and how much the
+    outputs depend on the shared blocks and their adapters: the largest logit change over the longest
+    prompt (one uncached forward) when a part is zeroed. Also the cached decode against uncached forwards
+    with every mixer's dt clamp lifted (time_step_limit (0, inf)), which isolates the clamp."""
+    c = model.config
+    hybrid = model.model.layers[c.hybrid_layer_ids[0]]
+    attn = hybrid.shared_transformer.self_attn
+    mixer = next(m for m in model.modules() if hasattr(m, "dt_bias"))
+    ids = torch.from_numpy(prompts[-1].astype(np.int64))[None]
+    base = model(ids, use_cache=False).logits[0]
+    params = dict(model.named_parameters(remove_duplicate=False))
+
+    def change(pred):
+        saved = {n: p.clone() for n, p in params.items() if pred(n)}
+        assert saved, "nothing to zero"
+        for n in saved:
+            params[n].zero_()
+        diff = float((model(ids, use_cache=False).logits[0] - base).abs().max())
+        for n, v in saved.items():
+            params[n].copy_(v)
+        return diff
+
+    def adapter(n, kinds, use=None):
+        m = re.search(r"\.(linear_[qkv]_adapter_list|gate_up_proj_adapter_list)\.(\d+)\.1\.weight$", n)
+        return bool(m) and m.group(1) in kinds and (use is None or int(m.group(2)) == use)
+
+    attn_kinds = ("linear_q_adapter_list", "linear_k_adapter_list", "linear_v_adapter_list")
+    mlp_kinds = ("gate_up_proj_adapter_list",)
+    ablation = {
+        "attention_adapters_zeroed": change(lambda n: adapter(n, attn_kinds)),
+        "mlp_adapters_zeroed": change(lambda n: adapter(n, mlp_kinds)),
+        "all_adapters_zeroed": change(lambda n: adapter(n, attn_kinds + mlp_kinds)),
+        "shared_block_output_zeroed": change(lambda n: n.endswith(".linear.weight")),
+    }
+    for u in range(len(c.hybrid_layer_ids)):
+        ablation[f"adapters_of_use_{u}_zeroed"] = change(lambda n, u=u: adapter(n, attn_kinds + mlp_kinds, u))
+    assert float((model(ids, use_cache=False).logits[0] - base).abs().max()) == 0.0, "ablation not undone"
+
+    mixers = [m for m in model.modules() if hasattr(m, "dt_bias")]
+    limits = [m.time_step_limit for m in mixers]
+    for m in mixers:
+        m.time_step_limit = (0.0, float("inf"))
+    unclamped = 0.0
+    try:
+        for prompt in prompts:
+            p = torch.from_numpy(prompt.astype(np.int64))[None]
+            out = model.generate(p, do_sample=False, max_new_tokens=NEW_TOKENS, min_new_tokens=0, use_cache=True,
+                                 eos_token_id=None, pad_token_id=c.pad_token_id, output_logits=True,
+                                 return_dict_in_generate=True)
+            cached = torch.stack([x[0] for x in out.logits])
+            full = model(out.sequences[:, :-1], use_cache=False).logits[0, p.shape[1] - 1:]
+            unclamped = max(unclamped, float((cached - full).abs().max()))
+    finally:
+        for m, lim in zip(mixers, limits):
+            m.time_step_limit = lim
+    uses = gen_model.zamba2_shared_block_uses(c.to_dict())
+    first = {}
+    for layer, _, b in uses:
+        first.setdefault(b, layer)
+    return {
+        "hybrid_layers": [{"layer": layer, "use": u, "block": b, "weights_in_file_under":
+                           f"model.layers.{first[b]}.shared_transformer.", "adapter_index": u,
+                           "linear": f"model.layers.{layer}.linear.weight"} for layer, u, b in uses],
+        "num_mem_blocks": c.num_mem_blocks,
+        "attention_hidden_size": attn.attention_hidden_size,
+        "attention_head_dim": attn.head_dim,
+        "num_attention_heads": c.num_attention_heads,
+        "num_key_value_heads": c.num_key_value_heads,
+        "attention_scaling": attn.scaling,
+        "use_mem_rope": c.use_mem_rope,
+        "rope_theta": c.rope_parameters["rope_theta"] if c.use_mem_rope else None,
+        "rope_dims": int(model.model.rotary_emb.inv_freq.numel() * 2) if c.use_mem_rope else None,
+        "adapter_rank": c.adapter_rank,
+        "hidden_act": c.hidden_act,
+        "rms_norm_eps": c.rms_norm_eps,
+        "mamba_gated_norm_eps": mixer.norm.variance_epsilon,
+        "mamba_gated_norm_group_size": mixer.norm.group_size,
+        "mamba_inner": mixer.intermediate_size,
+        "mamba_dt_min_prefill": mixer.time_step_limit[0],
+        "mamba_dt_max_prefill": None if math.isinf(mixer.time_step_limit[1]) else mixer.time_step_limit[1],
+        "mamba_dt_clamped_in_decode": False,
+        "ablation_max_abs_logit_change": ablation,
+        "ablation_over": f"one uncached forward of prompt {len(prompts) - 1} ({prompts[-1].size} tokens)",
+        "cached_vs_uncached_without_dt_clamp": unclamped,
+    }
+
+
 def record_prompts(model, prompts, dest):
     """Runs every prompt, writes dest/golden.safetensors; returns (per-prompt stats, max |logit|, tensors)."""
     vocab = model.config.vocab_size
@@ -540,7 +692,8 @@ def make_fixture(name, arch, preset, seed, overrides, out_root):
     c = model.config
     notes = list(COMMON_NOTES)
     notes += {"nemotron_h": [NEMOTRON_H_DT_NOTE], "mamba2": [MAMBA2_DT_NOTE], "bamba": BAMBA_NOTES,
-              "granitemoehybrid": GRANITE_NOTES, "falcon_h1": FALCON_H1_NOTES}[arch]
+              "granitemoehybrid": GRANITE_NOTES, "falcon_h1": FALCON_H1_NOTES,
+              "zamba2": ZAMBA2_NOTES}[arch]
     moe = (nemotron_moe_routing_stats if arch == "nemotron_h" else moe_routing_stats)(model, prompts)
     if arch == "nemotron_h" and moe is not None:
         notes.append(NEMOTRON_H_MOE_NOTE)
@@ -588,6 +741,7 @@ def make_fixture(name, arch, preset, seed, overrides, out_root):
            if c.tie_word_embeddings and not own_head else {}),
         **({"moe": moe} if moe is not None else {}),
         **({"falcon_h1": falcon_h1_shapes(model)} if arch == "falcon_h1" else {}),
+        **({"zamba2": zamba2_shapes(model, prompts)} if arch == "zamba2" else {}),
         "per_prompt": per_prompt,
         "notes": notes,
     }
