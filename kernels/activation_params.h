@@ -13,6 +13,9 @@ namespace hybridserve::kernels {
 //   silu(x)     = x / (1 + exp(-x))
 //   softplus(x) = x > 20 ? x : log1p(exp(x))          (torch's threshold 20)
 //   relu2(x)    = max(x, 0)^2                         (Nemotron-H MLP)
+//   gelu(x)     = x * 0.5 * (1 + erf(x * M_SQRT1_2))  (exact erf form: transformers'
+//                                                      ACT2FN["gelu"], torch's scalar
+//                                                      CPU kernel's order, in fp32)
 //   scale(x)    = alpha * x                           (one fp32 multiply: bit-exact on
 //                                                      every backend; Granite's
 //                                                      embedding and logits multipliers)
@@ -21,6 +24,7 @@ enum class ActivationKind : int {
   kReluSquared = 1,
   kSoftplus = 2,
   kScale = 3,
+  kGelu = 4,
 };
 
 // out = act(x), row by row.
@@ -47,30 +51,45 @@ inline KernelStatus CheckActivationParams(const ActivationParams& p) {
     case ActivationKind::kReluSquared:
     case ActivationKind::kSoftplus:
     case ActivationKind::kScale:
+    case ActivationKind::kGelu:
       return kKernelOk;
   }
   return kKernelInvalidArgument;
 }
 
-// SwiGLU: out = silu(gate) * up. gate and up may be the two halves of one fused
-// projection output (gate = buf, up = buf + dim, both with row stride 2 * dim).
+// Gated MLP activation: out = act(gate) * up, act = gate_activation: silu
+// (SwiGLU, the default) or gelu (Zamba2's MLP). gate and up may be the two
+// halves of one fused projection output (gate = buf, up = buf + dim, both with
+// row stride 2 * dim).
 struct SwiGluParams {
   const float* gate = nullptr;  // [n_rows, dim], row stride gate_row_stride
   const float* up = nullptr;    // [n_rows, dim], row stride up_row_stride
   float* out = nullptr;         // [n_rows, dim], row stride out_row_stride; may alias gate or up exactly
   int64_t n_rows = 0;
   int64_t dim = 0;
+  // act: kSilu (the default: SwiGLU) or kGelu; the others are rejected.
+  ActivationKind gate_activation = ActivationKind::kSilu;
   int64_t gate_row_stride = 0;  // 0: dim
   int64_t up_row_stride = 0;    // 0: dim
   int64_t out_row_stride = 0;   // 0: dim
 };
 
-// kKernelInvalidArgument for a null pointer or a negative shape.
+// kKernelInvalidArgument for a null pointer, a negative shape or a
+// gate_activation other than kSilu and kGelu.
 inline KernelStatus CheckSwiGluParams(const SwiGluParams& p) {
   if (p.gate == nullptr || p.up == nullptr || p.out == nullptr || p.n_rows < 0 || p.dim < 0) {
     return kKernelInvalidArgument;
   }
-  return kKernelOk;
+  switch (p.gate_activation) {
+    case ActivationKind::kSilu:
+    case ActivationKind::kGelu:
+      return kKernelOk;
+    case ActivationKind::kReluSquared:
+    case ActivationKind::kSoftplus:
+    case ActivationKind::kScale:
+      break;
+  }
+  return kKernelInvalidArgument;
 }
 
 // Mamba2 time step: dt[t, h] = clamp(softplus(dt_raw[t, h] + dt_bias[h]), dt_min, dt_max).

@@ -26,6 +26,9 @@ int Activation(const ActivationParams& p, ThreadPool* pool) {
       case ActivationKind::kScale:
         for (int64_t i = 0; i < p.dim; ++i) out[i] = p.alpha * x[i];
         break;
+      case ActivationKind::kGelu:
+        for (int64_t i = 0; i < p.dim; ++i) out[i] = Gelu(x[i]);
+        break;
     }
   });
   return kKernelOk;
@@ -40,7 +43,11 @@ int SwiGlu(const SwiGluParams& p, ThreadPool* pool) {
     const float* g = p.gate + r * gs;
     const float* u = p.up + r * us;
     float* out = p.out + r * os;
-    for (int64_t i = 0; i < p.dim; ++i) out[i] = Silu(g[i]) * u[i];
+    if (p.gate_activation == ActivationKind::kGelu) {
+      for (int64_t i = 0; i < p.dim; ++i) out[i] = Gelu(g[i]) * u[i];
+    } else {
+      for (int64_t i = 0; i < p.dim; ++i) out[i] = Silu(g[i]) * u[i];
+    }
   });
   return kKernelOk;
 }

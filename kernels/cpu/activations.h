@@ -20,6 +20,15 @@ inline float ReluSquared(float x) {
   return r * r;
 }
 
+// torch.nn.functional.gelu (approximate="none") in the order of torch's scalar
+// CPU GeluKernel for float: x * 0.5 * (1 + erf(x * kAlpha)), kAlpha = M_SQRT1_2
+// rounded to fp32, every operation in fp32 with glibc's erff (torch's
+// vectorized path uses a polynomial erf and may differ by an ulp or two).
+inline float Gelu(float x) {
+  constexpr float kAlpha = 0.70710678118654752440f;  // M_SQRT1_2
+  return x * 0.5f * (1.0f + std::erf(x * kAlpha));
+}
+
 // Launchers; return a KernelStatus. pool may be null (runs on the caller).
 int Activation(const ActivationParams& p, ThreadPool* pool);
 int SwiGlu(const SwiGluParams& p, ThreadPool* pool);

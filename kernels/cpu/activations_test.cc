@@ -1,5 +1,6 @@
 #include "kernels/cpu/activations.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -101,6 +102,154 @@ TEST(ActivationTest, RejectsNonFiniteAlpha) {
   p.alpha = -3.0f;
   ASSERT_EQ(Activation(p, nullptr), kKernelOk);
   EXPECT_EQ(out, -3.0f);
+}
+
+double GeluRef(double x) { return x * 0.5 * (1.0 + std::erf(x * M_SQRT1_2)); }
+
+// The fp32 GELU's error against GeluRef: erff is within 1 ulp, rounding
+// x * kAlpha moves erf by < 0.5 ulp of 1 and 1 + erf(...) rounds by <= 0.5 ulp
+// of a value < 2, so s = 1 + erf(...) is within 2 ulp(1) = 2^-22 absolute;
+// x * 0.5 is exact and the last multiply rounds by 0.5 ulp. Bound:
+// |x| / 2 * 2^-22 + 1 ulp of the result. The absolute term is what matters
+// for x < 0, where 1 + erf(...) cancels and the relative error is unbounded;
+// for x > 0 the bound is a few ulp of the result.
+double GeluErrorBound(float x, double ref) {
+  const double ulp = std::ldexp(1.0, std::ilogb(std::max(std::fabs(ref), 0x1p-126)) - 23);
+  return std::fabs(static_cast<double>(x)) * 0.5 * 0x1p-22 + ulp;
+}
+
+// Every element within GeluErrorBound of GeluRef, the result finite.
+::testing::AssertionResult GeluWithinBound(const float* x, const float* got, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const double ref = GeluRef(x[i]);
+    const double err = std::fabs(static_cast<double>(got[i]) - ref);
+    if (!std::isfinite(got[i]) || !(err <= GeluErrorBound(x[i], ref))) {
+      return ::testing::AssertionFailure()
+             << "element " << i << ": gelu(" << x[i] << ") = " << got[i] << " vs " << ref << " (error " << err << ")";
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+TEST(ActivationTest, GeluWithinStatedUlpsOfDoubleReference) {
+  std::mt19937 rng(5);
+  const int64_t rows = 6, dim = 1000;
+  // Most of the mass where erf is not saturated, plus the saturated tails.
+  std::vector<float> x = testing::RandomVector(rng, rows * dim, -6.0f, 6.0f);
+  const std::vector<float> wide = testing::RandomVector(rng, dim, -30.0f, 30.0f);
+  std::copy(wide.begin(), wide.end(), x.begin());
+  std::vector<float> out(x.size());
+  ActivationParams p;
+  p.x = x.data();
+  p.out = out.data();
+  p.n_rows = rows;
+  p.dim = dim;
+  p.kind = ActivationKind::kGelu;
+  ThreadPool pool(2);
+  ASSERT_EQ(Activation(p, &pool), kKernelOk);
+  EXPECT_TRUE(GeluWithinBound(x.data(), out.data(), rows * dim));
+  for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(out[i], Gelu(x[i])) << i;
+}
+
+// torch 2.15 float32 torch.nn.functional.gelu on one-element tensors (its scalar
+// path, std::erf: the formula and order this kernel uses), bit for bit.
+TEST(ActivationTest, GeluMatchesTorchScalarPathExactly) {
+  struct Case {
+    float x, want;
+  };
+  const Case cases[] = {
+      {0.0f, 0.0f},           {0.10000000149011612f, 0x1.ba3a1ap-5f},
+      {0.5f, 0x1.62075ep-2f}, {-0.5f, -0x1.3bf144p-3f},
+      {1.0f, 0x1.aec4bcp-1f}, {-1.0f, -0x1.44ed0cp-3f},
+      {2.0f, 0x1.f45a18p+0f}, {-2.0f, -0x1.74bdp-5f},
+      {3.0f, 0x1.7f7b4cp+1f}, {-3.0f, -0x1.09668p-8f},
+      {-5.5f, -0x1.6p-23f},   {10.0f, 10.0f},
+      {-10.0f, -0.0f},  // erf saturates to -1: (x * 0.5) * 0 is -0
+  };
+  for (const Case& c : cases) {
+    float out = 1.0f;
+    ActivationParams p;
+    p.x = &c.x;
+    p.out = &out;
+    p.n_rows = 1;
+    p.dim = 1;
+    p.kind = ActivationKind::kGelu;
+    ASSERT_EQ(Activation(p, nullptr), kKernelOk);
+    EXPECT_TRUE(testing::BitsEqual(&out, &c.want, 1)) << "gelu(" << c.x << ")";
+    EXPECT_EQ(std::signbit(out), std::signbit(c.want)) << "gelu(" << c.x << ")";
+  }
+}
+
+// gate_activation = kGelu: out = Gelu(gate) * up, bit for bit, on the halves of
+// one fused projection; the double reference within the GELU bound times |up|
+// plus the product's rounding.
+TEST(SwiGluTest, GeluGateIsGeluTimesUpOnFusedHalves) {
+  std::mt19937 rng(6);
+  const int64_t rows = 5, dim = 100;
+  const std::vector<float> fused = testing::RandomVector(rng, rows * 2 * dim, -8.0f, 8.0f);
+  std::vector<float> out(rows * dim);
+  SwiGluParams p;
+  p.gate = fused.data();
+  p.up = fused.data() + dim;
+  p.out = out.data();
+  p.n_rows = rows;
+  p.dim = dim;
+  p.gate_activation = ActivationKind::kGelu;
+  p.gate_row_stride = 2 * dim;
+  p.up_row_stride = 2 * dim;
+  ThreadPool pool(2);
+  ASSERT_EQ(SwiGlu(p, &pool), kKernelOk);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t i = 0; i < dim; ++i) {
+      const float g = fused[r * 2 * dim + i], u = fused[r * 2 * dim + dim + i];
+      const float got = out[r * dim + i];
+      ASSERT_EQ(got, Gelu(g) * u) << r << "," << i;
+      const double ref = GeluRef(g) * u;
+      const double ulp = std::ldexp(1.0, std::ilogb(std::max(std::fabs(ref), 0x1p-126)) - 23);
+      const double bound = GeluErrorBound(g, GeluRef(g)) * std::fabs(u) + ulp;
+      EXPECT_LE(std::fabs(got - ref), bound) << "gate " << g << " up " << u;
+    }
+  }
+}
+
+// The default gate activation is SiLU, the same bits as before the field existed.
+TEST(SwiGluTest, DefaultGateIsSiluBitwise) {
+  std::mt19937 rng(7);
+  const int64_t rows = 3, dim = 50;
+  const std::vector<float> gate = testing::RandomVector(rng, rows * dim, -8.0f, 8.0f);
+  const std::vector<float> up = testing::RandomVector(rng, rows * dim, -2.0f, 2.0f);
+  std::vector<float> out(rows * dim);
+  SwiGluParams p;
+  ASSERT_EQ(p.gate_activation, ActivationKind::kSilu);
+  p.gate = gate.data();
+  p.up = up.data();
+  p.out = out.data();
+  p.n_rows = rows;
+  p.dim = dim;
+  ASSERT_EQ(SwiGlu(p, nullptr), kKernelOk);
+  std::vector<float> want(out.size());
+  for (size_t i = 0; i < want.size(); ++i) want[i] = Silu(gate[i]) * up[i];
+  EXPECT_TRUE(testing::BitsEqual(out, want));
+}
+
+TEST(SwiGluTest, RejectsGateActivationsOtherThanSiluAndGelu) {
+  const float gate = 1.0f, up = 2.0f;
+  float out = -1.0f;
+  SwiGluParams p;
+  p.gate = &gate;
+  p.up = &up;
+  p.out = &out;
+  p.n_rows = 1;
+  p.dim = 1;
+  for (ActivationKind kind : {ActivationKind::kReluSquared, ActivationKind::kSoftplus, ActivationKind::kScale,
+                              static_cast<ActivationKind>(7)}) {
+    p.gate_activation = kind;
+    EXPECT_EQ(SwiGlu(p, nullptr), kKernelInvalidArgument) << static_cast<int>(kind);
+    EXPECT_EQ(out, -1.0f);
+  }
+  p.gate_activation = ActivationKind::kGelu;
+  ASSERT_EQ(SwiGlu(p, nullptr), kKernelOk);
+  EXPECT_EQ(out, Gelu(1.0f) * 2.0f);
 }
 
 TEST(SwiGluTest, FusedHalvesMatchDoubleReference) {

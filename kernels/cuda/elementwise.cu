@@ -5,9 +5,13 @@
 // compiler against the CUDA emulator (kernels/cuda/launchers.h).
 //
 // Arithmetic notes (what the tests rely on):
-//   - Activations use expf/log1pf (never the __expf intrinsics): the emulator
-//     gives the CPU's bits; a GPU is within a few ulp. kScale is one
-//     round-to-nearest multiply (__fmul_rn): the CPU's bits on every target.
+//   - Activations use expf/log1pf/erff (never the __expf intrinsics): the
+//     emulator gives the CPU's bits; a GPU is within a few ulp. GELU is written
+//     with __fmul_rn/__fadd_rn in the CPU's order (x * 0.5 * (1 + erff(x *
+//     kAlpha))); a GPU's erff is within 2 ulp, so its GELU is within a few ulp
+//     of the CPU's for x > 0 and within a few ulp of 1, times |x| / 2, where
+//     1 + erf cancels (x < 0). kScale is one round-to-nearest multiply
+//     (__fmul_rn): the CPU's bits on every target.
 //   - Norms: a row (or group) of n elements is reduced by S threads, S a
 //     function of n only (SegmentThreads). Thread l accumulates, with fmaf, the
 //     elements of the 4-element chunks l, l + S, l + 2S, ... in ascending
@@ -39,6 +43,11 @@ __device__ __forceinline__ float SoftplusF(float x) { return x > 20.0f ? x : log
 __device__ __forceinline__ float ReluSquaredF(float x) {
   const float r = x > 0.0f ? x : 0.0f;
   return r * r;
+}
+// The CPU's Gelu (kernels/cpu/activations.h), operation for operation.
+__device__ __forceinline__ float GeluF(float x) {
+  constexpr float kAlpha = 0.70710678118654752440f;  // M_SQRT1_2
+  return __fmul_rn(__fmul_rn(x, 0.5f), __fadd_rn(1.0f, erff(__fmul_rn(x, kAlpha))));
 }
 
 // 16- and 8-byte vectors for single-instruction loads and stores, declared
@@ -276,6 +285,9 @@ struct ActivationOp {
         case ActivationKind::kScale:
           v[k] = __fmul_rn(alpha, v[k]);
           break;
+        case ActivationKind::kGelu:
+          v[k] = GeluF(v[k]);
+          break;
       }
     }
     Store4(out + r * os, i, count, vec, v);
@@ -287,12 +299,18 @@ struct SwiGluOp {
   const float* up;
   float* out;
   int64_t gs, us, os;
+  bool gelu;  // gate activation: gelu, else silu
   __device__ __forceinline__ void Apply(int64_t r, int64_t i, int count, bool vec) const {
     float g[4], u[4];
     Load4(gate + r * gs, i, count, vec, g);
     Load4(up + r * us, i, count, vec, u);
+    if (gelu) {
 #pragma unroll
-    for (int k = 0; k < 4; ++k) g[k] = SiluF(g[k]) * u[k];
+      for (int k = 0; k < 4; ++k) g[k] = __fmul_rn(GeluF(g[k]), u[k]);
+    } else {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) g[k] = SiluF(g[k]) * u[k];
+    }
     Store4(out + r * os, i, count, vec, g);
   }
 };
@@ -533,6 +551,7 @@ int SwiGlu(const SwiGluParams& p, const CudaLaunchContext& ctx) {
   op.gs = p.gate_row_stride ? p.gate_row_stride : p.dim;
   op.us = p.up_row_stride ? p.up_row_stride : p.dim;
   op.os = p.out_row_stride ? p.out_row_stride : p.dim;
+  op.gelu = p.gate_activation == ActivationKind::kGelu;
   const bool vec = p.dim % 4 == 0 && Aligned16(op.gate) && op.gs % 4 == 0 && Aligned16(op.up) && op.us % 4 == 0 &&
                    Aligned16(op.out) && op.os % 4 == 0;
   return LaunchRowwise(op, p.n_rows, p.dim, vec, ctx);

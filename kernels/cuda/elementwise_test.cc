@@ -5,9 +5,14 @@
 // Tolerances, and why:
 //   - Embedding: an exact copy (bf16 widening is exact): bitwise on every target.
 //   - Activation kScale: one fp32 multiply: bitwise on every target.
-//   - Activation, SwiGlu, DtSoftplus: the emulator calls the same libm expf and
-//     log1pf as the CPU with the same operations: bitwise. A GPU's expf/log1pf
-//     are within 2 ulp, so SiLU/softplus within a few ulp: rtol 1e-6 (~16 ulp).
+//   - Activation, SwiGlu, DtSoftplus: the emulator calls the same libm expf,
+//     log1pf and erff as the CPU with the same operations: bitwise. A GPU's
+//     expf/log1pf are within 2 ulp, so SiLU/softplus within a few ulp: rtol 1e-6
+//     (~16 ulp). GELU (and the GELU-gated SwiGlu): a GPU's erff is within 2 ulp
+//     and the CPU's within 1, so s = 1 + erf(x / sqrt(2)) differs by < 2^-21
+//     absolute and x * 0.5 * s by < |x| * 2^-22 (times |up| for the gated
+//     form), plus the last roundings: rtol 1e-6 plus that absolute term, which
+//     is the one that matters where 1 + erf cancels (x < 0).
 //   - Norms: the sum of squares is reduced in a different (fixed) order than
 //     the CPU's 8-lane order: relative error of the sum <= ~(n/S + log2 S) ulp
 //     (< 100 ulp for these sizes), half of it in 1/rms, plus a few roundings
@@ -57,6 +62,25 @@ class ElementwiseTest : public cuda_testing::CudaKernelTest {
   ::testing::AssertionResult ActivationMatch(const std::vector<float>& got, const std::vector<float>& want) {
     if (emulated()) return BitsEqual(got, want);
     return cuda_testing::AllClose(got, want, kGpuActivationAtol, kGpuActivationRtol);
+  }
+
+  // GELU: bitwise on the emulator; on a GPU element i within
+  // kGpuActivationRtol * |want[i]| + scale[i] * 2^-22, scale[i] = |x| (times
+  // |up| for the gated form) of the element, 0 where nothing was written.
+  ::testing::AssertionResult GeluMatch(const std::vector<float>& got, const std::vector<float>& want,
+                                       const std::vector<float>& scale) {
+    if (emulated()) return BitsEqual(got, want);
+    if (got.size() != want.size() || scale.size() != want.size())
+      return ::testing::AssertionFailure() << "sizes differ";
+    for (size_t i = 0; i < got.size(); ++i) {
+      const double err = std::fabs(static_cast<double>(got[i]) - want[i]);
+      const double tol = kGpuActivationRtol * std::fabs(want[i]) + scale[i] * 0x1p-22;
+      if (!std::isfinite(got[i]) || !(err <= tol)) {
+        return ::testing::AssertionFailure()
+               << "element " << i << ": " << got[i] << " vs " << want[i] << " (error " << err << " > " << tol << ")";
+      }
+    }
+    return ::testing::AssertionSuccess();
   }
 };
 
@@ -326,6 +350,112 @@ TEST_P(ElementwiseTest, ActivationScaleMatchesCpuBitwise) {
       EXPECT_TRUE(BitsEqual(Down(variant == 2 ? dx : dout), want)) << "dim " << dim << " variant " << variant;
     }
   }
+}
+
+// GELU: the CPU's bits on the emulator (same erff, same operation order), a
+// few ulp (of 1, times |x| / 2, where 1 + erf cancels) on a GPU.
+TEST_P(ElementwiseTest, ActivationGeluMatchesCpu) {
+  std::mt19937 rng(25);
+  for (int64_t dim : {1, 7, 33, 257, 1000, 1030}) {
+    for (int variant = 0; variant < 3; ++variant) {
+      const int64_t rows = variant == 0 ? 70 : 3;  // 70: several blocks of packed narrow rows
+      const int64_t xs = variant == 1 ? dim + 1 : dim;
+      const int64_t os = variant == 1 ? dim + 4 : dim;
+      // Through the transition and into both saturated tails (erf = +-1 in fp32 past |x| ~ 5.5).
+      std::vector<float> x = RandomRows(rng, rows, dim, xs, -10.0f, 10.0f);
+      std::vector<float> want(rows * os, kSentinel);
+      std::vector<float> scale(rows * os, 0.0f);
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t i = 0; i < dim; ++i) scale[r * os + i] = std::fabs(x[r * xs + i]);
+      }
+      ActivationParams p;
+      p.n_rows = rows;
+      p.dim = dim;
+      p.kind = ActivationKind::kGelu;
+      p.x_row_stride = variant == 1 ? xs : 0;
+      p.out_row_stride = variant == 1 ? os : 0;
+      p.x = x.data();
+      p.out = want.data();
+      ASSERT_EQ(cpu::Activation(p, nullptr), kKernelOk);
+
+      DeviceBuffer dx = Up(x), dout = Up(std::vector<float>(rows * os, kSentinel));
+      p.x = dx.as<float>();
+      p.out = variant == 2 ? dx.as<float>() : dout.as<float>();  // variant 2: in place
+      ASSERT_EQ(b().Activation(p), kKernelOk);
+      EXPECT_TRUE(GeluMatch(Down(variant == 2 ? dx : dout), want, scale)) << "dim " << dim << " variant " << variant;
+    }
+  }
+}
+
+// gate_activation = kGelu (Zamba2's MLP): out = gelu(gate) * up on the same
+// layouts as SiLU's: separate buffers, fused halves, out aliasing either half.
+TEST_P(ElementwiseTest, SwiGluGeluGateMatchesCpuFusedHalvesAndAliases) {
+  std::mt19937 rng(26);
+  for (int64_t dim : {1, 7, 64, 257, 1030}) {
+    for (int variant = 0; variant < 4; ++variant) {
+      const int64_t rows = 3;
+      const bool fused = variant > 0;
+      const bool in_place = variant >= 2;
+      const int64_t gs = fused ? 2 * dim : dim;
+      std::vector<float> gate = RandomRows(rng, rows, gs, gs, -8.0f, 8.0f);
+      std::vector<float> up = RandomRows(rng, rows, dim, dim);
+      SwiGluParams p;
+      p.n_rows = rows;
+      p.dim = dim;
+      p.gate_activation = ActivationKind::kGelu;
+      if (fused) {
+        p.gate_row_stride = 2 * dim;
+        p.up_row_stride = 2 * dim;
+      }
+      if (in_place) p.out_row_stride = 2 * dim;
+      const int64_t out_offset = variant == 3 ? dim : 0;
+      const int64_t os = in_place ? 2 * dim : dim;
+
+      // |gate| * |up| of each output element, in the output's layout.
+      std::vector<float> scale(in_place ? gate.size() : rows * dim, 0.0f);
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t i = 0; i < dim; ++i) {
+          const float u = fused ? gate[r * gs + dim + i] : up[r * dim + i];
+          scale[r * os + out_offset + i] = std::fabs(gate[r * gs + i]) * std::fabs(u);
+        }
+      }
+
+      // CPU: in place on a copy of the fused buffer, else into `want`.
+      std::vector<float> want = in_place ? gate : std::vector<float>(rows * dim, kSentinel);
+      p.gate = in_place ? want.data() : gate.data();
+      p.up = fused ? p.gate + dim : up.data();
+      p.out = want.data() + out_offset;
+      ASSERT_EQ(cpu::SwiGlu(p, nullptr), kKernelOk);
+
+      DeviceBuffer dg = Up(gate), du = Up(up), dout = Up(std::vector<float>(rows * dim, kSentinel));
+      p.gate = dg.as<float>();
+      p.up = fused ? dg.as<float>() + dim : du.as<float>();
+      p.out = in_place ? dg.as<float>() + out_offset : dout.as<float>();
+      ASSERT_EQ(b().SwiGlu(p), kKernelOk);
+      EXPECT_TRUE(GeluMatch(Down(in_place ? dg : dout), want, scale)) << "dim " << dim << " variant " << variant;
+    }
+  }
+}
+
+TEST_P(ElementwiseTest, SwiGluRejectsGateActivationsOtherThanSiluAndGelu) {
+  DeviceBuffer buf = Up(std::vector<float>(48, 1.0f));
+  float* d = buf.as<float>();
+  SwiGluParams s;
+  s.gate = d;
+  s.up = d + 16;
+  s.out = d + 32;
+  s.n_rows = 2;
+  s.dim = 8;
+  for (ActivationKind kind : {ActivationKind::kSilu, ActivationKind::kGelu}) {
+    s.gate_activation = kind;
+    EXPECT_EQ(b().SwiGlu(s), kKernelOk) << static_cast<int>(kind);
+  }
+  for (ActivationKind kind : {ActivationKind::kReluSquared, ActivationKind::kSoftplus, ActivationKind::kScale,
+                              static_cast<ActivationKind>(7)}) {
+    s.gate_activation = kind;
+    EXPECT_EQ(b().SwiGlu(s), kKernelInvalidArgument) << static_cast<int>(kind);
+  }
+  EXPECT_EQ(b().Synchronize(), kKernelOk);
 }
 
 TEST_P(ElementwiseTest, SwiGluMatchesCpuFusedHalvesAndAliases) {
