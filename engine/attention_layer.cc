@@ -9,19 +9,22 @@
 #include "common/status_macros.h"
 #include "engine/backend_registry.h"
 #include "kernels/attention_params.h"
+#include "kernels/matmul_params.h"
 
 namespace hybridserve::engine {
 namespace {
 
 // Workspace buffers.
-constexpr WorkspaceBuffer kQkv = kScratch0;  // [n, q_dim + 2 * kv_dim]
-constexpr WorkspaceBuffer kOut = kScratch1;  // [n, q_dim]
+constexpr WorkspaceBuffer kQkv = kScratch0;         // [n, q_dim + 2 * kv_dim]
+constexpr WorkspaceBuffer kOut = kScratch1;         // [n, q_dim]
+constexpr WorkspaceBuffer kAdapterLow = kScratch2;  // [n, 3 * rank]: the adapters' down projections
 
 class AttentionLayerRunner final : public LayerRunner {
  public:
   AttentionLayerRunner(const ModelConfig& config, const DeviceAttentionWeights& w, int64_t kv_layer,
-                       const LayerEnv& env)
-      : config_(config),
+                       const LayerEnv& env, const AttentionRunnerOptions& options)
+      : options_(options),
+        config_(config),
         p_(config.attention),
         w_(w),
         kv_layer_(kv_layer),
@@ -102,10 +105,38 @@ class AttentionLayerRunner final : public LayerRunner {
  private:
   // qkv = qkv_proj(in_multiplier * x), the keys times key_multiplier (Falcon-H1; 1 elsewhere).
   absl::Status Project(const float* normed, int64_t n, float* qkv) {
-    ASSIGN_OR_RETURN(const float* x, ScaledInput(env_, normed, n, config_.hidden_size, p_.in_multiplier));
-    RETURN_IF_ERROR(Linear(env_, x, n, config_.hidden_size, w_.qkv_proj, qkv_rows(), /*bias=*/nullptr, qkv,
+    const int64_t in = input_dim();
+    ASSIGN_OR_RETURN(const float* x, ScaledInput(env_, normed, n, in, p_.in_multiplier));
+    RETURN_IF_ERROR(Linear(env_, x, n, in, w_.qkv_proj, qkv_rows(), /*bias=*/nullptr, qkv,
                            /*accumulate=*/false, "attention qkv_proj"));
+    if (options_.adapters != nullptr) RETURN_IF_ERROR(AddAdapters(*options_.adapters, x, n, qkv));
     return ScaleColumns(env_, qkv, n, p_.q_dim(), p_.kv_dim(), qkv_rows(), p_.key_multiplier);
+  }
+
+  absl::Status AddAdapters(const QkvAdapters& a, const float* x, int64_t n, float* qkv) {
+    const int64_t r = a.rank;
+    ASSIGN_OR_RETURN(float* low, env_.workspace->Get<float>(kAdapterLow, n * 3 * r));
+    RETURN_IF_ERROR(Linear(env_, x, n, input_dim(), a.down, 3 * r, /*bias=*/nullptr, low, /*accumulate=*/false,
+                           "attention adapters down"));
+    const DeviceMatrix* ups[3] = {&a.q_up, &a.k_up, &a.v_up};
+    const int64_t widths[3] = {p_.q_dim(), p_.kv_dim(), p_.kv_dim()};
+    int64_t column = 0;
+    for (int part = 0; part < 3; ++part) {
+      kernels::MatmulParams m;
+      m.a = low + part * r;
+      m.lda = 3 * r;
+      m.w = ups[part]->f32;
+      m.w_bf16 = ups[part]->bf16;
+      m.out = qkv + column;
+      m.ldo = qkv_rows();
+      m.m = n;
+      m.n = widths[part];
+      m.k = r;
+      m.accumulate = true;
+      RETURN_IF_ERROR(KernelStatusToStatus(env_.backend->Matmul(m, env_.matmul_mode), "attention adapter up"));
+      column += widths[part];
+    }
+    return absl::OkStatus();
   }
 
   // RoPE on the q and k parts of the qkv rows, in place (no-op without RoPE):
@@ -128,8 +159,11 @@ class AttentionLayerRunner final : public LayerRunner {
     return KernelStatusToStatus(env_.backend->Rope(rope), "Rope(k)");
   }
 
+  int64_t input_dim() const { return options_.input_dim > 0 ? options_.input_dim : config_.hidden_size; }
+
   int64_t qkv_rows() const { return p_.q_dim() + 2 * p_.kv_dim(); }
 
+  const AttentionRunnerOptions options_;
   const ModelConfig& config_;
   const AttentionParams& p_;
   const DeviceAttentionWeights& w_;
@@ -141,8 +175,9 @@ class AttentionLayerRunner final : public LayerRunner {
 
 absl::StatusOr<std::unique_ptr<LayerRunner>> NewAttentionLayerRunner(const ModelConfig& config,
                                                                      const DeviceAttentionWeights& weights,
-                                                                     int64_t kv_layer, const LayerEnv& env) {
-  return std::unique_ptr<LayerRunner>(new AttentionLayerRunner(config, weights, kv_layer, env));
+                                                                     int64_t kv_layer, const LayerEnv& env,
+                                                                     const AttentionRunnerOptions& options) {
+  return std::unique_ptr<LayerRunner>(new AttentionLayerRunner(config, weights, kv_layer, env, options));
 }
 
 }  // namespace hybridserve::engine

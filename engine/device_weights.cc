@@ -144,6 +144,25 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::Create(const Model
         ASSIGN_OR_RETURN(d.mixer, up.Attention(layer.attention()));
         break;
       }
+      case LayerKind::kZambaHybrid: {
+        const ZambaHybridLayerWeights& w = layer.zamba_hybrid();
+        DeviceZambaHybridWeights z;
+        z.block = w.block;
+        if (!w.q_adapter.down.empty()) {
+          ASSIGN_OR_RETURN(z.qkv_adapter_down,
+                           up.Stacked({&w.q_adapter.down, &w.k_adapter.down, &w.v_adapter.down}, "zamba qkv adapters"));
+          ASSIGN_OR_RETURN(z.q_adapter_up, up.Matrix(w.q_adapter.up, "zamba q adapter"));
+          ASSIGN_OR_RETURN(z.k_adapter_up, up.Matrix(w.k_adapter.up, "zamba k adapter"));
+          ASSIGN_OR_RETURN(z.v_adapter_up, up.Matrix(w.v_adapter.up, "zamba v adapter"));
+        }
+        ASSIGN_OR_RETURN(z.gate_up_adapter.down, up.Matrix(w.gate_up_adapter.down, "zamba gate_up adapter"));
+        ASSIGN_OR_RETURN(z.gate_up_adapter.up, up.Matrix(w.gate_up_adapter.up, "zamba gate_up adapter"));
+        ASSIGN_OR_RETURN(z.linear, up.Matrix(w.linear, "zamba linear"));
+        ASSIGN_OR_RETURN(z.mamba_norm, up.Constant(w.mamba_norm, "zamba mamba norm"));
+        ASSIGN_OR_RETURN(z.mamba, up.Mamba2(w.mamba));
+        d.mixer = z;
+        break;
+      }
       case LayerKind::kParallel: {
         DeviceParallelWeights p;
         ASSIGN_OR_RETURN(p.mamba, up.Mamba2(layer.parallel().mamba));
@@ -182,6 +201,14 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::Create(const Model
       }
     }
     out->layers_.push_back(d);
+  }
+  for (const ZambaSharedBlockWeights& b : weights.shared_blocks()) {
+    DeviceZambaSharedBlock block;
+    ASSIGN_OR_RETURN(block.input_norm, up.Constant(b.input_norm, "zamba shared input norm"));
+    ASSIGN_OR_RETURN(block.attention, up.Attention(b.attention));
+    ASSIGN_OR_RETURN(block.pre_ff_norm, up.Constant(b.pre_ff_norm, "zamba shared pre_ff norm"));
+    ASSIGN_OR_RETURN(block.mlp, up.GatedMlp(b.mlp));
+    out->shared_blocks_.push_back(block);
   }
   return out;
 }

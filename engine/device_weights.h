@@ -82,6 +82,32 @@ struct DeviceMoeWeights {
   DeviceMatrix shared_down;  // [hidden, shared]
 };
 
+// y += up(down(x)); both null for a use without an adapter.
+struct DeviceLora {
+  DeviceMatrix down;  // [rank, in]
+  DeviceMatrix up;    // [out, rank]
+  bool present() const { return down.f32 != nullptr || down.bf16 != nullptr; }
+};
+
+struct DeviceZambaSharedBlock {
+  const float* input_norm = nullptr;   // [2 * hidden]
+  DeviceAttentionWeights attention;    // qkv [q_dim + 2 * kv_dim, 2 * hidden], o [hidden, q_dim]
+  const float* pre_ff_norm = nullptr;  // [hidden]
+  DeviceGatedMlpWeights mlp;
+};
+
+struct DeviceZambaHybridWeights {
+  int64_t block = 0;
+  // q, k and v adapters' down projections stacked, [3 * rank, 2 * hidden], and
+  // their up projections; absent without use_shared_attention_adapter.
+  DeviceMatrix qkv_adapter_down;
+  DeviceMatrix q_adapter_up, k_adapter_up, v_adapter_up;
+  DeviceLora gate_up_adapter;
+  DeviceMatrix linear;                // [hidden, hidden]
+  const float* mamba_norm = nullptr;  // [hidden]
+  DeviceMamba2Weights mamba;
+};
+
 struct DeviceParallelWeights {
   DeviceMamba2Weights mamba;
   DeviceAttentionWeights attention;
@@ -90,7 +116,7 @@ struct DeviceParallelWeights {
 struct DeviceLayerWeights {
   const float* norm = nullptr;  // [hidden]; RMSNorm before the block
   std::variant<DeviceMamba2Weights, DeviceAttentionWeights, DeviceMlpWeights, DeviceGatedMlpWeights, DeviceMoeWeights,
-               DeviceParallelWeights>
+               DeviceParallelWeights, DeviceZambaHybridWeights>
       mixer;
 
   // Precondition: the layer is of that kind (checked by std::get).
@@ -100,6 +126,7 @@ struct DeviceLayerWeights {
   const DeviceGatedMlpWeights& gated_mlp() const { return std::get<DeviceGatedMlpWeights>(mixer); }
   const DeviceMoeWeights& moe() const { return std::get<DeviceMoeWeights>(mixer); }
   const DeviceParallelWeights& parallel() const { return std::get<DeviceParallelWeights>(mixer); }
+  const DeviceZambaHybridWeights& zamba_hybrid() const { return std::get<DeviceZambaHybridWeights>(mixer); }
 };
 
 class DeviceWeights {
@@ -115,6 +142,7 @@ class DeviceWeights {
   const float* norm_f() const { return norm_f_; }                 // [hidden]
   const DeviceMatrix& lm_head() const { return lm_head_; }        // [vocab, hidden]
   const DeviceLayerWeights& layer(int64_t i) const { return layers_[static_cast<size_t>(i)]; }
+  const DeviceZambaSharedBlock& shared_block(int64_t b) const { return shared_blocks_[static_cast<size_t>(b)]; }
   // Device bytes this object allocated (aliased host tensors not counted).
   int64_t allocated_bytes() const { return allocated_bytes_; }
 
@@ -126,6 +154,7 @@ class DeviceWeights {
   const float* norm_f_ = nullptr;
   DeviceMatrix lm_head_;
   std::vector<DeviceLayerWeights> layers_;
+  std::vector<DeviceZambaSharedBlock> shared_blocks_;
   std::vector<kernels::DeviceBuffer> buffers_;  // owns every pointer above
   int64_t allocated_bytes_ = 0;
 };

@@ -39,8 +39,11 @@ enum WorkspaceBuffer : int {
   kBlockOut,
   // A mixer's input times its in-multiplier (ScaledInput).
   kMixerInput,
-  // A parallel block's summed mixer outputs.
+  // A parallel block's summed mixer outputs (Zamba2: a hybrid layer's
+  // concatenated input, then its Mamba2 input).
   kParallelSum,
+  // A copy of the model's input embeddings for the current rows (Zamba2).
+  kEmbeddings,
   // The Model's block loop: hidden states, their norm, logits ([rows, *] fp32).
   kHidden,
   kNormed,
@@ -126,6 +129,8 @@ class LayerRunner {
   virtual ~LayerRunner() = default;
 
   // residual[t] += mixer(normed[t]) for the segment's tokens; both [n_tokens, hidden].
+  // A block without a pre-norm (DeviceLayerWeights::norm null) gets the
+  // residual stream itself as `normed`.
   // Updates the sequence's state (SSM/conv state, KV pages) for those tokens.
   virtual absl::Status Prefill(const PrefillSegment& segment, const float* normed, float* residual) = 0;
   // residual[b] += mixer(normed[b]) for each sequence of the batch; both [batch, hidden].

@@ -184,7 +184,7 @@ class Mamba2LayerRunner final : public LayerRunner {
     g.n_rows = n;
     g.dim = p_.d_inner();
     g.group_size = p_.norm_group_size;
-    g.eps = config_.norm_eps;
+    g.eps = p_.gated_norm_eps != 0.0f ? p_.gated_norm_eps : config_.norm_eps;
     g.norm_before_gate = p_.norm_before_gate;
     RETURN_IF_ERROR(KernelStatusToStatus(env_.backend->GatedRmsNorm(g), "GatedRmsNorm"));
     return LinearToResidual(env_, y, n, p_.d_inner(), w_.out_proj, config_.hidden_size, w_.out_proj_bias, residual,

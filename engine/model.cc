@@ -24,6 +24,7 @@
 #include "engine/mlp_layer.h"
 #include "engine/moe_layer.h"
 #include "engine/parallel_layer.h"
+#include "engine/zamba_layer.h"
 #include "kernels/activation_params.h"
 #include "kernels/embedding_params.h"
 #include "kernels/norm_params.h"
@@ -140,6 +141,14 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelConfig& config, 
       case LayerKind::kMoe:
         model->runners_.push_back(NewMoeLayerRunner(model->config_, w.moe(), env));
         break;
+      case LayerKind::kZambaHybrid: {
+        const DeviceZambaHybridWeights& z = w.zamba_hybrid();
+        ASSIGN_OR_RETURN(std::unique_ptr<LayerRunner> runner,
+                         NewZambaHybridLayerRunner(model->config_, z, model->device_weights_->shared_block(z.block),
+                                                   mamba_index++, attention_index++, env));
+        model->runners_.push_back(std::move(runner));
+        break;
+      }
       case LayerKind::kParallel: {
         ASSIGN_OR_RETURN(std::unique_ptr<LayerRunner> runner,
                          NewParallelLayerRunner(model->config_, w.parallel(), mamba_index++, attention_index++, env));
@@ -189,7 +198,12 @@ absl::Status Model::EmbedOnDevice(const int32_t* ids, int64_t n) {
   p.vocab = config_.vocab_size;
   p.dim = config_.hidden_size;
   RETURN_IF_ERROR(KernelStatusToStatus(backend_->Embedding(p), "Embedding"));
-  return Scale(hidden, n * config_.hidden_size, config_.embedding_multiplier, "embedding_multiplier");
+  RETURN_IF_ERROR(Scale(hidden, n * config_.hidden_size, config_.embedding_multiplier, "embedding_multiplier"));
+  if (config_.CountLayers(LayerKind::kZambaHybrid) == 0) return absl::OkStatus();
+  // Zamba2's shared blocks read the input embeddings beside the residual stream.
+  const int64_t bytes = n * config_.hidden_size * static_cast<int64_t>(sizeof(float));
+  ASSIGN_OR_RETURN(float* embeddings, workspace_->Get<float>(kEmbeddings, n * config_.hidden_size));
+  return KernelStatusToStatus(backend_->CopyOnDevice(embeddings, hidden, bytes), "copying the embeddings");
 }
 
 absl::Status Model::Scale(float* x, int64_t count, float alpha, const char* what) {
@@ -228,8 +242,9 @@ absl::Status Model::RunSegment(Sequence& seq, const TokenId* tokens, int64_t sta
   ASSIGN_OR_RETURN(float* hidden, workspace_->Get<float>(kHidden, n * config_.hidden_size));
   ASSIGN_OR_RETURN(float* normed, workspace_->Get<float>(kNormed, n * config_.hidden_size));
   for (size_t i = 0; i < runners_.size(); ++i) {
-    RETURN_IF_ERROR(NormRows(device_weights_->layer(static_cast<int64_t>(i)).norm, hidden, normed, n));
-    RETURN_IF_ERROR(runners_[i]->Prefill(segment, normed, hidden));
+    const float* norm = device_weights_->layer(static_cast<int64_t>(i)).norm;
+    if (norm != nullptr) RETURN_IF_ERROR(NormRows(norm, hidden, normed, n));
+    RETURN_IF_ERROR(runners_[i]->Prefill(segment, norm != nullptr ? normed : hidden, hidden));
   }
   return absl::OkStatus();
 }
@@ -401,8 +416,9 @@ absl::Status Model::DecodeKernels(const DecodeBatch& step, const int32_t* ids, i
   ASSIGN_OR_RETURN(float* hidden, workspace_->Get<float>(kHidden, rows * config_.hidden_size));
   ASSIGN_OR_RETURN(float* normed, workspace_->Get<float>(kNormed, rows * config_.hidden_size));
   for (size_t i = 0; i < runners_.size(); ++i) {
-    RETURN_IF_ERROR(NormRows(device_weights_->layer(static_cast<int64_t>(i)).norm, hidden, normed, rows));
-    RETURN_IF_ERROR(runners_[i]->Decode(step, normed, hidden));
+    const float* norm = device_weights_->layer(static_cast<int64_t>(i)).norm;
+    if (norm != nullptr) RETURN_IF_ERROR(NormRows(norm, hidden, normed, rows));
+    RETURN_IF_ERROR(runners_[i]->Decode(step, norm != nullptr ? normed : hidden, hidden));
   }
   return LogitsOnDevice(0, rows).status();
 }

@@ -318,7 +318,7 @@ absl::Status ValidateMamba(const ModelConfig& c) {
   const Mamba2Params& m = c.mamba;
   const bool nemotron = c.family == ModelFamily::kNemotronH;
   const bool prefixed = c.family == ModelFamily::kBamba || c.family == ModelFamily::kGraniteMoeHybrid ||
-                        c.family == ModelFamily::kFalconH1;
+                        c.family == ModelFamily::kFalconH1 || c.family == ModelFamily::kZamba2;
   const char* heads_name = nemotron ? "mamba_num_heads" : prefixed ? "mamba_n_heads" : "num_heads";
   const char* head_dim_name = nemotron ? "mamba_head_dim" : prefixed ? "mamba_d_head" : "head_dim";
   const char* state_name = nemotron ? "ssm_state_size" : prefixed ? "mamba_d_state" : "state_size";
@@ -455,6 +455,8 @@ absl::string_view ModelFamilyName(ModelFamily family) {
       return "granitemoehybrid";
     case ModelFamily::kFalconH1:
       return "falcon_h1";
+    case ModelFamily::kZamba2:
+      return "zamba2";
   }
   return "unknown";
 }
@@ -473,6 +475,8 @@ absl::string_view LayerKindName(LayerKind kind) {
       return "moe";
     case LayerKind::kParallel:
       return "parallel";
+    case LayerKind::kZambaHybrid:
+      return "zamba_hybrid";
   }
   return "unknown";
 }
@@ -491,6 +495,8 @@ char LayerKindSymbol(LayerKind kind) {
       return 'E';
     case LayerKind::kParallel:
       return 'P';
+    case LayerKind::kZambaHybrid:
+      return 'Z';
   }
   return '?';
 }
@@ -523,11 +529,28 @@ absl::Status ModelConfig::Validate() const {
   if (CountLayers(LayerKind::kMoe) > 0) RETURN_IF_ERROR(ValidateMoe(moe));
   const bool decoder_layers =
       family == ModelFamily::kBamba || family == ModelFamily::kGraniteMoeHybrid || family == ModelFamily::kFalconH1;
+  if (family != ModelFamily::kZamba2 && CountLayers(LayerKind::kZambaHybrid) > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("only a zamba2 model has hybrid blocks, got pattern \"", LayerPattern(), "\""));
+  }
   if (family != ModelFamily::kFalconH1 && CountLayers(LayerKind::kParallel) > 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("only a falcon_h1 model has parallel blocks, got pattern \"", LayerPattern(), "\""));
   }
   if (decoder_layers) RETURN_IF_ERROR(ValidateDecoderLayers(*this));
+  if (family == ModelFamily::kZamba2) {
+    for (LayerKind kind : layers) {
+      if (kind != LayerKind::kMamba2 && kind != LayerKind::kZambaHybrid) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("a zamba2 model has Mamba2 and hybrid blocks only, got pattern \"", LayerPattern(), "\""));
+      }
+    }
+    if (CountLayers(LayerKind::kZambaHybrid) > 0) {
+      RETURN_IF_ERROR(CheckDim("intermediate_size", gated_mlp.intermediate_size));
+      RETURN_IF_ERROR(CheckDim("num_mem_blocks", zamba.num_mem_blocks));
+      RETURN_IF_ERROR(CheckDim("adapter_rank", zamba.adapter_rank));  // the MLP's adapters are always there
+    }
+  }
   if (!decoder_layers && CountLayers(LayerKind::kGatedMlp) > 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "a ", ModelFamilyName(family), " model has no gated MLP blocks, got pattern \"", LayerPattern(), "\""));
@@ -597,6 +620,9 @@ std::string ModelConfig::CanonicalString() const {
     absl::StrAppendFormat(&out, "attention_mup{in=%a,key=%a,out=%a};", attention.in_multiplier,
                           attention.key_multiplier, attention.out_multiplier);
   }
+  if (SsmLayers() > 0 && mamba.gated_norm_eps != 0.0f) {
+    absl::StrAppendFormat(&out, "mamba2_norm_eps=%a;", mamba.gated_norm_eps);
+  }
   if (SsmLayers() > 0 && (!mamba.gated_norm || mamba.norm_before_gate || mamba.HasMultipliers())) {
     const Mamba2Params& m = mamba;
     absl::StrAppendFormat(&out, "mamba2_ext{gated_norm=%d,norm_before_gate=%d,in=%a,segments=[%a,%a,%a,%a,%a],out=%a};",
@@ -604,7 +630,12 @@ std::string ModelConfig::CanonicalString() const {
                           m.segment_multipliers[0], m.segment_multipliers[1], m.segment_multipliers[2],
                           m.segment_multipliers[3], m.segment_multipliers[4], m.out_multiplier);
   }
-  if (CountLayers(LayerKind::kGatedMlp) > 0) {
+  if (CountLayers(LayerKind::kZambaHybrid) > 0) {
+    absl::StrAppendFormat(&out, "zamba{mem_blocks=%d,adapters=%d,rank=%d,act=%d};", zamba.num_mem_blocks,
+                          static_cast<int>(zamba.use_adapters), zamba.adapter_rank,
+                          static_cast<int>(gated_mlp.activation));
+  }
+  if (CountLayers(LayerKind::kGatedMlp) > 0 || CountLayers(LayerKind::kZambaHybrid) > 0) {
     absl::StrAppendFormat(&out, "gated_mlp{intermediate=%d,bias=%d,gate_mult=%a,down_mult=%a};",
                           gated_mlp.intermediate_size, static_cast<int>(gated_mlp.use_bias), gated_mlp.gate_multiplier,
                           gated_mlp.down_multiplier);
@@ -658,9 +689,12 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text) {
       status = config_internal::ParseGraniteMoeHybrid(fields, config);
     } else if (model_type == "falcon_h1") {
       status = config_internal::ParseFalconH1(fields, config);
+    } else if (model_type == "zamba2") {
+      status = config_internal::ParseZamba2(fields, config);
     } else {
-      return absl::UnimplementedError(absl::StrCat(
-          "model_type \"", model_type, "\" is not supported (nemotron_h, mamba2, bamba, granitemoehybrid, falcon_h1)"));
+      return absl::UnimplementedError(
+          absl::StrCat("model_type \"", model_type,
+                       "\" is not supported (nemotron_h, mamba2, bamba, granitemoehybrid, falcon_h1, zamba2)"));
     }
   } catch (const Json::exception& e) {
     // Every access above is type-checked first; this only guards the boundary.

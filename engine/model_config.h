@@ -18,6 +18,12 @@
 //   falcon_h1   each decoder layer is a parallel block (Mamba2 and attention on
 //               the same normed input, their scaled outputs summed) followed by a
 //               gated MLP; RoPE; μP multipliers on nearly every projection.
+//   zamba2      each layer is a Mamba2 layer ('M') or a hybrid layer ('Z'): one
+//               of num_mem_blocks shared transformer blocks (attention then a
+//               gated MLP, no residuals inside, over [hidden | embeddings]) with
+//               per-use low-rank adapters, projected and added to the Mamba2
+//               layer's input (not to the residual). Each hybrid layer keeps its
+//               own KV pages; the shared block's weights are reused.
 // A model is a list of blocks (`LayerKind`s) plus one parameter struct per kind
 // (all blocks of a kind share their hyper-parameters). Each block is an RMSNorm,
 // its computation, and a residual add. Nemotron-H and Mamba2 layers are one block
@@ -57,23 +63,25 @@ enum class ModelFamily {
   kBamba,             // model_type "bamba"
   kGraniteMoeHybrid,  // model_type "granitemoehybrid"
   kFalconH1,          // model_type "falcon_h1"
+  kZamba2,            // model_type "zamba2"
 };
 
 // What a layer computes between its pre-norm and its residual add.
 enum class LayerKind {
-  kMamba2,     // Mamba2 mixer (SSD), parameters in Mamba2Params
-  kAttention,  // causal grouped-query attention, parameters in AttentionParams
-  kMlp,        // two-matrix MLP, parameters in MlpParams
-  kGatedMlp,   // SwiGLU MLP down(silu(gate(x)) * up(x)), parameters in GatedMlpParams
-  kMoe,        // mixture of experts (+ shared expert), parameters in MoeParams
-  kParallel,   // a Mamba2 mixer and attention on the same input, outputs summed (Falcon-H1)
+  kMamba2,       // Mamba2 mixer (SSD), parameters in Mamba2Params
+  kAttention,    // causal grouped-query attention, parameters in AttentionParams
+  kMlp,          // two-matrix MLP, parameters in MlpParams
+  kGatedMlp,     // SwiGLU MLP down(silu(gate(x)) * up(x)), parameters in GatedMlpParams
+  kMoe,          // mixture of experts (+ shared expert), parameters in MoeParams
+  kParallel,     // a Mamba2 mixer and attention on the same input, outputs summed (Falcon-H1)
+  kZambaHybrid,  // Zamba2's hybrid layer: a shared attention block's output added to a Mamba2 layer's input
 };
 
 absl::string_view ModelFamilyName(ModelFamily family);  // "nemotron_h", "mamba2", "bamba", "granitemoehybrid"
 absl::string_view LayerKindName(LayerKind kind);        // "mamba2", "attention", "mlp", "gated_mlp", "moe"
 // One character per block: 'M' Mamba2, '*' attention, '-' MLP (Nemotron-H's
 // hybrid_override_pattern alphabet), 'G' gated MLP, 'E' mixture of experts,
-// 'P' parallel Mamba2 + attention.
+// 'P' parallel Mamba2 + attention, 'Z' Zamba2 hybrid (shared block + Mamba2).
 char LayerKindSymbol(LayerKind kind);
 
 // Clamp applied to dt = softplus(dt_raw + dt_bias) before discretization.
@@ -122,6 +130,8 @@ struct Mamba2Params {
   float in_multiplier = 1.0f;
   float segment_multipliers[5] = {1.0f, 1.0f, 1.0f, 1.0f, 1.0f};
   float out_multiplier = 1.0f;
+  // The gated norm's epsilon; 0: the model's norm_eps (Zamba2 fixes 1e-5).
+  float gated_norm_eps = 0.0f;
 
   bool HasMultipliers() const {
     bool any = in_multiplier != 1.0f || out_multiplier != 1.0f;
@@ -175,9 +185,16 @@ struct MlpParams {
 // Bamba's feed_forward (gate_proj, up_proj, down_proj, biases with mlp_bias);
 // Granite's shared_mlp (input_linear = [gate | up], output_linear; no biases).
 // Falcon-H1 scales the gate before silu and the output before the residual add.
+// The gate's activation: silu (SwiGLU), or gelu (erf form; Zamba2).
+enum class GateActivation {
+  kSilu,
+  kGelu,
+};
+
 struct GatedMlpParams {
   int64_t intermediate_size = 0;
   bool use_bias = false;
+  GateActivation activation = GateActivation::kSilu;
   float gate_multiplier = 1.0f;
   float down_multiplier = 1.0f;
 };
@@ -222,6 +239,18 @@ struct MoeParams {
   int64_t up_rows(int64_t inter) const { return expert == ExpertKind::kSwiGlu ? 2 * inter : inter; }
 };
 
+// Zamba2's shared transformer blocks. Block b serves the hybrid layers whose
+// use index u (their rank among the hybrid layers) has u % num_mem_blocks == b.
+// Its attention reads [hidden | embeddings] (2 * hidden wide) through
+// `attention` (head_dim = 2 * hidden / heads, scale (head_dim / 2)^-0.5, RoPE
+// when use_mem_rope); its MLP is `gated_mlp`. With adapters, each use has its
+// own rank-`adapter_rank` adapters on q, k, v and on the MLP's gate|up.
+struct ZambaParams {
+  int64_t num_mem_blocks = 0;
+  bool use_adapters = false;
+  int64_t adapter_rank = 0;
+};
+
 // Value type. Obtained from ParseModelConfig / LoadModelConfig, which validate
 // it; Validate() re-checks a struct built or edited by hand.
 struct ModelConfig {
@@ -236,6 +265,7 @@ struct ModelConfig {
   MlpParams mlp;
   GatedMlpParams gated_mlp;
   MoeParams moe;
+  ZambaParams zamba;
 
   // μP multipliers (Granite; 1 elsewhere): the embeddings are multiplied by
   // embedding_multiplier; every block adds residual_multiplier * its output
@@ -262,8 +292,13 @@ struct ModelConfig {
   int64_t CountLayers(LayerKind kind) const;
   // Blocks that keep an SSM state (Mamba2 and parallel blocks) and blocks
   // that keep KV pages (attention and parallel blocks).
-  int64_t SsmLayers() const { return CountLayers(LayerKind::kMamba2) + CountLayers(LayerKind::kParallel); }
-  int64_t KvLayers() const { return CountLayers(LayerKind::kAttention) + CountLayers(LayerKind::kParallel); }
+  int64_t SsmLayers() const {
+    return CountLayers(LayerKind::kMamba2) + CountLayers(LayerKind::kParallel) + CountLayers(LayerKind::kZambaHybrid);
+  }
+  int64_t KvLayers() const {
+    return CountLayers(LayerKind::kAttention) + CountLayers(LayerKind::kParallel) +
+           CountLayers(LayerKind::kZambaHybrid);
+  }
   // The layer pattern in hybrid_override_pattern notation, e.g. "M*M-M*-".
   std::string LayerPattern() const;
 

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -301,6 +302,108 @@ absl::Status ParseFalconH1(const ConfigFields& f, ModelConfig& c) {
   c.gated_mlp.down_multiplier = mlp[1];
   ASSIGN_OR_RETURN(c.embedding_multiplier, Multiplier(f, "embedding_multiplier"));
   ASSIGN_OR_RETURN(c.logits_multiplier, Multiplier(f, "lm_head_multiplier"));
+  return absl::OkStatus();
+}
+
+absl::Status ParseZamba2(const ConfigFields& f, ModelConfig& c) {
+  c.family = ModelFamily::kZamba2;
+  int64_t n_layers = 0;
+  RETURN_IF_ERROR(ParseDecoderLayerCount(f, n_layers));
+  if (f.Has("layers_block_type")) {
+    const Json& v = f.Get("layers_block_type");
+    if (!v.is_array() || static_cast<int64_t>(v.size()) != n_layers) {
+      return absl::InvalidArgumentError(absl::StrCat("layers_block_type must be a list of num_hidden_layers (",
+                                                     n_layers, ") entries, got ", Excerpt(v)));
+    }
+    for (size_t i = 0; i < v.size(); ++i) {
+      const std::string type = v[i].is_string() ? v[i].get<std::string>() : "";
+      if (type == "mamba" || type == "linear_attention") {
+        c.layers.push_back(LayerKind::kMamba2);
+      } else if (type == "hybrid") {
+        c.layers.push_back(LayerKind::kZambaHybrid);
+      } else {
+        return absl::InvalidArgumentError(
+            absl::StrCat("layers_block_type[", i, "] (", Excerpt(v[i]), ") must be mamba, linear_attention or hybrid"));
+      }
+    }
+  } else {
+    return absl::InvalidArgumentError("layers_block_type is required but missing");
+  }
+  ASSIGN_OR_RETURN(bool long_context, f.Bool({"use_long_context"}, false));
+  if (long_context) return absl::UnimplementedError("use_long_context true (rescaled RoPE) is not supported");
+  ASSIGN_OR_RETURN(bool bias, f.Bool({"add_bias_linear"}, false));
+
+  // transformers 5.23 Zamba2MambaMixer: d_inner = mamba_expand * hidden; the
+  // chunked path clamps dt to >= time_step_min, the decode step does not; the
+  // gated norm (after the gate) groups by mamba_ngroups with epsilon 1e-5.
+  Mamba2Params& m = c.mamba;
+  ASSIGN_OR_RETURN(m.num_heads, f.Int({"n_mamba_heads"}, 8));
+  ASSIGN_OR_RETURN(m.head_dim, f.Int({"mamba_headdim"}, std::nullopt));
+  ASSIGN_OR_RETURN(m.state_size, f.Int({"mamba_d_state"}, 64));
+  ASSIGN_OR_RETURN(m.n_groups, f.Int({"mamba_ngroups"}, 1));
+  ASSIGN_OR_RETURN(m.conv_kernel, f.Int({"mamba_d_conv"}, kDefaultConvKernel));
+  ASSIGN_OR_RETURN(m.chunk_size, f.Int({"chunk_size"}, kDefaultMamba2Chunk));
+  ASSIGN_OR_RETURN(m.use_conv_bias, f.Bool({"use_conv_bias"}, true));
+  if (!m.use_conv_bias)
+    return absl::UnimplementedError("use_conv_bias false is not supported (Zamba2's conv has a bias)");
+  m.use_bias = bias;
+  ASSIGN_OR_RETURN(int64_t expand, f.Int({"mamba_expand"}, kDefaultMamba2Expand));
+  if (expand < 1 || expand > kMaxDim || c.hidden_size < 1 || c.hidden_size > kMaxDim ||
+      m.num_heads * m.head_dim != expand * c.hidden_size) {
+    return absl::InvalidArgumentError(absl::StrCat("n_mamba_heads (", m.num_heads, ") * mamba_headdim (", m.head_dim,
+                                                   ") must equal mamba_expand (", expand, ") * hidden_size (",
+                                                   c.hidden_size, ")"));
+  }
+  ASSIGN_OR_RETURN(double dt_min, f.Float({"time_step_min"}, 0.001));
+  ASSIGN_OR_RETURN(double dt_max, f.Float({"time_step_max"}, 0.1));
+  m.time_step_min = static_cast<float>(dt_min);
+  m.time_step_max = static_cast<float>(dt_max);
+  m.norm_group_size = m.n_groups > 0 ? m.d_inner() / m.n_groups : 0;
+  m.prefill_dt_clamp = DtClamp{m.time_step_min, std::numeric_limits<float>::infinity()};
+  m.decode_dt_clamp = DtClamp{};
+  m.gated_norm_eps = 1e-5f;
+
+  if (c.CountLayers(LayerKind::kZambaHybrid) > 0) {
+    AttentionParams& a = c.attention;
+    ASSIGN_OR_RETURN(a.num_heads, f.Int({"num_attention_heads"}, 32));
+    RETURN_IF_ERROR(CheckDim("num_attention_heads", a.num_heads));
+    ASSIGN_OR_RETURN(a.num_kv_heads, f.Int({"num_key_value_heads"}, a.num_heads));
+    a.head_dim = 2 * c.hidden_size / a.num_heads;
+    if (a.head_dim * a.num_heads != 2 * c.hidden_size) {
+      return absl::InvalidArgumentError(absl::StrCat("num_attention_heads (", a.num_heads,
+                                                     ") must divide the attention width 2 * hidden_size (",
+                                                     2 * c.hidden_size, ")"));
+    }
+    a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(a.head_dim) / 2.0));
+    ASSIGN_OR_RETURN(a.use_rope, f.Bool({"use_mem_rope"}, false));
+    if (a.use_rope) {
+      RETURN_IF_ERROR(ParseRope(f, a));
+      a.rotary_dim = a.head_dim;
+    }
+    ZambaParams& z = c.zamba;
+    ASSIGN_OR_RETURN(z.num_mem_blocks, f.Int({"num_mem_blocks"}, 1));
+    RETURN_IF_ERROR(CheckDim("num_mem_blocks", z.num_mem_blocks));
+    ASSIGN_OR_RETURN(z.use_adapters, f.Bool({"use_shared_attention_adapter"}, false));
+    ASSIGN_OR_RETURN(z.adapter_rank, f.Int({"adapter_rank"}, 128));
+    RETURN_IF_ERROR(CheckDim("adapter_rank", z.adapter_rank));  // the MLP's adapters exist either way
+    if (z.use_adapters && a.num_kv_heads != a.num_heads) {
+      return absl::UnimplementedError(
+          "use_shared_attention_adapter with num_key_value_heads != num_attention_heads (the adapters' k and v "
+          "widths would not match) is not supported");
+    }
+    GatedMlpParams& mlp = c.gated_mlp;
+    ASSIGN_OR_RETURN(mlp.intermediate_size, f.Int({"intermediate_size"}, 4 * c.hidden_size));
+    mlp.use_bias = bias;
+    ASSIGN_OR_RETURN(std::string act, f.String({"hidden_act"}, "gelu"));
+    if (act == "gelu") {
+      mlp.activation = GateActivation::kGelu;
+    } else if (act == "silu" || act == "swish") {
+      mlp.activation = GateActivation::kSilu;
+    } else {
+      return absl::UnimplementedError(absl::StrCat("hidden_act \"", act, "\" is not supported (gelu or silu)"));
+    }
+  }
+  if (!f.Has("tie_word_embeddings")) c.tie_word_embeddings = true;  // Zamba2Config's default
   return absl::OkStatus();
 }
 

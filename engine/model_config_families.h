@@ -32,11 +32,12 @@ absl::StatusOr<LayerKind> KindFromBlockType(const Json& v, size_t index);
 // UNIMPLEMENTED unless `key` is silu (or swish; absent means silu).
 absl::Status CheckSiluActivation(const ConfigFields& f, absl::string_view key);
 
-// model_type "bamba", "granitemoehybrid", "falcon_h1": fill `c` (whose common
+// model_type "bamba", "granitemoehybrid", "falcon_h1", "zamba2": fill `c` (whose common
 // fields ParseCommon has set).
 absl::Status ParseBamba(const ConfigFields& f, ModelConfig& c);
 absl::Status ParseGraniteMoeHybrid(const ConfigFields& f, ModelConfig& c);
 absl::Status ParseFalconH1(const ConfigFields& f, ModelConfig& c);
+absl::Status ParseZamba2(const ConfigFields& f, ModelConfig& c);
 
 }  // namespace hybridserve::engine::config_internal
 

@@ -285,6 +285,67 @@ TEST(ModelConfigFamilyTest, FalconH1Refusals) {
   EXPECT_THAT(std::string(c.Validate().message()), HasSubstr("only a falcon_h1 model has parallel blocks"));
 }
 
+// As transformers 5.23 writes a small Zamba2Config.
+Json ZambaBase() {
+  return Json{
+      {"model_type", "zamba2"},
+      {"vocab_size", 64},
+      {"hidden_size", 32},
+      {"num_hidden_layers", 4},
+      {"layers_block_type", {"linear_attention", "hybrid", "linear_attention", "hybrid"}},
+      {"mamba_d_state", 8},
+      {"n_mamba_heads", 4},
+      {"mamba_headdim", 16},
+      {"mamba_ngroups", 2},
+      {"chunk_size", 16},
+      {"intermediate_size", 48},
+      {"num_attention_heads", 4},
+      {"num_key_value_heads", 4},
+      {"num_mem_blocks", 1},
+      {"use_shared_attention_adapter", true},
+      {"adapter_rank", 4},
+      {"use_mem_rope", true},
+      {"hidden_act", "gelu"},
+  };
+}
+
+TEST(ModelConfigFamilyTest, Zamba2HybridLayers) {
+  absl::StatusOr<ModelConfig> c = Parse(ZambaBase());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->family, ModelFamily::kZamba2);
+  EXPECT_EQ(c->LayerPattern(), "MZMZ");
+  EXPECT_EQ(c->SsmLayers(), 4);
+  EXPECT_EQ(c->KvLayers(), 2);
+  EXPECT_EQ(c->attention.head_dim, 16);  // 2 * hidden / heads
+  EXPECT_EQ(c->attention.scale, 0.35355338f);  // (head_dim / 2)^-0.5
+  EXPECT_TRUE(c->attention.use_rope);
+  EXPECT_EQ(c->attention.rotary_dim, 16);
+  EXPECT_EQ(c->gated_mlp.activation, GateActivation::kGelu);
+  EXPECT_EQ(c->zamba.adapter_rank, 4);
+  EXPECT_TRUE(c->tie_word_embeddings);
+  EXPECT_EQ(c->mamba.prefill_dt_clamp.min, 0.001f);
+  EXPECT_TRUE(c->mamba.decode_dt_clamp.IsNoOp());
+  EXPECT_EQ(c->mamba.gated_norm_eps, 1e-5f);
+}
+
+TEST(ModelConfigFamilyTest, Zamba2Refusals) {
+  Json j = ZambaBase();
+  j["use_long_context"] = true;
+  ExpectError(j, absl::StatusCode::kUnimplemented, "use_long_context");
+  j = ZambaBase();
+  j["num_key_value_heads"] = 2;
+  ExpectError(j, absl::StatusCode::kUnimplemented, "num_key_value_heads != num_attention_heads");
+  j = ZambaBase();
+  j["layers_block_type"] = {"linear_attention", "hybrid", "attention", "hybrid"};
+  ExpectError(j, absl::StatusCode::kInvalidArgument, "layers_block_type[2]");
+  j = ZambaBase();
+  j["hidden_act"] = "relu";
+  ExpectError(j, absl::StatusCode::kUnimplemented, "hidden_act \"relu\"");
+  j = ZambaBase();
+  j["num_attention_heads"] = 5;
+  ExpectError(j, absl::StatusCode::kInvalidArgument, "must divide the attention width");
+}
+
 TEST(ModelConfigFamilyTest, FamiliesFingerprintTheirOwnFields) {
   const ModelConfig a = *Parse(GraniteBase());
   Json j = GraniteBase();

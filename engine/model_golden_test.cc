@@ -52,6 +52,10 @@ constexpr float kMeasuredBoundDefault = 4e-5f;
 // (BambaTiny2 on the emulated CUDA backend), 7.5e-6 on the CPU; the Nemotron-H
 // MoE ones up to 4.6e-6 on the CPU and 3.4e-6 emulated.
 constexpr float kMeasuredBoundFamilies = 2e-5f;
+// zamba2_tiny2 is ill-conditioned in fp32: transformers' own fp32 logits differ
+// from its fp64 ones by up to 3.4e-5 on these prompts; ours measured 3.5e-5
+// (prompts) and 9.3e-5 (greedy steps), so only the contract's 1e-4 is claimed.
+constexpr float kMeasuredBoundZambaTiny2 = 1e-4f;
 constexpr int kGreedyTokens = 12;
 
 struct GoldenParam {
@@ -186,6 +190,11 @@ INSTANTIATE_TEST_SUITE_P(
         GoldenParam{
             "FalconH1Tiny3", testing::kFalconTiny3, kernels::MatmulMode::kDeterministic, {}, kMeasuredBoundFamilies},
         GoldenParam{"FalconH1Tiny3", testing::kFalconTiny3, kernels::MatmulMode::kFast, {}, kMeasuredBoundFamilies},
+        GoldenParam{"Zamba2Tiny", testing::kZambaTiny, kernels::MatmulMode::kDeterministic, {}, kMeasuredBoundFamilies},
+        GoldenParam{"Zamba2Tiny", testing::kZambaTiny, kernels::MatmulMode::kFast, {}, kMeasuredBoundFamilies},
+        GoldenParam{
+            "Zamba2Tiny2", testing::kZambaTiny2, kernels::MatmulMode::kDeterministic, {}, kMeasuredBoundZambaTiny2},
+        GoldenParam{"Zamba2Tiny2", testing::kZambaTiny2, kernels::MatmulMode::kFast, {}, kMeasuredBoundZambaTiny2},
         GoldenParam{"NemotronMoeTiny",
                     testing::kNemotronMoeTiny,
                     kernels::MatmulMode::kDeterministic,
@@ -239,6 +248,12 @@ INSTANTIATE_TEST_SUITE_P(
                     kernels::MatmulMode::kDeterministic,
                     {},
                     kMeasuredBoundFamilies,
+                    testing::TestTarget::kCudaEmulated},
+        GoldenParam{"Zamba2Tiny2",
+                    testing::kZambaTiny2,
+                    kernels::MatmulMode::kDeterministic,
+                    {},
+                    kMeasuredBoundZambaTiny2,
                     testing::TestTarget::kCudaEmulated},
         GoldenParam{"NemotronMoeTiny",
                     testing::kNemotronMoeTiny,

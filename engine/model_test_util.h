@@ -39,6 +39,10 @@ inline constexpr absl::string_view kFalconTiny3 = "tests/fixtures/golden/falcon_
 // norm_topk_prob, scaling 2.5; tiny2: "EM*EME", 16 experts top-4, one group, no norm.
 inline constexpr absl::string_view kNemotronMoeTiny = "tests/fixtures/golden/nemotron_h_moe_tiny";
 inline constexpr absl::string_view kNemotronMoeTiny2 = "tests/fixtures/golden/nemotron_h_moe_tiny2";
+// Zamba2: shared attention blocks with per-use adapters (tiny: one block used
+// twice, no RoPE; tiny2: two blocks, a hybrid layer first, RoPE).
+inline constexpr absl::string_view kZambaTiny = "tests/fixtures/golden/zamba2_tiny";
+inline constexpr absl::string_view kZambaTiny2 = "tests/fixtures/golden/zamba2_tiny2";
 inline constexpr absl::string_view kDefaultModel = "models/default";
 // Golden references of the default model (tools/make_golden.py --only default), without the model.
 inline constexpr absl::string_view kDefaultModelGolden = "tests/fixtures/golden/default";

@@ -52,7 +52,7 @@ class ModelWeights::Loader {
       LayerWeights& layer = out_.layers_[i];
       layer.kind = config_.layers[i];
       const BlockNames names = NamesOf(i);
-      RETURN_IF_ERROR(TakeBody(names.norm, {hidden}, layer.norm));
+      if (!names.norm.empty()) RETURN_IF_ERROR(TakeBody(names.norm, {hidden}, layer.norm));
       const std::string& mixer = names.body;
       switch (layer.kind) {
         case LayerKind::kMamba2:
@@ -70,6 +70,9 @@ class ModelWeights::Loader {
           break;
         case LayerKind::kMoe:
           RETURN_IF_ERROR(LoadMoe(mixer, layer.mixer.emplace<MoeLayerWeights>()));
+          break;
+        case LayerKind::kZambaHybrid:
+          RETURN_IF_ERROR(LoadZambaHybrid(i, layer.mixer.emplace<ZambaHybridLayerWeights>()));
           break;
         case LayerKind::kParallel: {
           ParallelLayerWeights& w = layer.mixer.emplace<ParallelLayerWeights>();
@@ -99,6 +102,11 @@ class ModelWeights::Loader {
   }
 
   BlockNames NamesOf(size_t i) const {
+    if (config_.family == ModelFamily::kZamba2) {
+      const std::string base = absl::StrCat("layers.", i, ".");
+      if (config_.layers[i] == LayerKind::kZambaHybrid) return {"", base};  // norms inside (LoadZambaHybrid)
+      return {base + "input_layernorm.weight", base + "mamba."};
+    }
     if (!decoder_layers()) {
       const std::string base = absl::StrCat("layers.", i, ".");
       return {base + "norm.weight", base + "mixer."};
@@ -119,6 +127,7 @@ class ModelWeights::Loader {
     switch (config_.family) {
       case ModelFamily::kBamba:
       case ModelFamily::kFalconH1:
+      case ModelFamily::kZamba2:
         return "final_layernorm.weight";
       case ModelFamily::kGraniteMoeHybrid:
         return "norm.weight";
@@ -306,6 +315,62 @@ class ModelWeights::Loader {
     if (shared == 0) return absl::OkStatus();
     RETURN_IF_ERROR(TakeBody(p + "shared_experts.up_proj.weight", {shared, hidden}, w.shared_up));
     return TakeBody(p + "shared_experts.down_proj.weight", {hidden, shared}, w.shared_down);
+  }
+
+  // Zamba2 hybrid layer i: its own tensors, its use's adapters, and (for the
+  // first use of its block) the shared block.
+  absl::Status LoadZambaHybrid(size_t i, ZambaHybridLayerWeights& w) {
+    const int64_t hidden = config_.hidden_size;
+    const ZambaParams& z = config_.zamba;
+    const AttentionParams& a = config_.attention;
+    const int64_t inter = config_.gated_mlp.intermediate_size;
+    int64_t use = 0;
+    for (size_t j = 0; j < i; ++j) use += config_.layers[j] == LayerKind::kZambaHybrid ? 1 : 0;
+    w.use = use;
+    w.block = use % z.num_mem_blocks;
+    // The layer that stores block w.block: the first hybrid layer whose use is w.block.
+    size_t owner = 0;
+    for (int64_t seen = 0; owner < config_.layers.size(); ++owner) {
+      if (config_.layers[owner] != LayerKind::kZambaHybrid) continue;
+      if (seen++ == w.block) break;
+    }
+    const std::string base = absl::StrCat("layers.", i, ".");
+    const std::string shared = absl::StrCat("layers.", owner, ".shared_transformer.");
+    if (owner == i) {
+      out_.shared_blocks_.resize(static_cast<size_t>(w.block) + 1);
+      ZambaSharedBlockWeights& b = out_.shared_blocks_[static_cast<size_t>(w.block)];
+      RETURN_IF_ERROR(TakeBody(shared + "input_layernorm.weight", {2 * hidden}, b.input_norm));
+      const std::string at = shared + "self_attn.";
+      RETURN_IF_ERROR(TakeBody(at + "q_proj.weight", {a.q_dim(), 2 * hidden}, b.attention.q_proj));
+      RETURN_IF_ERROR(TakeBody(at + "k_proj.weight", {a.kv_dim(), 2 * hidden}, b.attention.k_proj));
+      RETURN_IF_ERROR(TakeBody(at + "v_proj.weight", {a.kv_dim(), 2 * hidden}, b.attention.v_proj));
+      RETURN_IF_ERROR(TakeBody(at + "o_proj.weight", {hidden, a.q_dim()}, b.attention.o_proj));
+      RETURN_IF_ERROR(TakeBody(shared + "pre_ff_layernorm.weight", {hidden}, b.pre_ff_norm));
+      const std::string ff = shared + "feed_forward.";
+      const bool bias = config_.gated_mlp.use_bias;
+      RETURN_IF_ERROR(TakeBody(ff + "gate_up_proj.weight", {2 * inter, hidden}, b.mlp.gate_up));
+      RETURN_IF_ERROR(TakeBodyIf(bias, ff + "gate_up_proj.bias", {2 * inter}, b.mlp.gate_up_bias));
+      RETURN_IF_ERROR(TakeBody(ff + "down_proj.weight", {hidden, inter}, b.mlp.down_proj));
+      RETURN_IF_ERROR(TakeBodyIf(bias, ff + "down_proj.bias", {hidden}, b.mlp.down_proj_bias));
+    }
+    const std::string u = absl::StrCat(use);
+    const int64_t r = z.adapter_rank;
+    if (z.use_adapters) {
+      const std::string at = shared + "self_attn.";
+      RETURN_IF_ERROR(LoadLora(at + "linear_q_adapter_list." + u, 2 * hidden, a.q_dim(), r, w.q_adapter));
+      RETURN_IF_ERROR(LoadLora(at + "linear_k_adapter_list." + u, 2 * hidden, a.kv_dim(), r, w.k_adapter));
+      RETURN_IF_ERROR(LoadLora(at + "linear_v_adapter_list." + u, 2 * hidden, a.kv_dim(), r, w.v_adapter));
+    }
+    RETURN_IF_ERROR(
+        LoadLora(shared + "feed_forward.gate_up_proj_adapter_list." + u, hidden, 2 * inter, r, w.gate_up_adapter));
+    RETURN_IF_ERROR(TakeBody(base + "linear.weight", {hidden, hidden}, w.linear));
+    RETURN_IF_ERROR(TakeBody(base + "mamba_decoder.input_layernorm.weight", {hidden}, w.mamba_norm));
+    return LoadMamba2(base + "mamba_decoder.mamba.", w.mamba);
+  }
+
+  absl::Status LoadLora(const std::string& p, int64_t in, int64_t out, int64_t rank, LoraWeights& w) {
+    RETURN_IF_ERROR(TakeBody(p + ".0.weight", {rank, in}, w.down));
+    return TakeBody(p + ".1.weight", {out, rank}, w.up);
   }
 
   // Rows of the parts, one after another: bf16 when every part is, else fp32.

@@ -35,6 +35,12 @@
 // fused in-memory .experts.up_proj [experts, inter, hidden] / .experts.down_proj are
 // accepted too), .shared_experts.{up,down}_proj.weight.
 //   model.final_layernorm.weight (Bamba) | model.norm.weight (Granite)
+// Zamba2 (Zamba2ForCausalLM), layer i: a Mamba2 layer as model.layers.{i}.input_layernorm
+// and model.layers.{i}.mamba.*; a hybrid layer as model.layers.{i}.linear.weight,
+// model.layers.{i}.mamba_decoder.{input_layernorm, mamba.*}; shared block b is stored
+// once, under model.layers.{j}.shared_transformer.* of the first hybrid layer j that
+// uses it, with the adapters of use u at ...self_attn.linear_{q,k,v}_adapter_list.{u}.{0,1}
+// and ...feed_forward.gate_up_proj_adapter_list.{u}.{0,1}; final_layernorm; tied head.
 // Falcon-H1 (FalconH1ForCausalLM) as Bamba, except that block 2L holds both
 // model.layers.{L}.mamba.* (norm.weight only with mamba_rms_norm) and
 // model.layers.{L}.self_attn.*.
@@ -131,6 +137,32 @@ struct MoeLayerWeights {
   WeightMatrix shared_down;        // [hidden, shared]
 };
 
+// A low-rank adapter: y += up(down(x)); both empty for a use without one.
+struct LoraWeights {
+  WeightMatrix down;  // [rank, in]
+  WeightMatrix up;    // [out, rank]
+};
+
+// Zamba2: one shared transformer block, its weights used by every hybrid
+// layer of its memory block.
+struct ZambaSharedBlockWeights {
+  std::vector<float> input_norm;    // [2 * hidden]
+  AttentionLayerWeights attention;  // q/k/v [*, 2 * hidden], o [hidden, q_dim]
+  std::vector<float> pre_ff_norm;   // [hidden]
+  GatedMlpLayerWeights mlp;         // gate_up [2 * inter, hidden], down [hidden, inter]
+};
+
+// Zamba2: a hybrid layer, use `use` of shared block `block`.
+struct ZambaHybridLayerWeights {
+  int64_t use = 0;
+  int64_t block = 0;
+  LoraWeights q_adapter, k_adapter, v_adapter;  // empty without use_shared_attention_adapter
+  LoraWeights gate_up_adapter;
+  WeightMatrix linear;            // [hidden, hidden]: the block's output projection
+  std::vector<float> mamba_norm;  // [hidden]: RMSNorm of (hidden + linear(block output))
+  Mamba2LayerWeights mamba;
+};
+
 // Falcon-H1: both mixers of a decoder layer.
 struct ParallelLayerWeights {
   Mamba2LayerWeights mamba;
@@ -141,7 +173,7 @@ struct LayerWeights {
   LayerKind kind = LayerKind::kMamba2;
   std::vector<float> norm;  // [hidden]; RMSNorm before the block
   std::variant<Mamba2LayerWeights, AttentionLayerWeights, MlpLayerWeights, GatedMlpLayerWeights, MoeLayerWeights,
-               ParallelLayerWeights>
+               ParallelLayerWeights, ZambaHybridLayerWeights>
       mixer;
 
   // Precondition: `kind` matches (checked by std::get).
@@ -151,6 +183,7 @@ struct LayerWeights {
   const GatedMlpLayerWeights& gated_mlp() const { return std::get<GatedMlpLayerWeights>(mixer); }
   const MoeLayerWeights& moe() const { return std::get<MoeLayerWeights>(mixer); }
   const ParallelLayerWeights& parallel() const { return std::get<ParallelLayerWeights>(mixer); }
+  const ZambaHybridLayerWeights& zamba_hybrid() const { return std::get<ZambaHybridLayerWeights>(mixer); }
 };
 
 // Immutable after loading; thread-safe for concurrent reads.
@@ -176,6 +209,8 @@ class ModelWeights {
   const WeightMatrix& lm_head() const { return tied_ ? embeddings_ : lm_head_; }
   const std::vector<LayerWeights>& layers() const { return layers_; }
   const LayerWeights& layer(int64_t i) const { return layers_[static_cast<size_t>(i)]; }
+  // Zamba2's shared blocks (empty for other families).
+  const std::vector<ZambaSharedBlockWeights>& shared_blocks() const { return shared_blocks_; }
 
   // XXH3-128 over the config's CanonicalString() and, per tensor in canonical
   // name order (prefix stripped), its name, dtype, shape and stored bytes. Equal
@@ -201,6 +236,7 @@ class ModelWeights {
   WeightMatrix lm_head_;  // empty when tied_
   bool tied_ = false;     // lm_head() is embeddings_
   std::vector<LayerWeights> layers_;
+  std::vector<ZambaSharedBlockWeights> shared_blocks_;
   common::Hash128 fingerprint_;
   int64_t num_parameters_ = 0;
   bool has_bf16_ = false;

@@ -145,6 +145,8 @@ const std::vector<ModelShape>& ModelShapes() {
       {"FalconH1Page16", "tests/fixtures/models/falcon_h1_e2e", 16, 32, 259, true},
       // Nemotron-H with MoE blocks (group-limited sigmoid routing).
       {"NemotronMoePage16", "tests/fixtures/models/nemotron_h_moe_e2e", 16, 32, 259, true},
+      // Zamba2: a shared attention block used by two hybrid layers, each with its own KV.
+      {"Zamba2Page16", "tests/fixtures/models/zamba2_e2e", 16, 32, 259, true},
   };
   return *shapes;
 }
