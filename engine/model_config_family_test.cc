@@ -316,7 +316,7 @@ TEST(ModelConfigFamilyTest, Zamba2HybridLayers) {
   EXPECT_EQ(c->LayerPattern(), "MZMZ");
   EXPECT_EQ(c->SsmLayers(), 4);
   EXPECT_EQ(c->KvLayers(), 2);
-  EXPECT_EQ(c->attention.head_dim, 16);  // 2 * hidden / heads
+  EXPECT_EQ(c->attention.head_dim, 16);        // 2 * hidden / heads
   EXPECT_EQ(c->attention.scale, 0.35355338f);  // (head_dim / 2)^-0.5
   EXPECT_TRUE(c->attention.use_rope);
   EXPECT_EQ(c->attention.rotary_dim, 16);
