@@ -318,9 +318,8 @@ TEST_P(DecodeGraphTest, GraphReplayGivesTheBitsOfKernelByKernelSteps) {
 }
 
 // A mixture-of-experts block copies its router logits to the host, which a
-// capture cannot record: with decode graphs on, each bucket's recording fails
-// once and the bucket then runs kernel by kernel, with the same bits, and no
-// graph is ever replayed.
+// capture cannot record: with decode graphs asked for, such a model decodes
+// kernel by kernel, with the same bits, and never tries to record.
 TEST_P(DecodeGraphTest, ExpertBlocksRunKernelByKernelWithTheSameBits) {
   MakeModels(testing::kGraniteMoeTiny, /*max_pages=*/64, /*max_sequences=*/4);
   if (skipped_ || HasFatalFailure()) return;
@@ -347,7 +346,7 @@ TEST_P(DecodeGraphTest, ExpertBlocksRunKernelByKernelWithTheSameBits) {
     ASSERT_TRUE(ly.ok()) << ly.status();
     EXPECT_TRUE(BitEqual(*lx, *ly)) << "step " << s;
   }
-  EXPECT_GE(counted.calls("BeginCapture"), 1) << "the bucket's second step tries to record";
+  EXPECT_EQ(counted.calls("BeginCapture"), 0);
   EXPECT_EQ(counted.calls("Replay"), 0);
 }
 
