@@ -15,7 +15,7 @@
 #                driver), which run.sh finds on the GPU machine
 #   runfiles/hybridserve/   what the tests read by Runfile(): the decode,
 #                prefill and cachestore launchers, models/default, tests/fixtures
-#   tools/gen_model.py      run.sh generates the benchmark models with it
+#   tools/gen_model*.py     run.sh generates the benchmark models with them
 #   run.sh, summarize.py, MANIFEST.txt, host_sonames.txt
 #
 # Then it checks the bundle (tools/gpu_bundle_check.sh) and prints its size:
@@ -122,6 +122,7 @@ echo "== fixtures, tools, scripts"
 git ls-files -z models/default tests/fixtures/golden tests/fixtures/models |
   xargs -0 -I{} install -D -m 644 {} "$b/runfiles/hybridserve/{}"
 install -m 755 tools/gen_model.py "$b/tools/gen_model.py"
+install -m 644 tools/gen_model_*.py "$b/tools/"
 install -m 755 tools/gpu_bundle/run.sh "$b/run.sh"
 install -m 644 tools/gpu_bundle/summarize.py "$b/summarize.py"
 printf '%s\n' "${HOST_SONAMES[@]}" >"$b/host_sonames.txt"
