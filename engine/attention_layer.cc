@@ -21,13 +21,16 @@ class AttentionLayerRunner final : public LayerRunner {
  public:
   AttentionLayerRunner(const ModelConfig& config, const DeviceAttentionWeights& w, int64_t kv_layer,
                        const LayerEnv& env)
-      : config_(config), p_(config.attention), w_(w), kv_layer_(kv_layer), env_(env) {}
+      : config_(config),
+        p_(config.attention),
+        w_(w),
+        kv_layer_(kv_layer),
+        env_(WithOutputMultiplier(env, config.attention.out_multiplier)) {}
 
   absl::Status Prefill(const PrefillSegment& seg, const float* normed, float* residual) override {
     const int64_t n = seg.n_tokens;
     ASSIGN_OR_RETURN(float* qkv, env_.workspace->Get<float>(kQkv, n * qkv_rows()));
-    RETURN_IF_ERROR(Linear(env_, normed, n, config_.hidden_size, w_.qkv_proj, qkv_rows(), /*bias=*/nullptr, qkv,
-                           /*accumulate=*/false, "attention qkv_proj"));
+    RETURN_IF_ERROR(Project(normed, n, qkv));
     RETURN_IF_ERROR(RotateQueriesAndKeys(qkv, n, /*positions=*/nullptr, seg.start_pos));
     const kernels::PagedKvCache cache = env_.kv_pages->cache(kv_layer_);
 
@@ -62,8 +65,7 @@ class AttentionLayerRunner final : public LayerRunner {
   absl::Status Decode(const DecodeBatch& batch, const float* normed, float* residual) override {
     const int64_t n = batch.batch;
     ASSIGN_OR_RETURN(float* qkv, env_.workspace->Get<float>(kQkv, n * qkv_rows()));
-    RETURN_IF_ERROR(Linear(env_, normed, n, config_.hidden_size, w_.qkv_proj, qkv_rows(), /*bias=*/nullptr, qkv,
-                           /*accumulate=*/false, "attention qkv_proj"));
+    RETURN_IF_ERROR(Project(normed, n, qkv));
     RETURN_IF_ERROR(RotateQueriesAndKeys(qkv, n, batch.positions, 0));
     const kernels::PagedKvCache cache = env_.kv_pages->cache(kv_layer_);
 
@@ -98,6 +100,14 @@ class AttentionLayerRunner final : public LayerRunner {
   }
 
  private:
+  // qkv = qkv_proj(in_multiplier * x), the keys times key_multiplier (Falcon-H1; 1 elsewhere).
+  absl::Status Project(const float* normed, int64_t n, float* qkv) {
+    ASSIGN_OR_RETURN(const float* x, ScaledInput(env_, normed, n, config_.hidden_size, p_.in_multiplier));
+    RETURN_IF_ERROR(Linear(env_, x, n, config_.hidden_size, w_.qkv_proj, qkv_rows(), /*bias=*/nullptr, qkv,
+                           /*accumulate=*/false, "attention qkv_proj"));
+    return ScaleColumns(env_, qkv, n, p_.q_dim(), p_.kv_dim(), qkv_rows(), p_.key_multiplier);
+  }
+
   // RoPE on the q and k parts of the qkv rows, in place (no-op without RoPE):
   // row t at positions[t], or start_pos + t when positions is null.
   absl::Status RotateQueriesAndKeys(float* qkv, int64_t n, const int64_t* positions, int64_t start_pos) {

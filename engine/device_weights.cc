@@ -75,6 +75,30 @@ class DeviceWeights::Uploader {
     return out;
   }
 
+  absl::StatusOr<DeviceMamba2Weights> Mamba2(const Mamba2LayerWeights& w) {
+    DeviceMamba2Weights m;
+    ASSIGN_OR_RETURN(m.in_proj, Matrix(w.in_proj, "mamba2 in_proj"));
+    ASSIGN_OR_RETURN(m.in_proj_bias, Constant(w.in_proj_bias, "mamba2 in_proj bias"));
+    ASSIGN_OR_RETURN(m.conv1d_weight, Constant(w.conv1d_weight, "mamba2 conv1d"));
+    ASSIGN_OR_RETURN(m.conv1d_bias, Constant(w.conv1d_bias, "mamba2 conv1d bias"));
+    ASSIGN_OR_RETURN(m.dt_bias, Constant(w.dt_bias, "mamba2 dt_bias"));
+    std::vector<float> a(w.A_log.size());
+    for (size_t h = 0; h < a.size(); ++h) a[h] = -std::exp(w.A_log[h]);
+    ASSIGN_OR_RETURN(m.A, Derived(a, "mamba2 A"));
+    ASSIGN_OR_RETURN(m.D, Constant(w.D, "mamba2 D"));
+    ASSIGN_OR_RETURN(m.norm, Constant(w.norm, "mamba2 norm"));
+    ASSIGN_OR_RETURN(m.out_proj, Matrix(w.out_proj, "mamba2 out_proj"));
+    ASSIGN_OR_RETURN(m.out_proj_bias, Constant(w.out_proj_bias, "mamba2 out_proj bias"));
+    return m;
+  }
+
+  absl::StatusOr<DeviceAttentionWeights> Attention(const AttentionLayerWeights& w) {
+    DeviceAttentionWeights a;
+    ASSIGN_OR_RETURN(a.qkv_proj, Stacked({&w.q_proj, &w.k_proj, &w.v_proj}, "attention qkv_proj"));
+    ASSIGN_OR_RETURN(a.o_proj, Matrix(w.o_proj, "attention o_proj"));
+    return a;
+  }
+
   absl::StatusOr<DeviceGatedMlpWeights> GatedMlp(const GatedMlpLayerWeights& w) {
     DeviceGatedMlpWeights m;
     ASSIGN_OR_RETURN(m.gate_up, Matrix(w.gate_up, "gated mlp gate_up"));
@@ -113,29 +137,18 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::Create(const Model
     ASSIGN_OR_RETURN(d.norm, up.Constant(layer.norm, "layer norm"));
     switch (layer.kind) {
       case LayerKind::kMamba2: {
-        const Mamba2LayerWeights& w = layer.mamba2();
-        DeviceMamba2Weights m;
-        ASSIGN_OR_RETURN(m.in_proj, up.Matrix(w.in_proj, "mamba2 in_proj"));
-        ASSIGN_OR_RETURN(m.in_proj_bias, up.Constant(w.in_proj_bias, "mamba2 in_proj bias"));
-        ASSIGN_OR_RETURN(m.conv1d_weight, up.Constant(w.conv1d_weight, "mamba2 conv1d"));
-        ASSIGN_OR_RETURN(m.conv1d_bias, up.Constant(w.conv1d_bias, "mamba2 conv1d bias"));
-        ASSIGN_OR_RETURN(m.dt_bias, up.Constant(w.dt_bias, "mamba2 dt_bias"));
-        std::vector<float> a(w.A_log.size());
-        for (size_t h = 0; h < a.size(); ++h) a[h] = -std::exp(w.A_log[h]);
-        ASSIGN_OR_RETURN(m.A, up.Derived(a, "mamba2 A"));
-        ASSIGN_OR_RETURN(m.D, up.Constant(w.D, "mamba2 D"));
-        ASSIGN_OR_RETURN(m.norm, up.Constant(w.norm, "mamba2 norm"));
-        ASSIGN_OR_RETURN(m.out_proj, up.Matrix(w.out_proj, "mamba2 out_proj"));
-        ASSIGN_OR_RETURN(m.out_proj_bias, up.Constant(w.out_proj_bias, "mamba2 out_proj bias"));
-        d.mixer = m;
+        ASSIGN_OR_RETURN(d.mixer, up.Mamba2(layer.mamba2()));
         break;
       }
       case LayerKind::kAttention: {
-        const AttentionLayerWeights& w = layer.attention();
-        DeviceAttentionWeights a;
-        ASSIGN_OR_RETURN(a.qkv_proj, up.Stacked({&w.q_proj, &w.k_proj, &w.v_proj}, "attention qkv_proj"));
-        ASSIGN_OR_RETURN(a.o_proj, up.Matrix(w.o_proj, "attention o_proj"));
-        d.mixer = a;
+        ASSIGN_OR_RETURN(d.mixer, up.Attention(layer.attention()));
+        break;
+      }
+      case LayerKind::kParallel: {
+        DeviceParallelWeights p;
+        ASSIGN_OR_RETURN(p.mamba, up.Mamba2(layer.parallel().mamba));
+        ASSIGN_OR_RETURN(p.attention, up.Attention(layer.parallel().attention));
+        d.mixer = p;
         break;
       }
       case LayerKind::kMlp: {

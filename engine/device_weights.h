@@ -45,7 +45,7 @@ struct DeviceMamba2Weights {
   const float* dt_bias = nullptr;        // [num_heads]
   const float* A = nullptr;              // [num_heads]; -exp(A_log) in fp32, as transformers computes it
   const float* D = nullptr;              // [num_heads]
-  const float* norm = nullptr;           // [d_inner]
+  const float* norm = nullptr;           // [d_inner]; null without the gated norm
   DeviceMatrix out_proj;                 // [hidden, d_inner]
   const float* out_proj_bias = nullptr;  // [hidden] or null
 };
@@ -82,9 +82,15 @@ struct DeviceMoeWeights {
   DeviceMatrix shared_down;  // [hidden, shared]
 };
 
+struct DeviceParallelWeights {
+  DeviceMamba2Weights mamba;
+  DeviceAttentionWeights attention;
+};
+
 struct DeviceLayerWeights {
   const float* norm = nullptr;  // [hidden]; RMSNorm before the block
-  std::variant<DeviceMamba2Weights, DeviceAttentionWeights, DeviceMlpWeights, DeviceGatedMlpWeights, DeviceMoeWeights>
+  std::variant<DeviceMamba2Weights, DeviceAttentionWeights, DeviceMlpWeights, DeviceGatedMlpWeights, DeviceMoeWeights,
+               DeviceParallelWeights>
       mixer;
 
   // Precondition: the layer is of that kind (checked by std::get).
@@ -93,6 +99,7 @@ struct DeviceLayerWeights {
   const DeviceMlpWeights& mlp() const { return std::get<DeviceMlpWeights>(mixer); }
   const DeviceGatedMlpWeights& gated_mlp() const { return std::get<DeviceGatedMlpWeights>(mixer); }
   const DeviceMoeWeights& moe() const { return std::get<DeviceMoeWeights>(mixer); }
+  const DeviceParallelWeights& parallel() const { return std::get<DeviceParallelWeights>(mixer); }
 };
 
 class DeviceWeights {

@@ -15,10 +15,11 @@ namespace {
 // over its first half. Returns the activations ([n, intermediate], row stride
 // 2 * intermediate).
 absl::StatusOr<float*> GateUp(const LayerEnv& env, const DeviceGatedMlpWeights& w, const float* x, int64_t n,
-                              int64_t hidden, int64_t intermediate, WorkspaceBuffer scratch) {
+                              int64_t hidden, int64_t intermediate, WorkspaceBuffer scratch, float gate_multiplier) {
   ASSIGN_OR_RETURN(float* gu, env.workspace->Get<float>(scratch, n * 2 * intermediate));
   RETURN_IF_ERROR(Linear(env, x, n, hidden, w.gate_up, 2 * intermediate, w.gate_up_bias, gu, /*accumulate=*/false,
                          "gated mlp gate_up"));
+  RETURN_IF_ERROR(ScaleColumns(env, gu, n, 0, intermediate, 2 * intermediate, gate_multiplier));
   kernels::SwiGluParams act;
   act.gate = gu;
   act.up = gu + intermediate;
@@ -51,7 +52,7 @@ absl::Status Down(const LayerEnv& env, const DeviceGatedMlpWeights& w, const flo
 class GatedMlpLayerRunner final : public LayerRunner {
  public:
   GatedMlpLayerRunner(const ModelConfig& config, const DeviceGatedMlpWeights& w, const LayerEnv& env)
-      : config_(config), w_(w), env_(env) {}
+      : config_(config), w_(w), env_(WithOutputMultiplier(env, config.gated_mlp.down_multiplier)) {}
 
   absl::Status Prefill(const PrefillSegment& seg, const float* normed, float* residual) override {
     return Run(seg.n_tokens, normed, residual);
@@ -65,12 +66,15 @@ class GatedMlpLayerRunner final : public LayerRunner {
     const int64_t hidden = config_.hidden_size;
     const int64_t inter = config_.gated_mlp.intermediate_size;
     if (env_.residual_multiplier == 1.0f) {
-      return GatedMlp(env_, w_, normed, n, hidden, inter, kScratch0, residual, /*accumulate=*/true);
+      return GatedMlp(env_, w_, normed, n, hidden, inter, kScratch0, residual, /*accumulate=*/true, gate_multiplier());
     }
     ASSIGN_OR_RETURN(float* y, env_.workspace->Get<float>(kBlockOut, n * hidden));
-    RETURN_IF_ERROR(GatedMlp(env_, w_, normed, n, hidden, inter, kScratch0, y, /*accumulate=*/false));
+    RETURN_IF_ERROR(
+        GatedMlp(env_, w_, normed, n, hidden, inter, kScratch0, y, /*accumulate=*/false, gate_multiplier()));
     return AddToResidual(env_, y, n, hidden, residual);
   }
+
+  float gate_multiplier() const { return config_.gated_mlp.gate_multiplier; }
 
   const ModelConfig& config_;
   const DeviceGatedMlpWeights& w_;
@@ -80,9 +84,9 @@ class GatedMlpLayerRunner final : public LayerRunner {
 }  // namespace
 
 absl::Status GatedMlp(const LayerEnv& env, const DeviceGatedMlpWeights& w, const float* x, int64_t n, int64_t hidden,
-                      int64_t intermediate, WorkspaceBuffer scratch, float* y, bool accumulate) {
+                      int64_t intermediate, WorkspaceBuffer scratch, float* y, bool accumulate, float gate_multiplier) {
   if (n == 0) return absl::OkStatus();
-  ASSIGN_OR_RETURN(float* act, GateUp(env, w, x, n, hidden, intermediate, scratch));
+  ASSIGN_OR_RETURN(float* act, GateUp(env, w, x, n, hidden, intermediate, scratch, gate_multiplier));
   return Down(env, w, act, n, hidden, intermediate, y, accumulate);
 }
 

@@ -1,9 +1,10 @@
 #ifndef HYBRIDSERVE_ENGINE_GATED_MLP_LAYER_H_
 #define HYBRIDSERVE_ENGINE_GATED_MLP_LAYER_H_
 
-// The gated (SwiGLU) MLP block of Bamba and Granite:
-// down(silu(gate(x)) * up(x)), gate and up as one [2 * intermediate, hidden]
-// projection. Stateless: prefill and decode are the same per-row computation.
+// The gated (SwiGLU) MLP block of Bamba, Granite and Falcon-H1:
+// down(silu(gate(x) * gate_multiplier) * up(x)) * down_multiplier, gate and up
+// as one [2 * intermediate, hidden] projection (multipliers 1 but in Falcon-H1). Stateless: prefill and decode are the
+// same per-row computation.
 
 #include <cstdint>
 #include <memory>
@@ -21,9 +22,10 @@ std::unique_ptr<LayerRunner> NewGatedMlpLayerRunner(const ModelConfig& config, c
 
 // y[n, hidden] = down(silu(gate(x)) * up(x)) for x [n, hidden], added to y
 // (y + down(...)) when `accumulate`. Uses `scratch` for the [n, 2 * intermediate]
-// projection.
+// projection. The gate is multiplied by gate_multiplier before silu (Falcon-H1).
 absl::Status GatedMlp(const LayerEnv& env, const DeviceGatedMlpWeights& w, const float* x, int64_t n, int64_t hidden,
-                      int64_t intermediate, WorkspaceBuffer scratch, float* y, bool accumulate);
+                      int64_t intermediate, WorkspaceBuffer scratch, float* y, bool accumulate,
+                      float gate_multiplier = 1.0f);
 
 }  // namespace hybridserve::engine
 

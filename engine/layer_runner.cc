@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "engine/backend_registry.h"
+#include "kernels/activation_params.h"
 #include "kernels/matmul_params.h"
 #include "kernels/rows_params.h"
 
@@ -65,6 +66,40 @@ absl::Status LinearToResidual(const LayerEnv& env, const float* a, int64_t m, in
   ASSIGN_OR_RETURN(float* y, env.workspace->Get<float>(kBlockOut, m * n));
   RETURN_IF_ERROR(Linear(env, a, m, k, w, n, bias, y, /*accumulate=*/false, what));
   return AddToResidual(env, y, m, n, residual);
+}
+
+absl::StatusOr<const float*> ScaledInput(const LayerEnv& env, const float* x, int64_t n, int64_t dim, float alpha) {
+  if (alpha == 1.0f) return x;
+  ASSIGN_OR_RETURN(float* out, env.workspace->Get<float>(kMixerInput, n * dim));
+  kernels::ActivationParams p;
+  p.x = x;
+  p.out = out;
+  p.n_rows = n;
+  p.dim = dim;
+  p.kind = kernels::ActivationKind::kScale;
+  p.alpha = alpha;
+  RETURN_IF_ERROR(KernelStatusToStatus(env.backend->Activation(p), "Activation(scale input)"));
+  return out;
+}
+
+absl::Status ScaleColumns(const LayerEnv& env, float* x, int64_t n, int64_t first, int64_t cols, int64_t stride,
+                          float alpha) {
+  if (alpha == 1.0f || n == 0) return absl::OkStatus();
+  kernels::ActivationParams p;
+  p.x = x + first;
+  p.out = x + first;
+  p.n_rows = n;
+  p.dim = cols;
+  p.x_row_stride = stride;
+  p.out_row_stride = stride;
+  p.kind = kernels::ActivationKind::kScale;
+  p.alpha = alpha;
+  return KernelStatusToStatus(env.backend->Activation(p), "Activation(scale columns)");
+}
+
+LayerEnv WithOutputMultiplier(LayerEnv env, float multiplier) {
+  env.residual_multiplier *= multiplier;
+  return env;
 }
 
 absl::Status AddToResidual(const LayerEnv& env, const float* y, int64_t m, int64_t n, float* residual) {

@@ -37,6 +37,10 @@ enum WorkspaceBuffer : int {
   kScratch3,
   // A block's output before its scaled residual add (LinearToResidual).
   kBlockOut,
+  // A mixer's input times its in-multiplier (ScaledInput).
+  kMixerInput,
+  // A parallel block's summed mixer outputs.
+  kParallelSum,
   // The Model's block loop: hidden states, their norm, logits ([rows, *] fp32).
   kHidden,
   kNormed,
@@ -141,6 +145,18 @@ absl::Status Linear(const LayerEnv& env, const float* a, int64_t m, int64_t k, c
 // rounded then added, as transformers computes `residual + y * multiplier`.
 absl::Status LinearToResidual(const LayerEnv& env, const float* a, int64_t m, int64_t k, const DeviceMatrix& w,
                               int64_t n, const float* bias, float* residual, absl::string_view what);
+
+// x when alpha is 1, else alpha * x[n, dim] written to kMixerInput (Falcon-H1's
+// ssm_in_multiplier and attention_in_multiplier).
+absl::StatusOr<const float*> ScaledInput(const LayerEnv& env, const float* x, int64_t n, int64_t dim, float alpha);
+
+// x[r, first .. first + cols) *= alpha for rows r < n of row stride `stride`,
+// in place (no-op for 1): a multiplier on some output columns of a projection.
+absl::Status ScaleColumns(const LayerEnv& env, float* x, int64_t n, int64_t first, int64_t cols, int64_t stride,
+                          float alpha);
+
+// `env` with its residual multiplier times `multiplier` (exact when either is 1).
+LayerEnv WithOutputMultiplier(LayerEnv env, float multiplier);
 
 // residual[m, n] += residual_multiplier * y[m, n] (packed rows).
 absl::Status AddToResidual(const LayerEnv& env, const float* y, int64_t m, int64_t n, float* residual);

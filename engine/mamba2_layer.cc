@@ -26,13 +26,15 @@ constexpr WorkspaceBuffer kY = kScratch3;     // [n, d_inner]
 class Mamba2LayerRunner final : public LayerRunner {
  public:
   Mamba2LayerRunner(const ModelConfig& config, const DeviceMamba2Weights& w, int64_t state_layer, const LayerEnv& env)
-      : config_(config), p_(config.mamba), w_(w), state_layer_(state_layer), env_(env) {}
+      : config_(config),
+        p_(config.mamba),
+        w_(w),
+        state_layer_(state_layer),
+        env_(WithOutputMultiplier(env, config.mamba.out_multiplier)) {}
 
   absl::Status Prefill(const PrefillSegment& seg, const float* normed, float* residual) override {
     const int64_t n = seg.n_tokens;
-    ASSIGN_OR_RETURN(float* proj, env_.workspace->Get<float>(kProj, n * rows()));
-    RETURN_IF_ERROR(Linear(env_, normed, n, config_.hidden_size, w_.in_proj, rows(), w_.in_proj_bias, proj,
-                           /*accumulate=*/false, "mamba2 in_proj"));
+    ASSIGN_OR_RETURN(float* proj, Project(normed, n));
 
     ASSIGN_OR_RETURN(float* xbc, env_.workspace->Get<float>(kXbc, n * p_.conv_dim()));
     kernels::CausalConv1dParams conv;
@@ -78,9 +80,7 @@ class Mamba2LayerRunner final : public LayerRunner {
 
   absl::Status Decode(const DecodeBatch& batch, const float* normed, float* residual) override {
     const int64_t n = batch.batch;
-    ASSIGN_OR_RETURN(float* proj, env_.workspace->Get<float>(kProj, n * rows()));
-    RETURN_IF_ERROR(Linear(env_, normed, n, config_.hidden_size, w_.in_proj, rows(), w_.in_proj_bias, proj,
-                           /*accumulate=*/false, "mamba2 in_proj"));
+    ASSIGN_OR_RETURN(float* proj, Project(normed, n));
 
     ASSIGN_OR_RETURN(float* xbc, env_.workspace->Get<float>(kXbc, n * p_.conv_dim()));
     kernels::CausalConv1dUpdateParams conv;
@@ -127,6 +127,23 @@ class Mamba2LayerRunner final : public LayerRunner {
  private:
   int64_t rows() const { return p_.in_proj_rows(); }
 
+  // in_proj(in_multiplier * x), its segments [z | x | B | C | dt] times their
+  // multipliers (Falcon-H1; all 1 elsewhere), [n, rows] in the kProj buffer.
+  absl::StatusOr<float*> Project(const float* normed, int64_t n) {
+    ASSIGN_OR_RETURN(const float* x, ScaledInput(env_, normed, n, config_.hidden_size, p_.in_multiplier));
+    ASSIGN_OR_RETURN(float* proj, env_.workspace->Get<float>(kProj, n * rows()));
+    RETURN_IF_ERROR(Linear(env_, x, n, config_.hidden_size, w_.in_proj, rows(), w_.in_proj_bias, proj,
+                           /*accumulate=*/false, "mamba2 in_proj"));
+    const int64_t gs = p_.n_groups * p_.state_size;
+    const int64_t widths[5] = {p_.d_inner(), p_.d_inner(), gs, gs, p_.num_heads};
+    int64_t first = 0;
+    for (int s = 0; s < 5; ++s) {
+      RETURN_IF_ERROR(ScaleColumns(env_, proj, n, first, widths[s], rows(), p_.segment_multipliers[s]));
+      first += widths[s];
+    }
+    return proj;
+  }
+
   // dt = clamp(softplus(dt_raw + dt_bias)), [n, n_heads] in the kDt buffer.
   absl::StatusOr<float*> Dt(const float* proj, int64_t n, const DtClamp& clamp) {
     ASSIGN_OR_RETURN(float* dt, env_.workspace->Get<float>(kDt, n * p_.num_heads));
@@ -143,8 +160,21 @@ class Mamba2LayerRunner final : public LayerRunner {
     return dt;
   }
 
-  // residual += out_proj(gated_rmsnorm(y, z)); y is normalized in place.
+  // residual += out_proj(gated_rmsnorm(y, z)), or out_proj(y * silu(z))
+  // without the norm; y is gated in place.
   absl::Status GateAndProject(const float* proj, float* y, int64_t n, float* residual) {
+    if (!p_.gated_norm) {
+      kernels::SwiGluParams gate;  // silu(z) * y: the product transformers forms as y * silu(z)
+      gate.gate = proj;
+      gate.gate_row_stride = rows();
+      gate.up = y;
+      gate.out = y;
+      gate.n_rows = n;
+      gate.dim = p_.d_inner();
+      RETURN_IF_ERROR(KernelStatusToStatus(env_.backend->SwiGlu(gate), "SwiGlu(mamba2 gate)"));
+      return LinearToResidual(env_, y, n, p_.d_inner(), w_.out_proj, config_.hidden_size, w_.out_proj_bias, residual,
+                              "mamba2 out_proj");
+    }
     kernels::GatedRmsNormParams g;
     g.x = y;
     g.z = proj;
@@ -155,7 +185,7 @@ class Mamba2LayerRunner final : public LayerRunner {
     g.dim = p_.d_inner();
     g.group_size = p_.norm_group_size;
     g.eps = config_.norm_eps;
-    g.norm_before_gate = false;
+    g.norm_before_gate = p_.norm_before_gate;
     RETURN_IF_ERROR(KernelStatusToStatus(env_.backend->GatedRmsNorm(g), "GatedRmsNorm"));
     return LinearToResidual(env_, y, n, p_.d_inner(), w_.out_proj, config_.hidden_size, w_.out_proj_bias, residual,
                             "mamba2 out_proj");

@@ -23,6 +23,7 @@
 #include "engine/mamba2_layer.h"
 #include "engine/mlp_layer.h"
 #include "engine/moe_layer.h"
+#include "engine/parallel_layer.h"
 #include "kernels/activation_params.h"
 #include "kernels/embedding_params.h"
 #include "kernels/norm_params.h"
@@ -47,7 +48,7 @@ int64_t NextPowerOfTwo(int64_t n) {
 }
 
 absl::StatusOr<ModelOptions> ResolveOptions(const ModelConfig& config, ModelOptions o) {
-  const bool has_mamba = config.CountLayers(LayerKind::kMamba2) > 0;
+  const bool has_mamba = config.SsmLayers() > 0;
   const int64_t chunk = has_mamba ? config.mamba.chunk_size : kDefaultGridUnit;
   if (o.page_size == 0) o.page_size = std::min<int64_t>(16, chunk);
   // Pages and chunks are independent grids: a page may be smaller than a
@@ -95,7 +96,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelConfig& config, 
   ASSIGN_OR_RETURN(model->device_weights_, DeviceWeights::Create(weights, backend));
 
   model->use_decode_graphs_ = resolved.decode_graphs && backend.supports_graphs();
-  const bool scratch_page = model->use_decode_graphs_ && config.CountLayers(LayerKind::kAttention) > 0;
+  const bool scratch_page = model->use_decode_graphs_ && config.KvLayers() > 0;
   SequenceTableOptions table;
   table.layout = StateLayout::ForModel(config, resolved.page_size);
   table.max_pages = resolved.max_pages + (scratch_page ? 1 : 0);
@@ -139,6 +140,12 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelConfig& config, 
       case LayerKind::kMoe:
         model->runners_.push_back(NewMoeLayerRunner(model->config_, w.moe(), env));
         break;
+      case LayerKind::kParallel: {
+        ASSIGN_OR_RETURN(std::unique_ptr<LayerRunner> runner,
+                         NewParallelLayerRunner(model->config_, w.parallel(), mamba_index++, attention_index++, env));
+        model->runners_.push_back(std::move(runner));
+        break;
+      }
     }
   }
   return model;
@@ -239,9 +246,10 @@ absl::StatusOr<const float*> Model::LogitsOnDevice(int64_t first_row, int64_t n_
   env.matmul_mode = options_.matmul_mode;
   RETURN_IF_ERROR(Linear(env, normed, n_rows, hidden_size, device_weights_->lm_head(), vocab, /*bias=*/nullptr, out,
                          /*accumulate=*/false, "lm_head"));
-  // Granite divides the logits by logits_scaling; multiplying by the
-  // reciprocal may differ from that division in the last bit.
-  RETURN_IF_ERROR(Scale(out, n_rows * vocab, 1.0f / config_.logits_scaling, "logits_scaling"));
+  // Granite divides the logits by logits_scaling (multiplying by the
+  // reciprocal may differ from that division in the last bit); Falcon-H1
+  // multiplies them by lm_head_multiplier (exact: logits_scaling is 1 there).
+  RETURN_IF_ERROR(Scale(out, n_rows * vocab, config_.logits_multiplier / config_.logits_scaling, "logits multiplier"));
   return out;
 }
 

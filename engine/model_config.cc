@@ -20,8 +20,42 @@
 #include "absl/strings/string_view.h"
 #include "common/status_macros.h"
 #include "engine/config_fields.h"
+#include "engine/model_config_families.h"
 
 namespace hybridserve::engine {
+namespace config_internal {
+
+absl::StatusOr<LayerKind> KindFromBlockType(const Json& v, size_t index) {
+  if (!v.is_string()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layers_block_type[", index, "] must be a string, got ", Excerpt(v)));
+  }
+  const std::string name = v.get<std::string>();
+  if (name == "mamba" || name == "linear_attention") return LayerKind::kMamba2;
+  if (name == "attention" || name == "full_attention") return LayerKind::kAttention;
+  if (name == "mlp") return LayerKind::kMlp;
+  if (name == "moe") return LayerKind::kMoe;
+  return absl::InvalidArgumentError(absl::StrCat("layers_block_type[", index, "] has unknown block type \"", name,
+                                                 "\" (expected linear_attention, full_attention, mlp or moe)"));
+}
+
+absl::Status CheckSiluActivation(const ConfigFields& f, absl::string_view key) {
+  ASSIGN_OR_RETURN(std::string act, f.String({key}, "silu"));
+  if (act != "silu" && act != "swish") {
+    return absl::UnimplementedError(absl::StrCat(key, " \"", act, "\" is not supported (only silu)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckDim(absl::string_view name, int64_t value) {
+  if (value < 1 || value > kMaxDim) {
+    return absl::InvalidArgumentError(absl::StrCat(name, " (", value, ") must be in [1, ", kMaxDim, "]"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace config_internal
+
 namespace {
 
 using config_internal::ConfigFields;
@@ -29,23 +63,23 @@ using config_internal::Excerpt;
 using config_internal::Json;
 using config_internal::TagNonFiniteTokens;
 
+using config_internal::CheckDim;
+using config_internal::CheckSiluActivation;
+using config_internal::kDefaultConvKernel;
+using config_internal::kDefaultMamba2Chunk;
+using config_internal::kDefaultMamba2Expand;
+using config_internal::KindFromBlockType;
+using config_internal::kMaxDim;
+using config_internal::kMaxLayers;
+
 constexpr float kInf = std::numeric_limits<float>::infinity();
-// Upper bound of every dimension and of derived widths (d_inner, conv_dim,
-// in_proj rows, q/kv widths): keeps every matrix size far from int64 overflow.
-constexpr int64_t kMaxDim = int64_t{1} << 24;
-constexpr int64_t kMaxLayers = 4096;
 constexpr size_t kMaxConfigBytes = 16 << 20;
 
 // transformers' defaults for fields this parser treats as optional.
-constexpr int64_t kDefaultConvKernel = 4;
 constexpr int64_t kDefaultNemotronChunk = 128;
-constexpr int64_t kDefaultMamba2Chunk = 256;
-constexpr int64_t kDefaultMamba2Expand = 2;
 constexpr double kDefaultNormEps = 1e-5;
 constexpr double kDefaultTimeStepMin = 0.001;
 constexpr double kDefaultTimeStepMax = 0.1;
-
-absl::Status CheckDim(absl::string_view name, int64_t value);
 
 absl::Status WithPrefix(const absl::Status& s, absl::string_view prefix) {
   if (s.ok()) return s;
@@ -66,20 +100,6 @@ absl::StatusOr<LayerKind> KindFromSymbol(char c, size_t index) {
       return absl::InvalidArgumentError(absl::StrCat("hybrid_override_pattern: layer ", index, " has unknown symbol '",
                                                      std::string(1, c), "' (expected M, * or -)"));
   }
-}
-
-absl::StatusOr<LayerKind> KindFromBlockType(const Json& v, size_t index) {
-  if (!v.is_string()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("layers_block_type[", index, "] must be a string, got ", Excerpt(v)));
-  }
-  const std::string name = v.get<std::string>();
-  if (name == "mamba" || name == "linear_attention") return LayerKind::kMamba2;
-  if (name == "attention" || name == "full_attention") return LayerKind::kAttention;
-  if (name == "mlp") return LayerKind::kMlp;
-  if (name == "moe") return LayerKind::kMoe;
-  return absl::InvalidArgumentError(absl::StrCat("layers_block_type[", index, "] has unknown block type \"", name,
-                                                 "\" (expected linear_attention, full_attention, mlp or moe)"));
 }
 
 std::string PatternOf(const std::vector<LayerKind>& layers) {
@@ -136,14 +156,6 @@ absl::StatusOr<std::vector<LayerKind>> NemotronLayers(const ConfigFields& f) {
     }
   }
   return layers;
-}
-
-absl::Status CheckSiluActivation(const ConfigFields& f, absl::string_view key) {
-  ASSIGN_OR_RETURN(std::string act, f.String({key}, "silu"));
-  if (act != "silu" && act != "swish") {
-    return absl::UnimplementedError(absl::StrCat(key, " \"", act, "\" is not supported (only silu)"));
-  }
-  return absl::OkStatus();
 }
 
 // Nemotron-H's 'E' blocks (transformers 5.23 NemotronHMoE): relu2 experts, a
@@ -278,215 +290,6 @@ absl::Status ParseMamba2(const ConfigFields& f, ModelConfig& c) {
   return absl::OkStatus();
 }
 
-// The Mamba2 mixer of Bamba and Granite (both name their fields mamba_*; d_inner
-// is mamba_expand * hidden_size; mamba_d_head may be "auto").
-// transformers 5.23 BambaMixer / GraniteMoeHybridMambaLayer: the chunked path
-// clamps dt to time_step_limit, the one-step decode does not; the gated norm
-// groups are d_inner / n_groups; norm after the gate.
-absl::Status ParseMambaPrefixed(const ConfigFields& f, int64_t hidden_size, Mamba2Params& m) {
-  ASSIGN_OR_RETURN(m.num_heads, f.Int({"mamba_n_heads"}, 128));
-  ASSIGN_OR_RETURN(m.state_size, f.Int({"mamba_d_state"}, 256));
-  ASSIGN_OR_RETURN(m.n_groups, f.Int({"mamba_n_groups"}, 1));
-  ASSIGN_OR_RETURN(m.conv_kernel, f.Int({"mamba_d_conv"}, kDefaultConvKernel));
-  ASSIGN_OR_RETURN(m.chunk_size, f.Int({"mamba_chunk_size"}, kDefaultMamba2Chunk));
-  ASSIGN_OR_RETURN(m.use_conv_bias, f.Bool({"mamba_conv_bias"}, true));
-  ASSIGN_OR_RETURN(m.use_bias, f.Bool({"mamba_proj_bias"}, false));
-  ASSIGN_OR_RETURN(int64_t expand, f.Int({"mamba_expand"}, kDefaultMamba2Expand));
-  if (expand < 1 || expand > kMaxDim || hidden_size < 1 || hidden_size > kMaxDim) {
-    return absl::InvalidArgumentError(absl::StrCat("mamba_expand (", expand, ") must be positive"));
-  }
-  const int64_t d_inner = expand * hidden_size;
-  if (f.Has("mamba_d_head") && f.Get("mamba_d_head").is_string() &&
-      f.Get("mamba_d_head").get<std::string>() == "auto") {
-    m.head_dim = m.num_heads > 0 ? d_inner / m.num_heads : 0;
-  } else {
-    ASSIGN_OR_RETURN(m.head_dim, f.Int({"mamba_d_head"}, m.num_heads > 0 ? d_inner / m.num_heads : 0));
-  }
-  if (m.num_heads < 1 || m.num_heads > kMaxDim || m.head_dim < 1 || m.head_dim > kMaxDim ||
-      m.num_heads * m.head_dim != d_inner) {
-    return absl::InvalidArgumentError(absl::StrCat("mamba_n_heads (", m.num_heads, ") * mamba_d_head (", m.head_dim,
-                                                   ") must equal mamba_expand (", expand, ") * hidden_size (",
-                                                   hidden_size, ") = ", d_inner));
-  }
-  ASSIGN_OR_RETURN(m.time_step_limit, f.Range({"time_step_limit"}, DtClamp{}));
-  m.norm_group_size = m.n_groups > 0 ? m.d_inner() / m.n_groups : 0;
-  m.prefill_dt_clamp = m.time_step_limit;
-  m.decode_dt_clamp = DtClamp{};
-  return absl::OkStatus();
-}
-
-// Attention of Bamba and Granite: q/k/v/o projections without biases.
-absl::Status ParseLlamaStyleAttention(const ConfigFields& f, int64_t hidden_size, AttentionParams& a) {
-  ASSIGN_OR_RETURN(a.num_heads, f.Int({"num_attention_heads"}, std::nullopt));
-  ASSIGN_OR_RETURN(a.num_kv_heads, f.Int({"num_key_value_heads"}, a.num_heads));
-  RETURN_IF_ERROR(CheckDim("num_attention_heads", a.num_heads));
-  ASSIGN_OR_RETURN(a.head_dim, f.Int({"head_dim"}, hidden_size / a.num_heads));
-  ASSIGN_OR_RETURN(bool attention_bias, f.Bool({"attention_bias"}, false));
-  if (attention_bias) return absl::UnimplementedError("attention_bias true is not supported");
-  return absl::OkStatus();
-}
-
-// rope_parameters {rope_type "default", rope_theta} (transformers 5), or the
-// legacy top-level rope_theta / rope_scaling.
-absl::Status ParseRope(const ConfigFields& f, AttentionParams& a) {
-  a.rope_theta = 10000.0;
-  if (f.Has("rope_parameters")) {
-    const Json& rp = f.Get("rope_parameters");
-    if (!rp.is_object()) {
-      return absl::InvalidArgumentError(absl::StrCat("rope_parameters must be an object, got ", Excerpt(rp)));
-    }
-    ConfigFields r(rp);
-    ASSIGN_OR_RETURN(std::string type, r.String({"rope_type", "type"}, "default"));
-    if (type != "default") {
-      return absl::UnimplementedError(absl::StrCat("rope_parameters.rope_type \"", type, "\" is not supported"));
-    }
-    ASSIGN_OR_RETURN(a.rope_theta, r.Float({"rope_theta"}, 10000.0));
-  } else {
-    ASSIGN_OR_RETURN(a.rope_theta, f.Float({"rope_theta"}, 10000.0));
-    if (f.Has("rope_scaling")) {
-      return absl::UnimplementedError(
-          absl::StrCat("rope_scaling (", Excerpt(f.Get("rope_scaling")), ") is not supported"));
-    }
-  }
-  if (!(a.rope_theta > 0.0) || !std::isfinite(a.rope_theta)) {
-    return absl::InvalidArgumentError(absl::StrCat("rope_theta (", a.rope_theta, ") must be positive"));
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<float> Multiplier(const ConfigFields& f, absl::string_view key) {
-  ASSIGN_OR_RETURN(double v, f.Float({key}, 1.0));
-  if (!std::isfinite(v) || v == 0.0 || std::fabs(v) > 1e30) {
-    return absl::InvalidArgumentError(absl::StrCat(key, " (", v, ") must be finite and non-zero"));
-  }
-  return static_cast<float>(v);
-}
-
-absl::Status ParseDecoderLayerCount(const ConfigFields& f, int64_t& n_layers) {
-  ASSIGN_OR_RETURN(n_layers, f.Int({"num_hidden_layers"}, std::nullopt));
-  if (n_layers < 1 || 2 * n_layers > kMaxLayers) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("num_hidden_layers (", n_layers, ") must be in [1, ", kMaxLayers / 2, "]"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ParseBamba(const ConfigFields& f, ModelConfig& c) {
-  c.family = ModelFamily::kBamba;
-  int64_t n_layers = 0;
-  RETURN_IF_ERROR(ParseDecoderLayerCount(f, n_layers));
-  std::vector<bool> attention(static_cast<size_t>(n_layers), false);
-  if (f.Has("attn_layer_indices")) {
-    const Json& v = f.Get("attn_layer_indices");
-    if (!v.is_array()) {
-      return absl::InvalidArgumentError(absl::StrCat("attn_layer_indices must be a list, got ", Excerpt(v)));
-    }
-    for (size_t i = 0; i < v.size(); ++i) {
-      ASSIGN_OR_RETURN(int64_t index, ConfigFields::ToInt(absl::StrCat("attn_layer_indices[", i, "]"), v[i]));
-      if (index < 0 || index >= n_layers) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("attn_layer_indices[", i, "] (", index, ") is outside [0, ", n_layers, ")"));
-      }
-      attention[static_cast<size_t>(index)] = true;
-    }
-  }
-  for (int64_t i = 0; i < n_layers; ++i) {
-    c.layers.push_back(attention[static_cast<size_t>(i)] ? LayerKind::kAttention : LayerKind::kMamba2);
-    c.layers.push_back(LayerKind::kGatedMlp);
-  }
-  RETURN_IF_ERROR(CheckSiluActivation(f, "hidden_act"));
-  if (c.CountLayers(LayerKind::kMamba2) > 0) RETURN_IF_ERROR(ParseMambaPrefixed(f, c.hidden_size, c.mamba));
-  if (c.CountLayers(LayerKind::kAttention) > 0) {
-    AttentionParams& a = c.attention;
-    RETURN_IF_ERROR(ParseLlamaStyleAttention(f, c.hidden_size, a));
-    RETURN_IF_ERROR(ParseRope(f, a));
-    // rope_parameters.partial_rotary_factor, 0.5 when absent (BambaConfig's default).
-    double factor = 0.5;
-    if (f.Has("rope_parameters")) {
-      ConfigFields r(f.Get("rope_parameters"));
-      ASSIGN_OR_RETURN(factor, r.Float({"partial_rotary_factor"}, 0.5));
-    }
-    if (!(factor > 0.0 && factor <= 1.0)) {
-      return absl::InvalidArgumentError(absl::StrCat("partial_rotary_factor (", factor, ") must be in (0, 1]"));
-    }
-    a.use_rope = true;
-    a.rotary_dim = static_cast<int64_t>(static_cast<double>(a.head_dim) * factor);
-  }
-  ASSIGN_OR_RETURN(c.gated_mlp.intermediate_size, f.Int({"intermediate_size"}, std::nullopt));
-  ASSIGN_OR_RETURN(c.gated_mlp.use_bias, f.Bool({"mlp_bias"}, false));
-  return absl::OkStatus();
-}
-
-absl::Status ParseGraniteMoeHybrid(const ConfigFields& f, ModelConfig& c) {
-  c.family = ModelFamily::kGraniteMoeHybrid;
-  int64_t n_layers = 0;
-  RETURN_IF_ERROR(ParseDecoderLayerCount(f, n_layers));
-  std::vector<LayerKind> mixers;
-  ASSIGN_OR_RETURN(std::optional<std::string> list_key, f.Resolve({"layer_types", "layers_block_type"}));
-  if (list_key.has_value()) {
-    const Json& v = f.Get(*list_key);
-    if (!v.is_array()) return absl::InvalidArgumentError(absl::StrCat(*list_key, " must be a list, got ", Excerpt(v)));
-    for (size_t i = 0; i < v.size(); ++i) {
-      ASSIGN_OR_RETURN(LayerKind kind, KindFromBlockType(v[i], i));
-      if (kind != LayerKind::kMamba2 && kind != LayerKind::kAttention) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(*list_key, "[", i, "] must be a mixer (mamba or attention), got ", Excerpt(v[i])));
-      }
-      mixers.push_back(kind);
-    }
-    if (static_cast<int64_t>(mixers.size()) != n_layers) {
-      return absl::InvalidArgumentError(absl::StrCat("num_hidden_layers (", n_layers, ") does not match the ",
-                                                     mixers.size(), " entries of ", *list_key));
-    }
-  } else {
-    mixers.assign(static_cast<size_t>(n_layers), LayerKind::kMamba2);  // transformers' default
-  }
-  ASSIGN_OR_RETURN(int64_t experts, f.Int({"num_local_experts"}, 8));
-  if (experts < 0 || experts > 1 << 16) {
-    return absl::InvalidArgumentError(absl::StrCat("num_local_experts (", experts, ") must be in [0, 65536]"));
-  }
-  for (LayerKind mixer : mixers) {
-    c.layers.push_back(mixer);
-    c.layers.push_back(experts > 0 ? LayerKind::kMoe : LayerKind::kGatedMlp);
-  }
-  RETURN_IF_ERROR(CheckSiluActivation(f, "hidden_act"));
-  if (!f.Has("rms_norm_eps") && !f.Has("layer_norm_epsilon")) c.norm_eps = 1e-6f;  // GraniteMoeHybridConfig's default
-  if (c.CountLayers(LayerKind::kMamba2) > 0) RETURN_IF_ERROR(ParseMambaPrefixed(f, c.hidden_size, c.mamba));
-  if (c.CountLayers(LayerKind::kAttention) > 0) {
-    AttentionParams& a = c.attention;
-    RETURN_IF_ERROR(ParseLlamaStyleAttention(f, c.hidden_size, a));
-    ASSIGN_OR_RETURN(std::string position, f.String({"position_embedding_type"}, ""));
-    if (position == "rope") {
-      RETURN_IF_ERROR(ParseRope(f, a));
-      a.use_rope = true;
-      a.rotary_dim = a.head_dim;
-    } else if (!position.empty()) {
-      return absl::UnimplementedError(
-          absl::StrCat("position_embedding_type \"", position, "\" is not supported (null or rope)"));
-    }
-    ASSIGN_OR_RETURN(a.scale, Multiplier(f, "attention_multiplier"));
-    if (a.scale < 0.0f) {
-      return absl::InvalidArgumentError(absl::StrCat("attention_multiplier (", a.scale, ") must be positive"));
-    }
-  }
-  ASSIGN_OR_RETURN(int64_t shared, f.Int({"shared_intermediate_size"}, 1024));
-  if (experts > 0) {
-    MoeParams& moe = c.moe;
-    moe.num_experts = experts;
-    ASSIGN_OR_RETURN(moe.top_k, f.Int({"num_experts_per_tok"}, 2));
-    ASSIGN_OR_RETURN(moe.intermediate_size, f.Int({"intermediate_size"}, std::nullopt));
-    moe.shared_intermediate_size = shared;
-    moe.router = MoeRouter::kTopKSoftmax;
-  } else {
-    c.gated_mlp.intermediate_size = shared;
-    c.gated_mlp.use_bias = false;
-  }
-  ASSIGN_OR_RETURN(c.embedding_multiplier, Multiplier(f, "embedding_multiplier"));
-  ASSIGN_OR_RETURN(c.residual_multiplier, Multiplier(f, "residual_multiplier"));
-  ASSIGN_OR_RETURN(c.logits_scaling, Multiplier(f, "logits_scaling"));
-  return absl::OkStatus();
-}
-
 absl::Status ParseCommon(const ConfigFields& f, ModelConfig& c) {
   ASSIGN_OR_RETURN(c.vocab_size, f.Int({"vocab_size"}, std::nullopt));
   ASSIGN_OR_RETURN(c.hidden_size, f.Int({"hidden_size"}, std::nullopt));
@@ -502,13 +305,6 @@ absl::Status ParseCommon(const ConfigFields& f, ModelConfig& c) {
   return absl::OkStatus();
 }
 
-absl::Status CheckDim(absl::string_view name, int64_t value) {
-  if (value < 1 || value > kMaxDim) {
-    return absl::InvalidArgumentError(absl::StrCat(name, " (", value, ") must be in [1, ", kMaxDim, "]"));
-  }
-  return absl::OkStatus();
-}
-
 absl::Status CheckClamp(absl::string_view name, const DtClamp& clamp) {
   if (std::isnan(clamp.min) || std::isnan(clamp.max) || clamp.min < 0.0f || clamp.min > clamp.max ||
       clamp.min == kInf) {
@@ -521,7 +317,8 @@ absl::Status CheckClamp(absl::string_view name, const DtClamp& clamp) {
 absl::Status ValidateMamba(const ModelConfig& c) {
   const Mamba2Params& m = c.mamba;
   const bool nemotron = c.family == ModelFamily::kNemotronH;
-  const bool prefixed = c.family == ModelFamily::kBamba || c.family == ModelFamily::kGraniteMoeHybrid;
+  const bool prefixed = c.family == ModelFamily::kBamba || c.family == ModelFamily::kGraniteMoeHybrid ||
+                        c.family == ModelFamily::kFalconH1;
   const char* heads_name = nemotron ? "mamba_num_heads" : prefixed ? "mamba_n_heads" : "num_heads";
   const char* head_dim_name = nemotron ? "mamba_head_dim" : prefixed ? "mamba_d_head" : "head_dim";
   const char* state_name = nemotron ? "ssm_state_size" : prefixed ? "mamba_d_state" : "state_size";
@@ -622,7 +419,9 @@ absl::Status ValidateDecoderLayers(const ModelConfig& c) {
                                                    c.LayerPattern(), "\""));
   }
   for (size_t i = 0; i < c.layers.size(); i += 2) {
-    const bool mixer = c.layers[i] == LayerKind::kMamba2 || c.layers[i] == LayerKind::kAttention;
+    const bool mixer = c.family == ModelFamily::kFalconH1
+                           ? c.layers[i] == LayerKind::kParallel
+                           : c.layers[i] == LayerKind::kMamba2 || c.layers[i] == LayerKind::kAttention;
     const bool ffn = c.layers[i + 1] == LayerKind::kGatedMlp || c.layers[i + 1] == LayerKind::kMoe;
     if (!mixer || !ffn) {
       return absl::InvalidArgumentError(absl::StrCat("a ", ModelFamilyName(c.family),
@@ -654,6 +453,8 @@ absl::string_view ModelFamilyName(ModelFamily family) {
       return "bamba";
     case ModelFamily::kGraniteMoeHybrid:
       return "granitemoehybrid";
+    case ModelFamily::kFalconH1:
+      return "falcon_h1";
   }
   return "unknown";
 }
@@ -670,6 +471,8 @@ absl::string_view LayerKindName(LayerKind kind) {
       return "gated_mlp";
     case LayerKind::kMoe:
       return "moe";
+    case LayerKind::kParallel:
+      return "parallel";
   }
   return "unknown";
 }
@@ -686,6 +489,8 @@ char LayerKindSymbol(LayerKind kind) {
       return 'G';
     case LayerKind::kMoe:
       return 'E';
+    case LayerKind::kParallel:
+      return 'P';
   }
   return '?';
 }
@@ -709,14 +514,19 @@ absl::Status ModelConfig::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("a mamba2 model has only Mamba2 layers, got pattern \"", LayerPattern(), "\""));
   }
-  if (CountLayers(LayerKind::kMamba2) > 0) RETURN_IF_ERROR(ValidateMamba(*this));
-  if (CountLayers(LayerKind::kAttention) > 0) RETURN_IF_ERROR(ValidateAttention(attention));
+  if (SsmLayers() > 0) RETURN_IF_ERROR(ValidateMamba(*this));
+  if (KvLayers() > 0) RETURN_IF_ERROR(ValidateAttention(attention));
   if (CountLayers(LayerKind::kMlp) > 0) RETURN_IF_ERROR(CheckDim("intermediate_size", mlp.intermediate_size));
   if (CountLayers(LayerKind::kGatedMlp) > 0) {
     RETURN_IF_ERROR(CheckDim("intermediate_size (gated MLP)", gated_mlp.intermediate_size));
   }
   if (CountLayers(LayerKind::kMoe) > 0) RETURN_IF_ERROR(ValidateMoe(moe));
-  const bool decoder_layers = family == ModelFamily::kBamba || family == ModelFamily::kGraniteMoeHybrid;
+  const bool decoder_layers =
+      family == ModelFamily::kBamba || family == ModelFamily::kGraniteMoeHybrid || family == ModelFamily::kFalconH1;
+  if (family != ModelFamily::kFalconH1 && CountLayers(LayerKind::kParallel) > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("only a falcon_h1 model has parallel blocks, got pattern \"", LayerPattern(), "\""));
+  }
   if (decoder_layers) RETURN_IF_ERROR(ValidateDecoderLayers(*this));
   if (!decoder_layers && CountLayers(LayerKind::kGatedMlp) > 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -724,7 +534,20 @@ absl::Status ModelConfig::Validate() const {
   }
   for (const auto& [name, value] : {std::pair<const char*, float>{"embedding_multiplier", embedding_multiplier},
                                     {"residual_multiplier", residual_multiplier},
-                                    {"logits_scaling", logits_scaling}}) {
+                                    {"logits_scaling", logits_scaling},
+                                    {"lm_head_multiplier", logits_multiplier},
+                                    {"ssm_in_multiplier", mamba.in_multiplier},
+                                    {"ssm_out_multiplier", mamba.out_multiplier},
+                                    {"attention_in_multiplier", attention.in_multiplier},
+                                    {"key_multiplier", attention.key_multiplier},
+                                    {"attention_out_multiplier", attention.out_multiplier},
+                                    {"mlp gate multiplier", gated_mlp.gate_multiplier},
+                                    {"mlp down multiplier", gated_mlp.down_multiplier},
+                                    {"ssm_multipliers[0]", mamba.segment_multipliers[0]},
+                                    {"ssm_multipliers[1]", mamba.segment_multipliers[1]},
+                                    {"ssm_multipliers[2]", mamba.segment_multipliers[2]},
+                                    {"ssm_multipliers[3]", mamba.segment_multipliers[3]},
+                                    {"ssm_multipliers[4]", mamba.segment_multipliers[4]}}) {
     if (!std::isfinite(value) || value == 0.0f) {
       return absl::InvalidArgumentError(absl::StrCat(name, " (", value, ") must be finite and non-zero"));
     }
@@ -746,7 +569,7 @@ std::string ModelConfig::CanonicalString() const {
   // %a prints floats exactly; every part is labelled so no two configs collide.
   std::string out = absl::StrFormat("hybridserve.model_config.v1;family=%s;vocab=%d;hidden=%d;pattern=%s;",
                                     ModelFamilyName(family), vocab_size, hidden_size, LayerPattern());
-  if (CountLayers(LayerKind::kMamba2) > 0) {
+  if (SsmLayers() > 0) {
     const Mamba2Params& m = mamba;
     absl::StrAppendFormat(&out,
                           "mamba2{heads=%d,head_dim=%d,state=%d,groups=%d,conv=%d,chunk=%d,conv_bias=%d,bias=%d,"
@@ -755,7 +578,7 @@ std::string ModelConfig::CanonicalString() const {
                           static_cast<int>(m.use_conv_bias), static_cast<int>(m.use_bias), m.norm_group_size,
                           m.prefill_dt_clamp.min, m.prefill_dt_clamp.max, m.decode_dt_clamp.min, m.decode_dt_clamp.max);
   }
-  if (CountLayers(LayerKind::kAttention) > 0) {
+  if (KvLayers() > 0) {
     absl::StrAppendFormat(&out, "attention{heads=%d,kv_heads=%d,head_dim=%d,rope=%d};", attention.num_heads,
                           attention.num_kv_heads, attention.head_dim, static_cast<int>(attention.use_rope));
   }
@@ -765,13 +588,26 @@ std::string ModelConfig::CanonicalString() const {
   }
   // Appended only where they differ from the first two families' values, so
   // their canonical strings (and model fingerprints) are unchanged.
-  if (CountLayers(LayerKind::kAttention) > 0 && (attention.use_rope || attention.scale != 0.0f)) {
+  if (KvLayers() > 0 && (attention.use_rope || attention.scale != 0.0f)) {
     absl::StrAppendFormat(&out, "attention_ext{rotary_dim=%d,rope_theta=%a,scale=%a};", attention.rotary_dim,
                           attention.rope_theta, attention.scale);
   }
+  if (KvLayers() > 0 &&
+      (attention.in_multiplier != 1.0f || attention.key_multiplier != 1.0f || attention.out_multiplier != 1.0f)) {
+    absl::StrAppendFormat(&out, "attention_mup{in=%a,key=%a,out=%a};", attention.in_multiplier,
+                          attention.key_multiplier, attention.out_multiplier);
+  }
+  if (SsmLayers() > 0 && (!mamba.gated_norm || mamba.norm_before_gate || mamba.HasMultipliers())) {
+    const Mamba2Params& m = mamba;
+    absl::StrAppendFormat(&out, "mamba2_ext{gated_norm=%d,norm_before_gate=%d,in=%a,segments=[%a,%a,%a,%a,%a],out=%a};",
+                          static_cast<int>(m.gated_norm), static_cast<int>(m.norm_before_gate), m.in_multiplier,
+                          m.segment_multipliers[0], m.segment_multipliers[1], m.segment_multipliers[2],
+                          m.segment_multipliers[3], m.segment_multipliers[4], m.out_multiplier);
+  }
   if (CountLayers(LayerKind::kGatedMlp) > 0) {
-    absl::StrAppendFormat(&out, "gated_mlp{intermediate=%d,bias=%d};", gated_mlp.intermediate_size,
-                          static_cast<int>(gated_mlp.use_bias));
+    absl::StrAppendFormat(&out, "gated_mlp{intermediate=%d,bias=%d,gate_mult=%a,down_mult=%a};",
+                          gated_mlp.intermediate_size, static_cast<int>(gated_mlp.use_bias), gated_mlp.gate_multiplier,
+                          gated_mlp.down_multiplier);
   }
   if (CountLayers(LayerKind::kMoe) > 0) {
     absl::StrAppendFormat(
@@ -782,9 +618,10 @@ std::string ModelConfig::CanonicalString() const {
         static_cast<int>(moe.expert), moe.n_group, moe.topk_group, static_cast<int>(moe.norm_topk_prob),
         moe.routed_scaling_factor);
   }
-  if (embedding_multiplier != 1.0f || residual_multiplier != 1.0f || logits_scaling != 1.0f) {
-    absl::StrAppendFormat(&out, "multipliers{embedding=%a,residual=%a,logits_scaling=%a};", embedding_multiplier,
-                          residual_multiplier, logits_scaling);
+  if (embedding_multiplier != 1.0f || residual_multiplier != 1.0f || logits_scaling != 1.0f ||
+      logits_multiplier != 1.0f) {
+    absl::StrAppendFormat(&out, "multipliers{embedding=%a,residual=%a,logits_scaling=%a,logits=%a};",
+                          embedding_multiplier, residual_multiplier, logits_scaling, logits_multiplier);
   }
   absl::StrAppendFormat(&out, "norm_eps=%a;tied=%d;", norm_eps, static_cast<int>(tie_word_embeddings));
   return out;
@@ -816,12 +653,14 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text) {
     } else if (model_type == "mamba2") {
       status = ParseMamba2(fields, config);
     } else if (model_type == "bamba") {
-      status = ParseBamba(fields, config);
+      status = config_internal::ParseBamba(fields, config);
     } else if (model_type == "granitemoehybrid") {
-      status = ParseGraniteMoeHybrid(fields, config);
+      status = config_internal::ParseGraniteMoeHybrid(fields, config);
+    } else if (model_type == "falcon_h1") {
+      status = config_internal::ParseFalconH1(fields, config);
     } else {
       return absl::UnimplementedError(absl::StrCat(
-          "model_type \"", model_type, "\" is not supported (nemotron_h, mamba2, bamba, granitemoehybrid)"));
+          "model_type \"", model_type, "\" is not supported (nemotron_h, mamba2, bamba, granitemoehybrid, falcon_h1)"));
     }
   } catch (const Json::exception& e) {
     // Every access above is type-checked first; this only guards the boundary.

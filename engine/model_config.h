@@ -15,6 +15,9 @@
 //               of experts with a shared gated MLP, or by the shared MLP alone
 //               (`num_local_experts` 0); no RoPE unless position_embedding_type
 //               is "rope"; μP multipliers (embedding, residual, attention, logits).
+//   falcon_h1   each decoder layer is a parallel block (Mamba2 and attention on
+//               the same normed input, their scaled outputs summed) followed by a
+//               gated MLP; RoPE; μP multipliers on nearly every projection.
 // A model is a list of blocks (`LayerKind`s) plus one parameter struct per kind
 // (all blocks of a kind share their hyper-parameters). Each block is an RMSNorm,
 // its computation, and a residual add. Nemotron-H and Mamba2 layers are one block
@@ -53,6 +56,7 @@ enum class ModelFamily {
   kMamba2,            // model_type "mamba2"
   kBamba,             // model_type "bamba"
   kGraniteMoeHybrid,  // model_type "granitemoehybrid"
+  kFalconH1,          // model_type "falcon_h1"
 };
 
 // What a layer computes between its pre-norm and its residual add.
@@ -62,12 +66,14 @@ enum class LayerKind {
   kMlp,        // two-matrix MLP, parameters in MlpParams
   kGatedMlp,   // SwiGLU MLP down(silu(gate(x)) * up(x)), parameters in GatedMlpParams
   kMoe,        // mixture of experts (+ shared expert), parameters in MoeParams
+  kParallel,   // a Mamba2 mixer and attention on the same input, outputs summed (Falcon-H1)
 };
 
 absl::string_view ModelFamilyName(ModelFamily family);  // "nemotron_h", "mamba2", "bamba", "granitemoehybrid"
 absl::string_view LayerKindName(LayerKind kind);        // "mamba2", "attention", "mlp", "gated_mlp", "moe"
 // One character per block: 'M' Mamba2, '*' attention, '-' MLP (Nemotron-H's
-// hybrid_override_pattern alphabet), 'G' gated MLP, 'E' mixture of experts.
+// hybrid_override_pattern alphabet), 'G' gated MLP, 'E' mixture of experts,
+// 'P' parallel Mamba2 + attention.
 char LayerKindSymbol(LayerKind kind);
 
 // Clamp applied to dt = softplus(dt_raw + dt_bias) before discretization.
@@ -105,7 +111,23 @@ struct Mamba2Params {
   float time_step_min = 0.001f;
   float time_step_max = 0.1f;
   DtClamp time_step_limit;
+  // The gated norm: RMSNorm with `norm` weights (norm_before_gate false:
+  // RMSNorm(y * silu(z)); true: RMSNorm(y) * silu(z)), or, without it
+  // (Falcon-H1's mamba_rms_norm false), y * silu(z) and no norm weights.
+  bool gated_norm = true;
+  bool norm_before_gate = false;
+  // Falcon-H1's multipliers (1 elsewhere): the input is multiplied by
+  // in_multiplier before in_proj; in_proj's output segments [z | x | B | C | dt]
+  // by segment_multipliers; the output by out_multiplier before the residual add.
+  float in_multiplier = 1.0f;
+  float segment_multipliers[5] = {1.0f, 1.0f, 1.0f, 1.0f, 1.0f};
+  float out_multiplier = 1.0f;
 
+  bool HasMultipliers() const {
+    bool any = in_multiplier != 1.0f || out_multiplier != 1.0f;
+    for (float m : segment_multipliers) any = any || m != 1.0f;
+    return any;
+  }
   int64_t d_inner() const { return num_heads * head_dim; }
   int64_t conv_dim() const { return d_inner() + 2 * n_groups * state_size; }
   int64_t in_proj_rows() const { return d_inner() + conv_dim() + num_heads; }
@@ -126,6 +148,12 @@ struct AttentionParams {
   int64_t rotary_dim = 0;  // even, <= head_dim, when use_rope
   double rope_theta = 10000.0;
   float scale = 0.0f;  // 0: head_dim^-0.5
+  // Falcon-H1 (1 elsewhere): the input is multiplied by in_multiplier, the keys
+  // (before RoPE) by key_multiplier, the output by out_multiplier before the
+  // residual add.
+  float in_multiplier = 1.0f;
+  float key_multiplier = 1.0f;
+  float out_multiplier = 1.0f;
 
   int64_t q_dim() const { return num_heads * head_dim; }
   int64_t kv_dim() const { return num_kv_heads * head_dim; }
@@ -146,9 +174,12 @@ struct MlpParams {
 // Hyper-parameters of every gated MLP block: down(silu(gate(x)) * up(x)).
 // Bamba's feed_forward (gate_proj, up_proj, down_proj, biases with mlp_bias);
 // Granite's shared_mlp (input_linear = [gate | up], output_linear; no biases).
+// Falcon-H1 scales the gate before silu and the output before the residual add.
 struct GatedMlpParams {
   int64_t intermediate_size = 0;
   bool use_bias = false;
+  float gate_multiplier = 1.0f;
+  float down_multiplier = 1.0f;
 };
 
 // How a mixture-of-experts block picks and weighs its experts.
@@ -212,6 +243,8 @@ struct ModelConfig {
   float embedding_multiplier = 1.0f;
   float residual_multiplier = 1.0f;
   float logits_scaling = 1.0f;
+  // Falcon-H1's lm_head_multiplier: the logits are multiplied by it.
+  float logits_multiplier = 1.0f;
 
   float norm_eps = 1e-5f;         // layer_norm_epsilon: every RMSNorm
   bool residual_in_fp32 = false;  // no effect on fp32 compute
@@ -227,6 +260,10 @@ struct ModelConfig {
 
   int64_t num_layers() const { return static_cast<int64_t>(layers.size()); }
   int64_t CountLayers(LayerKind kind) const;
+  // Blocks that keep an SSM state (Mamba2 and parallel blocks) and blocks
+  // that keep KV pages (attention and parallel blocks).
+  int64_t SsmLayers() const { return CountLayers(LayerKind::kMamba2) + CountLayers(LayerKind::kParallel); }
+  int64_t KvLayers() const { return CountLayers(LayerKind::kAttention) + CountLayers(LayerKind::kParallel); }
   // The layer pattern in hybrid_override_pattern notation, e.g. "M*M-M*-".
   std::string LayerPattern() const;
 

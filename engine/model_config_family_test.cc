@@ -206,6 +206,85 @@ TEST(ModelConfigFamilyTest, NemotronHMoeRefusals) {
   ExpectError(j, absl::StatusCode::kInvalidArgument, "moe_intermediate_size");
 }
 
+// As transformers 5.23 writes a small FalconH1Config.
+Json FalconBase() {
+  return Json{
+      {"model_type", "falcon_h1"},
+      {"vocab_size", 64},
+      {"hidden_size", 32},
+      {"intermediate_size", 48},
+      {"num_hidden_layers", 2},
+      {"num_attention_heads", 4},
+      {"num_key_value_heads", 2},
+      {"mamba_d_ssm", 64},
+      {"mamba_n_heads", 4},
+      {"mamba_d_head", 16},
+      {"mamba_n_groups", 2},
+      {"mamba_d_state", 8},
+      {"mamba_expand", 2},
+      {"mamba_chunk_size", 16},
+      {"mamba_norm_before_gate", true},
+      {"mamba_rms_norm", false},
+      {"rope_parameters", {{"rope_theta", 1e11}, {"rope_type", "default"}}},
+      {"mlp_multipliers", {0.5, 2.0}},
+      {"ssm_multipliers", {1.0, 0.5, 0.25, 0.125, 2.0}},
+      {"ssm_in_multiplier", 0.75},
+      {"ssm_out_multiplier", 1.5},
+      {"attention_in_multiplier", 0.25},
+      {"attention_out_multiplier", 0.625},
+      {"key_multiplier", 0.375},
+      {"embedding_multiplier", 5.0},
+      {"lm_head_multiplier", 0.03125},
+  };
+}
+
+TEST(ModelConfigFamilyTest, FalconH1LayersAreParallelThenGatedMlp) {
+  absl::StatusOr<ModelConfig> c = Parse(FalconBase());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->family, ModelFamily::kFalconH1);
+  EXPECT_EQ(c->LayerPattern(), "PGPG");
+  EXPECT_EQ(c->SsmLayers(), 2);
+  EXPECT_EQ(c->KvLayers(), 2);
+  EXPECT_EQ(c->mamba.d_inner(), 64);
+  EXPECT_FALSE(c->mamba.gated_norm);
+  EXPECT_TRUE(c->mamba.norm_before_gate);
+  EXPECT_EQ(c->mamba.in_multiplier, 0.75f);
+  EXPECT_EQ(c->mamba.out_multiplier, 1.5f);
+  EXPECT_EQ(c->mamba.segment_multipliers[3], 0.125f);
+  EXPECT_TRUE(c->attention.use_rope);
+  EXPECT_EQ(c->attention.rotary_dim, 8);
+  EXPECT_EQ(c->attention.rope_theta, 1e11);
+  EXPECT_EQ(c->attention.key_multiplier, 0.375f);
+  EXPECT_EQ(c->attention.in_multiplier, 0.25f);
+  EXPECT_EQ(c->attention.out_multiplier, 0.625f);
+  EXPECT_EQ(c->gated_mlp.gate_multiplier, 0.5f);
+  EXPECT_EQ(c->gated_mlp.down_multiplier, 2.0f);
+  EXPECT_EQ(c->embedding_multiplier, 5.0f);
+  EXPECT_EQ(c->logits_multiplier, 0.03125f);
+}
+
+TEST(ModelConfigFamilyTest, FalconH1Refusals) {
+  Json j = FalconBase();
+  j["ssm_multipliers"] = {1.0, 2.0};
+  ExpectError(j, absl::StatusCode::kInvalidArgument, "ssm_multipliers must be a list of 5 numbers");
+  j = FalconBase();
+  j["mlp_multipliers"] = {0.0, 1.0};
+  ExpectError(j, absl::StatusCode::kInvalidArgument, "mlp_multipliers[0] (0)");
+  j = FalconBase();
+  j["projectors_bias"] = true;
+  ExpectError(j, absl::StatusCode::kUnimplemented, "projectors_bias");
+  j = FalconBase();
+  j["mamba_d_ssm"] = 48;
+  ExpectError(j, absl::StatusCode::kInvalidArgument, "mamba_d_head (16) must equal d_inner (48");
+  j = FalconBase();
+  j["attention_bias"] = true;
+  ExpectError(j, absl::StatusCode::kUnimplemented, "attention_bias");
+  Json bamba = BambaBase();
+  ModelConfig c = *Parse(bamba);
+  c.layers[0] = LayerKind::kParallel;
+  EXPECT_THAT(std::string(c.Validate().message()), HasSubstr("only a falcon_h1 model has parallel blocks"));
+}
+
 TEST(ModelConfigFamilyTest, FamiliesFingerprintTheirOwnFields) {
   const ModelConfig a = *Parse(GraniteBase());
   Json j = GraniteBase();
@@ -219,6 +298,22 @@ TEST(ModelConfigFamilyTest, FamiliesFingerprintTheirOwnFields) {
   const ModelConfig bamba = *Parse(j);
   j["rope_parameters"]["rope_theta"] = 20000.0;
   EXPECT_NE(bamba.CanonicalString(), Parse(j)->CanonicalString());
+  const ModelConfig falcon = *Parse(FalconBase());
+  for (const char* key : {"ssm_in_multiplier", "ssm_out_multiplier", "attention_in_multiplier", "key_multiplier",
+                          "attention_out_multiplier", "embedding_multiplier", "lm_head_multiplier"}) {
+    j = FalconBase();
+    j[key] = 3.0;
+    EXPECT_NE(falcon.CanonicalString(), Parse(j)->CanonicalString()) << key;
+  }
+  j = FalconBase();
+  j["ssm_multipliers"][4] = 3.0;
+  EXPECT_NE(falcon.CanonicalString(), Parse(j)->CanonicalString());
+  j = FalconBase();
+  j["mlp_multipliers"][1] = 3.0;
+  EXPECT_NE(falcon.CanonicalString(), Parse(j)->CanonicalString());
+  j = FalconBase();
+  j["mamba_rms_norm"] = true;
+  EXPECT_NE(falcon.CanonicalString(), Parse(j)->CanonicalString());
 }
 
 TEST(ModelConfigFamilyTest, UnsupportedFeaturesAreRefusedByName) {

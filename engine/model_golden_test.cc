@@ -48,8 +48,9 @@ using testing::MaxAbsDiff;
 constexpr float kLogitTolerance = 1e-4f;
 constexpr float kMeasuredBoundTiny = 1e-5f;
 constexpr float kMeasuredBoundDefault = 4e-5f;
-// Bamba and Granite tiny fixtures: measured up to 1.07e-5 (BambaTiny2 on the
-// emulated CUDA backend), 7.5e-6 on the CPU.
+// Bamba, Granite and Nemotron-H MoE tiny fixtures: measured up to 1.07e-5
+// (BambaTiny2 on the emulated CUDA backend), 7.5e-6 on the CPU; the Nemotron-H
+// MoE ones up to 4.6e-6 on the CPU and 3.4e-6 emulated.
 constexpr float kMeasuredBoundFamilies = 2e-5f;
 constexpr int kGreedyTokens = 12;
 
@@ -176,6 +177,29 @@ INSTANTIATE_TEST_SUITE_P(
                     kMeasuredBoundFamilies},
         GoldenParam{
             "GraniteDenseTiny", testing::kGraniteDenseTiny, kernels::MatmulMode::kFast, {}, kMeasuredBoundFamilies},
+        GoldenParam{
+            "FalconH1Tiny", testing::kFalconTiny, kernels::MatmulMode::kDeterministic, {}, kMeasuredBoundFamilies},
+        GoldenParam{"FalconH1Tiny", testing::kFalconTiny, kernels::MatmulMode::kFast, {}, kMeasuredBoundFamilies},
+        GoldenParam{
+            "FalconH1Tiny2", testing::kFalconTiny2, kernels::MatmulMode::kDeterministic, {}, kMeasuredBoundFamilies},
+        GoldenParam{"FalconH1Tiny2", testing::kFalconTiny2, kernels::MatmulMode::kFast, {}, kMeasuredBoundFamilies},
+        GoldenParam{
+            "FalconH1Tiny3", testing::kFalconTiny3, kernels::MatmulMode::kDeterministic, {}, kMeasuredBoundFamilies},
+        GoldenParam{"FalconH1Tiny3", testing::kFalconTiny3, kernels::MatmulMode::kFast, {}, kMeasuredBoundFamilies},
+        GoldenParam{"NemotronMoeTiny",
+                    testing::kNemotronMoeTiny,
+                    kernels::MatmulMode::kDeterministic,
+                    {},
+                    kMeasuredBoundFamilies},
+        GoldenParam{
+            "NemotronMoeTiny", testing::kNemotronMoeTiny, kernels::MatmulMode::kFast, {}, kMeasuredBoundFamilies},
+        GoldenParam{"NemotronMoeTiny2",
+                    testing::kNemotronMoeTiny2,
+                    kernels::MatmulMode::kDeterministic,
+                    {},
+                    kMeasuredBoundFamilies},
+        GoldenParam{
+            "NemotronMoeTiny2", testing::kNemotronMoeTiny2, kernels::MatmulMode::kFast, {}, kMeasuredBoundFamilies},
         // The CUDA backend, fp32 weights. Emulated: exact arithmetic in other
         // reduction orders, so the tiny models' measured bound holds. On a GPU
         // (FMA contraction, fast exp) only the contract's 1e-4 is claimed:
@@ -206,6 +230,18 @@ INSTANTIATE_TEST_SUITE_P(
                     testing::TestTarget::kCudaEmulated},
         GoldenParam{"GraniteDenseTiny",
                     testing::kGraniteDenseTiny,
+                    kernels::MatmulMode::kDeterministic,
+                    {},
+                    kMeasuredBoundFamilies,
+                    testing::TestTarget::kCudaEmulated},
+        GoldenParam{"FalconH1Tiny2",
+                    testing::kFalconTiny2,
+                    kernels::MatmulMode::kDeterministic,
+                    {},
+                    kMeasuredBoundFamilies,
+                    testing::TestTarget::kCudaEmulated},
+        GoldenParam{"NemotronMoeTiny",
+                    testing::kNemotronMoeTiny,
                     kernels::MatmulMode::kDeterministic,
                     {},
                     kMeasuredBoundFamilies,

@@ -324,6 +324,9 @@ INSTANTIATE_TEST_SUITE_P(
         ParityParam{testing::kGraniteMoeTiny, kernels::MatmulMode::kDeterministic, 1e-4f},
         ParityParam{testing::kGraniteMoeTiny, kernels::MatmulMode::kFast, 1e-4f},
         ParityParam{testing::kGraniteDenseTiny, kernels::MatmulMode::kDeterministic, 1e-4f},
+        ParityParam{testing::kFalconTiny, kernels::MatmulMode::kDeterministic, 1e-4f},
+        ParityParam{testing::kFalconTiny2, kernels::MatmulMode::kFast, 1e-4f},
+        ParityParam{testing::kFalconTiny3, kernels::MatmulMode::kDeterministic, 1e-4f},
         // The same contracts on the CUDA backend, bit for bit against itself.
         ParityParam{testing::kNemotronTiny, kernels::MatmulMode::kDeterministic, 2e-2f,
                     testing::TestTarget::kCudaEmulated},
@@ -332,6 +335,8 @@ INSTANTIATE_TEST_SUITE_P(
         ParityParam{testing::kGraniteMoeTiny, kernels::MatmulMode::kDeterministic, 1e-4f,
                     testing::TestTarget::kCudaEmulated},
         ParityParam{testing::kBambaTiny2, kernels::MatmulMode::kDeterministic, 1e-4f,
+                    testing::TestTarget::kCudaEmulated},
+        ParityParam{testing::kFalconTiny2, kernels::MatmulMode::kDeterministic, 1e-4f,
                     testing::TestTarget::kCudaEmulated},
         ParityParam{testing::kNemotronTiny, kernels::MatmulMode::kDeterministic, 2e-2f, testing::TestTarget::kCudaGpu},
         ParityParam{testing::kNemotronTiny, kernels::MatmulMode::kFast, 2e-2f, testing::TestTarget::kCudaGpu},

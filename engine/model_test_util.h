@@ -29,6 +29,16 @@ inline constexpr absl::string_view kBambaTiny2 = "tests/fixtures/golden/bamba_ti
 // GraniteMoeHybrid: MoE (8 experts, top 2, shared expert, no RoPE) and dense (RoPE, tied).
 inline constexpr absl::string_view kGraniteMoeTiny = "tests/fixtures/golden/granite_moe_tiny";
 inline constexpr absl::string_view kGraniteDenseTiny = "tests/fixtures/golden/granite_dense_tiny";
+// Falcon-H1 (parallel Mamba2 + attention, every multiplier distinct): no gated
+// norm; tiny2: gated norm before the gate, tied, explicit head_dim; tiny3: gated
+// norm after the gate, two norm groups.
+inline constexpr absl::string_view kFalconTiny = "tests/fixtures/golden/falcon_h1_tiny";
+inline constexpr absl::string_view kFalconTiny2 = "tests/fixtures/golden/falcon_h1_tiny2";
+inline constexpr absl::string_view kFalconTiny3 = "tests/fixtures/golden/falcon_h1_tiny3";
+// Nemotron-H with MoE ('E') blocks: "ME*E-M", 8 experts top-2 in 2 groups keeping 1,
+// norm_topk_prob, scaling 2.5; tiny2: "EM*EME", 16 experts top-4, one group, no norm.
+inline constexpr absl::string_view kNemotronMoeTiny = "tests/fixtures/golden/nemotron_h_moe_tiny";
+inline constexpr absl::string_view kNemotronMoeTiny2 = "tests/fixtures/golden/nemotron_h_moe_tiny2";
 inline constexpr absl::string_view kDefaultModel = "models/default";
 // Golden references of the default model (tools/make_golden.py --only default), without the model.
 inline constexpr absl::string_view kDefaultModelGolden = "tests/fixtures/golden/default";

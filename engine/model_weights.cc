@@ -71,6 +71,12 @@ class ModelWeights::Loader {
         case LayerKind::kMoe:
           RETURN_IF_ERROR(LoadMoe(mixer, layer.mixer.emplace<MoeLayerWeights>()));
           break;
+        case LayerKind::kParallel: {
+          ParallelLayerWeights& w = layer.mixer.emplace<ParallelLayerWeights>();
+          RETURN_IF_ERROR(LoadMamba2(mixer + "mamba.", w.mamba));
+          RETURN_IF_ERROR(LoadAttention(mixer + "self_attn.", w.attention));
+          break;
+        }
       }
     }
     RETURN_IF_ERROR(TakeBody(FinalNormName(), {hidden}, out_.norm_f_));
@@ -88,7 +94,8 @@ class ModelWeights::Loader {
   };
 
   bool decoder_layers() const {
-    return config_.family == ModelFamily::kBamba || config_.family == ModelFamily::kGraniteMoeHybrid;
+    return config_.family == ModelFamily::kBamba || config_.family == ModelFamily::kGraniteMoeHybrid ||
+           config_.family == ModelFamily::kFalconH1;
   }
 
   BlockNames NamesOf(size_t i) const {
@@ -97,17 +104,21 @@ class ModelWeights::Loader {
       return {base + "norm.weight", base + "mixer."};
     }
     const std::string base = absl::StrCat("layers.", i / 2, ".");
+    if (i % 2 == 0 && config_.layers[i] == LayerKind::kParallel) return {base + "input_layernorm.weight", base};
     if (i % 2 == 0) {
       return {base + "input_layernorm.weight",
               base + (config_.layers[i] == LayerKind::kAttention ? "self_attn." : "mamba.")};
     }
-    if (config_.family == ModelFamily::kBamba) return {base + "pre_ff_layernorm.weight", base + "feed_forward."};
+    if (config_.family != ModelFamily::kGraniteMoeHybrid) {
+      return {base + "pre_ff_layernorm.weight", base + "feed_forward."};
+    }
     return {base + "post_attention_layernorm.weight", base};
   }
 
   std::string FinalNormName() const {
     switch (config_.family) {
       case ModelFamily::kBamba:
+      case ModelFamily::kFalconH1:
         return "final_layernorm.weight";
       case ModelFamily::kGraniteMoeHybrid:
         return "norm.weight";
@@ -209,7 +220,7 @@ class ModelWeights::Loader {
     RETURN_IF_ERROR(TakeBody(p + "dt_bias", {m.num_heads}, w.dt_bias));
     RETURN_IF_ERROR(TakeBody(p + "A_log", {m.num_heads}, w.A_log));
     RETURN_IF_ERROR(TakeBody(p + "D", {m.num_heads}, w.D));
-    RETURN_IF_ERROR(TakeBody(p + "norm.weight", {m.d_inner()}, w.norm));
+    RETURN_IF_ERROR(TakeBodyIf(m.gated_norm, p + "norm.weight", {m.d_inner()}, w.norm));
     RETURN_IF_ERROR(TakeBody(p + "out_proj.weight", {hidden, m.d_inner()}, w.out_proj));
     RETURN_IF_ERROR(TakeBodyIf(m.use_bias, p + "out_proj.bias", {hidden}, w.out_proj_bias));
     return absl::OkStatus();

@@ -35,6 +35,9 @@
 // fused in-memory .experts.up_proj [experts, inter, hidden] / .experts.down_proj are
 // accepted too), .shared_experts.{up,down}_proj.weight.
 //   model.final_layernorm.weight (Bamba) | model.norm.weight (Granite)
+// Falcon-H1 (FalconH1ForCausalLM) as Bamba, except that block 2L holds both
+// model.layers.{L}.mamba.* (norm.weight only with mamba_rms_norm) and
+// model.layers.{L}.self_attn.*.
 //
 // The LM head is the weight transformers 5 computes the logits with:
 //   - lm_head.weight stored: that tensor, whatever tie_word_embeddings says.
@@ -90,7 +93,7 @@ struct Mamba2LayerWeights {
   std::vector<float> dt_bias;        // [num_heads]
   std::vector<float> A_log;          // [num_heads]; A = -exp(A_log)
   std::vector<float> D;              // [num_heads]; skip connection
-  std::vector<float> norm;           // [d_inner]; gated RMSNorm weight
+  std::vector<float> norm;           // [d_inner]; gated RMSNorm weight (empty without the norm)
   WeightMatrix out_proj;             // [hidden, d_inner]
   std::vector<float> out_proj_bias;  // [hidden] if use_bias, else empty
 };
@@ -128,10 +131,18 @@ struct MoeLayerWeights {
   WeightMatrix shared_down;        // [hidden, shared]
 };
 
+// Falcon-H1: both mixers of a decoder layer.
+struct ParallelLayerWeights {
+  Mamba2LayerWeights mamba;
+  AttentionLayerWeights attention;
+};
+
 struct LayerWeights {
   LayerKind kind = LayerKind::kMamba2;
   std::vector<float> norm;  // [hidden]; RMSNorm before the block
-  std::variant<Mamba2LayerWeights, AttentionLayerWeights, MlpLayerWeights, GatedMlpLayerWeights, MoeLayerWeights> mixer;
+  std::variant<Mamba2LayerWeights, AttentionLayerWeights, MlpLayerWeights, GatedMlpLayerWeights, MoeLayerWeights,
+               ParallelLayerWeights>
+      mixer;
 
   // Precondition: `kind` matches (checked by std::get).
   const Mamba2LayerWeights& mamba2() const { return std::get<Mamba2LayerWeights>(mixer); }
@@ -139,6 +150,7 @@ struct LayerWeights {
   const MlpLayerWeights& mlp() const { return std::get<MlpLayerWeights>(mixer); }
   const GatedMlpLayerWeights& gated_mlp() const { return std::get<GatedMlpLayerWeights>(mixer); }
   const MoeLayerWeights& moe() const { return std::get<MoeLayerWeights>(mixer); }
+  const ParallelLayerWeights& parallel() const { return std::get<ParallelLayerWeights>(mixer); }
 };
 
 // Immutable after loading; thread-safe for concurrent reads.

@@ -33,15 +33,15 @@ absl::Status CheckArrays(absl::string_view what, const std::vector<absl::Span<co
 
 StateLayout StateLayout::ForModel(const ModelConfig& config, int64_t page_size) {
   StateLayout l;
-  const bool mamba = config.CountLayers(LayerKind::kMamba2) > 0;
-  const bool attention = config.CountLayers(LayerKind::kAttention) > 0;
-  l.mamba_layers = static_cast<int32_t>(config.CountLayers(LayerKind::kMamba2));
+  const bool mamba = config.SsmLayers() > 0;
+  const bool attention = config.KvLayers() > 0;
+  l.mamba_layers = static_cast<int32_t>(config.SsmLayers());
   l.ssm_heads = mamba ? static_cast<int32_t>(config.mamba.num_heads) : 0;
   l.ssm_head_dim = mamba ? static_cast<int32_t>(config.mamba.head_dim) : 0;
   l.ssm_state = mamba ? static_cast<int32_t>(config.mamba.state_size) : 0;
   l.conv_dim = mamba ? static_cast<int32_t>(config.mamba.conv_dim()) : 0;
   l.conv_kernel = mamba ? static_cast<int32_t>(config.mamba.conv_kernel) : 0;
-  l.attention_layers = static_cast<int32_t>(config.CountLayers(LayerKind::kAttention));
+  l.attention_layers = static_cast<int32_t>(config.KvLayers());
   l.kv_heads = attention ? static_cast<int32_t>(config.attention.num_kv_heads) : 0;
   l.kv_head_dim = attention ? static_cast<int32_t>(config.attention.head_dim) : 0;
   l.page_size = static_cast<int32_t>(page_size);

@@ -96,18 +96,19 @@ def check_exact(fixtures, report):
             report.check(np.array_equal(golden.get(f"prompt_{i}"), p), f"{name}: prompt_{i} differs")
 
 
-# The end-to-end suite's models (tests/fixtures/models/<arch>_e2e), written by
-# `gen_model.py --arch <arch> --preset e2e --seed 23`: config.json and
+# The end-to-end suite's models (tests/fixtures/models/<name>), written by
+# `gen_model.py --arch <arch> --preset <preset> --seed 23`: config.json and
 # model.safetensors byte for byte.
-E2E_MODELS = {"nemotron_h_e2e": ("nemotron_h", 23), "mamba2_e2e": ("mamba2", 23), "bamba_e2e": ("bamba", 23),
-              "granite_e2e": ("granitemoehybrid", 23)}
+E2E_MODELS = {"nemotron_h_e2e": ("nemotron_h", "e2e", 23), "mamba2_e2e": ("mamba2", "e2e", 23),
+              "bamba_e2e": ("bamba", "e2e", 23), "granite_e2e": ("granitemoehybrid", "e2e", 23),
+              "falcon_h1_e2e": ("falcon_h1", "e2e", 23), "nemotron_h_moe_e2e": ("nemotron_h", "moe_e2e", 23)}
 
 
 def check_e2e_models(report):
-    for name, (arch, seed) in E2E_MODELS.items():
+    for name, (arch, preset, seed) in E2E_MODELS.items():
         committed = os.path.join(REPO_ROOT, "tests", "fixtures", "models", name)
         with tempfile.TemporaryDirectory() as tmp:
-            cfg, weights = gen_model.build(arch, "e2e", seed, "fp32")
+            cfg, weights = gen_model.build(arch, preset, seed, "fp32")
             gen_model.write_model(tmp, cfg, weights, "fp32")
             for f in ("config.json", "model.safetensors"):
                 with open(os.path.join(tmp, f), "rb") as a:
@@ -117,7 +118,8 @@ def check_e2e_models(report):
                         same = b.read() == fresh
                 except OSError:
                     same = False
-                report.check(same, f"{name}/{f} differs from gen_model.py --arch {arch} --preset e2e --seed {seed}")
+                report.check(same,
+                             f"{name}/{f} differs from gen_model.py --arch {arch} --preset {preset} --seed {seed}")
 
 
 def check_references(fixtures, report):

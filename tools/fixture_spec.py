@@ -15,6 +15,11 @@ MODELS = {
     "bamba_tiny2": ("bamba", "tiny2", 2468, {}),
     "granite_moe_tiny": ("granitemoehybrid", "tiny", 3579, {}),
     "granite_dense_tiny": ("granitemoehybrid", "tiny2", 4680, {}),
+    "falcon_h1_tiny": ("falcon_h1", "tiny", 5792, {}),
+    "falcon_h1_tiny2": ("falcon_h1", "tiny2", 6802, {}),
+    "falcon_h1_tiny3": ("falcon_h1", "tiny3", 7915, {}),
+    "nemotron_h_moe_tiny": ("nemotron_h", "moe_tiny", 5793, {}),
+    "nemotron_h_moe_tiny2": ("nemotron_h", "moe_tiny2", 6802, {}),
 }
 # Prompt lengths for chunk_size 16: shorter than a chunk (1, 5, 13), exactly one and two
 # chunks (16, 32), off-grid (29, 50) and longer than three chunks (50, 77).

@@ -1,16 +1,18 @@
 #!/usr/bin/env python3
 """Deterministic generator of random Mamba2-family models in Hugging Face format.
 
-Archs: Nemotron-H, Mamba2, Bamba, GraniteMoeHybrid (Granite 4.0-H, MoE or dense).
+Archs: Nemotron-H, Mamba2, Bamba, GraniteMoeHybrid (Granite 4.0-H, MoE or dense), Falcon-H1.
 
 Usage:
-    python3 tools/gen_model.py --preset {tiny,tiny2,default,e2e,bench,1b} --seed N --out DIR
-                               [--arch {nemotron_h,mamba2,bamba,granitemoehybrid}]
+    python3 tools/gen_model.py --preset {tiny,tiny2,tiny3,default,e2e,bench,1b,moe_tiny,moe_tiny2,moe_e2e,
+                                        moe_bench} --seed N --out DIR
+                               [--arch {nemotron_h,mamba2,bamba,granitemoehybrid,falcon_h1}]
                                [--dtype {fp32,bf16,fp16}]
 
 Writes DIR/config.json and DIR/model.safetensors, loadable as is by transformers'
 `NemotronHForCausalLM` / `Mamba2ForCausalLM` / `BambaForCausalLM` /
-`GraniteMoeHybridForCausalLM` (`from_pretrained`) with no missing and no unexpected keys
+`GraniteMoeHybridForCausalLM` / `FalconH1ForCausalLM` (`from_pretrained`) with no missing and
+no unexpected keys
 (tools/make_golden.py asserts this). Not every arch has every preset (PRESETS).
 
 Contract
@@ -33,15 +35,25 @@ Contract
   output_linear.weight, router.layer.weight} are experts.gate_up_proj, experts.down_proj
   and router.weight in memory. A tied GraniteMoeHybrid has no lm_head.weight in the file.
 * config.json for nemotron_h states the layer pattern twice, consistently:
-  `hybrid_override_pattern` (M = Mamba2 mixer, * = attention, - = MLP) and
-  `layers_block_type` (linear_attention / full_attention / mlp), plus the legacy
-  `num_hidden_layers`. Infinity is written as transformers 5 writes it:
-  {"__float__": "Infinity"}.
+  `hybrid_override_pattern` (M = Mamba2 mixer, * = attention, - = MLP, E = MoE) and
+  `layers_block_type` (linear_attention / full_attention / mlp / moe), plus the legacy
+  `num_hidden_layers`. With E blocks it adds the MoE fields save_pretrained writes
+  (n_routed_experts, moe_intermediate_size, moe_shared_expert_intermediate_size,
+  num_experts_per_tok, n_group, topk_group, norm_topk_prob, routed_scaling_factor,
+  moe_latent_size null, num_nextn_predict_layers 0, ...). An E block's file tensors are
+  mixer.gate.weight, mixer.gate.e_score_correction_bias, mixer.experts.E.{up,down}_proj.weight
+  (one 3-D tensor per projection in memory) and mixer.shared_experts.{up,down}_proj.weight.
+  Infinity is written as transformers 5 writes it: {"__float__": "Infinity"}.
 * bamba and granitemoehybrid presets state their pattern as a string of M (Mamba2 mixer)
   and * (attention); config.json has the fields save_pretrained writes (transformers 5.23):
   bamba `attn_layer_indices`, granitemoehybrid `layer_types` as "linear_attention" /
   "full_attention" (transformers reads the Hub's legacy "mamba" / "attention" too and
   writes these back).
+* falcon_h1 has no pattern: every decoder layer holds both a Mamba2 mixer (model.layers.L.mamba.*)
+  and attention (self_attn.*) on the same normed input, then a SwiGLU feed_forward. A tied
+  Falcon-H1 has no lm_head.weight (FalconH1ForCausalLM ties it to model.embed_tokens.weight);
+  mamba.norm.weight exists only with mamba_rms_norm. head_dim is written only when the preset
+  sets one (transformers falls back to hidden_size / num_attention_heads).
 
 Initialisation (mimics transformers' init, scaled by fan-in so that tiny models have O(1)
 activations through every layer instead of vanishing ones):
@@ -55,7 +67,10 @@ The last line departs from the real init (ones) on purpose: a kernel that ignore
 norm weight is then caught by the golden tests. Bamba: gate_proj as up_proj, MLP biases
 (mlp_bias) ~ N(0, 0.1^2). GraniteMoeHybrid: input_linear as up_proj, output_linear as
 down_proj, routers ~ N(0, ROUTER_GAIN^2 / hidden), and its multipliers folded into the init
-(granitemoehybrid_weights says how).
+(granitemoehybrid_weights says how). Falcon-H1: its multipliers folded into the init likewise
+(falcon_h1_weights says how). Nemotron-H E blocks: routers ~ N(0, ROUTER_GAIN^2 / hidden),
+e_score_correction_bias ~ N(0, NEMOTRON_BIAS_STD^2) (non-zero, so that it changes choices),
+experts and shared expert as MLPs, the experts' down_proj over the routed weights' typical sum.
 
 Presets
 -------
@@ -66,9 +81,15 @@ tiny     Unit-test model, well under 1 MB. nemotron_h: vocab 96, hidden 32, patt
          granitemoehybrid: "M*MM", the same mixer and attention, 8 experts top-2 (inter 16),
          shared MLP 24, no positions, multipliers 12 / 0.22 / 1/128 / 6 (embedding, residual,
          attention, logits_scaling), untied.
-tiny2    The second unit-test shape (bamba, granitemoehybrid). bamba: "*MM*M", Mamba2 8 heads
+         falcon_h1: 3 layers, Mamba2 4 heads x 16 (d_ssm 64), n_groups 2, no mixer norm, attention
+         4 / 2 KV heads (head_dim 8 from hidden/heads), RoPE theta 1e11, SwiGLU 64 with biases, untied.
+tiny2    The second unit-test shape (bamba, granitemoehybrid, falcon_h1). bamba: "*MM*M", Mamba2 8 heads
          x 8, n_groups 1, 1 KV head, SwiGLU 48 with biases. granitemoehybrid: dense (no experts)
-         "*MM*", shared MLP 48, RoPE, tied head, multipliers 8 / 0.5 / 0.125 / 2.
+         "*MM*", shared MLP 48, RoPE, tied head, multipliers 8 / 0.5 / 0.125 / 2. falcon_h1: tied
+         head, attention 2 / 1 KV heads with head_dim 12 (not hidden/heads), RoPE theta 1e4, Mamba2
+         6 heads x 8 (d_ssm 48 != mamba_expand * hidden), n_groups 1, gated RMSNorm before the gate.
+tiny3    falcon_h1 only: 2 layers, Mamba2 8 x 8, n_groups 2, gated RMSNorm after the gate
+         (mamba_norm_before_gate false), attention 4 / 4, RoPE theta 1e6, untied.
 default  Byte-level model of a few MB, chunk 64: the architecture and the initial weights of the
          embedded default model, which tools/train_default_model.py trains on English text into
          models/default (the random weights of this preset are not what is embedded). Vocabulary
@@ -84,11 +105,22 @@ e2e      Byte-level models (vocabulary as `default`) of the shapes the end-to-en
          under tests/fixtures/models/{nemotron_h_e2e,mamba2_e2e} (seed 23). bamba "M*MM",
          hidden 64, Mamba2 4 heads x 16, SwiGLU 96, chunk 32; granitemoehybrid (MoE) "MM*M",
          hidden 64, Mamba2 4 x 16, n_groups 1, 8 experts top-2 (inter 8), shared 32, chunk 16.
-         Committed as tests/fixtures/models/{bamba_e2e,granite_e2e} (seed 23).
+         Committed as tests/fixtures/models/{bamba_e2e,granite_e2e} (seed 23). falcon_h1: 4 layers,
+         hidden 64, Mamba2 4 x 16, n_groups 2, gated RMSNorm, attention 4 / 2, SwiGLU 64, chunk 32,
+         untied; committed as tests/fixtures/models/falcon_h1_e2e (seed 23).
 bench    ~127M parameters (nemotron_h) / ~135M (mamba2) / ~125M (bamba, "MM*MM*M"), hidden
          1024, vocab 16384, chunk 128 (nemotron_h, bamba) / 256 (mamba2). granitemoehybrid: MoE
          "MM*MM*", 32 experts top-4 (inter 512), shared 1024, chunk 128: 394M parameters, 129M
-         active per token (like nemotron_h's 127M). Generated on demand, never committed.
+         active per token (like nemotron_h's 127M). falcon_h1: Falcon-H1-0.5B's layer shapes in 8
+         layers (134.5M). Generated on demand, never committed.
+moe_*    Nemotron-H with MoE ('E') blocks. moe_tiny: tiny's shapes, pattern "ME*E-M", 8 experts top-2
+         in 2 groups of which 1 is kept, norm_topk_prob, routed_scaling_factor 2.5, inter 16, shared
+         24. moe_tiny2: "EM*EME", Mamba2 8 heads x 8, n_groups 1, 1 KV head, 16 experts top-4, one
+         group, no norm_topk_prob, scaling 1.0, inter 12, shared 32. moe_e2e: byte vocabulary,
+         hidden 64, "MEM*E-", chunk 32, 8 experts top-2 in 4 groups of which 2 are kept, inter 16,
+         shared 32; committed as tests/fixtures/models/nemotron_h_moe_e2e (seed 23). moe_bench:
+         bench's shape with E for every '-' ("MEMEM*EMEMEM*EME"), 32 experts top-4 (inter 512),
+         shared 1024, one group, norm_topk_prob, scaling 2.5; never committed.
 """
 
 import argparse
@@ -142,6 +174,41 @@ PRESETS = {
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128,
         pad_token_id=BYTE_VOCAB["pad"], bos_token_id=BYTE_VOCAB["bos"], eos_token_id=BYTE_VOCAB["eos"],
         max_position_embeddings=8192),
+    # Nemotron-H with MoE blocks ('E' in the pattern, "moe" in layers_block_type; transformers 5.23
+    # NemotronHMoE): relu2 experts and a relu2 shared expert, sigmoid scores plus a correction bias
+    # choose the experts within the topk_group best of n_group groups; the weights are the chosen
+    # sigmoid scores (over their sum when norm_topk_prob) times routed_scaling_factor.
+    ("nemotron_h", "moe_tiny"): dict(
+        vocab_size=96, hidden_size=32, pattern="ME*E-M",
+        mamba_num_heads=4, mamba_head_dim=16, n_groups=2, ssm_state_size=16, conv_kernel=4, chunk_size=16,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, intermediate_size=64,
+        n_routed_experts=8, num_experts_per_tok=2, n_group=2, topk_group=1, norm_topk_prob=True,
+        routed_scaling_factor=2.5, moe_intermediate_size=16, moe_shared_expert_intermediate_size=24,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, max_position_embeddings=4096),
+    ("nemotron_h", "moe_tiny2"): dict(
+        vocab_size=96, hidden_size=32, pattern="EM*EME",
+        mamba_num_heads=8, mamba_head_dim=8, n_groups=1, ssm_state_size=16, conv_kernel=4, chunk_size=16,
+        num_attention_heads=4, num_key_value_heads=1, head_dim=8, intermediate_size=64,
+        n_routed_experts=16, num_experts_per_tok=4, n_group=1, topk_group=1, norm_topk_prob=False,
+        routed_scaling_factor=1.0, moe_intermediate_size=12, moe_shared_expert_intermediate_size=32,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, max_position_embeddings=4096),
+    ("nemotron_h", "moe_e2e"): dict(
+        vocab_size=BYTE_VOCAB_SIZE, hidden_size=64, pattern="MEM*E-",
+        mamba_num_heads=4, mamba_head_dim=16, n_groups=2, ssm_state_size=16, conv_kernel=4, chunk_size=32,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128,
+        n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2, norm_topk_prob=True,
+        routed_scaling_factor=2.5, moe_intermediate_size=16, moe_shared_expert_intermediate_size=32,
+        pad_token_id=BYTE_VOCAB["pad"], bos_token_id=BYTE_VOCAB["bos"], eos_token_id=BYTE_VOCAB["eos"],
+        max_position_embeddings=8192),
+    # The bench preset's shape with an MoE block in place of every MLP (Nemotron 3 Nano's routing:
+    # one group, norm_topk_prob, routed_scaling_factor 2.5).
+    ("nemotron_h", "moe_bench"): dict(
+        vocab_size=16384, hidden_size=1024, pattern="MEMEM*EMEMEM*EME",
+        mamba_num_heads=32, mamba_head_dim=64, n_groups=8, ssm_state_size=128, conv_kernel=4, chunk_size=128,
+        num_attention_heads=8, num_key_value_heads=2, head_dim=128, intermediate_size=2048,
+        n_routed_experts=32, num_experts_per_tok=4, n_group=1, topk_group=1, norm_topk_prob=True,
+        routed_scaling_factor=2.5, moe_intermediate_size=512, moe_shared_expert_intermediate_size=1024,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, max_position_embeddings=32768),
     ("mamba2", "tiny"): dict(
         vocab_size=96, hidden_size=32, num_hidden_layers=4,
         num_heads=4, head_dim=16, n_groups=2, state_size=16, conv_kernel=4, chunk_size=16,
@@ -219,9 +286,72 @@ PRESETS = {
         position_embedding_type=None, embedding_multiplier=12.0, residual_multiplier=0.22,
         attention_multiplier=0.0078125, logits_scaling=6.0, tie_word_embeddings=False,
         pad_token_id=0, bos_token_id=1, eos_token_id=2, max_position_embeddings=32768),
+    # Falcon-H1 (FalconH1ForCausalLM): every decoder layer runs a Mamba2 mixer and attention side by
+    # side on the same normed input, then a SwiGLU MLP. Every multiplier differs from 1 and from the
+    # others, so an engine that drops or swaps one is caught; falcon_h1_weights folds them into the
+    # init. head_dim=None leaves the field out of config.json (transformers then uses
+    # hidden_size / num_attention_heads). mamba_d_ssm (= mamba_n_heads * mamba_d_head) is the
+    # mixer's inner width, whatever mamba_expand says.
+    ("falcon_h1", "tiny"): dict(
+        vocab_size=96, hidden_size=32, num_hidden_layers=3,
+        mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=4,
+        mamba_expand=2, mamba_chunk_size=16, mamba_rms_norm=False, mamba_norm_before_gate=True,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=None, rope_theta=1e11,
+        intermediate_size=64, mlp_bias=True, tie_word_embeddings=False,
+        embedding_multiplier=5.5, lm_head_multiplier=0.0390625, key_multiplier=0.390625,
+        attention_in_multiplier=1.25, attention_out_multiplier=0.9375, ssm_in_multiplier=1.5,
+        ssm_out_multiplier=0.2357, ssm_multipliers=[0.3535, 0.25, 0.707, 0.5, 1.75], mlp_multipliers=[0.8839, 0.5859],
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, max_position_embeddings=4096),
+    # Tied head, head_dim 12 != hidden/heads 16, mamba_d_ssm 48 != mamba_expand * hidden 64, the gated
+    # RMSNorm in the mixer (normed before the gate, Falcon's default), RoPE theta 1e4 (every pair turns).
+    ("falcon_h1", "tiny2"): dict(
+        vocab_size=96, hidden_size=32, num_hidden_layers=3,
+        mamba_d_ssm=48, mamba_n_heads=6, mamba_d_head=8, mamba_n_groups=1, mamba_d_state=16, mamba_d_conv=4,
+        mamba_expand=2, mamba_chunk_size=16, mamba_rms_norm=True, mamba_norm_before_gate=True,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=12, rope_theta=10000.0,
+        intermediate_size=48, mlp_bias=False, tie_word_embeddings=True,
+        embedding_multiplier=3.0, lm_head_multiplier=0.125, key_multiplier=0.6,
+        attention_in_multiplier=0.8, attention_out_multiplier=1.6, ssm_in_multiplier=0.7,
+        ssm_out_multiplier=0.45, ssm_multipliers=[1.3, 0.55, 0.85, 1.15, 0.65], mlp_multipliers=[1.4, 0.35],
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, max_position_embeddings=4096),
+    # The gated RMSNorm over 2 groups, applied after the gate (mamba_norm_before_gate false); MHA
+    # (8 KV heads), head_dim given and equal to hidden/heads, RoPE theta 1e6, untied.
+    ("falcon_h1", "tiny3"): dict(
+        vocab_size=96, hidden_size=32, num_hidden_layers=2,
+        mamba_d_ssm=64, mamba_n_heads=8, mamba_d_head=8, mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=4,
+        mamba_expand=2, mamba_chunk_size=16, mamba_rms_norm=True, mamba_norm_before_gate=False,
+        num_attention_heads=4, num_key_value_heads=4, head_dim=8, rope_theta=1e6,
+        intermediate_size=48, mlp_bias=False, tie_word_embeddings=False,
+        embedding_multiplier=2.5, lm_head_multiplier=0.0625, key_multiplier=1.3,
+        attention_in_multiplier=0.75, attention_out_multiplier=1.15, ssm_in_multiplier=0.55,
+        ssm_out_multiplier=0.8, ssm_multipliers=[0.9, 1.2, 0.4, 1.6, 0.3], mlp_multipliers=[0.65, 1.45],
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, max_position_embeddings=4096),
+    ("falcon_h1", "e2e"): dict(
+        vocab_size=BYTE_VOCAB_SIZE, hidden_size=64, num_hidden_layers=4,
+        mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=4,
+        mamba_expand=2, mamba_chunk_size=32, mamba_rms_norm=True, mamba_norm_before_gate=True,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=None, rope_theta=1e11,
+        intermediate_size=64, mlp_bias=False, tie_word_embeddings=False,
+        embedding_multiplier=5.5, lm_head_multiplier=0.0390625, key_multiplier=0.390625,
+        attention_in_multiplier=1.25, attention_out_multiplier=0.9375, ssm_in_multiplier=1.5,
+        ssm_out_multiplier=0.2357, ssm_multipliers=[0.3535, 0.25, 0.707, 0.5, 1.75], mlp_multipliers=[0.8839, 0.5859],
+        pad_token_id=BYTE_VOCAB["pad"], bos_token_id=BYTE_VOCAB["bos"], eos_token_id=BYTE_VOCAB["eos"],
+        max_position_embeddings=8192),
+    # Falcon-H1-0.5B's layer shapes (hidden 1024, GQA 8/2 x 64, Mamba2 24 x 64 = d_ssm 1536, n_groups 1,
+    # d_state 128, SwiGLU 2048) in 8 layers with a 16K vocabulary.
+    ("falcon_h1", "bench"): dict(
+        vocab_size=16384, hidden_size=1024, num_hidden_layers=8,
+        mamba_d_ssm=1536, mamba_n_heads=24, mamba_d_head=64, mamba_n_groups=1, mamba_d_state=128, mamba_d_conv=4,
+        mamba_expand=2, mamba_chunk_size=128, mamba_rms_norm=False, mamba_norm_before_gate=True,
+        num_attention_heads=8, num_key_value_heads=2, head_dim=64, rope_theta=1e11,
+        intermediate_size=2048, mlp_bias=False, tie_word_embeddings=False,
+        embedding_multiplier=5.5, lm_head_multiplier=0.0390625, key_multiplier=0.390625,
+        attention_in_multiplier=1.25, attention_out_multiplier=0.9375, ssm_in_multiplier=1.5,
+        ssm_out_multiplier=0.2357, ssm_multipliers=[0.3535, 0.25, 0.707, 0.5, 1.75], mlp_multipliers=[0.8839, 0.5859],
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, max_position_embeddings=32768),
 }
 
-PATTERN_TO_BLOCK = {"M": "linear_attention", "*": "full_attention", "-": "mlp"}
+PATTERN_TO_BLOCK = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
 
 TIME_STEP_MIN, TIME_STEP_MAX, TIME_STEP_FLOOR = 0.001, 0.1, 1e-4
 LAYER_NORM_EPS = 1e-5
@@ -233,7 +363,7 @@ def nemotron_h_config(p, dtype_name):
     """config.json dict for a Nemotron-H preset `p` (field names of NemotronHConfig)."""
     pattern = p["pattern"]
     if set(pattern) - set(PATTERN_TO_BLOCK):
-        raise ValueError(f"pattern {pattern!r}: only M, * and - are supported")
+        raise ValueError(f"pattern {pattern!r}: only M, *, - and E are supported")
     intermediate = p["mamba_num_heads"] * p["mamba_head_dim"]
     if intermediate % p["hidden_size"] or intermediate % p["n_groups"] or p["mamba_num_heads"] % p["n_groups"]:
         raise ValueError("mamba heads*head_dim must be a multiple of hidden_size and of n_groups; "
@@ -291,7 +421,37 @@ def nemotron_h_config(p, dtype_name):
         "num_logits_to_keep": 1,
         "use_cache": True,
     }
+    if "E" in pattern:
+        cfg.update(_nemotron_moe_fields(p))
     return cfg
+
+
+def _nemotron_moe_fields(p):
+    """The MoE ('E') fields of NemotronHConfig, as save_pretrained writes them (transformers 5.23),
+    with the multi-token-prediction fields it writes beside them (no MTP layers)."""
+    experts, top_k, n_group, topk_group = (p["n_routed_experts"], p["num_experts_per_tok"], p["n_group"],
+                                           p["topk_group"])
+    if experts % n_group or (n_group > 1 and experts // n_group < 2) or not 1 <= topk_group <= n_group:
+        raise ValueError("n_group must divide n_routed_experts into groups of two or more experts; "
+                         "topk_group must be in [1, n_group]")
+    if not 1 <= top_k <= topk_group * (experts // n_group):
+        raise ValueError("num_experts_per_tok must be in [1, experts of topk_group groups]")
+    return {
+        "n_routed_experts": experts,
+        "num_experts_per_tok": top_k,
+        "moe_intermediate_size": p["moe_intermediate_size"],
+        "n_shared_experts": 1,
+        "moe_shared_expert_intermediate_size": p["moe_shared_expert_intermediate_size"],
+        "moe_shared_expert_overlap": True,
+        "moe_latent_size": None,
+        "n_group": n_group,
+        "topk_group": topk_group,
+        "norm_topk_prob": p["norm_topk_prob"],
+        "routed_scaling_factor": p["routed_scaling_factor"],
+        "output_router_logits": False,
+        "num_nextn_predict_layers": 0,
+        "mtp_layers_block_type": ["full_attention", "moe"],
+    }
 
 
 def mamba2_config(p, dtype_name):
@@ -457,6 +617,72 @@ def granitemoehybrid_config(p, dtype_name):
     return cfg
 
 
+# The multipliers of a Falcon-H1 preset, copied into config.json as they are.
+FALCON_H1_MULTIPLIERS = ("embedding_multiplier", "lm_head_multiplier", "key_multiplier", "attention_in_multiplier",
+                         "attention_out_multiplier", "ssm_in_multiplier", "ssm_out_multiplier", "ssm_multipliers",
+                         "mlp_multipliers")
+
+
+def falcon_h1_config(p, dtype_name):
+    """config.json dict for a Falcon-H1 preset `p`: the fields FalconH1Config.save_pretrained writes
+    (transformers 5.23), without transformers_version; head_dim only when the preset gives one."""
+    if p["mamba_n_heads"] * p["mamba_d_head"] != p["mamba_d_ssm"] or p["mamba_n_heads"] % p["mamba_n_groups"]:
+        raise ValueError("mamba_n_heads * mamba_d_head must be mamba_d_ssm; mamba_n_heads a multiple of mamba_n_groups")
+    if p["mamba_d_ssm"] % p["mamba_n_groups"]:
+        raise ValueError("mamba_d_ssm must be a multiple of mamba_n_groups (the gated RMSNorm's groups)")
+    if p["num_attention_heads"] % p["num_key_value_heads"]:
+        raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+    if p["head_dim"] is None and p["hidden_size"] % p["num_attention_heads"]:
+        raise ValueError("without head_dim, hidden_size must be a multiple of num_attention_heads")
+    if len(p["ssm_multipliers"]) != 5 or len(p["mlp_multipliers"]) != 2:
+        raise ValueError("ssm_multipliers has 5 values (z, x, B, C, dt), mlp_multipliers 2 (gate, down)")
+    cfg = {
+        "architectures": ["FalconH1ForCausalLM"],
+        "model_type": "falcon_h1",
+        "dtype": dtype_name,
+        "vocab_size": p["vocab_size"],
+        "hidden_size": p["hidden_size"],
+        "num_hidden_layers": p["num_hidden_layers"],
+        "tie_word_embeddings": p["tie_word_embeddings"],
+        "pad_token_id": p["pad_token_id"],
+        "bos_token_id": p["bos_token_id"],
+        "eos_token_id": p["eos_token_id"],
+        **{k: (list(p[k]) if isinstance(p[k], list) else p[k]) for k in FALCON_H1_MULTIPLIERS},
+        # attention, beside the mixer in every layer: RoPE on the full head_dim
+        "num_attention_heads": p["num_attention_heads"],
+        "num_key_value_heads": p["num_key_value_heads"],
+        **({"head_dim": p["head_dim"]} if p["head_dim"] is not None else {}),
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "max_position_embeddings": p["max_position_embeddings"],
+        "rope_parameters": {"rope_type": "default", "rope_theta": p["rope_theta"]},
+        # SwiGLU MLP of every layer
+        "intermediate_size": p["intermediate_size"],
+        "hidden_act": "silu",
+        "mlp_bias": p["mlp_bias"],
+        "projectors_bias": False,
+        # Mamba2 mixer of every layer
+        "mamba_d_ssm": p["mamba_d_ssm"],
+        "mamba_n_heads": p["mamba_n_heads"],
+        "mamba_d_head": p["mamba_d_head"],
+        "mamba_n_groups": p["mamba_n_groups"],
+        "mamba_d_state": p["mamba_d_state"],
+        "mamba_d_conv": p["mamba_d_conv"],
+        "mamba_expand": p["mamba_expand"],
+        "mamba_chunk_size": p["mamba_chunk_size"],
+        "mamba_conv_bias": True,
+        "mamba_proj_bias": False,
+        "mamba_rms_norm": p["mamba_rms_norm"],
+        "mamba_norm_before_gate": p["mamba_norm_before_gate"],
+        "time_step_limit": [0.0, _INF],
+        "rms_norm_eps": 1e-5,
+        "initializer_range": 0.02,
+        "num_logits_to_keep": 1,
+        "use_cache": True,
+    }
+    return cfg
+
+
 # ----------------------------------------------------------------------------- random
 
 class _Stream:
@@ -547,13 +773,51 @@ def nemotron_h_weights(cfg, seed):
         elif kind == "*":
             _attention(t, rng, mix, h, cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"],
                        n_layers)
-        else:  # '-'
+        elif kind == "-":
             f = cfg["intermediate_size"]
             t[mix + "up_proj.weight"] = rng(mix + "up_proj.weight").normal((f, h), h ** -0.5)
             t[mix + "down_proj.weight"] = rng(mix + "down_proj.weight").normal((h, f), (f * n_layers) ** -0.5)
+        else:  # 'E'
+            _nemotron_moe(t, rng, mix, cfg, n_layers)
     t["backbone.norm_f.weight"] = 1.0 + rng("backbone.norm_f.weight").normal((h,), 0.1)
     t["lm_head.weight"] = rng("lm_head.weight").normal((v, h), h ** -0.5)
     return t
+
+
+# Router weights ~ N(0, (ROUTER_GAIN^2) / hidden): router logits of a normalised hidden state
+# have standard deviation ~ROUTER_GAIN, so the top-k choice varies from token to token and its
+# margins stay well above rounding (make_golden.py records both).
+ROUTER_GAIN = 2.0
+
+
+# Nemotron-H's router correction bias (e_score_correction_bias) ~ N(0, NEMOTRON_BIAS_STD^2): the
+# sigmoid scores of router logits of std ~ROUTER_GAIN spread over (0, 1) with neighbours ~0.1 apart
+# in the top-k, so a bias of this size changes a fair share of the choices (make_golden.py records
+# how many) without deciding them all.
+NEMOTRON_BIAS_STD = 0.1
+
+
+def _nemotron_moe(t, rng, mix, cfg, n_layers):
+    """An 'E' block's tensors under `mix` (backbone.layers.L.mixer.): the router (gate.weight,
+    gate.e_score_correction_bias), per-expert experts.E.{up,down}_proj.weight and
+    shared_experts.{up,down}_proj.weight, as save_pretrained writes them. Routers
+    ~ N(0, ROUTER_GAIN^2 / hidden); expert down projections over the routed weights' typical sum
+    (routed_scaling_factor, or top_k * 0.5 * routed_scaling_factor without norm_topk_prob), so the
+    routed and shared halves of the block have the scale of an MLP."""
+    h, e, f, s = (cfg["hidden_size"], cfg["n_routed_experts"], cfg["moe_intermediate_size"],
+                  cfg["moe_shared_expert_intermediate_size"])
+    routed_sum = cfg["routed_scaling_factor"] * (1.0 if cfg["norm_topk_prob"] else 0.5 * cfg["num_experts_per_tok"])
+    t[mix + "gate.weight"] = rng(mix + "gate.weight").normal((e, h), ROUTER_GAIN * h ** -0.5)
+    t[mix + "gate.e_score_correction_bias"] = rng(mix + "gate.e_score_correction_bias").normal(
+        (e,), NEMOTRON_BIAS_STD)
+    for j in range(e):
+        ex = f"{mix}experts.{j}."
+        t[ex + "up_proj.weight"] = rng(ex + "up_proj.weight").normal((f, h), h ** -0.5)
+        t[ex + "down_proj.weight"] = rng(ex + "down_proj.weight").normal(
+            (h, f), (f * n_layers) ** -0.5 / routed_sum)
+    sh = mix + "shared_experts."
+    t[sh + "up_proj.weight"] = rng(sh + "up_proj.weight").normal((s, h), h ** -0.5)
+    t[sh + "down_proj.weight"] = rng(sh + "down_proj.weight").normal((h, s), (s * n_layers) ** -0.5)
 
 
 def mamba2_weights(cfg, seed):
@@ -616,12 +880,6 @@ def bamba_weights(cfg, seed):
     return t
 
 
-# Router weights ~ N(0, (ROUTER_GAIN^2) / hidden): router logits of a normalised hidden state
-# have standard deviation ~ROUTER_GAIN, so the top-k choice varies from token to token and its
-# margins stay well above rounding (make_golden.py records both).
-ROUTER_GAIN = 2.0
-
-
 def granitemoehybrid_weights(cfg, seed):
     """name -> float32 array for GraniteMoeHybridForCausalLM (save_pretrained names; no
     lm_head.weight when tie_word_embeddings).
@@ -668,6 +926,70 @@ def granitemoehybrid_weights(cfg, seed):
     t["model.norm.weight"] = 1.0 + rng("model.norm.weight").normal((h,), 0.1)
     if not tied:
         t["lm_head.weight"] = rng("lm_head.weight").normal((v, h), h ** -0.5 * cfg["logits_scaling"])
+    return t
+
+
+def falcon_h1_weights(cfg, seed):
+    """name -> float32 array for FalconH1ForCausalLM (save_pretrained names: model.*, and
+    lm_head.weight unless tie_word_embeddings; mamba.norm.weight only when mamba_rms_norm).
+
+    Every multiplier is folded into the init, so that the model as transformers runs it has the
+    other archs' balance (unit-scale projections, logits O(1)) and an engine that drops a
+    multiplier is off by that factor: a matrix whose input or output a multiplier scales has its
+    std divided by it (in_proj's z, x, B, C and dt rows by ssm_in_multiplier times their
+    ssm_multipliers entry; q_proj and v_proj by attention_in_multiplier, k_proj by that times
+    key_multiplier; gate_proj by mlp_multipliers[0]; out_proj, o_proj, down_proj by ssm_out,
+    attention_out and mlp_multipliers[1]; lm_head by lm_head_multiplier; an untied embedding by
+    embedding_multiplier). A tied embedding is the head: std 1/(sqrt(hidden) lm_head_multiplier),
+    so the embedded input is embedding_multiplier / lm_head_multiplier times the untied one's, and
+    the residual branches' output projections are scaled up by that gain to match (as Granite's).
+    MLP biases (mlp_bias) ~ N(0, 0.1^2) after their multipliers.
+    """
+    rng = lambda name: _Stream(seed, name)  # noqa: E731
+    h, v, f, n_layers = cfg["hidden_size"], cfg["vocab_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
+    tied = cfg["tie_word_embeddings"]
+    gain = cfg["embedding_multiplier"] / cfg["lm_head_multiplier"] if tied else 1.0
+    d_ssm, n_heads, groups = cfg["mamba_d_ssm"], cfg["mamba_n_heads"], cfg["mamba_n_groups"]
+    gs = groups * cfg["mamba_d_state"]
+    nq, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd = cfg.get("head_dim") or h // nq
+    a_in, s_in = cfg["attention_in_multiplier"], cfg["ssm_in_multiplier"]
+    gate_m, down_m = cfg["mlp_multipliers"]
+    t = {}
+    emb_std = h ** -0.5 / (cfg["lm_head_multiplier"] if tied else cfg["embedding_multiplier"])
+    t["model.embed_tokens.weight"] = rng("model.embed_tokens.weight").normal((v, h), emb_std)
+    # in_proj rows [z | x | B | C | dt] and their ssm_multipliers entries
+    seg_rows = np.repeat(np.arange(5), [d_ssm, d_ssm, gs, gs, n_heads])
+    row_std = h ** -0.5 / (s_in * np.asarray(cfg["ssm_multipliers"], dtype=np.float64)[seg_rows])
+    for i in range(n_layers):
+        pre = f"model.layers.{i}."
+        t[pre + "input_layernorm.weight"] = 1.0 + rng(pre + "input_layernorm.weight").normal((h,), 0.1)
+        mix = pre + "mamba."
+        _mamba_mixer(t, rng, mix, h, n_heads, cfg["mamba_d_head"], groups, cfg["mamba_d_state"],
+                     cfg["mamba_d_conv"], n_layers, gain / cfg["ssm_out_multiplier"])
+        z = rng(mix + "in_proj.weight").normal((2 * d_ssm + 2 * gs + n_heads, h), 1.0)  # exact: k / 65536
+        t[mix + "in_proj.weight"] = (z.astype(np.float64) * row_std[:, None]).astype(np.float32)
+        if not cfg["mamba_rms_norm"]:
+            del t[mix + "norm.weight"]
+        att = pre + "self_attn."
+        t[att + "q_proj.weight"] = rng(att + "q_proj.weight").normal((nq * hd, h), h ** -0.5 / a_in)
+        t[att + "k_proj.weight"] = rng(att + "k_proj.weight").normal(
+            (nkv * hd, h), h ** -0.5 / (a_in * cfg["key_multiplier"]))
+        t[att + "v_proj.weight"] = rng(att + "v_proj.weight").normal((nkv * hd, h), h ** -0.5 / a_in)
+        t[att + "o_proj.weight"] = rng(att + "o_proj.weight").normal(
+            (h, nq * hd), (nq * hd * n_layers) ** -0.5 * gain / cfg["attention_out_multiplier"])
+        t[pre + "pre_ff_layernorm.weight"] = 1.0 + rng(pre + "pre_ff_layernorm.weight").normal((h,), 0.1)
+        ff = pre + "feed_forward."
+        t[ff + "gate_proj.weight"] = rng(ff + "gate_proj.weight").normal((f, h), h ** -0.5 / gate_m)
+        t[ff + "up_proj.weight"] = rng(ff + "up_proj.weight").normal((f, h), h ** -0.5)
+        t[ff + "down_proj.weight"] = rng(ff + "down_proj.weight").normal((h, f), (f * n_layers) ** -0.5 * gain / down_m)
+        if cfg["mlp_bias"]:
+            for name, n, std in (("gate_proj", f, 0.1 / gate_m), ("up_proj", f, 0.1),
+                                 ("down_proj", h, 0.1 * gain / down_m)):
+                t[ff + name + ".bias"] = rng(ff + name + ".bias").normal((n,), std)
+    t["model.final_layernorm.weight"] = 1.0 + rng("model.final_layernorm.weight").normal((h,), 0.1)
+    if not tied:
+        t["lm_head.weight"] = rng("lm_head.weight").normal((v, h), h ** -0.5 / cfg["lm_head_multiplier"])
     return t
 
 
@@ -720,8 +1042,10 @@ ARCHS = {
     "mamba2": (mamba2_config, mamba2_weights),
     "bamba": (bamba_config, bamba_weights),
     "granitemoehybrid": (granitemoehybrid_config, granitemoehybrid_weights),
+    "falcon_h1": (falcon_h1_config, falcon_h1_weights),
 }
-PRESET_NAMES = ["tiny", "tiny2", "default", "e2e", "bench", "1b"]
+PRESET_NAMES = ["tiny", "tiny2", "tiny3", "default", "e2e", "bench", "1b", "moe_tiny", "moe_tiny2", "moe_e2e",
+                "moe_bench"]
 
 
 def build(arch, preset, seed, dtype="fp32"):
@@ -733,7 +1057,7 @@ def build(arch, preset, seed, dtype="fp32"):
     config_fn, weights_fn = ARCHS[arch]
     cfg = config_fn(p, dtype_name)
     weights = weights_fn(cfg, seed)
-    if preset in ("default", "e2e"):
+    if preset in ("default", "e2e", "moe_e2e"):
         cfg["hybridserve_tokenizer"] = dict(BYTE_VOCAB)
     cfg["hybridserve_generator"] = {"tool": "tools/gen_model.py", "arch": arch, "preset": preset,
                                     "seed": seed, "dtype": dtype}

@@ -26,12 +26,21 @@ For each fixture model (see MODELS) this script
      agree, notes; for a MoE model the routing under "moe").
 
 bamba_tiny, bamba_tiny2 (BambaForCausalLM) and granite_moe_tiny, granite_dense_tiny
-(GraniteMoeHybridForCausalLM) are checked and recorded the same way. The GraniteMoeHybrid
+(GraniteMoeHybridForCausalLM) and falcon_h1_tiny, falcon_h1_tiny2, falcon_h1_tiny3
+(FalconH1ForCausalLM; golden.json "falcon_h1" gives the head_dim, RoPE, mixer width, in_proj
+segments, gated-norm groups and multipliers transformers ran, after asserting its mup_vector)
+are checked and recorded the same way. The GraniteMoeHybrid
 MoE block runs with experts_implementation="eager" (transformers' per-expert loop; its
 default is grouped_mm), asserted after loading; golden.json "moe" names it and gives, per MoE
 layer over one uncached forward of each prompt, the tokens routed to each expert (every top-k
 slot), the tokens whose top-1 is each expert, and the smallest top-1/top-2 and
 top-k/top-(k+1) router-logit margins (the latter decides which experts run).
+nemotron_h_moe_tiny and nemotron_h_moe_tiny2 (NemotronHForCausalLM with 'E' blocks) load the
+same way (the file's per-expert tensors are rows of transformers' merged experts.up_proj /
+experts.down_proj, checked row by row) and run the eager experts too; their "moe" section counts
+the same, gives the margins of the choice values (sigmoid score + e_score_correction_bias) that
+pick the experts, the group margin where groups are dropped, and per layer how many tokens the
+correction bias routes otherwise than the bare scores would.
 
 `default` records the same references for the embedded model as it is (models/default, trained
 by tools/train_default_model.py; not generated, not copied): only golden.safetensors and
@@ -93,17 +102,35 @@ FILE_TO_MEMORY = {
 EXPERTS_IMPLEMENTATION = "eager"
 
 
+# Nemotron-H's per-expert file tensors (mixer.experts.E.{up,down}_proj.weight) are rows E of one
+# in-memory tensor per block (mixer.experts.{up,down}_proj [experts, out, in]; transformers'
+# conversion_mapping "nemotron_h", MergeModulelist), values unchanged.
+NEMOTRON_EXPERT = re.compile(r"^(.*\.mixer\.experts)\.(\d+)\.(up_proj|down_proj)\.weight$")
+
+
 def _in_memory_name(model_type, name):
     for pattern, replacement in FILE_TO_MEMORY.get(model_type, []):
         name = re.sub(pattern, replacement, name)
     return name
 
 
+def _in_memory_tensor(state, model_type, name):
+    """The loaded value of the file's tensor `name`: (in-memory name, tensor)."""
+    memory_name = _in_memory_name(model_type, name)
+    expert = NEMOTRON_EXPERT.match(memory_name) if model_type == "nemotron_h" else None
+    if expert:
+        merged = f"{expert.group(1)}.{expert.group(3)}"
+        return merged, state[merged][int(expert.group(2))]
+    return memory_name, state[memory_name]
+
+
 def load_checked(model_dir, expected):
     """from_pretrained, asserting a clean load and bitwise-equal parameters."""
     with open(os.path.join(model_dir, "config.json")) as f:
-        model_type = json.load(f)["model_type"]
-    extra = {"experts_implementation": EXPERTS_IMPLEMENTATION} if model_type == "granitemoehybrid" else {}
+        config = json.load(f)
+    model_type = config["model_type"]
+    has_experts = model_type == "granitemoehybrid" or "moe" in config.get("layers_block_type", [])
+    extra = {"experts_implementation": EXPERTS_IMPLEMENTATION} if has_experts else {}
     model, info = transformers.AutoModelForCausalLM.from_pretrained(
         model_dir, dtype=torch.float32, attn_implementation="eager", output_loading_info=True, **extra)
     for kind in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs"):
@@ -111,11 +138,13 @@ def load_checked(model_dir, expected):
     if extra:
         assert model.config._experts_implementation == EXPERTS_IMPLEMENTATION, model.config._experts_implementation
     state = model.state_dict()
-    assert len(state) == len(expected) + (1 if "lm_head.weight" not in expected else 0), \
-        f"{model_dir}: {len(state)} parameters in memory, {len(expected)} in the file"
+    memory_names = set()
     for name, arr in expected.items():
-        got = state[_in_memory_name(model_type, name)]
+        memory_name, got = _in_memory_tensor(state, model_type, name)
+        memory_names.add(memory_name)
         assert got.dtype == torch.float32 and torch.equal(got, torch.from_numpy(arr)), f"{name} differs after load"
+    assert len(state) == len(memory_names) + (1 if "lm_head.weight" not in expected else 0), \
+        f"{model_dir}: {len(state)} parameters in memory, {len(memory_names)} loaded from the file"
     # A stored head was loaded as stored (checked above), even when the config ties; a tied
     # model without one uses its embeddings.
     if "lm_head.weight" not in expected:
@@ -145,6 +174,8 @@ def dt_clamped_fraction(model, prompts):
 
     def hook(mixer, _inputs, output):
         dt_raw = output[..., -mixer.num_heads:]
+        if hasattr(mixer, "mup_vector"):  # Falcon-H1 scales in_proj's output segments after the projection
+            dt_raw = dt_raw * mixer.mup_vector[..., -mixer.num_heads:]
         dt = torch.nn.functional.softplus(dt_raw + mixer.dt_bias)
         counts[0] += int((dt < mixer.time_step_limit[0]).sum())
         counts[1] += dt.numel()
@@ -253,6 +284,28 @@ GRANITE_NOTES = [
     "logits only (they sum to 1), out = sum of weight * expert(x).",
 ]
 
+FALCON_H1_NOTES = [
+    "FalconH1 clamps dt to config time_step_limit (here [0, inf): a no-op) in the chunked path only.",
+    "FalconH1 decoder layer (every layer is both): x = input_layernorm(h); h += ssm_out_multiplier * "
+    "mamba(x) + attention_out_multiplier * self_attn(attention_in_multiplier * x); then h += "
+    "down_proj(up_proj(y) * silu(gate_proj(y) * mlp_multipliers[0])) * mlp_multipliers[1] with "
+    "y = pre_ff_layernorm(h) (the multipliers also scale the gate and down biases when mlp_bias). "
+    "h starts as embed_tokens * embedding_multiplier; logits = lm_head(final_layernorm(h)) * "
+    "lm_head_multiplier. rms_norm_eps everywhere.",
+    "FalconH1 mixer: in_proj(ssm_in_multiplier * x), then its output segments [z (d_ssm) | x (d_ssm) | "
+    "B (groups*d_state) | C (groups*d_state) | dt (heads)] are multiplied by ssm_multipliers[0..4] "
+    "(the dt segment before dt_bias and softplus), then Mamba2 as usual (conv1d + silu over x,B,C; "
+    "y = SSD(x, dt, A, B, C) + D * x). Inner width mamba_d_ssm (mamba_expand is ignored when it is "
+    "set). mamba_rms_norm false: out = out_proj(y * silu(z)), no norm tensor. mamba_rms_norm true: "
+    "group-wise gated RMSNorm over mamba_n_groups groups of d_ssm/groups, weight norm.weight [d_ssm]: "
+    "mamba_norm_before_gate true: norm(y) * silu(z); false: norm(y * silu(z)).",
+    "FalconH1 attention: head_dim = config head_dim when present, else hidden_size / num_attention_heads; "
+    "k = k_proj(x) * key_multiplier (before RoPE and the cache); scale head_dim^-0.5; RoPE on the full "
+    "head_dim, NeoX-style halves (rotate_half), inv_freq = rope_theta^(-2i/head_dim), positions from 0.",
+    "FalconH1ForCausalLM ties lm_head to embed_tokens when tie_word_embeddings (_tied_weights_keys); "
+    "embedding_multiplier scales only the input embedding, lm_head_multiplier only the logits.",
+]
+
 
 @torch.no_grad()
 def moe_routing_stats(model, prompts):
@@ -300,6 +353,129 @@ def moe_routing_stats(model, prompts):
         "min_margin_top1_top2": min(d["min_margin_top1_top2"] for d in per_layer),
         "min_margin_topk_next": (min(d["min_margin_topk_next"] for d in per_layer) if k < n_exp else None),
         "per_layer": per_layer,
+    }
+
+
+NEMOTRON_H_MOE_NOTE = (
+    "NemotronH 'E' block (NemotronHMoE): x = norm(h); router logits = gate.weight x (fp32); "
+    "scores = sigmoid(logits); choice = scores + gate.e_score_correction_bias; the n_group groups of "
+    "consecutive experts are ranked by the sum of their two best choice values and the topk_group best "
+    "kept; the num_experts_per_tok experts of largest choice among the kept groups run; their weights are "
+    "their scores (not choice values), over the sum of the chosen scores + 1e-20 when norm_topk_prob, "
+    "times routed_scaling_factor; expert(x) = down_proj(relu(up_proj(x))^2); "
+    "h += sum of weight * expert(x) + shared_experts(x) (same relu2 MLP, moe_shared_expert_intermediate_size).")
+
+
+def _nemotron_choices(scores_for_choice, n_group, topk_group, k):
+    """The chosen experts [tokens, k] of NemotronHTopkRouter for given choice values, with the sorted
+    masked choice values [tokens, experts] and the group scores sorted [tokens, n_group]."""
+    tokens, experts = scores_for_choice.shape
+    groups = scores_for_choice.view(tokens, n_group, experts // n_group)
+    group_scores = groups.topk(min(2, experts // n_group), dim=-1)[0].sum(dim=-1)
+    kept = torch.topk(group_scores, k=topk_group, dim=-1)[1]
+    mask = torch.zeros_like(group_scores).scatter_(1, kept, 1).bool()
+    mask = mask[:, :, None].expand(-1, -1, experts // n_group).reshape(tokens, experts)
+    masked = scores_for_choice.masked_fill(~mask, float("-inf"))
+    ordered = torch.sort(masked, dim=-1, descending=True)
+    return ordered.indices[:, :k], ordered.values, torch.sort(group_scores, dim=-1, descending=True).values
+
+
+@torch.no_grad()
+def nemotron_moe_routing_stats(model, prompts):
+    """moe_routing_stats for Nemotron-H's 'E' blocks: the same counts, margins of the choice values
+    (sigmoid score + correction bias) that decide which experts run, the group margin when groups are
+    dropped, and how many tokens the correction bias routes differently."""
+    layers = [(i, layer.mixer) for i, layer in enumerate(model.base_model.layers) if layer.block_type == "moe"]
+    if not layers:
+        return None
+    c = model.config
+    k, n_exp, n_group, topk_group = c.num_experts_per_tok, c.n_routed_experts, c.n_group, c.topk_group
+    seen = {i: [] for i, _ in layers}
+
+    def hook(i, output):
+        logits, _, indices = output
+        seen[i].append((logits.detach().clone(), indices.detach().clone()))
+
+    handles = [moe.gate.register_forward_hook(lambda mod, inp, out, i=i: hook(i, out)) for i, moe in layers]
+    try:
+        for prompt in prompts:
+            model(torch.from_numpy(prompt.astype(np.int64))[None], use_cache=False)
+    finally:
+        for h in handles:
+            h.remove()
+    per_layer = []
+    for i, moe in layers:
+        logits = torch.cat([x[0] for x in seen[i]])
+        ran = torch.cat([x[1] for x in seen[i]])
+        scores = logits.sigmoid()
+        bias = moe.gate.e_score_correction_bias.float()
+        chosen, values, group_scores = _nemotron_choices(scores + bias, n_group, topk_group, k)
+        assert torch.equal(torch.sort(chosen, -1).values, torch.sort(ran, -1).values), "routing recomputed differently"
+        unbiased, _, _ = _nemotron_choices(scores, n_group, topk_group, k)
+        changed = (torch.sort(chosen, -1).values != torch.sort(unbiased, -1).values).any(-1)
+        next_value = values[:, k] if k < values.shape[1] else torch.full_like(values[:, 0], float("-inf"))
+        topk_margin = values[:, k - 1] - next_value
+        topk_margin = topk_margin[torch.isfinite(topk_margin)]
+        per_layer.append({
+            "layer": i,
+            "tokens": int(logits.shape[0]),
+            "tokens_per_expert": torch.bincount(chosen.reshape(-1), minlength=n_exp).tolist(),
+            "top1_tokens_per_expert": torch.bincount(chosen[:, 0], minlength=n_exp).tolist(),
+            "tokens_routed_otherwise_without_bias": int(changed.sum()),
+            "min_margin_top1_top2": float((values[:, 0] - values[:, 1]).min()),
+            "min_margin_topk_next": float(topk_margin.min()) if topk_margin.numel() else None,
+            "min_margin_group": (float((group_scores[:, topk_group - 1] - group_scores[:, topk_group]).min())
+                                 if topk_group < n_group else None),
+            "router_logit_std": float(logits.std()),
+        })
+
+    def smallest(key):
+        values = [d[key] for d in per_layer if d[key] is not None]
+        return min(values) if values else None
+
+    return {
+        "experts_implementation": model.config._experts_implementation,
+        "router": "sigmoid scores + e_score_correction_bias, group-limited top-k (NemotronHTopkRouter)",
+        "n_routed_experts": n_exp,
+        "num_experts_per_tok": k,
+        "n_group": n_group,
+        "topk_group": topk_group,
+        "norm_topk_prob": c.norm_topk_prob,
+        "routed_scaling_factor": c.routed_scaling_factor,
+        "over": "one uncached forward of each prompt (every prompt token)",
+        "margins_of": "choice values (sigmoid(router logit) + e_score_correction_bias), masked to the kept "
+                      "groups; min_margin_group: the topk_group-th minus the next group score",
+        "min_margin_top1_top2": smallest("min_margin_top1_top2"),
+        "min_margin_topk_next": smallest("min_margin_topk_next"),
+        "min_margin_group": smallest("min_margin_group"),
+        "per_layer": per_layer,
+    }
+
+
+def falcon_h1_shapes(model):
+    """What a Falcon-H1 engine must read from config.json, as transformers resolved it; asserts that
+    every mixer's in-memory mup_vector (not in the file) is ssm_multipliers spread over in_proj's
+    [z | x | B | C | dt] rows."""
+    c = model.config
+    mixer = model.model.layers[0].mamba
+    d_ssm, gs = mixer.intermediate_size, c.mamba_n_groups * c.mamba_d_state
+    rows = [d_ssm, d_ssm, gs, gs, c.mamba_n_heads]
+    want = torch.cat([torch.full((n,), float(m)) for n, m in zip(rows, c.ssm_multipliers)])
+    for layer in model.model.layers:
+        assert torch.equal(layer.mamba.mup_vector.reshape(-1), want), "mup_vector is not ssm_multipliers"
+    attn = model.model.layers[0].self_attn
+    return {
+        "attention_head_dim": attn.head_dim,
+        "head_dim_in_config": "head_dim" in c.to_dict(),
+        "rope_theta": c.rope_parameters["rope_theta"],
+        "rope_dims": int(model.model.rotary_emb.inv_freq.numel() * 2),
+        "mamba_d_ssm": d_ssm,
+        "mamba_expand_in_config": c.mamba_expand,
+        "in_proj_rows_z_x_B_C_dt": rows,
+        "mamba_rms_norm": c.mamba_rms_norm,
+        "mamba_norm_before_gate": c.mamba_norm_before_gate,
+        "gated_norm_group_size": d_ssm // c.mamba_n_groups if c.mamba_rms_norm else None,
+        "multipliers": {k: getattr(c, k) for k in gen_model.FALCON_H1_MULTIPLIERS},
     }
 
 
@@ -364,8 +540,10 @@ def make_fixture(name, arch, preset, seed, overrides, out_root):
     c = model.config
     notes = list(COMMON_NOTES)
     notes += {"nemotron_h": [NEMOTRON_H_DT_NOTE], "mamba2": [MAMBA2_DT_NOTE], "bamba": BAMBA_NOTES,
-              "granitemoehybrid": GRANITE_NOTES}[arch]
-    moe = moe_routing_stats(model, prompts)
+              "granitemoehybrid": GRANITE_NOTES, "falcon_h1": FALCON_H1_NOTES}[arch]
+    moe = (nemotron_moe_routing_stats if arch == "nemotron_h" else moe_routing_stats)(model, prompts)
+    if arch == "nemotron_h" and moe is not None:
+        notes.append(NEMOTRON_H_MOE_NOTE)
     if moe is not None:
         notes.append("moe: routing over the prompts per MoE layer; the MoE blocks ran transformers' "
                      f"experts_implementation={moe['experts_implementation']!r} (the per-expert loop).")
@@ -409,6 +587,7 @@ def make_fixture(name, arch, preset, seed, overrides, out_root):
         **({"tie_word_embeddings": True, "lm_head_is_embeddings": True}
            if c.tie_word_embeddings and not own_head else {}),
         **({"moe": moe} if moe is not None else {}),
+        **({"falcon_h1": falcon_h1_shapes(model)} if arch == "falcon_h1" else {}),
         "per_prompt": per_prompt,
         "notes": notes,
     }

@@ -141,6 +141,8 @@ const std::vector<ModelShape>& ModelShapes() {
       // Bamba: RoPE attention, gated MLPs; Granite: mixture-of-experts blocks, μP multipliers.
       {"BambaPage16", "tests/fixtures/models/bamba_e2e", 16, 32, 259, true},
       {"GraniteMoePage8", "tests/fixtures/models/granite_e2e", 8, 16, 259, true},
+      // Falcon-H1: every layer keeps SSM state and KV pages (parallel Mamba2 + attention).
+      {"FalconH1Page16", "tests/fixtures/models/falcon_h1_e2e", 16, 32, 259, true},
   };
   return *shapes;
 }

@@ -1,0 +1,307 @@
+#include "engine/model_config_families.h"
+
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "common/status_macros.h"
+#include "engine/config_fields.h"
+#include "engine/model_config.h"
+
+namespace hybridserve::engine::config_internal {
+namespace {
+
+// The Mamba2 mixer of Bamba and Granite (both name their fields mamba_*; d_inner
+// is mamba_expand * hidden_size; mamba_d_head may be "auto").
+// transformers 5.23 BambaMixer / GraniteMoeHybridMambaLayer: the chunked path
+// clamps dt to time_step_limit, the one-step decode does not; the gated norm
+// groups are d_inner / n_groups; norm after the gate.
+// Falcon-H1 states d_inner as mamba_d_ssm when it is not null.
+absl::Status ParseMambaPrefixed(const ConfigFields& f, int64_t hidden_size, Mamba2Params& m) {
+  ASSIGN_OR_RETURN(m.num_heads, f.Int({"mamba_n_heads"}, 128));
+  ASSIGN_OR_RETURN(m.state_size, f.Int({"mamba_d_state"}, 256));
+  ASSIGN_OR_RETURN(m.n_groups, f.Int({"mamba_n_groups"}, 1));
+  ASSIGN_OR_RETURN(m.conv_kernel, f.Int({"mamba_d_conv"}, kDefaultConvKernel));
+  ASSIGN_OR_RETURN(m.chunk_size, f.Int({"mamba_chunk_size"}, kDefaultMamba2Chunk));
+  ASSIGN_OR_RETURN(m.use_conv_bias, f.Bool({"mamba_conv_bias"}, true));
+  ASSIGN_OR_RETURN(m.use_bias, f.Bool({"mamba_proj_bias"}, false));
+  ASSIGN_OR_RETURN(int64_t expand, f.Int({"mamba_expand"}, kDefaultMamba2Expand));
+  if (expand < 1 || expand > kMaxDim || hidden_size < 1 || hidden_size > kMaxDim) {
+    return absl::InvalidArgumentError(absl::StrCat("mamba_expand (", expand, ") must be positive"));
+  }
+  ASSIGN_OR_RETURN(const int64_t d_inner, f.Int({"mamba_d_ssm"}, expand * hidden_size));
+  if (d_inner < 1 || d_inner > kMaxDim) {
+    return absl::InvalidArgumentError(absl::StrCat("mamba_d_ssm (", d_inner, ") must be in [1, ", kMaxDim, "]"));
+  }
+  if (f.Has("mamba_d_head") && f.Get("mamba_d_head").is_string() &&
+      f.Get("mamba_d_head").get<std::string>() == "auto") {
+    m.head_dim = m.num_heads > 0 ? d_inner / m.num_heads : 0;
+  } else {
+    ASSIGN_OR_RETURN(m.head_dim, f.Int({"mamba_d_head"}, m.num_heads > 0 ? d_inner / m.num_heads : 0));
+  }
+  if (m.num_heads < 1 || m.num_heads > kMaxDim || m.head_dim < 1 || m.head_dim > kMaxDim ||
+      m.num_heads * m.head_dim != d_inner) {
+    return absl::InvalidArgumentError(absl::StrCat("mamba_n_heads (", m.num_heads, ") * mamba_d_head (", m.head_dim,
+                                                   ") must equal d_inner (", d_inner,
+                                                   ": mamba_d_ssm, else mamba_expand * hidden_size)"));
+  }
+  ASSIGN_OR_RETURN(m.time_step_limit, f.Range({"time_step_limit"}, DtClamp{}));
+  m.norm_group_size = m.n_groups > 0 ? m.d_inner() / m.n_groups : 0;
+  m.prefill_dt_clamp = m.time_step_limit;
+  m.decode_dt_clamp = DtClamp{};
+  return absl::OkStatus();
+}
+
+// Attention of Bamba and Granite: q/k/v/o projections without biases.
+absl::Status ParseLlamaStyleAttention(const ConfigFields& f, int64_t hidden_size, AttentionParams& a) {
+  ASSIGN_OR_RETURN(a.num_heads, f.Int({"num_attention_heads"}, std::nullopt));
+  ASSIGN_OR_RETURN(a.num_kv_heads, f.Int({"num_key_value_heads"}, a.num_heads));
+  RETURN_IF_ERROR(CheckDim("num_attention_heads", a.num_heads));
+  ASSIGN_OR_RETURN(a.head_dim, f.Int({"head_dim"}, hidden_size / a.num_heads));
+  ASSIGN_OR_RETURN(bool attention_bias, f.Bool({"attention_bias"}, false));
+  if (attention_bias) return absl::UnimplementedError("attention_bias true is not supported");
+  return absl::OkStatus();
+}
+
+// rope_parameters {rope_type "default", rope_theta} (transformers 5), or the
+// legacy top-level rope_theta / rope_scaling.
+absl::Status ParseRope(const ConfigFields& f, AttentionParams& a) {
+  a.rope_theta = 10000.0;
+  if (f.Has("rope_parameters")) {
+    const Json& rp = f.Get("rope_parameters");
+    if (!rp.is_object()) {
+      return absl::InvalidArgumentError(absl::StrCat("rope_parameters must be an object, got ", Excerpt(rp)));
+    }
+    ConfigFields r(rp);
+    ASSIGN_OR_RETURN(std::string type, r.String({"rope_type", "type"}, "default"));
+    if (type != "default") {
+      return absl::UnimplementedError(absl::StrCat("rope_parameters.rope_type \"", type, "\" is not supported"));
+    }
+    ASSIGN_OR_RETURN(a.rope_theta, r.Float({"rope_theta"}, 10000.0));
+  } else {
+    ASSIGN_OR_RETURN(a.rope_theta, f.Float({"rope_theta"}, 10000.0));
+    if (f.Has("rope_scaling")) {
+      return absl::UnimplementedError(
+          absl::StrCat("rope_scaling (", Excerpt(f.Get("rope_scaling")), ") is not supported"));
+    }
+  }
+  if (!(a.rope_theta > 0.0) || !std::isfinite(a.rope_theta)) {
+    return absl::InvalidArgumentError(absl::StrCat("rope_theta (", a.rope_theta, ") must be positive"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<float> Multiplier(const ConfigFields& f, absl::string_view key) {
+  ASSIGN_OR_RETURN(double v, f.Float({key}, 1.0));
+  if (!std::isfinite(v) || v == 0.0 || std::fabs(v) > 1e30) {
+    return absl::InvalidArgumentError(absl::StrCat(key, " (", v, ") must be finite and non-zero"));
+  }
+  return static_cast<float>(v);
+}
+
+// A list of `n` numbers (each a non-zero finite multiplier), or all ones when absent.
+absl::Status Multipliers(const ConfigFields& f, absl::string_view key, size_t n, float* out) {
+  for (size_t i = 0; i < n; ++i) out[i] = 1.0f;
+  if (!f.Has(key)) return absl::OkStatus();
+  const Json& v = f.Get(key);
+  if (!v.is_array() || v.size() != n) {
+    return absl::InvalidArgumentError(absl::StrCat(key, " must be a list of ", n, " numbers, got ", Excerpt(v)));
+  }
+  for (size_t i = 0; i < n; ++i) {
+    ASSIGN_OR_RETURN(double x, ConfigFields::ToFloat(absl::StrCat(key, "[", i, "]"), v[i]));
+    if (!std::isfinite(x) || x == 0.0 || std::fabs(x) > 1e30) {
+      return absl::InvalidArgumentError(absl::StrCat(key, "[", i, "] (", x, ") must be finite and non-zero"));
+    }
+    out[i] = static_cast<float>(x);
+  }
+  return absl::OkStatus();
+}
+
+// rope_parameters.partial_rotary_factor, `fallback` when absent.
+absl::StatusOr<double> PartialRotaryFactor(const ConfigFields& f, double fallback) {
+  double factor = fallback;
+  if (f.Has("rope_parameters")) {
+    ConfigFields r(f.Get("rope_parameters"));
+    ASSIGN_OR_RETURN(factor, r.Float({"partial_rotary_factor"}, fallback));
+  } else {
+    ASSIGN_OR_RETURN(factor, f.Float({"partial_rotary_factor"}, fallback));
+  }
+  if (!(factor > 0.0 && factor <= 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat("partial_rotary_factor (", factor, ") must be in (0, 1]"));
+  }
+  return factor;
+}
+
+absl::Status ParseDecoderLayerCount(const ConfigFields& f, int64_t& n_layers) {
+  ASSIGN_OR_RETURN(n_layers, f.Int({"num_hidden_layers"}, std::nullopt));
+  if (n_layers < 1 || 2 * n_layers > kMaxLayers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_hidden_layers (", n_layers, ") must be in [1, ", kMaxLayers / 2, "]"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ParseBamba(const ConfigFields& f, ModelConfig& c) {
+  c.family = ModelFamily::kBamba;
+  int64_t n_layers = 0;
+  RETURN_IF_ERROR(ParseDecoderLayerCount(f, n_layers));
+  std::vector<bool> attention(static_cast<size_t>(n_layers), false);
+  if (f.Has("attn_layer_indices")) {
+    const Json& v = f.Get("attn_layer_indices");
+    if (!v.is_array()) {
+      return absl::InvalidArgumentError(absl::StrCat("attn_layer_indices must be a list, got ", Excerpt(v)));
+    }
+    for (size_t i = 0; i < v.size(); ++i) {
+      ASSIGN_OR_RETURN(int64_t index, ConfigFields::ToInt(absl::StrCat("attn_layer_indices[", i, "]"), v[i]));
+      if (index < 0 || index >= n_layers) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("attn_layer_indices[", i, "] (", index, ") is outside [0, ", n_layers, ")"));
+      }
+      attention[static_cast<size_t>(index)] = true;
+    }
+  }
+  for (int64_t i = 0; i < n_layers; ++i) {
+    c.layers.push_back(attention[static_cast<size_t>(i)] ? LayerKind::kAttention : LayerKind::kMamba2);
+    c.layers.push_back(LayerKind::kGatedMlp);
+  }
+  RETURN_IF_ERROR(CheckSiluActivation(f, "hidden_act"));
+  if (c.CountLayers(LayerKind::kMamba2) > 0) RETURN_IF_ERROR(ParseMambaPrefixed(f, c.hidden_size, c.mamba));
+  if (c.CountLayers(LayerKind::kAttention) > 0) {
+    AttentionParams& a = c.attention;
+    RETURN_IF_ERROR(ParseLlamaStyleAttention(f, c.hidden_size, a));
+    RETURN_IF_ERROR(ParseRope(f, a));
+    // 0.5 when absent: BambaConfig's default.
+    ASSIGN_OR_RETURN(const double factor, PartialRotaryFactor(f, 0.5));
+    a.use_rope = true;
+    a.rotary_dim = static_cast<int64_t>(static_cast<double>(a.head_dim) * factor);
+  }
+  ASSIGN_OR_RETURN(c.gated_mlp.intermediate_size, f.Int({"intermediate_size"}, std::nullopt));
+  ASSIGN_OR_RETURN(c.gated_mlp.use_bias, f.Bool({"mlp_bias"}, false));
+  return absl::OkStatus();
+}
+
+absl::Status ParseGraniteMoeHybrid(const ConfigFields& f, ModelConfig& c) {
+  c.family = ModelFamily::kGraniteMoeHybrid;
+  int64_t n_layers = 0;
+  RETURN_IF_ERROR(ParseDecoderLayerCount(f, n_layers));
+  std::vector<LayerKind> mixers;
+  ASSIGN_OR_RETURN(std::optional<std::string> list_key, f.Resolve({"layer_types", "layers_block_type"}));
+  if (list_key.has_value()) {
+    const Json& v = f.Get(*list_key);
+    if (!v.is_array()) return absl::InvalidArgumentError(absl::StrCat(*list_key, " must be a list, got ", Excerpt(v)));
+    for (size_t i = 0; i < v.size(); ++i) {
+      ASSIGN_OR_RETURN(LayerKind kind, KindFromBlockType(v[i], i));
+      if (kind != LayerKind::kMamba2 && kind != LayerKind::kAttention) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(*list_key, "[", i, "] must be a mixer (mamba or attention), got ", Excerpt(v[i])));
+      }
+      mixers.push_back(kind);
+    }
+    if (static_cast<int64_t>(mixers.size()) != n_layers) {
+      return absl::InvalidArgumentError(absl::StrCat("num_hidden_layers (", n_layers, ") does not match the ",
+                                                     mixers.size(), " entries of ", *list_key));
+    }
+  } else {
+    mixers.assign(static_cast<size_t>(n_layers), LayerKind::kMamba2);  // transformers' default
+  }
+  ASSIGN_OR_RETURN(int64_t experts, f.Int({"num_local_experts"}, 8));
+  if (experts < 0 || experts > 1 << 16) {
+    return absl::InvalidArgumentError(absl::StrCat("num_local_experts (", experts, ") must be in [0, 65536]"));
+  }
+  for (LayerKind mixer : mixers) {
+    c.layers.push_back(mixer);
+    c.layers.push_back(experts > 0 ? LayerKind::kMoe : LayerKind::kGatedMlp);
+  }
+  RETURN_IF_ERROR(CheckSiluActivation(f, "hidden_act"));
+  if (!f.Has("rms_norm_eps") && !f.Has("layer_norm_epsilon")) c.norm_eps = 1e-6f;  // GraniteMoeHybridConfig's default
+  if (c.CountLayers(LayerKind::kMamba2) > 0) RETURN_IF_ERROR(ParseMambaPrefixed(f, c.hidden_size, c.mamba));
+  if (c.CountLayers(LayerKind::kAttention) > 0) {
+    AttentionParams& a = c.attention;
+    RETURN_IF_ERROR(ParseLlamaStyleAttention(f, c.hidden_size, a));
+    ASSIGN_OR_RETURN(std::string position, f.String({"position_embedding_type"}, ""));
+    if (position == "rope") {
+      RETURN_IF_ERROR(ParseRope(f, a));
+      a.use_rope = true;
+      a.rotary_dim = a.head_dim;
+    } else if (!position.empty()) {
+      return absl::UnimplementedError(
+          absl::StrCat("position_embedding_type \"", position, "\" is not supported (null or rope)"));
+    }
+    ASSIGN_OR_RETURN(a.scale, Multiplier(f, "attention_multiplier"));
+    if (a.scale < 0.0f) {
+      return absl::InvalidArgumentError(absl::StrCat("attention_multiplier (", a.scale, ") must be positive"));
+    }
+  }
+  ASSIGN_OR_RETURN(int64_t shared, f.Int({"shared_intermediate_size"}, 1024));
+  if (experts > 0) {
+    MoeParams& moe = c.moe;
+    moe.num_experts = experts;
+    ASSIGN_OR_RETURN(moe.top_k, f.Int({"num_experts_per_tok"}, 2));
+    ASSIGN_OR_RETURN(moe.intermediate_size, f.Int({"intermediate_size"}, std::nullopt));
+    moe.shared_intermediate_size = shared;
+    moe.router = MoeRouter::kTopKSoftmax;
+  } else {
+    c.gated_mlp.intermediate_size = shared;
+    c.gated_mlp.use_bias = false;
+  }
+  ASSIGN_OR_RETURN(c.embedding_multiplier, Multiplier(f, "embedding_multiplier"));
+  ASSIGN_OR_RETURN(c.residual_multiplier, Multiplier(f, "residual_multiplier"));
+  ASSIGN_OR_RETURN(c.logits_scaling, Multiplier(f, "logits_scaling"));
+  return absl::OkStatus();
+}
+
+absl::Status ParseFalconH1(const ConfigFields& f, ModelConfig& c) {
+  c.family = ModelFamily::kFalconH1;
+  int64_t n_layers = 0;
+  RETURN_IF_ERROR(ParseDecoderLayerCount(f, n_layers));
+  for (int64_t i = 0; i < n_layers; ++i) {
+    c.layers.push_back(LayerKind::kParallel);
+    c.layers.push_back(LayerKind::kGatedMlp);
+  }
+  RETURN_IF_ERROR(CheckSiluActivation(f, "hidden_act"));
+
+  // transformers 5.23 FalconH1Mixer: chunked path clamps dt to time_step_limit,
+  // decode does not; the gated norm (mamba_rms_norm) groups by mamba_n_groups.
+  Mamba2Params& m = c.mamba;
+  RETURN_IF_ERROR(ParseMambaPrefixed(f, c.hidden_size, m));
+  ASSIGN_OR_RETURN(m.gated_norm, f.Bool({"mamba_rms_norm"}, false));
+  ASSIGN_OR_RETURN(m.norm_before_gate, f.Bool({"mamba_norm_before_gate"}, true));
+  ASSIGN_OR_RETURN(bool projectors_bias, f.Bool({"projectors_bias"}, false));
+  if (projectors_bias != m.use_bias) {
+    return absl::UnimplementedError(absl::StrCat(
+        "projectors_bias (", projectors_bias, ") different from mamba_proj_bias (", m.use_bias, ") is not supported"));
+  }
+  ASSIGN_OR_RETURN(m.in_multiplier, Multiplier(f, "ssm_in_multiplier"));
+  ASSIGN_OR_RETURN(m.out_multiplier, Multiplier(f, "ssm_out_multiplier"));
+  RETURN_IF_ERROR(Multipliers(f, "ssm_multipliers", 5, m.segment_multipliers));
+
+  AttentionParams& a = c.attention;
+  RETURN_IF_ERROR(ParseLlamaStyleAttention(f, c.hidden_size, a));
+  RETURN_IF_ERROR(ParseRope(f, a));
+  ASSIGN_OR_RETURN(const double factor, PartialRotaryFactor(f, 1.0));
+  a.use_rope = true;
+  a.rotary_dim = static_cast<int64_t>(static_cast<double>(a.head_dim) * factor);
+  ASSIGN_OR_RETURN(a.in_multiplier, Multiplier(f, "attention_in_multiplier"));
+  ASSIGN_OR_RETURN(a.key_multiplier, Multiplier(f, "key_multiplier"));
+  ASSIGN_OR_RETURN(a.out_multiplier, Multiplier(f, "attention_out_multiplier"));
+
+  ASSIGN_OR_RETURN(c.gated_mlp.intermediate_size, f.Int({"intermediate_size"}, std::nullopt));
+  ASSIGN_OR_RETURN(c.gated_mlp.use_bias, f.Bool({"mlp_bias"}, false));
+  float mlp[2];
+  RETURN_IF_ERROR(Multipliers(f, "mlp_multipliers", 2, mlp));
+  c.gated_mlp.gate_multiplier = mlp[0];
+  c.gated_mlp.down_multiplier = mlp[1];
+  ASSIGN_OR_RETURN(c.embedding_multiplier, Multiplier(f, "embedding_multiplier"));
+  ASSIGN_OR_RETURN(c.logits_multiplier, Multiplier(f, "lm_head_multiplier"));
+  return absl::OkStatus();
+}
+
+}  // namespace hybridserve::engine::config_internal

@@ -1,0 +1,43 @@
+#ifndef HYBRIDSERVE_ENGINE_MODEL_CONFIG_FAMILIES_H_
+#define HYBRIDSERVE_ENGINE_MODEL_CONFIG_FAMILIES_H_
+
+// Internal to model_config: the parsers of the decoder-layer families (a
+// decoder layer is two or more blocks) and the helpers they share with
+// model_config.cc. Semantics and error rules: model_config.h.
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "engine/config_fields.h"
+#include "engine/model_config.h"
+
+namespace hybridserve::engine::config_internal {
+
+// Upper bound of every dimension and of derived widths (d_inner, conv_dim,
+// in_proj rows, q/kv widths): keeps every matrix size far from int64 overflow.
+inline constexpr int64_t kMaxDim = int64_t{1} << 24;
+inline constexpr int64_t kMaxLayers = 4096;
+// transformers' defaults for fields the parsers treat as optional.
+inline constexpr int64_t kDefaultConvKernel = 4;
+inline constexpr int64_t kDefaultMamba2Chunk = 256;
+inline constexpr int64_t kDefaultMamba2Expand = 2;
+
+// INVALID_ARGUMENT naming `name` unless 1 <= value <= kMaxDim.
+absl::Status CheckDim(absl::string_view name, int64_t value);
+// A layers_block_type / layer_types entry: mamba|linear_attention,
+// attention|full_attention, mlp, moe.
+absl::StatusOr<LayerKind> KindFromBlockType(const Json& v, size_t index);
+// UNIMPLEMENTED unless `key` is silu (or swish; absent means silu).
+absl::Status CheckSiluActivation(const ConfigFields& f, absl::string_view key);
+
+// model_type "bamba", "granitemoehybrid", "falcon_h1": fill `c` (whose common
+// fields ParseCommon has set).
+absl::Status ParseBamba(const ConfigFields& f, ModelConfig& c);
+absl::Status ParseGraniteMoeHybrid(const ConfigFields& f, ModelConfig& c);
+absl::Status ParseFalconH1(const ConfigFields& f, ModelConfig& c);
+
+}  // namespace hybridserve::engine::config_internal
+
+#endif  // HYBRIDSERVE_ENGINE_MODEL_CONFIG_FAMILIES_H_
