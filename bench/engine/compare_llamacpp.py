@@ -27,7 +27,13 @@ result file there, so parts can be run separately and --report-only regenerates 
     python3 bench/engine/compare_llamacpp.py --out /tmp/hs-bench/compare      # everything
     python3 bench/engine/compare_llamacpp.py --quick --skip-sweep --skip-loaded --skip-scale
 
-Model directories: HS_DIR/{nemotron_h,mamba2}[-bf16], GGUFs: HS_DIR/gguf/MODEL-DTYPE.gguf.
+Model directories: HS_DIR/MODEL[-bf16], GGUFs: HS_DIR/gguf/MODEL-DTYPE.gguf (MODEL: one of MODELS,
+the names bench/llamacpp/convert.sh writes). The families of issue 29 alone, at prefill 2048 and
+decode b=1 and 8:
+
+    python3 bench/engine/compare_llamacpp.py --out /tmp/hs-bench/compare-families \
+        --models bamba,granitemoehybrid,nemotron_h_moe --prefill 2048 --batches 1,8 \
+        --skip-sweep --skip-loaded --skip-scale
 """
 
 import argparse
@@ -44,7 +50,8 @@ import time
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-MODELS = ("nemotron_h", "mamba2")
+# Appended, never reordered: a model's token ids are seeded with its index here.
+MODELS = ("nemotron_h", "mamba2", "bamba", "granitemoehybrid", "nemotron_h_moe")
 DTYPES = ("f32", "bf16")
 SIMD_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_bf16")
 # Beyond the main table's 32K (which records peak RSS per length too): Mamba2 at 128K.
@@ -327,6 +334,18 @@ class Driver:
             L.append(f"- llama_print_system_info: `{s}`")
         L.append("")
 
+        rows = []
+        for m in a.models:
+            desc = model_summary(self.model_dir(m, "f32"))
+            if desc:
+                rows.append([m] + desc)
+        if rows:
+            L.append("## Models")
+            L.append("")
+            L += md_table(["model", "architecture", "layers", "experts (top-k / routed; shared inter)",
+                           "hidden", "vocab"], rows)
+            L.append("")
+
         # main table
         rows = []
         for m, dt in self.combos():
@@ -467,6 +486,28 @@ def git_version():
     return p.stdout.strip() or "unknown"
 
 
+def model_summary(model_dir):
+    """[architecture, layer pattern, experts, hidden, vocab] from config.json, or None."""
+    try:
+        with open(os.path.join(model_dir, "config.json")) as f:
+            c = json.load(f)
+    except (OSError, ValueError):
+        return None
+    arch = (c.get("architectures") or ["?"])[0]
+    if c.get("hybrid_override_pattern"):
+        pattern = c["hybrid_override_pattern"]
+    elif c.get("layer_types"):
+        pattern = "".join("*" if "attention" in t and "linear" not in t else "M" for t in c["layer_types"])
+    elif "attn_layer_indices" in c:
+        pattern = "".join("*" if i in c["attn_layer_indices"] else "M" for i in range(c["num_hidden_layers"]))
+    else:
+        pattern = f"{c.get('num_hidden_layers', '?')} layers"
+    experts = c.get("num_local_experts") or c.get("n_routed_experts") or 0
+    shared = c.get("shared_intermediate_size") or c.get("moe_shared_expert_intermediate_size")
+    moe = f"{c.get('num_experts_per_tok')} / {experts}; {shared}" if experts else "-"
+    return [arch, pattern, moe, str(c.get("hidden_size")), str(c.get("vocab_size"))]
+
+
 def proc_cpu_s(pid):
     with open(f"/proc/{pid}/stat") as f:
         rest = f.read().rsplit(")", 1)[1].split()
@@ -533,8 +574,9 @@ def main():
     ap.add_argument("--max-other-cpu", type=float, default=0.10)
     ap.add_argument("--flash-attn", choices=["on", "off"], default="on", help="llama.cpp flash attention")
     ap.add_argument("--verify-batch", type=int, default=0, help="llama.cpp batch-vs-single greedy check (0: off)")
-    ap.add_argument("--loaded", default="nemotron_h:bf16",
-                    help="MODEL:DTYPE,... for the loaded-machine pair (e.g. nemotron_h:bf16,nemotron_h:f32)")
+    ap.add_argument("--loaded", default=None,
+                    help="MODEL:DTYPE,... for the loaded-machine pair (e.g. nemotron_h:bf16,nemotron_h:f32; "
+                         "default nemotron_h:bf16 when --models has nemotron_h, else none)")
     ap.add_argument("--scale-dtypes", default=None, help="dtypes for the scale part (default: --dtypes)")
     ap.add_argument("--scale-reps", type=int, default=None, help="reps for the scale part (default: --reps)")
     ap.add_argument("--seed", type=int, default=0, help="token ids")
@@ -555,6 +597,8 @@ def main():
     a.scale_dtypes = a.dtypes if a.scale_dtypes is None else [d for d in a.scale_dtypes.split(",") if d]
     a.scale_reps = a.scale_reps or a.reps
     a.prefill, a.batches, a.sweep_batches = int_list(a.prefill), int_list(a.batches), int_list(a.sweep_batches)
+    if a.loaded is None:
+        a.loaded = "nemotron_h:bf16" if "nemotron_h" in a.models else ""
     a.loaded = [] if a.skip_loaded else [tuple(x.split(":")) for x in a.loaded.split(",") if x]
     for bad in set(a.models) - set(MODELS):
         sys.exit(f"unknown model {bad}")

@@ -37,6 +37,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -438,16 +439,36 @@ Figure DecodeFigure(Model& model, const Tokens& tokens, int64_t batch, int64_t c
   return f;
 }
 
+// Experts a decode step of `batch` sequences reads in one mixture-of-experts
+// block: top_k for one sequence; for more, the expected number of distinct
+// experts when every sequence picks its top_k independently and uniformly,
+// num_experts * (1 - (1 - top_k / num_experts)^batch). Real routing is not
+// uniform, so above b = 1 this is an estimate.
+double ExpectedExpertsRead(const MoeParams& moe, int64_t batch) {
+  const double e = static_cast<double>(moe.num_experts);
+  if (batch <= 1) return static_cast<double>(moe.top_k);
+  return e * (1.0 - std::pow(1.0 - static_cast<double>(moe.top_k) / e, static_cast<double>(batch)));
+}
+
 // Bytes one decode step of `batch` sequences must move: every weight except
 // the embedding table (one row per sequence is read), unless it is also the
-// head; per sequence the SSM and conv states (read and written) and the KV of
-// its context (on average ctx + steps / 2 tokens).
+// head, and except the routed experts no sequence picks (a mixture-of-experts
+// block reads its router, its shared expert and ExpectedExpertsRead experts);
+// per sequence the SSM and conv states (read and written) and the KV of its
+// context (on average ctx + steps / 2 tokens).
 double DecodeBytesPerStep(const ModelWeights& w, int64_t batch, int64_t ctx, int64_t steps) {
   const ModelConfig& c = w.config();
   double bytes = static_cast<double>(w.resident_bytes());
   const double embed = static_cast<double>(w.embeddings().bytes());
   if (&w.lm_head() != &w.embeddings()) bytes -= embed;
   bytes += batch * embed / c.vocab_size;
+  for (const LayerWeights& layer : w.layers()) {
+    if (layer.kind != LayerKind::kMoe) continue;
+    const MoeLayerWeights& moe = layer.moe();
+    const double per_expert =
+        static_cast<double>(moe.experts_up.bytes() + moe.experts_down.bytes()) / c.moe.num_experts;
+    bytes -= (c.moe.num_experts - ExpectedExpertsRead(c.moe, batch)) * per_expert;
+  }
   const auto& m = c.mamba;
   const double state = 4.0 * (static_cast<double>(m.num_heads) * m.head_dim * m.state_size +
                               static_cast<double>(m.conv_dim()) * (m.conv_kernel - 1));

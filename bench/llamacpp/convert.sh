@@ -4,13 +4,15 @@
 #   bench/llamacpp/convert.sh [OUT_DIR]          (default OUT_DIR=/tmp/hs-bench)
 #
 # 1. Generates the bench models with tools/gen_model.py (seed 0) unless they already exist:
-#    fp32 in OUT_DIR/{nemotron_h,mamba2} and bf16 in OUT_DIR/{nemotron_h,mamba2}-bf16.
+#    fp32 in OUT_DIR/MODEL and bf16 in OUT_DIR/MODEL-bf16 for every MODEL of $ARCHS
+#    (default: nemotron_h mamba2 bamba granitemoehybrid; nemotron_h_moe is
+#    `gen_model.py --arch nemotron_h --preset moe_bench`, see gen_args below).
 #    hybridserve reads these directories directly.
 # 2. Gets llama.cpp's converter: $LLAMA_CPP_DIR if set, else the vendor/llama.cpp tree of the
 #    llama-cpp-python sdist (pip download, extracted under $LLAMA_CPP_SRC, default
 #    /tmp/llcpp). Nothing from llama.cpp is copied into this repository.
-# 3. Runs bench/llamacpp/convert.py (the converter plus two in-memory tweaks, see that file)
-#    to write OUT_DIR/gguf/{nemotron_h,mamba2}-{f32,bf16}.gguf: f32 from the fp32 directory
+# 3. Runs bench/llamacpp/convert.py (the converter plus in-memory tweaks, see that file)
+#    to write OUT_DIR/gguf/MODEL-{f32,bf16}.gguf: f32 from the fp32 directory
 #    (--outtype f32), bf16 from the *bf16 directory* (--outtype bf16), so that both engines
 #    read bit-identical bf16 weights ("same weights converted once": bf16 -> bf16 is a copy,
 #    the 1-D tensors llama.cpp keeps in F32 are exact widenings of the bf16 values).
@@ -23,7 +25,8 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 OUT="${1:-/tmp/hs-bench}"
 LLAMA_CPP_PY_VERSION="${LLAMA_CPP_PY_VERSION:-0.3.36}"
 LLAMA_CPP_SRC="${LLAMA_CPP_SRC:-/tmp/llcpp}"
-ARCHS="${ARCHS:-nemotron_h mamba2}"
+# Model names (directory and GGUF names; compare_llamacpp.py MODELS uses the same ones).
+ARCHS="${ARCHS:-nemotron_h mamba2 bamba granitemoehybrid}"
 OUTTYPES="${OUTTYPES:-f32 bf16}"
 
 if [[ -z "${LLAMA_CPP_DIR:-}" ]]; then
@@ -36,6 +39,14 @@ if [[ -z "${LLAMA_CPP_DIR:-}" ]]; then
 fi
 echo "converter: $LLAMA_CPP_DIR/convert_hf_to_gguf.py"
 
+# tools/gen_model.py arguments of a model name.
+gen_args() {
+  case "$1" in
+    nemotron_h_moe) echo "--arch nemotron_h --preset moe_bench" ;;
+    *)              echo "--arch $1 --preset bench" ;;
+  esac
+}
+
 mkdir -p "$OUT/gguf"
 for arch in $ARCHS; do
   for t in $OUTTYPES; do
@@ -45,7 +56,8 @@ for arch in $ARCHS; do
       *) echo "unsupported OUTTYPE $t (f32, bf16)"; exit 1 ;;
     esac
     if [[ ! -f "$src/model.safetensors" ]]; then
-      python3 "$REPO/tools/gen_model.py" --preset bench --seed 0 --arch "$arch" --dtype "$gen_dtype" --out "$src"
+      # shellcheck disable=SC2046
+      python3 "$REPO/tools/gen_model.py" $(gen_args "$arch") --seed 0 --dtype "$gen_dtype" --out "$src"
     fi
     dst="$OUT/gguf/$arch-$t.gguf"
     echo "== $src ($t) -> $dst"
