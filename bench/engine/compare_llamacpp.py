@@ -51,7 +51,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Appended, never reordered: a model's token ids are seeded with its index here.
-MODELS = ("nemotron_h", "mamba2", "bamba", "granitemoehybrid", "nemotron_h_moe")
+MODELS = ("nemotron_h", "mamba2", "bamba", "granitemoehybrid", "nemotron_h_moe", "falcon_h1")
 DTYPES = ("f32", "bf16")
 SIMD_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_bf16")
 # Beyond the main table's 32K (which records peak RSS per length too): Mamba2 at 128K.

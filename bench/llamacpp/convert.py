@@ -57,6 +57,8 @@ copied, the model directory is used as written by gen_model.py):
   meaningless for our random models; benchmarks feed token ids directly, so the vocabulary
   text never matters. Tensor mapping and GGUF metadata are otherwise the unmodified
   converter's.
+* FalconH1ForCausalLM: FalconH1Model.set_vocab() wants a GPT-2 tokenizer from transformers;
+  it gets its parent's, Mamba2Model.set_vocab() (the same built-in fallback).
 """
 
 import json
@@ -112,6 +114,8 @@ def main():
 
     from conversion.base import ModelBase  # noqa: E402
     from conversion.granite import GraniteHybridModel  # noqa: E402
+    from conversion.falcon_h1 import FalconH1Model  # noqa: E402
+    from conversion.mamba import Mamba2Model  # noqa: E402
     from conversion.nemotron import NemotronHModel  # noqa: E402
 
     orig_load_hparams = ModelBase.load_hparams
@@ -127,6 +131,9 @@ def main():
 
     ModelBase.load_hparams = staticmethod(load_hparams)
     NemotronHModel.set_vocab = GraniteHybridModel.set_vocab
+    # FalconH1Model.set_vocab() wants a GPT-2 tokenizer from transformers; its parent's
+    # (Mamba2Model) falls back to the built-in vocabulary.
+    FalconH1Model.set_vocab = Mamba2Model.set_vocab
 
     # GraniteHybridModel (and Mamba2Model below it) reads config.json itself, not through
     # load_hparams; NemotronHModel passes its own hparams= in.
