@@ -4,14 +4,12 @@ turn-end state; a bad request raises with the server's status; streaming and
 abort by id."""
 
 import os
-import re
 import subprocess
-import tempfile
-import time
 import unittest
 
 import grpc
 
+from ready_process import ReadyProcess
 from hybridserve_client import (Client, FinishReason, HybridserveError, ResumeKind, SpecialToken, decode_bytes,
                                 encode_bytes)
 
@@ -20,30 +18,8 @@ def _runfile(relative):
     return os.path.join(os.environ["TEST_SRCDIR"], os.environ.get("TEST_WORKSPACE", "hybridserve"), relative)
 
 
-class _Process:
-    def __init__(self, name, binary, args, ready):
-        self.log = tempfile.NamedTemporaryFile(prefix=name, suffix=".log", dir=os.environ.get("TEST_TMPDIR"),
-                                               delete=False)
-        self.proc = subprocess.Popen([_runfile(binary)] + args, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            with open(self.log.name, encoding="utf-8", errors="replace") as f:
-                m = re.search(ready + r"(.*)", f.read())
-            if m:
-                self.fields = dict(kv.split("=", 1) for kv in m.group(1).split() if "=" in kv)
-                return
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.02)
-        raise RuntimeError(f"{name} did not start: " + open(self.log.name, encoding="utf-8", errors="replace").read())
-
-    def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+def _Process(name, binary, args, ready):
+    return ReadyProcess(name, [_runfile(binary)] + args, ready, log_dir=os.environ.get("TEST_TMPDIR"))
 
 
 class PythonClientOnTheStack(unittest.TestCase):

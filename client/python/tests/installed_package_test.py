@@ -13,47 +13,15 @@ generate calls as tests/e2e/python_client_test.py, by token ids and by text.
 
 import argparse
 import os
-import re
-import subprocess
 import sys
-import tempfile
-import time
 import unittest
 
 import hybridserve_client
+from ready_process import ReadyProcess  # next to this file (the script's directory is on sys.path)
 from hybridserve_client import (Client, FinishReason, HfTokenizer, ResumeKind, SpecialToken, TokenChunk,
                                 decode_bytes, encode_bytes, load_tokenizer)
 
 ARGS = None  # parsed in __main__
-START_S = 60.0  # bound on a process's start-up
-
-
-class _Process:
-    """A child process whose READY line (on stdout) carries key=value fields."""
-
-    def __init__(self, name, argv, ready):
-        self.log = tempfile.NamedTemporaryFile(prefix=name, suffix=".log", delete=False)
-        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + START_S
-        while time.monotonic() < deadline:
-            with open(self.log.name, encoding="utf-8", errors="replace") as f:
-                m = re.search(ready + r"(.*)", f.read())
-            if m:
-                self.fields = dict(kv.split("=", 1) for kv in m.group(1).split() if "=" in kv)
-                return
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.02)
-        self.stop()
-        raise RuntimeError("%s did not start: %s" % (name, open(self.log.name, errors="replace").read()))
-
-    def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
 
 
 class InstalledPackageOnTheStack(unittest.TestCase):
@@ -78,7 +46,7 @@ class InstalledPackageOnTheStack(unittest.TestCase):
 
     @classmethod
     def start(cls, name, argv, ready):
-        process = _Process(name, argv, ready)
+        process = ReadyProcess(name, argv, ready)
         cls.processes.append(process)
         return process
 
