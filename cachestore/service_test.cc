@@ -2,7 +2,7 @@
 //
 // Every status that proto/cachestore.proto and the README document for an RPC
 // is produced over the wire at least once, with its exact code and a message
-// that names the cause:
+// that names the cause (the PutMany rows are tested in service_put_many_test.cc):
 //
 // RPC      status               cause                                  test
 // Lookup   INVALID_ARGUMENT     too many tokens, negative token id,    LookupRejectsBadRequests
@@ -43,160 +43,21 @@
 // every    RESOURCE_EXHAUSTED   --max_streams, --max_streams_per_peer  streams_test.cc:
 //                                                                      EveryMethodIsRefusedBeyondTheCallLimits
 
-#include <chrono>
-#include <functional>
-#include <numeric>
-#include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "absl/strings/match.h"
-#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
-#include "cachestore/grpc_cache_client.h"
-#include "cachestore/server.h"
-#include "common/clock.h"
-#include "common/hash.h"
-#include "common/wait_for.h"
+#include "cachestore/service_test_fixture.h"
 #include "gmock/gmock.h"
 #include "grpcpp/generic/generic_stub.h"
-#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
-#include "proto/cachestore.grpc.pb.h"
 
 namespace hybridserve::cachestore {
 namespace {
 
-using ::testing::HasSubstr;
-
-// The exact code, and a message that names the cause.
-::testing::AssertionResult HasStatus(const grpc::Status& s, grpc::StatusCode code, absl::string_view cause) {
-  if (s.error_code() == code && absl::StrContains(s.error_message(), cause)) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "status " << s.error_code() << " \"" << s.error_message() << "\", want "
-                                       << code << " naming \"" << cause << "\"";
-}
-::testing::AssertionResult HasStatus(const absl::Status& s, absl::StatusCode code, absl::string_view cause) {
-  if (s.code() == code && absl::StrContains(s.message(), cause)) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "status " << s << ", want " << absl::StatusCodeToString(code) << " naming \""
-                                       << cause << "\"";
-}
-
-constexpr int32_t kPageSize = 16;
-
-// Every raw RPC in these tests carries this deadline: far above any plausible
-// load (the calls take milliseconds), so a hung server fails the test instead
-// of hanging it.
-constexpr absl::Duration kRpcDeadline = absl::Seconds(60);
-
-void SetDeadline(grpc::ClientContext* ctx) {
-  ctx->set_deadline(std::chrono::system_clock::now() + absl::ToChronoSeconds(kRpcDeadline));
-}
-
 using common::WaitFor;
-
-std::string Bytes(size_t n, uint32_t seed) {
-  std::string s(n, '\0');
-  std::mt19937 rng(seed);
-  for (size_t i = 0; i + 4 <= n; i += 4) {
-    uint32_t v = rng();
-    std::memcpy(&s[i], &v, 4);
-  }
-  return s;
-}
-
-// A put chunk carrying bytes[off, off + n).
-v1::PutRequest ChunkOf(const std::string& bytes, uint64_t off, size_t n) {
-  v1::PutRequest m;
-  m.mutable_chunk()->set_offset(off);
-  m.mutable_chunk()->set_data(bytes.substr(off, n));
-  return m;
-}
-
-std::vector<TokenId> Tokens(int n, int first = 1) {
-  std::vector<TokenId> v(n);
-  std::iota(v.begin(), v.end(), first);
-  return v;
-}
-
-class ServiceTest : public ::testing::Test {
- protected:
-  void Start(ServerOptions options = {}) {
-    options.address = "127.0.0.1:0";
-    options.reap_interval = absl::Hours(1);  // tests reap explicitly
-    auto s = CacheStoreServer::Start(options, clock_, registry_);
-    ASSERT_TRUE(s.ok()) << s.status();
-    server_ = *std::move(s);
-    target_ = "127.0.0.1:" + std::to_string(server_->port());
-    auto c = GrpcCacheClient::Create(target_);
-    ASSERT_TRUE(c.ok());
-    client_ = *std::move(c);
-    stub_ = v1::CacheStore::NewStub(grpc::CreateChannel(target_, grpc::InsecureChannelCredentials()));
-  }
-
-  void SetUp() override { Start(); }
-
-  void TearDown() override {
-    if (server_ != nullptr) EXPECT_TRUE(server_->store().CheckInvariants().ok());
-  }
-
-  // Puts the pages of `tokens` and a state at `p`; returns the state's bytes.
-  std::string PutPrefix(const ClientNamespace& ns, const std::vector<TokenId>& tokens, int64_t p, size_t page_bytes,
-                        size_t state_bytes, uint32_t seed) {
-    std::vector<Hash128> keys = PageKeys(ns.Key(), tokens, ns.page_size);
-    const int64_t n = p / ns.page_size;
-    for (int64_t i = 0; i < n; ++i) {
-      ClientPut page;
-      if (i > 0) page.parent = keys[i - 1];
-      page.tokens.assign(tokens.begin() + i * ns.page_size, tokens.begin() + (i + 1) * ns.page_size);
-      auto r = client_->Put(ns, page, Bytes(page_bytes, seed + i));
-      EXPECT_TRUE(r.ok()) << r.status();
-      if (r.ok()) EXPECT_EQ(r->key, keys[i]);
-    }
-    ClientPut state;
-    state.entry_class = EntryClass::kState;
-    if (n > 0) state.parent = keys[n - 1];
-    state.tokens.assign(tokens.begin() + n * ns.page_size, tokens.begin() + p);
-    state.position = p;
-    std::string bytes = Bytes(state_bytes, seed + 1000);
-    auto r = client_->Put(ns, state, bytes);
-    EXPECT_TRUE(r.ok()) << r.status();
-    return bytes;
-  }
-
-  v1::PutHeader Header(const ClientNamespace& ns, uint64_t size) {
-    v1::PutHeader h;
-    h.mutable_namespace_()->set_model_fingerprint(ns.model_fingerprint);
-    h.mutable_namespace_()->set_page_size(ns.page_size);
-    h.set_entry_class(v1::ENTRY_CLASS_STATE);
-    h.set_state_kind(v1::STATE_KIND_EXACT_PREFIX);
-    h.add_token_ids(5);
-    h.set_position(1);
-    h.set_size_bytes(size);
-    return h;
-  }
-
-  // Sends `messages` on a raw Put stream and returns the final status.
-  grpc::Status RawPut(const std::vector<v1::PutRequest>& messages) {
-    grpc::ClientContext ctx;
-    SetDeadline(&ctx);
-    v1::PutResponse resp;
-    auto writer = stub_->Put(&ctx, &resp);
-    for (const auto& m : messages) {
-      if (!writer->Write(m)) break;
-    }
-    writer->WritesDone();
-    return writer->Finish();
-  }
-
-  common::FakeClock clock_;
-  prometheus::Registry registry_;
-  std::unique_ptr<CacheStoreServer> server_;
-  std::string target_;
-  std::unique_ptr<GrpcCacheClient> client_;
-  std::unique_ptr<v1::CacheStore::Stub> stub_;
-  ClientNamespace ns_{"fingerprint", "", "", kPageSize};
-};
+using ::testing::HasSubstr;
 
 // Issue 10, item 2: with omit_pages a lookup answer's size does not depend
 // on the chain's length (the client derives the page keys from its tokens,
@@ -720,120 +581,6 @@ TEST_F(ServiceTest, StalledPutIsReclaimedAndItsStreamAborted) {
   // the reclaimed reservation ("the put was reclaimed (timed out, ...)"; seen
   // once under ASan).
   EXPECT_TRUE(HasStatus(s, grpc::StatusCode::ABORTED, "reclaimed")) << s.error_message();
-}
-
-// Sends `messages` on a raw PutMany stream; the answers read, and the final
-// status.
-struct PutManyOutcome {
-  std::vector<v1::PutManyResponse> answers;
-  grpc::Status status;
-};
-PutManyOutcome RawPutMany(v1::CacheStore::Stub& stub, const std::vector<v1::PutRequest>& messages) {
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx);
-  auto stream = stub.PutMany(&ctx);
-  for (const auto& m : messages) {
-    if (!stream->Write(m)) break;
-  }
-  stream->WritesDone();
-  PutManyOutcome out;
-  v1::PutManyResponse a;
-  while (stream->Read(&a)) out.answers.push_back(a);
-  out.status = stream->Finish();
-  return out;
-}
-
-TEST_F(ServiceTest, PutManyAnswersEntriesInOrderAndDropsTheRestOfAnAnsweredOne) {
-  std::string bytes = Bytes(10000, 3);
-  const uint64_t sum = common::Checksum64(bytes.data(), bytes.size());
-  v1::PutRequest header, chunk, commit, bad_commit;
-  *header.mutable_header() = Header(ns_, bytes.size());
-  chunk.mutable_chunk()->set_data(bytes);
-  commit.mutable_commit()->set_checksum(sum);
-  bad_commit.mutable_commit()->set_checksum(sum + 1);
-  v1::PutRequest other = header, orphan = header;
-  other.mutable_header()->set_token_ids(0, 6);
-  orphan.mutable_header()->set_parent_key(Hash128{5, 6}.ToBytes());
-  // 0: created; 1: already present, its bytes and commit dropped; 2: refused
-  // at its header, its bytes dropped, no commit; 3: DATA_LOSS; 4: created.
-  PutManyOutcome out = RawPutMany(*stub_, {header, chunk, commit, header, chunk, commit, orphan, chunk, other, chunk,
-                                           bad_commit, other, chunk, commit});
-  ASSERT_TRUE(out.status.ok()) << out.status.error_message();
-  ASSERT_EQ(out.answers.size(), 5u);
-  for (uint32_t i = 0; i < 5; ++i) EXPECT_EQ(out.answers[i].index(), i);
-  EXPECT_EQ(out.answers[0].code(), 0);
-  EXPECT_FALSE(out.answers[0].result().already_present());
-  EXPECT_EQ(out.answers[1].code(), 0);
-  EXPECT_TRUE(out.answers[1].result().already_present());
-  EXPECT_EQ(out.answers[2].code(), static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION));
-  EXPECT_THAT(out.answers[2].message(), HasSubstr("is not in the cache"));
-  EXPECT_EQ(out.answers[3].code(), static_cast<int>(grpc::StatusCode::DATA_LOSS));
-  EXPECT_THAT(out.answers[3].message(), HasSubstr("checksum mismatch"));
-  EXPECT_EQ(out.answers[4].code(), 0);
-  EXPECT_EQ(out.answers[4].result().key().size(), 16u);
-  IndexStats st = server_->store().Stats();
-  EXPECT_EQ(st.states.entries, 2);
-  EXPECT_EQ(st.states.reserved_bytes, 0);
-}
-
-TEST_F(ServiceTest, MalformedPutManyStreamsEndNamingTheEntry) {
-  std::string bytes = Bytes(10000, 3);
-  const uint64_t sum = common::Checksum64(bytes.data(), bytes.size());
-  auto chunk = [&](uint64_t off, size_t n) { return ChunkOf(bytes, off, n); };
-  v1::PutRequest header, commit;
-  *header.mutable_header() = Header(ns_, bytes.size());
-  commit.mutable_commit()->set_checksum(sum);
-  v1::PutRequest other = header;
-  other.mutable_header()->set_token_ids(0, 6);
-  auto status = [&](const std::vector<v1::PutRequest>& m) { return RawPutMany(*stub_, m).status; };
-  EXPECT_TRUE(HasStatus(status({chunk(0, 100)}), grpc::StatusCode::INVALID_ARGUMENT,
-                        "put_many entry 0: a chunk outside an entry"));
-  EXPECT_TRUE(HasStatus(status({commit}), grpc::StatusCode::INVALID_ARGUMENT, "a commit outside an entry"));
-  EXPECT_TRUE(HasStatus(status({header, chunk(0, 10000), commit, other, chunk(0, 10), header}),
-                        grpc::StatusCode::INVALID_ARGUMENT, "put_many entry 1: a header before the entry's commit"));
-  EXPECT_TRUE(HasStatus(status({other, chunk(0, 5000)}), grpc::StatusCode::INVALID_ARGUMENT,
-                        "put_many entry 0: stream ended before its commit: 5000 of 10000 bytes arrived"));
-  EXPECT_TRUE(HasStatus(status({other, chunk(5000, 5000)}), grpc::StatusCode::INVALID_ARGUMENT,
-                        "out of order: expected offset 0"));
-  EXPECT_TRUE(HasStatus(status({other, chunk(0, 5000), commit}), grpc::StatusCode::INVALID_ARGUMENT,
-                        "put ended early: 5000 of 10000 bytes arrived"));
-  // The entry the first stream committed stays; nothing else was left behind.
-  IndexStats s = server_->store().Stats();
-  EXPECT_EQ(s.states.entries, 1);
-  EXPECT_EQ(s.states.reserved_bytes + s.pages.reserved_bytes, 0);
-  EXPECT_EQ(s.active_puts, 0);
-}
-
-TEST_F(ServiceTest, StalledPutManyIsReclaimedAndItsStreamAborted) {
-  ServerOptions o;
-  o.index.put_timeout = absl::Seconds(10);
-  TearDown();
-  server_.reset();
-  Start(o);
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx);
-  auto stream = stub_->PutMany(&ctx);
-  const std::string bytes = Bytes(1000, 1);
-  v1::PutRequest header, chunk, commit;
-  *header.mutable_header() = Header(ns_, bytes.size());
-  chunk.mutable_chunk()->set_data(bytes);
-  commit.mutable_commit()->set_checksum(common::Checksum64(bytes.data(), bytes.size()));
-  v1::PutRequest stalled = header;
-  stalled.mutable_header()->set_token_ids(0, 6);
-  stalled.mutable_header()->set_size_bytes(1 << 20);
-  for (const v1::PutRequest& m : {header, chunk, commit, stalled, chunk}) ASSERT_TRUE(stream->Write(m));
-  v1::PutManyResponse first;
-  ASSERT_TRUE(stream->Read(&first));
-  EXPECT_EQ(first.code(), 0);
-  ASSERT_TRUE(WaitFor([&] { return server_->store().Stats().states.reserved_bytes == 1 << 20; }));
-  clock_.Advance(absl::Seconds(11));
-  server_->ReapOnce();
-  EXPECT_EQ(server_->store().Stats().states.reserved_bytes, 0);
-  v1::PutManyResponse more;
-  EXPECT_FALSE(stream->Read(&more));
-  EXPECT_TRUE(HasStatus(stream->Finish(), grpc::StatusCode::ABORTED,
-                        "put_many entry 1 reclaimed: no progress for put_timeout (10s)"));
-  EXPECT_EQ(server_->store().Stats().states.entries, 1);
 }
 
 // grpc.health.v1.Health/Check over a generic stub: the request is an empty
