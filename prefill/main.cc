@@ -30,6 +30,11 @@ ABSL_FLAG(std::string, cachestore_shm_socket, "",
           "the cachestore's --shm_socket on this host: resumes read entries by shared memory (sealed memfds), "
           "falling back to gRPC for any read that fails there; empty: gRPC only");
 
+ABSL_FLAG(int64_t, checkpoint_publish_interval, 0,
+          "admission of grid checkpoints: publish the engine's checkpoint at q when q is a multiple of this, a "
+          "multiple of the engine's checkpoint interval (0: every one; -1: none: states only at prompt ends, turn "
+          "ends and branch points, where a prompt leaves the cached pages)");
+
 constexpr char kUsage[] =
     "hybridserve prefill worker: resumes prompts from the cache, prefills the rest, "
     "pushes the state to a decode worker";
@@ -60,7 +65,17 @@ absl::Status Run() {
                    worker::ParseDataPlanes(absl::GetFlag(FLAGS_data_planes)));
   ASSIGN_OR_RETURN(std::unique_ptr<worker::SenderPlanes> senders, worker::SenderPlanes::Open(planes, *model, options));
 
+  const int64_t publish_interval = absl::GetFlag(FLAGS_checkpoint_publish_interval);
+  if (const int64_t grid = model->options().checkpoint_interval;
+      publish_interval < -1 || (publish_interval > 0 && publish_interval % grid != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("--checkpoint_publish_interval=", publish_interval,
+                                                   ": must be -1, 0 or a multiple of the engine's checkpoint "
+                                                   "interval, ",
+                                                   grid));
+  }
+
   prefill::PrefillWorkerOptions wo;
+  wo.checkpoint_publish_interval = publish_interval;
   wo.async_publication = true;  // answer decode right after the push; publish behind it
   wo.fetch_parallelism = absl::GetFlag(FLAGS_cache_fetch_parallelism);
   wo.cache_failure_backoff = options.cache_failure_backoff;

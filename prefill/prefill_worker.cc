@@ -324,8 +324,12 @@ cachestore::Publication PrefillWorker::Prepare(engine::SequenceId seq, const Pre
     if (!page.ok()) break;
     out.pages.emplace_back(plan.PagePut(i), *std::move(page));
   }
+  const int64_t grid = model_.options().checkpoint_interval;
+  const int64_t every = options_.checkpoint_publish_interval == 0 ? grid : options_.checkpoint_publish_interval;
+  const int64_t branch = kv_match_tokens > resumed_at ? kv_match_tokens / grid * grid : 0;
   for (const engine::SequenceState& checkpoint : checkpoints) {
     const int64_t q = checkpoint.position;
+    if (!(every > 0 && q % every == 0) && q != branch) continue;
     absl::StatusOr<engine::Snapshot> snapshot =
         engine::ToSnapshot(checkpoint, model_.layout(), fingerprint_, plan.StateKeyAt(q));
     absl::StatusOr<std::string> bytes =

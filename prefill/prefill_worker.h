@@ -85,6 +85,15 @@ struct PrefillWorkerOptions {
   // that is down refuses at once (UNAVAILABLE) and is not skipped: its
   // return is seen at the next call. Zero: never skip.
   absl::Duration cache_failure_backoff = absl::Seconds(1);
+  // Admission of grid checkpoints (docs/ARCHITECTURE.md section 4,
+  // "Admission"): the engine's checkpoint at q is published when q is a
+  // multiple of this, a multiple of the engine's checkpoint_interval (0: every
+  // one; -1: none, so states only at prompt ends, turn ends and branch points).
+  // Whatever it is, the branch-point rule publishes the engine checkpoint at
+  // or below the point where the prompt leaves the pages the cache holds
+  // (kv_match_tokens) when that lies past the resume point: the next prompt
+  // sharing that prefix resumes there. Grid checkpoints keep contract 1.
+  int64_t checkpoint_publish_interval = 0;
 };
 
 class PrefillWorker {

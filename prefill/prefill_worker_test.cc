@@ -248,6 +248,50 @@ TEST_F(PrefillWorkerTest, ADivergingPromptResumesAtTheLastSharedGridCheckpointBi
   EXPECT_TRUE(BitEqual(Continue(*decode_model_, turn.decode_seq, 3), Continue(*reference_, cold, 3)));
 }
 
+TEST_F(PrefillWorkerTest, WithoutGridPublicationABranchPointStateIsPublishedWhereAPromptLeavesTheCachedPath) {
+  PrefillWorkerOptions o;
+  o.cache_failure_backoff = absl::ZeroDuration();
+  o.checkpoint_publish_interval = -1;
+  worker_ = std::make_unique<PrefillWorker>(*prefill_model_, weights_->fingerprint(), faults_.get(), transport_, o);
+  // a: 150 tokens, published as 9 pages and its prompt-end state only.
+  const std::vector<TokenId> a = Tokens(150, vocab_, 21);
+  ASSERT_TRUE(Run(a).outcome.ok());
+  EXPECT_EQ(worker_->counters().pages_published, 9);
+  EXPECT_EQ(worker_->counters().states_published, 1);
+  // b shares a's first 140 tokens: its pages match to 128, no state there, so
+  // it prefills cold and publishes the grid checkpoint at the branch (128), its
+  // new page 8 and its prompt end; not the checkpoint at 64.
+  std::vector<TokenId> b(a.begin(), a.begin() + 140);
+  const std::vector<TokenId> b_tail = Tokens(20, vocab_, 22);
+  b.insert(b.end(), b_tail.begin(), b_tail.end());
+  Turn tb = Run(b);
+  ASSERT_TRUE(tb.outcome.ok());
+  EXPECT_EQ(tb.outcome->usage.cached_tokens, 0);
+  EXPECT_EQ(tb.outcome->usage.kv_match_tokens, 128);
+  EXPECT_EQ(worker_->counters().pages_published, 9 + 2);  // pages 8 and 9 of b (160 tokens)
+  EXPECT_EQ(worker_->counters().states_published, 1 + 2);
+  // c shares the same 140: it resumes at the branch point, bit-identical to a
+  // cold prefill (contract 1), and publishes no second state there.
+  std::vector<TokenId> c(a.begin(), a.begin() + 140);
+  const std::vector<TokenId> c_tail = Tokens(12, vocab_, 23);
+  c.insert(c.end(), c_tail.begin(), c_tail.end());
+  Turn tc = Run(c);
+  ASSERT_TRUE(tc.outcome.ok());
+  EXPECT_EQ(tc.outcome->usage.cached_tokens, 128);
+  EXPECT_EQ(tc.outcome->usage.resume_kind, ResumeKind::kGridCheckpoint);
+  EXPECT_EQ(worker_->counters().states_published, 1 + 2 + 1);  // its prompt end
+  const engine::SequenceId cold = Reference({c}, nullptr);
+  EXPECT_TRUE(BitEqual(Continue(*decode_model_, tc.decode_seq, 3), Continue(*reference_, cold, 3)));
+}
+
+TEST_F(PrefillWorkerTest, GridCheckpointsArePublishedAtTheAdmissionInterval) {
+  PrefillWorkerOptions o;
+  o.checkpoint_publish_interval = 128;  // every other engine checkpoint (64)
+  worker_ = std::make_unique<PrefillWorker>(*prefill_model_, weights_->fingerprint(), faults_.get(), transport_, o);
+  ASSERT_TRUE(Run(Tokens(300, vocab_, 24)).outcome.ok());
+  EXPECT_EQ(worker_->counters().states_published, 2 + 1);  // 128, 256 and the prompt end at 300
+}
+
 TEST_F(PrefillWorkerTest, PagesCachedBeyondTheDeepestStateAreCountedAsRecomputed) {
   const std::vector<TokenId> a = Tokens(150, vocab_, 11);
   ASSERT_TRUE(Run(a).outcome.ok());

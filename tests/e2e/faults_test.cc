@@ -342,6 +342,18 @@ TEST(FaultsTest, NegativeWaitsAreRefusedAtStartNamingTheFlag) {
   }
 }
 
+TEST(FaultsTest, AnAdmissionIntervalOffTheEngineGridIsRefusedAtStart) {
+  // The default model's engine checkpoints every 256 tokens.
+  auto p = Process::Start(
+      "bad-flag", "prefill/prefill",
+      {"--model_dir=" + Runfile("models/default"), "--address=127.0.0.1:0", "--checkpoint_publish_interval=100"},
+      "READY");
+  ASSERT_FALSE(p.ok()) << "prefill started with --checkpoint_publish_interval=100";
+  EXPECT_NE(p.status().message().find("--checkpoint_publish_interval=100: must be -1, 0 or a multiple"),
+            std::string::npos)
+      << p.status();
+}
+
 // `service` on a free loopback port (`*port`; 0 when it could not start).
 std::unique_ptr<grpc::Server> ServeOnLoopback(grpc::Service* service, int* port) {
   grpc::ServerBuilder builder;
