@@ -79,6 +79,24 @@ class Publisher {
   CacheSimResult& result_;
 };
 
+// The branch-point state's position, 0 when none: past the hit, short of the
+// prompt end (which has its own state).
+int64_t BranchPoint(CacheSimOptions::BranchPoints rule, const ModelCost& model, int64_t kv_match, int64_t hit,
+                    int64_t n) {
+  int64_t b = 0;
+  switch (rule) {
+    case CacheSimOptions::BranchPoints::kOff:
+      return 0;
+    case CacheSimOptions::BranchPoints::kGrid:
+      b = kv_match / model.checkpoint_interval() * model.checkpoint_interval();
+      break;
+    case CacheSimOptions::BranchPoints::kExact:
+      b = kv_match;
+      break;
+  }
+  return b > hit && b <= n ? b : 0;
+}
+
 }  // namespace
 
 absl::StatusOr<CacheSimResult> RunCacheSim(const Trace& trace, const ModelCost& model, const CacheSimOptions& options) {
@@ -94,6 +112,8 @@ absl::StatusOr<CacheSimResult> RunCacheSim(const Trace& trace, const ModelCost& 
   // Each conversation's context: every token so far (its last prompt and reply).
   absl::flat_hash_map<int64_t, std::vector<TokenId>> context;
   const absl::Time start = absl::UnixEpoch();
+  absl::flat_hash_map<int64_t, int64_t> last_turn;
+  for (const TraceTurn& turn : trace.turns) last_turn[turn.conv] = std::max(last_turn[turn.conv], turn.turn);
 
   for (const TraceTurn& turn : trace.turns) {
     const absl::Time now = start + absl::Seconds(turn.arrival_s);
@@ -117,11 +137,18 @@ absl::StatusOr<CacheSimResult> RunCacheSim(const Trace& trace, const ModelCost& 
     result.prompt_flops += model.PrefixFlops(n);
     result.saved_flops += model.PrefixFlops(p);
 
+    if (options.oracle_skip_last_turn && turn.turn == last_turn[turn.conv]) continue;
+
     // 2. Prefill's publication.
     publisher.Pages(tokens, prompt_keys, std::min(hit->kv_match_tokens, p) / ps, n / ps, now);
-    const int64_t interval = model.checkpoint_interval();
-    for (int64_t q = (p / interval + 1) * interval; q <= n; q += interval) {
+    const int64_t interval =
+        options.checkpoint_interval == 0 ? model.checkpoint_interval() : options.checkpoint_interval;
+    for (int64_t q = (p / interval + 1) * interval; interval > 0 && q <= n; q += interval) {
       publisher.State(tokens, prompt_keys, q, StateKind::kGridCheckpoint, now);
+    }
+    if (const int64_t b = BranchPoint(options.branch_points, model, hit->kv_match_tokens, p, n);
+        b > 0 && (interval <= 0 || b % interval != 0)) {
+      publisher.State(tokens, prompt_keys, b, StateKind::kGridCheckpoint, now);
     }
     publisher.State(tokens, prompt_keys, n, StateKind::kExactPrefix, now);
 
@@ -137,6 +164,46 @@ absl::StatusOr<CacheSimResult> RunCacheSim(const Trace& trace, const ModelCost& 
   }
   result.end = index.Stats();
   return result;
+}
+
+absl::StatusOr<std::vector<ReuseInterval>> ReuseIntervals(const Trace& trace, const ModelCost& model,
+                                                          const TokenRule& tokens, int64_t entry_overhead_bytes) {
+  struct Open {
+    double arrival_s = 0;
+    int64_t context = 0;  // tokens so far: prompt and reply
+    int64_t fed = -1;     // m, when the last turn had a reply
+  };
+  absl::flat_hash_map<int64_t, Open> open;
+  std::vector<ReuseInterval> out;
+  const int64_t ps = model.page_size();
+  for (const TraceTurn& turn : trace.turns) {
+    if (turn.shared >= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("conversation ", turn.conv, " shares prefix ", turn.shared,
+                                                     ": shared prefixes are not modelled"));
+    }
+    Open& o = open[turn.conv];
+    if (o.fed > 0) {
+      ReuseInterval r;
+      r.conv = turn.conv;
+      r.turn = turn.turn;
+      r.start_s = o.arrival_s;
+      r.end_s = turn.arrival_s;
+      r.tokens = o.fed;
+      r.page_charge = (o.fed / ps) * (model.page_bytes() + entry_overhead_bytes);
+      r.state_charge = model.StateBytes(o.fed, /*with_logits=*/true) + entry_overhead_bytes +
+                       (o.fed % ps) * static_cast<int64_t>(sizeof(TokenId));
+      r.flops = model.PrefixFlops(o.fed);
+      out.push_back(r);
+    }
+    o.arrival_s = turn.arrival_s;
+    o.context += tokens.Tokens(turn.user_units);
+    const int64_t n = o.context;
+    const int64_t reply = tokens.Tokens(turn.reply_units);
+    o.context += reply;
+    // Without a reply the prompt-end state at n is the deepest resume point.
+    o.fed = reply > 0 ? o.context - 1 : n;
+  }
+  return out;
 }
 
 }  // namespace hybridserve::bench

@@ -40,6 +40,20 @@ struct CacheSimOptions {
   cachestore::CacheIndexOptions index;
   std::string policy = "lru";  // a label for the output
   TokenRule tokens;
+  // Admission: prefill's grid checkpoint spacing; 0: the model's
+  // (ModelCost::checkpoint_interval), -1: none (prompt-end and turn-end
+  // states only).
+  int64_t checkpoint_interval = 0;
+  // Admission: the branch-point rule. When the lookup finds pages deeper than
+  // its resume point (kv_match > hit: the prompt leaves a cached path there),
+  // prefill also publishes a state at the branch: kGrid puts the engine grid
+  // checkpoint at or below kv_match (ModelCost::checkpoint_interval: prefill
+  // emits it anyway, so every contract holds), kExact one at kv_match itself.
+  enum class BranchPoints { kOff, kGrid, kExact };
+  BranchPoints branch_points = BranchPoints::kOff;
+  // An oracle, for comparison only: nothing of a conversation's last turn is
+  // published (no later turn can use it), as no online policy can know.
+  bool oracle_skip_last_turn = false;
 };
 
 struct CacheSimResult {
@@ -71,6 +85,30 @@ struct CacheSimResult {
 // units_per_token <= 0 or a vocabulary <= 0); INTERNAL when the index refuses
 // a lookup.
 absl::StatusOr<CacheSimResult> RunCacheSim(const Trace& trace, const ModelCost& model, const CacheSimOptions& options);
+
+// What keeping one conversation's turn end until its next turn is worth, for
+// an offline bound on every policy (oracle_bound.py). Turn k of a
+// conversation ends at m fed tokens (its prompt and reply but the last reply
+// token, as decode publishes it); turn k + 1 can resume at m only if the m / page_size pages and the
+// turn-end state stay resident from turn k's arrival to turn k + 1's (nothing
+// else writes them: token ids are the conversation's own), and then it saves
+// PrefixFlops(m). Keeping a prefix instead saves no more than its share of
+// that (PrefixFlops is convex), so a fractional choice over these intervals
+// bounds any policy from above. A trace whose conversations share a prefix
+// (a system prompt) is refused with INVALID_ARGUMENT: its sharing is not
+// modelled. Charges include the index memory, as the budgets count it.
+struct ReuseInterval {
+  int64_t conv = 0;
+  int64_t turn = 0;  // the turn that is resumed (k + 1)
+  double start_s = 0;
+  double end_s = 0;
+  int64_t tokens = 0;  // m
+  int64_t page_charge = 0;
+  int64_t state_charge = 0;
+  double flops = 0;
+};
+absl::StatusOr<std::vector<ReuseInterval>> ReuseIntervals(const Trace& trace, const ModelCost& model,
+                                                          const TokenRule& tokens, int64_t entry_overhead_bytes);
 
 }  // namespace hybridserve::bench
 

@@ -44,7 +44,19 @@ ABSL_FLAG(std::string, policy, "lru",
           "layer mix; cachestore/eviction_utility.h)");
 ABSL_FLAG(std::string, blends, "0",
           "--policy=utility: comma-separated recency blends in [0, 1], one run each (CSV policy utility_b<blend>)");
+ABSL_FLAG(std::string, admission_intervals, "0",
+          "comma-separated grid checkpoint spacings prefill publishes under the policy, one run each (0: the "
+          "model's, as --checkpoint_interval; -1: none, prompt-end and turn-end states only); the working set, "
+          "and so the budgets, stay the model's");
+ABSL_FLAG(std::string, branch_points, "off",
+          "admission's branch-point rule: off, grid (the engine grid checkpoint at or below the branch) or exact "
+          "(a state at the branch itself); policy label _branch_<rule>");
+ABSL_FLAG(bool, oracle_skip_last_turn, false,
+          "for comparison only: publish nothing of a conversation's last turn (policy label _oracle_last)");
 ABSL_FLAG(std::string, out, "", "CSV file to write (stdout too)");
+ABSL_FLAG(std::string, intervals_out, "",
+          "CSV file of each trace x model's reuse intervals (cache_sim.h ReuseIntervals) for oracle_bound.py; "
+          "traces with a shared prefix are skipped");
 
 namespace hybridserve::bench {
 namespace {
@@ -109,12 +121,32 @@ int Main() {
     blends.push_back(v);
   }
   if (policy == "lru") blends = {1};  // one run; the blend is unused
+  CacheSimOptions::BranchPoints branch_points = CacheSimOptions::BranchPoints::kOff;
+  if (const std::string b = absl::GetFlag(FLAGS_branch_points); b == "grid") {
+    branch_points = CacheSimOptions::BranchPoints::kGrid;
+  } else if (b == "exact") {
+    branch_points = CacheSimOptions::BranchPoints::kExact;
+  } else if (b != "off") {
+    std::fprintf(stderr, "--branch_points: %s is not off, grid or exact\n", b.c_str());
+    return 2;
+  }
+  std::vector<int64_t> admissions;
+  for (absl::string_view a : absl::StrSplit(absl::GetFlag(FLAGS_admission_intervals), ',', absl::SkipEmpty())) {
+    int64_t v = 0;
+    if (!absl::SimpleAtoi(a, &v) || v < -1) {
+      std::fprintf(stderr, "--admission_intervals: bad %s\n", std::string(a).c_str());
+      return 2;
+    }
+    admissions.push_back(v);
+  }
   std::vector<std::string> rows = {
       "trace,model,policy,budget,page_budget_bytes,state_budget_bytes,turns,prompt_tokens,hit_tokens,"
       "token_hit_rate,prompt_flops,saved_flops,flops_saved_fraction,page_bytes_written,state_bytes_written,"
       "bytes_written,evictions,pages_evicted,states_evicted,states_dropped_with_pages,put_failures,"
       "end_charge_bytes"};
   std::printf("%s\n", rows[0].c_str());
+  std::vector<std::string> interval_rows = {
+      "trace,model,conv,turn,start_s,end_s,tokens,page_charge,state_charge,flops"};
   for (absl::string_view path : absl::StrSplit(absl::GetFlag(FLAGS_traces), ',', absl::SkipEmpty())) {
     absl::StatusOr<Trace> trace = LoadTrace(Path(std::string(path)));
     if (!trace.ok()) {
@@ -148,38 +180,65 @@ int Main() {
         std::fprintf(stderr, "%s\n", unlimited.status().ToString().c_str());
         return 1;
       }
+      if (!absl::GetFlag(FLAGS_intervals_out).empty()) {
+        absl::StatusOr<std::vector<ReuseInterval>> intervals =
+            ReuseIntervals(*trace, *model, options.tokens, options.index.entry_overhead_bytes);
+        if (!intervals.ok()) {
+          std::fprintf(stderr, "%s: no reuse intervals: %s\n", trace->name.c_str(),
+                       intervals.status().ToString().c_str());
+        }
+        for (const ReuseInterval& r : intervals.ok() ? *intervals : std::vector<ReuseInterval>{}) {
+          interval_rows.push_back(absl::StrFormat("%s,%s,%d,%d,%.6f,%.6f,%d,%d,%d,%.6e", trace->name, spec.name, r.conv,
+                                                  r.turn, r.start_s, r.end_s, r.tokens, r.page_charge, r.state_charge,
+                                                  r.flops));
+        }
+      }
       const int64_t page_ws = unlimited->page_charge();
       const int64_t state_ws = unlimited->state_charge();
       rows.push_back(Row(trace->name, spec, options.policy, "unlimited", page_ws, state_ws, *unlimited));
       std::printf("%s\n", rows.back().c_str());
-      for (double blend : blends) {
-        if (policy == "utility") {
-          // The index's cost model is the model's: a token at t costs C + A * (t + 1).
-          options.index.eviction = cachestore::EvictionPolicy::kUtility;
-          options.index.utility =
-              cachestore::UtilityCost{model->flops_per_token(), model->attention_flops_per_context_token(), blend};
-          options.policy = absl::StrCat("utility_b", blend);
-        }
-        for (double f : fractions) {
-          options.index.page_budget_bytes = std::max<int64_t>(1, static_cast<int64_t>(f * page_ws));
-          options.index.state_budget_bytes = std::max<int64_t>(1, static_cast<int64_t>(f * state_ws));
-          absl::StatusOr<CacheSimResult> r = RunCacheSim(*trace, *model, options);
-          if (!r.ok()) {
-            std::fprintf(stderr, "%s\n", r.status().ToString().c_str());
-            return 1;
+      for (int64_t admission : admissions) {
+        options.checkpoint_interval = admission;
+        for (double blend : blends) {
+          if (policy == "utility") {
+            // The index's cost model is the model's: a token at t costs C + A * (t + 1).
+            options.index.eviction = cachestore::EvictionPolicy::kUtility;
+            options.index.utility =
+                cachestore::UtilityCost{model->flops_per_token(), model->attention_flops_per_context_token(), blend};
+            options.policy = absl::StrCat("utility_b", blend);
           }
-          rows.push_back(Row(trace->name, spec, options.policy, absl::StrCat(f), options.index.page_budget_bytes,
-                             options.index.state_budget_bytes, *r));
-          std::printf("%s\n", rows.back().c_str());
+          options.branch_points = branch_points;
+          if (branch_points != CacheSimOptions::BranchPoints::kOff) {
+            absl::StrAppend(&options.policy, "_branch_", absl::GetFlag(FLAGS_branch_points));
+          }
+          options.oracle_skip_last_turn = absl::GetFlag(FLAGS_oracle_skip_last_turn);
+          if (options.oracle_skip_last_turn) absl::StrAppend(&options.policy, "_oracle_last");
+          if (admission != 0)
+            absl::StrAppend(&options.policy, "_ckpt", admission < 0 ? "none" : absl::StrCat(admission));
+          for (double f : fractions) {
+            options.index.page_budget_bytes = std::max<int64_t>(1, static_cast<int64_t>(f * page_ws));
+            options.index.state_budget_bytes = std::max<int64_t>(1, static_cast<int64_t>(f * state_ws));
+            absl::StatusOr<CacheSimResult> r = RunCacheSim(*trace, *model, options);
+            if (!r.ok()) {
+              std::fprintf(stderr, "%s\n", r.status().ToString().c_str());
+              return 1;
+            }
+            rows.push_back(Row(trace->name, spec, options.policy, absl::StrCat(f), options.index.page_budget_bytes,
+                               options.index.state_budget_bytes, *r));
+            std::printf("%s\n", rows.back().c_str());
+          }
+          options.policy = "lru";
         }
       }
       std::fprintf(stderr, "%s x %s: %.1f s\n", trace->name.c_str(), spec.name.c_str(),
                    absl::ToDoubleSeconds(absl::Now() - start));
     }
   }
-  if (const std::string out = absl::GetFlag(FLAGS_out); !out.empty()) {
+  for (const auto& [out, lines] :
+       {std::pair(absl::GetFlag(FLAGS_out), &rows), std::pair(absl::GetFlag(FLAGS_intervals_out), &interval_rows)}) {
+    if (out.empty()) continue;
     std::ofstream f(Path(out));
-    for (const std::string& row : rows) f << row << "\n";
+    for (const std::string& row : *lines) f << row << "\n";
     if (!f) {
       std::fprintf(stderr, "cannot write %s\n", out.c_str());
       return 1;

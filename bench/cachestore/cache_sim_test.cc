@@ -87,6 +87,97 @@ TEST(CacheSimTest, ConversationsShareTheirSystemPrompt) {
   }
 }
 
+TEST(CacheSimTest, TheBranchPointRuleLetsAThirdConversationResumeAtTheSharedPrefix) {
+  // Shared prefix 7 of 70 tokens: the second conversation's pages match to 64
+  // (page 4 holds token 64-69 of the prefix and 10 of its own), past its hit
+  // of 0, so with no grid publication the rule puts the engine checkpoint at
+  // 64 (the interval) and the third resumes there; without the rule it finds
+  // no state. Exact branch points land at the page match, 64 too here.
+  const Trace trace = Parse((std::string(kHeader) +
+                             R"({"conv":0,"turn":0,"t":0,"user":5,"reply":10,"shared":7,"shared_units":70}
+{"conv":1,"turn":0,"t":1,"user":6,"reply":10,"shared":7,"shared_units":70}
+{"conv":2,"turn":0,"t":2,"user":7,"reply":10,"shared":7,"shared_units":70})")
+                                .c_str());
+  const ModelCost model = DefaultModel();  // pages of 16, checkpoints every 64
+  CacheSimOptions options;
+  options.tokens.vocab = model.vocab();
+  options.checkpoint_interval = -1;
+  absl::StatusOr<CacheSimResult> r = RunCacheSim(trace, model, options);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT(r->hits, ElementsAre(0, 0, 0));
+  for (auto rule : {CacheSimOptions::BranchPoints::kGrid, CacheSimOptions::BranchPoints::kExact}) {
+    options.branch_points = rule;
+    r = RunCacheSim(trace, model, options);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_THAT(r->hits, ElementsAre(0, 0, 64));
+    // States: each prompt end and turn end, and one branch state at 64.
+    EXPECT_EQ(r->states_written, 3 * 2 + 1);
+  }
+}
+
+TEST(CacheSimTest, AdmissionWithoutGridCheckpointsAndTheLastTurnOracle) {
+  // EachTurnResumesFromThePreviousTurnEnd's trace: without grid publication
+  // the checkpoint at 64 is not written, and the hits are the same.
+  const Trace trace = Parse((std::string(kHeader) + R"({"conv":0,"turn":0,"t":0,"user":40,"reply":10}
+{"conv":0,"turn":1,"t":1,"user":20,"reply":5}
+{"conv":0,"turn":2,"t":2,"user":30,"reply":1})")
+                                .c_str());
+  const ModelCost model = DefaultModel();
+  CacheSimOptions options;
+  options.tokens.vocab = model.vocab();
+  options.checkpoint_interval = -1;
+  absl::StatusOr<CacheSimResult> r = RunCacheSim(trace, model, options);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT(r->hits, ElementsAre(0, 49, 74));
+  EXPECT_EQ(r->states_written, 5);
+  // The oracle publishes nothing of turn 2, the conversation's last.
+  options.checkpoint_interval = 0;
+  options.oracle_skip_last_turn = true;
+  r = RunCacheSim(trace, model, options);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT(r->hits, ElementsAre(0, 49, 74));
+  EXPECT_EQ(r->pages_written, 4);
+  EXPECT_EQ(r->states_written, 5);  // 40, 49, 64, 70, 74
+}
+
+TEST(CacheSimTest, ReuseIntervalsHoldEachTurnEndUntilTheNextTurn) {
+  const Trace trace = Parse((std::string(kHeader) + R"({"conv":0,"turn":0,"t":0,"user":40,"reply":10}
+{"conv":1,"turn":0,"t":0.5,"user":3,"reply":0}
+{"conv":0,"turn":1,"t":1,"user":20,"reply":5}
+{"conv":1,"turn":1,"t":1.5,"user":3,"reply":1}
+{"conv":0,"turn":2,"t":2,"user":30,"reply":1})")
+                                .c_str());
+  const ModelCost model = DefaultModel();
+  absl::StatusOr<std::vector<ReuseInterval>> r = ReuseIntervals(trace, model, TokenRule{1, model.vocab()}, kOverhead);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->size(), 3u);
+  const auto state = [&](int64_t m) { return model.StateBytes(m, true) + kOverhead + 4 * (m % 16); };
+  const auto pages = [&](int64_t n) { return n * (model.page_bytes() + kOverhead); };
+  // Conversation 0 ends turn 0 at 49 (3 pages), turn 1 at 74 (4 pages).
+  EXPECT_EQ((*r)[0].conv, 0);
+  EXPECT_EQ((*r)[0].turn, 1);
+  EXPECT_DOUBLE_EQ((*r)[0].start_s, 0);
+  EXPECT_DOUBLE_EQ((*r)[0].end_s, 1);
+  EXPECT_EQ((*r)[0].tokens, 49);
+  EXPECT_EQ((*r)[0].page_charge, pages(3));
+  EXPECT_EQ((*r)[0].state_charge, state(49));
+  EXPECT_DOUBLE_EQ((*r)[0].flops, model.PrefixFlops(49));
+  // Conversation 1's first turn has no reply: its prompt end at 3 is the resume point.
+  EXPECT_EQ((*r)[1].conv, 1);
+  EXPECT_EQ((*r)[1].tokens, 3);
+  EXPECT_EQ((*r)[1].page_charge, 0);
+  EXPECT_EQ((*r)[1].state_charge, state(3));
+  EXPECT_EQ((*r)[2].tokens, 74);
+  EXPECT_EQ((*r)[2].page_charge, pages(4));
+  EXPECT_DOUBLE_EQ((*r)[2].start_s, 1);
+  EXPECT_DOUBLE_EQ((*r)[2].end_s, 2);
+
+  const Trace shared = Parse(
+      (std::string(kHeader) + R"({"conv":0,"turn":0,"t":0,"user":5,"reply":10,"shared":7,"shared_units":40})").c_str());
+  EXPECT_EQ(ReuseIntervals(shared, model, TokenRule{1, model.vocab()}, kOverhead).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(CacheSimTest, ASecondConversationEvictsTheFirstFromABudgetThatHoldsOne) {
   // A and B have the same shape: prompt 40, turn end at 49, so each leaves
   // pages 0-2 and states at 40 and 49. The budgets hold exactly that much.
