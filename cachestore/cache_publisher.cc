@@ -164,51 +164,48 @@ bool CachePublisher::Step(Job& job) {
     }
   }
   const size_t total = p.pages.size() + p.states.size();
+  // After a failed page, the pages after it and the states below it have no
+  // parent: they are not put, and their answers in a call that carried them
+  // (FAILED_PRECONDITION) are not failures of their own.
+  auto hangs_below_failure = [&](size_t i) {
+    if (!job.failed_page.has_value()) return false;
+    return i < p.pages.size() || p.states[i - p.pages.size()].first.position / p.ns.page_size > *job.failed_page;
+  };
   while (job.next < total) {
-    const bool is_page = job.next < p.pages.size();
-    if (is_page && job.failed_page.has_value()) {
-      job.next = p.pages.size();  // the pages after a failed one have no parent
+    if (hangs_below_failure(job.next)) {
+      ++job.next;
       continue;
     }
-    if (!is_page) {
-      const size_t index = job.next - p.pages.size();
-      const ClientPut& what = p.states[index].first;
-      if (job.failed_page.has_value() && what.position / p.ns.page_size > *job.failed_page) {
-        ++job.next;  // it would hang below the failed page
-        continue;
-      }
-      absl::StatusOr<PutResult> r =
-          skipping() ? absl::StatusOr<PutResult>(skipped) : cache_.Put(p.ns, what, p.states[index].second);
-      if (!Apply(job, r)) return false;
-      continue;
-    }
-    // The pages from job.next in one PutMany, up to max_put_many_bytes; while
-    // waiting for another writer's parent, the waited-for page alone.
+    // The entries from job.next, pages then states, in one PutMany of up to
+    // max_put_many_bytes; while waiting for another writer's parent, the
+    // waited-for entry alone.
     std::vector<PutManyEntry> batch;
     int64_t batch_bytes = 0;
-    for (size_t i = job.next; i < p.pages.size(); ++i) {
-      const int64_t size = static_cast<int64_t>(p.pages[i].second.size());
+    for (size_t i = job.next; i < total && !hangs_below_failure(i); ++i) {
+      const auto& [what, bytes] = i < p.pages.size() ? p.pages[i] : p.states[i - p.pages.size()];
+      const int64_t size = static_cast<int64_t>(bytes.size());
       if (!batch.empty() && (job.awaiting_parent || batch_bytes + size > options_.max_put_many_bytes)) break;
-      batch.push_back({&p.pages[i].first, p.pages[i].second});
+      batch.push_back({&what, bytes});
       batch_bytes += size;
     }
     std::vector<absl::StatusOr<PutResult>> results =
-        skipping() ? std::vector<absl::StatusOr<PutResult>>(1, skipped) : PutPages(p.ns, batch);
+        skipping() ? std::vector<absl::StatusOr<PutResult>>(1, skipped) : PutBatch(p.ns, batch);
     for (const absl::StatusOr<PutResult>& r : results) {
-      if (!Apply(job, r)) return false;  // parked at this page: the batch is put again from it
-      // A failed page: the rest of the batch hung below it (their answers,
-      // FAILED_PRECONDITION, are not failures of their own).
-      if (job.failed_page.has_value()) break;
+      if (hangs_below_failure(job.next)) {
+        ++job.next;  // it hung from a page that failed earlier in this call
+        continue;
+      }
+      if (!Apply(job, r)) return false;  // parked at this entry: the batch is put again from it
     }
   }
   return true;
 }
 
-std::vector<absl::StatusOr<PutResult>> CachePublisher::PutPages(const ClientNamespace& ns,
-                                                                absl::Span<const PutManyEntry> pages) {
+std::vector<absl::StatusOr<PutResult>> CachePublisher::PutBatch(const ClientNamespace& ns,
+                                                                absl::Span<const PutManyEntry> entries) {
   const int64_t now = absl::ToUnixNanos(absl::Now());
   if (now >= put_many_unimplemented_until_.load(std::memory_order_relaxed)) {
-    std::vector<absl::StatusOr<PutResult>> results = cache_.PutMany(ns, pages);
+    std::vector<absl::StatusOr<PutResult>> results = cache_.PutMany(ns, entries);
     if (results.empty() || results[0].status().code() != absl::StatusCode::kUnimplemented) {
       if (put_many_unimplemented_until_.exchange(0) != 0) LOG(INFO) << "the cachestore implements PutMany again";
       return results;
@@ -220,7 +217,7 @@ std::vector<absl::StatusOr<PutResult>> CachePublisher::PutPages(const ClientName
                    << options_.put_many_recheck;
     }
   }
-  return cache_.CacheClient::PutMany(ns, pages);  // Put for each
+  return cache_.CacheClient::PutMany(ns, entries);  // Put for each
 }
 
 bool CachePublisher::Apply(Job& job, const absl::StatusOr<PutResult>& r) {

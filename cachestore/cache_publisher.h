@@ -24,10 +24,10 @@
 //     cache_failure_backoff: meanwhile every put, and the lookups of whoever
 //     asks skipping(), skip the cache without a call ("unavailable"), so a
 //     hung cache costs one timeout per backoff, not one per request.
-// A publication's pages go in PutMany calls (CacheClient::PutMany), each up to
-// max_put_many_bytes, and the rules above apply to each page's answer in
-// order; its states go one Put each. A cachestore older than PutMany
-// (UNIMPLEMENTED) is logged and given one Put per page for
+// A publication's pages, then its states, go in PutMany calls
+// (CacheClient::PutMany), each up to max_put_many_bytes, and the rules above
+// apply to each entry's answer in order. A cachestore older than PutMany
+// (UNIMPLEMENTED) is logged and given one Put per entry for
 // put_many_recheck, then asked again (it may have been upgraded since).
 // Publications run on the publisher's thread, in arrival order (Publish), or
 // on the caller's (PublishNow).
@@ -108,12 +108,13 @@ struct PublisherOptions {
   absl::Duration parent_wait = absl::Seconds(2);
   // The skip after a call timed out (see above). Zero: never skip.
   absl::Duration cache_failure_backoff = absl::Seconds(1);
-  // The most page bytes in one PutMany (a page larger than this goes alone).
-  // A call's timeout covers all of its pages: 16 MiB is 1/8 s at 1 Gbit/s,
-  // far inside the workers' 2 s --cache_timeout; 0 puts the pages one a call.
+  // The most entry bytes in one PutMany (an entry larger than this goes
+  // alone). A call's timeout covers all of its entries: 16 MiB is 1/8 s at
+  // 1 Gbit/s, far inside the workers' 2 s --cache_timeout; 0 puts the entries
+  // one a call.
   int64_t max_put_many_bytes = int64_t{16} << 20;
-  // After the cachestore answered PutMany UNIMPLEMENTED, how long pages go one
-  // Put each before PutMany is tried again (>= 0).
+  // After the cachestore answered PutMany UNIMPLEMENTED, how long entries go
+  // one Put each before PutMany is tried again (>= 0).
   absl::Duration put_many_recheck = absl::Minutes(5);
 };
 
@@ -165,9 +166,9 @@ class CachePublisher {
   // job must wait for a parent page (parked at job.next); else job.next has
   // moved on.
   bool Apply(Job& job, const absl::StatusOr<PutResult>& r) ABSL_LOCKS_EXCLUDED(mu_);
-  // `pages` in one PutMany, or one Put each once the cachestore answered
+  // `entries` in one PutMany, or one Put each once the cachestore answered
   // PutMany UNIMPLEMENTED.
-  std::vector<absl::StatusOr<PutResult>> PutPages(const ClientNamespace& ns, absl::Span<const PutManyEntry> pages);
+  std::vector<absl::StatusOr<PutResult>> PutBatch(const ClientNamespace& ns, absl::Span<const PutManyEntry> entries);
   // Counts a failed put and, when it is the first, makes it the result's.
   void Fail(Job& job, const absl::Status& status, absl::string_view what) ABSL_LOCKS_EXCLUDED(mu_);
   void Finish(Job& job) ABSL_LOCKS_EXCLUDED(mu_);
@@ -183,7 +184,7 @@ class CachePublisher {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time skip_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   PublisherCounters counters_ ABSL_GUARDED_BY(mu_);
-  // Until when pages go one Put each: the cachestore answered PutMany
+  // Until when entries go one Put each: the cachestore answered PutMany
   // UNIMPLEMENTED (absl::ToUnixNanos; 0: PutMany is used).
   std::atomic<int64_t> put_many_unimplemented_until_{0};
   std::thread thread_;

@@ -103,10 +103,10 @@ TEST_F(CachePublisherTest, AFailedPageEndsThePagesAndTheStatesBelowIt) {
   EXPECT_EQ(r.pages_put, 0);
   EXPECT_TRUE(r.states[0].has_value()) << "the state at 5 hangs under page 0, which is in";
   EXPECT_FALSE(r.states[1].has_value());
-  // The failed page 1, page 2 (in the same PutMany; its FAILED_PRECONDITION
-  // is not counted as a failure of its own) and the state at 5: the state at
-  // 12 was not tried.
-  EXPECT_EQ(faults_->calls(CacheClientMethod::kPut) - puts_before, 3);
+  // One PutMany of the failed page 1, page 2, the state at 5 and the state at
+  // 12: the answers to page 2 and to the state at 12 (FAILED_PRECONDITION, no
+  // parent) are not counted as failures of their own.
+  EXPECT_EQ(faults_->calls(CacheClientMethod::kPut) - puts_before, 4);
   EXPECT_EQ(publisher->counters().failures_by_reason.at("resource_exhausted"), 1);
   EXPECT_EQ(ResumeAt(), 5);
 }
@@ -201,6 +201,22 @@ TEST_F(CachePublisherTest, PagesGoInPutManyCallsOfBoundedBytes) {
   EXPECT_EQ(faults_->calls(CacheClientMethod::kPutMany), 2);
   EXPECT_EQ(faults_->calls(CacheClientMethod::kPut), 4);  // 3 pages through PutMany's entries, the state
   EXPECT_EQ(ResumeAt(), 12);
+}
+
+// The states go in the PutMany of the pages: a publication is one call.
+TEST_F(CachePublisherTest, StatesGoInTheSamePutManyAsThePages) {
+  auto publisher = NewPublisher();
+  PublicationResult r = publisher->PublishNow(Make(0, 2, {4, 8}));
+  EXPECT_TRUE(r.failure.empty()) << r.failure_message;
+  EXPECT_EQ(faults_->calls(CacheClientMethod::kPutMany), 1);
+  EXPECT_EQ(faults_->calls(CacheClientMethod::kPut), 4);  // the call's entries
+  // States alone (their pages are in): one call, no Put of their own.
+  r = publisher->PublishNow(Make(2, 2, {9, 10}));
+  EXPECT_TRUE(r.failure.empty()) << r.failure_message;
+  EXPECT_EQ(faults_->calls(CacheClientMethod::kPutMany), 2);
+  EXPECT_EQ(faults_->calls(CacheClientMethod::kPut), 6);
+  EXPECT_EQ(publisher->counters().states_published, 4);
+  EXPECT_EQ(ResumeAt(), 10);
 }
 
 // A cachestore older than PutMany answers UNIMPLEMENTED: the publisher falls
