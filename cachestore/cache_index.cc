@@ -60,7 +60,7 @@ absl::Status CacheIndex::ValidateSpec(const PutSpec& spec) const {
   }
   if (spec.model_cost.has_value()) {
     if (const std::string problem = PrefillCostProblem(*spec.model_cost); !problem.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("namespace model_cost: ", problem));
+      return absl::InvalidArgumentError(absl::StrCat("namespace.model_cost.", problem));
     }
   }
   // Checked last: the charge counts the tail, which the checks above bound.
