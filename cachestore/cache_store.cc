@@ -115,6 +115,11 @@ IndexStats CacheStore::Stats() const {
   return index_.Stats();
 }
 
+std::optional<PrefillCost> CacheStore::ModelCostOf(const Hash128& ns) const {
+  absl::MutexLock lock(&mu_);
+  return index_.ModelCostOf(ns);
+}
+
 absl::Status CacheStore::CheckInvariants() const {
   absl::MutexLock lock(&mu_);
   return index_.CheckInvariants();

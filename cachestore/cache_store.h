@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -50,6 +51,8 @@ class CacheStore {
   std::vector<uint64_t> Expire() ABSL_LOCKS_EXCLUDED(mu_);
 
   IndexStats Stats() const ABSL_LOCKS_EXCLUDED(mu_);
+  // CacheIndex::ModelCostOf: the model cost namespace `ns` registered.
+  std::optional<PrefillCost> ModelCostOf(const Hash128& ns) const ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status CheckInvariants() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
