@@ -81,7 +81,8 @@ struct CacheIndexOptions {
 
   // Measured on x86-64 (sizeof of the records, plus map slot, set node and
   // allocator headers), rounded up. Not yet re-measured with the utility
-  // policy, which adds a second set node per evictable entry.
+  // policy, which adds a second set node per evictable entry, nor with
+  // Entry::cost (16 bytes).
   static constexpr int64_t kDefaultEntryOverheadBytes = 512;
 };
 
