@@ -35,6 +35,11 @@ struct ClientNamespace {
   // Whose entries (decode/tenant.h); "" in a single-tenant deployment. Last
   // so that {fingerprint, adapter, salt, page_size} still reads as before.
   std::string tenant;
+  // The model's prefill cost (engine/model_flops.h), registered with the
+  // namespace by every put (proto CacheNamespace.model_cost); not part of
+  // the key. nullopt: the cache's fallback. A cache refuses a value that is
+  // not finite or outside [0, kMaxPrefillFlops] (INVALID_ARGUMENT).
+  std::optional<PrefillCost> model_cost;
 
   Hash128 Key() const { return NamespaceKey(model_fingerprint, adapter, tenant, cache_salt, page_size); }
 };

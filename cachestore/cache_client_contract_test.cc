@@ -4,7 +4,10 @@
 // and against the InProcessCacheClient, each over a fresh CacheStore on a
 // FakeClock.
 
+#include <cmath>
+#include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -362,6 +365,52 @@ TYPED_TEST(CacheClientContractTest, NamespaceWithABadPageSizeOrNoFingerprintIsIn
   absl::StatusOr<IndexStats> stats = this->client().Stats();
   ASSERT_TRUE(stats.ok()) << stats.status();
   EXPECT_EQ(stats->pages.entries + stats->states.entries, 0);
+}
+
+TYPED_TEST(CacheClientContractTest, PutsRegisterTheirNamespacesModelCostWhichIsNotPartOfItsKey) {
+  // An old client's puts carry none: the namespace uses the fallback.
+  const std::vector<TokenId> t = Tokens(2 * kPageSize + 3);
+  PutPrefix(this->client(), this->ns_, t, 2 * kPageSize + 3, StateKind::kExactPrefix, Bytes(500, 9));
+  absl::StatusOr<IndexStats> stats = this->client().Stats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->namespaces, 1);
+  EXPECT_EQ(stats->namespaces_with_model_cost, 0);
+
+  // The same namespace with a cost: same key, same entries; a put (of a page
+  // already present, and by PutMany) registers the cost.
+  ClientNamespace costed = this->ns_;
+  costed.model_cost = PrefillCost{2188288, 1024};
+  ASSERT_EQ(costed.Key(), this->ns_.Key());
+  absl::StatusOr<LookupResult> hit = this->client().Lookup(costed, t, LookupMode::kProbeOnly);
+  ASSERT_TRUE(hit.ok()) << hit.status();
+  EXPECT_EQ(hit->resume_position, 2 * kPageSize + 3);
+  const std::vector<ClientPut> pages = PageChain(t, 1);
+  const std::string bytes = Bytes(1000, 100);
+  const PutManyEntry entry{&pages[0], bytes, std::nullopt};
+  const std::vector<absl::StatusOr<PutResult>> put = this->client().PutMany(costed, {entry});
+  ASSERT_EQ(put.size(), 1u);
+  ASSERT_TRUE(put[0].ok()) << put[0].status();
+  EXPECT_TRUE(put[0]->already_present);
+  stats = this->client().Stats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->namespaces, 1);
+  EXPECT_EQ(stats->namespaces_with_model_cost, 1);
+
+  // A value that is not a finite number in [0, 1e30] is refused naming the field.
+  for (const PrefillCost& bad : {PrefillCost{-1, 0}, PrefillCost{std::nan(""), 0},
+                                 PrefillCost{1, std::numeric_limits<double>::infinity()}, PrefillCost{1, 2e30}}) {
+    ClientNamespace wrong = this->ns_;
+    wrong.model_cost = bad;
+    const std::string field = std::isfinite(bad.flops_per_token) && bad.flops_per_token >= 0
+                                  ? "namespace.model_cost.flops_per_token_context"
+                                  : "namespace.model_cost.flops_per_token ";
+    const absl::Status put_status = this->client().Put(wrong, pages[0], bytes).status();
+    EXPECT_EQ(put_status.code(), absl::StatusCode::kInvalidArgument) << put_status;
+    EXPECT_NE(put_status.message().find(field), absl::string_view::npos) << put_status;
+    const absl::Status lookup_status = this->client().Lookup(wrong, t, LookupMode::kProbeOnly).status();
+    EXPECT_EQ(lookup_status.code(), absl::StatusCode::kInvalidArgument) << lookup_status;
+    EXPECT_NE(lookup_status.message().find(field), absl::string_view::npos) << lookup_status;
+  }
 }
 
 TYPED_TEST(CacheClientContractTest, MalformedCallsGetTheDocumentedCodes) {

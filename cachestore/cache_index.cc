@@ -58,6 +58,11 @@ absl::Status CacheIndex::ValidateSpec(const PutSpec& spec) const {
           absl::StrCat("state position ", spec.position, " outside [1, ", options_.max_tokens, "]"));
     }
   }
+  if (spec.model_cost.has_value()) {
+    if (const std::string problem = PrefillCostProblem(*spec.model_cost); !problem.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("namespace.model_cost.", problem));
+    }
+  }
   // Checked last: the charge counts the tail, which the checks above bound.
   const int64_t charge = Charge(spec);
   if (charge > Budget(spec.entry_class)) {
@@ -112,8 +117,10 @@ absl::StatusOr<Reservation> CacheIndex::Reserve(const PutSpec& spec, absl::Time 
     key = PageKey(parent_key, spec.tokens);
     if (auto it = pages_.find(key); it != pages_.end()) {
       if (!it->second->entry.committed) return absl::AbortedError("a put of this page is in flight");
+      Reservation present{0, key, true, nullptr};
+      present.model_cost_registered = RegisterModelCost(it->second->root, spec);
       UseNode(it->second.get(), now);
-      return Reservation{0, key, true, nullptr};
+      return present;
     }
   } else {
     if (spec.position != parent_tokens + static_cast<int64_t>(spec.tokens.size())) {
@@ -124,8 +131,9 @@ absl::StatusOr<Reservation> CacheIndex::Reserve(const PutSpec& spec, absl::Time 
     key = StateKey(parent_key, spec.tokens);
     if (auto it = states_.find(key); it != states_.end()) {
       if (!it->second->entry.committed) return absl::AbortedError("a put of this state is in flight");
-      UseState(it->second.get(), now);
       Reservation present{0, key, true, nullptr};
+      present.model_cost_registered = RegisterModelCost(it->second->node->root, spec);
+      UseState(it->second.get(), now);
       ApplyRetention(it->second.get(), spec, &present);
       return present;
     }
@@ -167,7 +175,9 @@ absl::StatusOr<Reservation> CacheIndex::Reserve(const PutSpec& spec, absl::Time 
   r.id = next_id_++;
   r.key = key;
   r.blob = *std::move(blob);
+  r.model_cost_registered = RegisterModelCost(root, spec);
   Entry entry;
+  entry.cost = CostOf(*root);
   entry.size = spec.size_bytes;
   entry.charge = charge;
   entry.blob = r.blob;
@@ -400,11 +410,29 @@ IndexStats CacheIndex::Stats() const {
   s.pages = page_stats_;
   s.states = state_stats_;
   s.namespaces = static_cast<int64_t>(roots_.size());
+  s.namespaces_with_model_cost = roots_with_model_cost_;
   s.active_leases = static_cast<int64_t>(leases_.size());
   s.active_puts = static_cast<int64_t>(puts_.size());
   s.pinned_states = pinned_states_;
   s.pinned_bytes = pinned_bytes_;
   return s;
+}
+
+std::optional<PrefillCost> CacheIndex::ModelCostOf(const Hash128& ns) const {
+  auto it = roots_.find(ns);
+  return it == roots_.end() ? std::nullopt : it->second->model_cost;
+}
+
+PrefillCost CacheIndex::CostOf(const Node& root) const {
+  return root.model_cost.value_or(
+      PrefillCost{options_.utility.flops_per_token, options_.utility.flops_per_token_context});
+}
+
+bool CacheIndex::RegisterModelCost(Node* root, const PutSpec& spec) {
+  if (!spec.model_cost.has_value() || root->model_cost == spec.model_cost) return false;
+  if (!root->model_cost.has_value()) roots_with_model_cost_++;
+  root->model_cost = spec.model_cost;
+  return true;
 }
 
 bool CacheIndex::Contains(EntryClass entry_class, const Hash128& key) const {

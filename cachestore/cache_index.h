@@ -70,7 +70,10 @@ struct CacheIndexOptions {
   int64_t max_leases = int64_t{1} << 16;
   // Which evictable entry of a class makes room for a put: the least recently
   // used, or the lowest GreedyDual-Size priority by FLOPs saved per byte
-  // (eviction_utility.h; `utility` is its cost model and recency blend).
+  // (eviction_utility.h). An entry is valued by its namespace's model cost
+  // (PutSpec::model_cost) as it stood at the entry's last use, as its base
+  // is the clock at its last use; `utility` holds the cost of namespaces that
+  // registered none (the fallback) and the cache-wide recency blend.
   // Either way only evictable entries go (never leased, pinned, reserved or
   // interior pages), each choice in O(log n), and TTL expiry stays by idle time.
   EvictionPolicy eviction = EvictionPolicy::kLru;
@@ -78,7 +81,8 @@ struct CacheIndexOptions {
 
   // Measured on x86-64 (sizeof of the records, plus map slot, set node and
   // allocator headers), rounded up. Not yet re-measured with the utility
-  // policy, which adds a second set node per evictable entry.
+  // policy, which adds a second set node per evictable entry, nor with
+  // Entry::cost (16 bytes).
   static constexpr int64_t kDefaultEntryOverheadBytes = 512;
 };
 
@@ -137,6 +141,10 @@ class CacheIndex {
   // Whether an entry (committed or reserved) is in the index.
   bool Contains(EntryClass entry_class, const Hash128& key) const;
 
+  // The model cost namespace `ns` registered; nullopt when it registered none
+  // (it uses options().utility's) or holds no entries.
+  std::optional<PrefillCost> ModelCostOf(const Hash128& ns) const;
+
   // Recomputes every counter and structural invariant from scratch (budget,
   // accounting, tree links, pin counts, LRU membership). For tests.
   absl::Status CheckInvariants() const;
@@ -158,6 +166,7 @@ class CacheIndex {
     // the class's utility set (base + the increment it has now).
     double base = 0;
     double priority = 0;
+    PrefillCost cost;        // its namespace's cost at the last use (CostOf)
     bool evictable = false;  // member of its class's evictable set
   };
   // A page of a namespace's radix tree; depth 0 is the namespace root, which
@@ -180,6 +189,10 @@ class CacheIndex {
     std::map<int64_t, int> tail_lengths;
     int busy_states = 0;  // attached states reserved or pinned
     std::string tenant;   // roots: the namespace's tenant (PutSpec::tenant)
+    // Roots: the latest model cost a put registered (PutSpec::model_cost).
+    // Bounded with the roots by max_namespaces; outside the budgets, like
+    // the root itself.
+    std::optional<PrefillCost> model_cost;
   };
   struct State {
     Hash128 key;
@@ -263,6 +276,17 @@ class CacheIndex {
   // re-filing an evictable page whose key changed because its states did (a
   // state's key changes only when it is used). RekeyNode is a no-op under LRU.
   bool UtilityPolicy() const { return options_.eviction == EvictionPolicy::kUtility; }
+  // The cost an entry of `root`'s namespace is valued by when used now: the
+  // namespace's registered cost, or the fallback. An entry keeps it in
+  // Entry::cost until its next use.
+  PrefillCost CostOf(const Node& root) const;
+  // Sets `root`'s cost to what `spec` carries, if anything; true when that
+  // registered a new cost.
+  bool RegisterModelCost(Node* root, const PutSpec& spec);
+  // The arithmetic's cost model for an entry: its cost and the blend.
+  UtilityCost EntryUtilityCost(const Entry& e) const {
+    return UtilityCost{e.cost.flops_per_token, e.cost.flops_per_token_context, options_.utility.recency_blend};
+  }
   double NodePriority(const Node& node) const;
   double StatePriority(const State& state) const;
   void RekeyNode(Node* node);
@@ -316,6 +340,7 @@ class CacheIndex {
   std::set<std::pair<absl::Time, State*>> session_expiry_;
   int64_t pinned_bytes_ = 0;
   int64_t pinned_states_ = 0;
+  int64_t roots_with_model_cost_ = 0;
   // Session-pinned state bytes by tenant (present while > 0).
   absl::flat_hash_map<std::string, int64_t> tenant_pinned_bytes_;
   uint64_t next_tick_ = 1;

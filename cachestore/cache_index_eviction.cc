@@ -102,6 +102,7 @@ void CacheIndex::UseNode(Node* node, absl::Time now) {
   e.last_use = now;
   if (UtilityPolicy()) {
     e.base = page_clock_;
+    e.cost = CostOf(*node->root);
     e.priority = NodePriority(*node);
   }
   if (was) {
@@ -121,6 +122,7 @@ void CacheIndex::UseState(State* state, absl::Time now) {
   e.last_use = now;
   if (UtilityPolicy()) {
     e.base = state_clock_;
+    e.cost = CostOf(*state->node->root);
     e.priority = StatePriority(*state);
   }
   if (was) {
@@ -172,11 +174,11 @@ double CacheIndex::NodePriority(const Node& node) const {
   // The deepest state hanging here: states sit at depth * page_size + tail.
   const int64_t deepest =
       node.tail_lengths.empty() ? 0 : node.depth * node.root->page_size + node.tail_lengths.rbegin()->first;
-  return node.entry.base + PageUtilityIncrement(options_.utility, deepest, node.depth, node.entry.charge);
+  return node.entry.base + PageUtilityIncrement(EntryUtilityCost(node.entry), deepest, node.depth, node.entry.charge);
 }
 
 double CacheIndex::StatePriority(const State& state) const {
-  return state.entry.base + StateUtilityIncrement(options_.utility, state.position, state.entry.charge);
+  return state.entry.base + StateUtilityIncrement(EntryUtilityCost(state.entry), state.position, state.entry.charge);
 }
 
 void CacheIndex::RekeyNode(Node* node) {
@@ -273,7 +275,9 @@ void CacheIndex::RefreshAfterRemoval(Node* node) {
 
 void CacheIndex::MaybeRemoveRoot(Node* root) {
   // A pinned root is in use by a Reserve that is making room under it.
-  if (root->entry.pins == 0 && root->children.empty() && root->states.empty()) roots_.erase(root->key);
+  if (root->entry.pins != 0 || !root->children.empty() || !root->states.empty()) return;
+  if (root->model_cost.has_value()) roots_with_model_cost_--;
+  roots_.erase(root->key);
 }
 
 }  // namespace hybridserve::cachestore

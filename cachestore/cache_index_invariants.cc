@@ -84,14 +84,20 @@ absl::Status CacheIndex::CheckInvariants() const {
     }
     evictable_pages += evictable ? 1 : 0;
   }
+  int64_t roots_with_model_cost = 0;
   for (const auto& [key, root] : roots_) {
     if (root->children.empty() && root->states.empty()) return fail("empty root kept");
+    if (root->model_cost.has_value()) {
+      roots_with_model_cost++;
+      if (!PrefillCostProblem(*root->model_cost).empty()) return fail("namespace model cost out of range");
+    }
     if (root->jump != root.get()) return fail("root jump pointer is not itself");
     RETURN_IF_ERROR(CheckStateSlots(*root));
     int busy = 0;
     for (const State* s : root->states) busy += IsBusy(*s) ? 1 : 0;
     if (busy != root->busy_states) return fail("root busy_states out of date");
   }
+  if (roots_with_model_cost != roots_with_model_cost_) return fail("namespaces with a model cost miscounted");
   for (const auto& [key, s] : states_) {
     const Entry& e = s->entry;
     (e.committed ? states.resident_bytes : states.reserved_bytes) += e.size;

@@ -26,8 +26,15 @@
 // arithmetic (eviction_utility.h), so the index's eager re-keying, its clocks
 // and its tie-breaks are checked, and CheckInvariants checks every key. With
 // the model choosing by LRU instead, 25 of the 40 seeds disagree.
+//
+// Puts carry a namespace model cost (PutSpec::model_cost) most of the time:
+// each namespace's own (the two differ), another, none (the fallback), or
+// rarely an invalid one (INVALID_ARGUMENT). The latest accepted one wins and
+// an emptied namespace forgets it; entries are valued by their namespace's
+// cost at their last use, so the utility victims depend on it.
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -225,6 +232,7 @@ class RandomRun {
     } else if (defect < 7) {
       req.tokens[Pick(req.tokens.size())] = -1;
     }
+    req.model_cost = RandomModelCost(req.ns);
     return req;
   }
 
@@ -263,7 +271,21 @@ class RandomRun {
     } else if (defect < 9 && !req.tokens.empty()) {
       req.tokens[Pick(req.tokens.size())] = -7;
     }
+    req.model_cost = RandomModelCost(req.ns);
     return req;
+  }
+
+  // Mostly the namespace's own cost; sometimes another, none, or an invalid one.
+  std::optional<PrefillCost> RandomModelCost(int ns) {
+    const int r = static_cast<int>(Uniform(0, 99));
+    if (r < 30) return std::nullopt;
+    if (r < 75) return ns == 0 ? PrefillCost{4, 0.5} : PrefillCost{0.25, 0};
+    if (r < 98) {
+      const PrefillCost others[] = {{1, 0}, {2.5, 0.75}, {0, 0}};
+      return others[Pick(3)];
+    }
+    const PrefillCost invalid[] = {{-1, 0}, {std::nan(""), 0}, {1, 1e31}, {0, -0.5}};
+    return invalid[Pick(4)];
   }
 
   PutSpec ToSpec(const PutRequest& req) const {
@@ -276,6 +298,7 @@ class RandomRun {
     s.state_kind = req.kind;
     s.position = req.position;
     s.size_bytes = req.size;
+    s.model_cost = req.model_cost;
     return s;
   }
 
@@ -332,9 +355,12 @@ class RandomRun {
     absl::StatusOr<Reservation> got = index_->Reserve(ToSpec(req), At(now_));
     const ReserveOutcome want = model_->Reserve(req, now_);
     if (!CodeIs(want.code, got.status(), "Reserve") || !got.ok()) return;
-    if (got->already_present != want.already_present || got->key != want.key) {
+    if (got->already_present != want.already_present || got->key != want.key ||
+        got->model_cost_registered != want.model_cost_registered) {
       Fail(absl::StrCat("Reserve: index says already_present=", got->already_present, " key=", got->key.ToHex(),
-                        ", model expects already_present=", want.already_present, " key=", want.key.ToHex()));
+                        " model_cost_registered=", got->model_cost_registered,
+                        ", model expects already_present=", want.already_present, " key=", want.key.ToHex(),
+                        " model_cost_registered=", want.model_cost_registered));
       return;
     }
     if (want.already_present) {
@@ -596,14 +622,29 @@ class RandomRun {
       return Fail("a budget is exceeded");
     }
     const std::vector<std::pair<int64_t, int64_t>> totals = {
-        {s.namespaces, model_->Namespaces()},         {s.active_leases, static_cast<int64_t>(model_->leases().size())},
-        {s.active_puts, model_->Reserved()},          {s.lookups, model_->lookups()},
-        {s.lookup_hits, model_->lookup_hits()},       {s.hits_grid_checkpoint, model_->hits_grid()},
-        {s.hits_exact_prefix, model_->hits_exact()},  {s.checksum_failures, model_->checksum_failures()},
-        {s.expired_leases, model_->expired_leases()}, {s.expired_puts, expected_expired_puts_},
+        {s.namespaces, model_->Namespaces()},
+        {s.active_leases, static_cast<int64_t>(model_->leases().size())},
+        {s.active_puts, model_->Reserved()},
+        {s.lookups, model_->lookups()},
+        {s.lookup_hits, model_->lookup_hits()},
+        {s.hits_grid_checkpoint, model_->hits_grid()},
+        {s.hits_exact_prefix, model_->hits_exact()},
+        {s.checksum_failures, model_->checksum_failures()},
+        {s.expired_leases, model_->expired_leases()},
+        {s.expired_puts, expected_expired_puts_},
+        {s.namespaces_with_model_cost, model_->NamespacesWithModelCost()},
     };
-    const char* names[] = {"namespaces", "active_leases", "active_puts",       "lookups",        "lookup_hits",
-                           "hits_grid",  "hits_exact",    "checksum_failures", "expired_leases", "expired_puts"};
+    const char* names[] = {"namespaces",
+                           "active_leases",
+                           "active_puts",
+                           "lookups",
+                           "lookup_hits",
+                           "hits_grid",
+                           "hits_exact",
+                           "checksum_failures",
+                           "expired_leases",
+                           "expired_puts",
+                           "namespaces_with_model_cost"};
     for (size_t i = 0; i < totals.size(); ++i) {
       if (totals[i].first != totals[i].second) {
         return Fail(
@@ -611,6 +652,11 @@ class RandomRun {
       }
     }
 
+    for (int ns = 0; ns < kNamespaces; ++ns) {
+      if (index_->ModelCostOf(ns_keys_[ns]) != model_->ModelCostOf(ns)) {
+        return Fail(absl::StrCat("namespace ", ns, ": the index and the model disagree on its model cost"));
+      }
+    }
     for (const ModelEntry& e : model_->entries()) {
       if (!index_->Contains(e.cls, e.key)) {
         return Fail(absl::StrCat("the index lost the ", e.committed ? "committed " : "reserved ", ClassName(e.cls),

@@ -126,6 +126,7 @@ struct ModelEntry {
   uint64_t use_order = 0;  // larger: used more recently
   int64_t last_use = 0;
   double base = 0;              // utility: the class clock at the last use
+  PrefillCost cost;             // utility: its namespace's cost at the last use (CostOf)
   int64_t deadline = 0;         // reserved entries
   uint64_t reservation_id = 0;  // reserved entries
   uint64_t serial = 0;          // tells apart entries stored again under the same key
@@ -187,14 +188,18 @@ struct PutRequest {
   StateKind kind = StateKind::kExactPrefix;
   int64_t position = 0;
   int64_t size = 0;
+  std::optional<PrefillCost> model_cost;  // PutSpec::model_cost
 
   std::string Describe() const {
-    return absl::StrCat("Reserve ", ClassName(cls), " ns=", ns, " ps=", page_size, " parent=", parent_desc,
-                        " tokens=", Str(tokens),
-                        cls == EntryClass::kState
-                            ? absl::StrCat(" p=", position, kind == StateKind::kGridCheckpoint ? " grid" : " exact")
-                            : std::string(),
-                        " size=", size);
+    return absl::StrCat(
+        "Reserve ", ClassName(cls), " ns=", ns, " ps=", page_size, " parent=", parent_desc, " tokens=", Str(tokens),
+        cls == EntryClass::kState
+            ? absl::StrCat(" p=", position, kind == StateKind::kGridCheckpoint ? " grid" : " exact")
+            : std::string(),
+        " size=", size,
+        model_cost.has_value()
+            ? absl::StrCat(" cost=", model_cost->flops_per_token, "+", model_cost->flops_per_token_context, "/ctx")
+            : std::string());
   }
 };
 
@@ -203,6 +208,7 @@ struct ReserveOutcome {
   bool already_present = false;
   Hash128 key;
   int created = -1;  // index of the new model entry
+  bool model_cost_registered = false;
 };
 
 struct LookupOutcome {
@@ -275,6 +281,16 @@ class ReferenceModel {
     for (int ns = 0; ns < kNamespaces; ++ns) n += NamespacePageSize(ns).has_value() ? 1 : 0;
     return n;
   }
+  // The model cost a namespace registered; nullopt when it has none or no
+  // entries (an emptied namespace forgets it, as the index drops its root).
+  std::optional<PrefillCost> ModelCostOf(int ns) const {
+    return NamespacePageSize(ns).has_value() ? ns_cost_[ns] : std::nullopt;
+  }
+  int64_t NamespacesWithModelCost() const {
+    int64_t n = 0;
+    for (int ns = 0; ns < kNamespaces; ++ns) n += ModelCostOf(ns).has_value() ? 1 : 0;
+    return n;
+  }
 
   int FindByKey(EntryClass c, const Hash128& key) const {
     for (size_t i = 0; i < entries_.size(); ++i) {
@@ -297,6 +313,12 @@ class ReferenceModel {
     };
     const bool is_page = req.cls == EntryClass::kPage;
     const int64_t ps = req.page_size;
+    // Only a put creates a namespace: one that emptied since the last put
+    // (the index dropped its root) starts again without a cost. Not during
+    // this put's own evictions: the index keeps the root pinned through them.
+    for (int ns = 0; ns < kNamespaces; ++ns) {
+      if (!NamespacePageSize(ns).has_value()) ns_cost_[ns].reset();
+    }
     // Validation of the spec alone.
     if (!ValidPageSize(ps)) return fail(absl::StatusCode::kInvalidArgument);
     // A page may be empty (a model without attention layers); a state may not.
@@ -308,6 +330,9 @@ class ReferenceModel {
     if (!is_page) {
       if (static_cast<int64_t>(req.tokens.size()) >= ps) return fail(absl::StatusCode::kInvalidArgument);
       if (req.position <= 0 || req.position > config_.max_tokens) return fail(absl::StatusCode::kInvalidArgument);
+    }
+    if (req.model_cost.has_value() && !PrefillCostProblem(*req.model_cost).empty()) {
+      return fail(absl::StatusCode::kInvalidArgument);
     }
     const int64_t charge =
         req.size + config_.entry_overhead + (is_page ? 0 : static_cast<int64_t>(req.tokens.size()) * 4);
@@ -333,6 +358,7 @@ class ReferenceModel {
     for (ModelEntry& e : entries_) {
       if (e.cls != req.cls || e.ns != req.ns || e.prefix != full) continue;
       if (!e.committed) return fail(absl::StatusCode::kAborted);
+      out.model_cost_registered = RegisterModelCost(req);
       Use(e, now);
       out.already_present = true;
       out.key = e.key;
@@ -343,8 +369,10 @@ class ReferenceModel {
     const bool room = MakeRoom(req.cls, charge);
     if (req.parent.has_value()) entries_[FindByKey(EntryClass::kPage, *req.parent)].pins--;
     if (!room) return fail(absl::StatusCode::kResourceExhausted);
+    out.model_cost_registered = RegisterModelCost(req);
 
     ModelEntry e;
+    e.cost = CostOf(req.ns);
     e.cls = req.cls;
     e.ns = req.ns;
     e.page_size = req.page_size;
@@ -572,9 +600,28 @@ class ReferenceModel {
     return -1;
   }
 
+  // What an entry of `ns` is valued by when used now: the namespace's
+  // registered cost, or the fallback.
+  PrefillCost CostOf(int ns) const {
+    return ns_cost_[ns].value_or(
+        PrefillCost{config_.utility_cost.flops_per_token, config_.utility_cost.flops_per_token_context});
+  }
+
+  // The latest cost a put carries wins; true when it changed the namespace's.
+  bool RegisterModelCost(const PutRequest& req) {
+    if (!req.model_cost.has_value() || ns_cost_[req.ns] == req.model_cost) return false;
+    ns_cost_[req.ns] = req.model_cost;
+    return true;
+  }
+
+  UtilityCost CostModel(const ModelEntry& e) const {
+    return UtilityCost{e.cost.flops_per_token, e.cost.flops_per_token_context, config_.utility_cost.recency_blend};
+  }
+
   void Use(ModelEntry& e, int64_t now) {
     e.use_order = ++use_counter_;
     e.base = clock_[static_cast<int>(e.cls)];
+    e.cost = CostOf(e.ns);
     e.last_use = now;
   }
 
@@ -615,12 +662,12 @@ class ReferenceModel {
   // eagerly; here it is recomputed from scratch at every choice).
   double Priority(const ModelEntry& e) const {
     const int64_t position = static_cast<int64_t>(e.prefix.size());
-    if (e.cls == EntryClass::kState) return e.base + StateUtilityIncrement(config_.utility_cost, position, e.charge);
+    if (e.cls == EntryClass::kState) return e.base + StateUtilityIncrement(CostModel(e), position, e.charge);
     int64_t deepest = 0;
     for (const ModelEntry& s : entries_) {
       if (IsAttachedState(s, e)) deepest = std::max(deepest, static_cast<int64_t>(s.prefix.size()));
     }
-    return e.base + PageUtilityIncrement(config_.utility_cost, deepest, static_cast<int64_t>(e.NodeDepth()), e.charge);
+    return e.base + PageUtilityIncrement(CostModel(e), deepest, static_cast<int64_t>(e.NodeDepth()), e.charge);
   }
 
   // Utility: the evictable entry of lowest (priority, use order).
@@ -714,6 +761,9 @@ class ReferenceModel {
   std::deque<ModelEntry> graveyard_;  // recently removed entries: probes and re-puts
   uint64_t use_counter_ = 0;
   double clock_[2] = {0, 0};  // utility: per class, the priority of the last victim
+  // The latest cost registered per namespace (PutRequest::model_cost); stale
+  // once the namespace empties, until the next Reserve forgets it.
+  std::optional<PrefillCost> ns_cost_[kNamespaces];
   uint64_t serial_counter_ = 0;
   ModelClassCounters counters_[2];
   int64_t lookups_ = 0;

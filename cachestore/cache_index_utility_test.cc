@@ -1,7 +1,12 @@
 // Utility eviction (EvictionPolicy::kUtility, cachestore/eviction_utility.h)
 // in the index: what it keeps where LRU would not, aging, leaf pages, re-keying,
-// leases and pins never evicted, and blend 1 as LRU.
+// leases and pins never evicted, blend 1 as LRU, and the model cost each
+// namespace registers (PutSpec::model_cost).
 
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "cachestore/cache_index.h"
@@ -137,6 +142,105 @@ TEST_F(CacheIndexTest, UtilityWithFullRecencyBlendIsLru) {
   const Hash128 deep = PutCommitted(StateSpec(t, 20));
   for (int p : {4, 8, 12}) PutCommitted(StateSpec(t, p));
   EXPECT_FALSE(index_->Contains(EntryClass::kState, deep));
+}
+
+// --- Per-namespace model costs (PutSpec::model_cost) ----------------------------
+
+TEST_F(CacheIndexTest, UtilityValuesEachNamespaceByItsRegisteredModelCost) {
+  // Two models in one cache: a large one (1000 FLOPs a token) and a small one
+  // (1). Room for two states; the third evicts one. Under the fallback cost
+  // alone (1 FLOP a token for both), the large model's state at 2 saves less
+  // per byte than the small model's at 3 and goes; with the registered costs
+  // it saves 1000 times more, and the small model's state goes instead.
+  const Hash128 large_ns = NamespaceKey("large", "", "", "", kPageSize);
+  const Hash128 small_ns = NamespaceKey("small", "", "", "", kPageSize);
+  const std::vector<TokenId> t = Tokens(3, 0);
+  for (const bool registered : {false, true}) {
+    CacheIndexOptions o = PayloadOnly();
+    o.state_budget_bytes = 2100;  // two states of 1000 bytes and their tails (4 bytes a token)
+    Make(Utility(o));
+    auto state = [&](const Hash128& ns, int64_t p, double flops_per_token) {
+      ns_ = ns;
+      PutSpec s = StateSpec(t, p);
+      if (registered) s.model_cost = PrefillCost{flops_per_token, 0};
+      return s;
+    };
+    const Hash128 large = PutCommitted(state(large_ns, 2, 1000));  // 2000 FLOPs / 1008 bytes (fallback: 2 / 1008)
+    const Hash128 small = PutCommitted(state(small_ns, 3, 1));     // 3 / 1012
+    PutCommitted(state(small_ns, 1, 1));                           // needs room
+    EXPECT_EQ(index_->Contains(EntryClass::kState, large), registered) << "registered " << registered;
+    EXPECT_EQ(index_->Contains(EntryClass::kState, small), !registered) << "registered " << registered;
+    EXPECT_EQ(index_->Stats().states.evicted_lru, 1);
+    EXPECT_EQ(index_->Stats().namespaces_with_model_cost, registered ? 2 : 0);
+    ASSERT_TRUE(index_->CheckInvariants().ok()) << index_->CheckInvariants();
+  }
+}
+
+TEST_F(CacheIndexTest, ANamespaceKeepsTheLatestModelCostAPutCarriesUntilItEmpties) {
+  Make(Utility(PayloadOnly()));
+  const std::vector<TokenId> t = Tokens(8, 0);
+  PutSpec first = PageSpec(t, 0);
+  first.model_cost = PrefillCost{10, 0.5};
+  auto r = index_->Reserve(first, now_);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->model_cost_registered);
+  ASSERT_TRUE(index_->Commit(r->id, 7, now_).ok());
+  EXPECT_EQ(index_->ModelCostOf(ns_), (PrefillCost{10, 0.5}));
+
+  // The same again registers nothing new; a put without one keeps it.
+  PutSpec again = PageSpec(t, 1);
+  again.model_cost = PrefillCost{10, 0.5};
+  r = index_->Reserve(again, now_);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->model_cost_registered);
+  ASSERT_TRUE(index_->Commit(r->id, 7, now_).ok());
+  r = index_->Reserve(StateSpec(t, 5), now_);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->model_cost_registered);
+  EXPECT_EQ(index_->ModelCostOf(ns_), (PrefillCost{10, 0.5}));
+
+  // Another cost, on a put of a page already present: the latest wins.
+  PutSpec other = PageSpec(t, 0);
+  other.model_cost = PrefillCost{20, 0};
+  r = index_->Reserve(other, now_);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->already_present);
+  EXPECT_TRUE(r->model_cost_registered);
+  EXPECT_EQ(index_->ModelCostOf(ns_), (PrefillCost{20, 0}));
+  EXPECT_EQ(index_->Stats().namespaces_with_model_cost, 1);
+
+  // Emptied, the namespace forgets it.
+  index_->RemoveCorrupt(EntryClass::kPage, PageKeys(ns_, t, kPageSize)[0]);
+  EXPECT_EQ(index_->Stats().namespaces, 0);
+  EXPECT_EQ(index_->ModelCostOf(ns_), std::nullopt);
+  EXPECT_EQ(index_->Stats().namespaces_with_model_cost, 0);
+  PutCommitted(PageSpec(t, 0));
+  EXPECT_EQ(index_->ModelCostOf(ns_), std::nullopt);
+}
+
+TEST_F(CacheIndexTest, AModelCostThatIsNotAFiniteNonNegativeNumberIsInvalidNamingTheField) {
+  const std::vector<TokenId> t = Tokens(4, 0);
+  const struct {
+    PrefillCost cost;
+    const char* field;
+  } cases[] = {
+      {{-1, 0}, "flops_per_token -1"},
+      {{std::nan(""), 0}, "flops_per_token nan"},
+      {{std::numeric_limits<double>::infinity(), 0}, "flops_per_token inf"},
+      {{1, 2e30}, "flops_per_token_context 2e+30"},
+      {{1, -0.5}, "flops_per_token_context -0.5"},
+  };
+  for (const auto& c : cases) {
+    PutSpec s = PageSpec(t, 0);
+    s.model_cost = c.cost;
+    const absl::Status status = index_->Reserve(s, now_).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << c.field;
+    EXPECT_THAT(std::string(status.message()), ::testing::HasSubstr(c.field));
+  }
+  EXPECT_EQ(index_->Stats().namespaces, 0);
+  PutSpec limit = PageSpec(t, 0);
+  limit.model_cost = PrefillCost{kMaxPrefillFlops, 0};
+  EXPECT_TRUE(index_->Reserve(limit, now_).ok());
 }
 
 }  // namespace

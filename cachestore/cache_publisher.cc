@@ -17,6 +17,7 @@ ClientNamespace ModelNamespace::For(const std::string& tenant, const std::string
   ns.tenant = tenant;
   ns.cache_salt = cache_salt;
   ns.page_size = page_size;
+  ns.model_cost = model_cost;
   return ns;
 }
 

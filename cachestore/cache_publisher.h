@@ -56,11 +56,14 @@
 namespace hybridserve::cachestore {
 
 // The part of every namespace that is the worker's: its model's weights,
-// adapter and page size. A request adds its tenant and cache salt.
+// adapter, page size and prefill cost. A request adds its tenant and cache salt.
 struct ModelNamespace {
   std::string model_fingerprint;  // hex (common::Hash128::ToHex of the weights' fingerprint)
   std::string adapter;            // "" for the base model
   int32_t page_size = 0;
+  // engine::ModelPrefillCost of the model: registered with every namespace
+  // this worker puts into (ClientNamespace::model_cost).
+  std::optional<PrefillCost> model_cost;
   ClientNamespace For(const std::string& tenant, const std::string& cache_salt) const;
 };
 

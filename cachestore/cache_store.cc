@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 
 namespace hybridserve::cachestore {
@@ -66,7 +67,20 @@ absl::StatusOr<std::unique_ptr<PutSession>> CacheStore::BeginPut(const PutSpec& 
     r = index_.Reserve(spec, clock_.Now());
   }
   if (!r.ok()) return r.status();
+  if (r->model_cost_registered) LogModelCost(spec);
   return std::unique_ptr<PutSession>(new PutSession(this, *std::move(r), spec.size_bytes));
+}
+
+void CacheStore::LogModelCost(const PutSpec& spec) {
+  const PrefillCost& c = *spec.model_cost;
+  const std::string cost =
+      absl::StrCat(c.flops_per_token, " FLOPs per token + ", c.flops_per_token_context, " per context token");
+  int64_t held_back = 0;
+  if (!model_cost_log_.Allow(cost, &held_back)) return;
+  LOG(INFO) << "namespace " << spec.ns.ToHex() << " (tenant \"" << spec.tenant << "\", page_size " << spec.page_size
+            << ") registers its model cost: " << cost
+            << (options_.eviction == EvictionPolicy::kUtility ? "" : " (unused: --eviction=lru)")
+            << common::HeldBack(held_back);
 }
 
 absl::StatusOr<ReadHandle> CacheStore::OpenVerified(uint64_t lease_id, const Hash128& key) {
@@ -99,6 +113,11 @@ std::vector<uint64_t> CacheStore::Expire() {
 IndexStats CacheStore::Stats() const {
   absl::MutexLock lock(&mu_);
   return index_.Stats();
+}
+
+std::optional<PrefillCost> CacheStore::ModelCostOf(const Hash128& ns) const {
+  absl::MutexLock lock(&mu_);
+  return index_.ModelCostOf(ns);
 }
 
 absl::Status CacheStore::CheckInvariants() const {

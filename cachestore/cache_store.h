@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -14,6 +15,7 @@
 #include "cachestore/cache_index.h"
 #include "common/clock.h"
 #include "common/hash.h"
+#include "common/log_rate_limiter.h"
 
 namespace hybridserve::cachestore {
 
@@ -49,6 +51,8 @@ class CacheStore {
   std::vector<uint64_t> Expire() ABSL_LOCKS_EXCLUDED(mu_);
 
   IndexStats Stats() const ABSL_LOCKS_EXCLUDED(mu_);
+  // CacheIndex::ModelCostOf: the model cost namespace `ns` registered.
+  std::optional<PrefillCost> ModelCostOf(const Hash128& ns) const ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status CheckInvariants() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
@@ -58,11 +62,16 @@ class CacheStore {
   absl::Status TouchPut(uint64_t reservation_id) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status CommitPut(uint64_t reservation_id, uint64_t checksum) ABSL_LOCKS_EXCLUDED(mu_);
   void AbortPut(uint64_t reservation_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // Logs that a put registered its namespace's model cost: one line per
+  // distinct cost per 10 s (namespaces of one model share a cost), with the
+  // count of those held back.
+  void LogModelCost(const PutSpec& spec);
 
   const CacheIndexOptions options_;  // immutable copy, readable without mu_
   const common::Clock& clock_;
   mutable absl::Mutex mu_;
   CacheIndex index_ ABSL_GUARDED_BY(mu_);
+  common::LogRateLimiter model_cost_log_;
 };
 
 // One put in progress: header accepted, bytes arriving in order, then commit.

@@ -20,8 +20,8 @@ enum class EvictionPolicy { kLru, kUtility };
 
 // The cost model of prefill: a token at position t (0-based) costs
 // flops_per_token + flops_per_token_context * (t + 1) (attention over the t + 1
-// keys up to itself), as bench/cachestore/model_cost.h counts it. Until
-// workers register a model description, one model for the whole cache.
+// keys up to itself), as engine/model_flops.h counts it. The index passes
+// each entry's namespace's cost (CacheIndex::CostOf) and the cache-wide blend.
 struct UtilityCost {
   double flops_per_token = 1;
   double flops_per_token_context = 0;

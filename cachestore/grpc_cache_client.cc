@@ -28,6 +28,10 @@ v1::CacheNamespace ToProto(const ClientNamespace& ns) {
   out.set_cache_salt(ns.cache_salt);
   out.set_page_size(static_cast<uint32_t>(ns.page_size));
   out.set_key_version(kKeyVersion);  // the derivation of the parent keys this client sends
+  if (ns.model_cost.has_value()) {
+    out.mutable_model_cost()->set_flops_per_token(ns.model_cost->flops_per_token);
+    out.mutable_model_cost()->set_flops_per_token_context(ns.model_cost->flops_per_token_context);
+  }
   return out;
 }
 
@@ -564,6 +568,7 @@ absl::StatusOr<IndexStats> GrpcCacheClient::Stats() {
   FromProto(resp.pages(), &out.pages);
   FromProto(resp.states(), &out.states);
   out.namespaces = static_cast<int64_t>(resp.namespaces());
+  out.namespaces_with_model_cost = static_cast<int64_t>(resp.namespaces_with_model_cost());
   out.active_leases = static_cast<int64_t>(resp.active_leases());
   out.active_puts = static_cast<int64_t>(resp.active_puts());
   out.lookups = static_cast<int64_t>(resp.lookups());

@@ -1,8 +1,10 @@
 #include "cachestore/in_process_cache_client.h"
 
 #include <memory>
+#include <string>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "common/hash.h"
 #include "common/status_macros.h"
 
@@ -12,6 +14,12 @@ InProcessCacheClient::InProcessCacheClient(CacheStore& store) : store_(store) {}
 
 absl::StatusOr<LookupResult> InProcessCacheClient::Lookup(const ClientNamespace& ns, absl::Span<const TokenId> tokens,
                                                           LookupMode mode) {
+  // As the service checks a lookup's namespace (put_header.h ModelCostOf).
+  if (ns.model_cost.has_value()) {
+    if (const std::string problem = PrefillCostProblem(*ns.model_cost); !problem.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("namespace.model_cost.", problem));
+    }
+  }
   ASSIGN_OR_RETURN(Hash128 key,
                    ValidatedNamespaceKey(ns.model_fingerprint, ns.adapter, ns.tenant, ns.cache_salt, ns.page_size));
   return store_.Lookup(key, ns.page_size, tokens, mode == LookupMode::kLease);
@@ -40,6 +48,7 @@ absl::StatusOr<PutResult> InProcessCacheClient::PutChecked(const ClientNamespace
   ASSIGN_OR_RETURN(spec.ns,
                    ValidatedNamespaceKey(ns.model_fingerprint, ns.adapter, ns.tenant, ns.cache_salt, ns.page_size));
   spec.tenant = ns.tenant;
+  spec.model_cost = ns.model_cost;
   spec.page_size = ns.page_size;
   spec.entry_class = put.entry_class;
   spec.parent = put.parent;

@@ -34,10 +34,11 @@ ABSL_FLAG(std::string, eviction, "lru",
           "Which entry makes room for a put: lru (least recently used) or utility (GreedyDual-Size by prefill "
           "FLOPs saved per byte, blended with recency; docs/ARCHITECTURE.md section 4)");
 ABSL_FLAG(double, utility_flops_per_token, 1,
-          "--eviction=utility: prefill FLOPs of a token, the part independent of its position");
+          "--eviction=utility: prefill FLOPs of a token, the part independent of its position, for namespaces "
+          "whose workers registered no model cost (CacheNamespace.model_cost): the fallback");
 ABSL_FLAG(double, utility_flops_per_token_context, 0,
           "--eviction=utility: prefill FLOPs a token costs per token up to it (attention); a token at position t "
-          "costs utility_flops_per_token + utility_flops_per_token_context * (t + 1)");
+          "costs utility_flops_per_token + utility_flops_per_token_context * (t + 1); the fallback, as above");
 ABSL_FLAG(double, utility_recency_blend, 0,
           "--eviction=utility: in [0, 1]; an entry's priority increment is utility^(1 - blend), so 1 is LRU order");
 ABSL_FLAG(int64_t, max_tokens, 1 << 20, "Longest token list accepted");

@@ -5,11 +5,19 @@
 // (proto/cachestore.proto): PutHeader to the store's PutSpec, and the
 // PutResponse of a put the store accepted.
 
+#include <optional>
+
 #include "absl/status/statusor.h"
 #include "cachestore/cache_store.h"
+#include "common/prefill_cost.h"
 #include "proto/cachestore.pb.h"
 
 namespace hybridserve::cachestore {
+
+// The model cost a namespace carries (nullopt when unset). INVALID_ARGUMENT
+// naming the field ("namespace.model_cost.flops_per_token -1 is not ...")
+// when a value is not finite or outside [0, kMaxPrefillFlops].
+absl::StatusOr<std::optional<PrefillCost>> ModelCostOf(const v1::CacheNamespace& ns);
 
 // INVALID_ARGUMENT naming the header's field: a bad namespace, class, state
 // kind, parent key, token count, position, size or ttl. What the store checks

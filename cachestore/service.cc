@@ -21,7 +21,10 @@ namespace {
 
 using common::ToGrpcStatus;
 
+// A lookup's namespace: its key, its model cost checked as a put's would be
+// (a lookup does not register it).
 absl::StatusOr<Hash128> NamespaceOf(const v1::CacheNamespace& ns) {
+  RETURN_IF_ERROR(ModelCostOf(ns).status());
   return ValidatedNamespaceKey(ns.model_fingerprint(), ns.adapter(), ns.tenant(), ns.cache_salt(), ns.page_size(),
                                ns.key_version());
 }
@@ -476,6 +479,7 @@ grpc::Status CacheStoreService::AnswerStats(v1::StatsResponse* response) {
   FillClass(s.pages, response->mutable_pages());
   FillClass(s.states, response->mutable_states());
   response->set_namespaces(s.namespaces);
+  response->set_namespaces_with_model_cost(static_cast<uint64_t>(s.namespaces_with_model_cost));
   response->set_active_leases(s.active_leases);
   response->set_active_puts(s.active_puts);
   response->set_pinned_states(static_cast<uint64_t>(s.pinned_states));

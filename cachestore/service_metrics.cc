@@ -38,6 +38,10 @@ struct Families {
                                     "Calls refused by --max_streams or --max_streams_per_peer.")),
         bytes(GaugeFamily(r, "hybridserve_cache_bytes", "Cache bytes by class and state.")),
         leases(GaugeFamily(r, "hybridserve_cache_active_leases", "Leases currently held.")),
+        namespaces(GaugeFamily(r, "hybridserve_cache_namespaces",
+                               "Namespaces held, by the cost model utility eviction values them by: the one their "
+                               "puts registered (cost=registered) or the --utility_flops_per_token* flags "
+                               "(cost=fallback).")),
         evictions(CounterFamily(r, "hybridserve_cache_evictions_total", "Evictions by class and reason.")),
         checksum_failures(CounterFamily(r, "hybridserve_cache_checksum_failures_total",
                                         "Entries whose bytes failed their checksum.")),
@@ -55,6 +59,7 @@ struct Families {
   prometheus::Family<prometheus::Counter>& calls_refused;
   prometheus::Family<prometheus::Gauge>& bytes;
   prometheus::Family<prometheus::Gauge>& leases;
+  prometheus::Family<prometheus::Gauge>& namespaces;
   prometheus::Family<prometheus::Counter>& evictions;
   prometheus::Family<prometheus::Counter>& checksum_failures;
   prometheus::Family<prometheus::Counter>& expired_leases;
@@ -102,6 +107,8 @@ ServiceMetrics::ServiceMetrics(prometheus::Registry& r, const Families& f)
       page_metadata_(f.bytes.Add({{"class", "page"}, {"state", "metadata"}})),
       state_metadata_(f.bytes.Add({{"class", "state"}, {"state", "metadata"}})),
       leases_(f.leases.Add({})),
+      namespaces_registered_(f.namespaces.Add({{"cost", "registered"}})),
+      namespaces_fallback_(f.namespaces.Add({{"cost", "fallback"}})),
       page_evicted_lru_(f.evictions.Add({{"class", "page"}, {"reason", "lru"}})),
       page_evicted_ttl_(f.evictions.Add({{"class", "page"}, {"reason", "ttl"}})),
       state_evicted_lru_(f.evictions.Add({{"class", "state"}, {"reason", "lru"}})),
@@ -148,6 +155,8 @@ void ServiceMetrics::SyncFromStats(const IndexStats& s) {
   page_metadata_.Set(static_cast<double>(s.pages.metadata_bytes));
   state_metadata_.Set(static_cast<double>(s.states.metadata_bytes));
   leases_.Set(static_cast<double>(s.active_leases));
+  namespaces_registered_.Set(static_cast<double>(s.namespaces_with_model_cost));
+  namespaces_fallback_.Set(static_cast<double>(s.namespaces - s.namespaces_with_model_cost));
   Advance(page_evicted_lru_, s.pages.evicted_lru, last_.pages.evicted_lru);
   Advance(page_evicted_ttl_, s.pages.evicted_ttl, last_.pages.evicted_ttl);
   Advance(state_evicted_lru_, s.states.evicted_lru, last_.states.evicted_lru);

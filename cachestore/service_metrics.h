@@ -62,6 +62,8 @@ class ServiceMetrics {
   prometheus::Gauge& page_metadata_;  // index memory counted in the budget
   prometheus::Gauge& state_metadata_;
   prometheus::Gauge& leases_;
+  prometheus::Gauge& namespaces_registered_;
+  prometheus::Gauge& namespaces_fallback_;
   prometheus::Counter& page_evicted_lru_;
   prometheus::Counter& page_evicted_ttl_;
   prometheus::Counter& state_evicted_lru_;

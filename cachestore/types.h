@@ -16,6 +16,7 @@
 
 #include "absl/time/time.h"
 #include "cachestore/keys.h"
+#include "common/prefill_cost.h"
 
 namespace hybridserve::cachestore {
 
@@ -74,6 +75,12 @@ struct PutSpec {
   // reservation says why.
   absl::Duration ttl = absl::ZeroDuration();
   bool pin = false;
+  // The namespace's model's prefill cost (proto CacheNamespace.model_cost),
+  // which the utility eviction values the namespace's entries by. Each put
+  // that carries one and is accepted (reserved or already present) sets it:
+  // the latest wins. nullopt: the namespace keeps what it has, or the index's
+  // fallback (CacheIndexOptions::utility). Not part of the namespace key.
+  std::optional<PrefillCost> model_cost;
 };
 
 struct Reservation {
@@ -89,6 +96,9 @@ struct Reservation {
   absl::Duration ttl = absl::ZeroDuration();
   bool pinned = false;
   std::string pin_refused;
+  // This put registered its namespace's model cost: the namespace had none
+  // (or was new), or had another.
+  bool model_cost_registered = false;
 };
 
 struct EntryInfo {
@@ -135,6 +145,7 @@ struct IndexStats {
   ClassStats pages;
   ClassStats states;
   int64_t namespaces = 0;
+  int64_t namespaces_with_model_cost = 0;  // the others use the fallback cost
   int64_t active_leases = 0;
   int64_t active_puts = 0;
   int64_t lookups = 0;

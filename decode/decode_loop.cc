@@ -13,6 +13,7 @@
 #include "cachestore/cache_plan.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "engine/model_flops.h"
 #include "transport/engine_import.h"
 
 namespace hybridserve::decode {
@@ -60,7 +61,8 @@ DecodeLoop::DecodeLoop(engine::Model& model, const common::Hash128& fingerprint,
     : model_(model),
       fingerprint_(fingerprint),
       prefill_(prefill),
-      namespace_{fingerprint.ToHex(), options.adapter, static_cast<int32_t>(model.page_size())},
+      namespace_{fingerprint.ToHex(), options.adapter, static_cast<int32_t>(model.page_size()),
+                 engine::ModelPrefillCost(model.config())},
       receiver_(receiver),
       options_(options) {}
 

@@ -13,6 +13,7 @@
 #include "common/wait_for.h"
 #include "decode/decode_loop.h"
 #include "decode/decode_loop_test_fixture.h"
+#include "engine/model_flops.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -41,6 +42,10 @@ TEST_F(DecodeLoopTest, TheTurnEndStateIsInTheCacheWhenTheRequestCompletes) {
   ASSERT_TRUE(loop_->Submit(Request("t", prompt, 9), &c).ok());
   ASSERT_TRUE(c.Wait());
   EXPECT_EQ(resume_at_completion, 40 + 9 - 1);  // every token fed to the model
+  // The turn end's puts registered the model's cost with the tenant's namespace.
+  const cachestore::ClientNamespace ns{weights_->fingerprint().ToHex(), "", "", 16};
+  EXPECT_EQ(store_->ModelCostOf(ns.Key()), engine::ModelPrefillCost(weights_->config()));
+  EXPECT_GT(engine::ModelPrefillCost(weights_->config()).flops_per_token, 0);
   ExpectEverythingFreed();
 }
 

@@ -13,6 +13,7 @@
 #include "cachestore/cache_plan.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "engine/model_flops.h"
 #include "engine/snapshot_codec.h"
 #include "engine/state_snapshot.h"
 #include "transport/engine_import.h"
@@ -52,7 +53,8 @@ PrefillWorker::PrefillWorker(engine::Model& model, const common::Hash128& model_
                              const PrefillWorkerOptions& options)
     : model_(model),
       fingerprint_(model_fingerprint),
-      namespace_{model_fingerprint.ToHex(), options.adapter, static_cast<int32_t>(model.page_size())},
+      namespace_{model_fingerprint.ToHex(), options.adapter, static_cast<int32_t>(model.page_size()),
+                 engine::ModelPrefillCost(model.config())},
       cache_(cache),
       sender_(sender),
       options_(options) {

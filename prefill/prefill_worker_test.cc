@@ -22,6 +22,7 @@
 #include "common/clock.h"
 #include "common/runfiles.h"
 #include "engine/model.h"
+#include "engine/model_flops.h"
 #include "engine/model_weights.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -170,6 +171,10 @@ TEST_F(PrefillWorkerTest, AsyncPublicationPutsTheSameEntriesBehindTheAnswer) {
   ASSERT_TRUE(worker_->WaitForPublications(absl::Seconds(30)));
   EXPECT_EQ(worker_->counters().pages_published, 9);
   EXPECT_EQ(worker_->counters().states_published, 3);
+  // Its puts registered the model's cost with the namespace.
+  const PrefillCost cost = engine::ModelPrefillCost(weights_->config());
+  EXPECT_GT(cost.flops_per_token_context, 0);  // the tiny Nemotron-H has attention
+  EXPECT_EQ(store_->ModelCostOf(worker_->Namespace("", "").Key()), cost);
   EXPECT_EQ(prefill_model_->sequences().num_free_slots(), 4);  // the bytes were copied out; the sequence is gone
   // What was published behind the answer is what a synchronous worker would
   // have published: the same prompt resumes from its end and continues exactly.

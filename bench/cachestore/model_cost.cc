@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "engine/model_flops.h"
 #include "engine/snapshot_codec.h"
 
 namespace hybridserve::bench {
@@ -20,22 +21,8 @@ absl::StatusOr<ModelCost> ModelCost::Create(const engine::ModelConfig& config, i
   const engine::StateLayout layout = engine::StateLayout::ForModel(config, page_size);
   RETURN_IF_ERROR(layout.Validate());
 
-  const double h = static_cast<double>(config.hidden_size);
-  const engine::Mamba2Params& m = config.mamba;
-  const double d_inner = static_cast<double>(m.num_heads * m.head_dim);
-  const double bc = 2.0 * static_cast<double>(m.n_groups * m.state_size);
-  const double mamba = 2 * h * (2 * d_inner + bc + static_cast<double>(m.num_heads)) +
-                       2 * (d_inner + bc) * static_cast<double>(m.conv_kernel) +
-                       4 * d_inner * static_cast<double>(m.state_size) + 2 * d_inner * h;
-  const double q = static_cast<double>(config.attention.q_dim());
-  const double kv = static_cast<double>(config.attention.kv_dim());
-  const double attention = 2 * h * (q + 2 * kv) + 2 * q * h;
-  const double mlp = 4 * h * static_cast<double>(config.mlp.intermediate_size);
-  const double n_mamba = static_cast<double>(config.CountLayers(engine::LayerKind::kMamba2));
-  const double n_attention = static_cast<double>(config.CountLayers(engine::LayerKind::kAttention));
-  const double n_mlp = static_cast<double>(config.CountLayers(engine::LayerKind::kMlp));
-  return ModelCost(layout, checkpoint_interval, n_mamba * mamba + n_attention * attention + n_mlp * mlp,
-                   4 * q * n_attention);
+  const PrefillCost cost = engine::ModelPrefillCost(config);
+  return ModelCost(layout, checkpoint_interval, cost.flops_per_token, cost.flops_per_token_context);
 }
 
 int64_t ModelCost::StateBytes(int64_t position, bool with_logits) const {

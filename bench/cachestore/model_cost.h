@@ -6,19 +6,10 @@
 // engine::EncodedSnapshotSize), and the forward FLOPs of a prefix, which a
 // hit on it skips. Value type; thread-safe.
 //
-// FLOPs per token (a multiply-add is 2 FLOPs; norms, activations, the
-// embedding and the LM head are left out: the head runs on the last token
-// only, hit or not), h = hidden_size:
-//   Mamba2 layer    2*h*(2*d_inner + 2*n_groups*d_state + n_heads)   in_proj
-//                 + 2*conv_dim*d_conv                               causal conv
-//                 + 4*n_heads*head_dim*d_state                      scan, recurrent form (update, read-out)
-//                 + 2*d_inner*h                                     out_proj
-//     d_inner = n_heads*head_dim, conv_dim = d_inner + 2*n_groups*d_state
-//   attention layer 2*h*(q_dim + 2*kv_dim) + 2*q_dim*h               q, k, v, o projections
-//                 + 4*q_dim*(t + 1)                                 scores and values at position t
-//   MLP layer       4*h*intermediate_size                             up and down
-// so a prefix of p tokens costs p*C + A*p*(p+1)/2, C the per-token constant
-// and A = 4*q_dim*attention_layers.
+// The FLOPs are engine::ModelPrefillCost's (engine/model_flops.h, which
+// states the formula for every block kind): a prefix of p tokens costs
+// p*C + A*p*(p+1)/2, C the per-token constant and A the attention FLOPs per
+// context token.
 
 #include <cstdint>
 
