@@ -38,7 +38,7 @@ absl::StatusOr<std::unique_ptr<CacheStoreServer>> CacheStoreServer::Start(const 
   }
   auto server = std::unique_ptr<CacheStoreServer>(new CacheStoreServer());
   ASSIGN_OR_RETURN(server->store_, CacheStore::Create(options.index, clock));
-  server->metrics_ = std::make_unique<ServiceMetrics>(registry);
+  server->metrics_ = std::make_unique<ServiceMetrics>(registry, options.index.eviction);
   server->service_ = std::make_unique<CacheStoreService>(*server->store_, *server->metrics_, options.service);
   server->reap_interval_ = options.reap_interval;
 

@@ -72,11 +72,14 @@ void Advance(prometheus::Counter& c, int64_t now, int64_t before) {
   if (now > before) c.Increment(static_cast<double>(now - before));
 }
 
+const char* PolicyReason(EvictionPolicy policy) { return policy == EvictionPolicy::kUtility ? "utility" : "lru"; }
+
 }  // namespace
 
-ServiceMetrics::ServiceMetrics(prometheus::Registry& r) : ServiceMetrics(r, Families(r)) {}
+ServiceMetrics::ServiceMetrics(prometheus::Registry& r, EvictionPolicy policy)
+    : ServiceMetrics(r, Families(r), policy) {}
 
-ServiceMetrics::ServiceMetrics(prometheus::Registry& r, const Families& f)
+ServiceMetrics::ServiceMetrics(prometheus::Registry& r, const Families& f, EvictionPolicy policy)
     : lookups_(f.lookups.Add({})),
       hits_grid_(f.hits.Add({{"kind", "grid_checkpoint"}})),
       hits_exact_(f.hits.Add({{"kind", "exact_prefix"}})),
@@ -109,9 +112,9 @@ ServiceMetrics::ServiceMetrics(prometheus::Registry& r, const Families& f)
       leases_(f.leases.Add({})),
       namespaces_registered_(f.namespaces.Add({{"cost", "registered"}})),
       namespaces_fallback_(f.namespaces.Add({{"cost", "fallback"}})),
-      page_evicted_lru_(f.evictions.Add({{"class", "page"}, {"reason", "lru"}})),
+      page_evicted_lru_(f.evictions.Add({{"class", "page"}, {"reason", PolicyReason(policy)}})),
       page_evicted_ttl_(f.evictions.Add({{"class", "page"}, {"reason", "ttl"}})),
-      state_evicted_lru_(f.evictions.Add({{"class", "state"}, {"reason", "lru"}})),
+      state_evicted_lru_(f.evictions.Add({{"class", "state"}, {"reason", PolicyReason(policy)}})),
       state_evicted_ttl_(f.evictions.Add({{"class", "state"}, {"reason", "ttl"}})),
       state_dropped_with_pages_(f.evictions.Add({{"class", "state"}, {"reason", "pages_gone"}})),
       checksum_failures_(f.checksum_failures.Add({})),

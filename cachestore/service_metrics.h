@@ -5,6 +5,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "cachestore/eviction_utility.h"
 #include "cachestore/types.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
@@ -19,7 +20,9 @@ struct Families;  // service_metrics.cc: the metric families, each registered on
 // and SyncFromStats serializes on its own mutex.
 class ServiceMetrics {
  public:
-  explicit ServiceMetrics(prometheus::Registry& registry);
+  // Evictions that make room are counted under the reason that names the
+  // index's policy: "lru" or "utility".
+  explicit ServiceMetrics(prometheus::Registry& registry, EvictionPolicy policy = EvictionPolicy::kLru);
 
   void RecordLookup(const LookupResult& r, bool hit);
   void RecordPut(bool ok, int64_t bytes, double seconds);
@@ -35,7 +38,7 @@ class ServiceMetrics {
   void SyncFromStats(const IndexStats& stats) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  ServiceMetrics(prometheus::Registry& registry, const Families& families);
+  ServiceMetrics(prometheus::Registry& registry, const Families& families, EvictionPolicy policy);
 
   prometheus::Counter& lookups_;
   prometheus::Counter& hits_grid_;
