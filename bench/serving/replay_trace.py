@@ -3,37 +3,36 @@
 
     python3 bench/cachestore/build_traces.py --out_dir=/tmp/hs-traces --only=sharegpt
     bazel build -c opt //cachestore:cachestore //prefill:prefill //decode:decode
-    /usr/bin/python3 bench/serving/replay_trace.py --trace=/tmp/hs-traces/sharegpt.jsonl \
-        [--conversations=200] [--time_scale=0.125] [--budget_fraction=0.0625] [--blend=0] \
-        [--out_md=bench/serving/results/replay_sharegpt.md]
-    /usr/bin/python3 bench/serving/replay_trace.py --conversations=3 --smoke   # self-check, ~10 s
+    /usr/bin/python3 bench/serving/replay_trace.py [--trace=/tmp/hs-traces/sharegpt.jsonl] [--conversations=200] \
+        [--time_scale=0.125] [--budget_fraction=0.0625] [--blend=0] [--out_md=...] [--out_csv=...]
+    /usr/bin/python3 bench/serving/replay_trace.py --conversations=3 --smoke   # self-check, ~3 s
 
 For each policy (unlimited, then --policies) a fresh cachestore, prefill and decode worker start on
-loopback (the default model), and the trace's first --conversations conversations are replayed:
-turn k's prompt is <bos> + user_0 + generated_0 + ... + generated_{k-1} + user_k, where user_i is
-the trace's rule for user text (bench/cachestore/trace.cc TokenRule::Append with the default
-model's byte vocabulary: 1 byte = 1 token, ids < 256) cut to --max_user tokens, and generated_i
-are the tokens the model generated for that turn (greedy, EOS ignored, exactly
-min(reply, --max_reply) tokens). A conversation ends before the turn whose prompt and reply would
-pass --max_context tokens. Turns are issued in the trace's order at their arrival times times
---time_scale, from a pool of --concurrency threads; a turn whose previous turn has not finished is
-issued when it finishes.
+loopback (models/default) and replay the trace's first --conversations conversations. Turn k's
+prompt is <bos> + user_0 + generated_0 + ... + generated_{k-1} + user_k: user_i by the trace's
+rule (bench/cachestore/trace.cc TokenRule::Append, 1 byte = 1 token, ids < 256) cut to --max_user
+tokens; generated_i what the model generated (greedy, EOS ignored, min(reply, --max_reply) tokens).
+A conversation ends before the turn that would pass --max_context tokens. Turns are issued in the
+trace's order at (arrival - first arrival) x --time_scale from --concurrency client threads; a
+turn whose previous turn has not finished is issued when it does.
 
 Budgets: --page_budget_bytes / --state_budget_bytes, or --budget_fraction of the working set,
 which is measured: the unlimited run's cachestore holds (hybridserve_cache_bytes, resident plus
 index metadata, per class) at its end, nothing evicted. The cachestore takes budgets in MiB, so a
 budget is rounded to the nearest MiB (at least 1) and the table states the budget in effect.
 
-Per policy: turns, mean and p99 TTFT (client side, the call to the first streamed token), prompt
-tokens, tokens prefill computed (hybridserve_prefill_computed_tokens_total), cache hit tokens
-(hybridserve_prefix_cache_hits_total), evictions (hybridserve_cache_evictions_total, pages and
-states), and turns after the first that resumed exactly at their previous turn's end; then the
-ratio utility / LRU of each, from the same run. Exit status 1 when a service dies, a request fails
-or (--smoke) a turn does not resume at its previous turn's end.
+Per policy: turns, mean, p50 and p99 TTFT (client side, the call to its first streamed token),
+prompt tokens, tokens prefill computed (hybridserve_prefill_computed_tokens_total), cache hit
+tokens (hybridserve_prefix_cache_hits_total), evictions (hybridserve_cache_evictions_total, pages
+and states), turns that resumed exactly at their previous turn's end, the cachestore's CPU time;
+then the ratio utility / LRU of each, in the same run. Exit status 1 when a service dies, a
+request fails (the replay stops there) or (--smoke) a later turn does not resume at its previous
+turn's end.
 """
 
 import argparse
 import concurrent.futures
+import contextlib
 import csv
 import heapq
 import json
@@ -100,12 +99,7 @@ def load_turns(path, args):
     return header, turns
 
 
-def scrape_all(port):
-    return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-
-
-def metric_sum(body, name, **labels):
-    """Sum of every series of `name` whose labels include `labels`."""
+def metric_sum(body, name, **labels):  # the sum of every series of `name` whose labels include `labels`
     total = 0.0
     for m in re.finditer(r"^" + re.escape(name) + r"(\{[^}]*\})? (\S+)$", body, re.M):
         if all(f'{k}="{v}"' in (m.group(1) or "") for k, v in labels.items()):
@@ -114,28 +108,27 @@ def metric_sum(body, name, **labels):
 
 
 class Stack:
-    """cachestore + prefill + decode on loopback; `with` stops them."""
+    """cachestore + prefill + decode on loopback; close() stops them."""
 
     def __init__(self, args, name, cache_flags):
         self.logdir = os.path.join(args.logdir, name)
         os.makedirs(self.logdir, exist_ok=True)
-        self.procs = []
+        self.procs, self.ports = [], {}
         b, model = args.bin, f"--model_dir={args.model_dir}"
         loop = ["--address=127.0.0.1:0", "--metrics_address=127.0.0.1:0"]
         try:
             self._start("cachestore", [f"{b}/cachestore/cachestore"] + loop + cache_flags, "CACHESTORE_READY")
             cache = f"--cachestore=127.0.0.1:{self.ports['cachestore'][0]}"
             self._start("prefill", [f"{b}/prefill/prefill", model, cache] + loop, "PREFILL_READY")
-            self._start("decode", [f"{b}/decode/decode", model, cache, f"--prefill=127.0.0.1:{self.ports['prefill'][0]}"]
-                        + loop, "DECODE_READY")
+            prefill = f"--prefill=127.0.0.1:{self.ports['prefill'][0]}"
+            self._start("decode", [f"{b}/decode/decode", model, cache, prefill] + loop, "DECODE_READY")
         except BaseException:
-            self.stop()
+            self.close()
             raise
 
     def _start(self, name, argv, ready):
         p, f = start(name, argv, ready, self.logdir)
         self.procs.append((name, p))
-        self.ports = getattr(self, "ports", {})
         self.ports[name] = (int(f["port"]), int(f["metrics_port"]))
 
     def dead(self):
@@ -143,20 +136,20 @@ class Stack:
                 if p.poll() is not None]
 
     def metrics(self, name):
-        return scrape_all(self.ports[name][1])
+        return urllib.request.urlopen(f"http://127.0.0.1:{self.ports[name][1]}/metrics", timeout=5).read().decode()
 
-    def stop(self):
+    def cpu_seconds(self, name):
+        """User + system CPU time the process has used (Linux /proc)."""
+        with open(f"/proc/{dict(self.procs)[name].pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def close(self):
         for _, p in reversed(self.procs):
             if p.poll() is None:
                 p.terminate()
         for _, p in self.procs:
             p.wait()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.stop()
 
 
 def replay(args, turns, client):
@@ -206,7 +199,7 @@ def replay(args, turns, client):
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.concurrency) as pool:
         with cv:
-            while remaining[0] > 0 and not (errors and args.stop_on_error):
+            while remaining[0] > 0 and not errors:  # the first failed request stops the replay
                 if ready and ready[0][0] <= time.monotonic():
                     when, i = heapq.heappop(ready)
                     pool.submit(run, i, when)
@@ -215,14 +208,20 @@ def replay(args, turns, client):
     return [records[i] for i in sorted(records)], errors, lags
 
 
-def p99(values):
+def held(body, cls):
+    """Bytes a cachestore class holds: resident entries plus their index metadata."""
+    return sum(metric_sum(body, "hybridserve_cache_bytes", **{"class": cls, "state": s})
+               for s in ("resident", "metadata"))
+
+
+def percentile(values, q):  # nearest rank
     s = sorted(values)
-    return s[max(0, math.ceil(0.99 * len(s)) - 1)] if s else float("nan")
+    return s[max(0, math.ceil(q * len(s)) - 1)] if s else float("nan")
 
 
 def run_policy(args, turns, name, cache_flags):
     print(f"[{name}] starting the stack: cachestore {' '.join(cache_flags) or '(defaults)'}", flush=True)
-    with Stack(args, name, cache_flags) as stack:
+    with contextlib.closing(Stack(args, name, cache_flags)) as stack:
         with Client(f"127.0.0.1:{stack.ports['decode'][0]}", timeout=args.request_timeout) as client:
             t = time.monotonic()
             records, errors, lags = replay(args, turns, client)
@@ -232,25 +231,25 @@ def run_policy(args, turns, name, cache_flags):
         if problems:
             return None, problems
         pf, cs = stack.metrics("prefill"), stack.metrics("cachestore")
+        cpu = {n: stack.cpu_seconds(n) for n in ("cachestore", "prefill", "decode")}
     ttft = [r["ttft"] for r in records]
     row = {
         "policy": name, "turns": len(records), "wall_s": wall,
-        "ttft_mean_ms": 1e3 * sum(ttft) / len(ttft), "ttft_p99_ms": 1e3 * p99(ttft),
+        "ttft_mean_ms": 1e3 * sum(ttft) / len(ttft), "ttft_p50_ms": 1e3 * percentile(ttft, 0.5),
+        "ttft_p99_ms": 1e3 * percentile(ttft, 0.99),
         "prompt_tokens": sum(r["prompt"] for r in records),
         "computed_tokens": metric_sum(pf, "hybridserve_prefill_computed_tokens_total"),
         "hit_tokens": metric_sum(pf, "hybridserve_prefix_cache_hits_total"),
         "client_cached_tokens": sum(r["cached"] for r in records),
         "page_evictions": metric_sum(cs, "hybridserve_cache_evictions_total", **{"class": "page"}),
         "state_evictions": metric_sum(cs, "hybridserve_cache_evictions_total", **{"class": "state"}),
+        "cachestore_cpu_s": cpu["cachestore"], "prefill_cpu_s": cpu["prefill"], "decode_cpu_s": cpu["decode"],
         "resumed_at_prev_end": sum(r["resumed"] for r in records),
         "later_turns": sum(r["turn"] > 0 for r in records),
         "delayed_by_prev_turn": sum(r["late"] for r in records),
         "short_replies": sum(r["short"] for r in records),
         "issue_lag_max_ms": 1e3 * max(lags, default=0.0),
-        "page_working_set": metric_sum(cs, "hybridserve_cache_bytes", **{"class": "page", "state": "resident"})
-        + metric_sum(cs, "hybridserve_cache_bytes", **{"class": "page", "state": "metadata"}),
-        "state_working_set": metric_sum(cs, "hybridserve_cache_bytes", **{"class": "state", "state": "resident"})
-        + metric_sum(cs, "hybridserve_cache_bytes", **{"class": "state", "state": "metadata"}),
+        "page_working_set": held(cs, "page"), "state_working_set": held(cs, "state"),
     }
     print(f"[{name}] {row['turns']} turns in {wall:.1f} s: TTFT mean {row['ttft_mean_ms']:.1f} ms, "
           f"p99 {row['ttft_p99_ms']:.1f} ms; computed {row['computed_tokens']:.0f}, hit {row['hit_tokens']:.0f} tokens",
@@ -259,10 +258,12 @@ def run_policy(args, turns, name, cache_flags):
 
 
 COLUMNS = [("turns", "turns", "{:.0f}"), ("ttft_mean_ms", "TTFT mean, ms", "{:.1f}"),
-           ("ttft_p99_ms", "TTFT p99, ms", "{:.1f}"), ("prompt_tokens", "prompt tokens", "{:.0f}"),
+           ("ttft_p50_ms", "TTFT p50, ms", "{:.1f}"), ("ttft_p99_ms", "TTFT p99, ms", "{:.1f}"),
+           ("prompt_tokens", "prompt tokens", "{:.0f}"),
            ("computed_tokens", "prefill computed tokens", "{:.0f}"), ("hit_tokens", "cache hit tokens", "{:.0f}"),
            ("page_evictions", "pages evicted", "{:.0f}"), ("state_evictions", "states evicted", "{:.0f}"),
-           ("resumed_at_prev_end", "turns resumed at prev. turn's end", "{:.0f}"), ("wall_s", "wall, s", "{:.1f}")]
+           ("resumed_at_prev_end", "turns resumed at prev. turn's end", "{:.0f}"),
+           ("cachestore_cpu_s", "cachestore CPU, s", "{:.1f}"), ("wall_s", "wall, s", "{:.1f}")]
 
 
 def table(rows, budget_note):
@@ -299,10 +300,8 @@ def main():
                     help="budgets as this fraction of the working set the unlimited run measures")
     ap.add_argument("--no_unlimited", action="store_true", help="skip the unlimited row (explicit budgets only)")
     ap.add_argument("--request_timeout", type=float, default=300)
-    ap.add_argument("--stop_on_error", type=int, default=1, help="stop issuing after the first failed request")
-    ap.add_argument("--smoke", action="store_true",
-                    help="self-check: the unlimited run only, issued at once; every later turn must resume "
-                         "at its previous turn's end")
+    ap.add_argument("--smoke", action="store_true", help="self-check: unlimited only, at once; every later turn "
+                    "must resume at its previous turn's end")
     ap.add_argument("--logdir", default="/tmp/replay_trace")
     ap.add_argument("--out_csv", default="")
     ap.add_argument("--out_md", default="")
@@ -312,12 +311,11 @@ def main():
         sys.exit("--no_unlimited needs --page_budget_bytes and --state_budget_bytes")
     if args.max_user + args.max_reply + 1 > args.max_context:
         sys.exit("--max_context must hold <bos>, --max_user and --max_reply")
+    policies = [p for p in args.policies.split(",") if p]
     if args.smoke:
         args.time_scale, args.no_unlimited, policies = 0.0, False, []
-    else:
-        policies = [p for p in args.policies.split(",") if p]
-        if any(p not in ("lru", "utility") for p in policies):
-            sys.exit(f"--policies: lru and/or utility, not {args.policies}")
+    elif any(p not in ("lru", "utility") for p in policies):
+        sys.exit(f"--policies: lru and/or utility, not {args.policies}")
     header, turns = load_turns(args.trace, args)
     if not turns:
         sys.exit(f"{args.trace}: no turns")
@@ -331,8 +329,7 @@ def main():
     def one(name, flags):
         row, errs = run_policy(args, turns, name, flags)
         problems.extend(f"[{name}] {e}" for e in errs)
-        if row:
-            rows.append(row)
+        rows.extend([row] if row else [])
         return row
 
     unlimited = None
@@ -340,18 +337,14 @@ def main():
         unlimited = one("unlimited", [])
         if unlimited and (unlimited["page_evictions"] or unlimited["state_evictions"]):
             problems.append("[unlimited] the cachestore evicted: its default budgets are not unlimited here")
-    if explicit:
-        page_b, state_b = args.page_budget_bytes, args.state_budget_bytes
-    elif unlimited:
-        page_b = args.budget_fraction * unlimited["page_working_set"]
-        state_b = args.budget_fraction * unlimited["state_working_set"]
     page_mib = state_mib = 0
     if explicit or unlimited:
-        page_mib, state_mib = max(1, round(page_b / MIB)), max(1, round(state_b / MIB))
+        f = 1 if explicit else args.budget_fraction
+        want = ((args.page_budget_bytes, args.state_budget_bytes) if explicit else
+                (unlimited["page_working_set"], unlimited["state_working_set"]))
+        page_mib, state_mib = (max(1, round(f * b / MIB)) for b in want)
     budget = [f"--page_budget_mib={page_mib}", f"--state_budget_mib={state_mib}"]
-    for p in policies:
-        if problems and args.stop_on_error:
-            break
+    for p in policies if not problems else []:
         flags = budget + [f"--eviction={p}"]
         if p == "utility":
             flags += [f"--utility_flops_per_token={args.flops_per_token:g}",
@@ -368,41 +361,38 @@ def main():
     total = time.monotonic() - started
     lines = [f"Trace: {args.trace} ({header.get('source', '')})", "", caps + ".", ""]
     if unlimited:
-        lines.append(f"Working set (the unlimited run's cachestore at its end, resident + index metadata): pages "
-                     f"{unlimited['page_working_set'] / MIB:.1f} MiB, states {unlimited['state_working_set'] / MIB:.1f} "
-                     f"MiB" + ("; budgets given in bytes." if explicit else
-                               f"; budgets {args.budget_fraction:g} of it, per class, to the nearest MiB."))
+        lines.append(f"Working set (the unlimited run's cachestore at its end, resident + index metadata): "
+                     f"pages {unlimited['page_working_set'] / MIB:.1f} MiB, "
+                     f"states {unlimited['state_working_set'] / MIB:.1f} MiB"
+                     + ("; budgets given in bytes." if explicit else
+                        f"; budgets {args.budget_fraction:g} of it, per class, to the nearest MiB."))
     lines += ["", md, "",
-              f"Utility: --utility_flops_per_token={args.flops_per_token:g} "
-              f"--utility_flops_per_token_context={args.flops_per_context_token:g} --utility_recency_blend={args.blend:g}.",
+              f"Utility: --utility_flops_per_token={args.flops_per_token:g} --utility_flops_per_token_context="
+              f"{args.flops_per_context_token:g} --utility_recency_blend={args.blend:g}.",
               "Per row: " + "; ".join(f"{r['policy']}: {r['later_turns']} later turns, {r['delayed_by_prev_turn']} "
                                       f"issued late waiting for their previous turn, {r['short_replies']} short "
                                       f"replies, client-side cached tokens {r['client_cached_tokens']}, "
-                                      f"largest issue lag {r['issue_lag_max_ms']:.0f} ms" for r in rows) + ".",
+                                      f"largest issue lag {r['issue_lag_max_ms']:.0f} ms, CPU s prefill "
+                                      f"{r['prefill_cpu_s']:.1f} decode {r['decode_cpu_s']:.1f}" for r in rows) + ".",
               "", f"Command: {' '.join(shlex.quote(a) for a in [sys.executable] + sys.argv)}",
               f"Machine: {platform.node()}, {os.cpu_count()} CPUs ({cpu_model()}); total wall {total:.0f} s."]
-    text = "\n".join(lines)
+    text = "\n".join(lines + [f"ERROR {p}" for p in problems])
     print("\n" + text)
     if args.out_md:
         with open(args.out_md, "w") as f:
-            f.write("# Replay of a scaled ShareGPT trace through the real stack: LRU against utility eviction\n\n"
-                    + text + "\n")
+            f.write(f"# Replay of a scaled {header.get('name')} trace through the real stack: LRU against utility "
+                    f"eviction\n\n{text}\n")
     if args.out_csv and rows:
         with open(args.out_csv, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))
             w.writeheader()
             w.writerows(rows)
-    for p in problems:
-        print("ERROR " + p, file=sys.stderr)
     return 1 if problems else 0
 
 
 def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return "unknown CPU"
+    with open("/proc/cpuinfo") as f:
+        return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown CPU")
 
 
 if __name__ == "__main__":
