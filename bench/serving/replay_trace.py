@@ -16,16 +16,13 @@ A conversation ends before the turn that would pass --max_context tokens. Turns 
 trace's order at (arrival - first arrival) x --time_scale from --concurrency client threads; a
 turn whose previous turn has not finished is issued when it does.
 
-Budgets: --page_budget_bytes / --state_budget_bytes, or --budget_fraction of the working set,
-which is measured: the unlimited run's cachestore holds (hybridserve_cache_bytes, resident plus
-index metadata, per class) at its end, nothing evicted. The cachestore takes budgets in MiB, so a
-budget is rounded to the nearest MiB (at least 1) and the table states the budget in effect.
+Budgets: --page_budget_bytes / --state_budget_bytes, or --budget_fraction of the working set the
+unlimited run measures (what its cachestore holds at the end, resident + index metadata, per
+class), rounded to the nearest MiB (the cachestore's unit; at least 1).
 
-Per policy: turns, mean, p50 and p99 TTFT (client side, the call to its first streamed token),
-prompt tokens, tokens prefill computed (hybridserve_prefill_computed_tokens_total), cache hit
-tokens (hybridserve_prefix_cache_hits_total), evictions (hybridserve_cache_evictions_total, pages
-and states), turns that resumed exactly at their previous turn's end, the cachestore's CPU time;
-then the ratio utility / LRU of each, in the same run. Exit status 1 when a service dies, a
+Per policy: TTFT (client side: the call to its first streamed token), prefill's computed and
+cache-hit tokens, the cachestore's evictions and CPU time, turns resumed exactly at their previous
+turn's end; then utility / LRU of each, in the same run. Exit status 1 when a service dies, a
 request fails (the replay stops there) or (--smoke) a later turn does not resume at its previous
 turn's end.
 """
@@ -177,7 +174,7 @@ def replay(args, turns, client):
             r = client.generate(prompt, reply, temperature=0.0, ignore_eos=True, timeout=args.request_timeout)
             if r.finish_reason == FinishReason.ERROR or r.ttft_seconds is None:
                 raise RuntimeError(f"finish {r.finish_reason.value}: {r.error_message}")
-            rec = {"ttft": r.ttft_seconds, "prompt": len(prompt), "cached": r.usage.cached_tokens, "turn": k,
+            rec = {"ttft": r.ttft_seconds, "prompt": len(prompt), "turn": k,
                    "resumed": k > 0 and r.usage.cached_tokens == expected, "short": len(r.token_ids) != reply,
                    "late": when > due(i)}
             history[conv] = (prompt + list(r.token_ids), len(prompt) + len(r.token_ids) - 1)
@@ -230,7 +227,7 @@ def run_policy(args, turns, name, cache_flags):
         problems = errors + stack.dead()
         if problems:
             return None, problems
-        pf, cs = stack.metrics("prefill"), stack.metrics("cachestore")
+        pf, cs, dc = (stack.metrics(n) for n in ("prefill", "cachestore", "decode"))
         cpu = {n: stack.cpu_seconds(n) for n in ("cachestore", "prefill", "decode")}
     ttft = [r["ttft"] for r in records]
     row = {
@@ -240,7 +237,10 @@ def run_policy(args, turns, name, cache_flags):
         "prompt_tokens": sum(r["prompt"] for r in records),
         "computed_tokens": metric_sum(pf, "hybridserve_prefill_computed_tokens_total"),
         "hit_tokens": metric_sum(pf, "hybridserve_prefix_cache_hits_total"),
-        "client_cached_tokens": sum(r["cached"] for r in records),
+        "recomputed_tokens": metric_sum(pf, "hybridserve_prefill_recomputed_tokens_total"),
+        "prefill_resume_s": metric_sum(pf, "hybridserve_prefill_resume_seconds_sum"),
+        "prefill_compute_s": metric_sum(pf, "hybridserve_prefill_compute_seconds_sum"),
+        "parent_waits_expired": metric_sum(dc, "hybridserve_decode_publish_parent_waits_expired_total"),
         "page_evictions": metric_sum(cs, "hybridserve_cache_evictions_total", **{"class": "page"}),
         "state_evictions": metric_sum(cs, "hybridserve_cache_evictions_total", **{"class": "state"}),
         "cachestore_cpu_s": cpu["cachestore"], "prefill_cpu_s": cpu["prefill"], "decode_cpu_s": cpu["decode"],
@@ -366,16 +366,21 @@ def main():
                      f"states {unlimited['state_working_set'] / MIB:.1f} MiB"
                      + ("; budgets given in bytes." if explicit else
                         f"; budgets {args.budget_fraction:g} of it, per class, to the nearest MiB."))
+    with open("/proc/cpuinfo") as f:
+        cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown CPU")
     lines += ["", md, "",
               f"Utility: --utility_flops_per_token={args.flops_per_token:g} --utility_flops_per_token_context="
               f"{args.flops_per_context_token:g} --utility_recency_blend={args.blend:g}.",
               "Per row: " + "; ".join(f"{r['policy']}: {r['later_turns']} later turns, {r['delayed_by_prev_turn']} "
                                       f"issued late waiting for their previous turn, {r['short_replies']} short "
-                                      f"replies, client-side cached tokens {r['client_cached_tokens']}, "
+                                      f"replies, {r['recomputed_tokens']:.0f} tokens recomputed, prefill resume / "
+                                      f"compute {r['prefill_resume_s']:.1f} / {r['prefill_compute_s']:.1f} s, "
+                                      f"{r['parent_waits_expired']:.0f} turn-end publications gave up waiting for "
+                                      f"a parent page, "
                                       f"largest issue lag {r['issue_lag_max_ms']:.0f} ms, CPU s prefill "
                                       f"{r['prefill_cpu_s']:.1f} decode {r['decode_cpu_s']:.1f}" for r in rows) + ".",
               "", f"Command: {' '.join(shlex.quote(a) for a in [sys.executable] + sys.argv)}",
-              f"Machine: {platform.node()}, {os.cpu_count()} CPUs ({cpu_model()}); total wall {total:.0f} s."]
+              f"Machine: {platform.node()}, {os.cpu_count()} CPUs ({cpu}); total wall {total:.0f} s."]
     text = "\n".join(lines + [f"ERROR {p}" for p in problems])
     print("\n" + text)
     if args.out_md:
@@ -388,11 +393,6 @@ def main():
             w.writeheader()
             w.writerows(rows)
     return 1 if problems else 0
-
-
-def cpu_model():
-    with open("/proc/cpuinfo") as f:
-        return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown CPU")
 
 
 if __name__ == "__main__":
