@@ -97,11 +97,8 @@ def load_turns(path, args):
 
 
 def metric_sum(body, name, **labels):  # the sum of every series of `name` whose labels include `labels`
-    total = 0.0
-    for m in re.finditer(r"^" + re.escape(name) + r"(\{[^}]*\})? (\S+)$", body, re.M):
-        if all(f'{k}="{v}"' in (m.group(1) or "") for k, v in labels.items()):
-            total += float(m.group(2))
-    return total
+    return sum(float(m.group(2)) for m in re.finditer(r"^" + re.escape(name) + r"(\{[^}]*\})? (\S+)$", body, re.M)
+               if all(f'{k}="{v}"' in (m.group(1) or "") for k, v in labels.items()))
 
 
 class Stack:
@@ -135,8 +132,7 @@ class Stack:
     def metrics(self, name):
         return urllib.request.urlopen(f"http://127.0.0.1:{self.ports[name][1]}/metrics", timeout=5).read().decode()
 
-    def cpu_seconds(self, name):
-        """User + system CPU time the process has used (Linux /proc)."""
+    def cpu_seconds(self, name):  # user + system CPU time the process has used (Linux /proc)
         with open(f"/proc/{dict(self.procs)[name].pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -155,9 +151,8 @@ def replay(args, turns, client):
     for i, t in enumerate(turns):
         by_conv.setdefault(t[0], []).append(i)
     nxt = {i: conv[k + 1] for conv in by_conv.values() for k, i in enumerate(conv[:-1])}
-    t_first = turns[0][2] if turns else 0.0
     t0 = time.monotonic() + 0.5
-    due = lambda i: t0 + (turns[i][2] - t_first) * args.time_scale  # noqa: E731
+    due = lambda i: t0 + (turns[i][2] - turns[0][2]) * args.time_scale  # noqa: E731
     cv = threading.Condition()
     ready = [(due(conv[0]), conv[0]) for conv in by_conv.values()]
     heapq.heapify(ready)
@@ -174,7 +169,10 @@ def replay(args, turns, client):
             r = client.generate(prompt, reply, temperature=0.0, ignore_eos=True, timeout=args.request_timeout)
             if r.finish_reason == FinishReason.ERROR or r.ttft_seconds is None:
                 raise RuntimeError(f"finish {r.finish_reason.value}: {r.error_message}")
+            n, c = len(prompt), r.usage.cached_tokens
             rec = {"ttft": r.ttft_seconds, "prompt": len(prompt), "turn": k,
+                   # the model's prefill cost of the tokens past the resume point (the cachestore's utility rule)
+                   "flops": args.flops_per_token * (n - c) + args.flops_per_context_token * (n * n + n - c * c - c) / 2,
                    "resumed": k > 0 and r.usage.cached_tokens == expected, "short": len(r.token_ids) != reply,
                    "late": when > due(i)}
             history[conv] = (prompt + list(r.token_ids), len(prompt) + len(r.token_ids) - 1)
@@ -237,6 +235,7 @@ def run_policy(args, turns, name, cache_flags):
         "prompt_tokens": sum(r["prompt"] for r in records),
         "computed_tokens": metric_sum(pf, "hybridserve_prefill_computed_tokens_total"),
         "hit_tokens": metric_sum(pf, "hybridserve_prefix_cache_hits_total"),
+        "computed_gflops": sum(r["flops"] for r in records) / 1e9,
         "recomputed_tokens": metric_sum(pf, "hybridserve_prefill_recomputed_tokens_total"),
         "prefill_resume_s": metric_sum(pf, "hybridserve_prefill_resume_seconds_sum"),
         "prefill_compute_s": metric_sum(pf, "hybridserve_prefill_compute_seconds_sum"),
@@ -259,9 +258,10 @@ def run_policy(args, turns, name, cache_flags):
 
 COLUMNS = [("turns", "turns", "{:.0f}"), ("ttft_mean_ms", "TTFT mean, ms", "{:.1f}"),
            ("ttft_p50_ms", "TTFT p50, ms", "{:.1f}"), ("ttft_p99_ms", "TTFT p99, ms", "{:.1f}"),
-           ("prompt_tokens", "prompt tokens", "{:.0f}"),
-           ("computed_tokens", "prefill computed tokens", "{:.0f}"), ("hit_tokens", "cache hit tokens", "{:.0f}"),
-           ("page_evictions", "pages evicted", "{:.0f}"), ("state_evictions", "states evicted", "{:.0f}"),
+           ("prompt_tokens", "prompt tokens", "{:.0f}"), ("computed_tokens", "prefill computed tokens", "{:.0f}"),
+           ("hit_tokens", "cache hit tokens", "{:.0f}"), ("computed_gflops", "computed GFLOPs (model cost)", "{:.0f}"),
+           ("prefill_compute_s", "prefill compute, s", "{:.1f}"), ("page_evictions", "pages evicted", "{:.0f}"),
+           ("state_evictions", "states evicted", "{:.0f}"),
            ("resumed_at_prev_end", "turns resumed at prev. turn's end", "{:.0f}"),
            ("cachestore_cpu_s", "cachestore CPU, s", "{:.1f}"), ("wall_s", "wall, s", "{:.1f}")]
 
