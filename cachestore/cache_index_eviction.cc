@@ -171,9 +171,10 @@ void CacheIndex::RefreshState(State* state) {
 }
 
 double CacheIndex::NodePriority(const Node& node) const {
-  // The deepest state hanging here: states sit at depth * page_size + tail.
+  // The deepest state hanging here, or to come: states sit at depth *
+  // page_size + tail.
   const int64_t deepest =
-      node.tail_lengths.empty() ? 0 : node.depth * node.root->page_size + node.tail_lengths.rbegin()->first;
+      node.depth * node.root->page_size + (node.tail_lengths.empty() ? 0 : node.tail_lengths.rbegin()->first);
   return node.entry.base + PageUtilityIncrement(EntryUtilityCost(node.entry), deepest, node.depth, node.entry.charge);
 }
 

@@ -663,7 +663,8 @@ class ReferenceModel {
   double Priority(const ModelEntry& e) const {
     const int64_t position = static_cast<int64_t>(e.prefix.size());
     if (e.cls == EntryClass::kState) return e.base + StateUtilityIncrement(CostModel(e), position, e.charge);
-    int64_t deepest = 0;
+    // A page ends at depth * page_size: what a state to come there would save.
+    int64_t deepest = static_cast<int64_t>(e.prefix.size());
     for (const ModelEntry& s : entries_) {
       if (IsAttachedState(s, e)) deepest = std::max(deepest, static_cast<int64_t>(s.prefix.size()));
     }

@@ -50,10 +50,14 @@ inline double StateUtilityIncrement(const UtilityCost& cost, int64_t position, i
 }
 
 // A page is evictable only as a leaf, and evicting it drops the states
-// hanging at it; the deepest of them (at `deepest_state`, 0 when none) is
-// what the chain ending here saves, spread over the chain's bytes
-// (depth * charge). A leaf page with no state saves nothing: a hybrid model
-// cannot resume from KV alone.
+// hanging at it; the deepest of them (at `deepest_state`) is what the chain
+// ending here saves, spread over the chain's bytes (depth * charge). A leaf
+// page with no state yet is valued as the state to come at its end
+// (depth * page_size): a publication puts its pages first and their states
+// right after, and valuing such a page at nothing made it the first victim
+// in that gap (bench/serving/replay_trace.py saw the states then refused
+// for a missing parent). A page that never gets a state ages out by the
+// clock, as under LRU.
 inline double PageUtilityIncrement(const UtilityCost& cost, int64_t deepest_state, int64_t depth, int64_t charge) {
   return UtilityIncrement(cost, UtilityPrefixFlops(cost, deepest_state), depth * charge);
 }
