@@ -197,6 +197,9 @@ TEST_F(ShmServerTest, ShmReadsEqualTheGrpcPathsBytesAndAreCountedAsShm) {
   EXPECT_EQ(counts.bytes, 40 * (64 << 10) + 3000);
   EXPECT_TRUE(counts.fallbacks.empty());
   EXPECT_TRUE(shm_->Release(lookup->lease_id).ok());
+  // A released lease reads nothing: NOT_FOUND, answered by shm.
+  EXPECT_EQ(shm_->GetInto(lookup->lease_id, p.page_keys[0], &state).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(shm_->counts().verdicts, 1);
 }
 
 // 600 pages of 4 KiB: 512 to a slab, so two slabs; a read of them is three

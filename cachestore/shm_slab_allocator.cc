@@ -82,13 +82,14 @@ absl::Status ShmSlabAllocator::PrepareProcess() {
   }
   close(ro);
   rlimit limit{};
-  if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < limit.rlim_max) {
+  if (getrlimit(RLIMIT_NOFILE, &limit) == 0) {
     const rlim_t before = limit.rlim_cur;
     limit.rlim_cur = limit.rlim_max;
-    if (setrlimit(RLIMIT_NOFILE, &limit) == 0) {
-      LOG(INFO) << "shared-memory entries: RLIMIT_NOFILE soft limit raised from " << before << " to " << limit.rlim_max
-                << " (two descriptors per slab of " << (kShmSlabTargetBytes >> 20) << " MiB)";
-    }
+    const bool raised = before < limit.rlim_max && setrlimit(RLIMIT_NOFILE, &limit) == 0;
+    LOG(INFO) << "shared-memory entries: two descriptors per slab of " << (kShmSlabTargetBytes >> 20)
+              << " MiB (or per entry of more); RLIMIT_NOFILE soft limit "
+              << (raised ? absl::StrCat("raised from ", before, " to ", limit.rlim_max)
+                         : absl::StrCat(before, " (hard ", limit.rlim_max, ")"));
   }
   return absl::OkStatus();
 }
