@@ -22,8 +22,13 @@ uint8_t* AllocateBytes(size_t size) {
 
 }  // namespace
 
-std::shared_ptr<BlobPool> BlobPool::Create(int64_t max_free_bytes) {
-  return std::shared_ptr<BlobPool>(new BlobPool(max_free_bytes));
+std::shared_ptr<BlobPool> BlobPool::Create(int64_t max_free_bytes, BlobStorage storage) {
+  return std::shared_ptr<BlobPool>(
+      new BlobPool(max_free_bytes, storage == BlobStorage::kSharedMemory ? ShmSlabAllocator::Create() : nullptr));
+}
+
+ShmSlabAllocator::Counts BlobPool::slab_counts() const {
+  return slabs_ != nullptr ? slabs_->counts() : ShmSlabAllocator::Counts{};
 }
 
 absl::StatusOr<std::shared_ptr<Blob>> BlobPool::Acquire(size_t size) {
@@ -40,6 +45,11 @@ absl::StatusOr<std::shared_ptr<Blob>> BlobPool::Acquire(size_t size) {
       free_order_.erase(pos);
       free_bytes_ -= static_cast<int64_t>(size);
     }
+  }
+  if (blob == nullptr && slabs_ != nullptr) {
+    absl::StatusOr<std::unique_ptr<Blob>> slot = slabs_->Allocate(size);
+    if (!slot.ok()) return slot.status();
+    blob = *std::move(slot);
   }
   if (blob == nullptr) {
     uint8_t* bytes = AllocateBytes(size);

@@ -11,7 +11,8 @@ CacheIndex::CacheIndex(const CacheIndexOptions& options)
     : options_(options),
       // Free buffers are outside the budgets: at most an eighth of them.
       blob_pool_(BlobPool::Create(
-          std::min(options.blob_pool_bytes, options.page_budget_bytes / 8 + options.state_budget_bytes / 8))) {
+          std::min(options.blob_pool_bytes, options.page_budget_bytes / 8 + options.state_budget_bytes / 8),
+          options.blob_storage)) {
   page_stats_.budget_bytes = options.page_budget_bytes;
   state_stats_.budget_bytes = options.state_budget_bytes;
 }

@@ -51,6 +51,11 @@ struct CacheIndexOptions {
   // budgets, and never more than an eighth of them); 0 disables recycling.
   // See BlobPool.
   int64_t blob_pool_bytes = int64_t{256} << 20;
+  // Where entry bytes live (BlobPool): kSharedMemory makes every entry a slot
+  // of a memfd slab that the shared-memory read path sends without a copy
+  // (CacheStoreServer sets it when ServerOptions::shm has a socket);
+  // CacheStore::Create refuses it where memfds cannot be made or reopened.
+  BlobStorage blob_storage = BlobStorage::kHeap;
   // Session retention (PutSpec::ttl, PutSpec::pin): the longest TTL an entry
   // may ask for, the bytes of pinned states one tenant may hold (PutSpec::tenant:
   // all its namespaces together, whatever their salts), and all tenants

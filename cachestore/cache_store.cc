@@ -34,6 +34,7 @@ absl::StatusOr<std::unique_ptr<CacheStore>> CacheStore::Create(const CacheIndexO
   RETURN_IF_ERROR(bytes_at_least("entry_overhead_bytes", options.entry_overhead_bytes, 0));
   RETURN_IF_ERROR(bytes_at_least("max_namespaces", options.max_namespaces, 1));
   RETURN_IF_ERROR(bytes_at_least("max_leases", options.max_leases, 1));
+  if (options.blob_storage == BlobStorage::kSharedMemory) RETURN_IF_ERROR(ShmSlabAllocator::PrepareProcess());
   return std::unique_ptr<CacheStore>(new CacheStore(options, clock));
 }
 
@@ -98,6 +99,11 @@ absl::StatusOr<ReadHandle> CacheStore::OpenVerified(uint64_t lease_id, const Has
     return absl::DataLossError(absl::StrCat("entry ", key.ToHex(), " failed its checksum; removed"));
   }
   return h;
+}
+
+absl::StatusOr<ReadHandle> CacheStore::Open(uint64_t lease_id, const Hash128& key) {
+  absl::MutexLock lock(&mu_);
+  return index_.Open(lease_id, key, clock_.Now());
 }
 
 absl::Status CacheStore::Release(uint64_t lease_id) {

@@ -43,6 +43,10 @@ class CacheStore {
   // The bytes of a leased entry after verifying their checksum. DATA_LOSS (and
   // the entry is removed) when they do not match.
   absl::StatusOr<ReadHandle> OpenVerified(uint64_t lease_id, const Hash128& key) ABSL_LOCKS_EXCLUDED(mu_);
+  // The same without the checksum: for the shared-memory read path, whose
+  // reader verifies every entry and takes a mismatch to gRPC, whose read
+  // verifies and removes (docs/ARCHITECTURE.md section 4).
+  absl::StatusOr<ReadHandle> Open(uint64_t lease_id, const Hash128& key) ABSL_LOCKS_EXCLUDED(mu_);
 
   absl::Status Release(uint64_t lease_id) ABSL_LOCKS_EXCLUDED(mu_);
 

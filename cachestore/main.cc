@@ -61,8 +61,9 @@ ABSL_FLAG(int64_t, max_threads, 64,
           "Threads gRPC may start for the synchronous services (reflection); beyond it their new calls end with "
           "RESOURCE_EXHAUSTED. The CacheStore and health services hold no thread per call");
 ABSL_FLAG(std::string, shm_socket, "",
-          "Unix socket path for reads by shared memory from workers on this host (sealed memfds over SCM_RIGHTS); "
-          "empty: off. Its directory must not be writable by other users");
+          "Unix socket path for reads by shared memory from workers on this host: entries live in memfd slabs and "
+          "readers get read-only slab descriptors over SCM_RIGHTS; empty: off. Its directory must not be writable "
+          "by other users");
 ABSL_FLAG(std::vector<std::string>, shm_allowed_uids, {},
           "uids allowed on --shm_socket (SO_PEERCRED), comma-separated; empty: the cachestore's own uid");
 ABSL_FLAG(int64_t, shm_max_connections, 8, "shm socket connections served at once (one thread each)");

@@ -37,7 +37,10 @@ absl::StatusOr<std::unique_ptr<CacheStoreServer>> CacheStoreServer::Start(const 
     return absl::InvalidArgumentError(absl::StrCat("max_threads must be >= ", kMinThreads));
   }
   auto server = std::unique_ptr<CacheStoreServer>(new CacheStoreServer());
-  ASSIGN_OR_RETURN(server->store_, CacheStore::Create(options.index, clock));
+  CacheIndexOptions index = options.index;
+  // The shm read path sends entries where they live: in shared memory.
+  if (!options.shm.socket_path.empty()) index.blob_storage = BlobStorage::kSharedMemory;
+  ASSIGN_OR_RETURN(server->store_, CacheStore::Create(index, clock));
   server->metrics_ = std::make_unique<ServiceMetrics>(registry, options.index.eviction);
   server->service_ = std::make_unique<CacheStoreService>(*server->store_, *server->metrics_, options.service);
   server->reap_interval_ = options.reap_interval;
@@ -103,7 +106,7 @@ void CacheStoreServer::Shutdown(absl::Duration grace) {
   if (health_ != nullptr) health_->SetServing("", false);
   stop_.Notify();
   if (reaper_.joinable()) reaper_.join();
-  // A shm read is short (one copy); the socket closes before the drain.
+  // A shm read is short (descriptors, no bytes); the socket closes before the drain.
   if (shm_ != nullptr) shm_->Stop();
   if (server_ != nullptr) {
     // New calls are refused (UNAVAILABLE) while the calls in flight end on

@@ -42,7 +42,8 @@ struct ServerOptions {
   // none.
   std::string health_address;
   // Reads by shared memory for workers on this host (shm_read_server.h): on
-  // when shm.socket_path is not empty.
+  // when shm.socket_path is not empty, and then the store keeps its entries
+  // in shared memory (index.blob_storage is set to kSharedMemory).
   ShmReadServerOptions shm;
 };
 

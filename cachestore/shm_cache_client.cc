@@ -18,7 +18,7 @@ absl::Status ShmCacheClient::GetInto(uint64_t lease_id, const Hash128& key, std:
 absl::Status ShmCacheClient::GetManyInto(uint64_t lease_id, absl::Span<const Hash128> keys,
                                          absl::Span<std::string> out) {
   // Argument errors are the base's to report, in its words.
-  if (keys.empty() || keys.size() != out.size() || keys.size() > kShmMaxKeys) {
+  if (keys.empty() || keys.size() != out.size() || keys.size() > kShmMaxReadKeys) {
     return base_.GetManyInto(lease_id, keys, out);
   }
   std::optional<absl::Status> shm = TryShm(lease_id, keys, out);

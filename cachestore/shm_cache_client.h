@@ -19,7 +19,7 @@ namespace hybridserve::cachestore {
 struct ShmReadCounts {
   int64_t reads = 0;     // GetInto / GetManyInto calls served by shared memory
   int64_t bytes = 0;     // entry bytes they moved
-  int64_t verdicts = 0;  // calls answered NOT_FOUND or DATA_LOSS by the cachestore
+  int64_t verdicts = 0;  // calls answered NOT_FOUND by the cachestore over shm
   // Calls that fell back to the wrapped client, by reason
   // (common::FailureReason of the shm path's error: unavailable,
   // permission_denied, not_found, failed_precondition for a bad descriptor,
@@ -34,8 +34,10 @@ struct ShmReadCounts {
 // refused peer, a bad descriptor, a checksum that does not match, a timeout)
 // is never the caller's error: the read is retried on `base` and counted in
 // counts(). The cachestore's own verdict on the lease (NOT_FOUND: no such
-// lease or key; DATA_LOSS: a stored entry failed its checksum and was removed)
-// is the answer, as over gRPC, and returned as it is.
+// lease or key) is the answer, as over gRPC, and returned as it is. A stored
+// entry that fails its checksum is the reader's DATA_LOSS (the shared-memory
+// server does not verify): the read goes to `base`, whose Get verifies,
+// removes the entry and answers DATA_LOSS.
 // Results and codes are `base`'s contract (cache_client.h); the bytes are
 // verified against the checksums the cachestore sent, as the gRPC path does.
 //
@@ -56,7 +58,7 @@ class ShmCacheClient final : public CacheClient {
     return base_.Put(ns, put, bytes);
   }
   absl::Status GetInto(uint64_t lease_id, const Hash128& key, std::string* out) override;
-  // One shared-memory read (one memfd) for all of `keys`.
+  // One connection for all of `keys`: requests of kShmMaxKeys (shm_protocol.h).
   absl::Status GetManyInto(uint64_t lease_id, absl::Span<const Hash128> keys, absl::Span<std::string> out) override;
   absl::Status Release(uint64_t lease_id) override { return base_.Release(lease_id); }
   absl::StatusOr<IndexStats> Stats() override { return base_.Stats(); }
@@ -65,7 +67,7 @@ class ShmCacheClient final : public CacheClient {
 
  private:
   // OK when the shared-memory path delivered every entry into `out`; the
-  // cachestore's verdict (NOT_FOUND, DATA_LOSS) as it is; nullopt when the
+  // cachestore's verdict (NOT_FOUND) as it is; nullopt when the
   // read must go to `base`.
   std::optional<absl::Status> TryShm(uint64_t lease_id, absl::Span<const Hash128> keys, absl::Span<std::string> out)
       ABSL_LOCKS_EXCLUDED(mu_);

@@ -43,7 +43,7 @@ absl::Status ReadExactly(int fd, char* buf, size_t size, std::vector<int>* fds, 
   size_t got = 0;
   while (got < size) {
     iovec iov{buf + got, size - got};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kShmMaxFds)];
     msghdr msg{};
     msg.msg_iov = &iov;
     msg.msg_iovlen = 1;
@@ -68,7 +68,8 @@ absl::Status ReadExactly(int fd, char* buf, size_t size, std::vector<int>* fds, 
       }
     }
     if ((msg.msg_flags & MSG_CTRUNC) != 0) {
-      return absl::InvalidArgumentError("shm socket: more descriptors than one arrived (truncated)");
+      return absl::InvalidArgumentError(
+          absl::StrCat("shm socket: more than ", kShmMaxFds, " descriptors arrived (truncated)"));
     }
     if (n == 0) {
       if (got == 0 && eof_at_start != nullptr) *eof_at_start = true;
@@ -79,22 +80,22 @@ absl::Status ReadExactly(int fd, char* buf, size_t size, std::vector<int>* fds, 
   return absl::OkStatus();
 }
 
-absl::Status WriteAll(int fd, const std::string& bytes, int attach_fd) {
+absl::Status WriteAll(int fd, const std::string& bytes, absl::Span<const int> attach) {
   size_t sent = 0;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kShmMaxFds)];
   while (sent < bytes.size()) {
     iovec iov{const_cast<char*>(bytes.data()) + sent, bytes.size() - sent};
     msghdr msg{};
     msg.msg_iov = &iov;
     msg.msg_iovlen = 1;
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
-    if (sent == 0 && attach_fd >= 0) {
+    if (sent == 0 && !attach.empty()) {
       msg.msg_control = control;
-      msg.msg_controllen = sizeof(control);
+      msg.msg_controllen = CMSG_SPACE(sizeof(int) * attach.size());
       cmsghdr* c = CMSG_FIRSTHDR(&msg);
       c->cmsg_level = SOL_SOCKET;
       c->cmsg_type = SCM_RIGHTS;
-      c->cmsg_len = CMSG_LEN(sizeof(int));
-      std::memcpy(CMSG_DATA(c), &attach_fd, sizeof(int));
+      c->cmsg_len = CMSG_LEN(sizeof(int) * attach.size());
+      std::memcpy(CMSG_DATA(c), attach.data(), sizeof(int) * attach.size());
     }
     const ssize_t n = sendmsg(fd, &msg, MSG_NOSIGNAL);
     if (n < 0) {
@@ -113,8 +114,6 @@ void CloseAll(std::vector<int>& fds) {
 
 }  // namespace
 
-int ShmRequiredSeals() { return F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL; }
-
 std::string EncodeShmRequest(const ShmRequest& request) {
   std::string out;
   out.reserve(kShmRequestHeaderBytes + 16 * request.keys.size());
@@ -132,7 +131,11 @@ absl::StatusOr<ShmRequest> ReadShmRequest(int fd) {
   absl::Status s = ReadExactly(fd, header, sizeof(header), nullptr, &eof);
   if (eof) return absl::OutOfRangeError("the peer closed the connection");
   if (!s.ok()) return s;
-  if (GetU32(header) != kShmMagic) return absl::InvalidArgumentError("shm request: bad magic");
+  const uint32_t magic = GetU32(header);
+  if (magic == kShmMagicV1) {
+    return absl::InvalidArgumentError("shm request of version 1 (HSM1): this cachestore speaks version 2 (HSM2)");
+  }
+  if (magic != kShmMagic) return absl::InvalidArgumentError("shm request: bad magic");
   const uint32_t count = GetU32(header + 4);
   if (count == 0 || count > kShmMaxKeys) {
     return absl::InvalidArgumentError(absl::StrCat("shm request: ", count, " keys, must be in [1, ", kShmMaxKeys, "]"));
@@ -148,34 +151,39 @@ absl::StatusOr<ShmRequest> ReadShmRequest(int fd) {
   return request;
 }
 
-absl::Status WriteShmResponse(int fd, const ShmResponse& response, int memfd) {
+absl::Status WriteShmResponse(int fd, const ShmResponse& response, absl::Span<const int> fds) {
   std::string message(response.status.message().substr(0, kShmMaxMessageBytes));
   const bool ok = response.status.ok();
+  if (!ok) fds = {};
+  if (fds.size() > kShmMaxFds) {
+    return absl::InvalidArgumentError(absl::StrCat("shm response with ", fds.size(), " descriptors > ", kShmMaxFds));
+  }
   std::string out;
-  out.reserve(kShmResponseHeaderBytes + message.size() + 24 * response.entries.size());
+  out.reserve(kShmResponseHeaderBytes + message.size() + kShmEntryBytes * response.entries.size());
   PutU32(&out, kShmMagic);
   PutU32(&out, static_cast<uint32_t>(response.status.code()));
   PutU32(&out, ok ? static_cast<uint32_t>(response.entries.size()) : 0);
   PutU32(&out, static_cast<uint32_t>(message.size()));
-  PutU64(&out, ok && memfd >= 0 ? response.memfd_bytes : 0);
+  PutU32(&out, static_cast<uint32_t>(fds.size()));
+  PutU32(&out, 0);
   out += message;
   if (ok) {
     for (const ShmEntrySpan& e : response.entries) {
+      PutU32(&out, e.fd_index);
       PutU64(&out, e.offset);
       PutU64(&out, e.size);
       PutU64(&out, e.checksum);
     }
   }
-  return WriteAll(fd, out, ok ? memfd : -1);
+  return WriteAll(fd, out, fds);
 }
 
-absl::StatusOr<ShmResponse> ReadShmResponse(int fd, int* memfd) {
-  *memfd = -1;
-  std::vector<int> fds;
+absl::StatusOr<ShmResponse> ReadShmResponse(int fd, std::vector<int>* fds) {
+  fds->clear();
   char header[kShmResponseHeaderBytes];
-  absl::Status s = ReadExactly(fd, header, sizeof(header), &fds, nullptr);
+  absl::Status s = ReadExactly(fd, header, sizeof(header), fds, nullptr);
   auto fail = [&](absl::Status status) -> absl::StatusOr<ShmResponse> {
-    CloseAll(fds);
+    CloseAll(*fds);
     return status;
   };
   if (!s.ok()) return fail(s);
@@ -183,26 +191,28 @@ absl::StatusOr<ShmResponse> ReadShmResponse(int fd, int* memfd) {
   const uint32_t code = GetU32(header + 4);
   const uint32_t count = GetU32(header + 8);
   const uint32_t message_bytes = GetU32(header + 12);
-  ShmResponse response;
-  response.memfd_bytes = GetU64(header + 16);
+  const uint32_t fd_count = GetU32(header + 16);
   if (code > static_cast<uint32_t>(absl::StatusCode::kUnauthenticated) || count > kShmMaxKeys ||
-      message_bytes > kShmMaxMessageBytes || (code != 0 && count != 0)) {
+      message_bytes > kShmMaxMessageBytes || fd_count > kShmMaxFds || (code != 0 && (count != 0 || fd_count != 0))) {
     return fail(absl::InvalidArgumentError("shm response: malformed header"));
   }
-  std::string body(message_bytes + 24 * static_cast<size_t>(count), '\0');
-  if (absl::Status r = ReadExactly(fd, body.data(), body.size(), &fds, nullptr); !r.ok()) return fail(r);
-  const bool wants_fd = code == 0 && response.memfd_bytes > 0;
-  if (fds.size() != (wants_fd ? 1u : 0u)) {
+  std::string body(message_bytes + kShmEntryBytes * static_cast<size_t>(count), '\0');
+  if (absl::Status r = ReadExactly(fd, body.data(), body.size(), fds, nullptr); !r.ok()) return fail(r);
+  if (fds->size() != fd_count) {
     return fail(absl::InvalidArgumentError(
-        absl::StrCat("shm response: ", fds.size(), " descriptors for a memfd of ", response.memfd_bytes, " bytes")));
+        absl::StrCat("shm response: ", fds->size(), " descriptors arrived, the header says ", fd_count)));
   }
+  ShmResponse response;
   response.status = absl::Status(static_cast<absl::StatusCode>(code), body.substr(0, message_bytes));
   response.entries.resize(count);
   for (uint32_t i = 0; i < count; ++i) {
-    const char* p = body.data() + message_bytes + 24 * i;
-    response.entries[i] = ShmEntrySpan{GetU64(p), GetU64(p + 8), GetU64(p + 16)};
+    const char* p = body.data() + message_bytes + kShmEntryBytes * i;
+    response.entries[i] = ShmEntrySpan{GetU32(p), GetU64(p + 4), GetU64(p + 12), GetU64(p + 20)};
+    if (response.entries[i].fd_index >= fd_count) {
+      return fail(absl::InvalidArgumentError(absl::StrCat("shm response: entry ", i, " names descriptor ",
+                                                          response.entries[i].fd_index, " of ", fd_count)));
+    }
   }
-  if (wants_fd) *memfd = fds[0];
   return response;
 }
 

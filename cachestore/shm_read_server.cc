@@ -13,14 +13,12 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 
 namespace hybridserve::cachestore {
 namespace {
-
-// Entries start at multiples of this in the memfd (cache lines).
-constexpr uint64_t kEntryAlignment = 64;
 
 absl::Status Errno(absl::string_view what, const std::string& path) {
   return absl::UnavailableError(absl::StrCat(what, " ", path, ": ", std::strerror(errno)));
@@ -45,25 +43,6 @@ absl::Status CheckSocketDirectory(const std::string& path) {
 
 }  // namespace
 
-absl::StatusOr<int> CreateSealedMemfd(uint64_t size, const std::function<absl::Status(int fd)>& fill) {
-  const int fd = memfd_create("hybridserve-cache-read", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (fd < 0) return absl::ResourceExhaustedError(absl::StrCat("memfd_create: ", std::strerror(errno)));
-  auto fail = [fd](absl::Status s) -> absl::StatusOr<int> {
-    close(fd);
-    return s;
-  };
-  if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
-    return fail(absl::ResourceExhaustedError(absl::StrCat("memfd of ", size, " bytes: ", std::strerror(errno))));
-  }
-  if (absl::Status s = fill(fd); !s.ok()) return fail(s);
-  // No writable mapping exists (fill writes with pwrite), so the write seal
-  // takes at once.
-  if (fcntl(fd, F_ADD_SEALS, ShmRequiredSeals()) != 0) {
-    return fail(absl::InternalError(absl::StrCat("sealing the memfd: ", std::strerror(errno))));
-  }
-  return fd;
-}
-
 absl::StatusOr<std::unique_ptr<ShmReadServer>> ShmReadServer::Start(const ShmReadServerOptions& options,
                                                                     CacheStore& store,
                                                                     std::function<void(const ShmReadEvent&)> observe) {
@@ -74,6 +53,10 @@ absl::StatusOr<std::unique_ptr<ShmReadServer>> ShmReadServer::Start(const ShmRea
   }
   if (options.max_connections < 1) return absl::InvalidArgumentError("shm max_connections must be >= 1");
   if (options.io_timeout <= absl::ZeroDuration()) return absl::InvalidArgumentError("shm io_timeout must be > 0");
+  if (store.options().blob_storage != BlobStorage::kSharedMemory) {
+    return absl::FailedPreconditionError(
+        "the shm read server needs the store's entries in shared memory (CacheIndexOptions::blob_storage)");
+  }
   if (absl::Status s = CheckSocketDirectory(options.socket_path); !s.ok()) return s;
   const std::string& path = options.socket_path;
   struct stat st {};
@@ -159,7 +142,7 @@ void ShmReadServer::Serve() {
       (void)ReadShmRequest(fd);
       ShmResponse refusal;
       refusal.status = peer;
-      (void)WriteShmResponse(fd, refusal, -1);
+      (void)WriteShmResponse(fd, refusal);
     }
     close(fd);
   }
@@ -172,15 +155,18 @@ void ShmReadServer::ServeConnection(int fd) {
       if (request.status().code() == absl::StatusCode::kInvalidArgument) {
         ShmResponse refusal;
         refusal.status = request.status();
-        (void)WriteShmResponse(fd, refusal, -1);
+        (void)WriteShmResponse(fd, refusal);
         if (observe_) observe_(ShmReadEvent{refusal.status.code(), 0, false});
       }
       return;  // closed, timed out or malformed: the connection ends
     }
-    int memfd = -1;
-    ShmResponse response = Read(*request, &memfd);
-    const absl::Status sent = WriteShmResponse(fd, response, memfd);
-    if (memfd >= 0) close(memfd);  // the reader's copy is all that is left
+    std::vector<int> fds;
+    std::vector<ReadHandle> entries;
+    ShmResponse response = Read(*request, &fds, &entries);
+    const absl::Status sent = WriteShmResponse(fd, response, fds);
+    // The descriptors were the slabs' own: they are in the reader's socket
+    // now, and the entries may go.
+    entries.clear();
     if (observe_) {
       int64_t bytes = 0;
       for (const ShmEntrySpan& e : response.entries) bytes += static_cast<int64_t>(e.size);
@@ -191,49 +177,27 @@ void ShmReadServer::ServeConnection(int fd) {
   }
 }
 
-ShmResponse ShmReadServer::Read(const ShmRequest& request, int* memfd) {
-  *memfd = -1;
+ShmResponse ShmReadServer::Read(const ShmRequest& request, std::vector<int>* fds, std::vector<ReadHandle>* entries) {
   ShmResponse response;
-  // The handles keep the entries' buffers alive while they are copied.
-  std::vector<ReadHandle> handles;
-  handles.reserve(request.keys.size());
-  uint64_t total = 0;
+  entries->reserve(request.keys.size());
+  response.entries.reserve(request.keys.size());
+  // Each slab once, at the index of its first entry's descriptor.
+  absl::flat_hash_map<int, uint32_t> fd_index;
   for (size_t i = 0; i < request.keys.size(); ++i) {
-    absl::StatusOr<ReadHandle> h = store_.OpenVerified(request.lease_id, request.keys[i]);
+    absl::StatusOr<ReadHandle> h = store_.Open(request.lease_id, request.keys[i]);
     if (!h.ok()) {
       response.status = absl::Status(h.status().code(), absl::StrCat("keys[", i, "]: ", h.status().message()));
+      response.entries.clear();
+      fds->clear();
       return response;
     }
-    ShmEntrySpan span;
-    span.offset = total;
-    span.size = h->blob->size;
-    span.checksum = h->info.checksum;
-    total += (span.size + kEntryAlignment - 1) / kEntryAlignment * kEntryAlignment;
-    response.entries.push_back(span);
-    handles.push_back(*std::move(h));
+    const Blob& blob = *h->blob;
+    DCHECK_GE(blob.shm_fd, 0) << "a store in shared memory made a heap blob";
+    auto [it, added] = fd_index.try_emplace(blob.shm_fd, static_cast<uint32_t>(fds->size()));
+    if (added) fds->push_back(blob.shm_fd);
+    response.entries.push_back(ShmEntrySpan{it->second, blob.shm_offset, blob.size, h->info.checksum});
+    entries->push_back(*std::move(h));
   }
-  response.memfd_bytes = total;
-  if (total == 0) return response;  // entries of no bytes: nothing to map
-  absl::StatusOr<int> fd = CreateSealedMemfd(total, [&](int f) -> absl::Status {
-    for (size_t i = 0; i < handles.size(); ++i) {
-      const uint8_t* src = handles[i].blob->data.get();
-      uint64_t done = 0;
-      const uint64_t size = response.entries[i].size;
-      while (done < size) {
-        const ssize_t n = pwrite(f, src + done, size - done, static_cast<off_t>(response.entries[i].offset + done));
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) return absl::ResourceExhaustedError(absl::StrCat("writing the memfd: ", std::strerror(errno)));
-        done += static_cast<uint64_t>(n);
-      }
-    }
-    return absl::OkStatus();
-  });
-  if (!fd.ok()) {
-    response.status = fd.status();
-    response.entries.clear();
-    return response;
-  }
-  *memfd = *fd;
   return response;
 }
 

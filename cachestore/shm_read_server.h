@@ -27,8 +27,6 @@ struct ShmReadServerOptions {
   // Peers (SO_PEERCRED) allowed to read; empty: this process's uid only.
   std::vector<uid_t> allowed_uids;
   // Connections served at once, one thread each; more wait in the backlog.
-  // Also bounds the memfd bytes the server has in flight: at most this many
-  // reads of one lease's entries.
   int max_connections = 8;
   // A read's I/O (each request and response), and the idle time after which
   // a connection is closed.
@@ -36,8 +34,9 @@ struct ShmReadServerOptions {
 };
 
 // What a read came to, for the server's metrics: `code` is OK or the refusal's,
-// `bytes` the entry bytes sent; `refused_peer` for a connection refused by
-// the credentials check (no request read).
+// `bytes` the entry bytes described to the reader (sent as descriptors);
+// `refused_peer` for a connection refused by the credentials check (no
+// request read).
 struct ShmReadEvent {
   absl::StatusCode code = absl::StatusCode::kOk;
   int64_t bytes = 0;
@@ -45,21 +44,24 @@ struct ShmReadEvent {
 };
 
 // Serves the reads of leased entries by shared memory (the format is in
-// shm_protocol.h): for each request, every key is opened through the lease
-// with CacheStore::OpenVerified (the gRPC path's checks: NOT_FOUND outside the
-// lease, DATA_LOSS on a stored entry that fails its checksum; each read
-// extends the lease), the bytes are copied into a fresh memfd, which is
-// sealed and sent. The server keeps no mapping of it and closes its own
-// descriptor once sent, so the memfd lives exactly as long as the reader holds
-// it, and its bytes never change: eviction or reuse of the entry's buffer
-// touches the cache's copy only. The memory is outside the cache budgets,
-// bounded by max_connections reads in flight and by the readers (a worker
-// unmaps before it releases the lease).
+// shm_protocol.h) without copying them: the store's entries live in memfd
+// slabs (CacheIndexOptions::blob_storage = kSharedMemory, required), and for
+// each request every key is opened through the lease with CacheStore::Open
+// (NOT_FOUND outside the lease or without one; each read extends the lease),
+// and the answer carries the read-only descriptor of each distinct slab once,
+// and each entry's place in it. The stored checksum is not verified here: the
+// reader verifies every entry, and takes a mismatch to gRPC, whose Get
+// verifies, removes the entry and answers DATA_LOSS. The server holds the
+// entries until the answer is sent (the descriptors are the slabs'); after
+// that it is the lease that keeps each entry in its slot while the reader
+// reads (a worker reads before it releases). The server uses no memory per
+// read beyond the answer.
 //
 // Thread-safe. Stop (or destruction) ends every thread and removes the socket.
 class ShmReadServer {
  public:
-  // `store` must outlive the server; `observe` (may be empty) is called on
+  // `store` must outlive the server and keep its entries in shared memory
+  // (FAILED_PRECONDITION otherwise); `observe` (may be empty) is called on
   // the serving threads.
   static absl::StatusOr<std::unique_ptr<ShmReadServer>> Start(const ShmReadServerOptions& options, CacheStore& store,
                                                               std::function<void(const ShmReadEvent&)> observe = {});
@@ -79,8 +81,9 @@ class ShmReadServer {
 
   void Serve();
   void ServeConnection(int fd);
-  // The response to `request`; *memfd the sealed memfd to attach (-1: none).
-  ShmResponse Read(const ShmRequest& request, int* memfd);
+  // The response to `request`; *fds the descriptors to attach, *entries the
+  // entries they belong to (held until the response is sent).
+  ShmResponse Read(const ShmRequest& request, std::vector<int>* fds, std::vector<ReadHandle>* entries);
   // Waits until `fd` is readable or Stop; false on Stop or io_timeout.
   bool WaitReadable(int fd);
 
@@ -93,10 +96,6 @@ class ShmReadServer {
   std::atomic<bool> stopped_{false};
   std::vector<std::thread> threads_;
 };
-
-// A sealed memfd of `size` bytes holding `fill`'s copies; the caller owns the
-// descriptor. Exposed for tests and benchmarks.
-absl::StatusOr<int> CreateSealedMemfd(uint64_t size, const std::function<absl::Status(int fd)>& fill);
 
 }  // namespace hybridserve::cachestore
 

@@ -33,8 +33,10 @@ inline constexpr size_t kBlobMapThresholdBytes = size_t{128} << 10;
 // Frees a blob's bytes the way BlobPool allocated them.
 struct BlobBytesDeleter {
   size_t size = 0;
+  // The bytes are a slot of a shared-memory slab: the blob's shm_slot frees them.
+  bool in_slab = false;
   void operator()(uint8_t* p) const {
-    if (p == nullptr) return;
+    if (p == nullptr || in_slab) return;
     if (size >= kBlobMapThresholdBytes) {
       munmap(p, size);
     } else {
@@ -43,12 +45,25 @@ struct BlobBytesDeleter {
   }
 };
 
+// Where BlobPool keeps entry bytes: the process's heap and private mappings,
+// or slots of memfd-backed slabs that the shared-memory read path sends to
+// readers without a copy (shm_slab_allocator.h; the cachestore with
+// --shm_socket).
+enum class BlobStorage { kHeap = 0, kSharedMemory = 1 };
+
 // The bytes of one entry: written once by its put, immutable after commit.
 // Shared so that a reader holding it is never left with freed memory.
 // Allocated by BlobPool only.
 struct Blob {
   std::unique_ptr<uint8_t[], BlobBytesDeleter> data;
   size_t size = 0;
+  // BlobStorage::kSharedMemory only (else -1 and 0): a read-only descriptor
+  // of the slab holding the bytes, owned by the slab and open while this blob
+  // lives, and the bytes' offset in it.
+  int shm_fd = -1;
+  uint64_t shm_offset = 0;
+  // Owns the slot (frees it when the blob goes); null for heap blobs.
+  std::shared_ptr<const void> shm_slot;
 };
 
 // What to store. The index derives the key from `parent` and `tokens`.

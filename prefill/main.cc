@@ -27,7 +27,8 @@ ABSL_FLAG(int64_t, cache_fetch_parallelism, 3,
           "(>= 1)");
 
 ABSL_FLAG(std::string, cachestore_shm_socket, "",
-          "the cachestore's --shm_socket on this host: resumes read entries by shared memory (sealed memfds), "
+          "the cachestore's --shm_socket on this host: resumes read entries by shared memory (read-only slab "
+          "descriptors), "
           "falling back to gRPC for any read that fails there; empty: gRPC only");
 
 ABSL_FLAG(int64_t, checkpoint_publish_interval, 0,

@@ -1,11 +1,13 @@
 // A resume's reads on one host: 64 MiB of KV pages (1024 pages of 64 KiB, the
-// bench model's 16K-token history) read from an in-process CacheStoreServer
-// by gRPC GetMany (over loopback) and by shared memory (--shm_socket: the
-// cachestore copies the entries into a sealed memfd, the reader maps it,
-// verifies every checksum and copies into its strings), on 1 and 2 streams
-// as prefill fetches them (--cache_fetch_parallelism 3: the state plus 2 page
-// streams), against a raw memcpy of 64 MiB in the same run. Prints medians and
-// ratios; no goal is judged.
+// bench model's 16K-token history) and one 7.7 MB state, read from an
+// in-process CacheStoreServer by gRPC (GetMany / Get over loopback) and by
+// shared memory (--shm_socket, protocol v2: the entries live in memfd slabs
+// from their put on, the cachestore sends read-only slab descriptors, the
+// reader preads every entry into its strings and verifies its checksum), on 1
+// and 2 streams as prefill fetches them (--cache_fetch_parallelism 3: the
+// state plus 2 page streams), against a raw memcpy of the same bytes, and a
+// memcpy plus XXH3 of them (the floor of what the shm reader does), in the
+// same run. Prints medians and ratios; no goal is judged.
 //   bazel run -c opt //bench/cachestore:shm_bench
 
 #include <sys/resource.h>
@@ -28,8 +30,8 @@
 #include "cachestore/keys.h"
 #include "cachestore/server.h"
 #include "cachestore/shm_cache_client.h"
-#include "cachestore/shm_reader.h"
 #include "common/clock.h"
+#include "common/hash.h"
 #include "common/process.h"
 #include "prometheus/registry.h"
 
@@ -39,6 +41,7 @@ namespace {
 constexpr int kPages = 1024;
 constexpr size_t kPageBytes = size_t{64} << 10;
 constexpr int kPageSize = 16;
+constexpr size_t kStateBytes = 7'700'000;
 constexpr int kReps = 7;
 
 void Check(const absl::Status& s, const char* what) {
@@ -61,6 +64,42 @@ struct Row {
   std::vector<double> seconds, cpu;
 };
 
+// One warm-up, then kReps timed runs of every row, interleaved.
+void Measure(std::vector<Row>& rows) {
+  for (int rep = 0; rep <= kReps; ++rep) {
+    for (Row& r : rows) {
+      const double cpu = CpuSeconds();
+      const auto start = std::chrono::steady_clock::now();
+      r.run();
+      const double s = SecondsSince(start);
+      if (rep > 0) {
+        r.seconds.push_back(s);
+        r.cpu.push_back(CpuSeconds() - cpu);
+      }
+    }
+  }
+}
+
+// rows[0] is the group's memcpy, rows[grpc] the gRPC read the ratios compare with.
+void PrintGroup(const std::string& title, const std::vector<Row>& rows, size_t grpc, size_t bytes) {
+  const double memcpy_s = Median(rows[0].seconds);
+  const double grpc_s = Median(rows[grpc].seconds);
+  std::printf("\n== %s, median of %d\n", title.c_str(), kReps);
+  std::printf("%-36s %9s %8s %10s %10s %10s\n", "read", "ms", "GB/s", "CPU ms", "/memcpy", "gRPC/x");
+  for (const Row& r : rows) {
+    const double s = Median(r.seconds);
+    std::printf("%-36s %9.2f %8.2f %10.1f %9.2fx %9.2fx\n", r.name.c_str(), s * 1e3,
+                static_cast<double>(bytes) / s / 1e9, Median(r.cpu) * 1e3, s / memcpy_s, grpc_s / s);
+  }
+}
+
+void FillRandom(std::mt19937_64& rng, std::string& bytes) {
+  for (size_t j = 0; j + 8 <= bytes.size(); j += 8) {
+    const uint64_t v = rng();
+    std::memcpy(&bytes[j], &v, 8);
+  }
+}
+
 void Run() {
   char dir[] = "/tmp/hs-shm-bench-XXXXXX";
   if (mkdtemp(dir) == nullptr) std::exit(1);
@@ -74,7 +113,6 @@ void Run() {
   auto grpc = cachestore::GrpcCacheClient::Create(absl::StrCat("127.0.0.1:", (*server)->port()));
   Check(grpc.status(), "GrpcCacheClient::Create");
   cachestore::ShmCacheClient shm(**grpc, cachestore::ShmReaderOptions{options.shm.socket_path});
-  const cachestore::ShmReader reader(cachestore::ShmReaderOptions{options.shm.socket_path});
 
   const cachestore::ClientNamespace ns{"bench-model", "", "shm", kPageSize};
   std::vector<cachestore::TokenId> tokens(kPages * kPageSize + 1);
@@ -84,10 +122,7 @@ void Run() {
   std::mt19937_64 rng(7);
   std::string bytes(kPageBytes, '\0');
   for (int i = 0; i < kPages; ++i) {
-    for (size_t j = 0; j < kPageBytes; j += 8) {
-      const uint64_t v = rng();
-      std::memcpy(&bytes[j], &v, 8);
-    }
+    FillRandom(rng, bytes);
     cachestore::ClientPut put;
     if (i > 0) put.parent = keys[static_cast<size_t>(i) - 1];
     put.tokens.assign(tokens.begin() + i * kPageSize, tokens.begin() + (i + 1) * kPageSize);
@@ -98,13 +133,16 @@ void Run() {
   state.parent = keys.back();
   state.tokens = {tokens.back()};
   state.position = static_cast<int64_t>(tokens.size());
-  Check((*grpc)->Put(ns, state, std::string(4 << 20, 's')).status(), "Put state");
+  std::string state_bytes(kStateBytes, '\0');
+  FillRandom(rng, state_bytes);
+  Check((*grpc)->Put(ns, state, state_bytes).status(), "Put state");
   auto lookup = (*grpc)->Lookup(ns, tokens, cachestore::LookupMode::kLease);
   Check(lookup.status(), "Lookup");
   const uint64_t lease = lookup->lease_id;
+  const cachestore::Hash128 state_key = lookup->state->key;
 
-  // Every reader keeps its strings across reps, as prefill reuses nothing but
-  // a worker would (the first rep is a warm-up).
+  // Every reader keeps its strings across reps, as a worker would (the first
+  // rep is a warm-up).
   std::vector<std::string> out(kPages);
   auto get_many = [&](cachestore::CacheClient& client, int streams) {
     std::vector<std::thread> threads;
@@ -119,50 +157,52 @@ void Run() {
     for (std::thread& t : threads) t.join();
   };
   std::vector<char> src(kPages * kPageBytes, 'x'), dst(kPages * kPageBytes);
-  std::vector<Row> rows;
-  rows.push_back({"memcpy 64 MiB (warm)", [&] {
-                    std::memcpy(dst.data(), src.data(), dst.size());
-                    KeepAlive(dst.data());
-                  }});
-  rows.push_back({"gRPC GetMany, 1 stream", [&] { get_many(**grpc, 1); }});
-  rows.push_back({"gRPC GetMany, 2 streams", [&] { get_many(**grpc, 2); }});
-  rows.push_back({"shm GetMany, 1 read", [&] { get_many(shm, 1); }});
-  rows.push_back({"shm GetMany, 2 reads", [&] { get_many(shm, 2); }});
-  rows.push_back({"shm map+verify only (no copy out)", [&] {
-                    auto e = reader.Read(lease, keys);
-                    Check(e.status(), "ShmReader::Read");
-                    KeepAlive(e->entry(kPages - 1).data());
-                  }});
-  for (int rep = 0; rep <= kReps; ++rep) {
-    for (Row& r : rows) {
-      const double cpu = CpuSeconds();
-      const auto start = std::chrono::steady_clock::now();
-      r.run();
-      const double s = SecondsSince(start);
-      if (rep > 0) {
-        r.seconds.push_back(s);
-        r.cpu.push_back(CpuSeconds() - cpu);
-      }
-    }
-  }
+  std::vector<Row> pages;
+  pages.push_back({"memcpy 64 MiB (warm)", [&] {
+                     std::memcpy(dst.data(), src.data(), dst.size());
+                     KeepAlive(dst.data());
+                   }});
+  pages.push_back({"memcpy + XXH3 per 64 KiB page", [&] {
+                     uint64_t sum = 0;
+                     for (size_t off = 0; off < dst.size(); off += kPageBytes) {
+                       std::memcpy(dst.data() + off, src.data() + off, kPageBytes);
+                       sum += common::Checksum64(dst.data() + off, kPageBytes);
+                     }
+                     KeepAlive(sum);
+                   }});
+  pages.push_back({"gRPC GetMany, 1 stream", [&] { get_many(**grpc, 1); }});
+  pages.push_back({"gRPC GetMany, 2 streams", [&] { get_many(**grpc, 2); }});
+  pages.push_back({"shm v2 GetMany, 1 read", [&] { get_many(shm, 1); }});
+  pages.push_back({"shm v2 GetMany, 2 reads", [&] { get_many(shm, 2); }});
+  Measure(pages);
+
+  std::string state_out;
+  std::vector<Row> states;
+  states.push_back({"memcpy 7.7 MB (warm)", [&] {
+                      std::memcpy(dst.data(), src.data(), kStateBytes);
+                      KeepAlive(dst.data());
+                    }});
+  states.push_back({"memcpy + XXH3", [&] {
+                      std::memcpy(dst.data(), src.data(), kStateBytes);
+                      KeepAlive(common::Checksum64(dst.data(), kStateBytes));
+                    }});
+  states.push_back({"gRPC Get", [&] { Check((*grpc)->GetInto(lease, state_key, &state_out), "GetInto"); }});
+  states.push_back({"shm v2 Get", [&] { Check(shm.GetInto(lease, state_key, &state_out), "shm GetInto"); }});
+  Measure(states);
+
   for (int i = 0; i < kPages; i += 97) {
     if (out[static_cast<size_t>(i)].size() != kPageBytes) std::exit(1);
   }
+  if (state_out != state_bytes) std::exit(1);
   const cachestore::ShmReadCounts counts = shm.counts();
   Check((*grpc)->Release(lease), "Release");
   (*server)->Shutdown(absl::Seconds(1));
   rmdir(dir);
 
-  const double memcpy_s = Median(rows[0].seconds);
-  const double grpc_s = Median(rows[1].seconds);
-  std::printf("\n== 64 MiB of pages (%d x %zu KiB) from a cachestore on this host, median of %d\n", kPages,
-              kPageBytes >> 10, kReps);
-  std::printf("%-36s %9s %8s %10s %10s %10s\n", "read", "ms", "GB/s", "CPU ms", "/memcpy", "gRPC(1)/x");
-  for (const Row& r : rows) {
-    const double s = Median(r.seconds);
-    std::printf("%-36s %9.2f %8.2f %10.1f %9.2fx %9.2fx\n", r.name.c_str(), s * 1e3,
-                static_cast<double>(kPages * kPageBytes) / s / 1e9, Median(r.cpu) * 1e3, s / memcpy_s, grpc_s / s);
-  }
+  PrintGroup(absl::StrCat(kPages * (kPageBytes >> 10) >> 10, " MiB of pages (", kPages, " x ", kPageBytes >> 10,
+                          " KiB) from a cachestore on this host"),
+             pages, 2, kPages * kPageBytes);
+  PrintGroup("one 7.7 MB state from a cachestore on this host", states, 2, kStateBytes);
   std::printf("(CPU ms: user + system of the whole process, both ends. shm reads: %lld, fallbacks: %zu)\n",
               static_cast<long long>(counts.reads), counts.fallbacks.size());
 }
