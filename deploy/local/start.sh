@@ -65,8 +65,12 @@ start() {
   exit 1
 }
 
+# The prefill worker shares this host with the cachestore: it reads resumed
+# entries through the cachestore's shared-memory socket (gRPC stays the control
+# plane and the fallback).
+SHM_SOCKET="$LOGDIR/cachestore.sock"
 start cachestore CACHESTORE_READY "$BIN/cachestore/cachestore" --address="127.0.0.1:${CACHESTORE_PORT}" \
-  --metrics_address="127.0.0.1:${METRICS_PORT}"
+  --metrics_address="127.0.0.1:${METRICS_PORT}" --shm_socket="$SHM_SOCKET"
 if [ "$AGGREGATED" = 1 ]; then
   start decode DECODE_READY "$BIN/decode/decode" --model_dir=models/default --address="127.0.0.1:${DECODE_PORT}" \
     --prefill=in_process --cachestore="127.0.0.1:${CACHESTORE_PORT}" --threads="$THREADS" \
@@ -74,12 +78,12 @@ if [ "$AGGREGATED" = 1 ]; then
   MODE="aggregated: cachestore + decode (prefill in process)"
 else
   start prefill PREFILL_READY "$BIN/prefill/prefill" --model_dir=models/default --address="127.0.0.1:${PREFILL_PORT}" \
-    --cachestore="127.0.0.1:${CACHESTORE_PORT}" --threads="$THREADS" \
+    --cachestore="127.0.0.1:${CACHESTORE_PORT}" --cachestore_shm_socket="$SHM_SOCKET" --threads="$THREADS" \
     --metrics_address="127.0.0.1:$((METRICS_PORT + 2))"
   start decode DECODE_READY "$BIN/decode/decode" --model_dir=models/default --address="127.0.0.1:${DECODE_PORT}" \
     --prefill="127.0.0.1:${PREFILL_PORT}" --cachestore="127.0.0.1:${CACHESTORE_PORT}" --threads="$THREADS" \
     --metrics_address="127.0.0.1:$((METRICS_PORT + 1))"
-  MODE="disaggregated: cachestore, prefill and decode processes, state over the TCP data plane"
+  MODE="disaggregated: cachestore, prefill and decode processes, state over the TCP data plane, cache reads by shared memory"
 fi
 
 echo "== hybridserve on the embedded default model ($MODE; logs in $LOGDIR)"
