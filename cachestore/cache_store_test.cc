@@ -178,7 +178,7 @@ TEST(CacheStoreConcurrencyTest, SmallBudgetsHoldUnderConcurrentWriters) {
   options.page_ttl = absl::Hours(1);
   options.state_ttl = absl::Hours(1);
   options.blob_pool_bytes = 0;
-  // Entry bytes only: with the default index overhead (512 bytes an entry)
+  // Entry bytes only: with the default index overhead (768 bytes an entry)
   // the leases of six threads would hold most of these small budgets. The
   // overhead's accounting has tests of its own (cache_index_test).
   options.entry_overhead_bytes = 0;
