@@ -10,27 +10,16 @@
 
 #include "cachestore/cache_index.h"
 #include "cachestore/cache_index_test_fixture.h"
+#include "common/sanitizers.h"
 #include "gtest/gtest.h"
 
 namespace hybridserve::cachestore {
 namespace {
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool kSanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
-#else
-constexpr bool kSanitized = false;
-#endif
-
 int64_t HeapInUse() { return static_cast<int64_t>(mallinfo2().uordblks); }
 
 TEST(CacheIndexMemoryTest, TheEntryOverheadCoversWhatTheIndexAllocatesPerEntry) {
-  if (kSanitized) GTEST_SKIP() << "a sanitizer's allocator is not malloc's";
+  if (common::kSanitized) GTEST_SKIP() << "a sanitizer's allocator is not malloc's";
   constexpr int kPages = 20000;
   const std::vector<TokenId> tokens = Tokens(kPages * kPageSize);
   const Hash128 ns = NamespaceKey("model", "", "tenant", "", kPageSize);
@@ -48,33 +37,27 @@ TEST(CacheIndexMemoryTest, TheEntryOverheadCoversWhatTheIndexAllocatesPerEntry) 
       ASSERT_TRUE(r.ok()) << r.status();
       ASSERT_TRUE(index->Commit(r->id, 7, now).ok());
     };
-    // kPages empty pages in one chain, then a state of one byte on each with a
-    // tail of kPageSize - 1 tokens: what an entry costs beyond its bytes.
+    // kPages empty pages in one chain, then a state of one byte on each: what
+    // an entry costs beyond its bytes.
+    // Entry i of class c: page i of the chain, or a state on it with a tail
+    // of kPageSize - 1 tokens.
+    auto spec = [&](int i, EntryClass c) {
+      PutSpec s;
+      s.ns = ns;
+      s.tenant = "tenant";
+      s.page_size = kPageSize;
+      s.entry_class = c;
+      if (i > 0) s.parent = keys[i - 1];
+      const int tail = c == EntryClass::kPage ? kPageSize : kPageSize - 1;
+      s.tokens.assign(tokens.begin() + i * kPageSize, tokens.begin() + i * kPageSize + tail);
+      s.position = c == EntryClass::kPage ? 0 : int64_t{i} * kPageSize + tail;
+      s.size_bytes = c == EntryClass::kPage ? 0 : 1;
+      return s;
+    };
     const int64_t before_pages = HeapInUse();
-    for (int i = 0; i < kPages; ++i) {
-      PutSpec s;
-      s.ns = ns;
-      s.tenant = "tenant";
-      s.page_size = kPageSize;
-      s.entry_class = EntryClass::kPage;
-      if (i > 0) s.parent = keys[i - 1];
-      s.tokens.assign(tokens.begin() + i * kPageSize, tokens.begin() + (i + 1) * kPageSize);
-      s.size_bytes = 0;
-      put(s);
-    }
+    for (int i = 0; i < kPages; ++i) put(spec(i, EntryClass::kPage));
     const int64_t before_states = HeapInUse();
-    for (int i = 0; i < kPages; ++i) {
-      PutSpec s;
-      s.ns = ns;
-      s.tenant = "tenant";
-      s.page_size = kPageSize;
-      s.entry_class = EntryClass::kState;
-      if (i > 0) s.parent = keys[i - 1];
-      s.tokens.assign(tokens.begin() + i * kPageSize, tokens.begin() + (i + 1) * kPageSize - 1);
-      s.position = int64_t{i} * kPageSize + kPageSize - 1;
-      s.size_bytes = 1;
-      put(s);
-    }
+    for (int i = 0; i < kPages; ++i) put(spec(i, EntryClass::kState));
     const int64_t after = HeapInUse();
     const double per_page = static_cast<double>(before_states - before_pages) / kPages;
     const double per_state = static_cast<double>(after - before_states) / kPages;

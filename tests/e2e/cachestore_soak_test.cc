@@ -39,6 +39,7 @@
 #include "absl/time/clock.h"
 #include "cachestore/grpc_cache_client.h"
 #include "common/proc_status.h"
+#include "common/sanitizers.h"
 #include "common/wait_for.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
@@ -80,17 +81,7 @@ constexpr int64_t kMaxRssBytes = kBudgetBytes * 5 / 4 + 64 * kMiB;
 constexpr bool kCheckThreadBound = true;
 constexpr int64_t kMaxThreads = 64;
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool kSanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || __has_feature(memory_sanitizer)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
-#else
-constexpr bool kSanitized = false;
-#endif
+using common::kSanitized;
 
 // A bound for a hung process or call, far above what any step takes; never a
 // timing expectation. Every RPC carries it as its deadline.
