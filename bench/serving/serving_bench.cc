@@ -40,7 +40,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
 #include <string>
@@ -51,6 +53,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -70,6 +73,10 @@ ABSL_FLAG(int32_t, reps, 3, "repetitions per figure (medians are reported)");
 ABSL_FLAG(bool, shm, false,
           "resume, disagg, cache: the cachestore's --shm_socket on and prefill reading by shared memory");
 ABSL_FLAG(std::string, histories, "1024,4096,16384", "resume: tokens of history");
+ABSL_FLAG(std::string, llamacpp_gguf, "",
+          "resume: the bench model's GGUF (bench/llamacpp/convert.sh); when set, each row also gets llama.cpp's "
+          "in-process anchor (bench/llamacpp/resume_anchor.py: load_state of the same history, then eval of the same "
+          "new tokens), run before the stack starts; needs llama-cpp-python on PYTHONPATH");
 ABSL_FLAG(std::string, sweep_streams, "1,2,4,8,16,32,64", "sweep: concurrent streams");
 ABSL_FLAG(int32_t, sweep_requests_per_stream, 4, "sweep: requests each stream sends in turn");
 ABSL_FLAG(std::string, sweep_csv, "", "sweep: write the table as CSV here (for plot_sweep.py)");
@@ -231,7 +238,43 @@ std::optional<double> ResumeGoal(int history) {
   }
 }
 
+// llama.cpp's in-process resume of `history` tokens plus `fresh` new ones
+// (resume_anchor.py's total_ms), by history; empty without --llamacpp_gguf
+// or when the script fails (said on stderr).
+std::map<int, double> LlamaCppAnchor(const std::vector<int>& histories, int fresh) {
+  std::map<int, double> out;
+  const std::string gguf = absl::GetFlag(FLAGS_llamacpp_gguf);
+  if (gguf.empty()) return out;
+  const std::string cmd = absl::StrCat("python3 ", e2e::Runfile("bench/llamacpp/resume_anchor.py"), " --gguf ", gguf,
+                                       " --new ", fresh, " --threads ", absl::GetFlag(FLAGS_threads), " --histories ",
+                                       absl::StrJoin(histories, ","), " 2>/dev/null");
+  FILE* pipe = popen(cmd.c_str(), "r");
+  std::string text;
+  char buf[4096];
+  while (pipe != nullptr && fgets(buf, sizeof(buf), pipe) != nullptr) text += buf;
+  if (pipe == nullptr || pclose(pipe) != 0) {
+    std::fprintf(stderr, "llama.cpp anchor: %s failed:\n%s\n", cmd.c_str(), text.c_str());
+    return out;
+  }
+  // The last line is {"anchor": [{"history": H, ..., "total_ms": T, ...}, ...]}.
+  const std::vector<std::string> lines = absl::StrSplit(text, '\n', absl::SkipEmpty());
+  const nlohmann::json j =
+      nlohmann::json::parse(lines.empty() ? "" : lines.back(), nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("anchor")) {
+    std::fprintf(stderr, "llama.cpp anchor: no JSON line in:\n%s\n", text.c_str());
+    return out;
+  }
+  for (const nlohmann::json& row : j["anchor"]) out[row["history"].get<int>()] = row["total_ms"].get<double>();
+  return out;
+}
+
 bool RunResume() {
+  // Turn 2 resumes at turn 1's end (history + 15 of its 16 generated tokens)
+  // and computes the 16th and 64 new ones: the anchor gets the same counts,
+  // before the stack starts (nothing else on the cores).
+  std::vector<int> anchor_histories;
+  for (int history : Ints(absl::GetFlag(FLAGS_histories))) anchor_histories.push_back(history + 15);
+  const std::map<int, double> anchor = LlamaCppAnchor(anchor_histories, 65);
   auto stack = Stack::Start(BenchStack(/*cachestore=*/true, /*aggregated=*/false));
   if (!stack.ok()) {
     std::fprintf(stderr, "stack: %s\n", stack.status().ToString().c_str());
@@ -242,8 +285,10 @@ bool RunResume() {
               absl::GetFlag(FLAGS_threads), absl::GetFlag(FLAGS_shm) ? ", reads by shared memory" : "");
   // floor: warm TTFT / the prefill worker's compute of the new tokens in the
   // same request (issue 28's goal: <= 1.15, the rest being resume, push and RPCs).
-  std::printf("%8s %10s %10s %8s %8s %8s %18s %8s  %s\n", "history", "warm_ms", "cold_ms", "ratio", "goal", "cached",
-              "resume/comp/push", "floor", "resume kind");
+  // llama_ms: llama.cpp's in-process load_state + eval of the same counts
+  // (--llamacpp_gguf); vs_llama: warm / that (issue 28's goal: <= 0.70).
+  std::printf("%8s %10s %10s %8s %8s %8s %18s %8s %9s %8s  %s\n", "history", "warm_ms", "cold_ms", "ratio", "goal",
+              "cached", "resume/comp/push", "floor", "llama_ms", "vs_llama", "resume kind");
   for (int history : Ints(absl::GetFlag(FLAGS_histories))) {
     const int reps = history >= 16384 ? 1 : absl::GetFlag(FLAGS_reps);
     std::vector<double> warm, cold, resume_ms, compute_ms, push_ms;
@@ -281,8 +326,13 @@ bool RunResume() {
         absl::StrFormat("%.0f/%.0f/%.0f", Median(resume_ms), Median(compute_ms), Median(push_ms));
     const std::optional<double> goal = ResumeGoal(history);
     const double floor = Median(compute_ms) > 0 ? 1e3 * Median(warm) / Median(compute_ms) : 0;
-    std::printf("%8d %10.1f %10.1f %8.4f %8s %8u %18s %8.2f  %s\n", history, 1e3 * Median(warm), 1e3 * Median(cold),
-                ratio, goal.has_value() ? absl::StrFormat("%.2f", *goal).c_str() : "-", cached, phases.c_str(), floor,
+    const auto llama = anchor.find(history + 15);
+    const std::string llama_ms = llama == anchor.end() ? "-" : absl::StrFormat("%.1f", llama->second);
+    const std::string vs_llama =
+        llama == anchor.end() ? "-" : absl::StrFormat("%.2f", 1e3 * Median(warm) / llama->second);
+    std::printf("%8d %10.1f %10.1f %8.4f %8s %8u %18s %8.2f %9s %8s  %s\n", history, 1e3 * Median(warm),
+                1e3 * Median(cold), ratio, goal.has_value() ? absl::StrFormat("%.2f", *goal).c_str() : "-", cached,
+                phases.c_str(), floor, llama_ms.c_str(), vs_llama.c_str(),
                 v1::ResumeKind_Name(static_cast<v1::ResumeKind>(kind)).c_str());
     std::fflush(stdout);
   }
