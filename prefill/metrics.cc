@@ -40,6 +40,11 @@ PrefillMetrics::PrefillMetrics(prometheus::Registry& r)
                                .Help("Pushes of a state to a decode worker under way")
                                .Register(r)
                                .Add({})),
+      publications_in_flight_(prometheus::BuildGauge()
+                                  .Name("hybridserve_prefill_publications_in_flight")
+                                  .Help("Cache publications queued or being put, behind the answers")
+                                  .Register(r)
+                                  .Add({})),
       transfer_failures_(Counter(r, "hybridserve_prefill_transfer_failures_total",
                                  "Pushes of a state to a decode worker that failed (peer gone, refused, timed out)")),
       free_pages_(prometheus::BuildGauge()
@@ -121,6 +126,7 @@ void PrefillMetrics::SyncCounters(const PrefillCacheCounters& now) {
   pages_published_.Increment(static_cast<double>(now.pages_published - last_.pages_published));
   states_published_.Increment(static_cast<double>(now.states_published - last_.states_published));
   transfers_in_flight_.Set(static_cast<double>(now.transfers_in_flight));
+  publications_in_flight_.Set(static_cast<double>(now.publications_in_flight));
   transfer_failures_.Increment(static_cast<double>(now.transfer_failures - last_.transfer_failures));
   for (const auto& [reason, n] : now.publish_failures_by_reason) {
     auto before = last_.publish_failures_by_reason.find(reason);

@@ -43,6 +43,7 @@ class PrefillMetrics {
   prometheus::Counter& refused_;
   prometheus::Counter& cancelled_;
   prometheus::Gauge& transfers_in_flight_;
+  prometheus::Gauge& publications_in_flight_;
   prometheus::Counter& transfer_failures_;
   prometheus::Gauge& free_pages_;
   prometheus::Gauge& free_slots_;

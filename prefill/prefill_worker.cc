@@ -299,6 +299,7 @@ PrefillCacheCounters PrefillWorker::counters() const {
     out.states_published = p.states_published;
     out.publish_failures = p.failures;
     out.publish_failures_by_reason = p.failures_by_reason;
+    out.publications_in_flight = publisher_->in_flight();
   }
   return out;
 }

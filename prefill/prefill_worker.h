@@ -62,6 +62,9 @@ struct PrefillCacheCounters {
   int64_t cancelled = 0;  // calls abandoned because the caller cancelled
   // Pushes to decode workers under way now, and those that failed.
   int64_t transfers_in_flight = 0;
+  // Publications queued or being put (CachePublisher::in_flight): the work
+  // behind the answers that is still to do.
+  int64_t publications_in_flight = 0;
   int64_t transfer_failures = 0;
 };
 

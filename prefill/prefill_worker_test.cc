@@ -185,6 +185,18 @@ TEST_F(PrefillWorkerTest, AsyncPublicationPutsTheSameEntriesBehindTheAnswer) {
   EXPECT_TRUE(BitEqual(Continue(*decode_model_, again.decode_seq, 2), Continue(*decode_model_, first.decode_seq, 2)));
 }
 
+TEST_F(PrefillWorkerTest, PublicationsStillToDoAreCountedUntilTheyAreDone) {
+  PrefillWorkerOptions o;
+  o.async_publication = true;
+  worker_ = std::make_unique<PrefillWorker>(*prefill_model_, weights_->fingerprint(), faults_.get(), transport_, o);
+  faults_->SetDelay(cachestore::CacheClientMethod::kPutMany, absl::Seconds(1));  // a slow cachestore
+  ASSERT_TRUE(Run(Tokens(150, vocab_, 31)).outcome.ok());
+  EXPECT_EQ(worker_->counters().publications_in_flight, 1);  // answered, its puts still under way
+  ASSERT_TRUE(worker_->WaitForPublications(absl::Seconds(30)));
+  EXPECT_EQ(worker_->counters().publications_in_flight, 0);
+  EXPECT_EQ(worker_->counters().pages_published, 9);
+}
+
 TEST_F(PrefillWorkerTest, ColdPrefillSendsTheStateAndPublishesPagesCheckpointsAndTheSnapshot) {
   const std::vector<TokenId> prompt = Tokens(150, vocab_, 1);
   Turn turn = Run(prompt);

@@ -132,15 +132,6 @@ class Client {
       : stub_(v1::Generation::NewStub(grpc::CreateChannel(target, grpc::InsecureChannelCredentials()))) {}
   explicit Client(std::shared_ptr<grpc::Channel> channel) : stub_(v1::Generation::NewStub(std::move(channel))) {}
 
-  // The served model's page size; 0 when GetModelInfo fails.
-  int PageSize() const {
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-    v1::ModelInfo info;
-    return stub_->GetModelInfo(&context, v1::GetModelInfoRequest(), &info).ok() ? static_cast<int>(info.page_size())
-                                                                                : 0;
-  }
-
   Timed Run(const v1::GenerateRequest& request, absl::Duration deadline = absl::Minutes(5)) const {
     Timed t;
     grpc::ClientContext context;
@@ -231,24 +222,24 @@ PrefillPhases ScrapePhases(e2e::Process& prefill) {
   return p;
 }
 
-// The prefill worker publishes behind its answers: waits until it has
-// published `pages` pages in all (hybridserve_prefill_pages_published_total),
-// so that the next request's phases are its own, not shared with the
-// publication of the one before. False after a minute.
-bool AwaitPagesPublished(e2e::Process& prefill, double pages) {
+// The prefill worker publishes behind its answers (pages, then every grid
+// checkpoint and the prompt end: at 16K tokens of the bench model, 64 MiB
+// and 33 states of 7.7 MB): waits until none is left
+// (hybridserve_prefill_publications_in_flight), so that the next request's
+// phases are its own, not shared with the one before's publication. False
+// after a minute.
+bool AwaitPublications(e2e::Process& prefill) {
   const absl::Time deadline = absl::Now() + absl::Minutes(1);
   while (absl::Now() < deadline) {
     auto m = e2e::ScrapeMetrics(std::stoi(prefill.field("metrics_port")));
-    if (m.ok() && (*m)["hybridserve_prefill_pages_published_total"] >= pages) return true;
+    if (m.ok() && m->count("hybridserve_prefill_publications_in_flight") == 1 &&
+        (*m)["hybridserve_prefill_publications_in_flight"] == 0) {
+      return true;
+    }
     absl::SleepFor(absl::Milliseconds(10));
   }
-  std::fprintf(stderr, "prefill did not publish %.0f pages within a minute\n", pages);
+  std::fprintf(stderr, "prefill still had publications in flight after a minute\n");
   return false;
-}
-
-double PagesPublished(e2e::Process& prefill) {
-  auto m = e2e::ScrapeMetrics(std::stoi(prefill.field("metrics_port")));
-  return m.ok() ? (*m)["hybridserve_prefill_pages_published_total"] : 0;
 }
 
 // The goal for the warm / cold ratio, chosen by the history length itself
@@ -310,7 +301,6 @@ bool RunResume() {
     return false;
   }
   Client client((*stack)->decode_target());
-  const size_t page_size = static_cast<size_t>(client.PageSize());
   std::printf("\n== resume: turn-2 TTFT, warm (resumed from turn 1) / cold (a miss), bench model, %d threads%s\n",
               absl::GetFlag(FLAGS_threads), absl::GetFlag(FLAGS_shm) ? ", reads by shared memory" : "");
   // floor: warm TTFT / the prefill worker's compute of the new tokens in the
@@ -327,7 +317,6 @@ bool RunResume() {
     for (int r = 0; r < reps; ++r) {
       const std::string salt = absl::StrCat("resume-", history, "-", r);
       const std::vector<int32_t> turn1 = UniquePrompt(history, 1000 + history + r);
-      const double published = PagesPublished(*(*stack)->prefill());
       Timed t1 = client.Run(Request(absl::StrCat(salt, "-t1"), turn1, 16, salt));
       if (!Ok(t1, "turn 1")) return false;
       std::vector<int32_t> turn2 = turn1;
@@ -336,13 +325,8 @@ bool RunResume() {
       turn2.insert(turn2.end(), user.begin(), user.end());
       // Cold first: a different salt is another namespace, so nothing of turn 1 is found.
       Timed c = client.Run(Request(absl::StrCat(salt, "-cold"), turn2, 1, salt + "-other"));
-      // Turn 1's and the cold turn's pages, all new: the warm turn starts on
-      // idle cores, as its compute floor assumes.
-      if (page_size > 0 &&
-          !AwaitPagesPublished(*(*stack)->prefill(), published + static_cast<double>(turn1.size() / page_size) +
-                                                         static_cast<double>(turn2.size() / page_size))) {
-        return false;
-      }
+      // The warm turn starts on idle cores, as its compute floor assumes.
+      if (!AwaitPublications(*(*stack)->prefill())) return false;
       const PrefillPhases before = ScrapePhases(*(*stack)->prefill());
       Timed w = client.Run(Request(absl::StrCat(salt, "-t2"), turn2, 1, salt));
       const PrefillPhases after = ScrapePhases(*(*stack)->prefill());
