@@ -143,6 +143,10 @@ TEST_P(StackTest, ResumedTurnMatchesColdPrefillGreedily) {
   ASSERT_TRUE(g1.status.ok()) << g1.status.error_message();
   conversation.insert(conversation.end(), g1.tokens.begin(), g1.tokens.end());
   conversation.push_back('\n');
+  // Prefill publishes turn 1's prompt behind its answer; decode's turn-end
+  // state hangs below it (and gives up after --publish_parent_wait, which a
+  // loaded machine can outlast). Turn 2 starts once prefill's part is in.
+  ASSERT_EQ(AwaitMetric(MetricsPort(s.prefill()), "hybridserve_prefill_publications_in_flight", 0), 0);
   v1::GenerateRequest warm = Request("resume-2", conversation, 16);
   warm.set_cache_salt("resume");
   v1::GenerateRequest cold = Request("resume-2-cold", conversation, 16);
