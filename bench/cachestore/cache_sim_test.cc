@@ -32,14 +32,19 @@ Trace Parse(const char* text) {
 constexpr char kHeader[] = R"({"format": "hybridserve-trace/1", "name": "test"})"
                            "\n";
 
+// One conversation: prompts of 40, 40+10+20 = 70 and 70+5+30 = 105 tokens.
+Trace ThreeTurns() {
+  return Parse((std::string(kHeader) + R"({"conv":0,"turn":0,"t":0,"user":40,"reply":10}
+{"conv":0,"turn":1,"t":1,"user":20,"reply":5}
+{"conv":0,"turn":2,"t":2,"user":30,"reply":1})")
+                   .c_str());
+}
+
 TEST(CacheSimTest, EachTurnResumesFromThePreviousTurnEnd) {
   // Prompts: 40, 40+10+20 = 70, 70+5+30 = 105 tokens. The turn ends (the last
   // reply token is not fed) are at 49 and 74; turn 1 also put a grid
   // checkpoint at 64, which 74 is deeper than.
-  const Trace trace = Parse((std::string(kHeader) + R"({"conv":0,"turn":0,"t":0,"user":40,"reply":10}
-{"conv":0,"turn":1,"t":1,"user":20,"reply":5}
-{"conv":0,"turn":2,"t":2,"user":30,"reply":1})")
-                                .c_str());
+  const Trace trace = ThreeTurns();
   const ModelCost model = DefaultModel();
   CacheSimOptions options;
   options.tokens.vocab = model.vocab();
@@ -118,10 +123,7 @@ TEST(CacheSimTest, TheBranchPointRuleLetsAThirdConversationResumeAtTheSharedPref
 TEST(CacheSimTest, AdmissionWithoutGridCheckpointsAndTheLastTurnOracle) {
   // EachTurnResumesFromThePreviousTurnEnd's trace: without grid publication
   // the checkpoint at 64 is not written, and the hits are the same.
-  const Trace trace = Parse((std::string(kHeader) + R"({"conv":0,"turn":0,"t":0,"user":40,"reply":10}
-{"conv":0,"turn":1,"t":1,"user":20,"reply":5}
-{"conv":0,"turn":2,"t":2,"user":30,"reply":1})")
-                                .c_str());
+  const Trace trace = ThreeTurns();
   const ModelCost model = DefaultModel();
   CacheSimOptions options;
   options.tokens.vocab = model.vocab();
