@@ -8,13 +8,16 @@
 // where HS_REQUIRE_GPUS declares them.
 
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/wait_for.h"
@@ -42,8 +45,31 @@ StackOptions GpuStack(bool aggregated, const std::string& plane, int decode_gpu)
   o.aggregated = aggregated;
   o.prefill_args = {"--device=cuda", "--device_index=0", "--data_planes=tcp," + plane};
   o.decode_args = {"--device=cuda", absl::StrCat("--device_index=", decode_gpu)};
-  if (!aggregated && plane != "tcp") o.decode_args.push_back("--data_plane=" + plane);
+  if (!aggregated && plane != "tcp") o.decode_args.push_back("--data_planes=" + plane);
   return o;
+}
+
+// The second decode the NCCL decode-kill case starts on GPU 1 against the
+// stack's prefill and cachestore ports.
+std::vector<std::string> SecondNcclDecodeArgs(int prefill_port, int cachestore_port) {
+  return {"--model_dir=" + Runfile("models/default"), "--address=127.0.0.1:0", "--device=cuda", "--device_index=1",
+          "--data_planes=nccl", absl::StrCat("--prefill=127.0.0.1:", prefill_port),
+          absl::StrCat("--cachestore=127.0.0.1:", cachestore_port)};
+}
+
+// What `binary --helpfull ARGS...` prints (stdout and stderr): the usage, or
+// absl's "ERROR: Unknown command line flag" for a flag the binary lacks.
+std::string HelpOutput(const std::string& binary, const std::vector<std::string>& args) {
+  std::string command = "'" + Runfile(binary) + "' --helpfull";
+  for (const std::string& a : args) absl::StrAppend(&command, " '", a, "'");
+  absl::StrAppend(&command, " 2>&1");
+  std::string out;
+  FILE* f = popen(command.c_str(), "r");
+  if (f == nullptr) return "popen failed";
+  char buffer[4096];
+  for (size_t n; (n = fread(buffer, 1, sizeof(buffer), f)) > 0;) out.append(buffer, n);
+  pclose(f);
+  return out;
 }
 
 // Three turns, each feeding the last turn's tokens back: the tokens of each turn.
@@ -73,6 +99,27 @@ void ExpectDisaggregatedEqualsAggregated(const std::string& plane, int decode_gp
   for (size_t t = 0; t < 3; ++t) {
     EXPECT_EQ(disaggregated[t].size(), 24u);
     EXPECT_EQ(disaggregated[t], aggregated[t]) << "turn " << t + 1;
+  }
+}
+
+// Runs with or without a GPU: every flag the GPU cases below pass is one the
+// services know. These cases never run without a GPU, and a renamed flag
+// (decode's --data_plane became --data_planes) once failed them only on the
+// first lent GPU.
+TEST(GpuStackTest, EveryFlagTheGpuCasesPassIsOneTheServicesKnow) {
+  std::vector<std::pair<std::string, std::vector<std::string>>> runs;
+  for (const std::string plane : {"tcp", "cuda_ipc", "nccl"}) {
+    for (const bool aggregated : {false, true}) {
+      const StackOptions o = GpuStack(aggregated, plane, 0);
+      runs.push_back({"decode/decode", o.decode_args});
+      runs.push_back({"prefill/prefill", o.prefill_args});
+    }
+  }
+  runs.push_back({"decode/decode", SecondNcclDecodeArgs(50051, 50052)});
+  for (const auto& [binary, args] : runs) {
+    const std::string out = HelpOutput(binary, args);
+    EXPECT_EQ(out.find("ERROR"), std::string::npos) << binary << " " << absl::StrJoin(args, " ") << ":\n" << out;
+    EXPECT_NE(out.find("--device_index"), std::string::npos) << binary << " printed no usage:\n" << out;
   }
 }
 
@@ -239,12 +286,8 @@ TEST(GpuStackTest, KillingDecodeMidNcclTransferLeavesPrefillServing) {
   KillDuringTransfers(stack, stack.decode(), "nccl-killdecode");
   const int prefill_metrics = std::stoi(stack.prefill()->field("metrics_port"));
   EXPECT_EQ(AwaitMetric(prefill_metrics, "hybridserve_prefill_queue_depth", 0, absl::Seconds(60)), 0);
-  auto d = Process::Start(
-      "decode2", "decode/decode",
-      {"--model_dir=" + Runfile("models/default"), "--address=127.0.0.1:0", "--device=cuda", "--device_index=1",
-       "--data_plane=nccl", absl::StrCat("--prefill=127.0.0.1:", stack.prefill()->port()),
-       absl::StrCat("--cachestore=127.0.0.1:", stack.cachestore()->port())},
-      "DECODE_READY");
+  auto d = Process::Start("decode2", "decode/decode",
+                          SecondNcclDecodeArgs(stack.prefill()->port(), stack.cachestore()->port()), "DECODE_READY");
   ASSERT_TRUE(d.ok()) << d.status();
   Generation after =
       Generate(absl::StrCat("127.0.0.1:", (*d)->port()), Request("nccl-after-decode-kill", TextPrompt(50, 2), 6));
