@@ -125,6 +125,7 @@ install -m 755 tools/gen_model.py "$b/tools/gen_model.py"
 install -m 644 tools/gen_model_*.py "$b/tools/"
 install -m 755 tools/gpu_bundle/run.sh "$b/run.sh"
 install -m 644 tools/gpu_bundle/summarize.py "$b/summarize.py"
+install -m 755 tools/gpu_bundle/profile.sh "$b/profile.sh"
 printf '%s\n' "${HOST_SONAMES[@]}" >"$b/host_sonames.txt"
 {
   echo "hybridserve GPU bundle"
