@@ -100,7 +100,7 @@ std::vector<float> RandomRows(std::mt19937& rng, int64_t rows, int64_t dim, int6
 TEST_P(ElementwiseTest, RmsNormMatchesCpu) {
   std::mt19937 rng(11);
   int case_index = 0;
-  for (int64_t dim : {1, 7, 33, 257, 1000, 1024, 1025, 2000, 4100}) {
+  for (int64_t dim : {1, 7, 33, 256, 257, 1000, 1024, 1025, 2000, 4100}) {
     for (int variant = 0; variant < 3; ++variant) {
       ++case_index;
       const int64_t rows = 3;
@@ -177,7 +177,7 @@ struct GatedCase {
 TEST_P(ElementwiseTest, GatedRmsNormMatchesCpu) {
   std::mt19937 rng(13);
   std::vector<GatedCase> cases = {{1, 0}, {7, 7}, {12, 4}, {33, 11}, {256, 64}, {1000, 250}, {2080, 1040}, {2048, 0}};
-  for (int i = 0; i < 6; ++i) {  // seeded random ragged groups, both sides of the warp/block switch at 1024
+  for (int i = 0; i < 6; ++i) {  // seeded random ragged groups, both sides of the warp/block switch at 256
     const int64_t gs = std::uniform_int_distribution<int64_t>(1, 1600)(rng);
     cases.push_back({gs * std::uniform_int_distribution<int64_t>(1, 3)(rng), gs});
   }
