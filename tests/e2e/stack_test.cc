@@ -66,16 +66,14 @@ std::map<std::string, std::pair<Stack*, Stack*>>* StackTest::stacks_ =
 // a token past it, and several pages: every turn resumes where the previous
 // one ended (its prompt plus every generated token but the last), prefill
 // computes only the rest, and every publication lands without waiting out
-// --publish_parent_wait: the final message waits for its publication a
-// fraction of the request's time, not seconds.
+// --publish_parent_wait (2 s): no wait expires, and no final message waits
+// for its publication anywhere near that long.
 TEST_P(StackTest, TurnTwoResumesAtTurnOneEndAndPrefillsOnlyTheNewTokens) {
   Stack& s = *disaggregated_;
   const int prefill_metrics = MetricsPort(s.prefill());
   const int decode_metrics = MetricsPort(s.decode());
   const std::string computed = "hybridserve_prefill_computed_tokens_total";
   const std::string wait = "hybridserve_decode_publish_wait_seconds_sum";
-  const std::string latency = "hybridserve_e2e_request_latency_seconds_sum";
-  double total_wait = 0, total_latency = 0;
   for (const int first : {1, 5, GetParam().page_size, GetParam().page_size + 1, 150}) {
     std::vector<int32_t> conversation = TextPrompt(first, first);
     int64_t expected_cached = 0;
@@ -83,7 +81,6 @@ TEST_P(StackTest, TurnTwoResumesAtTurnOneEndAndPrefillsOnlyTheNewTokens) {
       SCOPED_TRACE(absl::StrCat("first prompt ", first, ", turn ", turn));
       const double computed_before = Metric(prefill_metrics, computed);
       const double wait_before = Metric(decode_metrics, wait);
-      const double latency_before = Metric(decode_metrics, latency);
       v1::GenerateRequest r = Request(absl::StrCat("multiturn-", first, "-", turn), conversation, 24);
       r.set_cache_salt(absl::StrCat("multiturn-", first));
       Generation g = Generate(s.decode_target(), r);
@@ -100,11 +97,14 @@ TEST_P(StackTest, TurnTwoResumesAtTurnOneEndAndPrefillsOnlyTheNewTokens) {
       // The prefill worker computed only the tokens the cache did not hold.
       EXPECT_EQ(Metric(prefill_metrics, computed) - computed_before, conversation.size() - expected_cached);
       // The final message waited for the turn-end publication (it is sent
-      // after it): measured here, judged over all turns below.
+      // after it). The defect this guards against waited out the whole
+      // --publish_parent_wait on every turn (2 s); a healthy wait is a few
+      // milliseconds. Half the parent wait separates the two on any load (the
+      // test once compared the waits with the requests' latency, and a
+      // loaded machine tipped that ratio: 52 of 95 ms).
       const double waited = Metric(decode_metrics, wait) - wait_before;
       EXPECT_GE(waited, 0);
-      total_wait += waited;
-      total_latency += Metric(decode_metrics, latency) - latency_before;
+      EXPECT_LT(waited, 1.0) << "the final message waited " << waited << " s for its publication";
       // Turn N+1 is sent the instant turn N ends: its prompt is the whole
       // conversation (the reply included) plus new text. The turn-end state
       // covers every token fed to the model: the prompt and all generated
@@ -115,11 +115,6 @@ TEST_P(StackTest, TurnTwoResumesAtTurnOneEndAndPrefillsOnlyTheNewTokens) {
       conversation.insert(conversation.end(), more.begin() + 1, more.end());
     }
   }
-  // Over the fifteen requests, publication is a fraction of their time (a
-  // turn end that waited out --publish_parent_wait was all of it: 2 s of
-  // about 2.01).
-  EXPECT_LT(total_wait, 0.5 * total_latency)
-      << "final messages waited " << total_wait << " s for publications, of " << total_latency << " s";
   EXPECT_EQ(Metric(decode_metrics, "hybridserve_decode_publish_parent_waits_expired_total"), 0);
   EXPECT_EQ(MetricSum(decode_metrics, "hybridserve_decode_publish_failures_total"), 0);
   EXPECT_EQ(MetricSum(prefill_metrics, "hybridserve_prefill_publish_failures_total"), 0);
