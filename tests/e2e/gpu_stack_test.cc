@@ -52,8 +52,12 @@ StackOptions GpuStack(bool aggregated, const std::string& plane, int decode_gpu)
 // The second decode the NCCL decode-kill case starts on GPU 1 against the
 // stack's prefill and cachestore ports.
 std::vector<std::string> SecondNcclDecodeArgs(int prefill_port, int cachestore_port) {
-  return {"--model_dir=" + Runfile("models/default"), "--address=127.0.0.1:0", "--device=cuda", "--device_index=1",
-          "--data_planes=nccl", absl::StrCat("--prefill=127.0.0.1:", prefill_port),
+  return {"--model_dir=" + Runfile("models/default"),
+          "--address=127.0.0.1:0",
+          "--device=cuda",
+          "--device_index=1",
+          "--data_planes=nccl",
+          absl::StrCat("--prefill=127.0.0.1:", prefill_port),
           absl::StrCat("--cachestore=127.0.0.1:", cachestore_port)};
 }
 
