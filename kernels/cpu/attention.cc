@@ -41,9 +41,90 @@ constexpr int64_t kPrefillTile = 16;
 // Scratch of one thread.
 struct AttnScratch {
   std::vector<float> acc;     // [tokens * group, head_dim]
-  std::vector<float> scores;  // [page_size rounded up to 8]
+  std::vector<float> scores;  // [kMaxBlockRows, ScoresStride(page_size)]
   std::vector<RowState> rows;
 };
+
+// Rows of one GQA group attended together (AttendBlock), at most.
+constexpr int kMaxBlockRows = 8;
+
+// Floats between two rows' scores in the scratch: the page size rounded up to 8.
+int64_t ScoresStride(int64_t page_size) { return (page_size + 7) & ~int64_t{7}; }
+
+// acc_r = acc_r * alpha_r, then acc_r[d] = fma(p_r[i], v_i[d], acc_r[d]) for
+// the keys i in order, for R rows (row r's weights at scores + r * ld) over
+// dims [d0, d1), W vectors of 8 dims at a time: each value vector loaded
+// serves R rows, and each element sees exactly the operations of a lone row.
+template <int R, int W>
+int64_t AccumulateRows(RowState* rows, const float* alpha, const float* scores, int64_t ld, const float* vp,
+                       int64_t token_stride, int64_t d0, int64_t D, int64_t count) {
+  int64_t d = d0;
+  for (; d + 8 * W <= D; d += 8 * W) {
+    __m256 a[R][W];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const __m256 va = _mm256_set1_ps(alpha[r]);
+#pragma unroll
+      for (int w = 0; w < W; ++w) a[r][w] = _mm256_mul_ps(_mm256_loadu_ps(rows[r].acc + d + 8 * w), va);
+    }
+    for (int64_t i = 0; i < count; ++i) {
+      const float* vrow = vp + i * token_stride + d;
+      __m256 v[W];
+#pragma unroll
+      for (int w = 0; w < W; ++w) v[w] = _mm256_loadu_ps(vrow + 8 * w);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const __m256 si = _mm256_broadcast_ss(scores + r * ld + i);
+#pragma unroll
+        for (int w = 0; w < W; ++w) a[r][w] = _mm256_fmadd_ps(si, v[w], a[r][w]);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+      for (int w = 0; w < W; ++w) _mm256_storeu_ps(rows[r].acc + d + 8 * w, a[r][w]);
+    }
+  }
+  return d;
+}
+
+// One page of keys for R rows of a GQA group (row r's query at q + r * D):
+// scores, the online-softmax update of each row, then the weighted values.
+// Every row gets the bits a lone row gets (ScoreKeysRows, AccumulateRows).
+template <int R>
+void AttendBlock(const float* q, const float* kp, const float* vp, int64_t token_stride, int64_t D, int64_t count,
+                 float scale, RowState* rows, float* scores_base, int64_t ld) {
+  attention_internal::ScoreKeysRows<R>(q, D, kp, token_stride, D, count, scale, scores_base, ld);
+  float alpha[R];
+  for (int r = 0; r < R; ++r) {
+    RowState& row = rows[r];
+    float* scores = scores_base + r * ld;
+    float m_blk = -std::numeric_limits<float>::infinity();
+    for (int64_t i = 0; i < count; ++i) m_blk = std::max(m_blk, scores[i]);
+    const float m_new = std::max(row.m, m_blk);
+    const __m256 vm = _mm256_set1_ps(m_new);
+    alpha[r] = _mm256_cvtss_f32(simd::Exp(_mm256_set1_ps(row.m - m_new)));
+    for (int64_t i = 0; i < count; i += 8) {
+      const __m256 sv = simd::LoadPartial(scores + i, count - i);
+      simd::StorePartial(scores + i, simd::Exp(_mm256_sub_ps(sv, vm)), count - i);
+    }
+    float l = row.l * alpha[r];
+    for (int64_t i = 0; i < count; ++i) l = l + scores[i];
+    row.l = l;
+    row.m = m_new;
+  }
+  // Two vectors (16 dims) a row while R x 2 accumulators fit the registers.
+  int64_t d = AccumulateRows < R, R <= 4 ? 2 : 1 > (rows, alpha, scores_base, ld, vp, token_stride, 0, D, count);
+  d = AccumulateRows<R, 1>(rows, alpha, scores_base, ld, vp, token_stride, d, D, count);
+  for (int r = 0; r < R; ++r) {
+    const float* scores = scores_base + r * ld;
+    for (int64_t e = d; e < D; ++e) {
+      float acc = rows[r].acc[e] * alpha[r];
+      for (int64_t i = 0; i < count; ++i) acc = std::fma(scores[i], vp[i * token_stride + e], acc);
+      rows[r].acc[e] = acc;
+    }
+  }
+}
 
 // Attends the `group` query heads of one KV head at `tokens` consecutive
 // positions: row (t, g) is query head g of token t (at q + t * q_stride +
@@ -61,7 +142,8 @@ void AttendTile(const PagedKvCache& cache, const int32_t* block_table, int64_t k
   const int64_t page_stride = cache.page_size * token_stride;
   const int64_t n_rows = tokens * group;
   s.acc.assign(n_rows * D, 0.0f);
-  s.scores.resize((cache.page_size + 7) & ~int64_t{7});
+  const int64_t ld = ScoresStride(cache.page_size);
+  s.scores.resize(kMaxBlockRows * ld);
   s.rows.assign(n_rows, RowState{});
   for (int64_t r = 0; r < n_rows; ++r) s.rows[r].acc = s.acc.data() + r * D;
 
@@ -74,59 +156,28 @@ void AttendTile(const PagedKvCache& cache, const int32_t* block_table, int64_t k
       const int64_t n_keys = first_n_keys + t;
       if (b * cache.page_size >= n_keys) continue;  // this page is past the row's last key
       const int64_t count = std::min(cache.page_size, n_keys - b * cache.page_size);
-      for (int64_t g = 0; g < group; ++g) {
-        RowState& r = s.rows[t * group + g];
-        const float* qg = q + t * q_stride + g * D;
+      // The group's rows share this page's keys and values: in blocks of R
+      // rows (8, 4, 2, 1) each key and value vector loaded serves R rows.
+      for (int64_t g = 0; g < group;) {
+        const int64_t left = group - g;
+        const int R = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+        RowState* rows = &s.rows[t * group + g];
         float* scores = s.scores.data();
-        float m_blk = -std::numeric_limits<float>::infinity();
-        attention_internal::ScoreKeys(qg, kp, token_stride, D, count, scale, scores);
-        for (int64_t i = 0; i < count; ++i) m_blk = std::max(m_blk, scores[i]);
-        const float m_new = std::max(r.m, m_blk);
-        const __m256 vm = _mm256_set1_ps(m_new);
-        const float alpha = _mm256_cvtss_f32(simd::Exp(_mm256_set1_ps(r.m - m_new)));
-        for (int64_t i = 0; i < count; i += 8) {
-          const __m256 sv = simd::LoadPartial(scores + i, count - i);
-          simd::StorePartial(scores + i, simd::Exp(_mm256_sub_ps(sv, vm)), count - i);
+        const float* qg = q + t * q_stride + g * D;
+        switch (R) {
+          case 8:
+            AttendBlock<8>(qg, kp, vp, token_stride, D, count, scale, rows, scores, ld);
+            break;
+          case 4:
+            AttendBlock<4>(qg, kp, vp, token_stride, D, count, scale, rows, scores, ld);
+            break;
+          case 2:
+            AttendBlock<2>(qg, kp, vp, token_stride, D, count, scale, rows, scores, ld);
+            break;
+          default:
+            AttendBlock<1>(qg, kp, vp, token_stride, D, count, scale, rows, scores, ld);
         }
-        float l = r.l * alpha;
-        for (int64_t i = 0; i < count; ++i) l = l + scores[i];
-        r.l = l;
-        r.m = m_new;
-        const __m256 va = _mm256_set1_ps(alpha);
-        int64_t d = 0;
-        // Four independent FMA chains (32 dims) per pass over the keys: one
-        // chain would wait on each FMA's latency. Every element still sees
-        // acc * alpha, then its FMAs in key order: the same bits.
-        for (; d + 32 <= D; d += 32) {
-          __m256 a0 = _mm256_mul_ps(_mm256_loadu_ps(r.acc + d), va);
-          __m256 a1 = _mm256_mul_ps(_mm256_loadu_ps(r.acc + d + 8), va);
-          __m256 a2 = _mm256_mul_ps(_mm256_loadu_ps(r.acc + d + 16), va);
-          __m256 a3 = _mm256_mul_ps(_mm256_loadu_ps(r.acc + d + 24), va);
-          for (int64_t i = 0; i < count; ++i) {
-            const __m256 si = _mm256_set1_ps(scores[i]);
-            const float* vrow = vp + i * token_stride + d;
-            a0 = _mm256_fmadd_ps(si, _mm256_loadu_ps(vrow), a0);
-            a1 = _mm256_fmadd_ps(si, _mm256_loadu_ps(vrow + 8), a1);
-            a2 = _mm256_fmadd_ps(si, _mm256_loadu_ps(vrow + 16), a2);
-            a3 = _mm256_fmadd_ps(si, _mm256_loadu_ps(vrow + 24), a3);
-          }
-          _mm256_storeu_ps(r.acc + d, a0);
-          _mm256_storeu_ps(r.acc + d + 8, a1);
-          _mm256_storeu_ps(r.acc + d + 16, a2);
-          _mm256_storeu_ps(r.acc + d + 24, a3);
-        }
-        for (; d + 8 <= D; d += 8) {
-          __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(r.acc + d), va);
-          for (int64_t i = 0; i < count; ++i) {
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(scores[i]), _mm256_loadu_ps(vp + i * token_stride + d), acc);
-          }
-          _mm256_storeu_ps(r.acc + d, acc);
-        }
-        for (; d < D; ++d) {
-          float acc = r.acc[d] * alpha;
-          for (int64_t i = 0; i < count; ++i) acc = std::fma(scores[i], vp[i * token_stride + d], acc);
-          r.acc[d] = acc;
-        }
+        g += R;
       }
     }
   }

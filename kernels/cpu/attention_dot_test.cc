@@ -92,5 +92,39 @@ TEST(AttentionDotTest, KeyScoreDoesNotDependOnItsSlotInTheBlock) {
   }
 }
 
+// ScoreKeysRows, R rows of a GQA group against the same keys, gives every
+// (row, key) the bits of Dot on that pair alone, times the scale, for any key
+// count (full groups of 8 / R keys and a remainder) and head_dim.
+template <int R>
+void ExpectRowsScoreLikeDot(std::mt19937& rng) {
+  for (int64_t d : kHeadDims) {
+    const int64_t stride = 2 * d;  // two KV heads per token, as in the paged cache
+    const int64_t q_stride = d;    // the group's query heads side by side
+    const std::vector<float> q = WideRangeVector(rng, R * q_stride);
+    const std::vector<float> k = WideRangeVector(rng, 19 * stride);
+    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
+    for (int64_t count = 1; count <= 19; ++count) {
+      const int64_t ld = 24;
+      std::vector<float> scores(static_cast<size_t>(R * ld), NAN);
+      ScoreKeysRows<R>(q.data(), q_stride, k.data(), stride, d, count, scale, scores.data(), ld);
+      for (int r = 0; r < R; ++r) {
+        for (int64_t i = 0; i < count; ++i) {
+          const float want = Dot(q.data() + r * q_stride, k.data() + i * stride, d) * scale;
+          EXPECT_TRUE(BitsEqual(&scores[static_cast<size_t>(r * ld + i)], &want, 1))
+              << R << " rows, head_dim " << d << ", " << count << " keys: row " << r << ", key " << i;
+        }
+      }
+    }
+  }
+}
+
+TEST(AttentionDotTest, ScoreKeysRowsGivesEachRowAndKeyTheBitsOfDot) {
+  std::mt19937 rng(8888);
+  ExpectRowsScoreLikeDot<1>(rng);
+  ExpectRowsScoreLikeDot<2>(rng);
+  ExpectRowsScoreLikeDot<4>(rng);
+  ExpectRowsScoreLikeDot<8>(rng);
+}
+
 }  // namespace
 }  // namespace hybridserve::kernels::cpu::attention_internal

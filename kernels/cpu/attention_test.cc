@@ -179,7 +179,11 @@ INSTANTIATE_TEST_SUITE_P(GqaRatios, AttentionGqaTest,
                          ::testing::Values(Geometry{4, 4, 64, 16},   // ratio 1
                                            Geometry{4, 2, 40, 8},    // ratio 2, head_dim tail
                                            Geometry{8, 2, 128, 16},  // ratio 4
-                                           Geometry{4, 1, 16, 4}));  // ratio 4, tiny pages
+                                           Geometry{4, 1, 16, 4},    // ratio 4, tiny pages
+                                           Geometry{6, 1, 64, 16},   // ratio 6: rows in blocks of 4 and 2
+                                           Geometry{16, 2, 64, 8},   // ratio 8
+                                           Geometry{12, 1, 24, 16},  // ratio 12: blocks of 8 and 4
+                                           Geometry{3, 1, 40, 8}));  // ratio 3: blocks of 2 and 1
 
 // A decode batch gives each sequence the bits it gets alone, for any thread count.
 TEST(AttentionDecodeTest, BatchRowsAreBitIdenticalToSequencesAlone) {
@@ -278,6 +282,54 @@ TEST(KvAppendDecodeTest, WritesOneTokenAtEachSequencesPosition) {
   EXPECT_EQ(v_pool[(2 * 4 + 1) * 8 + 7], -8.0f);
   // Sequence 1, position 2: logical page 0 -> physical 0, slot 2.
   EXPECT_EQ(k_pool[(0 * 4 + 2) * 8 + 0], 9.0f);
+}
+
+// A GQA group's query heads are attended together, in blocks of up to 8 rows
+// that share each key and value load; every head still gets the bits it gets
+// alone. Alone here: the same heads with each KV head copied once per query
+// head (ratio 1, one row at a time), for ratios that split into every block
+// size (8, 4, 2, 1).
+TEST(AttentionTest, GroupedHeadsHaveTheBitsOfEachHeadAlone) {
+  std::mt19937 rng(21);
+  std::uniform_real_distribution<float> uniform(-2.0f, 2.0f);
+  for (const int64_t ratio : {2, 3, 4, 7, 8, 15}) {
+    for (const int64_t head_dim : {8, 40, 64, 100}) {
+      const int64_t kv_heads = 2, n_heads = kv_heads * ratio, page = 16, start = 29, n_tokens = 21;
+      const int64_t pages = (start + n_tokens + page - 1) / page;
+      std::vector<float> k(static_cast<size_t>(pages * page * kv_heads * head_dim));
+      std::vector<float> v(k.size());
+      std::vector<float> q(static_cast<size_t>(n_tokens * n_heads * head_dim));
+      for (float& x : k) x = uniform(rng);
+      for (float& x : v) x = uniform(rng);
+      for (float& x : q) x = uniform(rng);
+      // The same keys and values with KV head h copied to heads h * ratio .. h * ratio + ratio - 1.
+      std::vector<float> k_alone(static_cast<size_t>(pages * page * n_heads * head_dim));
+      std::vector<float> v_alone(k_alone.size());
+      for (int64_t slot = 0; slot < pages * page; ++slot) {
+        for (int64_t h = 0; h < n_heads; ++h) {
+          const int64_t from = (slot * kv_heads + h / ratio) * head_dim, to = (slot * n_heads + h) * head_dim;
+          std::copy_n(k.begin() + from, head_dim, k_alone.begin() + to);
+          std::copy_n(v.begin() + from, head_dim, v_alone.begin() + to);
+        }
+      }
+      std::vector<int32_t> table(static_cast<size_t>(pages));
+      std::iota(table.begin(), table.end(), 0);
+      std::vector<float> grouped(q.size(), NAN), alone(q.size(), NAN);
+      AttentionPrefillParams p;
+      p.q = q.data();
+      p.block_table = table.data();
+      p.start_pos = start;
+      p.n_tokens = n_tokens;
+      p.n_heads = n_heads;
+      p.cache = PagedKvCache{k.data(), v.data(), pages, page, kv_heads, head_dim};
+      p.out = grouped.data();
+      ASSERT_EQ(AttentionPrefill(p, nullptr), kKernelOk);
+      p.cache = PagedKvCache{k_alone.data(), v_alone.data(), pages, page, n_heads, head_dim};
+      p.out = alone.data();
+      ASSERT_EQ(AttentionPrefill(p, nullptr), kKernelOk);
+      EXPECT_TRUE(BitsEqual(grouped, alone)) << "ratio " << ratio << ", head_dim " << head_dim;
+    }
+  }
 }
 
 TEST(AttentionTest, RejectsPageIndexOutOfRange) {
