@@ -37,6 +37,8 @@ struct RowState {
 
 // Tokens of one prefill task: a tile's pages are read once for all of them.
 constexpr int64_t kPrefillTile = 16;
+// The smallest tile after a long context (AttentionPrefill).
+constexpr int64_t kMinLongContextTile = 4;
 
 // Scratch of one thread.
 struct AttnScratch {
@@ -249,22 +251,34 @@ int AttentionPrefill(const AttentionPrefillParams& p, ThreadPool* pool) {
   const int64_t qs = p.q_token_stride ? p.q_token_stride : p.n_heads * D;
   const int64_t os = p.out_token_stride ? p.out_token_stride : p.n_heads * D;
   const float scale = ResolvedScale(p.scale, D);
-  // Task u covers tiles u and n_tiles-1-u (causal work pairs up evenly) for one KV head.
-  const int64_t n_tiles = (p.n_tokens + kPrefillTile - 1) / kPrefillTile;
-  const int64_t pairs = (n_tiles + 1) / 2;
-  ParallelFor(pool, pairs * c.n_kv_heads, [&](int64_t begin, int64_t end) {
+  // Tokens per tile. Every tile streams all of its KV head's pages, so a few
+  // tokens after a long context (a resumed turn: 65 after 16K) take as few
+  // tiles as keep every thread busy, each tile about the same work; a prompt
+  // from near the start takes tiles of kPrefillTile, task u covering tiles u
+  // and n_tiles-1-u so that causal work pairs up evenly. The tile never
+  // changes a bit (AttendTile).
+  const bool long_context = p.start_pos >= 4 * p.n_tokens;
+  int64_t tile = kPrefillTile;
+  if (long_context) {
+    const int64_t threads = pool != nullptr ? pool->num_threads() : 1;
+    const int64_t tiles_wanted = (threads + c.n_kv_heads - 1) / c.n_kv_heads;
+    tile = std::max<int64_t>(kMinLongContextTile, (p.n_tokens + tiles_wanted - 1) / tiles_wanted);
+  }
+  const int64_t n_tiles = (p.n_tokens + tile - 1) / tile;
+  const int64_t units = long_context ? n_tiles : (n_tiles + 1) / 2;
+  ParallelFor(pool, units * c.n_kv_heads, [&](int64_t begin, int64_t end) {
     AttnScratch scratch;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t u = task / c.n_kv_heads;
       const int64_t kvh = task % c.n_kv_heads;
-      auto attend = [&](int64_t tile) {
-        const int64_t t0 = tile * kPrefillTile;
-        const int64_t tokens = std::min(kPrefillTile, p.n_tokens - t0);
+      auto attend = [&](int64_t tile_index) {
+        const int64_t t0 = tile_index * tile;
+        const int64_t tokens = std::min(tile, p.n_tokens - t0);
         AttendTile(c, p.block_table, kvh, p.q + t0 * qs + kvh * group * D, qs, group, tokens, p.start_pos + t0 + 1,
                    scale, p.out + t0 * os + kvh * group * D, os, scratch);
       };
       attend(u);
-      if (n_tiles - 1 - u != u) attend(n_tiles - 1 - u);
+      if (!long_context && n_tiles - 1 - u != u) attend(n_tiles - 1 - u);
     }
   });
   return kKernelOk;

@@ -142,6 +142,28 @@ TEST_P(AttentionGqaTest, PrefillSplitAnywhereIsBitIdenticalToOneCall) {
   }
 }
 
+// A few tokens after a long context (a resumed turn) take a few large tiles,
+// as many as keep every thread busy, instead of small paired ones: the same
+// bits for any thread count and any number of new tokens.
+TEST_P(AttentionGqaTest, ATurnAfterALongContextIsBitIdenticalToOneCall) {
+  const Geometry geo = GetParam();
+  const int64_t n = 300;
+  Sequence whole_seq(geo, n, 6, true);
+  ThreadPool two(2);
+  const std::vector<float> whole = whole_seq.Prefill(0, n, &two);
+  const int64_t row = geo.n_heads * geo.head_dim;
+  for (const int threads : {1, 2, 3, 5}) {
+    ThreadPool pool(threads);
+    for (const int64_t cut : {int64_t{240}, int64_t{263}, int64_t{299}}) {
+      Sequence seq(geo, n, 6, true);  // same data, same page table
+      (void)seq.Prefill(0, cut, &two);
+      const std::vector<float> turn = seq.Prefill(cut, n, threads == 1 ? nullptr : &pool);
+      const std::vector<float> want(whole.begin() + cut * row, whole.end());
+      EXPECT_TRUE(BitsEqual(turn, want)) << threads << " threads, " << n - cut << " tokens after " << cut;
+    }
+  }
+}
+
 TEST_P(AttentionGqaTest, PhysicalPagePlacementDoesNotChangeBits) {
   const Geometry geo = GetParam();
   Sequence shuffled(geo, 45, 8, /*shuffle_pages=*/true);
