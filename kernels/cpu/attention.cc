@@ -54,9 +54,10 @@ constexpr int kMaxBlockRows = 8;
 int64_t ScoresStride(int64_t page_size) { return (page_size + 7) & ~int64_t{7}; }
 
 // acc_r = acc_r * alpha_r, then acc_r[d] = fma(p_r[i], v_i[d], acc_r[d]) for
-// the keys i in order, for R rows (row r's weights at scores + r * ld) over
-// dims [d0, d1), W vectors of 8 dims at a time: each value vector loaded
-// serves R rows, and each element sees exactly the operations of a lone row.
+// the keys i in order, for R rows (row r's weights at scores + r * ld), over
+// the dims from d0 in slabs of W vectors of 8 while a whole slab fits below
+// D; returns the first dim it left. Each value vector loaded serves R rows,
+// and each element sees exactly the operations of a lone row.
 template <int R, int W>
 int64_t AccumulateRows(RowState* rows, const float* alpha, const float* scores, int64_t ld, const float* vp,
                        int64_t token_stride, int64_t d0, int64_t D, int64_t count) {
@@ -116,7 +117,8 @@ void AttendBlock(const float* q, const float* kp, const float* vp, int64_t token
     row.m = m_new;
   }
   // Two vectors (16 dims) a row while R x 2 accumulators fit the registers.
-  int64_t d = AccumulateRows < R, R <= 4 ? 2 : 1 > (rows, alpha, scores_base, ld, vp, token_stride, 0, D, count);
+  constexpr int kSlab = R <= 4 ? 2 : 1;
+  int64_t d = AccumulateRows<R, kSlab>(rows, alpha, scores_base, ld, vp, token_stride, 0, D, count);
   d = AccumulateRows<R, 1>(rows, alpha, scores_base, ld, vp, token_stride, d, D, count);
   for (int r = 0; r < R; ++r) {
     const float* scores = scores_base + r * ld;
@@ -164,20 +166,19 @@ void AttendTile(const PagedKvCache& cache, const int32_t* block_table, int64_t k
         const int64_t left = group - g;
         const int R = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
         RowState* rows = &s.rows[t * group + g];
-        float* scores = s.scores.data();
         const float* qg = q + t * q_stride + g * D;
         switch (R) {
           case 8:
-            AttendBlock<8>(qg, kp, vp, token_stride, D, count, scale, rows, scores, ld);
+            AttendBlock<8>(qg, kp, vp, token_stride, D, count, scale, rows, s.scores.data(), ld);
             break;
           case 4:
-            AttendBlock<4>(qg, kp, vp, token_stride, D, count, scale, rows, scores, ld);
+            AttendBlock<4>(qg, kp, vp, token_stride, D, count, scale, rows, s.scores.data(), ld);
             break;
           case 2:
-            AttendBlock<2>(qg, kp, vp, token_stride, D, count, scale, rows, scores, ld);
+            AttendBlock<2>(qg, kp, vp, token_stride, D, count, scale, rows, s.scores.data(), ld);
             break;
           default:
-            AttendBlock<1>(qg, kp, vp, token_stride, D, count, scale, rows, scores, ld);
+            AttendBlock<1>(qg, kp, vp, token_stride, D, count, scale, rows, s.scores.data(), ld);
         }
         g += R;
       }

@@ -65,19 +65,6 @@ inline __m256 Dot8(const float* q, const float* k, int64_t stride, int64_t n) {
   return ReduceEight(a);
 }
 
-// scores[i] = (q . k_i) * scale for the `count` keys k_i = k + i * stride of
-// one block: eight at a time with Dot8, the last count % 8 with Dot. Every
-// score has the bits of Dot(q, k_i, n) * scale. `scores` holds at least count
-// floats.
-inline void ScoreKeys(const float* q, const float* k, int64_t stride, int64_t n, int64_t count, float scale,
-                      float* scores) {
-  int64_t i = 0;
-  for (; i + 8 <= count; i += 8) {
-    _mm256_storeu_ps(scores + i, _mm256_mul_ps(Dot8(q, k + i * stride, stride, n), _mm256_set1_ps(scale)));
-  }
-  for (; i < count; ++i) scores[i] = Dot(q, k + i * stride, n) * scale;
-}
-
 // Scores of R query rows (row r at q + r * q_stride) against the same `count`
 // keys of a block: scores[r * ld + i] = (q_r . k_i) * scale. The rows of a GQA
 // group share their keys, so R rows x (8 / R) keys are computed together and
@@ -130,6 +117,15 @@ inline void ScoreKeysRows(const float* q, int64_t q_stride, const float* k, int6
   for (; i < count; ++i) {
     for (int r = 0; r < R; ++r) scores[r * ld + i] = Dot(q + r * q_stride, k + i * stride, n) * scale;
   }
+}
+
+// scores[i] = (q . k_i) * scale for the `count` keys k_i = k + i * stride of
+// one block: ScoreKeysRows for one row, eight keys at a time (Dot8's
+// arithmetic), the last count % 8 with Dot. Every score has the bits of
+// Dot(q, k_i, n) * scale. `scores` holds at least count floats.
+inline void ScoreKeys(const float* q, const float* k, int64_t stride, int64_t n, int64_t count, float scale,
+                      float* scores) {
+  ScoreKeysRows<1>(q, /*q_stride=*/0, k, stride, n, count, scale, scores, /*ld=*/0);
 }
 
 }  // namespace hybridserve::kernels::cpu::attention_internal
