@@ -1,7 +1,10 @@
 #include "cachestore/cache_client.h"
 
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
 #include "common/hash.h"
+#include "common/status_macros.h"
 
 namespace hybridserve::cachestore {
 
@@ -42,6 +45,31 @@ absl::Status CacheClient::GetManyInto(uint64_t lease_id, absl::Span<const Hash12
   for (size_t i = 0; i < keys.size(); ++i) {
     absl::Status s = GetInto(lease_id, keys[i], &out[i]);
     if (!s.ok()) return absl::Status(s.code(), absl::StrCat("keys[", i, "]: ", s.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckEntryFits(size_t index, size_t entry_bytes, const EntrySegments& destination) {
+  if (entry_bytes == destination.bytes()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("keys[", index, "]: the entry has ", entry_bytes, " bytes, its destination ", destination.bytes()));
+}
+
+absl::Status CacheClient::GetManyScattered(uint64_t lease_id, absl::Span<const Hash128> keys,
+                                           absl::Span<const EntrySegments> out) {
+  if (keys.empty() || keys.size() != out.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("GetManyScattered: ", keys.size(), " keys into ", out.size(),
+                                                   " destinations (at least one, as many)"));
+  }
+  std::vector<std::string> bytes(keys.size());
+  RETURN_IF_ERROR(GetManyInto(lease_id, keys, absl::MakeSpan(bytes)));
+  for (size_t i = 0; i < keys.size(); ++i) {
+    RETURN_IF_ERROR(CheckEntryFits(i, bytes[i].size(), out[i]));
+    size_t at = 0;
+    for (const absl::Span<char>& segment : out[i].segments) {
+      if (!segment.empty()) std::memcpy(segment.data(), bytes[i].data() + at, segment.size());
+      at += segment.size();
+    }
   }
   return absl::OkStatus();
 }

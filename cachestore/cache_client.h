@@ -148,12 +148,25 @@ class CacheClient {
   // This default calls GetInto for each key.
   virtual absl::Status GetManyInto(uint64_t lease_id, absl::Span<const Hash128> keys, absl::Span<std::string> out);
 
+  // GetManyInto straight into the caller's memory: entry i fills out[i]'s
+  // segments in order, and must be exactly as long as they are together
+  // (INVALID_ARGUMENT naming the key's index otherwise). Errors as
+  // GetManyInto; on error the segments hold no usable bytes. This default
+  // reads each entry into a string (GetManyInto) and copies it; a client that
+  // can place the bytes itself (ShmCacheClient) skips that copy.
+  virtual absl::Status GetManyScattered(uint64_t lease_id, absl::Span<const Hash128> keys,
+                                        absl::Span<const EntrySegments> out);
+
   // Ends a lease. NOT_FOUND: unknown, already released, or expired and
   // reclaimed by the store (a lapsed lease not yet reclaimed still releases).
   virtual absl::Status Release(uint64_t lease_id) = 0;
 
   virtual absl::StatusOr<IndexStats> Stats() = 0;
 };
+
+// OK when an entry of `entry_bytes` fills `destination` exactly; otherwise
+// INVALID_ARGUMENT naming keys[index] and both sizes (GetManyScattered's check).
+absl::Status CheckEntryFits(size_t index, size_t entry_bytes, const EntrySegments& destination);
 
 }  // namespace hybridserve::cachestore
 

@@ -307,6 +307,59 @@ TYPED_TEST(CacheClientContractTest, GetManyFailsOnTheFirstKeyTheLeaseCannotServe
   EXPECT_TRUE(this->client().GetManyInto(r->lease_id, mine, absl::MakeSpan(out)).ok());  // the lease still serves
 }
 
+// Buffers for `sizes` bytes, each cut into segments of 1, 0 and 7 bytes and
+// the rest (as a page's K and V regions are), filled with 0x5a.
+struct Scattered {
+  std::vector<std::string> buffers;
+  std::vector<EntrySegments> destinations;
+
+  explicit Scattered(const std::vector<size_t>& sizes) : buffers(sizes.size()), destinations(sizes.size()) {
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      buffers[i].assign(sizes[i], '\x5a');
+      char* p = buffers[i].data();
+      size_t left = sizes[i];
+      for (size_t cut : {size_t{1}, size_t{0}, size_t{7}, sizes[i]}) {
+        const size_t n = std::min(cut, left);
+        destinations[i].segments.push_back(absl::MakeSpan(p, n));
+        p += n;
+        left -= n;
+      }
+    }
+  }
+};
+
+TYPED_TEST(CacheClientContractTest, GetManyScatteredFillsEachEntrysSegmentsInOrder) {
+  const std::vector<TokenId> t = Tokens(40);
+  std::vector<Hash128> keys = PutPrefix(this->client(), this->ns_, t, 37, StateKind::kExactPrefix, Bytes(5000, 3));
+  absl::StatusOr<LookupResult> r = this->client().Lookup(this->ns_, t, LookupMode::kLease);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const std::vector<Hash128> mine = {keys[1], r->state->key, keys[0]};
+  std::vector<std::string> want(3);
+  ASSERT_TRUE(this->client().GetManyInto(r->lease_id, mine, absl::MakeSpan(want)).ok());
+  Scattered got({want[0].size(), want[1].size(), want[2].size()});
+  ASSERT_TRUE(this->client().GetManyScattered(r->lease_id, mine, got.destinations).ok());
+  EXPECT_EQ(got.buffers, want);
+  EXPECT_EQ(want[1], Bytes(5000, 3));
+
+  // A destination of another size is refused by name, as a stranger key is.
+  Scattered short_one({want[0].size(), want[1].size() - 1, want[2].size()});
+  absl::Status s = this->client().GetManyScattered(r->lease_id, mine, short_one.destinations);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "keys[1]")) << s;
+  const std::vector<Hash128> with_stranger = {keys[0], Hash128{1, 2}, keys[1]};
+  s = this->client().GetManyScattered(r->lease_id, with_stranger, got.destinations);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "keys[1]")) << s;
+  EXPECT_EQ(this->client().GetManyScattered(r->lease_id + 1000, mine, got.destinations).code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(this->client().GetManyScattered(r->lease_id, {}, {}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(this->client().GetManyScattered(r->lease_id, mine, absl::MakeConstSpan(got.destinations).subspan(1)).code(),
+            absl::StatusCode::kInvalidArgument);
+  Scattered again({want[0].size(), want[1].size(), want[2].size()});
+  ASSERT_TRUE(this->client().GetManyScattered(r->lease_id, mine, again.destinations).ok());  // the lease still serves
+  EXPECT_EQ(again.buffers, want);
+}
+
 TYPED_TEST(CacheClientContractTest, GetOfAnEntryNotHeldByTheLeaseIsNotFound) {
   const std::vector<TokenId> t = Tokens(40);
   PutPrefix(this->client(), this->ns_, t, 37, StateKind::kExactPrefix, Bytes(5000, 3));

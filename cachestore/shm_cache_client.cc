@@ -26,12 +26,32 @@ absl::Status ShmCacheClient::GetManyInto(uint64_t lease_id, absl::Span<const Has
   return base_.GetManyInto(lease_id, keys, out);
 }
 
+absl::Status ShmCacheClient::GetManyScattered(uint64_t lease_id, absl::Span<const Hash128> keys,
+                                              absl::Span<const EntrySegments> out) {
+  if (keys.empty() || keys.size() != out.size() || keys.size() > kShmMaxReadKeys) {
+    return base_.GetManyScattered(lease_id, keys, out);
+  }
+  bool verdict = false;
+  const absl::Status read = reader_.ReadScattered(lease_id, keys, out, &verdict);
+  int64_t bytes = 0;
+  for (const EntrySegments& o : out) bytes += static_cast<int64_t>(o.bytes());
+  std::optional<absl::Status> shm = Counted(read, verdict, bytes);
+  if (shm.has_value()) return *shm;
+  return base_.GetManyScattered(lease_id, keys, out);
+}
+
 std::optional<absl::Status> ShmCacheClient::TryShm(uint64_t lease_id, absl::Span<const Hash128> keys,
                                                    absl::Span<std::string> out) {
   bool verdict = false;
   const absl::Status read = reader_.ReadInto(lease_id, keys, out, &verdict);
+  int64_t bytes = 0;
+  for (const std::string& o : out) bytes += static_cast<int64_t>(o.size());
+  return Counted(read, verdict, bytes);
+}
+
+std::optional<absl::Status> ShmCacheClient::Counted(const absl::Status& read, bool verdict, int64_t bytes) {
+  absl::MutexLock lock(&mu_);
   if (!read.ok()) {
-    absl::MutexLock lock(&mu_);
     if (verdict) {
       ++counts_.verdicts;
       return read;
@@ -39,9 +59,6 @@ std::optional<absl::Status> ShmCacheClient::TryShm(uint64_t lease_id, absl::Span
     ++counts_.fallbacks[common::FailureReason(read)];
     return std::nullopt;
   }
-  int64_t bytes = 0;
-  for (const std::string& o : out) bytes += static_cast<int64_t>(o.size());
-  absl::MutexLock lock(&mu_);
   ++counts_.reads;
   counts_.bytes += bytes;
   return absl::OkStatus();

@@ -17,9 +17,10 @@ namespace hybridserve::cachestore {
 
 // What the shared-memory path has done so far (cumulative).
 struct ShmReadCounts {
-  int64_t reads = 0;     // GetInto / GetManyInto calls served by shared memory
-  int64_t bytes = 0;     // entry bytes they moved
-  int64_t verdicts = 0;  // calls answered NOT_FOUND by the cachestore over shm
+  int64_t reads = 0;  // GetInto / GetManyInto calls served by shared memory
+  int64_t bytes = 0;  // entry bytes they moved
+  int64_t verdicts =
+      0;  // calls answered NOT_FOUND by the cachestore over shm (or an entry too big or small for its destination)
   // Calls that fell back to the wrapped client, by reason
   // (common::FailureReason of the shm path's error: unavailable,
   // permission_denied, not_found, failed_precondition for a bad descriptor,
@@ -60,17 +61,21 @@ class ShmCacheClient final : public CacheClient {
   absl::Status GetInto(uint64_t lease_id, const Hash128& key, std::string* out) override;
   // One connection for all of `keys`: requests of kShmMaxKeys (shm_protocol.h).
   absl::Status GetManyInto(uint64_t lease_id, absl::Span<const Hash128> keys, absl::Span<std::string> out) override;
+  // Straight into the caller's segments (ShmReader::ReadScattered); a read
+  // the shared memory path fails goes to `base`'s GetManyScattered.
+  absl::Status GetManyScattered(uint64_t lease_id, absl::Span<const Hash128> keys,
+                                absl::Span<const EntrySegments> out) override;
   absl::Status Release(uint64_t lease_id) override { return base_.Release(lease_id); }
   absl::StatusOr<IndexStats> Stats() override { return base_.Stats(); }
 
   ShmReadCounts counts() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  // OK when the shared-memory path delivered every entry into `out`; the
-  // cachestore's verdict (NOT_FOUND) as it is; nullopt when the
-  // read must go to `base`.
-  std::optional<absl::Status> TryShm(uint64_t lease_id, absl::Span<const Hash128> keys, absl::Span<std::string> out)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // Counts the outcome of a shared-memory read of `bytes` (when it is OK):
+  // OK when the path delivered every entry; the cachestore's verdict
+  // (NOT_FOUND) as it is; nullopt when the read must go to `base`.
+  std::optional<absl::Status> Counted(const absl::Status& read, bool verdict, int64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
+  std::optional<absl::Status> TryShm(uint64_t lease_id, absl::Span<const Hash128> keys, absl::Span<std::string> out);
 
   CacheClient& base_;
   const ShmReader reader_;

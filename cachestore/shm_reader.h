@@ -5,11 +5,13 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "cachestore/keys.h"
 #include "cachestore/shm_protocol.h"
+#include "cachestore/types.h"
 #include "common/hash.h"
 
 namespace hybridserve::cachestore {
@@ -29,9 +31,10 @@ inline constexpr size_t kShmMaxReadKeys = 4096;
 // state).
 //
 // There is no mapped view: the descriptors are of whole slabs whose slots
-// are reused once the lease ends, so bytes are copied out (pread) and
-// verified while the lease is held, and every received descriptor is closed
-// before ReadInto returns, on every path.
+// are reused once the lease ends, so bytes are copied out (preadv, one call
+// per entry) into the caller's memory and verified there while the lease is
+// held, and every received descriptor is closed before a read returns, on
+// every path.
 class ShmReader {
  public:
   explicit ShmReader(ShmReaderOptions options) : options_(std::move(options)) {}
@@ -54,9 +57,23 @@ class ShmReader {
   absl::Status ReadInto(uint64_t lease_id, absl::Span<const Hash128> keys, absl::Span<std::string> out,
                         bool* verdict = nullptr) const;
 
+  // The same, each entry straight into its caller-owned segments (in order;
+  // an entry not exactly as long as they are together is INVALID_ARGUMENT
+  // naming keys[i], a verdict: a gRPC read of that entry would not fit
+  // either), verified there. On error the segments hold no usable bytes.
+  absl::Status ReadScattered(uint64_t lease_id, absl::Span<const Hash128> keys, absl::Span<const EntrySegments> out,
+                             bool* verdict = nullptr) const;
+
  private:
-  // One request of at most kShmMaxKeys keys on the connection `sock`.
-  absl::Status ReadChunk(int sock, uint64_t lease_id, absl::Span<const Hash128> keys, absl::Span<std::string> out,
+  // Where entry `index` of a read goes, once its size is known: the segments
+  // it fills, in order (their sizes add up to `size`), or an error.
+  using Destination =
+      absl::FunctionRef<absl::Status(size_t index, uint64_t size, std::vector<absl::Span<char>>* segments)>;
+
+  absl::Status Read(uint64_t lease_id, absl::Span<const Hash128> keys, Destination destination, bool* verdict) const;
+  // One request of at most kShmMaxKeys keys on the connection `sock`; its
+  // entries are the read's from `first_index` on.
+  absl::Status ReadChunk(int sock, uint64_t lease_id, absl::Span<const Hash128> keys, Destination destination,
                          size_t first_index, bool* verdict) const;
 
   const ShmReaderOptions options_;

@@ -15,12 +15,26 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "cachestore/keys.h"
 #include "common/prefill_cost.h"
 
 namespace hybridserve::cachestore {
 
 enum class EntryClass { kPage = 0, kState = 1 };
+
+// Where one entry's bytes go when a reader places them itself
+// (CacheClient::GetManyScattered): the segments, filled in order, are
+// together exactly the entry's size. Borrowed memory, the caller's.
+struct EntrySegments {
+  std::vector<absl::Span<char>> segments;
+
+  size_t bytes() const {
+    size_t total = 0;
+    for (const absl::Span<char>& s : segments) total += s.size();
+    return total;
+  }
+};
 enum class StateKind { kGridCheckpoint = 0, kExactPrefix = 1 };
 
 // Where an entry's bytes live (docs/ARCHITECTURE.md section 3: a field, not an assumption).

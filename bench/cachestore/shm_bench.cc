@@ -3,8 +3,9 @@
 // in-process CacheStoreServer by gRPC (GetMany / Get over loopback) and by
 // shared memory (--shm_socket, protocol v2: the entries live in memfd slabs
 // from their put on, the cachestore sends read-only slab descriptors, the
-// reader preads every entry into its strings and verifies its checksum), on 1
-// and 2 streams as prefill fetches them (--cache_fetch_parallelism 3: the
+// reader preads every entry into its strings, or straight into the page
+// slots of a KV pool as prefill's resume does, and verifies its checksum), on
+// 1 and 2 streams as prefill fetches them (--cache_fetch_parallelism 3: the
 // state plus 2 page streams), against a raw memcpy of the same bytes, and a
 // memcpy plus XXH3 of them (the floor of what the shm reader does), in the
 // same run. Prints medians and ratios; no goal is judged.
@@ -156,6 +157,47 @@ void Run() {
     }
     for (std::thread& t : threads) t.join();
   };
+  // A resume that fetched into strings made new ones each time: every
+  // byte a first touch of fresh memory.
+  auto get_many_new = [&](cachestore::CacheClient& client, int streams) {
+    std::vector<std::string> fresh(kPages);
+    std::vector<std::thread> threads;
+    for (int s = 0; s < streams; ++s) {
+      threads.emplace_back([&, s] {
+        const int begin = kPages * s / streams, end = kPages * (s + 1) / streams;
+        Check(client.GetManyInto(lease, absl::MakeConstSpan(keys).subspan(begin, end - begin),
+                                 absl::MakeSpan(fresh).subspan(begin, end - begin)),
+              "GetManyInto");
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    KeepAlive(fresh[0].data());
+  };
+  // Prefill's resume now: each page straight into a KV pool's (warm) page
+  // slots, K and V of each of the bench model's 2 attention layers, 16 KiB
+  // each, layer-major as the pool lays them out.
+  constexpr int kSegments = 4;
+  constexpr size_t kSegmentBytes = kPageBytes / kSegments;
+  std::vector<char> pool(kPages * kPageBytes, 'p');
+  std::vector<cachestore::EntrySegments> slots(kPages);
+  for (int i = 0; i < kPages; ++i) {
+    for (int j = 0; j < kSegments; ++j) {
+      slots[static_cast<size_t>(i)].segments.push_back(
+          absl::MakeSpan(pool.data() + (static_cast<size_t>(j) * kPages + i) * kSegmentBytes, kSegmentBytes));
+    }
+  }
+  auto get_many_scattered = [&](cachestore::CacheClient& client, int streams) {
+    std::vector<std::thread> threads;
+    for (int s = 0; s < streams; ++s) {
+      threads.emplace_back([&, s] {
+        const int begin = kPages * s / streams, end = kPages * (s + 1) / streams;
+        Check(client.GetManyScattered(lease, absl::MakeConstSpan(keys).subspan(begin, end - begin),
+                                      absl::MakeConstSpan(slots).subspan(begin, end - begin)),
+              "GetManyScattered");
+      });
+    }
+    for (std::thread& t : threads) t.join();
+  };
   std::vector<char> src(kPages * kPageBytes, 'x'), dst(kPages * kPageBytes);
   std::vector<Row> pages;
   pages.push_back({"memcpy 64 MiB (warm)", [&] {
@@ -174,6 +216,9 @@ void Run() {
   pages.push_back({"gRPC GetMany, 2 streams", [&] { get_many(**grpc, 2); }});
   pages.push_back({"shm v2 GetMany, 1 read", [&] { get_many(shm, 1); }});
   pages.push_back({"shm v2 GetMany, 2 reads", [&] { get_many(shm, 2); }});
+  pages.push_back({"shm v2 GetMany, 2 reads, new strings", [&] { get_many_new(shm, 2); }});
+  pages.push_back({"shm v2 into pool slots, 1 read", [&] { get_many_scattered(shm, 1); }});
+  pages.push_back({"shm v2 into pool slots, 2 reads", [&] { get_many_scattered(shm, 2); }});
   Measure(pages);
 
   std::string state_out;
@@ -191,7 +236,12 @@ void Run() {
   Measure(states);
 
   for (int i = 0; i < kPages; i += 97) {
-    if (out[static_cast<size_t>(i)].size() != kPageBytes) std::exit(1);
+    const std::string& page = out[static_cast<size_t>(i)];
+    if (page.size() != kPageBytes) std::exit(1);
+    for (int j = 0; j < kSegments; ++j) {
+      const absl::Span<char> slot = slots[static_cast<size_t>(i)].segments[static_cast<size_t>(j)];
+      if (std::memcmp(slot.data(), page.data() + j * kSegmentBytes, kSegmentBytes) != 0) std::exit(1);
+    }
   }
   if (state_out != state_bytes) std::exit(1);
   const cachestore::ShmReadCounts counts = shm.counts();
