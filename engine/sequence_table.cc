@@ -69,6 +69,9 @@ absl::StatusOr<const SequenceTable::Sequence*> SequenceTable::FindLiveConst(Sequ
   if (seq->importing) {
     return absl::FailedPreconditionError(absl::StrCat("sequence ", id, " is still importing its state"));
   }
+  if (seq->restoring >= 0) {
+    return absl::FailedPreconditionError(absl::StrCat("sequence ", id, " is still restoring its pages in place"));
+  }
   return seq;
 }
 
@@ -94,6 +97,12 @@ void SequenceTable::FreeResources(const Sequence& seq) {
   const absl::Status pages = kv_pages_->Free(seq.block_table);
   const absl::Status slot = state_slots_->Free(seq.slot);
   DCHECK(pages.ok() && slot.ok()) << pages << " " << slot;
+}
+
+void SequenceTable::DropPages(Sequence& seq) {
+  const absl::Status pages = kv_pages_->Free(seq.block_table);
+  DCHECK(pages.ok()) << pages;
+  seq.block_table.clear();
 }
 
 absl::Status SequenceTable::Release(SequenceId id) {

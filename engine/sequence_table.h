@@ -109,6 +109,8 @@ class SequenceTable {
     int64_t import_tokens = 0;
     std::vector<bool> page_arrived;  // [pages the import expects]
     int64_t pages_arrived = 0;
+    // Restoring in place (BeginRestoreInPlace): the state's position; -1 when not.
+    int64_t restoring = -1;
   };
 
   // INVALID_ARGUMENT for a bad layout or size; RESOURCE_EXHAUSTED when the
@@ -264,6 +266,28 @@ class SequenceTable {
   // when the snapshot has another layout.
   absl::Status Restore(SequenceId id, const SnapshotView& state, absl::Span<const absl::string_view> pages);
 
+  // Restore without the pages' bytes passing through the caller: gives an
+  // empty live sequence the pages of a state at `position` and returns
+  // writable host views of its full pages [0, position / page_size), each in
+  // wire order (PageRegion: K then V of each attention layer), for a reader
+  // that writes the cached bytes there itself. The sequence is not live
+  // until FinishRestoreInPlace (AbortRestoreInPlace gives the pages back).
+  // UNIMPLEMENTED when the backend's memory is not host-addressable (use
+  // Restore); NOT_FOUND; FAILED_PRECONDITION if the sequence is not empty;
+  // INVALID_ARGUMENT for a position outside [0, kMaxSequenceTokens];
+  // RESOURCE_EXHAUSTED when the pages are not free. Nothing changes on error.
+  absl::StatusOr<std::vector<std::vector<absl::Span<char>>>> BeginRestoreInPlace(SequenceId id, int64_t position);
+  // Completes it with the rest of the state (SSM and conv states, the tail
+  // K/V, the last logits), which must be at that position; the sequence is
+  // then live at it, as Restore would leave it. FAILED_PRECONDITION when the
+  // sequence is not restoring in place; INVALID_ARGUMENT for another
+  // position or layout (the sequence stays restoring: abort it); a failure
+  // writing the state gives the pages back (the sequence is empty again).
+  absl::Status FinishRestoreInPlace(SequenceId id, const SnapshotView& state);
+  // Gives the pages back: the sequence is empty and live again.
+  // NOT_FOUND; FAILED_PRECONDITION when it is not restoring in place.
+  absl::Status AbortRestoreInPlace(SequenceId id);
+
   // ---- Counters ----
 
   int64_t num_sequences() const { return static_cast<int64_t>(sequences_.size()); }
@@ -307,6 +331,10 @@ class SequenceTable {
   absl::Status ReadPage(int32_t page, absl::Span<char> out) const;
   // Frees everything `seq` holds (both frees succeed by construction).
   void FreeResources(const Sequence& seq);
+  // Frees `seq`'s pages and empties its block table.
+  void DropPages(Sequence& seq);
+  // The restoring-in-place sequence `id`.
+  absl::StatusOr<Sequence*> FindRestoring(SequenceId id);
   // Checks page count and sizes against a state at `position`.
   absl::Status CheckPages(int64_t position, absl::Span<const absl::string_view> pages) const;
   absl::Status CheckView(const SnapshotView& view) const;

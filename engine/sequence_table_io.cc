@@ -150,6 +150,63 @@ absl::Status SequenceTable::Restore(SequenceId id, const SnapshotView& state,
   return RestoreImpl(id, BytesOf(state), pages);
 }
 
+absl::StatusOr<std::vector<std::vector<absl::Span<char>>>> SequenceTable::BeginRestoreInPlace(SequenceId id,
+                                                                                              int64_t position) {
+  ASSIGN_OR_RETURN(Sequence * seq, FindLive(id));
+  if (seq->position != 0 || !seq->block_table.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("restore into sequence ", id, " at position ", seq->position, ": only an empty sequence"));
+  }
+  if (position < 0 || position > kMaxSequenceTokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("restore in place at position ", position, ": outside [0, ", kMaxSequenceTokens, "]"));
+  }
+  RETURN_IF_ERROR(EnsurePages(*seq, position));
+  const int64_t full = layout_.attention_layers > 0 ? layout_.full_pages(position) : 0;
+  std::vector<std::vector<absl::Span<char>>> pages(static_cast<size_t>(full));
+  for (int64_t i = 0; i < full; ++i) {
+    for (const PageRegion& r : RegionsOf(seq->block_table[static_cast<size_t>(i)])) {
+      void* host = backend_.HostAddress(r.data);
+      if (host == nullptr) {
+        DropPages(*seq);
+        return absl::UnimplementedError(
+            absl::StrCat("the ", backend_.name(), " backend's memory is not host-addressable: use Restore"));
+      }
+      pages[static_cast<size_t>(i)].emplace_back(static_cast<char*>(host), static_cast<size_t>(r.bytes));
+    }
+  }
+  seq->restoring = position;
+  return pages;
+}
+
+absl::StatusOr<SequenceTable::Sequence*> SequenceTable::FindRestoring(SequenceId id) {
+  ASSIGN_OR_RETURN(Sequence * seq, FindAny(id));
+  if (seq->restoring < 0) {
+    return absl::FailedPreconditionError(absl::StrCat("sequence ", id, " is not restoring in place"));
+  }
+  return seq;
+}
+
+absl::Status SequenceTable::FinishRestoreInPlace(SequenceId id, const SnapshotView& state) {
+  ASSIGN_OR_RETURN(Sequence * seq, FindRestoring(id));
+  RETURN_IF_ERROR(CheckView(state));
+  if (state.position != seq->restoring) {
+    return absl::InvalidArgumentError(absl::StrCat("sequence ", id, " is restoring pages of position ", seq->restoring,
+                                                   ", not a state at ", state.position));
+  }
+  seq->restoring = -1;
+  absl::Status written = WriteState(*seq, BytesOf(state));
+  if (!written.ok()) DropPages(*seq);  // empty again, as AbortRestoreInPlace leaves it
+  return written;
+}
+
+absl::Status SequenceTable::AbortRestoreInPlace(SequenceId id) {
+  ASSIGN_OR_RETURN(Sequence * seq, FindRestoring(id));
+  DropPages(*seq);
+  seq->restoring = -1;
+  return absl::OkStatus();
+}
+
 absl::Status SequenceTable::FinishImport(SequenceId id, const SequenceState& state) {
   RETURN_IF_ERROR(FindAny(id).status());
   RETURN_IF_ERROR(layout_.CheckState(state));

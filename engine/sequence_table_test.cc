@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <random>
@@ -16,6 +17,7 @@
 #include "absl/status/status.h"
 #include "engine/backend_registry.h"
 #include "engine/model_test_util.h"
+#include "engine/snapshot_codec.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -405,6 +407,132 @@ TEST_F(SequenceTableTest, ImportOfAStateOnlyModelHasNoPages) {
   EXPECT_THAT((*t)->MarkPageImported(r->id, 0).message(), HasSubstr("no attention layers"));
   ASSERT_TRUE((*t)->FinishImport(r->id, StateAt(o.layout, 50, 3.0f)).ok());
   EXPECT_EQ(*(*t)->Position(r->id), 50);
+}
+
+// The snapshot encoding of live sequence `id` of `t` and its full pages: the
+// bytes a resume reads from the cache.
+struct Cached {
+  std::string state;
+  std::vector<std::string> pages;
+};
+Cached CacheOf(const SequenceTable& t, SequenceId id) {
+  Cached c;
+  EXPECT_TRUE(t.EncodeStateInto(id, true, common::Hash128{1, 2}, common::Hash128{3, 4}, &c.state).ok());
+  const int64_t full = t.layout().full_pages(*t.Position(id));
+  for (int64_t i = 0; i < full; ++i) c.pages.push_back(*t.ExportPage(id, i));
+  return c;
+}
+
+// A resume that reads the cached pages straight into the pool ends where
+// Restore of the same bytes ends, bit for bit.
+TEST_F(SequenceTableTest, RestoreInPlaceEndsAsRestoreOfTheSameBytes) {
+  auto a = NewTable(16, 4);
+  auto src = Imported(*a, 13, 5.0f);  // 3 full pages and a partial one
+  ASSERT_TRUE(src.ok());
+  const Cached cached = CacheOf(*a, *src);
+  auto view = ParseSnapshot(cached.state);
+  ASSERT_TRUE(view.ok()) << view.status();
+
+  auto t = NewTable(16, 4);
+  auto restored = t->New();
+  ASSERT_TRUE(restored.ok());
+  std::vector<absl::string_view> page_views(cached.pages.begin(), cached.pages.end());
+  ASSERT_TRUE(t->Restore(*restored, *view, page_views).ok());
+
+  auto in_place = t->New();
+  ASSERT_TRUE(in_place.ok());
+  auto regions = t->BeginRestoreInPlace(*in_place, 13);
+  ASSERT_TRUE(regions.ok()) << regions.status();
+  ASSERT_EQ(regions->size(), 3u);
+  for (size_t i = 0; i < regions->size(); ++i) {
+    const std::vector<absl::Span<char>>& page = (*regions)[i];
+    ASSERT_EQ(page.size(), static_cast<size_t>(2 * t->layout().attention_layers));
+    size_t at = 0;
+    for (const absl::Span<char>& r : page) {
+      std::memcpy(r.data(), cached.pages[i].data() + at, r.size());
+      at += r.size();
+    }
+    EXPECT_EQ(at, cached.pages[i].size());
+  }
+  // Not live while its pages are being written.
+  EXPECT_EQ(t->Position(*in_place).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(t->ExportPage(*in_place, 0).status().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(t->FinishRestoreInPlace(*in_place, *view).ok());
+
+  EXPECT_EQ(*t->Position(*in_place), 13);
+  for (int64_t i = 0; i < 3; ++i) EXPECT_EQ(*t->ExportPage(*in_place, i), *t->ExportPage(*restored, i));
+  const SequenceState got = *t->CaptureState(*in_place, true);
+  const SequenceState want = *t->CaptureState(*restored, true);
+  EXPECT_EQ(got.ssm_states, want.ssm_states);
+  EXPECT_EQ(got.conv_states, want.conv_states);
+  EXPECT_EQ(got.tail_k, want.tail_k);
+  EXPECT_EQ(got.tail_v, want.tail_v);
+  EXPECT_EQ(got.last_logits, want.last_logits);
+  EXPECT_EQ(CacheOf(*t, *in_place).state, cached.state);
+}
+
+TEST_F(SequenceTableTest, RestoreInPlaceRefusesWhatRestoreRefusesAndAnAbortGivesThePagesBack) {
+  auto a = NewTable(16, 4);
+  auto src = Imported(*a, 9, 2.0f);  // 2 full pages and a partial one
+  ASSERT_TRUE(src.ok());
+  const Cached cached = CacheOf(*a, *src);
+  auto view = ParseSnapshot(cached.state);
+  ASSERT_TRUE(view.ok());
+
+  auto t = NewTable(4, 4);
+  const int64_t free_pages = t->num_free_pages();
+  auto id = t->New();
+  ASSERT_TRUE(id.ok());
+  EXPECT_EQ(t->BeginRestoreInPlace(999, 9).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(t->BeginRestoreInPlace(*id, -1).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(t->BeginRestoreInPlace(*id, 17).status().code(), absl::StatusCode::kResourceExhausted);  // 5 pages
+  EXPECT_EQ(t->num_free_pages(), free_pages);
+  EXPECT_EQ(t->FinishRestoreInPlace(*id, *view).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(t->AbortRestoreInPlace(*id).code(), absl::StatusCode::kFailedPrecondition);
+
+  // A state of another position: refused, still restoring, then aborted.
+  auto regions = t->BeginRestoreInPlace(*id, 8);
+  ASSERT_TRUE(regions.ok());
+  EXPECT_EQ(regions->size(), 2u);
+  EXPECT_EQ(t->num_free_pages(), free_pages - 2);
+  EXPECT_EQ(t->BeginRestoreInPlace(*id, 8).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(t->FinishRestoreInPlace(*id, *view).message(), HasSubstr("not a state at 9"));
+  ASSERT_TRUE(t->AbortRestoreInPlace(*id).ok());
+  EXPECT_EQ(t->num_free_pages(), free_pages);
+  EXPECT_EQ(*t->Position(*id), 0);
+
+  // Live again and empty: a restore in place works now, and a live sequence
+  // is not empty.
+  regions = t->BeginRestoreInPlace(*id, 9);
+  ASSERT_TRUE(regions.ok());
+  EXPECT_EQ(t->num_free_pages(), free_pages - 3);  // the partial page too
+  ASSERT_TRUE(t->FinishRestoreInPlace(*id, *view).ok());
+  EXPECT_EQ(t->BeginRestoreInPlace(*id, 9).status().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(t->Release(*id).ok());
+  EXPECT_EQ(t->num_free_pages(), free_pages);
+}
+
+TEST_F(SequenceTableTest, RestoreInPlaceOfAStateOnlyModelHasNoPages) {
+  SequenceTableOptions o;
+  o.layout = SmallLayout();
+  o.layout.attention_layers = 0;
+  o.layout.kv_heads = 0;
+  o.layout.kv_head_dim = 0;
+  auto t = SequenceTable::Create(o, *backend_);
+  ASSERT_TRUE(t.ok());
+  auto r = (*t)->ReserveImport(50);
+  ASSERT_TRUE(r.ok());
+  ASSERT_TRUE((*t)->FinishImport(r->id, StateAt(o.layout, 50, 3.0f)).ok());
+  const Cached cached = CacheOf(**t, r->id);
+  auto view = ParseSnapshot(cached.state);
+  ASSERT_TRUE(view.ok());
+  auto id = (*t)->New();
+  ASSERT_TRUE(id.ok());
+  auto regions = (*t)->BeginRestoreInPlace(*id, 50);
+  ASSERT_TRUE(regions.ok());
+  EXPECT_TRUE(regions->empty());
+  ASSERT_TRUE((*t)->FinishRestoreInPlace(*id, *view).ok());
+  EXPECT_EQ((*t)->CaptureState(*id, true)->ssm_states, (*t)->CaptureState(r->id, true)->ssm_states);
 }
 
 }  // namespace
