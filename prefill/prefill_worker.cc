@@ -72,29 +72,15 @@ cachestore::ClientNamespace PrefillWorker::Namespace(const std::string& tenant, 
   return namespace_.For(tenant, cache_salt);
 }
 
-absl::Status PrefillWorker::FetchResumeBytes(const cachestore::LookupResult& lookup, std::string* state,
-                                             std::vector<std::string>* pages) {
-  // A model without attention layers has empty pages: nothing to fetch
-  // (Restore takes none).
-  const size_t page_count = model_.page_bytes() > 0 ? lookup.pages.size() : 0;
-  pages->assign(page_count, std::string());
-  std::vector<common::Hash128> keys;
-  keys.reserve(lookup.pages.size());
-  for (size_t i = 0; i < page_count; ++i) keys.push_back(lookup.pages[i].key);
-  // The state on this thread; the pages in up to fetch_parallelism - 1
-  // contiguous slices, one GetMany stream each, on helper threads.
-  const int64_t n = static_cast<int64_t>(keys.size());
-  const int64_t streams = std::min<int64_t>(n, std::max<int64_t>(1, options_.fetch_parallelism - 1));
+absl::Status PrefillWorker::FetchResumeBytes(const cachestore::LookupResult& lookup, int64_t pages, std::string* state,
+                                             absl::FunctionRef<absl::Status(int64_t begin, int64_t end)> fetch_pages) {
+  const int64_t streams = std::min<int64_t>(pages, std::max<int64_t>(1, options_.fetch_parallelism - 1));
   std::vector<absl::Status> results(static_cast<size_t>(streams));
   std::vector<std::thread> helpers;
   helpers.reserve(static_cast<size_t>(streams));
   for (int64_t i = 0; i < streams; ++i) {
-    const int64_t begin = n * i / streams, end = n * (i + 1) / streams;
-    helpers.emplace_back([&, i, begin, end] {
-      results[static_cast<size_t>(i)] =
-          cache_->GetManyInto(lookup.lease_id, absl::MakeConstSpan(keys).subspan(begin, end - begin),
-                              absl::MakeSpan(*pages).subspan(begin, end - begin));
-    });
+    const int64_t begin = pages * i / streams, end = pages * (i + 1) / streams;
+    helpers.emplace_back([&, i, begin, end] { results[static_cast<size_t>(i)] = fetch_pages(begin, end); });
   }
   absl::Status first_error = cache_->GetInto(lookup.lease_id, lookup.state->key, state);
   for (std::thread& t : helpers) t.join();
@@ -104,25 +90,83 @@ absl::Status PrefillWorker::FetchResumeBytes(const cachestore::LookupResult& loo
   return first_error;
 }
 
+absl::Status PrefillWorker::RestoreInPlace(engine::SequenceId seq, const cachestore::LookupResult& lookup,
+                                           const engine::SnapshotExpectation& expect,
+                                           const std::vector<std::vector<absl::Span<char>>>& regions) {
+  absl::Status s;
+  if (regions.size() != lookup.pages.size()) {
+    s = absl::InvalidArgumentError(absl::StrCat("restore at position ", lookup.resume_position, " needs ",
+                                                regions.size(), " full pages, the lookup holds ", lookup.pages.size()));
+  }
+  std::string state;
+  if (s.ok()) {
+    std::vector<common::Hash128> keys;
+    std::vector<cachestore::EntrySegments> destinations(regions.size());
+    keys.reserve(regions.size());
+    for (size_t i = 0; i < regions.size(); ++i) {
+      keys.push_back(lookup.pages[i].key);
+      destinations[i].segments = regions[i];
+    }
+    s = FetchResumeBytes(lookup, static_cast<int64_t>(keys.size()), &state, [&](int64_t begin, int64_t end) {
+      return cache_->GetManyScattered(lookup.lease_id, absl::MakeConstSpan(keys).subspan(begin, end - begin),
+                                      absl::MakeConstSpan(destinations).subspan(begin, end - begin));
+    });
+    publisher_->NoteCacheStatus(s);
+  }
+  if (s.ok()) {
+    absl::StatusOr<engine::SnapshotView> view = engine::ParseSnapshot(state, expect);
+    s = view.ok() ? model_.sequences().FinishRestoreInPlace(seq, *view) : view.status();
+  }
+  if (!s.ok()) {
+    // Still restoring unless FinishRestoreInPlace got as far as the state.
+    const absl::Status aborted = model_.sequences().AbortRestoreInPlace(seq);
+    if (!aborted.ok()) return absl::InternalError(absl::StrCat(s.message(), "; and then: ", aborted.message()));
+  }
+  return s;
+}
+
+absl::Status PrefillWorker::RestoreThroughBuffers(engine::SequenceId seq, const cachestore::LookupResult& lookup,
+                                                  const engine::SnapshotExpectation& expect) {
+  // A model without attention layers has empty pages: nothing to fetch
+  // (Restore takes none).
+  const size_t page_count = model_.page_bytes() > 0 ? lookup.pages.size() : 0;
+  std::vector<std::string> pages(page_count);
+  std::vector<common::Hash128> keys;
+  keys.reserve(page_count);
+  for (size_t i = 0; i < page_count; ++i) keys.push_back(lookup.pages[i].key);
+  std::string state;
+  absl::Status s = FetchResumeBytes(lookup, static_cast<int64_t>(page_count), &state, [&](int64_t begin, int64_t end) {
+    return cache_->GetManyInto(lookup.lease_id, absl::MakeConstSpan(keys).subspan(begin, end - begin),
+                               absl::MakeSpan(pages).subspan(begin, end - begin));
+  });
+  publisher_->NoteCacheStatus(s);
+  RETURN_IF_ERROR(s);
+  ASSIGN_OR_RETURN(const engine::SnapshotView view, engine::ParseSnapshot(state, expect));
+  std::vector<absl::string_view> page_views(pages.begin(), pages.end());
+  return model_.sequences().Restore(seq, view, page_views);
+}
+
 bool PrefillWorker::RestoreFromCache(engine::SequenceId seq, const cachestore::LookupResult& lookup,
                                      int64_t prompt_tokens, const common::Hash128& prefix_hash) {
   const int64_t p = lookup.resume_position;
-  std::string state;
-  std::vector<std::string> pages;
-  absl::Status s = FetchResumeBytes(lookup, &state, &pages);
-  publisher_->NoteCacheStatus(s);
   engine::SnapshotExpectation expect;
   expect.model_fingerprint = fingerprint_;
   expect.layout = model_.layout();
   expect.position = p;
   expect.prefix_hash = prefix_hash;
-  absl::StatusOr<engine::SnapshotView> view =
-      s.ok() ? engine::ParseSnapshot(state, expect) : absl::StatusOr<engine::SnapshotView>(s);
-  if (view.ok()) {
-    std::vector<absl::string_view> page_views(pages.begin(), pages.end());
-    s = model_.sequences().Restore(seq, *view, page_views);
+  absl::Status s;
+  // Pages straight into the pool where the host can write it; a model
+  // without pages has nothing to place.
+  absl::StatusOr<std::vector<std::vector<absl::Span<char>>>> regions =
+      model_.page_bytes() > 0 && !lookup.pages.empty()
+          ? model_.sequences().BeginRestoreInPlace(seq, p)
+          : absl::StatusOr<std::vector<std::vector<absl::Span<char>>>>(absl::UnimplementedError("no pages"));
+  if (regions.ok()) {
+    s = RestoreInPlace(seq, lookup, expect, *regions);
+  } else if (absl::IsUnimplemented(regions.status())) {
+    s = RestoreThroughBuffers(seq, lookup, expect);
   } else {
-    s = view.status();
+    s = regions.status();
   }
   if (!s.ok()) {
     // A miss, never a failure: the restore changed nothing.

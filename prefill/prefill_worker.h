@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -137,12 +138,26 @@ class PrefillWorker {
   // when cold), and how it got there.
   absl::StatusOr<Resumed> Resume(const PrefillRequest& request, const cachestore::ClientNamespace& ns);
   // Tries to restore `seq` from the lookup's lease; false (a miss) on any failure.
-  // Fetches the lookup's state and pages under its lease into `state` and
-  // `pages` (see fetch_parallelism); the first error.
-  absl::Status FetchResumeBytes(const cachestore::LookupResult& lookup, std::string* state,
-                                std::vector<std::string>* pages);
+  // Fetches the lookup's state under its lease into `state` on this thread
+  // while `fetch_pages(begin, end)` fetches its pages [begin, end) in up to
+  // fetch_parallelism - 1 contiguous slices, one call each on a helper
+  // thread; the first error.
+  absl::Status FetchResumeBytes(const cachestore::LookupResult& lookup, int64_t pages, std::string* state,
+                                absl::FunctionRef<absl::Status(int64_t begin, int64_t end)> fetch_pages);
+  // Resumes `seq` from the lookup's entries; false (a miss, logged and
+  // counted) when the restore failed and changed nothing.
   bool RestoreFromCache(engine::SequenceId seq, const cachestore::LookupResult& lookup, int64_t prompt_tokens,
                         const common::Hash128& prefix_hash);
+  // The pages read by the cache client straight into the sequence's pool
+  // pages (SequenceTable::BeginRestoreInPlace gave `regions`), then the rest
+  // of the state; the pages go back on any error.
+  absl::Status RestoreInPlace(engine::SequenceId seq, const cachestore::LookupResult& lookup,
+                              const engine::SnapshotExpectation& expect,
+                              const std::vector<std::vector<absl::Span<char>>>& regions);
+  // The pages read into strings first, then copied in by Restore (a backend
+  // whose memory the host cannot address).
+  absl::Status RestoreThroughBuffers(engine::SequenceId seq, const cachestore::LookupResult& lookup,
+                                     const engine::SnapshotExpectation& expect);
   // The publication of a prompt's pages the cache lacks, its grid
   // checkpoints and its prompt-end state, copied out of the engine.
   cachestore::Publication Prepare(engine::SequenceId seq, const PrefillRequest& request,
