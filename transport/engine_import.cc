@@ -82,6 +82,18 @@ absl::StatusOr<std::vector<MemoryRegion>> SequenceStateSource::PageRegions(int64
   return out;
 }
 
+absl::StatusOr<std::vector<absl::string_view>> SequenceStateSource::PageHostViews(int64_t index) const {
+  ASSIGN_OR_RETURN(const engine::PageView view, table_->PageViews(id_, index));
+  std::vector<absl::string_view> out;
+  out.reserve(2 * view.k.size());
+  for (size_t l = 0; l < view.k.size(); ++l) {
+    // The wire order of engine/page_format.h: each layer's K, then its V.
+    out.emplace_back(view.k[l].data(), view.k[l].size());
+    out.emplace_back(view.v[l].data(), view.v[l].size());
+  }
+  return out;
+}
+
 absl::StatusOr<std::unique_ptr<ReservationPageSink>> ReservationPageSink::Create(
     const engine::SequenceTable& table, const engine::ImportReservation& reservation) {
   const engine::StateLayout& layout = table.layout();

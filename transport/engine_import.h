@@ -52,6 +52,9 @@ class SequenceStateSource final : public StateSource {
   }
   // The page's regions in the prefill pool (SequenceTable::ExportPageRegions).
   absl::StatusOr<std::vector<MemoryRegion>> PageRegions(int64_t index) const override;
+  // The page's K and V of each layer in the prefill pool
+  // (SequenceTable::PageViews); UNIMPLEMENTED on a backend the host cannot address.
+  absl::StatusOr<std::vector<absl::string_view>> PageHostViews(int64_t index) const override;
   absl::string_view state() const override { return state_; }
   int32_t first_token() const override { return first_token_; }
   float first_logprob() const override { return first_logprob_; }

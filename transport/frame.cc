@@ -31,14 +31,20 @@ T Get(absl::string_view s, size_t offset) {
 }  // namespace
 
 std::string EncodeFrameHeader(FrameType type, uint64_t transfer_id, uint64_t index, absl::string_view payload) {
+  return EncodeFrameHeader(type, transfer_id, index, payload.size(),
+                           common::Checksum64(payload.data(), payload.size()));
+}
+
+std::string EncodeFrameHeader(FrameType type, uint64_t transfer_id, uint64_t index, uint64_t payload_bytes,
+                              uint64_t payload_checksum) {
   std::string h(kFrameHeaderBytes, '\0');
   std::memcpy(h.data(), kMagic, sizeof(kMagic));
   Put<uint16_t>(h, 4, kFrameVersion);
   Put<uint16_t>(h, 6, static_cast<uint16_t>(type));
   Put<uint64_t>(h, 8, transfer_id);
   Put<uint64_t>(h, 16, index);
-  Put<uint64_t>(h, 24, payload.size());
-  Put<uint64_t>(h, 32, common::Checksum64(payload.data(), payload.size()));
+  Put<uint64_t>(h, 24, payload_bytes);
+  Put<uint64_t>(h, 32, payload_checksum);
   Put<uint64_t>(h, 40, common::Checksum64(h.data(), kHeaderChecked));
   return h;
 }

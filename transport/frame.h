@@ -120,6 +120,10 @@ absl::Status CheckBeginAgainstTicket(uint64_t transfer_id, const BeginPayload& b
 
 // The 48 header bytes of a frame carrying `payload`.
 std::string EncodeFrameHeader(FrameType type, uint64_t transfer_id, uint64_t index, absl::string_view payload);
+// The same for a payload of `payload_bytes` whose XXH3-64 is `payload_checksum`
+// (a payload sent from several places: the checksum of its parts in order).
+std::string EncodeFrameHeader(FrameType type, uint64_t transfer_id, uint64_t index, uint64_t payload_bytes,
+                              uint64_t payload_checksum);
 // INVALID_ARGUMENT unless `bytes` (kFrameHeaderBytes) is an intact header of
 // this version with a known type (another version is named: "frame version
 // 1 (...)"); DATA_LOSS for a header checksum mismatch.

@@ -11,9 +11,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstring>
 #include <string>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -108,22 +110,17 @@ absl::Status Socket::ReadFull(char* data, size_t size, absl::Time deadline) {
 
 absl::Status Socket::WriteFull(absl::string_view data, absl::Time deadline) { return WriteAll({data}, deadline); }
 
-absl::Status Socket::WriteAll(std::initializer_list<absl::string_view> parts, absl::Time deadline) {
-  constexpr size_t kMaxParts = 4;
-  if (parts.size() > kMaxParts) return absl::InternalError("WriteAll takes at most 4 parts");
-  iovec iov[kMaxParts];
-  size_t count = 0;
+absl::Status Socket::WriteAll(absl::Span<const absl::string_view> parts, absl::Time deadline) {
+  absl::InlinedVector<iovec, 8> iov;
   for (absl::string_view part : parts) {
-    if (part.empty()) continue;
-    iov[count].iov_base = const_cast<char*>(part.data());
-    iov[count].iov_len = part.size();
-    ++count;
+    if (!part.empty()) iov.push_back(iovec{const_cast<char*>(part.data()), part.size()});
   }
+  const size_t count = iov.size();
   size_t first = 0;  // iov[first..count) is still to be written
   while (first < count) {
     msghdr msg{};
-    msg.msg_iov = iov + first;
-    msg.msg_iovlen = count - first;
+    msg.msg_iov = iov.data() + first;
+    msg.msg_iovlen = std::min<size_t>(count - first, IOV_MAX);
     const ssize_t n = sendmsg(fd_, &msg, MSG_NOSIGNAL);
     if (n < 0) {
       if (errno == EINTR) continue;

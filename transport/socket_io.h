@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 
 namespace hybridserve::transport {
 
@@ -36,10 +37,13 @@ class Socket {
   absl::Status ReadFull(char* data, size_t size, absl::Time deadline);
   // Writes all of `data`; the same errors.
   absl::Status WriteFull(absl::string_view data, absl::Time deadline);
-  // Writes up to four parts back to back in as few system calls as the
-  // kernel allows (sendmsg with an iovec): a frame header and its payload
-  // leave together. The same errors.
-  absl::Status WriteAll(std::initializer_list<absl::string_view> parts, absl::Time deadline);
+  // Writes `parts` back to back in as few system calls as the kernel allows
+  // (sendmsg with an iovec, up to IOV_MAX parts a call): a frame header and
+  // its payload, or the payload's pieces, leave together. The same errors.
+  absl::Status WriteAll(absl::Span<const absl::string_view> parts, absl::Time deadline);
+  absl::Status WriteAll(std::initializer_list<absl::string_view> parts, absl::Time deadline) {
+    return WriteAll(absl::MakeConstSpan(parts.begin(), parts.size()), deadline);
+  }
   // Wakes any blocked read or write (both directions shut down).
   void Shutdown();
   // The connected peer's numeric address, "ip:port" ("[ip]:port" for IPv6),

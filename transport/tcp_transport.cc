@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/hash.h"
 #include "common/log_rate_limiter.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -55,6 +56,24 @@ absl::Status WriteFrame(Socket& socket, FrameType type, uint64_t transfer_id, ui
                         absl::Time deadline) {
   const std::string header = EncodeFrameHeader(type, transfer_id, index, payload);
   return socket.WriteAll({header, payload}, deadline);
+}
+
+// A frame whose payload is `parts` back to back, written with its header in
+// one gathered write: no staging copy of the payload.
+absl::Status WriteFrameParts(Socket& socket, FrameType type, uint64_t transfer_id, uint64_t index,
+                             absl::Span<const absl::string_view> parts, absl::Time deadline) {
+  common::StreamingChecksum checksum;
+  uint64_t bytes = 0;
+  for (absl::string_view part : parts) {
+    checksum.Update(part.data(), part.size());
+    bytes += part.size();
+  }
+  const std::string header = EncodeFrameHeader(type, transfer_id, index, bytes, checksum.Digest());
+  std::vector<absl::string_view> frame;
+  frame.reserve(parts.size() + 1);
+  frame.push_back(header);
+  frame.insert(frame.end(), parts.begin(), parts.end());
+  return socket.WriteAll(frame, deadline);
 }
 
 absl::Status ExpectFrame(const FrameHeader& h, FrameType type, uint64_t transfer_id, uint64_t index) {
@@ -279,8 +298,17 @@ absl::Status TcpStateSender::Send(const Ticket& ticket, const StateSource& sourc
   begin.state_bytes = static_cast<int64_t>(source.state().size());
   begin.secret = ticket.secret;
   absl::Status s = WriteFrame(socket, FrameType::kBegin, id, 0, EncodeBegin(begin), deadline());
-  std::string page(static_cast<size_t>(source.page_bytes()), '\0');
+  // Pages straight from the source's memory where the host can read it,
+  // else staged through one page buffer.
+  std::string page;
   for (int64_t i = 0; i < source.num_pages() && s.ok(); ++i) {
+    absl::StatusOr<std::vector<absl::string_view>> views = source.PageHostViews(i);
+    if (views.ok()) {
+      s = WriteFrameParts(socket, FrameType::kPage, id, static_cast<uint64_t>(i), *views, deadline());
+      continue;
+    }
+    if (!absl::IsUnimplemented(views.status())) return views.status();  // as a ReadPage failure
+    page.resize(static_cast<size_t>(source.page_bytes()));
     s = source.ReadPage(i, absl::MakeSpan(page));
     if (!s.ok()) return s;  // the receiver sees the connection drop and fails the transfer
     s = WriteFrame(socket, FrameType::kPage, id, static_cast<uint64_t>(i), page, deadline());

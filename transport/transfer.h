@@ -159,6 +159,13 @@ class StateSource {
   virtual absl::StatusOr<std::vector<MemoryRegion>> PageRegions(int64_t index) const {
     return absl::UnimplementedError("this state source has no page regions: pages are staged");
   }
+  // Optional, for a sender that writes from host memory (TCP): page `index`
+  // as host bytes it may read directly, in page byte order (back to back,
+  // what ReadPage writes), valid while the source is used. UNIMPLEMENTED
+  // (the default, or memory the host cannot address): staged through ReadPage.
+  virtual absl::StatusOr<std::vector<absl::string_view>> PageHostViews(int64_t index) const {
+    return absl::UnimplementedError("this state source has no host views of its pages: pages are staged");
+  }
   // The encoded state (engine/snapshot_codec.h) at the ticket's position.
   virtual absl::string_view state() const = 0;
   virtual int32_t first_token() const = 0;
