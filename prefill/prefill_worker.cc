@@ -118,9 +118,9 @@ absl::Status PrefillWorker::RestoreInPlace(engine::SequenceId seq, const cachest
     s = view.ok() ? model_.sequences().FinishRestoreInPlace(seq, *view) : view.status();
   }
   if (!s.ok()) {
-    // Still restoring unless FinishRestoreInPlace got as far as the state.
-    const absl::Status aborted = model_.sequences().AbortRestoreInPlace(seq);
-    if (!aborted.ok()) return absl::InternalError(absl::StrCat(s.message(), "; and then: ", aborted.message()));
+    // The pages go back. Its one refusal, "not restoring", means
+    // FinishRestoreInPlace failed writing the state and gave them back itself.
+    model_.sequences().AbortRestoreInPlace(seq).IgnoreError();
   }
   return s;
 }
