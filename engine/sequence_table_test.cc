@@ -62,6 +62,30 @@ SequenceState StateAt(const StateLayout& layout, int64_t position, float seed) {
   return s;
 }
 
+// The snapshot encoding of live sequence `id` of `t` and its full pages: the
+// bytes a resume reads from the cache.
+struct Cached {
+  std::string state;
+  std::vector<std::string> pages;
+};
+Cached CacheOf(const SequenceTable& t, SequenceId id) {
+  Cached c;
+  EXPECT_TRUE(t.EncodeStateInto(id, true, common::Hash128{1, 2}, common::Hash128{3, 4}, &c.state).ok());
+  const int64_t full = t.layout().full_pages(*t.Position(id));
+  for (int64_t i = 0; i < full; ++i) c.pages.push_back(*t.ExportPage(id, i));
+  return c;
+}
+
+// Every array of two captured states, bit for bit.
+void ExpectSameState(const SequenceState& got, const SequenceState& want) {
+  EXPECT_EQ(got.position, want.position);
+  EXPECT_EQ(got.ssm_states, want.ssm_states);
+  EXPECT_EQ(got.conv_states, want.conv_states);
+  EXPECT_EQ(got.tail_k, want.tail_k);
+  EXPECT_EQ(got.tail_v, want.tail_v);
+  EXPECT_EQ(got.last_logits, want.last_logits);
+}
+
 class SequenceTableTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -93,6 +117,28 @@ class SequenceTableTest : public ::testing::Test {
     absl::Status s = t.FinishImport(r->id, StateAt(l, position, seed));
     if (!s.ok()) return s;
     return r->id;
+  }
+
+  // What the cache holds of a sequence at `position` (bytes from `seed`) of
+  // another table.
+  Cached CachedSequence(int64_t position, float seed) {
+    auto from = NewTable(16, 4);
+    auto id = Imported(*from, position, seed);
+    EXPECT_TRUE(id.ok()) << id.status();
+    return id.ok() ? CacheOf(*from, *id) : Cached();
+  }
+
+  // SmallLayout without attention layers: a pure Mamba2 model's table.
+  static SequenceTableOptions StateOnlyOptions() {
+    SequenceTableOptions o;
+    o.layout = SmallLayout();
+    o.layout.attention_layers = 0;
+    o.layout.kv_heads = 0;
+    o.layout.kv_head_dim = 0;
+    return o;
+  }
+  absl::StatusOr<std::unique_ptr<SequenceTable>> NewStateOnlyTable() {
+    return SequenceTable::Create(StateOnlyOptions(), *backend_);
   }
 
   std::unique_ptr<kernels::Backend> backend_;
@@ -354,14 +400,7 @@ TEST_F(SequenceTableTest, PagesWrittenInPlaceAndMarkedImportLikeImportPage) {
   }
   ASSERT_TRUE(b->FinishImport(r->id, *a->CaptureState(*src, true)).ok());
   for (int64_t i = 0; i < 3; ++i) EXPECT_EQ(*b->ExportPage(r->id, i), *a->ExportPage(*src, i));
-  const SequenceState got = *b->CaptureState(r->id, true);
-  const SequenceState want = *a->CaptureState(*src, true);
-  EXPECT_EQ(got.position, want.position);
-  EXPECT_EQ(got.ssm_states, want.ssm_states);
-  EXPECT_EQ(got.conv_states, want.conv_states);
-  EXPECT_EQ(got.tail_k, want.tail_k);
-  EXPECT_EQ(got.tail_v, want.tail_v);
-  EXPECT_EQ(got.last_logits, want.last_logits);
+  ExpectSameState(*b->CaptureState(r->id, true), *a->CaptureState(*src, true));
   // Live now: the import calls are refused.
   EXPECT_EQ(b->ImportPageRegions(r->id, 0).status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(b->MarkPageImported(r->id, 0).code(), absl::StatusCode::kFailedPrecondition);
@@ -392,13 +431,9 @@ TEST_F(SequenceTableTest, InPlaceImportCallsValidateAndAnAbortedHalfWrittenImpor
 }
 
 TEST_F(SequenceTableTest, ImportOfAStateOnlyModelHasNoPages) {
-  SequenceTableOptions o;
-  o.layout = SmallLayout();
-  o.layout.attention_layers = 0;
-  o.layout.kv_heads = 0;
-  o.layout.kv_head_dim = 0;
-  auto t = SequenceTable::Create(o, *backend_);
+  auto t = NewStateOnlyTable();
   ASSERT_TRUE(t.ok());
+  const SequenceTableOptions o = StateOnlyOptions();
   auto r = (*t)->ReserveImport(50);
   ASSERT_TRUE(r.ok());
   EXPECT_TRUE(r->page_slots.empty());
@@ -409,27 +444,10 @@ TEST_F(SequenceTableTest, ImportOfAStateOnlyModelHasNoPages) {
   EXPECT_EQ(*(*t)->Position(r->id), 50);
 }
 
-// The snapshot encoding of live sequence `id` of `t` and its full pages: the
-// bytes a resume reads from the cache.
-struct Cached {
-  std::string state;
-  std::vector<std::string> pages;
-};
-Cached CacheOf(const SequenceTable& t, SequenceId id) {
-  Cached c;
-  EXPECT_TRUE(t.EncodeStateInto(id, true, common::Hash128{1, 2}, common::Hash128{3, 4}, &c.state).ok());
-  const int64_t full = t.layout().full_pages(*t.Position(id));
-  for (int64_t i = 0; i < full; ++i) c.pages.push_back(*t.ExportPage(id, i));
-  return c;
-}
-
 // A resume that reads the cached pages straight into the pool ends where
 // Restore of the same bytes ends, bit for bit.
 TEST_F(SequenceTableTest, RestoreInPlaceEndsAsRestoreOfTheSameBytes) {
-  auto a = NewTable(16, 4);
-  auto src = Imported(*a, 13, 5.0f);  // 3 full pages and a partial one
-  ASSERT_TRUE(src.ok());
-  const Cached cached = CacheOf(*a, *src);
+  const Cached cached = CachedSequence(13, 5.0f);  // 3 full pages and a partial one
   auto view = ParseSnapshot(cached.state);
   ASSERT_TRUE(view.ok()) << view.status();
 
@@ -461,21 +479,12 @@ TEST_F(SequenceTableTest, RestoreInPlaceEndsAsRestoreOfTheSameBytes) {
 
   EXPECT_EQ(*t->Position(*in_place), 13);
   for (int64_t i = 0; i < 3; ++i) EXPECT_EQ(*t->ExportPage(*in_place, i), *t->ExportPage(*restored, i));
-  const SequenceState got = *t->CaptureState(*in_place, true);
-  const SequenceState want = *t->CaptureState(*restored, true);
-  EXPECT_EQ(got.ssm_states, want.ssm_states);
-  EXPECT_EQ(got.conv_states, want.conv_states);
-  EXPECT_EQ(got.tail_k, want.tail_k);
-  EXPECT_EQ(got.tail_v, want.tail_v);
-  EXPECT_EQ(got.last_logits, want.last_logits);
+  ExpectSameState(*t->CaptureState(*in_place, true), *t->CaptureState(*restored, true));
   EXPECT_EQ(CacheOf(*t, *in_place).state, cached.state);
 }
 
 TEST_F(SequenceTableTest, RestoreInPlaceRefusesWhatRestoreRefusesAndAnAbortGivesThePagesBack) {
-  auto a = NewTable(16, 4);
-  auto src = Imported(*a, 9, 2.0f);  // 2 full pages and a partial one
-  ASSERT_TRUE(src.ok());
-  const Cached cached = CacheOf(*a, *src);
+  const Cached cached = CachedSequence(9, 2.0f);  // 2 full pages and a partial one
   auto view = ParseSnapshot(cached.state);
   ASSERT_TRUE(view.ok());
 
@@ -513,13 +522,9 @@ TEST_F(SequenceTableTest, RestoreInPlaceRefusesWhatRestoreRefusesAndAnAbortGives
 }
 
 TEST_F(SequenceTableTest, RestoreInPlaceOfAStateOnlyModelHasNoPages) {
-  SequenceTableOptions o;
-  o.layout = SmallLayout();
-  o.layout.attention_layers = 0;
-  o.layout.kv_heads = 0;
-  o.layout.kv_head_dim = 0;
-  auto t = SequenceTable::Create(o, *backend_);
+  auto t = NewStateOnlyTable();
   ASSERT_TRUE(t.ok());
+  const SequenceTableOptions o = StateOnlyOptions();
   auto r = (*t)->ReserveImport(50);
   ASSERT_TRUE(r.ok());
   ASSERT_TRUE((*t)->FinishImport(r->id, StateAt(o.layout, 50, 3.0f)).ok());

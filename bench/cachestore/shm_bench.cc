@@ -142,35 +142,31 @@ void Run() {
   const uint64_t lease = lookup->lease_id;
   const cachestore::Hash128 state_key = lookup->state->key;
 
+  // The pages split into `streams` contiguous slices, read(begin, end) for
+  // each on a thread of its own, as prefill's resume reads them.
+  auto on_streams = [&](int streams, const std::function<void(int begin, int end)>& read) {
+    std::vector<std::thread> threads;
+    for (int s = 0; s < streams; ++s) {
+      threads.emplace_back([&, s] { read(kPages * s / streams, kPages * (s + 1) / streams); });
+    }
+    for (std::thread& t : threads) t.join();
+  };
+  auto into_strings = [&](cachestore::CacheClient& client, int begin, int end, std::vector<std::string>& out) {
+    Check(client.GetManyInto(lease, absl::MakeConstSpan(keys).subspan(begin, end - begin),
+                             absl::MakeSpan(out).subspan(begin, end - begin)),
+          "GetManyInto");
+  };
   // Every reader keeps its strings across reps, as a worker would (the first
   // rep is a warm-up).
   std::vector<std::string> out(kPages);
   auto get_many = [&](cachestore::CacheClient& client, int streams) {
-    std::vector<std::thread> threads;
-    for (int s = 0; s < streams; ++s) {
-      threads.emplace_back([&, s] {
-        const int begin = kPages * s / streams, end = kPages * (s + 1) / streams;
-        Check(client.GetManyInto(lease, absl::MakeConstSpan(keys).subspan(begin, end - begin),
-                                 absl::MakeSpan(out).subspan(begin, end - begin)),
-              "GetManyInto");
-      });
-    }
-    for (std::thread& t : threads) t.join();
+    on_streams(streams, [&](int begin, int end) { into_strings(client, begin, end, out); });
   };
   // A resume that fetched into strings made new ones each time: every
   // byte a first touch of fresh memory.
   auto get_many_new = [&](cachestore::CacheClient& client, int streams) {
     std::vector<std::string> fresh(kPages);
-    std::vector<std::thread> threads;
-    for (int s = 0; s < streams; ++s) {
-      threads.emplace_back([&, s] {
-        const int begin = kPages * s / streams, end = kPages * (s + 1) / streams;
-        Check(client.GetManyInto(lease, absl::MakeConstSpan(keys).subspan(begin, end - begin),
-                                 absl::MakeSpan(fresh).subspan(begin, end - begin)),
-              "GetManyInto");
-      });
-    }
-    for (std::thread& t : threads) t.join();
+    on_streams(streams, [&](int begin, int end) { into_strings(client, begin, end, fresh); });
     KeepAlive(fresh[0].data());
   };
   // Prefill's resume now: each page straight into a KV pool's (warm) page
@@ -187,16 +183,11 @@ void Run() {
     }
   }
   auto get_many_scattered = [&](cachestore::CacheClient& client, int streams) {
-    std::vector<std::thread> threads;
-    for (int s = 0; s < streams; ++s) {
-      threads.emplace_back([&, s] {
-        const int begin = kPages * s / streams, end = kPages * (s + 1) / streams;
-        Check(client.GetManyScattered(lease, absl::MakeConstSpan(keys).subspan(begin, end - begin),
-                                      absl::MakeConstSpan(slots).subspan(begin, end - begin)),
-              "GetManyScattered");
-      });
-    }
-    for (std::thread& t : threads) t.join();
+    on_streams(streams, [&](int begin, int end) {
+      Check(client.GetManyScattered(lease, absl::MakeConstSpan(keys).subspan(begin, end - begin),
+                                    absl::MakeConstSpan(slots).subspan(begin, end - begin)),
+            "GetManyScattered");
+    });
   };
   std::vector<char> src(kPages * kPageBytes, 'x'), dst(kPages * kPageBytes);
   std::vector<Row> pages;
