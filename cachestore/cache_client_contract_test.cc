@@ -347,7 +347,8 @@ TYPED_TEST(CacheClientContractTest, GetManyScatteredFillsEachEntrysSegmentsInOrd
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_TRUE(absl::StrContains(s.message(), "keys[1]")) << s;
   const std::vector<Hash128> with_stranger = {keys[0], Hash128{1, 2}, keys[1]};
-  s = this->client().GetManyScattered(r->lease_id, with_stranger, got.destinations);
+  Scattered for_stranger({want[2].size(), 1, want[0].size()});
+  s = this->client().GetManyScattered(r->lease_id, with_stranger, for_stranger.destinations);
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
   EXPECT_TRUE(absl::StrContains(s.message(), "keys[1]")) << s;
   EXPECT_EQ(this->client().GetManyScattered(r->lease_id + 1000, mine, got.destinations).code(),

@@ -139,6 +139,10 @@ void DecodedChunk::AppendData(std::string* out) const {
   VisitData([out](const uint8_t* p, size_t n) { out->append(reinterpret_cast<const char*>(p), n); });
 }
 
+void DecodedChunk::ForEachDataPiece(absl::FunctionRef<void(const char* bytes, size_t size)> sink) const {
+  VisitData([sink](const uint8_t* p, size_t n) { sink(reinterpret_cast<const char*>(p), n); });
+}
+
 absl::Status DecodeChunk(const grpc::ByteBuffer& message, int data_field, int wrap_field, DecodedChunk* out) {
   *out = DecodedChunk();
   grpc::Status dumped = message.Dump(&out->slices_);

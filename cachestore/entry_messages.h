@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "google/protobuf/message_lite.h"
@@ -67,6 +68,8 @@ class DecodedChunk {
   void CopyData(uint8_t* dst) const;
   // Appends the data field's bytes to `out`.
   void AppendData(std::string* out) const;
+  // Calls sink(bytes, size) for each piece of the data field, in order.
+  void ForEachDataPiece(absl::FunctionRef<void(const char* bytes, size_t size)> sink) const;
 
  private:
   friend absl::Status DecodeChunk(const grpc::ByteBuffer&, int, int, DecodedChunk*);

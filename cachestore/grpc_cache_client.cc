@@ -251,43 +251,85 @@ absl::Status DecodeEntryChunk(const grpc::ByteBuffer& message, int data_field, e
   return absl::OkStatus();
 }
 
-// One entry of a Get or GetMany stream as its chunks arrive into `dest`: the
-// size and checksum its first chunk announces, then its bytes in order.
-// Until Begin, it expects 0 bytes with checksum 0.
+}  // namespace
+
+namespace grpc_client_internal {
+
+// One entry of a Get or GetMany stream as its chunks arrive, into a string
+// or into caller-owned segments: the size and checksum its first chunk
+// announces, then its bytes in order. Until Begin, it expects 0 bytes with
+// checksum 0.
 class ArrivingEntry {
  public:
-  explicit ArrivingEntry(std::string* dest) : dest_(dest) {}
+  explicit ArrivingEntry(std::string* dest) : string_(dest) {}
+  // Into `segments` (kept by the caller), entry `index` of the call.
+  ArrivingEntry(const EntrySegments* segments, size_t index) : segments_(segments), index_(index) {}
 
-  // The announcement. DATA_LOSS: an implausible size (nothing is cleared).
+  // The announcement. DATA_LOSS: an implausible size (nothing is cleared);
+  // INVALID_ARGUMENT: segments of another size (CheckEntryFits).
   absl::Status Begin(uint64_t size, uint64_t checksum) {
     if (size > (uint64_t{1} << 40)) return absl::DataLossError("cachestore announced an implausible entry size");
+    if (segments_ != nullptr) RETURN_IF_ERROR(CheckEntryFits(index_, size, *segments_));
     size_ = size;
     checksum_ = checksum;
-    dest_->clear();
-    dest_->reserve(size);
+    if (string_ != nullptr) {
+      string_->clear();
+      string_->reserve(size);
+    }
     return absl::OkStatus();
   }
   // DATA_LOSS: the chunk is not at `offset` == the bytes so far, or runs past
   // the size.
   absl::Status Append(uint64_t offset, const entry_messages::DecodedChunk& chunk) {
-    if (offset != dest_->size() || dest_->size() + chunk.data_size() > size_) {
+    if (offset != arrived_ || arrived_ + chunk.data_size() > size_) {
       return absl::DataLossError("cachestore sent chunks out of order or past the size");
     }
-    chunk.AppendData(dest_);  // straight from gRPC's slices
+    if (string_ != nullptr) {
+      chunk.AppendData(string_);  // straight from gRPC's slices
+    } else {
+      chunk.ForEachDataPiece([this](const char* p, size_t n) { Scatter(p, n); });
+    }
+    arrived_ += chunk.data_size();
     return absl::OkStatus();
   }
   // Whether every announced byte arrived and they match the checksum.
   bool Complete() const {
-    return dest_->size() == size_ && common::Checksum64(dest_->data(), dest_->size()) == checksum_;
+    if (arrived_ != size_) return false;
+    if (string_ != nullptr) return common::Checksum64(string_->data(), string_->size()) == checksum_;
+    common::StreamingChecksum sum;
+    for (const absl::Span<char>& s : segments_->segments) sum.Update(s.data(), s.size());
+    return sum.Digest() == checksum_;
   }
 
  private:
-  std::string* const dest_;
+  // Copies bytes on into the segments, from where the last copy ended.
+  void Scatter(const char* p, size_t n) {
+    while (n > 0) {
+      const absl::Span<char> s = segments_->segments[segment_];
+      const size_t take = std::min(n, s.size() - within_);
+      std::memcpy(s.data() + within_, p, take);
+      p += take;
+      n -= take;
+      within_ += take;
+      if (within_ == s.size()) {
+        ++segment_;
+        within_ = 0;
+      }
+    }
+  }
+
+  std::string* const string_ = nullptr;
+  const EntrySegments* const segments_ = nullptr;
+  const size_t index_ = 0;
+  size_t segment_ = 0, within_ = 0;  // where the next byte goes (segments)
+  uint64_t arrived_ = 0;
   uint64_t size_ = 0;
   uint64_t checksum_ = 0;
 };
 
-}  // namespace
+}  // namespace grpc_client_internal
+
+using grpc_client_internal::ArrivingEntry;
 
 struct GrpcCacheClient::Impl {
   GrpcCacheClientOptions options;
@@ -497,6 +539,17 @@ absl::Status GrpcCacheClient::GetInto(uint64_t lease_id, const Hash128& key, std
 absl::Status GrpcCacheClient::GetManyInto(uint64_t lease_id, absl::Span<const Hash128> keys,
                                           absl::Span<std::string> out) {
   if (keys.empty() || keys.size() != out.size()) return CacheClient::GetManyInto(lease_id, keys, out);
+  return GetManyStream(lease_id, keys, [out](size_t i) { return ArrivingEntry(&out[i]); });
+}
+
+absl::Status GrpcCacheClient::GetManyScattered(uint64_t lease_id, absl::Span<const Hash128> keys,
+                                               absl::Span<const EntrySegments> out) {
+  if (keys.empty() || keys.size() != out.size()) return CacheClient::GetManyScattered(lease_id, keys, out);
+  return GetManyStream(lease_id, keys, [out](size_t i) { return ArrivingEntry(&out[i], i); });
+}
+
+absl::Status GrpcCacheClient::GetManyStream(uint64_t lease_id, absl::Span<const Hash128> keys,
+                                            absl::FunctionRef<ArrivingEntry(size_t index)> entry_for) {
   v1::GetManyRequest req;
   req.set_lease_id(lease_id);
   for (const Hash128& key : keys) req.add_keys(key.ToBytes());
@@ -506,7 +559,7 @@ absl::Status GrpcCacheClient::GetManyInto(uint64_t lease_id, absl::Span<const Ha
   RawCall call(*impl_->raw, kGetManyMethod, &ctx);
   call.Write(entry_messages::SerializeMessage(req));
   call.WritesDone();
-  // The entry being received: keys[current], into out[current].
+  // The entry being received: keys[current].
   int64_t current = -1;
   std::optional<ArrivingEntry> entry;
   auto finish_entry = [&]() -> absl::Status {
@@ -531,7 +584,7 @@ absl::Status GrpcCacheClient::GetManyInto(uint64_t lease_id, absl::Span<const Ha
         return call.Abandon(absl::DataLossError("cachestore sent GetMany entries out of order"));
       }
       current = static_cast<int64_t>(index);
-      entry.emplace(&out[static_cast<size_t>(current)]);
+      entry.emplace(entry_for(static_cast<size_t>(current)));
       absl::Status s =
           entry->Begin(chunk.field(entry_messages::kManySizeBytes), chunk.field(entry_messages::kManyChecksum));
       if (!s.ok()) return call.Abandon(s);

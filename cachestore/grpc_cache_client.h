@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
@@ -19,6 +20,9 @@
 #include "common/tls.h"
 
 namespace hybridserve::cachestore {
+namespace grpc_client_internal {
+class ArrivingEntry;  // grpc_cache_client.cc: one entry of a stream as it arrives
+}  // namespace grpc_client_internal
 
 struct GrpcCacheClientOptions {
   // Put chunks; also asked of Get. 1 MiB: Put of 64 MiB over loopback ran at
@@ -61,12 +65,19 @@ class GrpcCacheClient final : public CacheClient {
   absl::Status GetInto(uint64_t lease_id, const Hash128& key, std::string* out) override;
   // One GetMany stream.
   absl::Status GetManyInto(uint64_t lease_id, absl::Span<const Hash128> keys, absl::Span<std::string> out) override;
+  // One GetMany stream whose chunks are copied straight from gRPC's slices
+  // into the caller's segments (no string in between).
+  absl::Status GetManyScattered(uint64_t lease_id, absl::Span<const Hash128> keys,
+                                absl::Span<const EntrySegments> out) override;
   absl::Status Release(uint64_t lease_id) override;
   absl::StatusOr<IndexStats> Stats() override;
 
  private:
   struct Impl;
   explicit GrpcCacheClient(std::unique_ptr<Impl> impl);
+  // One GetMany stream, entry i arriving into entry_for(i).
+  absl::Status GetManyStream(uint64_t lease_id, absl::Span<const Hash128> keys,
+                             absl::FunctionRef<grpc_client_internal::ArrivingEntry(size_t index)> entry_for);
   std::unique_ptr<Impl> impl_;
 };
 

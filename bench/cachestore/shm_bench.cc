@@ -205,6 +205,8 @@ void Run() {
                    }});
   pages.push_back({"gRPC GetMany, 1 stream", [&] { get_many(**grpc, 1); }});
   pages.push_back({"gRPC GetMany, 2 streams", [&] { get_many(**grpc, 2); }});
+  pages.push_back({"gRPC GetMany, 2 streams, new strings", [&] { get_many_new(**grpc, 2); }});
+  pages.push_back({"gRPC into pool slots, 2 streams", [&] { get_many_scattered(**grpc, 2); }});
   pages.push_back({"shm v2 GetMany, 1 read", [&] { get_many(shm, 1); }});
   pages.push_back({"shm v2 GetMany, 2 reads", [&] { get_many(shm, 2); }});
   pages.push_back({"shm v2 GetMany, 2 reads, new strings", [&] { get_many_new(shm, 2); }});
