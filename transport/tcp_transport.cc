@@ -93,6 +93,10 @@ absl::StatusOr<std::unique_ptr<TcpStateReceiver>> TcpStateReceiver::Create(const
   if (options.idle_timeout <= absl::ZeroDuration() || options.max_connections < 1) {
     return absl::InvalidArgumentError("TCP receiver: idle_timeout and max_connections must be positive");
   }
+  if (options.socket_buffer_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TCP receiver: socket_buffer_bytes must be >= 0, got ", options.socket_buffer_bytes));
+  }
   if (options.max_idle_page_bytes < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("TCP receiver: max_idle_page_bytes must be >= 0, got ", options.max_idle_page_bytes));
@@ -154,6 +158,9 @@ void TcpStateReceiver::AcceptLoop() {
     if (poll(&p, 1, 200) <= 0) continue;
     const int fd = accept4(listener_.fd(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) continue;
+    if (options_.socket_buffer_bytes > 0) {
+      setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &options_.socket_buffer_bytes, sizeof(options_.socket_buffer_bytes));
+    }
     auto socket = std::make_unique<Socket>(fd);
     absl::MutexLock lock(&mu_);
     if (static_cast<int64_t>(sockets_.size()) >= options_.max_connections) {
@@ -269,6 +276,9 @@ absl::Status TcpStateSender::Send(const Ticket& ticket, const StateSource& sourc
   auto deadline = [&] { return std::min(ticket.deadline, absl::Now() + options_.io_timeout); };
   ASSIGN_OR_RETURN(Socket socket,
                    Connect(ticket.endpoint, std::min(ticket.deadline, absl::Now() + options_.connect_timeout)));
+  if (options_.socket_buffer_bytes > 0) {
+    setsockopt(socket.fd(), SOL_SOCKET, SO_SNDBUF, &options_.socket_buffer_bytes, sizeof(options_.socket_buffer_bytes));
+  }
   const uint64_t id = ticket.transfer_id;
   // Reads the receiver's verdict; the connection drops right after it. A
   // receiver that does not expect this sender closes without one.

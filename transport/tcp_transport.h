@@ -58,6 +58,11 @@
 
 namespace hybridserve::transport {
 
+// The socket buffers a transfer connection asks for on each side: 4 MiB.
+// Measured on a 2-core VM, 1024 pages of 64 KiB over loopback took 36-38 ms
+// with them against 47-50 ms from autotuning's start.
+inline constexpr int kTransferSocketBufferBytes = 4 << 20;
+
 struct TcpReceiverOptions {
   std::string address = "127.0.0.1:0";  // where to listen; port 0: any free port
   // A connection that makes no progress for this long fails its transfer.
@@ -66,6 +71,10 @@ struct TcpReceiverOptions {
   // Memory of finished transfers' pages kept for the next transfers of the
   // same size (already faulted in); 0 keeps none.
   int64_t max_idle_page_bytes = int64_t{256} << 20;
+  // Each connection's receive buffer (SO_RCVBUF, which the kernel caps at
+  // net.core.rmem_max); 0 leaves the kernel's autotuning. A transfer is one
+  // new connection, so autotuning would start it small each time.
+  int socket_buffer_bytes = kTransferSocketBufferBytes;
   TransferRegistry::Limits limits;
 };
 
@@ -129,6 +138,9 @@ struct TcpSenderOptions {
   // The longest wait for the receiver to take a frame or to acknowledge,
   // besides the ticket's deadline.
   absl::Duration io_timeout = absl::Seconds(10);
+  // The connection's send buffer (SO_SNDBUF, capped at net.core.wmem_max);
+  // 0 leaves the kernel's autotuning.
+  int socket_buffer_bytes = kTransferSocketBufferBytes;
 };
 
 class TcpStateSender final : public StateSender {

@@ -449,6 +449,27 @@ TEST_F(TcpReceiverTest, ASenderWithTheSecretOfAFinishedTransferIsAnsweredNotFoun
   EXPECT_TRUE(receiver_->Await(5).ok());
 }
 
+// The socket buffers are a request the kernel may cap; left to its
+// autotuning (0) a transfer delivers the same bytes, and a negative size is
+// refused by name.
+TEST_F(TcpReceiverTest, BuffersLeftToTheKernelDeliverTooAndANegativeSizeIsRefused) {
+  TcpSenderOptions autotuned;
+  autotuned.socket_buffer_bytes = 0;
+  TcpStateSender sender(autotuned);
+  const TwoPages source;
+  ASSERT_TRUE(sender.Send(ticket_, source).ok());
+  absl::StatusOr<ReceivedState> received = receiver_->Await(5);
+  ASSERT_TRUE(received.ok()) << received.status();
+  std::string page(static_cast<size_t>(source.page_bytes()), '\0');
+  for (int64_t i = 0; i < source.num_pages(); ++i) {
+    ASSERT_TRUE(source.ReadPage(i, absl::MakeSpan(page)).ok());
+    EXPECT_EQ(received->pages[i], page) << "page " << i;
+  }
+  TcpReceiverOptions negative;
+  negative.socket_buffer_bytes = -1;
+  EXPECT_THAT(TcpStateReceiver::Create(negative).status().message(), HasSubstr("socket_buffer_bytes"));
+}
+
 TEST_F(TcpReceiverTest, AReceiverThatIsGoneIsUnavailable) {
   const std::string gone = receiver_->endpoint();
   receiver_.reset();
