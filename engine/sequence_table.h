@@ -333,6 +333,10 @@ class SequenceTable {
   void FreeResources(const Sequence& seq);
   // Frees `seq`'s pages and empties its block table.
   void DropPages(Sequence& seq);
+  // The empty live sequence `id` that a state at `position` may be restored
+  // into (Restore, BeginRestoreInPlace): FAILED_PRECONDITION when it is not
+  // empty, INVALID_ARGUMENT for a position outside [0, kMaxSequenceTokens].
+  absl::StatusOr<Sequence*> FindRestoreTarget(SequenceId id, int64_t position);
   // The restoring-in-place sequence `id`.
   absl::StatusOr<Sequence*> FindRestoring(SequenceId id);
   // Checks page count and sizes against a state at `position`.

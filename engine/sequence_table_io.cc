@@ -116,18 +116,23 @@ absl::Status SequenceTable::CheckPages(int64_t position, absl::Span<const absl::
   return absl::OkStatus();
 }
 
-absl::Status SequenceTable::RestoreImpl(SequenceId id, const StateBytes& state,
-                                        absl::Span<const absl::string_view> pages) {
+absl::StatusOr<SequenceTable::Sequence*> SequenceTable::FindRestoreTarget(SequenceId id, int64_t position) {
   ASSIGN_OR_RETURN(Sequence * seq, FindLive(id));
   if (seq->position != 0 || !seq->block_table.empty()) {
     return absl::FailedPreconditionError(
         absl::StrCat("restore into sequence ", id, " at position ", seq->position, ": only an empty sequence"));
   }
-  const int64_t p = state.position;
-  if (p < 0 || p > kMaxSequenceTokens) {
+  if (position < 0 || position > kMaxSequenceTokens) {
     return absl::InvalidArgumentError(
-        absl::StrCat("sequence state: position ", p, " outside [0, ", kMaxSequenceTokens, "]"));
+        absl::StrCat("sequence state: position ", position, " outside [0, ", kMaxSequenceTokens, "]"));
   }
+  return seq;
+}
+
+absl::Status SequenceTable::RestoreImpl(SequenceId id, const StateBytes& state,
+                                        absl::Span<const absl::string_view> pages) {
+  ASSIGN_OR_RETURN(Sequence * seq, FindRestoreTarget(id, state.position));
+  const int64_t p = state.position;
   RETURN_IF_ERROR(CheckPages(p, pages));
   RETURN_IF_ERROR(EnsurePages(*seq, p));
   if (layout_.attention_layers > 0) {
@@ -152,15 +157,7 @@ absl::Status SequenceTable::Restore(SequenceId id, const SnapshotView& state,
 
 absl::StatusOr<std::vector<std::vector<absl::Span<char>>>> SequenceTable::BeginRestoreInPlace(SequenceId id,
                                                                                               int64_t position) {
-  ASSIGN_OR_RETURN(Sequence * seq, FindLive(id));
-  if (seq->position != 0 || !seq->block_table.empty()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("restore into sequence ", id, " at position ", seq->position, ": only an empty sequence"));
-  }
-  if (position < 0 || position > kMaxSequenceTokens) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("restore in place at position ", position, ": outside [0, ", kMaxSequenceTokens, "]"));
-  }
+  ASSIGN_OR_RETURN(Sequence * seq, FindRestoreTarget(id, position));
   RETURN_IF_ERROR(EnsurePages(*seq, position));
   const int64_t full = layout_.attention_layers > 0 ? layout_.full_pages(position) : 0;
   std::vector<std::vector<absl::Span<char>>> pages(static_cast<size_t>(full));

@@ -31,6 +31,14 @@ struct PrefillWorker::Resumed {
 
 namespace {
 
+// The keys of the lookup's first `n` pages.
+std::vector<common::Hash128> PageKeys(const cachestore::LookupResult& lookup, size_t n) {
+  std::vector<common::Hash128> keys;
+  keys.reserve(n);
+  for (size_t i = 0; i < n; ++i) keys.push_back(lookup.pages[i].key);
+  return keys;
+}
+
 // Releases a sequence when it goes out of scope, unless released already.
 class SequenceGuard {
  public:
@@ -100,13 +108,9 @@ absl::Status PrefillWorker::RestoreInPlace(engine::SequenceId seq, const cachest
   }
   std::string state;
   if (s.ok()) {
-    std::vector<common::Hash128> keys;
+    const std::vector<common::Hash128> keys = PageKeys(lookup, regions.size());
     std::vector<cachestore::EntrySegments> destinations(regions.size());
-    keys.reserve(regions.size());
-    for (size_t i = 0; i < regions.size(); ++i) {
-      keys.push_back(lookup.pages[i].key);
-      destinations[i].segments = regions[i];
-    }
+    for (size_t i = 0; i < regions.size(); ++i) destinations[i].segments = regions[i];
     s = FetchResumeBytes(lookup, static_cast<int64_t>(keys.size()), &state, [&](int64_t begin, int64_t end) {
       return cache_->GetManyScattered(lookup.lease_id, absl::MakeConstSpan(keys).subspan(begin, end - begin),
                                       absl::MakeConstSpan(destinations).subspan(begin, end - begin));
@@ -131,9 +135,7 @@ absl::Status PrefillWorker::RestoreThroughBuffers(engine::SequenceId seq, const 
   // (Restore takes none).
   const size_t page_count = model_.page_bytes() > 0 ? lookup.pages.size() : 0;
   std::vector<std::string> pages(page_count);
-  std::vector<common::Hash128> keys;
-  keys.reserve(page_count);
-  for (size_t i = 0; i < page_count; ++i) keys.push_back(lookup.pages[i].key);
+  const std::vector<common::Hash128> keys = PageKeys(lookup, page_count);
   std::string state;
   absl::Status s = FetchResumeBytes(lookup, static_cast<int64_t>(page_count), &state, [&](int64_t begin, int64_t end) {
     return cache_->GetManyInto(lookup.lease_id, absl::MakeConstSpan(keys).subspan(begin, end - begin),
