@@ -201,6 +201,15 @@ class SequenceTable {
   // FAILED_PRECONDITION for a live sequence), or INTERNAL when the wait
   // fails; nothing changes.
   absl::StatusOr<std::vector<PageRegion>> ImportPageRegions(SequenceId id, int64_t page_index) const;
+  // The first `pages` full pages of an importing sequence as writable host
+  // memory, each in wire order (engine/page_format.h: the bytes the cache
+  // and the data plane carry): where a reader on the host writes pages
+  // itself, before MarkPageImported (decode reading a prompt's cached pages,
+  // transport/transfer.h "Held pages"). Synchronizes the backend as
+  // ImportPageRegions does; the same lifetime and errors (INVALID_ARGUMENT
+  // also for `pages` outside [0, the import's full pages]), and
+  // UNIMPLEMENTED on a backend whose memory the host cannot address.
+  absl::StatusOr<std::vector<std::vector<absl::Span<char>>>> ImportPageHostViews(SequenceId id, int64_t pages) const;
   // Records that full page `page_index` arrived in its regions (every write
   // into them has completed), without copying: FinishImport's "every page
   // arrived" check counts it as ImportPage would. Errors as

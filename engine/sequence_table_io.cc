@@ -2,6 +2,7 @@
 // device pools (capture, restore, page export and import writes, state
 // encoding). Bookkeeping is in sequence_table.cc.
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -174,6 +175,31 @@ absl::StatusOr<std::vector<std::vector<absl::Span<char>>>> SequenceTable::BeginR
   }
   seq->restoring = position;
   return pages;
+}
+
+absl::StatusOr<std::vector<std::vector<absl::Span<char>>>> SequenceTable::ImportPageHostViews(SequenceId id,
+                                                                                              int64_t pages) const {
+  ASSIGN_OR_RETURN(const Sequence* seq, Find(id));
+  if (!seq->importing) return absl::FailedPreconditionError(absl::StrCat("sequence ", id, " is not importing"));
+  const int64_t full = static_cast<int64_t>(seq->page_arrived.size());
+  if (pages < 0 || pages > full) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sequence ", id, " imports ", full, " full pages, ", pages, " asked for"));
+  }
+  std::vector<std::vector<absl::Span<char>>> views(static_cast<size_t>(std::max<int64_t>(pages, 0)));
+  for (int64_t i = 0; i < pages; ++i) {
+    ASSIGN_OR_RETURN(const std::vector<PageRegion> regions, ImportPageRegions(id, i));
+    for (const PageRegion& r : regions) {
+      void* host = backend_.HostAddress(r.data);
+      if (host == nullptr) {
+        return absl::UnimplementedError(absl::StrCat("the ", backend_.name(),
+                                                     " backend's memory is not host-addressable: import its pages "
+                                                     "with ImportPage or ImportPageRegions"));
+      }
+      views[static_cast<size_t>(i)].emplace_back(static_cast<char*>(host), static_cast<size_t>(r.bytes));
+    }
+  }
+  return views;
 }
 
 absl::StatusOr<SequenceTable::Sequence*> SequenceTable::FindRestoring(SequenceId id) {

@@ -406,6 +406,44 @@ TEST_F(SequenceTableTest, PagesWrittenInPlaceAndMarkedImportLikeImportPage) {
   EXPECT_EQ(b->MarkPageImported(r->id, 0).code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// Pages a host reader writes through ImportPageHostViews (decode reading a
+// prompt's cached pages) and marks arrived import like ImportPage: the same
+// bytes, and the rest may still arrive by ImportPage.
+TEST_F(SequenceTableTest, PagesWrittenThroughHostViewsImportLikeImportPage) {
+  auto a = NewTable(16, 4);
+  auto b = NewTable(16, 4);
+  auto src = Imported(*a, 13, 5.0f);  // 3 full pages and a partial one
+  ASSERT_TRUE(src.ok());
+  auto r = b->ReserveImport(13);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(b->ImportPageHostViews(r->id, 4).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b->ImportPageHostViews(r->id, -1).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b->ImportPageHostViews(999, 1).status().code(), absl::StatusCode::kNotFound);
+  auto live = b->New();
+  ASSERT_TRUE(live.ok());
+  EXPECT_EQ(b->ImportPageHostViews(*live, 0).status().code(), absl::StatusCode::kFailedPrecondition);
+  auto views = b->ImportPageHostViews(r->id, 2);
+  ASSERT_TRUE(views.ok()) << views.status();
+  ASSERT_EQ(views->size(), 2u);
+  for (int64_t i = 0; i < 2; ++i) {
+    const std::string bytes = *a->ExportPage(*src, i);
+    size_t at = 0;
+    for (absl::Span<char> segment : (*views)[static_cast<size_t>(i)]) {
+      ASSERT_LE(at + segment.size(), bytes.size());
+      std::memcpy(segment.data(), bytes.data() + at, segment.size());
+      at += segment.size();
+    }
+    ASSERT_EQ(at, bytes.size()) << "page " << i << ": the views are the whole page";
+    ASSERT_TRUE(b->MarkPageImported(r->id, i).ok());
+  }
+  // A page already arrived has no views to give.
+  EXPECT_EQ(b->ImportPageHostViews(r->id, 1).status().code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(b->ImportPage(r->id, 2, *a->ExportPage(*src, 2)).ok());
+  ASSERT_TRUE(b->FinishImport(r->id, *a->CaptureState(*src, true)).ok());
+  for (int64_t i = 0; i < 3; ++i) EXPECT_EQ(*b->ExportPage(r->id, i), *a->ExportPage(*src, i)) << "page " << i;
+  ExpectSameState(*b->CaptureState(r->id, true), *a->CaptureState(*src, true));
+}
+
 TEST_F(SequenceTableTest, InPlaceImportCallsValidateAndAnAbortedHalfWrittenImportFreesEverything) {
   auto t = NewTable(16, 4);
   const int64_t free_pages = t->num_free_pages();
