@@ -99,6 +99,7 @@ void TicketToProto(const transport::Ticket& t, v1::TransferTicket* out) {
   out->set_page_bytes(static_cast<uint64_t>(t.page_bytes));
   out->set_max_state_bytes(static_cast<uint64_t>(t.max_state_bytes));
   out->set_transfer_secret(t.secret);
+  out->set_held_pages(static_cast<uint64_t>(t.held_pages));
 }
 
 absl::StatusOr<transport::Ticket> TicketFromProto(const v1::TransferTicket& p) {
@@ -143,6 +144,10 @@ absl::StatusOr<transport::Ticket> TicketFromProto(const v1::TransferTicket& p) {
       p.max_state_bytes() == 0 || p.max_state_bytes() > kMax) {
     return absl::InvalidArgumentError("ticket sizes (n_tokens, num_pages, page_bytes, max_state_bytes) out of range");
   }
+  if (p.held_pages() > p.num_pages() || (p.held_pages() != 0 && p.transport() != v1::TRANSPORT_KIND_TCP)) {
+    return absl::InvalidArgumentError(absl::StrCat("ticket.held_pages ", p.held_pages(), " of ", p.num_pages(),
+                                                   " pages: at most num_pages, and only on a TCP ticket"));
+  }
   if (p.transfer_secret().size() != transport::kTransferSecretBytes) {
     return absl::InvalidArgumentError(absl::StrCat("ticket.transfer_secret must be ", transport::kTransferSecretBytes,
                                                    " bytes, got ", p.transfer_secret().size()));
@@ -154,6 +159,7 @@ absl::StatusOr<transport::Ticket> TicketFromProto(const v1::TransferTicket& p) {
   t.page_bytes = static_cast<int64_t>(p.page_bytes());
   t.max_state_bytes = static_cast<int64_t>(p.max_state_bytes());
   t.secret = p.transfer_secret();
+  t.held_pages = static_cast<int64_t>(p.held_pages());
   for (uint32_t slot : p.kv_page_slots()) t.page_slots.push_back(static_cast<int32_t>(slot));
   t.state_slot = static_cast<int32_t>(p.state_slot());
   if (p.has_deadline()) {

@@ -59,6 +59,29 @@ TEST(TicketWireTest, TcpAndNcclTicketsRoundTripWithTheirKind) {
   }
 }
 
+// Pages decode already holds (transfer.h "Held pages"): up to every page of
+// a TCP ticket; never more, never on a channel plane.
+TEST(TicketWireTest, HeldPagesRoundTripOnTcpAndAreRefusedBeyondThePagesOrOnAChannel) {
+  transport::Ticket t = ATicket();
+  for (const int64_t held : {int64_t{0}, int64_t{3}, int64_t{4}}) {
+    t.held_pages = held;
+    v1::TransferTicket p;
+    TicketToProto(t, &p);
+    auto back = TicketFromProto(p);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(back->held_pages, held);
+  }
+  t.held_pages = 5;
+  v1::TransferTicket p;
+  TicketToProto(t, &p);
+  EXPECT_THAT(std::string(TicketFromProto(p).status().message()), HasSubstr("ticket.held_pages 5 of 4"));
+  t.held_pages = 1;
+  t.kind = transport::TransportKind::kNccl;
+  t.channel_id = std::string(transport::kNcclUniqueIdBytes, 'x');
+  TicketToProto(t, &p);
+  EXPECT_EQ(TicketFromProto(p).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(TicketWireTest, ASecretThatIsNotSixteenBytesIsInvalidOnEveryKind) {
   for (transport::TransportKind kind :
        {transport::TransportKind::kTcp, transport::TransportKind::kNccl, transport::TransportKind::kCudaIpc}) {

@@ -289,21 +289,29 @@ absl::StatusOr<PrefillOutcome> PrefillWorker::Prefill(const PrefillRequest& requ
   outcome.compute_time = absl::Now() - compute_start;
 
   const cachestore::CachePlan plan(ns, request.prompt);
+  // Decode keeps of the pages it holds (read from the cache) only those this
+  // worker restored from the cache too: the same entries, so the same bytes.
+  // Past them it sends its own, which may differ in the last bits from a
+  // cached page another path computed (a decode step's, not a prefill's).
+  transport::Ticket ticket = request.ticket;
+  ticket.held_pages = std::min(ticket.held_pages, resumed.position / model_.page_size());
   ASSIGN_OR_RETURN(
       const transport::SequenceStateSource source,
-      transport::SequenceStateSource::Create(model_.sequences(), resumed.seq, request.ticket, fingerprint_,
-                                             plan.StateKeyAt(n), outcome.first.token, outcome.first.logprob));
+      transport::SequenceStateSource::Create(model_.sequences(), resumed.seq, ticket, fingerprint_, plan.StateKeyAt(n),
+                                             outcome.first.token, outcome.first.logprob));
   RETURN_IF_ERROR(cancelled());
   const absl::Time start = absl::Now();
   Count(&PrefillCacheCounters::transfers_in_flight);
-  const absl::Status sent = sender_.Send(request.ticket, source);
+  const absl::Status sent = sender_.Send(ticket, source);
   Count(&PrefillCacheCounters::transfers_in_flight, -1);
   if (!sent.ok()) {
     Count(&PrefillCacheCounters::transfer_failures);
     return sent;
   }
   outcome.transfer_time = absl::Now() - start;
-  outcome.transfer_bytes = source.num_pages() * source.page_bytes() + static_cast<int64_t>(source.state().size());
+  // What crossed the data plane: the pages decode does not hold, and the state.
+  outcome.transfer_bytes =
+      (source.num_pages() - ticket.held_pages) * source.page_bytes() + static_cast<int64_t>(source.state().size());
 
   outcome.usage.prompt_tokens = n;
   outcome.usage.cached_tokens = resumed.position;

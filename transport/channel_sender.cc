@@ -130,6 +130,11 @@ absl::Status ChannelStateSender::Send(const Ticket& ticket, const StateSource& s
     return absl::InvalidArgumentError(
         absl::StrCat("transfer ", id, ": a channel ticket needs an endpoint and a channel id"));
   }
+  if (ticket.held_pages != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("transfer ", id, ": the ticket says the receiver holds ",
+                                                   ticket.held_pages,
+                                                   " pages; the channel planes send every page (transfer.h)"));
+  }
   if (ticket.secret.size() != kTransferSecretBytes) {
     return absl::InvalidArgumentError(absl::StrCat("transfer ", id, ": a ticket secret of ", ticket.secret.size(),
                                                    " bytes, ", kTransferSecretBytes, " expected"));

@@ -163,6 +163,24 @@ TEST_F(ChannelTransportTest, ABeginWithAnotherSecretIsRefusedAndCountedAndTheRig
   EXPECT_EQ(receiver_->unauthenticated(), 3);
 }
 
+// The channel planes send every page: a ticket saying the receiver holds
+// some is the sender's error, refused before the channel is touched.
+TEST_F(ChannelTransportTest, ATicketWithHeldPagesIsRefusedBeforeTheChannelAndTheTransferStillArrives) {
+  const RandomSource source(5);
+  const Ticket t = Expect(7);
+  Ticket held = t;
+  held.held_pages = 1;
+  const absl::Status refused = sender_.Send(held, source);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("the channel planes send every page"));
+  EXPECT_EQ(receiver_->refused(), 0);
+  auto [sent, received] = Transfer(t, source);
+  ASSERT_TRUE(sent.ok()) << sent;
+  ASSERT_TRUE(received.ok()) << received.status();
+  EXPECT_EQ(received->first_page, 0);
+  ExpectIdentical(*received, source);
+}
+
 TEST_F(ChannelTransportTest, SizesThatDisagreeWithTheTicketAreRefusedBeforeAnyPageMoves) {
   const Ticket t = Expect(6);
   Ticket bigger = t;

@@ -46,6 +46,10 @@ absl::Status CheckTicket(const engine::SequenceTable& table, const Ticket& ticke
         "transfer ", ticket.transfer_id, ": the ticket asks for ", ticket.num_pages, " pages of ", ticket.page_bytes,
         " bytes, ", ticket.n_tokens, " tokens make ", pages, " of ", layout.page_bytes()));
   }
+  if (ticket.held_pages < 0 || ticket.held_pages > ticket.num_pages) {
+    return absl::InvalidArgumentError(absl::StrCat("transfer ", ticket.transfer_id, ": the receiver holds ",
+                                                   ticket.held_pages, " of its ", ticket.num_pages, " pages"));
+  }
   return absl::OkStatus();
 }
 
@@ -147,12 +151,20 @@ absl::Status MarkPagesInPlace(engine::SequenceTable& table, const engine::Import
 }
 
 absl::Status ImportOrError(engine::SequenceTable& table, const engine::ImportReservation& reservation,
-                           const ReceivedState& received) {
+                           const ReceivedState& received, int64_t held_pages) {
   const engine::StateLayout& layout = table.layout();
   const int64_t pages = layout.attention_layers > 0 ? layout.full_pages(reservation.n_tokens) : 0;
-  if (!received.pages_in_place && static_cast<int64_t>(received.pages.size()) != pages) {
+  if (held_pages < 0 || held_pages > pages || received.first_page < 0 || received.first_page > held_pages ||
+      (received.pages_in_place && received.first_page != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("transfer ", received.transfer_id, " was sent from page ",
+                                                   received.first_page, (received.pages_in_place ? " in place" : ""),
+                                                   "; the receiver holds ", held_pages, " of its ", pages, " pages"));
+  }
+  const int64_t kept = received.first_page;  // the receiver's pages before the sender's
+  if (!received.pages_in_place && static_cast<int64_t>(received.pages.size()) != pages - kept) {
     return absl::InvalidArgumentError(absl::StrCat("transfer ", received.transfer_id, " brought ",
-                                                   received.pages.size(), " pages, the import needs ", pages));
+                                                   received.pages.size(), " pages from page ", kept,
+                                                   ", the import needs ", pages - kept));
   }
   engine::SnapshotExpectation expect;
   expect.layout = layout;
@@ -162,8 +174,9 @@ absl::Status ImportOrError(engine::SequenceTable& table, const engine::ImportRes
   if (received.pages_in_place) {
     RETURN_IF_ERROR(MarkPagesInPlace(table, reservation, received, pages));
   } else {
+    for (int64_t i = 0; i < kept; ++i) RETURN_IF_ERROR(table.MarkPageImported(reservation.id, i));
     for (int64_t i = 0; i < received.pages.size(); ++i) {
-      RETURN_IF_ERROR(table.ImportPage(reservation.id, i, received.pages[i]));
+      RETURN_IF_ERROR(table.ImportPage(reservation.id, kept + i, received.pages[i]));
     }
   }
   return table.FinishImport(reservation.id, view);
@@ -172,8 +185,8 @@ absl::Status ImportOrError(engine::SequenceTable& table, const engine::ImportRes
 }  // namespace
 
 absl::Status ImportReceived(engine::SequenceTable& table, const engine::ImportReservation& reservation,
-                            const ReceivedState& received) {
-  absl::Status status = ImportOrError(table, reservation, received);
+                            const ReceivedState& received, int64_t held_pages) {
+  absl::Status status = ImportOrError(table, reservation, received, held_pages);
   if (!status.ok()) {
     const absl::Status aborted = table.AbortImport(reservation.id);
     if (!aborted.ok() && !absl::IsNotFound(aborted)) {

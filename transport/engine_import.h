@@ -91,7 +91,12 @@ class ReservationPageSink final : public PageSink {
 
 // Writes `received` into the importing sequence of `reservation` and makes it
 // live: every page, then the state, checked against the table's layout and
-// the reserved position before any slot is touched by it. Pages that came in
+// the reserved position before any slot is touched by it. `held_pages`:
+// the first pages the receiver wrote into the reservation itself
+// (SequenceTable::ImportPageHostViews; transfer.h "Held pages"). Those
+// before received.first_page are kept (marked arrived), the sender's
+// pages overwrite the others; a transfer that skipped a page the receiver
+// does not hold (first_page > held_pages) is INVALID_ARGUMENT. Pages that came in
 // place (received.pages_in_place: already in the reservation's slots, made
 // by ReservationPageSink) are marked arrived, and each sampled page
 // (IsSampledPage) is read back and its XXH3-64 compared with the sender's,
@@ -101,7 +106,7 @@ class ReservationPageSink final : public PageSink {
 // for a corrupted state or a sampled page that landed with other bytes,
 // FAILED_PRECONDITION for a state of another model layout or position.
 absl::Status ImportReceived(engine::SequenceTable& table, const engine::ImportReservation& reservation,
-                            const ReceivedState& received);
+                            const ReceivedState& received, int64_t held_pages = 0);
 
 }  // namespace hybridserve::transport
 

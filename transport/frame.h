@@ -21,8 +21,10 @@
 //   kAck: 1 when pages travel in place, 0 when staged; channel_protocol.h)
 //
 // A TCP transfer, on one connection from the sender: kBegin (payload
-// BeginPayload, 64 bytes, with the ticket's secret), kPage for pages 0, 1,
-// ... in order (page_bytes each), kState (the encoded state), kEnd
+// BeginPayload, 64 bytes, with the ticket's secret; its header's index is
+// the first page the sender sends, the ticket's held_pages, 0 unless the
+// receiver holds pages: transfer.h "Held pages"), kPage for pages
+// index, index + 1, ... in order (page_bytes each), kState (the encoded state), kEnd
 // (EndPayload, 8 bytes); then the receiver answers one kAck (payload: u32
 // absl::StatusCode, then a message of at most kMaxAckMessage bytes) and
 // closes. A receiver that refuses a transfer answers kAck with the error at

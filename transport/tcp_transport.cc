@@ -195,7 +195,7 @@ void TcpStateReceiver::Serve(int64_t /*connection_id*/, Socket* socket) {
   }
   absl::Status status = ticket.status();
   if (status.ok()) {
-    status = Receive(*socket, h.transfer_id, begin, *ticket);
+    status = Receive(*socket, h.transfer_id, h.index, begin, *ticket);
   }  // else: a sender with the ticket's secret refused (already begun, finished): counted by Begin
   // Best effort: the peer may be gone.
   (void)WriteFrame(*socket, FrameType::kAck, h.transfer_id, 0, EncodeAck(status), absl::Now() + absl::Seconds(1));
@@ -221,25 +221,30 @@ absl::StatusOr<Ticket> TcpStateReceiver::Admit(Socket& socket, FrameHeader* h, B
   return registry_.Begin(h->transfer_id, begin->secret);  // counts what it refuses
 }
 
-absl::Status TcpStateReceiver::Receive(Socket& socket, uint64_t transfer_id, const BeginPayload& begin,
-                                       const Ticket& ticket) {
-  absl::Status status = ReceiveBegun(socket, transfer_id, begin, ticket);
+absl::Status TcpStateReceiver::Receive(Socket& socket, uint64_t transfer_id, uint64_t first_page,
+                                       const BeginPayload& begin, const Ticket& ticket) {
+  absl::Status status = ReceiveBegun(socket, transfer_id, first_page, begin, ticket);
   if (!status.ok()) registry_.Fail(transfer_id, status);  // no-op once Complete has run
   return status;
 }
 
-absl::Status TcpStateReceiver::ReceiveBegun(Socket& socket, uint64_t transfer_id, const BeginPayload& begin,
-                                            const Ticket& ticket) {
+absl::Status TcpStateReceiver::ReceiveBegun(Socket& socket, uint64_t transfer_id, uint64_t first_page,
+                                            const BeginPayload& begin, const Ticket& ticket) {
   auto deadline = [this, &ticket] { return std::min(absl::Now() + options_.idle_timeout, ticket.deadline); };
   RETURN_IF_ERROR(CheckBeginAgainstTicket(transfer_id, begin, ticket));
+  if (first_page > static_cast<uint64_t>(begin.num_pages)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("transfer ", transfer_id, " starts at page ", first_page, " of its ", begin.num_pages));
+  }
   FrameHeader h;
   std::string payload;
   ReceivedState received;
   received.transfer_id = transfer_id;
+  received.first_page = static_cast<int64_t>(first_page);
   // Sizes are the ticket's (checked above), bounded by the registry's limits.
-  received.pages = recycler_->Take(begin.num_pages, begin.page_bytes);
-  for (int64_t i = 0; i < begin.num_pages; ++i) {
-    RETURN_IF_ERROR(ReadFrameInto(socket, deadline(), received.pages.mutable_page(i), &h));
+  received.pages = recycler_->Take(begin.num_pages - received.first_page, begin.page_bytes);
+  for (int64_t i = received.first_page; i < begin.num_pages; ++i) {
+    RETURN_IF_ERROR(ReadFrameInto(socket, deadline(), received.pages.mutable_page(i - received.first_page), &h));
     RETURN_IF_ERROR(ExpectFrame(h, FrameType::kPage, transfer_id, static_cast<uint64_t>(i)));
   }
   RETURN_IF_ERROR(ReadFrame(socket, deadline(), static_cast<uint64_t>(begin.state_bytes), &h, &received.state));
@@ -260,10 +265,12 @@ absl::Status TcpStateReceiver::ReceiveBegun(Socket& socket, uint64_t transfer_id
 
 absl::Status TcpStateSender::Send(const Ticket& ticket, const StateSource& source) {
   if (source.num_pages() != ticket.num_pages || source.page_bytes() != ticket.page_bytes ||
-      static_cast<int64_t>(source.state().size()) > ticket.max_state_bytes || source.state().empty()) {
+      static_cast<int64_t>(source.state().size()) > ticket.max_state_bytes || source.state().empty() ||
+      ticket.held_pages < 0 || ticket.held_pages > ticket.num_pages) {
     return absl::InvalidArgumentError(absl::StrCat("transfer ", ticket.transfer_id, ": ", source.num_pages(),
                                                    " pages of ", source.page_bytes(), " bytes and a state of ",
-                                                   source.state().size(), " bytes do not fit the ticket"));
+                                                   source.state().size(), " bytes do not fit the ticket (",
+                                                   ticket.held_pages, " pages held)"));
   }
   if (ticket.secret.size() != kTransferSecretBytes) {
     return absl::InvalidArgumentError(absl::StrCat("transfer ", ticket.transfer_id, ": a ticket secret of ",
@@ -307,11 +314,13 @@ absl::Status TcpStateSender::Send(const Ticket& ticket, const StateSource& sourc
   begin.page_bytes = source.page_bytes();
   begin.state_bytes = static_cast<int64_t>(source.state().size());
   begin.secret = ticket.secret;
-  absl::Status s = WriteFrame(socket, FrameType::kBegin, id, 0, EncodeBegin(begin), deadline());
+  // The begin frame's index: the first page sent (pages before it are held).
+  absl::Status s = WriteFrame(socket, FrameType::kBegin, id, static_cast<uint64_t>(ticket.held_pages),
+                              EncodeBegin(begin), deadline());
   // Pages straight from the source's memory where the host can read it,
   // else staged through one page buffer.
   std::string page;
-  for (int64_t i = 0; i < source.num_pages() && s.ok(); ++i) {
+  for (int64_t i = ticket.held_pages; i < source.num_pages() && s.ok(); ++i) {
     absl::StatusOr<std::vector<absl::string_view>> views = source.PageHostViews(i);
     if (views.ok()) {
       s = WriteFrameParts(socket, FrameType::kPage, id, static_cast<uint64_t>(i), *views, deadline());

@@ -112,8 +112,11 @@ class TcpStateReceiver final : public StateReceiver {
   absl::StatusOr<Ticket> Admit(Socket& socket, FrameHeader* h, BeginPayload* begin);
   // Receives the rest of the claimed transfer `transfer_id` on `socket`; the
   // status to acknowledge. A failure fails the transfer in the registry.
-  absl::Status Receive(Socket& socket, uint64_t transfer_id, const BeginPayload& begin, const Ticket& ticket);
-  absl::Status ReceiveBegun(Socket& socket, uint64_t transfer_id, const BeginPayload& begin, const Ticket& ticket);
+  // `first_page`: the begin frame's index, the first page the sender sends.
+  absl::Status Receive(Socket& socket, uint64_t transfer_id, uint64_t first_page, const BeginPayload& begin,
+                       const Ticket& ticket);
+  absl::Status ReceiveBegun(Socket& socket, uint64_t transfer_id, uint64_t first_page, const BeginPayload& begin,
+                            const Ticket& ticket);
 
   const TcpReceiverOptions options_;
   TransferRegistry registry_;

@@ -28,6 +28,17 @@
 // host memory and ignore both; so do the channel planes when either side
 // lacks them.
 //
+// Held pages. A receiver that already holds the first pages of the prompt
+// in its reserved slots (decode read them from the cachestore by shared
+// memory, SequenceTable::ImportPageHostViews) says so in the ticket
+// (Ticket::held_pages). The sender may keep fewer of them (a prefill worker
+// keeps only those it restored from the same cache entries, so the bytes
+// are its own): it sends from a page at most held_pages on, names that page
+// (ReceivedState::first_page), and the import keeps the receiver's pages
+// before it and overwrites the rest (ImportReceived). TCP and in-process
+// take held pages; the channel planes send every page and refuse a ticket
+// with held pages.
+//
 // Implementations: in-process (tests, two engines in one process;
 // in_process_transport.h), TCP (the CPU default; tcp_transport.h), and the
 // channel planes, one protocol (channel_protocol.h) over a two-rank message
@@ -95,6 +106,11 @@ struct Ticket {
   int64_t num_pages = 0;        // full pages: n_tokens / page_size (0 without attention layers)
   int64_t page_bytes = 0;       // bytes of each page
   int64_t max_state_bytes = 0;  // upper bound of the encoded state
+  // Pages [0, held_pages) of the num_pages are already in the receiver's
+  // slots ("Held pages" above): a sender given this ticket sends pages
+  // [held_pages, num_pages) (lower it to send more). 0 <= held_pages <=
+  // num_pages; 0 on the channel planes.
+  int64_t held_pages = 0;
   // Physical slots reserved on the receiver (pages in place land there).
   std::vector<int32_t> page_slots;
   int32_t state_slot = -1;
@@ -190,8 +206,11 @@ class PageSink {
 // ticket (sizes, checksums on the wire). Move-only value type.
 struct ReceivedState {
   uint64_t transfer_id = 0;
-  // Staged: [num_pages] of page_bytes each, in page order. In place: empty,
-  // the pages are already in the PageSink's regions.
+  // The first page the sender sent (its ticket's held_pages): pages before
+  // it are the receiver's own ("Held pages" above).
+  int64_t first_page = 0;
+  // Staged: pages [first_page, num_pages) of page_bytes each, in page
+  // order. In place: empty, the pages are already in the PageSink's regions.
   PageBlock pages;
   // In place: every page's bytes arrived in the sink's regions (not yet
   // verified), and page_checksums holds the sender's checksum of each
@@ -208,10 +227,11 @@ struct ReceivedState {
 class StateSender {
  public:
   virtual ~StateSender() = default;
-  // Sends everything `source` holds to the ticket's receiver, presenting the
-  // ticket's secret, and waits for it to acknowledge. INVALID_ARGUMENT when
-  // the source does not match the ticket (sizes) or the ticket has no
-  // kTransferSecretBytes secret; the receiver's refusal as its status
+  // Sends everything `source` holds to the ticket's receiver but the pages
+  // it holds (Ticket::held_pages), presenting the ticket's secret, and waits
+  // for it to acknowledge. INVALID_ARGUMENT when the source does not match
+  // the ticket (sizes, held pages beyond its pages or on a plane that sends
+  // every page) or the ticket has no kTransferSecretBytes secret; the receiver's refusal as its status
   // (UNAUTHENTICATED for a transfer id it does not expect, never or no longer,
   // or another secret; NOT_FOUND for a transfer that finished or was forgotten
   // while it arrived; ALREADY_EXISTS when another sender began it;

@@ -130,6 +130,81 @@ TEST_P(TransportTest, TransferredStateContinuesBitIdentically) {
   }
 }
 
+// The receiver writes the first pages itself (as decode does from the
+// cache) and the sender sends from a page at most that far: the receiver's
+// pages before it are kept, the sender's replace the others, and the
+// sequence continues bit identically; a sender that skipped a page the
+// receiver does not hold is refused.
+TEST_P(TransportTest, HeldPagesAreNotSentAndTheImportContinuesBitIdentically) {
+  const int64_t n = 150;  // 9 full pages
+  auto src = engines_.prefill->sequences().New();
+  ASSERT_TRUE(engines_.prefill->Prefill(*src, Tokens(n, vocab_, n)).ok());
+  struct Case {
+    int64_t held;       // pages the receiver wrote itself
+    int64_t sent_from;  // the sender's ticket's held_pages
+  };
+  for (const Case c : {Case{0, 0}, Case{1, 1}, Case{5, 5}, Case{9, 9}, Case{5, 2}, Case{4, 5}}) {
+    SCOPED_TRACE(absl::StrCat(c.held, " pages held, sent from ", c.sent_from));
+    const int64_t free_pages = engines_.decode->sequences().num_free_pages();
+    auto [reservation, ticket] = Reserve(n, static_cast<uint64_t>(300 + 10 * c.held + c.sent_from));
+    auto views = engines_.decode->sequences().ImportPageHostViews(reservation.id, c.held);
+    ASSERT_TRUE(views.ok()) << views.status();
+    for (int64_t i = 0; i < c.held; ++i) {
+      const std::string page = *engines_.prefill->sequences().ExportPage(*src, i);
+      size_t at = 0;
+      for (absl::Span<char> segment : (*views)[static_cast<size_t>(i)]) {
+        std::memcpy(segment.data(), page.data() + at, segment.size());
+        at += segment.size();
+      }
+    }
+    ticket.held_pages = c.sent_from;
+    auto source =
+        SequenceStateSource::Create(engines_.prefill->sequences(), *src, ticket, engines_.weights->fingerprint(),
+                                    common::Hash128{}, /*first_token=*/17, /*first_logprob=*/-1.5f);
+    ASSERT_TRUE(source.ok()) << source.status();
+    ASSERT_TRUE(sender_->Send(ticket, *source).ok());
+    auto received = receiver_->Await(ticket.transfer_id);
+    ASSERT_TRUE(received.ok()) << received.status();
+    EXPECT_EQ(received->first_page, c.sent_from);
+    EXPECT_EQ(static_cast<int64_t>(received->pages.size()), 9 - c.sent_from);
+    const absl::Status imported = ImportReceived(engines_.decode->sequences(), reservation, *received, c.held);
+    if (c.sent_from > c.held) {
+      EXPECT_EQ(imported.code(), absl::StatusCode::kInvalidArgument) << imported;
+      EXPECT_THAT(imported.message(), HasSubstr("sent from page 5; the receiver holds 4"));
+      EXPECT_EQ(engines_.decode->sequences().num_free_pages(), free_pages);  // the reservation is freed
+      continue;
+    }
+    ASSERT_TRUE(imported.ok()) << imported;
+    auto twin = engines_.prefill->sequences().Fork(*src);
+    ASSERT_TRUE(twin.ok()) << twin.status();
+    EXPECT_TRUE(BitEqual(Continue(*engines_.decode, reservation.id, 4), Continue(*engines_.prefill, *twin, 4)));
+    ASSERT_TRUE(engines_.decode->sequences().Release(reservation.id).ok());
+    ASSERT_TRUE(engines_.prefill->sequences().Release(*twin).ok());
+    EXPECT_EQ(engines_.decode->sequences().num_free_pages(), free_pages);
+  }
+}
+
+TEST_P(TransportTest, ATicketHoldingMorePagesThanItHasIsRefusedBySenderAndImport) {
+  auto src = engines_.prefill->sequences().New();
+  ASSERT_TRUE(engines_.prefill->Prefill(*src, Tokens(40, vocab_, 3)).ok());  // 2 full pages
+  auto [reservation, ticket] = Reserve(40, 400);
+  auto source = SequenceStateSource::Create(engines_.prefill->sequences(), *src, ticket,
+                                            engines_.weights->fingerprint(), common::Hash128{}, 1, 0.0f);
+  ASSERT_TRUE(source.ok()) << source.status();
+  for (const int64_t held : {int64_t{3}, int64_t{-1}}) {
+    Ticket bad = ticket;
+    bad.held_pages = held;
+    EXPECT_EQ(sender_->Send(bad, *source).code(), absl::StatusCode::kInvalidArgument) << held;
+    EXPECT_EQ(CheckTicket(engines_.prefill->sequences(), bad).code(), absl::StatusCode::kInvalidArgument);
+  }
+  // The receiver itself never claims more pages than the import has.
+  ASSERT_TRUE(sender_->Send(ticket, *source).ok());
+  auto received = receiver_->Await(ticket.transfer_id);
+  ASSERT_TRUE(received.ok()) << received.status();
+  EXPECT_EQ(ImportReceived(engines_.decode->sequences(), reservation, *received, 3).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST_P(TransportTest, UnknownCancelledAndLateTransfersAreRefused) {
   auto src = engines_.prefill->sequences().New();
   ASSERT_TRUE(engines_.prefill->Prefill(*src, Tokens(40, vocab_, 1)).ok());
@@ -307,6 +382,30 @@ TEST_F(TcpReceiverTest, SizesBeyondTheTicketAreRefusedBeforeAllocation) {
   Write(s, FrameType::kBegin, 5, 0, EncodeBegin(b));
   EXPECT_EQ(Ack(s).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(receiver_->Await(5).status().message(), HasSubstr("the ticket says"));
+}
+
+TEST_F(TcpReceiverTest, ABeginPastTheLastPageIsRefusedAndOneFromAPageReadsFromThere) {
+  {
+    Socket s = Dial();
+    Write(s, FrameType::kBegin, 5, 3, EncodeBegin(Begin()));  // 2 pages: at most 2 held
+    EXPECT_EQ(Ack(s).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(receiver_->Await(5).status().message(), HasSubstr("starts at page 3 of its 2"));
+  }
+  ticket_.transfer_id = 6;
+  ASSERT_TRUE(receiver_->ExpectTicket(&ticket_).ok());
+  BeginPayload b = Begin();
+  b.secret = ticket_.secret;
+  Socket s = Dial();
+  Write(s, FrameType::kBegin, 6, 1, EncodeBegin(b));
+  Write(s, FrameType::kPage, 6, 1, std::string(64, 'q'));  // page 1 only
+  Write(s, FrameType::kState, 6, 0, std::string(80, 's'));
+  Write(s, FrameType::kEnd, 6, 0, EncodeEnd(EndPayload{3, -0.5f}));
+  EXPECT_TRUE(Ack(s).ok());
+  auto r = receiver_->Await(6);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->first_page, 1);
+  ASSERT_EQ(r->pages.size(), 1);
+  EXPECT_EQ(std::string(r->pages[0]), std::string(64, 'q'));
 }
 
 TEST_F(TcpReceiverTest, APageOutOfOrderOrOfAnotherTransferIsRefused) {
