@@ -28,6 +28,7 @@ struct DecodeLoop::Request {
   engine::ImportReservation reservation;  // from admission on
   transport::Ticket ticket;
   std::shared_ptr<common::Cancellation> cancellation;  // of the prefill call
+  bool reads_history = false;                          // its call writes the prompt's cached pages into the reservation
   prefill::PrefillOutcome prefill;
   std::vector<TokenId> generated;
   absl::Time ended;  // when Finish took it out of the batch
@@ -37,12 +38,14 @@ absl::StatusOr<std::unique_ptr<DecodeLoop>> DecodeLoop::Create(
     engine::Model& model, const common::Hash128& model_fingerprint, prefill::PrefillClient& prefill,
     transport::StateReceiver& receiver, cachestore::CacheClient* cache, const DecodeLoopOptions& options) {
   if (options.max_batch < 1 || options.max_waiting < 0 || options.transfer_timeout <= absl::ZeroDuration() ||
-      options.publish_parent_wait < absl::ZeroDuration() || options.cache_failure_backoff < absl::ZeroDuration()) {
+      options.publish_parent_wait < absl::ZeroDuration() || options.cache_failure_backoff < absl::ZeroDuration() ||
+      options.history_read_streams < 1) {
     return absl::InvalidArgumentError(
-        "decode loop: max_batch >= 1, max_waiting >= 0, a positive transfer_timeout, a publish_parent_wait >= 0 and "
-        "a cache_failure_backoff >= 0");
+        "decode loop: max_batch >= 1, max_waiting >= 0, a positive transfer_timeout, a publish_parent_wait >= 0, "
+        "a cache_failure_backoff >= 0 and history_read_streams >= 1");
   }
   std::unique_ptr<DecodeLoop> loop(new DecodeLoop(model, model_fingerprint, prefill, receiver, options));
+  loop->cache_ = cache;
   if (cache != nullptr && options.publish) {
     cachestore::PublisherOptions po;
     // At most max_batch turn ends wait to start, 2 * max_batch in all.
@@ -79,6 +82,13 @@ DecodeLoop::~DecodeLoop() {
     calls.swap(calls_);
   }
   for (auto& [id, t] : calls) t.join();
+  // Every call has returned: nothing writes into these reservations any more.
+  absl::flat_hash_map<uint64_t, engine::SequenceId> deferred;
+  {
+    absl::MutexLock lock(&mu_);
+    deferred.swap(deferred_aborts_);
+  }
+  for (const auto& [transfer_id, reservation] : deferred) (void)model_.sequences().AbortImport(reservation);
 }
 
 absl::Status DecodeLoop::Submit(GenerateRequest request, GenerationSink* sink) {
@@ -128,9 +138,18 @@ int64_t DecodeLoop::max_context() const {
 
 DecodeLoop::Counts DecodeLoop::counts() const {
   absl::MutexLock lock(&mu_);
-  return Counts{
-      static_cast<int64_t>(waiting_.size()),       prefilling_, decoding_, free_pages_, free_slots_, batch_peak_,
-      static_cast<int64_t>(orphaned_calls_.size())};
+  Counts c;
+  c.waiting = static_cast<int64_t>(waiting_.size());
+  c.prefilling = prefilling_;
+  c.decoding = decoding_;
+  c.free_pages = free_pages_;
+  c.free_slots = free_slots_;
+  c.batch_peak = batch_peak_;
+  c.orphaned_calls = static_cast<int64_t>(orphaned_calls_.size());
+  c.history_reads = history_reads_;
+  c.history_pages = history_pages_;
+  c.history_failures = history_failures_;
+  return c;
 }
 
 bool DecodeLoop::Idle() const {
@@ -140,6 +159,7 @@ bool DecodeLoop::Idle() const {
 
 void DecodeLoop::JoinFinishedCalls() {
   std::vector<std::thread> done;
+  std::vector<engine::SequenceId> aborts;
   {
     absl::MutexLock lock(&mu_);
     for (uint64_t id : finished_calls_) {
@@ -147,10 +167,16 @@ void DecodeLoop::JoinFinishedCalls() {
       if (it == calls_.end()) continue;
       done.push_back(std::move(it->second));
       calls_.erase(it);
+      if (auto d = deferred_aborts_.find(id); d != deferred_aborts_.end()) {
+        aborts.push_back(d->second);
+        deferred_aborts_.erase(d);
+      }
     }
     finished_calls_.clear();
   }
   for (std::thread& t : done) t.join();
+  // Their calls have returned: no write into these pages is left.
+  for (engine::SequenceId reservation : aborts) (void)model_.sequences().AbortImport(reservation);
 }
 
 void DecodeLoop::Run() {
@@ -236,6 +262,9 @@ void DecodeLoop::Admit() {
       Finish(r->req.request_id, FinishReason::kError, expected);
       continue;
     }
+    // Pages this worker reads from the cache itself, on the call's thread.
+    PageViews history = HistoryViews(*reservation, *ticket);
+    r->reads_history = !history.empty();
     r->ticket = *ticket;
     r->phase = Request::Phase::kPrefilling;
     r->cancellation = std::make_shared<common::Cancellation>();
@@ -252,15 +281,84 @@ void DecodeLoop::Admit() {
     ++prefilling_;
     ++next_transfer_;
     calls_running_.insert(transfer_id);
-    calls_[transfer_id] = std::thread([this, transfer_id, call = std::move(call)] {
-      absl::StatusOr<prefill::PrefillOutcome> outcome = prefill_.Prefill(call);
-      absl::MutexLock done(&mu_);
-      prefilled_.push_back(Prefilled{call.request_id, std::move(outcome)});
-      finished_calls_.push_back(transfer_id);
-      calls_running_.erase(transfer_id);
-      orphaned_calls_.erase(transfer_id);
-    });
+    calls_[transfer_id] =
+        std::thread([this, transfer_id, call = std::move(call), history = std::move(history)]() mutable {
+          const int64_t held = history.empty() ? 0 : ReadHistoryPages(call, history);
+          call.ticket.held_pages = held;  // prefill sends the pages after them
+          absl::StatusOr<prefill::PrefillOutcome> outcome = prefill_.Prefill(call);
+          absl::MutexLock done(&mu_);
+          prefilled_.push_back(Prefilled{call.request_id, std::move(outcome), held});
+          finished_calls_.push_back(transfer_id);
+          calls_running_.erase(transfer_id);
+          orphaned_calls_.erase(transfer_id);
+        });
   }
+}
+
+DecodeLoop::PageViews DecodeLoop::HistoryViews(const engine::ImportReservation& reservation,
+                                               const transport::Ticket& ticket) {
+  const bool plane_takes_held_pages =
+      ticket.kind == transport::TransportKind::kTcp || ticket.kind == transport::TransportKind::kInProcess;
+  if (!options_.read_history_pages || cache_ == nullptr || !plane_takes_held_pages || ticket.num_pages == 0) return {};
+  // UNIMPLEMENTED where the host cannot write the pool (a GPU): prefill sends every page.
+  absl::StatusOr<PageViews> views = model_.sequences().ImportPageHostViews(reservation.id, ticket.num_pages);
+  return views.ok() ? *std::move(views) : PageViews();
+}
+
+int64_t DecodeLoop::ReadHistoryPages(const prefill::PrefillRequest& call, const PageViews& views) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (absl::Now() < history_backoff_until_) return 0;
+  }
+  absl::StatusOr<cachestore::LookupResult> lookup =
+      cache_->Lookup(namespace_.For(call.tenant, call.cache_salt), call.prompt, cachestore::LookupMode::kLease);
+  const int64_t pages =
+      lookup.ok() ? std::min<int64_t>(static_cast<int64_t>(lookup->pages.size()), static_cast<int64_t>(views.size()))
+                  : 0;
+  absl::Status read = lookup.status();
+  if (pages > 0) {
+    std::vector<common::Hash128> keys;
+    std::vector<cachestore::EntrySegments> destinations(static_cast<size_t>(pages));
+    keys.reserve(static_cast<size_t>(pages));
+    for (int64_t i = 0; i < pages; ++i) {
+      keys.push_back(lookup->pages[static_cast<size_t>(i)].key);
+      destinations[static_cast<size_t>(i)].segments = views[static_cast<size_t>(i)];
+    }
+    // Split over streams: the first on this thread, the others on their own.
+    const int64_t streams = std::min(pages, options_.history_read_streams);
+    std::vector<absl::Status> results(static_cast<size_t>(streams));
+    auto read_range = [&](int64_t s) {
+      const int64_t begin = pages * s / streams, end = pages * (s + 1) / streams;
+      results[static_cast<size_t>(s)] =
+          cache_->GetManyScattered(lookup->lease_id, absl::MakeConstSpan(keys).subspan(begin, end - begin),
+                                   absl::MakeConstSpan(destinations).subspan(begin, end - begin));
+    };
+    std::vector<std::thread> helpers;
+    for (int64_t s = 1; s < streams; ++s) helpers.emplace_back(read_range, s);
+    read_range(0);
+    for (std::thread& t : helpers) t.join();
+    for (const absl::Status& r : results) {
+      if (read.ok() && !r.ok()) read = r;
+    }
+  }
+  if (lookup.ok() && lookup->lease_id != 0) (void)cache_->Release(lookup->lease_id);
+  {
+    absl::MutexLock lock(&mu_);
+    if (read.ok()) {
+      if (pages > 0) ++history_reads_;
+      return pages;
+    }
+    // A miss: prefill sends every page (over what was written here).
+    ++history_failures_;
+    if (absl::IsDeadlineExceeded(read)) history_backoff_until_ = absl::Now() + options_.cache_failure_backoff;
+  }
+  int64_t held_back = 0;
+  if (log_limiter_.Allow(absl::StrCat("history read ", common::FailureReason(read)), &held_back)) {
+    LOG(WARNING) << "request " << call.request_id
+                 << ": reading its prompt's cached pages failed, prefill sends them: " << read
+                 << common::HeldBack(held_back);
+  }
+  return 0;
 }
 
 void DecodeLoop::Import(Prefilled prefilled) {
@@ -285,10 +383,15 @@ void DecodeLoop::Import(Prefilled prefilled) {
   }
   absl::StatusOr<transport::ReceivedState> received = receiver_.Await(r->ticket.transfer_id);
   absl::Status imported =
-      received.ok() ? transport::ImportReceived(model_.sequences(), r->reservation, *received) : received.status();
+      received.ok() ? transport::ImportReceived(model_.sequences(), r->reservation, *received, prefilled.held_pages)
+                    : received.status();
   if (!imported.ok()) {
     Finish(r->req.request_id, FinishReason::kError, imported);
     return;
+  }
+  if (received->first_page > 0) {
+    absl::MutexLock lock(&mu_);
+    history_pages_ += received->first_page;  // read here, kept: prefill sent the pages after them
   }
   r->prefill = *prefilled.outcome;
   r->phase = Request::Phase::kDecoding;
@@ -448,7 +551,12 @@ void DecodeLoop::Finish(const std::string& request_id, FinishReason reason, absl
         // Its call still runs: it keeps a place in the batch (and in the
         // prefill worker's queue) until it returns, which its cancellation
         // below makes soon.
-        if (calls_running_.contains(r->ticket.transfer_id)) orphaned_calls_.insert(r->ticket.transfer_id);
+        if (calls_running_.contains(r->ticket.transfer_id)) {
+          orphaned_calls_.insert(r->ticket.transfer_id);
+          // It may still be writing the prompt's cached pages into the
+          // reservation: freed once it has returned (JoinFinishedCalls).
+          if (r->reads_history) deferred_aborts_.emplace(r->ticket.transfer_id, r->reservation.id);
+        }
         break;
       case Request::Phase::kDecoding:
         --decoding_;
@@ -475,7 +583,12 @@ void DecodeLoop::Finish(const std::string& request_id, FinishReason reason, absl
   if (r->phase == Request::Phase::kPrefilling) {
     if (r->cancellation != nullptr) r->cancellation->Cancel();  // the prefill call stops within a segment
     receiver_.Cancel(r->ticket.transfer_id);                    // late bytes are refused
-    (void)table.AbortImport(r->reservation.id);
+    bool deferred = false;
+    {
+      absl::MutexLock lock(&mu_);
+      deferred = deferred_aborts_.contains(r->ticket.transfer_id);
+    }
+    if (!deferred) (void)table.AbortImport(r->reservation.id);
   } else if (r->phase == Request::Phase::kDecoding) {
     batch_.erase(std::find(batch_.begin(), batch_.end(), request_id));
     const bool normal = reason == FinishReason::kStop || reason == FinishReason::kLength;

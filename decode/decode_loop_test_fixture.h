@@ -59,8 +59,11 @@ class Collector : public GenerationSink {
   }
   void OnComplete(const Completion& completion) override {
     if (on_complete_) on_complete_(completion);
-    absl::MutexLock lock(&mu_);
-    completion_ = completion;
+    {
+      absl::MutexLock lock(&mu_);
+      completion_ = completion;
+    }
+    // Last: a waiter may destroy the collector as soon as Wait returns.
     done_.Notify();
   }
   // Waits (bounded) for the completion.
@@ -113,10 +116,14 @@ class EnginePrefill : public prefill::PrefillClient {
     absl::StatusOr<engine::SampledToken> first =
         result.ok() && sampler.ok() ? sampler->Sample(result->logits, 0) : absl::InternalError("prefill failed");
     absl::Status s = first.status();
+    // It restored nothing from a cache: like a prefill worker, it keeps none
+    // of the pages decode holds (transfer.h "Held pages"), unless told to.
+    transport::Ticket ticket = call.ticket;
+    if (!keeps_held_pages()) ticket.held_pages = 0;
     if (s.ok()) {
-      auto source = transport::SequenceStateSource::Create(model_.sequences(), *id, call.ticket, fingerprint_, {},
+      auto source = transport::SequenceStateSource::Create(model_.sequences(), *id, ticket, fingerprint_, {},
                                                            first->token, first->logprob);
-      s = source.ok() ? sender_.Send(call.ticket, *source) : source.status();
+      s = source.ok() ? sender_.Send(ticket, *source) : source.status();
     }
     std::vector<std::string> pages;
     if (s.ok() && publishes_prompt()) {
@@ -150,6 +157,16 @@ class EnginePrefill : public prefill::PrefillClient {
   bool publishes_prompt() {
     absl::MutexLock lock(&mu_);
     return publishes_prompt_;
+  }
+  // Sends only the pages after those decode holds, as a prefill worker that
+  // restored them from the cache would.
+  void KeepHeldPages(bool keep = true) {
+    absl::MutexLock lock(&mu_);
+    keeps_held_pages_ = keep;
+  }
+  bool keeps_held_pages() {
+    absl::MutexLock lock(&mu_);
+    return keeps_held_pages_;
   }
   // The prompt pages of the call for `request_id`.
   std::vector<std::string> prompt_pages(const std::string& request_id) {
@@ -195,6 +212,7 @@ class EnginePrefill : public prefill::PrefillClient {
   int cancelled_ ABSL_GUARDED_BY(mu_) = 0;
   bool ignore_cancel_ ABSL_GUARDED_BY(mu_) = false;
   bool publishes_prompt_ ABSL_GUARDED_BY(mu_) = false;
+  bool keeps_held_pages_ ABSL_GUARDED_BY(mu_) = false;
   std::map<std::string, std::vector<std::string>> prompt_pages_ ABSL_GUARDED_BY(mu_);
   absl::Mutex engine_mu_;  // the engine is not thread-safe
 };

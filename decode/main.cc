@@ -59,6 +59,10 @@ ABSL_FLAG(std::string, served_model_name, "",
           "the model's name in GetModelInfo; empty: config.json's _name_or_path, else the --model_dir's last "
           "component");
 ABSL_FLAG(bool, publish, true, "publish turn-end states and generated pages to the cachestore");
+ABSL_FLAG(bool, read_history_pages, true,
+          "with --cachestore_shm_socket: read each prompt's cached KV pages from the cachestore by shared memory "
+          "into the reserved slots, and have prefill send only the pages after them (TCP and in-process planes, "
+          "CPU pools)");
 ABSL_FLAG(absl::Duration, publish_parent_wait, absl::Seconds(2),
           "how long a turn-end publication waits for prefill to have put the prompt's last page, its parent");
 
@@ -174,7 +178,10 @@ absl::Status Run() {
   ASSIGN_OR_RETURN(std::unique_ptr<engine::Model> model,
                    worker::NewEngine(*weights, options, absl::GetFlag(FLAGS_max_batch)));
   ASSIGN_OR_RETURN(std::unique_ptr<cachestore::GrpcCacheClient> cache, worker::ConnectCache(options));
-  ASSIGN_OR_RETURN(PrefillSide prefill_side, OpenPrefillSide(options, *weights, *model, cache.get()));
+  std::unique_ptr<cachestore::ShmCacheClient> shm_cache = worker::ConnectShmReads(options, cache.get());
+  cachestore::CacheClient* cache_client =
+      shm_cache != nullptr ? static_cast<cachestore::CacheClient*>(shm_cache.get()) : cache.get();
+  ASSIGN_OR_RETURN(PrefillSide prefill_side, OpenPrefillSide(options, *weights, *model, cache_client));
 
   decode::DecodeLoopOptions lo;
   lo.max_batch = absl::GetFlag(FLAGS_max_batch);
@@ -185,9 +192,11 @@ absl::Status Run() {
   lo.publish = absl::GetFlag(FLAGS_publish);
   lo.publish_parent_wait = absl::GetFlag(FLAGS_publish_parent_wait);
   lo.cache_failure_backoff = options.cache_failure_backoff;
+  // Over gRPC the push from prefill is faster than reading the pages here.
+  lo.read_history_pages = shm_cache != nullptr && absl::GetFlag(FLAGS_read_history_pages);
   ASSIGN_OR_RETURN(std::unique_ptr<decode::DecodeLoop> loop,
                    decode::DecodeLoop::Create(*model, weights->fingerprint(), *prefill_side.client,
-                                              prefill_side.receiver(), cache.get(), lo));
+                                              prefill_side.receiver(), cache_client, lo));
 
   auto registry = std::make_shared<prometheus::Registry>();
   decode::DecodeMetrics metrics(*registry);
@@ -202,6 +211,7 @@ absl::Status Run() {
                      metrics.SetBatchPeak(c.batch_peak);
                      metrics.SetOrphanedCalls(c.orphaned_calls);
                      metrics.SyncDataPlane(receiver.refused(), receiver.unauthenticated());
+                     metrics.SyncHistoryReads(c.history_reads, c.history_pages, c.history_failures);
                      if (prefill_side.plane != nullptr) plane_metrics.Sync(prefill_side.plane->ipc_traffic());
                    }));
 
@@ -229,6 +239,9 @@ absl::Status Run() {
             << (aggregated ? std::string("aggregated (prefill in process)")
                            : absl::StrCat("data plane ", lo.endpoint, ", prefill ", absl::GetFlag(FLAGS_prefill)))
             << (cache ? absl::StrCat(", cachestore ", options.cachestore) : ", no cache")
+            << (shm_cache ? absl::StrCat(" (reads by shared memory on ", options.cachestore_shm_socket,
+                                         lo.read_history_pages ? ", prompts' cached pages read here" : "", ")")
+                          : std::string())
             << (exposer ? absl::StrCat(", metrics on port ", exposer->port()) : std::string());
   const std::string data_port = aggregated ? std::string() : prefill_side.plane->listening();
   std::cout << "DECODE_READY port=" << server->port() << (data_port.empty() ? "" : " data_port=" + data_port)

@@ -1,5 +1,6 @@
 #include "decode/metrics.h"
 
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -84,7 +85,17 @@ DecodeMetrics::DecodeMetrics(prometheus::Registry& r)
           Counters(r, "hybridserve_decode_data_plane_unauthenticated_total",
                    "Data-plane peers dropped or refused before they proved a ticket: no intact begin frame (TCP), "
                    "a transfer id not expected (late senders of forgotten transfers too), another ticket secret")
-              .Add({})) {}
+              .Add({})),
+      history_reads_(Counters(r, "hybridserve_decode_history_reads_total",
+                              "Prompts whose cached pages decode read from the cachestore itself "
+                              "(--read_history_pages): prefill sent only the pages after them")
+                         .Add({})),
+      history_pages_(Counters(r, "hybridserve_decode_history_pages_total",
+                              "KV pages decode read from the cachestore instead of receiving them from prefill")
+                         .Add({})),
+      history_failures_(Counters(r, "hybridserve_decode_history_read_failures_total",
+                                 "Reads of a prompt's cached pages that failed (prefill sent every page)")
+                            .Add({})) {}
 
 void DecodeMetrics::SetBatchPeak(int64_t peak) { batch_peak_.Set(static_cast<double>(peak)); }
 void DecodeMetrics::SetOrphanedCalls(int64_t calls) { orphaned_calls_.Set(static_cast<double>(calls)); }
@@ -113,6 +124,17 @@ void DecodeMetrics::SyncDataPlane(int64_t refused, int64_t unauthenticated) {
     data_plane_unauthenticated_.Increment(static_cast<double>(unauthenticated - last_data_plane_unauthenticated_));
     last_data_plane_unauthenticated_ = unauthenticated;
   }
+}
+
+void DecodeMetrics::SyncHistoryReads(int64_t reads, int64_t pages, int64_t failures) {
+  absl::MutexLock lock(&mu_);
+  auto advance = [](prometheus::Counter& counter, int64_t now, int64_t* last) {
+    if (now > *last) counter.Increment(static_cast<double>(now - *last));
+    *last = std::max(*last, now);
+  };
+  advance(history_reads_, reads, &last_history_reads_);
+  advance(history_pages_, pages, &last_history_pages_);
+  advance(history_failures_, failures, &last_history_failures_);
 }
 
 void DecodeMetrics::RecordFinish(const Completion& c, double e2e_seconds) {

@@ -36,6 +36,9 @@ class DecodeMetrics {
   // Brings the data plane's counters up to the receiver's totals since start
   // (StateReceiver::refused, unauthenticated); called by each scrape.
   void SyncDataPlane(int64_t refused, int64_t unauthenticated) ABSL_LOCKS_EXCLUDED(mu_);
+  // Brings the counters of prompts' pages read from the cache up to the
+  // loop's totals (DecodeLoop::Counts history_*); called by each scrape.
+  void SyncHistoryReads(int64_t reads, int64_t pages, int64_t failures) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   prometheus::Gauge& waiting_;
@@ -69,7 +72,13 @@ class DecodeMetrics {
   prometheus::Counter& parent_waits_expired_;
   prometheus::Counter& data_plane_refused_;
   prometheus::Counter& data_plane_unauthenticated_;
+  prometheus::Counter& history_reads_;
+  prometheus::Counter& history_pages_;
+  prometheus::Counter& history_failures_;
   absl::Mutex mu_;
+  int64_t last_history_reads_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t last_history_pages_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t last_history_failures_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t last_data_plane_refused_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t last_data_plane_unauthenticated_ ABSL_GUARDED_BY(mu_) = 0;
 };

@@ -26,11 +26,6 @@ ABSL_FLAG(int64_t, cache_fetch_parallelism, 3,
           "cachestore calls in flight while resuming a prompt: the state's Get and N-1 GetMany streams of its pages "
           "(>= 1)");
 
-ABSL_FLAG(std::string, cachestore_shm_socket, "",
-          "the cachestore's --shm_socket on this host: resumes read entries by shared memory (read-only slab "
-          "descriptors), "
-          "falling back to gRPC for any read that fails there; empty: gRPC only");
-
 ABSL_FLAG(int64_t, checkpoint_publish_interval, 0,
           "admission of grid checkpoints: publish the engine's checkpoint at q when q is a multiple of this, a "
           "multiple of the engine's checkpoint interval (0: every one; -1: none: states only at prompt ends, turn "
@@ -55,11 +50,7 @@ absl::Status Run() {
   ASSIGN_OR_RETURN(std::unique_ptr<cachestore::GrpcCacheClient> cache, worker::ConnectCache(options));
   // Reads by shared memory in front of the gRPC client, which stays the
   // control plane and the fallback.
-  std::unique_ptr<cachestore::ShmCacheClient> shm_cache;
-  if (cache != nullptr && !absl::GetFlag(FLAGS_cachestore_shm_socket).empty()) {
-    shm_cache = std::make_unique<cachestore::ShmCacheClient>(
-        *cache, cachestore::ShmReaderOptions{absl::GetFlag(FLAGS_cachestore_shm_socket), options.cache_timeout});
-  }
+  std::unique_ptr<cachestore::ShmCacheClient> shm_cache = worker::ConnectShmReads(options, cache.get());
   cachestore::CacheClient* cache_client =
       shm_cache != nullptr ? static_cast<cachestore::CacheClient*>(shm_cache.get()) : cache.get();
   ASSIGN_OR_RETURN(const std::vector<transport::TransportKind> planes,
@@ -105,9 +96,7 @@ absl::Status Run() {
                                    options.tls.server.allowed_peers.size(), " allowed peers)")
                     : " (plaintext)")
             << (cache ? absl::StrCat(", cachestore ", options.cachestore) : ", no cache")
-            << (shm_cache
-                    ? absl::StrCat(" (reads by shared memory on ", absl::GetFlag(FLAGS_cachestore_shm_socket), ")")
-                    : "")
+            << (shm_cache ? absl::StrCat(" (reads by shared memory on ", options.cachestore_shm_socket, ")") : "")
             << (exposer ? absl::StrCat(", metrics on port ", exposer->port()) : std::string());
   std::cout << "PREFILL_READY port=" << server->port()
             << (exposer ? absl::StrCat(" metrics_port=", exposer->port()) : "")

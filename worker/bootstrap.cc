@@ -86,6 +86,13 @@ absl::StatusOr<std::unique_ptr<engine::Model>> NewEngine(const engine::ModelWeig
   return model;
 }
 
+std::unique_ptr<cachestore::ShmCacheClient> ConnectShmReads(const WorkerOptions& options,
+                                                            cachestore::GrpcCacheClient* cache) {
+  if (cache == nullptr || options.cachestore_shm_socket.empty()) return nullptr;
+  return std::make_unique<cachestore::ShmCacheClient>(
+      *cache, cachestore::ShmReaderOptions{options.cachestore_shm_socket, options.cache_timeout});
+}
+
 absl::StatusOr<std::unique_ptr<cachestore::GrpcCacheClient>> ConnectCache(const WorkerOptions& options) {
   if (options.cachestore.empty()) return std::unique_ptr<cachestore::GrpcCacheClient>();
   cachestore::GrpcCacheClientOptions co;

@@ -19,6 +19,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "cachestore/grpc_cache_client.h"
+#include "cachestore/shm_cache_client.h"
 #include "common/health_server.h"
 #include "common/metrics.h"
 #include "common/tls_flags.h"
@@ -42,6 +43,8 @@ struct WorkerOptions {
   int64_t page_size = 0;     // 0: min(16, chunk_size)
   int64_t max_pages = 4096;
   std::string cachestore;  // host:port; empty: no cache
+  // The cachestore's --shm_socket on this host: reads by shared memory; empty: gRPC only.
+  std::string cachestore_shm_socket;
   absl::Duration cache_timeout = absl::Seconds(2);
   absl::Duration cache_failure_backoff = absl::Seconds(1);
   std::string metrics_address;  // empty: none
@@ -60,6 +63,11 @@ absl::StatusOr<std::unique_ptr<engine::Model>> NewEngine(const engine::ModelWeig
 // The cachestore client; null without --cachestore. A cachestore that is not
 // up yet is not an error (logged: requests miss the cache until it is).
 absl::StatusOr<std::unique_ptr<cachestore::GrpcCacheClient>> ConnectCache(const WorkerOptions& options);
+// Reads by shared memory in front of `cache` (ConnectCache's), which stays
+// the control plane and the fallback; null without a cache or without
+// --cachestore_shm_socket.
+std::unique_ptr<cachestore::ShmCacheClient> ConnectShmReads(const WorkerOptions& options,
+                                                            cachestore::GrpcCacheClient* cache);
 
 // The Prometheus endpoint; null without --metrics_address. `before_scrape`
 // (may be empty) runs on the exposer's thread before each scrape.

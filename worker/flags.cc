@@ -19,6 +19,9 @@ ABSL_FLAG(int32_t, threads, 2, "kernel threads (CPU backend)");
 ABSL_FLAG(int64_t, page_size, 0,
           "KV page size in tokens (a power of two); 0: min(16, chunk_size); prefill and decode workers must agree");
 ABSL_FLAG(int64_t, max_pages, 4096, "KV pages of the engine");
+ABSL_FLAG(std::string, cachestore_shm_socket, "",
+          "the cachestore's --shm_socket on this host: cache reads by shared memory (read-only slab descriptors), "
+          "falling back to gRPC for any read that fails there; empty: gRPC only");
 ABSL_FLAG(absl::Duration, cache_timeout, absl::Seconds(2), "per-call deadline of cachestore calls");
 ABSL_FLAG(absl::Duration, cache_failure_backoff, absl::Seconds(1),
           "after a cache call times out (a hung cachestore), lookups and publications skip it for this long");
@@ -61,6 +64,7 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags() {
   o.page_size = absl::GetFlag(FLAGS_page_size);
   o.max_pages = absl::GetFlag(FLAGS_max_pages);
   o.cachestore = absl::GetFlag(FLAGS_cachestore);
+  o.cachestore_shm_socket = absl::GetFlag(FLAGS_cachestore_shm_socket);
   o.cache_timeout = absl::GetFlag(FLAGS_cache_timeout);
   o.cache_failure_backoff = absl::GetFlag(FLAGS_cache_failure_backoff);
   o.metrics_address = absl::GetFlag(FLAGS_metrics_address);

@@ -65,15 +65,17 @@ start() {
   exit 1
 }
 
-# The prefill worker shares this host with the cachestore: it reads resumed
-# entries through the cachestore's shared-memory socket (gRPC stays the control
-# plane and the fallback).
+# The workers share this host with the cachestore: they read cached entries
+# through its shared-memory socket (gRPC stays the control plane and the
+# fallback); decode reads each resumed prompt's pages itself, so prefill sends
+# only the pages after them.
 SHM_SOCKET="$LOGDIR/cachestore.sock"
 start cachestore CACHESTORE_READY "$BIN/cachestore/cachestore" --address="127.0.0.1:${CACHESTORE_PORT}" \
   --metrics_address="127.0.0.1:${METRICS_PORT}" --shm_socket="$SHM_SOCKET"
 if [ "$AGGREGATED" = 1 ]; then
   start decode DECODE_READY "$BIN/decode/decode" --model_dir=models/default --address="127.0.0.1:${DECODE_PORT}" \
-    --prefill=in_process --cachestore="127.0.0.1:${CACHESTORE_PORT}" --threads="$THREADS" \
+    --prefill=in_process --cachestore="127.0.0.1:${CACHESTORE_PORT}" --cachestore_shm_socket="$SHM_SOCKET" \
+    --threads="$THREADS" \
     --metrics_address="127.0.0.1:$((METRICS_PORT + 1))"
   MODE="aggregated: cachestore + decode (prefill in process)"
 else
@@ -81,9 +83,10 @@ else
     --cachestore="127.0.0.1:${CACHESTORE_PORT}" --cachestore_shm_socket="$SHM_SOCKET" --threads="$THREADS" \
     --metrics_address="127.0.0.1:$((METRICS_PORT + 2))"
   start decode DECODE_READY "$BIN/decode/decode" --model_dir=models/default --address="127.0.0.1:${DECODE_PORT}" \
-    --prefill="127.0.0.1:${PREFILL_PORT}" --cachestore="127.0.0.1:${CACHESTORE_PORT}" --threads="$THREADS" \
+    --prefill="127.0.0.1:${PREFILL_PORT}" --cachestore="127.0.0.1:${CACHESTORE_PORT}" \
+    --cachestore_shm_socket="$SHM_SOCKET" --threads="$THREADS" \
     --metrics_address="127.0.0.1:$((METRICS_PORT + 1))"
-  MODE="disaggregated: cachestore, prefill and decode processes, state over the TCP data plane, cache reads by shared memory"
+  MODE="disaggregated: cachestore, prefill and decode processes, state over the TCP data plane, cache reads by shared memory (decode reads the history pages itself)"
 fi
 
 echo "== hybridserve on the embedded default model ($MODE; logs in $LOGDIR)"

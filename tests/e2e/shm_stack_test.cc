@@ -1,8 +1,12 @@
 // The local stack with reads by shared memory on (cachestore --shm_socket,
-// prefill --cachestore_shm_socket) beside one without: the same conversations
-// resume at the same points and produce the same tokens, and on the shm stack
-// every resume byte moved by shared memory, none by gRPC Get, none fell back.
+// prefill and decode --cachestore_shm_socket) beside one without: the same
+// conversations resume at the same points and produce the same tokens, and on
+// the shm stack every resume byte moved by shared memory, none by gRPC Get,
+// none fell back; decode read each resumed prompt's cached pages itself
+// (prefill sent only the pages after them) and its steps are those of the
+// stack without, bit for bit (logprobs).
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -15,6 +19,7 @@ namespace {
 
 struct Turn {
   std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
   uint32_t cached = 0;
   v1::ResumeKind kind = v1::RESUME_KIND_UNSPECIFIED;
 };
@@ -26,10 +31,11 @@ std::vector<Turn> Converse(Stack& s, int first) {
   for (int turn = 1; turn <= 3; ++turn) {
     v1::GenerateRequest r = Request(absl::StrCat("shm-", first, "-", turn), conversation, 12);
     r.set_cache_salt(absl::StrCat("shm-", first));
+    r.set_return_logprobs(true);
     Generation g = Generate(s.decode_target(), r);
     EXPECT_TRUE(g.status.ok()) << g.status.error_message();
     EXPECT_TRUE(g.completed);
-    turns.push_back(Turn{g.tokens, g.complete.usage().cached_tokens(), g.complete.usage().resume_kind()});
+    turns.push_back(Turn{g.tokens, g.logprobs, g.complete.usage().cached_tokens(), g.complete.usage().resume_kind()});
     conversation.insert(conversation.end(), g.tokens.begin(), g.tokens.end());
     const std::vector<int32_t> more = TextPrompt(21, turn + 3);
     conversation.insert(conversation.end(), more.begin() + 1, more.end());
@@ -47,6 +53,8 @@ TEST(ShmStackTest, ResumesByShmAreExactAndEveryResumeByteMovedByShm) {
   ASSERT_TRUE(shm.ok()) << shm.status();
 
   const int page = DefaultShape().page_size;
+  int64_t resumed_pages = 0;    // the full pages below every resume point
+  int64_t resumed_prompts = 0;  // resumes with at least one of them
   for (const int first : {5, page + 1, 150}) {
     SCOPED_TRACE(absl::StrCat("first prompt ", first));
     const std::vector<Turn> a = Converse(**plain, first);
@@ -55,9 +63,14 @@ TEST(ShmStackTest, ResumesByShmAreExactAndEveryResumeByteMovedByShm) {
     for (size_t t = 0; t < a.size(); ++t) {
       SCOPED_TRACE(absl::StrCat("turn ", t + 1));
       EXPECT_EQ(a[t].tokens, b[t].tokens);
+      // Bit for bit: the pages decode read and kept are the ones prefill restored.
+      EXPECT_EQ(a[t].logprobs, b[t].logprobs);
+      EXPECT_EQ(b[t].logprobs.size(), b[t].tokens.size());
       EXPECT_EQ(a[t].cached, b[t].cached);
       EXPECT_EQ(b[t].kind, t == 0 ? v1::RESUME_KIND_COLD : v1::RESUME_KIND_EXACT_PREFIX);
       if (t > 0) EXPECT_GT(b[t].cached, 0u);
+      resumed_pages += b[t].cached / page;
+      resumed_prompts += b[t].cached >= static_cast<uint32_t>(page) ? 1 : 0;
     }
   }
   const int prefill = MetricsPort((*shm)->prefill());
@@ -68,12 +81,20 @@ TEST(ShmStackTest, ResumesByShmAreExactAndEveryResumeByteMovedByShm) {
   EXPECT_GE(Metric(prefill, "hybridserve_prefill_cache_shm_reads_total"), 6);
   EXPECT_EQ(MetricSum(prefill, "hybridserve_prefill_cache_shm_fallbacks_total"), 0);
   // Both ends count the same bytes, and nothing was read by gRPC Get.
-  EXPECT_EQ(Metric(cachestore, "hybridserve_cache_shm_bytes_total"), shm_bytes);
   EXPECT_EQ(Metric(cachestore, "hybridserve_cache_get_bytes_total"), 0);
+  // Decode read the pages below each resume point itself, by shared memory:
+  // the cachestore served prefill's bytes and those.
+  const int decode = MetricsPort((*shm)->decode());
+  ASSERT_GT(resumed_pages, 0);
+  EXPECT_EQ(Metric(decode, "hybridserve_decode_history_pages_total"), resumed_pages);
+  EXPECT_EQ(Metric(decode, "hybridserve_decode_history_reads_total"), resumed_prompts);
+  EXPECT_EQ(Metric(decode, "hybridserve_decode_history_read_failures_total"), 0);
+  EXPECT_GT(Metric(cachestore, "hybridserve_cache_shm_bytes_total"), shm_bytes);
   EXPECT_EQ(Metric(cachestore, "hybridserve_cache_shm_reads_total{outcome=\"error\"}"), 0);
   // The stack without it read the same bytes by gRPC.
   EXPECT_EQ(Metric(MetricsPort((*plain)->cachestore()), "hybridserve_cache_get_bytes_total"), shm_bytes);
   EXPECT_EQ(Metric(MetricsPort((*plain)->prefill()), "hybridserve_prefill_cache_shm_bytes_total"), 0);
+  EXPECT_EQ(Metric(MetricsPort((*plain)->decode()), "hybridserve_decode_history_pages_total"), 0);
 }
 
 }  // namespace

@@ -187,6 +187,7 @@ absl::StatusOr<std::unique_ptr<Stack>> Stack::Start(const StackOptions& options)
       options.aggregated ? std::string("--prefill=in_process") : absl::StrCat("--prefill=127.0.0.1:", s->prefill_port_),
   };
   if (options.cachestore) args.push_back(absl::StrCat("--cachestore=127.0.0.1:", s->cachestore_port_));
+  if (options.cachestore && options.shm) args.push_back("--cachestore_shm_socket=" + s->shm_socket_);
   args.insert(args.end(), options.decode_args.begin(), options.decode_args.end());
   auto d = Process::Start("decode", "decode/decode", args, "DECODE_READY");
   if (!d.ok()) return d.status();

@@ -94,7 +94,8 @@ struct StackOptions {
   std::vector<std::string> prefill_args;  // extra flags
   std::vector<std::string> cachestore_args = {"--page_budget_mib=256", "--state_budget_mib=256"};
   // Reads by shared memory: the cachestore gets --shm_socket (in a private
-  // directory of the stack's) and prefill --cachestore_shm_socket.
+  // directory of the stack's), prefill and decode --cachestore_shm_socket
+  // (so decode reads prompts' cached pages itself: --read_history_pages).
   bool shm = false;
 };
 
