@@ -76,6 +76,8 @@ ABSL_FLAG(std::string, histories, "1024,4096,16384", "resume: tokens of history"
 ABSL_FLAG(std::string, prefill_flags, "",
           "comma-separated extra flags for every prefill worker (e.g. --checkpoint_publish_interval=4096: what "
           "prefill publishes changes what the next requests share the cores with)");
+ABSL_FLAG(std::string, decode_flags, "",
+          "extra flags for the decode worker, comma-separated (e.g. --read_history_pages=false)");
 ABSL_FLAG(std::string, llamacpp_gguf, "",
           "resume: the bench model's GGUF (bench/llamacpp/convert.sh); when set, each row also gets llama.cpp's "
           "in-process anchor (bench/llamacpp/resume_anchor.py: load_state of the same history, then eval of the same "
@@ -200,6 +202,9 @@ StackOptions BenchStack(bool cachestore, bool aggregated) {
   o.prefill_args = {model, threads, device, "--max_pages=8192"};
   for (absl::string_view f : absl::StrSplit(absl::GetFlag(FLAGS_prefill_flags), ',', absl::SkipEmpty())) {
     o.prefill_args.emplace_back(f);
+  }
+  for (absl::string_view f : absl::StrSplit(absl::GetFlag(FLAGS_decode_flags), ',', absl::SkipEmpty())) {
+    o.decode_args.emplace_back(f);
   }
   if (!aggregated && absl::GetFlag(FLAGS_data_plane) != "tcp") {
     o.decode_args.push_back("--data_planes=" + absl::GetFlag(FLAGS_data_plane));
