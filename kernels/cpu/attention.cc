@@ -98,24 +98,35 @@ template <int R>
 void AttendBlock(const float* q, const float* kp, const float* vp, int64_t token_stride, int64_t D, int64_t count,
                  float scale, RowState* rows, float* scores_base, int64_t ld) {
   attention_internal::ScoreKeysRows<R>(q, D, kp, token_stride, D, count, scale, scores_base, ld);
+  // The rows' maxima and running sums go key by key for all R rows at once:
+  // R independent chains the core overlaps, each in a lone row's order (its
+  // bits), instead of one row's chain of dependent adds after another.
+  float m_blk[R];
+  for (int r = 0; r < R; ++r) m_blk[r] = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < count; ++i) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) m_blk[r] = std::max(m_blk[r], scores_base[r * ld + i]);
+  }
   float alpha[R];
+  float l[R];
   for (int r = 0; r < R; ++r) {
     RowState& row = rows[r];
     float* scores = scores_base + r * ld;
-    float m_blk = -std::numeric_limits<float>::infinity();
-    for (int64_t i = 0; i < count; ++i) m_blk = std::max(m_blk, scores[i]);
-    const float m_new = std::max(row.m, m_blk);
+    const float m_new = std::max(row.m, m_blk[r]);
     const __m256 vm = _mm256_set1_ps(m_new);
     alpha[r] = _mm256_cvtss_f32(simd::Exp(_mm256_set1_ps(row.m - m_new)));
     for (int64_t i = 0; i < count; i += 8) {
       const __m256 sv = simd::LoadPartial(scores + i, count - i);
       simd::StorePartial(scores + i, simd::Exp(_mm256_sub_ps(sv, vm)), count - i);
     }
-    float l = row.l * alpha[r];
-    for (int64_t i = 0; i < count; ++i) l = l + scores[i];
-    row.l = l;
+    l[r] = row.l * alpha[r];
     row.m = m_new;
   }
+  for (int64_t i = 0; i < count; ++i) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) l[r] = l[r] + scores_base[r * ld + i];
+  }
+  for (int r = 0; r < R; ++r) rows[r].l = l[r];
   // Two vectors (16 dims) a row while R x 2 accumulators fit the registers.
   constexpr int kSlab = R <= 4 ? 2 : 1;
   int64_t d = AccumulateRows<R, kSlab>(rows, alpha, scores_base, ld, vp, token_stride, 0, D, count);
