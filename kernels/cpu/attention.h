@@ -2,6 +2,7 @@
 #define HYBRIDSERVE_KERNELS_CPU_ATTENTION_H_
 
 #include "kernels/attention_params.h"
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace hybridserve::kernels::cpu {
@@ -23,6 +24,9 @@ int KvAppend(const KvAppendParams& p, ThreadPool* pool);
 int KvAppendDecode(const KvAppendDecodeParams& p, ThreadPool* pool);
 int AttentionPrefill(const AttentionPrefillParams& p, ThreadPool* pool);
 int AttentionDecode(const AttentionDecodeParams& p, ThreadPool* pool);
+// The same on a given instruction-set path (tests: every path gives the
+// bits of the avx2 one); `path` must be one this CPU has (DetectedKernelPath).
+int AttentionPrefillOnPath(const AttentionPrefillParams& p, KernelPath path, ThreadPool* pool);
 
 }  // namespace hybridserve::kernels::cpu
 

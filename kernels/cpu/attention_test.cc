@@ -76,6 +76,11 @@ class Sequence {
   // Appends [begin, end) then attends its queries; returns [end - begin, n_heads, head_dim].
   std::vector<float> Prefill(int64_t begin, int64_t end, ThreadPool* pool) {
     Append(begin, end);
+    return Attend(begin, end, ActiveKernelPath(), pool);
+  }
+
+  // Attends the queries of [begin, end) (their K/V appended) on `path`.
+  std::vector<float> Attend(int64_t begin, int64_t end, KernelPath path, ThreadPool* pool) {
     std::vector<float> out((end - begin) * QRow(), NAN);
     AttentionPrefillParams p;
     p.cache = Cache();
@@ -85,7 +90,7 @@ class Sequence {
     p.start_pos = begin;
     p.n_tokens = end - begin;
     p.n_heads = geo_.n_heads;
-    EXPECT_EQ(AttentionPrefill(p, pool), kKernelOk);
+    EXPECT_EQ(AttentionPrefillOnPath(p, path, pool), kKernelOk);
     return out;
   }
 
@@ -119,6 +124,23 @@ TEST_P(AttentionGqaTest, PrefillMatchesNaiveOracle) {
       reference::CausalAttention(seq.q(), seq.k(), seq.v(), 0, n, geo.n_heads, geo.n_kv_heads, geo.head_dim,
                                  1.0 / std::sqrt(static_cast<double>(geo.head_dim)));
   EXPECT_TRUE(testing::AllClose(out, want, 1e-5, 1e-5));
+}
+
+// Every instruction-set path this CPU has (the AVX-512 one accumulates the
+// values 16 lanes at a time) gives the avx2 path's bits.
+TEST_P(AttentionGqaTest, EveryKernelPathHasTheBitsOfTheAvx2Path) {
+  const Geometry geo = GetParam();
+  const int64_t n = 90;
+  Sequence seq(geo, n, 23, /*shuffle_pages=*/true);
+  seq.Append(0, n);
+  ThreadPool pool(2);
+  const std::vector<float> avx2 = seq.Attend(40, n, KernelPath::kAvx2, &pool);
+  for (const KernelPath path : {KernelPath::kAvx512, KernelPath::kAvx512Bf16}) {
+    if (static_cast<int>(path) > static_cast<int>(DetectedKernelPath())) continue;
+    const std::vector<float> out = seq.Attend(40, n, path, &pool);
+    EXPECT_TRUE(BitsEqual(out.data(), avx2.data(), static_cast<int64_t>(avx2.size()))) << KernelPathName(path);
+  }
+  if (DetectedKernelPath() == KernelPath::kAvx2) GTEST_SKIP() << "this CPU has only the avx2 path";
 }
 
 TEST_P(AttentionGqaTest, PrefillSplitAnywhereIsBitIdenticalToOneCall) {
