@@ -83,6 +83,17 @@ class TransportTest : public ::testing::TestWithParam<Plane> {
     return {*r, *t};
   }
 
+  // Prefill's sequence `src` sent on `ticket` (first token 17, logprob
+  // -1.5), as the receiver hands it back.
+  absl::StatusOr<ReceivedState> SendState(engine::SequenceId src, const Ticket& ticket) {
+    absl::StatusOr<SequenceStateSource> source =
+        SequenceStateSource::Create(engines_.prefill->sequences(), src, ticket, engines_.weights->fingerprint(),
+                                    common::Hash128{}, /*first_token=*/17, /*first_logprob=*/-1.5f);
+    if (!source.ok()) return source.status();
+    if (absl::Status sent = sender_->Send(ticket, *source); !sent.ok()) return sent;
+    return receiver_->Await(ticket.transfer_id);
+  }
+
   std::vector<float> Continue(engine::Model& m, engine::SequenceId id, int steps) {
     std::vector<float> all;
     for (int s = 0; s < steps; ++s) {
@@ -111,12 +122,7 @@ TEST_P(TransportTest, TransferredStateContinuesBitIdentically) {
     auto src = engines_.prefill->sequences().New();
     ASSERT_TRUE(engines_.prefill->Prefill(*src, Tokens(n, vocab_, n)).ok());
     auto [reservation, ticket] = Reserve(n, static_cast<uint64_t>(100 + n));
-    auto source =
-        SequenceStateSource::Create(engines_.prefill->sequences(), *src, ticket, engines_.weights->fingerprint(),
-                                    common::Hash128{}, /*first_token=*/17, /*first_logprob=*/-1.5f);
-    ASSERT_TRUE(source.ok()) << source.status();
-    ASSERT_TRUE(sender_->Send(ticket, *source).ok());
-    auto received = receiver_->Await(ticket.transfer_id);
+    absl::StatusOr<ReceivedState> received = SendState(*src, ticket);
     ASSERT_TRUE(received.ok()) << received.status();
     EXPECT_EQ(received->first_token, 17);
     EXPECT_EQ(received->first_logprob, -1.5f);
@@ -158,12 +164,7 @@ TEST_P(TransportTest, HeldPagesAreNotSentAndTheImportContinuesBitIdentically) {
       }
     }
     ticket.held_pages = c.sent_from;
-    auto source =
-        SequenceStateSource::Create(engines_.prefill->sequences(), *src, ticket, engines_.weights->fingerprint(),
-                                    common::Hash128{}, /*first_token=*/17, /*first_logprob=*/-1.5f);
-    ASSERT_TRUE(source.ok()) << source.status();
-    ASSERT_TRUE(sender_->Send(ticket, *source).ok());
-    auto received = receiver_->Await(ticket.transfer_id);
+    absl::StatusOr<ReceivedState> received = SendState(*src, ticket);
     ASSERT_TRUE(received.ok()) << received.status();
     EXPECT_EQ(received->first_page, c.sent_from);
     EXPECT_EQ(static_cast<int64_t>(received->pages.size()), 9 - c.sent_from);
