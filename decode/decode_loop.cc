@@ -39,10 +39,10 @@ absl::StatusOr<std::unique_ptr<DecodeLoop>> DecodeLoop::Create(
     transport::StateReceiver& receiver, cachestore::CacheClient* cache, const DecodeLoopOptions& options) {
   if (options.max_batch < 1 || options.max_waiting < 0 || options.transfer_timeout <= absl::ZeroDuration() ||
       options.publish_parent_wait < absl::ZeroDuration() || options.cache_failure_backoff < absl::ZeroDuration() ||
-      options.history_read_streams < 1) {
+      options.history_read_streams < 1 || options.history_read_min_bytes < 0) {
     return absl::InvalidArgumentError(
         "decode loop: max_batch >= 1, max_waiting >= 0, a positive transfer_timeout, a publish_parent_wait >= 0, "
-        "a cache_failure_backoff >= 0 and history_read_streams >= 1");
+        "a cache_failure_backoff >= 0, history_read_streams >= 1 and history_read_min_bytes >= 0");
   }
   std::unique_ptr<DecodeLoop> loop(new DecodeLoop(model, model_fingerprint, prefill, receiver, options));
   loop->cache_ = cache;
@@ -299,7 +299,10 @@ DecodeLoop::PageViews DecodeLoop::HistoryViews(const engine::ImportReservation& 
                                                const transport::Ticket& ticket) {
   const bool plane_takes_held_pages =
       ticket.kind == transport::TransportKind::kTcp || ticket.kind == transport::TransportKind::kInProcess;
-  if (!options_.read_history_pages || cache_ == nullptr || !plane_takes_held_pages || ticket.num_pages == 0) return {};
+  if (!options_.read_history_pages || cache_ == nullptr || !plane_takes_held_pages || ticket.num_pages == 0 ||
+      ticket.num_pages * ticket.page_bytes < options_.history_read_min_bytes) {
+    return {};
+  }
   // UNIMPLEMENTED where the host cannot write the pool (a GPU): prefill sends every page.
   absl::StatusOr<PageViews> views = model_.sequences().ImportPageHostViews(reservation.id, ticket.num_pages);
   return views.ok() ? *std::move(views) : PageViews();

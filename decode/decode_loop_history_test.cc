@@ -47,6 +47,7 @@ class DecodeLoopHistoryTest : public DecodeLoopTest {
   static DecodeLoopOptions Reading() {
     DecodeLoopOptions o;
     o.read_history_pages = true;
+    o.history_read_min_bytes = 0;  // the tests' prompts are a few pages
     return o;
   }
 
@@ -137,6 +138,22 @@ TEST_F(DecodeLoopHistoryStepsTest, PagesPrefillSendsAnywayReplaceTheOnesReadHere
   EXPECT_EQ(read_here.tokens, sent.tokens);
   ASSERT_EQ(read_here.logprobs.size(), 6u);
   EXPECT_EQ(read_here.logprobs, sent.logprobs);
+  ExpectEverythingFreed();
+}
+
+// Below history_read_min_bytes (by default 4 MiB of pages; the tiny model's
+// prompts here hold a few KiB) decode does not look the prompt up at all.
+TEST_F(DecodeLoopHistoryTest, APromptOfFewPageBytesIsNotReadHere) {
+  DecodeLoopOptions o;
+  o.read_history_pages = true;
+  StartLoop(o);
+  const std::vector<TokenId> next = FirstTurn(48, 1);
+  Collector c;
+  ASSERT_TRUE(loop_->Submit(Request("turn-2", next, 6), &c).ok());
+  ASSERT_TRUE(c.Wait());
+  EXPECT_EQ(c.tokens(), Alone(next, 6));
+  EXPECT_EQ(loop_->counts().history_reads, 0);
+  EXPECT_EQ(loop_->counts().history_failures, 0);
   ExpectEverythingFreed();
 }
 

@@ -63,6 +63,9 @@ ABSL_FLAG(bool, read_history_pages, true,
           "with --cachestore_shm_socket: read each prompt's cached KV pages from the cachestore by shared memory "
           "into the reserved slots, and have prefill send only the pages after them (TCP and in-process planes, "
           "CPU pools)");
+ABSL_FLAG(int64_t, history_read_min_kib, 4096,
+          "--read_history_pages only for prompts whose full KV pages hold at least this many KiB (below, the "
+          "lookup costs more than the push it saves)");
 ABSL_FLAG(absl::Duration, publish_parent_wait, absl::Seconds(2),
           "how long a turn-end publication waits for prefill to have put the prompt's last page, its parent");
 
@@ -194,6 +197,10 @@ absl::Status Run() {
   lo.cache_failure_backoff = options.cache_failure_backoff;
   // Over gRPC the push from prefill is faster than reading the pages here.
   lo.read_history_pages = shm_cache != nullptr && absl::GetFlag(FLAGS_read_history_pages);
+  if (const int64_t kib = absl::GetFlag(FLAGS_history_read_min_kib); kib < 0 || kib > (int64_t{1} << 40)) {
+    return absl::InvalidArgumentError(absl::StrCat("--history_read_min_kib must be in [0, 2^40], got ", kib));
+  }
+  lo.history_read_min_bytes = absl::GetFlag(FLAGS_history_read_min_kib) << 10;
   ASSIGN_OR_RETURN(std::unique_ptr<decode::DecodeLoop> loop,
                    decode::DecodeLoop::Create(*model, weights->fingerprint(), *prefill_side.client,
                                               prefill_side.receiver(), cache_client, lo));

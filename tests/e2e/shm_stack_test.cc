@@ -49,6 +49,7 @@ TEST(ShmStackTest, ResumesByShmAreExactAndEveryResumeByteMovedByShm) {
   ASSERT_TRUE(plain.ok()) << plain.status();
   StackOptions with_shm;
   with_shm.shm = true;
+  with_shm.decode_args = {"--history_read_min_kib=0"};  // these prompts are a few pages
   auto shm = Stack::Start(with_shm);
   ASSERT_TRUE(shm.ok()) << shm.status();
 
