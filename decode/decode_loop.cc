@@ -539,6 +539,7 @@ void DecodeLoop::CompletePublished(std::unique_ptr<Request> r, Completion c,
 
 void DecodeLoop::Finish(const std::string& request_id, FinishReason reason, absl::Status error, TokenId stop_token) {
   std::unique_ptr<Request> r;
+  bool abort_deferred = false;  // its reservation is freed once its call has returned
   {
     absl::MutexLock lock(&mu_);
     auto it = live_.find(request_id);
@@ -558,7 +559,10 @@ void DecodeLoop::Finish(const std::string& request_id, FinishReason reason, absl
           orphaned_calls_.insert(r->ticket.transfer_id);
           // It may still be writing the prompt's cached pages into the
           // reservation: freed once it has returned (JoinFinishedCalls).
-          if (r->reads_history) deferred_aborts_.emplace(r->ticket.transfer_id, r->reservation.id);
+          if (r->reads_history) {
+            deferred_aborts_.emplace(r->ticket.transfer_id, r->reservation.id);
+            abort_deferred = true;
+          }
         }
         break;
       case Request::Phase::kDecoding:
@@ -586,12 +590,7 @@ void DecodeLoop::Finish(const std::string& request_id, FinishReason reason, absl
   if (r->phase == Request::Phase::kPrefilling) {
     if (r->cancellation != nullptr) r->cancellation->Cancel();  // the prefill call stops within a segment
     receiver_.Cancel(r->ticket.transfer_id);                    // late bytes are refused
-    bool deferred = false;
-    {
-      absl::MutexLock lock(&mu_);
-      deferred = deferred_aborts_.contains(r->ticket.transfer_id);
-    }
-    if (!deferred) (void)table.AbortImport(r->reservation.id);
+    if (!abort_deferred) (void)table.AbortImport(r->reservation.id);
   } else if (r->phase == Request::Phase::kDecoding) {
     batch_.erase(std::find(batch_.begin(), batch_.end(), request_id));
     const bool normal = reason == FinishReason::kStop || reason == FinishReason::kLength;

@@ -197,10 +197,12 @@ absl::Status Run() {
   lo.cache_failure_backoff = options.cache_failure_backoff;
   // Over gRPC the push from prefill is faster than reading the pages here.
   lo.read_history_pages = shm_cache != nullptr && absl::GetFlag(FLAGS_read_history_pages);
-  if (const int64_t kib = absl::GetFlag(FLAGS_history_read_min_kib); kib < 0 || kib > (int64_t{1} << 40)) {
-    return absl::InvalidArgumentError(absl::StrCat("--history_read_min_kib must be in [0, 2^40], got ", kib));
+  const int64_t history_read_min_kib = absl::GetFlag(FLAGS_history_read_min_kib);
+  if (history_read_min_kib < 0 || history_read_min_kib > (int64_t{1} << 40)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--history_read_min_kib must be in [0, 2^40], got ", history_read_min_kib));
   }
-  lo.history_read_min_bytes = absl::GetFlag(FLAGS_history_read_min_kib) << 10;
+  lo.history_read_min_bytes = history_read_min_kib << 10;
   ASSIGN_OR_RETURN(std::unique_ptr<decode::DecodeLoop> loop,
                    decode::DecodeLoop::Create(*model, weights->fingerprint(), *prefill_side.client,
                                               prefill_side.receiver(), cache_client, lo));
