@@ -336,6 +336,9 @@ class SequenceTable {
   absl::StatusOr<int32_t> ImportingPage(SequenceId id, int64_t page_index, bool must_be_new) const;
   // The regions of physical page `page` in wire order.
   std::vector<PageRegion> RegionsOf(int32_t page) const;
+  // The same as writable host memory; UNIMPLEMENTED, ending with `instead`,
+  // on a backend the host cannot address.
+  absl::StatusOr<std::vector<absl::Span<char>>> HostSpansOf(int32_t page, absl::string_view instead) const;
   // Copies physical page `page` into `out` (page_bytes()).
   absl::Status ReadPage(int32_t page, absl::Span<char> out) const;
   // Frees everything `seq` holds (both frees succeed by construction).

@@ -2,7 +2,6 @@
 // device pools (capture, restore, page export and import writes, state
 // encoding). Bookkeeping is in sequence_table.cc.
 
-#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -163,15 +162,13 @@ absl::StatusOr<std::vector<std::vector<absl::Span<char>>>> SequenceTable::BeginR
   const int64_t full = layout_.attention_layers > 0 ? layout_.full_pages(position) : 0;
   std::vector<std::vector<absl::Span<char>>> pages(static_cast<size_t>(full));
   for (int64_t i = 0; i < full; ++i) {
-    for (const PageRegion& r : RegionsOf(seq->block_table[static_cast<size_t>(i)])) {
-      void* host = backend_.HostAddress(r.data);
-      if (host == nullptr) {
-        DropPages(*seq);
-        return absl::UnimplementedError(
-            absl::StrCat("the ", backend_.name(), " backend's memory is not host-addressable: use Restore"));
-      }
-      pages[static_cast<size_t>(i)].emplace_back(static_cast<char*>(host), static_cast<size_t>(r.bytes));
+    absl::StatusOr<std::vector<absl::Span<char>>> spans =
+        HostSpansOf(seq->block_table[static_cast<size_t>(i)], "use Restore");
+    if (!spans.ok()) {
+      DropPages(*seq);
+      return spans.status();
     }
+    pages[static_cast<size_t>(i)] = *std::move(spans);
   }
   seq->restoring = position;
   return pages;
@@ -186,18 +183,13 @@ absl::StatusOr<std::vector<std::vector<absl::Span<char>>>> SequenceTable::Import
     return absl::InvalidArgumentError(
         absl::StrCat("sequence ", id, " imports ", full, " full pages, ", pages, " asked for"));
   }
-  std::vector<std::vector<absl::Span<char>>> views(static_cast<size_t>(std::max<int64_t>(pages, 0)));
+  // As ImportPageRegions: work queued on the slots lands before the reader's writes.
+  RETURN_IF_ERROR(KernelStatusToStatus(backend_.Synchronize(), "synchronize"));
+  std::vector<std::vector<absl::Span<char>>> views(static_cast<size_t>(pages));
   for (int64_t i = 0; i < pages; ++i) {
-    ASSIGN_OR_RETURN(const std::vector<PageRegion> regions, ImportPageRegions(id, i));
-    for (const PageRegion& r : regions) {
-      void* host = backend_.HostAddress(r.data);
-      if (host == nullptr) {
-        return absl::UnimplementedError(absl::StrCat("the ", backend_.name(),
-                                                     " backend's memory is not host-addressable: import its pages "
-                                                     "with ImportPage or ImportPageRegions"));
-      }
-      views[static_cast<size_t>(i)].emplace_back(static_cast<char*>(host), static_cast<size_t>(r.bytes));
-    }
+    ASSIGN_OR_RETURN(const int32_t page, ImportingPage(id, i, /*must_be_new=*/true));
+    ASSIGN_OR_RETURN(views[static_cast<size_t>(i)],
+                     HostSpansOf(page, "import its pages with ImportPage or ImportPageRegions"));
   }
   return views;
 }
@@ -269,6 +261,20 @@ absl::Status SequenceTable::ReadPage(int32_t page, absl::Span<char> out) const {
     RETURN_IF_ERROR(CopyToHost(out.data() + PageVOffset(layout_, l), kv_pages_->v_page(l, page), half));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<absl::Span<char>>> SequenceTable::HostSpansOf(int32_t page,
+                                                                         absl::string_view instead) const {
+  std::vector<absl::Span<char>> spans;
+  for (const PageRegion& r : RegionsOf(page)) {
+    void* host = backend_.HostAddress(r.data);
+    if (host == nullptr) {
+      return absl::UnimplementedError(
+          absl::StrCat("the ", backend_.name(), " backend's memory is not host-addressable: ", instead));
+    }
+    spans.emplace_back(static_cast<char*>(host), static_cast<size_t>(r.bytes));
+  }
+  return spans;
 }
 
 std::vector<PageRegion> SequenceTable::RegionsOf(int32_t page) const {
