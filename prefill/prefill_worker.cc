@@ -387,6 +387,11 @@ cachestore::Publication PrefillWorker::Prepare(engine::SequenceId seq, const Pre
   for (const engine::SequenceState& checkpoint : checkpoints) {
     const int64_t q = checkpoint.position;
     if (!(every > 0 && q % every == 0) && q != branch) continue;
+    // A prompt ending on the grid: the end snapshot below has this key and
+    // the logits too. Putting both would move the state twice, and whichever
+    // landed first would be kept (a grid checkpoint loses the logits, so the
+    // same prompt again would resume at an earlier checkpoint).
+    if (q == n) continue;
     absl::StatusOr<engine::Snapshot> snapshot =
         engine::ToSnapshot(checkpoint, model_.layout(), fingerprint_, plan.StateKeyAt(q));
     absl::StatusOr<std::string> bytes =

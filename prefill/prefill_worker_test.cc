@@ -248,6 +248,24 @@ TEST_F(PrefillWorkerTest, AnIdenticalPromptRecomputesNothing) {
   EXPECT_TRUE(BitEqual(Continue(*decode_model_, again.decode_seq, 2), Continue(*decode_model_, first.decode_seq, 2)));
 }
 
+// A prompt ending on a grid point: its grid checkpoint there and its end
+// snapshot have one key. Only the snapshot (with the logits) is published, so
+// the same prompt again resumes exactly at its end and computes nothing.
+TEST_F(PrefillWorkerTest, APromptEndingOnTheGridPublishesItsEndSnapshotNotAGridCheckpointThere) {
+  const std::vector<TokenId> prompt = Tokens(128, vocab_, 41);  // checkpoints at 64 and 128
+  Turn first = Run(prompt);
+  ASSERT_TRUE(first.outcome.ok()) << first.outcome.status();
+  EXPECT_EQ(worker_->counters().states_published, 2);
+  Turn again = Run(prompt);
+  ASSERT_TRUE(again.outcome.ok()) << again.outcome.status();
+  EXPECT_EQ(again.outcome->usage.resume_kind, ResumeKind::kExactPrefix);
+  EXPECT_EQ(again.outcome->usage.cached_tokens, 128);
+  EXPECT_EQ(again.outcome->usage.recomputed_tokens, 0);
+  EXPECT_EQ(again.outcome->first.token, first.outcome->first.token);
+  EXPECT_EQ(again.outcome->first.logprob, first.outcome->first.logprob);
+  EXPECT_TRUE(BitEqual(Continue(*decode_model_, again.decode_seq, 2), Continue(*decode_model_, first.decode_seq, 2)));
+}
+
 TEST_F(PrefillWorkerTest, ADivergingPromptResumesAtTheLastSharedGridCheckpointBitIdenticallyToCold) {
   const std::vector<TokenId> a = Tokens(150, vocab_, 5);
   ASSERT_TRUE(Run(a).outcome.ok());
