@@ -678,6 +678,19 @@ bool RunCache() {
   }
   std::printf("%10.2f %10.2f %8.3f %8s %12.1f %12.1f\n", Median(on_rate), Median(off_rate),
               Median(on_rate) / Median(off_rate), ">=0.97", 1e3 * Median(on_ttft), 1e3 * Median(off_ttft));
+  // Where a request's time after its first token goes (means over every
+  // request, the warm-up included): the decode steps, and with the cache
+  // the turn-end publication's wait for prefill's last prompt page before
+  // the final message.
+  auto mean_ms = [](e2e::Process* decode, const std::string& histogram) {
+    auto m = e2e::ScrapeMetrics(e2e::MetricsPort(decode));
+    if (!m.ok() || (*m)[histogram + "_count"] == 0) return 0.0;
+    return 1e3 * (*m)[histogram + "_sum"] / (*m)[histogram + "_count"];
+  };
+  std::printf("inter-token ms on / off: %.2f / %.2f; turn-end publication's wait for its parent page: %.1f ms\n",
+              mean_ms((*on)->decode(), "hybridserve_inter_token_latency_seconds"),
+              mean_ms((*off)->decode(), "hybridserve_inter_token_latency_seconds"),
+              mean_ms((*on)->decode(), "hybridserve_decode_publish_wait_seconds"));
   return true;
 }
 
