@@ -1,12 +1,18 @@
 // What the gRPC client adds to the contract suite: a client that dies inside
-// a PutMany stream, and one script of calls giving the same results and codes
-// over gRPC as in process.
+// a PutMany stream, one script of calls giving the same results and codes
+// over gRPC as in process, and a client that verifies what arrives itself.
 
 #include <chrono>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "cachestore/cache_client_test_harness.h"
+#include "cachestore/grpc_cache_client.h"
+#include "common/hash.h"
+#include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "proto/cachestore.grpc.pb.h"
@@ -168,6 +174,96 @@ TEST(CacheClientParityTest, SameCallsGiveIdenticalResultsAndStatusCodes) {
                                      " leased=1"));
   EXPECT_EQ(in_proc[6], "get state: OK exact=1");
   EXPECT_EQ(in_proc[16], "stats: OK pages=2/128 states=1/777 ns=1 leases=0 puts=0 lookups=2 hits=1/0/1");
+}
+
+// A cachestore that serves one entry (Get, and GetMany of any one key)
+// announcing the checksum of `bytes` but sending them with `flip` (if set)
+// changed, three chunks of 4096 bytes and the rest.
+class OneEntryCachestore final : public v1::CacheStore::Service {
+ public:
+  OneEntryCachestore(std::string bytes, std::optional<size_t> flip) : bytes_(std::move(bytes)), flip_(flip) {}
+
+  grpc::Status Get(grpc::ServerContext*, const v1::GetRequest*, grpc::ServerWriter<v1::GetResponse>* w) override {
+    std::string sent = Sent();
+    for (size_t off = 0; off < sent.size(); off += kChunk) {
+      v1::GetResponse m;
+      if (off == 0) m.set_size_bytes(sent.size()), m.set_checksum(Checksum());
+      m.set_offset(off);
+      m.set_data(sent.substr(off, kChunk));
+      w->Write(m);
+    }
+    return grpc::Status::OK;
+  }
+  grpc::Status GetMany(grpc::ServerContext*, const v1::GetManyRequest*,
+                       grpc::ServerWriter<v1::GetManyResponse>* w) override {
+    std::string sent = Sent();
+    for (size_t off = 0; off < sent.size(); off += kChunk) {
+      v1::GetManyResponse m;
+      if (off == 0) m.set_size_bytes(sent.size()), m.set_checksum(Checksum());
+      m.set_offset(off);
+      m.set_data(sent.substr(off, kChunk));
+      w->Write(m);
+    }
+    return grpc::Status::OK;
+  }
+
+ private:
+  static constexpr size_t kChunk = 4096;
+  uint64_t Checksum() const { return common::Checksum64(bytes_.data(), bytes_.size()); }
+  std::string Sent() const {
+    std::string sent = bytes_;
+    if (flip_.has_value()) sent[*flip_] ^= 0x08;
+    return sent;
+  }
+  const std::string bytes_;
+  const std::optional<size_t> flip_;
+};
+
+// Whatever the cachestore verified, the client hashes what arrives and
+// answers DATA_LOSS when it is not what the first chunk announced, wherever
+// the changed byte lies (in a string, or scattered into segments).
+TEST(GrpcCacheClientTest, BytesThatArriveChangedAreDataLossWhereverTheChangeIs) {
+  std::string bytes(4096 * 3 + 1000, '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i * 131 + 7);
+  for (const std::optional<size_t> flip : {std::optional<size_t>(), std::optional<size_t>(3),
+                                           std::optional<size_t>(4096 + 5), std::optional<size_t>(bytes.size() - 1)}) {
+    SCOPED_TRACE(flip.has_value() ? absl::StrCat("byte ", *flip, " changed") : "intact");
+    OneEntryCachestore fake(bytes, flip);
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(&fake);
+    std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+    ASSERT_NE(server, nullptr);
+    GrpcCacheClientOptions o;
+    o.chunk_bytes = 4096;
+    auto client = GrpcCacheClient::Create(absl::StrCat("127.0.0.1:", port), o);
+    ASSERT_TRUE(client.ok()) << client.status();
+    const Hash128 key{1, 2};
+    std::string got;
+    const absl::Status get = (*client)->GetInto(7, key, &got);
+    std::vector<std::string> many(1);
+    const absl::Status get_many = (*client)->GetManyInto(7, {key}, absl::MakeSpan(many));
+    std::string a(5000, '\0'), b(bytes.size() - 5000, '\0');
+    EntrySegments segments;
+    segments.segments = {absl::MakeSpan(a), absl::MakeSpan(b)};
+    const absl::Status scattered = (*client)->GetManyScattered(7, {key}, {segments});
+    if (!flip.has_value()) {
+      ASSERT_TRUE(get.ok()) << get;
+      ASSERT_TRUE(get_many.ok()) << get_many;
+      ASSERT_TRUE(scattered.ok()) << scattered;
+      EXPECT_EQ(got, bytes);
+      EXPECT_EQ(many[0], bytes);
+      EXPECT_EQ(a + b, bytes);
+      continue;
+    }
+    EXPECT_EQ(get.code(), absl::StatusCode::kDataLoss) << get;
+    EXPECT_THAT(std::string(get.message()), ::testing::HasSubstr("arrived incomplete or corrupted"));
+    EXPECT_EQ(get_many.code(), absl::StatusCode::kDataLoss) << get_many;
+    EXPECT_EQ(scattered.code(), absl::StatusCode::kDataLoss) << scattered;
+    EXPECT_THAT(std::string(scattered.message()), ::testing::HasSubstr("keys[0]"));
+    server->Shutdown();
+  }
 }
 
 }  // namespace

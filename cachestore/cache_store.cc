@@ -92,13 +92,15 @@ absl::StatusOr<ReadHandle> CacheStore::OpenVerified(uint64_t lease_id, const Has
   }
   if (!h.ok()) return h.status();
   // The entry is leased, so its bytes stay put while we hash them unlocked.
-  const uint64_t actual = common::Checksum64(h->blob->data.get(), h->blob->size);
-  if (actual != h->info.checksum) {
-    absl::MutexLock lock(&mu_);
-    index_.RemoveCorrupt(h->info.entry_class, key);
-    return absl::DataLossError(absl::StrCat("entry ", key.ToHex(), " failed its checksum; removed"));
-  }
+  RETURN_IF_ERROR(CheckIntact(*h, common::Checksum64(h->blob->data.get(), h->blob->size)));
   return h;
+}
+
+absl::Status CacheStore::CheckIntact(const ReadHandle& h, uint64_t actual) {
+  if (actual == h.info.checksum) return absl::OkStatus();
+  absl::MutexLock lock(&mu_);
+  index_.RemoveCorrupt(h.info.entry_class, h.info.key);
+  return absl::DataLossError(absl::StrCat("entry ", h.info.key.ToHex(), " failed its checksum; removed"));
 }
 
 absl::StatusOr<ReadHandle> CacheStore::Open(uint64_t lease_id, const Hash128& key) {

@@ -47,6 +47,10 @@ class CacheStore {
   // reader verifies every entry and takes a mismatch to gRPC, whose read
   // verifies and removes (docs/ARCHITECTURE.md section 4).
   absl::StatusOr<ReadHandle> Open(uint64_t lease_id, const Hash128& key) ABSL_LOCKS_EXCLUDED(mu_);
+  // For a reader that hashes an opened entry's bytes as it serves them (gRPC
+  // Get): `actual` is their XXH3-64. DATA_LOSS (and the entry is removed, as
+  // by OpenVerified) when it is not the entry's checksum.
+  absl::Status CheckIntact(const ReadHandle& h, uint64_t actual) ABSL_LOCKS_EXCLUDED(mu_);
 
   absl::Status Release(uint64_t lease_id) ABSL_LOCKS_EXCLUDED(mu_);
 

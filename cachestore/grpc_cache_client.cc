@@ -242,6 +242,17 @@ class RawCall {
   std::deque<grpc::ByteBuffer> arrived_;
 };
 
+// Writes the chunk of `bytes` at `off` (at most `chunk` bytes), then adds it
+// to `sum` while gRPC sends it: the hash of an entry rides along with its
+// chunks instead of a pass over the whole entry before its commit. False: as
+// RawCall::Write.
+bool WriteHashedChunk(RawCall& call, absl::string_view bytes, size_t off, int64_t chunk,
+                      common::StreamingChecksum* sum) {
+  const bool open = call.Write(ChunkMessage(bytes, off, chunk));
+  sum->Update(bytes.data() + off, std::min<size_t>(static_cast<size_t>(chunk), bytes.size() - off));
+  return open;
+}
+
 // Decodes one message of an entry stream whose data is field `data_field`.
 // DATA_LOSS: the message is malformed.
 absl::Status DecodeEntryChunk(const grpc::ByteBuffer& message, int data_field, entry_messages::DecodedChunk* chunk) {
@@ -272,6 +283,7 @@ class ArrivingEntry {
     if (segments_ != nullptr) RETURN_IF_ERROR(CheckEntryFits(index_, size, *segments_));
     size_ = size;
     checksum_ = checksum;
+    sum_ = std::make_unique<common::StreamingChecksum>();
     if (string_ != nullptr) {
       string_->clear();
       string_->reserve(size);
@@ -286,6 +298,9 @@ class ArrivingEntry {
     }
     if (string_ != nullptr) {
       chunk.AppendData(string_);  // straight from gRPC's slices
+      // Hashed while the bytes just copied are in cache, not in a pass
+      // over the whole entry at its end.
+      sum_->Update(string_->data() + arrived_, chunk.data_size());
     } else {
       chunk.ForEachDataPiece([this](const char* p, size_t n) { Scatter(p, n); });
     }
@@ -295,10 +310,7 @@ class ArrivingEntry {
   // Whether every announced byte arrived and they match the checksum.
   bool Complete() const {
     if (arrived_ != size_) return false;
-    if (string_ != nullptr) return common::Checksum64(string_->data(), string_->size()) == checksum_;
-    common::StreamingChecksum sum;
-    for (const absl::Span<char>& s : segments_->segments) sum.Update(s.data(), s.size());
-    return sum.Digest() == checksum_;
+    return (sum_ != nullptr ? sum_->Digest() : common::Checksum64(nullptr, 0)) == checksum_;
   }
 
  private:
@@ -308,6 +320,7 @@ class ArrivingEntry {
       const absl::Span<char> s = segments_->segments[segment_];
       const size_t take = std::min(n, s.size() - within_);
       std::memcpy(s.data() + within_, p, take);
+      sum_->Update(s.data() + within_, take);
       p += take;
       n -= take;
       within_ += take;
@@ -325,6 +338,7 @@ class ArrivingEntry {
   uint64_t arrived_ = 0;
   uint64_t size_ = 0;
   uint64_t checksum_ = 0;
+  std::unique_ptr<common::StreamingChecksum> sum_;  // of the bytes so far, from Begin
 };
 
 }  // namespace grpc_client_internal
@@ -425,10 +439,11 @@ absl::StatusOr<PutResult> GrpcCacheClient::Put(const ClientNamespace& ns, const 
   bool open = call.Write(entry_messages::SerializeMessage(HeaderMessage(ToProto(ns), put, bytes.size())));
   call.StartAnswer(&answer);
   const int64_t chunk = impl_->options.chunk_bytes;
+  common::StreamingChecksum sum;
   for (size_t off = 0; open && !call.answered() && off < bytes.size(); off += chunk) {
-    open = call.Write(ChunkMessage(bytes, off, chunk));
+    open = WriteHashedChunk(call, bytes, off, chunk, &sum);
   }
-  if (open && !call.answered()) call.Write(CommitMessage(common::Checksum64(bytes.data(), bytes.size())));
+  if (open && !call.answered()) call.Write(CommitMessage(sum.Digest()));
   call.WritesDone();
   v1::PutResponse resp;
   const bool answered = call.AnswerArrived();
@@ -475,13 +490,13 @@ std::vector<absl::StatusOr<PutResult>> GrpcCacheClient::PutMany(const ClientName
     const PutManyEntry& e = entries[i];
     open = call.Write(entry_messages::SerializeMessage(HeaderMessage(proto_ns, *e.put, e.bytes.size())));
     take_answers();
+    common::StreamingChecksum sum;
     for (size_t off = 0; open && results.size() <= i && off < e.bytes.size(); off += chunk) {
-      open = call.Write(ChunkMessage(e.bytes, off, chunk));
+      open = e.checksum.has_value() ? call.Write(ChunkMessage(e.bytes, off, chunk))
+                                    : WriteHashedChunk(call, e.bytes, off, chunk, &sum);
       take_answers();
     }
-    if (open && results.size() <= i) {
-      open = call.Write(CommitMessage(e.checksum.value_or(common::Checksum64(e.bytes.data(), e.bytes.size()))));
-    }
+    if (open && results.size() <= i) open = call.Write(CommitMessage(e.checksum.value_or(sum.Digest())));
   }
   if (broken.ok()) {
     call.WritesDone();

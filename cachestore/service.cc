@@ -13,6 +13,7 @@
 #include "cachestore/entry_messages.h"
 #include "cachestore/put_header.h"
 #include "common/grpc_status.h"
+#include "common/hash.h"
 #include "common/status_macros.h"
 #include "common/tokens.h"
 
@@ -355,8 +356,9 @@ void CacheStoreService::CancelReclaimedPuts(const std::vector<uint64_t>& reserva
 }
 
 // One Get or GetMany stream: the entries of `keys`, in order, each opened
-// (lease and checksum verified) when its turn comes and sent as FillChunk's
-// messages, one write outstanding at a time; the next chunk goes out in
+// (lease checked) when its turn comes and sent as ChunkMessage's messages,
+// its checksum verified before its last one (WriteChunk), one write
+// outstanding at a time; the next chunk goes out in
 // OnWriteDone. The open entry's ReadHandle keeps its bytes alive until its
 // last write is done (the last one until the reactor is deleted). A failed
 // write (reader gone, call cancelled or deadline passed) ends the call; gRPC
@@ -397,15 +399,11 @@ class EntryStreamReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffe
   void NextEntry() {
     for (; next_ < keys_.size(); ++next_) {
       entry_start_ = absl::Now();
-      absl::StatusOr<ReadHandle> h = service_.store_.OpenVerified(lease_id_, keys_[next_]);
-      if (!h.ok()) {
-        service_.metrics_.RecordGet(false, 0, SecondsSince(entry_start_));
-        absl::Status s = h.status();
-        if (kIndexed) s = absl::Status(s.code(), absl::StrCat("keys[", next_, "]: ", s.message()));
-        return this->Finish(ToGrpcStatus(s));
-      }
+      absl::StatusOr<ReadHandle> h = service_.store_.Open(lease_id_, keys_[next_]);
+      if (!h.ok()) return FailEntry(h.status());
       entry_ = *std::move(h);
       offset_ = 0;
+      checksum_.emplace();
       // Every entry opens with a message carrying its size and checksum,
       // an empty page (a model without attention layers) too.
       return WriteChunk();
@@ -413,9 +411,24 @@ class EntryStreamReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffe
     this->Finish(grpc::Status::OK);
   }
 
+  // The entry's bytes are hashed chunk by chunk as they go (while they are
+  // in cache for gRPC's copy), not in a pass before the first: an entry whose
+  // bytes fail their checksum never has its last chunk sent, so no reader
+  // gets it whole; it is removed and the call ends with DATA_LOSS.
   void WriteChunk() {
+    const int64_t n = std::min(chunk_, EntrySize() - offset_);
+    checksum_->Update(entry_->blob->data.get() + offset_, static_cast<size_t>(n));
+    if (offset_ + n == EntrySize()) {
+      if (absl::Status s = service_.store_.CheckIntact(*entry_, checksum_->Digest()); !s.ok()) return FailEntry(s);
+    }
     msg_ = ChunkMessage<Response>(*entry_, offset_, chunk_, static_cast<uint32_t>(next_));
     this->StartWrite(&msg_);
+  }
+
+  void FailEntry(absl::Status s) {
+    service_.metrics_.RecordGet(false, 0, SecondsSince(entry_start_));
+    if (kIndexed) s = absl::Status(s.code(), absl::StrCat("keys[", next_, "]: ", s.message()));
+    this->Finish(ToGrpcStatus(s));
   }
 
   CacheStoreService& service_;
@@ -427,6 +440,7 @@ class EntryStreamReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffe
   std::optional<ReadHandle> entry_;  // keys_[next_], open
   int64_t offset_ = 0;               // of the chunk in msg_
   absl::Time entry_start_;
+  std::optional<common::StreamingChecksum> checksum_;  // of entry_'s bytes up to the end of msg_'s chunk
   grpc::ByteBuffer msg_;
 };
 

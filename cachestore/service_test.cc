@@ -31,7 +31,8 @@
 // Get      INVALID_ARGUMENT     malformed key                          BadInputGetsAClearStatusAndChangesNothing
 //          NOT_FOUND            unknown lease, key the lease does not  BadInputGetsAClearStatusAndChangesNothing
 //                               hold
-//          DATA_LOSS            stored bytes fail their checksum       StoredBytesThatRotAreNotServed
+//          DATA_LOSS            stored bytes fail their checksum       StoredBytesThatRotAreNotServed,
+//                               (an entry's last chunk is never sent)  ARottedEntryOfManyChunksNeverHasItsLastChunk...
 // GetMany  INVALID_ARGUMENT     no keys, over 4096, malformed key[i]   MalformedGetManyRequestsAreRejectedByName
 //          NOT_FOUND            keys[i] not held by the lease          MalformedGetManyRequestsAreRejectedByName
 //          DATA_LOSS            keys[i] fails its checksum             GetManyNamesTheEntryThatRotted
@@ -204,6 +205,39 @@ TEST_F(ServiceTest, StoredBytesThatRotAreNotServed) {
   EXPECT_EQ(again->resume_position, 0);  // removed
   EXPECT_EQ(again->kv_match_tokens, 16);
   EXPECT_EQ(server_->store().Stats().checksum_failures, 1);
+}
+
+// Get hashes an entry's bytes as it sends them: a rotted entry of several
+// chunks has every chunk but its last sent, never the last, wherever the rot
+// is, and is removed.
+TEST_F(ServiceTest, ARottedEntryOfManyChunksNeverHasItsLastChunkSent) {
+  for (const size_t rotten : {size_t{5}, size_t{4096 * 4 + 100}}) {  // in the first chunk, in the last
+    SCOPED_TRACE(rotten);
+    const std::vector<TokenId> t = Tokens(20, static_cast<int>(rotten));
+    PutPrefix(ns_, t, 18, 1000, 4096 * 5, 11);  // the state: 5 chunks of 4096 bytes
+    auto r = client_->Lookup(ns_, t, LookupMode::kLease);
+    ASSERT_TRUE(r.ok() && r->state.has_value()) << r.status();
+    auto h = server_->store().Open(r->lease_id, r->state->key);
+    ASSERT_TRUE(h.ok());
+    h->blob->data[rotten] ^= 0x10;
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    v1::GetRequest req;
+    req.set_lease_id(r->lease_id);
+    req.set_key(r->state->key.ToBytes());
+    req.set_chunk_bytes(4096);
+    auto reader = stub_->Get(&ctx, req);
+    v1::GetResponse msg;
+    int messages = 0;
+    while (reader->Read(&msg)) ++messages;
+    EXPECT_TRUE(HasStatus(reader->Finish(), grpc::StatusCode::DATA_LOSS, "failed its checksum; removed"));
+    EXPECT_EQ(messages, 4);
+    auto again = client_->Lookup(ns_, t, LookupMode::kProbeOnly);
+    ASSERT_TRUE(again.ok());
+    EXPECT_EQ(again->resume_position, 0);  // removed
+    EXPECT_TRUE(client_->Release(r->lease_id).ok());
+  }
+  EXPECT_EQ(server_->store().Stats().checksum_failures, 2);
 }
 
 TEST_F(ServiceTest, BadInputGetsAClearStatusAndChangesNothing) {
