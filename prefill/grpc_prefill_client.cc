@@ -12,8 +12,8 @@
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
+#include "common/socket_io.h"
 #include "prefill/prefill_proto.h"
-#include "transport/socket_io.h"
 
 namespace hybridserve::prefill {
 
@@ -61,7 +61,7 @@ absl::StatusOr<std::unique_ptr<GrpcPrefillClient>> GrpcPrefillClient::Create(con
   if (options.targets.empty()) return absl::InvalidArgumentError("no prefill worker given");
   for (const std::string& t : options.targets) {
     std::string host, port;
-    absl::Status split = transport::SplitHostPort(t, &host, &port);
+    absl::Status split = common::SplitHostPort(t, &host, &port);
     if (!split.ok()) return absl::InvalidArgumentError(absl::StrCat("prefill target \"", t, "\": ", split.message()));
   }
   if (options.resolve_interval <= absl::ZeroDuration() || options.failure_backoff < absl::ZeroDuration() ||
@@ -107,7 +107,7 @@ void GrpcPrefillClient::Resolve() {
   bool complete = true;
   for (const std::string& t : options_.targets) {
     std::string host, port;
-    if (!transport::SplitHostPort(t, &host, &port).ok()) continue;
+    if (!common::SplitHostPort(t, &host, &port).ok()) continue;
     std::vector<std::string> found = ResolveHost(host, port);
     if (found.empty()) {
       complete = false;

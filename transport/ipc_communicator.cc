@@ -71,7 +71,7 @@ absl::Status SplitId(absl::string_view id, std::string* endpoint, std::string* t
   *endpoint = std::string(id.substr(0, slash));
   *token = std::string(id.substr(slash + 1));
   std::string host, port;
-  return SplitHostPort(*endpoint, &host, &port);
+  return common::SplitHostPort(*endpoint, &host, &port);
 }
 
 int PollMs(absl::Time deadline) {
@@ -84,8 +84,8 @@ class IpcChannel final : public Communicator {
  public:
   // `peer_memory` (null: the backend shares no memory) outlives the channel.
   // `traffic`: the factory's counters, which this channel adds to.
-  IpcChannel(kernels::PeerMemory* peer_memory, std::shared_ptr<IpcTrafficCounters> traffic, int rank, Socket listener,
-             std::string endpoint, std::string token, absl::Duration token_timeout)
+  IpcChannel(kernels::PeerMemory* peer_memory, std::shared_ptr<IpcTrafficCounters> traffic, int rank,
+             common::Socket listener, std::string endpoint, std::string token, absl::Duration token_timeout)
       : peer_memory_(peer_memory),
         traffic_(std::move(traffic)),
         rank_(rank),
@@ -148,7 +148,7 @@ class IpcChannel final : public Communicator {
     RETURN_IF_ERROR(Usable());
     if (conn_.valid()) return absl::OkStatus();
     if (rank_ == 0) return AcceptPeer(deadline);
-    absl::StatusOr<Socket> s = Connect(endpoint_, deadline);
+    absl::StatusOr<common::Socket> s = common::Connect(endpoint_, deadline);
     if (!s.ok()) return s.status();
     {
       absl::MutexLock lock(&sockets_mu_);
@@ -170,7 +170,7 @@ class IpcChannel final : public Communicator {
   // has joined: one peer per channel.
   absl::Status AcceptPeer(absl::Time deadline) {
     struct Joining {
-      Socket socket;
+      common::Socket socket;
       std::string token;  // what it has presented so far
       absl::Time until;
     };
@@ -209,12 +209,12 @@ class IpcChannel final : public Communicator {
         setsockopt(j.socket.fd(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
         absl::MutexLock lock(&sockets_mu_);
         conn_ = std::move(j.socket);
-        listener_ = Socket();  // one peer per channel
+        listener_ = common::Socket();  // one peer per channel
         if (aborted_.load()) conn_.Shutdown();
         return Usable();
       }
       if ((fds[0].revents & POLLIN) == 0) continue;
-      Socket s(accept4(listener_.fd(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
+      common::Socket s(accept4(listener_.fd(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
       if (!s.valid()) {
         if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED) continue;
         RETURN_IF_ERROR(Usable());
@@ -337,11 +337,11 @@ class IpcChannel final : public Communicator {
   // conn_ and listener_ are replaced only under sockets_mu_ (Abort shuts them
   // down from any thread); the calling thread reads them without it.
   absl::Mutex sockets_mu_;
-  Socket listener_;  // rank 0 until the peer joined
+  common::Socket listener_;  // rank 0 until the peer joined
   const std::string endpoint_;
   const std::string token_;
   const absl::Duration token_timeout_;
-  Socket conn_;
+  common::Socket conn_;
   std::atomic<bool> aborted_{false};
   bool failed_ = false;
   absl::flat_hash_map<std::string, Peer> opened_;
@@ -366,7 +366,7 @@ IpcTraffic IpcCommunicatorFactory::traffic() const {
 
 absl::StatusOr<std::string> IpcCommunicatorFactory::NewUniqueId() {
   int port = 0;
-  absl::StatusOr<Socket> listener = Listen(absl::StrCat(options_.listen_host, ":0"), &port);
+  absl::StatusOr<common::Socket> listener = common::Listen(absl::StrCat(options_.listen_host, ":0"), &port);
   if (!listener.ok()) return listener.status();
   const std::string host = options_.listen_host.find(':') != std::string::npos
                                ? absl::StrCat("[", options_.listen_host, "]")
@@ -383,7 +383,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> IpcCommunicatorFactory::Join(absl:
   if (rank != 0 && rank != 1) return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " is not 0 or 1"));
   std::string endpoint, token;
   RETURN_IF_ERROR(SplitId(unique_id, &endpoint, &token));
-  Socket listener;
+  common::Socket listener;
   if (rank == 0) {
     absl::MutexLock lock(&mu_);
     auto it = listeners_.find(unique_id);

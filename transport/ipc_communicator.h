@@ -48,9 +48,9 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/socket_io.h"
 #include "kernels/backend.h"
 #include "transport/communicator.h"
-#include "transport/socket_io.h"
 
 namespace hybridserve::transport {
 
@@ -109,7 +109,7 @@ class IpcCommunicatorFactory final : public CommunicatorFactory {
   // Shared with the channels, which may outlive the factory.
   const std::shared_ptr<IpcTrafficCounters> traffic_;
   absl::Mutex mu_;
-  absl::flat_hash_map<std::string, Socket> listeners_ ABSL_GUARDED_BY(mu_);  // by unique id, until rank 0 joins
+  absl::flat_hash_map<std::string, common::Socket> listeners_ ABSL_GUARDED_BY(mu_);  // by unique id, until rank 0 joins
 };
 
 // Stats of a channel made by IpcCommunicatorFactory (zero for any other).

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/socket_io.h"
 #include "common/wait_for.h"
 #include "engine/model.h"
 #include "engine/model_weights.h"
@@ -30,7 +31,6 @@
 #include "transport/channel_sender.h"
 #include "transport/engine_import.h"
 #include "transport/engine_pair_test_util.h"
-#include "transport/socket_io.h"
 
 namespace hybridserve::transport {
 namespace {
@@ -197,7 +197,7 @@ TEST(IpcCommunicatorTest, DeadlinesAbortAndAPeerThatGoesAwayEndBlockedCalls) {
     ASSERT_TRUE(id.ok()) << id.status();
     auto rank0 = factory.Join(*id, 0);
     ASSERT_TRUE(rank0.ok()) << rank0.status();
-    auto peer = Connect(id->substr(0, id->rfind('/')), Soon());
+    auto peer = common::Connect(id->substr(0, id->rfind('/')), Soon());
     ASSERT_TRUE(peer.ok()) << peer.status();
     ASSERT_TRUE(peer->WriteFull(id->substr(id->rfind('/') + 1), Soon()).ok());
     char c = 0;
@@ -205,7 +205,7 @@ TEST(IpcCommunicatorTest, DeadlinesAbortAndAPeerThatGoesAwayEndBlockedCalls) {
     std::thread t([&] { received = (*rank0)->Recv(&c, 1, Soon()); });
     char posted = 0;  // the first byte of rank 0's "ready": its Recv is waiting for the reply
     const absl::Status ready = peer->ReadFull(&posted, 1, Soon());
-    *peer = Socket();  // the peer's process ends: its connection closes
+    *peer = common::Socket();  // the peer's process ends: its connection closes
     t.join();
     ASSERT_TRUE(ready.ok()) << "rank 0 never posted its receive: " << ready;
     // Noticed the close at once: a missed close would run into Soon()'s deadline.
@@ -222,7 +222,7 @@ TEST(IpcCommunicatorTest, DeadlinesAbortAndAPeerThatGoesAwayEndBlockedCalls) {
     // Rank 0's Recv is in its join wait once it has dropped a stranger that
     // presented a wrong token: the stranger then sees its connection closed.
     absl::Status dropped = absl::UnknownError("the stranger could not connect");
-    if (auto stranger = Connect(id->substr(0, id->rfind('/')), Soon()); stranger.ok()) {
+    if (auto stranger = common::Connect(id->substr(0, id->rfind('/')), Soon()); stranger.ok()) {
       dropped = stranger->WriteFull(std::string(32, 'x'), Soon());
       char byte = 0;
       if (dropped.ok()) dropped = stranger->ReadFull(&byte, 1, Soon());
@@ -269,12 +269,12 @@ TEST(IpcCommunicatorTest, OnlyTheTokenHolderJoinsAndAWrongTokenIsRefused) {
   std::string near_miss = id->substr(id->rfind('/') + 1);
   near_miss.back() = near_miss.back() == '0' ? '1' : '0';
 
-  auto silent = Connect(endpoint, Soon());
+  auto silent = common::Connect(endpoint, Soon());
   ASSERT_TRUE(silent.ok());
-  auto wrong = Connect(endpoint, Soon());
+  auto wrong = common::Connect(endpoint, Soon());
   ASSERT_TRUE(wrong.ok());
   ASSERT_TRUE(wrong->WriteFull(near_miss, Soon()).ok());
-  auto garbage = Connect(endpoint, Soon());
+  auto garbage = common::Connect(endpoint, Soon());
   ASSERT_TRUE(garbage.ok());
   ASSERT_TRUE(garbage->WriteFull(std::string(32, 'x') + "and then some", Soon()).ok());
 
@@ -301,7 +301,7 @@ TEST(IpcCommunicatorTest, OnlyTheTokenHolderJoinsAndAWrongTokenIsRefused) {
   // The silent stranger was closed when the peer joined, and no one else can
   // connect: the listener is gone.
   EXPECT_EQ(silent->ReadFull(&byte, 1, Soon()).code(), absl::StatusCode::kUnavailable);
-  EXPECT_FALSE(Connect(endpoint, absl::Now() + absl::Seconds(2)).ok());
+  EXPECT_FALSE(common::Connect(endpoint, absl::Now() + absl::Seconds(2)).ok());
 }
 
 // The channel protocol (channel_protocol.h) over CUDA IPC channels.

@@ -22,7 +22,7 @@ namespace hybridserve::transport {
 namespace {
 
 // Reads one frame header and its payload of at most `max_payload` bytes.
-absl::Status ReadFrame(Socket& socket, absl::Time deadline, uint64_t max_payload, FrameHeader* header,
+absl::Status ReadFrame(common::Socket& socket, absl::Time deadline, uint64_t max_payload, FrameHeader* header,
                        std::string* payload) {
   char raw[kFrameHeaderBytes];
   RETURN_IF_ERROR(socket.ReadFull(raw, sizeof(raw), deadline));
@@ -39,7 +39,7 @@ absl::Status ReadFrame(Socket& socket, absl::Time deadline, uint64_t max_payload
 
 // Reads one frame whose payload must be exactly `out.size()` bytes straight
 // into `out` (a page of the transfer's block), then checks its checksum.
-absl::Status ReadFrameInto(Socket& socket, absl::Time deadline, absl::Span<char> out, FrameHeader* header) {
+absl::Status ReadFrameInto(common::Socket& socket, absl::Time deadline, absl::Span<char> out, FrameHeader* header) {
   char raw[kFrameHeaderBytes];
   RETURN_IF_ERROR(socket.ReadFull(raw, sizeof(raw), deadline));
   ASSIGN_OR_RETURN(*header, DecodeFrameHeader(absl::string_view(raw, sizeof(raw))));
@@ -52,15 +52,15 @@ absl::Status ReadFrameInto(Socket& socket, absl::Time deadline, absl::Span<char>
   return CheckPayload(*header, absl::string_view(out.data(), out.size()));
 }
 
-absl::Status WriteFrame(Socket& socket, FrameType type, uint64_t transfer_id, uint64_t index, absl::string_view payload,
-                        absl::Time deadline) {
+absl::Status WriteFrame(common::Socket& socket, FrameType type, uint64_t transfer_id, uint64_t index,
+                        absl::string_view payload, absl::Time deadline) {
   const std::string header = EncodeFrameHeader(type, transfer_id, index, payload);
   return socket.WriteAll({header, payload}, deadline);
 }
 
 // A frame whose payload is `parts` back to back, written with its header in
 // one gathered write: no staging copy of the payload.
-absl::Status WriteFrameParts(Socket& socket, FrameType type, uint64_t transfer_id, uint64_t index,
+absl::Status WriteFrameParts(common::Socket& socket, FrameType type, uint64_t transfer_id, uint64_t index,
                              absl::Span<const absl::string_view> parts, absl::Time deadline) {
   common::StreamingChecksum checksum;
   uint64_t bytes = 0;
@@ -102,16 +102,16 @@ absl::StatusOr<std::unique_ptr<TcpStateReceiver>> TcpStateReceiver::Create(const
         absl::StrCat("TCP receiver: max_idle_page_bytes must be >= 0, got ", options.max_idle_page_bytes));
   }
   std::string host, port;
-  RETURN_IF_ERROR(SplitHostPort(options.address, &host, &port));
+  RETURN_IF_ERROR(common::SplitHostPort(options.address, &host, &port));
   int bound = 0;
-  ASSIGN_OR_RETURN(Socket listener, Listen(options.address, &bound));
+  ASSIGN_OR_RETURN(common::Socket listener, common::Listen(options.address, &bound));
   const std::string endpoint = absl::StrCat(host.find(':') != std::string::npos ? "[" + host + "]" : host, ":", bound);
   std::unique_ptr<TcpStateReceiver> r(new TcpStateReceiver(options, std::move(listener), endpoint));
   r->accept_thread_ = std::thread([p = r.get()] { p->AcceptLoop(); });
   return r;
 }
 
-TcpStateReceiver::TcpStateReceiver(const TcpReceiverOptions& options, Socket listener, std::string endpoint)
+TcpStateReceiver::TcpStateReceiver(const TcpReceiverOptions& options, common::Socket listener, std::string endpoint)
     : options_(options),
       registry_(options.limits),
       recycler_(PageBlockRecycler::Create(options.max_idle_page_bytes)),
@@ -161,7 +161,7 @@ void TcpStateReceiver::AcceptLoop() {
     if (options_.socket_buffer_bytes > 0) {
       setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &options_.socket_buffer_bytes, sizeof(options_.socket_buffer_bytes));
     }
-    auto socket = std::make_unique<Socket>(fd);
+    auto socket = std::make_unique<common::Socket>(fd);
     absl::MutexLock lock(&mu_);
     if (static_cast<int64_t>(sockets_.size()) >= options_.max_connections) {
       registry_.CountRefused();
@@ -170,7 +170,7 @@ void TcpStateReceiver::AcceptLoop() {
     const int64_t id = next_connection_++;
     sockets_[id] = socket.get();
     threads_[id] = std::thread([this, id, s = socket.release()] {
-      std::unique_ptr<Socket> owned(s);
+      std::unique_ptr<common::Socket> owned(s);
       Serve(id, owned.get());
       absl::MutexLock done(&mu_);
       sockets_.erase(id);
@@ -179,7 +179,7 @@ void TcpStateReceiver::AcceptLoop() {
   }
 }
 
-void TcpStateReceiver::Serve(int64_t /*connection_id*/, Socket* socket) {
+void TcpStateReceiver::Serve(int64_t /*connection_id*/, common::Socket* socket) {
   FrameHeader h;
   BeginPayload begin;
   absl::StatusOr<Ticket> ticket = Admit(*socket, &h, &begin);
@@ -201,7 +201,7 @@ void TcpStateReceiver::Serve(int64_t /*connection_id*/, Socket* socket) {
   (void)WriteFrame(*socket, FrameType::kAck, h.transfer_id, 0, EncodeAck(status), absl::Now() + absl::Seconds(1));
 }
 
-absl::StatusOr<Ticket> TcpStateReceiver::Admit(Socket& socket, FrameHeader* h, BeginPayload* begin) {
+absl::StatusOr<Ticket> TcpStateReceiver::Admit(common::Socket& socket, FrameHeader* h, BeginPayload* begin) {
   std::string payload;
   // At most kBeginPayloadBytes are read: a stranger cannot make the receiver allocate.
   absl::Status first = ReadFrame(socket, absl::Now() + options_.idle_timeout, kBeginPayloadBytes, h, &payload);
@@ -221,14 +221,14 @@ absl::StatusOr<Ticket> TcpStateReceiver::Admit(Socket& socket, FrameHeader* h, B
   return registry_.Begin(h->transfer_id, begin->secret);  // counts what it refuses
 }
 
-absl::Status TcpStateReceiver::Receive(Socket& socket, uint64_t transfer_id, uint64_t first_page,
+absl::Status TcpStateReceiver::Receive(common::Socket& socket, uint64_t transfer_id, uint64_t first_page,
                                        const BeginPayload& begin, const Ticket& ticket) {
   absl::Status status = ReceiveBegun(socket, transfer_id, first_page, begin, ticket);
   if (!status.ok()) registry_.Fail(transfer_id, status);  // no-op once Complete has run
   return status;
 }
 
-absl::Status TcpStateReceiver::ReceiveBegun(Socket& socket, uint64_t transfer_id, uint64_t first_page,
+absl::Status TcpStateReceiver::ReceiveBegun(common::Socket& socket, uint64_t transfer_id, uint64_t first_page,
                                             const BeginPayload& begin, const Ticket& ticket) {
   auto deadline = [this, &ticket] { return std::min(absl::Now() + options_.idle_timeout, ticket.deadline); };
   RETURN_IF_ERROR(CheckBeginAgainstTicket(transfer_id, begin, ticket));
@@ -281,8 +281,8 @@ absl::Status TcpStateSender::Send(const Ticket& ticket, const StateSource& sourc
     return absl::DeadlineExceededError(absl::StrCat("transfer ", ticket.transfer_id, " is past its deadline"));
   }
   auto deadline = [&] { return std::min(ticket.deadline, absl::Now() + options_.io_timeout); };
-  ASSIGN_OR_RETURN(Socket socket,
-                   Connect(ticket.endpoint, std::min(ticket.deadline, absl::Now() + options_.connect_timeout)));
+  ASSIGN_OR_RETURN(common::Socket socket,
+                   common::Connect(ticket.endpoint, std::min(ticket.deadline, absl::Now() + options_.connect_timeout)));
   if (options_.socket_buffer_bytes > 0) {
     setsockopt(socket.fd(), SOL_SOCKET, SO_SNDBUF, &options_.socket_buffer_bytes, sizeof(options_.socket_buffer_bytes));
   }

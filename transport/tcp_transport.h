@@ -50,9 +50,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/log_rate_limiter.h"
+#include "common/socket_io.h"
 #include "transport/frame.h"
 #include "transport/page_block.h"
-#include "transport/socket_io.h"
 #include "transport/transfer.h"
 #include "transport/transfer_registry.h"
 
@@ -100,28 +100,28 @@ class TcpStateReceiver final : public StateReceiver {
   int64_t connections() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  TcpStateReceiver(const TcpReceiverOptions& options, Socket listener, std::string endpoint);
+  TcpStateReceiver(const TcpReceiverOptions& options, common::Socket listener, std::string endpoint);
   void AcceptLoop();
   // Joins the threads of finished connections.
   void JoinFinished() ABSL_LOCKS_EXCLUDED(mu_);
-  void Serve(int64_t connection_id, Socket* socket);
+  void Serve(int64_t connection_id, common::Socket* socket);
   // Reads the first frame of `socket` into `*h` and `*begin` and claims its
   // transfer (Begin) when it presents the ticket's secret: the ticket.
   // UNAUTHENTICATED (counted) when the peer proved no ticket: drop it
   // without a word. Begin's other refusals: answer them.
-  absl::StatusOr<Ticket> Admit(Socket& socket, FrameHeader* h, BeginPayload* begin);
+  absl::StatusOr<Ticket> Admit(common::Socket& socket, FrameHeader* h, BeginPayload* begin);
   // Receives the rest of the claimed transfer `transfer_id` on `socket`; the
   // status to acknowledge. A failure fails the transfer in the registry.
   // `first_page`: the begin frame's index, the first page the sender sends.
-  absl::Status Receive(Socket& socket, uint64_t transfer_id, uint64_t first_page, const BeginPayload& begin,
+  absl::Status Receive(common::Socket& socket, uint64_t transfer_id, uint64_t first_page, const BeginPayload& begin,
                        const Ticket& ticket);
-  absl::Status ReceiveBegun(Socket& socket, uint64_t transfer_id, uint64_t first_page, const BeginPayload& begin,
-                            const Ticket& ticket);
+  absl::Status ReceiveBegun(common::Socket& socket, uint64_t transfer_id, uint64_t first_page,
+                            const BeginPayload& begin, const Ticket& ticket);
 
   const TcpReceiverOptions options_;
   TransferRegistry registry_;
   const std::shared_ptr<PageBlockRecycler> recycler_;
-  Socket listener_;
+  common::Socket listener_;
   const std::string endpoint_;
   common::LogRateLimiter log_limiter_;  // the drops of peers that proved no ticket
   std::atomic<bool> stop_{false};
@@ -131,7 +131,7 @@ class TcpStateReceiver final : public StateReceiver {
   int64_t next_connection_ ABSL_GUARDED_BY(mu_) = 0;
   // Live connections (so the destructor can wake them), their threads, and
   // the connections whose thread has finished (joined by the accept loop).
-  absl::flat_hash_map<int64_t, Socket*> sockets_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<int64_t, common::Socket*> sockets_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<int64_t, std::thread> threads_ ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> finished_ ABSL_GUARDED_BY(mu_);
 };

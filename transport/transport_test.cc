@@ -16,6 +16,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/hash.h"
+#include "common/socket_io.h"
 #include "common/wait_for.h"
 #include "engine/model.h"
 #include "engine/model_weights.h"
@@ -25,7 +26,6 @@
 #include "transport/engine_pair_test_util.h"
 #include "transport/frame.h"
 #include "transport/in_process_transport.h"
-#include "transport/socket_io.h"
 #include "transport/tcp_transport.h"
 
 namespace hybridserve::transport {
@@ -321,13 +321,13 @@ class TcpReceiverTest : public ::testing::Test {
     ASSERT_TRUE(receiver_->ExpectTicket(&ticket_).ok());  // kind TCP, a new secret
   }
 
-  Socket Dial() {
-    auto s = Connect(receiver_->endpoint(), absl::Now() + absl::Seconds(5));
+  common::Socket Dial() {
+    auto s = common::Connect(receiver_->endpoint(), absl::Now() + absl::Seconds(5));
     EXPECT_TRUE(s.ok()) << s.status();
     return std::move(*s);
   }
 
-  static void Write(Socket& s, FrameType type, uint64_t id, uint64_t index, const std::string& payload) {
+  static void Write(common::Socket& s, FrameType type, uint64_t id, uint64_t index, const std::string& payload) {
     ASSERT_TRUE(s.WriteFull(EncodeFrameHeader(type, id, index, payload), absl::Now() + absl::Seconds(5)).ok());
     ASSERT_TRUE(s.WriteFull(payload, absl::Now() + absl::Seconds(5)).ok());
   }
@@ -345,7 +345,7 @@ class TcpReceiverTest : public ::testing::Test {
   }
 
   // The receiver's verdict on this connection.
-  static absl::Status Ack(Socket& s) {
+  static absl::Status Ack(common::Socket& s) {
     char raw[kFrameHeaderBytes];
     absl::Status read = s.ReadFull(raw, sizeof(raw), absl::Now() + absl::Seconds(5));
     if (!read.ok()) return read;
@@ -364,7 +364,7 @@ class TcpReceiverTest : public ::testing::Test {
 };
 
 TEST_F(TcpReceiverTest, ACorruptedPageIsDataLossOnBothSides) {
-  Socket s = Dial();
+  common::Socket s = Dial();
   Write(s, FrameType::kBegin, 5, 0, EncodeBegin(Begin()));
   std::string page(64, 'p');
   std::string header = EncodeFrameHeader(FrameType::kPage, 5, 0, page);
@@ -377,7 +377,7 @@ TEST_F(TcpReceiverTest, ACorruptedPageIsDataLossOnBothSides) {
 }
 
 TEST_F(TcpReceiverTest, SizesBeyondTheTicketAreRefusedBeforeAllocation) {
-  Socket s = Dial();
+  common::Socket s = Dial();
   BeginPayload b = Begin();
   b.page_bytes = int64_t{1} << 40;  // would be a terabyte per page
   Write(s, FrameType::kBegin, 5, 0, EncodeBegin(b));
@@ -387,7 +387,7 @@ TEST_F(TcpReceiverTest, SizesBeyondTheTicketAreRefusedBeforeAllocation) {
 
 TEST_F(TcpReceiverTest, ABeginPastTheLastPageIsRefusedAndOneFromAPageReadsFromThere) {
   {
-    Socket s = Dial();
+    common::Socket s = Dial();
     Write(s, FrameType::kBegin, 5, 3, EncodeBegin(Begin()));  // 2 pages: at most 2 held
     EXPECT_EQ(Ack(s).code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(receiver_->Await(5).status().message(), HasSubstr("starts at page 3 of its 2"));
@@ -396,7 +396,7 @@ TEST_F(TcpReceiverTest, ABeginPastTheLastPageIsRefusedAndOneFromAPageReadsFromTh
   ASSERT_TRUE(receiver_->ExpectTicket(&ticket_).ok());
   BeginPayload b = Begin();
   b.secret = ticket_.secret;
-  Socket s = Dial();
+  common::Socket s = Dial();
   Write(s, FrameType::kBegin, 6, 1, EncodeBegin(b));
   Write(s, FrameType::kPage, 6, 1, std::string(64, 'q'));  // page 1 only
   Write(s, FrameType::kState, 6, 0, std::string(80, 's'));
@@ -410,7 +410,7 @@ TEST_F(TcpReceiverTest, ABeginPastTheLastPageIsRefusedAndOneFromAPageReadsFromTh
 }
 
 TEST_F(TcpReceiverTest, APageOutOfOrderOrOfAnotherTransferIsRefused) {
-  Socket s = Dial();
+  common::Socket s = Dial();
   Write(s, FrameType::kBegin, 5, 0, EncodeBegin(Begin()));
   Write(s, FrameType::kPage, 5, 1, std::string(64, 'p'));  // page 1 before page 0
   EXPECT_EQ(Ack(s).code(), absl::StatusCode::kInvalidArgument);
@@ -419,7 +419,7 @@ TEST_F(TcpReceiverTest, APageOutOfOrderOrOfAnotherTransferIsRefused) {
 
 TEST_F(TcpReceiverTest, APeerThatDiesMidTransferFailsItWithinTheIdleTimeout) {
   {
-    Socket s = Dial();
+    common::Socket s = Dial();
     Write(s, FrameType::kBegin, 5, 0, EncodeBegin(Begin()));
     Write(s, FrameType::kPage, 5, 0, std::string(64, 'p'));
   }  // closed: the sender died
@@ -431,7 +431,7 @@ TEST_F(TcpReceiverTest, APeerThatDiesMidTransferFailsItWithinTheIdleTimeout) {
 }
 
 TEST_F(TcpReceiverTest, APeerThatStallsFailsAfterTheIdleTimeout) {
-  Socket s = Dial();
+  common::Socket s = Dial();
   Write(s, FrameType::kBegin, 5, 0, EncodeBegin(Begin()));
   auto r = receiver_->Await(5);  // nothing more is sent; the socket stays open
   EXPECT_TRUE(absl::IsDeadlineExceeded(r.status()) || absl::IsUnavailable(r.status())) << r.status();
@@ -462,22 +462,22 @@ class TwoPages final : public StateSource {
 TEST_F(TcpReceiverTest, StrangersAreDroppedWithoutAWordAndTheRightfulSenderStillDelivers) {
   const absl::StatusCode dropped = absl::StatusCode::kUnavailable;  // the connection closed, no verdict
   // (a) connects, sends nothing and closes.
-  { Socket s = Dial(); }
+  { common::Socket s = Dial(); }
   ASSERT_TRUE(common::WaitFor([&] { return receiver_->unauthenticated() == 1; })) << receiver_->unauthenticated();
   // (b) garbage: 48 bytes that are no header; a valid page frame first; a
   // version 1 begin (no secret); a begin whose payload fails its checksum.
   {
-    Socket s = Dial();
+    common::Socket s = Dial();
     ASSERT_TRUE(s.WriteFull(std::string(48, 'G'), absl::Now() + absl::Seconds(5)).ok());
     EXPECT_EQ(Ack(s).code(), dropped);
   }
   {
-    Socket s = Dial();
+    common::Socket s = Dial();
     Write(s, FrameType::kPage, 5, 0, std::string(64, 'p'));
     EXPECT_EQ(Ack(s).code(), dropped);
   }
   {
-    Socket s = Dial();
+    common::Socket s = Dial();
     std::string v1 = EncodeFrameHeader(FrameType::kBegin, 5, 0, std::string(48, '\0'));
     v1[4] = 1;  // version 1, its checksum made good again
     const uint64_t sum = common::Checksum64(v1.data(), 40);
@@ -486,7 +486,7 @@ TEST_F(TcpReceiverTest, StrangersAreDroppedWithoutAWordAndTheRightfulSenderStill
     EXPECT_EQ(Ack(s).code(), dropped);
   }
   {
-    Socket s = Dial();
+    common::Socket s = Dial();
     const std::string payload = EncodeBegin(Begin());
     std::string bad = payload;
     bad[0] ^= 1;
@@ -498,14 +498,14 @@ TEST_F(TcpReceiverTest, StrangersAreDroppedWithoutAWordAndTheRightfulSenderStill
   // (c) a well-formed begin for the expected id with a wrong secret (one bit
   // off), and with the right secret for an id not expected.
   {
-    Socket s = Dial();
+    common::Socket s = Dial();
     BeginPayload b = Begin();
     b.secret[7] ^= 0x40;
     Write(s, FrameType::kBegin, 5, 0, EncodeBegin(b));
     EXPECT_EQ(Ack(s).code(), dropped);
   }
   {
-    Socket s = Dial();
+    common::Socket s = Dial();
     Write(s, FrameType::kBegin, 6, 0, EncodeBegin(Begin()));
     EXPECT_EQ(Ack(s).code(), dropped);
   }
@@ -515,7 +515,7 @@ TEST_F(TcpReceiverTest, StrangersAreDroppedWithoutAWordAndTheRightfulSenderStill
 
   // A stranger that connects and stays silent holds one connection until
   // idle_timeout; meanwhile the rightful sender delivers the same transfer.
-  Socket silent = Dial();
+  common::Socket silent = Dial();
   TcpStateSender sender;
   const TwoPages source;
   absl::Status sent;
@@ -539,7 +539,7 @@ TEST_F(TcpReceiverTest, ASenderWithTheSecretOfAFinishedTransferIsAnsweredNotFoun
   TcpStateSender sender;
   const TwoPages source;
   ASSERT_TRUE(sender.Send(ticket_, source).ok());  // finished, waiting for Await
-  Socket again = Dial();
+  common::Socket again = Dial();
   Write(again, FrameType::kBegin, 5, 0, EncodeBegin(Begin()));
   const absl::Status answer = Ack(again);
   EXPECT_EQ(answer.code(), absl::StatusCode::kNotFound) << answer;

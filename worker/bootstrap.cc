@@ -11,6 +11,7 @@
 #include "common/health.h"
 #include "common/logging.h"
 #include "common/process.h"
+#include "common/socket_io.h"
 #include "common/status_macros.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -18,7 +19,6 @@
 #include "transport/channel_sender.h"
 #include "transport/ipc_communicator.h"
 #include "transport/nccl_communicator.h"
-#include "transport/socket_io.h"
 #include "transport/tcp_transport.h"
 
 namespace hybridserve::worker {
@@ -198,7 +198,7 @@ absl::StatusOr<std::unique_ptr<ReceiverPlane>> ReceiverPlane::Open(const Receive
     }
     out->listening_ = (*tcp)->endpoint();
     std::string host, port;
-    RETURN_IF_ERROR(transport::SplitHostPort(out->listening_, &host, &port));
+    RETURN_IF_ERROR(common::SplitHostPort(out->listening_, &host, &port));
     std::string advertised = plane.advertise_host;
     if (advertised.empty()) advertised = (host == "0.0.0.0" || host == "::") ? "127.0.0.1" : host;
     out->endpoint_ = absl::StrCat(advertised, ":", port);

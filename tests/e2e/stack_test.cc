@@ -16,8 +16,8 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/health.h"
+#include "common/socket_io.h"
 #include "gtest/gtest.h"
-#include "transport/socket_io.h"
 
 namespace hybridserve::e2e {
 namespace {
@@ -357,7 +357,7 @@ TEST_P(StackTest, AStrangerOnTheDataPortIsDroppedCountedAndServingGoesOn) {
   const std::string unauthenticated = "hybridserve_decode_data_plane_unauthenticated_total";
   const double before = Metric(decode_metrics, unauthenticated);
   ASSERT_GE(before, 0) << "decode does not expose " << unauthenticated;
-  auto stranger = transport::Connect(s.decode()->field("data_port"), absl::Now() + absl::Seconds(10));  // ip:port
+  auto stranger = common::Connect(s.decode()->field("data_port"), absl::Now() + absl::Seconds(10));  // ip:port
   ASSERT_TRUE(stranger.ok()) << stranger.status();
   ASSERT_TRUE(stranger->WriteFull(std::string(48, 'G'), absl::Now() + absl::Seconds(10)).ok());
   char byte;

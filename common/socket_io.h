@@ -1,9 +1,10 @@
-#ifndef HYBRIDSERVE_TRANSPORT_SOCKET_IO_H_
-#define HYBRIDSERVE_TRANSPORT_SOCKET_IO_H_
+#ifndef HYBRIDSERVE_COMMON_SOCKET_IO_H_
+#define HYBRIDSERVE_COMMON_SOCKET_IO_H_
 
 // Blocking TCP socket helpers with deadlines (non-blocking descriptors; a
-// read or write polls only when it would block), for the TCP data plane. A file descriptor is owned by a Socket
-// (closed on destruction). Thread-compatible: one thread per Socket, except
+// read or write polls only when it would block), for the TCP data plane and
+// the cachestore's bulk reads. A file descriptor is owned by a Socket (closed
+// on destruction). Thread-compatible: one thread per Socket, except
 // Shutdown, which any thread may call to wake a blocked reader.
 
 #include <cstddef>
@@ -17,7 +18,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 
-namespace hybridserve::transport {
+namespace hybridserve::common {
 
 class Socket {
  public:
@@ -65,6 +66,6 @@ absl::StatusOr<Socket> Listen(absl::string_view address, int* port);
 // Splits "host:port" (IPv6 hosts in brackets); INVALID_ARGUMENT otherwise.
 absl::Status SplitHostPort(absl::string_view endpoint, std::string* host, std::string* port);
 
-}  // namespace hybridserve::transport
+}  // namespace hybridserve::common
 
-#endif  // HYBRIDSERVE_TRANSPORT_SOCKET_IO_H_
+#endif  // HYBRIDSERVE_COMMON_SOCKET_IO_H_

@@ -1,4 +1,4 @@
-#include "transport/socket_io.h"
+#include "common/socket_io.h"
 
 #include <fcntl.h>
 #include <netdb.h>
@@ -20,7 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
-namespace hybridserve::transport {
+namespace hybridserve::common {
 namespace {
 
 // Milliseconds until `deadline` for poll(), capped so a far deadline still
@@ -39,7 +39,7 @@ absl::Status WaitReady(int fd, short events, absl::Time deadline) {
     const int n = poll(&p, 1, PollTimeoutMs(deadline));
     if (n > 0) return absl::OkStatus();
     if (n < 0 && errno != EINTR) return absl::UnavailableError(absl::StrCat("poll: ", std::strerror(errno)));
-    if (absl::Now() >= deadline) return absl::DeadlineExceededError("transfer socket timed out");
+    if (absl::Now() >= deadline) return absl::DeadlineExceededError("socket timed out");
   }
 }
 
@@ -94,11 +94,11 @@ absl::Status Socket::ReadFull(char* data, size_t size, absl::Time deadline) {
   size_t done = 0;
   while (done < size) {
     const ssize_t n = recv(fd_, data + done, size - done, 0);
-    if (n == 0) return absl::UnavailableError("the peer closed the transfer connection");
+    if (n == 0) return absl::UnavailableError("the peer closed the connection");
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno != EAGAIN && errno != EWOULDBLOCK) {
-        return absl::UnavailableError(absl::StrCat("transfer connection: ", std::strerror(errno)));
+        return absl::UnavailableError(absl::StrCat("connection: ", std::strerror(errno)));
       }
       if (absl::Status s = WaitReady(fd_, POLLIN, deadline); !s.ok()) return s;
       continue;
@@ -125,7 +125,7 @@ absl::Status Socket::WriteAll(absl::Span<const absl::string_view> parts, absl::T
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno != EAGAIN && errno != EWOULDBLOCK) {
-        return absl::UnavailableError(absl::StrCat("transfer connection: ", std::strerror(errno)));
+        return absl::UnavailableError(absl::StrCat("connection: ", std::strerror(errno)));
       }
       if (absl::Status s = WaitReady(fd_, POLLOUT, deadline); !s.ok()) return s;
       continue;
@@ -222,4 +222,4 @@ absl::StatusOr<Socket> Listen(absl::string_view address, int* port) {
   return last;
 }
 
-}  // namespace hybridserve::transport
+}  // namespace hybridserve::common
