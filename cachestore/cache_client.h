@@ -153,7 +153,7 @@ class CacheClient {
   // (INVALID_ARGUMENT naming the key's index otherwise). Errors as
   // GetManyInto; on error the segments hold no usable bytes. This default
   // reads each entry into a string (GetManyInto) and copies it; a client that
-  // can place the bytes itself (ShmCacheClient) skips that copy.
+  // can place the bytes itself (DirectReadCacheClient) skips that copy.
   virtual absl::Status GetManyScattered(uint64_t lease_id, absl::Span<const Hash128> keys,
                                         absl::Span<const EntrySegments> out);
 

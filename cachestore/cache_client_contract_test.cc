@@ -1,8 +1,8 @@
-// One contract, three implementations: every test here runs against the gRPC
+// One contract, four implementations: every test here runs against the gRPC
 // GrpcCacheClient (a real server on loopback port 0), against the
-// ShmCacheClient over it (the same server with its shared-memory socket on),
-// and against the InProcessCacheClient, each over a fresh CacheStore on a
-// FakeClock.
+// DirectReadCacheClient over it (the same server with its shared-memory socket
+// on, then with its bulk port on), and against the InProcessCacheClient, each
+// over a fresh CacheStore on a FakeClock.
 
 #include <cmath>
 #include <limits>
@@ -46,7 +46,7 @@ struct HarnessName {
   }
 };
 
-using Implementations = ::testing::Types<GrpcHarness, ShmHarness, InProcessHarness>;
+using Implementations = ::testing::Types<GrpcHarness, ShmHarness, BulkHarness, InProcessHarness>;
 TYPED_TEST_SUITE(CacheClientContractTest, Implementations, HarnessName);
 
 TYPED_TEST(CacheClientContractTest, LookupOfAnUnknownPromptIsAMissWithoutLease) {

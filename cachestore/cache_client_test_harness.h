@@ -21,12 +21,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "cachestore/bulk_reader.h"
 #include "cachestore/cache_client.h"
 #include "cachestore/cache_store.h"
+#include "cachestore/direct_read_cache_client.h"
 #include "cachestore/grpc_cache_client.h"
 #include "cachestore/in_process_cache_client.h"
 #include "cachestore/server.h"
-#include "cachestore/shm_cache_client.h"
+#include "cachestore/shm_reader.h"
 #include "common/clock.h"
 #include "common/hash.h"
 #include "common/wait_for.h"
@@ -107,7 +109,7 @@ class GrpcHarness : public Harness {
 };
 
 // The gRPC harness's server with its shm socket on, read through a
-// ShmCacheClient: every read these tests make goes by shared memory, and no
+// DirectReadCacheClient: every read these tests make goes by shared memory, and no
 // read may need the gRPC fallback (checked at the end).
 class ShmHarness : public Harness {
  public:
@@ -115,7 +117,7 @@ class ShmHarness : public Harness {
 
   ~ShmHarness() override {
     if (shm_client_ == nullptr) return;
-    const ShmReadCounts counts = shm_client_->counts();
+    const DirectReadCounts counts = shm_client_->counts();
     EXPECT_TRUE(counts.fallbacks.empty()) << "a read fell back to gRPC: " << counts.fallbacks.begin()->first;
   }
 
@@ -138,7 +140,8 @@ class ShmHarness : public Harness {
         GrpcCacheClient::Create(absl::StrCat("127.0.0.1:", server_->port()));
     if (!client.ok()) return client.status();
     grpc_client_ = *std::move(client);
-    shm_client_ = std::make_unique<ShmCacheClient>(*grpc_client_, ShmReaderOptions{o.shm.socket_path});
+    shm_client_ = std::make_unique<DirectReadCacheClient>(
+        *grpc_client_, std::make_unique<ShmReader>(ShmReaderOptions{o.shm.socket_path}));
     return absl::OkStatus();
   }
   CacheClient& client() override { return *shm_client_; }
@@ -150,7 +153,50 @@ class ShmHarness : public Harness {
   prometheus::Registry registry_;
   std::unique_ptr<CacheStoreServer> server_;
   std::unique_ptr<GrpcCacheClient> grpc_client_;
-  std::unique_ptr<ShmCacheClient> shm_client_;
+  std::unique_ptr<DirectReadCacheClient> shm_client_;
+};
+
+// The gRPC harness's server with its bulk port on, read through a
+// DirectReadCacheClient with a BulkReader: every read these tests make goes
+// over the bulk port, and no read may need the gRPC fallback (checked at the
+// end).
+class BulkHarness : public Harness {
+ public:
+  static constexpr char kName[] = "Bulk";
+
+  ~BulkHarness() override {
+    if (bulk_client_ == nullptr) return;
+    const DirectReadCounts counts = bulk_client_->counts();
+    EXPECT_TRUE(counts.fallbacks.empty()) << "a read fell back to gRPC: " << counts.fallbacks.begin()->first;
+  }
+
+  absl::Status Start(const CacheIndexOptions& options, const common::Clock& clock) override {
+    ServerOptions o;
+    o.address = "127.0.0.1:0";
+    o.index = options;
+    o.reap_interval = absl::Hours(1);
+    o.bulk.address = "127.0.0.1:0";
+    absl::StatusOr<std::unique_ptr<CacheStoreServer>> server = CacheStoreServer::Start(o, clock, registry_);
+    if (!server.ok()) return server.status();
+    server_ = *std::move(server);
+    absl::StatusOr<std::unique_ptr<GrpcCacheClient>> client =
+        GrpcCacheClient::Create(absl::StrCat("127.0.0.1:", server_->port()));
+    if (!client.ok()) return client.status();
+    grpc_client_ = *std::move(client);
+    bulk_client_ = std::make_unique<DirectReadCacheClient>(
+        *grpc_client_,
+        std::make_unique<BulkReader>(BulkReaderOptions{absl::StrCat("127.0.0.1:", server_->bulk_port())}));
+    return absl::OkStatus();
+  }
+  CacheClient& client() override { return *bulk_client_; }
+  CacheStore& store() override { return server_->store(); }
+  absl::Time LeaseClockNow() const override { return absl::Now(); }
+
+ private:
+  prometheus::Registry registry_;
+  std::unique_ptr<CacheStoreServer> server_;
+  std::unique_ptr<GrpcCacheClient> grpc_client_;
+  std::unique_ptr<DirectReadCacheClient> bulk_client_;
 };
 
 class InProcessHarness : public Harness {

@@ -67,6 +67,14 @@ ABSL_FLAG(std::string, shm_socket, "",
 ABSL_FLAG(std::vector<std::string>, shm_allowed_uids, {},
           "uids allowed on --shm_socket (SO_PEERCRED), comma-separated; empty: the cachestore's own uid");
 ABSL_FLAG(int64_t, shm_max_connections, 8, "shm socket connections served at once (one thread each)");
+ABSL_FLAG(std::string, bulk_address, "",
+          "host:port for reads over plain TCP from workers on other hosts (their --cachestore_bulk_address): "
+          "entries stream from where the store keeps them, off the gRPC stream; port 0: any free port; empty: "
+          "off. Not with --tls_cert (the bytes travel unencrypted)");
+ABSL_FLAG(int64_t, bulk_max_connections, 32, "bulk port connections served at once (one thread each)");
+ABSL_FLAG(absl::Duration, bulk_io_timeout, absl::Seconds(10),
+          "a bulk port request's read and each write of its answer: a reader that stalls longer is dropped; also "
+          "the idle time after which a bulk connection is closed");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(10), "Time in-flight calls get on SIGTERM");
 
 namespace {
@@ -97,11 +105,13 @@ std::string FlagError() {
            in_range("max_streams_per_peer", absl::GetFlag(FLAGS_max_streams_per_peer), 1, int64_t{1} << 20),
            in_range("max_threads", absl::GetFlag(FLAGS_max_threads), 2, 1 << 16),
            in_range("shm_max_connections", absl::GetFlag(FLAGS_shm_max_connections), 1, 1024),
+           in_range("bulk_max_connections", absl::GetFlag(FLAGS_bulk_max_connections), 1, 1024),
            positive("page_ttl", absl::GetFlag(FLAGS_page_ttl)),
            positive("state_ttl", absl::GetFlag(FLAGS_state_ttl)),
            positive("lease_ttl", absl::GetFlag(FLAGS_lease_ttl)),
            positive("put_timeout", absl::GetFlag(FLAGS_put_timeout)),
            positive("max_session_ttl", absl::GetFlag(FLAGS_max_session_ttl)),
+           positive("bulk_io_timeout", absl::GetFlag(FLAGS_bulk_io_timeout)),
        }) {
     if (!e.empty()) return e;
   }
@@ -175,6 +185,9 @@ int main(int argc, char** argv) {
     options.shm.allowed_uids.push_back(static_cast<uid_t>(parsed));
   }
   options.shm.max_connections = static_cast<int>(absl::GetFlag(FLAGS_shm_max_connections));
+  options.bulk.address = absl::GetFlag(FLAGS_bulk_address);
+  options.bulk.max_connections = static_cast<int>(absl::GetFlag(FLAGS_bulk_max_connections));
+  options.bulk.io_timeout = absl::GetFlag(FLAGS_bulk_io_timeout);
   absl::StatusOr<hybridserve::common::TlsFlags> tls = hybridserve::common::TlsFlagsFromFlags();
   if (!tls.ok()) {
     std::cerr << "cachestore: bad flag " << tls.status().message() << std::endl;
@@ -214,7 +227,7 @@ int main(int argc, char** argv) {
             << (exposer ? absl::StrCat(" metrics_port=", exposer->port()) : std::string())
             << (options.shm.socket_path.empty() ? "" : absl::StrCat(" shm_socket=", options.shm.socket_path))
             << ((*server)->health_port() != 0 ? absl::StrCat(" health_port=", (*server)->health_port()) : "")
-            << std::endl;
+            << ((*server)->bulk_port() != 0 ? absl::StrCat(" bulk_port=", (*server)->bulk_port()) : "") << std::endl;
 
   const int sig = hybridserve::common::WaitForTerminationSignal();
   LOG(INFO) << "signal " << sig << ": draining (grace " << absl::GetFlag(FLAGS_shutdown_grace) << ")";

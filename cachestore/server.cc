@@ -36,6 +36,11 @@ absl::StatusOr<std::unique_ptr<CacheStoreServer>> CacheStoreServer::Start(const 
   if (options.max_threads < kMinThreads) {
     return absl::InvalidArgumentError(absl::StrCat("max_threads must be >= ", kMinThreads));
   }
+  if (!options.bulk.address.empty() && options.tls.enabled()) {
+    return absl::InvalidArgumentError(
+        "a bulk address serves cache bytes over plain TCP; it cannot be combined with TLS (drop it: reads then "
+        "stay on the encrypted gRPC stream)");
+  }
   auto server = std::unique_ptr<CacheStoreServer>(new CacheStoreServer());
   CacheIndexOptions index = options.index;
   // The shm read path sends entries where they live: in shared memory.
@@ -80,6 +85,13 @@ absl::StatusOr<std::unique_ptr<CacheStoreServer>> CacheStoreServer::Start(const 
                        metrics->RecordShmRead(e.code == absl::StatusCode::kOk, e.refused_peer, e.bytes);
                      }));
   }
+  if (!options.bulk.address.empty()) {
+    ServiceMetrics* metrics = server->metrics_.get();
+    ASSIGN_OR_RETURN(server->bulk_,
+                     BulkReadServer::Start(options.bulk, *server->store_, [metrics](const BulkReadEvent& e) {
+                       metrics->RecordBulkRead(e.code == absl::StatusCode::kOk, e.bytes);
+                     }));
+  }
   CacheStoreServer* self = server.get();
   server->reaper_ = std::thread([self] {
     while (!self->stop_.WaitForNotificationWithTimeout(self->reap_interval_)) self->ReapOnce();
@@ -108,6 +120,8 @@ void CacheStoreServer::Shutdown(absl::Duration grace) {
   if (reaper_.joinable()) reaper_.join();
   // A shm read is short (descriptors, no bytes); the socket closes before the drain.
   if (shm_ != nullptr) shm_->Stop();
+  // A bulk read in flight ends with the connection: its reader falls back to gRPC.
+  bulk_.reset();
   if (server_ != nullptr) {
     // New calls are refused (UNAVAILABLE) while the calls in flight end on
     // their own, within the grace. Only then does gRPC close the

@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "cachestore/bulk_read_server.h"
 #include "cachestore/cache_store.h"
 #include "cachestore/service.h"
 #include "cachestore/service_metrics.h"
@@ -45,11 +46,15 @@ struct ServerOptions {
   // when shm.socket_path is not empty, and then the store keeps its entries
   // in shared memory (index.blob_storage is set to kSharedMemory).
   ShmReadServerOptions shm;
+  // Reads over plain TCP for workers on other hosts (bulk_read_server.h): on
+  // when bulk.address is not empty. Refused beside TLS (INVALID_ARGUMENT):
+  // its bytes travel unencrypted.
+  BulkReadServerOptions bulk;
 };
 
 // A running cachestore: gRPC server with the CacheStore service, the standard
 // health service and reflection, plus a reaper thread, and the shared-memory
-// read socket when configured. Thread-safe. Its
+// read socket and the bulk port when configured. Thread-safe. Its
 // threads are bounded whatever clients do: the CacheStore service holds no
 // thread per call and bounds its calls (ServiceOptions::max_streams), the
 // synchronous services draw threads from a quota (max_threads).
@@ -63,6 +68,10 @@ class CacheStoreServer {
 
   int port() const { return port_; }
   int health_port() const { return health_ != nullptr ? health_->port() : 0; }
+  // The bulk port; 0 without one.
+  int bulk_port() const { return bulk_ != nullptr ? bulk_->port() : 0; }
+  // Connections the bulk port serves now.
+  int64_t bulk_connections() const { return bulk_ != nullptr ? bulk_->connections() : 0; }
   CacheStore& store() { return *store_; }
 
   // Runs one reaper pass now (tests drive it with a fake clock).
@@ -84,6 +93,7 @@ class CacheStoreServer {
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<common::HealthServer> health_;  // null without a health address
   std::unique_ptr<ShmReadServer> shm_;            // null without a shm socket
+  std::unique_ptr<BulkReadServer> bulk_;          // null without a bulk address
   int port_ = 0;
   absl::Duration reap_interval_;
   absl::Notification stop_;

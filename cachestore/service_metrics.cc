@@ -35,6 +35,9 @@ struct Families {
                                 "Reads on the shared-memory socket by outcome (ok, error, refused_peer).")),
         shm_bytes(CounterFamily(r, "hybridserve_cache_shm_bytes_total",
                                 "Entry bytes read by shared memory (sent as slab descriptors, not copied).")),
+        bulk_reads(
+            CounterFamily(r, "hybridserve_cache_bulk_reads_total", "Reads on the bulk port by outcome (ok, error).")),
+        bulk_bytes(CounterFamily(r, "hybridserve_cache_bulk_bytes_total", "Entry bytes sent on the bulk port.")),
         calls_refused(CounterFamily(r, "hybridserve_cache_calls_refused_total",
                                     "Calls refused by --max_streams or --max_streams_per_peer.")),
         bytes(GaugeFamily(r, "hybridserve_cache_bytes", "Cache bytes by class and state.")),
@@ -57,6 +60,8 @@ struct Families {
   prometheus::Family<prometheus::Counter>& get_bytes;
   prometheus::Family<prometheus::Counter>& shm_reads;
   prometheus::Family<prometheus::Counter>& shm_bytes;
+  prometheus::Family<prometheus::Counter>& bulk_reads;
+  prometheus::Family<prometheus::Counter>& bulk_bytes;
   prometheus::Family<prometheus::Counter>& calls_refused;
   prometheus::Family<prometheus::Gauge>& bytes;
   prometheus::Family<prometheus::Gauge>& leases;
@@ -103,6 +108,9 @@ ServiceMetrics::ServiceMetrics(prometheus::Registry& r, const Families& f, Evict
       shm_reads_failed_(f.shm_reads.Add({{"outcome", "error"}})),
       shm_peers_refused_(f.shm_reads.Add({{"outcome", "refused_peer"}})),
       shm_bytes_(f.shm_bytes.Add({})),
+      bulk_reads_ok_(f.bulk_reads.Add({{"outcome", "ok"}})),
+      bulk_reads_failed_(f.bulk_reads.Add({{"outcome", "error"}})),
+      bulk_bytes_(f.bulk_bytes.Add({})),
       calls_refused_(f.calls_refused.Add({})),
       page_resident_(f.bytes.Add({{"class", "page"}, {"state", "resident"}})),
       page_reserved_(f.bytes.Add({{"class", "page"}, {"state", "reserved"}})),
@@ -140,6 +148,11 @@ void ServiceMetrics::RecordPut(bool ok, int64_t bytes, double seconds) {
 void ServiceMetrics::RecordShmRead(bool ok, bool refused_peer, int64_t bytes) {
   (refused_peer ? shm_peers_refused_ : ok ? shm_reads_ok_ : shm_reads_failed_).Increment();
   if (ok) shm_bytes_.Increment(static_cast<double>(bytes));
+}
+
+void ServiceMetrics::RecordBulkRead(bool ok, int64_t bytes) {
+  (ok ? bulk_reads_ok_ : bulk_reads_failed_).Increment();
+  if (ok) bulk_bytes_.Increment(static_cast<double>(bytes));
 }
 
 void ServiceMetrics::RecordGet(bool ok, int64_t bytes, double seconds) {

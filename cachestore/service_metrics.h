@@ -30,6 +30,8 @@ class ServiceMetrics {
   // A read on the shared-memory socket (shm_read_server.h); `refused_peer`:
   // a connection refused by its credentials.
   void RecordShmRead(bool ok, bool refused_peer, int64_t bytes);
+  // A read on the bulk port (bulk_read_server.h).
+  void RecordBulkRead(bool ok, int64_t bytes);
   // A call refused by --max_streams or --max_streams_per_peer.
   void RecordRefusedCall();
 
@@ -57,6 +59,9 @@ class ServiceMetrics {
   prometheus::Counter& shm_reads_failed_;
   prometheus::Counter& shm_peers_refused_;
   prometheus::Counter& shm_bytes_;
+  prometheus::Counter& bulk_reads_ok_;
+  prometheus::Counter& bulk_reads_failed_;
+  prometheus::Counter& bulk_bytes_;
   prometheus::Counter& calls_refused_;
   prometheus::Gauge& page_resident_;
   prometheus::Gauge& page_reserved_;

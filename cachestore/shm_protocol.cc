@@ -10,26 +10,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "cachestore/wire_ints.h"
 
 namespace hybridserve::cachestore {
 namespace {
 
-void PutU32(std::string* out, uint32_t v) {
-  for (int i = 0; i < 4; ++i) out->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
-void PutU64(std::string* out, uint64_t v) {
-  for (int i = 0; i < 8; ++i) out->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
-uint32_t GetU32(const char* p) {
-  uint32_t v = 0;
-  for (int i = 3; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(p[i]);
-  return v;
-}
-uint64_t GetU64(const char* p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(p[i]);
-  return v;
-}
+using wire::GetU32;
+using wire::GetU64;
+using wire::PutU32;
+using wire::PutU64;
 
 absl::Status IoError(absl::string_view what, int err) {
   if (err == EAGAIN || err == EWOULDBLOCK) return absl::UnavailableError(absl::StrCat(what, ": timed out"));

@@ -1,5 +1,5 @@
 // Reads by shared memory (shm_protocol.h version 2, shm_read_server.h,
-// shm_reader.h, shm_cache_client.h) over real Unix sockets and the store's
+// shm_reader.h, direct_read_cache_client.h) over real Unix sockets and the store's
 // real memfd slabs; a child process plays the reader that dies mid-read.
 
 #include <fcntl.h>
@@ -24,10 +24,10 @@
 #include "absl/synchronization/mutex.h"
 #include "cachestore/cache_client.h"
 #include "cachestore/cache_store.h"
+#include "cachestore/direct_read_cache_client.h"
 #include "cachestore/grpc_cache_client.h"
 #include "cachestore/in_process_cache_client.h"
 #include "cachestore/server.h"
-#include "cachestore/shm_cache_client.h"
 #include "cachestore/shm_protocol.h"
 #include "cachestore/shm_read_server.h"
 #include "cachestore/shm_reader.h"
@@ -168,14 +168,15 @@ class ShmServerTest : public ::testing::Test {
     auto client = GrpcCacheClient::Create(absl::StrCat("127.0.0.1:", server_->port()));
     ASSERT_TRUE(client.ok()) << client.status();
     grpc_ = *std::move(client);
-    shm_ = std::make_unique<ShmCacheClient>(*grpc_, ShmReaderOptions{o.shm.socket_path});
+    shm_ = std::make_unique<DirectReadCacheClient>(*grpc_,
+                                                   std::make_unique<ShmReader>(ShmReaderOptions{o.shm.socket_path}));
   }
 
   common::FakeClock clock_;
   prometheus::Registry registry_;
   std::unique_ptr<CacheStoreServer> server_;
   std::unique_ptr<GrpcCacheClient> grpc_;
-  std::unique_ptr<ShmCacheClient> shm_;
+  std::unique_ptr<DirectReadCacheClient> shm_;
   const ClientNamespace ns_{"fingerprint", "", "", kPageSize, "tenant"};
 };
 
@@ -193,7 +194,7 @@ TEST_F(ShmServerTest, ShmReadsEqualTheGrpcPathsBytesAndAreCountedAsShm) {
   std::string state;
   ASSERT_TRUE(shm_->GetInto(lookup->lease_id, lookup->state->key, &state).ok());
   EXPECT_EQ(state, p.state_bytes);
-  const ShmReadCounts counts = shm_->counts();
+  const DirectReadCounts counts = shm_->counts();
   EXPECT_EQ(counts.reads, 2);
   EXPECT_EQ(counts.bytes, 40 * (64 << 10) + 3000);
   EXPECT_TRUE(counts.fallbacks.empty());
@@ -231,7 +232,7 @@ TEST_F(ShmServerTest, ScatteredReadsLandInTheCallersSegmentsAndACorruptOneFallsB
     for (const absl::Span<char>& s : destinations[i].segments) page.append(s.data(), s.size());
     ASSERT_EQ(page, p.page_bytes[i]) << "page " << i;
   }
-  ShmReadCounts counts = shm_->counts();
+  DirectReadCounts counts = shm_->counts();
   EXPECT_EQ(counts.reads, 1);
   EXPECT_EQ(counts.bytes, static_cast<int64_t>(kPages * kBytes));
   EXPECT_TRUE(counts.fallbacks.empty());
@@ -343,7 +344,7 @@ TEST_F(ShmServerTest, ACorruptedStoredEntryEndsAsDataLossThroughTheFallback) {
   std::vector<std::string> out(3);
   const absl::Status read = shm_->GetManyInto(lookup->lease_id, p.page_keys, absl::MakeSpan(out));
   EXPECT_EQ(read.code(), absl::StatusCode::kDataLoss) << read;
-  const ShmReadCounts counts = shm_->counts();
+  const DirectReadCounts counts = shm_->counts();
   EXPECT_EQ(counts.reads, 0);
   ASSERT_EQ(counts.fallbacks.size(), 1u);
   EXPECT_EQ(counts.fallbacks.begin()->first, "data_loss");
@@ -380,13 +381,13 @@ TEST_F(ShmServerTest, AReadWithoutTheLeaseIsRefusedAsOverGrpc) {
 
 TEST_F(ShmServerTest, NoSocketFallsBackToGrpcAndCountsIt) {
   const Prefix p = PutPrefix(*grpc_, ns_, 3, 8192, 5);
-  ShmCacheClient nowhere(*grpc_, ShmReaderOptions{SocketPath("nobody-listens")});
+  DirectReadCacheClient nowhere(*grpc_, std::make_unique<ShmReader>(ShmReaderOptions{SocketPath("nobody-listens")}));
   absl::StatusOr<LookupResult> lookup = nowhere.Lookup(ns_, p.tokens, LookupMode::kLease);
   ASSERT_TRUE(lookup.ok()) << lookup.status();
   std::vector<std::string> out(3);
   ASSERT_TRUE(nowhere.GetManyInto(lookup->lease_id, p.page_keys, absl::MakeSpan(out)).ok());
   EXPECT_EQ(out, p.page_bytes);
-  const ShmReadCounts counts = nowhere.counts();
+  const DirectReadCounts counts = nowhere.counts();
   EXPECT_EQ(counts.reads, 0);
   ASSERT_EQ(counts.fallbacks.size(), 1u);
   EXPECT_EQ(counts.fallbacks.begin()->first, "unavailable");
@@ -430,10 +431,10 @@ TEST(ShmPeerTest, AServerThatDoesNotAllowThisUidRefusesAndTheClientFallsBack) {
   EXPECT_EQ(
       ShmReader(ShmReaderOptions{o.socket_path}).ReadInto(lookup->lease_id, p.page_keys, absl::MakeSpan(out)).code(),
       absl::StatusCode::kPermissionDenied);
-  ShmCacheClient client(in_process, ShmReaderOptions{o.socket_path});
+  DirectReadCacheClient client(in_process, std::make_unique<ShmReader>(ShmReaderOptions{o.socket_path}));
   ASSERT_TRUE(client.GetManyInto(lookup->lease_id, p.page_keys, absl::MakeSpan(out)).ok());
   EXPECT_EQ(out, p.page_bytes);
-  const ShmReadCounts counts = client.counts();
+  const DirectReadCounts counts = client.counts();
   ASSERT_EQ(counts.fallbacks.size(), 1u);
   EXPECT_EQ(counts.fallbacks.begin()->first, "permission_denied");
   absl::MutexLock lock(&mu);
@@ -541,14 +542,14 @@ class ShmFallbackTest : public ::testing::Test {
     checksum_ = common::Checksum64(p_.page_bytes[0].data(), p_.page_bytes[0].size());
   }
 
-  // Reads page 0 through a ShmCacheClient whose socket is `path`'s; the
+  // Reads page 0 through a DirectReadCacheClient whose socket is `path`'s; the
   // bytes must be right whatever the fake sent, and the fallback counted.
   void ExpectFallback(const std::string& path, const std::string& reason) {
-    ShmCacheClient client(*in_process_, ShmReaderOptions{path});
+    DirectReadCacheClient client(*in_process_, std::make_unique<ShmReader>(ShmReaderOptions{path}));
     std::string out;
     ASSERT_TRUE(client.GetInto(lease_, p_.page_keys[0], &out).ok());
     EXPECT_EQ(out, p_.page_bytes[0]);
-    const ShmReadCounts counts = client.counts();
+    const DirectReadCounts counts = client.counts();
     EXPECT_EQ(counts.reads, 0);
     ASSERT_EQ(counts.fallbacks.size(), 1u);
     EXPECT_EQ(counts.fallbacks.begin()->first, reason);
@@ -566,7 +567,7 @@ class ShmFallbackTest : public ::testing::Test {
 TEST_F(ShmFallbackTest, TheFakeServersHonestAnswerIsRead) {
   const std::string path = SocketPath("honest");
   FakeShmServer fake(path, "pad" + p_.page_bytes[0], {{0, 3, p_.page_bytes[0].size(), checksum_}}, /*read_only=*/true);
-  ShmCacheClient client(*in_process_, ShmReaderOptions{path});
+  DirectReadCacheClient client(*in_process_, std::make_unique<ShmReader>(ShmReaderOptions{path}));
   std::string out;
   ASSERT_TRUE(client.GetInto(lease_, p_.page_keys[0], &out).ok());
   EXPECT_EQ(out, p_.page_bytes[0]);
@@ -739,7 +740,7 @@ TEST_F(ShmLifetimeTest, AnEntryEvictedOrItsLeaseEndedIsNotFoundNeverAnotherEntry
   EXPECT_EQ(gone->kv_match_tokens, 0);
   // The old lease reads nothing; a client gets the verdict, not a fallback.
   EXPECT_EQ(reader_->ReadInto(lookup->lease_id, p.page_keys, absl::MakeSpan(out)).code(), absl::StatusCode::kNotFound);
-  ShmCacheClient client(*in_process_, ShmReaderOptions{server_->socket_path()});
+  DirectReadCacheClient client(*in_process_, std::make_unique<ShmReader>(ShmReaderOptions{server_->socket_path()}));
   EXPECT_EQ(client.GetInto(lookup->lease_id, p.page_keys[0], &out[0]).code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(client.counts().fallbacks.empty());
   // The descriptor kept past the lease sees the slot's new contents, whose

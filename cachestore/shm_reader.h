@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "cachestore/direct_reader.h"
 #include "cachestore/keys.h"
 #include "cachestore/shm_protocol.h"
 #include "cachestore/types.h"
@@ -35,9 +36,12 @@ inline constexpr size_t kShmMaxReadKeys = 4096;
 // per entry) into the caller's memory and verified there while the lease is
 // held, and every received descriptor is closed before a read returns, on
 // every path.
-class ShmReader {
+class ShmReader final : public DirectReader {
  public:
   explicit ShmReader(ShmReaderOptions options) : options_(std::move(options)) {}
+
+  const char* name() const override { return "shm"; }
+  size_t max_keys() const override { return kShmMaxReadKeys; }
 
   // The bytes of `keys` (1 .. kShmMaxReadKeys) held by lease `lease_id`,
   // copied with pread straight into `out` (as many as keys; their capacity
@@ -55,14 +59,14 @@ class ShmReader {
   // read would get too, rather than a failure of the path. On error `out`
   // holds no usable bytes.
   absl::Status ReadInto(uint64_t lease_id, absl::Span<const Hash128> keys, absl::Span<std::string> out,
-                        bool* verdict = nullptr) const;
+                        bool* verdict = nullptr) const override;
 
   // The same, each entry straight into its caller-owned segments (in order;
   // an entry not exactly as long as they are together is INVALID_ARGUMENT
   // naming keys[i], a verdict: a gRPC read of that entry would not fit
   // either), verified there. On error the segments hold no usable bytes.
   absl::Status ReadScattered(uint64_t lease_id, absl::Span<const Hash128> keys, absl::Span<const EntrySegments> out,
-                             bool* verdict = nullptr) const;
+                             bool* verdict = nullptr) const override;
 
  private:
   // Where entry `index` of a read goes, once its size is known: the segments

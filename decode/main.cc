@@ -181,9 +181,10 @@ absl::Status Run() {
   ASSIGN_OR_RETURN(std::unique_ptr<engine::Model> model,
                    worker::NewEngine(*weights, options, absl::GetFlag(FLAGS_max_batch)));
   ASSIGN_OR_RETURN(std::unique_ptr<cachestore::GrpcCacheClient> cache, worker::ConnectCache(options));
-  std::unique_ptr<cachestore::ShmCacheClient> shm_cache = worker::ConnectShmReads(options, cache.get());
+  ASSIGN_OR_RETURN(std::unique_ptr<cachestore::DirectReadCacheClient> direct_cache,
+                   worker::ConnectDirectReads(options, cache.get()));
   cachestore::CacheClient* cache_client =
-      shm_cache != nullptr ? static_cast<cachestore::CacheClient*>(shm_cache.get()) : cache.get();
+      direct_cache != nullptr ? static_cast<cachestore::CacheClient*>(direct_cache.get()) : cache.get();
   ASSIGN_OR_RETURN(PrefillSide prefill_side, OpenPrefillSide(options, *weights, *model, cache_client));
 
   decode::DecodeLoopOptions lo;
@@ -195,8 +196,11 @@ absl::Status Run() {
   lo.publish = absl::GetFlag(FLAGS_publish);
   lo.publish_parent_wait = absl::GetFlag(FLAGS_publish_parent_wait);
   lo.cache_failure_backoff = options.cache_failure_backoff;
-  // Over gRPC the push from prefill is faster than reading the pages here.
-  lo.read_history_pages = shm_cache != nullptr && absl::GetFlag(FLAGS_read_history_pages);
+  // Only by shared memory: over gRPC or the bulk port, reading the pages
+  // here moves them over a socket as the push from prefill does, and costs
+  // a lookup besides.
+  lo.read_history_pages =
+      direct_cache != nullptr && !options.cachestore_shm_socket.empty() && absl::GetFlag(FLAGS_read_history_pages);
   const int64_t history_read_min_kib = absl::GetFlag(FLAGS_history_read_min_kib);
   if (history_read_min_kib < 0 || history_read_min_kib > (int64_t{1} << 40)) {
     return absl::InvalidArgumentError(
@@ -248,9 +252,9 @@ absl::Status Run() {
             << (aggregated ? std::string("aggregated (prefill in process)")
                            : absl::StrCat("data plane ", lo.endpoint, ", prefill ", absl::GetFlag(FLAGS_prefill)))
             << (cache ? absl::StrCat(", cachestore ", options.cachestore) : ", no cache")
-            << (shm_cache ? absl::StrCat(" (reads by shared memory on ", options.cachestore_shm_socket,
-                                         lo.read_history_pages ? ", prompts' cached pages read here" : "", ")")
-                          : std::string())
+            << (direct_cache ? absl::StrCat(" (", worker::DirectReadsName(options),
+                                            lo.read_history_pages ? ", prompts' cached pages read here" : "", ")")
+                             : std::string())
             << (exposer ? absl::StrCat(", metrics on port ", exposer->port()) : std::string());
   const std::string data_port = aggregated ? std::string() : prefill_side.plane->listening();
   std::cout << "DECODE_READY port=" << server->port() << (data_port.empty() ? "" : " data_port=" + data_port)

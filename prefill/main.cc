@@ -50,9 +50,10 @@ absl::Status Run() {
   ASSIGN_OR_RETURN(std::unique_ptr<cachestore::GrpcCacheClient> cache, worker::ConnectCache(options));
   // Reads by shared memory in front of the gRPC client, which stays the
   // control plane and the fallback.
-  std::unique_ptr<cachestore::ShmCacheClient> shm_cache = worker::ConnectShmReads(options, cache.get());
+  ASSIGN_OR_RETURN(std::unique_ptr<cachestore::DirectReadCacheClient> direct_cache,
+                   worker::ConnectDirectReads(options, cache.get()));
   cachestore::CacheClient* cache_client =
-      shm_cache != nullptr ? static_cast<cachestore::CacheClient*>(shm_cache.get()) : cache.get();
+      direct_cache != nullptr ? static_cast<cachestore::CacheClient*>(direct_cache.get()) : cache.get();
   ASSIGN_OR_RETURN(const std::vector<transport::TransportKind> planes,
                    worker::ParseDataPlanes(absl::GetFlag(FLAGS_data_planes)));
   ASSIGN_OR_RETURN(std::unique_ptr<worker::SenderPlanes> senders, worker::SenderPlanes::Open(planes, *model, options));
@@ -83,7 +84,7 @@ absl::Status Run() {
   ASSIGN_OR_RETURN(std::unique_ptr<common::MetricsExposer> exposer, worker::StartMetrics(options, registry, [&] {
                      metrics.SyncCounters(prefill_worker.counters());
                      plane_metrics.Sync(senders->ipc_traffic());
-                     if (shm_cache != nullptr) metrics.SyncShm(shm_cache->counts());
+                     if (direct_cache != nullptr) metrics.SyncDirectReads(direct_cache->counts());
                    }));
   prefill::PrefillService service(prefill_worker, absl::GetFlag(FLAGS_max_queue), &metrics);
   ASSIGN_OR_RETURN(std::unique_ptr<worker::GrpcServer> server,
@@ -96,7 +97,7 @@ absl::Status Run() {
                                    options.tls.server.allowed_peers.size(), " allowed peers)")
                     : " (plaintext)")
             << (cache ? absl::StrCat(", cachestore ", options.cachestore) : ", no cache")
-            << (shm_cache ? absl::StrCat(" (reads by shared memory on ", options.cachestore_shm_socket, ")") : "")
+            << (direct_cache ? absl::StrCat(" (", worker::DirectReadsName(options), ")") : "")
             << (exposer ? absl::StrCat(", metrics on port ", exposer->port()) : std::string());
   std::cout << "PREFILL_READY port=" << server->port()
             << (exposer ? absl::StrCat(" metrics_port=", exposer->port()) : "")

@@ -8,6 +8,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "cachestore/bulk_reader.h"
+#include "cachestore/shm_reader.h"
 #include "common/health.h"
 #include "common/logging.h"
 #include "common/process.h"
@@ -86,11 +88,31 @@ absl::StatusOr<std::unique_ptr<engine::Model>> NewEngine(const engine::ModelWeig
   return model;
 }
 
-std::unique_ptr<cachestore::ShmCacheClient> ConnectShmReads(const WorkerOptions& options,
-                                                            cachestore::GrpcCacheClient* cache) {
-  if (cache == nullptr || options.cachestore_shm_socket.empty()) return nullptr;
-  return std::make_unique<cachestore::ShmCacheClient>(
-      *cache, cachestore::ShmReaderOptions{options.cachestore_shm_socket, options.cache_timeout});
+absl::StatusOr<std::unique_ptr<cachestore::DirectReadCacheClient>> ConnectDirectReads(
+    const WorkerOptions& options, cachestore::GrpcCacheClient* cache) {
+  if (cache == nullptr) return nullptr;
+  if (!options.cachestore_shm_socket.empty()) {
+    return std::make_unique<cachestore::DirectReadCacheClient>(
+        *cache, std::make_unique<cachestore::ShmReader>(
+                    cachestore::ShmReaderOptions{options.cachestore_shm_socket, options.cache_timeout}));
+  }
+  if (options.cachestore_bulk_address.empty()) return nullptr;
+  if (!options.tls.channel.ca_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--cachestore_bulk_address reads cache bytes over plain TCP; it cannot be combined with TLS to the "
+        "cachestore (drop it: reads then stay on the encrypted gRPC stream)");
+  }
+  std::string host, port;
+  RETURN_IF_ERROR(common::SplitHostPort(options.cachestore_bulk_address, &host, &port));
+  return std::make_unique<cachestore::DirectReadCacheClient>(
+      *cache, std::make_unique<cachestore::BulkReader>(
+                  cachestore::BulkReaderOptions{options.cachestore_bulk_address, options.cache_timeout}));
+}
+
+std::string DirectReadsName(const WorkerOptions& options) {
+  return options.cachestore_shm_socket.empty()
+             ? absl::StrCat("reads over the bulk port ", options.cachestore_bulk_address)
+             : absl::StrCat("reads by shared memory on ", options.cachestore_shm_socket);
 }
 
 absl::StatusOr<std::unique_ptr<cachestore::GrpcCacheClient>> ConnectCache(const WorkerOptions& options) {

@@ -18,8 +18,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "cachestore/direct_read_cache_client.h"
 #include "cachestore/grpc_cache_client.h"
-#include "cachestore/shm_cache_client.h"
 #include "common/health_server.h"
 #include "common/metrics.h"
 #include "common/tls_flags.h"
@@ -45,6 +45,9 @@ struct WorkerOptions {
   std::string cachestore;  // host:port; empty: no cache
   // The cachestore's --shm_socket on this host: reads by shared memory; empty: gRPC only.
   std::string cachestore_shm_socket;
+  // The cachestore's --bulk_address: reads over plain TCP (not with TLS);
+  // empty: gRPC only. The shm socket wins when both are given.
+  std::string cachestore_bulk_address;
   absl::Duration cache_timeout = absl::Seconds(2);
   absl::Duration cache_failure_backoff = absl::Seconds(1);
   std::string metrics_address;  // empty: none
@@ -63,11 +66,16 @@ absl::StatusOr<std::unique_ptr<engine::Model>> NewEngine(const engine::ModelWeig
 // The cachestore client; null without --cachestore. A cachestore that is not
 // up yet is not an error (logged: requests miss the cache until it is).
 absl::StatusOr<std::unique_ptr<cachestore::GrpcCacheClient>> ConnectCache(const WorkerOptions& options);
-// Reads by shared memory in front of `cache` (ConnectCache's), which stays
-// the control plane and the fallback; null without a cache or without
-// --cachestore_shm_socket.
-std::unique_ptr<cachestore::ShmCacheClient> ConnectShmReads(const WorkerOptions& options,
-                                                            cachestore::GrpcCacheClient* cache);
+// Direct reads in front of `cache` (ConnectCache's), which stays the control
+// plane and the fallback: by shared memory with --cachestore_shm_socket, else
+// over the bulk port with --cachestore_bulk_address; null without a cache or
+// either. INVALID_ARGUMENT: a bulk address beside TLS to the cachestore (its
+// bytes would travel unencrypted).
+absl::StatusOr<std::unique_ptr<cachestore::DirectReadCacheClient>> ConnectDirectReads(
+    const WorkerOptions& options, cachestore::GrpcCacheClient* cache);
+// How ConnectDirectReads' client reads, for logs: "reads by shared memory on
+// PATH" or "reads over the bulk port ADDRESS".
+std::string DirectReadsName(const WorkerOptions& options);
 
 // The Prometheus endpoint; null without --metrics_address. `before_scrape`
 // (may be empty) runs on the exposer's thread before each scrape.

@@ -27,10 +27,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "bench/cachestore/bench_timing.h"
+#include "cachestore/direct_read_cache_client.h"
+#include "cachestore/shm_reader.h"
 #include "cachestore/grpc_cache_client.h"
 #include "cachestore/keys.h"
 #include "cachestore/server.h"
-#include "cachestore/shm_cache_client.h"
 #include "common/clock.h"
 #include "common/hash.h"
 #include "common/process.h"
@@ -113,7 +114,8 @@ void Run() {
   Check(server.status(), "CacheStoreServer::Start");
   auto grpc = cachestore::GrpcCacheClient::Create(absl::StrCat("127.0.0.1:", (*server)->port()));
   Check(grpc.status(), "GrpcCacheClient::Create");
-  cachestore::ShmCacheClient shm(**grpc, cachestore::ShmReaderOptions{options.shm.socket_path});
+  cachestore::DirectReadCacheClient shm(
+      **grpc, std::make_unique<cachestore::ShmReader>(cachestore::ShmReaderOptions{options.shm.socket_path}));
 
   const cachestore::ClientNamespace ns{"bench-model", "", "shm", kPageSize};
   std::vector<cachestore::TokenId> tokens(kPages * kPageSize + 1);
@@ -237,7 +239,7 @@ void Run() {
     }
   }
   if (state_out != state_bytes) std::exit(1);
-  const cachestore::ShmReadCounts counts = shm.counts();
+  const cachestore::DirectReadCounts counts = shm.counts();
   Check((*grpc)->Release(lease), "Release");
   (*server)->Shutdown(absl::Seconds(1));
   rmdir(dir);

@@ -1,0 +1,165 @@
+#include "cachestore/bulk_read_server.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "common/status_macros.h"
+
+namespace hybridserve::cachestore {
+
+absl::StatusOr<std::unique_ptr<BulkReadServer>> BulkReadServer::Start(
+    const BulkReadServerOptions& options, CacheStore& store, std::function<void(const BulkReadEvent&)> observe) {
+  if (options.max_connections < 1) return absl::InvalidArgumentError("bulk max_connections must be >= 1");
+  if (options.io_timeout <= absl::ZeroDuration()) return absl::InvalidArgumentError("bulk io_timeout must be > 0");
+  std::string host, port;
+  RETURN_IF_ERROR(common::SplitHostPort(options.address, &host, &port));
+  int bound = 0;
+  ASSIGN_OR_RETURN(common::Socket listener, common::Listen(options.address, &bound));
+  std::unique_ptr<BulkReadServer> server(
+      new BulkReadServer(options, store, std::move(listener), bound, std::move(observe)));
+  server->accept_thread_ = std::thread([s = server.get()] { s->AcceptLoop(); });
+  return server;
+}
+
+BulkReadServer::BulkReadServer(const BulkReadServerOptions& options, CacheStore& store, common::Socket listener,
+                               int port, std::function<void(const BulkReadEvent&)> observe)
+    : options_(options), store_(store), listener_(std::move(listener)), port_(port), observe_(std::move(observe)) {}
+
+BulkReadServer::~BulkReadServer() {
+  stop_ = true;
+  if (accept_thread_.joinable()) accept_thread_.join();
+  absl::flat_hash_map<int64_t, std::thread> threads;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, socket] : sockets_) socket->Shutdown();
+    threads.swap(threads_);
+  }
+  for (auto& [id, t] : threads) t.join();
+}
+
+int64_t BulkReadServer::connections() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(sockets_.size());
+}
+
+void BulkReadServer::JoinFinished() {
+  std::vector<std::thread> done;
+  {
+    absl::MutexLock lock(&mu_);
+    for (int64_t id : finished_) {
+      auto it = threads_.find(id);
+      if (it == threads_.end()) continue;
+      done.push_back(std::move(it->second));
+      threads_.erase(it);
+    }
+    finished_.clear();
+  }
+  for (std::thread& t : done) t.join();
+}
+
+void BulkReadServer::AcceptLoop() {
+  while (!stop_) {
+    JoinFinished();
+    // Wakes at least every 200 ms to see stop_.
+    pollfd p{listener_.fd(), POLLIN, 0};
+    if (poll(&p, 1, 200) <= 0) continue;
+    const int fd = accept4(listener_.fd(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) continue;
+    auto socket = std::make_unique<common::Socket>(fd);
+    absl::MutexLock lock(&mu_);
+    if (static_cast<int64_t>(sockets_.size()) >= options_.max_connections) {
+      refused_.fetch_add(1);
+      continue;  // closed by the unique_ptr: the reader falls back to gRPC
+    }
+    const int64_t id = next_connection_++;
+    sockets_[id] = socket.get();
+    threads_[id] = std::thread([this, id, s = socket.release()] {
+      std::unique_ptr<common::Socket> owned(s);
+      Serve(*owned);
+      absl::MutexLock done(&mu_);
+      sockets_.erase(id);
+      finished_.push_back(id);
+    });
+  }
+}
+
+void BulkReadServer::Serve(common::Socket& socket) {
+  while (!stop_) {
+    // Idle between requests for at most io_timeout (a closed or shut-down
+    // socket is readable: the read below then fails).
+    pollfd p{socket.fd(), POLLIN, 0};
+    const int ready = poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(options_.io_timeout)));
+    if (ready <= 0 || stop_) return;
+    absl::StatusOr<BulkRequest> request = ReadBulkRequest(socket, absl::Now() + options_.io_timeout);
+    if (!request.ok()) {
+      if (absl::IsInvalidArgument(request.status())) {
+        // Best effort: the peer learns why before the connection ends.
+        BulkResponseHead refusal;
+        refusal.status = request.status();
+        (void)socket.WriteFull(EncodeBulkResponseHead(refusal), absl::Now() + options_.io_timeout);
+        Observe(refusal.status.code(), 0);
+      }
+      return;  // closed, timed out or malformed: the connection ends
+    }
+    if (!Answer(socket, *request)) return;
+  }
+}
+
+bool BulkReadServer::Answer(common::Socket& socket, const BulkRequest& request) {
+  BulkResponseHead head;
+  std::vector<ReadHandle> entries;
+  entries.reserve(request.keys.size());
+  head.entries.reserve(request.keys.size());
+  for (size_t i = 0; i < request.keys.size(); ++i) {
+    absl::StatusOr<ReadHandle> h = store_.Open(request.lease_id, request.keys[i]);
+    if (!h.ok()) {
+      head.status = absl::Status(h.status().code(), absl::StrCat("keys[", i, "]: ", h.status().message()));
+      head.entries.clear();
+      entries.clear();
+      break;
+    }
+    head.entries.push_back(BulkEntry{h->blob->size, h->info.checksum});
+    entries.push_back(*std::move(h));
+  }
+  const std::string encoded = EncodeBulkResponseHead(head);
+  // The head and the entries in writes of at most kBulkWriteBytes, each with
+  // its own deadline: a large response progresses as long as the reader
+  // reads, and a stalled reader is dropped after io_timeout.
+  std::vector<absl::string_view> parts = {encoded};
+  int64_t pending = static_cast<int64_t>(encoded.size());
+  int64_t sent = 0;
+  absl::Status status;
+  auto flush = [&] {
+    if (status.ok() && !parts.empty()) status = socket.WriteAll(parts, absl::Now() + options_.io_timeout);
+    parts.clear();
+    pending = 0;
+  };
+  for (const ReadHandle& e : entries) {
+    const char* bytes = reinterpret_cast<const char*>(e.blob->data.get());
+    for (size_t off = 0; off < e.blob->size && status.ok();) {
+      const size_t take = std::min<size_t>(e.blob->size - off, static_cast<size_t>(kBulkWriteBytes - pending));
+      parts.emplace_back(bytes + off, take);
+      pending += static_cast<int64_t>(take);
+      off += take;
+      sent += static_cast<int64_t>(take);
+      if (pending >= kBulkWriteBytes) flush();
+    }
+  }
+  flush();
+  // The entries were held until their last byte was handed to the kernel.
+  entries.clear();
+  Observe(status.ok() ? head.status.code() : absl::StatusCode::kUnavailable,
+          status.ok() && head.status.ok() ? sent : 0);
+  return status.ok();
+}
+
+void BulkReadServer::Observe(absl::StatusCode code, int64_t bytes) const {
+  if (observe_) observe_(BulkReadEvent{code, bytes});
+}
+
+}  // namespace hybridserve::cachestore

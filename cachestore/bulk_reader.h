@@ -1,0 +1,62 @@
+#ifndef HYBRIDSERVE_CACHESTORE_BULK_READER_H_
+#define HYBRIDSERVE_CACHESTORE_BULK_READER_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "cachestore/bulk_protocol.h"
+#include "cachestore/direct_reader.h"
+#include "cachestore/keys.h"
+#include "cachestore/types.h"
+
+namespace hybridserve::cachestore {
+
+struct BulkReaderOptions {
+  // The cachestore's bulk port, "host:port".
+  std::string address;
+  // The connect, and each step of a read (the request, the head, each piece
+  // of an entry's bytes): a read makes progress or fails.
+  absl::Duration timeout = absl::Seconds(10);
+};
+
+// Reads leased entries over the cachestore's bulk port (bulk_protocol.h,
+// version 1), each entry's bytes received straight into the caller's memory
+// (one kernel copy) and hashed piece by piece as they arrive, while in cache.
+// One connection per read. Thread-safe (holds no state).
+class BulkReader final : public DirectReader {
+ public:
+  explicit BulkReader(BulkReaderOptions options) : options_(std::move(options)) {}
+
+  const char* name() const override { return "bulk"; }
+  size_t max_keys() const override { return kBulkMaxKeys; }
+
+  absl::Status ReadInto(uint64_t lease_id, absl::Span<const Hash128> keys, absl::Span<std::string> out,
+                        bool* verdict = nullptr) const override;
+  absl::Status ReadScattered(uint64_t lease_id, absl::Span<const Hash128> keys, absl::Span<const EntrySegments> out,
+                             bool* verdict = nullptr) const override;
+
+ private:
+  // Where the entries' bytes go: Begin once per entry (its index and size;
+  // an error is a verdict), then the memory for its next bytes, at most `max`
+  // of them contiguous, until the entry is whole.
+  class Sink {
+   public:
+    virtual ~Sink() = default;
+    virtual absl::Status Begin(size_t index, uint64_t size) = 0;
+    virtual absl::Span<char> Next(size_t max) = 0;
+  };
+  class StringSink;
+  class SegmentsSink;
+
+  absl::Status Read(uint64_t lease_id, absl::Span<const Hash128> keys, Sink& sink, bool* verdict) const;
+
+  const BulkReaderOptions options_;
+};
+
+}  // namespace hybridserve::cachestore
+
+#endif  // HYBRIDSERVE_CACHESTORE_BULK_READER_H_
