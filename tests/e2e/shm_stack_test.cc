@@ -4,7 +4,9 @@
 // the shm stack every resume byte moved by shared memory, none by gRPC Get,
 // none fell back; decode read each resumed prompt's cached pages itself
 // (prefill sent only the pages after them) and its steps are those of the
-// stack without, bit for bit (logprobs).
+// stack without, bit for bit (logprobs). The same with reads over the bulk
+// port (cachestore --bulk_address, workers --cachestore_bulk_address): every
+// resume byte moved over it, none by gRPC Get, none fell back.
 
 #include <cstdint>
 #include <string>
@@ -96,6 +98,43 @@ TEST(ShmStackTest, ResumesByShmAreExactAndEveryResumeByteMovedByShm) {
   EXPECT_EQ(Metric(MetricsPort((*plain)->cachestore()), "hybridserve_cache_get_bytes_total"), shm_bytes);
   EXPECT_EQ(Metric(MetricsPort((*plain)->prefill()), "hybridserve_prefill_cache_shm_bytes_total"), 0);
   EXPECT_EQ(Metric(MetricsPort((*plain)->decode()), "hybridserve_decode_history_pages_total"), 0);
+}
+
+TEST(BulkStackTest, ResumesOverTheBulkPortAreExactAndEveryResumeByteMovedOverIt) {
+  auto plain = Stack::Start(StackOptions());
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  StackOptions with_bulk;
+  with_bulk.bulk = true;
+  auto bulk = Stack::Start(with_bulk);
+  ASSERT_TRUE(bulk.ok()) << bulk.status();
+  for (const int first : {5, DefaultShape().page_size + 1, 150}) {
+    SCOPED_TRACE(absl::StrCat("first prompt ", first));
+    const std::vector<Turn> a = Converse(**plain, first);
+    const std::vector<Turn> b = Converse(**bulk, first);
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t t = 0; t < a.size(); ++t) {
+      SCOPED_TRACE(absl::StrCat("turn ", t + 1));
+      EXPECT_EQ(a[t].tokens, b[t].tokens);
+      EXPECT_EQ(a[t].logprobs, b[t].logprobs);
+      EXPECT_EQ(a[t].cached, b[t].cached);
+      EXPECT_EQ(b[t].kind, t == 0 ? v1::RESUME_KIND_COLD : v1::RESUME_KIND_EXACT_PREFIX);
+    }
+  }
+  const int prefill = MetricsPort((*bulk)->prefill());
+  const int cachestore = MetricsPort((*bulk)->cachestore());
+  const double bulk_bytes = Metric(prefill, "hybridserve_prefill_cache_bulk_bytes_total");
+  EXPECT_GT(bulk_bytes, 0);
+  EXPECT_GE(Metric(prefill, "hybridserve_prefill_cache_bulk_reads_total"), 6);  // six resumes
+  EXPECT_EQ(MetricSum(prefill, "hybridserve_prefill_cache_bulk_fallbacks_total"), 0);
+  EXPECT_EQ(Metric(prefill, "hybridserve_prefill_cache_shm_bytes_total"), 0);
+  // The cachestore sent those bytes over the port, none by gRPC Get, and
+  // decode read no prompt's pages itself (only by shared memory).
+  EXPECT_EQ(Metric(cachestore, "hybridserve_cache_bulk_bytes_total"), bulk_bytes);
+  EXPECT_EQ(Metric(cachestore, "hybridserve_cache_bulk_reads_total{outcome=\"error\"}"), 0);
+  EXPECT_EQ(Metric(cachestore, "hybridserve_cache_get_bytes_total"), 0);
+  EXPECT_EQ(Metric(MetricsPort((*bulk)->decode()), "hybridserve_decode_history_pages_total"), 0);
+  // The stack without it read the same bytes by gRPC.
+  EXPECT_EQ(Metric(MetricsPort((*plain)->cachestore()), "hybridserve_cache_get_bytes_total"), bulk_bytes);
 }
 
 }  // namespace

@@ -188,6 +188,8 @@ absl::StatusOr<std::unique_ptr<Stack>> Stack::Start(const StackOptions& options)
   };
   if (options.cachestore) args.push_back(absl::StrCat("--cachestore=127.0.0.1:", s->cachestore_port_));
   if (options.cachestore && options.shm) args.push_back("--cachestore_shm_socket=" + s->shm_socket_);
+  if (options.cachestore && options.bulk)
+    args.push_back(absl::StrCat("--cachestore_bulk_address=127.0.0.1:", s->bulk_port_));
   args.insert(args.end(), options.decode_args.begin(), options.decode_args.end());
   auto d = Process::Start("decode", "decode/decode", args, "DECODE_READY");
   if (!d.ok()) return d.status();
@@ -200,11 +202,13 @@ absl::Status Stack::RestartCachestore() {
   std::vector<std::string> args = {absl::StrCat("--address=127.0.0.1:", cachestore_port_),
                                    "--metrics_address=127.0.0.1:0", "--shutdown_grace=2s"};
   if (options_.shm) args.push_back("--shm_socket=" + shm_socket_);
+  if (options_.bulk) args.push_back(absl::StrCat("--bulk_address=127.0.0.1:", bulk_port_));
   args.insert(args.end(), options_.cachestore_args.begin(), options_.cachestore_args.end());
   auto c = Process::Start("cachestore", "cachestore/cachestore", args, "CACHESTORE_READY");
   if (!c.ok()) return c.status();
   cachestore_ = *std::move(c);
   cachestore_port_ = cachestore_->port();
+  if (options_.bulk) bulk_port_ = std::stoi(cachestore_->field("bulk_port"));
   return absl::OkStatus();
 }
 
@@ -220,6 +224,8 @@ absl::Status Stack::RestartPrefill() {
   };
   if (options_.cachestore) args.push_back(absl::StrCat("--cachestore=127.0.0.1:", cachestore_port_));
   if (options_.cachestore && options_.shm) args.push_back("--cachestore_shm_socket=" + shm_socket_);
+  if (options_.cachestore && options_.bulk)
+    args.push_back(absl::StrCat("--cachestore_bulk_address=127.0.0.1:", bulk_port_));
   args.insert(args.end(), options_.prefill_args.begin(), options_.prefill_args.end());
   auto p = Process::Start("prefill", "prefill/prefill", args, "PREFILL_READY");
   if (!p.ok()) return p.status();

@@ -97,6 +97,9 @@ struct StackOptions {
   // directory of the stack's), prefill and decode --cachestore_shm_socket
   // (so decode reads prompts' cached pages itself: --read_history_pages).
   bool shm = false;
+  // Reads over the bulk port: the cachestore gets --bulk_address, prefill and
+  // decode --cachestore_bulk_address.
+  bool bulk = false;
 };
 
 class Stack {
@@ -116,6 +119,7 @@ class Stack {
   StackOptions options_;
   int cachestore_port_ = 0;
   int prefill_port_ = 0;
+  int bulk_port_ = 0;       // with options_.bulk: the cachestore's bulk port (kept across restarts)
   std::string shm_socket_;  // with options_.shm: the socket's path
 };
 
