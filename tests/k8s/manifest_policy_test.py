@@ -176,8 +176,10 @@ def check_services(objs):
         if not svc:
             continue
         ports = [p["port"] for p in svc[0]["spec"].get("ports", [])]
-        if ports != [PORTS[comp]["grpc"]]:
-            errors.append(f"Service hybridserve-{comp}: ports {ports}, want [{PORTS[comp]['grpc']}]")
+        # gRPC, and the cachestore's bulk port for prefill's reads.
+        want = [PORTS[comp]["grpc"]] + ([PORTS[comp]["bulk"]] if "bulk" in PORTS[comp] else [])
+        if ports != want:
+            errors.append(f"Service hybridserve-{comp}: ports {ports}, want {want}")
         headless = svc[0]["spec"].get("clusterIP") == "None"
         if headless != (comp == "prefill"):
             errors.append(f"Service hybridserve-{comp}: headless={headless} (only prefill's is headless)")

@@ -20,7 +20,7 @@ WORKERS = ("decode", "prefill")
 PORTS = {
     "decode": {"grpc": 50050, "data": 50070, "metrics": 9090},
     "prefill": {"grpc": 50061, "metrics": 9090},
-    "cachestore": {"grpc": 50051, "metrics": 9090},
+    "cachestore": {"grpc": 50051, "bulk": 50052, "metrics": 9090},
 }
 # The mtls component (deploy/k8s/components/mtls): the plaintext health-only
 # port every pool gets (the container port named health), the trust domain of
@@ -282,6 +282,7 @@ EXPECTED_FLOWS = (
         ("prefill", "decode", 50070, "TCP"),
         ("decode", "cachestore", 50051, "TCP"),
         ("prefill", "cachestore", 50051, "TCP"),
+        ("prefill", "cachestore", 50052, "TCP"),
     }
     | {("prometheus", c, 9090, "TCP") for c in COMPONENTS}
     | {(c, "dns", 53, p) for c in COMPONENTS for p in ("UDP", "TCP")}
