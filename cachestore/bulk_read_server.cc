@@ -1,7 +1,6 @@
 #include "cachestore/bulk_read_server.h"
 
 #include <poll.h>
-#include <sys/socket.h>
 
 #include <algorithm>
 #include <utility>
@@ -20,81 +19,30 @@ absl::StatusOr<std::unique_ptr<BulkReadServer>> BulkReadServer::Start(
   RETURN_IF_ERROR(common::SplitHostPort(options.address, &host, &port));
   int bound = 0;
   ASSIGN_OR_RETURN(common::Socket listener, common::Listen(options.address, &bound));
-  std::unique_ptr<BulkReadServer> server(
-      new BulkReadServer(options, store, std::move(listener), bound, std::move(observe)));
-  server->accept_thread_ = std::thread([s = server.get()] { s->AcceptLoop(); });
+  std::unique_ptr<BulkReadServer> server(new BulkReadServer(options, store, bound, std::move(observe)));
+  BulkReadServer* s = server.get();
+  server->connections_ = std::make_unique<common::ConnectionServer>(
+      std::move(listener), options.max_connections, [s](common::Socket& c) { s->Serve(c); },
+      [s] { s->refused_.fetch_add(1); });
   return server;
 }
 
-BulkReadServer::BulkReadServer(const BulkReadServerOptions& options, CacheStore& store, common::Socket listener,
-                               int port, std::function<void(const BulkReadEvent&)> observe)
-    : options_(options), store_(store), listener_(std::move(listener)), port_(port), observe_(std::move(observe)) {}
+BulkReadServer::BulkReadServer(const BulkReadServerOptions& options, CacheStore& store, int port,
+                               std::function<void(const BulkReadEvent&)> observe)
+    : options_(options), store_(store), port_(port), observe_(std::move(observe)) {}
 
 BulkReadServer::~BulkReadServer() {
-  stop_ = true;
-  if (accept_thread_.joinable()) accept_thread_.join();
-  absl::flat_hash_map<int64_t, std::thread> threads;
-  {
-    absl::MutexLock lock(&mu_);
-    for (auto& [id, socket] : sockets_) socket->Shutdown();
-    threads.swap(threads_);
-  }
-  for (auto& [id, t] : threads) t.join();
-}
-
-int64_t BulkReadServer::connections() const {
-  absl::MutexLock lock(&mu_);
-  return static_cast<int64_t>(sockets_.size());
-}
-
-void BulkReadServer::JoinFinished() {
-  std::vector<std::thread> done;
-  {
-    absl::MutexLock lock(&mu_);
-    for (int64_t id : finished_) {
-      auto it = threads_.find(id);
-      if (it == threads_.end()) continue;
-      done.push_back(std::move(it->second));
-      threads_.erase(it);
-    }
-    finished_.clear();
-  }
-  for (std::thread& t : done) t.join();
-}
-
-void BulkReadServer::AcceptLoop() {
-  while (!stop_) {
-    JoinFinished();
-    // Wakes at least every 200 ms to see stop_.
-    pollfd p{listener_.fd(), POLLIN, 0};
-    if (poll(&p, 1, 200) <= 0) continue;
-    const int fd = accept4(listener_.fd(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) continue;
-    auto socket = std::make_unique<common::Socket>(fd);
-    absl::MutexLock lock(&mu_);
-    if (static_cast<int64_t>(sockets_.size()) >= options_.max_connections) {
-      refused_.fetch_add(1);
-      continue;  // closed by the unique_ptr: the reader falls back to gRPC
-    }
-    const int64_t id = next_connection_++;
-    sockets_[id] = socket.get();
-    threads_[id] = std::thread([this, id, s = socket.release()] {
-      std::unique_ptr<common::Socket> owned(s);
-      Serve(*owned);
-      absl::MutexLock done(&mu_);
-      sockets_.erase(id);
-      finished_.push_back(id);
-    });
-  }
+  stopping_ = true;
+  connections_.reset();
 }
 
 void BulkReadServer::Serve(common::Socket& socket) {
-  while (!stop_) {
+  while (!stopping_) {
     // Idle between requests for at most io_timeout (a closed or shut-down
     // socket is readable: the read below then fails).
     pollfd p{socket.fd(), POLLIN, 0};
     const int ready = poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(options_.io_timeout)));
-    if (ready <= 0 || stop_) return;
+    if (ready <= 0 || stopping_) return;
     absl::StatusOr<BulkRequest> request = ReadBulkRequest(socket, absl::Now() + options_.io_timeout);
     if (!request.ok()) {
       if (absl::IsInvalidArgument(request.status())) {

@@ -6,17 +6,13 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <thread>
-#include <vector>
 
-#include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "cachestore/bulk_protocol.h"
 #include "cachestore/cache_store.h"
+#include "common/connection_server.h"
 #include "common/socket_io.h"
 
 namespace hybridserve::cachestore {
@@ -69,15 +65,13 @@ class BulkReadServer {
 
   int port() const { return port_; }
   // Connections being served now.
-  int64_t connections() const ABSL_LOCKS_EXCLUDED(mu_);
+  int64_t connections() const { return connections_->connections(); }
   // Connections closed at once because max_connections were being served.
   int64_t refused_connections() const { return refused_.load(); }
 
  private:
-  BulkReadServer(const BulkReadServerOptions& options, CacheStore& store, common::Socket listener, int port,
+  BulkReadServer(const BulkReadServerOptions& options, CacheStore& store, int port,
                  std::function<void(const BulkReadEvent&)> observe);
-  void AcceptLoop();
-  void JoinFinished() ABSL_LOCKS_EXCLUDED(mu_);
   void Serve(common::Socket& socket);
   // Answers one request: its head, then its entries' bytes. False when the
   // connection is to end (the write failed).
@@ -86,20 +80,12 @@ class BulkReadServer {
 
   const BulkReadServerOptions options_;
   CacheStore& store_;
-  common::Socket listener_;
   const int port_;
   const std::function<void(const BulkReadEvent&)> observe_;
-  std::atomic<bool> stop_{false};
   std::atomic<int64_t> refused_{0};
-  std::thread accept_thread_;
-
-  mutable absl::Mutex mu_;
-  int64_t next_connection_ ABSL_GUARDED_BY(mu_) = 0;
-  // Live connections (so the destructor can wake them), their threads, and
-  // the connections whose thread has finished (joined by the accept loop).
-  absl::flat_hash_map<int64_t, common::Socket*> sockets_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<int64_t, std::thread> threads_ ABSL_GUARDED_BY(mu_);
-  std::vector<int64_t> finished_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> stopping_{false};  // set before connections_ goes
+  // Last: its connections use everything above until it is gone.
+  std::unique_ptr<common::ConnectionServer> connections_;
 };
 
 }  // namespace hybridserve::cachestore

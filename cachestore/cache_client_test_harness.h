@@ -108,16 +108,20 @@ class GrpcHarness : public Harness {
   std::unique_ptr<GrpcCacheClient> client_;
 };
 
-// The gRPC harness's server with its shm socket on, read through a
-// DirectReadCacheClient: every read these tests make goes by shared memory, and no
-// read may need the gRPC fallback (checked at the end).
-class ShmHarness : public Harness {
- public:
-  static constexpr char kName[] = "Shm";
+// The gRPC harness's server with a direct read path on, read through a
+// DirectReadCacheClient: its shm socket (kShm) or its bulk port (kBulk).
+// Every read these tests make goes by that path, and no read may need the
+// gRPC fallback (checked at the end).
+enum class DirectPath { kShm, kBulk };
 
-  ~ShmHarness() override {
-    if (shm_client_ == nullptr) return;
-    const DirectReadCounts counts = shm_client_->counts();
+template <DirectPath kPath>
+class DirectHarness : public Harness {
+ public:
+  static constexpr const char* kName = kPath == DirectPath::kShm ? "Shm" : "Bulk";
+
+  ~DirectHarness() override {
+    if (direct_client_ == nullptr) return;
+    const DirectReadCounts counts = direct_client_->counts();
     EXPECT_TRUE(counts.fallbacks.empty()) << "a read fell back to gRPC: " << counts.fallbacks.begin()->first;
   }
 
@@ -126,13 +130,17 @@ class ShmHarness : public Harness {
     o.address = "127.0.0.1:0";
     o.index = options;
     o.reap_interval = absl::Hours(1);
-    // A private directory under /tmp: TEST_TMPDIR is longer than a socket path may be.
-    static const std::string* dir = [] {
-      char templ[] = "/tmp/hs-contract-XXXXXX";
-      const char* made = mkdtemp(templ);
-      return new std::string(made != nullptr ? made : "/tmp");
-    }();
-    o.shm.socket_path = absl::StrCat(*dir, "/", ++sockets_, ".sock");
+    if constexpr (kPath == DirectPath::kShm) {
+      // A private directory under /tmp: TEST_TMPDIR is longer than a socket path may be.
+      static const std::string* dir = [] {
+        char templ[] = "/tmp/hs-contract-XXXXXX";
+        const char* made = mkdtemp(templ);
+        return new std::string(made != nullptr ? made : "/tmp");
+      }();
+      o.shm.socket_path = absl::StrCat(*dir, "/", ++sockets_, ".sock");
+    } else {
+      o.bulk.address = "127.0.0.1:0";
+    }
     absl::StatusOr<std::unique_ptr<CacheStoreServer>> server = CacheStoreServer::Start(o, clock, registry_);
     if (!server.ok()) return server.status();
     server_ = *std::move(server);
@@ -140,11 +148,16 @@ class ShmHarness : public Harness {
         GrpcCacheClient::Create(absl::StrCat("127.0.0.1:", server_->port()));
     if (!client.ok()) return client.status();
     grpc_client_ = *std::move(client);
-    shm_client_ = std::make_unique<DirectReadCacheClient>(
-        *grpc_client_, std::make_unique<ShmReader>(ShmReaderOptions{o.shm.socket_path}));
+    std::unique_ptr<DirectReader> reader;
+    if constexpr (kPath == DirectPath::kShm) {
+      reader = std::make_unique<ShmReader>(ShmReaderOptions{o.shm.socket_path});
+    } else {
+      reader = std::make_unique<BulkReader>(BulkReaderOptions{absl::StrCat("127.0.0.1:", server_->bulk_port())});
+    }
+    direct_client_ = std::make_unique<DirectReadCacheClient>(*grpc_client_, std::move(reader));
     return absl::OkStatus();
   }
-  CacheClient& client() override { return *shm_client_; }
+  CacheClient& client() override { return *direct_client_; }
   CacheStore& store() override { return server_->store(); }
   absl::Time LeaseClockNow() const override { return absl::Now(); }
 
@@ -153,51 +166,10 @@ class ShmHarness : public Harness {
   prometheus::Registry registry_;
   std::unique_ptr<CacheStoreServer> server_;
   std::unique_ptr<GrpcCacheClient> grpc_client_;
-  std::unique_ptr<DirectReadCacheClient> shm_client_;
+  std::unique_ptr<DirectReadCacheClient> direct_client_;
 };
-
-// The gRPC harness's server with its bulk port on, read through a
-// DirectReadCacheClient with a BulkReader: every read these tests make goes
-// over the bulk port, and no read may need the gRPC fallback (checked at the
-// end).
-class BulkHarness : public Harness {
- public:
-  static constexpr char kName[] = "Bulk";
-
-  ~BulkHarness() override {
-    if (bulk_client_ == nullptr) return;
-    const DirectReadCounts counts = bulk_client_->counts();
-    EXPECT_TRUE(counts.fallbacks.empty()) << "a read fell back to gRPC: " << counts.fallbacks.begin()->first;
-  }
-
-  absl::Status Start(const CacheIndexOptions& options, const common::Clock& clock) override {
-    ServerOptions o;
-    o.address = "127.0.0.1:0";
-    o.index = options;
-    o.reap_interval = absl::Hours(1);
-    o.bulk.address = "127.0.0.1:0";
-    absl::StatusOr<std::unique_ptr<CacheStoreServer>> server = CacheStoreServer::Start(o, clock, registry_);
-    if (!server.ok()) return server.status();
-    server_ = *std::move(server);
-    absl::StatusOr<std::unique_ptr<GrpcCacheClient>> client =
-        GrpcCacheClient::Create(absl::StrCat("127.0.0.1:", server_->port()));
-    if (!client.ok()) return client.status();
-    grpc_client_ = *std::move(client);
-    bulk_client_ = std::make_unique<DirectReadCacheClient>(
-        *grpc_client_,
-        std::make_unique<BulkReader>(BulkReaderOptions{absl::StrCat("127.0.0.1:", server_->bulk_port())}));
-    return absl::OkStatus();
-  }
-  CacheClient& client() override { return *bulk_client_; }
-  CacheStore& store() override { return server_->store(); }
-  absl::Time LeaseClockNow() const override { return absl::Now(); }
-
- private:
-  prometheus::Registry registry_;
-  std::unique_ptr<CacheStoreServer> server_;
-  std::unique_ptr<GrpcCacheClient> grpc_client_;
-  std::unique_ptr<DirectReadCacheClient> bulk_client_;
-};
+using ShmHarness = DirectHarness<DirectPath::kShm>;
+using BulkHarness = DirectHarness<DirectPath::kBulk>;
 
 class InProcessHarness : public Harness {
  public:

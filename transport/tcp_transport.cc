@@ -106,80 +106,32 @@ absl::StatusOr<std::unique_ptr<TcpStateReceiver>> TcpStateReceiver::Create(const
   int bound = 0;
   ASSIGN_OR_RETURN(common::Socket listener, common::Listen(options.address, &bound));
   const std::string endpoint = absl::StrCat(host.find(':') != std::string::npos ? "[" + host + "]" : host, ":", bound);
-  std::unique_ptr<TcpStateReceiver> r(new TcpStateReceiver(options, std::move(listener), endpoint));
-  r->accept_thread_ = std::thread([p = r.get()] { p->AcceptLoop(); });
+  std::unique_ptr<TcpStateReceiver> r(new TcpStateReceiver(options, endpoint));
+  TcpStateReceiver* p = r.get();
+  const int buffer = options.socket_buffer_bytes;
+  r->connections_ = std::make_unique<common::ConnectionServer>(
+      std::move(listener), options.max_connections, [p](common::Socket& s) { p->Serve(&s); },
+      [p] { p->registry_.CountRefused(); },
+      [buffer](int fd) {
+        if (buffer > 0) setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buffer, sizeof(buffer));
+      });
   return r;
 }
 
-TcpStateReceiver::TcpStateReceiver(const TcpReceiverOptions& options, common::Socket listener, std::string endpoint)
+TcpStateReceiver::TcpStateReceiver(const TcpReceiverOptions& options, std::string endpoint)
     : options_(options),
       registry_(options.limits),
       recycler_(PageBlockRecycler::Create(options.max_idle_page_bytes)),
-      listener_(std::move(listener)),
       endpoint_(std::move(endpoint)) {}
 
 TcpStateReceiver::~TcpStateReceiver() {
   stop_ = true;
-  if (accept_thread_.joinable()) accept_thread_.join();
-  absl::flat_hash_map<int64_t, std::thread> threads;
-  {
-    absl::MutexLock lock(&mu_);
-    for (auto& [id, socket] : sockets_) socket->Shutdown();
-    threads.swap(threads_);
-  }
-  for (auto& [id, t] : threads) t.join();
+  connections_.reset();
 }
 
-void TcpStateReceiver::JoinFinished() {
-  std::vector<std::thread> done;
-  {
-    absl::MutexLock lock(&mu_);
-    for (int64_t id : finished_) {
-      auto it = threads_.find(id);
-      if (it == threads_.end()) continue;
-      done.push_back(std::move(it->second));
-      threads_.erase(it);
-    }
-    finished_.clear();
-  }
-  for (std::thread& t : done) t.join();
-}
+int64_t TcpStateReceiver::connections() const { return connections_->connections(); }
 
-int64_t TcpStateReceiver::connections() const {
-  absl::MutexLock lock(&mu_);
-  return static_cast<int64_t>(sockets_.size());
-}
-
-void TcpStateReceiver::AcceptLoop() {
-  while (!stop_) {
-    JoinFinished();
-    // Wakes at least every 200 ms to see stop_.
-    pollfd p{listener_.fd(), POLLIN, 0};
-    if (poll(&p, 1, 200) <= 0) continue;
-    const int fd = accept4(listener_.fd(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) continue;
-    if (options_.socket_buffer_bytes > 0) {
-      setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &options_.socket_buffer_bytes, sizeof(options_.socket_buffer_bytes));
-    }
-    auto socket = std::make_unique<common::Socket>(fd);
-    absl::MutexLock lock(&mu_);
-    if (static_cast<int64_t>(sockets_.size()) >= options_.max_connections) {
-      registry_.CountRefused();
-      continue;  // closed by the unique_ptr: the sender sees the connection drop
-    }
-    const int64_t id = next_connection_++;
-    sockets_[id] = socket.get();
-    threads_[id] = std::thread([this, id, s = socket.release()] {
-      std::unique_ptr<common::Socket> owned(s);
-      Serve(id, owned.get());
-      absl::MutexLock done(&mu_);
-      sockets_.erase(id);
-      finished_.push_back(id);
-    });
-  }
-}
-
-void TcpStateReceiver::Serve(int64_t /*connection_id*/, common::Socket* socket) {
+void TcpStateReceiver::Serve(common::Socket* socket) {
   FrameHeader h;
   BeginPayload begin;
   absl::StatusOr<Ticket> ticket = Admit(*socket, &h, &begin);

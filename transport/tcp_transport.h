@@ -49,6 +49,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/connection_server.h"
 #include "common/log_rate_limiter.h"
 #include "common/socket_io.h"
 #include "transport/frame.h"
@@ -97,14 +98,11 @@ class TcpStateReceiver final : public StateReceiver {
   int64_t refused() const override { return registry_.refused(); }
   int64_t unauthenticated() const override { return registry_.unauthenticated(); }
   // Connections being served now.
-  int64_t connections() const ABSL_LOCKS_EXCLUDED(mu_);
+  int64_t connections() const;
 
  private:
-  TcpStateReceiver(const TcpReceiverOptions& options, common::Socket listener, std::string endpoint);
-  void AcceptLoop();
-  // Joins the threads of finished connections.
-  void JoinFinished() ABSL_LOCKS_EXCLUDED(mu_);
-  void Serve(int64_t connection_id, common::Socket* socket);
+  TcpStateReceiver(const TcpReceiverOptions& options, std::string endpoint);
+  void Serve(common::Socket* socket);
   // Reads the first frame of `socket` into `*h` and `*begin` and claims its
   // transfer (Begin) when it presents the ticket's secret: the ticket.
   // UNAUTHENTICATED (counted) when the peer proved no ticket: drop it
@@ -121,19 +119,11 @@ class TcpStateReceiver final : public StateReceiver {
   const TcpReceiverOptions options_;
   TransferRegistry registry_;
   const std::shared_ptr<PageBlockRecycler> recycler_;
-  common::Socket listener_;
   const std::string endpoint_;
   common::LogRateLimiter log_limiter_;  // the drops of peers that proved no ticket
-  std::atomic<bool> stop_{false};
-  std::thread accept_thread_;
-
-  mutable absl::Mutex mu_;
-  int64_t next_connection_ ABSL_GUARDED_BY(mu_) = 0;
-  // Live connections (so the destructor can wake them), their threads, and
-  // the connections whose thread has finished (joined by the accept loop).
-  absl::flat_hash_map<int64_t, common::Socket*> sockets_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<int64_t, std::thread> threads_ ABSL_GUARDED_BY(mu_);
-  std::vector<int64_t> finished_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> stop_{false};       // set before connections_ goes
+  // Last: its connections use everything above until it is gone.
+  std::unique_ptr<common::ConnectionServer> connections_;
 };
 
 struct TcpSenderOptions {
