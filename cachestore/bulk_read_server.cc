@@ -1,6 +1,7 @@
 #include "cachestore/bulk_read_server.h"
 
 #include <poll.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <utility>
@@ -51,6 +52,15 @@ void BulkReadServer::Serve(common::Socket& socket) {
         refusal.status = request.status();
         (void)socket.WriteFull(EncodeBulkResponseHead(refusal), absl::Now() + options_.io_timeout);
         Observe(refusal.status.code(), 0);
+        // The rest of what the peer sent is read (a little, briefly) before
+        // the close: a socket closed with unread bytes resets the peer's,
+        // which may lose the refusal before it is read.
+        shutdown(socket.fd(), SHUT_WR);
+        char sink[16 << 10];
+        for (int i = 0; i < 64 && !stopping_; ++i) {
+          pollfd d{socket.fd(), POLLIN, 0};
+          if (poll(&d, 1, 100) <= 0 || recv(socket.fd(), sink, sizeof(sink), 0) <= 0) break;
+        }
       }
       return;  // closed, timed out or malformed: the connection ends
     }
