@@ -229,6 +229,34 @@ TEST_F(BulkServerTest, AReaderThatStallsOrLeavesMidResponseHoldsNothingAnotherRe
   EXPECT_TRUE(server_->store().CheckInvariants().ok());
 }
 
+// Reads share a kept connection; once the server has closed it (idle past
+// its io_timeout, 500 ms here), the next read goes on a new one, not to gRPC.
+TEST_F(BulkServerTest, ReadsShareAKeptConnectionAndOneTheServerClosedIsReplaced) {
+  const Leased l = PutAndLease(3, 4096, 3000, 6);
+  BulkReader reader(BulkReaderOptions{address_});
+  std::vector<std::string> out(1);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(reader.ReadInto(l.lease_id, {l.keys[static_cast<size_t>(i)]}, absl::MakeSpan(out)).ok());
+    EXPECT_EQ(out[0], l.bytes[static_cast<size_t>(i)]);
+    EXPECT_EQ(reader.idle_connections(), 1);
+    EXPECT_EQ(server_->bulk_connections(), 1);  // the same connection each time
+  }
+  // A refusal leaves the connection usable too.
+  EXPECT_EQ(reader.ReadInto(l.lease_id, {Hash128{9, 9}}, absl::MakeSpan(out)).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(reader.idle_connections(), 1);
+  ASSERT_TRUE(WaitFor([&] { return server_->bulk_connections() == 0; }));  // closed idle by the server
+  ASSERT_TRUE(reader.ReadInto(l.lease_id, {l.keys[3]}, absl::MakeSpan(out)).ok());
+  EXPECT_EQ(out[0], l.bytes[3]);
+  EXPECT_EQ(reader.idle_connections(), 1);
+  // A read that fails part way (an entry that does not fit its destination)
+  // does not keep its connection, whose bytes were left unread.
+  std::string small(10, '\0');
+  EntrySegments wrong;
+  wrong.segments = {absl::MakeSpan(small)};
+  EXPECT_EQ(reader.ReadScattered(l.lease_id, {l.keys[0]}, {wrong}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(reader.idle_connections(), 0);
+}
+
 TEST_F(BulkServerTest, ConnectionsBeyondTheLimitAreClosedAndTheReadFallsBackToGrpc) {
   Start(/*max_connections=*/1);
   const Leased l = PutAndLease(1, 4096, 3000, 4);

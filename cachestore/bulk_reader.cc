@@ -84,25 +84,63 @@ absl::Status BulkReader::ReadScattered(uint64_t lease_id, absl::Span<const Hash1
   return Read(lease_id, keys, sink, verdict);
 }
 
+absl::StatusOr<common::Socket> BulkReader::TakeConnection(bool* reused) const {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!idle_.empty()) {
+      common::Socket socket = std::move(idle_.back());
+      idle_.pop_back();
+      *reused = true;
+      return socket;
+    }
+  }
+  *reused = false;
+  return common::Connect(options_.address, absl::Now() + options_.timeout);
+}
+
+void BulkReader::KeepConnection(common::Socket socket) const {
+  absl::MutexLock lock(&mu_);
+  if (idle_.size() < kBulkMaxIdleConnections) idle_.push_back(std::move(socket));
+}
+
+int64_t BulkReader::idle_connections() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(idle_.size());
+}
+
 absl::Status BulkReader::Read(uint64_t lease_id, absl::Span<const Hash128> keys, Sink& sink, bool* verdict) const {
   if (keys.empty() || keys.size() > kBulkMaxKeys) {
     return absl::InvalidArgumentError(absl::StrCat(keys.size(), " keys: a bulk read takes 1 to ", kBulkMaxKeys));
   }
   auto deadline = [this] { return absl::Now() + options_.timeout; };
-  ASSIGN_OR_RETURN(common::Socket socket, common::Connect(options_.address, deadline()));
   BulkRequest request;
   request.lease_id = lease_id;
   request.keys.assign(keys.begin(), keys.end());
-  RETURN_IF_ERROR(socket.WriteFull(EncodeBulkRequest(request), deadline()));
-  ASSIGN_OR_RETURN(BulkResponseHead head, ReadBulkResponseHead(socket, keys.size(), deadline()));
-  if (!head.status.ok()) {
-    if (verdict != nullptr) *verdict = head.status.code() == absl::StatusCode::kNotFound;
-    return head.status;
+  const std::string frame = EncodeBulkRequest(request);
+  common::Socket socket;
+  absl::StatusOr<BulkResponseHead> head;
+  while (true) {
+    bool reused = false;
+    ASSIGN_OR_RETURN(socket, TakeConnection(&reused));
+    absl::Status sent = socket.WriteFull(frame, deadline());
+    head = sent.ok() ? ReadBulkResponseHead(socket, keys.size(), deadline()) : sent;
+    // A kept connection the server has closed meanwhile (idle past its
+    // --bulk_io_timeout, or restarted) fails before any answer: the read
+    // goes again on a new one. Reads change nothing, so a retry is safe.
+    if (!head.ok() && reused && absl::IsUnavailable(head.status())) continue;
+    if (!head.ok()) return head.status();
+    break;
+  }
+  if (!head->status.ok()) {
+    if (verdict != nullptr) *verdict = head->status.code() == absl::StatusCode::kNotFound;
+    KeepConnection(std::move(socket));  // nothing follows a refusal
+    return head->status;
   }
   for (size_t i = 0; i < keys.size(); ++i) {
-    const BulkEntry& e = head.entries[i];
+    const BulkEntry& e = head->entries[i];
     if (absl::Status s = sink.Begin(i, e.size); !s.ok()) {
       // The entry's size is the cachestore's answer; a gRPC read gets it too.
+      // (The connection, with bytes unread, is closed.)
       if (verdict != nullptr) *verdict = true;
       return s;
     }
@@ -118,6 +156,7 @@ absl::Status BulkReader::Read(uint64_t lease_id, absl::Span<const Hash128> keys,
       return absl::DataLossError(absl::StrCat("bulk entry ", i, " (key ", keys[i].ToHex(), ") failed its checksum"));
     }
   }
+  KeepConnection(std::move(socket));
   return absl::OkStatus();
 }
 

@@ -5,15 +5,22 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "cachestore/bulk_protocol.h"
 #include "cachestore/direct_reader.h"
 #include "cachestore/keys.h"
 #include "cachestore/types.h"
+#include "common/socket_io.h"
 
 namespace hybridserve::cachestore {
+
+// Connections a reader keeps between reads: enough for the reads one worker
+// runs at once.
+inline constexpr size_t kBulkMaxIdleConnections = 4;
 
 struct BulkReaderOptions {
   // The cachestore's bulk port, "host:port".
@@ -26,7 +33,11 @@ struct BulkReaderOptions {
 // Reads leased entries over the cachestore's bulk port (bulk_protocol.h,
 // version 1), each entry's bytes received straight into the caller's memory
 // (one kernel copy) and hashed piece by piece as they arrive, while in cache.
-// One connection per read. Thread-safe (holds no state).
+// A connection serves one read at a time and is kept for the next after a
+// read that ended cleanly (at most kBulkMaxIdleConnections idle): a resume
+// pays no connect, and a busy worker leaves no trail of closed sockets in
+// TIME_WAIT. A kept connection the server has closed is replaced on the spot.
+// Thread-safe.
 class BulkReader final : public DirectReader {
  public:
   explicit BulkReader(BulkReaderOptions options) : options_(std::move(options)) {}
@@ -38,6 +49,9 @@ class BulkReader final : public DirectReader {
                         bool* verdict = nullptr) const override;
   absl::Status ReadScattered(uint64_t lease_id, absl::Span<const Hash128> keys, absl::Span<const EntrySegments> out,
                              bool* verdict = nullptr) const override;
+
+  // Connections kept for the next read.
+  int64_t idle_connections() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   // Where the entries' bytes go: Begin once per entry (its index and size;
@@ -53,8 +67,13 @@ class BulkReader final : public DirectReader {
   class SegmentsSink;
 
   absl::Status Read(uint64_t lease_id, absl::Span<const Hash128> keys, Sink& sink, bool* verdict) const;
+  // A kept connection (*reused) or a new one.
+  absl::StatusOr<common::Socket> TakeConnection(bool* reused) const ABSL_LOCKS_EXCLUDED(mu_);
+  void KeepConnection(common::Socket socket) const ABSL_LOCKS_EXCLUDED(mu_);
 
   const BulkReaderOptions options_;
+  mutable absl::Mutex mu_;
+  mutable std::vector<common::Socket> idle_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace hybridserve::cachestore
