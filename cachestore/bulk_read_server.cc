@@ -16,15 +16,12 @@ absl::StatusOr<std::unique_ptr<BulkReadServer>> BulkReadServer::Start(
     const BulkReadServerOptions& options, CacheStore& store, std::function<void(const BulkReadEvent&)> observe) {
   if (options.max_connections < 1) return absl::InvalidArgumentError("bulk max_connections must be >= 1");
   if (options.io_timeout <= absl::ZeroDuration()) return absl::InvalidArgumentError("bulk io_timeout must be > 0");
-  std::string host, port;
-  RETURN_IF_ERROR(common::SplitHostPort(options.address, &host, &port));
   int bound = 0;
   ASSIGN_OR_RETURN(common::Socket listener, common::Listen(options.address, &bound));
   std::unique_ptr<BulkReadServer> server(new BulkReadServer(options, store, bound, std::move(observe)));
   BulkReadServer* s = server.get();
-  server->connections_ = std::make_unique<common::ConnectionServer>(
-      std::move(listener), options.max_connections, [s](common::Socket& c) { s->Serve(c); },
-      [s] { s->refused_.fetch_add(1); });
+  server->connections_ = std::make_unique<common::ConnectionServer>(std::move(listener), options.max_connections,
+                                                                    [s](common::Socket& c) { s->Serve(c); });
   return server;
 }
 

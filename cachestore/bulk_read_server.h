@@ -66,8 +66,6 @@ class BulkReadServer {
   int port() const { return port_; }
   // Connections being served now.
   int64_t connections() const { return connections_->connections(); }
-  // Connections closed at once because max_connections were being served.
-  int64_t refused_connections() const { return refused_.load(); }
 
  private:
   BulkReadServer(const BulkReadServerOptions& options, CacheStore& store, int port,
@@ -82,7 +80,6 @@ class BulkReadServer {
   CacheStore& store_;
   const int port_;
   const std::function<void(const BulkReadEvent&)> observe_;
-  std::atomic<int64_t> refused_{0};
   std::atomic<bool> stopping_{false};  // set before connections_ goes
   // Last: its connections use everything above until it is gone.
   std::unique_ptr<common::ConnectionServer> connections_;

@@ -22,25 +22,28 @@ constexpr uint64_t kStringReserveBytes = uint64_t{64} << 20;
 
 }  // namespace
 
-// Each entry into a string of its own, grown as its bytes arrive.
+// Each entry into a string of its own, grown as its bytes arrive (bytes a
+// reused string already holds are overwritten, not cleared and refilled).
 class BulkReader::StringSink final : public BulkReader::Sink {
  public:
   explicit StringSink(absl::Span<std::string> out) : out_(out) {}
   absl::Status Begin(size_t index, uint64_t size) override {
     dst_ = &out_[index];
-    dst_->clear();
+    at_ = 0;
+    if (dst_->size() > size) dst_->resize(static_cast<size_t>(size));
     dst_->reserve(static_cast<size_t>(std::min<uint64_t>(size, kStringReserveBytes)));
     return absl::OkStatus();
   }
   absl::Span<char> Next(size_t max) override {
-    const size_t at = dst_->size();
-    dst_->resize(at + max);
-    return absl::MakeSpan(dst_->data() + at, max);
+    if (dst_->size() < at_ + max) dst_->resize(at_ + max);
+    at_ += max;
+    return absl::MakeSpan(dst_->data() + at_ - max, max);
   }
 
  private:
   const absl::Span<std::string> out_;
   std::string* dst_ = nullptr;
+  size_t at_ = 0;  // bytes of the entry placed so far
 };
 
 // Each entry into its caller-owned segments, which must hold it exactly.
