@@ -28,6 +28,7 @@
 #include "cachestore/grpc_cache_client.h"
 #include "cachestore/in_process_cache_client.h"
 #include "cachestore/server.h"
+#include "cachestore/shm_put_cache_client.h"
 #include "cachestore/shm_reader.h"
 #include "common/clock.h"
 #include "common/hash.h"
@@ -109,9 +110,10 @@ class GrpcHarness : public Harness {
 };
 
 // The gRPC harness's server with a direct read path on, read through a
-// DirectReadCacheClient: its shm socket (kShm) or its bulk port (kBulk).
-// Every read these tests make goes by that path, and no read may need the
-// gRPC fallback (checked at the end).
+// DirectReadCacheClient: its shm socket (kShm) or its bulk port (kBulk). On
+// the shm socket, a ShmPutCacheClient in front puts by it too. Every read
+// and put these tests make goes by that path, and none may need the gRPC
+// fallback (checked at the end).
 enum class DirectPath { kShm, kBulk };
 
 template <DirectPath kPath>
@@ -123,6 +125,9 @@ class DirectHarness : public Harness {
     if (direct_client_ == nullptr) return;
     const DirectReadCounts counts = direct_client_->counts();
     EXPECT_TRUE(counts.fallbacks.empty()) << "a read fell back to gRPC: " << counts.fallbacks.begin()->first;
+    if (put_client_ == nullptr) return;
+    const ShmPutCounts puts = put_client_->counts();
+    EXPECT_TRUE(puts.fallbacks.empty()) << "a put fell back to gRPC: " << puts.fallbacks.begin()->first;
   }
 
   absl::Status Start(const CacheIndexOptions& options, const common::Clock& clock) override {
@@ -155,9 +160,15 @@ class DirectHarness : public Harness {
       reader = std::make_unique<BulkReader>(BulkReaderOptions{absl::StrCat("127.0.0.1:", server_->bulk_port())});
     }
     direct_client_ = std::make_unique<DirectReadCacheClient>(*grpc_client_, std::move(reader));
+    // On the shm socket, puts go by it too, as in the workers.
+    if constexpr (kPath == DirectPath::kShm) {
+      put_client_ = std::make_unique<ShmPutCacheClient>(*direct_client_, ShmPutOptions{o.shm.socket_path});
+    }
     return absl::OkStatus();
   }
-  CacheClient& client() override { return *direct_client_; }
+  CacheClient& client() override {
+    return put_client_ != nullptr ? static_cast<CacheClient&>(*put_client_) : *direct_client_;
+  }
   CacheStore& store() override { return server_->store(); }
   absl::Time LeaseClockNow() const override { return absl::Now(); }
 
@@ -167,6 +178,7 @@ class DirectHarness : public Harness {
   std::unique_ptr<CacheStoreServer> server_;
   std::unique_ptr<GrpcCacheClient> grpc_client_;
   std::unique_ptr<DirectReadCacheClient> direct_client_;
+  std::unique_ptr<ShmPutCacheClient> put_client_;
 };
 using ShmHarness = DirectHarness<DirectPath::kShm>;
 using BulkHarness = DirectHarness<DirectPath::kBulk>;

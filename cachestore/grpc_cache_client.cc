@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "cachestore/client_messages.h"
 #include "cachestore/entry_messages.h"
 #include "common/grpc_status.h"
 #include "common/hash.h"
@@ -19,21 +20,6 @@ namespace hybridserve::cachestore {
 namespace {
 
 using common::FromGrpcStatus;
-
-v1::CacheNamespace ToProto(const ClientNamespace& ns) {
-  v1::CacheNamespace out;
-  out.set_model_fingerprint(ns.model_fingerprint);
-  out.set_adapter(ns.adapter);
-  out.set_tenant(ns.tenant);
-  out.set_cache_salt(ns.cache_salt);
-  out.set_page_size(static_cast<uint32_t>(ns.page_size));
-  out.set_key_version(kKeyVersion);  // the derivation of the parent keys this client sends
-  if (ns.model_cost.has_value()) {
-    out.mutable_model_cost()->set_flops_per_token(ns.model_cost->flops_per_token);
-    out.mutable_model_cost()->set_flops_per_token_context(ns.model_cost->flops_per_token_context);
-  }
-  return out;
-}
 
 absl::StatusOr<EntryInfo> FromProto(const v1::EntryRef& e) {
   EntryInfo info;
@@ -67,24 +53,7 @@ constexpr char kPutManyMethod[] = "/hybridserve.v1.CacheStore/PutMany";
 // each of PutMany's entries).
 v1::PutRequest HeaderMessage(const v1::CacheNamespace& ns, const ClientPut& put, size_t size) {
   v1::PutRequest msg;
-  v1::PutHeader* h = msg.mutable_header();
-  *h->mutable_namespace_() = ns;
-  h->set_entry_class(put.entry_class == EntryClass::kPage ? v1::ENTRY_CLASS_PAGE : v1::ENTRY_CLASS_STATE);
-  if (put.parent.has_value()) h->set_parent_key(put.parent->ToBytes());
-  h->mutable_token_ids()->Add(put.tokens.begin(), put.tokens.end());
-  if (put.entry_class == EntryClass::kState) {
-    h->set_state_kind(put.state_kind == StateKind::kGridCheckpoint ? v1::STATE_KIND_GRID_CHECKPOINT
-                                                                   : v1::STATE_KIND_EXACT_PREFIX);
-    h->set_position(static_cast<uint64_t>(put.position));
-  }
-  // States only: the server refuses retention on a page.
-  if (put.ttl != absl::ZeroDuration()) {
-    const int64_t nanos = absl::ToInt64Nanoseconds(put.ttl);
-    h->mutable_ttl()->set_seconds(nanos / 1000000000);
-    h->mutable_ttl()->set_nanos(static_cast<int32_t>(nanos % 1000000000));
-  }
-  h->set_pin(put.pin);
-  h->set_size_bytes(size);
+  *msg.mutable_header() = PutHeaderMessage(ns, put, size);
   return msg;
 }
 
@@ -101,16 +70,6 @@ grpc::ByteBuffer CommitMessage(uint64_t checksum) {
   v1::PutRequest msg;
   msg.mutable_commit()->set_checksum(checksum);
   return entry_messages::SerializeMessage(msg);
-}
-
-absl::StatusOr<PutResult> PutResultOf(const v1::PutResponse& resp) {
-  PutResult r;
-  if (!Hash128::FromBytes(resp.key(), &r.key)) return absl::InternalError("cachestore sent a malformed key");
-  r.already_present = resp.already_present();
-  if (resp.has_ttl()) r.ttl = absl::Seconds(resp.ttl().seconds()) + absl::Nanoseconds(resp.ttl().nanos());
-  r.pinned = resp.pinned();
-  r.pin_refused = resp.pin_refused_reason();
-  return r;
 }
 
 // One call of a streaming method whose messages stay raw ByteBuffers (the
@@ -383,7 +342,7 @@ GrpcCacheClient::~GrpcCacheClient() = default;
 absl::StatusOr<LookupResult> GrpcCacheClient::Lookup(const ClientNamespace& ns, absl::Span<const TokenId> tokens,
                                                      LookupMode mode) {
   v1::LookupRequest req;
-  *req.mutable_namespace_() = ToProto(ns);
+  *req.mutable_namespace_() = NamespaceMessage(ns);
   req.mutable_token_ids()->Add(tokens.begin(), tokens.end());
   req.set_probe_only(mode == LookupMode::kProbeOnly);
   // The answer's size stays independent of the chain's length: the page keys
@@ -436,7 +395,7 @@ absl::StatusOr<PutResult> GrpcCacheClient::Put(const ClientNamespace& ns, const 
   // A failed Write means the server already answered (e.g. already present,
   // or an error); Finish tells which.
   grpc::ByteBuffer answer;
-  bool open = call.Write(entry_messages::SerializeMessage(HeaderMessage(ToProto(ns), put, bytes.size())));
+  bool open = call.Write(entry_messages::SerializeMessage(HeaderMessage(NamespaceMessage(ns), put, bytes.size())));
   call.StartAnswer(&answer);
   const int64_t chunk = impl_->options.chunk_bytes;
   common::StreamingChecksum sum;
@@ -483,7 +442,7 @@ std::vector<absl::StatusOr<PutResult>> GrpcCacheClient::PutMany(const ClientName
       }
     }
   };
-  const v1::CacheNamespace proto_ns = ToProto(ns);
+  const v1::CacheNamespace proto_ns = NamespaceMessage(ns);
   const int64_t chunk = impl_->options.chunk_bytes;
   bool open = true;
   for (size_t i = 0; open && broken.ok() && i < entries.size(); ++i) {

@@ -81,9 +81,15 @@ absl::StatusOr<std::unique_ptr<CacheStoreServer>> CacheStoreServer::Start(const 
   }
   if (!options.shm.socket_path.empty()) {
     ServiceMetrics* metrics = server->metrics_.get();
-    ASSIGN_OR_RETURN(server->shm_, ShmReadServer::Start(options.shm, *server->store_, [metrics](const ShmReadEvent& e) {
-                       metrics->RecordShmRead(e.code == absl::StatusCode::kOk, e.refused_peer, e.bytes);
-                     }));
+    ASSIGN_OR_RETURN(server->shm_, ShmServer::Start(
+                                       options.shm, *server->store_,
+                                       [metrics](const ShmReadEvent& e) {
+                                         metrics->RecordShmRead(e.code == absl::StatusCode::kOk, e.refused_peer,
+                                                                e.bytes);
+                                       },
+                                       [metrics](const ShmPutEvent& e) {
+                                         metrics->RecordShmPut(e.code == absl::StatusCode::kOk, e.bytes, e.seconds);
+                                       }));
   }
   if (!options.bulk.address.empty()) {
     ServiceMetrics* metrics = server->metrics_.get();

@@ -13,7 +13,7 @@
 #include "cachestore/cache_store.h"
 #include "cachestore/service.h"
 #include "cachestore/service_metrics.h"
-#include "cachestore/shm_read_server.h"
+#include "cachestore/shm_server.h"
 #include "common/clock.h"
 #include "common/health_server.h"
 #include "common/tls.h"
@@ -42,10 +42,10 @@ struct ServerOptions {
   // A plaintext port with the health service alone (kubelet probes); empty:
   // none.
   std::string health_address;
-  // Reads by shared memory for workers on this host (shm_read_server.h): on
+  // Reads by shared memory for workers on this host (shm_server.h): on
   // when shm.socket_path is not empty, and then the store keeps its entries
   // in shared memory (index.blob_storage is set to kSharedMemory).
-  ShmReadServerOptions shm;
+  ShmServerOptions shm;
   // Reads over plain TCP for workers on other hosts (bulk_read_server.h): on
   // when bulk.address is not empty. Refused beside TLS (INVALID_ARGUMENT):
   // its bytes travel unencrypted.
@@ -92,7 +92,7 @@ class CacheStoreServer {
   std::unique_ptr<CacheStoreService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<common::HealthServer> health_;  // null without a health address
-  std::unique_ptr<ShmReadServer> shm_;            // null without a shm socket
+  std::unique_ptr<ShmServer> shm_;            // null without a shm socket
   std::unique_ptr<BulkReadServer> bulk_;          // null without a bulk address
   int port_ = 0;
   absl::Duration reap_interval_;

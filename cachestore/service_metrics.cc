@@ -33,6 +33,10 @@ struct Families {
         get_bytes(CounterFamily(r, "hybridserve_cache_get_bytes_total", "Bytes served by gets.")),
         shm_reads(CounterFamily(r, "hybridserve_cache_shm_reads_total",
                                 "Reads on the shared-memory socket by outcome (ok, error, refused_peer).")),
+        shm_puts(CounterFamily(r, "hybridserve_cache_shm_puts_total",
+                               "Entries put on the shared-memory socket by outcome (ok, error).")),
+        shm_put_bytes(CounterFamily(r, "hybridserve_cache_shm_put_bytes_total",
+                                    "Entry bytes committed by puts on the shared-memory socket.")),
         shm_bytes(CounterFamily(r, "hybridserve_cache_shm_bytes_total",
                                 "Entry bytes read by shared memory (sent as slab descriptors, not copied).")),
         bulk_reads(
@@ -59,6 +63,8 @@ struct Families {
   prometheus::Family<prometheus::Counter>& gets;
   prometheus::Family<prometheus::Counter>& get_bytes;
   prometheus::Family<prometheus::Counter>& shm_reads;
+  prometheus::Family<prometheus::Counter>& shm_puts;
+  prometheus::Family<prometheus::Counter>& shm_put_bytes;
   prometheus::Family<prometheus::Counter>& shm_bytes;
   prometheus::Family<prometheus::Counter>& bulk_reads;
   prometheus::Family<prometheus::Counter>& bulk_bytes;
@@ -108,6 +114,9 @@ ServiceMetrics::ServiceMetrics(prometheus::Registry& r, const Families& f, Evict
       shm_reads_failed_(f.shm_reads.Add({{"outcome", "error"}})),
       shm_peers_refused_(f.shm_reads.Add({{"outcome", "refused_peer"}})),
       shm_bytes_(f.shm_bytes.Add({})),
+      shm_puts_ok_(f.shm_puts.Add({{"outcome", "ok"}})),
+      shm_puts_failed_(f.shm_puts.Add({{"outcome", "error"}})),
+      shm_put_bytes_(f.shm_put_bytes.Add({})),
       bulk_reads_ok_(f.bulk_reads.Add({{"outcome", "ok"}})),
       bulk_reads_failed_(f.bulk_reads.Add({{"outcome", "error"}})),
       bulk_bytes_(f.bulk_bytes.Add({})),
@@ -148,6 +157,12 @@ void ServiceMetrics::RecordPut(bool ok, int64_t bytes, double seconds) {
 void ServiceMetrics::RecordShmRead(bool ok, bool refused_peer, int64_t bytes) {
   (refused_peer ? shm_peers_refused_ : ok ? shm_reads_ok_ : shm_reads_failed_).Increment();
   if (ok) shm_bytes_.Increment(static_cast<double>(bytes));
+}
+
+void ServiceMetrics::RecordShmPut(bool ok, int64_t bytes, double seconds) {
+  RecordPut(ok, bytes, seconds);
+  (ok ? shm_puts_ok_ : shm_puts_failed_).Increment();
+  shm_put_bytes_.Increment(static_cast<double>(bytes));
 }
 
 void ServiceMetrics::RecordBulkRead(bool ok, int64_t bytes) {

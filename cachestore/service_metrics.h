@@ -27,9 +27,12 @@ class ServiceMetrics {
   void RecordLookup(const LookupResult& r, bool hit);
   void RecordPut(bool ok, int64_t bytes, double seconds);
   void RecordGet(bool ok, int64_t bytes, double seconds);
-  // A read on the shared-memory socket (shm_read_server.h); `refused_peer`:
+  // A read on the shared-memory socket (shm_server.h); `refused_peer`:
   // a connection refused by its credentials.
   void RecordShmRead(bool ok, bool refused_peer, int64_t bytes);
+  // An entry put on the shared-memory socket: counted as a put (RecordPut)
+  // and by the socket's own counters.
+  void RecordShmPut(bool ok, int64_t bytes, double seconds);
   // A read on the bulk port (bulk_read_server.h).
   void RecordBulkRead(bool ok, int64_t bytes);
   // A call refused by --max_streams or --max_streams_per_peer.
@@ -59,6 +62,9 @@ class ServiceMetrics {
   prometheus::Counter& shm_reads_failed_;
   prometheus::Counter& shm_peers_refused_;
   prometheus::Counter& shm_bytes_;
+  prometheus::Counter& shm_puts_ok_;
+  prometheus::Counter& shm_puts_failed_;
+  prometheus::Counter& shm_put_bytes_;
   prometheus::Counter& bulk_reads_ok_;
   prometheus::Counter& bulk_reads_failed_;
   prometheus::Counter& bulk_bytes_;

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "cachestore/wire_ints.h"
+#include "common/status_macros.h"
 
 namespace hybridserve::cachestore {
 namespace {
@@ -113,18 +114,10 @@ std::string EncodeShmRequest(const ShmRequest& request) {
   return out;
 }
 
-absl::StatusOr<ShmRequest> ReadShmRequest(int fd) {
-  char header[kShmRequestHeaderBytes];
-  bool eof = false;
-  // A request carries no descriptors: any that arrive are closed.
-  absl::Status s = ReadExactly(fd, header, sizeof(header), nullptr, &eof);
-  if (eof) return absl::OutOfRangeError("the peer closed the connection");
-  if (!s.ok()) return s;
-  const uint32_t magic = GetU32(header);
-  if (magic == kShmMagicV1) {
-    return absl::InvalidArgumentError("shm request of version 1 (HSM1): this cachestore speaks version 2 (HSM2)");
-  }
-  if (magic != kShmMagic) return absl::InvalidArgumentError("shm request: bad magic");
+namespace {
+
+// The rest of a read request after its header.
+absl::StatusOr<ShmRequest> ReadRestOfRead(int fd, const char* header) {
   const uint32_t count = GetU32(header + 4);
   if (count == 0 || count > kShmMaxKeys) {
     return absl::InvalidArgumentError(absl::StrCat("shm request: ", count, " keys, must be in [1, ", kShmMaxKeys, "]"));
@@ -132,12 +125,163 @@ absl::StatusOr<ShmRequest> ReadShmRequest(int fd) {
   ShmRequest request;
   request.lease_id = GetU64(header + 8);
   std::string keys(16 * static_cast<size_t>(count), '\0');
+  // A read carries no descriptors: any that arrive are closed.
   if (absl::Status r = ReadExactly(fd, keys.data(), keys.size(), nullptr, nullptr); !r.ok()) return r;
   request.keys.resize(count);
   for (uint32_t i = 0; i < count; ++i) {
     Hash128::FromBytes(absl::string_view(keys.data() + 16 * i, 16), &request.keys[i]);
   }
   return request;
+}
+
+// The rest of a put request after its header; descriptors arriving with it
+// join *fds.
+absl::StatusOr<ShmPutRequest> ReadRestOfPut(int fd, const char* header, std::vector<int>* fds) {
+  const uint32_t count = GetU32(header + 4);
+  const uint32_t headers_bytes = GetU32(header + 8);
+  if (count == 0 || count > kShmMaxPutEntries) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shm put: ", count, " entries, must be in [1, ", kShmMaxPutEntries, "]"));
+  }
+  if (headers_bytes > kShmMaxPutHeadersBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shm put: ", headers_bytes, " bytes of headers > ", kShmMaxPutHeadersBytes));
+  }
+  std::string table(kShmPutEntryBytes * count, '\0');
+  RETURN_IF_ERROR(ReadExactly(fd, table.data(), table.size(), fds, nullptr));
+  ShmPutRequest request;
+  request.entries.resize(count);
+  uint64_t declared = 0;
+  std::vector<uint32_t> lengths(count);
+  for (uint32_t i = 0; i < count; ++i) {
+    const char* p = table.data() + kShmPutEntryBytes * i;
+    ShmPutEntry& e = request.entries[i];
+    e.offset = GetU64(p);
+    e.size = GetU64(p + 8);
+    e.checksum = GetU64(p + 16);
+    lengths[i] = GetU32(p + 24);
+    declared += lengths[i];
+  }
+  if (declared != headers_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shm put: the entries' headers add up to ", declared, " bytes, the request says ", headers_bytes));
+  }
+  std::string headers(headers_bytes, '\0');
+  RETURN_IF_ERROR(ReadExactly(fd, headers.data(), headers.size(), fds, nullptr));
+  size_t at = 0;
+  for (uint32_t i = 0; i < count; ++i) {
+    request.entries[i].header = headers.substr(at, lengths[i]);
+    at += lengths[i];
+  }
+  return request;
+}
+
+}  // namespace
+
+absl::StatusOr<ShmMessage> ReadShmMessage(int fd, uint32_t* magic_out) {
+  char header[kShmRequestHeaderBytes];
+  std::vector<int> fds;
+  auto fail = [&fds](absl::Status status) -> absl::StatusOr<ShmMessage> {
+    CloseAll(fds);
+    return status;
+  };
+  bool eof = false;
+  absl::Status s = ReadExactly(fd, header, sizeof(header), &fds, &eof);
+  if (eof) return fail(absl::OutOfRangeError("the peer closed the connection"));
+  if (!s.ok()) return fail(s);
+  const uint32_t magic = GetU32(header);
+  if (magic_out != nullptr) *magic_out = magic;
+  ShmMessage message;
+  if (magic == kShmPutMagic) {
+    absl::StatusOr<ShmPutRequest> put = ReadRestOfPut(fd, header, &fds);
+    if (!put.ok()) return fail(put.status());
+    if (fds.size() != 1) {
+      return fail(absl::InvalidArgumentError(
+          absl::StrCat("shm put: ", fds.size(), " descriptors arrived; a put carries exactly one")));
+    }
+    message.put = *std::move(put);
+    message.put_fd = fds[0];
+    return message;
+  }
+  CloseAll(fds);
+  if (magic == kShmMagicV1) {
+    return absl::InvalidArgumentError("shm request of version 1 (HSM1): this cachestore speaks version 2 (HSM2)");
+  }
+  if (magic != kShmMagic) return absl::InvalidArgumentError("shm request: bad magic");
+  absl::StatusOr<ShmRequest> read = ReadRestOfRead(fd, header);
+  if (!read.ok()) return read.status();
+  message.read = *std::move(read);
+  return message;
+}
+
+std::string EncodeShmPutRequest(const ShmPutRequest& request) {
+  size_t headers_bytes = 0;
+  for (const ShmPutEntry& e : request.entries) headers_bytes += e.header.size();
+  std::string out;
+  out.reserve(kShmRequestHeaderBytes + kShmPutEntryBytes * request.entries.size() + headers_bytes);
+  PutU32(&out, kShmPutMagic);
+  PutU32(&out, static_cast<uint32_t>(request.entries.size()));
+  PutU32(&out, static_cast<uint32_t>(headers_bytes));
+  PutU32(&out, 0);
+  for (const ShmPutEntry& e : request.entries) {
+    PutU64(&out, e.offset);
+    PutU64(&out, e.size);
+    PutU64(&out, e.checksum);
+    PutU32(&out, static_cast<uint32_t>(e.header.size()));
+  }
+  for (const ShmPutEntry& e : request.entries) out += e.header;
+  return out;
+}
+
+absl::Status WriteShmPutRequest(int fd, const ShmPutRequest& request, int data_fd) {
+  return WriteAll(fd, EncodeShmPutRequest(request), absl::MakeConstSpan(&data_fd, 1));
+}
+
+absl::Status WriteShmPutResponse(int fd, const ShmPutResponse& response) {
+  const std::string message(response.status.message().substr(0, kShmMaxMessageBytes));
+  const bool ok = response.status.ok();
+  std::string out;
+  PutU32(&out, kShmPutMagic);
+  PutU32(&out, static_cast<uint32_t>(response.status.code()));
+  PutU32(&out, ok ? static_cast<uint32_t>(response.answers.size()) : 0);
+  PutU32(&out, static_cast<uint32_t>(message.size()));
+  out += message;
+  if (ok) {
+    for (const std::string& a : response.answers) {
+      PutU32(&out, static_cast<uint32_t>(a.size()));
+      out += a;
+    }
+  }
+  return WriteAll(fd, out, {});
+}
+
+absl::StatusOr<ShmPutResponse> ReadShmPutResponse(int fd) {
+  char header[16];
+  RETURN_IF_ERROR(ReadExactly(fd, header, sizeof(header), nullptr, nullptr));
+  const uint32_t code = GetU32(header + 4);
+  const uint32_t count = GetU32(header + 8);
+  const uint32_t message_bytes = GetU32(header + 12);
+  if (GetU32(header) != kShmPutMagic || code > static_cast<uint32_t>(absl::StatusCode::kUnauthenticated) ||
+      count > kShmMaxPutEntries || message_bytes > kShmMaxMessageBytes || (code != 0 && count != 0)) {
+    return absl::InvalidArgumentError("shm put response: malformed header");
+  }
+  std::string message(message_bytes, '\0');
+  RETURN_IF_ERROR(ReadExactly(fd, message.data(), message.size(), nullptr, nullptr));
+  ShmPutResponse response;
+  response.status = absl::Status(static_cast<absl::StatusCode>(code), message);
+  response.answers.resize(count);
+  for (uint32_t i = 0; i < count; ++i) {
+    char length[4];
+    RETURN_IF_ERROR(ReadExactly(fd, length, sizeof(length), nullptr, nullptr));
+    const uint32_t bytes = GetU32(length);
+    if (bytes > kShmMaxPutAnswerBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shm put response: answer ", i, " of ", bytes, " bytes > ", kShmMaxPutAnswerBytes));
+    }
+    response.answers[i].resize(bytes);
+    RETURN_IF_ERROR(ReadExactly(fd, response.answers[i].data(), bytes, nullptr, nullptr));
+  }
+  return response;
 }
 
 absl::Status WriteShmResponse(int fd, const ShmResponse& response, absl::Span<const int> fds) {

@@ -48,6 +48,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -90,12 +91,6 @@ struct ShmResponse {
 
 std::string EncodeShmRequest(const ShmRequest& request);
 
-// Reads one request from `fd`. OUT_OF_RANGE: the peer closed the connection
-// before the first byte (a normal end). INVALID_ARGUMENT: a malformed request,
-// or one of version 1. UNAVAILABLE: an I/O error or a timeout (SO_RCVTIMEO)
-// part way.
-absl::StatusOr<ShmRequest> ReadShmRequest(int fd);
-
 // Writes `response` to `fd`, with `fds` (at most kShmMaxFds; only when the
 // status is OK) as SCM_RIGHTS on its first byte. UNAVAILABLE on an I/O error
 // (the peer went away); INVALID_ARGUMENT for too many descriptors.
@@ -107,6 +102,99 @@ absl::Status WriteShmResponse(int fd, const ShmResponse& response, absl::Span<co
 // entry's fd_index outside the descriptors, or as many descriptors as the
 // header says not received); on any error no descriptor is left open.
 absl::StatusOr<ShmResponse> ReadShmResponse(int fd, std::vector<int>* fds);
+
+// ---- Puts ("HSP1") ----
+//
+// A worker on the cachestore's host puts entries through the same socket
+// (a connection may carry reads and puts, one after another): it writes the
+// entries' bytes into a memfd of its own and sends the descriptor; the
+// cachestore copies each entry once, from the descriptor into the entry's
+// reservation, hashing what it stored, and commits it against the checksum
+// the request names. The entries are taken one at a time, in order, with
+// PutMany's rules and answers (proto/cachestore.proto): an entry may hang
+// from the one before it, and a refused entry does not stop the ones after.
+//
+//   put request  u32 magic 0x31505348 ("HSP1")
+//                u32 entry_count          1 .. kShmMaxPutEntries
+//                u32 headers_bytes        the headers below together,
+//                                         <= kShmMaxPutHeadersBytes
+//                u32 reserved             0
+//                entry_count x (u64 offset, u64 size, u64 checksum,
+//                               u32 header_bytes)
+//                                         entry i: `size` bytes at `offset`
+//                                         in the descriptor, whose XXH3-64
+//                                         must be `checksum`
+//                headers_bytes bytes      entry_count serialized
+//                                         v1::PutHeader, in order (each
+//                                         size_bytes equal to its entry's size)
+//
+//   put response u32 magic 0x31505348
+//                u32 code                 OK, or why no entry was taken
+//                                         (INVALID_ARGUMENT, PERMISSION_DENIED)
+//                u32 answer_count         entry_count when OK, else 0
+//                u32 message_bytes        <= kShmMaxMessageBytes
+//                message_bytes bytes      the status message
+//                answer_count x (u32 bytes, a serialized v1::PutManyResponse
+//                               of at most kShmMaxPutAnswerBytes)
+//
+// Exactly one descriptor travels as SCM_RIGHTS with the request's first
+// byte: a shared-memory file (memfd) the cachestore can read. No descriptor,
+// several, or any other kind of file (a pipe, a socket, a file on a disk or a
+// FUSE mount, whose reads could block a serving thread) is INVALID_ARGUMENT.
+// The cachestore reads the descriptor only while it serves the request and
+// closes it before it answers. What the writer changes meanwhile fails the
+// entry's checksum (DATA_LOSS): the bytes hashed are the bytes stored.
+inline constexpr uint32_t kShmPutMagic = 0x31505348;  // "HSP1"
+inline constexpr uint32_t kShmMaxPutEntries = 4096;   // GetMany's and PutMany's bound
+inline constexpr uint32_t kShmMaxPutHeadersBytes = 16u << 20;
+inline constexpr uint32_t kShmMaxPutAnswerBytes = 64u << 10;
+inline constexpr size_t kShmPutEntryBytes = 28;
+
+struct ShmPutEntry {
+  uint64_t offset = 0;
+  uint64_t size = 0;
+  uint64_t checksum = 0;
+  std::string header;  // a serialized v1::PutHeader
+};
+
+struct ShmPutRequest {
+  std::vector<ShmPutEntry> entries;
+};
+
+struct ShmPutResponse {
+  absl::Status status;               // OK: one answer per entry
+  std::vector<std::string> answers;  // serialized v1::PutManyResponse
+};
+
+// What one request on the socket is: a read (HSM2) or a put (HSP1) with the
+// put's descriptor (owned by the caller; -1 for a read).
+struct ShmMessage {
+  std::optional<ShmRequest> read;
+  std::optional<ShmPutRequest> put;
+  int put_fd = -1;
+};
+
+// The request's bytes; `fd` travels with the first of them.
+std::string EncodeShmPutRequest(const ShmPutRequest& request);
+
+// Reads one request, a read or a put, from `fd`. OUT_OF_RANGE: the peer
+// closed the connection before the first byte (a normal end).
+// INVALID_ARGUMENT: a malformed request, one of version 1, or a put without
+// exactly one descriptor. UNAVAILABLE: an I/O error or a timeout
+// (SO_RCVTIMEO) part way. `*magic` (when given) is set to the request's magic
+// once it has arrived, so that a refusal can answer in the request's format.
+// Descriptors that arrive with a read are closed; on error none is left open.
+absl::StatusOr<ShmMessage> ReadShmMessage(int fd, uint32_t* magic = nullptr);
+
+// Writes a put request with `data_fd` attached (UNAVAILABLE on an I/O error).
+absl::Status WriteShmPutRequest(int fd, const ShmPutRequest& request, int data_fd);
+
+absl::Status WriteShmPutResponse(int fd, const ShmPutResponse& response);
+
+// Reads a put's response. UNAVAILABLE on I/O errors and timeouts,
+// INVALID_ARGUMENT on a malformed one (a bad magic, too long an answer or
+// message); descriptors that arrive with it are closed.
+absl::StatusOr<ShmPutResponse> ReadShmPutResponse(int fd);
 
 // Sets SO_RCVTIMEO and SO_SNDTIMEO on `fd`.
 void SetShmSocketTimeout(int fd, absl::Duration timeout);

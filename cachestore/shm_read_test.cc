@@ -1,4 +1,4 @@
-// Reads by shared memory (shm_protocol.h version 2, shm_read_server.h,
+// Reads by shared memory (shm_protocol.h version 2, shm_server.h,
 // shm_reader.h, direct_read_cache_client.h) over real Unix sockets and the store's
 // real memfd slabs; a child process plays the reader that dies mid-read.
 
@@ -29,8 +29,8 @@
 #include "cachestore/in_process_cache_client.h"
 #include "cachestore/server.h"
 #include "cachestore/shm_protocol.h"
-#include "cachestore/shm_read_server.h"
 #include "cachestore/shm_reader.h"
+#include "cachestore/shm_server.h"
 #include "common/clock.h"
 #include "common/hash.h"
 #include "common/wait_for.h"
@@ -413,12 +413,12 @@ TEST(ShmPeerTest, AServerThatDoesNotAllowThisUidRefusesAndTheClientFallsBack) {
   auto store = CacheStore::Create(SharedOptions(), clock);
   ASSERT_TRUE(store.ok());
   InProcessCacheClient in_process(**store);
-  ShmReadServerOptions o;
+  ShmServerOptions o;
   o.socket_path = SocketPath("strict");
   o.allowed_uids = {geteuid() + 1};
   absl::Mutex mu;
   int refused = 0;
-  auto server = ShmReadServer::Start(o, **store, [&](const ShmReadEvent& e) {
+  auto server = ShmServer::Start(o, **store, [&](const ShmReadEvent& e) {
     absl::MutexLock lock(&mu);
     if (e.refused_peer) ++refused;
   });
@@ -445,9 +445,9 @@ TEST(ShmSocketTest, TheSocketIsOnlyForItsOwnerAndNeverReplacesAFile) {
   common::FakeClock clock;
   auto store = CacheStore::Create(SharedOptions(), clock);
   ASSERT_TRUE(store.ok());
-  ShmReadServerOptions o;
+  ShmServerOptions o;
   o.socket_path = SocketPath("mode");
-  auto server = ShmReadServer::Start(o, **store);
+  auto server = ShmServer::Start(o, **store);
   ASSERT_TRUE(server.ok()) << server.status();
   struct stat st {};
   ASSERT_EQ(stat(o.socket_path.c_str(), &st), 0);
@@ -461,16 +461,16 @@ TEST(ShmSocketTest, TheSocketIsOnlyForItsOwnerAndNeverReplacesAFile) {
   ASSERT_GE(fd, 0);
   close(fd);
   o.socket_path = file;
-  EXPECT_EQ(ShmReadServer::Start(o, **store).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ShmServer::Start(o, **store).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 TEST(ShmSocketTest, AStoreWhoseEntriesAreNotInSharedMemoryIsRefused) {
   common::FakeClock clock;
   auto store = CacheStore::Create(CacheIndexOptions{}, clock);
   ASSERT_TRUE(store.ok());
-  ShmReadServerOptions o;
+  ShmServerOptions o;
   o.socket_path = SocketPath("heap");
-  const absl::Status s = ShmReadServer::Start(o, **store).status();
+  const absl::Status s = ShmServer::Start(o, **store).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_NE(s.message().find("blob_storage"), absl::string_view::npos) << s;
 }
@@ -504,8 +504,8 @@ class FakeShmServer {
     while (true) {
       const int fd = accept4(listen_, nullptr, nullptr, SOCK_CLOEXEC);
       if (fd < 0) return;
-      absl::StatusOr<ShmRequest> request = ReadShmRequest(fd);
-      if (request.ok()) {
+      absl::StatusOr<ShmMessage> request = ReadShmMessage(fd);
+      if (request.ok() && request->read.has_value()) {
         const int memfd = memfd_create("fake", MFD_CLOEXEC);
         EXPECT_EQ(pwrite(memfd, content_.data(), content_.size(), 0), static_cast<ssize_t>(content_.size()));
         const int sent = read_only_ ? open(absl::StrCat("/proc/self/fd/", memfd).c_str(), O_RDONLY | O_CLOEXEC) : memfd;
@@ -616,10 +616,10 @@ class ShmLifetimeTest : public ::testing::Test {
     ASSERT_TRUE(store.ok());
     store_ = *std::move(store);
     in_process_ = std::make_unique<InProcessCacheClient>(*store_);
-    ShmReadServerOptions o;
+    ShmServerOptions o;
     o.socket_path = SocketPath("lifetime");
     o.max_connections = 1;  // one thread: a reader that wedged it would stop the next read
-    auto server = ShmReadServer::Start(o, *store_, [this](const ShmReadEvent& e) {
+    auto server = ShmServer::Start(o, *store_, [this](const ShmReadEvent& e) {
       absl::MutexLock lock(&mu_);
       events_.push_back(e);
     });
@@ -650,7 +650,7 @@ class ShmLifetimeTest : public ::testing::Test {
   common::FakeClock clock_;
   std::unique_ptr<CacheStore> store_;
   std::unique_ptr<InProcessCacheClient> in_process_;
-  std::unique_ptr<ShmReadServer> server_;
+  std::unique_ptr<ShmServer> server_;
   std::unique_ptr<ShmReader> reader_;
   absl::Mutex mu_;
   std::vector<ShmReadEvent> events_ ABSL_GUARDED_BY(mu_);

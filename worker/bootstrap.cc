@@ -109,10 +109,21 @@ absl::StatusOr<std::unique_ptr<cachestore::DirectReadCacheClient>> ConnectDirect
                   cachestore::BulkReaderOptions{options.cachestore_bulk_address, options.cache_timeout}));
 }
 
+std::unique_ptr<cachestore::ShmPutCacheClient> ConnectShmPuts(const WorkerOptions& options,
+                                                              cachestore::CacheClient* cache) {
+  if (cache == nullptr || options.cachestore_shm_socket.empty() || !options.cachestore_shm_puts) return nullptr;
+  cachestore::ShmPutOptions o;
+  o.socket_path = options.cachestore_shm_socket;
+  o.timeout = options.cache_timeout;
+  return std::make_unique<cachestore::ShmPutCacheClient>(*cache, o);
+}
+
 std::string DirectReadsName(const WorkerOptions& options) {
-  return options.cachestore_shm_socket.empty()
-             ? absl::StrCat("reads over the bulk port ", options.cachestore_bulk_address)
-             : absl::StrCat("reads by shared memory on ", options.cachestore_shm_socket);
+  if (options.cachestore_shm_socket.empty()) {
+    return absl::StrCat("reads over the bulk port ", options.cachestore_bulk_address);
+  }
+  return absl::StrCat(options.cachestore_shm_puts ? "reads and puts" : "reads", " by shared memory on ",
+                      options.cachestore_shm_socket);
 }
 
 absl::StatusOr<std::unique_ptr<cachestore::GrpcCacheClient>> ConnectCache(const WorkerOptions& options) {

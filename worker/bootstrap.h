@@ -20,6 +20,7 @@
 #include "absl/time/time.h"
 #include "cachestore/direct_read_cache_client.h"
 #include "cachestore/grpc_cache_client.h"
+#include "cachestore/shm_put_cache_client.h"
 #include "common/health_server.h"
 #include "common/metrics.h"
 #include "common/tls_flags.h"
@@ -45,6 +46,8 @@ struct WorkerOptions {
   std::string cachestore;  // host:port; empty: no cache
   // The cachestore's --shm_socket on this host: reads by shared memory; empty: gRPC only.
   std::string cachestore_shm_socket;
+  // With cachestore_shm_socket: puts by shared memory too.
+  bool cachestore_shm_puts = true;
   // The cachestore's --bulk_address: reads over plain TCP (not with TLS);
   // empty: gRPC only. The shm socket wins when both are given.
   std::string cachestore_bulk_address;
@@ -73,8 +76,15 @@ absl::StatusOr<std::unique_ptr<cachestore::GrpcCacheClient>> ConnectCache(const 
 // bytes would travel unencrypted).
 absl::StatusOr<std::unique_ptr<cachestore::DirectReadCacheClient>> ConnectDirectReads(
     const WorkerOptions& options, cachestore::GrpcCacheClient* cache);
-// How ConnectDirectReads' client reads, for logs: "reads by shared memory on
-// PATH" or "reads over the bulk port ADDRESS".
+// Puts by shared memory in front of `cache` (ConnectDirectReads' client, or
+// ConnectCache's), which does everything else and every put that fails
+// there: with --cachestore_shm_socket and --cachestore_shm_puts; null
+// otherwise or without a cache.
+std::unique_ptr<cachestore::ShmPutCacheClient> ConnectShmPuts(const WorkerOptions& options,
+                                                              cachestore::CacheClient* cache);
+// How ConnectDirectReads' and ConnectShmPuts' clients move cache bytes, for
+// logs: "reads and puts by shared memory on PATH", "reads by shared memory
+// on PATH" or "reads over the bulk port ADDRESS".
 std::string DirectReadsName(const WorkerOptions& options);
 
 // The Prometheus endpoint; null without --metrics_address. `before_scrape`

@@ -94,7 +94,16 @@ TEST(ShmStackTest, ResumesByShmAreExactAndEveryResumeByteMovedByShm) {
   EXPECT_EQ(Metric(decode, "hybridserve_decode_history_read_failures_total"), 0);
   EXPECT_GT(Metric(cachestore, "hybridserve_cache_shm_bytes_total"), shm_bytes);
   EXPECT_EQ(Metric(cachestore, "hybridserve_cache_shm_reads_total{outcome=\"error\"}"), 0);
-  // The stack without it read the same bytes by gRPC.
+  // Both workers put by shared memory (prefill its prompts' pages and states,
+  // decode its turn-end states), and no put fell back to gRPC.
+  EXPECT_GT(Metric(prefill, "hybridserve_worker_shm_put_entries_total"), 0);
+  EXPECT_GT(Metric(decode, "hybridserve_worker_shm_put_entries_total"), 0);
+  EXPECT_EQ(MetricSum(prefill, "hybridserve_worker_shm_put_fallbacks_total"), 0);
+  EXPECT_EQ(MetricSum(decode, "hybridserve_worker_shm_put_fallbacks_total"), 0);
+  EXPECT_GT(Metric(cachestore, "hybridserve_cache_shm_put_bytes_total"), 0);
+  EXPECT_EQ(Metric(cachestore, "hybridserve_cache_shm_puts_total{outcome=\"error\"}"), 0);
+  // The stack without it read the same bytes by gRPC, and put nothing by shared memory.
+  EXPECT_EQ(Metric(MetricsPort((*plain)->cachestore()), "hybridserve_cache_shm_put_bytes_total"), 0);
   EXPECT_EQ(Metric(MetricsPort((*plain)->cachestore()), "hybridserve_cache_get_bytes_total"), shm_bytes);
   EXPECT_EQ(Metric(MetricsPort((*plain)->prefill()), "hybridserve_prefill_cache_shm_bytes_total"), 0);
   EXPECT_EQ(Metric(MetricsPort((*plain)->decode()), "hybridserve_decode_history_pages_total"), 0);
@@ -133,6 +142,8 @@ TEST(BulkStackTest, ResumesOverTheBulkPortAreExactAndEveryResumeByteMovedOverIt)
   EXPECT_EQ(Metric(cachestore, "hybridserve_cache_bulk_reads_total{outcome=\"error\"}"), 0);
   EXPECT_EQ(Metric(cachestore, "hybridserve_cache_get_bytes_total"), 0);
   EXPECT_EQ(Metric(MetricsPort((*bulk)->decode()), "hybridserve_decode_history_pages_total"), 0);
+  // Puts stay on gRPC: the bulk port carries reads only.
+  EXPECT_EQ(Metric(cachestore, "hybridserve_cache_shm_put_bytes_total"), 0);
   // The stack without it read the same bytes by gRPC.
   EXPECT_EQ(Metric(MetricsPort((*plain)->cachestore()), "hybridserve_cache_get_bytes_total"), bulk_bytes);
 }

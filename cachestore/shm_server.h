@@ -1,5 +1,5 @@
-#ifndef HYBRIDSERVE_CACHESTORE_SHM_READ_SERVER_H_
-#define HYBRIDSERVE_CACHESTORE_SHM_READ_SERVER_H_
+#ifndef HYBRIDSERVE_CACHESTORE_SHM_SERVER_H_
+#define HYBRIDSERVE_CACHESTORE_SHM_SERVER_H_
 
 #include <sys/types.h>
 
@@ -19,7 +19,7 @@
 
 namespace hybridserve::cachestore {
 
-struct ShmReadServerOptions {
+struct ShmServerOptions {
   // The Unix socket's path (at most 107 bytes). Its directory must not be
   // writable by others unless sticky; a stale socket there is replaced, any
   // other file is refused. The socket is made 0600 before it listens.
@@ -43,6 +43,15 @@ struct ShmReadEvent {
   bool refused_peer = false;
 };
 
+// What one entry of a put on the socket came to, for the server's metrics:
+// `code` is its answer's, `bytes` what it committed (0 when already
+// present), `seconds` from its header to its answer.
+struct ShmPutEvent {
+  absl::StatusCode code = absl::StatusCode::kOk;
+  int64_t bytes = 0;
+  double seconds = 0;
+};
+
 // Serves the reads of leased entries by shared memory (the format is in
 // shm_protocol.h) without copying them: the store's entries live in memfd
 // slabs (CacheIndexOptions::blob_storage = kSharedMemory, required), and for
@@ -57,17 +66,24 @@ struct ShmReadEvent {
 // reads (a worker reads before it releases). The server uses no memory per
 // read beyond the answer.
 //
+// It also takes puts (shm_protocol.h, "HSP1"): the writer's bytes arrive in a
+// memfd of its own, and each entry is copied once from it into its
+// reservation (CacheStore::BeginPut, PutSession::WriteWith: hashed as stored)
+// and committed against the checksum the writer named, entry after entry
+// with PutMany's answers. The descriptor is closed before the answer.
+//
 // Thread-safe. Stop (or destruction) ends every thread and removes the socket.
-class ShmReadServer {
+class ShmServer {
  public:
   // `store` must outlive the server and keep its entries in shared memory
   // (FAILED_PRECONDITION otherwise); `observe` (may be empty) is called on
   // the serving threads.
-  static absl::StatusOr<std::unique_ptr<ShmReadServer>> Start(const ShmReadServerOptions& options, CacheStore& store,
-                                                              std::function<void(const ShmReadEvent&)> observe = {});
-  ~ShmReadServer();
-  ShmReadServer(const ShmReadServer&) = delete;
-  ShmReadServer& operator=(const ShmReadServer&) = delete;
+  static absl::StatusOr<std::unique_ptr<ShmServer>> Start(const ShmServerOptions& options, CacheStore& store,
+                                                          std::function<void(const ShmReadEvent&)> observe = {},
+                                                          std::function<void(const ShmPutEvent&)> observe_put = {});
+  ~ShmServer();
+  ShmServer(const ShmServer&) = delete;
+  ShmServer& operator=(const ShmServer&) = delete;
 
   const std::string& socket_path() const { return options_.socket_path; }
 
@@ -76,21 +92,31 @@ class ShmReadServer {
   void Stop();
 
  private:
-  ShmReadServer(const ShmReadServerOptions& options, CacheStore& store,
-                std::function<void(const ShmReadEvent&)> observe);
+  ShmServer(const ShmServerOptions& options, CacheStore& store, std::function<void(const ShmReadEvent&)> observe,
+            std::function<void(const ShmPutEvent&)> observe_put);
 
   void Serve();
   void ServeConnection(int fd);
   // The response to `request`; *fds the descriptors to attach, *entries the
   // entries they belong to (held until the response is sent).
   ShmResponse Read(const ShmRequest& request, std::vector<int>* fds, std::vector<ReadHandle>* entries);
+  // Answers a request that could not be read, in its format (`magic`).
+  void Refuse(int fd, uint32_t magic, const absl::Status& why);
+  // The answers to `request`, whose bytes are in `data_fd` (not closed here).
+  ShmPutResponse Put(const ShmPutRequest& request, int data_fd);
+  // Entry `index` of a put: PutMany's answer for it (a serialized
+  // v1::PutManyResponse), its code in *code; *committed its bytes when it was
+  // stored.
+  std::string PutEntry(const ShmPutEntry& entry, uint32_t index, int data_fd, uint64_t data_size, int64_t* committed,
+                       absl::StatusCode* code);
   // Waits until `fd` is readable or Stop; false on Stop or io_timeout.
   bool WaitReadable(int fd);
 
-  const ShmReadServerOptions options_;
+  const ShmServerOptions options_;
   const std::vector<uid_t> allowed_uids_;
   CacheStore& store_;
   const std::function<void(const ShmReadEvent&)> observe_;
+  const std::function<void(const ShmPutEvent&)> observe_put_;
   int listen_fd_ = -1;
   int stop_fd_ = -1;  // an eventfd, readable once Stop began
   std::atomic<bool> stopped_{false};
@@ -99,4 +125,4 @@ class ShmReadServer {
 
 }  // namespace hybridserve::cachestore
 
-#endif  // HYBRIDSERVE_CACHESTORE_SHM_READ_SERVER_H_
+#endif  // HYBRIDSERVE_CACHESTORE_SHM_SERVER_H_

@@ -1,4 +1,4 @@
-#include "cachestore/shm_read_server.h"
+#include "cachestore/shm_server.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -10,12 +10,16 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "cachestore/put_header.h"
 #include "common/logging.h"
+#include "common/status_macros.h"
+#include "proto/cachestore.pb.h"
 
 namespace hybridserve::cachestore {
 namespace {
@@ -41,11 +45,53 @@ absl::Status CheckSocketDirectory(const std::string& path) {
   return absl::OkStatus();
 }
 
+// A put's descriptor: a shared-memory file (memfd, tmpfs) opened for
+// reading, whose reads cannot block; its size in *size.
+absl::Status CheckPutDescriptor(int fd, uint64_t* size) {
+  const int flags = fcntl(fd, F_GETFL);
+  struct stat st {};
+  if (flags < 0 || (flags & O_ACCMODE) == O_WRONLY || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+      fcntl(fd, F_GET_SEALS) < 0) {
+    return absl::InvalidArgumentError(
+        "shm put: the descriptor is not a readable shared-memory file (memfd_create's, or tmpfs)");
+  }
+  *size = static_cast<uint64_t>(st.st_size);
+  return absl::OkStatus();
+}
+
+// Copies the session's declared bytes from `fd` at `offset` into its
+// reservation, a piece at a time (each piece is progress against the put's
+// put_timeout). INVALID_ARGUMENT when the descriptor ends early or fails.
+absl::Status CopyInto(PutSession& session, int fd, uint64_t offset) {
+  constexpr int64_t kPiece = int64_t{4} << 20;
+  for (int64_t at = 0; at < session.size_bytes();) {
+    const int64_t piece = std::min(kPiece, session.size_bytes() - at);
+    absl::Status read;
+    RETURN_IF_ERROR(session.WriteWith(at, piece, [&](uint8_t* dst) {
+      for (int64_t got = 0; got < piece && read.ok();) {
+        const ssize_t n = pread(fd, dst + got, static_cast<size_t>(piece - got),
+                                static_cast<off_t>(offset + static_cast<uint64_t>(at + got)));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+          read = absl::InvalidArgumentError(absl::StrCat("shm put: the descriptor ended or failed at byte ",
+                                                         offset + static_cast<uint64_t>(at + got), ": ",
+                                                         n == 0 ? "end of file" : std::strerror(errno)));
+        }
+        if (n > 0) got += n;
+      }
+    }));
+    // A failed read leaves the session unfinished: it aborts the put.
+    RETURN_IF_ERROR(read);
+    at += piece;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ShmReadServer>> ShmReadServer::Start(const ShmReadServerOptions& options,
-                                                                    CacheStore& store,
-                                                                    std::function<void(const ShmReadEvent&)> observe) {
+absl::StatusOr<std::unique_ptr<ShmServer>> ShmServer::Start(const ShmServerOptions& options, CacheStore& store,
+                                                            std::function<void(const ShmReadEvent&)> observe,
+                                                            std::function<void(const ShmPutEvent&)> observe_put) {
   sockaddr_un addr{};
   if (options.socket_path.empty() || options.socket_path.size() >= sizeof(addr.sun_path)) {
     return absl::InvalidArgumentError(
@@ -66,7 +112,7 @@ absl::StatusOr<std::unique_ptr<ShmReadServer>> ShmReadServer::Start(const ShmRea
     }
     unlink(path.c_str());
   }
-  auto server = std::unique_ptr<ShmReadServer>(new ShmReadServer(options, store, std::move(observe)));
+  auto server = std::unique_ptr<ShmServer>(new ShmServer(options, store, std::move(observe), std::move(observe_put)));
   // Non-blocking: every serving thread wakes for a connection and all but
   // one find nothing to accept.
   server->listen_fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -85,20 +131,22 @@ absl::StatusOr<std::unique_ptr<ShmReadServer>> ShmReadServer::Start(const ShmRea
   return server;
 }
 
-ShmReadServer::ShmReadServer(const ShmReadServerOptions& options, CacheStore& store,
-                             std::function<void(const ShmReadEvent&)> observe)
+ShmServer::ShmServer(const ShmServerOptions& options, CacheStore& store,
+                     std::function<void(const ShmReadEvent&)> observe,
+                     std::function<void(const ShmPutEvent&)> observe_put)
     : options_(options),
       allowed_uids_(options.allowed_uids.empty() ? std::vector<uid_t>{geteuid()} : options.allowed_uids),
       store_(store),
-      observe_(std::move(observe)) {}
+      observe_(std::move(observe)),
+      observe_put_(std::move(observe_put)) {}
 
-ShmReadServer::~ShmReadServer() {
+ShmServer::~ShmServer() {
   Stop();
   if (listen_fd_ >= 0) close(listen_fd_);
   if (stop_fd_ >= 0) close(stop_fd_);
 }
 
-void ShmReadServer::Stop() {
+void ShmServer::Stop() {
   if (stopped_.exchange(true)) return;
   if (stop_fd_ >= 0) {
     const uint64_t one = 1;
@@ -109,7 +157,7 @@ void ShmReadServer::Stop() {
   if (listen_fd_ >= 0) unlink(options_.socket_path.c_str());
 }
 
-bool ShmReadServer::WaitReadable(int fd) {
+bool ShmServer::WaitReadable(int fd) {
   pollfd fds[2] = {{fd, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
   const int timeout_ms = static_cast<int>(absl::ToInt64Milliseconds(options_.io_timeout));
   while (true) {
@@ -121,7 +169,7 @@ bool ShmReadServer::WaitReadable(int fd) {
   }
 }
 
-void ShmReadServer::Serve() {
+void ShmServer::Serve() {
   while (WaitReadable(listen_fd_)) {
     // Blocking I/O with timeouts (accept4 does not pass O_NONBLOCK on).
     const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
@@ -139,30 +187,35 @@ void ShmReadServer::Serve() {
       if (observe_) observe_(ShmReadEvent{peer.code(), 0, /*refused_peer=*/true});
       // The request is read first: a socket closed with unread bytes resets
       // the peer's, which would lose the refusal.
-      (void)ReadShmRequest(fd);
-      ShmResponse refusal;
-      refusal.status = peer;
-      (void)WriteShmResponse(fd, refusal);
+      uint32_t magic = 0;
+      absl::StatusOr<ShmMessage> unread = ReadShmMessage(fd, &magic);
+      if (unread.ok() && unread->put_fd >= 0) close(unread->put_fd);
+      Refuse(fd, magic, peer);
     }
     close(fd);
   }
 }
 
-void ShmReadServer::ServeConnection(int fd) {
+void ShmServer::ServeConnection(int fd) {
   while (WaitReadable(fd)) {
-    absl::StatusOr<ShmRequest> request = ReadShmRequest(fd);
-    if (!request.ok()) {
-      if (request.status().code() == absl::StatusCode::kInvalidArgument) {
-        ShmResponse refusal;
-        refusal.status = request.status();
-        (void)WriteShmResponse(fd, refusal);
-        if (observe_) observe_(ShmReadEvent{refusal.status.code(), 0, false});
+    uint32_t magic = 0;
+    absl::StatusOr<ShmMessage> message = ReadShmMessage(fd, &magic);
+    if (!message.ok()) {
+      if (message.status().code() == absl::StatusCode::kInvalidArgument) {
+        Refuse(fd, magic, message.status());
+        if (observe_) observe_(ShmReadEvent{message.status().code(), 0, false});
       }
       return;  // closed, timed out or malformed: the connection ends
     }
+    if (message->put.has_value()) {
+      ShmPutResponse response = Put(*message->put, message->put_fd);
+      close(message->put_fd);
+      if (!WriteShmPutResponse(fd, response).ok()) return;
+      continue;
+    }
     std::vector<int> fds;
     std::vector<ReadHandle> entries;
-    ShmResponse response = Read(*request, &fds, &entries);
+    ShmResponse response = Read(*message->read, &fds, &entries);
     const absl::Status sent = WriteShmResponse(fd, response, fds);
     // The descriptors were the slabs' own: they are in the reader's socket
     // now, and the entries may go.
@@ -177,7 +230,69 @@ void ShmReadServer::ServeConnection(int fd) {
   }
 }
 
-ShmResponse ShmReadServer::Read(const ShmRequest& request, std::vector<int>* fds, std::vector<ReadHandle>* entries) {
+void ShmServer::Refuse(int fd, uint32_t magic, const absl::Status& why) {
+  if (magic == kShmPutMagic) {
+    ShmPutResponse refusal;
+    refusal.status = why;
+    (void)WriteShmPutResponse(fd, refusal);
+  } else {
+    ShmResponse refusal;
+    refusal.status = why;
+    (void)WriteShmResponse(fd, refusal);
+  }
+}
+
+ShmPutResponse ShmServer::Put(const ShmPutRequest& request, int data_fd) {
+  ShmPutResponse response;
+  uint64_t data_size = 0;
+  response.status = CheckPutDescriptor(data_fd, &data_size);
+  if (!response.status.ok()) return response;
+  response.answers.reserve(request.entries.size());
+  for (size_t i = 0; i < request.entries.size(); ++i) {
+    const absl::Time start = absl::Now();
+    int64_t committed = 0;
+    absl::StatusCode code = absl::StatusCode::kOk;
+    response.answers.push_back(
+        PutEntry(request.entries[i], static_cast<uint32_t>(i), data_fd, data_size, &committed, &code));
+    if (observe_put_) observe_put_(ShmPutEvent{code, committed, absl::ToDoubleSeconds(absl::Now() - start)});
+  }
+  return response;
+}
+
+std::string ShmServer::PutEntry(const ShmPutEntry& entry, uint32_t index, int data_fd, uint64_t data_size,
+                                int64_t* committed, absl::StatusCode* code) {
+  v1::PutManyResponse answer;
+  answer.set_index(index);
+  const absl::Status status = [&]() -> absl::Status {
+    v1::PutHeader header;
+    if (!header.ParseFromString(entry.header)) return absl::InvalidArgumentError("malformed PutHeader");
+    ASSIGN_OR_RETURN(const PutSpec spec, SpecOf(header));
+    if (header.size_bytes() != entry.size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the header's size_bytes ", header.size_bytes(), " is not the entry's size ", entry.size));
+    }
+    if (entry.offset > data_size || entry.size > data_size - entry.offset) {
+      return absl::InvalidArgumentError(absl::StrCat("the entry at ", entry.offset, "+", entry.size,
+                                                     " lies outside its descriptor of ", data_size, " bytes"));
+    }
+    ASSIGN_OR_RETURN(std::unique_ptr<PutSession> session, store_.BeginPut(spec));
+    if (!session->already_present()) {
+      RETURN_IF_ERROR(CopyInto(*session, data_fd, entry.offset));
+      RETURN_IF_ERROR(session->Commit(entry.checksum));
+      *committed = session->size_bytes();
+    }
+    *answer.mutable_result() = AnswerOf(*session);
+    return absl::OkStatus();
+  }();
+  *code = status.code();
+  if (!status.ok()) {
+    answer.set_code(static_cast<int32_t>(status.code()));
+    answer.set_message(std::string(status.message().substr(0, kShmMaxMessageBytes)));
+  }
+  return answer.SerializeAsString();
+}
+
+ShmResponse ShmServer::Read(const ShmRequest& request, std::vector<int>* fds, std::vector<ReadHandle>* entries) {
   ShmResponse response;
   entries->reserve(request.keys.size());
   response.entries.reserve(request.keys.size());

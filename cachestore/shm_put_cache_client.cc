@@ -1,0 +1,220 @@
+#include "cachestore/shm_put_cache_client.h"
+
+#include <errno.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "cachestore/client_messages.h"
+#include "cachestore/shm_protocol.h"
+#include "common/hash.h"
+#include "common/log_rate_limiter.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+
+namespace hybridserve::cachestore {
+namespace {
+
+// Closes a descriptor on scope exit unless released.
+class FdGuard {
+ public:
+  explicit FdGuard(int fd) : fd_(fd) {}
+  ~FdGuard() {
+    if (fd_ >= 0) close(fd_);
+  }
+  FdGuard(const FdGuard&) = delete;
+  FdGuard& operator=(const FdGuard&) = delete;
+  int get() const { return fd_; }
+  int release() { return std::exchange(fd_, -1); }
+
+ private:
+  int fd_;
+};
+
+absl::StatusOr<int> Connect(const std::string& path, absl::Duration timeout) {
+  sockaddr_un addr{};
+  if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat("bad shm socket path: ", path));
+  }
+  const int sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (sock < 0) return absl::UnavailableError(absl::StrCat("shm socket: ", std::strerror(errno)));
+  SetShmSocketTimeout(sock, timeout);
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  if (connect(sock, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    const int err = errno;
+    close(sock);
+    return absl::UnavailableError(absl::StrCat("cannot connect to the shm socket ", path, ": ", std::strerror(err)));
+  }
+  return sock;
+}
+
+absl::Status WriteAt(int fd, absl::string_view bytes, uint64_t offset) {
+  for (size_t done = 0; done < bytes.size();) {
+    const ssize_t n =
+        pwrite(fd, bytes.data() + done, bytes.size() - done, static_cast<off_t>(offset + static_cast<uint64_t>(done)));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return absl::UnavailableError(absl::StrCat("writing the put's memfd: ", std::strerror(errno)));
+    done += static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+ShmPutCacheClient::ShmPutCacheClient(CacheClient& base, ShmPutOptions options)
+    : base_(base), options_(std::move(options)) {}
+
+ShmPutCacheClient::~ShmPutCacheClient() {
+  for (int fd : kept_) close(fd);
+}
+
+absl::StatusOr<PutResult> ShmPutCacheClient::Put(const ClientNamespace& ns, const ClientPut& put,
+                                                 absl::string_view bytes) {
+  const PutManyEntry entry{&put, bytes, std::nullopt};
+  return std::move(PutMany(ns, absl::MakeConstSpan(&entry, 1))[0]);
+}
+
+std::vector<absl::StatusOr<PutResult>> ShmPutCacheClient::PutMany(const ClientNamespace& ns,
+                                                                  absl::Span<const PutManyEntry> entries) {
+  std::vector<absl::StatusOr<PutResult>> results;
+  if (entries.empty()) return results;
+  results.reserve(entries.size());
+  const absl::Status path = [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(const int sock, Connect(options_.socket_path, options_.timeout));
+    FdGuard guard(sock);
+    return PutOnSocket(sock, NamespaceMessage(ns), entries, &results);
+  }();
+  {
+    absl::MutexLock lock(&mu_);
+    counts_.entries += static_cast<int64_t>(results.size());
+    for (size_t i = 0; i < results.size(); ++i) counts_.bytes += static_cast<int64_t>(entries[i].bytes.size());
+    if (path.ok()) {
+      ++counts_.calls;
+    } else {
+      ++counts_.fallbacks[common::FailureReason(path)];
+    }
+  }
+  if (!path.ok()) {
+    int64_t held_back = 0;
+    if (log_limiter_.Allow(common::FailureReason(path), &held_back)) {
+      LOG(WARNING) << "cache puts by shared memory on " << options_.socket_path << " failed (" << path << "); "
+                   << entries.size() - results.size() << " entries go to gRPC" << common::HeldBack(held_back);
+    }
+    std::vector<absl::StatusOr<PutResult>> rest = base_.PutMany(ns, entries.subspan(results.size()));
+    for (absl::StatusOr<PutResult>& r : rest) results.push_back(std::move(r));
+  }
+  return results;
+}
+
+absl::Status ShmPutCacheClient::PutOnSocket(int sock, const v1::CacheNamespace& ns,
+                                            absl::Span<const PutManyEntry> entries,
+                                            std::vector<absl::StatusOr<PutResult>>* results) {
+  // Requests of up to request_bytes of entries, kShmMaxPutEntries entries,
+  // and a quarter of the headers' limit (a header's size is its tokens'),
+  // each with at least one entry.
+  for (size_t begin = 0; begin < entries.size();) {
+    size_t end = begin;
+    int64_t bytes = 0;
+    size_t header_bytes = 0;
+    while (end < entries.size() && end - begin < kShmMaxPutEntries) {
+      const int64_t next = static_cast<int64_t>(entries[end].bytes.size());
+      const size_t next_header = 64 + 8 * entries[end].put->tokens.size();
+      if (end > begin &&
+          (bytes + next > options_.request_bytes || header_bytes + next_header > kShmMaxPutHeadersBytes / 4)) {
+        break;
+      }
+      bytes += next;
+      header_bytes += next_header;
+      ++end;
+    }
+    RETURN_IF_ERROR(PutRequest(sock, ns, entries.subspan(begin, end - begin), results));
+    begin = end;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShmPutCacheClient::PutRequest(int sock, const v1::CacheNamespace& ns,
+                                           absl::Span<const PutManyEntry> entries,
+                                           std::vector<absl::StatusOr<PutResult>>* results) {
+  ASSIGN_OR_RETURN(const int memfd, TakeMemfd());
+  FdGuard guard(memfd);
+  ShmPutRequest request;
+  request.entries.resize(entries.size());
+  uint64_t offset = 0;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const PutManyEntry& e = entries[i];
+    ShmPutEntry& out = request.entries[i];
+    RETURN_IF_ERROR(WriteAt(memfd, e.bytes, offset));
+    out.offset = offset;
+    out.size = e.bytes.size();
+    out.checksum = e.checksum.has_value() ? *e.checksum : common::Checksum64(e.bytes.data(), e.bytes.size());
+    out.header = PutHeaderMessage(ns, *e.put, e.bytes.size()).SerializeAsString();
+    offset += e.bytes.size();
+  }
+  RETURN_IF_ERROR(WriteShmPutRequest(sock, request, memfd));
+  ASSIGN_OR_RETURN(const ShmPutResponse response, ReadShmPutResponse(sock));
+  RETURN_IF_ERROR(response.status);
+  if (response.answers.size() != entries.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shm put: ", response.answers.size(), " answers for ", entries.size(), " entries"));
+  }
+  for (size_t i = 0; i < response.answers.size(); ++i) {
+    v1::PutManyResponse answer;
+    if (!answer.ParseFromString(response.answers[i]) || answer.index() != i || answer.code() < 0 ||
+        answer.code() > static_cast<int32_t>(absl::StatusCode::kUnauthenticated)) {
+      return absl::InvalidArgumentError(absl::StrCat("shm put: malformed answer for entry ", i));
+    }
+    if (answer.code() != 0) {
+      results->push_back(absl::Status(static_cast<absl::StatusCode>(answer.code()), answer.message()));
+      continue;
+    }
+    absl::StatusOr<PutResult> result = PutResultOf(answer.result());
+    if (!result.ok()) return result.status();
+    results->push_back(*std::move(result));
+  }
+  // The cachestore closed its descriptor before it answered: the memfd is
+  // this process's alone again.
+  KeepMemfd(guard.release(), static_cast<int64_t>(offset));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> ShmPutCacheClient::TakeMemfd() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!kept_.empty()) {
+      const int fd = kept_.back();
+      kept_.pop_back();
+      return fd;
+    }
+  }
+  const int fd = memfd_create("hybridserve-put", MFD_CLOEXEC);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("memfd_create: ", std::strerror(errno)));
+  return fd;
+}
+
+void ShmPutCacheClient::KeepMemfd(int fd, int64_t used) {
+  struct stat st {};
+  const bool small = fstat(fd, &st) == 0 && st.st_size <= options_.request_bytes && used <= options_.request_bytes;
+  {
+    absl::MutexLock lock(&mu_);
+    if (small && static_cast<int>(kept_.size()) < options_.kept_memfds) {
+      kept_.push_back(fd);
+      return;
+    }
+  }
+  close(fd);
+}
+
+ShmPutCounts ShmPutCacheClient::counts() const {
+  absl::MutexLock lock(&mu_);
+  return counts_;
+}
+
+}  // namespace hybridserve::cachestore
