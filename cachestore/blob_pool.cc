@@ -46,10 +46,13 @@ absl::StatusOr<std::shared_ptr<Blob>> BlobPool::Acquire(size_t size) {
       free_bytes_ -= static_cast<int64_t>(size);
     }
   }
-  if (blob == nullptr && slabs_ != nullptr) {
+  if (blob != nullptr) {
+    blob->fresh = false;  // recycled
+  } else if (slabs_ != nullptr) {
     absl::StatusOr<std::unique_ptr<Blob>> slot = slabs_->Allocate(size);
     if (!slot.ok()) return slot.status();
     blob = *std::move(slot);
+    blob->fresh = true;
   }
   if (blob == nullptr) {
     uint8_t* bytes = AllocateBytes(size);

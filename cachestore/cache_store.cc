@@ -1,5 +1,9 @@
 #include "cachestore/cache_store.h"
 
+#include <errno.h>
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -163,6 +167,45 @@ absl::Status PutSession::Write(int64_t offset, absl::string_view data) {
 }
 
 absl::Status PutSession::WriteWith(int64_t offset, int64_t size, absl::FunctionRef<void(uint8_t*)> fill) {
+  return Append(offset, size, [&fill](uint8_t* dst) {
+    fill(dst);
+    return absl::OkStatus();
+  });
+}
+
+absl::Status PutSession::WriteFromFile(int64_t offset, int64_t size, int src_fd, uint64_t src_offset) {
+  const Blob& blob = *reservation_.blob;
+  return Append(offset, size, [&](uint8_t* dst) -> absl::Status {
+    auto ended = [&](int64_t at, ssize_t n) {
+      return absl::InvalidArgumentError(absl::StrCat("the source file ended or failed at byte ",
+                                                     src_offset + static_cast<uint64_t>(at), ": ",
+                                                     n == 0 ? "end of file" : std::strerror(errno)));
+    };
+    int64_t done = 0;
+    if (blob.fresh && blob.shm_write_fd >= 0) {
+      off64_t from = static_cast<off64_t>(src_offset);
+      off64_t to = static_cast<off64_t>(blob.shm_offset + static_cast<uint64_t>(offset));
+      while (done < size) {
+        const ssize_t n = copy_file_range(src_fd, &from, blob.shm_write_fd, &to, static_cast<size_t>(size - done), 0);
+        if (n < 0 && errno == EINTR) continue;
+        // A kernel or file without the file-to-file copy: the rest by pread.
+        if (n < 0 && (errno == EXDEV || errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP)) break;
+        if (n <= 0) return ended(done, n);
+        done += n;
+      }
+    }
+    while (done < size) {
+      const ssize_t n = pread(src_fd, dst + done, static_cast<size_t>(size - done),
+                              static_cast<off_t>(src_offset + static_cast<uint64_t>(done)));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return ended(done, n);
+      done += n;
+    }
+    return absl::OkStatus();
+  });
+}
+
+absl::Status PutSession::Append(int64_t offset, int64_t size, absl::FunctionRef<absl::Status(uint8_t*)> fill) {
   if (finished_) return absl::FailedPreconditionError("put already finished");
   if (offset != written_) {
     return absl::InvalidArgumentError(
@@ -179,7 +222,7 @@ absl::Status PutSession::WriteWith(int64_t offset, int64_t size, absl::FunctionR
   absl::Status alive = store_->TouchPut(reservation_.id);
   if (!alive.ok()) return alive;
   uint8_t* dst = reservation_.blob->data.get() + written_;
-  fill(dst);
+  RETURN_IF_ERROR(fill(dst));
   // Checksum what was stored, not what was received.
   checksum_.Update(dst, static_cast<size_t>(size));
   written_ += size;

@@ -1,5 +1,8 @@
 #include "cachestore/cache_store.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <functional>
 #include <string>
@@ -87,6 +90,54 @@ TEST_F(CacheStoreTest, CommitVerifiesTheStoredBytes) {
   put->reset();  // the failed put is aborted
   EXPECT_EQ(store_->Stats().states.reserved_bytes, 0);
   EXPECT_EQ(store_->Stats().states.entries, 0);
+}
+
+// A put by shared memory writes from the writer's file: in a fresh slab
+// slot by a file-to-file copy, in a recycled buffer or on the heap by pread.
+// Whichever, the entry holds the file's bytes, and a piece whose file ends
+// early counts for nothing: the same piece again, whole, continues the put.
+TEST(CacheStoreFileWriteTest, WritesFromAFileLandWhateverTheBufferAndAShortFileCountsNothing) {
+  for (const BlobStorage storage : {BlobStorage::kHeap, BlobStorage::kSharedMemory}) {
+    SCOPED_TRACE(storage == BlobStorage::kHeap ? "heap" : "shared memory");
+    common::FakeClock clock;
+    CacheIndexOptions o;
+    o.blob_storage = storage;
+    o.state_budget_bytes = 700 << 10;  // two entries of 300 KiB: the third recycles the first's buffer
+    auto store = CacheStore::Create(o, clock);
+    ASSERT_TRUE(store.ok()) << store.status();
+    const Hash128 ns = NamespaceKey("fp", "", "", "", kPageSize);
+    const size_t size = 300 << 10;
+    for (TokenId token : {1, 2, 3}) {
+      SCOPED_TRACE(absl::StrCat("entry ", token));
+      std::string data(size, '\0');
+      for (size_t i = 0; i < size; ++i) data[i] = static_cast<char>((i * 131 + static_cast<size_t>(token)) & 0xff);
+      // The bytes lie 100 bytes into the file, which holds 10 bytes fewer
+      // than the second piece asks for until it is rewritten whole.
+      const int fd = memfd_create("writer", MFD_CLOEXEC);
+      ASSERT_EQ(pwrite(fd, data.data(), size - 10, 100), static_cast<ssize_t>(size - 10));
+      auto put = (*store)->BeginPut(StateAt1(ns, static_cast<int64_t>(size), token));
+      ASSERT_TRUE(put.ok()) << put.status();
+      const int64_t half = static_cast<int64_t>(size / 2);
+      ASSERT_TRUE((*put)->WriteFromFile(0, half, fd, 100).ok());
+      const absl::Status short_file = (*put)->WriteFromFile(half, half, fd, 100 + half);
+      EXPECT_EQ(short_file.code(), absl::StatusCode::kInvalidArgument) << short_file;
+      EXPECT_TRUE(absl::StrContains(short_file.message(), "end of file")) << short_file;
+      EXPECT_EQ((*put)->bytes_written(), half);
+      ASSERT_EQ(pwrite(fd, data.data(), size, 100), static_cast<ssize_t>(size));
+      ASSERT_TRUE((*put)->WriteFromFile(half, half, fd, 100 + half).ok());
+      close(fd);
+      ASSERT_TRUE((*put)->Commit(common::Checksum64(data.data(), size)).ok());
+      auto r = (*store)->Lookup(ns, kPageSize, {token, 9}, true);
+      ASSERT_TRUE(r.ok() && r->state.has_value());
+      auto h = (*store)->OpenVerified(r->lease_id, r->state->key);
+      ASSERT_TRUE(h.ok()) << h.status();
+      EXPECT_TRUE(std::string(reinterpret_cast<const char*>(h->blob->data.get()), h->blob->size) == data);
+      // Fresh slab slots for the first two, the first one's buffer recycled for the third.
+      EXPECT_EQ(h->blob->fresh, storage == BlobStorage::kSharedMemory && token < 3);
+      ASSERT_TRUE((*store)->Release(r->lease_id).ok());
+    }
+    EXPECT_TRUE((*store)->CheckInvariants().ok());
+  }
 }
 
 TEST_F(CacheStoreTest, DroppedSessionAbortsAndCommittedOneServesVerifiedBytes) {

@@ -92,7 +92,7 @@ class CacheStoreServer {
   std::unique_ptr<CacheStoreService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<common::HealthServer> health_;  // null without a health address
-  std::unique_ptr<ShmServer> shm_;            // null without a shm socket
+  std::unique_ptr<ShmServer> shm_;                // null without a shm socket
   std::unique_ptr<BulkReadServer> bulk_;          // null without a bulk address
   int port_ = 0;
   absl::Duration reap_interval_;

@@ -7,6 +7,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -55,25 +56,65 @@ absl::StatusOr<int> Connect(const std::string& path, absl::Duration timeout) {
   return sock;
 }
 
-absl::Status WriteAt(int fd, absl::string_view bytes, uint64_t offset) {
-  for (size_t done = 0; done < bytes.size();) {
-    const ssize_t n =
-        pwrite(fd, bytes.data() + done, bytes.size() - done, static_cast<off_t>(offset + static_cast<uint64_t>(done)));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return absl::UnavailableError(absl::StrCat("writing the put's memfd: ", std::strerror(errno)));
-    done += static_cast<size_t>(n);
+// Copies `bytes` to `dst` a cache-sized piece at a time, hashing each
+// piece while it is hot (when `hash`); the XXH3-64 of the bytes.
+uint64_t CopyHashed(char* dst, absl::string_view bytes, bool hash) {
+  constexpr size_t kPiece = size_t{256} << 10;
+  common::StreamingChecksum sum;
+  for (size_t at = 0; at < bytes.size(); at += kPiece) {
+    const size_t n = std::min(kPiece, bytes.size() - at);
+    std::memcpy(dst + at, bytes.data() + at, n);
+    if (hash) sum.Update(bytes.data() + at, n);
   }
-  return absl::OkStatus();
+  return hash ? sum.Digest() : 0;
 }
 
 }  // namespace
 
+class ShmPutCacheClient::PutBuffer {
+ public:
+  static absl::StatusOr<std::unique_ptr<PutBuffer>> Create() {
+    const int fd = memfd_create("hybridserve-put", MFD_CLOEXEC);
+    if (fd < 0) return absl::UnavailableError(absl::StrCat("memfd_create: ", std::strerror(errno)));
+    return std::unique_ptr<PutBuffer>(new PutBuffer(fd));
+  }
+  ~PutBuffer() {
+    if (data_ != nullptr) munmap(data_, size_);
+    close(fd_);
+  }
+  PutBuffer(const PutBuffer&) = delete;
+  PutBuffer& operator=(const PutBuffer&) = delete;
+
+  // At least `size` bytes, mapped.
+  absl::Status Reserve(size_t size) {
+    if (size <= size_) return absl::OkStatus();
+    if (data_ != nullptr) munmap(data_, size_);
+    data_ = nullptr;
+    size_ = 0;
+    if (ftruncate(fd_, static_cast<off_t>(size)) != 0) {
+      return absl::UnavailableError(absl::StrCat("growing the put's memfd: ", std::strerror(errno)));
+    }
+    void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+    if (p == MAP_FAILED) return absl::UnavailableError(absl::StrCat("mapping the put's memfd: ", std::strerror(errno)));
+    data_ = static_cast<char*>(p);
+    size_ = size;
+    return absl::OkStatus();
+  }
+  int fd() const { return fd_; }
+  char* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  explicit PutBuffer(int fd) : fd_(fd) {}
+  const int fd_;
+  char* data_ = nullptr;
+  size_t size_ = 0;
+};
+
 ShmPutCacheClient::ShmPutCacheClient(CacheClient& base, ShmPutOptions options)
     : base_(base), options_(std::move(options)) {}
 
-ShmPutCacheClient::~ShmPutCacheClient() {
-  for (int fd : kept_) close(fd);
-}
+ShmPutCacheClient::~ShmPutCacheClient() = default;
 
 absl::StatusOr<PutResult> ShmPutCacheClient::Put(const ClientNamespace& ns, const ClientPut& put,
                                                  absl::string_view bytes) {
@@ -143,22 +184,23 @@ absl::Status ShmPutCacheClient::PutOnSocket(int sock, const v1::CacheNamespace& 
 absl::Status ShmPutCacheClient::PutRequest(int sock, const v1::CacheNamespace& ns,
                                            absl::Span<const PutManyEntry> entries,
                                            std::vector<absl::StatusOr<PutResult>>* results) {
-  ASSIGN_OR_RETURN(const int memfd, TakeMemfd());
-  FdGuard guard(memfd);
+  size_t total = 0;
+  for (const PutManyEntry& e : entries) total += e.bytes.size();
+  ASSIGN_OR_RETURN(std::unique_ptr<PutBuffer> buffer, TakeBuffer(std::max<size_t>(total, 1)));
   ShmPutRequest request;
   request.entries.resize(entries.size());
   uint64_t offset = 0;
   for (size_t i = 0; i < entries.size(); ++i) {
     const PutManyEntry& e = entries[i];
     ShmPutEntry& out = request.entries[i];
-    RETURN_IF_ERROR(WriteAt(memfd, e.bytes, offset));
+    const uint64_t sum = CopyHashed(buffer->data() + offset, e.bytes, !e.checksum.has_value());
     out.offset = offset;
     out.size = e.bytes.size();
-    out.checksum = e.checksum.has_value() ? *e.checksum : common::Checksum64(e.bytes.data(), e.bytes.size());
+    out.checksum = e.checksum.value_or(sum);
     out.header = PutHeaderMessage(ns, *e.put, e.bytes.size()).SerializeAsString();
     offset += e.bytes.size();
   }
-  RETURN_IF_ERROR(WriteShmPutRequest(sock, request, memfd));
+  RETURN_IF_ERROR(WriteShmPutRequest(sock, request, buffer->fd()));
   ASSIGN_OR_RETURN(const ShmPutResponse response, ReadShmPutResponse(sock));
   RETURN_IF_ERROR(response.status);
   if (response.answers.size() != entries.size()) {
@@ -180,36 +222,35 @@ absl::Status ShmPutCacheClient::PutRequest(int sock, const v1::CacheNamespace& n
     results->push_back(*std::move(result));
   }
   // The cachestore closed its descriptor before it answered: the memfd is
-  // this process's alone again.
-  KeepMemfd(guard.release(), static_cast<int64_t>(offset));
+  // this process's alone again. (After a failure it is not kept: a
+  // cachestore still reading it would see the next request's bytes.)
+  KeepBuffer(std::move(buffer));
   return absl::OkStatus();
 }
 
-absl::StatusOr<int> ShmPutCacheClient::TakeMemfd() {
+absl::StatusOr<std::unique_ptr<ShmPutCacheClient::PutBuffer>> ShmPutCacheClient::TakeBuffer(size_t size) {
+  std::unique_ptr<PutBuffer> buffer;
   {
     absl::MutexLock lock(&mu_);
     if (!kept_.empty()) {
-      const int fd = kept_.back();
+      buffer = std::move(kept_.back());
       kept_.pop_back();
-      return fd;
     }
   }
-  const int fd = memfd_create("hybridserve-put", MFD_CLOEXEC);
-  if (fd < 0) return absl::UnavailableError(absl::StrCat("memfd_create: ", std::strerror(errno)));
-  return fd;
+  if (buffer == nullptr) {
+    ASSIGN_OR_RETURN(buffer, PutBuffer::Create());
+  }
+  RETURN_IF_ERROR(buffer->Reserve(size));
+  return buffer;
 }
 
-void ShmPutCacheClient::KeepMemfd(int fd, int64_t used) {
-  struct stat st {};
-  const bool small = fstat(fd, &st) == 0 && st.st_size <= options_.request_bytes && used <= options_.request_bytes;
-  {
-    absl::MutexLock lock(&mu_);
-    if (small && static_cast<int>(kept_.size()) < options_.kept_memfds) {
-      kept_.push_back(fd);
-      return;
-    }
+void ShmPutCacheClient::KeepBuffer(std::unique_ptr<PutBuffer> buffer) {
+  absl::MutexLock lock(&mu_);
+  int64_t kept_bytes = static_cast<int64_t>(buffer->size());
+  for (const std::unique_ptr<PutBuffer>& k : kept_) kept_bytes += static_cast<int64_t>(k->size());
+  if (static_cast<int>(kept_.size()) < options_.kept_memfds && kept_bytes <= options_.kept_bytes) {
+    kept_.push_back(std::move(buffer));
   }
-  close(fd);
 }
 
 ShmPutCounts ShmPutCacheClient::counts() const {

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -19,13 +20,15 @@ struct ShmPutOptions {
   std::string socket_path;  // the cachestore's --shm_socket
   // Connect, and each request and answer.
   absl::Duration timeout = absl::Seconds(10);
-  // Entry bytes one request carries (an entry larger than this goes alone):
-  // also what a kept memfd may hold.
+  // Entry bytes one request carries (an entry larger than this goes alone).
   int64_t request_bytes = int64_t{16} << 20;
   // Memfds kept between calls, so that a put writes into pages it already
-  // has rather than into new ones the kernel must zero. Each holds at most
-  // request_bytes (a larger one is closed after its call).
+  // has rather than into new ones the kernel must allocate and zero (for a
+  // 64 MiB entry, twice the time of the rest of the put): at most
+  // kept_memfds of them, holding at most kept_bytes together (a memfd that
+  // would pass it is closed after its call). They are this process's memory.
   int kept_memfds = 2;
+  int64_t kept_bytes = int64_t{256} << 20;
 };
 
 // What the shm put path has done so far (cumulative).
@@ -42,9 +45,10 @@ struct ShmPutCounts {
 // the two share a host (shm_protocol.h, "HSP1"), and does everything else,
 // and every put the socket fails, through the client it wraps (the gRPC
 // client, or a DirectReadCacheClient over it): the control plane and the
-// fallback. The entries' bytes are written into a memfd of this process and
-// its descriptor sent; the cachestore copies each entry once from it into
-// the entry's place and verifies it against its checksum there. Over gRPC the
+// fallback. The entries' bytes are copied into a mapped memfd of this
+// process (hashed as they are copied) and its descriptor sent; the
+// cachestore copies each entry once from it into the entry's place and
+// verifies it against its checksum there. Over gRPC the
 // same bytes take a copy into the stream, two kernel copies through a socket
 // and a copy into the entry.
 //
@@ -96,14 +100,17 @@ class ShmPutCacheClient final : public CacheClient {
   // One request of `entries` (within the request limits).
   absl::Status PutRequest(int sock, const v1::CacheNamespace& ns, absl::Span<const PutManyEntry> entries,
                           std::vector<absl::StatusOr<PutResult>>* results);
-  // A memfd to write a request into (a kept one, or a new one), and back.
-  absl::StatusOr<int> TakeMemfd() ABSL_LOCKS_EXCLUDED(mu_);
-  void KeepMemfd(int fd, int64_t size) ABSL_LOCKS_EXCLUDED(mu_);
+  // A memfd of this process, mapped, that a request's bytes are written into.
+  class PutBuffer;
+  // A buffer of at least `size` bytes to write a request into (a kept one,
+  // grown if need be, or a new one), and back after its request's answer.
+  absl::StatusOr<std::unique_ptr<PutBuffer>> TakeBuffer(size_t size) ABSL_LOCKS_EXCLUDED(mu_);
+  void KeepBuffer(std::unique_ptr<PutBuffer> buffer) ABSL_LOCKS_EXCLUDED(mu_);
 
   CacheClient& base_;
   const ShmPutOptions options_;
   mutable absl::Mutex mu_;
-  std::vector<int> kept_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<PutBuffer>> kept_ ABSL_GUARDED_BY(mu_);
   ShmPutCounts counts_ ABSL_GUARDED_BY(mu_);
   common::LogRateLimiter log_limiter_;
 };

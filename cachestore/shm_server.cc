@@ -66,22 +66,7 @@ absl::Status CopyInto(PutSession& session, int fd, uint64_t offset) {
   constexpr int64_t kPiece = int64_t{4} << 20;
   for (int64_t at = 0; at < session.size_bytes();) {
     const int64_t piece = std::min(kPiece, session.size_bytes() - at);
-    absl::Status read;
-    RETURN_IF_ERROR(session.WriteWith(at, piece, [&](uint8_t* dst) {
-      for (int64_t got = 0; got < piece && read.ok();) {
-        const ssize_t n = pread(fd, dst + got, static_cast<size_t>(piece - got),
-                                static_cast<off_t>(offset + static_cast<uint64_t>(at + got)));
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) {
-          read = absl::InvalidArgumentError(absl::StrCat("shm put: the descriptor ended or failed at byte ",
-                                                         offset + static_cast<uint64_t>(at + got), ": ",
-                                                         n == 0 ? "end of file" : std::strerror(errno)));
-        }
-        if (n > 0) got += n;
-      }
-    }));
-    // A failed read leaves the session unfinished: it aborts the put.
-    RETURN_IF_ERROR(read);
+    RETURN_IF_ERROR(session.WriteFromFile(at, piece, fd, offset + static_cast<uint64_t>(at)));
     at += piece;
   }
   return absl::OkStatus();

@@ -168,6 +168,7 @@ absl::StatusOr<std::unique_ptr<Blob>> ShmSlabAllocator::Allocate(size_t size) {
   blob->data = std::unique_ptr<uint8_t[], BlobBytesDeleter>(bytes, BlobBytesDeleter{size, /*in_slab=*/true});
   blob->size = size;
   blob->shm_fd = slab->ro_fd;
+  blob->shm_write_fd = slab->rw_fd;
   blob->shm_offset = static_cast<uint64_t>(slot) * stride;
   blob->shm_slot = std::make_shared<SlotRelease>(shared_from_this(), slab, slot);
   return blob;

@@ -76,6 +76,14 @@ struct Blob {
   // lives, and the bytes' offset in it.
   int shm_fd = -1;
   uint64_t shm_offset = 0;
+  // The slab's read-write descriptor, for the put that fills the bytes
+  // (PutSession::WriteFromFile); never sent to anyone.
+  int shm_write_fd = -1;
+  // Never written since its memory was allocated (BlobPool::Acquire): a put
+  // into a fresh slab slot fills it best through shm_write_fd, which faults
+  // no page in through the mapping; a recycled buffer's pages are resident,
+  // and a copy through the mapping is the faster.
+  bool fresh = false;
   // Owns the slot (frees it when the blob goes); null for heap blobs.
   std::shared_ptr<const void> shm_slot;
 };

@@ -37,6 +37,7 @@
 #include "cachestore/direct_read_cache_client.h"
 #include "cachestore/grpc_cache_client.h"
 #include "cachestore/server.h"
+#include "cachestore/shm_put_cache_client.h"
 #include "common/clock.h"
 #include "common/hash.h"
 #include "common/process.h"
@@ -201,6 +202,7 @@ void Run() {
   // The cachestore on loopback. State entries (an SSM state is the 64 MiB
   // case); every Put uses a new tail token so it is never already present.
   prometheus::Registry registry;
+  prometheus::Registry registry_shm;
   ServerOptions options;
   options.address = "127.0.0.1:0";
   // A full cache in steady state, as in production: each put evicts an older
@@ -216,7 +218,7 @@ void Run() {
   const ClientNamespace ns{"bench-model", "", "transfer", 16};
 
   cachestore::TokenId next_token = 1;
-  auto put_new = [&](GrpcCacheClient& client) {
+  auto put_new = [&](cachestore::CacheClient& client) {
     ClientPut put;
     put.entry_class = EntryClass::kState;
     put.tokens = {next_token++};
@@ -303,6 +305,32 @@ void Run() {
                        },
                        "Get of 64 MiB over the bulk port"});
 
+  // Puts by shared memory on a second cachestore of the same budgets with
+  // its shm socket on (its entries live in memfd slabs), the gRPC client its
+  // control plane and fallback.
+  ServerOptions shm_options = options;
+  shm_options.bulk.address.clear();
+  char shm_dir[] = "/tmp/hs-transfer-bench-XXXXXX";
+  CheckErrno(mkdtemp(shm_dir) != nullptr, "mkdtemp");
+  shm_options.shm.socket_path = std::string(shm_dir) + "/shm.sock";
+  absl::StatusOr<std::unique_ptr<CacheStoreServer>> shm_server =
+      CacheStoreServer::Start(shm_options, common::Clock::Real(), registry_shm);
+  Check(shm_server.status(), "CacheStoreServer::Start (shm)");
+  absl::StatusOr<std::unique_ptr<GrpcCacheClient>> shm_control =
+      GrpcCacheClient::Create("127.0.0.1:" + std::to_string((*shm_server)->port()));
+  Check(shm_control.status(), "GrpcCacheClient::Create (shm)");
+  cachestore::ShmPutCacheClient shm_puts(**shm_control, cachestore::ShmPutOptions{shm_options.shm.socket_path});
+  transfers.push_back({"shm Put (memfd)",
+                       [&] {
+                         const double s = put_new(shm_puts);
+                         if (!shm_puts.counts().fallbacks.empty()) {
+                           std::fprintf(stderr, "a shm Put fell back to gRPC\n");
+                           std::exit(1);
+                         }
+                         return s;
+                       },
+                       "Put of 64 MiB by shared memory"});
+
   for (int round = 0; round < kWarmups + kReps; ++round) {
     for (Transfer& t : transfers) {
       const ProcessUsage before = Usage();
@@ -318,6 +346,9 @@ void Run() {
   const cachestore::IndexStats stats = (*server)->store().Stats();
   Check((*server)->store().CheckInvariants(), "store invariants");
   (*server)->Shutdown(absl::Seconds(1));
+  Check((*shm_server)->store().CheckInvariants(), "shm store invariants");
+  (*shm_server)->Shutdown(absl::Seconds(1));
+  rmdir(shm_dir);
 
   auto median_of = [](const Transfer& t, double RepCost::*field) {
     std::vector<double> v;
