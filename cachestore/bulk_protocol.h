@@ -33,6 +33,7 @@
 // answers DATA_LOSS.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -88,6 +89,86 @@ std::string EncodeBulkResponseHead(const BulkResponseHead& head);
 // with another entry count than key_count or an entry over
 // kBulkMaxEntryBytes, a long message); the socket's errors otherwise.
 absl::StatusOr<BulkResponseHead> ReadBulkResponseHead(common::Socket& socket, size_t key_count, absl::Time deadline);
+
+// ---- Puts ("HBP1") ----
+//
+// A worker puts entries over the same port (a connection may carry reads and
+// puts, one after another), their bytes off the gRPC stream: the cachestore
+// receives each entry straight into its reservation, hashing it as it lands,
+// and commits it against the checksum that follows it. The entries are taken
+// one at a time, in order, with PutMany's rules and answers
+// (proto/cachestore.proto): an entry may hang from the one before it, a
+// refused entry does not stop the ones after it (its bytes are read and
+// dropped), and the connection holds one reservation at a time.
+//
+//   put request  u32 magic 0x31504248 ("HBP1")
+//                u32 entry_count          1 .. kBulkMaxPutEntries
+//                u32 headers_bytes        the headers below together,
+//                                         <= kBulkMaxPutHeadersBytes
+//                u32 reserved             0
+//                entry_count x (u64 size, u32 header_bytes)
+//                headers_bytes bytes      entry_count serialized
+//                                         v1::PutHeader, in order (each
+//                                         size_bytes equal to its entry's)
+//                then per entry, in order: its `size` bytes, then their
+//                                         u64 XXH3-64
+//
+//   put response u32 magic 0x31504248
+//                u32 code                 OK, or why the request was refused
+//                                         (INVALID_ARGUMENT; the connection
+//                                         then ends)
+//                u32 answer_count         entry_count when OK, else 0
+//                u32 message_bytes        <= kBulkMaxMessageBytes
+//                message_bytes bytes      the status message
+//                answer_count x (u32 bytes, a serialized v1::PutManyResponse
+//                               of at most kBulkMaxPutAnswerBytes)
+//
+// The response comes after the last entry's checksum. A request whose
+// entries together are larger than `max_request_bytes` (the server's: its
+// budgets) is refused before any byte of them is read.
+inline constexpr uint32_t kBulkPutMagic = 0x31504248;  // "HBP1"
+inline constexpr uint32_t kBulkMaxPutEntries = 4096;
+inline constexpr uint32_t kBulkMaxPutHeadersBytes = 16u << 20;
+inline constexpr uint32_t kBulkMaxPutAnswerBytes = 64u << 10;
+inline constexpr size_t kBulkPutEntryBytes = 12;
+
+struct BulkPutEntry {
+  uint64_t size = 0;
+  std::string header;  // a serialized v1::PutHeader
+};
+
+struct BulkPutRequest {
+  std::vector<BulkPutEntry> entries;  // their bytes follow the request on the connection
+};
+
+struct BulkPutResponse {
+  absl::Status status;               // OK: one answer per entry
+  std::vector<std::string> answers;  // serialized v1::PutManyResponse
+};
+
+// What one request on the port is: a read (HSB1) or a put (HBP1).
+struct BulkMessage {
+  std::optional<BulkRequest> read;
+  std::optional<BulkPutRequest> put;
+};
+
+// Reads one request, a read or a put (its entries' bytes stay on the
+// connection), by `deadline`. ReadBulkRequest's errors; INVALID_ARGUMENT for
+// a malformed put too (no entries or too many, headers longer than the limit
+// or other than the table says, entries together over `max_put_bytes`).
+// `*magic` (when given) is set to the request's magic once it has arrived,
+// so that a refusal can answer in the request's format.
+absl::StatusOr<BulkMessage> ReadBulkMessage(common::Socket& socket, absl::Time deadline, uint64_t max_put_bytes,
+                                            uint32_t* magic = nullptr);
+
+// The head of a put request (its entries' bytes and checksums follow it).
+std::string EncodeBulkPutRequest(const BulkPutRequest& request);
+
+std::string EncodeBulkPutResponse(const BulkPutResponse& response);
+// INVALID_ARGUMENT: a malformed response (bad magic, an unknown code, an
+// answer count other than `entry_count` when OK, a long answer or message);
+// the socket's errors otherwise.
+absl::StatusOr<BulkPutResponse> ReadBulkPutResponse(common::Socket& socket, size_t entry_count, absl::Time deadline);
 
 }  // namespace hybridserve::cachestore
 

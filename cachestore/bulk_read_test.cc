@@ -1,4 +1,4 @@
-// The bulk read path (bulk_protocol.h, bulk_read_server.h, bulk_reader.h,
+// The bulk read path (bulk_protocol.h, bulk_server.h, bulk_reader.h,
 // direct_read_cache_client.h) over real TCP on loopback against the real
 // cachestore server: the bytes equal gRPC's, a malformed request is refused
 // by name, a reader that stalls or leaves mid-response holds nothing, the

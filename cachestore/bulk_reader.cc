@@ -87,30 +87,6 @@ absl::Status BulkReader::ReadScattered(uint64_t lease_id, absl::Span<const Hash1
   return Read(lease_id, keys, sink, verdict);
 }
 
-absl::StatusOr<common::Socket> BulkReader::TakeConnection(bool* reused) const {
-  {
-    absl::MutexLock lock(&mu_);
-    if (!idle_.empty()) {
-      common::Socket socket = std::move(idle_.back());
-      idle_.pop_back();
-      *reused = true;
-      return socket;
-    }
-  }
-  *reused = false;
-  return common::Connect(options_.address, absl::Now() + options_.timeout);
-}
-
-void BulkReader::KeepConnection(common::Socket socket) const {
-  absl::MutexLock lock(&mu_);
-  if (idle_.size() < kBulkMaxIdleConnections) idle_.push_back(std::move(socket));
-}
-
-int64_t BulkReader::idle_connections() const {
-  absl::MutexLock lock(&mu_);
-  return static_cast<int64_t>(idle_.size());
-}
-
 absl::Status BulkReader::Read(uint64_t lease_id, absl::Span<const Hash128> keys, Sink& sink, bool* verdict) const {
   if (keys.empty() || keys.size() > kBulkMaxKeys) {
     return absl::InvalidArgumentError(absl::StrCat(keys.size(), " keys: a bulk read takes 1 to ", kBulkMaxKeys));
@@ -124,7 +100,7 @@ absl::Status BulkReader::Read(uint64_t lease_id, absl::Span<const Hash128> keys,
   absl::StatusOr<BulkResponseHead> head;
   while (true) {
     bool reused = false;
-    ASSIGN_OR_RETURN(socket, TakeConnection(&reused));
+    ASSIGN_OR_RETURN(socket, connections_.Take(&reused));
     absl::Status sent = socket.WriteFull(frame, deadline());
     head = sent.ok() ? ReadBulkResponseHead(socket, keys.size(), deadline()) : sent;
     // A kept connection the server has closed meanwhile (idle past its
@@ -136,7 +112,7 @@ absl::Status BulkReader::Read(uint64_t lease_id, absl::Span<const Hash128> keys,
   }
   if (!head->status.ok()) {
     if (verdict != nullptr) *verdict = head->status.code() == absl::StatusCode::kNotFound;
-    KeepConnection(std::move(socket));  // nothing follows a refusal
+    connections_.Keep(std::move(socket));  // nothing follows a refusal
     return head->status;
   }
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -159,7 +135,7 @@ absl::Status BulkReader::Read(uint64_t lease_id, absl::Span<const Hash128> keys,
       return absl::DataLossError(absl::StrCat("bulk entry ", i, " (key ", keys[i].ToHex(), ") failed its checksum"));
     }
   }
-  KeepConnection(std::move(socket));
+  connections_.Keep(std::move(socket));
   return absl::OkStatus();
 }
 

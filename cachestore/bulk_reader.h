@@ -5,11 +5,10 @@
 #include <string>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "cachestore/bulk_connections.h"
 #include "cachestore/bulk_protocol.h"
 #include "cachestore/direct_reader.h"
 #include "cachestore/keys.h"
@@ -17,10 +16,6 @@
 #include "common/socket_io.h"
 
 namespace hybridserve::cachestore {
-
-// Connections a reader keeps between reads: enough for the reads one worker
-// runs at once.
-inline constexpr size_t kBulkMaxIdleConnections = 4;
 
 struct BulkReaderOptions {
   // The cachestore's bulk port, "host:port".
@@ -40,7 +35,8 @@ struct BulkReaderOptions {
 // Thread-safe.
 class BulkReader final : public DirectReader {
  public:
-  explicit BulkReader(BulkReaderOptions options) : options_(std::move(options)) {}
+  explicit BulkReader(BulkReaderOptions options)
+      : options_(std::move(options)), connections_(options_.address, options_.timeout) {}
 
   const char* name() const override { return "bulk"; }
   size_t max_keys() const override { return kBulkMaxKeys; }
@@ -51,7 +47,7 @@ class BulkReader final : public DirectReader {
                              bool* verdict = nullptr) const override;
 
   // Connections kept for the next read.
-  int64_t idle_connections() const ABSL_LOCKS_EXCLUDED(mu_);
+  int64_t idle_connections() const { return connections_.idle(); }
 
  private:
   // Where the entries' bytes go: Begin once per entry (its index and size;
@@ -67,13 +63,8 @@ class BulkReader final : public DirectReader {
   class SegmentsSink;
 
   absl::Status Read(uint64_t lease_id, absl::Span<const Hash128> keys, Sink& sink, bool* verdict) const;
-  // A kept connection (*reused) or a new one.
-  absl::StatusOr<common::Socket> TakeConnection(bool* reused) const ABSL_LOCKS_EXCLUDED(mu_);
-  void KeepConnection(common::Socket socket) const ABSL_LOCKS_EXCLUDED(mu_);
-
   const BulkReaderOptions options_;
-  mutable absl::Mutex mu_;
-  mutable std::vector<common::Socket> idle_ ABSL_GUARDED_BY(mu_);
+  mutable BulkConnections connections_;
 };
 
 }  // namespace hybridserve::cachestore

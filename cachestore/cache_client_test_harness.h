@@ -22,14 +22,16 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "cachestore/bulk_reader.h"
+#include "cachestore/bulk_writer.h"
 #include "cachestore/cache_client.h"
 #include "cachestore/cache_store.h"
+#include "cachestore/direct_put_cache_client.h"
 #include "cachestore/direct_read_cache_client.h"
 #include "cachestore/grpc_cache_client.h"
 #include "cachestore/in_process_cache_client.h"
 #include "cachestore/server.h"
-#include "cachestore/shm_put_cache_client.h"
 #include "cachestore/shm_reader.h"
+#include "cachestore/shm_writer.h"
 #include "common/clock.h"
 #include "common/hash.h"
 #include "common/wait_for.h"
@@ -110,10 +112,10 @@ class GrpcHarness : public Harness {
 };
 
 // The gRPC harness's server with a direct read path on, read through a
-// DirectReadCacheClient: its shm socket (kShm) or its bulk port (kBulk). On
-// the shm socket, a ShmPutCacheClient in front puts by it too. Every read
-// and put these tests make goes by that path, and none may need the gRPC
-// fallback (checked at the end).
+// DirectReadCacheClient: its shm socket (kShm) or its bulk port (kBulk). A
+// DirectPutCacheClient in front puts by the same path. Every read and put
+// these tests make goes by that path, and none may need the gRPC fallback
+// (checked at the end).
 enum class DirectPath { kShm, kBulk };
 
 template <DirectPath kPath>
@@ -125,8 +127,7 @@ class DirectHarness : public Harness {
     if (direct_client_ == nullptr) return;
     const DirectReadCounts counts = direct_client_->counts();
     EXPECT_TRUE(counts.fallbacks.empty()) << "a read fell back to gRPC: " << counts.fallbacks.begin()->first;
-    if (put_client_ == nullptr) return;
-    const ShmPutCounts puts = put_client_->counts();
+    const DirectPutCounts puts = put_client_->counts();
     EXPECT_TRUE(puts.fallbacks.empty()) << "a put fell back to gRPC: " << puts.fallbacks.begin()->first;
   }
 
@@ -160,10 +161,14 @@ class DirectHarness : public Harness {
       reader = std::make_unique<BulkReader>(BulkReaderOptions{absl::StrCat("127.0.0.1:", server_->bulk_port())});
     }
     direct_client_ = std::make_unique<DirectReadCacheClient>(*grpc_client_, std::move(reader));
-    // On the shm socket, puts go by it too, as in the workers.
+    // Puts go by the path too, as in the workers.
+    std::unique_ptr<DirectWriter> writer;
     if constexpr (kPath == DirectPath::kShm) {
-      put_client_ = std::make_unique<ShmPutCacheClient>(*direct_client_, ShmPutOptions{o.shm.socket_path});
+      writer = std::make_unique<ShmWriter>(ShmWriterOptions{o.shm.socket_path});
+    } else {
+      writer = std::make_unique<BulkWriter>(BulkWriterOptions{absl::StrCat("127.0.0.1:", server_->bulk_port())});
     }
+    put_client_ = std::make_unique<DirectPutCacheClient>(*direct_client_, std::move(writer));
     return absl::OkStatus();
   }
   CacheClient& client() override {
@@ -178,7 +183,7 @@ class DirectHarness : public Harness {
   std::unique_ptr<CacheStoreServer> server_;
   std::unique_ptr<GrpcCacheClient> grpc_client_;
   std::unique_ptr<DirectReadCacheClient> direct_client_;
-  std::unique_ptr<ShmPutCacheClient> put_client_;
+  std::unique_ptr<DirectPutCacheClient> put_client_;
 };
 using ShmHarness = DirectHarness<DirectPath::kShm>;
 using BulkHarness = DirectHarness<DirectPath::kBulk>;

@@ -107,6 +107,9 @@ class PutSession {
   // The same for `size` bytes that `fill` copies to the pointer it is given
   // (straight from a transport's buffers, without a contiguous copy first).
   absl::Status WriteWith(int64_t offset, int64_t size, absl::FunctionRef<void(uint8_t*)> fill);
+  // The same with a `fill` that can fail (a socket read): its error is
+  // returned, and nothing of the range counts as written.
+  absl::Status Append(int64_t offset, int64_t size, absl::FunctionRef<absl::Status(uint8_t*)> fill);
   // The same for `size` bytes of the file `src_fd` at `src_offset` (a put by
   // shared memory). Into a fresh slot of a shared-memory slab the kernel
   // copies them file to file (copy_file_range): no page of the entry is
@@ -124,9 +127,6 @@ class PutSession {
  private:
   friend class CacheStore;
   PutSession(CacheStore* store, Reservation reservation, int64_t size_bytes);
-  // The checks of a write of `size` bytes at `offset`, then `fill` stores
-  // them at the pointer it is given; they count once it succeeds.
-  absl::Status Append(int64_t offset, int64_t size, absl::FunctionRef<absl::Status(uint8_t*)> fill);
 
   CacheStore* const store_;
   Reservation reservation_;

@@ -3,7 +3,8 @@
 
 // The client's side of the cachestore's messages (proto/cachestore.proto) that
 // more than one transport sends: a namespace, a put's header, a put's answer.
-// GrpcCacheClient sends them over gRPC, ShmPutCacheClient on the shm socket.
+// GrpcCacheClient sends them over gRPC, the direct writers (direct_writer.h)
+// on the shm socket and the bulk port.
 
 #include <cstddef>
 

@@ -94,4 +94,31 @@ v1::PutResponse AnswerOf(const PutSession& session) {
   return answer;
 }
 
+absl::StatusOr<std::unique_ptr<PutSession>> BeginDirectPut(CacheStore& store, absl::string_view header_bytes,
+                                                           uint64_t size) {
+  v1::PutHeader header;
+  if (!header.ParseFromArray(header_bytes.data(), static_cast<int>(header_bytes.size()))) {
+    return absl::InvalidArgumentError("malformed PutHeader");
+  }
+  ASSIGN_OR_RETURN(const PutSpec spec, SpecOf(header));
+  if (header.size_bytes() != size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the header's size_bytes ", header.size_bytes(), " is not the entry's size ", size));
+  }
+  return store.BeginPut(spec);
+}
+
+std::string DirectPutAnswer(uint32_t index, const absl::Status& status, const PutSession* session,
+                            size_t max_message_bytes) {
+  v1::PutManyResponse answer;
+  answer.set_index(index);
+  if (!status.ok()) {
+    answer.set_code(static_cast<int32_t>(status.code()));
+    answer.set_message(std::string(status.message().substr(0, max_message_bytes)));
+  } else if (session != nullptr) {
+    *answer.mutable_result() = AnswerOf(*session);
+  }
+  return answer.SerializeAsString();
+}
+
 }  // namespace hybridserve::cachestore

@@ -93,10 +93,14 @@ absl::StatusOr<std::unique_ptr<CacheStoreServer>> CacheStoreServer::Start(const 
   }
   if (!options.bulk.address.empty()) {
     ServiceMetrics* metrics = server->metrics_.get();
-    ASSIGN_OR_RETURN(server->bulk_,
-                     BulkReadServer::Start(options.bulk, *server->store_, [metrics](const BulkReadEvent& e) {
-                       metrics->RecordBulkRead(e.code == absl::StatusCode::kOk, e.bytes);
-                     }));
+    ASSIGN_OR_RETURN(server->bulk_, BulkServer::Start(
+                                        options.bulk, *server->store_,
+                                        [metrics](const BulkReadEvent& e) {
+                                          metrics->RecordBulkRead(e.code == absl::StatusCode::kOk, e.bytes);
+                                        },
+                                        [metrics](const BulkPutEvent& e) {
+                                          metrics->RecordBulkPut(e.code == absl::StatusCode::kOk, e.bytes, e.seconds);
+                                        }));
   }
   CacheStoreServer* self = server.get();
   server->reaper_ = std::thread([self] {

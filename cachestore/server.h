@@ -9,7 +9,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
-#include "cachestore/bulk_read_server.h"
+#include "cachestore/bulk_server.h"
 #include "cachestore/cache_store.h"
 #include "cachestore/service.h"
 #include "cachestore/service_metrics.h"
@@ -46,10 +46,10 @@ struct ServerOptions {
   // when shm.socket_path is not empty, and then the store keeps its entries
   // in shared memory (index.blob_storage is set to kSharedMemory).
   ShmServerOptions shm;
-  // Reads over plain TCP for workers on other hosts (bulk_read_server.h): on
+  // Reads over plain TCP for workers on other hosts (bulk_server.h): on
   // when bulk.address is not empty. Refused beside TLS (INVALID_ARGUMENT):
   // its bytes travel unencrypted.
-  BulkReadServerOptions bulk;
+  BulkServerOptions bulk;
 };
 
 // A running cachestore: gRPC server with the CacheStore service, the standard
@@ -93,7 +93,7 @@ class CacheStoreServer {
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<common::HealthServer> health_;  // null without a health address
   std::unique_ptr<ShmServer> shm_;                // null without a shm socket
-  std::unique_ptr<BulkReadServer> bulk_;          // null without a bulk address
+  std::unique_ptr<BulkServer> bulk_;              // null without a bulk address
   int port_ = 0;
   absl::Duration reap_interval_;
   absl::Notification stop_;

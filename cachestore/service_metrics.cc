@@ -42,6 +42,10 @@ struct Families {
         bulk_reads(
             CounterFamily(r, "hybridserve_cache_bulk_reads_total", "Reads on the bulk port by outcome (ok, error).")),
         bulk_bytes(CounterFamily(r, "hybridserve_cache_bulk_bytes_total", "Entry bytes sent on the bulk port.")),
+        bulk_puts(CounterFamily(r, "hybridserve_cache_bulk_puts_total",
+                                "Entries put on the bulk port by outcome (ok, error).")),
+        bulk_put_bytes(CounterFamily(r, "hybridserve_cache_bulk_put_bytes_total",
+                                     "Entry bytes committed by puts on the bulk port.")),
         calls_refused(CounterFamily(r, "hybridserve_cache_calls_refused_total",
                                     "Calls refused by --max_streams or --max_streams_per_peer.")),
         bytes(GaugeFamily(r, "hybridserve_cache_bytes", "Cache bytes by class and state.")),
@@ -68,6 +72,8 @@ struct Families {
   prometheus::Family<prometheus::Counter>& shm_bytes;
   prometheus::Family<prometheus::Counter>& bulk_reads;
   prometheus::Family<prometheus::Counter>& bulk_bytes;
+  prometheus::Family<prometheus::Counter>& bulk_puts;
+  prometheus::Family<prometheus::Counter>& bulk_put_bytes;
   prometheus::Family<prometheus::Counter>& calls_refused;
   prometheus::Family<prometheus::Gauge>& bytes;
   prometheus::Family<prometheus::Gauge>& leases;
@@ -120,6 +126,9 @@ ServiceMetrics::ServiceMetrics(prometheus::Registry& r, const Families& f, Evict
       bulk_reads_ok_(f.bulk_reads.Add({{"outcome", "ok"}})),
       bulk_reads_failed_(f.bulk_reads.Add({{"outcome", "error"}})),
       bulk_bytes_(f.bulk_bytes.Add({})),
+      bulk_puts_ok_(f.bulk_puts.Add({{"outcome", "ok"}})),
+      bulk_puts_failed_(f.bulk_puts.Add({{"outcome", "error"}})),
+      bulk_put_bytes_(f.bulk_put_bytes.Add({})),
       calls_refused_(f.calls_refused.Add({})),
       page_resident_(f.bytes.Add({{"class", "page"}, {"state", "resident"}})),
       page_reserved_(f.bytes.Add({{"class", "page"}, {"state", "reserved"}})),
@@ -168,6 +177,12 @@ void ServiceMetrics::RecordShmPut(bool ok, int64_t bytes, double seconds) {
 void ServiceMetrics::RecordBulkRead(bool ok, int64_t bytes) {
   (ok ? bulk_reads_ok_ : bulk_reads_failed_).Increment();
   if (ok) bulk_bytes_.Increment(static_cast<double>(bytes));
+}
+
+void ServiceMetrics::RecordBulkPut(bool ok, int64_t bytes, double seconds) {
+  RecordPut(ok, bytes, seconds);
+  (ok ? bulk_puts_ok_ : bulk_puts_failed_).Increment();
+  bulk_put_bytes_.Increment(static_cast<double>(bytes));
 }
 
 void ServiceMetrics::RecordGet(bool ok, int64_t bytes, double seconds) {

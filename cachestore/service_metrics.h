@@ -33,8 +33,11 @@ class ServiceMetrics {
   // An entry put on the shared-memory socket: counted as a put (RecordPut)
   // and by the socket's own counters.
   void RecordShmPut(bool ok, int64_t bytes, double seconds);
-  // A read on the bulk port (bulk_read_server.h).
+  // A read on the bulk port (bulk_server.h).
   void RecordBulkRead(bool ok, int64_t bytes);
+  // An entry put on the bulk port: counted as a put (RecordPut) and by the
+  // port's own counters.
+  void RecordBulkPut(bool ok, int64_t bytes, double seconds);
   // A call refused by --max_streams or --max_streams_per_peer.
   void RecordRefusedCall();
 
@@ -68,6 +71,9 @@ class ServiceMetrics {
   prometheus::Counter& bulk_reads_ok_;
   prometheus::Counter& bulk_reads_failed_;
   prometheus::Counter& bulk_bytes_;
+  prometheus::Counter& bulk_puts_ok_;
+  prometheus::Counter& bulk_puts_failed_;
+  prometheus::Counter& bulk_put_bytes_;
   prometheus::Counter& calls_refused_;
   prometheus::Gauge& page_resident_;
   prometheus::Gauge& page_reserved_;

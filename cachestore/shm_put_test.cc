@@ -1,5 +1,5 @@
 // Puts by shared memory (shm_protocol.h "HSP1", shm_server.h,
-// shm_put_cache_client.h) over real Unix sockets, real memfds and the
+// shm_writer.h, direct_put_cache_client.h) over real Unix sockets, real memfds and the
 // store's real slabs: what lands is what Get returns, hostile requests are
 // refused by name without a byte stored, and a failed path sends the puts to
 // the fallback.
@@ -25,12 +25,13 @@
 #include "cachestore/cache_client.h"
 #include "cachestore/cache_store.h"
 #include "cachestore/client_messages.h"
+#include "cachestore/direct_put_cache_client.h"
 #include "cachestore/grpc_cache_client.h"
 #include "cachestore/in_process_cache_client.h"
 #include "cachestore/server.h"
 #include "cachestore/shm_protocol.h"
-#include "cachestore/shm_put_cache_client.h"
 #include "cachestore/shm_server.h"
+#include "cachestore/shm_writer.h"
 #include "common/clock.h"
 #include "common/hash.h"
 #include "gtest/gtest.h"
@@ -147,9 +148,9 @@ TEST(ShmPutServerTest, PutsBySharedMemoryStoreWhatGetReturnsInRequestsOfBoundedS
   ASSERT_TRUE(grpc.ok());
   // Requests of at most 1 MiB: 40 pages of 64 KiB and a 3 MiB state take
   // four requests, the state alone in the last, larger than the limit.
-  ShmPutOptions po{o.shm.socket_path};
-  po.request_bytes = int64_t{1} << 20;
-  ShmPutCacheClient client(**grpc, po);
+  ShmWriterOptions wo{o.shm.socket_path};
+  wo.request_bytes = int64_t{1} << 20;
+  DirectPutCacheClient client(**grpc, std::make_unique<ShmWriter>(wo));
   const Chain c = MakeChain(40, 64 << 10, 3 << 20, 1);
   std::vector<absl::StatusOr<PutResult>> results = client.PutMany(kNs, c.entries);
   ASSERT_EQ(results.size(), c.entries.size());
@@ -163,7 +164,7 @@ TEST(ShmPutServerTest, PutsBySharedMemoryStoreWhatGetReturnsInRequestsOfBoundedS
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_TRUE(r->already_present);
   }
-  const ShmPutCounts counts = client.counts();
+  const DirectPutCounts counts = client.counts();
   EXPECT_EQ(counts.calls, 2);
   EXPECT_EQ(counts.entries, 82);
   EXPECT_EQ(counts.bytes, 2 * (40 * (64 << 10) + (3 << 20)));
@@ -255,7 +256,7 @@ class ShmPutTest : public ::testing::Test {
 
   // A good put through the client still works and went by the socket.
   void ExpectServing(uint32_t seed) {
-    ShmPutCacheClient client(*in_process_, ShmPutOptions{path_});
+    DirectPutCacheClient client(*in_process_, std::make_unique<ShmWriter>(ShmWriterOptions{path_}));
     const Chain c = MakeChain(2, 4096, 1000, seed);
     for (const absl::StatusOr<PutResult>& r : client.PutMany(kNs, c.entries)) EXPECT_TRUE(r.ok()) << r.status();
     EXPECT_TRUE(client.counts().fallbacks.empty());
@@ -272,7 +273,7 @@ class ShmPutTest : public ::testing::Test {
 };
 
 TEST_F(ShmPutTest, EmptyPagesAndTheirStateGoBySharedMemoryAsAnyOther) {
-  ShmPutCacheClient client(*in_process_, ShmPutOptions{path_});
+  DirectPutCacheClient client(*in_process_, std::make_unique<ShmWriter>(ShmWriterOptions{path_}));
   const Chain c = MakeChain(3, 0, 5000, 7);  // a model without attention: 0-byte pages
   for (const absl::StatusOr<PutResult>& r : client.PutMany(kNs, c.entries)) ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(ReadBack(*in_process_, c) == c.bytes) << "the bytes read back differ";
@@ -394,10 +395,10 @@ TEST_F(ShmPutTest, EntriesTheRequestMisdescribesAreRefusedOneByOneAndTheRestAreS
 
 TEST_F(ShmPutTest, NoSocketOrARefusedPeerSendsThePutsToTheFallbackAndCountsIt) {
   const Chain c = MakeChain(2, 4096, 1000, 9);
-  ShmPutCacheClient nowhere(*in_process_, ShmPutOptions{SocketPath("absent")});
+  DirectPutCacheClient nowhere(*in_process_, std::make_unique<ShmWriter>(ShmWriterOptions{SocketPath("absent")}));
   for (const absl::StatusOr<PutResult>& r : nowhere.PutMany(kNs, c.entries)) ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(ReadBack(*in_process_, c) == c.bytes) << "the bytes read back differ";
-  ShmPutCounts counts = nowhere.counts();
+  DirectPutCounts counts = nowhere.counts();
   EXPECT_EQ(counts.entries, 0);
   ASSERT_EQ(counts.fallbacks.size(), 1u);
   EXPECT_EQ(counts.fallbacks.begin()->first, "unavailable");
@@ -408,7 +409,7 @@ TEST_F(ShmPutTest, NoSocketOrARefusedPeerSendsThePutsToTheFallbackAndCountsIt) {
   so.allowed_uids = {geteuid() + 1};
   auto strict = ShmServer::Start(so, *store_);
   ASSERT_TRUE(strict.ok()) << strict.status();
-  ShmPutCacheClient refused(*in_process_, ShmPutOptions{so.socket_path});
+  DirectPutCacheClient refused(*in_process_, std::make_unique<ShmWriter>(ShmWriterOptions{so.socket_path}));
   const Chain d = MakeChain(2, 4096, 1000, 10);
   for (const absl::StatusOr<PutResult>& r : refused.PutMany(kNs, d.entries)) ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(ReadBack(*in_process_, d) == d.bytes) << "the bytes read back differ";
@@ -462,11 +463,11 @@ TEST_F(ShmPutTest, AMalformedOrShortAnswerIsAFailedPathNotTheCallersError) {
   for (uint32_t f : fields) lying.append(reinterpret_cast<const char*>(&f), 4);
   for (const std::string& answer : {lying, lying.substr(0, 12)}) {
     FakePutServer fake(path, answer);
-    ShmPutCacheClient client(*in_process_, ShmPutOptions{path});
+    DirectPutCacheClient client(*in_process_, std::make_unique<ShmWriter>(ShmWriterOptions{path}));
     const Chain c = MakeChain(2, 4096, 1000, 20 + static_cast<uint32_t>(answer.size()));
     for (const absl::StatusOr<PutResult>& r : client.PutMany(kNs, c.entries)) ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_TRUE(ReadBack(*in_process_, c) == c.bytes) << "the bytes read back differ";
-    const ShmPutCounts counts = client.counts();
+    const DirectPutCounts counts = client.counts();
     EXPECT_EQ(counts.entries, 0);
     ASSERT_EQ(counts.fallbacks.size(), 1u);
   }

@@ -246,35 +246,21 @@ ShmPutResponse ShmServer::Put(const ShmPutRequest& request, int data_fd) {
 
 std::string ShmServer::PutEntry(const ShmPutEntry& entry, uint32_t index, int data_fd, uint64_t data_size,
                                 int64_t* committed, absl::StatusCode* code) {
-  v1::PutManyResponse answer;
-  answer.set_index(index);
+  std::unique_ptr<PutSession> session;
   const absl::Status status = [&]() -> absl::Status {
-    v1::PutHeader header;
-    if (!header.ParseFromString(entry.header)) return absl::InvalidArgumentError("malformed PutHeader");
-    ASSIGN_OR_RETURN(const PutSpec spec, SpecOf(header));
-    if (header.size_bytes() != entry.size) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("the header's size_bytes ", header.size_bytes(), " is not the entry's size ", entry.size));
-    }
+    ASSIGN_OR_RETURN(session, BeginDirectPut(store_, entry.header, entry.size));
     if (entry.offset > data_size || entry.size > data_size - entry.offset) {
       return absl::InvalidArgumentError(absl::StrCat("the entry at ", entry.offset, "+", entry.size,
                                                      " lies outside its descriptor of ", data_size, " bytes"));
     }
-    ASSIGN_OR_RETURN(std::unique_ptr<PutSession> session, store_.BeginPut(spec));
-    if (!session->already_present()) {
-      RETURN_IF_ERROR(CopyInto(*session, data_fd, entry.offset));
-      RETURN_IF_ERROR(session->Commit(entry.checksum));
-      *committed = session->size_bytes();
-    }
-    *answer.mutable_result() = AnswerOf(*session);
+    if (session->already_present()) return absl::OkStatus();
+    RETURN_IF_ERROR(CopyInto(*session, data_fd, entry.offset));
+    RETURN_IF_ERROR(session->Commit(entry.checksum));
+    *committed = session->size_bytes();
     return absl::OkStatus();
   }();
   *code = status.code();
-  if (!status.ok()) {
-    answer.set_code(static_cast<int32_t>(status.code()));
-    answer.set_message(std::string(status.message().substr(0, kShmMaxMessageBytes)));
-  }
-  return answer.SerializeAsString();
+  return DirectPutAnswer(index, status, session.get(), kShmMaxMessageBytes);
 }
 
 ShmResponse ShmServer::Read(const ShmRequest& request, std::vector<int>* fds, std::vector<ReadHandle>* entries) {

@@ -27,8 +27,8 @@
 #include "transport/in_process_transport.h"
 #include "worker/bootstrap.h"
 #include "worker/data_plane_metrics.h"
+#include "worker/direct_put_metrics.h"
 #include "worker/flags.h"
-#include "worker/shm_put_metrics.h"
 
 ABSL_FLAG(std::string, address, "0.0.0.0:50050", "gRPC listen address of the Generation service (port 0 picks one)");
 ABSL_FLAG(std::string, prefill, "",
@@ -186,9 +186,10 @@ absl::Status Run() {
                    worker::ConnectDirectReads(options, cache.get()));
   cachestore::CacheClient* cache_client =
       direct_cache != nullptr ? static_cast<cachestore::CacheClient*>(direct_cache.get()) : cache.get();
-  // Puts by shared memory in front of both.
-  const std::unique_ptr<cachestore::ShmPutCacheClient> shm_puts = worker::ConnectShmPuts(options, cache_client);
-  if (shm_puts != nullptr) cache_client = shm_puts.get();
+  // Puts by the same direct path in front of both.
+  const std::unique_ptr<cachestore::DirectPutCacheClient> direct_puts =
+      worker::ConnectDirectPuts(options, cache_client);
+  if (direct_puts != nullptr) cache_client = direct_puts.get();
   ASSIGN_OR_RETURN(PrefillSide prefill_side, OpenPrefillSide(options, *weights, *model, cache_client));
 
   decode::DecodeLoopOptions lo;
@@ -218,7 +219,7 @@ absl::Status Run() {
   auto registry = std::make_shared<prometheus::Registry>();
   decode::DecodeMetrics metrics(*registry);
   worker::DataPlaneMetrics plane_metrics(*registry);
-  worker::ShmPutMetrics shm_put_metrics(*registry);
+  worker::DirectPutMetrics direct_put_metrics(*registry);
   // Queue gauges, the data plane's refusals and byte counters, brought up to
   // date by each scrape.
   transport::StateReceiver& receiver = prefill_side.receiver();
@@ -231,7 +232,7 @@ absl::Status Run() {
                      metrics.SyncDataPlane(receiver.refused(), receiver.unauthenticated());
                      metrics.SyncHistoryReads(c.history_reads, c.history_pages, c.history_failures);
                      if (prefill_side.plane != nullptr) plane_metrics.Sync(prefill_side.plane->ipc_traffic());
-                     if (shm_puts != nullptr) shm_put_metrics.Sync(shm_puts->counts());
+                     if (direct_puts != nullptr) direct_put_metrics.Sync(direct_puts->counts());
                    }));
 
   ASSIGN_OR_RETURN(engine::ModelMetadata metadata, engine::LoadModelMetadata(options.model_dir, weights->config(),

@@ -15,8 +15,8 @@
 #include "prefill/service.h"
 #include "worker/bootstrap.h"
 #include "worker/data_plane_metrics.h"
+#include "worker/direct_put_metrics.h"
 #include "worker/flags.h"
-#include "worker/shm_put_metrics.h"
 
 ABSL_FLAG(std::string, address, "0.0.0.0:50061", "gRPC listen address (host:port; port 0 picks one)");
 ABSL_FLAG(std::string, data_planes, "tcp",
@@ -55,9 +55,10 @@ absl::Status Run() {
                    worker::ConnectDirectReads(options, cache.get()));
   cachestore::CacheClient* cache_client =
       direct_cache != nullptr ? static_cast<cachestore::CacheClient*>(direct_cache.get()) : cache.get();
-  // Puts by shared memory in front of both.
-  const std::unique_ptr<cachestore::ShmPutCacheClient> shm_puts = worker::ConnectShmPuts(options, cache_client);
-  if (shm_puts != nullptr) cache_client = shm_puts.get();
+  // Puts by the same direct path in front of both.
+  const std::unique_ptr<cachestore::DirectPutCacheClient> direct_puts =
+      worker::ConnectDirectPuts(options, cache_client);
+  if (direct_puts != nullptr) cache_client = direct_puts.get();
   ASSIGN_OR_RETURN(const std::vector<transport::TransportKind> planes,
                    worker::ParseDataPlanes(absl::GetFlag(FLAGS_data_planes)));
   ASSIGN_OR_RETURN(std::unique_ptr<worker::SenderPlanes> senders, worker::SenderPlanes::Open(planes, *model, options));
@@ -81,7 +82,7 @@ absl::Status Run() {
   auto registry = std::make_shared<prometheus::Registry>();
   prefill::PrefillMetrics metrics(*registry);
   worker::DataPlaneMetrics plane_metrics(*registry);
-  worker::ShmPutMetrics shm_put_metrics(*registry);
+  worker::DirectPutMetrics direct_put_metrics(*registry);
   metrics.SetFree(prefill_worker.free_pages(), prefill_worker.free_slots());
   // The worker's cache counters move behind the answers too (publications
   // run on its publisher's thread), and the planes count their own bytes:
@@ -90,7 +91,7 @@ absl::Status Run() {
                      metrics.SyncCounters(prefill_worker.counters());
                      plane_metrics.Sync(senders->ipc_traffic());
                      if (direct_cache != nullptr) metrics.SyncDirectReads(direct_cache->counts());
-                     if (shm_puts != nullptr) shm_put_metrics.Sync(shm_puts->counts());
+                     if (direct_puts != nullptr) direct_put_metrics.Sync(direct_puts->counts());
                    }));
   prefill::PrefillService service(prefill_worker, absl::GetFlag(FLAGS_max_queue), &metrics);
   ASSIGN_OR_RETURN(std::unique_ptr<worker::GrpcServer> server,

@@ -9,7 +9,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "cachestore/bulk_reader.h"
+#include "cachestore/bulk_writer.h"
 #include "cachestore/shm_reader.h"
+#include "cachestore/shm_writer.h"
 #include "common/health.h"
 #include "common/logging.h"
 #include "common/process.h"
@@ -109,21 +111,28 @@ absl::StatusOr<std::unique_ptr<cachestore::DirectReadCacheClient>> ConnectDirect
                   cachestore::BulkReaderOptions{options.cachestore_bulk_address, options.cache_timeout}));
 }
 
-std::unique_ptr<cachestore::ShmPutCacheClient> ConnectShmPuts(const WorkerOptions& options,
-                                                              cachestore::CacheClient* cache) {
-  if (cache == nullptr || options.cachestore_shm_socket.empty() || !options.cachestore_shm_puts) return nullptr;
-  cachestore::ShmPutOptions o;
-  o.socket_path = options.cachestore_shm_socket;
+std::unique_ptr<cachestore::DirectPutCacheClient> ConnectDirectPuts(const WorkerOptions& options,
+                                                                    cachestore::CacheClient* cache) {
+  if (cache == nullptr || !options.cachestore_direct_puts) return nullptr;
+  if (!options.cachestore_shm_socket.empty()) {
+    cachestore::ShmWriterOptions o;
+    o.socket_path = options.cachestore_shm_socket;
+    o.timeout = options.cache_timeout;
+    return std::make_unique<cachestore::DirectPutCacheClient>(*cache, std::make_unique<cachestore::ShmWriter>(o));
+  }
+  if (options.cachestore_bulk_address.empty() || !options.tls.channel.ca_file.empty()) return nullptr;
+  cachestore::BulkWriterOptions o;
+  o.address = options.cachestore_bulk_address;
   o.timeout = options.cache_timeout;
-  return std::make_unique<cachestore::ShmPutCacheClient>(*cache, o);
+  return std::make_unique<cachestore::DirectPutCacheClient>(*cache, std::make_unique<cachestore::BulkWriter>(o));
 }
 
 std::string DirectReadsName(const WorkerOptions& options) {
+  const char* what = options.cachestore_direct_puts ? "reads and puts" : "reads";
   if (options.cachestore_shm_socket.empty()) {
-    return absl::StrCat("reads over the bulk port ", options.cachestore_bulk_address);
+    return absl::StrCat(what, " over the bulk port ", options.cachestore_bulk_address);
   }
-  return absl::StrCat(options.cachestore_shm_puts ? "reads and puts" : "reads", " by shared memory on ",
-                      options.cachestore_shm_socket);
+  return absl::StrCat(what, " by shared memory on ", options.cachestore_shm_socket);
 }
 
 absl::StatusOr<std::unique_ptr<cachestore::GrpcCacheClient>> ConnectCache(const WorkerOptions& options) {

@@ -18,9 +18,9 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "cachestore/direct_put_cache_client.h"
 #include "cachestore/direct_read_cache_client.h"
 #include "cachestore/grpc_cache_client.h"
-#include "cachestore/shm_put_cache_client.h"
 #include "common/health_server.h"
 #include "common/metrics.h"
 #include "common/tls_flags.h"
@@ -46,8 +46,8 @@ struct WorkerOptions {
   std::string cachestore;  // host:port; empty: no cache
   // The cachestore's --shm_socket on this host: reads by shared memory; empty: gRPC only.
   std::string cachestore_shm_socket;
-  // With cachestore_shm_socket: puts by shared memory too.
-  bool cachestore_shm_puts = true;
+  // Puts by the direct path too (the shm socket, else the bulk port).
+  bool cachestore_direct_puts = true;
   // The cachestore's --bulk_address: reads over plain TCP (not with TLS);
   // empty: gRPC only. The shm socket wins when both are given.
   std::string cachestore_bulk_address;
@@ -76,15 +76,17 @@ absl::StatusOr<std::unique_ptr<cachestore::GrpcCacheClient>> ConnectCache(const 
 // bytes would travel unencrypted).
 absl::StatusOr<std::unique_ptr<cachestore::DirectReadCacheClient>> ConnectDirectReads(
     const WorkerOptions& options, cachestore::GrpcCacheClient* cache);
-// Puts by shared memory in front of `cache` (ConnectDirectReads' client, or
+// Puts by a direct path in front of `cache` (ConnectDirectReads' client, or
 // ConnectCache's), which does everything else and every put that fails
-// there: with --cachestore_shm_socket and --cachestore_shm_puts; null
-// otherwise or without a cache.
-std::unique_ptr<cachestore::ShmPutCacheClient> ConnectShmPuts(const WorkerOptions& options,
-                                                              cachestore::CacheClient* cache);
-// How ConnectDirectReads' and ConnectShmPuts' clients move cache bytes, for
-// logs: "reads and puts by shared memory on PATH", "reads by shared memory
-// on PATH" or "reads over the bulk port ADDRESS".
+// there: by shared memory with --cachestore_shm_socket, else over the bulk
+// port with --cachestore_bulk_address (not beside TLS: ConnectDirectReads
+// refuses that); null without either, with --cachestore_direct_puts=false,
+// or without a cache.
+std::unique_ptr<cachestore::DirectPutCacheClient> ConnectDirectPuts(const WorkerOptions& options,
+                                                                    cachestore::CacheClient* cache);
+// How ConnectDirectReads' and ConnectDirectPuts' clients move cache bytes,
+// for logs: "reads and puts by shared memory on PATH", "reads over the bulk
+// port ADDRESS", ...
 std::string DirectReadsName(const WorkerOptions& options);
 
 // The Prometheus endpoint; null without --metrics_address. `before_scrape`

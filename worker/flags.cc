@@ -22,9 +22,10 @@ ABSL_FLAG(int64_t, max_pages, 4096, "KV pages of the engine");
 ABSL_FLAG(std::string, cachestore_shm_socket, "",
           "the cachestore's --shm_socket on this host: cache reads by shared memory (read-only slab descriptors), "
           "falling back to gRPC for any read that fails there; empty: gRPC only");
-ABSL_FLAG(bool, cachestore_shm_puts, true,
-          "with --cachestore_shm_socket, put cache entries by shared memory too (the cachestore copies each once "
-          "from a memfd of this worker), falling back to gRPC for any put that fails there; false: puts over gRPC");
+ABSL_FLAG(bool, cachestore_direct_puts, true,
+          "put cache entries by the direct path too: by shared memory with --cachestore_shm_socket (the cachestore "
+          "copies each once from a memfd of this worker), else over --cachestore_bulk_address; any put that fails "
+          "there goes to gRPC; false: puts over gRPC");
 ABSL_FLAG(std::string, cachestore_bulk_address, "",
           "the cachestore's --bulk_address (host:port): cache reads over plain TCP, off the gRPC stream, "
           "falling back to gRPC for any read that fails there (not with TLS; --cachestore_shm_socket wins); "
@@ -72,7 +73,7 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags() {
   o.max_pages = absl::GetFlag(FLAGS_max_pages);
   o.cachestore = absl::GetFlag(FLAGS_cachestore);
   o.cachestore_shm_socket = absl::GetFlag(FLAGS_cachestore_shm_socket);
-  o.cachestore_shm_puts = absl::GetFlag(FLAGS_cachestore_shm_puts);
+  o.cachestore_direct_puts = absl::GetFlag(FLAGS_cachestore_direct_puts);
   o.cachestore_bulk_address = absl::GetFlag(FLAGS_cachestore_bulk_address);
   o.cache_timeout = absl::GetFlag(FLAGS_cache_timeout);
   o.cache_failure_backoff = absl::GetFlag(FLAGS_cache_failure_backoff);

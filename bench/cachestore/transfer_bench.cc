@@ -34,10 +34,12 @@
 #include "absl/status/statusor.h"
 #include "bench/cachestore/bench_timing.h"
 #include "cachestore/bulk_reader.h"
+#include "cachestore/bulk_writer.h"
+#include "cachestore/direct_put_cache_client.h"
 #include "cachestore/direct_read_cache_client.h"
 #include "cachestore/grpc_cache_client.h"
 #include "cachestore/server.h"
-#include "cachestore/shm_put_cache_client.h"
+#include "cachestore/shm_writer.h"
 #include "common/clock.h"
 #include "common/hash.h"
 #include "common/process.h"
@@ -305,6 +307,21 @@ void Run() {
                        },
                        "Get of 64 MiB over the bulk port"});
 
+  // Puts over the bulk port (the 1 MiB client its control plane and fallback).
+  cachestore::DirectPutCacheClient bulk_puts(
+      *clients[0].client, std::make_unique<cachestore::BulkWriter>(
+                              cachestore::BulkWriterOptions{"127.0.0.1:" + std::to_string((*server)->bulk_port())}));
+  transfers.push_back({"bulk-port Put",
+                       [&] {
+                         const double s = put_new(bulk_puts);
+                         if (!bulk_puts.counts().fallbacks.empty()) {
+                           std::fprintf(stderr, "a bulk Put fell back to gRPC\n");
+                           std::exit(1);
+                         }
+                         return s;
+                       },
+                       "Put of 64 MiB over the bulk port"});
+
   // Puts by shared memory on a second cachestore of the same budgets with
   // its shm socket on (its entries live in memfd slabs), the gRPC client its
   // control plane and fallback.
@@ -319,7 +336,9 @@ void Run() {
   absl::StatusOr<std::unique_ptr<GrpcCacheClient>> shm_control =
       GrpcCacheClient::Create("127.0.0.1:" + std::to_string((*shm_server)->port()));
   Check(shm_control.status(), "GrpcCacheClient::Create (shm)");
-  cachestore::ShmPutCacheClient shm_puts(**shm_control, cachestore::ShmPutOptions{shm_options.shm.socket_path});
+  cachestore::DirectPutCacheClient shm_puts(
+      **shm_control,
+      std::make_unique<cachestore::ShmWriter>(cachestore::ShmWriterOptions{shm_options.shm.socket_path}));
   transfers.push_back({"shm Put (memfd)",
                        [&] {
                          const double s = put_new(shm_puts);

@@ -2,11 +2,13 @@
 // prefill and decode --cachestore_shm_socket) beside one without: the same
 // conversations resume at the same points and produce the same tokens, and on
 // the shm stack every resume byte moved by shared memory, none by gRPC Get,
-// none fell back; decode read each resumed prompt's cached pages itself
+// none fell back, and both workers put by shared memory; decode read each
+// resumed prompt's cached pages itself
 // (prefill sent only the pages after them) and its steps are those of the
 // stack without, bit for bit (logprobs). The same with reads over the bulk
 // port (cachestore --bulk_address, workers --cachestore_bulk_address): every
-// resume byte moved over it, none by gRPC Get, none fell back.
+// resume byte moved over it, none by gRPC Get, none fell back, and both
+// workers put over it.
 
 #include <cstdint>
 #include <string>
@@ -96,10 +98,10 @@ TEST(ShmStackTest, ResumesByShmAreExactAndEveryResumeByteMovedByShm) {
   EXPECT_EQ(Metric(cachestore, "hybridserve_cache_shm_reads_total{outcome=\"error\"}"), 0);
   // Both workers put by shared memory (prefill its prompts' pages and states,
   // decode its turn-end states), and no put fell back to gRPC.
-  EXPECT_GT(Metric(prefill, "hybridserve_worker_shm_put_entries_total"), 0);
-  EXPECT_GT(Metric(decode, "hybridserve_worker_shm_put_entries_total"), 0);
-  EXPECT_EQ(MetricSum(prefill, "hybridserve_worker_shm_put_fallbacks_total"), 0);
-  EXPECT_EQ(MetricSum(decode, "hybridserve_worker_shm_put_fallbacks_total"), 0);
+  EXPECT_GT(Metric(prefill, "hybridserve_worker_direct_put_entries_total{path=\"shm\"}"), 0);
+  EXPECT_GT(Metric(decode, "hybridserve_worker_direct_put_entries_total{path=\"shm\"}"), 0);
+  EXPECT_EQ(MetricSum(prefill, "hybridserve_worker_direct_put_fallbacks_total"), 0);
+  EXPECT_EQ(MetricSum(decode, "hybridserve_worker_direct_put_fallbacks_total"), 0);
   EXPECT_GT(Metric(cachestore, "hybridserve_cache_shm_put_bytes_total"), 0);
   EXPECT_EQ(Metric(cachestore, "hybridserve_cache_shm_puts_total{outcome=\"error\"}"), 0);
   // The stack without it read the same bytes by gRPC, and put nothing by shared memory.
@@ -142,7 +144,14 @@ TEST(BulkStackTest, ResumesOverTheBulkPortAreExactAndEveryResumeByteMovedOverIt)
   EXPECT_EQ(Metric(cachestore, "hybridserve_cache_bulk_reads_total{outcome=\"error\"}"), 0);
   EXPECT_EQ(Metric(cachestore, "hybridserve_cache_get_bytes_total"), 0);
   EXPECT_EQ(Metric(MetricsPort((*bulk)->decode()), "hybridserve_decode_history_pages_total"), 0);
-  // Puts stay on gRPC: the bulk port carries reads only.
+  // Both workers put over the port too, and no put fell back to gRPC.
+  const int decode = MetricsPort((*bulk)->decode());
+  EXPECT_GT(Metric(prefill, "hybridserve_worker_direct_put_entries_total{path=\"bulk\"}"), 0);
+  EXPECT_GT(Metric(decode, "hybridserve_worker_direct_put_entries_total{path=\"bulk\"}"), 0);
+  EXPECT_EQ(MetricSum(prefill, "hybridserve_worker_direct_put_fallbacks_total"), 0);
+  EXPECT_EQ(MetricSum(decode, "hybridserve_worker_direct_put_fallbacks_total"), 0);
+  EXPECT_GT(Metric(cachestore, "hybridserve_cache_bulk_put_bytes_total"), 0);
+  EXPECT_EQ(Metric(cachestore, "hybridserve_cache_bulk_puts_total{outcome=\"error\"}"), 0);
   EXPECT_EQ(Metric(cachestore, "hybridserve_cache_shm_put_bytes_total"), 0);
   // The stack without it read the same bytes by gRPC.
   EXPECT_EQ(Metric(MetricsPort((*plain)->cachestore()), "hybridserve_cache_get_bytes_total"), bulk_bytes);

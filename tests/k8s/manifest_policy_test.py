@@ -176,7 +176,7 @@ def check_services(objs):
         if not svc:
             continue
         ports = [p["port"] for p in svc[0]["spec"].get("ports", [])]
-        # gRPC, and the cachestore's bulk port for prefill's reads.
+        # gRPC, and the cachestore's bulk port for the workers' reads and puts.
         want = [PORTS[comp]["grpc"]] + ([PORTS[comp]["bulk"]] if "bulk" in PORTS[comp] else [])
         if ports != want:
             errors.append(f"Service hybridserve-{comp}: ports {ports}, want {want}")

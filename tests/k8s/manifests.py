@@ -282,6 +282,7 @@ EXPECTED_FLOWS = (
         ("prefill", "decode", 50070, "TCP"),
         ("decode", "cachestore", 50051, "TCP"),
         ("prefill", "cachestore", 50051, "TCP"),
+        ("decode", "cachestore", 50052, "TCP"),
         ("prefill", "cachestore", 50052, "TCP"),
     }
     | {("prometheus", c, 9090, "TCP") for c in COMPONENTS}

@@ -1,4 +1,4 @@
-#include "cachestore/shm_put_cache_client.h"
+#include "cachestore/shm_writer.h"
 
 #include <errno.h>
 #include <sys/mman.h>
@@ -15,8 +15,6 @@
 #include "cachestore/client_messages.h"
 #include "cachestore/shm_protocol.h"
 #include "common/hash.h"
-#include "common/log_rate_limiter.h"
-#include "common/logging.h"
 #include "common/status_macros.h"
 
 namespace hybridserve::cachestore {
@@ -71,7 +69,7 @@ uint64_t CopyHashed(char* dst, absl::string_view bytes, bool hash) {
 
 }  // namespace
 
-class ShmPutCacheClient::PutBuffer {
+class ShmWriter::PutBuffer {
  public:
   static absl::StatusOr<std::unique_ptr<PutBuffer>> Create() {
     const int fd = memfd_create("hybridserve-put", MFD_CLOEXEC);
@@ -111,79 +109,24 @@ class ShmPutCacheClient::PutBuffer {
   size_t size_ = 0;
 };
 
-ShmPutCacheClient::ShmPutCacheClient(CacheClient& base, ShmPutOptions options)
-    : base_(base), options_(std::move(options)) {}
+ShmWriter::ShmWriter(ShmWriterOptions options) : options_(std::move(options)) {}
 
-ShmPutCacheClient::~ShmPutCacheClient() = default;
+ShmWriter::~ShmWriter() = default;
 
-absl::StatusOr<PutResult> ShmPutCacheClient::Put(const ClientNamespace& ns, const ClientPut& put,
-                                                 absl::string_view bytes) {
-  const PutManyEntry entry{&put, bytes, std::nullopt};
-  return std::move(PutMany(ns, absl::MakeConstSpan(&entry, 1))[0]);
-}
-
-std::vector<absl::StatusOr<PutResult>> ShmPutCacheClient::PutMany(const ClientNamespace& ns,
-                                                                  absl::Span<const PutManyEntry> entries) {
-  std::vector<absl::StatusOr<PutResult>> results;
-  if (entries.empty()) return results;
-  results.reserve(entries.size());
-  const absl::Status path = [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(const int sock, Connect(options_.socket_path, options_.timeout));
-    FdGuard guard(sock);
-    return PutOnSocket(sock, NamespaceMessage(ns), entries, &results);
-  }();
-  {
-    absl::MutexLock lock(&mu_);
-    counts_.entries += static_cast<int64_t>(results.size());
-    for (size_t i = 0; i < results.size(); ++i) counts_.bytes += static_cast<int64_t>(entries[i].bytes.size());
-    if (path.ok()) {
-      ++counts_.calls;
-    } else {
-      ++counts_.fallbacks[common::FailureReason(path)];
-    }
-  }
-  if (!path.ok()) {
-    int64_t held_back = 0;
-    if (log_limiter_.Allow(common::FailureReason(path), &held_back)) {
-      LOG(WARNING) << "cache puts by shared memory on " << options_.socket_path << " failed (" << path << "); "
-                   << entries.size() - results.size() << " entries go to gRPC" << common::HeldBack(held_back);
-    }
-    std::vector<absl::StatusOr<PutResult>> rest = base_.PutMany(ns, entries.subspan(results.size()));
-    for (absl::StatusOr<PutResult>& r : rest) results.push_back(std::move(r));
-  }
-  return results;
-}
-
-absl::Status ShmPutCacheClient::PutOnSocket(int sock, const v1::CacheNamespace& ns,
-                                            absl::Span<const PutManyEntry> entries,
-                                            std::vector<absl::StatusOr<PutResult>>* results) {
-  // Requests of up to request_bytes of entries, kShmMaxPutEntries entries,
-  // and a quarter of the headers' limit (a header's size is its tokens'),
-  // each with at least one entry.
-  for (size_t begin = 0; begin < entries.size();) {
-    size_t end = begin;
-    int64_t bytes = 0;
-    size_t header_bytes = 0;
-    while (end < entries.size() && end - begin < kShmMaxPutEntries) {
-      const int64_t next = static_cast<int64_t>(entries[end].bytes.size());
-      const size_t next_header = 64 + 8 * entries[end].put->tokens.size();
-      if (end > begin &&
-          (bytes + next > options_.request_bytes || header_bytes + next_header > kShmMaxPutHeadersBytes / 4)) {
-        break;
-      }
-      bytes += next;
-      header_bytes += next_header;
-      ++end;
-    }
+absl::Status ShmWriter::Put(const v1::CacheNamespace& ns, absl::Span<const PutManyEntry> entries,
+                            std::vector<absl::StatusOr<PutResult>>* results) {
+  ASSIGN_OR_RETURN(const int sock, Connect(options_.socket_path, options_.timeout));
+  FdGuard guard(sock);
+  // A quarter of the headers' limit: SplitPutRequests estimates their sizes.
+  for (const auto& [begin, end] :
+       SplitPutRequests(entries, kShmMaxPutEntries, options_.request_bytes, kShmMaxPutHeadersBytes / 4)) {
     RETURN_IF_ERROR(PutRequest(sock, ns, entries.subspan(begin, end - begin), results));
-    begin = end;
   }
   return absl::OkStatus();
 }
 
-absl::Status ShmPutCacheClient::PutRequest(int sock, const v1::CacheNamespace& ns,
-                                           absl::Span<const PutManyEntry> entries,
-                                           std::vector<absl::StatusOr<PutResult>>* results) {
+absl::Status ShmWriter::PutRequest(int sock, const v1::CacheNamespace& ns, absl::Span<const PutManyEntry> entries,
+                                   std::vector<absl::StatusOr<PutResult>>* results) {
   size_t total = 0;
   for (const PutManyEntry& e : entries) total += e.bytes.size();
   ASSIGN_OR_RETURN(std::unique_ptr<PutBuffer> buffer, TakeBuffer(std::max<size_t>(total, 1)));
@@ -203,24 +146,7 @@ absl::Status ShmPutCacheClient::PutRequest(int sock, const v1::CacheNamespace& n
   RETURN_IF_ERROR(WriteShmPutRequest(sock, request, buffer->fd()));
   ASSIGN_OR_RETURN(const ShmPutResponse response, ReadShmPutResponse(sock));
   RETURN_IF_ERROR(response.status);
-  if (response.answers.size() != entries.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("shm put: ", response.answers.size(), " answers for ", entries.size(), " entries"));
-  }
-  for (size_t i = 0; i < response.answers.size(); ++i) {
-    v1::PutManyResponse answer;
-    if (!answer.ParseFromString(response.answers[i]) || answer.index() != i || answer.code() < 0 ||
-        answer.code() > static_cast<int32_t>(absl::StatusCode::kUnauthenticated)) {
-      return absl::InvalidArgumentError(absl::StrCat("shm put: malformed answer for entry ", i));
-    }
-    if (answer.code() != 0) {
-      results->push_back(absl::Status(static_cast<absl::StatusCode>(answer.code()), answer.message()));
-      continue;
-    }
-    absl::StatusOr<PutResult> result = PutResultOf(answer.result());
-    if (!result.ok()) return result.status();
-    results->push_back(*std::move(result));
-  }
+  RETURN_IF_ERROR(AppendPutAnswers(response.answers, entries.size(), results));
   // The cachestore closed its descriptor before it answered: the memfd is
   // this process's alone again. (After a failure it is not kept: a
   // cachestore still reading it would see the next request's bytes.)
@@ -228,7 +154,7 @@ absl::Status ShmPutCacheClient::PutRequest(int sock, const v1::CacheNamespace& n
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<ShmPutCacheClient::PutBuffer>> ShmPutCacheClient::TakeBuffer(size_t size) {
+absl::StatusOr<std::unique_ptr<ShmWriter::PutBuffer>> ShmWriter::TakeBuffer(size_t size) {
   std::unique_ptr<PutBuffer> buffer;
   {
     absl::MutexLock lock(&mu_);
@@ -244,18 +170,13 @@ absl::StatusOr<std::unique_ptr<ShmPutCacheClient::PutBuffer>> ShmPutCacheClient:
   return buffer;
 }
 
-void ShmPutCacheClient::KeepBuffer(std::unique_ptr<PutBuffer> buffer) {
+void ShmWriter::KeepBuffer(std::unique_ptr<PutBuffer> buffer) {
   absl::MutexLock lock(&mu_);
   int64_t kept_bytes = static_cast<int64_t>(buffer->size());
   for (const std::unique_ptr<PutBuffer>& k : kept_) kept_bytes += static_cast<int64_t>(k->size());
   if (static_cast<int>(kept_.size()) < options_.kept_memfds && kept_bytes <= options_.kept_bytes) {
     kept_.push_back(std::move(buffer));
   }
-}
-
-ShmPutCounts ShmPutCacheClient::counts() const {
-  absl::MutexLock lock(&mu_);
-  return counts_;
 }
 
 }  // namespace hybridserve::cachestore
