@@ -137,48 +137,16 @@ std::string EncodeBulkPutRequest(const BulkPutRequest& request) {
 }
 
 std::string EncodeBulkPutResponse(const BulkPutResponse& response) {
-  const std::string message(response.status.message().substr(0, kBulkMaxMessageBytes));
-  const bool ok = response.status.ok();
-  std::string out;
-  PutU32(&out, kBulkPutMagic);
-  PutU32(&out, static_cast<uint32_t>(response.status.code()));
-  PutU32(&out, ok ? static_cast<uint32_t>(response.answers.size()) : 0);
-  PutU32(&out, static_cast<uint32_t>(message.size()));
-  out += message;
-  if (ok) {
-    for (const std::string& a : response.answers) {
-      PutU32(&out, static_cast<uint32_t>(a.size()));
-      out += a;
-    }
-  }
-  return out;
+  return EncodePutAnswers(kBulkPutMagic, response, kBulkMaxMessageBytes);
 }
 
 absl::StatusOr<BulkPutResponse> ReadBulkPutResponse(common::Socket& socket, size_t entry_count, absl::Time deadline) {
-  char header[16];
-  if (absl::Status s = socket.ReadFull(header, sizeof(header), deadline); !s.ok()) return s;
-  const uint32_t code = GetU32(header + 4);
-  const uint32_t count = GetU32(header + 8);
-  const uint32_t message_bytes = GetU32(header + 12);
-  if (GetU32(header) != kBulkPutMagic || code > static_cast<uint32_t>(absl::StatusCode::kUnauthenticated) ||
-      message_bytes > kBulkMaxMessageBytes || (code == 0 ? count != entry_count : count != 0)) {
-    return absl::InvalidArgumentError("bulk put response: malformed head");
-  }
-  std::string message(message_bytes, '\0');
-  if (absl::Status s = socket.ReadFull(message.data(), message.size(), deadline); !s.ok()) return s;
-  BulkPutResponse response;
-  response.status = absl::Status(static_cast<absl::StatusCode>(code), message);
-  response.answers.resize(count);
-  for (uint32_t i = 0; i < count; ++i) {
-    char length[4];
-    if (absl::Status s = socket.ReadFull(length, sizeof(length), deadline); !s.ok()) return s;
-    const uint32_t bytes = GetU32(length);
-    if (bytes > kBulkMaxPutAnswerBytes) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("bulk put response: answer ", i, " of ", bytes, " bytes > ", kBulkMaxPutAnswerBytes));
-    }
-    response.answers[i].resize(bytes);
-    if (absl::Status s = socket.ReadFull(response.answers[i].data(), bytes, deadline); !s.ok()) return s;
+  absl::StatusOr<BulkPutResponse> response = DecodePutAnswers(
+      kBulkPutMagic, entry_count, kBulkMaxMessageBytes,
+      [&](char* data, size_t size) { return socket.ReadFull(data, size, deadline); }, "bulk put response");
+  if (response.ok() && response->status.ok() && response->answers.size() != entry_count) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bulk put response: ", response->answers.size(), " answers for ", entry_count, " entries"));
   }
   return response;
 }

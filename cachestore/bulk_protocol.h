@@ -42,6 +42,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "cachestore/keys.h"
+#include "cachestore/put_answers.h"
 #include "common/socket_io.h"
 
 namespace hybridserve::cachestore {
@@ -121,7 +122,7 @@ absl::StatusOr<BulkResponseHead> ReadBulkResponseHead(common::Socket& socket, si
 //                u32 message_bytes        <= kBulkMaxMessageBytes
 //                message_bytes bytes      the status message
 //                answer_count x (u32 bytes, a serialized v1::PutManyResponse
-//                               of at most kBulkMaxPutAnswerBytes)
+//                               of at most kMaxPutAnswerBytes)
 //
 // The response comes after the last entry's checksum. A request whose
 // entries together are larger than `max_request_bytes` (the server's: its
@@ -129,7 +130,6 @@ absl::StatusOr<BulkResponseHead> ReadBulkResponseHead(common::Socket& socket, si
 inline constexpr uint32_t kBulkPutMagic = 0x31504248;  // "HBP1"
 inline constexpr uint32_t kBulkMaxPutEntries = 4096;
 inline constexpr uint32_t kBulkMaxPutHeadersBytes = 16u << 20;
-inline constexpr uint32_t kBulkMaxPutAnswerBytes = 64u << 10;
 inline constexpr size_t kBulkPutEntryBytes = 12;
 
 struct BulkPutEntry {
@@ -141,10 +141,8 @@ struct BulkPutRequest {
   std::vector<BulkPutEntry> entries;  // their bytes follow the request on the connection
 };
 
-struct BulkPutResponse {
-  absl::Status status;               // OK: one answer per entry
-  std::vector<std::string> answers;  // serialized v1::PutManyResponse
-};
+// The answer (put_answers.h).
+using BulkPutResponse = PutAnswers;
 
 // What one request on the port is: a read (HSB1) or a put (HBP1).
 struct BulkMessage {

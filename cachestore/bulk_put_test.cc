@@ -21,6 +21,7 @@
 #include "cachestore/bulk_writer.h"
 #include "cachestore/client_messages.h"
 #include "cachestore/direct_put_cache_client.h"
+#include "cachestore/direct_put_test_util.h"
 #include "cachestore/grpc_cache_client.h"
 #include "cachestore/server.h"
 #include "cachestore/wire_ints.h"
@@ -37,60 +38,12 @@ namespace {
 
 using common::WaitFor;
 
-constexpr int32_t kPageSize = 16;
-const ClientNamespace kNs{"fingerprint", "", "", kPageSize, ""};
-
-std::string Bytes(size_t n, uint32_t seed) {
-  std::string s(n, '\0');
-  std::mt19937 rng(seed);
-  for (size_t i = 0; i < n; ++i) s[i] = static_cast<char>(rng() & 0xff);
-  return s;
-}
-
-// A prompt's chain of `pages` pages and a state, as PutMany entries; chains
-// of different seeds share no prefix.
-struct Chain {
-  std::vector<TokenId> tokens;
-  std::vector<ClientPut> puts;
-  std::vector<std::string> bytes;
-  std::vector<PutManyEntry> entries;
-};
-
-Chain MakeChain(int pages, size_t page_bytes, size_t state_bytes, uint32_t seed) {
-  Chain c;
-  c.tokens.resize(static_cast<size_t>(pages * kPageSize + 5));
-  std::iota(c.tokens.begin(), c.tokens.end(), static_cast<TokenId>(seed) * 1000);
-  const std::vector<Hash128> keys = PageKeys(kNs.Key(), c.tokens, kPageSize);
-  for (int i = 0; i < pages; ++i) {
-    ClientPut put;
-    if (i > 0) put.parent = keys[static_cast<size_t>(i) - 1];
-    put.tokens.assign(c.tokens.begin() + i * kPageSize, c.tokens.begin() + (i + 1) * kPageSize);
-    c.puts.push_back(put);
-    c.bytes.push_back(Bytes(page_bytes, seed + static_cast<uint32_t>(i)));
-  }
-  ClientPut state;
-  state.entry_class = EntryClass::kState;
-  if (pages > 0) state.parent = keys[static_cast<size_t>(pages) - 1];
-  state.tokens.assign(c.tokens.begin() + pages * kPageSize, c.tokens.end());
-  state.position = static_cast<int64_t>(c.tokens.size());
-  c.puts.push_back(state);
-  c.bytes.push_back(Bytes(state_bytes, seed + 1000));
-  for (size_t i = 0; i < c.puts.size(); ++i) c.entries.push_back(PutManyEntry{&c.puts[i], c.bytes[i], std::nullopt});
-  return c;
-}
-
-double Counter(prometheus::Registry& registry, absl::string_view name, absl::string_view outcome) {
-  for (const prometheus::MetricFamily& f : registry.Collect()) {
-    if (f.name != name) continue;
-    for (const prometheus::ClientMetric& m : f.metric) {
-      if (outcome.empty()) return m.counter.value;
-      for (const prometheus::ClientMetric::Label& l : m.label) {
-        if (l.name == "outcome" && l.value == outcome) return m.counter.value;
-      }
-    }
-  }
-  return -1;
-}
+using put_test::Bytes;
+using put_test::Chain;
+using put_test::Counter;
+using put_test::kNs;
+using put_test::kPageSize;
+using put_test::MakeChain;
 
 absl::Time Soon() { return absl::Now() + absl::Seconds(10); }
 

@@ -238,50 +238,13 @@ absl::Status WriteShmPutRequest(int fd, const ShmPutRequest& request, int data_f
 }
 
 absl::Status WriteShmPutResponse(int fd, const ShmPutResponse& response) {
-  const std::string message(response.status.message().substr(0, kShmMaxMessageBytes));
-  const bool ok = response.status.ok();
-  std::string out;
-  PutU32(&out, kShmPutMagic);
-  PutU32(&out, static_cast<uint32_t>(response.status.code()));
-  PutU32(&out, ok ? static_cast<uint32_t>(response.answers.size()) : 0);
-  PutU32(&out, static_cast<uint32_t>(message.size()));
-  out += message;
-  if (ok) {
-    for (const std::string& a : response.answers) {
-      PutU32(&out, static_cast<uint32_t>(a.size()));
-      out += a;
-    }
-  }
-  return WriteAll(fd, out, {});
+  return WriteAll(fd, EncodePutAnswers(kShmPutMagic, response, kShmMaxMessageBytes), {});
 }
 
 absl::StatusOr<ShmPutResponse> ReadShmPutResponse(int fd) {
-  char header[16];
-  RETURN_IF_ERROR(ReadExactly(fd, header, sizeof(header), nullptr, nullptr));
-  const uint32_t code = GetU32(header + 4);
-  const uint32_t count = GetU32(header + 8);
-  const uint32_t message_bytes = GetU32(header + 12);
-  if (GetU32(header) != kShmPutMagic || code > static_cast<uint32_t>(absl::StatusCode::kUnauthenticated) ||
-      count > kShmMaxPutEntries || message_bytes > kShmMaxMessageBytes || (code != 0 && count != 0)) {
-    return absl::InvalidArgumentError("shm put response: malformed header");
-  }
-  std::string message(message_bytes, '\0');
-  RETURN_IF_ERROR(ReadExactly(fd, message.data(), message.size(), nullptr, nullptr));
-  ShmPutResponse response;
-  response.status = absl::Status(static_cast<absl::StatusCode>(code), message);
-  response.answers.resize(count);
-  for (uint32_t i = 0; i < count; ++i) {
-    char length[4];
-    RETURN_IF_ERROR(ReadExactly(fd, length, sizeof(length), nullptr, nullptr));
-    const uint32_t bytes = GetU32(length);
-    if (bytes > kShmMaxPutAnswerBytes) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("shm put response: answer ", i, " of ", bytes, " bytes > ", kShmMaxPutAnswerBytes));
-    }
-    response.answers[i].resize(bytes);
-    RETURN_IF_ERROR(ReadExactly(fd, response.answers[i].data(), bytes, nullptr, nullptr));
-  }
-  return response;
+  return DecodePutAnswers(
+      kShmPutMagic, kShmMaxPutEntries, kShmMaxMessageBytes,
+      [fd](char* data, size_t size) { return ReadExactly(fd, data, size, nullptr, nullptr); }, "shm put response");
 }
 
 absl::Status WriteShmResponse(int fd, const ShmResponse& response, absl::Span<const int> fds) {

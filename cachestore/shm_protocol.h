@@ -57,6 +57,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "cachestore/keys.h"
+#include "cachestore/put_answers.h"
 #include "common/hash.h"
 
 namespace hybridserve::cachestore {
@@ -135,7 +136,7 @@ absl::StatusOr<ShmResponse> ReadShmResponse(int fd, std::vector<int>* fds);
 //                u32 message_bytes        <= kShmMaxMessageBytes
 //                message_bytes bytes      the status message
 //                answer_count x (u32 bytes, a serialized v1::PutManyResponse
-//                               of at most kShmMaxPutAnswerBytes)
+//                               of at most kMaxPutAnswerBytes)
 //
 // Exactly one descriptor travels as SCM_RIGHTS with the request's first
 // byte: a shared-memory file (memfd) the cachestore can read. No descriptor,
@@ -147,7 +148,6 @@ absl::StatusOr<ShmResponse> ReadShmResponse(int fd, std::vector<int>* fds);
 inline constexpr uint32_t kShmPutMagic = 0x31505348;  // "HSP1"
 inline constexpr uint32_t kShmMaxPutEntries = 4096;   // GetMany's and PutMany's bound
 inline constexpr uint32_t kShmMaxPutHeadersBytes = 16u << 20;
-inline constexpr uint32_t kShmMaxPutAnswerBytes = 64u << 10;
 inline constexpr size_t kShmPutEntryBytes = 28;
 
 struct ShmPutEntry {
@@ -161,10 +161,8 @@ struct ShmPutRequest {
   std::vector<ShmPutEntry> entries;
 };
 
-struct ShmPutResponse {
-  absl::Status status;               // OK: one answer per entry
-  std::vector<std::string> answers;  // serialized v1::PutManyResponse
-};
+// The answer (put_answers.h).
+using ShmPutResponse = PutAnswers;
 
 // What one request on the socket is: a read (HSM2) or a put (HSP1) with the
 // put's descriptor (owned by the caller; -1 for a read).

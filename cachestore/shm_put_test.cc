@@ -26,6 +26,7 @@
 #include "cachestore/cache_store.h"
 #include "cachestore/client_messages.h"
 #include "cachestore/direct_put_cache_client.h"
+#include "cachestore/direct_put_test_util.h"
 #include "cachestore/grpc_cache_client.h"
 #include "cachestore/in_process_cache_client.h"
 #include "cachestore/server.h"
@@ -41,21 +42,13 @@
 namespace hybridserve::cachestore {
 namespace {
 
-constexpr int32_t kPageSize = 16;
-const ClientNamespace kNs{"fingerprint", "", "", kPageSize, ""};
-
-std::string Bytes(size_t n, uint32_t seed) {
-  std::string s(n, '\0');
-  std::mt19937 rng(seed);
-  for (size_t i = 0; i < n; ++i) s[i] = static_cast<char>(rng() & 0xff);
-  return s;
-}
-
-std::vector<TokenId> Tokens(int n, TokenId first) {
-  std::vector<TokenId> v(n);
-  std::iota(v.begin(), v.end(), first);
-  return v;
-}
+using put_test::Bytes;
+using put_test::Chain;
+using put_test::Counter;
+using put_test::kNs;
+using put_test::kPageSize;
+using put_test::MakeChain;
+using put_test::ReadBack;
 
 // A socket path in a private directory (TEST_TMPDIR is longer than a socket
 // path may be).
@@ -66,70 +59,6 @@ std::string SocketPath(absl::string_view name) {
     return new std::string(made != nullptr ? made : "/tmp");
   }();
   return absl::StrCat(*dir, "/", name, ".sock");
-}
-
-// A prompt's chain: `pages` pages of `page_bytes` each (0: a model without
-// attention) and a state of `state_bytes` at the end, as PutMany entries.
-// Chains of different seeds share no prefix.
-struct Chain {
-  std::vector<TokenId> tokens;
-  std::vector<ClientPut> puts;
-  std::vector<std::string> bytes;
-  std::vector<PutManyEntry> entries;
-};
-
-Chain MakeChain(int pages, size_t page_bytes, size_t state_bytes, uint32_t seed) {
-  Chain c;
-  c.tokens = Tokens(pages * kPageSize + 5, static_cast<TokenId>(seed) * 1000);
-  const std::vector<Hash128> keys = PageKeys(kNs.Key(), c.tokens, kPageSize);
-  for (int i = 0; i < pages; ++i) {
-    ClientPut put;
-    if (i > 0) put.parent = keys[i - 1];
-    put.tokens.assign(c.tokens.begin() + i * kPageSize, c.tokens.begin() + (i + 1) * kPageSize);
-    c.puts.push_back(put);
-    c.bytes.push_back(Bytes(page_bytes, seed + static_cast<uint32_t>(i)));
-  }
-  ClientPut state;
-  state.entry_class = EntryClass::kState;
-  if (pages > 0) state.parent = keys[static_cast<size_t>(pages) - 1];
-  state.tokens.assign(c.tokens.begin() + pages * kPageSize, c.tokens.end());
-  state.position = static_cast<int64_t>(c.tokens.size());
-  c.puts.push_back(state);
-  c.bytes.push_back(Bytes(state_bytes, seed + 1000));
-  for (size_t i = 0; i < c.puts.size(); ++i) c.entries.push_back(PutManyEntry{&c.puts[i], c.bytes[i], std::nullopt});
-  return c;
-}
-
-// Reads back every entry of `c` through `client` (a leased lookup of its
-// tokens); the bytes in the chain's order.
-std::vector<std::string> ReadBack(CacheClient& client, const Chain& c) {
-  absl::StatusOr<LookupResult> lookup = client.Lookup(kNs, c.tokens, LookupMode::kLease);
-  EXPECT_TRUE(lookup.ok()) << lookup.status();
-  if (!lookup.ok() || !lookup->state.has_value()) return {};
-  std::vector<std::string> out;
-  for (const EntryInfo& page : lookup->pages) {
-    absl::StatusOr<std::string> b = client.Get(lookup->lease_id, page.key);
-    EXPECT_TRUE(b.ok()) << b.status();
-    out.push_back(b.ok() ? *b : "");
-  }
-  absl::StatusOr<std::string> state = client.Get(lookup->lease_id, lookup->state->key);
-  EXPECT_TRUE(state.ok()) << state.status();
-  out.push_back(state.ok() ? *state : "");
-  EXPECT_TRUE(client.Release(lookup->lease_id).ok());
-  return out;
-}
-
-double Counter(prometheus::Registry& registry, absl::string_view name, absl::string_view outcome) {
-  for (const prometheus::MetricFamily& f : registry.Collect()) {
-    if (f.name != name) continue;
-    for (const prometheus::ClientMetric& m : f.metric) {
-      if (outcome.empty()) return m.counter.value;
-      for (const prometheus::ClientMetric::Label& l : m.label) {
-        if (l.name == "outcome" && l.value == outcome) return m.counter.value;
-      }
-    }
-  }
-  return -1;
 }
 
 // ---- the real server ----
