@@ -154,12 +154,15 @@ DecodeLoop::Counts DecodeLoop::counts() const {
 
 bool DecodeLoop::Idle() const {
   absl::MutexLock lock(&mu_);
-  return live_.empty() && orphaned_calls_.empty() && (publisher_ == nullptr || publisher_->in_flight() == 0);
+  // A returned call's deferred abort (its reservation) is freed by the loop
+  // thread after the call has left orphaned_calls_.
+  return live_.empty() && orphaned_calls_.empty() && deferred_aborts_.empty() &&
+         (publisher_ == nullptr || publisher_->in_flight() == 0);
 }
 
 void DecodeLoop::JoinFinishedCalls() {
   std::vector<std::thread> done;
-  std::vector<engine::SequenceId> aborts;
+  std::vector<std::pair<uint64_t, engine::SequenceId>> aborts;
   {
     absl::MutexLock lock(&mu_);
     for (uint64_t id : finished_calls_) {
@@ -167,16 +170,16 @@ void DecodeLoop::JoinFinishedCalls() {
       if (it == calls_.end()) continue;
       done.push_back(std::move(it->second));
       calls_.erase(it);
-      if (auto d = deferred_aborts_.find(id); d != deferred_aborts_.end()) {
-        aborts.push_back(d->second);
-        deferred_aborts_.erase(d);
-      }
+      if (auto d = deferred_aborts_.find(id); d != deferred_aborts_.end()) aborts.emplace_back(id, d->second);
     }
     finished_calls_.clear();
   }
   for (std::thread& t : done) t.join();
-  // Their calls have returned: no write into these pages is left.
-  for (engine::SequenceId reservation : aborts) (void)model_.sequences().AbortImport(reservation);
+  // Their calls have returned: no write into these pages is left. They leave
+  // deferred_aborts_ (and so Idle) only once freed.
+  for (const auto& [id, reservation] : aborts) (void)model_.sequences().AbortImport(reservation);
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, reservation] : aborts) deferred_aborts_.erase(id);
 }
 
 void DecodeLoop::Run() {

@@ -149,8 +149,9 @@ class DecodeLoop {
     int64_t history_failures = 0;
   };
   Counts counts() const ABSL_LOCKS_EXCLUDED(mu_);
-  // True when no request is live (and so nothing reserved), no turn end is
-  // being published and no prefill call of an ended request is running.
+  // True when no request is live, no turn end is being published, no prefill
+  // call of an ended request is running and every reservation of an ended
+  // request has been freed.
   bool Idle() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:

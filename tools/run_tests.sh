@@ -89,7 +89,7 @@ if [ "${HS_SANITIZERS:-1}" != "0" ]; then
   shim="$(bazel info --config=tsan bazel-bin 2>/dev/null)/third_party/tsan/libabsl_tsan_shim.so"
   stage "tsan" --config=tsan --test_tag_filters=-notsan --build_tag_filters=-notsan \
     --test_env=LD_PRELOAD="${shim}" --test_env=TSAN_OPTIONS="suppressions=${PWD}/third_party/tsan/suppressions.txt" \
-    -- //kernels/... //engine/... //transport/... //decode/... //cachestore:cache_publisher_test //cachestore:bulk_read_test //cachestore:shm_put_test \
+    -- //kernels/... //engine/... //transport/... //decode/... //cachestore:cache_publisher_test \
     //common:cancellation_test //prefill:prefill_worker_test
 fi
 # numpy comes from Debian (tools/bootstrap.sh: python3-numpy) for /usr/bin/python3;
