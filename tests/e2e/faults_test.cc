@@ -263,7 +263,9 @@ TEST_P(ShapeFaultsTest, CachestoreKilledAndRestartedDuringTrafficMeansMissesNotF
 // holds exactly decode's batch (--max_queue=7: 8 calls at once), so one call
 // left running for a request that ended makes the worker refuse the next
 // request decode admits. Three rounds: 8 long prompts whose clients give up
-// after 100 ms (their requests end while prefilling or waiting for room),
+// after 250 ms (their requests end while prefilling or waiting for room: the
+// worker prefills one at a time; on a loaded machine a shorter deadline could
+// lapse before a call reaches decode at all, and strike nothing),
 // then 8 fresh requests at once: each fresh one completes normally. Proof that the cancels struck
 // prefill work: prefill counts cancelled calls, decode counts the aborts.
 TEST_P(ShapeFaultsTest, CancelledRequestsCancelTheirPrefillCallsAndNeverFailOthers) {
@@ -290,7 +292,7 @@ TEST_P(ShapeFaultsTest, CancelledRequestsCancelTheirPrefillCallsAndNeverFailOthe
       impatient.emplace_back([&, i] {
         v1::GenerateRequest r = Request(absl::StrCat("impatient-", round, "-", i), TextPrompt(long_prompt + i, i), 4);
         r.set_cache_salt(absl::StrCat("impatient-", round, "-", i));
-        gave_up[i] = Generate(stack.decode_target(), r, absl::Milliseconds(100));
+        gave_up[i] = Generate(stack.decode_target(), r, absl::Milliseconds(250));
       });
     }
     for (std::thread& t : impatient) t.join();
