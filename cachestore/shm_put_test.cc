@@ -363,7 +363,18 @@ class FakePutServer {
         const int fd = accept4(listen_, nullptr, nullptr, SOCK_CLOEXEC);
         if (fd < 0) return;
         absl::StatusOr<ShmMessage> m = ReadShmMessage(fd);
-        if (m.ok() && m->put_fd >= 0) close(m->put_fd);
+        if (m.ok() && m->put_fd >= 0) {
+          // What a cachestore could do with the writer's descriptor.
+          const int flags = fcntl(m->put_fd, F_GETFL);
+          const char byte = 'x';
+          const bool wrote = pwrite(m->put_fd, &byte, 1, 0) == 1;
+          {
+            absl::MutexLock lock(&mu_);
+            access_modes_.push_back(flags & O_ACCMODE);
+            writes_ += wrote ? 1 : 0;
+          }
+          close(m->put_fd);
+        }
         EXPECT_EQ(write(fd, answer_.data(), answer_.size()), static_cast<ssize_t>(answer_.size()));
         close(fd);
       }
@@ -376,14 +387,28 @@ class FakePutServer {
     unlink(path_.c_str());
   }
 
+  // The access mode of each put's descriptor, and how many of them took a
+  // write.
+  std::vector<int> access_modes() {
+    absl::MutexLock lock(&mu_);
+    return access_modes_;
+  }
+  int writes() {
+    absl::MutexLock lock(&mu_);
+    return writes_;
+  }
+
  private:
+  absl::Mutex mu_;
+  std::vector<int> access_modes_ ABSL_GUARDED_BY(mu_);
+  int writes_ ABSL_GUARDED_BY(mu_) = 0;
   const std::string path_;
   const std::string answer_;
   int listen_ = -1;
   std::thread thread_;
 };
 
-TEST_F(ShmPutTest, AMalformedOrShortAnswerIsAFailedPathNotTheCallersError) {
+TEST_F(ShmPutTest, ALyingServerIsAFailedPathAndGetsOnlyAReadOnlyViewOfTheBuffer) {
   const std::string path = SocketPath("liar");
   // An answer of OK for one entry whose answer claims 1 GiB, and an answer
   // cut short after its header: neither is believed.
@@ -399,6 +424,10 @@ TEST_F(ShmPutTest, AMalformedOrShortAnswerIsAFailedPathNotTheCallersError) {
     const DirectPutCounts counts = client.counts();
     EXPECT_EQ(counts.entries, 0);
     ASSERT_EQ(counts.fallbacks.size(), 1u);
+    // The writer handed over a read-only view of its buffer: the cachestore
+    // can read the bytes, not write into the worker's memory.
+    EXPECT_EQ(fake.access_modes(), std::vector<int>{O_RDONLY});
+    EXPECT_EQ(fake.writes(), 0);
   }
 }
 

@@ -1,6 +1,7 @@
 #include "cachestore/shm_writer.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -74,10 +75,14 @@ class ShmWriter::PutBuffer {
   static absl::StatusOr<std::unique_ptr<PutBuffer>> Create() {
     const int fd = memfd_create("hybridserve-put", MFD_CLOEXEC);
     if (fd < 0) return absl::UnavailableError(absl::StrCat("memfd_create: ", std::strerror(errno)));
-    return std::unique_ptr<PutBuffer>(new PutBuffer(fd));
+    // What the cachestore gets is a read-only view: it can read the bytes,
+    // not write into this process's buffer. (Without /proc, the memfd itself.)
+    const int read_only = open(absl::StrCat("/proc/self/fd/", fd).c_str(), O_RDONLY | O_CLOEXEC);
+    return std::unique_ptr<PutBuffer>(new PutBuffer(fd, read_only));
   }
   ~PutBuffer() {
     if (data_ != nullptr) munmap(data_, size_);
+    if (read_only_ >= 0) close(read_only_);
     close(fd_);
   }
   PutBuffer(const PutBuffer&) = delete;
@@ -98,13 +103,15 @@ class ShmWriter::PutBuffer {
     size_ = size;
     return absl::OkStatus();
   }
-  int fd() const { return fd_; }
+  // The descriptor a request sends.
+  int shared_fd() const { return read_only_ >= 0 ? read_only_ : fd_; }
   char* data() const { return data_; }
   size_t size() const { return size_; }
 
  private:
-  explicit PutBuffer(int fd) : fd_(fd) {}
+  PutBuffer(int fd, int read_only) : fd_(fd), read_only_(read_only) {}
   const int fd_;
+  const int read_only_;
   char* data_ = nullptr;
   size_t size_ = 0;
 };
@@ -143,7 +150,7 @@ absl::Status ShmWriter::PutRequest(int sock, const v1::CacheNamespace& ns, absl:
     out.header = PutHeaderMessage(ns, *e.put, e.bytes.size()).SerializeAsString();
     offset += e.bytes.size();
   }
-  RETURN_IF_ERROR(WriteShmPutRequest(sock, request, buffer->fd()));
+  RETURN_IF_ERROR(WriteShmPutRequest(sock, request, buffer->shared_fd()));
   ASSIGN_OR_RETURN(const ShmPutResponse response, ReadShmPutResponse(sock));
   RETURN_IF_ERROR(response.status);
   RETURN_IF_ERROR(AppendPutAnswers(response.answers, entries.size(), results));

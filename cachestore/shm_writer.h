@@ -30,9 +30,10 @@ struct ShmWriterOptions {
 
 // Puts entries through the cachestore's shm socket when the two share a host
 // (shm_protocol.h, "HSP1"): each request's bytes are copied into a mapped
-// memfd of this process (hashed a piece at a time while hot) and its
-// descriptor sent; the cachestore copies each entry once from it into the
-// entry's place and verifies it there. One connection per call.
+// memfd of this process (hashed a piece at a time while hot) and a read-only
+// descriptor of it sent (the cachestore can read the buffer, not write into
+// it); the cachestore copies each entry once from it into the entry's place
+// and verifies it there. One connection per call.
 // Thread-safe.
 class ShmWriter final : public DirectWriter {
  public:
