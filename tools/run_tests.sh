@@ -13,8 +13,8 @@
 #      run test then runs the sanitized binaries);
 #   3. TSan over //kernels/..., //engine/..., //transport/..., //decode/... and
 #      the threaded cores without a gRPC server (the cache publisher, the
-#      prefill worker, common::Cancellation, the shm socket's server and
-#      writer: shm_put_test's cases without gRPC)
+#      prefill worker, common::Cancellation, the shm socket's and the bulk
+#      port's servers and clients: their tests' cases without gRPC)
 #      (not the CUDA emulator's fiber tests, tagged notsan). Debian's abseil
 #      is not instrumented: third_party/tsan/libabsl_tsan_shim.so, preloaded,
 #      tells TSan about absl::Mutex's happens-before edges, and
@@ -92,11 +92,12 @@ if [ "${HS_SANITIZERS:-1}" != "0" ]; then
     --test_env=LD_PRELOAD="${shim}" --test_env=TSAN_OPTIONS="suppressions=${PWD}/third_party/tsan/suppressions.txt" \
     -- //kernels/... //engine/... //transport/... //decode/... //cachestore:cache_publisher_test \
     //common:cancellation_test //prefill:prefill_worker_test
-  # The shm socket's server and writer without gRPC: the cases of these tests
-  # that run no gRPC server (the others are left out, as above).
-  stage "tsan (gRPC-free cases)" --config=tsan --test_filter='ShmPutTest.*:CacheStoreFileWriteTest.*' \
+  # The direct paths' servers and clients without gRPC: the cases of these
+  # tests that run no gRPC server (the others are left out, as above).
+  stage "tsan (gRPC-free cases)" --config=tsan \
+    --test_filter='ShmPutTest.*:CacheStoreFileWriteTest.*:BulkLocalTest.*' \
     --test_env=LD_PRELOAD="${shim}" --test_env=TSAN_OPTIONS="suppressions=${PWD}/third_party/tsan/suppressions.txt" \
-    -- //cachestore:shm_put_test //cachestore:cache_store_test
+    -- //cachestore:shm_put_test //cachestore:cache_store_test //cachestore:bulk_local_test
 fi
 # numpy comes from Debian (tools/bootstrap.sh: python3-numpy) for /usr/bin/python3;
 # a python3 earlier on PATH (pyenv, a venv) may not have it.
