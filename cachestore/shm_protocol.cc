@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -310,6 +311,22 @@ absl::StatusOr<ShmResponse> ReadShmResponse(int fd, std::vector<int>* fds) {
     }
   }
   return response;
+}
+
+absl::StatusOr<common::Socket> ConnectShmSocket(const std::string& path, absl::Duration timeout) {
+  sockaddr_un addr{};
+  if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat("bad shm socket path: ", path));
+  }
+  common::Socket sock(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!sock.valid()) return absl::UnavailableError(absl::StrCat("shm socket: ", std::strerror(errno)));
+  SetShmSocketTimeout(sock.fd(), timeout);
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  if (connect(sock.fd(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    return absl::UnavailableError(absl::StrCat("cannot connect to the shm socket ", path, ": ", std::strerror(errno)));
+  }
+  return sock;
 }
 
 void SetShmSocketTimeout(int fd, absl::Duration timeout) {

@@ -59,6 +59,7 @@
 #include "cachestore/keys.h"
 #include "cachestore/put_answers.h"
 #include "common/hash.h"
+#include "common/socket_io.h"
 
 namespace hybridserve::cachestore {
 
@@ -193,6 +194,11 @@ absl::Status WriteShmPutResponse(int fd, const ShmPutResponse& response);
 // INVALID_ARGUMENT on a malformed one (a bad magic, too long an answer or
 // message); descriptors that arrive with it are closed.
 absl::StatusOr<ShmPutResponse> ReadShmPutResponse(int fd);
+
+// A connection to the shm socket at `path`, with `timeout` on each read and
+// write. INVALID_ARGUMENT for a path a Unix socket cannot have; UNAVAILABLE
+// when the connection cannot be made.
+absl::StatusOr<common::Socket> ConnectShmSocket(const std::string& path, absl::Duration timeout);
 
 // Sets SO_RCVTIMEO and SO_SNDTIMEO on `fd`.
 void SetShmSocketTimeout(int fd, absl::Duration timeout);

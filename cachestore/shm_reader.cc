@@ -128,24 +128,10 @@ absl::Status ShmReader::Read(uint64_t lease_id, absl::Span<const Hash128> keys, 
   if (keys.empty() || keys.size() > kShmMaxReadKeys) {
     return absl::InvalidArgumentError(absl::StrCat(keys.size(), " keys: a shm read takes 1 to ", kShmMaxReadKeys));
   }
-  sockaddr_un addr{};
-  if (options_.socket_path.empty() || options_.socket_path.size() >= sizeof(addr.sun_path)) {
-    return absl::InvalidArgumentError(absl::StrCat("bad shm socket path: ", options_.socket_path));
-  }
-  const int sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (sock < 0) return absl::UnavailableError(absl::StrCat("shm socket: ", std::strerror(errno)));
-  std::vector<int> sock_fd = {sock};
-  FdsCloser sock_closer(sock_fd);
-  SetShmSocketTimeout(sock, options_.timeout);
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, options_.socket_path.data(), options_.socket_path.size());
-  if (connect(sock, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot connect to the shm socket ", options_.socket_path, ": ", std::strerror(errno)));
-  }
+  ASSIGN_OR_RETURN(common::Socket sock, ConnectShmSocket(options_.socket_path, options_.timeout));
   for (size_t begin = 0; begin < keys.size(); begin += kShmMaxKeys) {
     const size_t n = std::min<size_t>(kShmMaxKeys, keys.size() - begin);
-    if (absl::Status s = ReadChunk(sock, lease_id, keys.subspan(begin, n), destination, begin, verdict); !s.ok()) {
+    if (absl::Status s = ReadChunk(sock.fd(), lease_id, keys.subspan(begin, n), destination, begin, verdict); !s.ok()) {
       return s;
     }
   }

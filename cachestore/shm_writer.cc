@@ -21,40 +21,6 @@
 namespace hybridserve::cachestore {
 namespace {
 
-// Closes a descriptor on scope exit unless released.
-class FdGuard {
- public:
-  explicit FdGuard(int fd) : fd_(fd) {}
-  ~FdGuard() {
-    if (fd_ >= 0) close(fd_);
-  }
-  FdGuard(const FdGuard&) = delete;
-  FdGuard& operator=(const FdGuard&) = delete;
-  int get() const { return fd_; }
-  int release() { return std::exchange(fd_, -1); }
-
- private:
-  int fd_;
-};
-
-absl::StatusOr<int> Connect(const std::string& path, absl::Duration timeout) {
-  sockaddr_un addr{};
-  if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
-    return absl::InvalidArgumentError(absl::StrCat("bad shm socket path: ", path));
-  }
-  const int sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (sock < 0) return absl::UnavailableError(absl::StrCat("shm socket: ", std::strerror(errno)));
-  SetShmSocketTimeout(sock, timeout);
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, path.data(), path.size());
-  if (connect(sock, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    const int err = errno;
-    close(sock);
-    return absl::UnavailableError(absl::StrCat("cannot connect to the shm socket ", path, ": ", std::strerror(err)));
-  }
-  return sock;
-}
-
 // Copies `bytes` to `dst` a cache-sized piece at a time, hashing each
 // piece while it is hot (when `hash`); the XXH3-64 of the bytes.
 uint64_t CopyHashed(char* dst, absl::string_view bytes, bool hash) {
@@ -122,12 +88,11 @@ ShmWriter::~ShmWriter() = default;
 
 absl::Status ShmWriter::Put(const v1::CacheNamespace& ns, absl::Span<const PutManyEntry> entries,
                             std::vector<absl::StatusOr<PutResult>>* results) {
-  ASSIGN_OR_RETURN(const int sock, Connect(options_.socket_path, options_.timeout));
-  FdGuard guard(sock);
+  ASSIGN_OR_RETURN(common::Socket sock, ConnectShmSocket(options_.socket_path, options_.timeout));
   // A quarter of the headers' limit: SplitPutRequests estimates their sizes.
   for (const auto& [begin, end] :
        SplitPutRequests(entries, kShmMaxPutEntries, options_.request_bytes, kShmMaxPutHeadersBytes / 4)) {
-    RETURN_IF_ERROR(PutRequest(sock, ns, entries.subspan(begin, end - begin), results));
+    RETURN_IF_ERROR(PutRequest(sock.fd(), ns, entries.subspan(begin, end - begin), results));
   }
   return absl::OkStatus();
 }
