@@ -88,13 +88,6 @@ absl::StatusOr<BulkPutRequest> ReadRestOfPut(common::Socket& socket, const char*
 
 }  // namespace
 
-absl::StatusOr<BulkRequest> ReadBulkRequest(common::Socket& socket, absl::Time deadline) {
-  char header[kBulkRequestHeaderBytes];
-  if (absl::Status s = socket.ReadFull(header, sizeof(header), deadline); !s.ok()) return s;
-  if (GetU32(header) != kBulkMagic) return absl::InvalidArgumentError("bulk request: bad magic");
-  return ReadRestOfRead(socket, header, deadline);
-}
-
 absl::StatusOr<BulkMessage> ReadBulkMessage(common::Socket& socket, absl::Time deadline, uint64_t max_put_bytes,
                                             uint32_t* magic) {
   char header[kBulkRequestHeaderBytes];

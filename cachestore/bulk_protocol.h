@@ -76,11 +76,6 @@ struct BulkResponseHead {
 
 std::string EncodeBulkRequest(const BulkRequest& request);
 
-// Reads one request by `deadline`. UNAVAILABLE: the peer closed the
-// connection or the I/O failed; DEADLINE_EXCEEDED; INVALID_ARGUMENT: a
-// malformed request (bad magic, no keys or more than kBulkMaxKeys).
-absl::StatusOr<BulkRequest> ReadBulkRequest(common::Socket& socket, absl::Time deadline);
-
 // The head of a response (`entries` only when the status is OK; a message is
 // cut to kBulkMaxMessageBytes).
 std::string EncodeBulkResponseHead(const BulkResponseHead& head);
@@ -151,9 +146,11 @@ struct BulkMessage {
 };
 
 // Reads one request, a read or a put (its entries' bytes stay on the
-// connection), by `deadline`. ReadBulkRequest's errors; INVALID_ARGUMENT for
-// a malformed put too (no entries or too many, headers longer than the limit
-// or other than the table says, entries together over `max_put_bytes`).
+// connection), by `deadline`. UNAVAILABLE: the peer closed the connection or
+// the I/O failed; DEADLINE_EXCEEDED; INVALID_ARGUMENT: a malformed request
+// (bad magic, no keys or more than kBulkMaxKeys; a put of no entries or too
+// many, headers longer than the limit or other than the table says, entries
+// together over `max_put_bytes`).
 // `*magic` (when given) is set to the request's magic once it has arrived,
 // so that a refusal can answer in the request's format.
 absl::StatusOr<BulkMessage> ReadBulkMessage(common::Socket& socket, absl::Time deadline, uint64_t max_put_bytes,

@@ -329,8 +329,8 @@ TEST(BulkReaderTest, AMalformedOrLyingServerIsAnErrorNotACrash) {
       pollfd p{listener->fd(), POLLIN, 0};
       ASSERT_EQ(poll(&p, 1, 10000), 1);
       common::Socket s(accept4(listener->fd(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
-      absl::StatusOr<BulkRequest> request = ReadBulkRequest(s, Soon());
-      ASSERT_TRUE(request.ok());
+      absl::StatusOr<BulkMessage> request = ReadBulkMessage(s, Soon(), /*max_put_bytes=*/0);
+      ASSERT_TRUE(request.ok() && request->read.has_value());
       ASSERT_TRUE(s.WriteFull(answer, Soon()).ok());
     });
     std::vector<std::string> out(1);

@@ -42,6 +42,9 @@ BulkServer::BulkServer(const BulkServerOptions& options, CacheStore& store, int 
     : options_(options),
       store_(store),
       port_(port),
+      max_put_bytes_(options.max_put_bytes != 0 ? options.max_put_bytes
+                                                : static_cast<uint64_t>(store.options().page_budget_bytes +
+                                                                        store.options().state_budget_bytes)),
       observe_(std::move(observe)),
       observe_put_(std::move(observe_put)) {}
 
@@ -57,13 +60,9 @@ void BulkServer::Serve(common::Socket& socket) {
     pollfd p{socket.fd(), POLLIN, 0};
     const int ready = poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(options_.io_timeout)));
     if (ready <= 0 || stopping_) return;
-    const uint64_t max_put_bytes =
-        options_.max_put_bytes != 0
-            ? options_.max_put_bytes
-            : static_cast<uint64_t>(store_.options().page_budget_bytes + store_.options().state_budget_bytes);
     uint32_t magic = 0;
     absl::StatusOr<BulkMessage> request =
-        ReadBulkMessage(socket, absl::Now() + options_.io_timeout, max_put_bytes, &magic);
+        ReadBulkMessage(socket, absl::Now() + options_.io_timeout, max_put_bytes_, &magic);
     if (!request.ok()) {
       if (absl::IsInvalidArgument(request.status())) {
         // Best effort: the peer learns why, in its request's format, before

@@ -108,6 +108,7 @@ class BulkServer {
   const BulkServerOptions options_;
   CacheStore& store_;
   const int port_;
+  const uint64_t max_put_bytes_;  // options_.max_put_bytes, or the store's budgets
   const std::function<void(const BulkReadEvent&)> observe_;
   const std::function<void(const BulkPutEvent&)> observe_put_;
   std::atomic<bool> stopping_{false};  // set before connections_ goes
