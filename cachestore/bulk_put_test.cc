@@ -38,9 +38,11 @@ namespace {
 
 using common::WaitFor;
 
+using put_test::Answer;
 using put_test::Bytes;
 using put_test::Chain;
 using put_test::Counter;
+using put_test::ExpectAnswers;
 using put_test::kNs;
 using put_test::kPageSize;
 using put_test::MakeChain;
@@ -99,12 +101,6 @@ class BulkPutTest : public ::testing::Test {
     wire::PutU64(&out, common::Checksum64(bytes.data(), bytes.size()));
     return out;
   }
-  static v1::PutManyResponse Answer(const std::string& raw) {
-    v1::PutManyResponse a;
-    EXPECT_TRUE(a.ParseFromString(raw));
-    return a;
-  }
-
   common::FakeClock clock_;
   prometheus::Registry registry_;
   std::unique_ptr<CacheStoreServer> server_;
@@ -180,12 +176,7 @@ TEST_F(BulkPutTest, EntriesARequestMisdescribesAreRefusedAloneTheirBytesDroppedA
       {absl::StatusCode::kOk, ""},
       {absl::StatusCode::kOk, ""},
   };
-  for (size_t i = 0; i < expected.size(); ++i) {
-    const v1::PutManyResponse a = Answer(r->answers[i]);
-    EXPECT_EQ(a.index(), i);
-    EXPECT_EQ(a.code(), static_cast<int>(expected[i].first)) << i << ": " << a.message();
-    EXPECT_TRUE(absl::StrContains(a.message(), expected[i].second)) << i << ": " << a.message();
-  }
+  ExpectAnswers(r->answers, expected);
   EXPECT_TRUE(Answer(r->answers[4]).result().already_present());
   EXPECT_EQ(Holdings(), "pages 1/2048/0 states 0/0/0 puts 0");
   // The connection serves on: the first entry, honest this time.

@@ -2,19 +2,24 @@
 #define HYBRIDSERVE_CACHESTORE_DIRECT_PUT_TEST_UTIL_H_
 
 // What the direct-put tests (shm_put_test.cc, bulk_put_test.cc) share: a
-// prompt's chain of entries to put, reading it back, a counter. Test-only.
+// prompt's chain of entries to put, reading it back, a counter, the
+// per-entry answers. Test-only.
 
 #include <cstdint>
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/string_view.h"
 #include "cachestore/cache_client.h"
 #include "cachestore/keys.h"
 #include "gtest/gtest.h"
 #include "prometheus/registry.h"
+#include "proto/cachestore.pb.h"
 
 namespace hybridserve::cachestore::put_test {
 
@@ -96,6 +101,26 @@ inline double Counter(prometheus::Registry& registry, absl::string_view name, ab
     }
   }
   return -1;
+}
+
+// A serialized v1::PutManyResponse, parsed.
+inline v1::PutManyResponse Answer(const std::string& raw) {
+  v1::PutManyResponse a;
+  EXPECT_TRUE(a.ParseFromString(raw));
+  return a;
+}
+
+// Answer i of `answers` has index i, the code of expected[i] and a message
+// holding its text.
+inline void ExpectAnswers(const std::vector<std::string>& answers,
+                          const std::vector<std::pair<absl::StatusCode, const char*>>& expected) {
+  ASSERT_EQ(answers.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const v1::PutManyResponse a = Answer(answers[i]);
+    EXPECT_EQ(a.index(), i);
+    EXPECT_EQ(a.code(), static_cast<int>(expected[i].first)) << i << ": " << a.message();
+    EXPECT_TRUE(absl::StrContains(a.message(), expected[i].second)) << i << ": " << a.message();
+  }
 }
 
 }  // namespace hybridserve::cachestore::put_test

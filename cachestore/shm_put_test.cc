@@ -42,9 +42,11 @@
 namespace hybridserve::cachestore {
 namespace {
 
+using put_test::Answer;
 using put_test::Bytes;
 using put_test::Chain;
 using put_test::Counter;
+using put_test::ExpectAnswers;
 using put_test::kNs;
 using put_test::kPageSize;
 using put_test::MakeChain;
@@ -177,12 +179,6 @@ class ShmPutTest : public ::testing::Test {
                        PutHeaderMessage(NamespaceMessage(kNs), put, bytes.size()).SerializeAsString()};
   }
 
-  static v1::PutManyResponse Answer(const std::string& raw) {
-    v1::PutManyResponse a;
-    EXPECT_TRUE(a.ParseFromString(raw));
-    return a;
-  }
-
   // A good put through the client still works and went by the socket.
   void ExpectServing(uint32_t seed) {
     DirectPutCacheClient client(*in_process_, std::make_unique<ShmWriter>(ShmWriterOptions{path_}));
@@ -304,12 +300,7 @@ TEST_F(ShmPutTest, EntriesTheRequestMisdescribesAreRefusedOneByOneAndTheRestAreS
       {absl::StatusCode::kInvalidArgument, ""},
       {absl::StatusCode::kOk, ""},
   };
-  for (size_t i = 0; i < expected.size(); ++i) {
-    const v1::PutManyResponse a = Answer(r->answers[i]);
-    EXPECT_EQ(a.index(), i);
-    EXPECT_EQ(a.code(), static_cast<int>(expected[i].first)) << i << ": " << a.message();
-    EXPECT_TRUE(absl::StrContains(a.message(), expected[i].second)) << i << ": " << a.message();
-  }
+  ExpectAnswers(r->answers, expected);
   // Only the honest entry, and no reservation left behind by the others.
   EXPECT_EQ(Holdings(), "pages 1/2048/0 states 0/0/0");
   {
