@@ -48,6 +48,8 @@ class SequenceGuard {
   }
   SequenceGuard(const SequenceGuard&) = delete;
   SequenceGuard& operator=(const SequenceGuard&) = delete;
+  // The caller keeps the sequence.
+  void Dismiss() { id_ = 0; }
 
  private:
   engine::Model& model_;
@@ -58,6 +60,15 @@ class SequenceGuard {
 
 PrefillWorker::PrefillWorker(engine::Model& model, const common::Hash128& model_fingerprint,
                              cachestore::CacheClient* cache, transport::StateSender& sender,
+                             const PrefillWorkerOptions& options)
+    : PrefillWorker(model, model_fingerprint, cache, &sender, options) {}
+
+PrefillWorker::PrefillWorker(engine::Model& model, const common::Hash128& model_fingerprint,
+                             cachestore::CacheClient* cache, const PrefillWorkerOptions& options)
+    : PrefillWorker(model, model_fingerprint, cache, nullptr, options) {}
+
+PrefillWorker::PrefillWorker(engine::Model& model, const common::Hash128& model_fingerprint,
+                             cachestore::CacheClient* cache, transport::StateSender* sender,
                              const PrefillWorkerOptions& options)
     : model_(model),
       fingerprint_(model_fingerprint),
@@ -235,15 +246,92 @@ absl::StatusOr<PrefillWorker::Resumed> PrefillWorker::Resume(const PrefillReques
   return r;
 }
 
-absl::StatusOr<PrefillOutcome> PrefillWorker::Prefill(const PrefillRequest& request) {
-  const int64_t n = static_cast<int64_t>(request.prompt.size());
-  if (n == 0) return absl::InvalidArgumentError("prompt_token_ids is empty");
-  for (size_t i = 0; i < request.prompt.size(); ++i) {
-    if (request.prompt[i] < 0 || request.prompt[i] >= model_.config().vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("prompt_token_ids[", i, "] = ", request.prompt[i], " outside [0, ",
-                                                     model_.config().vocab_size, ")"));
+// Steps 1-3: the sequence at the prompt's end, the first token, the grid
+// checkpoints crossed, and the usage.
+struct PrefillWorker::Computed {
+  Resumed resumed;
+  PrefillOutcome outcome;
+  std::vector<engine::SequenceState> checkpoints;
+};
+
+absl::Status PrefillWorker::CheckPrompt(absl::Span<const TokenId> prompt) const {
+  if (prompt.empty()) return absl::InvalidArgumentError("prompt_token_ids is empty");
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    if (prompt[i] < 0 || prompt[i] >= model_.config().vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("prompt_token_ids[", i, "] = ", prompt[i], " outside [0, ", model_.config().vocab_size, ")"));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PrefillWorker::Computed> PrefillWorker::Compute(const PrefillRequest& request,
+                                                               const cachestore::ClientNamespace& ns,
+                                                               engine::Sampler& sampler,
+                                                               absl::FunctionRef<absl::Status()> cancelled) {
+  const int64_t n = static_cast<int64_t>(request.prompt.size());
+  const absl::Time resume_start = absl::Now();
+  Computed c;
+  ASSIGN_OR_RETURN(c.resumed, Resume(request, ns));
+  SequenceGuard guard(model_, c.resumed.seq);
+  const absl::Time compute_start = absl::Now();
+
+  std::vector<float> logits;
+  if (c.resumed.position < n) {
+    engine::PrefillOptions options;
+    options.emit_checkpoints = cache_ != nullptr && options_.publish;
+    if (request.cancellation != nullptr) {
+      options.cancelled = [cancellation = request.cancellation.get()] { return cancellation->cancelled(); };
+    }
+    absl::StatusOr<engine::PrefillResult> result =
+        model_.Prefill(c.resumed.seq, absl::MakeConstSpan(request.prompt).subspan(c.resumed.position), options);
+    if (!result.ok()) {
+      if (result.status().code() == absl::StatusCode::kCancelled) Count(&PrefillCacheCounters::cancelled);
+      return result.status();
+    }
+    logits = std::move(result->logits);
+    c.checkpoints = std::move(result->checkpoints);
+  } else {
+    ASSIGN_OR_RETURN(const engine::SequenceTable::Sequence* seq, model_.sequences().Find(c.resumed.seq));
+    logits = seq->last_logits;
+  }
+  PrefillOutcome& outcome = c.outcome;
+  ASSIGN_OR_RETURN(outcome.first, sampler.Sample(logits, /*step=*/0));
+  outcome.resume_time = compute_start - resume_start;
+  outcome.compute_time = absl::Now() - compute_start;
+  outcome.usage.prompt_tokens = n;
+  outcome.usage.cached_tokens = c.resumed.position;
+  outcome.usage.recomputed_tokens = std::max<int64_t>(0, std::min(c.resumed.kv_match_tokens, n) - c.resumed.position);
+  outcome.usage.kv_match_tokens = c.resumed.kv_match_tokens;
+  outcome.usage.resume_kind = c.resumed.kind;
+  RETURN_IF_ERROR(cancelled());
+  guard.Dismiss();
+  return c;
+}
+
+void PrefillWorker::PublishPrompt(const Computed& computed, const PrefillRequest& request,
+                                  const cachestore::ClientNamespace& ns, PrefillOutcome* outcome) {
+  // The bytes leave the engine here; the puts run inline, or on the
+  // publisher thread with async_publication (then the answer does not wait
+  // for them). A cache that failed this call's lookup gets nothing from it:
+  // decode publishes the turn end from the first page the cache lacks instead.
+  if (cache_ == nullptr || !options_.publish || !computed.resumed.cache_reachable) return;
+  outcome->publishes_prompt = true;
+  cachestore::Publication publication = Prepare(computed.resumed.seq, request, ns, computed.resumed.position,
+                                                computed.resumed.kv_match_tokens, computed.checkpoints);
+  if (options_.async_publication) {
+    publisher_->Publish(std::move(publication));  // waits while max_pending_publications wait
+  } else {
+    publisher_->PublishNow(std::move(publication));
+  }
+}
+
+absl::StatusOr<PrefillOutcome> PrefillWorker::Prefill(const PrefillRequest& request) {
+  if (sender_ == nullptr) {
+    return absl::FailedPreconditionError("this prefill worker has no data plane: it only prefills in place");
+  }
+  RETURN_IF_ERROR(CheckPrompt(request.prompt));
+  const int64_t n = static_cast<int64_t>(request.prompt.size());
   if (request.ticket.n_tokens != n) {
     return absl::InvalidArgumentError(
         absl::StrCat("the transfer ticket is for ", request.ticket.n_tokens, " tokens, the prompt has ", n));
@@ -258,35 +346,9 @@ absl::StatusOr<PrefillOutcome> PrefillWorker::Prefill(const PrefillRequest& requ
   };
   RETURN_IF_ERROR(cancelled());
   const cachestore::ClientNamespace ns = Namespace(request.tenant, request.cache_salt);
-  const absl::Time resume_start = absl::Now();
-  ASSIGN_OR_RETURN(const Resumed resumed, Resume(request, ns));
-  SequenceGuard guard(model_, resumed.seq);
-  const absl::Time compute_start = absl::Now();
-
-  std::vector<float> logits;
-  std::vector<engine::SequenceState> checkpoints;
-  if (resumed.position < n) {
-    engine::PrefillOptions options;
-    options.emit_checkpoints = cache_ != nullptr && options_.publish;
-    if (request.cancellation != nullptr) {
-      options.cancelled = [c = request.cancellation.get()] { return c->cancelled(); };
-    }
-    absl::StatusOr<engine::PrefillResult> result =
-        model_.Prefill(resumed.seq, absl::MakeConstSpan(request.prompt).subspan(resumed.position), options);
-    if (!result.ok()) {
-      if (result.status().code() == absl::StatusCode::kCancelled) Count(&PrefillCacheCounters::cancelled);
-      return result.status();
-    }
-    logits = std::move(result->logits);
-    checkpoints = std::move(result->checkpoints);
-  } else {
-    ASSIGN_OR_RETURN(const engine::SequenceTable::Sequence* seq, model_.sequences().Find(resumed.seq));
-    logits = seq->last_logits;
-  }
-  PrefillOutcome outcome;
-  ASSIGN_OR_RETURN(outcome.first, sampler.Sample(logits, /*step=*/0));
-  outcome.resume_time = compute_start - resume_start;
-  outcome.compute_time = absl::Now() - compute_start;
+  ASSIGN_OR_RETURN(Computed computed, Compute(request, ns, sampler, cancelled));
+  SequenceGuard guard(model_, computed.resumed.seq);
+  PrefillOutcome& outcome = computed.outcome;
 
   const cachestore::CachePlan plan(ns, request.prompt);
   // Decode keeps of the pages it holds (read from the cache) only those this
@@ -294,15 +356,14 @@ absl::StatusOr<PrefillOutcome> PrefillWorker::Prefill(const PrefillRequest& requ
   // Past them it sends its own, which may differ in the last bits from a
   // cached page another path computed (a decode step's, not a prefill's).
   transport::Ticket ticket = request.ticket;
-  ticket.held_pages = std::min(ticket.held_pages, resumed.position / model_.page_size());
+  ticket.held_pages = std::min(ticket.held_pages, computed.resumed.position / model_.page_size());
   ASSIGN_OR_RETURN(
       const transport::SequenceStateSource source,
-      transport::SequenceStateSource::Create(model_.sequences(), resumed.seq, ticket, fingerprint_, plan.StateKeyAt(n),
-                                             outcome.first.token, outcome.first.logprob));
-  RETURN_IF_ERROR(cancelled());
+      transport::SequenceStateSource::Create(model_.sequences(), computed.resumed.seq, ticket, fingerprint_,
+                                             plan.StateKeyAt(n), outcome.first.token, outcome.first.logprob));
   const absl::Time start = absl::Now();
   Count(&PrefillCacheCounters::transfers_in_flight);
-  const absl::Status sent = sender_.Send(ticket, source);
+  const absl::Status sent = sender_->Send(ticket, source);
   Count(&PrefillCacheCounters::transfers_in_flight, -1);
   if (!sent.ok()) {
     Count(&PrefillCacheCounters::transfer_failures);
@@ -312,28 +373,31 @@ absl::StatusOr<PrefillOutcome> PrefillWorker::Prefill(const PrefillRequest& requ
   // What crossed the data plane: the pages decode does not hold, and the state.
   outcome.transfer_bytes =
       (source.num_pages() - ticket.held_pages) * source.page_bytes() + static_cast<int64_t>(source.state().size());
-
-  outcome.usage.prompt_tokens = n;
-  outcome.usage.cached_tokens = resumed.position;
-  outcome.usage.recomputed_tokens = std::max<int64_t>(0, std::min(resumed.kv_match_tokens, n) - resumed.position);
-  outcome.usage.kv_match_tokens = resumed.kv_match_tokens;
-  outcome.usage.resume_kind = resumed.kind;
-  // After the push: publication never delays decode. The bytes leave the
-  // engine here; the puts run inline, or on the publisher thread with
-  // async_publication (then the answer to decode does not wait for them).
-  // A cache that failed this call's lookup gets nothing from it: decode
-  // publishes the turn end from the first page the cache lacks instead.
-  if (cache_ != nullptr && options_.publish && resumed.cache_reachable) {
-    outcome.publishes_prompt = true;
-    cachestore::Publication publication =
-        Prepare(resumed.seq, request, ns, resumed.position, resumed.kv_match_tokens, checkpoints);
-    if (options_.async_publication) {
-      publisher_->Publish(std::move(publication));  // waits while max_pending_publications wait
-    } else {
-      publisher_->PublishNow(std::move(publication));
-    }
-  }
+  // After the push: publication never delays decode.
+  PublishPrompt(computed, request, ns, &outcome);
   return outcome;
+}
+
+absl::StatusOr<KeptPrefill> PrefillWorker::PrefillAndKeep(const PrefillRequest& request, int64_t reserve_positions) {
+  RETURN_IF_ERROR(CheckPrompt(request.prompt));
+  if (reserve_positions < static_cast<int64_t>(request.prompt.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("reserving ", reserve_positions, " positions for a prompt of ", request.prompt.size(), " tokens"));
+  }
+  ASSIGN_OR_RETURN(engine::Sampler sampler, engine::Sampler::Create(request.sampling));
+  auto cancelled = [&]() -> absl::Status {
+    if (request.cancellation == nullptr || !request.cancellation->cancelled()) return absl::OkStatus();
+    Count(&PrefillCacheCounters::cancelled);
+    return absl::CancelledError("the caller cancelled the prefill");
+  };
+  RETURN_IF_ERROR(cancelled());
+  const cachestore::ClientNamespace ns = Namespace(request.tenant, request.cache_salt);
+  ASSIGN_OR_RETURN(Computed computed, Compute(request, ns, sampler, cancelled));
+  SequenceGuard guard(model_, computed.resumed.seq);
+  RETURN_IF_ERROR(model_.sequences().ReservePages(computed.resumed.seq, reserve_positions));
+  PublishPrompt(computed, request, ns, &computed.outcome);
+  guard.Dismiss();
+  return KeptPrefill{computed.resumed.seq, std::move(computed.outcome)};
 }
 
 void PrefillWorker::Count(int64_t PrefillCacheCounters::*field, int64_t n) {

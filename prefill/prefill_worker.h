@@ -107,6 +107,10 @@ class PrefillWorker {
   // The options' durations and sizes must be valid (main checks the flags).
   PrefillWorker(engine::Model& model, const common::Hash128& model_fingerprint, cachestore::CacheClient* cache,
                 transport::StateSender& sender, const PrefillWorkerOptions& options = {});
+  // A worker without a data plane, for PrefillAndKeep only: Prefill answers
+  // FAILED_PRECONDITION. Decode's local prefill runs one on decode's engine.
+  PrefillWorker(engine::Model& model, const common::Hash128& model_fingerprint, cachestore::CacheClient* cache,
+                const PrefillWorkerOptions& options = {});
 
   // Runs steps 1-5 for `request`. INVALID_ARGUMENT for an empty prompt, a
   // token outside the vocabulary, bad sampling params or a ticket for another
@@ -116,6 +120,15 @@ class PrefillWorker {
   // push); the data plane's error when the push fails. The engine holds nothing of the request afterwards, whatever
   // the outcome.
   absl::StatusOr<PrefillOutcome> Prefill(const PrefillRequest& request);
+
+  // Steps 1-3 and 5 without the push (request.ticket is not read): the
+  // prefilled sequence stays in the engine with pages reserved for
+  // `reserve_positions` (>= the prompt) and is the caller's to release. The
+  // same resume, compute, sampling and publication as Prefill, so the same
+  // bits. INVALID_ARGUMENT as Prefill (and for reserve_positions below the
+  // prompt); RESOURCE_EXHAUSTED when the engine has no slot or too few pages;
+  // CANCELLED as Prefill. The engine holds nothing of the request on error.
+  absl::StatusOr<KeptPrefill> PrefillAndKeep(const PrefillRequest& request, int64_t reserve_positions);
 
   // A snapshot of the counters (any thread).
   // The publication counts are the publisher's (PublisherCounters).
@@ -134,6 +147,19 @@ class PrefillWorker {
 
  private:
   struct Resumed;
+  struct Computed;
+  PrefillWorker(engine::Model& model, const common::Hash128& model_fingerprint, cachestore::CacheClient* cache,
+                transport::StateSender* sender, const PrefillWorkerOptions& options);
+  // Checks the prompt's tokens (INVALID_ARGUMENT).
+  absl::Status CheckPrompt(absl::Span<const TokenId> prompt) const;
+  // Steps 1-3 for a checked request: on success the caller owns
+  // computed.resumed.seq; on error nothing is left in the engine.
+  absl::StatusOr<Computed> Compute(const PrefillRequest& request, const cachestore::ClientNamespace& ns,
+                                   engine::Sampler& sampler, absl::FunctionRef<absl::Status()> cancelled);
+  // Step 5: publishes what `computed` holds (with a cache, publishing, and
+  // the cache reachable), and says so in outcome->publishes_prompt.
+  void PublishPrompt(const Computed& computed, const PrefillRequest& request, const cachestore::ClientNamespace& ns,
+                     PrefillOutcome* outcome);
   // Steps 1: a live sequence at the deepest usable resume point (position 0
   // when cold), and how it got there.
   absl::StatusOr<Resumed> Resume(const PrefillRequest& request, const cachestore::ClientNamespace& ns);
@@ -169,7 +195,7 @@ class PrefillWorker {
   const common::Hash128 fingerprint_;
   const cachestore::ModelNamespace namespace_;
   cachestore::CacheClient* const cache_;
-  transport::StateSender& sender_;
+  transport::StateSender* const sender_;  // null: PrefillAndKeep only
   const PrefillWorkerOptions options_;
   // With a cache: puts the publications (and says when to skip the cache).
   std::unique_ptr<cachestore::CachePublisher> publisher_;
