@@ -36,16 +36,19 @@ struct DecodeLoop::Request {
 
 absl::StatusOr<std::unique_ptr<DecodeLoop>> DecodeLoop::Create(
     engine::Model& model, const common::Hash128& model_fingerprint, prefill::PrefillClient& prefill,
-    transport::StateReceiver& receiver, cachestore::CacheClient* cache, const DecodeLoopOptions& options) {
+    transport::StateReceiver& receiver, cachestore::CacheClient* cache, const DecodeLoopOptions& options,
+    LocalPrefill local_prefill) {
   if (options.max_batch < 1 || options.max_waiting < 0 || options.transfer_timeout <= absl::ZeroDuration() ||
       options.publish_parent_wait < absl::ZeroDuration() || options.cache_failure_backoff < absl::ZeroDuration() ||
-      options.history_read_streams < 1 || options.history_read_min_bytes < 0) {
+      options.history_read_streams < 1 || options.history_read_min_bytes < 0 || options.local_prefill_max_tokens < 0) {
     return absl::InvalidArgumentError(
         "decode loop: max_batch >= 1, max_waiting >= 0, a positive transfer_timeout, a publish_parent_wait >= 0, "
-        "a cache_failure_backoff >= 0, history_read_streams >= 1 and history_read_min_bytes >= 0");
+        "a cache_failure_backoff >= 0, history_read_streams >= 1, history_read_min_bytes >= 0 and "
+        "local_prefill_max_tokens >= 0");
   }
   std::unique_ptr<DecodeLoop> loop(new DecodeLoop(model, model_fingerprint, prefill, receiver, options));
   loop->cache_ = cache;
+  loop->local_prefill_ = std::move(local_prefill);
   if (cache != nullptr && options.publish) {
     cachestore::PublisherOptions po;
     // At most max_batch turn ends wait to start, 2 * max_batch in all.
@@ -149,6 +152,11 @@ DecodeLoop::Counts DecodeLoop::counts() const {
   c.history_reads = history_reads_;
   c.history_pages = history_pages_;
   c.history_failures = history_failures_;
+  c.local_prefills = local_prefills_;
+  c.local_prefill_failures = local_prefill_failures_;
+  c.local_prefill_tokens = local_prefill_tokens_;
+  c.local_prefill_resume = local_prefill_resume_;
+  c.local_prefill_compute = local_prefill_compute_;
   return c;
 }
 
@@ -242,6 +250,7 @@ void DecodeLoop::Admit() {
       r = live_.at(waiting_.front()).get();
       transfer_id = next_transfer_;
     }
+    if (PrefillHere(*r)) continue;
     engine::SequenceTable& table = model_.sequences();
     const int64_t prompt = static_cast<int64_t>(r->req.prompt.size());
     absl::StatusOr<engine::ImportReservation> reservation = table.ReserveImport(prompt);
@@ -296,6 +305,78 @@ void DecodeLoop::Admit() {
           orphaned_calls_.erase(transfer_id);
         });
   }
+}
+
+bool DecodeLoop::PrefillHere(Request& r) {
+  if (!local_prefill_ || cache_ == nullptr || options_.local_prefill_max_tokens == 0) return false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (decoding_ > 0 && !options_.local_prefill_while_decoding) return false;
+    if (absl::Now() < history_backoff_until_) return false;  // a cache that just timed out
+  }
+  if (publisher_ != nullptr && publisher_->skipping()) return false;
+  engine::SequenceTable& table = model_.sequences();
+  const int64_t prompt = static_cast<int64_t>(r.req.prompt.size());
+  const int64_t positions = prompt + r.req.stop.max_tokens;
+  if (table.num_free_slots() < 1 || table.num_free_pages() < table.PagesFor(positions)) return false;
+  // Where the cache would resume the prompt (a probe: nothing leased). Only
+  // a continuation of what the cache holds is prefilled here: a new prompt
+  // is the prefill pool's.
+  const absl::Time probe_start = absl::Now();
+  absl::StatusOr<cachestore::LookupResult> probe =
+      cache_->Lookup(namespace_.For(r.req.tenant, r.req.cache_salt), r.req.prompt, cachestore::LookupMode::kProbeOnly);
+  if (!probe.ok()) {
+    // A cache that hung costs this worker one timeout per backoff: its
+    // probes and its publications skip the cache meanwhile.
+    if (publisher_ != nullptr) publisher_->NoteCacheStatus(probe.status());
+    if (absl::IsDeadlineExceeded(probe.status())) {
+      absl::MutexLock lock(&mu_);
+      history_backoff_until_ = absl::Now() + options_.cache_failure_backoff;
+    }
+    return false;
+  }
+  if (!probe->state.has_value() || probe->resume_position <= 0 ||
+      prompt - probe->resume_position > options_.local_prefill_max_tokens) {
+    return false;
+  }
+  prefill::PrefillRequest call;
+  call.request_id = r.req.request_id;
+  call.prompt = r.req.prompt;
+  call.tenant = r.req.tenant;
+  call.cache_salt = r.req.cache_salt;
+  call.sampling = r.req.sampling;
+  const absl::Duration probe_time = absl::Now() - probe_start;
+  absl::StatusOr<prefill::KeptPrefill> kept = local_prefill_(call, positions);
+  if (!kept.ok()) {
+    {
+      absl::MutexLock lock(&mu_);
+      ++local_prefill_failures_;
+    }
+    int64_t held_back = 0;
+    if (log_limiter_.Allow(absl::StrCat("local prefill ", common::FailureReason(kept.status())), &held_back)) {
+      LOG(WARNING) << "request " << r.req.request_id
+                   << ": prefilling it here failed, the prefill pool takes it: " << kept.status()
+                   << common::HeldBack(held_back);
+    }
+    return false;
+  }
+  r.reservation = engine::ImportReservation();
+  r.reservation.id = kept->seq;
+  r.reservation.n_tokens = prompt;
+  r.prefill = std::move(kept->outcome);
+  r.phase = Request::Phase::kDecoding;
+  {
+    absl::MutexLock lock(&mu_);
+    waiting_.pop_front();
+    ++decoding_;
+    ++local_prefills_;
+    local_prefill_tokens_ += prompt - r.prefill.usage.cached_tokens;
+    local_prefill_resume_ += probe_time + r.prefill.resume_time;
+    local_prefill_compute_ += r.prefill.compute_time;
+  }
+  batch_.push_back(r.req.request_id);
+  Emit(r, r.prefill.first);
+  return true;
 }
 
 DecodeLoop::PageViews DecodeLoop::HistoryViews(const engine::ImportReservation& reservation,

@@ -97,15 +97,37 @@ struct DecodeLoopOptions {
   int64_t history_read_min_bytes = int64_t{4} << 20;
   // Cache reads in flight while reading them (>= 1).
   int64_t history_read_streams = 2;
+  // Local prefill (with a LocalPrefill given to Create and a cache): a
+  // request whose prompt the cache holds a state of, all but at most this
+  // many tokens (a conversation's next turn), is prefilled in this worker's
+  // engine, on the loop thread, instead of by a call to the prefill pool: the
+  // history is read once, into the sequence that then decodes, and nothing
+  // crosses a data plane. The same resume, compute, sampling and
+  // publication as a prefill worker's (PrefillWorker::PrefillAndKeep), so
+  // the same bits. Any failure of it sends the request to the prefill pool.
+  // 0: never.
+  int64_t local_prefill_max_tokens = 0;
+  // Whether a local prefill may run while other requests decode: they wait
+  // for it (it takes the place of their next step). Off: only when none is
+  // decoding, so a local prefill never delays another request's tokens.
+  bool local_prefill_while_decoding = false;
 };
+
+// Prefills a request in the decode loop's own engine and keeps the sequence,
+// its pages reserved for `reserve_positions`
+// (prefill::PrefillWorker::PrefillAndKeep on the loop's model).
+using LocalPrefill = std::function<absl::StatusOr<prefill::KeptPrefill>(const prefill::PrefillRequest& request,
+                                                                        int64_t reserve_positions)>;
 
 class DecodeLoop {
  public:
   // `model`, `prefill`, `receiver` and `cache` (null: no cache) must outlive
-  // the loop. INVALID_ARGUMENT for non-positive sizes.
+  // the loop; `local_prefill` (may be empty) runs on the loop thread, in
+  // `model`. INVALID_ARGUMENT for non-positive sizes.
   static absl::StatusOr<std::unique_ptr<DecodeLoop>> Create(
       engine::Model& model, const common::Hash128& model_fingerprint, prefill::PrefillClient& prefill,
-      transport::StateReceiver& receiver, cachestore::CacheClient* cache, const DecodeLoopOptions& options);
+      transport::StateReceiver& receiver, cachestore::CacheClient* cache, const DecodeLoopOptions& options,
+      LocalPrefill local_prefill = nullptr);
   // Aborts every request still running (each gets its OnComplete) and joins
   // every thread.
   ~DecodeLoop();
@@ -147,6 +169,15 @@ class DecodeLoop {
     int64_t history_reads = 0;
     int64_t history_pages = 0;
     int64_t history_failures = 0;
+    // Requests prefilled here (options.local_prefill_max_tokens), and local
+    // prefills that failed (the prefill pool took the request).
+    int64_t local_prefills = 0;
+    int64_t local_prefill_failures = 0;
+    int64_t local_prefill_tokens = 0;  // the tokens they computed (the uncached ones)
+    // Where the local prefills' time went, summed: the cache probe, lookup,
+    // fetch and restore; the engine's prefill and the first token's sampling.
+    absl::Duration local_prefill_resume;
+    absl::Duration local_prefill_compute;
   };
   Counts counts() const ABSL_LOCKS_EXCLUDED(mu_);
   // True when no request is live, no turn end is being published, no prefill
@@ -178,6 +209,10 @@ class DecodeLoop {
   // pages the cache holds into `views` (leased, then released); the pages
   // read, 0 on a miss or any failure.
   int64_t ReadHistoryPages(const prefill::PrefillRequest& call, const PageViews& views) ABSL_LOCKS_EXCLUDED(mu_);
+  // On the loop thread, for the request at the head of the queue: prefills
+  // it in this engine when options.local_prefill_max_tokens applies, and
+  // moves it to the batch; false when it is left to the prefill pool.
+  bool PrefillHere(Request& r);
   void Import(Prefilled prefilled);
   void Step();
   // Emits `token` for `r` and ends it when a stop condition holds.
@@ -230,10 +265,16 @@ class DecodeLoop {
   int64_t history_reads_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t history_pages_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t history_failures_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t local_prefills_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t local_prefill_failures_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t local_prefill_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Duration local_prefill_resume_ ABSL_GUARDED_BY(mu_);
+  absl::Duration local_prefill_compute_ ABSL_GUARDED_BY(mu_);
   absl::Time history_backoff_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 
   common::LogRateLimiter log_limiter_;
   cachestore::CacheClient* cache_ = nullptr;  // null: no cache
+  LocalPrefill local_prefill_;                // empty: none
   // Puts the turn ends, then completes their requests (with a cache and
   // options.publish).
   std::unique_ptr<cachestore::CachePublisher> publisher_;

@@ -67,6 +67,13 @@ ABSL_FLAG(bool, read_history_pages, true,
 ABSL_FLAG(int64_t, history_read_min_kib, 4096,
           "--read_history_pages only for prompts whose full KV pages hold at least this many KiB (below, the "
           "lookup costs more than the push it saves)");
+ABSL_FLAG(int64_t, local_prefill_max_tokens, 256,
+          "with a cachestore: prefill here, in this worker's engine, a request whose prompt the cache holds a state "
+          "of, all but at most this many tokens (a conversation's next turn), instead of calling a prefill worker: "
+          "the history is read once, into the sequence that decodes, and nothing is pushed; 0: never");
+ABSL_FLAG(bool, local_prefill_while_decoding, false,
+          "let a local prefill run while other requests decode (they wait for it, one step's time); off: only when "
+          "none decodes");
 ABSL_FLAG(absl::Duration, publish_parent_wait, absl::Seconds(2),
           "how long a turn-end publication waits for prefill to have put the prompt's last page, its parent");
 
@@ -212,9 +219,28 @@ absl::Status Run() {
         absl::StrCat("--history_read_min_kib must be in [0, 2^40], got ", history_read_min_kib));
   }
   lo.history_read_min_bytes = history_read_min_kib << 10;
+  // Local prefill: a prefill worker on this engine, without a data plane,
+  // run by the loop on its own thread.
+  lo.local_prefill_max_tokens = absl::GetFlag(FLAGS_local_prefill_max_tokens);
+  lo.local_prefill_while_decoding = absl::GetFlag(FLAGS_local_prefill_while_decoding);
+  if (lo.local_prefill_max_tokens < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--local_prefill_max_tokens must be at least 0, got ", lo.local_prefill_max_tokens));
+  }
+  std::unique_ptr<prefill::PrefillWorker> local_worker;
+  decode::LocalPrefill local_prefill;
+  if (cache_client != nullptr && lo.local_prefill_max_tokens > 0) {
+    prefill::PrefillWorkerOptions wo;
+    wo.async_publication = true;  // as the prefill binary: the first token does not wait for the cache
+    wo.cache_failure_backoff = options.cache_failure_backoff;
+    local_worker = std::make_unique<prefill::PrefillWorker>(*model, weights->fingerprint(), cache_client, wo);
+    local_prefill = [worker = local_worker.get()](const prefill::PrefillRequest& request, int64_t positions) {
+      return worker->PrefillAndKeep(request, positions);
+    };
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<decode::DecodeLoop> loop,
                    decode::DecodeLoop::Create(*model, weights->fingerprint(), *prefill_side.client,
-                                              prefill_side.receiver(), cache_client, lo));
+                                              prefill_side.receiver(), cache_client, lo, std::move(local_prefill)));
 
   auto registry = std::make_shared<prometheus::Registry>();
   decode::DecodeMetrics metrics(*registry);
@@ -231,6 +257,8 @@ absl::Status Run() {
                      metrics.SetOrphanedCalls(c.orphaned_calls);
                      metrics.SyncDataPlane(receiver.refused(), receiver.unauthenticated());
                      metrics.SyncHistoryReads(c.history_reads, c.history_pages, c.history_failures);
+                     metrics.SyncLocalPrefills(c.local_prefills, c.local_prefill_failures, c.local_prefill_tokens,
+                                               c.local_prefill_resume, c.local_prefill_compute);
                      if (prefill_side.plane != nullptr) plane_metrics.Sync(prefill_side.plane->ipc_traffic());
                      if (direct_puts != nullptr) direct_put_metrics.Sync(direct_puts->counts());
                    }));
@@ -262,6 +290,9 @@ absl::Status Run() {
             << (direct_cache ? absl::StrCat(" (", worker::DirectReadsName(options),
                                             lo.read_history_pages ? ", prompts' cached pages read here" : "", ")")
                              : std::string())
+            << (local_worker != nullptr ? absl::StrCat(", continuations of up to ", lo.local_prefill_max_tokens,
+                                                       " new tokens prefilled here")
+                                        : std::string())
             << (exposer ? absl::StrCat(", metrics on port ", exposer->port()) : std::string());
   const std::string data_port = aggregated ? std::string() : prefill_side.plane->listening();
   std::cout << "DECODE_READY port=" << server->port() << (data_port.empty() ? "" : " data_port=" + data_port)

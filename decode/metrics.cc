@@ -26,6 +26,17 @@ prometheus::Histogram& Seconds(prometheus::Registry& r, const std::string& name,
                                                                             common::ExponentialBuckets(0.001, 2.0, 17));
 }
 
+// Moves a counter up to a cumulative total `now` last seen at *last.
+void Advance(prometheus::Counter& counter, int64_t now, int64_t* last) {
+  if (now > *last) counter.Increment(static_cast<double>(now - *last));
+  *last = std::max(*last, now);
+}
+
+void AdvanceSeconds(prometheus::Counter& counter, absl::Duration now, absl::Duration* last) {
+  if (now > *last) counter.Increment(absl::ToDoubleSeconds(now - *last));
+  *last = std::max(*last, now);
+}
+
 }  // namespace
 
 DecodeMetrics::DecodeMetrics(prometheus::Registry& r)
@@ -95,7 +106,24 @@ DecodeMetrics::DecodeMetrics(prometheus::Registry& r)
                          .Add({})),
       history_failures_(Counters(r, "hybridserve_decode_history_read_failures_total",
                                  "Reads of a prompt's cached pages that failed (prefill sent every page)")
-                            .Add({})) {}
+                            .Add({})),
+      local_prefills_(Counters(r, "hybridserve_decode_local_prefills_total",
+                               "Requests prefilled in this worker's engine (--local_prefill_max_tokens): "
+                               "continuations of a cached conversation, without a prefill call")
+                          .Add({})),
+      local_prefill_failures_(Counters(r, "hybridserve_decode_local_prefill_failures_total",
+                                       "Local prefills that failed (the prefill pool took the request)")
+                                  .Add({})),
+      local_prefill_tokens_(Counters(r, "hybridserve_decode_local_prefill_computed_tokens_total",
+                                     "Prompt tokens local prefills computed (those the cache did not hold)")
+                                .Add({})),
+      local_prefill_resume_seconds_(Counters(r, "hybridserve_decode_local_prefill_resume_seconds_total",
+                                             "Time local prefills spent probing the cache and resuming from it")
+                                        .Add({})),
+      local_prefill_compute_seconds_(Counters(r, "hybridserve_decode_local_prefill_compute_seconds_total",
+                                              "Time local prefills spent computing the uncached tokens and "
+                                              "sampling the first token")
+                                         .Add({})) {}
 
 void DecodeMetrics::SetBatchPeak(int64_t peak) { batch_peak_.Set(static_cast<double>(peak)); }
 void DecodeMetrics::SetOrphanedCalls(int64_t calls) { orphaned_calls_.Set(static_cast<double>(calls)); }
@@ -116,25 +144,25 @@ void DecodeMetrics::RecordRefused() { refused_.Increment(); }
 
 void DecodeMetrics::SyncDataPlane(int64_t refused, int64_t unauthenticated) {
   absl::MutexLock lock(&mu_);
-  if (refused > last_data_plane_refused_) {
-    data_plane_refused_.Increment(static_cast<double>(refused - last_data_plane_refused_));
-    last_data_plane_refused_ = refused;
-  }
-  if (unauthenticated > last_data_plane_unauthenticated_) {
-    data_plane_unauthenticated_.Increment(static_cast<double>(unauthenticated - last_data_plane_unauthenticated_));
-    last_data_plane_unauthenticated_ = unauthenticated;
-  }
+  Advance(data_plane_refused_, refused, &last_data_plane_refused_);
+  Advance(data_plane_unauthenticated_, unauthenticated, &last_data_plane_unauthenticated_);
 }
 
 void DecodeMetrics::SyncHistoryReads(int64_t reads, int64_t pages, int64_t failures) {
   absl::MutexLock lock(&mu_);
-  auto advance = [](prometheus::Counter& counter, int64_t now, int64_t* last) {
-    if (now > *last) counter.Increment(static_cast<double>(now - *last));
-    *last = std::max(*last, now);
-  };
-  advance(history_reads_, reads, &last_history_reads_);
-  advance(history_pages_, pages, &last_history_pages_);
-  advance(history_failures_, failures, &last_history_failures_);
+  Advance(history_reads_, reads, &last_history_reads_);
+  Advance(history_pages_, pages, &last_history_pages_);
+  Advance(history_failures_, failures, &last_history_failures_);
+}
+
+void DecodeMetrics::SyncLocalPrefills(int64_t prefills, int64_t failures, int64_t computed_tokens,
+                                      absl::Duration resume, absl::Duration compute) {
+  absl::MutexLock lock(&mu_);
+  Advance(local_prefills_, prefills, &last_local_prefills_);
+  Advance(local_prefill_failures_, failures, &last_local_prefill_failures_);
+  Advance(local_prefill_tokens_, computed_tokens, &last_local_prefill_tokens_);
+  AdvanceSeconds(local_prefill_resume_seconds_, resume, &last_local_prefill_resume_);
+  AdvanceSeconds(local_prefill_compute_seconds_, compute, &last_local_prefill_compute_);
 }
 
 void DecodeMetrics::RecordFinish(const Completion& c, double e2e_seconds) {

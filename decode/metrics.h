@@ -10,6 +10,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "decode/generation.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
@@ -39,6 +40,10 @@ class DecodeMetrics {
   // Brings the counters of prompts' pages read from the cache up to the
   // loop's totals (DecodeLoop::Counts history_*); called by each scrape.
   void SyncHistoryReads(int64_t reads, int64_t pages, int64_t failures) ABSL_LOCKS_EXCLUDED(mu_);
+  // The same for the requests prefilled in this worker (DecodeLoop::Counts
+  // local_prefill*).
+  void SyncLocalPrefills(int64_t prefills, int64_t failures, int64_t computed_tokens, absl::Duration resume,
+                         absl::Duration compute) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   prometheus::Gauge& waiting_;
@@ -75,10 +80,20 @@ class DecodeMetrics {
   prometheus::Counter& history_reads_;
   prometheus::Counter& history_pages_;
   prometheus::Counter& history_failures_;
+  prometheus::Counter& local_prefills_;
+  prometheus::Counter& local_prefill_failures_;
+  prometheus::Counter& local_prefill_tokens_;
+  prometheus::Counter& local_prefill_resume_seconds_;
+  prometheus::Counter& local_prefill_compute_seconds_;
   absl::Mutex mu_;
   int64_t last_history_reads_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t last_history_pages_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t last_history_failures_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t last_local_prefills_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t last_local_prefill_failures_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t last_local_prefill_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Duration last_local_prefill_resume_ ABSL_GUARDED_BY(mu_);
+  absl::Duration last_local_prefill_compute_ ABSL_GUARDED_BY(mu_);
   int64_t last_data_plane_refused_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t last_data_plane_unauthenticated_ ABSL_GUARDED_BY(mu_) = 0;
 };

@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "prometheus/registry.h"
 
@@ -33,6 +34,32 @@ TEST(DecodeMetricsTest, DataPlaneCountersFollowTheReceiversTotals) {
   metrics.SyncDataPlane(3, 9);
   EXPECT_EQ(CounterValue(registry, refused), 3.0);
   EXPECT_EQ(CounterValue(registry, unauthenticated), 9.0);
+}
+
+TEST(DecodeMetricsTest, HistoryReadAndLocalPrefillCountersFollowTheLoopsTotals) {
+  prometheus::Registry registry;
+  DecodeMetrics metrics(registry);
+  const std::string names[] = {
+      "hybridserve_decode_history_reads_total",
+      "hybridserve_decode_history_pages_total",
+      "hybridserve_decode_history_read_failures_total",
+      "hybridserve_decode_local_prefills_total",
+      "hybridserve_decode_local_prefill_failures_total",
+      "hybridserve_decode_local_prefill_resume_seconds_total",
+      "hybridserve_decode_local_prefill_compute_seconds_total",
+      "hybridserve_decode_local_prefill_computed_tokens_total",
+  };
+  for (const std::string& name : names) EXPECT_EQ(CounterValue(registry, name), 0.0) << name;
+  metrics.SyncHistoryReads(1, 64, 2);
+  metrics.SyncLocalPrefills(3, 1, 90, absl::Milliseconds(250), absl::Seconds(2));
+  metrics.SyncLocalPrefills(3, 1, 90, absl::Milliseconds(250), absl::Seconds(2));  // a scrape with nothing new
+  metrics.SyncHistoryReads(1, 64, 2);
+  const double after_one[] = {1, 64, 2, 3, 1, 0.25, 2, 90};
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(CounterValue(registry, names[i]), after_one[i]) << names[i];
+  metrics.SyncHistoryReads(2, 100, 2);
+  metrics.SyncLocalPrefills(7, 4, 200, absl::Milliseconds(750), absl::Seconds(3));
+  const double after_two[] = {2, 100, 2, 7, 4, 0.75, 3, 200};
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(CounterValue(registry, names[i]), after_two[i]) << names[i];
 }
 
 }  // namespace

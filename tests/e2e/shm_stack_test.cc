@@ -48,12 +48,17 @@ std::vector<Turn> Converse(Stack& s, int first) {
 }
 
 TEST(ShmStackTest, ResumesByShmAreExactAndEveryResumeByteMovedByShm) {
+  // The prefill pool's path for every turn, in both stacks (decode's local
+  // prefill of a next turn reads nothing twice and pushes nothing:
+  // //tests/e2e:stack_test covers it).
   StackOptions grpc_only;
+  grpc_only.decode_args = {"--local_prefill_max_tokens=0"};
   auto plain = Stack::Start(grpc_only);
   ASSERT_TRUE(plain.ok()) << plain.status();
   StackOptions with_shm;
   with_shm.shm = true;
-  with_shm.decode_args = {"--history_read_min_kib=0"};  // these prompts are a few pages
+  // These prompts are a few pages.
+  with_shm.decode_args = {"--history_read_min_kib=0", "--local_prefill_max_tokens=0"};
   auto shm = Stack::Start(with_shm);
   ASSERT_TRUE(shm.ok()) << shm.status();
 
@@ -116,9 +121,11 @@ TEST(ShmStackTest, ResumesByShmAreExactAndEveryResumeByteMovedByShm) {
 }
 
 TEST(BulkStackTest, ResumesOverTheBulkPortAreExactAndEveryResumeByteMovedOverIt) {
-  auto plain = Stack::Start(StackOptions());
+  StackOptions pool_only;  // as above: every turn by the prefill worker
+  pool_only.decode_args = {"--local_prefill_max_tokens=0"};
+  auto plain = Stack::Start(pool_only);
   ASSERT_TRUE(plain.ok()) << plain.status();
-  StackOptions with_bulk;
+  StackOptions with_bulk = pool_only;
   with_bulk.bulk = true;
   auto bulk = Stack::Start(with_bulk);
   ASSERT_TRUE(bulk.ok()) << bulk.status();

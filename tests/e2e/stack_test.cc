@@ -47,6 +47,9 @@ class StackTest : public ::testing::TestWithParam<ModelShape> {
       pair.first = s->release();
       StackOptions a = d;
       a.aggregated = true;
+      // Every turn by the prefill worker: DisaggregatedEqualsAggregatedBitForBit
+      // then compares decode's local prefill of a next turn with it.
+      a.decode_args.push_back("--local_prefill_max_tokens=0");
       auto g = Stack::Start(a);
       ASSERT_TRUE(g.ok()) << g.status();
       pair.second = g->release();
@@ -64,15 +67,18 @@ std::map<std::string, std::pair<Stack*, Stack*>>* StackTest::stacks_ =
 
 // Conversations whose first prompt is shorter than a page, exactly a page,
 // a token past it, and several pages: every turn resumes where the previous
-// one ended (its prompt plus every generated token but the last), prefill
-// computes only the rest, and every publication lands without waiting out
-// --publish_parent_wait (2 s): no wait expires, and no final message waits
-// for its publication anywhere near that long.
+// one ended (its prompt plus every generated token but the last), the rest
+// is computed once (turn 1 by the prefill worker, the next turns, 31 new
+// tokens each, by decode's local prefill), and every publication lands
+// without waiting out --publish_parent_wait (2 s): no wait expires, and no
+// final message waits for its publication anywhere near that long.
 TEST_P(StackTest, TurnTwoResumesAtTurnOneEndAndPrefillsOnlyTheNewTokens) {
   Stack& s = *disaggregated_;
   const int prefill_metrics = MetricsPort(s.prefill());
   const int decode_metrics = MetricsPort(s.decode());
   const std::string computed = "hybridserve_prefill_computed_tokens_total";
+  const std::string local = "hybridserve_decode_local_prefills_total";
+  const std::string local_computed = "hybridserve_decode_local_prefill_computed_tokens_total";
   const std::string wait = "hybridserve_decode_publish_wait_seconds_sum";
   for (const int first : {1, 5, GetParam().page_size, GetParam().page_size + 1, 150}) {
     std::vector<int32_t> conversation = TextPrompt(first, first);
@@ -80,6 +86,8 @@ TEST_P(StackTest, TurnTwoResumesAtTurnOneEndAndPrefillsOnlyTheNewTokens) {
     for (int turn = 1; turn <= 3; ++turn) {
       SCOPED_TRACE(absl::StrCat("first prompt ", first, ", turn ", turn));
       const double computed_before = Metric(prefill_metrics, computed);
+      const double local_before = Metric(decode_metrics, local);
+      const double local_computed_before = Metric(decode_metrics, local_computed);
       const double wait_before = Metric(decode_metrics, wait);
       v1::GenerateRequest r = Request(absl::StrCat("multiturn-", first, "-", turn), conversation, 24);
       r.set_cache_salt(absl::StrCat("multiturn-", first));
@@ -94,8 +102,12 @@ TEST_P(StackTest, TurnTwoResumesAtTurnOneEndAndPrefillsOnlyTheNewTokens) {
       EXPECT_EQ(u.cached_tokens(), expected_cached);
       EXPECT_EQ(u.resume_kind(), turn == 1 ? v1::RESUME_KIND_COLD : v1::RESUME_KIND_EXACT_PREFIX);
       EXPECT_TRUE(u.session().published()) << u.session().pin_refused_reason();
-      // The prefill worker computed only the tokens the cache did not hold.
-      EXPECT_EQ(Metric(prefill_metrics, computed) - computed_before, conversation.size() - expected_cached);
+      // The tokens the cache did not hold were computed, once: a new prompt
+      // by the prefill worker, a next turn by decode.
+      const double uncached = static_cast<double>(conversation.size() - expected_cached);
+      EXPECT_EQ(Metric(prefill_metrics, computed) - computed_before, turn == 1 ? uncached : 0);
+      EXPECT_EQ(Metric(decode_metrics, local) - local_before, turn == 1 ? 0 : 1);
+      EXPECT_EQ(Metric(decode_metrics, local_computed) - local_computed_before, turn == 1 ? 0 : uncached);
       // The final message waited for the turn-end publication (it is sent
       // after it). The defect this guards against waited out the whole
       // --publish_parent_wait on every turn (2 s); a healthy wait is a few
@@ -179,6 +191,10 @@ TEST_P(StackTest, DisaggregatedEqualsAggregatedBitForBit) {
       conversation.push_back('\n');
     }
   }
+  // Each turn 2 (2 uncached tokens) was prefilled in the disaggregated
+  // decode worker, and by the prefill worker in the aggregated stack.
+  EXPECT_GE(Metric(MetricsPort(disaggregated_->decode()), "hybridserve_decode_local_prefills_total"), 2);
+  EXPECT_EQ(Metric(MetricsPort(aggregated_->decode()), "hybridserve_decode_local_prefills_total"), 0);
 }
 
 TEST_P(StackTest, EveryBadFieldIsRefusedByName) {
