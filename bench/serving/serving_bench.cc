@@ -217,19 +217,27 @@ StackOptions BenchStack(bool cachestore, bool aggregated) {
 
 // ---- resume: turn 2 warm / cold ----
 
-// The prefill worker's cumulative seconds in its three phases (cache resume,
-// compute, push), from its Prometheus endpoint.
+// The cumulative seconds of the prefills' three phases (cache resume,
+// compute, push) from the Prometheus endpoints: the prefill worker's, and
+// decode's local prefills (a continuation prefilled in decode's engine: no
+// push).
 struct PrefillPhases {
   double resume = 0, compute = 0, push = 0;
 };
 
-PrefillPhases ScrapePhases(e2e::Process& prefill) {
+PrefillPhases ScrapePhases(e2e::Process& prefill, e2e::Process& decode) {
   PrefillPhases p;
   auto m = e2e::ScrapeMetrics(std::stoi(prefill.field("metrics_port")));
-  if (!m.ok()) return p;
-  p.resume = (*m)["hybridserve_prefill_resume_seconds_sum"];
-  p.compute = (*m)["hybridserve_prefill_compute_seconds_sum"];
-  p.push = (*m)["hybridserve_transfer_seconds_sum"];
+  if (m.ok()) {
+    p.resume = (*m)["hybridserve_prefill_resume_seconds_sum"];
+    p.compute = (*m)["hybridserve_prefill_compute_seconds_sum"];
+    p.push = (*m)["hybridserve_transfer_seconds_sum"];
+  }
+  auto d = e2e::ScrapeMetrics(std::stoi(decode.field("metrics_port")));
+  if (d.ok()) {
+    p.resume += (*d)["hybridserve_decode_local_prefill_resume_seconds_total"];
+    p.compute += (*d)["hybridserve_decode_local_prefill_compute_seconds_total"];
+  }
   return p;
 }
 
@@ -338,9 +346,9 @@ bool RunResume() {
       Timed c = client.Run(Request(absl::StrCat(salt, "-cold"), turn2, 1, salt + "-other"));
       // The warm turn starts on idle cores, as its compute floor assumes.
       if (!AwaitPublications(*(*stack)->prefill())) return false;
-      const PrefillPhases before = ScrapePhases(*(*stack)->prefill());
+      const PrefillPhases before = ScrapePhases(*(*stack)->prefill(), *(*stack)->decode());
       Timed w = client.Run(Request(absl::StrCat(salt, "-t2"), turn2, 1, salt));
-      const PrefillPhases after = ScrapePhases(*(*stack)->prefill());
+      const PrefillPhases after = ScrapePhases(*(*stack)->prefill(), *(*stack)->decode());
       resume_ms.push_back(1e3 * (after.resume - before.resume));
       compute_ms.push_back(1e3 * (after.compute - before.compute));
       push_ms.push_back(1e3 * (after.push - before.push));
