@@ -457,5 +457,50 @@ TEST_F(PrefillWorkerTest, BadRequestsAreRefusedAndLeaveNothingBehind) {
   EXPECT_EQ(decode_model_->sequences().num_free_pages(), 256);
 }
 
+// PrefillAndKeep, as decode's local prefill runs it on its own engine: the
+// next turn resumes at turn 1's snapshot and the kept sequence continues as
+// one kept alive (contract 2), its pages reserved for the positions asked;
+// bad requests and a reservation the engine cannot give leave nothing; a
+// worker without a data plane refuses Prefill.
+TEST_F(PrefillWorkerTest, PrefillAndKeepLeavesTheResumedSequenceWithItsPagesReserved) {
+  const std::vector<TokenId> turn1 = Tokens(70, vocab_, 2);
+  ASSERT_TRUE(Run(turn1).outcome.ok());
+  PrefillWorker local(*decode_model_, weights_->fingerprint(), faults_.get());
+  std::vector<TokenId> turn2 = turn1;
+  const std::vector<TokenId> extra = Tokens(25, vocab_, 3);
+  turn2.insert(turn2.end(), extra.begin(), extra.end());
+  PrefillRequest request;
+  request.prompt = turn2;
+  request.sampling.temperature = 0.0f;
+  const int64_t free_before = decode_model_->sequences().num_free_pages();
+  absl::StatusOr<KeptPrefill> kept = local.PrefillAndKeep(request, 95 + 40);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(kept->outcome.usage.cached_tokens, 70);
+  EXPECT_EQ(kept->outcome.usage.resume_kind, ResumeKind::kExactPrefix);
+  EXPECT_TRUE(kept->outcome.publishes_prompt);
+  EXPECT_EQ(kept->outcome.transfer_bytes, 0);
+  EXPECT_EQ(decode_model_->sequences().Position(kept->seq).value_or(-1), 95);
+  // 135 positions: 9 pages, all taken now.
+  EXPECT_EQ(free_before - decode_model_->sequences().num_free_pages(), 9);
+  std::vector<float> ref_logits;
+  const engine::SequenceId alive = Reference({turn1, extra}, &ref_logits);
+  EXPECT_EQ(kept->outcome.first.token,
+            static_cast<TokenId>(std::max_element(ref_logits.begin(), ref_logits.end()) - ref_logits.begin()));
+  EXPECT_TRUE(BitEqual(Continue(*decode_model_, kept->seq, 3), Continue(*reference_, alive, 3)));
+  ASSERT_TRUE(decode_model_->sequences().Release(kept->seq).ok());
+
+  const int64_t slots = decode_model_->sequences().num_free_slots();
+  const int64_t pages = decode_model_->sequences().num_free_pages();
+  request.prompt = turn2;
+  EXPECT_EQ(local.PrefillAndKeep(request, 94).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(local.PrefillAndKeep(request, 1 << 20).status().code(), absl::StatusCode::kResourceExhausted);
+  request.prompt[3] = static_cast<TokenId>(vocab_);
+  EXPECT_EQ(local.PrefillAndKeep(request, 200).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(decode_model_->sequences().num_free_slots(), slots);
+  EXPECT_EQ(decode_model_->sequences().num_free_pages(), pages);
+  request.prompt = turn2;
+  EXPECT_EQ(local.Prefill(request).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
 }  // namespace
 }  // namespace hybridserve::prefill

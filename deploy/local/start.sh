@@ -86,7 +86,7 @@ else
     --prefill="127.0.0.1:${PREFILL_PORT}" --cachestore="127.0.0.1:${CACHESTORE_PORT}" \
     --cachestore_shm_socket="$SHM_SOCKET" --threads="$THREADS" \
     --metrics_address="127.0.0.1:$((METRICS_PORT + 1))"
-  MODE="disaggregated: cachestore, prefill and decode processes, state over the TCP data plane, cache reads by shared memory (decode reads the history pages itself)"
+  MODE="disaggregated: cachestore, prefill and decode processes, state over the TCP data plane, cache reads by shared memory; the first turn prefilled by the prefill worker, the next turns resumed and prefilled by decode itself"
 fi
 
 echo "== hybridserve on the embedded default model ($MODE; logs in $LOGDIR)"
