@@ -248,7 +248,13 @@ bool CachePublisher::Apply(Job& job, const absl::StatusOr<PutResult>& r) {
     return true;
   }
   const bool parent_expected = p.parent_from_other_writer || job.other_writer;
-  if (r.status().code() == absl::StatusCode::kFailedPrecondition && parent_expected) {
+  // Another writer's put of this very state is in flight (ABORTED): a turn
+  // end at the prompt's end is the state prefill publishes there. Waited out
+  // as a parent is: put again once that put has landed, it finds the state
+  // present, and this publication's retention applies to it.
+  const bool wait_for_other_writer = (r.status().code() == absl::StatusCode::kFailedPrecondition && parent_expected) ||
+                                     (!is_page && r.status().code() == absl::StatusCode::kAborted);
+  if (wait_for_other_writer) {
     const bool stop = stopping();
     const absl::Time now = absl::Now();
     if (job.parent_deadline == absl::InfiniteFuture()) job.parent_deadline = now + options_.parent_wait;

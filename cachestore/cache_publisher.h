@@ -16,7 +16,9 @@
 //     parent is another writer's to put (prefill's prompt pages, on their way
 //     behind its answer; or the writer an ABORTED named) is waited out, up to
 //     parent_wait, parked beside the other publications: one waiting delays
-//     no other;
+//     no other; so is a state put that answers ABORTED (another writer's put
+//     of the same state in flight: decode's turn end at the prompt's end,
+//     and prefill's prompt-end state), which then finds the state present;
 //   - any other page failure ends the pages; the states that needed them are
 //     not tried (they could not hang); other states still are;
 //   - a call that timed out (DEADLINE_EXCEEDED: a hung cachestore, not a dead

@@ -123,6 +123,35 @@ TEST_F(CachePublisherTest, AnAbortedPageIsAnotherWritersAndThePagesGoOn) {
   EXPECT_EQ(publisher->counters().parent_waits_expired, 1);
 }
 
+// A state put another writer's put of the same state is in flight for
+// (ABORTED: decode's turn end at the prompt's end beside prefill's
+// prompt-end state) is waited out and put again: then it lands, or finds
+// the state present. One that stays ABORTED past parent_wait fails.
+TEST_F(CachePublisherTest, AnAbortedStateIsPutAgainOnceTheOtherWritersPutHasLanded) {
+  PublisherOptions o;
+  o.parent_wait = absl::Seconds(30);
+  auto publisher = NewPublisher(o);
+  ASSERT_TRUE(publisher->PublishNow(Make(0, 3, {})).failure.empty());
+  faults_->FailNext(CacheClientMethod::kPut, 2, absl::AbortedError("a put of this state is in flight"));
+  const int64_t puts_before = faults_->calls(CacheClientMethod::kPut);
+  PublicationResult r = publisher->PublishNow(Make(3, 3, {12}));
+  EXPECT_TRUE(r.failure.empty()) << r.failure_message;
+  ASSERT_EQ(r.states.size(), 1u);
+  EXPECT_TRUE(r.states[0].has_value());
+  EXPECT_FALSE(r.parent_wait_expired);
+  EXPECT_EQ(faults_->calls(CacheClientMethod::kPut) - puts_before, 3);  // two refused, the third stored
+  EXPECT_EQ(ResumeAt(), 12);
+  EXPECT_EQ(publisher->counters().failures, 0);
+
+  o.parent_wait = absl::Milliseconds(20);
+  auto impatient = NewPublisher(o);
+  faults_->FailNext(CacheClientMethod::kPut, 1000, absl::AbortedError("a put of this state is in flight"));
+  r = impatient->PublishNow(Make(3, 3, {8}));
+  EXPECT_EQ(r.failure, "aborted");
+  EXPECT_TRUE(r.parent_wait_expired);
+  EXPECT_FALSE(r.states[0].has_value());
+}
+
 // The parent is another writer's and arrives late: the publication parks
 // while a later one goes through, then completes.
 TEST_F(CachePublisherTest, APublicationWaitsForItsParentWithoutHoldingUpOthers) {
