@@ -265,6 +265,40 @@ TEST_P(MatmulPathTest, Fp32WithinSummationErrorBound) {
   ExpectWithinSummationBound(got, pr, true, std::ceil(pr.k / 8.0) + 4 + 1);
 }
 
+// The avx2 path's chain, emulated in scalar fp32 (fma per term): 8 lanes, 8-element
+// step s on chain s mod 2, the chains added, then the lanes in simd::Hsum's tree.
+// One row (the decode kernel), several (the register tiles and their tails), k in
+// one block and across blocks, k not a multiple of 8 or 16, fp32 and bf16 weights.
+TEST(MatmulAvx2Test, MatchesTheDocumentedTwoChainEightLaneChainExactly) {
+  for (const int64_t k : {1, 7, 8, 15, 17, 23, 203, 1061, 2085}) {
+    for (const bool bf16 : {false, true}) {
+      Problem pr(8, 11, k, 5 + static_cast<uint32_t>(k));
+      const std::vector<uint16_t> w16 = ToBf16(pr.w);
+      if (bf16) {
+        for (size_t i = 0; i < w16.size(); ++i) pr.w[i] = Bf16ToFloat(w16[i]);
+      }
+      for (const int64_t m : {1, 2, 8}) {
+        const std::vector<float> got =
+            RunOnPath(KernelPath::kAvx2, pr.a.data(), m, pr, nullptr, pr.bias.data(), bf16 ? w16.data() : nullptr);
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t j = 0; j < pr.n; ++j) {
+            float chains[2][8] = {};
+            for (int64_t kk = 0; kk < pr.k; ++kk) {
+              float& lane = chains[(kk / 8) % 2][kk % 8];
+              lane = std::fma(pr.a[i * pr.k + kk], pr.w[j * pr.k + kk], lane);
+            }
+            float v[8];
+            for (int l = 0; l < 8; ++l) v[l] = chains[0][l] + chains[1][l];
+            const float r = ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
+            EXPECT_EQ(got[i * pr.n + j], r + pr.bias[j])
+                << "k " << k << " bf16 " << bf16 << " m " << m << " " << i << "," << j;
+          }
+        }
+      }
+    }
+  }
+}
+
 // The avx512 path's 16-lane chain, emulated in scalar fp32 (fma per term).
 TEST(MatmulAvx512Test, Fp32MatchesTheDocumentedSixteenLaneChainExactly) {
   if (DetectedKernelPath() == KernelPath::kAvx2) GTEST_SKIP() << "this CPU has no avx512";

@@ -200,8 +200,9 @@ class MatmulCudaTest : public ::testing::TestWithParam<CudaTarget> {};
 
 INSTANTIATE_TEST_SUITE_P(Cuda, MatmulCudaTest, cuda_testing::CudaTestTargets(), cuda_testing::CudaTargetName);
 
-// The reduction orders differ (the CPU's avx2 chain: 8 lanes of ceil(k/8)
-// fmas, a 3-level tree; ours: 32 lanes of 8 * ceil(k/256) fmas, a 5-level
+// The reduction orders differ (the CPU's avx2 chain: two chains of 8 lanes of
+// ceil(k/16) fmas each, added, a 3-level tree, within the bound of one chain
+// of ceil(k/8); ours: 32 lanes of 8 * ceil(k/256) fmas, a 5-level
 // butterfly; each then + bias, + out). Each chain is within (its length) * u *
 // Magnitude of the exact value (first-order bound, u = 2^-24), so the two are
 // within the sum of the lengths. fmaf and fp32 adds are IEEE on the GPU as on
