@@ -265,10 +265,15 @@ absl::Status PrefillWorker::CheckPrompt(absl::Span<const TokenId> prompt) const 
   return absl::OkStatus();
 }
 
+absl::Status PrefillWorker::CheckCancelled(const PrefillRequest& request) {
+  if (request.cancellation == nullptr || !request.cancellation->cancelled()) return absl::OkStatus();
+  Count(&PrefillCacheCounters::cancelled);
+  return absl::CancelledError("the caller cancelled the prefill");
+}
+
 absl::StatusOr<PrefillWorker::Computed> PrefillWorker::Compute(const PrefillRequest& request,
                                                                const cachestore::ClientNamespace& ns,
-                                                               engine::Sampler& sampler,
-                                                               absl::FunctionRef<absl::Status()> cancelled) {
+                                                               engine::Sampler& sampler) {
   const int64_t n = static_cast<int64_t>(request.prompt.size());
   const absl::Time resume_start = absl::Now();
   Computed c;
@@ -304,7 +309,7 @@ absl::StatusOr<PrefillWorker::Computed> PrefillWorker::Compute(const PrefillRequ
   outcome.usage.recomputed_tokens = std::max<int64_t>(0, std::min(c.resumed.kv_match_tokens, n) - c.resumed.position);
   outcome.usage.kv_match_tokens = c.resumed.kv_match_tokens;
   outcome.usage.resume_kind = c.resumed.kind;
-  RETURN_IF_ERROR(cancelled());
+  RETURN_IF_ERROR(CheckCancelled(request));
   guard.Dismiss();
   return c;
 }
@@ -339,14 +344,9 @@ absl::StatusOr<PrefillOutcome> PrefillWorker::Prefill(const PrefillRequest& requ
   RETURN_IF_ERROR(transport::CheckTicket(model_.sequences(), request.ticket));
   ASSIGN_OR_RETURN(engine::Sampler sampler, engine::Sampler::Create(request.sampling));
 
-  auto cancelled = [&]() -> absl::Status {
-    if (request.cancellation == nullptr || !request.cancellation->cancelled()) return absl::OkStatus();
-    Count(&PrefillCacheCounters::cancelled);
-    return absl::CancelledError("the caller cancelled the prefill");
-  };
-  RETURN_IF_ERROR(cancelled());
+  RETURN_IF_ERROR(CheckCancelled(request));
   const cachestore::ClientNamespace ns = Namespace(request.tenant, request.cache_salt);
-  ASSIGN_OR_RETURN(Computed computed, Compute(request, ns, sampler, cancelled));
+  ASSIGN_OR_RETURN(Computed computed, Compute(request, ns, sampler));
   SequenceGuard guard(model_, computed.resumed.seq);
   PrefillOutcome& outcome = computed.outcome;
 
@@ -385,14 +385,9 @@ absl::StatusOr<KeptPrefill> PrefillWorker::PrefillAndKeep(const PrefillRequest& 
         absl::StrCat("reserving ", reserve_positions, " positions for a prompt of ", request.prompt.size(), " tokens"));
   }
   ASSIGN_OR_RETURN(engine::Sampler sampler, engine::Sampler::Create(request.sampling));
-  auto cancelled = [&]() -> absl::Status {
-    if (request.cancellation == nullptr || !request.cancellation->cancelled()) return absl::OkStatus();
-    Count(&PrefillCacheCounters::cancelled);
-    return absl::CancelledError("the caller cancelled the prefill");
-  };
-  RETURN_IF_ERROR(cancelled());
+  RETURN_IF_ERROR(CheckCancelled(request));
   const cachestore::ClientNamespace ns = Namespace(request.tenant, request.cache_salt);
-  ASSIGN_OR_RETURN(Computed computed, Compute(request, ns, sampler, cancelled));
+  ASSIGN_OR_RETURN(Computed computed, Compute(request, ns, sampler));
   SequenceGuard guard(model_, computed.resumed.seq);
   RETURN_IF_ERROR(model_.sequences().ReservePages(computed.resumed.seq, reserve_positions));
   PublishPrompt(computed, request, ns, &computed.outcome);

@@ -152,10 +152,13 @@ class PrefillWorker {
                 transport::StateSender* sender, const PrefillWorkerOptions& options);
   // Checks the prompt's tokens (INVALID_ARGUMENT).
   absl::Status CheckPrompt(absl::Span<const TokenId> prompt) const;
-  // Steps 1-3 for a checked request: on success the caller owns
-  // computed.resumed.seq; on error nothing is left in the engine.
+  // CANCELLED (counted) once request.cancellation has fired.
+  absl::Status CheckCancelled(const PrefillRequest& request);
+  // Steps 1-3 for a checked request (cancellation checked at its end too):
+  // on success the caller owns computed.resumed.seq; on error nothing is left
+  // in the engine.
   absl::StatusOr<Computed> Compute(const PrefillRequest& request, const cachestore::ClientNamespace& ns,
-                                   engine::Sampler& sampler, absl::FunctionRef<absl::Status()> cancelled);
+                                   engine::Sampler& sampler);
   // Step 5: publishes what `computed` holds (with a cache, publishing, and
   // the cache reachable), and says so in outcome->publishes_prompt.
   void PublishPrompt(const Computed& computed, const PrefillRequest& request, const cachestore::ClientNamespace& ns,
