@@ -28,6 +28,7 @@
 #include "worker/bootstrap.h"
 #include "worker/data_plane_metrics.h"
 #include "worker/direct_put_metrics.h"
+#include "worker/direct_read_metrics.h"
 #include "worker/flags.h"
 
 ABSL_FLAG(std::string, address, "0.0.0.0:50050", "gRPC listen address of the Generation service (port 0 picks one)");
@@ -245,6 +246,7 @@ absl::Status Run() {
   auto registry = std::make_shared<prometheus::Registry>();
   decode::DecodeMetrics metrics(*registry);
   worker::DataPlaneMetrics plane_metrics(*registry);
+  worker::DirectReadMetrics direct_read_metrics(*registry, "hybridserve_decode_cache");
   worker::DirectPutMetrics direct_put_metrics(*registry);
   // Queue gauges, the data plane's refusals and byte counters, brought up to
   // date by each scrape.
@@ -260,6 +262,7 @@ absl::Status Run() {
                      metrics.SyncLocalPrefills(c.local_prefills, c.local_prefill_failures, c.local_prefill_tokens,
                                                c.local_prefill_resume, c.local_prefill_compute);
                      if (prefill_side.plane != nullptr) plane_metrics.Sync(prefill_side.plane->ipc_traffic());
+                     if (direct_cache != nullptr) direct_read_metrics.Sync(direct_cache->counts());
                      if (direct_puts != nullptr) direct_put_metrics.Sync(direct_puts->counts());
                    }));
 

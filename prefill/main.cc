@@ -16,6 +16,7 @@
 #include "worker/bootstrap.h"
 #include "worker/data_plane_metrics.h"
 #include "worker/direct_put_metrics.h"
+#include "worker/direct_read_metrics.h"
 #include "worker/flags.h"
 
 ABSL_FLAG(std::string, address, "0.0.0.0:50061", "gRPC listen address (host:port; port 0 picks one)");
@@ -82,6 +83,7 @@ absl::Status Run() {
   auto registry = std::make_shared<prometheus::Registry>();
   prefill::PrefillMetrics metrics(*registry);
   worker::DataPlaneMetrics plane_metrics(*registry);
+  worker::DirectReadMetrics direct_read_metrics(*registry, "hybridserve_prefill_cache");
   worker::DirectPutMetrics direct_put_metrics(*registry);
   metrics.SetFree(prefill_worker.free_pages(), prefill_worker.free_slots());
   // The worker's cache counters move behind the answers too (publications
@@ -90,7 +92,7 @@ absl::Status Run() {
   ASSIGN_OR_RETURN(std::unique_ptr<common::MetricsExposer> exposer, worker::StartMetrics(options, registry, [&] {
                      metrics.SyncCounters(prefill_worker.counters());
                      plane_metrics.Sync(senders->ipc_traffic());
-                     if (direct_cache != nullptr) metrics.SyncDirectReads(direct_cache->counts());
+                     if (direct_cache != nullptr) direct_read_metrics.Sync(direct_cache->counts());
                      if (direct_puts != nullptr) direct_put_metrics.Sync(direct_puts->counts());
                    }));
   prefill::PrefillService service(prefill_worker, absl::GetFlag(FLAGS_max_queue), &metrics);

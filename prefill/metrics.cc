@@ -86,17 +86,7 @@ PrefillMetrics::PrefillMetrics(prometheus::Registry& r)
       states_published_(Counter(r, "hybridserve_prefill_states_published_total",
                                 "Grid checkpoints and prompt-end snapshots published")),
       publish_failures_(Counters(r, "hybridserve_prefill_publish_failures_total",
-                                 "Cache puts of pages and states that failed, by reason (the status code)")),
-      shm_{Counter(r, "hybridserve_prefill_cache_shm_reads_total",
-                   "Cache reads (Get, GetMany) served by shared memory (--cachestore_shm_socket)"),
-           Counter(r, "hybridserve_prefill_cache_shm_bytes_total", "Entry bytes read by shared memory"),
-           Counters(r, "hybridserve_prefill_cache_shm_fallbacks_total",
-                    "Shared-memory reads that failed and went to gRPC instead, by reason (the status code)")},
-      bulk_{Counter(r, "hybridserve_prefill_cache_bulk_reads_total",
-                    "Cache reads (Get, GetMany) served over the cachestore's bulk port (--cachestore_bulk_address)"),
-            Counter(r, "hybridserve_prefill_cache_bulk_bytes_total", "Entry bytes read over the bulk port"),
-            Counters(r, "hybridserve_prefill_cache_bulk_fallbacks_total",
-                     "Bulk-port reads that failed and went to gRPC instead, by reason (the status code)")} {}
+                                 "Cache puts of pages and states that failed, by reason (the status code)")) {}
 
 void PrefillMetrics::SetQueueDepth(int64_t outstanding) { queue_.Set(static_cast<double>(outstanding)); }
 void PrefillMetrics::RecordFailure() { failed_.Increment(); }
@@ -138,19 +128,6 @@ void PrefillMetrics::SyncCounters(const PrefillCacheCounters& now) {
     publish_failures_.Add({{"reason", reason}}).Increment(static_cast<double>(delta));
   }
   last_ = now;
-}
-
-void PrefillMetrics::SyncDirectReads(const cachestore::DirectReadCounts& now) {
-  absl::MutexLock lock(&mu_);
-  DirectReadMetrics& m = now.path == "bulk" ? bulk_ : shm_;
-  m.reads.Increment(static_cast<double>(now.reads - last_direct_.reads));
-  m.bytes.Increment(static_cast<double>(now.bytes - last_direct_.bytes));
-  for (const auto& [reason, n] : now.fallbacks) {
-    auto before = last_direct_.fallbacks.find(reason);
-    const int64_t delta = n - (before == last_direct_.fallbacks.end() ? 0 : before->second);
-    m.fallbacks.Add({{"reason", reason}}).Increment(static_cast<double>(delta));
-  }
-  last_direct_ = now;
 }
 
 }  // namespace hybridserve::prefill

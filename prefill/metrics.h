@@ -9,7 +9,6 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
-#include "cachestore/direct_read_cache_client.h"
 #include "prefill/prefill_worker.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
@@ -32,10 +31,6 @@ class PrefillMetrics {
   void SetFree(int64_t pages, int64_t slots);
   // Advances the cache counters the worker keeps (cumulative) to `now`.
   void SyncCounters(const PrefillCacheCounters& now) ABSL_LOCKS_EXCLUDED(mu_);
-  // Advances the direct read counters to `now`: those of shared memory
-  // (--cachestore_shm_socket) or of the bulk port (--cachestore_bulk_address),
-  // as now.path says.
-  void SyncDirectReads(const cachestore::DirectReadCounts& now) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   prometheus::Gauge& queue_;
@@ -66,17 +61,8 @@ class PrefillMetrics {
   prometheus::Counter& pages_published_;
   prometheus::Counter& states_published_;
   prometheus::Family<prometheus::Counter>& publish_failures_;
-  // One direct read path's counters.
-  struct DirectReadMetrics {
-    prometheus::Counter& reads;
-    prometheus::Counter& bytes;
-    prometheus::Family<prometheus::Counter>& fallbacks;
-  };
-  DirectReadMetrics shm_;
-  DirectReadMetrics bulk_;
   absl::Mutex mu_;
   PrefillCacheCounters last_ ABSL_GUARDED_BY(mu_);
-  cachestore::DirectReadCounts last_direct_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace hybridserve::prefill

@@ -99,6 +99,10 @@ TEST(ShmStackTest, ResumesByShmAreExactAndEveryResumeByteMovedByShm) {
   EXPECT_EQ(Metric(decode, "hybridserve_decode_history_pages_total"), resumed_pages);
   EXPECT_EQ(Metric(decode, "hybridserve_decode_history_reads_total"), resumed_prompts);
   EXPECT_EQ(Metric(decode, "hybridserve_decode_history_read_failures_total"), 0);
+  // Decode's own reads by shared memory are counted as prefill's are.
+  EXPECT_GE(Metric(decode, "hybridserve_decode_cache_shm_reads_total"), resumed_prompts);
+  EXPECT_GT(Metric(decode, "hybridserve_decode_cache_shm_bytes_total"), 0);
+  EXPECT_EQ(MetricSum(decode, "hybridserve_decode_cache_shm_fallbacks_total"), 0);
   EXPECT_GT(Metric(cachestore, "hybridserve_cache_shm_bytes_total"), shm_bytes);
   EXPECT_EQ(Metric(cachestore, "hybridserve_cache_shm_reads_total{outcome=\"error\"}"), 0);
   // Both workers put by shared memory (prefill its prompts' pages and states,

@@ -1,0 +1,41 @@
+#include "worker/direct_read_metrics.h"
+
+#include <cstdint>
+#include <string>
+
+namespace hybridserve::worker {
+
+DirectReadMetrics::Path DirectReadMetrics::Register(prometheus::Registry& r, const std::string& prefix,
+                                                    const std::string& path, const std::string& what) {
+  const std::string name = prefix + "_" + path + "_";
+  return Path{
+      prometheus::BuildCounter()
+          .Name(name + "reads_total")
+          .Help("Cache reads (Get, GetMany) served " + what)
+          .Register(r)
+          .Add({}),
+      prometheus::BuildCounter().Name(name + "bytes_total").Help("Entry bytes read " + what).Register(r).Add({}),
+      prometheus::BuildCounter()
+          .Name(name + "fallbacks_total")
+          .Help("Reads " + what + " that failed and went to gRPC instead, by reason (the status code)")
+          .Register(r)};
+}
+
+DirectReadMetrics::DirectReadMetrics(prometheus::Registry& r, const std::string& prefix)
+    : shm_(Register(r, prefix, "shm", "by shared memory (--cachestore_shm_socket)")),
+      bulk_(Register(r, prefix, "bulk", "over the cachestore's bulk port (--cachestore_bulk_address)")) {}
+
+void DirectReadMetrics::Sync(const cachestore::DirectReadCounts& now) {
+  absl::MutexLock lock(&mu_);
+  Path& m = now.path == "bulk" ? bulk_ : shm_;
+  m.reads.Increment(static_cast<double>(now.reads - last_.reads));
+  m.bytes.Increment(static_cast<double>(now.bytes - last_.bytes));
+  for (const auto& [reason, n] : now.fallbacks) {
+    auto before = last_.fallbacks.find(reason);
+    const int64_t delta = n - (before == last_.fallbacks.end() ? 0 : before->second);
+    m.fallbacks.Add({{"reason", reason}}).Increment(static_cast<double>(delta));
+  }
+  last_ = now;
+}
+
+}  // namespace hybridserve::worker
