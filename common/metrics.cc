@@ -152,6 +152,17 @@ std::vector<double> ExponentialBuckets(double start, double factor, int count) {
   return out;
 }
 
+void AdvanceByKey(prometheus::Family<prometheus::Counter>& family, const prometheus::Labels& labels,
+                  const std::string& label, const std::map<std::string, int64_t>& now,
+                  const std::map<std::string, int64_t>& last) {
+  for (const auto& [key, n] : now) {
+    auto before = last.find(key);
+    prometheus::Labels with_key = labels;
+    with_key[label] = key;
+    family.Add(with_key).Increment(static_cast<double>(n - (before == last.end() ? 0 : before->second)));
+  }
+}
+
 absl::StatusOr<std::unique_ptr<MetricsExposer>> MetricsExposer::Create(const std::string& bind,
                                                                        std::shared_ptr<prometheus::Registry> registry,
                                                                        std::function<void()> before_scrape) {

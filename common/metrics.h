@@ -4,7 +4,9 @@
 // Prometheus metrics through prometheus-cpp. A service owns one Registry, builds
 // its families on it, and serves it over HTTP with a MetricsExposer.
 
+#include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -22,6 +24,13 @@ namespace hybridserve::common {
 
 // Bucket boundaries start, start*factor, ... (count of them).
 std::vector<double> ExponentialBuckets(double start, double factor, int count);
+
+// For counts kept cumulatively by a key (a failure reason, say): advances the
+// counter of `family` labelled `labels` plus {label: key} by what each key of
+// `now` gained since `last`.
+void AdvanceByKey(prometheus::Family<prometheus::Counter>& family, const prometheus::Labels& labels,
+                  const std::string& label, const std::map<std::string, int64_t>& now,
+                  const std::map<std::string, int64_t>& last);
 
 // Serves a registry at http://<bind>/metrics in the Prometheus text format
 // (version 0.0.4): GET or HEAD /metrics is answered 200 with the registry as

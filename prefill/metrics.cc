@@ -122,11 +122,8 @@ void PrefillMetrics::SyncCounters(const PrefillCacheCounters& now) {
   transfers_in_flight_.Set(static_cast<double>(now.transfers_in_flight));
   publications_in_flight_.Set(static_cast<double>(now.publications_in_flight));
   transfer_failures_.Increment(static_cast<double>(now.transfer_failures - last_.transfer_failures));
-  for (const auto& [reason, n] : now.publish_failures_by_reason) {
-    auto before = last_.publish_failures_by_reason.find(reason);
-    const int64_t delta = n - (before == last_.publish_failures_by_reason.end() ? 0 : before->second);
-    publish_failures_.Add({{"reason", reason}}).Increment(static_cast<double>(delta));
-  }
+  common::AdvanceByKey(publish_failures_, {}, "reason", now.publish_failures_by_reason,
+                       last_.publish_failures_by_reason);
   last_ = now;
 }
 

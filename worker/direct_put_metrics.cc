@@ -3,6 +3,8 @@
 #include <cstdint>
 #include <string>
 
+#include "common/metrics.h"
+
 namespace hybridserve::worker {
 
 DirectPutMetrics::DirectPutMetrics(prometheus::Registry& r)
@@ -23,11 +25,7 @@ void DirectPutMetrics::Sync(const cachestore::DirectPutCounts& now) {
   absl::MutexLock lock(&mu_);
   entries_.Add({{"path", now.path}}).Increment(static_cast<double>(now.entries - last_.entries));
   bytes_.Add({{"path", now.path}}).Increment(static_cast<double>(now.bytes - last_.bytes));
-  for (const auto& [reason, n] : now.fallbacks) {
-    auto before = last_.fallbacks.find(reason);
-    const int64_t delta = n - (before == last_.fallbacks.end() ? 0 : before->second);
-    fallbacks_.Add({{"path", now.path}, {"reason", reason}}).Increment(static_cast<double>(delta));
-  }
+  common::AdvanceByKey(fallbacks_, {{"path", now.path}}, "reason", now.fallbacks, last_.fallbacks);
   last_ = now;
 }
 

@@ -3,6 +3,8 @@
 #include <cstdint>
 #include <string>
 
+#include "common/metrics.h"
+
 namespace hybridserve::worker {
 
 DirectReadMetrics::Path DirectReadMetrics::Register(prometheus::Registry& r, const std::string& prefix,
@@ -30,11 +32,7 @@ void DirectReadMetrics::Sync(const cachestore::DirectReadCounts& now) {
   Path& m = now.path == "bulk" ? bulk_ : shm_;
   m.reads.Increment(static_cast<double>(now.reads - last_.reads));
   m.bytes.Increment(static_cast<double>(now.bytes - last_.bytes));
-  for (const auto& [reason, n] : now.fallbacks) {
-    auto before = last_.fallbacks.find(reason);
-    const int64_t delta = n - (before == last_.fallbacks.end() ? 0 : before->second);
-    m.fallbacks.Add({{"reason", reason}}).Increment(static_cast<double>(delta));
-  }
+  common::AdvanceByKey(m.fallbacks, {}, "reason", now.fallbacks, last_.fallbacks);
   last_ = now;
 }
 
