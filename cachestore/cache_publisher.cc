@@ -55,7 +55,10 @@ absl::StatusOr<std::unique_ptr<CachePublisher>> CachePublisher::Create(CacheClie
 }
 
 CachePublisher::CachePublisher(CacheClient& cache, const PublisherOptions& options)
-    : cache_(cache), options_(options) {}
+    : cache_(cache),
+      options_(options),
+      backoff_(options.backoff != nullptr ? options.backoff
+                                          : std::make_shared<CacheBackoff>(options.cache_failure_backoff)) {}
 
 CachePublisher::~CachePublisher() {
   {
@@ -102,23 +105,9 @@ PublisherCounters CachePublisher::counters() const {
   return counters_;
 }
 
-bool CachePublisher::skipping() const {
-  absl::MutexLock lock(&mu_);
-  return absl::Now() < skip_until_;
-}
-
 bool CachePublisher::stopping() const {
   absl::MutexLock lock(&mu_);
   return stop_;
-}
-
-bool CachePublisher::NoteCacheStatus(const absl::Status& status) {
-  if (status.code() != absl::StatusCode::kDeadlineExceeded || options_.cache_failure_backoff <= absl::ZeroDuration()) {
-    return false;
-  }
-  absl::MutexLock lock(&mu_);
-  skip_until_ = absl::Now() + options_.cache_failure_backoff;
-  return true;
 }
 
 void CachePublisher::Fail(Job& job, const absl::Status& status, absl::string_view what) {
@@ -145,7 +134,7 @@ bool CachePublisher::Step(Job& job) {
   if (!job.started) {
     job.started = true;
     result.states.resize(p.states.size());
-    if (skipping()) {
+    if (backoff_->Skipping()) {
       Fail(job, skipped, "a publication");
       return true;
     }
@@ -154,7 +143,7 @@ bool CachePublisher::Step(Job& job) {
       std::vector<TokenId> fed;
       for (const auto& [put, bytes] : p.pages) fed.insert(fed.end(), put.tokens.begin(), put.tokens.end());
       absl::StatusOr<LookupResult> probe = cache_.Lookup(p.ns, fed, LookupMode::kProbeOnly);
-      if (NoteCacheStatus(probe.status())) {
+      if (backoff_->Note(probe.status())) {
         Fail(job, probe.status(), "a probe");
         return true;
       }
@@ -190,7 +179,7 @@ bool CachePublisher::Step(Job& job) {
       batch_bytes += size;
     }
     std::vector<absl::StatusOr<PutResult>> results =
-        skipping() ? std::vector<absl::StatusOr<PutResult>>(1, skipped) : PutBatch(p.ns, batch);
+        backoff_->Skipping() ? std::vector<absl::StatusOr<PutResult>>(1, skipped) : PutBatch(p.ns, batch);
     for (const absl::StatusOr<PutResult>& r : results) {
       if (hangs_below_failure(job.next)) {
         ++job.next;  // it hung from a page that failed earlier in this call
@@ -228,7 +217,7 @@ bool CachePublisher::Apply(Job& job, const absl::StatusOr<PutResult>& r) {
   const size_t index = is_page ? job.next : job.next - p.pages.size();
   const ClientPut& what = is_page ? p.pages[index].first : p.states[index].first;
   const int64_t page = p.first_page + static_cast<int64_t>(index);
-  NoteCacheStatus(r.status());
+  backoff_->Note(r.status());
   if (r.ok()) {
     absl::MutexLock lock(&mu_);
     if (is_page) {

@@ -22,10 +22,11 @@
 //   - any other page failure ends the pages; the states that needed them are
 //     not tried (they could not hang); other states still are;
 //   - a call that timed out (DEADLINE_EXCEEDED: a hung cachestore, not a dead
-//     one, which refuses at once and costs nothing) starts a skip of
-//     cache_failure_backoff: meanwhile every put, and the lookups of whoever
-//     asks skipping(), skip the cache without a call ("unavailable"), so a
-//     hung cache costs one timeout per backoff, not one per request.
+//     one, which refuses at once and costs nothing) starts a skip of the
+//     worker's CacheBackoff (cache_backoff.h): meanwhile every put, and every
+//     other cache call of the worker that shares it, skips the cache without
+//     a call ("unavailable"), so a hung cache costs one timeout per backoff,
+//     not one per request.
 // A publication's pages, then its states, go in PutMany calls
 // (CacheClient::PutMany), each up to max_put_many_bytes, and the rules above
 // apply to each entry's answer in order. A cachestore older than PutMany
@@ -52,6 +53,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "cachestore/cache_backoff.h"
 #include "cachestore/cache_client.h"
 #include "common/log_rate_limiter.h"
 
@@ -111,7 +113,10 @@ struct PublisherOptions {
   int64_t max_in_flight = 0;
   // How long a put waits for another writer's parent page (see above).
   absl::Duration parent_wait = absl::Seconds(2);
-  // The skip after a call timed out (see above). Zero: never skip.
+  // The worker's memory of a hung cache (see above), shared with its other
+  // cache users. Null: the publisher keeps its own, of
+  // cache_failure_backoff (zero: never skip).
+  std::shared_ptr<CacheBackoff> backoff;
   absl::Duration cache_failure_backoff = absl::Seconds(1);
   // The most entry bytes in one PutMany (an entry larger than this goes
   // alone). A call's timeout covers all of its entries: 16 MiB is 1/8 s at
@@ -154,11 +159,8 @@ class CachePublisher {
   int64_t in_flight() const ABSL_LOCKS_EXCLUDED(mu_);
   PublisherCounters counters() const ABSL_LOCKS_EXCLUDED(mu_);
 
-  // The cache timed out lately: skip it (lookups included) for a moment.
-  bool skipping() const ABSL_LOCKS_EXCLUDED(mu_);
-  // Notes a cache call's status (a lookup's too): DEADLINE_EXCEEDED starts
-  // the skip. True when it did.
-  bool NoteCacheStatus(const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
+  // The skip the publisher obeys and starts (options.backoff, or its own).
+  CacheBackoff& backoff() const { return *backoff_; }
 
  private:
   struct Job;
@@ -182,12 +184,12 @@ class CachePublisher {
 
   CacheClient& cache_;
   const PublisherOptions options_;
+  const std::shared_ptr<CacheBackoff> backoff_;  // never null
   common::LogRateLimiter log_limiter_;
   mutable absl::Mutex mu_;
   std::deque<std::unique_ptr<Job>> queue_ ABSL_GUARDED_BY(mu_);
   int64_t held_ ABSL_GUARDED_BY(mu_) = 0;  // taken off the queue by the thread, not finished
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Time skip_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   PublisherCounters counters_ ABSL_GUARDED_BY(mu_);
   // Until when entries go one Put each: the cachestore answered PutMany
   // UNIMPLEMENTED (absl::ToUnixNanos; 0: PutMany is used).

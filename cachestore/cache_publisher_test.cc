@@ -187,21 +187,32 @@ TEST_F(CachePublisherTest, APublicationWaitsForItsParentWithoutHoldingUpOthers) 
   EXPECT_TRUE(publisher->WaitIdle(absl::Seconds(30)));
 }
 
-// A timed-out call skips the cache for cache_failure_backoff: the rest of
-// the publication and the next ones fail without a call.
-TEST_F(CachePublisherTest, ATimeoutSkipsTheCacheForTheBackoff) {
+// A timed-out call skips the cache for the backoff: the rest of the
+// publication and the next ones fail without a call; once the backoff has
+// passed, the next publication reaches the cache again and lands.
+TEST_F(CachePublisherTest, ATimeoutSkipsTheCacheForTheBackoffThenReachesItAgain) {
+  common::FakeClock clock;
   PublisherOptions o;
-  o.cache_failure_backoff = absl::Hours(1);
+  o.backoff = std::make_shared<CacheBackoff>(absl::Milliseconds(200), clock);
   auto publisher = NewPublisher(o);
   faults_->FailNext(CacheClientMethod::kPut, 1, absl::DeadlineExceededError("hung"));
   PublicationResult r = publisher->PublishNow(Make(0, 2, {2}));
   EXPECT_EQ(r.failure, "deadline_exceeded");
-  EXPECT_TRUE(publisher->skipping());
+  EXPECT_TRUE(publisher->backoff().Skipping());
   EXPECT_EQ(faults_->calls(CacheClientMethod::kPut), 1) << "the state at 2 was skipped without a call";
   r = publisher->PublishNow(Make(0, 2, {8}));
   EXPECT_EQ(r.failure, "unavailable");
   EXPECT_EQ(faults_->calls(CacheClientMethod::kPut), 1);
-  EXPECT_FALSE(publisher->NoteCacheStatus(absl::UnavailableError("down: refused at once, not skipped")));
+  clock.Advance(absl::Milliseconds(199));
+  EXPECT_EQ(publisher->PublishNow(Make(0, 2, {8})).failure, "unavailable");
+  EXPECT_EQ(faults_->calls(CacheClientMethod::kPut), 1);
+  // The backoff has passed: the cache is tried again, and it answers.
+  clock.Advance(absl::Milliseconds(1));
+  r = publisher->PublishNow(Make(0, 2, {8}));
+  EXPECT_TRUE(r.failure.empty()) << r.failure_message;
+  EXPECT_GT(faults_->calls(CacheClientMethod::kPut), 1);
+  EXPECT_EQ(ResumeAt(), 8);
+  EXPECT_FALSE(publisher->backoff().Note(absl::UnavailableError("down: refused at once, not skipped")));
 }
 
 // probe_first: every page from page 0 is handed over; only those the cache

@@ -10,7 +10,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "cachestore/cache_plan.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "engine/model_flops.h"
@@ -37,7 +36,7 @@ struct DecodeLoop::Request {
 absl::StatusOr<std::unique_ptr<DecodeLoop>> DecodeLoop::Create(
     engine::Model& model, const common::Hash128& model_fingerprint, prefill::PrefillClient& prefill,
     transport::StateReceiver& receiver, cachestore::CacheClient* cache, const DecodeLoopOptions& options,
-    LocalPrefill local_prefill) {
+    KeepingPrefill local_prefill) {
   if (options.max_batch < 1 || options.max_waiting < 0 || options.transfer_timeout <= absl::ZeroDuration() ||
       options.publish_parent_wait < absl::ZeroDuration() || options.cache_failure_backoff < absl::ZeroDuration() ||
       options.history_read_streams < 1 || options.history_read_min_bytes < 0 || options.local_prefill_max_tokens < 0) {
@@ -47,17 +46,32 @@ absl::StatusOr<std::unique_ptr<DecodeLoop>> DecodeLoop::Create(
         "local_prefill_max_tokens >= 0");
   }
   std::unique_ptr<DecodeLoop> loop(new DecodeLoop(model, model_fingerprint, prefill, receiver, options));
-  loop->cache_ = cache;
-  loop->local_prefill_ = std::move(local_prefill);
+  if (cache != nullptr) {
+    loop->cache_backoff_ = options.cache_backoff != nullptr
+                               ? options.cache_backoff
+                               : std::make_shared<cachestore::CacheBackoff>(options.cache_failure_backoff);
+    if (options.read_history_pages) {
+      HistoryReaderOptions ho;
+      ho.min_bytes = options.history_read_min_bytes;
+      ho.streams = options.history_read_streams;
+      loop->history_reader_ = std::make_unique<HistoryReader>(*cache, loop->namespace_, *loop->cache_backoff_, ho);
+    }
+    if (local_prefill && options.local_prefill_max_tokens > 0) {
+      loop->local_prefill_ = std::make_unique<LocalPrefill>(*cache, loop->namespace_, *loop->cache_backoff_,
+                                                            options.local_prefill_max_tokens, std::move(local_prefill));
+    }
+  }
+  std::unique_ptr<cachestore::CachePublisher> publisher;
   if (cache != nullptr && options.publish) {
     cachestore::PublisherOptions po;
     // At most max_batch turn ends wait to start, 2 * max_batch in all.
     po.max_queued = options.max_batch;
     po.max_in_flight = 2 * options.max_batch;
     po.parent_wait = options.publish_parent_wait;
-    po.cache_failure_backoff = options.cache_failure_backoff;
-    ASSIGN_OR_RETURN(loop->publisher_, cachestore::CachePublisher::Create(*cache, po));
+    po.backoff = loop->cache_backoff_;
+    ASSIGN_OR_RETURN(publisher, cachestore::CachePublisher::Create(*cache, po));
   }
+  loop->turn_end_ = std::make_unique<TurnEnd>(model_fingerprint, loop->namespace_, std::move(publisher));
   loop->loop_ = std::thread([p = loop.get()] { p->Run(); });
   return loop;
 }
@@ -65,7 +79,6 @@ absl::StatusOr<std::unique_ptr<DecodeLoop>> DecodeLoop::Create(
 DecodeLoop::DecodeLoop(engine::Model& model, const common::Hash128& fingerprint, prefill::PrefillClient& prefill,
                        transport::StateReceiver& receiver, const DecodeLoopOptions& options)
     : model_(model),
-      fingerprint_(fingerprint),
       prefill_(prefill),
       namespace_{fingerprint.ToHex(), options.adapter, static_cast<int32_t>(model.page_size()),
                  engine::ModelPrefillCost(model.config())},
@@ -78,7 +91,7 @@ DecodeLoop::~DecodeLoop() {
     stop_ = true;
   }
   if (loop_.joinable()) loop_.join();
-  publisher_.reset();  // after the publications already queued; waits for parents give up
+  turn_end_.reset();  // after the publications already queued; waits for parents give up
   absl::flat_hash_map<uint64_t, std::thread> calls;
   {
     absl::MutexLock lock(&mu_);
@@ -149,14 +162,20 @@ DecodeLoop::Counts DecodeLoop::counts() const {
   c.free_slots = free_slots_;
   c.batch_peak = batch_peak_;
   c.orphaned_calls = static_cast<int64_t>(orphaned_calls_.size());
-  c.history_reads = history_reads_;
   c.history_pages = history_pages_;
-  c.history_failures = history_failures_;
-  c.local_prefills = local_prefills_;
-  c.local_prefill_failures = local_prefill_failures_;
-  c.local_prefill_tokens = local_prefill_tokens_;
-  c.local_prefill_resume = local_prefill_resume_;
-  c.local_prefill_compute = local_prefill_compute_;
+  if (history_reader_ != nullptr) {
+    const HistoryReader::Counts h = history_reader_->counts();
+    c.history_reads = h.reads;
+    c.history_failures = h.failures;
+  }
+  if (local_prefill_ != nullptr) {
+    const LocalPrefill::Counts l = local_prefill_->counts();
+    c.local_prefills = l.prefills;
+    c.local_prefill_failures = l.failures;
+    c.local_prefill_tokens = l.tokens;
+    c.local_prefill_resume = l.resume;
+    c.local_prefill_compute = l.compute;
+  }
   return c;
 }
 
@@ -165,7 +184,7 @@ bool DecodeLoop::Idle() const {
   // A returned call's deferred abort (its reservation) is freed by the loop
   // thread after the call has left orphaned_calls_.
   return live_.empty() && orphaned_calls_.empty() && deferred_aborts_.empty() &&
-         (publisher_ == nullptr || publisher_->in_flight() == 0);
+         turn_end_->in_flight() == 0;
 }
 
 void DecodeLoop::JoinFinishedCalls() {
@@ -275,17 +294,13 @@ void DecodeLoop::Admit() {
       continue;
     }
     // Pages this worker reads from the cache itself, on the call's thread.
-    PageViews history = HistoryViews(*reservation, *ticket);
+    HistoryReader::PageViews history;
+    if (history_reader_ != nullptr) history = history_reader_->Views(table, *reservation, *ticket);
     r->reads_history = !history.empty();
     r->ticket = *ticket;
     r->phase = Request::Phase::kPrefilling;
     r->cancellation = std::make_shared<common::Cancellation>();
-    prefill::PrefillRequest call;
-    call.request_id = r->req.request_id;
-    call.prompt = r->req.prompt;
-    call.tenant = r->req.tenant;
-    call.cache_salt = r->req.cache_salt;
-    call.sampling = r->req.sampling;
+    prefill::PrefillRequest call = PrefillCallFor(r->req);
     call.ticket = *ticket;
     call.cancellation = r->cancellation;
     absl::MutexLock lock(&mu_);
@@ -295,7 +310,7 @@ void DecodeLoop::Admit() {
     calls_running_.insert(transfer_id);
     calls_[transfer_id] =
         std::thread([this, transfer_id, call = std::move(call), history = std::move(history)]() mutable {
-          const int64_t held = history.empty() ? 0 : ReadHistoryPages(call, history);
+          const int64_t held = history.empty() ? 0 : history_reader_->Read(call, history);
           call.ticket.held_pages = held;  // prefill sends the pages after them
           absl::StatusOr<prefill::PrefillOutcome> outcome = prefill_.Prefill(call);
           absl::MutexLock done(&mu_);
@@ -308,144 +323,26 @@ void DecodeLoop::Admit() {
 }
 
 bool DecodeLoop::PrefillHere(Request& r) {
-  if (!local_prefill_ || cache_ == nullptr || options_.local_prefill_max_tokens == 0) return false;
+  if (local_prefill_ == nullptr) return false;
   {
     absl::MutexLock lock(&mu_);
     if (decoding_ > 0 && !options_.local_prefill_while_decoding) return false;
-    if (absl::Now() < history_backoff_until_) return false;  // a cache that just timed out
   }
-  if (publisher_ != nullptr && publisher_->skipping()) return false;
-  engine::SequenceTable& table = model_.sequences();
-  const int64_t prompt = static_cast<int64_t>(r.req.prompt.size());
-  const int64_t positions = prompt + r.req.stop.max_tokens;
-  if (table.num_free_slots() < 1 || table.num_free_pages() < table.PagesFor(positions)) return false;
-  // Where the cache would resume the prompt (a probe: nothing leased). Only
-  // a continuation of what the cache holds is prefilled here: a new prompt
-  // is the prefill pool's.
-  const absl::Time probe_start = absl::Now();
-  absl::StatusOr<cachestore::LookupResult> probe =
-      cache_->Lookup(namespace_.For(r.req.tenant, r.req.cache_salt), r.req.prompt, cachestore::LookupMode::kProbeOnly);
-  if (!probe.ok()) {
-    // A cache that hung costs this worker one timeout per backoff: its
-    // probes and its publications skip the cache meanwhile.
-    if (publisher_ != nullptr) publisher_->NoteCacheStatus(probe.status());
-    if (absl::IsDeadlineExceeded(probe.status())) {
-      absl::MutexLock lock(&mu_);
-      history_backoff_until_ = absl::Now() + options_.cache_failure_backoff;
-    }
-    return false;
-  }
-  if (!probe->state.has_value() || probe->resume_position <= 0 ||
-      prompt - probe->resume_position > options_.local_prefill_max_tokens) {
-    return false;
-  }
-  prefill::PrefillRequest call;
-  call.request_id = r.req.request_id;
-  call.prompt = r.req.prompt;
-  call.tenant = r.req.tenant;
-  call.cache_salt = r.req.cache_salt;
-  call.sampling = r.req.sampling;
-  const absl::Duration probe_time = absl::Now() - probe_start;
-  absl::StatusOr<prefill::KeptPrefill> kept = local_prefill_(call, positions);
-  if (!kept.ok()) {
-    {
-      absl::MutexLock lock(&mu_);
-      ++local_prefill_failures_;
-    }
-    int64_t held_back = 0;
-    if (log_limiter_.Allow(absl::StrCat("local prefill ", common::FailureReason(kept.status())), &held_back)) {
-      LOG(WARNING) << "request " << r.req.request_id
-                   << ": prefilling it here failed, the prefill pool takes it: " << kept.status()
-                   << common::HeldBack(held_back);
-    }
-    return false;
-  }
+  std::optional<prefill::KeptPrefill> kept = local_prefill_->TryPrefill(r.req, model_.sequences());
+  if (!kept.has_value()) return false;
   r.reservation = engine::ImportReservation();
   r.reservation.id = kept->seq;
-  r.reservation.n_tokens = prompt;
+  r.reservation.n_tokens = static_cast<int64_t>(r.req.prompt.size());
   r.prefill = std::move(kept->outcome);
   r.phase = Request::Phase::kDecoding;
   {
     absl::MutexLock lock(&mu_);
     waiting_.pop_front();
     ++decoding_;
-    ++local_prefills_;
-    local_prefill_tokens_ += prompt - r.prefill.usage.cached_tokens;
-    local_prefill_resume_ += probe_time + r.prefill.resume_time;
-    local_prefill_compute_ += r.prefill.compute_time;
   }
   batch_.push_back(r.req.request_id);
   Emit(r, r.prefill.first);
   return true;
-}
-
-DecodeLoop::PageViews DecodeLoop::HistoryViews(const engine::ImportReservation& reservation,
-                                               const transport::Ticket& ticket) {
-  const bool plane_takes_held_pages =
-      ticket.kind == transport::TransportKind::kTcp || ticket.kind == transport::TransportKind::kInProcess;
-  if (!options_.read_history_pages || cache_ == nullptr || !plane_takes_held_pages || ticket.num_pages == 0 ||
-      ticket.num_pages * ticket.page_bytes < options_.history_read_min_bytes) {
-    return {};
-  }
-  // UNIMPLEMENTED where the host cannot write the pool (a GPU): prefill sends every page.
-  absl::StatusOr<PageViews> views = model_.sequences().ImportPageHostViews(reservation.id, ticket.num_pages);
-  return views.ok() ? *std::move(views) : PageViews();
-}
-
-int64_t DecodeLoop::ReadHistoryPages(const prefill::PrefillRequest& call, const PageViews& views) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (absl::Now() < history_backoff_until_) return 0;
-  }
-  absl::StatusOr<cachestore::LookupResult> lookup =
-      cache_->Lookup(namespace_.For(call.tenant, call.cache_salt), call.prompt, cachestore::LookupMode::kLease);
-  const int64_t pages =
-      lookup.ok() ? std::min<int64_t>(static_cast<int64_t>(lookup->pages.size()), static_cast<int64_t>(views.size()))
-                  : 0;
-  absl::Status read = lookup.status();
-  if (pages > 0) {
-    std::vector<common::Hash128> keys;
-    std::vector<cachestore::EntrySegments> destinations(static_cast<size_t>(pages));
-    keys.reserve(static_cast<size_t>(pages));
-    for (int64_t i = 0; i < pages; ++i) {
-      keys.push_back(lookup->pages[static_cast<size_t>(i)].key);
-      destinations[static_cast<size_t>(i)].segments = views[static_cast<size_t>(i)];
-    }
-    // Split over streams: the first on this thread, the others on their own.
-    const int64_t streams = std::min(pages, options_.history_read_streams);
-    std::vector<absl::Status> results(static_cast<size_t>(streams));
-    auto read_range = [&](int64_t s) {
-      const int64_t begin = pages * s / streams, end = pages * (s + 1) / streams;
-      results[static_cast<size_t>(s)] =
-          cache_->GetManyScattered(lookup->lease_id, absl::MakeConstSpan(keys).subspan(begin, end - begin),
-                                   absl::MakeConstSpan(destinations).subspan(begin, end - begin));
-    };
-    std::vector<std::thread> helpers;
-    for (int64_t s = 1; s < streams; ++s) helpers.emplace_back(read_range, s);
-    read_range(0);
-    for (std::thread& t : helpers) t.join();
-    for (const absl::Status& r : results) {
-      if (read.ok() && !r.ok()) read = r;
-    }
-  }
-  if (lookup.ok() && lookup->lease_id != 0) (void)cache_->Release(lookup->lease_id);
-  {
-    absl::MutexLock lock(&mu_);
-    if (read.ok()) {
-      if (pages > 0) ++history_reads_;
-      return pages;
-    }
-    // A miss: prefill sends every page (over what was written here).
-    ++history_failures_;
-    if (absl::IsDeadlineExceeded(read)) history_backoff_until_ = absl::Now() + options_.cache_failure_backoff;
-  }
-  int64_t held_back = 0;
-  if (log_limiter_.Allow(absl::StrCat("history read ", common::FailureReason(read)), &held_back)) {
-    LOG(WARNING) << "request " << call.request_id
-                 << ": reading its prompt's cached pages failed, prefill sends them: " << read
-                 << common::HeldBack(held_back);
-  }
-  return 0;
 }
 
 void DecodeLoop::Import(Prefilled prefilled) {
@@ -494,23 +391,9 @@ void DecodeLoop::Import(Prefilled prefilled) {
 void DecodeLoop::Emit(Request& r, const engine::SampledToken& token) {
   r.generated.push_back(token.token);
   r.sink->OnToken(token);
-  const StopConditions& stop = r.req.stop;
-  const bool eos = !stop.ignore_eos && std::find(options_.eos_token_ids.begin(), options_.eos_token_ids.end(),
-                                                 token.token) != options_.eos_token_ids.end();
-  const bool stop_id =
-      std::find(stop.stop_token_ids.begin(), stop.stop_token_ids.end(), token.token) != stop.stop_token_ids.end();
-  if (eos || stop_id) {
-    Finish(r.req.request_id, FinishReason::kStop, absl::OkStatus(), token.token);
-    return;
-  }
-  for (const std::vector<TokenId>& seq : stop.stop_sequences) {
-    if (seq.size() <= r.generated.size() && std::equal(seq.rbegin(), seq.rend(), r.generated.rbegin())) {
-      Finish(r.req.request_id, FinishReason::kStop, absl::OkStatus());
-      return;
-    }
-  }
-  if (static_cast<int64_t>(r.generated.size()) >= stop.max_tokens) {
-    Finish(r.req.request_id, FinishReason::kLength, absl::OkStatus());
+  TokenId stop_token = -1;
+  if (std::optional<FinishReason> reason = StopReason(r.req.stop, options_.eos_token_ids, r.generated, &stop_token)) {
+    Finish(r.req.request_id, *reason, absl::OkStatus(), stop_token);
   }
 }
 
@@ -527,9 +410,6 @@ void DecodeLoop::Step() {
       ids.push_back(r->reservation.id);
       tokens.push_back(r->generated.back());
     }
-  }
-  {
-    absl::MutexLock lock(&mu_);
     batch_peak_ = std::max(batch_peak_, static_cast<int64_t>(ids.size()));
   }
   absl::StatusOr<std::vector<float>> logits = model_.DecodeStep(ids, tokens);
@@ -550,75 +430,6 @@ void DecodeLoop::Step() {
     }
     Emit(r, *token);
   }
-}
-
-absl::StatusOr<cachestore::Publication> DecodeLoop::Prepare(const Request& r) const {
-  // The tokens fed to the model: the prompt and every generated token but the
-  // last (sampled, not yet processed).
-  std::vector<TokenId> fed = r.req.prompt;
-  fed.insert(fed.end(), r.generated.begin(), r.generated.end() - 1);
-  const int64_t position = static_cast<int64_t>(fed.size());
-  cachestore::Publication p;
-  p.ns = namespace_.For(r.req.tenant, r.req.cache_salt);
-  const cachestore::CachePlan plan(p.ns, fed);
-  const int64_t ps = plan.page_size();
-  // Every full page is put, a model without attention layers included: its
-  // pages hold no bytes but chain the prefix the state hangs from.
-  const int64_t full = position / ps;
-  // Prefill puts the prompt's full pages (after its answer, so perhaps not
-  // yet): the pages past them are ours, and the first one's parent is
-  // prefill's. Putting copies of prefill's pages too would race its puts of
-  // the same entries (ABORTED on both sides) and move every prompt byte
-  // twice. When prefill does not publish (it found the cache unreachable, or
-  // has none), every page is copied here and the publisher puts those the
-  // cache lacks (a probe): the loop thread never waits on the cache (a slow
-  // one would stall the whole batch), only on the copy.
-  if (r.prefill.publishes_prompt) {
-    p.first_page = static_cast<int64_t>(r.req.prompt.size()) / ps;
-    p.parent_from_other_writer = true;
-  } else {
-    p.probe_first = true;
-  }
-  for (int64_t i = p.first_page; i < full; ++i) {
-    ASSIGN_OR_RETURN(std::string page, model_.sequences().ExportPage(r.reservation.id, i));
-    p.pages.emplace_back(plan.PagePut(i), std::move(page));
-  }
-  std::string state;
-  RETURN_IF_ERROR(model_.sequences().EncodeStateInto(r.reservation.id, /*with_logits=*/true, fingerprint_,
-                                                     plan.StateKeyAt(position), &state));
-  cachestore::ClientPut state_put = plan.StatePut(position, cachestore::StateKind::kExactPrefix);
-  state_put.ttl = r.req.session_keep;
-  state_put.pin = r.req.session_pin;
-  p.states.emplace_back(std::move(state_put), std::move(state));
-  return p;
-}
-
-void DecodeLoop::CompletePublished(std::unique_ptr<Request> r, Completion c,
-                                   const cachestore::PublicationResult& result) {
-  PublicationReport& report = c.publication;
-  SessionOutcome& outcome = c.usage.session;
-  report.wait = absl::Now() - r->ended;
-  report.pages = result.pages_put;
-  report.failure = result.failure;
-  report.parent_wait_expired = result.parent_wait_expired;
-  if (!result.states.empty() && result.states[0].has_value()) {
-    const cachestore::PutResult& put = *result.states[0];
-    outcome.published = true;
-    outcome.keep = put.ttl;
-    outcome.pinned = put.pinned;
-    outcome.pin_refused = put.pin_refused;
-  } else if (r->req.session_pin) {
-    outcome.pin_refused = absl::StrCat("the turn-end state was not published: ", result.failure_message);
-  }
-  if (!report.failure.empty()) {
-    int64_t held_back = 0;
-    if (log_limiter_.Allow(absl::StrCat("publication ", report.failure), &held_back)) {
-      LOG(WARNING) << "turn-end publication of request " << r->req.request_id << " failed (" << report.failure
-                   << (report.parent_wait_expired ? ", after waiting for prefill's parent page" : "")
-                   << "): the next turn resumes from an earlier state" << common::HeldBack(held_back);
-    }
-  }
-  r->sink->OnComplete(c);
 }
 
 void DecodeLoop::Finish(const std::string& request_id, FinishReason reason, absl::Status error, TokenId stop_token) {
@@ -665,11 +476,7 @@ void DecodeLoop::Finish(const std::string& request_id, FinishReason reason, absl
   c.reason = reason;
   c.stop_token_id = stop_token;
   c.error = std::move(error);
-  c.usage.prompt_tokens = static_cast<int64_t>(r->req.prompt.size());
-  c.usage.completion_tokens = static_cast<int64_t>(r->generated.size());
-  c.usage.cached_tokens = r->prefill.usage.cached_tokens;
-  c.usage.recomputed_tokens = r->prefill.usage.recomputed_tokens;
-  c.usage.resume_kind = r->prefill.usage.resume_kind;
+  c.usage = UsageOf(r->req, static_cast<int64_t>(r->generated.size()), r->prefill.usage);
   engine::SequenceTable& table = model_.sequences();
   if (r->phase == Request::Phase::kPrefilling) {
     if (r->cancellation != nullptr) r->cancellation->Cancel();  // the prefill call stops within a segment
@@ -677,32 +484,10 @@ void DecodeLoop::Finish(const std::string& request_id, FinishReason reason, absl
     if (!abort_deferred) (void)table.AbortImport(r->reservation.id);
   } else if (r->phase == Request::Phase::kDecoding) {
     batch_.erase(std::find(batch_.begin(), batch_.end(), request_id));
-    const bool normal = reason == FinishReason::kStop || reason == FinishReason::kLength;
-    if (normal) {
-      c.usage.has_session = true;
-      if (publisher_ != nullptr) {
-        // The bytes leave the engine now; the puts, and then the final
-        // message, follow on the publisher's thread, so the batch does not
-        // wait for the cache and the next turn still finds the state.
-        c.publication.attempted = true;
-        absl::StatusOr<cachestore::Publication> p = Prepare(*r);
-        (void)table.Release(r->reservation.id);
-        if (!p.ok()) {
-          cachestore::PublicationResult export_failed;
-          export_failed.failure = "export";
-          export_failed.failure_message = std::string(p.status().message());
-          CompletePublished(std::move(r), std::move(c), export_failed);
-          return;
-        }
-        p->done = [this, r = std::move(r), c = std::move(c)](cachestore::PublicationResult result) mutable {
-          CompletePublished(std::move(r), std::move(c), result);
-        };
-        // Backpressure: blocks while max_batch publications wait to start.
-        publisher_->Publish(*std::move(p));
-        return;
-      }
-      if (r->req.session_pin)
-        c.usage.session.pin_refused = "this decode worker publishes no turn-end states (no cache)";
+    if (reason == FinishReason::kStop || reason == FinishReason::kLength) {
+      turn_end_->End(table, r->reservation.id, std::move(r->req), r->generated, r->prefill.publishes_prompt, *r->sink,
+                     std::move(c), r->ended);
+      return;
     }
     (void)table.Release(r->reservation.id);
   }

@@ -24,17 +24,14 @@
 // end the turn-end state (the state after the last token fed to the model,
 // with the logits that chose the last token) and the pages of the generated
 // tokens are published to the cache before OnComplete, so the client's next
-// turn, whose prompt extends this one, finds them. The loop thread only
-// copies those bytes out of the engine; a cachestore::CachePublisher puts
-// them on its thread, by its rules (a parent page prefill has yet to put is
-// waited for, up to publish_parent_wait, beside the other publications), and
-// then completes the request, so the running batch never waits for the cache.
+// turn, whose prompt extends this one, finds them (decode/turn_end.h): the
+// loop thread only copies those bytes out, so the running batch never waits
+// for the cache.
 //
 // Thread-safe: Submit and Abort may be called from any thread.
 
 #include <cstdint>
 #include <deque>
-#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -48,11 +45,15 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "cachestore/cache_backoff.h"
 #include "cachestore/cache_client.h"
 #include "cachestore/cache_publisher.h"
 #include "common/hash.h"
 #include "common/log_rate_limiter.h"
 #include "decode/generation.h"
+#include "decode/history_reader.h"
+#include "decode/local_prefill.h"
+#include "decode/turn_end.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
 #include "prefill/prefill_client.h"
@@ -81,8 +82,13 @@ struct DecodeLoopOptions {
   // queue never backs up into the batch. A cachestore that is down refuses at
   // once (UNAVAILABLE) and is not skipped: its return is seen at once.
   absl::Duration cache_failure_backoff = absl::Seconds(1);
-  // Reads the prompt's cached pages from the cache into the reservation
-  // itself, on the prefill call's thread before the call, and asks prefill
+  // The process's one memory of a hung cache (cachestore/cache_backoff.h),
+  // shared by the publisher, the history reads and the local prefill's
+  // probe, and by any other cache user of the process given it. Null: the
+  // loop makes one of cache_failure_backoff.
+  std::shared_ptr<cachestore::CacheBackoff> cache_backoff;
+  // Reads the prompt's cached pages (decode/history_reader.h) from the cache
+  // into the reservation itself, on the prefill call's thread before the call, and asks prefill
   // to send only the pages after them (transport/transfer.h "Held pages").
   // Worth it where the cache client reads by shared memory (a cachestore on
   // this host: a 64 MiB history lands in ~10 ms instead of ~25 ms over the
@@ -97,7 +103,7 @@ struct DecodeLoopOptions {
   int64_t history_read_min_bytes = int64_t{4} << 20;
   // Cache reads in flight while reading them (>= 1).
   int64_t history_read_streams = 2;
-  // Local prefill (with a LocalPrefill given to Create and a cache): a
+  // Local prefill (decode/local_prefill.h; with a KeepingPrefill given to Create and a cache): a
   // request whose prompt the cache holds a state of, all but at most this
   // many tokens (a conversation's next turn), is prefilled in this worker's
   // engine, on the loop thread, instead of by a call to the prefill pool: the
@@ -113,12 +119,6 @@ struct DecodeLoopOptions {
   bool local_prefill_while_decoding = false;
 };
 
-// Prefills a request in the decode loop's own engine and keeps the sequence,
-// its pages reserved for `reserve_positions`
-// (prefill::PrefillWorker::PrefillAndKeep on the loop's model).
-using LocalPrefill = std::function<absl::StatusOr<prefill::KeptPrefill>(const prefill::PrefillRequest& request,
-                                                                        int64_t reserve_positions)>;
-
 class DecodeLoop {
  public:
   // `model`, `prefill`, `receiver` and `cache` (null: no cache) must outlive
@@ -127,7 +127,7 @@ class DecodeLoop {
   static absl::StatusOr<std::unique_ptr<DecodeLoop>> Create(
       engine::Model& model, const common::Hash128& model_fingerprint, prefill::PrefillClient& prefill,
       transport::StateReceiver& receiver, cachestore::CacheClient* cache, const DecodeLoopOptions& options,
-      LocalPrefill local_prefill = nullptr);
+      KeepingPrefill local_prefill = nullptr);
   // Aborts every request still running (each gets its OnComplete) and joins
   // every thread.
   ~DecodeLoop();
@@ -192,9 +192,6 @@ class DecodeLoop {
     absl::StatusOr<prefill::PrefillOutcome> outcome;
     int64_t held_pages = 0;  // the prompt's pages read from the cache into the reservation
   };
-  // The reserved slots of a prompt's full pages, as host memory, for
-  // ReadHistoryPages.
-  using PageViews = std::vector<std::vector<absl::Span<char>>>;
 
   DecodeLoop(engine::Model& model, const common::Hash128& fingerprint, prefill::PrefillClient& prefill,
              transport::StateReceiver& receiver, const DecodeLoopOptions& options);
@@ -202,27 +199,15 @@ class DecodeLoop {
   void Run();
   // The loop's steps; each runs on the loop thread without mu_.
   void Admit();
-  // The host views of `reservation`'s pages when options.read_history_pages
-  // applies to it; empty otherwise.
-  PageViews HistoryViews(const engine::ImportReservation& reservation, const transport::Ticket& ticket);
-  // On the prefill call's thread: reads the longest run of `call`'s prompt
-  // pages the cache holds into `views` (leased, then released); the pages
-  // read, 0 on a miss or any failure.
-  int64_t ReadHistoryPages(const prefill::PrefillRequest& call, const PageViews& views) ABSL_LOCKS_EXCLUDED(mu_);
-  // On the loop thread, for the request at the head of the queue: prefills
-  // it in this engine when options.local_prefill_max_tokens applies, and
-  // moves it to the batch; false when it is left to the prefill pool.
+  // For the request at the head of the queue: prefills it in this engine
+  // when the local prefill applies, and moves it to the batch; false when it
+  // is left to the prefill pool.
   bool PrefillHere(Request& r);
   void Import(Prefilled prefilled);
   void Step();
   // Emits `token` for `r` and ends it when a stop condition holds.
   void Emit(Request& r, const engine::SampledToken& token);
   void Finish(const std::string& request_id, FinishReason reason, absl::Status error, TokenId stop_token = -1);
-  // On the loop thread: the turn end's publication (the pages the cache
-  // lacks, the encoded state), copied out of the engine.
-  absl::StatusOr<cachestore::Publication> Prepare(const Request& r) const;
-  // Sends the final message of `r`, its publication's `result` reported.
-  void CompletePublished(std::unique_ptr<Request> r, Completion c, const cachestore::PublicationResult& result);
   void JoinFinishedCalls() ABSL_LOCKS_EXCLUDED(mu_);
   // Requests holding a place in the batch: prefilling, decoding, and ended
   // ones whose prefill call has not returned yet.
@@ -231,7 +216,6 @@ class DecodeLoop {
   }
 
   engine::Model& model_;
-  const common::Hash128 fingerprint_;
   prefill::PrefillClient& prefill_;
   const cachestore::ModelNamespace namespace_;
   transport::StateReceiver& receiver_;
@@ -260,24 +244,19 @@ class DecodeLoop {
   absl::flat_hash_set<uint64_t> calls_running_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<uint64_t> orphaned_calls_ ABSL_GUARDED_BY(mu_);
   // Reservations of ended requests whose call may still write their pages
-  // (ReadHistoryPages), by transfer id: aborted once the call is joined.
+  // (HistoryReader::Read), by transfer id: aborted once the call is joined.
   absl::flat_hash_map<uint64_t, engine::SequenceId> deferred_aborts_ ABSL_GUARDED_BY(mu_);
-  int64_t history_reads_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t history_pages_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t history_failures_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t local_prefills_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t local_prefill_failures_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t local_prefill_tokens_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::Duration local_prefill_resume_ ABSL_GUARDED_BY(mu_);
-  absl::Duration local_prefill_compute_ ABSL_GUARDED_BY(mu_);
-  absl::Time history_backoff_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 
   common::LogRateLimiter log_limiter_;
-  cachestore::CacheClient* cache_ = nullptr;  // null: no cache
-  LocalPrefill local_prefill_;                // empty: none
-  // Puts the turn ends, then completes their requests (with a cache and
-  // options.publish).
-  std::unique_ptr<cachestore::CachePublisher> publisher_;
+  // With a cache: its backoff (never null then), the history reads (with
+  // options.read_history_pages) and the local prefill (with a
+  // KeepingPrefill and options.local_prefill_max_tokens). The turn ends
+  // (never null) publish with a cache and options.publish.
+  std::shared_ptr<cachestore::CacheBackoff> cache_backoff_;
+  std::unique_ptr<HistoryReader> history_reader_;
+  std::unique_ptr<LocalPrefill> local_prefill_;
+  std::unique_ptr<TurnEnd> turn_end_;
 
   // Loop-thread state: the running sequences in batch order.
   std::vector<std::string> batch_;

@@ -8,8 +8,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "cachestore/cache_backoff.h"
 #include "cachestore/cache_plan.h"
 #include "cachestore/fault_injecting_cache_client.h"
+#include "common/clock.h"
 #include "common/wait_for.h"
 #include "decode/decode_loop.h"
 #include "decode/decode_loop_test_fixture.h"
@@ -163,13 +165,16 @@ TEST_F(DecodeLoopTest, APublicationThatWaitedOutItsParentSaysSo) {
 
 // A cache that stopped answering in time (each call ends DEADLINE_EXCEEDED):
 // the first publication finds out, the ones after it skip the cache without
-// a call, so a hung cachestore costs one timeout, not one per request.
-TEST_F(DecodeLoopTest, PublicationsSkipACacheThatJustTimedOut) {
+// a call, so a hung cachestore costs one timeout, not one per request. Once
+// the backoff has passed and the cache answers again, the next turn end
+// reaches it and is published.
+TEST_F(DecodeLoopTest, PublicationsSkipACacheThatJustTimedOutThenReachItAgain) {
   cachestore::FaultInjectingCacheClient faults(*cache_);
   faults.FailNext(cachestore::CacheClientMethod::kLookup, 1000, absl::DeadlineExceededError("cachestore hung"));
   faults.FailNext(cachestore::CacheClientMethod::kPut, 1000, absl::DeadlineExceededError("cachestore hung"));
+  common::FakeClock clock;
   DecodeLoopOptions options;
-  options.cache_failure_backoff = absl::Hours(1);
+  options.cache_backoff = std::make_shared<cachestore::CacheBackoff>(absl::Milliseconds(200), clock);
   StartLoop(options, &faults);
   for (int i = 0; i < 4; ++i) {
     Collector c;
@@ -181,6 +186,15 @@ TEST_F(DecodeLoopTest, PublicationsSkipACacheThatJustTimedOut) {
   }
   EXPECT_EQ(faults.calls(cachestore::CacheClientMethod::kLookup) + faults.calls(cachestore::CacheClientMethod::kPut),
             1);
+  // The cache answers again, and the backoff passes: the next turn end is published.
+  faults.Clear();
+  clock.Advance(absl::Milliseconds(200));
+  Collector after;
+  ASSERT_TRUE(loop_->Submit(Request("after", Tokens(40, vocab_, 30), 5), &after).ok());
+  ASSERT_TRUE(after.Wait());
+  EXPECT_TRUE(after.completion().publication.failure.empty()) << after.completion().publication.failure;
+  EXPECT_TRUE(after.completion().usage.session.published);
+  EXPECT_GT(faults.calls(cachestore::CacheClientMethod::kPut), 0);
   ExpectEverythingFreed();
 }
 

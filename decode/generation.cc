@@ -1,5 +1,7 @@
 #include "decode/generation.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
@@ -49,6 +51,44 @@ absl::Status ValidateRequest(const GenerateRequest& r, int64_t vocab, int64_t ma
         absl::StrCat("session.keep must not be negative, got ", absl::FormatDuration(r.session_keep)));
   }
   return absl::OkStatus();
+}
+
+Usage UsageOf(const GenerateRequest& request, int64_t completion_tokens, const prefill::PrefillUsage& prefill) {
+  Usage u;
+  u.prompt_tokens = static_cast<int64_t>(request.prompt.size());
+  u.completion_tokens = completion_tokens;
+  u.cached_tokens = prefill.cached_tokens;
+  u.recomputed_tokens = prefill.recomputed_tokens;
+  u.resume_kind = prefill.resume_kind;
+  return u;
+}
+
+std::optional<FinishReason> StopReason(const StopConditions& stop, absl::Span<const TokenId> eos_token_ids,
+                                       absl::Span<const TokenId> generated, TokenId* stop_token) {
+  if (generated.empty()) return std::nullopt;
+  const TokenId last = generated.back();
+  const bool eos = !stop.ignore_eos && std::find(eos_token_ids.begin(), eos_token_ids.end(), last) != eos_token_ids.end();
+  if (eos || std::find(stop.stop_token_ids.begin(), stop.stop_token_ids.end(), last) != stop.stop_token_ids.end()) {
+    *stop_token = last;
+    return FinishReason::kStop;
+  }
+  for (const std::vector<TokenId>& seq : stop.stop_sequences) {
+    if (seq.size() <= generated.size() && std::equal(seq.rbegin(), seq.rend(), generated.rbegin())) {
+      return FinishReason::kStop;
+    }
+  }
+  if (static_cast<int64_t>(generated.size()) >= stop.max_tokens) return FinishReason::kLength;
+  return std::nullopt;
+}
+
+prefill::PrefillRequest PrefillCallFor(const GenerateRequest& request) {
+  prefill::PrefillRequest call;
+  call.request_id = request.request_id;
+  call.prompt = request.prompt;
+  call.tenant = request.tenant;
+  call.cache_salt = request.cache_salt;
+  call.sampling = request.sampling;
+  return call;
 }
 
 }  // namespace hybridserve::decode

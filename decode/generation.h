@@ -5,11 +5,13 @@
 // proto/generation.proto to and from them) and the validation of a request.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "common/tokens.h"
 #include "engine/sampler.h"
 #include "prefill/prefill_client.h"
@@ -105,6 +107,22 @@ class GenerationSink {
 // outside [0, vocab); an empty stop sequence; max_tokens < 1; prompt plus
 // max_tokens beyond `max_context`; sampling out of range.
 absl::Status ValidateRequest(const GenerateRequest& request, int64_t vocab, int64_t max_context);
+
+// The usage of a request that generated `completion_tokens`, its prompt
+// resumed as prefill reported (`prefill`).
+Usage UsageOf(const GenerateRequest& request, int64_t completion_tokens, const prefill::PrefillUsage& prefill);
+
+// Whether the tokens sampled so far (`generated`, the last one just now) end
+// a request: EOS unless ignore_eos, or a stop id (kStop, `*stop_token` set
+// to it); a stop sequence that `generated` ends with (kStop); max_tokens
+// reached (kLength). nullopt: it goes on.
+std::optional<FinishReason> StopReason(const StopConditions& stop, absl::Span<const TokenId> eos_token_ids,
+                                       absl::Span<const TokenId> generated, TokenId* stop_token);
+
+// The prefill call for `request`: its id, prompt, tenant, salt and sampling.
+// The ticket and the cancellation are the caller's to add (a local prefill
+// has neither).
+prefill::PrefillRequest PrefillCallFor(const GenerateRequest& request);
 
 }  // namespace hybridserve::decode
 

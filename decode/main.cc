@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "cachestore/cache_backoff.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "decode/decode_loop.h"
@@ -100,7 +101,8 @@ struct PrefillSide {
 };
 
 absl::StatusOr<PrefillSide> OpenPrefillSide(const worker::WorkerOptions& options, const engine::ModelWeights& weights,
-                                            engine::Model& model, cachestore::CacheClient* cache) {
+                                            engine::Model& model, cachestore::CacheClient* cache,
+                                            const std::shared_ptr<cachestore::CacheBackoff>& cache_backoff) {
   PrefillSide side;
   const std::string prefill_flag = absl::GetFlag(FLAGS_prefill);
   if (prefill_flag.empty()) {
@@ -111,7 +113,7 @@ absl::StatusOr<PrefillSide> OpenPrefillSide(const worker::WorkerOptions& options
     ASSIGN_OR_RETURN(side.model, worker::NewEngine(weights, options, /*max_sequences=*/1));
     prefill::PrefillWorkerOptions wo;
     wo.async_publication = true;  // as the prefill binary: the answer does not wait for the cache
-    wo.cache_failure_backoff = options.cache_failure_backoff;
+    wo.cache_backoff = cache_backoff;
     side.worker = std::make_unique<prefill::PrefillWorker>(*side.model, weights.fingerprint(), cache, *side.local, wo);
     side.client = std::make_unique<prefill::InProcessPrefillClient>(*side.worker);
     return side;
@@ -198,7 +200,10 @@ absl::Status Run() {
   const std::unique_ptr<cachestore::DirectPutCacheClient> direct_puts =
       worker::ConnectDirectPuts(options, cache_client);
   if (direct_puts != nullptr) cache_client = direct_puts.get();
-  ASSIGN_OR_RETURN(PrefillSide prefill_side, OpenPrefillSide(options, *weights, *model, cache_client));
+  // The process's one memory of a hung cache: the loop's publisher, history
+  // reads and local prefill, and the prefill workers in this process.
+  const auto cache_backoff = std::make_shared<cachestore::CacheBackoff>(options.cache_failure_backoff);
+  ASSIGN_OR_RETURN(PrefillSide prefill_side, OpenPrefillSide(options, *weights, *model, cache_client, cache_backoff));
 
   decode::DecodeLoopOptions lo;
   lo.max_batch = absl::GetFlag(FLAGS_max_batch);
@@ -208,7 +213,7 @@ absl::Status Run() {
   lo.eos_token_ids.assign(weights->config().eos_token_ids.begin(), weights->config().eos_token_ids.end());
   lo.publish = absl::GetFlag(FLAGS_publish);
   lo.publish_parent_wait = absl::GetFlag(FLAGS_publish_parent_wait);
-  lo.cache_failure_backoff = options.cache_failure_backoff;
+  lo.cache_backoff = cache_backoff;
   // Only by shared memory: over gRPC or the bulk port, reading the pages
   // here moves them over a socket as the push from prefill does, and costs
   // a lookup besides.
@@ -229,11 +234,11 @@ absl::Status Run() {
         absl::StrCat("--local_prefill_max_tokens must be at least 0, got ", lo.local_prefill_max_tokens));
   }
   std::unique_ptr<prefill::PrefillWorker> local_worker;
-  decode::LocalPrefill local_prefill;
+  decode::KeepingPrefill local_prefill;
   if (cache_client != nullptr && lo.local_prefill_max_tokens > 0) {
     prefill::PrefillWorkerOptions wo;
     wo.async_publication = true;  // as the prefill binary: the first token does not wait for the cache
-    wo.cache_failure_backoff = options.cache_failure_backoff;
+    wo.cache_backoff = cache_backoff;
     local_worker = std::make_unique<prefill::PrefillWorker>(*model, weights->fingerprint(), cache_client, wo);
     local_prefill = [worker = local_worker.get()](const prefill::PrefillRequest& request, int64_t positions) {
       return worker->PrefillAndKeep(request, positions);

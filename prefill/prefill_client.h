@@ -22,7 +22,6 @@
 #include "common/cancellation.h"
 #include "common/tokens.h"
 #include "engine/sampler.h"
-#include "engine/sequence_table.h"
 #include "transport/transfer.h"
 
 namespace hybridserve::prefill {
@@ -83,13 +82,6 @@ struct PrefillOutcome {
   // the worker puts nothing and decode publishes from the first page the
   // cache lacks, instead of waiting for pages that would never come.
   bool publishes_prompt = false;
-};
-
-// A prompt prefilled into a sequence of the caller's own engine, which the
-// caller keeps (PrefillWorker::PrefillAndKeep: decode's local prefill).
-struct KeptPrefill {
-  engine::SequenceId seq = 0;  // live at the prompt's end; the caller releases it
-  PrefillOutcome outcome;      // nothing crossed a data plane: transfer_bytes 0
 };
 
 // A way to a prefill worker. Thread-safe; Prefill blocks until the state has

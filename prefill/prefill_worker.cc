@@ -81,6 +81,7 @@ PrefillWorker::PrefillWorker(engine::Model& model, const common::Hash128& model_
   cachestore::PublisherOptions po;
   po.max_queued = options_.max_pending_publications;
   po.cache_failure_backoff = options_.cache_failure_backoff;
+  po.backoff = options_.cache_backoff;
   absl::StatusOr<std::unique_ptr<cachestore::CachePublisher>> publisher =
       cachestore::CachePublisher::Create(*cache_, po);
   CHECK(publisher.ok()) << "prefill worker options: " << publisher.status();
@@ -126,7 +127,7 @@ absl::Status PrefillWorker::RestoreInPlace(engine::SequenceId seq, const cachest
       return cache_->GetManyScattered(lookup.lease_id, absl::MakeConstSpan(keys).subspan(begin, end - begin),
                                       absl::MakeConstSpan(destinations).subspan(begin, end - begin));
     });
-    publisher_->NoteCacheStatus(s);
+    publisher_->backoff().Note(s);
   }
   if (s.ok()) {
     absl::StatusOr<engine::SnapshotView> view = engine::ParseSnapshot(state, expect);
@@ -152,7 +153,7 @@ absl::Status PrefillWorker::RestoreThroughBuffers(engine::SequenceId seq, const 
     return cache_->GetManyInto(lookup.lease_id, absl::MakeConstSpan(keys).subspan(begin, end - begin),
                                absl::MakeSpan(pages).subspan(begin, end - begin));
   });
-  publisher_->NoteCacheStatus(s);
+  publisher_->backoff().Note(s);
   RETURN_IF_ERROR(s);
   ASSIGN_OR_RETURN(const engine::SnapshotView view, engine::ParseSnapshot(state, expect));
   std::vector<absl::string_view> page_views(pages.begin(), pages.end());
@@ -203,7 +204,7 @@ absl::StatusOr<PrefillWorker::Resumed> PrefillWorker::Resume(const PrefillReques
   const int64_t n = static_cast<int64_t>(request.prompt.size());
   // The whole prompt first; when only a state at n without logits is found,
   // the prompt less its last token, so that the last logits get computed.
-  if (publisher_->skipping()) {
+  if (publisher_->backoff().Skipping()) {
     r.cache_reachable = false;  // a miss, without waiting for a cache that just failed to answer
     return r;
   }
@@ -213,7 +214,7 @@ absl::StatusOr<PrefillWorker::Resumed> PrefillWorker::Resume(const PrefillReques
     absl::StatusOr<cachestore::LookupResult> lookup = cache_->Lookup(
         ns, absl::MakeConstSpan(request.prompt).subspan(0, static_cast<size_t>(probe)), cachestore::LookupMode::kLease);
     if (!lookup.ok()) {
-      publisher_->NoteCacheStatus(lookup.status());
+      publisher_->backoff().Note(lookup.status());
       Count(&PrefillCacheCounters::errors_as_misses);
       r.cache_reachable = false;
       int64_t held_back = 0;

@@ -38,6 +38,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "cachestore/cache_backoff.h"
 #include "cachestore/cache_client.h"
 #include "cachestore/cache_publisher.h"
 #include "common/hash.h"
@@ -45,6 +46,7 @@
 #include "common/tokens.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
+#include "prefill/kept_prefill.h"
 #include "prefill/prefill_client.h"
 #include "transport/transfer.h"
 
@@ -89,6 +91,11 @@ struct PrefillWorkerOptions {
   // that is down refuses at once (UNAVAILABLE) and is not skipped: its
   // return is seen at the next call. Zero: never skip.
   absl::Duration cache_failure_backoff = absl::Seconds(1);
+  // The process's one memory of a hung cache (cachestore/cache_backoff.h),
+  // shared with its other cache users (decode's loop, when this worker
+  // prefills inside decode). Null: the worker keeps its own, of
+  // cache_failure_backoff.
+  std::shared_ptr<cachestore::CacheBackoff> cache_backoff;
   // Admission of grid checkpoints (docs/ARCHITECTURE.md section 4,
   // "Admission"): the engine's checkpoint at q is published when q is a
   // multiple of this, a multiple of the engine's checkpoint_interval (0: every

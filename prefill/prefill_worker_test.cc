@@ -3,6 +3,7 @@
 // kind, the cache's contracts (docs/ARCHITECTURE.md section 6, contracts 1 and 2), and a
 // cache that is down or wrong.
 
+#include "cachestore/cache_backoff.h"
 #include "prefill/prefill_worker.h"
 
 #include <cstdint>
@@ -409,9 +410,12 @@ TEST_F(PrefillWorkerTest, APageAnotherWriterIsPuttingDoesNotStopThePublication) 
 // A cachestore that stopped answering in time: the first call that times
 // out starts the backoff, and the requests after it neither look up nor
 // publish (one timeout, not one per request); each is still served, cold.
-TEST_F(PrefillWorkerTest, ACacheThatJustTimedOutIsSkippedForTheBackoff) {
+// Once the backoff has passed and the cache answers, the next request looks
+// up and publishes again.
+TEST_F(PrefillWorkerTest, ACacheThatJustTimedOutIsSkippedForTheBackoffThenUsedAgain) {
+  common::FakeClock clock;
   PrefillWorkerOptions o;
-  o.cache_failure_backoff = absl::Hours(1);
+  o.cache_backoff = std::make_shared<cachestore::CacheBackoff>(absl::Milliseconds(200), clock);
   worker_ = std::make_unique<PrefillWorker>(*prefill_model_, weights_->fingerprint(), faults_.get(), transport_, o);
   faults_->FailNext(cachestore::CacheClientMethod::kLookup, 1000, absl::DeadlineExceededError("cachestore hung"));
   faults_->FailNext(cachestore::CacheClientMethod::kPut, 1000, absl::DeadlineExceededError("cachestore hung"));
@@ -424,6 +428,15 @@ TEST_F(PrefillWorkerTest, ACacheThatJustTimedOutIsSkippedForTheBackoff) {
   }
   EXPECT_EQ(faults_->calls(cachestore::CacheClientMethod::kLookup), 1);
   EXPECT_EQ(faults_->calls(cachestore::CacheClientMethod::kPut), 0);
+  faults_->Clear();
+  clock.Advance(absl::Milliseconds(200));
+  Turn t = Run(Tokens(40, vocab_, 40));
+  ASSERT_TRUE(t.outcome.ok()) << t.outcome.status();
+  EXPECT_TRUE(t.outcome->publishes_prompt) << "the cache is reached again after the backoff";
+  EXPECT_GT(faults_->calls(cachestore::CacheClientMethod::kLookup), 1);
+  ASSERT_TRUE(decode_model_->sequences().Release(t.decode_seq).ok());
+  ASSERT_TRUE(worker_->WaitForPublications(absl::Seconds(30)));
+  EXPECT_GE(worker_->counters().states_published, 1) << "its prompt-end state was published";
 }
 
 // A caller that cancels mid-prefill: the worker stops at the next segment

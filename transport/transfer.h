@@ -85,6 +85,11 @@ inline const char* TransportKindName(TransportKind kind) {
   }
   return "unknown";
 }
+// Whether tickets of this plane may carry held pages ("Held pages" above):
+// TCP and in-process take them; the channel planes send every page.
+inline bool PlaneTakesHeldPages(TransportKind kind) {
+  return kind == TransportKind::kTcp || kind == TransportKind::kInProcess;
+}
 
 // sizeof(ncclUniqueId): the length of Ticket::channel_id on NCCL tickets.
 inline constexpr size_t kNcclUniqueIdBytes = 128;
