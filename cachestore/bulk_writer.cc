@@ -22,7 +22,7 @@ constexpr size_t kSendCallBytes = size_t{4} << 20;
 
 }  // namespace
 
-absl::Status BulkWriter::Put(const v1::CacheNamespace& ns, absl::Span<const PutManyEntry> entries,
+absl::Status BulkWriter::Put(const ClientNamespace& ns, absl::Span<const PutManyEntry> entries,
                              std::vector<absl::StatusOr<PutResult>>* results) {
   // A quarter of the headers' limit: SplitPutRequests estimates their sizes.
   for (const auto& [begin, end] :
@@ -45,15 +45,16 @@ absl::Status BulkWriter::Put(const v1::CacheNamespace& ns, absl::Span<const PutM
   return absl::OkStatus();
 }
 
-absl::Status BulkWriter::PutRequest(common::Socket& socket, const v1::CacheNamespace& ns,
+absl::Status BulkWriter::PutRequest(common::Socket& socket, const ClientNamespace& ns,
                                     absl::Span<const PutManyEntry> entries,
                                     std::vector<absl::StatusOr<PutResult>>* results) {
   auto deadline = [this] { return absl::Now() + options_.timeout; };
+  const v1::CacheNamespace ns_message = NamespaceMessage(ns);
   BulkPutRequest request;
   request.entries.reserve(entries.size());
   for (const PutManyEntry& e : entries) {
     request.entries.push_back(
-        BulkPutEntry{e.bytes.size(), PutHeaderMessage(ns, *e.put, e.bytes.size()).SerializeAsString()});
+        BulkPutEntry{e.bytes.size(), PutHeaderMessage(ns_message, *e.put, e.bytes.size()).SerializeAsString()});
   }
   const std::string head = EncodeBulkPutRequest(request);
   // Pieces go out in calls of up to kSendCallBytes; the checksums they need

@@ -34,7 +34,7 @@ class BulkWriter final : public DirectWriter {
       : options_(std::move(options)), connections_(options_.address, options_.timeout) {}
 
   const char* name() const override { return "bulk"; }
-  absl::Status Put(const v1::CacheNamespace& ns, absl::Span<const PutManyEntry> entries,
+  absl::Status Put(const ClientNamespace& ns, absl::Span<const PutManyEntry> entries,
                    std::vector<absl::StatusOr<PutResult>>* results) override;
 
   // Connections kept for the next put.
@@ -43,7 +43,7 @@ class BulkWriter final : public DirectWriter {
  private:
   // One request of `entries` on `socket`: its head, each entry's bytes and
   // checksum, then its answers.
-  absl::Status PutRequest(common::Socket& socket, const v1::CacheNamespace& ns, absl::Span<const PutManyEntry> entries,
+  absl::Status PutRequest(common::Socket& socket, const ClientNamespace& ns, absl::Span<const PutManyEntry> entries,
                           std::vector<absl::StatusOr<PutResult>>* results);
 
   const BulkWriterOptions options_;

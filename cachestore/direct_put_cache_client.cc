@@ -67,7 +67,7 @@ std::vector<absl::StatusOr<PutResult>> DirectPutCacheClient::PutMany(const Clien
   std::vector<absl::StatusOr<PutResult>> results;
   if (entries.empty()) return results;
   results.reserve(entries.size());
-  const absl::Status path = writer_->Put(NamespaceMessage(ns), entries, &results);
+  const absl::Status path = writer_->Put(ns, entries, &results);
   {
     absl::MutexLock lock(&mu_);
     counts_.entries += static_cast<int64_t>(results.size());

@@ -10,7 +10,6 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "cachestore/cache_client.h"
-#include "proto/cachestore.pb.h"
 
 namespace hybridserve::cachestore {
 
@@ -25,13 +24,13 @@ class DirectWriter {
   // "shm" or "bulk": the path's name in counters and logs.
   virtual const char* name() const = 0;
 
-  // Puts `entries` in namespace `ns` (NamespaceMessage's), appending to
+  // Puts `entries` in namespace `ns`, appending to
   // *results one result per entry the cachestore answered, in order: what
   // PutMany answers for it (a refusal of the entry is its result). An error
   // when the path failed (no connection, an I/O failure, a timeout, a
   // refused request, a malformed answer): *results then holds the entries
   // answered before it, and the rest are the caller's to put another way.
-  virtual absl::Status Put(const v1::CacheNamespace& ns, absl::Span<const PutManyEntry> entries,
+  virtual absl::Status Put(const ClientNamespace& ns, absl::Span<const PutManyEntry> entries,
                            std::vector<absl::StatusOr<PutResult>>* results) = 0;
 };
 

@@ -85,7 +85,7 @@ ShmWriter::ShmWriter(ShmWriterOptions options) : options_(std::move(options)) {}
 
 ShmWriter::~ShmWriter() = default;
 
-absl::Status ShmWriter::Put(const v1::CacheNamespace& ns, absl::Span<const PutManyEntry> entries,
+absl::Status ShmWriter::Put(const ClientNamespace& ns, absl::Span<const PutManyEntry> entries,
                             std::vector<absl::StatusOr<PutResult>>* results) {
   ASSIGN_OR_RETURN(common::Socket sock, ConnectShmSocket(options_.socket_path, options_.timeout));
   // A quarter of the headers' limit: SplitPutRequests estimates their sizes.
@@ -96,11 +96,12 @@ absl::Status ShmWriter::Put(const v1::CacheNamespace& ns, absl::Span<const PutMa
   return absl::OkStatus();
 }
 
-absl::Status ShmWriter::PutRequest(int sock, const v1::CacheNamespace& ns, absl::Span<const PutManyEntry> entries,
+absl::Status ShmWriter::PutRequest(int sock, const ClientNamespace& ns, absl::Span<const PutManyEntry> entries,
                                    std::vector<absl::StatusOr<PutResult>>* results) {
   size_t total = 0;
   for (const PutManyEntry& e : entries) total += e.bytes.size();
   ASSIGN_OR_RETURN(std::unique_ptr<PutBuffer> buffer, TakeBuffer(std::max<size_t>(total, 1)));
+  const v1::CacheNamespace ns_message = NamespaceMessage(ns);
   ShmPutRequest request;
   request.entries.resize(entries.size());
   uint64_t offset = 0;
@@ -111,7 +112,7 @@ absl::Status ShmWriter::PutRequest(int sock, const v1::CacheNamespace& ns, absl:
     out.offset = offset;
     out.size = e.bytes.size();
     out.checksum = e.checksum.value_or(sum);
-    out.header = PutHeaderMessage(ns, *e.put, e.bytes.size()).SerializeAsString();
+    out.header = PutHeaderMessage(ns_message, *e.put, e.bytes.size()).SerializeAsString();
     offset += e.bytes.size();
   }
   RETURN_IF_ERROR(WriteShmPutRequest(sock, request, buffer->shared_fd()));

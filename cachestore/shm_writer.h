@@ -43,14 +43,14 @@ class ShmWriter final : public DirectWriter {
   ShmWriter& operator=(const ShmWriter&) = delete;
 
   const char* name() const override { return "shm"; }
-  absl::Status Put(const v1::CacheNamespace& ns, absl::Span<const PutManyEntry> entries,
+  absl::Status Put(const ClientNamespace& ns, absl::Span<const PutManyEntry> entries,
                    std::vector<absl::StatusOr<PutResult>>* results) override;
 
  private:
   // A memfd of this process, mapped, that a request's bytes are written into.
   class PutBuffer;
   // One request of `entries` on the connection `sock`.
-  absl::Status PutRequest(int sock, const v1::CacheNamespace& ns, absl::Span<const PutManyEntry> entries,
+  absl::Status PutRequest(int sock, const ClientNamespace& ns, absl::Span<const PutManyEntry> entries,
                           std::vector<absl::StatusOr<PutResult>>* results);
   // A buffer of at least `size` bytes to write a request into (a kept one,
   // grown if need be, or a new one), and back after its request's answer.
