@@ -8,9 +8,8 @@ The rules are read from the document, not copied here:
   - the list of narrower rules below the table, one bullet each:
         - `pkg/` includes `prefix/`, ... only in `file`, ...
     A file named without an extension stands for its .h, .cc, .cu and .cuh;
-    text in parentheses is a comment. Tests (a file whose name has `_test`,
-    or starts with `test_`)
-    are held to the table only.
+    text in parentheses is a comment. Tests (a file whose name has `_test`
+    or starts with `test_`) are held to the table only.
 The sources are the workspace's own files (this test runs outside the
 sandbox and is never cached: see BUILD.bazel).
 """
