@@ -6,10 +6,12 @@
 // miss, and a request that ends while its call reads keeps its pages
 // reserved until the call has returned.
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/status_macros.h"
 #include "common/wait_for.h"
 #include "decode/decode_loop.h"
 #include "decode/decode_loop_test_fixture.h"
@@ -40,6 +42,59 @@ class FailingReadsCache : public cachestore::CacheClient {
 
  private:
   cachestore::CacheClient& inner_;
+};
+
+// A cache whose page reads stall half way: GetManyScattered writes the first
+// half of its pages from the real cache, then waits while held, then writes
+// the rest as garbage (late bytes of a read still in flight) and answers OK.
+class StalledWriteCache : public cachestore::CacheClient {
+ public:
+  explicit StalledWriteCache(cachestore::CacheClient& inner) : inner_(inner) {}
+  absl::StatusOr<cachestore::LookupResult> Lookup(const cachestore::ClientNamespace& ns,
+                                                  absl::Span<const TokenId> tokens,
+                                                  cachestore::LookupMode mode) override {
+    return inner_.Lookup(ns, tokens, mode);
+  }
+  absl::StatusOr<cachestore::PutResult> Put(const cachestore::ClientNamespace& ns, const cachestore::ClientPut& put,
+                                            absl::string_view bytes) override {
+    return inner_.Put(ns, put, bytes);
+  }
+  absl::Status GetInto(uint64_t lease_id, const common::Hash128& key, std::string* out) override {
+    return inner_.GetInto(lease_id, key, out);
+  }
+  absl::Status GetManyScattered(uint64_t lease_id, absl::Span<const common::Hash128> keys,
+                                absl::Span<const cachestore::EntrySegments> out) override {
+    const size_t half = keys.size() / 2;
+    RETURN_IF_ERROR(inner_.GetManyScattered(lease_id, keys.subspan(0, half), out.subspan(0, half)));
+    {
+      absl::MutexLock lock(&mu_);
+      ++blocked_;
+      mu_.Await(absl::Condition(
+          +[](bool* held) { return !*held; }, &held_));
+      --blocked_;
+    }
+    for (const cachestore::EntrySegments& destination : out.subspan(half)) {
+      for (absl::Span<char> segment : destination.segments) std::fill(segment.begin(), segment.end(), '\x7f');
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Release(uint64_t lease_id) override { return inner_.Release(lease_id); }
+  absl::StatusOr<cachestore::IndexStats> Stats() override { return inner_.Stats(); }
+
+  void Hold(bool held) {
+    absl::MutexLock lock(&mu_);
+    held_ = held;
+  }
+  int blocked() {
+    absl::MutexLock lock(&mu_);
+    return blocked_;
+  }
+
+ private:
+  cachestore::CacheClient& inner_;
+  absl::Mutex mu_;
+  bool held_ ABSL_GUARDED_BY(mu_) = false;
+  int blocked_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 class DecodeLoopHistoryTest : public DecodeLoopTest {
@@ -195,6 +250,45 @@ TEST_F(DecodeLoopHistoryTest, ARequestEndedWhileItsCallReadsFreesItsPagesOnlyAft
   stalled.Hold(false);
   ExpectEverythingFreed();
   EXPECT_TRUE(common::WaitFor([&] { return loop_->counts().free_pages == 128; }));
+  loop_.reset();  // before the cache it uses
+}
+
+// The same, stalled in the middle of writing the pages into the
+// reservation: the request is aborted there, and a request admitted
+// meanwhile takes every page left free. The aborted one's pages stay
+// reserved until its call returns, so the late bytes land in pages no one
+// else holds: the other request's tokens are those of a run alone. (The pool
+// hands out the most recently freed pages first, kv_page_pool.cc: pages freed
+// at the abort would be the other request's.)
+TEST_F(DecodeLoopHistoryTest, ARequestEndedWhileItsCallWritesKeepsItsPagesFromOthersUntilTheCallReturns) {
+  StalledWriteCache stalled(*cache_);
+  DecodeLoopOptions o = Reading();
+  o.history_read_streams = 1;
+  StartLoop(o, &stalled);
+  const std::vector<TokenId> next = FirstTurn(40);
+  stalled.Hold(true);
+  Collector c;
+  ASSERT_TRUE(loop_->Submit(Request("turn-2", next, 6), &c).ok());
+  ASSERT_TRUE(common::WaitFor([&] { return stalled.blocked() == 1; }));  // half its pages written
+  ASSERT_TRUE(loop_->Abort("turn-2"));
+  ASSERT_TRUE(c.Wait());
+  EXPECT_EQ(c.completion().reason, FinishReason::kAborted);
+  ASSERT_TRUE(common::WaitFor([&] {
+    const DecodeLoop::Counts k = loop_->counts();
+    return k.prefilling == 0 && k.orphaned_calls == 1;
+  }));
+  const int64_t reserved = decode_model_->sequences().PagesFor(static_cast<int64_t>(next.size()) + 6);
+  // Another request takes pages left free (32 of them: it decodes them all).
+  const int64_t page_size = decode_model_->page_size();
+  const std::vector<TokenId> prompt = Tokens(30, vocab_, 11);
+  const int64_t max_tokens = std::min<int64_t>(128 - reserved, 32) * page_size - 30;
+  Collector other;
+  ASSERT_TRUE(loop_->Submit(Request("other", prompt, max_tokens), &other).ok());
+  ASSERT_TRUE(common::WaitFor([&] { return other.tokens().size() >= 3; })) << "the other request never decoded";
+  stalled.Hold(false);  // the late bytes land
+  ASSERT_TRUE(other.Wait());
+  EXPECT_EQ(other.tokens(), Alone(prompt, max_tokens)) << "the late bytes landed in the other request's pages";
+  ExpectEverythingFreed();
   loop_.reset();  // before the cache it uses
 }
 
