@@ -46,18 +46,29 @@ TEST_F(CacheIndexTest, UtilityKeepsADeepStateWhereLruEvictsIt) {
 }
 
 TEST_F(CacheIndexTest, UtilityAgesOldHighValueStatesOut) {
-  // GreedyDual: each victim raises the clock, so a state used long ago goes
-  // once newer entries have been keyed above its priority.
-  CacheIndexOptions o = PayloadOnly();
-  o.state_budget_bytes = 2000;
-  Make(Utility(o));
-  const std::vector<TokenId> t = Tokens(40, 0);
-  PutPages(t, 10);
-  const Hash128 deep = PutCommitted(StateSpec(t, 20));  // priority 0.020
-  for (int p = 1; p <= 19 && index_->Contains(EntryClass::kState, deep); ++p) {
-    PutCommitted(StateSpec(t, p, 1000 - 4 * (p % 4)));  // charge 1000; each evicts the other one
+  // GreedyDual: a state saving much outlives newer ones saving little (LRU
+  // evicts it at the first put that needs room), but each victim raises the
+  // clock, so it goes once newer entries have been keyed above its priority.
+  for (const bool utility : {false, true}) {
+    CacheIndexOptions o = PayloadOnly();
+    o.state_budget_bytes = 2000;
+    Make(utility ? Utility(o) : o);
+    const std::vector<TokenId> t = Tokens(40, 0);
+    PutPages(t, 10);
+    const Hash128 deep = PutCommitted(StateSpec(t, 20));  // priority 0.020
+    int puts = 0;  // puts it outlived
+    for (int p = 1; p <= 19 && index_->Contains(EntryClass::kState, deep); ++p) {
+      now_ += absl::Seconds(1);
+      PutCommitted(StateSpec(t, p, 1000 - 4 * (p % 4)));  // charge 1000; each evicts the other one
+      if (index_->Contains(EntryClass::kState, deep)) ++puts;
+    }
+    EXPECT_FALSE(index_->Contains(EntryClass::kState, deep)) << "utility " << utility;
+    // LRU: the second put needs room and takes the oldest. Utility: the
+    // victim at p raises the clock to about (1 + ... + p) / 1000, past the
+    // deep state's 0.020 after p = 6, so the seventh put takes it.
+    EXPECT_EQ(puts, utility ? 6 : 1) << "utility " << utility;
+    ASSERT_TRUE(index_->CheckInvariants().ok()) << index_->CheckInvariants();
   }
-  EXPECT_FALSE(index_->Contains(EntryClass::kState, deep));
 }
 
 TEST_F(CacheIndexTest, UtilityKeepsAPublicationsFreshPagesForTheStateThatFollowsThem) {

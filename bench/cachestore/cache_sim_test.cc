@@ -254,6 +254,38 @@ TEST(CacheSimTest, UtilityWithFullRecencyBlendReplaysLruAndEveryPolicyKeepsTheBu
   }
 }
 
+TEST(CacheSimTest, UtilitySavesMoreThanLruWhereADeepConversationReturnsAfterShallowOnes) {
+  // A long conversation (400 tokens of history) and, while it waits for its
+  // next turn, four short one-off conversations, at a state budget that
+  // holds a few states and a page budget that holds everything. LRU evicts
+  // the long conversation's turn end as the oldest state; utility keeps it
+  // (it saves 20 times the FLOPs of a short one's per byte) and gives up the
+  // short ones' states, which no later turn uses.
+  const Trace trace = Parse((std::string(kHeader) + R"({"conv":0,"turn":0,"t":0,"user":400,"reply":10}
+{"conv":1,"turn":0,"t":1,"user":20,"reply":5}
+{"conv":2,"turn":0,"t":2,"user":20,"reply":5}
+{"conv":3,"turn":0,"t":3,"user":20,"reply":5}
+{"conv":4,"turn":0,"t":4,"user":20,"reply":5}
+{"conv":0,"turn":1,"t":5,"user":20,"reply":5})")
+                                .c_str());
+  const ModelCost model = DefaultModel();
+  CacheSimOptions options;
+  options.tokens.vocab = model.vocab();
+  options.checkpoint_interval = -1;  // prompt-end and turn-end states only
+  options.index.page_budget_bytes = 64 * (model.page_bytes() + kOverhead);
+  options.index.state_budget_bytes = 4 * (model.StateBytes(410, true) + kOverhead + 64);
+  absl::StatusOr<CacheSimResult> lru = RunCacheSim(trace, model, options);
+  ASSERT_TRUE(lru.ok()) << lru.status();
+  options.index.eviction = cachestore::EvictionPolicy::kUtility;
+  options.index.utility = {model.flops_per_token(), model.attention_flops_per_context_token(), 0.0};
+  absl::StatusOr<CacheSimResult> utility = RunCacheSim(trace, model, options);
+  ASSERT_TRUE(utility.ok()) << utility.status();
+  EXPECT_THAT(lru->hits, ElementsAre(0, 0, 0, 0, 0, 0));
+  EXPECT_THAT(utility->hits, ElementsAre(0, 0, 0, 0, 0, 409));  // the turn end: 400 + 10 - 1
+  EXPECT_GT(utility->saved_flops, lru->saved_flops);
+  EXPECT_GT(lru->end.states.evicted_lru, 0);
+}
+
 TEST(CacheSimTest, TracesOutOfOrderAreRefused) {
   EXPECT_FALSE(ParseTrace(std::string(kHeader) + R"({"conv":0,"turn":1,"t":0,"user":1,"reply":1})").ok());
   EXPECT_FALSE(ParseTrace(std::string(kHeader) + R"({"conv":0,"turn":0,"t":5,"user":1,"reply":1}
