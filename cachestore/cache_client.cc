@@ -8,6 +8,11 @@
 
 namespace hybridserve::cachestore {
 
+absl::StatusOr<Hash128> NamespaceOf(const ClientNamespace& ns) {
+  RETURN_IF_ERROR(CheckModelCost(ns.model_cost));
+  return ValidatedNamespaceKey(ns.model_fingerprint, ns.adapter, ns.tenant, ns.cache_salt, ns.page_size);
+}
+
 absl::StatusOr<std::string> CacheClient::Get(uint64_t lease_id, const Hash128& key) {
   std::string out;
   absl::Status s = GetInto(lease_id, key, &out);

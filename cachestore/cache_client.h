@@ -44,6 +44,12 @@ struct ClientNamespace {
   Hash128 Key() const { return NamespaceKey(model_fingerprint, adapter, tenant, cache_salt, page_size); }
 };
 
+// The key of `ns` as a cache checks it: its model cost (CheckModelCost), then
+// its key fields (ValidatedNamespaceKey); INVALID_ARGUMENT naming the field
+// otherwise. put_header.h NamespaceOf is the same check of a namespace on
+// the wire.
+absl::StatusOr<Hash128> NamespaceOf(const ClientNamespace& ns);
+
 // What to put; the cache derives the key from parent and tokens (keys.h).
 struct ClientPut {
   EntryClass entry_class = EntryClass::kPage;

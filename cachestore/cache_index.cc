@@ -59,11 +59,7 @@ absl::Status CacheIndex::ValidateSpec(const PutSpec& spec) const {
           absl::StrCat("state position ", spec.position, " outside [1, ", options_.max_tokens, "]"));
     }
   }
-  if (spec.model_cost.has_value()) {
-    if (const std::string problem = PrefillCostProblem(*spec.model_cost); !problem.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("namespace.model_cost.", problem));
-    }
-  }
+  RETURN_IF_ERROR(CheckModelCost(spec.model_cost));
   // Checked last: the charge counts the tail, which the checks above bound.
   const int64_t charge = Charge(spec);
   if (charge > Budget(spec.entry_class)) {

@@ -4,7 +4,6 @@
 #include <string>
 #include <utility>
 
-#include "absl/strings/str_cat.h"
 #include "common/hash.h"
 #include "common/status_macros.h"
 
@@ -14,14 +13,7 @@ InProcessCacheClient::InProcessCacheClient(CacheStore& store) : store_(store) {}
 
 absl::StatusOr<LookupResult> InProcessCacheClient::Lookup(const ClientNamespace& ns, absl::Span<const TokenId> tokens,
                                                           LookupMode mode) {
-  // As the service checks a lookup's namespace (put_header.h ModelCostOf).
-  if (ns.model_cost.has_value()) {
-    if (const std::string problem = PrefillCostProblem(*ns.model_cost); !problem.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("namespace.model_cost.", problem));
-    }
-  }
-  ASSIGN_OR_RETURN(Hash128 key,
-                   ValidatedNamespaceKey(ns.model_fingerprint, ns.adapter, ns.tenant, ns.cache_salt, ns.page_size));
+  ASSIGN_OR_RETURN(const Hash128 key, NamespaceOf(ns));
   return store_.Lookup(key, ns.page_size, tokens, mode == LookupMode::kLease);
 }
 
@@ -45,8 +37,7 @@ absl::StatusOr<PutResult> InProcessCacheClient::PutChecked(const ClientNamespace
                                                            absl::string_view bytes, uint64_t checksum) {
   // The PutSpec the service builds from the same request (service.cc SpecOf).
   PutSpec spec;
-  ASSIGN_OR_RETURN(spec.ns,
-                   ValidatedNamespaceKey(ns.model_fingerprint, ns.adapter, ns.tenant, ns.cache_salt, ns.page_size));
+  ASSIGN_OR_RETURN(spec.ns, NamespaceOf(ns));
   spec.tenant = ns.tenant;
   spec.model_cost = ns.model_cost;
   spec.page_size = ns.page_size;

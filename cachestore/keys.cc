@@ -43,6 +43,14 @@ std::string KeyVersionProblem(uint32_t key_version) {
                       kKeyVersion);
 }
 
+absl::Status CheckModelCost(const std::optional<PrefillCost>& cost) {
+  if (!cost.has_value()) return absl::OkStatus();
+  if (const std::string problem = PrefillCostProblem(*cost); !problem.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("namespace.model_cost.", problem));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Hash128> ValidatedNamespaceKey(absl::string_view model_fingerprint, absl::string_view adapter,
                                               absl::string_view tenant, absl::string_view cache_salt, int64_t page_size,
                                               uint32_t key_version) {

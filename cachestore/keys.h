@@ -23,13 +23,16 @@
 // by name (KeyVersionProblem).
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "common/hash.h"
+#include "common/prefill_cost.h"
 #include "common/tokens.h"
 
 namespace hybridserve::cachestore {
@@ -60,6 +63,13 @@ inline constexpr size_t kMaxTenantBytes = 256;
 absl::StatusOr<Hash128> ValidatedNamespaceKey(absl::string_view model_fingerprint, absl::string_view adapter,
                                               absl::string_view tenant, absl::string_view cache_salt, int64_t page_size,
                                               uint32_t key_version = kKeyVersion);
+
+// OK for no model cost or one a cache accepts (both fields finite numbers in
+// [0, kMaxPrefillFlops], common/prefill_cost.h); INVALID_ARGUMENT naming the
+// field otherwise ("namespace.model_cost.flops_per_token -1 is not ...").
+// The one check of a namespace's model cost: the namespace conversions
+// (put_header.h, cache_client.h NamespaceOf) and the index's BeginPut make it.
+absl::Status CheckModelCost(const std::optional<PrefillCost>& cost);
 
 // K_i from K_{i-1} and the page's tokens.
 Hash128 PageKey(const Hash128& parent, absl::Span<const TokenId> page_tokens);

@@ -1,6 +1,7 @@
 #include "cachestore/keys.h"
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,22 @@ TEST(KeysTest, OverlongTenantIsRefused) {
   const absl::StatusOr<Hash128> key = ValidatedNamespaceKey("fp", "", std::string(kMaxTenantBytes + 1, 't'), "", 16);
   EXPECT_EQ(key.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(key.status().message()), ::testing::HasSubstr("tenant has 257 bytes"));
+}
+
+// The one model-cost check: none and in-range costs pass; the first field
+// out of range is named, with the "namespace.model_cost." prefix every
+// caller (service, in-process client, index) answers with.
+TEST(KeysTest, ModelCostIsCheckedNamingTheField) {
+  EXPECT_TRUE(CheckModelCost(std::nullopt).ok());
+  EXPECT_TRUE(CheckModelCost(PrefillCost{0, 0}).ok());
+  EXPECT_TRUE(CheckModelCost(PrefillCost{kMaxPrefillFlops, 1024}).ok());
+  const absl::Status negative = CheckModelCost(PrefillCost{-1, 0});
+  EXPECT_EQ(negative.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(negative.message()), "namespace.model_cost.flops_per_token -1 is not a finite number in [0, 1e+30]");
+  const absl::Status context = CheckModelCost(PrefillCost{1, 2e30});
+  EXPECT_EQ(context.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(context.message()),
+            "namespace.model_cost.flops_per_token_context 2e+30 is not a finite number in [0, 1e+30]");
 }
 
 // The derivation written in keys.h and proto/cachestore.proto, byte by byte:

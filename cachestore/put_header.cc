@@ -9,26 +9,24 @@
 namespace hybridserve::cachestore {
 namespace {
 
-absl::StatusOr<Hash128> NamespaceOf(const v1::CacheNamespace& ns) {
-  return ValidatedNamespaceKey(ns.model_fingerprint(), ns.adapter(), ns.tenant(), ns.cache_salt(), ns.page_size(),
-                               ns.key_version());
+// The model cost `ns` carries (nullopt when unset), unchecked.
+std::optional<PrefillCost> ModelCostOf(const v1::CacheNamespace& ns) {
+  if (!ns.has_model_cost()) return std::nullopt;
+  return PrefillCost{ns.model_cost().flops_per_token(), ns.model_cost().flops_per_token_context()};
 }
 
 }  // namespace
 
-absl::StatusOr<std::optional<PrefillCost>> ModelCostOf(const v1::CacheNamespace& ns) {
-  if (!ns.has_model_cost()) return std::nullopt;
-  const PrefillCost cost{ns.model_cost().flops_per_token(), ns.model_cost().flops_per_token_context()};
-  if (const std::string problem = PrefillCostProblem(cost); !problem.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("namespace.model_cost.", problem));
-  }
-  return cost;
+absl::StatusOr<Hash128> NamespaceOf(const v1::CacheNamespace& ns) {
+  RETURN_IF_ERROR(CheckModelCost(ModelCostOf(ns)));
+  return ValidatedNamespaceKey(ns.model_fingerprint(), ns.adapter(), ns.tenant(), ns.cache_salt(), ns.page_size(),
+                               ns.key_version());
 }
 
 absl::StatusOr<PutSpec> SpecOf(const v1::PutHeader& h) {
   PutSpec spec;
   ASSIGN_OR_RETURN(spec.ns, NamespaceOf(h.namespace_()));
-  ASSIGN_OR_RETURN(spec.model_cost, ModelCostOf(h.namespace_()));
+  spec.model_cost = ModelCostOf(h.namespace_());
   spec.tenant = h.namespace_().tenant();
   spec.page_size = static_cast<int32_t>(h.namespace_().page_size());
   switch (h.entry_class()) {

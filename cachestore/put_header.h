@@ -19,10 +19,12 @@
 
 namespace hybridserve::cachestore {
 
-// The model cost a namespace carries (nullopt when unset). INVALID_ARGUMENT
-// naming the field ("namespace.model_cost.flops_per_token -1 is not ...")
-// when a value is not finite or outside [0, kMaxPrefillFlops].
-absl::StatusOr<std::optional<PrefillCost>> ModelCostOf(const v1::CacheNamespace& ns);
+// The key of a namespace on the wire, as a lookup and a put check it: its
+// model cost (CheckModelCost), then its key fields (ValidatedNamespaceKey,
+// with the key version it declares); INVALID_ARGUMENT naming the field
+// otherwise. Registers nothing. cache_client.h NamespaceOf is the same check
+// of a ClientNamespace.
+absl::StatusOr<Hash128> NamespaceOf(const v1::CacheNamespace& ns);
 
 // INVALID_ARGUMENT naming the header's field: a bad namespace, class, state
 // kind, parent key, token count, position, size or ttl. What the store checks

@@ -22,14 +22,6 @@ namespace {
 
 using common::ToGrpcStatus;
 
-// A lookup's namespace: its key, its model cost checked as a put's would be
-// (a lookup does not register it).
-absl::StatusOr<Hash128> NamespaceOf(const v1::CacheNamespace& ns) {
-  RETURN_IF_ERROR(ModelCostOf(ns).status());
-  return ValidatedNamespaceKey(ns.model_fingerprint(), ns.adapter(), ns.tenant(), ns.cache_salt(), ns.page_size(),
-                               ns.key_version());
-}
-
 absl::StatusOr<Hash128> KeyOf(const std::string& bytes, absl::string_view what) {
   Hash128 key;
   if (!Hash128::FromBytes(bytes, &key)) {
