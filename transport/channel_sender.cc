@@ -183,14 +183,7 @@ absl::Status ChannelStateSender::Transfer(Communicator& comm, const Ticket& tick
   if (absl::Status s = comm.WaitReady(std::min(ticket.deadline, absl::Now() + options_.join_timeout)); !s.ok()) {
     return failed(s);
   }
-  BeginPayload begin;
-  begin.n_tokens = ticket.n_tokens;
-  begin.page_format = ticket.page_format;
-  begin.num_pages = source.num_pages();
-  begin.page_bytes = source.page_bytes();
-  begin.state_bytes = static_cast<int64_t>(source.state().size());
-  begin.secret = ticket.secret;
-  std::string begin_payload = EncodeBegin(begin);
+  std::string begin_payload = EncodeBegin(BeginOf(ticket, source));
   if (in_place != nullptr) begin_payload += EncodeRegionOffer(in_place->split);
   if (absl::Status s = SendFrame(comm, FrameType::kBegin, id, 0, begin_payload, io_deadline()); !s.ok()) {
     return failed(s);

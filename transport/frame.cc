@@ -122,6 +122,17 @@ absl::StatusOr<BeginPayload> DecodeBegin(absl::string_view p) {
   return b;
 }
 
+BeginPayload BeginOf(const Ticket& ticket, const StateSource& source) {
+  BeginPayload begin;
+  begin.n_tokens = ticket.n_tokens;
+  begin.page_format = ticket.page_format;
+  begin.num_pages = source.num_pages();
+  begin.page_bytes = source.page_bytes();
+  begin.state_bytes = static_cast<int64_t>(source.state().size());
+  begin.secret = ticket.secret;
+  return begin;
+}
+
 absl::Status CheckBeginAgainstTicket(uint64_t transfer_id, const BeginPayload& begin, const Ticket& ticket) {
   if (begin.n_tokens != ticket.n_tokens || begin.page_format != ticket.page_format ||
       begin.num_pages != ticket.num_pages || begin.page_bytes != ticket.page_bytes || begin.state_bytes < 1 ||

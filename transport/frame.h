@@ -115,6 +115,12 @@ std::string EncodeRegionOffer(const std::vector<int64_t>& region_bytes);
 // INVALID_ARGUMENT for a malformed offer (sizes, count, a region < 1 byte).
 absl::StatusOr<std::vector<int64_t>> DecodeRegionOffer(absl::string_view bytes);
 
+// The kBegin payload a sender of `source` for `ticket` sends: the ticket's
+// tokens, page format and secret, the source's pages and state size (what
+// CheckBeginAgainstTicket checks on the other side). Used by every sender
+// (TCP and the channel planes).
+BeginPayload BeginOf(const Ticket& ticket, const StateSource& source);
+
 // OK when `begin` announces what `ticket` expects: the same tokens, page
 // format, number and size of pages, and a state of 1 to max_state_bytes
 // bytes; INVALID_ARGUMENT saying both sides otherwise.

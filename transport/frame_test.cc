@@ -1,10 +1,14 @@
 #include "transport/frame.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "common/hash.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -74,6 +78,55 @@ TEST(FrameTest, PayloadOfAnotherSizeOrContentIsDataLoss) {
   bad[999] = 'b';
   EXPECT_THAT(CheckPayload(*d, bad).message(), HasSubstr("checksum mismatch"));
   EXPECT_EQ(CheckPayload(*d, payload.substr(1)).code(), absl::StatusCode::kDataLoss);
+}
+
+// A source of `pages` pages of `page_bytes` bytes and the state `state`.
+class SizedSource final : public StateSource {
+ public:
+  SizedSource(int64_t pages, int64_t page_bytes, std::string state)
+      : pages_(pages), page_bytes_(page_bytes), state_(std::move(state)) {}
+  int64_t num_pages() const override { return pages_; }
+  int64_t page_bytes() const override { return page_bytes_; }
+  absl::Status ReadPage(int64_t, absl::Span<char> out) const override {
+    std::fill(out.begin(), out.end(), 'p');
+    return absl::OkStatus();
+  }
+  absl::string_view state() const override { return state_; }
+  int32_t first_token() const override { return 7; }
+  float first_logprob() const override { return -0.5f; }
+
+ private:
+  int64_t pages_;
+  int64_t page_bytes_;
+  std::string state_;
+};
+
+// What every sender announces: the ticket's tokens, page format and secret,
+// the source's pages and state size; the receiver's check accepts it.
+TEST(FrameTest, BeginOfAnnouncesTheTicketAndTheSource) {
+  Ticket ticket;
+  ticket.transfer_id = 9;
+  ticket.n_tokens = 100;
+  ticket.page_format = common::Hash128{3, 4};
+  ticket.num_pages = 6;
+  ticket.page_bytes = 512;
+  ticket.max_state_bytes = 4096;
+  ticket.held_pages = 2;
+  ticket.secret = "fedcba9876543210";
+  const SizedSource source(6, 512, std::string(1234, 's'));
+  const BeginPayload b = BeginOf(ticket, source);
+  EXPECT_EQ(b.n_tokens, 100);
+  EXPECT_EQ(b.page_format, (common::Hash128{3, 4}));
+  EXPECT_EQ(b.num_pages, 6);
+  EXPECT_EQ(b.page_bytes, 512);
+  EXPECT_EQ(b.state_bytes, 1234);
+  EXPECT_EQ(b.secret, "fedcba9876543210");
+  EXPECT_TRUE(CheckBeginAgainstTicket(ticket.transfer_id, b, ticket).ok());
+  // A source that differs from its ticket is announced as it is, and refused.
+  const SizedSource other(5, 512, "s");
+  EXPECT_EQ(BeginOf(ticket, other).num_pages, 5);
+  EXPECT_EQ(CheckBeginAgainstTicket(ticket.transfer_id, BeginOf(ticket, other), ticket).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(FrameTest, BeginEndAndAckRoundTrip) {

@@ -259,16 +259,9 @@ absl::Status TcpStateSender::Send(const Ticket& ticket, const StateSource& sourc
     return carried;
   };
 
-  BeginPayload begin;
-  begin.n_tokens = ticket.n_tokens;
-  begin.page_format = ticket.page_format;
-  begin.num_pages = source.num_pages();
-  begin.page_bytes = source.page_bytes();
-  begin.state_bytes = static_cast<int64_t>(source.state().size());
-  begin.secret = ticket.secret;
   // The begin frame's index: the first page sent (pages before it are held).
   absl::Status s = WriteFrame(socket, FrameType::kBegin, id, static_cast<uint64_t>(ticket.held_pages),
-                              EncodeBegin(begin), deadline());
+                              EncodeBegin(BeginOf(ticket, source)), deadline());
   // Pages straight from the source's memory where the host can read it,
   // else staged through one page buffer.
   std::string page;
