@@ -5,20 +5,12 @@
 namespace hybridserve::cachestore {
 namespace {
 
-prometheus::Family<prometheus::Counter>& CounterFamily(prometheus::Registry& r, const std::string& name,
-                                                       const std::string& help) {
-  return prometheus::BuildCounter().Name(name).Help(help).Register(r);
-}
+using common::AdvanceCounter;
+using common::CounterFamily;
+using common::GaugeFamily;
+using common::UnlabelledHistogram;
 
-prometheus::Family<prometheus::Gauge>& GaugeFamily(prometheus::Registry& r, const std::string& name,
-                                                   const std::string& help) {
-  return prometheus::BuildGauge().Name(name).Help(help).Register(r);
-}
-
-prometheus::Histogram& MakeHistogram(prometheus::Registry& r, const std::string& name, const std::string& help,
-                                     std::vector<double> buckets) {
-  return prometheus::BuildHistogram().Name(name).Help(help).Register(r).Add({}, std::move(buckets));
-}
+const char* PolicyReason(EvictionPolicy policy) { return policy == EvictionPolicy::kUtility ? "utility" : "lru"; }
 
 }  // namespace
 
@@ -84,16 +76,6 @@ struct Families {
   prometheus::Family<prometheus::Counter>& expired_puts;
 };
 
-namespace {
-
-void Advance(prometheus::Counter& c, int64_t now, int64_t before) {
-  if (now > before) c.Increment(static_cast<double>(now - before));
-}
-
-const char* PolicyReason(EvictionPolicy policy) { return policy == EvictionPolicy::kUtility ? "utility" : "lru"; }
-
-}  // namespace
-
 ServiceMetrics::ServiceMetrics(prometheus::Registry& r, EvictionPolicy policy)
     : ServiceMetrics(r, Families(r), policy) {}
 
@@ -101,21 +83,21 @@ ServiceMetrics::ServiceMetrics(prometheus::Registry& r, const Families& f, Evict
     : lookups_(f.lookups.Add({})),
       hits_grid_(f.hits.Add({{"kind", "grid_checkpoint"}})),
       hits_exact_(f.hits.Add({{"kind", "exact_prefix"}})),
-      resume_depth_(MakeHistogram(r, "hybridserve_cache_resume_depth_tokens", "Resume point of lookups, tokens.",
-                                  common::ExponentialBuckets(16, 2, 14))),
-      kv_match_depth_(MakeHistogram(r, "hybridserve_cache_kv_match_depth_tokens",
-                                    "Tokens covered by matched KV pages, tokens.",
-                                    common::ExponentialBuckets(16, 2, 14))),
+      resume_depth_(UnlabelledHistogram(r, "hybridserve_cache_resume_depth_tokens", "Resume point of lookups, tokens.",
+                                        common::ExponentialBuckets(16, 2, 14))),
+      kv_match_depth_(UnlabelledHistogram(r, "hybridserve_cache_kv_match_depth_tokens",
+                                          "Tokens covered by matched KV pages, tokens.",
+                                          common::ExponentialBuckets(16, 2, 14))),
       puts_ok_(f.puts.Add({{"outcome", "ok"}})),
       puts_failed_(f.puts.Add({{"outcome", "error"}})),
       put_bytes_(f.put_bytes.Add({})),
-      put_seconds_(MakeHistogram(r, "hybridserve_cache_put_seconds", "Duration of put streams.",
-                                 common::ExponentialBuckets(1e-4, 2, 18))),
+      put_seconds_(UnlabelledHistogram(r, "hybridserve_cache_put_seconds", "Duration of put streams.",
+                                       common::ExponentialBuckets(1e-4, 2, 18))),
       gets_ok_(f.gets.Add({{"outcome", "ok"}})),
       gets_failed_(f.gets.Add({{"outcome", "error"}})),
       get_bytes_(f.get_bytes.Add({})),
-      get_seconds_(MakeHistogram(r, "hybridserve_cache_get_seconds", "Duration of get streams.",
-                                 common::ExponentialBuckets(1e-4, 2, 18))),
+      get_seconds_(UnlabelledHistogram(r, "hybridserve_cache_get_seconds", "Duration of get streams.",
+                                       common::ExponentialBuckets(1e-4, 2, 18))),
       shm_reads_ok_(f.shm_reads.Add({{"outcome", "ok"}})),
       shm_reads_failed_(f.shm_reads.Add({{"outcome", "error"}})),
       shm_peers_refused_(f.shm_reads.Add({{"outcome", "refused_peer"}})),
@@ -204,14 +186,14 @@ void ServiceMetrics::SyncFromStats(const IndexStats& s) {
   leases_.Set(static_cast<double>(s.active_leases));
   namespaces_registered_.Set(static_cast<double>(s.namespaces_with_model_cost));
   namespaces_fallback_.Set(static_cast<double>(s.namespaces - s.namespaces_with_model_cost));
-  Advance(page_evicted_lru_, s.pages.evicted_lru, last_.pages.evicted_lru);
-  Advance(page_evicted_ttl_, s.pages.evicted_ttl, last_.pages.evicted_ttl);
-  Advance(state_evicted_lru_, s.states.evicted_lru, last_.states.evicted_lru);
-  Advance(state_evicted_ttl_, s.states.evicted_ttl, last_.states.evicted_ttl);
-  Advance(state_dropped_with_pages_, s.states.dropped_with_pages, last_.states.dropped_with_pages);
-  Advance(checksum_failures_, s.checksum_failures, last_.checksum_failures);
-  Advance(expired_leases_, s.expired_leases, last_.expired_leases);
-  Advance(expired_puts_, s.expired_puts, last_.expired_puts);
+  AdvanceCounter(page_evicted_lru_, s.pages.evicted_lru, last_.pages.evicted_lru);
+  AdvanceCounter(page_evicted_ttl_, s.pages.evicted_ttl, last_.pages.evicted_ttl);
+  AdvanceCounter(state_evicted_lru_, s.states.evicted_lru, last_.states.evicted_lru);
+  AdvanceCounter(state_evicted_ttl_, s.states.evicted_ttl, last_.states.evicted_ttl);
+  AdvanceCounter(state_dropped_with_pages_, s.states.dropped_with_pages, last_.states.dropped_with_pages);
+  AdvanceCounter(checksum_failures_, s.checksum_failures, last_.checksum_failures);
+  AdvanceCounter(expired_leases_, s.expired_leases, last_.expired_leases);
+  AdvanceCounter(expired_puts_, s.expired_puts, last_.expired_puts);
   last_ = s;
 }
 

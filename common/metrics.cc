@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
@@ -144,6 +145,30 @@ int BoundPort(int fd) {
 
 }  // namespace
 
+prometheus::Family<prometheus::Counter>& CounterFamily(prometheus::Registry& registry, const std::string& name,
+                                                       const std::string& help) {
+  return prometheus::BuildCounter().Name(name).Help(help).Register(registry);
+}
+
+prometheus::Family<prometheus::Gauge>& GaugeFamily(prometheus::Registry& registry, const std::string& name,
+                                                   const std::string& help) {
+  return prometheus::BuildGauge().Name(name).Help(help).Register(registry);
+}
+
+prometheus::Counter& UnlabelledCounter(prometheus::Registry& registry, const std::string& name,
+                                       const std::string& help) {
+  return CounterFamily(registry, name, help).Add({});
+}
+
+prometheus::Gauge& UnlabelledGauge(prometheus::Registry& registry, const std::string& name, const std::string& help) {
+  return GaugeFamily(registry, name, help).Add({});
+}
+
+prometheus::Histogram& UnlabelledHistogram(prometheus::Registry& registry, const std::string& name,
+                                           const std::string& help, std::vector<double> buckets) {
+  return prometheus::BuildHistogram().Name(name).Help(help).Register(registry).Add({}, std::move(buckets));
+}
+
 std::vector<double> ExponentialBuckets(double start, double factor, int count) {
   std::vector<double> out;
   out.reserve(count);
@@ -159,8 +184,13 @@ void AdvanceByKey(prometheus::Family<prometheus::Counter>& family, const prometh
     auto before = last.find(key);
     prometheus::Labels with_key = labels;
     with_key[label] = key;
-    family.Add(with_key).Increment(static_cast<double>(n - (before == last.end() ? 0 : before->second)));
+    AdvanceCounter(family.Add(with_key), static_cast<double>(n),
+                   static_cast<double>(before == last.end() ? 0 : before->second));
   }
+}
+
+void AdvanceCounter(prometheus::Counter& counter, double now, double last) {
+  if (now > last) counter.Increment(now - last);
 }
 
 absl::StatusOr<std::unique_ptr<MetricsExposer>> MetricsExposer::Create(const std::string& bind,

@@ -22,12 +22,35 @@ struct MHD_Daemon;
 
 namespace hybridserve::common {
 
+// ---- Building a service's metrics (decode/metrics.h, prefill/metrics.h,
+// cachestore/service_metrics.h, worker/*_metrics.h) ----
+
+// A family `name` described by `help`, registered in `registry` (which owns
+// it and must outlive every use). prometheus-cpp aborts on a name registered
+// twice in one registry with another type or help.
+prometheus::Family<prometheus::Counter>& CounterFamily(prometheus::Registry& registry, const std::string& name,
+                                                       const std::string& help);
+prometheus::Family<prometheus::Gauge>& GaugeFamily(prometheus::Registry& registry, const std::string& name,
+                                                   const std::string& help);
+
+// The one series, without labels, of a family registered as above.
+prometheus::Counter& UnlabelledCounter(prometheus::Registry& registry, const std::string& name,
+                                       const std::string& help);
+prometheus::Gauge& UnlabelledGauge(prometheus::Registry& registry, const std::string& name, const std::string& help);
+prometheus::Histogram& UnlabelledHistogram(prometheus::Registry& registry, const std::string& name,
+                                           const std::string& help, std::vector<double> buckets);
+
 // Bucket boundaries start, start*factor, ... (count of them).
 std::vector<double> ExponentialBuckets(double start, double factor, int count);
 
-// For counts kept cumulatively by a key (a failure reason, say): advances the
-// counter of `family` labelled `labels` plus {label: key} by what each key of
-// `now` gained since `last`.
+// For a count kept cumulatively elsewhere (a worker's counters, the index's
+// statistics) and copied into `counter` before each scrape: advances it by
+// what the count gained, `now` - `last`; nothing when it did not grow.
+void AdvanceCounter(prometheus::Counter& counter, double now, double last);
+
+// The same for counts kept cumulatively by a key (a failure reason, say):
+// advances the counter of `family` labelled `labels` plus {label: key} by
+// what each key of `now` gained since `last`.
 void AdvanceByKey(prometheus::Family<prometheus::Counter>& family, const prometheus::Labels& labels,
                   const std::string& label, const std::map<std::string, int64_t>& now,
                   const std::map<std::string, int64_t>& last);

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
@@ -116,6 +117,68 @@ class ExposerTest : public ::testing::Test {
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<MetricsExposer> exposer_;
 };
+
+// The builders register one family each, with its name, help and type; the
+// unlabelled ones hold one series without labels.
+TEST(MetricsTest, BuildersRegisterNamedFamilies) {
+  prometheus::Registry r;
+  prometheus::Family<prometheus::Counter>& calls = CounterFamily(r, "t_calls_total", "calls by code");
+  calls.Add({{"code", "OK"}}).Increment(2);
+  UnlabelledCounter(r, "t_bytes_total", "bytes").Increment(3);
+  GaugeFamily(r, "t_free", "free by kind").Add({{"kind", "page"}}).Set(4);
+  UnlabelledGauge(r, "t_waiting", "waiting").Set(5);
+  UnlabelledHistogram(r, "t_seconds", "seconds", {1, 2}).Observe(1.5);
+  const std::vector<prometheus::MetricFamily> families = r.Collect();
+  ASSERT_EQ(families.size(), 5u);
+  std::map<std::string, const prometheus::MetricFamily*> by_name;
+  for (const prometheus::MetricFamily& f : families) by_name[f.name] = &f;
+  ASSERT_EQ(by_name.size(), 5u);
+  const prometheus::MetricFamily& c = *by_name.at("t_calls_total");
+  EXPECT_EQ(c.help, "calls by code");
+  EXPECT_EQ(c.type, prometheus::MetricType::Counter);
+  ASSERT_EQ(c.metric.size(), 1u);
+  ASSERT_EQ(c.metric[0].label.size(), 1u);
+  EXPECT_EQ(c.metric[0].label[0].value, "OK");
+  EXPECT_EQ(c.metric[0].counter.value, 2);
+  const prometheus::MetricFamily& b = *by_name.at("t_bytes_total");
+  EXPECT_EQ(b.help, "bytes");
+  EXPECT_EQ(b.type, prometheus::MetricType::Counter);
+  ASSERT_EQ(b.metric.size(), 1u);
+  EXPECT_TRUE(b.metric[0].label.empty());
+  EXPECT_EQ(b.metric[0].counter.value, 3);
+  EXPECT_EQ(by_name.at("t_free")->type, prometheus::MetricType::Gauge);
+  EXPECT_EQ(by_name.at("t_free")->metric[0].gauge.value, 4);
+  EXPECT_EQ(by_name.at("t_waiting")->type, prometheus::MetricType::Gauge);
+  EXPECT_TRUE(by_name.at("t_waiting")->metric[0].label.empty());
+  EXPECT_EQ(by_name.at("t_waiting")->metric[0].gauge.value, 5);
+  const prometheus::MetricFamily& h = *by_name.at("t_seconds");
+  EXPECT_EQ(h.type, prometheus::MetricType::Histogram);
+  ASSERT_EQ(h.metric[0].histogram.bucket.size(), 3u);  // 1, 2, +Inf
+  EXPECT_EQ(h.metric[0].histogram.bucket[0].cumulative_count, 0u);
+  EXPECT_EQ(h.metric[0].histogram.bucket[1].cumulative_count, 1u);
+}
+
+// A cumulative count copied in before each scrape: the counter gains what
+// the count gained, and nothing when it did not grow.
+TEST(MetricsTest, AdvanceCounterAddsWhatTheCountGained) {
+  prometheus::Registry r;
+  prometheus::Counter& c = UnlabelledCounter(r, "t_total", "t");
+  AdvanceCounter(c, 5, 0);
+  EXPECT_EQ(c.Value(), 5);
+  AdvanceCounter(c, 5, 5);
+  EXPECT_EQ(c.Value(), 5);
+  AdvanceCounter(c, 7.5, 5);
+  EXPECT_EQ(c.Value(), 7.5);
+  AdvanceCounter(c, 3, 7.5);  // a count that went back adds nothing
+  EXPECT_EQ(c.Value(), 7.5);
+
+  prometheus::Family<prometheus::Counter>& f = CounterFamily(r, "t_by_reason_total", "t");
+  AdvanceByKey(f, {{"path", "shm"}}, "reason", {{"UNAVAILABLE", 2}, {"DATA_LOSS", 0}}, {});
+  AdvanceByKey(f, {{"path", "shm"}}, "reason", {{"UNAVAILABLE", 5}, {"DATA_LOSS", 1}},
+               {{"UNAVAILABLE", 2}, {"DATA_LOSS", 0}});
+  EXPECT_EQ(f.Add({{"path", "shm"}, {"reason", "UNAVAILABLE"}}).Value(), 5);
+  EXPECT_EQ(f.Add({{"path", "shm"}, {"reason", "DATA_LOSS"}}).Value(), 1);
+}
 
 TEST(MetricsTest, ExponentialBuckets) { EXPECT_EQ(ExponentialBuckets(1, 2, 4), (std::vector<double>{1, 2, 4, 8})); }
 

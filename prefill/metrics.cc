@@ -7,71 +7,55 @@
 namespace hybridserve::prefill {
 namespace {
 
-prometheus::Family<prometheus::Counter>& Counters(prometheus::Registry& r, const std::string& name,
-                                                  const std::string& help) {
-  return prometheus::BuildCounter().Name(name).Help(help).Register(r);
-}
+using common::AdvanceCounter;
+using common::CounterFamily;
+using common::UnlabelledCounter;
+using common::UnlabelledGauge;
 
-prometheus::Counter& Counter(prometheus::Registry& r, const std::string& name, const std::string& help) {
-  return Counters(r, name, help).Add({});
-}
-
+// Buckets start, 2*start, ... (count of them).
 prometheus::Histogram& Histogram(prometheus::Registry& r, const std::string& name, const std::string& help,
                                  double start, int count) {
-  return prometheus::BuildHistogram().Name(name).Help(help).Register(r).Add(
-      {}, common::ExponentialBuckets(start, 2.0, count));
+  return common::UnlabelledHistogram(r, name, help, common::ExponentialBuckets(start, 2.0, count));
 }
 
 }  // namespace
 
 PrefillMetrics::PrefillMetrics(prometheus::Registry& r)
-    : queue_(prometheus::BuildGauge()
-                 .Name("hybridserve_prefill_queue_depth")
-                 .Help("Prefill requests admitted and not finished (running or waiting for the engine)")
-                 .Register(r)
-                 .Add({})),
-      requests_(Counters(r, "hybridserve_prefill_requests_total", "Prefill calls by outcome")),
+    : queue_(UnlabelledGauge(r, "hybridserve_prefill_queue_depth",
+                             "Prefill requests admitted and not finished (running or waiting for the engine)")),
+      requests_(CounterFamily(r, "hybridserve_prefill_requests_total", "Prefill calls by outcome")),
       ok_(requests_.Add({{"outcome", "ok"}})),
       failed_(requests_.Add({{"outcome", "failed"}})),
       refused_(requests_.Add({{"outcome", "refused"}})),
       cancelled_(requests_.Add({{"outcome", "cancelled"}})),
-      transfers_in_flight_(prometheus::BuildGauge()
-                               .Name("hybridserve_prefill_transfers_in_flight")
-                               .Help("Pushes of a state to a decode worker under way")
-                               .Register(r)
-                               .Add({})),
-      publications_in_flight_(prometheus::BuildGauge()
-                                  .Name("hybridserve_prefill_publications_in_flight")
-                                  .Help("Cache publications queued or being put, behind the answers")
-                                  .Register(r)
-                                  .Add({})),
-      transfer_failures_(Counter(r, "hybridserve_prefill_transfer_failures_total",
-                                 "Pushes of a state to a decode worker that failed (peer gone, refused, timed out)")),
-      free_pages_(prometheus::BuildGauge()
-                      .Name("hybridserve_prefill_kv_pages_free")
-                      .Help("KV pages of the prefill engine not held by a sequence (all of them when idle)")
-                      .Register(r)
-                      .Add({})),
-      free_slots_(prometheus::BuildGauge()
-                      .Name("hybridserve_prefill_state_slots_free")
-                      .Help("State slots of the prefill engine not held by a sequence (all of them when idle)")
-                      .Register(r)
-                      .Add({})),
-      prompt_tokens_(Counter(r, "hybridserve_prefill_prompt_tokens_total", "Prompt tokens of successful prefills")),
-      prefilled_tokens_(Counter(r, "hybridserve_prefill_computed_tokens_total",
-                                "Prompt tokens actually prefilled (prompt minus what came from the cache)")),
-      cache_queries_(Counter(r, "hybridserve_prefix_cache_queries_total",
-                             "Prompt tokens looked up in the cache (vLLM prefix_cache_queries)")),
-      cache_hits_(Counter(r, "hybridserve_prefix_cache_hits_total",
-                          "Prompt tokens whose state came from the cache (vLLM prefix_cache_hits)")),
-      recomputed_(Counter(r, "hybridserve_prefill_recomputed_tokens_total",
-                          "Tokens with cached KV pages prefilled again for want of an SSM state at a deeper point")),
+      transfers_in_flight_(UnlabelledGauge(r, "hybridserve_prefill_transfers_in_flight",
+                                           "Pushes of a state to a decode worker under way")),
+      publications_in_flight_(UnlabelledGauge(r, "hybridserve_prefill_publications_in_flight",
+                                              "Cache publications queued or being put, behind the answers")),
+      transfer_failures_(
+          UnlabelledCounter(r, "hybridserve_prefill_transfer_failures_total",
+                            "Pushes of a state to a decode worker that failed (peer gone, refused, timed out)")),
+      free_pages_(UnlabelledGauge(r, "hybridserve_prefill_kv_pages_free",
+                                  "KV pages of the prefill engine not held by a sequence (all of them when idle)")),
+      free_slots_(UnlabelledGauge(r, "hybridserve_prefill_state_slots_free",
+                                  "State slots of the prefill engine not held by a sequence (all of them when idle)")),
+      prompt_tokens_(
+          UnlabelledCounter(r, "hybridserve_prefill_prompt_tokens_total", "Prompt tokens of successful prefills")),
+      prefilled_tokens_(UnlabelledCounter(r, "hybridserve_prefill_computed_tokens_total",
+                                          "Prompt tokens actually prefilled (prompt minus what came from the cache)")),
+      cache_queries_(UnlabelledCounter(r, "hybridserve_prefix_cache_queries_total",
+                                       "Prompt tokens looked up in the cache (vLLM prefix_cache_queries)")),
+      cache_hits_(UnlabelledCounter(r, "hybridserve_prefix_cache_hits_total",
+                                    "Prompt tokens whose state came from the cache (vLLM prefix_cache_hits)")),
+      recomputed_(
+          UnlabelledCounter(r, "hybridserve_prefill_recomputed_tokens_total",
+                            "Tokens with cached KV pages prefilled again for want of an SSM state at a deeper point")),
       resume_depth_(Histogram(r, "hybridserve_prefill_resume_depth_tokens",
                               "Position prefill resumed from (0 when cold)", 16, 16)),
       kv_match_depth_(Histogram(r, "hybridserve_prefill_kv_match_depth_tokens",
                                 "Tokens of the prompt whose KV pages the cache held", 16, 16)),
       seconds_(Histogram(r, "hybridserve_prefill_seconds", "Prefill call time, push included", 0.001, 17)),
-      transfer_bytes_(Counter(r, "hybridserve_transfer_bytes_total", "Bytes pushed to decode workers")),
+      transfer_bytes_(UnlabelledCounter(r, "hybridserve_transfer_bytes_total", "Bytes pushed to decode workers")),
       transfer_seconds_(
           Histogram(r, "hybridserve_transfer_seconds", "Time of one push to a decode worker", 0.0001, 18)),
       resume_seconds_(Histogram(r, "hybridserve_prefill_resume_seconds",
@@ -79,14 +63,15 @@ PrefillMetrics::PrefillMetrics(prometheus::Registry& r)
       compute_seconds_(Histogram(r, "hybridserve_prefill_compute_seconds",
                                  "Engine prefill past the resume point and first-token sampling of one call", 0.001,
                                  17)),
-      lookups_(Counter(r, "hybridserve_prefill_cache_lookups_total", "Resume-point lookups in the cachestore")),
-      errors_as_misses_(Counter(r, "hybridserve_prefill_cache_errors_total",
-                                "Cachestore calls or entries that failed and were treated as misses")),
-      pages_published_(Counter(r, "hybridserve_prefill_pages_published_total", "KV pages published")),
-      states_published_(Counter(r, "hybridserve_prefill_states_published_total",
-                                "Grid checkpoints and prompt-end snapshots published")),
-      publish_failures_(Counters(r, "hybridserve_prefill_publish_failures_total",
-                                 "Cache puts of pages and states that failed, by reason (the status code)")) {}
+      lookups_(
+          UnlabelledCounter(r, "hybridserve_prefill_cache_lookups_total", "Resume-point lookups in the cachestore")),
+      errors_as_misses_(UnlabelledCounter(r, "hybridserve_prefill_cache_errors_total",
+                                          "Cachestore calls or entries that failed and were treated as misses")),
+      pages_published_(UnlabelledCounter(r, "hybridserve_prefill_pages_published_total", "KV pages published")),
+      states_published_(UnlabelledCounter(r, "hybridserve_prefill_states_published_total",
+                                          "Grid checkpoints and prompt-end snapshots published")),
+      publish_failures_(CounterFamily(r, "hybridserve_prefill_publish_failures_total",
+                                      "Cache puts of pages and states that failed, by reason (the status code)")) {}
 
 void PrefillMetrics::SetQueueDepth(int64_t outstanding) { queue_.Set(static_cast<double>(outstanding)); }
 void PrefillMetrics::RecordFailure() { failed_.Increment(); }
@@ -115,13 +100,13 @@ void PrefillMetrics::RecordSuccess(const PrefillOutcome& o, double seconds) {
 
 void PrefillMetrics::SyncCounters(const PrefillCacheCounters& now) {
   absl::MutexLock lock(&mu_);
-  lookups_.Increment(static_cast<double>(now.lookups - last_.lookups));
-  errors_as_misses_.Increment(static_cast<double>(now.errors_as_misses - last_.errors_as_misses));
-  pages_published_.Increment(static_cast<double>(now.pages_published - last_.pages_published));
-  states_published_.Increment(static_cast<double>(now.states_published - last_.states_published));
+  AdvanceCounter(lookups_, now.lookups, last_.lookups);
+  AdvanceCounter(errors_as_misses_, now.errors_as_misses, last_.errors_as_misses);
+  AdvanceCounter(pages_published_, now.pages_published, last_.pages_published);
+  AdvanceCounter(states_published_, now.states_published, last_.states_published);
   transfers_in_flight_.Set(static_cast<double>(now.transfers_in_flight));
   publications_in_flight_.Set(static_cast<double>(now.publications_in_flight));
-  transfer_failures_.Increment(static_cast<double>(now.transfer_failures - last_.transfer_failures));
+  AdvanceCounter(transfer_failures_, now.transfer_failures, last_.transfer_failures);
   common::AdvanceByKey(publish_failures_, {}, "reason", now.publish_failures_by_reason,
                        last_.publish_failures_by_reason);
   last_ = now;

@@ -8,23 +8,18 @@
 namespace hybridserve::worker {
 
 DirectPutMetrics::DirectPutMetrics(prometheus::Registry& r)
-    : entries_(prometheus::BuildCounter()
-                   .Name("hybridserve_worker_direct_put_entries_total")
-                   .Help("Cache entries put by a direct path (shm: the cachestore's shm socket; bulk: its bulk port)")
-                   .Register(r)),
-      bytes_(prometheus::BuildCounter()
-                 .Name("hybridserve_worker_direct_put_bytes_total")
-                 .Help("Bytes of the cache entries put by a direct path")
-                 .Register(r)),
-      fallbacks_(prometheus::BuildCounter()
-                     .Name("hybridserve_worker_direct_put_fallbacks_total")
-                     .Help("Put calls that went on over gRPC after the direct path failed, by reason")
-                     .Register(r)) {}
+    : entries_(common::CounterFamily(
+          r, "hybridserve_worker_direct_put_entries_total",
+          "Cache entries put by a direct path (shm: the cachestore's shm socket; bulk: its bulk port)")),
+      bytes_(common::CounterFamily(r, "hybridserve_worker_direct_put_bytes_total",
+                                   "Bytes of the cache entries put by a direct path")),
+      fallbacks_(common::CounterFamily(r, "hybridserve_worker_direct_put_fallbacks_total",
+                                       "Put calls that went on over gRPC after the direct path failed, by reason")) {}
 
 void DirectPutMetrics::Sync(const cachestore::DirectPutCounts& now) {
   absl::MutexLock lock(&mu_);
-  entries_.Add({{"path", now.path}}).Increment(static_cast<double>(now.entries - last_.entries));
-  bytes_.Add({{"path", now.path}}).Increment(static_cast<double>(now.bytes - last_.bytes));
+  common::AdvanceCounter(entries_.Add({{"path", now.path}}), now.entries, last_.entries);
+  common::AdvanceCounter(bytes_.Add({{"path", now.path}}), now.bytes, last_.bytes);
   common::AdvanceByKey(fallbacks_, {{"path", now.path}}, "reason", now.fallbacks, last_.fallbacks);
   last_ = now;
 }

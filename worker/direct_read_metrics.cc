@@ -11,16 +11,10 @@ DirectReadMetrics::Path DirectReadMetrics::Register(prometheus::Registry& r, con
                                                     const std::string& path, const std::string& what) {
   const std::string name = prefix + "_" + path + "_";
   return Path{
-      prometheus::BuildCounter()
-          .Name(name + "reads_total")
-          .Help("Cache reads (Get, GetMany) served " + what)
-          .Register(r)
-          .Add({}),
-      prometheus::BuildCounter().Name(name + "bytes_total").Help("Entry bytes read " + what).Register(r).Add({}),
-      prometheus::BuildCounter()
-          .Name(name + "fallbacks_total")
-          .Help("Reads " + what + " that failed and went to gRPC instead, by reason (the status code)")
-          .Register(r)};
+      common::UnlabelledCounter(r, name + "reads_total", "Cache reads (Get, GetMany) served " + what),
+      common::UnlabelledCounter(r, name + "bytes_total", "Entry bytes read " + what),
+      common::CounterFamily(r, name + "fallbacks_total",
+                            "Reads " + what + " that failed and went to gRPC instead, by reason (the status code)")};
 }
 
 DirectReadMetrics::DirectReadMetrics(prometheus::Registry& r, const std::string& prefix)
@@ -30,8 +24,8 @@ DirectReadMetrics::DirectReadMetrics(prometheus::Registry& r, const std::string&
 void DirectReadMetrics::Sync(const cachestore::DirectReadCounts& now) {
   absl::MutexLock lock(&mu_);
   Path& m = now.path == "bulk" ? bulk_ : shm_;
-  m.reads.Increment(static_cast<double>(now.reads - last_.reads));
-  m.bytes.Increment(static_cast<double>(now.bytes - last_.bytes));
+  common::AdvanceCounter(m.reads, now.reads, last_.reads);
+  common::AdvanceCounter(m.bytes, now.bytes, last_.bytes);
   common::AdvanceByKey(m.fallbacks, {}, "reason", now.fallbacks, last_.fallbacks);
   last_ = now;
 }
