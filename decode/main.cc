@@ -27,6 +27,7 @@
 #include "prefill/prefill_worker.h"
 #include "transport/in_process_transport.h"
 #include "worker/bootstrap.h"
+#include "worker/cache_stack.h"
 #include "worker/data_plane_metrics.h"
 #include "worker/direct_put_metrics.h"
 #include "worker/direct_read_metrics.h"
@@ -191,15 +192,8 @@ absl::Status Run() {
   ASSIGN_OR_RETURN(std::unique_ptr<engine::ModelWeights> weights, worker::LoadModel(options));
   ASSIGN_OR_RETURN(std::unique_ptr<engine::Model> model,
                    worker::NewEngine(*weights, options, absl::GetFlag(FLAGS_max_batch)));
-  ASSIGN_OR_RETURN(std::unique_ptr<cachestore::GrpcCacheClient> cache, worker::ConnectCache(options));
-  ASSIGN_OR_RETURN(std::unique_ptr<cachestore::DirectReadCacheClient> direct_cache,
-                   worker::ConnectDirectReads(options, cache.get()));
-  cachestore::CacheClient* cache_client =
-      direct_cache != nullptr ? static_cast<cachestore::CacheClient*>(direct_cache.get()) : cache.get();
-  // Puts by the same direct path in front of both.
-  const std::unique_ptr<cachestore::DirectPutCacheClient> direct_puts =
-      worker::ConnectDirectPuts(options, cache_client);
-  if (direct_puts != nullptr) cache_client = direct_puts.get();
+  ASSIGN_OR_RETURN(const std::unique_ptr<worker::CacheStack> cache, worker::CacheStack::Connect(options.cache));
+  cachestore::CacheClient* const cache_client = cache->client();
   // The process's one memory of a hung cache: the loop's publisher, history
   // reads and local prefill, and the prefill workers in this process.
   const auto cache_backoff = std::make_shared<cachestore::CacheBackoff>(options.cache_failure_backoff);
@@ -217,8 +211,7 @@ absl::Status Run() {
   // Only by shared memory: over gRPC or the bulk port, reading the pages
   // here moves them over a socket as the push from prefill does, and costs
   // a lookup besides.
-  lo.read_history_pages =
-      direct_cache != nullptr && !options.cachestore_shm_socket.empty() && absl::GetFlag(FLAGS_read_history_pages);
+  lo.read_history_pages = cache->reads_by_shared_memory() && absl::GetFlag(FLAGS_read_history_pages);
   const int64_t history_read_min_kib = absl::GetFlag(FLAGS_history_read_min_kib);
   if (history_read_min_kib < 0 || history_read_min_kib > (int64_t{1} << 40)) {
     return absl::InvalidArgumentError(
@@ -267,8 +260,7 @@ absl::Status Run() {
                      metrics.SyncLocalPrefills(c.local_prefills, c.local_prefill_failures, c.local_prefill_tokens,
                                                c.local_prefill_resume, c.local_prefill_compute);
                      if (prefill_side.plane != nullptr) plane_metrics.Sync(prefill_side.plane->ipc_traffic());
-                     if (direct_cache != nullptr) direct_read_metrics.Sync(direct_cache->counts());
-                     if (direct_puts != nullptr) direct_put_metrics.Sync(direct_puts->counts());
+                     cache->SyncMetrics(direct_read_metrics, direct_put_metrics);
                    }));
 
   ASSIGN_OR_RETURN(engine::ModelMetadata metadata, engine::LoadModelMetadata(options.model_dir, weights->config(),
@@ -294,10 +286,7 @@ absl::Status Run() {
   LOG(INFO) << "decode serving " << weights->config().LayerPattern() << " on port " << server->port() << ", "
             << (aggregated ? std::string("aggregated (prefill in process)")
                            : absl::StrCat("data plane ", lo.endpoint, ", prefill ", absl::GetFlag(FLAGS_prefill)))
-            << (cache ? absl::StrCat(", cachestore ", options.cachestore) : ", no cache")
-            << (direct_cache ? absl::StrCat(" (", worker::DirectReadsName(options),
-                                            lo.read_history_pages ? ", prompts' cached pages read here" : "", ")")
-                             : std::string())
+            << cache->Describe(lo.read_history_pages ? "prompts' cached pages read here" : "")
             << (local_worker != nullptr ? absl::StrCat(", continuations of up to ", lo.local_prefill_max_tokens,
                                                        " new tokens prefilled here")
                                         : std::string())

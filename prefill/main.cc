@@ -14,6 +14,7 @@
 #include "prefill/prefill_worker.h"
 #include "prefill/service.h"
 #include "worker/bootstrap.h"
+#include "worker/cache_stack.h"
 #include "worker/data_plane_metrics.h"
 #include "worker/direct_put_metrics.h"
 #include "worker/direct_read_metrics.h"
@@ -49,17 +50,7 @@ absl::Status Run() {
   ASSIGN_OR_RETURN(std::unique_ptr<engine::ModelWeights> weights, worker::LoadModel(options));
   // One request in the engine at a time.
   ASSIGN_OR_RETURN(std::unique_ptr<engine::Model> model, worker::NewEngine(*weights, options, /*max_sequences=*/1));
-  ASSIGN_OR_RETURN(std::unique_ptr<cachestore::GrpcCacheClient> cache, worker::ConnectCache(options));
-  // Reads by shared memory in front of the gRPC client, which stays the
-  // control plane and the fallback.
-  ASSIGN_OR_RETURN(std::unique_ptr<cachestore::DirectReadCacheClient> direct_cache,
-                   worker::ConnectDirectReads(options, cache.get()));
-  cachestore::CacheClient* cache_client =
-      direct_cache != nullptr ? static_cast<cachestore::CacheClient*>(direct_cache.get()) : cache.get();
-  // Puts by the same direct path in front of both.
-  const std::unique_ptr<cachestore::DirectPutCacheClient> direct_puts =
-      worker::ConnectDirectPuts(options, cache_client);
-  if (direct_puts != nullptr) cache_client = direct_puts.get();
+  ASSIGN_OR_RETURN(const std::unique_ptr<worker::CacheStack> cache, worker::CacheStack::Connect(options.cache));
   ASSIGN_OR_RETURN(const std::vector<transport::TransportKind> planes,
                    worker::ParseDataPlanes(absl::GetFlag(FLAGS_data_planes)));
   ASSIGN_OR_RETURN(std::unique_ptr<worker::SenderPlanes> senders, worker::SenderPlanes::Open(planes, *model, options));
@@ -78,7 +69,7 @@ absl::Status Run() {
   wo.async_publication = true;  // answer decode right after the push; publish behind it
   wo.fetch_parallelism = absl::GetFlag(FLAGS_cache_fetch_parallelism);
   wo.cache_failure_backoff = options.cache_failure_backoff;
-  prefill::PrefillWorker prefill_worker(*model, weights->fingerprint(), cache_client, senders->sender(), wo);
+  prefill::PrefillWorker prefill_worker(*model, weights->fingerprint(), cache->client(), senders->sender(), wo);
 
   auto registry = std::make_shared<prometheus::Registry>();
   prefill::PrefillMetrics metrics(*registry);
@@ -92,8 +83,7 @@ absl::Status Run() {
   ASSIGN_OR_RETURN(std::unique_ptr<common::MetricsExposer> exposer, worker::StartMetrics(options, registry, [&] {
                      metrics.SyncCounters(prefill_worker.counters());
                      plane_metrics.Sync(senders->ipc_traffic());
-                     if (direct_cache != nullptr) direct_read_metrics.Sync(direct_cache->counts());
-                     if (direct_puts != nullptr) direct_put_metrics.Sync(direct_puts->counts());
+                     cache->SyncMetrics(direct_read_metrics, direct_put_metrics);
                    }));
   prefill::PrefillService service(prefill_worker, absl::GetFlag(FLAGS_max_queue), &metrics);
   ASSIGN_OR_RETURN(std::unique_ptr<worker::GrpcServer> server,
@@ -105,9 +95,7 @@ absl::Status Run() {
                                    common::ClientAuthName(options.tls.server.client_auth), ", ",
                                    options.tls.server.allowed_peers.size(), " allowed peers)")
                     : " (plaintext)")
-            << (cache ? absl::StrCat(", cachestore ", options.cachestore) : ", no cache")
-            << (direct_cache ? absl::StrCat(" (", worker::DirectReadsName(options), ")") : "")
-            << (exposer ? absl::StrCat(", metrics on port ", exposer->port()) : std::string());
+            << cache->Describe() << (exposer ? absl::StrCat(", metrics on port ", exposer->port()) : std::string());
   std::cout << "PREFILL_READY port=" << server->port()
             << (exposer ? absl::StrCat(" metrics_port=", exposer->port()) : "")
             << (server->health_port() != 0 ? absl::StrCat(" health_port=", server->health_port()) : "") << std::endl;

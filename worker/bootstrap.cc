@@ -8,10 +8,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "cachestore/bulk_reader.h"
-#include "cachestore/bulk_writer.h"
-#include "cachestore/shm_reader.h"
-#include "cachestore/shm_writer.h"
 #include "common/health.h"
 #include "common/logging.h"
 #include "common/process.h"
@@ -88,70 +84,6 @@ absl::StatusOr<std::unique_ptr<engine::Model>> NewEngine(const engine::ModelWeig
     return absl::Status(model.status().code(), absl::StrCat("cannot start the engine: ", model.status().message()));
   }
   return model;
-}
-
-absl::StatusOr<std::unique_ptr<cachestore::DirectReadCacheClient>> ConnectDirectReads(
-    const WorkerOptions& options, cachestore::GrpcCacheClient* cache) {
-  if (cache == nullptr) return nullptr;
-  if (!options.cachestore_shm_socket.empty()) {
-    return std::make_unique<cachestore::DirectReadCacheClient>(
-        *cache, std::make_unique<cachestore::ShmReader>(
-                    cachestore::ShmReaderOptions{options.cachestore_shm_socket, options.cache_timeout}));
-  }
-  if (options.cachestore_bulk_address.empty()) return nullptr;
-  if (!options.tls.channel.ca_file.empty()) {
-    return absl::InvalidArgumentError(
-        "--cachestore_bulk_address reads cache bytes over plain TCP; it cannot be combined with TLS to the "
-        "cachestore (drop it: reads then stay on the encrypted gRPC stream)");
-  }
-  std::string host, port;
-  RETURN_IF_ERROR(common::SplitHostPort(options.cachestore_bulk_address, &host, &port));
-  return std::make_unique<cachestore::DirectReadCacheClient>(
-      *cache, std::make_unique<cachestore::BulkReader>(
-                  cachestore::BulkReaderOptions{options.cachestore_bulk_address, options.cache_timeout}));
-}
-
-std::unique_ptr<cachestore::DirectPutCacheClient> ConnectDirectPuts(const WorkerOptions& options,
-                                                                    cachestore::CacheClient* cache) {
-  if (cache == nullptr || !options.cachestore_direct_puts) return nullptr;
-  if (!options.cachestore_shm_socket.empty()) {
-    cachestore::ShmWriterOptions o;
-    o.socket_path = options.cachestore_shm_socket;
-    o.timeout = options.cache_timeout;
-    return std::make_unique<cachestore::DirectPutCacheClient>(*cache, std::make_unique<cachestore::ShmWriter>(o));
-  }
-  if (options.cachestore_bulk_address.empty() || !options.tls.channel.ca_file.empty()) return nullptr;
-  cachestore::BulkWriterOptions o;
-  o.address = options.cachestore_bulk_address;
-  o.timeout = options.cache_timeout;
-  return std::make_unique<cachestore::DirectPutCacheClient>(*cache, std::make_unique<cachestore::BulkWriter>(o));
-}
-
-std::string DirectReadsName(const WorkerOptions& options) {
-  const char* what = options.cachestore_direct_puts ? "reads and puts" : "reads";
-  if (options.cachestore_shm_socket.empty()) {
-    return absl::StrCat(what, " over the bulk port ", options.cachestore_bulk_address);
-  }
-  return absl::StrCat(what, " by shared memory on ", options.cachestore_shm_socket);
-}
-
-absl::StatusOr<std::unique_ptr<cachestore::GrpcCacheClient>> ConnectCache(const WorkerOptions& options) {
-  if (options.cachestore.empty()) return std::unique_ptr<cachestore::GrpcCacheClient>();
-  cachestore::GrpcCacheClientOptions co;
-  co.timeout = options.cache_timeout;
-  co.tls = options.tls.channel;
-  absl::StatusOr<std::unique_ptr<cachestore::GrpcCacheClient>> cache =
-      cachestore::GrpcCacheClient::Create(options.cachestore, co);
-  if (!cache.ok()) {
-    return absl::Status(cache.status().code(), absl::StrCat("--cachestore: ", cache.status().message()));
-  }
-  // A cachestore that starts later than this worker is no error: requests
-  // miss the cache until it is up.
-  if (absl::StatusOr<cachestore::IndexStats> stats = (*cache)->Stats(); !stats.ok()) {
-    LOG(WARNING) << "the cachestore " << options.cachestore << " is unreachable (" << stats.status()
-                 << "): requests run as cache misses until it is up";
-  }
-  return cache;
 }
 
 absl::StatusOr<std::unique_ptr<common::MetricsExposer>> StartMetrics(const WorkerOptions& options,

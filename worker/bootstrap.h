@@ -3,7 +3,7 @@
 
 // What the prefill and decode binaries both start and stop, so that each
 // main.cc is its flags and its wiring: the model and its engine, the
-// cachestore client, the data planes, the metrics endpoint, the gRPC server,
+// cache stack (worker/cache_stack.h), the data planes, the metrics endpoint, the gRPC server,
 // and the drain on SIGTERM. Errors name the flag they come from.
 //
 // Not thread-safe (start-up and shutdown run on main's thread), except where
@@ -18,9 +18,6 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "cachestore/direct_put_cache_client.h"
-#include "cachestore/direct_read_cache_client.h"
-#include "cachestore/grpc_cache_client.h"
 #include "common/health_server.h"
 #include "common/metrics.h"
 #include "common/tls_flags.h"
@@ -32,6 +29,7 @@
 #include "transport/ipc_communicator.h"
 #include "transport/routing_sender.h"
 #include "transport/transfer.h"
+#include "worker/cache_stack.h"
 
 namespace hybridserve::worker {
 
@@ -43,15 +41,8 @@ struct WorkerOptions {
   int32_t threads = 2;       // kernel threads (CPU backend)
   int64_t page_size = 0;     // 0: min(16, chunk_size)
   int64_t max_pages = 4096;
-  std::string cachestore;  // host:port; empty: no cache
-  // The cachestore's --shm_socket on this host: reads by shared memory; empty: gRPC only.
-  std::string cachestore_shm_socket;
-  // Puts by the direct path too (the shm socket, else the bulk port).
-  bool cachestore_direct_puts = true;
-  // The cachestore's --bulk_address: reads over plain TCP (not with TLS);
-  // empty: gRPC only. The shm socket wins when both are given.
-  std::string cachestore_bulk_address;
-  absl::Duration cache_timeout = absl::Seconds(2);
+  // The cache stack (worker/cache_stack.h); its TLS is tls.channel.
+  CacheStackOptions cache;
   absl::Duration cache_failure_backoff = absl::Seconds(1);
   std::string metrics_address;  // empty: none
   absl::Duration shutdown_grace = absl::Seconds(10);
@@ -65,29 +56,6 @@ absl::StatusOr<std::unique_ptr<engine::ModelWeights>> LoadModel(const WorkerOpti
 // An engine over `weights` with room for `max_sequences` sequences.
 absl::StatusOr<std::unique_ptr<engine::Model>> NewEngine(const engine::ModelWeights& weights,
                                                          const WorkerOptions& options, int64_t max_sequences);
-
-// The cachestore client; null without --cachestore. A cachestore that is not
-// up yet is not an error (logged: requests miss the cache until it is).
-absl::StatusOr<std::unique_ptr<cachestore::GrpcCacheClient>> ConnectCache(const WorkerOptions& options);
-// Direct reads in front of `cache` (ConnectCache's), which stays the control
-// plane and the fallback: by shared memory with --cachestore_shm_socket, else
-// over the bulk port with --cachestore_bulk_address; null without a cache or
-// either. INVALID_ARGUMENT: a bulk address beside TLS to the cachestore (its
-// bytes would travel unencrypted).
-absl::StatusOr<std::unique_ptr<cachestore::DirectReadCacheClient>> ConnectDirectReads(
-    const WorkerOptions& options, cachestore::GrpcCacheClient* cache);
-// Puts by a direct path in front of `cache` (ConnectDirectReads' client, or
-// ConnectCache's), which does everything else and every put that fails
-// there: by shared memory with --cachestore_shm_socket, else over the bulk
-// port with --cachestore_bulk_address (not beside TLS: ConnectDirectReads
-// refuses that); null without either, with --cachestore_direct_puts=false,
-// or without a cache.
-std::unique_ptr<cachestore::DirectPutCacheClient> ConnectDirectPuts(const WorkerOptions& options,
-                                                                    cachestore::CacheClient* cache);
-// How ConnectDirectReads' and ConnectDirectPuts' clients move cache bytes,
-// for logs: "reads and puts by shared memory on PATH", "reads over the bulk
-// port ADDRESS", ...
-std::string DirectReadsName(const WorkerOptions& options);
 
 // The Prometheus endpoint; null without --metrics_address. `before_scrape`
 // (may be empty) runs on the exposer's thread before each scrape.

@@ -71,16 +71,17 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags() {
   o.threads = absl::GetFlag(FLAGS_threads);
   o.page_size = absl::GetFlag(FLAGS_page_size);
   o.max_pages = absl::GetFlag(FLAGS_max_pages);
-  o.cachestore = absl::GetFlag(FLAGS_cachestore);
-  o.cachestore_shm_socket = absl::GetFlag(FLAGS_cachestore_shm_socket);
-  o.cachestore_direct_puts = absl::GetFlag(FLAGS_cachestore_direct_puts);
-  o.cachestore_bulk_address = absl::GetFlag(FLAGS_cachestore_bulk_address);
-  o.cache_timeout = absl::GetFlag(FLAGS_cache_timeout);
+  o.cache.address = absl::GetFlag(FLAGS_cachestore);
+  o.cache.shm_socket = absl::GetFlag(FLAGS_cachestore_shm_socket);
+  o.cache.direct_puts = absl::GetFlag(FLAGS_cachestore_direct_puts);
+  o.cache.bulk_address = absl::GetFlag(FLAGS_cachestore_bulk_address);
+  o.cache.timeout = absl::GetFlag(FLAGS_cache_timeout);
   o.cache_failure_backoff = absl::GetFlag(FLAGS_cache_failure_backoff);
   o.metrics_address = absl::GetFlag(FLAGS_metrics_address);
   o.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
   RETURN_IF_ERROR(CheckNotNegative({{"cache_failure_backoff", o.cache_failure_backoff}}));
   ASSIGN_OR_RETURN(o.tls, common::TlsFlagsFromFlags());
+  o.cache.tls = o.tls.channel;
   return o;
 }
 

@@ -1,0 +1,158 @@
+#include "worker/cache_stack.h"
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "prometheus/registry.h"
+
+namespace hybridserve::worker {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A cachestore address nothing listens on: every layer's call fails fast
+// (connection refused), so each fallback is seen.
+constexpr char kNobody[] = "127.0.0.1:1";
+
+CacheStackOptions Options() {
+  CacheStackOptions o;
+  o.address = kNobody;
+  o.timeout = absl::Milliseconds(500);
+  return o;
+}
+
+// A socket path nothing listens on (a directory that does not exist).
+std::string MissingSocket() { return "/nonexistent/cachestore.sock"; }
+
+// The value of `family`'s series, summed over labels; -1 when it has none
+// (the registry collects no family without a series).
+double Sum(prometheus::Registry& registry, const std::string& family) {
+  for (const prometheus::MetricFamily& f : registry.Collect()) {
+    if (f.name != family) continue;
+    double sum = 0;
+    for (const prometheus::ClientMetric& m : f.metric) sum += m.counter.value;
+    return sum;
+  }
+  return -1;
+}
+
+TEST(CacheStackTest, WithoutAnAddressThereIsNoCache) {
+  CacheStackOptions o;
+  o.shm_socket = MissingSocket();  // ignored without a cachestore
+  absl::StatusOr<std::unique_ptr<CacheStack>> stack = CacheStack::Connect(o);
+  ASSERT_TRUE(stack.ok()) << stack.status();
+  EXPECT_EQ((*stack)->client(), nullptr);
+  EXPECT_EQ((*stack)->grpc(), nullptr);
+  EXPECT_EQ((*stack)->direct_reads(), nullptr);
+  EXPECT_EQ((*stack)->direct_puts(), nullptr);
+  EXPECT_FALSE((*stack)->reads_by_shared_memory());
+  EXPECT_EQ((*stack)->Describe(), ", no cache");
+}
+
+// A cachestore that is not up is no error: the stack is built, its calls fail.
+TEST(CacheStackTest, GrpcAloneWithoutADirectPath) {
+  absl::StatusOr<std::unique_ptr<CacheStack>> stack = CacheStack::Connect(Options());
+  ASSERT_TRUE(stack.ok()) << stack.status();
+  ASSERT_NE((*stack)->grpc(), nullptr);
+  EXPECT_EQ((*stack)->client(), (*stack)->grpc());
+  EXPECT_EQ((*stack)->direct_reads(), nullptr);
+  EXPECT_EQ((*stack)->direct_puts(), nullptr);
+  EXPECT_EQ((*stack)->Describe("ignored"), ", cachestore 127.0.0.1:1");
+}
+
+// Puts in front of reads in front of gRPC: a read through the outermost
+// client reaches the shm reader (its fallback is counted), a put reaches the
+// shm writer (likewise), and SyncMetrics carries both counts.
+TEST(CacheStackTest, ShmPutsInFrontOfShmReadsInFrontOfGrpc) {
+  CacheStackOptions o = Options();
+  o.shm_socket = MissingSocket();
+  absl::StatusOr<std::unique_ptr<CacheStack>> connected = CacheStack::Connect(o);
+  ASSERT_TRUE(connected.ok()) << connected.status();
+  const CacheStack& stack = **connected;
+  ASSERT_NE(stack.direct_puts(), nullptr);
+  ASSERT_NE(stack.direct_reads(), nullptr);
+  ASSERT_NE(stack.grpc(), nullptr);
+  EXPECT_EQ(stack.client(), stack.direct_puts());
+  EXPECT_TRUE(stack.reads_by_shared_memory());
+  EXPECT_EQ(stack.Describe(),
+            absl::StrCat(", cachestore 127.0.0.1:1 (reads and puts by shared memory on ", MissingSocket(), ")"));
+  EXPECT_EQ(stack.Describe("note"),
+            absl::StrCat(", cachestore 127.0.0.1:1 (reads and puts by shared memory on ", MissingSocket(), ", note)"));
+
+  std::string bytes;
+  EXPECT_FALSE(stack.client()->GetInto(1, common::Hash128{1, 2}, &bytes).ok());
+  const cachestore::DirectReadCounts reads = stack.direct_reads()->counts();
+  EXPECT_EQ(reads.path, "shm");
+  EXPECT_EQ(reads.reads, 0);
+  int64_t read_fallbacks = 0;
+  for (const auto& [reason, n] : reads.fallbacks) read_fallbacks += n;
+  EXPECT_EQ(read_fallbacks, 1);
+
+  cachestore::ClientNamespace ns{"fp", "", "", 16};
+  cachestore::ClientPut put;
+  put.tokens = std::vector<TokenId>(16, 1);
+  EXPECT_FALSE(stack.client()->Put(ns, put, std::string(64, 'b')).ok());
+  const cachestore::DirectPutCounts puts = stack.direct_puts()->counts();
+  EXPECT_EQ(puts.path, "shm");
+  EXPECT_EQ(puts.entries, 0);
+  int64_t put_fallbacks = 0;
+  for (const auto& [reason, n] : puts.fallbacks) put_fallbacks += n;
+  EXPECT_EQ(put_fallbacks, 1);
+
+  prometheus::Registry registry;
+  DirectReadMetrics read_metrics(registry, "t_cache");
+  DirectPutMetrics put_metrics(registry);
+  stack.SyncMetrics(read_metrics, put_metrics);
+  EXPECT_EQ(Sum(registry, "t_cache_shm_fallbacks_total"), 1);
+  EXPECT_EQ(Sum(registry, "t_cache_bulk_fallbacks_total"), -1);
+  EXPECT_EQ(Sum(registry, "hybridserve_worker_direct_put_fallbacks_total"), 1);
+}
+
+TEST(CacheStackTest, BulkReadsWithoutDirectPuts) {
+  CacheStackOptions o = Options();
+  o.bulk_address = "127.0.0.1:2";
+  o.direct_puts = false;
+  absl::StatusOr<std::unique_ptr<CacheStack>> stack = CacheStack::Connect(o);
+  ASSERT_TRUE(stack.ok()) << stack.status();
+  ASSERT_NE((*stack)->direct_reads(), nullptr);
+  EXPECT_EQ((*stack)->direct_puts(), nullptr);
+  EXPECT_EQ((*stack)->client(), (*stack)->direct_reads());
+  EXPECT_FALSE((*stack)->reads_by_shared_memory());
+  EXPECT_EQ((*stack)->Describe(), ", cachestore 127.0.0.1:1 (reads over the bulk port 127.0.0.1:2)");
+  // Nothing synced for the absent layer: its families hold no series.
+  prometheus::Registry registry;
+  DirectReadMetrics read_metrics(registry, "t_cache");
+  DirectPutMetrics put_metrics(registry);
+  (*stack)->SyncMetrics(read_metrics, put_metrics);
+  EXPECT_EQ(Sum(registry, "hybridserve_worker_direct_put_entries_total"), -1);
+  EXPECT_EQ(Sum(registry, "t_cache_bulk_reads_total"), 0);
+}
+
+// With both, the shm socket wins.
+TEST(CacheStackTest, TheShmSocketWinsOverTheBulkPort) {
+  CacheStackOptions o = Options();
+  o.shm_socket = MissingSocket();
+  o.bulk_address = "127.0.0.1:2";
+  absl::StatusOr<std::unique_ptr<CacheStack>> stack = CacheStack::Connect(o);
+  ASSERT_TRUE(stack.ok()) << stack.status();
+  EXPECT_TRUE((*stack)->reads_by_shared_memory());
+  EXPECT_EQ((*stack)->direct_reads()->counts().path, "shm");
+  EXPECT_EQ((*stack)->direct_puts()->counts().path, "shm");
+}
+
+TEST(CacheStackTest, ABulkAddressThatDoesNotParseIsRefused) {
+  CacheStackOptions o = Options();
+  o.bulk_address = "no-port";
+  absl::StatusOr<std::unique_ptr<CacheStack>> stack = CacheStack::Connect(o);
+  EXPECT_EQ(stack.status().code(), absl::StatusCode::kInvalidArgument) << stack.status();
+}
+
+}  // namespace
+}  // namespace hybridserve::worker
