@@ -48,7 +48,8 @@ TEST(KeysTest, ModelCostIsCheckedNamingTheField) {
   EXPECT_TRUE(CheckModelCost(PrefillCost{kMaxPrefillFlops, 1024}).ok());
   const absl::Status negative = CheckModelCost(PrefillCost{-1, 0});
   EXPECT_EQ(negative.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(std::string(negative.message()), "namespace.model_cost.flops_per_token -1 is not a finite number in [0, 1e+30]");
+  EXPECT_EQ(std::string(negative.message()),
+            "namespace.model_cost.flops_per_token -1 is not a finite number in [0, 1e+30]");
   const absl::Status context = CheckModelCost(PrefillCost{1, 2e30});
   EXPECT_EQ(context.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(std::string(context.message()),
