@@ -10,17 +10,6 @@
 
 namespace hybridserve::cachestore {
 
-ClientNamespace ModelNamespace::For(const std::string& tenant, const std::string& cache_salt) const {
-  ClientNamespace ns;
-  ns.model_fingerprint = model_fingerprint;
-  ns.adapter = adapter;
-  ns.tenant = tenant;
-  ns.cache_salt = cache_salt;
-  ns.page_size = page_size;
-  ns.model_cost = model_cost;
-  return ns;
-}
-
 // A publication and how far its puts have got.
 struct CachePublisher::Job {
   Publication p;

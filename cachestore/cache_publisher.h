@@ -55,21 +55,10 @@
 #include "absl/time/time.h"
 #include "cachestore/cache_backoff.h"
 #include "cachestore/cache_client.h"
+#include "cachestore/model_namespace.h"
 #include "common/log_rate_limiter.h"
 
 namespace hybridserve::cachestore {
-
-// The part of every namespace that is the worker's: its model's weights,
-// adapter, page size and prefill cost. A request adds its tenant and cache salt.
-struct ModelNamespace {
-  std::string model_fingerprint;  // hex (common::Hash128::ToHex of the weights' fingerprint)
-  std::string adapter;            // "" for the base model
-  int32_t page_size = 0;
-  // engine::ModelPrefillCost of the model: registered with every namespace
-  // this worker puts into (ClientNamespace::model_cost).
-  std::optional<PrefillCost> model_cost;
-  ClientNamespace For(const std::string& tenant, const std::string& cache_salt) const;
-};
 
 // What became of a publication (given to its `done`).
 struct PublicationResult {

@@ -21,7 +21,7 @@
 #include "absl/types/span.h"
 #include "cachestore/cache_backoff.h"
 #include "cachestore/cache_client.h"
-#include "cachestore/cache_publisher.h"
+#include "cachestore/model_namespace.h"
 #include "common/log_rate_limiter.h"
 #include "engine/sequence_table.h"
 #include "prefill/prefill_client.h"

@@ -25,7 +25,7 @@
 #include "absl/time/time.h"
 #include "cachestore/cache_backoff.h"
 #include "cachestore/cache_client.h"
-#include "cachestore/cache_publisher.h"
+#include "cachestore/model_namespace.h"
 #include "common/log_rate_limiter.h"
 #include "decode/generation.h"
 #include "engine/sequence_table.h"

@@ -41,6 +41,7 @@
 #include "cachestore/cache_backoff.h"
 #include "cachestore/cache_client.h"
 #include "cachestore/cache_publisher.h"
+#include "cachestore/model_namespace.h"
 #include "common/hash.h"
 #include "common/log_rate_limiter.h"
 #include "common/tokens.h"
