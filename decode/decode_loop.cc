@@ -287,7 +287,7 @@ void DecodeLoop::Admit() {
     // Device planes take the reserved slots too, so the pages land there
     // without a host copy (transfer.h, "Pages in place").
     const absl::Status expected =
-        ticket.ok() ? receiver_.ExpectReservation(&*ticket, table, *reservation) : ticket.status();
+        ticket.ok() ? transport::ExpectReservation(receiver_, &*ticket, table, *reservation) : ticket.status();
     r->reservation = *reservation;
     if (!expected.ok()) {
       (void)table.AbortImport(reservation->id);

@@ -231,8 +231,8 @@ class ChannelInPlaceEngineTest : public ::testing::Test {
     run.reservation = *reservation;
     auto ticket = TicketFor(table, *reservation, id, "decode-0", absl::Now() + absl::Seconds(30));
     EXPECT_TRUE(ticket.ok());
-    const absl::Status expected =
-        in_place ? receiver_->ExpectReservation(&*ticket, table, *reservation) : receiver_->ExpectFrom(kPeer, &*ticket);
+    const absl::Status expected = in_place ? ExpectReservation(*receiver_, &*ticket, table, *reservation)
+                                           : receiver_->ExpectFrom(kPeer, &*ticket);
     EXPECT_TRUE(expected.ok()) << expected;
     if (before_send) before_send(*ticket);
     auto source =
@@ -348,6 +348,28 @@ TEST_F(ChannelInPlaceEngineTest, APeerKilledMidPagesFailsBothSidesWithinTheIoTim
   EXPECT_EQ(engines_.decode->sequences().num_free_pages(), free_pages);
   EXPECT_EQ(engines_.decode->sequences().num_free_slots(), free_slots);
   EXPECT_EQ(receiver_->pending(), 0);
+}
+
+// A channel receiver makes the reserved slots' sink before it expects the
+// ticket: when the sink cannot be made, its error comes back and nothing is
+// expected.
+TEST_F(ChannelInPlaceEngineTest, ASinkThatCannotBeMadeLeavesTheTicketUnexpected) {
+  engine::SequenceTable& table = engines_.decode->sequences();
+  auto reservation = table.ReserveImport(kTokens);
+  ASSERT_TRUE(reservation.ok());
+  auto ticket = TicketFor(table, *reservation, 8, "decode-0", absl::Now() + absl::Seconds(30));
+  ASSERT_TRUE(ticket.ok());
+  int calls = 0;
+  const absl::Status expected =
+      receiver_->ExpectReservation(&*ticket, [&]() -> absl::StatusOr<std::unique_ptr<PageSink>> {
+        ++calls;
+        return absl::FailedPreconditionError("slot 3 is not importing");
+      });
+  EXPECT_EQ(expected.code(), absl::StatusCode::kFailedPrecondition) << expected;
+  EXPECT_THAT(expected.message(), HasSubstr("slot 3 is not importing"));
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(receiver_->pending(), 0);
+  ASSERT_TRUE(table.AbortImport(reservation->id).ok());
 }
 
 TEST_F(ChannelInPlaceEngineTest, ARegionSplitMismatchIsRefusedBeforeAnyPageMoves) {

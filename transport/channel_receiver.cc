@@ -14,7 +14,6 @@
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "transport/channel_protocol.h"
-#include "transport/engine_import.h"
 
 namespace hybridserve::transport {
 namespace {
@@ -95,9 +94,8 @@ absl::StatusOr<std::string> ChannelStateReceiver::ChannelFor(absl::string_view p
 
 absl::Status ChannelStateReceiver::ExpectTicket(Ticket* ticket) { return ExpectFromDefaultPeer(ticket, nullptr); }
 
-absl::Status ChannelStateReceiver::ExpectReservation(Ticket* ticket, const engine::SequenceTable& table,
-                                                     const engine::ImportReservation& reservation) {
-  ASSIGN_OR_RETURN(std::unique_ptr<ReservationPageSink> sink, ReservationPageSink::Create(table, reservation));
+absl::Status ChannelStateReceiver::ExpectReservation(Ticket* ticket, PageSinkFactory reserved_slots) {
+  ASSIGN_OR_RETURN(std::unique_ptr<PageSink> sink, reserved_slots());
   return ExpectFromDefaultPeer(ticket, std::move(sink));
 }
 

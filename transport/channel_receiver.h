@@ -28,7 +28,6 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "engine/sequence_table.h"
 #include "transport/communicator.h"
 #include "transport/frame.h"
 #include "transport/transfer.h"
@@ -83,11 +82,10 @@ class ChannelStateReceiver final : public StateReceiver {
   TransportKind kind() const override { return options_.kind; }
   // ExpectFrom(options.default_peer, ticket): staged.
   absl::Status ExpectTicket(Ticket* ticket) ABSL_LOCKS_EXCLUDED(mu_, sinks_mu_) override;
-  // ExpectFrom(options.default_peer, ticket) with the reservation's slots
-  // (ReservationPageSink) as the sink: pages offered in place land there.
-  // The errors of ReservationPageSink::Create, before anything is expected.
-  absl::Status ExpectReservation(Ticket* ticket, const engine::SequenceTable& table,
-                                 const engine::ImportReservation& reservation)
+  // ExpectFrom(options.default_peer, ticket) with the sink `reserved_slots`
+  // makes: pages offered in place land there. Its error, before anything is
+  // expected.
+  absl::Status ExpectReservation(Ticket* ticket, PageSinkFactory reserved_slots)
       ABSL_LOCKS_EXCLUDED(mu_, sinks_mu_) override;
 
   // As StateReceiver, and INVALID_ARGUMENT unless ticket.channel_id names

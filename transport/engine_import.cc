@@ -113,6 +113,13 @@ absl::StatusOr<std::unique_ptr<ReservationPageSink>> ReservationPageSink::Create
   return sink;
 }
 
+absl::Status ExpectReservation(StateReceiver& receiver, Ticket* ticket, const engine::SequenceTable& table,
+                               const engine::ImportReservation& reservation) {
+  return receiver.ExpectReservation(ticket, [&]() -> absl::StatusOr<std::unique_ptr<PageSink>> {
+    return ReservationPageSink::Create(table, reservation);
+  });
+}
+
 namespace {
 
 // Marks the pages that came in place and checks the sampled ones by reading

@@ -4,8 +4,9 @@
 // The bridge between the data plane and the engine's sequence table: the
 // ticket of an import reservation (decode side), the source of a sequence's
 // state (prefill side, with its pages' device regions for pages in place),
-// the sink of a reservation's page slots (decode side, pages in place), and
-// the import of received bytes into the reservation.
+// the sink of a reservation's page slots and the receiver's expectation of
+// them (decode side, pages in place), and the import of received bytes into
+// the reservation.
 //
 // Not thread-safe: the sequence table is not; call from the thread that owns
 // the engine. A ReservationPageSink, once made, is immutable (PageSink).
@@ -88,6 +89,14 @@ class ReservationPageSink final : public PageSink {
   ReservationPageSink() = default;
   std::vector<std::vector<MemoryRegion>> pages_;
 };
+
+// receiver.ExpectReservation(ticket, ...) with the slots of `reservation`
+// (whose ticket, TicketFor, `ticket` is) as the sink, made
+// (ReservationPageSink::Create) only when the receiver's plane takes pages
+// in place. A decode worker calls it before it hands the ticket to prefill.
+// Errors of the receiver and of ReservationPageSink::Create.
+absl::Status ExpectReservation(StateReceiver& receiver, Ticket* ticket, const engine::SequenceTable& table,
+                               const engine::ImportReservation& reservation);
 
 // Writes `received` into the importing sequence of `reservation` and makes it
 // live: every page, then the state, checked against the table's layout and

@@ -405,7 +405,7 @@ TEST(IpcCommunicatorTest, AnEngineSequenceMovesInPlaceBetweenTwoGpuEnginesAndCon
   ASSERT_TRUE(reservation.ok());
   auto ticket = TicketFor(table, *reservation, 1, "decode-0", absl::Now() + absl::Seconds(60));
   ASSERT_TRUE(ticket.ok());
-  ASSERT_TRUE((*receiver)->ExpectReservation(&*ticket, table, *reservation).ok());
+  ASSERT_TRUE(ExpectReservation(**receiver, &*ticket, table, *reservation).ok());
   auto source = SequenceStateSource::Create((*prefill)->sequences(), *src, *ticket, (*weights)->fingerprint(),
                                             common::Hash128{}, /*first_token=*/5, /*first_logprob=*/-0.5f);
   ASSERT_TRUE(source.ok()) << source.status();

@@ -7,8 +7,8 @@
 // slots a decode worker reserved for it.
 //
 // Decode reserves (SequenceTable::ReserveImport), describes the reservation
-// as a Ticket (TicketFor, engine_import.h), and calls
-// StateReceiver::ExpectReservation before it hands the ticket to prefill;
+// as a Ticket (TicketFor, engine_import.h), and has the receiver expect it
+// (ExpectReservation, engine_import.h) before it hands the ticket to prefill;
 // prefill sends with a StateSender; decode's Await returns the bytes,
 // verified against the ticket, and ImportReceived (transport/engine_import.h)
 // writes them into the reservation. Bytes for a transfer id that is not
@@ -53,13 +53,13 @@
 #include <utility>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/hash.h"
-#include "engine/sequence_table.h"
 #include "transport/page_block.h"
 #include "transport/transfer_secret.h"
 
@@ -207,6 +207,12 @@ class PageSink {
   virtual const std::vector<MemoryRegion>& PageRegions(int64_t index) const = 0;
 };
 
+// Makes the PageSink of one ticket's reserved page slots on demand
+// (ReservationPageSink, engine_import.h), or fails with why it cannot.
+// Resolving the slots' regions costs the engine a backend synchronization,
+// so a receiver that takes no pages in place never calls it.
+using PageSinkFactory = absl::FunctionRef<absl::StatusOr<std::unique_ptr<PageSink>>()>;
+
 // What a receiver hands back for a completed transfer, verified against its
 // ticket (sizes, checksums on the wire). Move-only value type.
 struct ReceivedState {
@@ -264,15 +270,15 @@ class StateReceiver {
     ticket->secret = *std::move(secret);
     return Expect(*ticket);
   }
-  // What a decode worker calls before it hands the ticket of `reservation`
-  // (TicketFor(table, reservation, ...)) to prefill: ExpectTicket, and where
-  // the plane moves pages in place (NCCL, CUDA IPC), the reservation's page
-  // slots offered for them (ReservationPageSink, engine_import.h), held until
-  // Await or Cancel of the transfer returns. The default (TCP, in-process):
-  // ExpectTicket, pages staged. ReceivedState::pages_in_place says which
-  // happened. Call from the thread that owns `table`.
-  virtual absl::Status ExpectReservation(Ticket* ticket, const engine::SequenceTable& table,
-                                         const engine::ImportReservation& reservation) {
+  // What a decode worker calls (through ExpectReservation, engine_import.h)
+  // before it hands the ticket of a reservation to prefill: ExpectTicket,
+  // and where the plane moves pages in place (NCCL, CUDA IPC), the sink
+  // `reserved_slots` makes (the ticket's page slots) offered for them, held
+  // until Await or Cancel of the transfer returns; its error is returned
+  // before anything is expected. The default (TCP, in-process): ExpectTicket,
+  // pages staged, `reserved_slots` not called. ReceivedState::pages_in_place
+  // says which happened. Call from the thread `reserved_slots` may run on.
+  virtual absl::Status ExpectReservation(Ticket* ticket, PageSinkFactory reserved_slots) {
     return ExpectTicket(ticket);
   }
   // Registers a transfer to accept. INVALID_ARGUMENT for a ticket id already

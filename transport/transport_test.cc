@@ -27,6 +27,7 @@
 #include "transport/frame.h"
 #include "transport/in_process_transport.h"
 #include "transport/tcp_transport.h"
+#include "transport/transfer_secret.h"
 
 namespace hybridserve::transport {
 namespace {
@@ -79,7 +80,7 @@ class TransportTest : public ::testing::TestWithParam<Plane> {
     EXPECT_TRUE(r.ok()) << r.status();
     auto t = TicketFor(engines_.decode->sequences(), *r, id, endpoint_, absl::Now() + timeout);
     EXPECT_TRUE(t.ok()) << t.status();
-    EXPECT_TRUE(receiver_->ExpectReservation(&*t, engines_.decode->sequences(), *r).ok());
+    EXPECT_TRUE(ExpectReservation(*receiver_, &*t, engines_.decode->sequences(), *r).ok());
     return {*r, *t};
   }
 
@@ -134,6 +135,30 @@ TEST_P(TransportTest, TransferredStateContinuesBitIdentically) {
     ASSERT_TRUE(engines_.prefill->sequences().Release(*src).ok());
     EXPECT_EQ(engines_.decode->sequences().num_free_pages(), free_pages);
   }
+}
+
+// The staged planes take no pages in place, so they never resolve the
+// reservation's slots (a backend synchronization per page): the ticket is
+// expected without calling the sink factory.
+TEST_P(TransportTest, AStagedPlaneExpectsAReservationWithoutMakingItsSink) {
+  engine::SequenceTable& table = engines_.decode->sequences();
+  auto reservation = table.ReserveImport(40);
+  ASSERT_TRUE(reservation.ok()) << reservation.status();
+  auto ticket = TicketFor(table, *reservation, 9, endpoint_, absl::Now() + absl::Seconds(30));
+  ASSERT_TRUE(ticket.ok()) << ticket.status();
+  int calls = 0;
+  const absl::Status expected =
+      receiver_->ExpectReservation(&*ticket, [&]() -> absl::StatusOr<std::unique_ptr<PageSink>> {
+        ++calls;
+        return absl::InternalError("a staged plane asked for the reserved slots");
+      });
+  EXPECT_TRUE(expected.ok()) << expected;
+  EXPECT_EQ(calls, 0);
+  EXPECT_EQ(receiver_->pending(), 1);
+  EXPECT_EQ(ticket->secret.size(), kTransferSecretBytes);
+  receiver_->Cancel(9);
+  EXPECT_EQ(receiver_->pending(), 0);
+  ASSERT_TRUE(table.AbortImport(reservation->id).ok());
 }
 
 // The receiver writes the first pages itself (as decode does from the
