@@ -21,6 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
+#include "kernels/kernel_status.h"
 #include "transport/transfer_secret.h"
 
 namespace hybridserve::transport {
@@ -350,8 +351,8 @@ class IpcChannel final : public Communicator {
 
 }  // namespace
 
-IpcCommunicatorFactory::IpcCommunicatorFactory(kernels::Backend& backend, const IpcCommunicatorOptions& options)
-    : backend_(backend), options_(options), traffic_(std::make_shared<IpcTrafficCounters>()) {}
+IpcCommunicatorFactory::IpcCommunicatorFactory(kernels::PeerMemory* peer_memory, const IpcCommunicatorOptions& options)
+    : peer_memory_(peer_memory), options_(options), traffic_(std::make_shared<IpcTrafficCounters>()) {}
 
 IpcCommunicatorFactory::~IpcCommunicatorFactory() = default;
 
@@ -393,7 +394,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> IpcCommunicatorFactory::Join(absl:
     listener = std::move(it->second);
     listeners_.erase(it);
   }
-  return std::unique_ptr<Communicator>(new IpcChannel(backend_.peer_memory(), traffic_, rank, std::move(listener),
+  return std::unique_ptr<Communicator>(new IpcChannel(peer_memory_, traffic_, rank, std::move(listener),
                                                       std::move(endpoint), std::move(token), options_.token_timeout));
 }
 

@@ -49,7 +49,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/socket_io.h"
-#include "kernels/backend.h"
+#include "kernels/peer_memory.h"
 #include "transport/communicator.h"
 
 namespace hybridserve::transport {
@@ -86,10 +86,12 @@ struct IpcTrafficCounters;  // ipc_communicator.cc
 
 class IpcCommunicatorFactory final : public CommunicatorFactory {
  public:
-  // `backend` (the engine's, on the GPU both processes share) must outlive
-  // the factory and every channel; the channels' threads use only its
-  // peer_memory() (thread-safe), never the backend itself.
-  explicit IpcCommunicatorFactory(kernels::Backend& backend, const IpcCommunicatorOptions& options = {});
+  // `peer_memory`: the engine's backend's (Backend::peer_memory(), on the GPU
+  // both processes share), used from the channels' threads (it is
+  // thread-safe); it must outlive the factory and every channel. Null (a
+  // backend that shares no memory, the CPU's): every message goes over the
+  // control connection.
+  explicit IpcCommunicatorFactory(kernels::PeerMemory* peer_memory, const IpcCommunicatorOptions& options = {});
   ~IpcCommunicatorFactory() override;
 
   // "host:port/token"; UNAVAILABLE when it cannot listen.
@@ -104,7 +106,7 @@ class IpcCommunicatorFactory final : public CommunicatorFactory {
   IpcTraffic traffic() const;
 
  private:
-  kernels::Backend& backend_;
+  kernels::PeerMemory* const peer_memory_;  // may be null
   const IpcCommunicatorOptions options_;
   // Shared with the channels, which may outlive the factory.
   const std::shared_ptr<IpcTrafficCounters> traffic_;

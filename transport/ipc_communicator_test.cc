@@ -72,7 +72,7 @@ Pair MakePair(IpcCommunicatorFactory& factory) {
 TEST(IpcCommunicatorTest, DeviceToDeviceMessagesMoveByIpcAndHandlesAreOpenedOnce) {
   auto gpu = EmulatedGpu();
   ASSERT_NE(gpu, nullptr);
-  IpcCommunicatorFactory factory(*gpu);
+  IpcCommunicatorFactory factory(gpu->peer_memory());
   Pair p = MakePair(factory);
   kernels::DeviceBuffer src, dst;
   ASSERT_EQ(gpu->Allocate(1 << 16, &src), 0);
@@ -113,7 +113,7 @@ TEST(IpcCommunicatorTest, DeviceToDeviceMessagesMoveByIpcAndHandlesAreOpenedOnce
 TEST(IpcCommunicatorTest, HostBuffersOnEitherSideGoOverTheConnection) {
   auto gpu = EmulatedGpu();
   ASSERT_NE(gpu, nullptr);
-  IpcCommunicatorFactory factory(*gpu);
+  IpcCommunicatorFactory factory(gpu->peer_memory());
   Pair p = MakePair(factory);
   kernels::DeviceBuffer device;
   ASSERT_EQ(gpu->Allocate(4096, &device), 0);
@@ -150,7 +150,7 @@ TEST(IpcCommunicatorTest, HostBuffersOnEitherSideGoOverTheConnection) {
 
 TEST(IpcCommunicatorTest, ABackendWithoutSharedMemorySendsEverythingOverTheConnection) {
   kernels::cpu::CpuBackend cpu(1);
-  IpcCommunicatorFactory factory(cpu);
+  IpcCommunicatorFactory factory(cpu.peer_memory());
   Pair p = MakePair(factory);
   const std::string payload = Bytes(100000, 3);
   std::string got(payload.size(), '\0');
@@ -168,7 +168,7 @@ TEST(IpcCommunicatorTest, ABackendWithoutSharedMemorySendsEverythingOverTheConne
 TEST(IpcCommunicatorTest, ASizeMismatchIsDataLossAndBreaksTheChannel) {
   auto gpu = EmulatedGpu();
   ASSERT_NE(gpu, nullptr);
-  IpcCommunicatorFactory factory(*gpu);
+  IpcCommunicatorFactory factory(gpu->peer_memory());
   Pair p = MakePair(factory);
   std::string buffer(64, '\0');
   absl::Status received;
@@ -183,7 +183,7 @@ TEST(IpcCommunicatorTest, ASizeMismatchIsDataLossAndBreaksTheChannel) {
 
 TEST(IpcCommunicatorTest, DeadlinesAbortAndAPeerThatGoesAwayEndBlockedCalls) {
   kernels::cpu::CpuBackend cpu(1);
-  IpcCommunicatorFactory factory(cpu);
+  IpcCommunicatorFactory factory(cpu.peer_memory());
   {
     Pair p = MakePair(factory);
     char c = 0;
@@ -236,7 +236,7 @@ TEST(IpcCommunicatorTest, DeadlinesAbortAndAPeerThatGoesAwayEndBlockedCalls) {
 
 TEST(IpcCommunicatorTest, IdsAreCheckedAndTokensAreRandom) {
   kernels::cpu::CpuBackend cpu(1);
-  IpcCommunicatorFactory factory(cpu);
+  IpcCommunicatorFactory factory(cpu.peer_memory());
   auto id = factory.NewUniqueId();
   ASSERT_TRUE(id.ok());
   auto rank0 = factory.Join(*id, 0);
@@ -260,7 +260,7 @@ TEST(IpcCommunicatorTest, OnlyTheTokenHolderJoinsAndAWrongTokenIsRefused) {
   kernels::cpu::CpuBackend cpu(1);
   IpcCommunicatorOptions o;
   o.token_timeout = absl::Minutes(5);  // the silent stranger outlasts the test: it must not hold up the join
-  IpcCommunicatorFactory factory(cpu, o);
+  IpcCommunicatorFactory factory(cpu.peer_memory(), o);
   auto id = factory.NewUniqueId();
   ASSERT_TRUE(id.ok());
   auto rank0 = factory.Join(*id, 0);
@@ -324,7 +324,7 @@ class BytesSource final : public StateSource {
 TEST(IpcCommunicatorTest, TheChannelProtocolRunsOverIt) {
   auto gpu = EmulatedGpu();
   ASSERT_NE(gpu, nullptr);
-  IpcCommunicatorFactory factory(*gpu);
+  IpcCommunicatorFactory factory(gpu->peer_memory());
   ChannelReceiverOptions ro;
   ro.default_peer = "prefill-0";
   ro.kind = TransportKind::kCudaIpc;
@@ -392,8 +392,8 @@ TEST(IpcCommunicatorTest, AnEngineSequenceMovesInPlaceBetweenTwoGpuEnginesAndCon
   auto decode = engine::Model::Create((*weights)->config(), **weights, o);
   ASSERT_TRUE(decode.ok());
 
-  IpcCommunicatorFactory decode_side(*decode_gpu);
-  IpcCommunicatorFactory prefill_side(prefill_counted);
+  IpcCommunicatorFactory decode_side(decode_gpu->peer_memory());
+  IpcCommunicatorFactory prefill_side(prefill_counted.peer_memory());
   ChannelReceiverOptions ro;
   ro.default_peer = "prefill-0";
   ro.kind = TransportKind::kCudaIpc;

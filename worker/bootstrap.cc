@@ -47,7 +47,7 @@ absl::StatusOr<std::unique_ptr<transport::CommunicatorFactory>> ChannelFactory(t
       return absl::InvalidArgumentError(
           "--data_planes=cuda_ipc shares the engine's GPU memory: it needs --device=cuda");
     }
-    return std::make_unique<transport::IpcCommunicatorFactory>(model.backend());
+    return std::make_unique<transport::IpcCommunicatorFactory>(model.backend().peer_memory());
   }
   transport::NcclCommunicatorOptions no;
   no.device = options.device_index;

@@ -77,7 +77,9 @@ std::unique_ptr<kernels::Backend> Gpu(int device) {
 }
 
 std::unique_ptr<transport::CommunicatorFactory> Factory(kernels::Backend& backend, int device) {
-  if (absl::GetFlag(FLAGS_plane) == "cuda_ipc") return std::make_unique<transport::IpcCommunicatorFactory>(backend);
+  if (absl::GetFlag(FLAGS_plane) == "cuda_ipc") {
+    return std::make_unique<transport::IpcCommunicatorFactory>(backend.peer_memory());
+  }
   transport::NcclCommunicatorOptions o;
   o.device = device;
   auto f = transport::NcclCommunicatorFactory::Create(o);
