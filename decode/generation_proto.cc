@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/util/time_util.h"
-#include "prefill/prefill_proto.h"
+#include "prefill/prefill_client.h"
 
 namespace hybridserve::decode {
 namespace {
@@ -27,6 +27,20 @@ absl::StatusOr<engine::SamplingParams> SamplingFromProto(const v1::GenerateReque
   }
   out.top_logprobs = static_cast<int32_t>(p.top_logprobs());
   return out;
+}
+
+// generation.proto's ResumeKind. Decode's own mapping: prefill's
+// (prefill_proto.h) belongs to prefill's edge.
+v1::ResumeKind ResumeKindToProto(prefill::ResumeKind kind) {
+  switch (kind) {
+    case prefill::ResumeKind::kCold:
+      return v1::RESUME_KIND_COLD;
+    case prefill::ResumeKind::kGridCheckpoint:
+      return v1::RESUME_KIND_GRID_CHECKPOINT;
+    case prefill::ResumeKind::kExactPrefix:
+      return v1::RESUME_KIND_EXACT_PREFIX;
+  }
+  return v1::RESUME_KIND_UNSPECIFIED;
 }
 
 }  // namespace
@@ -75,7 +89,7 @@ void ToProto(const Usage& u, v1::Usage* out) {
   out->set_completion_tokens(static_cast<uint32_t>(u.completion_tokens));
   out->set_cached_tokens(static_cast<uint32_t>(u.cached_tokens));
   out->set_recomputed_tokens(static_cast<uint32_t>(u.recomputed_tokens));
-  out->set_resume_kind(prefill::ResumeKindToProto(u.resume_kind));
+  out->set_resume_kind(ResumeKindToProto(u.resume_kind));
   if (u.has_session) {
     v1::SessionOutcome* s = out->mutable_session();
     s->set_published(u.session.published);
