@@ -1,7 +1,7 @@
 #ifndef HYBRIDSERVE_ENGINE_CONFIG_FIELDS_H_
 #define HYBRIDSERVE_ENGINE_CONFIG_FIELDS_H_
 
-// Internal to engine/model_config.cc: typed, field-naming reads of a
+// Internal to the model_config library (its parsers): typed, field-naming reads of a
 // config.json object, and the JSON dialect fix-up that real configs need.
 
 #include <cmath>

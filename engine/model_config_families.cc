@@ -16,7 +16,124 @@
 #include "engine/model_config.h"
 
 namespace hybridserve::engine::config_internal {
+
+absl::StatusOr<LayerKind> KindFromBlockType(const Json& v, size_t index) {
+  if (!v.is_string()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layers_block_type[", index, "] must be a string, got ", Excerpt(v)));
+  }
+  const std::string name = v.get<std::string>();
+  if (name == "mamba" || name == "linear_attention") return LayerKind::kMamba2;
+  if (name == "attention" || name == "full_attention") return LayerKind::kAttention;
+  if (name == "mlp") return LayerKind::kMlp;
+  if (name == "moe") return LayerKind::kMoe;
+  return absl::InvalidArgumentError(absl::StrCat("layers_block_type[", index, "] has unknown block type \"", name,
+                                                 "\" (expected linear_attention, full_attention, mlp or moe)"));
+}
+
+absl::Status CheckSiluActivation(const ConfigFields& f, absl::string_view key) {
+  ASSIGN_OR_RETURN(std::string act, f.String({key}, "silu"));
+  if (act != "silu" && act != "swish") {
+    return absl::UnimplementedError(absl::StrCat(key, " \"", act, "\" is not supported (only silu)"));
+  }
+  return absl::OkStatus();
+}
+
 namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// transformers' defaults for fields the Nemotron-H and Mamba2 parsers treat as optional.
+constexpr int64_t kDefaultNemotronChunk = 128;
+constexpr double kDefaultTimeStepMin = 0.001;
+constexpr double kDefaultTimeStepMax = 0.1;
+
+absl::StatusOr<LayerKind> KindFromSymbol(char c, size_t index) {
+  switch (c) {
+    case 'M':
+      return LayerKind::kMamba2;
+    case '*':
+      return LayerKind::kAttention;
+    case '-':
+      return LayerKind::kMlp;
+    case 'E':
+      return LayerKind::kMoe;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("hybrid_override_pattern: layer ", index, " has unknown symbol '",
+                                                     std::string(1, c), "' (expected M, * or -)"));
+  }
+}
+
+absl::StatusOr<std::vector<LayerKind>> NemotronLayers(const ConfigFields& f) {
+  std::optional<std::vector<LayerKind>> from_pattern;
+  std::optional<std::vector<LayerKind>> from_list;
+  if (f.Has("hybrid_override_pattern")) {
+    const Json& v = f.Get("hybrid_override_pattern");
+    if (!v.is_string()) {
+      return absl::InvalidArgumentError(absl::StrCat("hybrid_override_pattern must be a string, got ", Excerpt(v)));
+    }
+    const std::string pattern = v.get<std::string>();
+    from_pattern.emplace();
+    for (size_t i = 0; i < pattern.size(); ++i) {
+      ASSIGN_OR_RETURN(LayerKind kind, KindFromSymbol(pattern[i], i));
+      from_pattern->push_back(kind);
+    }
+  }
+  if (f.Has("layers_block_type")) {
+    const Json& v = f.Get("layers_block_type");
+    if (!v.is_array()) {
+      return absl::InvalidArgumentError(absl::StrCat("layers_block_type must be a list, got ", Excerpt(v)));
+    }
+    from_list.emplace();
+    for (size_t i = 0; i < v.size(); ++i) {
+      ASSIGN_OR_RETURN(LayerKind kind, KindFromBlockType(v[i], i));
+      from_list->push_back(kind);
+    }
+  }
+  if (from_pattern.has_value() && from_list.has_value() && *from_pattern != *from_list) {
+    return absl::InvalidArgumentError(absl::StrCat("hybrid_override_pattern (\"", PatternOf(*from_pattern),
+                                                   "\") and layers_block_type (\"", PatternOf(*from_list),
+                                                   "\") disagree"));
+  }
+  std::vector<LayerKind> layers;
+  if (from_list.has_value()) {
+    layers = std::move(*from_list);
+  } else if (from_pattern.has_value()) {
+    layers = std::move(*from_pattern);
+  } else {
+    return absl::InvalidArgumentError("hybrid_override_pattern or layers_block_type is required but missing");
+  }
+  if (layers.empty()) return absl::InvalidArgumentError("the layer pattern is empty");
+  if (f.Has("num_hidden_layers")) {
+    ASSIGN_OR_RETURN(int64_t n, ConfigFields::ToInt("num_hidden_layers", f.Get("num_hidden_layers")));
+    if (n != static_cast<int64_t>(layers.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("num_hidden_layers (", n, ") does not match the ", layers.size(),
+                                                     " layers of the layer pattern"));
+    }
+  }
+  return layers;
+}
+
+// Nemotron-H's 'E' blocks (transformers 5.23 NemotronHMoE): relu2 experts, a
+// relu2 shared expert, sigmoid group-limited top-k routing.
+absl::Status ParseNemotronMoe(const ConfigFields& f, MoeParams& moe) {
+  moe.router = MoeRouter::kSigmoidGroupTopK;
+  moe.expert = ExpertKind::kRelu2;
+  ASSIGN_OR_RETURN(moe.num_experts, f.Int({"n_routed_experts", "num_local_experts"}, 8));
+  ASSIGN_OR_RETURN(moe.top_k, f.Int({"num_experts_per_tok"}, 2));
+  ASSIGN_OR_RETURN(moe.intermediate_size, f.Int({"moe_intermediate_size"}, std::nullopt));
+  ASSIGN_OR_RETURN(moe.shared_intermediate_size, f.Int({"moe_shared_expert_intermediate_size"}, std::nullopt));
+  ASSIGN_OR_RETURN(moe.n_group, f.Int({"n_group"}, 1));
+  ASSIGN_OR_RETURN(moe.topk_group, f.Int({"topk_group"}, 1));
+  ASSIGN_OR_RETURN(moe.norm_topk_prob, f.Bool({"norm_topk_prob"}, true));
+  ASSIGN_OR_RETURN(double scaling, f.Float({"routed_scaling_factor"}, 1.0));
+  moe.routed_scaling_factor = static_cast<float>(scaling);
+  if (f.Has("moe_latent_size")) {
+    return absl::UnimplementedError(
+        absl::StrCat("moe_latent_size (", Excerpt(f.Get("moe_latent_size")), ") is not supported"));
+  }
+  return absl::OkStatus();
+}
 
 // The Mamba2 mixer of Bamba and Granite (both name their fields mamba_*; d_inner
 // is mamba_expand * hidden_size; mamba_d_head may be "auto").
@@ -149,6 +266,117 @@ absl::Status ParseDecoderLayerCount(const ConfigFields& f, int64_t& n_layers) {
 }
 
 }  // namespace
+
+absl::Status ParseNemotronH(const ConfigFields& f, ModelConfig& c) {
+  c.family = ModelFamily::kNemotronH;
+  ASSIGN_OR_RETURN(c.layers, NemotronLayers(f));
+  if (c.CountLayers(LayerKind::kMamba2) > 0) {
+    Mamba2Params& m = c.mamba;
+    ASSIGN_OR_RETURN(m.num_heads, f.Int({"mamba_num_heads"}, std::nullopt));
+    ASSIGN_OR_RETURN(m.head_dim, f.Int({"mamba_head_dim"}, std::nullopt));
+    ASSIGN_OR_RETURN(m.state_size, f.Int({"ssm_state_size"}, std::nullopt));
+    ASSIGN_OR_RETURN(m.n_groups, f.Int({"n_groups", "mamba_n_groups"}, std::nullopt));
+    ASSIGN_OR_RETURN(m.conv_kernel, f.Int({"conv_kernel", "mamba_d_conv"}, kDefaultConvKernel));
+    ASSIGN_OR_RETURN(m.chunk_size, f.Int({"chunk_size", "mamba_chunk_size"}, kDefaultNemotronChunk));
+    ASSIGN_OR_RETURN(m.use_conv_bias, f.Bool({"use_conv_bias", "mamba_conv_bias"}, true));
+    ASSIGN_OR_RETURN(m.use_bias, f.Bool({"use_bias"}, false));
+    // d_inner is mamba_num_heads * mamba_head_dim; `expand` is informational
+    // (e.g. Nemotron-Nano-9B-v2 states expand 2 with 128 * 80 != 2 * 4480).
+    ASSIGN_OR_RETURN(int64_t expand, f.Int({"expand", "mamba_expand"}, kDefaultMamba2Expand));
+    (void)expand;
+    ASSIGN_OR_RETURN(double dt_min, f.Float({"time_step_min", "mamba_dt_min"}, kDefaultTimeStepMin));
+    ASSIGN_OR_RETURN(double dt_max, f.Float({"time_step_max", "mamba_dt_max"}, kDefaultTimeStepMax));
+    m.time_step_min = static_cast<float>(dt_min);
+    m.time_step_max = static_cast<float>(dt_max);
+    ASSIGN_OR_RETURN(m.time_step_limit, f.Range({"time_step_limit", "mamba_dt_limit"}, DtClamp{}));
+    RETURN_IF_ERROR(CheckSiluActivation(f, "mamba_hidden_act"));
+    m.norm_group_size = m.n_groups > 0 ? m.d_inner() / m.n_groups : 0;
+    m.prefill_dt_clamp = DtClamp{m.time_step_min, kInf};
+    m.decode_dt_clamp = DtClamp{};
+  }
+  if (c.CountLayers(LayerKind::kAttention) > 0) {
+    AttentionParams& a = c.attention;
+    ASSIGN_OR_RETURN(a.num_heads, f.Int({"num_attention_heads"}, std::nullopt));
+    ASSIGN_OR_RETURN(a.num_kv_heads, f.Int({"num_key_value_heads"}, a.num_heads));
+    ASSIGN_OR_RETURN(a.head_dim, f.Int({"head_dim", "attention_head_dim"}, std::nullopt));
+    a.use_rope = false;
+    ASSIGN_OR_RETURN(bool attention_bias, f.Bool({"attention_bias"}, false));
+    if (attention_bias) {
+      return absl::UnimplementedError("attention_bias true is not supported (Nemotron-H attention has no biases)");
+    }
+    if (f.Has("sliding_window")) {
+      return absl::UnimplementedError(
+          absl::StrCat("sliding_window (", Excerpt(f.Get("sliding_window")), ") is not supported"));
+    }
+  }
+  if (c.CountLayers(LayerKind::kMlp) > 0) {
+    ASSIGN_OR_RETURN(c.mlp.intermediate_size, f.Int({"intermediate_size"}, std::nullopt));
+    ASSIGN_OR_RETURN(std::string act, f.String({"mlp_hidden_act"}, "relu2"));
+    if (act != "relu2") {
+      return absl::UnimplementedError(absl::StrCat("mlp_hidden_act \"", act, "\" is not supported (only relu2)"));
+    }
+    c.mlp.activation = MlpActivation::kRelu2;
+    ASSIGN_OR_RETURN(c.mlp.use_bias, f.Bool({"mlp_bias"}, false));
+  }
+  if (c.CountLayers(LayerKind::kMoe) > 0) {
+    ASSIGN_OR_RETURN(std::string act, f.String({"mlp_hidden_act"}, "relu2"));
+    if (act != "relu2") {
+      return absl::UnimplementedError(absl::StrCat("mlp_hidden_act \"", act, "\" is not supported (only relu2)"));
+    }
+    ASSIGN_OR_RETURN(bool bias, f.Bool({"mlp_bias"}, false));
+    if (bias) return absl::UnimplementedError("mlp_bias true is not supported with MoE layers");
+    RETURN_IF_ERROR(ParseNemotronMoe(f, c.moe));
+  }
+  ASSIGN_OR_RETURN(c.residual_in_fp32, f.Bool({"residual_in_fp32"}, false));
+  return absl::OkStatus();
+}
+
+absl::Status ParseMamba2(const ConfigFields& f, ModelConfig& c) {
+  c.family = ModelFamily::kMamba2;
+  ASSIGN_OR_RETURN(int64_t n_layers, f.Int({"num_hidden_layers"}, std::nullopt));
+  if (n_layers < 1 || n_layers > kMaxLayers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_hidden_layers (", n_layers, ") must be in [1, ", kMaxLayers, "]"));
+  }
+  c.layers.assign(static_cast<size_t>(n_layers), LayerKind::kMamba2);
+  Mamba2Params& m = c.mamba;
+  ASSIGN_OR_RETURN(m.num_heads, f.Int({"num_heads"}, std::nullopt));
+  ASSIGN_OR_RETURN(m.head_dim, f.Int({"head_dim"}, std::nullopt));
+  ASSIGN_OR_RETURN(m.state_size, f.Int({"state_size"}, std::nullopt));
+  ASSIGN_OR_RETURN(m.n_groups, f.Int({"n_groups"}, std::nullopt));
+  ASSIGN_OR_RETURN(m.conv_kernel, f.Int({"conv_kernel"}, kDefaultConvKernel));
+  ASSIGN_OR_RETURN(m.chunk_size, f.Int({"chunk_size"}, kDefaultMamba2Chunk));
+  ASSIGN_OR_RETURN(m.use_conv_bias, f.Bool({"use_conv_bias"}, true));
+  ASSIGN_OR_RETURN(m.use_bias, f.Bool({"use_bias"}, false));
+  ASSIGN_OR_RETURN(int64_t expand, f.Int({"expand"}, kDefaultMamba2Expand));
+  if (expand < 1 || expand > kMaxDim) {
+    return absl::InvalidArgumentError(absl::StrCat("expand (", expand, ") must be positive"));
+  }
+  if (m.num_heads > 0 && m.head_dim > 0 && m.num_heads <= kMaxDim && m.head_dim <= kMaxDim &&
+      c.hidden_size <= kMaxDim && m.num_heads * m.head_dim != expand * c.hidden_size) {
+    return absl::InvalidArgumentError(absl::StrCat("num_heads (", m.num_heads, ") * head_dim (", m.head_dim,
+                                                   ") = ", m.num_heads * m.head_dim, " does not match expand (", expand,
+                                                   ") * hidden_size (", c.hidden_size, ") = ", expand * c.hidden_size));
+  }
+  ASSIGN_OR_RETURN(double dt_min, f.Float({"time_step_min"}, kDefaultTimeStepMin));
+  ASSIGN_OR_RETURN(double dt_max, f.Float({"time_step_max"}, kDefaultTimeStepMax));
+  m.time_step_min = static_cast<float>(dt_min);
+  m.time_step_max = static_cast<float>(dt_max);
+  ASSIGN_OR_RETURN(m.time_step_limit, f.Range({"time_step_limit"}, DtClamp{}));
+  RETURN_IF_ERROR(CheckSiluActivation(f, "hidden_act"));
+  ASSIGN_OR_RETURN(bool norm_before_gate, f.Bool({"norm_before_gate"}, false));
+  if (norm_before_gate) {
+    return absl::UnimplementedError("norm_before_gate true is not supported (the gated norm is RMSNorm(y * silu(z)))");
+  }
+  // transformers 5.23 Mamba2Mixer: MambaRMSNormGated(group_size=intermediate_size
+  // // n_groups); the chunked path clamps dt to time_step_limit, the one-step
+  // decode path (mamba2_selective_state_update) does not clamp.
+  m.norm_group_size = m.n_groups > 0 ? m.d_inner() / m.n_groups : 0;
+  m.prefill_dt_clamp = m.time_step_limit;
+  m.decode_dt_clamp = DtClamp{};
+  ASSIGN_OR_RETURN(c.residual_in_fp32, f.Bool({"residual_in_fp32"}, true));
+  return absl::OkStatus();
+}
 
 absl::Status ParseBamba(const ConfigFields& f, ModelConfig& c) {
   c.family = ModelFamily::kBamba;

@@ -1,11 +1,15 @@
 #ifndef HYBRIDSERVE_ENGINE_MODEL_CONFIG_FAMILIES_H_
 #define HYBRIDSERVE_ENGINE_MODEL_CONFIG_FAMILIES_H_
 
-// Internal to model_config: the parsers of the decoder-layer families (a
-// decoder layer is two or more blocks) and the helpers they share with
-// model_config.cc. Semantics and error rules: model_config.h.
+// Internal to model_config: the parser of each family
+// (model_config_families.cc) and the helpers the files of model_config share
+// (model_config.cc parses the common fields and dispatches on model_type;
+// model_config_validate.cc checks the result). Semantics and error rules:
+// model_config.h.
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -26,14 +30,18 @@ inline constexpr int64_t kDefaultMamba2Expand = 2;
 
 // INVALID_ARGUMENT naming `name` unless 1 <= value <= kMaxDim.
 absl::Status CheckDim(absl::string_view name, int64_t value);
+// One LayerKindSymbol per layer ("M*M-").
+std::string PatternOf(const std::vector<LayerKind>& layers);
 // A layers_block_type / layer_types entry: mamba|linear_attention,
 // attention|full_attention, mlp, moe.
 absl::StatusOr<LayerKind> KindFromBlockType(const Json& v, size_t index);
 // UNIMPLEMENTED unless `key` is silu (or swish; absent means silu).
 absl::Status CheckSiluActivation(const ConfigFields& f, absl::string_view key);
 
-// model_type "bamba", "granitemoehybrid", "falcon_h1", "zamba2": fill `c` (whose common
-// fields ParseCommon has set).
+// model_type "nemotron_h", "mamba2", "bamba", "granitemoehybrid", "falcon_h1",
+// "zamba2": fill `c` (whose common fields ParseCommon has set).
+absl::Status ParseNemotronH(const ConfigFields& f, ModelConfig& c);
+absl::Status ParseMamba2(const ConfigFields& f, ModelConfig& c);
 absl::Status ParseBamba(const ConfigFields& f, ModelConfig& c);
 absl::Status ParseGraniteMoeHybrid(const ConfigFields& f, ModelConfig& c);
 absl::Status ParseFalconH1(const ConfigFields& f, ModelConfig& c);
