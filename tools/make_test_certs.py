@@ -13,13 +13,16 @@ verifies under either name. Plus the bad ones:
 
   python3 tools/make_test_certs.py --out DIR [--trust_domain D] [--renew NAME]
   python3 tools/make_test_certs.py --out DIR --issue NAME [--uri U]... [--dns D]... [--ip A]...
+  python3 tools/make_test_certs.py --out DIR --ca_only [--ca_name N]
 
 --renew NAME re-issues NAME.pem/NAME.key alone, signed by the CA already in
 --out (a certificate renewal, as a rotation test needs), and writes nothing
 else. --issue NAME does the same with exactly the SANs given (URIs, DNS
 names, IP addresses; at least one), e.g. a Kubernetes workload's
 certificate: its SPIFFE ID and its Services' DNS names, no loopback names.
-Both write each file beside the old one and rename it over it.
+Both write each file beside the old one and rename it over it. --ca_only
+writes a CA alone (ca.pem, ca.key; no identity), e.g. the next CA of a CA
+rotation, in a directory of its own: --issue with that --out signs by it.
 
 Uses python3-cryptography (Debian's package; tools/bootstrap.sh installs it).
 EC P-256 keys: made in milliseconds.
@@ -109,7 +112,10 @@ def main():
     parser.add_argument("--uri", action="append", default=[])
     parser.add_argument("--dns", action="append", default=[])
     parser.add_argument("--ip", action="append", default=[])
+    parser.add_argument("--ca_only", action="store_true")
     args = parser.parse_args()
+    if args.ca_only and (args.renew or args.issue):
+        parser.error("--ca_only goes without --renew and --issue")
     if (args.uri or args.dns or args.ip) and not args.issue:
         parser.error("--uri, --dns and --ip go with --issue")
     if args.issue and not (args.uri or args.dns or args.ip):
@@ -143,6 +149,8 @@ def main():
     ca_key, ca_cert = make_ca(args.ca_name)
     write(os.path.join(args.out, "ca.pem"), cert_pem(ca_cert))
     write(os.path.join(args.out, "ca.key"), key_pem(ca_key))
+    if args.ca_only:
+        return
 
     def spiffe(name):
         return "spiffe://%s/%s" % (args.trust_domain, name)
