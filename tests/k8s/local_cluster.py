@@ -61,6 +61,8 @@ DNS_SUFFIX = "svc.cluster.local"
 # The kubelet's one extension of the grace period when a preStop hook runs past it.
 PRESTOP_OVERRUN_S = 2
 HEALTH_CHECK = "/grpc.health.v1.Health/Check"
+# How often a deleted pod's metrics are scraped until its process exits.
+FINAL_SCRAPE_PERIOD_S = 0.5
 SERVING = 1  # grpc.health.v1.HealthCheckResponse.ServingStatus
 
 
@@ -191,6 +193,7 @@ class Pod:
         self.deleting = threading.Event()
         self.sigterm_sent = threading.Event()  # the preStop is over: SIGTERM went to the process
         self.prestop_s = self.container.get("lifecycle", {}).get("preStop", {}).get("sleep", {}).get("seconds", 0)
+        self.final_metrics = None  # a deleted pod's last metrics (last_metrics)
         self.log_path = os.path.join(cluster.workdir, f"{name}.log")
         self._stop = threading.Event()  # deletion: the kubelet stops probing
         self._exited = threading.Event()
@@ -354,6 +357,7 @@ class Pod:
         self.ready = False
         self.cluster.changed()
         self.deleting.set()
+        threading.Thread(target=self._scrape_until_exit, daemon=True).start()
         if self._exited.wait(min(self.prestop_s, self.grace_s)):
             return
         if self.prestop_s >= self.grace_s:
@@ -387,6 +391,27 @@ class Pod:
         url = f"http://{self.ip}:{self.port('metrics')}/metrics"
         with urllib.request.urlopen(url, timeout=5) as response:
             return response.read().decode()
+
+    def _scrape_until_exit(self):
+        """From the deletion until the process exits, as a Prometheus that
+        scrapes the pod while it lives: its metrics every
+        FINAL_SCRAPE_PERIOD_S, the last answer kept in final_metrics."""
+        while True:
+            try:
+                self.final_metrics = self.metrics()
+            except OSError:  # not answering (any more)
+                pass
+            if self._exited.wait(FINAL_SCRAPE_PERIOD_S):
+                return
+
+    def last_metrics(self):
+        """What the pod counted: its metrics now, or for a deleted pod the
+        last ones scraped before its process exited (None: none answered)."""
+        return self.final_metrics if self.deleted else self.metrics()
+
+    def secret_names(self):
+        """The Secrets the pod mounts (and this cluster has)."""
+        return [volume["secretName"] for volume in self.secret_dirs.values()]
 
 
 class Deployment:
