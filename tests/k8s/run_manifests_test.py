@@ -32,7 +32,8 @@ and tokens printed before and after each change; no failed request across
 it), with no restart:
   - every Secret is renewed (the kubelet's symlink swap): within
     --tls_refresh each TLS port (the pods' gRPC ports) serves the new
-    certificate of the Secret its own pod mounts;
+    certificate of the Secret its own pod mounts, and a stream opened before
+    gets tokens before the change and after it took effect, to its last;
   - the CA is rotated: every ca.crt and every client trusting both CAs
     (each port takes a certificate of the new CA), then every Secret and
     tenant certificate issued by the new CA (each port serves its own), then
@@ -74,7 +75,7 @@ import grpc
 
 import local_cluster
 import manifests
-from hybridserve_client import Client, FinishReason, HybridserveError, encode_bytes
+from hybridserve_client import Client, FinishReason, HybridserveError, TokenChunk, encode_bytes
 
 _NAMESPACED = "HS_K8S_RUN_NAMESPACED"
 
@@ -96,6 +97,10 @@ LONG_CALL_LEAD_S = 1.0
 LONG_CALL_S = 5.0
 LONG_CALL_MAX_TOKENS = 4000
 CALIBRATION_TOKENS = 1000
+# The stream across a Secret renewal is sized to run about --tls_refresh and
+# this long (at most the context); its call's deadline.
+STREAM_MARGIN_S = 20
+STREAM_TIMEOUT_S = 180
 # A pod turns Ready within its startup probe's window (scaled) and a few
 # readiness periods; this bounds every wait for it.
 READY_TIMEOUT_S = 90
@@ -276,6 +281,65 @@ class CallAcrossSigterm:
 
     def join(self):
         self.thread.join()
+
+
+class StreamAcross:
+    """One long generation on its own connection to decode (opened before a
+    change, kept across it, as a client keeps its channel), streamed in a
+    thread: tokens() is how many have arrived so far. Sized from a
+    calibration call on the same connection, under the same load, to run
+    about `seconds`."""
+
+    PROMPT = encode_bytes("A long story, streamed across a change:", add_bos=True)
+
+    def __init__(self, clients, seconds):
+        self.clients = clients
+        self.pod, target = clients.cluster.pick(DECODE, "grpc")
+        self.client = Client(target, timeout=STREAM_TIMEOUT_S, **clients.client_options)
+        clients.count_sent()
+        max_context = self.client.model_info().max_context_tokens
+        clients.count_sent()
+        began = time.monotonic()
+        self.client.generate(self.PROMPT, max_tokens=CALIBRATION_TOKENS, temperature=0.0, ignore_eos=True)
+        rate = CALIBRATION_TOKENS / (time.monotonic() - began)
+        self.max_tokens = min(int(rate * seconds), max_context - len(self.PROMPT))
+        self.lock = threading.Lock()
+        self.count = 0
+        self.first = threading.Event()
+        self.ended = None  # time.monotonic() at its end
+        clients.count_sent()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        tag = f"the stream on {self.pod.name} across the change"
+        try:
+            with self.client.stream(self.PROMPT, max_tokens=self.max_tokens, temperature=0.0,
+                                    ignore_eos=True) as events:
+                for event in events:  # TokenChunks, then the GenerateResult
+                    if isinstance(event, TokenChunk):
+                        with self.lock:
+                            self.count += len(event.token_ids)
+                        self.first.set()
+            result = events.result
+            if result.finish_reason != FinishReason.LENGTH or len(result.token_ids) != self.max_tokens:
+                self.clients.failed_call(f"{tag}: {result.finish_reason} after {len(result.token_ids)} tokens "
+                                         f"{result.error_message}")
+        except HybridserveError as e:
+            self.clients.failed_call(f"{tag}: {e.code} {e}")
+        except Exception as e:  # pylint: disable=broad-except
+            self.clients.failed_call(f"{tag}: {e!r}")
+        self.ended = time.monotonic()
+        self.first.set()
+        self.client.close()
+
+    def tokens(self):
+        with self.lock:
+            return self.count
+
+    def join(self):
+        self.thread.join()
+        return self.tokens()
 
 
 def metric_sum(text, name, labels=""):
@@ -528,8 +592,9 @@ class RunManifestsTest(unittest.TestCase):
         served = {p.name: prefill_calls(p) for p in deployments[PREFILL].pods}
         print(f"prefill pods after scaling to {PREFILL_REPLICAS}, calls served: {served}")
         if certificates is not None:
-            self._renew_every_secret(certificates, clients)
+            went_across = self._renew_every_secret(certificates, clients)
             self._rotate_ca(certificates, clients)
+            went_across()
 
         # 4. Rolling updates under traffic.
         terminations = []
@@ -573,16 +638,18 @@ class RunManifestsTest(unittest.TestCase):
         # starts: decode sends the final message only after the publication's
         # result (decode/turn_end.h).
         missed = clients.missed_published + clients.missed_unpublished
-        print(f"later turns not resumed: after a published turn end {clients.missed_published}, "
-              f"after an unpublished one {clients.missed_unpublished}; cache failures counted by the prefill "
-              f"pods: {prefill_failures}, logged by the decode pods: {decode_failures}")
+        print(f"later turns not resumed: {len(clients.missed_published)} after a published turn end "
+              f"{clients.missed_published[:5]}, {len(clients.missed_unpublished)} after an unpublished one "
+              f"{clients.missed_unpublished[:5]}; cache failures counted by the prefill pods: {prefill_failures}, "
+              f"logged by the decode pods: {decode_failures}")
         self.assertEqual(clients.resumed + len(missed), clients.turns_after_first)
         if clients.missed_published:
             self.assertNotIn(None, prefill_failures.values(), "a prefill pod's metrics never answered")
         unmatched = [(turn, pod) for turn, pod in clients.missed_published
                      if decode_failures[pod] == 0 and sum(prefill_failures.values()) == 0]
-        self.assertEqual(unmatched, [], "turns that missed the cache after a published turn end, with no cache "
-                         "failure counted by a prefill pod nor logged by the decode pod that served them")
+        self.assertFalse(unmatched, f"{len(unmatched)} turns missed the cache after a published turn end, with no "
+                         f"cache failure counted by a prefill pod nor logged by the decode pod that served them, "
+                         f"e.g. {unmatched[:5]}")
         self.assertEqual(len(rolled), 1 + PREFILL_REPLICAS)
         self.assertTrue(all(calls > 0 for calls in rolled_prefill.values()), rolled_prefill)
         # The long call was running (its first token out) when its pod got SIGTERM.
@@ -730,20 +797,42 @@ class RunManifestsTest(unittest.TestCase):
     def _renew_every_secret(self, certificates, clients):
         """Every pool's Secret renewed while the conversations run: each TLS
         port serves its own Secret's new certificate within --tls_refresh,
-        without a restart, and the conversations go on across it."""
+        without a restart; the conversations go on across it, and so does a
+        stream opened before it: the check of that stream (_went_across) is
+        returned, to run once it ended."""
         pods = [p for p in self.cluster.all_pods if not p.deleted]
         processes = {p.name: p.process.pid for p in pods}
+        stream = StreamAcross(clients, self._refresh_s() + STREAM_MARGIN_S)
+        stream.first.wait(REQUEST_TIMEOUT_S)
+        streamed = {}
 
         def renew():
+            streamed["before"] = stream.tokens()
             renewed = {}
             for name in certificates.secret_names():
                 data = certificates.renew(name)
                 renewed[name] = ssl.PEM_cert_to_DER_cert(data["tls.crt"].decode())
                 self.cluster.update_secret(name, data)
             self._wait_serving(certificates, renewed, certificates.ca)
+            streamed["served"] = stream.tokens()
+            streamed["running"] = stream.ended is None
 
         self._across(clients, f"renewing every Secret (--tls_refresh {self._refresh_s():.0f} s)", renew)
         self.assertEqual({p.name: p.process.pid for p in pods if p.process.poll() is None}, processes)
+        return lambda: self._went_across(clients, stream, streamed)
+
+    def _went_across(self, clients, stream, streamed):
+        """The stream opened before the renewal got tokens before the Secrets
+        changed and after every port served the new certificates, and ends
+        with all its tokens (later steps run meanwhile)."""
+        streamed["end"] = stream.join()
+        print(f"the stream on {stream.pod.name} across the renewal ({stream.max_tokens} tokens): {streamed}")
+        self.assertEqual(clients.failed, [])
+        self.assertGreater(streamed["before"], 0)
+        self.assertTrue(streamed["running"], f"the stream ended before every port served its new certificate: "
+                        f"{streamed}")
+        self.assertLess(streamed["before"], streamed["served"])
+        self.assertEqual(streamed["end"], stream.max_tokens)
 
     def _rotate_ca(self, certificates, clients):
         """A CA rotation while the conversations run, as trust-manager and
