@@ -610,6 +610,11 @@ class RunManifestsTest(unittest.TestCase):
                             if p.deployment.name == PREFILL}
         decode_failures = {p.name: decode_cache_failures(p) for p in self.cluster.all_pods
                            if p.deployment.name == DECODE}
+        # Not a failure, printed to explain a miss: what the cache evicted
+        # (the budgets of the cpu overlay are small), by class and reason.
+        evictions = {line.split()[0].split("{", 1)[1].rstrip("}"): float(line.split()[1])
+                     for line in deployments[CACHESTORE].pods[0].metrics().splitlines()
+                     if line.startswith("hybridserve_cache_evictions_total{") and float(line.split()[1]) > 0}
 
         rolled = [p for p in self.cluster.all_pods if p.deleted and p.sigterm_to_exit_s is not None]
         print(f"requests sent: {clients.sent}, failed: {len(clients.failed)}")
@@ -641,7 +646,7 @@ class RunManifestsTest(unittest.TestCase):
         print(f"later turns not resumed: {len(clients.missed_published)} after a published turn end "
               f"{clients.missed_published[:5]}, {len(clients.missed_unpublished)} after an unpublished one "
               f"{clients.missed_unpublished[:5]}; cache failures counted by the prefill pods: {prefill_failures}, "
-              f"logged by the decode pods: {decode_failures}")
+              f"logged by the decode pods: {decode_failures}; cachestore evictions: {evictions}")
         self.assertEqual(clients.resumed + len(missed), clients.turns_after_first)
         if clients.missed_published:
             self.assertNotIn(None, prefill_failures.values(), "a prefill pod's metrics never answered")
