@@ -17,6 +17,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "common/log_rate_limiter.h"
 #include "prometheus/text_serializer.h"
 
 namespace hybridserve::common {
@@ -191,6 +192,16 @@ void AdvanceByKey(prometheus::Family<prometheus::Counter>& family, const prometh
 
 void AdvanceCounter(prometheus::Counter& counter, double now, double last) {
   if (now > last) counter.Increment(now - last);
+}
+
+void DeclareFailureReasons(prometheus::Family<prometheus::Counter>& family, const prometheus::Labels& labels,
+                           const std::string& label) {
+  for (int code = static_cast<int>(absl::StatusCode::kCancelled);
+       code <= static_cast<int>(absl::StatusCode::kUnauthenticated); ++code) {
+    prometheus::Labels with_reason = labels;
+    with_reason[label] = FailureReason(absl::Status(static_cast<absl::StatusCode>(code), ""));
+    family.Add(with_reason);
+  }
 }
 
 absl::StatusOr<std::unique_ptr<MetricsExposer>> MetricsExposer::Create(const std::string& bind,

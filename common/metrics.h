@@ -55,6 +55,14 @@ void AdvanceByKey(prometheus::Family<prometheus::Counter>& family, const prometh
                   const std::string& label, const std::map<std::string, int64_t>& now,
                   const std::map<std::string, int64_t>& last);
 
+// Creates the series of `family` labelled `labels` plus {label: reason} at 0
+// for every reason FailureReason() gives a failed status (each absl status code
+// but OK, "unavailable", "data_loss", ...), so a scrape declares the family and
+// reads 0 for a reason before the first failure of it. Reasons counted that are
+// no status code (decode's "export") still appear with their first count.
+void DeclareFailureReasons(prometheus::Family<prometheus::Counter>& family, const prometheus::Labels& labels,
+                           const std::string& label);
+
 // Serves a registry at http://<bind>/metrics in the Prometheus text format
 // (version 0.0.4): GET or HEAD /metrics is answered 200 with the registry as
 // collected at that request, any other path 404, any other method 405.

@@ -99,7 +99,10 @@ DecodeMetrics::DecodeMetrics(prometheus::Registry& r)
                             "Time local prefills spent probing the cache and resuming from it")),
       local_prefill_compute_seconds_(UnlabelledCounter(r, "hybridserve_decode_local_prefill_compute_seconds_total",
                                                        "Time local prefills spent computing the uncached tokens and "
-                                                       "sampling the first token")) {}
+                                                       "sampling the first token")) {
+  common::DeclareFailureReasons(errors_, {}, "reason");
+  common::DeclareFailureReasons(publish_failures_, {}, "reason");
+}
 
 void DecodeMetrics::SetBatchPeak(int64_t peak) { batch_peak_.Set(static_cast<double>(peak)); }
 void DecodeMetrics::SetOrphanedCalls(int64_t calls) { orphaned_calls_.Set(static_cast<double>(calls)); }

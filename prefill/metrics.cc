@@ -71,7 +71,9 @@ PrefillMetrics::PrefillMetrics(prometheus::Registry& r)
       states_published_(UnlabelledCounter(r, "hybridserve_prefill_states_published_total",
                                           "Grid checkpoints and prompt-end snapshots published")),
       publish_failures_(CounterFamily(r, "hybridserve_prefill_publish_failures_total",
-                                      "Cache puts of pages and states that failed, by reason (the status code)")) {}
+                                      "Cache puts of pages and states that failed, by reason (the status code)")) {
+  common::DeclareFailureReasons(publish_failures_, {}, "reason");
+}
 
 void PrefillMetrics::SetQueueDepth(int64_t outstanding) { queue_.Set(static_cast<double>(outstanding)); }
 void PrefillMetrics::RecordFailure() { failed_.Increment(); }

@@ -10,7 +10,10 @@
 //   hybridserve_worker_direct_put_fallbacks_total{path,reason}
 //                                                       calls that went on over gRPC
 //
-// `path` is "shm" or "bulk". Thread-safe: Sync serializes on its own mutex.
+// `path` is "shm" or "bulk". The first Sync of a path creates its fallbacks'
+// series at 0 for every reason (common::DeclareFailureReasons), so a scrape
+// declares the family before any failure. Thread-safe: Sync serializes on its
+// own mutex.
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"

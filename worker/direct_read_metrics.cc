@@ -19,7 +19,10 @@ DirectReadMetrics::Path DirectReadMetrics::Register(prometheus::Registry& r, con
 
 DirectReadMetrics::DirectReadMetrics(prometheus::Registry& r, const std::string& prefix)
     : shm_(Register(r, prefix, "shm", "by shared memory (--cachestore_shm_socket)")),
-      bulk_(Register(r, prefix, "bulk", "over the cachestore's bulk port (--cachestore_bulk_address)")) {}
+      bulk_(Register(r, prefix, "bulk", "over the cachestore's bulk port (--cachestore_bulk_address)")) {
+  common::DeclareFailureReasons(shm_.fallbacks, {}, "reason");
+  common::DeclareFailureReasons(bulk_.fallbacks, {}, "reason");
+}
 
 void DirectReadMetrics::Sync(const cachestore::DirectReadCounts& now) {
   absl::MutexLock lock(&mu_);

@@ -10,6 +10,8 @@
 //   PREFIX_shm_fallbacks_total{reason}, PREFIX_bulk_fallbacks_total{reason}
 //                                                       reads that went to gRPC
 //
+// Every reason series (common::DeclareFailureReasons) exists at 0 from the
+// start, so a scrape declares both fallback families before any failure.
 // Thread-safe: Sync serializes on its own mutex.
 
 #include <string>

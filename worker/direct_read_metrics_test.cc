@@ -9,17 +9,32 @@
 namespace hybridserve::worker {
 namespace {
 
-// Every sample, by "name" or "name{reason}".
-std::map<std::string, double> Samples(prometheus::Registry& registry) {
+// Every sample, by "name" or "name{reason}"; with `zero_reasons` false, the
+// reason series still at 0 are left out.
+std::map<std::string, double> Samples(prometheus::Registry& registry, bool zero_reasons = false) {
   std::map<std::string, double> out;
   for (const prometheus::MetricFamily& family : registry.Collect()) {
     for (const prometheus::ClientMetric& m : family.metric) {
+      if (!zero_reasons && !m.label.empty() && m.counter.value == 0) continue;
       std::string key = family.name;
       for (const prometheus::ClientMetric::Label& l : m.label) key += "{" + l.value + "}";
       out[key] = m.counter.value;
     }
   }
   return out;
+}
+
+// Both fallback families are declared before any failure: one series at 0 per
+// status code but OK, on each path.
+TEST(DirectReadMetricsTest, FallbackReasonsExistAtZeroFromTheStart) {
+  prometheus::Registry registry;
+  DirectReadMetrics metrics(registry, "hybridserve_decode_cache");
+  const std::map<std::string, double> all = Samples(registry, /*zero_reasons=*/true);
+  EXPECT_EQ(all.size(), 4 + 2 * 16);
+  EXPECT_EQ(all.at("hybridserve_decode_cache_shm_fallbacks_total{cancelled}"), 0);
+  EXPECT_EQ(all.at("hybridserve_decode_cache_shm_fallbacks_total{unauthenticated}"), 0);
+  EXPECT_EQ(all.at("hybridserve_decode_cache_bulk_fallbacks_total{unavailable}"), 0);
+  EXPECT_EQ(all.count("hybridserve_decode_cache_bulk_fallbacks_total{ok}"), 0);
 }
 
 // Both paths' series exist from the start (at 0); each Sync advances the

@@ -12,8 +12,11 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <sstream>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -285,7 +288,10 @@ Generation Generate(const std::shared_ptr<grpc::Channel>& channel, const v1::Gen
   return g;
 }
 
-absl::StatusOr<std::map<std::string, double>> ScrapeMetrics(int port) {
+namespace {
+
+// The body of GET http://127.0.0.1:<port>/metrics.
+absl::StatusOr<std::string> ScrapeText(int port) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -310,8 +316,16 @@ absl::StatusOr<std::map<std::string, double>> ScrapeMetrics(int port) {
     body.append(buf, static_cast<size_t>(n));
   }
   close(fd);
+  return body;
+}
+
+}  // namespace
+
+absl::StatusOr<std::map<std::string, double>> ScrapeMetrics(int port) {
+  absl::StatusOr<std::string> body = ScrapeText(port);
+  if (!body.ok()) return body.status();
   std::map<std::string, double> out;
-  for (absl::string_view line : absl::StrSplit(body, '\n')) {
+  for (absl::string_view line : absl::StrSplit(*body, '\n')) {
     if (line.empty() || line[0] == '#') continue;
     const size_t space = line.rfind(' ');
     if (space == absl::string_view::npos) continue;
@@ -334,13 +348,27 @@ std::string IpcPlaneBytes(const std::string& path, const std::string& direction)
                       "\",plane=\"cuda_ipc\"}");
 }
 
-double MetricSum(int port, const std::string& family) {
-  auto m = ScrapeMetrics(port);
-  if (!m.ok()) return -1;
+std::optional<double> MetricSum(int port, const std::string& family) {
+  absl::StatusOr<std::string> body = ScrapeText(port);
+  if (!body.ok()) return std::nullopt;
+  bool declared = false;
   double sum = 0;
-  for (const auto& [name, value] : *m) {
-    if (name == family || absl::StartsWith(name, family + "{")) sum += value;
+  for (absl::string_view line : absl::StrSplit(*body, '\n')) {
+    if (absl::StartsWith(line, "# TYPE ")) {
+      std::vector<absl::string_view> words = absl::StrSplit(line, ' ');
+      if (words.size() >= 3 && words[2] == family) declared = true;
+      continue;
+    }
+    if (line.empty() || line[0] == '#') continue;
+    const size_t space = line.rfind(' ');
+    if (space == absl::string_view::npos) continue;
+    const absl::string_view name = line.substr(0, space);
+    double v = 0;
+    if ((name == family || absl::StartsWith(name, family + "{")) && absl::SimpleAtod(line.substr(space + 1), &v)) {
+      sum += v;
+    }
   }
+  if (!declared) return std::nullopt;
   return sum;
 }
 

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <utility>
@@ -151,10 +152,13 @@ double Metric(int port, const std::string& name);
 // for the CUDA IPC plane's `path` ("device_copy", "socket") and `direction`
 // ("sent", "received"), as Metric() takes it.
 std::string IpcPlaneBytes(const std::string& path, const std::string& direction);
-// The sum of every sample of `family` on `port` whatever its labels (0 when
-// the family has no sample yet: a labelled counter appears with its first
-// label value), or -1 when the port cannot be read.
-double MetricSum(int port, const std::string& family);
+// The sum of every sample of `family` on `port` whatever its labels, or
+// nullopt when the port cannot be read or the scrape does not declare the
+// family (no "# TYPE <family>" line: a misspelt or renamed family, or a
+// labelled one with no series yet). The services create their failure-reason
+// series at 0 (common::DeclareFailureReasons), so EXPECT_EQ(MetricSum(...), 0)
+// holds only of a family that exists and counted nothing.
+std::optional<double> MetricSum(int port, const std::string& family);
 // Polls until `name` on `port` equals `value` (bounded by `timeout`); the
 // last value seen.
 double AwaitMetric(int port, const std::string& name, double value, absl::Duration timeout = absl::Seconds(15));
