@@ -5,8 +5,10 @@
 
 #include "cachestore/cache_publisher.h"
 
+#include <atomic>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/synchronization/notification.h"
@@ -312,23 +314,43 @@ TEST_F(CachePublisherTest, RefusesBadOptions) {
   EXPECT_EQ(CachePublisher::Create(*faults_, o).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-// Backpressure: Publish blocks while max_queued publications wait.
+// Backpressure: Publish blocks while the publisher holds max_in_flight
+// publications, and returns once one of them finishes.
 TEST_F(CachePublisherTest, PublishBlocksWhileTheQueueIsFull) {
+  // Puts wait at a gate (the fault client's delay hook) until it opens.
+  absl::Notification gate;
+  FaultInjectingCacheClient gated(*inner_, [&](absl::Duration) { gate.WaitForNotification(); });
+  gated.SetDelay(CacheClientMethod::kPut, absl::Nanoseconds(1));
   PublisherOptions o;
   o.max_queued = 1;
   o.max_in_flight = 1;
-  faults_->SetDelay(CacheClientMethod::kPut, absl::Milliseconds(200));
-  auto publisher = NewPublisher(o);
-  publisher->Publish(Make(0, 1, {}));
-  absl::Notification second_queued;
+  auto publisher = CachePublisher::Create(gated, o);
+  ASSERT_TRUE(publisher.ok()) << publisher.status();
+  (*publisher)->Publish(Make(0, 1, {}));
+  // Full: the first publication is held, its put stopped at the gate.
+  ASSERT_TRUE(common::WaitFor([&] { return gated.calls(CacheClientMethod::kPut) == 1; }));
+  EXPECT_EQ((*publisher)->in_flight(), 1);
+  std::atomic<bool> entered{false};
+  std::atomic<bool> returned{false};
   std::thread t([&] {
-    publisher->Publish(Make(0, 1, {}));
-    second_queued.Notify();
+    entered = true;
+    (*publisher)->Publish(Make(0, 1, {}, "other salt"));
+    returned = true;
   });
-  EXPECT_TRUE(common::WaitFor([&] { return second_queued.HasBeenNotified(); }));
+  ASSERT_TRUE(common::WaitFor([&] { return entered.load(); }));
+  // Nothing can leave while the gate is shut, so the second Publish must
+  // still be waiting however long it is given (a bounded look: a Publish that
+  // does not block returns within microseconds of entering).
+  EXPECT_FALSE(common::WaitFor([&] { return returned.load(); }, absl::Milliseconds(300)))
+      << "Publish returned while max_in_flight publications were held";
+  EXPECT_EQ((*publisher)->in_flight(), 1) << "the second publication was queued beyond max_in_flight";
+  EXPECT_EQ(gated.calls(CacheClientMethod::kPut), 1);
+  gate.Notify();
+  EXPECT_TRUE(common::WaitFor([&] { return returned.load(); })) << "Publish still blocked after room was made";
   t.join();
-  EXPECT_TRUE(publisher->WaitIdle(absl::Seconds(30)));
-  EXPECT_EQ(publisher->counters().pages_published, 1);
+  EXPECT_TRUE((*publisher)->WaitIdle(absl::Seconds(30)));
+  EXPECT_EQ((*publisher)->counters().pages_published, 2);
+  EXPECT_EQ(gated.calls(CacheClientMethod::kPut), 2);
 }
 
 }  // namespace
