@@ -7,6 +7,8 @@
 //
 //   TenantsNeverShareACacheWhateverTheSalt   A's chat cached; B with A's prompt
 //                                            and salt: 0 cached; A resumes
+//   AbortIsScopedToTheTenant                 B's Abort of A's streaming id
+//                                            ends nothing; A's own ends it
 //   ProxyHeaderNamesTheTenantOnlyFromTheProxy  the same by proxy header; a
 //                                            forged header refused
 //   EveryPortRefusesWhoItShouldNot           decode, prefill, cachestore, the
@@ -23,6 +25,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <memory>
@@ -175,19 +178,59 @@ TEST_F(SecurityTest, TenantsNeverShareACacheWhateverTheSalt) {
   Generation a = Generate(Channel(port, "tenant_a"), r);
   ASSERT_TRUE(a.status.ok()) << a.status.error_message();
   EXPECT_EQ(a.complete.usage().cached_tokens(), static_cast<int64_t>(last.size()));
-  // Request ids are per tenant: B's id equal to a live one of A's is its own,
-  // and B's Abort of A's id aborts nothing.
-  auto stub_b = v1::Generation::NewStub(Channel(port, "tenant_b"));
-  grpc::ClientContext context;
-  v1::AbortRequest abort;
-  abort.add_request_ids("a-again");
-  v1::AbortResponse aborted;
-  ASSERT_TRUE(stub_b->Abort(&context, abort, &aborted).ok());
-  EXPECT_EQ(aborted.aborted_request_ids_size(), 0);
   // A client asserting a tenant by header on the certificate port is refused.
   Generation forged = Generate(Channel(port, "tenant_b"), r, absl::Seconds(30),
                                {{"x-hybridserve-tenant", absl::StrCat(kDomain, "tenant_a")}});
   EXPECT_EQ(forged.status.error_code(), grpc::StatusCode::PERMISSION_DENIED) << forged.status.error_message();
+}
+
+// Request ids are per tenant: while A's long request streams, B's Abort of
+// A's id aborts nothing (answered empty, and A's request goes on streaming
+// and is still live after it), then A's own Abort ends it.
+TEST_F(SecurityTest, AbortIsScopedToTheTenant) {
+  constexpr int kMaxTokens = 8000;  // far more than the test lets it reach
+  constexpr int kTokensAfter = 32;  // streamed after B's Abort was answered
+  const int port = stack_->decode()->port();
+  auto stub_a = v1::Generation::NewStub(Channel(port, "tenant_a"));
+  auto stub_b = v1::Generation::NewStub(Channel(port, "tenant_b"));
+  grpc::ClientContext stream_context;
+  stream_context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(120)));
+  auto reader = stub_a->Generate(&stream_context, Request("a-long", TextPrompt(40, 5), kMaxTokens));
+  std::atomic<int> received{0};
+  std::atomic<bool> ended{false};
+  v1::GenerateComplete complete;  // written by the reader, read after join
+  grpc::Status stream_status;
+  std::thread read([&] {
+    v1::GenerateResponse response;
+    while (reader->Read(&response)) {
+      if (response.has_chunk()) received += response.chunk().token_ids_size();
+      if (response.has_complete()) complete = response.complete();
+    }
+    stream_status = reader->Finish();
+    ended = true;
+  });
+  auto abort_as = [](v1::Generation::Stub& stub) {
+    grpc::ClientContext context;
+    v1::AbortRequest abort;
+    abort.add_request_ids("a-long");
+    v1::AbortResponse aborted;
+    const grpc::Status status = stub.Abort(&context, abort, &aborted);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return std::vector<std::string>(aborted.aborted_request_ids().begin(), aborted.aborted_request_ids().end());
+  };
+  ASSERT_TRUE(common::WaitFor([&] { return received > 0 || ended; }));
+  ASSERT_FALSE(ended) << "A's request ended before B's Abort: " << stream_status.error_message();
+  EXPECT_THAT(abort_as(*stub_b), ::testing::IsEmpty());
+  const int at_b_answer = received;
+  EXPECT_TRUE(common::WaitFor([&] { return received >= at_b_answer + kTokensAfter || ended; }));
+  EXPECT_FALSE(ended) << "A's request ended after B's Abort, at " << received << " tokens, "
+                      << v1::FinishReason_Name(complete.finish_reason());
+  EXPECT_GE(received, at_b_answer + kTokensAfter);
+  EXPECT_THAT(abort_as(*stub_a), ::testing::ElementsAre("a-long"));
+  read.join();
+  EXPECT_TRUE(stream_status.ok()) << stream_status.error_message();
+  EXPECT_EQ(complete.finish_reason(), v1::FINISH_REASON_ABORT);
+  EXPECT_LT(received, kMaxTokens);
 }
 
 TEST_F(SecurityTest, ProxyHeaderNamesTheTenantOnlyFromTheProxy) {
