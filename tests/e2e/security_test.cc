@@ -17,7 +17,9 @@
 //                                            certificates, a stream in flight
 //                                            finishes, the pid stays
 //   AnotherTenantsPrefixTimesAsCold          200 trials: the TTFT of B with A's
-//                                            salt against a cold prompt
+//                                            salt is not told apart from a cold
+//                                            prompt's (p > 1e-3), A's own hit is
+//                                            (p < 1e-3)
 
 #include <netinet/in.h>
 #include <poll.h>
@@ -404,8 +406,10 @@ std::string Describe(std::vector<double> v) {
 
 // The side channel itself: B's request for a prompt A has cached, with A's
 // salt, answers as fast as a prompt nobody has seen, because it IS one for
-// B. Asserted: B never gets a hit. Reported: the distributions and the test
-// statistic; A's own repeat is the positive control (a hit, visibly faster).
+// B. Asserted: B never gets a hit, and its TTFT is not told apart from a
+// cold prompt's (two-sided Mann-Whitney, p > 1e-3) while A's own repeat, the
+// positive control (a hit), is (p < 1e-3). Reported: the distributions and
+// the test statistics.
 TEST_F(SecurityTest, AnotherTenantsPrefixTimesAsCold) {
   constexpr int kTrials = 200;
   constexpr int kPromptTokens = 384;
@@ -451,6 +455,12 @@ TEST_F(SecurityTest, AnotherTenantsPrefixTimesAsCold) {
             << "  Mann-Whitney B-on-A vs cold: z = " << leak.z << ", two-sided p = " << leak.p << "\n"
             << "  Mann-Whitney A-hit vs cold (the control, a real hit): z = " << control.z << ", p = " << control.p
             << std::endl;
+  // The measurement sees a hit: A's own is faster than cold, told apart.
+  EXPECT_LT(control.z, 0) << "the control hit is not faster than cold";
+  EXPECT_LT(control.p, 1e-3) << "the control hit is not told apart from cold: this measurement could not see a leak";
+  // B on A's prefix is not told apart from cold at the same level (a false
+  // alarm once in a thousand runs when the two are alike).
+  EXPECT_GT(leak.p, 1e-3) << "B's requests for A's cached prompt time differently from cold ones";
 }
 
 }  // namespace
