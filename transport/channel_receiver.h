@@ -97,6 +97,8 @@ class ChannelStateReceiver final : public StateReceiver {
   int64_t pending() const override { return registry_.pending(); }
   int64_t refused() const override { return registry_.refused(); }
   int64_t unauthenticated() const override { return registry_.unauthenticated(); }
+  // Await calls blocked waiting for their transfer (tests).
+  int64_t awaiting() const { return registry_.awaiting(); }
 
   // Live channels (one per peer).
   int64_t channels() const ABSL_LOCKS_EXCLUDED(mu_);

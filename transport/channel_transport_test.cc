@@ -13,10 +13,10 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/hash.h"
+#include "common/wait_for.h"
 #include "engine/model.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -288,18 +288,17 @@ TEST_F(ChannelTransportTest, ATicketPastItsDeadlineIsDeadlineExceeded) {
 TEST_F(ChannelTransportTest, CancelMakesAwaitReturnCancelledAndTheLateBytesAreRefused) {
   const Ticket t = Expect(17);
   RandomSource source(12);
-  absl::Notification awaiting;
   source.on_read = [&](int64_t page) {
-    // After the receiver has begun the transfer and the awaiter is waiting.
+    // After the receiver has begun the transfer and the awaiter is waiting
+    // (not before: an Await that starts after the Cancel finds nothing).
     if (page == 1) {
-      awaiting.WaitForNotification();
+      EXPECT_TRUE(common::WaitFor([&] { return receiver_->awaiting() == 1; }));
       receiver_->Cancel(t.transfer_id);
     }
     return absl::OkStatus();
   };
   absl::Status sent;
   std::thread sender([&] { sent = sender_.Send(t, source); });
-  awaiting.Notify();
   const absl::StatusOr<ReceivedState> received = receiver_->Await(t.transfer_id);
   sender.join();
   EXPECT_EQ(received.status().code(), absl::StatusCode::kCancelled) << received.status();

@@ -83,7 +83,9 @@ absl::StatusOr<ReceivedState> TransferRegistry::Await(uint64_t transfer_id) {
     auto e = entries_.find(transfer_id);
     return e == entries_.end() || e->second.done;
   };
+  ++awaiting_;
   mu_.AwaitWithDeadline(absl::Condition(&finished), deadline);
+  --awaiting_;
   it = entries_.find(transfer_id);
   if (it == entries_.end()) return absl::CancelledError(absl::StrCat("transfer ", transfer_id, " was cancelled"));
   if (!it->second.done) {
@@ -94,6 +96,11 @@ absl::StatusOr<ReceivedState> TransferRegistry::Await(uint64_t transfer_id) {
   entries_.erase(it);
   if (!entry.status.ok()) return entry.status;
   return std::move(entry.state);
+}
+
+int64_t TransferRegistry::awaiting() const {
+  absl::MutexLock lock(&mu_);
+  return awaiting_;
 }
 
 void TransferRegistry::Cancel(uint64_t transfer_id) {

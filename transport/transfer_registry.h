@@ -76,6 +76,9 @@ class TransferRegistry {
   void CountUnauthenticated() ABSL_LOCKS_EXCLUDED(mu_);
 
   int64_t pending() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Await calls blocked waiting for their transfer (for tests: an outcome
+  // that must reach a waiting Await).
+  int64_t awaiting() const ABSL_LOCKS_EXCLUDED(mu_);
   int64_t refused() const ABSL_LOCKS_EXCLUDED(mu_);
   int64_t unauthenticated() const ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -92,6 +95,7 @@ class TransferRegistry {
   mutable absl::Mutex mu_;
   absl::flat_hash_map<uint64_t, Entry> entries_ ABSL_GUARDED_BY(mu_);
   int64_t refused_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t awaiting_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t unauthenticated_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
