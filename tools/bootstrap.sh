@@ -31,6 +31,7 @@ PACKAGES=(
   python3-venv             # client/python/tests/venv_install_test.sh: pip install client/python into a fresh venv
   util-linux               # unshare, mount: tests/k8s/run_manifests_test's namespaces and /etc/hosts
   iproute2                 # ip: that test brings up loopback in its network namespace
+  nftables                 # nft: tests/k8s/netpol_enforced_test enforces the NetworkPolicies in its namespace
 )
 
 # PyPI tools of deploy/k8s/validate.sh and tests/k8s, pinned, installed for
