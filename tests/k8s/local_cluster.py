@@ -265,10 +265,11 @@ class Pod:
         # sanitizers' options, which the test's environment sets).
         process_env = {k: v for k, v in os.environ.items() if k == "PATH" or k.endswith("SAN_OPTIONS")}
         process_env.update(env)
+        group = self.cluster.before_start(self) if self.cluster.before_start else None
         log = open(self.log_path, "wb")
         try:
             return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=process_env,
-                                    cwd=os.path.join(self.cluster.workdir, self.name))
+                                    cwd=os.path.join(self.cluster.workdir, self.name), group=group)
         finally:
             log.close()
 
@@ -487,10 +488,16 @@ def _resolve(value, replicas, round_up):
 class Cluster:
     """The pods, the endpoints and the DNS of one rendered overlay."""
 
-    def __init__(self, objs, workdir, secrets=None):
-        """secrets: the Secrets that exist, {name: {key: bytes}}."""
+    def __init__(self, objs, workdir, secrets=None, before_start=None):
+        """secrets: the Secrets that exist, {name: {key: bytes}}.
+        before_start: called with each new Pod (its address, labels and
+        container set) just before its container starts, from the thread
+        that creates pods; returns the group id the container runs with,
+        or None for the test's own (e.g. netpol_nft.Enforcer.before_start:
+        the NetworkPolicies enforced)."""
         self.objs, self.workdir = objs, workdir
         self.secrets = dict(secrets or {})
+        self.before_start = before_start
         self.hosts_path = os.path.join(workdir, "hosts")
         self.deployments = {d["metadata"]["name"]: Deployment(self, d) for d in manifests.find(objs, "Deployment")}
         self.services = manifests.find(objs, "Service")

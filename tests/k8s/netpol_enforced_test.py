@@ -17,14 +17,17 @@ Runs in its own network namespace, re-executing itself under `unshare`
 (root, or an unprivileged user namespace; the unbound-socket check needs
 root: it runs processes under other group ids)."""
 
+import ast
 import errno
 import os
 import select
 import socket
 import subprocess
 import sys
+import tempfile
 import unittest
 
+import local_cluster
 import manifests
 import netpol_nft
 
@@ -41,6 +44,29 @@ ATTEMPT_TIMEOUT_S = 5
 DROP_WAIT_S = 1
 OPEN, REJECTED = "open", "rejected"
 
+# The real stack (tests/k8s/local_cluster.py's pods count up from 127.0.0.2)
+# and two pods outside it, each with its own group id.
+CLIENT_IP, PROMETHEUS_IP = "127.0.0.200", "127.0.0.201"
+DECODE, PREFILL, CACHESTORE = "hybridserve-decode", "hybridserve-prefill", "hybridserve-cachestore"
+READY_TIMEOUT_S = 90
+CHAT_TURNS = 3
+# A process in a pod: connects without binding, prints the address it left from.
+CONNECT = ("import socket, sys\n"
+           "s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5)\n"
+           "print(s.getsockname()[0])\n")
+# A client pod's chat with decode: each turn a new connection; prints each
+# turn's (finish_reason, cached_tokens).
+CHAT = ("import sys\n"
+        "from hybridserve_client import Client, encode_bytes\n"
+        "history = encode_bytes('netpol: tell me a fortune, please.\\n', add_bos=True)\n"
+        "turns = []\n"
+        "for n in range(int(sys.argv[2])):\n"
+        "    with Client(sys.argv[1], timeout=60) as client:\n"
+        "        r = client.generate(history, max_tokens=6, temperature=0.0, ignore_eos=True, cache_salt='netpol')\n"
+        "    turns.append((r.finish_reason.value, r.usage.cached_tokens))\n"
+        "    history = history + list(r.token_ids) + encode_bytes('And another.\\n')\n"
+        "print(turns)\n")
+
 
 def _reexec_in_namespace():
     if os.environ.get(_NAMESPACED) == "1":
@@ -48,7 +74,8 @@ def _reexec_in_namespace():
         return
     os.environ[_NAMESPACED] = "1"
     user = [] if os.geteuid() == 0 else ["--map-root-user"]
-    os.execvp("unshare", ["unshare", *user, "--net", "--", sys.executable, *sys.argv])
+    os.execvp("unshare", ["unshare", *user, "--net", "--mount", "--propagation", "private", "--", sys.executable,
+                          *sys.argv])
 
 
 def pods_of(objs, with_gids=False):
@@ -177,16 +204,13 @@ class NetpolEnforcedTest(unittest.TestCase):
             by_name.setdefault(pod.endpoint.name, pod)
         decode, prefill, cachestore = by_name["decode"], by_name["prefill"], by_name["cachestore"]
         listeners = Listeners(pods)
-        connect = ("import socket, sys\n"
-                   "s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5)\n"
-                   "print(s.getsockname()[0])\n")
 
         def from_process(gid, dst, port):
             """A process with group id gid connects, unbound: (its exit
             status, its stderr's last line, the address the listener saw or
             None)."""
             try:
-                run = subprocess.run([sys.executable, "-c", connect, dst.ip, str(port)], group=gid,
+                run = subprocess.run([sys.executable, "-c", CONNECT, dst.ip, str(port)], group=gid,
                                      capture_output=True, text=True, timeout=30, check=False)
             except PermissionError as e:
                 self.skipTest(f"processes under other group ids need root: {e}")
@@ -233,6 +257,78 @@ class NetpolEnforcedTest(unittest.TestCase):
                     s.connect((cachestore.ip, 50051))
         finally:
             listeners.close()
+
+    def test_the_stack_serves_under_the_policies_and_its_pods_reach_nothing_else(self):
+        objs = manifests.render("cpu")
+        outside = {e.name: e for e in manifests.OUTSIDE}
+        client = netpol_nft.Pod(outside["client"], CLIENT_IP, GID_BASE + 200)
+        prometheus = netpol_nft.Pod(outside["prometheus"], PROMETHEUS_IP, GID_BASE + 201)
+        enforcer = netpol_nft.Enforcer(objs, [client, prometheus])
+        workdir = tempfile.mkdtemp(prefix="netpol-", dir=os.environ.get("TEST_TMPDIR"))
+        cluster = local_cluster.Cluster(objs, workdir, before_start=enforcer.before_start)
+        cluster.start()
+        try:
+            for name in (CACHESTORE, PREFILL, DECODE):
+                cluster.deployments[name].scale(1, READY_TIMEOUT_S)
+            self._serve_and_refuse(cluster, enforcer, client, prometheus)
+        except BaseException:
+            for pod in cluster.all_pods:
+                print(f"--- {pod.name} ({pod.ip}) log tail:\n{pod.log_tail()}")
+            raise
+        finally:
+            cluster.teardown()
+        self.assertEqual(cluster.failures, [])
+
+    def _serve_and_refuse(self, cluster, enforcer, client, prometheus):
+        pods = {n: cluster.deployments[n].pods[0] for n in (DECODE, PREFILL, CACHESTORE)}
+        gids = {p.ip: p.gid for p in enforcer.pods + enforcer.outside}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+
+        def in_pod(ip, *argv):
+            return subprocess.run([sys.executable, "-c", *argv], group=gids[ip], env=env, capture_output=True,
+                                  text=True, timeout=180, check=False)
+
+        # The chat from the client pod: decode calls prefill, prefill writes
+        # to decode's data port, both use the cachestore; later turns resume.
+        chat = in_pod(CLIENT_IP, CHAT, f"{pods[DECODE].ip}:{pods[DECODE].port('grpc')}", str(CHAT_TURNS))
+        self.assertEqual(chat.returncode, 0, chat.stderr)
+        turns = ast.literal_eval(chat.stdout.strip().splitlines()[-1])
+        self.assertEqual([reason for reason, _ in turns], ["length"] * CHAT_TURNS)
+        self.assertTrue(all(cached > 0 for _, cached in turns[1:]), f"(finish_reason, cached_tokens): {turns}")
+        calls = [line for line in pods[PREFILL].metrics().splitlines()
+                 if line.startswith('hybridserve_prefill_requests_total{outcome="ok"}')]
+        self.assertTrue(calls and float(calls[0].split()[-1]) > 0, f"prefill served no call: {calls}")
+        # The pods' own connections passed the rules as the pods' addresses
+        # (counted by the allow rules; rules reloaded at each pod's start, so
+        # flows opened since decode started).
+        decode, prefill, cachestore = pods[DECODE].ip, pods[PREFILL].ip, pods[CACHESTORE].ip
+        hits = {k: v for k, v in netpol_nft.counts().items() if v}
+        needed = [("Ingress", decode, None, 50050), ("Egress", decode, prefill, 50061),
+                  ("Ingress", prefill, decode, 50061), ("Egress", prefill, decode, 50070),
+                  ("Ingress", decode, prefill, 50070), ("Egress", decode, cachestore, 50051),
+                  ("Ingress", cachestore, decode, 50051)]
+        self.assertEqual([k for k in needed if k not in hits], [], f"flows the rules let through: {hits}")
+        self.assertGreaterEqual(hits[("Ingress", decode, None, 50050)], CHAT_TURNS)
+
+        def connect(src_ip, dst, port):
+            run = in_pod(src_ip, CONNECT, dst.ip, str(port))
+            return run.returncode, (run.stderr.strip().splitlines() or [""])[-1]
+
+        # Prometheus scrapes every pod; from a process in each pod, and from the
+        # client pod, what no policy allows is rejected.
+        for pod in pods.values():
+            self.assertEqual(connect(PROMETHEUS_IP, pod, pod.port("metrics")), (0, ""), pod.name)
+            self.assertGreater(netpol_nft.counts().get(("Ingress", pod.ip, PROMETHEUS_IP, 9090), 0), 0, pod.name)
+        refused = (1, "OSError: [Errno 113] No route to host")
+        forbidden = [(DECODE, CACHESTORE, "metrics"), (DECODE, PREFILL, "metrics"), (PREFILL, DECODE, "grpc"),
+                     (CACHESTORE, DECODE, "grpc"), (CACHESTORE, PREFILL, "grpc"),
+                     (None, CACHESTORE, "grpc"), (None, CACHESTORE, "bulk"), (None, PREFILL, "grpc"),
+                     (None, DECODE, "data"), (None, DECODE, "metrics")]
+        for src, dst, port in forbidden:
+            src_ip = CLIENT_IP if src is None else pods[src].ip
+            self.assertEqual(connect(src_ip, pods[dst], pods[dst].port(port)), refused, f"{src} -> {dst} {port}")
+        print(f"chat under the policies: (finish_reason, cached_tokens) {turns}; flows let through since decode "
+              f"started: {sorted(hits.items(), key=str)}; {len(forbidden)} forbidden connections refused")
 
 
 if __name__ == "__main__":

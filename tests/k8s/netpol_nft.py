@@ -165,7 +165,7 @@ def ruleset(objs, pods, verdict="reject", node_ip=NODE_IP):
             if not selecting:
                 continue
             # Egress allowed: on to the destination's ingress check; ingress allowed: accepted.
-            allow = "return" if direction == "Egress" else "accept"
+            allow = "counter return" if direction == "Egress" else "counter accept"
             lines = []
             for policy in selecting:
                 policy_ns = policy["metadata"].get("namespace", "default")
@@ -186,6 +186,26 @@ def ruleset(objs, pods, verdict="reject", node_ip=NODE_IP):
              + "".join(f"    {s}\n" for s in snat) + "  }\n")
     # Declaring the table first makes the delete valid when none exists yet.
     return f"table ip {TABLE}\ndelete table ip {TABLE}\ntable ip {TABLE} {{\n{body}}}\n"
+
+
+def counts():
+    """{(direction, pod address, peer address or None, port or None): packets}
+    over the allow rules loaded now: what each let through (the first packet
+    of each flow; a peer or port None where the rule names none)."""
+    result, chain = {}, None
+    for line in nft("list", "table", "ip", TABLE).splitlines():
+        line = line.strip()
+        m = re.match(r"chain (egress|ingress)_\S*_(\d+)_(\d+)_(\d+)_(\d+) \{", line)
+        if line.startswith("chain "):
+            chain = (m.group(1).capitalize(), ".".join(m.group(2, 3, 4, 5))) if m else None
+            continue
+        m = re.search(r"counter packets (\d+)", line)
+        if m and chain is not None:
+            peer = re.search(r"ip [sd]addr (\S+)", line)
+            port = re.search(r"dport (\d+)", line)
+            key = (*chain, peer.group(1) if peer else None, int(port.group(1)) if port else None)
+            result[key] = result.get(key, 0) + int(m.group(1))
+    return result
 
 
 def nft(*args, script=None):
@@ -209,6 +229,28 @@ def load(script):
 
 def unload():
     nft("delete", "table", "ip", TABLE)
+
+
+class Enforcer:
+    """Keeps the pods of a tests/k8s/local_cluster.Cluster under the
+    NetworkPolicies: pass before_start as Cluster(before_start=...). Each
+    new pod gets its own group id (GID_BASE + the last byte of its address)
+    and, before its container starts, the rules over every pod so far and
+    the `outside` pods (Pod tuples: clients, Prometheus) are loaded with it.
+    Not thread-safe: the cluster creates pods from one thread."""
+
+    GID_BASE = 20000
+
+    def __init__(self, objs, outside=(), verdict="reject"):
+        self.objs, self.verdict = objs, verdict
+        self.outside = list(outside)
+        self.pods = []
+
+    def before_start(self, local_pod):
+        gid = self.GID_BASE + int(local_pod.ip.rsplit(".", 1)[1])
+        self.pods.append(pod_of(local_pod, gid))
+        load(ruleset(self.objs, self.pods + self.outside, self.verdict))
+        return gid
 
 
 def pod_of(local_pod, gid=None):
