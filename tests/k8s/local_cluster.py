@@ -24,6 +24,10 @@ files. What one host forces is mapped, and only that:
     and every 0.0.0.0 bind in its flags (--flag=0.0.0.0:port, in args and in
     its copies of the flag files) becomes that address: the pods share one
     network namespace here, so a wildcard bind would take the port from all;
+  - NetworkPolicies: not enforced unless the test passes Cluster(before_start=)
+    (tests/k8s/netpol_nft.Enforcer: nftables rules over the pods' addresses,
+    each pod's processes under their own group id, so that their unbound
+    connections leave from the pod's address, not 127.0.0.1);
   - DNS: one hosts file, bind-mounted over /etc/hosts in the test's own mount
     namespace (Cluster.start), so every pod and the test resolve as a pod in
     the cluster does: a headless Service's name to each ready pod's IP (every
