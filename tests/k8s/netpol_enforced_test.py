@@ -156,7 +156,7 @@ class NetpolEnforcedTest(unittest.TestCase):
         except RuntimeError:
             pass  # none loaded
 
-    def _flows(self, objs, pods, listeners):
+    def _flows(self, pods, listeners):
         """{(from, to, port, protocol): {outcome: [address pairs]}} over
         every pair of pods where either is a hybridserve pod."""
         outcomes = {}
@@ -179,7 +179,7 @@ class NetpolEnforcedTest(unittest.TestCase):
                 listeners = Listeners(pods)
                 try:
                     netpol_nft.load(netpol_nft.ruleset(objs, pods))
-                    outcomes = self._flows(objs, pods, listeners)
+                    outcomes = self._flows(pods, listeners)
                     node = {(pod.endpoint.name, port, protocol): attempt(listeners, netpol_nft.NODE_IP, pod.ip, port,
                                                                          protocol)
                             for pod in pods for port, protocol in ports_of(pod)}
