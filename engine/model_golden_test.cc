@@ -52,10 +52,10 @@ constexpr float kMeasuredBoundDefault = 4e-5f;
 // (BambaTiny2 on the emulated CUDA backend), 7.5e-6 on the CPU; the Nemotron-H
 // MoE ones up to 4.6e-6 on the CPU and 3.4e-6 emulated.
 constexpr float kMeasuredBoundFamilies = 2e-5f;
-// zamba2_tiny2 is ill-conditioned in fp32: transformers' own fp32 logits differ
-// from its fp64 ones by up to 3.4e-5 on these prompts; ours measured 3.5e-5
-// (prompts) and 9.3e-5 (greedy steps), so only the contract's 1e-4 is claimed.
-constexpr float kMeasuredBoundZambaTiny2 = 1e-4f;
+// zamba2_tiny2 (its branch outputs initialised at 0.4 times the usual scale,
+// so that its layers amplify fp32 rounding less): measured up to 1.6e-5
+// (prompts, the CPU's fast mode) and 5.7e-6 (greedy steps).
+constexpr float kMeasuredBoundZambaTiny2 = 3e-5f;
 constexpr int kGreedyTokens = 12;
 
 struct GoldenParam {

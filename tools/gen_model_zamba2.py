@@ -68,7 +68,7 @@ def zamba2_shared_block_uses(cfg):
     return [(layer, u, u % cfg["num_mem_blocks"]) for u, layer in enumerate(ids)]
 
 
-def zamba2_weights(cfg, seed):
+def zamba2_weights(cfg, seed, branch_gain=1.0):
     """name -> float32 array for Zamba2ForCausalLM (save_pretrained names: model.*, no lm_head.weight:
     the head is tied to model.embed_tokens.weight).
 
@@ -82,7 +82,10 @@ def zamba2_weights(cfg, seed):
     feed_forward.gate_up_proj_adapter_list.u.{0 [rank, H], 1 [2I, rank]}.
     Init: as the other archs (projections N(0, 1/fan_in), branch outputs over n_layers), adapters'
     first matrix N(0, 1/fan_in) and second N(0, ZAMBA2_ADAPTER_GAIN^2 / rank); `linear` N(0, 1/H), so
-    the shared block's contribution to the Mamba2 input has the residual's scale."""
+    the shared block's contribution to the Mamba2 input has the residual's scale. branch_gain
+    multiplies the standard deviation of every branch's output matrix (each mixer's out_proj,
+    `linear`, the shared blocks' o_proj and down_proj): below 1 the residual stream keeps more of the
+    embeddings and each layer amplifies rounding errors less (a preset's `init`)."""
     h, v, f, r = cfg["hidden_size"], cfg["vocab_size"], cfg["intermediate_size"], cfg["adapter_rank"]
     a = 2 * h
     n_layers = cfg["num_hidden_layers"]
@@ -92,7 +95,7 @@ def zamba2_weights(cfg, seed):
     def mamba_layer(pre):
         t.norm(pre + "input_layernorm.weight", h)
         mamba_mixer(t, pre + "mamba.", h, cfg["n_mamba_heads"], inner // cfg["n_mamba_heads"],
-                    cfg["mamba_ngroups"], cfg["mamba_d_state"], cfg["mamba_d_conv"], n_layers)
+                    cfg["mamba_ngroups"], cfg["mamba_d_state"], cfg["mamba_d_conv"], n_layers, out_scale=branch_gain)
 
     def lora(name, n_in, n_out):
         t.normal(name + ".0.weight", (r, n_in), n_in ** -0.5)
@@ -107,7 +110,7 @@ def zamba2_weights(cfg, seed):
         if kind == "linear_attention":
             mamba_layer(pre)
             continue
-        t.normal(pre + "linear.weight", (h, h), h ** -0.5)
+        t.normal(pre + "linear.weight", (h, h), h ** -0.5 * branch_gain)
         mamba_layer(pre + "mamba_decoder.")
         block = next(b for layer, _, b in uses if layer == i)
         if first_of_block[block] != i:
@@ -115,8 +118,8 @@ def zamba2_weights(cfg, seed):
         st = pre + "shared_transformer."
         t.norm(st + "input_layernorm.weight", a)
         t.norm(st + "pre_ff_layernorm.weight", h)
-        attention(t, st + "self_attn.", a, a, a, a ** -0.5, d_out=h)
-        mlp(t, st + "feed_forward.", h, f, f ** -0.5, up="gate_up_proj", up_rows=2 * f)
+        attention(t, st + "self_attn.", a, a, a, a ** -0.5 * branch_gain, d_out=h)
+        mlp(t, st + "feed_forward.", h, f, f ** -0.5 * branch_gain, up="gate_up_proj", up_rows=2 * f)
         for _, u, b in uses:
             if b != block:
                 continue
