@@ -3,9 +3,9 @@
 
 // CacheClient: how services (prefill, decode) talk to the cache, in domain
 // types only (docs/ARCHITECTURE.md section 1). Implementations:
-//   GrpcCacheClient           cachestore/grpc_cache_client.h           over gRPC
-//   InProcessCacheClient      cachestore/in_process_cache_client.h     over a CacheStore in this process
-//   FaultInjectingCacheClient cachestore/fault_injecting_cache_client.h wraps either, for fault tests
+//   GrpcCacheClient           cachestore/client/grpc_cache_client.h           over gRPC
+//   InProcessCacheClient      cachestore/client/in_process_cache_client.h     over a CacheStore in this process
+//   FaultInjectingCacheClient cachestore/client/fault_injecting_cache_client.h wraps either, for fault tests
 // Every implementation gives the same results and status codes for the same
 // calls on the same cache contents (cache_client_contract_test.cc runs one
 // suite against both); the codes are those of proto/cachestore.proto.

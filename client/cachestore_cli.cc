@@ -12,7 +12,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
-#include "cachestore/grpc_cache_client.h"
+#include "cachestore/client/grpc_cache_client.h"
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50051", "cachestore address");
 ABSL_FLAG(int, page_size, 16, "tokens per KV page (demo)");

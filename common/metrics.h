@@ -23,7 +23,7 @@ struct MHD_Daemon;
 namespace hybridserve::common {
 
 // ---- Building a service's metrics (decode/metrics.h, prefill/metrics.h,
-// cachestore/service_metrics.h, worker/*_metrics.h) ----
+// cachestore/server/service_metrics.h, worker/*_metrics.h) ----
 
 // A family `name` described by `help`, registered in `registry` (which owns
 // it and must outlive every use). prometheus-cpp aborts on a name registered

@@ -10,7 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "cachestore/cache_publisher.h"
+#include "cachestore/client/cache_publisher.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "engine/model_flops.h"

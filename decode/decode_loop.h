@@ -45,7 +45,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "cachestore/cache_backoff.h"
+#include "cachestore/client/cache_backoff.h"
 #include "cachestore/cache_client.h"
 #include "cachestore/model_namespace.h"
 #include "common/hash.h"
@@ -82,7 +82,7 @@ struct DecodeLoopOptions {
   // queue never backs up into the batch. A cachestore that is down refuses at
   // once (UNAVAILABLE) and is not skipped: its return is seen at once.
   absl::Duration cache_failure_backoff = absl::Seconds(1);
-  // The process's one memory of a hung cache (cachestore/cache_backoff.h),
+  // The process's one memory of a hung cache (cachestore/client/cache_backoff.h),
   // shared by the publisher, the history reads and the local prefill's
   // probe, and by any other cache user of the process given it. Null: the
   // loop makes one of cache_failure_backoff.

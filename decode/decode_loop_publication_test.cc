@@ -8,9 +8,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "cachestore/cache_backoff.h"
-#include "cachestore/cache_plan.h"
-#include "cachestore/fault_injecting_cache_client.h"
+#include "cachestore/client/cache_backoff.h"
+#include "cachestore/client/cache_plan.h"
+#include "cachestore/client/fault_injecting_cache_client.h"
 #include "common/clock.h"
 #include "common/wait_for.h"
 #include "decode/decode_loop.h"

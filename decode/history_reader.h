@@ -19,7 +19,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
-#include "cachestore/cache_backoff.h"
+#include "cachestore/client/cache_backoff.h"
 #include "cachestore/cache_client.h"
 #include "cachestore/model_namespace.h"
 #include "common/log_rate_limiter.h"

@@ -23,7 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "cachestore/cache_backoff.h"
+#include "cachestore/client/cache_backoff.h"
 #include "cachestore/cache_client.h"
 #include "cachestore/model_namespace.h"
 #include "common/log_rate_limiter.h"

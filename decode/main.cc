@@ -14,7 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "cachestore/cache_backoff.h"
+#include "cachestore/client/cache_backoff.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "decode/decode_loop.h"

@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "cachestore/cache_plan.h"
+#include "cachestore/client/cache_plan.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 

@@ -17,7 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "cachestore/cache_publisher.h"
+#include "cachestore/client/cache_publisher.h"
 #include "cachestore/model_namespace.h"
 #include "common/hash.h"
 #include "common/log_rate_limiter.h"

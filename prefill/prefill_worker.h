@@ -38,9 +38,9 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "cachestore/cache_backoff.h"
+#include "cachestore/client/cache_backoff.h"
 #include "cachestore/cache_client.h"
-#include "cachestore/cache_publisher.h"
+#include "cachestore/client/cache_publisher.h"
 #include "cachestore/model_namespace.h"
 #include "common/hash.h"
 #include "common/log_rate_limiter.h"
@@ -92,7 +92,7 @@ struct PrefillWorkerOptions {
   // that is down refuses at once (UNAVAILABLE) and is not skipped: its
   // return is seen at the next call. Zero: never skip.
   absl::Duration cache_failure_backoff = absl::Seconds(1);
-  // The process's one memory of a hung cache (cachestore/cache_backoff.h),
+  // The process's one memory of a hung cache (cachestore/client/cache_backoff.h),
   // shared with its other cache users (decode's loop, when this worker
   // prefills inside decode). Null: the worker keeps its own, of
   // cache_failure_backoff.

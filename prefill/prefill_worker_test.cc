@@ -3,7 +3,7 @@
 // kind, the cache's contracts (docs/ARCHITECTURE.md section 6, contracts 1 and 2), and a
 // cache that is down or wrong.
 
-#include "cachestore/cache_backoff.h"
+#include "cachestore/client/cache_backoff.h"
 #include "prefill/prefill_worker.h"
 
 #include <cstdint>
@@ -16,9 +16,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "cachestore/cache_store.h"
-#include "cachestore/fault_injecting_cache_client.h"
-#include "cachestore/in_process_cache_client.h"
+#include "cachestore/index/cache_store.h"
+#include "cachestore/client/fault_injecting_cache_client.h"
+#include "cachestore/client/in_process_cache_client.h"
 #include "cachestore/keys.h"
 #include "common/clock.h"
 #include "common/runfiles.h"

@@ -48,7 +48,7 @@ BENCHES=(
   //bench/kernels:cuda_kernels_bench //bench/transport:gpu_transfer_bench
   //bench/engine:throughput_bench //bench/serving:serving_bench
 )
-SERVICES=(//decode:decode //prefill:prefill //cachestore:cachestore)
+SERVICES=(//decode:decode //prefill:prefill //cachestore/server:cachestore)
 # Loaded from the GPU machine (CUDA 13 toolkit, PyTorch's nvidia-* cu13 wheels, the driver).
 HOST_SONAMES=(libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libnccl.so.2 libcuda.so.1)
 

@@ -90,14 +90,14 @@ if [ "${HS_SANITIZERS:-1}" != "0" ]; then
   shim="$(bazel info --config=tsan bazel-bin 2>/dev/null)/third_party/tsan/libabsl_tsan_shim.so"
   stage "tsan" --config=tsan --test_tag_filters=-notsan --build_tag_filters=-notsan \
     --test_env=LD_PRELOAD="${shim}" --test_env=TSAN_OPTIONS="suppressions=${PWD}/third_party/tsan/suppressions.txt" \
-    -- //kernels/... //engine/... //transport/... //decode/... //cachestore:cache_publisher_test \
+    -- //kernels/... //engine/... //transport/... //decode/... //cachestore/client:cache_publisher_test \
     //common:cancellation_test //prefill:prefill_worker_test
   # The direct paths' servers and clients without gRPC: the cases of these
   # tests that run no gRPC server (the others are left out, as above).
   stage "tsan (gRPC-free cases)" --config=tsan \
     --test_filter='ShmPutTest.*:CacheStoreFileWriteTest.*:BulkLocalTest.*' \
     --test_env=LD_PRELOAD="${shim}" --test_env=TSAN_OPTIONS="suppressions=${PWD}/third_party/tsan/suppressions.txt" \
-    -- //cachestore:shm_put_test //cachestore:cache_store_test //cachestore:bulk_local_test
+    -- //cachestore/testing:shm_put_test //cachestore/index:cache_store_test //cachestore/testing:bulk_local_test
 fi
 # numpy comes from Debian (tools/bootstrap.sh: python3-numpy) for /usr/bin/python3;
 # a python3 earlier on PATH (pyenv, a venv) may not have it.

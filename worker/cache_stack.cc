@@ -3,10 +3,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "cachestore/bulk_reader.h"
-#include "cachestore/bulk_writer.h"
-#include "cachestore/shm_reader.h"
-#include "cachestore/shm_writer.h"
+#include "cachestore/client/bulk_reader.h"
+#include "cachestore/client/bulk_writer.h"
+#include "cachestore/client/shm_reader.h"
+#include "cachestore/client/shm_writer.h"
 #include "common/logging.h"
 #include "common/socket_io.h"
 #include "common/status_macros.h"

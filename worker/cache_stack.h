@@ -4,9 +4,9 @@
 // A worker's cache clients, built once for both worker binaries (prefill,
 // decode), each in front of the one below it:
 //
-//   direct puts   cachestore/direct_put_cache_client.h   (shm socket, else bulk port)
-//   direct reads  cachestore/direct_read_cache_client.h  (shm socket, else bulk port)
-//   gRPC          cachestore/grpc_cache_client.h         the control plane and every fallback
+//   direct puts   cachestore/client/direct_put_cache_client.h   (shm socket, else bulk port)
+//   direct reads  cachestore/client/direct_read_cache_client.h  (shm socket, else bulk port)
+//   gRPC          cachestore/client/grpc_cache_client.h         the control plane and every fallback
 //
 // Either direct layer may be absent; without a cachestore address there is
 // no stack at all (client() is null: requests run as cache misses).
@@ -18,9 +18,9 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "cachestore/cache_client.h"
-#include "cachestore/direct_put_cache_client.h"
-#include "cachestore/direct_read_cache_client.h"
-#include "cachestore/grpc_cache_client.h"
+#include "cachestore/client/direct_put_cache_client.h"
+#include "cachestore/client/direct_read_cache_client.h"
+#include "cachestore/client/grpc_cache_client.h"
 #include "common/tls.h"
 #include "worker/direct_put_metrics.h"
 #include "worker/direct_read_metrics.h"

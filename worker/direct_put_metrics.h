@@ -17,7 +17,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
-#include "cachestore/direct_put_cache_client.h"
+#include "cachestore/client/direct_put_cache_client.h"
 #include "prometheus/counter.h"
 #include "prometheus/registry.h"
 

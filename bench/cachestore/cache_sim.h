@@ -31,7 +31,7 @@
 #include "absl/status/statusor.h"
 #include "bench/cachestore/model_cost.h"
 #include "bench/cachestore/trace.h"
-#include "cachestore/cache_index.h"
+#include "cachestore/index/cache_index.h"
 
 namespace hybridserve::bench {
 

@@ -41,7 +41,7 @@ ABSL_FLAG(int64_t, page_size, 0, "tokens per page; 0: the engine's default, min(
 ABSL_FLAG(int64_t, checkpoint_interval, 0, "grid checkpoint spacing; 0: the engine's default, 4 * chunk_size");
 ABSL_FLAG(std::string, policy, "lru",
           "eviction: lru, or utility (GreedyDual-Size by FLOPs saved per byte, the cost model from each model's "
-          "layer mix; cachestore/eviction_utility.h)");
+          "layer mix; cachestore/index/eviction_utility.h)");
 ABSL_FLAG(std::string, blends, "0",
           "--policy=utility: comma-separated recency blends in [0, 1], one run each (CSV policy utility_b<blend>)");
 ABSL_FLAG(std::string, admission_intervals, "0",

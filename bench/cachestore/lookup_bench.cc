@@ -29,8 +29,8 @@
 #include "absl/types/span.h"
 #include "bench/cachestore/bench_timing.h"
 #include "bench/cachestore/synthetic_store.h"
-#include "cachestore/cache_index.h"
-#include "cachestore/cache_store.h"
+#include "cachestore/index/cache_index.h"
+#include "cachestore/index/cache_store.h"
 #include "cachestore/keys.h"
 #include "common/clock.h"
 #include "common/hash.h"
@@ -113,7 +113,7 @@ struct Stages {
   double total() const { return validate + chain + lock_clock + index; }
 };
 
-// A replica of CacheStore::Lookup's steps (cachestore/cache_store.cc, in its
+// A replica of CacheStore::Lookup's steps (cachestore/index/cache_store.cc, in its
 // order) on a bare index with the same contents, timing each step with
 // steady_clock. Runs `rounds` rounds of `calls` lookups and returns the round
 // with the smallest total (the least disturbed on a shared machine).

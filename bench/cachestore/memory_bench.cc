@@ -36,7 +36,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "bench/cachestore/bench_timing.h"
-#include "cachestore/grpc_cache_client.h"
+#include "cachestore/client/grpc_cache_client.h"
 #include "common/proc_status.h"
 #include "tests/e2e/stack.h"
 
@@ -200,7 +200,7 @@ void Run(const Config& config) {
                                    "--page_ttl=" + ttl,
                                    "--state_ttl=" + ttl};
   absl::StatusOr<std::unique_ptr<e2e::Process>> server =
-      e2e::Process::Start("cachestore", "cachestore/cachestore", args, "CACHESTORE_READY");
+      e2e::Process::Start("cachestore", "cachestore/server/cachestore", args, "CACHESTORE_READY");
   if (!server.ok()) Fail(server.status().ToString());
   const pid_t pid = (*server)->pid();
   const std::string target = absl::StrCat("127.0.0.1:", (*server)->port());

@@ -23,9 +23,9 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "bench/cachestore/bench_timing.h"
-#include "cachestore/grpc_cache_client.h"
+#include "cachestore/client/grpc_cache_client.h"
 #include "cachestore/keys.h"
-#include "cachestore/server.h"
+#include "cachestore/server/server.h"
 #include "common/clock.h"
 #include "prometheus/registry.h"
 

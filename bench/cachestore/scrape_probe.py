@@ -4,8 +4,8 @@ M trickling) TCP connections are open to its metrics port, against a scrape
 with none open in the same run (issue 10, item 7: idle or slow connections
 never delay a scrape by more than 1 s).
 
-  bazel build -c opt //cachestore:cachestore
-  python3 bench/cachestore/scrape_probe.py bazel-bin/cachestore/cachestore 0 2 64 1000
+  bazel build -c opt //cachestore/server:cachestore
+  python3 bench/cachestore/scrape_probe.py bazel-bin/cachestore/server/cachestore 0 2 64 1000
 
 For each N: starts the binary (metrics on a free loopback port), opens N
 connections that send nothing and 8 that send a request line one byte every

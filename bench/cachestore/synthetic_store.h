@@ -17,8 +17,8 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "cachestore/cache_index.h"
-#include "cachestore/cache_store.h"
+#include "cachestore/index/cache_index.h"
+#include "cachestore/index/cache_store.h"
 #include "cachestore/keys.h"
 #include "cachestore/types.h"
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Multi-turn caching through the three real processes, as a user sees it.
 
-    bazel build //cachestore:cachestore //prefill:prefill //decode:decode
+    bazel build //cachestore/server:cachestore //prefill:prefill //decode:decode
     /usr/bin/python3 bench/serving/multiturn_table.py --model_dir tests/fixtures/models/mamba2_e2e \
         [--page_size 16] [--bin bazel-bin] [--max_tokens 32]
 
@@ -72,7 +72,7 @@ def main():
     page = [f"--page_size={args.page_size}"]
     procs = []
     try:
-        cs, f = start("cachestore", [f"{b}/cachestore/cachestore", "--address=127.0.0.1:0",
+        cs, f = start("cachestore", [f"{b}/cachestore/server/cachestore", "--address=127.0.0.1:0",
                                      "--metrics_address=127.0.0.1:0"], "CACHESTORE_READY", args.logdir)
         procs.append(cs)
         cache = f"127.0.0.1:{f['port']}"

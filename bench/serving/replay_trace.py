@@ -2,7 +2,7 @@
 """Replays a scaled multi-turn trace through the three real processes, LRU against utility eviction.
 
     python3 bench/cachestore/build_traces.py --out_dir=/tmp/hs-traces --only=sharegpt
-    bazel build -c opt //cachestore:cachestore //prefill:prefill //decode:decode
+    bazel build -c opt //cachestore/server:cachestore //prefill:prefill //decode:decode
     /usr/bin/python3 bench/serving/replay_trace.py [--trace=/tmp/hs-traces/sharegpt.jsonl] [--conversations=200] \
         [--time_scale=0.125] [--budget_fraction=0.0625] [--blend=0] [--out_md=...] [--out_csv=...]
     /usr/bin/python3 bench/serving/replay_trace.py --conversations=3 --smoke   # self-check, ~3 s
@@ -111,7 +111,7 @@ class Stack:
         b, model = args.bin, f"--model_dir={args.model_dir}"
         loop = ["--address=127.0.0.1:0", "--metrics_address=127.0.0.1:0"]
         try:
-            self._start("cachestore", [f"{b}/cachestore/cachestore"] + loop + cache_flags, "CACHESTORE_READY")
+            self._start("cachestore", [f"{b}/cachestore/server/cachestore"] + loop + cache_flags, "CACHESTORE_READY")
             cache = f"--cachestore=127.0.0.1:{self.ports['cachestore'][0]}"
             self._start("prefill", [f"{b}/prefill/prefill", model, cache] + loop, "PREFILL_READY")
             prefill = f"--prefill=127.0.0.1:{self.ports['prefill'][0]}"

@@ -35,7 +35,7 @@ CACHESTORE_PORT="${CACHESTORE_PORT:-50051}"
 METRICS_PORT="${METRICS_PORT:-9091}"
 THREADS="${THREADS:-1}"
 
-bazel build //cachestore:cachestore //prefill:prefill //decode:decode //client:hybridserve_cli
+bazel build //cachestore/server:cachestore //prefill:prefill //decode:decode //client:hybridserve_cli
 BIN="$(bazel info bazel-bin 2>/dev/null)"
 LOGDIR="$(mktemp -d -t hybridserve.XXXXXX)"
 
@@ -70,7 +70,7 @@ start() {
 # fallback); decode reads each resumed prompt's pages itself, so prefill sends
 # only the pages after them.
 SHM_SOCKET="$LOGDIR/cachestore.sock"
-start cachestore CACHESTORE_READY "$BIN/cachestore/cachestore" --address="127.0.0.1:${CACHESTORE_PORT}" \
+start cachestore CACHESTORE_READY "$BIN/cachestore/server/cachestore" --address="127.0.0.1:${CACHESTORE_PORT}" \
   --metrics_address="127.0.0.1:${METRICS_PORT}" --shm_socket="$SHM_SOCKET"
 if [ "$AGGREGATED" = 1 ]; then
   start decode DECODE_READY "$BIN/decode/decode" --model_dir=models/default --address="127.0.0.1:${DECODE_PORT}" \

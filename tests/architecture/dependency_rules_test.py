@@ -116,6 +116,8 @@ def sources(root, packages):
 
 def file_named(path, package, name):
   relative = path[len(package) + 1:]
+  if name.endswith("/"):  # a folder of the package: every file under it
+    return relative.startswith(name)
   if os.path.splitext(name)[1]:
     return relative == name
   stem, extension = os.path.splitext(relative)

@@ -23,7 +23,7 @@ import unittest
 
 # name in the image -> Bazel target (its runfile is the label's path).
 BINARIES = {
-    "cachestore": "//cachestore:cachestore",
+    "cachestore": "//cachestore/server:cachestore",
     "prefill": "//prefill:prefill",
     "decode": "//decode:decode",
     "hybridserve_cli": "//client:hybridserve_cli",

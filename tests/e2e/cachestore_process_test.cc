@@ -23,7 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "cachestore/grpc_cache_client.h"
+#include "cachestore/client/grpc_cache_client.h"
 #include "common/hash.h"
 #include "common/wait_for.h"
 #include "gmock/gmock.h"
@@ -82,7 +82,7 @@ std::unique_ptr<Process> StartCachestore(const std::vector<std::string>& extra) 
   std::vector<std::string> args = {"--address=127.0.0.1:0", "--metrics_address=127.0.0.1:0", "--page_budget_mib=64",
                                    "--state_budget_mib=256"};
   args.insert(args.end(), extra.begin(), extra.end());
-  auto p = Process::Start("cachestore", "cachestore/cachestore", args, "CACHESTORE_READY");
+  auto p = Process::Start("cachestore", "cachestore/server/cachestore", args, "CACHESTORE_READY");
   EXPECT_TRUE(p.ok()) << p.status();
   return p.ok() ? *std::move(p) : nullptr;
 }
@@ -215,7 +215,7 @@ TEST(CachestoreProcessTest, BadFlagsAreRefusedAtStartNamingTheFlag) {
       {{"--address=127.0.0.1:0", "--metrics_address=" + busy}, "metrics exposer cannot bind " + busy},
   };
   for (const Case& c : cases) {
-    Exit e = RunToExit("cachestore/cachestore", c.args);
+    Exit e = RunToExit("cachestore/server/cachestore", c.args);
     EXPECT_NE(e.code, 0) << c.args[0];
     EXPECT_NE(e.code, -1) << c.args[0] << " did not exit";
     EXPECT_THAT(e.output, HasSubstr(c.message)) << c.args[0];

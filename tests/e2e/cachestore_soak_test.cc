@@ -37,7 +37,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "cachestore/grpc_cache_client.h"
+#include "cachestore/client/grpc_cache_client.h"
 #include "common/proc_status.h"
 #include "common/sanitizers.h"
 #include "common/wait_for.h"
@@ -301,7 +301,7 @@ class CachestoreSoakTest : public ::testing::Test {
  protected:
   void SetUp() override {
     auto p = Process::Start(
-        "cachestore", "cachestore/cachestore",
+        "cachestore", "cachestore/server/cachestore",
         {"--address=127.0.0.1:0", "--metrics_address=", absl::StrCat("--page_budget_mib=", kPageBudgetMib),
          absl::StrCat("--state_budget_mib=", kStateBudgetMib), "--put_timeout=2s", "--lease_ttl=2s",
          "--shutdown_grace=5s"},

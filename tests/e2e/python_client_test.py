@@ -27,7 +27,7 @@ class PythonClientOnTheStack(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         model = _runfile("models/default")
-        cls.cachestore = _Process("cachestore", "cachestore/cachestore",
+        cls.cachestore = _Process("cachestore", "cachestore/server/cachestore",
                                   ["--address=127.0.0.1:0", "--metrics_address="], "CACHESTORE_READY")
         cache = "127.0.0.1:" + cls.cachestore.fields["port"]
         cls.prefill = _Process("prefill", "prefill/prefill",

@@ -37,7 +37,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "cachestore/grpc_cache_client.h"
+#include "cachestore/client/grpc_cache_client.h"
 #include "common/raw_grpc_call.h"
 #include "common/tls.h"
 #include "common/wait_for.h"

@@ -207,7 +207,7 @@ absl::Status Stack::RestartCachestore() {
   if (options_.shm) args.push_back("--shm_socket=" + shm_socket_);
   if (options_.bulk) args.push_back(absl::StrCat("--bulk_address=127.0.0.1:", bulk_port_));
   args.insert(args.end(), options_.cachestore_args.begin(), options_.cachestore_args.end());
-  auto c = Process::Start("cachestore", "cachestore/cachestore", args, "CACHESTORE_READY");
+  auto c = Process::Start("cachestore", "cachestore/server/cachestore", args, "CACHESTORE_READY");
   if (!c.ok()) return c.status();
   cachestore_ = *std::move(c);
   cachestore_port_ = cachestore_->port();

@@ -59,7 +59,9 @@ import grpc
 import manifests
 
 PROBE_SCALE = 10
-IMAGE_BINARIES = ("cachestore", "prefill", "decode")
+# name in the image -> its runfile (the Bazel target's path).
+IMAGE_BINARIES = {"cachestore": "cachestore/server/cachestore", "prefill": "prefill/prefill",
+                  "decode": "decode/decode"}
 LOOPBACK_PREFIX = "127.0.0."
 DNS_SUFFIX = "svc.cluster.local"
 # The kubelet's one extension of the grace period when a preStop hook runs past it.
@@ -77,7 +79,7 @@ def runfile(relative):
 def image_paths():
     """What the image holds (deploy/k8s/README.md: the binaries under
     /opt/hybridserve/bin, the default model under /models/default), here."""
-    paths = {manifests.BINARY.format(b): runfile(f"{b}/{b}") for b in IMAGE_BINARIES}
+    paths = {manifests.BINARY.format(b): runfile(IMAGE_BINARIES[b]) for b in IMAGE_BINARIES}
     paths["/models/default"] = runfile("models/default")
     return paths
 

@@ -365,7 +365,7 @@ def prefill_cache_failures(pod):
     its metrics never answered): lookups and restores abandoned as misses,
     and puts past their deadline, each of which starts the cache backoff
     whose skipped lookups are misses counted nowhere
-    (cachestore/cache_backoff.h)."""
+    (cachestore/client/cache_backoff.h)."""
     text = pod.last_metrics()
     if text is None:
         return None

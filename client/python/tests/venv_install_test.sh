@@ -15,7 +15,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 
-bazel build //cachestore:cachestore //prefill:prefill //decode:decode
+bazel build //cachestore/server:cachestore //prefill:prefill //decode:decode
 BIN="$(bazel info bazel-bin 2>/dev/null)"
 WORK="$(mktemp -d -t hs-venv-test.XXXXXX)"
 trap 'rm -rf "$WORK"' EXIT
