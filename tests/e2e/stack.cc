@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <iostream>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -21,12 +22,14 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/runfiles.h"
 #include "common/wait_for.h"
 #include "grpcpp/generic/generic_stub.h"
+#include "gtest/gtest.h"
 
 namespace hybridserve::e2e {
 namespace {
@@ -101,7 +104,33 @@ absl::StatusOr<std::unique_ptr<Process>> Process::Start(const std::string& name,
   return absl::DeadlineExceededError(absl::StrCat(name, " not ready in time; log:\n", ReadFile(log_path)));
 }
 
-Process::~Process() { Kill(); }
+Process::~Process() {
+  // Stopped as an operator stops it: SIGTERM, and it must exit 0 (a drain
+  // that hangs, a crash on the way out, LeakSanitizer's exit code all fail).
+  // A sanitizer report in its log fails the test whatever ended the process.
+  std::vector<std::string> problems;
+  if (!reaped_) {
+    const int status = Terminate();
+    if (status != 0) {
+      problems.push_back(status == -1 ? "did not exit within 30 s of SIGTERM (SIGKILLed)"
+                                      : absl::StrCat("exited with status ", status, " on SIGTERM"));
+    }
+  }
+  const std::string log = this->log();
+  if (const size_t at = log.find("Sanitizer"); at != std::string::npos) {
+    const size_t from = log.rfind('\n', at);
+    problems.push_back(absl::StrCat("a sanitizer report in its log:\n",
+                                    log.substr(from == std::string::npos ? 0 : from + 1, 6000)));
+  }
+  if (problems.empty()) return;
+  const std::string message = absl::StrCat(name_, " (pid ", pid_, ", log ", log_path_, "): ", absl::StrJoin(problems, "; "));
+  if (::testing::UnitTest::GetInstance()->current_test_info() != nullptr ||
+      ::testing::UnitTest::GetInstance()->current_test_suite() != nullptr) {
+    ADD_FAILURE() << message;
+  } else {
+    std::cerr << "e2e::Process: " << message << std::endl;
+  }
+}
 
 std::string Process::field(const std::string& key) const {
   auto it = fields_.find(key);

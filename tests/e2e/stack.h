@@ -42,7 +42,10 @@ class Process {
                                                         const std::vector<std::string>& args,
                                                         const std::string& ready_word,
                                                         absl::Duration timeout = absl::Seconds(60));
-  ~Process();  // SIGKILL if still running
+  // Still running: SIGTERM, and a failure of the running test unless it
+  // exits 0 within 30 s. A "Sanitizer" report in its log fails the test
+  // whatever ended it (outside a test: printed to stderr).
+  ~Process();
 
   // The READY line's field (e.g. "port"), or "".
   std::string field(const std::string& key) const;
