@@ -38,6 +38,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/grpc_runtime.h"
 #include "common/tls.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/generation.grpc.pb.h"
@@ -265,6 +266,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string command = args[1];
+  // Before the channel: gRPC is down, all its threads joined, when main returns.
+  hybridserve::common::GrpcRuntime grpc;
   hybridserve::common::ChannelTlsOptions tls;
   tls.ca_file = absl::GetFlag(FLAGS_tls_ca);
   tls.cert_file = absl::GetFlag(FLAGS_tls_cert);

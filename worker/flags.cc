@@ -6,6 +6,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "common/grpc_runtime.h"
 #include "common/logging.h"
 #include "common/process.h"
 #include "common/status_macros.h"
@@ -52,7 +53,12 @@ int WorkerMain(int argc, char** argv, const char* usage, absl::FunctionRef<absl:
   common::InitLogging(argv[0]);
   common::TuneProcessForServing();
   common::InstallTerminationHandler();
-  const absl::Status status = run();
+  absl::Status status;
+  {
+    // Every gRPC object of the worker lives inside run().
+    common::GrpcRuntime grpc;
+    status = run();
+  }
   if (!status.ok()) {
     LOG(ERROR) << status.message();
     return 1;

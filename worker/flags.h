@@ -23,8 +23,10 @@ namespace hybridserve::worker {
 absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags();
 
 // A worker binary's main: parses the flags (usage: --help's first line),
-// sets up logging, the process and SIGTERM handling, then runs `run`; 0
-// (after logging "stopped"), or 1 after logging run's error.
+// sets up logging, the process and SIGTERM handling, then runs `run` inside a
+// common::GrpcRuntime (gRPC down when run returns: every gRPC object `run`
+// makes must be gone by then); 0 (after logging "stopped"), or 1 after
+// logging run's error.
 int WorkerMain(int argc, char** argv, const char* usage, absl::FunctionRef<absl::Status()> run);
 
 // INVALID_ARGUMENT naming the first flag (name, value) whose duration is

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "cachestore/server/server.h"
 #include "common/clock.h"
+#include "common/grpc_runtime.h"
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/process.h"
@@ -204,6 +205,8 @@ int main(int argc, char** argv) {
   }
 
   hybridserve::common::InstallTerminationHandler();
+  // Before the server: gRPC is down, all its threads joined, when main returns.
+  hybridserve::common::GrpcRuntime grpc;
 
   auto registry = std::make_shared<prometheus::Registry>();
   std::unique_ptr<hybridserve::common::MetricsExposer> exposer;
