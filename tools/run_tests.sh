@@ -27,8 +27,10 @@
 #   4. checks that the committed fixtures are current (tools/check_fixtures.py;
 #      skipped, and says so, where torch and transformers are not installed).
 # Each stage prints one summary line (targets and cases passed, failed,
-# skipped) and every skipped case with its reason. The exit status is the
-# first failing stage's. Not here: the GPU bundle and its check
+# skipped), every skipped case with its reason, and its slowest targets with
+# their seconds (HS_SLOWEST of them, 15 by default); at the end, every
+# stage's wall time and the total. The exit status is the first failing
+# stage's. Not here: the GPU bundle and its check
 # (tools/gpu_bundle.sh, which runs tools/gpu_bundle_check.sh), a separate step
 # that needs an -c opt build of every GPU target and a minute of compression.
 #
@@ -38,7 +40,32 @@
 #                                      (e.g. --config=asan //engine/...), nothing else
 set -uo pipefail
 cd "$(dirname "$0")/.."
-tools/bootstrap.sh || exit 1
+slowest="${HS_SLOWEST:-15}"
+# Wall time of each step, printed at the end: "LABEL<tab>SECONDS" entries.
+times=()
+run_began=$(date +%s)
+# timed LABEL COMMAND...: runs COMMAND, records its wall time under LABEL,
+# and returns its status.
+timed() {
+  local label=$1
+  shift
+  local began rc
+  began=$(date +%s)
+  "$@"
+  rc=$?
+  times+=("${label}	$(($(date +%s) - began))")
+  return $rc
+}
+print_times() {
+  echo "=== wall time by stage"
+  local line
+  for line in "${times[@]}"; do
+    printf 'STAGE %6d s  %s\n' "${line##*	}" "${line%	*}"
+  done
+  printf 'STAGE %6d s  total\n' "$(($(date +%s) - run_began))"
+}
+
+timed "bootstrap" tools/bootstrap.sh || exit 1
 
 status=0
 # stage LABEL BAZEL_ARGS... -- PATTERNS...
@@ -50,9 +77,9 @@ stage() {
   shift
   patterns=("$@")
   echo "=== ${label}: bazel test ${args[*]} ${patterns[*]}"
-  bazel test "${args[@]}" -- "${patterns[@]}"
+  timed "${label}" bazel test "${args[@]}" -- "${patterns[@]}"
   local rc=$?
-  python3 tools/test_summary.py --label "${label}" \
+  python3 tools/test_summary.py --label "${label}" --times "${slowest}" \
     --testlogs "$(bazel info "${args[@]}" bazel-testlogs 2>/dev/null)" -- "${patterns[@]}"
   if [ $rc -ne 0 ] && [ $status -eq 0 ]; then status=$rc; fi
 }
@@ -62,31 +89,32 @@ if [ $# -gt 0 ]; then
   has_pattern=0
   for a in "$@"; do case "$a" in //*) has_pattern=1 ;; esac; done
   if [ $has_pattern -eq 1 ]; then
-    bazel test "$@"
+    timed "bazel test $*" bazel test "$@"
     status=$?
     patterns=()
     for a in "$@"; do case "$a" in //*) patterns+=("$a") ;; esac; done
     opts=()
     for a in "$@"; do case "$a" in //*) ;; *) opts+=("$a") ;; esac; done
-    python3 tools/test_summary.py --label "bazel test $*" \
+    python3 tools/test_summary.py --label "bazel test $*" --times "${slowest}" \
       --testlogs "$(bazel info "${opts[@]}" bazel-testlogs 2>/dev/null)" "${patterns[@]}"
   else
     stage "bazel test //... $*" "$@" -- //...
   fi
+  print_times
   exit $status
 fi
 
 stage "plain" -- //...
 if [ "${HS_VENV_TEST:-1}" != "0" ]; then
   echo "=== venv: pip install ./client/python, the installed client on the real stack"
-  client/python/tests/venv_install_test.sh || { [ $status -eq 0 ] && status=1; }
+  timed "venv" client/python/tests/venv_install_test.sh || { [ $status -eq 0 ] && status=1; }
 else
   echo "=== venv: SKIPPED (HS_VENV_TEST=0)"
 fi
 if [ "${HS_SANITIZERS:-1}" != "0" ]; then
   stage "asan+ubsan" --config=asan -- //...
   # Tests tagged notsan run the CUDA emulator's fibers, which TSan cannot follow.
-  bazel build --config=tsan //third_party/tsan:libabsl_tsan_shim.so || status=1
+  timed "tsan shim" bazel build --config=tsan //third_party/tsan:libabsl_tsan_shim.so || status=1
   shim="$(bazel info --config=tsan bazel-bin 2>/dev/null)/third_party/tsan/libabsl_tsan_shim.so"
   stage "tsan" --config=tsan --test_tag_filters=-notsan --build_tag_filters=-notsan \
     --test_env=LD_PRELOAD="${shim}" --test_env=TSAN_OPTIONS="suppressions=${PWD}/third_party/tsan/suppressions.txt" \
@@ -103,5 +131,6 @@ fi
 # a python3 earlier on PATH (pyenv, a venv) may not have it.
 py=python3
 "$py" -c "import numpy" 2>/dev/null || py=/usr/bin/python3
-"$py" tools/check_fixtures.py || { [ $status -eq 0 ] && status=1; }
+timed "fixtures" "$py" tools/check_fixtures.py || { [ $status -eq 0 ] && status=1; }
+print_times
 exit $status

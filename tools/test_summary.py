@@ -10,6 +10,12 @@ other tests Bazel writes one testcase for the whole target) and, for Python
 unittest targets, the "OK (skipped=N)" line and "skipped '...'" reasons of
 their log. Only the targets the pattern names are read, so stale logs of
 removed targets do not count. Exit status: 0 (the caller keeps bazel's).
+
+With --times N, also the N slowest targets with their seconds: the time each
+test.xml records (GoogleTest's whole run; Bazel's for tests it wraps),
+summed over a sharded test's shards and a --runs_per_test run's runs, with
+the longest of them beside it; process start and exit (sanitizers' leak
+checks) are outside it.
 """
 
 import argparse
@@ -52,19 +58,88 @@ def python_cases(log_path):
     return ran, max(skipped, len(reasons)), failed, [f"{case}: {why}" for case, why in reasons]
 
 
+def _seconds(value):
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def xml_seconds(root):
+    """The seconds a test.xml records: its root's time (GoogleTest), else its
+    suites' sum, else its cases' (Bazel's own test.xml for wrapped tests
+    carries time and duration on the testcase)."""
+    t = _seconds(root.get("time"))
+    if t is not None:
+        return t
+    suites = [_seconds(ts.get("time")) for ts in root.iter("testsuite")]
+    if suites and all(v is not None for v in suites):
+        return sum(suites)
+    cases = [_seconds(tc.get("time", tc.get("duration"))) for tc in root.iter("testcase")]
+    return sum(v for v in cases if v is not None)
+
+
+_PART = re.compile(r"(shard|run)_\d+_of_(\d+)")
+
+
+def target_xmls(d):
+    """A target's test.xml files from its latest `bazel test`: one per shard
+    and per run when it was sharded or run several times (shard_I_of_N/,
+    run_I_of_M/, or both nested), else its own. Bazel leaves the folders of
+    earlier invocations with other counts (and a test.xml from before
+    sharding) in place: of the layouts present, the one written last wins."""
+    layouts = {}
+    if os.path.isfile(os.path.join(d, "test.xml")):
+        layouts[()] = [os.path.join(d, "test.xml")]
+    for root, dirs, files in os.walk(d) if os.path.isdir(d) else []:
+        rel = os.path.relpath(root, d)
+        if rel == ".":
+            continue
+        parts = [_PART.fullmatch(p) for p in rel.split(os.sep)]
+        if not all(parts):
+            dirs[:] = []
+            continue
+        if "test.xml" in files and not any(_PART.fullmatch(x) for x in dirs):
+            layout = tuple((m.group(1), m.group(2)) for m in parts)
+            layouts.setdefault(layout, []).append(os.path.join(root, "test.xml"))
+    if not layouts:
+        return [os.path.join(d, "test.xml")]
+    newest = max(layouts.values(), key=lambda paths: max(os.path.getmtime(p) for p in paths))
+    return sorted(newest)
+
+
+def target_times(testlogs, targets):
+    """(seconds, parts, longest part's seconds, target) for each target whose
+    test.xml files are all readable, slowest first."""
+    out = []
+    for target in targets:
+        paths = target_xmls(log_dir(testlogs, target))
+        try:
+            times = [xml_seconds(ET.parse(p).getroot()) for p in paths]
+        except (OSError, ET.ParseError):
+            continue
+        out.append((sum(times), len(times), max(times), target))
+    return sorted(out, key=lambda t: (-t[0], t[3]))
+
+
+def format_times(label, times, limit):
+    lines = []
+    for seconds, parts, longest, target in times[:limit]:
+        extra = f" ({parts} shards/runs, longest {longest:.1f} s)" if parts > 1 else ""
+        lines.append(f"TIME {seconds:8.1f} s  {target}{extra}")
+    total = sum(t[0] for t in times)
+    lines.append(f"TIMES {label}: {len(times)} targets, {total:.1f} s of test time"
+                 + (f"; the {min(limit, len(times))} slowest above" if times else ""))
+    return lines
+
+
 def summarize(testlogs, targets):
     totals = dict(targets=0, passed_targets=0, failed_targets=0, missing=0, cases=0, passed=0, failed=0, skipped=0)
     skipped_lines, failed_lines = [], []
     for target in targets:
         d = log_dir(testlogs, target)
         totals["targets"] += 1
-        # A sharded test (shard_count) keeps one test.xml per shard, and any
-        # test.xml beside them is a stale one from before it was sharded.
-        shards = sorted(
-            os.path.join(d, n, "test.xml")
-            for n in (os.listdir(d) if os.path.isdir(d) else [])
-            if re.fullmatch(r"shard_\d+_of_\d+", n))
-        xml_paths = shards or [os.path.join(d, "test.xml")]
+        xml_paths = target_xmls(d)
         if not all(os.path.exists(p) for p in xml_paths):
             totals["missing"] += 1  # not run (a build failure, or filtered out)
             continue
@@ -114,9 +189,12 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--testlogs", required=True, help="bazel info bazel-testlogs (for the same configuration)")
     ap.add_argument("--label", default="tests", help="what this run was, printed first")
+    ap.add_argument("--times", type=int, default=0, metavar="N",
+                    help="also list the N slowest targets with their seconds")
     ap.add_argument("patterns", nargs="*", default=["//..."])
     args = ap.parse_args()
-    totals, skipped, failed = summarize(args.testlogs, test_targets(args.patterns))
+    targets = test_targets(args.patterns)
+    totals, skipped, failed = summarize(args.testlogs, targets)
     for line in failed + skipped:
         print(line)
     t = totals
@@ -125,6 +203,9 @@ def main():
         + (f", {t['missing']} not run" if t["missing"] else "")
         + f"; {t['cases']} cases: {t['passed']} passed, {t['failed']} failed, {t['skipped']} skipped"
     )
+    if args.times > 0:
+        for line in format_times(args.label, target_times(args.testlogs, targets), args.times):
+            print(line)
     return 0
 
 
