@@ -1,5 +1,6 @@
 #include "worker/cache_stack.h"
 
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <string>
@@ -8,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/runfiles.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "prometheus/registry.h"
@@ -153,6 +155,43 @@ TEST(CacheStackTest, ABulkAddressThatDoesNotParseIsRefused) {
   o.bulk_address = "no-port";
   absl::StatusOr<std::unique_ptr<CacheStack>> stack = CacheStack::Connect(o);
   EXPECT_EQ(stack.status().code(), absl::StatusCode::kInvalidArgument) << stack.status();
+}
+
+// The bulk port carries cache bytes over plain TCP: beside TLS to the
+// cachestore a bulk address is refused at start, naming both (reads and puts
+// alike), while reads and puts by shared memory (this host, no network) are
+// kept, and without TLS the same bulk address is taken.
+TEST(CacheStackTest, TheBulkPortIsRefusedBesideTlsSharedMemoryIsNot) {
+  const std::string certs = absl::StrCat(std::getenv("TEST_TMPDIR"), "/certs");
+  const std::string make =
+      absl::StrCat("/usr/bin/python3 ", common::Runfile("tools/make_test_certs.py"), " --out ", certs);
+  ASSERT_EQ(std::system(make.c_str()), 0) << make;
+  CacheStackOptions o = Options();
+  o.tls.ca_file = certs + "/ca.pem";
+  o.tls.cert_file = certs + "/decode.pem";
+  o.tls.key_file = certs + "/decode.key";
+  o.bulk_address = "127.0.0.1:2";
+  for (const bool puts : {true, false}) {
+    o.direct_puts = puts;
+    absl::StatusOr<std::unique_ptr<CacheStack>> refused = CacheStack::Connect(o);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+    EXPECT_THAT(refused.status().message(), ::testing::HasSubstr("--cachestore_bulk_address"));
+    EXPECT_THAT(refused.status().message(), ::testing::HasSubstr("TLS"));
+  }
+  o.direct_puts = true;
+  o.bulk_address.clear();
+  o.shm_socket = MissingSocket();
+  absl::StatusOr<std::unique_ptr<CacheStack>> shm = CacheStack::Connect(o);
+  ASSERT_TRUE(shm.ok()) << shm.status();
+  EXPECT_TRUE((*shm)->reads_by_shared_memory());
+  EXPECT_EQ((*shm)->client(), (*shm)->direct_puts());
+  o.shm_socket.clear();
+  o.bulk_address = "127.0.0.1:2";
+  o.tls = {};
+  absl::StatusOr<std::unique_ptr<CacheStack>> plain = CacheStack::Connect(o);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ((*plain)->client(), (*plain)->direct_puts());
+  EXPECT_NE((*plain)->direct_reads(), nullptr);
 }
 
 }  // namespace
