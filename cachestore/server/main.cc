@@ -47,7 +47,7 @@ ABSL_FLAG(int64_t, blob_pool_mib, 256, "Freed entry buffers kept for reuse (outs
 ABSL_FLAG(int64_t, max_chunk_kib, 4096, "Largest put/get chunk, KiB");
 ABSL_FLAG(absl::Duration, max_session_ttl, absl::Hours(24),
           "Longest TTL a put may ask for a state (session retention; also the TTL of a pin without one)");
-ABSL_FLAG(int64_t, pin_quota_mib, 64, "Pinned state bytes one namespace (model, adapter, cache salt) may hold, MiB");
+ABSL_FLAG(int64_t, pin_quota_mib, 64, "Pinned state bytes one tenant may hold (across its salts and models), MiB");
 ABSL_FLAG(int64_t, pin_budget_mib, -1, "Pinned state bytes of all namespaces together, MiB; -1: half the state budget");
 ABSL_FLAG(int64_t, max_namespaces, 1 << 16,
           "Namespaces (model, adapter, cache salt, page size) held at once; a put into one more is RESOURCE_EXHAUSTED");

@@ -104,6 +104,8 @@ class SecurityTest : public ::testing::Test {
         absl::StrCat("/usr/bin/python3 ", Runfile("tools/make_test_certs.py"), " --out ", CertDir());
     ASSERT_EQ(std::system(command.c_str()), 0) << command;
     StackOptions o;
+    // A pin quota a few states fill (EachTenantPinsWithinItsOwnQuota).
+    o.cachestore_args.push_back("--pin_quota_mib=1");
     o.cachestore_args.push_back(absl::StrCat("--tls_allowed_peers=", kDomain, "decode,", kDomain, "prefill"));
     for (const std::string& a : TlsArgs("cachestore")) o.cachestore_args.push_back(a);
     o.prefill_args = TlsArgs("prefill");
@@ -411,6 +413,45 @@ std::string Describe(std::vector<double> v) {
 // cold prompt's (two-sided Mann-Whitney, p > 1e-3) while A's own repeat, the
 // positive control (a hit), is (p < 1e-3). Reported: the distributions and
 // the test statistics.
+// Pin quotas are the tenant's (--pin_quota_mib, 1 MiB here): tenant A pins
+// turn ends until its quota refuses one (the reason names the quota; the
+// request is still served); tenant B, with the same salt, still pins, from
+// its own quota; A stays refused.
+TEST_F(SecurityTest, EachTenantPinsWithinItsOwnQuota) {
+  const int port = stack_->decode()->port();
+  auto a = Channel(port, "tenant_a");
+  auto b = Channel(port, "tenant_b");
+  auto pin = [](const std::string& id, int seed) {
+    v1::GenerateRequest r = Request(id, TextPrompt(60, seed), 4);
+    r.set_cache_salt("pins");
+    r.mutable_session()->set_pin(true);
+    return r;
+  };
+  int a_pinned = 0;
+  std::string refusal;
+  for (int i = 0; i < 400 && refusal.empty(); ++i) {
+    Generation g = Generate(a, pin(absl::StrCat("pin-a-", i), 7000 + i));
+    ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+    ASSERT_EQ(g.complete.finish_reason(), v1::FINISH_REASON_LENGTH);
+    if (g.complete.usage().session().pinned()) {
+      ++a_pinned;
+    } else {
+      refusal = g.complete.usage().session().pin_refused_reason();
+    }
+  }
+  ASSERT_GT(a_pinned, 0);
+  ASSERT_FALSE(refusal.empty()) << "A's pins never reached its quota";
+  EXPECT_THAT(refusal, HasSubstr("quota")) << refusal;
+  Generation b_pin = Generate(b, pin("pin-b-0", 8000));
+  ASSERT_TRUE(b_pin.status.ok()) << b_pin.status.error_message();
+  EXPECT_TRUE(b_pin.complete.usage().session().pinned())
+      << "B's pin was refused by A's quota: " << b_pin.complete.usage().session().pin_refused_reason();
+  Generation a_again = Generate(a, pin("pin-a-again", 8001));
+  ASSERT_TRUE(a_again.status.ok()) << a_again.status.error_message();
+  EXPECT_FALSE(a_again.complete.usage().session().pinned());
+  EXPECT_THAT(a_again.complete.usage().session().pin_refused_reason(), HasSubstr("quota"));
+}
+
 TEST_F(SecurityTest, AnotherTenantsPrefixTimesAsCold) {
   if (common::kSanitized) {
     // 800 timed generations: past the target's timeout under ASan (300 s),
