@@ -22,46 +22,20 @@ namespace {
 
 // A cache whose page reads fail (a cachestore that lost its slabs), in
 // front of the real one.
-class FailingReadsCache : public cachestore::CacheClient {
+class FailingReadsCache : public ForwardingCache {
  public:
-  explicit FailingReadsCache(cachestore::CacheClient& inner) : inner_(inner) {}
-  absl::StatusOr<cachestore::LookupResult> Lookup(const cachestore::ClientNamespace& ns,
-                                                  absl::Span<const TokenId> tokens,
-                                                  cachestore::LookupMode mode) override {
-    return inner_.Lookup(ns, tokens, mode);
-  }
-  absl::StatusOr<cachestore::PutResult> Put(const cachestore::ClientNamespace& ns, const cachestore::ClientPut& put,
-                                            absl::string_view bytes) override {
-    return inner_.Put(ns, put, bytes);
-  }
+  explicit FailingReadsCache(cachestore::CacheClient& inner) : ForwardingCache(inner) {}
   absl::Status GetInto(uint64_t lease_id, const common::Hash128& key, std::string* out) override {
     return absl::DataLossError("slab gone");
   }
-  absl::Status Release(uint64_t lease_id) override { return inner_.Release(lease_id); }
-  absl::StatusOr<cachestore::IndexStats> Stats() override { return inner_.Stats(); }
-
- private:
-  cachestore::CacheClient& inner_;
 };
 
 // A cache whose page reads stall half way: GetManyScattered writes the first
 // half of its pages from the real cache, then waits while held, then writes
 // the rest as garbage (late bytes of a read still in flight) and answers OK.
-class StalledWriteCache : public cachestore::CacheClient {
+class StalledWriteCache : public ForwardingCache {
  public:
-  explicit StalledWriteCache(cachestore::CacheClient& inner) : inner_(inner) {}
-  absl::StatusOr<cachestore::LookupResult> Lookup(const cachestore::ClientNamespace& ns,
-                                                  absl::Span<const TokenId> tokens,
-                                                  cachestore::LookupMode mode) override {
-    return inner_.Lookup(ns, tokens, mode);
-  }
-  absl::StatusOr<cachestore::PutResult> Put(const cachestore::ClientNamespace& ns, const cachestore::ClientPut& put,
-                                            absl::string_view bytes) override {
-    return inner_.Put(ns, put, bytes);
-  }
-  absl::Status GetInto(uint64_t lease_id, const common::Hash128& key, std::string* out) override {
-    return inner_.GetInto(lease_id, key, out);
-  }
+  explicit StalledWriteCache(cachestore::CacheClient& inner) : ForwardingCache(inner) {}
   absl::Status GetManyScattered(uint64_t lease_id, absl::Span<const common::Hash128> keys,
                                 absl::Span<const cachestore::EntrySegments> out) override {
     const size_t half = keys.size() / 2;
@@ -78,8 +52,6 @@ class StalledWriteCache : public cachestore::CacheClient {
     }
     return absl::OkStatus();
   }
-  absl::Status Release(uint64_t lease_id) override { return inner_.Release(lease_id); }
-  absl::StatusOr<cachestore::IndexStats> Stats() override { return inner_.Stats(); }
 
   void Hold(bool held) {
     absl::MutexLock lock(&mu_);
@@ -91,7 +63,6 @@ class StalledWriteCache : public cachestore::CacheClient {
   }
 
  private:
-  cachestore::CacheClient& inner_;
   absl::Mutex mu_;
   bool held_ ABSL_GUARDED_BY(mu_) = false;
   int blocked_ ABSL_GUARDED_BY(mu_) = 0;

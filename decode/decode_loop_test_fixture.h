@@ -217,13 +217,38 @@ class EnginePrefill : public prefill::PrefillClient {
   absl::Mutex engine_mu_;  // the engine is not thread-safe
 };
 
+// A CacheClient that forwards each of the interface's required calls to
+// `inner` (the others keep CacheClient's defaults, built on them): the tests'
+// caches below override what they change.
+class ForwardingCache : public cachestore::CacheClient {
+ public:
+  explicit ForwardingCache(cachestore::CacheClient& inner) : inner_(inner) {}
+  absl::StatusOr<cachestore::LookupResult> Lookup(const cachestore::ClientNamespace& ns,
+                                                  absl::Span<const TokenId> tokens,
+                                                  cachestore::LookupMode mode) override {
+    return inner_.Lookup(ns, tokens, mode);
+  }
+  absl::StatusOr<cachestore::PutResult> Put(const cachestore::ClientNamespace& ns, const cachestore::ClientPut& put,
+                                            absl::string_view bytes) override {
+    return inner_.Put(ns, put, bytes);
+  }
+  absl::Status GetInto(uint64_t lease_id, const common::Hash128& key, std::string* out) override {
+    return inner_.GetInto(lease_id, key, out);
+  }
+  absl::Status Release(uint64_t lease_id) override { return inner_.Release(lease_id); }
+  absl::StatusOr<cachestore::IndexStats> Stats() override { return inner_.Stats(); }
+
+ protected:
+  cachestore::CacheClient& inner_;
+};
+
 // A cache in front of the real one that records decode's puts and, the first
 // time a put finds its parent missing, runs `catch_up` (prefill's late
 // publication of the prompt) before answering.
-class LatePrefillCache : public cachestore::CacheClient {
+class LatePrefillCache : public ForwardingCache {
  public:
   LatePrefillCache(cachestore::CacheClient& inner, std::function<void()> catch_up)
-      : inner_(inner), catch_up_(std::move(catch_up)) {}
+      : ForwardingCache(inner), catch_up_(std::move(catch_up)) {}
 
   absl::StatusOr<cachestore::LookupResult> Lookup(const cachestore::ClientNamespace& ns,
                                                   absl::Span<const TokenId> tokens,
@@ -243,12 +268,6 @@ class LatePrefillCache : public cachestore::CacheClient {
     }
     return r;
   }
-  absl::Status GetInto(uint64_t lease_id, const common::Hash128& key, std::string* out) override {
-    return inner_.GetInto(lease_id, key, out);
-  }
-  absl::Status Release(uint64_t lease_id) override { return inner_.Release(lease_id); }
-  absl::StatusOr<cachestore::IndexStats> Stats() override { return inner_.Stats(); }
-
   int lookups() {
     absl::MutexLock lock(&mu_);
     return lookups_;
@@ -263,7 +282,6 @@ class LatePrefillCache : public cachestore::CacheClient {
   }
 
  private:
-  cachestore::CacheClient& inner_;
   std::function<void()> catch_up_;
   absl::Mutex mu_;
   int lookups_ ABSL_GUARDED_BY(mu_) = 0;
@@ -273,9 +291,9 @@ class LatePrefillCache : public cachestore::CacheClient {
 
 // A cache whose lookups block while held (a cachestore that stopped
 // answering), in front of the real one.
-class StalledLookupCache : public cachestore::CacheClient {
+class StalledLookupCache : public ForwardingCache {
  public:
-  explicit StalledLookupCache(cachestore::CacheClient& inner) : inner_(inner) {}
+  explicit StalledLookupCache(cachestore::CacheClient& inner) : ForwardingCache(inner) {}
   absl::StatusOr<cachestore::LookupResult> Lookup(const cachestore::ClientNamespace& ns,
                                                   absl::Span<const TokenId> tokens,
                                                   cachestore::LookupMode mode) override {
@@ -288,15 +306,6 @@ class StalledLookupCache : public cachestore::CacheClient {
     }
     return inner_.Lookup(ns, tokens, mode);
   }
-  absl::StatusOr<cachestore::PutResult> Put(const cachestore::ClientNamespace& ns, const cachestore::ClientPut& put,
-                                            absl::string_view bytes) override {
-    return inner_.Put(ns, put, bytes);
-  }
-  absl::Status GetInto(uint64_t lease_id, const common::Hash128& key, std::string* out) override {
-    return inner_.GetInto(lease_id, key, out);
-  }
-  absl::Status Release(uint64_t lease_id) override { return inner_.Release(lease_id); }
-  absl::StatusOr<cachestore::IndexStats> Stats() override { return inner_.Stats(); }
 
   void Hold(bool held) {
     absl::MutexLock lock(&mu_);
@@ -308,7 +317,6 @@ class StalledLookupCache : public cachestore::CacheClient {
   }
 
  private:
-  cachestore::CacheClient& inner_;
   absl::Mutex mu_;
   bool held_ ABSL_GUARDED_BY(mu_) = false;
   int blocked_ ABSL_GUARDED_BY(mu_) = 0;
