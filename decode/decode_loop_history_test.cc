@@ -33,39 +33,19 @@ class FailingReadsCache : public ForwardingCache {
 // A cache whose page reads stall half way: GetManyScattered writes the first
 // half of its pages from the real cache, then waits while held, then writes
 // the rest as garbage (late bytes of a read still in flight) and answers OK.
-class StalledWriteCache : public ForwardingCache {
+class StalledWriteCache : public StallingCache {
  public:
-  explicit StalledWriteCache(cachestore::CacheClient& inner) : ForwardingCache(inner) {}
+  explicit StalledWriteCache(cachestore::CacheClient& inner) : StallingCache(inner) {}
   absl::Status GetManyScattered(uint64_t lease_id, absl::Span<const common::Hash128> keys,
                                 absl::Span<const cachestore::EntrySegments> out) override {
     const size_t half = keys.size() / 2;
     RETURN_IF_ERROR(inner_.GetManyScattered(lease_id, keys.subspan(0, half), out.subspan(0, half)));
-    {
-      absl::MutexLock lock(&mu_);
-      ++blocked_;
-      mu_.Await(absl::Condition(
-          +[](bool* held) { return !*held; }, &held_));
-      --blocked_;
-    }
+    Stall();
     for (const cachestore::EntrySegments& destination : out.subspan(half)) {
       for (absl::Span<char> segment : destination.segments) std::fill(segment.begin(), segment.end(), '\x7f');
     }
     return absl::OkStatus();
   }
-
-  void Hold(bool held) {
-    absl::MutexLock lock(&mu_);
-    held_ = held;
-  }
-  int blocked() {
-    absl::MutexLock lock(&mu_);
-    return blocked_;
-  }
-
- private:
-  absl::Mutex mu_;
-  bool held_ ABSL_GUARDED_BY(mu_) = false;
-  int blocked_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 class DecodeLoopHistoryTest : public DecodeLoopTest {

@@ -289,24 +289,11 @@ class LatePrefillCache : public ForwardingCache {
   std::vector<std::vector<TokenId>> page_puts_ ABSL_GUARDED_BY(mu_);
 };
 
-// A cache whose lookups block while held (a cachestore that stopped
-// answering), in front of the real one.
-class StalledLookupCache : public ForwardingCache {
+// A forwarding cache with a gate: Stall() blocks its caller while the test
+// holds the gate (a cachestore that stopped answering), counting who waits.
+class StallingCache : public ForwardingCache {
  public:
-  explicit StalledLookupCache(cachestore::CacheClient& inner) : ForwardingCache(inner) {}
-  absl::StatusOr<cachestore::LookupResult> Lookup(const cachestore::ClientNamespace& ns,
-                                                  absl::Span<const TokenId> tokens,
-                                                  cachestore::LookupMode mode) override {
-    {
-      absl::MutexLock lock(&mu_);
-      ++blocked_;
-      mu_.Await(absl::Condition(
-          +[](bool* held) { return !*held; }, &held_));
-      --blocked_;
-    }
-    return inner_.Lookup(ns, tokens, mode);
-  }
-
+  explicit StallingCache(cachestore::CacheClient& inner) : ForwardingCache(inner) {}
   void Hold(bool held) {
     absl::MutexLock lock(&mu_);
     held_ = held;
@@ -316,10 +303,32 @@ class StalledLookupCache : public ForwardingCache {
     return blocked_;
   }
 
+ protected:
+  void Stall() {
+    absl::MutexLock lock(&mu_);
+    ++blocked_;
+    mu_.Await(absl::Condition(
+        +[](bool* held) { return !*held; }, &held_));
+    --blocked_;
+  }
+
  private:
   absl::Mutex mu_;
   bool held_ ABSL_GUARDED_BY(mu_) = false;
   int blocked_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// A cache whose lookups block while held (a cachestore that stopped
+// answering), in front of the real one.
+class StalledLookupCache : public StallingCache {
+ public:
+  explicit StalledLookupCache(cachestore::CacheClient& inner) : StallingCache(inner) {}
+  absl::StatusOr<cachestore::LookupResult> Lookup(const cachestore::ClientNamespace& ns,
+                                                  absl::Span<const TokenId> tokens,
+                                                  cachestore::LookupMode mode) override {
+    Stall();
+    return inner_.Lookup(ns, tokens, mode);
+  }
 };
 
 class DecodeLoopTest : public ::testing::Test {
