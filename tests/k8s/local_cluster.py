@@ -376,13 +376,42 @@ class Pod:
         self.process.send_signal(signal.SIGTERM)
         if self._exited.wait(max(0.0, deadline - time.monotonic())):
             self.sigterm_to_exit_s = time.monotonic() - self.sigterm_at
+            if self.process.returncode != 0:
+                self.cluster.fail(f"{self.name}: exited with {self.process.returncode} on SIGTERM (a drain exits 0)")
             return
         self.process.kill()
         self._exited.wait()
         self.cluster.fail(f"{self.name}: still running {self.grace_s} s after its deletion: SIGKILL")
 
+    def stop(self):
+        """Teardown, as an operator stops a pod: SIGTERM straight away (no
+        preStop), and it must exit 0 within its grace period. Returns what
+        went wrong ([] when nothing)."""
+        self.deleted = True
+        self._stop.set()
+        if self.process.poll() is not None:
+            return []
+        self.process.send_signal(signal.SIGTERM)
+        if not self._exited.wait(self.grace_s):
+            self.process.kill()
+            self._exited.wait()
+            return [f"{self.name}: still running {self.grace_s} s after SIGTERM at teardown: SIGKILL"]
+        if self.process.returncode != 0:
+            return [f"{self.name}: exited with {self.process.returncode} on SIGTERM at teardown (a drain exits 0)"]
+        return []
+
+    def sanitizer_report(self):
+        """The first sanitizer report in the pod's log (from the line that
+        names it on), or None."""
+        with open(self.log_path, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+        at = text.find("Sanitizer")
+        if at < 0:
+            return None
+        return text[text.rfind("\n", 0, at) + 1:][:6000]
+
     def kill_now(self):
-        """Teardown: no drain wanted."""
+        """No drain wanted (a test that failed already)."""
         self.deleted = True
         self._stop.set()
         if self.process.poll() is None:
@@ -615,5 +644,27 @@ class Cluster:
             os.close(fd)
 
     def teardown(self):
+        """Stops every pod still running with SIGTERM (each must exit 0 in
+        its grace period), then reads every pod's log: a sanitizer report in
+        any fails. Returns those problems ([] when none); they are also
+        failures of the cluster."""
+        problems = []
+        lock = threading.Lock()
+
+        def stop(pod):
+            found = pod.stop()
+            with lock:
+                problems.extend(found)
+
+        threads = [threading.Thread(target=stop, args=(pod,)) for pod in self.all_pods]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
         for pod in self.all_pods:
-            pod.kill_now()
+            report = pod.sanitizer_report()
+            if report is not None:
+                problems.append(f"{pod.name}: a sanitizer report in its log:\n{report}")
+        for p in problems:
+            self.fail(p)
+        return problems
