@@ -184,8 +184,7 @@ bool DecodeLoop::Idle() const {
   absl::MutexLock lock(&mu_);
   // A returned call's deferred abort (its reservation) is freed by the loop
   // thread after the call has left orphaned_calls_.
-  return live_.empty() && orphaned_calls_.empty() && deferred_aborts_.empty() &&
-         turn_end_->in_flight() == 0;
+  return live_.empty() && orphaned_calls_.empty() && deferred_aborts_.empty() && turn_end_->in_flight() == 0;
 }
 
 void DecodeLoop::JoinFinishedCalls() {

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "cachestore/index/cache_store.h"
 #include "cachestore/client/in_process_cache_client.h"
+#include "cachestore/index/cache_store.h"
 #include "common/wait_for.h"
 #include "decode/decode_loop.h"
 #include "decode/decode_loop_test_fixture.h"

@@ -67,7 +67,8 @@ std::optional<FinishReason> StopReason(const StopConditions& stop, absl::Span<co
                                        absl::Span<const TokenId> generated, TokenId* stop_token) {
   if (generated.empty()) return std::nullopt;
   const TokenId last = generated.back();
-  const bool eos = !stop.ignore_eos && std::find(eos_token_ids.begin(), eos_token_ids.end(), last) != eos_token_ids.end();
+  const bool eos =
+      !stop.ignore_eos && std::find(eos_token_ids.begin(), eos_token_ids.end(), last) != eos_token_ids.end();
   if (eos || std::find(stop.stop_token_ids.begin(), stop.stop_token_ids.end(), last) != stop.stop_token_ids.end()) {
     *stop_token = last;
     return FinishReason::kStop;

@@ -80,8 +80,7 @@ absl::StatusOr<cachestore::Publication> TurnEnd::Copy(const engine::SequenceTabl
     p.pages.emplace_back(plan.PagePut(i), std::move(page));
   }
   std::string state;
-  RETURN_IF_ERROR(
-      table.EncodeStateInto(seq, /*with_logits=*/true, fingerprint_, plan.StateKeyAt(position), &state));
+  RETURN_IF_ERROR(table.EncodeStateInto(seq, /*with_logits=*/true, fingerprint_, plan.StateKeyAt(position), &state));
   cachestore::ClientPut state_put = plan.StatePut(position, cachestore::StateKind::kExactPrefix);
   state_put.ttl = request.session_keep;
   state_put.pin = request.session_pin;

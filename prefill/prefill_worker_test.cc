@@ -3,7 +3,6 @@
 // kind, the cache's contracts (docs/ARCHITECTURE.md section 6, contracts 1 and 2), and a
 // cache that is down or wrong.
 
-#include "cachestore/client/cache_backoff.h"
 #include "prefill/prefill_worker.h"
 
 #include <cstdint>
@@ -16,9 +15,10 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "cachestore/index/cache_store.h"
+#include "cachestore/client/cache_backoff.h"
 #include "cachestore/client/fault_injecting_cache_client.h"
 #include "cachestore/client/in_process_cache_client.h"
+#include "cachestore/index/cache_store.h"
 #include "cachestore/keys.h"
 #include "common/clock.h"
 #include "common/runfiles.h"

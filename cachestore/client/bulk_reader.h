@@ -9,10 +9,10 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "cachestore/client/bulk_connections.h"
-#include "cachestore/wire/bulk_protocol.h"
 #include "cachestore/client/direct_reader.h"
 #include "cachestore/keys.h"
 #include "cachestore/types.h"
+#include "cachestore/wire/bulk_protocol.h"
 #include "common/socket_io.h"
 
 namespace hybridserve::cachestore {

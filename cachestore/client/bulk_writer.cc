@@ -5,8 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "cachestore/wire/bulk_protocol.h"
 #include "cachestore/client/client_messages.h"
+#include "cachestore/wire/bulk_protocol.h"
 #include "cachestore/wire/wire_ints.h"
 #include "common/hash.h"
 #include "common/status_macros.h"

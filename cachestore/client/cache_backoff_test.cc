@@ -36,9 +36,8 @@ TEST(CacheBackoffTest, OnlyATimeoutStartsASkip) {
   common::FakeClock clock;
   CacheBackoff backoff(absl::Seconds(1), clock);
   // A cachestore that is down refuses at once: its return is seen at once.
-  for (const absl::Status& s :
-       {absl::OkStatus(), absl::UnavailableError("down"), absl::CancelledError("cancelled"),
-        absl::InternalError("bad"), absl::NotFoundError("miss")}) {
+  for (const absl::Status& s : {absl::OkStatus(), absl::UnavailableError("down"), absl::CancelledError("cancelled"),
+                                absl::InternalError("bad"), absl::NotFoundError("miss")}) {
     EXPECT_FALSE(backoff.Note(s)) << s;
     EXPECT_FALSE(backoff.Skipping()) << s;
   }

@@ -53,8 +53,8 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "cachestore/client/cache_backoff.h"
 #include "cachestore/cache_client.h"
+#include "cachestore/client/cache_backoff.h"
 #include "cachestore/model_namespace.h"
 #include "common/log_rate_limiter.h"
 

@@ -13,9 +13,9 @@
 
 #include "absl/synchronization/notification.h"
 #include "cachestore/client/cache_plan.h"
-#include "cachestore/index/cache_store.h"
 #include "cachestore/client/fault_injecting_cache_client.h"
 #include "cachestore/client/in_process_cache_client.h"
+#include "cachestore/index/cache_store.h"
 #include "common/clock.h"
 #include "common/wait_for.h"
 #include "gtest/gtest.h"

@@ -5,8 +5,8 @@
 #include <string>
 #include <vector>
 
-#include "cachestore/index/cache_store.h"
 #include "cachestore/client/in_process_cache_client.h"
+#include "cachestore/index/cache_store.h"
 #include "common/clock.h"
 #include "gtest/gtest.h"
 

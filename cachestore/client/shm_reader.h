@@ -11,8 +11,8 @@
 #include "absl/types/span.h"
 #include "cachestore/client/direct_reader.h"
 #include "cachestore/keys.h"
-#include "cachestore/wire/shm_protocol.h"
 #include "cachestore/types.h"
+#include "cachestore/wire/shm_protocol.h"
 #include "common/hash.h"
 
 namespace hybridserve::cachestore {

@@ -56,7 +56,7 @@ TEST_F(CacheIndexTest, UtilityAgesOldHighValueStatesOut) {
     const std::vector<TokenId> t = Tokens(40, 0);
     PutPages(t, 10);
     const Hash128 deep = PutCommitted(StateSpec(t, 20));  // priority 0.020
-    int puts = 0;  // puts it outlived
+    int puts = 0;                                         // puts it outlived
     for (int p = 1; p <= 19 && index_->Contains(EntryClass::kState, deep); ++p) {
       now_ += absl::Seconds(1);
       PutCommitted(StateSpec(t, p, 1000 - 4 * (p % 4)));  // charge 1000; each evicts the other one

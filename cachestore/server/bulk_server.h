@@ -10,8 +10,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "cachestore/wire/bulk_protocol.h"
 #include "cachestore/index/cache_store.h"
+#include "cachestore/wire/bulk_protocol.h"
 #include "common/connection_server.h"
 #include "common/socket_io.h"
 

@@ -12,9 +12,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "cachestore/wire/entry_messages.h"
 #include "cachestore/server/put_header.h"
 #include "cachestore/server/service.h"
+#include "cachestore/wire/entry_messages.h"
 #include "common/grpc_status.h"
 
 namespace hybridserve::cachestore {

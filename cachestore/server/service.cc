@@ -10,8 +10,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "cachestore/wire/entry_messages.h"
 #include "cachestore/server/put_header.h"
+#include "cachestore/wire/entry_messages.h"
 #include "common/grpc_status.h"
 #include "common/hash.h"
 #include "common/status_macros.h"

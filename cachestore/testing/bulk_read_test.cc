@@ -18,11 +18,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "cachestore/wire/bulk_protocol.h"
 #include "cachestore/client/bulk_reader.h"
 #include "cachestore/client/direct_read_cache_client.h"
 #include "cachestore/client/grpc_cache_client.h"
 #include "cachestore/server/server.h"
+#include "cachestore/wire/bulk_protocol.h"
 #include "common/clock.h"
 #include "common/socket_io.h"
 #include "common/wait_for.h"

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "cachestore/testing/cache_client_test_harness.h"
 #include "cachestore/client/grpc_cache_client.h"
+#include "cachestore/testing/cache_client_test_harness.h"
 #include "common/hash.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"

@@ -244,9 +244,9 @@ TEST_P(ShapeFaultsTest, CachestoreKilledAndRestartedDuringTrafficMeansMissesNotF
   for (int c = 0; c < kChats; ++c) {
     EXPECT_TRUE(resumed_after_return[c]) << "chat " << c << " never resumed from the cache after its return";
     if (resumed_after_return[c]) {
-      EXPECT_LE(to_resume[c], resume_bound) << "chat " << c << " resumed from the cache only "
-                                            << absl::ToDoubleMilliseconds(to_resume[c])
-                                            << " ms after the cachestore's return";
+      EXPECT_LE(to_resume[c], resume_bound)
+          << "chat " << c << " resumed from the cache only " << absl::ToDoubleMilliseconds(to_resume[c])
+          << " ms after the cachestore's return";
     }
   }
   EXPECT_EQ(MetricSum(decode_metrics, "hybridserve_request_errors_total"), 0);
@@ -480,8 +480,7 @@ TEST(FaultsTest, PrefillThatNeverAnswersFailsTheRequestWithinTheTransferTimeout)
   // upper bound leaves room for a sanitizer build on a busy 2-core machine.
   EXPECT_GE(took, absl::Seconds(2));
   EXPECT_LT(took, absl::Seconds(30));
-  EXPECT_EQ(AwaitMetric(MetricsPort(d->get()), "hybridserve_request_errors_total{reason=\"deadline_exceeded\"}", 1),
-            1);
+  EXPECT_EQ(AwaitMetric(MetricsPort(d->get()), "hybridserve_request_errors_total{reason=\"deadline_exceeded\"}", 1), 1);
   EXPECT_EQ(AwaitMetric(MetricsPort(d->get()), "hybridserve_num_requests_running", 0), 0);
   EXPECT_EQ(AwaitMetric(MetricsPort(d->get()), "hybridserve_kv_pages_free", 4096), 4096);
   EXPECT_EQ(AwaitMetric(MetricsPort(d->get()), "hybridserve_state_slots_free", 8), 8);

@@ -119,11 +119,12 @@ Process::~Process() {
   const std::string log = this->log();
   if (const size_t at = log.find("Sanitizer"); at != std::string::npos) {
     const size_t from = log.rfind('\n', at);
-    problems.push_back(absl::StrCat("a sanitizer report in its log:\n",
-                                    log.substr(from == std::string::npos ? 0 : from + 1, 6000)));
+    problems.push_back(
+        absl::StrCat("a sanitizer report in its log:\n", log.substr(from == std::string::npos ? 0 : from + 1, 6000)));
   }
   if (problems.empty()) return;
-  const std::string message = absl::StrCat(name_, " (pid ", pid_, ", log ", log_path_, "): ", absl::StrJoin(problems, "; "));
+  const std::string message =
+      absl::StrCat(name_, " (pid ", pid_, ", log ", log_path_, "): ", absl::StrJoin(problems, "; "));
   if (::testing::UnitTest::GetInstance()->current_test_info() != nullptr ||
       ::testing::UnitTest::GetInstance()->current_test_suite() != nullptr) {
     ADD_FAILURE() << message;
