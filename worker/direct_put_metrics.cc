@@ -20,7 +20,8 @@ void DirectPutMetrics::Sync(const cachestore::DirectPutCounts& now) {
   absl::MutexLock lock(&mu_);
   common::AdvanceCounter(entries_.Add({{"path", now.path}}), now.entries, last_.entries);
   common::AdvanceCounter(bytes_.Add({{"path", now.path}}), now.bytes, last_.bytes);
-  common::DeclareFailureReasons(fallbacks_, {{"path", now.path}}, "reason");
+  // The reasons' series at 0, once per path (the first Sync names it).
+  if (now.path != last_.path) common::DeclareFailureReasons(fallbacks_, {{"path", now.path}}, "reason");
   common::AdvanceByKey(fallbacks_, {{"path", now.path}}, "reason", now.fallbacks, last_.fallbacks);
   last_ = now;
 }
