@@ -28,7 +28,8 @@ class InstalledPackageOnTheStack(unittest.TestCase):
 
     @classmethod
     def setUpClass(cls):
-        binary = lambda name: os.path.join(ARGS.bin, name, name)  # noqa: E731
+        paths = {"cachestore": "cachestore/server/cachestore", "prefill": "prefill/prefill", "decode": "decode/decode"}
+        binary = lambda name: os.path.join(ARGS.bin, paths[name])  # noqa: E731
         cls.processes = []
         try:
             cache = cls.start("cachestore", [binary("cachestore"), "--address=127.0.0.1:0", "--metrics_address="],
