@@ -1,0 +1,267 @@
+// What the engine does today with the config.json of each published checkpoint
+// in tests/fixtures/public_configs (SOURCES.md there names each file's source).
+//
+// kCorpus is the one table of expectations: per config, either the exact
+// message the engine refuses it with, or (when it loads) its config fingerprint
+// and, where known, its published parameter count. When a fix makes a refused
+// config load, its row flips from the message to the fingerprint: one line.
+//
+// For a config that loads, the shapes are derived here from the JSON fields
+// themselves (per family, as transformers reads them), never from the engine's
+// parse, and compared to what the engine parsed: the layer pattern, the count
+// of each layer kind, the Mamba2 and attention dimensions, the vocabulary, the
+// recurrent state bytes of a sequence (engine/state_layout.h) and the KV bytes
+// per token. The same derivation runs over the golden fixtures' configs
+// (kDerivationSelfCheck), so it is exercised on every family even while the
+// corpus's rows are refusals.
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "common/hash.h"
+#include "common/runfiles.h"
+#include "engine/model_config.h"
+#include "engine/state_layout.h"
+#include "gtest/gtest.h"
+
+namespace hybridserve::engine {
+namespace {
+
+using common::Runfile;
+using Json = nlohmann::json;
+
+struct CorpusRow {
+  const char* file;  // under tests/fixtures/public_configs/
+  // Refused today: the exact status message. Empty: the config loads.
+  const char* refusal;
+  // When it loads: 32 hex digits of XXH3-128(CanonicalString()), the config's
+  // part of the model fingerprint (stable: a change here changes every cache key).
+  const char* fingerprint;
+};
+
+// One row per corpus config. Flip a refusal to "" and fill in the fingerprint
+// when a fix makes the config load.
+constexpr CorpusRow kCorpus[] = {
+    // Revision 4f8e85c predates transformers' Zamba2: its layers_block_type
+    // uses "m"/"g" letters, which transformers 5.23 refuses as well.
+    {"zamba2/Zamba2-1.2B.json", "layers_block_type[0] (\"m\") must be mamba, linear_attention or hybrid", ""},
+};
+
+// Configs written by transformers save_pretrained for the golden fixtures:
+// they load, so they exercise the independent derivation on every family.
+constexpr const char* kDerivationSelfCheck[] = {
+    "tests/fixtures/golden/nemotron_h_tiny/config.json",      "tests/fixtures/golden/nemotron_h_moe_tiny/config.json",
+    "tests/fixtures/golden/nemotron_h_moe_tiny2/config.json", "tests/fixtures/golden/mamba2_tiny/config.json",
+    "tests/fixtures/golden/bamba_tiny/config.json",           "tests/fixtures/golden/bamba_tiny2/config.json",
+    "tests/fixtures/golden/granite_moe_tiny/config.json",     "tests/fixtures/golden/granite_dense_tiny/config.json",
+    "tests/fixtures/golden/falcon_h1_tiny/config.json",       "tests/fixtures/golden/falcon_h1_tiny2/config.json",
+    "tests/fixtures/golden/zamba2_tiny/config.json",          "tests/fixtures/golden/zamba2_tiny2/config.json",
+};
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+int64_t IntOr(const Json& j, const char* key, int64_t fallback) {
+  auto it = j.find(key);
+  return it == j.end() || it->is_null() ? fallback : it->get<int64_t>();
+}
+
+// The shapes of a checkpoint, derived from its JSON alone.
+struct Derived {
+  std::string pattern;  // hybrid_override_pattern notation, one char per block
+  int64_t vocab = 0;
+  int64_t ssm_heads = 0, ssm_head_dim = 0, ssm_state = 0, n_groups = 0, conv_kernel = 0;
+  int64_t heads = 0, kv_heads = 0, head_dim = 0;
+
+  int64_t Count(char kind) const {
+    int64_t n = 0;
+    for (char c : pattern) n += c == kind ? 1 : 0;
+    return n;
+  }
+  int64_t SsmBlocks() const { return Count('M') + Count('P') + Count('Z'); }
+  int64_t KvBlocks() const { return Count('*') + Count('P') + Count('Z'); }
+  // fp32 SSM state [heads, head_dim, state] and conv state [conv_dim, kernel - 1] per SSM block.
+  int64_t RecurrentStateBytes() const {
+    const int64_t conv_dim = ssm_heads * ssm_head_dim + 2 * n_groups * ssm_state;
+    return SsmBlocks() * 4 * (ssm_heads * ssm_head_dim * ssm_state + conv_dim * (conv_kernel - 1));
+  }
+  // fp32 K and V of one token in every attending block.
+  int64_t KvBytesPerToken() const { return KvBlocks() * 2 * 4 * kv_heads * head_dim; }
+};
+
+// Mixer letter of a layer-type name as transformers' configs spell it.
+char MixerLetter(const std::string& type) {
+  if (type == "mamba" || type == "linear_attention" || type == "M") return 'M';
+  if (type == "attention" || type == "full_attention" || type == "*") return '*';
+  if (type == "mlp" || type == "-") return '-';
+  if (type == "moe" || type == "E") return 'E';
+  if (type == "hybrid") return 'Z';
+  return '?';
+}
+
+absl::StatusOr<Derived> Derive(const Json& j) {
+  Derived d;
+  const std::string type = j.at("model_type").get<std::string>();
+  const int64_t hidden = j.at("hidden_size").get<int64_t>();
+  const int64_t layers = IntOr(j, "num_hidden_layers", 0);
+  d.vocab = j.at("vocab_size").get<int64_t>();
+  d.heads = IntOr(j, "num_attention_heads", 0);
+  d.kv_heads = IntOr(j, "num_key_value_heads", d.heads);
+  if (type == "nemotron_h") {
+    if (j.contains("hybrid_override_pattern") && j["hybrid_override_pattern"].is_string()) {
+      d.pattern = j["hybrid_override_pattern"].get<std::string>();
+    } else {
+      for (const Json& t : j.at("layers_block_type")) d.pattern += MixerLetter(t.get<std::string>());
+    }
+    d.ssm_heads = j.at("mamba_num_heads").get<int64_t>();
+    d.ssm_head_dim = j.at("mamba_head_dim").get<int64_t>();
+    d.ssm_state = j.at("ssm_state_size").get<int64_t>();
+    d.n_groups = j.at("n_groups").get<int64_t>();
+    d.conv_kernel = IntOr(j, "conv_kernel", 4);
+    d.head_dim = IntOr(j, "head_dim", IntOr(j, "attention_head_dim", hidden / d.heads));
+  } else if (type == "mamba2") {
+    d.pattern = std::string(static_cast<size_t>(layers), 'M');
+    d.ssm_heads = j.at("num_heads").get<int64_t>();
+    d.ssm_head_dim = j.at("head_dim").get<int64_t>();
+    d.ssm_state = j.at("state_size").get<int64_t>();
+    d.n_groups = j.at("n_groups").get<int64_t>();
+    d.conv_kernel = IntOr(j, "conv_kernel", 4);
+  } else if (type == "bamba" || type == "granitemoehybrid" || type == "falcon_h1") {
+    std::vector<char> mixers(static_cast<size_t>(layers), 'M');
+    if (type == "bamba") {
+      for (const Json& i : j.at("attn_layer_indices")) mixers[i.get<size_t>()] = '*';
+    } else if (type == "granitemoehybrid") {
+      for (size_t i = 0; i < mixers.size(); ++i) mixers[i] = MixerLetter(j.at("layer_types")[i].get<std::string>());
+    } else {
+      mixers.assign(mixers.size(), 'P');
+    }
+    const char ff = type == "granitemoehybrid" && IntOr(j, "num_local_experts", 0) > 0 ? 'E' : 'G';
+    for (char m : mixers) d.pattern += std::string{m, ff};
+    d.ssm_heads = j.at("mamba_n_heads").get<int64_t>();
+    d.ssm_head_dim = j.at("mamba_d_head").get<int64_t>();
+    d.ssm_state = j.at("mamba_d_state").get<int64_t>();
+    d.n_groups = j.at("mamba_n_groups").get<int64_t>();
+    d.conv_kernel = IntOr(j, "mamba_d_conv", 4);
+    d.head_dim = type == "falcon_h1" ? IntOr(j, "head_dim", hidden / d.heads) : hidden / d.heads;
+  } else if (type == "zamba2") {
+    for (const Json& t : j.at("layers_block_type")) d.pattern += MixerLetter(t.get<std::string>());
+    d.ssm_heads = IntOr(j, "n_mamba_heads", 8);
+    d.ssm_head_dim = j.at("mamba_headdim").get<int64_t>();
+    d.ssm_state = IntOr(j, "mamba_d_state", 64);
+    d.n_groups = IntOr(j, "mamba_ngroups", 1);
+    d.conv_kernel = IntOr(j, "mamba_d_conv", 4);
+    d.head_dim = 2 * hidden / d.heads;  // the shared block attends over [hidden | embeddings]
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("no derivation for model_type ", type));
+  }
+  if (d.KvBlocks() == 0) d.heads = d.kv_heads = d.head_dim = 0;
+  return d;
+}
+
+// Compares what the engine parsed with the derivation; `what` names the config.
+void ExpectMatchesDerivation(const ModelConfig& c, const Derived& d, const std::string& what) {
+  SCOPED_TRACE(what);
+  EXPECT_EQ(c.LayerPattern(), d.pattern);
+  EXPECT_EQ(c.vocab_size, d.vocab);
+  EXPECT_EQ(c.SsmLayers(), d.SsmBlocks());
+  EXPECT_EQ(c.KvLayers(), d.KvBlocks());
+  EXPECT_EQ(c.CountLayers(LayerKind::kMoe), d.Count('E'));
+  EXPECT_EQ(c.CountLayers(LayerKind::kMlp), d.Count('-'));
+  EXPECT_EQ(c.CountLayers(LayerKind::kGatedMlp), d.Count('G'));
+  if (d.SsmBlocks() > 0) {
+    EXPECT_EQ(c.mamba.num_heads, d.ssm_heads);
+    EXPECT_EQ(c.mamba.head_dim, d.ssm_head_dim);
+    EXPECT_EQ(c.mamba.state_size, d.ssm_state);
+    EXPECT_EQ(c.mamba.n_groups, d.n_groups);
+    EXPECT_EQ(c.mamba.conv_kernel, d.conv_kernel);
+  }
+  if (d.KvBlocks() > 0) {
+    EXPECT_EQ(c.attention.num_heads, d.heads);
+    EXPECT_EQ(c.attention.num_kv_heads, d.kv_heads);
+    EXPECT_EQ(c.attention.head_dim, d.head_dim);
+  }
+  const StateLayout layout = StateLayout::ForModel(c, /*page_size=*/16);
+  EXPECT_EQ(layout.recurrent_state_bytes(), d.RecurrentStateBytes());
+  EXPECT_EQ(layout.attention_layers * 2 * layout.kv_token_floats() * 4, d.KvBytesPerToken());
+}
+
+std::string ConfigFingerprint(const ModelConfig& c) { return common::HashBytes(c.CanonicalString()).ToHex(); }
+
+TEST(PublicConfigTest, EachCorpusConfigLoadsOrIsRefusedAsRecorded) {
+  std::map<std::string, std::string> fingerprints;  // fingerprint -> file
+  for (const CorpusRow& row : kCorpus) {
+    SCOPED_TRACE(row.file);
+    const std::string path = Runfile(absl::StrCat("tests/fixtures/public_configs/", row.file));
+    const std::string text = ReadFile(path);
+    ASSERT_FALSE(text.empty()) << "cannot read " << path;
+    const absl::StatusOr<ModelConfig> config = ParseModelConfig(text);
+    if (*row.refusal != '\0') {
+      ASSERT_FALSE(config.ok()) << "loads now: flip its row to \"\" with fingerprint " << ConfigFingerprint(*config);
+      EXPECT_EQ(std::string(config.status().message()), std::string(row.refusal));
+      continue;
+    }
+    ASSERT_TRUE(config.ok()) << config.status();
+    const Json json = Json::parse(text);
+    const absl::StatusOr<Derived> derived = Derive(json);
+    ASSERT_TRUE(derived.ok()) << derived.status();
+    ExpectMatchesDerivation(*config, *derived, row.file);
+    const std::string fingerprint = ConfigFingerprint(*config);
+    EXPECT_EQ(fingerprint, row.fingerprint);
+    EXPECT_TRUE(fingerprints.emplace(fingerprint, row.file).second)
+        << "same fingerprint as " << fingerprints[fingerprint];
+  }
+}
+
+TEST(PublicConfigTest, TheDerivationAgreesWithTheEngineOnEveryFamily) {
+  std::set<std::string> families;
+  for (const char* file : kDerivationSelfCheck) {
+    const std::string text = ReadFile(Runfile(file));
+    ASSERT_FALSE(text.empty()) << "cannot read " << file;
+    const absl::StatusOr<ModelConfig> config = ParseModelConfig(text);
+    ASSERT_TRUE(config.ok()) << file << ": " << config.status();
+    const Json json = Json::parse(text);
+    const absl::StatusOr<Derived> derived = Derive(json);
+    ASSERT_TRUE(derived.ok()) << file << ": " << derived.status();
+    ExpectMatchesDerivation(*config, *derived, file);
+    families.insert(json.at("model_type").get<std::string>());
+  }
+  EXPECT_EQ(families.size(), 6u);
+}
+
+// Every corpus file has a row (a config added without an expectation fails)
+// and every row a source in SOURCES.md.
+TEST(PublicConfigTest, EveryCorpusFileHasARowAndASource) {
+  const std::string root = Runfile("tests/fixtures/public_configs");
+  std::set<std::string> rows;
+  for (const CorpusRow& row : kCorpus) rows.insert(row.file);
+  int64_t files = 0;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(root)) {
+    if (entry.path().extension() != ".json") continue;
+    ++files;
+    const std::string relative = entry.path().lexically_relative(root).string();
+    EXPECT_EQ(rows.count(relative), 1u) << relative << " has no row in kCorpus";
+  }
+  EXPECT_EQ(files, static_cast<int64_t>(rows.size()));
+  const std::string sources = ReadFile(absl::StrCat(root, "/SOURCES.md"));
+  ASSERT_FALSE(sources.empty());
+  for (const CorpusRow& row : kCorpus) {
+    EXPECT_NE(sources.find(absl::StrCat("| ", row.file, " |")), std::string::npos)
+        << row.file << " has no source in SOURCES.md";
+  }
+}
+
+}  // namespace
+}  // namespace hybridserve::engine
