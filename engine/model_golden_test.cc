@@ -168,6 +168,9 @@ INSTANTIATE_TEST_SUITE_P(
         GoldenParam{
             "BambaTiny2", testing::kBambaTiny2, kernels::MatmulMode::kDeterministic, {}, kMeasuredBoundFamilies},
         GoldenParam{"BambaTiny2", testing::kBambaTiny2, kernels::MatmulMode::kFast, {}, kMeasuredBoundFamilies},
+        GoldenParam{
+            "PublicBamba9b", testing::kPublicBamba9b, kernels::MatmulMode::kDeterministic, {}, kMeasuredBoundFamilies},
+        GoldenParam{"PublicBamba9b", testing::kPublicBamba9b, kernels::MatmulMode::kFast, {}, kMeasuredBoundFamilies},
         GoldenParam{"GraniteMoeTiny",
                     testing::kGraniteMoeTiny,
                     kernels::MatmulMode::kDeterministic,

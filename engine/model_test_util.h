@@ -43,6 +43,11 @@ inline constexpr absl::string_view kNemotronMoeTiny2 = "tests/fixtures/golden/ne
 // twice, no RoPE; tiny2: two blocks, a hybrid layer first, RoPE).
 inline constexpr absl::string_view kZambaTiny = "tests/fixtures/golden/zamba2_tiny";
 inline constexpr absl::string_view kZambaTiny2 = "tests/fixtures/golden/zamba2_tiny2";
+// Scaled down from a published checkpoint's config (tools/scale_config.py):
+// Bamba-9B's config.json as written (attention inside the Mamba2 run, one
+// n_group, legacy attn_rotary_emb / mamba_dt_rank, no rope or mlp_bias fields),
+// 3 layers "M*M", hidden 64.
+inline constexpr absl::string_view kPublicBamba9b = "tests/fixtures/golden/public_bamba_9b";
 inline constexpr absl::string_view kDefaultModel = "models/default";
 // Golden references of the default model (tools/make_golden.py --only default), without the model.
 inline constexpr absl::string_view kDefaultModelGolden = "tests/fixtures/golden/default";

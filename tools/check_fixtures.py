@@ -35,6 +35,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fixture_spec  # noqa: E402
 import gen_model  # noqa: E402
+import scale_config  # noqa: E402
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOGIT_TOLERANCE = 1e-4
@@ -81,6 +82,20 @@ def check_exact(fixtures, report):
         vocab = json.load(open(os.path.join(d, "config.json")))["vocab_size"]
         golden = read_safetensors(os.path.join(d, "golden.safetensors"))
         for i, p in enumerate(fixture_spec.make_prompts(vocab, fixture_spec.PROMPT_SEED)):
+            report.check(np.array_equal(golden.get(f"prompt_{i}"), p), f"{name}: prompt_{i} differs")
+    for name, (source, seed) in fixture_spec.PUBLIC_MODELS.items():
+        d = os.path.join(fixtures, name)
+        cfg, weights = scale_config.build(os.path.join(REPO_ROOT, fixture_spec.PUBLIC_CONFIGS, source), seed)
+        report.check(json.load(open(os.path.join(d, "config.json"))) == cfg,
+                     f"{name}: config.json differs from scale_config.py {source} --seed {seed}")
+        committed = read_safetensors(os.path.join(d, "model.safetensors"))
+        report.check(sorted(committed) == sorted(weights), f"{name}: tensor names differ from scale_config.py's")
+        for k, v in weights.items():
+            c = committed.get(k)
+            same = c is not None and c.shape == v.shape and np.array_equal(c.view(np.uint32), v.view(np.uint32))
+            report.check(same, f"{name}: {k} differs from scale_config.py {source} --seed {seed}")
+        golden = read_safetensors(os.path.join(d, "golden.safetensors"))
+        for i, p in enumerate(fixture_spec.make_prompts(cfg["vocab_size"], fixture_spec.PROMPT_SEED)):
             report.check(np.array_equal(golden.get(f"prompt_{i}"), p), f"{name}: prompt_{i} differs")
     for name, model_dir in fixture_spec.EXISTING_MODELS.items():
         d = os.path.join(fixtures, name)
@@ -129,7 +144,8 @@ def check_references(fixtures, report):
         subprocess.run([sys.executable, os.path.join(REPO_ROOT, "tools", "make_golden.py"), "--out", tmp],
                        check=True, stdout=subprocess.DEVNULL)
         worst = 0.0
-        for name in sorted(fixture_spec.MODELS) + sorted(fixture_spec.EXISTING_MODELS):
+        for name in (sorted(fixture_spec.MODELS) + sorted(fixture_spec.PUBLIC_MODELS) +
+                     sorted(fixture_spec.EXISTING_MODELS)):
             fresh = read_safetensors(os.path.join(tmp, name, "golden.safetensors"))
             committed = read_safetensors(os.path.join(fixtures, name, "golden.safetensors"))
             report.check(sorted(fresh) == sorted(committed), f"{name}: golden tensor names differ")

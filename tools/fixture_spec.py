@@ -23,6 +23,14 @@ MODELS = {
     "zamba2_tiny": ("zamba2", "tiny", 8025, {}),
     "zamba2_tiny2": ("zamba2", "tiny2", 9135, {}),
 }
+# Fixture models scaled down from published checkpoints' configs (tools/scale_config.py): name ->
+# (the config under tests/fixtures/public_configs, seed). One per distinct feature set. config.json
+# is the scaled publisher's file (its keys as written), not transformers' re-serialisation.
+PUBLIC_MODELS = {
+    "public_bamba_9b": ("bamba/Bamba-9B.json", 11),
+}
+PUBLIC_CONFIGS = "tests/fixtures/public_configs"
+
 # Prompt lengths for chunk_size 16: shorter than a chunk (1, 5, 13), exactly one and two
 # chunks (16, 32), off-grid (29, 50) and longer than three chunks (50, 77).
 PROMPT_LENGTHS = [1, 5, 13, 16, 29, 32, 50, 77]

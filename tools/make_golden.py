@@ -86,9 +86,10 @@ from safetensors.numpy import load_file, save_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gen_model  # noqa: E402
+import scale_config  # noqa: E402
 from fixture_spec import (  # noqa: E402
     DEFAULT_PROMPT_LENGTHS, DEFAULT_TEXT, EXISTING_MODELS, MODELS, NEW_TOKENS, PROMPT_LENGTHS, PROMPT_SEED,
-    default_prompts, make_prompts)
+    PUBLIC_CONFIGS, PUBLIC_MODELS, default_prompts, make_prompts)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -656,6 +657,20 @@ def make_fixture(name, arch, preset, seed, overrides, out_root):
     if overrides:
         cfg.update(overrides)
         cfg["hybridserve_generator"]["config_overrides"] = dict(overrides)
+    generator = {"tool": "tools/gen_model.py", "preset": preset, "seed": seed, "dtype": "fp32"}
+    return record_fixture(name, arch, cfg, weights, generator, out_root)
+
+
+def make_public_fixture(name, source, seed, out_root):
+    """A model scaled down from the published config `source` (tools/scale_config.py). Its
+    config.json is the scaled publisher's file, written over save_pretrained's, and the references
+    are computed from a load of that file."""
+    cfg, weights = scale_config.build(os.path.join(REPO_ROOT, PUBLIC_CONFIGS, source), seed)
+    generator = {"tool": "tools/scale_config.py", "source": source, "seed": seed, "dtype": "fp32"}
+    return record_fixture(name, cfg["model_type"], cfg, weights, generator, out_root, keep_config=True)
+
+
+def record_fixture(name, arch, cfg, weights, generator, out_root, keep_config=False):
     dest = os.path.join(out_root, name)
     with tempfile.TemporaryDirectory() as tmp:
         gen_model.write_model(tmp, cfg, weights, "fp32")
@@ -670,6 +685,10 @@ def make_fixture(name, arch, preset, seed, overrides, out_root):
     assert sorted(saved) == sorted(weights), "save_pretrained wrote other tensor names than gen_model.py"
     for k, v in weights.items():
         assert np.array_equal(saved[k], v), f"{k}: save_pretrained changed the values"
+    if keep_config:
+        with open(os.path.join(dest, "config.json"), "w") as f:
+            json.dump(cfg, f, indent=2, sort_keys=True, allow_nan=False)
+            f.write("\n")
     model = load_checked(dest, weights)  # the committed files load cleanly too
 
     vocab = model.config.vocab_size
@@ -716,7 +735,7 @@ def make_fixture(name, arch, preset, seed, overrides, out_root):
         "model": name,
         "arch": arch,
         "architecture": c.architectures[0] if c.architectures else type(model).__name__,
-        "generator": {"tool": "tools/gen_model.py", "preset": preset, "seed": seed, "dtype": "fp32"},
+        "generator": generator,
         "transformers_version": transformers.__version__,
         "torch_version": torch.__version__,
         "safetensors_version": safetensors.__version__,
@@ -806,7 +825,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     here = os.path.dirname(os.path.abspath(__file__))
     ap.add_argument("--out", default=os.path.join(here, "..", "tests", "fixtures", "golden"))
-    ap.add_argument("--only", nargs="+", choices=sorted(MODELS) + sorted(EXISTING_MODELS),
+    ap.add_argument("--only", nargs="+", choices=sorted(MODELS) + sorted(PUBLIC_MODELS) + sorted(EXISTING_MODELS),
                     help="fixtures to write (default: all)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
@@ -816,6 +835,9 @@ def main(argv=None):
     for name, (arch, preset, seed, overrides) in MODELS.items():
         if args.only is None or name in args.only:
             make_fixture(name, arch, preset, seed, overrides, args.out)
+    for name, (source, seed) in PUBLIC_MODELS.items():
+        if args.only is None or name in args.only:
+            make_public_fixture(name, source, seed, args.out)
     for name, model_dir in EXISTING_MODELS.items():
         if args.only is None or name in args.only:
             make_existing_golden(name, os.path.join(REPO_ROOT, model_dir), args.out)
