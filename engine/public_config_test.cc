@@ -12,8 +12,9 @@
 // of each layer kind, the Mamba2 and attention dimensions, the vocabulary, the
 // recurrent state bytes of a sequence (engine/state_layout.h) and the KV bytes
 // per token. The same derivation runs over the golden fixtures' configs
-// (kDerivationSelfCheck), so it is exercised on every family even while the
-// corpus's rows are refusals.
+// (kDerivationSelfCheck), so it is exercised on every family, also those no
+// corpus config of which loads yet. Distinct configs that load must have
+// distinct fingerprints.
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -76,7 +77,8 @@ constexpr const char* kDerivationSelfCheck[] = {
     "tests/fixtures/golden/bamba_tiny/config.json",           "tests/fixtures/golden/bamba_tiny2/config.json",
     "tests/fixtures/golden/granite_moe_tiny/config.json",     "tests/fixtures/golden/granite_dense_tiny/config.json",
     "tests/fixtures/golden/falcon_h1_tiny/config.json",       "tests/fixtures/golden/falcon_h1_tiny2/config.json",
-    "tests/fixtures/golden/zamba2_tiny/config.json",          "tests/fixtures/golden/zamba2_tiny2/config.json",
+    "tests/fixtures/golden/public_bamba_9b/config.json",      "tests/fixtures/golden/zamba2_tiny/config.json",
+    "tests/fixtures/golden/zamba2_tiny2/config.json",
 };
 
 std::string ReadFile(const std::string& path) {
