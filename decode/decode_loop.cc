@@ -13,6 +13,7 @@
 #include "cachestore/client/cache_publisher.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "decode/tenant.h"
 #include "engine/model_flops.h"
 #include "transport/engine_import.h"
 
@@ -22,6 +23,7 @@ struct DecodeLoop::Request {
   enum class Phase { kWaiting, kPrefilling, kDecoding };
 
   GenerateRequest req;
+  std::string key;  // ScopedRequestId(req.tenant, req.request_id): the loop's name for it
   GenerationSink* sink = nullptr;
   std::optional<engine::Sampler> sampler;
   Phase phase = Phase::kWaiting;
@@ -121,25 +123,29 @@ absl::Status DecodeLoop::Submit(GenerateRequest request, GenerationSink* sink) {
   if (!sampler.ok()) return absl::InvalidArgumentError(absl::StrCat("sampling: ", sampler.status().message()));
   r->sampler = *std::move(sampler);
   r->sink = sink;
+  r->key = ScopedRequestId(request.tenant, request.request_id);
   r->req = std::move(request);
   absl::MutexLock lock(&mu_);
   if (draining_ || stop_) return absl::UnavailableError("the decode worker is draining");
-  if (live_.contains(r->req.request_id)) {
+  if (live_.contains(r->key)) {
+    // The client's id: the scoped form would show the tenant.
     return absl::InvalidArgumentError(absl::StrCat("request_id \"", r->req.request_id, "\" is already live"));
   }
   if (static_cast<int64_t>(waiting_.size()) + prefilling_ + decoding_ >= options_.max_batch + options_.max_waiting) {
     return absl::ResourceExhaustedError(absl::StrCat("the decode worker is full: ", waiting_.size(),
                                                      " requests waiting, ", prefilling_ + decoding_, " running"));
   }
-  waiting_.push_back(r->req.request_id);
-  live_.emplace(r->req.request_id, std::move(r));
+  waiting_.push_back(r->key);
+  std::string key = r->key;
+  live_.emplace(std::move(key), std::move(r));
   return absl::OkStatus();
 }
 
-bool DecodeLoop::Abort(const std::string& request_id) {
+bool DecodeLoop::Abort(absl::string_view tenant, absl::string_view request_id) {
+  std::string key = ScopedRequestId(tenant, request_id);
   absl::MutexLock lock(&mu_);
-  if (!live_.contains(request_id)) return false;
-  aborts_.insert(request_id);
+  if (!live_.contains(key)) return false;
+  aborts_.insert(std::move(key));
   return true;
 }
 
@@ -290,7 +296,7 @@ void DecodeLoop::Admit() {
     r->reservation = *reservation;
     if (!expected.ok()) {
       (void)table.AbortImport(reservation->id);
-      Finish(r->req.request_id, FinishReason::kError, expected);
+      Finish(r->key, FinishReason::kError, expected);
       continue;
     }
     // Pages this worker reads from the cache itself, on the call's thread.
@@ -309,12 +315,12 @@ void DecodeLoop::Admit() {
     ++next_transfer_;
     calls_running_.insert(transfer_id);
     calls_[transfer_id] =
-        std::thread([this, transfer_id, call = std::move(call), history = std::move(history)]() mutable {
+        std::thread([this, transfer_id, key = r->key, call = std::move(call), history = std::move(history)]() mutable {
           const int64_t held = history.empty() ? 0 : history_reader_->Read(call, history);
           call.ticket.held_pages = held;  // prefill sends the pages after them
           absl::StatusOr<prefill::PrefillOutcome> outcome = prefill_.Prefill(call);
           absl::MutexLock done(&mu_);
-          prefilled_.push_back(Prefilled{call.request_id, std::move(outcome), held});
+          prefilled_.push_back(Prefilled{std::move(key), std::move(outcome), held});
           finished_calls_.push_back(transfer_id);
           calls_running_.erase(transfer_id);
           orphaned_calls_.erase(transfer_id);
@@ -340,7 +346,7 @@ bool DecodeLoop::PrefillHere(Request& r) {
     waiting_.pop_front();
     ++decoding_;
   }
-  batch_.push_back(r.req.request_id);
+  batch_.push_back(r.key);
   Emit(r, r.prefill.first);
   return true;
 }
@@ -349,7 +355,7 @@ void DecodeLoop::Import(Prefilled prefilled) {
   Request* r = nullptr;
   {
     absl::MutexLock lock(&mu_);
-    auto it = live_.find(prefilled.request_id);
+    auto it = live_.find(prefilled.key);
     if (it == live_.end() || it->second->phase != Request::Phase::kPrefilling) return;  // ended meanwhile
     r = it->second.get();
   }
@@ -358,11 +364,11 @@ void DecodeLoop::Import(Prefilled prefilled) {
     // the request ran out of time, as if the loop had seen it expire first.
     if (prefilled.outcome.status().code() == absl::StatusCode::kDeadlineExceeded &&
         r->req.deadline <= r->ticket.deadline) {
-      Finish(r->req.request_id, FinishReason::kAborted,
+      Finish(r->key, FinishReason::kAborted,
              absl::DeadlineExceededError("the request's deadline passed while it was prefilled"));
       return;
     }
-    Finish(r->req.request_id, FinishReason::kError, prefilled.outcome.status());
+    Finish(r->key, FinishReason::kError, prefilled.outcome.status());
     return;
   }
   absl::StatusOr<transport::ReceivedState> received = receiver_.Await(r->ticket.transfer_id);
@@ -370,7 +376,7 @@ void DecodeLoop::Import(Prefilled prefilled) {
       received.ok() ? transport::ImportReceived(model_.sequences(), r->reservation, *received, prefilled.held_pages)
                     : received.status();
   if (!imported.ok()) {
-    Finish(r->req.request_id, FinishReason::kError, imported);
+    Finish(r->key, FinishReason::kError, imported);
     return;
   }
   if (received->first_page > 0) {
@@ -384,7 +390,7 @@ void DecodeLoop::Import(Prefilled prefilled) {
     --prefilling_;
     ++decoding_;
   }
-  batch_.push_back(r->req.request_id);
+  batch_.push_back(r->key);
   Emit(*r, r->prefill.first);
 }
 
@@ -393,7 +399,7 @@ void DecodeLoop::Emit(Request& r, const engine::SampledToken& token) {
   r.sink->OnToken(token);
   TokenId stop_token = -1;
   if (std::optional<FinishReason> reason = StopReason(r.req.stop, options_.eos_token_ids, r.generated, &stop_token)) {
-    Finish(r.req.request_id, *reason, absl::OkStatus(), stop_token);
+    Finish(r.key, *reason, absl::OkStatus(), stop_token);
   }
 }
 
@@ -415,7 +421,7 @@ void DecodeLoop::Step() {
   absl::StatusOr<std::vector<float>> logits = model_.DecodeStep(ids, tokens);
   if (!logits.ok()) {
     LOG(ERROR) << "decode step failed for a batch of " << ids.size() << ": " << logits.status();
-    for (Request* r : requests) Finish(r->req.request_id, FinishReason::kError, logits.status());
+    for (Request* r : requests) Finish(r->key, FinishReason::kError, logits.status());
     return;
   }
   const int64_t vocab = model_.config().vocab_size;
@@ -425,25 +431,25 @@ void DecodeLoop::Step() {
         absl::MakeConstSpan(*logits).subspan(b * static_cast<size_t>(vocab), static_cast<size_t>(vocab)),
         static_cast<int64_t>(r.generated.size()));
     if (!token.ok()) {
-      Finish(r.req.request_id, FinishReason::kError, token.status());
+      Finish(r.key, FinishReason::kError, token.status());
       continue;
     }
     Emit(r, *token);
   }
 }
 
-void DecodeLoop::Finish(const std::string& request_id, FinishReason reason, absl::Status error, TokenId stop_token) {
+void DecodeLoop::Finish(const std::string& key, FinishReason reason, absl::Status error, TokenId stop_token) {
   std::unique_ptr<Request> r;
   bool abort_deferred = false;  // its reservation is freed once its call has returned
   {
     absl::MutexLock lock(&mu_);
-    auto it = live_.find(request_id);
+    auto it = live_.find(key);
     if (it == live_.end()) return;
     r = std::move(it->second);
     live_.erase(it);
     switch (r->phase) {
       case Request::Phase::kWaiting:
-        waiting_.erase(std::find(waiting_.begin(), waiting_.end(), request_id));
+        waiting_.erase(std::find(waiting_.begin(), waiting_.end(), key));
         break;
       case Request::Phase::kPrefilling:
         --prefilling_;
@@ -469,7 +475,7 @@ void DecodeLoop::Finish(const std::string& request_id, FinishReason reason, absl
   if (reason == FinishReason::kError) {
     int64_t held_back = 0;
     if (log_limiter_.Allow(absl::StrCat("request ", common::FailureReason(error)), &held_back)) {
-      LOG(WARNING) << "request " << request_id << " failed: " << error << common::HeldBack(held_back);
+      LOG(WARNING) << "request " << r->req.request_id << " failed: " << error << common::HeldBack(held_back);
     }
   }
   Completion c;
@@ -483,7 +489,7 @@ void DecodeLoop::Finish(const std::string& request_id, FinishReason reason, absl
     receiver_.Cancel(r->ticket.transfer_id);                    // late bytes are refused
     if (!abort_deferred) (void)table.AbortImport(r->reservation.id);
   } else if (r->phase == Request::Phase::kDecoding) {
-    batch_.erase(std::find(batch_.begin(), batch_.end(), request_id));
+    batch_.erase(std::find(batch_.begin(), batch_.end(), key));
     if (reason == FinishReason::kStop || reason == FinishReason::kLength) {
       turn_end_->End(table, r->reservation.id, std::move(r->req), r->generated, r->prefill.publishes_prompt, *r->sink,
                      std::move(c), r->ended);

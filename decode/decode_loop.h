@@ -42,6 +42,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
@@ -133,14 +134,17 @@ class DecodeLoop {
   ~DecodeLoop();
 
   // Takes a request; its tokens and completion go to `sink`, which must live
-  // until OnComplete. INVALID_ARGUMENT for a bad field (ValidateRequest) or a
-  // request id already live; RESOURCE_EXHAUSTED when the wait queue is full or
+  // until OnComplete. The loop knows it by its id within its tenant
+  // (ScopedRequestId(request.tenant, request.request_id)): tenants' ids never
+  // collide, and what a caller is told names the client's id only.
+  // INVALID_ARGUMENT for a bad field (ValidateRequest) or a request id already
+  // live in the tenant; RESOURCE_EXHAUSTED when the wait queue is full or
   // the request could never fit the engine; UNAVAILABLE while draining. On
   // error the sink is never called.
   absl::Status Submit(GenerateRequest request, GenerationSink* sink) ABSL_LOCKS_EXCLUDED(mu_);
-  // Ends a live request with kAborted within one decode step; false when no
-  // such request is live.
-  bool Abort(const std::string& request_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // Ends `tenant`'s live request `request_id` with kAborted within one decode
+  // step; false when that tenant has no such request live.
+  bool Abort(absl::string_view tenant, absl::string_view request_id) ABSL_LOCKS_EXCLUDED(mu_);
   // Refuses new requests (UNAVAILABLE); running ones finish.
   void Drain() ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -188,7 +192,7 @@ class DecodeLoop {
  private:
   struct Request;  // a live request, owned by the loop
   struct Prefilled {
-    std::string request_id;
+    std::string key;  // the request's ScopedRequestId
     absl::StatusOr<prefill::PrefillOutcome> outcome;
     int64_t held_pages = 0;  // the prompt's pages read from the cache into the reservation
   };
@@ -207,7 +211,8 @@ class DecodeLoop {
   void Step();
   // Emits `token` for `r` and ends it when a stop condition holds.
   void Emit(Request& r, const engine::SampledToken& token);
-  void Finish(const std::string& request_id, FinishReason reason, absl::Status error, TokenId stop_token = -1);
+  // Ends the live request known by `key` (its ScopedRequestId).
+  void Finish(const std::string& key, FinishReason reason, absl::Status error, TokenId stop_token = -1);
   void JoinFinishedCalls() ABSL_LOCKS_EXCLUDED(mu_);
   // Requests holding a place in the batch: prefilling, decoding, and ended
   // ones whose prefill call has not returned yet.
@@ -221,8 +226,9 @@ class DecodeLoop {
   transport::StateReceiver& receiver_;
   const DecodeLoopOptions options_;
 
-  // Live requests by id, owned here; touched by the loop thread only, except
-  // that Submit and Abort look ids up under mu_.
+  // Live requests by their ScopedRequestId (as are waiting_, aborts_ and
+  // batch_), owned here; touched by the loop thread only, except that Submit
+  // and Abort look ids up under mu_.
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<Request>> live_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> waiting_ ABSL_GUARDED_BY(mu_);

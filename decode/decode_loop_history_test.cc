@@ -189,7 +189,7 @@ TEST_F(DecodeLoopHistoryTest, ARequestEndedWhileItsCallReadsFreesItsPagesOnlyAft
   Collector c;
   ASSERT_TRUE(loop_->Submit(Request("turn-2", next, 6), &c).ok());
   ASSERT_TRUE(common::WaitFor([&] { return stalled.blocked() == 1; }));  // the call is in its lookup
-  ASSERT_TRUE(loop_->Abort("turn-2"));
+  ASSERT_TRUE(loop_->Abort("", "turn-2"));
   ASSERT_TRUE(c.Wait());
   EXPECT_EQ(c.completion().reason, FinishReason::kAborted);
   // Ended, its call still running: its pages are still reserved.
@@ -221,7 +221,7 @@ TEST_F(DecodeLoopHistoryTest, ARequestEndedWhileItsCallWritesKeepsItsPagesFromOt
   Collector c;
   ASSERT_TRUE(loop_->Submit(Request("turn-2", next, 6), &c).ok());
   ASSERT_TRUE(common::WaitFor([&] { return stalled.blocked() == 1; }));  // half its pages written
-  ASSERT_TRUE(loop_->Abort("turn-2"));
+  ASSERT_TRUE(loop_->Abort("", "turn-2"));
   ASSERT_TRUE(c.Wait());
   EXPECT_EQ(c.completion().reason, FinishReason::kAborted);
   ASSERT_TRUE(common::WaitFor([&] {

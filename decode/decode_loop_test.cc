@@ -160,10 +160,10 @@ TEST_F(DecodeLoopTest, AbortAndDeadlinesEndRequestsAndFreeEverything) {
   ASSERT_TRUE(loop_->Submit(Request("p", Tokens(30, vocab_, 6), 50), &prefilling).ok());
   ASSERT_TRUE(common::WaitFor([&] { return prefill_->calls() == 1; }))
       << "the request never reached prefill: the abort would prove nothing";
-  EXPECT_TRUE(loop_->Abort("p"));
+  EXPECT_TRUE(loop_->Abort("", "p"));
   ASSERT_TRUE(prefilling.Wait());
   EXPECT_EQ(prefilling.completion().reason, FinishReason::kAborted);
-  EXPECT_FALSE(loop_->Abort("p"));
+  EXPECT_FALSE(loop_->Abort("", "p"));
   // Its prefill call was cancelled, and returned although still held.
   EXPECT_TRUE(common::WaitFor([&] { return prefill_->cancelled() == 1; }));
   prefill_->Release();
@@ -177,7 +177,7 @@ TEST_F(DecodeLoopTest, AbortAndDeadlinesEndRequestsAndFreeEverything) {
   int seen = 0;
   bool aborted = false;
   decoding.on_token_ = [&](const engine::SampledToken&) {
-    if (++seen == kAbortAt) aborted = loop_->Abort("d");
+    if (++seen == kAbortAt) aborted = loop_->Abort("", "d");
   };
   ASSERT_TRUE(loop_->Submit(Request("d", Tokens(30, vocab_, 7), 1500), &decoding).ok());
   ASSERT_TRUE(decoding.Wait());
@@ -245,6 +245,50 @@ TEST_F(DecodeLoopTest, BadRequestsNameTheField) {
   EXPECT_TRUE(loop_->Idle());
   EXPECT_EQ(prefill_->calls(), 0);
 }
+// A request is known by the client's id within its tenant (decode/tenant.h):
+// two tenants may use one id at once, and one's Abort ends only its own;
+// the documented 256 bytes are the client's; a refusal names the client's
+// id, never the scoped form the loop keys it by; prefill is told the
+// client's id and the tenant apart.
+TEST_F(DecodeLoopTest, RequestIdsAreTheClientsWithinItsTenant) {
+  StartLoop();
+  prefill_->Hold();
+  const std::string tenant_a = "spiffe://hybridserve.test/tenant_a";
+  const std::string tenant_b = "spiffe://hybridserve.test/tenant_b";
+  const std::string id(kMaxRequestIdBytes, 'i');
+  auto request = [&](const std::string& tenant, const std::string& request_id) {
+    GenerateRequest r = Request(request_id, Tokens(12, vocab_, 21), 2);
+    r.tenant = tenant;
+    return r;
+  };
+  Collector a, b, refused;
+  absl::Status s = loop_->Submit(request(tenant_a, id), &a);
+  ASSERT_TRUE(s.ok()) << s;
+  s = loop_->Submit(request(tenant_b, id), &b);
+  ASSERT_TRUE(s.ok()) << s;
+
+  s = loop_->Submit(request(tenant_a, std::string(kMaxRequestIdBytes + 1, 'i')), &refused);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "request_id has 257 bytes, at most 256");
+  s = loop_->Submit(request(tenant_a, id), &refused);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), absl::StrCat("request_id \"", id, "\" is already live"));
+  EXPECT_THAT(std::string(s.message()), ::testing::Not(HasSubstr("tenant")));
+
+  ASSERT_TRUE(common::WaitFor([&] { return prefill_->calls() == 2; }));
+  EXPECT_THAT(prefill_->callers(),
+              ::testing::UnorderedElementsAre(::testing::Pair(tenant_a, id), ::testing::Pair(tenant_b, id)));
+  EXPECT_FALSE(loop_->Abort("", id));  // tenant "" has no such request
+  EXPECT_TRUE(loop_->Abort(tenant_b, id));
+  ASSERT_TRUE(b.Wait());
+  EXPECT_EQ(b.completion().reason, FinishReason::kAborted);
+  prefill_->Release();
+  ASSERT_TRUE(a.Wait());
+  EXPECT_EQ(a.completion().reason, FinishReason::kLength) << a.completion().error;
+  EXPECT_EQ(a.tokens().size(), 2u);
+  ExpectEverythingFreed();
+}
+
 // A request that ends while its prefill call runs cancels the call; a call
 // that does not stop at once (a worker slow to notice) keeps its place in the
 // batch until it returns: prefill never holds more of this worker's calls
@@ -258,7 +302,7 @@ TEST_F(DecodeLoopTest, AnEndedRequestsPrefillCallKeepsItsBatchPlaceUntilItReturn
   Collector first;
   ASSERT_TRUE(loop_->Submit(Request("first", Tokens(30, vocab_, 14), 5), &first).ok());
   ASSERT_TRUE(common::WaitFor([&] { return prefill_->calls() == 1; }));
-  ASSERT_TRUE(loop_->Abort("first"));
+  ASSERT_TRUE(loop_->Abort("", "first"));
   ASSERT_TRUE(first.Wait());
   EXPECT_EQ(first.completion().reason, FinishReason::kAborted);
   Collector second;

@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -98,6 +99,7 @@ class EnginePrefill : public prefill::PrefillClient {
     {
       absl::MutexLock lock(&mu_);
       ++calls_;
+      callers_.emplace_back(call.tenant, call.request_id);
       // Held: until released, or (unless told to ignore it) until the call
       // is cancelled, as a prefill worker stops between segments.
       while (!mu_.AwaitWithTimeout(absl::Condition(&open_), absl::Milliseconds(1))) {
@@ -190,6 +192,11 @@ class EnginePrefill : public prefill::PrefillClient {
     absl::MutexLock lock(&mu_);
     return calls_;
   }
+  // Each call's (tenant, request_id), in the order they came.
+  std::vector<std::pair<std::string, std::string>> callers() {
+    absl::MutexLock lock(&mu_);
+    return callers_;
+  }
   // Calls that returned CANCELLED while held.
   int cancelled() {
     absl::MutexLock lock(&mu_);
@@ -209,6 +216,7 @@ class EnginePrefill : public prefill::PrefillClient {
   bool open_ ABSL_GUARDED_BY(mu_) = true;
   absl::Status fail_ ABSL_GUARDED_BY(mu_);
   int calls_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::pair<std::string, std::string>> callers_ ABSL_GUARDED_BY(mu_);
   int cancelled_ ABSL_GUARDED_BY(mu_) = 0;
   bool ignore_cancel_ ABSL_GUARDED_BY(mu_) = false;
   bool publishes_prompt_ ABSL_GUARDED_BY(mu_) = false;

@@ -28,7 +28,9 @@ struct StopConditions {
 };
 
 struct GenerateRequest {
-  std::string request_id;  // 1..256 bytes, unique among live requests
+  // The client's id: 1..kMaxRequestIdBytes, unique among the tenant's live
+  // requests (the loop scopes it by the tenant: decode/tenant.h).
+  std::string request_id;
   std::vector<TokenId> prompt;
   engine::SamplingParams sampling;  // seed: SeedFromRequestId when the client gave none
   StopConditions stop;
@@ -102,10 +104,10 @@ class GenerationSink {
   virtual void OnComplete(const Completion& completion) = 0;
 };
 
-// OK, or INVALID_ARGUMENT naming the first bad field: request_id empty or
-// over 256 bytes; prompt empty; any id (prompt, stop ids, stop sequences)
-// outside [0, vocab); an empty stop sequence; max_tokens < 1; prompt plus
-// max_tokens beyond `max_context`; sampling out of range.
+// OK, or INVALID_ARGUMENT naming the first bad field: request_id (the
+// client's, whatever the tenant) empty or over kMaxRequestIdBytes; prompt empty; any id (prompt, stop ids, stop
+// sequences) outside [0, vocab); an empty stop sequence; max_tokens < 1; prompt plus max_tokens beyond `max_context`;
+// sampling out of range.
 absl::Status ValidateRequest(const GenerateRequest& request, int64_t vocab, int64_t max_context);
 
 // The usage of a request that generated `completion_tokens`, its prompt

@@ -93,10 +93,9 @@ grpc::Status GenerationService::Generate(grpc::ServerContext* context, const v1:
     if (metrics_ != nullptr) metrics_->RecordRefused();
     return common::ToGrpcStatus(parsed.status());
   }
-  // The seed (FromProto: from the client's id when it gave none) stays the
-  // client's; the loop knows the request by its id within the tenant.
-  parsed->request_id = ScopedRequestId(*tenant, parsed->request_id);
-  parsed->tenant = *std::move(tenant);
+  // The request keeps the client's id (validated, and named in what the
+  // client is told); the loop knows it by its id within the tenant.
+  parsed->tenant = *tenant;
   if (context->deadline() != std::chrono::system_clock::time_point::max()) {
     parsed->deadline = absl::FromChrono(context->deadline());
   }
@@ -135,7 +134,7 @@ grpc::Status GenerationService::Generate(grpc::ServerContext* context, const v1:
       return grpc::Status::OK;
     }
     if (!aborted && (!writable || context->IsCancelled())) {
-      loop_.Abort(id);
+      loop_.Abort(*tenant, id);
       aborted = true;
     }
   }
@@ -146,7 +145,7 @@ grpc::Status GenerationService::Abort(grpc::ServerContext* context, const v1::Ab
   absl::StatusOr<std::string> tenant = TenantOf(*context);
   if (!tenant.ok()) return common::ToGrpcStatus(tenant.status());
   for (const std::string& id : request->request_ids()) {
-    if (loop_.Abort(ScopedRequestId(*tenant, id))) response->add_aborted_request_ids(id);
+    if (loop_.Abort(*tenant, id)) response->add_aborted_request_ids(id);
   }
   return grpc::Status::OK;
 }

@@ -72,7 +72,9 @@ class TenantResolver {
 
 // The id the decode loop knows a request by: the client's id within its
 // tenant, so that one tenant's ids never collide with, or abort, another's.
-// The client's id itself for tenant "".
+// The client's id itself for tenant "". Internal: never validated against
+// the client's limit (kMaxRequestIdBytes bounds the client's id) and never
+// shown to a client (it would name the tenant).
 std::string ScopedRequestId(absl::string_view tenant, absl::string_view request_id);
 
 }  // namespace hybridserve::decode

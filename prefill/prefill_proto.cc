@@ -36,8 +36,10 @@ absl::StatusOr<PrefillRequest> RequestFromProto(const v1::PrefillRequest& p) {
                      " is not spoken here: this prefill worker speaks protocol 2 (proto/prefill.proto); "
                      "run decode and prefill workers of the same release"));
   }
-  // Decode's id within the tenant (decode/tenant.h ScopedRequestId): the
-  // client's 256 bytes, the tenant's 256, and the length prefix.
+  // The client's id (at most 256 bytes; the tenant is its own field). Up to
+  // 768 taken: decode workers of earlier releases sent the id within the
+  // tenant (decode/tenant.h ScopedRequestId: the client's 256 bytes, the
+  // tenant's 256 and a length prefix).
   constexpr size_t kMaxRequestIdBytes = 768;
   if (p.request_id().size() > kMaxRequestIdBytes) {
     return absl::InvalidArgumentError(

@@ -18,8 +18,9 @@ namespace hybridserve::prefill {
 void RequestToProto(const PrefillRequest& request, v1::PrefillRequest* out);
 // The request a PrefillRequest carries. FAILED_PRECONDITION for another
 // protocol version (a version-1 caller), naming both; INVALID_ARGUMENT,
-// naming the field, for a bad ticket, a request_id over 256 bytes or
-// top_logprobs above engine::kMaxTopLogprobs. Sampling ranges and the
+// naming the field, for a bad ticket, a request_id over 768 bytes (the
+// client's 256, or an earlier decode's tenant-scoped form), a tenant over
+// cachestore::kMaxTenantBytes or top_logprobs above engine::kMaxTopLogprobs. Sampling ranges and the
 // prompt are the worker's to check.
 absl::StatusOr<PrefillRequest> RequestFromProto(const v1::PrefillRequest& request);
 

@@ -187,7 +187,7 @@ TEST(RequestProtoTest, RefusesAnotherProtocolVersionNamingBoth) {
 
 TEST(RequestProtoTest, RefusesWhatCannotBeRepresented) {
   PrefillRequest r;
-  r.request_id = std::string(769, 'x');  // decode's ids within a tenant: at most 768 bytes
+  r.request_id = std::string(769, 'x');  // the client's 256, or an earlier decode's tenant-scoped form: at most 768
   r.prompt = {1};
   r.ticket = ATicket();
   r.ticket.kind = transport::TransportKind::kTcp;

@@ -9,6 +9,11 @@
 //                                            and salt: 0 cached; A resumes
 //   AbortIsScopedToTheTenant                 B's Abort of A's streaming id
 //                                            ends nothing; A's own ends it
+//   RequestIdLimitIsTheClientsWithATenant    a 256-byte id is served (by
+//                                            certificate and by proxy header),
+//                                            257 refused naming 257; a duplicate
+//                                            live id refused naming the client's
+//                                            id, not its tenant-scoped form
 //   ProxyHeaderNamesTheTenantOnlyFromTheProxy  the same by proxy header; a
 //                                            forged header refused
 //   EveryPortRefusesWhoItShouldNot           decode, prefill, cachestore, the
@@ -236,6 +241,59 @@ TEST_F(SecurityTest, AbortIsScopedToTheTenant) {
   EXPECT_TRUE(stream_status.ok()) << stream_status.error_message();
   EXPECT_EQ(complete.finish_reason(), v1::FINISH_REASON_ABORT);
   EXPECT_LT(received, kMaxTokens);
+}
+
+// The documented bound of a request id (256 bytes) is the client's, whatever
+// its tenant's length, and what a client is told names its own id only: decode
+// keys a request by the id within the tenant, which no message may reveal.
+TEST_F(SecurityTest, RequestIdLimitIsTheClientsWithATenant) {
+  const int port = stack_->decode()->port();
+  const std::string longest(256, 'r');
+  const std::string scoped_marker = absl::StrCat(kDomain, "tenant_a");
+  Generation ok = Generate(Channel(port, "tenant_a"), Request(longest, TextPrompt(20, 31), 2));
+  ASSERT_TRUE(ok.status.ok()) << ok.status.error_message();
+  EXPECT_EQ(ok.tokens.size(), 2u);
+  Generation proxied = Generate(Channel(proxied_->port(), "proxy"), Request(longest, TextPrompt(20, 32), 2),
+                                absl::Seconds(60), {{"x-hybridserve-tenant", "org_a"}});
+  ASSERT_TRUE(proxied.status.ok()) << proxied.status.error_message();
+  EXPECT_EQ(proxied.tokens.size(), 2u);
+
+  Generation too_long = Generate(Channel(port, "tenant_a"), Request(longest + "r", TextPrompt(20, 31), 2));
+  EXPECT_EQ(too_long.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(too_long.status.error_message(), "request_id has 257 bytes, at most 256");
+
+  // A's request with the longest id streams; A again with the same id is
+  // refused, naming the id as A sent it; B may use the same id meanwhile.
+  grpc::ClientContext stream_context;
+  stream_context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(120)));
+  auto stub_a = v1::Generation::NewStub(Channel(port, "tenant_a"));
+  auto reader = stub_a->Generate(&stream_context, Request(longest, TextPrompt(40, 33), 8000));
+  v1::GenerateResponse first;
+  ASSERT_TRUE(reader->Read(&first)) << reader->Finish().error_message();
+  Generation duplicate = Generate(Channel(port, "tenant_a"), Request(longest, TextPrompt(20, 34), 2));
+  EXPECT_EQ(duplicate.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(duplicate.status.error_message(), absl::StrCat("request_id \"", longest, "\" is already live"));
+  EXPECT_THAT(duplicate.status.error_message(), ::testing::Not(HasSubstr(scoped_marker)));
+  Generation other = Generate(Channel(port, "tenant_b"), Request(longest, TextPrompt(20, 35), 2));
+  EXPECT_TRUE(other.status.ok()) << other.status.error_message();
+  EXPECT_EQ(other.tokens.size(), 2u);
+
+  grpc::ClientContext abort_context;
+  v1::AbortRequest abort;
+  abort.add_request_ids(longest);
+  v1::AbortResponse aborted;
+  const grpc::Status abort_status = stub_a->Abort(&abort_context, abort, &aborted);
+  ASSERT_TRUE(abort_status.ok()) << abort_status.error_message();
+  EXPECT_THAT(aborted.aborted_request_ids(), ::testing::ElementsAre(longest));
+  v1::GenerateResponse response;
+  v1::GenerateComplete complete;
+  while (reader->Read(&response)) {
+    if (response.has_complete()) complete = response.complete();
+  }
+  const grpc::Status stream_status = reader->Finish();
+  EXPECT_TRUE(stream_status.ok()) << stream_status.error_message();
+  EXPECT_EQ(complete.finish_reason(), v1::FINISH_REASON_ABORT);
+  EXPECT_THAT(complete.error_message(), ::testing::Not(HasSubstr(scoped_marker)));
 }
 
 TEST_F(SecurityTest, ProxyHeaderNamesTheTenantOnlyFromTheProxy) {
