@@ -34,13 +34,15 @@ PACKAGES=(
   nftables                 # nft: tests/k8s/netpol_enforced_test enforces the NetworkPolicies in its namespace
 )
 
-# PyPI tools of deploy/k8s/validate.sh and tests/k8s, pinned, installed for
-# /usr/bin/python3: the interpreter Bazel's py_test and sh_test find on their
-# PATH. (kubectl, which renders the manifests, is no Debian package: the
-# machines come with it; see deploy/k8s/README.md.)
+# PyPI tools of deploy/k8s/validate.sh and tests/k8s, and the Python client's
+# chat templates, pinned, installed for /usr/bin/python3: the interpreter
+# Bazel's py_test and sh_test find on their PATH. (kubectl, which renders the
+# manifests, is no Debian package: the machines come with it; see
+# deploy/k8s/README.md.)
 PIP_PACKAGES=(
   kubernetes-validate==1.37.0  # offline OpenAPI schemas of Kubernetes 1.32 to 1.37
   yamllint==1.38.0
+  jinja2==3.1.6                # client/python chat templates (chat_template_test); Debian's 3.1.2 has sandbox escapes
 )
 
 missing=()

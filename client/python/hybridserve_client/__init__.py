@@ -19,11 +19,11 @@ from .client import Client, GenerateStream
 from .errors import HybridserveError, StreamProtocolError
 from .results import (FinishReason, GenerateResult, ModelInfo, ResumeKind, SessionOutcome,
                       SpecialToken, TokenChunk, TopLogprob, Usage)
-from .tokenizer import ByteTokenizer, HfTokenizer, load_tokenizer
+from .tokenizer import ByteTokenizer, ChatTemplate, HfTokenizer, load_tokenizer
 
 __all__ = [
     "BOS_ID", "EOS_ID", "PAD_ID", "VOCAB_SIZE", "ByteStreamDecoder", "decode_bytes",
     "encode_bytes", "Client", "GenerateStream", "HybridserveError", "StreamProtocolError",
     "FinishReason", "GenerateResult", "ModelInfo", "ResumeKind", "TokenChunk", "TopLogprob",
-    "SessionOutcome", "SpecialToken", "Usage", "ByteTokenizer", "HfTokenizer", "load_tokenizer",
+    "SessionOutcome", "SpecialToken", "Usage", "ByteTokenizer", "ChatTemplate", "HfTokenizer", "load_tokenizer",
 ]

@@ -208,25 +208,43 @@ class Client:
                             request_id=request_id, timeout=timeout, session_keep=session_keep,
                             session_pin=session_pin)
 
-    def chat(self, messages, max_tokens, *, stop_token_ids=(), **kwargs):
+    def chat(self, messages, max_tokens, *, stop_token_ids=(), tools=None, documents=None,
+             chat_template_kwargs=None, **kwargs):
         """Generates the assistant's reply to a conversation; returns a
         GenerateResult whose .text is the reply.
 
         messages: [{"role": "user" | "assistant" | "system", "content": str}, ...],
           rendered by the tokenizer's chat template (HfTokenizer: the
-          checkpoint's chat_template; ByteTokenizer: "Q: ...\nA:" turns). The
+          checkpoint's, as transformers' apply_chat_template renders it with
+          add_generation_prompt; ByteTokenizer: "Q: ...\nA:" turns). The
           whole conversation is sent each turn: the server resumes it from the
           state the previous turn left in its cache.
-        Generation stops at the model's end-of-turn tokens (model_info(), asked
-        once per Client) and at stop_token_ids. Other kwargs are stream()'s.
+        tools, documents: passed to the template as transformers passes them
+          (tools: JSON schemas). chat_template_kwargs: more template
+          variables, e.g. {"enable_thinking": False}.
+        Generation stops at stop_token_ids, at the model's end-of-turn tokens
+        (model_info(), asked once per Client: generation_config.json's
+        eos_token_id and tokenizer_config.json's eos_token) and at the token
+        the chat template itself ends an assistant turn with
+        (tokenizer.end_of_turn_ids()). Other kwargs are stream()'s.
 
-        Raises: as generate(); ValueError when the tokenizer has no chat template.
+        Raises: as generate(); ValueError when the tokenizer has no chat
+        template; jinja2.TemplateError when the template refuses the
+        conversation.
         """
         tokenizer = self.tokenizer()
-        prompt = tokenizer.apply_chat_template(messages)
-        end_of_turn = [t.id for t in self._cached_model_info(kwargs.get("timeout")).end_of_turn_tokens]
-        with self._stream(prompt, max_tokens, tokenizer, stop_token_ids=list(stop_token_ids) + end_of_turn,
-                          **kwargs) as events:
+        template_kwargs = dict(chat_template_kwargs or {})
+        if tools is not None:
+            template_kwargs["tools"] = tools
+        if documents is not None:
+            template_kwargs["documents"] = documents
+        prompt = tokenizer.apply_chat_template(messages, **template_kwargs)
+        stops = list(stop_token_ids)
+        for token_id in [t.id for t in self._cached_model_info(kwargs.get("timeout")).end_of_turn_tokens] + \
+                list(tokenizer.end_of_turn_ids()):
+            if token_id not in stops:
+                stops.append(token_id)
+        with self._stream(prompt, max_tokens, tokenizer, stop_token_ids=stops, **kwargs) as events:
             for _ in events:
                 pass
         return events.result
