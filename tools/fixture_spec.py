@@ -22,6 +22,7 @@ MODELS = {
     "nemotron_h_moe_tiny2": ("nemotron_h", "moe_tiny2", 6802, {}),
     "zamba2_tiny": ("zamba2", "tiny", 8025, {}),
     "zamba2_tiny2": ("zamba2", "tiny2", 9135, {}),
+    "zamba2_per_use_tiny": ("zamba2", "tiny3", 1046, {}),
 }
 # Fixture models scaled down from published checkpoints' configs (tools/scale_config.py): name ->
 # (the config under tests/fixtures/public_configs, seed). One per distinct feature set. config.json

@@ -41,7 +41,7 @@ def zamba2_config(p, dtype_name):
         "use_mem_rope": p["use_mem_rope"],
         "use_long_context": False,
         "rope_parameters": {"rope_theta": p["rope_theta"], "rope_type": "default"},
-        "use_shared_attention_adapter": True,
+        "use_shared_attention_adapter": p.get("use_shared_attention_adapter", True),
         "adapter_rank": p["adapter_rank"],
         "intermediate_size": p["intermediate_size"],
         "hidden_act": "gelu",
@@ -68,18 +68,22 @@ def zamba2_shared_block_uses(cfg):
     return [(layer, u, u % cfg["num_mem_blocks"]) for u, layer in enumerate(ids)]
 
 
-def zamba2_weights(cfg, seed, branch_gain=1.0):
+def zamba2_weights(cfg, seed, branch_gain=1.0, per_use_copies=False):
     """name -> float32 array for Zamba2ForCausalLM (save_pretrained names: model.*, no lm_head.weight:
     the head is tied to model.embed_tokens.weight).
 
     A Mamba2 layer L: model.layers.L.{input_layernorm.weight, mamba.*}. A hybrid layer L:
     model.layers.L.{linear.weight, mamba_decoder.input_layernorm.weight, mamba_decoder.mamba.*} and,
-    only in the first hybrid layer that uses memory block b (the others' shared_transformer is tied
-    to it and not written), model.layers.L.shared_transformer.*: input_layernorm [2H],
-    pre_ff_layernorm [H], self_attn.{q,k,v}_proj [2H, 2H], o_proj [H, 2H], feed_forward.gate_up_proj
-    [2I, H], down_proj [H, I], and for every hybrid use u with u % num_mem_blocks == b the adapters
-    self_attn.linear_{q,k,v}_adapter_list.u.{0 [rank, 2H], 1 [2H, rank]} and
+    in the first hybrid layer that uses memory block b (the others' shared_transformer is tied
+    to it and, without per_use_copies, not written), model.layers.L.shared_transformer.*:
+    input_layernorm [2H], pre_ff_layernorm [H], self_attn.{q,k,v}_proj [2H, 2H], o_proj [H, 2H],
+    feed_forward.gate_up_proj [2I, H], down_proj [H, I], and for every hybrid use u with
+    u % num_mem_blocks == b the adapters self_attn.linear_{q,k,v}_adapter_list.u.{0 [rank, 2H],
+    1 [2H, rank]} (only with use_shared_attention_adapter) and
     feed_forward.gate_up_proj_adapter_list.u.{0 [rank, H], 1 [2I, rank]}.
+    per_use_copies: every later hybrid layer using block b also holds those tensors, the same values,
+    under its own shared_transformer.* (what save_pretrained writes for a model whose blocks are not
+    tied in memory); no extra random draws, so every other tensor is the same as without.
     Init: as the other archs (projections N(0, 1/fan_in), branch outputs over n_layers), adapters'
     first matrix N(0, 1/fan_in) and second N(0, ZAMBA2_ADAPTER_GAIN^2 / rank); `linear` N(0, 1/H), so
     the shared block's contribution to the Mamba2 input has the residual's scale. branch_gain
@@ -123,8 +127,16 @@ def zamba2_weights(cfg, seed, branch_gain=1.0):
         for _, u, b in uses:
             if b != block:
                 continue
-            for x in ("q", "k", "v"):
-                lora(st + f"self_attn.linear_{x}_adapter_list.{u}", a, a)
+            if cfg["use_shared_attention_adapter"]:
+                for x in ("q", "k", "v"):
+                    lora(st + f"self_attn.linear_{x}_adapter_list.{u}", a, a)
             lora(st + f"feed_forward.gate_up_proj_adapter_list.{u}", h, 2 * f)
+    if per_use_copies:
+        for layer, _, block in uses:
+            source = f"model.layers.{first_of_block[block]}.shared_transformer."
+            if first_of_block[block] == layer:
+                continue
+            for name in [n for n in t if n.startswith(source)]:
+                t[f"model.layers.{layer}.shared_transformer." + name[len(source):]] = t[name].copy()
     t.norm("model.final_layernorm.weight", h)
     return t

@@ -44,7 +44,10 @@ correction bias routes otherwise than the bare scores would.
 
 zamba2_tiny and zamba2_tiny2 (Zamba2ForCausalLM) load the same way; the shared transformer blocks
 of the hybrid layers that reuse a memory block are not in the file and are asserted to be the very
-parameters of the block's first hybrid layer. golden.json "zamba2" gives the hybrid layers' uses,
+parameters of the block's first hybrid layer. zamba2_per_use_tiny's file holds them under every
+hybrid layer that uses the block (gen_model.py's per_use_copies, equal values; its model.safetensors
+is gen_model.py's file, since save_pretrained drops tied copies): transformers ties them on load
+(both present and equal), asserted the same way. golden.json "zamba2" gives the hybrid layers' uses,
 blocks and adapter indices, the attention shapes, scale and RoPE, the norms' eps, the dt clamp, the
 logit change when the adapters (all, per kind, per use) or the shared blocks' output are zeroed, and
 the cached decode against uncached forwards with the prefill's dt clamp lifted.
@@ -170,8 +173,9 @@ ZAMBA2_SHARED = re.compile(r"^model\.layers\.(\d+)\.shared_transformer\.(.*)$")
 
 def _zamba2_tied_copies(model, expected):
     """The in-memory names of Zamba2's shared transformer blocks in the hybrid layers that reuse a
-    memory block (not in the file): asserts that each is the very parameter of the block's first
-    hybrid layer, which the file holds. Returns those names."""
+    memory block (in the file only when written per use, then equal to the first use's): asserts
+    that each is the very parameter of the block's first hybrid layer, which the file holds.
+    Returns those names."""
     c = model.config
     first = {}
     for u, layer in enumerate(c.hybrid_layer_ids):
@@ -544,7 +548,7 @@ ZAMBA2_NOTES = [
 
 
 @torch.no_grad()
-def zamba2_shapes(model, prompts):
+def zamba2_shapes(model, prompts, file_names):
     """What a Zamba2 engine must read from config.json, as transformers resolved it, and how much the
     outputs depend on the shared blocks and their adapters: the largest logit change over the longest
     prompt (one uncached forward) when a part is zeroed. Also the cached decode against uncached forwards
@@ -574,7 +578,9 @@ def zamba2_shapes(model, prompts):
     attn_kinds = ("linear_q_adapter_list", "linear_k_adapter_list", "linear_v_adapter_list")
     mlp_kinds = ("gate_up_proj_adapter_list",)
     ablation = {
-        "attention_adapters_zeroed": change(lambda n: adapter(n, attn_kinds)),
+        # None: use_shared_attention_adapter is false, there are none.
+        "attention_adapters_zeroed": change(lambda n: adapter(n, attn_kinds)) if c.use_shared_attention_adapter
+        else None,
         "mlp_adapters_zeroed": change(lambda n: adapter(n, mlp_kinds)),
         "all_adapters_zeroed": change(lambda n: adapter(n, attn_kinds + mlp_kinds)),
         "shared_block_output_zeroed": change(lambda n: n.endswith(".linear.weight")),
@@ -604,10 +610,15 @@ def zamba2_shapes(model, prompts):
     first = {}
     for layer, _, b in uses:
         first.setdefault(b, layer)
+    copies = sorted({layer for layer, _, b in uses if layer != first[b] and any(
+        n.startswith(f"model.layers.{layer}.shared_transformer.") for n in file_names)})
     return {
         "hybrid_layers": [{"layer": layer, "use": u, "block": b, "weights_in_file_under":
                            f"model.layers.{first[b]}.shared_transformer.", "adapter_index": u,
                            "linear": f"model.layers.{layer}.linear.weight"} for layer, u, b in uses],
+        # Later uses whose layer holds a copy of its block (gen_model.py's per_use_copies).
+        **({"shared_block_copied_under_layers": copies} if copies else {}),
+        "use_shared_attention_adapter": c.use_shared_attention_adapter,
         "num_mem_blocks": c.num_mem_blocks,
         "attention_hidden_size": attn.attention_hidden_size,
         "attention_head_dim": attn.head_dim,
@@ -681,6 +692,13 @@ def record_fixture(name, arch, cfg, weights, generator, out_root, keep_config=Fa
     gen_cfg = os.path.join(dest, "generation_config.json")
     if os.path.exists(gen_cfg):
         os.remove(gen_cfg)  # not used by the engine
+    if gen_model.PRESETS[(arch, preset)].get("init", {}).get("per_use_copies"):
+        # save_pretrained drops the tied copies; the fixture is the file written per use, as
+        # save_pretrained writes a Zamba2 whose blocks are not tied (loaded and tied again below).
+        copies = sorted(set(weights) - set(load_file(os.path.join(dest, "model.safetensors"))))
+        assert copies and all(ZAMBA2_SHARED.match(k) for k in copies), copies
+        gen_model.write_safetensors(os.path.join(dest, "model.safetensors"), weights, "fp32",
+                                    metadata={"format": "pt"})
     saved = load_file(os.path.join(dest, "model.safetensors"))
     assert sorted(saved) == sorted(weights), "save_pretrained wrote other tensor names than gen_model.py"
     for k, v in weights.items():
@@ -760,7 +778,7 @@ def record_fixture(name, arch, cfg, weights, generator, out_root, keep_config=Fa
            if c.tie_word_embeddings and not own_head else {}),
         **({"moe": moe} if moe is not None else {}),
         **({"falcon_h1": falcon_h1_shapes(model)} if arch == "falcon_h1" else {}),
-        **({"zamba2": zamba2_shapes(model, prompts)} if arch == "zamba2" else {}),
+        **({"zamba2": zamba2_shapes(model, prompts, weights)} if arch == "zamba2" else {}),
         "per_prompt": per_prompt,
         "notes": notes,
     }
