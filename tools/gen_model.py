@@ -339,6 +339,12 @@ PRESETS = {
     ("zamba2", "tiny2"): _with(
         _ZAMBA2_TINY, hidden_size=24, pattern="HMHMMH", n_mamba_heads=6, mamba_ngroups=1, num_attention_heads=3,
         intermediate_size=40, num_mem_blocks=2, adapter_rank=6, use_mem_rope=True, init={"branch_gain": 0.4}),
+    # The shape of the checkpoint issue 46's testers had: one memory block, a hybrid layer first, its
+    # shared block written under every hybrid layer that uses it (per_use_copies), and no attention
+    # adapters (use_shared_attention_adapter false, as in Zamba2-2.7B and 7B: the MLP adapters only).
+    ("zamba2", "tiny3"): _with(
+        _ZAMBA2_TINY, pattern="HMMHMH", use_shared_attention_adapter=False, use_mem_rope=True,
+        init={"branch_gain": 0.4, "per_use_copies": True}),
     ("zamba2", "e2e"): _with(
         _ZAMBA2_TINY, **_BYTE_IDS, hidden_size=64, mamba_ngroups=1, chunk_size=32, intermediate_size=64,
         use_mem_rope=True, max_position_embeddings=8192),
