@@ -48,6 +48,9 @@ inline constexpr absl::string_view kZambaTiny2 = "tests/fixtures/golden/zamba2_t
 // n_group, legacy attn_rotary_emb / mamba_dt_rank, no rope or mlp_bias fields),
 // 3 layers "M*M", hidden 64.
 inline constexpr absl::string_view kPublicBamba9b = "tests/fixtures/golden/public_bamba_9b";
+// Zamba2 as issue 46's testers had it: one block, a hybrid layer first, the
+// block's tensors written under every hybrid layer using it, no attention adapters.
+inline constexpr absl::string_view kZambaPerUseTiny = "tests/fixtures/golden/zamba2_per_use_tiny";
 inline constexpr absl::string_view kDefaultModel = "models/default";
 // Golden references of the default model (tools/make_golden.py --only default), without the model.
 inline constexpr absl::string_view kDefaultModelGolden = "tests/fixtures/golden/default";

@@ -7,12 +7,15 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
 #include "common/hash.h"
 #include "common/status_macros.h"
 #include "kernels/bf16.h"
@@ -84,6 +87,7 @@ class ModelWeights::Loader {
     }
     RETURN_IF_ERROR(TakeBody(FinalNormName(), {hidden}, out_.norm_f_));
     RETURN_IF_ERROR(LoadHead());
+    RETURN_IF_ERROR(AcceptSharedBlockCopies());
     RETURN_IF_ERROR(CheckNoUnexpected());
     out_.fingerprint_ = Fingerprint();
     return absl::OkStatus();
@@ -336,7 +340,9 @@ class ModelWeights::Loader {
     }
     const std::string base = absl::StrCat("layers.", i, ".");
     const std::string shared = absl::StrCat("layers.", owner, ".shared_transformer.");
+    shared_owner_[i] = owner;
     if (owner == i) {
+      RETURN_IF_ERROR(CheckSharedBlockIsUnderItsFirstUse(owner));
       out_.shared_blocks_.resize(static_cast<size_t>(w.block) + 1);
       ZambaSharedBlockWeights& b = out_.shared_blocks_[static_cast<size_t>(w.block)];
       RETURN_IF_ERROR(TakeBody(shared + "input_layernorm.weight", {2 * hidden}, b.input_norm));
@@ -366,6 +372,70 @@ class ModelWeights::Loader {
     RETURN_IF_ERROR(TakeBody(base + "linear.weight", {hidden, hidden}, w.linear));
     RETURN_IF_ERROR(TakeBody(base + "mamba_decoder.input_layernorm.weight", {hidden}, w.mamba_norm));
     return LoadMamba2(base + "mamba_decoder.mamba.", w.mamba);
+  }
+
+  // Zamba2: a block whose first use holds no input_layernorm while a later use
+  // of the same block does was written under the later use only; refused with
+  // that said, since the first use's tensors are the ones read.
+  absl::Status CheckSharedBlockIsUnderItsFirstUse(size_t owner) const {
+    const std::string first = absl::StrCat(prefix_, "layers.", owner, ".shared_transformer.input_layernorm.weight");
+    if (checkpoint_.Contains(first)) return absl::OkStatus();
+    const int64_t blocks = config_.zamba.num_mem_blocks;
+    int64_t use = 0;
+    int64_t owner_block = -1;
+    for (size_t j = 0; j < config_.layers.size(); ++j) {
+      if (config_.layers[j] != LayerKind::kZambaHybrid) continue;
+      const int64_t block = use++ % blocks;
+      if (j == owner) owner_block = block;
+      if (j <= owner || block != owner_block) continue;
+      const std::string later = absl::StrCat(prefix_, "layers.", j, ".shared_transformer.input_layernorm.weight");
+      if (checkpoint_.Contains(later)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("missing tensor ", first, ": shared block ", owner_block, " is stored under layer ", j,
+                         ", a later use, but not under layer ", owner, ", its first use, where it must be"));
+      }
+    }
+    return absl::OkStatus();  // the generic missing-tensor error follows
+  }
+
+  // Zamba2: the copies of shared blocks that later hybrid layers store under
+  // their own shared_transformer.* (see the header). Each must equal the first
+  // use's tensor of the same name in dtype, shape and bytes; it is then marked
+  // consumed without being loaded, counted or fingerprinted. A copy whose first
+  // use has no such tensor is left for CheckNoUnexpected.
+  absl::Status AcceptSharedBlockCopies() {
+    const std::string layers = prefix_ + "layers.";
+    for (const std::string& name : checkpoint_.names()) {
+      if (consumed_.contains(name) || !absl::StartsWith(name, layers)) continue;
+      const absl::string_view rest = absl::string_view(name).substr(layers.size());
+      const size_t dot = rest.find('.');
+      size_t layer = 0;
+      if (dot == absl::string_view::npos || !absl::SimpleAtoi(rest.substr(0, dot), &layer)) continue;
+      const absl::string_view suffix = rest.substr(dot + 1);
+      constexpr absl::string_view kShared = "shared_transformer.";
+      if (!absl::StartsWith(suffix, kShared)) continue;
+      const auto owner = shared_owner_.find(layer);
+      if (owner == shared_owner_.end() || owner->second == layer) continue;
+      const std::string source = absl::StrCat(prefix_, "layers.", owner->second, ".", suffix);
+      if (!consumed_.contains(source)) continue;
+      ASSIGN_OR_RETURN(TensorView copy, checkpoint_.Tensor(name));
+      ASSIGN_OR_RETURN(TensorView first, checkpoint_.Tensor(source));
+      std::string how;
+      if (copy.dtype != first.dtype) {
+        how = absl::StrCat("its dtype is ", DTypeName(copy.dtype), ", the first use's ", DTypeName(first.dtype));
+      } else if (!std::equal(copy.shape.begin(), copy.shape.end(), first.shape.begin(), first.shape.end())) {
+        how = absl::StrCat("its shape is ", ShapeString(copy.shape), ", the first use's ", ShapeString(first.shape));
+      } else if (copy.bytes.size() != first.bytes.size() ||
+                 std::memcmp(copy.bytes.data(), first.bytes.data(), copy.bytes.size()) != 0) {
+        how = "its bytes differ";
+      }
+      if (!how.empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(name, " differs from ", source, " (", how, "; tied: the shared block is one set of weights)"));
+      }
+      consumed_.insert(name);
+    }
+    return absl::OkStatus();
   }
 
   absl::Status LoadLora(const std::string& p, int64_t in, int64_t out, int64_t rank, LoraWeights& w) {
@@ -456,6 +526,8 @@ class ModelWeights::Loader {
   std::string embedding_name_;
   absl::flat_hash_set<std::string> consumed_;
   std::vector<Used> used_;
+  // Zamba2: hybrid layer -> the layer whose shared_transformer.* its block is read from.
+  absl::flat_hash_map<size_t, size_t> shared_owner_;
 };
 
 absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::FromCheckpoint(const ModelConfig& config,

@@ -37,10 +37,16 @@
 //   model.final_layernorm.weight (Bamba) | model.norm.weight (Granite)
 // Zamba2 (Zamba2ForCausalLM), layer i: a Mamba2 layer as model.layers.{i}.input_layernorm
 // and model.layers.{i}.mamba.*; a hybrid layer as model.layers.{i}.linear.weight,
-// model.layers.{i}.mamba_decoder.{input_layernorm, mamba.*}; shared block b is stored
-// once, under model.layers.{j}.shared_transformer.* of the first hybrid layer j that
-// uses it, with the adapters of use u at ...self_attn.linear_{q,k,v}_adapter_list.{u}.{0,1}
+// model.layers.{i}.mamba_decoder.{input_layernorm, mamba.*}; shared block b is read
+// from model.layers.{j}.shared_transformer.* of the first hybrid layer j that uses it,
+// with the adapters of use u at ...self_attn.linear_{q,k,v}_adapter_list.{u}.{0,1}
 // and ...feed_forward.gate_up_proj_adapter_list.{u}.{0,1}; final_layernorm; tied head.
+// The other hybrid layers using block b may store copies of those tensors under
+// their own model.layers.{i}.shared_transformer.* (as save_pretrained writes a model
+// whose blocks are not tied): each copy must have the first use's dtype, shape and
+// bytes, and is then neither loaded again, counted nor fingerprinted; a copy that
+// differs is INVALID_ARGUMENT naming both tensors. The first use's tensors are
+// required: a block stored only under a later use is refused (no writer produces it).
 // Falcon-H1 (FalconH1ForCausalLM) as Bamba, except that block 2L holds both
 // model.layers.{L}.mamba.* (norm.weight only with mamba_rms_norm) and
 // model.layers.{L}.self_attn.*.

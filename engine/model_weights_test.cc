@@ -15,7 +15,9 @@
 #include "absl/strings/string_view.h"
 #include "common/hash.h"
 #include "common/runfiles.h"
+#include "engine/model.h"
 #include "engine/model_config.h"
+#include "engine/model_test_util.h"
 #include "engine/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -454,6 +456,160 @@ TEST(ModelWeightsTest, TiedHeadStoredAnywayIsSharedWhenACopyAndUsedWhenDifferent
   tensors["lm_head.weight"].shape = {32, 96};
   ExpectInvalid(LoadStatus(Config(kMamba2Tiny), tensors, "tied_wrong_shape"),
                 "tensor lm_head.weight has shape [32, 96], expected [96, 32]");
+}
+
+// Zamba2 checkpoints that store the shared block under every hybrid layer using
+// it (issue 46): zamba2_per_use_tiny has one block at layers 0, 3 and 5, its
+// tensors under all three.
+constexpr absl::string_view kZambaPerUse = testing::kZambaPerUseTiny;
+
+std::string SharedPrefix(int layer) { return absl::StrCat("model.layers.", layer, ".shared_transformer."); }
+
+// `tensors` without any model.layers.{L}.shared_transformer.* for L in `layers`.
+TensorMap WithoutShared(TensorMap tensors, std::vector<int> layers) {
+  for (int layer : layers) {
+    for (auto it = tensors.begin(); it != tensors.end();) {
+      it = absl::StartsWith(it->first, SharedPrefix(layer)) ? tensors.erase(it) : std::next(it);
+    }
+  }
+  return tensors;
+}
+
+// `tensors` with every model.layers.{from}.shared_transformer.X copied to layer `to`.
+TensorMap WithSharedCopied(TensorMap tensors, int from, int to) {
+  TensorMap copies;
+  for (const auto& [name, t] : tensors) {
+    if (absl::StartsWith(name, SharedPrefix(from))) {
+      copies[SharedPrefix(to) + name.substr(SharedPrefix(from).size())] = t;
+    }
+  }
+  tensors.insert(copies.begin(), copies.end());
+  return tensors;
+}
+
+// Logits of a 9-token prefill and 4 greedy decode steps on the CPU.
+std::vector<std::vector<float>> RunGreedy(const ModelWeights& weights) {
+  ModelOptions options;
+  options.max_pages = 16;
+  std::unique_ptr<Model> model = testing::MakeModel(weights, options);
+  std::vector<std::vector<float>> rows;
+  if (model == nullptr) return rows;
+  auto id = model->sequences().New();
+  EXPECT_TRUE(id.ok()) << id.status();
+  if (!id.ok()) return rows;
+  auto prefill = model->Prefill(*id, testing::RandomTokens(46, 9, weights.config().vocab_size));
+  EXPECT_TRUE(prefill.ok()) << prefill.status();
+  if (!prefill.ok()) return rows;
+  rows.push_back(prefill->logits);
+  for (int step = 0; step < 4; ++step) {
+    const SequenceId ids[] = {*id};
+    const TokenId tokens[] = {static_cast<TokenId>(testing::ArgMax(rows.back()))};
+    auto logits = model->DecodeStep(ids, tokens);
+    EXPECT_TRUE(logits.ok()) << logits.status();
+    if (!logits.ok()) break;
+    rows.push_back(*logits);
+  }
+  return rows;
+}
+
+TEST(ModelWeightsTest, Zamba2SharedBlockCopiedUnderEveryUseLoadsOnceAndAnswersAsTheSingleCopy) {
+  const ModelConfig config = Config(kZambaPerUse);
+  const TensorMap per_use = ReadTensors(kZambaPerUse);
+  const TensorMap single = WithoutShared(per_use, {3, 5});
+  ASSERT_EQ(per_use.size(), single.size() + 2 * 14);  // 8 block tensors + 3 uses' 2 MLP adapter matrices
+  auto copied = ModelWeights::Load(config, WriteModel("zamba_per_use", per_use));
+  ASSERT_TRUE(copied.ok()) << copied.status();
+  auto once = ModelWeights::Load(config, WriteModel("zamba_single", single));
+  ASSERT_TRUE(once.ok()) << once.status();
+  // Read once: no copy is loaded, counted or fingerprinted.
+  EXPECT_EQ((*copied)->shared_blocks().size(), 1u);
+  EXPECT_EQ((*copied)->fingerprint(), (*once)->fingerprint());
+  EXPECT_EQ((*copied)->num_parameters(), TotalElements(single));
+  EXPECT_EQ((*copied)->resident_bytes(), (*once)->resident_bytes());
+  const std::vector<std::vector<float>> a = RunGreedy(**copied);
+  const std::vector<std::vector<float>> b = RunGreedy(**once);
+  ASSERT_EQ(a.size(), 5u);
+  ASSERT_EQ(b.size(), a.size());
+  for (size_t r = 0; r < a.size(); ++r) EXPECT_TRUE(testing::BitEqual(a[r], b[r])) << "row " << r;
+
+  // Two blocks (zamba2_tiny2: block 0 at layers 0 and 5, block 1 at layer 2):
+  // block 0 copied under layer 5.
+  const TensorMap tiny2 = WithSharedCopied(ReadTensors(testing::kZambaTiny2), 0, 5);
+  auto two = ModelWeights::Load(Config(testing::kZambaTiny2), WriteModel("zamba_tiny2_copy", tiny2));
+  ASSERT_TRUE(two.ok()) << two.status();
+  std::unique_ptr<ModelWeights> two_base = MustLoad(Runfile(testing::kZambaTiny2));
+  ASSERT_NE(two_base, nullptr);
+  EXPECT_EQ((*two)->fingerprint(), two_base->fingerprint());
+  EXPECT_EQ((*two)->num_parameters(), two_base->num_parameters());
+}
+
+TEST(ModelWeightsTest, Zamba2SharedBlockCopyThatDiffersIsRefusedNamingBothTensors) {
+  const ModelConfig config = Config(kZambaPerUse);
+  const std::string tied = "; tied: the shared block is one set of weights)";
+  TensorMap t = ReadTensors(kZambaPerUse);
+  t.at(SharedPrefix(5) + "self_attn.q_proj.weight").bytes[13] ^= 0x01;  // one ulp of one weight
+  ExpectInvalid(LoadStatus(config, t, "zamba_q_differs"),
+                absl::StrCat(SharedPrefix(5), "self_attn.q_proj.weight differs from ", SharedPrefix(0),
+                             "self_attn.q_proj.weight (its bytes differ", tied));
+
+  t = ReadTensors(kZambaPerUse);
+  t.at(SharedPrefix(3) + "feed_forward.gate_up_proj_adapter_list.2.1.weight").bytes.back() ^= 0x80;
+  ExpectInvalid(
+      LoadStatus(config, t, "zamba_adapter_differs"),
+      absl::StrCat(SharedPrefix(3), "feed_forward.gate_up_proj_adapter_list.2.1.weight differs from ", SharedPrefix(0),
+                   "feed_forward.gate_up_proj_adapter_list.2.1.weight (its bytes differ", tied));
+
+  // The same values in another dtype, the same bytes in another shape.
+  t = ReadTensors(kZambaPerUse);
+  OwnedTensor& norm = t.at(SharedPrefix(3) + "input_layernorm.weight");
+  norm = OwnedTensor{DType::kBF16, {norm.shape[0] * 2}, norm.bytes};
+  ExpectInvalid(LoadStatus(config, t, "zamba_dtype_differs"),
+                absl::StrCat(SharedPrefix(3), "input_layernorm.weight differs from ", SharedPrefix(0),
+                             "input_layernorm.weight (its dtype is BF16, the first use's F32", tied));
+  t = ReadTensors(kZambaPerUse);
+  std::vector<int64_t>& shape = t.at(SharedPrefix(5) + "self_attn.o_proj.weight").shape;
+  shape = {shape[1], shape[0]};
+  ExpectInvalid(LoadStatus(config, t, "zamba_shape_differs"),
+                absl::StrCat(SharedPrefix(5), "self_attn.o_proj.weight differs from ", SharedPrefix(0),
+                             "self_attn.o_proj.weight (its shape is [64, 32], the first use's [32, 64]", tied));
+
+  // A layer holding another block's tensors: zamba2_tiny2's block 1 under layer 5 (a use of block 0).
+  const TensorMap wrong_block = WithSharedCopied(ReadTensors(testing::kZambaTiny2), 2, 5);
+  ExpectInvalid(LoadStatus(Config(testing::kZambaTiny2), wrong_block, "zamba_wrong_block"),
+                absl::StrCat(SharedPrefix(5), "feed_forward.down_proj.weight differs from ", SharedPrefix(0),
+                             "feed_forward.down_proj.weight (its bytes differ", tied));
+
+  // A "copy" of a tensor the first use does not have is unexpected.
+  t = ReadTensors(kZambaPerUse);
+  t[SharedPrefix(3) + "self_attn.linear_q_adapter_list.1.0.weight"] = t.at(SharedPrefix(3) + "input_layernorm.weight");
+  ExpectInvalid(LoadStatus(config, t, "zamba_extra_copy"),
+                absl::StrCat("1 unexpected tensor(s) for a zamba2 model with pattern \"ZMMZMZ\": ", SharedPrefix(3),
+                             "self_attn.linear_q_adapter_list.1.0.weight"));
+}
+
+TEST(ModelWeightsTest, Zamba2SharedBlockCopiesMayBeMissingForSomeUsesButNotTheFirst) {
+  const ModelConfig config = Config(kZambaPerUse);
+  auto single =
+      ModelWeights::Load(config, WriteModel("zamba_only_first", WithoutShared(ReadTensors(kZambaPerUse), {3, 5})));
+  ASSERT_TRUE(single.ok()) << single.status();
+
+  auto w = ModelWeights::Load(config, WriteModel("zamba_no_copy_at_5", WithoutShared(ReadTensors(kZambaPerUse), {5})));
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ((*w)->fingerprint(), (*single)->fingerprint());
+
+  TensorMap partial = ReadTensors(kZambaPerUse);
+  partial.erase(SharedPrefix(3) + "self_attn.q_proj.weight");
+  partial.erase(SharedPrefix(5) + "feed_forward.gate_up_proj_adapter_list.0.1.weight");
+  w = ModelWeights::Load(config, WriteModel("zamba_partial_copies", partial));
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ((*w)->fingerprint(), (*single)->fingerprint());
+
+  // Only under a later use: transformers would tie to it, but no writer stores a block
+  // there alone and the published checkpoints keep it under the first use.
+  ExpectInvalid(LoadStatus(config, WithoutShared(ReadTensors(kZambaPerUse), {0, 5}), "zamba_only_later"),
+                absl::StrCat("missing tensor ", SharedPrefix(0),
+                             "input_layernorm.weight: shared block 0 is stored under layer 3, a later use, but not "
+                             "under layer 0, its first use, where it must be"));
 }
 
 TEST(ModelWeightsTest, AmbiguousPrefixIsInvalid) {
