@@ -345,9 +345,10 @@ PRESETS = {
     ("zamba2", "tiny3"): _with(
         _ZAMBA2_TINY, pattern="HMMHMH", use_shared_attention_adapter=False, use_mem_rope=True,
         init={"branch_gain": 0.4, "per_use_copies": True}),
+    # Written per use (issue 46): the end-to-end suite serves a file laid out as the testers' was.
     ("zamba2", "e2e"): _with(
         _ZAMBA2_TINY, **_BYTE_IDS, hidden_size=64, mamba_ngroups=1, chunk_size=32, intermediate_size=64,
-        use_mem_rope=True, max_position_embeddings=8192),
+        use_mem_rope=True, max_position_embeddings=8192, init={"per_use_copies": True}),
     # Zamba2-1.2B's layer shapes (hidden 2048 halved to 1024: Mamba2 32 x 64, n_groups 1, d_state 64,
     # attention 16 heads of 128 on 2*hidden, MLP 4*hidden, adapters rank 128) in 12 layers, 2 blocks.
     ("zamba2", "bench"): _with(
