@@ -63,7 +63,8 @@ Contract
 * zamba2 presets state their pattern as a string of M (Mamba2 layer) and H (hybrid layer); config.json
   has layers_block_type ("linear_attention" / "hybrid") and the derived fields save_pretrained writes.
   The head is tied (no lm_head.weight); a hybrid layer's shared_transformer.* is in the file only for
-  the first hybrid layer using each memory block (zamba2_weights lists the names).
+  the first hybrid layer using each memory block (zamba2_weights lists the names), except with the
+  `per_use_copies` init option (presets tiny3 and e2e): then every later use holds a copy.
 
 Initialisation (mimics transformers' init, scaled by fan-in so that tiny models have O(1)
 activations through every layer instead of vanishing ones):
@@ -136,8 +137,10 @@ zamba2   tiny: vocab 96, hidden 32, "MHMMH", Mamba2 4 x 16, n_groups 2, d_state 
          tiny2: hidden 24, "HMHMMH", two memory blocks (block 0 at hybrid uses 0 and 2, block 1 at use
          1), Mamba2 6 x 8, n_groups 1, attention 3 heads of 16, MLP 40, adapters rank 6, RoPE; its
          branch outputs (out_proj, linear, o_proj, down_proj) at 0.4 times the init's standard deviation.
-         e2e: byte vocabulary, hidden 64, "MHMMH", one block, RoPE, chunk 32 (tests/fixtures/models/
-         zamba2_e2e, seed 23). bench: Zamba2-1.2B's shapes at hidden 1024, "MMMMMHMMHMMH", two blocks
+         tiny3: "HMMHMH", one block used three times and written under each (per_use_copies), no
+         attention adapters, RoPE, branch outputs at 0.4 (golden fixture zamba2_per_use_tiny).
+         e2e: byte vocabulary, hidden 64, "MHMMH", one block (written under both hybrid layers:
+         per_use_copies), RoPE, chunk 32 (tests/fixtures/models/zamba2_e2e, seed 23). bench: Zamba2-1.2B's shapes at hidden 1024, "MMMMMHMMHMMH", two blocks
          (160M); never committed.
 """
 
