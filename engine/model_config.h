@@ -104,7 +104,11 @@ struct Mamba2Params {
   int64_t conv_kernel = 4;  // d_conv
   int64_t chunk_size = 0;   // SSD chunk, a power of two
   bool use_conv_bias = true;
-  bool use_bias = false;  // biases of in_proj and out_proj
+  // Biases of in_proj and of out_proj. One config field sets both (use_bias,
+  // mamba_proj_bias), except Falcon-H1's: mamba_proj_bias for in_proj,
+  // projectors_bias for out_proj.
+  bool use_in_proj_bias = false;
+  bool use_out_proj_bias = false;
   // Gated RMSNorm out = RMSNorm(y * silu(z)) * weight, normalized over groups of
   // this many consecutive channels of d_inner: d_inner / n_groups for both
   // Nemotron-H and transformers' Mamba2 (checked against the golden fixtures).
@@ -145,7 +149,7 @@ struct Mamba2Params {
 };
 
 // Hyper-parameters of every attention layer. No family has attention biases.
-// Nemotron-H and Granite (position_embedding_type null) have no position
+// Nemotron-H and Granite (position_embedding_type null or "nope") have no position
 // encoding; Bamba rotates the first half of each head (rotate-half RoPE,
 // partial_rotary_factor 0.5, fixed by transformers); Granite with
 // position_embedding_type "rope" rotates all of it. Scores are scaled by

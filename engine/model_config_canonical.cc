@@ -17,7 +17,7 @@ std::string ModelConfig::CanonicalString() const {
                           "mamba2{heads=%d,head_dim=%d,state=%d,groups=%d,conv=%d,chunk=%d,conv_bias=%d,bias=%d,"
                           "norm_group=%d,prefill_dt=[%a,%a],decode_dt=[%a,%a]};",
                           m.num_heads, m.head_dim, m.state_size, m.n_groups, m.conv_kernel, m.chunk_size,
-                          static_cast<int>(m.use_conv_bias), static_cast<int>(m.use_bias), m.norm_group_size,
+                          static_cast<int>(m.use_conv_bias), static_cast<int>(m.use_in_proj_bias), m.norm_group_size,
                           m.prefill_dt_clamp.min, m.prefill_dt_clamp.max, m.decode_dt_clamp.min, m.decode_dt_clamp.max);
   }
   if (KvLayers() > 0) {
@@ -38,6 +38,10 @@ std::string ModelConfig::CanonicalString() const {
       (attention.in_multiplier != 1.0f || attention.key_multiplier != 1.0f || attention.out_multiplier != 1.0f)) {
     absl::StrAppendFormat(&out, "attention_mup{in=%a,key=%a,out=%a};", attention.in_multiplier,
                           attention.key_multiplier, attention.out_multiplier);
+  }
+  // bias= above is in_proj's; out_proj's is stated only where it differs (Falcon-H1).
+  if (SsmLayers() > 0 && mamba.use_out_proj_bias != mamba.use_in_proj_bias) {
+    absl::StrAppendFormat(&out, "mamba2_out_proj_bias=%d;", static_cast<int>(mamba.use_out_proj_bias));
   }
   if (SsmLayers() > 0 && mamba.gated_norm_eps != 0.0f) {
     absl::StrAppendFormat(&out, "mamba2_norm_eps=%a;", mamba.gated_norm_eps);

@@ -148,7 +148,8 @@ absl::Status ParseMambaPrefixed(const ConfigFields& f, int64_t hidden_size, Mamb
   ASSIGN_OR_RETURN(m.conv_kernel, f.Int({"mamba_d_conv"}, kDefaultConvKernel));
   ASSIGN_OR_RETURN(m.chunk_size, f.Int({"mamba_chunk_size"}, kDefaultMamba2Chunk));
   ASSIGN_OR_RETURN(m.use_conv_bias, f.Bool({"mamba_conv_bias"}, true));
-  ASSIGN_OR_RETURN(m.use_bias, f.Bool({"mamba_proj_bias"}, false));
+  ASSIGN_OR_RETURN(m.use_in_proj_bias, f.Bool({"mamba_proj_bias"}, false));
+  m.use_out_proj_bias = m.use_in_proj_bias;
   ASSIGN_OR_RETURN(int64_t expand, f.Int({"mamba_expand"}, kDefaultMamba2Expand));
   if (expand < 1 || expand > kMaxDim || hidden_size < 1 || hidden_size > kMaxDim) {
     return absl::InvalidArgumentError(absl::StrCat("mamba_expand (", expand, ") must be positive"));
@@ -279,7 +280,8 @@ absl::Status ParseNemotronH(const ConfigFields& f, ModelConfig& c) {
     ASSIGN_OR_RETURN(m.conv_kernel, f.Int({"conv_kernel", "mamba_d_conv"}, kDefaultConvKernel));
     ASSIGN_OR_RETURN(m.chunk_size, f.Int({"chunk_size", "mamba_chunk_size"}, kDefaultNemotronChunk));
     ASSIGN_OR_RETURN(m.use_conv_bias, f.Bool({"use_conv_bias", "mamba_conv_bias"}, true));
-    ASSIGN_OR_RETURN(m.use_bias, f.Bool({"use_bias"}, false));
+    ASSIGN_OR_RETURN(m.use_in_proj_bias, f.Bool({"use_bias"}, false));
+    m.use_out_proj_bias = m.use_in_proj_bias;
     // d_inner is mamba_num_heads * mamba_head_dim; `expand` is informational
     // (e.g. Nemotron-Nano-9B-v2 states expand 2 with 128 * 80 != 2 * 4480).
     ASSIGN_OR_RETURN(int64_t expand, f.Int({"expand", "mamba_expand"}, kDefaultMamba2Expand));
@@ -347,7 +349,8 @@ absl::Status ParseMamba2(const ConfigFields& f, ModelConfig& c) {
   ASSIGN_OR_RETURN(m.conv_kernel, f.Int({"conv_kernel"}, kDefaultConvKernel));
   ASSIGN_OR_RETURN(m.chunk_size, f.Int({"chunk_size"}, kDefaultMamba2Chunk));
   ASSIGN_OR_RETURN(m.use_conv_bias, f.Bool({"use_conv_bias"}, true));
-  ASSIGN_OR_RETURN(m.use_bias, f.Bool({"use_bias"}, false));
+  ASSIGN_OR_RETURN(m.use_in_proj_bias, f.Bool({"use_bias"}, false));
+  m.use_out_proj_bias = m.use_in_proj_bias;
   ASSIGN_OR_RETURN(int64_t expand, f.Int({"expand"}, kDefaultMamba2Expand));
   if (expand < 1 || expand > kMaxDim) {
     return absl::InvalidArgumentError(absl::StrCat("expand (", expand, ") must be positive"));
@@ -455,14 +458,16 @@ absl::Status ParseGraniteMoeHybrid(const ConfigFields& f, ModelConfig& c) {
   if (c.CountLayers(LayerKind::kAttention) > 0) {
     AttentionParams& a = c.attention;
     RETURN_IF_ERROR(ParseLlamaStyleAttention(f, c.hidden_size, a));
+    // transformers builds rotary embeddings only for "rope"; null and "nope"
+    // (what the published Granite 4.0-H configs say) mean no positions.
     ASSIGN_OR_RETURN(std::string position, f.String({"position_embedding_type"}, ""));
     if (position == "rope") {
       RETURN_IF_ERROR(ParseRope(f, a));
       a.use_rope = true;
       a.rotary_dim = a.head_dim;
-    } else if (!position.empty()) {
+    } else if (!position.empty() && position != "nope") {
       return absl::UnimplementedError(
-          absl::StrCat("position_embedding_type \"", position, "\" is not supported (null or rope)"));
+          absl::StrCat("position_embedding_type \"", position, "\" is not supported (null, nope or rope)"));
     }
     ASSIGN_OR_RETURN(a.scale, Multiplier(f, "attention_multiplier"));
     if (a.scale < 0.0f) {
@@ -503,11 +508,9 @@ absl::Status ParseFalconH1(const ConfigFields& f, ModelConfig& c) {
   RETURN_IF_ERROR(ParseMambaPrefixed(f, c.hidden_size, m));
   ASSIGN_OR_RETURN(m.gated_norm, f.Bool({"mamba_rms_norm"}, false));
   ASSIGN_OR_RETURN(m.norm_before_gate, f.Bool({"mamba_norm_before_gate"}, true));
-  ASSIGN_OR_RETURN(bool projectors_bias, f.Bool({"projectors_bias"}, false));
-  if (projectors_bias != m.use_bias) {
-    return absl::UnimplementedError(absl::StrCat(
-        "projectors_bias (", projectors_bias, ") different from mamba_proj_bias (", m.use_bias, ") is not supported"));
-  }
+  // FalconH1Mixer: in_proj's bias is mamba_proj_bias (parsed above), out_proj's
+  // is projectors_bias; each may be set without the other.
+  ASSIGN_OR_RETURN(m.use_out_proj_bias, f.Bool({"projectors_bias"}, false));
   ASSIGN_OR_RETURN(m.in_multiplier, Multiplier(f, "ssm_in_multiplier"));
   ASSIGN_OR_RETURN(m.out_multiplier, Multiplier(f, "ssm_out_multiplier"));
   RETURN_IF_ERROR(Multipliers(f, "ssm_multipliers", 5, m.segment_multipliers));
@@ -574,7 +577,8 @@ absl::Status ParseZamba2(const ConfigFields& f, ModelConfig& c) {
   ASSIGN_OR_RETURN(m.use_conv_bias, f.Bool({"use_conv_bias"}, true));
   if (!m.use_conv_bias)
     return absl::UnimplementedError("use_conv_bias false is not supported (Zamba2's conv has a bias)");
-  m.use_bias = bias;
+  m.use_in_proj_bias = bias;
+  m.use_out_proj_bias = bias;
   ASSIGN_OR_RETURN(int64_t expand, f.Int({"mamba_expand"}, kDefaultMamba2Expand));
   if (expand < 1 || expand > kMaxDim || c.hidden_size < 1 || c.hidden_size > kMaxDim ||
       m.num_heads * m.head_dim != expand * c.hidden_size) {

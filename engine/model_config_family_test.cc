@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "engine/model_config.h"
 #include "gmock/gmock.h"
@@ -166,6 +167,30 @@ TEST(ModelConfigFamilyTest, GraniteDenseWithRopeAndLegacyBlockTypes) {
   EXPECT_EQ(c->attention.rope_theta, 500000.0);
 }
 
+// The published Granite 4.0-H configs say "nope"; transformers builds rotary
+// embeddings only for "rope". null, absent and "nope" are one model: the same
+// canonical config (so the same model fingerprint for the same weights).
+TEST(ModelConfigFamilyTest, GraniteNopeIsNoPositionsAndTheSameModelAsNull) {
+  Json j = GraniteBase();
+  absl::StatusOr<ModelConfig> null_positions = Parse(j);
+  ASSERT_TRUE(null_positions.ok()) << null_positions.status();
+  j["position_embedding_type"] = "nope";
+  absl::StatusOr<ModelConfig> nope = Parse(j);
+  ASSERT_TRUE(nope.ok()) << nope.status();
+  EXPECT_FALSE(nope->attention.use_rope);
+  EXPECT_EQ(nope->attention.rotary_dim, 0);
+  EXPECT_EQ(nope->CanonicalString(), null_positions->CanonicalString());
+  j.erase("position_embedding_type");
+  absl::StatusOr<ModelConfig> absent = Parse(j);
+  ASSERT_TRUE(absent.ok()) << absent.status();
+  EXPECT_EQ(absent->CanonicalString(), nope->CanonicalString());
+  j["position_embedding_type"] = "rope";
+  absl::StatusOr<ModelConfig> rope = Parse(j);
+  ASSERT_TRUE(rope.ok()) << rope.status();
+  EXPECT_TRUE(rope->attention.use_rope);
+  EXPECT_NE(rope->CanonicalString(), nope->CanonicalString());
+}
+
 TEST(ModelConfigFamilyTest, NemotronHMoeBlocks) {
   absl::StatusOr<ModelConfig> c = Parse(NemotronMoeBase());
   ASSERT_TRUE(c.ok()) << c.status();
@@ -263,6 +288,40 @@ TEST(ModelConfigFamilyTest, FalconH1LayersAreParallelThenGatedMlp) {
   EXPECT_EQ(c->logits_multiplier, 0.03125f);
 }
 
+// transformers' FalconH1Mixer: in_proj has a bias with mamba_proj_bias,
+// out_proj with projectors_bias; every combination runs. Equal flags keep the
+// canonical config the one model with both biases or neither always had.
+TEST(ModelConfigFamilyTest, FalconH1MixerBiasesFollowTheirOwnFlags) {
+  std::string neither;
+  for (bool in_bias : {false, true}) {
+    for (bool out_bias : {false, true}) {
+      SCOPED_TRACE(absl::StrCat("mamba_proj_bias ", in_bias, ", projectors_bias ", out_bias));
+      Json j = FalconBase();
+      j["mamba_proj_bias"] = in_bias;
+      j["projectors_bias"] = out_bias;
+      absl::StatusOr<ModelConfig> c = Parse(j);
+      ASSERT_TRUE(c.ok()) << c.status();
+      EXPECT_EQ(c->mamba.use_in_proj_bias, in_bias);
+      EXPECT_EQ(c->mamba.use_out_proj_bias, out_bias);
+      const std::string canonical = c->CanonicalString();
+      EXPECT_THAT(canonical, HasSubstr(absl::StrCat(",bias=", in_bias ? 1 : 0, ",")));
+      EXPECT_EQ(canonical.find("mamba2_out_proj_bias=") != std::string::npos, in_bias != out_bias);
+      if (in_bias != out_bias) {
+        EXPECT_THAT(canonical, HasSubstr(absl::StrCat("mamba2_out_proj_bias=", out_bias ? 1 : 0, ";")));
+      }
+      if (!in_bias && !out_bias) neither = canonical;
+      if (in_bias || out_bias) EXPECT_NE(canonical, neither);
+    }
+  }
+  // Absent flags are transformers' defaults (false).
+  Json j = FalconBase();
+  absl::StatusOr<ModelConfig> c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->mamba.use_in_proj_bias);
+  EXPECT_FALSE(c->mamba.use_out_proj_bias);
+  EXPECT_EQ(c->CanonicalString(), neither);
+}
+
 TEST(ModelConfigFamilyTest, FalconH1Refusals) {
   Json j = FalconBase();
   j["ssm_multipliers"] = {1.0, 2.0};
@@ -271,8 +330,8 @@ TEST(ModelConfigFamilyTest, FalconH1Refusals) {
   j["mlp_multipliers"] = {0.0, 1.0};
   ExpectError(j, absl::StatusCode::kInvalidArgument, "mlp_multipliers[0] (0)");
   j = FalconBase();
-  j["projectors_bias"] = true;
-  ExpectError(j, absl::StatusCode::kUnimplemented, "projectors_bias");
+  j["projectors_bias"] = 1;
+  ExpectError(j, absl::StatusCode::kInvalidArgument, "projectors_bias must be true or false");
   j = FalconBase();
   j["mamba_d_ssm"] = 48;
   ExpectError(j, absl::StatusCode::kInvalidArgument, "mamba_d_head (16) must equal d_inner (48");
@@ -394,6 +453,12 @@ TEST(ModelConfigFamilyTest, UnsupportedFeaturesAreRefusedByName) {
   j = GraniteBase();
   j["position_embedding_type"] = "alibi";
   ExpectError(j, absl::StatusCode::kUnimplemented, "position_embedding_type \"alibi\"");
+  // transformers runs any string but "rope" without positions; we accept the
+  // spellings the published configs use and refuse the rest by name.
+  j["position_embedding_type"] = "NoPE";
+  ExpectError(j, absl::StatusCode::kUnimplemented, "position_embedding_type \"NoPE\"");
+  j["position_embedding_type"] = 0;
+  ExpectError(j, absl::StatusCode::kInvalidArgument, "position_embedding_type must be a string");
 }
 
 TEST(ModelConfigFamilyTest, InconsistentValuesAreInvalid) {

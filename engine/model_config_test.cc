@@ -89,7 +89,8 @@ TEST(ModelConfigTest, NemotronHTinyFixtureParsesFromLayersBlockType) {
   EXPECT_EQ(m.conv_kernel, 4);
   EXPECT_EQ(m.chunk_size, 16);
   EXPECT_TRUE(m.use_conv_bias);
-  EXPECT_FALSE(m.use_bias);
+  EXPECT_FALSE(m.use_in_proj_bias);
+  EXPECT_FALSE(m.use_out_proj_bias);
   EXPECT_EQ(m.d_inner(), 64);
   EXPECT_EQ(m.conv_dim(), 128);
   EXPECT_EQ(m.in_proj_rows(), 196);

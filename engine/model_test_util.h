@@ -29,12 +29,19 @@ inline constexpr absl::string_view kBambaTiny2 = "tests/fixtures/golden/bamba_ti
 // GraniteMoeHybrid: MoE (8 experts, top 2, shared expert, no RoPE) and dense (RoPE, tied).
 inline constexpr absl::string_view kGraniteMoeTiny = "tests/fixtures/golden/granite_moe_tiny";
 inline constexpr absl::string_view kGraniteDenseTiny = "tests/fixtures/golden/granite_dense_tiny";
+// The MoE shape again with position_embedding_type "nope" (as the published
+// Granite 4.0-H configs say; no positions), other weights.
+inline constexpr absl::string_view kGraniteNopeTiny = "tests/fixtures/golden/granite_nope_tiny";
 // Falcon-H1 (parallel Mamba2 + attention, every multiplier distinct): no gated
 // norm; tiny2: gated norm before the gate, tied, explicit head_dim; tiny3: gated
 // norm after the gate, two norm groups.
 inline constexpr absl::string_view kFalconTiny = "tests/fixtures/golden/falcon_h1_tiny";
 inline constexpr absl::string_view kFalconTiny2 = "tests/fixtures/golden/falcon_h1_tiny2";
 inline constexpr absl::string_view kFalconTiny3 = "tests/fixtures/golden/falcon_h1_tiny3";
+// Falcon-H1 with one of the mixer's projection biases: out_proj's alone
+// (projectors_bias, no mixer norm) and in_proj's alone (mamba_proj_bias, gated norm).
+inline constexpr absl::string_view kFalconOutBiasTiny = "tests/fixtures/golden/falcon_h1_out_bias_tiny";
+inline constexpr absl::string_view kFalconInBiasTiny = "tests/fixtures/golden/falcon_h1_in_bias_tiny";
 // Nemotron-H with MoE ('E') blocks: "ME*E-M", 8 experts top-2 in 2 groups keeping 1,
 // norm_topk_prob, scaling 2.5; tiny2: "EM*EME", 16 experts top-4, one group, no norm.
 inline constexpr absl::string_view kNemotronMoeTiny = "tests/fixtures/golden/nemotron_h_moe_tiny";

@@ -227,7 +227,7 @@ class ModelWeights::Loader {
     const Mamba2Params& m = config_.mamba;
     const int64_t hidden = config_.hidden_size;
     RETURN_IF_ERROR(TakeBody(p + "in_proj.weight", {m.in_proj_rows(), hidden}, w.in_proj));
-    RETURN_IF_ERROR(TakeBodyIf(m.use_bias, p + "in_proj.bias", {m.in_proj_rows()}, w.in_proj_bias));
+    RETURN_IF_ERROR(TakeBodyIf(m.use_in_proj_bias, p + "in_proj.bias", {m.in_proj_rows()}, w.in_proj_bias));
     RETURN_IF_ERROR(TakeBody(p + "conv1d.weight", {m.conv_dim(), 1, m.conv_kernel}, w.conv1d_weight));
     RETURN_IF_ERROR(TakeBodyIf(m.use_conv_bias, p + "conv1d.bias", {m.conv_dim()}, w.conv1d_bias));
     RETURN_IF_ERROR(TakeBody(p + "dt_bias", {m.num_heads}, w.dt_bias));
@@ -235,7 +235,7 @@ class ModelWeights::Loader {
     RETURN_IF_ERROR(TakeBody(p + "D", {m.num_heads}, w.D));
     RETURN_IF_ERROR(TakeBodyIf(m.gated_norm, p + "norm.weight", {m.d_inner()}, w.norm));
     RETURN_IF_ERROR(TakeBody(p + "out_proj.weight", {hidden, m.d_inner()}, w.out_proj));
-    RETURN_IF_ERROR(TakeBodyIf(m.use_bias, p + "out_proj.bias", {hidden}, w.out_proj_bias));
+    RETURN_IF_ERROR(TakeBodyIf(m.use_out_proj_bias, p + "out_proj.bias", {hidden}, w.out_proj_bias));
     return absl::OkStatus();
   }
 

@@ -99,7 +99,7 @@ struct WeightMatrix {
 // Member names follow the checkpoint (and the math) rather than snake_case.
 struct Mamba2LayerWeights {
   WeightMatrix in_proj;              // [in_proj_rows, hidden]; rows [z | x | B | C | dt]
-  std::vector<float> in_proj_bias;   // [in_proj_rows] if use_bias, else empty
+  std::vector<float> in_proj_bias;   // [in_proj_rows] if use_in_proj_bias, else empty
   std::vector<float> conv1d_weight;  // [conv_dim, conv_kernel] (file: [conv_dim, 1, conv_kernel])
   std::vector<float> conv1d_bias;    // [conv_dim] if use_conv_bias, else empty
   std::vector<float> dt_bias;        // [num_heads]
@@ -107,7 +107,7 @@ struct Mamba2LayerWeights {
   std::vector<float> D;              // [num_heads]; skip connection
   std::vector<float> norm;           // [d_inner]; gated RMSNorm weight (empty without the norm)
   WeightMatrix out_proj;             // [hidden, d_inner]
-  std::vector<float> out_proj_bias;  // [hidden] if use_bias, else empty
+  std::vector<float> out_proj_bias;  // [hidden] if use_out_proj_bias, else empty
 };
 
 struct AttentionLayerWeights {

@@ -32,6 +32,8 @@ constexpr absl::string_view kNemotronTiny = "tests/fixtures/golden/nemotron_h_ti
 constexpr absl::string_view kMamba2Tiny = "tests/fixtures/golden/mamba2_tiny";
 constexpr absl::string_view kNemotronTiedTiny = "tests/fixtures/golden/nemotron_h_tied_tiny";
 constexpr absl::string_view kDefault = "models/default";
+// Falcon-H1 with projectors_bias (out_proj's bias) and no mamba_proj_bias (in_proj's).
+constexpr absl::string_view kFalconOutBiasTiny = "tests/fixtures/golden/falcon_h1_out_bias_tiny";
 
 using common::Runfile;
 
@@ -385,6 +387,43 @@ TEST(ModelWeightsTest, OptionalBiasesFollowTheConfig) {
   ASSERT_TRUE(w.ok()) << w.status();
   EXPECT_EQ((*w)->layer(3).mlp().up_proj_bias, std::vector<float>(64, 0.0f));
   EXPECT_EQ((*w)->layer(6).mlp().down_proj_bias.size(), 32u);
+}
+
+// Falcon-H1's mixer: in_proj.bias exactly when mamba_proj_bias, out_proj.bias
+// exactly when projectors_bias, each without the other.
+TEST(ModelWeightsTest, FalconH1MixerBiasesAreExpectedAsTheirOwnFlagsSay) {
+  const ModelConfig config = Config(kFalconOutBiasTiny);
+  ASSERT_FALSE(config.mamba.use_in_proj_bias);
+  ASSERT_TRUE(config.mamba.use_out_proj_bias);
+  auto w = ModelWeights::Load(config, Runfile(kFalconOutBiasTiny));
+  ASSERT_TRUE(w.ok()) << w.status();
+  const TensorMap tensors = ReadTensors(kFalconOutBiasTiny);
+  for (int64_t i = 0; i < 2; ++i) {
+    const Mamba2LayerWeights& m = (*w)->layer(2 * i).parallel().mamba;
+    EXPECT_TRUE(m.in_proj_bias.empty());
+    EXPECT_EQ(m.out_proj_bias, Floats(tensors.at(absl::StrCat("model.layers.", i, ".mamba.out_proj.bias"))));
+  }
+  TensorMap missing = tensors;
+  missing.erase("model.layers.1.mamba.out_proj.bias");
+  ExpectInvalid(LoadStatus(config, missing, "falcon_missing_out_bias"),
+                "missing tensor model.layers.1.mamba.out_proj.bias (expected shape [32])");
+  // The other flag's tensor is unexpected, and expected (shape [in_proj_rows]) once its flag is set.
+  TensorMap extra = tensors;
+  extra["model.layers.0.mamba.in_proj.bias"] = OwnedTensor{DType::kF32, {196}, std::vector<uint8_t>(196 * 4)};
+  ExpectInvalid(LoadStatus(config, extra, "falcon_extra_in_bias"), "model.layers.0.mamba.in_proj.bias");
+  ModelConfig both = config;
+  both.mamba.use_in_proj_bias = true;
+  ExpectInvalid(ModelWeights::Load(both, Runfile(kFalconOutBiasTiny)).status(),
+                "missing tensor model.layers.0.mamba.in_proj.bias (expected shape [196])");
+  ModelConfig in_only = both;
+  in_only.mamba.use_out_proj_bias = false;
+  extra["model.layers.1.mamba.in_proj.bias"] = extra.at("model.layers.0.mamba.in_proj.bias");
+  ExpectInvalid(LoadStatus(in_only, extra, "falcon_in_only"), "model.layers.0.mamba.out_proj.bias");
+  for (int i = 0; i < 2; ++i) extra.erase(absl::StrCat("model.layers.", i, ".mamba.out_proj.bias"));
+  auto reversed = ModelWeights::Load(in_only, WriteModel("falcon_in_only_ok", extra));
+  ASSERT_TRUE(reversed.ok()) << reversed.status();
+  EXPECT_EQ((*reversed)->layer(0).parallel().mamba.in_proj_bias, std::vector<float>(196, 0.0f));
+  EXPECT_TRUE((*reversed)->layer(2).parallel().mamba.out_proj_bias.empty());
 }
 
 TEST(ModelWeightsTest, MultiTokenPredictionTensorsAreSkipped) {
