@@ -23,6 +23,11 @@ MODELS = {
     "zamba2_tiny": ("zamba2", "tiny", 8025, {}),
     "zamba2_tiny2": ("zamba2", "tiny2", 9135, {}),
     "zamba2_per_use_tiny": ("zamba2", "tiny3", 1046, {}),
+    # position_embedding_type "nope", as every published Granite 4.0-H config says (no positions).
+    "granite_nope_tiny": ("granitemoehybrid", "tiny", 4691, {"position_embedding_type": "nope"}),
+    # The Falcon-H1 mixer's out_proj bias without in_proj's (projectors_bias only), and the reverse.
+    "falcon_h1_out_bias_tiny": ("falcon_h1", "tiny4", 5803, {}),
+    "falcon_h1_in_bias_tiny": ("falcon_h1", "tiny5", 5914, {}),
 }
 # Fixture models scaled down from published checkpoints' configs (tools/scale_config.py): name ->
 # (the config under tests/fixtures/public_configs, seed). One per distinct feature set. config.json

@@ -4,8 +4,8 @@
 Archs: Nemotron-H, Mamba2, Bamba, GraniteMoeHybrid (Granite 4.0-H, MoE or dense), Falcon-H1, Zamba2.
 
 Usage:
-    python3 tools/gen_model.py --preset {tiny,tiny2,tiny3,default,e2e,bench,1b,moe_tiny,moe_tiny2,moe_e2e,
-                                        moe_bench} --seed N --out DIR
+    python3 tools/gen_model.py --preset {tiny,tiny2,tiny3,tiny4,tiny5,default,e2e,bench,1b,moe_tiny,moe_tiny2,
+                                        moe_e2e,moe_bench} --seed N --out DIR
                                [--arch {nemotron_h,mamba2,bamba,granitemoehybrid,falcon_h1,zamba2}]
                                [--dtype {fp32,bf16,fp16}]
 
@@ -101,6 +101,10 @@ tiny2    The second unit-test shape (bamba, granitemoehybrid, falcon_h1). bamba:
          6 heads x 8 (d_ssm 48 != mamba_expand * hidden), n_groups 1, gated RMSNorm before the gate.
 tiny3    falcon_h1 only: 2 layers, Mamba2 8 x 8, n_groups 2, gated RMSNorm after the gate
          (mamba_norm_before_gate false), attention 4 / 4, RoPE theta 1e6, untied.
+tiny4    falcon_h1 only: tiny in 2 layers without MLP biases, the mixer's out_proj with a bias
+         (projectors_bias) and its in_proj without (mamba_proj_bias false).
+tiny5    falcon_h1 only: tiny in 2 layers without MLP biases, the mixer's in_proj with a bias
+         (mamba_proj_bias) and its out_proj without; gated RMSNorm before the gate.
 default  Byte-level model of a few MB, chunk 64: the architecture and the initial weights of the
          embedded default model, which tools/train_default_model.py trains on English text into
          models/default (the random weights of this preset are not what is embedded). Vocabulary
@@ -115,10 +119,12 @@ e2e      Byte-level models (vocabulary as `default`) of the shapes the end-to-en
          mamba2 (no attention), 3 layers, hidden 64, 8 heads x 16, n_groups 4, chunk 16. Committed
          under tests/fixtures/models/{nemotron_h_e2e,mamba2_e2e} (seed 23). bamba "M*MM",
          hidden 64, Mamba2 4 heads x 16, SwiGLU 96, chunk 32; granitemoehybrid (MoE) "MM*M",
-         hidden 64, Mamba2 4 x 16, n_groups 1, 8 experts top-2 (inter 8), shared 32, chunk 16.
-         Committed as tests/fixtures/models/{bamba_e2e,granite_e2e} (seed 23). falcon_h1: 4 layers,
-         hidden 64, Mamba2 4 x 16, n_groups 2, gated RMSNorm, attention 4 / 2, SwiGLU 64, chunk 32,
-         untied; committed as tests/fixtures/models/falcon_h1_e2e (seed 23).
+         hidden 64, Mamba2 4 x 16, n_groups 1, 8 experts top-2 (inter 8), shared 32, chunk 16,
+         position_embedding_type "nope". Committed as tests/fixtures/models/{bamba_e2e,granite_e2e}
+         (seed 23). falcon_h1: 4 layers, hidden 64, Mamba2 4 x 16, n_groups 2, gated RMSNorm, the
+         mixer's out_proj biased and its in_proj not (projectors_bias true, mamba_proj_bias false),
+         attention 4 / 2, SwiGLU 64, chunk 32, untied; committed as
+         tests/fixtures/models/falcon_h1_e2e (seed 23).
 bench    ~127M parameters (nemotron_h) / ~135M (mamba2) / ~125M (bamba, "MM*MM*M"), hidden
          1024, vocab 16384, chunk 128 (nemotron_h, bamba) / 256 (mamba2). granitemoehybrid: MoE
          "MM*MM*", 32 experts top-4 (inter 512), shared 1024, chunk 128: 394M parameters, 129M
@@ -223,7 +229,8 @@ _HYBRID_BENCH = _with(
 _BAMBA_TINY = _with(_HYBRID_TINY, intermediate_size=64, mlp_bias=False)
 # GraniteMoeHybrid (GraniteMoeHybridForCausalLM): pattern as bamba's; every decoder layer has
 # a shared SwiGLU MLP and, when num_local_experts > 0, a top-k MoE block beside it.
-# position_embedding_type None (no positions, as Granite 4.0-H MoE) or "rope".
+# position_embedding_type None or "nope" (no positions; the published Granite 4.0-H configs say
+# "nope") or "rope".
 # Granite 4.0-H MoE's positions (none) and multipliers, untied.
 _GRANITE_SCALES = dict(position_embedding_type=None, embedding_multiplier=12.0, residual_multiplier=0.22,
                        attention_multiplier=0.0078125, logits_scaling=6.0, tie_word_embeddings=False)
@@ -241,7 +248,7 @@ _FALCON_TINY = dict(
     mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=4,
     mamba_expand=2, mamba_chunk_size=16, mamba_rms_norm=False, mamba_norm_before_gate=True,
     num_attention_heads=4, num_key_value_heads=2, head_dim=None, rope_theta=1e11,
-    intermediate_size=64, mlp_bias=True, tie_word_embeddings=False,
+    intermediate_size=64, mlp_bias=True, projectors_bias=False, mamba_proj_bias=False, tie_word_embeddings=False,
     embedding_multiplier=5.5, lm_head_multiplier=0.0390625, key_multiplier=0.390625,
     attention_in_multiplier=1.25, attention_out_multiplier=0.9375, ssm_in_multiplier=1.5,
     ssm_out_multiplier=0.2357, ssm_multipliers=[0.3535, 0.25, 0.707, 0.5, 1.75], mlp_multipliers=[0.8839, 0.5859],
@@ -302,9 +309,10 @@ PRESETS = {
         _GRANITE_TINY, pattern="*MM*", num_local_experts=0, num_experts_per_tok=0, intermediate_size=0,
         shared_intermediate_size=48, position_embedding_type="rope", embedding_multiplier=8.0,
         residual_multiplier=0.5, attention_multiplier=0.125, logits_scaling=2.0, tie_word_embeddings=True),
+    # "nope" as the published Granite 4.0-H configs write it (the same model as None).
     ("granitemoehybrid", "e2e"): _with(
         _GRANITE_TINY, **_BYTE_IDS, hidden_size=64, pattern="MM*M", mamba_n_groups=1, intermediate_size=8,
-        shared_intermediate_size=32, max_position_embeddings=8192),
+        shared_intermediate_size=32, position_embedding_type="nope", max_position_embeddings=8192),
     ("granitemoehybrid", "bench"): _with(
         _HYBRID_BENCH, **_GRANITE_SCALES, pattern="MM*MM*", num_local_experts=32, num_experts_per_tok=4,
         intermediate_size=512, shared_intermediate_size=1024),
@@ -325,9 +333,18 @@ PRESETS = {
         mlp_bias=False, embedding_multiplier=2.5, lm_head_multiplier=0.0625, key_multiplier=1.3,
         attention_in_multiplier=0.75, attention_out_multiplier=1.15, ssm_in_multiplier=0.55,
         ssm_out_multiplier=0.8, ssm_multipliers=[0.9, 1.2, 0.4, 1.6, 0.3], mlp_multipliers=[0.65, 1.45]),
+    # The mixer's projection biases one without the other (transformers: in_proj's bias is
+    # mamba_proj_bias, out_proj's projectors_bias). tiny4: out_proj's only, no mixer norm;
+    # tiny5: in_proj's only (added before the ssm_multipliers), gated RMSNorm before the gate.
+    ("falcon_h1", "tiny4"): _with(
+        _FALCON_TINY, num_hidden_layers=2, projectors_bias=True, mamba_proj_bias=False, mlp_bias=False),
+    ("falcon_h1", "tiny5"): _with(
+        _FALCON_TINY, num_hidden_layers=2, projectors_bias=False, mamba_proj_bias=True, mamba_rms_norm=True,
+        mlp_bias=False),
+    # out_proj's bias without in_proj's (projectors_bias true, mamba_proj_bias false).
     ("falcon_h1", "e2e"): _with(
         _FALCON_TINY, **_BYTE_IDS, hidden_size=64, num_hidden_layers=4, mamba_chunk_size=32, mamba_rms_norm=True,
-        mlp_bias=False, max_position_embeddings=8192),
+        mlp_bias=False, projectors_bias=True, max_position_embeddings=8192),
     # Falcon-H1-0.5B's layer shapes (hidden 1024, GQA 8/2 x 64, Mamba2 24 x 64 = d_ssm 1536, n_groups 1,
     # d_state 128, SwiGLU 2048) in 8 layers with a 16K vocabulary.
     ("falcon_h1", "bench"): _with(
@@ -413,8 +430,8 @@ ARCHS = {
     "falcon_h1": (falcon_h1_config, falcon_h1_weights),
     "zamba2": (zamba2_config, zamba2_weights),
 }
-PRESET_NAMES = ["tiny", "tiny2", "tiny3", "default", "e2e", "bench", "1b", "moe_tiny", "moe_tiny2", "moe_e2e",
-                "moe_bench"]
+PRESET_NAMES = ["tiny", "tiny2", "tiny3", "tiny4", "tiny5", "default", "e2e", "bench", "1b", "moe_tiny", "moe_tiny2",
+                "moe_e2e", "moe_bench"]
 
 
 def build(arch, preset, seed, dtype="fp32"):

@@ -74,8 +74,10 @@ def granitemoehybrid_config(p, dtype_name):
     experts, top_k = p["num_local_experts"], p["num_experts_per_tok"]
     if experts and not 0 < top_k <= experts:
         raise ValueError("num_experts_per_tok must be in [1, num_local_experts]")
-    if p["position_embedding_type"] not in (None, "rope"):
-        raise ValueError("position_embedding_type must be None or 'rope'")
+    # transformers builds rotary embeddings only for "rope"; None and "nope" (what the published
+    # Granite 4.0-H configs say) both mean no positions.
+    if p["position_embedding_type"] not in (None, "nope", "rope"):
+        raise ValueError("position_embedding_type must be None, 'nope' or 'rope'")
     return {
         **head_fields(p, "GraniteMoeHybridForCausalLM", "granitemoehybrid", dtype_name, len(pattern),
                       tied=p["tie_word_embeddings"]),

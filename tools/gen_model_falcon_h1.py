@@ -2,6 +2,8 @@
 
 Every decoder layer holds a Mamba2 mixer (model.layers.L.mamba.*) and attention (self_attn.*) on
 the same normed input, then a SwiGLU feed_forward; the multipliers are folded into the init.
+The mixer's in_proj has a bias when mamba_proj_bias, its out_proj when projectors_bias (each
+without the other too, as transformers' FalconH1Mixer builds them).
 """
 
 import numpy as np
@@ -42,11 +44,11 @@ def falcon_h1_config(p, dtype_name):
         "intermediate_size": p["intermediate_size"],
         "hidden_act": "silu",
         "mlp_bias": p["mlp_bias"],
-        "projectors_bias": False,
+        "projectors_bias": p["projectors_bias"],
         # Mamba2 mixer of every layer
         **{k: p[k] for k in mamba},
         "mamba_conv_bias": True,
-        "mamba_proj_bias": False,
+        "mamba_proj_bias": p["mamba_proj_bias"],
         "time_step_limit": [0.0, INF],
         **tail_fields(1e-5),
     }
@@ -66,7 +68,8 @@ def falcon_h1_weights(cfg, seed):
     embedding_multiplier). A tied embedding is the head: std 1/(sqrt(hidden) lm_head_multiplier),
     so the embedded input is embedding_multiplier / lm_head_multiplier times the untied one's, and
     the residual branches' output projections are scaled up by that gain to match (as Granite's).
-    MLP biases (mlp_bias) ~ N(0, 0.1^2) after their multipliers.
+    MLP biases (mlp_bias) and the mixer's in_proj bias (mamba_proj_bias) and out_proj bias
+    (projectors_bias) ~ N(0, 0.1^2) after their multipliers.
     """
     h, v, f, n_layers = cfg["hidden_size"], cfg["vocab_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
     tied = cfg["tie_word_embeddings"]
@@ -82,6 +85,7 @@ def falcon_h1_weights(cfg, seed):
     # in_proj rows [z | x | B | C | dt] and their ssm_multipliers entries
     seg_rows = np.repeat(np.arange(5), [d_ssm, d_ssm, gs, gs, n_heads])
     row_std = h ** -0.5 / (s_in * np.asarray(cfg["ssm_multipliers"], dtype=np.float64)[seg_rows])
+    bias_std = 0.1 / np.asarray(cfg["ssm_multipliers"], dtype=np.float64)[seg_rows]
     for i in range(n_layers):
         pre = f"model.layers.{i}."
         t.norm(pre + "input_layernorm.weight", h)
@@ -90,6 +94,11 @@ def falcon_h1_weights(cfg, seed):
                     cfg["mamba_d_conv"], n_layers, gain / cfg["ssm_out_multiplier"])
         z = t.stream(mix + "in_proj.weight").normal((2 * d_ssm + 2 * gs + n_heads, h), 1.0)  # exact: k / 65536
         t[mix + "in_proj.weight"] = (z.astype(np.float64) * row_std[:, None]).astype(np.float32)
+        if cfg["mamba_proj_bias"]:  # added before the ssm_multipliers, so divided by them
+            z = t.stream(mix + "in_proj.bias").normal((seg_rows.size,), 1.0)
+            t[mix + "in_proj.bias"] = (z.astype(np.float64) * bias_std).astype(np.float32)
+        if cfg["projectors_bias"]:
+            t.normal(mix + "out_proj.bias", (h,), 0.1 * gain / cfg["ssm_out_multiplier"])
         if not cfg["mamba_rms_norm"]:
             del t[mix + "norm.weight"]
         attention(t, pre + "self_attn.", h, nq * hd, nkv * hd,

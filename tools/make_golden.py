@@ -25,8 +25,9 @@ For each fixture model (see MODELS) this script
      margins per prompt and their minimum over all prompts, whether cached and uncached greedy
      agree, notes; for a MoE model the routing under "moe").
 
-bamba_tiny, bamba_tiny2 (BambaForCausalLM) and granite_moe_tiny, granite_dense_tiny
-(GraniteMoeHybridForCausalLM) and falcon_h1_tiny, falcon_h1_tiny2, falcon_h1_tiny3
+bamba_tiny, bamba_tiny2 (BambaForCausalLM) and granite_moe_tiny, granite_dense_tiny,
+granite_nope_tiny (GraniteMoeHybridForCausalLM; the last says position_embedding_type "nope")
+and falcon_h1_tiny, falcon_h1_tiny2, falcon_h1_tiny3, falcon_h1_out_bias_tiny, falcon_h1_in_bias_tiny
 (FalconH1ForCausalLM; golden.json "falcon_h1" gives the head_dim, RoPE, mixer width, in_proj
 segments, gated-norm groups and multipliers transformers ran, after asserting its mup_vector)
 are checked and recorded the same way. The GraniteMoeHybrid
