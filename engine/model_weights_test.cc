@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <string>
@@ -12,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/string_view.h"
 #include "common/hash.h"
 #include "common/runfiles.h"
@@ -34,6 +36,8 @@ constexpr absl::string_view kNemotronTiedTiny = "tests/fixtures/golden/nemotron_
 constexpr absl::string_view kDefault = "models/default";
 // Falcon-H1 with projectors_bias (out_proj's bias) and no mamba_proj_bias (in_proj's).
 constexpr absl::string_view kFalconOutBiasTiny = "tests/fixtures/golden/falcon_h1_out_bias_tiny";
+// Granite 4.0-H whose config.json says position_embedding_type "nope".
+constexpr absl::string_view kGraniteNopeTiny = "tests/fixtures/golden/granite_nope_tiny";
 
 using common::Runfile;
 
@@ -218,6 +222,29 @@ TEST(ModelWeightsTest, FingerprintsAreStableAndDifferBetweenModels) {
   EXPECT_NE(a1->fingerprint(), c->fingerprint());
   EXPECT_NE(b->fingerprint(), c->fingerprint());
   EXPECT_NE(a1->fingerprint(), common::Hash128{});
+}
+
+// "nope" and null are one model (no positions either way): the same weights
+// under either config have one fingerprint, so one cache namespace; "rope" is
+// another model.
+TEST(ModelWeightsTest, GraniteNopeAndNullPositionsHaveOneFingerprint) {
+  std::ifstream in(Runfile(absl::StrCat(kGraniteNopeTiny, "/config.json")));
+  const std::string nope((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_THAT(nope, HasSubstr("\"position_embedding_type\": \"nope\""));
+  const std::string null_positions =
+      absl::StrReplaceAll(nope, {{"\"position_embedding_type\": \"nope\"", "\"position_embedding_type\": null"}});
+  const std::string rope =
+      absl::StrReplaceAll(nope, {{"\"position_embedding_type\": \"nope\"", "\"position_embedding_type\": \"rope\""}});
+  std::vector<common::Hash128> fingerprints;
+  for (const std::string& text : {nope, null_positions, rope}) {
+    absl::StatusOr<ModelConfig> config = ParseModelConfig(text);
+    ASSERT_TRUE(config.ok()) << config.status();
+    auto w = ModelWeights::Load(*config, Runfile(kGraniteNopeTiny));
+    ASSERT_TRUE(w.ok()) << w.status();
+    fingerprints.push_back((*w)->fingerprint());
+  }
+  EXPECT_EQ(fingerprints[0], fingerprints[1]);
+  EXPECT_NE(fingerprints[0], fingerprints[2]);
 }
 
 TEST(ModelWeightsTest, FingerprintIgnoresPrefixButSeesEveryWeightByte) {
