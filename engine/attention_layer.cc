@@ -61,7 +61,7 @@ class AttentionLayerRunner final : public LayerRunner {
     attn.scale = p_.scale;
     RETURN_IF_ERROR(KernelStatusToStatus(env_.backend->AttentionPrefill(attn), "AttentionPrefill"));
 
-    return LinearToResidual(env_, out, n, p_.q_dim(), w_.o_proj, config_.hidden_size, /*bias=*/nullptr, residual,
+    return LinearToResidual(env_, out, n, p_.q_dim(), w_.o_proj, config_.hidden_size, w_.o_proj_bias, residual,
                             "attention o_proj");
   }
 
@@ -98,16 +98,17 @@ class AttentionLayerRunner final : public LayerRunner {
     attn.scale = p_.scale;
     RETURN_IF_ERROR(KernelStatusToStatus(env_.backend->AttentionDecode(attn), "AttentionDecode"));
 
-    return LinearToResidual(env_, out, n, p_.q_dim(), w_.o_proj, config_.hidden_size, /*bias=*/nullptr, residual,
+    return LinearToResidual(env_, out, n, p_.q_dim(), w_.o_proj, config_.hidden_size, w_.o_proj_bias, residual,
                             "attention o_proj");
   }
 
  private:
-  // qkv = qkv_proj(in_multiplier * x), the keys times key_multiplier (Falcon-H1; 1 elsewhere).
+  // qkv = qkv_proj(in_multiplier * x) + qkv_bias, the keys times key_multiplier
+  // (Falcon-H1; 1 and no bias elsewhere).
   absl::Status Project(const float* normed, int64_t n, float* qkv) {
     const int64_t in = input_dim();
     ASSIGN_OR_RETURN(const float* x, ScaledInput(env_, normed, n, in, p_.in_multiplier));
-    RETURN_IF_ERROR(Linear(env_, x, n, in, w_.qkv_proj, qkv_rows(), /*bias=*/nullptr, qkv,
+    RETURN_IF_ERROR(Linear(env_, x, n, in, w_.qkv_proj, qkv_rows(), w_.qkv_bias, qkv,
                            /*accumulate=*/false, "attention qkv_proj"));
     if (options_.adapters != nullptr) RETURN_IF_ERROR(AddAdapters(*options_.adapters, x, n, qkv));
     return ScaleColumns(env_, qkv, n, p_.q_dim(), p_.kv_dim(), qkv_rows(), p_.key_multiplier);

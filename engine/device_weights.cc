@@ -95,7 +95,14 @@ class DeviceWeights::Uploader {
   absl::StatusOr<DeviceAttentionWeights> Attention(const AttentionLayerWeights& w) {
     DeviceAttentionWeights a;
     ASSIGN_OR_RETURN(a.qkv_proj, Stacked({&w.q_proj, &w.k_proj, &w.v_proj}, "attention qkv_proj"));
+    if (!w.q_proj_bias.empty()) {
+      std::vector<float> qkv_bias = w.q_proj_bias;
+      qkv_bias.insert(qkv_bias.end(), w.k_proj_bias.begin(), w.k_proj_bias.end());
+      qkv_bias.insert(qkv_bias.end(), w.v_proj_bias.begin(), w.v_proj_bias.end());
+      ASSIGN_OR_RETURN(a.qkv_bias, Derived(qkv_bias, "attention qkv bias"));
+    }
     ASSIGN_OR_RETURN(a.o_proj, Matrix(w.o_proj, "attention o_proj"));
+    ASSIGN_OR_RETURN(a.o_proj_bias, Constant(w.o_proj_bias, "attention o_proj bias"));
     return a;
   }
 

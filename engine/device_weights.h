@@ -55,7 +55,9 @@ struct DeviceAttentionWeights {
   // element is the same dot product as with three matrices (bit-identical in
   // deterministic mode), in one kernel call.
   DeviceMatrix qkv_proj;
-  DeviceMatrix o_proj;  // [hidden, q_dim]
+  const float* qkv_bias = nullptr;     // [q_dim + 2 * kv_dim]: [q | k | v] biases, or null
+  DeviceMatrix o_proj;                 // [hidden, q_dim]
+  const float* o_proj_bias = nullptr;  // [hidden] or null
 };
 
 struct DeviceMlpWeights {

@@ -148,7 +148,8 @@ struct Mamba2Params {
   int64_t heads_per_group() const { return n_groups > 0 ? num_heads / n_groups : 0; }
 };
 
-// Hyper-parameters of every attention layer. No family has attention biases.
+// Hyper-parameters of every attention layer. Only Falcon-H1 runs attention
+// biases (attention_bias: q, k, v and o projections).
 // Nemotron-H and Granite (position_embedding_type null or "nope") have no position
 // encoding; Bamba rotates the first half of each head (rotate-half RoPE,
 // partial_rotary_factor 0.5, fixed by transformers); Granite with
@@ -161,7 +162,8 @@ struct AttentionParams {
   bool use_rope = false;
   int64_t rotary_dim = 0;  // even, <= head_dim, when use_rope
   double rope_theta = 10000.0;
-  float scale = 0.0f;  // 0: head_dim^-0.5
+  float scale = 0.0f;     // 0: head_dim^-0.5
+  bool use_bias = false;  // biases of q_proj, k_proj, v_proj and o_proj
   // Falcon-H1 (1 elsewhere): the input is multiplied by in_multiplier, the keys
   // (before RoPE) by key_multiplier, the output by out_multiplier before the
   // residual add.

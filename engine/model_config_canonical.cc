@@ -43,6 +43,7 @@ std::string ModelConfig::CanonicalString() const {
   if (SsmLayers() > 0 && mamba.use_out_proj_bias != mamba.use_in_proj_bias) {
     absl::StrAppendFormat(&out, "mamba2_out_proj_bias=%d;", static_cast<int>(mamba.use_out_proj_bias));
   }
+  if (KvLayers() > 0 && attention.use_bias) absl::StrAppendFormat(&out, "attention_bias=1;");
   if (SsmLayers() > 0 && mamba.gated_norm_eps != 0.0f) {
     absl::StrAppendFormat(&out, "mamba2_norm_eps=%a;", mamba.gated_norm_eps);
   }

@@ -177,14 +177,16 @@ absl::Status ParseMambaPrefixed(const ConfigFields& f, int64_t hidden_size, Mamb
   return absl::OkStatus();
 }
 
-// Attention of Bamba and Granite: q/k/v/o projections without biases.
-absl::Status ParseLlamaStyleAttention(const ConfigFields& f, int64_t hidden_size, AttentionParams& a) {
+// Attention of Bamba, Granite and Falcon-H1: q/k/v/o projections, with biases
+// (attention_bias) where `allow_bias` (Falcon-H1; checked against transformers).
+absl::Status ParseLlamaStyleAttention(const ConfigFields& f, int64_t hidden_size, AttentionParams& a,
+                                      bool allow_bias = false) {
   ASSIGN_OR_RETURN(a.num_heads, f.Int({"num_attention_heads"}, std::nullopt));
   ASSIGN_OR_RETURN(a.num_kv_heads, f.Int({"num_key_value_heads"}, a.num_heads));
   RETURN_IF_ERROR(CheckDim("num_attention_heads", a.num_heads));
   ASSIGN_OR_RETURN(a.head_dim, f.Int({"head_dim"}, hidden_size / a.num_heads));
-  ASSIGN_OR_RETURN(bool attention_bias, f.Bool({"attention_bias"}, false));
-  if (attention_bias) return absl::UnimplementedError("attention_bias true is not supported");
+  ASSIGN_OR_RETURN(a.use_bias, f.Bool({"attention_bias"}, false));
+  if (a.use_bias && !allow_bias) return absl::UnimplementedError("attention_bias true is not supported");
   return absl::OkStatus();
 }
 
@@ -516,7 +518,7 @@ absl::Status ParseFalconH1(const ConfigFields& f, ModelConfig& c) {
   RETURN_IF_ERROR(Multipliers(f, "ssm_multipliers", 5, m.segment_multipliers));
 
   AttentionParams& a = c.attention;
-  RETURN_IF_ERROR(ParseLlamaStyleAttention(f, c.hidden_size, a));
+  RETURN_IF_ERROR(ParseLlamaStyleAttention(f, c.hidden_size, a, /*allow_bias=*/true));
   RETURN_IF_ERROR(ParseRope(f, a));
   ASSIGN_OR_RETURN(const double factor, PartialRotaryFactor(f, 1.0));
   a.use_rope = true;

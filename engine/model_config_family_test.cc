@@ -319,7 +319,16 @@ TEST(ModelConfigFamilyTest, FalconH1MixerBiasesFollowTheirOwnFlags) {
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_FALSE(c->mamba.use_in_proj_bias);
   EXPECT_FALSE(c->mamba.use_out_proj_bias);
+  EXPECT_FALSE(c->attention.use_bias);
   EXPECT_EQ(c->CanonicalString(), neither);
+  // attention_bias: q/k/v/o biases (FalconH1Attention), another model.
+  j["attention_bias"] = true;
+  c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->attention.use_bias);
+  EXPECT_FALSE(c->mamba.use_in_proj_bias);
+  EXPECT_THAT(c->CanonicalString(), HasSubstr("attention_bias=1;"));
+  EXPECT_NE(c->CanonicalString(), neither);
 }
 
 TEST(ModelConfigFamilyTest, FalconH1Refusals) {
@@ -336,8 +345,8 @@ TEST(ModelConfigFamilyTest, FalconH1Refusals) {
   j["mamba_d_ssm"] = 48;
   ExpectError(j, absl::StatusCode::kInvalidArgument, "mamba_d_head (16) must equal d_inner (48");
   j = FalconBase();
-  j["attention_bias"] = true;
-  ExpectError(j, absl::StatusCode::kUnimplemented, "attention_bias");
+  j["attention_bias"] = "yes";
+  ExpectError(j, absl::StatusCode::kInvalidArgument, "attention_bias must be true or false");
   Json bamba = BambaBase();
   ModelConfig c = *Parse(bamba);
   c.layers[0] = LayerKind::kParallel;
@@ -448,6 +457,9 @@ TEST(ModelConfigFamilyTest, UnsupportedFeaturesAreRefusedByName) {
   j["hidden_act"] = "gelu";
   ExpectError(j, absl::StatusCode::kUnimplemented, "hidden_act \"gelu\"");
   j = BambaBase();
+  j["attention_bias"] = true;  // Falcon-H1's only, so far: no Bamba or Granite fixture has them
+  ExpectError(j, absl::StatusCode::kUnimplemented, "attention_bias");
+  j = GraniteBase();
   j["attention_bias"] = true;
   ExpectError(j, absl::StatusCode::kUnimplemented, "attention_bias");
   j = GraniteBase();

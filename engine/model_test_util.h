@@ -39,7 +39,8 @@ inline constexpr absl::string_view kFalconTiny = "tests/fixtures/golden/falcon_h
 inline constexpr absl::string_view kFalconTiny2 = "tests/fixtures/golden/falcon_h1_tiny2";
 inline constexpr absl::string_view kFalconTiny3 = "tests/fixtures/golden/falcon_h1_tiny3";
 // Falcon-H1 with one of the mixer's projection biases: out_proj's alone
-// (projectors_bias, no mixer norm) and in_proj's alone (mamba_proj_bias, gated norm).
+// (projectors_bias, no mixer norm) and in_proj's alone (mamba_proj_bias, gated
+// norm, and attention biases).
 inline constexpr absl::string_view kFalconOutBiasTiny = "tests/fixtures/golden/falcon_h1_out_bias_tiny";
 inline constexpr absl::string_view kFalconInBiasTiny = "tests/fixtures/golden/falcon_h1_in_bias_tiny";
 // Nemotron-H with MoE ('E') blocks: "ME*E-M", 8 experts top-2 in 2 groups keeping 1,

@@ -246,6 +246,10 @@ class ModelWeights::Loader {
     RETURN_IF_ERROR(TakeBody(p + "k_proj.weight", {a.kv_dim(), hidden}, w.k_proj));
     RETURN_IF_ERROR(TakeBody(p + "v_proj.weight", {a.kv_dim(), hidden}, w.v_proj));
     RETURN_IF_ERROR(TakeBody(p + "o_proj.weight", {hidden, a.q_dim()}, w.o_proj));
+    RETURN_IF_ERROR(TakeBodyIf(a.use_bias, p + "q_proj.bias", {a.q_dim()}, w.q_proj_bias));
+    RETURN_IF_ERROR(TakeBodyIf(a.use_bias, p + "k_proj.bias", {a.kv_dim()}, w.k_proj_bias));
+    RETURN_IF_ERROR(TakeBodyIf(a.use_bias, p + "v_proj.bias", {a.kv_dim()}, w.v_proj_bias));
+    RETURN_IF_ERROR(TakeBodyIf(a.use_bias, p + "o_proj.bias", {hidden}, w.o_proj_bias));
     return absl::OkStatus();
   }
 

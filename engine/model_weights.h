@@ -115,6 +115,8 @@ struct AttentionLayerWeights {
   WeightMatrix k_proj;  // [num_kv_heads * head_dim, hidden]
   WeightMatrix v_proj;  // [num_kv_heads * head_dim, hidden]
   WeightMatrix o_proj;  // [hidden, num_heads * head_dim]
+  // [q_dim], [kv_dim], [kv_dim], [hidden] if AttentionParams::use_bias, else empty.
+  std::vector<float> q_proj_bias, k_proj_bias, v_proj_bias, o_proj_bias;
 };
 
 struct MlpLayerWeights {

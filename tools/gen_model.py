@@ -104,7 +104,8 @@ tiny3    falcon_h1 only: 2 layers, Mamba2 8 x 8, n_groups 2, gated RMSNorm after
 tiny4    falcon_h1 only: tiny in 2 layers without MLP biases, the mixer's out_proj with a bias
          (projectors_bias) and its in_proj without (mamba_proj_bias false).
 tiny5    falcon_h1 only: tiny in 2 layers without MLP biases, the mixer's in_proj with a bias
-         (mamba_proj_bias) and its out_proj without; gated RMSNorm before the gate.
+         (mamba_proj_bias) and its out_proj without; attention biases (attention_bias); gated
+         RMSNorm before the gate.
 default  Byte-level model of a few MB, chunk 64: the architecture and the initial weights of the
          embedded default model, which tools/train_default_model.py trains on English text into
          models/default (the random weights of this preset are not what is embedded). Vocabulary
@@ -248,7 +249,8 @@ _FALCON_TINY = dict(
     mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=4,
     mamba_expand=2, mamba_chunk_size=16, mamba_rms_norm=False, mamba_norm_before_gate=True,
     num_attention_heads=4, num_key_value_heads=2, head_dim=None, rope_theta=1e11,
-    intermediate_size=64, mlp_bias=True, projectors_bias=False, mamba_proj_bias=False, tie_word_embeddings=False,
+    intermediate_size=64, mlp_bias=True, projectors_bias=False, mamba_proj_bias=False, attention_bias=False,
+    tie_word_embeddings=False,
     embedding_multiplier=5.5, lm_head_multiplier=0.0390625, key_multiplier=0.390625,
     attention_in_multiplier=1.25, attention_out_multiplier=0.9375, ssm_in_multiplier=1.5,
     ssm_out_multiplier=0.2357, ssm_multipliers=[0.3535, 0.25, 0.707, 0.5, 1.75], mlp_multipliers=[0.8839, 0.5859],
@@ -335,12 +337,13 @@ PRESETS = {
         ssm_out_multiplier=0.8, ssm_multipliers=[0.9, 1.2, 0.4, 1.6, 0.3], mlp_multipliers=[0.65, 1.45]),
     # The mixer's projection biases one without the other (transformers: in_proj's bias is
     # mamba_proj_bias, out_proj's projectors_bias). tiny4: out_proj's only, no mixer norm;
-    # tiny5: in_proj's only (added before the ssm_multipliers), gated RMSNorm before the gate.
+    # tiny5: in_proj's only (added before the ssm_multipliers), gated RMSNorm before the gate, and
+    # attention biases (attention_bias: q/k/v/o_proj; k's before key_multiplier).
     ("falcon_h1", "tiny4"): _with(
         _FALCON_TINY, num_hidden_layers=2, projectors_bias=True, mamba_proj_bias=False, mlp_bias=False),
     ("falcon_h1", "tiny5"): _with(
         _FALCON_TINY, num_hidden_layers=2, projectors_bias=False, mamba_proj_bias=True, mamba_rms_norm=True,
-        mlp_bias=False),
+        attention_bias=True, mlp_bias=False),
     # out_proj's bias without in_proj's (projectors_bias true, mamba_proj_bias false).
     ("falcon_h1", "e2e"): _with(
         _FALCON_TINY, **_BYTE_IDS, hidden_size=64, num_hidden_layers=4, mamba_chunk_size=32, mamba_rms_norm=True,

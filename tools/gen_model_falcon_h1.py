@@ -3,7 +3,8 @@
 Every decoder layer holds a Mamba2 mixer (model.layers.L.mamba.*) and attention (self_attn.*) on
 the same normed input, then a SwiGLU feed_forward; the multipliers are folded into the init.
 The mixer's in_proj has a bias when mamba_proj_bias, its out_proj when projectors_bias (each
-without the other too, as transformers' FalconH1Mixer builds them).
+without the other too, as transformers' FalconH1Mixer builds them); q/k/v/o_proj when
+attention_bias.
 """
 
 import numpy as np
@@ -38,6 +39,7 @@ def falcon_h1_config(p, dtype_name):
         **{k: (list(p[k]) if isinstance(p[k], list) else p[k]) for k in FALCON_H1_MULTIPLIERS},
         # attention, beside the mixer in every layer: RoPE on the full head_dim
         **attention_fields(p),
+        "attention_bias": p["attention_bias"],
         **({"head_dim": p["head_dim"]} if p["head_dim"] is not None else {}),
         "rope_parameters": {"rope_type": "default", "rope_theta": p["rope_theta"]},
         # SwiGLU MLP of every layer
@@ -68,8 +70,9 @@ def falcon_h1_weights(cfg, seed):
     embedding_multiplier). A tied embedding is the head: std 1/(sqrt(hidden) lm_head_multiplier),
     so the embedded input is embedding_multiplier / lm_head_multiplier times the untied one's, and
     the residual branches' output projections are scaled up by that gain to match (as Granite's).
-    MLP biases (mlp_bias) and the mixer's in_proj bias (mamba_proj_bias) and out_proj bias
-    (projectors_bias) ~ N(0, 0.1^2) after their multipliers.
+    MLP biases (mlp_bias), the mixer's in_proj bias (mamba_proj_bias) and out_proj bias
+    (projectors_bias), and the attention biases (attention_bias) ~ N(0, 0.1^2) after their
+    multipliers.
     """
     h, v, f, n_layers = cfg["hidden_size"], cfg["vocab_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
     tied = cfg["tie_word_embeddings"]
@@ -104,6 +107,10 @@ def falcon_h1_weights(cfg, seed):
         attention(t, pre + "self_attn.", h, nq * hd, nkv * hd,
                   (nq * hd * n_layers) ** -0.5 * gain / cfg["attention_out_multiplier"],
                   in_std=h ** -0.5 / a_in, k_std=h ** -0.5 / (a_in * cfg["key_multiplier"]))
+        if cfg["attention_bias"]:
+            for name, n, std in (("q_proj", nq * hd, 0.1), ("k_proj", nkv * hd, 0.1 / cfg["key_multiplier"]),
+                                 ("v_proj", nkv * hd, 0.1), ("o_proj", h, 0.1 * gain / cfg["attention_out_multiplier"])):
+                t.normal(pre + "self_attn." + name + ".bias", (n,), std)
         t.norm(pre + "pre_ff_layernorm.weight", h)
         swiglu_mlp(t, pre + "feed_forward.", h, f, (f * n_layers) ** -0.5 * gain / down_m, gate_std=h ** -0.5 / gate_m,
                    bias_stds=(0.1 / gate_m, 0.1, 0.1 * gain / down_m) if cfg["mlp_bias"] else None)
