@@ -186,7 +186,9 @@ absl::Status ParseLlamaStyleAttention(const ConfigFields& f, int64_t hidden_size
   RETURN_IF_ERROR(CheckDim("num_attention_heads", a.num_heads));
   ASSIGN_OR_RETURN(a.head_dim, f.Int({"head_dim"}, hidden_size / a.num_heads));
   ASSIGN_OR_RETURN(a.use_bias, f.Bool({"attention_bias"}, false));
-  if (a.use_bias && !allow_bias) return absl::UnimplementedError("attention_bias true is not supported");
+  if (a.use_bias && !allow_bias) {
+    return absl::UnimplementedError("attention_bias true is not supported (attention biases run for falcon_h1 only)");
+  }
   return absl::OkStatus();
 }
 
