@@ -227,7 +227,12 @@ enum class ExpertKind {
 
 // Hyper-parameters of every mixture-of-experts block. The block's output is
 // sum over the chosen experts e (ascending e) of weight_e * expert_e(x), plus
-// the shared expert's output (shared_intermediate_size 0: none).
+// the shared expert's output (shared_intermediate_size 0: none). With
+// latent_size L > 0 (Nemotron-H's moe_latent_size, transformers 5.23
+// NemotronHMoE) the routed experts run in an L-wide latent space:
+//   y = fc2(sum over e of weight_e * expert_e(fc1(x))) + shared(x)
+// with fc1 [L, hidden] and fc2 [hidden, L] (no biases); the router and the
+// shared expert still read x itself.
 struct MoeParams {
   int64_t num_experts = 0;
   int64_t top_k = 0;              // 1 <= top_k <= num_experts
@@ -240,7 +245,10 @@ struct MoeParams {
   int64_t topk_group = 1;  // 1 <= topk_group <= n_group
   bool norm_topk_prob = true;
   float routed_scaling_factor = 1.0f;
+  int64_t latent_size = 0;  // 0: no latent projections (moe_latent_size null)
 
+  // The width the routed experts read and write: latent_size, else hidden.
+  int64_t expert_dim(int64_t hidden) const { return latent_size > 0 ? latent_size : hidden; }
   // Rows of an expert's up projection: 2 * inter for kSwiGlu, inter for kRelu2.
   int64_t up_rows(int64_t inter) const { return expert == ExpertKind::kSwiGlu ? 2 * inter : inter; }
 };

@@ -72,6 +72,8 @@ std::string ModelConfig::CanonicalString() const {
         moe.num_experts, moe.top_k, moe.intermediate_size, moe.shared_intermediate_size, static_cast<int>(moe.router),
         static_cast<int>(moe.expert), moe.n_group, moe.topk_group, static_cast<int>(moe.norm_topk_prob),
         moe.routed_scaling_factor);
+    // Only with latent projections, so the strings of MoE models without them are unchanged.
+    if (moe.latent_size > 0) absl::StrAppendFormat(&out, "moe_latent{size=%d};", moe.latent_size);
   }
   if (embedding_multiplier != 1.0f || residual_multiplier != 1.0f || logits_scaling != 1.0f ||
       logits_multiplier != 1.0f) {

@@ -115,7 +115,8 @@ absl::StatusOr<std::vector<LayerKind>> NemotronLayers(const ConfigFields& f) {
 }
 
 // Nemotron-H's 'E' blocks (transformers 5.23 NemotronHMoE): relu2 experts, a
-// relu2 shared expert, sigmoid group-limited top-k routing.
+// relu2 shared expert, sigmoid group-limited top-k routing, and with
+// moe_latent_size the latent projections around the routed experts.
 absl::Status ParseNemotronMoe(const ConfigFields& f, MoeParams& moe) {
   moe.router = MoeRouter::kSigmoidGroupTopK;
   moe.expert = ExpertKind::kRelu2;
@@ -128,9 +129,12 @@ absl::Status ParseNemotronMoe(const ConfigFields& f, MoeParams& moe) {
   ASSIGN_OR_RETURN(moe.norm_topk_prob, f.Bool({"norm_topk_prob"}, true));
   ASSIGN_OR_RETURN(double scaling, f.Float({"routed_scaling_factor"}, 1.0));
   moe.routed_scaling_factor = static_cast<float>(scaling);
+  // An integer or null (transformers' NemotronHConfig types it `int | None`; 0
+  // builds a zero-width projection its forward cannot run); larger than
+  // hidden_size is allowed, as transformers allows it.
   if (f.Has("moe_latent_size")) {
-    return absl::UnimplementedError(
-        absl::StrCat("moe_latent_size (", Excerpt(f.Get("moe_latent_size")), ") is not supported"));
+    ASSIGN_OR_RETURN(moe.latent_size, f.Int({"moe_latent_size"}, std::nullopt));
+    RETURN_IF_ERROR(CheckDim("moe_latent_size", moe.latent_size));
   }
   return absl::OkStatus();
 }

@@ -210,11 +210,54 @@ TEST(ModelConfigFamilyTest, NemotronHMoeBlocks) {
   EXPECT_EQ(c->CountLayers(LayerKind::kMoe), 2);
 }
 
+// moe_latent_size (Nemotron 3 Super and Ultra: 1024 and 2048 at hidden 4096
+// and 8192): the routed experts run at that width, the rest of the block at
+// hidden_size. null (what save_pretrained writes without it) means none.
+TEST(ModelConfigFamilyTest, NemotronHMoeLatentSizeSetsTheExpertWidth) {
+  absl::StatusOr<ModelConfig> c = Parse(NemotronMoeBase());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->moe.latent_size, 0);
+  EXPECT_EQ(c->moe.expert_dim(c->hidden_size), 32);
+  Json j = NemotronMoeBase();
+  j["moe_latent_size"] = 12;
+  c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->moe.latent_size, 12);
+  EXPECT_EQ(c->moe.expert_dim(c->hidden_size), 12);
+  EXPECT_EQ(c->moe.intermediate_size, 16);
+  EXPECT_EQ(c->moe.shared_intermediate_size, 24);
+  // Wider than hidden_size: transformers builds and runs it, so do we.
+  j["moe_latent_size"] = 48;
+  c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->moe.expert_dim(c->hidden_size), 48);
+}
+
+// transformers types moe_latent_size `int | None` (its strict config refuses
+// 12.0, true and "12"); 0 builds a zero-width projection its forward fails on,
+// a negative size fails at construction.
+TEST(ModelConfigFamilyTest, NemotronHMoeLatentSizeMustBeAPositiveInteger) {
+  Json j = NemotronMoeBase();
+  j["moe_latent_size"] = 0;
+  ExpectError(j, absl::StatusCode::kInvalidArgument, "moe_latent_size (0) must be in [1, ");
+  j["moe_latent_size"] = -4;
+  ExpectError(j, absl::StatusCode::kInvalidArgument, "moe_latent_size (-4) must be in [1, ");
+  j["moe_latent_size"] = 12.0;
+  ExpectError(j, absl::StatusCode::kInvalidArgument, "moe_latent_size must be an integer, got 12.0");
+  j["moe_latent_size"] = true;
+  ExpectError(j, absl::StatusCode::kInvalidArgument, "moe_latent_size must be an integer, got true");
+  j["moe_latent_size"] = "12";
+  ExpectError(j, absl::StatusCode::kInvalidArgument, "moe_latent_size must be an integer");
+  j["moe_latent_size"] = int64_t{1} << 25;
+  ExpectError(j, absl::StatusCode::kInvalidArgument, "moe_latent_size (33554432) must be in [1, ");
+  // A struct edited by hand is checked too.
+  ModelConfig c = *Parse(NemotronMoeBase());
+  c.moe.latent_size = -1;
+  EXPECT_THAT(std::string(c.Validate().message()), HasSubstr("moe_latent_size (-1)"));
+}
+
 TEST(ModelConfigFamilyTest, NemotronHMoeRefusals) {
   Json j = NemotronMoeBase();
-  j["moe_latent_size"] = 16;
-  ExpectError(j, absl::StatusCode::kUnimplemented, "moe_latent_size (16)");
-  j = NemotronMoeBase();
   j["n_group"] = 3;
   ExpectError(j, absl::StatusCode::kInvalidArgument, "n_group (3) must divide");
   j = NemotronMoeBase();
@@ -443,6 +486,20 @@ TEST(ModelConfigFamilyTest, FamiliesFingerprintTheirOwnFields) {
   j = FalconBase();
   j["mamba_rms_norm"] = true;
   EXPECT_NE(falcon.CanonicalString(), Parse(j)->CanonicalString());
+  // Two models that differ only in moe_latent_size (or in having one) must not
+  // share cache entries; null leaves the string of a model without it as it was.
+  j = NemotronMoeBase();
+  const std::string no_latent = Parse(j)->CanonicalString();
+  j.erase("moe_latent_size");
+  EXPECT_EQ(Parse(j)->CanonicalString(), no_latent);
+  EXPECT_THAT(no_latent, ::testing::Not(HasSubstr("latent")));
+  j["moe_latent_size"] = 12;
+  const std::string latent12 = Parse(j)->CanonicalString();
+  j["moe_latent_size"] = 16;
+  const std::string latent16 = Parse(j)->CanonicalString();
+  EXPECT_NE(latent12, no_latent);
+  EXPECT_NE(latent12, latent16);
+  EXPECT_THAT(latent12, HasSubstr("moe_latent{size=12};"));
 }
 
 TEST(ModelConfigFamilyTest, UnsupportedFeaturesAreRefusedByName) {

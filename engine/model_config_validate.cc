@@ -113,6 +113,7 @@ absl::Status ValidateMoe(const MoeParams& moe) {
   if (moe.shared_intermediate_size != 0) {
     RETURN_IF_ERROR(CheckDim("shared_intermediate_size", moe.shared_intermediate_size));
   }
+  if (moe.latent_size != 0) RETURN_IF_ERROR(CheckDim("moe_latent_size", moe.latent_size));
   if (moe.router == MoeRouter::kSigmoidGroupTopK) {
     if (moe.n_group < 1 || moe.num_experts % moe.n_group != 0) {
       return absl::InvalidArgumentError(

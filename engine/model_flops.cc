@@ -23,14 +23,17 @@ double AttentionProjectionFlops(const ModelConfig& c, double in) {
   return 2 * in * (q + 2 * kv) + 2 * q * D(c.hidden_size);
 }
 
-double ExpertFlops(const ModelConfig& c, int64_t inter) {
-  return 2 * D(c.hidden_size) * D(c.moe.up_rows(inter)) + 2 * D(inter) * D(c.hidden_size);
+// An expert of `inter` reading and writing `dim` channels.
+double ExpertFlops(const ModelConfig& c, int64_t dim, int64_t inter) {
+  return 2 * D(dim) * D(c.moe.up_rows(inter)) + 2 * D(inter) * D(dim);
 }
 
 double MoeFlops(const ModelConfig& c) {
-  const double router = 2 * D(c.hidden_size) * D(c.moe.num_experts);
-  return router + D(c.moe.top_k) * ExpertFlops(c, c.moe.intermediate_size) +
-         ExpertFlops(c, c.moe.shared_intermediate_size);
+  const double h = D(c.hidden_size);
+  const double router = 2 * h * D(c.moe.num_experts);
+  const double latent = 4 * h * D(c.moe.latent_size);  // fc1 and fc2; 0 without them
+  return router + latent + D(c.moe.top_k) * ExpertFlops(c, c.moe.expert_dim(c.hidden_size), c.moe.intermediate_size) +
+         ExpertFlops(c, c.hidden_size, c.moe.shared_intermediate_size);
 }
 
 double ZambaSharedFlops(const ModelConfig& c) {

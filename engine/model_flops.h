@@ -23,8 +23,11 @@
 //   MLP '-'        4*h*I                                            up, down (I = intermediate_size)
 //   gated MLP 'G'  6*h*I                                            gate, up, down
 //   MoE 'E'        2*h*E                                            router (E experts)
-//                + top_k * X(I) + X(I_shared)                       the active experts and the shared one
-//                  X(i) = 6*h*i (SwiGLU experts) or 4*h*i (relu2 experts); X(0) = 0
+//                + 4*h*L                                            latent projections fc1, fc2 (L = moe_latent_size, 0
+//                without)
+//                + top_k * X(d, I) + X(h, I_shared)                 the active experts and the shared one
+//                  X(d, i) = 6*d*i (SwiGLU experts) or 4*d*i (relu2 experts); X(d, 0) = 0;
+//                  d = L with latent projections, else h
 //   parallel 'P'   Mamba2 + attention                               both mixers on the same input (Falcon-H1)
 //   Zamba2 'Z'     Mamba2                                           the layer's own mixer
 //                + 2*(2h)*(q_dim + 2*kv_dim) + 2*q_dim*h           the shared block's attention over [h | e]

@@ -82,6 +82,23 @@ TEST(ModelFlopsTest, MoeCountsRouterActiveExpertsAndSharedExpert) {
   EXPECT_EQ(ModelPrefillCost(c).flops_per_token_context, kAttentionContext);
 }
 
+TEST(ModelFlopsTest, LatentMoeCountsItsProjectionsAndNarrowerExperts) {
+  ModelConfig c = Tiny({LayerKind::kAttention, LayerKind::kMoe});
+  c.moe.num_experts = 4;
+  c.moe.top_k = 2;
+  c.moe.intermediate_size = 16;
+  c.moe.shared_intermediate_size = 8;
+  c.moe.expert = ExpertKind::kRelu2;
+  c.moe.latent_size = 4;
+  // Router 2*8*4 = 64 (on hidden). fc1 2*8*4 = 64 and fc2 2*4*8 = 64: 128.
+  // A relu2 expert of 16 on 4 channels: up 2*4*16 = 128, down 128: 256, two
+  // active: 512. The shared one reads hidden: 2*8*8 + 2*8*8 = 256.
+  EXPECT_EQ(ModelPrefillCost(c).flops_per_token, kAttention + 64 + 128 + 512 + 256);
+  // Without the projections (latent_size 0) it is the hidden-wide block above.
+  c.moe.latent_size = 0;
+  EXPECT_EQ(ModelPrefillCost(c).flops_per_token, kAttention + 64 + 1024 + 256);
+}
+
 TEST(ModelFlopsTest, ParallelBlockCountsBothMixers) {
   // Falcon-H1: a parallel block, then a gated MLP.
   const PrefillCost cost = ModelPrefillCost(Tiny({LayerKind::kParallel, LayerKind::kGatedMlp}));
