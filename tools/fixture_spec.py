@@ -20,6 +20,7 @@ MODELS = {
     "falcon_h1_tiny3": ("falcon_h1", "tiny3", 7915, {}),
     "nemotron_h_moe_tiny": ("nemotron_h", "moe_tiny", 5793, {}),
     "nemotron_h_moe_tiny2": ("nemotron_h", "moe_tiny2", 6802, {}),
+    "nemotron_h_latent_moe_tiny": ("nemotron_h", "moe_latent_tiny", 5796, {}),
     "zamba2_tiny": ("zamba2", "tiny", 8025, {}),
     "zamba2_tiny2": ("zamba2", "tiny2", 9135, {}),
     "zamba2_per_use_tiny": ("zamba2", "tiny3", 1046, {}),

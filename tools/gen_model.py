@@ -5,7 +5,7 @@ Archs: Nemotron-H, Mamba2, Bamba, GraniteMoeHybrid (Granite 4.0-H, MoE or dense)
 
 Usage:
     python3 tools/gen_model.py --preset {tiny,tiny2,tiny3,tiny4,tiny5,default,e2e,bench,1b,moe_tiny,moe_tiny2,
-                                        moe_e2e,moe_bench} --seed N --out DIR
+                                        moe_e2e,moe_bench,moe_latent_tiny,moe_latent_e2e} --seed N --out DIR
                                [--arch {nemotron_h,mamba2,bamba,granitemoehybrid,falcon_h1,zamba2}]
                                [--dtype {fp32,bf16,fp16}]
 
@@ -46,9 +46,11 @@ Contract
   `num_hidden_layers`. With E blocks it adds the MoE fields save_pretrained writes
   (n_routed_experts, moe_intermediate_size, moe_shared_expert_intermediate_size,
   num_experts_per_tok, n_group, topk_group, norm_topk_prob, routed_scaling_factor,
-  moe_latent_size null, num_nextn_predict_layers 0, ...). An E block's file tensors are
-  mixer.gate.weight, mixer.gate.e_score_correction_bias, mixer.experts.E.{up,down}_proj.weight
-  (one 3-D tensor per projection in memory) and mixer.shared_experts.{up,down}_proj.weight.
+  moe_latent_size (null but in the moe_latent_* presets), num_nextn_predict_layers 0, ...). An E
+  block's file tensors are mixer.gate.weight, mixer.gate.e_score_correction_bias,
+  mixer.experts.E.{up,down}_proj.weight (one 3-D tensor per projection in memory),
+  mixer.shared_experts.{up,down}_proj.weight and, with moe_latent_size, mixer.fc1_latent_proj.weight
+  and mixer.fc2_latent_proj.weight.
   Infinity is written as transformers 5 writes it: {"__float__": "Infinity"}.
 * bamba and granitemoehybrid presets state their pattern as a string of M (Mamba2 mixer)
   and * (attention); config.json has the fields save_pretrained writes (transformers 5.23):
@@ -138,7 +140,10 @@ moe_*    Nemotron-H with MoE ('E') blocks. moe_tiny: tiny's shapes, pattern "ME*
          hidden 64, "MEM*E-", chunk 32, 8 experts top-2 in 4 groups of which 2 are kept, inter 16,
          shared 32; committed as tests/fixtures/models/nemotron_h_moe_e2e (seed 23). moe_bench:
          bench's shape with E for every '-' ("MEMEM*EMEMEM*EME"), 32 experts top-4 (inter 512),
-         shared 1024, one group, norm_topk_prob, scaling 2.5; never committed.
+         shared 1024, one group, norm_topk_prob, scaling 2.5; never committed. moe_latent_tiny:
+         moe_tiny with moe_latent_size 12 (fc1_latent_proj / fc2_latent_proj around experts 12
+         wide); moe_latent_e2e: moe_e2e with moe_latent_size 24, committed as
+         tests/fixtures/models/nemotron_h_latent_e2e (seed 23).
 zamba2   tiny: vocab 96, hidden 32, "MHMMH", Mamba2 4 x 16, n_groups 2, d_state 16, chunk 16, one memory
          block, attention 4 heads of 16 on 2*hidden, MLP 48 (gelu), adapters rank 4, no RoPE, tied.
          tiny2: hidden 24, "HMHMMH", two memory blocks (block 0 at hybrid uses 0 and 2, block 1 at use
@@ -287,6 +292,15 @@ PRESETS = {
         _NEMOTRON_E2E, pattern="MEM*E-", n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2,
         norm_topk_prob=True, routed_scaling_factor=2.5, moe_intermediate_size=16,
         moe_shared_expert_intermediate_size=32),
+    # moe_tiny with MoE latent projections (Nemotron 3 Super / Ultra's LatentMoE: moe_latent_size
+    # 1024 at hidden 4096): the routed experts run 12 wide, between hidden (32) and their inter (16)
+    # so that a swapped dimension cannot load.
+    ("nemotron_h", "moe_latent_tiny"): _with(_NEMOTRON_MOE_TINY, moe_latent_size=12),
+    # moe_e2e with latent projections, 24 wide (hidden 64).
+    ("nemotron_h", "moe_latent_e2e"): _with(
+        _NEMOTRON_E2E, pattern="MEM*E-", n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2,
+        norm_topk_prob=True, routed_scaling_factor=2.5, moe_intermediate_size=16,
+        moe_shared_expert_intermediate_size=32, moe_latent_size=24),
     # The bench preset's shape with an MoE block in place of every MLP (Nemotron 3 Nano's routing:
     # one group, norm_topk_prob, routed_scaling_factor 2.5).
     ("nemotron_h", "moe_bench"): _with(
@@ -434,7 +448,7 @@ ARCHS = {
     "zamba2": (zamba2_config, zamba2_weights),
 }
 PRESET_NAMES = ["tiny", "tiny2", "tiny3", "tiny4", "tiny5", "default", "e2e", "bench", "1b", "moe_tiny", "moe_tiny2",
-                "moe_e2e", "moe_bench"]
+                "moe_e2e", "moe_bench", "moe_latent_tiny", "moe_latent_e2e"]
 
 
 def build(arch, preset, seed, dtype="fp32"):
@@ -446,7 +460,7 @@ def build(arch, preset, seed, dtype="fp32"):
     config_fn, weights_fn = ARCHS[arch]
     cfg = config_fn(p, dtype_name)
     weights = weights_fn(cfg, seed, **p.get("init", {}))
-    if preset in ("default", "e2e", "moe_e2e"):
+    if preset in ("default", "e2e", "moe_e2e", "moe_latent_e2e"):
         cfg["hybridserve_tokenizer"] = dict(BYTE_VOCAB)
     cfg["hybridserve_generator"] = {"tool": "tools/gen_model.py", "arch": arch, "preset": preset,
                                     "seed": seed, "dtype": dtype}

@@ -82,6 +82,9 @@ def _nemotron_moe_fields(p):
                          "topk_group must be in [1, n_group]")
     if not 1 <= top_k <= topk_group * (experts // n_group):
         raise ValueError("num_experts_per_tok must be in [1, experts of topk_group groups]")
+    latent = p.get("moe_latent_size")
+    if latent is not None and (not isinstance(latent, int) or latent < 1):
+        raise ValueError("moe_latent_size must be a positive integer or None")
     return {
         "n_routed_experts": experts,
         "num_experts_per_tok": top_k,
@@ -89,7 +92,7 @@ def _nemotron_moe_fields(p):
         "n_shared_experts": 1,
         "moe_shared_expert_intermediate_size": p["moe_shared_expert_intermediate_size"],
         "moe_shared_expert_overlap": True,
-        "moe_latent_size": None,
+        "moe_latent_size": p.get("moe_latent_size"),
         "n_group": n_group,
         "topk_group": topk_group,
         "norm_topk_prob": p["norm_topk_prob"],
@@ -157,7 +160,9 @@ def nemotron_h_weights(cfg, seed):
 def _nemotron_moe(t, mix, cfg, n_layers):
     """An 'E' block's tensors under `mix` (backbone.layers.L.mixer.): the router (gate.weight,
     gate.e_score_correction_bias), per-expert experts.E.{up,down}_proj.weight and
-    shared_experts.{up,down}_proj.weight, as save_pretrained writes them. Routers
+    shared_experts.{up,down}_proj.weight, as save_pretrained writes them; with moe_latent_size L
+    also fc1_latent_proj.weight [L, hidden] ~ N(0, 1/hidden) and fc2_latent_proj.weight [hidden, L]
+    ~ N(0, 1/L), and the experts are L wide ([inter, L] up, [L, inter] down). Routers
     ~ N(0, ROUTER_GAIN^2 / hidden); expert down projections over the routed weights' typical sum
     (routed_scaling_factor, or top_k * 0.5 * routed_scaling_factor without norm_topk_prob), so the
     routed and shared halves of the block have the scale of an MLP."""
@@ -166,8 +171,13 @@ def _nemotron_moe(t, mix, cfg, n_layers):
     routed_sum = cfg["routed_scaling_factor"] * (1.0 if cfg["norm_topk_prob"] else 0.5 * cfg["num_experts_per_tok"])
     router(t, mix + "gate.weight", e, h)
     t.normal(mix + "gate.e_score_correction_bias", (e,), NEMOTRON_BIAS_STD)
+    d = h
+    if cfg.get("moe_latent_size") is not None:
+        d = cfg["moe_latent_size"]
+        t.normal(mix + "fc1_latent_proj.weight", (d, h), h ** -0.5)
+        t.normal(mix + "fc2_latent_proj.weight", (h, d), d ** -0.5)
     for j in range(e):
-        mlp(t, f"{mix}experts.{j}.", h, f, (f * n_layers) ** -0.5 / routed_sum)
+        mlp(t, f"{mix}experts.{j}.", d, f, (f * n_layers) ** -0.5 / routed_sum)
     mlp(t, mix + "shared_experts.", h, s, (s * n_layers) ** -0.5)
 
 

@@ -36,7 +36,9 @@ default is grouped_mm), asserted after loading; golden.json "moe" names it and g
 layer over one uncached forward of each prompt, the tokens routed to each expert (every top-k
 slot), the tokens whose top-1 is each expert, and the smallest top-1/top-2 and
 top-k/top-(k+1) router-logit margins (the latter decides which experts run).
-nemotron_h_moe_tiny and nemotron_h_moe_tiny2 (NemotronHForCausalLM with 'E' blocks) load the
+nemotron_h_moe_tiny, nemotron_h_moe_tiny2 and nemotron_h_latent_moe_tiny (the last with
+moe_latent_size: fc1_latent_proj / fc2_latent_proj around 12-wide experts) (NemotronHForCausalLM
+with 'E' blocks) load the
 same way (the file's per-expert tensors are rows of transformers' merged experts.up_proj /
 experts.down_proj, checked row by row) and run the eager experts too; their "moe" section counts
 the same, gives the margins of the choice values (sigmoid score + e_score_correction_bias) that
