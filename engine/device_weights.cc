@@ -196,6 +196,11 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::Create(const Model
         DeviceMoeWeights m;
         ASSIGN_OR_RETURN(m.router, up.Matrix(w.router, "moe router"));
         ASSIGN_OR_RETURN(m.router_bias, up.Constant(w.router_bias, "moe router bias"));
+        m.has_latent = !w.latent_in.empty();
+        if (m.has_latent) {
+          ASSIGN_OR_RETURN(m.latent_in, up.Matrix(w.latent_in, "moe fc1_latent_proj"));
+          ASSIGN_OR_RETURN(m.latent_out, up.Matrix(w.latent_out, "moe fc2_latent_proj"));
+        }
         ASSIGN_OR_RETURN(m.experts_up, up.Matrix(w.experts_up, "moe experts up"));
         ASSIGN_OR_RETURN(m.experts_down, up.Matrix(w.experts_down, "moe experts down"));
         m.has_shared = !w.shared_up.empty();

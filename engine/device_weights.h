@@ -74,11 +74,15 @@ struct DeviceGatedMlpWeights {
   const float* down_proj_bias = nullptr;  // [hidden] or null
 };
 
+// d = MoeParams::expert_dim(hidden).
 struct DeviceMoeWeights {
   DeviceMatrix router;                 // [num_experts, hidden]
   const float* router_bias = nullptr;  // [num_experts] or null
-  DeviceMatrix experts_up;             // [num_experts * up_rows(inter), hidden]
-  DeviceMatrix experts_down;           // [num_experts * hidden, inter]
+  bool has_latent = false;
+  DeviceMatrix latent_in;     // [latent, hidden] when has_latent (fc1_latent_proj)
+  DeviceMatrix latent_out;    // [hidden, latent] (fc2_latent_proj)
+  DeviceMatrix experts_up;    // [num_experts * up_rows(inter), d]
+  DeviceMatrix experts_down;  // [num_experts * d, inter]
   bool has_shared = false;
   DeviceMatrix shared_up;    // [up_rows(shared), hidden] when has_shared
   DeviceMatrix shared_down;  // [hidden, shared]

@@ -362,20 +362,20 @@ std::string DecodeParamName(const ::testing::TestParamInfo<DecodeParam>& info) {
 
 INSTANTIATE_TEST_SUITE_P(
     Models, BatchedDecodeTest,
-    ::testing::Values(DecodeParam{std::string(testing::kNemotronTiny)}, DecodeParam{std::string(testing::kMamba2Tiny)},
-                      DecodeParam{std::string(testing::kDefaultModel)}, DecodeParam{std::string(testing::kBambaTiny)},
-                      DecodeParam{std::string(testing::kGraniteMoeTiny)},
-                      DecodeParam{std::string(testing::kGraniteDenseTiny)},
-                      DecodeParam{std::string(testing::kFalconTiny2)},
-                      DecodeParam{std::string(testing::kNemotronMoeTiny)},
-                      DecodeParam{std::string(testing::kZambaTiny2)},
-                      DecodeParam{std::string(testing::kZambaTiny), testing::TestTarget::kCudaEmulated},
-                      DecodeParam{std::string(testing::kNemotronMoeTiny2), testing::TestTarget::kCudaEmulated},
-                      DecodeParam{std::string(testing::kNemotronTiny), testing::TestTarget::kCudaEmulated},
-                      DecodeParam{std::string(testing::kGraniteMoeTiny), testing::TestTarget::kCudaEmulated},
-                      DecodeParam{std::string(testing::kNemotronTiny), testing::TestTarget::kCudaGpu},
-                      DecodeParam{std::string(testing::kMamba2Tiny), testing::TestTarget::kCudaGpu},
-                      DecodeParam{std::string(testing::kDefaultModel), testing::TestTarget::kCudaGpu}),
+    ::testing::Values(
+        DecodeParam{std::string(testing::kNemotronTiny)}, DecodeParam{std::string(testing::kMamba2Tiny)},
+        DecodeParam{std::string(testing::kDefaultModel)}, DecodeParam{std::string(testing::kBambaTiny)},
+        DecodeParam{std::string(testing::kGraniteMoeTiny)}, DecodeParam{std::string(testing::kGraniteDenseTiny)},
+        DecodeParam{std::string(testing::kFalconTiny2)}, DecodeParam{std::string(testing::kNemotronMoeTiny)},
+        DecodeParam{std::string(testing::kNemotronLatentMoeTiny)}, DecodeParam{std::string(testing::kZambaTiny2)},
+        DecodeParam{std::string(testing::kZambaTiny), testing::TestTarget::kCudaEmulated},
+        DecodeParam{std::string(testing::kNemotronMoeTiny2), testing::TestTarget::kCudaEmulated},
+        DecodeParam{std::string(testing::kNemotronLatentMoeTiny), testing::TestTarget::kCudaEmulated},
+        DecodeParam{std::string(testing::kNemotronTiny), testing::TestTarget::kCudaEmulated},
+        DecodeParam{std::string(testing::kGraniteMoeTiny), testing::TestTarget::kCudaEmulated},
+        DecodeParam{std::string(testing::kNemotronTiny), testing::TestTarget::kCudaGpu},
+        DecodeParam{std::string(testing::kMamba2Tiny), testing::TestTarget::kCudaGpu},
+        DecodeParam{std::string(testing::kDefaultModel), testing::TestTarget::kCudaGpu}),
     DecodeParamName);
 
 INSTANTIATE_TEST_SUITE_P(

@@ -240,6 +240,16 @@ INSTANTIATE_TEST_SUITE_P(
                     kMeasuredBoundFamilies},
         GoldenParam{
             "NemotronMoeTiny2", testing::kNemotronMoeTiny2, kernels::MatmulMode::kFast, {}, kMeasuredBoundFamilies},
+        GoldenParam{"NemotronLatentMoeTiny",
+                    testing::kNemotronLatentMoeTiny,
+                    kernels::MatmulMode::kDeterministic,
+                    {},
+                    kMeasuredBoundFamilies},
+        GoldenParam{"NemotronLatentMoeTiny",
+                    testing::kNemotronLatentMoeTiny,
+                    kernels::MatmulMode::kFast,
+                    {},
+                    kMeasuredBoundFamilies},
         // The CUDA backend, fp32 weights. Emulated: exact arithmetic in other
         // reduction orders, so the tiny models' measured bound holds. On a GPU
         // (FMA contraction, fast exp) only the contract's 1e-4 is claimed:
@@ -318,6 +328,12 @@ INSTANTIATE_TEST_SUITE_P(
                     testing::TestTarget::kCudaEmulated},
         GoldenParam{"NemotronMoeTiny",
                     testing::kNemotronMoeTiny,
+                    kernels::MatmulMode::kDeterministic,
+                    {},
+                    kMeasuredBoundFamilies,
+                    testing::TestTarget::kCudaEmulated},
+        GoldenParam{"NemotronLatentMoeTiny",
+                    testing::kNemotronLatentMoeTiny,
                     kernels::MatmulMode::kDeterministic,
                     {},
                     kMeasuredBoundFamilies,

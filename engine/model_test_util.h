@@ -47,6 +47,9 @@ inline constexpr absl::string_view kFalconInBiasTiny = "tests/fixtures/golden/fa
 // norm_topk_prob, scaling 2.5; tiny2: "EM*EME", 16 experts top-4, one group, no norm.
 inline constexpr absl::string_view kNemotronMoeTiny = "tests/fixtures/golden/nemotron_h_moe_tiny";
 inline constexpr absl::string_view kNemotronMoeTiny2 = "tests/fixtures/golden/nemotron_h_moe_tiny2";
+// moe_tiny's shape with MoE latent projections (moe_latent_size 12: experts 12
+// wide between fc1_latent_proj [12, 32] and fc2_latent_proj [32, 12]).
+inline constexpr absl::string_view kNemotronLatentMoeTiny = "tests/fixtures/golden/nemotron_h_latent_moe_tiny";
 // Zamba2: shared attention blocks with per-use adapters (tiny: one block used
 // twice, no RoPE; tiny2: two blocks, a hybrid layer first, RoPE).
 inline constexpr absl::string_view kZambaTiny = "tests/fixtures/golden/zamba2_tiny";

@@ -303,19 +303,24 @@ class ModelWeights::Loader {
       RETURN_IF_ERROR(TakeBody(p + "shared_mlp.input_linear.weight", {moe.up_rows(shared), hidden}, w.shared_up));
       return TakeBody(p + "shared_mlp.output_linear.weight", {hidden, shared}, w.shared_down);
     }
-    // Nemotron-H: mixer.{gate, experts, shared_experts}.
+    // Nemotron-H: mixer.{gate, fc1_latent_proj, fc2_latent_proj, experts, shared_experts}.
     RETURN_IF_ERROR(TakeBody(p + "gate.weight", {experts, hidden}, w.router));
     RETURN_IF_ERROR(TakeBody(p + "gate.e_score_correction_bias", {experts}, w.router_bias));
+    const int64_t dim = moe.expert_dim(hidden);
+    if (moe.latent_size > 0) {
+      RETURN_IF_ERROR(TakeBody(p + "fc1_latent_proj.weight", {moe.latent_size, hidden}, w.latent_in));
+      RETURN_IF_ERROR(TakeBody(p + "fc2_latent_proj.weight", {hidden, moe.latent_size}, w.latent_out));
+    }
     if (checkpoint_.Contains(prefix_ + p + "experts.up_proj")) {
-      RETURN_IF_ERROR(TakeBody(p + "experts.up_proj", {experts, inter, hidden}, w.experts_up));
-      RETURN_IF_ERROR(TakeBody(p + "experts.down_proj", {experts, hidden, inter}, w.experts_down));
+      RETURN_IF_ERROR(TakeBody(p + "experts.up_proj", {experts, inter, dim}, w.experts_up));
+      RETURN_IF_ERROR(TakeBody(p + "experts.down_proj", {experts, dim, inter}, w.experts_down));
     } else {
       std::vector<WeightMatrix> ups(static_cast<size_t>(experts));
       std::vector<WeightMatrix> downs(static_cast<size_t>(experts));
       for (int64_t e = 0; e < experts; ++e) {
         const std::string x = absl::StrCat(p, "experts.", e, ".");
-        RETURN_IF_ERROR(TakeBody(x + "up_proj.weight", {inter, hidden}, ups[static_cast<size_t>(e)]));
-        RETURN_IF_ERROR(TakeBody(x + "down_proj.weight", {hidden, inter}, downs[static_cast<size_t>(e)]));
+        RETURN_IF_ERROR(TakeBody(x + "up_proj.weight", {inter, dim}, ups[static_cast<size_t>(e)]));
+        RETURN_IF_ERROR(TakeBody(x + "down_proj.weight", {dim, inter}, downs[static_cast<size_t>(e)]));
       }
       w.experts_up = ConcatRows(ups);
       w.experts_down = ConcatRows(downs);

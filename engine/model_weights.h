@@ -30,10 +30,12 @@
 //            model.layers.{L}.block_sparse_moe.input_linear.weight    [experts, 2 * inter, hidden]
 //            model.layers.{L}.block_sparse_moe.output_linear.weight   [experts, hidden, inter]
 // Nemotron-H 'E' blocks: P.layers.{i}.mixer.gate.weight [experts, hidden],
-// .gate.e_score_correction_bias [experts], .experts.{e}.up_proj.weight [inter, hidden],
-// .experts.{e}.down_proj.weight [hidden, inter] (as save_pretrained writes them; the
-// fused in-memory .experts.up_proj [experts, inter, hidden] / .experts.down_proj are
-// accepted too), .shared_experts.{up,down}_proj.weight.
+// .gate.e_score_correction_bias [experts], .experts.{e}.up_proj.weight [inter, d],
+// .experts.{e}.down_proj.weight [d, inter] (as save_pretrained writes them; the
+// fused in-memory .experts.up_proj [experts, inter, d] / .experts.down_proj are
+// accepted too), .shared_experts.{up,down}_proj.weight; with moe_latent_size L,
+// .fc1_latent_proj.weight [L, hidden] and .fc2_latent_proj.weight [hidden, L],
+// and d = L (else d = hidden).
 //   model.final_layernorm.weight (Bamba) | model.norm.weight (Granite)
 // Zamba2 (Zamba2ForCausalLM), layer i: a Mamba2 layer as model.layers.{i}.input_layernorm
 // and model.layers.{i}.mamba.*; a hybrid layer as model.layers.{i}.linear.weight,
@@ -136,11 +138,14 @@ struct GatedMlpLayerWeights {
 
 // The up projections' rows are [gate | up] per expert for SwiGLU experts
 // (Granite), up alone for relu2 experts (Nemotron-H): MoeParams::up_rows.
+// d = MoeParams::expert_dim(hidden): the latent size with latent projections, else hidden.
 struct MoeLayerWeights {
   WeightMatrix router;             // [num_experts, hidden]
   std::vector<float> router_bias;  // [num_experts]: e_score_correction_bias (Nemotron-H), else empty
-  WeightMatrix experts_up;         // [num_experts * up_rows(inter), hidden]
-  WeightMatrix experts_down;       // [num_experts * hidden, inter]: expert e's rows [e * hidden, ...)
+  WeightMatrix latent_in;          // [latent, hidden]: fc1_latent_proj; empty without latent projections
+  WeightMatrix latent_out;         // [hidden, latent]: fc2_latent_proj
+  WeightMatrix experts_up;         // [num_experts * up_rows(inter), d]
+  WeightMatrix experts_down;       // [num_experts * d, inter]: expert e's rows [e * d, ...)
   WeightMatrix shared_up;          // [up_rows(shared), hidden]; empty without a shared expert
   WeightMatrix shared_down;        // [hidden, shared]
 };

@@ -1,5 +1,6 @@
 #include "engine/model_weights.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -38,6 +39,8 @@ constexpr absl::string_view kDefault = "models/default";
 constexpr absl::string_view kFalconOutBiasTiny = "tests/fixtures/golden/falcon_h1_out_bias_tiny";
 // Granite 4.0-H whose config.json says position_embedding_type "nope".
 constexpr absl::string_view kGraniteNopeTiny = "tests/fixtures/golden/granite_nope_tiny";
+// "ME*E-M", 8 experts of 16, moe_latent_size 12, hidden 32.
+constexpr absl::string_view kNemotronLatentMoeTiny = "tests/fixtures/golden/nemotron_h_latent_moe_tiny";
 
 using common::Runfile;
 
@@ -183,6 +186,66 @@ TEST(ModelWeightsTest, NemotronHTinyLoadsEveryLayerWithConfigShapes) {
   EXPECT_EQ(w->layer(4).mamba2().A_log, Floats(file.at("backbone.layers.4.mixer.A_log")));
   EXPECT_EQ(w->layer(5).attention().o_proj.f32, Floats(file.at("backbone.layers.5.mixer.o_proj.weight")));
   EXPECT_EQ(w->layer(6).norm, Floats(file.at("backbone.layers.6.norm.weight")));
+}
+
+// moe_latent_size L: mixer.fc1_latent_proj.weight [L, hidden] and
+// mixer.fc2_latent_proj.weight [hidden, L], and experts L wide.
+TEST(ModelWeightsTest, LatentMoeLoadsItsProjectionsAndLatentWideExperts) {
+  std::unique_ptr<ModelWeights> w = MustLoad(Runfile(kNemotronLatentMoeTiny));
+  ASSERT_NE(w, nullptr);
+  ASSERT_EQ(w->config().moe.latent_size, 12);
+  const TensorMap file = ReadTensors(kNemotronLatentMoeTiny);
+  EXPECT_EQ(w->num_parameters(), TotalElements(file));
+  for (int layer : {1, 3}) {
+    SCOPED_TRACE(layer);
+    const std::string p = absl::StrCat("backbone.layers.", layer, ".mixer.");
+    const MoeLayerWeights& m = w->layer(layer).moe();
+    EXPECT_EQ(m.router.size(), 8u * 32);
+    EXPECT_EQ(m.latent_in.f32, Floats(file.at(p + "fc1_latent_proj.weight")));
+    EXPECT_EQ(m.latent_out.f32, Floats(file.at(p + "fc2_latent_proj.weight")));
+    EXPECT_EQ(m.latent_in.size(), 12u * 32);
+    EXPECT_EQ(m.latent_out.size(), 32u * 12);
+    ASSERT_EQ(m.experts_up.size(), 8u * 16 * 12);
+    ASSERT_EQ(m.experts_down.size(), 8u * 12 * 16);
+    // Expert e's rows, in expert order.
+    for (int e : {0, 5, 7}) {
+      const std::vector<float> up = Floats(file.at(absl::StrCat(p, "experts.", e, ".up_proj.weight")));
+      const std::vector<float> down = Floats(file.at(absl::StrCat(p, "experts.", e, ".down_proj.weight")));
+      EXPECT_TRUE(std::equal(up.begin(), up.end(), m.experts_up.f32.begin() + e * 16 * 12)) << e;
+      EXPECT_TRUE(std::equal(down.begin(), down.end(), m.experts_down.f32.begin() + e * 12 * 16)) << e;
+    }
+    EXPECT_EQ(m.shared_up.size(), 24u * 32);  // the shared expert reads hidden
+    EXPECT_EQ(m.shared_down.size(), 32u * 24);
+  }
+  // Without latent projections the other MoE fixture's blocks have none.
+  std::unique_ptr<ModelWeights> plain = MustLoad(Runfile("tests/fixtures/golden/nemotron_h_moe_tiny"));
+  ASSERT_NE(plain, nullptr);
+  EXPECT_TRUE(plain->layer(1).moe().latent_in.empty());
+  EXPECT_EQ(plain->layer(1).moe().experts_up.size(), 8u * 16 * 32);
+}
+
+TEST(ModelWeightsTest, LatentMoeTensorsAreNamedWhenMissingOrMisshapen) {
+  const ModelConfig config = Config(kNemotronLatentMoeTiny);
+  TensorMap tensors = ReadTensors(kNemotronLatentMoeTiny);
+  tensors.erase("backbone.layers.3.mixer.fc2_latent_proj.weight");
+  ExpectInvalid(LoadStatus(config, tensors, "latent_missing"),
+                "missing tensor backbone.layers.3.mixer.fc2_latent_proj.weight (expected shape [32, 12])");
+  tensors = ReadTensors(kNemotronLatentMoeTiny);
+  OwnedTensor& fc1 = tensors.at("backbone.layers.1.mixer.fc1_latent_proj.weight");
+  fc1.shape = {32, 12};  // the transpose: same bytes
+  ExpectInvalid(LoadStatus(config, tensors, "latent_transposed"),
+                "tensor backbone.layers.1.mixer.fc1_latent_proj.weight has shape [32, 12], expected [12, 32]");
+  // The same file read as a model without latent projections: its experts are
+  // 12 wide, not hidden wide.
+  ModelConfig plain = config;
+  plain.moe.latent_size = 0;
+  ExpectInvalid(ModelWeights::Load(plain, Runfile(kNemotronLatentMoeTiny)).status(),
+                "tensor backbone.layers.1.mixer.experts.0.up_proj.weight has shape [16, 12], expected [16, 32]");
+  // A latent config over a file without the projections.
+  ModelConfig latent = Config("tests/fixtures/golden/nemotron_h_moe_tiny");
+  latent.moe.latent_size = 12;
+  ExpectInvalid(ModelWeights::Load(latent, Runfile("tests/fixtures/golden/nemotron_h_moe_tiny")).status(),
+                "missing tensor backbone.layers.1.mixer.fc1_latent_proj.weight (expected shape [12, 32])");
 }
 
 TEST(ModelWeightsTest, Mamba2TinyLoadsWithTiedHead) {

@@ -18,11 +18,15 @@
 namespace hybridserve::engine {
 namespace {
 
+// d = MoeParams::expert_dim(hidden): the routed experts' width.
 constexpr WorkspaceBuffer kRouterLogits = kScratch0;   // [n, experts]
-constexpr WorkspaceBuffer kGathered = kScratch1;       // [n * top_k, hidden]: rows grouped by expert
+constexpr WorkspaceBuffer kGathered = kScratch1;       // [n * top_k, d]: rows grouped by expert
 constexpr WorkspaceBuffer kExpertScratch = kScratch2;  // an expert's gate|up projection
-constexpr WorkspaceBuffer kExpertOut = kScratch3;      // [n * top_k, hidden]
+constexpr WorkspaceBuffer kExpertOut = kScratch3;      // [n * top_k, d]
 constexpr WorkspaceBuffer kSum = kBlockOut;            // [n, hidden]: the block's output
+// With latent projections only (otherwise unused by this block).
+constexpr WorkspaceBuffer kLatentIn = kMixerInput;    // [n, latent]: fc1_latent_proj(x)
+constexpr WorkspaceBuffer kLatentSum = kParallelSum;  // [n, latent]: the routed experts' weighted sum
 
 class MoeLayerRunner final : public LayerRunner {
  public:
@@ -59,58 +63,77 @@ class MoeLayerRunner final : public LayerRunner {
     Route(n);
 
     const int64_t routed = n * p_.top_k;
+    const int64_t dim = p_.expert_dim(hidden);
+    // The routed experts' input: x, or fc1_latent_proj(x) of every row (as transformers projects them).
+    const float* expert_in = normed;
+    if (w_.has_latent) {
+      ASSIGN_OR_RETURN(float* latent, env_.workspace->Get<float>(kLatentIn, n * dim));
+      RETURN_IF_ERROR(Linear(env_, normed, n, hidden, w_.latent_in, dim, /*bias=*/nullptr, latent,
+                             /*accumulate=*/false, "moe fc1_latent_proj"));
+      expert_in = latent;
+    }
     ASSIGN_OR_RETURN(const int32_t* rows, env_.workspace->Upload(kRouteRows, rows_.data(), routed));
     ASSIGN_OR_RETURN(const float* weights, env_.workspace->Upload(kRouteWeights, weights_.data(), routed));
-    ASSIGN_OR_RETURN(float* gathered, env_.workspace->Get<float>(kGathered, routed * hidden));
+    ASSIGN_OR_RETURN(float* gathered, env_.workspace->Get<float>(kGathered, routed * dim));
     kernels::GatherRowsParams gather;
-    gather.x = normed;
+    gather.x = expert_in;
     gather.index = rows;
     gather.out = gathered;
     gather.n_rows = routed;
-    gather.dim = hidden;
+    gather.dim = dim;
     RETURN_IF_ERROR(KernelStatusToStatus(env_.backend->GatherRows(gather), "GatherRows(moe)"));
 
-    ASSIGN_OR_RETURN(float* expert_out, env_.workspace->Get<float>(kExpertOut, routed * hidden));
+    ASSIGN_OR_RETURN(float* expert_out, env_.workspace->Get<float>(kExpertOut, routed * dim));
     ASSIGN_OR_RETURN(float* sum, env_.workspace->Get<float>(kSum, n * hidden));
-    RETURN_IF_ERROR(KernelStatusToStatus(env_.backend->Fill(sum, 0, n * hidden * static_cast<int64_t>(sizeof(float))),
-                                         "zeroing the moe output"));
+    // Where the routed experts' weighted sum goes: the block's output itself,
+    // or its latent form, projected by fc2_latent_proj below.
+    float* routed_sum = sum;
+    if (w_.has_latent) {
+      ASSIGN_OR_RETURN(routed_sum, env_.workspace->Get<float>(kLatentSum, n * dim));
+    }
+    RETURN_IF_ERROR(KernelStatusToStatus(
+        env_.backend->Fill(routed_sum, 0, n * dim * static_cast<int64_t>(sizeof(float))), "zeroing the moe output"));
     for (int64_t e = 0; e < experts; ++e) {
       const int64_t first = offsets_[static_cast<size_t>(e)];
       const int64_t count = offsets_[static_cast<size_t>(e) + 1] - first;
       if (count == 0) continue;
-      RETURN_IF_ERROR(Expert(RowsFrom(w_.experts_up, e * p_.up_rows(inter), hidden),
-                             RowsFrom(w_.experts_down, e * hidden, inter), inter, gathered + first * hidden, count,
-                             expert_out + first * hidden, /*accumulate=*/false));
-      // sum[row] += expert_out * weight, expert by expert (a row occurs once per expert).
+      RETURN_IF_ERROR(Expert(RowsFrom(w_.experts_up, e * p_.up_rows(inter), dim),
+                             RowsFrom(w_.experts_down, e * dim, inter), dim, inter, gathered + first * dim, count,
+                             expert_out + first * dim, /*accumulate=*/false));
+      // routed_sum[row] += expert_out * weight, expert by expert (a row occurs once per expert).
       kernels::ScatterAddRowsParams add;
-      add.x = expert_out + first * hidden;
+      add.x = expert_out + first * dim;
       add.index = rows + first;
       add.weight = weights + first;
       add.alpha = 1.0f;
-      add.out = sum;
+      add.out = routed_sum;
       add.n_rows = count;
-      add.dim = hidden;
+      add.dim = dim;
       RETURN_IF_ERROR(KernelStatusToStatus(env_.backend->ScatterAddRows(add), "ScatterAddRows(moe)"));
     }
+    if (w_.has_latent) {
+      // transformers: fc2_latent_proj(routed sum), then + shared_experts(x).
+      RETURN_IF_ERROR(Linear(env_, routed_sum, n, dim, w_.latent_out, hidden, /*bias=*/nullptr, sum,
+                             /*accumulate=*/false, "moe fc2_latent_proj"));
+    }
     if (w_.has_shared) {
-      RETURN_IF_ERROR(
-          Expert(w_.shared_up, w_.shared_down, p_.shared_intermediate_size, normed, n, sum, /*accumulate=*/true));
+      RETURN_IF_ERROR(Expert(w_.shared_up, w_.shared_down, hidden, p_.shared_intermediate_size, normed, n, sum,
+                             /*accumulate=*/true));
     }
     return AddToResidual(env_, sum, n, hidden, residual);
   }
 
-  // y (+)= down(act(up(x))) for x [n, hidden]: one expert (or the shared one).
-  absl::Status Expert(const DeviceMatrix& up, const DeviceMatrix& down, int64_t inter, const float* x, int64_t n,
-                      float* y, bool accumulate) {
-    const int64_t hidden = config_.hidden_size;
+  // y (+)= down(act(up(x))) for x [n, dim]: one expert (or the shared one, dim = hidden).
+  absl::Status Expert(const DeviceMatrix& up, const DeviceMatrix& down, int64_t dim, int64_t inter, const float* x,
+                      int64_t n, float* y, bool accumulate) {
     if (p_.expert == ExpertKind::kSwiGlu) {
       DeviceGatedMlpWeights w;
       w.gate_up = up;
       w.down_proj = down;
-      return GatedMlp(env_, w, x, n, hidden, inter, kExpertScratch, y, accumulate);
+      return GatedMlp(env_, w, x, n, dim, inter, kExpertScratch, y, accumulate);
     }
     ASSIGN_OR_RETURN(float* h, env_.workspace->Get<float>(kExpertScratch, n * inter));
-    RETURN_IF_ERROR(Linear(env_, x, n, hidden, up, inter, /*bias=*/nullptr, h, /*accumulate=*/false, "expert up"));
+    RETURN_IF_ERROR(Linear(env_, x, n, dim, up, inter, /*bias=*/nullptr, h, /*accumulate=*/false, "expert up"));
     kernels::ActivationParams act;
     act.x = h;
     act.out = h;
@@ -118,7 +141,7 @@ class MoeLayerRunner final : public LayerRunner {
     act.dim = inter;
     act.kind = kernels::ActivationKind::kReluSquared;
     RETURN_IF_ERROR(KernelStatusToStatus(env_.backend->Activation(act), "Activation(relu2)"));
-    return Linear(env_, h, n, inter, down, hidden, /*bias=*/nullptr, y, accumulate, "expert down");
+    return Linear(env_, h, n, inter, down, dim, /*bias=*/nullptr, y, accumulate, "expert down");
   }
 
   // Row r's experts (choice_[r * k, ...)) and weights, per MoeRouter.

@@ -6,7 +6,14 @@
 //   y = sum over the row's chosen experts e, ascending e, of w_e * expert_e(x)
 //       + shared(x)
 // then residual += residual_multiplier * y. Experts and the shared expert are
-// SwiGLU MLPs (Granite) or relu2 MLPs (Nemotron-H): MoeParams::expert.
+// SwiGLU MLPs (Granite) or relu2 MLPs (Nemotron-H): MoeParams::expert. With
+// latent projections (Nemotron-H's moe_latent_size) the routed experts run on
+// fc1(x), computed for every row, and their weighted sum, still taken in
+// ascending expert order, is projected back before the shared expert's output
+// is added, as transformers 5.23's NemotronHMoE does:
+//   y = fc2(sum over e of w_e * expert_e(fc1(x))) + shared(x)
+// (the router and the shared expert read x). fc1 and fc2 are per-row
+// matmuls, so the batch invariance below holds with them too.
 //
 // Routing runs on the host: the router logits [rows, experts] are copied back,
 // each row's top_k experts and weights chosen (MoeRouter), and the rows grouped
