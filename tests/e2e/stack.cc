@@ -178,6 +178,8 @@ const std::vector<ModelShape>& ModelShapes() {
       {"FalconH1Page16", "tests/fixtures/models/falcon_h1_e2e", 16, 32, 259, true},
       // Nemotron-H with MoE blocks (group-limited sigmoid routing).
       {"NemotronMoePage16", "tests/fixtures/models/nemotron_h_moe_e2e", 16, 32, 259, true},
+      // The same with MoE latent projections (moe_latent_size 24 at hidden 64), page 8.
+      {"NemotronLatentMoePage8", "tests/fixtures/models/nemotron_h_latent_e2e", 8, 32, 259, true},
       // Zamba2: a shared attention block used by two hybrid layers, each with its own KV.
       {"Zamba2Page16", "tests/fixtures/models/zamba2_e2e", 16, 32, 259, true},
   };
