@@ -330,6 +330,7 @@ INSTANTIATE_TEST_SUITE_P(
         ParityParam{testing::kFalconTiny3, kernels::MatmulMode::kDeterministic, 1e-4f},
         ParityParam{testing::kNemotronMoeTiny, kernels::MatmulMode::kDeterministic, 2e-2f},
         ParityParam{testing::kNemotronMoeTiny2, kernels::MatmulMode::kFast, 2e-2f},
+        ParityParam{testing::kNemotronLatentMoeTiny, kernels::MatmulMode::kDeterministic, 2e-2f},
         ParityParam{testing::kZambaTiny, kernels::MatmulMode::kDeterministic, 2e-2f},
         ParityParam{testing::kZambaTiny2, kernels::MatmulMode::kFast, 2e-2f},
         // The same contracts on the CUDA backend, bit for bit against itself.
@@ -344,6 +345,8 @@ INSTANTIATE_TEST_SUITE_P(
         ParityParam{testing::kFalconTiny2, kernels::MatmulMode::kDeterministic, 1e-4f,
                     testing::TestTarget::kCudaEmulated},
         ParityParam{testing::kNemotronMoeTiny, kernels::MatmulMode::kDeterministic, 2e-2f,
+                    testing::TestTarget::kCudaEmulated},
+        ParityParam{testing::kNemotronLatentMoeTiny, kernels::MatmulMode::kDeterministic, 2e-2f,
                     testing::TestTarget::kCudaEmulated},
         ParityParam{testing::kZambaTiny2, kernels::MatmulMode::kDeterministic, 2e-2f,
                     testing::TestTarget::kCudaEmulated},
