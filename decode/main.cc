@@ -243,6 +243,7 @@ absl::Status Run() {
 
   auto registry = std::make_shared<prometheus::Registry>();
   decode::DecodeMetrics metrics(*registry);
+  metrics.SetPageTotal(model->sequences().num_pages());
   worker::DataPlaneMetrics plane_metrics(*registry);
   worker::DirectReadMetrics direct_read_metrics(*registry, "hybridserve_decode_cache");
   worker::DirectPutMetrics direct_put_metrics(*registry);

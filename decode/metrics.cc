@@ -29,6 +29,7 @@ DecodeMetrics::DecodeMetrics(prometheus::Registry& r)
       running_(UnlabelledGauge(r, "hybridserve_num_requests_running", "Requests being prefilled or decoded")),
       free_pages_(
           UnlabelledGauge(r, "hybridserve_kv_pages_free", "KV pages of the engine not reserved by any request")),
+      total_pages_(UnlabelledGauge(r, "hybridserve_kv_pages_total", "KV pages of the engine (--max_pages)")),
       free_slots_(
           UnlabelledGauge(r, "hybridserve_state_slots_free", "SSM state slots of the engine not held by any request")),
       ttft_(Seconds(r, "hybridserve_time_to_first_token_seconds",
@@ -116,6 +117,8 @@ void DecodeMetrics::SetFree(int64_t pages, int64_t slots) {
   free_pages_.Set(static_cast<double>(pages));
   free_slots_.Set(static_cast<double>(slots));
 }
+
+void DecodeMetrics::SetPageTotal(int64_t pages) { total_pages_.Set(static_cast<double>(pages)); }
 
 void DecodeMetrics::RecordFirstToken(double seconds) { ttft_.Observe(seconds); }
 void DecodeMetrics::RecordInterToken(double seconds) { itl_.Observe(seconds); }

@@ -25,6 +25,9 @@ class DecodeMetrics {
 
   void SetQueue(int64_t waiting, int64_t running);
   void SetFree(int64_t pages, int64_t slots);
+  // The engine's KV page total (--max_pages), set once at start: the
+  // denominator of the autoscalers' page-use ratio, whatever the overlay sizes.
+  void SetPageTotal(int64_t pages);
   // The largest decode batch so far, and prefill calls still running for
   // requests that ended (DecodeLoop::Counts).
   void SetBatchPeak(int64_t peak);
@@ -49,6 +52,7 @@ class DecodeMetrics {
   prometheus::Gauge& waiting_;
   prometheus::Gauge& running_;
   prometheus::Gauge& free_pages_;
+  prometheus::Gauge& total_pages_;
   prometheus::Gauge& free_slots_;
   prometheus::Histogram& ttft_;
   prometheus::Histogram& itl_;

@@ -17,6 +17,29 @@ double CounterValue(prometheus::Registry& registry, const std::string& name) {
   return -1.0;
 }
 
+// The value of the unlabelled gauge `name`; -1 when it is not exposed.
+double GaugeValue(prometheus::Registry& registry, const std::string& name) {
+  for (const prometheus::MetricFamily& f : registry.Collect()) {
+    if (f.name == name && f.metric.size() == 1) return f.metric[0].gauge.value;
+  }
+  return -1.0;
+}
+
+TEST(DecodeMetricsTest, KvPagesFreeAndTotal) {
+  prometheus::Registry registry;
+  DecodeMetrics metrics(registry);
+  // The gpu overlay's --max_pages, a quarter of them free: the autoscalers'
+  // ratio is 1 - free / total = 0.75 (deploy/k8s/monitoring/rules).
+  metrics.SetPageTotal(65536);
+  metrics.SetFree(16384, 3);
+  EXPECT_EQ(GaugeValue(registry, "hybridserve_kv_pages_total"), 65536.0);
+  EXPECT_EQ(GaugeValue(registry, "hybridserve_kv_pages_free"), 16384.0);
+  EXPECT_EQ(GaugeValue(registry, "hybridserve_state_slots_free"), 3.0);
+  metrics.SetFree(65536, 8);  // idle: the total stays
+  EXPECT_EQ(GaugeValue(registry, "hybridserve_kv_pages_total"), 65536.0);
+  EXPECT_EQ(GaugeValue(registry, "hybridserve_kv_pages_free"), 65536.0);
+}
+
 TEST(DecodeMetricsTest, DataPlaneCountersFollowTheReceiversTotals) {
   prometheus::Registry registry;
   DecodeMetrics metrics(registry);

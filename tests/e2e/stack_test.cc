@@ -313,6 +313,8 @@ TEST_P(StackTest, DuplicateLiveIdAbortAndDeadline) {
   // Every reservation is back: all KV pages (--max_pages 4096) and state slots (--max_batch 8) free.
   EXPECT_EQ(AwaitMetric(decode_metrics, "hybridserve_kv_pages_free", 4096), 4096);
   EXPECT_EQ(AwaitMetric(decode_metrics, "hybridserve_state_slots_free", 8), 8);
+  // The page total the autoscalers divide by (deploy/k8s/monitoring/rules): --max_pages.
+  EXPECT_EQ(Metric(decode_metrics, "hybridserve_kv_pages_total"), 4096);
   Generation after = Generate(s.decode_target(), Request("after-abort", TextPrompt(20, 4), 5));
   EXPECT_TRUE(after.status.ok());
   EXPECT_EQ(after.tokens.size(), 5u);
