@@ -32,6 +32,7 @@ PACKAGES=(
   util-linux               # unshare, mount: tests/k8s/run_manifests_test's namespaces and /etc/hosts
   iproute2                 # ip: that test brings up loopback in its network namespace
   nftables                 # nft: tests/k8s/netpol_enforced_test enforces the NetworkPolicies in its namespace
+  prometheus               # promtool: tests/k8s/monitoring_rules_test checks and tests the PromQL we ship
 )
 
 # PyPI tools of deploy/k8s/validate.sh and tests/k8s, and the Python client's
@@ -55,7 +56,21 @@ if [ ${#missing[@]} -gt 0 ]; then
   echo "bootstrap: installing ${missing[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive
   $SUDO apt-get update -q
-  $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+  # The prometheus package (wanted for promtool only) installs a server and
+  # enables its service: keep it from starting (policy-rc.d 101: no daemon
+  # starts while installing), and where systemd runs, disable it after.
+  policy_rc=""
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    policy_rc=/usr/sbin/policy-rc.d
+    printf '#!/bin/sh\nexit 101\n' | $SUDO tee "$policy_rc" >/dev/null
+    $SUDO chmod 755 "$policy_rc"
+  fi
+  $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}" || install_rc=$?
+  if [ -n "$policy_rc" ]; then $SUDO rm -f "$policy_rc"; fi
+  [ "${install_rc:-0}" -eq 0 ] || exit "$install_rc"
+  if [[ " ${missing[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ]; then
+    $SUDO systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+  fi
 fi
 
 missing_pip=()

@@ -290,14 +290,29 @@ def check_autoscaling(objs, rules=None):
     return errors
 
 
-def check_adapter_pages(objs, rules=None):
-    """The example adapter rules (written for the cpu overlay) divide the
-    free KV pages by the --max_pages decode runs with."""
-    rules = m.monitoring_rules() if rules is None else rules
-    kv = "".join(r["metricsQuery"] for r in rules if r["name"]["as"] == "hybridserve_kv_page_use_ratio")
-    if f"/ {m.flags(objs, 'decode').get('max_pages')})" not in kv:
-        return [f"hybridserve_kv_page_use_ratio does not divide by decode's --max_pages: {kv.strip()}"]
-    return []
+def check_adapter_pages(objs, recording=None, adapter=None):
+    """The autoscalers' KV page-use ratio is right for the overlay: the
+    prometheus-adapter rule serves the recorded hybridserve:kv_page_use_ratio,
+    and that divides the free pages by the page total decode exports
+    (hybridserve_kv_pages_total, its --max_pages), never by a constant (the
+    cpu overlay's 4096 pages made an idle gpu pod's 65,536 free a ratio of
+    -15). Every adapter rule reads a recorded series."""
+    recording = m.recording_rules() if recording is None else recording
+    adapter = m.monitoring_rules() if adapter is None else adapter
+    errors = []
+    for rule in adapter:
+        series = re.match(r"[A-Za-z_:][A-Za-z0-9_:]*", rule["seriesQuery"]).group(0)
+        if series not in recording:
+            errors.append(f"adapter {rule['name']['as']}: reads {series}, which no recording rule records")
+    kv = [r for r in adapter if r["name"]["as"] == "hybridserve_kv_page_use_ratio"]
+    if not kv or not kv[0]["seriesQuery"].startswith("hybridserve:kv_page_use_ratio{"):
+        errors.append("hybridserve_kv_page_use_ratio is not the recorded hybridserve:kv_page_use_ratio")
+    expr = " ".join(recording.get("hybridserve:kv_page_use_ratio", "").split())
+    if not re.search(r"hybridserve_kv_pages_free\s*/\s*(on\s*\([^)]*\)\s*)?hybridserve_kv_pages_total\b", expr):
+        errors.append(f"hybridserve:kv_page_use_ratio does not divide by decode's hybridserve_kv_pages_total: {expr}")
+    if re.search(r"/\s*[0-9]", expr) or m.flags(objs, "decode").get("max_pages", "-") in re.findall(r"[0-9]+", expr):
+        errors.append(f"hybridserve:kv_page_use_ratio divides by a constant page count: {expr}")
+    return errors
 
 
 def check_topology(objs):
@@ -526,8 +541,9 @@ def check_tls_certificates(objs, example=None):
     return list(dict.fromkeys(errors))  # each once, though several Certificates share the Issuer
 
 
-CHECKS = [check_objects, check_resources, check_probes, check_security, check_pdbs, check_services, check_drain,
-          check_flags, check_cachestore_budgets, check_autoscaling, check_topology, check_network_policies]
+CHECKS = [check_objects, check_resources, check_probes, check_security, check_pdbs,
+          check_services, check_drain, check_flags, check_cachestore_budgets, check_autoscaling, check_adapter_pages,
+          check_topology, check_network_policies]
 TLS_CHECKS = [check_tls_flags, check_tls_secrets, check_tls_health, check_tls_peers, check_tls_certificates]
 
 
@@ -616,8 +632,6 @@ BREAKAGES = [
     (check_autoscaling, "prefill HPA on a metric the adapter does not serve",
      lambda o: _set(m.one(o, "HorizontalPodAutoscaler", "hybridserve-prefill")["spec"]["metrics"][0]["pods"]
                     ["metric"], ["name"], "hybridserve_prefill_queue_seconds")),
-    (check_adapter_pages, "--max_pages changed, the adapter query not",
-     lambda o: _set(_config(o), ["engine.flags"], _config(o)["engine.flags"] + "--max_pages=8192\n")),
     (check_topology, "decode spread over zones only",
      lambda o: _set(m.pod_spec(o, "decode")["topologySpreadConstraints"][0], ["topologyKey"],
                     "topology.kubernetes.io/zone")),
@@ -738,6 +752,27 @@ CERTIFICATE_BREAKAGES = [
 ]
 
 
+_KV_RATIO = "hybridserve:kv_page_use_ratio"
+
+# (what, mutation of (recording rules, adapter rules, the overlay's render)),
+# caught by check_adapter_pages on the cpu and the gpu overlay
+RULE_BREAKAGES = [
+    ("the ratio over the overlay's --max_pages as a constant",
+     lambda r, a, o: _set(r, [_KV_RATIO], r[_KV_RATIO].replace(
+         "on (namespace, pod) hybridserve_kv_pages_total", m.flags(o, "decode")["max_pages"]))),
+    ("the ratio over the cpu overlay's 4096 pages",
+     lambda r, a, o: _set(r, [_KV_RATIO], r[_KV_RATIO].replace(
+         "on (namespace, pod) hybridserve_kv_pages_total", "4096"))),
+    ("the ratio over prefill's free pages instead of decode's total",
+     lambda r, a, o: _set(r, [_KV_RATIO], r[_KV_RATIO].replace(
+         "hybridserve_kv_pages_total", "hybridserve_prefill_kv_pages_free"))),
+    ("the adapter divides the raw gauge again",
+     lambda r, a, o: _set(a[1], ["seriesQuery"], 'hybridserve_kv_pages_free{namespace!="",pod!=""}')),
+    ("an adapter rule on a series nothing records",
+     lambda r, a, o: r.pop("hybridserve:prefill_backlog_seconds")),
+]
+
+
 class ManifestPolicyTest(unittest.TestCase):
 
     @classmethod
@@ -767,7 +802,6 @@ class ManifestPolicyTest(unittest.TestCase):
                     self.assertEqual([k for k in m.flags(objs, comp) if k in BINARY_TLS_FLAGS[comp]], [], comp)
                     self.assertFalse([v for v in m.pod_spec(objs, comp)["volumes"] if "secret" in v], comp)
                 self.assertNotEqual(check_tls_flags(objs), [], overlay)
-        self.assertEqual(check_adapter_pages(self.rendered["cpu"]), [])
 
     def test_each_check_catches_its_breakages(self):
         covered = set()
@@ -784,7 +818,15 @@ class ManifestPolicyTest(unittest.TestCase):
                 mutate(example)
                 self.assertNotEqual(check_tls_certificates(self.rendered["cpu-mtls"], example), [],
                                     f"check_tls_certificates missed: {what}")
-        self.assertEqual(covered, set(CHECKS + TLS_CHECKS + [check_adapter_pages]),
+        for what, mutate in RULE_BREAKAGES:
+            for overlay in ("cpu", "gpu"):
+                with self.subTest(check="check_adapter_pages", overlay=overlay, breakage=what):
+                    recording, adapter = copy.deepcopy(m.recording_rules()), copy.deepcopy(m.monitoring_rules())
+                    mutate(recording, adapter, self.rendered[overlay])
+                    self.assertNotEqual(check_adapter_pages(self.rendered[overlay], recording, adapter), [],
+                                        f"check_adapter_pages missed: {what}")
+                    covered.add(check_adapter_pages)
+        self.assertEqual(covered, set(CHECKS + TLS_CHECKS),
                          "every check has a breakage it must catch")
 
     def test_device_check_catches_a_cpu_overlay_on_gpus(self):

@@ -92,6 +92,14 @@ def monitoring_rules():
     return yaml.safe_load(config_map["data"]["config.yaml"])["rules"]
 
 
+def recording_rules():
+    """The Prometheus recording rules of deploy/k8s/monitoring/rules, {record: expr}."""
+    path = os.path.join(k8s_dir(), "monitoring", "rules", "hybridserve.rules.yaml")
+    with open(path, encoding="utf-8") as f:
+        groups = yaml.safe_load(f)["groups"]
+    return {r["record"]: r["expr"] for g in groups for r in g["rules"] if "record" in r}
+
+
 # --- object access ---------------------------------------------------------
 
 def find(objs, kind, name=None):

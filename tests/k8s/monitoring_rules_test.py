@@ -1,0 +1,182 @@
+"""Every PromQL expression deploy/k8s ships, checked by promtool (Debian's
+`prometheus` package, tools/bootstrap.sh):
+
+- the recording rules (deploy/k8s/monitoring/rules/hybridserve.rules.yaml)
+  pass `promtool check rules`, and `promtool test rules` with their own
+  recorded series (hybridserve.rules.test.yaml);
+- per overlay, the series decode and prefill export as that overlay
+  configures them (decode's page total = its --max_pages as the binary reads
+  its flag files) give the expected autoscaling signals: an idle decode pod
+  uses 0 of its pages, one with a quarter free 0.75;
+- the prometheus-adapter example's queries, with the adapter's template
+  filled in as it fills it, parse and return the recorded signals under the
+  names the HorizontalPodAutoscalers read;
+- promtool itself bites: the old backlog query (`group_left (` followed by
+  an expression) and a ratio over a constant page count are refused."""
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import unittest
+
+import yaml
+
+import manifests as m
+
+NAMESPACE = "hybridserve"
+
+
+def rules_dir():
+    return os.path.join(m.k8s_dir(), "monitoring", "rules")
+
+
+def rules_file():
+    return os.path.join(rules_dir(), "hybridserve.rules.yaml")
+
+
+def promtool(*args):
+    """promtool's exit status and its output (stdout and stderr)."""
+    done = subprocess.run(["promtool", *args], capture_output=True, text=True)
+    return done.returncode, done.stdout + done.stderr
+
+
+def _series(name, pod, values):
+    return {"series": f'{name}{{job="kubernetes-pods",namespace="{NAMESPACE}",pod="{pod}"}}', "values": values}
+
+
+def overlay_input(max_pages):
+    """Recorded series of two decode pods sized as an overlay sizes them (one
+    idle, one with a quarter of its pages free) and one prefill pod (2 queued,
+    4 requests finished every 30 s taking 3 s in all: 0.75 s each)."""
+    return [
+        _series("hybridserve_kv_pages_free", "decode-idle", f"{max_pages}x20"),
+        _series("hybridserve_kv_pages_total", "decode-idle", f"{max_pages}x20"),
+        _series("hybridserve_num_requests_waiting", "decode-idle", "0x20"),
+        _series("hybridserve_kv_pages_free", "decode-busy", f"{max_pages // 4}x20"),
+        _series("hybridserve_kv_pages_total", "decode-busy", f"{max_pages}x20"),
+        _series("hybridserve_num_requests_waiting", "decode-busy", "5x20"),
+        _series("hybridserve_prefill_queue_depth", "prefill-a", "2x20"),
+        _series("hybridserve_prefill_seconds_sum", "prefill-a", "10+3x20"),
+        _series("hybridserve_prefill_seconds_count", "prefill-a", "20+4x20"),
+    ]
+
+
+# The signals overlay_input must give, by pod: {metric: {pod: value}}.
+EXPECTED = {
+    "kv_page_use_ratio": {"decode-idle": 0, "decode-busy": 0.75},
+    "num_requests_waiting": {"decode-idle": 0, "decode-busy": 5},
+    "prefill_backlog_seconds": {"prefill-a": 1.5},
+}
+
+
+def adapter_query(rule, pods):
+    """A prometheus-adapter metricsQuery as the adapter fills it for a Pods
+    metric of `pods` in the namespace (Series: the series' name,
+    LabelMatchers: namespace and pods, GroupBy: pod)."""
+    series = re.fullmatch(r"([A-Za-z_:][A-Za-z0-9_:]*)\{.*\}", rule["seriesQuery"]).group(1)
+    matchers = f'namespace="{NAMESPACE}",pod=~"{"|".join(pods)}"'
+    return (rule["metricsQuery"].replace("<<.Series>>", series).replace("<<.LabelMatchers>>", matchers)
+            .replace("<<.GroupBy>>", "pod"))
+
+
+def tests_for(rules_path, max_pages, adapter_rules):
+    """A promtool test file over overlay_input(max_pages): the recorded
+    signals, and each adapter rule's query over them."""
+    expr_tests = []
+    for metric, by_pod in EXPECTED.items():
+        expr_tests.append({
+            "expr": f"hybridserve:{metric}", "eval_time": "5m",
+            "exp_samples": [{"labels": f'hybridserve:{metric}{{namespace="{NAMESPACE}",pod="{pod}"}}', "value": v}
+                            for pod, v in by_pod.items()]})
+    for rule in adapter_rules:
+        metric = rule["name"]["as"].removeprefix("hybridserve_")
+        by_pod = EXPECTED[metric]
+        expr_tests.append({
+            "expr": adapter_query(rule, sorted(by_pod)), "eval_time": "5m",
+            "exp_samples": [{"labels": f'{{pod="{pod}"}}', "value": v} for pod, v in by_pod.items()]})
+    return {"rule_files": [rules_path], "evaluation_interval": "30s",
+            "tests": [{"interval": "30s", "input_series": overlay_input(max_pages),
+                       "promql_expr_test": expr_tests}]}
+
+
+class MonitoringRulesTest(unittest.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        if shutil.which("promtool") is None:
+            raise AssertionError("promtool not found: install Debian's prometheus package (tools/bootstrap.sh)")
+        cls.tmp = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+        cls.adapter_rules = m.monitoring_rules()
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def promtool_test(self, name, tests):
+        path = os.path.join(self.tmp, name)
+        with open(path, "w", encoding="utf-8") as f:
+            yaml.safe_dump(tests, f, sort_keys=False)
+        return promtool("test", "rules", path)
+
+    def test_check_rules(self):
+        rc, out = promtool("check", "rules", rules_file())
+        self.assertEqual(rc, 0, out)
+        self.assertIn("SUCCESS: 3 rules found", out)
+
+    def test_recorded_series(self):
+        rc, out = promtool("test", "rules", os.path.join(rules_dir(), "hybridserve.rules.test.yaml"))
+        self.assertEqual(rc, 0, out)
+        self.assertIn("SUCCESS", out)
+
+    def test_every_overlay(self):
+        overlays = m.overlays()
+        self.assertTrue({"cpu", "gpu"} <= set(overlays), overlays)
+        sizes = {}
+        for overlay in overlays:
+            with self.subTest(overlay=overlay):
+                max_pages = int(m.flags(m.render(overlay), "decode")["max_pages"])
+                sizes[overlay] = max_pages
+                rc, out = self.promtool_test(f"{overlay}.test.yaml",
+                                             tests_for(rules_file(), max_pages, self.adapter_rules))
+                self.assertEqual(rc, 0, f"{overlay} (--max_pages={max_pages}): {out}")
+        # The two sizes the ratio must get right (a constant cannot).
+        self.assertEqual((sizes["cpu"], sizes["gpu"]), (4096, 65536))
+
+    def test_adapter_serves_each_recorded_signal(self):
+        self.assertEqual(sorted(r["name"]["as"] for r in self.adapter_rules),
+                         sorted(f"hybridserve_{k}" for k in EXPECTED))
+        for rule in self.adapter_rules:
+            self.assertRegex(rule["seriesQuery"], r'^hybridserve:[a-z_]+\{namespace!="",pod!=""\}$')
+
+    def test_promtool_refuses_the_old_backlog_query(self):
+        with open(rules_file(), encoding="utf-8") as f:
+            text = f.read()
+        old = text.replace("group_left ()\n            (\n", "group_left (\n").replace(
+            "            )\n          )\n      # Decode KV", "          )\n      # Decode KV")
+        self.assertNotEqual(old, text)
+        path = os.path.join(self.tmp, "old.rules.yaml")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(old)
+        rc, out = promtool("check", "rules", path)
+        self.assertNotEqual(rc, 0, out)
+        self.assertIn('unexpected "(" in grouping opts', out)
+
+    def test_a_constant_page_count_fails_on_the_gpu_overlay(self):
+        with open(rules_file(), encoding="utf-8") as f:
+            text = f.read()
+        constant = text.replace("/ on (namespace, pod) hybridserve_kv_pages_total", "/ 4096")
+        self.assertNotEqual(constant, text)
+        path = os.path.join(self.tmp, "constant.rules.yaml")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(constant)
+        self.assertEqual(promtool("check", "rules", path)[0], 0)
+        self.assertEqual(self.promtool_test("cpu-constant.test.yaml", tests_for(path, 4096, []))[0], 0)
+        rc, out = self.promtool_test("gpu-constant.test.yaml", tests_for(path, 65536, []))
+        self.assertNotEqual(rc, 0, out)
+        self.assertIn("hybridserve:kv_page_use_ratio", out)
+
+
+if __name__ == "__main__":
+    unittest.main()
