@@ -122,6 +122,27 @@ def check_probes(objs):
     return errors
 
 
+def check_rollout_deadline(objs):
+    """Every Deployment's progressDeadlineSeconds (default 600) exceeds the
+    time a new pod may take to turn ready: its startup probe's window
+    (initialDelaySeconds + failureThreshold x periodSeconds, the API's
+    defaults where unset), then one readiness period, plus an image pull
+    (m.IMAGE_PULL_MARGIN_S); else a slow model load after a pull marks a
+    healthy rollout failed."""
+    errors = []
+    for d in m.find(objs, "Deployment"):
+        deadline = d["spec"].get("progressDeadlineSeconds", 600)
+        for c in d["spec"]["template"]["spec"]["containers"]:
+            start, ready = c.get("startupProbe") or {}, c.get("readinessProbe") or {}
+            window = (start.get("initialDelaySeconds", 0) + start.get("failureThreshold", 3) *
+                      start.get("periodSeconds", 10)) if start else 0
+            window += ready.get("initialDelaySeconds", 0) + ready.get("periodSeconds", 10) if ready else 0
+            if deadline <= window + m.IMAGE_PULL_MARGIN_S:
+                errors.append(f"{d['metadata']['name']}: progressDeadlineSeconds {deadline} <= startup and readiness "
+                              f"window {window}s of {c['name']} + image pull {m.IMAGE_PULL_MARGIN_S}s")
+    return errors
+
+
 def check_security(objs):
     errors = []
     for comp in COMPONENTS:
@@ -541,7 +562,7 @@ def check_tls_certificates(objs, example=None):
     return list(dict.fromkeys(errors))  # each once, though several Certificates share the Issuer
 
 
-CHECKS = [check_objects, check_resources, check_probes, check_security, check_pdbs,
+CHECKS = [check_objects, check_resources, check_probes, check_rollout_deadline, check_security, check_pdbs,
           check_services, check_drain, check_flags, check_cachestore_budgets, check_autoscaling, check_adapter_pages,
           check_topology, check_network_policies]
 TLS_CHECKS = [check_tls_flags, check_tls_secrets, check_tls_health, check_tls_peers, check_tls_certificates]
@@ -587,6 +608,12 @@ BREAKAGES = [
      lambda o: _set(_container(o, "prefill")["livenessProbe"]["grpc"], ["port"], 9090)),
     (check_probes, "cachestore without a startup probe",
      lambda o: _set(_container(o, "cachestore"), ["startupProbe"], None)),
+    (check_rollout_deadline, "decode at the default deadline (600 s, the startup window alone)",
+     lambda o: _set(m.workload(o, "decode")["spec"], ["progressDeadlineSeconds"], None)),
+    (check_rollout_deadline, "prefill's startup window raised past its deadline",
+     lambda o: _set(_container(o, "prefill")["startupProbe"], ["failureThreshold"], 180)),
+    (check_rollout_deadline, "the cachestore's deadline without room for an image pull",
+     lambda o: _set(m.workload(o, "cachestore")["spec"], ["progressDeadlineSeconds"], 120)),
     (check_security, "writable root filesystem",
      lambda o: _set(_container(o, "prefill")["securityContext"], ["readOnlyRootFilesystem"], False)),
     (check_security, "capabilities kept",

@@ -36,6 +36,9 @@ BINARY = "/opt/hybridserve/bin/{}"
 RUN_AS_USER = 10001
 # Seconds of margin a grace period keeps beyond the drain it must cover.
 GRACE_MARGIN_S = 5
+# Seconds a rollout's progress deadline keeps beyond its pods' startup probe
+# window: an image pull (a multi-GB image on a cold node).
+IMAGE_PULL_MARGIN_S = 300
 
 
 # --- rendering -------------------------------------------------------------
