@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Validates deploy/k8s offline: renders every overlay with `kubectl kustomize`,
+# Validates deploy/k8s offline: renders every overlay (and namespace/) with `kubectl kustomize`,
 # checks each rendered object (and the monitoring/ examples) against the
 # OpenAPI schemas of Kubernetes ${K8S_VERSION} with `kubernetes-validate
 # --strict` (unknown fields fail), and runs yamllint with deploy/k8s/.yamllint
@@ -51,12 +51,14 @@ check() {  # check NAME COMMAND...: runs it, prints one line, remembers failure
 }
 validate() { "$PYTHON" -m kubernetes_validate --strict --quiet -k "$K8S_VERSION" "$@"; }
 
-for overlay in "$k8s"/overlays/*/; do
-  name="$(basename "$overlay")"
-  check "render overlays/$name" kubectl kustomize "$overlay" -o "$work/$name.yaml"
+# Every overlay, and the Namespace's own kustomization (applied once).
+for dir in "$k8s"/overlays/*/ "$k8s"/namespace/; do
+  name="$(basename "$dir")"
+  rel="${dir#"$k8s"/}"
+  check "render ${rel%/}" kubectl kustomize "$dir" -o "$work/$name.yaml"
   [ -s "$work/$name.yaml" ] || continue
   objects="$(grep -c '^kind: ' "$work/$name.yaml" || true)"
-  check "kubernetes-validate --strict -k $K8S_VERSION overlays/$name ($objects objects)" validate "$work/$name.yaml"
+  check "kubernetes-validate --strict -k $K8S_VERSION ${rel%/} ($objects objects)" validate "$work/$name.yaml"
 done
 for f in "$k8s"/monitoring/*.yaml; do
   check "kubernetes-validate --strict -k $K8S_VERSION monitoring/$(basename "$f")" validate "$f"

@@ -26,13 +26,17 @@ def _labels(component):
 
 def check_objects(objs):
     errors = []
-    expected = [("Namespace", "hybridserve"), ("ConfigMap", "hybridserve-config")]
+    expected = [("ConfigMap", "hybridserve-config")]
     for c in COMPONENTS:
         expected += [("Service", f"hybridserve-{c}"), ("PodDisruptionBudget", f"hybridserve-{c}"),
                      ("NetworkPolicy", f"hybridserve-{c}")]
     for c in WORKERS:
         expected += [("Deployment", f"hybridserve-{c}"), ("HorizontalPodAutoscaler", f"hybridserve-{c}")]
     errors += [f"missing {k}/{n}" for k, n in expected if not m.find(objs, k, n)]
+    # The Namespace is applied once on its own (deploy/k8s/namespace): in an
+    # overlay, `kubectl delete -k` would delete it, the model PVC and the TLS
+    # Secrets in it with it.
+    errors += [f"the overlay renders Namespace/{n['metadata']['name']}" for n in m.find(objs, "Namespace")]
     for c in COMPONENTS:
         w = m.workload(objs, c)
         if w is None:
@@ -594,6 +598,8 @@ def _set(d, path, value):
 BREAKAGES = [
     (check_objects, "decode rollout may drop a pod",
      lambda o: _set(m.workload(o, "decode")["spec"]["strategy"]["rollingUpdate"], ["maxUnavailable"], 1)),
+    (check_objects, "the Namespace back in the overlay",
+     lambda o: o.extend(copy.deepcopy(m.render_namespace()))),
     (check_objects, "decode's data port renamed",
      lambda o: _set(_container(o, "decode")["ports"][1], ["name"], "plane")),
     (check_objects, "cachestore rolls instead of Recreate",
@@ -810,7 +816,18 @@ class ManifestPolicyTest(unittest.TestCase):
         self.assertEqual(sorted(self.rendered), ["cpu", "cpu-mtls", "gpu"])
         self.assertEqual([o for o in self.rendered if m.uses_mtls(o)], ["cpu-mtls"])
         for overlay, objs in self.rendered.items():
-            self.assertGreaterEqual(len(objs), 19, overlay)
+            self.assertGreaterEqual(len(objs), 18, overlay)
+
+    def test_the_namespace_applies_on_its_own(self):
+        # deploy/k8s/namespace holds exactly the Namespace every namespaced
+        # object of every overlay lives in; no overlay renders it.
+        namespaced = {o["metadata"]["namespace"] for objs in self.rendered.values() for o in objs
+                      if o["kind"] != "Namespace"}
+        self.assertEqual(namespaced, {"hybridserve"})
+        ns = m.render_namespace()
+        self.assertEqual([(o["kind"], o["metadata"]["name"]) for o in ns], [("Namespace", "hybridserve")])
+        for overlay, objs in self.rendered.items():
+            self.assertEqual(m.find(objs, "Namespace"), [], overlay)
 
     def test_each_check_passes_on_every_overlay(self):
         for overlay, objs in self.rendered.items():

@@ -61,6 +61,12 @@ def render(overlay):
     return [o for o in yaml.safe_load_all(out) if o]
 
 
+def render_namespace():
+    """The objects of deploy/k8s/namespace (the Namespace, applied once, on
+    its own: no overlay renders it)."""
+    return render(os.path.join("..", "namespace"))
+
+
 def overlays():
     return sorted(os.listdir(os.path.join(k8s_dir(), "overlays")))
 
