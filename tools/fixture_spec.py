@@ -29,6 +29,7 @@ MODELS = {
     # The Falcon-H1 mixer's out_proj bias without in_proj's (projectors_bias only), and the reverse.
     "falcon_h1_out_bias_tiny": ("falcon_h1", "tiny4", 5803, {}),
     "falcon_h1_in_bias_tiny": ("falcon_h1", "tiny5", 5914, {}),
+    "zamba2_untied_tiny": ("zamba2", "tiny4", 4646, {}),
 }
 # Fixture models scaled down from published checkpoints' configs (tools/scale_config.py): name ->
 # (the config under tests/fixtures/public_configs, seed). One per distinct feature set. config.json

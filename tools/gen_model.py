@@ -64,9 +64,10 @@ Contract
   sets one (transformers falls back to hidden_size / num_attention_heads).
 * zamba2 presets state their pattern as a string of M (Mamba2 layer) and H (hybrid layer); config.json
   has layers_block_type ("linear_attention" / "hybrid") and the derived fields save_pretrained writes.
-  The head is tied (no lm_head.weight); a hybrid layer's shared_transformer.* is in the file only for
-  the first hybrid layer using each memory block (zamba2_weights lists the names), except with the
-  `per_use_copies` init option (presets tiny3 and e2e): then every later use holds a copy.
+  The head is tied (no lm_head.weight) unless the preset unties it (tiny4); a hybrid layer's
+  shared_transformer.* is in the file only for the first hybrid layer using each memory block
+  (zamba2_weights lists the names), except with the `per_use_copies` init option (presets tiny3 and
+  e2e): then every later use holds a copy; and with `untied_blocks` (tiny4), its own draw.
 
 Initialisation (mimics transformers' init, scaled by fan-in so that tiny models have O(1)
 activations through every layer instead of vanishing ones):
@@ -151,6 +152,9 @@ zamba2   tiny: vocab 96, hidden 32, "MHMMH", Mamba2 4 x 16, n_groups 2, d_state 
          branch outputs (out_proj, linear, o_proj, down_proj) at 0.4 times the init's standard deviation.
          tiny3: "HMMHMH", one block used three times and written under each (per_use_copies), no
          attention adapters, RoPE, branch outputs at 0.4 (golden fixture zamba2_per_use_tiny).
+         tiny4: "HMMHMH", one block, RoPE, branch outputs at 0.4, tie_word_embeddings false: every
+         hybrid layer's shared_transformer.* its own draw (untied_blocks), its own lm_head.weight
+         (golden fixture zamba2_untied_tiny).
          e2e: byte vocabulary, hidden 64, "MHMMH", one block (written under both hybrid layers:
          per_use_copies), RoPE, chunk 32 (tests/fixtures/models/zamba2_e2e, seed 23). bench: Zamba2-1.2B's shapes at hidden 1024, "MMMMMHMMHMMH", two blocks
          (160M); never committed.
@@ -382,6 +386,13 @@ PRESETS = {
     ("zamba2", "tiny3"): _with(
         _ZAMBA2_TINY, pattern="HMMHMH", use_shared_attention_adapter=False, use_mem_rope=True,
         init={"branch_gain": 0.4, "per_use_copies": True}),
+    # Untied (issue 46): tie_word_embeddings false, so transformers runs each hybrid layer with its
+    # own shared block, and each layer's is drawn afresh (as save_pretrained writes a randomly
+    # initialised untied model); one memory block used three times, a hybrid layer first, attention
+    # adapters (each layer runs its own use's), its own lm_head.weight.
+    ("zamba2", "tiny4"): _with(
+        _ZAMBA2_TINY, pattern="HMMHMH", use_mem_rope=True, tie_word_embeddings=False,
+        init={"branch_gain": 0.4, "untied_blocks": True}),
     # Written per use (issue 46): the end-to-end suite serves a file laid out as the testers' was.
     ("zamba2", "e2e"): _with(
         _ZAMBA2_TINY, **_BYTE_IDS, hidden_size=64, mamba_ngroups=1, chunk_size=32, intermediate_size=64,

@@ -1,7 +1,8 @@
 """tools/gen_model.py's Zamba2 family: config.json and weights of a preset.
 
 A pattern of M (Mamba2 layer) and H (hybrid layer: a shared transformer block, with per-use LoRA
-adapters, whose output is added to the input of the layer's own Mamba2 mixer); the head is tied.
+adapters, whose output is added to the input of the layer's own Mamba2 mixer); the head is tied
+unless the preset sets tie_word_embeddings false.
 """
 
 from gen_model_parts import (attention, attention_fields, head_fields, mamba_mixer, mlp, new_model, tail_fields,
@@ -28,7 +29,8 @@ def zamba2_config(p, dtype_name):
     if (2 * h) % p["num_attention_heads"] or h % p["num_attention_heads"]:
         raise ValueError("hidden_size must be a multiple of num_attention_heads")
     return {
-        **head_fields(p, "Zamba2ForCausalLM", "zamba2", dtype_name, len(pattern), tied=True),
+        **head_fields(p, "Zamba2ForCausalLM", "zamba2", dtype_name, len(pattern),
+                      tied=p.get("tie_word_embeddings", True)),
         "layers_block_type": [ZAMBA2_LAYER_TYPES[c] for c in pattern],
         "hybrid_layer_ids": [i for i, c in enumerate(pattern) if c == "H"],
         # shared transformer blocks: attention on concat(h, embeddings), 2 * hidden wide
@@ -68,9 +70,9 @@ def zamba2_shared_block_uses(cfg):
     return [(layer, u, u % cfg["num_mem_blocks"]) for u, layer in enumerate(ids)]
 
 
-def zamba2_weights(cfg, seed, branch_gain=1.0, per_use_copies=False):
-    """name -> float32 array for Zamba2ForCausalLM (save_pretrained names: model.*, no lm_head.weight:
-    the head is tied to model.embed_tokens.weight).
+def zamba2_weights(cfg, seed, branch_gain=1.0, per_use_copies=False, untied_blocks=False):
+    """name -> float32 array for Zamba2ForCausalLM (save_pretrained names: model.*; lm_head.weight
+    only when the config does not tie it to model.embed_tokens.weight, drawn last).
 
     A Mamba2 layer L: model.layers.L.{input_layernorm.weight, mamba.*}. A hybrid layer L:
     model.layers.L.{linear.weight, mamba_decoder.input_layernorm.weight, mamba_decoder.mamba.*} and,
@@ -84,6 +86,10 @@ def zamba2_weights(cfg, seed, branch_gain=1.0, per_use_copies=False):
     per_use_copies: every later hybrid layer using block b also holds those tensors, the same values,
     under its own shared_transformer.* (what save_pretrained writes for a model whose blocks are not
     tied in memory); no extra random draws, so every other tensor is the same as without.
+    untied_blocks: every hybrid layer holds its own shared_transformer.*, drawn afresh in layer order
+    with the same names (its block's tensors and the adapters of every use of its memory block), as
+    save_pretrained writes a randomly initialised model whose config does not tie (transformers then
+    runs each layer's own; adapters of other uses are in the file but unused by that layer).
     Init: as the other archs (projections N(0, 1/fan_in), branch outputs over n_layers), adapters'
     first matrix N(0, 1/fan_in) and second N(0, ZAMBA2_ADAPTER_GAIN^2 / rank); `linear` N(0, 1/H), so
     the shared block's contribution to the Mamba2 input has the residual's scale. branch_gain
@@ -117,7 +123,7 @@ def zamba2_weights(cfg, seed, branch_gain=1.0, per_use_copies=False):
         t.normal(pre + "linear.weight", (h, h), h ** -0.5 * branch_gain)
         mamba_layer(pre + "mamba_decoder.")
         block = next(b for layer, _, b in uses if layer == i)
-        if first_of_block[block] != i:
+        if first_of_block[block] != i and not untied_blocks:
             continue
         st = pre + "shared_transformer."
         t.norm(st + "input_layernorm.weight", a)
@@ -139,4 +145,6 @@ def zamba2_weights(cfg, seed, branch_gain=1.0, per_use_copies=False):
             for name in [n for n in t if n.startswith(source)]:
                 t[f"model.layers.{layer}.shared_transformer." + name[len(source):]] = t[name].copy()
     t.norm("model.final_layernorm.weight", h)
+    if not cfg["tie_word_embeddings"]:
+        t.normal("lm_head.weight", (v, h), h ** -0.5)
     return t

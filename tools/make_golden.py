@@ -50,7 +50,10 @@ of the hybrid layers that reuse a memory block are not in the file and are asser
 parameters of the block's first hybrid layer. zamba2_per_use_tiny's file holds them under every
 hybrid layer that uses the block (gen_model.py's per_use_copies, equal values; its model.safetensors
 is gen_model.py's file, since save_pretrained drops tied copies): transformers ties them on load
-(both present and equal), asserted the same way. golden.json "zamba2" gives the hybrid layers' uses,
+(both present and equal), asserted the same way. zamba2_untied_tiny's config does not tie
+(tie_word_embeddings false): each hybrid layer's block is its own draw (untied_blocks), save_pretrained
+writes them all, and transformers loads each into that layer's own parameters (asserted: none is
+another layer's), which the layer runs. golden.json "zamba2" gives the hybrid layers' uses,
 blocks and adapter indices, the attention shapes, scale and RoPE, the norms' eps, the dt clamp, the
 logit change when the adapters (all, per kind, per use) or the shared blocks' output are zeroed, and
 the cached decode against uncached forwards with the prefill's dt clamp lifted.
@@ -178,8 +181,10 @@ def _zamba2_tied_copies(model, expected):
     """The in-memory names of Zamba2's shared transformer blocks in the hybrid layers that reuse a
     memory block (in the file only when written per use, then equal to the first use's): asserts
     that each is the very parameter of the block's first hybrid layer, which the file holds.
-    Returns those names."""
+    Returns those names. Untied (tie_word_embeddings false): asserts instead that each is a parameter
+    of its own, loaded from the file's tensor of its own name (checked by the caller); returns none."""
     c = model.config
+    tied = c.tie_word_embeddings
     first = {}
     for u, layer in enumerate(c.hybrid_layer_ids):
         first.setdefault(u % c.num_mem_blocks, layer)
@@ -193,9 +198,11 @@ def _zamba2_tied_copies(model, expected):
                 continue
             source_name = f"model.layers.{source}.shared_transformer.{m.group(2)}"
             assert source_name in expected, f"{name}: its block's first layer {source} has no {source_name} in the file"
-            if layer != source:
+            if layer != source and tied:
                 assert p is params[source_name], f"{name} is not tied to {source_name}"
                 copies.add(name)
+            elif layer != source:
+                assert p is not params[source_name] and name in expected, f"{name}: not its own, from the file"
     return copies
 
 
@@ -615,12 +622,18 @@ def zamba2_shapes(model, prompts, file_names):
         first.setdefault(b, layer)
     copies = sorted({layer for layer, _, b in uses if layer != first[b] and any(
         n.startswith(f"model.layers.{layer}.shared_transformer.") for n in file_names)})
+    # Later uses that run a block of their own (not tied to the first use's parameters).
+    norm = "model.layers.{}.shared_transformer.pre_ff_layernorm.weight"
+    untied = [layer for layer, _, b in uses if params[norm.format(layer)] is not params[norm.format(first[b])]]
     return {
         "hybrid_layers": [{"layer": layer, "use": u, "block": b, "weights_in_file_under":
-                           f"model.layers.{first[b]}.shared_transformer.", "adapter_index": u,
-                           "linear": f"model.layers.{layer}.linear.weight"} for layer, u, b in uses],
-        # Later uses whose layer holds a copy of its block (gen_model.py's per_use_copies).
-        **({"shared_block_copied_under_layers": copies} if copies else {}),
+                           f"model.layers.{layer if layer in untied else first[b]}.shared_transformer.",
+                           "adapter_index": u, "linear": f"model.layers.{layer}.linear.weight"}
+                          for layer, u, b in uses],
+        # Later uses whose layer holds a copy of its block (gen_model.py's per_use_copies, or its own
+        # block: untied_blocks).
+        **({"shared_block_copied_under_layers": copies} if copies and not untied else {}),
+        **({"shared_block_untied_layers": untied} if untied else {}),
         "use_shared_attention_adapter": c.use_shared_attention_adapter,
         "num_mem_blocks": c.num_mem_blocks,
         "attention_hidden_size": attn.attention_hidden_size,
@@ -695,7 +708,8 @@ def record_fixture(name, arch, cfg, weights, generator, out_root, keep_config=Fa
     gen_cfg = os.path.join(dest, "generation_config.json")
     if os.path.exists(gen_cfg):
         os.remove(gen_cfg)  # not used by the engine
-    if gen_model.PRESETS[(arch, preset)].get("init", {}).get("per_use_copies"):
+    preset = gen_model.PRESETS.get((arch, generator.get("preset")), {})
+    if preset.get("init", {}).get("per_use_copies"):
         # save_pretrained drops the tied copies; the fixture is the file written per use, as
         # save_pretrained writes a Zamba2 whose blocks are not tied (loaded and tied again below).
         copies = sorted(set(weights) - set(load_file(os.path.join(dest, "model.safetensors"))))
@@ -740,6 +754,13 @@ def record_fixture(name, arch, cfg, weights, generator, out_root, keep_config=Fa
     if moe is not None:
         notes.append("moe: routing over the prompts per MoE layer; the MoE blocks ran transformers' "
                      f"experts_implementation={moe['experts_implementation']!r} (the per-expert loop).")
+    if arch == "zamba2" and not model.config.tie_word_embeddings:
+        notes.append(
+            "Zamba2 with tie_word_embeddings=false: transformers ties nothing (_tied_weights_keys is "
+            "empty), so every hybrid layer runs the shared_transformer.* stored under its own index "
+            "(asserted: no parameter shared between layers, each equal to its file tensor), with its own "
+            "module's adapter_list.{u}, u its use; the adapters of the block's other uses that its module "
+            "also holds are in the file and unused. The head is lm_head.weight, not the embeddings.")
     if model.config.tie_word_embeddings and not own_head:
         assert head_is_embeddings(model)
         notes.append("tie_word_embeddings: model.safetensors has no lm_head.weight (save_pretrained drops "
