@@ -62,6 +62,10 @@ inline constexpr absl::string_view kPublicBamba9b = "tests/fixtures/golden/publi
 // Zamba2 as issue 46's testers had it: one block, a hybrid layer first, the
 // block's tensors written under every hybrid layer using it, no attention adapters.
 inline constexpr absl::string_view kZambaPerUseTiny = "tests/fixtures/golden/zamba2_per_use_tiny";
+// Zamba2 untied (tie_word_embeddings false), as save_pretrained writes a randomly
+// initialised model: one block used three times, each hybrid layer's its own draw
+// under its own index (transformers runs each layer's own), attention adapters.
+inline constexpr absl::string_view kZambaUntiedTiny = "tests/fixtures/golden/zamba2_untied_tiny";
 inline constexpr absl::string_view kDefaultModel = "models/default";
 // Golden references of the default model (tools/make_golden.py --only default), without the model.
 inline constexpr absl::string_view kDefaultModelGolden = "tests/fixtures/golden/default";

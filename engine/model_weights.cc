@@ -12,7 +12,6 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
@@ -47,6 +46,7 @@ class ModelWeights::Loader {
 
   absl::Status Run() {
     RETURN_IF_ERROR(DetectPrefix());
+    if (config_.family == ModelFamily::kZamba2) RETURN_IF_ERROR(PrepareZamba());
     const int64_t hidden = config_.hidden_size;
     const int64_t vocab = config_.vocab_size;
     RETURN_IF_ERROR(Take(prefix_ + embedding_name_, "embeddings.weight", {vocab, hidden}, out_.embeddings_));
@@ -87,7 +87,6 @@ class ModelWeights::Loader {
     }
     RETURN_IF_ERROR(TakeBody(FinalNormName(), {hidden}, out_.norm_f_));
     RETURN_IF_ERROR(LoadHead());
-    RETURN_IF_ERROR(AcceptSharedBlockCopies());
     RETURN_IF_ERROR(CheckNoUnexpected());
     out_.fingerprint_ = Fingerprint();
     return absl::OkStatus();
@@ -218,8 +217,10 @@ class ModelWeights::Loader {
     }
     ASSIGN_OR_RETURN(TensorView view, checkpoint_.Tensor(full_name));
     consumed_.insert(full_name);
-    used_.push_back(Used{canonical, view});
-    out_.num_parameters_ += view.num_elements();
+    if (recorded_.insert(canonical).second) {  // Zamba2's blocks may load one tensor twice
+      used_.push_back(Used{canonical, view});
+      out_.num_parameters_ += view.num_elements();
+    }
     return view;
   }
 
@@ -330,126 +331,194 @@ class ModelWeights::Loader {
     return TakeBody(p + "shared_experts.down_proj.weight", {hidden, shared}, w.shared_down);
   }
 
-  // Zamba2 hybrid layer i: its own tensors, its use's adapters, and (for the
-  // first use of its block) the shared block.
+  // A visitor loading each tensor as hybrid layer i runs it.
+  auto TakeSharedOf(size_t i) {
+    return [this, i](const std::string& s, std::vector<int64_t> shape, auto& dst) -> absl::Status {
+      ASSIGN_OR_RETURN(SharedSource source, Shared(i, s, shape));
+      return Take(source.full_name, source.canonical, std::move(shape), dst);
+    };
+  }
+
+  // Zamba2 hybrid layer i (use u = its rank among the hybrid layers, memory
+  // block b = u % num_mem_blocks): its own tensors, its use's adapters and the
+  // shared block it runs, each tensor resolved as transformers does (see the
+  // header). The block is one of shared_blocks_: the one already loaded when
+  // every tensor resolves to values an earlier layer of block b runs, else a
+  // block of its own.
   absl::Status LoadZambaHybrid(size_t i, ZambaHybridLayerWeights& w) {
     const int64_t hidden = config_.hidden_size;
-    const ZambaParams& z = config_.zamba;
-    const AttentionParams& a = config_.attention;
-    const int64_t inter = config_.gated_mlp.intermediate_size;
-    int64_t use = 0;
-    for (size_t j = 0; j < i; ++j) use += config_.layers[j] == LayerKind::kZambaHybrid ? 1 : 0;
+    const int64_t use = UseOf(i);
     w.use = use;
-    w.block = use % z.num_mem_blocks;
-    // The layer that stores block w.block: the first hybrid layer whose use is w.block.
-    size_t owner = 0;
-    for (int64_t seen = 0; owner < config_.layers.size(); ++owner) {
-      if (config_.layers[owner] != LayerKind::kZambaHybrid) continue;
-      if (seen++ == w.block) break;
+    w.mem_block = use % config_.zamba.num_mem_blocks;
+    ZambaSharedBlockWeights ignored;
+    std::string key;
+    RETURN_IF_ERROR(ForEachSharedBlockTensor(ignored, [&](const std::string& s, std::vector<int64_t> shape, auto&) {
+      ASSIGN_OR_RETURN(SharedSource source, Shared(i, s, shape));
+      absl::StrAppend(&key, source.canonical, "\n");
+      return absl::OkStatus();
+    }));
+    const auto found = zamba_block_index_.find(key);
+    if (found != zamba_block_index_.end()) {
+      w.block = found->second;
+    } else {
+      w.block = static_cast<int64_t>(out_.shared_blocks_.size());
+      zamba_block_index_[key] = w.block;
+      RETURN_IF_ERROR(ForEachSharedBlockTensor(out_.shared_blocks_.emplace_back(), TakeSharedOf(i)));
     }
+    RETURN_IF_ERROR(ForEachAdapterTensor(use, w, TakeSharedOf(i)));
     const std::string base = absl::StrCat("layers.", i, ".");
-    const std::string shared = absl::StrCat("layers.", owner, ".shared_transformer.");
-    shared_owner_[i] = owner;
-    if (owner == i) {
-      RETURN_IF_ERROR(CheckSharedBlockIsUnderItsFirstUse(owner));
-      out_.shared_blocks_.resize(static_cast<size_t>(w.block) + 1);
-      ZambaSharedBlockWeights& b = out_.shared_blocks_[static_cast<size_t>(w.block)];
-      RETURN_IF_ERROR(TakeBody(shared + "input_layernorm.weight", {2 * hidden}, b.input_norm));
-      const std::string at = shared + "self_attn.";
-      RETURN_IF_ERROR(TakeBody(at + "q_proj.weight", {a.q_dim(), 2 * hidden}, b.attention.q_proj));
-      RETURN_IF_ERROR(TakeBody(at + "k_proj.weight", {a.kv_dim(), 2 * hidden}, b.attention.k_proj));
-      RETURN_IF_ERROR(TakeBody(at + "v_proj.weight", {a.kv_dim(), 2 * hidden}, b.attention.v_proj));
-      RETURN_IF_ERROR(TakeBody(at + "o_proj.weight", {hidden, a.q_dim()}, b.attention.o_proj));
-      RETURN_IF_ERROR(TakeBody(shared + "pre_ff_layernorm.weight", {hidden}, b.pre_ff_norm));
-      const std::string ff = shared + "feed_forward.";
-      const bool bias = config_.gated_mlp.use_bias;
-      RETURN_IF_ERROR(TakeBody(ff + "gate_up_proj.weight", {2 * inter, hidden}, b.mlp.gate_up));
-      RETURN_IF_ERROR(TakeBodyIf(bias, ff + "gate_up_proj.bias", {2 * inter}, b.mlp.gate_up_bias));
-      RETURN_IF_ERROR(TakeBody(ff + "down_proj.weight", {hidden, inter}, b.mlp.down_proj));
-      RETURN_IF_ERROR(TakeBodyIf(bias, ff + "down_proj.bias", {hidden}, b.mlp.down_proj_bias));
-    }
-    const std::string u = absl::StrCat(use);
-    const int64_t r = z.adapter_rank;
-    if (z.use_adapters) {
-      const std::string at = shared + "self_attn.";
-      RETURN_IF_ERROR(LoadLora(at + "linear_q_adapter_list." + u, 2 * hidden, a.q_dim(), r, w.q_adapter));
-      RETURN_IF_ERROR(LoadLora(at + "linear_k_adapter_list." + u, 2 * hidden, a.kv_dim(), r, w.k_adapter));
-      RETURN_IF_ERROR(LoadLora(at + "linear_v_adapter_list." + u, 2 * hidden, a.kv_dim(), r, w.v_adapter));
-    }
-    RETURN_IF_ERROR(
-        LoadLora(shared + "feed_forward.gate_up_proj_adapter_list." + u, hidden, 2 * inter, r, w.gate_up_adapter));
     RETURN_IF_ERROR(TakeBody(base + "linear.weight", {hidden, hidden}, w.linear));
     RETURN_IF_ERROR(TakeBody(base + "mamba_decoder.input_layernorm.weight", {hidden}, w.mamba_norm));
     return LoadMamba2(base + "mamba_decoder.mamba.", w.mamba);
   }
 
-  // Zamba2: a block whose first use holds no input_layernorm while a later use
-  // of the same block does was written under the later use only; refused with
-  // that said, since the first use's tensors are the ones read.
-  absl::Status CheckSharedBlockIsUnderItsFirstUse(size_t owner) const {
-    const std::string first = absl::StrCat(prefix_, "layers.", owner, ".shared_transformer.input_layernorm.weight");
-    if (checkpoint_.Contains(first)) return absl::OkStatus();
-    const int64_t blocks = config_.zamba.num_mem_blocks;
-    int64_t use = 0;
-    int64_t owner_block = -1;
-    for (size_t j = 0; j < config_.layers.size(); ++j) {
-      if (config_.layers[j] != LayerKind::kZambaHybrid) continue;
-      const int64_t block = use++ % blocks;
-      if (j == owner) owner_block = block;
-      if (j <= owner || block != owner_block) continue;
-      const std::string later = absl::StrCat(prefix_, "layers.", j, ".shared_transformer.input_layernorm.weight");
-      if (checkpoint_.Contains(later)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("missing tensor ", first, ": shared block ", owner_block, " is stored under layer ", j,
-                         ", a later use, but not under layer ", owner, ", its first use, where it must be"));
-      }
+  // visit(suffix, shape, destination) for each tensor of a shared block, the
+  // suffix after model.layers.{j}.shared_transformer.
+  template <typename Visit>
+  absl::Status ForEachSharedBlockTensor(ZambaSharedBlockWeights& b, Visit visit) const {
+    const int64_t hidden = config_.hidden_size;
+    const AttentionParams& a = config_.attention;
+    const int64_t inter = config_.gated_mlp.intermediate_size;
+    RETURN_IF_ERROR(visit("input_layernorm.weight", {2 * hidden}, b.input_norm));
+    RETURN_IF_ERROR(visit("self_attn.q_proj.weight", {a.q_dim(), 2 * hidden}, b.attention.q_proj));
+    RETURN_IF_ERROR(visit("self_attn.k_proj.weight", {a.kv_dim(), 2 * hidden}, b.attention.k_proj));
+    RETURN_IF_ERROR(visit("self_attn.v_proj.weight", {a.kv_dim(), 2 * hidden}, b.attention.v_proj));
+    RETURN_IF_ERROR(visit("self_attn.o_proj.weight", {hidden, a.q_dim()}, b.attention.o_proj));
+    RETURN_IF_ERROR(visit("pre_ff_layernorm.weight", {hidden}, b.pre_ff_norm));
+    RETURN_IF_ERROR(visit("feed_forward.gate_up_proj.weight", {2 * inter, hidden}, b.mlp.gate_up));
+    if (config_.gated_mlp.use_bias) {
+      RETURN_IF_ERROR(visit("feed_forward.gate_up_proj.bias", {2 * inter}, b.mlp.gate_up_bias));
     }
-    return absl::OkStatus();  // the generic missing-tensor error follows
+    RETURN_IF_ERROR(visit("feed_forward.down_proj.weight", {hidden, inter}, b.mlp.down_proj));
+    if (config_.gated_mlp.use_bias)
+      RETURN_IF_ERROR(visit("feed_forward.down_proj.bias", {hidden}, b.mlp.down_proj_bias));
+    return absl::OkStatus();
   }
 
-  // Zamba2: the copies of shared blocks that later hybrid layers store under
-  // their own shared_transformer.* (see the header). Each must equal the first
-  // use's tensor of the same name in dtype, shape and bytes; it is then marked
-  // consumed without being loaded, counted or fingerprinted. A copy whose first
-  // use has no such tensor is left for CheckNoUnexpected.
-  absl::Status AcceptSharedBlockCopies() {
-    const std::string layers = prefix_ + "layers.";
-    for (const std::string& name : checkpoint_.names()) {
-      if (consumed_.contains(name) || !absl::StartsWith(name, layers)) continue;
-      const absl::string_view rest = absl::string_view(name).substr(layers.size());
-      const size_t dot = rest.find('.');
-      size_t layer = 0;
-      if (dot == absl::string_view::npos || !absl::SimpleAtoi(rest.substr(0, dot), &layer)) continue;
-      const absl::string_view suffix = rest.substr(dot + 1);
-      constexpr absl::string_view kShared = "shared_transformer.";
-      if (!absl::StartsWith(suffix, kShared)) continue;
-      const auto owner = shared_owner_.find(layer);
-      if (owner == shared_owner_.end() || owner->second == layer) continue;
-      const std::string source = absl::StrCat(prefix_, "layers.", owner->second, ".", suffix);
-      if (!consumed_.contains(source)) continue;
-      ASSIGN_OR_RETURN(TensorView copy, checkpoint_.Tensor(name));
-      ASSIGN_OR_RETURN(TensorView first, checkpoint_.Tensor(source));
-      std::string how;
-      if (copy.dtype != first.dtype) {
-        how = absl::StrCat("its dtype is ", DTypeName(copy.dtype), ", the first use's ", DTypeName(first.dtype));
-      } else if (!std::equal(copy.shape.begin(), copy.shape.end(), first.shape.begin(), first.shape.end())) {
-        how = absl::StrCat("its shape is ", ShapeString(copy.shape), ", the first use's ", ShapeString(first.shape));
-      } else if (copy.bytes.size() != first.bytes.size() ||
-                 std::memcmp(copy.bytes.data(), first.bytes.data(), copy.bytes.size()) != 0) {
-        how = "its bytes differ";
+  // visit(suffix, shape, destination) for each adapter matrix of use `use`
+  // (the attention ones only with use_shared_attention_adapter).
+  template <typename Visit>
+  absl::Status ForEachAdapterTensor(int64_t use, ZambaHybridLayerWeights& w, Visit visit) const {
+    const int64_t hidden = config_.hidden_size;
+    const AttentionParams& a = config_.attention;
+    const int64_t inter = config_.gated_mlp.intermediate_size;
+    const int64_t r = config_.zamba.adapter_rank;
+    const auto lora = [&](const std::string& p, int64_t in, int64_t out, LoraWeights& l) -> absl::Status {
+      RETURN_IF_ERROR(visit(absl::StrCat(p, ".", use, ".0.weight"), {r, in}, l.down));
+      return visit(absl::StrCat(p, ".", use, ".1.weight"), {out, r}, l.up);
+    };
+    if (config_.zamba.use_adapters) {
+      RETURN_IF_ERROR(lora("self_attn.linear_q_adapter_list", 2 * hidden, a.q_dim(), w.q_adapter));
+      RETURN_IF_ERROR(lora("self_attn.linear_k_adapter_list", 2 * hidden, a.kv_dim(), w.k_adapter));
+      RETURN_IF_ERROR(lora("self_attn.linear_v_adapter_list", 2 * hidden, a.kv_dim(), w.v_adapter));
+    }
+    return lora("feed_forward.gate_up_proj_adapter_list", hidden, 2 * inter, w.gate_up_adapter);
+  }
+
+  // Zamba2, before any layer is read: the hybrid layers in order, and every
+  // model.layers.{j}.shared_transformer.* tensor that transformers' module of
+  // hybrid layer j has (its block's tensors, the adapters of every use of its
+  // memory block) checked for its shape and marked consumed, used or not.
+  absl::Status PrepareZamba() {
+    for (size_t j = 0; j < config_.layers.size(); ++j) {
+      if (config_.layers[j] == LayerKind::kZambaHybrid) zamba_hybrid_.push_back(j);
+    }
+    const auto check = [&](size_t j) {
+      return [this, j](const std::string& s, std::vector<int64_t> shape, auto&) -> absl::Status {
+        const std::string name = SharedName(j, s);
+        const TensorInfo* info = checkpoint_.Find(name);
+        if (info == nullptr) return absl::OkStatus();
+        if (info->shape != shape) {
+          return absl::InvalidArgumentError(absl::StrCat("tensor ", name, " has shape ", ShapeString(info->shape),
+                                                         ", expected ", ShapeString(shape)));
+        }
+        consumed_.insert(name);
+        return absl::OkStatus();
+      };
+    };
+    ZambaSharedBlockWeights block;
+    ZambaHybridLayerWeights adapters;
+    for (size_t u = 0; u < zamba_hybrid_.size(); ++u) {
+      const size_t j = zamba_hybrid_[u];
+      RETURN_IF_ERROR(ForEachSharedBlockTensor(block, check(j)));
+      for (size_t other : UsesOfBlockOf(j)) {
+        RETURN_IF_ERROR(ForEachAdapterTensor(UseOf(other), adapters, check(j)));
       }
-      if (!how.empty()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(name, " differs from ", source, " (", how, "; tied: the shared block is one set of weights)"));
-      }
-      consumed_.insert(name);
     }
     return absl::OkStatus();
   }
 
-  absl::Status LoadLora(const std::string& p, int64_t in, int64_t out, int64_t rank, LoraWeights& w) {
-    RETURN_IF_ERROR(TakeBody(p + ".0.weight", {rank, in}, w.down));
-    return TakeBody(p + ".1.weight", {out, rank}, w.up);
+  // The hybrid layers sharing hybrid layer j's memory block, j included, in order.
+  std::vector<size_t> UsesOfBlockOf(size_t j) const {
+    const int64_t blocks = config_.zamba.num_mem_blocks;
+    const int64_t use = UseOf(j);
+    std::vector<size_t> out;
+    for (size_t u = 0; u < zamba_hybrid_.size(); ++u) {
+      if (static_cast<int64_t>(u) % blocks == use % blocks) out.push_back(zamba_hybrid_[u]);
+    }
+    return out;
+  }
+
+  // Hybrid layer j's rank among the hybrid layers.
+  int64_t UseOf(size_t j) const {
+    return std::find(zamba_hybrid_.begin(), zamba_hybrid_.end(), j) - zamba_hybrid_.begin();
+  }
+
+  std::string SharedName(size_t j, absl::string_view suffix) const {
+    return absl::StrCat(prefix_, "layers.", j, ".shared_transformer.", suffix);
+  }
+
+  // Zamba2: where a tensor of hybrid layer j's shared block comes from.
+  struct SharedSource {
+    std::string full_name;  // the checkpoint's tensor holding the values layer j runs
+    std::string canonical;  // the name they are counted and fingerprinted under
+  };
+
+  // The checkpoint tensor whose values hybrid layer j runs as
+  // shared_transformer.`suffix`: its own when stored; otherwise, the config tied
+  // (tie_word_embeddings), the first stored among its memory block's layers.
+  absl::StatusOr<std::string> SharedTensorName(size_t j, const std::string& suffix,
+                                               const std::vector<int64_t>& shape) const {
+    const std::string own = SharedName(j, suffix);
+    if (checkpoint_.Contains(own)) return own;
+    const std::vector<size_t> uses = UsesOfBlockOf(j);
+    if (!config_.tie_word_embeddings) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "missing tensor ", own, " (expected shape ", ShapeString(shape),
+          "): with tie_word_embeddings false each hybrid layer runs its own shared block (transformers would "
+          "initialise this one at random)"));
+    }
+    for (size_t other : uses) {
+      const std::string name = SharedName(other, suffix);
+      if (checkpoint_.Contains(name)) return name;
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        "missing tensor ", SharedName(uses.front(), suffix), " (expected shape ", ShapeString(shape),
+        "), nor under any other hybrid layer using shared block ", UseOf(j) % config_.zamba.num_mem_blocks));
+  }
+
+  // Hybrid layer j's source of shared_transformer.`suffix`: canonically the name
+  // under the first layer of its memory block that runs the same values (dtype,
+  // shape and bytes), so equal copies are loaded, counted and fingerprinted once.
+  absl::StatusOr<SharedSource> Shared(size_t j, const std::string& suffix, const std::vector<int64_t>& shape) const {
+    ASSIGN_OR_RETURN(std::string full, SharedTensorName(j, suffix, shape));
+    ASSIGN_OR_RETURN(TensorView mine, checkpoint_.Tensor(full));
+    for (size_t other : UsesOfBlockOf(j)) {
+      if (other == j) break;
+      const absl::StatusOr<std::string> theirs = SharedTensorName(other, suffix, shape);
+      if (!theirs.ok()) continue;
+      ASSIGN_OR_RETURN(TensorView view, checkpoint_.Tensor(*theirs));
+      if (*theirs == full || SameTensor(view, mine)) {
+        return SharedSource{full, SharedName(other, suffix).substr(prefix_.size())};
+      }
+    }
+    return SharedSource{full, SharedName(j, suffix).substr(prefix_.size())};
+  }
+
+  // Same dtype, shape and bytes.
+  static bool SameTensor(const TensorView& a, const TensorView& b) {
+    return a.dtype == b.dtype && std::equal(a.shape.begin(), a.shape.end(), b.shape.begin(), b.shape.end()) &&
+           a.bytes.size() == b.bytes.size() && std::memcmp(a.bytes.data(), b.bytes.data(), a.bytes.size()) == 0;
   }
 
   // Rows of the parts, one after another: bf16 when every part is, else fp32.
@@ -494,10 +563,7 @@ class ModelWeights::Loader {
   absl::StatusOr<bool> StoredHeadIsEmbeddingsCopy() const {
     ASSIGN_OR_RETURN(TensorView head, checkpoint_.Tensor(kHeadName));
     ASSIGN_OR_RETURN(TensorView emb, checkpoint_.Tensor(prefix_ + embedding_name_));
-    return head.dtype == emb.dtype &&
-           std::equal(head.shape.begin(), head.shape.end(), emb.shape.begin(), emb.shape.end()) &&
-           head.bytes.size() == emb.bytes.size() &&
-           std::memcmp(head.bytes.data(), emb.bytes.data(), head.bytes.size()) == 0;
+    return SameTensor(head, emb);
   }
 
   absl::Status CheckNoUnexpected() const {
@@ -535,8 +601,10 @@ class ModelWeights::Loader {
   std::string embedding_name_;
   absl::flat_hash_set<std::string> consumed_;
   std::vector<Used> used_;
-  // Zamba2: hybrid layer -> the layer whose shared_transformer.* its block is read from.
-  absl::flat_hash_map<size_t, size_t> shared_owner_;
+  absl::flat_hash_set<std::string> recorded_;  // canonical names in used_
+  // Zamba2: the hybrid layers in order; a shared block's canonical names -> its index.
+  std::vector<size_t> zamba_hybrid_;
+  absl::flat_hash_map<std::string, int64_t> zamba_block_index_;
 };
 
 absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::FromCheckpoint(const ModelConfig& config,

@@ -39,16 +39,26 @@
 //   model.final_layernorm.weight (Bamba) | model.norm.weight (Granite)
 // Zamba2 (Zamba2ForCausalLM), layer i: a Mamba2 layer as model.layers.{i}.input_layernorm
 // and model.layers.{i}.mamba.*; a hybrid layer as model.layers.{i}.linear.weight,
-// model.layers.{i}.mamba_decoder.{input_layernorm, mamba.*}; shared block b is read
-// from model.layers.{j}.shared_transformer.* of the first hybrid layer j that uses it,
-// with the adapters of use u at ...self_attn.linear_{q,k,v}_adapter_list.{u}.{0,1}
-// and ...feed_forward.gate_up_proj_adapter_list.{u}.{0,1}; final_layernorm; tied head.
-// The other hybrid layers using block b may store copies of those tensors under
-// their own model.layers.{i}.shared_transformer.* (as save_pretrained writes a model
-// whose blocks are not tied): each copy must have the first use's dtype, shape and
-// bytes, and is then neither loaded again, counted nor fingerprinted; a copy that
-// differs is INVALID_ARGUMENT naming both tensors. The first use's tensors are
-// required: a block stored only under a later use is refused (no writer produces it).
+// model.layers.{i}.mamba_decoder.{input_layernorm, mamba.*} and its shared transformer
+// block under model.layers.{i}.shared_transformer.* (input_layernorm, self_attn.*_proj,
+// pre_ff_layernorm, feed_forward.{gate_up,down}_proj), whose adapters are indexed by use:
+// hybrid layer i, use u (its rank among the hybrid layers) of memory block
+// b = u % num_mem_blocks, runs ...self_attn.linear_{q,k,v}_adapter_list.{u}.{0,1} and
+// ...feed_forward.gate_up_proj_adapter_list.{u}.{0,1}; its module holds the adapters of
+// every use u' of block b (the others unused by it); final_layernorm; head as below.
+// As transformers 5 runs it (each hybrid layer has its own module; tie_word_embeddings
+// ties them per tensor, PreTrainedModel.tie_weights), hybrid layer i runs, for each
+// tensor of its block and of its use's adapters, the one stored under its own index;
+// if none, with tie_word_embeddings the one stored under the first layer of block b
+// that stores it (published files keep the block under the first use only), and
+// without it none (transformers would initialise it at random): INVALID_ARGUMENT. So
+// a copy under a later use that differs (save_pretrained of an untied model writes
+// every layer's own) is that layer's own block; copies equal in dtype, shape and bytes
+// to an earlier use's are one tensor, loaded, counted and fingerprinted once (under
+// the earlier name), and a layer whose every tensor is such runs the earlier block
+// (shared_blocks() holds the distinct ones). A stored shared_transformer tensor of
+// the wrong shape is refused (transformers' load fails), used or not; one that
+// transformers' module lacks (another block's adapter index) is unexpected.
 // Falcon-H1 (FalconH1ForCausalLM) as Bamba, except that block 2L holds both
 // model.layers.{L}.mamba.* (norm.weight only with mamba_rms_norm) and
 // model.layers.{L}.self_attn.*.
@@ -157,7 +167,7 @@ struct LoraWeights {
 };
 
 // Zamba2: one shared transformer block, its weights used by every hybrid
-// layer of its memory block.
+// layer of its memory block that runs the same tensors (see the top).
 struct ZambaSharedBlockWeights {
   std::vector<float> input_norm;    // [2 * hidden]
   AttentionLayerWeights attention;  // q/k/v [*, 2 * hidden], o [hidden, q_dim]
@@ -165,10 +175,12 @@ struct ZambaSharedBlockWeights {
   GatedMlpLayerWeights mlp;         // gate_up [2 * inter, hidden], down [hidden, inter]
 };
 
-// Zamba2: a hybrid layer, use `use` of shared block `block`.
+// Zamba2: a hybrid layer, use `use` of memory block `mem_block`, running
+// shared_blocks()[block].
 struct ZambaHybridLayerWeights {
   int64_t use = 0;
-  int64_t block = 0;
+  int64_t mem_block = 0;                        // use % num_mem_blocks
+  int64_t block = 0;                            // index into ModelWeights::shared_blocks()
   LoraWeights q_adapter, k_adapter, v_adapter;  // empty without use_shared_attention_adapter
   LoraWeights gate_up_adapter;
   WeightMatrix linear;            // [hidden, hidden]: the block's output projection
@@ -222,7 +234,7 @@ class ModelWeights {
   const WeightMatrix& lm_head() const { return tied_ ? embeddings_ : lm_head_; }
   const std::vector<LayerWeights>& layers() const { return layers_; }
   const LayerWeights& layer(int64_t i) const { return layers_[static_cast<size_t>(i)]; }
-  // Zamba2's shared blocks (empty for other families).
+  // Zamba2's distinct shared blocks, in order of first use (empty for other families).
   const std::vector<ZambaSharedBlockWeights>& shared_blocks() const { return shared_blocks_; }
 
   // XXH3-128 over the config's CanonicalString() and, per tensor in canonical
@@ -230,7 +242,8 @@ class ModelWeights {
   // for the same model in any sharding or prefix; differs for another dtype.
   // Every tensor the model uses is covered: a stored lm_head.weight that is the
   // head (above) is hashed like any other; an exact copy of tied embeddings is
-  // not hashed again (the same model as without it).
+  // not hashed again (the same model as without it), nor is a Zamba2 shared-block
+  // tensor equal to an earlier use's, nor one no layer runs.
   const common::Hash128& fingerprint() const { return fingerprint_; }
   // Number of distinct parameters (a head that is the embeddings counted once).
   int64_t num_parameters() const { return num_parameters_; }
