@@ -42,13 +42,15 @@ absl::StatusOr<std::unique_ptr<DecodeLoop>> DecodeLoop::Create(
     KeepingPrefill local_prefill) {
   if (options.max_batch < 1 || options.max_waiting < 0 || options.transfer_timeout <= absl::ZeroDuration() ||
       options.publish_parent_wait < absl::ZeroDuration() || options.cache_failure_backoff < absl::ZeroDuration() ||
-      options.history_read_streams < 1 || options.history_read_min_bytes < 0 || options.local_prefill_max_tokens < 0) {
+      options.history_read_streams < 1 || options.history_read_min_bytes < 0 || options.local_prefill_max_tokens < 0 ||
+      options.fallback_prefill_max_tokens < 0) {
     return absl::InvalidArgumentError(
         "decode loop: max_batch >= 1, max_waiting >= 0, a positive transfer_timeout, a publish_parent_wait >= 0, "
-        "a cache_failure_backoff >= 0, history_read_streams >= 1, history_read_min_bytes >= 0 and "
-        "local_prefill_max_tokens >= 0");
+        "a cache_failure_backoff >= 0, history_read_streams >= 1, history_read_min_bytes >= 0, "
+        "local_prefill_max_tokens >= 0 and fallback_prefill_max_tokens >= 0");
   }
   std::unique_ptr<DecodeLoop> loop(new DecodeLoop(model, model_fingerprint, prefill, receiver, options));
+  if (local_prefill && options.fallback_prefill_max_tokens > 0) loop->fallback_prefill_ = local_prefill;
   if (cache != nullptr) {
     loop->cache_backoff_ = options.cache_backoff != nullptr
                                ? options.cache_backoff
@@ -183,6 +185,9 @@ DecodeLoop::Counts DecodeLoop::counts() const {
     c.local_prefill_resume = l.resume;
     c.local_prefill_compute = l.compute;
   }
+  c.fallback_prefills_unavailable = fallback_unavailable_;
+  c.fallback_prefills_failed = fallback_failed_;
+  c.fallback_prefill_failures = fallback_failures_;
   return c;
 }
 
@@ -368,7 +373,7 @@ void DecodeLoop::Import(Prefilled prefilled) {
              absl::DeadlineExceededError("the request's deadline passed while it was prefilled"));
       return;
     }
-    Finish(r->key, FinishReason::kError, prefilled.outcome.status());
+    FallBack(*r, prefilled.outcome.status());
     return;
   }
   absl::StatusOr<transport::ReceivedState> received = receiver_.Await(r->ticket.transfer_id);
@@ -376,8 +381,12 @@ void DecodeLoop::Import(Prefilled prefilled) {
       received.ok() ? transport::ImportReceived(model_.sequences(), r->reservation, *received, prefilled.held_pages)
                     : received.status();
   if (!imported.ok()) {
-    Finish(r->key, FinishReason::kError, imported);
+    FallBack(*r, imported);
     return;
+  }
+  if (pool_failing_) {
+    pool_failing_ = false;
+    LOG(INFO) << "the prefill pool answers again: requests are prefilled there";
   }
   if (received->first_page > 0) {
     absl::MutexLock lock(&mu_);
@@ -392,6 +401,57 @@ void DecodeLoop::Import(Prefilled prefilled) {
   }
   batch_.push_back(r->key);
   Emit(*r, r->prefill.first);
+}
+
+void DecodeLoop::FallBack(Request& r, const absl::Status& failure) {
+  const absl::StatusCode code = failure.code();
+  const int64_t prompt = static_cast<int64_t>(r.req.prompt.size());
+  const int64_t limit = options_.fallback_prefill_max_tokens;
+  // Refused for its input: prefilling it here would refuse it the same way.
+  if (!fallback_prefill_ || code == absl::StatusCode::kInvalidArgument || code == absl::StatusCode::kOutOfRange) {
+    Finish(r.key, FinishReason::kError, failure);
+    return;
+  }
+  if (prompt > limit) {
+    Finish(r.key, FinishReason::kError,
+           absl::Status(code, absl::StrCat(failure.message(), "; not prefilled here instead: the prompt's ", prompt,
+                                           " tokens exceed fallback_prefill_max_tokens (", limit, ")")));
+    return;
+  }
+  if (!pool_failing_) {
+    pool_failing_ = true;
+    LOG(WARNING) << "a prefill call failed (" << failure << "): requests whose call fails are prefilled here, "
+                 << "prompts of up to " << limit << " tokens, until the prefill pool answers again";
+  }
+  // The call has returned: nothing writes into the reservation any more.
+  engine::SequenceTable& table = model_.sequences();
+  receiver_.Cancel(r.ticket.transfer_id);  // late bytes are refused
+  (void)table.AbortImport(r.reservation.id);
+  r.reservation = engine::ImportReservation();
+  absl::StatusOr<prefill::KeptPrefill> kept = fallback_prefill_(PrefillCallFor(r.req), prompt + r.req.stop.max_tokens);
+  {
+    absl::MutexLock lock(&mu_);
+    ++(code == absl::StatusCode::kUnavailable ? fallback_unavailable_ : fallback_failed_);
+    if (!kept.ok()) ++fallback_failures_;
+  }
+  if (!kept.ok()) {
+    // Its reservation is gone: it ends as a waiting request would.
+    Finish(r.key, FinishReason::kError,
+           absl::Status(kept.status().code(), absl::StrCat("prefilling here after the prefill call failed (",
+                                                           failure.message(), "): ", kept.status().message())));
+    return;
+  }
+  r.reservation.id = kept->seq;
+  r.reservation.n_tokens = prompt;
+  r.prefill = std::move(kept->outcome);
+  r.phase = Request::Phase::kDecoding;
+  {
+    absl::MutexLock lock(&mu_);
+    --prefilling_;
+    ++decoding_;
+  }
+  batch_.push_back(r.key);
+  Emit(r, r.prefill.first);
 }
 
 void DecodeLoop::Emit(Request& r, const engine::SampledToken& token) {

@@ -118,13 +118,28 @@ struct DecodeLoopOptions {
   // for it (it takes the place of their next step). Off: only when none is
   // decoding, so a local prefill never delays another request's tokens.
   bool local_prefill_while_decoding = false;
+  // Fallback prefill (with a KeepingPrefill given to Create; a cache is not
+  // needed): a request whose prefill call failed (no prefill worker answered
+  // within the pool's unavailable wait, or the worker failed or died during
+  // the call, or the pushed state could not be imported) is prefilled in
+  // this worker's engine, on the loop thread, when its prompt has at most
+  // this many tokens: the same PrefillWorker::PrefillAndKeep as the local
+  // prefill, so the same bits as the pool's path, first turn or
+  // continuation. Once per request (a failed fallback ends it with
+  // kError); never for a call refused for its input (INVALID_ARGUMENT,
+  // OUT_OF_RANGE). No token has been streamed before a prefill call
+  // returns, so a retry is never seen by the client. The next request goes
+  // to the pool again. A longer prompt ends with the pool's error, its
+  // message naming the limit. 0: never (the pool's error ends the request).
+  int64_t fallback_prefill_max_tokens = 0;
 };
 
 class DecodeLoop {
  public:
   // `model`, `prefill`, `receiver` and `cache` (null: no cache) must outlive
   // the loop; `local_prefill` (may be empty) runs on the loop thread, in
-  // `model`. INVALID_ARGUMENT for non-positive sizes.
+  // `model`, for the local prefill (with a cache) and the fallback prefill.
+  // INVALID_ARGUMENT for non-positive sizes.
   static absl::StatusOr<std::unique_ptr<DecodeLoop>> Create(
       engine::Model& model, const common::Hash128& model_fingerprint, prefill::PrefillClient& prefill,
       transport::StateReceiver& receiver, cachestore::CacheClient* cache, const DecodeLoopOptions& options,
@@ -182,6 +197,13 @@ class DecodeLoop {
     // fetch and restore; the engine's prefill and the first token's sampling.
     absl::Duration local_prefill_resume;
     absl::Duration local_prefill_compute;
+    // Requests prefilled here after their prefill call failed
+    // (options.fallback_prefill_max_tokens), by why: UNAVAILABLE (no prefill
+    // worker answered) or any other failure of the call or its transfer; and
+    // fallbacks that failed too (the request ended with kError).
+    int64_t fallback_prefills_unavailable = 0;
+    int64_t fallback_prefills_failed = 0;
+    int64_t fallback_prefill_failures = 0;
   };
   Counts counts() const ABSL_LOCKS_EXCLUDED(mu_);
   // True when no request is live, no turn end is being published, no prefill
@@ -208,6 +230,10 @@ class DecodeLoop {
   // is left to the prefill pool.
   bool PrefillHere(Request& r);
   void Import(Prefilled prefilled);
+  // After `r`'s prefill call (or its transfer) failed with `failure`: frees
+  // its reservation and prefills it in this engine (options.fallback_prefill_max_tokens),
+  // moving it to the batch; otherwise ends it with kError.
+  void FallBack(Request& r, const absl::Status& failure);
   void Step();
   // Emits `token` for `r` and ends it when a stop condition holds.
   void Emit(Request& r, const engine::SampledToken& token);
@@ -253,6 +279,9 @@ class DecodeLoop {
   // (HistoryReader::Read), by transfer id: aborted once the call is joined.
   absl::flat_hash_map<uint64_t, engine::SequenceId> deferred_aborts_ ABSL_GUARDED_BY(mu_);
   int64_t history_pages_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t fallback_unavailable_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t fallback_failed_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t fallback_failures_ ABSL_GUARDED_BY(mu_) = 0;
 
   common::LogRateLimiter log_limiter_;
   // With a cache: its backoff (never null then), the history reads (with
@@ -262,6 +291,11 @@ class DecodeLoop {
   std::shared_ptr<cachestore::CacheBackoff> cache_backoff_;
   std::unique_ptr<HistoryReader> history_reader_;
   std::unique_ptr<LocalPrefill> local_prefill_;
+  // With options.fallback_prefill_max_tokens > 0: the prefill of a request
+  // whose call failed (loop thread only), and the loop thread's memory of
+  // whether the last prefill call failed (to log each change once).
+  KeepingPrefill fallback_prefill_;
+  bool pool_failing_ = false;
   std::unique_ptr<TurnEnd> turn_end_;
 
   // Loop-thread state: the running sequences in batch order.

@@ -77,6 +77,11 @@ ABSL_FLAG(int64_t, local_prefill_max_tokens, 256,
 ABSL_FLAG(bool, local_prefill_while_decoding, false,
           "let a local prefill run while other requests decode (they wait for it, one step's time); off: only when "
           "none decodes");
+ABSL_FLAG(int64_t, fallback_prefill_max_tokens, 8192,
+          "when a request's prefill call fails (no prefill worker answered within --prefill_unavailable_wait, or "
+          "the worker failed or died during the call), prefill it here, in this worker's engine, if its prompt has "
+          "at most this many tokens (with or without a cachestore; the next request goes to the pool again); "
+          "0: never (the request fails)");
 ABSL_FLAG(absl::Duration, publish_parent_wait, absl::Seconds(2),
           "how long a turn-end publication waits for prefill to have put the prompt's last page, its parent");
 
@@ -226,9 +231,16 @@ absl::Status Run() {
     return absl::InvalidArgumentError(
         absl::StrCat("--local_prefill_max_tokens must be at least 0, got ", lo.local_prefill_max_tokens));
   }
+  lo.fallback_prefill_max_tokens = absl::GetFlag(FLAGS_fallback_prefill_max_tokens);
+  if (lo.fallback_prefill_max_tokens < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--fallback_prefill_max_tokens must be at least 0, got ", lo.fallback_prefill_max_tokens));
+  }
+  // The same worker prefills the requests whose prefill call failed
+  // (--fallback_prefill_max_tokens), with or without a cache.
   std::unique_ptr<prefill::PrefillWorker> local_worker;
   decode::KeepingPrefill local_prefill;
-  if (cache_client != nullptr && lo.local_prefill_max_tokens > 0) {
+  if ((cache_client != nullptr && lo.local_prefill_max_tokens > 0) || lo.fallback_prefill_max_tokens > 0) {
     prefill::PrefillWorkerOptions wo;
     wo.async_publication = true;  // as the prefill binary: the first token does not wait for the cache
     wo.cache_backoff = cache_backoff;
@@ -260,6 +272,8 @@ absl::Status Run() {
                      metrics.SyncHistoryReads(c.history_reads, c.history_pages, c.history_failures);
                      metrics.SyncLocalPrefills(c.local_prefills, c.local_prefill_failures, c.local_prefill_tokens,
                                                c.local_prefill_resume, c.local_prefill_compute);
+                     metrics.SyncFallbackPrefills(c.fallback_prefills_unavailable, c.fallback_prefills_failed,
+                                                  c.fallback_prefill_failures);
                      if (prefill_side.plane != nullptr) plane_metrics.Sync(prefill_side.plane->ipc_traffic());
                      cache->SyncMetrics(direct_read_metrics, direct_put_metrics);
                    }));
@@ -288,9 +302,14 @@ absl::Status Run() {
             << (aggregated ? std::string("aggregated (prefill in process)")
                            : absl::StrCat("data plane ", lo.endpoint, ", prefill ", absl::GetFlag(FLAGS_prefill)))
             << cache->Describe(lo.read_history_pages ? "prompts' cached pages read here" : "")
-            << (local_worker != nullptr ? absl::StrCat(", continuations of up to ", lo.local_prefill_max_tokens,
-                                                       " new tokens prefilled here")
-                                        : std::string())
+            << (local_worker != nullptr && cache_client != nullptr && lo.local_prefill_max_tokens > 0
+                    ? absl::StrCat(", continuations of up to ", lo.local_prefill_max_tokens,
+                                   " new tokens prefilled here")
+                    : std::string())
+            << (lo.fallback_prefill_max_tokens > 0
+                    ? absl::StrCat(", prompts of up to ", lo.fallback_prefill_max_tokens,
+                                   " tokens prefilled here when their prefill call fails")
+                    : std::string(", no fallback prefill"))
             << (exposer ? absl::StrCat(", metrics on port ", exposer->port()) : std::string());
   const std::string data_port = aggregated ? std::string() : prefill_side.plane->listening();
   std::cout << "DECODE_READY port=" << server->port() << (data_port.empty() ? "" : " data_port=" + data_port)

@@ -100,7 +100,15 @@ DecodeMetrics::DecodeMetrics(prometheus::Registry& r)
                             "Time local prefills spent probing the cache and resuming from it")),
       local_prefill_compute_seconds_(UnlabelledCounter(r, "hybridserve_decode_local_prefill_compute_seconds_total",
                                                        "Time local prefills spent computing the uncached tokens and "
-                                                       "sampling the first token")) {
+                                                       "sampling the first token")),
+      fallback_prefills_(CounterFamily(r, "hybridserve_decode_fallback_prefills_total",
+                                       "Requests prefilled in this worker's engine after their prefill call failed "
+                                       "(--fallback_prefill_max_tokens), by reason: unavailable (no prefill worker "
+                                       "answered), failed (the call or its transfer failed otherwise)")),
+      fallback_unavailable_(fallback_prefills_.Add({{"reason", "unavailable"}})),
+      fallback_failed_(fallback_prefills_.Add({{"reason", "failed"}})),
+      fallback_failures_(UnlabelledCounter(r, "hybridserve_decode_fallback_prefill_failures_total",
+                                           "Fallback prefills that failed too (the request ended with an error)")) {
   common::DeclareFailureReasons(errors_, {}, "reason");
   common::DeclareFailureReasons(publish_failures_, {}, "reason");
 }
@@ -148,6 +156,13 @@ void DecodeMetrics::SyncLocalPrefills(int64_t prefills, int64_t failures, int64_
                  absl::ToDoubleSeconds(std::exchange(last_local_prefill_resume_, resume)));
   AdvanceCounter(local_prefill_compute_seconds_, absl::ToDoubleSeconds(compute),
                  absl::ToDoubleSeconds(std::exchange(last_local_prefill_compute_, compute)));
+}
+
+void DecodeMetrics::SyncFallbackPrefills(int64_t unavailable, int64_t failed, int64_t failures) {
+  absl::MutexLock lock(&mu_);
+  AdvanceCounter(fallback_unavailable_, unavailable, std::exchange(last_fallback_unavailable_, unavailable));
+  AdvanceCounter(fallback_failed_, failed, std::exchange(last_fallback_failed_, failed));
+  AdvanceCounter(fallback_failures_, failures, std::exchange(last_fallback_failures_, failures));
 }
 
 void DecodeMetrics::RecordFinish(const Completion& c, double e2e_seconds) {

@@ -47,6 +47,11 @@ class DecodeMetrics {
   // local_prefill*).
   void SyncLocalPrefills(int64_t prefills, int64_t failures, int64_t computed_tokens, absl::Duration resume,
                          absl::Duration compute) ABSL_LOCKS_EXCLUDED(mu_);
+  // The same for the requests prefilled here after their prefill call
+  // failed (DecodeLoop::Counts fallback_*): by reason "unavailable" (no
+  // prefill worker answered) or "failed" (the call or its transfer failed
+  // otherwise), and those fallbacks that failed too.
+  void SyncFallbackPrefills(int64_t unavailable, int64_t failed, int64_t failures) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   prometheus::Gauge& waiting_;
@@ -89,6 +94,10 @@ class DecodeMetrics {
   prometheus::Counter& local_prefill_tokens_;
   prometheus::Counter& local_prefill_resume_seconds_;
   prometheus::Counter& local_prefill_compute_seconds_;
+  prometheus::Family<prometheus::Counter>& fallback_prefills_;
+  prometheus::Counter& fallback_unavailable_;
+  prometheus::Counter& fallback_failed_;
+  prometheus::Counter& fallback_failures_;
   absl::Mutex mu_;
   int64_t last_history_reads_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t last_history_pages_ ABSL_GUARDED_BY(mu_) = 0;
@@ -98,6 +107,9 @@ class DecodeMetrics {
   int64_t last_local_prefill_tokens_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Duration last_local_prefill_resume_ ABSL_GUARDED_BY(mu_);
   absl::Duration last_local_prefill_compute_ ABSL_GUARDED_BY(mu_);
+  int64_t last_fallback_unavailable_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t last_fallback_failed_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t last_fallback_failures_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t last_data_plane_refused_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t last_data_plane_unauthenticated_ ABSL_GUARDED_BY(mu_) = 0;
 };

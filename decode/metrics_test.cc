@@ -85,5 +85,39 @@ TEST(DecodeMetricsTest, HistoryReadAndLocalPrefillCountersFollowTheLoopsTotals) 
   for (int i = 0; i < 8; ++i) EXPECT_EQ(CounterValue(registry, names[i]), after_two[i]) << names[i];
 }
 
+// The value of `name`'s counter labelled reason=`reason`; -1 when it is not
+// exposed.
+double ReasonValue(prometheus::Registry& registry, const std::string& name, const std::string& reason) {
+  for (const prometheus::MetricFamily& f : registry.Collect()) {
+    if (f.name != name) continue;
+    for (const prometheus::ClientMetric& m : f.metric) {
+      for (const prometheus::ClientMetric::Label& l : m.label) {
+        if (l.name == "reason" && l.value == reason) return m.counter.value;
+      }
+    }
+  }
+  return -1.0;
+}
+
+TEST(DecodeMetricsTest, FallbackPrefillCountersFollowTheLoopsTotalsByReason) {
+  prometheus::Registry registry;
+  DecodeMetrics metrics(registry);
+  const std::string fallbacks = "hybridserve_decode_fallback_prefills_total";
+  const std::string failures = "hybridserve_decode_fallback_prefill_failures_total";
+  // Both reasons exposed from the start, at 0.
+  EXPECT_EQ(ReasonValue(registry, fallbacks, "unavailable"), 0.0);
+  EXPECT_EQ(ReasonValue(registry, fallbacks, "failed"), 0.0);
+  EXPECT_EQ(CounterValue(registry, failures), 0.0);
+  metrics.SyncFallbackPrefills(4, 1, 2);
+  metrics.SyncFallbackPrefills(4, 1, 2);  // a scrape with nothing new
+  EXPECT_EQ(ReasonValue(registry, fallbacks, "unavailable"), 4.0);
+  EXPECT_EQ(ReasonValue(registry, fallbacks, "failed"), 1.0);
+  EXPECT_EQ(CounterValue(registry, failures), 2.0);
+  metrics.SyncFallbackPrefills(5, 3, 2);
+  EXPECT_EQ(ReasonValue(registry, fallbacks, "unavailable"), 5.0);
+  EXPECT_EQ(ReasonValue(registry, fallbacks, "failed"), 3.0);
+  EXPECT_EQ(CounterValue(registry, failures), 2.0);
+}
+
 }  // namespace
 }  // namespace hybridserve::decode
