@@ -7,12 +7,14 @@
 #include <iostream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "cachestore/client/cache_backoff.h"
 #include "common/logging.h"
@@ -101,6 +103,10 @@ struct PrefillSide {
   std::unique_ptr<engine::Model> model;
   std::unique_ptr<prefill::PrefillWorker> worker;
   std::unique_ptr<prefill::PrefillClient> client;
+  prefill::GrpcPrefillClient* pool = nullptr;  // disaggregated: `client`
+
+  // Whether the pool has resolved a prefill worker (always, aggregated).
+  bool resolved() const { return pool == nullptr || !pool->workers().empty(); }
 
   transport::StateReceiver& receiver() { return plane != nullptr ? plane->receiver() : *local; }
   std::string endpoint() const { return plane != nullptr ? plane->endpoint() : "in_process"; }
@@ -149,6 +155,7 @@ absl::StatusOr<PrefillSide> OpenPrefillSide(const worker::WorkerOptions& options
   po.tls = options.tls.channel;
   absl::StatusOr<std::unique_ptr<prefill::GrpcPrefillClient>> pool = prefill::GrpcPrefillClient::Create(po);
   if (!pool.ok()) return absl::Status(pool.status().code(), absl::StrCat("--prefill: ", pool.status().message()));
+  side.pool = pool->get();
   side.client = *std::move(pool);
   // Prefill workers may start later than this one: requests sent to one that
   // is not up yet wait for it (--prefill_unavailable_wait), then fail.
@@ -297,6 +304,31 @@ absl::Status Run() {
                    worker::GrpcServer::Start(absl::GetFlag(FLAGS_address), {&service}, options.tls,
                                              static_cast<int>(2 * (lo.max_batch + lo.max_waiting) + 16)));
 
+  // Readiness: this worker can serve while a prefill worker is resolved
+  // (one that is unreachable is waited for, --prefill_unavailable_wait) or
+  // while it prefills itself when none answers (--fallback_prefill_max_tokens);
+  // checked every second.
+  const bool fallback = lo.fallback_prefill_max_tokens > 0;
+  auto can_serve = [&] { return fallback || prefill_side.resolved(); };
+  server->SetReady(can_serve());
+  absl::Notification stop_readiness;
+  std::thread readiness;
+  if (!fallback) {
+    readiness = std::thread([&] {
+      bool ready = can_serve();
+      while (!stop_readiness.WaitForNotificationWithTimeout(absl::Seconds(1))) {
+        const bool now = can_serve();
+        if (now == ready) continue;
+        ready = now;
+        LOG(WARNING) << (ready ? "a prefill worker is resolved: ready"
+                               : "no prefill worker is resolved and "
+                                 "--fallback_prefill_max_tokens=0: not ready");
+        server->SetReady(ready);
+      }
+    });
+  }
+  if (!can_serve()) LOG(WARNING) << "no prefill worker is resolved and --fallback_prefill_max_tokens=0: not ready";
+
   const bool aggregated = prefill_side.plane == nullptr;
   LOG(INFO) << "decode serving " << weights->config().LayerPattern() << " on port " << server->port() << ", "
             << (aggregated ? std::string("aggregated (prefill in process)")
@@ -327,6 +359,8 @@ absl::Status Run() {
     loop.reset();     // aborts what still runs; every stream gets its final message
   };
   server->ServeUntilSignal(options.shutdown_grace, drain);
+  stop_readiness.Notify();
+  if (readiness.joinable()) readiness.join();
   return absl::OkStatus();
 }
 

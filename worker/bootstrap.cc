@@ -251,12 +251,23 @@ GrpcServer::~GrpcServer() {
   }
 }
 
+void GrpcServer::SetReady(bool ready) {
+  absl::MutexLock lock(&ready_mu_);
+  if (draining_) return;
+  server_->GetHealthCheckService()->SetServingStatus("", ready);
+  if (health_ != nullptr) health_->SetServing("", ready);
+}
+
 void GrpcServer::ServeUntilSignal(absl::Duration grace, const DrainSteps& steps) {
   const int sig = common::WaitForTerminationSignal();
   LOG(INFO) << "signal " << sig << ": draining";
   // Not ready any more; still alive (common/health.h).
-  server_->GetHealthCheckService()->SetServingStatus("", false);
-  if (health_ != nullptr) health_->SetServing("", false);
+  {
+    absl::MutexLock lock(&ready_mu_);
+    draining_ = true;
+    server_->GetHealthCheckService()->SetServingStatus("", false);
+    if (health_ != nullptr) health_->SetServing("", false);
+  }
   if (steps.refuse) steps.refuse();
   const absl::Time grace_end = absl::Now() + grace;
   if (steps.settle) steps.settle(grace_end);

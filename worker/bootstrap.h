@@ -15,8 +15,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/health_server.h"
 #include "common/metrics.h"
@@ -153,6 +155,12 @@ class GrpcServer {
   ~GrpcServer();
   int port() const { return port_; }
   int health_port() const { return health_ != nullptr ? health_->port() : 0; }
+  // Readiness ("" on both health services) while the server is not
+  // draining: a worker that cannot serve for now says so (decode with no
+  // prefill worker resolved and no fallback prefill), and says so again when
+  // it can. SERVING from Start on; the drain turns it NOT_SERVING for good,
+  // whatever is set after. Thread-safe.
+  void SetReady(bool ready) ABSL_LOCKS_EXCLUDED(ready_mu_);
   // Blocks until SIGTERM or SIGINT (common::InstallTerminationHandler), then
   // drains (DrainSteps) within `grace`.
   void ServeUntilSignal(absl::Duration grace, const DrainSteps& steps);
@@ -162,6 +170,8 @@ class GrpcServer {
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<common::HealthServer> health_;  // null without a health address
   int port_ = 0;
+  absl::Mutex ready_mu_;  // orders SetReady against the drain
+  bool draining_ ABSL_GUARDED_BY(ready_mu_) = false;
 };
 
 }  // namespace hybridserve::worker

@@ -68,8 +68,12 @@ class ShapeFaultsTest : public ::testing::TestWithParam<ModelShape> {
   }
 };
 
+// With the fallback prefill off (--fallback_prefill_max_tokens=0), requests
+// whose prefill worker was killed fail, and the restarted worker serves.
 TEST_P(ShapeFaultsTest, KillPrefillMidRequestsThenRestart) {
-  auto s = Stack::Start(Options());
+  StackOptions options = Options();
+  options.decode_args = {"--fallback_prefill_max_tokens=0"};
+  auto s = Stack::Start(options);
   ASSERT_TRUE(s.ok()) << s.status();
   Stack& stack = **s;
   const int prefill_metrics = MetricsPort(stack.prefill());
@@ -97,6 +101,67 @@ TEST_P(ShapeFaultsTest, KillPrefillMidRequestsThenRestart) {
   EXPECT_TRUE(after.status.ok()) << after.status.error_message();
   EXPECT_EQ(after.complete.finish_reason(), v1::FINISH_REASON_LENGTH);
   EXPECT_EQ(after.tokens.size(), 6u);
+}
+
+// Degrade, don't fail: with default flags, kill -9 of the only prefill
+// worker while 12 streams are prefilling or decoding ends none of them with
+// an error: decode prefills the requests whose call failed itself
+// (--fallback_prefill_max_tokens), and each stream's tokens are those of
+// the same prompt uncached (a fresh salt, after the restart). A prefill
+// worker started again takes the next requests: the fallback counter stops.
+TEST(FaultsTest, KillTheOnlyPrefillWorkerMidStreamsAndDecodePrefillsThemItself) {
+  auto s = Stack::Start(StackOptions());
+  ASSERT_TRUE(s.ok()) << s.status();
+  Stack& stack = **s;
+  const int prefill_metrics = MetricsPort(stack.prefill());
+  const int decode_metrics = MetricsPort(stack.decode());
+  const std::string fallbacks = "hybridserve_decode_fallback_prefills_total";
+  EXPECT_EQ(MetricSum(decode_metrics, fallbacks), 0);
+  constexpr int kStreams = 12, kPrompt = 3000, kTokens = 8;
+  double queued_at_kill = -1;
+  std::vector<Generation> out = RunConcurrently(stack.decode_target(), kStreams, kPrompt, kTokens, "degrade", [&] {
+    // Killed with prefill calls in flight (admitted: queued or running).
+    queued_at_kill = AwaitMetricAtLeast(prefill_metrics, "hybridserve_prefill_queue_depth", 2);
+    stack.prefill()->Kill();
+  });
+  ASSERT_GE(queued_at_kill, 2) << "the kill struck no prefill call in flight: the test proves nothing";
+  int errors = 0;
+  for (int i = 0; i < kStreams; ++i) {
+    ExpectFinishedOnce(out[i], absl::StrCat("request ", i));
+    EXPECT_TRUE(out[i].status.ok()) << i << ": " << out[i].status.error_message();
+    if (out[i].complete.finish_reason() == v1::FINISH_REASON_ERROR) {
+      ++errors;
+      ADD_FAILURE() << "request " << i << " ended with an error: " << out[i].complete.error_message();
+    }
+    EXPECT_EQ(out[i].tokens.size(), static_cast<size_t>(kTokens)) << i;
+  }
+  EXPECT_EQ(errors, 0);
+  // The kill struck calls that decode then prefilled itself.
+  const std::optional<double> fell_back = MetricSum(decode_metrics, fallbacks);
+  ASSERT_TRUE(fell_back.has_value());
+  EXPECT_GT(*fell_back, 0) << "no request was prefilled by decode: the kill struck nothing";
+  std::cout << "kill -9 of the only prefill worker with " << queued_at_kill << " calls queued: " << *fell_back << " of "
+            << kStreams << " streams prefilled by decode, " << errors << " errors" << std::endl;
+  EXPECT_EQ(MetricSum(decode_metrics, "hybridserve_decode_fallback_prefill_failures_total"), 0);
+  EXPECT_EQ(AwaitMetric(decode_metrics, "hybridserve_num_requests_running", 0), 0);
+  EXPECT_EQ(AwaitMetric(decode_metrics, "hybridserve_kv_pages_free", 4096), 4096);
+  EXPECT_EQ(AwaitMetric(decode_metrics, "hybridserve_state_slots_free", 8), 8);
+
+  // A prefill worker again: it takes the next requests, decode prefills none.
+  ASSERT_TRUE(stack.RestartPrefill().ok());
+  const int new_prefill_metrics = MetricsPort(stack.prefill());
+  for (int i = 0; i < kStreams; ++i) {
+    // The uncached answer: the same prompt in a namespace of its own.
+    v1::GenerateRequest r = Request(absl::StrCat("uncached-", i), TextPrompt(kPrompt + 13 * i, i), kTokens);
+    r.set_cache_salt(absl::StrCat("uncached-", i));
+    Generation g = Generate(stack.decode_target(), r);
+    ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+    EXPECT_EQ(g.complete.finish_reason(), v1::FINISH_REASON_LENGTH) << g.complete.error_message();
+    EXPECT_EQ(g.complete.usage().cached_tokens(), 0) << i;
+    EXPECT_EQ(out[i].tokens, g.tokens) << "request " << i;
+  }
+  EXPECT_EQ(MetricSum(decode_metrics, fallbacks), fell_back);
+  EXPECT_EQ(Metric(new_prefill_metrics, "hybridserve_prefill_requests_total{outcome=\"ok\"}"), kStreams);
 }
 
 TEST_P(ShapeFaultsTest, KillDecodeMidRequestsLeavesPrefillServing) {
@@ -443,6 +508,55 @@ TEST(FaultsTest, AHungCachestoreCostsOneTimeoutNotOnePerRequest) {
   server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
 }
 
+// Decode's readiness says whether it can serve: a resolved prefill pool or
+// the fallback prefill on. With no prefill worker resolved and no
+// cachestore, the default (fallback on) is ready and answers by prefilling
+// itself, as a healthy stack would (the same tokens); with
+// --fallback_prefill_max_tokens=0 it is not ready (and its requests fail);
+// a resolved worker, even one not up yet, makes it ready again.
+TEST(FaultsTest, DecodeIsReadyWhileAPrefillWorkerIsResolvedOrTheFallbackIsOn) {
+  auto decode = [](const std::string& name, const std::string& prefill, const std::string& fallback) {
+    return Process::Start(name, "decode/decode",
+                          {"--model_dir=" + Runfile("models/default"), "--address=127.0.0.1:0", "--threads=1",
+                           "--metrics_address=127.0.0.1:0", "--prefill=" + prefill, "--prefill_unavailable_wait=0s",
+                           "--fallback_prefill_max_tokens=" + fallback},
+                          "DECODE_READY");
+  };
+  const v1::GenerateRequest request = Request("ready", TextPrompt(40, 3), 6);
+  auto fallback = decode("decode-fallback", "no-such-host.invalid:1", "8192");
+  ASSERT_TRUE(fallback.ok()) << fallback.status();
+  const std::string fallback_target = absl::StrCat("127.0.0.1:", (*fallback)->port());
+  EXPECT_TRUE(HealthServing(fallback_target));
+  Generation here = Generate(fallback_target, request);
+  ASSERT_TRUE(here.status.ok()) << here.status.error_message();
+  EXPECT_EQ(here.complete.finish_reason(), v1::FINISH_REASON_LENGTH) << here.complete.error_message();
+  EXPECT_EQ(Metric(MetricsPort(fallback->get()), "hybridserve_decode_fallback_prefills_total{reason=\"unavailable\"}"),
+            1);
+
+  auto off = decode("decode-no-fallback", "no-such-host.invalid:1", "0");
+  ASSERT_TRUE(off.ok()) << off.status();
+  const std::string off_target = absl::StrCat("127.0.0.1:", (*off)->port());
+  EXPECT_FALSE(HealthServing(off_target));
+  EXPECT_TRUE(HealthServing(off_target, common::kLivenessHealthService));  // alive, not ready
+  Generation failed = Generate(off_target, request);
+  ASSERT_TRUE(failed.status.ok()) << failed.status.error_message();
+  EXPECT_EQ(failed.complete.finish_reason(), v1::FINISH_REASON_ERROR);
+  EXPECT_NE(failed.complete.error_message().find("no prefill worker is known"), std::string::npos)
+      << failed.complete.error_message();
+
+  // A worker resolved (an address: it resolves to itself), not up: ready.
+  auto resolved = decode("decode-resolved", "127.0.0.1:1", "0");
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  EXPECT_TRUE(HealthServing(absl::StrCat("127.0.0.1:", (*resolved)->port())));
+
+  // The healthy stack's answer to the same request.
+  auto s = Stack::Start(StackOptions());
+  ASSERT_TRUE(s.ok()) << s.status();
+  Generation pool = Generate((*s)->decode_target(), request);
+  ASSERT_TRUE(pool.status.ok()) << pool.status.error_message();
+  EXPECT_EQ(here.tokens, pool.tokens);
+}
+
 // A prefill worker that accepts every call and never answers.
 class SilentPrefill final : public v1::Prefill::Service {
  public:
@@ -459,11 +573,11 @@ TEST(FaultsTest, PrefillThatNeverAnswersFailsTheRequestWithinTheTransferTimeout)
   int port = 0;
   std::unique_ptr<grpc::Server> server = ServeOnLoopback(&silent, &port);
   ASSERT_NE(port, 0);
-  auto d = Process::Start(
-      "decode-silent", "decode/decode",
-      {"--model_dir=" + Runfile("models/default"), "--address=127.0.0.1:0", "--threads=1",
-       "--metrics_address=127.0.0.1:0", absl::StrCat("--prefill=127.0.0.1:", port), "--transfer_timeout=2s"},
-      "DECODE_READY");
+  auto d = Process::Start("decode-silent", "decode/decode",
+                          {"--model_dir=" + Runfile("models/default"), "--address=127.0.0.1:0", "--threads=1",
+                           "--metrics_address=127.0.0.1:0", absl::StrCat("--prefill=127.0.0.1:", port),
+                           "--transfer_timeout=2s", "--fallback_prefill_max_tokens=0"},
+                          "DECODE_READY");
   ASSERT_TRUE(d.ok()) << d.status();
   const std::string target = absl::StrCat("127.0.0.1:", (*d)->port());
   const absl::Time start = absl::Now();
