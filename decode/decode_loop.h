@@ -17,7 +17,8 @@
 // A request ends, with exactly one OnComplete, on a stop condition (EOS
 // unless ignore_eos, a stop id, a stop sequence: kStop; max_tokens: kLength),
 // on Abort or its deadline (kAborted), or on an error (kError: prefill or the
-// transfer failed). Every reservation it held is freed by then. A request
+// transfer failed and the fallback prefill was off, not allowed or failed
+// too; DecodeLoopOptions::fallback_prefill_max_tokens). Every reservation it held is freed by then. A request
 // that ends while prefilling cancels its prefill call; until that call
 // returns it keeps a place in the batch (Counts::orphaned_calls), so the
 // prefill pool never holds more than max_batch calls of this loop. On a normal
