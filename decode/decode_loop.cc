@@ -314,6 +314,11 @@ void DecodeLoop::Admit() {
     prefill::PrefillRequest call = PrefillCallFor(r->req);
     call.ticket = *ticket;
     call.cancellation = r->cancellation;
+    // While calls fail, one this worker can prefill itself does not wait for
+    // an unreachable pool to come back (--prefill_unavailable_wait): it is
+    // prefilled here at once, and the pool is called again by the next one.
+    call.skip_unavailable_wait = pool_failing_ && fallback_prefill_ &&
+                                 static_cast<int64_t>(r->req.prompt.size()) <= options_.fallback_prefill_max_tokens;
     absl::MutexLock lock(&mu_);
     waiting_.pop_front();
     ++prefilling_;

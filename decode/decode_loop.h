@@ -130,8 +130,11 @@ struct DecodeLoopOptions {
   // kError); never for a call refused for its input (INVALID_ARGUMENT,
   // OUT_OF_RANGE). No token has been streamed before a prefill call
   // returns, so a retry is never seen by the client. The next request goes
-  // to the pool again. A longer prompt ends with the pool's error, its
-  // message naming the limit. 0: never (the pool's error ends the request).
+  // to the pool again, but while calls fail it does not wait for an
+  // unreachable pool to come back (PrefillRequest::skip_unavailable_wait):
+  // only the first call to find the pool gone pays its unavailable wait. A
+  // longer prompt ends with the pool's error, its message naming the limit.
+  // 0: never (the pool's error ends the request).
   int64_t fallback_prefill_max_tokens = 0;
 };
 

@@ -32,6 +32,10 @@ class FlakyPool : public prefill::PrefillClient {
 
   absl::StatusOr<prefill::PrefillOutcome> Prefill(const prefill::PrefillRequest& call) override {
     const Mode mode = this->mode();
+    {
+      absl::MutexLock lock(&mu_);
+      skips_.push_back(call.skip_unavailable_wait);
+    }
     if (mode == Mode::kNoWorker) {
       return absl::UnavailableError("no prefill worker is known (none of the targets resolved)");
     }
@@ -49,6 +53,11 @@ class FlakyPool : public prefill::PrefillClient {
     absl::MutexLock lock(&mu_);
     return mode_;
   }
+  // Each call's skip_unavailable_wait, in order.
+  std::vector<bool> skips() {
+    absl::MutexLock lock(&mu_);
+    return skips_;
+  }
   // Calls that reached the real pool.
   int calls() {
     absl::MutexLock lock(&mu_);
@@ -60,6 +69,7 @@ class FlakyPool : public prefill::PrefillClient {
   absl::Mutex mu_;
   Mode mode_ ABSL_GUARDED_BY(mu_) = Mode::kHealthy;
   int calls_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<bool> skips_ ABSL_GUARDED_BY(mu_);
 };
 
 // One request's tokens, logprobs and completion.
@@ -219,18 +229,26 @@ TEST_F(DecodeLoopFallbackTest, AWorkerDyingMidCallIsRetriedHereOnce) {
 }
 
 // Once a worker answers again, requests go to the pool: no sticky fallback.
+// While calls fail, the next ones still call the pool, but skip its wait for
+// an unreachable worker (a prompt the fallback cannot take waits as before);
+// the first call that succeeds ends that.
 TEST_F(DecodeLoopFallbackTest, APoolBackTakesTheNextRequests) {
-  Start(/*fallback_max_tokens=*/8192, /*with_cache=*/false);
+  Start(/*fallback_max_tokens=*/35, /*with_cache=*/false);
   pool_->Set(FlakyPool::Mode::kNoWorker);
   EXPECT_EQ(Play("a", Tokens(30, vocab_, 3)).completion.reason, FinishReason::kLength);
-  EXPECT_EQ(loop_->counts().fallback_prefills_unavailable, 1);
+  EXPECT_EQ(Play("b", Tokens(30, vocab_, 5)).completion.reason, FinishReason::kLength);
+  EXPECT_EQ(Play("too-long", Tokens(36, vocab_, 5)).completion.reason, FinishReason::kError);
+  EXPECT_EQ(loop_->counts().fallback_prefills_unavailable, 2);
   pool_->Set(FlakyPool::Mode::kHealthy);
   const std::vector<TokenId> prompt = Tokens(30, vocab_, 4);
-  const Answer b = Play("b", prompt);
-  EXPECT_EQ(b.completion.reason, FinishReason::kLength) << b.completion.error;
-  EXPECT_EQ(b.tokens, Alone(prompt, 6));
-  EXPECT_EQ(pool_->calls(), 1);
-  EXPECT_EQ(loop_->counts().fallback_prefills_unavailable, 1);
+  const Answer c = Play("c", prompt);
+  EXPECT_EQ(c.completion.reason, FinishReason::kLength) << c.completion.error;
+  EXPECT_EQ(c.tokens, Alone(prompt, 6));
+  const Answer d = Play("d", prompt);
+  EXPECT_EQ(d.tokens, c.tokens);
+  EXPECT_EQ(pool_->calls(), 2);
+  EXPECT_EQ(loop_->counts().fallback_prefills_unavailable, 2);
+  EXPECT_EQ(pool_->skips(), (std::vector<bool>{false, true, false, true, false}));
   ExpectEverythingFreed();
 }
 

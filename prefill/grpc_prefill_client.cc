@@ -205,7 +205,7 @@ absl::StatusOr<PrefillOutcome> GrpcPrefillClient::Prefill(const PrefillRequest& 
       // unavailable_wait.
       if (last.code() == absl::StatusCode::kUnavailable) {
         if (unavailable_since == absl::InfiniteFuture()) unavailable_since = absl::Now();
-        if (absl::Now() - unavailable_since >= options_.unavailable_wait) break;
+        if (call.skip_unavailable_wait || absl::Now() - unavailable_since >= options_.unavailable_wait) break;
       } else if (last.code() != absl::StatusCode::kResourceExhausted) {
         break;
       }

@@ -19,7 +19,8 @@
 // (RESOURCE_EXHAUSTED), the call waits (5 ms, doubling to 100 ms) and tries
 // again, until its deadline or its cancellation: an admitted request never
 // fails because prefill is busy. When every worker tried is unreachable
-// (UNAVAILABLE), it does the same for at most `unavailable_wait`. Its cancellation cancels the gRPC call in
+// (UNAVAILABLE), it does the same for at most `unavailable_wait` (not at all
+// for a call with skip_unavailable_wait). Its cancellation cancels the gRPC call in
 // flight (the prefill worker sees it within a segment).
 //
 // Thread-safe.

@@ -295,6 +295,32 @@ TEST(GrpcPrefillClientTest, AWorkerBackWithinTheUnavailableWaitServesTheCall) {
   EXPECT_EQ(failed.status().code(), absl::StatusCode::kUnavailable) << failed.status();
 }
 
+// A call that skips the unavailable wait fails at once when every worker is
+// down, however long the pool's wait (an hour here: a call that waited would
+// still be running when the test gives up on it and cancels it).
+TEST(GrpcPrefillClientTest, ACallThatSkipsTheUnavailableWaitFailsAtOnceWhenEveryWorkerIsDown) {
+  FakePrefill stays(1);
+  const std::string target = stays.target();
+  auto client = GrpcPrefillClient::Create({.targets = {target}, .unavailable_wait = absl::Hours(1)});
+  ASSERT_TRUE(client.ok());
+  stays.Shutdown();
+  PrefillRequest call = Call("skip");
+  call.ticket.deadline = absl::Now() + absl::Hours(1);
+  call.skip_unavailable_wait = true;
+  call.cancellation = std::make_shared<common::Cancellation>();
+  absl::StatusOr<PrefillOutcome> r;
+  std::atomic<bool> done{false};
+  std::thread t([&] {
+    r = (*client)->Prefill(call);
+    done = true;
+  });
+  const bool returned = common::WaitFor([&] { return done.load(); }, absl::Seconds(20));
+  call.cancellation->Cancel();
+  t.join();
+  EXPECT_TRUE(returned) << "the call waited for the worker to come back";
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
+}
+
 TEST(GrpcPrefillClientTest, RefusesBadOptions) {
   EXPECT_EQ(GrpcPrefillClient::Create({}).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(GrpcPrefillClient::Create({.targets = {"no-port"}}).status().code(), absl::StatusCode::kInvalidArgument);

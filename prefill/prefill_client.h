@@ -52,6 +52,11 @@ struct PrefillRequest {
   // cancelled, aborted or ran out of time): a waiting call gives up, a
   // running one stops between prefill segments. Null: never.
   std::shared_ptr<common::Cancellation> cancellation;
+  // When every worker is unreachable, fail at once (UNAVAILABLE) instead of
+  // waiting up to the pool's unavailable_wait for one to come back: the caller
+  // has somewhere else to go (decode prefills itself while its calls fail,
+  // decode/decode_loop.h fallback_prefill_max_tokens). Not carried over gRPC.
+  bool skip_unavailable_wait = false;
 };
 
 struct PrefillUsage {
