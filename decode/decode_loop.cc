@@ -440,7 +440,8 @@ void DecodeLoop::FallBack(Request& r, const absl::Status& failure) {
     if (!kept.ok()) ++fallback_failures_;
   }
   if (!kept.ok()) {
-    // Its reservation is gone: it ends as a waiting request would.
+    // Its reservation is freed already: Finish's abort of id 0 (never a
+    // sequence's) finds nothing.
     Finish(r.key, FinishReason::kError,
            absl::Status(kept.status().code(), absl::StrCat("prefilling here after the prefill call failed (",
                                                            failure.message(), "): ", kept.status().message())));
