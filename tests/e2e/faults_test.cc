@@ -585,6 +585,8 @@ class SilentPrefill final : public v1::Prefill::Service {
   std::atomic<int> calls_{0};
 };
 
+// With the fallback prefill off: the transfer timeout ends the request
+// (with it on, decode would then prefill the request itself).
 TEST(FaultsTest, PrefillThatNeverAnswersFailsTheRequestWithinTheTransferTimeout) {
   SilentPrefill silent;
   int port = 0;
