@@ -155,7 +155,11 @@ TEST(ConnectionAgeTest, ACallOnAConnectionToldToGoAwayRunsOnThroughAnUnlimitedGr
     HealthWatch watch(channel);
     ASSERT_TRUE(watch.AwaitResponse(kServing));
     ASSERT_TRUE(LeavesReady(*channel)) << "no GOAWAY within " << kDeadline;
-    // The old connection still carries the watch: it sees the change.
+    // A whole second connection's life (a new call opens it, its own GOAWAY
+    // ends it) passes beside the first, which still carries the watch: it
+    // sees the change.
+    ASSERT_TRUE(RawUnaryCall(channel, "/grpc.health.v1.Health/Check").status.ok());
+    ASSERT_TRUE(LeavesReady(*channel)) << "no second GOAWAY within " << kDeadline;
     s.server->GetHealthCheckService()->SetServingStatus(false);
     EXPECT_TRUE(watch.AwaitResponse(kNotServing));
     EXPECT_FALSE(watch.done());
