@@ -300,9 +300,10 @@ absl::Status Run() {
   decode::GenerationService service(*loop, description, std::move(tenants), &metrics);
   // One server thread per open stream: bound them (beyond the batch and the
   // wait queue, calls are refused anyway).
-  ASSIGN_OR_RETURN(std::unique_ptr<worker::GrpcServer> server,
-                   worker::GrpcServer::Start(absl::GetFlag(FLAGS_address), {&service}, options.tls,
-                                             static_cast<int>(2 * (lo.max_batch + lo.max_waiting) + 16)));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<worker::GrpcServer> server,
+      worker::GrpcServer::Start(absl::GetFlag(FLAGS_address), {&service}, options.tls, options.connection_age,
+                                static_cast<int>(2 * (lo.max_batch + lo.max_waiting) + 16)));
 
   // Readiness: this worker can serve while a prefill worker is resolved
   // (one that is unreachable is waited for, --prefill_unavailable_wait) or

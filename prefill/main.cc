@@ -86,8 +86,9 @@ absl::Status Run() {
                      cache->SyncMetrics(direct_read_metrics, direct_put_metrics);
                    }));
   prefill::PrefillService service(prefill_worker, absl::GetFlag(FLAGS_max_queue), &metrics);
-  ASSIGN_OR_RETURN(std::unique_ptr<worker::GrpcServer> server,
-                   worker::GrpcServer::Start(absl::GetFlag(FLAGS_address), {&service}, options.tls));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<worker::GrpcServer> server,
+      worker::GrpcServer::Start(absl::GetFlag(FLAGS_address), {&service}, options.tls, options.connection_age));
 
   LOG(INFO) << "prefill serving " << weights->config().LayerPattern() << " on port " << server->port()
             << (options.tls.server.enabled()

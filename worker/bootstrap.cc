@@ -208,7 +208,9 @@ absl::StatusOr<std::unique_ptr<ReceiverPlane>> ReceiverPlane::Open(const Receive
 
 absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const std::string& address,
                                                               const std::vector<grpc::Service*>& services,
-                                                              const common::TlsFlags& tls, int max_threads) {
+                                                              const common::TlsFlags& tls,
+                                                              const common::ConnectionAge& connection_age,
+                                                              int max_threads) {
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = common::NewServerCredentials(tls.server);
   if (!credentials.ok()) {
     return absl::Status(credentials.status().code(), absl::StrCat("--tls_*: ", credentials.status().message()));
@@ -219,6 +221,7 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const std::string&
   // gRPC sets SO_REUSEPORT by default: a second server on a taken port would
   // share it silently instead of failing with "port in use".
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  common::ApplyConnectionAge(connection_age, builder);
   std::unique_ptr<GrpcServer> out(new GrpcServer());
   builder.AddListeningPort(address, *credentials, &out->port_);
   for (grpc::Service* service : services) builder.RegisterService(service);

@@ -20,6 +20,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/connection_age.h"
 #include "common/health_server.h"
 #include "common/metrics.h"
 #include "common/tls_flags.h"
@@ -48,6 +49,9 @@ struct WorkerOptions {
   absl::Duration cache_failure_backoff = absl::Seconds(1);
   std::string metrics_address;  // empty: none
   absl::Duration shutdown_grace = absl::Seconds(10);
+  // The gRPC server's maximum connection age and its grace
+  // (common/connection_age.h; zero: unlimited).
+  common::ConnectionAge connection_age;
   // TLS of the gRPC server, of the calls to the cachestore and prefill, and
   // the plaintext health port (common/tls_flags.h).
   common::TlsFlags tls;
@@ -146,12 +150,15 @@ class GrpcServer {
   // health checking (common/health.h) and reflection, over TLS when
   // tls.server is (common/tls.h: client certificates, allowed peers on every
   // call), and the health service alone on tls.health_address when given;
-  // `max_threads` > 0 bounds the server's threads. UNAVAILABLE for a port in
-  // use (never shared: no SO_REUSEPORT); INVALID_ARGUMENT for TLS files that
-  // cannot serve.
+  // each client connection told to go away at `connection_age`
+  // (common/connection_age.h); `max_threads` > 0 bounds the server's threads.
+  // UNAVAILABLE for a port in use (never shared: no SO_REUSEPORT);
+  // INVALID_ARGUMENT for TLS files that cannot serve.
   static absl::StatusOr<std::unique_ptr<GrpcServer>> Start(const std::string& address,
                                                            const std::vector<grpc::Service*>& services,
-                                                           const common::TlsFlags& tls, int max_threads = 0);
+                                                           const common::TlsFlags& tls,
+                                                           const common::ConnectionAge& connection_age,
+                                                           int max_threads = 0);
   ~GrpcServer();
   int port() const { return port_; }
   int health_port() const { return health_ != nullptr ? health_->port() : 0; }

@@ -35,6 +35,12 @@ ABSL_FLAG(absl::Duration, cache_timeout, absl::Seconds(2), "per-call deadline of
 ABSL_FLAG(absl::Duration, cache_failure_backoff, absl::Seconds(1),
           "after a cache call times out (a hung cachestore), lookups and publications skip it for this long");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(10), "time in-flight requests get on SIGTERM");
+ABSL_FLAG(absl::Duration, max_connection_age, absl::Minutes(5),
+          "a client connection to --address is told to go away (GOAWAY; gRPC adds +-10% jitter) at this age, so "
+          "clients behind a connection-balancing Service reconnect and reach pods added since; 0: never");
+ABSL_FLAG(absl::Duration, max_connection_age_grace, absl::Minutes(30),
+          "how long the calls on a connection told to go away may still run before they are cut (a full-context "
+          "stream, 65,536 tokens with the default --max_pages, at 36 tokens/s); 0: as long as they take");
 
 namespace hybridserve::worker {
 
@@ -85,7 +91,11 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags() {
   o.cache_failure_backoff = absl::GetFlag(FLAGS_cache_failure_backoff);
   o.metrics_address = absl::GetFlag(FLAGS_metrics_address);
   o.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
-  RETURN_IF_ERROR(CheckNotNegative({{"cache_failure_backoff", o.cache_failure_backoff}}));
+  o.connection_age.max_age = absl::GetFlag(FLAGS_max_connection_age);
+  o.connection_age.grace = absl::GetFlag(FLAGS_max_connection_age_grace);
+  RETURN_IF_ERROR(CheckNotNegative({{"cache_failure_backoff", o.cache_failure_backoff},
+                                    {"max_connection_age", o.connection_age.max_age},
+                                    {"max_connection_age_grace", o.connection_age.grace}}));
   ASSIGN_OR_RETURN(o.tls, common::TlsFlagsFromFlags());
   o.cache.tls = o.tls.channel;
   return o;

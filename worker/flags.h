@@ -4,7 +4,8 @@
 // The flags both worker binaries take (defined in flags.cc, linked into each
 // main): --model_dir, --device, --device_index, --threads, --page_size,
 // --max_pages, --cachestore, --cache_timeout, --cache_failure_backoff,
-// --metrics_address, --shutdown_grace. Each binary defines its own
+// --metrics_address, --shutdown_grace, --max_connection_age,
+// --max_connection_age_grace. Each binary defines its own
 // --address and --data_planes (their defaults and meaning differ). Only the
 // mains include this header.
 
@@ -19,7 +20,8 @@
 namespace hybridserve::worker {
 
 // The shared flags as options. INVALID_ARGUMENT, naming the flag, for an
-// unknown --device or a negative --cache_failure_backoff.
+// unknown --device or a negative --cache_failure_backoff, --max_connection_age
+// or --max_connection_age_grace.
 absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags();
 
 // A worker binary's main: parses the flags (usage: --help's first line),

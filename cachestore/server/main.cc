@@ -77,6 +77,12 @@ ABSL_FLAG(absl::Duration, bulk_io_timeout, absl::Seconds(10),
           "a bulk port request's read and each write of its answer: a reader that stalls longer is dropped; also "
           "the idle time after which a bulk connection is closed");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(10), "Time in-flight calls get on SIGTERM");
+ABSL_FLAG(absl::Duration, max_connection_age, absl::ZeroDuration(),
+          "A client connection to --address is told to go away (GOAWAY) at this age, so clients behind a "
+          "connection-balancing Service reconnect; 0 (one cachestore: nothing to rebalance): never");
+ABSL_FLAG(absl::Duration, max_connection_age_grace, absl::Minutes(1),
+          "How long the calls on a connection told to go away may still run before they are cut; 0: as long as they "
+          "take");
 
 namespace {
 
@@ -131,9 +137,13 @@ std::string FlagError() {
     uint32_t parsed = 0;
     if (!absl::SimpleAtoi(uid, &parsed)) return absl::StrCat("--shm_allowed_uids: ", uid, " is not a uid");
   }
-  if (absl::GetFlag(FLAGS_shutdown_grace) < absl::ZeroDuration()) {
-    return absl::StrCat("--shutdown_grace=", absl::FormatDuration(absl::GetFlag(FLAGS_shutdown_grace)),
-                        ": must be >= 0");
+  for (const auto& [flag, value] : {
+           std::make_pair("shutdown_grace", absl::GetFlag(FLAGS_shutdown_grace)),
+           std::make_pair("max_connection_age", absl::GetFlag(FLAGS_max_connection_age)),
+           std::make_pair("max_connection_age_grace", absl::GetFlag(FLAGS_max_connection_age_grace)),
+       }) {
+    if (value < absl::ZeroDuration())
+      return absl::StrCat("--", flag, "=", absl::FormatDuration(value), ": must be >= 0");
   }
   return "";
 }
@@ -199,6 +209,8 @@ int main(int argc, char** argv) {
   }
   options.tls = tls->server;
   options.health_address = tls->health_address;
+  options.connection_age.max_age = absl::GetFlag(FLAGS_max_connection_age);
+  options.connection_age.grace = absl::GetFlag(FLAGS_max_connection_age_grace);
   if (!options.tls.enabled()) {
     LOG(WARNING) << "no TLS (--tls_cert): any process that reaches --address=" << options.address
                  << " can read and write this cache";

@@ -15,6 +15,7 @@
 #include "cachestore/server/service_metrics.h"
 #include "cachestore/server/shm_server.h"
 #include "common/clock.h"
+#include "common/connection_age.h"
 #include "common/health_server.h"
 #include "common/tls.h"
 #include "grpcpp/grpcpp.h"
@@ -42,6 +43,9 @@ struct ServerOptions {
   // A plaintext port with the health service alone (kubelet probes); empty:
   // none.
   std::string health_address;
+  // Each client connection to `address` is told to go away at this age
+  // (common/connection_age.h); zero (the default): never.
+  common::ConnectionAge connection_age;
   // Reads by shared memory for workers on this host (shm_server.h): on
   // when shm.socket_path is not empty, and then the store keeps its entries
   // in shared memory (index.blob_storage is set to kSharedMemory).

@@ -210,6 +210,8 @@ TEST(CachestoreProcessTest, BadFlagsAreRefusedAtStartNamingTheFlag) {
       {{"--put_timeout=0s"}, "bad flag --put_timeout=0: must be a finite duration > 0"},
       {{"--lease_ttl=-5s"}, "bad flag --lease_ttl=-5s: must be a finite duration > 0"},
       {{"--shutdown_grace=-1s"}, "bad flag --shutdown_grace=-1s: must be >= 0"},
+      {{"--max_connection_age=-1s"}, "bad flag --max_connection_age=-1s: must be >= 0"},
+      {{"--max_connection_age_grace=-2s"}, "bad flag --max_connection_age_grace=-2s: must be >= 0"},
       {{"--page_budget_mib=abc"}, "Illegal value 'abc' specified for flag 'page_budget_mib'"},
       {{"--address=" + busy, "--metrics_address="}, "cannot listen on " + busy},
       {{"--address=127.0.0.1:0", "--metrics_address=" + busy}, "metrics exposer cannot bind " + busy},
