@@ -281,6 +281,38 @@ TEST(ConnectionAgeTest, WithoutAnAgeEveryCallStaysOnTheFirstBackend) {
   EXPECT_EQ(proxy.connections(), (std::vector<int>{1, 0}));
 }
 
+// The internal edges with an age: decode's channels to prefill and to the
+// cachestore, and prefill's to the cachestore, are told to go away every
+// second or so while calls run on them (prefill calls, cache lookups, reads
+// and publications); no call fails and no cache call turns into an error.
+// Watched for five ages (an observation window: each connection gets several
+// GOAWAYs in it).
+TEST(ConnectionAgeTest, AgedConnectionsOnTheInternalEdgesFailNoCall) {
+  const std::vector<std::string> age = {"--max_connection_age=1s", "--max_connection_age_grace=30s"};
+  StackOptions options;
+  // Decode's own edge without one: what fails here fails inside.
+  options.decode_args = {"--max_connection_age=0"};
+  options.prefill_args = age;
+  options.cachestore_args.insert(options.cachestore_args.end(), age.begin(), age.end());
+  absl::StatusOr<std::unique_ptr<Stack>> stack = Stack::Start(options);
+  ASSERT_TRUE(stack.ok()) << stack.status();
+  {
+    Traffic traffic(grpc::CreateChannel((*stack)->decode_target(), grpc::InsecureChannelCredentials()), 2);
+    const absl::Time window_end = absl::Now() + absl::Seconds(5);
+    EXPECT_TRUE(common::WaitFor([&] { return absl::Now() >= window_end && traffic.ended() >= 10; }, kDeadline));
+    traffic.Stop();
+    EXPECT_EQ(traffic.failures(), std::vector<std::string>{});
+    std::cout << "calls " << traffic.ended() << std::endl;
+  }
+  const int decode_metrics = MetricsPort((*stack)->decode());
+  const int prefill_metrics = MetricsPort((*stack)->prefill());
+  EXPECT_EQ(MetricSum(decode_metrics, "hybridserve_request_errors_total"), 0);
+  EXPECT_EQ(MetricSum(decode_metrics, "hybridserve_decode_publish_failures_total"), 0);
+  EXPECT_EQ(MetricSum(prefill_metrics, "hybridserve_prefill_cache_errors_total"), 0);
+  EXPECT_EQ(MetricSum(prefill_metrics, "hybridserve_prefill_publish_failures_total"), 0);
+  EXPECT_GT(MetricSum(prefill_metrics, "hybridserve_prefill_cache_lookups_total").value_or(0), 0);
+}
+
 TEST(ConnectionAgeTest, NegativeAgesAreRefusedAtStartNamingTheFlag) {
   for (const std::string binary : {"decode/decode", "prefill/prefill"}) {
     for (const std::string flag : {"--max_connection_age=-1s", "--max_connection_age_grace=-2s"}) {
