@@ -708,7 +708,7 @@ def record_fixture(name, arch, cfg, weights, generator, out_root, keep_config=Fa
     gen_cfg = os.path.join(dest, "generation_config.json")
     if os.path.exists(gen_cfg):
         os.remove(gen_cfg)  # not used by the engine
-    preset = gen_model.PRESETS.get((arch, generator.get("preset")), {})
+    preset = gen_model.PRESETS.get((arch, generator.get("preset")), {})  # none for a public model
     if preset.get("init", {}).get("per_use_copies"):
         # save_pretrained drops the tied copies; the fixture is the file written per use, as
         # save_pretrained writes a Zamba2 whose blocks are not tied (loaded and tied again below).
