@@ -207,6 +207,8 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::Create(const Model
         if (m.has_shared) {
           ASSIGN_OR_RETURN(m.shared_up, up.Matrix(w.shared_up, "moe shared up"));
           ASSIGN_OR_RETURN(m.shared_down, up.Matrix(w.shared_down, "moe shared down"));
+          ASSIGN_OR_RETURN(m.shared_up_bias, up.Constant(w.shared_up_bias, "moe shared up bias"));
+          ASSIGN_OR_RETURN(m.shared_down_bias, up.Constant(w.shared_down_bias, "moe shared down bias"));
         }
         d.mixer = m;
         break;

@@ -84,8 +84,10 @@ struct DeviceMoeWeights {
   DeviceMatrix experts_up;    // [num_experts * up_rows(inter), d]
   DeviceMatrix experts_down;  // [num_experts * d, inter]
   bool has_shared = false;
-  DeviceMatrix shared_up;    // [up_rows(shared), hidden] when has_shared
-  DeviceMatrix shared_down;  // [hidden, shared]
+  DeviceMatrix shared_up;                   // [up_rows(shared), hidden] when has_shared
+  DeviceMatrix shared_down;                 // [hidden, shared]
+  const float* shared_up_bias = nullptr;    // [up_rows(shared)] or null
+  const float* shared_down_bias = nullptr;  // [hidden] or null
 };
 
 // y += up(down(x)); both null for a use without an adapter.

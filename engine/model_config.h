@@ -148,8 +148,9 @@ struct Mamba2Params {
   int64_t heads_per_group() const { return n_groups > 0 ? num_heads / n_groups : 0; }
 };
 
-// Hyper-parameters of every attention layer. Only Falcon-H1 runs attention
-// biases (attention_bias: q, k, v and o projections).
+// Hyper-parameters of every attention layer. Bamba, Granite and Falcon-H1 run
+// attention biases (attention_bias: q, k, v and o projections); Nemotron-H's
+// attention has none whatever its config says (transformers builds none).
 // Nemotron-H and Granite (position_embedding_type null or "nope") have no position
 // encoding; Bamba rotates the first half of each head (rotate-half RoPE,
 // partial_rotary_factor 0.5, fixed by transformers); Granite with
@@ -246,6 +247,9 @@ struct MoeParams {
   bool norm_topk_prob = true;
   float routed_scaling_factor = 1.0f;
   int64_t latent_size = 0;  // 0: no latent projections (moe_latent_size null)
+  // The shared expert's up and down biases (Nemotron-H mlp_bias: transformers
+  // builds shared_experts as a NemotronHMLP; the routed experts have none).
+  bool shared_bias = false;
 
   // The width the routed experts read and write: latent_size, else hidden.
   int64_t expert_dim(int64_t hidden) const { return latent_size > 0 ? latent_size : hidden; }

@@ -74,6 +74,7 @@ std::string ModelConfig::CanonicalString() const {
         moe.routed_scaling_factor);
     // Only with latent projections, so the strings of MoE models without them are unchanged.
     if (moe.latent_size > 0) absl::StrAppendFormat(&out, "moe_latent{size=%d};", moe.latent_size);
+    if (moe.shared_bias) absl::StrAppendFormat(&out, "moe_shared_bias=1;");
   }
   if (embedding_multiplier != 1.0f || residual_multiplier != 1.0f || logits_scaling != 1.0f ||
       logits_multiplier != 1.0f) {

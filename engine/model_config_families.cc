@@ -34,7 +34,7 @@ absl::StatusOr<LayerKind> KindFromBlockType(const Json& v, size_t index) {
 absl::Status CheckSiluActivation(const ConfigFields& f, absl::string_view key) {
   ASSIGN_OR_RETURN(std::string act, f.String({key}, "silu"));
   if (act != "silu" && act != "swish") {
-    return absl::UnimplementedError(absl::StrCat(key, " \"", act, "\" is not supported (only silu)"));
+    return absl::UnimplementedError(absl::StrCat(key, " \"", act, "\" is not supported (only silu is implemented)"));
   }
   return absl::OkStatus();
 }
@@ -181,18 +181,16 @@ absl::Status ParseMambaPrefixed(const ConfigFields& f, int64_t hidden_size, Mamb
   return absl::OkStatus();
 }
 
-// Attention of Bamba, Granite and Falcon-H1: q/k/v/o projections, with biases
-// (attention_bias) where `allow_bias` (Falcon-H1; checked against transformers).
-absl::Status ParseLlamaStyleAttention(const ConfigFields& f, int64_t hidden_size, AttentionParams& a,
-                                      bool allow_bias = false) {
+// Attention of Bamba, Granite and Falcon-H1: q/k/v/o projections, each with a
+// bias when attention_bias (transformers 5.23 BambaAttention,
+// GraniteMoeHybridAttention and FalconH1Attention build all four with
+// bias=config.attention_bias).
+absl::Status ParseLlamaStyleAttention(const ConfigFields& f, int64_t hidden_size, AttentionParams& a) {
   ASSIGN_OR_RETURN(a.num_heads, f.Int({"num_attention_heads"}, std::nullopt));
   ASSIGN_OR_RETURN(a.num_kv_heads, f.Int({"num_key_value_heads"}, a.num_heads));
   RETURN_IF_ERROR(CheckDim("num_attention_heads", a.num_heads));
   ASSIGN_OR_RETURN(a.head_dim, f.Int({"head_dim"}, hidden_size / a.num_heads));
   ASSIGN_OR_RETURN(a.use_bias, f.Bool({"attention_bias"}, false));
-  if (a.use_bias && !allow_bias) {
-    return absl::UnimplementedError("attention_bias true is not supported (attention biases run for falcon_h1 only)");
-  }
   return absl::OkStatus();
 }
 
@@ -208,14 +206,15 @@ absl::Status ParseRope(const ConfigFields& f, AttentionParams& a) {
     ConfigFields r(rp);
     ASSIGN_OR_RETURN(std::string type, r.String({"rope_type", "type"}, "default"));
     if (type != "default") {
-      return absl::UnimplementedError(absl::StrCat("rope_parameters.rope_type \"", type, "\" is not supported"));
+      return absl::UnimplementedError(
+          absl::StrCat("rope_parameters.rope_type \"", type, "\" is not supported (only default RoPE is implemented)"));
     }
     ASSIGN_OR_RETURN(a.rope_theta, r.Float({"rope_theta"}, 10000.0));
   } else {
     ASSIGN_OR_RETURN(a.rope_theta, f.Float({"rope_theta"}, 10000.0));
     if (f.Has("rope_scaling")) {
-      return absl::UnimplementedError(
-          absl::StrCat("rope_scaling (", Excerpt(f.Get("rope_scaling")), ") is not supported"));
+      return absl::UnimplementedError(absl::StrCat("rope_scaling (", Excerpt(f.Get("rope_scaling")),
+                                                   ") is not supported (only default RoPE is implemented)"));
     }
   }
   if (!(a.rope_theta > 0.0) || !std::isfinite(a.rope_theta)) {
@@ -310,20 +309,23 @@ absl::Status ParseNemotronH(const ConfigFields& f, ModelConfig& c) {
     ASSIGN_OR_RETURN(a.num_kv_heads, f.Int({"num_key_value_heads"}, a.num_heads));
     ASSIGN_OR_RETURN(a.head_dim, f.Int({"head_dim", "attention_head_dim"}, std::nullopt));
     a.use_rope = false;
+    // transformers 5.23 NemotronHAttention builds q/k/v/o_proj with bias=False
+    // and every attention layer over the whole causal prefix, whatever
+    // attention_bias and sliding_window say: both are read (so a malformed value
+    // is still refused) and change nothing.
     ASSIGN_OR_RETURN(bool attention_bias, f.Bool({"attention_bias"}, false));
-    if (attention_bias) {
-      return absl::UnimplementedError("attention_bias true is not supported (Nemotron-H attention has no biases)");
-    }
-    if (f.Has("sliding_window")) {
-      return absl::UnimplementedError(
-          absl::StrCat("sliding_window (", Excerpt(f.Get("sliding_window")), ") is not supported"));
+    (void)attention_bias;
+    if (f.Has("sliding_window") && !f.Get("sliding_window").is_null()) {
+      ASSIGN_OR_RETURN(int64_t window, f.Int({"sliding_window"}, std::nullopt));
+      (void)window;
     }
   }
   if (c.CountLayers(LayerKind::kMlp) > 0) {
     ASSIGN_OR_RETURN(c.mlp.intermediate_size, f.Int({"intermediate_size"}, std::nullopt));
     ASSIGN_OR_RETURN(std::string act, f.String({"mlp_hidden_act"}, "relu2"));
     if (act != "relu2") {
-      return absl::UnimplementedError(absl::StrCat("mlp_hidden_act \"", act, "\" is not supported (only relu2)"));
+      return absl::UnimplementedError(
+          absl::StrCat("mlp_hidden_act \"", act, "\" is not supported (only relu2 is implemented)"));
     }
     c.mlp.activation = MlpActivation::kRelu2;
     ASSIGN_OR_RETURN(c.mlp.use_bias, f.Bool({"mlp_bias"}, false));
@@ -331,11 +333,16 @@ absl::Status ParseNemotronH(const ConfigFields& f, ModelConfig& c) {
   if (c.CountLayers(LayerKind::kMoe) > 0) {
     ASSIGN_OR_RETURN(std::string act, f.String({"mlp_hidden_act"}, "relu2"));
     if (act != "relu2") {
-      return absl::UnimplementedError(absl::StrCat("mlp_hidden_act \"", act, "\" is not supported (only relu2)"));
+      return absl::UnimplementedError(
+          absl::StrCat("mlp_hidden_act \"", act, "\" is not supported (only relu2 is implemented)"));
     }
-    ASSIGN_OR_RETURN(bool bias, f.Bool({"mlp_bias"}, false));
-    if (bias) return absl::UnimplementedError("mlp_bias true is not supported with MoE layers");
     RETURN_IF_ERROR(ParseNemotronMoe(f, c.moe));
+    ASSIGN_OR_RETURN(c.moe.shared_bias, f.Bool({"mlp_bias"}, false));
+    if (c.moe.shared_bias && c.moe.latent_size > 0) {
+      // transformers gives fc1/fc2_latent_proj biases too with mlp_bias.
+      return absl::UnimplementedError(
+          "mlp_bias true with moe_latent_size is not supported (the latent projections' biases are not implemented)");
+    }
   }
   ASSIGN_OR_RETURN(c.residual_in_fp32, f.Bool({"residual_in_fp32"}, false));
   return absl::OkStatus();
@@ -375,10 +382,10 @@ absl::Status ParseMamba2(const ConfigFields& f, ModelConfig& c) {
   m.time_step_max = static_cast<float>(dt_max);
   ASSIGN_OR_RETURN(m.time_step_limit, f.Range({"time_step_limit"}, DtClamp{}));
   RETURN_IF_ERROR(CheckSiluActivation(f, "hidden_act"));
+  // transformers 5.23 Mamba2Mixer gates before the norm (RMSNorm(y * silu(z)))
+  // whatever norm_before_gate says (Mamba2Config has no such field): read, no effect.
   ASSIGN_OR_RETURN(bool norm_before_gate, f.Bool({"norm_before_gate"}, false));
-  if (norm_before_gate) {
-    return absl::UnimplementedError("norm_before_gate true is not supported (the gated norm is RMSNorm(y * silu(z)))");
-  }
+  (void)norm_before_gate;
   // transformers 5.23 Mamba2Mixer: MambaRMSNormGated(group_size=intermediate_size
   // // n_groups); the chunked path clamps dt to time_step_limit, the one-step
   // decode path (mamba2_selective_state_update) does not clamp.
@@ -466,16 +473,14 @@ absl::Status ParseGraniteMoeHybrid(const ConfigFields& f, ModelConfig& c) {
   if (c.CountLayers(LayerKind::kAttention) > 0) {
     AttentionParams& a = c.attention;
     RETURN_IF_ERROR(ParseLlamaStyleAttention(f, c.hidden_size, a));
-    // transformers builds rotary embeddings only for "rope"; null and "nope"
-    // (what the published Granite 4.0-H configs say) mean no positions.
+    // transformers 5.23 GraniteMoeHybridModel builds rotary embeddings only for
+    // "rope"; null, "nope" (what the published Granite 4.0-H configs say) and
+    // any other string mean no positions.
     ASSIGN_OR_RETURN(std::string position, f.String({"position_embedding_type"}, ""));
     if (position == "rope") {
       RETURN_IF_ERROR(ParseRope(f, a));
       a.use_rope = true;
       a.rotary_dim = a.head_dim;
-    } else if (!position.empty() && position != "nope") {
-      return absl::UnimplementedError(
-          absl::StrCat("position_embedding_type \"", position, "\" is not supported (null, nope or rope)"));
     }
     ASSIGN_OR_RETURN(a.scale, Multiplier(f, "attention_multiplier"));
     if (a.scale < 0.0f) {
@@ -524,7 +529,7 @@ absl::Status ParseFalconH1(const ConfigFields& f, ModelConfig& c) {
   RETURN_IF_ERROR(Multipliers(f, "ssm_multipliers", 5, m.segment_multipliers));
 
   AttentionParams& a = c.attention;
-  RETURN_IF_ERROR(ParseLlamaStyleAttention(f, c.hidden_size, a, /*allow_bias=*/true));
+  RETURN_IF_ERROR(ParseLlamaStyleAttention(f, c.hidden_size, a));
   RETURN_IF_ERROR(ParseRope(f, a));
   ASSIGN_OR_RETURN(const double factor, PartialRotaryFactor(f, 1.0));
   a.use_rope = true;
@@ -568,8 +573,11 @@ absl::Status ParseZamba2(const ConfigFields& f, ModelConfig& c) {
   } else {
     return absl::InvalidArgumentError("layers_block_type is required but missing");
   }
+  // transformers 5.23 Zamba2: use_long_context only sets max_position_embeddings
+  // to 16384 (Zamba2Config.__post_init__); its rotary embedding reads rope_theta
+  // as given, so the logits are those without it.
   ASSIGN_OR_RETURN(bool long_context, f.Bool({"use_long_context"}, false));
-  if (long_context) return absl::UnimplementedError("use_long_context true (rescaled RoPE) is not supported");
+  if (long_context) c.max_position_embeddings = 16384;
   ASSIGN_OR_RETURN(bool bias, f.Bool({"add_bias_linear"}, false));
 
   // transformers 5.23 Zamba2MambaMixer: d_inner = mamba_expand * hidden; the
@@ -582,9 +590,11 @@ absl::Status ParseZamba2(const ConfigFields& f, ModelConfig& c) {
   ASSIGN_OR_RETURN(m.n_groups, f.Int({"mamba_ngroups"}, 1));
   ASSIGN_OR_RETURN(m.conv_kernel, f.Int({"mamba_d_conv"}, kDefaultConvKernel));
   ASSIGN_OR_RETURN(m.chunk_size, f.Int({"chunk_size"}, kDefaultMamba2Chunk));
-  ASSIGN_OR_RETURN(m.use_conv_bias, f.Bool({"use_conv_bias"}, true));
-  if (!m.use_conv_bias)
-    return absl::UnimplementedError("use_conv_bias false is not supported (Zamba2's conv has a bias)");
+  // transformers 5.23 Zamba2MambaMixer builds conv1d with bias=True whatever
+  // use_conv_bias says (and save_pretrained writes that bias): read, no effect.
+  ASSIGN_OR_RETURN(bool use_conv_bias, f.Bool({"use_conv_bias"}, true));
+  (void)use_conv_bias;
+  m.use_conv_bias = true;
   m.use_in_proj_bias = bias;
   m.use_out_proj_bias = bias;
   ASSIGN_OR_RETURN(int64_t expand, f.Int({"mamba_expand"}, kDefaultMamba2Expand));
@@ -628,8 +638,8 @@ absl::Status ParseZamba2(const ConfigFields& f, ModelConfig& c) {
     RETURN_IF_ERROR(CheckDim("adapter_rank", z.adapter_rank));  // the MLP's adapters exist either way
     if (z.use_adapters && a.num_kv_heads != a.num_heads) {
       return absl::UnimplementedError(
-          "use_shared_attention_adapter with num_key_value_heads != num_attention_heads (the adapters' k and v "
-          "widths would not match) is not supported");
+          "use_shared_attention_adapter with num_key_value_heads != num_attention_heads is not supported (the "
+          "adapters' k and v widths would not match; transformers cannot run it either)");
     }
     GatedMlpParams& mlp = c.gated_mlp;
     ASSIGN_OR_RETURN(mlp.intermediate_size, f.Int({"intermediate_size"}, 4 * c.hidden_size));
@@ -640,7 +650,8 @@ absl::Status ParseZamba2(const ConfigFields& f, ModelConfig& c) {
     } else if (act == "silu" || act == "swish") {
       mlp.activation = GateActivation::kSilu;
     } else {
-      return absl::UnimplementedError(absl::StrCat("hidden_act \"", act, "\" is not supported (gelu or silu)"));
+      return absl::UnimplementedError(
+          absl::StrCat("hidden_act \"", act, "\" is not supported (only gelu and silu are implemented)"));
     }
   }
   if (!f.Has("tie_word_embeddings")) c.tie_word_embeddings = true;  // Zamba2Config's default

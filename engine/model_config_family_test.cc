@@ -191,6 +191,40 @@ TEST(ModelConfigFamilyTest, GraniteNopeIsNoPositionsAndTheSameModelAsNull) {
   EXPECT_NE(rope->CanonicalString(), nope->CanonicalString());
 }
 
+// transformers 5.23 GraniteMoeHybridModel builds rotary embeddings only for
+// "rope": any other string is no positions, as null and "nope" are.
+TEST(ModelConfigFamilyTest, GraniteAnyPositionTypeButRopeIsNoPositions) {
+  const std::string none = Parse(GraniteBase())->CanonicalString();
+  for (const char* type : {"alibi", "NoPE", "absolute"}) {
+    Json j = GraniteBase();
+    j["position_embedding_type"] = type;
+    absl::StatusOr<ModelConfig> c = Parse(j);
+    ASSERT_TRUE(c.ok()) << type << ": " << c.status();
+    EXPECT_FALSE(c->attention.use_rope) << type;
+    EXPECT_EQ(c->CanonicalString(), none) << type;
+  }
+}
+
+// BambaAttention and GraniteMoeHybridAttention build q/k/v/o_proj with
+// bias=config.attention_bias (transformers 5.23), as Falcon-H1 does.
+TEST(ModelConfigFamilyTest, BambaAndGraniteAttentionBiases) {
+  for (Json base : {BambaBase(), GraniteBase()}) {
+    const std::string without = Parse(base)->CanonicalString();
+    EXPECT_FALSE(Parse(base)->attention.use_bias);
+    Json j = base;
+    j["attention_bias"] = true;
+    absl::StatusOr<ModelConfig> c = Parse(j);
+    ASSERT_TRUE(c.ok()) << base["model_type"] << ": " << c.status();
+    EXPECT_TRUE(c->attention.use_bias) << base["model_type"];
+    EXPECT_THAT(c->CanonicalString(), HasSubstr("attention_bias=1;"));
+    EXPECT_NE(c->CanonicalString(), without);
+    j["attention_bias"] = false;
+    EXPECT_EQ(Parse(j)->CanonicalString(), without);
+    j["attention_bias"] = "yes";
+    ExpectError(j, absl::StatusCode::kInvalidArgument, "attention_bias must be true or false");
+  }
+}
+
 TEST(ModelConfigFamilyTest, NemotronHMoeBlocks) {
   absl::StatusOr<ModelConfig> c = Parse(NemotronMoeBase());
   ASSERT_TRUE(c.ok()) << c.status();
@@ -254,6 +288,30 @@ TEST(ModelConfigFamilyTest, NemotronHMoeLatentSizeMustBeAPositiveInteger) {
   ModelConfig c = *Parse(NemotronMoeBase());
   c.moe.latent_size = -1;
   EXPECT_THAT(std::string(c.Validate().message()), HasSubstr("moe_latent_size (-1)"));
+}
+
+// transformers 5.23 NemotronHMoE: shared_experts is a NemotronHMLP (up/down
+// with bias=mlp_bias); the routed experts' 3-D weights have no biases.
+TEST(ModelConfigFamilyTest, NemotronHMoeMlpBiasIsTheSharedExpertsBiases) {
+  const ModelConfig base = *Parse(NemotronMoeBase());
+  EXPECT_FALSE(base.moe.shared_bias);
+  Json j = NemotronMoeBase();
+  j["mlp_bias"] = true;
+  absl::StatusOr<ModelConfig> c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->moe.shared_bias);
+  EXPECT_TRUE(c->mlp.use_bias);  // and the '-' layer's, as before
+  EXPECT_THAT(c->CanonicalString(), HasSubstr("moe_shared_bias=1;"));
+  EXPECT_NE(c->CanonicalString(), base.CanonicalString());
+  j["mlp_bias"] = "yes";
+  ExpectError(j, absl::StatusCode::kInvalidArgument, "mlp_bias must be true or false");
+  ModelConfig swiglu = *c;  // only the relu2 shared expert has them
+  swiglu.moe.expert = ExpertKind::kSwiGlu;
+  EXPECT_THAT(std::string(swiglu.Validate().message()), HasSubstr("mlp_bias"));
+  // With latent projections transformers gives fc1/fc2_latent_proj biases too: not implemented.
+  j["mlp_bias"] = true;
+  j["moe_latent_size"] = 12;
+  ExpectError(j, absl::StatusCode::kUnimplemented, "mlp_bias true with moe_latent_size is not supported");
 }
 
 TEST(ModelConfigFamilyTest, NemotronHMoeRefusals) {
@@ -439,11 +497,34 @@ TEST(ModelConfigFamilyTest, Zamba2HybridLayers) {
   EXPECT_EQ(c->mamba.gated_norm_eps, 1e-5f);
 }
 
+// transformers 5.23 Zamba2: conv1d has a bias whatever use_conv_bias says, and
+// use_long_context only raises max_position_embeddings to 16384 (the rotary
+// embedding keeps rope_theta). Accepted; the same model, the same fingerprint.
+TEST(ModelConfigFamilyTest, Zamba2FieldsTransformersIgnoresChangeNothing) {
+  const ModelConfig base = *Parse(ZambaBase());
+  Json j = ZambaBase();
+  j["use_conv_bias"] = false;
+  j["use_long_context"] = true;
+  j["use_mem_rope"] = true;
+  j["max_position_embeddings"] = 4096;
+  absl::StatusOr<ModelConfig> c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->mamba.use_conv_bias);
+  EXPECT_EQ(c->max_position_embeddings, 16384);
+  j["use_long_context"] = false;
+  const ModelConfig rope = *Parse(j);
+  EXPECT_EQ(rope.max_position_embeddings, 4096);
+  EXPECT_EQ(c->CanonicalString(), rope.CanonicalString());
+  EXPECT_EQ(c->attention.rope_theta, rope.attention.rope_theta);
+  j = ZambaBase();
+  j["use_conv_bias"] = false;
+  EXPECT_EQ(Parse(j)->CanonicalString(), base.CanonicalString());
+  j["use_conv_bias"] = "no";
+  ExpectError(j, absl::StatusCode::kInvalidArgument, "use_conv_bias must be true or false");
+}
+
 TEST(ModelConfigFamilyTest, Zamba2Refusals) {
   Json j = ZambaBase();
-  j["use_long_context"] = true;
-  ExpectError(j, absl::StatusCode::kUnimplemented, "use_long_context");
-  j = ZambaBase();
   j["num_key_value_heads"] = 2;
   ExpectError(j, absl::StatusCode::kUnimplemented, "num_key_value_heads != num_attention_heads");
   j = ZambaBase();
@@ -513,19 +594,7 @@ TEST(ModelConfigFamilyTest, UnsupportedFeaturesAreRefusedByName) {
   j = BambaBase();
   j["hidden_act"] = "gelu";
   ExpectError(j, absl::StatusCode::kUnimplemented, "hidden_act \"gelu\"");
-  j = BambaBase();
-  j["attention_bias"] = true;  // Falcon-H1's only, so far: no Bamba or Granite fixture has them
-  ExpectError(j, absl::StatusCode::kUnimplemented, "attention_bias");
   j = GraniteBase();
-  j["attention_bias"] = true;
-  ExpectError(j, absl::StatusCode::kUnimplemented, "attention_bias");
-  j = GraniteBase();
-  j["position_embedding_type"] = "alibi";
-  ExpectError(j, absl::StatusCode::kUnimplemented, "position_embedding_type \"alibi\"");
-  // transformers runs any string but "rope" without positions; we accept the
-  // spellings the published configs use and refuse the rest by name.
-  j["position_embedding_type"] = "NoPE";
-  ExpectError(j, absl::StatusCode::kUnimplemented, "position_embedding_type \"NoPE\"");
   j["position_embedding_type"] = 0;
   ExpectError(j, absl::StatusCode::kInvalidArgument, "position_embedding_type must be a string");
 }

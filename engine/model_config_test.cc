@@ -399,18 +399,41 @@ TEST(ModelConfigTest, UnsupportedFeaturesAreUnimplementedAndNamed) {
   j = NemotronBase();
   j["mamba_hidden_act"] = "relu";
   ExpectError(j, absl::StatusCode::kUnimplemented, "mamba_hidden_act \"relu\"");
-  j = NemotronBase();
-  j["attention_bias"] = true;
-  ExpectError(j, absl::StatusCode::kUnimplemented, "attention_bias");
-  j = NemotronBase();
-  j["sliding_window"] = 1024;
-  ExpectError(j, absl::StatusCode::kUnimplemented, "sliding_window (1024)");
-  j = Mamba2Base();
-  j["norm_before_gate"] = true;
-  ExpectError(j, absl::StatusCode::kUnimplemented, "norm_before_gate");
   j = Mamba2Base();
   j["hidden_act"] = "gelu";
   ExpectError(j, absl::StatusCode::kUnimplemented, "hidden_act \"gelu\"");
+}
+
+// What transformers 5.23 reads and then does not use is accepted and changes
+// nothing: NemotronHAttention has no biases and attends to the whole prefix
+// whatever attention_bias and sliding_window say; Mamba2Mixer gates before its
+// norm whatever norm_before_gate says. The same model, the same fingerprint.
+TEST(ModelConfigTest, FieldsTransformersIgnoresAreAcceptedAndChangeNothing) {
+  const std::string nemotron = ParseModelConfig(NemotronBase().dump())->CanonicalString();
+  Json j = NemotronBase();
+  j["attention_bias"] = true;
+  j["sliding_window"] = 1024;
+  absl::StatusOr<ModelConfig> c = ParseModelConfig(j.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->attention.use_bias);
+  EXPECT_EQ(c->CanonicalString(), nemotron);
+  j["sliding_window"] = nullptr;
+  ASSERT_TRUE(ParseModelConfig(j.dump()).ok());
+  j["sliding_window"] = "wide";  // still read: a malformed value is refused by name
+  ExpectError(j, absl::StatusCode::kInvalidArgument, "sliding_window");
+  j = NemotronBase();
+  j["attention_bias"] = "yes";
+  ExpectError(j, absl::StatusCode::kInvalidArgument, "attention_bias must be true or false");
+
+  const std::string mamba2 = ParseModelConfig(Mamba2Base().dump())->CanonicalString();
+  j = Mamba2Base();
+  j["norm_before_gate"] = true;
+  c = ParseModelConfig(j.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->mamba.norm_before_gate);
+  EXPECT_EQ(c->CanonicalString(), mamba2);
+  j["norm_before_gate"] = 1;
+  ExpectError(j, absl::StatusCode::kInvalidArgument, "norm_before_gate must be true or false");
 }
 
 TEST(ModelConfigTest, MalformedJsonIsInvalid) {

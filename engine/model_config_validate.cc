@@ -110,6 +110,9 @@ absl::Status ValidateMoe(const MoeParams& moe) {
         absl::StrCat("num_experts_per_tok (", moe.top_k, ") must be in [1, num_local_experts ", moe.num_experts, "]"));
   }
   RETURN_IF_ERROR(CheckDim("intermediate_size (per expert)", moe.intermediate_size));
+  if (moe.shared_bias && moe.expert != ExpertKind::kRelu2) {
+    return absl::InvalidArgumentError("the shared expert's biases (mlp_bias) need relu2 experts (Nemotron-H)");
+  }
   if (moe.shared_intermediate_size != 0) {
     RETURN_IF_ERROR(CheckDim("shared_intermediate_size", moe.shared_intermediate_size));
   }

@@ -32,6 +32,8 @@ inline constexpr absl::string_view kGraniteDenseTiny = "tests/fixtures/golden/gr
 // The MoE shape again with position_embedding_type "nope" (as the published
 // Granite 4.0-H configs say; no positions), other weights.
 inline constexpr absl::string_view kGraniteNopeTiny = "tests/fixtures/golden/granite_nope_tiny";
+// Granite with attention biases (attention_bias: q/k/v/o_proj), RoPE, "*M*M", MoE.
+inline constexpr absl::string_view kGraniteAttnBiasTiny = "tests/fixtures/golden/granite_attn_bias_tiny";
 // Falcon-H1 (parallel Mamba2 + attention, every multiplier distinct): no gated
 // norm; tiny2: gated norm before the gate, tied, explicit head_dim; tiny3: gated
 // norm after the gate, two norm groups.
@@ -50,6 +52,9 @@ inline constexpr absl::string_view kNemotronMoeTiny2 = "tests/fixtures/golden/ne
 // moe_tiny's shape with MoE latent projections (moe_latent_size 12: experts 12
 // wide between fc1_latent_proj [12, 32] and fc2_latent_proj [32, 12]).
 inline constexpr absl::string_view kNemotronLatentMoeTiny = "tests/fixtures/golden/nemotron_h_latent_moe_tiny";
+// nemotron_h_moe_tiny's shape with mlp_bias: the shared experts' and the MLP
+// layer's up/down biases.
+inline constexpr absl::string_view kNemotronMoeBiasTiny = "tests/fixtures/golden/nemotron_h_moe_bias_tiny";
 // Zamba2: shared attention blocks with per-use adapters (tiny: one block used
 // twice, no RoPE; tiny2: two blocks, a hybrid layer first, RoPE).
 inline constexpr absl::string_view kZambaTiny = "tests/fixtures/golden/zamba2_tiny";

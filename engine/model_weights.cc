@@ -328,7 +328,9 @@ class ModelWeights::Loader {
     }
     if (shared == 0) return absl::OkStatus();
     RETURN_IF_ERROR(TakeBody(p + "shared_experts.up_proj.weight", {shared, hidden}, w.shared_up));
-    return TakeBody(p + "shared_experts.down_proj.weight", {hidden, shared}, w.shared_down);
+    RETURN_IF_ERROR(TakeBody(p + "shared_experts.down_proj.weight", {hidden, shared}, w.shared_down));
+    RETURN_IF_ERROR(TakeBodyIf(moe.shared_bias, p + "shared_experts.up_proj.bias", {shared}, w.shared_up_bias));
+    return TakeBodyIf(moe.shared_bias, p + "shared_experts.down_proj.bias", {hidden}, w.shared_down_bias);
   }
 
   // A visitor loading each tensor as hybrid layer i runs it.

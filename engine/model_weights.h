@@ -158,6 +158,8 @@ struct MoeLayerWeights {
   WeightMatrix experts_down;       // [num_experts * d, inter]: expert e's rows [e * d, ...)
   WeightMatrix shared_up;          // [up_rows(shared), hidden]; empty without a shared expert
   WeightMatrix shared_down;        // [hidden, shared]
+  // [up_rows(shared)] and [hidden] if MoeParams::shared_bias, else empty.
+  std::vector<float> shared_up_bias, shared_down_bias;
 };
 
 // A low-rank adapter: y += up(down(x)); both empty for a use without one.

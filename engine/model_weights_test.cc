@@ -516,6 +516,92 @@ TEST(ModelWeightsTest, FalconH1MixerBiasesAreExpectedAsTheirOwnFlagsSay) {
   EXPECT_TRUE((*reversed)->layer(2).parallel().mamba.out_proj_bias.empty());
 }
 
+OwnedTensor F32Tensor(const std::vector<float>& values) {
+  OwnedTensor t{DType::kF32, {static_cast<int64_t>(values.size())}, std::vector<uint8_t>(values.size() * 4)};
+  std::memcpy(t.bytes.data(), values.data(), t.bytes.size());
+  return t;
+}
+
+// Bamba and Granite (BambaAttention, GraniteMoeHybridAttention): q/k/v/o_proj
+// biases under save_pretrained's names exactly when attention_bias.
+TEST(ModelWeightsTest, GraniteAttentionBiasesLoadExactlyWhenTheConfigSaysSo) {
+  const ModelConfig config = Config(testing::kGraniteAttnBiasTiny);
+  ASSERT_TRUE(config.attention.use_bias);
+  auto w = ModelWeights::Load(config, Runfile(testing::kGraniteAttnBiasTiny));
+  ASSERT_TRUE(w.ok()) << w.status();
+  const TensorMap tensors = ReadTensors(testing::kGraniteAttnBiasTiny);
+  for (int64_t i : {0, 2}) {  // "*M*M": decoder layers 0 and 2 attend (engine layers 0 and 4)
+    const AttentionLayerWeights& a = (*w)->layer(2 * i).attention();
+    const std::string p = absl::StrCat("model.layers.", i, ".self_attn.");
+    EXPECT_EQ(a.q_proj_bias, Floats(tensors.at(p + "q_proj.bias")));
+    EXPECT_EQ(a.k_proj_bias, Floats(tensors.at(p + "k_proj.bias")));
+    EXPECT_EQ(a.v_proj_bias, Floats(tensors.at(p + "v_proj.bias")));
+    EXPECT_EQ(a.o_proj_bias, Floats(tensors.at(p + "o_proj.bias")));
+    EXPECT_EQ(a.q_proj_bias.size(), 32u);
+    EXPECT_EQ(a.k_proj_bias.size(), 16u);
+    EXPECT_EQ(a.o_proj_bias.size(), 32u);
+  }
+  TensorMap missing = tensors;
+  missing.erase("model.layers.2.self_attn.k_proj.bias");
+  ExpectInvalid(LoadStatus(config, missing, "granite_missing_k_bias"),
+                "missing tensor model.layers.2.self_attn.k_proj.bias (expected shape [16])");
+  ModelConfig without = config;
+  without.attention.use_bias = false;
+  ExpectInvalid(ModelWeights::Load(without, Runfile(testing::kGraniteAttnBiasTiny)).status(),
+                "model.layers.0.self_attn.o_proj.bias");
+}
+
+TEST(ModelWeightsTest, BambaAttentionBiasesLoadUnderSavePretrainedNames) {
+  ModelConfig config = Config(testing::kBambaTiny);  // "M*MM": decoder layer 1 attends
+  ASSERT_FALSE(config.attention.use_bias);
+  config.attention.use_bias = true;
+  TensorMap tensors = ReadTensors(testing::kBambaTiny);
+  ExpectInvalid(LoadStatus(config, tensors, "bamba_no_bias"),
+                "missing tensor model.layers.1.self_attn.q_proj.bias (expected shape [32])");
+  const std::string p = "model.layers.1.self_attn.";
+  std::vector<float> q(32), k(16), v(16), o(32);
+  for (size_t i = 0; i < 32; ++i) q[i] = 0.5f + static_cast<float>(i), o[i] = -static_cast<float>(i);
+  for (size_t i = 0; i < 16; ++i) k[i] = 0.25f * static_cast<float>(i), v[i] = 100.0f + static_cast<float>(i);
+  tensors[p + "q_proj.bias"] = F32Tensor(q);
+  tensors[p + "k_proj.bias"] = F32Tensor(k);
+  tensors[p + "v_proj.bias"] = F32Tensor(v);
+  tensors[p + "o_proj.bias"] = F32Tensor(o);
+  auto w = ModelWeights::Load(config, WriteModel("bamba_bias", tensors));
+  ASSERT_TRUE(w.ok()) << w.status();
+  const AttentionLayerWeights& a = (*w)->layer(2).attention();
+  EXPECT_EQ(a.q_proj_bias, q);
+  EXPECT_EQ(a.k_proj_bias, k);
+  EXPECT_EQ(a.v_proj_bias, v);
+  EXPECT_EQ(a.o_proj_bias, o);
+}
+
+// Nemotron-H mlp_bias with MoE blocks: the shared experts' up/down biases
+// (NemotronHMLP), none for the routed experts; the '-' layer's as before.
+TEST(ModelWeightsTest, NemotronHMoeSharedExpertBiasesLoadWhenMlpBias) {
+  const ModelConfig config = Config(testing::kNemotronMoeBiasTiny);  // "ME*E-M"
+  ASSERT_TRUE(config.moe.shared_bias);
+  auto w = ModelWeights::Load(config, Runfile(testing::kNemotronMoeBiasTiny));
+  ASSERT_TRUE(w.ok()) << w.status();
+  const TensorMap tensors = ReadTensors(testing::kNemotronMoeBiasTiny);
+  for (int64_t i : {1, 3}) {
+    const MoeLayerWeights& m = (*w)->layer(i).moe();
+    const std::string p = absl::StrCat("backbone.layers.", i, ".mixer.shared_experts.");
+    EXPECT_EQ(m.shared_up_bias, Floats(tensors.at(p + "up_proj.bias")));
+    EXPECT_EQ(m.shared_down_bias, Floats(tensors.at(p + "down_proj.bias")));
+    EXPECT_EQ(m.shared_up_bias.size(), 24u);
+    EXPECT_EQ(m.shared_down_bias.size(), 32u);
+  }
+  EXPECT_EQ((*w)->layer(4).mlp().up_proj_bias, Floats(tensors.at("backbone.layers.4.mixer.up_proj.bias")));
+  TensorMap missing = tensors;
+  missing.erase("backbone.layers.3.mixer.shared_experts.down_proj.bias");
+  ExpectInvalid(LoadStatus(config, missing, "nemotron_missing_shared_bias"),
+                "missing tensor backbone.layers.3.mixer.shared_experts.down_proj.bias (expected shape [32])");
+  ModelConfig without = config;
+  without.moe.shared_bias = false;
+  ExpectInvalid(ModelWeights::Load(without, Runfile(testing::kNemotronMoeBiasTiny)).status(),
+                "backbone.layers.1.mixer.shared_experts.up_proj.bias");
+}
+
 TEST(ModelWeightsTest, MultiTokenPredictionTensorsAreSkipped) {
   TensorMap tensors = ReadTensors(kNemotronTiny);
   tensors["mtp.layers.0.norm.weight"] = tensors.at("backbone.norm_f.weight");

@@ -98,8 +98,8 @@ class MoeLayerRunner final : public LayerRunner {
       const int64_t count = offsets_[static_cast<size_t>(e) + 1] - first;
       if (count == 0) continue;
       RETURN_IF_ERROR(Expert(RowsFrom(w_.experts_up, e * p_.up_rows(inter), dim),
-                             RowsFrom(w_.experts_down, e * dim, inter), dim, inter, gathered + first * dim, count,
-                             expert_out + first * dim, /*accumulate=*/false));
+                             RowsFrom(w_.experts_down, e * dim, inter), /*up_bias=*/nullptr, /*down_bias=*/nullptr, dim,
+                             inter, gathered + first * dim, count, expert_out + first * dim, /*accumulate=*/false));
       // routed_sum[row] += expert_out * weight, expert by expert (a row occurs once per expert).
       kernels::ScatterAddRowsParams add;
       add.x = expert_out + first * dim;
@@ -117,15 +117,17 @@ class MoeLayerRunner final : public LayerRunner {
                              /*accumulate=*/false, "moe fc2_latent_proj"));
     }
     if (w_.has_shared) {
-      RETURN_IF_ERROR(Expert(w_.shared_up, w_.shared_down, hidden, p_.shared_intermediate_size, normed, n, sum,
-                             /*accumulate=*/true));
+      RETURN_IF_ERROR(Expert(w_.shared_up, w_.shared_down, w_.shared_up_bias, w_.shared_down_bias, hidden,
+                             p_.shared_intermediate_size, normed, n, sum, /*accumulate=*/true));
     }
     return AddToResidual(env_, sum, n, hidden, residual);
   }
 
-  // y (+)= down(act(up(x))) for x [n, dim]: one expert (or the shared one, dim = hidden).
-  absl::Status Expert(const DeviceMatrix& up, const DeviceMatrix& down, int64_t dim, int64_t inter, const float* x,
-                      int64_t n, float* y, bool accumulate) {
+  // y (+)= down(act(up(x) + up_bias)) + down_bias for x [n, dim]: one expert
+  // (or the shared one, dim = hidden). The biases (null: none) are the shared
+  // relu2 expert's (Nemotron-H mlp_bias); routed and SwiGLU experts have none.
+  absl::Status Expert(const DeviceMatrix& up, const DeviceMatrix& down, const float* up_bias, const float* down_bias,
+                      int64_t dim, int64_t inter, const float* x, int64_t n, float* y, bool accumulate) {
     if (p_.expert == ExpertKind::kSwiGlu) {
       DeviceGatedMlpWeights w;
       w.gate_up = up;
@@ -133,7 +135,7 @@ class MoeLayerRunner final : public LayerRunner {
       return GatedMlp(env_, w, x, n, dim, inter, kExpertScratch, y, accumulate);
     }
     ASSIGN_OR_RETURN(float* h, env_.workspace->Get<float>(kExpertScratch, n * inter));
-    RETURN_IF_ERROR(Linear(env_, x, n, dim, up, inter, /*bias=*/nullptr, h, /*accumulate=*/false, "expert up"));
+    RETURN_IF_ERROR(Linear(env_, x, n, dim, up, inter, up_bias, h, /*accumulate=*/false, "expert up"));
     kernels::ActivationParams act;
     act.x = h;
     act.out = h;
@@ -141,7 +143,7 @@ class MoeLayerRunner final : public LayerRunner {
     act.dim = inter;
     act.kind = kernels::ActivationKind::kReluSquared;
     RETURN_IF_ERROR(KernelStatusToStatus(env_.backend->Activation(act), "Activation(relu2)"));
-    return Linear(env_, h, n, inter, down, dim, /*bias=*/nullptr, y, accumulate, "expert down");
+    return Linear(env_, h, n, inter, down, dim, down_bias, y, accumulate, "expert down");
   }
 
   // Row r's experts (choice_[r * k, ...)) and weights, per MoeRouter.

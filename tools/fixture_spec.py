@@ -30,6 +30,10 @@ MODELS = {
     "falcon_h1_out_bias_tiny": ("falcon_h1", "tiny4", 5803, {}),
     "falcon_h1_in_bias_tiny": ("falcon_h1", "tiny5", 5914, {}),
     "zamba2_untied_tiny": ("zamba2", "tiny4", 4646, {}),
+    # Granite with attention biases (attention_bias: q/k/v/o_proj) and RoPE, MoE.
+    "granite_attn_bias_tiny": ("granitemoehybrid", "tiny3", 4702, {}),
+    # Nemotron-H MoE with mlp_bias: the shared experts' and the MLP layer's biases.
+    "nemotron_h_moe_bias_tiny": ("nemotron_h", "moe_tiny3", 5815, {}),
 }
 # Fixture models scaled down from published checkpoints' configs (tools/scale_config.py): name ->
 # (the config under tests/fixtures/public_configs, seed). One per distinct feature set. config.json

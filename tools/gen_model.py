@@ -5,7 +5,7 @@ Archs: Nemotron-H, Mamba2, Bamba, GraniteMoeHybrid (Granite 4.0-H, MoE or dense)
 
 Usage:
     python3 tools/gen_model.py --preset {tiny,tiny2,tiny3,tiny4,tiny5,default,e2e,bench,1b,moe_tiny,moe_tiny2,
-                                        moe_e2e,moe_bench,moe_latent_tiny,moe_latent_e2e} --seed N --out DIR
+                                        moe_tiny3,moe_e2e,moe_bench,moe_latent_tiny,moe_latent_e2e} --seed N --out DIR
                                [--arch {nemotron_h,mamba2,bamba,granitemoehybrid,falcon_h1,zamba2}]
                                [--dtype {fp32,bf16,fp16}]
 
@@ -102,8 +102,10 @@ tiny2    The second unit-test shape (bamba, granitemoehybrid, falcon_h1). bamba:
          "*MM*", shared MLP 48, RoPE, tied head, multipliers 8 / 0.5 / 0.125 / 2. falcon_h1: tied
          head, attention 2 / 1 KV heads with head_dim 12 (not hidden/heads), RoPE theta 1e4, Mamba2
          6 heads x 8 (d_ssm 48 != mamba_expand * hidden), n_groups 1, gated RMSNorm before the gate.
-tiny3    falcon_h1 only: 2 layers, Mamba2 8 x 8, n_groups 2, gated RMSNorm after the gate
+tiny3    falcon_h1: 2 layers, Mamba2 8 x 8, n_groups 2, gated RMSNorm after the gate
          (mamba_norm_before_gate false), attention 4 / 4, RoPE theta 1e6, untied.
+         granitemoehybrid: tiny as "*M*M" with attention biases (attention_bias), RoPE and
+         attention_multiplier 0.125.
 tiny4    falcon_h1 only: tiny in 2 layers without MLP biases, the mixer's out_proj with a bias
          (projectors_bias) and its in_proj without (mamba_proj_bias false).
 tiny5    falcon_h1 only: tiny in 2 layers without MLP biases, the mixer's in_proj with a bias
@@ -137,7 +139,8 @@ bench    ~127M parameters (nemotron_h) / ~135M (mamba2) / ~125M (bamba, "MM*MM*M
 moe_*    Nemotron-H with MoE ('E') blocks. moe_tiny: tiny's shapes, pattern "ME*E-M", 8 experts top-2
          in 2 groups of which 1 is kept, norm_topk_prob, routed_scaling_factor 2.5, inter 16, shared
          24. moe_tiny2: "EM*EME", Mamba2 8 heads x 8, n_groups 1, 1 KV head, 16 experts top-4, one
-         group, no norm_topk_prob, scaling 1.0, inter 12, shared 32. moe_e2e: byte vocabulary,
+         group, no norm_topk_prob, scaling 1.0, inter 12, shared 32. moe_tiny3: moe_tiny with
+         mlp_bias (the shared experts' and the MLP layer's up/down biases). moe_e2e: byte vocabulary,
          hidden 64, "MEM*E-", chunk 32, 8 experts top-2 in 4 groups of which 2 are kept, inter 16,
          shared 32; committed as tests/fixtures/models/nemotron_h_moe_e2e (seed 23). moe_bench:
          bench's shape with E for every '-' ("MEMEM*EMEMEM*EME"), 32 experts top-4 (inter 512),
@@ -292,6 +295,9 @@ PRESETS = {
         _NEMOTRON_MOE_TINY, pattern="EM*EME", mamba_num_heads=8, mamba_head_dim=8, n_groups=1, num_key_value_heads=1,
         n_routed_experts=16, num_experts_per_tok=4, n_group=1, norm_topk_prob=False, routed_scaling_factor=1.0,
         moe_intermediate_size=12, moe_shared_expert_intermediate_size=32),
+    # mlp_bias: the shared experts' and the MLP layer's up/down biases (NemotronHMLP builds both
+    # with bias=mlp_bias; the routed experts have none).
+    ("nemotron_h", "moe_tiny3"): _with(_NEMOTRON_MOE_TINY, mlp_bias=True),
     ("nemotron_h", "moe_e2e"): _with(
         _NEMOTRON_E2E, pattern="MEM*E-", n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2,
         norm_topk_prob=True, routed_scaling_factor=2.5, moe_intermediate_size=16,
@@ -329,6 +335,11 @@ PRESETS = {
         _GRANITE_TINY, pattern="*MM*", num_local_experts=0, num_experts_per_tok=0, intermediate_size=0,
         shared_intermediate_size=48, position_embedding_type="rope", embedding_multiplier=8.0,
         residual_multiplier=0.5, attention_multiplier=0.125, logits_scaling=2.0, tie_word_embeddings=True),
+    # Attention biases (attention_bias: q/k/v/o_proj, as GraniteMoeHybridAttention builds them),
+    # RoPE (q's and k's biases are added before the rotation), two attention layers, MoE.
+    ("granitemoehybrid", "tiny3"): _with(
+        _GRANITE_TINY, pattern="*M*M", attention_bias=True, position_embedding_type="rope",
+        attention_multiplier=0.125),
     # "nope" as the published Granite 4.0-H configs write it (the same model as None).
     ("granitemoehybrid", "e2e"): _with(
         _GRANITE_TINY, **_BYTE_IDS, hidden_size=64, pattern="MM*M", mamba_n_groups=1, intermediate_size=8,
@@ -459,7 +470,7 @@ ARCHS = {
     "zamba2": (zamba2_config, zamba2_weights),
 }
 PRESET_NAMES = ["tiny", "tiny2", "tiny3", "tiny4", "tiny5", "default", "e2e", "bench", "1b", "moe_tiny", "moe_tiny2",
-                "moe_e2e", "moe_bench", "moe_latent_tiny", "moe_latent_e2e"]
+                "moe_tiny3", "moe_e2e", "moe_bench", "moe_latent_tiny", "moe_latent_e2e"]
 
 
 def build(arch, preset, seed, dtype="fp32"):

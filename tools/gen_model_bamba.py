@@ -4,6 +4,8 @@ Both state their layers as a pattern of M (Mamba2 mixer, model.layers.L.mamba.*)
 model.layers.L.self_attn.*, head_dim = hidden_size / num_attention_heads), share the mamba_* config
 fields, and write their body under "model.". Bamba adds a SwiGLU feed_forward to every layer;
 GraniteMoeHybrid a shared MLP and, with experts, an MoE block beside it, and multipliers.
+With attention_bias (a preset's, False when it does not say), q/k/v/o_proj have biases, as
+BambaAttention and GraniteMoeHybridAttention build them.
 """
 
 from gen_model_parts import (INF, attention, attention_fields, head_fields, mamba_mixer, mlp, new_model, router,
@@ -55,6 +57,7 @@ def bamba_config(p, dtype_name):
         "attn_layer_indices": [i for i, c in enumerate(pattern) if c == "*"],
         # attention: head_dim = hidden_size / num_attention_heads, RoPE on its first half
         **attention_fields(p),
+        "attention_bias": p.get("attention_bias", False),
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
         # SwiGLU feed-forward of every layer
         "intermediate_size": p["intermediate_size"],
@@ -88,6 +91,7 @@ def granitemoehybrid_config(p, dtype_name):
         "logits_scaling": p["logits_scaling"],
         # attention: head_dim = hidden_size / num_attention_heads, scores scaled by attention_multiplier
         **attention_fields(p),
+        "attention_bias": p.get("attention_bias", False),
         "position_embedding_type": p["position_embedding_type"],
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
         # shared SwiGLU MLP of every layer, and the MoE block beside it (num_local_experts > 0)
@@ -104,7 +108,9 @@ def granitemoehybrid_config(p, dtype_name):
 
 
 def _hybrid_mixer(t, pre, kind, cfg, n_layers, out_scale=1.0):
-    """Layer `pre`'s mixer: model.layers.L.mamba.* ('M') or model.layers.L.self_attn.* ('*')."""
+    """Layer `pre`'s mixer: model.layers.L.mamba.* ('M') or model.layers.L.self_attn.* ('*').
+    Attention biases (attention_bias) ~ N(0, 0.1^2), o_proj's times out_scale, drawn after the
+    four matrices (so a model without them draws what it always did)."""
     h = cfg["hidden_size"]
     if kind == "M":
         mamba_mixer(t, pre + "mamba.", h, cfg["mamba_n_heads"], cfg["mamba_d_head"], cfg["mamba_n_groups"],
@@ -112,8 +118,12 @@ def _hybrid_mixer(t, pre, kind, cfg, n_layers, out_scale=1.0):
     else:
         nq = cfg["num_attention_heads"]
         hd = h // nq
-        attention(t, pre + "self_attn.", h, nq * hd, cfg["num_key_value_heads"] * hd,
-                  (nq * hd * n_layers) ** -0.5 * out_scale)
+        nkv = cfg["num_key_value_heads"]
+        attention(t, pre + "self_attn.", h, nq * hd, nkv * hd, (nq * hd * n_layers) ** -0.5 * out_scale)
+        if cfg.get("attention_bias", False):
+            for name, n, std in (("q_proj", nq * hd, 0.1), ("k_proj", nkv * hd, 0.1), ("v_proj", nkv * hd, 0.1),
+                                 ("o_proj", h, 0.1 * out_scale)):
+                t.normal(pre + "self_attn." + name + ".bias", (n,), std)
 
 
 def _hybrid_pattern_of(cfg):

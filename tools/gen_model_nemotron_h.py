@@ -42,7 +42,7 @@ def nemotron_h_config(p, dtype_name):
         # MLP ('-')
         "intermediate_size": p["intermediate_size"],
         "mlp_hidden_act": "relu2",
-        "mlp_bias": False,
+        "mlp_bias": p.get("mlp_bias", False),
         # Mamba2 mixer ('M')
         "mamba_num_heads": p["mamba_num_heads"],
         "mamba_head_dim": p["mamba_head_dim"],
@@ -150,6 +150,7 @@ def nemotron_h_weights(cfg, seed):
         elif kind == "-":
             f = cfg["intermediate_size"]
             mlp(t, mix, h, f, (f * n_layers) ** -0.5)
+            _mlp_biases(t, mix, h, f, cfg)
         else:  # 'E'
             _nemotron_moe(t, mix, cfg, n_layers)
     t.norm("backbone.norm_f.weight", h)
@@ -179,6 +180,16 @@ def _nemotron_moe(t, mix, cfg, n_layers):
     for j in range(e):
         mlp(t, f"{mix}experts.{j}.", d, f, (f * n_layers) ** -0.5 / routed_sum)
     mlp(t, mix + "shared_experts.", h, s, (s * n_layers) ** -0.5)
+    _mlp_biases(t, mix + "shared_experts.", h, s, cfg)
+
+
+def _mlp_biases(t, pre, h, f, cfg):
+    """With mlp_bias, up_proj.bias [f] and down_proj.bias [h] ~ N(0, 0.1^2) under `pre`: an MLP
+    layer's, and the shared expert's (NemotronHMLP; the routed experts have none). Drawn after
+    the matrices, so a model without them draws what it always did."""
+    if cfg["mlp_bias"]:
+        t.normal(pre + "up_proj.bias", (f,), 0.1)
+        t.normal(pre + "down_proj.bias", (h,), 0.1)
 
 
 def mamba2_weights(cfg, seed):
