@@ -194,28 +194,31 @@ absl::Status ParseLlamaStyleAttention(const ConfigFields& f, int64_t hidden_size
   return absl::OkStatus();
 }
 
-// rope_parameters {rope_type "default", rope_theta} (transformers 5), or the
-// legacy top-level rope_theta / rope_scaling.
+// The object that holds the RoPE parameters, as transformers 5.23
+// (convert_rope_params_to_dict) reads them: the legacy rope_scaling when set
+// (it replaces rope_parameters), else rope_parameters, else none (top-level
+// fields only). A field the object lacks comes from the top level.
+const char* RopeObjectKey(const ConfigFields& f) {
+  if (f.Has("rope_scaling")) return "rope_scaling";
+  if (f.Has("rope_parameters")) return "rope_parameters";
+  return nullptr;
+}
+
+// rope_type "default" (only), rope_theta (10000 when absent everywhere).
 absl::Status ParseRope(const ConfigFields& f, AttentionParams& a) {
-  a.rope_theta = 10000.0;
-  if (f.Has("rope_parameters")) {
-    const Json& rp = f.Get("rope_parameters");
+  ASSIGN_OR_RETURN(a.rope_theta, f.Float({"rope_theta"}, 10000.0));
+  if (const char* key = RopeObjectKey(f); key != nullptr) {
+    const Json& rp = f.Get(key);
     if (!rp.is_object()) {
-      return absl::InvalidArgumentError(absl::StrCat("rope_parameters must be an object, got ", Excerpt(rp)));
+      return absl::InvalidArgumentError(absl::StrCat(key, " must be an object, got ", Excerpt(rp)));
     }
     ConfigFields r(rp);
     ASSIGN_OR_RETURN(std::string type, r.String({"rope_type", "type"}, "default"));
     if (type != "default") {
       return absl::UnimplementedError(
-          absl::StrCat("rope_parameters.rope_type \"", type, "\" is not supported (only default RoPE is implemented)"));
+          absl::StrCat(key, ".rope_type \"", type, "\" is not supported (only default RoPE is implemented)"));
     }
-    ASSIGN_OR_RETURN(a.rope_theta, r.Float({"rope_theta"}, 10000.0));
-  } else {
-    ASSIGN_OR_RETURN(a.rope_theta, f.Float({"rope_theta"}, 10000.0));
-    if (f.Has("rope_scaling")) {
-      return absl::UnimplementedError(absl::StrCat("rope_scaling (", Excerpt(f.Get("rope_scaling")),
-                                                   ") is not supported (only default RoPE is implemented)"));
-    }
+    ASSIGN_OR_RETURN(a.rope_theta, r.Float({"rope_theta"}, a.rope_theta));
   }
   if (!(a.rope_theta > 0.0) || !std::isfinite(a.rope_theta)) {
     return absl::InvalidArgumentError(absl::StrCat("rope_theta (", a.rope_theta, ") must be positive"));
@@ -249,14 +252,12 @@ absl::Status Multipliers(const ConfigFields& f, absl::string_view key, size_t n,
   return absl::OkStatus();
 }
 
-// rope_parameters.partial_rotary_factor, `fallback` when absent.
+// partial_rotary_factor from the RoPE object, else the top level, else `fallback`.
 absl::StatusOr<double> PartialRotaryFactor(const ConfigFields& f, double fallback) {
-  double factor = fallback;
-  if (f.Has("rope_parameters")) {
-    ConfigFields r(f.Get("rope_parameters"));
-    ASSIGN_OR_RETURN(factor, r.Float({"partial_rotary_factor"}, fallback));
-  } else {
-    ASSIGN_OR_RETURN(factor, f.Float({"partial_rotary_factor"}, fallback));
+  ASSIGN_OR_RETURN(double factor, f.Float({"partial_rotary_factor"}, fallback));
+  if (const char* key = RopeObjectKey(f); key != nullptr && f.Get(key).is_object()) {
+    ConfigFields r(f.Get(key));
+    ASSIGN_OR_RETURN(factor, r.Float({"partial_rotary_factor"}, factor));
   }
   if (!(factor > 0.0 && factor <= 1.0)) {
     return absl::InvalidArgumentError(absl::StrCat("partial_rotary_factor (", factor, ") must be in (0, 1]"));

@@ -225,6 +225,35 @@ TEST(ModelConfigFamilyTest, BambaAndGraniteAttentionBiases) {
   }
 }
 
+// transformers 5.23 convert_rope_params_to_dict: a set rope_scaling replaces
+// rope_parameters; what the object lacks (rope_theta, partial_rotary_factor)
+// comes from the top level. Bamba head_dim 8.
+TEST(ModelConfigFamilyTest, RopeParametersAsTransformersReadsThem) {
+  Json j = BambaBase();
+  j["rope_parameters"] = {{"rope_type", "default"}};
+  j["rope_theta"] = 500000.0;
+  absl::StatusOr<ModelConfig> c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->attention.rope_theta, 500000.0);
+  EXPECT_EQ(c->attention.rotary_dim, 4);  // BambaConfig's partial_rotary_factor 0.5
+  j["rope_scaling"] = {{"type", "default"}, {"partial_rotary_factor", 0.25}};
+  j["rope_theta"] = 700000.0;
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1.0}};
+  c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->attention.rope_theta, 700000.0);
+  EXPECT_EQ(c->attention.rotary_dim, 2);
+  j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}};
+  ExpectError(j, absl::StatusCode::kUnimplemented,
+              "rope_scaling.rope_type \"linear\" is not supported (only default RoPE is implemented)");
+  j["rope_scaling"] = "linear";
+  ExpectError(j, absl::StatusCode::kInvalidArgument, "rope_scaling must be an object");
+  j["rope_scaling"] = nullptr;  // null: rope_parameters
+  c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->attention.rope_theta, 1.0);
+}
+
 TEST(ModelConfigFamilyTest, NemotronHMoeBlocks) {
   absl::StatusOr<ModelConfig> c = Parse(NemotronMoeBase());
   ASSERT_TRUE(c.ok()) << c.status();
