@@ -311,7 +311,8 @@ TEST(ModelConfigTest, NullKvHeadsMeansOneKvHeadPerQueryHead) {
 TEST(ModelConfigTest, ChunkSizeMustBeAPowerOfTwo) {
   Json j = NemotronBase();
   j["chunk_size"] = 100;
-  ExpectError(j, absl::StatusCode::kInvalidArgument, "chunk_size (100) must be a power of two");
+  ExpectError(j, absl::StatusCode::kInvalidArgument,
+              "chunk_size (100) must be a power of two (the engine runs powers of two only; transformers runs any)");
   j["chunk_size"] = 0;
   ExpectError(j, absl::StatusCode::kInvalidArgument, "chunk_size (0)");
 }

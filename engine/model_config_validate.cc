@@ -65,7 +65,9 @@ absl::Status ValidateMamba(const ModelConfig& c) {
     return absl::InvalidArgumentError(absl::StrCat("conv_kernel (", m.conv_kernel, ") must be in [1, 256]"));
   }
   if (m.chunk_size < 1 || m.chunk_size > kMaxDim || (m.chunk_size & (m.chunk_size - 1)) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("chunk_size (", m.chunk_size, ") must be a power of two"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk_size (", m.chunk_size,
+                     ") must be a power of two (the engine runs powers of two only; transformers runs any)"));
   }
   if (m.norm_group_size < 1 || m.d_inner() % m.norm_group_size != 0) {
     return absl::InvalidArgumentError(
