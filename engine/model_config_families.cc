@@ -316,7 +316,7 @@ absl::Status ParseNemotronH(const ConfigFields& f, ModelConfig& c) {
     // is still refused) and change nothing.
     ASSIGN_OR_RETURN(bool attention_bias, f.Bool({"attention_bias"}, false));
     (void)attention_bias;
-    if (f.Has("sliding_window") && !f.Get("sliding_window").is_null()) {
+    if (f.Has("sliding_window")) {  // null: absent
       ASSIGN_OR_RETURN(int64_t window, f.Int({"sliding_window"}, std::nullopt));
       (void)window;
     }
