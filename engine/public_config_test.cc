@@ -1,5 +1,6 @@
 // What the engine does today with the config.json of each published checkpoint
-// in tests/fixtures/public_configs (SOURCES.md there names each file's source).
+// in tests/fixtures/public_configs, and with the copies of such configs that
+// other projects' tests hold (SOURCES.md there names each file's source).
 //
 // kCorpus is the one table of expectations: per config, either the exact
 // message the engine refuses it with, or (when it loads) its config fingerprint
@@ -67,6 +68,16 @@ constexpr CorpusRow kCorpus[] = {
     // transformers' AutoConfig cannot read it either.
     {"mamba2/mamba2-2.7b.json", "model_type is required but missing", ""},
     {"mamba2/mamba2-130m.json", "model_type is required but missing", ""},
+
+    // Copies in other projects' tests and test data (SOURCES.md, "Copies in
+    // other projects' tests").
+    //
+    // Megatron-Bridge's copy has no mamba_d_ssm, so d_inner is taken as
+    // mamba_expand * hidden_size (2048), not 24 * 64; transformers 5.23 refuses
+    // the copy as well ("mamba_n_heads must divide mamba_expand * hidden_size").
+    {"falcon_h1/Falcon-H1-0.5B.json",
+     "mamba_n_heads (24) * mamba_d_head (64) must equal d_inner (2048: mamba_d_ssm, else mamba_expand * hidden_size)",
+     ""},
 };
 
 // Configs written by transformers save_pretrained for the golden fixtures:
