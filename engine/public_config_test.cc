@@ -84,6 +84,10 @@ constexpr CorpusRow kCorpus[] = {
     // 7,285,403,648 parameters, the size Mistral states and its safetensors
     // index gives; the derived count is the same number exactly.
     {"mamba2/Mamba-Codestral-7B-v0.1.json", "", "1e0ed2170b33dcc06a4b13d42b3cafe1", 7285403648.0},
+    // A trimmed copy without head_dim and intermediate_size: transformers 5.23
+    // loads it with its defaults (128 and 21504, the published values); the
+    // engine requires both (with head_dim given it refuses intermediate_size).
+    {"nemotron_h/Nemotron-H-8B-Base-8K.json", "head_dim is required but missing", ""},
 };
 
 // Configs written by transformers save_pretrained for the golden fixtures:
