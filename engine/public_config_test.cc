@@ -88,6 +88,8 @@ constexpr CorpusRow kCorpus[] = {
     // loads it with its defaults (128 and 21504, the published values); the
     // engine requires both (with head_dim given it refuses intermediate_size).
     {"nemotron_h/Nemotron-H-8B-Base-8K.json", "head_dim is required but missing", ""},
+    // No count compared: Parameters() does not count MoE blocks.
+    {"nemotron_h/NVIDIA-Nemotron-3-Nano-30B-A3B.json", "", "b8df8a74329e94bc11b8019de03d2fcb"},
 };
 
 // Configs written by transformers save_pretrained for the golden fixtures:
