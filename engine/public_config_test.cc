@@ -81,6 +81,15 @@ constexpr CorpusRow kCorpus[] = {
     // No count compared: every Falcon-H1 block runs attention and Mamba2 in
     // parallel, which Parameters() does not count.
     {"falcon_h1/Falcon-H1-34B-Instruct.json", "", "602c5421791d7c08214e732586ff488d"},
+    // Rapid-LLM's trimmed copies (architecture fields only): they load, with
+    // transformers' defaults standing in for the fields left out (the μP
+    // multipliers among them), so these fingerprints are the copies', not the
+    // checkpoints'. No count compared: Parameters() counts neither Falcon-H1's
+    // parallel blocks nor MoE, and no published count of the 1B is at hand.
+    {"falcon_h1/Falcon-H1-3B.json", "", "f9a7caa06afe1801ed331f75e6a8ab9b"},
+    {"falcon_h1/Falcon-H1-7B.json", "", "7ff143924425346eed5632849a8fbd5c"},
+    {"granitemoehybrid/granite-4.0-h-1b.json", "", "bcaf8e518e918955e847428072e63249"},
+    {"granitemoehybrid/granite-4.0-h-tiny.json", "", "ed1403611f172a66993a9a5f70712b9c"},
     // 7,285,403,648 parameters, the size Mistral states and its safetensors
     // index gives; the derived count is the same number exactly.
     {"mamba2/Mamba-Codestral-7B-v0.1.json", "", "1e0ed2170b33dcc06a4b13d42b3cafe1", 7285403648.0},
