@@ -97,6 +97,10 @@ constexpr CorpusRow kCorpus[] = {
     // loads it with its defaults (128 and 21504, the published values); the
     // engine requires both (with head_dim given it refuses intermediate_size).
     {"nemotron_h/Nemotron-H-8B-Base-8K.json", "head_dim is required but missing", ""},
+    // Megatron-Bridge's nearly whole copy (44 keys; hidden_act and a null
+    // n_routed_experts are the test's own additions, says its comments): loads;
+    // 8,100,852,736 derived parameters against the 8.101B of its safetensors index.
+    {"nemotron_h/Nemotron-H-8B-Base-8K.megatron-bridge.json", "", "b2b70ed85623fe538a0ec9f8090dc6eb", 8.101e9},
     // No count compared: Parameters() does not count MoE blocks.
     {"nemotron_h/NVIDIA-Nemotron-3-Nano-30B-A3B.json", "", "b8df8a74329e94bc11b8019de03d2fcb"},
 };
