@@ -120,6 +120,9 @@ E2E_MODELS = {"nemotron_h_e2e": ("nemotron_h", "e2e", 23), "mamba2_e2e": ("mamba
               "zamba2_e2e": ("zamba2", "e2e", 23), "nemotron_h_latent_e2e": ("nemotron_h", "moe_latent_e2e", 23)}
 
 
+PUBLIC_E2E_MODELS = {"public_bamba_9b_e2e": ("bamba/Bamba-9B.json", 23)}
+
+
 def check_e2e_models(report):
     for name, (arch, preset, seed) in E2E_MODELS.items():
         committed = os.path.join(REPO_ROOT, "tests", "fixtures", "models", name)
@@ -136,6 +139,22 @@ def check_e2e_models(report):
                     same = False
                 report.check(same,
                              f"{name}/{f} differs from gen_model.py --arch {arch} --preset {preset} --seed {seed}")
+    # Scaled-down published configs served end to end (scale_config.py --byte_vocab).
+    for name, (source, seed) in PUBLIC_E2E_MODELS.items():
+        committed = os.path.join(REPO_ROOT, "tests", "fixtures", "models", name)
+        with tempfile.TemporaryDirectory() as tmp:
+            cfg, weights = scale_config.build(os.path.join(REPO_ROOT, fixture_spec.PUBLIC_CONFIGS, source), seed,
+                                              byte_vocab=True)
+            gen_model.write_model(tmp, cfg, weights, "fp32")
+            for f in ("config.json", "model.safetensors"):
+                with open(os.path.join(tmp, f), "rb") as a:
+                    fresh = a.read()
+                try:
+                    with open(os.path.join(committed, f), "rb") as b:
+                        same = b.read() == fresh
+                except OSError:
+                    same = False
+                report.check(same, f"{name}/{f} differs from scale_config.py {source} --seed {seed} --byte_vocab")
 
 
 def check_references(fixtures, report):

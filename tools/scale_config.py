@@ -15,6 +15,8 @@ when it divides the heads), d_state 16, attention heads 4 with the original's qu
 intermediate sizes in the original's ratio to hidden, vocab 256, chunk 16 (the golden prompts'
 grid). The special token ids become pad 0, bos 1, eos 2 (the fixture prompts draw from
 [3, vocab)); they are not features, and the engine refuses ids outside the vocabulary.
+With --byte_vocab the vocabulary is instead the end-to-end suite's: 256 bytes, pad 256, bos 257,
+eos 258 (vocab 259, as tests/fixtures/models/*_e2e), so tests/e2e can serve the model.
 
 The weights come from tools/gen_model.py's per-family generators (numpy, seeded, byte-for-byte
 reproducible without torch, so tools/check_fixtures.py can check them exactly) and carry the
@@ -43,6 +45,9 @@ ATTENTION_HEADS = 4
 VOCAB = 256
 CHUNK = 16
 SPECIAL_IDS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+# --byte_vocab: the end-to-end suite's byte vocabulary (tests/e2e/stack.cc's text prompts).
+BYTE_VOCAB = 259
+BYTE_SPECIAL_IDS = {"pad_token_id": 256, "bos_token_id": 257, "eos_token_id": 258}
 
 # Fields a generator reads that a published config may leave out: transformers 5.23's defaults
 # (BambaConfig). Used for the weights only; config.json keeps what the publisher wrote.
@@ -116,25 +121,25 @@ SCALERS = {"bamba": scale_bamba}
 GENERATOR_ARCH = {"bamba": "bamba"}
 
 
-def scale(original):
+def scale(original, byte_vocab=False):
     """The scaled config dict (every key of `original`, sizes replaced)."""
     family = original.get("model_type")
     if family not in SCALERS:
         raise ValueError(f"model_type {family!r} is not scaled by this tool yet (families: {sorted(SCALERS)})")
     cfg = SCALERS[family](original)
-    cfg["vocab_size"] = VOCAB
-    for key, value in SPECIAL_IDS.items():
+    cfg["vocab_size"] = BYTE_VOCAB if byte_vocab else VOCAB
+    for key, value in (BYTE_SPECIAL_IDS if byte_vocab else SPECIAL_IDS).items():
         if key in cfg and cfg[key] is not None:
             cfg[key] = value
     return cfg
 
 
-def build(config_path, seed):
+def build(config_path, seed, byte_vocab=False):
     """(config dict to write, name -> float32 array) for the corpus config at `config_path`.
-    Pure function of the file and the seed."""
+    Pure function of the file, the seed and byte_vocab."""
     with open(config_path) as f:
         original = json.load(f)
-    cfg = scale(original)
+    cfg = scale(original, byte_vocab)
     family = cfg["model_type"]
     view = {**FAMILY_DEFAULTS.get(family, {}), **cfg}
     _, weights_fn = gen_model.ARCHS[GENERATOR_ARCH[family]]
@@ -149,8 +154,9 @@ def main(argv=None):
     ap.add_argument("config", help="a config.json of tests/fixtures/public_configs")
     ap.add_argument("--seed", type=int, required=True)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--byte_vocab", action="store_true", help="the end-to-end suite's vocabulary (259)")
     args = ap.parse_args(argv)
-    cfg, weights = build(args.config, args.seed)
+    cfg, weights = build(args.config, args.seed, args.byte_vocab)
     gen_model.write_model(args.out, cfg, weights, "fp32")
     params = sum(int(math.prod(w.shape)) for w in weights.values())
     print(f"{args.config} -> {args.out}: {cfg['num_hidden_layers']} layers, {params:,} parameters")

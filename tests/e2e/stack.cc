@@ -169,8 +169,8 @@ const std::vector<ModelShape>& ModelShapes() {
       {"Default", "models/default", 16, 64, 259, true},
       {"AttentionFirstPage8", "tests/fixtures/models/nemotron_h_e2e", 8, 32, 259, true},
       {"AttentionFirstPage64", "tests/fixtures/models/nemotron_h_e2e", 64, 32, 259, true},
-      {"Mamba2Page16", "tests/fixtures/models/mamba2_e2e", 16, 16, 259, false},
-      {"Mamba2Page32", "tests/fixtures/models/mamba2_e2e", 32, 16, 259, false},
+      {"Mamba2Page16", "tests/fixtures/models/mamba2_e2e", 16, 16, 259, false, 2147483647u},
+      {"Mamba2Page32", "tests/fixtures/models/mamba2_e2e", 32, 16, 259, false, 2147483647u},
       // Bamba: RoPE attention, gated MLPs; Granite: mixture-of-experts blocks, μP multipliers.
       {"BambaPage16", "tests/fixtures/models/bamba_e2e", 16, 32, 259, true},
       {"GraniteMoePage8", "tests/fixtures/models/granite_e2e", 8, 16, 259, true},
@@ -182,6 +182,10 @@ const std::vector<ModelShape>& ModelShapes() {
       {"NemotronLatentMoePage8", "tests/fixtures/models/nemotron_h_latent_e2e", 8, 32, 259, true},
       // Zamba2: a shared attention block used by two hybrid layers, each with its own KV.
       {"Zamba2Page16", "tests/fixtures/models/zamba2_e2e", 16, 32, 259, true},
+      // Bamba-9B's published config.json scaled down (tools/scale_config.py
+      // --byte_vocab): the publisher's fields as written, "M*M", chunk 16; like
+      // the published file, no max_position_embeddings.
+      {"PublicBamba9bPage16", "tests/fixtures/models/public_bamba_9b_e2e", 16, 16, 259, true, 2147483647u},
   };
   return *shapes;
 }

@@ -80,6 +80,9 @@ struct ModelShape {
   int chunk_size = 0;     // the model's, as config.json states it
   int vocab_size = 0;
   bool attention = true;  // has attention layers (KV pages with bytes)
+  // GetModelInfo's max_context_tokens: config.json's max_position_embeddings
+  // (8192 in the generated e2e models), unbounded without one.
+  uint32_t max_context = 8192;
 };
 const std::vector<ModelShape>& ModelShapes();
 // gtest prints a shape by its name.

@@ -200,7 +200,7 @@ TEST_P(StackTest, DisaggregatedEqualsAggregatedBitForBit) {
 TEST_P(StackTest, EveryBadFieldIsRefusedByName) {
   Stack& s = *disaggregated_;
   // A prompt of 10 tokens plus max_context tokens is one past the context.
-  const uint32_t max_context = GetParam().attention ? 8192u : 2147483647u;
+  const uint32_t max_context = GetParam().max_context;
   struct Case {
     const char* field;  // must appear in the message
     std::function<void(v1::GenerateRequest&)> mutate;
@@ -410,7 +410,7 @@ TEST_P(StackTest, ModelInfoDescribesTheModel) {
   EXPECT_EQ(info.vocab_size(), static_cast<uint32_t>(shape.vocab_size));
   // max_position_embeddings where config.json has it (Nemotron-H), else the
   // engine's longest sequence (Mamba2 has no position limit).
-  EXPECT_EQ(info.max_context_tokens(), shape.attention ? 8192u : 2147483647u);
+  EXPECT_EQ(info.max_context_tokens(), shape.max_context);
   EXPECT_EQ(info.chunk_size(), static_cast<uint32_t>(shape.chunk_size));
   EXPECT_EQ(info.page_size(), static_cast<uint32_t>(shape.page_size));
   EXPECT_EQ(info.fingerprint().size(), 32u);
