@@ -4,7 +4,12 @@
 # OpenAPI schemas of Kubernetes ${K8S_VERSION} with `kubernetes-validate
 # --strict` (unknown fields fail), and runs yamllint with deploy/k8s/.yamllint
 # over every YAML file here. It also proves --strict bites: a rendered
-# Deployment with an unknown field must be rejected.
+# Deployment with an unknown field must be rejected. The custom resources
+# (KEDA's ScaledObject, the Prometheus Operator's PodMonitor) have no schema
+# there: kubernetes-validate only warns about them, any other kind without a
+# schema fails, and //tests/k8s:manifest_policy_test checks their structure.
+# The alternative autoscaling (components/prometheus-adapter, HPAs in place of
+# the ScaledObjects) is rendered and validated on the cpu overlay.
 #
 #   deploy/k8s/validate.sh       (also the Bazel test //tests/k8s:manifests_validate_test)
 #
@@ -50,6 +55,16 @@ check() {  # check NAME COMMAND...: runs it, prints one line, remembers failure
   fi
 }
 validate() { "$PYTHON" -m kubernetes_validate --strict --quiet -k "$K8S_VERSION" "$@"; }
+# The kinds that have no schema in kubernetes-validate: CRDs whose structure
+# the policy test checks.
+CUSTOM_KINDS='ScaledObject with api version keda.sh/v1alpha1|PodMonitor with api version monitoring.coreos.com/v1'
+validate_known() {  # validate, and fail on a kind without a schema but CUSTOM_KINDS
+  validate "$@" >"$work/validate.out" 2>&1 || { cat "$work/validate.out"; return 1; }
+  if grep "Couldn't find schema" "$work/validate.out" | grep -Evq "kind ($CUSTOM_KINDS) for"; then
+    grep "Couldn't find schema" "$work/validate.out" | grep -Ev "kind ($CUSTOM_KINDS) for"
+    return 1
+  fi
+}
 
 # Every overlay, and the Namespace's own kustomization (applied once).
 for dir in "$k8s"/overlays/*/ "$k8s"/namespace/; do
@@ -58,8 +73,24 @@ for dir in "$k8s"/overlays/*/ "$k8s"/namespace/; do
   check "render ${rel%/}" kubectl kustomize "$dir" -o "$work/$name.yaml"
   [ -s "$work/$name.yaml" ] || continue
   objects="$(grep -c '^kind: ' "$work/$name.yaml" || true)"
-  check "kubernetes-validate --strict -k $K8S_VERSION ${rel%/} ($objects objects)" validate "$work/$name.yaml"
+  custom="$(grep -cE '^kind: (ScaledObject|PodMonitor)$' "$work/$name.yaml" || true)"
+  check "kubernetes-validate --strict -k $K8S_VERSION ${rel%/} ($objects objects, $custom custom: structure in the policy test)" \
+    validate_known "$work/$name.yaml"
 done
+# The alternative autoscaling: the cpu overlay with prometheus-adapter's HPAs.
+mkdir -p "$k8s/alternatives/cpu-prometheus-adapter"
+printf 'resources: [../../overlays/cpu]\ncomponents: [../../components/prometheus-adapter]\n' \
+  >"$k8s/alternatives/cpu-prometheus-adapter/kustomization.yaml"
+check "render cpu + components/prometheus-adapter" \
+  kubectl kustomize "$k8s/alternatives/cpu-prometheus-adapter" -o "$work/alt.yaml"
+validate_alternative() {  # exactly the two HPAs, no ScaledObject, and valid
+  [ "$(grep -c '^kind: HorizontalPodAutoscaler$' "$work/alt.yaml")" = 2 ] || return 1
+  ! grep -q '^kind: ScaledObject$' "$work/alt.yaml" || return 1
+  validate_known "$work/alt.yaml"
+}
+[ -s "$work/alt.yaml" ] && check "kubernetes-validate --strict cpu + components/prometheus-adapter (2 HPAs, no ScaledObject)" \
+  validate_alternative
+rm -rf "$k8s/alternatives"
 for f in "$k8s"/monitoring/*.yaml; do
   check "kubernetes-validate --strict -k $K8S_VERSION monitoring/$(basename "$f")" validate "$f"
 done

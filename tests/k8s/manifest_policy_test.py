@@ -31,7 +31,7 @@ def check_objects(objs):
         expected += [("Service", f"hybridserve-{c}"), ("PodDisruptionBudget", f"hybridserve-{c}"),
                      ("NetworkPolicy", f"hybridserve-{c}")]
     for c in WORKERS:
-        expected += [("Deployment", f"hybridserve-{c}"), ("HorizontalPodAutoscaler", f"hybridserve-{c}")]
+        expected += [("Deployment", f"hybridserve-{c}"), ("ScaledObject", f"hybridserve-{c}")]
     errors += [f"missing {k}/{n}" for k, n in expected if not m.find(objs, k, n)]
     # The Namespace is applied once on its own (deploy/k8s/namespace): in an
     # overlay, `kubectl delete -k` would delete it, the model PVC and the TLS
@@ -289,29 +289,143 @@ def check_cachestore_budgets(objs):
     return errors
 
 
-def check_autoscaling(objs, rules=None):
+# The signals each worker pool scales on: the recorded per-pod series, which
+# prometheus-adapter serves as hybridserve_<signal> and whose namespace sums
+# (hybridserve:<signal>:sum) the KEDA triggers query.
+SIGNALS = {"prefill": {"prefill_backlog_seconds"}, "decode": {"kv_page_use_ratio", "num_requests_waiting"}}
+
+
+def _targets(objs, kind, comp):
+    return [a for a in m.find(objs, kind) if a["spec"]["scaleTargetRef"].get("name") == f"hybridserve-{comp}"
+            and a["spec"]["scaleTargetRef"].get("kind", "Deployment") == m.workload(objs, comp)["kind"]]
+
+
+def _scale_down_window(behavior):
+    return (behavior or {}).get("scaleDown", {}).get("stabilizationWindowSeconds", 0)
+
+
+def check_scaled_object(so, comp, recording):
+    """A KEDA ScaledObject's structure (the fields KEDA requires, none it does
+    not know; no schema validates it offline), and each Prometheus trigger's
+    query: exactly the name of a series the recording rules record as a sum
+    by namespace, in the ScaledObject's own namespace, so a renamed or
+    per-pod rule fails here. Returns (violations, {signal: threshold})."""
+    errors, thresholds = [], {}
+    name, spec = so["metadata"]["name"], so.get("spec") or {}
+    if so.get("apiVersion") != m.KEDA_API:
+        errors.append(f"ScaledObject {name}: apiVersion {so.get('apiVersion')}, want {m.KEDA_API}")
+    errors += [f"ScaledObject {name}: unknown spec field {k}" for k in sorted(set(spec) - m.KEDA_SPEC_FIELDS)]
+    ref = spec.get("scaleTargetRef") or {}
+    if ref.get("name") != f"hybridserve-{comp}" or ref.get("apiVersion", "apps/v1") != "apps/v1":
+        errors.append(f"ScaledObject {name}: scaleTargetRef {ref}")
+    for field in ("minReplicaCount", "maxReplicaCount"):
+        if not isinstance(spec.get(field), int):
+            errors.append(f"ScaledObject {name}: no integer {field} (KEDA's defaults: 0 and 100)")
+    triggers = spec.get("triggers")
+    if not isinstance(triggers, list) or not triggers:
+        return errors + [f"ScaledObject {name}: no triggers (KEDA requires one)"], thresholds
+    namespace = so["metadata"].get("namespace", "default")
+    for i, trig in enumerate(triggers):
+        where = f"ScaledObject {name} trigger {trig.get('name', i)}"
+        errors += [f"{where}: unknown field {k}" for k in sorted(set(trig) - m.KEDA_TRIGGER_FIELDS)]
+        if trig.get("type") != "prometheus":
+            errors.append(f"{where}: type {trig.get('type')}, want prometheus")
+            continue
+        if trig.get("metricType", "AverageValue") != "AverageValue":
+            errors.append(f"{where}: metricType {trig.get('metricType')} (AverageValue: a target per pod)")
+        meta = trig.get("metadata") or {}
+        errors += [f"{where}: no metadata.{k}" for k in sorted(m.KEDA_PROMETHEUS_REQUIRED - set(meta))]
+        errors += [f"{where}: unknown metadata.{k}" for k in sorted(set(meta) - m.KEDA_PROMETHEUS_FIELDS)]
+        errors += [f"{where}: metadata.{k} is not a string (KEDA's metadata is map[string]string)"
+                   for k, v in meta.items() if not isinstance(v, str)]
+        if not re.fullmatch(r"https?://[^/\s]+(/\S*)?", str(meta.get("serverAddress", ""))):
+            errors.append(f"{where}: serverAddress {meta.get('serverAddress')!r} is no http(s) URL")
+        try:
+            threshold = float(meta.get("threshold", ""))
+        except ValueError:
+            threshold = 0
+        if threshold <= 0:
+            errors.append(f"{where}: threshold {meta.get('threshold')!r} is not a positive number")
+        query = str(meta.get("query", ""))
+        q = re.fullmatch(r'(hybridserve:([a-z_]+):sum)\{namespace="([^"]*)"\}', query)
+        if not q:
+            errors.append(f"{where}: query {query!r} is not hybridserve:<signal>:sum{{namespace=\"...\"}}")
+            continue
+        series, signal, ns = q.groups()
+        if series not in recording:
+            errors.append(f"{where}: queries {series}, which no recording rule records")
+        elif not re.fullmatch(rf"sum by \(namespace\) \(hybridserve:{signal}\)", " ".join(recording[series].split())):
+            errors.append(f"{where}: {series} is not the sum by namespace of hybridserve:{signal}")
+        if ns != namespace:
+            errors.append(f"{where}: queries namespace {ns!r}, the ScaledObject is in {namespace!r}")
+        thresholds[signal] = threshold
+    return errors, thresholds
+
+
+def check_autoscaling(objs, rules=None, recording=None):
+    """Exactly one autoscaler a worker pool: a KEDA ScaledObject (the default)
+    or an autoscaling/v2 HPA on prometheus-adapter's metrics (the
+    alternative), on the pool's signals, at least 2 pods, slow scale-down."""
     rules = m.monitoring_rules() if rules is None else rules
+    recording = m.recording_rules() if recording is None else recording
     served = {r["name"]["as"]: r for r in rules}
     errors = []
-    want = {"prefill": {"hybridserve_prefill_backlog_seconds"},
-            "decode": {"hybridserve_kv_page_use_ratio", "hybridserve_num_requests_waiting"}}
-    for comp, metrics in want.items():
-        hpas = [h for h in m.find(objs, "HorizontalPodAutoscaler")
-                if h["spec"]["scaleTargetRef"].get("name") == f"hybridserve-{comp}"
-                and h["spec"]["scaleTargetRef"].get("kind") == m.workload(objs, comp)["kind"]]
-        if len(hpas) != 1 or hpas[0]["apiVersion"] != "autoscaling/v2":
-            errors.append(f"{comp}: not exactly one autoscaling/v2 HPA targets it")
+    for comp, signals in SIGNALS.items():
+        scaled, hpas = _targets(objs, "ScaledObject", comp), _targets(objs, "HorizontalPodAutoscaler", comp)
+        if len(scaled) + len(hpas) != 1:
+            errors.append(f"{comp}: {len(scaled)} ScaledObjects and {len(hpas)} HPAs target it, want one autoscaler")
             continue
-        spec = hpas[0]["spec"]
-        names = {x["pods"]["metric"]["name"] for x in spec.get("metrics", []) if x["type"] == "Pods"}
-        if names != metrics:
-            errors.append(f"{comp}: HPA metrics {sorted(names)}, want {sorted(metrics)}")
-        errors += [f"{comp}: prometheus-adapter serves no {n}" for n in names if n not in served]
-        window = spec.get("behavior", {}).get("scaleDown", {}).get("stabilizationWindowSeconds", 0)
-        if window < 60:
-            errors.append(f"{comp}: scale-down stabilisation {window}s (< 60s)")
-        if spec.get("minReplicas", 1) < 2:
-            errors.append(f"{comp}: minReplicas < 2 (one pod cannot roll without a gap)")
+        if scaled:
+            spec = scaled[0]["spec"]
+            found, thresholds = check_scaled_object(scaled[0], comp, recording)
+            errors += found
+            if set(thresholds) != signals and not found:
+                errors.append(f"{comp}: ScaledObject signals {sorted(thresholds)}, want {sorted(signals)}")
+            minimum = spec.get("minReplicaCount", 0)
+            behavior = spec.get("advanced", {}).get("horizontalPodAutoscalerConfig", {}).get("behavior")
+        else:
+            spec = hpas[0]["spec"]
+            if hpas[0]["apiVersion"] != "autoscaling/v2":
+                errors.append(f"{comp}: HPA {hpas[0]['apiVersion']}, want autoscaling/v2")
+            names = {x["pods"]["metric"]["name"] for x in spec.get("metrics", []) if x["type"] == "Pods"}
+            if names != {f"hybridserve_{s}" for s in signals}:
+                errors.append(f"{comp}: HPA metrics {sorted(names)}, want {sorted(signals)}")
+            errors += [f"{comp}: prometheus-adapter serves no {n}" for n in names if n not in served]
+            minimum, behavior = spec.get("minReplicas", 1), spec.get("behavior")
+        if _scale_down_window(behavior) < 60:
+            errors.append(f"{comp}: scale-down stabilisation {_scale_down_window(behavior)}s (< 60s)")
+        if minimum < 2:
+            errors.append(f"{comp}: minimum {minimum} replicas (< 2: one pod cannot roll without a gap)")
+    return errors
+
+
+def _quantity(value):
+    text = str(value)
+    return float(text[:-1]) / 1000 if text.endswith("m") else float(text)
+
+
+def check_autoscaling_alternative(objs, alternative):
+    """The prometheus-adapter alternative (the overlay with
+    components/prometheus-adapter: HPAs instead of ScaledObjects) scales as
+    KEDA does: the same bounds, behaviour and per-pod targets."""
+    errors = []
+    for comp, signals in SIGNALS.items():
+        scaled, hpas = _targets(objs, "ScaledObject", comp), _targets(alternative, "HorizontalPodAutoscaler", comp)
+        if len(scaled) != 1 or len(hpas) != 1 or _targets(alternative, "ScaledObject", comp):
+            errors.append(f"{comp}: {len(scaled)} ScaledObjects by default, {len(hpas)} HPAs in the alternative")
+            continue
+        so, hpa = scaled[0]["spec"], hpas[0]["spec"]
+        if (so.get("minReplicaCount"), so.get("maxReplicaCount")) != (hpa.get("minReplicas"), hpa.get("maxReplicas")):
+            errors.append(f"{comp}: KEDA {so.get('minReplicaCount')}-{so.get('maxReplicaCount')} replicas, HPA "
+                          f"{hpa.get('minReplicas')}-{hpa.get('maxReplicas')}")
+        if so.get("advanced", {}).get("horizontalPodAutoscalerConfig", {}).get("behavior") != hpa.get("behavior"):
+            errors.append(f"{comp}: KEDA's behaviour differs from the HPA's")
+        keda = {re.match(r"hybridserve:([a-z_]+):sum", t["metadata"]["query"]).group(1): float(t["metadata"]["threshold"])
+                for t in so.get("triggers", [])}
+        adapter = {x["pods"]["metric"]["name"].removeprefix("hybridserve_"): _quantity(x["pods"]["target"]["averageValue"])
+                   for x in hpa.get("metrics", [])}
+        if keda != adapter:
+            errors.append(f"{comp}: KEDA targets {keda}, HPA targets {adapter}")
     return errors
 
 
@@ -586,6 +700,14 @@ def _config(objs):
     return m.one(objs, "ConfigMap", "hybridserve-config")["data"]
 
 
+def _scaled(objs, comp):
+    return m.one(objs, "ScaledObject", f"hybridserve-{comp}")["spec"]
+
+
+def _trigger(objs, comp, i):
+    return _scaled(objs, comp)["triggers"][i]["metadata"]
+
+
 def _set(d, path, value):
     for k in path[:-1]:
         d = d[k]
@@ -661,10 +783,34 @@ BREAKAGES = [
     (check_cachestore_budgets, "memory limit cut under the budgets",
      lambda o: _set(_container(o, "cachestore")["resources"]["limits"], ["memory"], "1Gi")),
     (check_autoscaling, "no scale-down stabilisation",
-     lambda o: _set(m.one(o, "HorizontalPodAutoscaler", "hybridserve-decode")["spec"], ["behavior"], None)),
-    (check_autoscaling, "prefill HPA on a metric the adapter does not serve",
-     lambda o: _set(m.one(o, "HorizontalPodAutoscaler", "hybridserve-prefill")["spec"]["metrics"][0]["pods"]
-                    ["metric"], ["name"], "hybridserve_prefill_queue_seconds")),
+     lambda o: _set(_scaled(o, "decode")["advanced"]["horizontalPodAutoscalerConfig"], ["behavior"], None)),
+    (check_autoscaling, "prefill's trigger on a series no rule records",
+     lambda o: _set(_trigger(o, "prefill", 0), ["query"], 'hybridserve:prefill_queue_seconds:sum{namespace="hybridserve"}')),
+    (check_autoscaling, "decode's trigger on the per-pod series (many samples)",
+     lambda o: _set(_trigger(o, "decode", 0), ["query"], 'hybridserve:kv_page_use_ratio{namespace="hybridserve"}')),
+    (check_autoscaling, "a trigger reading another namespace",
+     lambda o: _set(_trigger(o, "decode", 1), ["query"], 'hybridserve:num_requests_waiting:sum{namespace="default"}')),
+    (check_autoscaling, "a trigger without a threshold",
+     lambda o: _set(_trigger(o, "prefill", 0), ["threshold"], None)),
+    (check_autoscaling, "a threshold as a number, not a string",
+     lambda o: _set(_trigger(o, "prefill", 0), ["threshold"], 2)),
+    (check_autoscaling, "a trigger of decode's without a serverAddress",
+     lambda o: _set(_trigger(o, "decode", 1), ["serverAddress"], None)),
+    (check_autoscaling, "the HPA's field name in the ScaledObject (minReplicas)",
+     lambda o: _scaled(o, "prefill").update(minReplicas=_scaled(o, "prefill").pop("minReplicaCount"))),
+    (check_autoscaling, "decode's ScaledObject scales prefill",
+     lambda o: _set(_scaled(o, "decode")["scaleTargetRef"], ["name"], "hybridserve-prefill")),
+    (check_autoscaling, "one decode pod at least",
+     lambda o: _set(_scaled(o, "decode"), ["minReplicaCount"], 1)),
+    (check_autoscaling, "a Value metric (not per pod)",
+     lambda o: _set(_scaled(o, "decode")["triggers"][0], ["metricType"], "Value")),
+    (check_autoscaling, "no triggers",
+     lambda o: _set(_scaled(o, "prefill"), ["triggers"], [])),
+    (check_autoscaling, "an HPA beside the ScaledObject",
+     lambda o: o.append({"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+                         "metadata": {"name": "extra", "namespace": "hybridserve"},
+                         "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment",
+                                                     "name": "hybridserve-decode"}}})),
     (check_topology, "decode spread over zones only",
      lambda o: _set(m.pod_spec(o, "decode")["topologySpreadConstraints"][0], ["topologyKey"],
                     "topology.kubernetes.io/zone")),
@@ -806,6 +952,33 @@ RULE_BREAKAGES = [
 ]
 
 
+# (what, mutation of the recording rules {record: expr}), caught by
+# check_autoscaling on the cpu overlay: the KEDA queries name recorded series.
+RECORDING_BREAKAGES = [
+    ("decode's page-use sum renamed",
+     lambda r: r.update({"hybridserve:kv_page_use_ratio:total": r.pop("hybridserve:kv_page_use_ratio:sum")})),
+    ("the backlog sum no longer recorded", lambda r: r.pop("hybridserve:prefill_backlog_seconds:sum")),
+    ("the waiting sum per pod, not per namespace",
+     lambda r: r.update({"hybridserve:num_requests_waiting:sum": "sum by (pod) (hybridserve:num_requests_waiting)"})),
+]
+
+# (what, mutation of the alternative's render), caught by check_autoscaling_alternative
+ALTERNATIVE_BREAKAGES = [
+    ("the HPA's decode bound above KEDA's",
+     lambda o: _set(m.one(o, "HorizontalPodAutoscaler", "hybridserve-decode")["spec"], ["maxReplicas"], 9)),
+    ("the HPA's backlog target 3 s, KEDA's 2 s",
+     lambda o: _set(m.one(o, "HorizontalPodAutoscaler", "hybridserve-prefill")["spec"]["metrics"][0]["pods"]
+                    ["target"], ["averageValue"], "3")),
+    ("the HPA scales decode down faster",
+     lambda o: _set(m.one(o, "HorizontalPodAutoscaler", "hybridserve-decode")["spec"]["behavior"]["scaleDown"],
+                    ["stabilizationWindowSeconds"], 300)),
+    ("the ScaledObject left beside the HPA",
+     lambda o: o.append({"apiVersion": m.KEDA_API, "kind": "ScaledObject",
+                         "metadata": {"name": "hybridserve-decode", "namespace": "hybridserve"},
+                         "spec": {"scaleTargetRef": {"name": "hybridserve-decode"}}})),
+]
+
+
 class ManifestPolicyTest(unittest.TestCase):
 
     @classmethod
@@ -870,8 +1043,33 @@ class ManifestPolicyTest(unittest.TestCase):
                     self.assertNotEqual(check_adapter_pages(self.rendered[overlay], recording, adapter), [],
                                         f"check_adapter_pages missed: {what}")
                     covered.add(check_adapter_pages)
+        for what, mutate in RECORDING_BREAKAGES:
+            with self.subTest(check="check_autoscaling", breakage=what):
+                recording = copy.deepcopy(m.recording_rules())
+                mutate(recording)
+                self.assertNotEqual(check_autoscaling(self.rendered["cpu"], recording=recording), [],
+                                    f"check_autoscaling missed: {what}")
         self.assertEqual(covered, set(CHECKS + TLS_CHECKS),
                          "every check has a breakage it must catch")
+
+    def test_prometheus_adapter_alternative(self):
+        # Every overlay with components/prometheus-adapter: HPAs in place of
+        # the ScaledObjects, which pass the same policy and scale alike.
+        for overlay, objs in self.rendered.items():
+            with self.subTest(overlay=overlay):
+                alternative = m.render(overlay, [m.ADAPTER_COMPONENT])
+                self.assertEqual(m.find(alternative, "ScaledObject"), [])
+                self.assertEqual(len(m.find(alternative, "HorizontalPodAutoscaler")), 2)
+                self.assertEqual(check_autoscaling(alternative), [])
+                self.assertEqual(check_autoscaling_alternative(objs, alternative), [])
+                self.assertEqual(len(alternative), len(objs))
+        alternative = m.render("cpu", [m.ADAPTER_COMPONENT])
+        for what, mutate in ALTERNATIVE_BREAKAGES:
+            with self.subTest(check="check_autoscaling_alternative", breakage=what):
+                broken = copy.deepcopy(alternative)
+                mutate(broken)
+                self.assertNotEqual(check_autoscaling_alternative(self.rendered["cpu"], broken), [],
+                                    f"check_autoscaling_alternative missed: {what}")
 
     def test_device_check_catches_a_cpu_overlay_on_gpus(self):
         self.assertNotEqual(check_device(self.rendered["cpu"], "gpu"), [])

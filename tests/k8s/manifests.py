@@ -34,6 +34,19 @@ TLS_SECRET_KEYS = ("tls.crt", "tls.key", "ca.crt")
 LIVENESS_SERVICE = "hybridserve.liveness"
 BINARY = "/opt/hybridserve/bin/{}"
 RUN_AS_USER = 10001
+# KEDA (the default autoscaling, deploy/k8s/base/autoscaling.yaml) and the
+# alternative, prometheus-adapter with autoscaling/v2 HPAs.
+KEDA_API = "keda.sh/v1alpha1"
+ADAPTER_COMPONENT = "components/prometheus-adapter"
+# The fields of a KEDA ScaledObject's spec and of a trigger (KEDA 2.x CRD,
+# keda.sh_scaledobjects.yaml); anything else the API server would refuse or drop.
+KEDA_SPEC_FIELDS = {"scaleTargetRef", "pollingInterval", "cooldownPeriod", "initialCooldownPeriod",
+                    "idleReplicaCount", "minReplicaCount", "maxReplicaCount", "fallback", "advanced", "triggers"}
+KEDA_TRIGGER_FIELDS = {"type", "name", "metadata", "metricType", "useCachedMetrics", "authenticationRef"}
+# A Prometheus trigger's metadata KEDA requires, and the ones it also reads.
+KEDA_PROMETHEUS_REQUIRED = {"serverAddress", "query", "threshold"}
+KEDA_PROMETHEUS_FIELDS = KEDA_PROMETHEUS_REQUIRED | {"activationThreshold", "ignoreNullValues", "namespace",
+                                                     "customHeaders", "queryParameters", "unsafeSsl", "timeout"}
 # Seconds of margin a grace period keeps beyond the drain it must cover.
 GRACE_MARGIN_S = 5
 # Seconds a rollout's progress deadline keeps beyond its pods' startup probe
@@ -51,13 +64,22 @@ def k8s_dir():
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "deploy", "k8s")
 
 
-def render(overlay):
-    """The objects `kubectl kustomize deploy/k8s/overlays/<overlay>` renders."""
+def render(overlay, components=()):
+    """The objects `kubectl kustomize deploy/k8s/overlays/<overlay>` renders;
+    with `components` (paths relative to deploy/k8s, e.g.
+    "components/prometheus-adapter"), those of an overlay over it that adds
+    them, as a user's overlay would."""
     with tempfile.TemporaryDirectory(dir=os.environ.get("TEST_TMPDIR")) as tmp:
         # A real copy: kustomize refuses symlinks leading outside its root.
         root = shutil.copytree(k8s_dir(), os.path.join(tmp, "k8s"))
-        out = subprocess.run(["kubectl", "kustomize", os.path.join(root, "overlays", overlay)], check=True,
-                             capture_output=True, text=True).stdout
+        target = os.path.join(root, "overlays", overlay)
+        if components:
+            target = os.path.join(root, "alternatives", "with-components")
+            os.makedirs(target)
+            with open(os.path.join(target, "kustomization.yaml"), "w", encoding="utf-8") as f:
+                yaml.safe_dump({"resources": [os.path.join("..", "..", "overlays", overlay)],
+                                "components": [os.path.join("..", "..", c) for c in components]}, f)
+        out = subprocess.run(["kubectl", "kustomize", target], check=True, capture_output=True, text=True).stdout
     return [o for o in yaml.safe_load_all(out) if o]
 
 

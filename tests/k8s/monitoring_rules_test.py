@@ -8,6 +8,8 @@
   configures them (decode's page total = its --max_pages as the binary reads
   its flag files) give the expected autoscaling signals: an idle decode pod
   uses 0 of its pages, one with a quarter free 0.75;
+- per overlay, the KEDA ScaledObjects' Prometheus trigger queries return
+  one sample each, the pods' signal summed over the namespace;
 - the prometheus-adapter example's queries, with the adapter's template
   filled in as it fills it, parse and return the recorded signals under the
   names the HorizontalPodAutoscalers read;
@@ -81,10 +83,26 @@ def adapter_query(rule, pods):
             .replace("<<.GroupBy>>", "pod"))
 
 
-def tests_for(rules_path, max_pages, adapter_rules):
+def keda_queries(objs):
+    """{signal: query} of the Prometheus triggers of an overlay's ScaledObjects."""
+    queries = {}
+    for so in m.find(objs, "ScaledObject"):
+        for trigger in so["spec"]["triggers"]:
+            query = trigger["metadata"]["query"]
+            queries[re.match(r"hybridserve:([a-z_]+):sum", query).group(1)] = query
+    return queries
+
+
+def tests_for(rules_path, max_pages, adapter_rules, keda=None):
     """A promtool test file over overlay_input(max_pages): the recorded
-    signals, and each adapter rule's query over them."""
+    signals, each adapter rule's query over them, and each KEDA query
+    ({signal: query}): one sample, the sum over the namespace's pods."""
     expr_tests = []
+    for metric, query in (keda or {}).items():
+        expr_tests.append({
+            "expr": query, "eval_time": "5m",
+            "exp_samples": [{"labels": f'hybridserve:{metric}:sum{{namespace="{NAMESPACE}"}}',
+                             "value": sum(EXPECTED[metric].values())}]})
     for metric, by_pod in EXPECTED.items():
         expr_tests.append({
             "expr": f"hybridserve:{metric}", "eval_time": "5m",
@@ -123,7 +141,7 @@ class MonitoringRulesTest(unittest.TestCase):
     def test_check_rules(self):
         rc, out = promtool("check", "rules", rules_file())
         self.assertEqual(rc, 0, out)
-        self.assertIn("SUCCESS: 3 rules found", out)
+        self.assertIn("SUCCESS: 6 rules found", out)
 
     def test_recorded_series(self):
         rc, out = promtool("test", "rules", os.path.join(rules_dir(), "hybridserve.rules.test.yaml"))
@@ -136,10 +154,13 @@ class MonitoringRulesTest(unittest.TestCase):
         sizes = {}
         for overlay in overlays:
             with self.subTest(overlay=overlay):
-                max_pages = int(m.flags(m.render(overlay), "decode")["max_pages"])
+                objs = m.render(overlay)
+                max_pages = int(m.flags(objs, "decode")["max_pages"])
                 sizes[overlay] = max_pages
+                keda = keda_queries(objs)
+                self.assertEqual(sorted(keda), sorted(EXPECTED))
                 rc, out = self.promtool_test(f"{overlay}.test.yaml",
-                                             tests_for(rules_file(), max_pages, self.adapter_rules))
+                                             tests_for(rules_file(), max_pages, self.adapter_rules, keda))
                 self.assertEqual(rc, 0, f"{overlay} (--max_pages={max_pages}): {out}")
         # The two sizes the ratio must get right (a constant cannot).
         self.assertEqual((sizes["cpu"], sizes["gpu"]), (4096, 65536))
