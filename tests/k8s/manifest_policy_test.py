@@ -454,6 +454,47 @@ def check_adapter_pages(objs, recording=None, adapter=None):
     return errors
 
 
+def check_pod_monitors(objs):
+    """One Prometheus Operator PodMonitor a pool (its structure: no schema
+    validates it offline): it selects that pool's pods and no other's, in
+    their namespace, and scrapes the container port named metrics, which is
+    where the binary's --metrics_address listens, over plain HTTP at /metrics."""
+    errors = []
+    monitors = m.find(objs, "PodMonitor")
+    for pm in monitors:
+        name, spec = pm["metadata"]["name"], pm.get("spec") or {}
+        if pm.get("apiVersion") != m.POD_MONITOR_API:
+            errors.append(f"PodMonitor {name}: apiVersion {pm.get('apiVersion')}, want {m.POD_MONITOR_API}")
+        errors += [f"PodMonitor {name}: unknown spec field {k}" for k in sorted(set(spec) - m.POD_MONITOR_SPEC_FIELDS)]
+        names = (spec.get("namespaceSelector") or {}).get("matchNames")
+        if names is not None and pm["metadata"].get("namespace") not in names:
+            errors.append(f"PodMonitor {name}: looks in namespaces {names}, not its own")
+        if not isinstance(spec.get("podMetricsEndpoints"), list) or not spec["podMetricsEndpoints"]:
+            errors.append(f"PodMonitor {name}: no podMetricsEndpoints")
+    for comp in COMPONENTS:
+        labels = m.workload(objs, comp)["spec"]["template"]["metadata"].get("labels", {})
+        selecting = [pm for pm in monitors if m.selector_matches((pm.get("spec") or {}).get("selector"), labels, False)]
+        if len(selecting) != 1:
+            errors.append(f"{comp}: {len(selecting)} PodMonitors select its pods, want 1")
+            continue
+        pm = selecting[0]
+        others = [c for c in COMPONENTS if c != comp and m.selector_matches(
+            pm["spec"]["selector"], m.workload(objs, c)["spec"]["template"]["metadata"].get("labels", {}), False)]
+        if others:
+            errors.append(f"PodMonitor {pm['metadata']['name']}: also selects {others}")
+        ports = m.container_ports(m.container(objs, comp))
+        listen = m.port_of(m.flags(objs, comp).get("metrics_address", ":0"))
+        for ep in pm["spec"].get("podMetricsEndpoints") or []:
+            where = f"PodMonitor {pm['metadata']['name']}"
+            errors += [f"{where}: unknown endpoint field {k}" for k in sorted(set(ep) - m.POD_METRICS_ENDPOINT_FIELDS)]
+            if ep.get("port") != "metrics" or ports.get("metrics") != listen:
+                errors.append(f"{where}: scrapes port {ep.get('port')!r}; {comp} serves metrics on the port named "
+                              f"metrics ({ports.get('metrics')}), its --metrics_address on {listen}")
+            if ep.get("path", "/metrics") != "/metrics" or ep.get("scheme", "http") != "http":
+                errors.append(f"{where}: {ep.get('scheme')}://...{ep.get('path')}, the exposer serves http /metrics")
+    return errors
+
+
 def check_topology(objs):
     errors = []
     for comp in WORKERS:
@@ -682,6 +723,7 @@ def check_tls_certificates(objs, example=None):
 
 CHECKS = [check_objects, check_resources, check_probes, check_rollout_deadline, check_security, check_pdbs,
           check_services, check_drain, check_flags, check_cachestore_budgets, check_autoscaling, check_adapter_pages,
+          check_pod_monitors,
           check_topology, check_network_policies]
 TLS_CHECKS = [check_tls_flags, check_tls_secrets, check_tls_health, check_tls_peers, check_tls_certificates]
 
@@ -698,6 +740,10 @@ def _policy(objs, comp):
 
 def _config(objs):
     return m.one(objs, "ConfigMap", "hybridserve-config")["data"]
+
+
+def _monitor(objs, comp):
+    return m.one(objs, "PodMonitor", f"hybridserve-{comp}")["spec"]
 
 
 def _scaled(objs, comp):
@@ -811,6 +857,23 @@ BREAKAGES = [
                          "metadata": {"name": "extra", "namespace": "hybridserve"},
                          "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment",
                                                      "name": "hybridserve-decode"}}})),
+    (check_pod_monitors, "decode's PodMonitor scrapes the gRPC port",
+     lambda o: _set(_monitor(o, "decode")["podMetricsEndpoints"][0], ["port"], "grpc")),
+    (check_pod_monitors, "prefill's PodMonitor selects every hybridserve pod",
+     lambda o: _monitor(o, "prefill")["selector"]["matchLabels"].pop("app.kubernetes.io/component")),
+    (check_pod_monitors, "the cachestore's PodMonitor selects a label its pods lack",
+     lambda o: _set(_monitor(o, "cachestore")["selector"]["matchLabels"], ["app.kubernetes.io/component"], "cache")),
+    (check_pod_monitors, "the cachestore listens for scrapes on another port than its metrics port",
+     lambda o: _set(_config(o), ["cachestore.flags"],
+                    _config(o)["cachestore.flags"] + "--metrics_address=0.0.0.0:9091\n")),
+    (check_pod_monitors, "decode's PodMonitor without endpoints",
+     lambda o: _set(_monitor(o, "decode"), ["podMetricsEndpoints"], [])),
+    (check_pod_monitors, "a ServiceMonitor's field in a PodMonitor (endpoints)",
+     lambda o: _monitor(o, "decode").update(endpoints=_monitor(o, "decode").pop("podMetricsEndpoints"))),
+    (check_pod_monitors, "prefill scraped over https",
+     lambda o: _set(_monitor(o, "prefill")["podMetricsEndpoints"][0], ["scheme"], "https")),
+    (check_pod_monitors, "decode's PodMonitor looks in namespace monitoring",
+     lambda o: _set(_monitor(o, "decode"), ["namespaceSelector"], {"matchNames": ["monitoring"]})),
     (check_topology, "decode spread over zones only",
      lambda o: _set(m.pod_spec(o, "decode")["topologySpreadConstraints"][0], ["topologyKey"],
                     "topology.kubernetes.io/zone")),
@@ -1070,6 +1133,14 @@ class ManifestPolicyTest(unittest.TestCase):
                 mutate(broken)
                 self.assertNotEqual(check_autoscaling_alternative(self.rendered["cpu"], broken), [],
                                     f"check_autoscaling_alternative missed: {what}")
+
+    def test_without_podmonitors(self):
+        # components/without-podmonitors removes exactly the three PodMonitors.
+        for overlay, objs in self.rendered.items():
+            with self.subTest(overlay=overlay):
+                without = m.render(overlay, ["components/without-podmonitors"])
+                self.assertEqual(m.find(without, "PodMonitor"), [])
+                self.assertEqual([o for o in objs if o["kind"] != "PodMonitor"], without)
 
     def test_device_check_catches_a_cpu_overlay_on_gpus(self):
         self.assertNotEqual(check_device(self.rendered["cpu"], "gpu"), [])

@@ -47,6 +47,19 @@ KEDA_TRIGGER_FIELDS = {"type", "name", "metadata", "metricType", "useCachedMetri
 KEDA_PROMETHEUS_REQUIRED = {"serverAddress", "query", "threshold"}
 KEDA_PROMETHEUS_FIELDS = KEDA_PROMETHEUS_REQUIRED | {"activationThreshold", "ignoreNullValues", "namespace",
                                                      "customHeaders", "queryParameters", "unsafeSsl", "timeout"}
+# The Prometheus Operator's PodMonitor (monitoring.coreos.com/v1): the spec
+# and endpoint fields its CRD defines (no schema validates it offline).
+POD_MONITOR_API = "monitoring.coreos.com/v1"
+POD_MONITOR_SPEC_FIELDS = {"selector", "podMetricsEndpoints", "namespaceSelector", "jobLabel", "podTargetLabels",
+                           "sampleLimit", "targetLimit", "labelLimit", "labelNameLengthLimit", "labelValueLengthLimit",
+                           "attachMetadata", "scrapeProtocols", "keepDroppedTargets", "scrapeClass", "bodySizeLimit",
+                           "selectMechanism", "fallbackScrapeProtocol", "scrapeClassicHistograms",
+                           "nativeHistogramBucketLimit", "nativeHistogramMinBucketFactor",
+                           "convertClassicHistogramsToNHCB"}
+POD_METRICS_ENDPOINT_FIELDS = {"port", "portNumber", "targetPort", "path", "scheme", "params", "interval",
+                               "scrapeTimeout", "honorLabels", "honorTimestamps", "relabelings", "metricRelabelings",
+                               "tlsConfig", "basicAuth", "bearerTokenSecret", "authorization", "oauth2", "proxyUrl",
+                               "followRedirects", "enableHttp2", "filterRunning", "trackTimestampsStaleness"}
 # Seconds of margin a grace period keeps beyond the drain it must cover.
 GRACE_MARGIN_S = 5
 # Seconds a rollout's progress deadline keeps beyond its pods' startup probe
