@@ -13,6 +13,10 @@
 - the prometheus-adapter example's queries, with the adapter's template
   filled in as it fills it, parse and return the recorded signals under the
   names the HorizontalPodAutoscalers read;
+- the alerting rules (hybridserve.alerts.yaml) pass `promtool check rules`
+  and their own `promtool test rules` cases (hybridserve.alerts.test.yaml),
+  where every alert fires in one case and stays quiet in another; each
+  alert's threshold moved either way (or its condition dropped) fails them;
 - promtool itself bites: the old backlog query (`group_left (` followed by
   an expression) and a ratio over a constant page count are refused."""
 
@@ -36,6 +40,29 @@ def rules_dir():
 
 def rules_file():
     return os.path.join(rules_dir(), "hybridserve.rules.yaml")
+
+
+def alerts_file():
+    return os.path.join(rules_dir(), "hybridserve.alerts.yaml")
+
+
+# (what, text in hybridserve.alerts.yaml, its replacement): each must make the
+# alert tests fail, a missed firing or a false one.
+ALERT_BREAKAGES = [
+    ("error ratio threshold 50 %", "          > 0.05\n", "          > 0.5\n"),
+    ("error ratio threshold 0.5 % (calm's 1 % fires)", "          > 0.05\n", "          > 0.005\n"),
+    ("prefill backlog threshold 40 s", "(hybridserve:prefill_backlog_seconds) > 4", "(hybridserve:prefill_backlog_seconds) > 40"),
+    ("prefill backlog alert without its growth condition (calm's steady 6 s fires)",
+     "          and on (namespace)\n          sum by (namespace) (deriv(hybridserve_prefill_queue_depth[10m])) > 0\n", ""),
+    ("decode waiting threshold 40", "(hybridserve:num_requests_waiting) > 4", "(hybridserve:num_requests_waiting) > 40"),
+    ("decode waiting alert without its growth condition (calm's steady 6 fires)",
+     "          and on (namespace)\n          sum by (namespace) (deriv(hybridserve_num_requests_waiting[10m])) > 0\n", ""),
+    ("cache errors over lookups threshold 0.05 (calm's 10 % fires)", "            > 0.5\n", "            > 0.05\n"),
+    ("cache alert on decode's invalid arguments too", 'reason=~"unavailable|deadline_exceeded"', 'reason!=""'),
+    ("cache alert without decode's publications", "unavailable|deadline_exceeded", "none"),
+    ("certificate alert at 30 days (prefill's 20 fire)", "< 7 * 86400", "< 30 * 86400"),
+    ("certificate alert at 1 day", "< 7 * 86400", "< 1 * 86400"),
+]
 
 
 def promtool(*args):
@@ -142,6 +169,39 @@ class MonitoringRulesTest(unittest.TestCase):
         rc, out = promtool("check", "rules", rules_file())
         self.assertEqual(rc, 0, out)
         self.assertIn("SUCCESS: 6 rules found", out)
+
+    def test_alert_rules(self):
+        rc, out = promtool("check", "rules", alerts_file())
+        self.assertEqual(rc, 0, out)
+        self.assertIn("SUCCESS: 5 rules found", out)
+        rc, out = promtool("test", "rules", os.path.join(rules_dir(), "hybridserve.alerts.test.yaml"))
+        self.assertEqual(rc, 0, out)
+        # Every alert has a case where it fires and one where it is quiet.
+        with open(alerts_file(), encoding="utf-8") as f:
+            alerts = {r["alert"] for g in yaml.safe_load(f)["groups"] for r in g["rules"]}
+        self.assertEqual(alerts, {"HybridserveErrorRatioHigh", "HybridservePrefillQueueGrowing",
+                                  "HybridserveDecodeQueueGrowing", "HybridserveCacheUnreachable",
+                                  "HybridserveCertificateExpiring"})
+        with open(os.path.join(rules_dir(), "hybridserve.alerts.test.yaml"), encoding="utf-8") as f:
+            cases = [c for test in yaml.safe_load(f)["tests"] for c in test["alert_rule_test"]]
+        for alert in alerts:
+            self.assertTrue([c for c in cases if c["alertname"] == alert and c["exp_alerts"]], f"{alert} never fires")
+            self.assertTrue([c for c in cases if c["alertname"] == alert and not c["exp_alerts"]], f"{alert} never quiet")
+
+    def test_alert_tests_catch_broken_alerts(self):
+        with open(alerts_file(), encoding="utf-8") as f:
+            text = f.read()
+        for what, old, new in ALERT_BREAKAGES:
+            with self.subTest(breakage=what):
+                self.assertIn(old, text)
+                broken_dir = tempfile.mkdtemp(dir=self.tmp)
+                with open(os.path.join(broken_dir, "hybridserve.alerts.yaml"), "w", encoding="utf-8") as f:
+                    f.write(text.replace(old, new))
+                for name in ("hybridserve.rules.yaml", "hybridserve.alerts.test.yaml"):
+                    shutil.copy(os.path.join(rules_dir(), name), broken_dir)
+                self.assertEqual(promtool("check", "rules", os.path.join(broken_dir, "hybridserve.alerts.yaml"))[0], 0)
+                rc, out = promtool("test", "rules", os.path.join(broken_dir, "hybridserve.alerts.test.yaml"))
+                self.assertNotEqual(rc, 0, f"the alert tests missed: {what}")
 
     def test_recorded_series(self):
         rc, out = promtool("test", "rules", os.path.join(rules_dir(), "hybridserve.rules.test.yaml"))
