@@ -17,9 +17,17 @@
   and their own `promtool test rules` cases (hybridserve.alerts.test.yaml),
   where every alert fires in one case and stays quiet in another; each
   alert's threshold moved either way (or its condition dropped) fails them;
+- the Grafana dashboard (monitoring/grafana/hybridserve.json) has a panel
+  for each thing operators look for, every PromQL expression in it parses
+  (`promtool check rules` on a rules file made of them, Grafana's variables
+  filled in), and every metric it, the alerts or the recording rules name is
+  one decode, prefill or the cachestore exports (their metrics sources), one
+  the recording rules record, or cert-manager's expiry; a renamed metric, a
+  broken expression or a missing panel fails;
 - promtool itself bites: the old backlog query (`group_left (` followed by
   an expression) and a ratio over a constant page count are refused."""
 
+import json
 import os
 import re
 import shutil
@@ -40,6 +48,92 @@ def rules_dir():
 
 def rules_file():
     return os.path.join(rules_dir(), "hybridserve.rules.yaml")
+
+
+# The sources of the metrics decode, prefill and the cachestore export (each
+# name a string literal there).
+METRIC_SOURCES = ("decode/metrics.cc", "prefill/metrics.cc", "cachestore/server/service_metrics.cc")
+# Metrics the alerts read that another exporter serves: cert-manager's.
+EXTERNAL_METRICS = {"certmanager_certificate_expiration_timestamp_seconds"}
+# What the dashboard must show (Deliver of issue 47): panel titles.
+DASHBOARD_PANELS = {"Time to first token", "Inter-token latency", "Cached-token ratio", "Resume kinds",
+                    "Queue depths", "KV page use", "Free KV pages and state slots", "Cache hit bytes",
+                    "Publication failures", "Error ratio"}
+# Grafana's variables, as a query would get them.
+GRAFANA_VARIABLES = {"$__rate_interval": "5m", "$__interval": "1m", "$__range": "1h", "${namespace}": NAMESPACE,
+                     "$namespace": NAMESPACE}
+
+
+def repo_file(path):
+    """A file of this checkout: from Bazel's runfiles, else from the tree."""
+    if "TEST_SRCDIR" in os.environ:
+        return os.path.join(os.environ["TEST_SRCDIR"], os.environ.get("TEST_WORKSPACE", "hybridserve"), path)
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", path)
+
+
+def exported_metrics():
+    """Every hybridserve_* name the metrics sources spell out."""
+    names = set()
+    for path in METRIC_SOURCES:
+        with open(repo_file(path), encoding="utf-8") as f:
+            names |= set(re.findall(r'"(hybridserve_[a-z0-9_]+)"', f.read()))
+    return names
+
+
+def dashboard_file():
+    return os.path.join(m.k8s_dir(), "monitoring", "grafana", "hybridserve.json")
+
+
+def dashboard_exprs(dashboard):
+    """[(where, PromQL)] of every panel's targets (rows' panels included), with
+    Grafana's variables filled in."""
+    found = []
+
+    def walk(panels):
+        for panel in panels:
+            walk(panel.get("panels") or [])
+            for target in panel.get("targets") or []:
+                expr = target.get("expr", "")
+                for var, value in GRAFANA_VARIABLES.items():
+                    expr = expr.replace(var, value)
+                found.append((f"{panel.get('title')} {target.get('refId')}", expr))
+
+    walk(dashboard.get("panels") or [])
+    return found
+
+
+def metric_names(expr):
+    """The metric names a PromQL expression selects: every hybridserve or
+    certmanager name, and any identifier written before a selector's braces
+    (string literals, label values, aside)."""
+    expr = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
+    names = set(re.findall(r"\b((?:hybridserve|certmanager)[a-zA-Z0-9_:]*)", expr))
+    return names | set(re.findall(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\s*\{", expr))
+
+
+def unknown_metrics(expr, exported, recorded, external=frozenset()):
+    unknown = []
+    for name in sorted(metric_names(expr)):
+        base = re.sub(r"_(bucket|sum|count)$", "", name)
+        if name in exported or base in exported or name in recorded or name in external:
+            continue
+        unknown.append(name)
+    return unknown
+
+
+def dashboard_errors(dashboard, exported, recorded):
+    """What is wrong with a dashboard but its expressions' syntax: a panel
+    missing, no expression, a variable left unfilled, an unknown metric."""
+    errors = [f"no panel {t!r}" for t in sorted(DASHBOARD_PANELS - {p.get("title") for p in dashboard.get("panels", [])})]
+    exprs = dashboard_exprs(dashboard)
+    if not exprs:
+        errors.append("no PromQL expression")
+    for where, expr in exprs:
+        if "$" in expr:
+            errors.append(f"{where}: a Grafana variable left in {expr!r}")
+        errors += [f"{where}: {n} is no metric hybridserve exports or records"
+                   for n in unknown_metrics(expr, exported, recorded)]
+    return errors
 
 
 def alerts_file():
@@ -202,6 +296,53 @@ class MonitoringRulesTest(unittest.TestCase):
                 self.assertEqual(promtool("check", "rules", os.path.join(broken_dir, "hybridserve.alerts.yaml"))[0], 0)
                 rc, out = promtool("test", "rules", os.path.join(broken_dir, "hybridserve.alerts.test.yaml"))
                 self.assertNotEqual(rc, 0, f"the alert tests missed: {what}")
+
+    def check_dashboard_parses(self, dashboard, name):
+        """promtool check rules on a rules file recording each expression."""
+        rules = [{"record": f"dashboard:expr_{i}", "expr": expr} for i, (_, expr) in
+                 enumerate(dashboard_exprs(dashboard))]
+        path = os.path.join(self.tmp, f"{name}.rules.yaml")
+        with open(path, "w", encoding="utf-8") as f:
+            yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}, f, sort_keys=False)
+        return promtool("check", "rules", path)
+
+    def test_dashboard(self):
+        with open(dashboard_file(), encoding="utf-8") as f:
+            dashboard = json.load(f)
+        exported, recorded = exported_metrics(), set(m.recording_rules())
+        self.assertGreater(len(exported), 50)
+        self.assertEqual(dashboard_errors(dashboard, exported, recorded), [])
+        rc, out = self.check_dashboard_parses(dashboard, "dashboard")
+        self.assertEqual(rc, 0, out)
+        self.assertIn(f"SUCCESS: {len(dashboard_exprs(dashboard))} rules found", out)
+        # The alerts and the recording rules name exported or recorded metrics too.
+        for path in (rules_file(), alerts_file()):
+            with open(path, encoding="utf-8") as f:
+                for group in yaml.safe_load(f)["groups"]:
+                    for rule in group["rules"]:
+                        with self.subTest(rule=rule.get("record") or rule.get("alert")):
+                            self.assertEqual(unknown_metrics(rule["expr"], exported, recorded, EXTERNAL_METRICS), [])
+
+    def test_dashboard_checks_bite(self):
+        with open(dashboard_file(), encoding="utf-8") as f:
+            text = f.read()
+        exported, recorded = exported_metrics(), set(m.recording_rules())
+        for what, old, new in [
+                ("TTFT's histogram renamed", "hybridserve_time_to_first_token_seconds_bucket", "hybridserve_ttft_seconds_bucket"),
+                ("a recorded series that is not recorded", "hybridserve:kv_page_use_ratio{", "hybridserve:kv_page_ratio{"),
+                ("an exporter's metric hybridserve does not export", "sum(hybridserve_prefill_queue_depth{",
+                 "sum(up{job=\\\"x\\\"} + hybridserve_prefill_queue_depth{"),
+                ("a variable Grafana fills that the test does not", "[$__rate_interval]", "[$interval]")]:
+            with self.subTest(breakage=what):
+                self.assertIn(old, text)
+                self.assertNotEqual(dashboard_errors(json.loads(text.replace(old, new, 1)), exported, recorded), [])
+        dashboard = json.loads(text)
+        dashboard["panels"] = [p for p in dashboard["panels"] if p["title"] != "Resume kinds"]
+        self.assertEqual(dashboard_errors(dashboard, exported, recorded), ["no panel 'Resume kinds'"])
+        broken = json.loads(text.replace("sum by (kind) (rate(hybridserve_resume_total", "sum by (kind (rate(hybridserve_resume_total"))
+        self.assertEqual(dashboard_errors(broken, exported, recorded), [])
+        rc, out = self.check_dashboard_parses(broken, "broken-dashboard")
+        self.assertNotEqual(rc, 0, out)
 
     def test_recorded_series(self):
         rc, out = promtool("test", "rules", os.path.join(rules_dir(), "hybridserve.rules.test.yaml"))
