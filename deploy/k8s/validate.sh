@@ -78,6 +78,9 @@ for dir in "$k8s"/overlays/*/ "$k8s"/namespace/; do
   check "kubernetes-validate --strict -k $K8S_VERSION ${rel%/} ($objects objects, $custom custom: structure in the policy test)" \
     validate_known "$work/$name.yaml"
 done
+# The cert-manager example with the settings (cert-manager's CRDs: rendered,
+# not validated; the policy test checks it).
+check "render components/mtls/cert-manager" kubectl kustomize "$k8s/components/mtls/cert-manager" -o "$work/certs.yaml"
 # Without KEDA and the Prometheus Operator: the cpu overlay with
 # prometheus-adapter's HPAs and without the PodMonitors.
 mkdir -p "$k8s/alternatives/cpu-no-crds"

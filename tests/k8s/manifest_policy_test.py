@@ -675,7 +675,39 @@ def check_tls_peers(objs):
     return errors
 
 
-def check_tls_certificates(objs, example=None):
+SPIFFE_ID_TEMPLATE = re.compile(r"spiffe://\$\(TRUST_DOMAIN\)/ns/\$\(POD_NAMESPACE\)/sa/[a-z0-9-]+")
+
+
+def check_spiffe_ids(objs, trust_domain=None):
+    """Every SPIFFE ID a pool's flags name is written
+    spiffe://$(TRUST_DOMAIN)/ns/$(POD_NAMESPACE)/sa/<account> on its args,
+    which the kubelet expands from the pod's env: POD_NAMESPACE its own
+    namespace (downward API), TRUST_DOMAIN the setting (settings.yaml): no
+    namespace or trust domain is written out in them or in a flag file."""
+    errors = []
+    trust_domain = trust_domain or m.settings()["trust_domain"]
+    for comp in COMPONENTS:
+        c = m.container(objs, comp)
+        texts = list(c.get("args", []))
+        for arg in c.get("args", []):
+            if arg.startswith("--flagfile="):
+                for path in arg.split("=", 1)[1].split(","):
+                    texts += list(m._flag_lines(m._mounted_file(objs, comp, path) or ""))
+        ids = [i for text in texts for i in re.findall(r"spiffe://[^,\s]+", text)]
+        errors += [f"{comp}: SPIFFE ID {i} is not spiffe://$(TRUST_DOMAIN)/ns/$(POD_NAMESPACE)/sa/<account>"
+                   for i in ids if not SPIFFE_ID_TEMPLATE.fullmatch(i)]
+        if not ids:
+            continue
+        env = {e["name"]: e for e in c.get("env", [])}
+        if env.get("POD_NAMESPACE", {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") != "metadata.namespace":
+            errors.append(f"{comp}: POD_NAMESPACE is not the downward API's metadata.namespace")
+        if env.get("TRUST_DOMAIN", {}).get("value") != trust_domain:
+            errors.append(f"{comp}: TRUST_DOMAIN {env.get('TRUST_DOMAIN', {}).get('value')!r}, the setting is "
+                          f"{trust_domain!r}")
+    return errors
+
+
+def check_tls_certificates(objs, example=None, trust_domain=None):
     """The cert-manager example issues each pool's Secret with the pool's
     identity (URI SAN), its Service's names (what callers dial and verify),
     server and client usage, from a CA Issuer whose CA it also issues."""
@@ -699,9 +731,9 @@ def check_tls_certificates(objs, example=None):
         if cert["metadata"].get("namespace") != namespace:
             errors.append(f"Certificate {cert['metadata']['name']}: namespace {cert['metadata'].get('namespace')}, "
                           f"the pods' is {namespace}")
-        if spec.get("uris") != [m.identity(objs, comp)]:
+        if spec.get("uris") != [m.identity(objs, comp, trust_domain)]:
             errors.append(f"Certificate {cert['metadata']['name']}: uris {spec.get('uris')}, want "
-                          f"[{m.identity(objs, comp)}]")
+                          f"[{m.identity(objs, comp, trust_domain)}]")
         service = f"hybridserve-{comp}"
         names = {service, f"{service}.{namespace}", f"{service}.{namespace}.svc",
                  f"{service}.{namespace}.svc.cluster.local"}
@@ -725,7 +757,8 @@ CHECKS = [check_objects, check_resources, check_probes, check_rollout_deadline, 
           check_services, check_drain, check_flags, check_cachestore_budgets, check_autoscaling, check_adapter_pages,
           check_pod_monitors,
           check_topology, check_network_policies]
-TLS_CHECKS = [check_tls_flags, check_tls_secrets, check_tls_health, check_tls_peers, check_tls_certificates]
+TLS_CHECKS = [check_tls_flags, check_tls_secrets, check_tls_health, check_tls_peers, check_tls_certificates,
+              check_spiffe_ids]
 
 
 # --- deliberate breakage: (check, what, mutation of the cpu render) -------------
@@ -903,6 +936,16 @@ def _drop_flag(o, file_name, flag):
     _set(_config(o), [file_name], "".join(x for x in lines if not x.startswith(f"--{flag}=")))
 
 
+def _set_peers(o, comp, peers):
+    args = _container(o, comp)["args"]
+    at = next(i for i, a in enumerate(args) if a.startswith("--tls_allowed_peers="))
+    args[at] = f"--tls_allowed_peers={peers}"
+
+
+def _env(o, comp, name):
+    return next(e for e in _container(o, comp)["env"] if e["name"] == name)
+
+
 def _volume(o, comp, name):
     return next(v for v in m.pod_spec(o, comp)["volumes"] if v["name"] == name)
 
@@ -911,6 +954,8 @@ def _certificate(example, name):
     return next(c for c in example if c["kind"] == "Certificate" and c["metadata"]["name"] == name)
 
 
+# An allowed peer as the manifests write it (the kubelet expands it).
+_SPIFFE = "spiffe://$(TRUST_DOMAIN)/ns/$(POD_NAMESPACE)/sa"
 _DECODE_ID = f"spiffe://{m.TRUST_DOMAIN}/ns/hybridserve/sa/hybridserve-decode"
 _PREFILL_ID = f"spiffe://{m.TRUST_DOMAIN}/ns/hybridserve/sa/hybridserve-prefill"
 _CACHESTORE_ID = f"spiffe://{m.TRUST_DOMAIN}/ns/hybridserve/sa/hybridserve-cachestore"
@@ -938,7 +983,7 @@ TLS_BREAKAGES = [
     (check_tls_flags, "--tenant_from given to prefill, which does not define it",
      lambda o: _append_flag(o, "prefill-tls.flags", "--tenant_from=certificate")),
     (check_tls_flags, "a wildcard allowed peer",
-     lambda o: _append_flag(o, "prefill-tls.flags", "--tls_allowed_peers=*")),
+     lambda o: _set_peers(o, "prefill", "*")),
     (check_tls_flags, "the health port bound to loopback",
      lambda o: _append_flag(o, "cachestore-tls.flags", "--health_address=127.0.0.1:50080")),
     (check_tls_flags, "a refresh interval the binaries refuse",
@@ -963,9 +1008,22 @@ TLS_BREAKAGES = [
     (check_tls_health, "--health_address on another port than the probes'",
      lambda o: _append_flag(o, "cachestore-tls.flags", "--health_address=0.0.0.0:50081")),
     (check_tls_peers, "prefill also lets the cachestore's identity in",
-     lambda o: _append_flag(o, "prefill-tls.flags", f"--tls_allowed_peers={_DECODE_ID},{_CACHESTORE_ID}")),
+     lambda o: _set_peers(o, "prefill", f"{_SPIFFE}/hybridserve-decode,{_SPIFFE}/hybridserve-cachestore")),
     (check_tls_peers, "the cachestore forgets prefill",
-     lambda o: _append_flag(o, "cachestore-tls.flags", f"--tls_allowed_peers={_DECODE_ID}")),
+     lambda o: _set_peers(o, "cachestore", f"{_SPIFFE}/hybridserve-decode")),
+    (check_tls_peers, "the trust domain on prefill's env not the setting's",
+     lambda o: _set(_env(o, "prefill", "TRUST_DOMAIN"), ["value"], "example.org")),
+    (check_spiffe_ids, "prefill's peers with the namespace written out",
+     lambda o: _set_peers(o, "prefill", "spiffe://$(TRUST_DOMAIN)/ns/hybridserve/sa/hybridserve-decode")),
+    (check_spiffe_ids, "the cachestore's peers with the trust domain written out",
+     lambda o: _set_peers(o, "cachestore", f"spiffe://{m.TRUST_DOMAIN}/ns/$(POD_NAMESPACE)/sa/hybridserve-decode,"
+                                           f"{_SPIFFE}/hybridserve-prefill")),
+    (check_spiffe_ids, "the peers back in a flag file, written out",
+     lambda o: _append_flag(o, "decode-tls.flags", f"--tls_allowed_peers={_PREFILL_ID}")),
+    (check_spiffe_ids, "POD_NAMESPACE from the pod's name",
+     lambda o: _set(_env(o, "cachestore", "POD_NAMESPACE")["valueFrom"]["fieldRef"], ["fieldPath"], "metadata.name")),
+    (check_spiffe_ids, "no TRUST_DOMAIN on prefill's env",
+     lambda o: _container(o, "prefill")["env"].remove(_env(o, "prefill", "TRUST_DOMAIN"))),
     (check_tls_peers, "the cachestore's NetworkPolicy no longer lets prefill in, its peers still name it",
      lambda o: _policy(o, "cachestore")["ingress"][0]["from"].pop()),
     (check_tls_peers, "decode runs as another ServiceAccount than prefill lets in",
@@ -1133,6 +1191,42 @@ class ManifestPolicyTest(unittest.TestCase):
                 mutate(broken)
                 self.assertNotEqual(check_autoscaling_alternative(self.rendered["cpu"], broken), [],
                                     f"check_autoscaling_alternative missed: {what}")
+
+    def test_each_setting_in_one_place(self):
+        # settings/settings.yaml changed alone moves every object that
+        # depends on a setting: the namespace of every object and the
+        # Namespace, the KEDA queries and their Prometheus, the
+        # NetworkPolicies' Prometheus and DNS peers, the SPIFFE IDs.
+        changed = {"namespace": "prod", "trust_domain": "example.org", "prometheus_namespace": "observability",
+                   "prometheus_name": "kube-prometheus", "prometheus_url": "http://prom.observability.svc:9090",
+                   "dns_namespace": "dns", "dns_k8s_app": "coredns"}
+        self.assertEqual(set(changed), set(m.settings()))
+        self.assertEqual(m.TRUST_DOMAIN, "hybridserve.local")
+        outside = m.outside_endpoints(changed)
+        self.assertEqual([(o["kind"], o["metadata"]["name"]) for o in m.render_namespace(changed)],
+                         [("Namespace", "prod")])
+        for overlay in ("cpu", "cpu-mtls"):
+            with self.subTest(overlay=overlay):
+                objs = m.render(overlay, settings_override=changed)
+                self.assertEqual({o["metadata"].get("namespace") for o in objs}, {"prod"})
+                self.assertEqual(check_autoscaling(objs), [])
+                for so in m.find(objs, "ScaledObject"):
+                    for trigger in so["spec"]["triggers"]:
+                        self.assertTrue(trigger["metadata"]["query"].endswith('{namespace="prod"}'))
+                        self.assertEqual(trigger["metadata"]["serverAddress"], changed["prometheus_url"])
+                self.assertEqual(m.allowed_flows(objs, outside), m.EXPECTED_FLOWS)
+                # The old places no longer reach the pods.
+                self.assertNotEqual(m.allowed_flows(objs), m.EXPECTED_FLOWS)
+                if m.uses_mtls(overlay):
+                    self.assertEqual(check_spiffe_ids(objs, "example.org"), [])
+                    example = m.cert_manager_example(changed)
+                    self.assertEqual(check_tls_certificates(objs, example, "example.org"), [])
+                    self.assertEqual({o["metadata"]["namespace"] for o in example}, {"prod"})
+                    self.assertEqual(m.flags(objs, "prefill")["tls_allowed_peers"],
+                                     "spiffe://example.org/ns/prod/sa/hybridserve-decode")
+                    self.assertEqual(m.flags(objs, "cachestore")["tls_allowed_peers"],
+                                     "spiffe://example.org/ns/prod/sa/hybridserve-decode,"
+                                     "spiffe://example.org/ns/prod/sa/hybridserve-prefill")
 
     def test_without_podmonitors(self):
         # components/without-podmonitors removes exactly the three PodMonitors.

@@ -23,11 +23,9 @@ PORTS = {
     "cachestore": {"grpc": 50051, "bulk": 50052, "metrics": 9090},
 }
 # The mtls component (deploy/k8s/components/mtls): the plaintext health-only
-# port every pool gets (the container port named health), the trust domain of
-# the SPIFFE IDs its certificates carry, and where each pool's Secret is
+# port every pool gets (the container port named health), and where each pool's Secret is
 # mounted, with cert-manager's keys.
 HEALTH_PORT = 50080
-TRUST_DOMAIN = "hybridserve.local"
 MTLS_COMPONENT = "components/mtls"
 TLS_MOUNT = "/etc/hybridserve/tls"
 TLS_SECRET_KEYS = ("tls.crt", "tls.key", "ca.crt")
@@ -77,14 +75,31 @@ def k8s_dir():
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "deploy", "k8s")
 
 
-def render(overlay, components=()):
+SETTINGS = os.path.join("settings", "settings.yaml")
+
+
+def settings():
+    """deploy/k8s/settings/settings.yaml's settings, {name: value}."""
+    with open(os.path.join(k8s_dir(), SETTINGS), encoding="utf-8") as f:
+        return yaml.safe_load(f)["data"]
+
+
+def render(overlay, components=(), settings_override=None):
     """The objects `kubectl kustomize deploy/k8s/overlays/<overlay>` renders;
     with `components` (paths relative to deploy/k8s, e.g.
     "components/prometheus-adapter"), those of an overlay over it that adds
-    them, as a user's overlay would."""
+    them, as a user's overlay would; with `settings_override` ({name: value}),
+    those settings changed in settings/settings.yaml first."""
     with tempfile.TemporaryDirectory(dir=os.environ.get("TEST_TMPDIR")) as tmp:
         # A real copy: kustomize refuses symlinks leading outside its root.
         root = shutil.copytree(k8s_dir(), os.path.join(tmp, "k8s"))
+        if settings_override:
+            path = os.path.join(root, SETTINGS)
+            with open(path, encoding="utf-8") as f:
+                doc = yaml.safe_load(f)
+            doc["data"].update(settings_override)
+            with open(path, "w", encoding="utf-8") as f:
+                yaml.safe_dump(doc, f)
         target = os.path.join(root, "overlays", overlay)
         if components:
             target = os.path.join(root, "alternatives", "with-components")
@@ -96,10 +111,10 @@ def render(overlay, components=()):
     return [o for o in yaml.safe_load_all(out) if o]
 
 
-def render_namespace():
+def render_namespace(settings_override=None):
     """The objects of deploy/k8s/namespace (the Namespace, applied once, on
     its own: no overlay renders it)."""
-    return render(os.path.join("..", "namespace"))
+    return render(os.path.join("..", "namespace"), settings_override=settings_override)
 
 
 def overlays():
@@ -120,12 +135,11 @@ def uses_mtls(overlay):
     return MTLS_COMPONENT in overlay_components(overlay)
 
 
-def cert_manager_example():
-    """The objects of components/mtls/cert-manager-example.yaml (rendered by no
-    overlay: cert-manager's CRDs)."""
-    path = os.path.join(k8s_dir(), MTLS_COMPONENT, "cert-manager-example.yaml")
-    with open(path, encoding="utf-8") as f:
-        return [o for o in yaml.safe_load_all(f) if o]
+def cert_manager_example(settings_override=None):
+    """The objects of components/mtls/cert-manager (cert-manager's
+    Certificates and Issuers with the settings; rendered by no overlay:
+    cert-manager's CRDs)."""
+    return render(os.path.join("..", MTLS_COMPONENT, "cert-manager"), settings_override=settings_override)
 
 
 def monitoring_rules():
@@ -256,18 +270,41 @@ def _mounted_file(objs, component, path):
     return None
 
 
-def identity(objs, component):
+def identity(objs, component, trust_domain=None):
     """The SPIFFE ID of a component's pods: their ServiceAccount's, in the
-    SPIFFE convention spiffe://<trust domain>/ns/<namespace>/sa/<name>."""
+    SPIFFE convention spiffe://<trust domain>/ns/<namespace>/sa/<name> (the
+    trust domain: the setting's unless given)."""
     w = workload(objs, component)
     account = w["spec"]["template"]["spec"].get("serviceAccountName", "default")
-    return f"spiffe://{TRUST_DOMAIN}/ns/{w['metadata'].get('namespace', 'default')}/sa/{account}"
+    trust_domain = trust_domain or settings()["trust_domain"]
+    return f"spiffe://{trust_domain}/ns/{w['metadata'].get('namespace', 'default')}/sa/{account}"
+
+
+def container_env(objs, component):
+    """The component container's env as the kubelet sets it, where known
+    before the pod runs: literal values, and the downward API's
+    metadata.namespace (the workload's namespace). {name: value}."""
+    env = {}
+    for e in container(objs, component).get("env", []):
+        if "value" in e:
+            env[e["name"]] = expand_vars(e["value"], env)
+        elif e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "metadata.namespace":
+            env[e["name"]] = workload(objs, component)["metadata"].get("namespace", "default")
+    return env
+
+
+def expand_vars(text, env):
+    """Kubernetes' $(NAME) expansion of args: a defined variable's value, an
+    undefined one left as written; $$ is a literal $."""
+    return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
+                  lambda mt: "$" if mt.group(0) == "$$" else env.get(mt.group(1), mt.group(0)), text)
 
 
 def flags(objs, component):
     """The component container's flags, {name: value}, as its binary sees them:
-    its args, each --flagfile expanded from the mounted ConfigMap (later
-    values win, as in absl). Raises LookupError for a flag file not mounted."""
+    its args ($(VAR) expanded from the env as the kubelet does, where known:
+    container_env), each --flagfile expanded from the mounted ConfigMap
+    (later values win, as in absl). Raises LookupError for a flag file not mounted."""
     result = {}
 
     def take(arg):
@@ -285,8 +322,9 @@ def flags(objs, component):
         else:
             result[name] = value
 
+    env = container_env(objs, component)
     for arg in container(objs, component).get("args", []):
-        take(arg)
+        take(expand_vars(arg, env))
     return result
 
 
@@ -313,15 +351,24 @@ class Endpoint:
         self.ports = ports  # [(name, number, protocol)]
 
 
-# The pods outside hybridserve a flow may involve. Prometheus is stated in
-# deploy/k8s/README.md: namespace monitoring, label app.kubernetes.io/name=prometheus.
-OUTSIDE = [
-    Endpoint("client", "clients", {"app": "client"}, []),
-    Endpoint("pod-in-namespace", "hybridserve", {"app": "debug"}, []),
-    Endpoint("prometheus", "monitoring", {"app.kubernetes.io/name": "prometheus"}, [("web", 9090, "TCP")]),
-    Endpoint("grafana", "monitoring", {"app.kubernetes.io/name": "grafana"}, [("web", 3000, "TCP")]),
-    Endpoint("dns", "kube-system", {"k8s-app": "kube-dns"}, [("dns", 53, "UDP"), ("dns-tcp", 53, "TCP")]),
-]
+# The pods outside hybridserve a flow may involve. Prometheus and the
+# cluster DNS are where the settings say (deploy/k8s/settings/settings.yaml:
+# by default namespace monitoring, label app.kubernetes.io/name=prometheus;
+# kube-system, k8s-app=kube-dns), as deploy/k8s/README.md states.
+def outside_endpoints(s):
+    return [
+        Endpoint("client", "clients", {"app": "client"}, []),
+        Endpoint("pod-in-namespace", s["namespace"], {"app": "debug"}, []),
+        Endpoint("prometheus", s["prometheus_namespace"], {"app.kubernetes.io/name": s["prometheus_name"]},
+                 [("web", 9090, "TCP")]),
+        Endpoint("grafana", s["prometheus_namespace"], {"app.kubernetes.io/name": "grafana"}, [("web", 3000, "TCP")]),
+        Endpoint("dns", s["dns_namespace"], {"k8s-app": s["dns_k8s_app"]}, [("dns", 53, "UDP"), ("dns-tcp", 53, "TCP")]),
+    ]
+
+
+OUTSIDE = outside_endpoints(settings())
+# The trust domain of the mtls component's SPIFFE IDs (the setting).
+TRUST_DOMAIN = settings()["trust_domain"]
 
 # Clients are anyone: decode's gRPC port is open to every pod.
 CLIENTS = tuple(e.name for e in OUTSIDE)
@@ -342,7 +389,7 @@ EXPECTED_FLOWS = (
 )
 
 
-def endpoints(objs):
+def endpoints(objs, outside=None):
     pods = []
     for component in COMPONENTS:
         w = workload(objs, component)
@@ -352,7 +399,7 @@ def endpoints(objs):
         ports = [(p.get("name"), p["containerPort"], p.get("protocol", "TCP"))
                  for c in w["spec"]["template"]["spec"]["containers"] for p in c.get("ports", [])]
         pods.append(Endpoint(component, w["metadata"].get("namespace", "default"), labels, ports))
-    return pods + OUTSIDE
+    return pods + (OUTSIDE if outside is None else outside)
 
 
 def _namespace_labels(objs, namespace):
@@ -413,12 +460,12 @@ def _direction_allows(objs, policies, direction, pod, other, target, port, proto
     return False
 
 
-def allowed_flows(objs):
+def allowed_flows(objs, outside=None):
     """Every (from, to, port, protocol) the NetworkPolicies allow between the
     endpoints where either end is a hybridserve pod, to each port the
     destination exposes."""
     policies = find(objs, "NetworkPolicy")
-    eps = endpoints(objs)
+    eps = endpoints(objs, outside)
     flows = set()
     for src in eps:
         for dst in eps:

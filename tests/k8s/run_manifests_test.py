@@ -20,7 +20,7 @@ plays what a platform team does with it:
 The same scenario runs on deploy/k8s/overlays/cpu-mtls (mutual TLS on
 every gRPC port, tests/k8s/local_cluster.py mapping each pool's Secret to a
 directory laid out as the kubelet's), with certificates made at test time as
-components/mtls/cert-manager-example.yaml would issue them (its SPIFFE IDs
+components/mtls/cert-manager would issue them (its SPIFFE IDs
 and DNS names, by tools/make_test_certs.py) and clients holding tenant
 certificates. Besides: every pod turned Ready by probes on its plaintext
 health port while its gRPC port refuses plaintext, and the health port
@@ -389,7 +389,7 @@ def decode_cache_failures(pod):
 
 class Certificates:
     """The Secrets the mtls overlay mounts, issued at test time as
-    components/mtls/cert-manager-example.yaml would issue them (each
+    components/mtls/cert-manager would issue them (each
     Certificate's URIs and DNS names; the CA Issuer's CA as ca.crt), by
     tools/make_test_certs.py, and the tenants' client certificates.
 
