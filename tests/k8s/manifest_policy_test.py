@@ -520,13 +520,15 @@ def check_network_policies(objs):
 
 
 def check_device(objs, overlay):
+    """The device settings of an overlay: the gpu overlays (gpu, gpu-mtls)
+    run CUDA on one GPU a worker, the others the CPU on the embedded model."""
     errors = []
     for comp in WORKERS:
         f = m.flags(objs, comp)
         res = m.container(objs, comp).get("resources", {})
         mounts = {v["mountPath"]: v["name"] for v in m.container(objs, comp).get("volumeMounts", [])}
         volumes = {v["name"]: v for v in m.pod_spec(objs, comp).get("volumes", [])}
-        if overlay == "gpu":
+        if overlay.split("-")[0] == "gpu":
             if f.get("device") != "cuda":
                 errors.append(f"{comp}: --device={f.get('device')} on the gpu overlay")
             for kind in ("requests", "limits"):
@@ -1107,8 +1109,17 @@ class ManifestPolicyTest(unittest.TestCase):
         cls.rendered = {o: m.render(o) for o in m.overlays()}
 
     def test_every_overlay_renders(self):
-        self.assertEqual(sorted(self.rendered), ["cpu", "cpu-mtls", "gpu"])
-        self.assertEqual([o for o in self.rendered if m.uses_mtls(o)], ["cpu-mtls"])
+        self.assertEqual(sorted(self.rendered), ["cpu", "cpu-mtls", "gpu", "gpu-mtls"])
+        self.assertEqual(sorted(o for o in self.rendered if m.uses_mtls(o)), ["cpu-mtls", "gpu-mtls"])
+        # An -mtls overlay is its base overlay with the mtls component: the
+        # same objects, the same device settings.
+        for overlay in ("cpu", "gpu"):
+            plain, mtls = self.rendered[overlay], self.rendered[f"{overlay}-mtls"]
+            self.assertEqual([(o["kind"], o["metadata"]["name"]) for o in plain],
+                             [(o["kind"], o["metadata"]["name"]) for o in mtls])
+            for comp in WORKERS:
+                self.assertEqual({k: v for k, v in m.flags(plain, comp).items() if k in ("device", "max_pages")},
+                                 {k: v for k, v in m.flags(mtls, comp).items() if k in ("device", "max_pages")})
         for overlay, objs in self.rendered.items():
             self.assertGreaterEqual(len(objs), 18, overlay)
 
@@ -1239,6 +1250,7 @@ class ManifestPolicyTest(unittest.TestCase):
     def test_device_check_catches_a_cpu_overlay_on_gpus(self):
         self.assertNotEqual(check_device(self.rendered["cpu"], "gpu"), [])
         self.assertNotEqual(check_device(self.rendered["gpu"], "cpu"), [])
+        self.assertNotEqual(check_device(self.rendered["cpu-mtls"], "gpu-mtls"), [])
 
     def test_network_policy_table(self):
         # The table itself, written out: what the README's flow table says.
