@@ -545,6 +545,56 @@ def check_device(objs, overlay):
     return errors
 
 
+def _gpu_node(driver_major, **extra):
+    return {"kubernetes.io/hostname": "gpu-1", "nvidia.com/gpu.present": "true",
+            m.DRIVER_LABEL: str(driver_major), **extra}
+
+
+def check_gpu_placement(objs, overlay):
+    """On the gpu overlays, the GPU workers land only on nodes whose NVIDIA
+    driver runs CUDA 13 (the required node affinity admits a node labelled
+    driver 580 and refuses 579, an unlabelled one and one with a bad label),
+    name the same RuntimeClass or none, decode batches at least
+    m.GPU_MIN_BATCH and gives its streams m.GPU_STREAM_DRAIN_S after SIGTERM
+    (its grace period covering that: check_drain). The cachestore needs no
+    GPU node. On the cpu overlays, no worker asks for a GPU node or runtime."""
+    errors = []
+    gpu = overlay.split("-")[0] == "gpu"
+    classes = {}
+    for comp in COMPONENTS:
+        spec = m.pod_spec(objs, comp)
+        classes[comp] = spec.get("runtimeClassName")
+        if not gpu or comp not in WORKERS:
+            if not m.node_affinity_admits(spec, {"kubernetes.io/hostname": "cpu-1"}):
+                errors.append(f"{comp}: does not admit a node without a GPU")
+            if classes[comp]:
+                errors.append(f"{comp}: runtimeClassName {classes[comp]} on a pod without a GPU")
+            continue
+        admitted = {
+            "a node with driver 580": m.node_affinity_admits(spec, _gpu_node(m.MIN_DRIVER_MAJOR)),
+            "a node with driver 590": m.node_affinity_admits(spec, _gpu_node(590)),
+        }
+        refused = {
+            "a node with driver 579": m.node_affinity_admits(spec, _gpu_node(m.MIN_DRIVER_MAJOR - 1)),
+            "a node with driver 535": m.node_affinity_admits(spec, _gpu_node(535)),
+            "a node without the driver label": m.node_affinity_admits(
+                spec, {k: v for k, v in _gpu_node(590).items() if k != m.DRIVER_LABEL}),
+            "a node with a non-numeric driver label": m.node_affinity_admits(spec, _gpu_node("unknown")),
+        }
+        errors += [f"{comp}: refuses {n}" for n, ok in admitted.items() if not ok]
+        errors += [f"{comp}: admits {n} (CUDA 13 needs >= {m.MIN_DRIVER_MAJOR})" for n, ok in refused.items() if ok]
+    if gpu:
+        if classes["decode"] != classes["prefill"]:
+            errors.append(f"runtimeClassName: decode {classes['decode']}, prefill {classes['prefill']}")
+        f = m.flags(objs, "decode")
+        if int(f.get("max_batch", 8)) < m.GPU_MIN_BATCH:
+            errors.append(f"decode: --max_batch={f.get('max_batch', 8)} on a GPU (< {m.GPU_MIN_BATCH})")
+        if m.parse_duration_s(f.get("shutdown_grace", "10s")) < m.GPU_STREAM_DRAIN_S:
+            errors.append(f"decode: --shutdown_grace={f.get('shutdown_grace')} cuts streams running at SIGTERM "
+                          f"(< {m.GPU_STREAM_DRAIN_S} s)")
+    return errors
+
+
 # --- mutual TLS (overlays with components/mtls) ---------------------------------
 
 # The TLS flags each binary defines (common/tls_flags.cc; decode/main.cc adds
@@ -1075,6 +1125,37 @@ RULE_BREAKAGES = [
 ]
 
 
+def _affinity_terms(o, comp):
+    return m.pod_spec(o, comp)["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"]
+
+
+def _append_gpu_flag(o, line):
+    _set(_config(o), ["decode-gpu.flags"], _config(o)["decode-gpu.flags"] + line + "\n")
+
+
+# (what, mutation of the gpu render), caught by check_gpu_placement (or check_drain)
+GPU_BREAKAGES = [
+    ("decode without node affinity", lambda o: m.pod_spec(o, "decode").pop("affinity")),
+    ("prefill admits the 575 driver (Gt 570)",
+     lambda o: _set(_affinity_terms(o, "prefill")[0]["matchExpressions"][0], ["values"], ["570"])),
+    ("decode on any GPU node (Exists)",
+     lambda o: _affinity_terms(o, "decode")[0]["matchExpressions"][0].update(operator="Exists", values=[])),
+    ("the old GFD label spelled with the new key's value",
+     lambda o: _set(_affinity_terms(o, "prefill")[0]["matchExpressions"][0], ["key"], "nvidia.com/cuda.driver.major")),
+    ("a second term admitting any GPU node",
+     lambda o: _affinity_terms(o, "decode").append(
+         {"matchExpressions": [{"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]}]})),
+    ("the cpu overlay's batch on a GPU", lambda o: _append_gpu_flag(o, "--max_batch=8")),
+    ("decode's streams cut 30 s after SIGTERM", lambda o: _append_gpu_flag(o, "--shutdown_grace=30s")),
+    ("decode's grace period the base's 60 s", lambda o: _set(m.pod_spec(o, "decode"), ["terminationGracePeriodSeconds"], 60)),
+    ("the nvidia RuntimeClass on decode alone", lambda o: _set(m.pod_spec(o, "decode"), ["runtimeClassName"], "nvidia")),
+    ("the cachestore on the nvidia RuntimeClass",
+     lambda o: _set(m.pod_spec(o, "cachestore"), ["runtimeClassName"], "nvidia")),
+    ("the cachestore only on GPU nodes",
+     lambda o: _set(m.pod_spec(o, "cachestore"), ["nodeSelector"], {"nvidia.com/gpu.present": "true"})),
+]
+
 # (what, mutation of the recording rules {record: expr}), caught by
 # check_autoscaling on the cpu overlay: the KEDA queries name recorded series.
 RECORDING_BREAKAGES = [
@@ -1141,6 +1222,8 @@ class ManifestPolicyTest(unittest.TestCase):
                     self.assertEqual(check(objs), [])
             with self.subTest(overlay=overlay, check="check_device"):
                 self.assertEqual(check_device(objs, overlay), [])
+            with self.subTest(overlay=overlay, check="check_gpu_placement"):
+                self.assertEqual(check_gpu_placement(objs, overlay), [])
             if m.uses_mtls(overlay):
                 for check in TLS_CHECKS:
                     with self.subTest(overlay=overlay, check=check.__name__):
@@ -1238,6 +1321,32 @@ class ManifestPolicyTest(unittest.TestCase):
                     self.assertEqual(m.flags(objs, "cachestore")["tls_allowed_peers"],
                                      "spiffe://example.org/ns/prod/sa/hybridserve-decode,"
                                      "spiffe://example.org/ns/prod/sa/hybridserve-prefill")
+
+    def test_gpu_placement_catches_its_breakages(self):
+        gpu = self.rendered["gpu"]
+        # A cpu overlay's pods under the gpu rules, and back.
+        self.assertNotEqual(check_gpu_placement(self.rendered["cpu"], "gpu"), [])
+        self.assertNotEqual(check_gpu_placement(gpu, "cpu"), [])
+        for what, mutate in GPU_BREAKAGES:
+            with self.subTest(breakage=what):
+                broken = copy.deepcopy(gpu)
+                mutate(broken)
+                self.assertNotEqual(check_gpu_placement(broken, "gpu") + check_drain(broken), [],
+                                    f"check_gpu_placement missed: {what}")
+
+    def test_nvidia_runtime_class(self):
+        # components/nvidia-runtime-class: both GPU workers on the nvidia
+        # RuntimeClass, the cachestore on the default; all else unchanged.
+        for overlay in ("gpu", "gpu-mtls"):
+            with self.subTest(overlay=overlay):
+                objs = m.render(overlay, ["components/nvidia-runtime-class"])
+                self.assertEqual({c: m.pod_spec(objs, c).get("runtimeClassName") for c in COMPONENTS},
+                                 {"decode": "nvidia", "prefill": "nvidia", "cachestore": None})
+                self.assertEqual(check_gpu_placement(objs, overlay), [])
+                for o in objs:
+                    if o["kind"] == "Deployment":
+                        o["spec"]["template"]["spec"].pop("runtimeClassName", None)
+                self.assertEqual(objs, self.rendered[overlay])
 
     def test_without_podmonitors(self):
         # components/without-podmonitors removes exactly the three PodMonitors.

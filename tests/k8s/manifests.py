@@ -58,6 +58,14 @@ POD_METRICS_ENDPOINT_FIELDS = {"port", "portNumber", "targetPort", "path", "sche
                                "scrapeTimeout", "honorLabels", "honorTimestamps", "relabelings", "metricRelabelings",
                                "tlsConfig", "basicAuth", "bearerTokenSecret", "authorization", "oauth2", "proxyUrl",
                                "followRedirects", "enableHttp2", "filterRunning", "trackTimestampsStaleness"}
+# GPU placement (deploy/k8s/overlays/gpu): CUDA 13 needs an NVIDIA driver
+# >= 580, which GPU Feature Discovery labels nodes with.
+DRIVER_LABEL = "nvidia.com/cuda.driver-version.major"
+MIN_DRIVER_MAJOR = 580
+# On a GPU, decode batches at least this many requests (the cpu overlay's 8
+# leaves it idle), and its streams get this long to finish after SIGTERM.
+GPU_MIN_BATCH = 32
+GPU_STREAM_DRAIN_S = 300
 # Seconds of margin a grace period keeps beyond the drain it must cover.
 GRACE_MARGIN_S = 5
 # Seconds a rollout's progress deadline keeps beyond its pods' startup probe
@@ -215,6 +223,41 @@ def selector_matches(selector, labels, empty_matches_all=True):
         if op == "DoesNotExist" and key in labels:
             return False
     return True
+
+
+def node_affinity_admits(pod_spec, node_labels):
+    """Whether a pod's required node affinity and nodeSelector admit a node
+    with these labels (the scheduler's rules: terms ORed, expressions ANDed;
+    Gt and Lt compare integers)."""
+    for k, v in (pod_spec.get("nodeSelector") or {}).items():
+        if node_labels.get(k) != v:
+            return False
+    required = ((pod_spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution")
+    if not required:
+        return True
+
+    def expression(e):
+        key, op, values = e["key"], e["operator"], e.get("values") or []
+        value = node_labels.get(key)
+        if op == "In":
+            return value in values
+        if op == "NotIn":
+            return value not in values
+        if op == "Exists":
+            return key in node_labels
+        if op == "DoesNotExist":
+            return key not in node_labels
+        if op in ("Gt", "Lt"):
+            try:
+                number, bound = int(value), int(values[0])
+            except (TypeError, ValueError, IndexError):
+                return False
+            return number > bound if op == "Gt" else number < bound
+        raise ValueError(f"unknown operator {op}")
+
+    return any(all(expression(e) for e in term.get("matchExpressions") or [])
+               for term in required.get("nodeSelectorTerms") or [])
 
 
 # --- flags -----------------------------------------------------------------
