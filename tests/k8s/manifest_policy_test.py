@@ -315,6 +315,12 @@ def check_scaled_object(so, comp, recording):
     if so.get("apiVersion") != m.KEDA_API:
         errors.append(f"ScaledObject {name}: apiVersion {so.get('apiVersion')}, want {m.KEDA_API}")
     errors += [f"ScaledObject {name}: unknown spec field {k}" for k in sorted(set(spec) - m.KEDA_SPEC_FIELDS)]
+    # The HPA KEDA makes has the name the prometheus-adapter HPAs have, and
+    # KEDA takes an existing one over: never two HPAs on one Deployment.
+    hpa_name = spec.get("advanced", {}).get("horizontalPodAutoscalerConfig", {}).get("name")
+    if hpa_name != f"hybridserve-{comp}" or (so["metadata"].get("annotations") or {}).get(
+            "scaledobject.keda.sh/transfer-hpa-ownership") != "true":
+        errors.append(f"ScaledObject {name}: its HPA is not hybridserve-{comp} taken over (transfer-hpa-ownership)")
     ref = spec.get("scaleTargetRef") or {}
     if ref.get("name") != f"hybridserve-{comp}" or ref.get("apiVersion", "apps/v1") != "apps/v1":
         errors.append(f"ScaledObject {name}: scaleTargetRef {ref}")
@@ -931,6 +937,10 @@ BREAKAGES = [
      lambda o: _scaled(o, "prefill").update(minReplicas=_scaled(o, "prefill").pop("minReplicaCount"))),
     (check_autoscaling, "decode's ScaledObject scales prefill",
      lambda o: _set(_scaled(o, "decode")["scaleTargetRef"], ["name"], "hybridserve-prefill")),
+    (check_autoscaling, "KEDA's HPA under its default name beside an old one",
+     lambda o: _scaled(o, "decode")["advanced"]["horizontalPodAutoscalerConfig"].pop("name")),
+    (check_autoscaling, "an existing HPA not taken over",
+     lambda o: m.one(o, "ScaledObject", "hybridserve-prefill")["metadata"].pop("annotations")),
     (check_autoscaling, "one decode pod at least",
      lambda o: _set(_scaled(o, "decode"), ["minReplicaCount"], 1)),
     (check_autoscaling, "a Value metric (not per pod)",
