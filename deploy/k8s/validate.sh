@@ -5,11 +5,11 @@
 # --strict` (unknown fields fail), and runs yamllint with deploy/k8s/.yamllint
 # over every YAML file here. It also proves --strict bites: a rendered
 # Deployment with an unknown field must be rejected. The custom resources
-# (KEDA's ScaledObject, the Prometheus Operator's PodMonitor) have no schema
+# (KEDA's ScaledObject, the Prometheus Operator's PodMonitor and PrometheusRule) have no schema
 # there: kubernetes-validate only warns about them, any other kind without a
 # schema fails, and //tests/k8s:manifest_policy_test checks their structure.
 # The alternatives for a cluster without those CRDs (components/prometheus-adapter:
-# HPAs in place of the ScaledObjects; components/without-podmonitors) are
+# HPAs in place of the ScaledObjects; components/without-prometheus-operator) are
 # rendered and validated on the cpu overlay: no custom resource is left.
 #
 #   deploy/k8s/validate.sh       (also the Bazel test //tests/k8s:manifests_validate_test)
@@ -58,7 +58,7 @@ check() {  # check NAME COMMAND...: runs it, prints one line, remembers failure
 validate() { "$PYTHON" -m kubernetes_validate --strict --quiet -k "$K8S_VERSION" "$@"; }
 # The kinds that have no schema in kubernetes-validate: CRDs whose structure
 # the policy test checks.
-CUSTOM_KINDS='ScaledObject with api version keda.sh/v1alpha1|PodMonitor with api version monitoring.coreos.com/v1'
+CUSTOM_KINDS='ScaledObject with api version keda.sh/v1alpha1|(PodMonitor|PrometheusRule) with api version monitoring.coreos.com/v1'
 validate_known() {  # validate, and fail on a kind without a schema but CUSTOM_KINDS
   validate "$@" >"$work/validate.out" 2>&1 || { cat "$work/validate.out"; return 1; }
   if grep "Couldn't find schema" "$work/validate.out" | grep -Evq "kind ($CUSTOM_KINDS) for"; then
@@ -74,7 +74,7 @@ for dir in "$k8s"/overlays/*/ "$k8s"/namespace/; do
   check "render ${rel%/}" kubectl kustomize "$dir" -o "$work/$name.yaml"
   [ -s "$work/$name.yaml" ] || continue
   objects="$(grep -c '^kind: ' "$work/$name.yaml" || true)"
-  custom="$(grep -cE '^kind: (ScaledObject|PodMonitor)$' "$work/$name.yaml" || true)"
+  custom="$(grep -cE '^kind: (ScaledObject|PodMonitor|PrometheusRule)$' "$work/$name.yaml" || true)"
   check "kubernetes-validate --strict -k $K8S_VERSION ${rel%/} ($objects objects, $custom custom: structure in the policy test)" \
     validate_known "$work/$name.yaml"
 done
@@ -82,15 +82,15 @@ done
 # not validated; the policy test checks it).
 check "render components/mtls/cert-manager" kubectl kustomize "$k8s/components/mtls/cert-manager" -o "$work/certs.yaml"
 # Without KEDA and the Prometheus Operator: the cpu overlay with
-# prometheus-adapter's HPAs and without the PodMonitors.
+# prometheus-adapter's HPAs and without the Prometheus Operator's objects.
 mkdir -p "$k8s/alternatives/cpu-no-crds"
 printf 'resources: [../../overlays/cpu]\ncomponents: [%s, %s]\n' ../../components/prometheus-adapter \
-  ../../components/without-podmonitors >"$k8s/alternatives/cpu-no-crds/kustomization.yaml"
-check "render cpu + components/prometheus-adapter + components/without-podmonitors" \
+  ../../components/without-prometheus-operator >"$k8s/alternatives/cpu-no-crds/kustomization.yaml"
+check "render cpu + components/prometheus-adapter + components/without-prometheus-operator" \
   kubectl kustomize "$k8s/alternatives/cpu-no-crds" -o "$work/alt.yaml"
 validate_alternative() {  # exactly the two HPAs, no custom resource, and valid with no warning
   [ "$(grep -c '^kind: HorizontalPodAutoscaler$' "$work/alt.yaml")" = 2 ] || return 1
-  ! grep -Eq '^kind: (ScaledObject|PodMonitor)$' "$work/alt.yaml" || return 1
+  ! grep -Eq '^kind: (ScaledObject|PodMonitor|PrometheusRule)$' "$work/alt.yaml" || return 1
   validate "$work/alt.yaml" >"$work/validate.out" 2>&1 || { cat "$work/validate.out"; return 1; }
   ! grep "Couldn't find schema" "$work/validate.out"
 }

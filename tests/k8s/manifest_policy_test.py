@@ -501,6 +501,31 @@ def check_pod_monitors(objs):
     return errors
 
 
+# The PrometheusRules of the base and the rule file each copies.
+PROMETHEUS_RULES = {"hybridserve-recording": "hybridserve.rules.yaml", "hybridserve-alerts": "hybridserve.alerts.yaml"}
+
+
+def check_prometheus_rules(objs, files=None):
+    """The base's PrometheusRules (for the Prometheus Operator) are exactly
+    the rule files promtool checks and tests (monitoring/rules), one each:
+    a copy edited alone fails here."""
+    files = m.rules_files() if files is None else files
+    errors = []
+    rules = {r["metadata"]["name"]: r for r in m.find(objs, "PrometheusRule")}
+    if set(rules) != set(PROMETHEUS_RULES):
+        errors.append(f"PrometheusRules {sorted(rules)}, want {sorted(PROMETHEUS_RULES)}")
+    for name, file_name in PROMETHEUS_RULES.items():
+        rule = rules.get(name)
+        if rule is None:
+            continue
+        if rule.get("apiVersion") != m.POD_MONITOR_API or set(rule.get("spec") or {}) != {"groups"}:
+            errors.append(f"PrometheusRule {name}: apiVersion {rule.get('apiVersion')}, spec fields "
+                          f"{sorted(rule.get('spec') or {})} (want {m.POD_MONITOR_API}, groups)")
+        elif rule["spec"]["groups"] != files[file_name]:
+            errors.append(f"PrometheusRule {name} differs from monitoring/rules/{file_name}")
+    return errors
+
+
 def check_topology(objs):
     errors = []
     for comp in WORKERS:
@@ -813,7 +838,7 @@ def check_tls_certificates(objs, example=None, trust_domain=None):
 
 CHECKS = [check_objects, check_resources, check_probes, check_rollout_deadline, check_security, check_pdbs,
           check_services, check_drain, check_flags, check_cachestore_budgets, check_autoscaling, check_adapter_pages,
-          check_pod_monitors,
+          check_pod_monitors, check_prometheus_rules,
           check_topology, check_network_policies]
 TLS_CHECKS = [check_tls_flags, check_tls_secrets, check_tls_health, check_tls_peers, check_tls_certificates,
               check_spiffe_ids]
@@ -969,6 +994,15 @@ BREAKAGES = [
      lambda o: _set(_monitor(o, "prefill")["podMetricsEndpoints"][0], ["scheme"], "https")),
     (check_pod_monitors, "decode's PodMonitor looks in namespace monitoring",
      lambda o: _set(_monitor(o, "decode"), ["namespaceSelector"], {"matchNames": ["monitoring"]})),
+    (check_prometheus_rules, "the recording copy's page-use ratio over a constant",
+     lambda o: _set(m.one(o, "PrometheusRule", "hybridserve-recording")["spec"]["groups"][0]["rules"][1], ["expr"],
+                    "sum by (namespace, pod) (1 - hybridserve_kv_pages_free / 4096)")),
+    (check_prometheus_rules, "the alerts' copy without its last alert",
+     lambda o: m.one(o, "PrometheusRule", "hybridserve-alerts")["spec"]["groups"][0]["rules"].pop()),
+    (check_prometheus_rules, "no recording rules for the Operator",
+     lambda o: o.remove(m.one(o, "PrometheusRule", "hybridserve-recording"))),
+    (check_prometheus_rules, "a field the CRD does not know",
+     lambda o: _set(m.one(o, "PrometheusRule", "hybridserve-alerts")["spec"], ["rules"], [])),
     (check_topology, "decode spread over zones only",
      lambda o: _set(m.pod_spec(o, "decode")["topologySpreadConstraints"][0], ["topologyKey"],
                     "topology.kubernetes.io/zone")),
@@ -1358,13 +1392,14 @@ class ManifestPolicyTest(unittest.TestCase):
                         o["spec"]["template"]["spec"].pop("runtimeClassName", None)
                 self.assertEqual(objs, self.rendered[overlay])
 
-    def test_without_podmonitors(self):
-        # components/without-podmonitors removes exactly the three PodMonitors.
+    def test_without_prometheus_operator(self):
+        # components/without-prometheus-operator removes exactly the PodMonitors
+        # and the PrometheusRules.
         for overlay, objs in self.rendered.items():
             with self.subTest(overlay=overlay):
-                without = m.render(overlay, ["components/without-podmonitors"])
-                self.assertEqual(m.find(without, "PodMonitor"), [])
-                self.assertEqual([o for o in objs if o["kind"] != "PodMonitor"], without)
+                without = m.render(overlay, ["components/without-prometheus-operator"])
+                self.assertEqual(m.find(without, "PodMonitor") + m.find(without, "PrometheusRule"), [])
+                self.assertEqual([o for o in objs if o["kind"] not in ("PodMonitor", "PrometheusRule")], without)
 
     def test_device_check_catches_a_cpu_overlay_on_gpus(self):
         self.assertNotEqual(check_device(self.rendered["cpu"], "gpu"), [])

@@ -158,6 +158,16 @@ def monitoring_rules():
     return yaml.safe_load(config_map["data"]["config.yaml"])["rules"]
 
 
+def rules_files():
+    """{file name: its groups} of deploy/k8s/monitoring/rules' rule files
+    (recording and alerting rules, as Prometheus' rule_files load them)."""
+    found = {}
+    for name in ("hybridserve.rules.yaml", "hybridserve.alerts.yaml"):
+        with open(os.path.join(k8s_dir(), "monitoring", "rules", name), encoding="utf-8") as f:
+            found[name] = yaml.safe_load(f)["groups"]
+    return found
+
+
 def recording_rules():
     """The Prometheus recording rules of deploy/k8s/monitoring/rules, {record: expr}."""
     path = os.path.join(k8s_dir(), "monitoring", "rules", "hybridserve.rules.yaml")
