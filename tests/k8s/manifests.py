@@ -66,6 +66,9 @@ MIN_DRIVER_MAJOR = 580
 # leaves it idle), and its streams get this long to finish after SIGTERM.
 GPU_MIN_BATCH = 32
 GPU_STREAM_DRAIN_S = 300
+# The custom resources the overlays render ((apiVersion, kind)): no schema
+# in kubernetes-validate; the policy test checks their structure.
+CUSTOM_KINDS = {(KEDA_API, "ScaledObject"), (POD_MONITOR_API, "PodMonitor"), (POD_MONITOR_API, "PrometheusRule")}
 # Seconds of margin a grace period keeps beyond the drain it must cover.
 GRACE_MARGIN_S = 5
 # Seconds a rollout's progress deadline keeps beyond its pods' startup probe
