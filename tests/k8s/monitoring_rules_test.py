@@ -210,7 +210,10 @@ def keda_queries(objs):
     for so in m.find(objs, "ScaledObject"):
         for trigger in so["spec"]["triggers"]:
             query = trigger["metadata"]["query"]
-            queries[re.match(r"hybridserve:([a-z_]+):sum", query).group(1)] = query
+            signal = re.match(r"hybridserve:([a-z_]+):sum\{", query)
+            if signal is None:
+                raise AssertionError(f"ScaledObject {so['metadata']['name']}: query {query!r} reads no recorded sum")
+            queries[signal.group(1)] = query
     return queries
 
 
