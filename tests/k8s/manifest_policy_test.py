@@ -10,8 +10,11 @@ the cpu (or cpu-mtls) render and must catch each of them: the checks can
 fail."""
 
 import copy
+import os
 import re
 import unittest
+
+import yaml
 
 import manifests as m
 from manifests import COMPONENTS, PORTS, WORKERS
@@ -26,13 +29,17 @@ def _labels(component):
 
 def check_objects(objs):
     errors = []
-    expected = [("ConfigMap", "hybridserve-config")]
+    expected = []
     for c in COMPONENTS:
         expected += [("Service", f"hybridserve-{c}"), ("PodDisruptionBudget", f"hybridserve-{c}"),
                      ("NetworkPolicy", f"hybridserve-{c}")]
     for c in WORKERS:
         expected += [("Deployment", f"hybridserve-{c}"), ("ScaledObject", f"hybridserve-{c}")]
     errors += [f"missing {k}/{n}" for k, n in expected if not m.find(objs, k, n)]
+    try:
+        m.config_map(objs)
+    except LookupError as e:
+        errors.append(f"missing the flags: {e}")
     # The Namespace is applied once on its own (deploy/k8s/namespace): in an
     # overlay, `kubectl delete -k` would delete it, the model PVC and the TLS
     # Secrets in it with it.
@@ -270,6 +277,52 @@ def check_flags(objs):
     for flag in ("page_size", "model_dir", "device"):
         if f.get(flag) != prefill.get(flag):
             errors.append(f"--{flag}: decode {f.get(flag)} != prefill {prefill.get(flag)}")
+    return errors
+
+
+def edit_flag_files(root):
+    """What an operator's flag change does, on a copy of deploy/k8s (`root`):
+    every flag file edited (a comment appended)."""
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            if name.endswith(".flags"):
+                with open(os.path.join(dirpath, name), "a", encoding="utf-8") as f:
+                    f.write("# edited\n")
+
+
+def check_config_rolls(objs, edited):
+    """Every ConfigMap a Deployment mounts or reads is name-hashed: in
+    `edited` (the same overlay rendered after edit_flag_files) a ConfigMap
+    whose data changed has a new name, and each Deployment that references it
+    a new pod template, so it rolls. A fixed name (disableNameSuffixHash)
+    leaves the pods as they are: the binaries read their flags at start, and
+    the pods the autoscaler adds after the edit would run the new flags beside
+    the old ones (a page-size change fails every transfer between them)."""
+    errors = []
+    for d in m.find(objs, "Deployment"):
+        name = d["metadata"]["name"]
+        after = m.find(edited, "Deployment", name)
+        if not after:
+            errors.append(f"{name}: not rendered after the edit")
+            continue
+        refs, refs_after = m.config_map_refs(d), m.config_map_refs(after[0])
+        if len(refs) != len(refs_after):
+            errors.append(f"{name}: references {refs} before the edit, {refs_after} after")
+            continue
+        changed = False
+        for ref, ref_after in zip(refs, refs_after):
+            cm, cm_after = m.find(objs, "ConfigMap", ref), m.find(edited, "ConfigMap", ref_after)
+            if not cm or not cm_after:
+                errors.append(f"{name}: references ConfigMap {ref if not cm else ref_after}, which is not rendered")
+                continue
+            if cm[0].get("data") == cm_after[0].get("data"):
+                continue
+            changed = True
+            if ref == ref_after:
+                errors.append(f"{name}: ConfigMap {ref} keeps its name after its data changed (no hash suffix: "
+                              "disableNameSuffixHash?): pods added after an edit would run new flags beside old ones")
+        if changed and d["spec"]["template"] == after[0]["spec"]["template"]:
+            errors.append(f"{name}: its pod template is unchanged after its flags changed: it does not roll")
     return errors
 
 
@@ -855,7 +908,7 @@ def _policy(objs, comp):
 
 
 def _config(objs):
-    return m.one(objs, "ConfigMap", "hybridserve-config")["data"]
+    return m.config_map(objs)["data"]
 
 
 def _monitor(objs, comp):
@@ -1240,8 +1293,9 @@ class ManifestPolicyTest(unittest.TestCase):
         # same objects, the same device settings.
         for overlay in ("cpu", "gpu"):
             plain, mtls = self.rendered[overlay], self.rendered[f"{overlay}-mtls"]
-            self.assertEqual([(o["kind"], o["metadata"]["name"]) for o in plain],
-                             [(o["kind"], o["metadata"]["name"]) for o in mtls])
+            # (The flags ConfigMap's hash differs: mtls adds flag files.)
+            self.assertEqual([(o["kind"], m.generator_name(o)) for o in plain],
+                             [(o["kind"], m.generator_name(o)) for o in mtls])
             for comp in WORKERS:
                 self.assertEqual({k: v for k, v in m.flags(plain, comp).items() if k in ("device", "max_pages")},
                                  {k: v for k, v in m.flags(mtls, comp).items() if k in ("device", "max_pages")})
@@ -1310,6 +1364,37 @@ class ManifestPolicyTest(unittest.TestCase):
                                     f"check_autoscaling missed: {what}")
         self.assertEqual(covered, set(CHECKS + TLS_CHECKS),
                          "every check has a breakage it must catch")
+
+    def test_a_flag_edit_rolls_every_deployment(self):
+        # Every overlay: a flag edit renames the flags ConfigMap (kustomize's
+        # hash suffix) and changes every Deployment's pod template.
+        for overlay, objs in self.rendered.items():
+            with self.subTest(overlay=overlay):
+                edited = m.render(overlay, edit=edit_flag_files)
+                self.assertEqual(check_config_rolls(objs, edited), [])
+                self.assertNotEqual(m.config_map(objs)["metadata"]["name"],
+                                    m.config_map(edited)["metadata"]["name"])
+
+        # The earlier kustomization (generatorOptions: disableNameSuffixHash)
+        # fails it, for each Deployment.
+        def fixed_name(root):
+            path = os.path.join(root, "base", "kustomization.yaml")
+            with open(path, encoding="utf-8") as f:
+                kustomization = yaml.safe_load(f)
+            kustomization["generatorOptions"] = {"disableNameSuffixHash": True}
+            with open(path, "w", encoding="utf-8") as f:
+                yaml.safe_dump(kustomization, f)
+
+        def fixed_name_edited(root):
+            fixed_name(root)
+            edit_flag_files(root)
+
+        errors = check_config_rolls(m.render("cpu", edit=fixed_name), m.render("cpu", edit=fixed_name_edited))
+        for comp in COMPONENTS:
+            self.assertTrue([e for e in errors if e.startswith(f"hybridserve-{comp}: ConfigMap hybridserve-config "
+                                                                "keeps its name")], errors)
+            self.assertIn(f"hybridserve-{comp}: its pod template is unchanged after its flags changed: "
+                          "it does not roll", errors)
 
     def test_prometheus_adapter_alternative(self):
         # Every overlay with components/prometheus-adapter: HPAs in place of

@@ -95,15 +95,18 @@ def settings():
         return yaml.safe_load(f)["data"]
 
 
-def render(overlay, components=(), settings_override=None):
+def render(overlay, components=(), settings_override=None, edit=None):
     """The objects `kubectl kustomize deploy/k8s/overlays/<overlay>` renders;
     with `components` (paths relative to deploy/k8s, e.g.
     "components/prometheus-adapter"), those of an overlay over it that adds
     them, as a user's overlay would; with `settings_override` ({name: value}),
-    those settings changed in settings/settings.yaml first."""
+    those settings changed in settings/settings.yaml first; with `edit` (a
+    function of the copy's root directory), after it changed the copy."""
     with tempfile.TemporaryDirectory(dir=os.environ.get("TEST_TMPDIR")) as tmp:
         # A real copy: kustomize refuses symlinks leading outside its root.
         root = shutil.copytree(k8s_dir(), os.path.join(tmp, "k8s"))
+        if edit:
+            edit(root)
         if settings_override:
             path = os.path.join(root, SETTINGS)
             with open(path, encoding="utf-8") as f:
@@ -190,6 +193,55 @@ def one(objs, kind, name):
     if len(found) != 1:
         raise LookupError(f"{kind}/{name}: {len(found)} objects")
     return found[0]
+
+
+# The flags ConfigMap's generator name: kustomize appends a hash of its data
+# (hybridserve-config-<10 characters>), so that an edit renames it and every
+# Deployment that mounts it rolls.
+CONFIG_NAME = "hybridserve-config"
+_HASHED = re.compile(r"-[a-z0-9]{10}$")
+
+
+def config_map(objs, name=CONFIG_NAME):
+    """The ConfigMap generated as `name` (its name with kustomize's hash
+    suffix, or exactly `name`)."""
+    found = [o for o in find(objs, "ConfigMap") if o["metadata"]["name"] == name or (
+        o["metadata"]["name"].startswith(name + "-") and _HASHED.fullmatch(o["metadata"]["name"][len(name):]))]
+    if len(found) != 1:
+        raise LookupError(f"ConfigMap/{name}: {len(found)} objects")
+    return found[0]
+
+
+def generator_name(obj):
+    """An object's name without kustomize's hash suffix where it is the flags
+    ConfigMap (its name as generated), else its name."""
+    name = obj["metadata"]["name"]
+    if obj["kind"] == "ConfigMap" and name.startswith(CONFIG_NAME + "-") and _HASHED.fullmatch(
+            name[len(CONFIG_NAME):]):
+        return CONFIG_NAME
+    return name
+
+
+def config_map_refs(obj):
+    """The names of the ConfigMaps a workload's pods mount (volumes, projected
+    volumes) or read (env, envFrom), in order."""
+    spec = obj["spec"]["template"]["spec"]
+    refs = []
+    for v in spec.get("volumes", []):
+        if "configMap" in v:
+            refs.append(v["configMap"]["name"])
+        for source in v.get("projected", {}).get("sources", []):
+            if "configMap" in source:
+                refs.append(source["configMap"]["name"])
+    for c in spec.get("initContainers", []) + spec.get("containers", []):
+        for e in c.get("env", []):
+            ref = e.get("valueFrom", {}).get("configMapKeyRef")
+            if ref:
+                refs.append(ref["name"])
+        for e in c.get("envFrom", []):
+            if "configMapRef" in e:
+                refs.append(e["configMapRef"]["name"])
+    return refs
 
 
 def workload(objs, component):
