@@ -42,7 +42,8 @@ files. What one host forces is mapped, and only that:
 
 A kubelet restart (a failed startup or liveness probe, a container that
 exits by itself, a SIGKILL at the end of the grace period) is never done: it
-is recorded in Cluster.failures, and the test fails on any."""
+is recorded in Cluster.failures, and the test fails on any. The one SIGKILL
+that is not a failure is the test's own (Pod.kill: a fault it injects)."""
 
 import os
 import random
@@ -193,7 +194,7 @@ class Pod:
         if len(spec["containers"]) != 1:
             raise ValueError(f"{name}: one container a pod is run here")
         self.grace_s = spec.get("terminationGracePeriodSeconds", 30)
-        self.started = self.ready = self.deleted = False
+        self.started = self.ready = self.deleted = self.killed = False
         self.ready_since = None
         self.deleted_at = self.sigterm_at = self.sigterm_to_exit_s = None
         self.deleting = threading.Event()
@@ -409,6 +410,27 @@ class Pod:
         if at < 0:
             return None
         return text[text.rfind("\n", 0, at) + 1:][:6000]
+
+    def kill(self):
+        """kill -9 of the container, under load (an OOM kill, a lost node): no
+        preStop, no SIGTERM, no drain. The kubelet sees the exit at once: the
+        pod leaves its Services' endpoints, and it is its Deployment's no
+        more (the replacement is the test's to make: scale). Not a failure
+        of the cluster. Its metrics as last scraped just before stay in
+        final_metrics (last_metrics)."""
+        try:
+            self.final_metrics = self.metrics()
+        except OSError:
+            pass
+        self.killed = self.deleted = True
+        self._stop.set()
+        if self in self.deployment.pods:
+            self.deployment.pods.remove(self)
+        self.process.kill()
+        self._exited.wait()
+        self.ready = False
+        self.ready_since = None
+        self.cluster.changed()
 
     def kill_now(self):
         """No drain wanted (a test that failed already)."""

@@ -8,7 +8,11 @@ plays what a platform team does with it:
   3. 8 conversations start and run on to the end; prefill scales 1 -> 3 and
      decode sends calls to both new pods (their request counters, scraped
      from their declared metrics ports, move);
-  4. a rolling update of decode, then of prefill, as the Deployment
+  4. (cpu) kill -9 of every prefill pod under the conversations: decode prefills
+     their prompts itself (--fallback_prefill_max_tokens; its
+     hybridserve_decode_fallback_prefills_total grows), no request fails;
+     prefill back to 3 pods, and decode sends calls to each again;
+  5. a rolling update of decode, then of prefill, as the Deployment
      controller and the kubelet do it (strategy, readiness gate, endpoint
      removal, preStop sleep, SIGTERM, SIGKILL at the grace period's end).
      Besides the conversations, a client that connected to the old decode
@@ -142,7 +146,13 @@ class Conversations:
     def turn(self, history, tag):
         """One Generate call; returns its tokens, its usage and the decode pod
         that served it, or Nones when it failed."""
-        pod, target = self.cluster.pick(DECODE, "grpc")
+        try:
+            pod, target = self.cluster.pick(DECODE, "grpc")
+        except AssertionError as e:  # no ready endpoint: the client's connection fails
+            self.count_sent()
+            self.failed_call(f"{tag}: {e}")
+            self.stopping.wait(0.1)  # its reconnect backoff
+            return None, None, None
         self.count_sent()
         options = self.client_options  # one set: the test swaps the whole dict
         try:
@@ -358,6 +368,14 @@ def metric_sum(text, name, labels=""):
 def prefill_calls(pod):
     """Prefill calls a pod answered, from its metrics."""
     return metric_sum(pod.metrics(), "hybridserve_prefill_requests_total", 'outcome="ok"')
+
+
+def decode_fallback_prefills(pod):
+    """Prompts a decode pod prefilled itself as no prefill worker answered
+    (--fallback_prefill_max_tokens), by reason, from its metrics."""
+    text = pod.metrics()
+    return {reason: metric_sum(text, "hybridserve_decode_fallback_prefills_total", f'reason="{reason}"')
+            for reason in ("unavailable", "failed")}
 
 
 def prefill_cache_failures(pod):
@@ -598,7 +616,12 @@ class RunManifestsTest(unittest.TestCase):
             self._rotate_ca(certificates, clients)
             went_across()
 
-        # 4. Rolling updates under traffic.
+        # 4. kill -9 of every prefill pod; the pool back (the plaintext
+        # overlay: the same pools and flags).
+        if certificates is None:
+            self._kill_every_prefill_pod(clients)
+
+        # 5. Rolling updates under traffic.
         terminations = []
         across = CallAcrossSigterm(clients, deployments[DECODE].pods[0])
         deployments[DECODE].rollout(READY_TIMEOUT_S, terminations)
@@ -662,6 +685,68 @@ class RunManifestsTest(unittest.TestCase):
         # The long call was running (its first token out) when its pod got SIGTERM.
         self.assertLess(across.first_token, across.pod.sigterm_at)
         self.assertGreater(across.ended, across.pod.sigterm_at)
+
+    def _kill_every_prefill_pod(self, clients):
+        """kill -9 of every prefill pod while the conversations run: decode
+        prefills their prompts itself (its fallback counter grows: the kill
+        landed while it had prompts to prefill) and no request fails, with
+        no prefill pod for CONVERSATIONS turns and more; then the pool back
+        at PREFILL_REPLICAS pods, and decode calls each of them within its
+        --prefill_resolve_interval (their request counters move)."""
+        deployments = self.cluster.deployments
+        decodes = list(deployments[DECODE].pods)
+
+        def fallbacks():
+            return sum(sum(decode_fallback_prefills(p).values()) for p in decodes)
+
+        before = fallbacks()
+        killed = list(deployments[PREFILL].pods)
+        began = time.monotonic()
+        for pod in killed:
+            pod.kill()
+        progress = clients.progress()
+        self.assertEqual(deployments[PREFILL].pods, [])
+        def fell_back():
+            if clients.failed:
+                raise AssertionError(f"failed calls with no prefill pod: {clients.failed[:5]}")
+            return fallbacks() > before
+
+        self.cluster.wait(fell_back, REQUEST_TIMEOUT_S, "decode prefills prompts itself with no prefill pod")
+        clients.wait_for_turns(CONVERSATIONS, REQUEST_TIMEOUT_S, "the conversations with no prefill pod")
+        alone = {p.name: decode_fallback_prefills(p) for p in decodes}
+        after_kill = clients.progress()
+        print(f"kill -9 of {[p.name for p in killed]}: conversations' turns/tokens at the kill {progress[:2]}, "
+              f"{time.monotonic() - began:.1f} s later {after_kill[:2]}, failed calls {after_kill[2]}; "
+              f"decode's fallback prefills {before:.0f} before, now {alone}")
+        self.assertEqual(clients.failed, [])
+
+        deployments[PREFILL].scale(PREFILL_REPLICAS, READY_TIMEOUT_S)
+        back = list(deployments[PREFILL].pods)
+        resolve_s = manifests.parse_duration_s(manifests.flags(self.objs, "decode")["prefill_resolve_interval"])
+        self.cluster.wait(lambda: all(prefill_calls(p) > 0 for p in back), resolve_s + 30,
+                          "decode calls every prefill pod back")
+        # It takes the load on: its calls keep growing, and decode's own
+        # fallback prefills stop (CONVERSATIONS turns in a row without one;
+        # a fallback under way when the pool came back may still count).
+        calls, fell_back = sum(prefill_calls(p) for p in back), fallbacks()
+        self.cluster.wait(lambda: sum(prefill_calls(p) for p in back) > calls, REQUEST_TIMEOUT_S,
+                          "the prefill pool back takes the prompts")
+        quiet = [fallbacks(), clients.progress()[0]]
+
+        def returned():
+            now, turns = fallbacks(), clients.progress()[0]
+            if clients.failed:
+                raise AssertionError(f"failed calls with the prefill pool back: {clients.failed[:5]}")
+            if now != quiet[0]:
+                quiet[:] = [now, turns]
+                return False
+            return turns - quiet[1] >= CONVERSATIONS
+
+        self.cluster.wait(returned, REQUEST_TIMEOUT_S, f"{CONVERSATIONS} turns without a fallback prefill")
+        print(f"prefill back to {PREFILL_REPLICAS} pods, calls served: {({p.name: prefill_calls(p) for p in back})}; "
+              f"decode's fallback prefills {fell_back:.0f} once each served a call, then {quiet[0]:.0f} for "
+              f"{CONVERSATIONS} turns and more")
+        self.assertEqual(clients.failed, [])
 
     # --- mutual TLS --------------------------------------------------------------
 
