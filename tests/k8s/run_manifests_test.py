@@ -21,6 +21,13 @@ plays what a platform team does with it:
      finish (so a grace period too short for the drain is a SIGKILL, and a
      failure).
 
+Apart (//tests/k8s:run_manifests_scale_out_test): decode scales 1 -> 3 under
+one long-lived client whose channel goes through an emulated ClusterIP (each
+TCP connection to one ready pod, for its life) with decode's
+--max_connection_age shortened to DECODE_CONNECTION_AGE_S: the GOAWAY at that
+age makes it reconnect, and the new pods serve a share of its requests within
+a bound; none fails.
+
 The same scenario runs on deploy/k8s/overlays/cpu-mtls (mutual TLS on
 every gRPC port, tests/k8s/local_cluster.py mapping each pool's Secret to a
 directory laid out as the kubelet's), with certificates made at test time as
@@ -109,6 +116,9 @@ STREAM_TIMEOUT_S = 180
 # readiness periods; this bounds every wait for it.
 READY_TIMEOUT_S = 90
 PREFILL_REPLICAS = 3
+# decode's --max_connection_age in the scale-out test (the manifests' 5 min
+# would make it wait that long).
+DECODE_CONNECTION_AGE_S = 2
 
 
 def _reexec_in_namespaces():
@@ -352,6 +362,59 @@ class StreamAcross:
         return self.tokens()
 
 
+class ClusterIp:
+    """The decode Service's virtual IP as kube-proxy makes it: each new TCP
+    connection to it goes to one ready endpoint, at random, for the
+    connection's life (so a client's HTTP/2 connection stays on one pod until
+    it reconnects). Listens on 127.0.0.1 (no pod's address)."""
+
+    def __init__(self, cluster, service, port_name):
+        self.cluster, self.service, self.port_name = cluster, service, port_name
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.target = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.lock = threading.Lock()
+        self.connections = []  # (pod name) each connection went to
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:  # closed
+                return
+            try:
+                pod, address = self.cluster.pick(self.service, self.port_name)
+                host, port = address.rsplit(":", 1)
+                backend = socket.create_connection((host, int(port)), timeout=5)
+            except (AssertionError, OSError):  # no ready endpoint, or it refused: kube-proxy rejects
+                client.close()
+                continue
+            backend.settimeout(None)
+            with self.lock:
+                self.connections.append(pod.name)
+            for a, b in ((client, backend), (backend, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(source, sink):
+        try:
+            while True:
+                data = source.recv(65536)
+                if not data:
+                    break
+                sink.sendall(data)
+        except OSError:
+            pass
+        for sock in (source, sink):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def close(self):
+        self.listener.close()
+
+
 def metric_sum(text, name, labels=""):
     """The sum of the samples of the metric `name` whose labels include
     `labels` (e.g. 'reason="deadline_exceeded"'), in Prometheus text."""
@@ -557,8 +620,10 @@ class RunManifestsTest(unittest.TestCase):
             # pod's log holds a sanitizer report.
             self.assertEqual(self.cluster.teardown(), [])
 
-    def _start(self, overlay, secrets=None):
+    def _start(self, overlay, secrets=None, edit=None):
         self.objs = manifests.render(overlay)
+        if edit:
+            edit(self.objs)
         os.makedirs(os.path.join(self.workdir, overlay))
         self.cluster = local_cluster.Cluster(self.objs, os.path.join(self.workdir, overlay), secrets)
         self.cluster.start()
@@ -574,6 +639,75 @@ class RunManifestsTest(unittest.TestCase):
     def test_manifests_serve_scale_and_roll_without_a_failed_request(self):
         self._start(OVERLAY)
         self._with_logs_on_failure(lambda: self._scenario(Conversations(self.cluster)))
+
+    def test_decode_scale_out_reaches_a_long_lived_client(self):
+        # One client, one channel to the decode Service (a ClusterIP: each
+        # connection stays on one pod), sending requests one after another
+        # throughout. Decode 1 -> 3: the connection age (--max_connection_age,
+        # DECODE_CONNECTION_AGE_S here in place of the manifests' 5 min) sends
+        # it a GOAWAY, it reconnects, and the new pods serve a share of its
+        # requests; none fails.
+        def short_age(objs):
+            manifests.container(objs, "decode")["args"].append(f"--max_connection_age={DECODE_CONNECTION_AGE_S}s")
+
+        self._start(OVERLAY, edit=short_age)
+        self._with_logs_on_failure(self._scale_out_scenario)
+
+    def _scale_out_scenario(self):
+        deployments = self.cluster.deployments
+        deployments[CACHESTORE].scale(1, READY_TIMEOUT_S)
+        deployments[PREFILL].scale(1, READY_TIMEOUT_S)
+        deployments[DECODE].scale(1, READY_TIMEOUT_S)
+        vip = ClusterIp(self.cluster, DECODE, "grpc")
+        failed = []
+        stopping = threading.Event()
+
+        def finished(pod):
+            return metric_sum(pod.metrics(), "hybridserve_request_success_total")
+
+        def client():
+            prompt = encode_bytes("one long-lived client, request ", add_bos=True)
+            with Client(vip.target, timeout=REQUEST_TIMEOUT_S) as c:
+                n = 0
+                while not stopping.is_set():
+                    n += 1
+                    try:
+                        result = c.generate(prompt + encode_bytes(str(n)), max_tokens=MAX_TOKENS, temperature=0.0,
+                                            ignore_eos=True)
+                        if result.finish_reason in (FinishReason.ERROR, FinishReason.ABORT):
+                            failed.append(f"request {n}: {result.finish_reason} {result.error_message}")
+                    except Exception as e:  # pylint: disable=broad-except
+                        failed.append(f"request {n}: {e!r}")
+
+        thread = threading.Thread(target=client, daemon=True)
+        thread.start()
+        try:
+            self._scale_out_under(vip, failed, finished)
+        finally:
+            stopping.set()
+            thread.join(REQUEST_TIMEOUT_S)
+            vip.close()
+
+    def _scale_out_under(self, vip, failed, finished):
+        deployments = self.cluster.deployments
+        first = deployments[DECODE].pods[0]
+        self.cluster.wait(lambda: finished(first) > 0 or failed, REQUEST_TIMEOUT_S, "the client's first requests")
+        deployments[DECODE].scale(3, READY_TIMEOUT_S)
+        added = [p for p in deployments[DECODE].pods if p is not first]
+        began = time.monotonic()
+        # Each reconnection picks one of 3 pods: a new pod missed by 30 in a
+        # row has odds (2/3)^30 < 1e-5; one comes each connection age.
+        bound_s = 30 * DECODE_CONNECTION_AGE_S + REQUEST_TIMEOUT_S
+        self.cluster.wait(lambda: failed or all(finished(p) > 0 for p in added), bound_s,
+                          "the new decode pods serve the long-lived client")
+        took = time.monotonic() - began
+        served = {p.name: finished(p) for p in deployments[DECODE].pods}
+        print(f"decode 1 -> 3 under one long-lived client (--max_connection_age={DECODE_CONNECTION_AGE_S}s): "
+              f"requests finished by pod {served}, the new pods' first after {took:.1f} s; "
+              f"its connections went to {vip.connections}")
+        self.assertEqual(failed, [])
+        self.assertEqual(self.cluster.failures, [])
+        self.assertTrue(all(served[p.name] > 0 for p in added), served)
 
     def test_mtls_manifests_serve_scale_roll_and_renew_certificates_without_a_failed_request(self):
         certificates = Certificates(os.path.join(self.workdir, "certs"))
