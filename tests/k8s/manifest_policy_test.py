@@ -36,10 +36,11 @@ def check_objects(objs):
     for c in WORKERS:
         expected += [("Deployment", f"hybridserve-{c}"), ("ScaledObject", f"hybridserve-{c}")]
     errors += [f"missing {k}/{n}" for k, n in expected if not m.find(objs, k, n)]
-    try:
-        m.config_map(objs)
-    except LookupError as e:
-        errors.append(f"missing the flags: {e}")
+    for name in m.CONFIG_NAMES:
+        try:
+            m.config_map(objs, name)
+        except LookupError as e:
+            errors.append(f"missing the flags: {e}")
     # The Namespace is applied once on its own (deploy/k8s/namespace): in an
     # overlay, `kubectl delete -k` would delete it, the model PVC and the TLS
     # Secrets in it with it.
@@ -288,6 +289,12 @@ def edit_flag_files(root):
             if name.endswith(".flags"):
                 with open(os.path.join(dirpath, name), "a", encoding="utf-8") as f:
                     f.write("# edited\n")
+
+
+def edit_decode_flags(root):
+    """A copy of deploy/k8s (`root`) with decode's flag file edited alone."""
+    with open(os.path.join(root, "base", "flags", "decode.flags"), "a", encoding="utf-8") as f:
+        f.write("# edited\n")
 
 
 def check_config_rolls(objs, edited):
@@ -907,8 +914,31 @@ def _policy(objs, comp):
     return m.one(objs, "NetworkPolicy", f"hybridserve-{comp}")["spec"]
 
 
+class _Flags:
+    """The flag files of both flags ConfigMaps as one mapping: each key read
+    from, written to and deleted in the ConfigMap that holds it."""
+
+    def __init__(self, objs):
+        self.datas = [m.config_map(objs, name)["data"] for name in m.CONFIG_NAMES]
+
+    def _holder(self, key):
+        for data in self.datas:
+            if key in data:
+                return data
+        raise KeyError(key)
+
+    def __getitem__(self, key):
+        return self._holder(key)[key]
+
+    def __setitem__(self, key, value):
+        self._holder(key)[key] = value
+
+    def __delitem__(self, key):
+        del self._holder(key)[key]
+
+
 def _config(objs):
-    return m.config_map(objs)["data"]
+    return _Flags(objs)
 
 
 def _monitor(objs, comp):
@@ -1372,8 +1402,16 @@ class ManifestPolicyTest(unittest.TestCase):
             with self.subTest(overlay=overlay):
                 edited = m.render(overlay, edit=edit_flag_files)
                 self.assertEqual(check_config_rolls(objs, edited), [])
-                self.assertNotEqual(m.config_map(objs)["metadata"]["name"],
-                                    m.config_map(edited)["metadata"]["name"])
+                for name in m.CONFIG_NAMES:
+                    self.assertNotEqual(m.config_map(objs, name)["metadata"]["name"],
+                                        m.config_map(edited, name)["metadata"]["name"])
+                # A worker flag edit rolls the workers alone: the cachestore
+                # (Recreate) keeps its pod, and its cache.
+                decode_only = m.render(overlay, edit=edit_decode_flags)
+                self.assertEqual(check_config_rolls(objs, decode_only), [])
+                for comp, rolls in (("decode", True), ("prefill", True), ("cachestore", False)):
+                    self.assertEqual(m.workload(objs, comp)["spec"]["template"]
+                                     != m.workload(decode_only, comp)["spec"]["template"], rolls, comp)
 
         # The earlier kustomization (generatorOptions: disableNameSuffixHash)
         # fails it, for each Deployment.
@@ -1391,8 +1429,8 @@ class ManifestPolicyTest(unittest.TestCase):
 
         errors = check_config_rolls(m.render("cpu", edit=fixed_name), m.render("cpu", edit=fixed_name_edited))
         for comp in COMPONENTS:
-            self.assertTrue([e for e in errors if e.startswith(f"hybridserve-{comp}: ConfigMap hybridserve-config "
-                                                                "keeps its name")], errors)
+            self.assertTrue([e for e in errors if e.startswith(f"hybridserve-{comp}: ConfigMap hybridserve-")
+                             and "keeps its name" in e], errors)
             self.assertIn(f"hybridserve-{comp}: its pod template is unchanged after its flags changed: "
                           "it does not roll", errors)
 

@@ -195,10 +195,12 @@ def one(objs, kind, name):
     return found[0]
 
 
-# The flags ConfigMap's generator name: kustomize appends a hash of its data
-# (hybridserve-config-<10 characters>), so that an edit renames it and every
-# Deployment that mounts it rolls.
+# The flags ConfigMaps' generator names (the workers', the cachestore's):
+# kustomize appends a hash of the data (<name>-<10 characters>), so that an
+# edit renames one and every Deployment that mounts it rolls.
 CONFIG_NAME = "hybridserve-config"
+CACHESTORE_CONFIG_NAME = "hybridserve-cachestore-config"
+CONFIG_NAMES = (CONFIG_NAME, CACHESTORE_CONFIG_NAME)
 _HASHED = re.compile(r"-[a-z0-9]{10}$")
 
 
@@ -213,12 +215,13 @@ def config_map(objs, name=CONFIG_NAME):
 
 
 def generator_name(obj):
-    """An object's name without kustomize's hash suffix where it is the flags
+    """An object's name without kustomize's hash suffix where it is a flags
     ConfigMap (its name as generated), else its name."""
     name = obj["metadata"]["name"]
-    if obj["kind"] == "ConfigMap" and name.startswith(CONFIG_NAME + "-") and _HASHED.fullmatch(
-            name[len(CONFIG_NAME):]):
-        return CONFIG_NAME
+    for generated in CONFIG_NAMES:
+        if obj["kind"] == "ConfigMap" and name.startswith(generated + "-") and _HASHED.fullmatch(
+                name[len(generated):]):
+            return generated
     return name
 
 
