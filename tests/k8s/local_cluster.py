@@ -576,6 +576,26 @@ class Cluster:
         self.all_pods.append(pod)
         return pod
 
+    def apply(self, objs):
+        """`kubectl apply` of a new render: its ConfigMaps exist from now on
+        (pods started later mount them; running pods keep the files they
+        started with, as flags are read at start), and each Deployment whose
+        pod template changed gets it for its next pods. Returns the names of
+        those Deployments: the ones the Deployment controller rolls (the
+        caller runs Deployment.rollout). Services and the rest stay as they
+        were (checked: unchanged)."""
+        for kind in ("Service",):
+            if manifests.find(objs, kind) != manifests.find(self.objs, kind):
+                raise ValueError(f"apply: the {kind}s changed; not run here")
+        changed = []
+        for d in manifests.find(objs, "Deployment"):
+            deployment = self.deployments[d["metadata"]["name"]]
+            if d["spec"]["template"] != deployment.template:
+                deployment.template = d["spec"]["template"]
+                changed.append(deployment.name)
+        self.objs = objs
+        return changed
+
     def update_secret(self, name, data):
         """The Secret `name` changes (a renewal): every pod's volume of it is
         rewritten as the kubelet does on its next sync (here at once), and

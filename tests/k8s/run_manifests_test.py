@@ -26,7 +26,9 @@ one long-lived client whose channel goes through an emulated ClusterIP (each
 TCP connection to one ready pod, for its life) with decode's
 --max_connection_age shortened to DECODE_CONNECTION_AGE_S: the GOAWAY at that
 age makes it reconnect, and the new pods serve a share of its requests within
-a bound; none fails.
+a bound; none fails. And a flag edit applied (a new render) under the
+conversations: decode and prefill roll onto the new flag, the cachestore
+does not, no request fails.
 
 The same scenario runs on deploy/k8s/overlays/cpu-mtls (mutual TLS on
 every gRPC port, tests/k8s/local_cluster.py mapping each pool's Secret to a
@@ -119,6 +121,8 @@ PREFILL_REPLICAS = 3
 # decode's --max_connection_age in the scale-out test (the manifests' 5 min
 # would make it wait that long).
 DECODE_CONNECTION_AGE_S = 2
+# The flag edit the rollout test applies: decode's page count this much lower.
+EDITED_PAGES_LESS = 96
 
 
 def _reexec_in_namespaces():
@@ -708,6 +712,50 @@ class RunManifestsTest(unittest.TestCase):
         self.assertEqual(failed, [])
         self.assertEqual(self.cluster.failures, [])
         self.assertTrue(all(served[p.name] > 0 for p in added), served)
+
+    def test_a_flag_edit_rolls_the_workers(self):
+        # An operator edits a flag (engine.flags: --max_pages) and applies the
+        # new render under 8 conversations: the workers' ConfigMap gets a new
+        # name, the render changes decode's and prefill's pod templates and
+        # not the cachestore's; their rollouts bring pods that run the new
+        # flag (decode's hybridserve_kv_pages_total), with no failed request.
+        self._start(OVERLAY)
+        self._with_logs_on_failure(self._flag_edit_scenario)
+
+    def _flag_edit_scenario(self):
+        deployments = self.cluster.deployments
+        for name in (CACHESTORE, PREFILL, DECODE):
+            deployments[name].scale(1, READY_TIMEOUT_S)
+        pages = int(manifests.flags(self.objs, "decode")["max_pages"])
+        old_decode = deployments[DECODE].pods[0]
+        self.assertEqual(metric_sum(old_decode.metrics(), "hybridserve_kv_pages_total"), pages)
+
+        def edit(root):
+            with open(os.path.join(root, "overlays", OVERLAY, "engine.flags"), "a", encoding="utf-8") as f:
+                f.write(f"--max_pages={pages - EDITED_PAGES_LESS}\n")
+
+        edited = manifests.render(OVERLAY, edit=edit)
+        clients = Conversations(self.cluster)
+        clients.start(CONVERSATIONS)
+        clients.wait_for_turns(CONVERSATIONS, REQUEST_TIMEOUT_S, "the conversations before the edit")
+        changed = self.cluster.apply(edited)
+        self.assertEqual(sorted(changed), sorted([DECODE, PREFILL]))
+        terminations = []
+        deployments[PREFILL].rollout(3 * READY_TIMEOUT_S, terminations)
+        deployments[DECODE].rollout(READY_TIMEOUT_S, terminations)
+        for t in terminations:
+            t.join()
+        clients.wait_for_turns(CONVERSATIONS, REQUEST_TIMEOUT_S, "the conversations after the rollouts")
+        clients.stop()
+        new_decode = deployments[DECODE].pods[0]
+        new_pages = metric_sum(new_decode.metrics(), "hybridserve_kv_pages_total")
+        print(f"flag edit (--max_pages {pages} -> {pages - EDITED_PAGES_LESS}) applied: rolled {changed}; "
+              f"{old_decode.name} had {pages} pages, {new_decode.name} has {new_pages:.0f}; requests sent "
+              f"{clients.sent}, failed {len(clients.failed)}")
+        self.assertEqual(clients.failed, [])
+        self.assertEqual(self.cluster.failures, [])
+        self.assertNotIn(old_decode, deployments[DECODE].pods)
+        self.assertEqual(new_pages, pages - EDITED_PAGES_LESS)
 
     def test_mtls_manifests_serve_scale_roll_and_renew_certificates_without_a_failed_request(self):
         certificates = Certificates(os.path.join(self.workdir, "certs"))
