@@ -123,38 +123,32 @@ E2E_MODELS = {"nemotron_h_e2e": ("nemotron_h", "e2e", 23), "mamba2_e2e": ("mamba
 PUBLIC_E2E_MODELS = {"public_bamba_9b_e2e": ("bamba/Bamba-9B.json", 23)}
 
 
+def _check_written_model(report, name, cfg, weights, origin):
+    """The committed tests/fixtures/models/NAME is byte for byte what write_model writes of (cfg, weights)."""
+    committed = os.path.join(REPO_ROOT, "tests", "fixtures", "models", name)
+    with tempfile.TemporaryDirectory() as tmp:
+        gen_model.write_model(tmp, cfg, weights, "fp32")
+        for f in ("config.json", "model.safetensors"):
+            with open(os.path.join(tmp, f), "rb") as a:
+                fresh = a.read()
+            try:
+                with open(os.path.join(committed, f), "rb") as b:
+                    same = b.read() == fresh
+            except OSError:
+                same = False
+            report.check(same, f"{name}/{f} differs from {origin}")
+
+
 def check_e2e_models(report):
     for name, (arch, preset, seed) in E2E_MODELS.items():
-        committed = os.path.join(REPO_ROOT, "tests", "fixtures", "models", name)
-        with tempfile.TemporaryDirectory() as tmp:
-            cfg, weights = gen_model.build(arch, preset, seed, "fp32")
-            gen_model.write_model(tmp, cfg, weights, "fp32")
-            for f in ("config.json", "model.safetensors"):
-                with open(os.path.join(tmp, f), "rb") as a:
-                    fresh = a.read()
-                try:
-                    with open(os.path.join(committed, f), "rb") as b:
-                        same = b.read() == fresh
-                except OSError:
-                    same = False
-                report.check(same,
-                             f"{name}/{f} differs from gen_model.py --arch {arch} --preset {preset} --seed {seed}")
+        cfg, weights = gen_model.build(arch, preset, seed, "fp32")
+        _check_written_model(report, name, cfg, weights,
+                             f"gen_model.py --arch {arch} --preset {preset} --seed {seed}")
     # Scaled-down published configs served end to end (scale_config.py --byte_vocab).
     for name, (source, seed) in PUBLIC_E2E_MODELS.items():
-        committed = os.path.join(REPO_ROOT, "tests", "fixtures", "models", name)
-        with tempfile.TemporaryDirectory() as tmp:
-            cfg, weights = scale_config.build(os.path.join(REPO_ROOT, fixture_spec.PUBLIC_CONFIGS, source), seed,
-                                              byte_vocab=True)
-            gen_model.write_model(tmp, cfg, weights, "fp32")
-            for f in ("config.json", "model.safetensors"):
-                with open(os.path.join(tmp, f), "rb") as a:
-                    fresh = a.read()
-                try:
-                    with open(os.path.join(committed, f), "rb") as b:
-                        same = b.read() == fresh
-                except OSError:
-                    same = False
-                report.check(same, f"{name}/{f} differs from scale_config.py {source} --seed {seed} --byte_vocab")
+        cfg, weights = scale_config.build(os.path.join(REPO_ROOT, fixture_spec.PUBLIC_CONFIGS, source), seed,
+                                          byte_vocab=True)
+        _check_written_model(report, name, cfg, weights, f"scale_config.py {source} --seed {seed} --byte_vocab")
 
 
 def check_references(fixtures, report):
