@@ -44,6 +44,7 @@ class Gateway:
         self.default_max_tokens = default_max_tokens
         self.model = None  # service.Model once decode answered GetModelInfo
         self.decode_ready = False
+        self._next_model_info_log = 0.0
         self.draining = False
         self.in_flight = 0
         self.idle = asyncio.Event()
@@ -61,7 +62,11 @@ class Gateway:
                 logging.info("serving %s (decode: %s, context %d tokens, end of turn %s)", self.model.name,
                              self.decode.target, info.max_context_tokens, self.model.end_of_turn_ids)
             except Exception as e:  # pylint: disable=broad-except  # decode not up yet: retried
-                logging.warning("decode's GetModelInfo failed (%s): retrying", getattr(e, "code", lambda: e)())
+                now = time.monotonic()
+                if now >= self._next_model_info_log:  # once, then every 30 s
+                    self._next_model_info_log = now + 30.0
+                    logging.warning("decode's GetModelInfo failed (%s): retrying every second",
+                                    getattr(e, "code", lambda: e)())
         self.decode_ready = self.model is not None and await self.decode.ready()
         self.metrics.decode_ready.set(1 if self.decode_ready else 0)
         if self.keys is not None:

@@ -90,10 +90,16 @@ def split_address(address):
 
 
 def bind(host, port, backlog):
+    """A plain listening socket (OSError naming the address when it is in use)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    try:
+        sock.bind((host, port))
+        sock.listen(backlog)
+    except OSError as e:
+        sock.close()
+        raise OSError("--address=%s:%d: %s" % (host, port, e.strerror)) from None
     return sock
 
 
@@ -120,10 +126,12 @@ async def serve(flags):
     application = app_module.create_app(gateway)
 
     host, port = split_address(flags.address)
-    if port == 0:  # pick a free port here, so the READY line can name it
-        probe = bind(host, 0, 1)
-        port = probe.getsockname()[1]
-        probe.close()
+    # granian listens with SO_REUSEPORT, which would let a second gateway share
+    # a port silently: bind it plainly first, so a port in use fails here.
+    # Port 0: pick a free port here, so the READY line can name it.
+    probe = bind(host, port, 1)
+    port = probe.getsockname()[1]
+    probe.close()
     server = Server(application, address=host, port=port, interface=Interfaces.ASGI, backlog=flags.backlog,
                     backpressure=flags.max_concurrency, websockets=False,
                     http1_settings=HTTP1Settings(header_read_timeout=int(flags.header_read_timeout * 1000),
