@@ -67,6 +67,11 @@ CASES = [
     ("chat_three_turns", "chat", [{"role": "user", "content": "Tell me a joke."},
                                   {"role": "assistant", "content": "Why did the byte cross the road?"},
                                   {"role": "user", "content": "Why? ¿Por qué?"}]),
+    # Single turns the random models answer with <eos> within MAX_NEW_TOKENS (the end of turn, finish
+    # "stop"): nemotron_h_moe_e2e at once (an empty reply), nemotron_h_e2e after 5 tokens, bamba_e2e after 2.
+    ("chat_hi", "chat", [{"role": "user", "content": "Hi!"}]),
+    ("chat_japanese", "chat", [{"role": "user", "content": "日本語で話して"}]),
+    ("chat_good_night", "chat", [{"role": "user", "content": "Good night."}]),
 ]
 MARGIN_DECIMALS = 6
 # Granite's and Nemotron-H's MoE blocks as make_golden.py runs them (the per-expert loop).
