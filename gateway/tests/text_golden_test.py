@@ -26,19 +26,16 @@ import unittest
 
 import openai
 
-from ready_process import ReadyProcess
+from harness import log_dir, runfile, start_gateway
 from hybridserve_client import Client, FinishReason
-
-
-def _runfile(relative):
-    return os.path.join(os.environ["TEST_SRCDIR"], os.environ.get("TEST_WORKSPACE", "hybridserve"), relative)
+from ready_process import ReadyProcess
 
 
 def _process(name, binary, args, ready):
-    return ReadyProcess(name, [_runfile(binary)] + args, ready, log_dir=os.environ.get("TEST_TMPDIR"))
+    return ReadyProcess(name, [runfile(binary)] + args, ready, log_dir=log_dir())
 
 
-FIXTURES = sorted(glob.glob(_runfile("tests/fixtures/text_golden/*.json")))
+FIXTURES = sorted(glob.glob(runfile("tests/fixtures/text_golden/*.json")))
 TOKENIZER_DIR = "tests/fixtures/byte_tokenizer"
 FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH}
 _cachestore = None
@@ -65,12 +62,12 @@ class TextGoldenCase(unittest.TestCase):
         with open(cls.FIXTURE, encoding="utf-8") as f:
             cls.golden = json.load(f)
         cls.model = cls.golden["model"]
-        cls.tmp = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+        cls.tmp = tempfile.mkdtemp(dir=log_dir())
         model_dir = os.path.join(cls.tmp, cls.model)
         os.makedirs(model_dir)
         for name in ("config.json", "model.safetensors"):
-            os.symlink(_runfile(os.path.join(cls.golden["model_dir"], name)), os.path.join(model_dir, name))
-        for path in sorted(glob.glob(_runfile(os.path.join(TOKENIZER_DIR, "*.json")))):
+            os.symlink(runfile(os.path.join(cls.golden["model_dir"], name)), os.path.join(model_dir, name))
+        for path in sorted(glob.glob(runfile(os.path.join(TOKENIZER_DIR, "*.json")))):
             shutil.copy(path, model_dir)
         cache = "127.0.0.1:" + _cachestore.fields["port"]
         cls.processes = []
@@ -83,14 +80,12 @@ class TextGoldenCase(unittest.TestCase):
                                  "--prefill=127.0.0.1:" + prefill.fields["port"], "--cachestore=" + cache],
                                 "DECODE_READY")
             cls.decode_target = "127.0.0.1:" + decode.fields["port"]
-            gateway = cls._start("gateway", "gateway/gateway",
-                                 ["--address=127.0.0.1:0", "--decode=" + cls.decode_target,
-                                  "--model_dir=" + model_dir], "GATEWAY_READY")
+            gateway = start_gateway(cls.decode_target, model_dir, name=cls.model + "_gateway")
+            cls.processes.append(gateway)
         except BaseException:
             cls._stop_all()
             raise
-        cls.openai = openai.OpenAI(base_url="http://127.0.0.1:%s/v1" % gateway.fields["port"], api_key="unused",
-                                   max_retries=0, timeout=120)
+        cls.openai = openai.OpenAI(base_url=gateway.base_url, api_key="unused", max_retries=0, timeout=120)
 
     @classmethod
     def _start(cls, name, binary, args, ready):
@@ -113,6 +108,21 @@ class TextGoldenCase(unittest.TestCase):
         # Each service exits 0 on SIGTERM, with no sanitizer report.
         assert not problems, problems
 
+    def assert_usage(self, usage, case):
+        """The prompt as transformers tokenised it; every generated token, the <eos> that ended it included."""
+        self.assertEqual((usage.prompt_tokens, usage.completion_tokens),
+                         (len(case["prompt_ids"]), len(case["generated_ids"])))
+
+    def streamed(self, stream, content):
+        """(the deltas joined, the finish reason, the usage) of a stream; content(choice) is a chunk's text."""
+        deltas, finish, usage = [], None, None
+        for chunk in stream:
+            for choice in chunk.choices:
+                deltas.append(content(choice) or "")
+                finish = choice.finish_reason or finish
+            usage = chunk.usage or usage
+        return "".join(deltas), finish, usage
+
     def cases(self, kind):
         return [c for c in self.golden["cases"] if c["kind"] == kind]
 
@@ -133,45 +143,41 @@ class TextGoldenCase(unittest.TestCase):
                                                        user="completion-" + case["name"])
                 self.assertEqual(reply.choices[0].text, case["text"])
                 self.assertEqual(reply.choices[0].finish_reason, case["finish"])
-                self.assertEqual(reply.usage.prompt_tokens, len(case["prompt_ids"]))
+                self.assert_usage(reply.usage, case)
 
     def test_streamed_completion_text_equals_transformers(self):
         for case in self.cases("completion"):
             with self.subTest(case=case["name"]):
                 stream = self.openai.completions.create(model=self.model, prompt=case["prompt"], temperature=0,
                                                         max_tokens=self.golden["max_new_tokens"], stream=True,
+                                                        stream_options={"include_usage": True},
                                                         user="completion-stream-" + case["name"])
-                deltas, finish = [], None
-                for chunk in stream:
-                    for choice in chunk.choices:
-                        deltas.append(choice.text)
-                        finish = choice.finish_reason or finish
-                self.assertEqual("".join(deltas), case["text"])
+                text, finish, usage = self.streamed(stream, lambda choice: choice.text)
+                self.assertEqual(text, case["text"])
                 self.assertEqual(finish, case["finish"])
+                self.assert_usage(usage, case)
 
     def test_chat_text_equals_transformers(self):
         for case in self.cases("chat"):
             with self.subTest(case=case["name"]):
-                reply = self.openai.chat.completions.create(model=self.model, messages=case["messages"],
-                                                            temperature=0, max_tokens=self.golden["max_new_tokens"],
-                                                            user="chat-" + case["name"])
+                reply = self.openai.chat.completions.create(
+                    model=self.model, messages=case["messages"], temperature=0,
+                    max_completion_tokens=self.golden["max_new_tokens"], user="chat-" + case["name"])
                 self.assertEqual(reply.choices[0].message.content, case["text"])
                 self.assertEqual(reply.choices[0].finish_reason, case["finish"])
-                self.assertEqual(reply.usage.prompt_tokens, len(case["prompt_ids"]))
+                self.assert_usage(reply.usage, case)
 
     def test_streamed_chat_text_equals_transformers(self):
         for case in self.cases("chat"):
             with self.subTest(case=case["name"]):
-                stream = self.openai.chat.completions.create(model=self.model, messages=case["messages"],
-                                                             temperature=0, max_tokens=self.golden["max_new_tokens"],
-                                                             stream=True, user="chat-stream-" + case["name"])
-                deltas, finish = [], None
-                for chunk in stream:
-                    for choice in chunk.choices:
-                        deltas.append(choice.delta.content or "")
-                        finish = choice.finish_reason or finish
-                self.assertEqual("".join(deltas), case["text"])
+                stream = self.openai.chat.completions.create(
+                    model=self.model, messages=case["messages"], temperature=0, stream=True,
+                    max_completion_tokens=self.golden["max_new_tokens"], stream_options={"include_usage": True},
+                    user="chat-stream-" + case["name"])
+                text, finish, usage = self.streamed(stream, lambda choice: choice.delta.content)
+                self.assertEqual(text, case["text"])
                 self.assertEqual(finish, case["finish"])
+                self.assert_usage(usage, case)
 
 
 # One test class per fixture, named for its model.
