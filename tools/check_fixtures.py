@@ -194,8 +194,8 @@ def check_text_golden_files(report):
     """tests/fixtures/text_golden holds one file per fixture_spec.TEXT_MODELS entry, no other."""
     d = os.path.join(REPO_ROOT, fixture_spec.TEXT_GOLDEN)
     names = sorted(f[:-len(".json")] for f in os.listdir(d) if f.endswith(".json")) if os.path.isdir(d) else []
-    report.check(names == sorted(fixture_spec.TEXT_MODELS),
-                 f"{fixture_spec.TEXT_GOLDEN} holds {names}, not fixture_spec.TEXT_MODELS {sorted(fixture_spec.TEXT_MODELS)}")
+    expected = sorted(fixture_spec.TEXT_MODELS)
+    report.check(names == expected, f"{fixture_spec.TEXT_GOLDEN} holds {names}, not fixture_spec.TEXT_MODELS {expected}")
 
 
 def compare_text_golden(name, committed, fresh, report):
