@@ -33,6 +33,7 @@ PACKAGES=(
   iproute2                 # ip: that test brings up loopback in its network namespace
   nftables                 # nft: tests/k8s/netpol_enforced_test enforces the NetworkPolicies in its namespace
   prometheus               # promtool: tests/k8s/monitoring_rules_test checks and tests the PromQL we ship
+  curl                     # deploy/local/start.sh's OpenAI call, //gateway:gateway_stack_test's SSE framing as curl -N sees it
 )
 
 # PyPI tools of deploy/k8s/validate.sh and tests/k8s, the Python client's

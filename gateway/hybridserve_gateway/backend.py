@@ -99,11 +99,12 @@ class Decode:
                                              metadata=self.metadata("gateway"))
 
     async def ready(self, timeout=2.0):
-        """decode's readiness ("" service: NOT_SERVING while it drains)."""
+        """decode's readiness (grpc.health.v1, service "": NOT_SERVING while it drains)."""
         try:
             reply = await self._health(b"", timeout=timeout)
-        except grpc.aio.AioRpcError:
-            return False
+        except grpc.aio.AioRpcError as e:
+            # A Generation server without the health service (not decode): it answered, so it is up.
+            return e.code() == grpc.StatusCode.UNIMPLEMENTED
         return reply == _SERVING
 
     def generate(self, request, tenant):

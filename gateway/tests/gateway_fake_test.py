@@ -488,6 +488,7 @@ class Drain(unittest.TestCase):
             thread = threading.Thread(target=stream)
             thread.start()
             self.assertTrue(started.wait(WAIT_S))
+            self.assertEqual(request(gateway.port, "GET", "/health").status, 200)
             gateway.proc.send_signal(signal.SIGTERM)
             wait_for(lambda: request(gateway.port, "GET", "/health").status == 503, "/health 503 while draining")
             refused = request(gateway.port, "POST", "/v1/completions", {"model": MODEL, "prompt": "x"})

@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# The Python client as a user installs it: a fresh venv (python3 -m venv),
-# `pip install "./client/python[text]"` from PyPI's grpcio, grpcio-tools (at
-# build time, in pip's isolated build environment), protobuf, tokenizers and
-# jinja2 (pip's default cache), then installed_package_test.py against the
-# real stack (Bazel-built cachestore, prefill and decode) serving the default
-# model with tests/fixtures/byte_tokenizer's tokenizer files beside it.
+# The Python client and the OpenAI gateway as a user installs them: a fresh
+# venv (python3 -m venv), `pip install "./client/python[text]"` from PyPI's
+# grpcio, grpcio-tools (at build time, in pip's isolated build environment),
+# protobuf, tokenizers and jinja2 (pip's default cache), then
+# installed_package_test.py against the real stack (Bazel-built cachestore,
+# prefill and decode) serving the default model with
+# tests/fixtures/byte_tokenizer's tokenizer files beside it; then
+# `pip install ./gateway openai` into the same venv and
+# gateway/tests/gateway_stack_test.py with the installed `hybridserve-gateway`
+# driven by the official openai package from PyPI.
 #
 #   client/python/tests/venv_install_test.sh [unittest args]
 #
@@ -36,3 +40,9 @@ cp tests/fixtures/byte_tokenizer/*.json "$MODEL/"
 REPO="$PWD"
 cd "$WORK"
 "$WORK/venv/bin/python" "$REPO/client/python/tests/installed_package_test.py" --bin "$BIN" --model_dir "$MODEL" "$@"
+
+# The gateway, installed beside the client, and the official OpenAI client
+# (the version tools/bootstrap.sh pins for the Bazel tests).
+"$WORK/venv/bin/python" -m pip install --quiet --disable-pip-version-check "$REPO/gateway" "openai==3.63.0"
+PYTHONPATH="$REPO/client/python/tests" "$WORK/venv/bin/python" "$REPO/gateway/tests/gateway_stack_test.py" \
+  --bin "$BIN" --repo "$REPO" --gateway_cmd "$WORK/venv/bin/hybridserve-gateway"
