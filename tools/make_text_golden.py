@@ -33,15 +33,16 @@ tokenizer (client/python's HfTokenizer on the same directory): the fixture is wh
 the gateway sends to decode.
 
 Deterministic: torch runs single-threaded; the JSON is written with sorted keys,
-margins rounded to 6 decimals. tools/check_fixtures.py regenerates the files when
-torch and transformers are importable and compares: ids, finish and text exactly
-(generated ids may part only at a step whose recorded margin is within
-2 x LOGIT_TOLERANCE), margins within LOGIT_TOLERANCE.
+arrays of numbers on one line, margins rounded to 6 decimals. tools/check_fixtures.py
+regenerates the files when torch and transformers are importable and compares: ids,
+finish and text exactly (generated ids may part only at a step whose recorded margin
+is within 2 x LOGIT_TOLERANCE), margins within LOGIT_TOLERANCE.
 """
 
 import argparse
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -179,9 +180,19 @@ def make(name, model_dir):
     }
 
 
+# A JSON array of numbers as json.dumps(indent=1) writes it: one element a line.
+_NUMBER = r"-?[0-9]+(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?"
+_NUMBER_ARRAY = re.compile(r"\[\n\s*((?:%s,\n\s*)*%s)\n\s*\]" % (_NUMBER, _NUMBER))
+
+
 def dumps(record):
-    """The file's bytes: sorted keys, one-space indent, non-ASCII as is, a final newline."""
-    return json.dumps(record, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+    """The file's text: sorted keys, one-space indent, arrays of numbers on one line, non-ASCII
+    characters as they are (control characters escaped), a final newline."""
+    text = json.dumps(record, indent=1, sort_keys=True, ensure_ascii=False)
+    text = _NUMBER_ARRAY.sub(lambda m: "[" + ", ".join(x.strip().rstrip(",") for x in m.group(1).split("\n")) + "]",
+                             text)
+    assert json.loads(text) == record
+    return text + "\n"
 
 
 def main(argv=None):
