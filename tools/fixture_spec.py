@@ -64,6 +64,24 @@ DEFAULT_TEXT = (
     "the first rule into account.\n")
 
 
+# The text references of tools/make_text_golden.py (tests/fixtures/text_golden/<name>.json): every
+# byte-vocabulary model the end-to-end suite serves, with tests/fixtures/byte_tokenizer's tokenizer
+# files beside it. name -> its directory (config.json, model.safetensors), relative to the repository.
+TEXT_MODELS = {
+    "default": "models/default",
+    "nemotron_h_e2e": "tests/fixtures/models/nemotron_h_e2e",
+    "nemotron_h_moe_e2e": "tests/fixtures/models/nemotron_h_moe_e2e",
+    "nemotron_h_latent_e2e": "tests/fixtures/models/nemotron_h_latent_e2e",
+    "mamba2_e2e": "tests/fixtures/models/mamba2_e2e",
+    "bamba_e2e": "tests/fixtures/models/bamba_e2e",
+    "granite_e2e": "tests/fixtures/models/granite_e2e",
+    "falcon_h1_e2e": "tests/fixtures/models/falcon_h1_e2e",
+    "zamba2_e2e": "tests/fixtures/models/zamba2_e2e",
+    "public_bamba_9b_e2e": "tests/fixtures/models/public_bamba_9b_e2e",
+}
+TEXT_GOLDEN = "tests/fixtures/text_golden"
+
+
 def make_prompts(vocab_size, seed):
     """Fixed prompts: uniform token ids in [3, vocab) (ids 0..2 are pad/bos/eos)."""
     bits = np.random.Generator(np.random.PCG64(seed))
