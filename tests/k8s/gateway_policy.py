@@ -13,11 +13,11 @@ import re
 import manifests as m
 from manifests import GATEWAY
 
-# The flags the gateway defines (GATEWAY_SPEC.md, gateway/): any other stops it
-# at start.
+# The flags the gateway defines (gateway/hybridserve_gateway/main.py's
+# argparse): any other stops it at start.
 GATEWAY_FLAGS = {"address", "decode", "model_dir", "api_keys", "tls_ca", "tls_cert", "tls_key", "tls_server_name",
-                 "served_model_name", "max_body_bytes", "max_concurrency", "header_read_timeout", "body_read_timeout",
-                 "drain_timeout", "default_max_tokens"}
+                 "served_model_name", "max_body_bytes", "max_concurrency", "backlog", "max_header_bytes",
+                 "header_read_timeout", "body_read_timeout", "drain_timeout", "default_max_tokens", "log_level"}
 GATEWAY_TLS_FILES = {"tls_cert": "tls.crt", "tls_key": "tls.key", "tls_ca": "ca.crt"}
 MIN_REPLICAS = 2
 # The gateway's --drain_timeout default (GATEWAY_SPEC.md).
