@@ -9,8 +9,12 @@ terminationGracePeriodSeconds, the Deployment's strategy, the Services'
 selectors, ports and publishNotReadyAddresses, and the mounted ConfigMaps'
 files. What one host forces is mapped, and only that:
   - image paths: IMAGE below (/opt/hybridserve/bin/<binary> -> the built
-    binary, /models/default -> the model in the runfiles), in the command,
+    binary, /models/default -> the model in the runfiles; the gateway
+    image's console script -> the built //gateway:gateway), in the command,
     the args and the flag files;
+  - init containers: each runs to completion, in order, before the
+    container starts (its command mapped the same way, its mounts the pod's
+    same per-volume directories); one that fails is a failure of the pod;
   - volumes: a ConfigMap mount is a per-pod directory holding the ConfigMap's
     files (as the kubelet writes them), an emptyDir an empty per-pod
     directory; a Secret mount a per-pod directory laid out as the kubelet's
@@ -34,7 +38,8 @@ files. What one host forces is mapped, and only that:
     pod's with publishNotReadyAddresses), a ClusterIP Service's name to its
     ready pods' IPs (no virtual IP: the ports must equal the target ports,
     checked), each as <name> and <name>.<namespace>.svc.cluster.local. The
-    file is rewritten in place (same inode: the bind mount holds the inode);
+    file is rewritten in place (same inode: the bind mount holds the inode)
+    by one write, never truncated (padded with blank lines);
   - probe periods and initial delays are divided by PROBE_SCALE; timeouts,
     thresholds, preStop sleeps and grace periods are kept as declared (a
     preStop sleep covers the lag of endpoint removal, which the binaries'
@@ -63,6 +68,11 @@ PROBE_SCALE = 10
 # name in the image -> its runfile (the Bazel target's path).
 IMAGE_BINARIES = {"cachestore": "cachestore/server/cachestore", "prefill": "prefill/prefill",
                   "decode": "decode/decode"}
+# The gateway image's console script -> //gateway:gateway (a test that runs
+# gateway pods has it in its data).
+GATEWAY_BINARY = "gateway/gateway"
+# How long an init container may run (the model copy: a moment).
+INIT_TIMEOUT_S = 60
 LOOPBACK_PREFIX = "127.0.0."
 DNS_SUFFIX = "svc.cluster.local"
 # The kubelet's one extension of the grace period when a preStop hook runs past it.
@@ -82,6 +92,7 @@ def image_paths():
     /opt/hybridserve/bin, the default model under /models/default), here."""
     paths = {manifests.BINARY.format(b): runfile(IMAGE_BINARIES[b]) for b in IMAGE_BINARIES}
     paths["/models/default"] = runfile("models/default")
+    paths[manifests.GATEWAY_COMMAND] = runfile(GATEWAY_BINARY)
     return paths
 
 
@@ -168,14 +179,31 @@ def health_check(ip, port, service, timeout_s):
     return response == bytes([0x08, SERVING])
 
 
+def http_check(ip, port, path, timeout_s):
+    """The kubelet's HTTP probe: GET, success on a status from 200 to 399."""
+    try:
+        with urllib.request.urlopen(f"http://{ip}:{port}{path}", timeout=timeout_s) as response:
+            return 200 <= response.status < 400
+    except (OSError, ValueError):  # urllib.error.HTTPError (>= 400) is an OSError
+        return False
+
+
 class Probe:
-    """One declared probe, with the kubelet's defaults."""
+    """One declared probe (grpc or httpGet), with the kubelet's defaults."""
 
     def __init__(self, spec):
-        if "grpc" not in spec:
-            raise ValueError(f"only grpc probes are run here: {spec}")
-        self.port = spec["grpc"]["port"]
-        self.service = spec["grpc"].get("service", "")
+        if "grpc" in spec:
+            self.port = spec["grpc"]["port"]
+            self.service = spec["grpc"].get("service", "")
+            self.path = None
+        elif "httpGet" in spec:
+            if spec["httpGet"].get("scheme", "HTTP") != "HTTP" or spec["httpGet"].get("httpHeaders"):
+                raise ValueError(f"only plain HTTP GET probes are run here: {spec}")
+            self.port = spec["httpGet"]["port"]  # a number or a container port's name
+            self.path = spec["httpGet"].get("path", "/")
+            self.service = None
+        else:
+            raise ValueError(f"only grpc and httpGet probes are run here: {spec}")
         self.initial_delay_s = spec.get("initialDelaySeconds", 0) / PROBE_SCALE
         self.period_s = spec.get("periodSeconds", 10) / PROBE_SCALE
         self.timeout_s = spec.get("timeoutSeconds", 1)
@@ -210,12 +238,23 @@ class Pod:
 
     # --- the container ---------------------------------------------------
 
-    def _volumes(self, spec):
-        """mountPath -> a per-pod directory with the volume's files; the
-        ConfigMap mounts' directories in self.config_dirs."""
+    def _volumes(self, spec, container=None):
+        """mountPath -> a per-pod directory with the volume's files (one a
+        volume, whichever container mounts it); the ConfigMap mounts'
+        directories in self.config_dirs. container: an init container's
+        mounts (emptyDir only), else the container's."""
         os.makedirs(os.path.join(self.cluster.workdir, self.name), exist_ok=True)
         volumes = {v["name"]: v for v in spec.get("volumes", [])}
         mounts = {}
+        if container is not None:
+            for m in container.get("volumeMounts", []):
+                if "emptyDir" not in volumes[m["name"]]:
+                    raise ValueError(f"{self.name}: init container {container['name']} mounts {m['name']}, not an "
+                                     "emptyDir: not run here")
+                local = os.path.join(self.cluster.workdir, self.name, m["name"])
+                os.makedirs(local, exist_ok=True)
+                mounts[m["mountPath"]] = local
+            return mounts
         self.config_dirs = []
         self.secret_dirs = {}  # local directory -> the Secret volume's spec
         for m in self.container.get("volumeMounts", []):
@@ -255,6 +294,21 @@ class Pod:
             env[e["name"]] = values[field]
         return env
 
+    def _run_init_containers(self, spec, env, group):
+        """Each init container to completion, in order, as the kubelet runs
+        them before the container: its command and args with the image paths
+        and its mounts mapped. Raises on a failure (the kubelet would retry
+        it, and the pod never starts)."""
+        for init in spec.get("initContainers", []):
+            paths = {**image_paths(), **self._volumes(spec, init)}
+            argv = [replace_paths(expand(a, env), paths) for a in init.get("command", []) + init.get("args", [])]
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=INIT_TIMEOUT_S, group=group,
+                                  env={k: v for k, v in os.environ.items() if k == "PATH"},
+                                  cwd=os.path.join(self.cluster.workdir, self.name), check=False)
+            if done.returncode != 0:
+                raise ValueError(f"{self.name}: init container {init['name']} exited {done.returncode}: "
+                                 f"{done.stderr.strip()[-500:]}")
+
     def _start(self, spec):
         mounts = self._volumes(spec)
         paths = {**image_paths(), **mounts}
@@ -273,6 +327,7 @@ class Pod:
         process_env = {k: v for k, v in os.environ.items() if k == "PATH" or k.endswith("SAN_OPTIONS")}
         process_env.update(env)
         group = self.cluster.before_start(self) if self.cluster.before_start else None
+        self._run_init_containers(spec, env, group)
         log = open(self.log_path, "wb")
         try:
             return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=process_env,
@@ -304,7 +359,10 @@ class Pod:
         successes = failures = 0
         while not self._stop.is_set():
             began = time.monotonic()
-            ok = health_check(self.ip, probe.port, probe.service, probe.timeout_s)
+            if probe.path is None:
+                ok = health_check(self.ip, probe.port, probe.service, probe.timeout_s)
+            else:
+                ok = http_check(self.ip, self.port(probe.port), probe.path, probe.timeout_s)
             if self._stop.is_set():
                 return
             successes, failures = (successes + 1, 0) if ok else (0, failures + 1)
@@ -445,8 +503,10 @@ class Pod:
             return "".join(f.readlines()[-lines:])
 
     def metrics(self):
-        """The pod's Prometheus text, from its declared metrics port."""
-        url = f"http://{self.ip}:{self.port('metrics')}/metrics"
+        """The pod's Prometheus text, from its declared metrics port (the
+        gateway's: its one port, http)."""
+        ports = manifests.container_ports(self.container)
+        url = f"http://{self.ip}:{self.port('metrics' if 'metrics' in ports else 'http')}/metrics"
         with urllib.request.urlopen(url, timeout=5) as response:
             return response.read().decode()
 
@@ -678,10 +738,13 @@ class Cluster:
                 lines.append(f"{pod.ip} {name}.{namespace}.{DNS_SUFFIX} {name}")
         text = ("\n".join(lines) + "\n").encode()
         # In place, one write: the bind mount over /etc/hosts holds this inode.
+        # Never truncated: a resolver reading between a truncation and the
+        # write would find no name at all (a client resolving in a loop does).
+        # A shorter text is padded with blank lines over the old one's length.
         fd = os.open(self.hosts_path, os.O_WRONLY | os.O_CREAT)
         try:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, text, 0)
+            size = os.fstat(fd).st_size
+            os.pwrite(fd, text + b"\n" * max(0, size - len(text)), 0)
         finally:
             os.close(fd)
 

@@ -1,7 +1,8 @@
 """Policy tests over the rendered manifests of deploy/k8s (every overlay):
 resources, probes, security contexts, PDBs, Services, drain timing, flags,
 cachestore budgets, autoscaling, topology spread and the NetworkPolicy flows
-(evaluated, against a table); on the overlays with the mtls component, the
+(evaluated, against a table); the OpenAI gateway pool's own checks
+(gateway_policy.py); on the overlays with the mtls component, the
 mutual-TLS checks of tls_policy.py. Each check also runs on deliberately broken copies of
 the cpu (or cpu-mtls) render and must catch each of them: the checks can
 fail."""
@@ -14,7 +15,8 @@ import unittest
 import yaml
 
 import manifests as m
-from manifests import COMPONENTS, PORTS, WORKERS
+from gateway_policy import check_gateway_flags, check_gateway_objects, check_gateway_probes, check_gateway_tls
+from manifests import COMPONENTS, GATEWAY, POOLS, PORTS, WORKERS
 from tls_policy import (BINARY_TLS_FLAGS, check_spiffe_ids, check_tls_certificates, check_tls_flags, check_tls_health, check_tls_peers,
                         check_tls_secrets)
 
@@ -87,7 +89,8 @@ def check_objects(objs):
 def check_resources(objs):
     errors = []
     for w in m.find(objs, "Deployment") + m.find(objs, "StatefulSet"):
-        for c in w["spec"]["template"]["spec"]["containers"]:
+        spec = w["spec"]["template"]["spec"]
+        for c in spec.get("initContainers", []) + spec["containers"]:
             res = c.get("resources", {})
             for kind in ("requests", "limits"):
                 for r in ("cpu", "memory"):
@@ -156,21 +159,23 @@ def check_rollout_deadline(objs):
 
 def check_security(objs):
     errors = []
-    for comp in COMPONENTS:
+    for comp in POOLS:
         pod = m.pod_spec(objs, comp).get("securityContext", {})
-        sc = m.container(objs, comp).get("securityContext", {})
-        if not sc.get("runAsNonRoot", pod.get("runAsNonRoot")):
-            errors.append(f"{comp}: runAsNonRoot not set")
-        if sc.get("runAsUser", pod.get("runAsUser")) != m.RUN_AS_USER:
-            errors.append(f"{comp}: not run as uid {m.RUN_AS_USER}")
-        if sc.get("readOnlyRootFilesystem") is not True:
-            errors.append(f"{comp}: root filesystem not read-only")
-        if sc.get("allowPrivilegeEscalation") is not False:
-            errors.append(f"{comp}: privilege escalation allowed")
-        if "ALL" not in (sc.get("capabilities", {}).get("drop") or []) or sc.get("capabilities", {}).get("add"):
-            errors.append(f"{comp}: capabilities not dropped (ALL) or some added")
-        if sc.get("seccompProfile", pod.get("seccompProfile", {})).get("type") != "RuntimeDefault":
-            errors.append(f"{comp}: seccompProfile not RuntimeDefault")
+        # Every container of the pod, its init containers too.
+        for c in m.pod_spec(objs, comp).get("initContainers", []) + m.pod_spec(objs, comp)["containers"]:
+            sc, who = c.get("securityContext", {}), comp if c["name"] == comp else f"{comp}/{c['name']}"
+            if not sc.get("runAsNonRoot", pod.get("runAsNonRoot")):
+                errors.append(f"{who}: runAsNonRoot not set")
+            if sc.get("runAsUser", pod.get("runAsUser")) != m.RUN_AS_USER:
+                errors.append(f"{who}: not run as uid {m.RUN_AS_USER}")
+            if sc.get("readOnlyRootFilesystem") is not True:
+                errors.append(f"{who}: root filesystem not read-only")
+            if sc.get("allowPrivilegeEscalation") is not False:
+                errors.append(f"{who}: privilege escalation allowed")
+            if "ALL" not in (sc.get("capabilities", {}).get("drop") or []) or sc.get("capabilities", {}).get("add"):
+                errors.append(f"{who}: capabilities not dropped (ALL) or some added")
+            if sc.get("seccompProfile", pod.get("seccompProfile", {})).get("type") != "RuntimeDefault":
+                errors.append(f"{who}: seccompProfile not RuntimeDefault")
         mounts = {v["mountPath"] for v in m.container(objs, comp).get("volumeMounts", [])}
         if "/tmp" not in mounts:
             errors.append(f"{comp}: no writable /tmp")
@@ -180,7 +185,7 @@ def check_security(objs):
 def check_pdbs(objs):
     errors = []
     pdbs = m.find(objs, "PodDisruptionBudget")
-    for comp in COMPONENTS:
+    for comp in POOLS:
         labels = m.workload(objs, comp)["spec"]["template"]["metadata"].get("labels", {})
         if not any(m.selector_matches(p["spec"].get("selector"), labels, False) for p in pdbs):
             errors.append(f"{comp}: no PodDisruptionBudget selects its pods")
@@ -189,7 +194,7 @@ def check_pdbs(objs):
 
 def check_services(objs):
     errors = []
-    pods = [(c, m.workload(objs, c)["spec"]["template"]) for c in COMPONENTS]
+    pods = [(c, m.workload(objs, c)["spec"]["template"]) for c in POOLS]
     for svc in m.find(objs, "Service"):
         name = svc["metadata"]["name"]
         selected = [(c, t) for c, t in pods
@@ -536,25 +541,27 @@ def check_pod_monitors(objs):
             errors.append(f"PodMonitor {name}: looks in namespaces {names}, not its own")
         if not isinstance(spec.get("podMetricsEndpoints"), list) or not spec["podMetricsEndpoints"]:
             errors.append(f"PodMonitor {name}: no podMetricsEndpoints")
-    for comp in COMPONENTS:
+    for comp in POOLS:
         labels = m.workload(objs, comp)["spec"]["template"]["metadata"].get("labels", {})
         selecting = [pm for pm in monitors if m.selector_matches((pm.get("spec") or {}).get("selector"), labels, False)]
         if len(selecting) != 1:
             errors.append(f"{comp}: {len(selecting)} PodMonitors select its pods, want 1")
             continue
         pm = selecting[0]
-        others = [c for c in COMPONENTS if c != comp and m.selector_matches(
+        others = [c for c in POOLS if c != comp and m.selector_matches(
             pm["spec"]["selector"], m.workload(objs, c)["spec"]["template"]["metadata"].get("labels", {}), False)]
         if others:
             errors.append(f"PodMonitor {pm['metadata']['name']}: also selects {others}")
         ports = m.container_ports(m.container(objs, comp))
-        listen = m.port_of(m.flags(objs, comp).get("metrics_address", ":0"))
+        # The gateway serves /metrics on its one port (--address, http).
+        port_name, flag = ("http", "address") if comp == GATEWAY else ("metrics", "metrics_address")
+        listen = m.port_of(m.flags(objs, comp).get(flag, ":0"))
         for ep in pm["spec"].get("podMetricsEndpoints") or []:
             where = f"PodMonitor {pm['metadata']['name']}"
             errors += [f"{where}: unknown endpoint field {k}" for k in sorted(set(ep) - m.POD_METRICS_ENDPOINT_FIELDS)]
-            if ep.get("port") != "metrics" or ports.get("metrics") != listen:
+            if ep.get("port") != port_name or ports.get(port_name) != listen:
                 errors.append(f"{where}: scrapes port {ep.get('port')!r}; {comp} serves metrics on the port named "
-                              f"metrics ({ports.get('metrics')}), its --metrics_address on {listen}")
+                              f"{port_name} ({ports.get(port_name)}), its --{flag} on {listen}")
             if ep.get("path", "/metrics") != "/metrics" or ep.get("scheme", "http") != "http":
                 errors.append(f"{where}: {ep.get('scheme')}://...{ep.get('path')}, the exposer serves http /metrics")
     return errors
@@ -587,7 +594,7 @@ def check_prometheus_rules(objs, files=None):
 
 def check_topology(objs):
     errors = []
-    for comp in WORKERS:
+    for comp in WORKERS + (GATEWAY,):
         tmpl = m.workload(objs, comp)["spec"]["template"]
         spreads = [t for t in tmpl["spec"].get("topologySpreadConstraints", [])
                    if t.get("topologyKey") == "kubernetes.io/hostname"
@@ -632,6 +639,10 @@ def check_device(objs, overlay):
                 errors.append(f"{comp}: --device={f.get('device')} --model_dir={f.get('model_dir')} on {overlay}")
             if "nvidia.com/gpu" in res.get("limits", {}):
                 errors.append(f"{comp}: asks for a GPU on {overlay}")
+    # The gateway needs none on any overlay.
+    res = m.container(objs, GATEWAY).get("resources", {})
+    if any("nvidia.com/gpu" in res.get(kind, {}) for kind in ("requests", "limits")):
+        errors.append(f"gateway: asks for a GPU on {overlay}")
     return errors
 
 
@@ -651,7 +662,7 @@ def check_gpu_placement(objs, overlay):
     errors = []
     gpu = overlay.split("-")[0] == "gpu"
     classes = {}
-    for comp in COMPONENTS:
+    for comp in POOLS:
         spec = m.pod_spec(objs, comp)
         classes[comp] = spec.get("runtimeClassName")
         if not gpu or comp not in WORKERS:
@@ -688,7 +699,8 @@ def check_gpu_placement(objs, overlay):
 CHECKS = [check_objects, check_resources, check_probes, check_rollout_deadline, check_security, check_pdbs,
           check_services, check_drain, check_flags, check_cachestore_budgets, check_autoscaling, check_adapter_pages,
           check_pod_monitors, check_prometheus_rules,
-          check_topology, check_network_policies]
+          check_topology, check_network_policies, check_gateway_objects, check_gateway_probes, check_gateway_flags,
+          check_gateway_tls]
 TLS_CHECKS = [check_tls_flags, check_tls_secrets, check_tls_health, check_tls_peers, check_tls_certificates,
               check_spiffe_ids]
 
@@ -892,6 +904,87 @@ BREAKAGES = [
      lambda o: _set(_policy(o, "cachestore")["ingress"][0], ["from"], None)),
     (check_network_policies, "prefill may reach decode's client port too",
      lambda o: _policy(o, "prefill")["egress"][0]["ports"].append({"port": 50050, "protocol": "TCP"})),
+    (check_network_policies, "the gateway's egress to the cachestore, whose ingress lets it in",
+     lambda o: (_policy(o, GATEWAY)["egress"][0]["to"][0]["podSelector"]["matchLabels"].pop(
+         "app.kubernetes.io/component"), _policy(o, GATEWAY)["egress"][0]["ports"].append(
+             {"port": 50051, "protocol": "TCP"}), _policy(o, "cachestore")["ingress"][0]["from"].append(
+                 {"podSelector": {"matchLabels": {"app.kubernetes.io/component": GATEWAY}}}))),
+    (check_network_policies, "the gateway's egress open to anything",
+     lambda o: _policy(o, GATEWAY)["egress"][0].clear()),
+    (check_network_policies, "decode's client port closed to the gateway",
+     lambda o: _set(_policy(o, "decode")["ingress"][0], ["from"], [
+         {"namespaceSelector": {}, "podSelector": {"matchExpressions": [
+             {"key": "app.kubernetes.io/component", "operator": "NotIn", "values": [GATEWAY]}]}}])),
+    (check_network_policies, "the gateway's port open only in its namespace",
+     lambda o: _set(_policy(o, GATEWAY)["ingress"][0], ["from"], [{"podSelector": {}}])),
+    (check_security, "the gateway's init container may escalate",
+     lambda o: _set(m.pod_spec(o, GATEWAY)["initContainers"][0]["securityContext"], ["allowPrivilegeEscalation"],
+                    True)),
+    (check_security, "the gateway's root filesystem writable",
+     lambda o: _set(_container(o, GATEWAY)["securityContext"], ["readOnlyRootFilesystem"], False)),
+    (check_resources, "the gateway's init container without limits",
+     lambda o: _set(m.pod_spec(o, GATEWAY)["initContainers"][0]["resources"], ["limits"], None)),
+    (check_pdbs, "no PDB for the gateway",
+     lambda o: o.remove(m.one(o, "PodDisruptionBudget", "hybridserve-gateway"))),
+    (check_services, "the gateway Service targets the metrics port name",
+     lambda o: _set(m.one(o, "Service", "hybridserve-gateway")["spec"]["ports"][0], ["targetPort"], "metrics")),
+    (check_pod_monitors, "the gateway's PodMonitor scrapes a port named metrics",
+     lambda o: _set(_monitor(o, GATEWAY)["podMetricsEndpoints"][0], ["port"], "metrics")),
+    (check_pod_monitors, "no PodMonitor for the gateway",
+     lambda o: o.remove(m.one(o, "PodMonitor", "hybridserve-gateway"))),
+    (check_topology, "the gateway not spread over nodes",
+     lambda o: m.pod_spec(o, GATEWAY).pop("topologySpreadConstraints")),
+    (check_gateway_objects, "one gateway pod",
+     lambda o: _set(m.workload(o, GATEWAY)["spec"], ["replicas"], 1)),
+    (check_gateway_objects, "the gateway on the workers' image",
+     lambda o: _set(_container(o, GATEWAY), ["image"], "hybridserve:latest")),
+    (check_gateway_objects, "the gateway's Service on port 80",
+     lambda o: _set(m.one(o, "Service", "hybridserve-gateway")["spec"]["ports"][0], ["port"], 80)),
+    (check_gateway_objects, "the gateway's Service headless",
+     lambda o: _set(m.one(o, "Service", "hybridserve-gateway")["spec"], ["clusterIP"], "None")),
+    (check_gateway_objects, "the gateway runs as decode's ServiceAccount",
+     lambda o: _set(m.pod_spec(o, GATEWAY), ["serviceAccountName"], "hybridserve-decode")),
+    (check_gateway_objects, "the gateway's rollout may drop a pod",
+     lambda o: _set(m.workload(o, GATEWAY)["spec"]["strategy"]["rollingUpdate"], ["maxUnavailable"], 1)),
+    (check_gateway_objects, "an HPA on the gateway beside its replicas",
+     lambda o: o.append({"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+                         "metadata": {"name": "hybridserve-gateway", "namespace": "hybridserve"},
+                         "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment",
+                                                     "name": "hybridserve-gateway"}}})),
+    (check_gateway_objects, "no NetworkPolicy for the gateway",
+     lambda o: o.remove(m.one(o, "NetworkPolicy", "hybridserve-gateway"))),
+    (check_gateway_probes, "readiness on /health/live (ready while decode is down)",
+     lambda o: _set(_container(o, GATEWAY)["readinessProbe"]["httpGet"], ["path"], "/health/live")),
+    (check_gateway_probes, "a gRPC liveness probe",
+     lambda o: _set(_container(o, GATEWAY), ["livenessProbe"], {"grpc": {"port": 8080}})),
+    (check_gateway_probes, "the startup probe on another port",
+     lambda o: _set(_container(o, GATEWAY)["startupProbe"]["httpGet"], ["port"], 9090)),
+    (check_gateway_flags, "the gateway dials decode's pod port name, not its Service",
+     lambda o: _gateway_arg(o, "decode", "dns:///hybridserve-decode-0:50050")),
+    (check_gateway_flags, "the gateway dials prefill",
+     lambda o: _gateway_arg(o, "decode", "dns:///hybridserve-prefill:50061")),
+    (check_gateway_flags, "the gateway listens on another port than http",
+     lambda o: _gateway_arg(o, "address", "0.0.0.0:8000")),
+    (check_gateway_flags, "the API keys Secret optional",
+     lambda o: _set(_volume(o, GATEWAY, "api-keys")["secret"], ["optional"], True)),
+    (check_gateway_flags, "the API keys read from another Secret",
+     lambda o: _set(_volume(o, GATEWAY, "api-keys")["secret"], ["secretName"], "api-keys")),
+    (check_gateway_flags, "no --api_keys (no authentication)",
+     lambda o: _container(o, GATEWAY)["args"].remove("--api_keys=/etc/hybridserve/api-keys/api_keys")),
+    (check_gateway_flags, "the gateway's tokenizer from another directory than decode's model",
+     lambda o: _gateway_arg(o, "model_dir", "/models/model")),
+    (check_gateway_flags, "the model copy from another image than decode's",
+     lambda o: _set(m.pod_spec(o, GATEWAY)["initContainers"][0], ["image"], "hybridserve:old")),
+    (check_gateway_flags, "no copy of the model (an empty directory)",
+     lambda o: m.pod_spec(o, GATEWAY).pop("initContainers")),
+    (check_gateway_flags, "the gateway's drain shorter than decode's",
+     lambda o: _gateway_arg(o, "drain_timeout", "10s")),
+    (check_gateway_flags, "the gateway's grace period under its drain",
+     lambda o: _set(m.pod_spec(o, GATEWAY), ["terminationGracePeriodSeconds"], 30)),
+    (check_gateway_flags, "a flag the gateway does not define",
+     lambda o: _container(o, GATEWAY)["args"].append("--tenant_from=certificate")),
+    (check_gateway_tls, "decode trusts a proxy on a plaintext overlay",
+     lambda o: _container(o, "decode")["args"].append(f"--trusted_proxies={_GATEWAY_ID}")),
 ]
 
 
@@ -918,6 +1011,22 @@ def _volume(o, comp, name):
     return next(v for v in m.pod_spec(o, comp)["volumes"] if v["name"] == name)
 
 
+def _gateway_arg(o, flag, value):
+    """The gateway's --flag arg set to value (appended when absent)."""
+    args = _container(o, GATEWAY)["args"]
+    at = [i for i, a in enumerate(args) if a.startswith(f"--{flag}=")]
+    if at:
+        args[at[0]] = f"--{flag}={value}"
+    else:
+        args.append(f"--{flag}={value}")
+
+
+def _set_proxies(o, value):
+    args = _container(o, "decode")["args"]
+    at = next(i for i, a in enumerate(args) if a.startswith("--trusted_proxies="))
+    args[at] = f"--trusted_proxies={value}"
+
+
 def _certificate(example, name):
     return next(c for c in example if c["kind"] == "Certificate" and c["metadata"]["name"] == name)
 
@@ -927,6 +1036,7 @@ _SPIFFE = "spiffe://$(TRUST_DOMAIN)/ns/$(POD_NAMESPACE)/sa"
 _DECODE_ID = f"spiffe://{m.TRUST_DOMAIN}/ns/hybridserve/sa/hybridserve-decode"
 _PREFILL_ID = f"spiffe://{m.TRUST_DOMAIN}/ns/hybridserve/sa/hybridserve-prefill"
 _CACHESTORE_ID = f"spiffe://{m.TRUST_DOMAIN}/ns/hybridserve/sa/hybridserve-cachestore"
+_GATEWAY_ID = f"spiffe://{m.TRUST_DOMAIN}/ns/hybridserve/sa/hybridserve-gateway"
 
 # (check, what, mutation of the cpu-mtls render)
 TLS_BREAKAGES = [
@@ -939,7 +1049,7 @@ TLS_BREAKAGES = [
     (check_network_policies, "the health port open to every pod",
      lambda o: _policy(o, "decode")["ingress"][0]["ports"].append({"port": "health", "protocol": "TCP"})),
     (check_tls_flags, "decode's TLS flag file not on its args",
-     lambda o: _container(o, "decode")["args"].pop()),
+     lambda o: _container(o, "decode")["args"].remove("--flagfile=/etc/hybridserve/flags/decode-tls.flags")),
     (check_tls_flags, "prefill calls the cachestore in plaintext (no --tls_ca)",
      lambda o: _drop_flag(o, "prefill-tls.flags", "tls_ca")),
     (check_tls_flags, "decode takes clients without certificates",
@@ -1000,6 +1110,28 @@ TLS_BREAKAGES = [
      lambda o: _append_flag(o, "decode-tls.flags", f"--tls_allowed_peers={_PREFILL_ID}")),
     (check_tls_certificates, "decode mounts a Secret the example does not issue",
      lambda o: _set(_volume(o, "decode", "tls")["secret"], ["secretName"], "hybridserve-decode-tls-v2")),
+    (check_gateway_tls, "decode trusts no proxy (the gateway's tenants all one)",
+     lambda o: _container(o, "decode")["args"].remove(f"--trusted_proxies={_SPIFFE}/hybridserve-gateway")),
+    (check_gateway_tls, "decode trusts prefill as a proxy",
+     lambda o: _set_proxies(o, f"{_SPIFFE}/hybridserve-prefill")),
+    (check_gateway_tls, "decode trusts the gateway and prefill",
+     lambda o: _set_proxies(o, f"{_SPIFFE}/hybridserve-gateway,{_SPIFFE}/hybridserve-prefill")),
+    (check_gateway_tls, "the gateway runs as another ServiceAccount than decode trusts",
+     lambda o: _set(m.pod_spec(o, GATEWAY), ["serviceAccountName"], "hybridserve-frontend")),
+    (check_gateway_tls, "decode's tenants from the proxy header for every caller",
+     lambda o: _append_flag(o, "decode-tls.flags", "--tenant_from=proxy_header")),
+    (check_gateway_tls, "the gateway calls decode without a certificate",
+     lambda o: _container(o, GATEWAY)["args"].remove("--tls_cert=/etc/hybridserve/tls/tls.crt")),
+    (check_gateway_tls, "the gateway mounts decode's Secret",
+     lambda o: _set(_volume(o, GATEWAY, "tls")["secret"], ["secretName"], "hybridserve-decode-tls")),
+    (check_gateway_tls, "the gateway's Secret optional",
+     lambda o: _set(_volume(o, GATEWAY, "tls")["secret"], ["optional"], True)),
+    (check_gateway_tls, "the gateway checks decode's certificate against a name it lacks",
+     lambda o: _container(o, GATEWAY)["args"].append("--tls_server_name=decode.example")),
+    (check_spiffe_ids, "decode's trusted proxy written out",
+     lambda o: _set_proxies(o, _GATEWAY_ID)),
+    (check_spiffe_ids, "no POD_NAMESPACE on decode's env for its trusted proxy",
+     lambda o: _container(o, "decode")["env"].remove(_env(o, "decode", "POD_NAMESPACE"))),
 ]
 
 # (what, mutation of the cert-manager example), caught by check_tls_certificates
@@ -1017,6 +1149,18 @@ CERTIFICATE_BREAKAGES = [
      lambda e: _set(_certificate(e, "hybridserve-cachestore")["metadata"], ["namespace"], "default")),
     ("the CA Issuer's Secret is no CA",
      lambda e: _set(_certificate(e, "hybridserve-ca")["spec"], ["isCA"], False)),
+]
+
+# (what, mutation of the cert-manager example), caught by check_gateway_tls
+GATEWAY_CERTIFICATE_BREAKAGES = [
+    ("the gateway's certificate names decode's identity",
+     lambda e: _set(_certificate(e, "hybridserve-gateway")["spec"], ["uris"], [_DECODE_ID])),
+    ("the gateway's certificate for servers only",
+     lambda e: _set(_certificate(e, "hybridserve-gateway")["spec"], ["usages"], ["server auth", "digital signature"])),
+    ("the gateway's certificate from the self-signed Issuer (decode does not trust it)",
+     lambda e: _set(_certificate(e, "hybridserve-gateway")["spec"]["issuerRef"], ["name"], "hybridserve-selfsigned")),
+    ("no certificate for the gateway",
+     lambda e: e.remove(_certificate(e, "hybridserve-gateway"))),
 ]
 
 
@@ -1167,6 +1311,12 @@ class ManifestPolicyTest(unittest.TestCase):
                 mutate(example)
                 self.assertNotEqual(check_tls_certificates(self.rendered["cpu-mtls"], example), [],
                                     f"check_tls_certificates missed: {what}")
+        for what, mutate in GATEWAY_CERTIFICATE_BREAKAGES:
+            with self.subTest(check="check_gateway_tls", breakage=what):
+                example = copy.deepcopy(m.cert_manager_example())
+                mutate(example)
+                self.assertNotEqual(check_gateway_tls(self.rendered["cpu-mtls"], example), [],
+                                    f"check_gateway_tls missed: {what}")
         for what, mutate in RULE_BREAKAGES:
             for overlay in ("cpu", "gpu"):
                 with self.subTest(check="check_adapter_pages", overlay=overlay, breakage=what):
@@ -1277,6 +1427,9 @@ class ManifestPolicyTest(unittest.TestCase):
                     self.assertEqual(m.flags(objs, "cachestore")["tls_allowed_peers"],
                                      "spiffe://example.org/ns/prod/sa/hybridserve-decode,"
                                      "spiffe://example.org/ns/prod/sa/hybridserve-prefill")
+                    self.assertEqual(m.flags(objs, "decode")["trusted_proxies"],
+                                     "spiffe://example.org/ns/prod/sa/hybridserve-gateway")
+                    self.assertEqual(check_gateway_tls(objs, example, "example.org"), [])
 
     def test_gpu_placement_catches_its_breakages(self):
         gpu = self.rendered["gpu"]
@@ -1326,8 +1479,17 @@ class ManifestPolicyTest(unittest.TestCase):
         for denied in [("client", "prefill", 50061, "TCP"), ("client", "cachestore", 50051, "TCP"),
                        ("client", "decode", 50070, "TCP"), ("decode", "decode", 50070, "TCP"),
                        ("cachestore", "decode", 50050, "TCP"), ("grafana", "decode", 9090, "TCP"),
-                       ("prefill", "prefill", 50061, "TCP"), ("decode", "prometheus", 9090, "TCP")]:
+                       ("prefill", "prefill", 50061, "TCP"), ("decode", "prometheus", 9090, "TCP"),
+                       # The gateway reaches decode's client port alone, and
+                       # nothing but clients reach it.
+                       ("gateway", "cachestore", 50051, "TCP"), ("gateway", "cachestore", 50052, "TCP"),
+                       ("gateway", "prefill", 50061, "TCP"), ("gateway", "decode", 50070, "TCP"),
+                       ("gateway", "decode", 9090, "TCP"), ("gateway", "gateway", 8080, "TCP"),
+                       ("decode", "gateway", 8080, "TCP"), ("prefill", "gateway", 8080, "TCP")]:
             self.assertNotIn(denied, flows)
+        for allowed in [("gateway", "decode", 50050, "TCP"), ("client", "gateway", 8080, "TCP"),
+                        ("prometheus", "gateway", 8080, "TCP"), ("gateway", "dns", 53, "UDP")]:
+            self.assertIn(allowed, flows)
         # With mutual TLS the flows are the same, and no pod reaches a health
         # port: only the kubelet does (a pod's own node always may).
         self.assertEqual(m.allowed_flows(self.rendered["cpu-mtls"]), flows)

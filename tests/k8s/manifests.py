@@ -16,12 +16,27 @@ import yaml
 
 COMPONENTS = ("decode", "prefill", "cachestore")
 WORKERS = ("decode", "prefill")
+# The OpenAI gateway (deploy/k8s/base/gateway.yaml): an HTTP pool in front of
+# decode, from its own image; POOLS: every pool the NetworkPolicies isolate.
+GATEWAY = "gateway"
+POOLS = COMPONENTS + (GATEWAY,)
 # docs: /work/briefs/k8s-conventions.md, restated in deploy/k8s/README.md.
 PORTS = {
     "decode": {"grpc": 50050, "data": 50070, "metrics": 9090},
     "prefill": {"grpc": 50061, "metrics": 9090},
     "cachestore": {"grpc": 50051, "bulk": 50052, "metrics": 9090},
 }
+# The gateway: its one port (the API, /health, /health/live, /metrics), its
+# image and command (deploy/docker/gateway.Dockerfile: the venv's console
+# script), the API keys Secret the operator creates (its key, the file
+# --api_keys reads), and the HTTP paths of its probes (GATEWAY_SPEC).
+GATEWAY_PORTS = {"http": 8080}
+GATEWAY_IMAGE = "hybridserve-gateway"
+GATEWAY_COMMAND = "/opt/hybridserve/venv/bin/hybridserve-gateway"
+API_KEYS_SECRET = "hybridserve-gateway-api-keys"
+API_KEYS_KEY = "api_keys"
+READINESS_PATH = "/health"
+LIVENESS_PATH = "/health/live"
 # The mtls component (deploy/k8s/components/mtls): the plaintext health-only
 # port every pool gets (the container port named health), and where each pool's Secret is
 # mounted, with cert-manager's keys.
@@ -481,12 +496,17 @@ OUTSIDE = outside_endpoints(settings())
 # The trust domain of the mtls component's SPIFFE IDs (the setting).
 TRUST_DOMAIN = settings()["trust_domain"]
 
-# Clients are anyone: decode's gRPC port is open to every pod.
+# Clients are anyone: decode's gRPC port and the gateway's HTTP port are
+# open to every pod (Prometheus scrapes the gateway on its HTTP port).
 CLIENTS = tuple(e.name for e in OUTSIDE)
 # (from, to, port, protocol): every flow allowed into or out of a hybridserve
-# pod; all others must be denied.
+# pod; all others must be denied (the gateway reaches decode's client port
+# alone: not prefill, the cachestore, decode's data port, another gateway).
 EXPECTED_FLOWS = (
     {(c, "decode", 50050, "TCP") for c in CLIENTS}
+    | {(c, GATEWAY, 8080, "TCP") for c in CLIENTS}
+    | {(GATEWAY, "decode", 50050, "TCP")}
+    | {(GATEWAY, "dns", 53, p) for p in ("UDP", "TCP")}
     | {
         ("decode", "prefill", 50061, "TCP"),
         ("prefill", "decode", 50070, "TCP"),
@@ -502,7 +522,7 @@ EXPECTED_FLOWS = (
 
 def endpoints(objs, outside=None):
     pods = []
-    for component in COMPONENTS:
+    for component in POOLS:
         w = workload(objs, component)
         if w is None:
             continue
@@ -581,7 +601,7 @@ def allowed_flows(objs, outside=None):
     for src in eps:
         for dst in eps:
             # A component to itself: two pods of the pool.
-            if src.name not in COMPONENTS and dst.name not in COMPONENTS:
+            if src.name not in POOLS and dst.name not in POOLS:
                 continue
             for _, port, protocol in dst.ports:
                 if (_direction_allows(objs, policies, "Egress", src, dst, dst, port, protocol)

@@ -1,6 +1,6 @@
 """The NetworkPolicies of every overlay enforced (tests/k8s/netpol_nft.py
 turns them into nftables rules) and checked by connecting: each hybridserve
-pool gets two pods and each pod outside hybridserve the policies name
+pool (the OpenAI gateway's included) gets two pods and each pod outside hybridserve the policies name
 (manifests.OUTSIDE: a tenant-like client, a pod of the hybridserve namespace,
 Prometheus, Grafana, cluster DNS) one, each on its own 127.0.0.N, with a
 listener on every port its containers declare (TCP: accepting; UDP:
@@ -88,7 +88,7 @@ def pods_of(objs, with_gids=False):
     consecutive addresses; with_gids: each with its own group id."""
     pods = []
     for ep in manifests.endpoints(objs):
-        copies = POOL_PODS if ep.name in manifests.COMPONENTS else 1
+        copies = POOL_PODS if ep.name in manifests.POOLS else 1
         for _ in range(copies):
             host = FIRST_HOST + len(pods)
             pods.append(netpol_nft.Pod(ep, f"127.0.0.{host}", GID_BASE + host if with_gids else None))
@@ -98,7 +98,7 @@ def pods_of(objs, with_gids=False):
 def ports_of(pod):
     """(port, protocol) of each listener a pod gets."""
     ports = [(number, protocol) for _, number, protocol in pod.endpoint.ports]
-    if pod.endpoint.name in manifests.COMPONENTS:
+    if pod.endpoint.name in manifests.POOLS:
         ports.append((UNDECLARED_PORT, "TCP"))
     return ports
 
@@ -177,8 +177,8 @@ class NetpolEnforcedTest(unittest.TestCase):
         outcomes = {}
         for src in pods:
             for dst in pods:
-                if src is dst or (src.endpoint.name not in manifests.COMPONENTS
-                                  and dst.endpoint.name not in manifests.COMPONENTS):
+                if src is dst or (src.endpoint.name not in manifests.POOLS
+                                  and dst.endpoint.name not in manifests.POOLS):
                     continue
                 for port, protocol in ports_of(dst):
                     outcome = attempt(listeners, src.ip, dst.ip, port, protocol)
@@ -219,6 +219,7 @@ class NetpolEnforcedTest(unittest.TestCase):
         for pod in pods:
             by_name.setdefault(pod.endpoint.name, pod)
         decode, prefill, cachestore = by_name["decode"], by_name["prefill"], by_name["cachestore"]
+        gateway, client = by_name["gateway"], by_name["client"]
         listeners = Listeners(pods)
 
         def from_process(gid, dst, port):
@@ -237,11 +238,15 @@ class NetpolEnforcedTest(unittest.TestCase):
         try:
             netpol_nft.load(netpol_nft.ruleset(objs, pods))
             allowed = [(decode, prefill, 50061), (decode, cachestore, 50051), (prefill, decode, 50070),
-                       (prefill, cachestore, 50052)]
+                       (prefill, cachestore, 50052), (gateway, decode, 50050), (client, gateway, 8080)]
             for src, dst, port in allowed:
                 self.assertEqual(from_process(src.gid, dst, port), (0, "", src.ip), f"{src.endpoint.name} -> {port}")
             forbidden = [(decode, cachestore, 9090), (prefill, decode, 50050), (prefill, prefill, 50061),
-                         (cachestore, decode, 50050), (decode, prefill, UNDECLARED_PORT)]
+                         (cachestore, decode, 50050), (decode, prefill, UNDECLARED_PORT),
+                         # The gateway reaches decode's client port alone.
+                         (gateway, cachestore, 50051), (gateway, cachestore, 50052), (gateway, prefill, 50061),
+                         (gateway, decode, 50070), (gateway, decode, 9090), (gateway, gateway, 8080),
+                         (decode, gateway, 8080), (client, gateway, UNDECLARED_PORT)]
             for src, dst, port in forbidden:
                 if src is dst:
                     dst = [p for p in pods if p.endpoint is src.endpoint and p is not src][0]

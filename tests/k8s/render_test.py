@@ -1,9 +1,11 @@
 """deploy/k8s/render.sh, the release artifacts: one YAML file per overlay
 (and one for namespace/), each the overlay's render with every container's
-image on the given digest and every object labelled with the version, valid
+image on its image's digest (the workers' hybridserve, the OpenAI gateway's
+hybridserve-gateway) and every object labelled with the version, valid
 against the Kubernetes schemas (kubernetes-validate --strict; only the custom
 resources the policy test checks may lack a schema). render.sh refuses a
-missing or malformed --digest and --version, naming the flag."""
+missing or malformed --digest, --gateway-digest and --version, naming the
+flag."""
 
 import copy
 import os
@@ -21,6 +23,8 @@ import manifests as m
 VERSION = "1.2.3"
 IMAGE = "registry.example/hybridserve"
 DIGEST = "sha256:" + "0123456789abcdef" * 4
+GATEWAY_IMAGE = "registry.example/openai/gateway"
+GATEWAY_DIGEST = "sha256:" + "fedcba9876543210" * 4
 K8S_VERSION = "1.32.0"
 
 
@@ -42,13 +46,22 @@ def release_errors(objs, expected):
     not on the digest, an object without the version label, any other
     difference."""
     errors = []
-    want = f"{IMAGE}@{DIGEST}"
+
+    def containers(o):
+        spec = o.get("spec", {}).get("template", {}).get("spec", {})
+        return spec.get("containers", []) + spec.get("initContainers", [])
+
+    # Each container's image in the overlay's own render (hybridserve:latest,
+    # hybridserve-gateway:latest) and the one the release must run.
+    unpinned = {(o["kind"], o["metadata"]["name"], c["name"]): c.get("image") for o in expected for c in containers(o)}
+    release = {"hybridserve": f"{IMAGE}@{DIGEST}", m.GATEWAY_IMAGE: f"{GATEWAY_IMAGE}@{GATEWAY_DIGEST}"}
     for o in objs:
         name = f"{o['kind']}/{o['metadata']['name']}"
         if (o["metadata"].get("labels") or {}).get("app.kubernetes.io/version") != VERSION:
             errors.append(f"{name}: no app.kubernetes.io/version={VERSION}")
-        spec = o.get("spec", {}).get("template", {}).get("spec", {})
-        for c in spec.get("containers", []) + spec.get("initContainers", []):
+        for c in containers(o):
+            image = unpinned.get((o["kind"], o["metadata"]["name"], c["name"]), "")
+            want = release.get(image.rsplit(":", 1)[0])
             if c.get("image") != want:
                 errors.append(f"{name}: container {c['name']} runs {c.get('image')}, want {want}")
     # Apart from those two, exactly the overlay's objects.
@@ -57,8 +70,8 @@ def release_errors(objs, expected):
         (o["metadata"].get("labels") or {}).pop("app.kubernetes.io/version", None)
         if o["metadata"].get("labels") == {}:
             del o["metadata"]["labels"]
-        for c in o.get("spec", {}).get("template", {}).get("spec", {}).get("containers", []):
-            c["image"] = "hybridserve:latest"
+        for c in containers(o):
+            c["image"] = unpinned.get((o["kind"], o["metadata"]["name"], c["name"]))
     key = lambda o: (o["kind"], o["metadata"]["name"])
     if sorted(stripped, key=key) != sorted(expected, key=key):
         errors.append("the objects differ from the overlay's render beyond the image and the version label")
@@ -71,7 +84,8 @@ class RenderTest(unittest.TestCase):
     def setUpClass(cls):
         cls.tmp = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
         cls.out = os.path.join(cls.tmp, "release")
-        done = render_sh("--version", VERSION, "--digest", DIGEST, "--image", IMAGE, out=cls.out)
+        done = render_sh("--version", VERSION, "--digest", DIGEST, "--image", IMAGE, "--gateway-digest",
+                         GATEWAY_DIGEST, "--gateway-image", GATEWAY_IMAGE, out=cls.out)
         if done.returncode != 0:
             raise AssertionError(f"render.sh failed: {done.stderr}")
         cls.files = {}
@@ -94,7 +108,12 @@ class RenderTest(unittest.TestCase):
             with self.subTest(overlay=overlay):
                 objs = self.files[overlay][1]
                 self.assertEqual(release_errors(objs, m.render(overlay)), [])
-                self.assertEqual(len([o for o in objs if o["kind"] == "Deployment"]), 3)
+                self.assertEqual(len([o for o in objs if o["kind"] == "Deployment"]), 4)
+                # The gateway on its own image, its model copy on decode's.
+                gateway = m.one(objs, "Deployment", "hybridserve-gateway")["spec"]["template"]["spec"]
+                self.assertEqual(gateway["containers"][0]["image"], f"{GATEWAY_IMAGE}@{GATEWAY_DIGEST}")
+                self.assertEqual([c["image"] for c in gateway.get("initContainers", [])],
+                                 [] if overlay.startswith("gpu") else [f"{IMAGE}@{DIGEST}"])
         self.assertEqual(release_errors(self.files["namespace"][1], m.render_namespace()), [])
 
     def test_each_file_validates(self):
@@ -121,14 +140,36 @@ class RenderTest(unittest.TestCase):
         objs = copy.deepcopy(self.files["cpu"][1])
         m.one(objs, "Deployment", "hybridserve-decode")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 1
         self.assertNotEqual(release_errors(objs, m.render("cpu")), [])
+        # The gateway on the workers' digest, its model copy on the gateway's.
+        objs = copy.deepcopy(self.files["cpu"][1])
+        gateway = m.one(objs, "Deployment", "hybridserve-gateway")["spec"]["template"]["spec"]
+        gateway["containers"][0]["image"] = f"{IMAGE}@{DIGEST}"
+        self.assertIn(f"Deployment/hybridserve-gateway: container gateway runs {IMAGE}@{DIGEST}, want "
+                      f"{GATEWAY_IMAGE}@{GATEWAY_DIGEST}", release_errors(objs, m.render("cpu")))
+        objs = copy.deepcopy(self.files["cpu"][1])
+        gateway = m.one(objs, "Deployment", "hybridserve-gateway")["spec"]["template"]["spec"]
+        gateway["initContainers"][0]["image"] = f"{GATEWAY_IMAGE}@{GATEWAY_DIGEST}"
+        self.assertIn(f"Deployment/hybridserve-gateway: container model runs {GATEWAY_IMAGE}@{GATEWAY_DIGEST}, want "
+                      f"{IMAGE}@{DIGEST}", release_errors(objs, m.render("cpu")))
 
     def test_refuses_bad_flags(self):
-        for args, flag in ((["--version", VERSION], "--digest"),
-                           (["--version", VERSION, "--digest", "sha256:abc"], "--digest"),
-                           (["--version", VERSION, "--digest", DIGEST.upper()], "--digest"),
-                           (["--digest", DIGEST], "--version"),
-                           (["--version", "1.2 3", "--digest", DIGEST], "--version"),
-                           (["--version", VERSION, "--digest", DIGEST, "--image", f"{IMAGE}@{DIGEST}"], "--image")):
+        gateway = ["--gateway-digest", GATEWAY_DIGEST]
+        for args, flag in ((["--version", VERSION, *gateway], "--digest"),
+                           (["--version", VERSION, "--digest", "sha256:abc", *gateway], "--digest"),
+                           (["--version", VERSION, "--digest", DIGEST.upper(), *gateway], "--digest"),
+                           (["--digest", DIGEST, *gateway], "--version"),
+                           (["--version", "1.2 3", "--digest", DIGEST, *gateway], "--version"),
+                           (["--version", VERSION, "--digest", DIGEST, *gateway, "--image", f"{IMAGE}@{DIGEST}"],
+                            "--image"),
+                           (["--version", VERSION, "--digest", DIGEST], "--gateway-digest"),
+                           (["--version", VERSION, "--digest", DIGEST, "--gateway-digest", "sha256:abc"],
+                            "--gateway-digest"),
+                           (["--version", VERSION, "--digest", DIGEST, *gateway, "--image", f"{IMAGE}:1.2.3"],
+                            "--image"),
+                           (["--version", VERSION, "--digest", DIGEST, *gateway, "--gateway-image",
+                             f"{GATEWAY_IMAGE}:1.2.3"], "--gateway-image"),
+                           (["--version", VERSION, "--digest", DIGEST, *gateway, "--gateway-image",
+                             f"{GATEWAY_IMAGE}@{GATEWAY_DIGEST}"], "--gateway-image")):
             with self.subTest(args=args):
                 out = os.path.join(self.tmp, "refused")
                 done = render_sh(*args, out=out)

@@ -1,0 +1,174 @@
+"""The OpenAI gateway pool as deploy/k8s/overlays/cpu and cpu-mtls declare it,
+run as local processes with the rest of the stack (tests/k8s/local_cluster.py:
+its init container's model copy, its HTTP probes, its API keys Secret as the
+kubelet lays a Secret volume out, its Service by the hosts file), and used as
+a client uses it, over HTTP through the Service's name:
+
+  1. the cachestore, prefill and decode (one pod each), then two gateway pods,
+     Ready (their readiness: /health, 200 once decode answers);
+  2. /v1/models refuses a request without a key and with an unknown key (401)
+     and lists the model for a key of the Secret;
+  3. a tenant's second turn (/v1/completions, its first prompt and answer
+     continued) resumes from the cache (cached_tokens > 0), and another
+     tenant's identical prompt resumes nothing (0): tenants apart;
+  4. the API keys Secret edited (a key added, one removed), as the kubelet
+     swaps the volume: the added key is taken and the removed one refused
+     within the gateway's reload (no restart);
+  5. (cpu) a rolling update of the gateway under a loop of requests: none
+     fails, and no probe failure or SIGKILL (its drain within its grace period).
+On cpu-mtls the gateway calls decode with its own certificate (made at test
+time as components/mtls/cert-manager would issue it), decode trusts it as a
+proxy (--trusted_proxies) and takes each request's tenant from its header:
+step 3's isolation is decode's; and a direct gRPC client with a tenant
+certificate still works beside it.
+
+Runs in its own network and mount namespaces (unshare), as run_manifests_test."""
+
+import json
+import os
+import threading
+import time
+import unittest
+import urllib.error
+import urllib.request
+
+import manifests
+from hybridserve_client import Client, encode_bytes
+from hybridserve_gateway.keys import hash_key
+from manifest_run import (
+    CACHESTORE,
+    DECODE,
+    MTLS_OVERLAY,
+    OVERLAY,
+    PREFILL,
+    READY_TIMEOUT_S,
+    REQUEST_TIMEOUT_S,
+    Certificates,
+    ManifestRunCase,
+    reexec_in_namespaces,
+)
+
+GATEWAY = "hybridserve-gateway"
+GATEWAY_PODS = 2
+KEYS = {"hs-test-acme-key": "acme", "hs-test-globex-key": "globex"}
+ADDED_KEY, ADDED_TENANT = "hs-test-initech-key", "initech"
+# The gateway polls its keys file once a second; the kubelet's sync is
+# immediate here.
+KEY_RELOAD_TIMEOUT_S = 10
+MAX_TOKENS = 6
+PROMPT = "The gateway's own conversation, word for word, turn one.\n"
+
+
+def keys_secret(keys):
+    """The Secret hybridserve-gateway-api-keys as the operator makes it."""
+    lines = "".join(f"sha256:{hash_key(key)} {tenant}\n" for key, tenant in keys.items())
+    return {manifests.API_KEYS_SECRET: {manifests.API_KEYS_KEY: ("# test keys\n" + lines).encode()}}
+
+
+def call(path, body=None, key=None):
+    """(status, JSON body) of a request to the gateway Service by its name
+    (the hosts file: its ready pods)."""
+    headers = {"Content-Type": "application/json"}
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
+    request = urllib.request.Request(f"http://{GATEWAY}:{manifests.GATEWAY_PORTS['http']}{path}",
+                                     data=None if body is None else json.dumps(body).encode(), headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
+            return response.status, json.load(response)
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def complete(key, prompt, model):
+    status, body = call("/v1/completions", {"model": model, "prompt": prompt, "max_tokens": MAX_TOKENS,
+                                            "temperature": 0}, key)
+    if status != 200:
+        raise AssertionError(f"/v1/completions: {status} {body}")
+    return body["choices"][0]["text"], body["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+class RunManifestsGatewayTest(ManifestRunCase):
+
+    def test_gateway_serves_reloads_keys_and_rolls_without_a_failed_request(self):
+        self._start(OVERLAY, keys_secret(KEYS))
+        self._with_logs_on_failure(self._scenario)
+
+    def test_mtls_gateway_is_decodes_trusted_proxy(self):
+        certificates = Certificates(os.path.join(self.workdir, "certs"))
+        self.assertIn(f"{GATEWAY}-tls", certificates.secret_names())
+        self._start(MTLS_OVERLAY, {**certificates.secrets(), **keys_secret(KEYS)})
+        self._with_logs_on_failure(lambda: self._scenario(certificates))
+
+    def _scenario(self, certificates=None):
+        deployments = self.cluster.deployments
+        for name in (CACHESTORE, PREFILL, DECODE):
+            deployments[name].scale(1, READY_TIMEOUT_S)
+        deployments[GATEWAY].scale(GATEWAY_PODS, READY_TIMEOUT_S)
+        # 2. Keys.
+        self.assertEqual(call("/v1/models")[0], 401)
+        self.assertEqual(call("/v1/models", key="hs-test-unknown")[0], 401)
+        status, models = call("/v1/models", key="hs-test-acme-key")
+        self.assertEqual(status, 200, models)
+        self.model = models["data"][0]["id"]
+        print(f"models: {[m['id'] for m in models['data']]}")
+        # 3. A tenant's conversation resumes; another tenant's copy does not.
+        text, cached = complete("hs-test-acme-key", PROMPT, self.model)
+        second = PROMPT + text + "\nAnd then?\n"
+        _, cached_acme = complete("hs-test-acme-key", second, self.model)
+        _, cached_globex = complete("hs-test-globex-key", second, self.model)
+        print(f"cached tokens: acme's first turn {cached}, its second {cached_acme}; globex sending acme's second "
+              f"{cached_globex}")
+        self.assertGreater(cached_acme, 0)
+        self.assertEqual(cached_globex, 0)
+        if certificates is not None:
+            # A direct gRPC client with a tenant certificate, beside the gateway.
+            with Client(f"{DECODE}:50050", timeout=REQUEST_TIMEOUT_S,
+                        **certificates.client_options("tenant-a")) as client:
+                r = client.generate(encode_bytes("direct, beside the gateway\n", add_bos=True), max_tokens=MAX_TOKENS,
+                                    temperature=0.0, ignore_eos=True)
+            self.assertEqual(r.finish_reason.value, "length")
+        # 4. The Secret edited: acme's key removed, initech's added.
+        self.cluster.update_secret(manifests.API_KEYS_SECRET, keys_secret(
+            {"hs-test-globex-key": "globex", ADDED_KEY: ADDED_TENANT})[manifests.API_KEYS_SECRET])
+        self.cluster.wait(lambda: call("/v1/models", key=ADDED_KEY)[0] == 200
+                          and call("/v1/models", key="hs-test-acme-key")[0] == 401,
+                          KEY_RELOAD_TIMEOUT_S, "the edited keys taken by every gateway pod")
+        for _ in range(2 * GATEWAY_PODS):
+            self.assertEqual(call("/v1/models", key=ADDED_KEY)[0], 200)
+        if certificates is None:
+            self._roll_under_load()
+        self.assertEqual(self.cluster.failures, [])
+
+    def _roll_under_load(self):
+        """5. The gateway rolls while a client loops over requests."""
+        stop, sent, failed = threading.Event(), [0], []
+
+        def loop():
+            while not stop.is_set():
+                try:
+                    complete(ADDED_KEY, "a request across the gateway's rollout\n", self.model)
+                except Exception as e:  # pylint: disable=broad-except  # every failure is the test's
+                    failed.append(repr(e))
+                sent[0] += 1
+
+        thread = threading.Thread(target=loop, daemon=True)
+        thread.start()
+        terminations = []
+        try:
+            self.cluster.wait(lambda: sent[0] >= 3, READY_TIMEOUT_S, "requests before the rollout")
+            before = sent[0]
+            self.cluster.deployments[GATEWAY].rollout(3 * READY_TIMEOUT_S, terminations)
+            for t in terminations:
+                t.join()
+            self.cluster.wait(lambda: sent[0] >= before + 6, READY_TIMEOUT_S, "requests after the rollout")
+        finally:
+            stop.set()
+            thread.join(REQUEST_TIMEOUT_S)
+        print(f"gateway rollout: {sent[0]} requests, {len(failed)} failed")
+        self.assertEqual(failed, [])
+
+
+if __name__ == "__main__":
+    reexec_in_namespaces()
+    unittest.main()
