@@ -45,15 +45,18 @@ PIP_PACKAGES=(
   kubernetes-validate==1.37.0  # offline OpenAPI schemas of Kubernetes 1.32 to 1.37
   yamllint==1.38.0
   jinja2==3.1.6                # client/python chat templates (chat_template_test); Debian's 3.1.2 has sandbox escapes
-  # The OpenAI gateway (gateway/README.md says why each): HTTP server, app, SSE,
-  # text, metrics; and the official OpenAI client its tests drive it with.
-  granian==2.8.9
-  fastapi==0.165.0
-  sse-starlette==3.7.1
-  tokenizers==0.23.3
-  prometheus-client==0.26.0
-  openai==3.63.0
+  openai==3.63.0               # the official OpenAI client the gateway's tests drive it with
 )
+# The OpenAI gateway's packages and everything they require, exactly as its
+# image installs them (deploy/docker/gateway-requirements.txt; gateway/README.md
+# says why each); absent in the image's build stage, which copies this script
+# alone and builds no gateway.
+GATEWAY_REQUIREMENTS="$(dirname "$0")/../deploy/docker/gateway-requirements.txt"
+if [ -f "$GATEWAY_REQUIREMENTS" ]; then
+  while read -r line; do
+    case "$line" in ""|"#"*) ;; *) PIP_PACKAGES+=("$line") ;; esac
+  done <"$GATEWAY_REQUIREMENTS"
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -40,7 +40,13 @@ class Decode:
         self.sends_tenant = bool(tls_cert)  # a proxy's assertion needs the proxy's certificate
         self._files = [p for p in (tls_ca, tls_cert, tls_key) if p]
         self._tls_server_name = tls_server_name
-        self._options = [("grpc.max_receive_message_length", max_message_bytes),
+        # Round robin over every address the target resolves to (a headless
+        # Service's pods): each request goes to the next decode pod, instead
+        # of every request of this gateway to the one pod its first connection
+        # reached. Addresses are re-resolved when a connection ends (decode's
+        # --max_connection_age), so new pods join within that age.
+        self._options = [("grpc.lb_policy_name", "round_robin"),
+                         ("grpc.max_receive_message_length", max_message_bytes),
                          ("grpc.max_send_message_length", max_message_bytes),
                          ("grpc.keepalive_time_ms", 30000),
                          ("grpc.keepalive_timeout_ms", 10000),
