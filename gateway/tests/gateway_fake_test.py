@@ -319,6 +319,46 @@ class GatewayAgainstScriptedDecode(unittest.TestCase):
         self.assertIn('hybridserve_gateway_requests_total{endpoint="completions",status="413"}', metrics)
         self.assertEqual(self.generates(), [])
 
+    def test_random_bodies_never_crash_the_gateway(self):
+        """Valid bodies with one field replaced by a value of another type,
+        range or shape: every answer is 200 or a 4xx in OpenAI's shape, and
+        the gateway keeps serving."""
+        import random
+        rng = random.Random(48)
+        values = [None, True, False, 0, -1, 1, 2 ** 64, -2 ** 70, 0.5, -0.5, 3.5, 1e308, "", "x", "\u0000", "é" * 300,
+                  [], [1], [-1], ["a", "b"], [[1, 2]], [[]], {}, {"a": 1}, {"type": "text"},
+                  [{"role": "user", "content": {"x": 1}}], [{"role": 1, "content": "x"}],
+                  [{"role": "user", "content": [{"type": "text", "text": 5}]}], [{"role": "tool", "content": None}],
+                  [{"type": "function", "function": {"name": "f"}}], [{}]]
+        chat_fields = ["model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
+                       "seed", "stop", "stream", "stream_options", "n", "user", "prompt_cache_key", "logprobs",
+                       "top_logprobs", "tools", "tool_choice", "response_format", "chat_template_kwargs",
+                       "ignore_eos", "presence_penalty", "logit_bias"]
+        completion_fields = ["model", "prompt", "max_tokens", "logprobs", "echo", "suffix", "best_of", "stop", "seed"]
+        statuses = {}
+        for i in range(1500):
+            chat = i % 2 == 0
+            if chat:
+                body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+                fields = chat_fields
+            else:
+                body = {"model": MODEL, "prompt": "hi", "max_tokens": 3}
+                fields = completion_fields
+            for _ in range(rng.randint(1, 3)):
+                body[rng.choice(fields)] = rng.choice(values)
+            self.script(byte_chunks("ok") + [complete(pb.FINISH_REASON_LENGTH, completion_tokens=2)])
+            path = "/v1/chat/completions" if chat else "/v1/completions"
+            reply = request(self.gateway.port, "POST", path, body)
+            statuses[reply.status] = statuses.get(reply.status, 0) + 1
+            self.assertLess(reply.status, 500, (body, reply.raw[:300]))
+            if reply.status != 200:
+                self.assertTrue(reply.error()["message"], body)
+        self.assertIn(200, statuses)
+        self.assertIn(400, statuses)
+        self.script([complete(pb.FINISH_REASON_LENGTH)])
+        self.assertEqual(request(self.gateway.port, "POST", "/v1/completions", {"model": MODEL, "prompt": "x"}).status,
+                         200)
+
     # ---- clients that go away, or that are slow or huge --------------------
 
     def blocking_script(self, first=None):
