@@ -48,10 +48,12 @@ class Decode:
         self._options = [("grpc.lb_policy_name", "round_robin"),
                          ("grpc.max_receive_message_length", max_message_bytes),
                          ("grpc.max_send_message_length", max_message_bytes),
-                         ("grpc.keepalive_time_ms", 30000),
-                         ("grpc.keepalive_timeout_ms", 10000),
-                         ("grpc.http2.max_pings_without_data", 0),
-                         ("grpc.keepalive_permit_without_calls", 1)]
+                         # A decode that vanished without a reset (a node lost) is found
+                         # by pings during calls; none while idle, which a gRPC server
+                         # answers with GOAWAY "too many pings".
+                         ("grpc.keepalive_time_ms", 60000),
+                         ("grpc.keepalive_timeout_ms", 20000),
+                         ("grpc.keepalive_permit_without_calls", 0)]
         if tls_server_name:
             self._options.append(("grpc.ssl_target_name_override", tls_server_name))
         self._files_digest = None
