@@ -176,27 +176,49 @@ class Run:
             self.call.cancel()
 
     async def events(self):
-        message = self._first
-        complete = None
-        stopped = False
-        while message is not grpc.aio.EOF:
-            kind = message.WhichOneof("response")
-            if kind == "chunk":
-                if not stopped:
-                    piece, entries, stopped = self._chunk(message.chunk)
-                    if piece or entries:
-                        yield ("delta", piece, entries)
-                    if stopped:
-                        # A stop string: end the request at decode; its `complete` still carries the usage.
-                        asyncio.get_running_loop().create_task(self.decode.abort(self.p.id, self.tenant))
-            elif kind == "complete":
-                complete = message.complete
-            try:
-                message = await self.call.read()
-            except grpc.aio.AioRpcError as e:
-                if stopped and e.code() == grpc.StatusCode.CANCELLED:
+        """The reply's events. decode's messages are read by a task of their
+        own into a queue; each event takes every message queued by then, so a
+        gateway that falls behind its streams sends one event for several
+        tokens instead of falling further behind (OpenAI's clients take
+        deltas of any length)."""
+        queue = asyncio.Queue()
+        reader = asyncio.get_running_loop().create_task(self._read_into(queue))
+        try:
+            complete = None
+            stopped = False
+            batch = [self._first]
+            while True:
+                pieces, entries, ended = [], [], False
+                for message in batch:
+                    if message is grpc.aio.EOF:
+                        ended = True
+                        break
+                    if isinstance(message, grpc.aio.AioRpcError):
+                        if stopped and message.code() == grpc.StatusCode.CANCELLED:
+                            ended = True
+                            break
+                        raise errors.from_rpc_error(message) from None
+                    kind = message.WhichOneof("response")
+                    if kind == "chunk":
+                        if not stopped:
+                            piece, ents, stopped = self._chunk(message.chunk)
+                            pieces.append(piece)
+                            entries += ents
+                            if stopped:
+                                # A stop string: end the request at decode; its `complete` still has the usage.
+                                asyncio.get_running_loop().create_task(self.decode.abort(self.p.id, self.tenant))
+                    elif kind == "complete":
+                        complete = message.complete
+                text = "".join(pieces)
+                if text or entries:
+                    yield ("delta", text, entries)
+                if ended:
                     break
-                raise errors.from_rpc_error(e) from None
+                batch = [await queue.get()]
+                while not queue.empty():
+                    batch.append(queue.get_nowait())
+        finally:
+            reader.cancel()
         if complete is None and not stopped:
             raise errors.ApiError(502, "decode's stream ended without its final message", code="upstream_protocol")
         if complete is not None and complete.finish_reason == pb.FINISH_REASON_ERROR and not stopped:
@@ -214,6 +236,18 @@ class Run:
         if reason == "abort":
             reason = "stop"
         yield ("finish", reason, self._usage(complete))
+
+    async def _read_into(self, queue):
+        """decode's messages after the first, then EOF, or the call's error, into `queue`."""
+        while True:
+            try:
+                message = await self.call.read()
+            except grpc.aio.AioRpcError as e:
+                queue.put_nowait(e)
+                return
+            queue.put_nowait(message)
+            if message is grpc.aio.EOF:
+                return
 
     def _chunk(self, chunk):
         ids = list(chunk.token_ids)
@@ -330,6 +364,15 @@ async def stream(run, include_usage):
     base["object"] = "chat.completion.chunk" if chat else "text_completion"
     dumps = _compact_json
     usage_field = {"usage": None} if include_usage else {}
+    # A text-only delta event is the same JSON but for its text: made once, the text put between.
+    slot = "\u0000slot\u0000"
+    if chat:
+        template = dumps(dict(base, choices=[{"index": 0, "delta": {"content": slot}, "logprobs": None,
+                                              "finish_reason": None}], **usage_field))
+    else:
+        template = dumps(dict(base, choices=[{"index": 0, "text": slot, "logprobs": None, "finish_reason": None}],
+                              **usage_field))
+    head, tail = template.split(dumps(slot))
     legacy = CompletionLogprobs() if not chat and p.logprobs else None
     offset = 0
     if chat:
@@ -339,6 +382,9 @@ async def stream(run, include_usage):
         async for event in run.events():
             if event[0] == "delta":
                 _, piece, ents = event
+                if not ents:
+                    yield head + dumps(piece) + tail
+                    continue
                 if chat:
                     choice = {"index": 0, "delta": {"content": piece},
                               "logprobs": chat_logprobs(ents) if p.logprobs else None, "finish_reason": None}

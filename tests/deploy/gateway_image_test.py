@@ -34,10 +34,11 @@ from runtime_libs_test import dockerfile_stages
 
 VENV = "/opt/hybridserve/venv"
 GATEWAY_COMMAND = f"{VENV}/bin/hybridserve-gateway"
-# GATEWAY_SPEC.md's pins (and the client's chat templates' jinja2,
+# The gateway's own requirements (gateway/pyproject.toml; uvloop its event
+# loop), pinned (and the client's chat templates' jinja2,
 # tools/bootstrap.sh).
 ROOTS = {"fastapi": "0.165.0", "granian": "2.8.9", "sse-starlette": "3.7.1", "tokenizers": "0.23.3",
-         "prometheus-client": "0.26.0", "jinja2": "3.1.6"}
+         "prometheus-client": "0.26.0", "jinja2": "3.1.6", "uvloop": "0.23.0"}
 # Python packages the image takes from Debian, as the test machines do:
 # distribution name -> Debian package.
 DEBIAN_PYTHON = {"grpcio": "python3-grpcio", "protobuf": "python3-protobuf", "pyyaml": "python3-yaml"}
