@@ -133,8 +133,9 @@ class Gateway:
             return b"".join(chunks)
 
         try:
-            raw = await asyncio.wait_for(read(), self.body_read_timeout_s)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(self.body_read_timeout_s):  # no task of its own, unlike wait_for
+                raw = await read()
+        except TimeoutError:
             raise errors.ApiError(408, "the request body did not arrive within %g s" % self.body_read_timeout_s,
                                   code="request_timeout") from None
         try:
