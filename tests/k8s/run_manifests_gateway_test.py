@@ -161,19 +161,22 @@ class RunManifestsGatewayTest(ManifestRunCase):
     def _each_gateway_pod_reaches_every_decode_pod(self):
         """3b. Requests to one gateway pod at a time (its IP, not the
         Service's name), until each decode pod finished one more request
-        (at most BALANCE_MAX_REQUESTS)."""
+        (at most BALANCE_MAX_REQUESTS, none started after REQUEST_TIMEOUT_S)."""
         decode_pods = self.cluster.deployments[DECODE].pods
         self.assertEqual(len(decode_pods), DECODE_PODS)
         for gateway in self.cluster.deployments[GATEWAY].pods:
             before = {p.name: metric_sum(p.metrics(), FINISHED) for p in decode_pods}
             rose = {}
+            deadline = time.monotonic() + REQUEST_TIMEOUT_S
             for i in range(BALANCE_MAX_REQUESTS):
+                if time.monotonic() > deadline:
+                    break
                 complete("hs-test-globex-key", f"balanced request {i} through {gateway.name}\n", self.model,
                          gateway.ip)
                 rose = {p.name: metric_sum(p.metrics(), FINISHED) - before[p.name] for p in decode_pods}
                 if all(rose.values()):
                     break
-            print(f"{gateway.name}: {i + 1} requests, finished by each decode pod: {rose}")
+            print(f"{gateway.name}: {i + 1} requests, finished by each decode pod in addition: {rose}")
             self.assertTrue(all(rose.values()), f"{gateway.name}'s requests reached only some decode pods "
                             f"in {BALANCE_MAX_REQUESTS} requests: {rose}")
 
