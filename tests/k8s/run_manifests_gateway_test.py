@@ -22,8 +22,16 @@ a client uses it, over HTTP through the Service's name:
   4. the API keys Secret edited (a key added, one removed), as the kubelet
      swaps the volume: the added key is taken and the removed one refused
      within the gateway's reload (no restart);
-  5. (cpu) a rolling update of the gateway under a loop of requests: none
-     fails, and no probe failure or SIGKILL (its drain within its grace period).
+  5. (cpu) a rolling update of decode, then one of the gateway, each under a
+     loop of requests to the gateway: none fails, and no probe failure or
+     SIGKILL (each drain within its grace period). Decode's: each old decode
+     pod leaves the headless name's answer at its deletion, but the gateway's
+     channel holds its connection until the pod's server shuts down, and the
+     pod refuses new calls (UNAVAILABLE) while it drains; the gateway's retry
+     policy sends those to the next decode pod (gateway/hybridserve_gateway/
+     backend.py), and it re-resolves the name as soon as a connection ends
+     (a second apart at least, not gRPC's default 30 s), so it never waits on
+     addresses of pods already gone.
 On cpu-mtls the gateway calls decode with its own certificate (made at test
 time as components/mtls/cert-manager would issue it), decode trusts it as a
 proxy (--trusted_proxies) and takes each request's tenant from its header:
@@ -155,6 +163,7 @@ class RunManifestsGatewayTest(ManifestRunCase):
         for _ in range(2 * GATEWAY_PODS):
             self.assertEqual(call("/v1/models", key=ADDED_KEY)[0], 200)
         if certificates is None:
+            self._roll_under_load(DECODE)
             self._roll_under_load()
         self.assertEqual(self.cluster.failures, [])
 
@@ -180,8 +189,9 @@ class RunManifestsGatewayTest(ManifestRunCase):
             self.assertTrue(all(rose.values()), f"{gateway.name}'s requests reached only some decode pods "
                             f"in {BALANCE_MAX_REQUESTS} requests: {rose}")
 
-    def _roll_under_load(self):
-        """5. The gateway rolls while a client loops over requests."""
+    def _roll_under_load(self, name=GATEWAY):
+        """5. The Deployment `name` (decode's, the gateway's) rolls while a
+        client loops over requests to the gateway Service."""
         stop, sent, failed = threading.Event(), [0], []
 
         def loop():
@@ -198,14 +208,14 @@ class RunManifestsGatewayTest(ManifestRunCase):
         try:
             self.cluster.wait(lambda: sent[0] >= 3, READY_TIMEOUT_S, "requests before the rollout")
             before = sent[0]
-            self.cluster.deployments[GATEWAY].rollout(3 * READY_TIMEOUT_S, terminations)
+            self.cluster.deployments[name].rollout(3 * READY_TIMEOUT_S, terminations)
             for t in terminations:
                 t.join()
             self.cluster.wait(lambda: sent[0] >= before + 6, READY_TIMEOUT_S, "requests after the rollout")
         finally:
             stop.set()
             thread.join(REQUEST_TIMEOUT_S)
-        print(f"gateway rollout: {sent[0]} requests, {len(failed)} failed")
+        print(f"{name} rollout: {sent[0]} requests, {len(failed)} failed {failed[:3]}")
         self.assertEqual(failed, [])
 
 
