@@ -14,6 +14,7 @@ then kept apart by the cache salt alone (service.cache_salt).
 
 import asyncio
 import hashlib
+import json
 import logging
 
 import grpc
@@ -24,6 +25,21 @@ TENANT_HEADER = "x-hybridserve-tenant"
 _HEALTH_CHECK = "/grpc.health.v1.Health/Check"
 _SERVING = b"\x08\x01"  # grpc.health.v1.HealthCheckResponse{status: SERVING}
 _OLD_CHANNEL_GRACE_S = 600.0  # calls in flight on a replaced channel get this long
+# A Generate call decode refuses before answering anything (UNAVAILABLE: a
+# pod draining after SIGTERM, which still holds this channel's connection
+# until its server shuts down) is retried by gRPC, on the next address round
+# robin picks: another decode pod. gRPC retries only calls not yet committed
+# (no response headers or message received), so a stream that began is never
+# replayed. 5 attempts, backoffs of up to 0.1, 0.2, 0.4, 0.8 s: also the time
+# for a re-resolution when every known address is gone (a fast rollout).
+_SERVICE_CONFIG = json.dumps({"methodConfig": [{
+    "name": [{"service": "hybridserve.v1.Generation"}],
+    "retryPolicy": {"maxAttempts": 5, "initialBackoff": "0.1s", "maxBackoff": "1s", "backoffMultiplier": 2,
+                    "retryableStatusCodes": ["UNAVAILABLE"]}}]})
+# The target is re-resolved when a connection ends (a pod's drain, decode's
+# --max_connection_age); gRPC's default spaces re-resolutions 30 s apart,
+# longer than a decode pod takes to be replaced in a rollout.
+_MIN_RESOLUTION_INTERVAL_MS = 1000
 
 
 class Decode:
@@ -53,7 +69,10 @@ class Decode:
                          # answers with GOAWAY "too many pings".
                          ("grpc.keepalive_time_ms", 60000),
                          ("grpc.keepalive_timeout_ms", 20000),
-                         ("grpc.keepalive_permit_without_calls", 0)]
+                         ("grpc.keepalive_permit_without_calls", 0),
+                         ("grpc.enable_retries", 1),
+                         ("grpc.service_config", _SERVICE_CONFIG),
+                         ("grpc.dns_min_time_between_resolutions_ms", _MIN_RESOLUTION_INTERVAL_MS)]
         if tls_server_name:
             self._options.append(("grpc.ssl_target_name_override", tls_server_name))
         self._files_digest = None

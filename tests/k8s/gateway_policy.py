@@ -1,8 +1,9 @@
 """The policy checks of the OpenAI gateway pool (deploy/k8s/base/gateway.yaml;
 manifest_policy_test runs them on every overlay and on deliberately broken
-copies): its objects, image, HTTP probes, flags (decode's Service, the API keys
-Secret, the same model as decode's), drain and, on the overlays with
-components/mtls, its identity and decode's trust in it as a proxy.
+copies): its objects, image, HTTP probes, flags (the headless Service of
+decode's pods, the API keys Secret, the same model as decode's), drain and,
+on the overlays with components/mtls, its identity, decode's trust in it as a
+proxy and the name it checks decode's certificate against.
 
 The checks every pool shares (security context, resources, PDB, Services,
 PodMonitor, topology spread, NetworkPolicy flows) are manifest_policy_test's
@@ -112,12 +113,47 @@ def check_gateway_probes(objs):
     return errors
 
 
+# The headless Service of decode's pods the gateway dials (decode's own
+# Service, hybridserve-decode, stays a ClusterIP for direct clients).
+DECODE_PODS_SERVICE = "hybridserve-decode-pods"
+
+
 def _decode_target(objs):
-    """The gRPC target the gateway must dial: decode's ClusterIP Service, its
-    grpc port."""
-    svc = m.one(objs, "Service", "hybridserve-decode")
-    port = next(p["port"] for p in svc["spec"]["ports"] if p.get("name") == "grpc")
-    return f"dns:///hybridserve-decode:{port}"
+    """(the gRPC target the gateway must dial, the violations of the Service
+    it names): the headless Service of decode's pods, its grpc port. That
+    Service is headless (DNS answers each pod's IP, so the gateway's
+    round_robin channel reaches every decode pod; through a ClusterIP one
+    connection sits on one pod), selects exactly decode's pods (its selector
+    is decode's Deployment's: the same pods as hybridserve-decode), targets
+    decode's grpc port under the port hybridserve-decode serves, and leaves
+    out pods that are not ready (starting, or draining after their deletion)."""
+    errors = []
+    svc = m.find(objs, "Service", DECODE_PODS_SERVICE)
+    if not svc:
+        return f"dns:///{DECODE_PODS_SERVICE}:50050", [f"missing Service/{DECODE_PODS_SERVICE} (decode's pods, "
+                                                       "headless)"]
+    spec = svc[0]["spec"]
+    if spec.get("clusterIP") != "None":
+        errors.append(f"Service {DECODE_PODS_SERVICE}: clusterIP {spec.get('clusterIP') or 'unset (a virtual IP)'}, "
+                      "want None (headless: one address a decode pod; a ClusterIP holds a gateway pod's connection "
+                      "on one decode pod)")
+    if spec.get("publishNotReadyAddresses"):
+        errors.append(f"Service {DECODE_PODS_SERVICE}: publishNotReadyAddresses (the gateway would send to decode "
+                      "pods not ready or draining)")
+    decode_selector = m.workload(objs, "decode")["spec"]["selector"]
+    if {"matchLabels": spec.get("selector") or {}} != decode_selector:
+        errors.append(f"Service {DECODE_PODS_SERVICE}: selector {spec.get('selector')}, want decode's pods' "
+                      f"{decode_selector}")
+    ports = {p.get("name"): p for p in spec.get("ports", [])}
+    decode_port = next(p["port"] for p in m.one(objs, "Service", "hybridserve-decode")["spec"]["ports"]
+                       if p.get("name") == "grpc")
+    grpc_port = ports.get("grpc", {})
+    target = grpc_port.get("targetPort", grpc_port.get("port"))
+    if grpc_port.get("port") != decode_port or target not in ("grpc", m.container_ports(
+            m.container(objs, "decode")).get("grpc")):
+        errors.append(f"Service {DECODE_PODS_SERVICE}: port grpc {grpc_port.get('port')} -> {target}, want "
+                      f"{decode_port} -> decode's grpc port")
+    return f"dns:///{DECODE_PODS_SERVICE}:{grpc_port.get('port', decode_port)}", errors
 
 
 def _model_source(objs, comp, path):
@@ -134,8 +170,9 @@ def _model_source(objs, comp, path):
 
 def check_gateway_flags(objs):
     """The gateway's flags (its args: it reads no flag file), each one it
-    defines: --address on the port http; --decode decode's Service and
-    gRPC port; --api_keys the key api_keys of the Secret
+    defines: --address on the port http; --decode the headless Service of
+    decode's pods and its gRPC port (that Service as _decode_target checks
+    it); --api_keys the key api_keys of the Secret
     hybridserve-gateway-api-keys (not optional: without it the gateway would
     take every request unauthenticated); --model_dir decode's --model_dir,
     read from the same source (the same PVC, or a copy of decode's image's
@@ -158,8 +195,10 @@ def check_gateway_flags(objs):
             "http"):
         errors.append(f"gateway: --address={address!r}, want 0.0.0.0 on the port http "
                       f"{m.container_ports(c).get('http')}")
-    if f.get("decode") != _decode_target(objs):
-        errors.append(f"gateway: --decode={f.get('decode')}, want {_decode_target(objs)} (decode's Service)")
+    want, service_errors = _decode_target(objs)
+    errors += service_errors
+    if f.get("decode") != want:
+        errors.append(f"gateway: --decode={f.get('decode')}, want {want} (every decode pod: the headless Service)")
     # The API keys.
     keys = f.get("api_keys")
     found = m.mounted_key(objs, GATEWAY, keys, "secret") if keys else None
@@ -240,13 +279,16 @@ def check_gateway_tls(objs, example=None, trust_domain=None):
     identity as a proxy (--trusted_proxies), which is the URI SAN of the
     certificate the cert-manager example issues into that Secret (client
     auth, from the CA Issuer that issues decode's); decode's certificate
-    carries the name the gateway dials. On plaintext overlays, none of it.
+    carries the name the gateway checks it against (--tls_server_name, else
+    the host it dials). On plaintext overlays, none of it (nor
+    --tls_server_name, which the gateway refuses without --tls_ca).
     (example, trust_domain: the cert-manager example and the trust domain
     rendered with other settings.)"""
     errors = []
     f, decode = m.flags(objs, GATEWAY), m.flags(objs, "decode")
     if not decode.get("tls_cert"):  # decode's port in plaintext: no mtls component
-        errors += [f"gateway: --{k} on a plaintext overlay" for k in GATEWAY_TLS_FILES if k in f]
+        errors += [f"gateway: --{k} on a plaintext overlay" for k in [*GATEWAY_TLS_FILES, "tls_server_name"]
+                   if k in f]
         if decode.get("trusted_proxies"):
             errors.append(f"decode: --trusted_proxies={decode['trusted_proxies']} without TLS")
         return errors
@@ -282,7 +324,10 @@ def check_gateway_tls(objs, example=None, trust_domain=None):
     if spec.get("issuerRef") != decode_cert.get("issuerRef"):
         errors.append(f"Certificate {cert['metadata']['name']}: issuer {spec.get('issuerRef')}, decode's "
                       f"certificate's (and CA) {decode_cert.get('issuerRef')}")
+    # The name the gateway checks decode's certificate against: --tls_server_name,
+    # else the host it dials (the headless Service's, on no certificate).
     host = f.get("tls_server_name") or f.get("decode", "").split("///", 1)[-1].rsplit(":", 1)[0]
     if host not in (decode_cert.get("dnsNames") or []):
-        errors.append(f"gateway: checks decode's certificate against {host!r}, not among its dnsNames")
+        errors.append(f"gateway: checks decode's certificate against {host!r}, not among its dnsNames "
+                      f"{decode_cert.get('dnsNames')}")
     return errors

@@ -35,11 +35,21 @@ files. What one host forces is mapped, and only that:
   - DNS: one hosts file, bind-mounted over /etc/hosts in the test's own mount
     namespace (Cluster.start), so every pod and the test resolve as a pod in
     the cluster does: a headless Service's name to each ready pod's IP (every
-    pod's with publishNotReadyAddresses), a ClusterIP Service's name to its
-    ready pods' IPs (no virtual IP: the ports must equal the target ports,
-    checked), each as <name> and <name>.<namespace>.svc.cluster.local. The
-    file is rewritten in place (same inode: the bind mount holds the inode)
-    by one write, never truncated (padded with blank lines);
+    pod's with publishNotReadyAddresses: one hosts line an address, and a
+    resolver answers them all, as cluster DNS answers a headless name), a
+    ClusterIP Service's name to its ready pods' IPs (no virtual IP: the
+    ports must equal the target ports, checked), each as <name> and
+    <name>.<namespace>.svc.cluster.local. The file is rewritten in place
+    (same inode: the bind mount holds the inode) by one write, never
+    truncated (padded with blank lines);
+  - virtual IPs: a ClusterIP Service the test names (Cluster(virtual_ips=))
+    resolves to one address of its own, 127.0.1.N, instead (kube-proxy's
+    ClusterIP: ClusterIp below, each new connection to one ready pod at
+    random for its life), so a client of its name holds connections as it
+    would in a cluster: one balancing over the name's addresses reaches one
+    pod a connection. Not by default: the proxied connections leave from the
+    test's process, not the caller pod's address (the NetworkPolicies'
+    enforcement sees pod addresses);
   - probe periods and initial delays are divided by PROBE_SCALE; timeouts,
     thresholds, preStop sleeps and grace periods are kept as declared (a
     preStop sleep covers the lag of endpoint removal, which the binaries'
@@ -55,6 +65,7 @@ import random
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -74,6 +85,8 @@ GATEWAY_BINARY = "gateway/gateway"
 # How long an init container may run (the model copy: a moment).
 INIT_TIMEOUT_S = 60
 LOOPBACK_PREFIX = "127.0.0."
+# The virtual IPs of ClusterIP Services (Cluster(virtual_ips=)): no pod's.
+VIRTUAL_IP_PREFIX = "127.0.1."
 DNS_SUFFIX = "svc.cluster.local"
 # The kubelet's one extension of the grace period when a preStop hook runs past it.
 PRESTOP_OVERRUN_S = 2
@@ -602,16 +615,80 @@ def _resolve(value, replicas, round_up):
     return -(-percent // 100) if round_up else percent // 100
 
 
+class ClusterIp:
+    """A Service's virtual IP as kube-proxy makes it: each new TCP connection
+    to it goes to one ready endpoint of the Service's port `port_name`, at
+    random, for the connection's life (so a client's HTTP/2 connection stays
+    on one pod until it reconnects). Listens on host:port (by default
+    127.0.0.1 and a free port: no pod's address, no name)."""
+
+    def __init__(self, cluster, service, port_name, host="127.0.0.1", port=0):
+        self.cluster, self.service, self.port_name = cluster, service, port_name
+        self.listener = socket.create_server((host, port))
+        self.target = f"{host}:{self.listener.getsockname()[1]}"
+        self.lock = threading.Lock()
+        self.connections = []  # (pod name) each connection went to
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:  # closed
+                return
+            try:
+                pod, address = self.cluster.pick(self.service, self.port_name)
+                host, port = address.rsplit(":", 1)
+                backend = socket.create_connection((host, int(port)), timeout=5)
+            except (AssertionError, OSError):  # no ready endpoint, or it refused: kube-proxy rejects
+                client.close()
+                continue
+            backend.settimeout(None)
+            with self.lock:
+                self.connections.append(pod.name)
+            for a, b in ((client, backend), (backend, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(source, sink):
+        try:
+            while True:
+                data = source.recv(65536)
+                if not data:
+                    break
+                sink.sendall(data)
+        except OSError:
+            pass
+        for sock in (source, sink):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def close(self):
+        """Stops listening (the address is free again at once: shutdown wakes
+        the accepting thread, which a close alone would leave holding the
+        listening socket). Connections already made run on."""
+        try:
+            self.listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.listener.close()
+
+
 class Cluster:
     """The pods, the endpoints and the DNS of one rendered overlay."""
 
-    def __init__(self, objs, workdir, secrets=None, before_start=None):
+    def __init__(self, objs, workdir, secrets=None, before_start=None, virtual_ips=()):
         """secrets: the Secrets that exist, {name: {key: bytes}}.
         before_start: called with each new Pod (its address, labels and
         container set) just before its container starts, from the thread
         that creates pods; returns the group id the container runs with,
         or None for the test's own (e.g. netpol_nft.Enforcer.before_start:
-        the NetworkPolicies enforced)."""
+        the NetworkPolicies enforced).
+        virtual_ips: names of ClusterIP Services whose name resolves to a
+        virtual IP of their own (ClusterIp on each of their ports, at
+        127.0.1.N), not to their ready pods' IPs."""
         self.objs, self.workdir = objs, workdir
         self.secrets = dict(secrets or {})
         self.before_start = before_start
@@ -622,6 +699,13 @@ class Cluster:
         self.failures = []
         self._next_ip = 2
         self._cond = threading.Condition()
+        self.virtual_ips = {}  # Service name -> (its address, [ClusterIp a port])
+        for i, name in enumerate(virtual_ips):
+            spec = self.service(name)["spec"]
+            if spec.get("clusterIP") == "None" or spec.get("type", "ClusterIP") != "ClusterIP":
+                raise ValueError(f"Service {name}: not a ClusterIP Service, no virtual IP")
+            ip = f"{VIRTUAL_IP_PREFIX}{i + 1}"
+            self.virtual_ips[name] = (ip, [ClusterIp(self, name, p["name"], ip, p["port"]) for p in spec["ports"]])
         self._write_hosts()
 
     def start(self):
@@ -729,6 +813,9 @@ class Cluster:
         for service in self.services:
             name = service["metadata"]["name"]
             namespace = service["metadata"].get("namespace", "default")
+            if name in self.virtual_ips:
+                lines.append(f"{self.virtual_ips[name][0]} {name}.{namespace}.{DNS_SUFFIX} {name}")
+                continue
             for pod in self.endpoints(service):
                 for port in service["spec"].get("ports", []):
                     target = pod.port(port.get("targetPort", port["port"]))
@@ -755,6 +842,9 @@ class Cluster:
         failures of the cluster."""
         problems = []
         lock = threading.Lock()
+        for _, proxies in self.virtual_ips.values():
+            for proxy in proxies:
+                proxy.close()
 
         def stop(pod):
             found = pod.stop()

@@ -963,6 +963,22 @@ BREAKAGES = [
      lambda o: _gateway_arg(o, "decode", "dns:///hybridserve-decode-0:50050")),
     (check_gateway_flags, "the gateway dials prefill",
      lambda o: _gateway_arg(o, "decode", "dns:///hybridserve-prefill:50061")),
+    (check_gateway_flags, "the gateway dials decode's ClusterIP Service (one decode pod a connection)",
+     lambda o: _gateway_arg(o, "decode", "dns:///hybridserve-decode:50050")),
+    (check_gateway_flags, "no headless Service of decode's pods",
+     lambda o: o.remove(m.one(o, "Service", "hybridserve-decode-pods"))),
+    (check_gateway_flags, "the Service of decode's pods a ClusterIP",
+     lambda o: _set(m.one(o, "Service", "hybridserve-decode-pods")["spec"], ["clusterIP"], None)),
+    (check_gateway_flags, "the Service of decode's pods publishes not-ready (and draining) pods",
+     lambda o: _set(m.one(o, "Service", "hybridserve-decode-pods")["spec"], ["publishNotReadyAddresses"], True)),
+    (check_gateway_flags, "the Service of decode's pods selects every hybridserve pod",
+     lambda o: m.one(o, "Service", "hybridserve-decode-pods")["spec"]["selector"].pop(
+         "app.kubernetes.io/component")),
+    (check_gateway_flags, "the Service of decode's pods selects prefill's",
+     lambda o: _set(m.one(o, "Service", "hybridserve-decode-pods")["spec"]["selector"],
+                    ["app.kubernetes.io/component"], "prefill")),
+    (check_gateway_flags, "the Service of decode's pods targets decode's metrics port",
+     lambda o: _set(m.one(o, "Service", "hybridserve-decode-pods")["spec"]["ports"][0], ["targetPort"], "metrics")),
     (check_gateway_flags, "the gateway listens on another port than http",
      lambda o: _gateway_arg(o, "address", "0.0.0.0:8000")),
     (check_gateway_flags, "the API keys Secret optional",
@@ -985,6 +1001,8 @@ BREAKAGES = [
      lambda o: _container(o, GATEWAY)["args"].append("--tenant_from=certificate")),
     (check_gateway_tls, "decode trusts a proxy on a plaintext overlay",
      lambda o: _container(o, "decode")["args"].append(f"--trusted_proxies={_GATEWAY_ID}")),
+    (check_gateway_tls, "--tls_server_name on a plaintext overlay (the gateway refuses it without --tls_ca)",
+     lambda o: _gateway_arg(o, "tls_server_name", "hybridserve-decode")),
 ]
 
 
@@ -1128,6 +1146,8 @@ TLS_BREAKAGES = [
      lambda o: _set(_volume(o, GATEWAY, "tls")["secret"], ["optional"], True)),
     (check_gateway_tls, "the gateway checks decode's certificate against a name it lacks",
      lambda o: _container(o, GATEWAY)["args"].append("--tls_server_name=decode.example")),
+    (check_gateway_tls, "the gateway checks decode's certificate against the headless name it dials",
+     lambda o: _container(o, GATEWAY)["args"].remove("--tls_server_name=hybridserve-decode")),
     (check_spiffe_ids, "decode's trusted proxy written out",
      lambda o: _set_proxies(o, _GATEWAY_ID)),
     (check_spiffe_ids, "no POD_NAMESPACE on decode's env for its trusted proxy",
@@ -1161,6 +1181,8 @@ GATEWAY_CERTIFICATE_BREAKAGES = [
      lambda e: _set(_certificate(e, "hybridserve-gateway")["spec"]["issuerRef"], ["name"], "hybridserve-selfsigned")),
     ("no certificate for the gateway",
      lambda e: e.remove(_certificate(e, "hybridserve-gateway"))),
+    ("decode's certificate without the name the gateway checks",
+     lambda e: _certificate(e, "hybridserve-decode")["spec"]["dnsNames"].remove("hybridserve-decode")),
 ]
 
 

@@ -298,57 +298,9 @@ class StreamAcross:
         return self.tokens()
 
 
-class ClusterIp:
-    """The decode Service's virtual IP as kube-proxy makes it: each new TCP
-    connection to it goes to one ready endpoint, at random, for the
-    connection's life (so a client's HTTP/2 connection stays on one pod until
-    it reconnects). Listens on 127.0.0.1 (no pod's address)."""
-
-    def __init__(self, cluster, service, port_name):
-        self.cluster, self.service, self.port_name = cluster, service, port_name
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.target = f"127.0.0.1:{self.listener.getsockname()[1]}"
-        self.lock = threading.Lock()
-        self.connections = []  # (pod name) each connection went to
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self):
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:  # closed
-                return
-            try:
-                pod, address = self.cluster.pick(self.service, self.port_name)
-                host, port = address.rsplit(":", 1)
-                backend = socket.create_connection((host, int(port)), timeout=5)
-            except (AssertionError, OSError):  # no ready endpoint, or it refused: kube-proxy rejects
-                client.close()
-                continue
-            backend.settimeout(None)
-            with self.lock:
-                self.connections.append(pod.name)
-            for a, b in ((client, backend), (backend, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pump(source, sink):
-        try:
-            while True:
-                data = source.recv(65536)
-                if not data:
-                    break
-                sink.sendall(data)
-        except OSError:
-            pass
-        for sock in (source, sink):
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    def close(self):
-        self.listener.close()
+# The decode Service's virtual IP (local_cluster.ClusterIp), for the tests
+# that import it from here.
+ClusterIp = local_cluster.ClusterIp
 
 
 def metric_sum(text, name, labels=""):
@@ -556,12 +508,15 @@ class ManifestRunCase(unittest.TestCase):
             # pod's log holds a sanitizer report.
             self.assertEqual(self.cluster.teardown(), [])
 
-    def _start(self, overlay, secrets=None, edit=None):
+    def _start(self, overlay, secrets=None, edit=None, virtual_ips=()):
+        """virtual_ips: the ClusterIP Services whose name resolves to a
+        virtual IP (local_cluster.Cluster)."""
         self.objs = manifests.render(overlay)
         if edit:
             edit(self.objs)
         os.makedirs(os.path.join(self.workdir, overlay))
-        self.cluster = local_cluster.Cluster(self.objs, os.path.join(self.workdir, overlay), secrets)
+        self.cluster = local_cluster.Cluster(self.objs, os.path.join(self.workdir, overlay), secrets,
+                                             virtual_ips=virtual_ips)
         self.cluster.start()
 
     def _with_logs_on_failure(self, scenario):
