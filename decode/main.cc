@@ -56,11 +56,12 @@ ABSL_FLAG(absl::Duration, prefill_unavailable_wait, absl::Seconds(3),
           "how long a prefill call keeps trying while every prefill worker is unreachable (a restart)");
 ABSL_FLAG(std::string, tenant_from, "",
           "where a call's tenant (its cache namespace) comes from: none (one tenant), certificate (the client "
-          "certificate's SPIFFE ID, else its first DNS name) or proxy_header (x-hybridserve-tenant, from "
-          "--trusted_proxies only); empty: certificate with --tls_cert, none without");
+          "certificate's SPIFFE ID, else its first DNS name; a --trusted_proxies call's x-hybridserve-tenant "
+          "header when it sends one) or proxy_header (x-hybridserve-tenant, from --trusted_proxies only); "
+          "empty: certificate with --tls_cert, none without");
 ABSL_FLAG(std::string, trusted_proxies, "",
-          "comma-separated SPIFFE IDs or DNS names of front proxies trusted to name the tenant "
-          "(--tenant_from=proxy_header)");
+          "comma-separated SPIFFE IDs or DNS names of front proxies (the OpenAI gateway) trusted to name the "
+          "tenant in x-hybridserve-tenant (--tenant_from=proxy_header, or certificate beside direct clients)");
 ABSL_FLAG(std::string, served_model_name, "",
           "the model's name in GetModelInfo; empty: config.json's _name_or_path, else the --model_dir's last "
           "component");

@@ -45,7 +45,7 @@ TEST(TenantTest, CertificateNamesTheTenantBySpiffeIdFirst) {
 
 TEST(TenantTest, ProxyHeaderOnlyFromTrustedProxies) {
   EXPECT_EQ(TenantResolver::Create(TenantSource::kProxyHeader, {}).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(TenantResolver::Create(TenantSource::kCertificate, {"spiffe://t/proxy"}).status().code(),
+  EXPECT_EQ(TenantResolver::Create(TenantSource::kNone, {"spiffe://t/proxy"}).status().code(),
             absl::StatusCode::kInvalidArgument);
   const TenantResolver r = *TenantResolver::Create(TenantSource::kProxyHeader, {"spiffe://t/proxy"});
   EXPECT_EQ(*r.Resolve(Call({"spiffe://t/proxy"}, {"org_a"})), "org_a");
@@ -60,6 +60,26 @@ TEST(TenantTest, ProxyHeaderOnlyFromTrustedProxies) {
   EXPECT_EQ(r.Resolve(Call({"spiffe://t/proxy"}, {""})).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(r.Resolve(Call({"spiffe://t/proxy"}, {"a", "b"})).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(r.Resolve(Call({"spiffe://t/proxy"}, {std::string(257, 'x')})).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// Certificates name every caller's tenant, except that a trusted proxy (the
+// OpenAI gateway) names its user's: direct gRPC clients and the gateway side by side.
+TEST(TenantTest, CertificateWithTrustedProxiesTakesTheProxysHeader) {
+  const TenantResolver r = *TenantResolver::Create(TenantSource::kCertificate, {"spiffe://t/gateway"});
+  EXPECT_EQ(*r.Resolve(Call({"spiffe://t/gateway"}, {"org_a"})), "org_a");
+  // Without the header the proxy is a client of its own.
+  EXPECT_EQ(*r.Resolve(Call({"spiffe://t/gateway"})), "spiffe://t/gateway");
+  // Everyone else is their certificate, and may not assert a tenant.
+  EXPECT_EQ(*r.Resolve(Call({"spiffe://t/org_b"})), "spiffe://t/org_b");
+  const auto forged = r.Resolve(Call({"spiffe://t/org_b"}, {"org_a"}));
+  EXPECT_EQ(forged.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(std::string(forged.status().message()), HasSubstr("this connection is not one"));
+  EXPECT_EQ(r.Resolve(Call({})).status().code(), absl::StatusCode::kUnauthenticated);
+  // The proxy names exactly one non-empty tenant, of the cache's size.
+  EXPECT_EQ(r.Resolve(Call({"spiffe://t/gateway"}, {""})).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.Resolve(Call({"spiffe://t/gateway"}, {"a", "b"})).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.Resolve(Call({"spiffe://t/gateway"}, {std::string(257, 'x')})).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 

@@ -35,8 +35,8 @@ PACKAGES=(
   prometheus               # promtool: tests/k8s/monitoring_rules_test checks and tests the PromQL we ship
 )
 
-# PyPI tools of deploy/k8s/validate.sh and tests/k8s, and the Python client's
-# chat templates, pinned, installed for /usr/bin/python3: the interpreter
+# PyPI tools of deploy/k8s/validate.sh and tests/k8s, the Python client's
+# chat templates and the gateway's packages, pinned, installed for /usr/bin/python3: the interpreter
 # Bazel's py_test and sh_test find on their PATH. (kubectl, which renders the
 # manifests, is no Debian package: the machines come with it; see
 # deploy/k8s/README.md.)
@@ -44,6 +44,14 @@ PIP_PACKAGES=(
   kubernetes-validate==1.37.0  # offline OpenAPI schemas of Kubernetes 1.32 to 1.37
   yamllint==1.38.0
   jinja2==3.1.6                # client/python chat templates (chat_template_test); Debian's 3.1.2 has sandbox escapes
+  # The OpenAI gateway (gateway/README.md says why each): HTTP server, app, SSE,
+  # text, metrics; and the official OpenAI client its tests drive it with.
+  granian==2.8.9
+  fastapi==0.165.0
+  sse-starlette==3.7.1
+  tokenizers==0.23.3
+  prometheus-client==0.26.0
+  openai==3.63.0
 )
 
 missing=()
