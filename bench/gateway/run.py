@@ -62,9 +62,15 @@ PROCESSES = ("cachestore", "prefill", "decode", "gateway")
 class Stack:
     """cachestore + prefill + decode + gateway on loopback; close() stops them."""
 
+    BINARIES = ("cachestore/server/cachestore", "prefill/prefill", "decode/decode", "gateway/gateway")
+
     def __init__(self, args):
         self.procs, self.ports = {}, {}
         b, model = args.bin, f"--model_dir={args.model_dir}"
+        missing = [path for path in self.BINARIES if not os.access(os.path.join(b, path), os.X_OK)]
+        if missing:  # bazel-bin is the last bazel command's configuration: a `bazel test` moves it
+            sys.exit(f"not in {b}: {', '.join(missing)}; build them (last) with: bazel build -c opt "
+                     "//cachestore/server:cachestore //prefill:prefill //decode:decode //gateway:gateway")
         loop = ["--address=127.0.0.1:0", "--metrics_address=127.0.0.1:0"]
         try:
             self._start("cachestore", [f"{b}/cachestore/server/cachestore"] + loop, "CACHESTORE_READY", args)
