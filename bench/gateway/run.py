@@ -79,7 +79,7 @@ class Stack:
                         "PREFILL_READY", args)
             prefill = f"--prefill=127.0.0.1:{self.ports['prefill']}"
             self._start("decode", [f"{b}/decode/decode", model, cache, prefill, "--max_batch=64",
-                                   "--max_waiting=256", "--max_pages=16384"] + loop, "DECODE_READY", args)
+                                   "--max_waiting=256", "--max_pages=16384"] + loop + args.decode_flags, "DECODE_READY", args)
             self.decode_target = f"127.0.0.1:{self.ports['decode']}"
             self._start("gateway", [f"{b}/gateway/gateway", f"--decode={self.decode_target}", model,
                                     "--address=127.0.0.1:0"] + args.gateway_flags, "GATEWAY_READY", args)
@@ -269,10 +269,12 @@ def main():
     ap.add_argument("--requests_per_slot", type=int, default=4)
     ap.add_argument("--min_requests", type=int, default=64)
     ap.add_argument("--gateway_flags", default="", help="more gateway flags, space-separated")
+    ap.add_argument("--decode_flags", default="", help="more decode flags, space-separated (later ones win)")
     ap.add_argument("--logdir", default="/tmp/hs-gateway-bench")
     ap.add_argument("--out_md", default="", help="also write the results (command, machine, tables) here")
     args = ap.parse_args()
     args.gateway_flags = args.gateway_flags.split()
+    args.decode_flags = args.decode_flags.split()
     os.makedirs(args.logdir, exist_ok=True)
     args.tokenizer_dir = os.path.join(args.logdir, "byte_tokenizer")
     write_byte_tokenizer(args.tokenizer_dir)
