@@ -52,6 +52,8 @@ _GRPC_TO_HTTP = {
     grpc.StatusCode.OUT_OF_RANGE: (400, None),
     grpc.StatusCode.RESOURCE_EXHAUSTED: (429, "server_busy"),
     grpc.StatusCode.UNAVAILABLE: (503, "decode_unavailable"),
+    # decode cancelled the call itself (its drain's grace ran out, a restart): retryable.
+    grpc.StatusCode.CANCELLED: (503, "decode_cancelled"),
     grpc.StatusCode.DEADLINE_EXCEEDED: (504, "timeout"),
     # The gateway's own identity refused at decode: its deployment, not the client, is wrong.
     grpc.StatusCode.PERMISSION_DENIED: (502, "upstream_refused_gateway"),
@@ -68,7 +70,7 @@ def from_rpc_error(error):
     if status == 429:
         message = "decode is at capacity: %s (retry later)" % details
     elif status == 503:
-        message = "decode is unavailable: %s" % details
+        message = "decode is unavailable (%s): %s; retry" % (code.name, details)
     elif status >= 500:
         message = "decode call failed (%s): %s" % (code.name, details)
     else:
