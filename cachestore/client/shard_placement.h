@@ -32,8 +32,11 @@
 // lookup and every put of that prompt on Owner(N, K_0), and any later prompt
 // that extends it (the next turn of the conversation) has the same first page,
 // hence the same K_0 and the same shard: the lookup is one call to one shard.
-// Consequences: prompts that share a first page (a long common system prompt)
-// share a shard; the states of a prompt shorter than one page are placed by
+// N is hashed beside K_0 (which already chains from it) so that one rule
+// places both chains and the prompts shorter than a page, by (N, N).
+// Consequences: prompts that share a first page share a shard, so a fleet
+// whose prompts mostly open with the same long system prompt (a page or more)
+// is not spread over the shards at all; the states of a prompt shorter than one page are placed by
 // (N, N), so a conversation whose first turn was shorter than a page finds
 // them no more once it passes one page (a miss of fewer than page_size
 // tokens).
