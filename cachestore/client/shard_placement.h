@@ -36,10 +36,10 @@
 // places both chains and the prompts shorter than a page, by (N, N).
 // Consequences: prompts that share a first page share a shard, so a fleet
 // whose prompts mostly open with the same long system prompt (a page or more)
-// is not spread over the shards at all; the states of a prompt shorter than one page are placed by
-// (N, N), so a conversation whose first turn was shorter than a page finds
-// them no more once it passes one page (a miss of fewer than page_size
-// tokens).
+// is not spread over the shards at all; the states of a prompt shorter than
+// one page are placed by (N, N), so a conversation whose first turn was
+// shorter than a page finds them no more once it passes one page (a miss of
+// fewer than page_size tokens).
 //
 // Immutable after Create; thread-safe.
 
