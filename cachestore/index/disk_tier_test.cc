@@ -2,7 +2,9 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -256,6 +258,62 @@ TEST(DiskTierTest, OpenRemovesTornGarbageTempAndUnknownVersionFiles) {
   EXPECT_TRUE(tier->Get(Key(2)).ok());
 }
 
+// Total bytes of the files in `dir`.
+uint64_t DirBytes(const std::string& dir) {
+  uint64_t total = 0;
+  for (const std::string& name : ListDir(dir)) {
+    struct stat st;
+    if (stat(absl::StrCat(dir, "/", name).c_str(), &st) == 0) total += st.st_size;
+  }
+  return total;
+}
+
+// A process killed while it replaces an entry: the next Open finds the old
+// entry or the new one, whole, never a torn file (a miss).
+TEST(DiskTierTest, AKillDuringAReplacingPutLeavesTheOldOrTheNewEntry) {
+  const std::string dir = FreshDir();
+  {
+    std::unique_ptr<DiskTier> tier = OpenOrDie(dir, uint64_t{1} << 30);
+    ASSERT_NE(tier, nullptr);
+    ASSERT_TRUE(tier->Put(Key(0), "old", std::string(1000, 'o')).ok());
+  }
+  const uint64_t before = DirBytes(dir);
+  constexpr size_t kBig = size_t{256} << 20;
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    absl::StatusOr<std::unique_ptr<DiskTier>> tier = DiskTier::Open(dir, uint64_t{1} << 30);
+    if (!tier.ok()) _exit(2);
+    const std::string big(kBig, 'n');
+    _exit((*tier)->Put(Key(0), "new", big).ok() ? 0 : 3);
+  }
+  // Kill it once some megabytes of the new entry are on disk (or it is done).
+  int wstatus = 0;
+  bool exited = false;
+  while (DirBytes(dir) < before + (uint64_t{8} << 20)) {
+    if (waitpid(child, &wstatus, WNOHANG) == child) {
+      exited = true;
+      break;
+    }
+  }
+  if (!exited) {
+    kill(child, SIGKILL);
+    ASSERT_EQ(waitpid(child, &wstatus, 0), child);
+  }
+  std::unique_ptr<DiskTier> tier = OpenOrDie(dir, uint64_t{1} << 30);
+  ASSERT_NE(tier, nullptr);
+  absl::StatusOr<DiskTierEntry> got = tier->Get(Key(0));
+  ASSERT_TRUE(got.ok()) << got.status() << " (child killed: " << !exited << ")";
+  if (got->metadata == "old") {
+    EXPECT_EQ(got->payload, std::string(1000, 'o'));
+  } else {
+    EXPECT_EQ(got->metadata, "new");
+    EXPECT_EQ(got->payload.size(), kBig);
+  }
+  EXPECT_EQ(tier->Stats().corrupt_files, 0);
+  EXPECT_EQ(ListDir(dir), (std::set<std::string>{"LOCK", Key(0).ToHex()}));
+}
+
 // Damages key 0's committed file with `damage`; the next Get is a miss that
 // removes the file, and a later Put of the key works again.
 void ExpectGetRemovesDamagedFile(const std::function<void(const std::string&)>& damage) {
@@ -312,6 +370,11 @@ TEST(DiskTierTest, BitFlipInHeaderLengthIsDetected) {
   // Metadata length 6 -> 7 and payload intact: the lengths still sum wrong,
   // and the header checksum catches it first.
   ExpectGetRemovesDamagedFile([](const std::string& path) { FlipBit(path, 32, 0); });
+}
+
+TEST(DiskTierTest, BitFlipInHeaderReservedFieldIsDetected) {
+  // Only the header checksum covers the reserved bytes.
+  ExpectGetRemovesDamagedFile([](const std::string& path) { FlipBit(path, 12, 5); });
 }
 
 TEST(DiskTierTest, OpenRefusesBadArguments) {
