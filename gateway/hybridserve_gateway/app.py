@@ -23,6 +23,7 @@ from . import errors, service
 from .protocol import ChatRequest, CompletionRequest, param_of
 
 _SSE_PING_S = 15  # a comment line on idle streams, so proxies keep them open
+_READY_WINDOW_S = 5.0  # ready while some decode answered SERVING this recently
 
 
 class ClientGone(Exception):
@@ -44,6 +45,7 @@ class Gateway:
         self.default_max_tokens = default_max_tokens
         self.model = None  # service.Model once decode answered GetModelInfo
         self.decode_ready = False
+        self._last_serving = None  # when decode last answered SERVING
         self._next_model_info_log = 0.0
         self.draining = False
         self.in_flight = 0
@@ -67,7 +69,14 @@ class Gateway:
                     self._next_model_info_log = now + 30.0
                     logging.warning("decode's GetModelInfo failed (%s): retrying every second",
                                     getattr(e, "code", lambda: e)())
-        self.decode_ready = self.model is not None and await self.decode.ready()
+        # Each check reaches one decode pod (round robin): a draining pod's
+        # NOT_SERVING must not take the gateway out of its Service while the
+        # others serve, so readiness is "some decode answered SERVING within
+        # the window", not the last answer alone.
+        now = time.monotonic()
+        if self.model is not None and await self.decode.ready():
+            self._last_serving = now
+        self.decode_ready = self._last_serving is not None and now - self._last_serving <= _READY_WINDOW_S
         self.metrics.decode_ready.set(1 if self.decode_ready else 0)
         if self.keys is not None:
             before = self.keys.reloads

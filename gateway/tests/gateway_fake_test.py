@@ -503,6 +503,48 @@ class ApiKeysAndTenants(unittest.TestCase):
         wait_for(lambda: self.call("key-c").status == 401, "key-c revoked")
 
 
+class Readiness(unittest.TestCase):
+    """/health follows decode's readiness over the pods the checks reach:
+    one draining pod among serving ones (checks alternate between them, as
+    round robin spreads them) keeps the gateway ready; no pod serving makes
+    it unready."""
+
+    def test_one_draining_pod_does_not_unready_the_gateway(self):
+        from concurrent import futures
+        from hybridserve_client.proto import generation_pb2_grpc as pb_grpc
+        answers = {"n": 0, "mode": "alternate"}
+        lock = threading.Lock()
+
+        def check(request_, context):
+            with lock:
+                answers["n"] += 1
+                serving = answers["mode"] == "alternate" and answers["n"] % 2 == 0
+            return b"\x08\x01" if serving else b"\x08\x02"  # HealthCheckResponse: SERVING / NOT_SERVING
+        servicer = __import__("fake_generation_server").FakeGeneration()
+        servicer.model_info_script = model_info
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        pb_grpc.add_GenerationServicer_to_server(servicer, server)
+        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("grpc.health.v1.Health", {
+            "Check": grpc.unary_unary_rpc_method_handler(check)})])
+        port = server.add_insecure_port("127.0.0.1:0")
+        server.start()
+        gateway = start_gateway("127.0.0.1:%d" % port, runfile("models/default"), name="ready_gateway")
+        try:
+            wait_for(lambda: request(gateway.port, "GET", "/health").status == 200, "ready")
+            seen = answers["n"]
+            deadline = time.monotonic() + WAIT_S
+            while answers["n"] < seen + 8:  # the gateway's next 8 checks: 4 answered NOT_SERVING
+                self.assertLess(time.monotonic(), deadline, "the gateway stopped checking decode")
+                self.assertEqual(request(gateway.port, "GET", "/health").status, 200)
+                threading.Event().wait(0.05)
+            answers["mode"] = "none"
+            wait_for(lambda: request(gateway.port, "GET", "/health").status == 503, "unready once no pod serves")
+        finally:
+            problems = gateway.stop()
+            server.stop(grace=None)
+        self.assertEqual(problems, [])
+
+
 class Drain(unittest.TestCase):
     """SIGTERM: /health 503 and new requests 503 while the request in flight finishes; then exit 0."""
 
