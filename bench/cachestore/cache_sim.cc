@@ -68,14 +68,14 @@ class Publisher {
   }
 
   bool Put(const PutSpec& spec, absl::Time now, int64_t* bytes, int64_t* entries) {
-    Log();
+    Log(CacheSimCall::Kind::kReserve);
     absl::StatusOr<cachestore::Reservation> r = index_->Reserve(spec, now);
     if (!r.ok()) {
       ++result_.put_failures;
       return false;
     }
     if (r->already_present) return true;
-    Log();
+    Log(CacheSimCall::Kind::kCommit);
     if (!index_->Commit(r->id, /*checksum=*/0, now).ok()) {
       ++result_.put_failures;
       return false;
@@ -85,8 +85,8 @@ class Publisher {
     return true;
   }
 
-  void Log() {
-    if (log_routing_) result_.routing.push_back(CacheSimCall{turn_, shard_, /*lookup=*/false});
+  void Log(CacheSimCall::Kind kind) {
+    if (log_routing_) result_.routing.push_back(CacheSimCall{turn_, shard_, kind});
   }
 
   CacheIndex* index_ = nullptr;
@@ -181,7 +181,7 @@ absl::StatusOr<CacheSimResult> RunCacheSim(const Trace& trace, const ModelCost& 
     CacheIndex& index = *indexes[shard];
     const int64_t turn_index = result.turns;
     publisher.Route(&index, shard, turn_index);
-    if (options.log_routing) result.routing.push_back(CacheSimCall{turn_index, shard, /*lookup=*/true});
+    if (options.log_routing) result.routing.push_back(CacheSimCall{turn_index, shard, CacheSimCall::Kind::kLookup});
     absl::StatusOr<cachestore::LookupResult> hit = index.Lookup(ns, ps, prompt_keys, tokens, /*lease=*/false, now);
     if (!hit.ok()) return absl::InternalError(absl::StrCat("lookup: ", hit.status().message()));
     const int64_t p = std::min(hit->resume_position, n);

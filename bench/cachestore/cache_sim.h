@@ -93,12 +93,13 @@ struct CacheSimShard {
   int64_t state_charge() const { return end.states.resident_bytes + end.states.metadata_bytes; }
 };
 
-// One index call of a run: the turn (its position in the trace), the shard
-// the call went to, and whether it was the lookup (else a Reserve or Commit).
+// One index call of a run: the turn (its position in CacheSimResult::hits),
+// the shard whose index was called, and which call.
 struct CacheSimCall {
+  enum class Kind { kLookup, kReserve, kCommit };
   int64_t turn = 0;
   int shard = 0;
-  bool lookup = false;
+  Kind kind = Kind::kLookup;
 };
 
 struct CacheSimResult {

@@ -451,20 +451,23 @@ TEST(CacheSimShardsTest, EveryCallOfATurnGoesToItsOwnerAndEachShardKeepsItsBudge
     // Exactly one lookup per turn, first, and every Reserve and Commit of the
     // turn on the same shard: the owner.
     std::vector<int> lookups(owners.size(), 0);
+    std::vector<int64_t> commits(4, 0);
     int64_t puts = 0;
     int64_t last_turn = -1;
     for (const CacheSimCall& call : r->routing) {
+      const bool lookup = call.kind == CacheSimCall::Kind::kLookup;
       ASSERT_GE(call.turn, 0);
       ASSERT_LT(call.turn, static_cast<int64_t>(owners.size()));
-      EXPECT_EQ(call.shard, owners[call.turn]) << "turn " << call.turn << (call.lookup ? " lookup" : " put");
+      EXPECT_EQ(call.shard, owners[call.turn]) << "turn " << call.turn << (lookup ? " lookup" : " put");
       EXPECT_GE(call.turn, last_turn);
-      if (call.lookup) {
+      if (lookup) {
         EXPECT_GT(call.turn, last_turn) << "a second lookup for turn " << call.turn;
         ++lookups[call.turn];
       } else {
         EXPECT_EQ(call.turn, last_turn) << "a put before its turn's lookup";
         ++puts;
       }
+      if (call.kind == CacheSimCall::Kind::kCommit) ++commits[call.shard];
       last_turn = call.turn;
     }
     EXPECT_THAT(lookups, ::testing::Each(1));
@@ -478,6 +481,13 @@ TEST(CacheSimShardsTest, EveryCallOfATurnGoesToItsOwnerAndEachShardKeepsItsBudge
       EXPECT_EQ(s.name, absl::StrCat("shard-", i));
       EXPECT_EQ(s.end.lookups, std::count(owners.begin(), owners.end(), i)) << s.name;
       EXPECT_EQ(s.turns, s.end.lookups) << s.name;
+      // The entries this index committed (held, evicted or dropped with
+      // their page) are the commits logged for this shard's turns.
+      int64_t committed = 0;
+      for (const cachestore::ClassStats& c : {s.end.pages, s.end.states}) {
+        committed += c.entries + c.evicted_lru + c.evicted_ttl + c.dropped_with_pages;
+      }
+      EXPECT_EQ(committed, commits[i]) << s.name;
       // Every shard has the budget, and keeps it.
       EXPECT_EQ(s.end.pages.budget_bytes, options.index.page_budget_bytes) << s.name;
       EXPECT_EQ(s.end.states.budget_bytes, options.index.state_budget_bytes) << s.name;
