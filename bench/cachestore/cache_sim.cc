@@ -25,10 +25,11 @@ class Publisher {
       : model_(model), ns_(ns), log_routing_(log_routing), result_(result) {}
 
   // Where the next puts go: shard `shard`'s index, for the turn at `turn`.
-  void Route(CacheIndex* index, int shard, int64_t turn) {
+  void Route(CacheIndex* index, int shard, int64_t turn, bool turn_end) {
     index_ = index;
     shard_ = shard;
     turn_ = turn;
+    turn_end_ = turn_end;
   }
 
   // Pages [first, last) of `tokens`, in order, up to the first that fails (the
@@ -86,12 +87,13 @@ class Publisher {
   }
 
   void Log(CacheSimCall::Kind kind) {
-    if (log_routing_) result_.routing.push_back(CacheSimCall{turn_, shard_, kind});
+    if (log_routing_) result_.routing.push_back(CacheSimCall{turn_, shard_, kind, turn_end_});
   }
 
   CacheIndex* index_ = nullptr;
   int shard_ = 0;
   int64_t turn_ = 0;
+  bool turn_end_ = false;
   const ModelCost& model_;
   const Hash128 ns_;
   const bool log_routing_;
@@ -152,6 +154,17 @@ absl::StatusOr<CacheSimResult> RunCacheSim(const Trace& trace, const ModelCost& 
   for (int i = 0; i < options.shards; ++i) result.shards[i].name = names[i];
   Publisher publisher(model, ns, options.log_routing, result);
   absl::flat_hash_map<int64_t, int64_t> shared_tokens;  // each conversation's shared prefix, in tokens
+  // The shard that owns a chain of conversation `conv` with page keys `keys`.
+  const auto owner = [&](int64_t conv, const std::vector<Hash128>& keys) {
+    if (options.shards == 1) return 0;
+    Hash128 chain_key = ShardPlacement::ChainKey(ns, keys);
+    if (options.placement == CacheSimOptions::Placement::kFirstOwnPage) {
+      const auto it = shared_tokens.find(conv);
+      const size_t own = it == shared_tokens.end() ? 0 : static_cast<size_t>(it->second / ps);
+      if (own < keys.size()) chain_key = keys[own];
+    }
+    return shard_of_name.at(placement->Owner(ns, chain_key));
+  };
   // Each conversation's context: every token so far (its last prompt and reply).
   absl::flat_hash_map<int64_t, std::vector<TokenId>> context;
   const absl::Time start = absl::UnixEpoch();
@@ -171,16 +184,10 @@ absl::StatusOr<CacheSimResult> RunCacheSim(const Trace& trace, const ModelCost& 
 
     // 1. The lookup, on the shard that owns the prompt's chain.
     const std::vector<Hash128> prompt_keys = cachestore::PageKeys(ns, tokens, ps);
-    Hash128 chain_key = ShardPlacement::ChainKey(ns, prompt_keys);
-    if (options.placement == CacheSimOptions::Placement::kFirstOwnPage) {
-      const auto it = shared_tokens.find(turn.conv);
-      const size_t own = it == shared_tokens.end() ? 0 : static_cast<size_t>(it->second / ps);
-      if (own < prompt_keys.size()) chain_key = prompt_keys[own];
-    }
-    const int shard = options.shards == 1 ? 0 : shard_of_name.at(placement->Owner(ns, chain_key));
+    const int shard = owner(turn.conv, prompt_keys);
     CacheIndex& index = *indexes[shard];
     const int64_t turn_index = result.turns;
-    publisher.Route(&index, shard, turn_index);
+    publisher.Route(&index, shard, turn_index, /*turn_end=*/false);
     if (options.log_routing) result.routing.push_back(CacheSimCall{turn_index, shard, CacheSimCall::Kind::kLookup});
     absl::StatusOr<cachestore::LookupResult> hit = index.Lookup(ns, ps, prompt_keys, tokens, /*lease=*/false, now);
     if (!hit.ok()) return absl::InternalError(absl::StrCat("lookup: ", hit.status().message()));
@@ -220,7 +227,13 @@ absl::StatusOr<CacheSimResult> RunCacheSim(const Trace& trace, const ModelCost& 
     if (m < n) continue;                                        // no reply
     const std::vector<Hash128> fed_keys =
         cachestore::PageKeys(ns, absl::MakeConstSpan(tokens).subspan(0, static_cast<size_t>(m)), ps);
-    publisher.Pages(tokens, fed_keys, prompt_pages, m / ps, now);
+    // Decode places its puts by the fed tokens' chain: the prompt's shard,
+    // unless the prompt had no full page (no first page key) and the reply
+    // completes one. That shard has none of the chain, so decode publishes
+    // it from page 0.
+    const int turn_end_shard = owner(turn.conv, fed_keys);
+    publisher.Route(indexes[turn_end_shard].get(), turn_end_shard, turn_index, /*turn_end=*/true);
+    publisher.Pages(tokens, fed_keys, turn_end_shard == shard ? prompt_pages : 0, m / ps, now);
     publisher.State(tokens, fed_keys, m, StateKind::kExactPrefix, now);
   }
   for (int i = 0; i < options.shards; ++i) result.shards[i].end = indexes[i]->Stats();

@@ -25,10 +25,13 @@
 // budgets of `index` (per-shard budgets: N shards of B hold N * B in all),
 // and sends each turn's lookup and every put of that turn to the one shard a
 // worker would (cachestore/client/shard_placement.h): by default
-// ShardPlacement::Owner(ns, ChainKey(ns, the prompt's page keys)), the first
-// page of the prompt. Turn-end puts go with the turn's prompt (a reply never
-// changes the first page). N = 1 runs one index and gives the same results
-// as before shards existed.
+// ShardPlacement::Owner(ns, ChainKey(ns, page keys)). Prefill's lookup and
+// puts are placed by the prompt's page keys, decode's turn-end puts by the fed
+// tokens' (prompt and reply): the same shard unless the prompt had no full
+// page and the reply completes one, and then decode publishes the chain from
+// page 0 there (the prompt-end state stays on the (ns, ns) shard, where no
+// later turn looks). N = 1 runs one index and gives the same results as
+// before shards existed.
 //
 // Eviction is whatever the index does: CacheIndexOptions::eviction (LRU, or
 // utility with its cost model and blend), named in `policy` for the output. Not thread-safe (RunCacheSim is a pure
@@ -94,12 +97,14 @@ struct CacheSimShard {
 };
 
 // One index call of a run: the turn (its position in CacheSimResult::hits),
-// the shard whose index was called, and which call.
+// the shard whose index was called, which call, and whether a put was
+// decode's (the turn end) or prefill's.
 struct CacheSimCall {
   enum class Kind { kLookup, kReserve, kCommit };
   int64_t turn = 0;
   int shard = 0;
   Kind kind = Kind::kLookup;
+  bool turn_end = false;  // decode's publication of the turn end
 };
 
 struct CacheSimResult {

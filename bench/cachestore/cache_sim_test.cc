@@ -395,12 +395,17 @@ TEST(CacheSimShardsTest, OneShardReplaysTheSimulatorBeforeShards) {
   }
 }
 
-// Each turn's owner among shard-0 .. shard-{n-1}, computed apart from the
+// Each turn's owners among shard-0 .. shard-{n-1}, computed apart from the
 // simulator: the conversation's tokens by the trace's token rule, the page
 // keys in the simulator's namespace, and ShardPlacement over the chain key
-// (kFirstPage) or the first page past the shared prefix (kFirstOwnPage).
-std::vector<int> Owners(const Trace& trace, const ModelCost& model, const TokenRule& rule, int n,
-                        CacheSimOptions::Placement placement) {
+// (kFirstPage) or the first page past the shared prefix (kFirstOwnPage), of
+// the prompt (prefill's lookup and puts) and of the fed tokens (decode's).
+struct TurnOwners {
+  std::vector<int> prompt;
+  std::vector<int> turn_end;
+};
+TurnOwners Owners(const Trace& trace, const ModelCost& model, const TokenRule& rule, int n,
+                  CacheSimOptions::Placement placement) {
   std::vector<std::string> names;
   for (int i = 0; i < n; ++i) names.push_back(absl::StrCat("shard-", i));
   absl::StatusOr<cachestore::ShardPlacement> shards = cachestore::ShardPlacement::Create(names);
@@ -409,7 +414,15 @@ std::vector<int> Owners(const Trace& trace, const ModelCost& model, const TokenR
   const cachestore::Hash128 ns = cachestore::NamespaceKey("cache_sim", "", "tenant", "", ps);
   std::map<int64_t, std::vector<TokenId>> context;
   std::map<int64_t, size_t> own_page;
-  std::vector<int> owners;
+  TurnOwners owners;
+  const auto owner = [&](int64_t conv, const std::vector<cachestore::Hash128>& keys) {
+    cachestore::Hash128 key = keys.empty() ? ns : keys[0];
+    if (placement == CacheSimOptions::Placement::kFirstOwnPage && own_page[conv] < keys.size()) {
+      key = keys[own_page[conv]];
+    }
+    const std::string& name = shards->Owner(ns, key);
+    return static_cast<int>(std::find(names.begin(), names.end(), name) - names.begin());
+  };
   for (const TraceTurn& turn : trace.turns) {
     std::vector<TokenId>& tokens = context[turn.conv];
     if (turn.turn == 0 && turn.shared >= 0) {
@@ -417,14 +430,10 @@ std::vector<int> Owners(const Trace& trace, const ModelCost& model, const TokenR
       own_page[turn.conv] = tokens.size() / ps;
     }
     rule.Append(turn.conv, turn.turn, 1, turn.user_units, &tokens);
-    const std::vector<cachestore::Hash128> keys = cachestore::PageKeys(ns, tokens, ps);
-    cachestore::Hash128 key = keys.empty() ? ns : keys[0];
-    if (placement == CacheSimOptions::Placement::kFirstOwnPage && own_page[turn.conv] < keys.size()) {
-      key = keys[own_page[turn.conv]];
-    }
-    const std::string& owner = shards->Owner(ns, key);
-    owners.push_back(static_cast<int>(std::find(names.begin(), names.end(), owner) - names.begin()));
+    owners.prompt.push_back(owner(turn.conv, cachestore::PageKeys(ns, tokens, ps)));
     rule.Append(turn.conv, turn.turn, 2, turn.reply_units, &tokens);
+    const std::vector<TokenId> fed(tokens.begin(), tokens.end() - 1);
+    owners.turn_end.push_back(owner(turn.conv, cachestore::PageKeys(ns, fed, ps)));
   }
   return owners;
 }
@@ -442,14 +451,16 @@ TEST(CacheSimShardsTest, EveryCallOfATurnGoesToItsOwnerAndEachShardKeepsItsBudge
   for (const auto placement : {CacheSimOptions::Placement::kFirstPage, CacheSimOptions::Placement::kFirstOwnPage}) {
     SCOPED_TRACE(placement == CacheSimOptions::Placement::kFirstPage ? "first page" : "first own page");
     options.placement = placement;
-    const std::vector<int> owners = Owners(trace, model, options.tokens, 4, placement);
+    const TurnOwners turn_owners = Owners(trace, model, options.tokens, 4, placement);
+    const std::vector<int>& owners = turn_owners.prompt;
     // The trace spreads over the shards, or routing would be untested.
     EXPECT_GE(std::set<int>(owners.begin(), owners.end()).size(), 3u);
     absl::StatusOr<CacheSimResult> r = RunCacheSim(trace, model, options);
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(r->turn_shard, owners);
     // Exactly one lookup per turn, first, and every Reserve and Commit of the
-    // turn on the same shard: the owner.
+    // turn on its owner: prefill's on the prompt's, decode's on the fed
+    // tokens' (the same here but where the prompt had no full page).
     std::vector<int> lookups(owners.size(), 0);
     std::vector<int64_t> commits(4, 0);
     int64_t puts = 0;
@@ -458,7 +469,12 @@ TEST(CacheSimShardsTest, EveryCallOfATurnGoesToItsOwnerAndEachShardKeepsItsBudge
       const bool lookup = call.kind == CacheSimCall::Kind::kLookup;
       ASSERT_GE(call.turn, 0);
       ASSERT_LT(call.turn, static_cast<int64_t>(owners.size()));
-      EXPECT_EQ(call.shard, owners[call.turn]) << "turn " << call.turn << (lookup ? " lookup" : " put");
+      EXPECT_EQ(call.shard, call.turn_end ? turn_owners.turn_end[call.turn] : owners[call.turn])
+          << "turn " << call.turn
+          << (lookup          ? " lookup"
+              : call.turn_end ? " decode put"
+                              : " prefill put");
+      EXPECT_FALSE(lookup && call.turn_end);
       EXPECT_GE(call.turn, last_turn);
       if (lookup) {
         EXPECT_GT(call.turn, last_turn) << "a second lookup for turn " << call.turn;
@@ -509,6 +525,28 @@ TEST(CacheSimShardsTest, EveryCallOfATurnGoesToItsOwnerAndEachShardKeepsItsBudge
     EXPECT_LE(r->state_charge(), 4 * options.index.state_budget_bytes);
     EXPECT_GT(evictions, 0);  // the budgets bind
   }
+}
+
+TEST(CacheSimShardsTest, AFirstPromptShorterThanAPageResumesWhereDecodePlacedTheTurnEnd) {
+  // Turn 0's prompt (10 tokens) has no full page: prefill's puts go to the
+  // owner of (ns, ns); the turn end at 39 has two, so decode places it and its
+  // pages by their first page, where turn 1's lookup goes.
+  const Trace trace = Parse((std::string(kHeader) + R"({"conv":0,"turn":0,"t":0,"user":10,"reply":30}
+{"conv":0,"turn":1,"t":1,"user":20,"reply":5})")
+                                .c_str());
+  const ModelCost model = DefaultModel();
+  CacheSimOptions options;
+  options.tokens.vocab = model.vocab();
+  int apart = 0;
+  for (int n = 1; n <= 8; ++n) {
+    options.shards = n;
+    absl::StatusOr<CacheSimResult> r = RunCacheSim(trace, model, options);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_THAT(r->hits, ElementsAre(0, 39)) << n << " shards";
+    EXPECT_EQ(r->put_failures, 0) << n << " shards";
+    if (r->turn_shard[0] != r->turn_shard[1]) ++apart;
+  }
+  EXPECT_GT(apart, 0);  // some shard counts place the two chains apart
 }
 
 TEST(CacheSimShardsTest, ConversationsSharingAFirstPageShareAShardUnlessPlacedPastIt) {
