@@ -1,10 +1,12 @@
 #include "bench/cachestore/cache_sim.h"
 
 #include <algorithm>
+#include <memory>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "cachestore/client/shard_placement.h"
 #include "cachestore/keys.h"
 
 namespace hybridserve::bench {
@@ -14,12 +16,21 @@ using cachestore::CacheIndex;
 using cachestore::EntryClass;
 using cachestore::Hash128;
 using cachestore::PutSpec;
+using cachestore::ShardPlacement;
 using cachestore::StateKind;
 
 class Publisher {
  public:
-  Publisher(CacheIndex& index, const ModelCost& model, const Hash128& ns, CacheSimResult& result)
-      : index_(index), model_(model), ns_(ns), result_(result) {}
+  Publisher(const ModelCost& model, const Hash128& ns, bool log_routing, CacheSimResult& result)
+      : model_(model), ns_(ns), log_routing_(log_routing), result_(result) {}
+
+  // Where the next puts go: shard `shard`'s index, for the turn at `turn`.
+  void Route(CacheIndex* index, int shard, int64_t turn, bool turn_end) {
+    index_ = index;
+    shard_ = shard;
+    turn_ = turn;
+    turn_end_ = turn_end;
+  }
 
   // Pages [first, last) of `tokens`, in order, up to the first that fails (the
   // pages after it would have no parent).
@@ -58,13 +69,15 @@ class Publisher {
   }
 
   bool Put(const PutSpec& spec, absl::Time now, int64_t* bytes, int64_t* entries) {
-    absl::StatusOr<cachestore::Reservation> r = index_.Reserve(spec, now);
+    Log(CacheSimCall::Kind::kReserve);
+    absl::StatusOr<cachestore::Reservation> r = index_->Reserve(spec, now);
     if (!r.ok()) {
       ++result_.put_failures;
       return false;
     }
     if (r->already_present) return true;
-    if (!index_.Commit(r->id, /*checksum=*/0, now).ok()) {
+    Log(CacheSimCall::Kind::kCommit);
+    if (!index_->Commit(r->id, /*checksum=*/0, now).ok()) {
       ++result_.put_failures;
       return false;
     }
@@ -73,11 +86,30 @@ class Publisher {
     return true;
   }
 
-  CacheIndex& index_;
+  void Log(CacheSimCall::Kind kind) {
+    if (log_routing_) result_.routing.push_back(CacheSimCall{turn_, shard_, kind, turn_end_});
+  }
+
+  CacheIndex* index_ = nullptr;
+  int shard_ = 0;
+  int64_t turn_ = 0;
+  bool turn_end_ = false;
   const ModelCost& model_;
   const Hash128 ns_;
+  const bool log_routing_;
   CacheSimResult& result_;
 };
+
+void AddClass(const cachestore::ClassStats& a, cachestore::ClassStats* sum) {
+  sum->entries += a.entries;
+  sum->resident_bytes += a.resident_bytes;
+  sum->reserved_bytes += a.reserved_bytes;
+  sum->metadata_bytes += a.metadata_bytes;
+  sum->budget_bytes += a.budget_bytes;
+  sum->evicted_lru += a.evicted_lru;
+  sum->evicted_ttl += a.evicted_ttl;
+  sum->dropped_with_pages += a.dropped_with_pages;
+}
 
 // The branch-point state's position, 0 when none: past the hit, short of the
 // prompt end (which has its own state).
@@ -104,11 +136,35 @@ absl::StatusOr<CacheSimResult> RunCacheSim(const Trace& trace, const ModelCost& 
     return absl::InvalidArgumentError(absl::StrCat("token rule: units_per_token ", options.tokens.units_per_token,
                                                    ", vocab ", options.tokens.vocab, " must be > 0"));
   }
-  CacheIndex index(options.index);
+  if (options.shards < 1) return absl::InvalidArgumentError(absl::StrCat("shards ", options.shards, " must be >= 1"));
+  std::vector<std::string> names;
+  std::vector<std::unique_ptr<CacheIndex>> indexes;
+  for (int i = 0; i < options.shards; ++i) {
+    names.push_back(absl::StrCat("shard-", i));
+    indexes.push_back(std::make_unique<CacheIndex>(options.index));
+  }
+  absl::StatusOr<ShardPlacement> placement = ShardPlacement::Create(names);
+  if (!placement.ok()) return placement.status();
+  absl::flat_hash_map<std::string, int> shard_of_name;
+  for (int i = 0; i < options.shards; ++i) shard_of_name[names[i]] = i;
   const int32_t ps = model.page_size();
   const Hash128 ns = cachestore::NamespaceKey("cache_sim", "", "tenant", "", ps);
   CacheSimResult result;
-  Publisher publisher(index, model, ns, result);
+  result.shards.resize(options.shards);
+  for (int i = 0; i < options.shards; ++i) result.shards[i].name = names[i];
+  Publisher publisher(model, ns, options.log_routing, result);
+  absl::flat_hash_map<int64_t, int64_t> shared_tokens;  // each conversation's shared prefix, in tokens
+  // The shard that owns a chain of conversation `conv` with page keys `keys`.
+  const auto owner = [&](int64_t conv, const std::vector<Hash128>& keys) {
+    if (options.shards == 1) return 0;
+    Hash128 chain_key = ShardPlacement::ChainKey(ns, keys);
+    if (options.placement == CacheSimOptions::Placement::kFirstOwnPage) {
+      const auto it = shared_tokens.find(conv);
+      const size_t own = it == shared_tokens.end() ? 0 : static_cast<size_t>(it->second / ps);
+      if (own < keys.size()) chain_key = keys[own];
+    }
+    return shard_of_name.at(placement->Owner(ns, chain_key));
+  };
   // Each conversation's context: every token so far (its last prompt and reply).
   absl::flat_hash_map<int64_t, std::vector<TokenId>> context;
   const absl::Time start = absl::UnixEpoch();
@@ -120,13 +176,19 @@ absl::StatusOr<CacheSimResult> RunCacheSim(const Trace& trace, const ModelCost& 
     std::vector<TokenId>& tokens = context[turn.conv];
     if (turn.turn == 0 && turn.shared >= 0) {
       options.tokens.Append(turn.shared, 0, /*segment=*/0, turn.shared_units, &tokens);
+      shared_tokens[turn.conv] = static_cast<int64_t>(tokens.size());
     }
     options.tokens.Append(turn.conv, turn.turn, /*segment=*/1, turn.user_units, &tokens);
     const int64_t n = static_cast<int64_t>(tokens.size());
     if (n == 0) continue;  // nothing to look up or prefill
 
-    // 1. The lookup.
+    // 1. The lookup, on the shard that owns the prompt's chain.
     const std::vector<Hash128> prompt_keys = cachestore::PageKeys(ns, tokens, ps);
+    const int shard = owner(turn.conv, prompt_keys);
+    CacheIndex& index = *indexes[shard];
+    const int64_t turn_index = result.turns;
+    publisher.Route(&index, shard, turn_index, /*turn_end=*/false);
+    if (options.log_routing) result.routing.push_back(CacheSimCall{turn_index, shard, CacheSimCall::Kind::kLookup});
     absl::StatusOr<cachestore::LookupResult> hit = index.Lookup(ns, ps, prompt_keys, tokens, /*lease=*/false, now);
     if (!hit.ok()) return absl::InternalError(absl::StrCat("lookup: ", hit.status().message()));
     const int64_t p = std::min(hit->resume_position, n);
@@ -134,8 +196,14 @@ absl::StatusOr<CacheSimResult> RunCacheSim(const Trace& trace, const ModelCost& 
     result.prompt_tokens += n;
     result.hit_tokens += p;
     result.hits.push_back(p);
+    result.turn_shard.push_back(shard);
     result.prompt_flops += model.PrefixFlops(n);
     result.saved_flops += model.PrefixFlops(p);
+    CacheSimShard& share = result.shards[shard];
+    ++share.turns;
+    share.prompt_tokens += n;
+    share.hit_tokens += p;
+    share.saved_flops += model.PrefixFlops(p);
 
     if (options.oracle_skip_last_turn && turn.turn == last_turn[turn.conv]) continue;
 
@@ -159,10 +227,24 @@ absl::StatusOr<CacheSimResult> RunCacheSim(const Trace& trace, const ModelCost& 
     if (m < n) continue;                                        // no reply
     const std::vector<Hash128> fed_keys =
         cachestore::PageKeys(ns, absl::MakeConstSpan(tokens).subspan(0, static_cast<size_t>(m)), ps);
-    publisher.Pages(tokens, fed_keys, prompt_pages, m / ps, now);
+    // Decode places its puts by the fed tokens' chain: the prompt's shard,
+    // unless the prompt had no full page (no first page key) and the reply
+    // completes one. That shard has none of the chain, so decode publishes
+    // it from page 0.
+    const int turn_end_shard = owner(turn.conv, fed_keys);
+    publisher.Route(indexes[turn_end_shard].get(), turn_end_shard, turn_index, /*turn_end=*/true);
+    publisher.Pages(tokens, fed_keys, turn_end_shard == shard ? prompt_pages : 0, m / ps, now);
     publisher.State(tokens, fed_keys, m, StateKind::kExactPrefix, now);
   }
-  result.end = index.Stats();
+  for (int i = 0; i < options.shards; ++i) result.shards[i].end = indexes[i]->Stats();
+  result.end = result.shards[0].end;
+  for (int i = 1; i < options.shards; ++i) {
+    const cachestore::IndexStats& s = result.shards[i].end;
+    AddClass(s.pages, &result.end.pages);
+    AddClass(s.states, &result.end.states);
+    result.end.lookups += s.lookups;
+    result.end.lookup_hits += s.lookup_hits;
+  }
   return result;
 }
 

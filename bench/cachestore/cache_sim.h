@@ -20,6 +20,19 @@
 // still tried. Every conversation is in one namespace (one tenant, one salt),
 // so conversations share what they have in common (a system prompt).
 //
+// Shards (issue 49): with `shards` = N > 1 the simulator runs N independent
+// CacheIndex instances named "shard-0" .. "shard-{N-1}", each with the
+// budgets of `index` (per-shard budgets: N shards of B hold N * B in all),
+// and sends each turn's lookup and every put of that turn to the one shard a
+// worker would (cachestore/client/shard_placement.h): by default
+// ShardPlacement::Owner(ns, ChainKey(ns, page keys)). Prefill's lookup and
+// puts are placed by the prompt's page keys, decode's turn-end puts by the fed
+// tokens' (prompt and reply): the same shard unless the prompt had no full
+// page and the reply completes one, and then decode publishes the chain from
+// page 0 there (the prompt-end state stays on the (ns, ns) shard, where no
+// later turn looks). N = 1 runs one index and gives the same results as
+// before shards existed.
+//
 // Eviction is whatever the index does: CacheIndexOptions::eviction (LRU, or
 // utility with its cost model and blend), named in `policy` for the output. Not thread-safe (RunCacheSim is a pure
 // function of its inputs).
@@ -54,6 +67,44 @@ struct CacheSimOptions {
   // An oracle, for comparison only: nothing of a conversation's last turn is
   // published (no later turn can use it), as no online policy can know.
   bool oracle_skip_last_turn = false;
+  // Shards, each with `index`'s budgets; >= 1.
+  int shards = 1;
+  // Which key places a turn on a shard. kFirstPage is what the client does
+  // (ShardPlacement::ChainKey: the first page key). kFirstOwnPage is for
+  // comparison only, NOT what any client does: the key of the first page that
+  // holds the conversation's own tokens (past a shared system prompt, whose
+  // length the simulator knows from the trace; a client would need a probing
+  // lookup to find it); ChainKey when the prompt has no full page of its own
+  // yet. Without a shared prefix both are the first page. Conversations sharing a
+  // system prompt then spread over the shards, each shard keeping its own
+  // copy of the prompt's pages.
+  enum class Placement { kFirstPage, kFirstOwnPage };
+  Placement placement = Placement::kFirstPage;
+  // Records every index call's shard in CacheSimResult::routing (for tests).
+  bool log_routing = false;
+};
+
+// One shard's share of a run.
+struct CacheSimShard {
+  std::string name;   // "shard-<i>"
+  int64_t turns = 0;  // lookups sent here
+  int64_t prompt_tokens = 0;
+  int64_t hit_tokens = 0;
+  double saved_flops = 0;
+  cachestore::IndexStats end;  // this shard's index at the end
+  int64_t page_charge() const { return end.pages.resident_bytes + end.pages.metadata_bytes; }
+  int64_t state_charge() const { return end.states.resident_bytes + end.states.metadata_bytes; }
+};
+
+// One index call of a run: the turn (its position in CacheSimResult::hits),
+// the shard whose index was called, which call, and whether a put was
+// decode's (the turn end) or prefill's.
+struct CacheSimCall {
+  enum class Kind { kLookup, kReserve, kCommit };
+  int64_t turn = 0;
+  int shard = 0;
+  Kind kind = Kind::kLookup;
+  bool turn_end = false;  // decode's publication of the turn end
 };
 
 struct CacheSimResult {
@@ -67,8 +118,14 @@ struct CacheSimResult {
   int64_t state_bytes_written = 0;
   int64_t pages_written = 0;
   int64_t states_written = 0;
-  int64_t put_failures = 0;    // refused puts (RESOURCE_EXHAUSTED, a parent evicted)
-  cachestore::IndexStats end;  // the index at the end: resident bytes, evictions
+  int64_t put_failures = 0;  // refused puts (RESOURCE_EXHAUSTED, a parent evicted)
+  // The index at the end: resident bytes, evictions. With shards, the sums
+  // over the shards of the ClassStats fields (pages and states) and of
+  // lookups and lookup_hits; the other fields are shard 0's.
+  cachestore::IndexStats end;
+  std::vector<CacheSimShard> shards;  // one per shard, by index
+  std::vector<int> turn_shard;        // each turn's shard, in trace order
+  std::vector<CacheSimCall> routing;  // with log_routing: every index call, in order
 
   double hit_rate() const { return prompt_tokens > 0 ? static_cast<double>(hit_tokens) / prompt_tokens : 0; }
   // Bytes the cache holds at the end, index memory included: the working set
@@ -82,7 +139,7 @@ struct CacheSimResult {
 };
 
 // INVALID_ARGUMENT when the trace and the model disagree (a token rule with
-// units_per_token <= 0 or a vocabulary <= 0); INTERNAL when the index refuses
+// units_per_token <= 0 or a vocabulary <= 0) or shards < 1; INTERNAL when the index refuses
 // a lookup.
 absl::StatusOr<CacheSimResult> RunCacheSim(const Trace& trace, const ModelCost& model, const CacheSimOptions& options);
 

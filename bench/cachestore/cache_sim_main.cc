@@ -16,10 +16,28 @@
 // name:config.json:units_per_token (the trace's bytes per token: 1 for the
 // byte-level default model, 4 for a BPE vocabulary such as the bench
 // Nemotron-H's).
+//
+// Shards (issue 49; cache_sim.h): --shards=N replays each budget on N shards
+// that each get the budget (the CSV's budget columns are per shard; policy
+// label _shards<N>), and --shards_out writes one row per shard (its turns,
+// hit tokens, FLOPs saved, bytes held). --compare_shards=N instead runs, for
+// each budget fraction f (B = f times the working set), one shard of N * B
+// against N shards of B each and writes one comparison row per trace x model
+// x f to --out (the goal: hit tokens within 2 %):
+//
+//   bazel run -c opt //bench/cachestore:cache_sim -- --compare_shards=4 \
+//       --fractions=0.015625,0.0625,0.125 --placements=first_page,first_own_page \
+//       --traces=/tmp/hs-traces/sharegpt.jsonl,/tmp/hs-traces/agents.jsonl,/tmp/hs-traces/long_chats.jsonl \
+//       --out=$PWD/bench/cachestore/results/cache_sim_shards.csv \
+//       --shards_out=$PWD/bench/cachestore/results/cache_sim_shards_per_shard.csv
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -27,6 +45,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "bench/cachestore/cache_sim.h"
@@ -53,6 +72,14 @@ ABSL_FLAG(std::string, branch_points, "off",
           "(a state at the branch itself); policy label _branch_<rule>");
 ABSL_FLAG(bool, oracle_skip_last_turn, false,
           "for comparison only: publish nothing of a conversation's last turn (policy label _oracle_last)");
+ABSL_FLAG(int, shards, 1, "shards, each with the budget (cache_sim.h); 1: one index, as before shards");
+ABSL_FLAG(int, compare_shards, 0,
+          "N > 1: for each fraction f (B = f x working set), one shard of N x B against N shards of B; one "
+          "comparison row each instead of the budget rows");
+ABSL_FLAG(std::string, placements, "first_page",
+          "comma-separated placements for the shards: first_page (what the client does: ShardPlacement::ChainKey) "
+          "and/or first_own_page (simulation only: the first page past a shared system prompt)");
+ABSL_FLAG(std::string, shards_out, "", "CSV file of one row per shard of each sharded run");
 ABSL_FLAG(std::string, out, "", "CSV file to write (stdout too)");
 ABSL_FLAG(std::string, intervals_out, "",
           "CSV file of each trace x model's reuse intervals (cache_sim.h ReuseIntervals) for oracle_bound.py; "
@@ -82,6 +109,30 @@ std::string Row(const std::string& trace, const ModelSpec& model, const std::str
       r.prompt_flops > 0 ? r.saved_flops / r.prompt_flops : 0.0, r.page_bytes_written, r.state_bytes_written,
       r.page_bytes_written + r.state_bytes_written, r.evictions(), r.end.pages.evicted_lru, r.end.states.evicted_lru,
       r.end.states.dropped_with_pages, r.put_failures, r.page_charge() + r.state_charge());
+}
+
+constexpr char kShardHeader[] =
+    "trace,model,policy,budget,shards,shard,page_budget_bytes,state_budget_bytes,turns,prompt_tokens,hit_tokens,"
+    "saved_flops,page_charge_bytes,state_charge_bytes,evictions";
+
+void ShardRows(const std::string& trace, const ModelSpec& model, const std::string& policy, const std::string& budget,
+               const CacheSimOptions& options, const CacheSimResult& r, std::vector<std::string>* rows) {
+  for (const CacheSimShard& s : r.shards) {
+    rows->push_back(absl::StrFormat("%s,%s,%s,%s,%d,%s,%d,%d,%d,%d,%d,%.6e,%d,%d,%d", trace, model.name, policy, budget,
+                                    options.shards, s.name, options.index.page_budget_bytes,
+                                    options.index.state_budget_bytes, s.turns, s.prompt_tokens, s.hit_tokens,
+                                    s.saved_flops, s.page_charge(), s.state_charge(),
+                                    s.end.pages.evicted_lru + s.end.states.evicted_lru +
+                                        s.end.pages.dropped_with_pages + s.end.states.dropped_with_pages));
+  }
+}
+
+// a;b;c of each shard's value.
+template <typename F>
+std::string PerShard(const CacheSimResult& r, F f) {
+  std::vector<std::string> v;
+  for (const CacheSimShard& s : r.shards) v.push_back(absl::StrCat(f(s)));
+  return absl::StrJoin(v, ";");
 }
 
 int Main() {
@@ -139,11 +190,42 @@ int Main() {
     }
     admissions.push_back(v);
   }
+  const int shards = absl::GetFlag(FLAGS_shards);
+  const int compare = absl::GetFlag(FLAGS_compare_shards);
+  if (shards < 1 || compare < 0 || compare == 1 || (compare > 1 && shards != 1)) {
+    std::fprintf(stderr, "--shards must be >= 1, --compare_shards 0 or >= 2, and not both\n");
+    return 2;
+  }
+  std::vector<std::pair<std::string, CacheSimOptions::Placement>> placements;
+  for (absl::string_view p : absl::StrSplit(absl::GetFlag(FLAGS_placements), ',', absl::SkipEmpty())) {
+    if (p == "first_page") {
+      placements.emplace_back(p, CacheSimOptions::Placement::kFirstPage);
+    } else if (p == "first_own_page") {
+      placements.emplace_back(p, CacheSimOptions::Placement::kFirstOwnPage);
+    } else {
+      std::fprintf(stderr, "--placements: %s is not first_page or first_own_page\n", std::string(p).c_str());
+      return 2;
+    }
+  }
+  if (placements.empty() || (shards == 1 && compare == 0 && placements.size() > 1)) {
+    std::fprintf(stderr, "--placements: one or more, and more than one only with shards\n");
+    return 2;
+  }
+  std::vector<std::string> shard_rows = {kShardHeader};
   std::vector<std::string> rows = {
       "trace,model,policy,budget,page_budget_bytes,state_budget_bytes,turns,prompt_tokens,hit_tokens,"
       "token_hit_rate,prompt_flops,saved_flops,flops_saved_fraction,page_bytes_written,state_bytes_written,"
       "bytes_written,evictions,pages_evicted,states_evicted,states_dropped_with_pages,put_failures,"
       "end_charge_bytes"};
+  if (compare > 1) {
+    rows = {
+        absl::StrCat("trace,model,placement,budget,shards,page_budget_per_shard,state_budget_per_shard,prompt_tokens,"
+                     "hit_tokens_1x",
+                     compare, "B,hit_tokens_", compare, "xB,hit_ratio,saved_flops_fraction_1x", compare,
+                     "B,saved_flops_fraction_", compare,
+                     "xB,goal_within_2pct,shard_turns,shard_hit_tokens,shard_charge_bytes,max_over_mean_charge,"
+                     "shard_working_set_bytes,max_over_mean_working_set")};
+  }
   std::printf("%s\n", rows[0].c_str());
   std::vector<std::string> interval_rows = {
       "trace,model,conv,turn,start_s,end_s,tokens,page_charge,state_charge,flops"};
@@ -195,8 +277,77 @@ int Main() {
       }
       const int64_t page_ws = unlimited->page_charge();
       const int64_t state_ws = unlimited->state_charge();
-      rows.push_back(Row(trace->name, spec, options.policy, "unlimited", page_ws, state_ws, *unlimited));
-      std::printf("%s\n", rows.back().c_str());
+      if (compare == 0) {
+        rows.push_back(Row(trace->name, spec, options.policy, "unlimited", page_ws, state_ws, *unlimited));
+        std::printf("%s\n", rows.back().c_str());
+      }
+      if (compare > 1) {
+        // Each placement's split of the working set: what each shard holds
+        // with unlimited budgets (the demand a budget of B per shard meets).
+        std::vector<std::string> ws_split;
+        std::vector<double> ws_skew;
+        for (const auto& [label, placement] : placements) {
+          CacheSimOptions many = options;
+          many.shards = compare;
+          many.placement = placement;
+          absl::StatusOr<CacheSimResult> rn = RunCacheSim(*trace, *model, many);
+          if (!rn.ok()) {
+            std::fprintf(stderr, "%s\n", rn.status().ToString().c_str());
+            return 1;
+          }
+          ShardRows(trace->name, spec, absl::StrCat("lru_", label), "unlimited", many, *rn, &shard_rows);
+          int64_t max_ws = 0;
+          for (const CacheSimShard& s : rn->shards) max_ws = std::max(max_ws, s.page_charge() + s.state_charge());
+          ws_split.push_back(PerShard(*rn, [](const CacheSimShard& s) { return s.page_charge() + s.state_charge(); }));
+          const int64_t total = rn->page_charge() + rn->state_charge();
+          ws_skew.push_back(total > 0 ? static_cast<double>(max_ws) * compare / total : 0.0);
+        }
+        for (double f : fractions) {
+          const int64_t page_b = std::max<int64_t>(1, static_cast<int64_t>(f * page_ws));
+          const int64_t state_b = std::max<int64_t>(1, static_cast<int64_t>(f * state_ws));
+          CacheSimOptions one = options;
+          one.index.page_budget_bytes = compare * page_b;
+          one.index.state_budget_bytes = compare * state_b;
+          absl::StatusOr<CacheSimResult> r1 = RunCacheSim(*trace, *model, one);
+          if (!r1.ok()) {
+            std::fprintf(stderr, "%s\n", r1.status().ToString().c_str());
+            return 1;
+          }
+          ShardRows(trace->name, spec, "lru", absl::StrCat(f * compare), one, *r1, &shard_rows);
+          for (size_t pi = 0; pi < placements.size(); ++pi) {
+            const auto& [label, placement] = placements[pi];
+            CacheSimOptions many = options;
+            many.shards = compare;
+            many.placement = placement;
+            many.index.page_budget_bytes = page_b;
+            many.index.state_budget_bytes = state_b;
+            absl::StatusOr<CacheSimResult> rn = RunCacheSim(*trace, *model, many);
+            if (!rn.ok()) {
+              std::fprintf(stderr, "%s\n", rn.status().ToString().c_str());
+              return 1;
+            }
+            ShardRows(trace->name, spec, absl::StrCat("lru_", label), absl::StrCat(f), many, *rn, &shard_rows);
+            const double ratio = r1->hit_tokens > 0 ? static_cast<double>(rn->hit_tokens) / r1->hit_tokens : 1.0;
+            int64_t max_charge = 0, total_charge = 0;
+            for (const CacheSimShard& s : rn->shards) {
+              max_charge = std::max(max_charge, s.page_charge() + s.state_charge());
+              total_charge += s.page_charge() + s.state_charge();
+            }
+            rows.push_back(absl::StrFormat(
+                "%s,%s,%s,%s,%d,%d,%d,%d,%d,%d,%.4f,%.6f,%.6f,%s,%s,%s,%s,%.3f,%s,%.3f", trace->name, spec.name, label,
+                absl::StrCat(f), compare, page_b, state_b, r1->prompt_tokens, r1->hit_tokens, rn->hit_tokens, ratio,
+                r1->saved_flops / r1->prompt_flops, rn->saved_flops / rn->prompt_flops,
+                std::abs(ratio - 1) <= 0.02 ? "MET" : "MISSED",
+                PerShard(*rn, [](const CacheSimShard& s) { return s.turns; }),
+                PerShard(*rn, [](const CacheSimShard& s) { return s.hit_tokens; }),
+                PerShard(*rn, [](const CacheSimShard& s) { return s.page_charge() + s.state_charge(); }),
+                total_charge > 0 ? static_cast<double>(max_charge) * compare / total_charge : 0.0, ws_split[pi],
+                ws_skew[pi]));
+            std::printf("%s\n", rows.back().c_str());
+          }
+        }
+        admissions.clear();  // no budget rows
+      }
       for (int64_t admission : admissions) {
         options.checkpoint_interval = admission;
         for (double blend : blends) {
@@ -215,6 +366,12 @@ int Main() {
           if (options.oracle_skip_last_turn) absl::StrAppend(&options.policy, "_oracle_last");
           if (admission != 0)
             absl::StrAppend(&options.policy, "_ckpt", admission < 0 ? "none" : absl::StrCat(admission));
+          if (shards > 1) {
+            options.shards = shards;
+            options.placement = placements[0].second;
+            absl::StrAppend(&options.policy, "_shards", shards,
+                            placements[0].second == CacheSimOptions::Placement::kFirstPage ? "" : "_first_own_page");
+          }
           for (double f : fractions) {
             options.index.page_budget_bytes = std::max<int64_t>(1, static_cast<int64_t>(f * page_ws));
             options.index.state_budget_bytes = std::max<int64_t>(1, static_cast<int64_t>(f * state_ws));
@@ -225,9 +382,11 @@ int Main() {
             }
             rows.push_back(Row(trace->name, spec, options.policy, absl::StrCat(f), options.index.page_budget_bytes,
                                options.index.state_budget_bytes, *r));
+            if (shards > 1) ShardRows(trace->name, spec, options.policy, absl::StrCat(f), options, *r, &shard_rows);
             std::printf("%s\n", rows.back().c_str());
           }
           options.policy = "lru";
+          options.shards = 1;
         }
       }
       std::fprintf(stderr, "%s x %s: %.1f s\n", trace->name.c_str(), spec.name.c_str(),
@@ -235,7 +394,8 @@ int Main() {
     }
   }
   for (const auto& [out, lines] :
-       {std::pair(absl::GetFlag(FLAGS_out), &rows), std::pair(absl::GetFlag(FLAGS_intervals_out), &interval_rows)}) {
+       {std::pair(absl::GetFlag(FLAGS_out), &rows), std::pair(absl::GetFlag(FLAGS_intervals_out), &interval_rows),
+        std::pair(absl::GetFlag(FLAGS_shards_out), &shard_rows)}) {
     if (out.empty()) continue;
     std::ofstream f(Path(out));
     for (const std::string& row : *lines) f << row << "\n";

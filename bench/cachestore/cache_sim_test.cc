@@ -1,7 +1,14 @@
 #include "bench/cachestore/cache_sim.h"
 
+#include <algorithm>
+#include <map>
+#include <set>
+#include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "cachestore/client/shard_placement.h"
+#include "cachestore/keys.h"
 #include "common/runfiles.h"
 #include "engine/model_config.h"
 #include "gmock/gmock.h"
@@ -308,6 +315,263 @@ TEST(TokenRuleTest, UnitsRoundUpPerSegmentAndIdsAreReproducible) {
   EXPECT_EQ(a, b);
   EXPECT_NE(a, c);
   for (TokenId t : a) EXPECT_TRUE(t >= 0 && t < 16384);
+}
+
+// Six conversations, three opening with the same 70-token system prompt
+// (shared prefix 1), 24 turns.
+Trace SixConversations() {
+  return Parse((std::string(kHeader) + R"({"conv":2,"turn":0,"t":0.0,"user":24,"reply":51,"shared":1,"shared_units":70}
+{"conv":5,"turn":0,"t":1.0,"user":11,"reply":10}
+{"conv":4,"turn":0,"t":2.0,"user":17,"reply":47,"shared":1,"shared_units":70}
+{"conv":4,"turn":1,"t":3.0,"user":12,"reply":65}
+{"conv":1,"turn":0,"t":4.0,"user":9,"reply":12}
+{"conv":3,"turn":0,"t":5.0,"user":58,"reply":9}
+{"conv":1,"turn":1,"t":6.0,"user":16,"reply":71}
+{"conv":3,"turn":1,"t":7.0,"user":12,"reply":73}
+{"conv":0,"turn":0,"t":8.0,"user":33,"reply":75,"shared":1,"shared_units":70}
+{"conv":0,"turn":1,"t":9.0,"user":78,"reply":75}
+{"conv":3,"turn":2,"t":10.0,"user":11,"reply":29}
+{"conv":0,"turn":2,"t":11.0,"user":76,"reply":18}
+{"conv":2,"turn":1,"t":12.0,"user":58,"reply":19}
+{"conv":4,"turn":2,"t":13.0,"user":20,"reply":74}
+{"conv":2,"turn":2,"t":14.0,"user":76,"reply":24}
+{"conv":0,"turn":3,"t":15.0,"user":79,"reply":74}
+{"conv":5,"turn":1,"t":16.0,"user":29,"reply":48}
+{"conv":0,"turn":4,"t":17.0,"user":75,"reply":9}
+{"conv":4,"turn":3,"t":18.0,"user":12,"reply":80}
+{"conv":1,"turn":2,"t":19.0,"user":68,"reply":69}
+{"conv":3,"turn":3,"t":20.0,"user":104,"reply":41}
+{"conv":3,"turn":4,"t":21.0,"user":79,"reply":59}
+{"conv":2,"turn":3,"t":22.0,"user":43,"reply":32}
+{"conv":1,"turn":3,"t":23.0,"user":94,"reply":32})")
+                   .c_str());
+}
+
+// The default model as cache_sim_main.cc builds it (pages of 16, the
+// engine's checkpoint interval).
+ModelCost EngineDefaultModel() {
+  absl::StatusOr<engine::ModelConfig> config = engine::LoadModelConfig(common::Runfile("models/default/config.json"));
+  EXPECT_TRUE(config.ok()) << config.status();
+  absl::StatusOr<ModelCost> cost = ModelCost::Create(*config, 0, 0);
+  EXPECT_TRUE(cost.ok()) << cost.status();
+  return *cost;
+}
+
+TEST(CacheSimShardsTest, OneShardReplaysTheSimulatorBeforeShards) {
+  // The numbers are the CSV rows of cache_sim as it was before shards (commit
+  // 4dd7249) on this trace, budgets 1/8 and 1/4 of its working set
+  // (--models=default:models/default/config.json:1 --fractions=0.125,0.25).
+  const Trace trace = SixConversations();
+  const ModelCost model = EngineDefaultModel();
+  CacheSimOptions options;
+  options.tokens.vocab = model.vocab();
+  options.index.blob_pool_bytes = 0;
+  struct Row {
+    int64_t page_budget, state_budget, hit_tokens, page_bytes, state_bytes, evictions, pages_evicted, states_evicted,
+        dropped, put_failures, end_charge;
+    double saved_flops;
+  };
+  for (const Row& row : {Row{298016, 1242787, 755, 3440640, 6936676, 228, 193, 7, 28, 41, 479368, 1.719063e+09},
+                         Row{596032, 2485575, 1690, 3964928, 10066352, 257, 208, 6, 43, 6, 1153732, 3.910399e+09}}) {
+    options.index.page_budget_bytes = row.page_budget;
+    options.index.state_budget_bytes = row.state_budget;
+    absl::StatusOr<CacheSimResult> r = RunCacheSim(trace, model, options);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->turns, 24);
+    EXPECT_EQ(r->prompt_tokens, 5298);
+    EXPECT_EQ(r->hit_tokens, row.hit_tokens) << "budget " << row.page_budget;
+    EXPECT_NEAR(r->saved_flops, row.saved_flops, 5e3);  // the CSV's 7 digits
+    EXPECT_EQ(r->page_bytes_written, row.page_bytes);
+    EXPECT_EQ(r->state_bytes_written, row.state_bytes);
+    EXPECT_EQ(r->evictions(), row.evictions);
+    EXPECT_EQ(r->end.pages.evicted_lru, row.pages_evicted);
+    EXPECT_EQ(r->end.states.evicted_lru, row.states_evicted);
+    EXPECT_EQ(r->end.states.dropped_with_pages, row.dropped);
+    EXPECT_EQ(r->put_failures, row.put_failures);
+    EXPECT_EQ(r->page_charge() + r->state_charge(), row.end_charge);
+    ASSERT_EQ(r->shards.size(), 1u);
+    EXPECT_EQ(r->shards[0].hit_tokens, r->hit_tokens);
+    EXPECT_EQ(r->shards[0].turns, 24);
+  }
+}
+
+// Each turn's owners among shard-0 .. shard-{n-1}, computed apart from the
+// simulator: the conversation's tokens by the trace's token rule, the page
+// keys in the simulator's namespace, and ShardPlacement over the chain key
+// (kFirstPage) or the first page past the shared prefix (kFirstOwnPage), of
+// the prompt (prefill's lookup and puts) and of the fed tokens (decode's).
+struct TurnOwners {
+  std::vector<int> prompt;
+  std::vector<int> turn_end;
+};
+TurnOwners Owners(const Trace& trace, const ModelCost& model, const TokenRule& rule, int n,
+                  CacheSimOptions::Placement placement) {
+  std::vector<std::string> names;
+  for (int i = 0; i < n; ++i) names.push_back(absl::StrCat("shard-", i));
+  absl::StatusOr<cachestore::ShardPlacement> shards = cachestore::ShardPlacement::Create(names);
+  EXPECT_TRUE(shards.ok()) << shards.status();
+  const int32_t ps = model.page_size();
+  const cachestore::Hash128 ns = cachestore::NamespaceKey("cache_sim", "", "tenant", "", ps);
+  std::map<int64_t, std::vector<TokenId>> context;
+  std::map<int64_t, size_t> own_page;
+  TurnOwners owners;
+  const auto owner = [&](int64_t conv, const std::vector<cachestore::Hash128>& keys) {
+    cachestore::Hash128 key = keys.empty() ? ns : keys[0];
+    if (placement == CacheSimOptions::Placement::kFirstOwnPage && own_page[conv] < keys.size()) {
+      key = keys[own_page[conv]];
+    }
+    const std::string& name = shards->Owner(ns, key);
+    return static_cast<int>(std::find(names.begin(), names.end(), name) - names.begin());
+  };
+  for (const TraceTurn& turn : trace.turns) {
+    std::vector<TokenId>& tokens = context[turn.conv];
+    if (turn.turn == 0 && turn.shared >= 0) {
+      rule.Append(turn.shared, 0, 0, turn.shared_units, &tokens);
+      own_page[turn.conv] = tokens.size() / ps;
+    }
+    rule.Append(turn.conv, turn.turn, 1, turn.user_units, &tokens);
+    owners.prompt.push_back(owner(turn.conv, cachestore::PageKeys(ns, tokens, ps)));
+    rule.Append(turn.conv, turn.turn, 2, turn.reply_units, &tokens);
+    const std::vector<TokenId> fed(tokens.begin(), tokens.end() - 1);
+    owners.turn_end.push_back(owner(turn.conv, cachestore::PageKeys(ns, fed, ps)));
+  }
+  return owners;
+}
+
+TEST(CacheSimShardsTest, EveryCallOfATurnGoesToItsOwnerAndEachShardKeepsItsBudget) {
+  const Trace trace = SixConversations();
+  const ModelCost model = EngineDefaultModel();
+  CacheSimOptions options;
+  options.tokens.vocab = model.vocab();
+  options.index.blob_pool_bytes = 0;
+  options.index.page_budget_bytes = 12 * (model.page_bytes() + kOverhead);
+  options.index.state_budget_bytes = 2 * (model.StateBytes(256, true) + kOverhead);
+  options.shards = 4;
+  options.log_routing = true;
+  for (const auto placement : {CacheSimOptions::Placement::kFirstPage, CacheSimOptions::Placement::kFirstOwnPage}) {
+    SCOPED_TRACE(placement == CacheSimOptions::Placement::kFirstPage ? "first page" : "first own page");
+    options.placement = placement;
+    const TurnOwners turn_owners = Owners(trace, model, options.tokens, 4, placement);
+    const std::vector<int>& owners = turn_owners.prompt;
+    // The trace spreads over the shards, or routing would be untested.
+    EXPECT_GE(std::set<int>(owners.begin(), owners.end()).size(), 3u);
+    absl::StatusOr<CacheSimResult> r = RunCacheSim(trace, model, options);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->turn_shard, owners);
+    // Exactly one lookup per turn, first, and every Reserve and Commit of the
+    // turn on its owner: prefill's on the prompt's, decode's on the fed
+    // tokens' (the same here but where the prompt had no full page).
+    std::vector<int> lookups(owners.size(), 0);
+    std::vector<int64_t> commits(4, 0);
+    int64_t puts = 0;
+    int64_t last_turn = -1;
+    for (const CacheSimCall& call : r->routing) {
+      const bool lookup = call.kind == CacheSimCall::Kind::kLookup;
+      ASSERT_GE(call.turn, 0);
+      ASSERT_LT(call.turn, static_cast<int64_t>(owners.size()));
+      EXPECT_EQ(call.shard, call.turn_end ? turn_owners.turn_end[call.turn] : owners[call.turn])
+          << "turn " << call.turn
+          << (lookup          ? " lookup"
+              : call.turn_end ? " decode put"
+                              : " prefill put");
+      EXPECT_FALSE(lookup && call.turn_end);
+      EXPECT_GE(call.turn, last_turn);
+      if (lookup) {
+        EXPECT_GT(call.turn, last_turn) << "a second lookup for turn " << call.turn;
+        ++lookups[call.turn];
+      } else {
+        EXPECT_EQ(call.turn, last_turn) << "a put before its turn's lookup";
+        ++puts;
+      }
+      if (call.kind == CacheSimCall::Kind::kCommit) ++commits[call.shard];
+      last_turn = call.turn;
+    }
+    EXPECT_THAT(lookups, ::testing::Each(1));
+    EXPECT_GT(puts, 0);
+    // Each index saw the lookups of its own turns only, and the per-shard
+    // shares add up to the run's totals.
+    int64_t hit_tokens = 0, prompt_tokens = 0, page_entries = 0, state_entries = 0, evictions = 0;
+    ASSERT_EQ(r->shards.size(), 4u);
+    for (int i = 0; i < 4; ++i) {
+      const CacheSimShard& s = r->shards[i];
+      EXPECT_EQ(s.name, absl::StrCat("shard-", i));
+      EXPECT_EQ(s.end.lookups, std::count(owners.begin(), owners.end(), i)) << s.name;
+      EXPECT_EQ(s.turns, s.end.lookups) << s.name;
+      // The entries this index committed (held, evicted or dropped with
+      // their page) are the commits logged for this shard's turns.
+      int64_t committed = 0;
+      for (const cachestore::ClassStats& c : {s.end.pages, s.end.states}) {
+        committed += c.entries + c.evicted_lru + c.evicted_ttl + c.dropped_with_pages;
+      }
+      EXPECT_EQ(committed, commits[i]) << s.name;
+      // Every shard has the budget, and keeps it.
+      EXPECT_EQ(s.end.pages.budget_bytes, options.index.page_budget_bytes) << s.name;
+      EXPECT_EQ(s.end.states.budget_bytes, options.index.state_budget_bytes) << s.name;
+      EXPECT_LE(s.page_charge(), options.index.page_budget_bytes) << s.name;
+      EXPECT_LE(s.state_charge(), options.index.state_budget_bytes) << s.name;
+      hit_tokens += s.hit_tokens;
+      prompt_tokens += s.prompt_tokens;
+      page_entries += s.end.pages.entries;
+      state_entries += s.end.states.entries;
+      evictions += s.end.pages.evicted_lru + s.end.states.evicted_lru;
+    }
+    EXPECT_EQ(hit_tokens, r->hit_tokens);
+    EXPECT_EQ(prompt_tokens, r->prompt_tokens);
+    EXPECT_EQ(page_entries, r->end.pages.entries);
+    EXPECT_EQ(state_entries, r->end.states.entries);
+    EXPECT_EQ(r->end.lookups, 24);
+    // The sum of the per-shard budgets holds everything.
+    EXPECT_LE(r->page_charge(), 4 * options.index.page_budget_bytes);
+    EXPECT_LE(r->state_charge(), 4 * options.index.state_budget_bytes);
+    EXPECT_GT(evictions, 0);  // the budgets bind
+  }
+}
+
+TEST(CacheSimShardsTest, AFirstPromptShorterThanAPageResumesWhereDecodePlacedTheTurnEnd) {
+  // Turn 0's prompt (10 tokens) has no full page: prefill's puts go to the
+  // owner of (ns, ns); the turn end at 39 has two, so decode places it and its
+  // pages by their first page, where turn 1's lookup goes.
+  const Trace trace = Parse((std::string(kHeader) + R"({"conv":0,"turn":0,"t":0,"user":10,"reply":30}
+{"conv":0,"turn":1,"t":1,"user":20,"reply":5})")
+                                .c_str());
+  const ModelCost model = DefaultModel();
+  CacheSimOptions options;
+  options.tokens.vocab = model.vocab();
+  int apart = 0;
+  for (int n = 1; n <= 8; ++n) {
+    options.shards = n;
+    absl::StatusOr<CacheSimResult> r = RunCacheSim(trace, model, options);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_THAT(r->hits, ElementsAre(0, 39)) << n << " shards";
+    EXPECT_EQ(r->put_failures, 0) << n << " shards";
+    if (r->turn_shard[0] != r->turn_shard[1]) ++apart;
+  }
+  EXPECT_GT(apart, 0);  // some shard counts place the two chains apart
+}
+
+TEST(CacheSimShardsTest, ConversationsSharingAFirstPageShareAShardUnlessPlacedPastIt) {
+  // Conversations 0, 2 and 4 open with the 70-token system prompt: placed by
+  // their first page they land together; placed past the prompt they need not.
+  const Trace trace = SixConversations();
+  const ModelCost model = EngineDefaultModel();
+  CacheSimOptions options;
+  options.tokens.vocab = model.vocab();
+  options.shards = 4;
+  absl::StatusOr<CacheSimResult> first = RunCacheSim(trace, model, options);
+  ASSERT_TRUE(first.ok()) << first.status();
+  options.placement = CacheSimOptions::Placement::kFirstOwnPage;
+  absl::StatusOr<CacheSimResult> own = RunCacheSim(trace, model, options);
+  ASSERT_TRUE(own.ok()) << own.status();
+  std::set<int> first_shards, own_shards;
+  for (size_t i = 0; i < trace.turns.size(); ++i) {
+    if (trace.turns[i].conv % 2 != 0) continue;
+    first_shards.insert(first->turn_shard[i]);
+    own_shards.insert(own->turn_shard[i]);
+  }
+  EXPECT_EQ(first_shards.size(), 1u);
+  EXPECT_GT(own_shards.size(), 1u);
+  options.shards = 0;
+  EXPECT_EQ(RunCacheSim(trace, model, options).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace
