@@ -32,10 +32,14 @@ _OLD_CHANNEL_GRACE_S = 600.0  # calls in flight on a replaced channel get this l
 # (no response headers or message received), so a stream that began is never
 # replayed. 5 attempts, backoffs of up to 0.1, 0.2, 0.4, 0.8 s: also the time
 # for a re-resolution when every known address is gone (a fast rollout).
+# CANCELLED too: a decode pod whose shutdown grace ran out cancels the calls it
+# still holds (seen once in a rollout, before the first token); the gateway's
+# own cancellation (its client left) is never retried, gRPC retries only what
+# the server answered.
 _SERVICE_CONFIG = json.dumps({"methodConfig": [{
     "name": [{"service": "hybridserve.v1.Generation"}],
     "retryPolicy": {"maxAttempts": 5, "initialBackoff": "0.1s", "maxBackoff": "1s", "backoffMultiplier": 2,
-                    "retryableStatusCodes": ["UNAVAILABLE"]}}]})
+                    "retryableStatusCodes": ["UNAVAILABLE", "CANCELLED"]}}]})
 # The target is re-resolved when a connection ends (a pod's drain, decode's
 # --max_connection_age); gRPC's default spaces re-resolutions 30 s apart,
 # longer than a decode pod takes to be replaced in a rollout.
