@@ -1,0 +1,32 @@
+#ifndef HYBRIDSERVE_KERNELS_CPU_GATED_DELTA_H_
+#define HYBRIDSERVE_KERNELS_CPU_GATED_DELTA_H_
+
+// CPU gated delta rule (kernels/gated_delta_params.h): the sequential oracle,
+// the chunked prefill on the absolute chunk grid, and the one-token decode
+// update. fp32, single-threaded. Not yet wired into kernels::Backend.
+
+#include "kernels/gated_delta_params.h"
+#include "kernels/kernel_status.h"
+
+namespace hybridserve::kernels::cpu {
+
+// The oracle: token by token, exactly the recurrence of the params header
+// (transformers' torch_recurrent_gated_delta_rule). Writes o, final_state and
+// chunk_states (the state after each token just before an absolute boundary).
+KernelStatus GatedDeltaSequential(const GatedDeltaParams& p, const char** bad_field = nullptr);
+
+// The chunked prefill (transformers' torch_chunk_gated_delta_rule): per chunk
+// of the absolute grid (the first one partial when start_pos is mid-chunk, the
+// last one partial when the call ends mid-chunk), the chunk-local UT transform
+// (a unit lower-triangular solve for the corrected values and the decayed keys
+// that read the old state), then the chunk output and the state recurrence.
+KernelStatus GatedDeltaChunked(const GatedDeltaParams& p, const char** bad_field = nullptr);
+
+// One decode step per batch row; bit-identical to one step of
+// GatedDeltaSequential. A slot outside [0, num_slots) (other than a negative
+// padding slot) rejects the whole call, naming "state_slots", before any write.
+KernelStatus GatedDeltaDecode(const GatedDeltaDecodeParams& p, const char** bad_field = nullptr);
+
+}  // namespace hybridserve::kernels::cpu
+
+#endif  // HYBRIDSERVE_KERNELS_CPU_GATED_DELTA_H_

@@ -1,0 +1,164 @@
+#ifndef HYBRIDSERVE_KERNELS_GATED_DELTA_PARAMS_H_
+#define HYBRIDSERVE_KERNELS_GATED_DELTA_PARAMS_H_
+
+#include <cstdint>
+
+#include "kernels/kernel_status.h"
+
+namespace hybridserve::kernels {
+
+// Gated delta rule (Gated DeltaNet: Qwen3-Next, Qwen3.5), as transformers 5.23
+// writes it in models/qwen3_next/modeling_qwen3_next.py
+// (torch_recurrent_gated_delta_rule / torch_chunk_gated_delta_rule). Per value
+// head h, reading key head kh = h / (n_v_heads / n_k_heads) (transformers'
+// repeat_interleave: each key head serves that many consecutive value heads),
+// with state S of shape [dk, dv], per token t:
+//   if l2norm_qk: q_t = q_t / sqrt(|q_t|^2 + 1e-6), k_t likewise
+//   q_t = q_t / sqrt(dk)
+//   S = S * exp(g_t)                          g_t <= 0: log-space decay
+//   kv_mem = S^T k_t                          [dv]
+//   delta = (v_t - kv_mem) * beta_t
+//   S = S + k_t (outer) delta
+//   o_t = S^T q_t                             [dv]
+// All tensors fp32 and packed (heads contiguous within a token).
+// l2norm_qk is transformers' use_qk_l2norm_in_kernel; Qwen3-Next and Qwen3.5
+// call the rule with it set, so it defaults to true (the kernel normalises).
+
+// Number of absolute chunk boundaries b (multiples of chunk_size) with
+// start_pos < b <= start_pos + seqlen: the rows of GatedDeltaParams::chunk_states.
+inline int64_t GatedDeltaNumChunkStates(int64_t start_pos, int64_t seqlen, int64_t chunk_size) {
+  if (chunk_size <= 0 || seqlen <= 0 || start_pos < 0) return 0;
+  return (start_pos + seqlen) / chunk_size - start_pos / chunk_size;
+}
+
+// Prefill over tokens at absolute positions [start_pos, start_pos + seqlen) of
+// one sequence. Chunks sit on the absolute grid (multiples of chunk_size from
+// position 0); when start_pos is not a multiple the first chunk is partial.
+// Contract (as the SSD scan's): the bits of o and of every state depend only on
+// the inputs and the state at the start of that position's chunk, never on
+// where the call started (when it started on the grid) or how many chunks the
+// call holds. The sequential oracle ignores chunk_size except for chunk_states.
+struct GatedDeltaParams {
+  const float* q = nullptr;              // [seqlen, n_k_heads, dk]
+  const float* k = nullptr;              // [seqlen, n_k_heads, dk]
+  const float* v = nullptr;              // [seqlen, n_v_heads, dv]
+  const float* g = nullptr;              // [seqlen, n_v_heads], log decay (<= 0)
+  const float* beta = nullptr;           // [seqlen, n_v_heads], write strength (after sigmoid)
+  const float* initial_state = nullptr;  // [n_v_heads, dk, dv], state at start_pos; null: zeros
+  float* o = nullptr;                    // [seqlen, n_v_heads, dv]; must not alias inputs
+  // [n_v_heads, dk, dv], state at start_pos + seqlen; null: not written; may alias initial_state.
+  float* final_state = nullptr;
+  // [GatedDeltaNumChunkStates(start_pos, seqlen, chunk_size), n_v_heads, dk, dv]:
+  // row i is the state at absolute position (start_pos / chunk_size + 1 + i) * chunk_size. May be null.
+  float* chunk_states = nullptr;
+
+  int64_t seqlen = 0;
+  int64_t n_k_heads = 0;
+  int64_t n_v_heads = 0;  // a multiple of n_k_heads
+  int64_t dk = 0;
+  int64_t dv = 0;
+  int64_t chunk_size = 64;  // a power of two
+  int64_t start_pos = 0;    // absolute position of token 0
+  bool l2norm_qk = true;
+};
+
+// The checks every backend makes before the prefill runs. Returns
+// kKernelInvalidArgument and, when bad_field is not null, sets *bad_field to the
+// name of the first offending field; kKernelOk leaves *bad_field untouched.
+inline KernelStatus CheckGatedDeltaParams(const GatedDeltaParams& p, const char** bad_field = nullptr) {
+  const char* bad = nullptr;
+  if (p.seqlen < 0) {
+    bad = "seqlen";
+  } else if (p.n_k_heads <= 0) {
+    bad = "n_k_heads";
+  } else if (p.n_v_heads <= 0 || p.n_v_heads % p.n_k_heads != 0) {
+    bad = "n_v_heads";
+  } else if (p.dk <= 0) {
+    bad = "dk";
+  } else if (p.dv <= 0) {
+    bad = "dv";
+  } else if (p.chunk_size <= 0 || (p.chunk_size & (p.chunk_size - 1)) != 0) {
+    bad = "chunk_size";
+  } else if (p.start_pos < 0) {
+    bad = "start_pos";
+  } else if (p.seqlen > 0 && p.q == nullptr) {
+    bad = "q";
+  } else if (p.seqlen > 0 && p.k == nullptr) {
+    bad = "k";
+  } else if (p.seqlen > 0 && p.v == nullptr) {
+    bad = "v";
+  } else if (p.seqlen > 0 && p.g == nullptr) {
+    bad = "g";
+  } else if (p.seqlen > 0 && p.beta == nullptr) {
+    bad = "beta";
+  } else if (p.seqlen > 0 && p.o == nullptr) {
+    bad = "o";
+  }
+  if (bad == nullptr) return kKernelOk;
+  if (bad_field != nullptr) *bad_field = bad;
+  return kKernelInvalidArgument;
+}
+
+// One decode step for a batch of sequences, one token each. Same arithmetic,
+// in the same order, as one step of the CPU sequential oracle (bit-identical).
+struct GatedDeltaDecodeParams {
+  // Pool of states [num_slots, n_v_heads, dk, dv], read and updated in place.
+  float* state = nullptr;
+  // [batch]: slot of sequence b in `state`; null: slot b. A negative slot marks a
+  // padding row: nothing is read or written for it (o row left untouched).
+  const int32_t* state_slots = nullptr;
+  const float* q = nullptr;     // [batch, n_k_heads, dk]
+  const float* k = nullptr;     // [batch, n_k_heads, dk]
+  const float* v = nullptr;     // [batch, n_v_heads, dv]
+  const float* g = nullptr;     // [batch, n_v_heads]
+  const float* beta = nullptr;  // [batch, n_v_heads]
+  float* o = nullptr;           // [batch, n_v_heads, dv]
+
+  int64_t batch = 0;
+  int64_t num_slots = 0;
+  int64_t n_k_heads = 0;
+  int64_t n_v_heads = 0;
+  int64_t dk = 0;
+  int64_t dv = 0;
+  bool l2norm_qk = true;
+};
+
+// As CheckGatedDeltaParams, for the decode step. state_slots entries are
+// checked by each backend (kernels/cpu rejects the call naming "state_slots").
+inline KernelStatus CheckGatedDeltaDecodeParams(const GatedDeltaDecodeParams& p, const char** bad_field = nullptr) {
+  const char* bad = nullptr;
+  if (p.batch < 0) {
+    bad = "batch";
+  } else if (p.num_slots <= 0) {
+    bad = "num_slots";
+  } else if (p.n_k_heads <= 0) {
+    bad = "n_k_heads";
+  } else if (p.n_v_heads <= 0 || p.n_v_heads % p.n_k_heads != 0) {
+    bad = "n_v_heads";
+  } else if (p.dk <= 0) {
+    bad = "dk";
+  } else if (p.dv <= 0) {
+    bad = "dv";
+  } else if (p.state == nullptr) {
+    bad = "state";
+  } else if (p.q == nullptr) {
+    bad = "q";
+  } else if (p.k == nullptr) {
+    bad = "k";
+  } else if (p.v == nullptr) {
+    bad = "v";
+  } else if (p.g == nullptr) {
+    bad = "g";
+  } else if (p.beta == nullptr) {
+    bad = "beta";
+  } else if (p.o == nullptr) {
+    bad = "o";
+  }
+  if (bad == nullptr) return kKernelOk;
+  if (bad_field != nullptr) *bad_field = bad;
+  return kKernelInvalidArgument;
+}
+
+}  // namespace hybridserve::kernels
+
+#endif  // HYBRIDSERVE_KERNELS_GATED_DELTA_PARAMS_H_
