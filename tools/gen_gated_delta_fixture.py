@@ -3,8 +3,8 @@
 random case into tests/fixtures/gated_delta/chunk_case.json, the reference of
 //kernels/cpu:gated_delta_test. Run with the golden venv (torch + transformers
 5.23): /work/venv-golden/bin/python tools/gen_gated_delta_fixture.py
-Shapes: seqlen 7, chunk 4 (one full chunk and a partial one), 1 key head serving
-2 value heads, dk 4, dv 3, a random initial state, use_qk_l2norm_in_kernel=True.
+Shapes: seqlen 7, chunk 4 (one full chunk and a partial one), 2 key heads each
+serving 2 consecutive value heads (4; transformers' repeat_interleave), dk 4, dv 3, a random initial state, use_qk_l2norm_in_kernel=True.
 Arrays are flat, row-major, in the kernel's layouts ([seqlen, heads, dim] and
 [heads, dk, dv])."""
 
@@ -19,7 +19,7 @@ from transformers.models.qwen3_next.modeling_qwen3_next import torch_chunk_gated
 
 def main():
     torch.manual_seed(50)
-    seqlen, hk, hv, dk, dv, chunk = 7, 1, 2, 4, 3, 4
+    seqlen, hk, hv, dk, dv, chunk = 7, 2, 4, 4, 3, 4
     q = torch.randn(1, seqlen, hk, dk)
     k = torch.randn(1, seqlen, hk, dk)
     v = torch.randn(1, seqlen, hv, dv)

@@ -272,7 +272,7 @@ std::vector<float> JsonArray(const std::string& text, const std::string& key) {
 }
 
 // transformers 5.23's torch_chunk_gated_delta_rule (tools/gen_gated_delta_fixture.py):
-// seqlen 7, chunk 4, 1 key head for 2 value heads, dk 4, dv 3, initial state,
+// seqlen 7, chunk 4, 2 key heads for 4 value heads (key head h / 2 for value head h), dk 4, dv 3, initial state,
 // use_qk_l2norm_in_kernel. Tolerance 1e-5: a different fp32 op order on O(1) values.
 TEST(GatedDeltaTest, MatchesTransformersFixture) {
   std::ifstream f("tests/fixtures/gated_delta/chunk_case.json");
@@ -284,10 +284,10 @@ TEST(GatedDeltaTest, MatchesTransformersFixture) {
                            g = JsonArray(text, "g"), beta = JsonArray(text, "beta"),
                            s0 = JsonArray(text, "initial_state"), o_want = JsonArray(text, "o"),
                            s_want = JsonArray(text, "final_state");
-  ASSERT_EQ(q.size(), 7u * 4u);
-  ASSERT_EQ(v.size(), 7u * 2u * 3u);
-  ASSERT_EQ(o_want.size(), 7u * 2u * 3u);
-  ASSERT_EQ(s_want.size(), 2u * 4u * 3u);
+  ASSERT_EQ(q.size(), 7u * 2u * 4u);
+  ASSERT_EQ(v.size(), 7u * 4u * 3u);
+  ASSERT_EQ(o_want.size(), 7u * 4u * 3u);
+  ASSERT_EQ(s_want.size(), 4u * 4u * 3u);
   for (int which = 0; which < 2; ++which) {
     SCOPED_TRACE(which == 0 ? "sequential" : "chunked");
     std::vector<float> o(o_want.size()), s(s_want.size());
@@ -301,8 +301,8 @@ TEST(GatedDeltaTest, MatchesTransformersFixture) {
     p.o = o.data();
     p.final_state = s.data();
     p.seqlen = 7;
-    p.n_k_heads = 1;
-    p.n_v_heads = 2;
+    p.n_k_heads = 2;
+    p.n_v_heads = 4;
     p.dk = 4;
     p.dv = 3;
     p.chunk_size = 4;
