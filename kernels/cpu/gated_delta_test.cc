@@ -151,6 +151,38 @@ TEST(GatedDeltaTest, GridRestoreIsBitExact) {
   }
 }
 
+// An empty call hands the initial state through unchanged; final_state may
+// alias initial_state (the in-place use a state slot makes of it).
+TEST(GatedDeltaTest, EmptyCallAndInPlaceState) {
+  const int64_t n = 21, hk = 1, hv = 2, dk = 8, dv = 4, cs = 8;
+  std::mt19937 rng(5);
+  const Inputs in = MakeInputs(rng, n, hk, hv, dk, dv);
+  const int64_t se = hv * dk * dv;
+  for (int which = 0; which < 2; ++which) {
+    SCOPED_TRACE(which == 0 ? "sequential" : "chunked");
+    auto run = [&](const GatedDeltaParams& p) { return which == 0 ? GatedDeltaSequential(p) : GatedDeltaChunked(p); };
+    std::vector<float> s(se, 9.0f);
+    GatedDeltaParams e = MakeParams(in, 0, hk, hv, dk, dv, cs, 5);
+    e.q = e.k = e.v = e.g = e.beta = nullptr;
+    e.final_state = s.data();
+    ASSERT_EQ(run(e), kKernelOk);
+    EXPECT_EQ(FirstBitMismatch(s.data(), in.s0.data(), se), -1);
+
+    std::vector<float> o_ref(n * hv * dv), s_ref(se), o(n * hv * dv);
+    GatedDeltaParams p = MakeParams(in, n, hk, hv, dk, dv, cs, 3);
+    p.o = o_ref.data();
+    p.final_state = s_ref.data();
+    ASSERT_EQ(run(p), kKernelOk);
+    std::vector<float> inplace = in.s0;
+    p.initial_state = inplace.data();
+    p.final_state = inplace.data();
+    p.o = o.data();
+    ASSERT_EQ(run(p), kKernelOk);
+    EXPECT_EQ(FirstBitMismatch(o.data(), o_ref.data(), n * hv * dv), -1);
+    EXPECT_EQ(FirstBitMismatch(inplace.data(), s_ref.data(), se), -1);
+  }
+}
+
 // The decode update is bit-identical to the oracle, step by step (same op order),
 // through a slot map with a padding row.
 TEST(GatedDeltaTest, DecodeEqualsOracleStepBitExact) {
