@@ -318,6 +318,10 @@ TEST(GatedDeltaTest, MatchesTransformersFixture) {
                            s_want = JsonArray(text, "final_state");
   ASSERT_EQ(q.size(), 7u * 2u * 4u);
   ASSERT_EQ(v.size(), 7u * 4u * 3u);
+  ASSERT_EQ(k.size(), q.size());
+  ASSERT_EQ(g.size(), 7u * 4u);
+  ASSERT_EQ(beta.size(), 7u * 4u);
+  ASSERT_EQ(s0.size(), 4u * 4u * 3u);
   ASSERT_EQ(o_want.size(), 7u * 4u * 3u);
   ASSERT_EQ(s_want.size(), 4u * 4u * 3u);
   for (int which = 0; which < 2; ++which) {
