@@ -62,41 +62,50 @@ struct GatedDeltaParams {
   bool l2norm_qk = true;
 };
 
+namespace gated_delta_internal {
+
+// The head and size fields both steps share: the name of the first bad one,
+// else null.
+inline const char* BadShape(int64_t n_k_heads, int64_t n_v_heads, int64_t dk, int64_t dv) {
+  if (n_k_heads <= 0) return "n_k_heads";
+  if (n_v_heads <= 0 || n_v_heads % n_k_heads != 0) return "n_v_heads";
+  if (dk <= 0) return "dk";
+  if (dv <= 0) return "dv";
+  return nullptr;
+}
+
+// The first null of the tensors both steps read and write, by name; else null.
+template <typename Params>
+const char* NullTensor(const Params& p) {
+  if (p.q == nullptr) return "q";
+  if (p.k == nullptr) return "k";
+  if (p.v == nullptr) return "v";
+  if (p.g == nullptr) return "g";
+  if (p.beta == nullptr) return "beta";
+  if (p.o == nullptr) return "o";
+  return nullptr;
+}
+
+inline KernelStatus Verdict(const char* bad, const char** bad_field) {
+  if (bad == nullptr) return kKernelOk;
+  if (bad_field != nullptr) *bad_field = bad;
+  return kKernelInvalidArgument;
+}
+
+}  // namespace gated_delta_internal
+
 // The checks every backend makes before the prefill runs. Returns
 // kKernelInvalidArgument and, when bad_field is not null, sets *bad_field to the
 // name of the first offending field; kKernelOk leaves *bad_field untouched.
 inline KernelStatus CheckGatedDeltaParams(const GatedDeltaParams& p, const char** bad_field = nullptr) {
-  const char* bad = nullptr;
-  if (p.seqlen < 0) {
-    bad = "seqlen";
-  } else if (p.n_k_heads <= 0) {
-    bad = "n_k_heads";
-  } else if (p.n_v_heads <= 0 || p.n_v_heads % p.n_k_heads != 0) {
-    bad = "n_v_heads";
-  } else if (p.dk <= 0) {
-    bad = "dk";
-  } else if (p.dv <= 0) {
-    bad = "dv";
-  } else if (p.chunk_size <= 0 || (p.chunk_size & (p.chunk_size - 1)) != 0) {
-    bad = "chunk_size";
-  } else if (p.start_pos < 0) {
-    bad = "start_pos";
-  } else if (p.seqlen > 0 && p.q == nullptr) {
-    bad = "q";
-  } else if (p.seqlen > 0 && p.k == nullptr) {
-    bad = "k";
-  } else if (p.seqlen > 0 && p.v == nullptr) {
-    bad = "v";
-  } else if (p.seqlen > 0 && p.g == nullptr) {
-    bad = "g";
-  } else if (p.seqlen > 0 && p.beta == nullptr) {
-    bad = "beta";
-  } else if (p.seqlen > 0 && p.o == nullptr) {
-    bad = "o";
-  }
-  if (bad == nullptr) return kKernelOk;
-  if (bad_field != nullptr) *bad_field = bad;
-  return kKernelInvalidArgument;
+  auto first_bad = [&p]() -> const char* {
+    if (p.seqlen < 0) return "seqlen";
+    if (const char* bad = gated_delta_internal::BadShape(p.n_k_heads, p.n_v_heads, p.dk, p.dv)) return bad;
+    if (p.chunk_size <= 0 || (p.chunk_size & (p.chunk_size - 1)) != 0) return "chunk_size";
+    if (p.start_pos < 0) return "start_pos";
+    return p.seqlen > 0 ? gated_delta_internal::NullTensor(p) : nullptr;
+  };
+  return gated_delta_internal::Verdict(first_bad(), bad_field);
 }
 
 // One decode step for a batch of sequences, one token each. Same arithmetic,
@@ -126,37 +135,14 @@ struct GatedDeltaDecodeParams {
 // As CheckGatedDeltaParams, for the decode step. state_slots entries are
 // checked by each backend (kernels/cpu rejects the call naming "state_slots").
 inline KernelStatus CheckGatedDeltaDecodeParams(const GatedDeltaDecodeParams& p, const char** bad_field = nullptr) {
-  const char* bad = nullptr;
-  if (p.batch < 0) {
-    bad = "batch";
-  } else if (p.num_slots <= 0) {
-    bad = "num_slots";
-  } else if (p.n_k_heads <= 0) {
-    bad = "n_k_heads";
-  } else if (p.n_v_heads <= 0 || p.n_v_heads % p.n_k_heads != 0) {
-    bad = "n_v_heads";
-  } else if (p.dk <= 0) {
-    bad = "dk";
-  } else if (p.dv <= 0) {
-    bad = "dv";
-  } else if (p.state == nullptr) {
-    bad = "state";
-  } else if (p.q == nullptr) {
-    bad = "q";
-  } else if (p.k == nullptr) {
-    bad = "k";
-  } else if (p.v == nullptr) {
-    bad = "v";
-  } else if (p.g == nullptr) {
-    bad = "g";
-  } else if (p.beta == nullptr) {
-    bad = "beta";
-  } else if (p.o == nullptr) {
-    bad = "o";
-  }
-  if (bad == nullptr) return kKernelOk;
-  if (bad_field != nullptr) *bad_field = bad;
-  return kKernelInvalidArgument;
+  auto first_bad = [&p]() -> const char* {
+    if (p.batch < 0) return "batch";
+    if (p.num_slots <= 0) return "num_slots";
+    if (const char* bad = gated_delta_internal::BadShape(p.n_k_heads, p.n_v_heads, p.dk, p.dv)) return bad;
+    if (p.state == nullptr) return "state";
+    return gated_delta_internal::NullTensor(p);
+  };
+  return gated_delta_internal::Verdict(first_bad(), bad_field);
 }
 
 }  // namespace hybridserve::kernels
