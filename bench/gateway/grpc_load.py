@@ -19,7 +19,6 @@ record per request to --out (workload.py's format); prints a summary line.
 
 import argparse
 import asyncio
-import json
 import os
 import sys
 import time
@@ -67,51 +66,23 @@ async def one_call(stub, request):
     return record
 
 
-async def closed_loop(stub, tag, first, count, args):
-    """`count` requests (indices first..first+count-1) from args.concurrency slots; their records."""
-    next_index, records = [first], []
-
-    async def slot():
-        while next_index[0] < first + count:
-            i = next_index[0]
-            next_index[0] += 1
-            records.append(await one_call(stub, make_request(tag, i, args)))
-
-    await asyncio.gather(*(slot() for _ in range(args.concurrency)))
-    return records
-
-
 async def run(args):
     async with grpc.aio.insecure_channel(args.target) as channel:
         stub = pb_grpc.GenerationStub(channel)
-        await closed_loop(stub, args.tag + "w", 0, args.warmup, args)
-        return await closed_loop(stub, args.tag, 0, args.requests, args)
+        slots = [stub] * args.concurrency  # one channel, as a gRPC client has it
+
+        def call(tag):
+            return lambda stub_, i: one_call(stub_, make_request(tag, i, args))
+        await workload.closed_loop(slots, args.warmup, call(args.tag + "w"))
+        return await workload.closed_loop(slots, args.requests, call(args.tag))
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--target", required=True, help="decode's gRPC address")
-    ap.add_argument("--concurrency", type=int, required=True)
-    ap.add_argument("--requests", type=int, required=True)
-    ap.add_argument("--warmup", type=int, default=0, help="unrecorded requests first (default: --concurrency)")
-    ap.add_argument("--prompt_tokens", type=int, default=128)
-    ap.add_argument("--output_tokens", type=int, default=64)
-    ap.add_argument("--bos", type=lambda s: s.lower() in ("1", "true", "yes"), default=False,
-                    help="prompts start with <bos> (id %d)" % BOS_ID)
-    ap.add_argument("--tag", required=True, help="makes this run's prompts unique")
-    ap.add_argument("--out", required=True, help="records, one JSON object a line")
-    args = ap.parse_args()
-    if args.concurrency < 1 or args.requests < 1:
-        sys.exit("--concurrency and --requests must be >= 1")
-    args.warmup = args.warmup or args.concurrency
-    records = asyncio.run(run(args))
-    with open(args.out, "w") as f:
-        for r in records:
-            f.write(json.dumps(r) + "\n")
-    s = workload.summarize([records])
-    print(f"direct c={args.concurrency}: {s['requests']} requests, {s['errors']} errors, "
-          f"TTFT p50 {s['ttft_p50_ms']:.2f} ms, {s['throughput']:.0f} tokens/s")
-    return 1 if s["errors"] else 0
+    workload.add_load_flags(ap, "prompts start with <bos> (id %d)" % BOS_ID)
+    args = workload.parse_load_flags(ap)
+    return workload.write_records(args, asyncio.run(run(args)), "direct")
 
 
 if __name__ == "__main__":

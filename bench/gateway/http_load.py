@@ -110,24 +110,14 @@ def request_body(tag, index, args):
                        "temperature": 0}).encode()
 
 
-async def closed_loop(connections, tag, count, args):
-    next_index, records = [0], []
-
-    async def slot(conn):
-        while next_index[0] < count:
-            i = next_index[0]
-            next_index[0] += 1
-            records.append(await one_call(conn, args.path, request_body(tag, i, args)))
-
-    await asyncio.gather(*(slot(c) for c in connections))
-    return records
-
-
 async def run(args):
     u = urllib.parse.urlsplit(args.url)
     connections = [Connection(u.hostname, u.port or 80) for _ in range(args.concurrency)]
-    await closed_loop(connections, args.tag + "w", args.warmup, args)
-    records = await closed_loop(connections, args.tag, args.requests, args)
+
+    def call(tag):
+        return lambda conn, i: one_call(conn, args.path, request_body(tag, i, args))
+    await workload.closed_loop(connections, args.warmup, call(args.tag + "w"))
+    records = await workload.closed_loop(connections, args.requests, call(args.tag))
     for c in connections:
         if c.writer is not None:
             c.writer.close()
@@ -139,27 +129,9 @@ def main():
     ap.add_argument("--url", required=True, help="the gateway, http://HOST:PORT")
     ap.add_argument("--model", required=True)
     ap.add_argument("--path", default="/v1/completions")
-    ap.add_argument("--concurrency", type=int, required=True)
-    ap.add_argument("--requests", type=int, required=True)
-    ap.add_argument("--warmup", type=int, default=0, help="unrecorded requests first (default: --concurrency)")
-    ap.add_argument("--prompt_tokens", type=int, default=128)
-    ap.add_argument("--output_tokens", type=int, default=64)
-    ap.add_argument("--bos", type=lambda s: s.lower() in ("1", "true", "yes"), default=False,
-                    help="the gateway puts <bos> before the text: the text is one token shorter")
-    ap.add_argument("--tag", required=True, help="makes this run's prompts unique")
-    ap.add_argument("--out", required=True, help="records, one JSON object a line")
-    args = ap.parse_args()
-    if args.concurrency < 1 or args.requests < 1:
-        sys.exit("--concurrency and --requests must be >= 1")
-    args.warmup = args.warmup or args.concurrency
-    records = asyncio.run(run(args))
-    with open(args.out, "w") as f:
-        for r in records:
-            f.write(json.dumps(r) + "\n")
-    s = workload.summarize([records])
-    print(f"http c={args.concurrency}: {s['requests']} requests, {s['errors']} errors, "
-          f"TTFT p50 {s['ttft_p50_ms']:.2f} ms, {s['throughput']:.0f} tokens/s")
-    return 1 if s["errors"] else 0
+    workload.add_load_flags(ap, "the gateway puts <bos> before the text: the text is one token shorter")
+    args = workload.parse_load_flags(ap)
+    return workload.write_records(args, asyncio.run(run(args)), "http")
 
 
 if __name__ == "__main__":

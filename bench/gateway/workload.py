@@ -10,8 +10,10 @@ profile_export.jsonl is read into them by read_aiperf_records):
 Statistics are computed from these records only, the same code for both sides.
 """
 
+import asyncio
 import json
 import statistics
+import sys
 
 # Filler for the prompts: printable ASCII, so one byte is one token of the default model's
 # byte vocabulary whatever the tokenizer (no multi-byte characters).
@@ -133,3 +135,52 @@ def table(rows, via="via gateway"):
             f"| {c['throughput_ratio']:.3f} | {'MET' if c['throughput_met'] else 'MISSED'} "
             f"| {d['requests']} ({d['errors']}) / {g['requests']} ({g['errors']}) |")
     return "\n".join(lines)
+
+
+# ---- what both load clients share: a closed loop, their flags, their output ------------
+
+async def closed_loop(slots, count, call):
+    """`count` requests (indices 0..count-1) from len(slots) concurrent
+    slots, each sending its next request when its previous one ends;
+    call(slot, index) -> record. The records, in the order they ended."""
+    next_index, records = [0], []
+
+    async def run_slot(slot):
+        while next_index[0] < count:
+            i = next_index[0]
+            next_index[0] += 1
+            records.append(await call(slot, i))
+
+    await asyncio.gather(*(run_slot(slot) for slot in slots))
+    return records
+
+
+def add_load_flags(ap, bos_help):
+    """The workload flags both load clients take."""
+    ap.add_argument("--concurrency", type=int, required=True)
+    ap.add_argument("--requests", type=int, required=True)
+    ap.add_argument("--warmup", type=int, default=0, help="unrecorded requests first (default: --concurrency)")
+    ap.add_argument("--prompt_tokens", type=int, default=128)
+    ap.add_argument("--output_tokens", type=int, default=64)
+    ap.add_argument("--bos", type=lambda s: s.lower() in ("1", "true", "yes"), default=False, help=bos_help)
+    ap.add_argument("--tag", required=True, help="makes this run's prompts unique")
+    ap.add_argument("--out", required=True, help="records, one JSON object a line")
+
+
+def parse_load_flags(ap):
+    args = ap.parse_args()
+    if args.concurrency < 1 or args.requests < 1:
+        sys.exit("--concurrency and --requests must be >= 1")
+    args.warmup = args.warmup or args.concurrency
+    return args
+
+
+def write_records(args, records, side):
+    """Writes the records to --out and prints their summary; the exit status (1 when any failed)."""
+    with open(args.out, "w") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+    s = summarize([records])
+    print(f"{side} c={args.concurrency}: {s['requests']} requests, {s['errors']} errors, "
+          f"TTFT p50 {s['ttft_p50_ms']:.2f} ms, {s['throughput']:.0f} tokens/s")
+    return 1 if s["errors"] else 0
