@@ -67,8 +67,9 @@ class Gateway:
                 now = time.monotonic()
                 if now >= self._next_model_info_log:  # once, then every 30 s
                     self._next_model_info_log = now + 30.0
+                    code = getattr(e, "code", None)  # an AioRpcError's status; else the error itself
                     logging.warning("decode's GetModelInfo failed (%s): retrying every second",
-                                    getattr(e, "code", lambda: e)())
+                                    code() if callable(code) else e)
         # Each check reaches one decode pod (round robin): a draining pod's
         # NOT_SERVING must not take the gateway out of its Service while the
         # others serve, so readiness is "some decode answered SERVING within

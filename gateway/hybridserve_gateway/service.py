@@ -256,7 +256,7 @@ class Run:
             self.metrics.ttft.observe(self.first_token_at - self.started)
         self.tokens += len(ids)
         entries = self._logprobs(chunk) if self.p.logprobs else []
-        text = self.detok.add(ids)
+        text = self.detok.decode(ids)
         released, stopped = self.stops.feed(text) if text else ("", False)
         return released, entries, stopped
 

@@ -11,9 +11,6 @@ import json
 
 from hybridserve_client.tokenizer import ByteTokenizer, load_tokenizer
 
-REPLACEMENT = "\ufffd"
-
-
 class Text:
     """One model's text side. Immutable; safe to share between requests."""
 
@@ -37,7 +34,9 @@ class Text:
         return self.tokenizer.decode(token_ids)
 
     def detokenizer(self):
-        return IncrementalDetokenizer(self.tokenizer.decode)
+        """Text of generated ids as they stream (decode(ids) -> new text, then
+        flush()), never splitting a character: the tokenizer's stream decoder."""
+        return self.tokenizer.stream_decoder()
 
     def token_text(self, token_id):
         """(text, bytes) of one token for logprobs: its own text, and its bytes
@@ -59,46 +58,6 @@ class Text:
             return raw.decode("utf-8", errors="replace"), list(raw)
         text = self._hf.decode([token_id], skip_special_tokens=False)
         return text, list(text.encode("utf-8"))
-
-
-class IncrementalDetokenizer:
-    """Text of ids as they arrive, never splitting a character.
-
-    Decodes a short window of the latest ids (the tokens since the last text
-    that ended cleanly, plus the ones before them as context, as vLLM and TGI
-    do), and emits what the window adds; while the window's text ends in
-    U+FFFD (a character whose bytes have not all arrived) nothing is emitted.
-    flush() emits what is held at the end (a character that never completed
-    becomes U+FFFD, as the tokenizer's whole decode gives it). Linear in the
-    reply's length. Not thread-safe.
-    """
-
-    def __init__(self, decode):
-        self._decode = decode
-        self._ids = []
-        self._prefix = 0  # window start: context for the tokens from _read on
-        self._read = 0  # tokens up to here have been emitted as text
-
-    def add(self, token_ids):
-        """The new text these ids complete ("" when they end mid-character)."""
-        self._ids.extend(token_ids)
-        text = self._decode(self._ids[self._prefix:])
-        if text.endswith(REPLACEMENT):
-            return ""
-        return self._advance(text)
-
-    def flush(self):
-        """The text still held (an incomplete character at the end, as U+FFFD)."""
-        if self._read == len(self._ids):
-            return ""
-        return self._advance(self._decode(self._ids[self._prefix:]))
-
-    def _advance(self, text):
-        before = self._decode(self._ids[self._prefix:self._read])
-        new = text[len(before):]
-        self._prefix = self._read
-        self._read = len(self._ids)
-        return new
 
 
 class StopMatcher:

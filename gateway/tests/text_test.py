@@ -1,7 +1,7 @@
 """The gateway's text pieces against their one-shot definitions, on random
 inputs cut at random places:
 
-- IncrementalDetokenizer: the pieces it emits concatenate to the tokenizer's
+- the stream decoder (the tokenizer's stream_decoder()): the pieces it emits concatenate to the tokenizer's
   decode of all ids (invalid UTF-8 and characters split across tokens
   included), and no piece ever ends inside a character (no U+FFFD the
   whole decode does not have at that place);
@@ -53,7 +53,7 @@ class DetokenizerTest(unittest.TestCase):
         for trial in range(300):
             ids = ids_of(rng)
             detok = text.detokenizer()
-            pieces = [detok.add(chunk) for chunk in _chunks(rng, ids)] + [detok.flush()]
+            pieces = [detok.decode(chunk) for chunk in _chunks(rng, ids)] + [detok.flush()]
             whole = text.decode(ids)
             self.assertEqual("".join(pieces), whole, (trial, ids))
             # Each prefix emitted so far is a prefix of the whole text.
@@ -76,10 +76,10 @@ class DetokenizerTest(unittest.TestCase):
     def test_a_split_character_is_held_until_complete(self):
         text = Text(_runfile("models/default"))
         detok = text.detokenizer()
-        self.assertEqual(detok.add([0xE2]), "")
-        self.assertEqual(detok.add([0x9C]), "")
-        self.assertEqual(detok.add([0x93]), "✓")
-        self.assertEqual(detok.add([0xE6]), "")
+        self.assertEqual(detok.decode([0xE2]), "")
+        self.assertEqual(detok.decode([0x9C]), "")
+        self.assertEqual(detok.decode([0x93]), "✓")
+        self.assertEqual(detok.decode([0xE6]), "")
         self.assertEqual(detok.flush(), "\ufffd")  # never completed: as the whole decode shows it
 
     def test_token_text_and_bytes(self):

@@ -228,29 +228,40 @@ class ChatTemplate:
 
 
 class _IncrementalDecoder:
-    """Text of ids arriving in chunks: decodes all ids so far and emits what is
-    new, holding back a trailing U+FFFD (a character whose bytes have not all
-    arrived) until the next chunk or flush(). Quadratic in the reply's length,
-    which a client's replies keep small. Not thread-safe."""
+    """Text of ids arriving in chunks, never splitting a character.
+
+    Decodes a short window of the latest ids (the tokens since the last text
+    that ended cleanly, plus the ones before them as context, as vLLM and TGI
+    do) and emits what the window adds; while the window's text ends in
+    U+FFFD (a character whose bytes have not all arrived) nothing is emitted.
+    flush() emits what is held at the end (a character that never completed
+    becomes U+FFFD, as the whole decode shows it). Linear in the reply's
+    length: the OpenAI gateway streams through it. Not thread-safe."""
 
     def __init__(self, tokenizer):
-        self._tokenizer = tokenizer
+        self._decode = tokenizer.decode
         self._ids = []
-        self._emitted = 0
+        self._prefix = 0  # window start: context for the tokens from _read on
+        self._read = 0  # tokens up to here have been emitted as text
 
     def decode(self, token_ids):
+        """The new text these ids complete ("" when they end mid-character)."""
         self._ids.extend(token_ids)
-        text = self._tokenizer.decode(self._ids)
+        text = self._decode(self._ids[self._prefix:])
         if text.endswith("\ufffd"):
             return ""
-        return self._take(text)
+        return self._advance(text)
 
     def flush(self):
-        return self._take(self._tokenizer.decode(self._ids))
+        """The text still held (an incomplete character at the end, as U+FFFD)."""
+        if self._read == len(self._ids):
+            return ""
+        return self._advance(self._decode(self._ids[self._prefix:]))
 
-    def _take(self, text):
-        new = text[self._emitted:]
-        self._emitted = len(text)
+    def _advance(self, text):
+        new = text[len(self._decode(self._ids[self._prefix:self._read])):]
+        self._prefix = self._read
+        self._read = len(self._ids)
         return new
 
 
