@@ -34,7 +34,7 @@ import urllib.request
 
 import openai
 
-from harness import request, sse_events, start_gateway
+from harness import request, start_gateway
 from ready_process import ReadyProcess
 
 WAIT_S = 60.0
