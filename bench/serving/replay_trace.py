@@ -145,8 +145,11 @@ class Stack:
             p.wait()
 
 
-def replay(args, turns, client):
-    """Issues every turn; returns (per-turn records, errors, issue lags)."""
+def replay(args, turns, client, history=None):
+    """Issues every turn; returns (per-turn records, errors, issue lags).
+
+    `history` (conversation -> (tokens so far, expected resume)) carries conversations across calls: a
+    later call given the same dict goes on where the earlier one left each conversation."""
     by_conv = {}
     for i, t in enumerate(turns):
         by_conv.setdefault(t[0], []).append(i)
@@ -156,7 +159,8 @@ def replay(args, turns, client):
     cv = threading.Condition()
     ready = [(due(conv[0]), conv[0]) for conv in by_conv.values()]
     heapq.heapify(ready)
-    records, errors, history = {}, [], {}  # history: conv -> (tokens so far, expected resume)
+    records, errors = {}, []
+    history = {} if history is None else history
     remaining, lags = [len(turns)], []  # lags: call start - due time, seconds
 
     def run(i, when):
@@ -170,7 +174,8 @@ def replay(args, turns, client):
             if r.finish_reason == FinishReason.ERROR or r.ttft_seconds is None:
                 raise RuntimeError(f"finish {r.finish_reason.value}: {r.error_message}")
             n, c = len(prompt), r.usage.cached_tokens
-            rec = {"ttft": r.ttft_seconds, "prompt": len(prompt), "turn": k,
+            rec = {"ttft": r.ttft_seconds, "prompt": len(prompt), "turn": k, "conv": conv, "cached": c,
+                   "expected": expected, "issued": when, "done": time.monotonic(),
                    # the model's prefill cost of the tokens past the resume point (the cachestore's utility rule)
                    "flops": args.flops_per_token * (n - c) + args.flops_per_context_token * (n * n + n - c * c - c) / 2,
                    "resumed": k > 0 and r.usage.cached_tokens == expected, "short": len(r.token_ids) != reply,
@@ -178,6 +183,8 @@ def replay(args, turns, client):
             history[conv] = (prompt + list(r.token_ids), len(prompt) + len(r.token_ids) - 1)
         except (HybridserveError, RuntimeError) as e:
             errors.append(f"conversation {conv} turn {k}: {e}")
+        except Exception as e:  # noqa: BLE001  (a bug here must stop the replay, not hang it)
+            errors.append(f"conversation {conv} turn {k}: {type(e).__name__}: {e}")
         with cv:
             remaining[0] -= 1
             if rec is not None:
