@@ -155,7 +155,8 @@ int64_t MtimeNs(const struct stat& st) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const std::string& directory, uint64_t byte_budget) {
+absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const std::string& directory, uint64_t byte_budget,
+                                                         const EntryVisitor& visit) {
   if (directory.empty()) return absl::InvalidArgumentError("disk tier directory is empty");
   if (byte_budget == 0) return absl::InvalidArgumentError("disk tier byte_budget is 0");
   struct stat st;
@@ -202,7 +203,7 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const std::string& dire
     return absl::FailedPreconditionError(Errno("disk tier cannot lock", lock_path, err));
   }
   std::unique_ptr<DiskTier> tier(new DiskTier(directory, byte_budget, dir_fd, lock_fd));
-  if (absl::Status s = tier->Rebuild(); !s.ok()) return s;
+  if (absl::Status s = tier->Rebuild(visit); !s.ok()) return s;
   return tier;
 }
 
@@ -216,12 +217,13 @@ DiskTier::~DiskTier() {
 
 std::string DiskTier::EntryPath(const Hash128& key) const { return absl::StrCat(directory_, "/", key.ToHex()); }
 
-absl::Status DiskTier::Rebuild() {
+absl::Status DiskTier::Rebuild(const EntryVisitor& visit) {
   struct Found {
     Hash128 key;
     uint64_t file_bytes;
     int64_t mtime_ns;
     std::string name;
+    std::string metadata;  // kept only for `visit`
   };
   std::vector<Found> found;
   DiskTierStats scan;
@@ -262,7 +264,8 @@ absl::Status DiskTier::Rebuild() {
       removed_any = true;
       continue;
     }
-    found.push_back(Found{key, static_cast<uint64_t>(st.st_size), MtimeNs(st), name});
+    found.push_back(Found{key, static_cast<uint64_t>(st.st_size), MtimeNs(st), name,
+                          visit ? std::move(entry->metadata) : std::string()});
   }
   closedir(dir);
   // Least recently used first; the name breaks ties so the order is total.
@@ -281,8 +284,21 @@ absl::Status DiskTier::Rebuild() {
     const int64_t evictions_before = counters_.evictions;
     EvictForLocked(0);
     if (counters_.evictions != evictions_before) removed_any = true;
+    // Only the survivors are visited.
+    if (visit) {
+      size_t kept = 0;
+      for (Found& f : found) {
+        if (!index_.contains(f.key)) continue;
+        if (&found[kept] != &f) found[kept] = std::move(f);
+        ++kept;
+      }
+      found.resize(kept);
+    }
   }
   if (removed_any) SyncDirectory();
+  if (visit) {
+    for (const Found& f : found) visit(f.key, f.metadata);
+  }
   return absl::OkStatus();
 }
 
@@ -298,8 +314,9 @@ void DiskTier::RemoveLocked(const Hash128& key) {
   index_.erase(it);
 }
 
-void DiskTier::EvictForLocked(uint64_t incoming) {
+void DiskTier::EvictForLocked(uint64_t incoming, std::vector<Hash128>* evicted) {
   while (!lru_.empty() && bytes_ + incoming > byte_budget_) {
+    if (evicted != nullptr) evicted->push_back(lru_.back());
     RemoveLocked(lru_.back());
     ++counters_.evictions;
   }
@@ -322,7 +339,8 @@ void DiskTier::SyncDirectory() const {
   if (fsync(dir_fd_) != 0) LOG(WARNING) << Errno("disk tier cannot fsync", directory_, errno);
 }
 
-absl::Status DiskTier::Put(const Hash128& key, absl::string_view metadata, absl::string_view payload) {
+absl::Status DiskTier::Put(const Hash128& key, absl::string_view metadata, absl::string_view payload,
+                           std::vector<Hash128>* evicted) {
   const uint64_t file_bytes = kDiskTierHeaderBytes + metadata.size() + payload.size();
   if (file_bytes > byte_budget_) {
     return absl::ResourceExhaustedError(absl::StrCat("disk tier entry ", key.ToHex(), " of ", file_bytes,
@@ -377,7 +395,7 @@ absl::Status DiskTier::Put(const Hash128& key, absl::string_view metadata, absl:
       lru_.erase(it->second.lru_position);
       index_.erase(it);
     }
-    EvictForLocked(file_bytes);
+    EvictForLocked(file_bytes, evicted);
     StampLocked(fd);
     const std::string path = EntryPath(key);
     if (rename(temp_path.c_str(), path.c_str()) != 0) {
