@@ -83,7 +83,8 @@ absl::StatusOr<SpillRecord> DecodeSpillRecord(const Hash128& key, absl::string_v
   SpillRecord r;
   r.key = key;
   r.entry_class = p[4] == 1 ? EntryClass::kState : EntryClass::kPage;
-  r.state_kind = p[5] == 1 ? StateKind::kExactPrefix : StateKind::kGridCheckpoint;
+  // Pages keep the struct's default kind.
+  if (r.entry_class == EntryClass::kState && p[5] == 0) r.state_kind = StateKind::kGridCheckpoint;
   r.ns = Hash128{GetU64(p + 8), GetU64(p + 16)};
   if (p[6] == 1) r.parent = Hash128{GetU64(p + 24), GetU64(p + 32)};
   r.page_size = static_cast<int32_t>(GetU32(p + 40));
