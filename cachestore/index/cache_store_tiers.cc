@@ -36,51 +36,57 @@ std::optional<CacheStore::Promotion> CacheStore::PlanPromotion(const Hash128& ns
 
 std::pair<int64_t, bool> CacheStore::Promote(const Promotion& plan, const Hash128& ns, int32_t page_size,
                                              absl::Span<const Hash128> keys, absl::Span<const TokenId> tokens) {
+  // Every entry is read first, in parallel (a file each); then they go into
+  // memory in chain order, up to the first that cannot.
+  std::vector<Hash128> wanted(keys.begin() + plan.first_page_depth, keys.begin() + plan.state_depth);
+  wanted.push_back(plan.state_key);
+  std::vector<absl::StatusOr<DiskTierRead>> reads = disk_->ReadMany(wanted);
+  auto parent_at = [&](int64_t depth) { return depth == 0 ? std::nullopt : std::optional<Hash128>(keys[depth - 1]); };
+  // The record must be the one the prompt names (the key decides; the
+  // fields are compared too, as the memory index compares a state's tail);
+  // one that is not is erased.
+  auto usable = [&](const absl::StatusOr<DiskTierRead>& r, const Hash128& key, EntryClass cls, int64_t position,
+                    int64_t depth) {
+    if (!r.ok()) return false;
+    const SpillRecord& rec = r->record;
+    if (rec.entry_class == cls && rec.ns == ns && rec.page_size == page_size && rec.position == position &&
+        rec.parent == parent_at(depth)) {
+      return true;
+    }
+    LOG(WARNING) << "disk tier entry " << key.ToHex() << " is not the entry its key names here; erased";
+    disk_->EraseBad(key);
+    return false;
+  };
   int64_t pages_in = 0;
   int64_t entries = 0;
   int64_t bytes = 0;
-  // Reads the entry and checks that its record is the one the prompt names
-  // (the key decides; the fields are compared too, as the memory index
-  // compares a state's tail); a record that is not is erased.
-  auto read = [&](const Hash128& key, EntryClass cls, int64_t position,
-                  const std::optional<Hash128>& parent) -> std::optional<DiskTierRead> {
-    absl::StatusOr<DiskTierRead> r = disk_->Read(key);
-    if (!r.ok()) return std::nullopt;
-    const SpillRecord& rec = r->record;
-    if (rec.entry_class != cls || rec.ns != ns || rec.page_size != page_size || rec.position != position ||
-        rec.parent != parent) {
-      LOG(WARNING) << "disk tier entry " << key.ToHex() << " is not the entry its key names here; erased";
-      disk_->EraseBad(key);
-      return std::nullopt;
-    }
-    return *std::move(r);
-  };
-  for (int64_t depth = plan.first_page_depth + 1; depth <= plan.state_depth; ++depth) {
+  bool state_in = false;
+  bool chain_whole = true;
+  for (int64_t depth = plan.first_page_depth + 1; depth <= plan.state_depth && chain_whole; ++depth) {
     const Hash128& key = keys[depth - 1];
-    const std::optional<Hash128> parent = depth == 1 ? std::nullopt : std::optional<Hash128>(keys[depth - 2]);
-    std::optional<DiskTierRead> page = read(key, EntryClass::kPage, depth * page_size, parent);
-    if (!page.has_value()) return {pages_in, false};
+    const absl::StatusOr<DiskTierRead>& page = reads[depth - 1 - plan.first_page_depth];
+    chain_whole = usable(page, key, EntryClass::kPage, depth * page_size, depth - 1);
+    if (!chain_whole) break;
     PutSpec spec;
     spec.ns = ns;
     spec.tenant = page->record.tenant;
     spec.page_size = page_size;
     spec.entry_class = EntryClass::kPage;
-    spec.parent = parent;
+    spec.parent = parent_at(depth - 1);
     const auto first = tokens.begin() + (depth - 1) * page_size;
     spec.tokens.assign(first, first + page_size);
     spec.size_bytes = page->record.size_bytes;
     spec.model_cost = page->record.model_cost;
-    if (!PutBack(spec, key, *page).ok()) return {pages_in, false};
+    chain_whole = PutBack(spec, key, *page).ok();
+    if (!chain_whole) break;
     ++pages_in;
     ++entries;
     bytes += spec.size_bytes;
   }
   const int64_t tail_begin = plan.state_depth * page_size;
-  const std::optional<Hash128> parent =
-      plan.state_depth == 0 ? std::nullopt : std::optional<Hash128>(keys[plan.state_depth - 1]);
-  std::optional<DiskTierRead> state = read(plan.state_key, EntryClass::kState, tail_begin + plan.tail_length, parent);
-  bool state_in = false;
-  if (state.has_value()) {
+  const absl::StatusOr<DiskTierRead>& state = reads.back();
+  if (chain_whole &&
+      usable(state, plan.state_key, EntryClass::kState, tail_begin + plan.tail_length, plan.state_depth)) {
     const auto first = tokens.begin() + tail_begin;
     if (!std::equal(state->record.tail.begin(), state->record.tail.end(), first, first + plan.tail_length)) {
       // A 128-bit collision, or a forged record: never another prompt's state.
@@ -91,7 +97,7 @@ std::pair<int64_t, bool> CacheStore::Promote(const Promotion& plan, const Hash12
       spec.tenant = state->record.tenant;
       spec.page_size = page_size;
       spec.entry_class = EntryClass::kState;
-      spec.parent = parent;
+      spec.parent = parent_at(plan.state_depth);
       spec.tokens = state->record.tail;
       spec.state_kind = state->record.state_kind;
       spec.position = state->record.position;

@@ -1,6 +1,7 @@
 #include "cachestore/index/disk_tier_cache.h"
 
 #include <algorithm>
+#include <atomic>
 
 #include "absl/strings/str_cat.h"
 #include "common/hash.h"
@@ -16,6 +17,10 @@ absl::StatusOr<std::unique_ptr<DiskTierCache>> DiskTierCache::Open(const DiskTie
   if (options.write_queue_bytes < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("disk write_queue_bytes must be >= 0, got ", options.write_queue_bytes));
+  }
+  if (options.read_parallelism < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("disk read_parallelism must be >= 1, got ", options.read_parallelism));
   }
   if (options.shutdown_spill_timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError(absl::StrCat("shutdown_spill_timeout must be >= 0, got ",
@@ -194,6 +199,21 @@ absl::StatusOr<DiskTierRead> DiskTierCache::Read(const Hash128& key) {
   absl::MutexLock lock(&mu_);
   ++counters_.read_hits;
   return DiskTierRead{*std::move(record), std::move(entry->payload)};
+}
+
+std::vector<absl::StatusOr<DiskTierRead>> DiskTierCache::ReadMany(absl::Span<const Hash128> keys) {
+  std::vector<absl::StatusOr<DiskTierRead>> out(keys.size(), absl::UnknownError("not read"));
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i = next++; i < keys.size(); i = next++) out[i] = Read(keys[i]);
+  };
+  const size_t helpers = std::min<size_t>(keys.size(), static_cast<size_t>(options_.read_parallelism)) - 1;
+  std::vector<std::thread> threads;
+  threads.reserve(helpers);
+  for (size_t t = 0; t < helpers; ++t) threads.emplace_back(work);
+  work();
+  for (std::thread& t : threads) t.join();
+  return out;
 }
 
 void DiskTierCache::EraseBad(const Hash128& key) {
