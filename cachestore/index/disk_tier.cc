@@ -170,7 +170,8 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const std::string& dire
     for (size_t pos = 0; pos != std::string::npos;) {
       pos = directory.find('/', pos + 1);
       const std::string prefix = directory.substr(0, pos);
-      if (mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
+      // Only this user: the entries hold every tenant's cached prompts.
+      if (mkdir(prefix.c_str(), 0700) != 0 && errno != EEXIST) {
         return absl::FailedPreconditionError(Errno("disk tier cannot create directory", prefix, errno));
       }
     }
@@ -186,7 +187,7 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const std::string& dire
   const int dir_fd = open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dir_fd < 0) return absl::FailedPreconditionError(Errno("disk tier cannot open directory", directory, errno));
   const std::string lock_path = absl::StrCat(directory, "/", kLockName);
-  const int lock_fd = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  const int lock_fd = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (lock_fd < 0) {
     const int err = errno;
     close(dir_fd);
@@ -353,7 +354,7 @@ absl::Status DiskTier::Put(const Hash128& key, absl::string_view metadata, absl:
     temp_number = next_temp_++;
   }
   const std::string temp_path = absl::StrCat(EntryPath(key), kTempMarker, pid_, "-", temp_number);
-  const int fd = open(temp_path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  const int fd = open(temp_path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) return absl::InternalError(Errno("disk tier put cannot create", temp_path, errno));
   auto fail = [&](absl::string_view what) {
     const absl::Status status = absl::InternalError(Errno(what, temp_path, errno));

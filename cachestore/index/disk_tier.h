@@ -19,6 +19,9 @@
 //       56     8  XXH3-64 of bytes [0, 56) (the header checksum)
 //       64        metadata, then payload; the file ends exactly there
 //
+// Files are created 0600 and directories 0700: entries hold every tenant's
+// cached prompts, for this user only.
+//
 // A put writes `<hex key>.tmp-<pid>-<sequence>`, fsyncs it, renames it over
 // the entry's name (atomic: a reader sees the old file or the new one, never a
 // part) and fsyncs the directory. A crash leaves at most a temp file, which the

@@ -199,6 +199,20 @@ TEST(DiskTierTest, OpenVisitsTheSurvivingEntriesOldestFirstWithTheirMetadata) {
             (std::vector<std::pair<Hash128, std::string>>{{Key(2), "meta20"}, {Key(3), "meta30"}, {Key(0), "meta00"}}));
 }
 
+TEST(DiskTierTest, TheDirectoryAndItsFilesAreThisUsersOnly) {
+  const std::string dir = FreshDir("/nested/tier");
+  std::unique_ptr<DiskTier> tier = OpenOrDie(dir, 10 * kEntryBytes);
+  ASSERT_NE(tier, nullptr);
+  ASSERT_TRUE(PutSmall(*tier, 1).ok());
+  struct stat st;
+  ASSERT_EQ(stat(dir.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  ASSERT_EQ(stat(PathOf(*tier, Key(1)).c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  ASSERT_EQ(stat(absl::StrCat(dir, "/LOCK").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+}
+
 TEST(DiskTierTest, RefusesAnEntryLargerThanTheBudget) {
   const std::string dir = FreshDir();
   std::unique_ptr<DiskTier> tier = OpenOrDie(dir, 100);
