@@ -224,6 +224,30 @@ TEST_F(CacheStoreDiskTest, ACorruptFileIsAMissNeverWrongBytes) {
   EXPECT_EQ(LookupAndVerify(*store, a_).resume_position, 0);
 }
 
+TEST_F(CacheStoreDiskTest, AFileCorruptedWhileStoppedIsAMissAfterTheRestart) {
+  {
+    auto store = Open();
+    PutConversation(*store, a_);
+    PutConversation(*store, b_);
+    store->FlushDiskWrites();
+  }
+  // One byte of a page of a_ flipped while no cachestore runs.
+  const std::string path = FileOf(PageKeys(ns_, a_.tokens, kPageSize)[1]);
+  const int fd = open(path.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0) << path;
+  char byte = 0;
+  ASSERT_EQ(pread(fd, &byte, 1, kPageFile - 1), 1);
+  byte = static_cast<char>(byte ^ 0x80);
+  ASSERT_EQ(pwrite(fd, &byte, 1, kPageFile - 1), 1);
+  close(fd);
+  auto store = Open();
+  EXPECT_EQ(store->Stats().disk.entries, kPages + 1);  // a start reads headers only
+  const LookupResult r = LookupAndVerify(*store, a_);
+  EXPECT_EQ(r.resume_position, 0);
+  EXPECT_FALSE(r.state_from_disk);
+  EXPECT_EQ(store->Stats().disk.read_failures, 1);
+}
+
 TEST_F(CacheStoreDiskTest, TheDiskBudgetEvictsTheLeastRecentlyUsed) {
   disk_.budget_bytes = kConversationFiles + kPageFile - 1;  // one conversation, not one more entry
   auto store = Open();

@@ -105,9 +105,15 @@ absl::Status PreadAll(int fd, char* out, size_t size, uint64_t offset) {
   return absl::OkStatus();
 }
 
-// Reads the entry file open as `fd` and verifies it as `key`'s; DATA_LOSS
-// saying what failed.
-absl::StatusOr<DiskTierEntry> ReadVerified(int fd, const Hash128& key) {
+// Reads and checks the header of the entry file open as `fd` as `key`'s,
+// and that the file is exactly as long as it says: magic, header checksum,
+// format version, key, lengths. DATA_LOSS saying what failed.
+struct HeaderFields {
+  uint64_t metadata_bytes = 0;
+  uint64_t payload_bytes = 0;
+  uint64_t body_checksum = 0;
+};
+absl::StatusOr<HeaderFields> ReadHeader(int fd, const Hash128& key) {
   struct stat st;
   if (fstat(fd, &st) != 0) return absl::DataLossError(absl::StrCat("fstat failed: ", std::strerror(errno)));
   if (!S_ISREG(st.st_mode)) return absl::DataLossError("not a regular file");
@@ -128,25 +134,51 @@ absl::StatusOr<DiskTierEntry> ReadVerified(int fd, const Hash128& key) {
   }
   const Hash128 stored{GetU64(header + 16), GetU64(header + 24)};
   if (stored != key) return absl::DataLossError(absl::StrCat("header key ", stored.ToHex(), " is not the file's"));
-  const uint64_t metadata_bytes = GetU64(header + 32);
-  const uint64_t payload_bytes = GetU64(header + 40);
+  HeaderFields h;
+  h.metadata_bytes = GetU64(header + 32);
+  h.payload_bytes = GetU64(header + 40);
+  h.body_checksum = GetU64(header + 48);
   const uint64_t body_bytes = file_bytes - kDiskTierHeaderBytes;
-  if (metadata_bytes > body_bytes || payload_bytes != body_bytes - metadata_bytes) {
+  if (h.metadata_bytes > body_bytes || h.payload_bytes != body_bytes - h.metadata_bytes) {
     return absl::DataLossError(absl::StrCat("file of ", file_bytes, " bytes, header says ",
-                                            kDiskTierHeaderBytes + metadata_bytes + payload_bytes, " (torn)"));
+                                            kDiskTierHeaderBytes + h.metadata_bytes + h.payload_bytes, " (torn)"));
   }
+  return h;
+}
+
+// Reads the entry file open as `fd` and verifies it as `key`'s (ReadHeader,
+// then the body checksum); DATA_LOSS saying what failed.
+absl::StatusOr<DiskTierEntry> ReadVerified(int fd, const Hash128& key) {
+  absl::StatusOr<HeaderFields> h = ReadHeader(fd, key);
+  if (!h.ok()) return h.status();
   DiskTierEntry entry;
-  entry.metadata.resize(metadata_bytes);
-  entry.payload.resize(payload_bytes);
-  if (absl::Status s = PreadAll(fd, entry.metadata.data(), metadata_bytes, kDiskTierHeaderBytes); !s.ok()) return s;
-  if (absl::Status s = PreadAll(fd, entry.payload.data(), payload_bytes, kDiskTierHeaderBytes + metadata_bytes);
+  entry.metadata.resize(h->metadata_bytes);
+  entry.payload.resize(h->payload_bytes);
+  if (absl::Status s = PreadAll(fd, entry.metadata.data(), h->metadata_bytes, kDiskTierHeaderBytes); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = PreadAll(fd, entry.payload.data(), h->payload_bytes, kDiskTierHeaderBytes + h->metadata_bytes);
       !s.ok()) {
     return s;
   }
-  if (BodyChecksum(entry.metadata, entry.payload) != GetU64(header + 48)) {
+  if (BodyChecksum(entry.metadata, entry.payload) != h->body_checksum) {
     return absl::DataLossError("body checksum mismatch");
   }
   return entry;
+}
+
+// What Open reads of a file: its header, checked, and the metadata (not yet
+// verified: the body checksum covers it with the payload, and every Get
+// checks it).
+absl::StatusOr<std::string> ReadHeaderAndMetadata(int fd, const Hash128& key, bool want_metadata) {
+  absl::StatusOr<HeaderFields> h = ReadHeader(fd, key);
+  if (!h.ok()) return h.status();
+  std::string metadata;
+  if (want_metadata) {
+    metadata.resize(h->metadata_bytes);
+    if (absl::Status s = PreadAll(fd, metadata.data(), h->metadata_bytes, kDiskTierHeaderBytes); !s.ok()) return s;
+  }
+  return metadata;
 }
 
 int64_t MtimeNs(const struct stat& st) {
@@ -252,8 +284,11 @@ absl::Status DiskTier::Rebuild(const EntryVisitor& visit) {
       continue;
     }
     const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    absl::StatusOr<DiskTierEntry> entry =
-        fd < 0 ? absl::DataLossError(absl::StrCat("open failed: ", std::strerror(errno))) : ReadVerified(fd, key);
+    // The header only (and the metadata for `visit`): a start costs a small
+    // read a file, not the directory's bytes; every Get verifies the body.
+    absl::StatusOr<std::string> entry = fd < 0
+                                            ? absl::DataLossError(absl::StrCat("open failed: ", std::strerror(errno)))
+                                            : ReadHeaderAndMetadata(fd, key, static_cast<bool>(visit));
     struct stat st;
     const bool stat_ok = fd >= 0 && fstat(fd, &st) == 0;
     if (fd >= 0) close(fd);
@@ -265,8 +300,7 @@ absl::Status DiskTier::Rebuild(const EntryVisitor& visit) {
       removed_any = true;
       continue;
     }
-    found.push_back(Found{key, static_cast<uint64_t>(st.st_size), MtimeNs(st), name,
-                          visit ? std::move(entry->metadata) : std::string()});
+    found.push_back(Found{key, static_cast<uint64_t>(st.st_size), MtimeNs(st), name, *std::move(entry)});
   }
   closedir(dir);
   // Least recently used first; the name breaks ties so the order is total.

@@ -95,10 +95,13 @@ struct DiskTierStats {
 class DiskTier {
  public:
   // Opens `directory`, creating it (and its parents) if needed, and rebuilds
-  // the index from the entry files there: every complete, verified file is an
-  // entry; temp files are removed; files that fail verification are removed
-  // and counted (corrupt_files). Then evicts the least recently used entries
-  // until the bytes fit `byte_budget`. Reads every entry file whole.
+  // the index from the entry files there: every complete file whose header
+  // checks (magic, header checksum, version, key, length) is an entry; temp
+  // files are removed; files that fail are removed and counted
+  // (corrupt_files). Then evicts the least recently used entries until the
+  // bytes fit `byte_budget`. Reads each file's header (and its metadata for
+  // `visit`), not its body: a body that fails its checksum is found, removed
+  // and a miss at its first Get.
   // INVALID_ARGUMENT for an empty path, a zero budget, or a path that exists
   // and is not a directory; FAILED_PRECONDITION for a directory that cannot
   // be created or written, or that another DiskTier holds.

@@ -199,6 +199,30 @@ TEST(DiskTierTest, OpenVisitsTheSurvivingEntriesOldestFirstWithTheirMetadata) {
             (std::vector<std::pair<Hash128, std::string>>{{Key(2), "meta20"}, {Key(3), "meta30"}, {Key(0), "meta00"}}));
 }
 
+// A start reads headers, not bodies: a body that went bad is found by its
+// first Get, which removes it and misses.
+TEST(DiskTierTest, OpenChecksHeadersAndTheFirstGetTheBody) {
+  const std::string dir = FreshDir();
+  {
+    std::unique_ptr<DiskTier> tier = OpenOrDie(dir, 1 << 20);
+    ASSERT_NE(tier, nullptr);
+    for (uint64_t i = 0; i < 3; ++i) ASSERT_TRUE(PutSmall(*tier, i).ok());
+  }
+  const std::string p1 = absl::StrCat(dir, "/", Key(1).ToHex());
+  std::string bytes = ReadFile(p1);
+  bytes[kEntryBytes - 1] ^= 0x20;  // the payload's last byte
+  WriteFile(p1, bytes);
+  std::unique_ptr<DiskTier> tier = OpenOrDie(dir, 1 << 20);
+  ASSERT_NE(tier, nullptr);
+  EXPECT_EQ(Held(*tier, 10), (std::set<uint64_t>{0, 1, 2}));
+  EXPECT_EQ(tier->Stats().corrupt_files, 0);
+  EXPECT_EQ(tier->Get(Key(1)).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(Held(*tier, 10), (std::set<uint64_t>{0, 2}));
+  EXPECT_EQ(tier->Stats().corrupt_files, 1);
+  EXPECT_EQ(ListDir(dir), (std::set<std::string>{"LOCK", Key(0).ToHex(), Key(2).ToHex()}));
+  EXPECT_TRUE(tier->Get(Key(0)).ok());
+}
+
 TEST(DiskTierTest, TheDirectoryAndItsFilesAreThisUsersOnly) {
   const std::string dir = FreshDir("/nested/tier");
   std::unique_ptr<DiskTier> tier = OpenOrDie(dir, 10 * kEntryBytes);
