@@ -111,7 +111,7 @@ absl::StatusOr<std::unique_ptr<PutSession>> CacheStore::BeginPut(const PutSpec& 
     r = index_.Reserve(spec, clock_.Now());
     spilled = index_.TakeSpilled();
   }
-  // Outside the lock: the queue may copy nothing, but it is the disk's.
+  // Queued outside mu_: the disk tier has its own lock.
   if (disk_ != nullptr) disk_->Enqueue(std::move(spilled));
   if (!r.ok()) return r.status();
   if (r->model_cost_registered) LogModelCost(spec);

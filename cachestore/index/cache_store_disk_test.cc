@@ -383,6 +383,10 @@ TEST_F(CacheStoreDiskTest, RefusesBadDiskOptionsNamingTheOption) {
   s = CacheStore::Create(options_, clock_, bad);
   EXPECT_EQ(s.status().message(), "disk write_queue_bytes must be >= 0, got -1");
   bad = disk_;
+  bad.read_parallelism = 0;
+  s = CacheStore::Create(options_, clock_, bad);
+  EXPECT_EQ(s.status().message(), "disk read_parallelism must be >= 1, got 0");
+  bad = disk_;
   bad.shutdown_spill_timeout = -absl::Seconds(1);
   s = CacheStore::Create(options_, clock_, bad);
   EXPECT_EQ(s.status().message(), "shutdown_spill_timeout must be >= 0, got -1s");
