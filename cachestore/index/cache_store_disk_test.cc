@@ -303,6 +303,29 @@ TEST_F(CacheStoreDiskTest, TheShutdownSpillWritesMemoryMostRecentFirstWithinTheD
   EXPECT_EQ(rb.pages_from_disk, kPages);
 }
 
+// Issue 49's warm restart: after a shutdown spill, every conversation's
+// turn-end state that was written is a hit on the next turn.
+TEST_F(CacheStoreDiskTest, AfterARestartEveryConversationSpilledAtShutdownIsAHit) {
+  constexpr int kConversations = 40;
+  options_.page_budget_bytes *= kConversations;
+  options_.state_budget_bytes *= kConversations;
+  disk_.budget_bytes = kConversations * kConversationFiles;
+  std::vector<Conversation> all;
+  for (int i = 0; i < kConversations; ++i) all.push_back(MakeConversation(100 + i));
+  {
+    auto store = Open();
+    for (const Conversation& c : all) PutConversation(*store, c);
+    EXPECT_EQ(store->SpillToDisk(), kConversations * (kPages + 1));
+  }
+  auto store = Open();
+  int hits = 0;
+  for (const Conversation& c : all) {
+    const LookupResult r = LookupAndVerify(*store, c);
+    hits += r.resume_position == kPosition && r.state_from_disk ? 1 : 0;
+  }
+  EXPECT_EQ(hits, kConversations);
+}
+
 TEST_F(CacheStoreDiskTest, TheShutdownSpillStopsAtItsTimeoutAndSkipsWhatIsOnDisk) {
   disk_.shutdown_spill_timeout = absl::ZeroDuration();
   auto store = Open();
