@@ -157,6 +157,10 @@ struct LookupResult {
   std::optional<EntryInfo> state;  // the state at p
   uint64_t lease_id = 0;           // 0: nothing leased
   absl::Time lease_expiry = absl::InfinitePast();
+  // Which tier served (a store with a disk tier): how many of `pages`, and
+  // whether `state`, this lookup read back from disk into memory.
+  int64_t pages_from_disk = 0;
+  bool state_from_disk = false;
 };
 
 struct ReadHandle {
@@ -178,6 +182,31 @@ struct ClassStats {
   int64_t dropped_with_pages = 0;
 };
 
+// A CacheStore's disk tier (DiskTierCache), all zero without one. Counters
+// since the store opened it; `entries` and `bytes` are what is on disk now
+// (whole files, the budget's unit).
+struct DiskTierUsage {
+  bool enabled = false;
+  int64_t entries = 0;
+  int64_t bytes = 0;
+  int64_t budget_bytes = 0;
+  int64_t queued_bytes = 0;  // evicted entries waiting for the writer
+  int64_t writes = 0;        // entries written: evicted ones and at shutdown
+  // Entries not written: the queue full, the writer stopped, or an entry
+  // larger than the whole disk budget.
+  int64_t write_drops = 0;
+  int64_t write_failures = 0;  // I/O errors
+  int64_t reads = 0;           // entries a lookup read to promote
+  int64_t read_hits = 0;       // of them, verified and decoded
+  // Reads of an entry the disk held that failed verification or decoding
+  // (the entry is removed; the lookup is a miss there).
+  int64_t read_failures = 0;
+  int64_t promoted_entries = 0;  // put back into memory by lookups
+  int64_t promoted_bytes = 0;
+  int64_t shutdown_spilled = 0;  // entries written by SpillToDisk
+  int64_t evictions = 0;         // by the disk budget
+};
+
 struct IndexStats {
   ClassStats pages;
   ClassStats states;
@@ -194,6 +223,7 @@ struct IndexStats {
   int64_t expired_puts = 0;
   int64_t pinned_states = 0;  // session pins
   int64_t pinned_bytes = 0;
+  DiskTierUsage disk;  // CacheStore::Stats fills it
 };
 
 }  // namespace hybridserve::cachestore

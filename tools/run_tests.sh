@@ -13,7 +13,8 @@
 #      run test then runs the sanitized binaries);
 #   3. TSan over //kernels/..., //engine/..., //transport/..., //decode/... and
 #      the threaded cores without a gRPC server (the cache publisher, the
-#      prefill worker, common::Cancellation, the shm socket's and the bulk
+#      prefill worker, common::Cancellation, the disk tier and the store's
+#      writer thread, the shm socket's and the bulk
 #      port's servers and clients: their tests' cases without gRPC)
 #      (not the CUDA emulator's fiber tests, tagged notsan). Debian's abseil
 #      is not instrumented: third_party/tsan/libabsl_tsan_shim.so, preloaded,
@@ -119,7 +120,8 @@ if [ "${HS_SANITIZERS:-1}" != "0" ]; then
   stage "tsan" --config=tsan --test_tag_filters=-notsan --build_tag_filters=-notsan \
     --test_env=LD_PRELOAD="${shim}" --test_env=TSAN_OPTIONS="suppressions=${PWD}/third_party/tsan/suppressions.txt" \
     -- //kernels/... //engine/... //transport/... //decode/... //cachestore/client:cache_publisher_test \
-    //common:cancellation_test //prefill:prefill_worker_test
+    //common:cancellation_test //prefill:prefill_worker_test //cachestore/index:cache_store_disk_test \
+    //cachestore/index:disk_tier_test
   # The direct paths' servers and clients without gRPC: the cases of these
   # tests that run no gRPC server (the others are left out, as above).
   stage "tsan (gRPC-free cases)" --config=tsan \

@@ -277,7 +277,7 @@ void CacheIndex::Abort(uint64_t reservation_id) {
 
 absl::StatusOr<LookupResult> CacheIndex::Lookup(const Hash128& ns, int32_t page_size,
                                                 absl::Span<const Hash128> page_keys, absl::Span<const TokenId> tokens,
-                                                bool lease, absl::Time now) {
+                                                bool lease, absl::Time now, bool count) {
   if (static_cast<int64_t>(tokens.size()) > options_.max_tokens) {
     return absl::InvalidArgumentError(absl::StrCat(tokens.size(), " tokens exceed max_tokens=", options_.max_tokens));
   }
@@ -289,7 +289,7 @@ absl::StatusOr<LookupResult> CacheIndex::Lookup(const Hash128& ns, int32_t page_
     return absl::ResourceExhaustedError(
         absl::StrCat("max_leases=", options_.max_leases, " leases are open: release leases, or look up without one"));
   }
-  totals_.lookups++;
+  if (count) totals_.lookups++;
   LookupResult result;
   auto root_it = roots_.find(ns);
   if (root_it == roots_.end()) return result;
@@ -339,8 +339,10 @@ absl::StatusOr<LookupResult> CacheIndex::Lookup(const Hash128& ns, int32_t page_
 
   const int64_t n_pages = best->node->depth;
   UseState(best, now);
-  totals_.lookup_hits++;
-  (best->kind == StateKind::kGridCheckpoint ? totals_.hits_grid_checkpoint : totals_.hits_exact_prefix)++;
+  if (count) {
+    totals_.lookup_hits++;
+    (best->kind == StateKind::kGridCheckpoint ? totals_.hits_grid_checkpoint : totals_.hits_exact_prefix)++;
+  }
   result.resume_position = best->position;
   result.pages.reserve(n_pages);
   for (int64_t i = 0; i < n_pages; ++i) result.pages.push_back(PageInfo(*path[i], page_size));
@@ -358,6 +360,13 @@ absl::StatusOr<LookupResult> CacheIndex::Lookup(const Hash128& ns, int32_t page_
     result.lease_expiry = l.expiry;
   }
   return result;
+}
+
+void CacheIndex::CountLookup(const LookupResult& result) {
+  totals_.lookups++;
+  if (!result.state.has_value()) return;
+  totals_.lookup_hits++;
+  (result.state->state_kind == StateKind::kGridCheckpoint ? totals_.hits_grid_checkpoint : totals_.hits_exact_prefix)++;
 }
 
 CacheIndex::State* CacheIndex::MatchState(const Node& node, absl::Span<const TokenId> rest) const {

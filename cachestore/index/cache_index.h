@@ -30,6 +30,7 @@
 #include "absl/types/span.h"
 #include "cachestore/index/blob_pool.h"
 #include "cachestore/index/eviction_utility.h"
+#include "cachestore/index/spill_record.h"
 #include "cachestore/keys.h"
 #include "cachestore/types.h"
 
@@ -83,6 +84,12 @@ struct CacheIndexOptions {
   // interior pages), each choice in O(log n), and TTL expiry stays by idle time.
   EvictionPolicy eviction = EvictionPolicy::kLru;
   UtilityCost utility;
+  // Record every committed entry that eviction removes to make room (the
+  // victims, and the states dropped with an evicted page) for TakeSpilled,
+  // with its bytes: the store writes them to its disk tier. TTL expiry,
+  // aborts and checksum failures are not recorded. CacheStore sets it when it
+  // has a disk tier.
+  bool spill_evictions = false;
 
   // What the index allocates per entry on x86-64 with glibc, measured by
   // //cachestore/index:cache_index_memory_test through malloc's own count (the
@@ -124,9 +131,14 @@ class CacheIndex {
 
   // The resume point of a prompt. `page_keys` are PageKeys(ns, tokens,
   // page_size), computed by the caller outside any lock. With `lease`, the
-  // returned pages and state are pinned until Release or expiry.
+  // returned pages and state are pinned until Release or expiry. With
+  // `count` false the lookup is left out of the stats' lookups and hits
+  // (CountLookup counts it later: a store that may look up again after a
+  // promotion from disk counts one lookup).
   absl::StatusOr<LookupResult> Lookup(const Hash128& ns, int32_t page_size, absl::Span<const Hash128> page_keys,
-                                      absl::Span<const TokenId> tokens, bool lease, absl::Time now);
+                                      absl::Span<const TokenId> tokens, bool lease, absl::Time now, bool count = true);
+  // Counts a lookup made with `count` false, by its result.
+  void CountLookup(const LookupResult& result);
 
   // The bytes of a leased entry; extends the lease. NOT_FOUND for an unknown
   // or expired lease or a key the lease does not hold.
@@ -144,6 +156,15 @@ class CacheIndex {
   std::vector<uint64_t> Expire(absl::Time now);
 
   IndexStats Stats() const;
+
+  // The entries evicted to make room since the last call, in eviction order
+  // (options().spill_evictions; empty without it).
+  std::vector<SpilledEntry> TakeSpilled();
+
+  // Every committed entry, most recently used first (pages and states
+  // together, by last use), with its bytes: what a store writes to its disk
+  // tier at shutdown.
+  std::vector<SpilledEntry> CommittedEntries() const;
 
   // Whether an entry (committed or reserved) is in the index.
   bool Contains(EntryClass entry_class, const Hash128& key) const;
@@ -275,6 +296,12 @@ class CacheIndex {
   // Evicts entries of class `c` (LRU or lowest utility priority) until
   // `charge` more bytes fit.
   absl::Status MakeRoom(EntryClass c, int64_t charge);
+  absl::Status EvictUntilFits(EntryClass c, int64_t charge);
+  // Appends a committed entry to spilled_ while spilling_.
+  void SpillPage(const Node& node);
+  void SpillState(const State& state);
+  static SpillRecord PageRecord(const Node& node);
+  static SpillRecord StateRecord(const State& state);
   void UseNode(Node* node, absl::Time now);
   void UseState(State* state, absl::Time now);
   void RefreshNode(Node* node);
@@ -355,6 +382,10 @@ class CacheIndex {
   ClassStats page_stats_;
   ClassStats state_stats_;
   IndexStats totals_;  // the non-class counters
+  // Set while MakeRoom evicts with options_.spill_evictions: its removals go
+  // to spilled_ until TakeSpilled.
+  bool spilling_ = false;
+  std::vector<SpilledEntry> spilled_;
 };
 
 }  // namespace hybridserve::cachestore

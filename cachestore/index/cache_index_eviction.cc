@@ -11,6 +11,13 @@
 namespace hybridserve::cachestore {
 
 absl::Status CacheIndex::MakeRoom(EntryClass c, int64_t charge) {
+  spilling_ = options_.spill_evictions;
+  absl::Status status = EvictUntilFits(c, charge);
+  spilling_ = false;
+  return status;
+}
+
+absl::Status CacheIndex::EvictUntilFits(EntryClass c, int64_t charge) {
   ClassStats& counters = Counters(c);
   while (counters.resident_bytes + counters.reserved_bytes + counters.metadata_bytes + charge > Budget(c)) {
     if (c == EntryClass::kPage) {
@@ -209,6 +216,7 @@ void CacheIndex::ForgetEntryBytes(EntryClass c, Entry* e) {
 }
 
 void CacheIndex::RemoveState(State* state, RemoveReason reason) {
+  if (spilling_ && state->entry.committed) SpillState(*state);
   CountRemoval(reason, state->entry, state_stats_);
   if (state->entry.evictable) {
     StateLru(*state).erase({state->entry.tick, state});
@@ -247,6 +255,7 @@ void CacheIndex::RemoveNodeOnly(Node* node, RemoveReason reason) {
   DCHECK(node->children.empty());
   DCHECK(node->parent != nullptr);
   while (!node->states.empty()) RemoveState(node->states.back(), RemoveReason::kWithPages);
+  if (spilling_ && node->entry.committed) SpillPage(*node);
   CountRemoval(reason, node->entry, page_stats_);
   if (node->entry.evictable) {
     page_lru_.erase({node->entry.tick, node});
@@ -258,6 +267,74 @@ void CacheIndex::RemoveNodeOnly(Node* node, RemoveReason reason) {
   siblings.erase(std::find(siblings.begin(), siblings.end(), node));
   pages_.erase(node->key);  // destroys *node
   RefreshAfterRemoval(parent);
+}
+
+// --- Spill to a lower tier --------------------------------------------------
+
+SpillRecord CacheIndex::PageRecord(const Node& node) {
+  const Node& root = *node.root;
+  SpillRecord r;
+  r.entry_class = EntryClass::kPage;
+  r.key = node.key;
+  r.ns = root.key;
+  r.tenant = root.tenant;
+  r.page_size = root.page_size;
+  if (node.parent != &root) r.parent = node.parent->key;
+  r.position = node.depth * root.page_size;
+  r.checksum = node.entry.checksum;
+  r.size_bytes = node.entry.size;
+  r.model_cost = root.model_cost;
+  return r;
+}
+
+SpillRecord CacheIndex::StateRecord(const State& state) {
+  const Node& root = *state.node->root;
+  SpillRecord r;
+  r.entry_class = EntryClass::kState;
+  r.key = state.key;
+  r.ns = root.key;
+  r.tenant = root.tenant;
+  r.page_size = root.page_size;
+  if (state.node != &root) r.parent = state.node->key;
+  r.tail = state.tail;
+  r.state_kind = state.kind;
+  r.position = state.position;
+  r.checksum = state.entry.checksum;
+  r.size_bytes = state.entry.size;
+  r.ttl = state.ttl;
+  r.model_cost = root.model_cost;
+  return r;
+}
+
+void CacheIndex::SpillPage(const Node& node) { spilled_.push_back(SpilledEntry{PageRecord(node), node.entry.blob}); }
+
+void CacheIndex::SpillState(const State& state) {
+  spilled_.push_back(SpilledEntry{StateRecord(state), state.entry.blob});
+}
+
+std::vector<SpilledEntry> CacheIndex::TakeSpilled() {
+  std::vector<SpilledEntry> out;
+  out.swap(spilled_);
+  return out;
+}
+
+std::vector<SpilledEntry> CacheIndex::CommittedEntries() const {
+  std::vector<std::pair<uint64_t, SpilledEntry>> by_tick;
+  by_tick.reserve(pages_.size() + states_.size());
+  for (const auto& [key, node] : pages_) {
+    if (node->entry.committed)
+      by_tick.emplace_back(node->entry.tick, SpilledEntry{PageRecord(*node), node->entry.blob});
+  }
+  for (const auto& [key, state] : states_) {
+    if (state->entry.committed) {
+      by_tick.emplace_back(state->entry.tick, SpilledEntry{StateRecord(*state), state->entry.blob});
+    }
+  }
+  std::sort(by_tick.begin(), by_tick.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<SpilledEntry> out;
+  out.reserve(by_tick.size());
+  for (auto& [tick, entry] : by_tick) out.push_back(std::move(entry));
+  return out;
 }
 
 void CacheIndex::CountRemoval(RemoveReason reason, const Entry& e, ClassStats& counters) {

@@ -14,7 +14,8 @@
 namespace hybridserve::cachestore {
 
 absl::StatusOr<std::unique_ptr<CacheStore>> CacheStore::Create(const CacheIndexOptions& options,
-                                                               const common::Clock& clock) {
+                                                               const common::Clock& clock,
+                                                               const DiskTierCacheOptions& disk) {
   // Each refusal names the option and the value it got.
   auto bytes_at_least = [](absl::string_view name, int64_t value, int64_t min) -> absl::Status {
     if (value >= min) return absl::OkStatus();
@@ -39,11 +40,18 @@ absl::StatusOr<std::unique_ptr<CacheStore>> CacheStore::Create(const CacheIndexO
   RETURN_IF_ERROR(bytes_at_least("max_namespaces", options.max_namespaces, 1));
   RETURN_IF_ERROR(bytes_at_least("max_leases", options.max_leases, 1));
   if (options.blob_storage == BlobStorage::kSharedMemory) RETURN_IF_ERROR(ShmSlabAllocator::PrepareProcess());
-  return std::unique_ptr<CacheStore>(new CacheStore(options, clock));
+  std::unique_ptr<DiskTierCache> disk_tier;
+  CacheIndexOptions index_options = options;
+  if (!disk.directory.empty()) {
+    ASSIGN_OR_RETURN(disk_tier, DiskTierCache::Open(disk));
+    index_options.spill_evictions = true;
+  }
+  return std::unique_ptr<CacheStore>(new CacheStore(index_options, clock, std::move(disk_tier)));
 }
 
-CacheStore::CacheStore(const CacheIndexOptions& options, const common::Clock& clock)
-    : options_(options), clock_(clock), index_(options) {}
+CacheStore::CacheStore(const CacheIndexOptions& options, const common::Clock& clock,
+                       std::unique_ptr<DiskTierCache> disk)
+    : options_(options), clock_(clock), index_(options), disk_(std::move(disk)) {}
 
 absl::StatusOr<LookupResult> CacheStore::Lookup(const Hash128& ns, int32_t page_size, absl::Span<const TokenId> tokens,
                                                 bool lease) {
@@ -61,16 +69,50 @@ absl::StatusOr<LookupResult> CacheStore::Lookup(const Hash128& ns, int32_t page_
   if (page_size <= 0) return absl::InvalidArgumentError(absl::StrCat("page_size ", page_size, " <= 0"));
   // Hash the page chain before taking the lock: it is the bulk of the work.
   std::vector<Hash128> keys = PageKeys(ns, tokens, page_size);
-  absl::MutexLock lock(&mu_);
-  return index_.Lookup(ns, page_size, keys, tokens, lease, clock_.Now());
+  if (disk_ == nullptr) {
+    absl::MutexLock lock(&mu_);
+    return index_.Lookup(ns, page_size, keys, tokens, lease, clock_.Now());
+  }
+  // Counted once: here when memory answers, or by the lookup after a promotion.
+  absl::StatusOr<LookupResult> memory;
+  {
+    absl::MutexLock lock(&mu_);
+    memory = index_.Lookup(ns, page_size, keys, tokens, lease, clock_.Now(), /*count=*/false);
+  }
+  if (!memory.ok()) return memory;
+  const std::optional<Promotion> plan = PlanPromotion(ns, page_size, keys, tokens, *memory);
+  if (!plan.has_value()) {
+    absl::MutexLock lock(&mu_);
+    index_.CountLookup(*memory);
+    return memory;
+  }
+  if (memory->lease_id != 0) (void)Release(memory->lease_id);
+  const auto [pages_in, state_in] = Promote(*plan, ns, page_size, keys, tokens);
+  absl::StatusOr<LookupResult> result;
+  {
+    absl::MutexLock lock(&mu_);
+    result = index_.Lookup(ns, page_size, keys, tokens, lease, clock_.Now());
+  }
+  if (!result.ok()) return result;
+  // The pages read back are those below the memory's chain; the answer lists
+  // them when its resume point is at or past them.
+  const int64_t listed = static_cast<int64_t>(result->pages.size());
+  result->pages_from_disk = std::max<int64_t>(
+      0, std::min(listed, plan->first_page_depth + pages_in) - std::min(listed, plan->first_page_depth));
+  result->state_from_disk = state_in && result->state.has_value() && result->state->key == plan->state_key;
+  return result;
 }
 
 absl::StatusOr<std::unique_ptr<PutSession>> CacheStore::BeginPut(const PutSpec& spec) {
   absl::StatusOr<Reservation> r;
+  std::vector<SpilledEntry> spilled;
   {
     absl::MutexLock lock(&mu_);
     r = index_.Reserve(spec, clock_.Now());
+    spilled = index_.TakeSpilled();
   }
+  // Queued outside mu_: the disk tier has its own lock.
+  if (disk_ != nullptr) disk_->Enqueue(std::move(spilled));
   if (!r.ok()) return r.status();
   if (r->model_cost_registered) LogModelCost(spec);
   return std::unique_ptr<PutSession>(new PutSession(this, *std::move(r), spec.size_bytes));
@@ -123,8 +165,13 @@ std::vector<uint64_t> CacheStore::Expire() {
 }
 
 IndexStats CacheStore::Stats() const {
-  absl::MutexLock lock(&mu_);
-  return index_.Stats();
+  IndexStats stats;
+  {
+    absl::MutexLock lock(&mu_);
+    stats = index_.Stats();
+  }
+  if (disk_ != nullptr) stats.disk = disk_->Usage();
+  return stats;
 }
 
 std::optional<PrefillCost> CacheStore::ModelCostOf(const Hash128& ns) const {

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -13,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "cachestore/index/cache_index.h"
+#include "cachestore/index/disk_tier_cache.h"
 #include "common/clock.h"
 #include "common/hash.h"
 #include "common/log_rate_limiter.h"
@@ -22,19 +24,43 @@ namespace hybridserve::cachestore {
 class PutSession;
 
 // Thread-safe. Owns the index and the bytes; every index access locks mu_.
-// Work proportional to entry size (copying chunks, checksums) and key hashing
-// happen outside the lock.
+// Work proportional to entry size (copying chunks, checksums, disk I/O) and
+// key hashing happen outside the lock.
+//
+// With a disk tier (docs/ARCHITECTURE.md section 4, "The disk tier"), the
+// entries the index evicts to make room are queued for the disk
+// (DiskTierCache), and a lookup that finds a deeper resume point on disk
+// reads those entries back through the normal put path before it answers.
+// Without one, every result is the memory index's alone.
 class CacheStore {
  public:
-  // `clock` must outlive the store.
+  // `clock` must outlive the store. `disk.directory` empty: no disk tier;
+  // otherwise the directory is opened and its entries are found by lookups
+  // (a warm restart). A refusal names the option.
   static absl::StatusOr<std::unique_ptr<CacheStore>> Create(const CacheIndexOptions& options,
-                                                            const common::Clock& clock);
+                                                            const common::Clock& clock,
+                                                            const DiskTierCacheOptions& disk = {});
 
   const CacheIndexOptions& options() const { return options_; }
 
   // The resume point of `tokens` in namespace `ns` (see CacheIndex::Lookup).
+  // With a disk tier: when the disk holds a state deeper than the memory's
+  // resume point whose pages are in memory or on disk, those pages and the
+  // state are read, verified and put back into memory (budgets and eviction
+  // as for any put; a failed read or put is only a miss), then the memory
+  // index answers; pages_from_disk and state_from_disk say what came back.
   absl::StatusOr<LookupResult> Lookup(const Hash128& ns, int32_t page_size, absl::Span<const TokenId> tokens,
                                       bool lease) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Shutdown: writes every committed entry not yet on disk, most recently
+  // used first, within the disk budget and the disk tier's
+  // shutdown_spill_timeout (by the store's clock); the queued evictions are
+  // dropped. Returns the entries written; 0 without a disk tier.
+  int64_t SpillToDisk() ABSL_LOCKS_EXCLUDED(mu_);
+  // Waits until the evicted entries queued so far are on disk (or dropped).
+  // For tests and benchmarks; a no-op without a disk tier.
+  void FlushDiskWrites();
+  bool has_disk_tier() const { return disk_ != nullptr; }
 
   // Starts a put. When the entry is already committed the session reports
   // already_present() and accepts no bytes.
@@ -58,6 +84,7 @@ class CacheStore {
   // Returns the reservation ids of the reclaimed puts.
   std::vector<uint64_t> Expire() ABSL_LOCKS_EXCLUDED(mu_);
 
+  // The index's numbers, and the disk tier's in `disk`.
   IndexStats Stats() const ABSL_LOCKS_EXCLUDED(mu_);
   // CacheIndex::ModelCostOf: the model cost namespace `ns` registered.
   std::optional<PrefillCost> ModelCostOf(const Hash128& ns) const ABSL_LOCKS_EXCLUDED(mu_);
@@ -65,7 +92,26 @@ class CacheStore {
 
  private:
   friend class PutSession;
-  CacheStore(const CacheIndexOptions& options, const common::Clock& clock);
+  CacheStore(const CacheIndexOptions& options, const common::Clock& clock, std::unique_ptr<DiskTierCache> disk);
+
+  // What a lookup reads back from disk (cache_store_tiers.cc): the pages at
+  // depths (first_page_depth, state_depth] and the state at state_depth
+  // with a tail of tail_length tokens.
+  struct Promotion {
+    int64_t first_page_depth = 0;
+    int64_t state_depth = 0;
+    int64_t tail_length = 0;
+    Hash128 state_key;
+  };
+  std::optional<Promotion> PlanPromotion(const Hash128& ns, int32_t page_size, absl::Span<const Hash128> keys,
+                                         absl::Span<const TokenId> tokens, const LookupResult& memory) const;
+  // Puts the plan's entries back; returns how many pages and whether the
+  // state went in (or were found present).
+  std::pair<int64_t, bool> Promote(const Promotion& plan, const Hash128& ns, int32_t page_size,
+                                   absl::Span<const Hash128> keys, absl::Span<const TokenId> tokens);
+  // One entry read from disk into memory through BeginPut, Write, Commit.
+  // `key` is what the put must produce.
+  absl::Status PutBack(const PutSpec& spec, const Hash128& key, const DiskTierRead& read);
 
   absl::Status TouchPut(uint64_t reservation_id) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status CommitPut(uint64_t reservation_id, uint64_t checksum) ABSL_LOCKS_EXCLUDED(mu_);
@@ -80,6 +126,8 @@ class CacheStore {
   mutable absl::Mutex mu_;
   CacheIndex index_ ABSL_GUARDED_BY(mu_);
   common::LogRateLimiter model_cost_log_;
+  // Null without a disk tier. Thread-safe itself; never called under mu_.
+  const std::unique_ptr<DiskTierCache> disk_;
 };
 
 // One put in progress: header accepted, bytes arriving in order, then commit.

@@ -105,9 +105,15 @@ absl::Status PreadAll(int fd, char* out, size_t size, uint64_t offset) {
   return absl::OkStatus();
 }
 
-// Reads the entry file open as `fd` and verifies it as `key`'s; DATA_LOSS
-// saying what failed.
-absl::StatusOr<DiskTierEntry> ReadVerified(int fd, const Hash128& key) {
+// Reads and checks the header of the entry file open as `fd` as `key`'s,
+// and that the file is exactly as long as it says: magic, header checksum,
+// format version, key, lengths. DATA_LOSS saying what failed.
+struct HeaderFields {
+  uint64_t metadata_bytes = 0;
+  uint64_t payload_bytes = 0;
+  uint64_t body_checksum = 0;
+};
+absl::StatusOr<HeaderFields> ReadHeader(int fd, const Hash128& key) {
   struct stat st;
   if (fstat(fd, &st) != 0) return absl::DataLossError(absl::StrCat("fstat failed: ", std::strerror(errno)));
   if (!S_ISREG(st.st_mode)) return absl::DataLossError("not a regular file");
@@ -128,25 +134,51 @@ absl::StatusOr<DiskTierEntry> ReadVerified(int fd, const Hash128& key) {
   }
   const Hash128 stored{GetU64(header + 16), GetU64(header + 24)};
   if (stored != key) return absl::DataLossError(absl::StrCat("header key ", stored.ToHex(), " is not the file's"));
-  const uint64_t metadata_bytes = GetU64(header + 32);
-  const uint64_t payload_bytes = GetU64(header + 40);
+  HeaderFields h;
+  h.metadata_bytes = GetU64(header + 32);
+  h.payload_bytes = GetU64(header + 40);
+  h.body_checksum = GetU64(header + 48);
   const uint64_t body_bytes = file_bytes - kDiskTierHeaderBytes;
-  if (metadata_bytes > body_bytes || payload_bytes != body_bytes - metadata_bytes) {
+  if (h.metadata_bytes > body_bytes || h.payload_bytes != body_bytes - h.metadata_bytes) {
     return absl::DataLossError(absl::StrCat("file of ", file_bytes, " bytes, header says ",
-                                            kDiskTierHeaderBytes + metadata_bytes + payload_bytes, " (torn)"));
+                                            kDiskTierHeaderBytes + h.metadata_bytes + h.payload_bytes, " (torn)"));
   }
+  return h;
+}
+
+// Reads the entry file open as `fd` and verifies it as `key`'s (ReadHeader,
+// then the body checksum); DATA_LOSS saying what failed.
+absl::StatusOr<DiskTierEntry> ReadVerified(int fd, const Hash128& key) {
+  absl::StatusOr<HeaderFields> h = ReadHeader(fd, key);
+  if (!h.ok()) return h.status();
   DiskTierEntry entry;
-  entry.metadata.resize(metadata_bytes);
-  entry.payload.resize(payload_bytes);
-  if (absl::Status s = PreadAll(fd, entry.metadata.data(), metadata_bytes, kDiskTierHeaderBytes); !s.ok()) return s;
-  if (absl::Status s = PreadAll(fd, entry.payload.data(), payload_bytes, kDiskTierHeaderBytes + metadata_bytes);
+  entry.metadata.resize(h->metadata_bytes);
+  entry.payload.resize(h->payload_bytes);
+  if (absl::Status s = PreadAll(fd, entry.metadata.data(), h->metadata_bytes, kDiskTierHeaderBytes); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = PreadAll(fd, entry.payload.data(), h->payload_bytes, kDiskTierHeaderBytes + h->metadata_bytes);
       !s.ok()) {
     return s;
   }
-  if (BodyChecksum(entry.metadata, entry.payload) != GetU64(header + 48)) {
+  if (BodyChecksum(entry.metadata, entry.payload) != h->body_checksum) {
     return absl::DataLossError("body checksum mismatch");
   }
   return entry;
+}
+
+// What Open reads of a file: its header, checked, and the metadata (not yet
+// verified: the body checksum covers it with the payload, and every Get
+// checks it).
+absl::StatusOr<std::string> ReadHeaderAndMetadata(int fd, const Hash128& key, bool want_metadata) {
+  absl::StatusOr<HeaderFields> h = ReadHeader(fd, key);
+  if (!h.ok()) return h.status();
+  std::string metadata;
+  if (want_metadata) {
+    metadata.resize(h->metadata_bytes);
+    if (absl::Status s = PreadAll(fd, metadata.data(), h->metadata_bytes, kDiskTierHeaderBytes); !s.ok()) return s;
+  }
+  return metadata;
 }
 
 int64_t MtimeNs(const struct stat& st) {
@@ -155,7 +187,8 @@ int64_t MtimeNs(const struct stat& st) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const std::string& directory, uint64_t byte_budget) {
+absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const std::string& directory, uint64_t byte_budget,
+                                                         const EntryVisitor& visit) {
   if (directory.empty()) return absl::InvalidArgumentError("disk tier directory is empty");
   if (byte_budget == 0) return absl::InvalidArgumentError("disk tier byte_budget is 0");
   struct stat st;
@@ -169,7 +202,8 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const std::string& dire
     for (size_t pos = 0; pos != std::string::npos;) {
       pos = directory.find('/', pos + 1);
       const std::string prefix = directory.substr(0, pos);
-      if (mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
+      // Only this user: the entries hold every tenant's cached prompts.
+      if (mkdir(prefix.c_str(), 0700) != 0 && errno != EEXIST) {
         return absl::FailedPreconditionError(Errno("disk tier cannot create directory", prefix, errno));
       }
     }
@@ -185,7 +219,7 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const std::string& dire
   const int dir_fd = open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dir_fd < 0) return absl::FailedPreconditionError(Errno("disk tier cannot open directory", directory, errno));
   const std::string lock_path = absl::StrCat(directory, "/", kLockName);
-  const int lock_fd = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  const int lock_fd = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (lock_fd < 0) {
     const int err = errno;
     close(dir_fd);
@@ -202,7 +236,7 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const std::string& dire
     return absl::FailedPreconditionError(Errno("disk tier cannot lock", lock_path, err));
   }
   std::unique_ptr<DiskTier> tier(new DiskTier(directory, byte_budget, dir_fd, lock_fd));
-  if (absl::Status s = tier->Rebuild(); !s.ok()) return s;
+  if (absl::Status s = tier->Rebuild(visit); !s.ok()) return s;
   return tier;
 }
 
@@ -216,12 +250,13 @@ DiskTier::~DiskTier() {
 
 std::string DiskTier::EntryPath(const Hash128& key) const { return absl::StrCat(directory_, "/", key.ToHex()); }
 
-absl::Status DiskTier::Rebuild() {
+absl::Status DiskTier::Rebuild(const EntryVisitor& visit) {
   struct Found {
     Hash128 key;
     uint64_t file_bytes;
     int64_t mtime_ns;
     std::string name;
+    std::string metadata;  // kept only for `visit`
   };
   std::vector<Found> found;
   DiskTierStats scan;
@@ -249,8 +284,11 @@ absl::Status DiskTier::Rebuild() {
       continue;
     }
     const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    absl::StatusOr<DiskTierEntry> entry =
-        fd < 0 ? absl::DataLossError(absl::StrCat("open failed: ", std::strerror(errno))) : ReadVerified(fd, key);
+    // The header only (and the metadata for `visit`): a start costs a small
+    // read a file, not the directory's bytes; every Get verifies the body.
+    absl::StatusOr<std::string> entry = fd < 0
+                                            ? absl::DataLossError(absl::StrCat("open failed: ", std::strerror(errno)))
+                                            : ReadHeaderAndMetadata(fd, key, static_cast<bool>(visit));
     struct stat st;
     const bool stat_ok = fd >= 0 && fstat(fd, &st) == 0;
     if (fd >= 0) close(fd);
@@ -262,7 +300,7 @@ absl::Status DiskTier::Rebuild() {
       removed_any = true;
       continue;
     }
-    found.push_back(Found{key, static_cast<uint64_t>(st.st_size), MtimeNs(st), name});
+    found.push_back(Found{key, static_cast<uint64_t>(st.st_size), MtimeNs(st), name, *std::move(entry)});
   }
   closedir(dir);
   // Least recently used first; the name breaks ties so the order is total.
@@ -281,8 +319,21 @@ absl::Status DiskTier::Rebuild() {
     const int64_t evictions_before = counters_.evictions;
     EvictForLocked(0);
     if (counters_.evictions != evictions_before) removed_any = true;
+    // Only the survivors are visited.
+    if (visit) {
+      size_t kept = 0;
+      for (Found& f : found) {
+        if (!index_.contains(f.key)) continue;
+        if (&found[kept] != &f) found[kept] = std::move(f);
+        ++kept;
+      }
+      found.resize(kept);
+    }
   }
   if (removed_any) SyncDirectory();
+  if (visit) {
+    for (const Found& f : found) visit(f.key, f.metadata);
+  }
   return absl::OkStatus();
 }
 
@@ -298,8 +349,9 @@ void DiskTier::RemoveLocked(const Hash128& key) {
   index_.erase(it);
 }
 
-void DiskTier::EvictForLocked(uint64_t incoming) {
+void DiskTier::EvictForLocked(uint64_t incoming, std::vector<Hash128>* evicted) {
   while (!lru_.empty() && bytes_ + incoming > byte_budget_) {
+    if (evicted != nullptr) evicted->push_back(lru_.back());
     RemoveLocked(lru_.back());
     ++counters_.evictions;
   }
@@ -322,7 +374,8 @@ void DiskTier::SyncDirectory() const {
   if (fsync(dir_fd_) != 0) LOG(WARNING) << Errno("disk tier cannot fsync", directory_, errno);
 }
 
-absl::Status DiskTier::Put(const Hash128& key, absl::string_view metadata, absl::string_view payload) {
+absl::Status DiskTier::Put(const Hash128& key, absl::string_view metadata, absl::string_view payload,
+                           std::vector<Hash128>* evicted) {
   const uint64_t file_bytes = kDiskTierHeaderBytes + metadata.size() + payload.size();
   if (file_bytes > byte_budget_) {
     return absl::ResourceExhaustedError(absl::StrCat("disk tier entry ", key.ToHex(), " of ", file_bytes,
@@ -335,7 +388,7 @@ absl::Status DiskTier::Put(const Hash128& key, absl::string_view metadata, absl:
     temp_number = next_temp_++;
   }
   const std::string temp_path = absl::StrCat(EntryPath(key), kTempMarker, pid_, "-", temp_number);
-  const int fd = open(temp_path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  const int fd = open(temp_path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) return absl::InternalError(Errno("disk tier put cannot create", temp_path, errno));
   auto fail = [&](absl::string_view what) {
     const absl::Status status = absl::InternalError(Errno(what, temp_path, errno));
@@ -377,7 +430,7 @@ absl::Status DiskTier::Put(const Hash128& key, absl::string_view metadata, absl:
       lru_.erase(it->second.lru_position);
       index_.erase(it);
     }
-    EvictForLocked(file_bytes);
+    EvictForLocked(file_bytes, evicted);
     StampLocked(fd);
     const std::string path = EntryPath(key);
     if (rename(temp_path.c_str(), path.c_str()) != 0) {

@@ -3,7 +3,7 @@
 
 // A byte-budgeted store of cache entries in files of one local directory: the
 // disk tier of issue 49 (docs/ARCHITECTURE.md section 4, "The disk tier").
-// Built and tested on its own; the cachestore does not use it yet.
+// The cachestore uses it through DiskTierCache (disk_tier_cache.h).
 //
 // One file an entry, named by its key: `<dir>/<32 hex digits of the key>`
 // (Hash128::ToHex, hi then lo). Its layout, every integer little-endian:
@@ -19,6 +19,9 @@
 //       56     8  XXH3-64 of bytes [0, 56) (the header checksum)
 //       64        metadata, then payload; the file ends exactly there
 //
+// Files are created 0600 and directories 0700: entries hold every tenant's
+// cached prompts, for this user only.
+//
 // A put writes `<hex key>.tmp-<pid>-<sequence>`, fsyncs it, renames it over
 // the entry's name (atomic: a reader sees the old file or the new one, never a
 // part) and fsyncs the directory. A crash leaves at most a temp file, which the
@@ -28,9 +31,11 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -90,14 +95,24 @@ struct DiskTierStats {
 class DiskTier {
  public:
   // Opens `directory`, creating it (and its parents) if needed, and rebuilds
-  // the index from the entry files there: every complete, verified file is an
-  // entry; temp files are removed; files that fail verification are removed
-  // and counted (corrupt_files). Then evicts the least recently used entries
-  // until the bytes fit `byte_budget`. Reads every entry file whole.
+  // the index from the entry files there: every complete file whose header
+  // checks (magic, header checksum, version, key, length) is an entry; temp
+  // files are removed; files that fail are removed and counted
+  // (corrupt_files). Then evicts the least recently used entries until the
+  // bytes fit `byte_budget`. Reads each file's header (and its metadata for
+  // `visit`), not its body: a body that fails its checksum is found, removed
+  // and a miss at its first Get.
   // INVALID_ARGUMENT for an empty path, a zero budget, or a path that exists
   // and is not a directory; FAILED_PRECONDITION for a directory that cannot
   // be created or written, or that another DiskTier holds.
-  static absl::StatusOr<std::unique_ptr<DiskTier>> Open(const std::string& directory, uint64_t byte_budget);
+  //
+  // `visit`, when set, is called once for every entry indexed after the
+  // rebuild (after the budget's evictions), least recently used first, with
+  // its key and metadata, before Open returns: a user rebuilds its own index
+  // of the entries from it without reading the files again.
+  using EntryVisitor = std::function<void(const Hash128& key, absl::string_view metadata)>;
+  static absl::StatusOr<std::unique_ptr<DiskTier>> Open(const std::string& directory, uint64_t byte_budget,
+                                                        const EntryVisitor& visit = nullptr);
 
   ~DiskTier();
   DiskTier(const DiskTier&) = delete;
@@ -110,8 +125,10 @@ class DiskTier {
   // is larger than the whole budget; INTERNAL naming the call for an I/O
   // error, the old entry (if any) then unchanged unless the rename failed.
   // The budget bounds committed entries: each Put in flight also holds its
-  // temp file until it commits.
-  absl::Status Put(const Hash128& key, absl::string_view metadata, absl::string_view payload) ABSL_LOCKS_EXCLUDED(mu_);
+  // temp file until it commits. `evicted`, when not null, receives the keys
+  // this Put evicted to make room (not `key`'s own replaced file).
+  absl::Status Put(const Hash128& key, absl::string_view metadata, absl::string_view payload,
+                   std::vector<Hash128>* evicted = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
 
   // The entry under `key`, read and verified. NOT_FOUND for no entry, and for
   // a file that fails verification, which is removed (corrupt_files).
@@ -139,12 +156,13 @@ class DiskTier {
 
   DiskTier(std::string directory, uint64_t byte_budget, int dir_fd, int lock_fd);
 
-  absl::Status Rebuild() ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Rebuild(const EntryVisitor& visit) ABSL_LOCKS_EXCLUDED(mu_);
   std::string EntryPath(const Hash128& key) const;
   // Removes `key` from the index and its file from the directory.
   void RemoveLocked(const Hash128& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Evicts from the LRU end until `incoming` more bytes fit the budget.
-  void EvictForLocked(uint64_t incoming) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Evicts from the LRU end until `incoming` more bytes fit the budget;
+  // appends the keys to `evicted` when not null.
+  void EvictForLocked(uint64_t incoming, std::vector<Hash128>* evicted = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sets `fd`'s mtime to the next recency stamp (strictly increasing).
   void StampLocked(int fd) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SyncDirectory() const;

@@ -164,6 +164,79 @@ TEST(DiskTierTest, EvictsLeastRecentlyUsedFirst) {
   EXPECT_EQ(tier->Stats().bytes, 264);
 }
 
+TEST(DiskTierTest, PutReportsTheKeysItEvicted) {
+  const std::string dir = FreshDir();
+  std::unique_ptr<DiskTier> tier = OpenOrDie(dir, 3 * kEntryBytes);
+  ASSERT_NE(tier, nullptr);
+  std::vector<Hash128> evicted;
+  for (uint64_t i = 0; i < 3; ++i)
+    ASSERT_TRUE(tier->Put(Key(i), absl::StrCat("meta", i, 0), std::string(30, 'a'), &evicted).ok());
+  EXPECT_TRUE(evicted.empty());
+  // A replaced key is not an eviction.
+  ASSERT_TRUE(tier->Put(Key(0), "meta00", std::string(30, 'b'), &evicted).ok());
+  EXPECT_TRUE(evicted.empty());
+  // Two of 100 go for one of 164, oldest first: 1 then 2.
+  ASSERT_TRUE(tier->Put(Key(6), "", std::string(100, 'x'), &evicted).ok());
+  EXPECT_EQ(evicted, (std::vector<Hash128>{Key(1), Key(2)}));
+  EXPECT_EQ(Held(*tier, 10), (std::set<uint64_t>{0, 6}));
+}
+
+TEST(DiskTierTest, OpenVisitsTheSurvivingEntriesOldestFirstWithTheirMetadata) {
+  const std::string dir = FreshDir();
+  {
+    std::unique_ptr<DiskTier> tier = OpenOrDie(dir, 10 * kEntryBytes);
+    ASSERT_NE(tier, nullptr);
+    for (uint64_t i = 0; i < 4; ++i) ASSERT_TRUE(PutSmall(*tier, i).ok());
+    ASSERT_TRUE(tier->Get(Key(0)).ok());  // oldest first: 1, 2, 3, 0
+  }
+  std::vector<std::pair<Hash128, std::string>> visited;
+  absl::StatusOr<std::unique_ptr<DiskTier>> tier = DiskTier::Open(
+      dir, 3 * kEntryBytes,
+      [&](const Hash128& key, absl::string_view metadata) { visited.emplace_back(key, std::string(metadata)); });
+  ASSERT_TRUE(tier.ok()) << tier.status();
+  // 1 went to fit the budget; the others are visited oldest first.
+  EXPECT_EQ(visited,
+            (std::vector<std::pair<Hash128, std::string>>{{Key(2), "meta20"}, {Key(3), "meta30"}, {Key(0), "meta00"}}));
+}
+
+// A start reads headers, not bodies: a body that went bad is found by its
+// first Get, which removes it and misses.
+TEST(DiskTierTest, OpenChecksHeadersAndTheFirstGetTheBody) {
+  const std::string dir = FreshDir();
+  {
+    std::unique_ptr<DiskTier> tier = OpenOrDie(dir, 1 << 20);
+    ASSERT_NE(tier, nullptr);
+    for (uint64_t i = 0; i < 3; ++i) ASSERT_TRUE(PutSmall(*tier, i).ok());
+  }
+  const std::string p1 = absl::StrCat(dir, "/", Key(1).ToHex());
+  std::string bytes = ReadFile(p1);
+  bytes[kEntryBytes - 1] ^= 0x20;  // the payload's last byte
+  WriteFile(p1, bytes);
+  std::unique_ptr<DiskTier> tier = OpenOrDie(dir, 1 << 20);
+  ASSERT_NE(tier, nullptr);
+  EXPECT_EQ(Held(*tier, 10), (std::set<uint64_t>{0, 1, 2}));
+  EXPECT_EQ(tier->Stats().corrupt_files, 0);
+  EXPECT_EQ(tier->Get(Key(1)).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(Held(*tier, 10), (std::set<uint64_t>{0, 2}));
+  EXPECT_EQ(tier->Stats().corrupt_files, 1);
+  EXPECT_EQ(ListDir(dir), (std::set<std::string>{"LOCK", Key(0).ToHex(), Key(2).ToHex()}));
+  EXPECT_TRUE(tier->Get(Key(0)).ok());
+}
+
+TEST(DiskTierTest, TheDirectoryAndItsFilesAreThisUsersOnly) {
+  const std::string dir = FreshDir("/nested/tier");
+  std::unique_ptr<DiskTier> tier = OpenOrDie(dir, 10 * kEntryBytes);
+  ASSERT_NE(tier, nullptr);
+  ASSERT_TRUE(PutSmall(*tier, 1).ok());
+  struct stat st;
+  ASSERT_EQ(stat(dir.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  ASSERT_EQ(stat(PathOf(*tier, Key(1)).c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  ASSERT_EQ(stat(absl::StrCat(dir, "/LOCK").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+}
+
 TEST(DiskTierTest, RefusesAnEntryLargerThanTheBudget) {
   const std::string dir = FreshDir();
   std::unique_ptr<DiskTier> tier = OpenOrDie(dir, 100);

@@ -76,6 +76,17 @@ ABSL_FLAG(int64_t, bulk_max_connections, 32, "bulk port connections served at on
 ABSL_FLAG(absl::Duration, bulk_io_timeout, absl::Seconds(10),
           "a bulk port request's read and each write of its answer: a reader that stalls longer is dropped; also "
           "the idle time after which a bulk connection is closed");
+ABSL_FLAG(std::string, disk_dir, "",
+          "Directory of the disk tier: entries evicted from memory are written there (one checksummed file each) "
+          "and lookups read them back; on start the cachestore serves what it holds (warm restart), and SIGTERM "
+          "writes the memory's entries there. Local to this cachestore (locked); empty: no disk tier");
+ABSL_FLAG(int64_t, disk_budget_mib, 65536, "--disk_dir: byte budget of the disk tier (whole files), MiB");
+ABSL_FLAG(int64_t, disk_write_queue_mib, 256,
+          "--disk_dir: evicted entries waiting to be written, MiB (their memory stays held meanwhile); an eviction "
+          "beyond it is not written (counted in hybridserve_cache_disk_writes_total{outcome=\"dropped\"})");
+ABSL_FLAG(absl::Duration, shutdown_spill_timeout, absl::Seconds(20),
+          "--disk_dir: on SIGTERM, after the calls drained, the time to write the memory's entries not yet on disk "
+          "(most recently used first, within --disk_budget_mib); 0: none");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(10), "Time in-flight calls get on SIGTERM");
 ABSL_FLAG(absl::Duration, max_connection_age, absl::ZeroDuration(),
           "A client connection to --address is told to go away (GOAWAY) at this age, so clients behind a "
@@ -113,6 +124,8 @@ std::string FlagError() {
            in_range("max_threads", absl::GetFlag(FLAGS_max_threads), 2, 1 << 16),
            in_range("shm_max_connections", absl::GetFlag(FLAGS_shm_max_connections), 1, 1024),
            in_range("bulk_max_connections", absl::GetFlag(FLAGS_bulk_max_connections), 1, 1024),
+           in_range("disk_budget_mib", absl::GetFlag(FLAGS_disk_budget_mib), 1, kMaxMib),
+           in_range("disk_write_queue_mib", absl::GetFlag(FLAGS_disk_write_queue_mib), 0, kMaxMib),
            positive("page_ttl", absl::GetFlag(FLAGS_page_ttl)),
            positive("state_ttl", absl::GetFlag(FLAGS_state_ttl)),
            positive("lease_ttl", absl::GetFlag(FLAGS_lease_ttl)),
@@ -139,11 +152,15 @@ std::string FlagError() {
   }
   for (const auto& [flag, value] : {
            std::make_pair("shutdown_grace", absl::GetFlag(FLAGS_shutdown_grace)),
+           std::make_pair("shutdown_spill_timeout", absl::GetFlag(FLAGS_shutdown_spill_timeout)),
            std::make_pair("max_connection_age", absl::GetFlag(FLAGS_max_connection_age)),
            std::make_pair("max_connection_age_grace", absl::GetFlag(FLAGS_max_connection_age_grace)),
        }) {
     if (value < absl::ZeroDuration())
       return absl::StrCat("--", flag, "=", absl::FormatDuration(value), ": must be >= 0");
+  }
+  if (absl::GetFlag(FLAGS_shutdown_spill_timeout) == absl::InfiniteDuration()) {
+    return "--shutdown_spill_timeout=inf: must be finite (a rollout waits for it)";
   }
   return "";
 }
@@ -199,6 +216,10 @@ int main(int argc, char** argv) {
   options.bulk.address = absl::GetFlag(FLAGS_bulk_address);
   options.bulk.max_connections = static_cast<int>(absl::GetFlag(FLAGS_bulk_max_connections));
   options.bulk.io_timeout = absl::GetFlag(FLAGS_bulk_io_timeout);
+  options.disk.directory = absl::GetFlag(FLAGS_disk_dir);
+  options.disk.budget_bytes = absl::GetFlag(FLAGS_disk_budget_mib) << 20;
+  options.disk.write_queue_bytes = absl::GetFlag(FLAGS_disk_write_queue_mib) << 20;
+  options.disk.shutdown_spill_timeout = absl::GetFlag(FLAGS_shutdown_spill_timeout);
   absl::StatusOr<hybridserve::common::TlsFlags> tls = hybridserve::common::TlsFlagsFromFlags();
   if (!tls.ok()) {
     std::cerr << "cachestore: bad flag " << tls.status().message() << std::endl;
@@ -246,6 +267,7 @@ int main(int argc, char** argv) {
 
   const int sig = hybridserve::common::WaitForTerminationSignal();
   LOG(INFO) << "signal " << sig << ": draining (grace " << absl::GetFlag(FLAGS_shutdown_grace) << ")";
+  // With --disk_dir, Shutdown then writes the memory's entries to disk.
   (*server)->Shutdown(absl::GetFlag(FLAGS_shutdown_grace));
   LOG(INFO) << "cachestore stopped";
   return 0;

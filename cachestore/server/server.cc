@@ -45,7 +45,7 @@ absl::StatusOr<std::unique_ptr<CacheStoreServer>> CacheStoreServer::Start(const 
   CacheIndexOptions index = options.index;
   // The shm read path sends entries where they live: in shared memory.
   if (!options.shm.socket_path.empty()) index.blob_storage = BlobStorage::kSharedMemory;
-  ASSIGN_OR_RETURN(server->store_, CacheStore::Create(index, clock));
+  ASSIGN_OR_RETURN(server->store_, CacheStore::Create(index, clock, options.disk));
   server->metrics_ = std::make_unique<ServiceMetrics>(registry, options.index.eviction);
   server->service_ = std::make_unique<CacheStoreService>(*server->store_, *server->metrics_, options.service);
   server->reap_interval_ = options.reap_interval;
@@ -146,6 +146,11 @@ void CacheStoreServer::Shutdown(absl::Duration grace) {
     if (service_->AwaitCallsDone(deadline)) absl::SleepFor(std::min(kCloseLinger, deadline - absl::Now()));
     server_->Shutdown(absl::ToChronoTime(deadline));
     server_->Wait();
+  }
+  // No call is left to change the memory: what it holds goes to disk.
+  if (store_ != nullptr && store_->has_disk_tier()) {
+    store_->SpillToDisk();
+    if (metrics_ != nullptr) metrics_->SyncFromStats(store_->Stats());
   }
   health_.reset();
   stopped_.Notify();

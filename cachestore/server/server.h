@@ -54,6 +54,10 @@ struct ServerOptions {
   // when bulk.address is not empty. Refused beside TLS (INVALID_ARGUMENT):
   // its bytes travel unencrypted.
   BulkServerOptions bulk;
+  // The disk tier (cachestore/index/disk_tier_cache.h): on when
+  // disk.directory is not empty. Shutdown writes the memory's entries to it
+  // (CacheStore::SpillToDisk) after the last call ended.
+  DiskTierCacheOptions disk;
 };
 
 // A running cachestore: gRPC server with the CacheStore service, the standard
@@ -82,7 +86,9 @@ class CacheStoreServer {
   void ReapOnce();
 
   // Stops accepting work, marks health NOT_SERVING, gives in-flight calls
-  // `grace` to finish, then cancels the rest. Idempotent.
+  // `grace` to finish, then cancels the rest; then, with a disk tier, writes
+  // the memory's entries to disk (up to options.disk.shutdown_spill_timeout
+  // more). Idempotent.
   void Shutdown(absl::Duration grace);
 
   // Blocks until Shutdown has completed.

@@ -171,6 +171,8 @@ grpc::Status CacheStoreService::AnswerLookup(const v1::LookupRequest& request, v
     for (const EntryInfo& p : r->pages) *response->add_pages() = ToProto(p);
   }
   if (r->state.has_value()) *response->mutable_state() = ToProto(*r->state);
+  response->set_pages_from_disk(static_cast<uint64_t>(r->pages_from_disk));
+  response->set_state_from_disk(r->state_from_disk);
   response->set_lease_id(r->lease_id);
   if (r->lease_id != 0) {
     const absl::Duration ttl = store_.options().lease_ttl;
@@ -497,6 +499,24 @@ grpc::Status CacheStoreService::AnswerStats(v1::StatsResponse* response) {
   response->set_checksum_failures(s.checksum_failures);
   response->set_expired_leases(s.expired_leases);
   response->set_expired_puts(s.expired_puts);
+  if (s.disk.enabled) {
+    const DiskTierUsage& d = s.disk;
+    v1::DiskTierStats* disk = response->mutable_disk();
+    disk->set_entries(static_cast<uint64_t>(d.entries));
+    disk->set_bytes(static_cast<uint64_t>(d.bytes));
+    disk->set_budget_bytes(static_cast<uint64_t>(d.budget_bytes));
+    disk->set_queued_bytes(static_cast<uint64_t>(d.queued_bytes));
+    disk->set_writes(static_cast<uint64_t>(d.writes));
+    disk->set_write_drops(static_cast<uint64_t>(d.write_drops));
+    disk->set_write_failures(static_cast<uint64_t>(d.write_failures));
+    disk->set_reads(static_cast<uint64_t>(d.reads));
+    disk->set_read_hits(static_cast<uint64_t>(d.read_hits));
+    disk->set_read_failures(static_cast<uint64_t>(d.read_failures));
+    disk->set_promoted_entries(static_cast<uint64_t>(d.promoted_entries));
+    disk->set_promoted_bytes(static_cast<uint64_t>(d.promoted_bytes));
+    disk->set_shutdown_spilled(static_cast<uint64_t>(d.shutdown_spilled));
+    disk->set_evictions(static_cast<uint64_t>(d.evictions));
+  }
   return grpc::Status::OK;
 }
 

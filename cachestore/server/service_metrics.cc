@@ -50,7 +50,24 @@ struct Families {
         checksum_failures(CounterFamily(r, "hybridserve_cache_checksum_failures_total",
                                         "Entries whose bytes failed their checksum.")),
         expired_leases(CounterFamily(r, "hybridserve_cache_expired_leases_total", "Leases that expired unreleased.")),
-        expired_puts(CounterFamily(r, "hybridserve_cache_expired_puts_total", "Puts reclaimed after stalling.")) {}
+        expired_puts(CounterFamily(r, "hybridserve_cache_expired_puts_total", "Puts reclaimed after stalling.")),
+        disk_bytes(GaugeFamily(r, "hybridserve_cache_disk_bytes",
+                               "Disk tier bytes (whole files): on disk (state=resident), its budget (state=budget), "
+                               "evicted entries waiting for the writer (state=queued).")),
+        disk_entries(GaugeFamily(r, "hybridserve_cache_disk_entries", "Entries on the disk tier.")),
+        disk_writes(CounterFamily(r, "hybridserve_cache_disk_writes_total",
+                                  "Entries for the disk tier by outcome: written (ok), dropped (the write queue "
+                                  "full, larger than the disk budget, or queued at shutdown), failed (I/O error).")),
+        disk_reads(CounterFamily(r, "hybridserve_cache_disk_reads_total",
+                                 "Entries a lookup read from the disk tier by outcome: ok, or failed (verification "
+                                 "or decoding; the entry is removed and the lookup misses there).")),
+        disk_promoted(CounterFamily(r, "hybridserve_cache_disk_promoted_total",
+                                    "Entries lookups read back from the disk tier into memory.")),
+        disk_promoted_bytes(CounterFamily(r, "hybridserve_cache_disk_promoted_bytes_total",
+                                          "Entry bytes lookups read back from the disk tier into memory.")),
+        disk_evictions(CounterFamily(r, "hybridserve_cache_disk_evictions_total", "Entries the disk budget evicted.")),
+        disk_shutdown_spilled(CounterFamily(r, "hybridserve_cache_disk_shutdown_spilled_total",
+                                            "Entries in memory written to the disk tier at shutdown.")) {}
 
   prometheus::Family<prometheus::Counter>& lookups;
   prometheus::Family<prometheus::Counter>& hits;
@@ -74,6 +91,14 @@ struct Families {
   prometheus::Family<prometheus::Counter>& checksum_failures;
   prometheus::Family<prometheus::Counter>& expired_leases;
   prometheus::Family<prometheus::Counter>& expired_puts;
+  prometheus::Family<prometheus::Gauge>& disk_bytes;
+  prometheus::Family<prometheus::Gauge>& disk_entries;
+  prometheus::Family<prometheus::Counter>& disk_writes;
+  prometheus::Family<prometheus::Counter>& disk_reads;
+  prometheus::Family<prometheus::Counter>& disk_promoted;
+  prometheus::Family<prometheus::Counter>& disk_promoted_bytes;
+  prometheus::Family<prometheus::Counter>& disk_evictions;
+  prometheus::Family<prometheus::Counter>& disk_shutdown_spilled;
 };
 
 ServiceMetrics::ServiceMetrics(prometheus::Registry& r, EvictionPolicy policy)
@@ -128,7 +153,20 @@ ServiceMetrics::ServiceMetrics(prometheus::Registry& r, const Families& f, Evict
       state_dropped_with_pages_(f.evictions.Add({{"class", "state"}, {"reason", "pages_gone"}})),
       checksum_failures_(f.checksum_failures.Add({})),
       expired_leases_(f.expired_leases.Add({})),
-      expired_puts_(f.expired_puts.Add({})) {}
+      expired_puts_(f.expired_puts.Add({})),
+      disk_resident_(f.disk_bytes.Add({{"state", "resident"}})),
+      disk_budget_(f.disk_bytes.Add({{"state", "budget"}})),
+      disk_queued_(f.disk_bytes.Add({{"state", "queued"}})),
+      disk_entries_(f.disk_entries.Add({})),
+      disk_writes_ok_(f.disk_writes.Add({{"outcome", "ok"}})),
+      disk_writes_dropped_(f.disk_writes.Add({{"outcome", "dropped"}})),
+      disk_writes_failed_(f.disk_writes.Add({{"outcome", "failed"}})),
+      disk_reads_ok_(f.disk_reads.Add({{"outcome", "ok"}})),
+      disk_reads_failed_(f.disk_reads.Add({{"outcome", "failed"}})),
+      disk_promoted_(f.disk_promoted.Add({})),
+      disk_promoted_bytes_(f.disk_promoted_bytes.Add({})),
+      disk_evictions_(f.disk_evictions.Add({})),
+      disk_shutdown_spilled_(f.disk_shutdown_spilled.Add({})) {}
 
 void ServiceMetrics::RecordLookup(const LookupResult& r, bool hit) {
   lookups_.Increment();
@@ -194,6 +232,21 @@ void ServiceMetrics::SyncFromStats(const IndexStats& s) {
   AdvanceCounter(checksum_failures_, s.checksum_failures, last_.checksum_failures);
   AdvanceCounter(expired_leases_, s.expired_leases, last_.expired_leases);
   AdvanceCounter(expired_puts_, s.expired_puts, last_.expired_puts);
+  const DiskTierUsage& d = s.disk;
+  const DiskTierUsage& was = last_.disk;
+  disk_resident_.Set(static_cast<double>(d.bytes));
+  disk_budget_.Set(static_cast<double>(d.budget_bytes));
+  disk_queued_.Set(static_cast<double>(d.queued_bytes));
+  disk_entries_.Set(static_cast<double>(d.entries));
+  AdvanceCounter(disk_writes_ok_, d.writes, was.writes);
+  AdvanceCounter(disk_writes_dropped_, d.write_drops, was.write_drops);
+  AdvanceCounter(disk_writes_failed_, d.write_failures, was.write_failures);
+  AdvanceCounter(disk_reads_ok_, d.read_hits, was.read_hits);
+  AdvanceCounter(disk_reads_failed_, d.read_failures, was.read_failures);
+  AdvanceCounter(disk_promoted_, d.promoted_entries, was.promoted_entries);
+  AdvanceCounter(disk_promoted_bytes_, d.promoted_bytes, was.promoted_bytes);
+  AdvanceCounter(disk_evictions_, d.evictions, was.evictions);
+  AdvanceCounter(disk_shutdown_spilled_, d.shutdown_spilled, was.shutdown_spilled);
   last_ = s;
 }
 

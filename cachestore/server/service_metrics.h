@@ -42,7 +42,8 @@ class ServiceMetrics {
   void RecordRefusedCall();
 
   // Copies gauges and advances counters that the index keeps (bytes by class,
-  // evictions by reason, checksum failures, expiries).
+  // evictions by reason, checksum failures, expiries) and the disk tier's
+  // (hybridserve_cache_disk_*).
   void SyncFromStats(const IndexStats& stats) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
@@ -92,6 +93,20 @@ class ServiceMetrics {
   prometheus::Counter& checksum_failures_;
   prometheus::Counter& expired_leases_;
   prometheus::Counter& expired_puts_;
+  // The disk tier (IndexStats::disk); zeros without one.
+  prometheus::Gauge& disk_resident_;
+  prometheus::Gauge& disk_budget_;
+  prometheus::Gauge& disk_queued_;
+  prometheus::Gauge& disk_entries_;
+  prometheus::Counter& disk_writes_ok_;
+  prometheus::Counter& disk_writes_dropped_;
+  prometheus::Counter& disk_writes_failed_;
+  prometheus::Counter& disk_reads_ok_;
+  prometheus::Counter& disk_reads_failed_;
+  prometheus::Counter& disk_promoted_;
+  prometheus::Counter& disk_promoted_bytes_;
+  prometheus::Counter& disk_evictions_;
+  prometheus::Counter& disk_shutdown_spilled_;
 
   absl::Mutex mu_;
   IndexStats last_ ABSL_GUARDED_BY(mu_);
