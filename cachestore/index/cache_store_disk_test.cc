@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <memory>
 #include <random>
@@ -15,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cachestore/index/cache_store.h"
+#include "cachestore/index/disk_tier.h"
 #include "common/clock.h"
 #include "common/hash.h"
 #include "gtest/gtest.h"
@@ -301,6 +303,33 @@ TEST_F(CacheStoreDiskTest, TheShutdownSpillWritesMemoryMostRecentFirstWithinTheD
   EXPECT_EQ(rb.resume_position, kPosition);
   EXPECT_TRUE(rb.state_from_disk);
   EXPECT_EQ(rb.pages_from_disk, kPages);
+}
+
+// Written most recent first, the spill still leaves the disk's recency in
+// memory's order: a restart, whose disk evicts its oldest first, keeps the
+// most recently used.
+TEST_F(CacheStoreDiskTest, TheShutdownSpillLeavesTheDiskInMemorysRecencyOrder) {
+  options_.page_budget_bytes *= 4;
+  options_.state_budget_bytes *= 4;
+  {
+    auto store = Open();
+    PutConversation(*store, a_);
+    PutConversation(*store, b_);  // the most recently used
+    EXPECT_EQ(store->SpillToDisk(), 2 * (kPages + 1));
+  }
+  std::vector<Hash128> oldest_first;
+  {
+    auto tier = DiskTier::Open(dir_, disk_.budget_bytes,
+                               [&](const Hash128& key, absl::string_view) { oldest_first.push_back(key); });
+    ASSERT_TRUE(tier.ok()) << tier.status();
+  }
+  ASSERT_EQ(oldest_first.size(), 2 * (kPages + 1));
+  std::vector<Hash128> a_keys = PageKeys(ns_, a_.tokens, kPageSize);
+  a_keys.push_back(StateKeyOf(a_));
+  for (size_t i = 0; i < oldest_first.size(); ++i) {
+    const bool of_a = std::find(a_keys.begin(), a_keys.end(), oldest_first[i]) != a_keys.end();
+    EXPECT_EQ(of_a, i < a_keys.size()) << "entry " << i << " from the oldest";
+  }
 }
 
 // Issue 49's warm restart: after a shutdown spill, every conversation's

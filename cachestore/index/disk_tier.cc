@@ -358,16 +358,20 @@ void DiskTier::EvictForLocked(uint64_t incoming, std::vector<Hash128>* evicted) 
 }
 
 void DiskTier::StampLocked(int fd) {
+  struct timespec times[2];
+  NextStampLocked(times);
+  futimens(fd, times);  // Best effort: recency only orders a later Open.
+}
+
+void DiskTier::NextStampLocked(struct timespec times[2]) {
   struct timespec now;
   clock_gettime(CLOCK_REALTIME, &now);
   const int64_t now_ns = static_cast<int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec;
   last_stamp_ns_ = std::max(now_ns, last_stamp_ns_ + 1);
-  struct timespec times[2];
   times[0].tv_sec = 0;
   times[0].tv_nsec = UTIME_OMIT;
   times[1].tv_sec = last_stamp_ns_ / 1000000000;
   times[1].tv_nsec = last_stamp_ns_ % 1000000000;
-  futimens(fd, times);  // Best effort: recency only orders a later Open.
 }
 
 void DiskTier::SyncDirectory() const {
@@ -494,6 +498,18 @@ absl::StatusOr<DiskTierEntry> DiskTier::Get(const Hash128& key) {
 bool DiskTier::Contains(const Hash128& key) const {
   absl::MutexLock lock(&mu_);
   return index_.contains(key);
+}
+
+bool DiskTier::Touch(const Hash128& key) {
+  absl::MutexLock lock(&mu_);
+  auto it = index_.find(key);
+  if (it == index_.end()) return false;
+  lru_.splice(lru_.begin(), lru_, it->second.lru_position);
+  struct timespec times[2];
+  NextStampLocked(times);
+  // Best effort, as StampLocked: the name is the key's hex, never a link.
+  utimensat(dir_fd_, key.ToHex().c_str(), times, AT_SYMLINK_NOFOLLOW);
+  return true;
 }
 
 bool DiskTier::Erase(const Hash128& key) {

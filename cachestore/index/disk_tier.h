@@ -137,6 +137,11 @@ class DiskTier {
   // Whether the index holds `key`; reads no file and is not a use.
   bool Contains(const Hash128& key) const ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Makes `key` the most recently used entry, in the index and in its file's
+  // recency stamp (so a later Open orders it the same), without reading it;
+  // false if there is no such entry.
+  bool Touch(const Hash128& key) ABSL_LOCKS_EXCLUDED(mu_);
+
   // Removes the entry under `key` (durably); false if there was none.
   bool Erase(const Hash128& key) ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -165,6 +170,8 @@ class DiskTier {
   void EvictForLocked(uint64_t incoming, std::vector<Hash128>* evicted = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sets `fd`'s mtime to the next recency stamp (strictly increasing).
   void StampLocked(int fd) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The next recency stamp as utimensat/futimens times (atime left alone).
+  void NextStampLocked(struct timespec times[2]) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SyncDirectory() const;
 
   const std::string directory_;

@@ -256,13 +256,19 @@ int64_t DiskTierCache::WriteAll(absl::Span<const SpilledEntry> mru_first, absl::
   StopWriter();
   int64_t written = 0;
   uint64_t considered = 0;
+  size_t kept = 0;  // mru_first[0, kept) are on disk now, or were tried
   for (const SpilledEntry& e : mru_first) {
     considered += FileBytes(e);
     if (considered > static_cast<uint64_t>(options_.budget_bytes)) break;
+    ++kept;
     if (tier_->Contains(e.record.key)) continue;
     if (out_of_time()) break;
     if (Write(e)) ++written;
   }
+  // Written most recent first (so a timeout keeps the hottest), each got a
+  // newer recency stamp than the one before: stamp them again, least recent
+  // first, so that the disk's LRU order (and a restart's) is the memory's.
+  for (size_t i = kept; i-- > 0;) tier_->Touch(mru_first[i].record.key);
   absl::MutexLock lock(&mu_);
   counters_.shutdown_spilled += written;
   return written;

@@ -164,6 +164,25 @@ TEST(DiskTierTest, EvictsLeastRecentlyUsedFirst) {
   EXPECT_EQ(tier->Stats().bytes, 264);
 }
 
+TEST(DiskTierTest, TouchIsAUseThatARestartKeeps) {
+  const std::string dir = FreshDir();
+  {
+    std::unique_ptr<DiskTier> tier = OpenOrDie(dir, 3 * kEntryBytes);
+    ASSERT_NE(tier, nullptr);
+    for (uint64_t i = 0; i < 3; ++i) ASSERT_TRUE(PutSmall(*tier, i).ok());
+    EXPECT_TRUE(tier->Touch(Key(0)));  // 0 is now the most recent: 1 is the oldest.
+    EXPECT_FALSE(tier->Touch(Key(7)));
+    EXPECT_EQ(tier->Stats().hits, 0);  // not a read
+  }
+  // The stamps order the reopened tier: 1, 2, 0 from the oldest.
+  std::unique_ptr<DiskTier> tier = OpenOrDie(dir, 3 * kEntryBytes);
+  ASSERT_NE(tier, nullptr);
+  ASSERT_TRUE(PutSmall(*tier, 3).ok());
+  EXPECT_EQ(Held(*tier, 10), (std::set<uint64_t>{0, 2, 3}));
+  ASSERT_TRUE(PutSmall(*tier, 4).ok());
+  EXPECT_EQ(Held(*tier, 10), (std::set<uint64_t>{0, 3, 4}));
+}
+
 TEST(DiskTierTest, PutReportsTheKeysItEvicted) {
   const std::string dir = FreshDir();
   std::unique_ptr<DiskTier> tier = OpenOrDie(dir, 3 * kEntryBytes);
