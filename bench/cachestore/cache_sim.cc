@@ -1,19 +1,25 @@
 #include "bench/cachestore/cache_sim.h"
 
 #include <algorithm>
+#include <list>
+#include <map>
 #include <memory>
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "cachestore/client/shard_placement.h"
 #include "cachestore/keys.h"
+#include "common/logging.h"
 
 namespace hybridserve::bench {
 namespace {
 
 using cachestore::CacheIndex;
 using cachestore::EntryClass;
+using cachestore::EntryInfo;
 using cachestore::Hash128;
 using cachestore::PutSpec;
 using cachestore::ShardPlacement;
@@ -31,6 +37,14 @@ class Publisher {
     turn_ = turn;
     turn_end_ = turn_end;
   }
+
+  // With `promoting`, the next puts are a disk tier's promotions: counted in
+  // CacheSimDisk, not as writes or put failures.
+  void SetPromoting(bool promoting) { promoting_ = promoting; }
+
+  // With a disk tier: records each state's node key (its parent page's key,
+  // or the namespace's), which an eviction's EntryInfo does not carry.
+  void RecordStateNodes(absl::flat_hash_map<Hash128, Hash128>* state_node) { state_node_ = state_node; }
 
   // Pages [first, last) of `tokens`, in order, up to the first that fails (the
   // pages after it would have no parent).
@@ -54,7 +68,8 @@ class Publisher {
     spec.state_kind = kind;
     spec.position = position;
     spec.size_bytes = model_.StateBytes(position, /*with_logits=*/kind == StateKind::kExactPrefix);
-    Put(spec, now, &result_.state_bytes_written, &result_.states_written);
+    if (!Put(spec, now, &result_.state_bytes_written, &result_.states_written)) return;
+    if (state_node_ != nullptr && !promoting_) (*state_node_)[last_key_] = n > 0 ? keys[n - 1] : ns_;
   }
 
  private:
@@ -69,18 +84,21 @@ class Publisher {
   }
 
   bool Put(const PutSpec& spec, absl::Time now, int64_t* bytes, int64_t* entries) {
+    int64_t& failures = promoting_ ? result_.disk.promotion_failures : result_.put_failures;
     Log(CacheSimCall::Kind::kReserve);
     absl::StatusOr<cachestore::Reservation> r = index_->Reserve(spec, now);
     if (!r.ok()) {
-      ++result_.put_failures;
+      ++failures;
       return false;
     }
+    last_key_ = r->key;
     if (r->already_present) return true;
     Log(CacheSimCall::Kind::kCommit);
     if (!index_->Commit(r->id, /*checksum=*/0, now).ok()) {
-      ++result_.put_failures;
+      ++failures;
       return false;
     }
+    if (promoting_) return true;
     *bytes += spec.size_bytes;
     ++*entries;
     return true;
@@ -91,6 +109,9 @@ class Publisher {
   }
 
   CacheIndex* index_ = nullptr;
+  bool promoting_ = false;
+  absl::flat_hash_map<Hash128, Hash128>* state_node_ = nullptr;  // not owned; null without a disk tier
+  Hash128 last_key_;                                             // the last put's entry
   int shard_ = 0;
   int64_t turn_ = 0;
   bool turn_end_ = false;
@@ -99,6 +120,126 @@ class Publisher {
   const bool log_routing_;
   CacheSimResult& result_;
 };
+
+// One shard's simulated disk tier (cache_sim.h): the files DiskTier would
+// hold, by key, in LRU order, without their bytes. Counts into `stats`.
+class SimulatedDisk {
+ public:
+  struct File {
+    EntryClass entry_class = EntryClass::kPage;
+    Hash128 node;  // states: the node they hang at (the parent page's key, or the namespace's)
+    int64_t position = 0;
+    StateKind state_kind = StateKind::kExactPrefix;
+    int64_t bytes = 0;  // the whole file, as the budget counts it
+  };
+
+  SimulatedDisk(int64_t budget_bytes, CacheSimDisk& stats) : budget_bytes_(budget_bytes), stats_(stats) {}
+
+  // Writes `file` under `key` unless it is there already or larger than the
+  // budget; evicts the least recently used files until it fits.
+  void Spill(const Hash128& key, const File& file) {
+    if (files_.contains(key)) {
+      ++stats_.spills_present;
+      return;
+    }
+    if (file.bytes > budget_bytes_) {
+      ++stats_.spills_refused;
+      return;
+    }
+    while (bytes_ + file.bytes > budget_bytes_) {
+      Remove(lru_.front());
+      ++stats_.evictions;
+    }
+    lru_.push_back(key);
+    files_.emplace(key, Slot{file, std::prev(lru_.end())});
+    bytes_ += file.bytes;
+    if (file.entry_class == EntryClass::kState) ++tail_lengths_[file.node][TailLength(file)];
+    ++stats_.files_written;
+    stats_.bytes_written += file.bytes;
+  }
+
+  const File* Find(const Hash128& key) const {
+    auto it = files_.find(key);
+    return it == files_.end() ? nullptr : &it->second.file;
+  }
+
+  // Reads the file under `key` (present): a use.
+  File Read(const Hash128& key) {
+    Slot& slot = files_.at(key);
+    lru_.splice(lru_.end(), lru_, slot.lru);
+    ++stats_.files_read;
+    stats_.bytes_read += slot.file.bytes;
+    return slot.file;
+  }
+
+  // The tail lengths of the states on disk at `node`, with their counts;
+  // null when none.
+  const std::map<int64_t, int>* TailLengths(const Hash128& node) const {
+    auto it = tail_lengths_.find(node);
+    return it == tail_lengths_.end() ? nullptr : &it->second;
+  }
+
+  int64_t files() const { return static_cast<int64_t>(files_.size()); }
+  int64_t bytes() const { return bytes_; }
+  int64_t page_size = 0;
+
+ private:
+  struct Slot {
+    File file;
+    std::list<Hash128>::iterator lru;
+  };
+
+  int64_t TailLength(const File& f) const { return f.position % page_size; }
+
+  void Remove(const Hash128& key) {
+    auto it = files_.find(key);
+    const File& f = it->second.file;
+    if (f.entry_class == EntryClass::kState) {
+      auto lengths = tail_lengths_.find(f.node);
+      auto length = lengths->second.find(TailLength(f));
+      if (--length->second == 0) lengths->second.erase(length);
+      if (lengths->second.empty()) tail_lengths_.erase(lengths);
+    }
+    bytes_ -= f.bytes;
+    lru_.erase(it->second.lru);
+    files_.erase(it);
+  }
+
+  const int64_t budget_bytes_;
+  CacheSimDisk& stats_;
+  std::list<Hash128> lru_;  // least recently used first
+  absl::flat_hash_map<Hash128, Slot> files_;
+  absl::flat_hash_map<Hash128, std::map<int64_t, int>> tail_lengths_;
+  int64_t bytes_ = 0;
+};
+
+// The deepest resume point on `disk` past `memory_hit` for a prompt of
+// `tokens` (page keys `keys`) whose pages are in memory through
+// `kv_match_tokens`: the state key and position, or nullopt. A state at
+// node d needs pages [0, d) in memory or on disk.
+std::optional<std::pair<Hash128, int64_t>> DeeperOnDisk(const SimulatedDisk& disk, const Hash128& ns,
+                                                        absl::Span<const TokenId> tokens,
+                                                        const std::vector<Hash128>& keys, int64_t page_size,
+                                                        int64_t kv_match_tokens, int64_t memory_hit) {
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  int64_t depth = kv_match_tokens / page_size;
+  while (depth < static_cast<int64_t>(keys.size()) && disk.Find(keys[depth]) != nullptr) ++depth;
+  // Deepest node first, then the longest tail, as CacheIndex::Lookup; a
+  // node's states lie in [d * page_size, (d + 1) * page_size).
+  for (int64_t d = depth; d >= 0 && (d + 1) * page_size - 1 > memory_hit; --d) {
+    const Hash128& node = d == 0 ? ns : keys[d - 1];
+    const std::map<int64_t, int>* lengths = disk.TailLengths(node);
+    if (lengths == nullptr) continue;
+    for (auto it = lengths->rbegin(); it != lengths->rend(); ++it) {
+      const int64_t q = d * page_size + it->first;
+      if (q > n || q <= memory_hit) continue;
+      const Hash128 key = cachestore::StateKey(node, tokens.subspan(d * page_size, it->first));
+      const SimulatedDisk::File* f = disk.Find(key);
+      if (f != nullptr && f->entry_class == EntryClass::kState) return std::make_pair(key, q);
+    }
+  }
+  return std::nullopt;
+}
 
 void AddClass(const cachestore::ClassStats& a, cachestore::ClassStats* sum) {
   sum->entries += a.entries;
@@ -137,22 +278,53 @@ absl::StatusOr<CacheSimResult> RunCacheSim(const Trace& trace, const ModelCost& 
                                                    ", vocab ", options.tokens.vocab, " must be > 0"));
   }
   if (options.shards < 1) return absl::InvalidArgumentError(absl::StrCat("shards ", options.shards, " must be >= 1"));
+  if (options.disk_budget_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("disk_budget_bytes ", options.disk_budget_bytes, " must be >= 0"));
+  }
+  const int32_t ps = model.page_size();
+  CacheSimResult result;
+  // With a disk tier: each shard's disk, and each state's node key for the
+  // spills (Publisher::RecordStateNodes).
+  std::vector<std::unique_ptr<SimulatedDisk>> disks;
+  absl::flat_hash_map<Hash128, Hash128> state_node;
   std::vector<std::string> names;
   std::vector<std::unique_ptr<CacheIndex>> indexes;
   for (int i = 0; i < options.shards; ++i) {
     names.push_back(absl::StrCat("shard-", i));
-    indexes.push_back(std::make_unique<CacheIndex>(options.index));
+    if (options.disk_budget_bytes == 0) {
+      indexes.push_back(std::make_unique<CacheIndex>(options.index));
+      continue;
+    }
+    disks.push_back(std::make_unique<SimulatedDisk>(options.disk_budget_bytes, result.disk));
+    disks.back()->page_size = ps;
+    cachestore::CacheIndexOptions index_options = options.index;
+    index_options.on_evict = [disk = disks.back().get(), &state_node, ps](const EntryInfo& e) {
+      SimulatedDisk::File file;
+      file.entry_class = e.entry_class;
+      file.position = e.position;
+      file.state_kind = e.state_kind;
+      int64_t tokens = ps;
+      if (e.entry_class == EntryClass::kState) {
+        auto node = state_node.find(e.key);
+        DCHECK(node != state_node.end());
+        if (node == state_node.end()) return;
+        file.node = node->second;
+        tokens = e.position % ps;
+      }
+      file.bytes = e.size_bytes + kSimDiskFileOverheadBytes + 4 * tokens;
+      disk->Spill(e.key, file);
+    };
+    indexes.push_back(std::make_unique<CacheIndex>(index_options));
   }
   absl::StatusOr<ShardPlacement> placement = ShardPlacement::Create(names);
   if (!placement.ok()) return placement.status();
   absl::flat_hash_map<std::string, int> shard_of_name;
   for (int i = 0; i < options.shards; ++i) shard_of_name[names[i]] = i;
-  const int32_t ps = model.page_size();
   const Hash128 ns = cachestore::NamespaceKey("cache_sim", "", "tenant", "", ps);
-  CacheSimResult result;
   result.shards.resize(options.shards);
   for (int i = 0; i < options.shards; ++i) result.shards[i].name = names[i];
   Publisher publisher(model, ns, options.log_routing, result);
+  if (!disks.empty()) publisher.RecordStateNodes(&state_node);
   absl::flat_hash_map<int64_t, int64_t> shared_tokens;  // each conversation's shared prefix, in tokens
   // The shard that owns a chain of conversation `conv` with page keys `keys`.
   const auto owner = [&](int64_t conv, const std::vector<Hash128>& keys) {
@@ -191,11 +363,38 @@ absl::StatusOr<CacheSimResult> RunCacheSim(const Trace& trace, const ModelCost& 
     if (options.log_routing) result.routing.push_back(CacheSimCall{turn_index, shard, CacheSimCall::Kind::kLookup});
     absl::StatusOr<cachestore::LookupResult> hit = index.Lookup(ns, ps, prompt_keys, tokens, /*lease=*/false, now);
     if (!hit.ok()) return absl::InternalError(absl::StrCat("lookup: ", hit.status().message()));
-    const int64_t p = std::min(hit->resume_position, n);
+    int64_t p = std::min(hit->resume_position, n);
+    const int64_t memory_hit = p;
+    if (!disks.empty()) {
+      // The disk tier: promote a deeper resume point, then look up again.
+      SimulatedDisk& disk = *disks[shard];
+      const int64_t kv_pages = hit->kv_match_tokens / ps;
+      if (const auto deeper = DeeperOnDisk(disk, ns, tokens, prompt_keys, ps, hit->kv_match_tokens, p)) {
+        const auto& [state_key, q] = *deeper;
+        for (int64_t i = kv_pages; i < q / ps; ++i) disk.Read(prompt_keys[i]);
+        const SimulatedDisk::File state = disk.Read(state_key);
+        publisher.SetPromoting(true);
+        publisher.Pages(tokens, prompt_keys, kv_pages, q / ps, now);
+        publisher.State(tokens, prompt_keys, q, state.state_kind, now);
+        publisher.SetPromoting(false);
+        if (options.log_routing) {
+          result.routing.push_back(CacheSimCall{turn_index, shard, CacheSimCall::Kind::kLookup});
+        }
+        hit = index.Lookup(ns, ps, prompt_keys, tokens, /*lease=*/false, now);
+        if (!hit.ok()) return absl::InternalError(absl::StrCat("lookup: ", hit.status().message()));
+        p = std::min(hit->resume_position, n);
+        if (p > memory_hit) {
+          ++result.disk.hits;
+          result.disk.hit_tokens += p - memory_hit;
+          result.disk.saved_flops += model.PrefixFlops(p) - model.PrefixFlops(memory_hit);
+        }
+      }
+    }
     ++result.turns;
     result.prompt_tokens += n;
     result.hit_tokens += p;
     result.hits.push_back(p);
+    result.memory_hits.push_back(memory_hit);
     result.turn_shard.push_back(shard);
     result.prompt_flops += model.PrefixFlops(n);
     result.saved_flops += model.PrefixFlops(p);
@@ -244,6 +443,11 @@ absl::StatusOr<CacheSimResult> RunCacheSim(const Trace& trace, const ModelCost& 
     AddClass(s.states, &result.end.states);
     result.end.lookups += s.lookups;
     result.end.lookup_hits += s.lookup_hits;
+  }
+  result.disk.budget_bytes = options.disk_budget_bytes * static_cast<int64_t>(disks.size());
+  for (const auto& disk : disks) {
+    result.disk.files += disk->files();
+    result.disk.bytes += disk->bytes();
   }
   return result;
 }

@@ -15,6 +15,7 @@
 // cache_index_invariants.cc (CheckInvariants).
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -83,6 +84,12 @@ struct CacheIndexOptions {
   // interior pages), each choice in O(log n), and TTL expiry stays by idle time.
   EvictionPolicy eviction = EvictionPolicy::kLru;
   UtilityCost utility;
+  // Called inside the call that evicts, once for each committed entry removed
+  // to make room (either policy) and each committed state dropped with such a
+  // page (before its page), never for TTL expiry, aborts or corrupt removals.
+  // It must not call the index. Empty: not called. bench/cachestore's
+  // simulated disk tier (cache_sim.h) spills through it.
+  std::function<void(const EntryInfo&)> on_evict;
 
   // What the index allocates per entry on x86-64 with glibc, measured by
   // //cachestore/index:cache_index_memory_test through malloc's own count (the

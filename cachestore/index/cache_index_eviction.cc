@@ -210,6 +210,7 @@ void CacheIndex::ForgetEntryBytes(EntryClass c, Entry* e) {
 
 void CacheIndex::RemoveState(State* state, RemoveReason reason) {
   CountRemoval(reason, state->entry, state_stats_);
+  if (reason == RemoveReason::kLru && options_.on_evict) options_.on_evict(StateInfo(*state));
   if (state->entry.evictable) {
     StateLru(*state).erase({state->entry.tick, state});
     if (UtilityPolicy()) state_utility_.erase({state->entry.priority, state->entry.tick, state});
@@ -246,8 +247,14 @@ void CacheIndex::RemoveSubtree(Node* node, RemoveReason reason) {
 void CacheIndex::RemoveNodeOnly(Node* node, RemoveReason reason) {
   DCHECK(node->children.empty());
   DCHECK(node->parent != nullptr);
-  while (!node->states.empty()) RemoveState(node->states.back(), RemoveReason::kWithPages);
+  const bool evicted = reason == RemoveReason::kLru && options_.on_evict;
+  while (!node->states.empty()) {
+    State* state = node->states.back();
+    if (evicted && state->entry.committed) options_.on_evict(StateInfo(*state));
+    RemoveState(state, RemoveReason::kWithPages);
+  }
   CountRemoval(reason, node->entry, page_stats_);
+  if (evicted) options_.on_evict(PageInfo(*node, node->root->page_size));
   if (node->entry.evictable) {
     page_lru_.erase({node->entry.tick, node});
     if (UtilityPolicy()) page_utility_.erase({node->entry.priority, node->entry.tick, node});
