@@ -1,7 +1,6 @@
 #include "bench/cachestore/cache_sim.h"
 
 #include <algorithm>
-#include <list>
 #include <map>
 #include <memory>
 #include <optional>
@@ -10,6 +9,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "bench/cachestore/simulated_disk.h"
 #include "cachestore/client/shard_placement.h"
 #include "cachestore/keys.h"
 #include "common/logging.h"
@@ -121,98 +121,6 @@ class Publisher {
   CacheSimResult& result_;
 };
 
-// One shard's simulated disk tier (cache_sim.h): the files DiskTier would
-// hold, by key, in LRU order, without their bytes. Counts into `stats`.
-class SimulatedDisk {
- public:
-  struct File {
-    EntryClass entry_class = EntryClass::kPage;
-    Hash128 node;  // states: the node they hang at (the parent page's key, or the namespace's)
-    int64_t position = 0;
-    StateKind state_kind = StateKind::kExactPrefix;
-    int64_t bytes = 0;  // the whole file, as the budget counts it
-  };
-
-  SimulatedDisk(int64_t budget_bytes, CacheSimDisk& stats) : budget_bytes_(budget_bytes), stats_(stats) {}
-
-  // Writes `file` under `key` unless it is there already or larger than the
-  // budget; evicts the least recently used files until it fits.
-  void Spill(const Hash128& key, const File& file) {
-    if (files_.contains(key)) {
-      ++stats_.spills_present;
-      return;
-    }
-    if (file.bytes > budget_bytes_) {
-      ++stats_.spills_refused;
-      return;
-    }
-    while (bytes_ + file.bytes > budget_bytes_) {
-      Remove(lru_.front());
-      ++stats_.evictions;
-    }
-    lru_.push_back(key);
-    files_.emplace(key, Slot{file, std::prev(lru_.end())});
-    bytes_ += file.bytes;
-    if (file.entry_class == EntryClass::kState) ++tail_lengths_[file.node][TailLength(file)];
-    ++stats_.files_written;
-    stats_.bytes_written += file.bytes;
-  }
-
-  const File* Find(const Hash128& key) const {
-    auto it = files_.find(key);
-    return it == files_.end() ? nullptr : &it->second.file;
-  }
-
-  // Reads the file under `key` (present): a use.
-  File Read(const Hash128& key) {
-    Slot& slot = files_.at(key);
-    lru_.splice(lru_.end(), lru_, slot.lru);
-    ++stats_.files_read;
-    stats_.bytes_read += slot.file.bytes;
-    return slot.file;
-  }
-
-  // The tail lengths of the states on disk at `node`, with their counts;
-  // null when none.
-  const std::map<int64_t, int>* TailLengths(const Hash128& node) const {
-    auto it = tail_lengths_.find(node);
-    return it == tail_lengths_.end() ? nullptr : &it->second;
-  }
-
-  int64_t files() const { return static_cast<int64_t>(files_.size()); }
-  int64_t bytes() const { return bytes_; }
-  int64_t page_size = 0;
-
- private:
-  struct Slot {
-    File file;
-    std::list<Hash128>::iterator lru;
-  };
-
-  int64_t TailLength(const File& f) const { return f.position % page_size; }
-
-  void Remove(const Hash128& key) {
-    auto it = files_.find(key);
-    const File& f = it->second.file;
-    if (f.entry_class == EntryClass::kState) {
-      auto lengths = tail_lengths_.find(f.node);
-      auto length = lengths->second.find(TailLength(f));
-      if (--length->second == 0) lengths->second.erase(length);
-      if (lengths->second.empty()) tail_lengths_.erase(lengths);
-    }
-    bytes_ -= f.bytes;
-    lru_.erase(it->second.lru);
-    files_.erase(it);
-  }
-
-  const int64_t budget_bytes_;
-  CacheSimDisk& stats_;
-  std::list<Hash128> lru_;  // least recently used first
-  absl::flat_hash_map<Hash128, Slot> files_;
-  absl::flat_hash_map<Hash128, std::map<int64_t, int>> tail_lengths_;
-  int64_t bytes_ = 0;
-};
-
 // The deepest resume point on `disk` past `memory_hit` for a prompt of
 // `tokens` (page keys `keys`) whose pages are in memory through
 // `kv_match_tokens`: the state key and position, or nullopt. A state at
@@ -295,8 +203,7 @@ absl::StatusOr<CacheSimResult> RunCacheSim(const Trace& trace, const ModelCost& 
       indexes.push_back(std::make_unique<CacheIndex>(options.index));
       continue;
     }
-    disks.push_back(std::make_unique<SimulatedDisk>(options.disk_budget_bytes, result.disk));
-    disks.back()->page_size = ps;
+    disks.push_back(std::make_unique<SimulatedDisk>(options.disk_budget_bytes, ps, result.disk));
     cachestore::CacheIndexOptions index_options = options.index;
     index_options.on_evict = [disk = disks.back().get(), &state_node, ps](const EntryInfo& e) {
       SimulatedDisk::File file;

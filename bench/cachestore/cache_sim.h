@@ -61,6 +61,7 @@
 
 #include "absl/status/statusor.h"
 #include "bench/cachestore/model_cost.h"
+#include "bench/cachestore/simulated_disk.h"
 #include "bench/cachestore/trace.h"
 #include "cachestore/index/cache_index.h"
 
@@ -108,27 +109,6 @@ struct CacheSimOptions {
 // (4 bytes each): DiskTier's 64-byte header and a 64-byte record of the
 // entry's fields (kind, parent, position, checksum, lengths).
 inline constexpr int64_t kSimDiskFileOverheadBytes = 128;
-
-// The disk tier's share of a run (CacheSimOptions::disk_budget_bytes > 0),
-// summed over the shards.
-struct CacheSimDisk {
-  int64_t budget_bytes = 0;  // all shards together
-  // Turns whose resume point came from disk (deeper than memory's), and
-  // the tokens and FLOPs that added over the memory hit of those turns.
-  int64_t hits = 0;
-  int64_t hit_tokens = 0;
-  double saved_flops = 0;
-  int64_t files_written = 0;  // spills (entries not on disk yet)
-  int64_t bytes_written = 0;
-  int64_t spills_present = 0;  // evicted entries already on disk: not rewritten
-  int64_t spills_refused = 0;  // larger than the budget
-  int64_t files_read = 0;      // promotions' reads
-  int64_t bytes_read = 0;
-  int64_t evictions = 0;           // files removed for the budget
-  int64_t promotion_failures = 0;  // promoted entries the memory refused
-  int64_t files = 0;               // on disk at the end
-  int64_t bytes = 0;
-};
 
 // One shard's share of a run.
 struct CacheSimShard {
