@@ -702,6 +702,34 @@ TEST(CacheSimDiskTest, WhatMemoryEvictedIsPromotedFromDiskAtTheDeepestState) {
   EXPECT_EQ(RunCacheSim(trace, model, options).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(CacheSimDiskTest, ADiskLookupTakesTheLongestTailAtTheDeepestNode) {
+  // ThreeTurns' conversation A with B's first turn before A's last, and a
+  // state budget of one state: every state but the newest spills. A's turn 1
+  // (prompt 70) resumes at 49 in memory and puts 64 (grid), 70 and 74, all
+  // on page 4's node (tails 0, 6, 10); B's states push A's 74 out. A's turn
+  // 2 (prompt 105) finds pages 0-3 and no state in memory; on disk 40 (node
+  // 2), 49 (node 3) and the three at node 4: it takes 74, the longest tail
+  // of the deepest node, and promotes only that state (page 4 was never put).
+  const Trace trace = Parse((std::string(kHeader) + R"({"conv":0,"turn":0,"t":0,"user":40,"reply":10}
+{"conv":0,"turn":1,"t":1,"user":20,"reply":5}
+{"conv":1,"turn":0,"t":2,"user":40,"reply":10}
+{"conv":0,"turn":2,"t":3,"user":30,"reply":1})")
+                                .c_str());
+  const ModelCost model = DefaultModel();
+  CacheSimOptions options;
+  options.tokens.vocab = model.vocab();
+  options.index.state_budget_bytes = model.StateBytes(74, true) + kOverhead + 4 * 10;
+  options.disk_budget_bytes = int64_t{1} << 40;
+  absl::StatusOr<CacheSimResult> r = RunCacheSim(trace, model, options);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT(r->memory_hits, ElementsAre(0, 49, 0, 0));
+  EXPECT_THAT(r->hits, ElementsAre(0, 49, 0, 74));
+  EXPECT_EQ(r->disk.hits, 1);
+  EXPECT_EQ(r->disk.files_read, 1);
+  EXPECT_EQ(r->disk.bytes_read, StateFile(model, 74));
+  EXPECT_EQ(r->disk.promotion_failures, 0);
+}
+
 TEST(CacheSimDiskTest, TheDiskKeepsItsBudgetByLruAndRefusesAFileLargerThanIt) {
   const Trace trace = AThenBThenA();
   const ModelCost model = DefaultModel();
