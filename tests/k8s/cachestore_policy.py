@@ -36,6 +36,17 @@ def check_cachestore_shards(objs):
                       "time")
     if spec.get("replicas", 1) < 2:
         errors.append(f"cachestore: {spec.get('replicas', 1)} shard(s), want 2 or more")
+    # Each shard reports its pod's name (stable in a StatefulSet); one name
+    # for all would put every chain on one shard's name.
+    f = m.flags(objs, "cachestore")
+    env = {e["name"]: e for e in m.container(objs, "cachestore").get("env", [])}
+    name = f.get("shard_name")
+    if name is not None:
+        var = name[2:-1] if name.startswith("$(") and name.endswith(")") else None
+        if var is None or env.get(var, {}).get("valueFrom", {}).get("fieldRef", {}).get(
+                "fieldPath") != "metadata.name":
+            errors.append(f"cachestore: --shard_name={name}, want the pod's name (downward API metadata.name) or "
+                          "the default (the host name)")
     terms = spec["template"]["spec"].get("affinity", {}).get("podAntiAffinity", {})
     terms = terms.get("requiredDuringSchedulingIgnoredDuringExecution", []) + [
         t.get("podAffinityTerm", {}) for t in terms.get("preferredDuringSchedulingIgnoredDuringExecution", [])]
