@@ -339,6 +339,7 @@ class Pod:
 
     def _start(self, spec):
         mounts = self._volumes(spec)
+        self.mounts = mounts  # mountPath -> its directory here
         paths = {**image_paths(), **mounts}
         for local in self.config_dirs:
             for file_name in os.listdir(local):
@@ -348,6 +349,7 @@ class Pod:
                 with open(file_path, "w", encoding="utf-8") as f:
                     f.write(bind_to(replace_paths(text, paths), self.ip))
         env = self._env()
+        self.env = env  # the container's declared env, expanded
         argv = [bind_to(replace_paths(expand(a, env), paths), self.ip)
                 for a in self.container.get("command", []) + self.container.get("args", [])]
         # The process sees the declared env only (plus PATH and the
@@ -357,6 +359,7 @@ class Pod:
         group = self.cluster.before_start(self) if self.cluster.before_start else None
         self._run_init_containers(spec, env, group)
         log = open(self.log_path, "wb")
+        self.started_at = time.monotonic()
         try:
             return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=process_env,
                                     cwd=os.path.join(self.cluster.workdir, self.name), group=group)
