@@ -1,13 +1,20 @@
 #include "bench/cachestore/cache_sim.h"
 
 #include <algorithm>
+#include <functional>
+#include <map>
 #include <memory>
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "bench/cachestore/simulated_disk.h"
 #include "cachestore/client/shard_placement.h"
+#include "cachestore/index/spill_record.h"
 #include "cachestore/keys.h"
+#include "common/logging.h"
 
 namespace hybridserve::bench {
 namespace {
@@ -17,6 +24,7 @@ using cachestore::EntryClass;
 using cachestore::Hash128;
 using cachestore::PutSpec;
 using cachestore::ShardPlacement;
+using cachestore::SpilledEntry;
 using cachestore::StateKind;
 
 class Publisher {
@@ -31,6 +39,14 @@ class Publisher {
     turn_ = turn;
     turn_end_ = turn_end;
   }
+
+  // With `promoting`, the next puts are a disk tier's promotions: counted in
+  // CacheSimDisk, not as writes or put failures.
+  void SetPromoting(bool promoting) { promoting_ = promoting; }
+
+  // With a disk tier (CacheIndexOptions::spill_evictions): after every
+  // reserve, what it evicted, for shard `shard`'s disk.
+  void SpillTo(std::function<void(int shard, std::vector<SpilledEntry> entries)> spill) { spill_ = std::move(spill); }
 
   // Pages [first, last) of `tokens`, in order, up to the first that fails (the
   // pages after it would have no parent).
@@ -69,18 +85,21 @@ class Publisher {
   }
 
   bool Put(const PutSpec& spec, absl::Time now, int64_t* bytes, int64_t* entries) {
+    int64_t& failures = promoting_ ? result_.disk.promotion_failures : result_.put_failures;
     Log(CacheSimCall::Kind::kReserve);
     absl::StatusOr<cachestore::Reservation> r = index_->Reserve(spec, now);
+    if (spill_) spill_(shard_, index_->TakeSpilled());  // a refused reserve may have evicted too
     if (!r.ok()) {
-      ++result_.put_failures;
+      ++failures;
       return false;
     }
     if (r->already_present) return true;
     Log(CacheSimCall::Kind::kCommit);
     if (!index_->Commit(r->id, /*checksum=*/0, now).ok()) {
-      ++result_.put_failures;
+      ++failures;
       return false;
     }
+    if (promoting_) return true;
     *bytes += spec.size_bytes;
     ++*entries;
     return true;
@@ -91,6 +110,8 @@ class Publisher {
   }
 
   CacheIndex* index_ = nullptr;
+  bool promoting_ = false;
+  std::function<void(int, std::vector<SpilledEntry>)> spill_;  // empty without a disk tier
   int shard_ = 0;
   int64_t turn_ = 0;
   bool turn_end_ = false;
@@ -99,6 +120,34 @@ class Publisher {
   const bool log_routing_;
   CacheSimResult& result_;
 };
+
+// The deepest resume point on `disk` past `memory_hit` for a prompt of
+// `tokens` (page keys `keys`) whose pages are in memory through
+// `kv_match_tokens`: the state key and position, or nullopt. A state at
+// node d needs pages [0, d) in memory or on disk.
+std::optional<std::pair<Hash128, int64_t>> DeeperOnDisk(const SimulatedDisk& disk, const Hash128& ns,
+                                                        absl::Span<const TokenId> tokens,
+                                                        const std::vector<Hash128>& keys, int64_t page_size,
+                                                        int64_t kv_match_tokens, int64_t memory_hit) {
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  int64_t depth = kv_match_tokens / page_size;
+  while (depth < static_cast<int64_t>(keys.size()) && disk.Find(keys[depth]) != nullptr) ++depth;
+  // Deepest node first, then the longest tail, as CacheIndex::Lookup; a
+  // node's states lie in [d * page_size, (d + 1) * page_size).
+  for (int64_t d = depth; d >= 0 && (d + 1) * page_size - 1 > memory_hit; --d) {
+    const Hash128& node = d == 0 ? ns : keys[d - 1];
+    const std::map<int64_t, int>* lengths = disk.TailLengths(node);
+    if (lengths == nullptr) continue;
+    for (auto it = lengths->rbegin(); it != lengths->rend(); ++it) {
+      const int64_t q = d * page_size + it->first;
+      if (q > n || q <= memory_hit) continue;
+      const Hash128 key = cachestore::StateKey(node, tokens.subspan(d * page_size, it->first));
+      const SimulatedDisk::File* f = disk.Find(key);
+      if (f != nullptr && f->entry_class == EntryClass::kState) return std::make_pair(key, q);
+    }
+  }
+  return std::nullopt;
+}
 
 void AddClass(const cachestore::ClassStats& a, cachestore::ClassStats* sum) {
   sum->entries += a.entries;
@@ -137,22 +186,52 @@ absl::StatusOr<CacheSimResult> RunCacheSim(const Trace& trace, const ModelCost& 
                                                    ", vocab ", options.tokens.vocab, " must be > 0"));
   }
   if (options.shards < 1) return absl::InvalidArgumentError(absl::StrCat("shards ", options.shards, " must be >= 1"));
+  if (options.disk_budget_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("disk_budget_bytes ", options.disk_budget_bytes, " must be >= 0"));
+  }
+  const int32_t ps = model.page_size();
+  CacheSimResult result;
+  // With a disk tier: each shard's disk.
+  std::vector<std::unique_ptr<SimulatedDisk>> disks;
   std::vector<std::string> names;
   std::vector<std::unique_ptr<CacheIndex>> indexes;
   for (int i = 0; i < options.shards; ++i) {
     names.push_back(absl::StrCat("shard-", i));
-    indexes.push_back(std::make_unique<CacheIndex>(options.index));
+    if (options.disk_budget_bytes == 0) {
+      indexes.push_back(std::make_unique<CacheIndex>(options.index));
+      continue;
+    }
+    disks.push_back(std::make_unique<SimulatedDisk>(options.disk_budget_bytes, ps, result.disk));
+    cachestore::CacheIndexOptions index_options = options.index;
+    index_options.spill_evictions = true;
+    indexes.push_back(std::make_unique<CacheIndex>(index_options));
   }
   absl::StatusOr<ShardPlacement> placement = ShardPlacement::Create(names);
   if (!placement.ok()) return placement.status();
   absl::flat_hash_map<std::string, int> shard_of_name;
   for (int i = 0; i < options.shards; ++i) shard_of_name[names[i]] = i;
-  const int32_t ps = model.page_size();
   const Hash128 ns = cachestore::NamespaceKey("cache_sim", "", "tenant", "", ps);
-  CacheSimResult result;
   result.shards.resize(options.shards);
   for (int i = 0; i < options.shards; ++i) result.shards[i].name = names[i];
   Publisher publisher(model, ns, options.log_routing, result);
+  if (!disks.empty()) {
+    publisher.SpillTo([&disks, ps](int shard, std::vector<SpilledEntry> entries) {
+      for (const SpilledEntry& e : entries) {
+        const cachestore::SpillRecord& r = e.record;
+        SimulatedDisk::File file;
+        file.entry_class = r.entry_class;
+        file.position = r.position;
+        file.state_kind = r.state_kind;
+        int64_t tokens = ps;
+        if (r.entry_class == EntryClass::kState) {
+          file.node = r.parent.value_or(r.ns);  // the page it hangs from, or the root
+          tokens = r.position % ps;
+        }
+        file.bytes = r.size_bytes + kSimDiskFileOverheadBytes + 4 * tokens;
+        disks[shard]->Spill(r.key, file);
+      }
+    });
+  }
   absl::flat_hash_map<int64_t, int64_t> shared_tokens;  // each conversation's shared prefix, in tokens
   // The shard that owns a chain of conversation `conv` with page keys `keys`.
   const auto owner = [&](int64_t conv, const std::vector<Hash128>& keys) {
@@ -191,11 +270,38 @@ absl::StatusOr<CacheSimResult> RunCacheSim(const Trace& trace, const ModelCost& 
     if (options.log_routing) result.routing.push_back(CacheSimCall{turn_index, shard, CacheSimCall::Kind::kLookup});
     absl::StatusOr<cachestore::LookupResult> hit = index.Lookup(ns, ps, prompt_keys, tokens, /*lease=*/false, now);
     if (!hit.ok()) return absl::InternalError(absl::StrCat("lookup: ", hit.status().message()));
-    const int64_t p = std::min(hit->resume_position, n);
+    int64_t p = std::min(hit->resume_position, n);
+    const int64_t memory_hit = p;
+    if (!disks.empty()) {
+      // The disk tier: promote a deeper resume point, then look up again.
+      SimulatedDisk& disk = *disks[shard];
+      const int64_t kv_pages = hit->kv_match_tokens / ps;
+      if (const auto deeper = DeeperOnDisk(disk, ns, tokens, prompt_keys, ps, hit->kv_match_tokens, p)) {
+        const auto& [state_key, q] = *deeper;
+        for (int64_t i = kv_pages; i < q / ps; ++i) disk.Read(prompt_keys[i]);
+        const SimulatedDisk::File state = disk.Read(state_key);
+        publisher.SetPromoting(true);
+        publisher.Pages(tokens, prompt_keys, kv_pages, q / ps, now);
+        publisher.State(tokens, prompt_keys, q, state.state_kind, now);
+        publisher.SetPromoting(false);
+        if (options.log_routing) {
+          result.routing.push_back(CacheSimCall{turn_index, shard, CacheSimCall::Kind::kLookup});
+        }
+        hit = index.Lookup(ns, ps, prompt_keys, tokens, /*lease=*/false, now);
+        if (!hit.ok()) return absl::InternalError(absl::StrCat("lookup: ", hit.status().message()));
+        p = std::min(hit->resume_position, n);
+        if (p > memory_hit) {
+          ++result.disk.hits;
+          result.disk.hit_tokens += p - memory_hit;
+          result.disk.saved_flops += model.PrefixFlops(p) - model.PrefixFlops(memory_hit);
+        }
+      }
+    }
     ++result.turns;
     result.prompt_tokens += n;
     result.hit_tokens += p;
     result.hits.push_back(p);
+    result.memory_hits.push_back(memory_hit);
     result.turn_shard.push_back(shard);
     result.prompt_flops += model.PrefixFlops(n);
     result.saved_flops += model.PrefixFlops(p);
@@ -244,6 +350,11 @@ absl::StatusOr<CacheSimResult> RunCacheSim(const Trace& trace, const ModelCost& 
     AddClass(s.states, &result.end.states);
     result.end.lookups += s.lookups;
     result.end.lookup_hits += s.lookup_hits;
+  }
+  result.disk.budget_bytes = options.disk_budget_bytes * static_cast<int64_t>(disks.size());
+  for (const auto& disk : disks) {
+    result.disk.files += disk->files();
+    result.disk.bytes += disk->bytes();
   }
   return result;
 }

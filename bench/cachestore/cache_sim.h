@@ -36,6 +36,24 @@
 // Eviction is whatever the index does: CacheIndexOptions::eviction (LRU, or
 // utility with its cost model and blend), named in `policy` for the output. Not thread-safe (RunCacheSim is a pure
 // function of its inputs).
+//
+// The disk tier (issue 49): with `disk_budget_bytes` > 0 each shard also has
+// a simulated disk, what cachestore/index/disk_tier.h keeps, without the
+// bytes: one file per entry (its bytes, kSimDiskFileOverheadBytes and 4 bytes
+// per token it carries: a page's tokens, a state's tail), LRU over spills and
+// reads under that byte budget (an entry larger than the budget is not
+// written). Every committed entry the shard's index evicts, and every state
+// dropped with an evicted page (CacheIndexOptions::spill_evictions, drained after every reserve), is spilled
+// there unless already present (a spill rewrites nothing and is not a use).
+// A lookup that finds a deeper resume point on disk than in memory, a state
+// at position q > p (the memory hit) whose node is at most the depth that
+// the prompt's pages reach in memory and then on disk, with the deepest such
+// q taken as the index takes it, reads the pages past the memory match and
+// the state (each read a use), puts them into memory (Reserve + Commit, as
+// any put: they may evict, and so spill), and looks up again: that lookup's
+// resume point is the turn's hit. The turn's hit tokens and FLOPs saved are
+// split by tier: memory p, disk what the disk added (the hit less p). With
+// no disk budget nothing of this runs and the results are as before.
 
 #include <cstdint>
 #include <string>
@@ -43,6 +61,7 @@
 
 #include "absl/status/statusor.h"
 #include "bench/cachestore/model_cost.h"
+#include "bench/cachestore/simulated_disk.h"
 #include "bench/cachestore/trace.h"
 #include "cachestore/index/cache_index.h"
 
@@ -82,7 +101,14 @@ struct CacheSimOptions {
   Placement placement = Placement::kFirstPage;
   // Records every index call's shard in CacheSimResult::routing (for tests).
   bool log_routing = false;
+  // Each shard's simulated disk tier, in bytes of entry files; 0: none.
+  int64_t disk_budget_bytes = 0;
 };
+
+// What a simulated disk file costs beside the entry's bytes and its tokens
+// (4 bytes each): DiskTier's 64-byte header and a 64-byte record of the
+// entry's fields (kind, parent, position, checksum, lengths).
+inline constexpr int64_t kSimDiskFileOverheadBytes = 128;
 
 // One shard's share of a run.
 struct CacheSimShard {
@@ -112,6 +138,9 @@ struct CacheSimResult {
   int64_t prompt_tokens = 0;
   int64_t hit_tokens = 0;     // sum of resume positions
   std::vector<int64_t> hits;  // each turn's resume position, in trace order
+  // Each turn's memory hit (before the disk tier; the same as `hits` without
+  // one), in trace order.
+  std::vector<int64_t> memory_hits;
   double prompt_flops = 0;
   double saved_flops = 0;          // the FLOPs of the hit prefixes
   int64_t page_bytes_written = 0;  // bytes of the entries created (not already present)
@@ -126,6 +155,11 @@ struct CacheSimResult {
   std::vector<CacheSimShard> shards;  // one per shard, by index
   std::vector<int> turn_shard;        // each turn's shard, in trace order
   std::vector<CacheSimCall> routing;  // with log_routing: every index call, in order
+  CacheSimDisk disk;                  // zeros without a disk tier
+
+  // The memory tier's share: hits less what the disk added.
+  int64_t memory_hit_tokens() const { return hit_tokens - disk.hit_tokens; }
+  double memory_saved_flops() const { return saved_flops - disk.saved_flops; }
 
   double hit_rate() const { return prompt_tokens > 0 ? static_cast<double>(hit_tokens) / prompt_tokens : 0; }
   // Bytes the cache holds at the end, index memory included: the working set
@@ -139,8 +173,8 @@ struct CacheSimResult {
 };
 
 // INVALID_ARGUMENT when the trace and the model disagree (a token rule with
-// units_per_token <= 0 or a vocabulary <= 0) or shards < 1; INTERNAL when the index refuses
-// a lookup.
+// units_per_token <= 0 or a vocabulary <= 0), shards < 1 or disk_budget_bytes < 0;
+// INTERNAL when the index refuses a lookup.
 absl::StatusOr<CacheSimResult> RunCacheSim(const Trace& trace, const ModelCost& model, const CacheSimOptions& options);
 
 // What keeping one conversation's turn end until its next turn is worth, for

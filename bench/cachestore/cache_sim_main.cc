@@ -30,6 +30,19 @@
 //       --traces=/tmp/hs-traces/sharegpt.jsonl,/tmp/hs-traces/agents.jsonl,/tmp/hs-traces/long_chats.jsonl \
 //       --out=$PWD/bench/cachestore/results/cache_sim_shards.csv \
 //       --shards_out=$PWD/bench/cachestore/results/cache_sim_shards_per_shard.csv
+//
+// The disk tier (issue 49; cache_sim.h): --disk_budget=d1,d2,... replays each
+// memory budget once per disk budget, each shard with a simulated disk of d
+// (a fraction of the working set, pages and states together, as the memory
+// budgets are, or bytes with a suffix: 512MiB, 4GiB; 0: no disk). The rows
+// gain the disk columns: hit tokens and FLOPs saved by tier, and both per GiB
+// of memory (the memory tier's share over all shards' memory budgets) and per
+// GiB of disk (what the disk added over all shards' disk budgets). Without
+// the flag the output is as before, byte for byte.
+//
+//   bazel run -c opt //bench/cachestore:cache_sim -- --disk_budget=0,0.125,0.5 \
+//       --traces=/tmp/hs-traces/sharegpt.jsonl,/tmp/hs-traces/agents.jsonl \
+//       --out=$PWD/bench/cachestore/results/cache_sim_disk.csv
 
 #include <algorithm>
 #include <cmath>
@@ -42,6 +55,8 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -80,6 +95,10 @@ ABSL_FLAG(std::string, placements, "first_page",
           "comma-separated placements for the shards: first_page (what the client does: ShardPlacement::ChainKey) "
           "and/or first_own_page (simulation only: the first page past a shared system prompt)");
 ABSL_FLAG(std::string, shards_out, "", "CSV file of one row per shard of each sharded run");
+ABSL_FLAG(std::string, disk_budget, "",
+          "comma-separated disk tier budgets per shard, one run each (cache_sim.h): a fraction of the working set "
+          "(pages and states together), or bytes with a suffix B, KiB, MiB or GiB; 0: no disk tier; empty: the "
+          "output without the disk columns");
 ABSL_FLAG(std::string, out, "", "CSV file to write (stdout too)");
 ABSL_FLAG(std::string, intervals_out, "",
           "CSV file of each trace x model's reuse intervals (cache_sim.h ReuseIntervals) for oracle_bound.py; "
@@ -126,6 +145,65 @@ void ShardRows(const std::string& trace, const ModelSpec& model, const std::stri
                                         s.end.pages.dropped_with_pages + s.end.states.dropped_with_pages));
   }
 }
+
+// A --disk_budget value: a fraction of the working set, or bytes with a unit.
+struct DiskBudget {
+  std::string label;  // as given
+  double fraction = 0;
+  int64_t bytes = -1;  // >= 0: bytes, not a fraction
+  int64_t Bytes(int64_t working_set) const {
+    return bytes >= 0 ? bytes : static_cast<int64_t>(fraction * static_cast<double>(working_set));
+  }
+};
+
+absl::StatusOr<DiskBudget> ParseDiskBudget(absl::string_view v) {
+  DiskBudget b;
+  b.label = std::string(v);
+  for (const auto& [suffix, unit] : {std::pair<absl::string_view, int64_t>{"GiB", int64_t{1} << 30},
+                                     {"MiB", int64_t{1} << 20},
+                                     {"KiB", int64_t{1} << 10},
+                                     {"B", 1}}) {
+    if (!absl::EndsWith(v, suffix)) continue;
+    double n = 0;
+    if (!absl::SimpleAtod(v.substr(0, v.size() - suffix.size()), &n) || !(n >= 0) || n * unit > 1e18) break;
+    b.bytes = static_cast<int64_t>(n * static_cast<double>(unit));
+    return b;
+  }
+  if (!absl::SimpleAtod(v, &b.fraction) || !(b.fraction >= 0) || b.fraction > 1e6) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--disk_budget: ", v, " is not a fraction >= 0 or bytes with B, KiB, MiB or GiB"));
+  }
+  return b;
+}
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+// The disk columns of a row (cache_sim.h CacheSimDisk): memory and disk are
+// all shards' budgets together.
+std::string DiskColumns(const std::string& disk_label, const CacheSimOptions& options, const CacheSimResult& r) {
+  const double memory_gib =
+      static_cast<double>(options.index.page_budget_bytes + options.index.state_budget_bytes) * options.shards / kGiB;
+  const double disk_gib = static_cast<double>(r.disk.budget_bytes) / kGiB;
+  const auto per = [](double v, double gib) { return gib > 0 ? v / gib : 0.0; };
+  const double prompt_tokens = std::max<double>(1, static_cast<double>(r.prompt_tokens));
+  const double prompt_flops = r.prompt_flops > 0 ? r.prompt_flops : 1;
+  return absl::StrFormat("%s,%d,%d,%.6f,%.6f,%d,%.6f,%.6f,%.4f,%.4f,%.6e,%.6e,%.1f,%.1f,%d,%d,%d,%d,%d,%d,%d,%d,%d",
+                         disk_label, r.disk.budget_bytes, r.memory_hit_tokens(), r.memory_hit_tokens() / prompt_tokens,
+                         r.memory_saved_flops() / prompt_flops, r.disk.hit_tokens, r.disk.hit_tokens / prompt_tokens,
+                         r.disk.saved_flops / prompt_flops, memory_gib, disk_gib,
+                         per(r.memory_saved_flops(), memory_gib), per(r.disk.saved_flops, disk_gib),
+                         per(static_cast<double>(r.memory_hit_tokens()), memory_gib),
+                         per(static_cast<double>(r.disk.hit_tokens), disk_gib), r.disk.hits, r.disk.bytes_written,
+                         r.disk.bytes_read, r.disk.evictions, r.disk.spills_present, r.disk.spills_refused,
+                         r.disk.promotion_failures, r.disk.files, r.disk.bytes);
+}
+
+constexpr char kDiskHeader[] =
+    ",disk_budget,disk_budget_bytes,memory_hit_tokens,memory_token_hit_rate,memory_flops_saved_fraction,"
+    "disk_hit_tokens,disk_token_hit_rate,disk_flops_saved_fraction,memory_gib,disk_gib,memory_saved_flops_per_gib,"
+    "disk_saved_flops_per_gib,memory_hit_tokens_per_gib,disk_hit_tokens_per_gib,disk_hits,disk_bytes_written,"
+    "disk_bytes_read,disk_evictions,disk_spills_present,disk_spills_refused,disk_promotion_failures,disk_files_end,"
+    "disk_bytes_end";
 
 // a;b;c of each shard's value.
 template <typename F>
@@ -211,12 +289,28 @@ int Main() {
     std::fprintf(stderr, "--placements: one or more, and more than one only with shards\n");
     return 2;
   }
+  std::vector<DiskBudget> disk_budgets;
+  for (absl::string_view d : absl::StrSplit(absl::GetFlag(FLAGS_disk_budget), ',', absl::SkipEmpty())) {
+    absl::StatusOr<DiskBudget> b = ParseDiskBudget(d);
+    if (!b.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(b.status().message()).c_str());
+      return 2;
+    }
+    disk_budgets.push_back(*b);
+  }
+  const bool disk = !disk_budgets.empty();
+  if (disk && compare > 1) {
+    std::fprintf(stderr, "--disk_budget: not with --compare_shards\n");
+    return 2;
+  }
+  if (!disk) disk_budgets.push_back(DiskBudget{});  // one run, no disk tier, no disk columns
   std::vector<std::string> shard_rows = {kShardHeader};
   std::vector<std::string> rows = {
       "trace,model,policy,budget,page_budget_bytes,state_budget_bytes,turns,prompt_tokens,hit_tokens,"
       "token_hit_rate,prompt_flops,saved_flops,flops_saved_fraction,page_bytes_written,state_bytes_written,"
       "bytes_written,evictions,pages_evicted,states_evicted,states_dropped_with_pages,put_failures,"
       "end_charge_bytes"};
+  if (disk) rows[0] += kDiskHeader;
   if (compare > 1) {
     rows = {
         absl::StrCat("trace,model,placement,budget,shards,page_budget_per_shard,state_budget_per_shard,prompt_tokens,"
@@ -279,6 +373,7 @@ int Main() {
       const int64_t state_ws = unlimited->state_charge();
       if (compare == 0) {
         rows.push_back(Row(trace->name, spec, options.policy, "unlimited", page_ws, state_ws, *unlimited));
+        if (disk) rows.back() += absl::StrCat(",", DiskColumns("0", options, *unlimited));
         std::printf("%s\n", rows.back().c_str());
       }
       if (compare > 1) {
@@ -375,15 +470,21 @@ int Main() {
           for (double f : fractions) {
             options.index.page_budget_bytes = std::max<int64_t>(1, static_cast<int64_t>(f * page_ws));
             options.index.state_budget_bytes = std::max<int64_t>(1, static_cast<int64_t>(f * state_ws));
-            absl::StatusOr<CacheSimResult> r = RunCacheSim(*trace, *model, options);
-            if (!r.ok()) {
-              std::fprintf(stderr, "%s\n", r.status().ToString().c_str());
-              return 1;
+            for (const DiskBudget& d : disk_budgets) {
+              options.disk_budget_bytes = d.Bytes(page_ws + state_ws);
+              absl::StatusOr<CacheSimResult> r = RunCacheSim(*trace, *model, options);
+              if (!r.ok()) {
+                std::fprintf(stderr, "%s\n", r.status().ToString().c_str());
+                return 1;
+              }
+              rows.push_back(Row(trace->name, spec, options.policy, absl::StrCat(f), options.index.page_budget_bytes,
+                                 options.index.state_budget_bytes, *r));
+              if (disk) rows.back() += absl::StrCat(",", DiskColumns(d.label, options, *r));
+              const std::string budget = disk ? absl::StrCat(f, "_disk", d.label) : absl::StrCat(f);
+              if (shards > 1) ShardRows(trace->name, spec, options.policy, budget, options, *r, &shard_rows);
+              std::printf("%s\n", rows.back().c_str());
             }
-            rows.push_back(Row(trace->name, spec, options.policy, absl::StrCat(f), options.index.page_budget_bytes,
-                               options.index.state_budget_bytes, *r));
-            if (shards > 1) ShardRows(trace->name, spec, options.policy, absl::StrCat(f), options, *r, &shard_rows);
-            std::printf("%s\n", rows.back().c_str());
+            options.disk_budget_bytes = 0;
           }
           options.policy = "lru";
           options.shards = 1;

@@ -574,5 +574,243 @@ TEST(CacheSimShardsTest, ConversationsSharingAFirstPageShareAShardUnlessPlacedPa
   EXPECT_EQ(RunCacheSim(trace, model, options).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+cachestore::Hash128 Key(uint64_t i) { return cachestore::Hash128{i, 0}; }
+SimulatedDisk::File PageFileOf(int64_t bytes) {
+  SimulatedDisk::File f;
+  f.bytes = bytes;
+  return f;
+}
+
+TEST(SimulatedDiskTest, ReadsAreUsesSpillsOfPresentKeysAreNotAndTheBudgetHolds) {
+  CacheSimDisk stats;
+  SimulatedDisk disk(100, 16, stats);
+  for (uint64_t k : {1, 2, 3}) disk.Spill(Key(k), PageFileOf(30));
+  EXPECT_EQ(disk.Read(Key(1)).bytes, 30);  // LRU order now 2, 3, 1
+  disk.Spill(Key(4), PageFileOf(30));      // evicts 2
+  EXPECT_EQ(disk.Find(Key(2)), nullptr);
+  disk.Spill(Key(3), PageFileOf(30));  // present: not rewritten, not a use
+  disk.Spill(Key(5), PageFileOf(40));  // evicts 3 (60 + 40 fit)
+  EXPECT_EQ(disk.Find(Key(3)), nullptr);
+  for (uint64_t k : {1, 4, 5}) EXPECT_NE(disk.Find(Key(k)), nullptr) << k;
+  disk.Spill(Key(6), PageFileOf(101));  // larger than the budget
+  EXPECT_EQ(disk.Find(Key(6)), nullptr);
+  EXPECT_EQ(disk.files(), 3);
+  EXPECT_EQ(disk.bytes(), 100);
+  EXPECT_EQ(stats.files_written, 5);
+  EXPECT_EQ(stats.bytes_written, 160);
+  EXPECT_EQ(stats.spills_present, 1);
+  EXPECT_EQ(stats.spills_refused, 1);
+  EXPECT_EQ(stats.evictions, 2);
+  EXPECT_EQ(stats.files_read, 1);
+  EXPECT_EQ(stats.bytes_read, 30);
+}
+
+TEST(SimulatedDiskTest, StatesAreFoundByTheirNodesTailLengthsUntilEvicted) {
+  CacheSimDisk stats;
+  SimulatedDisk disk(100, 16, stats);
+  SimulatedDisk::File state;
+  state.entry_class = cachestore::EntryClass::kState;
+  state.node = Key(7);
+  state.bytes = 40;
+  state.position = 2 * 16 + 5;
+  disk.Spill(Key(1), state);
+  state.position = 2 * 16 + 3;
+  disk.Spill(Key(2), state);
+  const std::map<int64_t, int>* lengths = disk.TailLengths(Key(7));
+  ASSERT_NE(lengths, nullptr);
+  EXPECT_THAT(*lengths, ElementsAre(std::pair<const int64_t, int>{3, 1}, std::pair<const int64_t, int>{5, 1}));
+  EXPECT_EQ(disk.TailLengths(Key(8)), nullptr);
+  disk.Spill(Key(3), PageFileOf(40));  // evicts the state of tail 5
+  lengths = disk.TailLengths(Key(7));
+  ASSERT_NE(lengths, nullptr);
+  EXPECT_THAT(*lengths, ElementsAre(std::pair<const int64_t, int>{3, 1}));
+  disk.Spill(Key(4), PageFileOf(60));  // evicts the other
+  EXPECT_EQ(disk.TailLengths(Key(7)), nullptr);
+}
+
+// The disk tier (cache_sim.h). A file's bytes: the entry's, the file and
+// record overhead, and 4 bytes per token it carries.
+int64_t PageFile(const ModelCost& model) { return model.page_bytes() + kSimDiskFileOverheadBytes + 4 * 16; }
+int64_t StateFile(const ModelCost& model, int64_t p) {
+  return model.StateBytes(p, true) + kSimDiskFileOverheadBytes + 4 * (p % 16);
+}
+
+// ASecondConversationEvictsTheFirstFromABudgetThatHoldsOne's trace and
+// budgets: A, then B (which pushes all of A out), then A's second turn.
+Trace AThenBThenA() {
+  return Parse((std::string(kHeader) + R"({"conv":0,"turn":0,"t":0,"user":40,"reply":10}
+{"conv":1,"turn":0,"t":1,"user":40,"reply":10}
+{"conv":0,"turn":1,"t":2,"user":20,"reply":5})")
+                   .c_str());
+}
+CacheSimOptions HoldsOneConversation(const ModelCost& model) {
+  auto state_charge = [&](int64_t p) { return model.StateBytes(p, true) + kOverhead + 4 * (p % 16); };
+  CacheSimOptions options;
+  options.tokens.vocab = model.vocab();
+  options.index.page_budget_bytes = 3 * (model.page_bytes() + kOverhead);
+  options.index.state_budget_bytes = state_charge(40) + state_charge(49);
+  return options;
+}
+
+TEST(CacheSimDiskTest, WhatMemoryEvictedIsPromotedFromDiskAtTheDeepestState) {
+  const Trace trace = AThenBThenA();
+  const ModelCost model = DefaultModel();
+  CacheSimOptions options = HoldsOneConversation(model);
+  options.disk_budget_bytes = int64_t{1} << 40;
+  absl::StatusOr<CacheSimResult> r = RunCacheSim(trace, model, options);
+  ASSERT_TRUE(r.ok()) << r.status();
+  // B's puts evict A's pages 2, 1, 0 with the states at 49 (on page 2) and
+  // 40 (on page 1): all five spill. A's second turn (prompt 70) finds
+  // nothing in memory; on disk its pages 0-2 and both states, and takes the
+  // deeper, 49: it reads the three pages and that state, and their puts push
+  // B's five entries out to disk the same way. The lookup again: 49.
+  EXPECT_THAT(r->memory_hits, ElementsAre(0, 0, 0));
+  EXPECT_THAT(r->hits, ElementsAre(0, 0, 49));
+  EXPECT_EQ(r->hit_tokens, 49);
+  EXPECT_EQ(r->memory_hit_tokens(), 0);
+  EXPECT_EQ(r->disk.hits, 1);
+  EXPECT_EQ(r->disk.hit_tokens, 49);
+  EXPECT_DOUBLE_EQ(r->disk.saved_flops, model.PrefixFlops(49));
+  EXPECT_DOUBLE_EQ(r->saved_flops, model.PrefixFlops(49));
+  EXPECT_DOUBLE_EQ(r->memory_saved_flops(), 0);
+  const int64_t conversation_files = 3 * PageFile(model) + StateFile(model, 40) + StateFile(model, 49);
+  EXPECT_EQ(r->disk.files_written, 10);
+  EXPECT_EQ(r->disk.bytes_written, 2 * conversation_files);
+  EXPECT_EQ(r->disk.files_read, 4);
+  EXPECT_EQ(r->disk.bytes_read, 3 * PageFile(model) + StateFile(model, 49));
+  EXPECT_EQ(r->disk.evictions, 0);
+  EXPECT_EQ(r->disk.spills_present, 0);
+  EXPECT_EQ(r->disk.promotion_failures, 0);
+  EXPECT_EQ(r->disk.files, 10);
+  EXPECT_EQ(r->disk.bytes, 2 * conversation_files);
+  EXPECT_EQ(r->disk.budget_bytes, int64_t{1} << 40);
+  // The promotion wrote nothing as a publication: A's turn 1 then fails as
+  // without a disk (page 3 finds no room, the states at 64, 70 and 74 no
+  // parent page).
+  EXPECT_EQ(r->pages_written, 6);
+  EXPECT_EQ(r->states_written, 4);
+  EXPECT_EQ(r->put_failures, 4);
+
+  // Without the disk tier: no hit, and nothing of the disk counted.
+  options.disk_budget_bytes = 0;
+  r = RunCacheSim(trace, model, options);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT(r->hits, ElementsAre(0, 0, 0));
+  EXPECT_EQ(r->disk.files_written, 0);
+  EXPECT_EQ(r->disk.budget_bytes, 0);
+  options.disk_budget_bytes = -1;
+  EXPECT_EQ(RunCacheSim(trace, model, options).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CacheSimDiskTest, ADiskLookupTakesTheLongestTailAtTheDeepestNode) {
+  // ThreeTurns' conversation A with B's first turn before A's last, and a
+  // state budget of one state: every state but the newest spills. A's turn 1
+  // (prompt 70) resumes at 49 in memory and puts 64 (grid), 70 and 74, all
+  // on page 4's node (tails 0, 6, 10); B's states push A's 74 out. A's turn
+  // 2 (prompt 105) finds pages 0-3 and no state in memory; on disk 40 (node
+  // 2), 49 (node 3) and the three at node 4: it takes 74, the longest tail
+  // of the deepest node, and promotes only that state (page 4 was never put).
+  const Trace trace = Parse((std::string(kHeader) + R"({"conv":0,"turn":0,"t":0,"user":40,"reply":10}
+{"conv":0,"turn":1,"t":1,"user":20,"reply":5}
+{"conv":1,"turn":0,"t":2,"user":40,"reply":10}
+{"conv":0,"turn":2,"t":3,"user":30,"reply":1})")
+                                .c_str());
+  const ModelCost model = DefaultModel();
+  CacheSimOptions options;
+  options.tokens.vocab = model.vocab();
+  options.index.state_budget_bytes = model.StateBytes(74, true) + kOverhead + 4 * 10;
+  options.disk_budget_bytes = int64_t{1} << 40;
+  absl::StatusOr<CacheSimResult> r = RunCacheSim(trace, model, options);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT(r->memory_hits, ElementsAre(0, 49, 0, 0));
+  EXPECT_THAT(r->hits, ElementsAre(0, 49, 0, 74));
+  EXPECT_EQ(r->disk.hits, 1);
+  EXPECT_EQ(r->disk.files_read, 1);
+  EXPECT_EQ(r->disk.bytes_read, StateFile(model, 74));
+  EXPECT_EQ(r->disk.promotion_failures, 0);
+}
+
+TEST(CacheSimDiskTest, TheDiskKeepsItsBudgetByLruAndRefusesAFileLargerThanIt) {
+  const Trace trace = AThenBThenA();
+  const ModelCost model = DefaultModel();
+  CacheSimOptions options = HoldsOneConversation(model);
+  // Three page files: no state file fits (each is larger than the budget).
+  options.disk_budget_bytes = 3 * PageFile(model);
+  ASSERT_GT(StateFile(model, 40), options.disk_budget_bytes);
+  absl::StatusOr<CacheSimResult> r = RunCacheSim(trace, model, options);
+  ASSERT_TRUE(r.ok()) << r.status();
+  // A's pages spill, its states are refused; A's turn 1 promotes nothing
+  // (no state on disk), and its publication of pages 0-2 pushes B's pages
+  // out: they spill over A's (the least recently used), B's states refused.
+  EXPECT_THAT(r->hits, ElementsAre(0, 0, 0));
+  EXPECT_EQ(r->disk.spills_refused, 4);
+  EXPECT_EQ(r->disk.files_written, 6);
+  EXPECT_EQ(r->disk.files_read, 0);
+  EXPECT_EQ(r->disk.evictions, 3);
+  EXPECT_EQ(r->disk.files, 3);
+  EXPECT_EQ(r->disk.bytes, 3 * PageFile(model));
+
+  // Three pages and the state at 49 (the state at 40 is larger: 8 tokens of
+  // tail KV to 49's 1). B's evictions spill A's state 49, page 2 (the LRU
+  // order: s49 p2), then state 40, which pushes both out, pages 1 and 0:
+  // the disk holds s40 p1 p0, so A's turn 1 resumes at 40, not 49. Its
+  // promotion reads p0 p1 s40 (now the most recent) and its two page puts
+  // push out B's pages 2 and 1 with their states: s49B evicts p0, p2B p1,
+  // s40B s40 and s49B, p1B fits. A's page 2 then pushes out B's page 0,
+  // whose file evicts p2B. 10 spills, 7 evictions, s40B p1B p0B at the end.
+  options.disk_budget_bytes = 3 * PageFile(model) + StateFile(model, 49);
+  r = RunCacheSim(trace, model, options);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT(r->memory_hits, ElementsAre(0, 0, 0));
+  EXPECT_THAT(r->hits, ElementsAre(0, 0, 40));
+  EXPECT_EQ(r->disk.spills_refused, 0);
+  EXPECT_EQ(r->disk.files_written, 10);
+  EXPECT_EQ(r->disk.files_read, 3);
+  EXPECT_EQ(r->disk.bytes_read, 2 * PageFile(model) + StateFile(model, 40));
+  EXPECT_EQ(r->disk.evictions, 7);
+  EXPECT_EQ(r->disk.files, 3);
+  EXPECT_EQ(r->disk.bytes, 2 * PageFile(model) + StateFile(model, 40));
+}
+
+TEST(CacheSimDiskTest, ShardsEachHaveADiskAndTheTiersAddUpToTheHits) {
+  const Trace trace = SixConversations();
+  const ModelCost model = EngineDefaultModel();
+  CacheSimOptions options;
+  options.tokens.vocab = model.vocab();
+  options.index.blob_pool_bytes = 0;
+  absl::StatusOr<CacheSimResult> unlimited = RunCacheSim(trace, model, options);
+  ASSERT_TRUE(unlimited.ok()) << unlimited.status();
+  for (int shards : {1, 4}) {
+    // OneShardReplaysTheSimulatorBeforeShards' 1/8 budgets, each shard.
+    options.shards = shards;
+    options.index.page_budget_bytes = 298016;
+    options.index.state_budget_bytes = 1242787;
+    options.disk_budget_bytes = 0;
+    absl::StatusOr<CacheSimResult> memory = RunCacheSim(trace, model, options);
+    ASSERT_TRUE(memory.ok()) << memory.status();
+    for (int64_t disk_budget : {int64_t{1} << 20, int64_t{1} << 40}) {
+      options.disk_budget_bytes = disk_budget;
+      absl::StatusOr<CacheSimResult> r = RunCacheSim(trace, model, options);
+      ASSERT_TRUE(r.ok()) << r.status();
+      SCOPED_TRACE(absl::StrCat(shards, " shards, disk ", disk_budget));
+      EXPECT_EQ(r->disk.budget_bytes, shards * disk_budget);
+      EXPECT_LE(r->disk.bytes, r->disk.budget_bytes);
+      EXPECT_GT(r->disk.hits, 0);
+      int64_t disk_tokens = 0, disk_turns = 0;
+      for (size_t i = 0; i < r->hits.size(); ++i) {
+        EXPECT_GE(r->hits[i], r->memory_hits[i]) << "turn " << i;
+        EXPECT_LE(r->hits[i], unlimited->hits[i]) << "turn " << i;
+        disk_tokens += r->hits[i] - r->memory_hits[i];
+        disk_turns += r->hits[i] > r->memory_hits[i];
+      }
+      EXPECT_EQ(r->disk.hit_tokens, disk_tokens);
+      EXPECT_EQ(r->disk.hits, disk_turns);
+      EXPECT_EQ(r->memory_hit_tokens() + r->disk.hit_tokens, r->hit_tokens);
+      EXPECT_GT(r->hit_tokens, memory->hit_tokens);
+      EXPECT_EQ(r->turn_shard, memory->turn_shard);  // the disk does not move a turn
+    }
+  }
+}
+
 }  // namespace
 }  // namespace hybridserve::bench

@@ -1,6 +1,7 @@
 """The rendered manifests run as local processes, as a one-node cluster would
 run them: the kubelet's part (pods, probes, termination) and the controllers'
-part (Service endpoints and DNS, Deployment scaling and rolling updates).
+part (Service endpoints and DNS, Deployment and StatefulSet scaling and
+rolling updates).
 
 Everything a pod runs comes from the rendered objects: the container's
 command, args and env (with Kubernetes' $(VAR) expansion and the downward
@@ -17,7 +18,10 @@ files. What one host forces is mapped, and only that:
     same per-volume directories); one that fails is a failure of the pod;
   - volumes: a ConfigMap mount is a per-pod directory holding the ConfigMap's
     files (as the kubelet writes them), an emptyDir an empty per-pod
-    directory; a Secret mount a per-pod directory laid out as the kubelet's
+    directory, a StatefulSet's volumeClaimTemplate a directory of its own
+    per claim (<template>-<pod name>, as the controller names the PVC) that
+    outlives the pod: the pod that replaces it, under the same name, finds
+    what it wrote; a Secret mount a per-pod directory laid out as the kubelet's
     atomic writer lays it out (each key a symlink through ..data to a
     timestamped directory) from the Secrets the test gives (Cluster(secrets=)),
     and Cluster.update_secret renews it as the kubelet does (new directory,
@@ -225,10 +229,14 @@ class Probe:
 
 
 class Pod:
-    """One pod of a Deployment: its container as a process, its probes."""
+    """One pod of a Deployment or StatefulSet: its container as a process, its
+    probes. `name` names its files here (log, volumes: unique in the run);
+    `pod_name`, its metadata.name (a StatefulSet's <name>-<ordinal>, the
+    same for the pod that replaces it), is `name` unless given."""
 
-    def __init__(self, cluster, deployment, name, ip):
+    def __init__(self, cluster, deployment, name, ip, pod_name=None):
         self.cluster, self.deployment, self.name, self.ip = cluster, deployment, name, ip
+        self.pod_name = pod_name or name
         self.labels = deployment.template["metadata"].get("labels", {})
         spec = deployment.template["spec"]
         self.container = spec["containers"][0]
@@ -270,7 +278,14 @@ class Pod:
             return mounts
         self.config_dirs = []
         self.secret_dirs = {}  # local directory -> the Secret volume's spec
+        claims = {t["metadata"]["name"] for t in getattr(self.deployment, "claim_templates", [])}
         for m in self.container.get("volumeMounts", []):
+            if m["name"] in claims and m["name"] not in volumes:
+                # The pod's PVC, <template>-<pod name>: kept across pods.
+                local = os.path.join(self.cluster.workdir, "pvc", f"{m['name']}-{self.pod_name}")
+                os.makedirs(local, exist_ok=True)
+                mounts[m["mountPath"]] = local
+                continue
             volume = volumes[m["name"]]
             local = os.path.join(self.cluster.workdir, self.name, m["name"])
             os.makedirs(local, exist_ok=True)
@@ -300,7 +315,7 @@ class Pod:
                 env[e["name"]] = expand(e["value"], env)
                 continue
             field = e["valueFrom"]["fieldRef"]["fieldPath"]
-            values = {"status.podIP": self.ip, "metadata.name": self.name,
+            values = {"status.podIP": self.ip, "metadata.name": self.pod_name,
                       "metadata.namespace": self.deployment.namespace}
             if field not in values:
                 raise ValueError(f"{self.name}: downward API field {field} is not run here")
@@ -324,6 +339,7 @@ class Pod:
 
     def _start(self, spec):
         mounts = self._volumes(spec)
+        self.mounts = mounts  # mountPath -> its directory here
         paths = {**image_paths(), **mounts}
         for local in self.config_dirs:
             for file_name in os.listdir(local):
@@ -333,6 +349,7 @@ class Pod:
                 with open(file_path, "w", encoding="utf-8") as f:
                     f.write(bind_to(replace_paths(text, paths), self.ip))
         env = self._env()
+        self.env = env  # the container's declared env, expanded
         argv = [bind_to(replace_paths(expand(a, env), paths), self.ip)
                 for a in self.container.get("command", []) + self.container.get("args", [])]
         # The process sees the declared env only (plus PATH and the
@@ -342,6 +359,7 @@ class Pod:
         group = self.cluster.before_start(self) if self.cluster.before_start else None
         self._run_init_containers(spec, env, group)
         log = open(self.log_path, "wb")
+        self.started_at = time.monotonic()
         try:
             return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=process_env,
                                     cwd=os.path.join(self.cluster.workdir, self.name), group=group)
@@ -608,6 +626,70 @@ class Deployment:
             self.cluster.wait_for_change(0.1)
 
 
+class StatefulSet:
+    """A rendered StatefulSet and its pods, <name>-0 .. <name>-{n-1}, each
+    with its claims' directories (Pod._volumes). Parallel or OrderedReady pod
+    management; RollingUpdate from the highest ordinal down, one pod at a
+    time, each deleted (its termination run to the end) before its
+    replacement, under the same name, starts."""
+
+    def __init__(self, cluster, obj):
+        self.cluster = cluster
+        self.name = obj["metadata"]["name"]
+        self.namespace = obj["metadata"].get("namespace", "default")
+        self.template = obj["spec"]["template"]
+        self.replicas = obj["spec"].get("replicas", 1)
+        self.parallel = obj["spec"].get("podManagementPolicy", "OrderedReady") == "Parallel"
+        self.strategy = obj["spec"].get("updateStrategy", {"type": "RollingUpdate"})
+        self.claim_templates = obj["spec"].get("volumeClaimTemplates", [])
+        self.governing_service = obj["spec"].get("serviceName")
+        self.min_ready_s = obj["spec"].get("minReadySeconds", 0)
+        self.pods = []  # not deleted, by ordinal
+        self.revision = 0
+
+    def _new_pod(self, ordinal):
+        pod_name = f"{self.name}-{ordinal}"
+        pod = self.cluster.new_pod(self, f"{pod_name}-r{self.revision}-{len(self.cluster.all_pods)}", pod_name)
+        self.pods.insert(ordinal, pod)
+        return pod
+
+    def available(self, pods):
+        now = time.monotonic()
+        return [p for p in pods if p.ready and now - p.ready_since >= self.min_ready_s]
+
+    def scale(self, replicas, timeout_s):
+        """Scales up to `replicas` (all at once with Parallel, else each
+        after the one before is ready) and waits until every pod is
+        available."""
+        while len(self.pods) < replicas:
+            pod = self._new_pod(len(self.pods))
+            if not self.parallel:
+                self.cluster.wait(lambda: pod.ready, timeout_s, f"{pod.pod_name} ready")
+        self.cluster.wait(lambda: len(self.available(self.pods)) >= replicas, timeout_s,
+                          f"{self.name}: {replicas} pods available")
+
+    def rollout(self, timeout_s, terminations):
+        """A new revision replaces every pod as the StatefulSet controller
+        does: the highest ordinal first, each deleted and its termination
+        waited for, then its replacement started and waited for ready.
+        `terminations` as Deployment.rollout's (here each already over)."""
+        if self.strategy.get("type", "RollingUpdate") != "RollingUpdate":
+            raise ValueError(f"{self.name}: only RollingUpdate is run here")
+        self.revision += 1
+        deadline = time.monotonic() + timeout_s
+        for ordinal in reversed(range(len(self.pods))):
+            old = self.pods.pop(ordinal)
+            thread = threading.Thread(target=old.delete, daemon=True)
+            thread.start()
+            terminations.append(thread)
+            thread.join(max(0.0, deadline - time.monotonic()))
+            if thread.is_alive():
+                raise AssertionError(f"{old.pod_name}: not terminated within the rollout's {timeout_s} s")
+            new = self._new_pod(ordinal)
+            self.cluster.wait(lambda: new in self.available([new]), max(0.0, deadline - time.monotonic()),
+                              f"{self.name} rollout: {new.pod_name} available")
+
+
 def _resolve(value, replicas, round_up):
     if isinstance(value, int):
         return value
@@ -693,7 +775,11 @@ class Cluster:
         self.secrets = dict(secrets or {})
         self.before_start = before_start
         self.hosts_path = os.path.join(workdir, "hosts")
+        # The workloads by name: Deployments and StatefulSets (the same
+        # interface: scale, rollout, pods).
         self.deployments = {d["metadata"]["name"]: Deployment(self, d) for d in manifests.find(objs, "Deployment")}
+        self.deployments.update(
+            {s["metadata"]["name"]: StatefulSet(self, s) for s in manifests.find(objs, "StatefulSet")})
         self.services = manifests.find(objs, "Service")
         self.all_pods = []
         self.failures = []
@@ -713,10 +799,10 @@ class Cluster:
         mount namespace)."""
         subprocess.run(["mount", "--bind", self.hosts_path, "/etc/hosts"], check=True)
 
-    def new_pod(self, deployment, name):
+    def new_pod(self, deployment, name, pod_name=None):
         ip = f"{LOOPBACK_PREFIX}{self._next_ip}"
         self._next_ip += 1
-        pod = Pod(self, deployment, name, ip)
+        pod = Pod(self, deployment, name, ip, pod_name)
         self.all_pods.append(pod)
         return pod
 
@@ -732,7 +818,7 @@ class Cluster:
             if manifests.find(objs, kind) != manifests.find(self.objs, kind):
                 raise ValueError(f"apply: the {kind}s changed; not run here")
         changed = []
-        for d in manifests.find(objs, "Deployment"):
+        for d in manifests.find(objs, "Deployment") + manifests.find(objs, "StatefulSet"):
             deployment = self.deployments[d["metadata"]["name"]]
             if d["spec"]["template"] != deployment.template:
                 deployment.template = d["spec"]["template"]
@@ -823,6 +909,11 @@ class Cluster:
                         self.fail(f"Service {name}: port {port['port']} -> target {target}: "
                                   "its name resolves to pod IPs here, so the ports must be equal")
                 lines.append(f"{pod.ip} {name}.{namespace}.{DNS_SUFFIX} {name}")
+                # A StatefulSet's pods under its governing headless Service:
+                # <pod name>.<service>[.<namespace>.svc.cluster.local] each.
+                if isinstance(pod.deployment, StatefulSet) and service["spec"].get("clusterIP") == "None" and \
+                        pod.deployment.governing_service == name:
+                    lines.append(f"{pod.ip} {pod.pod_name}.{name}.{namespace}.{DNS_SUFFIX} {pod.pod_name}.{name}")
         text = ("\n".join(lines) + "\n").encode()
         # In place, one write: the bind mount over /etc/hosts holds this inode.
         # Never truncated: a resolver reading between a truncation and the

@@ -14,6 +14,7 @@ import unittest
 import yaml
 
 import manifests as m
+from cachestore_policy import check_cachestore_disk, check_cachestore_shards
 from gateway_policy import check_gateway_flags, check_gateway_objects, check_gateway_probes, check_gateway_tls
 from manifests import COMPONENTS, GATEWAY, WORKERS
 from pool_policy import (check_adapter_pages, check_autoscaling, check_autoscaling_alternative, check_cachestore_budgets,
@@ -29,7 +30,7 @@ CHECKS = [check_objects, check_resources, check_probes, check_rollout_deadline, 
           check_services, check_drain, check_flags, check_cachestore_budgets, check_autoscaling, check_adapter_pages,
           check_pod_monitors, check_prometheus_rules,
           check_topology, check_network_policies, check_gateway_objects, check_gateway_probes, check_gateway_flags,
-          check_gateway_tls]
+          check_gateway_tls, check_cachestore_shards, check_cachestore_disk]
 TLS_CHECKS = [check_tls_flags, check_tls_secrets, check_tls_health, check_tls_peers, check_tls_certificates,
               check_spiffe_ids]
 
@@ -99,8 +100,6 @@ BREAKAGES = [
      lambda o: o.extend(copy.deepcopy(m.render_namespace()))),
     (check_objects, "decode's data port renamed",
      lambda o: _set(_container(o, "decode")["ports"][1], ["name"], "plane")),
-    (check_objects, "cachestore rolls instead of Recreate",
-     lambda o: _set(m.workload(o, "cachestore")["spec"]["strategy"], ["type"], "RollingUpdate")),
     (check_resources, "decode without a memory limit",
      lambda o: _set(_container(o, "decode")["resources"]["limits"], ["memory"], None)),
     (check_resources, "cachestore without requests",
@@ -115,8 +114,8 @@ BREAKAGES = [
      lambda o: _set(m.workload(o, "decode")["spec"], ["progressDeadlineSeconds"], None)),
     (check_rollout_deadline, "prefill's startup window raised past its deadline",
      lambda o: _set(_container(o, "prefill")["startupProbe"], ["failureThreshold"], 180)),
-    (check_rollout_deadline, "the cachestore's deadline without room for an image pull",
-     lambda o: _set(m.workload(o, "cachestore")["spec"], ["progressDeadlineSeconds"], 120)),
+    (check_rollout_deadline, "the gateway's deadline without room for an image pull",
+     lambda o: _set(m.workload(o, GATEWAY)["spec"], ["progressDeadlineSeconds"], 120)),
     (check_security, "writable root filesystem",
      lambda o: _set(_container(o, "prefill")["securityContext"], ["readOnlyRootFilesystem"], False)),
     (check_security, "capabilities kept",
@@ -136,6 +135,66 @@ BREAKAGES = [
      lambda o: _set(m.one(o, "Service", "hybridserve-prefill")["spec"]["ports"][0], ["targetPort"], "rpc")),
     (check_services, "prefill Service not headless",
      lambda o: _set(m.one(o, "Service", "hybridserve-prefill")["spec"], ["clusterIP"], None)),
+    (check_services, "the shards' Service not headless",
+     lambda o: _set(_shards(o)["spec"], ["clusterIP"], None)),
+    (check_services, "a ClusterIP Service over the shards beside the headless one",
+     lambda o: o.append(_cachestore_cluster_ip(o))),
+    (check_drain, "the cachestore's grace period without the shutdown spill",
+     lambda o: _set(m.pod_spec(o, "cachestore"), ["terminationGracePeriodSeconds"], 30)),
+    (check_drain, "--shutdown_spill_timeout raised past the cachestore's grace period",
+     lambda o: _append_flag(o, "cachestore.flags", "--shutdown_spill_timeout=60s")),
+    (check_flags, "decode points at one cachestore name (the ClusterIP of old)",
+     lambda o: _append_flag(o, "decode.flags", "--cachestore=hybridserve-cachestore:50051")),
+    (check_flags, "prefill resolves the shards once",
+     lambda o: _drop_flag(o, "prefill.flags", "cachestore_resolve_interval")),
+    (check_flags, "prefill's bulk reads from one host",
+     lambda o: _append_flag(o, "prefill.flags", "--cachestore_bulk_address=hybridserve-cachestore-0:50052")),
+    (check_cachestore_budgets, "the write queue pushes the cachestore past its memory limit",
+     lambda o: _append_flag(o, "cachestore-budgets.flags", "--disk_write_queue_mib=512")),
+    (check_cachestore_shards, "the cachestore a Deployment",
+     lambda o: _set(m.workload(o, "cachestore"), ["kind"], "Deployment")),
+    (check_cachestore_shards, "the shards started in order",
+     lambda o: _set(m.workload(o, "cachestore")["spec"], ["podManagementPolicy"], None)),
+    (check_cachestore_shards, "a rollout that waits for someone to delete each shard",
+     lambda o: _set(m.workload(o, "cachestore")["spec"], ["updateStrategy"], {"type": "OnDelete"})),
+    (check_cachestore_shards, "every shard reports one name",
+     lambda o: _set(_container(o, "cachestore")["args"], [1], "--shard_name=shard")),
+    (check_cachestore_shards, "the shard's name from the node's",
+     lambda o: _set(_env(o, "cachestore", "POD_NAME")["valueFrom"]["fieldRef"], ["fieldPath"], "spec.nodeName")),
+    (check_cachestore_shards, "one shard",
+     lambda o: _set(m.workload(o, "cachestore")["spec"], ["replicas"], 1)),
+    (check_cachestore_shards, "the StatefulSet governed by another Service",
+     lambda o: _set(m.workload(o, "cachestore")["spec"], ["serviceName"], "hybridserve-cachestore")),
+    (check_cachestore_shards, "no anti-affinity (every shard on one node)",
+     lambda o: m.pod_spec(o, "cachestore").pop("affinity")),
+    (check_cachestore_shards, "the shards' Service a ClusterIP",
+     lambda o: _set(_shards(o)["spec"], ["clusterIP"], None)),
+    (check_cachestore_shards, "the shards' Service publishes not-ready (dead) shards",
+     lambda o: _set(_shards(o)["spec"], ["publishNotReadyAddresses"], True)),
+    (check_cachestore_shards, "no headless Service of the shards",
+     lambda o: o.remove(_shards(o))),
+    (check_cachestore_shards, "the shards' Service without the bulk port",
+     lambda o: _shards(o)["spec"]["ports"].pop()),
+    (check_cachestore_shards, "no PDB for the shards",
+     lambda o: o.remove(m.one(o, "PodDisruptionBudget", "hybridserve-cachestore"))),
+    (check_cachestore_shards, "the shards' PDB lets two go",
+     lambda o: _set(m.one(o, "PodDisruptionBudget", "hybridserve-cachestore")["spec"], ["maxUnavailable"], 2)),
+    (check_cachestore_disk, "no volumeClaimTemplate (no disk)",
+     lambda o: m.workload(o, "cachestore")["spec"].pop("volumeClaimTemplates")),
+    (check_cachestore_disk, "the disk an emptyDir (lost with the pod)",
+     lambda o: m.pod_spec(o, "cachestore")["volumes"].append({"name": "cache", "emptyDir": {}})),
+    (check_cachestore_disk, "the claim mounted elsewhere than --disk_dir",
+     lambda o: _set(_mount(o, "cachestore", "cache"), ["mountPath"], "/cache")),
+    (check_cachestore_disk, "the disk budget as large as the claim",
+     lambda o: _append_flag(o, "cachestore-budgets.flags", "--disk_budget_mib=4096")),
+    (check_cachestore_disk, "the claim shrunk under the budget",
+     lambda o: _set(m.workload(o, "cachestore")["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"],
+                    ["storage"], "1Gi")),
+    (check_cachestore_disk, "no --disk_dir",
+     lambda o: _drop_flag(o, "cachestore.flags", "disk_dir")),
+    (check_cachestore_disk, "the disks deleted on scale-down",
+     lambda o: _set(m.workload(o, "cachestore")["spec"]["persistentVolumeClaimRetentionPolicy"], ["whenScaled"],
+                    "Delete")),
     (check_drain, "decode grace shorter than the drain",
      lambda o: _set(m.pod_spec(o, "decode"), ["terminationGracePeriodSeconds"], 35)),
     (check_drain, "prefill grace ignores the publications step",
@@ -333,6 +392,22 @@ BREAKAGES = [
     (check_gateway_tls, "--tls_server_name on a plaintext overlay (the gateway refuses it without --tls_ca)",
      lambda o: _gateway_arg(o, "tls_server_name", "hybridserve-decode")),
 ]
+
+
+def _shards(o):
+    return m.one(o, "Service", m.SERVICES["cachestore"])
+
+
+def _cachestore_cluster_ip(o):
+    svc = copy.deepcopy(_shards(o))
+    svc["metadata"]["name"] = "hybridserve-cachestore"
+    svc["spec"].pop("clusterIP")
+    svc["spec"].pop("publishNotReadyAddresses")
+    return svc
+
+
+def _mount(o, comp, name):
+    return next(v for v in _container(o, comp)["volumeMounts"] if v["name"] == name)
 
 
 def _append_flag(o, file_name, line):
@@ -687,7 +762,8 @@ class ManifestPolicyTest(unittest.TestCase):
 
     def test_a_flag_edit_rolls_every_deployment(self):
         # Every overlay: a flag edit renames the flags ConfigMap (kustomize's
-        # hash suffix) and changes every Deployment's pod template.
+        # hash suffix) and changes every Deployment's and StatefulSet's pod
+        # template.
         for overlay, objs in self.rendered.items():
             with self.subTest(overlay=overlay):
                 edited = m.render(overlay, edit=edit_flag_files)
@@ -695,8 +771,8 @@ class ManifestPolicyTest(unittest.TestCase):
                 for name in m.CONFIG_NAMES:
                     self.assertNotEqual(m.config_map(objs, name)["metadata"]["name"],
                                         m.config_map(edited, name)["metadata"]["name"])
-                # A worker flag edit rolls the workers alone: the cachestore
-                # (Recreate) keeps its pod, and its cache.
+                # A worker flag edit rolls the workers alone: the cachestore's
+                # shards keep their pods, and their memory.
                 decode_only = m.render(overlay, edit=edit_decode_flags)
                 self.assertEqual(check_config_rolls(objs, decode_only), [])
                 for comp, rolls in (("decode", True), ("prefill", True), ("cachestore", False)):

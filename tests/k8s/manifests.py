@@ -26,6 +26,19 @@ PORTS = {
     "prefill": {"grpc": 50061, "metrics": 9090},
     "cachestore": {"grpc": 50051, "bulk": 50052, "metrics": 9090},
 }
+# Each component's Service: the workers' ClusterIP names, the cachestore
+# shards' headless Service (each address one shard; the workers' --cachestore
+# resolves it), whose pods the StatefulSet names. Headless: prefill's (decode
+# resolves every pod) and the shards'.
+SERVICES = {"decode": "hybridserve-decode", "prefill": "hybridserve-prefill",
+            "cachestore": "hybridserve-cachestore-shards"}
+HEADLESS = ("prefill", "cachestore")
+# The cachestore's disk tier: the StatefulSet's volumeClaimTemplate, where
+# it is mounted (--disk_dir), and the share of the volume the disk budget
+# and the write queue's temp files may take (the rest: the filesystem's).
+CACHE_VOLUME = "cache"
+DISK_DIR = "/var/lib/hybridserve/cache"
+DISK_SHARE = 0.9
 # The gateway: its one port (the API, /health, /health/live, /metrics), its
 # image and command (deploy/docker/gateway.Dockerfile: the venv's console
 # script), the API keys Secret the operator creates (its key, the file

@@ -26,7 +26,7 @@ def check_objects(objs):
     errors = []
     expected = []
     for c in COMPONENTS:
-        expected += [("Service", f"hybridserve-{c}"), ("PodDisruptionBudget", f"hybridserve-{c}"),
+        expected += [("Service", m.SERVICES[c]), ("PodDisruptionBudget", f"hybridserve-{c}"),
                      ("NetworkPolicy", f"hybridserve-{c}")]
     for c in WORKERS:
         expected += [("Deployment", f"hybridserve-{c}"), ("ScaledObject", f"hybridserve-{c}")]
@@ -73,10 +73,6 @@ def check_objects(objs):
         rolling = (m.workload(objs, c) or {}).get("spec", {}).get("strategy", {}).get("rollingUpdate", {})
         if rolling.get("maxSurge") != 1 or rolling.get("maxUnavailable") != 0:
             errors.append(f"{c}: rollout is not maxSurge 1, maxUnavailable 0")
-    cachestore = m.workload(objs, "cachestore")
-    if cachestore is not None and cachestore["kind"] == "Deployment":
-        if cachestore["spec"].get("strategy", {}).get("type") != "Recreate" or cachestore["spec"].get("replicas") != 1:
-            errors.append("cachestore: a Deployment must be one replica with the Recreate strategy")
     return errors
 
 
@@ -203,17 +199,25 @@ def check_services(objs):
                 if target not in exposed and target not in exposed.values():
                     errors.append(f"Service {name}: port {target} is not a port of {c}'s containers")
     for comp in COMPONENTS:
-        svc = m.find(objs, "Service", f"hybridserve-{comp}")
+        name = m.SERVICES[comp]
+        svc = m.find(objs, "Service", name)
         if not svc:
             continue
         ports = [p["port"] for p in svc[0]["spec"].get("ports", [])]
         # gRPC, and the cachestore's bulk port for the workers' reads and puts.
         want = [PORTS[comp]["grpc"]] + ([PORTS[comp]["bulk"]] if "bulk" in PORTS[comp] else [])
         if ports != want:
-            errors.append(f"Service hybridserve-{comp}: ports {ports}, want {want}")
+            errors.append(f"Service {name}: ports {ports}, want {want}")
         headless = svc[0]["spec"].get("clusterIP") == "None"
-        if headless != (comp == "prefill"):
-            errors.append(f"Service hybridserve-{comp}: headless={headless} (only prefill's is headless)")
+        if headless != (comp in m.HEADLESS):
+            errors.append(f"Service {name}: headless={headless} (headless: {', '.join(m.HEADLESS)})")
+    # A virtual IP in front of the shards would spread one chain's calls
+    # over all of them: every Service of the cachestore's pods is headless.
+    labels = m.workload(objs, "cachestore")["spec"]["template"]["metadata"].get("labels", {})
+    for svc in m.find(objs, "Service"):
+        if svc["spec"].get("clusterIP") != "None" and m.selector_matches(
+                {"matchLabels": svc["spec"].get("selector") or {}}, labels, False):
+            errors.append(f"Service {svc['metadata']['name']}: a ClusterIP over the cachestore's shards")
     return errors
 
 
@@ -221,10 +225,14 @@ def drain_seconds(objs, comp):
     """What a pod's termination must cover: preStop, then the binary's drain."""
     c = m.container(objs, comp)
     pre_stop = c.get("lifecycle", {}).get("preStop", {}).get("sleep", {}).get("seconds", 0)
-    grace = m.parse_duration_s(m.flags(objs, comp).get("shutdown_grace", "10s"))
+    f = m.flags(objs, comp)
+    grace = m.parse_duration_s(f.get("shutdown_grace", "10s"))
     # Prefill drains in two steps of --shutdown_grace: its calls, then the
-    # queued cache publications (prefill/main.cc).
-    return pre_stop + grace * (2 if comp == "prefill" else 1)
+    # queued cache publications (prefill/main.cc). A cachestore shard with a
+    # disk first writes its memory there, up to --shutdown_spill_timeout.
+    spill = m.parse_duration_s(f.get("shutdown_spill_timeout", "20s")) if comp == "cachestore" and f.get(
+        "disk_dir") else 0
+    return pre_stop + spill + grace * (2 if comp == "prefill" else 1)
 
 
 def check_drain(objs):
@@ -260,8 +268,16 @@ def check_flags(objs):
             if port in PORTS[comp] and (flag not in f or m.port_of(f[flag]) != PORTS[comp][port]):
                 errors.append(f"{comp}: --{flag}={f.get(flag)} is not on the {port} port {PORTS[comp][port]}")
         if comp in WORKERS:
-            if f.get("cachestore") != "hybridserve-cachestore:50051":
-                errors.append(f"{comp}: --cachestore={f.get('cachestore')}")
+            # Every shard: the headless Service, re-resolved; the bulk port on
+            # each shard's host (empty: off, the mtls component's).
+            shards = f"dns:///{m.SERVICES['cachestore']}:{PORTS['cachestore']['grpc']}"
+            if f.get("cachestore") != shards:
+                errors.append(f"{comp}: --cachestore={f.get('cachestore')}, want the shards' headless {shards}")
+            if not f.get("cachestore_resolve_interval"):
+                errors.append(f"{comp}: no --cachestore_resolve_interval (the shard set is resolved once)")
+            if f.get("cachestore_bulk_address") not in ("", f":{PORTS['cachestore']['bulk']}"):
+                errors.append(f"{comp}: --cachestore_bulk_address={f.get('cachestore_bulk_address')}, want "
+                              f":{PORTS['cachestore']['bulk']} (each shard's host)")
             if f.get("data_planes") != "tcp":
                 errors.append(f"{comp}: --data_planes={f.get('data_planes')} (pods pair with no one: tcp)")
     f = resolved["decode"]
@@ -304,9 +320,9 @@ def check_config_rolls(objs, edited):
     the pods the autoscaler adds after the edit would run the new flags beside
     the old ones (a page-size change fails every transfer between them)."""
     errors = []
-    for d in m.find(objs, "Deployment"):
+    for d in m.find(objs, "Deployment") + m.find(objs, "StatefulSet"):
         name = d["metadata"]["name"]
-        after = m.find(edited, "Deployment", name)
+        after = m.find(edited, d["kind"], name)
         if not after:
             errors.append(f"{name}: not rendered after the edit")
             continue
@@ -333,12 +349,15 @@ def check_config_rolls(objs, edited):
 
 def check_cachestore_budgets(objs):
     """page + state + blob pool <= 75 % of the memory limit, and the rest holds
-    the gRPC buffers (max_streams x max_chunk) plus 256 MiB (index, process)."""
+    the gRPC buffers (max_streams x max_chunk) and the disk tier's write queue
+    (evicted entries waiting for the disk) plus 256 MiB (index, process)."""
     f = m.flags(objs, "cachestore")
     limit = m.mib(m.container(objs, "cachestore").get("resources", {}).get("limits", {}).get("memory", "0"))
     budgets = sum(int(f.get(k, d)) for k, d in (("page_budget_mib", 4096), ("state_budget_mib", 4096),
                                                   ("blob_pool_mib", 256)))
     buffers = int(f.get("max_streams", 1024)) * int(f.get("max_chunk_kib", 4096)) / 1024
+    if f.get("disk_dir"):
+        buffers += int(f.get("disk_write_queue_mib", 256))
     errors = []
     if budgets > 0.75 * limit:
         errors.append(f"cachestore: budgets {budgets} MiB > 75 % of its {limit} MiB limit")

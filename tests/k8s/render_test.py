@@ -108,7 +108,10 @@ class RenderTest(unittest.TestCase):
             with self.subTest(overlay=overlay):
                 objs = self.files[overlay][1]
                 self.assertEqual(release_errors(objs, m.render(overlay)), [])
-                self.assertEqual(len([o for o in objs if o["kind"] == "Deployment"]), 4)
+                # decode, prefill, the gateway; the cachestore's shards.
+                self.assertEqual(len([o for o in objs if o["kind"] == "Deployment"]), 3)
+                self.assertEqual([o["metadata"]["name"] for o in objs if o["kind"] == "StatefulSet"],
+                                 ["hybridserve-cachestore"])
                 # The gateway on its own image, its model copy on decode's.
                 gateway = m.one(objs, "Deployment", "hybridserve-gateway")["spec"]["template"]["spec"]
                 self.assertEqual(gateway["containers"][0]["image"], f"{GATEWAY_IMAGE}@{GATEWAY_DIGEST}")

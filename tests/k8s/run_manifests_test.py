@@ -2,7 +2,8 @@
 declared thing is mapped onto one host: tests/k8s/local_cluster.py), and
 plays what a platform team does with it:
 
-  1. the cachestore, one prefill pod and one decode pod -> all Ready;
+  1. the cachestore's shards (its StatefulSet's replicas), one prefill pod and
+     one decode pod -> all Ready;
   2. a three-turn chat through the decode Service; turns 2 and 3 resume from
      the cache (cached_tokens > 0);
   3. 8 conversations start and run on to the end; prefill scales 1 -> 3 and
@@ -126,8 +127,9 @@ class RunManifestsTest(ManifestRunCase):
     def _scenario(self, clients, certificates=None):
         began = time.monotonic()
         deployments = self.cluster.deployments
-        # 1. Each pool once the one it needs is Ready.
-        deployments[CACHESTORE].scale(1, READY_TIMEOUT_S)
+        # 1. Each pool once the one it needs is Ready: every cachestore shard
+        # the overlay declares (a StatefulSet), one prefill and one decode pod.
+        deployments[CACHESTORE].scale(deployments[CACHESTORE].replicas, READY_TIMEOUT_S)
         deployments[PREFILL].scale(1, READY_TIMEOUT_S)
         deployments[DECODE].scale(1, READY_TIMEOUT_S)
         print(f"all Ready after {time.monotonic() - began:.1f} s")
@@ -178,10 +180,14 @@ class RunManifestsTest(ManifestRunCase):
         decode_failures = {p.name: decode_cache_failures(p) for p in self.cluster.all_pods
                            if p.deployment.name == DECODE}
         # Not a failure, printed to explain a miss: what the cache evicted
-        # (the budgets of the cpu overlay are small), by class and reason.
-        evictions = {line.split()[0].split("{", 1)[1].rstrip("}"): float(line.split()[1])
-                     for line in deployments[CACHESTORE].pods[0].metrics().splitlines()
-                     if line.startswith("hybridserve_cache_evictions_total{") and float(line.split()[1]) > 0}
+        # (the budgets of the cpu overlay are small), by class and reason,
+        # over the shards.
+        evictions = {}
+        for shard in deployments[CACHESTORE].pods:
+            for line in shard.metrics().splitlines():
+                if line.startswith("hybridserve_cache_evictions_total{") and float(line.split()[1]) > 0:
+                    key = line.split()[0].split("{", 1)[1].rstrip("}")
+                    evictions[key] = evictions.get(key, 0) + float(line.split()[1])
 
         rolled = [p for p in self.cluster.all_pods if p.deleted and p.sigterm_to_exit_s is not None]
         print(f"requests sent: {clients.sent}, failed: {len(clients.failed)}")

@@ -202,7 +202,7 @@ def check_tls_certificates(objs, example=None, trust_domain=None):
         if spec.get("uris") != [m.identity(objs, comp, trust_domain)]:
             errors.append(f"Certificate {cert['metadata']['name']}: uris {spec.get('uris')}, want "
                           f"[{m.identity(objs, comp, trust_domain)}]")
-        service = f"hybridserve-{comp}"
+        service = m.SERVICES[comp]
         names = {service, f"{service}.{namespace}", f"{service}.{namespace}.svc",
                  f"{service}.{namespace}.svc.cluster.local"}
         missing = names - set(spec.get("dnsNames") or [])
