@@ -23,8 +23,8 @@ struct ShardedCacheClient::Shard {
 
 // One membership, immutable once published.
 struct ShardedCacheClient::Members {
-  explicit Members(ShardPlacement p) : placement(std::move(p)) {}
-  ShardPlacement placement;
+  explicit Members(std::optional<ShardPlacement> p) : placement(std::move(p)) {}
+  std::optional<ShardPlacement> placement;  // nullopt: no shard
   absl::flat_hash_map<std::string, std::shared_ptr<Shard>> by_name;
   absl::flat_hash_map<uint16_t, std::shared_ptr<Shard>> by_slot;
 };
@@ -36,7 +36,6 @@ bool IsTransportFailure(const absl::Status& s) {
 }
 
 absl::Status CheckShards(const std::vector<CacheShard>& shards) {
-  if (shards.empty()) return absl::InvalidArgumentError("shards: the list is empty");
   for (size_t i = 0; i < shards.size(); ++i) {
     if (shards[i].name.empty()) return absl::InvalidArgumentError(absl::StrCat("shards[", i, "]: the name is empty"));
     if (shards[i].client == nullptr) {
@@ -90,7 +89,8 @@ void AddStats(const IndexStats& s, IndexStats& sum) {
 absl::StatusOr<std::unique_ptr<ShardedCacheClient>> ShardedCacheClient::Create(
     std::vector<CacheShard> shards, const ShardedCacheClientOptions& options) {
   if (options.probe_interval <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat("probe_interval: ", options.probe_interval, " is not positive"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("probe_interval: ", absl::FormatDuration(options.probe_interval), " is not positive"));
   }
   std::unique_ptr<ShardedCacheClient> client(new ShardedCacheClient(options));
   RETURN_IF_ERROR(client->SetShards(std::move(shards)));
@@ -111,7 +111,10 @@ absl::Status ShardedCacheClient::SetShards(std::vector<CacheShard> shards) {
   std::vector<std::string> names;
   names.reserve(shards.size());
   for (const CacheShard& s : shards) names.push_back(s.name);
-  ASSIGN_OR_RETURN(ShardPlacement placement, ShardPlacement::Create(std::move(names)));
+  std::optional<ShardPlacement> placement;
+  if (!names.empty()) {
+    ASSIGN_OR_RETURN(placement, ShardPlacement::Create(std::move(names)));
+  }
   auto next = std::make_shared<Members>(std::move(placement));
   absl::MutexLock lock(&mu_);
   for (CacheShard& s : shards) {
@@ -160,9 +163,10 @@ std::shared_ptr<const ShardedCacheClient::Members> ShardedCacheClient::members()
 }
 
 absl::StatusOr<std::shared_ptr<ShardedCacheClient::Shard>> ShardedCacheClient::Owner(const Hash128& ns_key,
-                                                                                   const Hash128& chain) const {
+                                                                                     const Hash128& chain) const {
   const std::shared_ptr<const Members> m = members();
-  for (absl::string_view name : m->placement.Ranked(ns_key, chain)) {
+  if (!m->placement.has_value()) return absl::UnavailableError("no cachestore shard is known (yet)");
+  for (absl::string_view name : m->placement->Ranked(ns_key, chain)) {
     const std::shared_ptr<Shard>& shard = m->by_name.at(std::string(name));
     if (shard->up.load(std::memory_order_relaxed)) return shard;
   }
@@ -296,8 +300,9 @@ absl::Status ShardedCacheClient::Release(uint64_t lease_id) {
 
 absl::StatusOr<IndexStats> ShardedCacheClient::Stats() {
   const std::shared_ptr<const Members> m = members();
+  if (!m->placement.has_value()) return absl::UnavailableError("no cachestore shard is known (yet)");
   IndexStats sum;
-  for (const std::string& name : m->placement.shards()) {
+  for (const std::string& name : m->placement->shards()) {
     Shard& shard = *m->by_name.at(name);
     if (!shard.up.load(std::memory_order_relaxed)) {
       shard.refused.fetch_add(1, std::memory_order_relaxed);
@@ -305,7 +310,8 @@ absl::StatusOr<IndexStats> ShardedCacheClient::Stats() {
     }
     absl::StatusOr<IndexStats> s = shard.client->Stats();
     Note(shard, s.status());
-    if (!s.ok()) return absl::Status(s.status().code(), absl::StrCat("cachestore shard ", name, ": ", s.status().message()));
+    if (!s.ok())
+      return absl::Status(s.status().code(), absl::StrCat("cachestore shard ", name, ": ", s.status().message()));
     AddStats(*s, sum);
   }
   return sum;
@@ -314,7 +320,8 @@ absl::StatusOr<IndexStats> ShardedCacheClient::Stats() {
 std::vector<ShardCounts> ShardedCacheClient::counts() const {
   const std::shared_ptr<const Members> m = members();
   std::vector<ShardCounts> out;
-  for (const std::string& name : m->placement.shards()) {
+  if (!m->placement.has_value()) return out;
+  for (const std::string& name : m->placement->shards()) {
     const Shard& shard = *m->by_name.at(name);
     ShardCounts c;
     c.name = shard.name;

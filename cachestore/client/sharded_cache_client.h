@@ -37,7 +37,9 @@
 // Membership: the shards given to Create, then to each SetShards (a
 // re-resolved headless Service). Shards are placed by name, never by
 // address: a shard whose name stays keeps its slot and counters when its
-// target or client changes (a restarted pod with a new IP).
+// target or client changes (a restarted pod with a new IP). The set may be
+// empty (a headless Service with no shard resolved yet): every call is then
+// UNAVAILABLE at once.
 //
 // Thread-safe. Calls in flight keep the shard clients they use alive
 // (shared_ptr) across a SetShards that drops them.
@@ -45,6 +47,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -91,9 +94,9 @@ struct ShardCounts {
 
 class ShardedCacheClient final : public CacheClient {
  public:
-  // INVALID_ARGUMENT: no shards, a shard without a name or client (naming
-  // its index), a name given twice (naming it), a probe_interval not
-  // positive. Starts the prober.
+  // INVALID_ARGUMENT: a shard without a name or client (naming its index),
+  // a name given twice (naming it), a probe_interval not positive. Starts
+  // the prober.
   static absl::StatusOr<std::unique_ptr<ShardedCacheClient>> Create(std::vector<CacheShard> shards,
                                                                     const ShardedCacheClientOptions& options = {});
   ~ShardedCacheClient() override;
