@@ -57,6 +57,7 @@ class ShardedCacheClientTest : public ::testing::Test {
     o.address = absl::StrCat("127.0.0.1:", port);
     o.index = SmallOptions();
     o.reap_interval = absl::Hours(1);
+    o.service.shard_name = absl::StrCat("shard-", i);
     absl::StatusOr<std::unique_ptr<CacheStoreServer>> s = CacheStoreServer::Start(o, clock_, registry_);
     if (!s.ok()) return s.status();
     if (static_cast<int>(servers_.size()) <= i) servers_.resize(i + 1);
@@ -260,6 +261,18 @@ TEST_F(ShardedCacheClientTest, WithEveryShardDownEveryCallIsAMissAtOnce) {
   int64_t calls = 0;
   for (const ShardCounts& c : client_->counts()) calls += c.calls;
   EXPECT_EQ(calls, kShards);
+}
+
+TEST_F(ShardedCacheClientTest, EachServerReportsItsShardNameAndASumNone) {
+  GrpcCacheClientOptions o;
+  for (int i = 0; i < kShards; ++i) {
+    absl::StatusOr<std::unique_ptr<GrpcCacheClient>> c = GrpcCacheClient::Create(names_[i], o);
+    ASSERT_TRUE(c.ok());
+    absl::StatusOr<IndexStats> s = (*c)->Stats();
+    ASSERT_TRUE(s.ok()) << s.status();
+    EXPECT_EQ(s->shard_name, absl::StrCat("shard-", i));
+  }
+  EXPECT_EQ(client_->Stats()->shard_name, "");
 }
 
 TEST_F(ShardedCacheClientTest, StatsSumTheShards) {
