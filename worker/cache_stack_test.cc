@@ -258,6 +258,20 @@ TEST(CacheStackTest, AShardListBuildsOneStackPerShardWithItsOwnDirectPath) {
   EXPECT_EQ((*one)->client(), (*one)->grpc());
 }
 
+// A headless Service that resolves to nothing yet (no shard has started) is
+// no error: the stack starts with no shard and every call is a miss at once.
+TEST(CacheStackTest, AServiceThatDoesNotResolveYetStartsWithNoShard) {
+  CacheStackOptions o = Options();
+  o.address = "dns:///nonexistent.invalid:1";
+  absl::StatusOr<std::unique_ptr<CacheStack>> stack = CacheStack::Connect(o);
+  ASSERT_TRUE(stack.ok()) << stack.status();
+  EXPECT_EQ((*stack)->Describe(), ", cachestore shards dns:///nonexistent.invalid:1: none yet");
+  cachestore::ClientNamespace ns{"fingerprint", "", "", 16};
+  absl::StatusOr<cachestore::LookupResult> r = (*stack)->client()->Lookup(ns, {1, 2}, cachestore::LookupMode::kLease);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(r.status().message(), HasSubstr("no cachestore shard is known"));
+}
+
 double GaugeSum(prometheus::Registry& registry, const std::string& family) {
   for (const prometheus::MetricFamily& f : registry.Collect()) {
     if (f.name != family) continue;
