@@ -80,7 +80,8 @@ class CacheStack {
   // shards (some of them are on other nodes).
   bool reads_by_shared_memory() const { return direct_reads_ != nullptr && !options_.shm_socket.empty(); }
 
-  // For the start-up log: ", no cache", ", cachestore ADDRESS", or with
+  // For the start-up log: with shards CacheShards::Describe's; otherwise
+  // ", no cache", ", cachestore ADDRESS", or with
   // direct reads ", cachestore ADDRESS (reads and puts by shared memory on
   // PATH[, note])" (or "reads over the bulk port ADDRESS", ...).
   std::string Describe(absl::string_view note = "") const;
