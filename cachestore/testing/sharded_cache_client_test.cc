@@ -310,6 +310,77 @@ class WideLeaseClient final : public CacheClient {
   std::vector<uint64_t> released;
 };
 
+// A shard whose answers the test sets: every lookup answers `lookup`, every
+// Stats `stats`; counts its lookups.
+class ScriptedClient final : public CacheClient {
+ public:
+  absl::StatusOr<LookupResult> Lookup(const ClientNamespace&, absl::Span<const TokenId>, LookupMode) override {
+    absl::MutexLock lock(&mu_);
+    ++lookups_;
+    if (!lookup_.ok()) return lookup_;
+    return LookupResult{};
+  }
+  absl::StatusOr<PutResult> Put(const ClientNamespace&, const ClientPut&, absl::string_view) override {
+    return PutResult{};
+  }
+  absl::Status GetInto(uint64_t, const Hash128&, std::string*) override { return absl::OkStatus(); }
+  absl::Status Release(uint64_t) override { return absl::OkStatus(); }
+  absl::StatusOr<IndexStats> Stats() override {
+    absl::MutexLock lock(&mu_);
+    if (!stats_.ok()) return stats_;
+    return IndexStats{};
+  }
+  void Answer(absl::Status lookup, absl::Status stats) {
+    absl::MutexLock lock(&mu_);
+    lookup_ = std::move(lookup);
+    stats_ = std::move(stats);
+  }
+  int lookups() {
+    absl::MutexLock lock(&mu_);
+    return lookups_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  absl::Status lookup_ ABSL_GUARDED_BY(mu_);
+  absl::Status stats_ ABSL_GUARDED_BY(mu_);
+  int lookups_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// Only UNAVAILABLE and DEADLINE_EXCEEDED (a hung shard) mark a shard down;
+// the cache's verdicts and a cancelled call do not. A down shard that
+// answers its probe is up again.
+TEST(ShardedCacheClientInputTest, OnlyTransportFailuresMarkAShardDown) {
+  auto x = std::make_shared<ScriptedClient>();
+  auto y = std::make_shared<ScriptedClient>();
+  ShardedCacheClientOptions o;
+  o.probe_interval = absl::Milliseconds(5);
+  absl::StatusOr<std::unique_ptr<ShardedCacheClient>> c =
+      ShardedCacheClient::Create({{"x", "x:1", x, nullptr}, {"y", "y:1", y, nullptr}}, o);
+  ASSERT_TRUE(c.ok());
+  const std::vector<TokenId> t = Tokens(40);
+  const std::string owner = *(*c)->OwnerOf(kNamespace.Key(), ChainKeyOf(kNamespace, t));
+  ScriptedClient& own = owner == "x" ? *x : *y;
+  ScriptedClient& other = owner == "x" ? *y : *x;
+  own.Answer(absl::InvalidArgumentError("verdict"), absl::UnavailableError("down"));
+  EXPECT_EQ((*c)->Lookup(kNamespace, t, LookupMode::kLease).status().code(), absl::StatusCode::kInvalidArgument);
+  own.Answer(absl::CancelledError("cancelled"), absl::UnavailableError("down"));
+  EXPECT_EQ((*c)->Lookup(kNamespace, t, LookupMode::kLease).status().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(*(*c)->OwnerOf(kNamespace.Key(), ChainKeyOf(kNamespace, t)), owner);
+  own.Answer(absl::DeadlineExceededError("hung"), absl::UnavailableError("down"));
+  EXPECT_EQ((*c)->Lookup(kNamespace, t, LookupMode::kLease).status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(own.lookups(), 3);
+  // Down: the next lookups go to the other shard, none to it.
+  for (int i = 0; i < 5; ++i) EXPECT_TRUE((*c)->Lookup(kNamespace, t, LookupMode::kLease).ok());
+  EXPECT_EQ(own.lookups(), 3);
+  EXPECT_EQ(other.lookups(), 5);
+  // It answers its probe: up, and its chains are its own again.
+  own.Answer(absl::OkStatus(), absl::OkStatus());
+  ASSERT_TRUE(common::WaitFor([&] { return *(*c)->OwnerOf(kNamespace.Key(), ChainKeyOf(kNamespace, t)) == owner; }));
+  EXPECT_TRUE((*c)->Lookup(kNamespace, t, LookupMode::kLease).ok());
+  EXPECT_EQ(own.lookups(), 4);
+}
+
 TEST(ShardedCacheClientInputTest, RefusesBadShardListsAndLeaseIdsThatDoNotFit) {
   auto wide = std::make_shared<WideLeaseClient>();
   EXPECT_THAT(ShardedCacheClient::Create({CacheShard{"", "a:1", wide, nullptr}}).status().message(),
