@@ -13,6 +13,12 @@ absl::StatusOr<Hash128> NamespaceOf(const ClientNamespace& ns) {
   return ValidatedNamespaceKey(ns.model_fingerprint, ns.adapter, ns.tenant, ns.cache_salt, ns.page_size);
 }
 
+Hash128 ChainKeyOf(const ClientNamespace& ns, absl::Span<const TokenId> tokens) {
+  const Hash128 root = ns.Key();
+  if (ns.page_size <= 0 || tokens.size() < static_cast<size_t>(ns.page_size)) return root;
+  return PageKey(root, tokens.first(static_cast<size_t>(ns.page_size)));
+}
+
 absl::StatusOr<std::string> CacheClient::Get(uint64_t lease_id, const Hash128& key) {
   std::string out;
   absl::Status s = GetInto(lease_id, key, &out);

@@ -40,6 +40,12 @@ struct ClientNamespace {
   // the key. nullopt: the cache's fallback. A cache refuses a value that is
   // not finite or outside [0, kMaxPrefillFlops] (INVALID_ARGUMENT).
   std::optional<PrefillCost> model_cost;
+  // The chain a call's entries belong to: K_0 of the tokens the caller will
+  // look them up by, or the namespace key N when those are shorter than a
+  // page (ChainKeyOf; cachestore/client/shard_placement.h). Not part of the
+  // key: a single-store client ignores it; ShardedCacheClient places Put and
+  // PutMany on the owner of (N, placement). nullopt: not given.
+  std::optional<Hash128> placement;
 
   Hash128 Key() const { return NamespaceKey(model_fingerprint, adapter, tenant, cache_salt, page_size); }
 };
@@ -49,6 +55,11 @@ struct ClientNamespace {
 // otherwise. put_header.h NamespaceOf is the same check of a namespace on
 // the wire.
 absl::StatusOr<Hash128> NamespaceOf(const ClientNamespace& ns);
+
+// The chain key of `tokens` in `ns` (ShardPlacement::ChainKey): the key of
+// their first page, or ns.Key() when they have no full page (or ns has no
+// valid page size).
+Hash128 ChainKeyOf(const ClientNamespace& ns, absl::Span<const TokenId> tokens);
 
 // What to put; the cache derives the key from parent and tokens (keys.h).
 struct ClientPut {

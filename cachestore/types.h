@@ -224,6 +224,9 @@ struct IndexStats {
   int64_t pinned_states = 0;  // session pins
   int64_t pinned_bytes = 0;
   DiskTierUsage disk;  // CacheStore::Stats fills it
+  // The shard's name (StatsResponse.shard_name) over gRPC; empty in process
+  // and in a sum over shards.
+  std::string shard_name;
 };
 
 }  // namespace hybridserve::cachestore

@@ -222,4 +222,22 @@ absl::StatusOr<Socket> Listen(absl::string_view address, int* port) {
   return last;
 }
 
+std::vector<std::string> ResolveHost(const std::string& host, const std::string& port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  std::vector<std::string> out;
+  if (getaddrinfo(host.c_str(), port.c_str(), &hints, &found) != 0) return out;
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    char ip[NI_MAXHOST];
+    if (getnameinfo(a->ai_addr, a->ai_addrlen, ip, sizeof(ip), nullptr, 0, NI_NUMERICHOST) != 0) continue;
+    std::string target =
+        a->ai_family == AF_INET6 ? absl::StrCat("ipv6:[", ip, "]:", port) : absl::StrCat("ipv4:", ip, ":", port);
+    if (std::find(out.begin(), out.end(), target) == out.end()) out.push_back(std::move(target));
+  }
+  freeaddrinfo(found);
+  return out;
+}
+
 }  // namespace hybridserve::common

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -65,6 +66,13 @@ absl::StatusOr<Socket> Listen(absl::string_view address, int* port);
 
 // Splits "host:port" (IPv6 hosts in brackets); INVALID_ARGUMENT otherwise.
 absl::Status SplitHostPort(absl::string_view endpoint, std::string* host, std::string* port);
+
+// The numeric addresses `host` resolves to now (getaddrinfo; an IP literal
+// resolves to itself), each once, as gRPC targets with `port`
+// ("ipv4:10.0.0.7:50051", "ipv6:[fd00::7]:50051"); empty when it does not
+// resolve. Blocks on the resolver. Re-resolving a headless Service with it
+// finds its pods as they come and go (prefill pools, cachestore shards).
+std::vector<std::string> ResolveHost(const std::string& host, const std::string& port);
 
 }  // namespace hybridserve::common
 

@@ -148,7 +148,7 @@ TEST_F(DecodeLoopLocalPrefillTest, AContinuationIsPrefilledHereWithThePoolsBits)
   // The local prefill published as the pool does: turn 2's prompt pages
   // (turn 1's end held three of its four) and its prompt-end state.
   absl::StatusOr<cachestore::LookupResult> probe =
-      cache_->Lookup(remote_->Namespace("", ""), second, cachestore::LookupMode::kProbeOnly);
+      cache_->Lookup(remote_->Namespace(prefill::PrefillRequest{}), second, cachestore::LookupMode::kProbeOnly);
   ASSERT_TRUE(probe.ok());
   EXPECT_EQ(probe->kv_match_tokens, 64);
   EXPECT_EQ(probe->resume_position, static_cast<int64_t>(second.size()));

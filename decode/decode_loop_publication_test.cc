@@ -3,6 +3,7 @@
 // prefill's late pages that hold up no other publication, and a cache that
 // is late, hung or stalled, which never stalls the batch.
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -91,6 +92,53 @@ TEST_F(DecodeLoopTest, TurnEndPublicationAddsOnlyThePagesPastThePromptAndWaitsFo
   fed.insert(fed.end(), tokens.begin(), tokens.end() - 1);
   ASSERT_EQ(late.page_puts().size(), 1u);
   EXPECT_THAT(late.page_puts()[0], ElementsAreArray(fed.begin() + 32, fed.begin() + 48));
+  ExpectEverythingFreed();
+}
+
+// A cache in front of the real one that records the placement of every put.
+class PlacementRecordingCache : public ForwardingCache {
+ public:
+  using ForwardingCache::ForwardingCache;
+  absl::StatusOr<cachestore::PutResult> Put(const cachestore::ClientNamespace& ns, const cachestore::ClientPut& put,
+                                            absl::string_view bytes) override {
+    {
+      absl::MutexLock lock(&mu_);
+      placements_.push_back(ns.placement);
+    }
+    return inner_.Put(ns, put, bytes);
+  }
+  std::vector<std::optional<common::Hash128>> placements() {
+    absl::MutexLock lock(&mu_);
+    return placements_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<std::optional<common::Hash128>> placements_ ABSL_GUARDED_BY(mu_);
+};
+
+// A prompt shorter than a page whose reply completes the first page: the
+// turn end is placed by the fed tokens' first page (the chain the next turn
+// looks up over shards), not by the prompt's (N).
+TEST_F(DecodeLoopTest, TheTurnEndIsPlacedByTheFedTokensFirstPage) {
+  const std::vector<TokenId> prompt = Tokens(10, vocab_, 12);
+  PlacementRecordingCache recording(*cache_);
+  StartLoop({}, &recording);
+  Collector c;
+  ASSERT_TRUE(loop_->Submit(Request("t", prompt, 9), &c).ok());
+  ASSERT_TRUE(c.Wait());
+  ASSERT_TRUE(c.completion().usage.session.published);
+  std::vector<TokenId> fed = prompt;
+  const std::vector<TokenId> tokens = c.tokens();
+  fed.insert(fed.end(), tokens.begin(), tokens.end() - 1);
+  ASSERT_EQ(fed.size(), 18u);
+  cachestore::ClientNamespace ns;
+  ns.model_fingerprint = weights_->fingerprint().ToHex();
+  ns.page_size = 16;
+  const common::Hash128 first_page = cachestore::PageKey(ns.Key(), absl::MakeConstSpan(fed).first(16));
+  const std::vector<std::optional<common::Hash128>> placements = recording.placements();
+  ASSERT_EQ(placements.size(), 2u);  // page 0 and the state at 18
+  for (const std::optional<common::Hash128>& p : placements) EXPECT_EQ(p, first_page);
   ExpectEverythingFreed();
 }
 

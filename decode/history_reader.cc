@@ -27,8 +27,8 @@ HistoryReader::PageViews HistoryReader::Views(const engine::SequenceTable& table
 
 int64_t HistoryReader::Read(const prefill::PrefillRequest& call, const PageViews& views) {
   if (views.empty() || backoff_.Skipping()) return 0;
-  absl::StatusOr<cachestore::LookupResult> lookup =
-      cache_.Lookup(namespace_.For(call.tenant, call.cache_salt), call.prompt, cachestore::LookupMode::kLease);
+  absl::StatusOr<cachestore::LookupResult> lookup = cache_.Lookup(
+      namespace_.For(call.tenant, call.cache_salt, call.prompt), call.prompt, cachestore::LookupMode::kLease);
   const int64_t pages =
       lookup.ok() ? std::min<int64_t>(static_cast<int64_t>(lookup->pages.size()), static_cast<int64_t>(views.size()))
                   : 0;

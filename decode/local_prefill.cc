@@ -22,8 +22,9 @@ std::optional<prefill::KeptPrefill> LocalPrefill::TryPrefill(const GenerateReque
   // a continuation of what the cache holds is prefilled here: a new prompt
   // is the prefill pool's.
   const absl::Time probe_start = absl::Now();
-  absl::StatusOr<cachestore::LookupResult> probe = cache_.Lookup(namespace_.For(request.tenant, request.cache_salt),
-                                                                 request.prompt, cachestore::LookupMode::kProbeOnly);
+  absl::StatusOr<cachestore::LookupResult> probe =
+      cache_.Lookup(namespace_.For(request.tenant, request.cache_salt, request.prompt), request.prompt,
+                    cachestore::LookupMode::kProbeOnly);
   if (!probe.ok()) {
     backoff_.Note(probe.status());
     return std::nullopt;

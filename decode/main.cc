@@ -29,6 +29,7 @@
 #include "prefill/prefill_worker.h"
 #include "transport/in_process_transport.h"
 #include "worker/bootstrap.h"
+#include "worker/cache_shard_metrics.h"
 #include "worker/cache_stack.h"
 #include "worker/data_plane_metrics.h"
 #include "worker/direct_put_metrics.h"
@@ -267,6 +268,7 @@ absl::Status Run() {
   worker::DataPlaneMetrics plane_metrics(*registry);
   worker::DirectReadMetrics direct_read_metrics(*registry, "hybridserve_decode_cache");
   worker::DirectPutMetrics direct_put_metrics(*registry);
+  worker::CacheShardMetrics shard_metrics(*registry);
   // Queue gauges, the data plane's refusals and byte counters, brought up to
   // date by each scrape.
   transport::StateReceiver& receiver = prefill_side.receiver();
@@ -283,7 +285,7 @@ absl::Status Run() {
                      metrics.SyncFallbackPrefills(c.fallback_prefills_unavailable, c.fallback_prefills_failed,
                                                   c.fallback_prefill_failures);
                      if (prefill_side.plane != nullptr) plane_metrics.Sync(prefill_side.plane->ipc_traffic());
-                     cache->SyncMetrics(direct_read_metrics, direct_put_metrics);
+                     cache->SyncMetrics(direct_read_metrics, direct_put_metrics, &shard_metrics);
                    }));
 
   ASSIGN_OR_RETURN(engine::ModelMetadata metadata, engine::LoadModelMetadata(options.model_dir, weights->config(),

@@ -55,7 +55,10 @@ absl::StatusOr<cachestore::Publication> TurnEnd::Copy(const engine::SequenceTabl
   if (!generated.empty()) fed.insert(fed.end(), generated.begin(), generated.end() - 1);
   const int64_t position = static_cast<int64_t>(fed.size());
   cachestore::Publication p;
-  p.ns = namespace_.For(request.tenant, request.cache_salt);
+  // Placed by the fed tokens' chain, the one the next turn looks up: when the
+  // prompt is shorter than a page, the reply may complete the first page
+  // (docs/ARCHITECTURE.md, "Placement over shards").
+  p.ns = namespace_.For(request.tenant, request.cache_salt, fed);
   const cachestore::CachePlan plan(p.ns, fed);
   const int64_t ps = plan.page_size();
   // Every full page is put, a model without attention layers included: its

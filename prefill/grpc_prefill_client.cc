@@ -1,9 +1,5 @@
 #include "prefill/grpc_prefill_client.h"
 
-#include <netdb.h>
-#include <sys/socket.h>
-#include <sys/types.h>
-
 #include <algorithm>
 #include <chrono>
 #include <utility>
@@ -26,26 +22,6 @@ struct GrpcPrefillClient::Worker {
 };
 
 namespace {
-
-// The numeric addresses of `host` (an IP literal resolves to itself), as
-// gRPC targets with `port`.
-std::vector<std::string> ResolveHost(const std::string& host, const std::string& port) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  std::vector<std::string> out;
-  if (getaddrinfo(host.c_str(), port.c_str(), &hints, &found) != 0) return out;
-  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
-    char ip[NI_MAXHOST];
-    if (getnameinfo(a->ai_addr, a->ai_addrlen, ip, sizeof(ip), nullptr, 0, NI_NUMERICHOST) != 0) continue;
-    std::string target =
-        a->ai_family == AF_INET6 ? absl::StrCat("ipv6:[", ip, "]:", port) : absl::StrCat("ipv4:", ip, ":", port);
-    if (std::find(out.begin(), out.end(), target) == out.end()) out.push_back(std::move(target));
-  }
-  freeaddrinfo(found);
-  return out;
-}
 
 bool Retriable(absl::StatusCode code) {
   return code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kResourceExhausted;
@@ -108,7 +84,7 @@ void GrpcPrefillClient::Resolve() {
   for (const std::string& t : options_.targets) {
     std::string host, port;
     if (!common::SplitHostPort(t, &host, &port).ok()) continue;
-    std::vector<std::string> found = ResolveHost(host, port);
+    std::vector<std::string> found = common::ResolveHost(host, port);
     if (found.empty()) {
       complete = false;
       LOG(WARNING) << "prefill target " << t << " does not resolve; keeping its previous addresses";

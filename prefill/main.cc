@@ -14,6 +14,7 @@
 #include "prefill/prefill_worker.h"
 #include "prefill/service.h"
 #include "worker/bootstrap.h"
+#include "worker/cache_shard_metrics.h"
 #include "worker/cache_stack.h"
 #include "worker/data_plane_metrics.h"
 #include "worker/direct_put_metrics.h"
@@ -76,6 +77,7 @@ absl::Status Run() {
   worker::DataPlaneMetrics plane_metrics(*registry);
   worker::DirectReadMetrics direct_read_metrics(*registry, "hybridserve_prefill_cache");
   worker::DirectPutMetrics direct_put_metrics(*registry);
+  worker::CacheShardMetrics shard_metrics(*registry);
   metrics.SetFree(prefill_worker.free_pages(), prefill_worker.free_slots());
   // The worker's cache counters move behind the answers too (publications
   // run on its publisher's thread), and the planes count their own bytes:
@@ -83,7 +85,7 @@ absl::Status Run() {
   ASSIGN_OR_RETURN(std::unique_ptr<common::MetricsExposer> exposer, worker::StartMetrics(options, registry, [&] {
                      metrics.SyncCounters(prefill_worker.counters());
                      plane_metrics.Sync(senders->ipc_traffic());
-                     cache->SyncMetrics(direct_read_metrics, direct_put_metrics);
+                     cache->SyncMetrics(direct_read_metrics, direct_put_metrics, &shard_metrics);
                    }));
   prefill::PrefillService service(prefill_worker, absl::GetFlag(FLAGS_max_queue), &metrics);
   ASSIGN_OR_RETURN(

@@ -88,8 +88,8 @@ PrefillWorker::PrefillWorker(engine::Model& model, const common::Hash128& model_
   publisher_ = *std::move(publisher);
 }
 
-cachestore::ClientNamespace PrefillWorker::Namespace(const std::string& tenant, const std::string& cache_salt) const {
-  return namespace_.For(tenant, cache_salt);
+cachestore::ClientNamespace PrefillWorker::Namespace(const PrefillRequest& request) const {
+  return namespace_.For(request.tenant, request.cache_salt, request.prompt);
 }
 
 absl::Status PrefillWorker::FetchResumeBytes(const cachestore::LookupResult& lookup, int64_t pages, std::string* state,
@@ -346,7 +346,7 @@ absl::StatusOr<PrefillOutcome> PrefillWorker::Prefill(const PrefillRequest& requ
   ASSIGN_OR_RETURN(engine::Sampler sampler, engine::Sampler::Create(request.sampling));
 
   RETURN_IF_ERROR(CheckCancelled(request));
-  const cachestore::ClientNamespace ns = Namespace(request.tenant, request.cache_salt);
+  const cachestore::ClientNamespace ns = Namespace(request);
   ASSIGN_OR_RETURN(Computed computed, Compute(request, ns, sampler));
   SequenceGuard guard(model_, computed.resumed.seq);
   PrefillOutcome& outcome = computed.outcome;
@@ -387,7 +387,7 @@ absl::StatusOr<KeptPrefill> PrefillWorker::PrefillAndKeep(const PrefillRequest& 
   }
   ASSIGN_OR_RETURN(engine::Sampler sampler, engine::Sampler::Create(request.sampling));
   RETURN_IF_ERROR(CheckCancelled(request));
-  const cachestore::ClientNamespace ns = Namespace(request.tenant, request.cache_salt);
+  const cachestore::ClientNamespace ns = Namespace(request);
   ASSIGN_OR_RETURN(Computed computed, Compute(request, ns, sampler));
   SequenceGuard guard(model_, computed.resumed.seq);
   RETURN_IF_ERROR(model_.sequences().ReservePages(computed.resumed.seq, reserve_positions));

@@ -151,7 +151,8 @@ class PrefillWorker {
   // Puts what is still queued, then stops the publisher.
   ~PrefillWorker() = default;
   // The namespace a request of `tenant` with `cache_salt` uses.
-  cachestore::ClientNamespace Namespace(const std::string& tenant, const std::string& cache_salt) const;
+  // The request's namespace, placed by its prompt's chain.
+  cachestore::ClientNamespace Namespace(const PrefillRequest& request) const;
 
  private:
   struct Resumed;

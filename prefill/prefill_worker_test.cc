@@ -175,7 +175,15 @@ TEST_F(PrefillWorkerTest, AsyncPublicationPutsTheSameEntriesBehindTheAnswer) {
   // Its puts registered the model's cost with the namespace.
   const PrefillCost cost = engine::ModelPrefillCost(weights_->config());
   EXPECT_GT(cost.flops_per_token_context, 0);  // the tiny Nemotron-H has attention
-  EXPECT_EQ(store_->ModelCostOf(worker_->Namespace("", "").Key()), cost);
+  EXPECT_EQ(store_->ModelCostOf(worker_->Namespace(prefill::PrefillRequest{}).Key()), cost);
+  // Its namespace is placed by the prompt's chain: K_0 of its first page, or
+  // N for a prompt shorter than a page (ShardedCacheClient places the puts so).
+  PrefillRequest placed;
+  placed.prompt = prompt;
+  const cachestore::ClientNamespace ns = worker_->Namespace(placed);
+  EXPECT_EQ(ns.placement, cachestore::PageKey(ns.Key(), absl::MakeConstSpan(prompt).first(16)));
+  placed.prompt.resize(15);
+  EXPECT_EQ(worker_->Namespace(placed).placement, ns.Key());
   EXPECT_EQ(prefill_model_->sequences().num_free_slots(), 4);  // the bytes were copied out; the sequence is gone
   // What was published behind the answer is what a synchronous worker would
   // have published: the same prompt resumes from its end and continues exactly.

@@ -78,6 +78,11 @@ std::unique_ptr<cachestore::DirectPutCacheClient> ConnectDirectPuts(const CacheS
 absl::StatusOr<std::unique_ptr<CacheStack>> CacheStack::Connect(const CacheStackOptions& options) {
   std::unique_ptr<CacheStack> stack(new CacheStack(options));
   if (options.address.empty()) return stack;
+  if (CacheShards::NamesShards(options.address)) {
+    ASSIGN_OR_RETURN(stack->shards_, CacheShards::Connect(options));
+    stack->client_ = &stack->shards_->client();
+    return stack;
+  }
   ASSIGN_OR_RETURN(stack->grpc_, ConnectGrpc(options));
   stack->client_ = stack->grpc_.get();
   ASSIGN_OR_RETURN(stack->direct_reads_, ConnectDirectReads(options, *stack->grpc_));
@@ -88,6 +93,7 @@ absl::StatusOr<std::unique_ptr<CacheStack>> CacheStack::Connect(const CacheStack
 }
 
 std::string CacheStack::Describe(absl::string_view note) const {
+  if (shards_ != nullptr) return shards_->Describe(note);
   if (grpc_ == nullptr) return ", no cache";
   if (direct_reads_ == nullptr) return absl::StrCat(", cachestore ", options_.address);
   const char* what = options_.direct_puts ? "reads and puts" : "reads";
@@ -97,7 +103,13 @@ std::string CacheStack::Describe(absl::string_view note) const {
   return absl::StrCat(", cachestore ", options_.address, " (", path, note.empty() ? "" : ", ", note, ")");
 }
 
-void CacheStack::SyncMetrics(DirectReadMetrics& reads, DirectPutMetrics& puts) const {
+void CacheStack::SyncMetrics(DirectReadMetrics& reads, DirectPutMetrics& puts, CacheShardMetrics* shard_metrics) const {
+  if (shards_ != nullptr) {
+    for (const auto& [path, counts] : shards_->ReadCounts()) reads.Sync(counts);
+    for (const auto& [path, counts] : shards_->PutCounts()) puts.Sync(counts);
+    if (shard_metrics != nullptr) shard_metrics->Sync(shards_->client().counts());
+    return;
+  }
   if (direct_reads_ != nullptr) reads.Sync(direct_reads_->counts());
   if (direct_puts_ != nullptr) puts.Sync(direct_puts_->counts());
 }

@@ -18,12 +18,13 @@ DirectPutMetrics::DirectPutMetrics(prometheus::Registry& r)
 
 void DirectPutMetrics::Sync(const cachestore::DirectPutCounts& now) {
   absl::MutexLock lock(&mu_);
-  common::AdvanceCounter(entries_.Add({{"path", now.path}}), now.entries, last_.entries);
-  common::AdvanceCounter(bytes_.Add({{"path", now.path}}), now.bytes, last_.bytes);
   // The reasons' series at 0, once per path (the first Sync names it).
-  if (now.path != last_.path) common::DeclareFailureReasons(fallbacks_, {{"path", now.path}}, "reason");
-  common::AdvanceByKey(fallbacks_, {{"path", now.path}}, "reason", now.fallbacks, last_.fallbacks);
-  last_ = now;
+  if (last_.count(now.path) == 0) common::DeclareFailureReasons(fallbacks_, {{"path", now.path}}, "reason");
+  cachestore::DirectPutCounts& last = last_[now.path];
+  common::AdvanceCounter(entries_.Add({{"path", now.path}}), now.entries, last.entries);
+  common::AdvanceCounter(bytes_.Add({{"path", now.path}}), now.bytes, last.bytes);
+  common::AdvanceByKey(fallbacks_, {{"path", now.path}}, "reason", now.fallbacks, last.fallbacks);
+  last = now;
 }
 
 }  // namespace hybridserve::worker

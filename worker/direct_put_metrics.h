@@ -15,6 +15,9 @@
 // declares the family before any failure. Thread-safe: Sync serializes on its
 // own mutex.
 
+#include <map>
+#include <string>
+
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "cachestore/client/direct_put_cache_client.h"
@@ -27,8 +30,9 @@ class DirectPutMetrics {
  public:
   explicit DirectPutMetrics(prometheus::Registry& registry);
 
-  // Advances the counters to `now` (cumulative, of one path; call it before
-  // each scrape).
+  // Advances the counters of now.path to `now` (cumulative, of that path:
+  // with cachestore shards, summed over the shards that use it; call it
+  // before each scrape).
   void Sync(const cachestore::DirectPutCounts& now) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
@@ -36,7 +40,7 @@ class DirectPutMetrics {
   prometheus::Family<prometheus::Counter>& bytes_;
   prometheus::Family<prometheus::Counter>& fallbacks_;
   absl::Mutex mu_;
-  cachestore::DirectPutCounts last_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, cachestore::DirectPutCounts> last_ ABSL_GUARDED_BY(mu_);  // by path
 };
 
 }  // namespace hybridserve::worker

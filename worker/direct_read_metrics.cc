@@ -27,10 +27,11 @@ DirectReadMetrics::DirectReadMetrics(prometheus::Registry& r, const std::string&
 void DirectReadMetrics::Sync(const cachestore::DirectReadCounts& now) {
   absl::MutexLock lock(&mu_);
   Path& m = now.path == "bulk" ? bulk_ : shm_;
-  common::AdvanceCounter(m.reads, now.reads, last_.reads);
-  common::AdvanceCounter(m.bytes, now.bytes, last_.bytes);
-  common::AdvanceByKey(m.fallbacks, {}, "reason", now.fallbacks, last_.fallbacks);
-  last_ = now;
+  cachestore::DirectReadCounts& last = last_[now.path];
+  common::AdvanceCounter(m.reads, now.reads, last.reads);
+  common::AdvanceCounter(m.bytes, now.bytes, last.bytes);
+  common::AdvanceByKey(m.fallbacks, {}, "reason", now.fallbacks, last.fallbacks);
+  last = now;
 }
 
 }  // namespace hybridserve::worker

@@ -14,6 +14,7 @@
 // start, so a scrape declares both fallback families before any failure.
 // Thread-safe: Sync serializes on its own mutex.
 
+#include <map>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
@@ -28,8 +29,9 @@ class DirectReadMetrics {
  public:
   DirectReadMetrics(prometheus::Registry& registry, const std::string& prefix);
 
-  // Advances the counters of now.path ("shm" or "bulk") to `now` (cumulative;
-  // call it before each scrape).
+  // Advances the counters of now.path ("shm" or "bulk") to `now` (cumulative,
+  // of that path: with cachestore shards, summed over the shards that use
+  // it; call it before each scrape).
   void Sync(const cachestore::DirectReadCounts& now) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
@@ -45,7 +47,7 @@ class DirectReadMetrics {
   Path shm_;
   Path bulk_;
   absl::Mutex mu_;
-  cachestore::DirectReadCounts last_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, cachestore::DirectReadCounts> last_ ABSL_GUARDED_BY(mu_);  // by path
 };
 
 }  // namespace hybridserve::worker

@@ -13,7 +13,13 @@
 
 ABSL_FLAG(std::string, model_dir, "models/default", "Hugging Face model directory (config.json + safetensors)");
 ABSL_FLAG(std::string, metrics_address, "", "Prometheus /metrics address (host:port); empty disables");
-ABSL_FLAG(std::string, cachestore, "", "cachestore gRPC address (host:port); empty: no cache");
+ABSL_FLAG(std::string, cachestore, "",
+          "cachestore gRPC address (host:port); shards: a list (host:port,host:port,...: each target one shard, "
+          "named by the target) or a headless Service (dns:///NAME:PORT: each address one shard, named by its "
+          "--shard_name, resolved again every --cachestore_resolve_interval); empty: no cache");
+ABSL_FLAG(absl::Duration, cachestore_resolve_interval, absl::Seconds(10),
+          "how often --cachestore=dns:///NAME:PORT is resolved again (a resolution that finds nothing keeps the "
+          "shards known)");
 ABSL_FLAG(std::string, device, "cpu", "cpu or cuda");
 ABSL_FLAG(int32_t, device_index, 0, "the CUDA device of the engine and of NCCL channels");
 ABSL_FLAG(int32_t, threads, 2, "kernel threads (CPU backend)");
@@ -22,7 +28,8 @@ ABSL_FLAG(int64_t, page_size, 0,
 ABSL_FLAG(int64_t, max_pages, 4096, "KV pages of the engine");
 ABSL_FLAG(std::string, cachestore_shm_socket, "",
           "the cachestore's --shm_socket on this host: cache reads by shared memory (read-only slab descriptors), "
-          "falling back to gRPC for any read that fails there; empty: gRPC only");
+          "falling back to gRPC for any read that fails there; with shards, SHARD_NAME=PATH[,SHARD_NAME=PATH] for "
+          "the shards on this node; empty: gRPC only");
 ABSL_FLAG(bool, cachestore_direct_puts, true,
           "put cache entries by the direct path too: by shared memory with --cachestore_shm_socket (the cachestore "
           "copies each once from a memfd of this worker), else over --cachestore_bulk_address; any put that fails "
@@ -30,7 +37,7 @@ ABSL_FLAG(bool, cachestore_direct_puts, true,
 ABSL_FLAG(std::string, cachestore_bulk_address, "",
           "the cachestore's --bulk_address (host:port): cache reads over plain TCP, off the gRPC stream, "
           "falling back to gRPC for any read that fails there (not with TLS; --cachestore_shm_socket wins); "
-          "empty: gRPC only");
+          "with shards, :PORT (each shard's host at that port); empty: gRPC only");
 ABSL_FLAG(absl::Duration, cache_timeout, absl::Seconds(2), "per-call deadline of cachestore calls");
 ABSL_FLAG(absl::Duration, cache_failure_backoff, absl::Seconds(1),
           "after a cache call times out (a hung cachestore), lookups and publications skip it for this long");
@@ -88,6 +95,7 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags() {
   o.cache.direct_puts = absl::GetFlag(FLAGS_cachestore_direct_puts);
   o.cache.bulk_address = absl::GetFlag(FLAGS_cachestore_bulk_address);
   o.cache.timeout = absl::GetFlag(FLAGS_cache_timeout);
+  o.cache.resolve_interval = absl::GetFlag(FLAGS_cachestore_resolve_interval);
   o.cache_failure_backoff = absl::GetFlag(FLAGS_cache_failure_backoff);
   o.metrics_address = absl::GetFlag(FLAGS_metrics_address);
   o.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);

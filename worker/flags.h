@@ -3,7 +3,7 @@
 
 // The flags both worker binaries take (defined in flags.cc, linked into each
 // main): --model_dir, --device, --device_index, --threads, --page_size,
-// --max_pages, --cachestore, --cache_timeout, --cache_failure_backoff,
+// --max_pages, --cachestore, --cachestore_resolve_interval, --cache_timeout, --cache_failure_backoff,
 // --metrics_address, --shutdown_grace, --max_connection_age,
 // --max_connection_age_grace. Each binary defines its own
 // --address and --data_planes (their defaults and meaning differ). Only the

@@ -33,7 +33,7 @@ class CachePublisherTest : public ::testing::Test {
     store_ = *std::move(store);
     inner_ = std::make_unique<InProcessCacheClient>(*store_);
     faults_ = std::make_unique<FaultInjectingCacheClient>(*inner_);
-    ns_ = ModelNamespace{"00112233445566778899aabbccddeeff", "", kPageSize}.For("tenant", "salt");
+    ns_ = ModelNamespace{"00112233445566778899aabbccddeeff", "", kPageSize}.For("tenant", "salt", {});
     for (int i = 0; i < 13; ++i) tokens_.push_back(i + 1);
   }
 

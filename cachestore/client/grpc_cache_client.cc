@@ -607,6 +607,7 @@ absl::StatusOr<IndexStats> GrpcCacheClient::Stats() {
   out.expired_puts = static_cast<int64_t>(resp.expired_puts());
   out.pinned_states = static_cast<int64_t>(resp.pinned_states());
   out.pinned_bytes = static_cast<int64_t>(resp.pinned_bytes());
+  out.shard_name = resp.shard_name();
   return out;
 }
 

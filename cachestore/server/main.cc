@@ -3,6 +3,7 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <csignal>
 #include <cstdlib>
@@ -87,6 +88,10 @@ ABSL_FLAG(int64_t, disk_write_queue_mib, 256,
 ABSL_FLAG(absl::Duration, shutdown_spill_timeout, absl::Seconds(20),
           "--disk_dir: on SIGTERM, after the calls drained, the time to write the memory's entries not yet on disk "
           "(most recently used first, within --disk_budget_mib); 0: none");
+ABSL_FLAG(std::string, shard_name, "",
+          "the name workers place this shard by (Stats' shard_name, asked of each address a "
+          "--cachestore=dns:///NAME:PORT resolves to); empty: the host name (a StatefulSet pod's name, which it "
+          "keeps across restarts while its IP changes)");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(10), "Time in-flight calls get on SIGTERM");
 ABSL_FLAG(absl::Duration, max_connection_age, absl::ZeroDuration(),
           "A client connection to --address is told to go away (GOAWAY) at this age, so clients behind a "
@@ -205,6 +210,11 @@ int main(int argc, char** argv) {
   options.service.max_chunk_bytes = absl::GetFlag(FLAGS_max_chunk_kib) << 10;
   options.service.max_streams = absl::GetFlag(FLAGS_max_streams);
   options.service.max_streams_per_peer = absl::GetFlag(FLAGS_max_streams_per_peer);
+  options.service.shard_name = absl::GetFlag(FLAGS_shard_name);
+  if (options.service.shard_name.empty()) {
+    char host[256] = {};
+    if (gethostname(host, sizeof(host) - 1) == 0) options.service.shard_name = host;
+  }
   options.max_threads = static_cast<int>(absl::GetFlag(FLAGS_max_threads));
   options.shm.socket_path = absl::GetFlag(FLAGS_shm_socket);
   for (const std::string& uid : absl::GetFlag(FLAGS_shm_allowed_uids)) {
@@ -256,7 +266,7 @@ int main(int argc, char** argv) {
     LOG(ERROR) << "cachestore failed to start: " << server.status();
     return 1;
   }
-  LOG(INFO) << "cachestore serving on port " << (*server)->port()
+  LOG(INFO) << "cachestore \"" << options.service.shard_name << "\" serving on port " << (*server)->port()
             << (exposer ? absl::StrCat(", metrics on port ", exposer->port()) : std::string());
   // Machine-readable line for launchers and tests.
   std::cout << "CACHESTORE_READY port=" << (*server)->port()

@@ -499,6 +499,7 @@ grpc::Status CacheStoreService::AnswerStats(v1::StatsResponse* response) {
   response->set_checksum_failures(s.checksum_failures);
   response->set_expired_leases(s.expired_leases);
   response->set_expired_puts(s.expired_puts);
+  response->set_shard_name(options_.shard_name);
   if (s.disk.enabled) {
     const DiskTierUsage& d = s.disk;
     v1::DiskTierStats* disk = response->mutable_disk();

@@ -29,6 +29,8 @@ struct ServiceOptions {
   // ends at once with RESOURCE_EXHAUSTED naming the flag.
   int64_t max_streams = 1024;
   int64_t max_streams_per_peer = 256;
+  // Stats' shard_name: what workers place this shard by (--shard_name).
+  std::string shard_name;
 };
 
 class PutReactor;
