@@ -196,6 +196,14 @@ def run_kill(args, turns):
         for name, rs in rows:
             h, n = ratio(rs)
             print(f"| {name} | {n} | {h:.3f} |")
+        name = targets[args.victim]
+        for w in ("prefill", "decode"):
+            body = procs.metrics(w)
+            print(f"{w}: calls to {victim} ({name}) that failed: "
+                  f"{metric_sum(body, 'hybridserve_cache_shard_failures_total', shard=name):.0f} of "
+                  f"{metric_sum(body, 'hybridserve_cache_shard_calls_total', shard=name):.0f}; answered at once while "
+                  f"it was down: {metric_sum(body, 'hybridserve_cache_shard_refused_total', shard=name):.0f}; "
+                  f"up now: {metric_sum(body, 'hybridserve_cache_shard_up', shard=name):.0f}")
         if args.cache_flags:
             print(f"cachestore flags: {' '.join(args.cache_flags)}")
         return problems

@@ -111,6 +111,15 @@ from manifest_run import (
     reexec_in_namespaces,
 )
 
+# The cachestore shards' certificate names their headless Service (the name
+# the workers dial and verify), not the StatefulSet.
+CACHESTORE_SHARDS = f"{CACHESTORE}-shards"
+
+
+def tls_name(pod):
+    """The name a pod's TLS certificate is verified against: its pool's Service."""
+    return CACHESTORE_SHARDS if pod.deployment.name == CACHESTORE else pod.deployment.name
+
 
 class RunManifestsTest(ManifestRunCase):
 
@@ -325,13 +334,13 @@ class RunManifestsTest(ManifestRunCase):
             self.assertEqual(refused.exception.code, grpc.StatusCode.UNAVAILABLE)
         # Prefill and the cachestore: a tenant's certificate verifies but is
         # not an allowed peer; decode's is.
-        for deployment, method in ((PREFILL, "/hybridserve.v1.Prefill/Prefill"),
-                                   (CACHESTORE, "/hybridserve.v1.CacheStore/Stats")):
+        for deployment, method, name in ((PREFILL, "/hybridserve.v1.Prefill/Prefill", PREFILL),
+                                         (CACHESTORE, "/hybridserve.v1.CacheStore/Stats", CACHESTORE_SHARDS)):
             pod = self.cluster.deployments[deployment].pods[0]
             address = f"{pod.ip}:{pod.port('grpc')}"
-            self.assertEqual(raw_call(address, method, tls_credentials(certificates.ca, certificates.files("tenant-a")), deployment),
+            self.assertEqual(raw_call(address, method, tls_credentials(certificates.ca, certificates.files("tenant-a")), name),
                              grpc.StatusCode.PERMISSION_DENIED, deployment)
-            self.assertNotIn(raw_call(address, method, tls_credentials(certificates.ca, certificates.files(f"{DECODE}-tls")), deployment),
+            self.assertNotIn(raw_call(address, method, tls_credentials(certificates.ca, certificates.files(f"{DECODE}-tls")), name),
                              (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED,
                               grpc.StatusCode.UNAVAILABLE), deployment)
         print("mTLS: probes on the health ports; TLS ports refuse plaintext; health ports serve health alone; "
@@ -392,7 +401,7 @@ class RunManifestsTest(ManifestRunCase):
         def serves_its_own(pod, address):
             (secret,) = pod.secret_names()
             try:
-                served = served_certificate(address, pod.deployment.name, ca, identity)
+                served = served_certificate(address, tls_name(pod), ca, identity)
             except OSError as e:  # ssl.SSLError included
                 return repr(e)
             if served == issued[secret]:
@@ -412,7 +421,7 @@ class RunManifestsTest(ManifestRunCase):
         refused = (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.UNAVAILABLE)
 
         def check(pod, address):
-            code = raw_call(address, methods[pod.deployment.name], tls_credentials(ca, identity), pod.deployment.name)
+            code = raw_call(address, methods[pod.deployment.name], tls_credentials(ca, identity), tls_name(pod))
             if taken:
                 return None if code not in refused else f"refused: {code}"
             return None if code == grpc.StatusCode.UNAVAILABLE else f"taken: {code}"
@@ -523,7 +532,7 @@ class RunManifestsTest(ManifestRunCase):
         # its verification; decode's client sees UNAVAILABLE.
         for pod in pods:
             with self.assertRaises(ssl.SSLCertVerificationError, msg=pod.name):
-                served_certificate(f"{pod.ip}:{pod.port('grpc')}", pod.deployment.name, old_ca,
+                served_certificate(f"{pod.ip}:{pod.port('grpc')}", tls_name(pod), old_ca,
                                    certificates.files(f"{DECODE}-tls"))
         pod, target = self.cluster.pick(DECODE, "grpc")
         with Client(target, timeout=10, **{**certificates.client_options("tenant-a"), "tls_ca": old_ca}) as client:
