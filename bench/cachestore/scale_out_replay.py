@@ -14,7 +14,7 @@ that expected resume point; the goals are stated in those terms.
 
 --mode=kill: --shards cachestores, the workers given all of them (--cachestore=a,b,c,d). Once
 --kill_after of the turns have finished, shard --victim gets SIGKILL; once --rejoin_after have, it
-starts again on the same port (empty, or with --rejoin_disk, from its disk directory). Printed: the
+starts again on the same port, empty. Printed: the
 failed requests (goal 0), the hit ratio of the later turns in windows (before the kill, four
 windows between the kill and the rejoin, two after the rejoin; goal: the first window after the
 kill loses at most about 1/shards, later windows recover; the rejoined shard, restarted empty,
