@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""Records one tiny transformers Qwen3NextGatedDeltaNet layer (fp32, seeded)
+into tests/fixtures/gated_delta/layer_case.json, the reference of
+//kernels/cpu:gated_deltanet_layer_test. Run with the golden venv (torch +
+transformers 5.23): /work/venv-golden/bin/python tools/gen_gated_deltanet_layer_fixture.py
+Shapes: hidden 16, 2 key heads each serving 2 value heads (4), dk 8, dv 6,
+conv kernel 4, seqlen 19, no cache (zero states in). The weights are redrawn
+from a seeded normal so none sits at its init value (norm weight 1, dt_bias 1).
+Besides the layer output, the layer's final states are captured from inside
+the forward: the conv state (the last 3 conv inputs, [channels, 3]) and the
+recurrent state ([n_v_heads, dk, dv]) that torch_chunk_gated_delta_rule
+returns when asked (the module's functions are wrapped to ask for it).
+Weights are flat, row-major, in transformers' layouts (Linear [out, in],
+conv1d [channels, kernel])."""
+
+import json
+import os
+import sys
+
+import torch
+import transformers
+from transformers.models.qwen3_next import modeling_qwen3_next as m
+from transformers.models.qwen3_next.configuration_qwen3_next import Qwen3NextConfig
+
+
+def main():
+    torch.manual_seed(50)
+    cfg = Qwen3NextConfig(
+        hidden_size=16,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=8,
+        linear_value_head_dim=6,
+        linear_conv_kernel_dim=4,
+        rms_norm_eps=1e-6,
+        hidden_act="silu",
+        num_hidden_layers=1,
+        layer_types=["linear_attention"],
+    )
+    layer = m.Qwen3NextGatedDeltaNet(cfg, 0).float().eval()
+    with torch.no_grad():
+        layer.in_proj_qkvz.weight.normal_(0.0, 0.3)
+        layer.in_proj_ba.weight.normal_(0.0, 0.5)
+        layer.conv1d.weight.normal_(0.0, 0.5)
+        layer.dt_bias.normal_(0.0, 0.5)
+        layer.A_log.copy_(torch.log(torch.empty(cfg.linear_num_value_heads).uniform_(0.05, 2.0)))
+        layer.norm.weight.normal_(1.0, 0.2)
+        layer.out_proj.weight.normal_(0.0, 0.3)
+    seqlen = 19
+    x = torch.randn(1, seqlen, cfg.hidden_size)
+
+    captured = {}
+    chunk_rule = m.torch_chunk_gated_delta_rule
+    conv_fn = m.causal_conv1d_fn
+
+    def chunk_capture(*args, **kwargs):
+        kwargs["output_final_state"] = True
+        o, s = chunk_rule(*args, **kwargs)
+        captured["recurrent_state"] = s
+        return o, None
+
+    def conv_capture(hidden_states, *args, **kwargs):
+        captured["conv_state"] = hidden_states[0, :, -(cfg.linear_conv_kernel_dim - 1) :]
+        return conv_fn(hidden_states, *args, **kwargs)
+
+    m.torch_chunk_gated_delta_rule = chunk_capture
+    m.causal_conv1d_fn = conv_capture
+    try:
+        with torch.no_grad():
+            y = layer(x)
+    finally:
+        m.torch_chunk_gated_delta_rule = chunk_rule
+        m.causal_conv1d_fn = conv_fn
+
+    flat = lambda t: [float(v) for v in t.detach().reshape(-1).tolist()]
+    out = {
+        "transformers_version": transformers.__version__,
+        "seqlen": seqlen,
+        "hidden_size": cfg.hidden_size,
+        "n_k_heads": cfg.linear_num_key_heads,
+        "n_v_heads": cfg.linear_num_value_heads,
+        "dk": cfg.linear_key_head_dim,
+        "dv": cfg.linear_value_head_dim,
+        "d_conv": cfg.linear_conv_kernel_dim,
+        "eps": cfg.rms_norm_eps,
+        "in_proj_qkvz": flat(layer.in_proj_qkvz.weight),
+        "in_proj_ba": flat(layer.in_proj_ba.weight),
+        "conv1d": flat(layer.conv1d.weight),
+        "dt_bias": flat(layer.dt_bias),
+        "A_log": flat(layer.A_log),
+        "norm": flat(layer.norm.weight),
+        "out_proj": flat(layer.out_proj.weight),
+        "x": flat(x),
+        "y": flat(y),
+        "conv_state": flat(captured["conv_state"]),
+        "recurrent_state": flat(captured["recurrent_state"]),
+    }
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "gated_delta", "layer_case.json")
+    with open(path, "w") as f:
+        json.dump(out, f, indent=1)
+        f.write("\n")
+    print("wrote", os.path.normpath(path), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
