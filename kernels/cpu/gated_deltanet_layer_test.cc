@@ -202,7 +202,8 @@ TEST(GatedDeltaNetLayerTest, SplitPrefillOnTheGridIsBitExact) {
 }
 
 // Off the grid the chunked rule's first chunk is partial, a different fp32 op
-// order: equal within 2e-6 (values of a few units, measured <= 1.8e-7; an algebra slip moves them by >= 1e-3).
+// order: equal within 2e-6 (values of a few units, measured <= 1.8e-7; an
+// algebra slip moves them by >= 1e-3).
 TEST(GatedDeltaNetLayerTest, SplitPrefillOffTheGridMatches) {
   std::mt19937 rng(51);
   Layer l = RandomLayer(rng, 12, 2, 4, 8, 4);
