@@ -137,7 +137,8 @@ KernelStatus CheckGatedDeltaNetLayerShape(const GatedDeltaNetLayerShape& s, cons
 
 KernelStatus GatedDeltaNetLayerPrefill(const GatedDeltaNetLayerShape& s, const GatedDeltaNetLayerWeights& w,
                                        const float* x, int64_t seqlen, int64_t start_pos, float* conv_state,
-                                       float* recurrent_state, float* y, const char** bad_field) {
+                                       float* recurrent_state, float* y,
+                                       const GatedDeltaNetLayerCheckpoints& checkpoints, const char** bad_field) {
   if (const KernelStatus st = CheckGatedDeltaNetLayerShape(s, w, bad_field); st != kKernelOk) return st;
   if (seqlen < 0) return Fail("seqlen", bad_field);
   if (start_pos < 0) return Fail("start_pos", bad_field);
@@ -153,6 +154,24 @@ KernelStatus GatedDeltaNetLayerPrefill(const GatedDeltaNetLayerShape& s, const G
   std::vector<float> conv_in(seqlen * channels), conv_out(seqlen * channels), z(seqlen * value_dim);
   std::vector<float> beta(seqlen * s.n_v_heads), g(seqlen * s.n_v_heads);
   Project(s, w, x, seqlen, conv_in.data(), z.data(), beta.data(), g.data());
+
+  if (checkpoints.conv != nullptr) {
+    // The conv state at boundary b: the inputs at b - (d_conv - 1) .. b - 1,
+    // from this call's inputs or (before start_pos) the incoming state.
+    const int64_t keep = s.d_conv - 1;
+    const int64_t rows = GatedDeltaNumChunkStates(start_pos, seqlen, s.chunk_size);
+    for (int64_t i = 0; i < rows; ++i) {
+      const int64_t b = (start_pos / s.chunk_size + 1 + i) * s.chunk_size;
+      float* out = checkpoints.conv + i * channels * keep;
+      for (int64_t j = 0; j < keep; ++j) {
+        const int64_t pos = b - keep + j;
+        for (int64_t c = 0; c < channels; ++c) {
+          out[c * keep + j] = pos >= start_pos ? conv_in[(pos - start_pos) * channels + c]
+                                               : conv_state[c * keep + keep - (start_pos - pos)];
+        }
+      }
+    }
+  }
 
   CausalConv1dParams cp;
   cp.x = conv_in.data();
@@ -176,6 +195,7 @@ KernelStatus GatedDeltaNetLayerPrefill(const GatedDeltaNetLayerShape& s, const G
   gp.initial_state = recurrent_state;
   gp.final_state = recurrent_state;
   gp.o = o.data();
+  gp.chunk_states = checkpoints.recurrent;
   gp.seqlen = seqlen;
   gp.n_k_heads = s.n_k_heads;
   gp.n_v_heads = s.n_v_heads;

@@ -63,6 +63,16 @@ inline int64_t GatedDeltaNetConvChannels(const GatedDeltaNetLayerShape& s) {
 KernelStatus CheckGatedDeltaNetLayerShape(const GatedDeltaNetLayerShape& s, const GatedDeltaNetLayerWeights& w,
                                           const char** bad_field = nullptr);
 
+// Optional outputs of a prefill at the absolute chunk boundaries b (multiples
+// of chunk_size) with start_pos < b <= start_pos + seqlen, i.e.
+// GatedDeltaNumChunkStates(start_pos, seqlen, chunk_size) rows, row i at
+// b = (start_pos / chunk_size + 1 + i) * chunk_size: the states a prefill
+// ending at b would return, bit for bit (grid checkpoints: exact restore points).
+struct GatedDeltaNetLayerCheckpoints {
+  float* recurrent = nullptr;  // [rows, n_v_heads, dk, dv]; null: not written
+  float* conv = nullptr;       // [rows, conv channels, d_conv - 1]; null: not written
+};
+
 // Prefill: seqlen tokens x [seqlen, hidden] of one sequence at absolute
 // positions [start_pos, start_pos + seqlen) (the chunk grid is absolute).
 // conv_state and recurrent_state hold the states at start_pos on entry (zeros
@@ -72,7 +82,9 @@ KernelStatus CheckGatedDeltaNetLayerShape(const GatedDeltaNetLayerShape& s, cons
 // grid (or the rule is sequential), else within the chunked rule's rounding.
 KernelStatus GatedDeltaNetLayerPrefill(const GatedDeltaNetLayerShape& s, const GatedDeltaNetLayerWeights& w,
                                        const float* x, int64_t seqlen, int64_t start_pos, float* conv_state,
-                                       float* recurrent_state, float* y, const char** bad_field = nullptr);
+                                       float* recurrent_state, float* y,
+                                       const GatedDeltaNetLayerCheckpoints& checkpoints = {},
+                                       const char** bad_field = nullptr);
 
 // One decode token x [hidden] -> y [hidden], states updated in place. Bit for
 // bit the row a sequential prefill gives for that token with the same states.

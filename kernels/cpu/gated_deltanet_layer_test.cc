@@ -110,7 +110,7 @@ LayerRun PrefillPieces(const Layer& l, const std::vector<float>& x, const std::v
     const char* bad = nullptr;
     EXPECT_EQ(
         GatedDeltaNetLayerPrefill(l.shape, l.Weights(), x.data() + at * l.shape.hidden, p, at, run.conv_state.data(),
-                                  run.state.data(), run.y.data() + at * l.shape.hidden, &bad),
+                                  run.state.data(), run.y.data() + at * l.shape.hidden, {}, &bad),
         kKernelOk)
         << (bad ? bad : "");
     at += p;
@@ -201,6 +201,44 @@ TEST(GatedDeltaNetLayerTest, SplitPrefillOnTheGridIsBitExact) {
   }
 }
 
+// The checkpoints a prefill writes at the grid boundaries are, bit for bit, the
+// states a prefill ending there returns, and continuing from one gives the
+// uninterrupted run's rows. The call starts at 6 (mid-chunk, with a carried conv
+// state), so the conv checkpoint at 8 takes a column from the incoming state.
+TEST(GatedDeltaNetLayerTest, GridCheckpointsAreExactRestorePoints) {
+  std::mt19937 rng(54);
+  Layer l = RandomLayer(rng, 12, 2, 4, 8, 4);
+  l.shape.chunk_size = 8;
+  constexpr int64_t kN = 37, kFirst = 6, kRows = 4;  // boundaries 8, 16, 24, 32
+  const std::vector<float> x = RandomVector(rng, kN * 12);
+  const int64_t conv_size = l.Channels() * (l.shape.d_conv - 1);
+  LayerRun run = PrefillPieces(l, x, {kFirst});
+  run.y.resize(kN * 12);
+  std::vector<float> ck_state(kRows * l.StateSize(), -7.0f), ck_conv(kRows * conv_size, -7.0f);
+  GatedDeltaNetLayerCheckpoints ck;
+  ck.recurrent = ck_state.data();
+  ck.conv = ck_conv.data();
+  ASSERT_EQ(GatedDeltaNetLayerPrefill(l.shape, l.Weights(), x.data() + kFirst * 12, kN - kFirst, kFirst,
+                                      run.conv_state.data(), run.state.data(), run.y.data() + kFirst * 12, ck),
+            kKernelOk);
+  for (int64_t i = 0; i < kRows; ++i) {
+    const int64_t b = (i + 1) * 8;
+    SCOPED_TRACE("boundary " + std::to_string(b));
+    const LayerRun upto = PrefillPieces(l, x, {kFirst, b - kFirst});
+    EXPECT_TRUE(BitsEqual(ck_state.data() + i * l.StateSize(), upto.state.data(), l.StateSize()));
+    EXPECT_TRUE(BitsEqual(ck_conv.data() + i * conv_size, upto.conv_state.data(), conv_size));
+    std::vector<float> conv(ck_conv.begin() + i * conv_size, ck_conv.begin() + (i + 1) * conv_size);
+    std::vector<float> state(ck_state.begin() + i * l.StateSize(), ck_state.begin() + (i + 1) * l.StateSize());
+    std::vector<float> y((kN - b) * 12);
+    ASSERT_EQ(GatedDeltaNetLayerPrefill(l.shape, l.Weights(), x.data() + b * 12, kN - b, b, conv.data(), state.data(),
+                                        y.data()),
+              kKernelOk);
+    EXPECT_TRUE(BitsEqual(y.data(), run.y.data() + b * 12, (kN - b) * 12));
+    EXPECT_TRUE(BitsEqual(state, run.state));
+    EXPECT_TRUE(BitsEqual(conv, run.conv_state));
+  }
+}
+
 // Off the grid the chunked rule's first chunk is partial, a different fp32 op
 // order: equal within 2e-6 (values of a few units, measured <= 1.8e-7; an
 // algebra slip moves them by >= 1e-3).
@@ -262,7 +300,7 @@ TEST(GatedDeltaNetLayerTest, ArgumentChecksNameTheField) {
   auto prefill = [&](GatedDeltaNetLayerShape s, GatedDeltaNetLayerWeights w, int64_t seqlen, int64_t start, float* cs,
                      float* rs, const float* xp, float* yp) {
     const char* bad = "";
-    const KernelStatus st = GatedDeltaNetLayerPrefill(s, w, xp, seqlen, start, cs, rs, yp, &bad);
+    const KernelStatus st = GatedDeltaNetLayerPrefill(s, w, xp, seqlen, start, cs, rs, yp, {}, &bad);
     EXPECT_EQ(st, kKernelInvalidArgument);
     return std::string(bad);
   };
