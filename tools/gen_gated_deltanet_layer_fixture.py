@@ -11,7 +11,10 @@ the forward: the conv state (the last 3 conv inputs, [channels, 3]) and the
 recurrent state ([n_v_heads, dk, dv]) that torch_chunk_gated_delta_rule
 returns when asked (the module's functions are wrapped to ask for it).
 Weights are flat, row-major, in transformers' layouts (Linear [out, in],
-conv1d [channels, kernel])."""
+conv1d [channels, kernel]).
+The same case (same shapes, seed and drawing order) is recorded for Qwen3.5's
+layer (Qwen3_5GatedDeltaNet: separate in_proj_qkv / in_proj_z / in_proj_b /
+in_proj_a, no per-group interleaving) into layer_case_qwen3_5.json."""
 
 import json
 import os
@@ -19,13 +22,15 @@ import sys
 
 import torch
 import transformers
+from transformers.models.qwen3_5 import modeling_qwen3_5 as m35
+from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
 from transformers.models.qwen3_next import modeling_qwen3_next as m
 from transformers.models.qwen3_next.configuration_qwen3_next import Qwen3NextConfig
 
 
-def main():
+def record(m, config_class, layer_class, projections, file_name):
     torch.manual_seed(50)
-    cfg = Qwen3NextConfig(
+    cfg = config_class(
         hidden_size=16,
         linear_num_key_heads=2,
         linear_num_value_heads=4,
@@ -37,10 +42,10 @@ def main():
         num_hidden_layers=1,
         layer_types=["linear_attention"],
     )
-    layer = m.Qwen3NextGatedDeltaNet(cfg, 0).float().eval()
+    layer = getattr(m, layer_class)(cfg, 0).float().eval()
     with torch.no_grad():
-        layer.in_proj_qkvz.weight.normal_(0.0, 0.3)
-        layer.in_proj_ba.weight.normal_(0.0, 0.5)
+        for name, std in projections:
+            getattr(layer, name).weight.normal_(0.0, std)
         layer.conv1d.weight.normal_(0.0, 0.5)
         layer.dt_bias.normal_(0.0, 0.5)
         layer.A_log.copy_(torch.log(torch.empty(cfg.linear_num_value_heads).uniform_(0.05, 2.0)))
@@ -83,8 +88,7 @@ def main():
         "dv": cfg.linear_value_head_dim,
         "d_conv": cfg.linear_conv_kernel_dim,
         "eps": cfg.rms_norm_eps,
-        "in_proj_qkvz": flat(layer.in_proj_qkvz.weight),
-        "in_proj_ba": flat(layer.in_proj_ba.weight),
+        **{name: flat(getattr(layer, name).weight) for name, _ in projections},
         "conv1d": flat(layer.conv1d.weight),
         "dt_bias": flat(layer.dt_bias),
         "A_log": flat(layer.A_log),
@@ -95,11 +99,22 @@ def main():
         "conv_state": flat(captured["conv_state"]),
         "recurrent_state": flat(captured["recurrent_state"]),
     }
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "gated_delta", "layer_case.json")
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "gated_delta", file_name)
     with open(path, "w") as f:
         json.dump(out, f, indent=1)
         f.write("\n")
     print("wrote", os.path.normpath(path), file=sys.stderr)
+
+
+def main():
+    record(m, Qwen3NextConfig, "Qwen3NextGatedDeltaNet", [("in_proj_qkvz", 0.3), ("in_proj_ba", 0.5)], "layer_case.json")
+    record(
+        m35,
+        Qwen3_5TextConfig,
+        "Qwen3_5GatedDeltaNet",
+        [("in_proj_qkv", 0.3), ("in_proj_z", 0.3), ("in_proj_b", 0.5), ("in_proj_a", 0.5)],
+        "layer_case_qwen3_5.json",
+    )
 
 
 if __name__ == "__main__":

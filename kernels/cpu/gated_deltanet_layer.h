@@ -12,6 +12,10 @@
 //   [q_g (dk), k_g (dk), v_g (r*dv), z_g (r*dv)], ba row = for each g:
 //   [b_g (r), a_g (r)], r = n_v_heads / n_k_heads; value head g*r + j owns the
 //   j-th dv-slice of v_g and z_g and the j-th entry of b_g and a_g.
+//   Qwen3.5 (Qwen3_5GatedDeltaNet, models/qwen3_5) projects the same values
+//   with four matrices instead, already in the order used below: in_proj_qkv
+//   gives the conv channels, in_proj_z gives z [n_v*dv], in_proj_b and
+//   in_proj_a give b and a [n_v]; the rest of the layer is the same.
 //   conv channels = [q (n_k*dk), k (n_k*dk), v (n_v*dv)] (all heads of each in
 //   order); causal depthwise conv (no bias) + SiLU with the conv state.
 //   beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias).
@@ -25,10 +29,16 @@
 
 namespace hybridserve::kernels::cpu {
 
-// transformers' parameter tensors, flat row-major in their layouts.
+// transformers' parameter tensors, flat row-major in their layouts. The input
+// projections come in one of two forms: Qwen3-Next's (in_proj_qkvz set) or
+// Qwen3.5's (in_proj_qkvz null; the four split matrices set), never both.
 struct GatedDeltaNetLayerWeights {
-  const float* in_proj_qkvz = nullptr;  // [n_k_heads * (2*dk + 2*r*dv), hidden]
-  const float* in_proj_ba = nullptr;    // [n_k_heads * 2*r, hidden]
+  const float* in_proj_qkvz = nullptr;  // Qwen3-Next: [n_k_heads * (2*dk + 2*r*dv), hidden]
+  const float* in_proj_ba = nullptr;    // Qwen3-Next: [n_k_heads * 2*r, hidden]
+  const float* in_proj_qkv = nullptr;   // Qwen3.5: [conv channels, hidden]
+  const float* in_proj_z = nullptr;     // Qwen3.5: [n_v_heads * dv, hidden]
+  const float* in_proj_b = nullptr;     // Qwen3.5: [n_v_heads, hidden]
+  const float* in_proj_a = nullptr;     // Qwen3.5: [n_v_heads, hidden]
   const float* conv1d = nullptr;        // [conv channels, d_conv] (conv1d.weight [C, 1, d_conv])
   const float* dt_bias = nullptr;       // [n_v_heads]
   const float* a_log = nullptr;         // [n_v_heads]

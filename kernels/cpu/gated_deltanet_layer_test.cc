@@ -58,11 +58,19 @@ float MaxAbs(const std::vector<float>& a) {
 // A layer's weights, owned.
 struct Layer {
   GatedDeltaNetLayerShape shape;
-  std::vector<float> qkvz, ba, conv, dt_bias, a_log, norm, out_proj;
+  // Qwen3-Next's projections (qkvz, ba) or, when qkvz is empty, Qwen3.5's.
+  std::vector<float> qkvz, ba, qkv, z, b, a, conv, dt_bias, a_log, norm, out_proj;
   GatedDeltaNetLayerWeights Weights() const {
     GatedDeltaNetLayerWeights w;
-    w.in_proj_qkvz = qkvz.data();
-    w.in_proj_ba = ba.data();
+    if (!qkvz.empty()) {
+      w.in_proj_qkvz = qkvz.data();
+      w.in_proj_ba = ba.data();
+    } else {
+      w.in_proj_qkv = qkv.data();
+      w.in_proj_z = z.data();
+      w.in_proj_b = b.data();
+      w.in_proj_a = a.data();
+    }
     w.conv1d = conv.data();
     w.dt_bias = dt_bias.data();
     w.a_log = a_log.data();
@@ -118,16 +126,17 @@ LayerRun PrefillPieces(const Layer& l, const std::vector<float>& x, const std::v
   return run;
 }
 
-// transformers 5.23's Qwen3NextGatedDeltaNet (tools/gen_gated_deltanet_layer_fixture.py):
-// hidden 16, 2 key heads for 4 value heads, dk 8, dv 6, conv 4, 19 tokens from zero
-// states. LayerRun with the chunk transformers uses (64: one partial chunk), a grid of 8
-// (three chunks) and the sequential oracle. Tolerance 2e-5 on y and both states:
-// fp32 with a different op order (projections summed in another order, expf/log1pf
-// against torch's vectorised ones, the chunked rule's triangular solve) on values
-// of at most a few units (the measured worst difference is printed).
-TEST(GatedDeltaNetLayerTest, MatchesTransformersFixture) {
-  std::ifstream f("tests/fixtures/gated_delta/layer_case.json");
-  ASSERT_TRUE(f.good());
+// transformers 5.23's Qwen3NextGatedDeltaNet and Qwen3_5GatedDeltaNet
+// (tools/gen_gated_deltanet_layer_fixture.py): hidden 16, 2 key heads for 4
+// value heads, dk 8, dv 6, conv 4, 19 tokens from zero states. Run with the
+// chunk transformers uses (64: one partial chunk), a grid of 8 (three chunks)
+// and the sequential oracle. Tolerance 2e-5 on y and both states: fp32 with a
+// different op order (projections summed in another order, expf/log1pf against
+// torch's vectorised ones, the chunked rule's triangular solve) on values of at
+// most a few units (the measured worst difference is printed).
+void CheckAgainstFixture(const std::string& path, bool qwen3_5) {
+  std::ifstream f(path);
+  ASSERT_TRUE(f.good()) << path;
   std::stringstream ss;
   ss << f.rdbuf();
   const std::string text = ss.str();
@@ -139,8 +148,21 @@ TEST(GatedDeltaNetLayerTest, MatchesTransformersFixture) {
   l.shape.dv = 6;
   l.shape.d_conv = 4;
   l.shape.eps = 1e-6f;
-  l.qkvz = JsonArray(text, "in_proj_qkvz");
-  l.ba = JsonArray(text, "in_proj_ba");
+  if (qwen3_5) {
+    l.qkv = JsonArray(text, "in_proj_qkv");
+    l.z = JsonArray(text, "in_proj_z");
+    l.b = JsonArray(text, "in_proj_b");
+    l.a = JsonArray(text, "in_proj_a");
+    ASSERT_EQ(l.qkv.size(), static_cast<size_t>(l.Channels() * 16));
+    ASSERT_EQ(l.z.size(), 24u * 16u);
+    ASSERT_EQ(l.b.size(), 4u * 16u);
+    ASSERT_EQ(l.a.size(), 4u * 16u);
+  } else {
+    l.qkvz = JsonArray(text, "in_proj_qkvz");
+    l.ba = JsonArray(text, "in_proj_ba");
+    ASSERT_EQ(l.qkvz.size(), 2u * (2 * 8 + 2 * 2 * 6) * 16u);
+    ASSERT_EQ(l.ba.size(), 2u * 4u * 16u);
+  }
   l.conv = JsonArray(text, "conv1d");
   l.dt_bias = JsonArray(text, "dt_bias");
   l.a_log = JsonArray(text, "A_log");
@@ -149,8 +171,6 @@ TEST(GatedDeltaNetLayerTest, MatchesTransformersFixture) {
   const std::vector<float> x = JsonArray(text, "x"), y_want = JsonArray(text, "y"),
                            conv_want = JsonArray(text, "conv_state"), state_want = JsonArray(text, "recurrent_state");
   constexpr int64_t kN = 19;
-  ASSERT_EQ(l.qkvz.size(), 2u * (2 * 8 + 2 * 2 * 6) * 16u);
-  ASSERT_EQ(l.ba.size(), 2u * 4u * 16u);
   ASSERT_EQ(l.conv.size(), static_cast<size_t>(l.Channels() * 4));
   ASSERT_EQ(l.dt_bias.size(), 4u);
   ASSERT_EQ(l.a_log.size(), 4u);
@@ -160,7 +180,7 @@ TEST(GatedDeltaNetLayerTest, MatchesTransformersFixture) {
   ASSERT_EQ(y_want.size(), x.size());
   ASSERT_EQ(conv_want.size(), static_cast<size_t>(l.Channels() * 3));
   ASSERT_EQ(state_want.size(), static_cast<size_t>(l.StateSize()));
-  std::printf("fixture max |y| %.3g, max |state| %.3g\n", MaxAbs(y_want), MaxAbs(state_want));
+  std::printf("%s: max |y| %.3g, max |state| %.3g\n", path.c_str(), MaxAbs(y_want), MaxAbs(state_want));
   for (const int64_t chunk : {64, 8, 0}) {
     SCOPED_TRACE(chunk == 0 ? "sequential" : "chunk " + std::to_string(chunk));
     l.shape.sequential = chunk == 0;
@@ -174,6 +194,14 @@ TEST(GatedDeltaNetLayerTest, MatchesTransformersFixture) {
     EXPECT_LE(dc, 2e-5f);
     EXPECT_LE(ds, 2e-5f);
   }
+}
+
+TEST(GatedDeltaNetLayerTest, MatchesTransformersQwen3NextLayer) {
+  CheckAgainstFixture("tests/fixtures/gated_delta/layer_case.json", false);
+}
+
+TEST(GatedDeltaNetLayerTest, MatchesTransformersQwen3_5Layer) {
+  CheckAgainstFixture("tests/fixtures/gated_delta/layer_case_qwen3_5.json", true);
 }
 
 // A prefill split on the chunk grid and continued from the carried states gives
@@ -325,6 +353,23 @@ TEST(GatedDeltaNetLayerTest, ArgumentChecksNameTheField) {
   };
   EXPECT_EQ(weight_without([](auto& b) { b.in_proj_qkvz = nullptr; }), "in_proj_qkvz");
   EXPECT_EQ(weight_without([](auto& b) { b.in_proj_ba = nullptr; }), "in_proj_ba");
+  EXPECT_EQ(weight_without([&](auto& b) { b.in_proj_z = x.data(); }), "in_proj_qkv");  // both forms
+  {
+    GatedDeltaNetLayerWeights split = w;
+    split.in_proj_qkvz = nullptr;
+    split.in_proj_ba = nullptr;
+    const std::vector<float> m(1024);
+    split.in_proj_qkv = split.in_proj_z = split.in_proj_b = split.in_proj_a = m.data();
+    auto split_without = [&](auto edit) {
+      GatedDeltaNetLayerWeights bad_w = split;
+      edit(bad_w);
+      return prefill(l.shape, bad_w, 1, 0, conv.data(), state.data(), x.data(), y.data());
+    };
+    EXPECT_EQ(split_without([](auto& b) { b.in_proj_qkv = nullptr; }), "in_proj_qkvz");
+    EXPECT_EQ(split_without([](auto& b) { b.in_proj_z = nullptr; }), "in_proj_z");
+    EXPECT_EQ(split_without([](auto& b) { b.in_proj_b = nullptr; }), "in_proj_b");
+    EXPECT_EQ(split_without([](auto& b) { b.in_proj_a = nullptr; }), "in_proj_a");
+  }
   EXPECT_EQ(weight_without([](auto& b) { b.conv1d = nullptr; }), "conv1d");
   EXPECT_EQ(weight_without([](auto& b) { b.dt_bias = nullptr; }), "dt_bias");
   EXPECT_EQ(weight_without([](auto& b) { b.a_log = nullptr; }), "a_log");
