@@ -30,11 +30,41 @@ KernelStatus Fail(const char* field, const char** bad_field) {
   return kKernelInvalidArgument;
 }
 
+float Beta(float b) { return 1.0f / (1.0f + std::exp(-b)); }
+
+float LogDecay(const GatedDeltaNetLayerWeights& w, int64_t h, float a) {
+  return -std::exp(w.a_log[h]) * Softplus(a + w.dt_bias[h]);
+}
+
+// Qwen3.5's projections: already in the conv's channel order.
+void ProjectSplit(const GatedDeltaNetLayerShape& s, const GatedDeltaNetLayerWeights& w, const float* x, int64_t n,
+                  float* conv_in, float* z, float* beta, float* g) {
+  const int64_t channels = GatedDeltaNetConvChannels(s);
+  const int64_t value_dim = s.n_v_heads * s.dv;
+  std::vector<float> b(s.n_v_heads), a(s.n_v_heads);
+  for (int64_t t = 0; t < n; ++t) {
+    const float* xt = x + t * s.hidden;
+    MatVec(w.in_proj_qkv, xt, channels, s.hidden, conv_in + t * channels);
+    MatVec(w.in_proj_z, xt, value_dim, s.hidden, z + t * value_dim);
+    MatVec(w.in_proj_b, xt, s.n_v_heads, s.hidden, b.data());
+    MatVec(w.in_proj_a, xt, s.n_v_heads, s.hidden, a.data());
+    for (int64_t h = 0; h < s.n_v_heads; ++h) {
+      beta[t * s.n_v_heads + h] = Beta(b[h]);
+      g[t * s.n_v_heads + h] = LogDecay(w, h, a[h]);
+    }
+  }
+}
+
 // The input projections of n tokens, un-interleaved per key head group
-// (transformers' fix_query_key_value_ordering): conv_in [n, channels] in the
-// conv's [q | k | v] order, z [n, n_v*dv], beta and g [n, n_v].
+// (transformers' fix_query_key_value_ordering) for Qwen3-Next's form:
+// conv_in [n, channels] in the conv's [q | k | v] order, z [n, n_v*dv], beta
+// and g [n, n_v].
 void Project(const GatedDeltaNetLayerShape& s, const GatedDeltaNetLayerWeights& w, const float* x, int64_t n,
              float* conv_in, float* z, float* beta, float* g) {
+  if (w.in_proj_qkvz == nullptr) {
+    ProjectSplit(s, w, x, n, conv_in, z, beta, g);
+    return;
+  }
   const int64_t r = s.n_v_heads / s.n_k_heads;
   const int64_t group_cols = 2 * s.dk + 2 * r * s.dv;
   const int64_t channels = GatedDeltaNetConvChannels(s);
@@ -61,8 +91,8 @@ void Project(const GatedDeltaNetLayerShape& s, const GatedDeltaNetLayerWeights& 
         const int64_t h = grp * r + j;
         const float b = ba[grp * 2 * r + j];
         const float a = ba[grp * 2 * r + r + j];
-        beta[t * s.n_v_heads + h] = 1.0f / (1.0f + std::exp(-b));
-        g[t * s.n_v_heads + h] = -std::exp(w.a_log[h]) * Softplus(a + w.dt_bias[h]);
+        beta[t * s.n_v_heads + h] = Beta(b);
+        g[t * s.n_v_heads + h] = LogDecay(w, h, a);
       }
     }
   }
@@ -117,10 +147,19 @@ KernelStatus CheckGatedDeltaNetLayerShape(const GatedDeltaNetLayerShape& s, cons
     bad = "eps";
   } else if (s.chunk_size <= 0 || (s.chunk_size & (s.chunk_size - 1)) != 0) {
     bad = "chunk_size";
-  } else if (w.in_proj_qkvz == nullptr) {
-    bad = "in_proj_qkvz";
-  } else if (w.in_proj_ba == nullptr) {
+  } else if (w.in_proj_qkvz != nullptr &&
+             (w.in_proj_qkv != nullptr || w.in_proj_z != nullptr || w.in_proj_b != nullptr || w.in_proj_a != nullptr)) {
+    bad = "in_proj_qkv";  // both forms at once
+  } else if (w.in_proj_qkvz != nullptr && w.in_proj_ba == nullptr) {
     bad = "in_proj_ba";
+  } else if (w.in_proj_qkvz == nullptr && w.in_proj_qkv == nullptr) {
+    bad = "in_proj_qkvz";  // neither form: named by Qwen3-Next's
+  } else if (w.in_proj_qkvz == nullptr && w.in_proj_z == nullptr) {
+    bad = "in_proj_z";
+  } else if (w.in_proj_qkvz == nullptr && w.in_proj_b == nullptr) {
+    bad = "in_proj_b";
+  } else if (w.in_proj_qkvz == nullptr && w.in_proj_a == nullptr) {
+    bad = "in_proj_a";
   } else if (w.conv1d == nullptr) {
     bad = "conv1d";
   } else if (w.dt_bias == nullptr) {
