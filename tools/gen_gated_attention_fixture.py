@@ -8,7 +8,11 @@ Shapes: hidden 16, 4 query heads over 2 key/value heads, head_dim 16,
 partial_rotary_factor 0.25 (RoPE on the first 4 dims), theta 10000, 11 tokens
 at positions 0..10, eager attention with a causal mask. Weights are redrawn
 from a seeded normal (the q/k norm weights too: their init, zeros, would hide
-the 1 + w). Weights are flat, row-major, in transformers' layouts (Linear [out, in])."""
+the 1 + w). Weights are flat, row-major, in transformers' layouts (Linear [out, in]).
+Qwen3.5's text attention (Qwen3_5Attention with Qwen3_5TextRotaryEmbedding: an
+MRoPE whose three position rows are equal for text) is recorded the same way,
+with head_dim 32 (RoPE on 8 dims, so the H and W sections hold frequencies),
+into attention_case_qwen3_5.json."""
 
 import json
 import os
@@ -16,25 +20,27 @@ import sys
 
 import torch
 import transformers
+from transformers.models.qwen3_5 import modeling_qwen3_5 as m35
+from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
 from transformers.models.qwen3_next import modeling_qwen3_next as m
 from transformers.models.qwen3_next.configuration_qwen3_next import Qwen3NextConfig
 
 
-def main():
+def record(config_class, attention, rotary, head_dim, file_name):
     torch.manual_seed(50)
-    cfg = Qwen3NextConfig(
+    cfg = config_class(
         hidden_size=16,
         num_attention_heads=4,
         num_key_value_heads=2,
-        head_dim=16,
+        head_dim=head_dim,
         num_hidden_layers=1,
         layer_types=["full_attention"],
         rms_norm_eps=1e-6,
     )
     cfg._attn_implementation = "eager"
     assert cfg.rope_parameters["partial_rotary_factor"] == 0.25
-    layer = m.Qwen3NextAttention(cfg, 0).float().eval()
-    rope = m.Qwen3NextRotaryEmbedding(cfg)
+    layer = attention(cfg, 0).float().eval()
+    rope = rotary(cfg)
     with torch.no_grad():
         for lin in (layer.q_proj, layer.k_proj, layer.v_proj, layer.o_proj):
             lin.weight.normal_(0.0, 0.4)
@@ -68,11 +74,16 @@ def main():
         "x": flat(x),
         "y": flat(y),
     }
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "gated_delta", "attention_case.json")
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "gated_delta", file_name)
     with open(path, "w") as f:
         json.dump(out, f, indent=1)
         f.write("\n")
     print("wrote", os.path.normpath(path), file=sys.stderr)
+
+
+def main():
+    record(Qwen3NextConfig, m.Qwen3NextAttention, m.Qwen3NextRotaryEmbedding, 16, "attention_case.json")
+    record(Qwen3_5TextConfig, m35.Qwen3_5Attention, m35.Qwen3_5TextRotaryEmbedding, 32, "attention_case_qwen3_5.json")
 
 
 if __name__ == "__main__":

@@ -97,23 +97,25 @@ std::vector<float> ForwardPieces(const Layer& l, const std::vector<float>& x, co
   return y;
 }
 
-// transformers 5.23's Qwen3NextAttention (tools/gen_gated_attention_fixture.py):
-// hidden 16, 4 query heads over 2 K/V heads, head_dim 16, RoPE on the first 4
-// dims (partial_rotary_factor 0.25), 11 tokens, causal. Tolerance 2e-5 on
-// outputs of a few units: fp32 projections summed in another order, RoPE's
-// angles in double here against fp32 there, attention in double here.
-TEST(GatedAttentionLayerTest, MatchesTransformersFixture) {
-  std::ifstream f("tests/fixtures/gated_delta/attention_case.json");
-  ASSERT_TRUE(f.good());
+// transformers 5.23's Qwen3NextAttention, and Qwen3_5Attention with its text
+// MRoPE (tools/gen_gated_attention_fixture.py): hidden 16, 4 query heads over 2
+// K/V heads, head_dim 16 (Qwen3.5: 32), RoPE on the first quarter
+// (partial_rotary_factor 0.25), 11 tokens, causal. Tolerance 2e-5 on outputs
+// of a few units: fp32 projections summed in another order, RoPE's angles in
+// double here against fp32 there, attention in double here.
+void CheckAgainstFixture(const std::string& path, int64_t head_dim) {
+  std::ifstream f(path);
+  ASSERT_TRUE(f.good()) << path;
   std::stringstream ss;
   ss << f.rdbuf();
   const std::string text = ss.str();
+  const size_t hd = static_cast<size_t>(head_dim);
   Layer l;
   l.shape.hidden = 16;
   l.shape.n_heads = 4;
   l.shape.n_kv_heads = 2;
-  l.shape.head_dim = 16;
-  l.shape.rotary_dim = 4;
+  l.shape.head_dim = head_dim;
+  l.shape.rotary_dim = head_dim / 4;
   l.shape.theta = 10000.0;
   l.shape.eps = 1e-6f;
   l.q_proj = JsonArray(text, "q_proj");
@@ -123,18 +125,26 @@ TEST(GatedAttentionLayerTest, MatchesTransformersFixture) {
   l.q_norm = JsonArray(text, "q_norm");
   l.k_norm = JsonArray(text, "k_norm");
   const std::vector<float> x = JsonArray(text, "x"), y_want = JsonArray(text, "y");
-  ASSERT_EQ(l.q_proj.size(), 4u * 2u * 16u * 16u);
-  ASSERT_EQ(l.k_proj.size(), 2u * 16u * 16u);
+  ASSERT_EQ(l.q_proj.size(), 4u * 2u * hd * 16u);
+  ASSERT_EQ(l.k_proj.size(), 2u * hd * 16u);
   ASSERT_EQ(l.v_proj.size(), l.k_proj.size());
-  ASSERT_EQ(l.o_proj.size(), 16u * 64u);
-  ASSERT_EQ(l.q_norm.size(), 16u);
-  ASSERT_EQ(l.k_norm.size(), 16u);
+  ASSERT_EQ(l.o_proj.size(), 16u * 4u * hd);
+  ASSERT_EQ(l.q_norm.size(), hd);
+  ASSERT_EQ(l.k_norm.size(), hd);
   ASSERT_EQ(x.size(), 11u * 16u);
   ASSERT_EQ(y_want.size(), x.size());
   const std::vector<float> y = ForwardPieces(l, x, {11});
   const float dy = MaxAbsDiff(y, y_want);
-  std::printf("gated attention vs transformers: max |diff| y %.3g\n", dy);
+  std::printf("%s: gated attention vs transformers: max |diff| y %.3g\n", path.c_str(), dy);
   EXPECT_LE(dy, 2e-5f);
+}
+
+TEST(GatedAttentionLayerTest, MatchesTransformersQwen3NextAttention) {
+  CheckAgainstFixture("tests/fixtures/gated_delta/attention_case.json", 16);
+}
+
+TEST(GatedAttentionLayerTest, MatchesTransformersQwen3_5Attention) {
+  CheckAgainstFixture("tests/fixtures/gated_delta/attention_case_qwen3_5.json", 32);
 }
 
 // Every row depends only on its token and the cached keys and values before
