@@ -10,6 +10,9 @@ Besides the layer output, the layer's final states are captured from inside
 the forward: the conv state (the last 3 conv inputs, [channels, 3]) and the
 recurrent state ([n_v_heads, dk, dv]) that torch_chunk_gated_delta_rule
 returns when asked (the module's functions are wrapped to ask for it).
+The same 19 tokens are also run through transformers' cache (cached_*): a
+prefill of 15, then 4 one-token decode steps on its decode path, with the
+states after the prefill and at the end.
 Weights are flat, row-major, in transformers' layouts (Linear [out, in],
 conv1d [channels, kernel]).
 The same case (same shapes, seed and drawing order) is recorded for Qwen3.5's
@@ -22,10 +25,14 @@ import sys
 
 import torch
 import transformers
+from transformers.cache_utils import DynamicCache
 from transformers.models.qwen3_5 import modeling_qwen3_5 as m35
 from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
 from transformers.models.qwen3_next import modeling_qwen3_next as m
 from transformers.models.qwen3_next.configuration_qwen3_next import Qwen3NextConfig
+
+
+PREFILL = 15  # the cached run: 15 prefill tokens, then 4 decode steps
 
 
 def record(m, config_class, layer_class, projections, file_name):
@@ -77,6 +84,20 @@ def record(m, config_class, layer_class, projections, file_name):
         m.torch_chunk_gated_delta_rule = chunk_rule
         m.causal_conv1d_fn = conv_fn
 
+    # The same tokens through transformers' cache: a prefill of the first
+    # PREFILL tokens, then one-token decode steps (causal_conv1d_update and
+    # torch_recurrent_gated_delta_rule). transformers' conv state keeps d_conv
+    # columns (the current input last); the kernels keep the last d_conv - 1,
+    # recorded here as [:, 1:].
+    cache = DynamicCache(config=cfg)
+    with torch.no_grad():
+        rows = [layer(x[:, :PREFILL], cache_params=cache)]
+        prefill_conv = cache.get_conv_state(0)[0, :, 1:].clone()
+        prefill_state = cache.get_recurrent_state(0).clone()
+        for t in range(PREFILL, seqlen):
+            rows.append(layer(x[:, t : t + 1], cache_params=cache))
+    cached_y = torch.cat(rows, dim=1)
+
     flat = lambda t: [float(v) for v in t.detach().reshape(-1).tolist()]
     out = {
         "transformers_version": transformers.__version__,
@@ -98,6 +119,12 @@ def record(m, config_class, layer_class, projections, file_name):
         "y": flat(y),
         "conv_state": flat(captured["conv_state"]),
         "recurrent_state": flat(captured["recurrent_state"]),
+        "cached_prefill": PREFILL,
+        "cached_y": flat(cached_y),
+        "cached_prefill_conv_state": flat(prefill_conv),
+        "cached_prefill_recurrent_state": flat(prefill_state),
+        "cached_conv_state": flat(cache.get_conv_state(0)[0, :, 1:]),
+        "cached_recurrent_state": flat(cache.get_recurrent_state(0)),
     }
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "gated_delta", file_name)
     with open(path, "w") as f:

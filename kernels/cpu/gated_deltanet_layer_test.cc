@@ -133,7 +133,8 @@ LayerRun PrefillPieces(const Layer& l, const std::vector<float>& x, const std::v
 // and the sequential oracle. Tolerance 2e-5 on y and both states: fp32 with a
 // different op order (projections summed in another order, expf/log1pf against
 // torch's vectorised ones, the chunked rule's triangular solve) on values of at
-// most a few units (the measured worst difference is printed).
+// most a few units (the measured worst difference is printed). Then the same
+// against transformers' cached run (prefill, then its one-token decode path).
 void CheckAgainstFixture(const std::string& path, bool qwen3_5) {
   std::ifstream f(path);
   ASSERT_TRUE(f.good()) << path;
@@ -190,6 +191,41 @@ void CheckAgainstFixture(const std::string& path, bool qwen3_5) {
                 ds = MaxAbsDiff(run.state, state_want);
     std::printf("chunk %lld vs transformers: max |diff| y %.3g conv state %.3g state %.3g\n",
                 static_cast<long long>(chunk), dy, dc, ds);
+    EXPECT_LE(dy, 2e-5f);
+    EXPECT_LE(dc, 2e-5f);
+    EXPECT_LE(ds, 2e-5f);
+  }
+  // transformers' cached run: prefill 15 tokens, then 4 decode steps on its
+  // decode path; the states after the prefill and at the end, as handed on.
+  const std::vector<float> cached_y = JsonArray(text, "cached_y"),
+                           pre_conv = JsonArray(text, "cached_prefill_conv_state"),
+                           pre_state = JsonArray(text, "cached_prefill_recurrent_state"),
+                           end_conv = JsonArray(text, "cached_conv_state"),
+                           end_state = JsonArray(text, "cached_recurrent_state");
+  ASSERT_EQ(cached_y.size(), y_want.size());
+  ASSERT_EQ(pre_conv.size(), conv_want.size());
+  ASSERT_EQ(end_conv.size(), conv_want.size());
+  ASSERT_EQ(pre_state.size(), state_want.size());
+  ASSERT_EQ(end_state.size(), state_want.size());
+  constexpr int64_t kPrefill = 15;
+  for (const int64_t chunk : {64, 8, 0}) {
+    SCOPED_TRACE(chunk == 0 ? "cached, sequential" : "cached, chunk " + std::to_string(chunk));
+    l.shape.sequential = chunk == 0;
+    l.shape.chunk_size = chunk == 0 ? 64 : chunk;
+    LayerRun run = PrefillPieces(l, std::vector<float>(x.begin(), x.begin() + kPrefill * 16), {kPrefill});
+    const float dpc = MaxAbsDiff(run.conv_state, pre_conv), dps = MaxAbsDiff(run.state, pre_state);
+    run.y.resize(kN * 16);
+    for (int64_t t = kPrefill; t < kN; ++t) {
+      ASSERT_EQ(GatedDeltaNetLayerDecode(l.shape, l.Weights(), x.data() + t * 16, run.conv_state.data(),
+                                         run.state.data(), run.y.data() + t * 16),
+                kKernelOk);
+    }
+    const float dy = MaxAbsDiff(run.y, cached_y), dc = MaxAbsDiff(run.conv_state, end_conv),
+                ds = MaxAbsDiff(run.state, end_state);
+    std::printf("cached chunk %lld: max |diff| prefill conv %.3g state %.3g; y %.3g end conv %.3g state %.3g\n",
+                static_cast<long long>(chunk), dpc, dps, dy, dc, ds);
+    EXPECT_LE(dpc, 2e-5f);
+    EXPECT_LE(dps, 2e-5f);
     EXPECT_LE(dy, 2e-5f);
     EXPECT_LE(dc, 2e-5f);
     EXPECT_LE(ds, 2e-5f);
