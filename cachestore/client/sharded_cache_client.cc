@@ -193,14 +193,17 @@ absl::StatusOr<std::shared_ptr<ShardedCacheClient::Shard>> ShardedCacheClient::S
   return it->second;
 }
 
-void ShardedCacheClient::Note(Shard& shard, const absl::Status& status) {
+absl::Status ShardedCacheClient::Note(Shard& shard, const absl::Status& status) {
   shard.calls.fetch_add(1, std::memory_order_relaxed);
-  if (!IsTransportFailure(status)) return;
+  if (!IsTransportFailure(status)) return status;
   shard.failures.fetch_add(1, std::memory_order_relaxed);
   if (shard.up.exchange(false)) {
     LOG(WARNING) << "cachestore shard " << shard.name << " (" << shard.target << ") is down (" << status
                  << "): its chains go to the next shard until it answers a probe";
   }
+  if (status.code() != absl::StatusCode::kDeadlineExceeded) return status;
+  return absl::UnavailableError(absl::StrCat("cachestore shard ", shard.name, " timed out (", status.message(),
+                                             "): marked down, its chains go to the next shard"));
 }
 
 absl::StatusOr<LookupResult> ShardedCacheClient::Lookup(const ClientNamespace& ns, absl::Span<const TokenId> tokens,
@@ -208,8 +211,9 @@ absl::StatusOr<LookupResult> ShardedCacheClient::Lookup(const ClientNamespace& n
   ASSIGN_OR_RETURN(const Hash128 ns_key, NamespaceOf(ns));
   ASSIGN_OR_RETURN(std::shared_ptr<Shard> shard, Owner(ns_key, ChainKeyOf(ns, tokens)));
   absl::StatusOr<LookupResult> result = shard->client->Lookup(ns, tokens, mode);
-  Note(*shard, result.status());
-  if (!result.ok() || result->lease_id == 0) return result;
+  if (!result.ok()) return Note(*shard, result.status());
+  (void)Note(*shard, absl::OkStatus());
+  if (result->lease_id == 0) return result;
   if (result->lease_id > kShardLeaseMask) {
     (void)shard->client->Release(result->lease_id);
     return absl::InternalError(absl::StrCat("cachestore shard ", shard->name, " gave lease id ", result->lease_id,
@@ -230,7 +234,8 @@ absl::StatusOr<PutResult> ShardedCacheClient::Put(const ClientNamespace& ns, con
   }
   ASSIGN_OR_RETURN(std::shared_ptr<Shard> shard, Owner(ns_key, chain));
   absl::StatusOr<PutResult> result = shard->client->Put(ns, put, bytes);
-  Note(*shard, result.status());
+  if (!result.ok()) return Note(*shard, result.status());
+  (void)Note(*shard, absl::OkStatus());
   return result;
 }
 
@@ -264,38 +269,39 @@ std::vector<absl::StatusOr<PutResult>> ShardedCacheClient::PutMany(const ClientN
       break;
     }
   }
-  Note(**shard, call);
+  const absl::Status answered = Note(**shard, call);
+  if (answered.code() != call.code()) {  // the call timed out: answered as UNAVAILABLE (Note)
+    for (absl::StatusOr<PutResult>& r : results) {
+      if (r.status().code() == absl::StatusCode::kDeadlineExceeded) r = answered;
+    }
+  }
   return results;
 }
 
 absl::Status ShardedCacheClient::GetInto(uint64_t lease_id, const Hash128& key, std::string* out) {
   ASSIGN_OR_RETURN(std::shared_ptr<Shard> shard, ShardOfLease(lease_id));
   absl::Status s = shard->client->GetInto(lease_id & kShardLeaseMask, key, out);
-  Note(*shard, s);
-  return s;
+  return Note(*shard, s);
 }
 
 absl::Status ShardedCacheClient::GetManyInto(uint64_t lease_id, absl::Span<const Hash128> keys,
                                              absl::Span<std::string> out) {
   ASSIGN_OR_RETURN(std::shared_ptr<Shard> shard, ShardOfLease(lease_id));
   absl::Status s = shard->client->GetManyInto(lease_id & kShardLeaseMask, keys, out);
-  Note(*shard, s);
-  return s;
+  return Note(*shard, s);
 }
 
 absl::Status ShardedCacheClient::GetManyScattered(uint64_t lease_id, absl::Span<const Hash128> keys,
                                                   absl::Span<const EntrySegments> out) {
   ASSIGN_OR_RETURN(std::shared_ptr<Shard> shard, ShardOfLease(lease_id));
   absl::Status s = shard->client->GetManyScattered(lease_id & kShardLeaseMask, keys, out);
-  Note(*shard, s);
-  return s;
+  return Note(*shard, s);
 }
 
 absl::Status ShardedCacheClient::Release(uint64_t lease_id) {
   ASSIGN_OR_RETURN(std::shared_ptr<Shard> shard, ShardOfLease(lease_id));
   absl::Status s = shard->client->Release(lease_id & kShardLeaseMask);
-  Note(*shard, s);
-  return s;
+  return Note(*shard, s);
 }
 
 absl::StatusOr<IndexStats> ShardedCacheClient::Stats() {
@@ -309,7 +315,7 @@ absl::StatusOr<IndexStats> ShardedCacheClient::Stats() {
       return absl::UnavailableError(absl::StrCat("cachestore shard ", name, " is down"));
     }
     absl::StatusOr<IndexStats> s = shard.client->Stats();
-    Note(shard, s.status());
+    (void)Note(shard, s.status());
     if (!s.ok())
       return absl::Status(s.status().code(), absl::StrCat("cachestore shard ", name, ": ", s.status().message()));
     AddStats(*s, sum);

@@ -24,7 +24,8 @@
 //                 cache's).
 //
 // A lost shard costs misses only. A call that ends UNAVAILABLE or
-// DEADLINE_EXCEEDED marks its shard down. A down shard gets no call at all:
+// DEADLINE_EXCEEDED marks its shard down (and a timeout answers UNAVAILABLE:
+// one hung shard must not start the worker's cache-wide skip, cache_backoff.h). A down shard gets no call at all:
 // placement skips it (the next shard of ShardPlacement::Ranked owns its
 // chains, so their next lookup misses there once and the caller's
 // publication re-publishes them there), and a call holding one of its leases
@@ -144,8 +145,11 @@ class ShardedCacheClient final : public CacheClient {
   // no shard, UNAVAILABLE (counted as refused) for a down shard.
   absl::StatusOr<std::shared_ptr<Shard>> ShardOfLease(uint64_t lease_id) const;
   // Counts a call to `shard` that ended in `status`; a transport failure
-  // marks the shard down.
-  void Note(Shard& shard, const absl::Status& status);
+  // marks the shard down. Returns what the call answers: `status`, but a
+  // timeout as UNAVAILABLE: the shard is down now, so no later call waits for
+  // it, and a worker's CacheBackoff, which a DEADLINE_EXCEEDED starts and
+  // which skips the whole cache, must not skip the shards that answer.
+  absl::Status Note(Shard& shard, const absl::Status& status);
   void ProbeLoop() ABSL_LOCKS_EXCLUDED(mu_);
 
   const ShardedCacheClientOptions options_;
