@@ -244,6 +244,22 @@ absl::StatusOr<Qwen3NextConfig> ParseText(const Json& root, const Json& text, Qw
       }
     }
   }
+  // Fields of other Qwen configs that this model_type's transformers class
+  // does not read (a qwen3_5_moe layer is always sparse and renormalises).
+  std::vector<const char*> unread;
+  if (c.text_model_type == "qwen3_5_moe_text") {
+    unread = {"intermediate_size", "mlp_only_layers", "decoder_sparse_step", "norm_topk_prob"};
+  } else if (c.text_model_type == "qwen3_5_text") {
+    unread = {"num_experts",     "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size",
+              "mlp_only_layers", "decoder_sparse_step", "norm_topk_prob"};
+  }
+  for (const char* key : unread) {
+    if (text.contains(key)) {
+      c.ignored.push_back(
+          absl::StrCat(where, key, ": not read by transformers 5.23 for ", c.text_model_type, " (every layer ",
+                       c.is_moe ? "is a sparse MoE block with renormalised top-k weights)" : "is a dense MLP)"));
+    }
+  }
   NoteIgnored(text, where, c.ignored);
   if (&text != &root) NoteIgnored(root, "", c.ignored);
   return c;

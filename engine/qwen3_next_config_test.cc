@@ -200,6 +200,31 @@ TEST(Qwen3NextConfigTest, ImageTextFormListsWhatItIgnores) {
                                             "text_config.mtp_num_hidden_layers", "vision_config"}));
 }
 
+// Keys other Qwen configs carry that transformers does not read for this
+// model_type are named, not applied: a qwen3_5_moe layer is sparse even when
+// mlp_only_layers lists it (as in transformers 5.23).
+TEST(Qwen3NextConfigTest, NamesFieldsTransformersDoesNotReadForTheType) {
+  auto moe = ParseQwen3NextConfig(
+      R"({"model_type": "qwen3_5_moe_text", "num_hidden_layers": 4, "intermediate_size": 32,
+          "mlp_only_layers": [1], "norm_topk_prob": false, "mamba_ssm_dtype": "float32"})");
+  ASSERT_TRUE(moe.ok()) << moe.status();
+  EXPECT_EQ(moe->intermediate_size, 0);
+  EXPECT_TRUE(moe->mlp_only_layers.empty());
+  EXPECT_TRUE(moe->norm_topk_prob);
+  for (int64_t i = 0; i < 4; ++i) EXPECT_TRUE(moe->LayerIsMoe(i)) << i;
+  std::vector<std::string> keys;
+  for (const std::string& line : moe->ignored) keys.push_back(line.substr(0, line.find(':')));
+  EXPECT_EQ(keys, (std::vector<std::string>{"intermediate_size", "mlp_only_layers", "norm_topk_prob"}));
+
+  auto dense = ParseQwen3NextConfig(R"({"model_type": "qwen3_5", "text_config": {"num_experts": 8}})");
+  ASSERT_TRUE(dense.ok()) << dense.status();
+  EXPECT_FALSE(dense->is_moe);
+  EXPECT_EQ(dense->num_experts, 0);
+  ASSERT_EQ(dense->ignored.size(), 1u);
+  EXPECT_EQ(dense->ignored[0],
+            "text_config.num_experts: not read by transformers 5.23 for qwen3_5_text (every layer is a dense MLP)");
+}
+
 struct Refusal {
   const char* name;
   std::string config;
