@@ -328,7 +328,7 @@ absl::StatusOr<Qwen3NextConfig> ParseQwen3NextConfig(absl::string_view json_text
   return parsed;
 }
 
-std::vector<QwenTensorSpec> QwenLanguageModelTensors(const Qwen3NextConfig& c) {
+std::vector<QwenTensorSpec> QwenLanguageModelTensors(const Qwen3NextConfig& c, QwenExpertLayout experts) {
   std::vector<QwenTensorSpec> out;
   const int64_t h = c.hidden_size;
   auto add = [&](std::string name, std::vector<int64_t> shape) {
@@ -378,8 +378,17 @@ std::vector<QwenTensorSpec> QwenLanguageModelTensors(const Qwen3NextConfig& c) {
       const int64_t m = c.moe_intermediate_size;
       const int64_t s = c.shared_expert_intermediate_size;
       add(l + "mlp.gate.weight", {e, h});
-      add(l + "mlp.experts.gate_up_proj", {e, 2 * m, h});
-      add(l + "mlp.experts.down_proj", {e, h, m});
+      if (experts == QwenExpertLayout::kFused) {
+        add(l + "mlp.experts.gate_up_proj", {e, 2 * m, h});
+        add(l + "mlp.experts.down_proj", {e, h, m});
+      } else {
+        for (int64_t x = 0; x < e; ++x) {
+          const std::string ex = absl::StrCat(l, "mlp.experts.", x, ".");
+          add(ex + "gate_proj.weight", {m, h});
+          add(ex + "up_proj.weight", {m, h});
+          add(ex + "down_proj.weight", {h, m});
+        }
+      }
       add(l + "mlp.shared_expert.gate_proj.weight", {s, h});
       add(l + "mlp.shared_expert.up_proj.weight", {s, h});
       add(l + "mlp.shared_expert.down_proj.weight", {h, s});

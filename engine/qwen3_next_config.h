@@ -90,12 +90,24 @@ struct QwenTensorSpec {
   std::vector<int64_t> shape;
 };
 
-// The language model's tensors of such a checkpoint as transformers 5.23's
-// model holds them (its state_dict; the experts fused 3-D: gate_up_proj
-// [E, 2 * moe_intermediate, hidden], down_proj [E, hidden, moe_intermediate]),
-// under config.tensor_prefix, plus lm_head.weight unless tied. The vision
-// tower and MTP tensors are not listed.
-std::vector<QwenTensorSpec> QwenLanguageModelTensors(const Qwen3NextConfig& config);
+// How a MoE layer's routed experts are stored.
+enum class QwenExpertLayout {
+  // One tensor per expert, as published checkpoints hold them and as
+  // transformers 5.23's save_pretrained writes them:
+  // mlp.experts.{e}.{gate,up}_proj.weight [moe_intermediate, hidden],
+  // mlp.experts.{e}.down_proj.weight [hidden, moe_intermediate].
+  kPerExpert,
+  // Fused 3-D, as transformers 5.23's model holds them after loading:
+  // mlp.experts.gate_up_proj [E, 2 * moe_intermediate, hidden],
+  // mlp.experts.down_proj [E, hidden, moe_intermediate].
+  kFused,
+};
+
+// The language model's tensors (name and shape) of such a checkpoint, under
+// config.tensor_prefix, plus lm_head.weight unless tied. The vision tower and
+// MTP tensors are not listed.
+std::vector<QwenTensorSpec> QwenLanguageModelTensors(const Qwen3NextConfig& config,
+                                                     QwenExpertLayout experts = QwenExpertLayout::kPerExpert);
 
 }  // namespace hybridserve::engine
 

@@ -6,7 +6,8 @@
 //    interval pattern with a sparse step and mlp_only_layers, an image-text MoE
 //    with rope_parameters, and every public config) each field transformers
 //    resolves equals ours, and the language model's tensors (names and shapes)
-//    are exactly transformers' model's.
+//    are exactly transformers' model's (experts fused) and, where recorded,
+//    exactly those its save_pretrained writes (one tensor per expert).
 // 2. The published configs, with the numbers their files state written here.
 // 3. The refusals, each naming its field.
 #include "engine/qwen3_next_config.h"
@@ -52,7 +53,8 @@ std::vector<std::string> KindNames(const Qwen3NextConfig& c) {
 
 TEST(Qwen3NextConfigTest, MatchesTransformersOnEveryReferenceCase) {
   const Json& cases = Reference().at("cases");
-  ASSERT_GE(cases.size(), 10u);
+  ASSERT_EQ(cases.size(), 10u);
+  std::map<std::string, int> compared;
   for (auto it = cases.begin(); it != cases.end(); ++it) {
     SCOPED_TRACE(it.key());
     const Json& r = it.value().at("resolved");
@@ -87,15 +89,25 @@ TEST(Qwen3NextConfigTest, MatchesTransformersOnEveryReferenceCase) {
     EXPECT_EQ(c.decoder_sparse_step, r.value("decoder_sparse_step", int64_t{1}));
     EXPECT_EQ(c.mlp_only_layers, r.value("mlp_only_layers", std::vector<int64_t>{}));
 
-    std::map<std::string, std::vector<int64_t>> want, got;
-    for (const Json& row : it.value().at("tensors")) {
-      want[row.at(0).get<std::string>()] = row.at(1).get<std::vector<int64_t>>();
+    // As the model holds them (always recorded) and as save_pretrained writes
+    // them (recorded where under 2,000 tensors: not for 512 experts x 48 layers).
+    for (auto [key, layout] : {std::pair<const char*, QwenExpertLayout>{"tensors", QwenExpertLayout::kFused},
+                               {"checkpoint_tensors", QwenExpertLayout::kPerExpert}}) {
+      SCOPED_TRACE(key);
+      if (!it.value().contains(key)) continue;
+      ++compared[key];
+      std::map<std::string, std::vector<int64_t>> want, got;
+      for (const Json& row : it.value().at(key)) {
+        want[row.at(0).get<std::string>()] = row.at(1).get<std::vector<int64_t>>();
+      }
+      const std::vector<QwenTensorSpec> tensors = QwenLanguageModelTensors(c, layout);
+      for (const QwenTensorSpec& t : tensors) got[t.name] = t.shape;
+      EXPECT_EQ(got.size(), tensors.size()) << "a tensor name is listed twice";
+      EXPECT_EQ(got, want);
     }
-    const std::vector<QwenTensorSpec> tensors = QwenLanguageModelTensors(c);
-    for (const QwenTensorSpec& t : tensors) got[t.name] = t.shape;
-    EXPECT_EQ(got.size(), tensors.size()) << "a tensor name is listed twice";
-    EXPECT_EQ(got, want);
   }
+  EXPECT_EQ(compared["tensors"], 10);
+  EXPECT_EQ(compared["checkpoint_tensors"], 7);
 }
 
 std::string PublicConfig(const std::string& file) { return ReadFile(Runfile("tests/fixtures/public_configs/" + file)); }
@@ -160,7 +172,9 @@ TEST(Qwen3NextConfigTest, PublicTinyRandomQwen3Next) {
   EXPECT_EQ(c->moe_intermediate_size, 16);
   EXPECT_EQ(c->shared_expert_intermediate_size, 16);
   // embed, norm, lm_head; per linear layer 7 + 2 norms + 7 MoE; per attention layer 6 + 2 + 7.
-  EXPECT_EQ(QwenLanguageModelTensors(*c).size(), 3u + 3 * (7 + 2 + 7) + (6 + 2 + 7));
+  EXPECT_EQ(QwenLanguageModelTensors(*c, QwenExpertLayout::kFused).size(), 3u + 3 * (7 + 2 + 7) + (6 + 2 + 7));
+  // A checkpoint: the 2 fused expert tensors of each layer are 4 experts x 3.
+  EXPECT_EQ(QwenLanguageModelTensors(*c).size(), 3u + 3 * (7 + 2 + 17) + (6 + 2 + 17));
 }
 
 // qikp/qwen3.5-tiny-random: the text-only dense form, tied, rope_parameters.

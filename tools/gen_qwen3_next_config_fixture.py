@@ -2,7 +2,8 @@
 
 For each case (a config dict), the fields transformers' config class resolves
 (defaults applied) and the language model's tensors (name and shape) of the
-model class on the meta device, written to
+model class on the meta device, both as the model holds them (experts fused)
+and as save_pretrained writes them (one tensor per expert), written to
 tests/fixtures/qwen3_next_config/transformers_reference.json. Run with the
 venv that pins transformers (tools/requirements.txt):
 
@@ -15,6 +16,7 @@ import pathlib
 import torch
 import transformers
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+from transformers.core_model_loading import revert_weight_conversion
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 OUT = ROOT / "tests/fixtures/qwen3_next_config/transformers_reference.json"
@@ -71,13 +73,21 @@ def resolve(config):
 
 
 def tensors(config):
+    """The model's own tensors, and those save_pretrained writes (its reverted weight conversion: one
+    tensor per expert), or None for the second where they would be over 2,000."""
     with torch.device("meta"):
         if hasattr(config, "text_config"):
             model = AutoModelForImageTextToText.from_config(config)
         else:
             model = AutoModelForCausalLM.from_config(config)
+    state = dict(model.state_dict(keep_vars=True))
+    saved = rows_of(revert_weight_conversion(model, dict(state)), config)
+    return rows_of(state, config), saved if len(saved) <= 2000 else None
+
+
+def rows_of(state, config):
     rows = []
-    for name, tensor in model.state_dict(keep_vars=True).items():
+    for name, tensor in state.items():
         if ".visual." in name or name.startswith("mtp."):
             continue
         if name == "lm_head.weight" and config.tie_word_embeddings:
@@ -93,8 +103,11 @@ def main():
     result = {"transformers_version": transformers.__version__, "cases": {}}
     for name, raw in cases.items():
         config = AutoConfig.for_model(**raw)
-        result["cases"][name] = {"config": raw, "resolved": resolve(config), "tensors": tensors(config)}
-        print(name, len(result["cases"][name]["tensors"]), "tensors")
+        model_tensors, checkpoint_tensors = tensors(config)
+        result["cases"][name] = {"config": raw, "resolved": resolve(config), "tensors": model_tensors}
+        if checkpoint_tensors is not None:
+            result["cases"][name]["checkpoint_tensors"] = checkpoint_tensors
+        print(name, len(model_tensors), "tensors,", len(checkpoint_tensors or []), "in a checkpoint")
     OUT.write_text(json.dumps(result, indent=1) + "\n")
 
 
