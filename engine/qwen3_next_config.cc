@@ -23,6 +23,9 @@ using config_internal::Excerpt;
 using config_internal::Json;
 using config_internal::TagNonFiniteTokens;
 
+// The same bound as ParseModelConfig's (real configs are a few kB).
+constexpr size_t kMaxConfigBytes = 16 << 20;
+
 // transformers 5.23's defaults per language-model config class.
 struct TextDefaults {
   int64_t vocab_size;
@@ -280,6 +283,10 @@ bool Qwen3NextConfig::LayerIsMoe(int64_t i) const {
 }
 
 absl::StatusOr<Qwen3NextConfig> ParseQwen3NextConfig(absl::string_view json_text) {
+  if (json_text.size() > kMaxConfigBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.json is ", json_text.size(), " bytes, over the limit of ", kMaxConfigBytes));
+  }
   Json root;
   try {
     root = Json::parse(TagNonFiniteTokens(json_text));

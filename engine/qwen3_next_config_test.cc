@@ -250,6 +250,8 @@ TEST(Qwen3NextConfigTest, RefusesByField) {
   auto next = [&](const std::string& extra) { return "{\"model_type\": \"qwen3_next\", " + small + extra + "}"; };
   const std::vector<Refusal> refusals = {
       {"not json", "{", "config.json is not valid JSON"},
+      {"too large", "{\"model_type\": \"qwen3_next\", \"pad\": \"" + std::string(16 << 20, 'x') + "\"}",
+       "config.json is 16777255 bytes, over the limit of 16777216"},
       {"no model_type", "{}", "model_type is required"},
       {"other family", R"({"model_type": "qwen3"})", "model_type: \"qwen3\" is not"},
       {"v heads", next(R"(, "linear_num_key_heads": 16, "linear_num_value_heads": 24)"),
