@@ -6,16 +6,12 @@ its pod (--shard_name=$(POD_NAME)), a disk each (the claim's directory), and
 a rolling update from the highest ordinal down, one shard at a time, each
 replacement under its old name finding its disk as it was left.
 
-The shards run the built cachestore with the flags the cpu overlay gives
-it, less those this build does not define (read from its --helpfull): the
-disk tier's and --shard_name come with the cachestore's own branch of issue
-49; this test is about what the cluster does with the StatefulSet, and
-run_manifests_test runs the whole stack on every flag."""
+The shards run the built cachestore with every flag the cpu overlay gives
+it (the disk tier's and --shard_name included); run_manifests_test runs the
+whole stack."""
 
 import os
 import socket
-import subprocess
-import time
 import unittest
 
 import local_cluster
@@ -25,28 +21,6 @@ from manifest_run import CACHESTORE, OVERLAY, READY_TIMEOUT_S, ManifestRunCase, 
 SHARDS_SERVICE = manifests.SERVICES["cachestore"]
 
 
-def defined_flags():
-    """The flags the built cachestore defines (absl's --helpfull)."""
-    binary = local_cluster.runfile(local_cluster.IMAGE_BINARIES["cachestore"])
-    text = subprocess.run([binary, "--helpfull"], capture_output=True, text=True, check=False).stdout
-    return {line.split()[0][2:] for line in text.splitlines() if line.lstrip().startswith("--")}
-
-
-def keep_defined_flags(objs):
-    """The cachestore's flag files and args without the flags this build
-    lacks (they would stop it at start)."""
-    defined = defined_flags()
-
-    def known(line):
-        return not line.startswith("--") or line[2:].split("=", 1)[0] in defined
-
-    config = manifests.config_map(objs, manifests.CACHESTORE_CONFIG_NAME)
-    for key, text in config["data"].items():
-        config["data"][key] = "".join(x for x in text.splitlines(keepends=True) if known(x))
-    container = manifests.container(objs, "cachestore")
-    container["args"] = [a for a in container["args"] if known(a)]
-
-
 def addresses(name):
     return sorted({a[4][0] for a in socket.getaddrinfo(name, 50051, proto=socket.IPPROTO_TCP)})
 
@@ -54,7 +28,7 @@ def addresses(name):
 class RunManifestsShardsTest(ManifestRunCase):
 
     def test_shards_start_together_keep_their_names_and_disks_and_roll_one_at_a_time(self):
-        self._start(OVERLAY, edit=keep_defined_flags)
+        self._start(OVERLAY)
         self._with_logs_on_failure(self._scenario)
 
     def _scenario(self):
