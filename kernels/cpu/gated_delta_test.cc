@@ -18,6 +18,8 @@ namespace hybridserve::kernels::cpu {
 namespace {
 
 using testing::FirstBitMismatch;
+using testing::JsonArray;
+using testing::MaxAbsDiff;
 using testing::RandomVector;
 
 // Chunked vs oracle: the two differ only in the order of fp32 operations (the
@@ -62,13 +64,6 @@ GatedDeltaParams MakeParams(const Inputs& in, int64_t n, int64_t hk, int64_t hv,
   p.start_pos = start;
   return p;
 }
-
-float MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
-  float m = 0.0f;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
-  return m;
-}
-
 struct Shape {
   int64_t n, hk, hv, dk, dv, cs, start;
 };
@@ -279,28 +274,6 @@ TEST(GatedDeltaTest, KnownAnswerOneToken) {
     for (int i = 0; i < 2; ++i) EXPECT_NEAR(o[i], o_want[i], 1e-6f) << i;
     for (int i = 0; i < 4; ++i) EXPECT_NEAR(s[i], s_want[i], 1e-6f) << i;
   }
-}
-
-// Flat arrays of the fixture JSON (a tiny reader for its known shape).
-std::vector<float> JsonArray(const std::string& text, const std::string& key) {
-  const size_t at = text.find("\"" + key + "\"");
-  if (at == std::string::npos) return {};
-  size_t i = text.find('[', at);
-  const size_t end = text.find(']', i);
-  std::vector<float> out;
-  const char* c = text.c_str() + i + 1;
-  const char* stop = text.c_str() + end;
-  while (c < stop) {
-    char* next = nullptr;
-    const double x = std::strtod(c, &next);
-    if (next == c) {
-      ++c;
-      continue;
-    }
-    out.push_back(static_cast<float>(x));
-    c = next;
-  }
-  return out;
 }
 
 // transformers 5.23's torch_chunk_gated_delta_rule (tools/gen_gated_delta_fixture.py):

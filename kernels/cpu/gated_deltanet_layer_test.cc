@@ -19,36 +19,9 @@ namespace hybridserve::kernels::cpu {
 namespace {
 
 using testing::BitsEqual;
+using testing::JsonArray;
+using testing::MaxAbsDiff;
 using testing::RandomVector;
-
-// Flat arrays of the fixture JSON (a tiny reader for its known shape).
-std::vector<float> JsonArray(const std::string& text, const std::string& key) {
-  const size_t at = text.find("\"" + key + "\"");
-  if (at == std::string::npos) return {};
-  const size_t i = text.find('[', at);
-  const size_t end = text.find(']', i);
-  std::vector<float> out;
-  const char* c = text.c_str() + i + 1;
-  const char* stop = text.c_str() + end;
-  while (c < stop) {
-    char* next = nullptr;
-    const double x = std::strtod(c, &next);
-    if (next == c) {
-      ++c;
-      continue;
-    }
-    out.push_back(static_cast<float>(x));
-    c = next;
-  }
-  return out;
-}
-
-float MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
-  float m = 0.0f;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
-  return m;
-}
-
 float MaxAbs(const std::vector<float>& a) {
   float m = 0.0f;
   for (float x : a) m = std::max(m, std::fabs(x));

@@ -18,38 +18,10 @@ namespace hybridserve::kernels::cpu {
 namespace {
 
 using testing::BitsEqual;
+using testing::JsonArray;
+using testing::MaxAbsDiff;
 using testing::RandomVector;
-
-// The flat array under `key` at or after *from (a tiny reader for the
-// fixture's known shape); *from moves past it.
-std::vector<float> JsonArray(const std::string& text, const std::string& key, size_t* from = nullptr) {
-  const size_t at = text.find("\"" + key + "\"", from ? *from : 0);
-  if (at == std::string::npos) return {};
-  const size_t i = text.find('[', at);
-  const size_t end = text.find(']', i);
-  if (from != nullptr) *from = end;
-  std::vector<float> out;
-  const char* c = text.c_str() + i + 1;
-  const char* stop = text.c_str() + end;
-  while (c < stop) {
-    char* next = nullptr;
-    const double x = std::strtod(c, &next);
-    if (next == c) {
-      ++c;
-      continue;
-    }
-    out.push_back(static_cast<float>(x));
-    c = next;
-  }
-  return out;
-}
-
-float MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
-  float m = 0.0f;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
-  return m;
-}
-
+using testing::ReadTextFile;
 struct Block {
   QwenMoeBlockShape shape;
   std::vector<float> router, experts_gate_up, experts_down, shared_gate_proj, shared_up_proj, shared_down_proj,
@@ -100,15 +72,6 @@ Result Forward(const Block& b, const float* x, int64_t n) {
       << (bad ? bad : "");
   return r;
 }
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream f(path);
-  EXPECT_TRUE(f.good()) << path;
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 // transformers 5.23's Qwen3NextSparseMoeBlock (norm_topk_prob false) and
 // Qwen3_5MoeSparseMoeBlock (renormalised), tools/gen_qwen_moe_fixture.py:
 // hidden 32, 8 experts, top-k 2, expert width 16, shared width 24, 12 rows,
@@ -117,7 +80,7 @@ std::string ReadFile(const std::string& path) {
 // units) within 1e-5: fp32 dot products summed in another order (BLAS there)
 // and another exp (softmax, SiLU, sigmoid).
 void CheckAgainstFixture(const std::string& path, bool norm_topk_prob) {
-  const std::string text = ReadFile(path);
+  const std::string text = ReadTextFile(path);
   Block b;
   b.shape.hidden = 32;
   b.shape.num_experts = 8;
@@ -168,7 +131,7 @@ TEST(QwenMoeBlockTest, MatchesTransformersQwen3_5MoeSparseMoeBlock) {
 // torch.topk's indices on tied probabilities (8 to 512 experts, both of its
 // CPU algorithms), exactly.
 TEST(QwenMoeBlockTest, TopKBreaksTiesAsTorchTopK) {
-  const std::string text = ReadFile("tests/fixtures/gated_delta/moe_case.json");
+  const std::string text = ReadTextFile("tests/fixtures/gated_delta/moe_case.json");
   size_t at = text.find("\"topk_ties\"");
   ASSERT_NE(at, std::string::npos);
   int cases = 0;

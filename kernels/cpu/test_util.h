@@ -1,19 +1,65 @@
 #ifndef HYBRIDSERVE_KERNELS_CPU_TEST_UTIL_H_
 #define HYBRIDSERVE_KERNELS_CPU_TEST_UTIL_H_
 
-// Test helpers for the CPU kernels: seeded random tensors and comparisons.
+// Test helpers for the CPU kernels: seeded random tensors, comparisons, and
+// the reader of the transformers fixtures (tests/fixtures/gated_delta).
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
 
 namespace hybridserve::kernels::cpu::testing {
+
+// The whole file at `path` (relative to the runfiles root); empty, and a
+// failed expectation, when it cannot be read.
+inline std::string ReadTextFile(const std::string& path) {
+  std::ifstream f(path);
+  EXPECT_TRUE(f.good()) << path;
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// The numbers of the flat array under "key" at or after *from in a fixture's
+// JSON text (a tiny reader for the fixtures' known shape, not a JSON parser);
+// *from, when given, moves past it. Empty when there is no such key.
+inline std::vector<float> JsonArray(const std::string& text, const std::string& key, size_t* from = nullptr) {
+  const size_t at = text.find("\"" + key + "\"", from != nullptr ? *from : 0);
+  if (at == std::string::npos) return {};
+  const size_t i = text.find('[', at);
+  const size_t end = text.find(']', i);
+  if (from != nullptr) *from = end;
+  std::vector<float> out;
+  const char* c = text.c_str() + i + 1;
+  const char* stop = text.c_str() + end;
+  while (c < stop) {
+    char* next = nullptr;
+    const double x = std::strtod(c, &next);
+    if (next == c) {
+      ++c;
+      continue;
+    }
+    out.push_back(static_cast<float>(x));
+    c = next;
+  }
+  return out;
+}
+
+// max |a[i] - b[i]| over a's elements (b at least as long).
+inline float MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  float m = 0.0f;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
+  return m;
+}
 
 inline std::vector<float> RandomVector(std::mt19937& rng, int64_t n, float lo = -1.0f, float hi = 1.0f) {
   std::uniform_real_distribution<float> dist(lo, hi);
