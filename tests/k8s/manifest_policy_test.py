@@ -1,7 +1,8 @@
 """Policy tests over the rendered manifests of deploy/k8s (every overlay): the
 pools' checks (pool_policy.py: resources, probes, security contexts, PDBs,
-Services, drain timing, flags, cachestore budgets, autoscaling, topology spread
-and the NetworkPolicy flows), the OpenAI gateway pool's own checks
+Services, drain timing, flags, cachestore budgets, topology spread and the
+NetworkPolicy flows), autoscaling (autoscaling_policy.py), the cachestore's
+shards (cachestore_policy.py), the OpenAI gateway pool's own checks
 (gateway_policy.py); on the overlays with the mtls component, the
 mutual-TLS checks of tls_policy.py. Each check also runs on deliberately broken copies of
 the cpu (or cpu-mtls) render and must catch each of them: the checks can
@@ -17,8 +18,8 @@ import manifests as m
 from cachestore_policy import check_cachestore_disk, check_cachestore_shards
 from gateway_policy import check_gateway_flags, check_gateway_objects, check_gateway_probes, check_gateway_tls
 from manifests import COMPONENTS, GATEWAY, WORKERS
-from pool_policy import (check_adapter_pages, check_autoscaling, check_autoscaling_alternative, check_cachestore_budgets,
-                         check_config_rolls, check_device, check_drain, check_flags, check_gpu_placement, check_network_policies,
+from autoscaling_policy import check_adapter_pages, check_autoscaling, check_autoscaling_alternative
+from pool_policy import (check_cachestore_budgets, check_config_rolls, check_device, check_drain, check_flags, check_gpu_placement, check_network_policies,
                          check_objects, check_pdbs, check_pod_monitors, check_probes, check_prometheus_rules, check_resources,
                          check_rollout_deadline, check_security, check_services, check_topology, edit_decode_flags,
                          edit_flag_files)

@@ -1,5 +1,6 @@
 """The rendered Kubernetes manifests of deploy/k8s, as Python objects, and the
-checks tests/k8s/manifest_policy_test.py runs over them (pool_policy.py, gateway_policy.py, tls_policy.py).
+checks tests/k8s/manifest_policy_test.py runs over them (pool_policy.py, autoscaling_policy.py,
+cachestore_policy.py, gateway_policy.py, tls_policy.py).
 
 Each check takes the rendered objects of one overlay (a list of dicts, as
 `kubectl kustomize` prints them) and returns a list of violations (strings;
