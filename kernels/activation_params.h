@@ -19,12 +19,15 @@ namespace hybridserve::kernels {
 //   scale(x)    = alpha * x                           (one fp32 multiply: bit-exact on
 //                                                      every backend; Granite's
 //                                                      embedding and logits multipliers)
+//   sigmoid(x)  = 1 / (1 + exp(-x))                   (torch.sigmoid in fp32; Qwen3-Next's
+//                                                      attention output gate)
 enum class ActivationKind : int {
   kSilu = 0,
   kReluSquared = 1,
   kSoftplus = 2,
   kScale = 3,
   kGelu = 4,
+  kSigmoid = 5,
 };
 
 // out = act(x), row by row.
@@ -52,13 +55,15 @@ inline KernelStatus CheckActivationParams(const ActivationParams& p) {
     case ActivationKind::kSoftplus:
     case ActivationKind::kScale:
     case ActivationKind::kGelu:
+    case ActivationKind::kSigmoid:
       return kKernelOk;
   }
   return kKernelInvalidArgument;
 }
 
-// Gated MLP activation: out = act(gate) * up, act = gate_activation: silu
-// (SwiGLU, the default) or gelu (Zamba2's MLP). gate and up may be the two
+// Gated activation: out = act(gate) * up, act = gate_activation: silu
+// (SwiGLU, the default), gelu (Zamba2's MLP) or sigmoid (Qwen3-Next's gated
+// attention: attn_output * torch.sigmoid(gate)). gate and up may be the two
 // halves of one fused projection output (gate = buf, up = buf + dim, both with
 // row stride 2 * dim).
 struct SwiGluParams {
@@ -67,7 +72,7 @@ struct SwiGluParams {
   float* out = nullptr;         // [n_rows, dim], row stride out_row_stride; may alias gate or up exactly
   int64_t n_rows = 0;
   int64_t dim = 0;
-  // act: kSilu (the default: SwiGLU) or kGelu; the others are rejected.
+  // act: kSilu (the default: SwiGLU), kGelu or kSigmoid; the others are rejected.
   ActivationKind gate_activation = ActivationKind::kSilu;
   int64_t gate_row_stride = 0;  // 0: dim
   int64_t up_row_stride = 0;    // 0: dim
@@ -75,7 +80,7 @@ struct SwiGluParams {
 };
 
 // kKernelInvalidArgument for a null pointer, a negative shape or a
-// gate_activation other than kSilu and kGelu.
+// gate_activation other than kSilu, kGelu and kSigmoid.
 inline KernelStatus CheckSwiGluParams(const SwiGluParams& p) {
   if (p.gate == nullptr || p.up == nullptr || p.out == nullptr || p.n_rows < 0 || p.dim < 0) {
     return kKernelInvalidArgument;
@@ -83,6 +88,7 @@ inline KernelStatus CheckSwiGluParams(const SwiGluParams& p) {
   switch (p.gate_activation) {
     case ActivationKind::kSilu:
     case ActivationKind::kGelu:
+    case ActivationKind::kSigmoid:
       return kKernelOk;
     case ActivationKind::kReluSquared:
     case ActivationKind::kSoftplus:

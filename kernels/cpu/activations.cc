@@ -29,6 +29,9 @@ int Activation(const ActivationParams& p, ThreadPool* pool) {
       case ActivationKind::kGelu:
         for (int64_t i = 0; i < p.dim; ++i) out[i] = Gelu(x[i]);
         break;
+      case ActivationKind::kSigmoid:
+        for (int64_t i = 0; i < p.dim; ++i) out[i] = Sigmoid(x[i]);
+        break;
     }
   });
   return kKernelOk;
@@ -45,6 +48,8 @@ int SwiGlu(const SwiGluParams& p, ThreadPool* pool) {
     float* out = p.out + r * os;
     if (p.gate_activation == ActivationKind::kGelu) {
       for (int64_t i = 0; i < p.dim; ++i) out[i] = Gelu(g[i]) * u[i];
+    } else if (p.gate_activation == ActivationKind::kSigmoid) {
+      for (int64_t i = 0; i < p.dim; ++i) out[i] = Sigmoid(g[i]) * u[i];
     } else {
       for (int64_t i = 0; i < p.dim; ++i) out[i] = Silu(g[i]) * u[i];
     }

@@ -13,6 +13,9 @@ namespace hybridserve::kernels::cpu {
 // glibc's expf/log1pf are deterministic for a given input.
 inline float Silu(float x) { return x / (1.0f + std::exp(-x)); }
 
+// torch.sigmoid in fp32: 1 / (1 + exp(-x)).
+inline float Sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+
 inline float Softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
 
 inline float ReluSquared(float x) {

@@ -40,6 +40,7 @@ constexpr int64_t kMaxGridBlocks = int64_t{1} << 30;
 
 __device__ __forceinline__ float SiluF(float x) { return x / (1.0f + expf(-x)); }
 __device__ __forceinline__ float SoftplusF(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+__device__ __forceinline__ float SigmoidF(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float ReluSquaredF(float x) {
   const float r = x > 0.0f ? x : 0.0f;
   return r * r;
@@ -290,6 +291,9 @@ struct ActivationOp {
         case ActivationKind::kGelu:
           v[k] = GeluF(v[k]);
           break;
+        case ActivationKind::kSigmoid:
+          v[k] = SigmoidF(v[k]);
+          break;
       }
     }
     Store4(out + r * os, i, count, vec, v);
@@ -301,14 +305,17 @@ struct SwiGluOp {
   const float* up;
   float* out;
   int64_t gs, us, os;
-  bool gelu;  // gate activation: gelu, else silu
+  ActivationKind act;  // gate activation: kSilu, kGelu or kSigmoid
   __device__ __forceinline__ void Apply(int64_t r, int64_t i, int count, bool vec) const {
     float g[4], u[4];
     Load4(gate + r * gs, i, count, vec, g);
     Load4(up + r * us, i, count, vec, u);
-    if (gelu) {
+    if (act == ActivationKind::kGelu) {
 #pragma unroll
       for (int k = 0; k < 4; ++k) g[k] = __fmul_rn(GeluF(g[k]), u[k]);
+    } else if (act == ActivationKind::kSigmoid) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) g[k] = __fmul_rn(SigmoidF(g[k]), u[k]);
     } else {
 #pragma unroll
       for (int k = 0; k < 4; ++k) g[k] = SiluF(g[k]) * u[k];
@@ -553,7 +560,7 @@ int SwiGlu(const SwiGluParams& p, const CudaLaunchContext& ctx) {
   op.gs = p.gate_row_stride ? p.gate_row_stride : p.dim;
   op.us = p.up_row_stride ? p.up_row_stride : p.dim;
   op.os = p.out_row_stride ? p.out_row_stride : p.dim;
-  op.gelu = p.gate_activation == ActivationKind::kGelu;
+  op.act = p.gate_activation;
   const bool vec = p.dim % 4 == 0 && Aligned16(op.gate) && op.gs % 4 == 0 && Aligned16(op.up) && op.us % 4 == 0 &&
                    Aligned16(op.out) && op.os % 4 == 0;
   return LaunchRowwise(op, p.n_rows, p.dim, vec, ctx);
