@@ -35,6 +35,7 @@
 #include "kernels/attention_params.h"
 #include "kernels/conv1d_params.h"
 #include "kernels/embedding_params.h"
+#include "kernels/gated_delta_params.h"
 #include "kernels/kernel_status.h"
 #include "kernels/matmul_params.h"
 #include "kernels/norm_params.h"
@@ -128,6 +129,11 @@ class Backend {
   virtual int CausalConv1dUpdate(const CausalConv1dUpdateParams& p) = 0;
   virtual int SsdChunkScan(const SsdChunkScanParams& p) = 0;
   virtual int SelectiveStateUpdate(const SelectiveStateUpdateParams& p) = 0;
+  // Gated DeltaNet (kernels/gated_delta_params.h): the gates g and beta, the
+  // chunked prefill on the absolute chunk grid, and the one-token decode step.
+  virtual int GatedDeltaGates(const GatedDeltaGatesParams& p) = 0;
+  virtual int GatedDeltaPrefill(const GatedDeltaParams& p) = 0;
+  virtual int GatedDeltaDecode(const GatedDeltaDecodeParams& p) = 0;
   virtual int KvAppend(const KvAppendParams& p) = 0;
   virtual int KvAppendDecode(const KvAppendDecodeParams& p) = 0;
   virtual int AttentionPrefill(const AttentionPrefillParams& p) = 0;

@@ -292,6 +292,47 @@ int CountingBackend::SelectiveStateUpdate(const SelectiveStateUpdateParams& p) {
   return inner_.SelectiveStateUpdate(p);
 }
 
+int CountingBackend::GatedDeltaGates(const GatedDeltaGatesParams& p) {
+  static constexpr char kOp[] = "GatedDeltaGates";
+  Count(kOp, true);
+  HS_CHECK(a);
+  HS_CHECK(b);
+  HS_CHECK(dt_bias);
+  HS_CHECK(a_log);
+  HS_CHECK(g);
+  HS_CHECK(beta);
+  return inner_.GatedDeltaGates(p);
+}
+
+int CountingBackend::GatedDeltaPrefill(const GatedDeltaParams& p) {
+  static constexpr char kOp[] = "GatedDeltaPrefill";
+  Count(kOp, true);
+  HS_CHECK(q);
+  HS_CHECK(k);
+  HS_CHECK(v);
+  HS_CHECK(g);
+  HS_CHECK(beta);
+  HS_CHECK(initial_state);
+  HS_CHECK(o);
+  HS_CHECK(final_state);
+  HS_CHECK(chunk_states);
+  return inner_.GatedDeltaPrefill(p);
+}
+
+int CountingBackend::GatedDeltaDecode(const GatedDeltaDecodeParams& p) {
+  static constexpr char kOp[] = "GatedDeltaDecode";
+  Count(kOp, true);
+  HS_CHECK(state);
+  HS_CHECK(state_slots);
+  HS_CHECK(q);
+  HS_CHECK(k);
+  HS_CHECK(v);
+  HS_CHECK(g);
+  HS_CHECK(beta);
+  HS_CHECK(o);
+  return inner_.GatedDeltaDecode(p);
+}
+
 int CountingBackend::KvAppend(const KvAppendParams& p) {
   static constexpr char kOp[] = "KvAppend";
   Count(kOp, true);

@@ -12,6 +12,7 @@
 #include "kernels/cpu/conv1d.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/embedding.h"
+#include "kernels/cpu/gated_delta.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/norm.h"
 #include "kernels/cpu/rope.h"
@@ -108,6 +109,14 @@ int CpuBackend::CausalConv1dUpdate(const CausalConv1dUpdateParams& p) {
 int CpuBackend::SsdChunkScan(const SsdChunkScanParams& p) { return cpu::SsdChunkScan(p, pool_.get()); }
 int CpuBackend::SelectiveStateUpdate(const SelectiveStateUpdateParams& p) {
   return cpu::SelectiveStateUpdate(p, pool_.get());
+}
+// Gated DeltaNet: value heads (decode: rows x value heads) split over the pool.
+int CpuBackend::GatedDeltaGates(const GatedDeltaGatesParams& p) {
+  return cpu::GatedDeltaGates(p, nullptr, pool_.get());
+}
+int CpuBackend::GatedDeltaPrefill(const GatedDeltaParams& p) { return cpu::GatedDeltaChunked(p, nullptr, pool_.get()); }
+int CpuBackend::GatedDeltaDecode(const GatedDeltaDecodeParams& p) {
+  return cpu::GatedDeltaDecode(p, nullptr, pool_.get());
 }
 int CpuBackend::KvAppend(const KvAppendParams& p) { return cpu::KvAppend(p, pool_.get()); }
 int CpuBackend::KvAppendDecode(const KvAppendDecodeParams& p) { return cpu::KvAppendDecode(p, pool_.get()); }

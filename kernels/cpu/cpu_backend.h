@@ -49,6 +49,9 @@ class CpuBackend final : public Backend {
   int CausalConv1dUpdate(const CausalConv1dUpdateParams& p) override;
   int SsdChunkScan(const SsdChunkScanParams& p) override;
   int SelectiveStateUpdate(const SelectiveStateUpdateParams& p) override;
+  int GatedDeltaGates(const GatedDeltaGatesParams& p) override;
+  int GatedDeltaPrefill(const GatedDeltaParams& p) override;
+  int GatedDeltaDecode(const GatedDeltaDecodeParams& p) override;
   int KvAppend(const KvAppendParams& p) override;
   int KvAppendDecode(const KvAppendDecodeParams& p) override;
   int AttentionPrefill(const AttentionPrefillParams& p) override;

@@ -6,6 +6,8 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/cpu/activations.h"
+
 namespace hybridserve::kernels::cpu {
 namespace {
 
@@ -25,31 +27,179 @@ void PrepareVector(const float* x, int64_t n, bool l2norm, float scale, float* o
 float QueryScale(int64_t dk) { return 1.0f / std::sqrt(static_cast<float>(dk)); }
 
 // One token of one value head on state s [dk, dv]; qn, kn prepared. The
-// oracle and the decode update both run exactly this.
+// oracle and the decode update both run exactly this. Every sum runs over the
+// key index a in ascending order; the loops over the value index c are
+// independent (vectorisable) and do not change any bit.
 void Step(float* s, const float* qn, const float* kn, const float* v, float g, float beta, float* o, int64_t dk,
           int64_t dv, float* scratch /* [dv] */) {
   const float decay = std::exp(g);
   for (int64_t i = 0; i < dk * dv; ++i) s[i] *= decay;
-  for (int64_t c = 0; c < dv; ++c) {
-    float kv = 0.0f;
-    for (int64_t a = 0; a < dk; ++a) kv += s[a * dv + c] * kn[a];
-    scratch[c] = (v[c] - kv) * beta;
-  }
+  for (int64_t c = 0; c < dv; ++c) scratch[c] = 0.0f;
   for (int64_t a = 0; a < dk; ++a) {
-    for (int64_t c = 0; c < dv; ++c) s[a * dv + c] += kn[a] * scratch[c];
+    const float* sa = s + a * dv;
+    const float ka = kn[a];
+    for (int64_t c = 0; c < dv; ++c) scratch[c] += sa[c] * ka;
   }
-  for (int64_t c = 0; c < dv; ++c) {
-    float acc = 0.0f;
-    for (int64_t a = 0; a < dk; ++a) acc += s[a * dv + c] * qn[a];
-    o[c] = acc;
+  for (int64_t c = 0; c < dv; ++c) scratch[c] = (v[c] - scratch[c]) * beta;
+  for (int64_t c = 0; c < dv; ++c) o[c] = 0.0f;
+  for (int64_t a = 0; a < dk; ++a) {
+    float* sa = s + a * dv;
+    const float ka = kn[a];
+    const float qa = qn[a];
+    for (int64_t c = 0; c < dv; ++c) sa[c] += ka * scratch[c];
+    for (int64_t c = 0; c < dv; ++c) o[c] += sa[c] * qa;
   }
 }
 
-// Copies the initial state (or zeros) into the working state.
-std::vector<float> InitialState(const GatedDeltaParams& p) {
-  const int64_t n = p.n_v_heads * p.dk * p.dv;
-  if (p.initial_state == nullptr) return std::vector<float>(n, 0.0f);
-  return std::vector<float>(p.initial_state, p.initial_state + n);
+// Resolved element strides of one call's q, k, v rows.
+struct Strides {
+  int64_t q, k, v;
+};
+
+Strides PrefillStrides(const GatedDeltaParams& p) {
+  return {p.q_token_stride ? p.q_token_stride : p.n_k_heads * p.dk,
+          p.k_token_stride ? p.k_token_stride : p.n_k_heads * p.dk,
+          p.v_token_stride ? p.v_token_stride : p.n_v_heads * p.dv};
+}
+
+// The state of value head h at the call's start (zeros without initial_state).
+void LoadHeadState(const GatedDeltaParams& p, int64_t h, float* s) {
+  const int64_t n = p.dk * p.dv;
+  if (p.initial_state == nullptr) {
+    std::fill(s, s + n, 0.0f);
+  } else {
+    std::memcpy(s, p.initial_state + h * n, sizeof(float) * n);
+  }
+}
+
+// Writes head h's state to chunk_states row `row` when position `end` (absolute,
+// exclusive) is a chunk boundary.
+void MaybeStoreChunkState(const GatedDeltaParams& p, int64_t end, int64_t row, int64_t h, const float* s) {
+  if (p.chunk_states == nullptr || end % p.chunk_size != 0) return;
+  const int64_t n = p.dk * p.dv;
+  std::memcpy(p.chunk_states + (row * p.n_v_heads + h) * n, s, sizeof(float) * n);
+}
+
+// Per-task working memory of the chunked prefill, sized once per task (never
+// per token or per chunk).
+struct ChunkScratch {
+  ChunkScratch(int64_t cs, int64_t dk, int64_t dv)
+      : qc(cs * dk),
+        kc(cs * dk),
+        kt(dk * cs),
+        gc(cs),
+        egc(cs),
+        a(cs * cs),
+        u(cs * dv),
+        w(cs * dk),
+        vnew(cs * dv),
+        kbeta(dk),
+        qk(cs),
+        acc(dv),
+        s(dk * dv) {}
+  std::vector<float> qc, kc, kt, gc, egc, a, u, w, vnew, kbeta, qk, acc, s;
+};
+
+// One segment [t0, t0 + len) of the absolute grid (at most one chunk) for
+// value head h on its state s [dk, dv], updated in place. Every sum keeps one
+// fixed order (ascending key index x, ascending token j); the innermost loops
+// run over independent elements, so the compiler may vectorise them.
+void ChunkSegment(const GatedDeltaParams& p, const Strides& st, int64_t h, int64_t t0, int64_t len, ChunkScratch& m) {
+  const int64_t dk = p.dk, dv = p.dv, cs = p.chunk_size;
+  const int64_t kh = h / (p.n_v_heads / p.n_k_heads);
+  const float qscale = QueryScale(dk);
+  float* s = m.s.data();
+  float *qc = m.qc.data(), *kc = m.kc.data(), *kt = m.kt.data(), *gc = m.gc.data(), *egc = m.egc.data();
+  float *a = m.a.data(), *u = m.u.data(), *w = m.w.data(), *vnew = m.vnew.data(), *kbeta = m.kbeta.data();
+  float *qk = m.qk.data(), *acc = m.acc.data();
+  // Prepared q (scaled) and k, k transposed [dk, cs], and the cumulative log
+  // decay within the chunk.
+  float cum = 0.0f;
+  for (int64_t i = 0; i < len; ++i) {
+    const int64_t t = t0 + i;
+    PrepareVector(p.q + t * st.q + kh * dk, dk, p.l2norm_qk, qscale, qc + i * dk);
+    PrepareVector(p.k + t * st.k + kh * dk, dk, p.l2norm_qk, 1.0f, kc + i * dk);
+    for (int64_t x = 0; x < dk; ++x) kt[x * cs + i] = kc[i * dk + x];
+    cum += p.g[t * p.n_v_heads + h];
+    gc[i] = cum;
+    egc[i] = std::exp(cum);
+  }
+  // UT system: A[i][j] = (beta_i k_i . k_j) exp(gc_i - gc_j), j < i; solve
+  // (I + A) U = beta v and (I + A) W = beta k exp(gc) by forward substitution,
+  // then the corrected values vnew = U - W S (the delta rule's correction
+  // against the state at the chunk start).
+  for (int64_t i = 0; i < len; ++i) {
+    const int64_t t = t0 + i;
+    const float beta = p.beta[t * p.n_v_heads + h];
+    float* ai = a + i * cs;
+    for (int64_t x = 0; x < dk; ++x) kbeta[x] = kc[i * dk + x] * beta;
+    for (int64_t j = 0; j < i; ++j) ai[j] = 0.0f;
+    for (int64_t x = 0; x < dk; ++x) {
+      const float kb = kbeta[x];
+      const float* ktx = kt + x * cs;
+      for (int64_t j = 0; j < i; ++j) ai[j] += kb * ktx[j];
+    }
+    for (int64_t j = 0; j < i; ++j) ai[j] = ai[j] * std::exp(gc[i] - gc[j]);
+    const float* vt = p.v + t * st.v + h * dv;
+    float* ui = u + i * dv;
+    float* wi = w + i * dk;
+    for (int64_t c = 0; c < dv; ++c) ui[c] = vt[c] * beta;
+    for (int64_t x = 0; x < dk; ++x) wi[x] = kbeta[x] * egc[i];
+    for (int64_t j = 0; j < i; ++j) {
+      const float aij = ai[j];
+      const float* uj = u + j * dv;
+      const float* wj = w + j * dk;
+      for (int64_t c = 0; c < dv; ++c) ui[c] -= aij * uj[c];
+      for (int64_t x = 0; x < dk; ++x) wi[x] -= aij * wj[x];
+    }
+    for (int64_t c = 0; c < dv; ++c) acc[c] = 0.0f;
+    for (int64_t x = 0; x < dk; ++x) {
+      const float wx = wi[x];
+      const float* sx = s + x * dv;
+      for (int64_t c = 0; c < dv; ++c) acc[c] += wx * sx[c];
+    }
+    float* vi = vnew + i * dv;
+    for (int64_t c = 0; c < dv; ++c) vi[c] = ui[c] - acc[c];
+  }
+  // Outputs: the decayed read of the chunk-start state plus the causal
+  // within-chunk attention over the corrected values.
+  for (int64_t i = 0; i < len; ++i) {
+    const int64_t t = t0 + i;
+    const float* qi = qc + i * dk;
+    for (int64_t j = 0; j <= i; ++j) qk[j] = 0.0f;
+    for (int64_t x = 0; x < dk; ++x) {
+      const float qx = qi[x];
+      const float* ktx = kt + x * cs;
+      for (int64_t j = 0; j <= i; ++j) qk[j] += qx * ktx[j];
+    }
+    for (int64_t j = 0; j <= i; ++j) qk[j] = qk[j] * std::exp(gc[i] - gc[j]);
+    for (int64_t c = 0; c < dv; ++c) acc[c] = 0.0f;
+    for (int64_t x = 0; x < dk; ++x) {
+      const float qx = qi[x];
+      const float* sx = s + x * dv;
+      for (int64_t c = 0; c < dv; ++c) acc[c] += qx * sx[c];
+    }
+    float* ot = p.o + (t * p.n_v_heads + h) * dv;
+    for (int64_t c = 0; c < dv; ++c) ot[c] = acc[c] * egc[i];
+    for (int64_t j = 0; j <= i; ++j) {
+      const float qkj = qk[j];
+      const float* vj = vnew + j * dv;
+      for (int64_t c = 0; c < dv; ++c) ot[c] += qkj * vj[c];
+    }
+  }
+  // State recurrence: S = S exp(gc_last) + sum_j (k_j exp(gc_last - gc_j)) (outer) vnew_j.
+  const float glast = gc[len - 1];
+  const float elast = egc[len - 1];
+  for (int64_t j = 0; j < len; ++j) qk[j] = std::exp(glast - gc[j]);
+  for (int64_t x = 0; x < dk; ++x) {
+    float* sx = s + x * dv;
+    for (int64_t c = 0; c < dv; ++c) sx[c] *= elast;
+    for (int64_t j = 0; j < len; ++j) {
+      const float kx = kc[j * dk + x] * qk[j];
+      const float* vj = vnew + j * dv;
+      for (int64_t c = 0; c < dv; ++c) sx[c] += kx * vj[c];
+    }
+  }
 }
 
 }  // namespace
@@ -57,130 +207,59 @@ std::vector<float> InitialState(const GatedDeltaParams& p) {
 KernelStatus GatedDeltaSequential(const GatedDeltaParams& p, const char** bad_field) {
   const KernelStatus st = CheckGatedDeltaParams(p, bad_field);
   if (st != kKernelOk) return st;
-  const int64_t hk = p.n_k_heads, hv = p.n_v_heads, dk = p.dk, dv = p.dv;
-  const int64_t ratio = hv / hk;
-  const int64_t state_elems = hv * dk * dv;
-  std::vector<float> s = InitialState(p);
-  std::vector<float> qn(dk), kn(dk), scratch(dv);
+  const int64_t hv = p.n_v_heads, dk = p.dk, dv = p.dv;
+  const int64_t ratio = hv / p.n_k_heads;
+  const Strides str = PrefillStrides(p);
+  std::vector<float> s(dk * dv), qn(dk), kn(dk), scratch(dv);
   const float qscale = QueryScale(dk);
-  int64_t row = 0;
-  for (int64_t t = 0; t < p.seqlen; ++t) {
-    for (int64_t h = 0; h < hv; ++h) {
-      const int64_t kh = h / ratio;
-      PrepareVector(p.q + (t * hk + kh) * dk, dk, p.l2norm_qk, qscale, qn.data());
-      PrepareVector(p.k + (t * hk + kh) * dk, dk, p.l2norm_qk, 1.0f, kn.data());
-      Step(s.data() + h * dk * dv, qn.data(), kn.data(), p.v + (t * hv + h) * dv, p.g[t * hv + h], p.beta[t * hv + h],
+  for (int64_t h = 0; h < hv; ++h) {
+    const int64_t kh = h / ratio;
+    LoadHeadState(p, h, s.data());
+    int64_t row = 0;
+    for (int64_t t = 0; t < p.seqlen; ++t) {
+      PrepareVector(p.q + t * str.q + kh * dk, dk, p.l2norm_qk, qscale, qn.data());
+      PrepareVector(p.k + t * str.k + kh * dk, dk, p.l2norm_qk, 1.0f, kn.data());
+      Step(s.data(), qn.data(), kn.data(), p.v + t * str.v + h * dv, p.g[t * hv + h], p.beta[t * hv + h],
            p.o + (t * hv + h) * dv, dk, dv, scratch.data());
+      const int64_t end = p.start_pos + t + 1;
+      if (end % p.chunk_size == 0) MaybeStoreChunkState(p, end, row++, h, s.data());
     }
-    if ((p.start_pos + t + 1) % p.chunk_size == 0 && p.chunk_states != nullptr) {
-      std::memcpy(p.chunk_states + row * state_elems, s.data(), sizeof(float) * state_elems);
-      ++row;
-    }
+    if (p.final_state != nullptr) std::memcpy(p.final_state + h * dk * dv, s.data(), sizeof(float) * dk * dv);
   }
-  if (p.final_state != nullptr) std::memcpy(p.final_state, s.data(), sizeof(float) * state_elems);
   return kKernelOk;
 }
 
-KernelStatus GatedDeltaChunked(const GatedDeltaParams& p, const char** bad_field) {
+KernelStatus GatedDeltaChunked(const GatedDeltaParams& p, const char** bad_field, ThreadPool* pool) {
   const KernelStatus st = CheckGatedDeltaParams(p, bad_field);
   if (st != kKernelOk) return st;
-  const int64_t hk = p.n_k_heads, hv = p.n_v_heads, dk = p.dk, dv = p.dv;
-  const int64_t ratio = hv / hk;
-  const int64_t state_elems = hv * dk * dv;
-  const int64_t cs = p.chunk_size;
-  std::vector<float> s = InitialState(p);
-  const float qscale = QueryScale(dk);
-  std::vector<float> qc(cs * dk), kc(cs * dk), gc(cs), a(cs * cs), u(cs * dv), w(cs * dk), vnew(cs * dv);
-  std::vector<float> kbeta(dk), qk(cs), snew(dk * dv);
-  int64_t row = 0;
-  int64_t t0 = 0;
-  while (t0 < p.seqlen) {
-    // The segment [t0, t1): up to the next absolute boundary or the end.
-    const int64_t pos = p.start_pos + t0;
-    const int64_t t1 = std::min(p.seqlen, t0 + (cs - pos % cs));
-    const int64_t len = t1 - t0;
-    for (int64_t h = 0; h < hv; ++h) {
-      const int64_t kh = h / ratio;
-      float* sh = s.data() + h * dk * dv;
-      // Prepared q (scaled) and k, and the cumulative log decay within the chunk.
-      float cum = 0.0f;
-      for (int64_t i = 0; i < len; ++i) {
-        const int64_t t = t0 + i;
-        PrepareVector(p.q + (t * hk + kh) * dk, dk, p.l2norm_qk, qscale, qc.data() + i * dk);
-        PrepareVector(p.k + (t * hk + kh) * dk, dk, p.l2norm_qk, 1.0f, kc.data() + i * dk);
-        cum += p.g[t * hv + h];
-        gc[i] = cum;
+  const Strides str = PrefillStrides(p);
+  const int64_t n = p.dk * p.dv;
+  // Value heads are independent: each task runs whole heads through every
+  // chunk, so no bit depends on the thread count. initial_state and
+  // final_state may alias: a head's state is read before it is written, and
+  // heads do not share rows.
+  ParallelFor(pool, p.n_v_heads, [&](int64_t h_begin, int64_t h_end) {
+    ChunkScratch m(p.chunk_size, p.dk, p.dv);
+    for (int64_t h = h_begin; h < h_end; ++h) {
+      LoadHeadState(p, h, m.s.data());
+      int64_t row = 0;
+      int64_t t0 = 0;
+      while (t0 < p.seqlen) {
+        // The segment [t0, t1): up to the next absolute boundary or the end.
+        const int64_t pos = p.start_pos + t0;
+        const int64_t t1 = std::min(p.seqlen, t0 + (p.chunk_size - pos % p.chunk_size));
+        ChunkSegment(p, str, h, t0, t1 - t0, m);
+        const int64_t end = p.start_pos + t1;
+        if (end % p.chunk_size == 0) MaybeStoreChunkState(p, end, row++, h, m.s.data());
+        t0 = t1;
       }
-      // UT system: A[i][j] = (beta_i k_i . k_j) exp(gc_i - gc_j), j < i; solve
-      // (I + A) U = beta v and (I + A) W = beta k exp(gc) by forward substitution.
-      for (int64_t i = 0; i < len; ++i) {
-        const int64_t t = t0 + i;
-        const float beta = p.beta[t * hv + h];
-        for (int64_t x = 0; x < dk; ++x) kbeta[x] = kc[i * dk + x] * beta;
-        for (int64_t j = 0; j < i; ++j) {
-          float dot = 0.0f;
-          for (int64_t x = 0; x < dk; ++x) dot += kbeta[x] * kc[j * dk + x];
-          a[i * cs + j] = dot * std::exp(gc[i] - gc[j]);
-        }
-        const float* vt = p.v + (t * hv + h) * dv;
-        const float egi = std::exp(gc[i]);
-        for (int64_t c = 0; c < dv; ++c) u[i * dv + c] = vt[c] * beta;
-        for (int64_t x = 0; x < dk; ++x) w[i * dk + x] = kbeta[x] * egi;
-        for (int64_t j = 0; j < i; ++j) {
-          const float aij = a[i * cs + j];
-          for (int64_t c = 0; c < dv; ++c) u[i * dv + c] -= aij * u[j * dv + c];
-          for (int64_t x = 0; x < dk; ++x) w[i * dk + x] -= aij * w[j * dk + x];
-        }
-        // The delta rule's correction against the state at the chunk start.
-        for (int64_t c = 0; c < dv; ++c) {
-          float ws = 0.0f;
-          for (int64_t x = 0; x < dk; ++x) ws += w[i * dk + x] * sh[x * dv + c];
-          vnew[i * dv + c] = u[i * dv + c] - ws;
-        }
-      }
-      // Outputs: the decayed read of the chunk-start state plus the causal
-      // within-chunk attention over the corrected values.
-      for (int64_t i = 0; i < len; ++i) {
-        const int64_t t = t0 + i;
-        for (int64_t j = 0; j <= i; ++j) {
-          float dot = 0.0f;
-          for (int64_t x = 0; x < dk; ++x) dot += qc[i * dk + x] * kc[j * dk + x];
-          qk[j] = dot * std::exp(gc[i] - gc[j]);
-        }
-        const float egi = std::exp(gc[i]);
-        float* ot = p.o + (t * hv + h) * dv;
-        for (int64_t c = 0; c < dv; ++c) {
-          float inter = 0.0f;
-          for (int64_t x = 0; x < dk; ++x) inter += qc[i * dk + x] * sh[x * dv + c];
-          float acc = inter * egi;
-          for (int64_t j = 0; j <= i; ++j) acc += qk[j] * vnew[j * dv + c];
-          ot[c] = acc;
-        }
-      }
-      // State recurrence: S = S exp(gc_last) + sum_j (k_j exp(gc_last - gc_j)) (outer) vnew_j.
-      const float glast = gc[len - 1];
-      const float elast = std::exp(glast);
-      for (int64_t x = 0; x < dk * dv; ++x) snew[x] = sh[x] * elast;
-      for (int64_t j = 0; j < len; ++j) {
-        const float ej = std::exp(glast - gc[j]);
-        for (int64_t x = 0; x < dk; ++x) {
-          const float kx = kc[j * dk + x] * ej;
-          for (int64_t c = 0; c < dv; ++c) snew[x * dv + c] += kx * vnew[j * dv + c];
-        }
-      }
-      std::memcpy(sh, snew.data(), sizeof(float) * dk * dv);
+      if (p.final_state != nullptr) std::memcpy(p.final_state + h * n, m.s.data(), sizeof(float) * n);
     }
-    if ((p.start_pos + t1) % cs == 0 && p.chunk_states != nullptr) {
-      std::memcpy(p.chunk_states + row * state_elems, s.data(), sizeof(float) * state_elems);
-      ++row;
-    }
-    t0 = t1;
-  }
-  if (p.final_state != nullptr) std::memcpy(p.final_state, s.data(), sizeof(float) * state_elems);
+  });
   return kKernelOk;
 }
 
-KernelStatus GatedDeltaDecode(const GatedDeltaDecodeParams& p, const char** bad_field) {
+KernelStatus GatedDeltaDecode(const GatedDeltaDecodeParams& p, const char** bad_field, ThreadPool* pool) {
   const KernelStatus st = CheckGatedDeltaDecodeParams(p, bad_field);
   if (st != kKernelOk) return st;
   for (int64_t b = 0; b < p.batch && p.state_slots != nullptr; ++b) {
@@ -195,20 +274,42 @@ KernelStatus GatedDeltaDecode(const GatedDeltaDecodeParams& p, const char** bad_
   }
   const int64_t hk = p.n_k_heads, hv = p.n_v_heads, dk = p.dk, dv = p.dv;
   const int64_t ratio = hv / hk;
-  std::vector<float> qn(dk), kn(dk), scratch(dv);
+  const int64_t qs = p.q_batch_stride ? p.q_batch_stride : hk * dk;
+  const int64_t ks = p.k_batch_stride ? p.k_batch_stride : hk * dk;
+  const int64_t vs = p.v_batch_stride ? p.v_batch_stride : hv * dv;
   const float qscale = QueryScale(dk);
-  for (int64_t b = 0; b < p.batch; ++b) {
-    const int64_t slot = p.state_slots != nullptr ? p.state_slots[b] : b;
-    if (slot < 0) continue;
-    float* sb = p.state + slot * hv * dk * dv;
-    for (int64_t h = 0; h < hv; ++h) {
+  // (row, value head) pairs are independent; each writes its own state rows.
+  ParallelFor(pool, p.batch * hv, [&](int64_t begin, int64_t end) {
+    std::vector<float> qn(dk), kn(dk), scratch(dv);
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t b = i / hv, h = i % hv;
+      const int64_t slot = p.state_slots != nullptr ? p.state_slots[b] : b;
+      if (slot < 0) continue;
       const int64_t kh = h / ratio;
-      PrepareVector(p.q + (b * hk + kh) * dk, dk, p.l2norm_qk, qscale, qn.data());
-      PrepareVector(p.k + (b * hk + kh) * dk, dk, p.l2norm_qk, 1.0f, kn.data());
-      Step(sb + h * dk * dv, qn.data(), kn.data(), p.v + (b * hv + h) * dv, p.g[b * hv + h], p.beta[b * hv + h],
-           p.o + (b * hv + h) * dv, dk, dv, scratch.data());
+      PrepareVector(p.q + b * qs + kh * dk, dk, p.l2norm_qk, qscale, qn.data());
+      PrepareVector(p.k + b * ks + kh * dk, dk, p.l2norm_qk, 1.0f, kn.data());
+      Step(p.state + (slot * hv + h) * dk * dv, qn.data(), kn.data(), p.v + b * vs + h * dv, p.g[b * hv + h],
+           p.beta[b * hv + h], p.o + (b * hv + h) * dv, dk, dv, scratch.data());
     }
-  }
+  });
+  return kKernelOk;
+}
+
+KernelStatus GatedDeltaGates(const GatedDeltaGatesParams& p, const char** bad_field, ThreadPool* pool) {
+  const KernelStatus st = CheckGatedDeltaGatesParams(p, bad_field);
+  if (st != kKernelOk) return st;
+  const int64_t as = p.a_row_stride ? p.a_row_stride : p.n_heads;
+  const int64_t bs = p.b_row_stride ? p.b_row_stride : p.n_heads;
+  ParallelForRows(pool, p.n_tokens, p.n_heads, [&](int64_t t) {
+    const float* a = p.a + t * as;
+    const float* b = p.b + t * bs;
+    float* g = p.g + t * p.n_heads;
+    float* beta = p.beta + t * p.n_heads;
+    for (int64_t h = 0; h < p.n_heads; ++h) {
+      beta[h] = Sigmoid(b[h]);
+      g[h] = -std::exp(p.a_log[h]) * Softplus(a[h] + p.dt_bias[h]);
+    }
+  });
   return kKernelOk;
 }
 

@@ -3,8 +3,13 @@
 
 // CPU gated delta rule (kernels/gated_delta_params.h): the sequential oracle,
 // the chunked prefill on the absolute chunk grid, and the one-token decode
-// update. fp32, single-threaded. Not yet wired into kernels::Backend.
+// update, and the gates (g, beta) from the layer's projections. fp32. Each
+// launcher takes an optional thread pool (null: the calling thread) and splits
+// only independent work over it (value heads; decode rows x heads; gate rows),
+// so the bits never depend on the thread count. The CPU backend
+// (cpu_backend.h) runs GatedDeltaChunked as its prefill.
 
+#include "kernels/cpu/thread_pool.h"
 #include "kernels/gated_delta_params.h"
 #include "kernels/kernel_status.h"
 
@@ -20,12 +25,18 @@ KernelStatus GatedDeltaSequential(const GatedDeltaParams& p, const char** bad_fi
 // last one partial when the call ends mid-chunk), the chunk-local UT transform
 // (a unit lower-triangular solve for the corrected values and the decayed keys
 // that read the old state), then the chunk output and the state recurrence.
-KernelStatus GatedDeltaChunked(const GatedDeltaParams& p, const char** bad_field = nullptr);
+KernelStatus GatedDeltaChunked(const GatedDeltaParams& p, const char** bad_field = nullptr, ThreadPool* pool = nullptr);
 
 // One decode step per batch row; bit-identical to one step of
 // GatedDeltaSequential. A slot outside [0, num_slots) (other than a negative
 // padding slot) rejects the whole call, naming "state_slots", before any write.
-KernelStatus GatedDeltaDecode(const GatedDeltaDecodeParams& p, const char** bad_field = nullptr);
+KernelStatus GatedDeltaDecode(const GatedDeltaDecodeParams& p, const char** bad_field = nullptr,
+                              ThreadPool* pool = nullptr);
+
+// beta = sigmoid(b), g = -exp(a_log) * softplus(a + dt_bias), in transformers'
+// fp32 order (the scalar Sigmoid and Softplus of activations.h).
+KernelStatus GatedDeltaGates(const GatedDeltaGatesParams& p, const char** bad_field = nullptr,
+                             ThreadPool* pool = nullptr);
 
 }  // namespace hybridserve::kernels::cpu
 

@@ -154,6 +154,18 @@ class CudaBackend final : public Backend {
     UseDevice();
     return HS_CUDA_NS::SelectiveStateUpdate(p, ctx_);
   }
+  int GatedDeltaGates(const GatedDeltaGatesParams& p) override {
+    UseDevice();
+    return HS_CUDA_NS::GatedDeltaGates(p, ctx_);
+  }
+  int GatedDeltaPrefill(const GatedDeltaParams& p) override {
+    UseDevice();
+    return HS_CUDA_NS::GatedDeltaPrefill(p, ctx_);
+  }
+  int GatedDeltaDecode(const GatedDeltaDecodeParams& p) override {
+    UseDevice();
+    return HS_CUDA_NS::GatedDeltaDecode(p, ctx_);
+  }
   int KvAppend(const KvAppendParams& p) override {
     UseDevice();
     return HS_CUDA_NS::KvAppend(p, ctx_);

@@ -15,6 +15,7 @@
 #include "kernels/conv1d_params.h"
 #include "kernels/cuda/launch_context.h"
 #include "kernels/embedding_params.h"
+#include "kernels/gated_delta_params.h"
 #include "kernels/kernel_status.h"
 #include "kernels/matmul_params.h"
 #include "kernels/norm_params.h"
