@@ -83,9 +83,12 @@ def check_exact(fixtures, report):
             c = committed.get(k)
             same = c is not None and c.shape == v.shape and np.array_equal(c.view(np.uint32), v.view(np.uint32))
             report.check(same, f"{name}: {k} differs from gen_model.py --preset {preset} --seed {seed}")
-        vocab = json.load(open(os.path.join(d, "config.json")))["vocab_size"]
+        config = json.load(open(os.path.join(d, "config.json")))
+        vocab = config.get("text_config", config)["vocab_size"]
         golden = read_safetensors(os.path.join(d, "golden.safetensors"))
-        for i, p in enumerate(fixture_spec.make_prompts(vocab, fixture_spec.PROMPT_SEED)):
+        prompts = fixture_spec.make_prompts(vocab, fixture_spec.PROMPT_SEED, arch)
+        report.check(len(golden) == 6 * len(prompts), f"{name}: {len(golden)} golden tensors, not 6 per prompt")
+        for i, p in enumerate(prompts):
             report.check(np.array_equal(golden.get(f"prompt_{i}"), p), f"{name}: prompt_{i} differs")
     for name, (source, seed) in fixture_spec.PUBLIC_MODELS.items():
         d = os.path.join(fixtures, name)

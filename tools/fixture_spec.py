@@ -34,7 +34,14 @@ MODELS = {
     "granite_attn_bias_tiny": ("granitemoehybrid", "tiny3", 4702, {}),
     # Nemotron-H MoE with mlp_bias: the shared experts' and the MLP layer's biases.
     "nemotron_h_moe_bias_tiny": ("nemotron_h", "moe_tiny3", 5815, {}),
+    # Gated DeltaNet hybrids (issue 50), each file as transformers' save_pretrained writes it.
+    # Qwen3-Next: layer_types starting with attention, MoE in every layer (top-2 of 8, shared expert and
+    # its gate), n_v = 2 n_k GDN heads with dk 16 != dv 8, partial RoPE 0.25.
+    "qwen3_next_tiny": ("qwen3_next", "tiny", 5050, {}),
 }
+# The archs whose linear layers are Gated DeltaNet (transformers' chunk length 64, not a config field).
+GDN_ARCHS = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe")
+KEEP_CONFIG = ()
 # Fixture models scaled down from published checkpoints' configs (tools/scale_config.py): name ->
 # (the config under tests/fixtures/public_configs, seed). One per distinct feature set. config.json
 # is the scaled publisher's file (its keys as written), not transformers' re-serialisation.
@@ -46,6 +53,10 @@ PUBLIC_CONFIGS = "tests/fixtures/public_configs"
 # Prompt lengths for chunk_size 16: shorter than a chunk (1, 5, 13), exactly one and two
 # chunks (16, 32), off-grid (29, 50) and longer than three chunks (50, 77).
 PROMPT_LENGTHS = [1, 5, 13, 16, 29, 32, 50, 77]
+# The Gated DeltaNet fixtures' prompt lengths, for transformers' chunk of 64 (torch_chunk_gated_delta_rule):
+# within the first chunk (1, 5, 40), exactly one and two chunks (64, 128), off-grid in the second and
+# third (100, 150). Token ids as make_prompts draws them for any fixture (same seed).
+GDN_PROMPT_LENGTHS = [1, 5, 40, 64, 100, 128, 150]
 NEW_TOKENS = 12
 PROMPT_SEED = 20240601
 
@@ -82,10 +93,15 @@ TEXT_MODELS = {
 TEXT_GOLDEN = "tests/fixtures/text_golden"
 
 
-def make_prompts(vocab_size, seed):
-    """Fixed prompts: uniform token ids in [3, vocab) (ids 0..2 are pad/bos/eos)."""
+def prompt_lengths(arch=None):
+    """The prompt lengths of a generated fixture of `arch`."""
+    return GDN_PROMPT_LENGTHS if arch in GDN_ARCHS else PROMPT_LENGTHS
+
+
+def make_prompts(vocab_size, seed, arch=None):
+    """Fixed prompts: uniform token ids in [3, vocab) (ids 0..2 are pad/bos/eos), of prompt_lengths(arch)."""
     bits = np.random.Generator(np.random.PCG64(seed))
-    return [bits.integers(3, vocab_size, size=n, dtype=np.int64).astype(np.int32) for n in PROMPT_LENGTHS]
+    return [bits.integers(3, vocab_size, size=n, dtype=np.int64).astype(np.int32) for n in prompt_lengths(arch)]
 
 
 def default_prompts(bos):

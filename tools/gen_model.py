@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Deterministic generator of random Mamba2-family models in Hugging Face format.
 
-Archs: Nemotron-H, Mamba2, Bamba, GraniteMoeHybrid (Granite 4.0-H, MoE or dense), Falcon-H1, Zamba2.
+Archs: Nemotron-H, Mamba2, Bamba, GraniteMoeHybrid (Granite 4.0-H, MoE or dense), Falcon-H1, Zamba2, and the
+Gated DeltaNet hybrids Qwen3-Next, Qwen3.5 (text-only form) and Qwen3.5-MoE (image-text form)
+(gen_model_qwen3_next.py says what it writes; presets tiny, tiny2, e2e).
 
 Usage:
     python3 tools/gen_model.py --preset {tiny,tiny2,tiny3,tiny4,tiny5,default,e2e,bench,1b,moe_tiny,moe_tiny2,
@@ -17,7 +19,8 @@ no unexpected keys
 
 Files: this one holds the CLI, the presets, the safetensors writer and build(); each family's
 config.json and weights are in a sibling module (gen_model_nemotron_h.py: Nemotron-H and Mamba2;
-gen_model_bamba.py: Bamba and GraniteMoeHybrid; gen_model_falcon_h1.py; gen_model_zamba2.py), and
+gen_model_bamba.py: Bamba and GraniteMoeHybrid; gen_model_falcon_h1.py; gen_model_zamba2.py;
+gen_model_qwen3_next.py: qwen3_next, qwen3_5_text, qwen3_5_moe), and
 what they share (random streams, tensor builders, common config fields) in gen_model_parts.py.
 Copy them together (tools/gpu_bundle.sh does).
 
@@ -174,6 +177,7 @@ import numpy as np
 from gen_model_bamba import bamba_config, bamba_weights, granitemoehybrid_config, granitemoehybrid_weights
 from gen_model_falcon_h1 import FALCON_H1_MULTIPLIERS, falcon_h1_config, falcon_h1_weights  # noqa: F401
 from gen_model_nemotron_h import mamba2_config, mamba2_weights, nemotron_h_config, nemotron_h_weights
+from gen_model_qwen3_next import qwen3_next_config, qwen3_next_weights
 from gen_model_zamba2 import zamba2_config, zamba2_shared_block_uses, zamba2_weights  # noqa: F401
 
 # Byte-level vocabulary of the `default` preset.
@@ -279,6 +283,28 @@ _ZAMBA2_TINY = dict(
     n_mamba_heads=4, mamba_ngroups=2, mamba_d_state=16, mamba_d_conv=4, mamba_expand=2, chunk_size=16,
     num_attention_heads=4, intermediate_size=48, num_mem_blocks=1, adapter_rank=4, use_mem_rope=False,
     rope_theta=10000.0, **_IDS, max_position_embeddings=4096)
+
+_F, _L = "full_attention", "linear_attention"
+# Qwen3-Next (issue 50): layer_types starting with attention, MoE in every layer (8 experts top-2,
+# norm_topk_prob, shared expert with its gate), GDN with 2 key heads of 16 and 4 value heads of 8
+# (n_v = 2 n_k, dk != dv), gated attention 4 / 2 KV heads of 16 with partial_rotary_factor 0.25.
+_QWEN3_NEXT_TINY = dict(
+    vocab_size=256, hidden_size=32, num_hidden_layers=5, layer_types=[_F, _L, _L, _F, _L],
+    num_attention_heads=4, num_key_value_heads=2, head_dim=16, partial_rotary_factor=0.25,
+    linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=8,
+    linear_conv_kernel_dim=4, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, moe_intermediate_size=16,
+    shared_expert_intermediate_size=24, intermediate_size=48, decoder_sparse_step=1, mlp_only_layers=[],
+    rms_norm_eps=1e-6, max_position_embeddings=4096, tie_word_embeddings=False, **_IDS)
+# Qwen3.5 dense, text-only (qwen3_5_text): the pattern from full_attention_interval (no layer_types),
+# tied head; MRoPE sections (text positions make it the plain partial RoPE).
+_QWEN3_5_TINY = _with(
+    {k: v for k, v in _QWEN3_NEXT_TINY.items() if k != "layer_types"}, full_attention_interval=3,
+    intermediate_size=64, tie_word_embeddings=True, mrope_section=[1, 1, 0])
+# Qwen3.5-MoE in the image-text form (text_config + a small vision tower), untied.
+_QWEN3_5_MOE_TINY = _with(
+    _QWEN3_NEXT_TINY, num_hidden_layers=4, layer_types=[_L, _L, _F, _L], mrope_section=[1, 1, 0],
+    vision=dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, patch_size=4,
+                num_position_embeddings=16))
 
 PRESETS = {
     ("nemotron_h", "tiny"): _NEMOTRON_TINY,
@@ -414,6 +440,22 @@ PRESETS = {
         _ZAMBA2_TINY, vocab_size=16384, hidden_size=1024, pattern="MMMMMHMMHMMH", n_mamba_heads=32,
         mamba_ngroups=1, mamba_d_state=64, chunk_size=128, num_attention_heads=16, intermediate_size=4096,
         num_mem_blocks=2, adapter_rank=128, use_mem_rope=True, max_position_embeddings=32768),
+    ("qwen3_next", "tiny"): _QWEN3_NEXT_TINY,
+    # Some layers dense: decoder_sparse_step 2 and mlp_only_layers [3] leave MoE in layers 1 and 5 only;
+    # 1 key head of 8 and 3 value heads of 16 (dv > dk, n_v = 3 n_k).
+    ("qwen3_next", "tiny2"): _with(
+        _QWEN3_NEXT_TINY, num_hidden_layers=6, layer_types=[_F, _L, _L, _F, _L, _L], decoder_sparse_step=2,
+        mlp_only_layers=[3], linear_num_key_heads=1, linear_num_value_heads=3, linear_key_head_dim=8,
+        linear_value_head_dim=16),
+    ("qwen3_5_text", "tiny"): _QWEN3_5_TINY,
+    ("qwen3_5_text", "e2e"): _with(
+        _QWEN3_5_TINY, **_BYTE_IDS, hidden_size=64, head_dim=32, mrope_section=[2, 1, 1], linear_value_head_dim=16,
+        intermediate_size=96, max_position_embeddings=8192),
+    ("qwen3_5_moe", "tiny"): _QWEN3_5_MOE_TINY,
+    ("qwen3_5_moe", "e2e"): _with(
+        _QWEN3_5_MOE_TINY, **_BYTE_IDS, hidden_size=64, layer_types=[_L, _F, _L, _L], head_dim=32,
+        mrope_section=[2, 1, 1], linear_value_head_dim=16, shared_expert_intermediate_size=32,
+        max_position_embeddings=8192),
 }
 
 
@@ -468,6 +510,8 @@ ARCHS = {
     "granitemoehybrid": (granitemoehybrid_config, granitemoehybrid_weights),
     "falcon_h1": (falcon_h1_config, falcon_h1_weights),
     "zamba2": (zamba2_config, zamba2_weights),
+    **{a: (lambda p, d, a=a: qwen3_next_config(p, d, a), lambda c, s, a=a: qwen3_next_weights(c, s, a))
+       for a in ("qwen3_next", "qwen3_5_text", "qwen3_5_moe")},
 }
 PRESET_NAMES = ["tiny", "tiny2", "tiny3", "tiny4", "tiny5", "default", "e2e", "bench", "1b", "moe_tiny", "moe_tiny2",
                 "moe_tiny3", "moe_e2e", "moe_bench", "moe_latent_tiny", "moe_latent_e2e"]

@@ -131,6 +131,87 @@ def moe_routing_stats(model, prompts):
     }
 
 
+QWEN_NOTES = [
+    "Gated DeltaNet reference: transformers' torch functions torch_chunk_gated_delta_rule (chunk_size 64, "
+    "on the uncached forwards and the cached prefill), torch_recurrent_gated_delta_rule (one-token cached "
+    "decode steps) and the torch causal_conv1d_fn / causal_conv1d_update fallbacks; asserted that "
+    "flash-linear-attention (fla), causal_conv1d and the kernels hub package are not importable, so no "
+    "other implementation could run.",
+    "Prompts: fixture_spec.GDN_PROMPT_LENGTHS (1, 5, 40, 64, 100, 128, 150): within the first 64-token "
+    "chunk, exactly one and two chunks, and off the grid in the second and third; ids uniform in [3, vocab).",
+    "Qwen3-Next / Qwen3.5 decoder layer: h += mixer(input_layernorm(h)); h += mlp(post_attention_layernorm(h)); "
+    "logits = lm_head(norm(h)). input_layernorm, post_attention_layernorm, norm, q_norm and k_norm are "
+    "x / rms(x) * (1 + w) (eps rms_norm_eps); the GDN's gated norm is rms-normed o * w * silu(z) per "
+    "value head. Gated attention: q_proj rows are per head [query (head_dim) | gate (head_dim)]; "
+    "q_norm / k_norm per head, then RoPE on the first head_dim * partial_rotary_factor dims (NeoX "
+    "halves), scale head_dim^-0.5, output * sigmoid(gate) before o_proj. Text-only MRoPE (Qwen3.5) has "
+    "equal position rows: the same partial RoPE.",
+    "Qwen3-Next / Qwen3.5 GDN: Qwen3-Next's in_proj_qkvz rows are grouped per key head [q (dk) | k (dk) | "
+    "v (n_v/n_k * dv) | z (n_v/n_k * dv)] and in_proj_ba's [b (n_v/n_k) | a (n_v/n_k)]; Qwen3.5's "
+    "in_proj_qkv rows are [q (all key heads) | k | v], in_proj_z / in_proj_b / in_proj_a separate. "
+    "conv1d (no bias, silu) over [q | k | v]; q, k l2-normalised per head (q also * dk^-0.5), repeated "
+    "from n_k to n_v heads (value head j reads key head j // (n_v / n_k)); beta = sigmoid(b); g = -exp(A_log) * softplus(a + dt_bias).",
+    "Sparse MoE block: router logits = gate.weight x; softmax over all experts; top num_experts_per_tok; "
+    "renormalised to sum 1 when norm_topk_prob (Qwen3.5-MoE always); experts SwiGLU (file: "
+    "experts.E.{gate,up,down}_proj, transformers' fused gate_up_proj rows [gate | up]); plus "
+    "sigmoid(shared_expert_gate x) * shared_expert(x). Dense layers: a SwiGLU mlp.",
+]
+
+
+@torch.no_grad()
+def qwen_moe_routing_stats(model, prompts):
+    """moe_routing_stats for the Qwen sparse MoE blocks (mlp.gate = the router, softmax top-k): the
+    same counts and router-logit margins, and the range of the shared-expert gate sigmoid(w x)."""
+    lm = getattr(model.model, "language_model", model.model)
+    layers = [(i, layer.mlp) for i, layer in enumerate(lm.layers) if hasattr(layer.mlp, "gate")]
+    if not layers:
+        return None
+    c = getattr(model.config, "text_config", model.config)
+    k, n_exp = c.num_experts_per_tok, c.num_experts
+    seen = {i: [] for i, _ in layers}
+    gates = {i: [] for i, _ in layers}
+    handles = []
+    for i, moe in layers:
+        handles.append(moe.gate.register_forward_hook(
+            lambda mod, inp, out, i=i: seen[i].append(out[0].detach().clone())))
+        handles.append(moe.shared_expert_gate.register_forward_hook(
+            lambda mod, inp, out, i=i: gates[i].append(torch.sigmoid(out).detach().clone())))
+    try:
+        for prompt in prompts:
+            model(torch.from_numpy(prompt.astype(np.int64))[None], use_cache=False)
+    finally:
+        for h in handles:
+            h.remove()
+    per_layer = []
+    for i, _ in layers:
+        logits = torch.cat(seen[i])
+        gate = torch.cat([g.reshape(-1) for g in gates[i]])
+        top = torch.topk(logits, min(k + 1, n_exp), dim=-1)
+        chosen = top.indices[:, :k]
+        per_layer.append({
+            "layer": i,
+            "tokens": int(logits.shape[0]),
+            "tokens_per_expert": torch.bincount(chosen.reshape(-1), minlength=n_exp).tolist(),
+            "top1_tokens_per_expert": torch.bincount(chosen[:, 0], minlength=n_exp).tolist(),
+            "min_margin_top1_top2": float((top.values[:, 0] - top.values[:, 1]).min()),
+            "min_margin_topk_next": float((top.values[:, k - 1] - top.values[:, k]).min()) if k < n_exp else None,
+            "router_logit_std": float(logits.std()),
+            "shared_expert_gate_min_max": [float(gate.min()), float(gate.max())],
+        })
+    return {
+        "experts_implementation": c._experts_implementation,
+        "router": "softmax over experts, top-k (Qwen3NextTopKRouter / Qwen3_5MoeTopKRouter)",
+        "num_experts": n_exp,
+        "num_experts_per_tok": k,
+        "norm_topk_prob": getattr(c, "norm_topk_prob", True),
+        "moe_layers": [i for i, _ in layers],
+        "over": "one uncached forward of each prompt (every prompt token)",
+        "min_margin_top1_top2": min(d["min_margin_top1_top2"] for d in per_layer),
+        "min_margin_topk_next": min(d["min_margin_topk_next"] for d in per_layer) if k < n_exp else None,
+        "per_layer": per_layer,
+    }
+
+
 NEMOTRON_H_MOE_NOTE = (
     "NemotronH 'E' block (NemotronHMoE): x = norm(h); router logits = gate.weight x (fp32); "
     "scores = sigmoid(logits); choice = scores + gate.e_score_correction_bias; the n_group groups of "

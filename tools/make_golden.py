@@ -79,6 +79,7 @@ numpy PCG64 stream; torch runs single-threaded.
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import math
 import os
@@ -98,11 +99,11 @@ import gen_model  # noqa: E402
 import scale_config  # noqa: E402
 from golden_notes import (  # noqa: E402
     BAMBA_NOTES, COMMON_NOTES, FALCON_H1_NOTES, GRANITE_NOTES, MAMBA2_DT_NOTE, NEMOTRON_H_DT_NOTE,
-    NEMOTRON_H_MOE_NOTE, ZAMBA2_NOTES, falcon_h1_shapes, moe_routing_stats, nemotron_moe_routing_stats,
-    zamba2_shapes)
+    NEMOTRON_H_MOE_NOTE, QWEN_NOTES, ZAMBA2_NOTES, falcon_h1_shapes, moe_routing_stats, nemotron_moe_routing_stats,
+    qwen_moe_routing_stats, zamba2_shapes)
 from fixture_spec import (  # noqa: E402
-    DEFAULT_PROMPT_LENGTHS, DEFAULT_TEXT, EXISTING_MODELS, MODELS, NEW_TOKENS, PROMPT_LENGTHS, PROMPT_SEED,
-    PUBLIC_CONFIGS, PUBLIC_MODELS, default_prompts, make_prompts)
+    DEFAULT_PROMPT_LENGTHS, DEFAULT_TEXT, EXISTING_MODELS, GDN_ARCHS, KEEP_CONFIG, MODELS, NEW_TOKENS, PROMPT_SEED,
+    PUBLIC_CONFIGS, PUBLIC_MODELS, default_prompts, make_prompts, prompt_lengths)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -128,6 +129,10 @@ EXPERTS_IMPLEMENTATION = "eager"
 # in-memory tensor per block (mixer.experts.{up,down}_proj [experts, out, in]; transformers'
 # conversion_mapping "nemotron_h", MergeModulelist), values unchanged.
 NEMOTRON_EXPERT = re.compile(r"^(.*\.mixer\.experts)\.(\d+)\.(up_proj|down_proj)\.weight$")
+# Qwen3-Next / Qwen3.5-MoE per-expert file tensors (mlp.experts.E.{gate,up,down}_proj.weight): expert E of
+# mlp.experts.gate_up_proj [experts, 2 * inter, hidden] (gate rows, then up rows) and mlp.experts.down_proj
+# (transformers' conversion_mapping, MergeModulelist + Concatenate), values unchanged.
+QWEN_EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 
 
 def _in_memory_name(model_type, name):
@@ -143,7 +148,27 @@ def _in_memory_tensor(state, model_type, name):
     if expert:
         merged = f"{expert.group(1)}.{expert.group(3)}"
         return merged, state[merged][int(expert.group(2))]
+    expert = QWEN_EXPERT.match(memory_name) if model_type in GDN_ARCHS else None
+    if expert:
+        e, proj = int(expert.group(2)), expert.group(3)
+        if proj == "down_proj":
+            return f"{expert.group(1)}.down_proj", state[f"{expert.group(1)}.down_proj"][e]
+        merged = f"{expert.group(1)}.gate_up_proj"
+        rows = state[merged].shape[1] // 2
+        return merged, state[merged][e][:rows] if proj == "gate_proj" else state[merged][e][rows:]
     return memory_name, state[memory_name]
+
+
+def text_config(config):
+    """The language model's config: text_config of an image-text config, else the config itself."""
+    return getattr(config, "text_config", None) or config
+
+
+def assert_torch_gated_delta_path():
+    """No package that transformers would prefer to its torch Gated DeltaNet / causal-conv functions is
+    importable: flash-linear-attention (fla), causal_conv1d, the kernels hub."""
+    for package in ("fla", "causal_conv1d", "kernels"):
+        assert importlib.util.find_spec(package) is None, f"{package} is installed: not the torch path"
 
 
 def load_checked(model_dir, expected):
@@ -151,14 +176,20 @@ def load_checked(model_dir, expected):
     with open(os.path.join(model_dir, "config.json")) as f:
         config = json.load(f)
     model_type = config["model_type"]
-    has_experts = model_type == "granitemoehybrid" or "moe" in config.get("layers_block_type", [])
+    has_experts = (model_type == "granitemoehybrid" or "moe" in config.get("layers_block_type", []) or
+                   config.get("text_config", config).get("num_experts", 0) > 0)
     extra = {"experts_implementation": EXPERTS_IMPLEMENTATION} if has_experts else {}
-    model, info = transformers.AutoModelForCausalLM.from_pretrained(
+    if model_type in GDN_ARCHS:
+        assert_torch_gated_delta_path()
+    # An image-text checkpoint (vision_config) loads whole, vision tower included.
+    auto = transformers.AutoModelForImageTextToText if "vision_config" in config else transformers.AutoModelForCausalLM
+    model, info = auto.from_pretrained(
         model_dir, dtype=torch.float32, attn_implementation="eager", output_loading_info=True, **extra)
     for kind in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs"):
         assert not info.get(kind), f"{model_dir}: {kind} = {info[kind]}"
     if extra:
-        assert model.config._experts_implementation == EXPERTS_IMPLEMENTATION, model.config._experts_implementation
+        implementation = text_config(model.config)._experts_implementation
+        assert implementation == EXPERTS_IMPLEMENTATION, implementation
     state = model.state_dict()
     memory_names = set()
     for name, arr in expected.items():
@@ -172,7 +203,7 @@ def load_checked(model_dir, expected):
     # A stored head was loaded as stored (checked above), even when the config ties; a tied
     # model without one uses its embeddings.
     if "lm_head.weight" not in expected:
-        assert model.config.tie_word_embeddings
+        assert text_config(model.config).tie_word_embeddings
         assert head_is_embeddings(model)
     model.eval()
     return model
@@ -248,8 +279,15 @@ def dt_clamped_fraction(model, prompts):
     return counts[0] / max(counts[1], 1)
 
 
+# transformers' torch_chunk_gated_delta_rule's chunk length (its default; the models pass none).
+GDN_CHUNK_SIZE = 64
+
+
 def chunk_size(config):
-    """The SSD chunk length: chunk_size (Nemotron-H, Mamba2) or mamba_chunk_size (Bamba, Granite)."""
+    """The SSD chunk length: chunk_size (Nemotron-H, Mamba2) or mamba_chunk_size (Bamba, Granite); the
+    Gated DeltaNet chunk for Qwen3-Next / Qwen3.5."""
+    if config.model_type in GDN_ARCHS:
+        return GDN_CHUNK_SIZE
     return config.chunk_size if hasattr(config, "chunk_size") else config.mamba_chunk_size
 
 
@@ -268,7 +306,7 @@ def run_prompt(model, prompt):
 
     out = model.generate(
         ids, do_sample=False, max_new_tokens=NEW_TOKENS, min_new_tokens=0, use_cache=True,
-        eos_token_id=None, pad_token_id=model.config.pad_token_id,
+        eos_token_id=None, pad_token_id=text_config(model.config).pad_token_id,
         output_logits=True, return_dict_in_generate=True)
     greedy = out.sequences[0, ids.shape[1]:]
     assert greedy.numel() == NEW_TOKENS, "generate stopped early"
@@ -300,7 +338,7 @@ def run_prompt(model, prompt):
 
 def record_prompts(model, prompts, dest):
     """Runs every prompt, writes dest/golden.safetensors; returns (per-prompt stats, max |logit|, tensors)."""
-    vocab = model.config.vocab_size
+    vocab = text_config(model.config).vocab_size
     tensors, per_prompt = {}, []
     max_abs = 0.0
     for i, prompt in enumerate(prompts):
@@ -324,7 +362,7 @@ def make_fixture(name, arch, preset, seed, overrides, out_root):
         cfg.update(overrides)
         cfg["hybridserve_generator"]["config_overrides"] = dict(overrides)
     generator = {"tool": "tools/gen_model.py", "preset": preset, "seed": seed, "dtype": "fp32"}
-    return record_fixture(name, arch, cfg, weights, generator, out_root)
+    return record_fixture(name, arch, cfg, weights, generator, out_root, keep_config=name in KEEP_CONFIG)
 
 
 def make_public_fixture(name, source, seed, out_root):
@@ -359,16 +397,26 @@ def record_fixture(name, arch, cfg, weights, generator, out_root, keep_config=Fa
     assert sorted(saved) == sorted(weights), "save_pretrained wrote other tensor names than gen_model.py"
     for k, v in weights.items():
         assert np.array_equal(saved[k], v), f"{k}: save_pretrained changed the values"
+    if keep_config and arch in GDN_ARCHS:
+        # Written over save_pretrained's, which differs only in stating the pattern it derived.
+        with open(os.path.join(dest, "config.json")) as f:
+            written = json.load(f)
+        written.pop("transformers_version")
+        assert "layer_types" in written and "full_attention_interval" in cfg, "nothing to keep"
+        written.pop("layer_types")
+        ours = {k: v for k, v in cfg.items() if k != "full_attention_interval"}
+        assert written == ours, f"save_pretrained's config.json differs: {sorted(set(written) ^ set(ours))}"
     if keep_config:
         with open(os.path.join(dest, "config.json"), "w") as f:
             json.dump(cfg, f, indent=2, sort_keys=True, allow_nan=False)
             f.write("\n")
     model = load_checked(dest, weights)  # the committed files load cleanly too
 
-    vocab = model.config.vocab_size
-    prompts = make_prompts(vocab, PROMPT_SEED)
+    c = text_config(model.config)
+    vocab = c.vocab_size
+    prompts = make_prompts(vocab, PROMPT_SEED, arch)
     # A tied config that stores its own head: how far the logits are from the embeddings' ones.
-    own_head = model.config.tie_word_embeddings and "lm_head.weight" in weights
+    own_head = c.tie_word_embeddings and "lm_head.weight" in weights
     if own_head:
         assert not head_is_embeddings(model)
         assert not torch.equal(torch.from_numpy(weights["lm_head.weight"]), model.get_input_embeddings().weight)
@@ -382,25 +430,43 @@ def record_fixture(name, arch, cfg, weights, generator, out_root, keep_config=Fa
                                float((logits - logits_with_embeddings_as_head(model, prompt)).abs().max()))
     per_prompt, max_abs, _ = record_prompts(model, prompts, dest)
 
-    c = model.config
-    notes = list(COMMON_NOTES)
+    gdn = arch in GDN_ARCHS
+    # The common notes describe the Mamba2 scan; a Gated DeltaNet fixture has its own.
+    notes = list(COMMON_NOTES) if not gdn else [COMMON_NOTES[0].replace(
+        "(no mamba_ssm / causal_conv1d kernels)", "(no flash-linear-attention / causal_conv1d / kernels)")]
     notes += {"nemotron_h": [NEMOTRON_H_DT_NOTE], "mamba2": [MAMBA2_DT_NOTE], "bamba": BAMBA_NOTES,
               "granitemoehybrid": GRANITE_NOTES, "falcon_h1": FALCON_H1_NOTES,
-              "zamba2": ZAMBA2_NOTES}[arch]
-    moe = (nemotron_moe_routing_stats if arch == "nemotron_h" else moe_routing_stats)(model, prompts)
+              "zamba2": ZAMBA2_NOTES, **{a: QWEN_NOTES for a in GDN_ARCHS}}[arch]
+    if gdn:
+        notes += [
+            "logits_<i>: one forward over the whole prompt with use_cache=False (chunked gated delta rule).",
+            "greedy_<i>: generate(do_sample=False, use_cache=True): the prompt is prefilled with the chunked rule, "
+            "then one token at a time with the recurrent rule and causal_conv1d_update.",
+            COMMON_NOTES[3]]
+    if "vision_config" in model.config.to_dict():
+        notes.append(
+            f"{type(model).__name__} (image-text form): the file holds the language model under "
+            "model.language_model.* and the vision tower under model.visual.* (loaded, unused: the references "
+            "are the text path, input_ids only; an engine must ignore model.visual.*); lm_head.weight at the top.")
+    if keep_config and gdn:
+        notes.append("config.json is tools/gen_model.py's: save_pretrained's less the layer_types it derives, with "
+                     "full_attention_interval instead (asserted: no other difference); model.safetensors is "
+                     "save_pretrained's.")
+    moe = (nemotron_moe_routing_stats if arch == "nemotron_h" else
+           qwen_moe_routing_stats if gdn else moe_routing_stats)(model, prompts)
     if arch == "nemotron_h" and moe is not None:
         notes.append(NEMOTRON_H_MOE_NOTE)
     if moe is not None:
         notes.append("moe: routing over the prompts per MoE layer; the MoE blocks ran transformers' "
                      f"experts_implementation={moe['experts_implementation']!r} (the per-expert loop).")
-    if arch == "zamba2" and not model.config.tie_word_embeddings:
+    if arch == "zamba2" and not c.tie_word_embeddings:
         notes.append(
             "Zamba2 with tie_word_embeddings=false: transformers ties nothing (_tied_weights_keys is "
             "empty), so every hybrid layer runs the shared_transformer.* stored under its own index "
             "(asserted: no parameter shared between layers, each equal to its file tensor), with its own "
             "module's adapter_list.{u}, u its use; the adapters of the block's other uses that its module "
             "also holds are in the file and unused. The head is lm_head.weight, not the embeddings.")
-    if model.config.tie_word_embeddings and not own_head:
+    if c.tie_word_embeddings and not own_head:
         assert head_is_embeddings(model)
         notes.append("tie_word_embeddings: model.safetensors has no lm_head.weight (save_pretrained drops "
                      "it); the head is the embedding matrix.")
@@ -415,7 +481,7 @@ def record_fixture(name, arch, cfg, weights, generator, out_root, keep_config=Fa
     golden = {
         "model": name,
         "arch": arch,
-        "architecture": c.architectures[0] if c.architectures else type(model).__name__,
+        "architecture": (model.config.architectures[0] if model.config.architectures else type(model).__name__),
         "generator": generator,
         "transformers_version": transformers.__version__,
         "torch_version": torch.__version__,
@@ -423,17 +489,21 @@ def record_fixture(name, arch, cfg, weights, generator, out_root, keep_config=Fa
         "numpy_version": np.__version__,
         "prompt_seed": PROMPT_SEED,
         "num_prompts": len(prompts),
-        "prompt_lengths": PROMPT_LENGTHS,
+        "prompt_lengths": prompt_lengths(arch),
         "new_tokens": NEW_TOKENS,
         "vocab_size": vocab,
-        "chunk_size": chunk_size(c),
+        "chunk_size": chunk_size(model.config),
         "max_abs_logit": max_abs,
         "min_margin_prompt_logits_all": min(s["min_margin_prompt_logits"] for s in per_prompt),
         "min_margin_greedy_all": min(s["min_margin_greedy"] for s in per_prompt),
         "min_margin_nocache_all": min(s["min_margin_nocache"] for s in per_prompt),
         "max_abs_diff_cached_vs_uncached_logits": max(
             s["max_abs_diff_cached_vs_uncached_logits"] for s in per_prompt),
-        "dt_clamped_in_prefill_fraction": dt_clamped_fraction(model, prompts),
+        **({"dt_clamped_in_prefill_fraction": dt_clamped_fraction(model, prompts)} if not gdn else {}),
+        **({"gated_deltanet_path": "torch (transformers' torch_chunk_gated_delta_rule, "
+                                   "torch_recurrent_gated_delta_rule, torch causal conv; fla, causal_conv1d, "
+                                   "kernels not installed)",
+            "layer_types": list(c.layer_types)} if gdn else {}),
         "greedy_matches_nocache_all": all(s["greedy_matches_nocache"] for s in per_prompt),
         **({"tie_word_embeddings": True, "lm_head_is_embeddings": False,
             "max_abs_diff_logits_with_embeddings_as_head": diff_if_tied} if own_head else {}),
