@@ -124,7 +124,8 @@ def check_exact(fixtures, report):
 E2E_MODELS = {"nemotron_h_e2e": ("nemotron_h", "e2e", 23), "mamba2_e2e": ("mamba2", "e2e", 23),
               "bamba_e2e": ("bamba", "e2e", 23), "granite_e2e": ("granitemoehybrid", "e2e", 23),
               "falcon_h1_e2e": ("falcon_h1", "e2e", 23), "nemotron_h_moe_e2e": ("nemotron_h", "moe_e2e", 23),
-              "zamba2_e2e": ("zamba2", "e2e", 23), "nemotron_h_latent_e2e": ("nemotron_h", "moe_latent_e2e", 23)}
+              "zamba2_e2e": ("zamba2", "e2e", 23), "nemotron_h_latent_e2e": ("nemotron_h", "moe_latent_e2e", 23),
+              "qwen3_5_e2e": ("qwen3_5_text", "e2e", 23), "qwen3_5_moe_e2e": ("qwen3_5_moe", "e2e", 23)}
 
 
 PUBLIC_E2E_MODELS = {"public_bamba_9b_e2e": ("bamba/Bamba-9B.json", 23)}

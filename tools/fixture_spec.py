@@ -38,10 +38,19 @@ MODELS = {
     # Qwen3-Next: layer_types starting with attention, MoE in every layer (top-2 of 8, shared expert and
     # its gate), n_v = 2 n_k GDN heads with dk 16 != dv 8, partial RoPE 0.25.
     "qwen3_next_tiny": ("qwen3_next", "tiny", 5050, {}),
+    # Qwen3-Next with dense layers (decoder_sparse_step 2, mlp_only_layers [3]), n_v = 3 n_k, dv > dk.
+    "qwen3_next_sparse_tiny": ("qwen3_next", "tiny2", 5051, {}),
+    # Qwen3.5 dense, text-only form (qwen3_5_text, Qwen3_5ForCausalLM), full_attention_interval, tied.
+    "qwen3_5_tiny": ("qwen3_5_text", "tiny", 5052, {}),
+    # Qwen3.5-MoE, image-text form (Qwen3_5MoeForConditionalGeneration, model.language_model.* and
+    # model.visual.*), untied; references from the text path.
+    "qwen3_5_moe_tiny": ("qwen3_5_moe", "tiny", 5055, {}),
 }
 # The archs whose linear layers are Gated DeltaNet (transformers' chunk length 64, not a config field).
 GDN_ARCHS = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe")
-KEEP_CONFIG = ()
+# Fixtures whose config.json is gen_model.py's rather than save_pretrained's: qwen3_5_tiny states its
+# pattern by full_attention_interval, as save_pretrained (which writes the layer_types it derives) does not.
+KEEP_CONFIG = ("qwen3_5_tiny",)
 # Fixture models scaled down from published checkpoints' configs (tools/scale_config.py): name ->
 # (the config under tests/fixtures/public_configs, seed). One per distinct feature set. config.json
 # is the scaled publisher's file (its keys as written), not transformers' re-serialisation.

@@ -150,7 +150,8 @@ QWEN_NOTES = [
     "v (n_v/n_k * dv) | z (n_v/n_k * dv)] and in_proj_ba's [b (n_v/n_k) | a (n_v/n_k)]; Qwen3.5's "
     "in_proj_qkv rows are [q (all key heads) | k | v], in_proj_z / in_proj_b / in_proj_a separate. "
     "conv1d (no bias, silu) over [q | k | v]; q, k l2-normalised per head (q also * dk^-0.5), repeated "
-    "from n_k to n_v heads (value head j reads key head j // (n_v / n_k)); beta = sigmoid(b); g = -exp(A_log) * softplus(a + dt_bias).",
+    "from n_k to n_v heads (value head j reads key head j // (n_v / n_k)); beta = sigmoid(b); "
+    "g = -exp(A_log) * softplus(a + dt_bias).",
     "Sparse MoE block: router logits = gate.weight x; softmax over all experts; top num_experts_per_tok; "
     "renormalised to sum 1 when norm_topk_prob (Qwen3.5-MoE always); experts SwiGLU (file: "
     "experts.E.{gate,up,down}_proj, transformers' fused gate_up_proj rows [gate | up]); plus "

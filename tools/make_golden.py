@@ -58,6 +58,16 @@ blocks and adapter indices, the attention shapes, scale and RoPE, the norms' eps
 logit change when the adapters (all, per kind, per use) or the shared blocks' output are zeroed, and
 the cached decode against uncached forwards with the prefill's dt clamp lifted.
 
+qwen3_next_tiny, qwen3_next_sparse_tiny (Qwen3NextForCausalLM), qwen3_5_tiny (Qwen3_5ForCausalLM,
+qwen3_5_text) and qwen3_5_moe_tiny (Qwen3_5MoeForConditionalGeneration, loaded with
+AutoModelForImageTextToText, vision tower included) are Gated DeltaNet hybrids: the file's per-expert
+tensors are rows of transformers' fused experts.gate_up_proj / down_proj (checked row by row), the
+torch Gated DeltaNet functions are asserted to be the ones that can run (no fla / causal_conv1d /
+kernels), prompts are fixture_spec.GDN_PROMPT_LENGTHS (across the chunk of 64), "moe" gives the
+softmax router's counts and margins and the shared-expert gate's range, and golden.json names the
+layer_types. qwen3_5_tiny's config.json is gen_model.py's (full_attention_interval, no layer_types),
+asserted equal to save_pretrained's otherwise.
+
 `default` records the same references for the embedded model as it is (models/default, trained
 by tools/train_default_model.py; not generated, not copied): only golden.safetensors and
 golden.json are written, to <out>/default/. Its prompts are English text in bytes (DEFAULT_TEXT,
