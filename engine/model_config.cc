@@ -79,6 +79,12 @@ absl::string_view ModelFamilyName(ModelFamily family) {
       return "falcon_h1";
     case ModelFamily::kZamba2:
       return "zamba2";
+    case ModelFamily::kQwen3Next:
+      return "qwen3_next";
+    case ModelFamily::kQwen3_5:
+      return "qwen3_5";
+    case ModelFamily::kQwen3_5Moe:
+      return "qwen3_5_moe";
   }
   return "unknown";
 }
@@ -99,6 +105,8 @@ absl::string_view LayerKindName(LayerKind kind) {
       return "parallel";
     case LayerKind::kZambaHybrid:
       return "zamba_hybrid";
+    case LayerKind::kGatedDeltaNet:
+      return "gated_deltanet";
   }
   return "unknown";
 }
@@ -119,6 +127,8 @@ char LayerKindSymbol(LayerKind kind) {
       return 'P';
     case LayerKind::kZambaHybrid:
       return 'Z';
+    case LayerKind::kGatedDeltaNet:
+      return 'D';
   }
   return '?';
 }
@@ -151,6 +161,11 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text) {
   try {
     ASSIGN_OR_RETURN(std::string model_type, fields.String({"model_type"}, ""));
     if (model_type.empty()) return absl::InvalidArgumentError("model_type is required but missing");
+    if (config_internal::IsQwenModelType(model_type)) {
+      RETURN_IF_ERROR(config_internal::ParseQwen(json_text, root, config));
+      RETURN_IF_ERROR(config.Validate());
+      return config;
+    }
     RETURN_IF_ERROR(ParseCommon(fields, config));
     if (model_type == "nemotron_h") {
       status = config_internal::ParseNemotronH(fields, config);
@@ -165,9 +180,10 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text) {
     } else if (model_type == "zamba2") {
       status = config_internal::ParseZamba2(fields, config);
     } else {
-      return absl::UnimplementedError(
-          absl::StrCat("model_type \"", model_type,
-                       "\" is not supported (nemotron_h, mamba2, bamba, granitemoehybrid, falcon_h1, zamba2)"));
+      return absl::UnimplementedError(absl::StrCat(
+          "model_type \"", model_type,
+          "\" is not supported (nemotron_h, mamba2, bamba, granitemoehybrid, falcon_h1, zamba2, qwen3_next, "
+          "qwen3_5, qwen3_5_moe, qwen3_5_text, qwen3_5_moe_text)"));
     }
   } catch (const Json::exception& e) {
     // Every access above is type-checked first; this only guards the boundary.

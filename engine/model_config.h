@@ -64,24 +64,29 @@ enum class ModelFamily {
   kGraniteMoeHybrid,  // model_type "granitemoehybrid"
   kFalconH1,          // model_type "falcon_h1"
   kZamba2,            // model_type "zamba2"
+  kQwen3Next,         // model_type "qwen3_next"
+  kQwen3_5,           // model_type "qwen3_5" / "qwen3_5_text" (dense)
+  kQwen3_5Moe,        // model_type "qwen3_5_moe" / "qwen3_5_moe_text"
 };
 
 // What a layer computes between its pre-norm and its residual add.
 enum class LayerKind {
-  kMamba2,       // Mamba2 mixer (SSD), parameters in Mamba2Params
-  kAttention,    // causal grouped-query attention, parameters in AttentionParams
-  kMlp,          // two-matrix MLP, parameters in MlpParams
-  kGatedMlp,     // SwiGLU MLP down(silu(gate(x)) * up(x)), parameters in GatedMlpParams
-  kMoe,          // mixture of experts (+ shared expert), parameters in MoeParams
-  kParallel,     // a Mamba2 mixer and attention on the same input, outputs summed (Falcon-H1)
-  kZambaHybrid,  // Zamba2's hybrid layer: a shared attention block's output added to a Mamba2 layer's input
+  kMamba2,         // Mamba2 mixer (SSD), parameters in Mamba2Params
+  kAttention,      // causal grouped-query attention, parameters in AttentionParams
+  kMlp,            // two-matrix MLP, parameters in MlpParams
+  kGatedMlp,       // SwiGLU MLP down(silu(gate(x)) * up(x)), parameters in GatedMlpParams
+  kMoe,            // mixture of experts (+ shared expert), parameters in MoeParams
+  kParallel,       // a Mamba2 mixer and attention on the same input, outputs summed (Falcon-H1)
+  kZambaHybrid,    // Zamba2's hybrid layer: a shared attention block's output added to a Mamba2 layer's input
+  kGatedDeltaNet,  // Gated DeltaNet mixer (Qwen3-Next, Qwen3.5), parameters in GatedDeltaNetParams
 };
 
 absl::string_view ModelFamilyName(ModelFamily family);  // "nemotron_h", "mamba2", "bamba", "granitemoehybrid"
 absl::string_view LayerKindName(LayerKind kind);        // "mamba2", "attention", "mlp", "gated_mlp", "moe"
 // One character per block: 'M' Mamba2, '*' attention, '-' MLP (Nemotron-H's
 // hybrid_override_pattern alphabet), 'G' gated MLP, 'E' mixture of experts,
-// 'P' parallel Mamba2 + attention, 'Z' Zamba2 hybrid (shared block + Mamba2).
+// 'P' parallel Mamba2 + attention, 'Z' Zamba2 hybrid (shared block + Mamba2),
+// 'D' Gated DeltaNet.
 char LayerKindSymbol(LayerKind kind);
 
 // Clamp applied to dt = softplus(dt_raw + dt_bias) before discretization.
@@ -171,6 +176,12 @@ struct AttentionParams {
   float in_multiplier = 1.0f;
   float key_multiplier = 1.0f;
   float out_multiplier = 1.0f;
+  // Qwen3-Next / Qwen3.5 gated attention (false elsewhere): q_proj also
+  // yields a gate per query channel (stored interleaved per head, [q_h | gate_h]),
+  // and the output is attn * sigmoid(gate) before o_proj (output_gate); each
+  // head of q and k is RMS-normed by q_norm / k_norm before RoPE (qk_norm).
+  bool output_gate = false;
+  bool qk_norm = false;
 
   int64_t q_dim() const { return num_heads * head_dim; }
   int64_t kv_dim() const { return num_kv_heads * head_dim; }
@@ -218,6 +229,10 @@ enum class MoeRouter {
   // scores, divided by (their sum + 1e-20) when norm_topk_prob, times
   // routed_scaling_factor.
   kSigmoidGroupTopK,
+  // Qwen3-Next / Qwen3.5-MoE: a softmax over all router logits (fp32), the
+  // top_k largest probabilities (torch.topk's order on the CPU), divided by
+  // their sum when norm_topk_prob.
+  kSoftmaxTopK,
 };
 
 // What an expert (and the shared expert) computes.
@@ -250,11 +265,39 @@ struct MoeParams {
   // The shared expert's up and down biases (Nemotron-H mlp_bias: transformers
   // builds shared_experts as a NemotronHMLP; the routed experts have none).
   bool shared_bias = false;
+  // Qwen: the shared expert's output is multiplied by sigmoid(shared_expert_gate(x))
+  // ([1, hidden]) before it is added to the routed sum.
+  bool shared_gate = false;
 
   // The width the routed experts read and write: latent_size, else hidden.
   int64_t expert_dim(int64_t hidden) const { return latent_size > 0 ? latent_size : hidden; }
   // Rows of an expert's up projection: 2 * inter for kSwiGlu, inter for kRelu2.
   int64_t up_rows(int64_t inter) const { return expert == ExpertKind::kSwiGlu ? 2 * inter : inter; }
+};
+
+// Hyper-parameters of every Gated DeltaNet mixer (transformers'
+// Qwen3NextGatedDeltaNet / Qwen3_5GatedDeltaNet; kernels/gated_delta_params.h):
+//   [q | k | v | z | b | a] = in_proj(x)   (the loader puts Qwen3-Next's per-key-head
+//                                           interleaving and Qwen3.5's four matrices
+//                                           into this one row order)
+//   qkv = silu(causal_conv1d(q | k | v))   conv state [conv_dim, conv_kernel - 1], no bias
+//   beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias)
+//   o = gated delta rule (l2-normalised q and k; state [num_v_heads, k_head_dim, v_head_dim])
+//   out = out_proj(rmsnorm(o per value head) * norm * silu(z))
+struct GatedDeltaNetParams {
+  int64_t num_k_heads = 0;  // linear_num_key_heads
+  int64_t num_v_heads = 0;  // linear_num_value_heads, a multiple of num_k_heads
+  int64_t k_head_dim = 0;   // linear_key_head_dim
+  int64_t v_head_dim = 0;   // linear_value_head_dim
+  int64_t conv_kernel = 4;  // linear_conv_kernel_dim
+  // The chunked rule's grid (transformers' torch_chunk_gated_delta_rule: 64);
+  // grid checkpoints are multiples of it.
+  int64_t chunk_size = 64;
+
+  int64_t key_dim() const { return num_k_heads * k_head_dim; }
+  int64_t value_dim() const { return num_v_heads * v_head_dim; }
+  int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }
+  int64_t in_proj_rows() const { return conv_dim() + value_dim() + 2 * num_v_heads; }
 };
 
 // Zamba2's shared transformer blocks. Block b serves the hybrid layers whose
@@ -284,6 +327,7 @@ struct ModelConfig {
   GatedMlpParams gated_mlp;
   MoeParams moe;
   ZambaParams zamba;
+  GatedDeltaNetParams gdn;
 
   // μP multipliers (Granite; 1 elsewhere): the embeddings are multiplied by
   // embedding_multiplier; every block adds residual_multiplier * its output
@@ -316,6 +360,19 @@ struct ModelConfig {
   int64_t KvLayers() const {
     return CountLayers(LayerKind::kAttention) + CountLayers(LayerKind::kParallel) +
            CountLayers(LayerKind::kZambaHybrid);
+  }
+  // Blocks that keep a recurrent state: the SSM ones and the Gated DeltaNet
+  // ones (a model has one kind or the other, never both; Validate()).
+  int64_t RecurrentLayers() const { return SsmLayers() + CountLayers(LayerKind::kGatedDeltaNet); }
+  // The recurrent layers' chunk grid: Mamba2's chunk_size, the Gated DeltaNet's, or 0 without either.
+  int64_t chunk_size() const {
+    if (SsmLayers() > 0) return mamba.chunk_size;
+    return CountLayers(LayerKind::kGatedDeltaNet) > 0 ? gdn.chunk_size : 0;
+  }
+  // Qwen3-Next and Qwen3.5: every RMSNorm outside the Gated DeltaNet's gated
+  // norm is zero-centred (x * (1 + w)); the loader stores 1 + w.
+  bool IsQwenFamily() const {
+    return family == ModelFamily::kQwen3Next || family == ModelFamily::kQwen3_5 || family == ModelFamily::kQwen3_5Moe;
   }
   // The layer pattern in hybrid_override_pattern notation, e.g. "M*M-M*-".
   std::string LayerPattern() const;

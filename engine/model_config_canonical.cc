@@ -81,6 +81,18 @@ std::string ModelConfig::CanonicalString() const {
     absl::StrAppendFormat(&out, "multipliers{embedding=%a,residual=%a,logits_scaling=%a,logits=%a};",
                           embedding_multiplier, residual_multiplier, logits_scaling, logits_multiplier);
   }
+  if (CountLayers(LayerKind::kGatedDeltaNet) > 0) {
+    absl::StrAppendFormat(&out, "gated_deltanet{k_heads=%d,v_heads=%d,k_dim=%d,v_dim=%d,conv=%d,chunk=%d};",
+                          gdn.num_k_heads, gdn.num_v_heads, gdn.k_head_dim, gdn.v_head_dim, gdn.conv_kernel,
+                          gdn.chunk_size);
+  }
+  if (KvLayers() > 0 && (attention.output_gate || attention.qk_norm)) {
+    absl::StrAppendFormat(&out, "attention_gated{output_gate=%d,qk_norm=%d};", static_cast<int>(attention.output_gate),
+                          static_cast<int>(attention.qk_norm));
+  }
+  if (CountLayers(LayerKind::kMoe) > 0 && moe.shared_gate) absl::StrAppendFormat(&out, "moe_shared_gate=1;");
+  // Stated for the Qwen families only (their norms are x * (1 + w), the stored w being zero-centred).
+  if (IsQwenFamily()) absl::StrAppendFormat(&out, "zero_centred_norms=1;");
   absl::StrAppendFormat(&out, "norm_eps=%a;tied=%d;", norm_eps, static_cast<int>(tie_word_embeddings));
   return out;
 }

@@ -47,6 +47,13 @@ absl::Status ParseGraniteMoeHybrid(const ConfigFields& f, ModelConfig& c);
 absl::Status ParseFalconH1(const ConfigFields& f, ModelConfig& c);
 absl::Status ParseZamba2(const ConfigFields& f, ModelConfig& c);
 
+// model_type "qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text",
+// "qwen3_5_moe_text" (model_config_qwen.cc): the whole of `c`, common fields
+// included (the image-text forms keep them in text_config), from the file's
+// text and its parsed root.
+bool IsQwenModelType(absl::string_view model_type);
+absl::Status ParseQwen(absl::string_view json_text, const Json& root, ModelConfig& c);
+
 }  // namespace hybridserve::engine::config_internal
 
 #endif  // HYBRIDSERVE_ENGINE_MODEL_CONFIG_FAMILIES_H_

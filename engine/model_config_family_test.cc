@@ -615,8 +615,8 @@ TEST(ModelConfigFamilyTest, FamiliesFingerprintTheirOwnFields) {
 TEST(ModelConfigFamilyTest, UnsupportedFeaturesAreRefusedByName) {
   ExpectError(Json{{"model_type", "jamba"}, {"vocab_size", 8}, {"hidden_size", 8}}, absl::StatusCode::kUnimplemented,
               "model_type \"jamba\"");
-  ExpectError(Json{{"model_type", "qwen3_next"}, {"vocab_size", 8}, {"hidden_size", 8}},
-              absl::StatusCode::kUnimplemented, "model_type \"qwen3_next\"");
+  ExpectError(Json{{"model_type", "qwen3_6"}, {"vocab_size", 8}, {"hidden_size", 8}}, absl::StatusCode::kUnimplemented,
+              "model_type \"qwen3_6\"");
   Json j = BambaBase();
   j["rope_parameters"]["rope_type"] = "yarn";
   ExpectError(j, absl::StatusCode::kUnimplemented, "rope_type \"yarn\"");

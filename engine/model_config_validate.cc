@@ -154,8 +154,9 @@ absl::Status ValidateDecoderLayers(const ModelConfig& c) {
                                                    c.LayerPattern(), "\""));
   }
   for (size_t i = 0; i < c.layers.size(); i += 2) {
-    const bool mixer = c.family == ModelFamily::kFalconH1
-                           ? c.layers[i] == LayerKind::kParallel
+    const bool mixer = c.family == ModelFamily::kFalconH1 ? c.layers[i] == LayerKind::kParallel
+                       : c.IsQwenFamily()
+                           ? c.layers[i] == LayerKind::kGatedDeltaNet || c.layers[i] == LayerKind::kAttention
                            : c.layers[i] == LayerKind::kMamba2 || c.layers[i] == LayerKind::kAttention;
     const bool ffn = c.layers[i + 1] == LayerKind::kGatedMlp || c.layers[i + 1] == LayerKind::kMoe;
     if (!mixer || !ffn) {
@@ -163,6 +164,24 @@ absl::Status ValidateDecoderLayers(const ModelConfig& c) {
                                                      " decoder layer is a mixer then a feed-forward block, got \"",
                                                      c.LayerPattern().substr(i, 2), "\" at block ", i));
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateGatedDeltaNet(const GatedDeltaNetParams& g) {
+  RETURN_IF_ERROR(CheckDim("linear_num_key_heads", g.num_k_heads));
+  RETURN_IF_ERROR(CheckDim("linear_num_value_heads", g.num_v_heads));
+  if (g.num_v_heads % g.num_k_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("linear_num_value_heads (", g.num_v_heads,
+                                                   ") must be a multiple of linear_num_key_heads (", g.num_k_heads,
+                                                   ")"));
+  }
+  RETURN_IF_ERROR(CheckDim("linear_key_head_dim", g.k_head_dim));
+  RETURN_IF_ERROR(CheckDim("linear_value_head_dim", g.v_head_dim));
+  RETURN_IF_ERROR(CheckDim("linear_conv_kernel_dim", g.conv_kernel));
+  if (g.chunk_size <= 0 || (g.chunk_size & (g.chunk_size - 1)) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the Gated DeltaNet chunk size (", g.chunk_size, ") must be a power of two"));
   }
   return absl::OkStatus();
 }
@@ -190,14 +209,22 @@ absl::Status ModelConfig::Validate() const {
         absl::StrCat("a mamba2 model has only Mamba2 layers, got pattern \"", LayerPattern(), "\""));
   }
   if (SsmLayers() > 0) RETURN_IF_ERROR(ValidateMamba(*this));
+  if (CountLayers(LayerKind::kGatedDeltaNet) > 0) {
+    if (!IsQwenFamily() || SsmLayers() > 0) {
+      return absl::InvalidArgumentError(absl::StrCat("only a Qwen3-Next / Qwen3.5 model has Gated DeltaNet blocks, ",
+                                                     "and none has Mamba2 blocks too; got ", ModelFamilyName(family),
+                                                     " pattern \"", LayerPattern(), "\""));
+    }
+    RETURN_IF_ERROR(ValidateGatedDeltaNet(gdn));
+  }
   if (KvLayers() > 0) RETURN_IF_ERROR(ValidateAttention(attention));
   if (CountLayers(LayerKind::kMlp) > 0) RETURN_IF_ERROR(CheckDim("intermediate_size", mlp.intermediate_size));
   if (CountLayers(LayerKind::kGatedMlp) > 0) {
     RETURN_IF_ERROR(CheckDim("intermediate_size (gated MLP)", gated_mlp.intermediate_size));
   }
   if (CountLayers(LayerKind::kMoe) > 0) RETURN_IF_ERROR(ValidateMoe(moe));
-  const bool decoder_layers =
-      family == ModelFamily::kBamba || family == ModelFamily::kGraniteMoeHybrid || family == ModelFamily::kFalconH1;
+  const bool decoder_layers = family == ModelFamily::kBamba || family == ModelFamily::kGraniteMoeHybrid ||
+                              family == ModelFamily::kFalconH1 || IsQwenFamily();
   if (family != ModelFamily::kZamba2 && CountLayers(LayerKind::kZambaHybrid) > 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("only a zamba2 model has hybrid blocks, got pattern \"", LayerPattern(), "\""));

@@ -16,11 +16,21 @@ double Mamba2Flops(const ModelConfig& c) {
          4 * d_inner * D(m.state_size) + 2 * d_inner * h;
 }
 
-// q, k, v projections from `in` channels and o back to hidden_size.
+// q, k, v projections (and Qwen's output gate) from `in` channels and o back to hidden_size.
 double AttentionProjectionFlops(const ModelConfig& c, double in) {
   const double q = D(c.attention.q_dim());
   const double kv = D(c.attention.kv_dim());
-  return 2 * in * (q + 2 * kv) + 2 * q * D(c.hidden_size);
+  const double gate = c.attention.output_gate ? q : 0;
+  return 2 * in * (q + 2 * kv + gate) + 2 * q * D(c.hidden_size);
+}
+
+// in_proj, the conv, the delta rule's four state products per value head
+// (decay, S^T k, the rank-1 update, S^T q) and out_proj.
+double GatedDeltaNetFlops(const ModelConfig& c) {
+  const double h = D(c.hidden_size);
+  const GatedDeltaNetParams& g = c.gdn;
+  return 2 * h * D(g.in_proj_rows()) + 2 * D(g.conv_dim()) * D(g.conv_kernel) +
+         7 * D(g.num_v_heads) * D(g.k_head_dim) * D(g.v_head_dim) + 2 * D(g.value_dim()) * h;
 }
 
 // An expert of `inter` reading and writing `dim` channels.
@@ -66,6 +76,8 @@ PrefillCost ModelPrefillCost(const ModelConfig& config) {
   if (n_moe > 0) cost.flops_per_token += n_moe * MoeFlops(config);
   if (n_parallel > 0) cost.flops_per_token += n_parallel * (mamba + attention);
   if (n_zamba > 0) cost.flops_per_token += n_zamba * (mamba + ZambaSharedFlops(config));
+  const double n_gdn = D(config.CountLayers(LayerKind::kGatedDeltaNet));
+  if (n_gdn > 0) cost.flops_per_token += n_gdn * GatedDeltaNetFlops(config);
   cost.flops_per_token_context = 4 * D(config.attention.q_dim()) * (n_attention + n_parallel + n_zamba);
   return cost;
 }

@@ -16,6 +16,7 @@
 // (kDerivationSelfCheck), so it is exercised on every family, also those no
 // corpus config of which loads yet. Distinct configs that load must have
 // distinct fingerprints.
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -69,15 +70,11 @@ constexpr CorpusRow kCorpus[] = {
     {"mamba2/mamba2-2.7b.json", "model_type is required but missing", ""},
     {"mamba2/mamba2-130m.json", "model_type is required but missing", ""},
 
-    // Qwen3-Next / Qwen3.5 (issue 50): not served yet; engine/qwen3_next_config
-    // reads them (engine/qwen3_next_config_test), the engine's loading does not.
-    {"qwen3_next/qwen3_next_tiny_test.json",
-     "model_type \"qwen3_next\" is not supported (nemotron_h, mamba2, bamba, granitemoehybrid, falcon_h1, zamba2)", ""},
-    {"qwen3_next/tiny-random-qwen3-next.json",
-     "model_type \"qwen3_next\" is not supported (nemotron_h, mamba2, bamba, granitemoehybrid, falcon_h1, zamba2)", ""},
-    {"qwen3_5/qwen3.5-tiny-random.json",
-     "model_type \"qwen3_5_text\" is not supported (nemotron_h, mamba2, bamba, granitemoehybrid, falcon_h1, zamba2)",
-     ""},
+    // Qwen3-Next / Qwen3.5 (issue 50): third-party tiny test checkpoints (SOURCES.md).
+    {"qwen3_next/qwen3_next_tiny_test.json", "", "aeb61c10cddbdba16ff81adab095ce2c"},
+    {"qwen3_next/tiny-random-qwen3-next.json", "", "d7c607cd5e44e568d9dcbf595dcdebe6"},
+    // Its eos_token_id is Qwen's real one, outside this random model's 4096-token vocabulary.
+    {"qwen3_5/qwen3.5-tiny-random.json", "eos_token_id (151645) is outside the vocabulary [0, 4096)", ""},
 
     // Copies in other projects' tests and test data (SOURCES.md, "Copies in
     // other projects' tests").
@@ -180,16 +177,23 @@ struct Derived {
   // For the parameter count.
   int64_t hidden = 0, intermediate = 0;
   bool tied = false, ssm_bias = false, conv_bias = true, attention_bias = false, mlp_bias = false;
+  // Gated DeltaNet ('D' blocks): ssm_heads value heads of a [k_head_dim, ssm_state] state,
+  // k_heads key heads; the conv runs over q, k (k_heads * k_head_dim each) and v.
+  int64_t k_heads = 0, k_head_dim = 0;
 
   int64_t Count(char kind) const {
     int64_t n = 0;
     for (char c : pattern) n += c == kind ? 1 : 0;
     return n;
   }
-  int64_t SsmBlocks() const { return Count('M') + Count('P') + Count('Z'); }
+  int64_t SsmBlocks() const { return Count('M') + Count('P') + Count('Z') + Count('D'); }
   int64_t KvBlocks() const { return Count('*') + Count('P') + Count('Z'); }
   // fp32 SSM state [heads, head_dim, state] and conv state [conv_dim, kernel - 1] per SSM block.
   int64_t RecurrentStateBytes() const {
+    if (Count('D') > 0) {
+      const int64_t conv_dim = 2 * k_heads * k_head_dim + ssm_heads * ssm_state;
+      return SsmBlocks() * 4 * (ssm_heads * k_head_dim * ssm_state + conv_dim * (conv_kernel - 1));
+    }
     const int64_t conv_dim = ssm_heads * ssm_head_dim + 2 * n_groups * ssm_state;
     return SsmBlocks() * 4 * (ssm_heads * ssm_head_dim * ssm_state + conv_dim * (conv_kernel - 1));
   }
@@ -311,6 +315,31 @@ absl::StatusOr<Derived> Derive(const Json& j) {
     d.n_groups = IntOr(j, "mamba_ngroups", 1);
     d.conv_kernel = IntOr(j, "mamba_d_conv", 4);
     d.head_dim = 2 * hidden / d.heads;  // the shared block attends over [hidden | embeddings]
+  } else if (type == "qwen3_next" || type == "qwen3_5_text" || type == "qwen3_5_moe_text") {
+    // Layer i: its mixer ('D' for linear_attention), then an MoE block ('E')
+    // unless the model is dense (qwen3_5_text) or the layer is in mlp_only_layers.
+    std::vector<std::string> types;
+    if (j.contains("layer_types")) {
+      for (const Json& t : j.at("layer_types")) types.push_back(t.get<std::string>());
+    } else {
+      const int64_t every = IntOr(j, "full_attention_interval", 4);
+      for (int64_t i = 0; i < layers; ++i) types.push_back((i + 1) % every == 0 ? "full_attention" : "linear");
+    }
+    std::vector<int64_t> dense;
+    if (j.contains("mlp_only_layers")) dense = j.at("mlp_only_layers").get<std::vector<int64_t>>();
+    const int64_t step = IntOr(j, "decoder_sparse_step", 1);
+    for (int64_t i = 0; i < layers; ++i) {
+      d.pattern += types[static_cast<size_t>(i)] == "full_attention" ? '*' : 'D';
+      const bool moe = type != "qwen3_5_text" && IntOr(j, "num_experts", 1) > 0 &&
+                       std::find(dense.begin(), dense.end(), i) == dense.end() && (i + 1) % step == 0;
+      d.pattern += moe ? 'E' : 'G';
+    }
+    d.ssm_heads = j.at("linear_num_value_heads").get<int64_t>();
+    d.ssm_state = j.at("linear_value_head_dim").get<int64_t>();
+    d.k_heads = j.at("linear_num_key_heads").get<int64_t>();
+    d.k_head_dim = j.at("linear_key_head_dim").get<int64_t>();
+    d.conv_kernel = IntOr(j, "linear_conv_kernel_dim", 4);
+    d.head_dim = j.at("head_dim").get<int64_t>();
   } else {
     return absl::InvalidArgumentError(absl::StrCat("no derivation for model_type ", type));
   }
@@ -323,12 +352,18 @@ void ExpectMatchesDerivation(const ModelConfig& c, const Derived& d, const std::
   SCOPED_TRACE(what);
   EXPECT_EQ(c.LayerPattern(), d.pattern);
   EXPECT_EQ(c.vocab_size, d.vocab);
-  EXPECT_EQ(c.SsmLayers(), d.SsmBlocks());
+  EXPECT_EQ(c.RecurrentLayers(), d.SsmBlocks());
   EXPECT_EQ(c.KvLayers(), d.KvBlocks());
   EXPECT_EQ(c.CountLayers(LayerKind::kMoe), d.Count('E'));
   EXPECT_EQ(c.CountLayers(LayerKind::kMlp), d.Count('-'));
   EXPECT_EQ(c.CountLayers(LayerKind::kGatedMlp), d.Count('G'));
-  if (d.SsmBlocks() > 0) {
+  if (d.Count('D') > 0) {
+    EXPECT_EQ(c.gdn.num_v_heads, d.ssm_heads);
+    EXPECT_EQ(c.gdn.v_head_dim, d.ssm_state);
+    EXPECT_EQ(c.gdn.num_k_heads, d.k_heads);
+    EXPECT_EQ(c.gdn.k_head_dim, d.k_head_dim);
+    EXPECT_EQ(c.gdn.conv_kernel, d.conv_kernel);
+  } else if (d.SsmBlocks() > 0) {
     EXPECT_EQ(c.mamba.num_heads, d.ssm_heads);
     EXPECT_EQ(c.mamba.head_dim, d.ssm_head_dim);
     EXPECT_EQ(c.mamba.state_size, d.ssm_state);

@@ -33,14 +33,26 @@ absl::Status CheckArrays(absl::string_view what, const std::vector<absl::Span<co
 
 StateLayout StateLayout::ForModel(const ModelConfig& config, int64_t page_size) {
   StateLayout l;
-  const bool mamba = config.SsmLayers() > 0;
   const bool attention = config.KvLayers() > 0;
-  l.mamba_layers = static_cast<int32_t>(config.SsmLayers());
-  l.ssm_heads = mamba ? static_cast<int32_t>(config.mamba.num_heads) : 0;
-  l.ssm_head_dim = mamba ? static_cast<int32_t>(config.mamba.head_dim) : 0;
-  l.ssm_state = mamba ? static_cast<int32_t>(config.mamba.state_size) : 0;
-  l.conv_dim = mamba ? static_cast<int32_t>(config.mamba.conv_dim()) : 0;
-  l.conv_kernel = mamba ? static_cast<int32_t>(config.mamba.conv_kernel) : 0;
+  // The recurrent arrays: Mamba2's [heads, head_dim, d_state] SSM state, or a
+  // Gated DeltaNet's [v_heads, k_head_dim, v_head_dim] delta-rule state; both
+  // with a [conv_dim, conv_kernel - 1] conv state (a model has one kind only).
+  l.mamba_layers = static_cast<int32_t>(config.RecurrentLayers());
+  if (config.SsmLayers() > 0) {
+    const Mamba2Params& m = config.mamba;
+    l.ssm_heads = static_cast<int32_t>(m.num_heads);
+    l.ssm_head_dim = static_cast<int32_t>(m.head_dim);
+    l.ssm_state = static_cast<int32_t>(m.state_size);
+    l.conv_dim = static_cast<int32_t>(m.conv_dim());
+    l.conv_kernel = static_cast<int32_t>(m.conv_kernel);
+  } else if (config.RecurrentLayers() > 0) {
+    const GatedDeltaNetParams& g = config.gdn;
+    l.ssm_heads = static_cast<int32_t>(g.num_v_heads);
+    l.ssm_head_dim = static_cast<int32_t>(g.k_head_dim);
+    l.ssm_state = static_cast<int32_t>(g.v_head_dim);
+    l.conv_dim = static_cast<int32_t>(g.conv_dim());
+    l.conv_kernel = static_cast<int32_t>(g.conv_kernel);
+  }
   l.attention_layers = static_cast<int32_t>(config.KvLayers());
   l.kv_heads = attention ? static_cast<int32_t>(config.attention.num_kv_heads) : 0;
   l.kv_head_dim = attention ? static_cast<int32_t>(config.attention.head_dim) : 0;

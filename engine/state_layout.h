@@ -10,7 +10,11 @@
 //
 // Every array is fp32, little-endian, row-major:
 //   ssm state,  per Mamba2 layer     [ssm_heads, ssm_head_dim, ssm_state]
-//   conv state, per Mamba2 layer     [conv_dim, conv_kernel - 1]
+//               per Gated DeltaNet layer [v_heads, k_head_dim, v_head_dim]
+//   conv state, per recurrent layer  [conv_dim, conv_kernel - 1]
+// A model's recurrent layers are all Mamba2-like or all Gated DeltaNet, so the
+// ssm fields describe whichever it has ("mamba_layers" counts either); the
+// model fingerprint, not the layout, tells the two apart.
 //   K or V of one page, per attention layer  [page_size, kv_heads, kv_head_dim]
 //
 // Value type; all functions are thread-safe.
