@@ -297,7 +297,7 @@ absl::Status Run() {
   description.vocab_size = weights->config().vocab_size;
   description.max_context = loop->max_context();
   description.eos_token_ids = lo.eos_token_ids;
-  description.chunk_size = weights->config().mamba.chunk_size;
+  description.chunk_size = weights->config().chunk_size();
   description.page_size = model->page_size();
   description.checkpoint_interval = model->options().checkpoint_interval;
   decode::GenerationService service(*loop, description, std::move(tenants), &metrics);

@@ -8,14 +8,16 @@
 #include "absl/status/statusor.h"
 #include "common/status_macros.h"
 #include "engine/backend_registry.h"
+#include "kernels/activation_params.h"
 #include "kernels/attention_params.h"
 #include "kernels/matmul_params.h"
+#include "kernels/norm_params.h"
 
 namespace hybridserve::engine {
 namespace {
 
 // Workspace buffers.
-constexpr WorkspaceBuffer kQkv = kScratch0;         // [n, q_dim + 2 * kv_dim]
+constexpr WorkspaceBuffer kQkv = kScratch0;         // [n, qkv_rows()]
 constexpr WorkspaceBuffer kOut = kScratch1;         // [n, q_dim]
 constexpr WorkspaceBuffer kAdapterLow = kScratch2;  // [n, 3 * rank]: the adapters' down projections
 
@@ -34,6 +36,7 @@ class AttentionLayerRunner final : public LayerRunner {
     const int64_t n = seg.n_tokens;
     ASSIGN_OR_RETURN(float* qkv, env_.workspace->Get<float>(kQkv, n * qkv_rows()));
     RETURN_IF_ERROR(Project(normed, n, qkv));
+    RETURN_IF_ERROR(NormQueriesAndKeys(qkv, n));
     RETURN_IF_ERROR(RotateQueriesAndKeys(qkv, n, /*positions=*/nullptr, seg.start_pos));
     const kernels::PagedKvCache cache = env_.kv_pages->cache(kv_layer_);
 
@@ -60,6 +63,7 @@ class AttentionLayerRunner final : public LayerRunner {
     attn.n_heads = p_.num_heads;
     attn.scale = p_.scale;
     RETURN_IF_ERROR(KernelStatusToStatus(env_.backend->AttentionPrefill(attn), "AttentionPrefill"));
+    RETURN_IF_ERROR(GateOutput(qkv, out, n));
 
     return LinearToResidual(env_, out, n, p_.q_dim(), w_.o_proj, config_.hidden_size, w_.o_proj_bias, residual,
                             "attention o_proj");
@@ -69,6 +73,7 @@ class AttentionLayerRunner final : public LayerRunner {
     const int64_t n = batch.batch;
     ASSIGN_OR_RETURN(float* qkv, env_.workspace->Get<float>(kQkv, n * qkv_rows()));
     RETURN_IF_ERROR(Project(normed, n, qkv));
+    RETURN_IF_ERROR(NormQueriesAndKeys(qkv, n));
     RETURN_IF_ERROR(RotateQueriesAndKeys(qkv, n, batch.positions, 0));
     const kernels::PagedKvCache cache = env_.kv_pages->cache(kv_layer_);
 
@@ -97,6 +102,7 @@ class AttentionLayerRunner final : public LayerRunner {
     attn.n_heads = p_.num_heads;
     attn.scale = p_.scale;
     RETURN_IF_ERROR(KernelStatusToStatus(env_.backend->AttentionDecode(attn), "AttentionDecode"));
+    RETURN_IF_ERROR(GateOutput(qkv, out, n));
 
     return LinearToResidual(env_, out, n, p_.q_dim(), w_.o_proj, config_.hidden_size, w_.o_proj_bias, residual,
                             "attention o_proj");
@@ -140,6 +146,42 @@ class AttentionLayerRunner final : public LayerRunner {
     return absl::OkStatus();
   }
 
+  // qk_norm (Qwen): each head of q and of k RMS-normed by q_norm / k_norm,
+  // in place, before RoPE. One call per head: a row's heads sit at a fixed
+  // offset in rows of stride qkv_rows().
+  absl::Status NormQueriesAndKeys(float* qkv, int64_t n) {
+    if (!p_.qk_norm || n == 0) return absl::OkStatus();
+    kernels::RmsNormParams norm;
+    norm.n_rows = n;
+    norm.dim = p_.head_dim;
+    norm.eps = config_.norm_eps;
+    norm.x_row_stride = qkv_rows();
+    norm.out_row_stride = qkv_rows();
+    for (int64_t h = 0; h < p_.num_heads + p_.num_kv_heads; ++h) {
+      const bool query = h < p_.num_heads;
+      float* x = qkv + (query ? h * p_.head_dim : p_.q_dim() + (h - p_.num_heads) * p_.head_dim);
+      norm.x = x;
+      norm.out = x;
+      norm.weight = query ? w_.q_norm : w_.k_norm;
+      RETURN_IF_ERROR(KernelStatusToStatus(env_.backend->RmsNorm(norm), query ? "RmsNorm(q_norm)" : "RmsNorm(k_norm)"));
+    }
+    return absl::OkStatus();
+  }
+
+  // output_gate (Qwen): out *= sigmoid(gate), the gate columns following v in the qkv rows.
+  absl::Status GateOutput(const float* qkv, float* out, int64_t n) {
+    if (!p_.output_gate || n == 0) return absl::OkStatus();
+    kernels::SwiGluParams gate;
+    gate.gate = qkv + p_.q_dim() + 2 * p_.kv_dim();
+    gate.gate_row_stride = qkv_rows();
+    gate.gate_activation = kernels::ActivationKind::kSigmoid;
+    gate.up = out;
+    gate.out = out;
+    gate.n_rows = n;
+    gate.dim = p_.q_dim();
+    return KernelStatusToStatus(env_.backend->SwiGlu(gate), "SwiGlu(attention output gate)");
+  }
+
   // RoPE on the q and k parts of the qkv rows, in place (no-op without RoPE):
   // row t at positions[t], or start_pos + t when positions is null.
   absl::Status RotateQueriesAndKeys(float* qkv, int64_t n, const int64_t* positions, int64_t start_pos) {
@@ -162,7 +204,8 @@ class AttentionLayerRunner final : public LayerRunner {
 
   int64_t input_dim() const { return options_.input_dim > 0 ? options_.input_dim : config_.hidden_size; }
 
-  int64_t qkv_rows() const { return p_.q_dim() + 2 * p_.kv_dim(); }
+  // [q | k | v], then the output gate's columns with output_gate.
+  int64_t qkv_rows() const { return p_.q_dim() + 2 * p_.kv_dim() + (p_.output_gate ? p_.q_dim() : 0); }
 
   const AttentionRunnerOptions options_;
   const ModelConfig& config_;

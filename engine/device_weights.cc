@@ -94,16 +94,34 @@ class DeviceWeights::Uploader {
 
   absl::StatusOr<DeviceAttentionWeights> Attention(const AttentionLayerWeights& w) {
     DeviceAttentionWeights a;
-    ASSIGN_OR_RETURN(a.qkv_proj, Stacked({&w.q_proj, &w.k_proj, &w.v_proj}, "attention qkv_proj"));
+    if (w.gate_proj.empty()) {
+      ASSIGN_OR_RETURN(a.qkv_proj, Stacked({&w.q_proj, &w.k_proj, &w.v_proj}, "attention qkv_proj"));
+    } else {
+      ASSIGN_OR_RETURN(a.qkv_proj, Stacked({&w.q_proj, &w.k_proj, &w.v_proj, &w.gate_proj}, "attention qkv_proj"));
+    }
     if (!w.q_proj_bias.empty()) {
       std::vector<float> qkv_bias = w.q_proj_bias;
       qkv_bias.insert(qkv_bias.end(), w.k_proj_bias.begin(), w.k_proj_bias.end());
       qkv_bias.insert(qkv_bias.end(), w.v_proj_bias.begin(), w.v_proj_bias.end());
+      qkv_bias.insert(qkv_bias.end(), w.gate_proj_bias.begin(), w.gate_proj_bias.end());
       ASSIGN_OR_RETURN(a.qkv_bias, Derived(qkv_bias, "attention qkv bias"));
     }
+    ASSIGN_OR_RETURN(a.q_norm, Constant(w.q_norm, "attention q_norm"));
+    ASSIGN_OR_RETURN(a.k_norm, Constant(w.k_norm, "attention k_norm"));
     ASSIGN_OR_RETURN(a.o_proj, Matrix(w.o_proj, "attention o_proj"));
     ASSIGN_OR_RETURN(a.o_proj_bias, Constant(w.o_proj_bias, "attention o_proj bias"));
     return a;
+  }
+
+  absl::StatusOr<DeviceGatedDeltaNetWeights> GatedDeltaNet(const GatedDeltaNetLayerWeights& w) {
+    DeviceGatedDeltaNetWeights g;
+    ASSIGN_OR_RETURN(g.in_proj, Matrix(w.in_proj, "gated deltanet in_proj"));
+    ASSIGN_OR_RETURN(g.conv1d_weight, Constant(w.conv1d_weight, "gated deltanet conv1d"));
+    ASSIGN_OR_RETURN(g.dt_bias, Constant(w.dt_bias, "gated deltanet dt_bias"));
+    ASSIGN_OR_RETURN(g.a_log, Constant(w.A_log, "gated deltanet A_log"));
+    ASSIGN_OR_RETURN(g.norm, Constant(w.norm, "gated deltanet norm"));
+    ASSIGN_OR_RETURN(g.out_proj, Matrix(w.out_proj, "gated deltanet out_proj"));
+    return g;
   }
 
   absl::StatusOr<DeviceGatedMlpWeights> GatedMlp(const GatedMlpLayerWeights& w) {
@@ -149,6 +167,10 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::Create(const Model
       }
       case LayerKind::kAttention: {
         ASSIGN_OR_RETURN(d.mixer, up.Attention(layer.attention()));
+        break;
+      }
+      case LayerKind::kGatedDeltaNet: {
+        ASSIGN_OR_RETURN(d.mixer, up.GatedDeltaNet(layer.gated_deltanet()));
         break;
       }
       case LayerKind::kZambaHybrid: {

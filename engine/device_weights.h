@@ -54,8 +54,12 @@ struct DeviceAttentionWeights {
   // Rows [q | k | v] of one matrix, [q_dim + 2 * kv_dim, hidden]: each output
   // element is the same dot product as with three matrices (bit-identical in
   // deterministic mode), in one kernel call.
+  // With AttentionParams::output_gate, the gate rows follow: [q | k | v | gate],
+  // [2 * q_dim + 2 * kv_dim, hidden] (and the bias likewise).
   DeviceMatrix qkv_proj;
   const float* qkv_bias = nullptr;     // [q_dim + 2 * kv_dim]: [q | k | v] biases, or null
+  const float* q_norm = nullptr;       // [head_dim] (1 + w) with qk_norm, else null
+  const float* k_norm = nullptr;       // [head_dim] (1 + w) with qk_norm, else null
   DeviceMatrix o_proj;                 // [hidden, q_dim]
   const float* o_proj_bias = nullptr;  // [hidden] or null
 };
@@ -75,8 +79,17 @@ struct DeviceGatedMlpWeights {
 };
 
 // d = MoeParams::expert_dim(hidden).
+struct DeviceGatedDeltaNetWeights {
+  DeviceMatrix in_proj;                  // [in_proj_rows, hidden]: rows [q | k | v | z | b | a]
+  const float* conv1d_weight = nullptr;  // [conv_dim, conv_kernel]
+  const float* dt_bias = nullptr;        // [num_v_heads]
+  const float* a_log = nullptr;          // [num_v_heads]
+  const float* norm = nullptr;           // [value_dim]
+  DeviceMatrix out_proj;                 // [hidden, value_dim]
+};
+
 struct DeviceMoeWeights {
-  DeviceMatrix router;                 // [num_experts, hidden]
+  DeviceMatrix router;                 // [num_experts (+ 1: the shared expert's gate, with shared_gate), hidden]
   const float* router_bias = nullptr;  // [num_experts] or null
   bool has_latent = false;
   DeviceMatrix latent_in;     // [latent, hidden] when has_latent (fc1_latent_proj)
@@ -124,7 +137,7 @@ struct DeviceParallelWeights {
 struct DeviceLayerWeights {
   const float* norm = nullptr;  // [hidden]; RMSNorm before the block
   std::variant<DeviceMamba2Weights, DeviceAttentionWeights, DeviceMlpWeights, DeviceGatedMlpWeights, DeviceMoeWeights,
-               DeviceParallelWeights, DeviceZambaHybridWeights>
+               DeviceParallelWeights, DeviceZambaHybridWeights, DeviceGatedDeltaNetWeights>
       mixer;
 
   // Precondition: the layer is of that kind (checked by std::get).
@@ -135,6 +148,7 @@ struct DeviceLayerWeights {
   const DeviceMoeWeights& moe() const { return std::get<DeviceMoeWeights>(mixer); }
   const DeviceParallelWeights& parallel() const { return std::get<DeviceParallelWeights>(mixer); }
   const DeviceZambaHybridWeights& zamba_hybrid() const { return std::get<DeviceZambaHybridWeights>(mixer); }
+  const DeviceGatedDeltaNetWeights& gated_deltanet() const { return std::get<DeviceGatedDeltaNetWeights>(mixer); }
 };
 
 class DeviceWeights {

@@ -18,6 +18,7 @@
 #include "common/tokens.h"
 #include "engine/attention_layer.h"
 #include "engine/device_weights.h"
+#include "engine/gated_deltanet_layer.h"
 #include "engine/gated_mlp_layer.h"
 #include "engine/layer_runner.h"
 #include "engine/mamba2_layer.h"
@@ -49,8 +50,7 @@ int64_t NextPowerOfTwo(int64_t n) {
 }
 
 absl::StatusOr<ModelOptions> ResolveOptions(const ModelConfig& config, ModelOptions o) {
-  const bool has_mamba = config.SsmLayers() > 0;
-  const int64_t chunk = has_mamba ? config.mamba.chunk_size : kDefaultGridUnit;
+  const int64_t chunk = config.RecurrentLayers() > 0 ? config.chunk_size() : kDefaultGridUnit;
   if (o.page_size == 0) o.page_size = std::min<int64_t>(16, chunk);
   // Pages and chunks are independent grids: a page may be smaller than a
   // chunk or span several (then segments and checkpoints end mid-page and the
@@ -138,6 +138,9 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelConfig& config, 
         model->runners_.push_back(std::move(runner));
         break;
       }
+      case LayerKind::kGatedDeltaNet:
+        model->runners_.push_back(NewGatedDeltaNetLayerRunner(model->config_, w.gated_deltanet(), mamba_index++, env));
+        break;
       case LayerKind::kMlp:
         model->runners_.push_back(NewMlpLayerRunner(model->config_, w.mlp(), env));
         break;

@@ -71,6 +71,15 @@ inline constexpr absl::string_view kZambaPerUseTiny = "tests/fixtures/golden/zam
 // initialised model: one block used three times, each hybrid layer's its own draw
 // under its own index (transformers runs each layer's own), attention adapters.
 inline constexpr absl::string_view kZambaUntiedTiny = "tests/fixtures/golden/zamba2_untied_tiny";
+// Gated DeltaNet hybrids (issue 50), each as transformers' save_pretrained
+// writes it: Qwen3-Next with attention first and MoE in every layer (per-expert
+// tensors), and one with dense layers (decoder_sparse_step / mlp_only_layers);
+// Qwen3.5 dense in the text-only form (qwen3_5_text, tied); Qwen3.5-MoE in the
+// image-text form (qwen3_5_moe, model.language_model.* beside a vision tower).
+inline constexpr absl::string_view kQwen3NextTiny = "tests/fixtures/golden/qwen3_next_tiny";
+inline constexpr absl::string_view kQwen3NextSparseTiny = "tests/fixtures/golden/qwen3_next_sparse_tiny";
+inline constexpr absl::string_view kQwen35Tiny = "tests/fixtures/golden/qwen3_5_tiny";
+inline constexpr absl::string_view kQwen35MoeTiny = "tests/fixtures/golden/qwen3_5_moe_tiny";
 inline constexpr absl::string_view kDefaultModel = "models/default";
 // Golden references of the default model (tools/make_golden.py --only default), without the model.
 inline constexpr absl::string_view kDefaultModelGolden = "tests/fixtures/golden/default";

@@ -22,7 +22,7 @@
 namespace hybridserve::engine {
 namespace {
 
-constexpr const char* kPrefixes[] = {"backbone.", "model."};
+constexpr const char* kPrefixes[] = {"backbone.", "model.", "model.language_model."};
 constexpr const char* kEmbeddingNames[] = {"embeddings.weight", "embedding.weight", "embed_tokens.weight"};
 constexpr const char* kHeadName = "lm_head.weight";
 constexpr size_t kListedUnexpected = 5;
@@ -56,6 +56,7 @@ class ModelWeights::Loader {
       layer.kind = config_.layers[i];
       const BlockNames names = NamesOf(i);
       if (!names.norm.empty()) RETURN_IF_ERROR(TakeBody(names.norm, {hidden}, layer.norm));
+      ZeroCentred(layer.norm);
       const std::string& mixer = names.body;
       switch (layer.kind) {
         case LayerKind::kMamba2:
@@ -63,6 +64,9 @@ class ModelWeights::Loader {
           break;
         case LayerKind::kAttention:
           RETURN_IF_ERROR(LoadAttention(mixer, layer.mixer.emplace<AttentionLayerWeights>()));
+          break;
+        case LayerKind::kGatedDeltaNet:
+          RETURN_IF_ERROR(LoadGatedDeltaNet(mixer, layer.mixer.emplace<GatedDeltaNetLayerWeights>()));
           break;
         case LayerKind::kMlp:
           RETURN_IF_ERROR(LoadMlp(mixer, layer.mixer.emplace<MlpLayerWeights>()));
@@ -86,6 +90,7 @@ class ModelWeights::Loader {
       }
     }
     RETURN_IF_ERROR(TakeBody(FinalNormName(), {hidden}, out_.norm_f_));
+    ZeroCentred(out_.norm_f_);
     RETURN_IF_ERROR(LoadHead());
     RETURN_IF_ERROR(CheckNoUnexpected());
     out_.fingerprint_ = Fingerprint();
@@ -101,7 +106,14 @@ class ModelWeights::Loader {
 
   bool decoder_layers() const {
     return config_.family == ModelFamily::kBamba || config_.family == ModelFamily::kGraniteMoeHybrid ||
-           config_.family == ModelFamily::kFalconH1;
+           config_.family == ModelFamily::kFalconH1 || config_.IsQwenFamily();
+  }
+
+  // Qwen's RMSNorms compute x * (1 + w) (Qwen3NextRMSNorm: `1.0 + self.weight.float()`,
+  // an fp32 sum); the weight is held as that sum. No-op for other families.
+  void ZeroCentred(std::vector<float>& w) const {
+    if (!config_.IsQwenFamily()) return;
+    for (float& v : w) v = 1.0f + v;
   }
 
   BlockNames NamesOf(size_t i) const {
@@ -115,6 +127,11 @@ class ModelWeights::Loader {
       return {base + "norm.weight", base + "mixer."};
     }
     const std::string base = absl::StrCat("layers.", i / 2, ".");
+    if (config_.IsQwenFamily()) {
+      if (i % 2 != 0) return {base + "post_attention_layernorm.weight", base + "mlp."};
+      return {base + "input_layernorm.weight",
+              base + (config_.layers[i] == LayerKind::kAttention ? "self_attn." : "linear_attn.")};
+    }
     if (i % 2 == 0 && config_.layers[i] == LayerKind::kParallel) return {base + "input_layernorm.weight", base};
     if (i % 2 == 0) {
       return {base + "input_layernorm.weight",
@@ -133,6 +150,9 @@ class ModelWeights::Loader {
       case ModelFamily::kZamba2:
         return "final_layernorm.weight";
       case ModelFamily::kGraniteMoeHybrid:
+      case ModelFamily::kQwen3Next:
+      case ModelFamily::kQwen3_5:
+      case ModelFamily::kQwen3_5Moe:
         return "norm.weight";
       default:
         return "norm_f.weight";
@@ -243,11 +263,21 @@ class ModelWeights::Loader {
   absl::Status LoadAttention(const std::string& p, AttentionLayerWeights& w) {
     const AttentionParams& a = config_.attention;
     const int64_t hidden = config_.hidden_size;
-    RETURN_IF_ERROR(TakeBody(p + "q_proj.weight", {a.q_dim(), hidden}, w.q_proj));
+    if (a.output_gate) {
+      RETURN_IF_ERROR(LoadGatedQuery(p, w));
+    } else {
+      RETURN_IF_ERROR(TakeBody(p + "q_proj.weight", {a.q_dim(), hidden}, w.q_proj));
+      RETURN_IF_ERROR(TakeBodyIf(a.use_bias, p + "q_proj.bias", {a.q_dim()}, w.q_proj_bias));
+    }
+    if (a.qk_norm) {
+      RETURN_IF_ERROR(TakeBody(p + "q_norm.weight", {a.head_dim}, w.q_norm));
+      RETURN_IF_ERROR(TakeBody(p + "k_norm.weight", {a.head_dim}, w.k_norm));
+      ZeroCentred(w.q_norm);
+      ZeroCentred(w.k_norm);
+    }
     RETURN_IF_ERROR(TakeBody(p + "k_proj.weight", {a.kv_dim(), hidden}, w.k_proj));
     RETURN_IF_ERROR(TakeBody(p + "v_proj.weight", {a.kv_dim(), hidden}, w.v_proj));
     RETURN_IF_ERROR(TakeBody(p + "o_proj.weight", {hidden, a.q_dim()}, w.o_proj));
-    RETURN_IF_ERROR(TakeBodyIf(a.use_bias, p + "q_proj.bias", {a.q_dim()}, w.q_proj_bias));
     RETURN_IF_ERROR(TakeBodyIf(a.use_bias, p + "k_proj.bias", {a.kv_dim()}, w.k_proj_bias));
     RETURN_IF_ERROR(TakeBodyIf(a.use_bias, p + "v_proj.bias", {a.kv_dim()}, w.v_proj_bias));
     RETURN_IF_ERROR(TakeBodyIf(a.use_bias, p + "o_proj.bias", {hidden}, w.o_proj_bias));
@@ -304,6 +334,7 @@ class ModelWeights::Loader {
       RETURN_IF_ERROR(TakeBody(p + "shared_mlp.input_linear.weight", {moe.up_rows(shared), hidden}, w.shared_up));
       return TakeBody(p + "shared_mlp.output_linear.weight", {hidden, shared}, w.shared_down);
     }
+    if (config_.IsQwenFamily()) return LoadQwenMoe(p, w);
     // Nemotron-H: mixer.{gate, fc1_latent_proj, fc2_latent_proj, experts, shared_experts}.
     RETURN_IF_ERROR(TakeBody(p + "gate.weight", {experts, hidden}, w.router));
     RETURN_IF_ERROR(TakeBody(p + "gate.e_score_correction_bias", {experts}, w.router_bias));
@@ -331,6 +362,137 @@ class ModelWeights::Loader {
     RETURN_IF_ERROR(TakeBody(p + "shared_experts.down_proj.weight", {hidden, shared}, w.shared_down));
     RETURN_IF_ERROR(TakeBodyIf(moe.shared_bias, p + "shared_experts.up_proj.bias", {shared}, w.shared_up_bias));
     return TakeBodyIf(moe.shared_bias, p + "shared_experts.down_proj.bias", {hidden}, w.shared_down_bias);
+  }
+
+  // Qwen's q_proj [2 * q_dim, hidden] (and its bias) holds per head the
+  // query rows then the gate rows; split into q_proj and gate_proj.
+  absl::Status LoadGatedQuery(const std::string& p, AttentionLayerWeights& w) {
+    const AttentionParams& a = config_.attention;
+    const int64_t hidden = config_.hidden_size;
+    const int64_t d = a.head_dim;
+    WeightMatrix both;
+    RETURN_IF_ERROR(TakeBody(p + "q_proj.weight", {2 * a.q_dim(), hidden}, both));
+    std::vector<RowRange> query, gate;
+    for (int64_t h = 0; h < a.num_heads; ++h) {
+      query.push_back({2 * h * d, d});
+      gate.push_back({2 * h * d + d, d});
+    }
+    w.q_proj = PickRows(both, hidden, query);
+    w.gate_proj = PickRows(both, hidden, gate);
+    if (!a.use_bias) return absl::OkStatus();
+    std::vector<float> bias;
+    RETURN_IF_ERROR(TakeBody(p + "q_proj.bias", {2 * a.q_dim()}, bias));
+    for (const RowRange& r : query) w.q_proj_bias.insert(w.q_proj_bias.end(), &bias[r.first], &bias[r.first] + r.count);
+    for (const RowRange& r : gate) {
+      w.gate_proj_bias.insert(w.gate_proj_bias.end(), &bias[r.first], &bias[r.first] + r.count);
+    }
+    return absl::OkStatus();
+  }
+
+  // A Gated DeltaNet mixer; its input projections into the row order
+  // [q | k | v | z | b | a] (model_weights.h).
+  absl::Status LoadGatedDeltaNet(const std::string& p, GatedDeltaNetLayerWeights& w) {
+    const GatedDeltaNetParams& g = config_.gdn;
+    const int64_t hidden = config_.hidden_size;
+    const int64_t nk = g.num_k_heads;
+    const int64_t nv = g.num_v_heads;
+    const int64_t r = nv / nk;  // value heads per key head
+    const int64_t dk = g.k_head_dim;
+    const int64_t dv = g.v_head_dim;
+    if (config_.family == ModelFamily::kQwen3Next) {
+      // Qwen3-Next: per key head j, qkvz rows [q_j (dk) | k_j (dk) | v_j (r dv) | z_j (r dv)]
+      // and ba rows [b_j (r) | a_j (r)].
+      const int64_t group = 2 * dk + 2 * r * dv;
+      WeightMatrix qkvz, ba;
+      RETURN_IF_ERROR(TakeBody(p + "in_proj_qkvz.weight", {nk * group, hidden}, qkvz));
+      RETURN_IF_ERROR(TakeBody(p + "in_proj_ba.weight", {nk * 2 * r, hidden}, ba));
+      std::vector<RowRange> q, k, v, z, b, a;
+      for (int64_t j = 0; j < nk; ++j) {
+        q.push_back({j * group, dk});
+        k.push_back({j * group + dk, dk});
+        v.push_back({j * group + 2 * dk, r * dv});
+        z.push_back({j * group + 2 * dk + r * dv, r * dv});
+        b.push_back({j * 2 * r, r});
+        a.push_back({j * 2 * r + r, r});
+      }
+      for (auto* part : {&k, &v, &z}) q.insert(q.end(), part->begin(), part->end());
+      b.insert(b.end(), a.begin(), a.end());
+      w.in_proj = ConcatRows({PickRows(qkvz, hidden, q), PickRows(ba, hidden, b)});
+    } else {
+      // Qwen3.5: the four matrices already in that order.
+      WeightMatrix qkv, z, b, a;
+      RETURN_IF_ERROR(TakeBody(p + "in_proj_qkv.weight", {g.conv_dim(), hidden}, qkv));
+      RETURN_IF_ERROR(TakeBody(p + "in_proj_z.weight", {g.value_dim(), hidden}, z));
+      RETURN_IF_ERROR(TakeBody(p + "in_proj_b.weight", {nv, hidden}, b));
+      RETURN_IF_ERROR(TakeBody(p + "in_proj_a.weight", {nv, hidden}, a));
+      w.in_proj = ConcatRows({qkv, z, b, a});
+    }
+    RETURN_IF_ERROR(TakeBody(p + "conv1d.weight", {g.conv_dim(), 1, g.conv_kernel}, w.conv1d_weight));
+    RETURN_IF_ERROR(TakeBody(p + "dt_bias", {nv}, w.dt_bias));
+    RETURN_IF_ERROR(TakeBody(p + "A_log", {nv}, w.A_log));
+    std::vector<float> norm;
+    RETURN_IF_ERROR(TakeBody(p + "norm.weight", {dv}, norm));
+    for (int64_t h = 0; h < nv; ++h) w.norm.insert(w.norm.end(), norm.begin(), norm.end());
+    return TakeBody(p + "out_proj.weight", {hidden, g.value_dim()}, w.out_proj);
+  }
+
+  // Qwen's sparse MoE block: mlp.gate (the router), the routed experts (one
+  // tensor per expert as checkpoints hold them, or transformers' fused 3-D
+  // form), the shared expert and its gate (the router's last row).
+  absl::Status LoadQwenMoe(const std::string& p, MoeLayerWeights& w) {
+    const MoeParams& moe = config_.moe;
+    const int64_t hidden = config_.hidden_size;
+    const int64_t experts = moe.num_experts;
+    const int64_t inter = moe.intermediate_size;
+    const int64_t shared = moe.shared_intermediate_size;
+    WeightMatrix router;
+    RETURN_IF_ERROR(TakeBody(p + "gate.weight", {experts, hidden}, router));
+    if (checkpoint_.Contains(prefix_ + p + "experts.gate_up_proj")) {
+      RETURN_IF_ERROR(TakeBody(p + "experts.gate_up_proj", {experts, 2 * inter, hidden}, w.experts_up));
+      RETURN_IF_ERROR(TakeBody(p + "experts.down_proj", {experts, hidden, inter}, w.experts_down));
+    } else {
+      std::vector<WeightMatrix> ups;
+      std::vector<WeightMatrix> downs(static_cast<size_t>(experts));
+      for (int64_t e = 0; e < experts; ++e) {
+        const std::string x = absl::StrCat(p, "experts.", e, ".");
+        RETURN_IF_ERROR(TakeBody(x + "gate_proj.weight", {inter, hidden}, ups.emplace_back()));
+        RETURN_IF_ERROR(TakeBody(x + "up_proj.weight", {inter, hidden}, ups.emplace_back()));
+        RETURN_IF_ERROR(TakeBody(x + "down_proj.weight", {hidden, inter}, downs[static_cast<size_t>(e)]));
+      }
+      w.experts_up = ConcatRows(ups);
+      w.experts_down = ConcatRows(downs);
+    }
+    if (shared == 0) {
+      w.router = std::move(router);
+      return absl::OkStatus();
+    }
+    WeightMatrix gate, up;
+    RETURN_IF_ERROR(TakeBody(p + "shared_expert.gate_proj.weight", {shared, hidden}, gate));
+    RETURN_IF_ERROR(TakeBody(p + "shared_expert.up_proj.weight", {shared, hidden}, up));
+    w.shared_up = ConcatRows({gate, up});
+    RETURN_IF_ERROR(TakeBody(p + "shared_expert.down_proj.weight", {hidden, shared}, w.shared_down));
+    WeightMatrix shared_gate;
+    RETURN_IF_ERROR(TakeBody(p + "shared_expert_gate.weight", {1, hidden}, shared_gate));
+    w.router = ConcatRows({router, shared_gate});
+    return absl::OkStatus();
+  }
+
+  struct RowRange {
+    int64_t first = 0;
+    int64_t count = 0;
+  };
+
+  // The rows of `m` (row width `cols`) named by `ranges`, in their order.
+  static WeightMatrix PickRows(const WeightMatrix& m, int64_t cols, const std::vector<RowRange>& ranges) {
+    WeightMatrix out;
+    for (const RowRange& r : ranges) {
+      if (m.is_bf16()) {
+        out.bf16.insert(out.bf16.end(), m.bf16.begin() + r.first * cols, m.bf16.begin() + (r.first + r.count) * cols);
+      } else {
+        out.f32.insert(out.f32.end(), m.f32.begin() + r.first * cols, m.f32.begin() + (r.first + r.count) * cols);
+      }
+    }
+    return out;
   }
 
   // A visitor loading each tensor as hybrid layer i runs it.
@@ -573,6 +735,11 @@ class ModelWeights::Loader {
     for (const std::string& name : checkpoint_.names()) {
       if (consumed_.contains(name)) continue;
       if (config_.family == ModelFamily::kNemotronH && absl::StartsWith(name, "mtp.")) continue;
+      // Qwen: the multi-token-prediction head and the image-text form's vision
+      // tower, which the engine does not run (README: what is not served).
+      if (config_.IsQwenFamily() && (absl::StartsWith(name, "mtp.") || absl::StartsWith(name, "model.visual."))) {
+        continue;
+      }
       unexpected.push_back(name);
     }
     if (unexpected.empty()) return absl::OkStatus();

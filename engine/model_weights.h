@@ -75,6 +75,21 @@
 //     Mamba2ForCausalLM ties; its NemotronHForCausalLM would leave the head
 //     randomly initialised and report it missing.)
 //   - absent and not tied: a missing tensor.
+// Qwen3-Next and Qwen3.5 (Qwen3NextForCausalLM, Qwen3_5ForCausalLM,
+// Qwen3_5MoeForConditionalGeneration; engine/qwen3_next_config.h), decoder layer
+// L = blocks 2L and 2L + 1, under P = model. or model.language_model. (the
+// image-text form, whose vision tower model.visual.* is not read):
+//   P.layers.{L}.input_layernorm.weight, then P.layers.{L}.linear_attn.* (Gated
+//   DeltaNet: in_proj_qkvz + in_proj_ba, or in_proj_qkv + in_proj_z +
+//   in_proj_b + in_proj_a; conv1d, dt_bias, A_log, norm, out_proj) or
+//   P.layers.{L}.self_attn.{q,k,v,o}_proj, q_norm, k_norm (q_proj [2 * q_dim, hidden]);
+//   P.layers.{L}.post_attention_layernorm.weight, then P.layers.{L}.mlp.*: a
+//   dense {gate,up,down}_proj, or gate.weight (router), experts.{e}.{gate,up,down}_proj
+//   (or the fused experts.gate_up_proj / experts.down_proj), shared_expert.*,
+//   shared_expert_gate.weight;
+//   P.norm.weight. Their RMSNorm weights (layer norms, the final norm, q_norm,
+//   k_norm) are zero-centred: held as 1 + w, computed in fp32 as transformers
+//   does. MTP tensors (mtp.*) are not read.
 // Loading checks the exact set of names and every shape against the config:
 // a missing tensor, a wrong shape or an unexpected tensor is INVALID_ARGUMENT
 // naming the tensor. Nemotron-H's multi-token-prediction tensors (`mtp.*`)
@@ -129,6 +144,28 @@ struct AttentionLayerWeights {
   WeightMatrix o_proj;  // [hidden, num_heads * head_dim]
   // [q_dim], [kv_dim], [kv_dim], [hidden] if AttentionParams::use_bias, else empty.
   std::vector<float> q_proj_bias, k_proj_bias, v_proj_bias, o_proj_bias;
+  // AttentionParams::output_gate (Qwen): the gate rows of the stored q_proj,
+  // which interleaves them per head ([q_h | gate_h]); q_proj above holds the
+  // query rows alone. [q_dim, hidden] and [q_dim] (with use_bias); else empty.
+  WeightMatrix gate_proj;
+  std::vector<float> gate_proj_bias;
+  // AttentionParams::qk_norm: [head_dim] each, stored as 1 + w (Qwen's
+  // zero-centred RMSNorm); else empty.
+  std::vector<float> q_norm, k_norm;
+};
+
+// A Gated DeltaNet mixer (GatedDeltaNetParams). The input projections are
+// held as one matrix in the engine's row order [q | k | v | z | b | a] (all
+// heads of each part in order): Qwen3-Next's in_proj_qkvz / in_proj_ba, which
+// interleave the parts per key head, and Qwen3.5's in_proj_qkv, in_proj_z,
+// in_proj_b, in_proj_a are put into it row by row (values unchanged).
+struct GatedDeltaNetLayerWeights {
+  WeightMatrix in_proj;              // [in_proj_rows, hidden]
+  std::vector<float> conv1d_weight;  // [conv_dim, conv_kernel] (file: [conv_dim, 1, conv_kernel]); no bias
+  std::vector<float> dt_bias;        // [num_v_heads]
+  std::vector<float> A_log;          // [num_v_heads]
+  std::vector<float> norm;           // [value_dim]: the file's [v_head_dim] repeated per value head
+  WeightMatrix out_proj;             // [hidden, value_dim]
 };
 
 struct MlpLayerWeights {
@@ -150,7 +187,9 @@ struct GatedMlpLayerWeights {
 // (Granite), up alone for relu2 experts (Nemotron-H): MoeParams::up_rows.
 // d = MoeParams::expert_dim(hidden): the latent size with latent projections, else hidden.
 struct MoeLayerWeights {
-  WeightMatrix router;             // [num_experts, hidden]
+  // [num_experts, hidden]; with MoeParams::shared_gate, [num_experts + 1, hidden],
+  // the shared expert's gate (shared_expert_gate.weight) the last row.
+  WeightMatrix router;
   std::vector<float> router_bias;  // [num_experts]: e_score_correction_bias (Nemotron-H), else empty
   WeightMatrix latent_in;          // [latent, hidden]: fc1_latent_proj; empty without latent projections
   WeightMatrix latent_out;         // [hidden, latent]: fc2_latent_proj
@@ -200,7 +239,7 @@ struct LayerWeights {
   LayerKind kind = LayerKind::kMamba2;
   std::vector<float> norm;  // [hidden]; RMSNorm before the block
   std::variant<Mamba2LayerWeights, AttentionLayerWeights, MlpLayerWeights, GatedMlpLayerWeights, MoeLayerWeights,
-               ParallelLayerWeights, ZambaHybridLayerWeights>
+               ParallelLayerWeights, ZambaHybridLayerWeights, GatedDeltaNetLayerWeights>
       mixer;
 
   // Precondition: `kind` matches (checked by std::get).
@@ -211,6 +250,7 @@ struct LayerWeights {
   const MoeLayerWeights& moe() const { return std::get<MoeLayerWeights>(mixer); }
   const ParallelLayerWeights& parallel() const { return std::get<ParallelLayerWeights>(mixer); }
   const ZambaHybridLayerWeights& zamba_hybrid() const { return std::get<ZambaHybridLayerWeights>(mixer); }
+  const GatedDeltaNetLayerWeights& gated_deltanet() const { return std::get<GatedDeltaNetLayerWeights>(mixer); }
 };
 
 // Immutable after loading; thread-safe for concurrent reads.

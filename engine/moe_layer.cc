@@ -13,6 +13,7 @@
 #include "engine/backend_registry.h"
 #include "engine/gated_mlp_layer.h"
 #include "kernels/activation_params.h"
+#include "kernels/cpu/qwen_moe_block.h"
 #include "kernels/rows_params.h"
 
 namespace hybridserve::engine {
@@ -53,12 +54,14 @@ class MoeLayerRunner final : public LayerRunner {
                                                                     experts * static_cast<int64_t>(sizeof(float))),
                                            "copying the router bias"));
     }
-    ASSIGN_OR_RETURN(float* logits, env_.workspace->Get<float>(kRouterLogits, n * experts));
-    RETURN_IF_ERROR(Linear(env_, normed, n, hidden, w_.router, experts, /*bias=*/nullptr, logits,
+    // The router's rows: the experts', then the shared expert's gate (Qwen).
+    const int64_t logit_cols = router_rows();
+    ASSIGN_OR_RETURN(float* logits, env_.workspace->Get<float>(kRouterLogits, n * logit_cols));
+    RETURN_IF_ERROR(Linear(env_, normed, n, hidden, w_.router, logit_cols, /*bias=*/nullptr, logits,
                            /*accumulate=*/false, "moe router"));
-    host_logits_.resize(static_cast<size_t>(n * experts));
+    host_logits_.resize(static_cast<size_t>(n * logit_cols));
     RETURN_IF_ERROR(KernelStatusToStatus(
-        env_.backend->CopyToHost(host_logits_.data(), logits, n * experts * static_cast<int64_t>(sizeof(float))),
+        env_.backend->CopyToHost(host_logits_.data(), logits, n * logit_cols * static_cast<int64_t>(sizeof(float))),
         "copying router logits"));
     Route(n);
 
@@ -72,8 +75,12 @@ class MoeLayerRunner final : public LayerRunner {
                              /*accumulate=*/false, "moe fc1_latent_proj"));
       expert_in = latent;
     }
-    ASSIGN_OR_RETURN(const int32_t* rows, env_.workspace->Upload(kRouteRows, rows_.data(), routed));
-    ASSIGN_OR_RETURN(const float* weights, env_.workspace->Upload(kRouteWeights, weights_.data(), routed));
+    // With a gated shared expert, rows_ and weights_ continue past the routed
+    // entries with each row once and its gate sigmoid(logit) (Route).
+    ASSIGN_OR_RETURN(const int32_t* rows,
+                     env_.workspace->Upload(kRouteRows, rows_.data(), static_cast<int64_t>(rows_.size())));
+    ASSIGN_OR_RETURN(const float* weights,
+                     env_.workspace->Upload(kRouteWeights, weights_.data(), static_cast<int64_t>(weights_.size())));
     ASSIGN_OR_RETURN(float* gathered, env_.workspace->Get<float>(kGathered, routed * dim));
     kernels::GatherRowsParams gather;
     gather.x = expert_in;
@@ -116,7 +123,22 @@ class MoeLayerRunner final : public LayerRunner {
       RETURN_IF_ERROR(Linear(env_, routed_sum, n, dim, w_.latent_out, hidden, /*bias=*/nullptr, sum,
                              /*accumulate=*/false, "moe fc2_latent_proj"));
     }
-    if (w_.has_shared) {
+    if (w_.has_shared && p_.shared_gate) {
+      // Qwen: sum += sigmoid(gate(x)) * shared(x), the product rounded then
+      // added, as transformers adds the gated shared output to the routed sum.
+      ASSIGN_OR_RETURN(float* shared, env_.workspace->Get<float>(kExpertOut, n * hidden));
+      RETURN_IF_ERROR(Expert(w_.shared_up, w_.shared_down, w_.shared_up_bias, w_.shared_down_bias, hidden,
+                             p_.shared_intermediate_size, normed, n, shared, /*accumulate=*/false));
+      kernels::ScatterAddRowsParams add;
+      add.x = shared;
+      add.index = rows + routed;
+      add.weight = weights + routed;
+      add.alpha = 1.0f;
+      add.out = sum;
+      add.n_rows = n;
+      add.dim = hidden;
+      RETURN_IF_ERROR(KernelStatusToStatus(env_.backend->ScatterAddRows(add), "ScatterAddRows(moe shared gate)"));
+    } else if (w_.has_shared) {
       RETURN_IF_ERROR(Expert(w_.shared_up, w_.shared_down, w_.shared_up_bias, w_.shared_down_bias, hidden,
                              p_.shared_intermediate_size, normed, n, sum, /*accumulate=*/true));
     }
@@ -164,6 +186,29 @@ class MoeLayerRunner final : public LayerRunner {
     for (int64_t j = 0; j < k; ++j) {
       choice_[static_cast<size_t>(r * k + j)] = order_[static_cast<size_t>(j)];
       choice_weight_[static_cast<size_t>(r * k + j)] /= total;
+    }
+  }
+
+  // Qwen: softmax over every expert (fp32, max subtracted, then divided by
+  // the sum, as the reference block computes it), the top_k by torch.topk's
+  // CPU order (ties included), divided by their sum when norm_topk_prob.
+  void ChooseSoftmaxTopK(const float* l, int64_t r) {
+    const int64_t experts = p_.num_experts;
+    const int64_t k = p_.top_k;
+    scores_.assign(l, l + experts);
+    const float top = *std::max_element(scores_.begin(), scores_.end());
+    float total = 0.0f;
+    for (float& v : scores_) {
+      v = std::exp(v - top);
+      total += v;
+    }
+    for (float& v : scores_) v /= total;
+    kernels::cpu::TorchTopKIndices(scores_.data(), experts, k, &choice_[static_cast<size_t>(r * k)]);
+    float chosen = 0.0f;
+    for (int64_t j = 0; j < k; ++j) chosen += scores_[static_cast<size_t>(choice_[static_cast<size_t>(r * k + j)])];
+    for (int64_t j = 0; j < k; ++j) {
+      const float p = scores_[static_cast<size_t>(choice_[static_cast<size_t>(r * k + j)])];
+      choice_weight_[static_cast<size_t>(r * k + j)] = p_.norm_topk_prob ? p / chosen : p;
     }
   }
 
@@ -236,9 +281,11 @@ class MoeLayerRunner final : public LayerRunner {
     choice_weight_.resize(static_cast<size_t>(n * k));
     order_.resize(static_cast<size_t>(experts));
     for (int64_t r = 0; r < n; ++r) {
-      const float* l = host_logits_.data() + r * experts;
+      const float* l = host_logits_.data() + r * router_rows();
       if (p_.router == MoeRouter::kTopKSoftmax) {
         ChooseTopKSoftmax(l, r);
+      } else if (p_.router == MoeRouter::kSoftmaxTopK) {
+        ChooseSoftmaxTopK(l, r);
       } else {
         ChooseSigmoidGroupTopK(l, r);
       }
@@ -246,8 +293,9 @@ class MoeLayerRunner final : public LayerRunner {
     offsets_.assign(static_cast<size_t>(experts) + 1, 0);
     for (int32_t e : choice_) ++offsets_[static_cast<size_t>(e) + 1];
     for (int64_t e = 0; e < experts; ++e) offsets_[static_cast<size_t>(e) + 1] += offsets_[static_cast<size_t>(e)];
-    rows_.resize(static_cast<size_t>(n * k));
-    weights_.resize(static_cast<size_t>(n * k));
+    const int64_t extra = p_.shared_gate ? n : 0;
+    rows_.resize(static_cast<size_t>(n * k + extra));
+    weights_.resize(static_cast<size_t>(n * k + extra));
     std::vector<int64_t> next(offsets_.begin(), offsets_.end() - 1);
     for (int64_t r = 0; r < n; ++r) {
       for (int64_t j = 0; j < k; ++j) {
@@ -256,7 +304,15 @@ class MoeLayerRunner final : public LayerRunner {
         weights_[at] = choice_weight_[static_cast<size_t>(r * k + j)];
       }
     }
+    // The shared expert's gate per row: sigmoid of the router's last column (torch: 1 / (1 + exp(-x))).
+    for (int64_t r = 0; r < extra; ++r) {
+      const float logit = host_logits_[static_cast<size_t>(r * router_rows() + experts)];
+      rows_[static_cast<size_t>(n * k + r)] = static_cast<int32_t>(r);
+      weights_[static_cast<size_t>(n * k + r)] = 1.0f / (1.0f + std::exp(-logit));
+    }
   }
+
+  int64_t router_rows() const { return p_.num_experts + (p_.shared_gate ? 1 : 0); }
 
   const ModelConfig& config_;
   const MoeParams& p_;

@@ -11,7 +11,7 @@ namespace hybridserve::bench {
 
 absl::StatusOr<ModelCost> ModelCost::Create(const engine::ModelConfig& config, int64_t page_size,
                                             int64_t checkpoint_interval) {
-  const int64_t chunk = config.mamba.chunk_size > 0 ? config.mamba.chunk_size : 16;
+  const int64_t chunk = config.chunk_size() > 0 ? config.chunk_size() : 16;
   if (page_size == 0) page_size = std::min<int64_t>(16, chunk);
   if (checkpoint_interval == 0) checkpoint_interval = 4 * chunk;
   if (checkpoint_interval <= 0 || checkpoint_interval % page_size != 0) {

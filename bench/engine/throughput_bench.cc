@@ -508,7 +508,7 @@ int Main(int argc, char** argv) {
   Check(device.status());
   options.device = *device;
   options.max_sequences = std::max<int64_t>(8, 2 * max_batch);
-  const int64_t page = std::min<int64_t>(16, config.mamba.chunk_size);
+  const int64_t page = std::min<int64_t>(16, config.chunk_size() > 0 ? config.chunk_size() : 16);
   // The longest prompt, plus two copies (base and fork) of every decoded sequence.
   options.max_pages = (max_len + page - 1) / page + 2 * max_batch * ((ctx + steps + page - 1) / page + 1) + 8;
   auto model = Model::Create(config, **weights, options);
