@@ -86,7 +86,8 @@ void MaybeStoreChunkState(const GatedDeltaParams& p, int64_t end, int64_t row, i
 // per token or per chunk).
 struct ChunkScratch {
   ChunkScratch(int64_t cs, int64_t dk, int64_t dv)
-      : qc(cs * dk),
+      : ld(cs),
+        qc(cs * dk),
         kc(cs * dk),
         kt(dk * cs),
         kdt(dk * cs),
@@ -100,6 +101,7 @@ struct ChunkScratch {
         vn(cs * dv),
         acc(dv),
         s(dk * dv) {}
+  int64_t ld;  // the block length: row stride of the [., block] buffers
   std::vector<float> qc, kc, kt, kdt, gc, egc, dl, dec, amat, qk, ks, vn, acc, s;
 };
 
@@ -128,7 +130,7 @@ small_gemm::Args GemmArgs(int64_t m, int64_t n, int64_t k, const float* a, int64
   return g;
 }
 
-// One segment [t0, t0 + len) of the absolute grid (at most one chunk) for
+// One segment [t0, t0 + len) of the absolute block grid (at most one block) for
 // value head h on its state s [dk, dv], updated in place: the chunked rule
 // (transformers' torch_chunk_gated_delta_rule) with W S folded into the
 // right-hand side of the UT solve. With q, k prepared, gc_i the cumulative log
@@ -141,7 +143,7 @@ small_gemm::Args GemmArgs(int64_t m, int64_t n, int64_t k, const float* a, int64
 // The products run on small_gemm (fixed fused multiply-add chains, register
 // tiles); every bit depends only on the segment's tokens and s at its start.
 void ChunkSegment(const GatedDeltaParams& p, const Strides& st, int64_t h, int64_t t0, int64_t len, ChunkScratch& m) {
-  const int64_t dk = p.dk, dv = p.dv, cs = p.chunk_size, hv = p.n_v_heads;
+  const int64_t dk = p.dk, dv = p.dv, cs = m.ld, hv = p.n_v_heads;
   const int64_t kh = h / (hv / p.n_k_heads);
   const float qscale = QueryScale(dk);
   float* s = m.s.data();
@@ -245,15 +247,16 @@ KernelStatus GatedDeltaChunked(const GatedDeltaParams& p, const char** bad_field
   // final_state may alias: a head's state is read before it is written, and
   // heads do not share rows.
   ParallelFor(pool, p.n_v_heads, [&](int64_t h_begin, int64_t h_end) {
-    ChunkScratch m(p.chunk_size, p.dk, p.dv);
+    const int64_t block = GatedDeltaBlockSize(p.chunk_size);
+    ChunkScratch m(block, p.dk, p.dv);
     for (int64_t h = h_begin; h < h_end; ++h) {
       LoadHeadState(p, h, m.s.data());
       int64_t row = 0;
       int64_t t0 = 0;
       while (t0 < p.seqlen) {
-        // The segment [t0, t1): up to the next absolute boundary or the end.
+        // The segment [t0, t1): up to the next absolute block boundary or the end.
         const int64_t pos = p.start_pos + t0;
-        const int64_t t1 = std::min(p.seqlen, t0 + (p.chunk_size - pos % p.chunk_size));
+        const int64_t t1 = std::min(p.seqlen, t0 + (block - pos % block));
         ChunkSegment(p, str, h, t0, t1 - t0, m);
         const int64_t end = p.start_pos + t1;
         if (end % p.chunk_size == 0) MaybeStoreChunkState(p, end, row++, h, m.s.data());

@@ -420,6 +420,41 @@ TEST(GatedDeltaTest, ArgumentChecksNameTheField) {
   }
 }
 
+// A chunk_size above the 64-token block only spaces the chunk_states rows:
+// o and the final state are the chunk_size-64 call's bits, and each row of the
+// 256-chunk call is the 64-chunk call's row at the same absolute boundary.
+// Both are within the oracle's tolerance.
+TEST(GatedDeltaTest, LargeChunksRunInBlocksOfSixtyFour) {
+  const int64_t n = 600, hk = 1, hv = 2, dk = 8, dv = 8, start = 30;
+  std::mt19937 rng(64);
+  const Inputs in = MakeInputs(rng, n, hk, hv, dk, dv);
+  const int64_t se = hv * dk * dv;
+  auto run = [&](int64_t cs, bool chunked, std::vector<float>* o, std::vector<float>* s, std::vector<float>* cst) {
+    o->assign(n * hv * dv, 0.0f);
+    s->assign(se, 0.0f);
+    cst->assign(GatedDeltaNumChunkStates(start, n, cs) * se, 0.0f);
+    GatedDeltaParams p = MakeParams(in, n, hk, hv, dk, dv, cs, start);
+    p.o = o->data();
+    p.final_state = s->data();
+    p.chunk_states = cst->data();
+    ASSERT_EQ(chunked ? GatedDeltaChunked(p) : GatedDeltaSequential(p), kKernelOk);
+  };
+  std::vector<float> o64, s64, c64, o256, s256, c256, o_ref, s_ref, c_ref;
+  run(64, true, &o64, &s64, &c64);
+  run(256, true, &o256, &s256, &c256);
+  run(256, false, &o_ref, &s_ref, &c_ref);
+  EXPECT_EQ(FirstBitMismatch(o256.data(), o64.data(), n * hv * dv), -1);
+  EXPECT_EQ(FirstBitMismatch(s256.data(), s64.data(), se), -1);
+  ASSERT_EQ(c256.size(), 2 * se);  // boundaries 256 and 512
+  for (int64_t r = 0; r < 2; ++r) {
+    const int64_t b = 256 * (r + 1);
+    const int64_t row64 = b / 64 - start / 64 - 1;
+    EXPECT_EQ(FirstBitMismatch(c256.data() + r * se, c64.data() + row64 * se, se), -1) << "boundary " << b;
+  }
+  EXPECT_LE(MaxAbsDiff(o256, o_ref), kChunkTol);
+  EXPECT_LE(MaxAbsDiff(c256, c_ref), kChunkTol);
+}
+
 // ---------------------------------------------------------------- Strides and threads
 
 // Copies rows of `width` floats into rows of `stride` floats (the rest filled
