@@ -166,6 +166,7 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(DecodeArgs a, int
 // ---------------------------------------------------------------------------
 
 constexpr int kPrefillThreads = 256;
+constexpr int kSolveRows = 16;  // rows of the UT solve done in order by one thread per column
 constexpr int kMaxPrefillCols = 32;
 constexpr int64_t kPrefillMaxSmemBytes = 160 * 1024;
 
@@ -311,15 +312,31 @@ __global__ void __launch_bounds__(kPrefillThreads) PrefillKernel(PrefillArgs a) 
       vn[e] = bt[i] * (vv - eg[i] * ksv);
     }
     __syncthreads();
-    // Forward substitution, one thread per column, rows in order.
-    if (tid < cols) {
-      for (int i = 1; i < len; ++i) {
-        float acc = vn[i * cols + tid];
-        for (int j = 0; j < i; ++j) acc = fmaf(-am[i * ldc + j], vn[j * cols + tid], acc);
-        vn[i * cols + tid] = acc;
+    // Forward substitution in row blocks of kSolveRows: the terms of the
+    // solved rows j < b0 for every (row, column) of the block at once, then the
+    // block's own rows in order, one thread per column. Each element is the
+    // same chain either way: acc = R[i][c], then fmaf(-A[i][j], Vn[j][c], acc)
+    // for j = 0, 1, ..., i - 1.
+    for (int b0 = 0; b0 < len; b0 += kSolveRows) {
+      const int b1 = static_cast<int>(Min<int64_t>(len, b0 + kSolveRows));
+      if (b0 > 0) {
+        for (int e = tid; e < (b1 - b0) * cols; e += nthreads) {
+          const int i = b0 + e / cols, c = e % cols;
+          float acc = vn[i * cols + c];
+          for (int j = 0; j < b0; ++j) acc = fmaf(-am[i * ldc + j], vn[j * cols + c], acc);
+          vn[i * cols + c] = acc;
+        }
+        __syncthreads();
       }
+      if (tid < cols) {
+        for (int i = b0 + 1; i < b1; ++i) {
+          float acc = vn[i * cols + tid];
+          for (int j = b0; j < i; ++j) acc = fmaf(-am[i * ldc + j], vn[j * cols + tid], acc);
+          vn[i * cols + tid] = acc;
+        }
+      }
+      __syncthreads();
     }
-    __syncthreads();
     // Outputs.
     for (int e = tid; e < len * cols; e += nthreads) {
       const int i = e / cols, c = e % cols;
