@@ -34,13 +34,23 @@ inline int64_t GatedDeltaNumChunkStates(int64_t start_pos, int64_t seqlen, int64
   return (start_pos + seqlen) / chunk_size - start_pos / chunk_size;
 }
 
+// The chunked rule runs in blocks of GatedDeltaBlockSize(chunk_size) tokens on
+// the absolute grid (transformers' chunk of 64 tokens, or the whole chunk when
+// chunk_size is smaller): a larger chunk_size only spaces the chunk_states
+// rows, it does not grow the per-block UT system.
+inline constexpr int64_t kGatedDeltaMaxBlock = 64;
+inline int64_t GatedDeltaBlockSize(int64_t chunk_size) {
+  return chunk_size < kGatedDeltaMaxBlock ? chunk_size : kGatedDeltaMaxBlock;
+}
+
 // Prefill over tokens at absolute positions [start_pos, start_pos + seqlen) of
 // one sequence. Chunks sit on the absolute grid (multiples of chunk_size from
 // position 0); when start_pos is not a multiple the first chunk is partial.
 // Contract (as the SSD scan's): the bits of o and of every state depend only on
-// the inputs and the state at the start of that position's chunk, never on
-// where the call started (when it started on the grid) or how many chunks the
-// call holds. The sequential oracle ignores chunk_size except for chunk_states.
+// the inputs and the state at the start of that position's chunk (indeed of
+// its block), never on where the call started (when it started on the grid) or
+// how many chunks the call holds. The sequential oracle ignores chunk_size
+// except for chunk_states.
 struct GatedDeltaParams {
   const float* q = nullptr;              // [seqlen, n_k_heads, dk]
   const float* k = nullptr;              // [seqlen, n_k_heads, dk]

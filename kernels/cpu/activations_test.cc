@@ -232,7 +232,7 @@ TEST(SwiGluTest, DefaultGateIsSiluBitwise) {
   EXPECT_TRUE(testing::BitsEqual(out, want));
 }
 
-TEST(SwiGluTest, RejectsGateActivationsOtherThanSiluAndGelu) {
+TEST(SwiGluTest, RejectsGateActivationsOtherThanSiluGeluAndSigmoid) {
   const float gate = 1.0f, up = 2.0f;
   float out = -1.0f;
   SwiGluParams p;
@@ -250,6 +250,50 @@ TEST(SwiGluTest, RejectsGateActivationsOtherThanSiluAndGelu) {
   p.gate_activation = ActivationKind::kGelu;
   ASSERT_EQ(SwiGlu(p, nullptr), kKernelOk);
   EXPECT_EQ(out, Gelu(1.0f) * 2.0f);
+  p.gate_activation = ActivationKind::kSigmoid;
+  ASSERT_EQ(SwiGlu(p, nullptr), kKernelOk);
+  EXPECT_EQ(out, Sigmoid(1.0f) * 2.0f);
+}
+
+// torch.sigmoid (fp32, torch 2.x CPU) and up * torch.sigmoid(gate) on these
+// inputs, as exact hex floats (computed in /work/venv-golden): saturation at
+// both ends (-88: a subnormal; 40: exactly 1), zero, tiny and O(1) inputs.
+constexpr float kSigmoidX[10] = {-0x1.6p+6f,     -0x1.4p+4f, -0x1.ap+1f, -0x1.a36e2ep-14f, 0x0p+0f,
+                                 0x1.666666p-1f, 0x1.4p+1f,  0x1p+4f,    0x1.4p+5f,        -0x1p-1f};
+constexpr float kSigmoidUp[10] = {0x1p+0f, -0x1p+1f,   0x1p-1f, 0x1.8p+1f, -0x1.8p+0f,
+                                  0x1p-2f, -0x1.8p-1f, 0x1p+1f, 0x1.4p+0f, -0x1.8p+1f};
+constexpr float kTorchSigmoid[10] = {0x1.07b71p-127f, 0x1.1b4866p-29f, 0x1.31c828p-5f, 0x1.fff97p-2f, 0x1p-1f,
+                                     0x1.561cb4p-1f,  0x1.d9291ep-1f,  0x1.fffffcp-1f, 0x1p+0f,       0x1.829a06p-2f};
+constexpr float kTorchSigmoidTimesUp[10] = {0x1.07b71p-127f, -0x1.1b4866p-28f, 0x1.31c828p-6f,  0x1.7ffb14p+0f,
+                                            -0x1.8p-1f,      0x1.561cb4p-3f,   -0x1.62ded6p-1f, 0x1.fffffcp+0f,
+                                            0x1.4p+0f,       -0x1.21f384p+0f};
+
+TEST(ActivationTest, SigmoidMatchesTorchBitForBit) {
+  std::vector<float> out(10, 9.0f);
+  ActivationParams p;
+  p.x = kSigmoidX;
+  p.out = out.data();
+  p.n_rows = 2;
+  p.dim = 5;
+  p.kind = ActivationKind::kSigmoid;
+  ThreadPool pool(2);
+  ASSERT_EQ(Activation(p, &pool), kKernelOk);
+  EXPECT_EQ(testing::FirstBitMismatch(out.data(), kTorchSigmoid, 10), -1);
+}
+
+// gate_activation = kSigmoid: out = sigmoid(gate) * up (Qwen3-Next's gated
+// attention: attn_output * torch.sigmoid(gate)), bit for bit against torch.
+TEST(SwiGluTest, SigmoidGateMatchesTorchBitForBit) {
+  std::vector<float> out(10, 9.0f);
+  SwiGluParams p;
+  p.gate = kSigmoidX;
+  p.up = kSigmoidUp;
+  p.out = out.data();
+  p.n_rows = 2;
+  p.dim = 5;
+  p.gate_activation = ActivationKind::kSigmoid;
+  ASSERT_EQ(SwiGlu(p, nullptr), kKernelOk);
+  EXPECT_EQ(testing::FirstBitMismatch(out.data(), kTorchSigmoidTimesUp, 10), -1);
 }
 
 TEST(SwiGluTest, FusedHalvesMatchDoubleReference) {

@@ -7,20 +7,34 @@
 #include <vector>
 
 #include "kernels/cpu/activations.h"
+#include "kernels/cpu/simd.h"
+#include "kernels/cpu/small_gemm.h"
 
 namespace hybridserve::kernels::cpu {
 namespace {
 
 constexpr float kL2NormEps = 1e-6f;  // transformers' l2norm (and FLA's)
 
+// |x|^2 in one fixed order: 8 lanes of fused multiply-adds over i ascending
+// (lane i % 8), then simd::Hsum's fixed tree.
+float SumOfSquares(const float* x, int64_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    acc = _mm256_fmadd_ps(v, v, acc);
+  }
+  if (i < n) {
+    const __m256 v = simd::LoadPartial(x + i, n - i);
+    acc = _mm256_fmadd_ps(v, v, acc);
+  }
+  return simd::Hsum(acc);
+}
+
 // out = x / sqrt(|x|^2 + eps) when l2norm, else x; then times scale.
 void PrepareVector(const float* x, int64_t n, bool l2norm, float scale, float* out) {
   float inv = 1.0f;
-  if (l2norm) {
-    float ss = 0.0f;
-    for (int64_t i = 0; i < n; ++i) ss += x[i] * x[i];
-    inv = 1.0f / std::sqrt(ss + kL2NormEps);
-  }
+  if (l2norm) inv = 1.0f / std::sqrt(SumOfSquares(x, n) + kL2NormEps);
   for (int64_t i = 0; i < n; ++i) out[i] = (x[i] * inv) * scale;
 }
 
@@ -84,122 +98,128 @@ void MaybeStoreChunkState(const GatedDeltaParams& p, int64_t end, int64_t row, i
 // per token or per chunk).
 struct ChunkScratch {
   ChunkScratch(int64_t cs, int64_t dk, int64_t dv)
-      : qc(cs * dk),
+      : ld(cs),
+        qc(cs * dk),
         kc(cs * dk),
         kt(dk * cs),
-        gc(cs),
+        kdt(dk * cs),
+        gc(cs + 8, 0.0f),
         egc(cs),
-        a(cs * cs),
-        u(cs * dv),
-        w(cs * dk),
-        vnew(cs * dv),
-        kbeta(dk),
-        qk(cs),
+        dl(cs),
+        dec(cs + 8),
+        amat(cs * cs),
+        qk(cs * cs),
+        ks(cs * dv),
+        vn(cs * dv),
         acc(dv),
         s(dk * dv) {}
-  std::vector<float> qc, kc, kt, gc, egc, a, u, w, vnew, kbeta, qk, acc, s;
+  int64_t ld;  // the block length: row stride of the [., block] buffers
+  std::vector<float> qc, kc, kt, kdt, gc, egc, dl, dec, amat, qk, ks, vn, acc, s;
 };
 
-// One segment [t0, t0 + len) of the absolute grid (at most one chunk) for
-// value head h on its state s [dk, dv], updated in place. Every sum keeps one
-// fixed order (ascending key index x, ascending token j); the innermost loops
-// run over independent elements, so the compiler may vectorise them.
+// dec[j] = exp(gc_i - gc[j]) for j in [0, n), with the fixed-function vector
+// exp of simd.h (about 1 ulp; the same bits wherever it runs). gc holds at
+// least n rounded up to 8 finite entries.
+void DecayRow(float gci, const float* gc, int64_t n, float* dec) {
+  const __m256 gi = _mm256_set1_ps(gci);
+  for (int64_t j = 0; j < n; j += 8) {
+    simd::StorePartial(dec + j, simd::Exp(_mm256_sub_ps(gi, _mm256_loadu_ps(gc + j))), n - j);
+  }
+}
+
+small_gemm::Args GemmArgs(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
+                          float* c, int64_t ldc) {
+  small_gemm::Args g;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.a = a;
+  g.lda = lda;
+  g.b = b;
+  g.ldb = ldb;
+  g.c = c;
+  g.ldc = ldc;
+  return g;
+}
+
+// One segment [t0, t0 + len) of the absolute block grid (at most one block) for
+// value head h on its state s [dk, dv], updated in place: the chunked rule
+// (transformers' torch_chunk_gated_delta_rule) with W S folded into the
+// right-hand side of the UT solve. With q, k prepared, gc_i the cumulative log
+// decay from the segment start, e_i = exp(gc_i), d_ij = exp(gc_i - gc_j):
+//   A[i][j]  = (beta_i k_i . k_j) d_ij   (j < i)     QK[i][j] = (q_i . k_j) d_ij   (j <= i)
+//   R_i      = beta_i (v_i - e_i (k_i S))
+//   Vn_i     = R_i - sum_{j<i} A[i][j] Vn_j         (forward substitution: (I + A) Vn = R)
+//   o_i      = e_i (q_i S) + sum_{j<=i} QK[i][j] Vn_j
+//   S        = e_last S + sum_j (k_j exp(gc_last - gc_j)) (outer) Vn_j
+// The products run on small_gemm (fixed fused multiply-add chains, register
+// tiles); every bit depends only on the segment's tokens and s at its start.
 void ChunkSegment(const GatedDeltaParams& p, const Strides& st, int64_t h, int64_t t0, int64_t len, ChunkScratch& m) {
-  const int64_t dk = p.dk, dv = p.dv, cs = p.chunk_size;
-  const int64_t kh = h / (p.n_v_heads / p.n_k_heads);
+  const int64_t dk = p.dk, dv = p.dv, cs = m.ld, hv = p.n_v_heads;
+  const int64_t kh = h / (hv / p.n_k_heads);
   const float qscale = QueryScale(dk);
   float* s = m.s.data();
-  float *qc = m.qc.data(), *kc = m.kc.data(), *kt = m.kt.data(), *gc = m.gc.data(), *egc = m.egc.data();
-  float *a = m.a.data(), *u = m.u.data(), *w = m.w.data(), *vnew = m.vnew.data(), *kbeta = m.kbeta.data();
-  float *qk = m.qk.data(), *acc = m.acc.data();
-  // Prepared q (scaled) and k, k transposed [dk, cs], and the cumulative log
-  // decay within the chunk.
+  float *qc = m.qc.data(), *kc = m.kc.data(), *kt = m.kt.data(), *kdt = m.kdt.data(), *gc = m.gc.data();
+  float *egc = m.egc.data(), *dl = m.dl.data(), *dec = m.dec.data(), *amat = m.amat.data(), *qk = m.qk.data();
+  float *ks = m.ks.data(), *vn = m.vn.data(), *acc = m.acc.data();
+  float* o0 = p.o + (t0 * hv + h) * dv;  // row i at o0 + i * hv * dv
+  const int64_t ldo = hv * dv;
+  // Prepared q (scaled) and k, k transposed [dk, cs], the cumulative log decay.
   float cum = 0.0f;
   for (int64_t i = 0; i < len; ++i) {
     const int64_t t = t0 + i;
     PrepareVector(p.q + t * st.q + kh * dk, dk, p.l2norm_qk, qscale, qc + i * dk);
     PrepareVector(p.k + t * st.k + kh * dk, dk, p.l2norm_qk, 1.0f, kc + i * dk);
     for (int64_t x = 0; x < dk; ++x) kt[x * cs + i] = kc[i * dk + x];
-    cum += p.g[t * p.n_v_heads + h];
+    cum += p.g[t * hv + h];
     gc[i] = cum;
-    egc[i] = std::exp(cum);
   }
-  // UT system: A[i][j] = (beta_i k_i . k_j) exp(gc_i - gc_j), j < i; solve
-  // (I + A) U = beta v and (I + A) W = beta k exp(gc) by forward substitution,
-  // then the corrected values vnew = U - W S (the delta rule's correction
-  // against the state at the chunk start).
+  for (int64_t i = len; i < cs + 8; ++i) gc[i] = cum;  // finite lanes past the segment for DecayRow
+  for (int64_t i = 0; i < len; ++i) egc[i] = std::exp(gc[i]);
+  DecayRow(cum, gc, len, dl);  // exp(gc_last - gc_j)
+  // k_i . k_j and q_i . k_j for every pair, then the decays and the masks.
+  small_gemm::Gemm(GemmArgs(len, len, dk, kc, dk, kt, cs, amat, cs));
+  small_gemm::Gemm(GemmArgs(len, len, dk, qc, dk, kt, cs, qk, cs));
   for (int64_t i = 0; i < len; ++i) {
-    const int64_t t = t0 + i;
-    const float beta = p.beta[t * p.n_v_heads + h];
-    float* ai = a + i * cs;
-    for (int64_t x = 0; x < dk; ++x) kbeta[x] = kc[i * dk + x] * beta;
-    for (int64_t j = 0; j < i; ++j) ai[j] = 0.0f;
-    for (int64_t x = 0; x < dk; ++x) {
-      const float kb = kbeta[x];
-      const float* ktx = kt + x * cs;
-      for (int64_t j = 0; j < i; ++j) ai[j] += kb * ktx[j];
-    }
-    for (int64_t j = 0; j < i; ++j) ai[j] = ai[j] * std::exp(gc[i] - gc[j]);
-    const float* vt = p.v + t * st.v + h * dv;
-    float* ui = u + i * dv;
-    float* wi = w + i * dk;
-    for (int64_t c = 0; c < dv; ++c) ui[c] = vt[c] * beta;
-    for (int64_t x = 0; x < dk; ++x) wi[x] = kbeta[x] * egc[i];
-    for (int64_t j = 0; j < i; ++j) {
-      const float aij = ai[j];
-      const float* uj = u + j * dv;
-      const float* wj = w + j * dk;
-      for (int64_t c = 0; c < dv; ++c) ui[c] -= aij * uj[c];
-      for (int64_t x = 0; x < dk; ++x) wi[x] -= aij * wj[x];
-    }
-    for (int64_t c = 0; c < dv; ++c) acc[c] = 0.0f;
-    for (int64_t x = 0; x < dk; ++x) {
-      const float wx = wi[x];
-      const float* sx = s + x * dv;
-      for (int64_t c = 0; c < dv; ++c) acc[c] += wx * sx[c];
-    }
-    float* vi = vnew + i * dv;
-    for (int64_t c = 0; c < dv; ++c) vi[c] = ui[c] - acc[c];
+    const float beta = p.beta[(t0 + i) * hv + h];
+    DecayRow(gc[i], gc, i + 1, dec);
+    float* ai = amat + i * cs;
+    float* qi = qk + i * cs;
+    for (int64_t j = 0; j < i; ++j) ai[j] = (beta * ai[j]) * dec[j];
+    for (int64_t j = 0; j <= i; ++j) qi[j] = qi[j] * dec[j];
+    for (int64_t j = i + 1; j < len; ++j) qi[j] = 0.0f;  // the causal GEMM below may read them
   }
-  // Outputs: the decayed read of the chunk-start state plus the causal
-  // within-chunk attention over the corrected values.
+  // k_i S and q_i S (the latter straight into the output rows).
+  small_gemm::Gemm(GemmArgs(len, dv, dk, kc, dk, s, dv, ks, dv));
+  small_gemm::Gemm(GemmArgs(len, dv, dk, qc, dk, s, dv, o0, ldo));
+  // Right-hand side, then forward substitution row by row.
   for (int64_t i = 0; i < len; ++i) {
-    const int64_t t = t0 + i;
-    const float* qi = qc + i * dk;
-    for (int64_t j = 0; j <= i; ++j) qk[j] = 0.0f;
-    for (int64_t x = 0; x < dk; ++x) {
-      const float qx = qi[x];
-      const float* ktx = kt + x * cs;
-      for (int64_t j = 0; j <= i; ++j) qk[j] += qx * ktx[j];
-    }
-    for (int64_t j = 0; j <= i; ++j) qk[j] = qk[j] * std::exp(gc[i] - gc[j]);
-    for (int64_t c = 0; c < dv; ++c) acc[c] = 0.0f;
-    for (int64_t x = 0; x < dk; ++x) {
-      const float qx = qi[x];
-      const float* sx = s + x * dv;
-      for (int64_t c = 0; c < dv; ++c) acc[c] += qx * sx[c];
-    }
-    float* ot = p.o + (t * p.n_v_heads + h) * dv;
-    for (int64_t c = 0; c < dv; ++c) ot[c] = acc[c] * egc[i];
-    for (int64_t j = 0; j <= i; ++j) {
-      const float qkj = qk[j];
-      const float* vj = vnew + j * dv;
-      for (int64_t c = 0; c < dv; ++c) ot[c] += qkj * vj[c];
-    }
+    const float beta = p.beta[(t0 + i) * hv + h];
+    const float e = egc[i];
+    const float* vt = p.v + (t0 + i) * st.v + h * dv;
+    const float* ksi = ks + i * dv;
+    float* vi = vn + i * dv;
+    for (int64_t c = 0; c < dv; ++c) vi[c] = beta * (vt[c] - e * ksi[c]);
+    if (i == 0) continue;
+    small_gemm::Gemm(GemmArgs(1, dv, i, amat + i * cs, cs, vn, dv, acc, dv));
+    for (int64_t c = 0; c < dv; ++c) vi[c] -= acc[c];
   }
-  // State recurrence: S = S exp(gc_last) + sum_j (k_j exp(gc_last - gc_j)) (outer) vnew_j.
-  const float glast = gc[len - 1];
-  const float elast = egc[len - 1];
-  for (int64_t j = 0; j < len; ++j) qk[j] = std::exp(glast - gc[j]);
+  // o_i = e_i (q_i S) + sum_j QK[i][j] Vn_j.
+  small_gemm::Args out = GemmArgs(len, dv, len, qk, cs, vn, dv, o0, ldo);
+  out.load_c = true;
+  out.row_scale = egc;
+  out.causal = true;
+  small_gemm::Gemm(out);
+  // S = e_last S + (k exp(gc_last - gc))^T Vn.
   for (int64_t x = 0; x < dk; ++x) {
-    float* sx = s + x * dv;
-    for (int64_t c = 0; c < dv; ++c) sx[c] *= elast;
-    for (int64_t j = 0; j < len; ++j) {
-      const float kx = kc[j * dk + x] * qk[j];
-      const float* vj = vnew + j * dv;
-      for (int64_t c = 0; c < dv; ++c) sx[c] += kx * vj[c];
-    }
+    const float* ktx = kt + x * cs;
+    float* kdx = kdt + x * cs;
+    for (int64_t j = 0; j < len; ++j) kdx[j] = ktx[j] * dl[j];
   }
+  small_gemm::Args upd = GemmArgs(dk, dv, len, kdt, cs, vn, dv, s, dv);
+  upd.load_c = true;
+  upd.scale = egc[len - 1];
+  small_gemm::Gemm(upd);
 }
 
 }  // namespace
@@ -239,15 +259,16 @@ KernelStatus GatedDeltaChunked(const GatedDeltaParams& p, const char** bad_field
   // final_state may alias: a head's state is read before it is written, and
   // heads do not share rows.
   ParallelFor(pool, p.n_v_heads, [&](int64_t h_begin, int64_t h_end) {
-    ChunkScratch m(p.chunk_size, p.dk, p.dv);
+    const int64_t block = GatedDeltaBlockSize(p.chunk_size);
+    ChunkScratch m(block, p.dk, p.dv);
     for (int64_t h = h_begin; h < h_end; ++h) {
       LoadHeadState(p, h, m.s.data());
       int64_t row = 0;
       int64_t t0 = 0;
       while (t0 < p.seqlen) {
-        // The segment [t0, t1): up to the next absolute boundary or the end.
+        // The segment [t0, t1): up to the next absolute block boundary or the end.
         const int64_t pos = p.start_pos + t0;
-        const int64_t t1 = std::min(p.seqlen, t0 + (p.chunk_size - pos % p.chunk_size));
+        const int64_t t1 = std::min(p.seqlen, t0 + (block - pos % block));
         ChunkSegment(p, str, h, t0, t1 - t0, m);
         const int64_t end = p.start_pos + t1;
         if (end % p.chunk_size == 0) MaybeStoreChunkState(p, end, row++, h, m.s.data());

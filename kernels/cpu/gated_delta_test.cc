@@ -9,10 +9,12 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/cpu/test_util.h"
+#include "kernels/cpu/thread_pool.h"
 
 namespace hybridserve::kernels::cpu {
 namespace {
@@ -400,6 +402,261 @@ TEST(GatedDeltaTest, ArgumentChecksNameTheField) {
   EXPECT_EQ(decode([](GatedDeltaDecodeParams& d) { d.state = nullptr; }), "state");
   EXPECT_EQ(decode([](GatedDeltaDecodeParams& d) { d.beta = nullptr; }), "beta");
   EXPECT_EQ(decode([&](GatedDeltaDecodeParams& d) { d.state_slots = slots_bad; }), "state_slots");
+  EXPECT_EQ(decode([](GatedDeltaDecodeParams& d) { d.q_batch_stride = 3; }), "q_batch_stride");
+  EXPECT_EQ(decode([](GatedDeltaDecodeParams& d) { d.k_batch_stride = -1; }), "k_batch_stride");
+  EXPECT_EQ(decode([](GatedDeltaDecodeParams& d) { d.v_batch_stride = 7; }), "v_batch_stride");
+  EXPECT_EQ(decode([](GatedDeltaDecodeParams& d) { d.v_batch_stride = 8; }), "ok");
+
+  // Prefill strides: shorter than the packed row (or negative) is refused.
+  for (auto [field, mutate] : std::vector<std::pair<const char*, void (*)(GatedDeltaParams&)>>{
+           {"q_token_stride", [](GatedDeltaParams& p) { p.q_token_stride = 3; }},
+           {"k_token_stride", [](GatedDeltaParams& p) { p.k_token_stride = -4; }},
+           {"v_token_stride", [](GatedDeltaParams& p) { p.v_token_stride = 7; }}}) {
+    GatedDeltaParams p = good;
+    mutate(p);
+    const char* why = nullptr;
+    EXPECT_EQ(GatedDeltaChunked(p, &why), kKernelInvalidArgument) << field;
+    EXPECT_STREQ(why, field);
+  }
+}
+
+// A chunk_size above the 64-token block only spaces the chunk_states rows:
+// o and the final state are the chunk_size-64 call's bits, and each row of the
+// 256-chunk call is the 64-chunk call's row at the same absolute boundary.
+// Both are within the oracle's tolerance.
+TEST(GatedDeltaTest, LargeChunksRunInBlocksOfSixtyFour) {
+  const int64_t n = 600, hk = 1, hv = 2, dk = 8, dv = 8, start = 30;
+  std::mt19937 rng(64);
+  const Inputs in = MakeInputs(rng, n, hk, hv, dk, dv);
+  const int64_t se = hv * dk * dv;
+  auto run = [&](int64_t cs, bool chunked, std::vector<float>* o, std::vector<float>* s, std::vector<float>* cst) {
+    o->assign(n * hv * dv, 0.0f);
+    s->assign(se, 0.0f);
+    cst->assign(GatedDeltaNumChunkStates(start, n, cs) * se, 0.0f);
+    GatedDeltaParams p = MakeParams(in, n, hk, hv, dk, dv, cs, start);
+    p.o = o->data();
+    p.final_state = s->data();
+    p.chunk_states = cst->data();
+    ASSERT_EQ(chunked ? GatedDeltaChunked(p) : GatedDeltaSequential(p), kKernelOk);
+  };
+  std::vector<float> o64, s64, c64, o256, s256, c256, o_ref, s_ref, c_ref;
+  run(64, true, &o64, &s64, &c64);
+  run(256, true, &o256, &s256, &c256);
+  run(256, false, &o_ref, &s_ref, &c_ref);
+  EXPECT_EQ(FirstBitMismatch(o256.data(), o64.data(), n * hv * dv), -1);
+  EXPECT_EQ(FirstBitMismatch(s256.data(), s64.data(), se), -1);
+  ASSERT_EQ(c256.size(), 2 * se);  // boundaries 256 and 512
+  for (int64_t r = 0; r < 2; ++r) {
+    const int64_t b = 256 * (r + 1);
+    const int64_t row64 = b / 64 - start / 64 - 1;
+    EXPECT_EQ(FirstBitMismatch(c256.data() + r * se, c64.data() + row64 * se, se), -1) << "boundary " << b;
+  }
+  EXPECT_LE(MaxAbsDiff(o256, o_ref), kChunkTol);
+  EXPECT_LE(MaxAbsDiff(c256, c_ref), kChunkTol);
+}
+
+// ---------------------------------------------------------------- Strides and threads
+
+// Copies rows of `width` floats into rows of `stride` floats (the rest filled
+// with a value the kernels must never read into their results).
+std::vector<float> Widen(const std::vector<float>& packed, int64_t rows, int64_t width, int64_t stride) {
+  std::vector<float> out(rows * stride, 1e30f);
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(out.data() + r * stride, packed.data() + r * width, width * 4);
+  return out;
+}
+
+// q, k, v as slices of one conv output row [q | k | v] (token stride conv_dim,
+// the engine's layout) give the packed call's bits, on the prefill (both
+// rules) and the decode step.
+TEST(GatedDeltaTest, StridedQkvSlicesOfOneRowGiveThePackedBits) {
+  const int64_t n = 29, hk = 2, hv = 4, dk = 8, dv = 6, cs = 8;
+  const int64_t conv_dim = 2 * hk * dk + hv * dv;
+  std::mt19937 rng(21);
+  const Inputs in = MakeInputs(rng, n, hk, hv, dk, dv);
+  std::vector<float> row(n * conv_dim);
+  for (int64_t t = 0; t < n; ++t) {
+    std::memcpy(row.data() + t * conv_dim, in.q.data() + t * hk * dk, hk * dk * 4);
+    std::memcpy(row.data() + t * conv_dim + hk * dk, in.k.data() + t * hk * dk, hk * dk * 4);
+    std::memcpy(row.data() + t * conv_dim + 2 * hk * dk, in.v.data() + t * hv * dv, hv * dv * 4);
+  }
+  const int64_t se = hv * dk * dv;
+  for (int which = 0; which < 2; ++which) {
+    SCOPED_TRACE(which == 0 ? "sequential" : "chunked");
+    auto run = [&](const GatedDeltaParams& p) { return which == 0 ? GatedDeltaSequential(p) : GatedDeltaChunked(p); };
+    std::vector<float> o_ref(n * hv * dv), s_ref(se), o(n * hv * dv), s(se);
+    GatedDeltaParams p = MakeParams(in, n, hk, hv, dk, dv, cs, 5);
+    p.o = o_ref.data();
+    p.final_state = s_ref.data();
+    ASSERT_EQ(run(p), kKernelOk);
+    p.q = row.data();
+    p.k = row.data() + hk * dk;
+    p.v = row.data() + 2 * hk * dk;
+    p.q_token_stride = p.k_token_stride = p.v_token_stride = conv_dim;
+    p.o = o.data();
+    p.final_state = s.data();
+    ASSERT_EQ(run(p), kKernelOk);
+    EXPECT_EQ(FirstBitMismatch(o.data(), o_ref.data(), n * hv * dv), -1);
+    EXPECT_EQ(FirstBitMismatch(s.data(), s_ref.data(), se), -1);
+  }
+  // Decode: n rows of the batch, each its own slot.
+  std::vector<float> pool_ref(n * se), pool(n * se), o_ref(n * hv * dv), o(n * hv * dv);
+  for (int64_t b = 0; b < n; ++b) std::memcpy(pool_ref.data() + b * se, in.s0.data(), se * 4);
+  pool = pool_ref;
+  GatedDeltaDecodeParams d;
+  d.state = pool_ref.data();
+  d.q = in.q.data();
+  d.k = in.k.data();
+  d.v = in.v.data();
+  d.g = in.g.data();
+  d.beta = in.beta.data();
+  d.o = o_ref.data();
+  d.batch = n;
+  d.num_slots = n;
+  d.n_k_heads = hk;
+  d.n_v_heads = hv;
+  d.dk = dk;
+  d.dv = dv;
+  ASSERT_EQ(GatedDeltaDecode(d), kKernelOk);
+  d.state = pool.data();
+  d.q = row.data();
+  d.k = row.data() + hk * dk;
+  d.v = row.data() + 2 * hk * dk;
+  d.q_batch_stride = d.k_batch_stride = d.v_batch_stride = conv_dim;
+  d.o = o.data();
+  ASSERT_EQ(GatedDeltaDecode(d), kKernelOk);
+  EXPECT_EQ(FirstBitMismatch(o.data(), o_ref.data(), n * hv * dv), -1);
+  EXPECT_EQ(FirstBitMismatch(pool.data(), pool_ref.data(), n * se), -1);
+}
+
+// The thread pool splits value heads (decode: rows x heads) only: 1, 2 and 3
+// threads give the same bits.
+TEST(GatedDeltaTest, ThreadCountDoesNotChangeAnyBit) {
+  const int64_t n = 50, hk = 2, hv = 6, dk = 16, dv = 8, cs = 16;
+  std::mt19937 rng(31);
+  const Inputs in = MakeInputs(rng, n, hk, hv, dk, dv);
+  const int64_t se = hv * dk * dv;
+  const int64_t rows = GatedDeltaNumChunkStates(7, n, cs);
+  std::vector<std::vector<float>> outs;
+  for (int threads : {1, 2, 3}) {
+    ThreadPool pool(threads);
+    std::vector<float> o(n * hv * dv), s(se), cst(rows * se);
+    GatedDeltaParams p = MakeParams(in, n, hk, hv, dk, dv, cs, 7);
+    p.o = o.data();
+    p.final_state = s.data();
+    p.chunk_states = cst.data();
+    ASSERT_EQ(GatedDeltaChunked(p, nullptr, &pool), kKernelOk);
+    std::vector<float> state = Widen(in.s0, 1, se, se);
+    state.resize(3 * se, 0.5f);
+    const int32_t slots[3] = {2, -1, 0};
+    std::vector<float> od(3 * hv * dv, 7.0f);
+    GatedDeltaDecodeParams d;
+    d.state = state.data();
+    d.state_slots = slots;
+    d.q = in.q.data();
+    d.k = in.k.data();
+    d.v = in.v.data();
+    d.g = in.g.data();
+    d.beta = in.beta.data();
+    d.o = od.data();
+    d.batch = 3;
+    d.num_slots = 3;
+    d.n_k_heads = hk;
+    d.n_v_heads = hv;
+    d.dk = dk;
+    d.dv = dv;
+    ASSERT_EQ(GatedDeltaDecode(d, nullptr, &pool), kKernelOk);
+    std::vector<float> all = o;
+    for (const auto* v : {&s, &cst, &state, &od}) all.insert(all.end(), v->begin(), v->end());
+    outs.push_back(all);
+  }
+  for (size_t i = 1; i < outs.size(); ++i) {
+    EXPECT_EQ(FirstBitMismatch(outs[i].data(), outs[0].data(), static_cast<int64_t>(outs[0].size())), -1) << i;
+  }
+}
+
+// ---------------------------------------------------------------- Gates
+
+// torch 2.x fp32 on the same inputs (tools: /work/venv-golden, transformers
+// 5.23's Qwen3NextGatedDeltaNet lines `beta = b.sigmoid()` and
+// `g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)`),
+// written as exact hex floats. Inputs cover softplus's threshold (a + dt_bias
+// = 20.5, 19.25, 23: both branches), large negatives (tiny softplus), sigmoid's
+// saturation (b = +-20, -30).
+constexpr int64_t kGateTokens = 5, kGateHeads = 4;
+constexpr float kGateA[kGateTokens * kGateHeads] = {
+    -0x1.cp+1f, 0x1p-2f,        0x1.3p+4f,        0x1.9p+4f,       -0x1.ep+4f,     0x1.8p+0f,      -0x1.8p-1f,
+    0x1.cp+2f,  0x0p+0f,        -0x1.0624dep-10f, 0x1.2e6666p+4f,  0x1.0cccccp+2f, -0x1p+3f,       0x1.9p+3f,
+    -0x1.ep+3f, 0x1.333334p-1f, 0x1.19999ap+1f,   -0x1.19999ap+1f, 0x1.58p+4f,     -0x1.99999ap-4f};
+constexpr float kGateB[kGateTokens * kGateHeads] = {
+    -0x1p+2f,       0x1.333334p-2f,  0x1.4p+1f, -0x1.ccccccp-1f, 0x1.2p+3f,      -0x1.8p+3f,     0x0p+0f,
+    0x1.19999ap+0f, -0x1.99999ap-3f, 0x1.6p+2f, -0x1.ep+4f,      0x1.8p-1f,      0x1.a66666p+1f, -0x1.b33334p+0f,
+    0x1.99999ap-5f, -0x1.8p+2f,      0x1.4p+4f, -0x1.4p+4f,      0x1.ccccccp-1f, -0x1.ccccccp-2f};
+constexpr float kGateDtBias[kGateHeads] = {0x1p-1f, -0x1p-2f, 0x1.8p+0f, -0x1p+1f};
+constexpr float kGateALog[kGateHeads] = {-0x1p+0f, 0x1.333334p-2f, 0x1.333334p+0f, -0x1.99999ap-5f};
+constexpr float kTorchG[kGateTokens * kGateHeads] = {
+    -0x1.24da32p-6f, -0x1.df0da2p-1f, -0x1.103fe6p+6f,  -0x1.5e0d6cp+4f, -0x1.ff3864p-45f,
+    -0x1.038196p+1f, -0x1.e3244ap+1f, -0x1.30cd6p+2f,   -0x1.6ef172p-2f, -0x1.8dbec6p-1f,
+    -0x1.0eebeap+6f, -0x1.18a93p+1f,  -0x1.aa960cp-13f, -0x1.08928cp+4f, -0x1.317654p-18f,
+    -0x1.ad662ep-3f, -0x1.046766p+0f, -0x1.c9a544p-4f,  -0x1.317366p+6f, -0x1.c21762p-4f};
+constexpr float kTorchBeta[kGateTokens * kGateHeads] = {
+    0x1.26afa2p-6f, 0x1.261d54p-1f, 0x1.d9291ep-1f, 0x1.27fcdap-2f,  0x1.ffefd4p-1f, 0x1.9c541cp-18f, 0x1p-1f,
+    0x1.802218p-1f, 0x1.ccf852p-2f, 0x1.fdea86p-1f, 0x1.a56e0ep-44f, 0x1.5bbd5p-1f,  0x1.edc99ep-1f,  0x1.3c5848p-3f,
+    0x1.06660ep-1f, 0x1.441776p-9f, 0x1p+0f,        0x1.1b4866p-29f, 0x1.6c0192p-1f, 0x1.8eb496p-2f};
+
+TEST(GatedDeltaTest, GatesMatchTorchBitForBit) {
+  // a and b as slices of wider rows (the engine's projection output).
+  const int64_t as = 7, bs = 5;
+  const std::vector<float> a = Widen(std::vector<float>(kGateA, kGateA + 20), kGateTokens, kGateHeads, as);
+  const std::vector<float> b = Widen(std::vector<float>(kGateB, kGateB + 20), kGateTokens, kGateHeads, bs);
+  for (int threads : {1, 3}) {
+    ThreadPool pool(threads);
+    std::vector<float> g(20, 5.0f), beta(20, 5.0f);
+    GatedDeltaGatesParams p;
+    p.a = a.data();
+    p.b = b.data();
+    p.dt_bias = kGateDtBias;
+    p.a_log = kGateALog;
+    p.g = g.data();
+    p.beta = beta.data();
+    p.n_tokens = kGateTokens;
+    p.n_heads = kGateHeads;
+    p.a_row_stride = as;
+    p.b_row_stride = bs;
+    ASSERT_EQ(GatedDeltaGates(p, nullptr, &pool), kKernelOk);
+    EXPECT_EQ(FirstBitMismatch(g.data(), kTorchG, 20), -1) << "threads " << threads;
+    EXPECT_EQ(FirstBitMismatch(beta.data(), kTorchBeta, 20), -1) << "threads " << threads;
+  }
+}
+
+TEST(GatedDeltaTest, GatesArgumentChecksNameTheField) {
+  float buf[64] = {};
+  auto check = [&](auto mutate) {
+    GatedDeltaGatesParams p;
+    p.a = p.b = p.dt_bias = p.a_log = buf;
+    p.g = buf + 16;
+    p.beta = buf + 32;
+    p.n_tokens = 2;
+    p.n_heads = 4;
+    mutate(p);
+    const char* field = "";
+    return GatedDeltaGates(p, &field) == kKernelOk ? std::string("ok") : std::string(field);
+  };
+  EXPECT_EQ(check([](GatedDeltaGatesParams&) {}), "ok");
+  EXPECT_EQ(check([](GatedDeltaGatesParams& p) { p.n_tokens = -1; }), "n_tokens");
+  EXPECT_EQ(check([](GatedDeltaGatesParams& p) { p.n_heads = 0; }), "n_heads");
+  EXPECT_EQ(check([](GatedDeltaGatesParams& p) { p.a_row_stride = 3; }), "a_row_stride");
+  EXPECT_EQ(check([](GatedDeltaGatesParams& p) { p.b_row_stride = -1; }), "b_row_stride");
+  EXPECT_EQ(check([](GatedDeltaGatesParams& p) { p.dt_bias = nullptr; }), "dt_bias");
+  EXPECT_EQ(check([](GatedDeltaGatesParams& p) { p.a_log = nullptr; }), "a_log");
+  EXPECT_EQ(check([](GatedDeltaGatesParams& p) { p.a = nullptr; }), "a");
+  EXPECT_EQ(check([](GatedDeltaGatesParams& p) { p.b = nullptr; }), "b");
+  EXPECT_EQ(check([](GatedDeltaGatesParams& p) { p.g = nullptr; }), "g");
+  EXPECT_EQ(check([](GatedDeltaGatesParams& p) { p.beta = nullptr; }), "beta");
+  EXPECT_EQ(check([](GatedDeltaGatesParams& p) {
+              p.n_tokens = 0;
+              p.a = nullptr;
+            }),
+            "ok");
 }
 
 }  // namespace

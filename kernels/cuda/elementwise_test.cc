@@ -291,7 +291,8 @@ TEST_P(ElementwiseTest, NormsRejectInvalidArguments) {
 
 TEST_P(ElementwiseTest, ActivationMatchesCpu) {
   std::mt19937 rng(21);
-  for (ActivationKind kind : {ActivationKind::kSilu, ActivationKind::kReluSquared, ActivationKind::kSoftplus}) {
+  for (ActivationKind kind :
+       {ActivationKind::kSilu, ActivationKind::kReluSquared, ActivationKind::kSoftplus, ActivationKind::kSigmoid}) {
     for (int64_t dim : {1, 7, 33, 257, 1000, 1030}) {
       for (int variant = 0; variant < 3; ++variant) {
         const int64_t rows = variant == 0 ? 70 : 3;  // 70: several blocks of packed narrow rows
@@ -387,57 +388,60 @@ TEST_P(ElementwiseTest, ActivationGeluMatchesCpu) {
   }
 }
 
-// gate_activation = kGelu (Zamba2's MLP): out = gelu(gate) * up on the same
+// gate_activation = kGelu (Zamba2's MLP): out = gelu(gate) * up, and kSigmoid
+// (Qwen3-Next's attention output gate): out = sigmoid(gate) * up, on the same
 // layouts as SiLU's: separate buffers, fused halves, out aliasing either half.
-TEST_P(ElementwiseTest, SwiGluGeluGateMatchesCpuFusedHalvesAndAliases) {
+TEST_P(ElementwiseTest, SwiGluGeluAndSigmoidGatesMatchCpuFusedHalvesAndAliases) {
   std::mt19937 rng(26);
-  for (int64_t dim : {1, 7, 64, 257, 1030}) {
-    for (int variant = 0; variant < 4; ++variant) {
-      const int64_t rows = 3;
-      const bool fused = variant > 0;
-      const bool in_place = variant >= 2;
-      const int64_t gs = fused ? 2 * dim : dim;
-      std::vector<float> gate = RandomRows(rng, rows, gs, gs, -8.0f, 8.0f);
-      std::vector<float> up = RandomRows(rng, rows, dim, dim);
-      SwiGluParams p;
-      p.n_rows = rows;
-      p.dim = dim;
-      p.gate_activation = ActivationKind::kGelu;
-      if (fused) {
-        p.gate_row_stride = 2 * dim;
-        p.up_row_stride = 2 * dim;
-      }
-      if (in_place) p.out_row_stride = 2 * dim;
-      const int64_t out_offset = variant == 3 ? dim : 0;
-      const int64_t os = in_place ? 2 * dim : dim;
-
-      // |gate| * |up| of each output element, in the output's layout.
-      std::vector<float> scale(in_place ? gate.size() : rows * dim, 0.0f);
-      for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t i = 0; i < dim; ++i) {
-          const float u = fused ? gate[r * gs + dim + i] : up[r * dim + i];
-          scale[r * os + out_offset + i] = std::fabs(gate[r * gs + i]) * std::fabs(u);
+  for (ActivationKind act : {ActivationKind::kGelu, ActivationKind::kSigmoid})
+    for (int64_t dim : {1, 7, 64, 257, 1030}) {
+      for (int variant = 0; variant < 4; ++variant) {
+        const int64_t rows = 3;
+        const bool fused = variant > 0;
+        const bool in_place = variant >= 2;
+        const int64_t gs = fused ? 2 * dim : dim;
+        std::vector<float> gate = RandomRows(rng, rows, gs, gs, -8.0f, 8.0f);
+        std::vector<float> up = RandomRows(rng, rows, dim, dim);
+        SwiGluParams p;
+        p.n_rows = rows;
+        p.dim = dim;
+        p.gate_activation = act;
+        if (fused) {
+          p.gate_row_stride = 2 * dim;
+          p.up_row_stride = 2 * dim;
         }
+        if (in_place) p.out_row_stride = 2 * dim;
+        const int64_t out_offset = variant == 3 ? dim : 0;
+        const int64_t os = in_place ? 2 * dim : dim;
+
+        // |gate| * |up| of each output element, in the output's layout.
+        std::vector<float> scale(in_place ? gate.size() : rows * dim, 0.0f);
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t i = 0; i < dim; ++i) {
+            const float u = fused ? gate[r * gs + dim + i] : up[r * dim + i];
+            scale[r * os + out_offset + i] = std::fabs(gate[r * gs + i]) * std::fabs(u);
+          }
+        }
+
+        // CPU: in place on a copy of the fused buffer, else into `want`.
+        std::vector<float> want = in_place ? gate : std::vector<float>(rows * dim, kSentinel);
+        p.gate = in_place ? want.data() : gate.data();
+        p.up = fused ? p.gate + dim : up.data();
+        p.out = want.data() + out_offset;
+        ASSERT_EQ(cpu::SwiGlu(p, nullptr), kKernelOk);
+
+        DeviceBuffer dg = Up(gate), du = Up(up), dout = Up(std::vector<float>(rows * dim, kSentinel));
+        p.gate = dg.as<float>();
+        p.up = fused ? dg.as<float>() + dim : du.as<float>();
+        p.out = in_place ? dg.as<float>() + out_offset : dout.as<float>();
+        ASSERT_EQ(b().SwiGlu(p), kKernelOk);
+        EXPECT_TRUE(GeluMatch(Down(in_place ? dg : dout), want, scale))
+            << "act " << static_cast<int>(act) << " dim " << dim << " variant " << variant;
       }
-
-      // CPU: in place on a copy of the fused buffer, else into `want`.
-      std::vector<float> want = in_place ? gate : std::vector<float>(rows * dim, kSentinel);
-      p.gate = in_place ? want.data() : gate.data();
-      p.up = fused ? p.gate + dim : up.data();
-      p.out = want.data() + out_offset;
-      ASSERT_EQ(cpu::SwiGlu(p, nullptr), kKernelOk);
-
-      DeviceBuffer dg = Up(gate), du = Up(up), dout = Up(std::vector<float>(rows * dim, kSentinel));
-      p.gate = dg.as<float>();
-      p.up = fused ? dg.as<float>() + dim : du.as<float>();
-      p.out = in_place ? dg.as<float>() + out_offset : dout.as<float>();
-      ASSERT_EQ(b().SwiGlu(p), kKernelOk);
-      EXPECT_TRUE(GeluMatch(Down(in_place ? dg : dout), want, scale)) << "dim " << dim << " variant " << variant;
     }
-  }
 }
 
-TEST_P(ElementwiseTest, SwiGluRejectsGateActivationsOtherThanSiluAndGelu) {
+TEST_P(ElementwiseTest, SwiGluRejectsGateActivationsOtherThanSiluGeluAndSigmoid) {
   DeviceBuffer buf = Up(std::vector<float>(48, 1.0f));
   float* d = buf.as<float>();
   SwiGluParams s;
@@ -446,7 +450,7 @@ TEST_P(ElementwiseTest, SwiGluRejectsGateActivationsOtherThanSiluAndGelu) {
   s.out = d + 32;
   s.n_rows = 2;
   s.dim = 8;
-  for (ActivationKind kind : {ActivationKind::kSilu, ActivationKind::kGelu}) {
+  for (ActivationKind kind : {ActivationKind::kSilu, ActivationKind::kGelu, ActivationKind::kSigmoid}) {
     s.gate_activation = kind;
     EXPECT_EQ(b().SwiGlu(s), kKernelOk) << static_cast<int>(kind);
   }

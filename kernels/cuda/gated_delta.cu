@@ -146,8 +146,9 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(DecodeArgs a, int
 
 // ---------------------------------------------------------------------------
 // Prefill: one block of kPrefillThreads per (value head, slice of `cols`
-// value columns); it walks the call's segments of the absolute grid (each at
-// most one chunk of L <= kMaxChunk tokens), carrying its [dk, cols] slice of
+// value columns); it walks the call's segments of the absolute block grid
+// (each at most one block of L <= GatedDeltaBlockSize(chunk_size) <= 64
+// tokens; kernels/gated_delta_params.h), carrying its [dk, cols] slice of
 // the state S in shared memory. Columns of S are independent under the rule,
 // so a slice needs only its own columns of v. Per segment, with q, k prepared,
 // gc_i the cumulative log decay from the segment start (sequential adds, as
@@ -165,7 +166,7 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(DecodeArgs a, int
 // ---------------------------------------------------------------------------
 
 constexpr int kPrefillThreads = 256;
-constexpr int64_t kMaxChunk = 64;
+constexpr int kSolveRows = 16;  // rows of the UT solve done in order by one thread per column
 constexpr int kMaxPrefillCols = 32;
 constexpr int64_t kPrefillMaxSmemBytes = 160 * 1024;
 
@@ -185,6 +186,7 @@ struct PrefillArgs {
   int64_t dk;
   int64_t dv;
   int64_t chunk_size;
+  int64_t block;  // GatedDeltaBlockSize(chunk_size): segment grid and shared-memory rows
   int64_t start_pos;
   int64_t qs, ks, vs;
   int64_t n_slices;
@@ -230,7 +232,7 @@ __host__ __device__ inline PrefillLayout MakePrefillLayout(int64_t dk, int cols,
 __global__ void __launch_bounds__(kPrefillThreads) PrefillKernel(PrefillArgs a) {
   const int64_t slice = blockIdx.x % a.n_slices;
   const int64_t h = blockIdx.x / a.n_slices;
-  const int64_t dk = a.dk, dv = a.dv, cs = a.chunk_size, hv = a.n_v_heads;
+  const int64_t dk = a.dk, dv = a.dv, cs = a.block, hv = a.n_v_heads;
   const int64_t kh = h / (hv / a.n_k_heads);
   const int64_t c0 = slice * a.cols;
   const int cols = a.cols;
@@ -310,15 +312,31 @@ __global__ void __launch_bounds__(kPrefillThreads) PrefillKernel(PrefillArgs a) 
       vn[e] = bt[i] * (vv - eg[i] * ksv);
     }
     __syncthreads();
-    // Forward substitution, one thread per column, rows in order.
-    if (tid < cols) {
-      for (int i = 1; i < len; ++i) {
-        float acc = vn[i * cols + tid];
-        for (int j = 0; j < i; ++j) acc = fmaf(-am[i * ldc + j], vn[j * cols + tid], acc);
-        vn[i * cols + tid] = acc;
+    // Forward substitution in row blocks of kSolveRows: the terms of the
+    // solved rows j < b0 for every (row, column) of the block at once, then the
+    // block's own rows in order, one thread per column. Each element is the
+    // same chain either way: acc = R[i][c], then fmaf(-A[i][j], Vn[j][c], acc)
+    // for j = 0, 1, ..., i - 1.
+    for (int b0 = 0; b0 < len; b0 += kSolveRows) {
+      const int b1 = static_cast<int>(Min<int64_t>(len, b0 + kSolveRows));
+      if (b0 > 0) {
+        for (int e = tid; e < (b1 - b0) * cols; e += nthreads) {
+          const int i = b0 + e / cols, c = e % cols;
+          float acc = vn[i * cols + c];
+          for (int j = 0; j < b0; ++j) acc = fmaf(-am[i * ldc + j], vn[j * cols + c], acc);
+          vn[i * cols + c] = acc;
+        }
+        __syncthreads();
       }
+      if (tid < cols) {
+        for (int i = b0 + 1; i < b1; ++i) {
+          float acc = vn[i * cols + tid];
+          for (int j = b0; j < i; ++j) acc = fmaf(-am[i * ldc + j], vn[j * cols + tid], acc);
+          vn[i * cols + tid] = acc;
+        }
+      }
+      __syncthreads();
     }
-    __syncthreads();
     // Outputs.
     for (int e = tid; e < len * cols; e += nthreads) {
       const int i = e / cols, c = e % cols;
@@ -336,7 +354,7 @@ __global__ void __launch_bounds__(kPrefillThreads) PrefillKernel(PrefillArgs a) 
       st[e] = acc;
     }
     const int64_t end = a.start_pos + t1;
-    if (end % cs == 0) {
+    if (end % a.chunk_size == 0) {
       if (a.chunk_states != nullptr) {
         float* dst = a.chunk_states + row * hv * dk * dv + head_state;
         for (int64_t e = tid; e < dk * cols; e += nthreads) {
@@ -400,16 +418,15 @@ int GatedDeltaGates(const GatedDeltaGatesParams& p, const CudaLaunchContext& ctx
 
 int GatedDeltaPrefill(const GatedDeltaParams& p, const CudaLaunchContext& ctx) {
   if (CheckGatedDeltaParams(p) != kKernelOk) return kKernelInvalidArgument;
-  // The chunk is held whole in shared memory.
-  if (p.chunk_size > kMaxChunk) return kKernelUnsupported;
   if (p.seqlen == 0 && (p.final_state == nullptr || p.final_state == p.initial_state)) return kKernelOk;
   const int ldk = static_cast<int>(p.dk % 2 == 0 ? p.dk + 1 : p.dk);
-  const int ldc = static_cast<int>(p.chunk_size % 2 == 0 ? p.chunk_size + 1 : p.chunk_size);
+  const int64_t block = GatedDeltaBlockSize(p.chunk_size);
+  const int ldc = static_cast<int>(block % 2 == 0 ? block + 1 : block);
   // Value columns per block: the most (<= 32) that fit the budget.
   int cols = static_cast<int>(Min<int64_t>(kMaxPrefillCols, p.dv));
   const int64_t budget = PrefillSmemBudget();
   auto bytes = [&] {
-    return MakePrefillLayout(p.dk, cols, ldk, ldc, p.chunk_size).total * static_cast<int64_t>(sizeof(float));
+    return MakePrefillLayout(p.dk, cols, ldk, ldc, block).total * static_cast<int64_t>(sizeof(float));
   };
   while (bytes() > budget && cols > 1) cols = (cols + 1) / 2;
   if (bytes() > budget) return kKernelUnsupported;  // very large dk: one chunk's q and k do not fit
@@ -429,6 +446,7 @@ int GatedDeltaPrefill(const GatedDeltaParams& p, const CudaLaunchContext& ctx) {
   a.dk = p.dk;
   a.dv = p.dv;
   a.chunk_size = p.chunk_size;
+  a.block = block;
   a.start_pos = p.start_pos;
   a.qs = p.q_token_stride ? p.q_token_stride : p.n_k_heads * p.dk;
   a.ks = p.k_token_stride ? p.k_token_stride : p.n_k_heads * p.dk;
