@@ -349,6 +349,10 @@ struct ModelConfig {
   std::string dtype;                    // `dtype` or legacy `torch_dtype`, "" when absent
   // `_name_or_path` (the hub id or local path save_pretrained recorded), "" when absent.
   std::string name_or_path;
+  // What the file holds that the engine reads but does not run, one "key: why"
+  // each (Qwen's vision_config, mtp_* settings, ...), for the loader's log. Not
+  // in the fingerprint.
+  std::vector<std::string> ignored;
 
   int64_t num_layers() const { return static_cast<int64_t>(layers.size()); }
   int64_t CountLayers(LayerKind kind) const;

@@ -38,6 +38,7 @@ absl::Status ParseQwen(absl::string_view json_text, const Json& root, ModelConfi
   c.hidden_size = q.hidden_size;
   c.norm_eps = static_cast<float>(q.rms_norm_eps);
   c.tie_word_embeddings = q.tie_word_embeddings;
+  c.ignored = q.ignored;
 
   // Token ids and the other common fields: the language model's object (the
   // image-text forms keep them in text_config), else the top level.

@@ -121,6 +121,10 @@ TEST(ModelConfigQwenTest, Qwen35MoeImageTextFormReadsItsTextConfig) {
   EXPECT_TRUE(c->tie_word_embeddings);  // the image-text form ties by its top-level field
   EXPECT_EQ(c->dtype, "bfloat16");
   EXPECT_EQ(c->hidden_size, 64);
+  // The vision tower is named among what is not run.
+  bool vision = false;
+  for (const std::string& what : c->ignored) vision = vision || what.rfind("vision_config", 0) == 0;
+  EXPECT_TRUE(vision) << "ignored: " << c->ignored.size();
 }
 
 TEST(ModelConfigQwenTest, TheFingerprintCoversTheNewKindsAndTheFamily) {

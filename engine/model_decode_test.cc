@@ -317,6 +317,38 @@ TEST_P(DecodeGraphTest, GraphReplayGivesTheBitsOfKernelByKernelSteps) {
             << counted.calls("Replay") << " replays\n";
 }
 
+// A dense Gated DeltaNet hybrid (Qwen3.5) decodes under graphs: the conv
+// update, the gates and the recurrent step read their slots from device
+// memory, so replays give the bits of kernel-by-kernel steps.
+TEST_P(DecodeGraphTest, GatedDeltaNetStepsReplayWithTheBitsOfKernelByKernelSteps) {
+  MakeModels(testing::kQwen35Tiny, /*max_pages=*/64, /*max_sequences=*/4);
+  if (skipped_ || HasFatalFailure()) return;
+  Model* with = with_.get();
+  Model* without = without_.get();
+  const int64_t vocab = weights_->config().vocab_size;
+  std::vector<SequenceId> a, b;
+  for (int64_t i = 0; i < 3; ++i) {
+    const std::vector<TokenId> prompt = RandomTokens(700 + i, 9 + 30 * i, vocab);
+    auto x = with->sequences().New();
+    auto y = without->sequences().New();
+    ASSERT_TRUE(x.ok() && y.ok());
+    ASSERT_TRUE(with->Prefill(*x, prompt).ok());
+    ASSERT_TRUE(without->Prefill(*y, prompt).ok());
+    a.push_back(*x);
+    b.push_back(*y);
+  }
+  for (int s = 0; s < 6; ++s) {
+    const std::vector<TokenId> tokens = RandomTokens(800 + s, 3, vocab);
+    auto lx = with->DecodeStep(a, tokens);
+    auto ly = without->DecodeStep(b, tokens);
+    ASSERT_TRUE(lx.ok()) << lx.status();
+    ASSERT_TRUE(ly.ok()) << ly.status();
+    EXPECT_TRUE(BitEqual(*lx, *ly)) << "step " << s;
+  }
+  EXPECT_GE(counted_->calls("EndCapture"), 1);
+  EXPECT_GE(counted_->calls("Replay"), 3);
+}
+
 // A mixture-of-experts block copies its router logits to the host, which a
 // capture cannot record: with decode graphs asked for, such a model decodes
 // kernel by kernel, with the same bits, and never tries to record.

@@ -348,6 +348,7 @@ INSTANTIATE_TEST_SUITE_P(
         ParityParam{testing::kQwen35MoeTiny, kernels::MatmulMode::kFast, 2e-4f},
         ParityParam{testing::kQwen35MoeTiny, kernels::MatmulMode::kDeterministic, 2e-4f,
                     testing::TestTarget::kCudaEmulated},
+        ParityParam{testing::kQwen3NextTiny, kernels::MatmulMode::kDeterministic, 2e-4f, testing::TestTarget::kCudaGpu},
         // The same contracts on the CUDA backend, bit for bit against itself.
         ParityParam{testing::kNemotronTiny, kernels::MatmulMode::kDeterministic, 2e-2f,
                     testing::TestTarget::kCudaEmulated},

@@ -40,7 +40,7 @@ done
 # binaries the tests and benchmarks start as child processes.
 TESTS=(
   //kernels/cuda:attention_test //kernels/cuda:conv1d_test //kernels/cuda:cuda_backend_test
-  //kernels/cuda:elementwise_test //kernels/cuda:matmul_test //kernels/cuda:ssd_test
+  //kernels/cuda:elementwise_test //kernels/cuda:matmul_test //kernels/cuda:ssd_test //kernels/cuda:gated_delta_test
   //engine:model_golden_test //engine:model_parity_test //engine:model_decode_test //engine:model_backend_test
   //transport:nccl_communicator_test //tests/e2e:gpu_stack_test
 )

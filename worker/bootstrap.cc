@@ -67,6 +67,7 @@ absl::StatusOr<std::unique_ptr<engine::ModelWeights>> LoadModel(const WorkerOpti
         weights.status().code(),
         absl::StrCat("cannot load the model from --model_dir=", options.model_dir, ": ", weights.status().message()));
   }
+  for (const std::string& what : (*weights)->config().ignored) LOG(INFO) << "model: not run: " << what;
   return weights;
 }
 
