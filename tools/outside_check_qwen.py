@@ -27,8 +27,12 @@ was generated, never fed). Prints a verdict table and per turn the smallest top-
 of transformers' steps (how near a tie the greedy choice was). Exit status 1 on any difference.
 
 The weights: transformers' _init_weights with initializer_range INIT_RANGE (0.02, its default,
-makes logits so flat that greedy choices are near ties), then every norm weight, A_log and dt_bias
-moved off its constant init by N(0, 0.1^2) under a fixed seed (an engine that ignored one would part),
+makes logits so flat that greedy choices are near ties), then under a fixed seed every norm weight
+moved off its constant init by N(0, 0.1^2) (an engine that ignored one would part); A_log = log(U[0.1, 1])
+and dt_bias ~ U[-2, 0], as tools/gen_model_qwen3_next.py draws them, so that the delta-rule state decays
+by 0.5 to 0.99 a token and carries across turns (transformers draws A from U[0.01, 16] with dt_bias 1:
+most heads then forget within a token or two, and a prefill that dropped the restored delta-rule state
+on resume passed this check: turn 3's top logprob moved by 1e-3);
 and the embedding row of <pad>, which transformers zeroes (padding_idx), drawn as the others are: the
 random models do generate 256 (seed 50's MoE model, in turn 2), and a zero row gives the MoE's first
 router all-zero logits, an 8-way tie that only torch.topk's tie order would decide.
@@ -152,8 +156,12 @@ def make_model(kind, out_dir):
     generator = torch.Generator().manual_seed(SEED + 1)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith(("norm.weight", "A_log", "dt_bias")):
+            if name.endswith("norm.weight"):
                 p.add_(torch.randn(p.shape, generator=generator) * NORM_JITTER)
+            elif name.endswith("A_log"):
+                p.copy_(torch.empty(p.shape).uniform_(0.1, 1.0, generator=generator).log())
+            elif name.endswith("dt_bias"):
+                p.copy_(torch.empty(p.shape).uniform_(-2.0, 0.0, generator=generator))
         embeddings = model.get_input_embeddings().weight
         embeddings[PAD] = torch.randn(embeddings.shape[1], generator=generator) * INIT_RANGE
     model.generation_config.eos_token_id = EOS
