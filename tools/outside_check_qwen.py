@@ -23,7 +23,9 @@ greedy generate on that turn's prompt (the whole conversation so far, as the sta
 token attended; do_sample=False, max_new_tokens MAX_NEW_TOKENS, the saved generation_config: eos 258 stops it) must
 give the same tokens exactly, and turns 2 and 3 must have resumed from cached state: usage's
 resume_kind EXACT_PREFIX with cached_tokens = the previous turn's prompt + reply - 1 (its last token
-was generated, never fed). Prints a verdict table and per turn the smallest top-1 minus top-2 logit
+was generated, never fed), and the rest computed once: the processes' /metrics counters
+(hybridserve_prefill_computed_tokens_total, hybridserve_decode_local_prefill_computed_tokens_total) grow
+by the whole prompt at prefill on turn 1, by the uncached tokens at decode's local prefill after. Prints a verdict table and per turn the smallest top-1 minus top-2 logit
 of transformers' steps (how near a tie the greedy choice was). Exit status 1 on any difference.
 
 The weights: transformers' _init_weights with initializer_range INIT_RANGE (0.02, its default,
@@ -78,6 +80,26 @@ def user_ids(turn):
 
 # ---------------------------------------------------------------- the client half (--serve)
 
+# The prompt tokens each process computed (counters of its /metrics): prefill's for a new prompt,
+# decode's local prefill for a resumed turn's new tokens.
+COMPUTED = {"prefill": (1, "hybridserve_prefill_computed_tokens_total"),
+            "decode": (2, "hybridserve_decode_local_prefill_computed_tokens_total")}
+
+
+def metric(port, name):
+    """The value of an unlabelled counter on http://127.0.0.1:port/metrics."""
+    import urllib.request  # pylint: disable=import-outside-toplevel
+    with urllib.request.urlopen("http://127.0.0.1:%s/metrics" % port, timeout=10) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[-1])
+    raise RuntimeError("%s not on port %s's /metrics" % (name, port))
+
+
+def computed_tokens(processes):
+    return {who: metric(processes[i].fields["metrics_port"], name) for who, (i, name) in COMPUTED.items()}
+
+
 def serve(args):
     """Starts cachestore, prefill and decode on args.serve, runs the three turns through the Python
     client, prints {"turns": [...]} as JSON on stdout (the processes' logs go to args.log_dir)."""
@@ -96,7 +118,7 @@ def serve(args):
                                ["--address=127.0.0.1:0", "--metrics_address="], "CACHESTORE_READY"))
         cache = "--cachestore=127.0.0.1:" + processes[0].fields["port"]
         common = ["--model_dir=" + args.serve, "--address=127.0.0.1:0", "--threads=1",
-                  "--page_size=%d" % args.page_size, cache]
+                  "--page_size=%d" % args.page_size, "--metrics_address=127.0.0.1:0", cache]
         processes.append(start("prefill", "prefill/prefill", common, "PREFILL_READY"))
         processes.append(start("decode", "decode/decode",
                                common + ["--prefill=127.0.0.1:" + processes[1].fields["port"]], "DECODE_READY"))
@@ -105,12 +127,15 @@ def serve(args):
             history = []
             for turn in range(len(USER_TURNS)):
                 history = history + user_ids(turn)
+                before = computed_tokens(processes)
                 result = client.generate(history, max_tokens=MAX_NEW_TOKENS, temperature=0.0,
                                          cache_salt="outside-check")
+                after = computed_tokens(processes)
                 usage = result.usage
                 turns.append({"prompt_ids": list(history), "generated_ids": list(result.token_ids),
                               "finish": result.finish_reason.name, "prompt_tokens": usage.prompt_tokens,
-                              "cached_tokens": usage.cached_tokens, "resume_kind": usage.resume_kind.name})
+                              "cached_tokens": usage.cached_tokens, "resume_kind": usage.resume_kind.name,
+                              "computed": {k: after[k] - before[k] for k in after}})
                 history = history + list(result.token_ids)
         print(json.dumps({"model_name": info.model_name, "vocab_size": info.vocab_size,
                           "eos_token_ids": list(info.eos_token_ids), "page_size": info.page_size,
@@ -218,17 +243,20 @@ def check(kind, args, tmp):
         expected, margin = reference(model, turn["prompt_ids"])
         same = turn["generated_ids"] == expected
         if i == 0:
-            resumed = turn["cached_tokens"] == 0
-            want = "cached 0"
+            want_cached, want_kind = 0, "COLD"
         else:
             previous = stack["turns"][i - 1]
-            want_cached = len(previous["prompt_ids"]) + len(previous["generated_ids"]) - 1
-            resumed = turn["resume_kind"] == "EXACT_PREFIX" and turn["cached_tokens"] == want_cached
-            want = f"EXACT_PREFIX, cached {want_cached}"
+            want_cached, want_kind = len(previous["prompt_ids"]) + len(previous["generated_ids"]) - 1, "EXACT_PREFIX"
+        # The rest was computed once: a new prompt by prefill, a resumed turn's new tokens by decode.
+        uncached = len(turn["prompt_ids"]) - want_cached
+        want_computed = {"prefill": uncached, "decode": 0} if i == 0 else {"prefill": 0, "decode": uncached}
+        resumed = (turn["resume_kind"] == want_kind and turn["cached_tokens"] == want_cached and
+                   turn["computed"] == want_computed)
+        want = f"{want_kind}, cached {want_cached}, computed {want_computed}"
         rows.append({"model": kind, "class": class_name, "turn": i + 1, "prompt": len(turn["prompt_ids"]),
                      "generated": len(turn["generated_ids"]), "finish": turn["finish"],
                      "tokens_equal": same, "resume_kind": turn["resume_kind"], "cached": turn["cached_tokens"],
-                     "resume_expected": want, "resume_ok": resumed, "min_margin": margin,
+                     "computed": turn["computed"], "resume_expected": want, "resume_ok": resumed, "min_margin": margin,
                      "first_difference": None if same else next(
                          (j for j, (a, b) in enumerate(zip(turn["generated_ids"], expected)) if a != b),
                          min(len(expected), len(turn["generated_ids"]))),
@@ -264,11 +292,12 @@ def main(argv=None):
             rows += kind_rows
     print()
     print(f"{'model':6} {'turn':>4} {'prompt':>6} {'gen':>4} {'finish':7} {'tokens':7} {'resume':13} "
-          f"{'cached':>6} {'resume?':8} {'min margin':>10}")
+          f"{'cached':>6} {'computed P/D':>12} {'resume?':8} {'min margin':>10}")
     for r in rows:
+        computed = "%d/%d" % (r["computed"]["prefill"], r["computed"]["decode"])
         print(f"{r['model']:6} {r['turn']:>4} {r['prompt']:>6} {r['generated']:>4} {r['finish']:7} "
               f"{'equal' if r['tokens_equal'] else 'DIFFER':7} {r['resume_kind']:13} {r['cached']:>6} "
-              f"{'ok' if r['resume_ok'] else 'WRONG':8} {r['min_margin']:>10.4f}")
+              f"{computed:>12} {'ok' if r['resume_ok'] else 'WRONG':8} {r['min_margin']:>10.4f}")
         if not r["tokens_equal"]:
             print(f"       first difference at generated token {r['first_difference']}: "
                   f"stack {r['stack_ids']} transformers {r['transformers_ids']}")
