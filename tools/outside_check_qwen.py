@@ -20,13 +20,14 @@ grpc): turn 1 sends <bos> + the first user text; turn k + 1 sends the whole conv
 k's prompt, the reply the stack generated, the next user text), greedy (temperature 0), max_tokens
 MAX_NEW_TOKENS, stopping at <eos>, under one cache_salt. Then, for every turn, transformers'
 greedy generate on that turn's prompt (the whole conversation so far, as the stack saw it, every
-token attended; do_sample=False, max_new_tokens MAX_NEW_TOKENS, the saved generation_config: eos 258 stops it) must
-give the same tokens exactly, and turns 2 and 3 must have resumed from cached state: usage's
-resume_kind EXACT_PREFIX with cached_tokens = the previous turn's prompt + reply - 1 (its last token
-was generated, never fed), and the rest computed once: the processes' /metrics counters
-(hybridserve_prefill_computed_tokens_total, hybridserve_decode_local_prefill_computed_tokens_total) grow
-by the whole prompt at prefill on turn 1, by the uncached tokens at decode's local prefill after. Prints a verdict table and per turn the smallest top-1 minus top-2 logit
-of transformers' steps (how near a tie the greedy choice was). Exit status 1 on any difference.
+token attended; do_sample=False, max_new_tokens MAX_NEW_TOKENS, the saved generation_config: eos 258
+stops it) must give the same tokens exactly, and turns 2 and 3 must have resumed from cached state:
+usage's resume_kind EXACT_PREFIX with cached_tokens = the previous turn's prompt + reply - 1 (its last
+token was generated, never fed), and the rest computed once: the processes' /metrics counters
+(hybridserve_prefill_computed_tokens_total, hybridserve_decode_local_prefill_computed_tokens_total)
+grow by the whole prompt at prefill on turn 1, by the uncached tokens at decode's local prefill after.
+Prints a verdict table and per turn the smallest top-1 minus top-2 logit of transformers' steps (how
+near a tie the greedy choice was). Exit status 1 on any difference.
 
 The weights: transformers' _init_weights with initializer_range INIT_RANGE (0.02, its default,
 makes logits so flat that greedy choices are near ties), then under a fixed seed every norm weight
