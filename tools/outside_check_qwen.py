@@ -29,7 +29,7 @@ grow by the whole prompt at prefill on turn 1, by the uncached tokens at decode'
 Prints a verdict table and per turn the smallest top-1 minus top-2 logit of transformers' steps (how
 near a tie the greedy choice was). Exit status 1 on any difference.
 
-The weights: transformers' _init_weights with initializer_range INIT_RANGE (0.02, its default,
+The weights: transformers' _init_weights with initializer_range INIT_RANGE = 0.1 (its default 0.02
 makes logits so flat that greedy choices are near ties), then under a fixed seed every norm weight
 moved off its constant init by N(0, 0.1^2) (an engine that ignored one would part); A_log = log(U[0.1, 1])
 and dt_bias ~ U[-2, 0], as tools/gen_model_qwen3_next.py draws them, so that the delta-rule state decays
