@@ -98,6 +98,8 @@ TEXT_MODELS = {
     "falcon_h1_e2e": "tests/fixtures/models/falcon_h1_e2e",
     "zamba2_e2e": "tests/fixtures/models/zamba2_e2e",
     "public_bamba_9b_e2e": "tests/fixtures/models/public_bamba_9b_e2e",
+    "qwen3_5_e2e": "tests/fixtures/models/qwen3_5_e2e",
+    "qwen3_5_moe_e2e": "tests/fixtures/models/qwen3_5_moe_e2e",
 }
 TEXT_GOLDEN = "tests/fixtures/text_golden"
 

@@ -9,7 +9,8 @@ For each byte-vocabulary model the end-to-end suite serves (fixture_spec.TEXT_MO
 every e2e model of tests/fixtures/models and the embedded default model), this script builds a
 model directory as a user deploys one (the model's config.json and model.safetensors,
 tests/fixtures/byte_tokenizer's tokenizer files), loads it with transformers
-(AutoModelForCausalLM, fp32, CPU, eager attention, eager experts; AutoTokenizer),
+(AutoModelForCausalLM, or AutoModelForImageTextToText for an image-text checkpoint, given
+input_ids only; fp32, CPU, eager attention, eager experts; AutoTokenizer),
 and records into <out>/<name>.json, for each case of CASES:
 
   completion  a prompt text, tokenised as transformers' tokenizer(text) does (special
@@ -107,9 +108,13 @@ def model_dir_with_tokenizer(tmp, model_dir):
 def load(d):
     with open(os.path.join(d, "config.json")) as f:
         config = json.load(f)
-    has_experts = config["model_type"] == "granitemoehybrid" or "moe" in config.get("layers_block_type", [])
+    has_experts = (config["model_type"] == "granitemoehybrid" or "moe" in config.get("layers_block_type", []) or
+                   config.get("text_config", config).get("num_experts", 0) > 0)
     extra = {"experts_implementation": EXPERTS_IMPLEMENTATION} if has_experts else {}
-    model, info = transformers.AutoModelForCausalLM.from_pretrained(
+    # An image-text checkpoint (vision_config: qwen3_5_moe_e2e) loads whole, vision tower included;
+    # generate is given input_ids only, so the tower never runs.
+    auto = transformers.AutoModelForImageTextToText if "vision_config" in config else transformers.AutoModelForCausalLM
+    model, info = auto.from_pretrained(
         d, dtype=torch.float32, attn_implementation="eager", output_loading_info=True, **extra)
     for kind in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs"):
         assert not info.get(kind), f"{d}: {kind} = {info[kind]}"

@@ -186,6 +186,11 @@ const std::vector<ModelShape>& ModelShapes() {
       // --byte_vocab): the publisher's fields as written, "M*M", chunk 16; like
       // the published file, no max_position_embeddings.
       {"PublicBamba9bPage16", "tests/fixtures/models/public_bamba_9b_e2e", 16, 16, 259, true, 2147483647u},
+      // Qwen3.5 (issue 50): Gated DeltaNet layers (delta-rule and conv states)
+      // with gated attention every third layer, chunk 64; the dense text-only
+      // form at page 16, the MoE image-text form (vision tower ignored) at page 32.
+      {"Qwen35Page16", "tests/fixtures/models/qwen3_5_e2e", 16, 64, 259, true},
+      {"Qwen35MoePage32", "tests/fixtures/models/qwen3_5_moe_e2e", 32, 64, 259, true},
   };
   return *shapes;
 }
