@@ -91,7 +91,6 @@ import argparse
 import hashlib
 import importlib.util
 import json
-import math
 import os
 import re
 import shutil
