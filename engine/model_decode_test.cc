@@ -251,6 +251,32 @@ class DecodeGraphTest : public ::testing::TestWithParam<testing::TestTarget> {
     ASSERT_NE(without_, nullptr);
   }
 
+  // Prefills `sequences` prompts (lengths first_length + i * length_step) in
+  // both models, then decodes `steps` steps of the whole batch in both, each
+  // step's logits bit-identical.
+  void DecodeSideBySide(int64_t sequences, uint64_t seed, int64_t first_length, int64_t length_step, int steps) {
+    const int64_t vocab = weights_->config().vocab_size;
+    std::vector<SequenceId> a, b;
+    for (int64_t i = 0; i < sequences; ++i) {
+      const std::vector<TokenId> prompt = RandomTokens(seed + i, first_length + length_step * i, vocab);
+      auto x = with_->sequences().New();
+      auto y = without_->sequences().New();
+      ASSERT_TRUE(x.ok() && y.ok());
+      ASSERT_TRUE(with_->Prefill(*x, prompt).ok());
+      ASSERT_TRUE(without_->Prefill(*y, prompt).ok());
+      a.push_back(*x);
+      b.push_back(*y);
+    }
+    for (int s = 0; s < steps; ++s) {
+      const std::vector<TokenId> tokens = RandomTokens(seed + 100 + s, sequences, vocab);
+      auto lx = with_->DecodeStep(a, tokens);
+      auto ly = without_->DecodeStep(b, tokens);
+      ASSERT_TRUE(lx.ok()) << lx.status();
+      ASSERT_TRUE(ly.ok()) << ly.status();
+      EXPECT_TRUE(BitEqual(*lx, *ly)) << "step " << s;
+    }
+  }
+
   // Declared in the order of their lifetimes: the models go first, the
   // backends they run on after them.
   std::unique_ptr<ModelWeights> weights_;
@@ -323,28 +349,7 @@ TEST_P(DecodeGraphTest, GraphReplayGivesTheBitsOfKernelByKernelSteps) {
 TEST_P(DecodeGraphTest, GatedDeltaNetStepsReplayWithTheBitsOfKernelByKernelSteps) {
   MakeModels(testing::kQwen35Tiny, /*max_pages=*/64, /*max_sequences=*/4);
   if (skipped_ || HasFatalFailure()) return;
-  Model* with = with_.get();
-  Model* without = without_.get();
-  const int64_t vocab = weights_->config().vocab_size;
-  std::vector<SequenceId> a, b;
-  for (int64_t i = 0; i < 3; ++i) {
-    const std::vector<TokenId> prompt = RandomTokens(700 + i, 9 + 30 * i, vocab);
-    auto x = with->sequences().New();
-    auto y = without->sequences().New();
-    ASSERT_TRUE(x.ok() && y.ok());
-    ASSERT_TRUE(with->Prefill(*x, prompt).ok());
-    ASSERT_TRUE(without->Prefill(*y, prompt).ok());
-    a.push_back(*x);
-    b.push_back(*y);
-  }
-  for (int s = 0; s < 6; ++s) {
-    const std::vector<TokenId> tokens = RandomTokens(800 + s, 3, vocab);
-    auto lx = with->DecodeStep(a, tokens);
-    auto ly = without->DecodeStep(b, tokens);
-    ASSERT_TRUE(lx.ok()) << lx.status();
-    ASSERT_TRUE(ly.ok()) << ly.status();
-    EXPECT_TRUE(BitEqual(*lx, *ly)) << "step " << s;
-  }
+  DecodeSideBySide(/*sequences=*/3, /*seed=*/700, /*first_length=*/9, /*length_step=*/30, /*steps=*/6);
   EXPECT_GE(counted_->calls("EndCapture"), 1);
   EXPECT_GE(counted_->calls("Replay"), 3);
 }
@@ -355,31 +360,9 @@ TEST_P(DecodeGraphTest, GatedDeltaNetStepsReplayWithTheBitsOfKernelByKernelSteps
 TEST_P(DecodeGraphTest, ExpertBlocksRunKernelByKernelWithTheSameBits) {
   MakeModels(testing::kGraniteMoeTiny, /*max_pages=*/64, /*max_sequences=*/4);
   if (skipped_ || HasFatalFailure()) return;
-  Model* with = with_.get();
-  Model* without = without_.get();
-  const kernels::CountingBackend& counted = *counted_;
-  const int64_t vocab = weights_->config().vocab_size;
-  std::vector<SequenceId> a, b;
-  for (int64_t i = 0; i < 2; ++i) {
-    const std::vector<TokenId> prompt = RandomTokens(500 + i, 7 + 9 * i, vocab);
-    auto x = with->sequences().New();
-    auto y = without->sequences().New();
-    ASSERT_TRUE(x.ok() && y.ok());
-    ASSERT_TRUE(with->Prefill(*x, prompt).ok());
-    ASSERT_TRUE(without->Prefill(*y, prompt).ok());
-    a.push_back(*x);
-    b.push_back(*y);
-  }
-  for (int s = 0; s < 6; ++s) {
-    const std::vector<TokenId> tokens = RandomTokens(600 + s, 2, vocab);
-    auto lx = with->DecodeStep(a, tokens);
-    auto ly = without->DecodeStep(b, tokens);
-    ASSERT_TRUE(lx.ok()) << lx.status();
-    ASSERT_TRUE(ly.ok()) << ly.status();
-    EXPECT_TRUE(BitEqual(*lx, *ly)) << "step " << s;
-  }
-  EXPECT_EQ(counted.calls("BeginCapture"), 0);
-  EXPECT_EQ(counted.calls("Replay"), 0);
+  DecodeSideBySide(/*sequences=*/2, /*seed=*/500, /*first_length=*/7, /*length_step=*/9, /*steps=*/6);
+  EXPECT_EQ(counted_->calls("BeginCapture"), 0);
+  EXPECT_EQ(counted_->calls("Replay"), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cuda, DecodeGraphTest,
