@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Builds, on this (CPU) machine, the wheels the GPU run's anchors carry.
+# Nothing of mamba_ssm or llama.cpp enters the repository: the wheels go to
+# OUT (default gpu_bundle/anchors, ignored by git like the bundle).
+#
+#   tools/gpu_bundle/anchors/build_wheels.sh [mamba] [llamacpp]   (default: both)
+#
+# mamba: mamba-ssm 2.3.2.post1 from its PyPI sdist, pure Python
+#   (MAMBA_SKIP_CUDA_BUILD=TRUE: no selective_scan_cuda / causal_conv1d
+#   extension), ~211 KB. Needs torch importable (PYTHON, default
+#   /work/venv-golden/bin/python); the GPU machine has torch, triton, einops.
+#   bench/kernels/ssd_triton_anchor.py imports its Triton SSD scan without the
+#   package __init__ (which imports the CUDA extension).
+# llamacpp: llama-cpp-python 0.3.36 from its sdist (LLCPP_SDIST, else pip
+#   download), CUDA on for sm_90 (nvcc from CUDA_HOME, default /usr/local/cuda),
+#   shared libraries stripped. mtmd (LLAVA_BUILD) and the tools are off: the
+#   runner needs libllama + ggml only. The CUDA backend links libcudart and
+#   libcublas dynamically: the GPU machine's CUDA (or PyTorch's nvidia-* wheels)
+#   provides them; run_llamacpp_gpu.sh puts them on LD_LIBRARY_PATH.
+#   Compiling ggml-cuda takes hours on 2 cores: run it under nice in the
+#   background (NICE, default 19) with JOBS (default 2) compile jobs.
+#
+# Carry (see tools/gpu_bundle/anchors/README.md): the wheels, 64 MiB per call
+# together with everything else carried.
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)
+OUT=${OUT:-$repo/gpu_bundle/anchors}
+PYTHON=${PYTHON:-/work/venv-golden/bin/python}
+WORK=${WORK:-/tmp/hs-anchors-build}
+mkdir -p "$OUT" "$WORK"
+OUT=$(cd "$OUT" && pwd)
+what=("$@")
+[ ${#what[@]} -gt 0 ] || what=(mamba llamacpp)
+
+build_mamba() {
+  echo "== mamba-ssm 2.3.2.post1 (pure Python, no CUDA extension)"
+  rm -f "$OUT"/mamba_ssm-*.whl
+  # Its setup.py imports `wheel` (and torch): without build isolation the
+  # interpreter must have both. A venv without `wheel` gets the system's, alone.
+  local shim=""
+  if ! "$PYTHON" -c 'import wheel' 2>/dev/null; then
+    shim=$WORK/wheel-shim
+    mkdir -p "$shim"
+    ln -sfn "$(/usr/bin/python3 -c 'import os, wheel; print(os.path.dirname(wheel.__file__))')" "$shim/wheel"
+  fi
+  PYTHONPATH=$shim${PYTHONPATH:+:$PYTHONPATH} MAMBA_FORCE_BUILD=TRUE MAMBA_SKIP_CUDA_BUILD=TRUE \
+    "$PYTHON" -m pip wheel --no-deps --no-build-isolation -w "$OUT" mamba-ssm==2.3.2.post1
+  local whl
+  whl=$(ls "$OUT"/mamba_ssm-2.3.2.post1-*.whl)
+  # The Triton SSD scan must be in it, and no compiled extension.
+  "$PYTHON" - "$whl" <<'PY'
+import sys, zipfile
+names = zipfile.ZipFile(sys.argv[1]).namelist()
+need = "mamba_ssm/ops/triton/ssd_combined.py"
+assert need in names, f"{need} missing from {sys.argv[1]}"
+so = [n for n in names if n.endswith(".so")]
+assert not so, f"compiled extensions in the wheel: {so}"
+print(f"{sys.argv[1]}: {len(names)} files, has {need}, no .so")
+PY
+  ls -l "$whl"
+}
+
+build_llamacpp() {
+  echo "== llama-cpp-python 0.3.36, CUDA sm_90"
+  local cuda=${CUDA_HOME:-/usr/local/cuda}
+  [ -x "$cuda/bin/nvcc" ] || { echo "no nvcc at $cuda/bin/nvcc" >&2; return 1; }
+  "$cuda/bin/nvcc" --version | tail -1
+  local sdist=${LLCPP_SDIST:-}
+  if [ -z "$sdist" ]; then
+    "$PYTHON" -m pip download --no-deps --no-binary :all: -d "$WORK" llama-cpp-python==0.3.36
+    sdist=$WORK/llama_cpp_python-0.3.36.tar.gz
+  fi
+  rm -rf "$WORK/llcpp-cuda" && mkdir -p "$WORK/llcpp-cuda"
+  # -DLLAVA_BUILD=OFF: no mtmd. GGML_NATIVE=OFF: the host part must run on
+  # the GPU machine's CPU, not only this one's. CMAKE_CUDA_ARCHITECTURES=90:
+  # H100/H200 only (one arch: a fraction of the default build).
+  CUDACXX=$cuda/bin/nvcc CUDA_HOME=$cuda PATH=$cuda/bin:$PATH \
+    CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=OFF -DGGML_OPENMP=ON \
+-DLLAVA_BUILD=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF \
+-DCMAKE_CUDA_COMPILER=$cuda/bin/nvcc" \
+    CMAKE_BUILD_PARALLEL_LEVEL=${JOBS:-2} \
+    nice -n "${NICE:-19}" "$PYTHON" -m pip wheel -v --no-deps \
+      -w "$WORK/llcpp-cuda" "$sdist"
+  local whl
+  whl=$(ls "$WORK"/llcpp-cuda/llama_cpp_python-0.3.36-*.whl)
+  echo "built: $(ls -l "$whl")"
+  # Strip the shared libraries (debug sections and symbols the loader does
+  # not need) and repack.
+  rm -rf "$WORK/llcpp-strip" && mkdir -p "$WORK/llcpp-strip"
+  /usr/bin/python3 -m wheel unpack -d "$WORK/llcpp-strip" "$whl"
+  find "$WORK/llcpp-strip" -name '*.so*' -type f -exec strip --strip-unneeded {} +
+  ls -l "$WORK"/llcpp-strip/*/llama_cpp/lib/
+  rm -f "$OUT"/llama_cpp_python-*.whl
+  /usr/bin/python3 -m wheel pack -d "$OUT" "$WORK"/llcpp-strip/llama_cpp_python-0.3.36
+  ls -l "$OUT"/llama_cpp_python-*.whl
+  # Which CUDA libraries the GPU machine must provide.
+  find "$WORK/llcpp-strip" -name 'libggml-cuda*.so*' -type f -exec sh -c 'readelf -d "$1" | grep NEEDED' _ {} \;
+}
+
+for w in "${what[@]}"; do
+  case $w in
+    mamba) build_mamba ;;
+    llamacpp) build_llamacpp ;;
+    *) echo "unknown: $w (mamba, llamacpp)" >&2; exit 2 ;;
+  esac
+done
+ls -l "$OUT"
