@@ -3,7 +3,7 @@
 # Nothing of mamba_ssm or llama.cpp enters the repository: the wheels go to
 # OUT (default gpu_bundle/anchors, ignored by git like the bundle).
 #
-#   tools/gpu_bundle/anchors/build_wheels.sh [mamba] [llamacpp]   (default: both)
+#   tools/gpu_bundle/anchors/build_wheels.sh [mamba] [converter] [llamacpp]   (default: all three)
 #
 # mamba: mamba-ssm 2.3.2.post1 from its PyPI sdist, pure Python
 #   (MAMBA_SKIP_CUDA_BUILD=TRUE: no selective_scan_cuda / causal_conv1d
@@ -16,7 +16,13 @@
 #   shared libraries stripped. mtmd (LLAVA_BUILD) and the tools are off: the
 #   runner needs libllama + ggml only. The CUDA backend links libcudart and
 #   libcublas dynamically: the GPU machine's CUDA (or PyTorch's nvidia-* wheels)
-#   provides them; run_llamacpp_gpu.sh puts them on LD_LIBRARY_PATH.
+#   provides them; llamacpp_gpu.sh puts them on LD_LIBRARY_PATH.
+# converter: what the GPU machine needs besides the wheel to convert the
+#   bench models it generates into GGUF there (a bf16 GGUF of the 0.93B model
+#   is ~1.9 GB, far over a carry): llama.cpp's convert_hf_to_gguf.py,
+#   conversion/, gguf-py/ and models/ggml-vocab-gpt-neox.gguf from the same
+#   sdist (llcpp-convert-0.3.36.tar.xz, ~1 MB), and the diskcache wheel
+#   llama_cpp's package imports (pure Python).
 #   Compiling ggml-cuda takes hours on 2 cores: run it under nice in the
 #   background (NICE, default 19) with JOBS (default 2) compile jobs.
 #
@@ -31,7 +37,7 @@ WORK=${WORK:-/tmp/hs-anchors-build}
 mkdir -p "$OUT" "$WORK"
 OUT=$(cd "$OUT" && pwd)
 what=("$@")
-[ ${#what[@]} -gt 0 ] || what=(mamba llamacpp)
+[ ${#what[@]} -gt 0 ] || what=(mamba converter llamacpp)
 
 build_mamba() {
   echo "== mamba-ssm 2.3.2.post1 (pure Python, no CUDA extension)"
@@ -66,11 +72,8 @@ build_llamacpp() {
   local cuda=${CUDA_HOME:-/usr/local/cuda}
   [ -x "$cuda/bin/nvcc" ] || { echo "no nvcc at $cuda/bin/nvcc" >&2; return 1; }
   "$cuda/bin/nvcc" --version | tail -1
-  local sdist=${LLCPP_SDIST:-}
-  if [ -z "$sdist" ]; then
-    "$PYTHON" -m pip download --no-deps --no-binary :all: -d "$WORK" llama-cpp-python==0.3.36
-    sdist=$WORK/llama_cpp_python-0.3.36.tar.gz
-  fi
+  local sdist
+  sdist=$(llcpp_sdist)
   rm -rf "$WORK/llcpp-cuda" && mkdir -p "$WORK/llcpp-cuda"
   # -DLLAVA_BUILD=OFF: no mtmd. GGML_NATIVE=OFF: the host part must run on
   # the GPU machine's CPU, not only this one's. CMAKE_CUDA_ARCHITECTURES=90:
@@ -98,11 +101,35 @@ build_llamacpp() {
   find "$WORK/llcpp-strip" -name 'libggml-cuda*.so*' -type f -exec sh -c 'readelf -d "$1" | grep NEEDED' _ {} \;
 }
 
+llcpp_sdist() {
+  local sdist=${LLCPP_SDIST:-}
+  if [ -z "$sdist" ]; then
+    sdist=$WORK/llama_cpp_python-0.3.36.tar.gz
+    [ -f "$sdist" ] || "$PYTHON" -m pip download --no-deps --no-binary :all: -d "$WORK" llama-cpp-python==0.3.36 >&2
+  fi
+  echo "$sdist"
+}
+
+build_converter() {
+  echo "== llama.cpp's converter (from the llama-cpp-python 0.3.36 sdist) and diskcache"
+  local sdist top=llama_cpp_python-0.3.36/vendor/llama.cpp
+  sdist=$(llcpp_sdist)
+  rm -rf "$WORK/conv" && mkdir -p "$WORK/conv"
+  tar -C "$WORK/conv" -xzf "$sdist" "$top/convert_hf_to_gguf.py" "$top/conversion" "$top/gguf-py" \
+    "$top/models/ggml-vocab-gpt-neox.gguf"
+  # Stored as llama.cpp/...: convert.py --llama-cpp-dir DIR/llama.cpp.
+  tar -C "$WORK/conv/llama_cpp_python-0.3.36/vendor" -cJf "$OUT/llcpp-convert-0.3.36.tar.xz" llama.cpp
+  rm -f "$OUT"/diskcache-*.whl
+  "$PYTHON" -m pip download --no-deps --only-binary :all: -d "$OUT" diskcache
+  ls -l "$OUT"/llcpp-convert-0.3.36.tar.xz "$OUT"/diskcache-*.whl
+}
+
 for w in "${what[@]}"; do
   case $w in
     mamba) build_mamba ;;
+    converter) build_converter ;;
     llamacpp) build_llamacpp ;;
-    *) echo "unknown: $w (mamba, llamacpp)" >&2; exit 2 ;;
+    *) echo "unknown: $w (mamba, converter, llamacpp)" >&2; exit 2 ;;
   esac
 done
 ls -l "$OUT"
