@@ -14,11 +14,11 @@ state returned (ours writes it too). Inputs are uniform as in the C++ benchmark
 (x, B, C, D in [-1, 1], dt in [0.01, 0.1], A in [-2, -0.5]), never zeros.
 
 Before any timing, a correctness check on small shapes (several chunks, a
-partial last chunk, groups > 1): the Triton output and final state against a
-float64 sequential recurrence in PyTorch (h_t = exp(dt_t A) h_{t-1} +
+partial last chunk, groups > 1, the timed dimensions): the Triton output and final
+state against a float64 sequential recurrence in PyTorch (h_t = exp(dt_t A) h_{t-1} +
 dt_t x_t B_t^T, y_t = h_t C_t + D x_t), by ||out - ref|| / ||ref||: bf16 inputs
-must land under 1e-2, fp32 inputs under 5e-3 (Triton's dots may run in tf32),
-NaN never passes. A failed check exits 1 before timing.
+must land under 1e-2 (--check-fp32: fp32 inputs under 5e-3, Triton's dots may
+run in tf32), NaN never passes. A failed check exits 1 before timing.
 
 mamba_ssm comes from its pure-Python wheel (tools/gpu_bundle/anchors/
 build_wheels.sh mamba: MAMBA_SKIP_CUDA_BUILD, no selective_scan_cuda). Its
@@ -55,13 +55,15 @@ SHAPES = {
     "granite-4.0-h-small": (128, 64, 128, 1, 256),
     "1b": (64, 64, 128, 8, 256),
 }
-# Small check shapes: several chunks, a partial last chunk, groups > 1.
+# The GPU check's shapes: the timed dimensions (so Triton autotunes nothing more
+# than the timing needs), a partial last chunk, 8 groups on the 1b shape.
 CHECK_SHAPES = [
     # (seqlen, nheads, headdim, dstate, ngroups, chunk)
-    (200, 4, 32, 64, 2, 64),
-    (300, 8, 64, 128, 1, 128),
-    (513, 16, 64, 128, 8, 256),
+    (600, 64, 64, 128, 8, 256),
+    (300, 128, 64, 128, 1, 256),
 ]
+# --self-test (CPU): smaller shapes as well, other chunk sizes and group counts.
+SELF_TEST_SHAPES = [(200, 4, 32, 64, 2, 64), (300, 8, 64, 128, 1, 128)] + CHECK_SHAPES
 TOL = {"bf16": 1e-2, "fp32": 5e-3}
 
 
@@ -153,7 +155,7 @@ def self_test(ssd):
     import torch
 
     ok = True
-    for seqlen, h, p, n, g, chunk in CHECK_SHAPES:
+    for seqlen, h, p, n, g, chunk in SELF_TEST_SHAPES:
         seqlen -= seqlen % chunk  # their reference takes whole chunks only
         x, dt, A, B, C, D = inputs(seqlen, h, p, n, g, torch.float32, "cpu", seed=seqlen)
         ref, _ = reference(x, dt, A, B, C, D)
@@ -167,13 +169,14 @@ def self_test(ssd):
     return ok
 
 
-def check(ssd, device):
-    """The Triton kernel against the float64 reference on CHECK_SHAPES, bf16 and fp32 inputs."""
+def check(ssd, device, fp32):
+    """The Triton kernel against the float64 reference on CHECK_SHAPES, bf16 inputs (and fp32 with --check-fp32)."""
     import torch
 
     ok = True
+    dtypes = [("bf16", torch.bfloat16)] + ([("fp32", torch.float32)] if fp32 else [])
     for seqlen, h, p, n, g, chunk in CHECK_SHAPES:
-        for name, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
+        for name, dtype in dtypes:
             x, dt, A, B, C, D = inputs(seqlen, h, p, n, g, dtype, device, seed=1000 + seqlen)
             y, final = ssd.mamba_chunk_scan_combined(x, dt, A, B, C, chunk, D=D, return_final_states=True)
             torch.cuda.synchronize()
@@ -217,6 +220,8 @@ def main():
     ap.add_argument("--rep-ms", type=float, default=200)
     ap.add_argument("--self-test", action="store_true",
                     help="no GPU needed: import the scan, check our reference against mamba_ssm's PyTorch one")
+    ap.add_argument("--check-fp32", action="store_true",
+                    help="check fp32 inputs too (one more Triton compile and autotune per kernel)")
     ap.add_argument("--out", default=None, help="also append the JSON lines to this file")
     args = ap.parse_args()
     shapes = [s for s in args.shapes.split(",") if s]
@@ -266,7 +271,7 @@ def main():
     device = "cuda"
     dev = torch.cuda.get_device_name(0)
     print(f"device: {dev}; mamba_ssm {version}, triton {triton.__version__}, torch {torch.__version__}")
-    if not check(ssd, device):
+    if not check(ssd, device, args.check_fp32):
         print("FAILED: the Triton scan does not match the float64 reference; no timing")
         return 1
     for shape in shapes:
