@@ -289,7 +289,7 @@ def main():
     if anchors:
         logs = {name: read(os.path.join(args.logs, name + ".log")) for name, _, _, _ in steps}
         rows, notes = anchor_rows(logs)
-        out += ["", "## Anchors (same card, same run)", "",
+        out += ["", "## Anchors (same card: one run, or run_anchors.sh on the same warm machine)", "",
                 "| figure | ours | anchor | ours / anchor | goal | verdict |", "| --- | --- | --- | --- | --- | --- |"]
         out += [f"| {' | '.join(r)} |" for r in rows]
         out += [""] + notes
