@@ -245,7 +245,7 @@ else
     step ssd_triton_anchor anchor 150 python3 "$repo/bench/kernels/ssd_triton_anchor.py" --mamba "$mamba_whl" \
       --rep-ms 100
   fi
-  if ! ls "$anchors"/llama_cpp_python-*.whl >/dev/null 2>&1; then
+  if [ -z "$(ls "$anchors"/llama_cpp_python-*.whl "$anchors"/llama_cpp_python-*-site.tar.xz 2>/dev/null)" ]; then
     anchor_skip llamacpp_cuda "no llama-cpp-python CUDA wheel in ${anchors:-HS_ANCHORS_DIR unset} (build_wheels.sh llamacpp)"
   elif [ $((deadline - $(date +%s))) -lt 90 ]; then
     anchor_skip llamacpp_cuda "under 90 s of the run's budget left"

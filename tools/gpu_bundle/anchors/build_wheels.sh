@@ -67,6 +67,37 @@ PY
   ls -l "$whl"
 }
 
+# Strips the built wheel's shared libraries and repacks it into OUT; a wheel
+# over LLCPP_MAX_MIB (default 48: the carry is 64 MiB with everything else)
+# goes as llama_cpp_python-0.3.36-site.tar.xz instead (xz packs the CUDA
+# fatbins tighter than the wheel's deflate); llamacpp_gpu.sh takes either.
+# `build_wheels.sh llamacpp-package` redoes this from $WORK/llcpp-cuda.
+package_llamacpp() {
+  local whl
+  whl=$(ls "$WORK"/llcpp-cuda/llama_cpp_python-0.3.36-*.whl)
+  echo "built: $(ls -l "$whl")"
+  # Strip the shared libraries (debug sections and symbols the loader does
+  # not need) and repack.
+  rm -rf "$WORK/llcpp-strip" && mkdir -p "$WORK/llcpp-strip"
+  /usr/bin/python3 -m wheel unpack -d "$WORK/llcpp-strip" "$whl"
+  find "$WORK/llcpp-strip" -name '*.so*' -type f -exec strip --strip-unneeded {} +
+  ls -l "$WORK"/llcpp-strip/*/llama_cpp/lib/
+  rm -f "$OUT"/llama_cpp_python-*.whl
+  /usr/bin/python3 -m wheel pack -d "$OUT" "$WORK"/llcpp-strip/llama_cpp_python-0.3.36
+  rm -f "$OUT"/llama_cpp_python-0.3.36-site.tar.xz
+  local packed size
+  packed=$(ls "$OUT"/llama_cpp_python-*.whl)
+  size=$(stat -c %s "$packed")
+  if [ "$size" -gt $((${LLCPP_MAX_MIB:-48} << 20)) ]; then
+    echo "$packed is $((size >> 20)) MiB: packing the unpacked wheel with xz instead"
+    tar -C "$WORK"/llcpp-strip/llama_cpp_python-0.3.36 -cJf "$OUT/llama_cpp_python-0.3.36-site.tar.xz" .
+    rm -f "$packed"
+  fi
+  ls -l "$OUT"/llama_cpp_python-*
+  # Which CUDA libraries the GPU machine must provide.
+  find "$WORK/llcpp-strip" -name 'libggml-cuda*.so*' -type f -exec sh -c 'readelf -d "$1" | grep NEEDED' _ {} \;
+}
+
 build_llamacpp() {
   echo "== llama-cpp-python 0.3.36, CUDA sm_90"
   local cuda=${CUDA_HOME:-/usr/local/cuda}
@@ -85,20 +116,7 @@ build_llamacpp() {
     CMAKE_BUILD_PARALLEL_LEVEL=${JOBS:-2} \
     nice -n "${NICE:-19}" "$PYTHON" -m pip wheel -v --no-deps \
       -w "$WORK/llcpp-cuda" "$sdist"
-  local whl
-  whl=$(ls "$WORK"/llcpp-cuda/llama_cpp_python-0.3.36-*.whl)
-  echo "built: $(ls -l "$whl")"
-  # Strip the shared libraries (debug sections and symbols the loader does
-  # not need) and repack.
-  rm -rf "$WORK/llcpp-strip" && mkdir -p "$WORK/llcpp-strip"
-  /usr/bin/python3 -m wheel unpack -d "$WORK/llcpp-strip" "$whl"
-  find "$WORK/llcpp-strip" -name '*.so*' -type f -exec strip --strip-unneeded {} +
-  ls -l "$WORK"/llcpp-strip/*/llama_cpp/lib/
-  rm -f "$OUT"/llama_cpp_python-*.whl
-  /usr/bin/python3 -m wheel pack -d "$OUT" "$WORK"/llcpp-strip/llama_cpp_python-0.3.36
-  ls -l "$OUT"/llama_cpp_python-*.whl
-  # Which CUDA libraries the GPU machine must provide.
-  find "$WORK/llcpp-strip" -name 'libggml-cuda*.so*' -type f -exec sh -c 'readelf -d "$1" | grep NEEDED' _ {} \;
+  package_llamacpp
 }
 
 llcpp_sdist() {
@@ -129,7 +147,8 @@ for w in "${what[@]}"; do
     mamba) build_mamba ;;
     converter) build_converter ;;
     llamacpp) build_llamacpp ;;
-    *) echo "unknown: $w (mamba, converter, llamacpp)" >&2; exit 2 ;;
+    llamacpp-package) package_llamacpp ;;
+    *) echo "unknown: $w (mamba, converter, llamacpp, llamacpp-package)" >&2; exit 2 ;;
   esac
 done
 ls -l "$OUT"

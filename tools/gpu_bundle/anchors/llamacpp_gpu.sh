@@ -6,7 +6,8 @@
 #   tools/gpu_bundle/anchors/llamacpp_gpu.sh ANCHORS_DIR MODELS_DIR [PRESET...]   (default: bench 1b)
 #
 # ANCHORS_DIR holds what tools/gpu_bundle/anchors/build_wheels.sh wrote:
-# llama_cpp_python-0.3.36-*.whl (CUDA, sm_90), diskcache-*.whl and
+# llama_cpp_python-0.3.36-*.whl (CUDA, sm_90; or llama_cpp_python-0.3.36-
+# site.tar.xz, the same unpacked, where the wheel is too big), diskcache-*.whl and
 # llcpp-convert-0.3.36.tar.xz. MODELS_DIR/PRESET is a nemotron_h model that
 # tools/gen_model.py wrote in bf16 (run.sh generates bench and 1b there);
 # a missing one is generated here (--seed 0 --dtype bf16, as run.sh does).
@@ -30,7 +31,8 @@ presets=("$@")
 [ ${#presets[@]} -gt 0 ] || presets=(bench 1b)
 PY=${PYTHON:-python3}
 
-whl=$(ls "$anchors"/llama_cpp_python-0.3.36-*.whl 2>/dev/null | head -1)
+# The wheel, or the same unpacked and xz-packed (build_wheels.sh does that to a wheel over 48 MiB).
+whl=$(ls "$anchors"/llama_cpp_python-0.3.36-*.whl "$anchors"/llama_cpp_python-0.3.36-site.tar.xz 2>/dev/null | head -1)
 [ -n "$whl" ] || { echo "SKIP: no llama-cpp-python CUDA wheel in $anchors (tools/gpu_bundle/anchors/build_wheels.sh llamacpp)"; exit 0; }
 conv=$anchors/llcpp-convert-0.3.36.tar.xz
 [ -f "$conv" ] || { echo "SKIP: no $conv (tools/gpu_bundle/anchors/build_wheels.sh converter)"; exit 0; }
@@ -39,7 +41,9 @@ nvidia-smi -L >/dev/null 2>&1 || { echo "SKIP: no GPU (nvidia-smi -L failed)"; e
 work=$(mktemp -d /tmp/hs-llcpp-gpu.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/site" "$work/gguf"
+case $whl in *.tar.xz) tar -C "$work/site" -xJf "$whl" || { echo "cannot unpack $whl"; exit 1; } ;; esac
 for w in "$whl" "$anchors"/diskcache-*.whl; do
+  [ "${w%.whl}" != "$w" ] || continue
   [ -f "$w" ] && "$PY" -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' "$w" "$work/site"
 done
 tar -C "$work" -xJf "$conv" || { echo "cannot unpack $conv"; exit 1; }
