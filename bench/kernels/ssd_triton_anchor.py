@@ -8,8 +8,8 @@ bench/kernels/cuda_kernels_bench.cc uses for our scan, plus the 0.93B model's:
   granite-4.0-h-small   128 heads x head_dim 64, d_state 128, 1 group, chunk 256
   1b (0.93B, gen_model) 64 heads x head_dim 64, d_state 128, 8 groups, chunk 256
 
-at 2K / 8K / 32K tokens (batch 1), bf16 inputs (our benchmark's scan reads fp32:
-the JSON says which), dt as given (no softplus, no bias), D per head, final
+at 2K / 8K / 32K tokens (batch 1), bf16 inputs (--dtypes bf16,fp32 adds fp32, what
+our benchmark's scan reads; the JSON says which), dt as given (no softplus, no bias), D per head, final
 state returned (ours writes it too). Inputs are uniform as in the C++ benchmark
 (x, B, C, D in [-1, 1], dt in [0.01, 0.1], A in [-2, -0.5]), never zeros.
 
@@ -190,12 +190,13 @@ def check(ssd, device, fp32):
     return ok
 
 
-def bench(ssd, device, shape, seqlen, warmup_ms, rep_ms):
+def bench(ssd, device, shape, seqlen, dtype, warmup_ms, rep_ms):
     import torch
     import triton
 
     h, p, n, g, chunk = SHAPES[shape]
-    x, dt, A, B, C, D = inputs(seqlen, h, p, n, g, torch.bfloat16, device, seed=seqlen)
+    tdtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
+    x, dt, A, B, C, D = inputs(seqlen, h, p, n, g, tdtype, device, seed=seqlen)
 
     def run():
         return ssd.mamba_chunk_scan_combined(x, dt, A, B, C, chunk, D=D, return_final_states=True)
@@ -206,7 +207,7 @@ def bench(ssd, device, shape, seqlen, warmup_ms, rep_ms):
         raise RuntimeError(f"{shape} {seqlen}: non-finite output")
     ms = triton.testing.do_bench(run, warmup=warmup_ms, rep=rep_ms, return_mode="median")
     return {"anchor": "mamba_ssm_triton_ssd", "shape": shape, "seqlen": seqlen, "batch": 1, "nheads": h,
-            "headdim": p, "dstate": n, "ngroups": g, "chunk": chunk, "dtype": "bf16", "ms": ms,
+            "headdim": p, "dstate": n, "ngroups": g, "chunk": chunk, "dtype": dtype, "ms": ms,
             "tok_s": seqlen / (ms * 1e-3)}
 
 
@@ -216,6 +217,9 @@ def main():
                     help="mamba_ssm wheel, or the directory holding the mamba_ssm package (default: sys.path)")
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--seqlens", default="2048,8192,32768")
+    ap.add_argument("--dtypes", default="bf16",
+                    help="input dtypes to time, bf16 and/or fp32 (our benchmark's scan reads fp32; each dtype "
+                         "is one more Triton compile and autotune)")
     ap.add_argument("--warmup-ms", type=float, default=25)
     ap.add_argument("--rep-ms", type=float, default=200)
     ap.add_argument("--self-test", action="store_true",
@@ -232,6 +236,9 @@ def main():
         seqlens = [int(s) for s in args.seqlens.split(",") if s]
     except ValueError:
         ap.error(f"--seqlens: not a list of integers: {args.seqlens!r}")
+    dtypes = [d for d in args.dtypes.split(",") if d]
+    if not dtypes or any(d not in ("bf16", "fp32") for d in dtypes):
+        ap.error(f"--dtypes: give bf16 and/or fp32, not {args.dtypes!r}")
     if not seqlens or min(seqlens) <= 0:
         ap.error("--seqlens: give at least one positive length")
     if args.mamba and not os.path.exists(args.mamba):
@@ -271,15 +278,17 @@ def main():
     device = "cuda"
     dev = torch.cuda.get_device_name(0)
     print(f"device: {dev}; mamba_ssm {version}, triton {triton.__version__}, torch {torch.__version__}")
-    if not check(ssd, device, args.check_fp32):
+    if not check(ssd, device, args.check_fp32 or "fp32" in dtypes):
         print("FAILED: the Triton scan does not match the float64 reference; no timing")
         return 1
     for shape in shapes:
-        for seqlen in seqlens:
-            r = bench(ssd, device, shape, seqlen, args.warmup_ms, args.rep_ms)
-            r.update({"device": dev, "mamba_ssm": version, "triton": triton.__version__, "torch": torch.__version__})
-            emit(r)
-            torch.cuda.empty_cache()
+        for dtype in dtypes:
+            for seqlen in seqlens:
+                r = bench(ssd, device, shape, seqlen, dtype, args.warmup_ms, args.rep_ms)
+                r.update({"device": dev, "mamba_ssm": version, "triton": triton.__version__,
+                          "torch": torch.__version__})
+                emit(r)
+                torch.cuda.empty_cache()
     return 0
 
 
