@@ -7,7 +7,7 @@ Usage:
         [--decode-context 128] [--decode-steps 64] [--batches 1,8] \
         [--reps 3] [--max-tries 12] [--max-other-cpu 0.10] \
         [--n-batch 2048] [--n-ubatch 512] [--flash-attn on|off] [--verify-batch B] \
-        [--label X] [--out results.jsonl]
+        [--n-gpu-layers N] [--label X] [--out results.jsonl]
 
 The rules are the same as hybridserve's bench/engine/throughput_bench (the driver
 bench/engine/compare_llamacpp.py runs both with identical settings):
@@ -43,6 +43,13 @@ clean reps A rep is clean when the CPU time used by OTHER processes during the r
 
 --verify-batch B (optional) decodes each of the B sequences of the batch-B run alone and
 reports how many greedy outputs are identical (batch_vs_single_identical_seqs).
+
+--n-gpu-layers N (optional) offloads N layers (-1: all) to the GPU of a llama-cpp-python built
+with CUDA (tools/gpu_bundle/anchors/build_wheels.sh llamacpp; run on the GPU machine by
+tools/gpu_bundle/anchors/llamacpp_gpu.sh). Refused when the library has no GPU offload, so a
+CPU build never reports a "GPU" figure. Without it, llama.cpp's default applies (a CPU-only
+build, as everywhere else in this directory, runs on the CPU). The JSON then records
+n_gpu_layers and the GPU (nvidia-smi); timings are still llama_decode + llama_synchronize.
 
 Prints one JSON line (appended to --out as well) with: llama-cpp-python version, llama.cpp
 commit, llama_print_system_info(), CPU model and SIMD flags, threads, dtype, settings, and per
@@ -262,6 +269,18 @@ def quiet_llama_logs():
     llama_cpp.llama_log_set(cb, ctypes.c_void_p(0))
 
 
+def gpu_name():
+    """The first GPU's name and driver per nvidia-smi, or None."""
+    import subprocess
+
+    try:
+        r = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return r.stdout.strip().splitlines()[0] if r.returncode == 0 and r.stdout.strip() else None
+
+
 def int_list(s):
     return [int(x) for x in s.split(",") if x.strip()]
 
@@ -288,6 +307,8 @@ def main():
                     help="compare the greedy outputs of this batch with each sequence decoded alone (0: off)")
     ap.add_argument("--seed", type=int, default=0, help="for random token ids when --tokens is not given")
     ap.add_argument("--verbose", action="store_true", help="keep llama.cpp's INFO logs")
+    ap.add_argument("--n-gpu-layers", type=int, default=None,
+                    help="layers to offload to the GPU (-1: all); needs a llama-cpp-python built with CUDA")
     ap.add_argument("--label", default=None)
     ap.add_argument("--llama-cpp-commit", default=None)
     ap.add_argument("--out", default=None, help="also append the JSON line to this file")
@@ -302,6 +323,16 @@ def main():
         quiet_llama_logs()
     llama_cpp.llama_backend_init()
     mp = llama_cpp.llama_model_default_params()
+    gpu = None
+    if args.n_gpu_layers is not None:
+        if args.n_gpu_layers < -1:
+            sys.exit(f"--n-gpu-layers: {args.n_gpu_layers} (give -1 for all layers, 0 for none, or a count)")
+        if args.n_gpu_layers != 0 and not llama_cpp.llama_supports_gpu_offload():
+            sys.exit(f"--n-gpu-layers {args.n_gpu_layers}: this llama-cpp-python ({llama_cpp.__file__}) has no GPU "
+                     "offload (a CPU-only build); build it with CUDA: tools/gpu_bundle/anchors/build_wheels.sh llamacpp")
+        mp.n_gpu_layers = args.n_gpu_layers
+        if args.n_gpu_layers != 0:
+            gpu = gpu_name()
     t_load = time.perf_counter()
     model = llama_cpp.llama_model_load_from_file(os.fsencode(args.gguf), mp)
     if not model:
@@ -345,6 +376,8 @@ def main():
         "llama_cpp_python": llama_cpp.__version__,
         "llama_cpp_commit": args.llama_cpp_commit or KNOWN_COMMITS.get(llama_cpp.__version__, "unknown"),
         "threads": args.threads,
+        "n_gpu_layers": args.n_gpu_layers,
+        "gpu": gpu,
         "cpu": cpu,
         "cpu_flags": flags,
         "system_info": llama_cpp.llama_print_system_info().decode().strip(),

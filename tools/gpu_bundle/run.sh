@@ -17,6 +17,18 @@
 # outcomes, each figure against its goal), run.log (this script's output) and
 # logs.tar.gz (every step's log and gtest XML, the child processes' logs).
 # Exit status: 0 when every step passed.
+#
+# Anchors (issues 44 and 45, item 5), late and optional, each in its own
+# budget: mamba_ssm's Triton SSD scan (bench/kernels/ssd_triton_anchor.py) and
+# llama.cpp's CUDA backend on the GGUF of the same bench models
+# (tools/gpu_bundle/anchors/llamacpp_gpu.sh). They run from the repository
+# copy the device command starts in (HS_REPO_DIR, default the folder above
+# this script's copy in gpu_bundle/) with the wheels that
+# tools/gpu_bundle/anchors/build_wheels.sh wrote to gpu_bundle/anchors
+# (HS_ANCHORS_DIR); a wheel not carried skips its anchor with the reason
+# (no failure). HS_ANCHORS=0 skips both. The carry, sizes and the second-
+# command form (tools/gpu_bundle/anchors/run_anchors.sh) are in
+# tools/gpu_bundle/anchors/README.md.
 set -uo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -25,6 +37,9 @@ if [ ! -d "$here/libexec" ]; then
   [ -f "$tarball" ] || { echo "no bundle: neither $here/libexec nor $tarball" >&2; exit 2; }
   dest=${HS_BUNDLE_DIR:-/tmp/hs-gpu-bundle}
   rm -rf "$dest" && mkdir -p "$dest" || exit 2
+  # The anchors' scripts and wheels stay in the repository copy.
+  export HS_REPO_DIR=${HS_REPO_DIR:-$(cd "$here/.." && pwd)}
+  export HS_ANCHORS_DIR=${HS_ANCHORS_DIR:-$here/anchors}
   echo "unpacking $tarball into $dest"
   if command -v xz >/dev/null; then
     tar -C "$dest" -xJf "$tarball" || exit 2
@@ -202,4 +217,42 @@ if wait_for "$MODELS/1b.done" 90; then
 else
   say "the 1b model was not generated in time: no 1b decode figure"
   printf '%s\t%s\t%s\t%s\n' throughput_bench_1b bench no_model 0 >>"$STEPS"
+fi
+
+# 7. Anchors, optional (see the header): each skipped with its reason when
+# what it needs is not here; a skip is not a failure.
+anchor_skip() {
+  say "SKIPPED $1: $2"
+  echo "SKIP: $2" >"$LOGS/$1.log"
+  printf '%s\t%s\t%s\t%s\n' "$1" anchor 0 0 >>"$STEPS"
+}
+repo=${HS_REPO_DIR:-}
+anchors=${HS_ANCHORS_DIR:-}
+if [ "${HS_ANCHORS:-1}" = 0 ]; then
+  anchor_skip ssd_triton_anchor "HS_ANCHORS=0"
+  anchor_skip llamacpp_cuda "HS_ANCHORS=0"
+elif [ -z "$repo" ] || [ ! -f "$repo/bench/kernels/ssd_triton_anchor.py" ]; then
+  anchor_skip ssd_triton_anchor "no repository copy with bench/kernels/ssd_triton_anchor.py (HS_REPO_DIR=${repo:-unset})"
+  anchor_skip llamacpp_cuda "no repository copy (HS_REPO_DIR=${repo:-unset})"
+else
+  mamba_whl=$(ls "$anchors"/mamba_ssm-*.whl 2>/dev/null | head -1)
+  if [ -z "$mamba_whl" ]; then
+    anchor_skip ssd_triton_anchor "no mamba_ssm wheel in ${anchors:-HS_ANCHORS_DIR unset} (build_wheels.sh mamba)"
+  elif [ $((deadline - $(date +%s))) -lt 60 ]; then
+    anchor_skip ssd_triton_anchor "under 60 s of the run's budget left"
+  else
+    # Triton compiles and autotunes each kernel once per shape (most of the time).
+    step ssd_triton_anchor anchor 150 python3 "$repo/bench/kernels/ssd_triton_anchor.py" --mamba "$mamba_whl" \
+      --rep-ms 100
+  fi
+  if [ -z "$(ls "$anchors"/llama_cpp_python-*.whl "$anchors"/llama_cpp_python-*-site.tar.xz 2>/dev/null)" ]; then
+    anchor_skip llamacpp_cuda "no llama-cpp-python CUDA wheel in ${anchors:-HS_ANCHORS_DIR unset} (build_wheels.sh llamacpp)"
+  elif [ $((deadline - $(date +%s))) -lt 90 ]; then
+    anchor_skip llamacpp_cuda "under 90 s of the run's budget left"
+  else
+    # The models run.sh generated (bench, 1b; generated there if missing).
+    wait_for "$MODELS/1b.done" 60 || true
+    step llamacpp_cuda anchor 240 bash -c 'cd "$1" && shift && exec tools/gpu_bundle/anchors/llamacpp_gpu.sh "$@"' \
+      llamacpp_gpu "$repo" "$anchors" "$MODELS" ${HS_MODEL_PRESETS:-bench 1b}
+  fi
 fi

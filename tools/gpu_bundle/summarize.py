@@ -9,6 +9,13 @@ the goal the CUDA issues set (issue 27):
   decode batch 1 >= 80 % of the HBM (device copy) bound
   CUDA IPC transfer >= 0.9 of a device-to-device copy
   disaggregated / aggregated TTFT <= 1.05
+Anchors (issues 44 and 45, item 5; run.sh steps of kind "anchor", same card,
+same run): mamba_ssm's Triton SSD scan (ssd_triton_anchor.py's `JSON` lines)
+beside our SsdChunkScan at the same dimensions ("ours / mamba_ssm Triton",
+goal >= 1.0, stretch 1.5), and llama.cpp's CUDA backend on the same GGUF
+(llamacpp_gpu.sh's `LLAMACPP_JSON` lines) beside our throughput_bench
+("ours / llama.cpp CUDA": decode batch 1 of the 0.93B model >= 1.3, decode
+batch 64 >= 2, prefill 8K of the 0.93B model >= 1.5; other rows no goal).
 Standard library only (runs on the GPU machine's python3).
 """
 
@@ -138,6 +145,77 @@ def serving_figures(log):
     return rows
 
 
+def json_lines(log, prefix):
+    """Every `PREFIX {...}` line of `log` parsed (unparsable ones skipped)."""
+    out = []
+    for line in log.splitlines():
+        if line.startswith(prefix):
+            try:
+                out.append(json.loads(line[len(prefix):]))
+            except ValueError:
+                pass
+    return out
+
+
+def ratio_row(figure, ours, theirs, unit, goal=None):
+    """(figure, ours, anchor, ours / anchor, goal, verdict); ours or theirs may be None."""
+    fmt = (lambda v: f"{v:.3g} {unit}") if unit == "tokens/s" else (lambda v: f"{v:.1f} {unit}")
+    r = ours / theirs if ours and theirs else None
+    return (figure, fmt(ours) if ours else "not measured", fmt(theirs) if theirs else "not measured",
+            f"{r:.2f}x" if r is not None else "-", f">= {goal}x" if goal else "-",
+            verdict(r >= goal) if goal and r is not None else "-")
+
+
+def anchor_rows(logs):
+    """The anchors' rows from the steps' logs ({step name: log text})."""
+    rows, notes = [], []
+    kernels = json_line(logs.get("cuda_kernels_bench", "")) or {}
+    ours_ssd = {s["seqlen"]: s["tok_s"] for s in kernels.get("ssd", [])}
+    mamba = json_lines(logs.get("ssd_triton_anchor", ""), "JSON ")
+    for c in mamba:
+        if c.get("anchor") == "mamba_ssm_triton_ssd_check" and not c.get("passed"):
+            notes.append(f"- ssd_triton_anchor: check FAILED at {c['dtype']} {c['seqlen']} tokens x {c['nheads']} heads: "
+                         f"rel err y {c['rel_err_y']:.3g}, state {c['rel_err_state']:.3g} (tol {c['tol']})")
+    checks = [c for c in mamba if c.get("anchor") == "mamba_ssm_triton_ssd_check"]
+    if checks:
+        worst = max(max(c["rel_err_y"], c["rel_err_state"]) for c in checks)
+        notes.append(f"- mamba_ssm Triton vs float64 reference: {sum(c['passed'] for c in checks)}/{len(checks)} "
+                     f"checks passed, worst rel err {worst:.3g}")
+    for t in mamba:
+        if t.get("anchor") != "mamba_ssm_triton_ssd":
+            continue
+        # Our benchmark's scan runs granite-4.0-h-small's dimensions (fp32 inputs; mamba_ssm bf16).
+        ours = ours_ssd.get(t["seqlen"]) if t["shape"] == "granite-4.0-h-small" else None
+        rows.append(ratio_row(f"SSD chunk scan, {t['shape']} ({t['nheads']}x{t['headdim']}, N {t['dstate']}, "
+                              f"G {t['ngroups']}), {t['seqlen']} tokens: ours fp32 / mamba_ssm Triton "
+                              f"{t['dtype']}", ours, t["tok_s"], "tokens/s", 1.0))
+    labels = {"bench": ("throughput_bench", "bench model (127M)"), "1b": ("throughput_bench_1b", "1b model (0.93B)")}
+    for line in logs.get("llamacpp_cuda", "").splitlines():
+        if not line.startswith("LLAMACPP_JSON "):
+            continue
+        preset, _, text = line[len("LLAMACPP_JSON "):].partition(" ")
+        try:
+            j = json.loads(text)
+        except ValueError:
+            continue
+        step, label = labels.get(preset, ("", preset))
+        ours = json_line(logs.get(step, "")) or {}
+        for b, d in sorted(j.get("decode", {}).items(), key=lambda kv: int(kv[0])):
+            if "unsupported" in d:
+                notes.append(f"- llama.cpp CUDA, {label}, decode batch {b}: unsupported ({d['unsupported']})")
+                continue
+            goal = 1.3 if (preset == "1b" and b == "1") else 2.0 if b == "64" else None
+            rows.append(ratio_row(f"{label}, bf16, decode batch {b}: ours / llama.cpp CUDA",
+                                  ours.get("decode", {}).get(b, {}).get("tok_s"), d.get("tok_s"), "tok/s", goal))
+        for n, d in sorted(j.get("prefill", {}).items(), key=lambda kv: int(kv[0])):
+            goal = 1.5 if (preset == "1b" and n == "8192") else None
+            rows.append(ratio_row(f"{label}, bf16, prefill {n} tokens: ours / llama.cpp CUDA",
+                                  ours.get("prefill", {}).get(n, {}).get("tok_s"), d.get("tok_s"), "tok/s", goal))
+        if j.get("gpu"):
+            notes.append(f"- llama.cpp CUDA ({j.get('version')}, n_gpu_layers {j.get('n_gpu_layers')}) on {j['gpu']}")
+    return rows, notes
+
+
 MAX_NOTES = 6  # failed or skipped cases listed per step
 
 FIGURES = {
@@ -206,6 +284,23 @@ def main():
             tail = first_line("\n".join(log.splitlines()[-3:]))
             bench_notes.append(f"- {name}: exit {rc} after {secs} s, {len(rows)} figures; log ends: `{tail}`")
     out += [""] + bench_notes
+
+    anchors = [st for st in steps if st[1] == "anchor"]
+    if anchors:
+        logs = {name: read(os.path.join(args.logs, name + ".log")) for name, _, _, _ in steps}
+        rows, notes = anchor_rows(logs)
+        out += ["", "## Anchors (same card: one run, or run_anchors.sh on the same warm machine)", "",
+                "| figure | ours | anchor | ours / anchor | goal | verdict |", "| --- | --- | --- | --- | --- | --- |"]
+        out += [f"| {' | '.join(r)} |" for r in rows]
+        out += [""] + notes
+        for name, kind, rc, secs in anchors:
+            log = logs.get(name, "")
+            skipped = next((l for l in log.splitlines() if l.startswith("SKIP: ")), None)
+            if skipped:
+                out.append(f"- {name}: skipped: {skipped[6:]}")
+            elif rc != "0":
+                tail = first_line("\n".join(log.splitlines()[-3:]))
+                out.append(f"- {name}: FAILED (exit {rc}) after {secs} s; log ends: `{tail}`")
     print("\n".join(out))
 
 
