@@ -13,8 +13,8 @@
 #include "engine/backend_registry.h"
 #include "engine/gated_mlp_layer.h"
 #include "kernels/activation_params.h"
-#include "kernels/cpu/qwen_moe_block.h"
 #include "kernels/rows_params.h"
+#include "kernels/torch_topk.h"
 
 namespace hybridserve::engine {
 namespace {
@@ -203,7 +203,7 @@ class MoeLayerRunner final : public LayerRunner {
       total += v;
     }
     for (float& v : scores_) v /= total;
-    kernels::cpu::TorchTopKIndices(scores_.data(), experts, k, &choice_[static_cast<size_t>(r * k)]);
+    kernels::TorchTopKIndices(scores_.data(), experts, k, &choice_[static_cast<size_t>(r * k)]);
     float chosen = 0.0f;
     for (int64_t j = 0; j < k; ++j) chosen += scores_[static_cast<size_t>(choice_[static_cast<size_t>(r * k + j)])];
     for (int64_t j = 0; j < k; ++j) {

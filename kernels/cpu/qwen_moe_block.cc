@@ -3,8 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <utility>
 #include <vector>
+
+#include "kernels/torch_topk.h"
 
 namespace hybridserve::kernels::cpu {
 namespace {
@@ -36,29 +37,7 @@ KernelStatus Fail(const char* field, const char** bad_field) {
   return kKernelInvalidArgument;
 }
 
-// torch.topk(p, k, largest=True, sorted=True) on the CPU (ATen TopKImpl.h):
-// the same algorithm, comparator and input order, so the same choice among ties.
-void TorchTopK(const float* p, int64_t n, int64_t k, std::vector<std::pair<double, int64_t>>& queue) {
-  queue.resize(static_cast<size_t>(n));
-  for (int64_t j = 0; j < n; ++j) queue[static_cast<size_t>(j)] = {static_cast<double>(p[j]), j};
-  auto greater = [](const std::pair<double, int64_t>& a, const std::pair<double, int64_t>& b) {
-    return (std::isnan(a.first) && !std::isnan(b.first)) || a.first > b.first;
-  };
-  if (k * 64 <= n) {
-    std::partial_sort(queue.begin(), queue.begin() + k, queue.end(), greater);
-  } else {
-    std::nth_element(queue.begin(), queue.begin() + k - 1, queue.end(), greater);
-    std::sort(queue.begin(), queue.begin() + k - 1, greater);
-  }
-}
-
 }  // namespace
-
-void TorchTopKIndices(const float* p, int64_t n, int64_t k, int32_t* out) {
-  std::vector<std::pair<double, int64_t>> queue;
-  TorchTopK(p, n, k, queue);
-  for (int64_t j = 0; j < k; ++j) out[j] = static_cast<int32_t>(queue[static_cast<size_t>(j)].second);
-}
 
 KernelStatus CheckQwenMoeBlockShape(const QwenMoeBlockShape& s, const QwenMoeBlockWeights& w, const char** bad_field) {
   if (s.hidden <= 0) return Fail("hidden", bad_field);
@@ -93,7 +72,7 @@ KernelStatus QwenMoeBlockForward(const QwenMoeBlockShape& s, const QwenMoeBlockW
   std::vector<float> p(experts), h(widest), u(widest), out(hidden), routed(hidden);
   std::vector<float> weight(experts);
   std::vector<char> is_chosen(experts);
-  std::vector<std::pair<double, int64_t>> queue;
+  std::vector<int32_t> order(static_cast<size_t>(k));
   for (int64_t r = 0; r < n; ++r) {
     const float* xr = x + r * hidden;
     float* yr = y + r * hidden;
@@ -106,12 +85,12 @@ KernelStatus QwenMoeBlockForward(const QwenMoeBlockShape& s, const QwenMoeBlockW
       total += v;
     }
     for (float& v : p) v /= total;
-    TorchTopK(p.data(), experts, k, queue);
+    TorchTopKIndices(p.data(), experts, k, order.data());
     float chosen_total = 0.0f;
-    for (int64_t j = 0; j < k; ++j) chosen_total += p[queue[j].second];
+    for (int64_t j = 0; j < k; ++j) chosen_total += p[order[j]];
     std::fill(is_chosen.begin(), is_chosen.end(), 0);
     for (int64_t j = 0; j < k; ++j) {
-      const int64_t e = queue[j].second;
+      const int64_t e = order[j];
       const float wj = s.norm_topk_prob ? p[e] / chosen_total : p[e];
       is_chosen[e] = 1;
       weight[e] = wj;

@@ -62,10 +62,6 @@ struct QwenMoeBlockShape {
 KernelStatus CheckQwenMoeBlockShape(const QwenMoeBlockShape& s, const QwenMoeBlockWeights& w,
                                     const char** bad_field = nullptr);
 
-// torch.topk(p, k, largest=True, sorted=True)'s indices on the CPU (see Ties
-// above): out [k] for p [n], 1 <= k <= n.
-void TorchTopKIndices(const float* p, int64_t n, int64_t k, int32_t* out);
-
 // x [n, hidden] -> y [n, hidden] (y must not alias x). chosen [n, top_k] and
 // chosen_weight [n, top_k], each optional (null: not written), receive every
 // row's experts in torch.topk's order and their weights w_j.

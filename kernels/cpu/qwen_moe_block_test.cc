@@ -13,6 +13,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cpu/test_util.h"
+#include "kernels/torch_topk.h"
 
 namespace hybridserve::kernels::cpu {
 namespace {
@@ -144,7 +145,7 @@ TEST(QwenMoeBlockTest, TopKBreaksTiesAsTorchTopK) {
     const int64_t k = static_cast<int64_t>(want.size());
     ASSERT_GE(k, 1);
     std::vector<int32_t> got(k);
-    TorchTopKIndices(p.data(), static_cast<int64_t>(p.size()), k, got.data());
+    kernels::TorchTopKIndices(p.data(), static_cast<int64_t>(p.size()), k, got.data());
     for (int64_t j = 0; j < k; ++j) {
       EXPECT_EQ(got[j], static_cast<int32_t>(want[j])) << "n " << p.size() << " k " << k << " place " << j;
     }
