@@ -213,7 +213,7 @@ else
 fi
 if wait_for "$MODELS/1b.done" 90; then
   step throughput_bench_1b bench 90 bin/throughput_bench --device=cuda --bandwidth --model="$MODELS/1b" \
-    --prefill= --batches=1 --reps=3 --max_tries=4
+    --prefill=8192 --batches=1 --reps=3 --max_tries=4
 else
   say "the 1b model was not generated in time: no 1b decode figure"
   printf '%s\t%s\t%s\t%s\n' throughput_bench_1b bench no_model 0 >>"$STEPS"
