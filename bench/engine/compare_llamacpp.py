@@ -122,7 +122,8 @@ class Driver:
             cfg = os.path.join(self.model_dir(m, dt), "config.json")
             if os.path.exists(cfg):
                 with open(cfg) as f:
-                    vocab.add(int(json.load(f)["vocab_size"]))
+                    c = json.load(f)
+                    vocab.add(int(c.get("text_config", c)["vocab_size"]))  # Qwen3.5-MoE nests the text model
         if len(vocab) != 1:
             sys.exit(f"{m}: vocab_size missing or different between the f32 and bf16 directories: {vocab}")
         vocab = vocab.pop()

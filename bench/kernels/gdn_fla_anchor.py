@@ -4,16 +4,16 @@
 carried as two wheels because the GPU machine has no network:
 
     # here (network): the wheels, pure Python, ~1.5 MB
-    python3 -m pip download flash-linear-attention fla-core --no-deps -d gpu_bundle/fla
+    python3 -m pip download flash-linear-attention fla-core --no-deps -d gpu_bundle/anchors
     bazel build -c opt //bench/kernels:gdn_cuda_bench
     # there:
-    python3 bench/kernels/gdn_fla_anchor.py --fla-wheels gpu_bundle/fla \\
+    python3 bench/kernels/gdn_fla_anchor.py [--fla-wheels gpu_bundle/anchors] \\
         --ours bazel-bin/bench/kernels/gdn_cuda_bench [--seqlens 2048,8192] [--out result.json]
 
 (--ours may also be the GPU bundle's launcher, bin/gdn_cuda_bench.) The wheels are installed with
 --no-deps into a temporary directory that is put first on sys.path (nothing is installed into the
 machine's Python); fla needs only torch, triton and einops, which PyTorch's environments carry (the
-script says which import failed otherwise).
+script says which import failed otherwise). Without torch or a GPU it prints `SKIP: <reason>` and exits 0.
 
 Shapes: Qwen3-Next-80B-A3B's Gated DeltaNet (16 key heads, 32 value heads, dk = dv = 128), one
 sequence of 2K and 8K tokens, chunk 64 (both), l2-normalised q and k inside the kernel
@@ -40,13 +40,16 @@ import sys
 import tempfile
 import time
 
+# Where the GPU bundle's anchors carry their wheels (tools/gpu_bundle/anchors): used when --fla-wheels
+# is not given and fla wheels are there.
+DEFAULT_WHEELS = "gpu_bundle/anchors"
 QWEN3_NEXT = dict(n_k_heads=16, n_v_heads=32, dk=128, dv=128)
 CHUNK = 64
 
 
-def install_wheels(wheel_dir):
-    """pip install --no-deps --target TMP every wheel of `wheel_dir`; TMP goes first on sys.path."""
-    wheels = sorted(glob.glob(os.path.join(wheel_dir, "*.whl")))
+def install_wheels(wheel_dir, pattern="*.whl"):
+    """pip install --no-deps --target TMP the wheels of `wheel_dir`; TMP goes first on sys.path."""
+    wheels = sorted(glob.glob(os.path.join(wheel_dir, pattern)))
     if not wheels:
         sys.exit(f"no .whl in {wheel_dir} (pip download flash-linear-attention fla-core --no-deps -d DIR)")
     target = tempfile.mkdtemp(prefix="fla-site-")
@@ -121,7 +124,8 @@ def run_ours(binary, seqlens, shape, reps, calls):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ours", required=True, help="gdn_cuda_bench binary (or the GPU bundle's bin/ launcher)")
-    ap.add_argument("--fla-wheels", default=None, help="directory of the fla wheels (default: fla importable)")
+    ap.add_argument("--fla-wheels", default=None,
+                    help=f"directory of the fla wheels (default: {DEFAULT_WHEELS} when it has them, else fla importable)")
     ap.add_argument("--seqlens", default="2048,8192")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--calls", type=int, default=10)
@@ -132,13 +136,20 @@ def main():
 
     if a.fla_wheels:
         install_wheels(a.fla_wheels)
+    elif os.path.isdir(DEFAULT_WHEELS) and glob.glob(os.path.join(DEFAULT_WHEELS, "fla*.whl")):
+        install_wheels(DEFAULT_WHEELS, "fla*.whl")
     try:
         import torch
+    except ImportError as e:
+        print(f"SKIP: {e}")
+        return 0
+    if not torch.cuda.is_available():
+        print("SKIP: no CUDA device (this script only measures on a GPU)")
+        return 0
+    try:
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule
     except ImportError as e:
-        sys.exit(f"import failed: {e} (fla needs torch, triton, einops)")
-    if not torch.cuda.is_available():
-        sys.exit("no CUDA device: this script only measures on a GPU")
+        sys.exit(f"import of fla failed: {e} (fla needs torch, triton, einops)")
 
     import fla
 
@@ -178,7 +189,8 @@ def main():
     if a.out:
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
