@@ -3,7 +3,7 @@
 
 Archs: Nemotron-H, Mamba2, Bamba, GraniteMoeHybrid (Granite 4.0-H, MoE or dense), Falcon-H1, Zamba2, and the
 Gated DeltaNet hybrids Qwen3-Next, Qwen3.5 (text-only form) and Qwen3.5-MoE (image-text form)
-(gen_model_qwen3_next.py says what it writes; presets tiny, tiny2, e2e).
+(gen_model_qwen3_next.py says what it writes; presets tiny, tiny2, e2e, bench).
 
 Usage:
     python3 tools/gen_model.py --preset {tiny,tiny2,tiny3,tiny4,tiny5,default,e2e,bench,1b,moe_tiny,moe_tiny2,
@@ -138,7 +138,12 @@ bench    ~127M parameters (nemotron_h) / ~135M (mamba2) / ~125M (bamba, "MM*MM*M
          1024, vocab 16384, chunk 128 (nemotron_h, bamba) / 256 (mamba2). granitemoehybrid: MoE
          "MM*MM*", 32 experts top-4 (inter 512), shared 1024, chunk 128: 394M parameters, 129M
          active per token (like nemotron_h's 127M). falcon_h1: Falcon-H1-0.5B's layer shapes in 8
-         layers (134.5M). Generated on demand, never committed.
+         layers (134.5M). qwen3_5_text: 12 layers, full_attention_interval 4 (9 Gated DeltaNet, 3
+         gated attention), GDN 4 key heads / 8 value heads of 128 (the real configs' n_v = 2 n_k,
+         dk = dv = 128), attention 8 / 2 KV heads of 128 (partial RoPE 0.25, MRoPE [6, 5, 5]), SwiGLU
+         2048, untied (158M). qwen3_5_moe: the same layers with the sparse MoE block in every layer,
+         32 experts top-4 (inter 512), shared expert 512, and a one-block vision tower (text engines
+         ignore it): 706M parameters, 177M active per token. Generated on demand, never committed.
 moe_*    Nemotron-H with MoE ('E') blocks. moe_tiny: tiny's shapes, pattern "ME*E-M", 8 experts top-2
          in 2 groups of which 1 is kept, norm_topk_prob, routed_scaling_factor 2.5, inter 16, shared
          24. moe_tiny2: "EM*EME", Mamba2 8 heads x 8, n_groups 1, 1 KV head, 16 experts top-4, one
@@ -305,6 +310,19 @@ _QWEN3_5_MOE_TINY = _with(
     _QWEN3_NEXT_TINY, num_hidden_layers=4, layer_types=[_L, _L, _F, _L], mrope_section=[1, 1, 0],
     vision=dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, patch_size=4,
                 num_position_embeddings=16))
+# The llama.cpp comparison's shape (bench/llamacpp): hidden 1024, vocab 16384 like the other bench
+# models; the 3:1 linear/full pattern, GDN heads in the real configs' ratio (n_v = 2 n_k,
+# dk = dv = 128), gated attention heads of 128 (the rotary half-width 16 = the MRoPE sections' sum).
+_QWEN3_5_BENCH = _with(
+    _QWEN3_5_TINY, vocab_size=16384, hidden_size=1024, num_hidden_layers=12, full_attention_interval=4,
+    num_attention_heads=8, num_key_value_heads=2, head_dim=128, mrope_section=[6, 5, 5], linear_num_key_heads=4,
+    linear_num_value_heads=8, linear_key_head_dim=128, linear_value_head_dim=128, intermediate_size=2048,
+    tie_word_embeddings=False, max_position_embeddings=65536)
+_QWEN3_5_MOE_BENCH = _with(
+    _QWEN3_5_MOE_TINY, **{k: v for k, v in _QWEN3_5_BENCH.items() if k != "full_attention_interval"},
+    layer_types=[_F if (i + 1) % 4 == 0 else _L for i in range(12)])
+_QWEN3_5_MOE_BENCH.update(num_experts=32, num_experts_per_tok=4, moe_intermediate_size=512,
+                          shared_expert_intermediate_size=512)
 
 PRESETS = {
     ("nemotron_h", "tiny"): _NEMOTRON_TINY,
@@ -448,10 +466,12 @@ PRESETS = {
         mlp_only_layers=[3], linear_num_key_heads=1, linear_num_value_heads=3, linear_key_head_dim=8,
         linear_value_head_dim=16),
     ("qwen3_5_text", "tiny"): _QWEN3_5_TINY,
+    ("qwen3_5_text", "bench"): _QWEN3_5_BENCH,
     ("qwen3_5_text", "e2e"): _with(
         _QWEN3_5_TINY, **_BYTE_IDS, hidden_size=64, head_dim=32, mrope_section=[2, 1, 1], linear_value_head_dim=16,
         intermediate_size=96, max_position_embeddings=8192),
     ("qwen3_5_moe", "tiny"): _QWEN3_5_MOE_TINY,
+    ("qwen3_5_moe", "bench"): _QWEN3_5_MOE_BENCH,
     ("qwen3_5_moe", "e2e"): _with(
         _QWEN3_5_MOE_TINY, **_BYTE_IDS, hidden_size=64, layer_types=[_L, _F, _L, _L], head_dim=32,
         mrope_section=[2, 1, 1], linear_value_head_dim=16, shared_expert_intermediate_size=32,

@@ -51,7 +51,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Appended, never reordered: a model's token ids are seeded with its index here.
-MODELS = ("nemotron_h", "mamba2", "bamba", "granitemoehybrid", "nemotron_h_moe", "falcon_h1")
+MODELS = ("nemotron_h", "mamba2", "bamba", "granitemoehybrid", "nemotron_h_moe", "falcon_h1", "qwen3_5", "qwen3_5_moe")
 DTYPES = ("f32", "bf16")
 SIMD_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_bf16")
 # Beyond the main table's 32K (which records peak RSS per length too): Mamba2 at 128K.
@@ -122,7 +122,8 @@ class Driver:
             cfg = os.path.join(self.model_dir(m, dt), "config.json")
             if os.path.exists(cfg):
                 with open(cfg) as f:
-                    vocab.add(int(json.load(f)["vocab_size"]))
+                    c = json.load(f)
+                    vocab.add(int(c.get("text_config", c)["vocab_size"]))  # Qwen3.5-MoE nests the text model
         if len(vocab) != 1:
             sys.exit(f"{m}: vocab_size missing or different between the f32 and bf16 directories: {vocab}")
         vocab = vocab.pop()
@@ -494,16 +495,22 @@ def model_summary(model_dir):
     except (OSError, ValueError):
         return None
     arch = (c.get("architectures") or ["?"])[0]
+    c = {**c, **c.get("text_config", {})}  # Qwen3.5-MoE's image-text form: the text model's fields
+    linear = "D" if c.get("linear_num_value_heads") else "M"  # Gated DeltaNet or Mamba2 layers
     if c.get("hybrid_override_pattern"):
         pattern = c["hybrid_override_pattern"]
     elif c.get("layer_types"):
-        pattern = "".join("*" if "attention" in t and "linear" not in t else "M" for t in c["layer_types"])
+        pattern = "".join("*" if "attention" in t and "linear" not in t else linear for t in c["layer_types"])
+    elif c.get("full_attention_interval"):
+        n = c["full_attention_interval"]
+        pattern = "".join("*" if (i + 1) % n == 0 else linear for i in range(c["num_hidden_layers"]))
     elif "attn_layer_indices" in c:
         pattern = "".join("*" if i in c["attn_layer_indices"] else "M" for i in range(c["num_hidden_layers"]))
     else:
         pattern = f"{c.get('num_hidden_layers', '?')} layers"
-    experts = c.get("num_local_experts") or c.get("n_routed_experts") or 0
-    shared = c.get("shared_intermediate_size") or c.get("moe_shared_expert_intermediate_size")
+    experts = c.get("num_local_experts") or c.get("n_routed_experts") or c.get("num_experts") or 0
+    shared = (c.get("shared_intermediate_size") or c.get("moe_shared_expert_intermediate_size")
+              or c.get("shared_expert_intermediate_size"))
     moe = f"{c.get('num_experts_per_tok')} / {experts}; {shared}" if experts else "-"
     return [arch, pattern, moe, str(c.get("hidden_size")), str(c.get("vocab_size"))]
 

@@ -454,8 +454,8 @@ double ExpectedExpertsRead(const MoeParams& moe, int64_t batch) {
 // the embedding table (one row per sequence is read), unless it is also the
 // head, and except the routed experts no sequence picks (a mixture-of-experts
 // block reads its router, its shared expert and ExpectedExpertsRead experts);
-// per sequence the SSM and conv states (read and written) and the KV of its
-// context (on average ctx + steps / 2 tokens).
+// per sequence the SSM, Gated DeltaNet and conv states (read and written) and
+// the KV of its context (on average ctx + steps / 2 tokens).
 double DecodeBytesPerStep(const ModelWeights& w, int64_t batch, int64_t ctx, int64_t steps) {
   const ModelConfig& c = w.config();
   double bytes = static_cast<double>(w.resident_bytes());
@@ -473,6 +473,10 @@ double DecodeBytesPerStep(const ModelWeights& w, int64_t batch, int64_t ctx, int
   const double state = 4.0 * (static_cast<double>(m.num_heads) * m.head_dim * m.state_size +
                               static_cast<double>(m.conv_dim()) * (m.conv_kernel - 1));
   bytes += batch * 2.0 * state * c.CountLayers(LayerKind::kMamba2);
+  const auto& g = c.gdn;
+  const double gdn_state = 4.0 * (static_cast<double>(g.num_v_heads) * g.k_head_dim * g.v_head_dim +
+                                  static_cast<double>(g.conv_dim()) * (g.conv_kernel - 1));
+  bytes += batch * 2.0 * gdn_state * c.CountLayers(LayerKind::kGatedDeltaNet);
   const double kv = 4.0 * 2.0 * (ctx + steps / 2.0) * c.attention.num_kv_heads * c.attention.head_dim;
   bytes += batch * kv * c.CountLayers(LayerKind::kAttention);
   return bytes;

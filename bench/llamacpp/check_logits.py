@@ -89,7 +89,8 @@ def main():
     args = ap.parse_args()
 
     with open(os.path.join(args.hf, "config.json")) as f:
-        vocab = json.load(f)["vocab_size"]
+        cfg = json.load(f)
+    vocab = cfg.get("text_config", cfg)["vocab_size"]  # image-text forms (Qwen3.5-MoE) nest the text model
     rng = np.random.default_rng(args.seed)
     tokens = [int(t) for t in rng.integers(3, vocab, size=args.len)]
 

@@ -59,6 +59,11 @@ copied, the model directory is used as written by gen_model.py):
   converter's.
 * FalconH1ForCausalLM: FalconH1Model.set_vocab() wants a GPT-2 tokenizer from transformers;
   it gets its parent's, Mamba2Model.set_vocab() (the same built-in fallback).
+* Qwen3NextForCausalLM, Qwen3_5ForCausalLM, Qwen3_5MoeForConditionalGeneration (Gated DeltaNet
+  hybrids, conversion/qwen.py): their set_vocab() wants a sentencepiece or GPT-2 tokenizer; they
+  get Mamba2Model.set_vocab() (the same built-in fallback). Run them with `--no-mtp` (convert.sh
+  does): the converter otherwise expects multi-token-prediction tensors, which our models (like
+  transformers' own classes, which drop mtp.*) do not have.
 """
 
 import json
@@ -117,6 +122,7 @@ def main():
     from conversion.falcon_h1 import FalconH1Model  # noqa: E402
     from conversion.mamba import Mamba2Model  # noqa: E402
     from conversion.nemotron import NemotronHModel  # noqa: E402
+    from conversion.qwen import Qwen3NextModel  # noqa: E402
 
     orig_load_hparams = ModelBase.load_hparams
 
@@ -134,6 +140,8 @@ def main():
     # FalconH1Model.set_vocab() wants a GPT-2 tokenizer from transformers; its parent's
     # (Mamba2Model) falls back to the built-in vocabulary.
     FalconH1Model.set_vocab = Mamba2Model.set_vocab
+    # Qwen3-Next and the Qwen3.5 text models (subclasses of Qwen3NextModel): the same fallback.
+    Qwen3NextModel.set_vocab = Mamba2Model.set_vocab
 
     # GraniteHybridModel (and Mamba2Model below it) reads config.json itself, not through
     # load_hparams; NemotronHModel passes its own hparams= in.

@@ -6,7 +6,8 @@
 # 1. Generates the bench models with tools/gen_model.py (seed 0) unless they already exist:
 #    fp32 in OUT_DIR/MODEL and bf16 in OUT_DIR/MODEL-bf16 for every MODEL of $ARCHS
 #    (default: nemotron_h mamba2 bamba granitemoehybrid; nemotron_h_moe is
-#    `gen_model.py --arch nemotron_h --preset moe_bench`, see gen_args below).
+#    `gen_model.py --arch nemotron_h --preset moe_bench`; qwen3_5 is `--arch qwen3_5_text --preset bench`;
+#    see gen_args below; ARCHS="qwen3_5 qwen3_5_moe" for the Gated DeltaNet hybrids of issue 50).
 #    hybridserve reads these directories directly.
 # 2. Gets llama.cpp's converter: $LLAMA_CPP_DIR if set, else the vendor/llama.cpp tree of the
 #    llama-cpp-python sdist (pip download, extracted under $LLAMA_CPP_SRC, default
@@ -43,7 +44,17 @@ echo "converter: $LLAMA_CPP_DIR/convert_hf_to_gguf.py"
 gen_args() {
   case "$1" in
     nemotron_h_moe) echo "--arch nemotron_h --preset moe_bench" ;;
+    qwen3_5)        echo "--arch qwen3_5_text --preset bench" ;;
     *)              echo "--arch $1 --preset bench" ;;
+  esac
+}
+
+# Extra convert_hf_to_gguf.py arguments of a model name (the Qwen converters expect MTP tensors
+# unless told --no-mtp; our models, like transformers' classes, have none).
+convert_args() {
+  case "$1" in
+    qwen3_next|qwen3_5|qwen3_5_moe) echo "--no-mtp" ;;
+    *)                              echo "" ;;
   esac
 }
 
@@ -61,8 +72,9 @@ for arch in $ARCHS; do
     fi
     dst="$OUT/gguf/$arch-$t.gguf"
     echo "== $src ($t) -> $dst"
+    # shellcheck disable=SC2046
     python3 "$REPO/bench/llamacpp/convert.py" --llama-cpp-dir "$LLAMA_CPP_DIR" \
-      "$src" --outtype "$t" --outfile "$dst" > "$OUT/gguf/convert-$arch-$t.log" 2>&1 \
+      "$src" --outtype "$t" --outfile "$dst" $(convert_args "$arch") > "$OUT/gguf/convert-$arch-$t.log" 2>&1 \
       || { tail -30 "$OUT/gguf/convert-$arch-$t.log"; exit 1; }
     tail -1 "$OUT/gguf/convert-$arch-$t.log"
   done
