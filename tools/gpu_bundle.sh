@@ -45,7 +45,7 @@ TESTS=(
   //transport:nccl_communicator_test //tests/e2e:gpu_stack_test
 )
 BENCHES=(
-  //bench/kernels:cuda_kernels_bench //bench/transport:gpu_transfer_bench
+  //bench/kernels:cuda_kernels_bench //bench/kernels:gdn_cuda_bench //bench/transport:gpu_transfer_bench
   //bench/engine:throughput_bench //bench/serving:serving_bench
 )
 SERVICES=(//decode:decode //prefill:prefill //cachestore/server:cachestore)

@@ -231,9 +231,11 @@ anchors=${HS_ANCHORS_DIR:-}
 if [ "${HS_ANCHORS:-1}" = 0 ]; then
   anchor_skip ssd_triton_anchor "HS_ANCHORS=0"
   anchor_skip llamacpp_cuda "HS_ANCHORS=0"
+  anchor_skip gdn_fla_anchor "HS_ANCHORS=0"
 elif [ -z "$repo" ] || [ ! -f "$repo/bench/kernels/ssd_triton_anchor.py" ]; then
   anchor_skip ssd_triton_anchor "no repository copy with bench/kernels/ssd_triton_anchor.py (HS_REPO_DIR=${repo:-unset})"
   anchor_skip llamacpp_cuda "no repository copy (HS_REPO_DIR=${repo:-unset})"
+  anchor_skip gdn_fla_anchor "no repository copy (HS_REPO_DIR=${repo:-unset})"
 else
   mamba_whl=$(ls "$anchors"/mamba_ssm-*.whl 2>/dev/null | head -1)
   if [ -z "$mamba_whl" ]; then
@@ -254,5 +256,14 @@ else
     wait_for "$MODELS/1b.done" 60 || true
     step llamacpp_cuda anchor 240 bash -c 'cd "$1" && shift && exec tools/gpu_bundle/anchors/llamacpp_gpu.sh "$@"' \
       llamacpp_gpu "$repo" "$anchors" "$MODELS" ${HS_MODEL_PRESETS:-bench 1b}
+  fi
+  # Issue 50's: our CUDA GatedDeltaPrefill against fla's chunk_gated_delta_rule.
+  if [ -z "$(ls "$anchors"/flash_linear_attention-*.whl 2>/dev/null)" ]; then
+    anchor_skip gdn_fla_anchor "no flash-linear-attention wheel in ${anchors:-HS_ANCHORS_DIR unset} (build_wheels.sh fla)"
+  elif [ $((deadline - $(date +%s))) -lt 60 ]; then
+    anchor_skip gdn_fla_anchor "under 60 s of the run's budget left"
+  else
+    step gdn_fla_anchor anchor 120 python3 "$repo/bench/kernels/gdn_fla_anchor.py" --fla-wheels "$anchors" \
+      --ours "$B/bin/gdn_cuda_bench" --out "$LOGS/gdn_fla_anchor.json"
   fi
 fi

@@ -142,13 +142,21 @@ build_converter() {
   ls -l "$OUT"/llcpp-convert-0.3.36.tar.xz "$OUT"/diskcache-*.whl
 }
 
+build_fla() {
+  echo "== flash-linear-attention and fla-core (pure Python; the Gated DeltaNet anchor)"
+  rm -f "$OUT"/flash_linear_attention-*.whl "$OUT"/fla_core-*.whl
+  "$PYTHON" -m pip download --no-deps --only-binary :all: -d "$OUT" flash-linear-attention fla-core
+  ls -l "$OUT"/flash_linear_attention-*.whl "$OUT"/fla_core-*.whl
+}
+
 for w in "${what[@]}"; do
   case $w in
     mamba) build_mamba ;;
+    fla) build_fla ;;
     converter) build_converter ;;
     llamacpp) build_llamacpp ;;
     llamacpp-package) package_llamacpp ;;
-    *) echo "unknown: $w (mamba, converter, llamacpp, llamacpp-package)" >&2; exit 2 ;;
+    *) echo "unknown: $w (mamba, fla, converter, llamacpp, llamacpp-package)" >&2; exit 2 ;;
   esac
 done
 ls -l "$OUT"
