@@ -194,9 +194,11 @@ void CacheShards::Resolve() {
   if (!source_->dns) return;
   absl::MutexLock resolving(&resolve_mu_);
   std::map<std::string, Member> current;
+  std::set<std::string> were_unanswered;
   {
     absl::MutexLock lock(&mu_);
     current = members_;
+    were_unanswered = unanswered_;
   }
   const std::vector<std::string> found = common::ResolveHost(source_->host, source_->port);
   if (found.empty()) {
@@ -212,18 +214,30 @@ void CacheShards::Resolve() {
     names.insert(it->second.name);
     next.emplace(target, it->second);
   }
+  std::set<std::string> unanswered;
   for (const std::string& target : found) {
     if (current.count(target) != 0) continue;
+    // Asking a new address its name is a call like any other: it has the
+    // call timeout (--cache_timeout), not the down-shard prober's shorter
+    // one. A pod that leaves out a shard only because its first call over
+    // a fresh (TLS) connection was slow would place that shard's chains on
+    // the others, and its lookups and publications would disagree with the
+    // other pods' until the shard joins.
     cachestore::GrpcCacheClientOptions po;
-    po.timeout = std::min(options_->timeout, options_->probe_timeout);
+    po.timeout = options_->timeout;
     po.tls = options_->tls;
     if (!po.tls.ca_file.empty() && po.tls.server_name.empty()) po.tls.server_name = source_->host;
     absl::StatusOr<std::unique_ptr<cachestore::GrpcCacheClient>> ask = cachestore::GrpcCacheClient::Create(target, po);
     absl::StatusOr<cachestore::IndexStats> stats =
         ask.ok() ? (*ask)->Stats() : absl::StatusOr<cachestore::IndexStats>(ask.status());
     if (!stats.ok()) {
-      LOG(WARNING) << "cachestore " << target << " (from " << options_->address << ") does not answer ("
-                   << stats.status() << "); not a shard until it does";
+      // Logged once while it stays silent: it is asked again every second.
+      if (were_unanswered.count(target) == 0) {
+        LOG(WARNING) << "cachestore " << target << " (from " << options_->address << ") does not answer ("
+                     << stats.status() << "); not a shard until it does (asked again every "
+                     << absl::FormatDuration(RetryInterval(1)) << ")";
+      }
+      unanswered.insert(target);
       continue;
     }
     const std::string name = stats->shard_name.empty() ? target : stats->shard_name;
@@ -240,14 +254,19 @@ void CacheShards::Resolve() {
     next.emplace(target, *std::move(m));
   }
   absl::MutexLock lock(&mu_);
+  unanswered_ = std::move(unanswered);
   if (absl::Status s = Apply(std::move(next)); !s.ok()) LOG(WARNING) << "cachestore shards kept: " << s;
+}
+
+absl::Duration CacheShards::RetryInterval(int unanswered) const {
+  return unanswered > 0 ? std::min(options_->resolve_interval, kUnansweredRetry) : options_->resolve_interval;
 }
 
 void CacheShards::ResolveLoop() {
   while (true) {
     {
       absl::MutexLock lock(&mu_);
-      mu_.AwaitWithTimeout(absl::Condition(&stopping_), options_->resolve_interval);
+      mu_.AwaitWithTimeout(absl::Condition(&stopping_), RetryInterval(static_cast<int>(unanswered_.size())));
       if (stopping_) return;
     }
     Resolve();

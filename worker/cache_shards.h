@@ -15,9 +15,11 @@
 //                                 so a pod back with a new IP keeps its
 //                                 chains. A resolution that finds nothing
 //                                 keeps the set; an address that does not
-//                                 answer its name is not a shard yet (retried
-//                                 at the next resolution); two addresses of
-//                                 one name: the first.
+//                                 answer its name (asked with --cache_timeout)
+//                                 is not a shard yet: resolved again after
+//                                 min(--cachestore_resolve_interval, 1 s)
+//                                 while one does not answer; two addresses
+//                                 of one name: the first.
 //
 // Direct paths per shard: --cachestore_bulk_address is ":PORT" (each shard's
 // bulk port on its own host), --cachestore_shm_socket is
@@ -26,6 +28,7 @@
 
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -33,6 +36,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "cachestore/client/direct_put_cache_client.h"
 #include "cachestore/client/direct_read_cache_client.h"
 #include "cachestore/client/grpc_cache_client.h"
@@ -90,6 +94,11 @@ class CacheShards {
   // longer there retire (their counts kept in the sums).
   absl::Status Apply(std::map<std::string, Member> members) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ResolveLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  // The wait before the next resolution: the resolve interval, or at most
+  // kUnansweredRetry while `unanswered` resolved addresses did not answer.
+  absl::Duration RetryInterval(int unanswered) const;
+
+  static constexpr absl::Duration kUnansweredRetry = absl::Seconds(1);
 
   const std::unique_ptr<const CacheStackOptions> options_;
   const std::unique_ptr<const Source> source_;
@@ -99,6 +108,8 @@ class CacheShards {
   std::map<std::string, cachestore::DirectReadCounts> retired_reads_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, cachestore::DirectPutCounts> retired_puts_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // The addresses of the last resolution that did not answer.
+  std::set<std::string> unanswered_ ABSL_GUARDED_BY(mu_);
   absl::Mutex resolve_mu_;  // one Resolve at a time
   std::thread resolver_;
 };

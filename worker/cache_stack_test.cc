@@ -13,6 +13,7 @@
 #include "cachestore/server/server.h"
 #include "common/clock.h"
 #include "common/runfiles.h"
+#include "common/wait_for.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "prometheus/registry.h"
@@ -301,6 +302,7 @@ class ShardedCacheStackTest : public ::testing::Test {
 
   common::FakeClock clock_;
   prometheus::Registry server_registry_;
+  prometheus::Registry restarted_registry_;  // a server started again on a port
   std::vector<std::unique_ptr<cachestore::CacheStoreServer>> servers_;
 };
 
@@ -366,6 +368,52 @@ TEST_F(ShardedCacheStackTest, AHeadlessServiceNameGivesShardsNamedByWhatTheyRepo
   // A resolution again keeps the shard (its calls, its slot).
   (*stack)->shards()->Resolve();
   EXPECT_EQ((*stack)->shards()->client().counts()[0].calls, 1);
+}
+
+// A new address is asked its name with the call timeout, not the down-shard
+// prober's: with a prober deadline no call can meet, the shard still joins
+// at the first resolution (it was left out before, so its chains were placed
+// on the other shards until a later resolution).
+TEST_F(ShardedCacheStackTest, AShardIsAskedItsNameWithTheCallTimeoutNotTheProbers) {
+  CacheStackOptions o = Options();
+  o.address = absl::StrCat("dns:///localhost:", servers_[0]->port());
+  o.probe_timeout = absl::Nanoseconds(1);
+  absl::StatusOr<std::unique_ptr<CacheStack>> stack = CacheStack::Connect(o);
+  ASSERT_TRUE(stack.ok()) << stack.status();
+  ASSERT_NE((*stack)->shards(), nullptr);
+  const std::vector<cachestore::ShardCounts> counts = (*stack)->shards()->client().counts();
+  ASSERT_EQ(counts.size(), 1u);
+  EXPECT_EQ(counts[0].name, "shard-a");
+}
+
+// An address that resolves but does not answer is asked again within about a
+// second, not after the whole resolve interval (an hour here): a shard that
+// was slow to answer a starting pod joins its set as soon as it answers.
+TEST_F(ShardedCacheStackTest, AnAddressThatDidNotAnswerIsAskedAgainSoon) {
+  const int port = servers_[1]->port();
+  servers_[1]->Shutdown(absl::ZeroDuration());
+  servers_[1]->Wait();
+  CacheStackOptions o = Options();
+  o.address = absl::StrCat("dns:///localhost:", port);
+  o.resolve_interval = absl::Hours(1);
+  absl::StatusOr<std::unique_ptr<CacheStack>> stack = CacheStack::Connect(o);
+  ASSERT_TRUE(stack.ok()) << stack.status();
+  ASSERT_NE((*stack)->shards(), nullptr);
+  EXPECT_TRUE((*stack)->shards()->client().counts().empty());
+
+  cachestore::ServerOptions so;
+  so.address = absl::StrCat("127.0.0.1:", port);
+  so.reap_interval = absl::Hours(1);
+  so.service.shard_name = "shard-b";
+  absl::StatusOr<std::unique_ptr<cachestore::CacheStoreServer>> again =
+      cachestore::CacheStoreServer::Start(so, clock_, restarted_registry_);
+  ASSERT_TRUE(again.ok()) << again.status();
+  servers_[1] = *std::move(again);
+  // The bound is far above the one-second retry and far below the hour.
+  ASSERT_TRUE(common::WaitFor([&] { return !(*stack)->shards()->client().counts().empty(); }, absl::Minutes(2)));
+  const std::vector<cachestore::ShardCounts> counts = (*stack)->shards()->client().counts();
+  ASSERT_EQ(counts.size(), 1u);
+  EXPECT_EQ(counts[0].name, "shard-b");
 }
 
 }  // namespace
