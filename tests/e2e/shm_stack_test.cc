@@ -28,6 +28,24 @@ struct Turn {
   v1::ResumeKind kind = v1::RESUME_KIND_UNSPECIFIED;
 };
 
+// Both stacks of a comparison: every turn by the prefill worker (decode's
+// local prefill of a next turn reads nothing twice and pushes nothing:
+// //tests/e2e:stack_test covers it), and cache deadlines far above any
+// call's. The comparisons need every turn end published in both stacks (one
+// that is not resumes the next turn from an earlier state, with other
+// cached_tokens and, in the fast matmul mode, other bits). Under ASan on two
+// cores, with two stacks and another test running, the gRPC-only stack once
+// resumed a third turn from the first turn's end (16 cached tokens, not 48);
+// its logs were not kept, and a put or the wait for prefill's parent page
+// running past its 2 s default is the way a turn end goes unpublished there.
+// These bounds only catch a hang; Converse checks each turn was published.
+StackOptions PoolOnly() {
+  StackOptions o;
+  o.prefill_args = {"--cache_timeout=60s"};
+  o.decode_args = {"--local_prefill_max_tokens=0", "--cache_timeout=60s", "--publish_parent_wait=60s"};
+  return o;
+}
+
 // Three turns of a conversation whose first prompt has `first` tokens.
 std::vector<Turn> Converse(Stack& s, int first) {
   std::vector<Turn> turns;
@@ -39,6 +57,8 @@ std::vector<Turn> Converse(Stack& s, int first) {
     Generation g = Generate(s.decode_target(), r);
     EXPECT_TRUE(g.status.ok()) << g.status.error_message();
     EXPECT_TRUE(g.completed);
+    EXPECT_TRUE(g.complete.usage().session().published())
+        << "turn " << turn << " (first prompt " << first << ") ended unpublished";
     turns.push_back(Turn{g.tokens, g.logprobs, g.complete.usage().cached_tokens(), g.complete.usage().resume_kind()});
     conversation.insert(conversation.end(), g.tokens.begin(), g.tokens.end());
     const std::vector<int32_t> more = TextPrompt(21, turn + 3);
@@ -48,17 +68,13 @@ std::vector<Turn> Converse(Stack& s, int first) {
 }
 
 TEST(ShmStackTest, ResumesByShmAreExactAndEveryResumeByteMovedByShm) {
-  // The prefill pool's path for every turn, in both stacks (decode's local
-  // prefill of a next turn reads nothing twice and pushes nothing:
-  // //tests/e2e:stack_test covers it).
-  StackOptions grpc_only;
-  grpc_only.decode_args = {"--local_prefill_max_tokens=0"};
+  StackOptions grpc_only = PoolOnly();
   auto plain = Stack::Start(grpc_only);
   ASSERT_TRUE(plain.ok()) << plain.status();
-  StackOptions with_shm;
+  StackOptions with_shm = PoolOnly();
   with_shm.shm = true;
   // These prompts are a few pages.
-  with_shm.decode_args = {"--history_read_min_kib=0", "--local_prefill_max_tokens=0"};
+  with_shm.decode_args.push_back("--history_read_min_kib=0");
   auto shm = Stack::Start(with_shm);
   ASSERT_TRUE(shm.ok()) << shm.status();
 
@@ -125,8 +141,7 @@ TEST(ShmStackTest, ResumesByShmAreExactAndEveryResumeByteMovedByShm) {
 }
 
 TEST(BulkStackTest, ResumesOverTheBulkPortAreExactAndEveryResumeByteMovedOverIt) {
-  StackOptions pool_only;  // as above: every turn by the prefill worker
-  pool_only.decode_args = {"--local_prefill_max_tokens=0"};
+  StackOptions pool_only = PoolOnly();
   auto plain = Stack::Start(pool_only);
   ASSERT_TRUE(plain.ok()) << plain.status();
   StackOptions with_bulk = pool_only;
