@@ -25,10 +25,8 @@
 // Prints one line per figure, then `JSON {...}`.
 
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -37,6 +35,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "bench/kernels/device_bench_util.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_backend.h"
 
@@ -50,48 +49,9 @@ ABSL_FLAG(int32_t, calls, 20, "calls per timed batch");
 namespace hybridserve::bench {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 using kernels::Backend;
 using kernels::DeviceBuffer;
 using nlohmann::json;
-
-void Check(int status, const char* what) {
-  if (status != 0) {
-    std::fprintf(stderr, "%s failed: kernel status %d\n", what, status);
-    std::exit(1);
-  }
-}
-
-DeviceBuffer Buffer(Backend& b, int64_t bytes) {
-  DeviceBuffer buf;
-  Check(b.Allocate(std::max<int64_t>(bytes, 1), &buf), "Allocate");
-  return buf;
-}
-
-DeviceBuffer Random(Backend& b, int64_t floats, float lo, float hi, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> host(static_cast<size_t>(floats));
-  for (float& f : host) f = dist(rng);
-  DeviceBuffer buf = Buffer(b, floats * 4);
-  Check(b.CopyToDevice(buf.data(), host.data(), floats * 4), "CopyToDevice");
-  return buf;
-}
-
-// Seconds per call: best of `reps` batches of `calls` calls.
-double SecondsPerCall(Backend& b, const std::function<void()>& call) {
-  const int reps = absl::GetFlag(FLAGS_reps), calls = absl::GetFlag(FLAGS_calls);
-  call();
-  Check(b.Synchronize(), "Synchronize");
-  double best = 1e30;
-  for (int r = 0; r < reps; ++r) {
-    const auto start = Clock::now();
-    for (int c = 0; c < calls; ++c) call();
-    Check(b.Synchronize(), "Synchronize");
-    best = std::min(best, std::chrono::duration<double>(Clock::now() - start).count() / calls);
-  }
-  return best;
-}
 
 struct MambaDims {
   int64_t n_heads, head_dim, d_state, n_groups, chunk;
@@ -119,7 +79,8 @@ int Main(int argc, char** argv) {
   double copy_bw = 0;
   {
     DeviceBuffer src = Buffer(b, copy_bytes), dst = Buffer(b, copy_bytes);
-    const double s = SecondsPerCall(b, [&] { Check(b.CopyOnDevice(dst.data(), src.data(), copy_bytes), "copy"); });
+    const double s = SecondsPerCall(b, absl::GetFlag(FLAGS_reps), absl::GetFlag(FLAGS_calls),
+                                    [&] { Check(b.CopyOnDevice(dst.data(), src.data(), copy_bytes), "copy"); });
     copy_bw = 2.0 * static_cast<double>(copy_bytes) / s;
     std::printf("copy %lld MiB: %.1f GB/s (read + write), %.1f%% of the nominal peak\n",
                 static_cast<long long>(copy_bytes >> 20), copy_bw / 1e9, 100 * copy_bw / peak);
@@ -162,7 +123,8 @@ int Main(int argc, char** argv) {
       p.head_dim = d.head_dim;
       p.d_state = d.d_state;
       p.n_groups = d.n_groups;
-      const double s = SecondsPerCall(b, [&] { Check(b.SelectiveStateUpdate(p), "SelectiveStateUpdate"); });
+      const double s = SecondsPerCall(b, absl::GetFlag(FLAGS_reps), absl::GetFlag(FLAGS_calls),
+                                      [&] { Check(b.SelectiveStateUpdate(p), "SelectiveStateUpdate"); });
       const double bytes =
           4.0 * batch * (2.0 * hpn + 3.0 * d.n_heads * d.head_dim + d.n_heads + 2.0 * d.n_groups * d.d_state) +
           4.0 * 2 * d.n_heads;
@@ -205,7 +167,8 @@ int Main(int argc, char** argv) {
     p.d_state = d.d_state;
     p.n_groups = d.n_groups;
     p.chunk_size = d.chunk;
-    const double s = SecondsPerCall(b, [&] { Check(b.SsdChunkScan(p), "SsdChunkScan"); });
+    const double s = SecondsPerCall(b, absl::GetFlag(FLAGS_reps), absl::GetFlag(FLAGS_calls),
+                                    [&] { Check(b.SsdChunkScan(p), "SsdChunkScan"); });
     const double tok_s = seqlen / s;
     std::printf("ssd %5lld tokens: %8.3f ms, %.3g tokens/s (anchor 1.1e7-2.4e7 on an H100: %.2fx the upper end)\n",
                 static_cast<long long>(seqlen), s * 1e3, tok_s, tok_s / 2.4e7);
@@ -237,7 +200,8 @@ int Main(int argc, char** argv) {
           p.m = m;
           p.n = n;
           p.k = k;
-          const double s = SecondsPerCall(b, [&] { Check(b.Matmul(p, mode), "Matmul"); });
+          const double s = SecondsPerCall(b, absl::GetFlag(FLAGS_reps), absl::GetFlag(FLAGS_calls),
+                                          [&] { Check(b.Matmul(p, mode), "Matmul"); });
           const double bytes = static_cast<double>(n) * k * (bf16 ? 2 : 4) + 4.0 * m * (k + n);
           const char* mode_name = mode == kernels::MatmulMode::kFast ? "fast" : "deterministic";
           std::printf("matmul %s %-13s m %2lld: %8.1f us, %6.1f GB/s = %5.1f%% of copy\n", bf16 ? "bf16" : "f32 ",

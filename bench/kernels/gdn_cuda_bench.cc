@@ -19,10 +19,8 @@
 // Prints one line per length, then `JSON {...}` (the anchor script reads it).
 
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -33,6 +31,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "bench/kernels/device_bench_util.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/gated_delta_params.h"
@@ -52,43 +51,9 @@ ABSL_FLAG(int32_t, calls, 10, "calls per timed batch");
 namespace hybridserve::bench {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 using kernels::Backend;
 using kernels::DeviceBuffer;
 using nlohmann::json;
-
-void Check(int status, const char* what) {
-  if (status != 0) {
-    std::fprintf(stderr, "%s failed: kernel status %d\n", what, status);
-    std::exit(1);
-  }
-}
-
-DeviceBuffer Random(Backend& b, int64_t floats, float lo, float hi, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> host(static_cast<size_t>(floats));
-  for (float& f : host) f = dist(rng);
-  DeviceBuffer buf;
-  Check(b.Allocate(std::max<int64_t>(floats * 4, 4), &buf), "Allocate");
-  Check(b.CopyToDevice(buf.data(), host.data(), floats * 4), "CopyToDevice");
-  return buf;
-}
-
-// Seconds per call: best of --reps batches of --calls calls (one untimed call first).
-double SecondsPerCall(Backend& b, const std::function<void()>& call) {
-  const int reps = absl::GetFlag(FLAGS_reps), calls = absl::GetFlag(FLAGS_calls);
-  call();
-  Check(b.Synchronize(), "Synchronize");
-  double best = 1e30;
-  for (int r = 0; r < reps; ++r) {
-    const auto start = Clock::now();
-    for (int c = 0; c < calls; ++c) call();
-    Check(b.Synchronize(), "Synchronize");
-    best = std::min(best, std::chrono::duration<double>(Clock::now() - start).count() / calls);
-  }
-  return best;
-}
 
 int Main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
@@ -148,7 +113,8 @@ int Main(int argc, char** argv) {
     p.o = o.as<float>();
     p.final_state = final_state.as<float>();
     p.seqlen = seqlen;
-    const double s = SecondsPerCall(b, [&] { Check(b.GatedDeltaPrefill(p), "GatedDeltaPrefill"); });
+    const double s = SecondsPerCall(b, absl::GetFlag(FLAGS_reps), absl::GetFlag(FLAGS_calls),
+                                    [&] { Check(b.GatedDeltaPrefill(p), "GatedDeltaPrefill"); });
     std::printf("gated delta prefill %6lld tokens: %9.3f ms, %.3g tokens/s\n", static_cast<long long>(seqlen), s * 1e3,
                 seqlen / s);
     out["prefill"].push_back({{"seqlen", seqlen}, {"ms", s * 1e3}, {"tok_s", seqlen / s}});
