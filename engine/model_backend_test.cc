@@ -126,6 +126,65 @@ TEST_F(ModelBackendTest, AWrappedBackendGivesTheBitsOfTheModelsOwnBackend) {
   EXPECT_TRUE(BitEqual(*dx, *dy));
 }
 
+// A MoE block issues its experts' projections, routed and shared, as two
+// MatmulBatch calls (up, down) per forward, whatever the rows chose; the CPU
+// backend's batched path gives the logits of the same items issued one by
+// one, for every MoE family, in fp32 and bf16, in prefill segments and
+// batched decode steps.
+TEST(ModelMoeBatchTest, ExpertsRunAsTwoMatmulBatchesWithTheBitsOfSingleCalls) {
+  for (absl::string_view dir :
+       {testing::kGraniteMoeTiny, testing::kNemotronMoeTiny, testing::kNemotronLatentMoeTiny,
+        testing::kNemotronMoeBiasTiny, testing::kQwen3NextSparseTiny, testing::kQwen35MoeTiny}) {
+    for (bool bf16 : {false, true}) {
+      SCOPED_TRACE(std::string(dir) + (bf16 ? " bf16" : " fp32"));
+      auto weights = testing::LoadWeightsCutToBf16(dir, bf16);
+      ASSERT_NE(weights, nullptr);
+      auto cpu = CreateBackend(BackendOptions());
+      ASSERT_TRUE(cpu.ok()) << cpu.status();
+      kernels::CountingBackend batched(**cpu), single(**cpu);
+      single.set_matmul_batch_item_by_item(true);
+      ModelOptions o;
+      o.page_size = 4;
+      o.max_pages = 256;
+      o.max_sequences = 4;
+      o.backend = &batched;
+      auto a = Model::Create(weights->config(), *weights, o);
+      o.backend = &single;
+      auto b = Model::Create(weights->config(), *weights, o);
+      ASSERT_TRUE(a.ok() && b.ok());
+      const int64_t moe = weights->config().CountLayers(LayerKind::kMoe);
+      ASSERT_GT(moe, 0);
+      const int64_t vocab = weights->config().vocab_size;
+      std::vector<SequenceId> ia, ib;
+      for (int s = 0; s < 3; ++s) {
+        auto x = (*a)->sequences().New();
+        auto y = (*b)->sequences().New();
+        ASSERT_TRUE(x.ok() && y.ok());
+        ia.push_back(*x);
+        ib.push_back(*y);
+        const std::vector<TokenId> prompt = RandomTokens(20 + s, 37 + 11 * s, vocab);
+        auto px = (*a)->Prefill(*x, prompt);
+        auto py = (*b)->Prefill(*y, prompt);
+        ASSERT_TRUE(px.ok() && py.ok());
+        EXPECT_TRUE(BitEqual(px->logits, py->logits)) << "prefill " << s;
+      }
+      for (int step = 0; step < 4; ++step) {
+        batched.ResetCounts();
+        single.ResetCounts();
+        const std::vector<TokenId> tokens = {TokenId(step + 1), TokenId(step + 7), TokenId(step + 3)};
+        auto dx = (*a)->DecodeStep(ia, tokens);
+        auto dy = (*b)->DecodeStep(ib, tokens);
+        ASSERT_TRUE(dx.ok() && dy.ok());
+        EXPECT_TRUE(BitEqual(*dx, *dy)) << "decode step " << step;
+        EXPECT_EQ(batched.calls("MatmulBatch"), 2 * moe);
+        EXPECT_EQ(single.calls("MatmulBatch"), 0);
+        EXPECT_GT(single.calls("Matmul"), batched.calls("Matmul"));
+      }
+      EXPECT_TRUE(batched.foreign_pointers().empty()) << ::testing::PrintToString(batched.foreign_pointers());
+    }
+  }
+}
+
 TEST_F(ModelBackendTest, ReleasingTheModelReleasesEveryDeviceBuffer) {
   {
     auto model = Model::Create(weights_->config(), *weights_, Options(counting_.get()));

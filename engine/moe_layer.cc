@@ -11,8 +11,8 @@
 #include "absl/status/status.h"
 #include "common/status_macros.h"
 #include "engine/backend_registry.h"
-#include "engine/gated_mlp_layer.h"
 #include "kernels/activation_params.h"
+#include "kernels/matmul_params.h"
 #include "kernels/rows_params.h"
 #include "kernels/torch_topk.h"
 
@@ -22,8 +22,8 @@ namespace {
 // d = MoeParams::expert_dim(hidden): the routed experts' width.
 constexpr WorkspaceBuffer kRouterLogits = kScratch0;   // [n, experts]
 constexpr WorkspaceBuffer kGathered = kScratch1;       // [n * top_k, d]: rows grouped by expert
-constexpr WorkspaceBuffer kExpertScratch = kScratch2;  // an expert's gate|up projection
-constexpr WorkspaceBuffer kExpertOut = kScratch3;      // [n * top_k, d]
+constexpr WorkspaceBuffer kExpertScratch = kScratch2;  // up projections: [n * top_k, up_rows(inter)], the shared's
+constexpr WorkspaceBuffer kExpertOut = kScratch3;      // down projections: [n * top_k, d], the shared's [n, hidden]
 constexpr WorkspaceBuffer kSum = kBlockOut;            // [n, hidden]: the block's output
 // With latent projections only (otherwise unused by this block).
 constexpr WorkspaceBuffer kLatentIn = kMixerInput;    // [n, latent]: fc1_latent_proj(x)
@@ -90,8 +90,53 @@ class MoeLayerRunner final : public LayerRunner {
     gather.dim = dim;
     RETURN_IF_ERROR(KernelStatusToStatus(env_.backend->GatherRows(gather), "GatherRows(moe)"));
 
-    ASSIGN_OR_RETURN(float* expert_out, env_.workspace->Get<float>(kExpertOut, routed * dim));
+    // The experts' up (gate|up) projections, routed and shared, in one
+    // MatmulBatch, their activations, then their down projections in another:
+    // two parallel regions per block however many experts the rows chose.
+    // Each expert's rows get the bits its own Matmul gives (MatmulBatch).
+    const int64_t up_cols = p_.up_rows(inter);
+    const int64_t shared_inter = w_.has_shared ? p_.shared_intermediate_size : 0;
+    const int64_t shared_up_cols = w_.has_shared ? p_.up_rows(shared_inter) : 0;
+    ASSIGN_OR_RETURN(float* up_out, env_.workspace->Get<float>(kExpertScratch, routed * up_cols + n * shared_up_cols));
+    ASSIGN_OR_RETURN(float* expert_out, env_.workspace->Get<float>(kExpertOut, routed * dim + n * hidden));
+    float* shared_up_out = up_out + routed * up_cols;
+    float* shared_out = expert_out + routed * dim;
     ASSIGN_OR_RETURN(float* sum, env_.workspace->Get<float>(kSum, n * hidden));
+
+    items_.clear();
+    for (int64_t e = 0; e < experts; ++e) {
+      const int64_t first = offsets_[static_cast<size_t>(e)];
+      const int64_t count = offsets_[static_cast<size_t>(e) + 1] - first;
+      if (count == 0) continue;
+      items_.push_back(Projection(gathered + first * dim, dim, count, dim, RowsFrom(w_.experts_up, e * up_cols, dim),
+                                  up_cols, nullptr, up_out + first * up_cols));
+    }
+    if (w_.has_shared) {
+      items_.push_back(
+          Projection(normed, hidden, n, hidden, w_.shared_up, shared_up_cols, w_.shared_up_bias, shared_up_out));
+    }
+    RETURN_IF_ERROR(KernelStatusToStatus(
+        env_.backend->MatmulBatch(items_.data(), static_cast<int64_t>(items_.size()), env_.matmul_mode),
+        "MatmulBatch(moe up)"));
+    RETURN_IF_ERROR(Activate(up_out, routed, inter));
+    if (w_.has_shared) RETURN_IF_ERROR(Activate(shared_up_out, n, shared_inter));
+
+    items_.clear();
+    for (int64_t e = 0; e < experts; ++e) {
+      const int64_t first = offsets_[static_cast<size_t>(e)];
+      const int64_t count = offsets_[static_cast<size_t>(e) + 1] - first;
+      if (count == 0) continue;
+      items_.push_back(Projection(up_out + first * up_cols, up_cols, count, inter,
+                                  RowsFrom(w_.experts_down, e * dim, inter), dim, nullptr, expert_out + first * dim));
+    }
+    if (w_.has_shared) {
+      items_.push_back(Projection(shared_up_out, shared_up_cols, n, shared_inter, w_.shared_down, hidden,
+                                  w_.shared_down_bias, shared_out));
+    }
+    RETURN_IF_ERROR(KernelStatusToStatus(
+        env_.backend->MatmulBatch(items_.data(), static_cast<int64_t>(items_.size()), env_.matmul_mode),
+        "MatmulBatch(moe down)"));
+
     // Where the routed experts' weighted sum goes: the block's output itself,
     // or its latent form, projected by fc2_latent_proj below.
     float* routed_sum = sum;
@@ -104,9 +149,6 @@ class MoeLayerRunner final : public LayerRunner {
       const int64_t first = offsets_[static_cast<size_t>(e)];
       const int64_t count = offsets_[static_cast<size_t>(e) + 1] - first;
       if (count == 0) continue;
-      RETURN_IF_ERROR(Expert(RowsFrom(w_.experts_up, e * p_.up_rows(inter), dim),
-                             RowsFrom(w_.experts_down, e * dim, inter), /*up_bias=*/nullptr, /*down_bias=*/nullptr, dim,
-                             inter, gathered + first * dim, count, expert_out + first * dim, /*accumulate=*/false));
       // routed_sum[row] += expert_out * weight, expert by expert (a row occurs once per expert).
       kernels::ScatterAddRowsParams add;
       add.x = expert_out + first * dim;
@@ -123,49 +165,64 @@ class MoeLayerRunner final : public LayerRunner {
       RETURN_IF_ERROR(Linear(env_, routed_sum, n, dim, w_.latent_out, hidden, /*bias=*/nullptr, sum,
                              /*accumulate=*/false, "moe fc2_latent_proj"));
     }
-    if (w_.has_shared && p_.shared_gate) {
+    if (w_.has_shared) {
       // Qwen: sum += sigmoid(gate(x)) * shared(x), the product rounded then
       // added, as transformers adds the gated shared output to the routed sum.
-      ASSIGN_OR_RETURN(float* shared, env_.workspace->Get<float>(kExpertOut, n * hidden));
-      RETURN_IF_ERROR(Expert(w_.shared_up, w_.shared_down, w_.shared_up_bias, w_.shared_down_bias, hidden,
-                             p_.shared_intermediate_size, normed, n, shared, /*accumulate=*/false));
+      // Otherwise sum += shared(x): the bits of a down projection that
+      // accumulates into sum (out + (dot + bias)).
       kernels::ScatterAddRowsParams add;
-      add.x = shared;
-      add.index = rows + routed;
-      add.weight = weights + routed;
+      add.x = shared_out;
+      add.index = p_.shared_gate ? rows + routed : nullptr;
+      add.weight = p_.shared_gate ? weights + routed : nullptr;
       add.alpha = 1.0f;
       add.out = sum;
       add.n_rows = n;
       add.dim = hidden;
-      RETURN_IF_ERROR(KernelStatusToStatus(env_.backend->ScatterAddRows(add), "ScatterAddRows(moe shared gate)"));
-    } else if (w_.has_shared) {
-      RETURN_IF_ERROR(Expert(w_.shared_up, w_.shared_down, w_.shared_up_bias, w_.shared_down_bias, hidden,
-                             p_.shared_intermediate_size, normed, n, sum, /*accumulate=*/true));
+      RETURN_IF_ERROR(KernelStatusToStatus(env_.backend->ScatterAddRows(add), "ScatterAddRows(moe shared)"));
     }
     return AddToResidual(env_, sum, n, hidden, residual);
   }
 
-  // y (+)= down(act(up(x) + up_bias)) + down_bias for x [n, dim]: one expert
-  // (or the shared one, dim = hidden). The biases (null: none) are the shared
-  // relu2 expert's (Nemotron-H mlp_bias); routed and SwiGLU experts have none.
-  absl::Status Expert(const DeviceMatrix& up, const DeviceMatrix& down, const float* up_bias, const float* down_bias,
-                      int64_t dim, int64_t inter, const float* x, int64_t n, float* y, bool accumulate) {
+  // out [m, n] = a [m, k] (row stride lda) @ w^T + bias: one item of a MatmulBatch.
+  static kernels::MatmulParams Projection(const float* a, int64_t lda, int64_t m, int64_t k, const DeviceMatrix& w,
+                                          int64_t n, const float* bias, float* out) {
+    kernels::MatmulParams p;
+    p.a = a;
+    p.lda = lda;
+    p.w = w.f32;
+    p.w_bf16 = w.bf16;
+    p.bias = bias;
+    p.out = out;
+    p.m = m;
+    p.n = n;
+    p.k = k;
+    return p;
+  }
+
+  // The activation over rows of an up projection's output (row stride
+  // up_rows(inter)), in place: silu(gate) * up into the gate half (SwiGLU),
+  // or relu(x)^2 (relu2).
+  absl::Status Activate(float* h, int64_t rows, int64_t inter) {
+    if (rows == 0) return absl::OkStatus();
     if (p_.expert == ExpertKind::kSwiGlu) {
-      DeviceGatedMlpWeights w;
-      w.gate_up = up;
-      w.down_proj = down;
-      return GatedMlp(env_, w, x, n, dim, inter, kExpertScratch, y, accumulate);
+      kernels::SwiGluParams act;
+      act.gate = h;
+      act.up = h + inter;
+      act.out = h;
+      act.n_rows = rows;
+      act.dim = inter;
+      act.gate_row_stride = 2 * inter;
+      act.up_row_stride = 2 * inter;
+      act.out_row_stride = 2 * inter;
+      return KernelStatusToStatus(env_.backend->SwiGlu(act), "SwiGlu(moe)");
     }
-    ASSIGN_OR_RETURN(float* h, env_.workspace->Get<float>(kExpertScratch, n * inter));
-    RETURN_IF_ERROR(Linear(env_, x, n, dim, up, inter, up_bias, h, /*accumulate=*/false, "expert up"));
     kernels::ActivationParams act;
     act.x = h;
     act.out = h;
-    act.n_rows = n;
+    act.n_rows = rows;
     act.dim = inter;
     act.kind = kernels::ActivationKind::kReluSquared;
-    RETURN_IF_ERROR(KernelStatusToStatus(env_.backend->Activation(act), "Activation(relu2)"));
-    return Linear(env_, h, n, inter, down, dim, down_bias, y, accumulate, "expert down");
+    return KernelStatusToStatus(env_.backend->Activation(act), "Activation(relu2)");
   }
 
   // Row r's experts (choice_[r * k, ...)) and weights, per MoeRouter.
@@ -331,6 +388,7 @@ class MoeLayerRunner final : public LayerRunner {
   std::vector<int64_t> offsets_;
   std::vector<int32_t> rows_;
   std::vector<float> weights_;
+  std::vector<kernels::MatmulParams> items_;  // a MatmulBatch's items
 };
 
 }  // namespace

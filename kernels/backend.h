@@ -120,6 +120,15 @@ class Backend {
 
   virtual int Embedding(const EmbeddingParams& p) = 0;
   virtual int Matmul(const MatmulParams& p, MatmulMode mode) = 0;
+  // items[0, count) as independent matmuls issued in one call (a MoE block's
+  // experts): item i's out gets exactly the bits Matmul(items[i], mode) gives.
+  // `items` is host memory (the list of launches; the pointers in it are
+  // device memory). No item's out may overlap another item's out or any
+  // item's inputs. Every item is checked first; on a bad one nothing runs.
+  // The default issues the items one by one; a backend may run them in one
+  // parallel region (the CPU backend does: one long stream over all the
+  // items' weights instead of a pool barrier per item).
+  virtual int MatmulBatch(const MatmulParams* items, int64_t count, MatmulMode mode);
   virtual int RmsNorm(const RmsNormParams& p) = 0;
   virtual int GatedRmsNorm(const GatedRmsNormParams& p) = 0;
   virtual int Activation(const ActivationParams& p) = 0;
@@ -176,6 +185,17 @@ class Backend {
  private:
   friend class DeviceBuffer;
 };
+
+inline int Backend::MatmulBatch(const MatmulParams* items, int64_t count, MatmulMode mode) {
+  if (count < 0 || (count > 0 && items == nullptr)) return kKernelInvalidArgument;
+  for (int64_t i = 0; i < count; ++i) {
+    if (const KernelStatus status = CheckMatmulParams(items[i]); status != kKernelOk) return status;
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    if (const int status = Matmul(items[i], mode); status != kKernelOk) return status;
+  }
+  return kKernelOk;
+}
 
 inline DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
   if (this != &other) {

@@ -192,6 +192,22 @@ int CountingBackend::Matmul(const MatmulParams& p, MatmulMode mode) {
   return inner_.Matmul(p, mode);
 }
 
+// One call, whatever the item count; every item's pointers checked.
+int CountingBackend::MatmulBatch(const MatmulParams* items, int64_t count, MatmulMode mode) {
+  if (matmul_batch_item_by_item_) return Backend::MatmulBatch(items, count, mode);
+  static constexpr char kOp[] = "MatmulBatch";
+  Count(kOp, true);
+  for (int64_t i = 0; items != nullptr && i < count; ++i) {
+    const MatmulParams& p = items[i];
+    HS_CHECK(a);
+    HS_CHECK(w);
+    HS_CHECK(w_bf16);
+    HS_CHECK(bias);
+    HS_CHECK(out);
+  }
+  return inner_.MatmulBatch(items, count, mode);
+}
+
 int CountingBackend::RmsNorm(const RmsNormParams& p) {
   static constexpr char kOp[] = "RmsNorm";
   Count(kOp, true);

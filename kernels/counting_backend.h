@@ -47,6 +47,10 @@ class CountingBackend final : public Backend {
   // Allocations that would take the live bytes above `bytes` fail with
   // kKernelOutOfMemory (a device that is full); negative: no limit.
   void set_memory_limit(int64_t bytes) { memory_limit_ = bytes; }
+  // MatmulBatch issued item by item through Matmul (Backend's default, each
+  // item counted as a Matmul) instead of forwarded whole: tests compare the
+  // inner backend's batched path with its single calls.
+  void set_matmul_batch_item_by_item(bool on) { matmul_batch_item_by_item_ = on; }
 
   int Allocate(int64_t bytes, DeviceBuffer* out) override;
   int UploadConstant(const void* host, int64_t bytes, DeviceBuffer* out) override;
@@ -59,6 +63,7 @@ class CountingBackend final : public Backend {
 
   int Embedding(const EmbeddingParams& p) override;
   int Matmul(const MatmulParams& p, MatmulMode mode) override;
+  int MatmulBatch(const MatmulParams* items, int64_t count, MatmulMode mode) override;
   int RmsNorm(const RmsNormParams& p) override;
   int GatedRmsNorm(const GatedRmsNormParams& p) override;
   int Activation(const ActivationParams& p) override;
@@ -103,6 +108,7 @@ class CountingBackend final : public Backend {
   int64_t kernel_calls_ = 0;
   std::vector<std::string> foreign_;
   int64_t memory_limit_ = -1;
+  bool matmul_batch_item_by_item_ = false;
   std::unique_ptr<CountingPeerMemory> peer_memory_;  // null when the inner backend has none
 };
 

@@ -97,6 +97,9 @@ int CpuBackend::Embedding(const EmbeddingParams& p) { return cpu::Embedding(p, p
 const char* CpuBackend::variant() const { return KernelPathName(ActiveKernelPath()); }
 
 int CpuBackend::Matmul(const MatmulParams& p, MatmulMode mode) { return cpu::Matmul(p, mode, pool_.get()); }
+int CpuBackend::MatmulBatch(const MatmulParams* items, int64_t count, MatmulMode mode) {
+  return cpu::MatmulBatch(items, count, mode, pool_.get());
+}
 int CpuBackend::RmsNorm(const RmsNormParams& p) { return cpu::RmsNorm(p, pool_.get()); }
 int CpuBackend::GatedRmsNorm(const GatedRmsNormParams& p) { return cpu::GatedRmsNorm(p, pool_.get()); }
 int CpuBackend::Activation(const ActivationParams& p) { return cpu::Activation(p, pool_.get()); }

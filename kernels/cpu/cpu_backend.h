@@ -40,6 +40,7 @@ class CpuBackend final : public Backend {
 
   int Embedding(const EmbeddingParams& p) override;
   int Matmul(const MatmulParams& p, MatmulMode mode) override;
+  int MatmulBatch(const MatmulParams* items, int64_t count, MatmulMode mode) override;
   int RmsNorm(const RmsNormParams& p) override;
   int GatedRmsNorm(const GatedRmsNormParams& p) override;
   int Activation(const ActivationParams& p) override;

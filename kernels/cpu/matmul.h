@@ -47,6 +47,10 @@ int MatmulDeterministic(const MatmulParams& p, ThreadPool* pool);
 // it (tests compare the paths).
 int MatmulDeterministicOnPath(const MatmulParams& p, KernelPath path, ThreadPool* pool);
 
+// items[0, count) in one parallel region (Backend::MatmulBatch): item i gets
+// exactly the bits MatmulDeterministicOnPath(items[i], path) gives.
+int MatmulDeterministicBatchOnPath(const MatmulParams* items, int64_t count, KernelPath path, ThreadPool* pool);
+
 // Fast mode: OpenBLAS (cblas_sgemm, or cblas_sgemv when m == 1), using
 // OpenBLAS's own threads (pool unused). bf16 weights are widened block by block
 // into a scratch buffer first. Not row-invariant (docs/ARCHITECTURE.md section 3).
@@ -54,6 +58,9 @@ int MatmulFast(const MatmulParams& p, ThreadPool* pool);
 
 // Dispatches on mode.
 int Matmul(const MatmulParams& p, MatmulMode mode, ThreadPool* pool);
+// Backend::MatmulBatch: deterministic mode in one parallel region on the
+// process's kernel path; fast mode item by item (OpenBLAS's own threads).
+int MatmulBatch(const MatmulParams* items, int64_t count, MatmulMode mode, ThreadPool* pool);
 
 }  // namespace hybridserve::kernels::cpu
 

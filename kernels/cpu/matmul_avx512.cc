@@ -304,29 +304,56 @@ void RoundRowsToBf16(const float* a, int64_t lda, int64_t k, int64_t begin, int6
 
 }  // namespace
 
-int MatmulDeterministicAvx512(const MatmulParams& p, bool bf16_dot, ThreadPool* pool) {
-  Job job{&p, p.a, p.lda ? p.lda : p.k, p.ldw ? p.ldw : p.k, p.ldo ? p.ldo : p.n};
-  const int64_t tasks = (p.n + kTaskCols - 1) / kTaskCols;
-  auto run = [&](auto columns) {
-    ParallelFor(pool, tasks,
-                [&](int64_t begin, int64_t end) { columns(job, begin * kTaskCols, std::min(p.n, end * kTaskCols)); });
-  };
-  if (p.w != nullptr) {
-    run(Columns<Kind::kF32>);
-  } else if (!bf16_dot) {
-    run(Columns<Kind::kWide>);
-  } else {
-    // The activations rounded to bf16 once per call (each row on its own, so
-    // a row's bf16 copy does not depend on the others), kept per calling
-    // thread across calls.
-    thread_local std::vector<uint16_t> a_bf16;
-    if (static_cast<int64_t>(a_bf16.size()) < p.m * p.k) a_bf16.resize(p.m * p.k);
-    uint16_t* dst = a_bf16.data();
-    ParallelFor(pool, p.m, [&](int64_t begin, int64_t end) { RoundRowsToBf16(p.a, job.lda, p.k, begin, end, dst); });
-    job.a = dst;
-    job.lda = p.k;
-    run(Columns<Kind::kDot>);
+int MatmulDeterministicAvx512(const MatmulParams* items, int64_t count, bool bf16_dot, ThreadPool* pool) {
+  // Each item's columns cut into tasks of kTaskCols; the tasks of all items
+  // run in one parallel region, item after item (first_task[i] is item i's
+  // first task).
+  std::vector<Job> jobs(static_cast<size_t>(count));
+  std::vector<int64_t> first_task(static_cast<size_t>(count) + 1, 0);
+  // bf16 copies of the items' activations (kDot), kept per calling thread
+  // across calls; first_row[i] is item i's first row in it.
+  thread_local std::vector<uint16_t> a_bf16;
+  std::vector<int64_t> first_elem(static_cast<size_t>(count) + 1, 0);
+  for (int64_t i = 0; i < count; ++i) {
+    const MatmulParams& p = items[i];
+    jobs[i] = Job{&p, p.a, p.lda ? p.lda : p.k, p.ldw ? p.ldw : p.k, p.ldo ? p.ldo : p.n};
+    first_task[i + 1] = first_task[i] + (p.n + kTaskCols - 1) / kTaskCols;
+    first_elem[i + 1] = first_elem[i] + (bf16_dot && p.w_bf16 != nullptr ? p.m * p.k : 0);
   }
+  if (first_elem[count] > 0) {
+    // The activations rounded to bf16 once per call (each row on its own, so
+    // a row's bf16 copy does not depend on the others).
+    if (static_cast<int64_t>(a_bf16.size()) < first_elem[count]) a_bf16.resize(first_elem[count]);
+    for (int64_t i = 0; i < count; ++i) {
+      const MatmulParams& p = items[i];
+      if (first_elem[i + 1] == first_elem[i]) continue;
+      uint16_t* dst = a_bf16.data() + first_elem[i];
+      const int64_t lda = jobs[i].lda;
+      ParallelFor(pool, p.m, [&](int64_t begin, int64_t end) { RoundRowsToBf16(p.a, lda, p.k, begin, end, dst); });
+      jobs[i].a = dst;
+      jobs[i].lda = p.k;
+    }
+  }
+  ParallelFor(pool, first_task[count], [&](int64_t begin, int64_t end) {
+    // The items whose tasks overlap [begin, end), each over its columns there.
+    int64_t i = std::upper_bound(first_task.begin(), first_task.end(), begin) - first_task.begin() - 1;
+    for (; i < count && first_task[i] < end; ++i) {
+      const Job& job = jobs[i];
+      const MatmulParams& p = *job.p;
+      const int64_t t0 = std::max(begin, first_task[i]) - first_task[i];
+      const int64_t t1 = std::min(end, first_task[i + 1]) - first_task[i];
+      if (t0 >= t1) continue;
+      const int64_t j0 = t0 * kTaskCols;
+      const int64_t j1 = std::min(p.n, t1 * kTaskCols);
+      if (p.w != nullptr) {
+        Columns<Kind::kF32>(job, j0, j1);
+      } else if (!bf16_dot) {
+        Columns<Kind::kWide>(job, j0, j1);
+      } else {
+        Columns<Kind::kDot>(job, j0, j1);
+      }
+    }
+  });
   return kKernelOk;
 }
 

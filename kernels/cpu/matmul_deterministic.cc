@@ -213,22 +213,39 @@ void Columns(const Job& job, int64_t j_begin, int64_t j_end) {
 }  // namespace
 
 // matmul_avx512.cc; the caller has checked the arguments and the CPU.
-int MatmulDeterministicAvx512(const MatmulParams& p, bool bf16_dot, ThreadPool* pool);
+int MatmulDeterministicAvx512(const MatmulParams* items, int64_t count, bool bf16_dot, ThreadPool* pool);
 
 int MatmulDeterministic(const MatmulParams& p, ThreadPool* pool) {
-  return MatmulDeterministicOnPath(p, ActiveKernelPath(), pool);
+  return MatmulDeterministicBatchOnPath(&p, 1, ActiveKernelPath(), pool);
 }
 
 int MatmulDeterministicOnPath(const MatmulParams& p, KernelPath path, ThreadPool* pool) {
+  return MatmulDeterministicBatchOnPath(&p, 1, path, pool);
+}
+
+int MatmulDeterministicBatchOnPath(const MatmulParams* items, int64_t count, KernelPath path, ThreadPool* pool) {
   if (static_cast<int>(path) > static_cast<int>(DetectedKernelPath())) return kKernelUnsupported;
-  if (const int status = CheckMatmulParams(p); status != kKernelOk) return status;
-  Job job{&p, p.lda ? p.lda : p.k, p.ldw ? p.ldw : p.k, p.ldo ? p.ldo : p.n};
-  if (path != KernelPath::kAvx2) return MatmulDeterministicAvx512(p, path == KernelPath::kAvx512Bf16, pool);
-  const int64_t tasks = (p.n + kTaskCols - 1) / kTaskCols;
-  ParallelFor(pool, tasks, [&](int64_t begin, int64_t end) {
-    const int64_t j_begin = begin * kTaskCols;
-    const int64_t j_end = std::min(p.n, end * kTaskCols);
-    Columns(job, j_begin, j_end);
+  if (count < 0 || (count > 0 && items == nullptr)) return kKernelInvalidArgument;
+  for (int64_t i = 0; i < count; ++i) {
+    if (const int status = CheckMatmulParams(items[i]); status != kKernelOk) return status;
+  }
+  if (path != KernelPath::kAvx2) return MatmulDeterministicAvx512(items, count, path == KernelPath::kAvx512Bf16, pool);
+  // Each item's columns cut into tasks of kTaskCols; the tasks of all items
+  // run in one parallel region (first_task[i] is item i's first task).
+  std::vector<Job> jobs(static_cast<size_t>(count));
+  std::vector<int64_t> first_task(static_cast<size_t>(count) + 1, 0);
+  for (int64_t i = 0; i < count; ++i) {
+    const MatmulParams& p = items[i];
+    jobs[i] = Job{&p, p.lda ? p.lda : p.k, p.ldw ? p.ldw : p.k, p.ldo ? p.ldo : p.n};
+    first_task[i + 1] = first_task[i] + (p.n + kTaskCols - 1) / kTaskCols;
+  }
+  ParallelFor(pool, first_task[count], [&](int64_t begin, int64_t end) {
+    int64_t i = std::upper_bound(first_task.begin(), first_task.end(), begin) - first_task.begin() - 1;
+    for (; i < count && first_task[i] < end; ++i) {
+      const int64_t t0 = std::max(begin, first_task[i]) - first_task[i];
+      const int64_t t1 = std::min(end, first_task[i + 1]) - first_task[i];
+      if (t0 < t1) Columns(jobs[i], t0 * kTaskCols, std::min(items[i].n, t1 * kTaskCols));
+    }
   });
   return kKernelOk;
 }

@@ -78,4 +78,21 @@ int Matmul(const MatmulParams& p, MatmulMode mode, ThreadPool* pool) {
   return kKernelInvalidArgument;
 }
 
+int MatmulBatch(const MatmulParams* items, int64_t count, MatmulMode mode, ThreadPool* pool) {
+  switch (mode) {
+    case MatmulMode::kDeterministic:
+      return MatmulDeterministicBatchOnPath(items, count, ActiveKernelPath(), pool);
+    case MatmulMode::kFast:
+      if (count < 0 || (count > 0 && items == nullptr)) return kKernelInvalidArgument;
+      for (int64_t i = 0; i < count; ++i) {
+        if (const int status = CheckMatmulParams(items[i]); status != kKernelOk) return status;
+      }
+      for (int64_t i = 0; i < count; ++i) {
+        if (const int status = MatmulFast(items[i], pool); status != kKernelOk) return status;
+      }
+      return kKernelOk;
+  }
+  return kKernelInvalidArgument;
+}
+
 }  // namespace hybridserve::kernels::cpu

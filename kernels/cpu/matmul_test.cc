@@ -131,6 +131,42 @@ TEST(MatmulFastTest, WithinSequentialSummationBound) {
   }
 }
 
+// Fast mode's MatmulBatch runs the items one by one through OpenBLAS: each
+// gets the bits of its own MatmulFast call; deterministic mode's, those of
+// its own deterministic call.
+TEST(MatmulTest, BatchInEitherModeGivesEachItemItsOwnCallsBits) {
+  const Problem pr(9, 3 * 70, 150, 51);
+  const std::vector<uint16_t> w16 = ToBf16(pr.w);
+  ThreadPool pool(2);
+  for (MatmulMode mode : {MatmulMode::kFast, MatmulMode::kDeterministic}) {
+    std::vector<float> expected(9 * 70 * 3, 1.0f), got = expected;
+    auto params = [&](std::vector<float>& out) {
+      std::vector<MatmulParams> ps(3);
+      for (int64_t e = 0; e < 3; ++e) {
+        MatmulParams& p = ps[static_cast<size_t>(e)];
+        p.a = pr.a.data() + e * 2 * pr.k;
+        p.w = e == 1 ? nullptr : pr.w.data() + e * 70 * pr.k;
+        p.w_bf16 = e == 1 ? w16.data() + e * 70 * pr.k : nullptr;
+        p.bias = e == 2 ? pr.bias.data() : nullptr;
+        p.out = out.data() + e * 3 * 70;
+        p.m = 3;
+        p.n = 70;
+        p.k = pr.k;
+        p.accumulate = e == 0;
+      }
+      return ps;
+    };
+    for (const MatmulParams& p : params(expected)) ASSERT_EQ(Matmul(p, mode, &pool), kKernelOk);
+    const std::vector<MatmulParams> batch = params(got);
+    ASSERT_EQ(MatmulBatch(batch.data(), 3, mode, &pool), kKernelOk);
+    EXPECT_TRUE(BitsEqual(got.data(), expected.data(), static_cast<int64_t>(got.size())))
+        << (mode == MatmulMode::kFast ? "fast" : "deterministic");
+    std::vector<MatmulParams> bad = params(got);
+    bad[2].k = -1;
+    EXPECT_EQ(MatmulBatch(bad.data(), 3, mode, &pool), kKernelInvalidArgument);
+  }
+}
+
 TEST(MatmulTest, Bf16WeightsGiveBitsOfWidenedFp32Weights) {
   Problem pr(5, 50, 333, 8);
   std::vector<uint16_t> w16(pr.w.size());
@@ -255,6 +291,69 @@ TEST_P(MatmulPathTest, RowsAreBitIdenticalForAnyBatchAndThreadCountInFp32AndBf16
       }
     }
   }
+}
+
+// A MatmulBatch of expert-like items (slices of one stacked weight, fp32 and
+// bf16, bias or none, accumulating or not, row strides, an empty item, rows
+// of a whole expert) gives each item the bits of its own call on the same
+// path, with any pool, and writes nothing outside the items' outputs.
+TEST_P(MatmulPathTest, BatchItemsGetTheBitsOfTheirOwnCalls) {
+  const int64_t experts = 8, n = 131, k = 203, lda = k + 3, ldo = n + 5, rows = 40;
+  const Problem pr(rows, experts * n, k, 47);
+  const std::vector<uint16_t> w16 = ToBf16(pr.w);
+  std::mt19937 rng(48);
+  const std::vector<float> a = testing::RandomVector(rng, rows * lda);
+  struct Item {
+    int64_t row0, m, expert;
+    bool bf16, bias, accumulate;
+  };
+  const std::vector<Item> items = {{0, 1, 3, true, false, false},  {1, 2, 0, false, true, false},
+                                   {3, 0, 5, true, true, true},    {3, 7, 7, false, false, true},
+                                   {10, 13, 1, true, true, false}, {23, 1, 2, false, false, false},
+                                   {24, 16, 6, true, false, true}, {0, 40, 4, false, true, true}};
+  int64_t out_rows = 0;
+  for (const Item& it : items) out_rows += it.m;
+  const std::vector<float> init = testing::RandomVector(rng, out_rows * ldo + 7);
+  auto params = [&](std::vector<float>& out) {
+    std::vector<MatmulParams> ps;
+    int64_t at = 0;
+    for (const Item& it : items) {
+      MatmulParams p;
+      p.a = a.data() + it.row0 * lda;
+      p.lda = lda;
+      p.w = it.bf16 ? nullptr : pr.w.data() + it.expert * n * k;
+      p.w_bf16 = it.bf16 ? w16.data() + it.expert * n * k : nullptr;
+      p.bias = it.bias ? pr.bias.data() : nullptr;
+      p.out = out.data() + at * ldo;
+      p.ldo = ldo;
+      p.m = it.m;
+      p.n = n;
+      p.k = k;
+      p.accumulate = it.accumulate;
+      ps.push_back(p);
+      at += it.m;
+    }
+    return ps;
+  };
+  ThreadPool pool2(2), pool3(3);
+  for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &pool2, &pool3}) {
+    std::vector<float> expected = init, got = init;
+    for (const MatmulParams& p : params(expected)) ASSERT_EQ(MatmulDeterministicOnPath(p, GetParam(), pool), kKernelOk);
+    const std::vector<MatmulParams> batch = params(got);
+    ASSERT_EQ(MatmulDeterministicBatchOnPath(batch.data(), static_cast<int64_t>(batch.size()), GetParam(), pool),
+              kKernelOk);
+    EXPECT_TRUE(BitsEqual(got.data(), expected.data(), static_cast<int64_t>(got.size())))
+        << "threads " << (pool != nullptr ? pool->num_threads() : 1);
+  }
+  // A bad item anywhere: kKernelInvalidArgument, and no item runs.
+  std::vector<float> got = init;
+  std::vector<MatmulParams> batch = params(got);
+  batch[5].out = nullptr;
+  EXPECT_EQ(MatmulDeterministicBatchOnPath(batch.data(), static_cast<int64_t>(batch.size()), GetParam(), &pool2),
+            kKernelInvalidArgument);
+  EXPECT_TRUE(BitsEqual(got.data(), init.data(), static_cast<int64_t>(got.size())));
+  EXPECT_EQ(MatmulDeterministicBatchOnPath(nullptr, 1, GetParam(), &pool2), kKernelInvalidArgument);
+  EXPECT_EQ(MatmulDeterministicBatchOnPath(nullptr, 0, GetParam(), &pool2), kKernelOk);
 }
 
 TEST_P(MatmulPathTest, Fp32WithinSummationErrorBound) {
