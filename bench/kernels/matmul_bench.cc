@@ -6,6 +6,8 @@
 //     (m <= 8), a streaming read of the same weight bytes with the same threads
 //     (the bandwidth floor: 1.00 means the matmul runs at the speed of its
 //     reads). OpenBLAS 0.3.21 has no bf16 GEMM (no sbgemm in Debian's build).
+// Then decode from memory: m = 1 and 4 rows against bf16 and fp32 weights of
+// 256 MiB in all (past any cache), against a streaming read of the same bytes.
 // Prints the kernel path (cpu_features.h) the run used.
 //   bazel run -c opt //bench/kernels:matmul_bench [-- threads]
 
@@ -92,6 +94,50 @@ void Run(int64_t m, int64_t n, int64_t k, ThreadPool* pool) {
   std::printf("\n");
 }
 
+// Decode from memory: m rows against `copies` distinct [n, k] bf16 and fp32
+// weight matrices of 256 MiB in all (far past any cache), one matrix after
+// another as a model's layers run, against a streaming read of the same
+// bytes with the same threads. Best of a few passes.
+void RunFromMemory(int64_t m, int64_t n, int64_t k, ThreadPool* pool) {
+  for (const int bytes : {2, 4}) {
+    const int64_t copies = (int64_t{256} << 20) / (n * k * bytes);
+    std::mt19937 rng(3);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    std::vector<float> a(m * k), out(m * n);
+    for (float& f : a) f = u(rng);
+    std::vector<uint16_t> w16(bytes == 2 ? copies * n * k : 0);
+    std::vector<float> w32(bytes == 4 ? copies * n * k : 0);
+    for (uint16_t& x : w16) x = ToBf16(0.05f * u(rng));
+    for (float& x : w32) x = 0.05f * u(rng);
+    MatmulParams p;
+    p.a = a.data();
+    p.out = out.data();
+    p.m = m;
+    p.n = n;
+    p.k = k;
+    volatile uint32_t sink = 0;
+    const std::vector<double> t = bench::BestSecondsInterleaved(
+        {[&] {
+           for (int64_t c = 0; c < copies; ++c) {
+             MatmulParams q = p;
+             if (bytes == 2) q.w_bf16 = w16.data() + c * n * k;
+             if (bytes == 4) q.w = w32.data() + c * n * k;
+             Matmul(q, MatmulMode::kDeterministic, pool);
+           }
+         },
+         [&] {
+           const auto* data = bytes == 2 ? w16.data() : reinterpret_cast<const uint16_t*>(w32.data());
+           sink = sink + StreamRead(data, copies * n * k * bytes / 2, pool);
+         }},
+        /*budget_s=*/2.0, /*min_rounds=*/5);
+    const double gb = static_cast<double>(copies * n * k * bytes) / 1e9;
+    std::printf(
+        "from memory: m %lld n %5lld k %5lld %s x %3lld: %6.1f GB/s, %.2fx a read of the same bytes (%.1f GB/s)\n",
+        static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k), bytes == 2 ? "bf16" : "fp32",
+        static_cast<long long>(copies), gb / t[0], t[1] / t[0], gb / t[1]);
+  }
+}
+
 // How many rows of the first 8 change bits when computed with m = 1 instead of m = 300.
 void RowInvarianceCheck(ThreadPool* pool) {
   const int64_t m = 300, n = 1024, k = 1024;
@@ -136,6 +182,10 @@ int main(int argc, char** argv) {
     hybridserve::Run(m, 1024, 1024, &pool);
     hybridserve::Run(m, 4096, 1024, &pool);
     hybridserve::Run(m, 1024, 4096, &pool);
+  }
+  for (int64_t m : {1, 4}) {
+    hybridserve::RunFromMemory(m, 1024, 1024, &pool);
+    hybridserve::RunFromMemory(m, 4096, 1024, &pool);
   }
   hybridserve::RowInvarianceCheck(&pool);
   return 0;
