@@ -15,26 +15,10 @@ namespace {
 
 constexpr float kL2NormEps = 1e-6f;  // transformers' l2norm (and FLA's)
 
-// |x|^2 in one fixed order: 8 lanes of fused multiply-adds over i ascending
-// (lane i % 8), then simd::Hsum's fixed tree.
-float SumOfSquares(const float* x, int64_t n) {
-  __m256 acc = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256 v = _mm256_loadu_ps(x + i);
-    acc = _mm256_fmadd_ps(v, v, acc);
-  }
-  if (i < n) {
-    const __m256 v = simd::LoadPartial(x + i, n - i);
-    acc = _mm256_fmadd_ps(v, v, acc);
-  }
-  return simd::Hsum(acc);
-}
-
 // out = x / sqrt(|x|^2 + eps) when l2norm, else x; then times scale.
 void PrepareVector(const float* x, int64_t n, bool l2norm, float scale, float* out) {
   float inv = 1.0f;
-  if (l2norm) inv = 1.0f / std::sqrt(SumOfSquares(x, n) + kL2NormEps);
+  if (l2norm) inv = 1.0f / std::sqrt(simd::SumOfSquares(x, n) + kL2NormEps);
   for (int64_t i = 0; i < n; ++i) out[i] = (x[i] * inv) * scale;
 }
 

@@ -12,20 +12,6 @@
 namespace hybridserve::kernels::cpu {
 namespace {
 
-float SumOfSquares(const float* x, int64_t n) {
-  __m256 acc = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256 v = _mm256_loadu_ps(x + i);
-    acc = _mm256_fmadd_ps(v, v, acc);
-  }
-  if (i < n) {
-    const __m256 v = simd::LoadPartial(x + i, n - i);
-    acc = _mm256_fmadd_ps(v, v, acc);
-  }
-  return simd::Hsum(acc);
-}
-
 float InverseRms(float sum_sq, int64_t n, float eps) { return 1.0f / std::sqrt(sum_sq / static_cast<float>(n) + eps); }
 
 template <typename Fn>
@@ -45,7 +31,7 @@ int RmsNorm(const RmsNormParams& p, ThreadPool* pool) {
   ForRows(pool, p.n_rows, p.dim, [&](int64_t r) {
     const float* x = p.x + r * xs;
     float* out = p.out + r * os;
-    const float inv = InverseRms(SumOfSquares(x, p.dim), p.dim, p.eps);
+    const float inv = InverseRms(simd::SumOfSquares(x, p.dim), p.dim, p.eps);
     if (p.weight != nullptr) {
       for (int64_t i = 0; i < p.dim; ++i) out[i] = (x[i] * inv) * p.weight[i];
     } else {
@@ -69,12 +55,12 @@ int GatedRmsNorm(const GatedRmsNormParams& p, ThreadPool* pool) {
       if (z != nullptr && !p.norm_before_gate) {
         // out may alias x exactly: element i is read before it is written.
         for (int64_t i = g0; i < g0 + gs; ++i) out[i] = x[i] * Silu(z[i]);
-        const float inv = InverseRms(SumOfSquares(out + g0, gs), gs, p.eps);
+        const float inv = InverseRms(simd::SumOfSquares(out + g0, gs), gs, p.eps);
         for (int64_t i = g0; i < g0 + gs; ++i) {
           out[i] = p.weight ? (out[i] * inv) * p.weight[i] : out[i] * inv;
         }
       } else {
-        const float inv = InverseRms(SumOfSquares(x + g0, gs), gs, p.eps);
+        const float inv = InverseRms(simd::SumOfSquares(x + g0, gs), gs, p.eps);
         for (int64_t i = g0; i < g0 + gs; ++i) {
           float v = p.weight ? (x[i] * inv) * p.weight[i] : x[i] * inv;
           if (z != nullptr) v = v * Silu(z[i]);

@@ -59,6 +59,23 @@ inline __m256 LoadBf16Partial(const uint16_t* p, int64_t n) {
   return LoadBf16(tmp);
 }
 
+// |x[0, n)|^2 in one fixed order: 8 lanes of fused multiply-adds over i
+// ascending (lane i % 8, the last step zero-padded), then Hsum's fixed tree.
+// The RMS norms and Gated DeltaNet's L2 norm share it.
+inline float SumOfSquares(const float* x, int64_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    acc = _mm256_fmadd_ps(v, v, acc);
+  }
+  if (i < n) {
+    const __m256 v = LoadPartial(x + i, n - i);
+    acc = _mm256_fmadd_ps(v, v, acc);
+  }
+  return Hsum(acc);
+}
+
 // exp(x) for 8 lanes, Cephes-style: range reduction by ln 2 in two parts and a
 // degree-6 polynomial; about 1 ulp on [-87.3, 88.3]. Lanes below ln(FLT_MIN)
 // (including -inf) give +0, lanes above 88.376 give the value at 88.376,
