@@ -109,6 +109,8 @@ BREAKAGES = [
      lambda o: _set(_container(o, "decode")["readinessProbe"]["grpc"], ["service"], m.LIVENESS_SERVICE)),
     (check_probes, "prefill liveness on the wrong port",
      lambda o: _set(_container(o, "prefill")["livenessProbe"]["grpc"], ["port"], 9090)),
+    (check_probes, "decode's readiness probe at the kubelet's 1 s timeout with one failure allowed",
+     lambda o: _set(_container(o, "decode")["readinessProbe"], ["timeoutSeconds"], None)),
     (check_probes, "cachestore without a startup probe",
      lambda o: _set(_container(o, "cachestore"), ["startupProbe"], None)),
     (check_rollout_deadline, "decode at the default deadline (600 s, the startup window alone)",

@@ -102,6 +102,13 @@ def plaintext_health_port(objs, comp):
     return None if f.get("tls_cert") else PORTS[comp]["grpc"]
 
 
+# A readiness probe that one failure ends waits at least this long for its
+# answer: under load (a busy node, a sanitizer build) a healthy pod's health
+# answer can take over the kubelet's default second, and its only endpoint
+# would drop ("Service ... has no ready endpoint").
+MIN_SOLE_PROBE_TIMEOUT_S = 2
+
+
 def check_probes(objs):
     errors = []
     want = {"startupProbe": m.LIVENESS_SERVICE, "readinessProbe": "", "livenessProbe": m.LIVENESS_SERVICE}
@@ -119,6 +126,10 @@ def check_probes(objs):
                 errors.append(f"{comp}: {probe} port {p['grpc'].get('port')}, want {port} (plaintext health)")
             if p["grpc"].get("service", "") != service:
                 errors.append(f"{comp}: {probe} service {p['grpc'].get('service')!r}, want {service!r}")
+        ready = c.get("readinessProbe") or {}
+        if ready.get("failureThreshold", 3) == 1 and ready.get("timeoutSeconds", 1) < MIN_SOLE_PROBE_TIMEOUT_S:
+            errors.append(f"{comp}: one readiness probe slower than {ready.get('timeoutSeconds', 1)}s takes the pod "
+                          f"out of its Service (failureThreshold 1; want timeoutSeconds >= {MIN_SOLE_PROBE_TIMEOUT_S})")
         start = c.get("startupProbe", {})
         budget = start.get("periodSeconds", 10) * start.get("failureThreshold", 3)
         if budget < 60:
