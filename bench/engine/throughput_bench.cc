@@ -413,6 +413,19 @@ Figure DecodeFigure(Model& model, const Tokens& tokens, int64_t batch, int64_t c
     first.push_back(Argmax(result->logits.data(), vocab));
     base.push_back(*id);
   }
+  {
+    // Warm-up, untimed, as llama.cpp's side does (run_llamacpp_bench.py:
+    // two greedy steps for this batch shape): the workspace grown to this
+    // batch, the forks' first pages touched.
+    std::vector<SequenceId> ids;
+    for (SequenceId id : base) {
+      auto fork = model.sequences().Fork(id);
+      Check(fork.status());
+      ids.push_back(*fork);
+    }
+    for (int s = 0; s < 2; ++s) Check(model.DecodeStep(ids, first).status());
+    for (SequenceId id : ids) Check(model.sequences().Release(id));
+  }
   Figure f = Measure([&] {
     std::vector<SequenceId> ids;
     for (SequenceId id : base) {
