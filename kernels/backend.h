@@ -125,9 +125,9 @@ class Backend {
   // `items` is host memory (the list of launches; the pointers in it are
   // device memory). No item's out may overlap another item's out or any
   // item's inputs. Every item is checked first; on a bad one nothing runs.
-  // The default issues the items one by one; a backend may run them in one
-  // parallel region (the CPU backend does: one long stream over all the
-  // items' weights instead of a pool barrier per item).
+  // The default issues the items one by one; a backend may run them together
+  // (the CPU backend runs its small items, decode's, in one parallel region:
+  // one long stream over all their weights instead of a pool barrier each).
   virtual int MatmulBatch(const MatmulParams* items, int64_t count, MatmulMode mode);
   virtual int RmsNorm(const RmsNormParams& p) = 0;
   virtual int GatedRmsNorm(const GatedRmsNormParams& p) = 0;

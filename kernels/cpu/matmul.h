@@ -47,8 +47,9 @@ int MatmulDeterministic(const MatmulParams& p, ThreadPool* pool);
 // it (tests compare the paths).
 int MatmulDeterministicOnPath(const MatmulParams& p, KernelPath path, ThreadPool* pool);
 
-// items[0, count) in one parallel region (Backend::MatmulBatch): item i gets
-// exactly the bits MatmulDeterministicOnPath(items[i], path) gives.
+// items[0, count) (Backend::MatmulBatch): those of fewer than 16 rows in one
+// parallel region, larger ones one by one. Item i gets exactly the bits
+// MatmulDeterministicOnPath(items[i], path) gives.
 int MatmulDeterministicBatchOnPath(const MatmulParams* items, int64_t count, KernelPath path, ThreadPool* pool);
 
 // Fast mode: OpenBLAS (cblas_sgemm, or cblas_sgemv when m == 1), using
