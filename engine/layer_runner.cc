@@ -45,8 +45,8 @@ absl::StatusOr<const float*> Workspace::Upload(WorkspaceBuffer index, const floa
   return static_cast<const float*>(device);
 }
 
-absl::Status Linear(const LayerEnv& env, const float* a, int64_t m, int64_t k, const DeviceMatrix& w, int64_t n,
-                    const float* bias, float* out, bool accumulate, absl::string_view what) {
+kernels::MatmulParams LinearParams(const float* a, int64_t m, int64_t k, const DeviceMatrix& w, int64_t n,
+                                   const float* bias, float* out, bool accumulate) {
   kernels::MatmulParams p;
   p.a = a;
   p.w = w.f32;
@@ -57,7 +57,13 @@ absl::Status Linear(const LayerEnv& env, const float* a, int64_t m, int64_t k, c
   p.n = n;
   p.k = k;
   p.accumulate = accumulate;
-  return KernelStatusToStatus(env.backend->Matmul(p, env.matmul_mode), what);
+  return p;
+}
+
+absl::Status Linear(const LayerEnv& env, const float* a, int64_t m, int64_t k, const DeviceMatrix& w, int64_t n,
+                    const float* bias, float* out, bool accumulate, absl::string_view what) {
+  return KernelStatusToStatus(env.backend->Matmul(LinearParams(a, m, k, w, n, bias, out, accumulate), env.matmul_mode),
+                              what);
 }
 
 absl::Status LinearToResidual(const LayerEnv& env, const float* a, int64_t m, int64_t k, const DeviceMatrix& w,

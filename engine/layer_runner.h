@@ -137,6 +137,11 @@ class LayerRunner {
   virtual absl::Status Decode(const DecodeBatch& batch, const float* normed, float* residual) = 0;
 };
 
+// The MatmulParams of out[m, n] (+)= a[m, k] @ w[n, k]^T + bias[n], packed
+// rows, w in its resident dtype (Linear's call; a MatmulBatch item).
+kernels::MatmulParams LinearParams(const float* a, int64_t m, int64_t k, const DeviceMatrix& w, int64_t n,
+                                   const float* bias, float* out, bool accumulate);
+
 // out[m, n] (+)= a[m, k] @ w[n, k]^T + bias[n] in the env's matmul mode on the
 // env's backend, w in its resident dtype; `bias` may be null. Packed rows,
 // device memory.

@@ -186,16 +186,8 @@ class MoeLayerRunner final : public LayerRunner {
   // out [m, n] = a [m, k] (row stride lda) @ w^T + bias: one item of a MatmulBatch.
   static kernels::MatmulParams Projection(const float* a, int64_t lda, int64_t m, int64_t k, const DeviceMatrix& w,
                                           int64_t n, const float* bias, float* out) {
-    kernels::MatmulParams p;
-    p.a = a;
+    kernels::MatmulParams p = LinearParams(a, m, k, w, n, bias, out, /*accumulate=*/false);
     p.lda = lda;
-    p.w = w.f32;
-    p.w_bf16 = w.bf16;
-    p.bias = bias;
-    p.out = out;
-    p.m = m;
-    p.n = n;
-    p.k = k;
     return p;
   }
 
