@@ -29,12 +29,17 @@ namespace {
 // Each outcome is exactly one of: a completed stream (any finish reason) or
 // a failed RPC with a status and no final message. One overlap is gRPC's:
 // a client deadline can strike after the final message arrived and before
-// the server's OK did; that message then says the request was aborted.
+// the server's OK did. That message then says how the request really ended:
+// aborted (the deadline reached the server first) or, when it finished just
+// in time, normally (seen with a 16,001-token Mamba2 prompt done in 250 ms).
 void ExpectFinishedOnce(const Generation& g, const std::string& what) {
   if (g.status.ok()) {
     EXPECT_TRUE(g.completed) << what << ": a stream that ended OK must carry its final message";
   } else if (g.status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && g.completed) {
-    EXPECT_EQ(g.complete.finish_reason(), v1::FINISH_REASON_ABORT) << what;
+    const v1::FinishReason reason = g.complete.finish_reason();
+    EXPECT_TRUE(reason == v1::FINISH_REASON_ABORT || reason == v1::FINISH_REASON_LENGTH ||
+                reason == v1::FINISH_REASON_STOP)
+        << what << ": finish reason " << reason;
   } else {
     EXPECT_FALSE(g.completed) << what;
     EXPECT_FALSE(g.status.error_message().empty()) << what;
