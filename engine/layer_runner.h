@@ -54,9 +54,13 @@ enum WorkspaceBuffer : int {
   kBlockTables,
   kStateSlots,
   kSeqLens,
-  kPositions,     // int64 positions of a decode step's rows (RoPE)
-  kRouteRows,     // int32: a mixture-of-experts block's rows, grouped by expert
+  kPositions,  // int64 positions of a decode step's rows (RoPE)
+  // A mixture-of-experts block's routing (kernels/moe_params.h), written on
+  // the device by MoeRoute.
+  kRouteRows,     // int32: the block's rows, grouped by expert
   kRouteWeights,  // fp32: their routing weights
+  kRouteOffsets,  // int32: each expert's range of them
+  kRouteSlots,    // int32: each row's entries, in ascending expert order
   kNumWorkspaceBuffers,
 };
 

@@ -96,13 +96,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelConfig& config, 
   kernels::Backend& backend = *model->backend_;
   ASSIGN_OR_RETURN(model->device_weights_, DeviceWeights::Create(weights, backend));
 
-  // A mixture-of-experts block routes on the host (engine/moe_layer.h): its
-  // copy-back cannot be recorded, so such a model decodes kernel by kernel.
-  const bool routes_on_host = config.CountLayers(LayerKind::kMoe) > 0;
-  model->use_decode_graphs_ = resolved.decode_graphs && backend.supports_graphs() && !routes_on_host;
-  if (resolved.decode_graphs && backend.supports_graphs() && routes_on_host) {
-    LOG(INFO) << "decode graphs are off: the model's expert blocks route on the host";
-  }
+  model->use_decode_graphs_ = resolved.decode_graphs && backend.supports_graphs();
   const bool scratch_page = model->use_decode_graphs_ && config.KvLayers() > 0;
   SequenceTableOptions table;
   table.layout = StateLayout::ForModel(config, resolved.page_size);

@@ -126,12 +126,13 @@ TEST_F(ModelBackendTest, AWrappedBackendGivesTheBitsOfTheModelsOwnBackend) {
   EXPECT_TRUE(BitEqual(*dx, *dy));
 }
 
-// A MoE block issues its experts' projections, routed and shared, as two
-// MatmulBatch calls (up, down) per forward, whatever the rows chose; the CPU
-// backend's batched path gives the logits of the same items issued one by
-// one, for every MoE family, in fp32 and bf16, in prefill segments and
-// batched decode steps.
-TEST(ModelMoeBatchTest, ExpertsRunAsTwoMatmulBatchesWithTheBitsOfSingleCalls) {
+// A MoE block routes on the device (one MoeRoute, one MoeCombine) and issues
+// its experts' projections, routed and shared, as two ExpertMatmul calls (up,
+// down) per forward, whatever the rows chose, with no copy to the host; the
+// CPU backend's batched path gives the logits of the same items issued one
+// by one (each expert's rows a Matmul of their own), for every MoE family, in
+// fp32 and bf16, in prefill segments and batched decode steps.
+TEST(ModelMoeBatchTest, ExpertsRunAsTwoExpertMatmulsWithTheBitsOfSingleCalls) {
   for (absl::string_view dir :
        {testing::kGraniteMoeTiny, testing::kNemotronMoeTiny, testing::kNemotronLatentMoeTiny,
         testing::kNemotronMoeBiasTiny, testing::kQwen3NextSparseTiny, testing::kQwen35MoeTiny}) {
@@ -176,9 +177,13 @@ TEST(ModelMoeBatchTest, ExpertsRunAsTwoMatmulBatchesWithTheBitsOfSingleCalls) {
         auto dy = (*b)->DecodeStep(ib, tokens);
         ASSERT_TRUE(dx.ok() && dy.ok());
         EXPECT_TRUE(BitEqual(*dx, *dy)) << "decode step " << step;
-        EXPECT_EQ(batched.calls("MatmulBatch"), 2 * moe);
-        EXPECT_EQ(single.calls("MatmulBatch"), 0);
+        EXPECT_EQ(batched.calls("ExpertMatmul"), 2 * moe);
+        EXPECT_EQ(batched.calls("MoeRoute"), moe);
+        EXPECT_EQ(batched.calls("MoeCombine"), moe);
+        EXPECT_EQ(single.calls("ExpertMatmul"), 0);
         EXPECT_GT(single.calls("Matmul"), batched.calls("Matmul"));
+        // Only the item-by-item path reads the offsets back (once per call).
+        EXPECT_EQ(single.calls("CopyToHost"), batched.calls("CopyToHost") + 2 * moe);
       }
       EXPECT_TRUE(batched.foreign_pointers().empty()) << ::testing::PrintToString(batched.foreign_pointers());
     }

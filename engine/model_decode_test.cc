@@ -354,15 +354,27 @@ TEST_P(DecodeGraphTest, GatedDeltaNetStepsReplayWithTheBitsOfKernelByKernelSteps
   EXPECT_GE(counted_->calls("Replay"), 3);
 }
 
-// A mixture-of-experts block copies its router logits to the host, which a
-// capture cannot record: with decode graphs asked for, such a model decodes
-// kernel by kernel, with the same bits, and never tries to record.
-TEST_P(DecodeGraphTest, ExpertBlocksRunKernelByKernelWithTheSameBits) {
-  MakeModels(testing::kGraniteMoeTiny, /*max_pages=*/64, /*max_sequences=*/4);
-  if (skipped_ || HasFatalFailure()) return;
-  DecodeSideBySide(/*sequences=*/2, /*seed=*/500, /*first_length=*/7, /*length_step=*/9, /*steps=*/6);
-  EXPECT_EQ(counted_->calls("BeginCapture"), 0);
-  EXPECT_EQ(counted_->calls("Replay"), 0);
+// Mixture-of-experts blocks route on the device (MoeRoute, ExpertMatmul,
+// MoeCombine), so models with them decode under graphs too, with the bits of
+// kernel-by-kernel steps: every router kind (softmax top-k, sigmoid groups
+// with a correction bias, softmax then top-k with a gated shared expert),
+// latent projections and a shared expert with biases.
+TEST_P(DecodeGraphTest, ExpertBlocksReplayWithTheBitsOfKernelByKernelSteps) {
+  for (absl::string_view model_dir :
+       {testing::kGraniteMoeTiny, testing::kNemotronMoeTiny, testing::kNemotronMoeTiny2,
+        testing::kNemotronLatentMoeTiny, testing::kQwen3NextTiny, testing::kQwen35MoeTiny}) {
+    SCOPED_TRACE(model_dir);
+    with_.reset();
+    without_.reset();
+    counted_.reset();
+    device_.reset();
+    MakeModels(model_dir, /*max_pages=*/64, /*max_sequences=*/4);
+    if (skipped_ || HasFatalFailure()) return;
+    DecodeSideBySide(/*sequences=*/3, /*seed=*/500, /*first_length=*/7, /*length_step=*/9, /*steps=*/6);
+    EXPECT_GE(counted_->calls("EndCapture"), 1);
+    EXPECT_GE(counted_->calls("Replay"), 3);
+    EXPECT_GT(counted_->calls("MoeRoute"), 0);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cuda, DecodeGraphTest,

@@ -15,16 +15,21 @@
 // (the router and the shared expert read x). fc1 and fc2 are per-row
 // matmuls, so the batch invariance below holds with them too.
 //
-// Routing runs on the host: the router logits [rows, experts] are copied back,
-// each row's top_k experts and weights chosen (MoeRouter), and the rows grouped
-// by expert. Each expert then runs once over its rows (gathered into one
-// contiguous block), and its outputs are added, weighted, into y expert by
-// expert. Batch invariance: in the deterministic matmul mode a row's product
-// does not depend on which other rows share the call, its top-k depends on its
-// own logits only, and its sum is taken in ascending expert order whatever the
-// batch; so a row's bits are the same alone or in any batch. The copy-back is
-// a device synchronisation per block, and it cannot be recorded in a graph (a
-// decode graph with an expert block fails to record and runs kernel by kernel).
+// Routing runs on the device (kernels/moe_params.h): MoeRoute turns the
+// router logits [rows, experts] into each row's top_k experts and weights
+// (MoeRouter), the entries grouped by ascending expert with rows ascending
+// within an expert, per-expert offsets and each row's slots. The rows are
+// gathered into that order, ExpertMatmul runs each expert once over its
+// contiguous rows (the shared expert's projection issued in the same call),
+// and MoeCombine adds each row's weighted expert outputs in ascending expert
+// order. The row counts never leave the device, so nothing in the block waits
+// for the host and a decode step with expert blocks records as a graph like
+// any other. Batch invariance: in the deterministic matmul mode a row's
+// product does not depend on which other rows share the call, its top-k
+// depends on its own logits only, and its sum is taken in ascending expert
+// order whatever the batch; so a row's bits are the same alone or in any
+// batch. A prefill longer than kMaxMoeRouteEntries / top_k rows is routed and
+// run in pieces of that many rows (rows are independent).
 
 #include <memory>
 

@@ -38,6 +38,7 @@
 #include "kernels/gated_delta_params.h"
 #include "kernels/kernel_status.h"
 #include "kernels/matmul_params.h"
+#include "kernels/moe_params.h"
 #include "kernels/norm_params.h"
 #include "kernels/peer_memory.h"
 #include "kernels/rows_params.h"
@@ -150,6 +151,15 @@ class Backend {
   virtual int Rope(const RopeParams& p) = 0;
   virtual int GatherRows(const GatherRowsParams& p) = 0;
   virtual int ScatterAddRows(const ScatterAddRowsParams& p) = 0;
+  // A mixture-of-experts block on the device (kernels/moe_params.h): routing,
+  // the experts' projections over the rows the routing grouped, and the
+  // weighted combine. ExpertMatmul also runs `also` [0, also_count) (host
+  // memory: independent matmuls such as the shared expert's, each with the
+  // bits of its own Matmul) in the same call; on a bad item nothing runs.
+  virtual int MoeRoute(const MoeRouteParams& p) = 0;
+  virtual int ExpertMatmul(const ExpertMatmulParams& p, const MatmulParams* also, int64_t also_count,
+                           MatmulMode mode) = 0;
+  virtual int MoeCombine(const MoeCombineParams& p) = 0;
 
   // ---- Graphs (optional: the CPU backend has none) ----
   //

@@ -422,6 +422,87 @@ int CountingBackend::ScatterAddRows(const ScatterAddRowsParams& p) {
   return inner_.ScatterAddRows(p);
 }
 
+int CountingBackend::MoeRoute(const MoeRouteParams& p) {
+  static constexpr char kOp[] = "MoeRoute";
+  Count(kOp, true);
+  HS_CHECK(logits);
+  HS_CHECK(bias);
+  HS_CHECK(rows);
+  HS_CHECK(weights);
+  HS_CHECK(offsets);
+  HS_CHECK(slots);
+  return inner_.MoeRoute(p);
+}
+
+int CountingBackend::ExpertMatmul(const ExpertMatmulParams& p, const MatmulParams* also, int64_t also_count,
+                                  MatmulMode mode) {
+  if (matmul_batch_item_by_item_) return ExpertMatmulItemByItem(p, also, also_count, mode);
+  static constexpr char kOp[] = "ExpertMatmul";
+  Count(kOp, true);
+  HS_CHECK(a);
+  HS_CHECK(offsets);
+  HS_CHECK(w);
+  HS_CHECK(w_bf16);
+  HS_CHECK(out);
+  for (int64_t i = 0; also != nullptr && i < also_count; ++i) {
+    const MatmulParams& item = also[i];
+    Check(kOp, "also.a", item.a);
+    Check(kOp, "also.w", item.w);
+    Check(kOp, "also.w_bf16", item.w_bf16);
+    Check(kOp, "also.bias", item.bias);
+    Check(kOp, "also.out", item.out);
+  }
+  return inner_.ExpertMatmul(p, also, also_count, mode);
+}
+
+// The offsets copied back (a synchronisation, so never inside a graph), then
+// one Matmul per expert with rows and one per `also` item.
+int CountingBackend::ExpertMatmulItemByItem(const ExpertMatmulParams& p, const MatmulParams* also, int64_t also_count,
+                                            MatmulMode mode) {
+  if (const int status = CheckExpertMatmulParams(p); status != kKernelOk) return status;
+  if (also_count < 0 || (also_count > 0 && also == nullptr)) return kKernelInvalidArgument;
+  std::vector<int32_t> offsets(static_cast<size_t>(p.experts) + 1);
+  if (const int status = CopyToHost(offsets.data(), p.offsets, static_cast<int64_t>(offsets.size() * sizeof(int32_t)));
+      status != kKernelOk) {
+    return status;
+  }
+  const int64_t lda = p.lda ? p.lda : p.k;
+  const int64_t ldw = p.ldw ? p.ldw : p.k;
+  const int64_t ldo = p.ldo ? p.ldo : p.n;
+  for (int64_t e = 0; e < p.experts; ++e) {
+    const int64_t first = offsets[static_cast<size_t>(e)];
+    const int64_t count = offsets[static_cast<size_t>(e) + 1] - first;
+    if (first < 0 || count < 0 || count > p.max_rows || first + count > p.rows) return kKernelInvalidArgument;
+    if (count == 0) continue;
+    MatmulParams item;
+    item.a = p.a + first * lda;
+    if (p.w != nullptr) item.w = p.w + e * p.n * ldw;
+    if (p.w_bf16 != nullptr) item.w_bf16 = p.w_bf16 + e * p.n * ldw;
+    item.out = p.out + first * ldo;
+    item.m = count;
+    item.n = p.n;
+    item.k = p.k;
+    item.lda = lda;
+    item.ldw = ldw;
+    item.ldo = ldo;
+    if (const int status = Matmul(item, mode); status != kKernelOk) return status;
+  }
+  for (int64_t i = 0; i < also_count; ++i) {
+    if (const int status = Matmul(also[i], mode); status != kKernelOk) return status;
+  }
+  return kKernelOk;
+}
+
+int CountingBackend::MoeCombine(const MoeCombineParams& p) {
+  static constexpr char kOp[] = "MoeCombine";
+  Count(kOp, true);
+  HS_CHECK(x);
+  HS_CHECK(slots);
+  HS_CHECK(weights);
+  HS_CHECK(out);
+  return inner_.MoeCombine(p);
+}
+
 int CountingBackend::BeginCapture() {
   Count("BeginCapture", false);
   return inner_.BeginCapture();

@@ -48,8 +48,10 @@ class CountingBackend final : public Backend {
   // kKernelOutOfMemory (a device that is full); negative: no limit.
   void set_memory_limit(int64_t bytes) { memory_limit_ = bytes; }
   // MatmulBatch issued item by item through Matmul (Backend's default, each
-  // item counted as a Matmul) instead of forwarded whole: tests compare the
-  // inner backend's batched path with its single calls.
+  // item counted as a Matmul) instead of forwarded whole, and ExpertMatmul as
+  // one Matmul per expert with rows and per extra item (its offsets copied
+  // back first, so not while a graph is captured): tests compare the inner
+  // backend's batched paths with its single calls.
   void set_matmul_batch_item_by_item(bool on) { matmul_batch_item_by_item_ = on; }
 
   int Allocate(int64_t bytes, DeviceBuffer* out) override;
@@ -83,6 +85,9 @@ class CountingBackend final : public Backend {
   int Rope(const RopeParams& p) override;
   int GatherRows(const GatherRowsParams& p) override;
   int ScatterAddRows(const ScatterAddRowsParams& p) override;
+  int MoeRoute(const MoeRouteParams& p) override;
+  int ExpertMatmul(const ExpertMatmulParams& p, const MatmulParams* also, int64_t also_count, MatmulMode mode) override;
+  int MoeCombine(const MoeCombineParams& p) override;
 
   bool supports_graphs() const override { return inner_.supports_graphs(); }
   int BeginCapture() override;
@@ -97,6 +102,8 @@ class CountingBackend final : public Backend {
  private:
   // Counts a call of `op` (a kernel when `kernel`).
   void Count(const char* op, bool kernel);
+  int ExpertMatmulItemByItem(const ExpertMatmulParams& p, const MatmulParams* also, int64_t also_count,
+                             MatmulMode mode);
   class CountingPeerMemory;
   // Records op.field unless `p` is null or inside a live buffer.
   void Check(const char* op, const char* field, const void* p);

@@ -41,6 +41,7 @@ done
 TESTS=(
   //kernels/cuda:attention_test //kernels/cuda:conv1d_test //kernels/cuda:cuda_backend_test
   //kernels/cuda:elementwise_test //kernels/cuda:matmul_test //kernels/cuda:ssd_test //kernels/cuda:gated_delta_test
+  //kernels/cuda:moe_test //kernels/cuda:rows_test
   //engine:model_golden_test //engine:model_parity_test //engine:model_decode_test //engine:model_backend_test
   //transport:nccl_communicator_test //tests/e2e:gpu_stack_test
 )

@@ -14,6 +14,7 @@
 #include "kernels/cpu/embedding.h"
 #include "kernels/cpu/gated_delta.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/moe.h"
 #include "kernels/cpu/norm.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cpu/rows.h"
@@ -128,5 +129,11 @@ int CpuBackend::AttentionDecode(const AttentionDecodeParams& p) { return cpu::At
 int CpuBackend::Rope(const RopeParams& p) { return cpu::Rope(p, pool_.get()); }
 int CpuBackend::GatherRows(const GatherRowsParams& p) { return cpu::GatherRows(p, pool_.get()); }
 int CpuBackend::ScatterAddRows(const ScatterAddRowsParams& p) { return cpu::ScatterAddRows(p, pool_.get()); }
+int CpuBackend::MoeRoute(const MoeRouteParams& p) { return cpu::MoeRoute(p, pool_.get()); }
+int CpuBackend::ExpertMatmul(const ExpertMatmulParams& p, const MatmulParams* also, int64_t also_count,
+                             MatmulMode mode) {
+  return cpu::ExpertMatmul(p, also, also_count, mode, pool_.get());
+}
+int CpuBackend::MoeCombine(const MoeCombineParams& p) { return cpu::MoeCombine(p, pool_.get()); }
 
 }  // namespace hybridserve::kernels::cpu

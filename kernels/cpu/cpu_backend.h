@@ -60,6 +60,9 @@ class CpuBackend final : public Backend {
   int Rope(const RopeParams& p) override;
   int GatherRows(const GatherRowsParams& p) override;
   int ScatterAddRows(const ScatterAddRowsParams& p) override;
+  int MoeRoute(const MoeRouteParams& p) override;
+  int ExpertMatmul(const ExpertMatmulParams& p, const MatmulParams* also, int64_t also_count, MatmulMode mode) override;
+  int MoeCombine(const MoeCombineParams& p) override;
 
  protected:
   void Release(void* data, int64_t bytes, void* cookie) override;

@@ -194,6 +194,28 @@ class CudaBackend final : public Backend {
     UseDevice();
     return HS_CUDA_NS::ScatterAddRows(p, ctx_);
   }
+  int MoeRoute(const MoeRouteParams& p) override {
+    UseDevice();
+    return HS_CUDA_NS::MoeRoute(p, ctx_);
+  }
+  int ExpertMatmul(const ExpertMatmulParams& p, const MatmulParams* also, int64_t also_count,
+                   MatmulMode mode) override {
+    if (const int status = CheckExpertMatmulParams(p); status != kKernelOk) return status;
+    if (also_count < 0 || (also_count > 0 && also == nullptr)) return kKernelInvalidArgument;
+    for (int64_t i = 0; i < also_count; ++i) {
+      if (const int status = CheckMatmulParams(also[i]); status != kKernelOk) return status;
+    }
+    UseDevice();
+    if (const int status = HS_CUDA_NS::ExpertMatmul(p, ctx_); status != kKernelOk) return status;
+    for (int64_t i = 0; i < also_count; ++i) {
+      if (const int status = HS_CUDA_NS::Matmul(also[i], mode, ctx_); status != kKernelOk) return status;
+    }
+    return kKernelOk;
+  }
+  int MoeCombine(const MoeCombineParams& p) override {
+    UseDevice();
+    return HS_CUDA_NS::MoeCombine(p, ctx_);
+  }
 
   PeerMemory* peer_memory() override { return peer_memory_.get(); }
 

@@ -1,5 +1,5 @@
 // Elementwise and per-row CUDA kernels: Embedding, RmsNorm, GatedRmsNorm,
-// Activation, SwiGlu, DtSoftplus, Rope, GatherRows and ScatterAddRows
+// Activation, SwiGlu, DtSoftplus, Rope, GatherRows, ScatterAddRows and MoeCombine
 // (semantics: kernels/*_params.h; the
 // CPU kernels of kernels/cpu are the reference). Built by nvcc and by the host
 // compiler against the CUDA emulator (kernels/cuda/launchers.h).
@@ -378,6 +378,30 @@ struct ScatterAddRowsOp {
   }
 };
 
+// Row r of out gains x[slot] * weights[slot] for its per_row slots in
+// order: ScatterAddRowsOp's roundings (alpha 1 is exact), expert by expert.
+struct MoeCombineOp {
+  const float* x;
+  const int32_t* slots;
+  const float* weights;
+  float* out;
+  int64_t xs, os, per_row;
+  __device__ __forceinline__ void Apply(int64_t r, int64_t i, int count, bool vec) const {
+    float* dst = out + r * os;
+    float o[4];
+    Load4(dst, i, count, vec, o);
+    for (int64_t j = 0; j < per_row; ++j) {
+      const int64_t s = slots[r * per_row + j];
+      const float w = weights[s];
+      float v[4];
+      Load4(x + s * xs, i, count, vec, v);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) o[k] = __fadd_rn(o[k], __fmul_rn(v[k], w));
+    }
+    Store4(dst, i, count, vec, o);
+  }
+};
+
 // Wide rows (rows_per_block == 1): block b handles elements
 // [(b % blocks_per_row) * kRowChunk, +kRowChunk) of row b / blocks_per_row.
 // Narrow rows (dim <= 2 * kRowThreads): block b handles rows_per_block whole
@@ -628,6 +652,21 @@ int ScatterAddRows(const ScatterAddRowsParams& p, const CudaLaunchContext& ctx) 
   op.xs = p.x_row_stride ? p.x_row_stride : p.dim;
   op.os = p.out_row_stride ? p.out_row_stride : p.dim;
   op.alpha = p.alpha;
+  const bool vec = p.dim % 4 == 0 && Aligned16(op.x) && op.xs % 4 == 0 && Aligned16(op.out) && op.os % 4 == 0;
+  return LaunchRowwise(op, p.n_rows, p.dim, vec, ctx);
+}
+
+int MoeCombine(const MoeCombineParams& p, const CudaLaunchContext& ctx) {
+  if (const int status = CheckMoeCombineParams(p); status != kKernelOk) return status;
+  if (p.per_row == 0) return kKernelOk;
+  MoeCombineOp op{};
+  op.x = p.x;
+  op.slots = p.slots;
+  op.weights = p.weights;
+  op.out = p.out;
+  op.xs = p.x_row_stride ? p.x_row_stride : p.dim;
+  op.os = p.out_row_stride ? p.out_row_stride : p.dim;
+  op.per_row = p.per_row;
   const bool vec = p.dim % 4 == 0 && Aligned16(op.x) && op.xs % 4 == 0 && Aligned16(op.out) && op.os % 4 == 0;
   return LaunchRowwise(op, p.n_rows, p.dim, vec, ctx);
 }

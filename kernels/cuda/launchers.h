@@ -18,6 +18,7 @@
 #include "kernels/gated_delta_params.h"
 #include "kernels/kernel_status.h"
 #include "kernels/matmul_params.h"
+#include "kernels/moe_params.h"
 #include "kernels/norm_params.h"
 #include "kernels/rows_params.h"
 #include "kernels/ssd_params.h"

@@ -151,10 +151,19 @@ struct RowsArgs {
   const float* bias;
   float* out;
   int64_t m, n, k, lda, ldw, ldo;
-  int64_t row_tiles;  // ceil(m / MR)
+  int64_t row_tiles;  // ceil(m / MR); with offsets, experts * tiles_per_expert
   int64_t blocks;     // row_tiles * ceil(n / columns per block)
-  int stage;          // staged k per block pass, a multiple of kStep
-  bool vec;           // 16-byte weight loads are aligned (row pointers and ldw)
+  // ExpertMatmul (null offsets: a plain matmul): row tile i is tile
+  // i % tiles_per_expert of expert i / tiles_per_expert, whose rows are
+  // [offsets[e], offsets[e + 1]) (clamped into [0, rows), at most max_rows)
+  // and whose weights start expert_w_stride elements after expert e - 1's.
+  const int32_t* offsets;
+  int64_t tiles_per_expert;
+  int64_t expert_w_stride;
+  int64_t rows;
+  int64_t max_rows;
+  int stage;  // staged k per block pass, a multiple of kStep
+  bool vec;   // 16-byte weight loads are aligned (row pointers and ldw)
   bool accumulate;
 };
 
@@ -169,11 +178,24 @@ __global__ void __launch_bounds__(kMaxWarps * 32) MatmulRowsKernel(RowsArgs p, c
   const int half0 = 4 * ((lane >> 2) & 1);
 
   for (int64_t bid = blockIdx.x; bid < p.blocks; bid += gridDim.x) {
-    const int64_t row0 = (bid % p.row_tiles) * MR;
+    const int64_t tile = bid % p.row_tiles;
+    int64_t row0 = tile * MR;
+    int64_t row_end = p.m;
+    const WT* wb = w;
+    if (p.offsets != nullptr) {
+      // Block-uniform: the whole block skips a tile past its expert's rows.
+      const int64_t e = tile / p.tiles_per_expert;
+      const int64_t first = Min<int64_t>(Max<int64_t>(p.offsets[e], 0), p.rows);
+      const int64_t end = Min<int64_t>(Min<int64_t>(Max<int64_t>(p.offsets[e + 1], first), p.rows), first + p.max_rows);
+      row0 = first + (tile % p.tiles_per_expert) * MR;
+      if (row0 >= end) continue;
+      row_end = end;
+      wb = w + e * p.expert_w_stride;
+    }
     const int64_t col0 = (bid / p.row_tiles) * (blockDim.x / 32 * kColsPerWarp) + warp * kColsPerWarp;
     const WT* wrow[kColsPerWarp];
 #pragma unroll
-    for (int c = 0; c < kColsPerWarp; ++c) wrow[c] = col0 + c < p.n ? w + (col0 + c) * p.ldw : nullptr;
+    for (int c = 0; c < kColsPerWarp; ++c) wrow[c] = col0 + c < p.n ? wb + (col0 + c) * p.ldw : nullptr;
     const bool warp_active = wrow[0] != nullptr;  // the warp's first column is in range
 
     float acc[MR][kColsPerWarp];
@@ -201,7 +223,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) MatmulRowsKernel(RowsArgs p, c
         __syncthreads();  // every warp is done with the previous stage
 #pragma unroll 1
         for (int r = 0; r < MR; ++r) {
-          const bool row_ok = row0 + r < p.m;
+          const bool row_ok = row0 + r < row_end;
           const float* arow = p.a + (row0 + r) * p.lda;
           for (int e = threadIdx.x; e < p.stage; e += blockDim.x) {
             a_tile[r * p.stage + Swizzle(e)] = row_ok && k0 + e < p.k ? arow[k0 + e] : 0.0f;
@@ -244,7 +266,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) MatmulRowsKernel(RowsArgs p, c
     if (warp_active) {
 #pragma unroll
       for (int r = 0; r < MR; ++r) {
-        if (row0 + r >= p.m) break;  // warp-uniform
+        if (row0 + r >= row_end) break;  // warp-uniform
         float* orow = p.out + (row0 + r) * p.ldo;
 #pragma unroll
         for (int c = 0; c < kColsPerWarp; ++c) {
@@ -262,10 +284,19 @@ __global__ void __launch_bounds__(kMaxWarps * 32) MatmulRowsKernel(RowsArgs p, c
   }
 }
 
+// The experts of an ExpertMatmul (offsets null: a plain matmul, whose m
+// rows start at row 0).
+struct ExpertTiles {
+  const int32_t* offsets = nullptr;
+  int64_t experts = 0;
+  int64_t rows = 0;
+  int64_t max_rows = 0;
+};
+
 template <int MR, typename WT>
-int LaunchRows(const MatmulParams& p, const WT* w, int64_t lda, int64_t ldw, int64_t ldo,
-               const CudaLaunchContext& ctx) {
-  RowsArgs args;
+int LaunchRows(const MatmulParams& p, const WT* w, int64_t lda, int64_t ldw, int64_t ldo, const CudaLaunchContext& ctx,
+               const ExpertTiles& experts) {
+  RowsArgs args{};
   args.a = p.a;
   args.bias = p.bias;
   args.out = p.out;
@@ -276,6 +307,14 @@ int LaunchRows(const MatmulParams& p, const WT* w, int64_t lda, int64_t ldw, int
   args.ldw = ldw;
   args.ldo = ldo;
   args.row_tiles = CeilDiv(p.m, MR);
+  args.offsets = experts.offsets;
+  if (experts.offsets != nullptr) {
+    args.tiles_per_expert = CeilDiv(experts.max_rows, MR);
+    args.row_tiles = experts.experts * args.tiles_per_expert;
+    args.expert_w_stride = p.n * ldw;
+    args.rows = experts.rows;
+    args.max_rows = experts.max_rows;
+  }
   int warps = kMaxWarps;
   while (warps > kMinWarps && args.row_tiles * CeilDiv(p.n, warps * kColsPerWarp) < kTargetBlocks) warps /= 2;
   args.blocks = args.row_tiles * CeilDiv(p.n, warps * kColsPerWarp);
@@ -289,15 +328,16 @@ int LaunchRows(const MatmulParams& p, const WT* w, int64_t lda, int64_t ldw, int
                              ctx.stream, args, w));
 }
 
+// p.m: the rows of the call, or (experts) the most one expert may have.
 template <typename WT>
-int MatmulRows(const MatmulParams& p, const WT* w, int64_t lda, int64_t ldw, int64_t ldo,
-               const CudaLaunchContext& ctx) {
+int MatmulRows(const MatmulParams& p, const WT* w, int64_t lda, int64_t ldw, int64_t ldo, const CudaLaunchContext& ctx,
+               const ExpertTiles& experts = {}) {
   // Rows per tile: only which rows share a weight load, never the arithmetic.
-  if (p.m <= 1) return LaunchRows<1>(p, w, lda, ldw, ldo, ctx);
-  if (p.m <= 2) return LaunchRows<2>(p, w, lda, ldw, ldo, ctx);
-  if (p.m <= 4) return LaunchRows<4>(p, w, lda, ldw, ldo, ctx);
-  if (p.m <= 8) return LaunchRows<8>(p, w, lda, ldw, ldo, ctx);
-  return LaunchRows<kMaxRowsPerTile>(p, w, lda, ldw, ldo, ctx);
+  if (p.m <= 1) return LaunchRows<1>(p, w, lda, ldw, ldo, ctx, experts);
+  if (p.m <= 2) return LaunchRows<2>(p, w, lda, ldw, ldo, ctx, experts);
+  if (p.m <= 4) return LaunchRows<4>(p, w, lda, ldw, ldo, ctx, experts);
+  if (p.m <= 8) return LaunchRows<8>(p, w, lda, ldw, ldo, ctx, experts);
+  return LaunchRows<kMaxRowsPerTile>(p, w, lda, ldw, ldo, ctx, experts);
 }
 
 int MatmulDeterministic(const MatmulParams& p, int64_t lda, int64_t ldw, int64_t ldo, const CudaLaunchContext& ctx) {
@@ -420,6 +460,33 @@ int Matmul(const MatmulParams& p, MatmulMode mode, const CudaLaunchContext& ctx)
       return MatmulDeterministic(p, lda, ldw, ldo, ctx);
   }
   return kKernelInvalidArgument;
+}
+
+// Each expert's rows through the deterministic rows kernel: one launch over
+// every (expert, row tile, column block), the tiles past an expert's rows
+// skipped on the device. A row's bits are those of Matmul(kDeterministic)
+// on its expert's weights (the chain depends on k only).
+int ExpertMatmul(const ExpertMatmulParams& p, const CudaLaunchContext& ctx) {
+  if (const int status = CheckExpertMatmulParams(p); status != kKernelOk) return status;
+  if (p.max_rows == 0 || p.n == 0) return kKernelOk;
+  MatmulParams view;
+  view.a = p.a;
+  view.w = p.w;
+  view.w_bf16 = p.w_bf16;
+  view.out = p.out;
+  view.m = p.max_rows;
+  view.n = p.n;
+  view.k = p.k;
+  const int64_t lda = p.lda ? p.lda : p.k;
+  const int64_t ldw = p.ldw ? p.ldw : p.k;
+  const int64_t ldo = p.ldo ? p.ldo : p.n;
+  ExpertTiles experts;
+  experts.offsets = p.offsets;
+  experts.experts = p.experts;
+  experts.rows = p.rows;
+  experts.max_rows = p.max_rows;
+  return p.w != nullptr ? MatmulRows(view, p.w, lda, ldw, ldo, ctx, experts)
+                        : MatmulRows(view, p.w_bf16, lda, ldw, ldo, ctx, experts);
 }
 
 }  // namespace hybridserve::kernels::HS_CUDA_NS

@@ -186,7 +186,8 @@ wait_for() {
 
 GPU_CASES='*Gpu*:CudaBackendCreateTest.*:CudaDeviceCountTest.*'
 # 1. The CUDA kernels against the CPU kernels.
-for t in ssd_test matmul_test attention_test conv1d_test elementwise_test cuda_backend_test gated_delta_test; do
+for t in ssd_test matmul_test attention_test conv1d_test elementwise_test cuda_backend_test gated_delta_test moe_test \
+  rows_test; do
   gtest "$t" 60 "$GPU_CASES"
 done
 # 2. The engine on the CUDA backend: golden logits, parity, decode graphs, bf16.
