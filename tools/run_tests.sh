@@ -68,6 +68,17 @@ print_times() {
 
 timed "bootstrap" tools/bootstrap.sh || exit 1
 
+# Free disk where Bazel keeps its outputs: a full disk fails a stage with
+# "No space left on device" deep in its log (the three configurations'
+# outputs take 6-9 GB), so say it up front.
+bazel_root="${HOME}/.cache/bazel"
+mkdir -p "${bazel_root}"
+free_kib=$(df -Pk "${bazel_root}" | awk 'NR == 2 { print $4 }')
+echo "=== free disk under ${bazel_root}: $((free_kib / 1048576)) GiB"
+if [ "${free_kib:-0}" -lt $((12 * 1048576)) ]; then
+  echo "WARNING: under 12 GiB free; the sanitizer stages may run out of disk" >&2
+fi
+
 status=0
 # stage LABEL BAZEL_ARGS... -- PATTERNS...
 stage() {
