@@ -14,7 +14,9 @@
 #                host_sonames.txt (cudart, cuBLAS, cuBLASLt, NCCL, the
 #                driver), which run.sh finds on the GPU machine
 #   runfiles/hybridserve/   what the tests read by Runfile(): the decode,
-#                prefill and cachestore launchers, models/default, tests/fixtures
+#                prefill and cachestore launchers; models/default and
+#                tests/fixtures/{golden,models} are linked in from the
+#                repository copy when the bundle is unpacked (fixtures.txt)
 #   tools/gen_model*.py     run.sh generates the benchmark models with them
 #   run.sh, summarize.py, MANIFEST.txt, host_sonames.txt
 #
@@ -50,6 +52,8 @@ BENCHES=(
   //bench/engine:throughput_bench //bench/serving:serving_bench
 )
 SERVICES=(//decode:decode //prefill:prefill //cachestore/server:cachestore)
+# Repository folders the tests read through runfiles, linked in on the machine.
+FIXTURES=(models/default tests/fixtures/golden tests/fixtures/models)
 # Loaded from the GPU machine (CUDA 13 toolkit, PyTorch's nvidia-* cu13 wheels, the driver).
 HOST_SONAMES=(libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libnccl.so.2 libcuda.so.1)
 
@@ -94,7 +98,15 @@ done
 for label in "${SERVICES[@]}"; do
   p=$(label_path "$label")
   mkdir -p "$b/runfiles/hybridserve/${p%/*}"
-  launcher "$b/runfiles/hybridserve/$p" "${p##*/}" ../../..
+  # From runfiles/hybridserve/<p's folder> up to the bundle's root: two
+  # levels plus one per folder in p (cachestore/server/cachestore: four).
+  up=../..
+  rest=${p%/*}
+  while [ -n "$rest" ]; do
+    up=$up/..
+    case "$rest" in */*) rest=${rest#*/} ;; *) rest= ;; esac
+  done
+  launcher "$b/runfiles/hybridserve/$p" "${p##*/}" "$up"
 done
 
 echo "== libraries"
@@ -119,9 +131,13 @@ done
 chmod 644 "$b"/lib/*.so*
 chmod 755 "$b/lib/ld-linux-x86-64.so.2"
 
-echo "== fixtures, tools, scripts"
-git ls-files -z models/default tests/fixtures/golden tests/fixtures/models |
-  xargs -0 -I{} install -D -m 644 {} "$b/runfiles/hybridserve/{}"
+echo "== tools, scripts (the fixtures are not packed)"
+# The tests' fixtures travel in the repository copy the device command starts
+# in (they are tracked files, so they always travel): run.sh and
+# gpu_bundle_check.sh link these folders of it into runfiles/hybridserve/
+# after unpacking. Packing them too sent 28 MiB twice and took the bundle
+# and the working tree past the 64 MiB that travel.
+printf '%s\n' "${FIXTURES[@]}" >"$b/fixtures.txt"
 install -m 755 tools/gen_model.py "$b/tools/gen_model.py"
 install -m 644 tools/gen_model_*.py "$b/tools/"
 install -m 755 tools/gpu_bundle/run.sh "$b/run.sh"

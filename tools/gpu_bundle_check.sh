@@ -24,6 +24,14 @@ else
   tar -C "$work" -xJf "$1" || exit 1
   b=$work/hs-gpu-bundle
 fi
+# The tests' fixtures (fixtures.txt) are not packed: link them in from this
+# repository, as run.sh does from the device's repository copy.
+repo=$(cd "$(dirname "$0")/.." && pwd)
+while read -r p; do
+  [ -e "$repo/$p" ] || { echo "no $repo/$p" >&2; exit 1; }
+  mkdir -p "$(dirname "$b/runfiles/hybridserve/$p")"
+  ln -sfn "$repo/$p" "$b/runfiles/hybridserve/$p"
+done <"$b/fixtures.txt"
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 

@@ -46,6 +46,12 @@ if [ ! -d "$here/libexec" ]; then
   else
     python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$tarball" "$dest" || exit 2
   fi
+  # The fixtures (fixtures.txt) come from the repository copy, not the bundle.
+  while read -r p; do
+    [ -e "$HS_REPO_DIR/$p" ] || { echo "no $HS_REPO_DIR/$p: the tests' fixtures come from the repository copy" >&2; exit 2; }
+    mkdir -p "$(dirname "$dest/hs-gpu-bundle/runfiles/hybridserve/$p")"
+    ln -sfn "$HS_REPO_DIR/$p" "$dest/hs-gpu-bundle/runfiles/hybridserve/$p"
+  done <"$dest/hs-gpu-bundle/fixtures.txt"
   exec "$dest/hs-gpu-bundle/run.sh" "$@"
 fi
 
