@@ -3,8 +3,9 @@
 // device is present) on the GPU, against the CPU backend's, and the CPU's
 // ExpertMatmul against its own per-expert Matmul calls.
 //   MoeRoute: every router kind gives the CPU's entries, offsets and slots;
-//     weights bitwise on the emulator (its expf is the host's), within a few
-//     ulp on a GPU; every result is also checked for the structure the
+//     weights bitwise on the emulator (its expf is the host's), within
+//     2e-6 relative on a GPU (expf within 2 ulp, then a sum over up to 64
+//     experts and one or two divisions: about 16 ulp); every result is also checked for the structure the
 //     params promise, whatever the CPU says.
 //   ExpertMatmul: each expert's rows are the bits of a Matmul of their own
 //     on the same backend, and nothing else is written.
@@ -182,7 +183,7 @@ TEST_P(MoeTest, RouteGivesTheCpusEntriesForEveryRouterKind) {
         EXPECT_TRUE(BitsEqual(got.weights, want.weights));
       } else {
         for (size_t i = 0; i < want.weights.size(); ++i) {
-          EXPECT_NEAR(got.weights[i], want.weights[i], 4e-7f * std::fabs(want.weights[i]) + 1e-30f) << "entry " << i;
+          EXPECT_NEAR(got.weights[i], want.weights[i], 2e-6f * std::fabs(want.weights[i]) + 1e-30f) << "entry " << i;
         }
       }
       ++cases;
