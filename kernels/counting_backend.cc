@@ -466,26 +466,12 @@ int CountingBackend::ExpertMatmulItemByItem(const ExpertMatmulParams& p, const M
       status != kKernelOk) {
     return status;
   }
-  const int64_t lda = p.lda ? p.lda : p.k;
-  const int64_t ldw = p.ldw ? p.ldw : p.k;
-  const int64_t ldo = p.ldo ? p.ldo : p.n;
   for (int64_t e = 0; e < p.experts; ++e) {
     const int64_t first = offsets[static_cast<size_t>(e)];
     const int64_t count = offsets[static_cast<size_t>(e) + 1] - first;
     if (first < 0 || count < 0 || count > p.max_rows || first + count > p.rows) return kKernelInvalidArgument;
     if (count == 0) continue;
-    MatmulParams item;
-    item.a = p.a + first * lda;
-    if (p.w != nullptr) item.w = p.w + e * p.n * ldw;
-    if (p.w_bf16 != nullptr) item.w_bf16 = p.w_bf16 + e * p.n * ldw;
-    item.out = p.out + first * ldo;
-    item.m = count;
-    item.n = p.n;
-    item.k = p.k;
-    item.lda = lda;
-    item.ldw = ldw;
-    item.ldo = ldo;
-    if (const int status = Matmul(item, mode); status != kKernelOk) return status;
+    if (const int status = Matmul(ExpertMatmulItem(p, e, first, count), mode); status != kKernelOk) return status;
   }
   for (int64_t i = 0; i < also_count; ++i) {
     if (const int status = Matmul(also[i], mode); status != kKernelOk) return status;

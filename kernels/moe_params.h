@@ -168,6 +168,24 @@ inline KernelStatus CheckExpertMatmulParams(const ExpertMatmulParams& p) {
   return kKernelOk;
 }
 
+// Expert e's item of an ExpertMatmul, its rows [first, first + count) as
+// the host reads them from the offsets: the Matmul whose bits those rows get
+// (for backends that issue the experts as separate matmuls).
+inline MatmulParams ExpertMatmulItem(const ExpertMatmulParams& p, int64_t e, int64_t first, int64_t count) {
+  MatmulParams item;
+  item.lda = p.lda ? p.lda : p.k;
+  item.ldw = p.ldw ? p.ldw : p.k;
+  item.ldo = p.ldo ? p.ldo : p.n;
+  item.a = p.a + first * item.lda;
+  if (p.w != nullptr) item.w = p.w + e * p.n * item.ldw;
+  if (p.w_bf16 != nullptr) item.w_bf16 = p.w_bf16 + e * p.n * item.ldw;
+  item.out = p.out + first * item.ldo;
+  item.m = count;
+  item.n = p.n;
+  item.k = p.k;
+  return item;
+}
+
 // For r in [0, n_rows), c in [0, dim), j = 0, 1, ..., per_row - 1 in turn,
 // with s = slots[r * per_row + j]:
 //   out[r, c] = out[r, c] + x[s, c] * weights[s]

@@ -182,27 +182,12 @@ int ExpertMatmul(const ExpertMatmulParams& p, const MatmulParams* also, int64_t 
     if (count < 0 || count > p.max_rows) return kKernelInvalidArgument;
   }
   if (p.offsets[p.experts] > p.rows) return kKernelInvalidArgument;
-  const int64_t lda = p.lda ? p.lda : p.k;
-  const int64_t ldw = p.ldw ? p.ldw : p.k;
-  const int64_t ldo = p.ldo ? p.ldo : p.n;
   thread_local std::vector<MatmulParams> items;
   items.clear();
   for (int64_t e = 0; e < p.experts; ++e) {
     const int64_t first = p.offsets[e];
     const int64_t count = p.offsets[e + 1] - first;
-    if (count == 0) continue;
-    MatmulParams item;
-    item.a = p.a + first * lda;
-    if (p.w != nullptr) item.w = p.w + e * p.n * ldw;
-    if (p.w_bf16 != nullptr) item.w_bf16 = p.w_bf16 + e * p.n * ldw;
-    item.out = p.out + first * ldo;
-    item.m = count;
-    item.n = p.n;
-    item.k = p.k;
-    item.lda = lda;
-    item.ldw = ldw;
-    item.ldo = ldo;
-    items.push_back(item);
+    if (count > 0) items.push_back(ExpertMatmulItem(p, e, first, count));
   }
   items.insert(items.end(), also, also + also_count);
   return MatmulBatch(items.data(), static_cast<int64_t>(items.size()), mode, pool);
