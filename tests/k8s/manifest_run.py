@@ -201,7 +201,12 @@ class CallAcrossSigterm:
         began = time.monotonic()
         self.client.generate(self.PROMPT, max_tokens=CALIBRATION_TOKENS, temperature=0.0, ignore_eos=True)
         rate = CALIBRATION_TOKENS / (time.monotonic() - began)
-        self.max_tokens = min(int(rate * LONG_CALL_S), LONG_CALL_MAX_TOKENS, max_context - len(self.PROMPT))
+        # At least CALIBRATION_TOKENS: a calibration slowed by a passing load
+        # (seen under ASan: 71 tokens/s measured, 340 served) must not size a
+        # call that ends before the SIGTERM it is meant to run across; the
+        # calibration itself took that long, well within --shutdown_grace.
+        self.max_tokens = min(max(int(rate * LONG_CALL_S), CALIBRATION_TOKENS), LONG_CALL_MAX_TOKENS,
+                              max_context - len(self.PROMPT))
         self.began = self.first_token = self.ended = None
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
